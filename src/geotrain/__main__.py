@@ -1,0 +1,3 @@
+from geotrain.cli.main import main
+
+raise SystemExit(main())

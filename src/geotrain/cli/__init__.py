@@ -1,0 +1,1 @@
+"""The `geotrain` command line."""

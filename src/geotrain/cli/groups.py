@@ -1,0 +1,33 @@
+"""Command groups (`geotrain demo ...`, `geotrain bench ...`) whose subcommands live in their own modules.
+
+A subcommand module defines NAME, HELP, add_arguments(parser) and run(args) -> int. Heavy imports
+(torch) belong inside run(), so that `geotrain plan` starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from typing import Any
+
+DEMO_MODULES: tuple[str, ...] = (
+)
+
+BENCH_MODULES: tuple[str, ...] = (
+)
+
+
+def register_group(subparsers: Any, name: str, help_text: str, module_names: tuple[str, ...]) -> None:
+    parser = subparsers.add_parser(name, help=help_text, description=help_text)
+    children = parser.add_subparsers(dest=f"{name}_command", metavar="NAME", required=True)
+    for module_name in module_names:
+        module = importlib.import_module(module_name)
+        child = children.add_parser(module.NAME, help=module.HELP, description=module.HELP,
+                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        module.add_arguments(child)
+        child.set_defaults(handler=module.run)
+
+
+def register(subparsers: Any) -> None:
+    register_group(subparsers, "demo", "the seed's demos, reproduced as tables", DEMO_MODULES)
+    register_group(subparsers, "bench", "benchmarks: tables of speed and quality, --json for machines", BENCH_MODULES)

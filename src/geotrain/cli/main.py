@@ -1,0 +1,45 @@
+"""`geotrain` command line: one module per command, each with register(subparsers)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from geotrain import __version__
+from geotrain.errors import GeotrainError
+
+# Each module defines register(subparsers) and sets `handler(args) -> int` on its parser.
+COMMAND_MODULES: tuple[str, ...] = (
+    "geotrain.cli.groups",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="geotrain",
+        description="Plan and run foundation-model training across slow, heterogeneous, geo-distributed networks.",
+    )
+    parser.add_argument("--version", action="version", version=f"geotrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except GeotrainError as exc:
+        print(f"geotrain: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("geotrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,302 @@
+"""Read and write cluster files (YAML or JSON) in the compact region form and the dense form.
+
+Compact form (every region pair appears exactly once in `links`)::
+
+    name: geo-4x8
+    regions:
+      - {name: oregon, devices: 8, gpu: V100, intra: {gbps: 10, ms: 0.1}}
+      - {name: virginia, devices: 8}
+    links:
+      - {between: [oregon, virginia], gbps: 1.12, ms: 67}
+    defaults: {intra: {gbps: 10, ms: 0.1}, link: {ms: 50}, gpu: V100}
+
+Dense form: `devices: [{name, region, gpu}]`, `bandwidth_gbps: NxN`, `latency_ms: NxN` (diagonal ignored).
+
+Every error names the source, the key path and the offending value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from geotrain.cluster.errors import ClusterFileError
+from geotrain.cluster.model import Cluster
+
+_COMPACT_KEYS = {"name", "regions", "links", "defaults"}
+_DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
+_REGION_KEYS = {"name", "devices", "gpu", "intra"}
+_LINK_KEYS = {"between", "gbps", "ms"}
+_DEFAULT_KEYS = {"intra", "link", "gpu"}
+_FIGURE_KEYS = {"gbps", "ms"}
+DEFAULT_GPU = "unknown"
+
+
+class _Reader:
+    """Validates values of one parsed document; every failure raises ClusterFileError."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, problem: str) -> ClusterFileError:
+        return ClusterFileError(self.source, path, problem)
+
+    def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"must be a mapping, got {value!r}")
+        unknown = sorted(set(map(str, value)) - allowed)
+        if unknown:
+            raise self.fail(path, f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+        return value
+
+    def sequence(self, value: Any, path: str, min_len: int = 0) -> list:
+        if not isinstance(value, list):
+            raise self.fail(path, f"must be a list, got {value!r}")
+        if len(value) < min_len:
+            raise self.fail(path, f"must have at least {min_len} entries, got {len(value)}")
+        return value
+
+    def number(self, value: Any, path: str, *, positive: bool = False) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(path, f"must be a number, got {value!r}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise self.fail(path, f"must be finite, got {value!r}")
+        if positive and number <= 0:
+            raise self.fail(path, f"must be > 0, got {value!r}")
+        if not positive and number < 0:
+            raise self.fail(path, f"must be >= 0, got {value!r}")
+        return number
+
+    def count(self, value: Any, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(path, f"must be an integer >= 1, got {value!r}")
+        return value
+
+    def text(self, value: Any, path: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(path, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def figure(self, value: Any, path: str, fallback: dict, fallback_path: str) -> tuple[float, float]:
+        """A {gbps, ms} mapping; missing fields come from `fallback` (the defaults)."""
+        given = self.mapping(value if value is not None else {}, path, _FIGURE_KEYS)
+        merged = {**fallback, **given}
+        for key in ("gbps", "ms"):
+            if key not in merged:
+                raise self.fail(f"{path}.{key}", f"missing (give it here or in {fallback_path})")
+        gbps_path = f"{path}.gbps" if "gbps" in given else f"{fallback_path}.gbps"
+        ms_path = f"{path}.ms" if "ms" in given else f"{fallback_path}.ms"
+        return self.number(merged["gbps"], gbps_path, positive=True), self.number(merged["ms"], ms_path)
+
+
+def cluster_from_dict(doc: Any, source: str = "<cluster>") -> Cluster:
+    """Build a Cluster from a parsed document in either form."""
+    reader = _Reader(source)
+    if not isinstance(doc, dict):
+        raise reader.fail("", f"top level must be a mapping, got {type(doc).__name__}")
+    if "regions" in doc and "devices" in doc:
+        raise reader.fail("", "give either 'regions' (compact form) or 'devices' (dense form), not both")
+    if "regions" in doc:
+        return _compact(reader, reader.mapping(doc, "", _COMPACT_KEYS))
+    if "devices" in doc:
+        return _dense(reader, reader.mapping(doc, "", _DENSE_KEYS))
+    raise reader.fail("", "missing 'regions' (compact form) or 'devices' (dense form)")
+
+
+def _compact(reader: _Reader, doc: dict) -> Cluster:
+    name = reader.text(doc.get("name", Path(reader.source).stem), "name")
+    defaults = reader.mapping(doc.get("defaults", {}), "defaults", _DEFAULT_KEYS)
+    intra_default = reader.mapping(defaults.get("intra", {}), "defaults.intra", _FIGURE_KEYS)
+    link_default = reader.mapping(defaults.get("link", {}), "defaults.link", _FIGURE_KEYS)
+    default_gpu = reader.text(defaults.get("gpu", DEFAULT_GPU), "defaults.gpu")
+
+    regions = reader.sequence(doc["regions"], "regions", min_len=1)
+    names: list[str] = []
+    sizes: list[int] = []
+    gpus: list[str] = []
+    intra: list[tuple[float, float]] = []
+    for i, entry in enumerate(regions):
+        path = f"regions[{i}]"
+        entry = reader.mapping(entry, path, _REGION_KEYS)
+        if "name" not in entry:
+            raise reader.fail(f"{path}.name", "missing")
+        region = reader.text(entry["name"], f"{path}.name")
+        if region in names:
+            raise reader.fail(f"{path}.name", f"duplicate region name {region!r}")
+        if "devices" not in entry:
+            raise reader.fail(f"{path}.devices", "missing")
+        size = reader.count(entry["devices"], f"{path}.devices")
+        gpus.append(reader.text(entry.get("gpu", default_gpu), f"{path}.gpu"))
+        if size > 1:
+            intra.append(reader.figure(entry.get("intra"), f"{path}.intra", intra_default, "defaults.intra"))
+        else:
+            intra.append((1.0, 0.0))  # never used: a one-device region has no internal pair
+        names.append(region)
+        sizes.append(size)
+
+    n_regions = len(names)
+    inter: dict[tuple[int, int], tuple[float, float]] = {}
+    links = reader.sequence(doc.get("links", []), "links")
+    for i, entry in enumerate(links):
+        path = f"links[{i}]"
+        entry = reader.mapping(entry, path, _LINK_KEYS)
+        pair = reader.sequence(entry.get("between"), f"{path}.between")
+        if len(pair) != 2:
+            raise reader.fail(f"{path}.between", f"must name exactly two regions, got {pair!r}")
+        ends = []
+        for j, region in enumerate(pair):
+            if region not in names:
+                raise reader.fail(f"{path}.between[{j}]", f"unknown region {region!r} (known: {', '.join(names)})")
+            ends.append(names.index(region))
+        if ends[0] == ends[1]:
+            raise reader.fail(f"{path}.between", f"links a region to itself ({pair[0]!r}); use regions[].intra")
+        key = (min(ends), max(ends))
+        if key in inter:
+            raise reader.fail(f"{path}.between", f"duplicate link between {pair[0]!r} and {pair[1]!r}")
+        figures = {k: entry[k] for k in _FIGURE_KEYS if k in entry}
+        inter[key] = reader.figure(figures, path, link_default, "defaults.link")
+    missing = [(a, b) for a in range(n_regions) for b in range(a + 1, n_regions) if (a, b) not in inter]
+    if missing:
+        a, b = missing[0]
+        raise reader.fail("links", f"missing link between {names[a]!r} and {names[b]!r} ({len(missing)} pair(s) missing)")
+
+    region_of = np.repeat(np.arange(n_regions), sizes)
+    bandwidth = np.empty((n_regions, n_regions))
+    latency = np.empty((n_regions, n_regions))
+    for r in range(n_regions):
+        bandwidth[r, r], latency[r, r] = intra[r]
+    for (a, b), (gbps, ms) in inter.items():
+        bandwidth[a, b] = bandwidth[b, a] = gbps
+        latency[a, b] = latency[b, a] = ms
+    device_names = tuple(f"{names[r]}-{k}" for r, size in enumerate(sizes) for k in range(size))
+    return Cluster(
+        name=name,
+        device_names=device_names,
+        region_names=tuple(names),
+        region_of=region_of,
+        gpus=tuple(np.repeat(np.array(gpus, dtype=object), sizes)),
+        bandwidth_gbps=bandwidth[np.ix_(region_of, region_of)],
+        latency_ms=latency[np.ix_(region_of, region_of)],
+    )
+
+
+def _dense(reader: _Reader, doc: dict) -> Cluster:
+    name = reader.text(doc.get("name", Path(reader.source).stem), "name")
+    devices = reader.sequence(doc["devices"], "devices", min_len=1)
+    device_names: list[str] = []
+    region_names: list[str] = []
+    region_of: list[int] = []
+    gpus: list[str] = []
+    for i, entry in enumerate(devices):
+        path = f"devices[{i}]"
+        entry = reader.mapping(entry, path, {"name", "region", "gpu"})
+        device = reader.text(entry.get("name", f"d{i}"), f"{path}.name")
+        if device in device_names:
+            raise reader.fail(f"{path}.name", f"duplicate device name {device!r}")
+        region = reader.text(entry.get("region", "default"), f"{path}.region")
+        if region not in region_names:
+            region_names.append(region)
+        device_names.append(device)
+        region_of.append(region_names.index(region))
+        gpus.append(reader.text(entry.get("gpu", DEFAULT_GPU), f"{path}.gpu"))
+    n = len(device_names)
+    matrices = {}
+    for key, positive in (("bandwidth_gbps", True), ("latency_ms", False)):
+        if key not in doc:
+            raise reader.fail(key, "missing")
+        rows = reader.sequence(doc[key], key)
+        if len(rows) != n:
+            raise reader.fail(key, f"must have {n} rows (one per device), got {len(rows)}")
+        matrix = np.zeros((n, n))
+        for i, row in enumerate(rows):
+            row = reader.sequence(row, f"{key}[{i}]")
+            if len(row) != n:
+                raise reader.fail(f"{key}[{i}]", f"must have {n} entries (square matrix), got {len(row)}")
+            for j, value in enumerate(row):
+                if i != j:
+                    matrix[i, j] = reader.number(value, f"{key}[{i}][{j}]", positive=positive)
+        asym = np.argwhere(matrix != matrix.T)
+        if len(asym):
+            i, j = asym[0]
+            raise reader.fail(f"{key}[{i}][{j}]", f"matrix must be symmetric: {matrix[i, j]!r} != {key}[{j}][{i}] = {matrix[j, i]!r}")
+        matrices[key] = matrix
+    return Cluster(
+        name=name,
+        device_names=tuple(device_names),
+        region_names=tuple(region_names),
+        region_of=np.array(region_of),
+        gpus=tuple(gpus),
+        bandwidth_gbps=matrices["bandwidth_gbps"],
+        latency_ms=matrices["latency_ms"],
+    )
+
+
+def parse_cluster_text(text: str, source: str = "<cluster>") -> Cluster:
+    """Parse YAML or JSON text (JSON is valid YAML) into a Cluster."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        raise ClusterFileError(source, where, f"not valid YAML/JSON: {getattr(exc, 'problem', exc)}") from None
+    return cluster_from_dict(doc, source)
+
+
+def load_cluster_file(path: str | Path) -> Cluster:
+    """Load a cluster from a YAML or JSON file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ClusterFileError(str(path), "", f"cannot read: {exc.strerror}") from None
+    return parse_cluster_text(text, str(path))
+
+
+def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
+    """Serialise to the compact form when links depend only on regions ("auto"), else the dense form."""
+    if form not in ("auto", "compact", "dense"):
+        raise ValueError(f"form must be 'auto', 'compact' or 'dense', got {form!r}")
+    same_gpu = all(len({cluster.gpus[d] for d in cluster.devices_in_region(r)}) == 1 for r in range(cluster.n_regions))
+    compact_ok = cluster.is_region_uniform() and same_gpu
+    if form == "compact" and not compact_ok:
+        raise ValueError(f"cluster {cluster.name!r} has per-device links or GPUs: use the dense form")
+    if form == "dense" or not compact_ok:
+        return {
+            "name": cluster.name,
+            "devices": [
+                {"name": d, "region": cluster.region_names[r], "gpu": g}
+                for d, r, g in zip(cluster.device_names, cluster.region_of.tolist(), cluster.gpus)
+            ],
+            "bandwidth_gbps": cluster.bandwidth_gbps.tolist(),
+            "latency_ms": cluster.latency_ms.tolist(),
+        }
+    regions = []
+    for r, name in enumerate(cluster.region_names):
+        entry: dict[str, Any] = {"name": name, "devices": int(cluster.region_sizes()[r]),
+                                 "gpu": cluster.gpus[int(cluster.devices_in_region(r)[0])]}
+        link = cluster.region_link(r, r)
+        if link is not None:
+            entry["intra"] = {"gbps": link.gbps, "ms": link.ms}
+        regions.append(entry)
+    links = []
+    for a in range(cluster.n_regions):
+        for b in range(a + 1, cluster.n_regions):
+            link = cluster.region_link(a, b)
+            links.append({"between": [cluster.region_names[a], cluster.region_names[b]], "gbps": link.gbps, "ms": link.ms})
+    return {"name": cluster.name, "regions": regions, "links": links}
+
+
+def save_cluster_file(cluster: Cluster, path: str | Path, form: str = "auto") -> None:
+    """Write a cluster as JSON (.json) or YAML (anything else)."""
+    path = Path(path)
+    doc = cluster_to_dict(cluster, form)
+    if path.suffix.lower() == ".json":
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    else:
+        path.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))

@@ -1,0 +1,124 @@
+"""The cluster: devices grouped in regions, with symmetric bandwidth and latency between every pair.
+
+Units: bandwidth in Gbit/s (1 Gbit/s = 1e9 bit/s), latency in milliseconds, as in files and output.
+`bandwidth_bps` and `latency_s` give SI values for cost models. The diagonal of both matrices is
+meaningless (a device does not talk to itself) and is stored as 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from geotrain.cluster.errors import ClusterError
+
+
+@dataclass(frozen=True)
+class Link:
+    """One symmetric link figure: bandwidth in Gbit/s and one-way latency in ms."""
+
+    gbps: float
+    ms: float
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """Devices, their regions and GPU types, and the N x N link matrices.
+
+    `region_of[d]` is the index into `region_names` of device d. Matrices are read-only numpy arrays.
+    """
+
+    name: str
+    device_names: tuple[str, ...]
+    region_names: tuple[str, ...]
+    region_of: np.ndarray
+    gpus: tuple[str, ...]
+    bandwidth_gbps: np.ndarray
+    latency_ms: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.device_names)
+        region_of = np.asarray(self.region_of, dtype=np.int64)
+        bandwidth = np.array(self.bandwidth_gbps, dtype=np.float64)
+        latency = np.array(self.latency_ms, dtype=np.float64)
+        if n == 0:
+            raise ClusterError(f"cluster {self.name!r}: needs at least one device")
+        if len(set(self.device_names)) != n:
+            raise ClusterError(f"cluster {self.name!r}: device names must be unique")
+        if region_of.shape != (n,) or len(self.gpus) != n:
+            raise ClusterError(f"cluster {self.name!r}: region_of and gpus need one entry per device ({n})")
+        if region_of.min() < 0 or region_of.max() >= len(self.region_names):
+            raise ClusterError(f"cluster {self.name!r}: region index out of range")
+        for label, matrix in (("bandwidth_gbps", bandwidth), ("latency_ms", latency)):
+            if matrix.shape != (n, n):
+                raise ClusterError(f"cluster {self.name!r}: {label} must be {n}x{n}, got {matrix.shape}")
+            if not np.all(np.isfinite(matrix)):
+                raise ClusterError(f"cluster {self.name!r}: {label} has a non-finite entry")
+            if not np.array_equal(matrix, matrix.T):
+                raise ClusterError(f"cluster {self.name!r}: {label} must be symmetric")
+        off = ~np.eye(n, dtype=bool)
+        if n > 1 and bandwidth[off].min() <= 0:
+            raise ClusterError(f"cluster {self.name!r}: bandwidth_gbps must be > 0 off the diagonal")
+        if n > 1 and latency[off].min() < 0:
+            raise ClusterError(f"cluster {self.name!r}: latency_ms must be >= 0")
+        np.fill_diagonal(bandwidth, 0.0)
+        np.fill_diagonal(latency, 0.0)
+        for array in (region_of, bandwidth, latency):
+            array.setflags(write=False)
+        object.__setattr__(self, "region_of", region_of)
+        object.__setattr__(self, "bandwidth_gbps", bandwidth)
+        object.__setattr__(self, "latency_ms", latency)
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.device_names)
+
+    @property
+    def n_regions(self) -> int:
+        return len(self.region_names)
+
+    @property
+    def bandwidth_bps(self) -> np.ndarray:
+        """Bandwidth in bit/s (diagonal 0)."""
+        return self.bandwidth_gbps * 1e9
+
+    @property
+    def latency_s(self) -> np.ndarray:
+        """One-way latency in seconds (diagonal 0)."""
+        return self.latency_ms * 1e-3
+
+    def devices_in_region(self, region: int) -> np.ndarray:
+        """Device indices of region `region`, ascending."""
+        return np.flatnonzero(self.region_of == region)
+
+    def region_sizes(self) -> np.ndarray:
+        """Number of devices per region."""
+        return np.bincount(self.region_of, minlength=self.n_regions)
+
+    def region_link(self, a: int, b: int) -> Link | None:
+        """The link between regions a and b (a == b: inside the region) if it is uniform, else None."""
+        rows, cols = self.devices_in_region(a), self.devices_in_region(b)
+        block_bw = self.bandwidth_gbps[np.ix_(rows, cols)]
+        block_ms = self.latency_ms[np.ix_(rows, cols)]
+        if a == b:
+            if len(rows) < 2:
+                return None
+            mask = ~np.eye(len(rows), dtype=bool)
+            block_bw, block_ms = block_bw[mask], block_ms[mask]
+        if block_bw.size == 0:
+            return None
+        if np.ptp(block_bw) > 0 or np.ptp(block_ms) > 0:
+            return None
+        return Link(gbps=float(block_bw.flat[0]), ms=float(block_ms.flat[0]))
+
+    def is_region_uniform(self) -> bool:
+        """True when every device pair's link depends only on the two devices' regions."""
+        for a in range(self.n_regions):
+            for b in range(a, self.n_regions):
+                rows, cols = self.devices_in_region(a), self.devices_in_region(b)
+                if a == b and len(rows) < 2:
+                    continue
+                if len(rows) and len(cols) and self.region_link(a, b) is None:
+                    return False
+        return True

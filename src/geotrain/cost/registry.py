@@ -1,0 +1,31 @@
+"""Cost models by name. "yuan" is the default and the one the seed's tables use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from geotrain.cluster import Cluster
+from geotrain.cost.base import CostModel
+from geotrain.cost.yuan import YuanCostModel
+from geotrain.errors import GeotrainError
+from geotrain.job import Job
+
+
+class CostModelError(GeotrainError, ValueError):
+    """An unknown cost model or a model that cannot score this cluster/job."""
+
+
+CostModelFactory = Callable[[Cluster, Job, int, int], CostModel]
+
+COST_MODELS: dict[str, CostModelFactory] = {
+    "yuan": YuanCostModel,
+}
+
+DEFAULT_COST_MODEL = "yuan"
+
+
+def build_cost_model(name: str, cluster: Cluster, job: Job, stages: int, replicas: int) -> CostModel:
+    """Instantiate the cost model `name` for this cluster, job and (stages, replicas) layout."""
+    if name not in COST_MODELS:
+        raise CostModelError(f"unknown cost model {name!r} (known: {', '.join(sorted(COST_MODELS))})")
+    return COST_MODELS[name](cluster, job, stages, replicas)

@@ -1,0 +1,35 @@
+"""Search methods by name; `run_search` is the one entry point the CLI and benchmarks use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchMethod, SearchResult
+from geotrain.search.random_search import RandomSearchConfig, random_search
+
+SEARCH_METHODS: dict[str, SearchMethod] = {
+    method.name: method
+    for method in (
+        SearchMethod("random", RandomSearchConfig, random_search, "best of N uniformly random assignments"),
+    )
+}
+
+
+def get_method(name: str) -> SearchMethod:
+    if name not in SEARCH_METHODS:
+        raise SearchError(f"unknown search method {name!r} (known: {', '.join(sorted(SEARCH_METHODS))})")
+    return SEARCH_METHODS[name]
+
+
+def run_search(
+    name: str,
+    problem: PlacementProblem,
+    *,
+    seed: int = 0,
+    time_limit_s: float | None = None,
+    progress: ProgressCallback | None = None,
+    options: dict[str, Any] | None = None,
+) -> SearchResult:
+    """Run method `name` with `options` (fields of its config dataclass)."""
+    method = get_method(name)
+    return method.run(problem, method.make_config(options), seed=seed, time_limit_s=time_limit_s, progress=progress)
