@@ -5,12 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchMethod, SearchResult
+from geotrain.search.local_search import LocalSearchConfig, local_search
 from geotrain.search.random_search import RandomSearchConfig, random_search
+from geotrain.search.region_heuristics import RegionHeuristicConfig, dp_local, pipeline_local
 
 SEARCH_METHODS: dict[str, SearchMethod] = {
     method.name: method
     for method in (
         SearchMethod("random", RandomSearchConfig, random_search, "best of N uniformly random assignments"),
+        SearchMethod("pipeline-local", RegionHeuristicConfig, pipeline_local,
+                     "whole pipelines inside regions, data parallelism across regions"),
+        SearchMethod("dp-local", RegionHeuristicConfig, dp_local,
+                     "each stage's data-parallel group inside a region, pipelines across regions"),
+        SearchMethod("local-search", LocalSearchConfig, local_search,
+                     "multi-start random swaps (sideways by default, strict=true: improvements only)"),
     )
 }
 
