@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,18 @@ _LINK_KEYS = {"between", "gbps", "ms"}
 _DEFAULT_KEYS = {"intra", "link", "gpu"}
 _FIGURE_KEYS = {"gbps", "ms"}
 DEFAULT_GPU = "unknown"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads exponent floats without a dot or exponent sign (1e3, 1.3e9),
+    as JSON and YAML 1.2 do; PyYAML's YAML 1.1 rules would turn them into strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 class _Reader:
@@ -224,7 +237,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
         asym = np.argwhere(matrix != matrix.T)
         if len(asym):
             i, j = asym[0]
-            raise reader.fail(f"{key}[{i}][{j}]", f"matrix must be symmetric: {matrix[i, j]!r} != {key}[{j}][{i}] = {matrix[j, i]!r}")
+            raise reader.fail(f"{key}[{i}][{j}]", f"matrix must be symmetric: {float(matrix[i, j])!r} != {key}[{j}][{i}] = {float(matrix[j, i])!r}")
         matrices[key] = matrix
     return Cluster(
         name=name,
@@ -240,7 +253,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
 def parse_cluster_text(text: str, source: str = "<cluster>") -> Cluster:
     """Parse YAML or JSON text (JSON is valid YAML) into a Cluster."""
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -263,7 +276,10 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
     if form not in ("auto", "compact", "dense"):
         raise ValueError(f"form must be 'auto', 'compact' or 'dense', got {form!r}")
     same_gpu = all(len({cluster.gpus[d] for d in cluster.devices_in_region(r)}) == 1 for r in range(cluster.n_regions))
-    compact_ok = cluster.is_region_uniform() and same_gpu
+    # the compact form regenerates device names as "<region>-<k>": only use it when that is lossless
+    generated = tuple(f"{cluster.region_names[r]}-{k}" for r, size in enumerate(cluster.region_sizes()) for k in range(size))
+    in_region_order = bool(np.all(np.diff(cluster.region_of) >= 0))
+    compact_ok = cluster.is_region_uniform() and same_gpu and in_region_order and cluster.device_names == generated
     if form == "compact" and not compact_ok:
         raise ValueError(f"cluster {cluster.name!r} has per-device links or GPUs: use the dense form")
     if form == "dense" or not compact_ok:
