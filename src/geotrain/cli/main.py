@@ -12,6 +12,9 @@ from geotrain.errors import GeotrainError
 
 # Each module defines register(subparsers) and sets `handler(args) -> int` on its parser.
 COMMAND_MODULES: tuple[str, ...] = (
+    "geotrain.cli.plan_cmd",
+    "geotrain.cli.cost_cmd",
+    "geotrain.cli.cluster_cmd",
     "geotrain.cli.groups",
 )
 

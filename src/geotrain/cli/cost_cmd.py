@@ -1,0 +1,47 @@
+"""`geotrain cost`: score a plan file with a cost model.
+
+With --json, stdout is ONE JSON object: {"cost": {"dp", "pp", "total"}, "stages", "replicas",
+"dp_per_stage", "pp_per_replica", "cost_model"}; times in seconds per iteration. The plan's R sets c_pp.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from geotrain.cli.output import Output
+from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
+from geotrain.plan import load_plan
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "cost", help="score a plan file (e.g. one written by `geotrain plan --json`)",
+        description="Communication seconds per iteration of a plan on a cluster.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_placement_arguments(parser)
+    parser.add_argument("--plan", required=True, metavar="PLAN.json",
+                        help='plan file: {"stages", "replicas", "assignment", ...}')
+    parser.set_defaults(handler=run)
+
+
+def run(args: Any) -> int:
+    out = Output(json_mode=args.json)
+    plan = load_plan(args.plan)
+    cluster, job, model = build_placement(args, plan.stages, plan.replicas)
+    assignment = plan.check_fits(cluster.n_devices, args.plan)
+    cost = model.evaluate(assignment)
+    if args.json:
+        out.emit_json({"cost": cost.to_json(), "stages": plan.stages, "replicas": plan.replicas,
+                       "dp_per_stage": cost.dp_per_stage, "pp_per_replica": cost.pp_per_replica,
+                       "cost_model": model.name})
+        return 0
+    out.table(f"cost of {args.plan} on {cluster.name} ({job.name}, {model.name})", ["term", "seconds"],
+              [["dp (slowest stage all-reduce)", f"{cost.dp:.3f}"], ["pp (slowest pipeline)", f"{cost.pp:.3f}"],
+               *([k, f"{v:.3f}"] for k, v in cost.extra.items()), ["total", f"{cost.total:.3f}"]])
+    out.table("per stage / per replica (s)", ["", *(str(i) for i in range(max(plan.stages, plan.replicas)))],
+              [["dp[stage]", *(f"{v:.3f}" for v in cost.dp_per_stage)],
+               ["pp[replica]", *(f"{v:.3f}" for v in cost.pp_per_replica)]])
+    out.table("assignment", ["", *(f"r{r}" for r in range(plan.replicas))], assignment_rows(cluster, assignment))
+    out.text(region_legend(cluster))
+    return 0

@@ -1,0 +1,39 @@
+"""Arguments shared by `geotrain plan` and `geotrain cost`: cluster, job and cost model."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from geotrain.cluster import Cluster, load_cluster
+from geotrain.cost import COST_MODELS, DEFAULT_COST_MODEL, CostModel, build_cost_model
+from geotrain.job import Job, load_job
+
+DEFAULT_JOB = "gpt-1.3b-seed"
+
+
+def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", required=True, metavar="FILE|PRESET",
+                        help="cluster preset (seed-geo, seed-datacenter, ...) or YAML/JSON cluster file")
+    parser.add_argument("--job", default=DEFAULT_JOB, metavar="PRESET|FILE", help="job preset or YAML/JSON job file")
+    parser.add_argument("--cost-model", default=DEFAULT_COST_MODEL, choices=sorted(COST_MODELS),
+                        help="communication cost model")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
+
+
+def build_placement(args: Any, stages: int, replicas: int) -> tuple[Cluster, Job, CostModel]:
+    """Load the cluster and job named in `args` and build the cost model for (stages, replicas)."""
+    cluster = load_cluster(args.cluster)
+    job = load_job(args.job)
+    return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas)
+
+
+def assignment_rows(cluster: Cluster, assignment: Any) -> list[list[str]]:
+    """Table rows: one per stage, each cell 'device@region-index' of (stage, replica)."""
+    return [[f"stage {s}", *(f"{int(d)}@{int(cluster.region_of[int(d)])}" for d in row)]
+            for s, row in enumerate(assignment)]
+
+
+def region_legend(cluster: Cluster) -> str:
+    """'device@g: region g is 0=name0, 1=name1, ...' for the assignment tables."""
+    return "cells are device@region: " + ", ".join(f"{g}={name}" for g, name in enumerate(cluster.region_names))

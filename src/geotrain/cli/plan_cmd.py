@@ -1,0 +1,118 @@
+"""`geotrain plan`: search a placement of S stages x R replicas on a cluster.
+
+With --json, stdout is ONE JSON object (DESIGN.md's contract):
+{"method", "stages", "replicas", "assignment", "cost": {"dp", "pp", "total"}, "seconds", ...}
+plus "evaluations", "options", "seed", "cluster", "job", "cost_model" (and "lower_bound", "gap"
+when the method proves a bound). `geotrain cost --plan` reads that object as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import yaml
+
+from geotrain.cli.output import Output
+from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
+from geotrain.errors import GeotrainError
+from geotrain.plan import Plan, save_plan
+from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
+
+DEFAULT_METHOD = "local-search"
+# Shortcut flags for common method options; each sets options[name] when given.
+OPTION_FLAGS = (("iterations", int, "local-search: swaps tried per restart"),
+                ("restarts", int, "local-search: random starting points"),
+                ("samples", int, "random: assignments to score"))
+
+
+def register(subparsers: Any) -> None:
+    methods = "; ".join(f"{name}: {method.summary}" for name, method in SEARCH_METHODS.items())
+    parser = subparsers.add_parser(
+        "plan", help="search a placement of stages x replicas onto devices",
+        description=f"Search a placement. Methods: {methods}.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_placement_arguments(parser)
+    parser.add_argument("--stages", type=int, required=True, help="pipeline stages S")
+    parser.add_argument("--replicas", type=int, required=True, help="data-parallel replicas R")
+    parser.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(SEARCH_METHODS), help="search method")
+    parser.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same plan)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SEC",
+                        help="stop the search after SEC seconds (the result then depends on machine speed)")
+    parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+                        help="method option, repeatable (e.g. -o iterations=3000 -o strict=true)")
+    for name, kind, text in OPTION_FLAGS:
+        parser.add_argument(f"--{name}", type=kind, default=None, help=f"{text} (same as -o {name}=N)")
+    parser.add_argument("--strict", action="store_true", help="local-search: accept only improving swaps")
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the plan JSON to FILE")
+    parser.set_defaults(handler=run)
+
+
+def parse_options(args: Any) -> dict[str, Any]:
+    """Method options from -o KEY=VALUE (values parsed as YAML scalars) and the shortcut flags."""
+    options: dict[str, Any] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SearchError(f"--option must be KEY=VALUE, got {item!r}")
+        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
+    for name, _, _ in OPTION_FLAGS:
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    if args.strict:
+        options["strict"] = True
+    return options
+
+
+def plan_document(result: SearchResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON object `plan --json` prints (and `--out` writes), built from the search result."""
+    stages, replicas = result.assignment.shape
+    doc: dict[str, Any] = {
+        "method": result.method,
+        "stages": int(stages),
+        "replicas": int(replicas),
+        "assignment": result.assignment.tolist(),
+        "cost": result.cost.to_json(),
+        "seconds": result.seconds,
+        "evaluations": result.evaluations,
+    }
+    if result.lower_bound is not None:
+        doc["lower_bound"] = result.lower_bound
+        doc["gap"] = result.cost.total / result.lower_bound - 1.0 if result.lower_bound > 0 else None
+    doc.update(extra or {})
+    return doc
+
+
+def run(args: Any) -> int:
+    out = Output(json_mode=args.json)
+    cluster, job, model = build_placement(args, args.stages, args.replicas)
+    options = parse_options(args)
+    problem = PlacementProblem(cluster, model)
+    with out.progress(f"{args.method} on {cluster.name}", 1) as progress:
+        result = run_search(args.method, problem, seed=args.seed, time_limit_s=args.time_limit,
+                            progress=progress, options=options)
+    doc = plan_document(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
+                                 "job": job.name, "cost_model": model.name})
+    if args.out:
+        try:
+            save_plan(Plan(int(doc["stages"]), int(doc["replicas"]), result.assignment, doc), args.out)
+        except OSError as exc:
+            raise GeotrainError(f"{args.out}: cannot write plan: {exc.strerror}") from None
+    if args.json:
+        out.emit_json(doc)
+        return 0
+    cost = result.cost
+    rows = [["method", result.method], ["layout", f"{args.stages} stages x {args.replicas} replicas"],
+            ["cluster", f"{cluster.name} ({cluster.n_devices} devices, {cluster.n_regions} regions)"],
+            ["job / cost model", f"{job.name} / {model.name}"],
+            ["dp (s)", f"{cost.dp:.3f}"], ["pp (s)", f"{cost.pp:.3f}"], ["total (s)", f"{cost.total:.3f}"],
+            ["search seconds", f"{result.seconds:.2f}"], ["evaluations", f"{result.evaluations:,}"]]
+    if result.lower_bound is not None:
+        rows.append(["lower bound (s)", f"{result.lower_bound:.3f}"])
+    out.table("plan", ["", "value"], rows, right_align_from=2)
+    out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
+              assignment_rows(cluster, result.assignment), right_align_from=1)
+    out.text(region_legend(cluster))
+    if args.out:
+        out.text(f"plan written to {args.out}")
+    return 0
