@@ -1,0 +1,52 @@
+"""Gradient/activation codecs: a registry by name, one contract (encode -> Payload -> decode), error feedback."""
+
+from geotrain.codecs.base import (
+    BufferSpec,
+    Codec,
+    CodecError,
+    CodecTypeError,
+    NonFiniteGradientError,
+    Payload,
+    PayloadSpec,
+)
+from geotrain.codecs.cast import Bf16Codec, Fp16Codec, NoneCodec
+from geotrain.codecs.feedback import ErrorFeedback, ErrorFeedbackBank
+from geotrain.codecs.powersgd import PowerSGDCodec
+from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
+from geotrain.codecs.registry import CODECS, codec_params, get_codec
+from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
+from geotrain.codecs.sign import SignCodec, pack_sign_bits, unpack_sign_bits
+from geotrain.codecs.sparse import RandKCodec, TopKCodec
+from geotrain.codecs.wire import pack_payload, payload_spec, unpack_payload
+
+__all__ = [
+    "CODECS",
+    "Bf16Codec",
+    "BufferSpec",
+    "Codec",
+    "CodecError",
+    "CodecTypeError",
+    "ErrorFeedback",
+    "ErrorFeedbackBank",
+    "Fp16Codec",
+    "Int8BlockCodec",
+    "Int8Codec",
+    "NonFiniteGradientError",
+    "NoneCodec",
+    "Payload",
+    "PayloadSpec",
+    "PowerSGDCodec",
+    "RandKCodec",
+    "SignCodec",
+    "TopKCodec",
+    "approx_topk_indices",
+    "codec_params",
+    "get_codec",
+    "pack_payload",
+    "pack_sign_bits",
+    "payload_spec",
+    "random_k_indices",
+    "topk_indices",
+    "unpack_payload",
+    "unpack_sign_bits",
+]

@@ -1,0 +1,91 @@
+"""`powersgd`: a rank-r approximation of matrix-shaped tensors by one power-iteration step
+(Vogels et al., NeurIPS 2019), as a single-worker codec.
+
+A tensor with ndim >= 2 is viewed as the matrix M (n x m, n = shape[0], m = the rest flattened).
+With Q0 (m x r) drawn from a generator seeded by (seed, step, n, m):
+    P = orthonormalise(M Q0)  (n x r),   Q = M^T P  (m x r),   decoded  M' = P Q^T.
+Wire: P and Q in fp32, 4 r (n + m) bytes, r = min(rank, n, m). Vectors and scalars, and matrices
+for which 4 r (n + m) >= 4 n m (low rank would not save bytes), are sent uncompressed in fp32.
+Everything random depends only on (seed, step, shape), so the payload spec is fixed by the shape.
+
+Difference from distributed PowerSGD (torch's powerSGD_hook): there every worker computes its P,
+the P's are all-reduced (summed) before orthonormalisation, and Q = M^T P is computed from that
+shared P and all-reduced too, so workers agree on one low-rank basis and Q0 is warm-started from
+the previous step's Q. Here each worker's payload is a self-contained approximation of its own
+gradient (decodable alone, combinable by decode-then-average), started from a fresh seeded Q0.
+Use it with ErrorFeedback, as PowerSGD itself does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from geotrain.codecs.base import Codec, CodecError, Payload, finite_sum, numel_of
+from geotrain.codecs.selection import seeded_generator
+
+
+class PowerSGDCodec(Codec):
+    """Low-rank P, Q factors for matrices; raw fp32 for everything else."""
+
+    name = "powersgd"
+
+    def __init__(self, *, rank: int = 4, seed: int = 0, allow_nonfinite: bool = False) -> None:
+        super().__init__(allow_nonfinite=allow_nonfinite)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise CodecError(f"powersgd: rank must be an integer >= 1, got {rank!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise CodecError(f"powersgd: seed must be an integer >= 0, got {seed!r}")
+        self.rank = rank
+        self.seed = seed
+
+    def params(self) -> dict[str, Any]:
+        return {"rank": self.rank, "seed": self.seed, **super().params()}
+
+    def matrix_rank(self, shape: tuple[int, ...]) -> int:
+        """The rank used for `shape`, or 0 when the tensor is sent uncompressed."""
+        if len(shape) < 2:
+            return 0
+        n, m = int(shape[0]), numel_of(shape[1:])
+        r = min(self.rank, n, m)
+        return r if r * (n + m) < n * m else 0
+
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        x = self._check_input(tensor)
+        shape = tuple(tensor.shape)
+        r = self.matrix_rank(shape)
+        if r == 0:
+            raw = x.reshape(-1).to(torch.float32)
+            raw = raw.clone() if raw.data_ptr() == x.data_ptr() else raw
+            self._raise_if_nonfinite(x, finite_sum(raw), wire=raw)
+            return Payload(self.name, {"raw": raw}, shape, tensor.dtype, {"rank": 0, "step": self.step})
+        matrix = x.reshape(shape[0], -1).to(torch.float32)
+        self._raise_if_nonfinite(x, finite_sum(matrix), wire=matrix)
+        n, m = matrix.shape
+        start = torch.randn(m, r, generator=seeded_generator(self.seed, self.step, n, m))
+        p = orthonormal_columns(matrix @ start)
+        q = matrix.T @ p
+        return Payload(self.name, {"p": p.contiguous(), "q": q.contiguous()}, shape, tensor.dtype,
+                       {"rank": r, "step": self.step})
+
+    def decode(self, payload: Payload) -> torch.Tensor:
+        if "raw" in payload.buffers:
+            self._check_payload(payload, "raw")
+            return payload.buffers["raw"].to(payload.dtype).reshape(payload.shape)
+        self._check_payload(payload, "p", "q")
+        matrix = payload.buffers["p"] @ payload.buffers["q"].T
+        return matrix.to(payload.dtype).reshape(payload.shape)
+
+    def wire_nbytes(self, shape: tuple[int, ...]) -> int:
+        r = self.matrix_rank(shape)
+        if r == 0:
+            return 4 * numel_of(shape)
+        return 4 * r * (int(shape[0]) + numel_of(shape[1:]))
+
+
+def orthonormal_columns(matrix: torch.Tensor) -> torch.Tensor:
+    """An n x r matrix with orthonormal columns spanning `matrix`'s columns (reduced QR; zero input gives
+    an arbitrary orthonormal basis, never NaN)."""
+    q, _ = torch.linalg.qr(matrix, mode="reduced")
+    return q
