@@ -39,9 +39,10 @@ def run(args: Any) -> int:
     out.table(f"cost of {args.plan} on {cluster.name} ({job.name}, {model.name})", ["term", "seconds"],
               [["dp (slowest stage all-reduce)", f"{cost.dp:.3f}"], ["pp (slowest pipeline)", f"{cost.pp:.3f}"],
                *([k, f"{v:.3f}"] for k, v in cost.extra.items()), ["total", f"{cost.total:.3f}"]])
-    out.table("per stage / per replica (s)", ["", *(str(i) for i in range(max(plan.stages, plan.replicas)))],
-              [["dp[stage]", *(f"{v:.3f}" for v in cost.dp_per_stage)],
-               ["pp[replica]", *(f"{v:.3f}" for v in cost.pp_per_replica)]])
+    dp, pp = cost.dp_per_stage, cost.pp_per_replica
+    out.table("per stage and per replica", ["index", "stage dp s", "replica pp s"],
+              [[i, f"{dp[i]:.3f}" if i < len(dp) else "", f"{pp[i]:.3f}" if i < len(pp) else ""]
+               for i in range(max(len(dp), len(pp)))])
     out.table("assignment", ["", *(f"r{r}" for r in range(plan.replicas))], assignment_rows(cluster, assignment))
     out.text(region_legend(cluster))
     return 0

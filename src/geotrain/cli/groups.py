@@ -11,9 +11,11 @@ import importlib
 from typing import Any
 
 DEMO_MODULES: tuple[str, ...] = (
+    "geotrain.cli.demo_schedule",
 )
 
 BENCH_MODULES: tuple[str, ...] = (
+    "geotrain.cli.bench_plan",
 )
 
 

@@ -87,10 +87,11 @@ def _replaced_group(dp_pair, order, rowsum, s, r, old, replicas, out):
         if q == r:
             continue
         m = order[base + q]
+        to_new = dp_pair[m, new]  # == dp_pair[new, m]: the matrices are symmetric
         # difference first: exactly 0 when old and new are alike, so equal placements stay equal
-        value = rowsum[s, q] + (dp_pair[m, new] - dp_pair[m, old])
+        value = rowsum[s, q] + (to_new - dp_pair[m, old])
         out[q] = value
-        own += dp_pair[new, m]
+        own += to_new
         best = max(best, value)
     out[r] = own
     return max(best, own)

@@ -73,7 +73,8 @@ class _Walk:
             self.pp_pair = np.ascontiguousarray(terms.pp_pair_s, dtype=np.float64)
             self.state = init_state(self.dp_pair, self.pp_pair, self.order, self.stages, self.replicas)
         else:
-            self.current = float(self._evaluate_order())
+            self.current = walk_full_recompute(model, self.order, np.empty(0, np.int64), np.empty(0, np.int64),
+                                               self.mode)[1]
 
     @property
     def total(self) -> float:
@@ -98,18 +99,30 @@ class _Walk:
                                              rowsum, dp_stage, pp_rep, first, second, self.mode, REL_TOL,
                                              np.empty(0)))
             return
-        for i, j in zip(first.tolist(), second.tolist()):
-            self.order[i], self.order[j] = self.order[j], self.order[i]
-            new = float(self._evaluate_order())
-            if (new < self.current * (1 - REL_TOL)) if self.mode == ACCEPT_STRICT else (new <= self.current * (1 + REL_TOL)):
-                self.current = new
-                self.accepted += 1
-            else:
-                self.order[i], self.order[j] = self.order[j], self.order[i]
+        accepted, self.current = walk_full_recompute(self.model, self.order, first, second, self.mode, self.current)
+        self.accepted += accepted
 
-    def _evaluate_order(self) -> float:
-        slots = self.order[: self.stages * self.replicas].reshape(1, self.stages, self.replicas)
-        return self.model.evaluate_many(slots)[0]
+
+def walk_full_recompute(model: CostModel, order: np.ndarray, first: np.ndarray, second: np.ndarray, mode: int,
+                        current: float | None = None) -> tuple[int, float]:
+    """The swap walk of `swap_search` with one full `model.evaluate_many` per proposal (any cost model).
+    `order` is updated in place; returns (accepted swaps, final total in seconds)."""
+    slots = model.stages * model.replicas
+
+    def total() -> float:
+        return float(model.evaluate_many(order[:slots].reshape(1, model.stages, model.replicas))[0])
+
+    current = total() if current is None else current
+    accepted = 0
+    for i, j in zip(first.tolist(), second.tolist()):
+        order[i], order[j] = order[j], order[i]
+        new = total()
+        if (new < current * (1 - REL_TOL)) if mode == ACCEPT_STRICT else (new <= current * (1 + REL_TOL)):
+            current = new
+            accepted += 1
+        else:
+            order[i], order[j] = order[j], order[i]
+    return accepted, current
 
 
 def _order_from_assignment(assignment: np.ndarray, n_devices: int) -> np.ndarray:
