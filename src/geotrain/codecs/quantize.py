@@ -104,6 +104,7 @@ def _quantize(flat: torch.Tensor, peak: torch.Tensor, block: int | None, codec: 
               original: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 codes of fp32 `flat` and fp32 scales, given each group's max |x| (`peak`): one group
     when `block` is None, else one per block of `block` values."""
+    peak = peak.abs()  # max(-0.0, 0.0) may be -0.0; scales are never negative zeros
     scales = peak / _LEVELS
     codec._raise_if_nonfinite(original, peak, wire=scales)
     # 1/scale, with 0 for all-zero groups; capped where a subnormal peak would make it overflow.

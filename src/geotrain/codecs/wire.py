@@ -45,6 +45,8 @@ def unpack_payload(data: torch.Tensor, spec: PayloadSpec) -> Payload:
 
 
 def _as_bytes(buffer: torch.Tensor) -> torch.Tensor:
+    if buffer.numel() == 0:  # empty tensors may carry stride 0, which view(uint8) refuses
+        return torch.empty(0, dtype=torch.uint8)
     flat = buffer.detach().cpu().contiguous().reshape(-1)
     if flat.dtype == torch.bool:
         flat = flat.to(torch.uint8)
