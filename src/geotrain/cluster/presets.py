@@ -9,6 +9,8 @@ from geotrain.cluster.errors import ClusterError
 from geotrain.cluster.generators import make_network
 from geotrain.cluster.io import load_cluster_file
 from geotrain.cluster.model import Cluster
+from geotrain.cluster.scale import multicloud_1024, multicloud_1024_jitter
+from geotrain.cluster.yuan2022 import YUAN2022_PRESETS
 
 
 def seed_geo() -> Cluster:
@@ -24,6 +26,9 @@ def seed_datacenter() -> Cluster:
 CLUSTER_PRESETS: dict[str, Callable[[], Cluster]] = {
     "seed-geo": seed_geo,
     "seed-datacenter": seed_datacenter,
+    **YUAN2022_PRESETS,
+    "multicloud-1024": multicloud_1024,
+    "multicloud-1024-jitter": multicloud_1024_jitter,
 }
 
 

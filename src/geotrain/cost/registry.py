@@ -6,6 +6,9 @@ from collections.abc import Callable
 
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostModel
+from geotrain.cost.compute import YuanComputeCostModel
+from geotrain.cost.dtfm import DtfmCostModel
+from geotrain.cost.ring import RingCostModel
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
@@ -19,6 +22,9 @@ CostModelFactory = Callable[[Cluster, Job, int, int], CostModel]
 
 COST_MODELS: dict[str, CostModelFactory] = {
     "yuan": YuanCostModel,
+    "ring": RingCostModel,
+    "yuan+compute": YuanComputeCostModel,
+    "dtfm": DtfmCostModel,
 }
 
 DEFAULT_COST_MODEL = "yuan"

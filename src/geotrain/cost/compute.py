@@ -1,0 +1,68 @@
+"""The "yuan+compute" model: the "yuan" communication terms plus per-device compute, so that a mix
+of GPU types (V100 + A100 + T4 ...) changes which plan is best.
+
+Formula (seconds per iteration; no overlap of compute and communication, as the seed's comparison):
+  t(d)      = 6 x params x seq x global_batch / (S x R)  /  (peak_flops(gpu of d) x utilisation)
+              the compute of one (stage, replica) slot: 1/S of the layers on 1/R of the batch.
+  compute_r = (1/m) sum_s t(d_s,r) + ((m-1)/m) max_s t(d_s,r)
+              GPipe with m equal micro-batches: the first micro-batch flows through every stage,
+              the other m-1 are paced by the slowest stage (the makespan of a flow shop with
+              identical jobs; forward and backward both scale with t, so the sum keeps the form).
+              m = max(1, global_batch // R): one sequence per micro-batch.
+  total     = dp + max_r (pp_r + compute_r)
+              a replica finishes its compute and its pipeline transfers before the DP all-reduce.
+Reported: dp, pp = max_r pp_r, extra "compute" = max_r compute_r (so total <= dp + pp + compute,
+with equality when all GPUs are alike). Homogeneous seed job on 32 V100s: t = 10.2 s (the seed's
+figure) and compute = (1 + 3/128) x 10.2 = 10.44 s (S = 4, m = 128: the pipeline bubble).
+Not pairwise: searches that need pairwise terms refuse it; `genetic` and `random` work.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.cost.base import CostBreakdown
+from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_peak_flops
+from geotrain.cost.yuan import YuanCostModel
+from geotrain.job import Job
+
+
+class YuanComputeCostModel:
+    """"yuan" communication + heterogeneous per-device compute (see the module docstring)."""
+
+    name = "yuan+compute"
+
+    def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int,
+                 utilisation: float = DEFAULT_UTILISATION, micro_batches: int | None = None) -> None:
+        self.comm = YuanCostModel(cluster, job, stages, replicas)
+        self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
+        self.micro_batches = micro_batches or max(1, job.global_batch // replicas)
+        peak = np.array([gpu_peak_flops(gpu) for gpu in cluster.gpus])
+        slot_flops = job.flops_per_iteration() / (stages * replicas)
+        self.slot_seconds = slot_flops / (peak * utilisation)
+        self.slot_seconds.setflags(write=False)
+
+    def pairwise_terms(self) -> None:
+        return None
+
+    def replica_compute_seconds(self, assignments: np.ndarray) -> np.ndarray:
+        """(..., R) GPipe compute seconds of every replica."""
+        times = self.slot_seconds[assignments]
+        m = self.micro_batches
+        return times.sum(axis=-2) / m + times.max(axis=-2) * (m - 1) / m
+
+    def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
+        assignment = np.asarray(assignment, dtype=np.int64)
+        dp_per_stage = self.comm.stage_dp_seconds(assignment)
+        pp_per_replica = self.comm.replica_pp_seconds(assignment)
+        compute = self.replica_compute_seconds(assignment)
+        dp = float(dp_per_stage.max())
+        return CostBreakdown(dp=dp, pp=float(pp_per_replica.max()), total=dp + float((pp_per_replica + compute).max()),
+                             dp_per_stage=dp_per_stage, pp_per_replica=pp_per_replica,
+                             extra={"compute": float(compute.max())})
+
+    def evaluate_many(self, assignments: np.ndarray) -> np.ndarray:
+        assignments = np.asarray(assignments, dtype=np.int64)
+        replica = self.comm.replica_pp_seconds(assignments) + self.replica_compute_seconds(assignments)
+        return self.comm.stage_dp_seconds(assignments).max(axis=-1) + replica.max(axis=-1)

@@ -1,0 +1,63 @@
+"""The "ring" model: DP groups all-reduce over a ring (reduce-scatter then all-gather), pipelines as in "yuan".
+
+A ring all-reduce of c_dp bytes over n devices takes 2(n-1) steps; in each step every device sends
+one 1/n chunk to its ring successor, all links at once, and the step ends when the slowest ring link
+delivers. With step(i, j) = a(i, j) + 8 c_dp / (n b(i, j)) seconds:
+  dp_s = 2 (n - 1) x min over ring orders of max over ring links of step(i, j)
+(= 2(n-1)/n x 8 c_dp / slowest-link bandwidth + 2(n-1) latencies when the slowest link is also the
+longest). The ring order is optimised per stage group: exact bottleneck travelling-salesman by DP
+over subsets for n <= 10 devices, beyond that nearest-neighbour tours improved by 2-opt (see
+`geotrain.cost.matching`), so for n > 10 dp_s is the cost of the best ring found, an upper bound.
+pp_r and total = max_s dp_s + max_r pp_r as in "yuan". Not pairwise (no incremental swap search).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.cost.base import CostBreakdown
+from geotrain.cost.matching import bottleneck_ring, group_ring_bottlenecks
+from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
+from geotrain.job import Job
+
+
+class RingCostModel:
+    """Ring all-reduce DP groups (ring order optimised per group) + "yuan" pipelines."""
+
+    name = "ring"
+
+    def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int) -> None:
+        self.pipeline = YuanCostModel(cluster, job, stages, replicas)
+        self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
+        self.step_s = np.ascontiguousarray(pair_transfer_seconds(cluster, job.dp_bytes(stages) / replicas))
+        self.step_s.setflags(write=False)
+
+    def pairwise_terms(self) -> None:
+        return None
+
+    def stage_dp_seconds(self, assignments: np.ndarray) -> np.ndarray:
+        """(..., S) ring all-reduce seconds of every stage's DP group."""
+        assignments = np.asarray(assignments, dtype=np.int64)
+        if self.replicas == 1:
+            return np.zeros(assignments.shape[:-1])
+        groups = np.ascontiguousarray(assignments.reshape(-1, self.replicas))
+        steps = group_ring_bottlenecks(groups, self.step_s)
+        return (2 * (self.replicas - 1) * steps).reshape(assignments.shape[:-1])
+
+    def ring_order(self, group: np.ndarray) -> np.ndarray:
+        """The device indices of one DP group in the ring order the model scores."""
+        group = np.asarray(group, dtype=np.int64)
+        _, order = bottleneck_ring(np.ascontiguousarray(self.step_s[np.ix_(group, group)]))
+        return group[order]
+
+    def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
+        assignment = np.asarray(assignment, dtype=np.int64)
+        dp_per_stage = self.stage_dp_seconds(assignment)
+        pp_per_replica = self.pipeline.replica_pp_seconds(assignment)
+        dp, pp = float(dp_per_stage.max()), float(pp_per_replica.max())
+        return CostBreakdown(dp=dp, pp=pp, total=dp + pp, dp_per_stage=dp_per_stage, pp_per_replica=pp_per_replica)
+
+    def evaluate_many(self, assignments: np.ndarray) -> np.ndarray:
+        assignments = np.asarray(assignments, dtype=np.int64)
+        return self.stage_dp_seconds(assignments).max(axis=-1) + self.pipeline.replica_pp_seconds(assignments).max(axis=-1)
