@@ -1,0 +1,48 @@
+"""Run a plan: pipeline x data-parallel training of the tiny GPT on torch.distributed (gloo), with every
+transfer slowed to the cluster's emulated link speeds, failure detection and sharded checkpoints."""
+
+from geotrain.runtime.checkpoint import CheckpointError, latest_step
+from geotrain.runtime.config import MODEL_PRESETS, PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
+from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
+from geotrain.runtime.layout import Layout, LayoutError, Slot, layer_ranges
+from geotrain.runtime.links import LinkModel, LinkQueue, busy_seconds
+from geotrain.runtime.pipeline import SCHEDULES, schedule_order
+from geotrain.runtime.predict import CommPrediction, predict_comm, real_bytes_job
+from geotrain.runtime.report import IterationRow, RunReport, build_report, relative_error_pct
+from geotrain.runtime.stages import GPTStage, build_stage, split_model
+from geotrain.runtime.watchdog import EXIT_PEER_LOST
+from geotrain.runtime.worker import run_worker
+
+__all__ = [
+    "EXIT_PEER_LOST",
+    "MODEL_PRESETS",
+    "PP_CODECS",
+    "SCHEDULES",
+    "CheckpointError",
+    "CommPrediction",
+    "GPTStage",
+    "IterationRow",
+    "LaunchResult",
+    "Layout",
+    "LayoutError",
+    "LinkModel",
+    "LinkQueue",
+    "RunReport",
+    "RuntimeConfig",
+    "RuntimeConfigError",
+    "Slot",
+    "WorkerFailure",
+    "build_report",
+    "build_stage",
+    "busy_seconds",
+    "latest_step",
+    "launch",
+    "layer_ranges",
+    "parse_codec_spec",
+    "predict_comm",
+    "real_bytes_job",
+    "relative_error_pct",
+    "run_worker",
+    "schedule_order",
+    "split_model",
+]

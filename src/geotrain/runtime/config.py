@@ -1,0 +1,157 @@
+"""What a training run is: the plan on a cluster, the model, the schedule, the codecs, the knobs.
+
+One frozen `RuntimeConfig` travels to every worker (pickled by the launcher, or rebuilt from the same
+command line by every torchrun worker). Validated here, trusted inside the workers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.cost import AssignmentError, as_assignment
+from geotrain.errors import GeotrainError
+from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.runtime.layout import Layout, layer_ranges
+from geotrain.runtime.pipeline import SCHEDULES
+
+
+class RuntimeConfigError(GeotrainError, ValueError):
+    """An invalid training option (named with its value and the allowed range)."""
+
+
+MODEL_PRESETS: dict[str, GPTConfig] = {
+    "tiny": BASE_CONFIG,  # 4 blocks, d_model 128, context 96, 44 characters (~0.8 M parameters)
+}
+
+PP_CODECS = ("none", "fp16", "bf16", "int8-block")
+"""Codecs allowed for pipeline activations (dense, shape-preserving, cheap)."""
+
+
+def parse_codec_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """'topk' -> ('topk', {}); 'topk:k=0.01,value_dtype=fp16' -> ('topk', {'k': 0.01, 'value_dtype': 'fp16'}).
+    Values are read as JSON when they parse (numbers, true/false), else kept as strings."""
+    name, _, rest = spec.partition(":")
+    params: dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise RuntimeConfigError(f"codec {spec!r}: parameter {item!r} must look like key=value")
+        try:
+            params[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key.strip()] = value.strip()
+    if not name:
+        raise RuntimeConfigError(f"codec {spec!r}: missing codec name")
+    return name.strip(), params
+
+
+@dataclass(frozen=True, eq=False)
+class RuntimeConfig:
+    """A run. Times in seconds; `time_scale` multiplies every emulated link time (0: no emulation).
+
+    `batch_size` is sequences per replica per iteration (global batch = batch_size x replicas), cut
+    into `microbatches` equal micro-batches. `stop_after` ends this invocation after that many steps
+    (a planned interruption) while the learning-rate schedule still spans `steps`.
+    """
+
+    cluster: Cluster
+    assignment: np.ndarray
+    model: GPTConfig = BASE_CONFIG
+    model_name: str = "tiny"
+    steps: int = 20
+    microbatches: int = 4
+    batch_size: int = 8
+    lr: float = 3e-3
+    schedule: str = "gpipe"
+    dp_codec: str = "none"
+    pp_codec: str = "none"
+    error_feedback: bool = True
+    time_scale: float = 1.0
+    seed: int = 0
+    data_seed: int = 0
+    threads: int = 1
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    stop_after: int | None = None
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 10.0
+    comm_timeout_s: float = 120.0
+    plan_name: str = "plan"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        shape = np.shape(self.assignment)
+        if len(shape) != 2:
+            raise RuntimeConfigError(f"assignment must be a (stages, replicas) array, got shape {shape}")
+        try:
+            assignment = as_assignment(self.assignment, shape[0], shape[1], self.cluster.n_devices)
+        except AssignmentError as exc:
+            raise RuntimeConfigError(f"plan does not fit cluster {self.cluster.name!r}: {exc}") from None
+        object.__setattr__(self, "assignment", Layout(assignment).assignment)
+        checks = [
+            ("steps", self.steps >= 1, ">= 1"),
+            ("microbatches", self.microbatches >= 1, ">= 1"),
+            ("batch_size", self.batch_size >= 1 and self.batch_size % self.microbatches == 0,
+             f"a positive multiple of microbatches ({self.microbatches})"),
+            ("lr", self.lr > 0, "> 0"),
+            ("time_scale", self.time_scale >= 0, ">= 0"),
+            ("threads", self.threads >= 1, ">= 1"),
+            ("checkpoint_every", self.checkpoint_every >= 0, ">= 0"),
+            ("heartbeat_interval_s", self.heartbeat_interval_s > 0, "> 0"),
+            ("heartbeat_timeout_s", self.heartbeat_timeout_s > 2 * self.heartbeat_interval_s,
+             "more than twice heartbeat_interval_s"),
+            ("comm_timeout_s", self.comm_timeout_s > 0, "> 0"),
+            ("stop_after", self.stop_after is None or self.stop_after >= 1, ">= 1"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise RuntimeConfigError(f"{name} must be {expected}, got {getattr(self, name)!r}")
+        if self.schedule not in SCHEDULES:
+            raise RuntimeConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
+            raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {self.pp_codec!r}")
+        parse_codec_spec(self.dp_codec)
+        if self.resume and not self.checkpoint_dir:
+            raise RuntimeConfigError("resume needs a checkpoint directory")
+        try:
+            layer_ranges(self.model.n_layer, self.stages)
+        except GeotrainError as exc:
+            raise RuntimeConfigError(f"model {self.model_name!r}: {exc}") from None
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.assignment)
+
+    @property
+    def stages(self) -> int:
+        return int(self.assignment.shape[0])
+
+    @property
+    def replicas(self) -> int:
+        return int(self.assignment.shape[1])
+
+    @property
+    def world_size(self) -> int:
+        return self.stages * self.replicas
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.batch_size // self.microbatches
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for a checkpoint to be resumed (the numerics; not the cluster or the
+        device placement, which change timing only)."""
+        return {"stages": self.stages, "replicas": self.replicas, "model": asdict(self.model),
+                "steps": self.steps, "microbatches": self.microbatches, "batch_size": self.batch_size,
+                "lr": self.lr, "schedule": self.schedule, "dp_codec": self.dp_codec, "pp_codec": self.pp_codec,
+                "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed}
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.identity(), "model_name": self.model_name, "cluster": self.cluster.name,
+                "assignment": self.assignment.tolist(), "time_scale": self.time_scale, "plan": self.plan_name}

@@ -1,0 +1,193 @@
+"""Launch S x R workers on this machine, watch them, and never leave one behind.
+
+The launcher plays torchrun's agent: it hosts the rendezvous TCPStore on a free localhost port and
+starts one process per rank (a forkserver that has already imported torch, so starts are cheap) with
+the env:// variables set. It polls the processes; when one fails it gives the others a bounded grace
+period to notice through their watchdogs and exit, then SIGKILLs whoever is left, joins them all, and
+raises WorkerFailure naming the first failed rank, how it ended and its last completed step.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from multiprocessing import forkserver
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from geotrain.errors import GeotrainError
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.report import RunReport, build_report
+
+ProgressCallback = Callable[[int, int], None]
+
+
+class WorkerFailure(GeotrainError, RuntimeError):
+    """A worker died, hung or failed; the message names it and its last completed step."""
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """A finished run: the report, the worker process ids, and the launcher's wall seconds."""
+
+    report: RunReport
+    pids: tuple[int, ...]
+    wall_s: float
+
+
+def _child(rank: int, config: RuntimeConfig, port: int, result_path: str, tokens: Any) -> None:
+    """Entry point of a launched worker process."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(config.world_size), LOCAL_WORLD_SIZE=str(config.world_size),
+                      TORCHELASTIC_USE_AGENT_STORE="True")
+    from geotrain.runtime.worker import run_worker
+
+    _set_process_name(f"geotrain-r{rank}")
+    try:
+        records = run_worker(config, tokens)
+    except GeotrainError as exc:
+        print(f"geotrain worker rank {rank}: error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    if records is not None:
+        tmp = f"{result_path}.tmp"
+        with open(tmp, "w") as handle:
+            json.dump(records, handle)
+        os.replace(tmp, result_path)
+
+
+def _worker_context() -> Any:
+    """A forkserver context whose server has torch (and its lazily imported optimizer machinery)
+    imported once; every worker is a cheap fork of it. Started now, so it imports while we work."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
+                                    "geotrain.runtime.worker"])
+    forkserver.ensure_running()
+    return context
+
+
+def _set_process_name(name: str) -> None:
+    """Show the rank in `ps`/`top` (Linux: /proc/self/comm, 15 characters); a no-op elsewhere."""
+    try:
+        with open("/proc/self/comm", "w") as handle:
+            handle.write(name[:15])
+    except OSError:
+        pass
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
+
+
+def _store_read(store: Any, key: str) -> str | None:
+    try:
+        return store.get(key).decode() if store.check([key]) else None
+    except Exception:  # noqa: BLE001 - diagnostics only
+        return None
+
+
+def _completed_steps(store: Any, rank: int) -> int:
+    value = _store_read(store, f"step/{rank}")
+    return int(value) if value else 0
+
+
+def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll_s: float = 0.05,
+           tokens: Any = None) -> LaunchResult:
+    """Run `config` to the end on this machine; raises WorkerFailure if any worker fails.
+
+    `tokens`: the training token ids of world `config.data_seed` (built here if None), handed to the
+    workers so that they do not all build the world at once."""
+    started = time.perf_counter()
+    context = _worker_context()
+    if tokens is None:  # built while the fork server imports torch
+        from geotrain.data import world_tokens
+
+        tokens = world_tokens(config.data_seed).train
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    prefixed = dist.PrefixStore("geotrain/0/", store)
+    with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
+        result_path = str(Path(tmp) / "records.json")
+        processes = [context.Process(target=_child, args=(rank, config, store.port, result_path, tokens),
+                                     name=f"geotrain-rank-{rank}") for rank in range(config.world_size)]
+        try:
+            for process in processes:
+                process.start()
+            failed = _watch(processes, prefixed, config, progress, poll_s)
+        finally:
+            _reap(processes)
+        if failed is not None:
+            rank, how = failed
+            abort = _store_read(prefixed, "abort")
+            message = (f"{config.layout.describe(rank, config.cluster.device_names)} {how} "
+                       f"after {_completed_steps(prefixed, rank)} completed steps")
+            raise WorkerFailure(message + (f"; workers reported: {abort}" if abort else ""))
+        records = json.loads(Path(result_path).read_text())
+    return LaunchResult(build_report(config, records), tuple(p.pid for p in processes if p.pid), time.perf_counter() - started)
+
+
+def _watch(processes: list[Any], store: Any, config: RuntimeConfig, progress: ProgressCallback | None,
+           poll_s: float) -> tuple[int, str] | None:
+    """Poll until all exit 0 (None) or one fails; then wait (bounded) for the others to exit and
+    return (culprit rank, how it ended)."""
+    grace_s = config.heartbeat_timeout_s + 10 * config.heartbeat_interval_s + 5.0
+    last_progress = -1
+    while True:
+        codes = [p.exitcode for p in processes]
+        failures = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failures:
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and any(p.exitcode is None for p in processes):
+                time.sleep(poll_s)
+            return _culprit(processes, failures[0])
+        if all(code == 0 for code in codes):
+            return None
+        if progress is not None:
+            done = min(_completed_steps(store, rank) for rank in range(len(processes)))
+            if done != last_progress:
+                progress(done, config.steps)
+                last_progress = done
+        time.sleep(poll_s)
+
+
+def _culprit(processes: list[Any], first: tuple[int, int | None]) -> tuple[int, str]:
+    """Who failed first, in order of evidence: a rank killed by a signal or ending with its own
+    error; else a rank still running after the grace period (it hangs; the launcher kills it);
+    else the first rank that exited non-zero (status 3: it lost a peer or the store)."""
+    from geotrain.runtime.watchdog import EXIT_PEER_LOST
+
+    for rank, process in enumerate(processes):
+        if process.exitcode is not None and process.exitcode not in (0, EXIT_PEER_LOST):
+            return rank, _describe_exit(process.exitcode)
+    for rank, process in enumerate(processes):
+        if process.exitcode is None:
+            return rank, "stopped responding (hung; killed by the launcher)"
+    return first[0], _describe_exit(first[1])
+
+
+def _reap(processes: list[Any]) -> None:
+    """SIGKILL every live worker and join them all (no orphans, no zombies)."""
+    for process in processes:
+        if process.pid is not None and process.exitcode is None:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for process in processes:
+        if process.pid is not None:
+            process.join(timeout=10)

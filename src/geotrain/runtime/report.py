@@ -1,0 +1,153 @@
+"""From every rank's per-step records to per-iteration rows: loss, time, compute, measured and predicted comm.
+
+Measured communication of one iteration, aggregated exactly as the cost model aggregates:
+  pp_r  = sum over cuts of replica r of the busy time of its forward link (activations) and its
+          backward link (gradients): the union of [hand-off, delivery] of that link's messages;
+  dp_s  = the longest DP-exchange time (after the barrier) among the members of stage s;
+  comm  = max_s dp_s + max_r pp_r.
+Predicted: the yuan model with this run's real payload bytes, time-scaled (predict.py).
+`replicas_in_sync`: every step, all replicas of each stage had bit-identical weights (a checksum).
+Summary figures are means over iterations after the first (the first pays one-off set-up costs);
+with a single iteration, that one.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.links import busy_seconds
+from geotrain.runtime.predict import CommPrediction, predict_comm
+
+
+@dataclass(frozen=True)
+class IterationRow:
+    """One training iteration, seconds (wall clock, emulated links) and the mean loss over replicas."""
+
+    step: int
+    loss: float
+    iteration_s: float
+    compute_s: float
+    dp_measured_s: float
+    pp_measured_s: float
+    dp_predicted_s: float
+    pp_predicted_s: float
+
+    @property
+    def comm_measured_s(self) -> float:
+        return self.dp_measured_s + self.pp_measured_s
+
+    @property
+    def comm_predicted_s(self) -> float:
+        return self.dp_predicted_s + self.pp_predicted_s
+
+    @property
+    def error_pct(self) -> float:
+        return relative_error_pct(self.comm_measured_s, self.comm_predicted_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s, "compute_s": self.compute_s,
+                "comm_measured": {"dp": self.dp_measured_s, "pp": self.pp_measured_s, "total": self.comm_measured_s},
+                "comm_predicted": {"dp": self.dp_predicted_s, "pp": self.pp_predicted_s, "total": self.comm_predicted_s},
+                "error_pct": self.error_pct}
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """A finished run: its rows, payload sizes and prediction."""
+
+    plan: str
+    stages: int
+    replicas: int
+    assignment: list[list[int]]
+    rows: tuple[IterationRow, ...]
+    dp_bytes_per_stage: tuple[int, ...]
+    pp_bytes_per_cut: int
+    prediction: CommPrediction
+    config: dict[str, Any]
+    replicas_in_sync: bool
+
+    @property
+    def losses(self) -> list[float]:
+        return [row.loss for row in self.rows]
+
+    def _steady(self) -> Sequence[IterationRow]:
+        return self.rows[1:] if len(self.rows) > 1 else self.rows
+
+    def mean(self, attribute: str) -> float:
+        return float(np.mean([getattr(row, attribute) for row in self._steady()]))
+
+    def summary(self) -> dict[str, float]:
+        measured, predicted = self.mean("comm_measured_s"), self.mean("comm_predicted_s")
+        return {"iteration_s": self.mean("iteration_s"), "compute_s": self.mean("compute_s"),
+                "comm_measured_s": measured, "comm_predicted_s": predicted,
+                "dp_measured_s": self.mean("dp_measured_s"), "pp_measured_s": self.mean("pp_measured_s"),
+                "dp_predicted_s": self.mean("dp_predicted_s"), "pp_predicted_s": self.mean("pp_predicted_s"),
+                "error_pct": relative_error_pct(measured, predicted),
+                "first_loss": self.rows[0].loss, "final_loss": self.rows[-1].loss,
+                "replicas_in_sync": self.replicas_in_sync}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "stages": self.stages, "replicas": self.replicas, "assignment": self.assignment,
+                "losses": self.losses, "summary": self.summary(), "prediction": self.prediction.to_json(),
+                "bytes": {"dp_per_stage": list(self.dp_bytes_per_stage), "pp_per_cut": self.pp_bytes_per_cut},
+                "iterations": [row.to_json() for row in self.rows], "config": self.config}
+
+
+def relative_error_pct(measured: float, predicted: float) -> float:
+    """(measured - predicted) / predicted in percent (0 when both are 0)."""
+    if predicted == 0:
+        return 0.0 if measured == 0 else float("inf")
+    return 100.0 * (measured - predicted) / predicted
+
+
+def _pp_seconds(records: Sequence[dict[str, Any]], stages: int, replicas: int) -> np.ndarray:
+    """(R,) measured pipeline seconds of one step: per replica, the sum of its links' busy times."""
+    links: dict[tuple[int, str, int], list[tuple[float, float]]] = defaultdict(list)
+    for record in records:
+        for kind, cut, _micro, _nbytes, handoff, end in record["transfers"]:
+            links[(record["replica"], kind, cut)].append((handoff, end))
+    per_replica = np.zeros(replicas)
+    for (replica, _kind, _cut), intervals in links.items():
+        per_replica[replica] += busy_seconds(intervals)
+    return per_replica
+
+
+def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> RunReport:
+    """Aggregate the gathered records of all ranks (any order) into a RunReport."""
+    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        by_step[record["step"]].append(record)
+    stages, replicas = config.stages, config.replicas
+    dp_bytes = [0] * stages
+    pp_bytes = 0
+    for record in by_step[min(by_step)]:
+        dp_bytes[record["stage"]] = max(dp_bytes[record["stage"]], int(record["dp_bytes"]))
+        if record["stage"] == 1 and record["replica"] == 0:  # activations of replica 0 into stage 1
+            pp_bytes = sum(t[3] for t in record["transfers"] if t[0] == "fwd")
+    prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale)
+    rows = []
+    in_sync = True
+    for step in sorted(by_step):
+        step_records = by_step[step]
+        dp_by_stage = np.zeros(stages)
+        for record in step_records:
+            dp_by_stage[record["stage"]] = max(dp_by_stage[record["stage"]], record["dp_s"])
+        losses = [r["loss"] for r in step_records if r["loss"] is not None]
+        for stage in range(stages):
+            in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
+        rows.append(IterationRow(
+            step=step, loss=float(np.mean(losses)),
+            iteration_s=max(r["iteration_s"] for r in step_records),
+            compute_s=max(r["compute_s"] for r in step_records),
+            dp_measured_s=float(dp_by_stage.max()),
+            pp_measured_s=float(_pp_seconds(step_records, stages, replicas).max()),
+            dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s))
+    return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
+                     rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
+                     prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync)
