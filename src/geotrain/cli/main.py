@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "geotrain.cli.plan_cmd",
     "geotrain.cli.cost_cmd",
     "geotrain.cli.cluster_cmd",
+    "geotrain.cli.train_cmd",
     "geotrain.cli.groups",
 )
 
