@@ -9,6 +9,7 @@ when the method proves a bound). `geotrain cost --plan` reads that object as it 
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Any
 
 import yaml
@@ -26,12 +27,19 @@ OPTION_FLAGS = (("iterations", int, "local-search: swaps tried per restart"),
                 ("samples", int, "random: assignments to score"))
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in option help, and the methods epilog kept as written."""
+
+
 def register(subparsers: Any) -> None:
-    methods = "; ".join(f"{name}: {method.summary}" for name, method in SEARCH_METHODS.items())
+    methods = "\n".join(
+        f"  {name}: {method.summary}\n      options: "
+        + (", ".join(f"{f.name}={f.default}" for f in fields(method.config_type)) or "none")
+        for name, method in SEARCH_METHODS.items())
     parser = subparsers.add_parser(
         "plan", help="search a placement of stages x replicas onto devices",
-        description=f"Search a placement. Methods: {methods}.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description="Search a placement of S stages x R replicas; --json prints one JSON object.",
+        epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=_HelpFormatter)
     add_placement_arguments(parser)
     parser.add_argument("--stages", type=int, required=True, help="pipeline stages S")
     parser.add_argument("--replicas", type=int, required=True, help="data-parallel replicas R")
