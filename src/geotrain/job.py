@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 from geotrain.errors import GeotrainError
+from geotrain.yaml_text import load_yaml_text
 
 
 class JobError(GeotrainError, ValueError):
@@ -104,7 +105,7 @@ def load_job(spec: str | Path) -> Job:
     if not path.exists():
         raise JobError(f"{spec}: neither a job preset ({', '.join(sorted(JOB_PRESETS))}) nor an existing file")
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = load_yaml_text(path.read_text())
     except yaml.YAMLError as exc:
         raise JobError(f"{path}: not valid YAML/JSON: {exc}") from None
     return job_from_dict(doc, str(path))

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -20,7 +21,8 @@ class Output:
     def __init__(self, json_mode: bool = False, quiet: bool = False) -> None:
         self.json_mode = json_mode
         self.quiet = quiet
-        self.stdout = Console(file=sys.stdout, soft_wrap=True)
+        # Pipes and files get a wide fixed width instead of rich's 80 columns, so rows do not wrap.
+        self.stdout = Console(file=sys.stdout, soft_wrap=True, width=None if sys.stdout.isatty() else 160)
         self.stderr = Console(file=sys.stderr)
 
     def text(self, message: str = "") -> None:
@@ -36,7 +38,7 @@ class Output:
         for i, column in enumerate(columns):
             table.add_column(column, justify="right" if i >= right_align_from else "left")
         for row in rows:
-            table.add_row(*(str(cell) for cell in row))
+            table.add_row(*(escape(str(cell)) for cell in row))
         self.stdout.print(table)
 
     def emit_json(self, obj: Any) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ import yaml
 
 from geotrain.cluster.errors import ClusterFileError
 from geotrain.cluster.model import Cluster
+from geotrain.yaml_text import load_yaml_text
 
 _COMPACT_KEYS = {"name", "regions", "links", "defaults"}
 _DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
@@ -36,18 +36,6 @@ _LINK_KEYS = {"between", "gbps", "ms"}
 _DEFAULT_KEYS = {"intra", "link", "gpu"}
 _FIGURE_KEYS = {"gbps", "ms"}
 DEFAULT_GPU = "unknown"
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads exponent floats without a dot or exponent sign (1e3, 1.3e9),
-    as JSON and YAML 1.2 do; PyYAML's YAML 1.1 rules would turn them into strings."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
 
 
 class _Reader:
@@ -253,7 +241,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
 def parse_cluster_text(text: str, source: str = "<cluster>") -> Cluster:
     """Parse YAML or JSON text (JSON is valid YAML) into a Cluster."""
     try:
-        doc = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        doc = load_yaml_text(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
