@@ -226,3 +226,15 @@ def test_error_feedback_reset_and_bank_keys():
     assert bank["layer.weight"].residual is None
     bank.reset()
     assert len(bank) == 0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_decode_never_aliases_the_payload_or_encode_the_input(name):
+    x = torch.randn(4, 3)
+    original = x.clone()
+    codec = get_codec(name, **({"fraction": 1.0} if name in ("topk", "randk") else {}))
+    payload = codec.encode(x)
+    restored = codec.decode(payload)
+    restored.add_(1000.0)
+    x.add_(-1000.0)
+    assert torch.equal(codec.decode(payload), codec.decode(codec.encode(original)))

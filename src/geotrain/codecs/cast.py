@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from geotrain.codecs.base import Codec, Payload, finite_sum, numel_of
+from geotrain.codecs.base import Codec, Payload, numel_of
+from geotrain.codecs.buffers import converted
 
 
 class CastCodec(Codec):
@@ -22,17 +23,14 @@ class CastCodec(Codec):
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         x = self._check_input(tensor)
-        wire = x.to(self.wire_dtype)
-        if wire is x:  # `none` on fp32 input: the wire buffer must not alias the caller's tensor
-            wire = x.clone()
-        wire = wire.reshape(-1)
-        # The sum of the wire values is non-finite iff NaN/inf came in or the cast overflowed.
-        self._raise_if_nonfinite(x, finite_sum(wire), wire=wire)
+        wire = converted(x, self.wire_dtype)
+        # NaN/inf in the wire values (min or max non-finite) came in, or the cast overflowed.
+        self._raise_if_nonfinite(x, _extremes(wire), wire=wire)
         return Payload(self.name, {"values": wire}, tuple(tensor.shape), tensor.dtype)
 
     def decode(self, payload: Payload) -> torch.Tensor:
         self._check_payload(payload, "values")
-        return payload.buffers["values"].to(payload.dtype).reshape(payload.shape)
+        return converted(payload.buffers["values"], payload.dtype).reshape(payload.shape)
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         return numel_of(shape) * torch.empty((), dtype=self.wire_dtype).element_size()
@@ -58,3 +56,11 @@ class Bf16Codec(CastCodec):
     name = "bf16"
     wire_dtype = torch.bfloat16
 
+
+
+def _extremes(values: torch.Tensor) -> torch.Tensor:
+    """min and max of `values` (NaN if any is NaN); one fast vectorised pass, even for fp16/bf16."""
+    if values.numel() == 0:
+        return torch.zeros(2)
+    low, high = torch.aminmax(values)
+    return torch.stack([low, high])

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from geotrain.codecs.base import Codec, CodecError, Payload, finite_sum, numel_of
+from geotrain.codecs.buffers import converted, new_buffer
 from geotrain.codecs.selection import seeded_generator
 
 
@@ -56,8 +57,7 @@ class PowerSGDCodec(Codec):
         shape = tuple(tensor.shape)
         r = self.matrix_rank(shape)
         if r == 0:
-            raw = x.reshape(-1).to(torch.float32)
-            raw = raw.clone() if raw.data_ptr() == x.data_ptr() else raw
+            raw = converted(x, torch.float32)
             self._raise_if_nonfinite(x, finite_sum(raw), wire=raw)
             return Payload(self.name, {"raw": raw}, shape, tensor.dtype, {"rank": 0, "step": self.step})
         matrix = x.reshape(shape[0], -1).to(torch.float32)
@@ -72,9 +72,11 @@ class PowerSGDCodec(Codec):
     def decode(self, payload: Payload) -> torch.Tensor:
         if "raw" in payload.buffers:
             self._check_payload(payload, "raw")
-            return payload.buffers["raw"].to(payload.dtype).reshape(payload.shape)
+            return converted(payload.buffers["raw"], payload.dtype).reshape(payload.shape)
         self._check_payload(payload, "p", "q")
-        matrix = payload.buffers["p"] @ payload.buffers["q"].T
+        p, q = payload.buffers["p"], payload.buffers["q"]
+        matrix = new_buffer(p.shape[0] * q.shape[0], torch.float32).view(p.shape[0], q.shape[0])
+        torch.matmul(p, q.T, out=matrix)
         return matrix.to(payload.dtype).reshape(payload.shape)
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from numba import njit
 
 from geotrain.codecs.base import Codec, Payload, numel_of
-
-# Row p holds the 8 signs (+1 / -1) that byte p encodes, least significant bit first.
-_SIGN_TABLE = 1.0 - 2.0 * ((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1).astype(np.float32)
+from geotrain.codecs.buffers import new_buffer
 
 
 class SignCodec(Codec):
@@ -28,25 +27,20 @@ class SignCodec(Codec):
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         x = self._check_input(tensor)
-        flat = x.reshape(-1)
+        flat = x.reshape(-1).to(torch.float32)
         n = flat.numel()
-        if n:
-            accumulate = torch.float64 if flat.dtype == torch.float64 else torch.float32
-            scale = (torch.linalg.vector_norm(flat, 1, dtype=accumulate) / n).to(torch.float32).reshape(1)
-        else:
-            scale = torch.zeros(1)
+        values = flat.numpy()
+        # float64 accumulation: exact enough for any n, and NaN/inf propagate into the scale.
+        scale = torch.tensor([_abs_sum(values) / n if n else 0.0], dtype=torch.float32)
         self._raise_if_nonfinite(x, scale, wire=scale)
-        return Payload(self.name, {"bits": pack_sign_bits(flat), "scale": scale.contiguous()},
-                       tuple(tensor.shape), tensor.dtype)
+        return Payload(self.name, {"bits": pack_sign_bits(flat), "scale": scale}, tuple(tensor.shape), tensor.dtype)
 
     def decode(self, payload: Payload) -> torch.Tensor:
         self._check_payload(payload, "bits", "scale")
-        n = payload.numel
+        out = new_buffer(payload.numel, torch.float32)
         scale = np.float32(payload.buffers["scale"].reshape(-1)[0].item())
-        table = _SIGN_TABLE * scale
-        # One table row (8 floats) per byte: the whole decode is a single gather.
-        values = table[payload.buffers["bits"].numpy()].reshape(-1)[:n]
-        return torch.from_numpy(values).to(payload.dtype).reshape(payload.shape)
+        _unpack_signs(payload.buffers["bits"].contiguous().numpy(), scale, out.numpy())
+        return out.to(payload.dtype).reshape(payload.shape)
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         return -(-numel_of(shape) // 8) + 4
@@ -54,10 +48,56 @@ class SignCodec(Codec):
 
 def pack_sign_bits(flat: torch.Tensor) -> torch.Tensor:
     """uint8 tensor of ceil(n / 8) bytes: bit i of byte j is set iff flat[8j + i] < 0."""
-    negative = (flat < 0).numpy()
-    return torch.from_numpy(np.packbits(negative, bitorder="little"))
+    values = flat.detach().reshape(-1).to(torch.float32).contiguous().numpy()
+    packed = new_buffer(-(-values.size // 8), torch.uint8)
+    _pack_signs(values, packed.numpy())
+    return packed
 
 
 def unpack_sign_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
     """Bool tensor of n values: True where the packed bit is set (the inverse of pack_sign_bits)."""
-    return torch.from_numpy(np.unpackbits(bits.numpy(), count=n, bitorder="little").astype(bool))
+    return torch.from_numpy(np.unpackbits(bits.contiguous().numpy(), count=n, bitorder="little").astype(bool))
+
+
+# The kernels spell out the 8 bits of a byte: LLVM vectorises that form (a loop over i did not).
+@njit(cache=True)
+def _pack_signs(values, packed):  # pragma: no cover - compiled
+    full = values.size // 8
+    for j in range(full):
+        b = 8 * j
+        packed[j] = ((values[b] < 0) | ((values[b + 1] < 0) << 1) | ((values[b + 2] < 0) << 2)
+                     | ((values[b + 3] < 0) << 3) | ((values[b + 4] < 0) << 4) | ((values[b + 5] < 0) << 5)
+                     | ((values[b + 6] < 0) << 6) | ((values[b + 7] < 0) << 7))
+    if values.size > 8 * full:
+        byte = 0
+        for i in range(values.size - 8 * full):
+            byte |= (values[8 * full + i] < 0) << i
+        packed[full] = byte
+
+
+@njit(cache=True)
+def _unpack_signs(packed, scale, out):  # pragma: no cover - compiled
+    negative = -scale
+    full = out.size // 8
+    for j in range(full):
+        byte = packed[j]
+        b = 8 * j
+        out[b] = negative if byte & 1 else scale
+        out[b + 1] = negative if byte & 2 else scale
+        out[b + 2] = negative if byte & 4 else scale
+        out[b + 3] = negative if byte & 8 else scale
+        out[b + 4] = negative if byte & 16 else scale
+        out[b + 5] = negative if byte & 32 else scale
+        out[b + 6] = negative if byte & 64 else scale
+        out[b + 7] = negative if byte & 128 else scale
+    for i in range(out.size - 8 * full):
+        out[8 * full + i] = negative if (packed[full] >> i) & 1 else scale
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _abs_sum(values):  # pragma: no cover - compiled
+    """sum |x| in float64; reassociation (no other fast-math) lets it vectorise, NaN/inf still propagate."""
+    total = 0.0
+    for i in range(values.size):
+        total += abs(np.float64(values[i]))
+    return total

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from geotrain.codecs.base import Codec, CodecError, Payload, finite_sum, numel_of
+from geotrain.codecs.buffers import new_zeros
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
 
 _VALUE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
@@ -54,7 +55,7 @@ class SparseCodec(Codec):
         return values
 
     def _scatter(self, payload: Payload, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros(payload.numel, dtype=torch.float32)
+        out = new_zeros(payload.numel, torch.float32)
         out[indices] = values.to(torch.float32)
         return out.to(payload.dtype).reshape(payload.shape)
 
