@@ -1,0 +1,135 @@
+"""`geotrain train` end to end, as a user runs it: the CLI with --json, a worker killed mid-run, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+GEOTRAIN = [sys.executable, "-m", "geotrain"]
+CLUSTER_YAML = """\
+name: test-2x2
+regions:
+  - {name: east, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
+  - {name: west, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
+links:
+  - {between: [east, west], gbps: 0.01, ms: 20}
+"""
+PLAN = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}
+
+
+@pytest.fixture
+def job_files(tmp_path: Path) -> tuple[str, str]:
+    cluster, plan = tmp_path / "cluster.yaml", tmp_path / "plan.json"
+    cluster.write_text(CLUSTER_YAML)
+    plan.write_text(json.dumps(PLAN))
+    return str(cluster), str(plan)
+
+
+@pytest.mark.timeout(240)
+def test_train_cli_runs_a_2x2_plan_and_prints_one_json_object(job_files):
+    cluster, plan = job_files
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", plan, "--steps", "3",
+                           "--time-scale", "0.2", "--dp-codec", "fp16", "--json"],
+                          capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)  # exactly one JSON object
+    assert result["plan"] == "manual" and result["assignment"] == PLAN["assignment"]
+    assert len(result["losses"]) == 3 and result["losses"][-1] < result["losses"][0]
+    summary = result["summary"]
+    assert summary["replicas_in_sync"] is True
+    assert summary["comm_predicted_s"] == pytest.approx(result["prediction"]["total"])
+    assert abs(summary["error_pct"]) < 50  # the tight bound is test_runtime_train's; here: sane numbers
+    assert result["bytes"]["dp_per_stage"][0] == 2 * sum([44 * 128, 96 * 128, 2 * (128 * 384 + 384 + 128 * 128 + 128 +
+                                                           4 * 128 + 128 * 512 + 512 + 512 * 128 + 128)])
+    assert [row["step"] for row in result["iterations"]] == [0, 1, 2]
+
+
+def _descendants(root: int) -> set[int]:
+    """Pids of every live descendant of `root` (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_killed_worker_ends_the_run_in_bounded_time_naming_it_with_no_orphans(job_files, tmp_path):
+    cluster, plan = job_files
+    checkpoints = tmp_path / "ckpt"
+    launcher = subprocess.Popen([*GEOTRAIN, "train", "--cluster", cluster, "--plan", plan, "--steps", "200",
+                                 "--time-scale", "0.05", "--heartbeat-timeout", "3", "--checkpoint-dir", str(checkpoints),
+                                 "--checkpoint-every", "1", "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 150
+        while not (checkpoints / "latest").exists():  # mid-run: at least one step done everywhere
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, "no checkpoint within 150 s"
+            time.sleep(0.2)
+        family = _descendants(launcher.pid)
+        victim = next(pid for pid in family if _comm(pid) == "geotrain-r1")
+        assert {_comm(pid) for pid in family} >= {f"geotrain-r{r}" for r in range(4)}
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=120)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 2
+    assert stdout == ""
+    assert elapsed < 30, f"took {elapsed:.1f} s to notice a dead worker"
+    error = stderr.strip().splitlines()[-1]
+    assert error.startswith("geotrain: error: rank 1 (stage 0, replica 1, device 2 west-0) killed by SIGKILL after ")
+    assert "lost rank 1 (stage 0, replica 1, device 2 west-0): no heartbeat for 3 s; its last completed step:" in error
+    time.sleep(1.0)
+    leftovers = [pid for pid in family if _alive(pid)]
+    assert not leftovers, f"processes left behind: {[(pid, _comm(pid)) for pid in leftovers]}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_train_runs_unchanged_under_torchrun(job_files):
+    cluster, plan = job_files
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                           "-m", "geotrain", "train", "--cluster", cluster, "--plan", plan, "--steps", "2",
+                           "--time-scale", "0.05", "--json"], capture_output=True, text=True, timeout=200, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # rank 0 reports; the other ranks print nothing
+    result = json.loads(lines[0])
+    assert len(result["losses"]) == 2 and result["summary"]["replicas_in_sync"] is True
