@@ -35,6 +35,15 @@ class ErrorFeedback:
         return f"{self.codec.name}+ef"
 
     @property
+    def summable(self) -> bool:
+        """As the wrapped codec: payloads still have the codec's format."""
+        return self.codec.summable
+
+    def set_step(self, step: int) -> None:
+        """Forward the step counter to the codec (randk masks, powersgd starts)."""
+        self.codec.set_step(step)
+
+    @property
     def residual(self) -> torch.Tensor | None:
         """What has not been sent yet (None before the first encode or after reset)."""
         return self._residual
