@@ -26,7 +26,7 @@ from geotrain.codecs import (
     unpack_sign_bits,
 )
 
-PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # Every registered codec with defaults, plus variants that exercise parameters on small tensors.
 VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
@@ -321,9 +321,9 @@ def test_randk_mask_changes_with_step_and_seed_and_is_uniform():
     assert len(masks) == 20
     assert not torch.equal(get_codec("randk", seed=2).indices(10_000, 0), get_codec("randk", seed=1).indices(10_000, 0))
     counts = torch.zeros(200)
-    for step in range(2000):
-        counts[codec.indices(200, step)] += 1  # k = 20 of 200: expected count 200 per index
-    assert 140 < float(counts.min()) and float(counts.max()) < 260
+    for step in range(1000):
+        counts[codec.indices(200, step)] += 1  # k = 20 of 200: expected count 100 +- 9.5 per index
+    assert 60 < float(counts.min()) and float(counts.max()) < 140
     big = codec.indices(1_000_000, 3)  # the sampled-with-replacement path
     assert big.numel() == 100_000 and big.unique().numel() == 100_000 and torch.equal(big, big.sort().values)
 

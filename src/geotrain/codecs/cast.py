@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from geotrain.codecs.base import Codec, Payload, numel_of
+from geotrain.codecs.base import Codec, Payload, extremes, numel_of
 from geotrain.codecs.buffers import converted
 
 
@@ -25,7 +25,7 @@ class CastCodec(Codec):
         x = self._check_input(tensor)
         wire = converted(x, self.wire_dtype)
         # NaN/inf in the wire values (min or max non-finite) came in, or the cast overflowed.
-        self._raise_if_nonfinite(x, _extremes(wire), wire=wire)
+        self._raise_if_nonfinite(x, extremes(wire), wire=wire)
         return Payload(self.name, {"values": wire}, tuple(tensor.shape), tensor.dtype)
 
     def decode(self, payload: Payload) -> torch.Tensor:
@@ -57,10 +57,3 @@ class Bf16Codec(CastCodec):
     wire_dtype = torch.bfloat16
 
 
-
-def _extremes(values: torch.Tensor) -> torch.Tensor:
-    """min and max of `values` (NaN if any is NaN); one fast vectorised pass, even for fp16/bf16."""
-    if values.numel() == 0:
-        return torch.zeros(2)
-    low, high = torch.aminmax(values)
-    return torch.stack([low, high])

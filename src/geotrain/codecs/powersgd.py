@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs.base import Codec, CodecError, Payload, finite_sum, numel_of
+from geotrain.codecs.base import Codec, CodecError, Payload, extremes, numel_of
 from geotrain.codecs.buffers import converted, new_buffer
 from geotrain.codecs.selection import seeded_generator
 
@@ -58,10 +58,10 @@ class PowerSGDCodec(Codec):
         r = self.matrix_rank(shape)
         if r == 0:
             raw = converted(x, torch.float32)
-            self._raise_if_nonfinite(x, finite_sum(raw), wire=raw)
+            self._raise_if_nonfinite(x, extremes(raw), wire=raw)
             return Payload(self.name, {"raw": raw}, shape, tensor.dtype, {"rank": 0, "step": self.step})
         matrix = x.reshape(shape[0], -1).to(torch.float32)
-        self._raise_if_nonfinite(x, finite_sum(matrix), wire=matrix)
+        self._raise_if_nonfinite(x, extremes(matrix), wire=matrix)
         n, m = matrix.shape
         start = torch.randn(m, r, generator=seeded_generator(self.seed, self.step, n, m))
         p = orthonormal_columns(matrix @ start)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs.base import Codec, CodecError, Payload, finite_sum, numel_of
+from geotrain.codecs.base import Codec, CodecError, Payload, extremes, numel_of
 from geotrain.codecs.buffers import new_zeros
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
 
@@ -51,7 +51,7 @@ class SparseCodec(Codec):
     def _values(self, flat: torch.Tensor, indices: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
         values = flat[indices].to(_VALUE_DTYPES[self.value_dtype])
         if self.value_dtype != "fp32":  # fp16 values may overflow even for finite input
-            self._raise_if_nonfinite(original, finite_sum(values), wire=values)
+            self._raise_if_nonfinite(original, extremes(values), wire=values)
         return values
 
     def _scatter(self, payload: Payload, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -65,7 +65,7 @@ class SparseCodec(Codec):
             raise CodecError(f"{self.name}: tensors above 2**31 - 1 values are not supported (int32 indices), "
                              f"got {x.numel()}")
         flat = x.reshape(-1)
-        self._raise_if_nonfinite(x, finite_sum(flat))
+        self._raise_if_nonfinite(x, extremes(flat))
         return x, flat
 
     def _value_bytes(self) -> int:
