@@ -1,0 +1,127 @@
+"""The communication 1-bit Adam needs, behind one interface with two implementations.
+
+Code using a `Collective` is written SPMD-style over the *local workers* of this process:
+`SimulatedCollective(p)` holds all p workers in one process (local ranks 0..p-1, for experiments
+and for checking the distributed code against), `TorchCollective(group)` holds exactly one, this
+process's rank in a `torch.distributed` process group (any backend: nothing here is gloo-specific).
+Every method takes one tensor per local worker, in `local_ranks` order.
+
+Each collective counts, in its `ledger`, the bytes *one worker* hands to the process group
+(see geotrain.ddp.accounting); in the simulation all workers hand equal sizes, so one worker's
+count is every worker's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from geotrain.ddp.accounting import CommLedger, tensor_bytes
+
+
+class Collective(Protocol):
+    world_size: int
+    local_ranks: tuple[int, ...]
+    ledger: CommLedger
+
+    def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Element-wise mean over all ranks of one float tensor per local worker (the same result for all)."""
+        ...
+
+    def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Each local worker's 1-D send buffer holds world_size equal chunks, chunk j for rank j.
+        Returns, per local worker, the buffer of the chunks it received, chunk i from rank i."""
+        ...
+
+    def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Concatenation (in rank order) of every rank's equal-size 1-D tensor (the same for all)."""
+        ...
+
+
+def _check_local(tensors: Sequence[torch.Tensor], count: int, what: str) -> None:
+    if len(tensors) != count:
+        raise ValueError(f"{what}: expected one tensor per local worker ({count}), got {len(tensors)}")
+    sizes = {t.numel() for t in tensors}
+    if len(sizes) > 1:
+        raise ValueError(f"{what}: all workers must hand equal sizes, got {sorted(sizes)}")
+
+
+class SimulatedCollective:
+    """p workers in this process. Sums run in rank order, so results are deterministic."""
+
+    def __init__(self, world_size: int) -> None:
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        self.world_size = world_size
+        self.local_ranks = tuple(range(world_size))
+        self.ledger = CommLedger()
+
+    def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        _check_local(tensors, self.world_size, "all_reduce_mean")
+        self.ledger.record("all_reduce", tensor_bytes(tensors[0]), self.world_size)
+        total = tensors[0].clone()
+        for tensor in tensors[1:]:
+            total += tensor
+        return total.div_(self.world_size)
+
+    def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        _check_local(sends, self.world_size, "all_to_all")
+        p = self.world_size
+        if sends[0].numel() % p:
+            raise ValueError(f"all_to_all: send buffer of {sends[0].numel()} elements is not {p} equal chunks")
+        self.ledger.record("all_to_all", tensor_bytes(sends[0]), p)
+        chunks = [send.view(p, -1) for send in sends]
+        return [torch.cat([chunks[src][dst] for src in range(p)]) for dst in range(p)]
+
+    def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        _check_local(tensors, self.world_size, "all_gather")
+        self.ledger.record("all_gather", tensor_bytes(tensors[0]), self.world_size)
+        return torch.cat(list(tensors))
+
+
+class TorchCollective:
+    """This process's rank in a torch.distributed process group (default: the world group)."""
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError("TorchCollective needs torch.distributed.init_process_group() first")
+        self.group = group
+        self.world_size = dist.get_world_size(group)
+        self.local_ranks = (dist.get_rank(group),)
+        self.ledger = CommLedger()
+
+    def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        import torch.distributed as dist
+
+        _check_local(tensors, 1, "all_reduce_mean")
+        total = tensors[0].clone()
+        self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
+        dist.all_reduce(total, group=self.group)
+        return total.div_(self.world_size)
+
+    def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        import torch.distributed as dist
+
+        _check_local(sends, 1, "all_to_all")
+        send = sends[0].contiguous()
+        if send.numel() % self.world_size:
+            raise ValueError(f"all_to_all: send buffer of {send.numel()} elements is not "
+                             f"{self.world_size} equal chunks")
+        received = torch.empty_like(send)
+        self.ledger.record("all_to_all", tensor_bytes(send), self.world_size)
+        dist.all_to_all_single(received, send, group=self.group)
+        return [received]
+
+    def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        import torch.distributed as dist
+
+        _check_local(tensors, 1, "all_gather")
+        mine = tensors[0].contiguous()
+        gathered = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
+        self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
+        dist.all_gather_single(gathered, mine, group=self.group)
+        return gathered

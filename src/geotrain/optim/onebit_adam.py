@@ -1,0 +1,208 @@
+"""1-bit Adam (Tang et al. 2021, "1-bit Adam: Communication Efficient Large-Scale Training with
+Adam's Convergence Speed"), as a torch.optim.Optimizer over a `Collective`.
+
+Two stages:
+1. Warm-up (`warmup_steps` steps): plain AdamW. Gradients are averaged in full precision
+   (fp32 all-reduce); optional clipping of the averaged gradient to `max_grad_norm`.
+2. Compression: the variance is frozen (its bias-corrected value at the end of the warm-up).
+   Each worker updates its momentum with its *local* gradient, m_i = b1 m + (1 - b1) g_i, and the
+   momenta are averaged by an error-compensated 1-bit all-reduce:
+     worker i: x = m_i + e_i;  send chunk j of sign(x) * scales to rank j;  e_i = x - what it sent
+     rank j:   y = mean of the p decoded chunks j + s_j;  s_j = y - compressed(y);  all-gather
+   so every worker ends with the same m. The update is m_hat / (sqrt(v_frozen) + eps), plus
+   decoupled weight decay. With `max_grad_norm`, each worker clips its local gradient.
+The frozen variance turns Adam into a linear (momentum-SGD-like) update with a fixed per-value
+learning rate, which is what makes error compensation work for it.
+
+Bytes per worker per step, handed to the process group: warm-up 4 n (one fp32 all-reduce);
+compression (p + 1) x message_bytes ~ n/8 (1 + 1/p) (one all-to-all, one all-gather).
+`ledger` (the collective's) counts them; `declared_step_bytes()` states them.
+
+In one process with p simulated workers, call `step_workers([flat_grad_0, ..., flat_grad_p-1])`;
+across processes, each rank calls `step()` after `backward()` (do not wrap the model in DDP: the
+optimizer does the gradient communication itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from geotrain.ddp.accounting import CommLedger
+from geotrain.errors import GeotrainError
+from geotrain.optim.collectives import Collective, SimulatedCollective
+from geotrain.optim.onebit_layout import OneBitLayout
+
+
+class OneBitAdamError(GeotrainError, ValueError):
+    """Bad OneBitAdam argument or incompatible state."""
+
+
+class OneBitAdam(torch.optim.Optimizer):
+    """AdamW warm-up, then frozen variance and 1-bit error-compensated momentum averaging.
+
+    lr, betas, eps, weight_decay: as torch.optim.AdamW (weight decay is decoupled).
+    warmup_steps: full-precision AdamW steps before the variance freezes (>= 1).
+    collective: where the workers are (default: one simulated worker, i.e. plain single-process use).
+    max_grad_norm: clip the averaged gradient (warm-up) or each local gradient (compression); None: off.
+    """
+
+    def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, *, warmup_steps: int = 100,
+                 collective: Collective | None = None, max_grad_norm: float | None = None) -> None:
+        if lr < 0 or eps <= 0 or weight_decay < 0:
+            raise OneBitAdamError(f"need lr >= 0, eps > 0, weight_decay >= 0; got {lr}, {eps}, {weight_decay}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise OneBitAdamError(f"betas must be in [0, 1), got {betas}")
+        if warmup_steps < 1:
+            raise OneBitAdamError(f"warmup_steps must be >= 1 (the variance needs estimating), got {warmup_steps}")
+        if max_grad_norm is not None and max_grad_norm <= 0:
+            raise OneBitAdamError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+        if len({tuple(group["betas"]) for group in self.param_groups}) > 1:
+            raise OneBitAdamError("all parameter groups must share betas (one momentum is averaged for all)")
+        self.warmup_steps = warmup_steps
+        self.max_grad_norm = max_grad_norm
+        self.collective: Collective = collective or SimulatedCollective(1)
+        self._params = [p for group in self.param_groups for p in group["params"]]
+        self.layout = OneBitLayout([p.numel() for p in self._params], self.collective.world_size)
+        n, local = self.layout.numel, len(self.collective.local_ranks)
+        self.step_count = 0
+        self.exp_avg = torch.zeros(n)
+        self.exp_avg_sq = torch.zeros(n)  # after the freeze: the frozen, bias-corrected variance
+        self.worker_errors = [torch.zeros(self.layout.padded_numel) for _ in range(local)]
+        self.server_errors = [torch.zeros(self.layout.chunk_numel) for _ in range(local)]
+
+    @property
+    def frozen(self) -> bool:
+        return self.step_count >= self.warmup_steps
+
+    @property
+    def ledger(self) -> CommLedger:
+        return self.collective.ledger
+
+    def declared_step_bytes(self, compressed: bool) -> int:
+        """Bytes one worker hands to the process group in one warm-up or one compressed step."""
+        if not compressed:
+            return 4 * self.layout.numel
+        return (self.collective.world_size + 1) * self.layout.message_bytes
+
+    def flat_grad(self) -> torch.Tensor:
+        """This process's gradients as one flat float32 vector (missing gradients count as 0)."""
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).float()
+                          for p in self._params])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One step from this process's `.grad`s (needs a collective with exactly one local worker)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if len(self.collective.local_ranks) != 1:
+            raise OneBitAdamError(f"step() uses this process's .grad, but the collective simulates "
+                                  f"{len(self.collective.local_ranks)} workers: call step_workers(grads)")
+        self.step_workers([self.flat_grad()])
+        return loss
+
+    @torch.no_grad()
+    def step_workers(self, worker_grads: Sequence[torch.Tensor]) -> None:
+        """One step from one flat (n,) gradient per local worker, in `collective.local_ranks` order."""
+        local = len(self.collective.local_ranks)
+        if len(worker_grads) != local or any(g.numel() != self.layout.numel for g in worker_grads):
+            raise OneBitAdamError(f"need {local} flat gradients of {self.layout.numel} values, got sizes "
+                                  f"{[g.numel() for g in worker_grads]}")
+        beta1, beta2 = self.param_groups[0]["betas"]
+        if not self.frozen:
+            grad = self.collective.all_reduce_mean([g.float() for g in worker_grads])
+            grad = _clipped(grad, self.max_grad_norm)
+            self.exp_avg.lerp_(grad, 1 - beta1)  # the same operations as torch.optim.AdamW, bit for bit
+            self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+            self.step_count += 1
+            variance_correction = 1 - beta2 ** self.step_count
+            if self.frozen:  # freeze the bias-corrected variance
+                self.exp_avg_sq.div_(variance_correction)
+                variance_correction = 1.0
+        else:
+            momenta = [torch.lerp(self.exp_avg, _clipped(g.float(), self.max_grad_norm), 1 - beta1)
+                       for g in worker_grads]
+            self.exp_avg = self._compressed_average(momenta)
+            self.step_count += 1
+            variance_correction = 1.0
+        self._apply_update(1 - beta1 ** self.step_count, variance_correction)
+
+    def _compressed_average(self, momenta: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Error-compensated 1-bit average of one momentum per local worker (see module doc)."""
+        layout, p = self.layout, self.collective.world_size
+        sends = []
+        for i, momentum in enumerate(momenta):
+            x = layout.pad(momentum) + self.worker_errors[i]
+            messages, decoded = zip(*(layout.encode_chunk(layout.chunk(x, j), j) for j in range(p)), strict=True)
+            self.worker_errors[i] = x - torch.cat(decoded)
+            sends.append(torch.cat(messages))
+        received = self.collective.all_to_all(sends)
+        replies = []
+        for i, (rank, inbox) in enumerate(zip(self.collective.local_ranks, received, strict=True)):
+            total = torch.zeros(layout.chunk_numel)
+            for message in inbox.view(p, -1):  # rank order, so the sum is deterministic
+                total += layout.decode_chunk(message, rank)
+            y = total.div_(p) + self.server_errors[i]
+            reply, decoded_reply = layout.encode_chunk(y, rank)
+            self.server_errors[i] = y - decoded_reply
+            replies.append(reply)
+        gathered = self.collective.all_gather(replies).view(p, -1)
+        averaged = torch.cat([layout.decode_chunk(gathered[j], j) for j in range(p)])
+        return averaged[: layout.numel].clone()
+
+    def _apply_update(self, momentum_correction: float, variance_correction: float) -> None:
+        offset = 0
+        for group in self.param_groups:
+            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+            for param in group["params"]:
+                n = param.numel()
+                m = self.exp_avg[offset: offset + n].view_as(param)
+                v = self.exp_avg_sq[offset: offset + n].view_as(param)
+                offset += n
+                if weight_decay:
+                    param.mul_(1 - lr * weight_decay)
+                denom = (v.sqrt() / variance_correction ** 0.5).add_(eps)
+                param.addcdiv_(m, denom, value=-lr / momentum_correction)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["onebit"] = {
+            "step_count": self.step_count, "warmup_steps": self.warmup_steps,
+            "world_size": self.collective.world_size, "local_ranks": list(self.collective.local_ranks),
+            "exp_avg": self.exp_avg.clone(), "exp_avg_sq": self.exp_avg_sq.clone(),
+            "worker_errors": [e.clone() for e in self.worker_errors],
+            "server_errors": [e.clone() for e in self.server_errors],
+        }
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        onebit = state_dict.get("onebit")
+        if onebit is None:
+            raise OneBitAdamError("not a OneBitAdam state dict (no 'onebit' entry)")
+        if onebit["world_size"] != self.collective.world_size or \
+                list(onebit["local_ranks"]) != list(self.collective.local_ranks):
+            raise OneBitAdamError(f"state saved by ranks {onebit['local_ranks']} of {onebit['world_size']} cannot "
+                                  f"load into ranks {list(self.collective.local_ranks)} of "
+                                  f"{self.collective.world_size}: residuals belong to their rank")
+        if onebit["exp_avg"].numel() != self.layout.numel:
+            raise OneBitAdamError(f"state holds {onebit['exp_avg'].numel()} values, parameters have {self.layout.numel}")
+        super().load_state_dict({k: v for k, v in state_dict.items() if k != "onebit"})
+        self.step_count, self.warmup_steps = int(onebit["step_count"]), int(onebit["warmup_steps"])
+        self.exp_avg, self.exp_avg_sq = onebit["exp_avg"].clone(), onebit["exp_avg_sq"].clone()
+        self.worker_errors = [e.clone() for e in onebit["worker_errors"]]
+        self.server_errors = [e.clone() for e in onebit["server_errors"]]
+
+
+def _clipped(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor:
+    """grad scaled down to norm `max_norm` if it is longer (as clip_grad_norm_, with its 1e-6 guard)."""
+    if max_norm is None:
+        return grad
+    norm = grad.norm()
+    factor = max_norm / (norm + 1e-6)
+    return grad * factor.clamp(max=1.0)

@@ -1,0 +1,55 @@
+"""1-bit Adam as an update rule of the in-process training loop (`geotrain.train.train_compressed`).
+
+    result = train_compressed(config, update_rule=onebit_update_rule(warmup_steps=20))
+
+The rule replaces the loop's exchange-then-step: the p simulated workers' gradients go straight
+into OneBitAdam, which averages them itself (fp32 during warm-up, 1-bit momenta afterwards).
+The loop's config supplies workers, peak lr (set per step by the loop's schedule), betas, weight
+decay and clip_norm (OneBitAdam's max_grad_norm). Bytes returned per step are summed over workers,
+as the loop's codec exchange counts them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from geotrain.optim.collectives import SimulatedCollective
+from geotrain.optim.onebit_adam import OneBitAdam
+
+
+class OneBitAdamRule:
+    """`step(worker_grads, lr, step) -> bytes sent by all workers` around a simulated OneBitAdam."""
+
+    def __init__(self, optimizer: OneBitAdam) -> None:
+        self.optimizer = optimizer
+
+    def step(self, worker_grads: Sequence[torch.Tensor], lr: float, step: int) -> int:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        before = self.optimizer.ledger.handed_bytes
+        self.optimizer.step_workers(worker_grads)
+        return (self.optimizer.ledger.handed_bytes - before) * self.optimizer.collective.world_size
+
+
+@dataclass(frozen=True)
+class OneBitAdamRuleFactory:
+    """`(model, config) -> OneBitAdamRule` for train_compressed's `update_rule` (picklable, so it
+    also works in geotrain.train's process pool)."""
+
+    warmup_steps: int
+    eps: float = 1e-8
+
+    def __call__(self, model: torch.nn.Module, config: Any) -> OneBitAdamRule:
+        optimizer = OneBitAdam(model.parameters(), lr=config.peak_lr, betas=tuple(config.betas), eps=self.eps,
+                               weight_decay=config.weight_decay, warmup_steps=self.warmup_steps,
+                               collective=SimulatedCollective(config.workers), max_grad_norm=config.clip_norm)
+        return OneBitAdamRule(optimizer)
+
+
+def onebit_update_rule(warmup_steps: int, eps: float = 1e-8) -> OneBitAdamRuleFactory:
+    """The update rule factory for train_compressed: OneBitAdam with `warmup_steps` fp32 steps."""
+    return OneBitAdamRuleFactory(warmup_steps, eps)
