@@ -300,3 +300,28 @@ def test_config_rejects_bad_options_with_the_value(change, message):
     base = {"cluster": GEO, "assignment": np.array([[0, 2], [1, 3]])}
     with pytest.raises(ValueError, match=message):
         RuntimeConfig(**{**base, **change})
+
+
+# -- bench plans ---------------------------------------------------------------------------------
+
+def test_bench_crossing_plan_crosses_every_cut_and_group_and_random_is_the_median():
+    from geotrain.runtime.bench import (
+        RuntimeBenchConfig,
+        _problem,
+        bench_cluster,
+        median_random_assignment,
+        region_crossing_assignment,
+    )
+
+    config = RuntimeBenchConfig()
+    cluster = bench_cluster(config)
+    crossing = region_crossing_assignment(cluster, config.stages, config.replicas)
+    regions = cluster.region_of[crossing]
+    assert np.all(regions[0] != regions[1])  # every pipeline cut crosses
+    assert all(len(set(row)) == 2 for row in regions)  # every DP group spans both regions
+    problem = _problem(cluster, config, (1_657_856, 1_609_728), 393_216)
+    median = median_random_assignment(problem, seed=0)
+    rng = np.random.default_rng(0)
+    orders = np.argsort(rng.random((201, 8)), axis=1).reshape(201, 2, 4)
+    totals = problem.cost_model.evaluate_many(orders)
+    assert problem.cost_model.evaluate(median).total == pytest.approx(float(np.median(totals)))

@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, metavar="FILE|PRESET", help="cluster preset or YAML/JSON file")
     parser.add_argument("--plan", required=True, metavar="PLAN.json", help="plan file (as `geotrain plan --json` writes)")
-    parser.add_argument("--model", default="tiny", help="model preset (tiny: 4 blocks, d_model 128, context 96)")
+    parser.add_argument("--model", default="tiny", help="model preset: tiny (4 blocks, d_model 128, context 96), tiny-2layer")
     parser.add_argument("--steps", type=int, default=20, help="training iterations (the learning-rate schedule spans them)")
     parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per replica per iteration")

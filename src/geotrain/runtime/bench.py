@@ -4,7 +4,7 @@ On an emulated, scaled-down geo cluster (two regions, fast links inside, slow li
 plans of the same job run one after another in one invocation, through the same launcher:
   planned  - the lowest predicted cost found by the planner's search methods (local search, genetic,
              the region heuristics: those registered), scored with this job's real payload bytes;
-  random   - one uniformly random assignment (seeded);
+  random   - a typical random plan: the median-cost one of 201 seeded uniformly random assignments;
   crossing - the worst region-crossing plan: slot (stage s, replica r) in region (s + r) mod G, so
              every pipeline cut and every DP group crosses regions.
 Each gives measured iteration time, measured and predicted communication; ratios are to `planned`.
@@ -21,8 +21,8 @@ import numpy as np
 from geotrain.cluster import Cluster, make_network
 from geotrain.cost import YuanCostModel
 from geotrain.errors import GeotrainError
-from geotrain.models import BASE_CONFIG, GPTConfig
-from geotrain.runtime.config import RuntimeConfig, parse_codec_spec
+from geotrain.models import GPTConfig
+from geotrain.runtime.config import TINY_GPT, RuntimeConfig, parse_codec_spec
 from geotrain.runtime.launcher import launch
 from geotrain.runtime.predict import real_bytes_job
 from geotrain.runtime.report import RunReport
@@ -56,7 +56,7 @@ class RuntimeBenchConfig:
     seed: int = 0
     search_methods: tuple[str, ...] = ("local-search", "genetic", "dp-local", "pipeline-local")
     search_time_limit_s: float = 10.0
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_GPT
 
     def __post_init__(self) -> None:
         if self.stages * self.replicas != 2 * self.devices_per_region:
@@ -124,11 +124,14 @@ def _spec(spec: str) -> tuple[str]:
     return (name,)
 
 
-def planned_assignment(cluster: Cluster, config: RuntimeBenchConfig, dp_bytes: tuple[int, ...],
-                       pp_bytes: int) -> tuple[np.ndarray, str]:
-    """The lowest-cost plan of the registered methods among config.search_methods, and its method."""
+def _problem(cluster: Cluster, config: RuntimeBenchConfig, dp_bytes: tuple[int, ...], pp_bytes: int) -> PlacementProblem:
+    """The placement problem scored with this job's real payload bytes (mean DP bytes of the stages)."""
     job = real_bytes_job(float(np.mean(dp_bytes)), pp_bytes, config.stages, config.replicas)
-    problem = PlacementProblem(cluster, YuanCostModel(cluster, job, config.stages, config.replicas))
+    return PlacementProblem(cluster, YuanCostModel(cluster, job, config.stages, config.replicas))
+
+
+def planned_assignment(problem: PlacementProblem, config: RuntimeBenchConfig) -> tuple[np.ndarray, str]:
+    """The lowest-cost plan of the registered methods among config.search_methods, and its method."""
     methods = [name for name in config.search_methods if name in SEARCH_METHODS]
     if not methods:
         raise RuntimeBenchError(f"none of the search methods {list(config.search_methods)} is registered "
@@ -139,8 +142,13 @@ def planned_assignment(cluster: Cluster, config: RuntimeBenchConfig, dp_bytes: t
     return np.asarray(best.assignment), best.method
 
 
-def random_assignment(n_devices: int, stages: int, replicas: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).permutation(n_devices)[: stages * replicas].reshape(stages, replicas)
+def median_random_assignment(problem: PlacementProblem, seed: int, samples: int = 201) -> np.ndarray:
+    """Of `samples` uniformly random assignments (seeded), the one of median predicted cost."""
+    rng = np.random.default_rng(seed)
+    orders = np.argsort(rng.random((samples, problem.n_devices)), axis=1)
+    candidates = orders[:, : problem.stages * problem.replicas].reshape(samples, problem.stages, problem.replicas)
+    totals = problem.cost_model.evaluate_many(candidates)
+    return candidates[int(np.argsort(totals, kind="stable")[samples // 2])]
 
 
 def region_crossing_assignment(cluster: Cluster, stages: int, replicas: int) -> np.ndarray:
@@ -162,10 +170,10 @@ def run_runtime_bench(config: RuntimeBenchConfig, progress: Callable[[str, int, 
 
     cluster = bench_cluster(config)
     dp_bytes, pp_bytes = payload_bytes(config)
-    planned, method = planned_assignment(cluster, config, dp_bytes, pp_bytes)
+    problem = _problem(cluster, config, dp_bytes, pp_bytes)
+    planned, method = planned_assignment(problem, config)
     candidates = [("planned", f"search: {method}", planned),
-                  ("random", f"random (seed {config.seed})", random_assignment(cluster.n_devices, config.stages,
-                                                                               config.replicas, config.seed)),
+                  ("random", "median of 201 random plans", median_random_assignment(problem, config.seed)),
                   ("crossing", "every cut and DP group crosses regions",
                    region_crossing_assignment(cluster, config.stages, config.replicas))]
     tokens = world_tokens(0).train

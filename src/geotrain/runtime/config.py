@@ -24,8 +24,13 @@ class RuntimeConfigError(GeotrainError, ValueError):
     """An invalid training option (named with its value and the allowed range)."""
 
 
+TINY_GPT = GPTConfig(n_layer=4)
+"""The runtime's default model: 4 blocks (so up to 4 stages), d_model 128, context 96, 44 characters,
+816,896 parameters (the demo's BASE_CONFIG with two more blocks)."""
+
 MODEL_PRESETS: dict[str, GPTConfig] = {
-    "tiny": BASE_CONFIG,  # 4 blocks, d_model 128, context 96, 44 characters (~0.8 M parameters)
+    "tiny": TINY_GPT,
+    "tiny-2layer": BASE_CONFIG,  # the compression demo's model: at most 2 stages
 }
 
 PP_CODECS = ("none", "fp16", "bf16", "int8-block")
@@ -61,7 +66,7 @@ class RuntimeConfig:
 
     cluster: Cluster
     assignment: np.ndarray
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_GPT
     model_name: str = "tiny"
     steps: int = 20
     microbatches: int = 4

@@ -145,7 +145,8 @@ def _watch(processes: list[Any], store: Any, config: RuntimeConfig, progress: Pr
            poll_s: float) -> tuple[int, str] | None:
     """Poll until all exit 0 (None) or one fails; then wait (bounded) for the others to exit and
     return (culprit rank, how it ended)."""
-    grace_s = config.heartbeat_timeout_s + 10 * config.heartbeat_interval_s + 5.0
+    # Peers notice a lost rank within one heartbeat timeout plus a check interval; allow a few more.
+    grace_s = config.heartbeat_timeout_s + 4 * config.heartbeat_interval_s + 2.0
     last_progress = -1
     while True:
         codes = [p.exitcode for p in processes]
