@@ -295,6 +295,7 @@ def test_codec_specs_parse_names_and_typed_parameters():
     ({"assignment": np.array([[0], [1], [2], [3]]), "model": GPTConfig(n_layer=3)}, "cannot split 3"),
     ({"resume": True}, "resume needs a checkpoint directory"),
     ({"time_scale": -1.0}, "time_scale must be >= 0"),
+    ({"dp_codec": "topk:k=3"}, "codec 'topk' has no parameter"),
 ])
 def test_config_rejects_bad_options_with_the_value(change, message):
     base = {"cluster": GEO, "assignment": np.array([[0, 2], [1, 3]])}
@@ -325,3 +326,16 @@ def test_bench_crossing_plan_crosses_every_cut_and_group_and_random_is_the_media
     orders = np.argsort(rng.random((201, 8)), axis=1).reshape(201, 2, 4)
     totals = problem.cost_model.evaluate_many(orders)
     assert problem.cost_model.evaluate(median).total == pytest.approx(float(np.median(totals)))
+
+
+def test_resume_is_refused_before_launch_without_a_matching_checkpoint(tmp_path):
+    from geotrain.runtime.launcher import check_resumable
+
+    config = RuntimeConfig(cluster=GEO, assignment=np.array([[0, 2], [1, 3]]), checkpoint_dir=str(tmp_path), resume=True)
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        check_resumable(config)
+    for rank in range(4):
+        ckpt.save_shard(tmp_path, 2, rank, {})
+    ckpt.write_manifest(tmp_path, 2, {**config.identity(), "seed": 7}, world_size=4)
+    with pytest.raises(CheckpointError, match="seed is 7 there, 0 now"):
+        check_resumable(config)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster import Cluster
+from geotrain.codecs import CodecError, get_codec
 from geotrain.cost import AssignmentError, as_assignment
 from geotrain.errors import GeotrainError
 from geotrain.models import BASE_CONFIG, GPTConfig
@@ -121,7 +122,11 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
             raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {self.pp_codec!r}")
-        parse_codec_spec(self.dp_codec)
+        for label, spec in (("gradient", self.dp_codec), ("pipeline", self.pp_codec)):
+            try:
+                get_codec(*parse_codec_spec(spec)[:1], **parse_codec_spec(spec)[1])
+            except CodecError as exc:
+                raise RuntimeConfigError(f"{label} codec {spec!r}: {exc}") from None
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
         try:

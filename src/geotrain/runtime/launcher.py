@@ -26,6 +26,7 @@ from typing import Any
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.checkpoint import CheckpointError, check_identity, latest_step, read_manifest, step_dir
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.report import RunReport, build_report
 
@@ -63,6 +64,18 @@ def _child(rank: int, config: RuntimeConfig, port: int, result_path: str, tokens
         with open(tmp, "w") as handle:
             json.dump(records, handle)
         os.replace(tmp, result_path)
+
+
+def check_resumable(config: RuntimeConfig) -> int:
+    """The step a resumed run starts from; CheckpointError (before any process starts) if there is
+    no complete checkpoint or it belongs to a different run."""
+    assert config.checkpoint_dir is not None
+    step = latest_step(config.checkpoint_dir)
+    if step is None:
+        raise CheckpointError(f"{config.checkpoint_dir}: no complete checkpoint to resume from")
+    check_identity(read_manifest(config.checkpoint_dir, step), config.identity(),
+                   str(step_dir(config.checkpoint_dir, step)))
+    return step
 
 
 def _worker_context() -> Any:
@@ -114,6 +127,8 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     `tokens`: the training token ids of world `config.data_seed` (built here if None), handed to the
     workers so that they do not all build the world at once."""
     started = time.perf_counter()
+    if config.resume:
+        check_resumable(config)
     context = _worker_context()
     if tokens is None:  # built while the fork server imports torch
         from geotrain.data import world_tokens
