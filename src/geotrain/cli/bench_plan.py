@@ -19,9 +19,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=float, default=120.0, metavar="SEC", help="per-method time limit")
     parser.add_argument("--swaps", type=int, default=400_000, help="swaps timed for the incremental evaluator")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.add_argument("--scale", action="store_true",
+                        help="run `geotrain bench scale` (its defaults) instead: methods and lower bounds at 64..1024 devices")
 
 
 def run(args: Any) -> int:
+    if args.scale:
+        from geotrain.cli import bench_scale
+
+        scale_args = argparse.ArgumentParser()
+        bench_scale.add_arguments(scale_args)
+        return bench_scale.run(scale_args.parse_args(["--json"] if args.json else []))
     from geotrain.bench.plan import PlanBenchConfig, run_plan_bench
     from geotrain.cli.output import Output
 

@@ -16,6 +16,7 @@ DEMO_MODULES: tuple[str, ...] = (
 
 BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_plan",
+    "geotrain.cli.bench_scale",
     "geotrain.cli.bench_codecs",
     "geotrain.cli.bench_runtime",
 )

@@ -53,6 +53,10 @@ def register(subparsers: Any) -> None:
         parser.add_argument(f"--{name}", type=kind, default=None, help=f"{text} (same as -o {name}=N)")
     parser.add_argument("--strict", action="store_true", help="local-search: accept only improving swaps")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the plan JSON to FILE")
+    parser.add_argument("--lower-bound", action="store_true",
+                        help="also prove a lower bound on the optimum (JSON gains lower_bound and gap)")
+    parser.add_argument("--bound-time-limit", type=float, default=30.0, metavar="SEC",
+                        help="time for the lower-bound MILP (the bound stays valid when it stops early)")
     parser.set_defaults(handler=run)
 
 
@@ -86,7 +90,8 @@ def plan_document(result: SearchResult, extra: dict[str, Any] | None = None) -> 
     }
     if result.lower_bound is not None:
         doc["lower_bound"] = result.lower_bound
-        doc["gap"] = result.cost.total / result.lower_bound - 1.0 if result.lower_bound > 0 else None
+        doc["gap"] = max(0.0, (result.cost.total - result.lower_bound) / result.cost.total) if result.cost.total > 0 else 0.0
+        doc["lower_bound_source"] = result.details.get("lower_bound_source", result.method)
     doc.update(extra or {})
     return doc
 
@@ -99,6 +104,11 @@ def run(args: Any) -> int:
     with out.progress(f"{args.method} on {cluster.name}", 1) as progress:
         result = run_search(args.method, problem, seed=args.seed, time_limit_s=args.time_limit,
                             progress=progress, options=options)
+    if args.lower_bound:
+        from geotrain.search.bounds import with_lower_bound
+
+        with out.progress("lower bound", 1):
+            result = with_lower_bound(problem, result, time_limit_s=args.bound_time_limit)
     doc = plan_document(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
                                  "job": job.name, "cost_model": model.name})
     if args.out:
@@ -117,6 +127,7 @@ def run(args: Any) -> int:
             ["search seconds", f"{result.seconds:.2f}"], ["evaluations", f"{result.evaluations:,}"]]
     if result.lower_bound is not None:
         rows.append(["lower bound (s)", f"{result.lower_bound:.3f}"])
+        rows.append(["gap to bound", f"{100 * max(0.0, 1 - result.lower_bound / cost.total):.2f}%"])
     out.table("plan", ["", "value"], rows, right_align_from=2)
     out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
               assignment_rows(cluster, result.assignment), right_align_from=1)

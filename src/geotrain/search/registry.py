@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchMethod, SearchResult
+from geotrain.search.exact import ExactConfig, exact_search
+from geotrain.search.genetic import GeneticConfig, genetic_search
+from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
 from geotrain.search.local_search import LocalSearchConfig, local_search
 from geotrain.search.random_search import RandomSearchConfig, random_search
 from geotrain.search.region_heuristics import RegionHeuristicConfig, dp_local, pipeline_local
@@ -19,6 +22,12 @@ SEARCH_METHODS: dict[str, SearchMethod] = {
                      "each stage's data-parallel group inside a region, pipelines across regions"),
         SearchMethod("local-search", LocalSearchConfig, local_search,
                      "multi-start random swaps (sideways by default, strict=true: improvements only)"),
+        SearchMethod("genetic", GeneticConfig, genetic_search,
+                     "genetic algorithm: DP-group crossover, mutation, local search + re-wiring per child"),
+        SearchMethod("hierarchical", HierarchicalConfig, hierarchical_search,
+                     "DP groups, then pipelines by bottleneck matching between stages, iterated"),
+        SearchMethod("exact", ExactConfig, exact_search,
+                     "optimal plan of a region-uniform cluster (MILP, HiGHS), with its certificate"),
     )
 }
 

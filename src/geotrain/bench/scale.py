@@ -1,0 +1,95 @@
+"""Placement at scale: seeded multi-cloud clusters of growing size, every method under a time limit,
+and a proven lower bound on each cluster's optimum.
+
+For each size n (devices), the cluster is `multicloud(regions, n // regions, seed, jitter)` and the
+layout uses every device: S = `stages`, R = n // S. Each method runs once with the same seed and
+time limit; the lower bound (`search.bounds.lower_bound`) is computed once per cluster, given the
+best total any method found, and every row's gap is (total - bound) / total.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from geotrain.cluster.scale import multicloud
+from geotrain.cost import build_cost_model
+from geotrain.job import load_job
+from geotrain.search import PlacementProblem, ProgressCallback, SearchError, run_search
+from geotrain.search.bounds import lower_bound
+
+DEFAULT_METHODS = ("pipeline-local", "dp-local", "local-search", "genetic", "hierarchical", "exact")
+
+
+@dataclass(frozen=True)
+class ScaleBenchConfig:
+    """sizes: device counts (multiples of regions x stages); jitter: per-pair bandwidth noise (0:
+    region-uniform, so `exact` may apply); time_limit_s: per method; bound_time_limit_s: per cluster."""
+
+    sizes: tuple[int, ...] = (64, 128, 256, 512, 1024)
+    regions: int = 8
+    stages: int = 8
+    jitter: float = 0.1
+    seed: int = 0
+    job: str = "gpt-1.3b-seed"
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    time_limit_s: float = 30.0
+    bound_time_limit_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for n in self.sizes:
+            if n % self.regions or n % self.stages or n < self.regions:
+                raise SearchError(f"bench scale: size {n} must be a multiple of regions ({self.regions}) "
+                                  f"and stages ({self.stages})")
+
+
+@dataclass(frozen=True)
+class ScaleRow:
+    devices: int
+    stages: int
+    replicas: int
+    method: str
+    seconds: float | None
+    total_s: float | None
+    lower_bound_s: float
+    gap: float | None
+    bound_source: str
+    bound_seconds: float
+    note: str = ""
+
+
+def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None = None) -> list[ScaleRow]:
+    """Rows of (size, method) in order; a method that does not apply gets a row with a note."""
+    job = load_job(config.job)
+    rows: list[ScaleRow] = []
+    steps, done = len(config.sizes) * (len(config.methods) + 1), 0
+    for n in config.sizes:
+        cluster = multicloud(config.regions, n // config.regions, seed=config.seed, jitter=config.jitter)
+        S, R = config.stages, n // config.stages
+        problem = PlacementProblem(cluster, build_cost_model("yuan", cluster, job, S, R))
+        results: list[tuple[str, Any, str]] = []
+        for method in config.methods:
+            try:
+                result = run_search(method, problem, seed=config.seed, time_limit_s=config.time_limit_s)
+                results.append((method, result, ""))
+            except SearchError as exc:
+                results.append((method, None, str(exc).split(" (")[0].split(": ")[-1][:48]))
+            done += 1
+            if progress is not None:
+                progress(done, steps)
+        found = [r.cost.total for _, r, _ in results if r is not None]
+        bound = lower_bound(problem, upper_bound_s=min(found) if found else None, time_limit_s=config.bound_time_limit_s)
+        done += 1
+        if progress is not None:
+            progress(done, steps)
+        for method, result, note in results:
+            total = None if result is None else float(result.cost.total)
+            rows.append(ScaleRow(devices=n, stages=S, replicas=R, method=method,
+                                 seconds=None if result is None else float(result.seconds), total_s=total,
+                                 lower_bound_s=float(bound.value_s), gap=None if total is None else bound.gap(total),
+                                 bound_source=bound.source, bound_seconds=float(bound.seconds), note=note))
+    return rows
+
+
+def rows_to_json(config: ScaleBenchConfig, rows: list[ScaleRow]) -> dict[str, Any]:
+    return {"config": asdict(config), "rows": [asdict(row) for row in rows]}

@@ -1,0 +1,109 @@
+"""Lower bounds on the optimal total of a pairwise cost model, valid for any cluster.
+
+Two bounds, the larger is reported:
+- combinatorial (instant): every used device d has dp_s >= m_d = the sum of its R - 1 cheapest dp
+  pairs, and S x R devices are used, so DP >= the (S R)-th smallest m_d. A replica path costs at least
+  half the cheapest pp pair of each end device plus the cheapest pair of each inner device, so the
+  mean (hence the max) replica is at least the cheapest such weighting of S R devices, over R.
+- region relaxation: the region MILP (`milp`) on region terms that take the cheapest device pair of
+  every region pair (exact for region-uniform clusters, a relaxation otherwise). With few enough
+  candidate region paths this is the path model (its optimum, or its dual bound at the time limit);
+  otherwise, if few region compositions can beat the best known plan, the layered-composition
+  model (`layers`); otherwise the flow model. MILP bounds are deflated by milp.BOUND_SAFETY
+  (1e-7 relative).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from geotrain.cost import PairwiseTerms
+from geotrain.search.base import PlacementProblem, SearchResult
+from geotrain.search.exact import simple_upper_bound, solve_region_problem
+from geotrain.search.layers import enumerate_compositions, solve_layer_milp
+from geotrain.search.milp import solve_flow_milp
+from geotrain.search.regions import cheapest_path_seconds, pairwise_or_fail, region_terms
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """value_s: the bound (seconds); source: which bound it is; parts: every bound computed (seconds);
+    proven_optimal: the region MILP was solved to optimality on exact (region-uniform) terms, so the
+    bound is the optimum itself."""
+
+    value_s: float
+    source: str
+    parts: dict[str, float] = field(default_factory=dict)
+    proven_optimal: bool = False
+    seconds: float = 0.0
+
+    def gap(self, total_s: float) -> float:
+        """(total - bound) / total, >= 0."""
+        return max(0.0, (total_s - self.value_s) / total_s) if total_s > 0 else 0.0
+
+
+def combinatorial_bound(terms: PairwiseTerms, stages: int, replicas: int) -> float:
+    """DP and PP bounds from per-device cheapest pairs (see the module docstring), seconds."""
+    n = terms.dp_pair_s.shape[0]
+    off = ~np.eye(n, dtype=bool)
+    used = stages * replicas
+    dp = 0.0
+    if replicas > 1:
+        rows = np.sort(terms.dp_pair_s[off].reshape(n, n - 1), axis=1)[:, : replicas - 1].sum(axis=1)
+        dp = float(np.sort(rows)[used - 1])
+    pp = 0.0
+    if stages > 1:
+        cheapest = np.sort(terms.pp_pair_s[off].reshape(n, n - 1).min(axis=1))[:used]
+        weights = np.concatenate([np.ones(replicas * (stages - 2)), np.full(2 * replicas, 0.5)])
+        pp = float(cheapest @ weights) / replicas
+    return dp + pp
+
+
+def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None, time_limit_s: float = 30.0,
+                max_paths: int = 20000, max_compositions: int = 400) -> LowerBound:
+    """The best of the bounds above. `upper_bound_s`: the total of any known plan (prunes region paths)."""
+    start = time.perf_counter()
+    model = problem.cost_model
+    terms = pairwise_or_fail(model, "a lower bound")
+    S, R = problem.stages, problem.replicas
+    parts = {"combinatorial": combinatorial_bound(terms, S, R)}
+    proven = False
+    regions = region_terms(problem.cluster, model, "a lower bound")
+    if S * R <= 1:
+        return LowerBound(parts["combinatorial"], "combinatorial", parts, True, time.perf_counter() - start)
+    solution = None
+    try:
+        solution = solve_region_problem(regions, S, R, max_paths=max_paths, time_limit_s=time_limit_s,
+                                        upper_bound_s=upper_bound_s)
+    except ValueError:
+        solution = None
+    if solution is not None and solution.complete:
+        parts["region-paths"] = solution.milp.bound
+        proven = regions.exact and solution.milp.status == "optimal"
+    else:
+        upper = simple_upper_bound(regions, S, R)
+        if upper_bound_s is not None:
+            upper = min(upper, float(upper_bound_s))
+        compositions = enumerate_compositions(regions, R, upper - cheapest_path_seconds(regions, S), max_compositions)
+        left = max(1.0, time_limit_s - (time.perf_counter() - start))
+        if compositions is not None and len(compositions):
+            parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left).bound
+        else:
+            parts["region-flows"] = solve_flow_milp(regions, S, R, left).bound
+    source = max(parts, key=parts.get)
+    return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start)
+
+
+def with_lower_bound(problem: PlacementProblem, result: SearchResult, time_limit_s: float = 30.0) -> SearchResult:
+    """`result` with `lower_bound` set to the best of its own bound and `lower_bound(problem)`;
+    details gain "lower_bound_source" and "lower_bound_parts"."""
+    bound = lower_bound(problem, upper_bound_s=result.cost.total, time_limit_s=time_limit_s)
+    own = result.lower_bound if result.lower_bound is not None else -np.inf
+    value = max(own, bound.value_s)
+    source = result.method if own >= bound.value_s else bound.source
+    details = {**result.details, "lower_bound_source": source, "lower_bound_parts": bound.parts,
+               "lower_bound_seconds": bound.seconds}
+    return replace(result, lower_bound=value, details=details)

@@ -1,0 +1,206 @@
+"""Mixed-integer programs over region counts (scipy.optimize.milp, i.e. HiGHS) for `exact` and the bounds.
+
+Path model (exact when the region terms are): integer x[s, g] = devices of region g in stage s,
+binary y[s, g] = "region g present in stage s", integer n[p] = replicas following region path p,
+binary u[p] = "path p used", continuous DP, PP:
+    sum_g x[s, g] = R;  sum_s x[s, g] <= |g|;  y <= x <= R y;  x[s, g] = sum_{p: p_s = g} n[p]
+    DP >= f_g(x[s]) - M (1 - y[s, g])      (f_g: see `regions`; M = R max_h dp[g, h] >= f_g(x))
+    n[p] <= R u[p];  PP >= cost(p) u[p];  PP >= sum_p cost(p) n[p] / R   (max >= mean: a valid cut)
+    minimise DP + PP.
+Flow model (a relaxation for bounds when there are too many paths): n[p] is replaced by integer
+flows n[s, g, h] between consecutive stages with binaries z[s, g, h], and a used cut g -> h at s
+forces PP >= (cheapest path into g at s) + pp[g, h] + (cheapest path out of h at s + 1).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_matrix
+
+from geotrain.search.regions import RegionTerms
+
+BOUND_SAFETY = 1e-7
+"""Relative amount taken off MILP dual bounds so that solver tolerances never make a bound invalid."""
+
+
+@dataclass(frozen=True)
+class MilpResult:
+    """status: "optimal", "time_limit" or "infeasible"; objective: best solution's value (s) or None;
+    bound: proven lower bound on the model's optimum (s), deflated by BOUND_SAFETY; counts: (S, G)
+    region counts per stage; stage_paths: (S, R) region of every slot (path model only)."""
+
+    status: str
+    objective: float | None
+    bound: float
+    counts: np.ndarray | None
+    stage_paths: np.ndarray | None
+    seconds: float
+    variables: int
+
+
+class _Rows:
+    """Sparse constraint rows: add(coefficients {column: value}, lower, upper)."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lower: list[float] = []
+        self.upper: list[float] = []
+
+    def add(self, coefficients: dict[int, float], lower: float, upper: float) -> None:
+        row = len(self.lower)
+        for col, value in coefficients.items():
+            self.rows.append(row)
+            self.cols.append(col)
+            self.vals.append(value)
+        self.lower.append(lower)
+        self.upper.append(upper)
+
+    def constraint(self, n_vars: int) -> LinearConstraint:
+        matrix = coo_matrix((self.vals, (self.rows, self.cols)), shape=(len(self.lower), n_vars)).tocsr()
+        return LinearConstraint(matrix, np.array(self.lower), np.array(self.upper))
+
+
+def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int) -> None:
+    """Stage sizes, region capacities, presence indicators and DP >= f_g constraints on x (cols
+    s*G+g) and y (cols S*G + s*G+g)."""
+    G = terms.n_regions
+    x = lambda s, g: s * G + g  # noqa: E731
+    y = lambda s, g: stages * G + s * G + g  # noqa: E731
+    for s in range(stages):
+        rows.add({x(s, g): 1.0 for g in range(G)}, replicas, replicas)
+    for g in range(G):
+        rows.add({x(s, g): 1.0 for s in range(stages)}, -np.inf, float(terms.sizes[g]))
+    for s in range(stages):
+        for g in range(G):
+            rows.add({x(s, g): 1.0, y(s, g): -float(replicas)}, -np.inf, 0.0)
+            rows.add({y(s, g): 1.0, x(s, g): -1.0}, -np.inf, 0.0)
+            big = replicas * float(terms.dp_s[g].max())  # f_g <= R max_h dp[g, h], g present or not
+            coefficients = {x(s, h): -float(terms.dp_s[g, h]) for h in range(G)}
+            coefficients[dp_col] = 1.0
+            coefficients[y(s, g)] = -big
+            rows.add(coefficients, -float(terms.dp_s[g, g]) - big, np.inf)
+
+
+def _solve(c, rows, integrality, upper, n_vars, time_limit_s) -> tuple[object, float]:
+    start = time.perf_counter()
+    options = {"disp": False, "mip_rel_gap": 0.0}
+    if time_limit_s is not None:
+        options["time_limit"] = max(0.1, float(time_limit_s))
+    result = milp(c, constraints=rows.constraint(n_vars), integrality=integrality,
+                  bounds=Bounds(np.zeros(n_vars), upper), options=options)
+    return result, time.perf_counter() - start
+
+
+def _status(result) -> str:
+    if result.status == 0:
+        return "optimal"
+    if result.status == 2:
+        return "infeasible"
+    return "time_limit"
+
+
+def _bound(result) -> float:
+    if result.status == 0:
+        value = float(result.fun)
+    else:
+        value = float(getattr(result, "mip_dual_bound", 0.0) or 0.0)
+        if not np.isfinite(value):
+            value = 0.0
+    return max(0.0, value * (1.0 - BOUND_SAFETY))
+
+
+def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.ndarray, path_s: np.ndarray,
+                    time_limit_s: float | None = None) -> MilpResult:
+    """The path model over the given region paths (P, S) with their pipeline seconds (P,)."""
+    G, P = terms.n_regions, len(paths)
+    n0, u0 = 2 * stages * G, 2 * stages * G + P
+    dp_col, pp_col = u0 + P, u0 + P + 1
+    n_vars = pp_col + 1
+    rows = _Rows()
+    _group_rows(rows, terms, stages, replicas, dp_col)
+    for s in range(stages):
+        for g in range(G):
+            coefficients = {s * G + g: 1.0}
+            for p in np.flatnonzero(paths[:, s] == g):
+                coefficients[n0 + int(p)] = -1.0
+            rows.add(coefficients, 0.0, 0.0)
+    for p in range(P):
+        rows.add({n0 + p: 1.0, u0 + p: -float(replicas)}, -np.inf, 0.0)
+        rows.add({pp_col: 1.0, u0 + p: -float(path_s[p])}, 0.0, np.inf)
+    mean = {n0 + p: -float(path_s[p]) / replicas for p in range(P)}
+    mean[pp_col] = 1.0
+    rows.add(mean, 0.0, np.inf)
+    c = np.zeros(n_vars)
+    c[dp_col] = c[pp_col] = 1.0
+    integrality = np.ones(n_vars)
+    integrality[[dp_col, pp_col]] = 0
+    upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
+                            np.ones(stages * G), np.full(P, replicas), np.ones(P), [np.inf, np.inf]]).astype(float)
+    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
+    status = _status(result)
+    counts = stage_paths = None
+    objective = None
+    if result.x is not None and status != "infeasible":
+        objective = float(result.fun)
+        counts = np.rint(result.x[: stages * G]).astype(np.int64).reshape(stages, G)
+        n = np.rint(result.x[n0:u0]).astype(np.int64)
+        columns = [paths[p] for p in np.flatnonzero(n) for _ in range(n[p])]
+        stage_paths = np.array(columns, dtype=np.int64).T.reshape(stages, replicas)
+    return MilpResult(status, objective, _bound(result) if status != "infeasible" else np.inf, counts, stage_paths,
+                      seconds, n_vars)
+
+
+def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s: float | None = None) -> MilpResult:
+    """The flow relaxation (lower bound only; its solutions need not be realisable)."""
+    G = terms.n_regions
+    cuts = max(stages - 1, 0)
+    f0 = 2 * stages * G
+    z0 = f0 + cuts * G * G
+    dp_col, pp_col = z0 + cuts * G * G, z0 + cuts * G * G + 1
+    n_vars = pp_col + 1
+    pp = terms.pp_s
+    into = np.zeros((stages, G))  # cheapest path over stages 0..s ending in g
+    out = np.zeros((stages, G))  # cheapest path over stages s..S-1 starting in g
+    for s in range(1, stages):
+        into[s] = (into[s - 1][:, None] + pp).min(axis=0)
+    for s in range(stages - 2, -1, -1):
+        out[s] = (pp + out[s + 1][None, :]).min(axis=1)
+    flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
+    rows = _Rows()
+    _group_rows(rows, terms, stages, replicas, dp_col)
+    for s in range(cuts):
+        for g in range(G):
+            coefficients = {flow(s, g, h): 1.0 for h in range(G)}
+            coefficients[s * G + g] = -1.0
+            rows.add(coefficients, 0.0, 0.0)
+            coefficients = {flow(s, h, g): 1.0 for h in range(G)}
+            coefficients[(s + 1) * G + g] = -1.0
+            rows.add(coefficients, 0.0, 0.0)
+        for g in range(G):
+            for h in range(G):
+                k = flow(s, g, h)
+                rows.add({k: 1.0, k + cuts * G * G: -float(replicas)}, -np.inf, 0.0)
+                rows.add({pp_col: 1.0, k + cuts * G * G: -float(into[s, g] + pp[g, h] + out[s + 1, h])}, 0.0, np.inf)
+    mean = {flow(s, g, h): -float(pp[g, h]) / replicas for s in range(cuts) for g in range(G) for h in range(G)}
+    mean[pp_col] = 1.0
+    rows.add(mean, 0.0, np.inf)
+    c = np.zeros(n_vars)
+    c[dp_col] = c[pp_col] = 1.0
+    integrality = np.ones(n_vars)
+    integrality[[dp_col, pp_col]] = 0
+    upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
+                            np.ones(stages * G), np.full(cuts * G * G, replicas), np.ones(cuts * G * G),
+                            [np.inf, np.inf]]).astype(float)
+    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
+    status = _status(result)
+    counts = None
+    if result.x is not None and status != "infeasible":
+        counts = np.rint(result.x[: stages * G]).astype(np.int64).reshape(stages, G)
+    return MilpResult(status, float(result.fun) if result.x is not None else None,
+                      _bound(result) if status != "infeasible" else np.inf, counts, None, seconds, n_vars)
