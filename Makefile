@@ -17,6 +17,7 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/geotrain demo schedule
+	$(BIN)/geotrain demo compress
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

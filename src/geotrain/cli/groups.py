@@ -12,6 +12,7 @@ from typing import Any
 
 DEMO_MODULES: tuple[str, ...] = (
     "geotrain.cli.demo_schedule",
+    "geotrain.cli.demo_compress",
 )
 
 BENCH_MODULES: tuple[str, ...] = (

@@ -46,12 +46,13 @@ class GPTConfig:
             raise ModelConfigError(f"GPTConfig.d_model={self.d_model} must be divisible by n_head={self.n_head}")
 
 
-BASE_CONFIG = GPTConfig()
-"""The demo model: 2 layers, 4 heads, d_model 128, context 96, 44 characters (420,352 parameters).
+BASE_CONFIG = GPTConfig(mlp_ratio=2)
+"""The demo model: 2 layers, 4 heads, d_model 128, MLP 256 wide, context 96, 44 characters (288,768 parameters).
 
-Why 2 layers: the demo trains 11 models for 300 steps on a 2-core CPU; at equal compute a wider,
-shallower model learns faster in 300 steps (measured: 2 x 128 reaches 1.72 bits per character,
-4 x 64 only 2.61, 4 x 128 1.77 at twice the cost). Pipelines wanting more stages pass n_layer."""
+Why so small: the demo trains 11 models for 300 steps on a 2-core CPU. At equal compute a wider,
+shallower model learns faster in 300 steps (measured, AdamW: 2 x 128 reaches 1.72 bits per
+character, 4 x 64 only 2.61, 4 x 128 1.77 at twice the cost), and a 2x MLP costs 22 % less than
+a 4x one for 1.73 instead of 1.72. Pipelines wanting more stages pass n_layer."""
 
 
 class CausalSelfAttention(nn.Module):
