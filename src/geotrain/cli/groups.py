@@ -18,6 +18,7 @@ DEMO_MODULES: tuple[str, ...] = (
 BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_plan",
     "geotrain.cli.bench_scale",
+    "geotrain.cli.bench_seeds",
     "geotrain.cli.bench_codecs",
     "geotrain.cli.bench_runtime",
 )

@@ -8,9 +8,9 @@ Two bounds, the larger is reported:
 - region relaxation: the region MILP (`milp`) on region terms that take the cheapest device pair of
   every region pair (exact for region-uniform clusters, a relaxation otherwise). With few enough
   candidate region paths this is the path model (its optimum, or its dual bound at the time limit);
-  otherwise, if few region compositions can beat the best known plan, the layered-composition
-  model (`layers`); otherwise the flow model. MILP bounds are deflated by milp.BOUND_SAFETY
-  (1e-7 relative).
+  and, unless that solved to optimality, the layered-composition model (`layers`) when few region
+  compositions can beat the best known plan (they share the time limit); the flow model when
+  neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
 """
 
 from __future__ import annotations
@@ -74,25 +74,27 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
     regions = region_terms(problem.cluster, model, "a lower bound")
     if S * R <= 1:
         return LowerBound(parts["combinatorial"], "combinatorial", parts, True, time.perf_counter() - start)
-    solution = None
+    upper = simple_upper_bound(regions, S, R)
+    if upper_bound_s is not None:
+        upper = min(upper, float(upper_bound_s))
+    compositions = enumerate_compositions(regions, R, upper - cheapest_path_seconds(regions, S), max_compositions)
+    if compositions is not None and not len(compositions):
+        compositions = None
+    left = lambda share: max(1.0, share * time_limit_s - (time.perf_counter() - start))  # noqa: E731
     try:
-        solution = solve_region_problem(regions, S, R, max_paths=max_paths, time_limit_s=time_limit_s,
-                                        upper_bound_s=upper_bound_s)
-    except ValueError:
+        solution = solve_region_problem(regions, S, R, max_paths=max_paths, upper_bound_s=upper,
+                                        time_limit_s=left(0.5 if compositions is not None else 1.0))
+    except ValueError:  # SearchError: too many paths
         solution = None
+    solved = False
     if solution is not None and solution.complete:
         parts["region-paths"] = solution.milp.bound
-        proven = regions.exact and solution.milp.status == "optimal"
-    else:
-        upper = simple_upper_bound(regions, S, R)
-        if upper_bound_s is not None:
-            upper = min(upper, float(upper_bound_s))
-        compositions = enumerate_compositions(regions, R, upper - cheapest_path_seconds(regions, S), max_compositions)
-        left = max(1.0, time_limit_s - (time.perf_counter() - start))
-        if compositions is not None and len(compositions):
-            parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left).bound
-        else:
-            parts["region-flows"] = solve_flow_milp(regions, S, R, left).bound
+        solved = solution.milp.status == "optimal"  # the region problem's optimum: layers cannot beat it
+        proven = regions.exact and solved
+    if not solved and compositions is not None:
+        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left(1.0)).bound
+    if len(parts) == 1:
+        parts["region-flows"] = solve_flow_milp(regions, S, R, left(1.0)).bound
     source = max(parts, key=parts.get)
     return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start)
 

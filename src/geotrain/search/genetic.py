@@ -9,8 +9,9 @@
 - Mutation: `mutation_swaps` random swaps (slot/slot or slot/unused device), with prob. `mutation_rate`.
 - Local search on every child: `local_search.improve` (incremental swap search, sideways), then rewire.
 - Replacement: a child replaces the worst member if it is better and no member has the same total.
-Non-pairwise models (ring, yuan+compute, dtfm) work too: groups are then taken in random order, no
-re-wiring, and the local search evaluates every swap in full. Same seed, same result unless the time
+Non-pairwise models work too: "yuan+compute" is guided by its communication terms (and its structured
+starts use the fastest GPUs); for ring and dtfm groups are taken in random order without re-wiring.
+The local search then evaluates every swap with the model in full. Same seed, same result unless the time
 limit cuts the run short.
 """
 
@@ -56,13 +57,28 @@ class GeneticConfig:
 
 
 class _Scorer:
-    """Totals, group dp and re-wiring for one problem (pairwise fast paths when available)."""
+    """Totals, group dp and re-wiring for one problem. Pairwise terms guide crossover and re-wiring:
+    the model's own, or, for a model that adds compute to "yuan" (`comm` attribute), its
+    communication part; totals always come from the model itself."""
 
     def __init__(self, problem: PlacementProblem) -> None:
         self.model = problem.cost_model
         terms = self.model.pairwise_terms()
+        if terms is None and hasattr(self.model, "comm"):
+            terms = self.model.comm.pairwise_terms()
         self.dp_pair = None if terms is None else np.ascontiguousarray(terms.dp_pair_s)
         self.pp_pair = None if terms is None else np.ascontiguousarray(terms.pp_pair_s)
+
+    def structured_starts(self, stages: int, replicas: int) -> list[np.ndarray]:
+        """`metric_starts` on the devices with the least compute time per slot (all devices when the
+        model has no per-device compute), mapped back to device indices."""
+        if self.dp_pair is None:
+            return []
+        slot_seconds = getattr(self.model, "slot_seconds", None)
+        n = self.dp_pair.shape[0]
+        keep = np.arange(n) if slot_seconds is None else np.sort(np.argsort(slot_seconds, kind="stable")[: stages * replicas])
+        starts = metric_starts(self.dp_pair[np.ix_(keep, keep)], self.pp_pair[np.ix_(keep, keep)], stages, replicas)
+        return [keep[start] for start in starts]
 
     def total(self, assignment: np.ndarray) -> float:
         return float(self.model.evaluate_many(assignment[None])[0])
@@ -135,7 +151,7 @@ def genetic_search(
     rng = np.random.default_rng(seed)
     scorer = _Scorer(problem)
     model = problem.cost_model
-    initial = metric_starts(scorer.dp_pair, scorer.pp_pair, S, R) if config.structured_starts and scorer.dp_pair is not None else []
+    initial = scorer.structured_starts(S, R) if config.structured_starts else []
     while len(initial) < config.population:
         initial.append(rng.permutation(N)[: S * R].reshape(S, R))
     members: list[np.ndarray] = []

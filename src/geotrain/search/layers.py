@@ -23,7 +23,7 @@ from scipy.optimize import linprog
 from geotrain.search.milp import MilpResult, _Rows, _bound, _solve, _status
 from geotrain.search.regions import RegionTerms
 
-NODE_BUDGET = 2_000_000
+NODE_BUDGET = 300_000
 """Search nodes of the composition enumeration before giving up (returns None)."""
 
 
