@@ -174,3 +174,14 @@ def test_bad_arguments_are_named():
     opt = OneBitAdam(model.parameters(), collective=SimulatedCollective(2))
     with pytest.raises(OneBitAdamError, match="call step_workers"):
         opt.step()
+
+
+def test_as_update_rule_of_the_training_loop_warmup_reproduces_adamw_exactly():
+    from geotrain.optim import onebit_update_rule
+    from geotrain.train import TrainConfig, train_compressed
+
+    config = TrainConfig(model=TINY, steps=5, workers=2, batch=4)
+    adamw = train_compressed(config)
+    onebit = train_compressed(config, update_rule=onebit_update_rule(warmup_steps=100))
+    assert onebit.losses == adamw.losses and onebit.val_bpc == adamw.val_bpc
+    assert onebit.total_bytes_sent == adamw.total_bytes_sent  # fp32 averaging: 4 bytes per value per worker

@@ -22,20 +22,26 @@ def _simulate(rank: int, world_size: int, config: TrainConfig, warmup: int) -> t
     return result.losses, result.total_bytes_sent
 
 
-def test_processes_reproduce_the_simulation_and_bytes_match_the_declaration():
-    """Warm-up steps average gradients with gloo's ring all-reduce, whose summation order differs from
-    the simulation's rank-order sum by float32 rounding (~1e-7 relative); afterwards every operation
-    (1-bit encode, rank-order decode sums, all-gather) is the same on both sides. The frozen-variance
-    update divides by sqrt(v), so those 1e-7 differences stay ~1e-7 in the losses unless a momentum
-    value within 1e-7 of zero flips its sign bit; we allow 1e-5 relative (measured: below 1e-6)."""
-    (result,) = run_ddp([DDPRun("onebit", CONFIG, "onebit", onebit_warmup=WARMUP, evaluate=False)], timeout_s=180)
-    sim_losses, sim_bytes = run_workers(_simulate, 1, (CONFIG, WARMUP), timeout_s=180)[0]
-    assert result.losses == pytest.approx(sim_losses, rel=1e-5, abs=0)
+@pytest.mark.parametrize("workers", [2, 4])
+def test_processes_reproduce_the_simulation_and_bytes_match_the_declaration(workers):
+    """With 2 ranks gloo's all-reduce sums a + b exactly as the simulation does and every other step
+    (1-bit encode, rank-order decode sums, all-gather) is the same code: the losses are identical.
+    With 4 ranks the warm-up ring all-reduce adds in another order (float32 rounding, ~1e-7); in the
+    1-bit phase a momentum value that close to zero can flip its sign bit, which moves that value by
+    two segment scales, so the runs drift apart slowly: measured 1.1e-5 relative after 8 steps; we
+    allow 1e-4."""
+    config = replace(CONFIG, workers=workers, batch=4 * workers)
+    (result,) = run_ddp([DDPRun("onebit", config, "onebit", onebit_warmup=WARMUP, evaluate=False)], timeout_s=180)
+    sim_losses, sim_bytes = run_workers(_simulate, 1, (config, WARMUP), timeout_s=180)[0]
+    if workers == 2:
+        assert result.losses == sim_losses
+    else:
+        assert result.losses == pytest.approx(sim_losses, rel=1e-4, abs=0)
     assert result.losses[-1] < result.losses[0]
     # every rank handed what the optimizer declared; the simulation counted the same bytes per worker
-    assert result.handed_bytes == result.declared_bytes == sim_bytes // CONFIG.workers
+    assert result.handed_bytes == result.declared_bytes == sim_bytes // workers
     n = result.n_params
-    assert result.handed_bytes < WARMUP * 4 * n + (CONFIG.steps - WARMUP) * 4 * n / 20  # tiny model: ~24x
+    assert result.handed_bytes < WARMUP * 4 * n + (config.steps - WARMUP) * 4 * n / 20  # tiny model: ~24x
 
 
 def _state_after_steps(rank: int, world_size: int) -> dict:

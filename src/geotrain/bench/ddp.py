@@ -20,12 +20,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from geotrain.models import GPTConfig
+from geotrain.errors import GeotrainError
+from geotrain.models import BASE_CONFIG, GPTConfig
 from geotrain.train import TrainConfig
 
 EXCHANGES = ("codec-hook", "torch-hook", "onebit")
 TORCH_HOOKS = ("allreduce", "fp16", "powersgd")
+MODELS = {"base": BASE_CONFIG, "small": GPTConfig(n_layer=2, d_model=64, n_head=4, context=64)}
 ONE_BUCKET_MB = 1024.0  # far above the tiny GPT's ~3 MB of gradients: DDP makes a single bucket
+
+
+class DDPBenchError(GeotrainError, ValueError):
+    """A bad benchmark option."""
 
 
 @dataclass(frozen=True)
@@ -215,15 +221,17 @@ def _onebit_declared(optimizer: Any, steps: int) -> int:
 
 @dataclass(frozen=True)
 class DDPBenchConfig:
-    """`geotrain bench ddp`: steps per row, ranks, global batch, OneBitAdam warm-up, model shape."""
+    """`geotrain bench ddp`: steps per row, ranks, global batch, OneBitAdam warm-up, model shape.
+    `only`: keep rows whose label contains one of these strings (the fp32 reference row always runs)."""
 
     steps: int = 300
     workers: int = 4
     batch: int = 32
     onebit_warmup: int = 20
     seed: int = 0
-    model: GPTConfig = field(default_factory=GPTConfig)
+    model: GPTConfig = BASE_CONFIG
     timeout_s: float = 3600.0
+    only: tuple[str, ...] = ()
 
 
 def bench_runs(config: DDPBenchConfig) -> list[DDPRun]:
@@ -234,8 +242,8 @@ def bench_runs(config: DDPBenchConfig) -> list[DDPRun]:
     def ours(label: str, codec: str, error_feedback: bool = False, **params: Any) -> DDPRun:
         return DDPRun(label, replace(base, codec=codec, error_feedback=error_feedback, codec_params=params))
 
-    return [
-        DDPRun("DDP fp32 (torch allreduce_hook)", base, "torch-hook", "allreduce"),
+    runs = [
+        DDPRun("AdamW, DDP fp32 (torch allreduce_hook)", base, "torch-hook", "allreduce"),
         DDPRun("torch fp16_compress_hook", base, "torch-hook", "fp16"),
         DDPRun("torch powerSGD_hook rank 2, 1 bucket", base, "torch-hook", "powersgd", powersgd_rank=2,
                bucket_cap_mb=ONE_BUCKET_MB),
@@ -251,6 +259,12 @@ def bench_runs(config: DDPBenchConfig) -> list[DDPRun]:
         ours("geotrain powersgd rank 8 + EF", "powersgd", True, rank=8),
         DDPRun(f"OneBitAdam (warm-up {config.onebit_warmup})", base, "onebit", onebit_warmup=config.onebit_warmup),
     ]
+    if config.only:
+        runs = runs[:1] + [run for run in runs[1:] if any(part in run.label for part in config.only)]
+        if len(runs) == 1:
+            labels = [run.label for run in bench_runs(replace(config, only=()))]
+            raise DDPBenchError(f"no row matches {list(config.only)}; rows: {labels}")
+    return runs
 
 
 @dataclass(frozen=True)

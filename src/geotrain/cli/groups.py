@@ -21,6 +21,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_seeds",
     "geotrain.cli.bench_codecs",
     "geotrain.cli.bench_runtime",
+    "geotrain.cli.bench_ddp",
 )
 
 

@@ -43,23 +43,6 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-@dataclass(frozen=True)
-class CommTotals:
-    """Running totals of one rank: bytes handed, bytes on the wire (model), number of calls per op."""
-
-    handed_bytes: int = 0
-    wire_bytes: float = 0.0
-    calls: tuple[tuple[str, int], ...] = ()
-
-    def __sub__(self, other: CommTotals) -> CommTotals:
-        before = dict(other.calls)
-        calls = tuple((op, n - before.get(op, 0)) for op, n in self.calls if n - before.get(op, 0))
-        return CommTotals(self.handed_bytes - other.handed_bytes, self.wire_bytes - other.wire_bytes, calls)
-
-    def calls_of(self, op: str) -> int:
-        return dict(self.calls).get(op, 0)
-
-
 @dataclass
 class CommLedger:
     """Counts the collectives one rank (or one simulated worker) makes. `record` once per call."""
@@ -72,9 +55,6 @@ class CommLedger:
         self.wire_bytes += wire_bytes(op, handed_bytes, world_size)
         self.handed_bytes += int(handed_bytes)
         self.calls[op] = self.calls.get(op, 0) + 1
-
-    def snapshot(self) -> CommTotals:
-        return CommTotals(self.handed_bytes, self.wire_bytes, tuple(sorted(self.calls.items())))
 
     def reset(self) -> None:
         self.handed_bytes, self.wire_bytes, self.calls = 0, 0.0, {}

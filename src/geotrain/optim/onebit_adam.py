@@ -10,7 +10,10 @@ Two stages:
      worker i: x = m_i + e_i;  send chunk j of sign(x) * scales to rank j;  e_i = x - what it sent
      rank j:   y = mean of the p decoded chunks j + s_j;  s_j = y - compressed(y);  all-gather
    so every worker ends with the same m. The update is m_hat / (sqrt(v_frozen) + eps), plus
-   decoupled weight decay. With `max_grad_norm`, each worker clips its local gradient.
+   decoupled weight decay. Clipping (`max_grad_norm`) applies to the averaged warm-up gradient
+   only, unless `clip_local=True`: with the variance frozen the update is linear in the gradient, so
+   clipping each worker's (noisier, longer) local gradient shrinks the step itself, not just its
+   direction as Adam's normalisation would (measured on the tiny GPT: worse bpc).
 The frozen variance turns Adam into a linear (momentum-SGD-like) update with a fixed per-value
 learning rate, which is what makes error compensation work for it.
 
@@ -46,12 +49,14 @@ class OneBitAdam(torch.optim.Optimizer):
     lr, betas, eps, weight_decay: as torch.optim.AdamW (weight decay is decoupled).
     warmup_steps: full-precision AdamW steps before the variance freezes (>= 1).
     collective: where the workers are (default: one simulated worker, i.e. plain single-process use).
-    max_grad_norm: clip the averaged gradient (warm-up) or each local gradient (compression); None: off.
+    max_grad_norm: clip the averaged warm-up gradient to this L2 norm; None: off.
+    clip_local: also clip each worker's local gradient to max_grad_norm after the freeze.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, *, warmup_steps: int = 100,
-                 collective: Collective | None = None, max_grad_norm: float | None = None) -> None:
+                 collective: Collective | None = None, max_grad_norm: float | None = None,
+                 clip_local: bool = False, precondition: bool = False, variance_floor: float = 0.0) -> None:
         if lr < 0 or eps <= 0 or weight_decay < 0:
             raise OneBitAdamError(f"need lr >= 0, eps > 0, weight_decay >= 0; got {lr}, {eps}, {weight_decay}")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -65,6 +70,9 @@ class OneBitAdam(torch.optim.Optimizer):
             raise OneBitAdamError("all parameter groups must share betas (one momentum is averaged for all)")
         self.warmup_steps = warmup_steps
         self.max_grad_norm = max_grad_norm
+        self.clip_local = bool(clip_local)
+        self.precondition = bool(precondition)
+        self.variance_floor = float(variance_floor)
         self.collective: Collective = collective or SimulatedCollective(1)
         self._params = [p for group in self.param_groups for p in group["params"]]
         self.layout = OneBitLayout([p.numel() for p in self._params], self.collective.world_size)
@@ -124,11 +132,17 @@ class OneBitAdam(torch.optim.Optimizer):
             variance_correction = 1 - beta2 ** self.step_count
             if self.frozen:  # freeze the bias-corrected variance
                 self.exp_avg_sq.div_(variance_correction)
+                self._apply_variance_floor()
                 variance_correction = 1.0
         else:
-            momenta = [torch.lerp(self.exp_avg, _clipped(g.float(), self.max_grad_norm), 1 - beta1)
-                       for g in worker_grads]
-            self.exp_avg = self._compressed_average(momenta)
+            local_norm = self.max_grad_norm if self.clip_local else None
+            momenta = [torch.lerp(self.exp_avg, _clipped(g.float(), local_norm), 1 - beta1) for g in worker_grads]
+            if self.precondition:
+                denominator = self._denominator()
+                averaged = self._compressed_average([m / denominator for m in momenta])
+                self.exp_avg = averaged * denominator
+            else:
+                self.exp_avg = self._compressed_average(momenta)
             self.step_count += 1
             variance_correction = 1.0
         self._apply_update(1 - beta1 ** self.step_count, variance_correction)
@@ -155,6 +169,27 @@ class OneBitAdam(torch.optim.Optimizer):
         gathered = self.collective.all_gather(replies).view(p, -1)
         averaged = torch.cat([layout.decode_chunk(gathered[j], j) for j in range(p)])
         return averaged[: layout.numel].clone()
+
+    def _apply_variance_floor(self) -> None:
+        """Raise each frozen variance to at least (variance_floor x its tensor's mean sqrt(v))^2."""
+        if not self.variance_floor:
+            return
+        offset = 0
+        for param in self._params:
+            v = self.exp_avg_sq[offset: offset + param.numel()]
+            offset += param.numel()
+            floor = float(v.sqrt().mean()) * self.variance_floor
+            v.clamp_(min=floor * floor)
+
+    def _denominator(self) -> torch.Tensor:
+        """sqrt(frozen variance) + eps, flat, as the update divides by it."""
+        pieces, offset = [], 0
+        for group in self.param_groups:
+            for param in group["params"]:
+                v = self.exp_avg_sq[offset: offset + param.numel()]
+                offset += param.numel()
+                pieces.append(v.sqrt().add_(group["eps"]))
+        return torch.cat(pieces)
 
     def _apply_update(self, momentum_correction: float, variance_correction: float) -> None:
         offset = 0
@@ -200,9 +235,9 @@ class OneBitAdam(torch.optim.Optimizer):
 
 
 def _clipped(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor:
-    """grad scaled down to norm `max_norm` if it is longer (as clip_grad_norm_, with its 1e-6 guard)."""
+    """grad scaled down to L2 norm `max_norm` if it is longer: the same float operations as
+    geotrain.train's clip_global_norm_ (so that the warm-up reproduces the simulation's AdamW)."""
     if max_norm is None:
         return grad
-    norm = grad.norm()
-    factor = max_norm / (norm + 1e-6)
-    return grad * factor.clamp(max=1.0)
+    norm = float(torch.linalg.vector_norm(grad))
+    return grad * (max_norm / (norm + 1e-6)) if norm > max_norm else grad

@@ -42,14 +42,19 @@ class OneBitAdamRuleFactory:
 
     warmup_steps: int
     eps: float = 1e-8
+    clip_local: bool = False
+    precondition: bool = False
+    variance_floor: float = 0.0
 
     def __call__(self, model: torch.nn.Module, config: Any) -> OneBitAdamRule:
         optimizer = OneBitAdam(model.parameters(), lr=config.peak_lr, betas=tuple(config.betas), eps=self.eps,
                                weight_decay=config.weight_decay, warmup_steps=self.warmup_steps,
-                               collective=SimulatedCollective(config.workers), max_grad_norm=config.clip_norm)
+                               collective=SimulatedCollective(config.workers), max_grad_norm=config.clip_norm,
+                               clip_local=self.clip_local, precondition=self.precondition,
+                               variance_floor=self.variance_floor)
         return OneBitAdamRule(optimizer)
 
 
-def onebit_update_rule(warmup_steps: int, eps: float = 1e-8) -> OneBitAdamRuleFactory:
+def onebit_update_rule(warmup_steps: int, eps: float = 1e-8, clip_local: bool = False) -> OneBitAdamRuleFactory:
     """The update rule factory for train_compressed: OneBitAdam with `warmup_steps` fp32 steps."""
-    return OneBitAdamRuleFactory(warmup_steps, eps)
+    return OneBitAdamRuleFactory(warmup_steps, eps, clip_local)
