@@ -11,9 +11,12 @@ from geotrain.cluster.io import (
 )
 from geotrain.cluster.model import Cluster, Link
 from geotrain.cluster.presets import CLUSTER_PRESETS, load_cluster, seed_datacenter, seed_geo
+from geotrain.cluster.scale import multicloud
+from geotrain.cluster.yuan2022 import YUAN2022_PRESETS
 
 __all__ = [
     "CLUSTER_PRESETS",
+    "YUAN2022_PRESETS",
     "Cluster",
     "ClusterError",
     "ClusterFileError",
@@ -23,6 +26,7 @@ __all__ = [
     "load_cluster",
     "load_cluster_file",
     "make_network",
+    "multicloud",
     "parse_cluster_text",
     "region_cluster",
     "save_cluster_file",

@@ -2,22 +2,35 @@
 
 from geotrain.cost.assignment import AssignmentError, as_assignment, assignment_from_order
 from geotrain.cost.base import CostBreakdown, CostModel, PairwiseTerms
+from geotrain.cost.compute import YuanComputeCostModel
+from geotrain.cost.dtfm import DtfmCostModel
+from geotrain.cost.gpus import GPU_PEAK_TFLOPS, UnknownGpuError, gpu_peak_flops
+from geotrain.cost.matching import bottleneck_assignment, bottleneck_ring
 from geotrain.cost.reference import yuan_cost_reference
+from geotrain.cost.ring import RingCostModel
 from geotrain.cost.registry import COST_MODELS, DEFAULT_COST_MODEL, CostModelError, build_cost_model
 from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
 
 __all__ = [
     "COST_MODELS",
     "DEFAULT_COST_MODEL",
+    "GPU_PEAK_TFLOPS",
     "AssignmentError",
     "CostBreakdown",
     "CostModel",
     "CostModelError",
+    "DtfmCostModel",
     "PairwiseTerms",
+    "RingCostModel",
+    "UnknownGpuError",
+    "YuanComputeCostModel",
     "YuanCostModel",
     "as_assignment",
     "assignment_from_order",
+    "bottleneck_assignment",
+    "bottleneck_ring",
     "build_cost_model",
+    "gpu_peak_flops",
     "pair_transfer_seconds",
     "yuan_cost_reference",
 ]
