@@ -185,3 +185,27 @@ def test_as_update_rule_of_the_training_loop_warmup_reproduces_adamw_exactly():
     onebit = train_compressed(config, update_rule=onebit_update_rule(warmup_steps=100))
     assert onebit.losses == adamw.losses and onebit.val_bpc == adamw.val_bpc
     assert onebit.total_bytes_sent == adamw.total_bytes_sent  # fp32 averaging: 4 bytes per value per worker
+
+
+def test_variance_floor_lifts_values_that_never_had_a_gradient():
+    models = [make_model(TINY, 0), make_model(TINY, 0)]
+    floored, plain = (OneBitAdam(m.parameters(), warmup_steps=2, variance_floor=f) for m, f in zip(models, (0.1, 0.0)))
+    for seed in range(2):
+        for model, opt in zip(models, (floored, plain)):
+            opt.zero_grad()
+            _loss(model, torch.Generator().manual_seed(seed)).backward()
+            model.embed.token.weight.grad[7] = 0.0  # a character never seen during the warm-up
+            opt.step()
+    assert floored.frozen and plain.frozen
+    offset = 0
+    for param in models[0].parameters():
+        v_plain = plain.exp_avg_sq[offset:offset + param.numel()]
+        v_floored = floored.exp_avg_sq[offset:offset + param.numel()]
+        offset += param.numel()
+        floor = 0.1 * float(v_plain.sqrt().mean())
+        assert torch.equal(v_floored, v_plain.clamp(min=floor * floor))
+    row = plain.exp_avg_sq[7 * TINY.d_model:8 * TINY.d_model]
+    assert float(row.max()) == 0.0  # without the floor the update of that row would divide by eps
+    assert float(floored.exp_avg_sq[7 * TINY.d_model:8 * TINY.d_model].min()) > 0.0
+    with pytest.raises(OneBitAdamError, match="variance_floor"):
+        OneBitAdam(make_model(TINY, 0).parameters(), variance_floor=2.0)

@@ -38,23 +38,29 @@ class OneBitAdamRule:
 @dataclass(frozen=True)
 class OneBitAdamRuleFactory:
     """`(model, config) -> OneBitAdamRule` for train_compressed's `update_rule` (picklable, so it
-    also works in geotrain.train's process pool)."""
+    also works in geotrain.train's process pool). `warmup_steps` None: `warmup_fraction` of the
+    run's steps (at least 1), so one spec serves runs of any length."""
 
-    warmup_steps: int
-    eps: float = 1e-8
+    warmup_steps: int | None = None
+    warmup_fraction: float = 0.05
+    variance_floor: float = 0.1
     clip_local: bool = False
-    precondition: bool = False
-    variance_floor: float = 0.0
+    eps: float = 1e-8
+
+    def warmup_for(self, steps: int) -> int:
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return max(1, round(self.warmup_fraction * steps))
 
     def __call__(self, model: torch.nn.Module, config: Any) -> OneBitAdamRule:
         optimizer = OneBitAdam(model.parameters(), lr=config.peak_lr, betas=tuple(config.betas), eps=self.eps,
-                               weight_decay=config.weight_decay, warmup_steps=self.warmup_steps,
+                               weight_decay=config.weight_decay, warmup_steps=self.warmup_for(config.steps),
                                collective=SimulatedCollective(config.workers), max_grad_norm=config.clip_norm,
-                               clip_local=self.clip_local, precondition=self.precondition,
-                               variance_floor=self.variance_floor)
+                               clip_local=self.clip_local, variance_floor=self.variance_floor)
         return OneBitAdamRule(optimizer)
 
 
-def onebit_update_rule(warmup_steps: int, eps: float = 1e-8, clip_local: bool = False) -> OneBitAdamRuleFactory:
-    """The update rule factory for train_compressed: OneBitAdam with `warmup_steps` fp32 steps."""
-    return OneBitAdamRuleFactory(warmup_steps, eps, clip_local)
+def onebit_update_rule(warmup_steps: int | None = None, **options: Any) -> OneBitAdamRuleFactory:
+    """The update rule factory for train_compressed: OneBitAdam with `warmup_steps` fp32 steps
+    (default: 5% of the run); `options` are OneBitAdamRuleFactory's other fields."""
+    return OneBitAdamRuleFactory(warmup_steps, **options)
