@@ -30,7 +30,9 @@ def _rank0_dies(rank: int, world_size: int) -> int:
     return rank
 
 
-def _rank2_hangs(rank: int, world_size: int) -> int:
+def _rank2_hangs(rank: int, world_size: int, pid_dir: str) -> int:
+    with open(os.path.join(pid_dir, str(rank)), "w") as f:
+        f.write(str(os.getpid()))
     if rank == 2:
         time.sleep(600)
     dist.all_reduce(torch.zeros(1))
@@ -55,11 +57,22 @@ def test_dead_worker_is_reported_as_the_cause():
         run_workers(_rank0_dies, 3, timeout_s=120)
 
 
-def test_hung_worker_hits_the_time_limit_and_everyone_is_killed():
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not yet reaped
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_hung_worker_hits_the_time_limit_and_everyone_is_killed(tmp_path):
     started = time.monotonic()
     with pytest.raises(WorkerFailure, match=r"did not finish within 4 s"):
-        run_workers(_rank2_hangs, 3, timeout_s=4)
+        run_workers(_rank2_hangs, 3, (str(tmp_path),), timeout_s=4)
     assert time.monotonic() - started < 30
-    time.sleep(0.5)
-    leftovers = [line for line in os.popen("ps -eo pid,args").read().splitlines() if "geotrain-worker" in line]
-    assert leftovers == []
+    pids = [int((tmp_path / str(rank)).read_text()) for rank in range(3)]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "a worker outlived the launcher"
