@@ -50,6 +50,7 @@ class CodecHookState:
     granularity: str
     param_names: dict[int, str]
     param_order: dict[str, int]
+    param_sizes: dict[str, int]
     residuals: dict[str, torch.Tensor] = field(default_factory=dict)
     ledger: CommLedger = field(default_factory=CommLedger)
     declared_bytes: int = 0
@@ -67,6 +68,9 @@ class CodecHookState:
         unknown = sorted(set(state.get("residuals", {})) - set(self.param_names.values()))
         if unknown:
             raise CodecError(f"hook state has residuals for parameters this model lacks: {unknown[:5]}")
+        wrong = [name for name, r in state.get("residuals", {}).items() if r.numel() != self.param_sizes[name]]
+        if wrong:
+            raise CodecError(f"hook state residuals do not match the parameters' sizes: {wrong[:5]}")
         self.iteration = int(state.get("iteration", 0))
         self.residuals = {name: r.detach().cpu().clone() for name, r in state.get("residuals", {}).items()}
 
@@ -89,7 +93,8 @@ def register_codec_hook(ddp_model: Any, codec: Codec | str, error_feedback: bool
     named = list(ddp_model.module.named_parameters())
     state = CodecHookState(codec, process_group, dist.get_world_size(process_group), bool(error_feedback),
                            granularity, {id(param): name for name, param in named},
-                           {name: index for index, (name, _) in enumerate(named)})
+                           {name: index for index, (name, _) in enumerate(named)},
+                           {name: param.numel() for name, param in named})
     ddp_model.register_comm_hook(state, codec_hook)
     return state
 
