@@ -48,12 +48,13 @@ class Output:
 
     @contextmanager
     def progress(self, description: str, total: float, show_after_s: float = 1.0) -> Iterator[Any]:
-        """Yield a callback progress(done, total); the bar appears only once work has run `show_after_s`."""
+        """Yield a callback progress(done, total); the bar appears only once work has run `show_after_s`,
+        and only on a terminal (a bar written to a pipe or a log file is just noise)."""
         started = time.perf_counter()
         bar: dict[str, Any] = {}
 
         def update(done: float, new_total: float | None = None) -> None:
-            if self.quiet:
+            if self.quiet or not self.stderr.is_terminal:
                 return
             if "progress" not in bar:
                 if time.perf_counter() - started < show_after_s:

@@ -20,7 +20,7 @@ from numba import njit
 
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostBreakdown
-from geotrain.cost.matching import bottleneck_value
+from geotrain.cost.matching import bottleneck_value, subset_path_order
 from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
 from geotrain.job import Job
 
@@ -68,13 +68,7 @@ def min_sum_open_path(weight: np.ndarray) -> tuple[float, np.ndarray]:
                     back[grown, nxt] = last
     last = int(np.argmin(best[full - 1]))
     value = best[full - 1, last]
-    order = np.empty(n, dtype=np.int64)
-    mask = full - 1
-    for position in range(n - 1, -1, -1):
-        order[position] = last
-        previous = back[mask, last]
-        mask ^= 1 << last
-        last = previous
+    order = subset_path_order(back, last)
     return value, order
 
 

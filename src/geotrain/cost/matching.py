@@ -94,6 +94,21 @@ def bottleneck_assignment(cost: np.ndarray, refine_sum: bool = True) -> tuple[fl
 
 
 @njit(cache=True)
+def subset_path_order(back: np.ndarray, last: int) -> np.ndarray:
+    """Walk the back-pointers of a DP over subsets (back[mask, node] = previous node) from the full
+    set ending at `last`; returns the node order of that path."""
+    n = back.shape[1]
+    order = np.empty(n, dtype=np.int64)
+    mask = back.shape[0] - 1
+    for position in range(n - 1, -1, -1):
+        order[position] = last
+        previous = back[mask, last]
+        mask ^= 1 << last
+        last = previous
+    return order
+
+
+@njit(cache=True)
 def _exact_ring(weight: np.ndarray) -> tuple[float, np.ndarray]:
     """Bottleneck Hamiltonian cycle by DP over subsets containing node 0 (n <= ~12); among the
     bottleneck-optimal cycles found, the one with the smallest edge sum breaks ties."""
@@ -127,13 +142,7 @@ def _exact_ring(weight: np.ndarray) -> tuple[float, np.ndarray]:
         closing = total[full - 1, end] + weight[end, 0]
         if candidate < value or (candidate == value and closing < summed):
             value, summed, last = candidate, closing, end
-    order = np.empty(n, dtype=np.int64)
-    mask = full - 1
-    for position in range(n - 1, -1, -1):
-        order[position] = last
-        previous = back[mask, last]
-        mask ^= 1 << last
-        last = previous
+    order = subset_path_order(back, last)
     return value, order
 
 

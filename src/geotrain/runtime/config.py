@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -134,21 +135,21 @@ class RuntimeConfig:
         except GeotrainError as exc:
             raise RuntimeConfigError(f"model {self.model_name!r}: {exc}") from None
 
-    @property
+    @cached_property
     def layout(self) -> Layout:
         return Layout(self.assignment)
 
     @property
     def stages(self) -> int:
-        return int(self.assignment.shape[0])
+        return self.layout.stages
 
     @property
     def replicas(self) -> int:
-        return int(self.assignment.shape[1])
+        return self.layout.replicas
 
     @property
     def world_size(self) -> int:
-        return self.stages * self.replicas
+        return self.layout.world_size
 
     @property
     def microbatch_size(self) -> int:
