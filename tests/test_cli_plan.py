@@ -32,7 +32,8 @@ def test_plan_json_is_exactly_one_object_with_the_contract_keys(tmp_path):
     doc = json.loads(lines[0])
     assert CONTRACT_KEYS <= set(doc)
     assert set(doc["cost"]) >= {"dp", "pp", "total"}
-    assert doc["method"] == "local-search" and doc["stages"] == 4 and doc["replicas"] == 8
+    assert doc["method"] == "auto" and doc["stages"] == 4 and doc["replicas"] == 8
+    assert doc["details"]["chosen"] == "exact" and doc["gap"] == 0.0  # seed-geo is region-uniform: proven optimum
     assignment = as_assignment(doc["assignment"], 4, 8, 32)
     reference = yuan_cost_reference(seed_geo(), GPT_13B_SEED, assignment.tolist())
     assert doc["cost"]["total"] == pytest.approx(reference["total"], rel=1e-12)
@@ -57,7 +58,8 @@ def test_cost_of_the_plan_file_equals_the_plan_total(method, tmp_path, capsys):
 
 
 def test_plan_is_deterministic_and_options_reach_the_method(capsys):
-    base = ["plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8", "--json", "--seed", "3"]
+    base = ["plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8", "--json", "--seed", "3",
+            "--method", "local-search"]
     first = json.loads(run_cli(capsys, *base, "--strict", "--iterations", "3000")[1])
     second = json.loads(run_cli(capsys, *base, "-o", "strict=true", "-o", "iterations=3000")[1])
     assert first["assignment"] == second["assignment"] and first["cost"] == second["cost"]
@@ -90,7 +92,10 @@ def test_cost_uses_the_plans_replicas_and_the_default_job(tmp_path, capsys):
     (["plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8", "--method", "random", "--iterations", "5"],
      "method 'random' has no option 'iterations'"),
     (["plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8", "-o", "strict"], "must be KEY=VALUE"),
-    (["plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8", "-o", "restarts=0"], "restarts must be"),
+    (["plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8", "--method", "local-search", "-o", "restarts=0"],
+     "restarts must be"),
+    (["plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8", "--restarts", "2"],
+     "method 'auto' has no option 'restarts'"),
     (["plan", "--cluster", "seed-geo", "--stages", "2", "--replicas", "2", "--job", "nojob"], "neither a job preset"),
     (["cost", "--cluster", "seed-geo", "--plan", "missing.json"], "missing.json: cannot read"),
 ])

@@ -20,7 +20,7 @@ from geotrain.errors import GeotrainError
 from geotrain.plan import Plan, save_plan
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 
-DEFAULT_METHOD = "local-search"
+DEFAULT_METHOD = "auto"
 # Shortcut flags for common method options; each sets options[name] when given.
 OPTION_FLAGS = (("iterations", int, "local-search: swaps tried per restart"),
                 ("restarts", int, "local-search: random starting points"),
@@ -87,6 +87,7 @@ def plan_document(result: SearchResult, extra: dict[str, Any] | None = None) -> 
         "cost": result.cost.to_json(),
         "seconds": result.seconds,
         "evaluations": result.evaluations,
+        "details": result.details,
     }
     if result.lower_bound is not None:
         doc["lower_bound"] = result.lower_bound

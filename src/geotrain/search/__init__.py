@@ -1,5 +1,6 @@
 """Placement search: assign (stage, replica) slots to devices to minimise a cost model."""
 
+from geotrain.search.auto import AutoConfig, auto_search
 from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchMethod, SearchResult
 from geotrain.search.bounds import LowerBound, lower_bound, with_lower_bound
 from geotrain.search.exact import ExactConfig, exact_search
@@ -18,6 +19,7 @@ from geotrain.search.registry import SEARCH_METHODS, get_method, run_search
 
 __all__ = [
     "SEARCH_METHODS",
+    "AutoConfig",
     "ExactConfig",
     "GeneticConfig",
     "HierarchicalConfig",
@@ -31,6 +33,7 @@ __all__ = [
     "SearchError",
     "SearchMethod",
     "SearchResult",
+    "auto_search",
     "dp_local",
     "dp_local_assignment",
     "exact_search",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from geotrain.search.auto import AutoConfig, auto_search
 from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchMethod, SearchResult
 from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
@@ -28,6 +29,8 @@ SEARCH_METHODS: dict[str, SearchMethod] = {
                      "DP groups, then pipelines by bottleneck matching between stages, iterated"),
         SearchMethod("exact", ExactConfig, exact_search,
                      "optimal plan of a region-uniform cluster (MILP, HiGHS), with its certificate"),
+        SearchMethod("auto", AutoConfig, auto_search,
+                     "exact when it applies and proves optimality, else the best of hierarchical and genetic"),
     )
 }
 

@@ -1,0 +1,93 @@
+"""`auto`: the best plan the toolkit can give without the user choosing a method.
+
+Tries `exact` first (the proven optimum, when the cluster is region-uniform and the model pairwise);
+if it applies and proves its plan optimal, that is the answer. Otherwise it runs the heuristics in
+`fallbacks` (default: hierarchical, then genetic) and keeps the cheapest plan. Methods that do not
+apply (SearchError: a non-pairwise model, too many region paths...) are skipped and recorded in
+`details["tried"]`. With a time limit, each method gets what the earlier ones left.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchResult
+from geotrain.search.exact import ExactConfig, exact_search
+from geotrain.search.genetic import GeneticConfig, genetic_search
+from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
+from geotrain.search.local_search import LocalSearchConfig, local_search
+
+_FALLBACKS = {
+    "hierarchical": (HierarchicalConfig, hierarchical_search),
+    "genetic": (GeneticConfig, genetic_search),
+    "local-search": (LocalSearchConfig, local_search),
+}
+
+
+@dataclass(frozen=True)
+class AutoConfig:
+    """try_exact: attempt the MILP first; fallbacks: heuristics run when exact does not settle it
+    (names among hierarchical, genetic, local-search; on the CLI comma-separated), each with its
+    default options."""
+
+    try_exact: bool = True
+    fallbacks: tuple[str, ...] = ("hierarchical", "genetic")
+
+    def __post_init__(self) -> None:
+        fallbacks = tuple(self.fallbacks.split(",")) if isinstance(self.fallbacks, str) else tuple(self.fallbacks)
+        unknown = [name for name in fallbacks if name not in _FALLBACKS]
+        if unknown or not (fallbacks or self.try_exact):
+            raise SearchError(f"auto: fallbacks must be names among {', '.join(_FALLBACKS)} "
+                              f"(at least one, or try_exact), got {self.fallbacks!r}")
+        object.__setattr__(self, "fallbacks", fallbacks)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.perf_counter())
+
+
+def auto_search(
+    problem: PlacementProblem,
+    config: AutoConfig,
+    *,
+    seed: int,
+    time_limit_s: float | None = None,
+    progress: ProgressCallback | None = None,
+) -> SearchResult:
+    """Exact when it applies and proves optimality, else the best of the fallback heuristics."""
+    start = time.perf_counter()
+    deadline = None if time_limit_s is None else start + time_limit_s
+    tried: list[dict] = []
+    results: list[SearchResult] = []
+    candidates = ([("exact", ExactConfig, exact_search)] if config.try_exact else []) + [
+        (name, *_FALLBACKS[name]) for name in config.fallbacks
+    ]
+    for name, config_type, run in candidates:
+        try:
+            result = run(problem, config_type(), seed=seed, time_limit_s=_remaining(deadline), progress=progress)
+        except SearchError as exc:
+            tried.append({"method": name, "skipped": str(exc)})
+            continue
+        tried.append({"method": name, "total": result.cost.total, "seconds": result.seconds})
+        results.append(result)
+        proven = result.lower_bound is not None and result.cost.total <= result.lower_bound * (1 + 1e-9)
+        if proven or (deadline is not None and _remaining(deadline) == 0.0):
+            break
+    if not results:
+        reasons = "; ".join(f"{t['method']}: {t['skipped']}" for t in tried)
+        raise SearchError(f"auto: no method applies to this problem ({reasons})")
+    best = min(results, key=lambda r: r.cost.total)
+    bounds = [r.lower_bound for r in results if r.lower_bound is not None]
+    details = {"chosen": best.method, "tried": tried}
+    if bounds:
+        details["lower_bound_source"] = next(r.method for r in results if r.lower_bound == max(bounds))
+    return SearchResult(
+        method="auto",
+        assignment=best.assignment,
+        cost=best.cost,
+        seconds=time.perf_counter() - start,
+        evaluations=sum(r.evaluations for r in results),
+        details=details,
+        lower_bound=max(bounds) if bounds else None,
+    )
