@@ -2,8 +2,8 @@
 
 On an emulated, scaled-down geo cluster (two regions, fast links inside, slow links between) three
 plans of the same job run one after another in one invocation, through the same launcher:
-  planned  - the lowest predicted cost found by the planner's search methods (local search, genetic,
-             the region heuristics: those registered), scored with this job's real payload bytes;
+  planned  - the plan of `geotrain plan`'s default method (`auto`: the exact optimum where it
+             applies), scored with this job's real payload bytes;
   random   - a typical random plan: the median-cost one of 201 seeded uniformly random assignments;
   crossing - the worst region-crossing plan: slot (stage s, replica r) in region (s + r) mod G, so
              every pipeline cut and every DP group crosses regions.
@@ -54,7 +54,7 @@ class RuntimeBenchConfig:
     dp_codec: str = "none"
     pp_codec: str = "none"
     seed: int = 0
-    search_methods: tuple[str, ...] = ("local-search", "genetic", "dp-local", "pipeline-local")
+    search_methods: tuple[str, ...] = ("auto",)
     search_time_limit_s: float = 10.0
     model: GPTConfig = TINY_GPT
 
