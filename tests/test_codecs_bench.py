@@ -24,7 +24,7 @@ def test_bench_codecs_json_reports_every_codec_beside_memcpy(capsys):
     bench = json.loads(out)
     assert bench["threads"] == 1 and torch.get_num_threads() == threads_before  # restored afterwards
     labels = [row["label"] for row in bench["rows"] if row["n"] == 30_000]
-    assert labels == list(CODECS) + ["topk-approx"]
+    assert labels == list(CODECS) + ["topk-sort"]
     for row in bench["rows"]:
         codec = get_codec(row["codec"], **row["params"])
         assert row["bytes_per_value"] == codec.wire_nbytes((row["n"] // 1000, 1000)) / row["n"]
@@ -35,7 +35,7 @@ def test_bench_codecs_json_reports_every_codec_beside_memcpy(capsys):
     assert by_label["none"]["relative_error"] == 0.0
     assert by_label["fp16"]["relative_error"] < 1e-3 < by_label["int8"]["relative_error"]
     assert by_label["int8-block"]["relative_error"] < by_label["int8"]["relative_error"]
-    assert by_label["topk"]["relative_error"] == by_label["topk-approx"]["relative_error"]  # same k values kept
+    assert by_label["topk"]["relative_error"] == by_label["topk-sort"]["relative_error"]  # same k values kept
     assert [row["n"] for row in bench["topk"]] == [30_000, 70_000]
     for row in bench["topk"]:
         assert row["k"] == int(0.01 * row["n"]) and row["same_set"] and row["energy_kept"] == 1.0
@@ -44,9 +44,9 @@ def test_bench_codecs_json_reports_every_codec_beside_memcpy(capsys):
 
 def test_bench_codecs_table_and_codec_filter(capsys):
     code, out, _ = run_cli(capsys, "bench", "codecs", "--sizes", "2e4", "--repeats", "1", "--codec", "sign",
-                           "--codec", "topk-approx")
+                           "--codec", "topk-sort")
     assert code == 0
-    assert "sign" in out and "topk-approx" in out and "int8-block" not in out
+    assert "sign" in out and "topk-sort" in out and "int8-block" not in out
     assert "x memcpy" in out and "speed-up" in out
 
 

@@ -59,10 +59,16 @@ def test_sparse_k_never_exceeds_n(name, n):
     assert small.encode(x).meta["k"] == 1  # at least one value even when fraction * n < 1
 
 
-def test_topk_with_k_equal_n_and_approximate_flag_is_lossless():
+@pytest.mark.parametrize("selection", ["threshold", "sort"])
+def test_topk_with_k_equal_n_is_lossless(selection):
     x = torch.randn(100_000, generator=torch.Generator().manual_seed(3))
-    codec = get_codec("topk", fraction=1.0, approximate=True)
+    codec = get_codec("topk", fraction=1.0, selection=selection)
     assert torch.equal(codec.decode(codec.encode(x)), x)
+
+
+def test_topk_rejects_an_unknown_selection():
+    with pytest.raises(CodecError, match="selection must be one of threshold, sort"):
+        get_codec("topk", selection="approximate")
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -33,7 +33,7 @@ VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
     ("int8-block", {"block_size": 16}),
     ("topk", {"fraction": 0.1}),
     ("topk", {"fraction": 0.1, "value_dtype": "fp16"}),
-    ("topk", {"fraction": 0.1, "approximate": True}),
+    ("topk", {"fraction": 0.1, "selection": "sort"}),
     ("randk", {"fraction": 0.2, "seed": 5}),
     ("powersgd", {"rank": 2}),
 ]
@@ -252,7 +252,7 @@ def test_int8_block_matches_a_per_block_reference(x, block):
 
 
 @pytest.mark.parametrize("params", [{"fraction": 0.05}, {"fraction": 0.3, "value_dtype": "fp16"},
-                                    {"fraction": 0.05, "approximate": True}])
+                                    {"fraction": 0.05, "selection": "sort"}])
 @PROPERTY
 @given(x=float_tensors(max_abs=1e4, max_side=30, max_dims=2))
 def test_topk_keeps_exactly_the_k_largest_magnitudes(params, x):

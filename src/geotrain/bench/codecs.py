@@ -37,7 +37,7 @@ class CodecVariant:
 
 
 DEFAULT_VARIANTS: tuple[CodecVariant, ...] = tuple(CodecVariant(name, name) for name in CODECS) + (
-    CodecVariant("topk-approx", "topk", (("approximate", True),)),
+    CodecVariant("topk-sort", "topk", (("selection", "sort"),)),
 )
 
 TARGETS: tuple[tuple[str, float], ...] = (("fp16", 0.3), ("int8-block", 0.3), ("sign", 0.3))

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tensor sizes in values (fp32)")
     parser.add_argument("--large", action="store_true", help="also 1e8 values (400 MB input, about 2 GB of RAM)")
     parser.add_argument("--codec", action="append", default=None, metavar="LABEL",
-                        help="only this row (repeatable): a codec name or 'topk-approx'")
+                        help="only this row (repeatable): a codec name or 'topk-sort' (topk with selection=sort, i.e. torch.topk)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads for the whole run (1: steadiest ratios on a shared machine)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per row; the best counts")

