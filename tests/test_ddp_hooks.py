@@ -15,8 +15,9 @@ from geotrain.train import TrainConfig, train_compressed
 TINY = GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)
 BASE = TrainConfig(model=TINY, steps=4, workers=2, batch=8)
 MANY_BUCKETS_MB = 0.01  # ~10 kB buckets: the tiny model's 64 kB of gradients spread over several
+# powersgd is distributed PowerSGD, a hook of its own (two all-reduces per step): tests/test_ddp_powersgd.py
 CODECS = {"none": {}, "fp16": {}, "bf16": {}, "int8": {}, "int8-block": {"block_size": 64},
-          "topk": {"fraction": 0.05}, "randk": {"fraction": 0.05}, "sign": {}, "powersgd": {"rank": 2}}
+          "topk": {"fraction": 0.05}, "randk": {"fraction": 0.05}, "sign": {}}
 
 
 def test_our_fp16_hook_equals_torchs_fp16_compress_hook_over_several_buckets():

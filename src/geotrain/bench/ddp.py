@@ -67,6 +67,7 @@ class DDPRunResult:
     handed_bytes: bytes handed to collectives; wire_bytes: the ring/all-to-all model of what is sent.
     declared_bytes: payload sizes our codecs declared (None for torch's hooks and OneBitAdam's warm-up
     is included in OneBitAdam's declared count). val_bpc: None when not evaluated.
+    buckets_per_step: DDP buckets our PowerSGD hook saw in the last step (None for other rows).
     """
 
     label: str
@@ -81,6 +82,7 @@ class DDPRunResult:
     val_bpc: float | None
     seconds: float
     rank_losses: tuple[tuple[float, ...], ...] = field(default=(), repr=False)
+    buckets_per_step: int | None = None
 
     @property
     def handed_bytes_per_step(self) -> float:
@@ -117,7 +119,8 @@ def _merge(run: DDPRun, ranks: list[dict[str, Any]]) -> DDPRunResult:
     losses = tuple(sum(r["losses"][i] for r in ranks) / len(ranks) for i in range(steps))
     return DDPRunResult(run.label, steps, len(ranks), first["n_params"], losses, first["handed_bytes"],
                         first["wire_bytes"], first["declared_bytes"], first["calls"], first["val_bpc"],
-                        max(r["seconds"] for r in ranks), tuple(tuple(r["losses"]) for r in ranks))
+                        max(r["seconds"] for r in ranks), tuple(tuple(r["losses"]) for r in ranks),
+                        first["buckets_per_step"])
 
 
 def _worker(rank: int, world_size: int, runs: tuple[DDPRun, ...], data_seed: int) -> list[dict[str, Any]]:
@@ -175,7 +178,8 @@ def train_on_rank(rank: int, world_size: int, run: DDPRun, data: Any) -> dict[st
     val_bpc = bits_per_char(model, data.val) if rank == 0 and run.evaluate else None
     return {"losses": losses, "handed_bytes": ledger.handed_bytes, "wire_bytes": ledger.wire_bytes,
             "declared_bytes": declared, "calls": sum(ledger.calls.values()), "val_bpc": val_bpc,
-            "seconds": seconds, "n_params": sum(p.numel() for p in params)}
+            "seconds": seconds, "n_params": sum(p.numel() for p in params),
+            "buckets_per_step": getattr(hook_state, "buckets_per_step", None)}
 
 
 def _communication(run: DDPRun, model: Any, params: list[Any]) -> tuple[Any, Any, Any, Any]:

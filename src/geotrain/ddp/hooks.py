@@ -8,14 +8,15 @@ How a bucket is exchanged (per rank; `x` = local gradient + error-feedback resid
 - summable codecs (none, fp16, bf16, randk): encode x, divide the wire buffers by the world size
   in their own dtype, all-reduce them (sum), decode. For fp16 this is exactly torch's
   `fp16_compress_hook` (same casts, same division, same all-reduce); bf16 works on gloo too.
-- every other codec (int8, int8-block, topk, sign, powersgd): encode x, pack the payloads
-  byte-exactly (`pack_payload`), all-gather the packed bytes, decode every rank's payload locally
-  and average them in rank order. Each rank sends (p-1) x its payload on a ring, so this only
-  pays when the payload is much smaller than the fp32 gradient. `powersgd` here is each worker's
-  own rank-r approximation (decode-then-average), not torch's shared-basis PowerSGD.
+- every other codec (int8, int8-block, topk, sign): encode x, pack the payloads byte-exactly
+  (`pack_payload`), all-gather the packed bytes, decode every rank's payload locally and average
+  them in rank order. Each rank sends (p-1) x its payload on a ring, so this only pays when the
+  payload is much smaller than the fp32 gradient.
+- `powersgd` (a name or a PowerSGDCodec) is distributed PowerSGD, a hook of its own
+  (`geotrain.ddp.powersgd_hook`): all workers share one low-rank basis (all-reduce P, then Q).
 
-`granularity="tensor"` (default) encodes each parameter's gradient with its own shape (powersgd
-needs matrices; per-tensor scales and top-k), so the result does not depend on how DDP groups
+`granularity="tensor"` (default) encodes each parameter's gradient with its own shape (per-tensor
+scales and top-k), so the result does not depend on how DDP groups
 parameters into buckets; `"bucket"` encodes each flat bucket as one tensor. Error-feedback
 residuals are kept per parameter name in both modes, so they survive DDP's bucket rebuild after the
 first iteration and a checkpoint restores into any bucket layout.
@@ -28,8 +29,9 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs import Codec, CodecError, Payload, get_codec, pack_payload, unpack_payload
+from geotrain.codecs import Codec, CodecError, Payload, PowerSGDCodec, get_codec, pack_payload, unpack_payload
 from geotrain.ddp.accounting import CommLedger, tensor_bytes
+from geotrain.ddp.powersgd_hook import PowerSGDHookState, register_powersgd_hook
 
 GRANULARITIES = ("tensor", "bucket")
 
@@ -77,11 +79,23 @@ class CodecHookState:
 
 def register_codec_hook(ddp_model: Any, codec: Codec | str, error_feedback: bool = True, *,
                         granularity: str = "tensor", process_group: Any = None,
-                        **codec_params: Any) -> CodecHookState:
+                        **codec_params: Any) -> CodecHookState | PowerSGDHookState:
     """Make `codec` (a Codec, or a registered name built with `codec_params`) the DDP model's
-    gradient communication. Returns the hook state. Call before the first backward pass."""
+    gradient communication. Returns the hook state. Call before the first backward pass.
+
+    `powersgd` goes to `register_powersgd_hook` (distributed PowerSGD; `codec_params` may also hold
+    its hook settings start_powersgd_iter and min_compression_rate)."""
     import torch.distributed as dist
 
+    if codec == "powersgd" or isinstance(codec, PowerSGDCodec):
+        if granularity != "tensor":
+            raise CodecError(f"powersgd compresses each parameter's matrix; granularity must be 'tensor', "
+                             f"got {granularity!r}")
+        instance = codec if isinstance(codec, PowerSGDCodec) else None
+        if instance is not None and codec_params:
+            raise CodecError(f"codec parameters {sorted(codec_params)} given with a Codec instance; pass a name instead")
+        return register_powersgd_hook(ddp_model, error_feedback, process_group=process_group, codec=instance,
+                                      **codec_params)
     if isinstance(codec, str):
         codec = get_codec(codec, **codec_params)
     elif codec_params:

@@ -1,7 +1,7 @@
 """Data-parallel training with p simulated workers in one process, gradients compressed by a codec."""
 
 from geotrain.train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, TrainingConfigError, TrainingResult
-from geotrain.train.exchange import CodecExchange, Exchanged, GradientExchange
+from geotrain.train.exchange import CodecExchange, Exchanged, GradientExchange, PowerSGDExchange
 from geotrain.train.loop import ProgressCallback, UpdateRuleFactory, codec_update_rule, train_compressed, worker_gradients
 from geotrain.train.parallel import ProgressFactory, TrainingJob, train_many
 from geotrain.train.update import ExchangeThenStep, UpdateRule, assign_flat_grad, clip_global_norm_, make_optimizer
@@ -18,6 +18,7 @@ __all__ = [
     "ExchangeThenStep",
     "Exchanged",
     "GradientExchange",
+    "PowerSGDExchange",
     "TrainConfig",
     "TrainingConfigError",
     "TrainingResult",
