@@ -7,7 +7,8 @@ character and wall seconds. Rows:
 - torch's own DDP hooks (allreduce = plain fp32 DDP, fp16_compress_hook, powerSGD_hook with one
   bucket, which is the only layout where it does not hang on gloo), measured by intercepting
   torch.distributed's Python collectives;
-- geotrain codecs as DDP hooks (`geotrain.ddp.register_codec_hook`);
+- geotrain codecs as DDP hooks (`geotrain.ddp.register_codec_hook`; `powersgd` is distributed PowerSGD
+  in DDP's default bucket layout, which has 2 buckets for the demo GPT);
 - OneBitAdam over `TorchCollective` (no DDP: the optimizer communicates).
 All rows run one after another inside the same 4 worker processes, so they share the machine's state.
 """
@@ -38,7 +39,8 @@ class DDPBenchError(GeotrainError, ValueError):
 class DDPRun:
     """One row. `train` holds the recipe (optimizer, schedule, clipping, steps, workers, batch, seed,
     and for codec hooks the codec and error feedback). `exchange` says who communicates:
-    codec-hook (our hook; `granularity` tensor|bucket), torch-hook (`torch_hook`, `powersgd_rank`),
+    codec-hook (our hook; `granularity` tensor|bucket), torch-hook (`torch_hook`, `powersgd_rank`, and
+    `powersgd_seed` for torch's PowerSGDState.random_seed, None: the training seed),
     onebit (OneBitAdam with `onebit_warmup` full-precision steps). `bucket_cap_mb` None: DDP's default.
     """
 
@@ -47,6 +49,7 @@ class DDPRun:
     exchange: str = "codec-hook"
     torch_hook: str = "allreduce"
     powersgd_rank: int = 2
+    powersgd_seed: int | None = None
     onebit_warmup: int = 20
     granularity: str = "tensor"
     bucket_cap_mb: float | None = None
@@ -211,7 +214,8 @@ def _communication(run: DDPRun, model: Any, params: list[Any]) -> tuple[Any, Any
         # start_powerSGD_iter=2: compress from the second step (torch's minimum with error feedback).
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=run.powersgd_rank,
                                             start_powerSGD_iter=2, use_error_feedback=True, warm_start=True,
-                                            random_seed=config.seed)
+                                            random_seed=config.seed if run.powersgd_seed is None
+                                            else run.powersgd_seed)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return ddp, optimizer, CommLedger(), None
 
@@ -259,8 +263,10 @@ def bench_runs(config: DDPBenchConfig) -> list[DDPRun]:
         ours("geotrain top-1% + EF", "topk", True, fraction=0.01),
         ours("geotrain sign", "sign"),
         ours("geotrain sign + EF", "sign", True),
-        ours("geotrain powersgd rank 2 + EF", "powersgd", True, rank=2),
-        ours("geotrain powersgd rank 8 + EF", "powersgd", True, rank=8),
+        # distributed PowerSGD in DDP's default bucket layout (2 buckets here: torch's hook hangs there),
+        # with torch's rows' settings: fp32 for the first 2 steps, min_compression_rate 2, error feedback
+        ours("geotrain powersgd rank 2, default buckets", "powersgd", True, rank=2, start_powersgd_iter=2),
+        ours("geotrain powersgd rank 8, default buckets", "powersgd", True, rank=8, start_powersgd_iter=2),
         DDPRun(f"OneBitAdam (warm-up {config.onebit_warmup})", base, "onebit", onebit_warmup=config.onebit_warmup),
     ]
     if config.only:
@@ -283,7 +289,8 @@ class DDPBench:
                  "wire_bytes_per_step": r.wire_bytes_per_step,
                  "traffic_vs_fp32": r.wire_bytes_per_step / reference if reference else float("nan"),
                  "declared_bytes_match": None if r.declared_bytes is None else r.declared_bytes == r.handed_bytes,
-                 "val_bpc": r.val_bpc, "final_loss": r.losses[-1], "seconds": r.seconds} for r in self.results]
+                 "val_bpc": r.val_bpc, "final_loss": r.losses[-1], "seconds": r.seconds,
+                 "buckets_per_step": r.buckets_per_step} for r in self.results]
 
     def to_json(self) -> dict[str, Any]:
         return {"config": asdict(self.config), "rows": self.rows(), "runs": [r.to_json() for r in self.results]}
