@@ -64,7 +64,8 @@ def test_mean_of_rank_at_most_r_is_reconstructed_exactly_and_never_nan(n, m, wor
         assert torch.isfinite(out.gradient).all()
         if true_rank <= r:
             scale = float(torch.linalg.matrix_norm(mean, ord=2)) + 1e-30
-            captured = float(torch.linalg.svdvals(mean.double() @ start.double())[true_rank - 1]) if true_rank else scale
+            singular = torch.linalg.svdvals(mean.double() @ start.double())
+            captured = float(singular[true_rank - 1]) if true_rank else scale
             assert float((got - mean).abs().max()) <= 1e-5 * scale * max(1.0, scale / captured)
         assert torch.allclose(out.gradient[n * m:], sum(vecs) / workers, rtol=1e-6, atol=1e-6)
         assert out.bytes_sent == workers * 4 * (m + r * (n + m))

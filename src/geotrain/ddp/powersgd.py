@@ -163,7 +163,8 @@ class PowerSGDReducer:
         self.residuals: list[dict[str, torch.Tensor]] = [{} for _ in range(local_workers)]
         self.declared_bytes = 0
 
-    def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], all_reduce_sum: AllReduceSum) -> list[torch.Tensor]:
+    def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]],
+               all_reduce_sum: AllReduceSum) -> list[torch.Tensor]:
         """worker_grads[w][i]: local worker w's gradient of parameter i (layout order, any float dtype).
         Returns the group's averaged gradient per parameter (exact for the uncompressed ones, rank-r
         for the others), in the gradients' shapes and dtypes. Advances the step counter."""
@@ -176,7 +177,8 @@ class PowerSGDReducer:
         self.iteration += 1
         return [mean.reshape(grad.shape).to(grad.dtype) for mean, grad in zip(means, worker_grads[0], strict=True)]
 
-    def _plain_round(self, worker_grads: Sequence[Sequence[torch.Tensor]], all_reduce_sum: AllReduceSum) -> list[torch.Tensor]:
+    def _plain_round(self, worker_grads: Sequence[Sequence[torch.Tensor]],
+                     all_reduce_sum: AllReduceSum) -> list[torch.Tensor]:
         flats = [torch.cat([g.detach().reshape(-1).to(torch.float32) for g in grads]) for grads in worker_grads]
         mean = self._mean(flats, all_reduce_sum, self.layout.step_bytes(False))
         self._raise_if_nonfinite(mean)
@@ -205,7 +207,8 @@ class PowerSGDReducer:
                 means[i] = torch.full((layout.numel(i),), math.nan)
             return [means[i] for i in range(len(layout.names))]
         bases = [orthonormal_columns(p) for p in ps]
-        local_qs = [[m.T @ p_hat for m, p_hat in zip(worker_matrices, bases, strict=True)] for worker_matrices in matrices]
+        local_qs = [[m.T @ p_hat for m, p_hat in zip(worker_matrices, bases, strict=True)]
+                    for worker_matrices in matrices]
         second = [torch.cat([q.reshape(-1) for q in worker_qs]) for worker_qs in local_qs]
         q_total = self._mean(second, all_reduce_sum, declared[1:])
         q_means = [q.view(layout.cols(i), layout.ranks[i]) for i, q in zip(compressed, q_total.split(
