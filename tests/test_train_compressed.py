@@ -141,3 +141,27 @@ def test_process_pool_gives_the_same_bits_as_in_process(data):
     pooled = train_many(jobs, data, processes=2, threads_per_process=1)
     assert [r.losses for r in here] == [r.losses for r in pooled]
     assert [r.val_bpc for r in here] == [r.val_bpc for r in pooled]
+
+
+def test_simulated_powersgd_is_the_distributed_algorithm_with_its_bytes(data):
+    """`powersgd` in the training loop runs PowerSGDExchange (shared P/Q basis), not a per-worker codec."""
+    rank = 2
+    config = TrainConfig(codec="powersgd", codec_params={"rank": rank}, error_feedback=True, steps=3, workers=2,
+                         model=TINY)
+    result = train_compressed(config, data)
+    model = make_model(TINY, seed=0)
+    per_worker = 0
+    for param in model.parameters():
+        if param.dim() >= 2:
+            n, m = param.shape[0], param.numel() // param.shape[0]
+            compressed = n * m > 2.0 * rank * (n + m)
+            per_worker += 4 * rank * (n + m) if compressed else 4 * n * m
+        else:
+            per_worker += 4 * param.numel()
+    n_values = sum(p.numel() for p in model.parameters())
+    assert result.bytes_per_value == pytest.approx(per_worker / n_values, rel=1e-9)
+    assert result.bytes_per_value < 4.0
+    again = train_compressed(config, data)
+    assert again.losses == result.losses
+    with pytest.raises(TrainingConfigError, match="powersgd"):
+        train_compressed(TrainConfig(codec="powersgd", codec_params={"rank": 0}, steps=1, model=TINY), data)
