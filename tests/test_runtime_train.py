@@ -68,6 +68,20 @@ def test_same_seed_same_losses_resume_equals_uninterrupted_and_loss_decreases(to
 
 
 @pytest.mark.slow
+def test_powersgd_gradients_resume_exactly_and_send_a_fraction_of_fp32(tokens, tmp_path):
+    options = {"steps": 4, "dp_codec": "powersgd:rank=2"}
+    uninterrupted = _run(tokens, **options)
+    _run(tokens, **options, stop_after=2, checkpoint_dir=str(tmp_path))
+    resumed = _run(tokens, **options, resume=True, checkpoint_dir=str(tmp_path))
+    assert resumed.losses == uninterrupted.losses  # shared Q's and residuals restored
+    assert uninterrupted.replicas_in_sync  # every replica applies the same low-rank mean
+    assert uninterrupted.losses[-1] < uninterrupted.losses[0]
+    fp32 = _run(tokens, steps=1)
+    ratio = [p / f for p, f in zip(uninterrupted.dp_bytes_per_stage, fp32.dp_bytes_per_stage, strict=True)]
+    assert max(ratio) < 0.1, ratio
+
+
+@pytest.mark.slow
 def test_1f1b_schedule_trains_like_gpipe(tokens):
     gpipe = _run(tokens, steps=3, schedule="gpipe")
     one_f_one_b = _run(tokens, steps=3, schedule="1f1b")

@@ -16,6 +16,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.codecs import CodecError, get_codec
 from geotrain.cost import AssignmentError, as_assignment
+from geotrain.ddp.powersgd import PowerSGDConfig
 from geotrain.errors import GeotrainError
 from geotrain.models import BASE_CONFIG, GPTConfig
 from geotrain.runtime.layout import Layout, layer_ranges
@@ -124,9 +125,13 @@ class RuntimeConfig:
         if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
             raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {self.pp_codec!r}")
         for label, spec in (("gradient", self.dp_codec), ("pipeline", self.pp_codec)):
+            name, params = parse_codec_spec(spec)
             try:
-                get_codec(*parse_codec_spec(spec)[:1], **parse_codec_spec(spec)[1])
-            except CodecError as exc:
+                if label == "gradient" and name == "powersgd":  # distributed PowerSGD: its own knobs
+                    PowerSGDConfig(**params)
+                else:
+                    get_codec(name, **params)
+            except (CodecError, TypeError) as exc:
                 raise RuntimeConfigError(f"{label} codec {spec!r}: {exc}") from None
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")

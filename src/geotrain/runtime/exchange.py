@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from geotrain.codecs.base import Codec, Payload
 from geotrain.codecs.wire import pack_payload, unpack_payload
+from geotrain.ddp.powersgd import PowerSGDConfig, PowerSGDLayout, PowerSGDReducer
 from geotrain.runtime.transport import Transport
 
 
@@ -102,3 +103,53 @@ class GradientExchange:
             raise ValueError("checkpoint and run disagree on error feedback (on in one, off in the other)")
         if self.error_feedback is not None:
             self.error_feedback.load_state_dict(state["error_feedback"])
+
+
+class PowerSGDGradientExchange:
+    """`--dp-codec powersgd`: distributed PowerSGD over the stage's DP group (the algorithm of
+    `geotrain.ddp`'s hook: all-reduce P, then Q, shared basis, error feedback). Each of the two
+    all-reduces goes through Transport.collective, so each is emulated with its own bytes."""
+
+    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], config: PowerSGDConfig,
+                 transport: Transport, group: Any, group_devices: list[int]) -> None:
+        self.params = [param for _, param in named_params]
+        self.transport = transport
+        self.group = group
+        self.group_devices = group_devices
+        layout = PowerSGDLayout.build([(name, param.shape) for name, param in named_params], config)
+        self.reducer = PowerSGDReducer(layout, config, world_size=len(group_devices), local_workers=1)
+        self.last_nbytes = 0
+
+    def _all_reduce(self, flats: list[torch.Tensor]) -> torch.Tensor:
+        flat = flats[0]
+        nbytes = flat.numel() * flat.element_size()
+        self.last_nbytes += nbytes
+        if len(self.group_devices) < 2:
+            self.transport.collective(self.group, self.group_devices, nbytes, lambda: None)
+            return flat
+        self.transport.collective(self.group, self.group_devices, nbytes,
+                                  lambda: dist.all_reduce(flat, group=self.group))
+        return flat
+
+    def exchange(self, step: int, timer: Any) -> int:
+        """Replace every gradient by the group's PowerSGD mean; returns the bytes handed to the
+        all-reduces. The matrix products count as compute (`timer`) only approximately: they run
+        between the two collectives, inside the reducer."""
+        self.last_nbytes = 0
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        means = self.reducer.reduce([grads], self._all_reduce)
+        with timer:
+            for p, mean in zip(self.params, means, strict=True):
+                if p.grad is None:
+                    p.grad = mean.clone()
+                else:
+                    p.grad.copy_(mean)
+        return self.last_nbytes
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"powersgd": self.reducer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "powersgd" not in state:
+            raise ValueError("checkpoint was written with another gradient codec than powersgd")
+        self.reducer.load_state_dict(state["powersgd"])

@@ -21,11 +21,12 @@ import torch.distributed as dist
 
 from geotrain.codecs import ErrorFeedback, get_codec
 from geotrain.data import get_batch, world_tokens
+from geotrain.ddp.powersgd import PowerSGDConfig
 from geotrain.errors import GeotrainError
 from geotrain.models import lr_at
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError, parse_codec_spec
-from geotrain.runtime.exchange import GradientExchange
+from geotrain.runtime.exchange import GradientExchange, PowerSGDGradientExchange
 from geotrain.runtime.links import LinkModel
 from geotrain.runtime.pipeline import ActivationPeer, ComputeTimer, run_schedule, schedule_order
 from geotrain.runtime.stages import build_stage
@@ -44,6 +45,19 @@ def batch_generator(data_seed: int, step: int) -> torch.Generator:
 def make_codec(spec: str) -> Any:
     name, params = parse_codec_spec(spec)
     return get_codec(name, **params)
+
+
+def make_gradient_exchange(config: RuntimeConfig, stage: torch.nn.Module, transport: Transport, group: Any,
+                           devices: list[int]) -> GradientExchange | PowerSGDGradientExchange:
+    """The DP exchange of `--dp-codec`: distributed PowerSGD for `powersgd` (per parameter matrix;
+    codec parameters are PowerSGDConfig fields), else the codec on the flat stage gradient."""
+    name, params = parse_codec_spec(config.dp_codec)
+    if name == "powersgd":
+        settings = PowerSGDConfig(**{**params, "error_feedback": config.error_feedback})
+        return PowerSGDGradientExchange(list(stage.named_parameters()), settings, transport, group, devices)
+    codec = get_codec(name, **params)
+    return GradientExchange(list(stage.parameters()), codec, ErrorFeedback(codec) if config.error_feedback else None,
+                            transport, group, devices)
 
 
 def _store_client(timeout_s: float) -> Any:
@@ -71,11 +85,8 @@ class Worker:
         prev_rank, next_rank = self.layout.prev_rank(rank), self.layout.next_rank(rank)
         self.prev = None if prev_rank is None else ActivationPeer(self.transport, pp_codec, prev_rank, self.slot.stage - 1, self.timer)
         self.next = None if next_rank is None else ActivationPeer(self.transport, pp_codec, next_rank, self.slot.stage, self.timer)
-        dp_codec = make_codec(config.dp_codec)
-        self.exchange = GradientExchange(list(self.stage.parameters()), dp_codec,
-                                         ErrorFeedback(dp_codec) if config.error_feedback else None,
-                                         self.transport, self.groups[self.slot.stage],
-                                         self.layout.dp_group_devices(self.slot.stage))
+        self.exchange = make_gradient_exchange(config, self.stage, self.transport, self.groups[self.slot.stage],
+                                               self.layout.dp_group_devices(self.slot.stage))
         self.tokens = None
         if self.stage.is_first or self.stage.is_last:
             self.tokens = tokens if tokens is not None else world_tokens(config.data_seed).train
