@@ -4,17 +4,15 @@ any bucket layout, the in-process simulation reproduced, hook state saved and re
 from dataclasses import replace
 
 import pytest
-import torch
+from ddp_checkpointing import MANY_BUCKETS_MB, TINY
 
 from geotrain.bench.ddp import DDPRun, run_ddp
 from geotrain.codecs import get_codec
 from geotrain.ddp import run_workers, wire_bytes
-from geotrain.models import GPTConfig, make_model
+from geotrain.models import make_model
 from geotrain.train import TrainConfig, train_compressed
 
-TINY = GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)
 BASE = TrainConfig(model=TINY, steps=4, workers=2, batch=8)
-MANY_BUCKETS_MB = 0.01  # ~10 kB buckets: the tiny model's 64 kB of gradients spread over several
 # powersgd is distributed PowerSGD, a hook of its own (two all-reduces per step): tests/test_ddp_powersgd.py
 CODECS = {"none": {}, "fp16": {}, "bf16": {}, "int8": {}, "int8-block": {"block_size": 64},
           "topk": {"fraction": 0.05}, "randk": {"fraction": 0.05}, "sign": {}}
@@ -81,35 +79,12 @@ def test_one_bucket_ddp_reproduces_the_in_process_simulation():
 
 
 def _train_with_checkpoint(rank: int, world_size: int, steps: int, saved: dict | None) -> dict:
-    """AdamW + sign with error feedback through our hook; optionally resume from `saved[rank]`."""
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
+    """AdamW + sign with error feedback through our hook; optionally resume from `saved`."""
+    from ddp_checkpointing import train_with_checkpoint
 
     from geotrain.ddp import register_codec_hook
 
-    model = make_model(TINY, 0)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=MANY_BUCKETS_MB if saved is None else 1024.0)
-    state = register_codec_hook(ddp, "sign", error_feedback=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(1)
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state.load_state_dict(saved["hook"])
-        generator.set_state(saved["generator"])
-    losses = []
-    for _ in range(steps):
-        starts = torch.randint(0, TINY.vocab_size, (8, 1), generator=generator)
-        x = (starts + torch.arange(TINY.context + 1)) % TINY.vocab_size
-        x = x[rank * 4:(rank + 1) * 4]
-        loss = F.cross_entropy(ddp(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return {"losses": losses, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "hook": state.state_dict(), "generator": generator.get_state()}
-
+    return train_with_checkpoint(rank, steps, saved, lambda ddp: register_codec_hook(ddp, "sign", error_feedback=True))
 
 def test_hook_state_restores_residuals_into_another_bucket_layout():
     straight = run_workers(_train_with_checkpoint, 2, (6, None), timeout_s=180)

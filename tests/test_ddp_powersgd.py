@@ -5,16 +5,15 @@ from dataclasses import replace
 
 import pytest
 import torch
+from ddp_checkpointing import MANY_BUCKETS_MB, TINY
 
 from geotrain.bench.ddp import DDPRun, run_ddp
 from geotrain.ddp import PowerSGDConfig, PowerSGDLayout, run_workers, wire_bytes
-from geotrain.models import GPTConfig, make_model
+from geotrain.models import make_model
 from geotrain.train import ExchangeThenStep, PowerSGDExchange, TrainConfig, make_optimizer, train_compressed
 
-TINY = GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)
 BASE = TrainConfig(model=TINY, steps=6, workers=2, batch=8, codec="powersgd", error_feedback=True,
                    codec_params={"rank": 2, "start_powersgd_iter": 1})
-MANY_BUCKETS_MB = 0.01  # ~10 kB buckets: the tiny model's 64 kB of gradients spread over several
 
 
 def _powersgd_rule(model, config):
@@ -142,42 +141,23 @@ def test_powersgd_hook_reconstructs_a_low_rank_mean_gradient_exactly():
     assert all(torch.equal(x, y) for x, y in zip(results[0]["steps"][1]["grads"], results[1]["steps"][1]["grads"]))
 
 
+def _check_restored(state, saved):
+    restored = state.state_dict()
+    assert restored["iteration"] == saved["hook"]["iteration"]
+    for key in ("qs", "residuals"):
+        assert restored[key].keys() == saved["hook"][key].keys()
+        assert all(torch.equal(restored[key][name], saved["hook"][key][name]) for name in restored[key])
+
+
 def _train_with_checkpoint(rank, world_size, steps, saved):
     """AdamW + our PowerSGD hook (rank 2, error feedback, compressing from step 0) on the tiny GPT;
     many buckets, or one bucket when resuming from `saved`."""
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
+    from ddp_checkpointing import train_with_checkpoint
 
     from geotrain.ddp import register_codec_hook
 
-    model = make_model(TINY, 0)
-    ddp = DistributedDataParallel(model, bucket_cap_mb=MANY_BUCKETS_MB if saved is None else 1024.0)
-    state = register_codec_hook(ddp, "powersgd", rank=2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    generator = torch.Generator().manual_seed(1)
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        state.load_state_dict(saved["hook"])
-        generator.set_state(saved["generator"])
-        restored = state.state_dict()
-        assert restored["iteration"] == saved["hook"]["iteration"]
-        for key in ("qs", "residuals"):
-            assert restored[key].keys() == saved["hook"][key].keys()
-            assert all(torch.equal(restored[key][name], saved["hook"][key][name]) for name in restored[key])
-    losses = []
-    for _ in range(steps):
-        starts = torch.randint(0, TINY.vocab_size, (8, 1), generator=generator)
-        x = (starts + torch.arange(TINY.context + 1)) % TINY.vocab_size
-        x = x[rank * 4:(rank + 1) * 4]
-        loss = F.cross_entropy(ddp(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten())
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return {"losses": losses, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-            "hook": state.state_dict(), "generator": generator.get_state()}
-
+    return train_with_checkpoint(rank, steps, saved, lambda ddp: register_codec_hook(ddp, "powersgd", rank=2),
+                                 _check_restored)
 
 def _resume_rank(rank, world_size, saved):
     return _train_with_checkpoint(rank, world_size, 3, saved[rank])

@@ -82,7 +82,7 @@ def transport_seconds(pp_s: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
     if rows.size == 1 or cols.size == 1:
         return float((cost * (b[cols][None, :] if rows.size == 1 else a[rows][:, None])).sum())
     if rows.size == 2 and cols.size == 2:
-        (a1, a2), (b1, b2) = a[rows], b[cols]
+        (a1, a2), (b1, _) = a[rows], b[cols]
         ends = (max(0, b1 - a2), min(a1, b1))
         return float(min(cost[0, 0] * t + cost[0, 1] * (a1 - t) + cost[1, 0] * (b1 - t) + cost[1, 1] * (a2 - b1 + t)
                          for t in ends))
