@@ -4,7 +4,6 @@ import json
 import math
 
 import pytest
-import torch
 
 from geotrain.cli.main import main
 from geotrain.data import world_tokens
@@ -23,12 +22,7 @@ from geotrain.models import GPTConfig
 TINY = GPTConfig(n_layer=1, d_model=32, n_head=2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_tables_are_the_seeds_runs():

@@ -12,13 +12,7 @@ from geotrain.models import BASE_CONFIG, GPTConfig, ModelConfigError, TinyGPT, b
 SMALL = GPTConfig(n_layer=2, d_model=32, n_head=2, context=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: same numbers, and no stalls when other programs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_forward_shape_and_equals_embed_blocks_head():
