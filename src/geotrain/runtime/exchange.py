@@ -133,8 +133,8 @@ class PowerSGDGradientExchange:
 
     def exchange(self, step: int, timer: Any) -> int:
         """Replace every gradient by the group's PowerSGD mean; returns the bytes handed to the
-        all-reduces. The matrix products count as compute (`timer`) only approximately: they run
-        between the two collectives, inside the reducer."""
+        all-reduces. The matrix products run inside the reducer, between the two collectives, so
+        they are timed neither as compute (`timer`) nor as communication (the transport)."""
         self.last_nbytes = 0
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         means = self.reducer.reduce([grads], self._all_reduce)
