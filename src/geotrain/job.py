@@ -2,6 +2,11 @@
 
 Sizes in bytes (1 GB = 1e9 B). `dp_bytes` is c_dp of DESIGN.md (gradient of one stage),
 `pp_bytes` is c_pp (activations of one replica at one stage cut per iteration).
+
+Validation: `name` a non-empty string; `params` a number; the other fields integers (an integral
+float such as 2e3 is read as 2000, a fractional one is refused); every field > 0 and at most
+JOB_LIMITS[field], so that every derived byte count and cost stays finite. `pp_bytes(R)` refuses
+R > global_batch (a replica would get no sample and the pipeline would carry 0 bytes).
 """
 
 from __future__ import annotations
@@ -11,13 +16,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-from geotrain.errors import GeotrainError
-from geotrain.yaml_text import load_yaml_text
+from geotrain.errors import GeotrainError, shown
+from geotrain.yaml_text import DocumentError, load_document_file
 
 
 class JobError(GeotrainError, ValueError):
     """A job description or a (stages, replicas) layout is invalid."""
+
+
+# Upper bounds per field: generous for real models (1e15 parameters, 16M-token sequences), small
+# enough that seq x hidden x bytes x batch and 6 x params x tokens stay far inside float64.
+JOB_LIMITS: dict[str, float] = {
+    "params": 1e15, "seq_len": 2**24, "hidden": 2**20, "global_batch": 2**40, "layers": 2**16, "bytes_per_value": 16,
+}
+_INTEGER_FIELDS = ("seq_len", "hidden", "global_batch", "layers", "bytes_per_value")
 
 
 @dataclass(frozen=True)
@@ -33,10 +45,18 @@ class Job:
     bytes_per_value: int = 2
 
     def __post_init__(self) -> None:
-        for key in ("params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value"):
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise JobError(f"job name must be a non-empty string, got {shown(self.name)}")
+        for key, limit in JOB_LIMITS.items():
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise JobError(f"job {self.name!r}: {key} must be a number > 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value <= 0:
+                raise JobError(f"job {shown(self.name)}: {key} must be a number > 0, got {shown(value)}")
+            if value > limit:
+                raise JobError(f"job {shown(self.name)}: {key} must be at most {limit:g}, got {shown(value)}")
+            if key in _INTEGER_FIELDS:
+                if value != int(value):
+                    raise JobError(f"job {shown(self.name)}: {key} must be an integer, got {shown(value)}")
+                object.__setattr__(self, key, int(value))
 
     def dp_bytes(self, stages: int) -> float:
         """c_dp: gradient bytes of one pipeline stage (params split evenly over `stages`)."""
@@ -44,7 +64,11 @@ class Job:
 
     def pp_bytes(self, replicas: int) -> float:
         """c_pp: activation bytes one replica sends across one stage cut per iteration
-        (seq x hidden x bytes x per-replica batch, batch = global_batch // replicas as in the seed)."""
+        (seq x hidden x bytes x per-replica batch, batch = global_batch // replicas as in the seed).
+        Raises JobError when replicas > global_batch (a replica would get no sample)."""
+        if replicas > self.global_batch:
+            raise JobError(f"job {shown(self.name)}: global_batch {self.global_batch} is smaller than the "
+                           f"{replicas} replicas (each replica needs at least one sample per iteration)")
         return float(self.seq_len * self.hidden * self.bytes_per_value * (self.global_batch // replicas))
 
     def flops_per_iteration(self) -> float:
@@ -57,11 +81,18 @@ class Job:
         return self.flops_per_iteration() / (devices * peak_flops * utilisation)
 
 
+def _finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
 def check_layout(stages: int, replicas: int, n_devices: int) -> None:
     """Raise JobError unless stages, replicas >= 1 and stages x replicas <= n_devices."""
     for label, value in (("stages", stages), ("replicas", replicas)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise JobError(f"{label} must be an integer >= 1, got {value!r}")
+            raise JobError(f"{label} must be an integer >= 1, got {shown(value)}")
     if stages * replicas > n_devices:
         raise JobError(
             f"layout {stages} stages x {replicas} replicas needs {stages * replicas} devices, "
@@ -80,9 +111,9 @@ def job_from_dict(doc: Any, source: str = "<job>") -> Job:
     """Build a Job from a mapping; unknown or missing keys name the source."""
     if not isinstance(doc, dict):
         raise JobError(f"{source}: top level must be a mapping, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - _JOB_KEYS)
+    unknown = sorted(map(str, set(doc) - _JOB_KEYS))
     if unknown:
-        raise JobError(f"{source}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_JOB_KEYS))})")
+        raise JobError(f"{source}: unknown key {shown(unknown[0])} (allowed: {', '.join(sorted(_JOB_KEYS))})")
     missing = sorted({"params", "seq_len", "hidden", "global_batch"} - set(doc))
     if missing:
         raise JobError(f"{source}: missing key {missing[0]!r}")
@@ -103,9 +134,10 @@ def load_job(spec: str | Path) -> Job:
         return JOB_PRESETS[spec]
     path = Path(spec)
     if not path.exists():
-        raise JobError(f"{spec}: neither a job preset ({', '.join(sorted(JOB_PRESETS))}) nor an existing file")
+        raise JobError(f"{shown(str(spec))[1:-1]}: neither a job preset ({', '.join(sorted(JOB_PRESETS))}) "
+                       f"nor an existing file")
     try:
-        doc = load_yaml_text(path.read_text())
-    except yaml.YAMLError as exc:
-        raise JobError(f"{path}: not valid YAML/JSON: {exc}") from None
+        doc = load_document_file(path)
+    except DocumentError as exc:
+        raise JobError(str(exc)) from None
     return job_from_dict(doc, str(path))

@@ -4,19 +4,25 @@
      "cost": {"dp": s, "pp": s, "total": s}, "seconds": wall seconds of the search, ...extra fields}
 
 Only "stages", "replicas" and "assignment" are required when reading; other fields are kept as they are.
+Plan files are read by geotrain.yaml_text (JSON, or YAML under the same rules). Every assignment entry
+must be an integer device index (true/false are refused, not read as 1/0) in 0..MAX_DEVICES-1 when read,
+and below the cluster's device count when fitted to a cluster (Plan.check_fits).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from geotrain.cluster.model import MAX_DEVICES
 from geotrain.cost.assignment import AssignmentError, as_assignment
-from geotrain.errors import GeotrainError
+from geotrain.errors import GeotrainError, shown
+from geotrain.yaml_text import DocumentError, load_document_file
 
 
 class PlanError(GeotrainError, ValueError):
@@ -52,25 +58,44 @@ def plan_from_json(doc: Any, source: str = "<plan>") -> Plan:
             raise PlanError(f"{source}: missing key {key!r}")
     stages, replicas = doc["stages"], doc["replicas"]
     for key, value in (("stages", stages), ("replicas", replicas)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PlanError(f"{source}: {key} must be an integer >= 1, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEVICES:
+            raise PlanError(f"{source}: {key} must be an integer in 1..{MAX_DEVICES}, got {shown(value)}")
+    if stages * replicas > MAX_DEVICES:
+        raise PlanError(f"{source}: {stages} stages x {replicas} replicas exceed the device limit of {MAX_DEVICES}")
+    rows = doc["assignment"]
+    if not isinstance(rows, list) or len(rows) != stages:
+        raise PlanError(f"{source}: assignment must have shape ({stages} stages, {replicas} replicas): "
+                        f"a list of {stages} rows, got {shown(rows)}")
+    for s, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != replicas:
+            raise PlanError(f"{source}: assignment[{s}] must be a list of {replicas} device indices "
+                            f"(shape ({stages} stages, {replicas} replicas)), got {shown(row)}")
+        for r, value in enumerate(row):
+            _check_device_index(value, f"{source}: assignment[{s}][{r}]")
     try:
-        assignment = as_assignment(doc["assignment"], stages, replicas, n_devices=np.iinfo(np.int64).max)
+        assignment = as_assignment(np.array(rows, dtype=np.int64), stages, replicas, n_devices=MAX_DEVICES)
     except AssignmentError as exc:
         raise PlanError(f"{source}: {exc}") from None
     fields = {k: v for k, v in doc.items() if k not in ("stages", "replicas", "assignment")}
     return Plan(stages=stages, replicas=replicas, assignment=assignment, fields=fields)
 
 
+def _check_device_index(value: Any, where: str) -> None:
+    """A device index: an int (or an integral float) in 0..MAX_DEVICES-1; booleans are refused."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PlanError(f"{where}: must be a device index (an integer), got {shown(value)}")
+    if isinstance(value, float) and not (math.isfinite(value) and value == int(value)):
+        raise PlanError(f"{where}: must be a device index (an integer), got {shown(value)}")
+    if not 0 <= value < MAX_DEVICES:
+        raise PlanError(f"{where}: device index must be in 0..{MAX_DEVICES - 1}, got {shown(value)}")
+
+
 def load_plan(path: str | Path) -> Plan:
-    """Read a plan file written by `geotrain plan --json` (or by hand)."""
-    path = Path(path)
+    """Read a plan file written by `geotrain plan --json` (or by hand, JSON or YAML)."""
     try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise PlanError(f"{path}: cannot read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{path}: not valid JSON: {exc}") from None
+        doc = load_document_file(path)
+    except DocumentError as exc:
+        raise PlanError(str(exc)) from None
     return plan_from_json(doc, str(path))
 
 

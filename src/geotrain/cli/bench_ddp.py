@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import positive_float
+
 NAME = "ddp"
 HELP = ("data-parallel tiny GPT in real gloo processes: torch's DDP hooks vs geotrain codec hooks vs OneBitAdam "
         "(bytes per step, traffic / fp32, validation bpc, seconds)")
@@ -21,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--row", action="append", default=None, metavar="LABEL_PART",
                         help="only rows whose label contains this text (repeatable; the fp32 row always runs)")
     parser.add_argument("--seed", type=int, default=0, help="model, batch and world seed")
-    parser.add_argument("--timeout", type=float, default=3600.0, help="hard limit for the whole run, seconds")
+    parser.add_argument("--timeout", type=positive_float, default=3600.0, help="hard limit for the whole run, seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 

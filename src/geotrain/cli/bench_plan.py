@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import positive_float
+
 NAME = "plan"
 HELP = "placement search: cost, gap to best, wall time per method; incremental vs full swap evaluation speed"
 
@@ -16,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of every search and of the swap walk")
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only rows of this method (repeatable); default: the seed's runs and every other method")
-    parser.add_argument("--time-limit", type=float, default=120.0, metavar="SEC", help="per-method time limit")
+    parser.add_argument("--time-limit", type=positive_float, default=120.0, metavar="SEC", help="per-method time limit")
     parser.add_argument("--swaps", type=int, default=400_000, help="swaps timed for the incremental evaluator")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.add_argument("--scale", action="store_true",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import positive_float
+
 NAME = "seeds"
 HELP = "placement methods over several seeds: worst and median gap to the proven optimum or lower bound"
 
@@ -16,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages S")
     parser.add_argument("--replicas", type=int, default=8, help="data-parallel replicas R")
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 for every seeded method")
-    parser.add_argument("--time-limit", type=float, default=60.0, metavar="SEC", help="per-run time limit")
+    parser.add_argument("--time-limit", type=positive_float, default=60.0, metavar="SEC", help="per-run time limit")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 

@@ -30,7 +30,8 @@ def register_group(subparsers: Any, name: str, help_text: str, module_names: tup
     children = parser.add_subparsers(dest=f"{name}_command", metavar="NAME", required=True)
     for module_name in module_names:
         module = importlib.import_module(module_name)
-        child = children.add_parser(module.NAME, help=module.HELP, description=module.HELP,
+        # argparse %-formats `help` (not `description`): a literal % must be doubled there
+        child = children.add_parser(module.NAME, help=module.HELP.replace("%", "%%"), description=module.HELP,
                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
         module.add_arguments(child)
         child.set_defaults(handler=module.run)

@@ -1,8 +1,14 @@
-"""How the CLI talks to people (rich tables, progress on stderr) and machines (one JSON object on stdout)."""
+"""How the CLI talks to people (rich tables, progress on stderr) and machines (one JSON object on stdout).
+
+Every text that reaches rich (messages, table titles, headers, cells, progress labels) goes through
+`plain_markup`, so user-supplied names like "evil[/]" print as written and never as markup.
+JSON goes through `strict_json_text`: strict JSON always (no NaN/Infinity: non-finite numbers become null).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -27,23 +33,23 @@ class Output:
 
     def text(self, message: str = "") -> None:
         if not self.json_mode:
-            self.stdout.print(message, highlight=False)
+            self.stdout.print(plain_markup(message), highlight=False)
 
     def table(self, title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
               right_align_from: int = 1) -> None:
         """Print a table; columns from `right_align_from` on are right-aligned (numbers)."""
         if self.json_mode:
             return
-        table = Table(title=title, title_justify="left", show_lines=False)
+        table = Table(title=None if title is None else plain_markup(title), title_justify="left", show_lines=False)
         for i, column in enumerate(columns):
-            table.add_column(column, justify="right" if i >= right_align_from else "left")
+            table.add_column(plain_markup(column), justify="right" if i >= right_align_from else "left")
         for row in rows:
-            table.add_row(*(escape(str(cell)) for cell in row))
+            table.add_row(*(plain_markup(cell) for cell in row))
         self.stdout.print(table)
 
     def emit_json(self, obj: Any) -> None:
         """Write exactly one JSON object on stdout."""
-        sys.stdout.write(json.dumps(obj, default=_json_default) + "\n")
+        sys.stdout.write(strict_json_text(obj) + "\n")
         sys.stdout.flush()
 
     @contextmanager
@@ -62,7 +68,8 @@ class Output:
                 progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                                     TimeElapsedColumn(), TimeRemainingColumn(), console=self.stderr, transient=True)
                 progress.start()
-                bar["progress"], bar["task"] = progress, progress.add_task(description, total=new_total or total)
+                bar["progress"], bar["task"] = progress, progress.add_task(plain_markup(description),
+                                                                           total=new_total or total)
             bar["progress"].update(bar["task"], completed=done, total=new_total or total)
 
         try:
@@ -72,11 +79,27 @@ class Output:
                 bar["progress"].stop()
 
 
-def _json_default(value: Any) -> Any:
+def plain_markup(value: Any) -> str:
+    """`str(value)` escaped for rich, so that brackets in user text print as written."""
+    return escape(str(value))
+
+
+def strict_json_text(obj: Any, indent: int | None = None) -> str:
+    """Strict JSON (RFC 8259) of `obj`: numpy values as plain ones, NaN and +-inf as null."""
+    return json.dumps(_finite_plain(obj), allow_nan=False, indent=indent)
+
+
+def _finite_plain(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (str, int, bool)) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {_finite_plain(k) if not isinstance(k, str) else k: _finite_plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_plain(v) for v in value]
     import numpy as np
 
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
+    if isinstance(value, (np.ndarray, np.generic)):
+        return _finite_plain(value.tolist())
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from geotrain.cli.output import Output
+from geotrain.cli.arg_types import positive_float
+from geotrain.cli.output import Output, strict_json_text
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.errors import GeotrainError
-from geotrain.plan import Plan, save_plan
+from geotrain.plan import Plan
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 
 DEFAULT_METHOD = "auto"
@@ -45,7 +47,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--replicas", type=int, required=True, help="data-parallel replicas R")
     parser.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(SEARCH_METHODS), help="search method")
     parser.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same plan)")
-    parser.add_argument("--time-limit", type=float, default=None, metavar="SEC",
+    parser.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
                         help="stop the search after SEC seconds (the result then depends on machine speed)")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                         help="method option, repeatable (e.g. -o iterations=3000 -o strict=true)")
@@ -55,7 +57,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the plan JSON to FILE")
     parser.add_argument("--lower-bound", action="store_true",
                         help="also prove a lower bound on the optimum (JSON gains lower_bound and gap)")
-    parser.add_argument("--bound-time-limit", type=float, default=30.0, metavar="SEC",
+    parser.add_argument("--bound-time-limit", type=positive_float, default=30.0, metavar="SEC",
                         help="time for the lower-bound MILP (the bound stays valid when it stops early)")
     parser.set_defaults(handler=run)
 
@@ -114,7 +116,8 @@ def run(args: Any) -> int:
                                  "job": job.name, "cost_model": model.name})
     if args.out:
         try:
-            save_plan(Plan(int(doc["stages"]), int(doc["replicas"]), result.assignment, doc), args.out)
+            plan = Plan(int(doc["stages"]), int(doc["replicas"]), result.assignment, doc)
+            Path(args.out).write_text(strict_json_text(plan.to_json(), indent=2) + "\n")
         except OSError as exc:
             raise GeotrainError(f"{args.out}: cannot write plan: {exc.strerror}") from None
     if args.json:

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from geotrain.cluster.errors import ClusterError
-from geotrain.cluster.model import Cluster
+from geotrain.errors import shown
+from geotrain.cluster.model import Cluster, check_device_count
 
 
 def region_cluster(
@@ -24,7 +25,8 @@ def region_cluster(
     """
     sizes = np.asarray(region_sizes, dtype=np.int64)
     if len(region_names) != len(sizes) or np.any(sizes < 1):
-        raise ClusterError(f"region_sizes must be one integer >= 1 per region, got {list(region_sizes)}")
+        raise ClusterError(f"region_sizes must be one integer >= 1 per region, got {shown(list(region_sizes))}")
+    check_device_count(int(sizes.sum()), f"cluster {shown(name)}")
     per_region = [gpus] * len(sizes) if isinstance(gpus, str) else list(gpus)
     if len(per_region) != len(sizes):
         raise ClusterError(f"gpus must be one name or one per region ({len(sizes)}), got {len(per_region)}")

@@ -12,7 +12,9 @@ Compact form (every region pair appears exactly once in `links`)::
 
 Dense form: `devices: [{name, region, gpu}]`, `bandwidth_gbps: NxN`, `latency_ms: NxN` (diagonal ignored).
 
-Every error names the source, the key path and the offending value.
+Every error names the source, the key path and the offending value (cut to 80 characters). Files
+are read by geotrain.yaml_text (size cap, UTF-8, YAML 1.2 numbers, no aliases, no duplicate keys);
+values must lie within the limits of cluster/model.py (devices, bandwidth, latency).
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from geotrain.cluster.errors import ClusterFileError
-from geotrain.cluster.model import Cluster
-from geotrain.yaml_text import load_yaml_text
+from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MS, MIN_GBPS, Cluster
+from geotrain.errors import shown
+from geotrain.yaml_text import DocumentError, dump_yaml_text, parse_document, read_text_file
 
 _COMPACT_KEYS = {"name", "regions", "links", "defaults"}
 _DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
@@ -49,39 +51,48 @@ class _Reader:
 
     def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
         if not isinstance(value, dict):
-            raise self.fail(path, f"must be a mapping, got {value!r}")
+            raise self.fail(path, f"must be a mapping, got {shown(value)}")
         unknown = sorted(set(map(str, value)) - allowed)
         if unknown:
-            raise self.fail(path, f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+            raise self.fail(path, f"unknown key {shown(unknown[0])} (allowed: {', '.join(sorted(allowed))})")
         return value
 
     def sequence(self, value: Any, path: str, min_len: int = 0) -> list:
         if not isinstance(value, list):
-            raise self.fail(path, f"must be a list, got {value!r}")
+            raise self.fail(path, f"must be a list, got {shown(value)}")
         if len(value) < min_len:
             raise self.fail(path, f"must have at least {min_len} entries, got {len(value)}")
         return value
 
     def number(self, value: Any, path: str, *, positive: bool = False) -> float:
+        """A bandwidth (positive: Gbit/s in MIN_GBPS..MAX_GBPS) or a latency (ms in 0..MAX_MS)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(path, f"must be a number, got {value!r}")
-        number = float(value)
+            raise self.fail(path, f"must be a number, got {shown(value)}")
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float range
+            number = math.inf
         if not math.isfinite(number):
-            raise self.fail(path, f"must be finite, got {value!r}")
+            raise self.fail(path, f"must be finite, got {shown(value)}")
         if positive and number <= 0:
-            raise self.fail(path, f"must be > 0, got {value!r}")
+            raise self.fail(path, f"must be > 0, got {shown(value)}")
         if not positive and number < 0:
-            raise self.fail(path, f"must be >= 0, got {value!r}")
+            raise self.fail(path, f"must be >= 0, got {shown(value)}")
+        low, high, unit = (MIN_GBPS, MAX_GBPS, "Gbit/s") if positive else (0.0, MAX_MS, "ms")
+        if not low <= number <= high:
+            raise self.fail(path, f"must be in {low:g}..{high:g} {unit}, got {shown(value)}")
         return number
 
     def count(self, value: Any, path: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise self.fail(path, f"must be an integer >= 1, got {value!r}")
+            raise self.fail(path, f"must be an integer >= 1, got {shown(value)}")
+        if value > MAX_DEVICES:
+            raise self.fail(path, f"must be at most {MAX_DEVICES:,} (the device limit), got {shown(value)}")
         return value
 
     def text(self, value: Any, path: str) -> str:
         if not isinstance(value, str) or not value.strip():
-            raise self.fail(path, f"must be a non-empty string, got {value!r}")
+            raise self.fail(path, f"must be a non-empty string, got {shown(value)}")
         return value
 
     def figure(self, value: Any, path: str, fallback: dict, fallback_path: str) -> tuple[float, float]:
@@ -129,12 +140,16 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
             raise reader.fail(f"{path}.name", "missing")
         region = reader.text(entry["name"], f"{path}.name")
         if region in names:
-            raise reader.fail(f"{path}.name", f"duplicate region name {region!r}")
+            raise reader.fail(f"{path}.name", f"duplicate region name {shown(region)}")
         if "devices" not in entry:
             raise reader.fail(f"{path}.devices", "missing")
         size = reader.count(entry["devices"], f"{path}.devices")
+        if sum(sizes) + size > MAX_DEVICES:
+            raise reader.fail(f"{path}.devices", f"the regions so far hold {sum(sizes) + size:,} devices, "
+                                                 f"more than the limit of {MAX_DEVICES:,}")
         gpus.append(reader.text(entry.get("gpu", default_gpu), f"{path}.gpu"))
-        if size > 1:
+        if size > 1 or entry.get("intra") is not None:
+            # a one-device region has no internal pair, but a figure given for it is checked all the same
             intra.append(reader.figure(entry.get("intra"), f"{path}.intra", intra_default, "defaults.intra"))
         else:
             intra.append((1.0, 0.0))  # never used: a one-device region has no internal pair
@@ -149,23 +164,25 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
         entry = reader.mapping(entry, path, _LINK_KEYS)
         pair = reader.sequence(entry.get("between"), f"{path}.between")
         if len(pair) != 2:
-            raise reader.fail(f"{path}.between", f"must name exactly two regions, got {pair!r}")
+            raise reader.fail(f"{path}.between", f"must name exactly two regions, got {shown(pair)}")
         ends = []
         for j, region in enumerate(pair):
             if region not in names:
-                raise reader.fail(f"{path}.between[{j}]", f"unknown region {region!r} (known: {', '.join(names)})")
+                known = shown(", ".join(names))[1:-1]
+                raise reader.fail(f"{path}.between[{j}]", f"unknown region {shown(region)} (known: {known})")
             ends.append(names.index(region))
         if ends[0] == ends[1]:
-            raise reader.fail(f"{path}.between", f"links a region to itself ({pair[0]!r}); use regions[].intra")
+            raise reader.fail(f"{path}.between", f"links a region to itself ({shown(pair[0])}); use regions[].intra")
         key = (min(ends), max(ends))
         if key in inter:
-            raise reader.fail(f"{path}.between", f"duplicate link between {pair[0]!r} and {pair[1]!r}")
+            raise reader.fail(f"{path}.between", f"duplicate link between {shown(pair[0])} and {shown(pair[1])}")
         figures = {k: entry[k] for k in _FIGURE_KEYS if k in entry}
         inter[key] = reader.figure(figures, path, link_default, "defaults.link")
     missing = [(a, b) for a in range(n_regions) for b in range(a + 1, n_regions) if (a, b) not in inter]
     if missing:
         a, b = missing[0]
-        raise reader.fail("links", f"missing link between {names[a]!r} and {names[b]!r} ({len(missing)} pair(s) missing)")
+        raise reader.fail("links", f"missing link between {shown(names[a])} and {shown(names[b])} "
+                                   f"({len(missing)} pair(s) missing)")
 
     region_of = np.repeat(np.arange(n_regions), sizes)
     bandwidth = np.empty((n_regions, n_regions))
@@ -190,6 +207,8 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
 def _dense(reader: _Reader, doc: dict) -> Cluster:
     name = reader.text(doc.get("name", Path(reader.source).stem), "name")
     devices = reader.sequence(doc["devices"], "devices", min_len=1)
+    if len(devices) > MAX_DEVICES:
+        raise reader.fail("devices", f"{len(devices):,} devices exceed the limit of {MAX_DEVICES:,}")
     device_names: list[str] = []
     region_names: list[str] = []
     region_of: list[int] = []
@@ -199,7 +218,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
         entry = reader.mapping(entry, path, {"name", "region", "gpu"})
         device = reader.text(entry.get("name", f"d{i}"), f"{path}.name")
         if device in device_names:
-            raise reader.fail(f"{path}.name", f"duplicate device name {device!r}")
+            raise reader.fail(f"{path}.name", f"duplicate device name {shown(device)}")
         region = reader.text(entry.get("region", "default"), f"{path}.region")
         if region not in region_names:
             region_names.append(region)
@@ -241,21 +260,18 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
 def parse_cluster_text(text: str, source: str = "<cluster>") -> Cluster:
     """Parse YAML or JSON text (JSON is valid YAML) into a Cluster."""
     try:
-        doc = load_yaml_text(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        raise ClusterFileError(source, where, f"not valid YAML/JSON: {getattr(exc, 'problem', exc)}") from None
+        doc = parse_document(text, source)
+    except DocumentError as exc:
+        raise ClusterFileError(exc.source, exc.where, exc.problem) from None
     return cluster_from_dict(doc, source)
 
 
 def load_cluster_file(path: str | Path) -> Cluster:
     """Load a cluster from a YAML or JSON file."""
-    path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ClusterFileError(str(path), "", f"cannot read: {exc.strerror}") from None
+        text = read_text_file(path)
+    except DocumentError as exc:
+        raise ClusterFileError(exc.source, exc.where, exc.problem) from None
     return parse_cluster_text(text, str(path))
 
 
@@ -303,4 +319,4 @@ def save_cluster_file(cluster: Cluster, path: str | Path, form: str = "auto") ->
     if path.suffix.lower() == ".json":
         path.write_text(json.dumps(doc, indent=2) + "\n")
     else:
-        path.write_text(yaml.safe_dump(doc, sort_keys=False, default_flow_style=None))
+        path.write_text(dump_yaml_text(doc))

@@ -3,6 +3,10 @@
 Units: bandwidth in Gbit/s (1 Gbit/s = 1e9 bit/s), latency in milliseconds, as in files and output.
 `bandwidth_bps` and `latency_s` give SI values for cost models. The diagonal of both matrices is
 meaningless (a device does not talk to itself) and is stored as 0.
+
+Limits (so that every cost stays a finite number and the N x N matrices fit in memory):
+MAX_DEVICES devices (two dense float64 matrices of 2 GiB each at the cap), bandwidth in
+MIN_GBPS..MAX_GBPS (1 kbit/s .. 1 Pbit/s), latency in 0..MAX_MS (1000 s).
 """
 
 from __future__ import annotations
@@ -12,6 +16,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.cluster.errors import ClusterError
+from geotrain.errors import shown
+
+MAX_DEVICES = 16384
+MIN_GBPS = 1e-6
+MAX_GBPS = 1e6
+MAX_MS = 1e6
+
+
+def check_device_count(n_devices: int, where: str) -> None:
+    """Raise ClusterError when a cluster would exceed MAX_DEVICES (call before allocating N x N matrices)."""
+    if n_devices > MAX_DEVICES:
+        raise ClusterError(f"{where}: {n_devices:,} devices exceed the limit of {MAX_DEVICES:,} "
+                           f"(dense N x N link matrices)")
 
 
 @dataclass(frozen=True)
@@ -43,25 +60,28 @@ class Cluster:
         bandwidth = np.array(self.bandwidth_gbps, dtype=np.float64)
         latency = np.array(self.latency_ms, dtype=np.float64)
         if n == 0:
-            raise ClusterError(f"cluster {self.name!r}: needs at least one device")
+            raise ClusterError(f"cluster {shown(self.name)}: needs at least one device")
+        check_device_count(n, f"cluster {shown(self.name)}")
         if len(set(self.device_names)) != n:
-            raise ClusterError(f"cluster {self.name!r}: device names must be unique")
+            raise ClusterError(f"cluster {shown(self.name)}: device names must be unique")
         if region_of.shape != (n,) or len(self.gpus) != n:
-            raise ClusterError(f"cluster {self.name!r}: region_of and gpus need one entry per device ({n})")
+            raise ClusterError(f"cluster {shown(self.name)}: region_of and gpus need one entry per device ({n})")
         if region_of.min() < 0 or region_of.max() >= len(self.region_names):
-            raise ClusterError(f"cluster {self.name!r}: region index out of range")
+            raise ClusterError(f"cluster {shown(self.name)}: region index out of range")
         for label, matrix in (("bandwidth_gbps", bandwidth), ("latency_ms", latency)):
             if matrix.shape != (n, n):
-                raise ClusterError(f"cluster {self.name!r}: {label} must be {n}x{n}, got {matrix.shape}")
+                raise ClusterError(f"cluster {shown(self.name)}: {label} must be {n}x{n}, got {matrix.shape}")
             if not np.all(np.isfinite(matrix)):
-                raise ClusterError(f"cluster {self.name!r}: {label} has a non-finite entry")
+                raise ClusterError(f"cluster {shown(self.name)}: {label} has a non-finite entry")
             if not np.array_equal(matrix, matrix.T):
-                raise ClusterError(f"cluster {self.name!r}: {label} must be symmetric")
+                raise ClusterError(f"cluster {shown(self.name)}: {label} must be symmetric")
         off = ~np.eye(n, dtype=bool)
-        if n > 1 and bandwidth[off].min() <= 0:
-            raise ClusterError(f"cluster {self.name!r}: bandwidth_gbps must be > 0 off the diagonal")
-        if n > 1 and latency[off].min() < 0:
-            raise ClusterError(f"cluster {self.name!r}: latency_ms must be >= 0")
+        if n > 1 and not MIN_GBPS <= bandwidth[off].min() <= bandwidth[off].max() <= MAX_GBPS:
+            raise ClusterError(f"cluster {shown(self.name)}: bandwidth_gbps must be in {MIN_GBPS:g}..{MAX_GBPS:g} "
+                               f"off the diagonal, got {bandwidth[off].min():g}..{bandwidth[off].max():g}")
+        if n > 1 and not 0 <= latency[off].min() <= latency[off].max() <= MAX_MS:
+            raise ClusterError(f"cluster {shown(self.name)}: latency_ms must be in 0..{MAX_MS:g}, "
+                               f"got {latency[off].min():g}..{latency[off].max():g}")
         np.fill_diagonal(bandwidth, 0.0)
         np.fill_diagonal(latency, 0.0)
         for array in (region_of, bandwidth, latency):
