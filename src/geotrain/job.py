@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.errors import GeotrainError, shown
-from geotrain.yaml_text import DocumentError, load_document_file
+from geotrain.yaml_text import DocumentError, parse_document, read_text_file
 
 
 class JobError(GeotrainError, ValueError):
@@ -137,7 +137,16 @@ def load_job(spec: str | Path) -> Job:
         raise JobError(f"{shown(str(spec))[1:-1]}: neither a job preset ({', '.join(sorted(JOB_PRESETS))}) "
                        f"nor an existing file")
     try:
-        doc = load_document_file(path)
+        text = read_text_file(path)
     except DocumentError as exc:
         raise JobError(str(exc)) from None
-    return job_from_dict(doc, str(path))
+    return parse_job_text(text, str(path))
+
+
+def parse_job_text(text: str, source: str = "<job>") -> Job:
+    """Parse YAML or JSON job text (geotrain.yaml_text's rules) into a Job."""
+    try:
+        doc = parse_document(text, source)
+    except DocumentError as exc:
+        raise JobError(str(exc)) from None
+    return job_from_dict(doc, source)

@@ -22,7 +22,7 @@ import numpy as np
 from geotrain.cluster.model import MAX_DEVICES
 from geotrain.cost.assignment import AssignmentError, as_assignment
 from geotrain.errors import GeotrainError, shown
-from geotrain.yaml_text import DocumentError, load_document_file
+from geotrain.yaml_text import DocumentError, parse_document, read_text_file
 
 
 class PlanError(GeotrainError, ValueError):
@@ -93,10 +93,19 @@ def _check_device_index(value: Any, where: str) -> None:
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file written by `geotrain plan --json` (or by hand, JSON or YAML)."""
     try:
-        doc = load_document_file(path)
+        text = read_text_file(path)
     except DocumentError as exc:
         raise PlanError(str(exc)) from None
-    return plan_from_json(doc, str(path))
+    return parse_plan_text(text, str(path))
+
+
+def parse_plan_text(text: str, source: str = "<plan>") -> Plan:
+    """Parse plan text (JSON, or YAML under geotrain.yaml_text's rules) into a Plan."""
+    try:
+        doc = parse_document(text, source)
+    except DocumentError as exc:
+        raise PlanError(str(exc)) from None
+    return plan_from_json(doc, source)
 
 
 def save_plan(plan: Plan, path: str | Path) -> None:

@@ -230,11 +230,6 @@ def read_text_file(path: str | Path) -> str:
     return decode_text(data, source)
 
 
-def load_document_file(path: str | Path) -> Any:
-    """Read and parse a YAML/JSON file under the module's rules."""
-    return parse_document(read_text_file(path), str(path))
-
-
 class _Dumper(yaml.SafeDumper):
     """SafeDumper that quotes every string that YAML 1.1 *or* this module's 1.2 rules would read as
     something else (e.g. a name "1e3" or "0o17"), so that written files read back unchanged."""

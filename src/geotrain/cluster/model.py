@@ -5,8 +5,9 @@ Units: bandwidth in Gbit/s (1 Gbit/s = 1e9 bit/s), latency in milliseconds, as i
 meaningless (a device does not talk to itself) and is stored as 0.
 
 Limits (so that every cost stays a finite number and the N x N matrices fit in memory):
-MAX_DEVICES devices (two dense float64 matrices of 2 GiB each at the cap), bandwidth in
-MIN_GBPS..MAX_GBPS (1 kbit/s .. 1 Pbit/s), latency in 0..MAX_MS (1000 s).
+at most MAX_DEVICES devices (two dense float64 N x N matrices of 512 MiB each at the cap; loading
+one peaks near 3 GB), bandwidth in MIN_GBPS..MAX_GBPS (1 kbit/s .. 1 Pbit/s) and latency in
+0..MAX_MS (1000 s) between any two devices.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from geotrain.cluster.errors import ClusterError
 from geotrain.errors import shown
 
-MAX_DEVICES = 16384
+MAX_DEVICES = 8192
 MIN_GBPS = 1e-6
 MAX_GBPS = 1e6
 MAX_MS = 1e6
