@@ -190,9 +190,13 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         is_json, doc = _parse_json(text, source)
         if is_json:
             return doc
-    loader = _Loader(text)
+    loader = None
     try:
+        loader = _Loader(text)  # its reader refuses control characters right here
         return loader.get_single_data()
+    except yaml.reader.ReaderError as exc:
+        raise DocumentError(source, "", f"not valid YAML/JSON: control character {exc.character!r} "
+                                        f"at offset {exc.position} is not allowed") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
@@ -200,7 +204,8 @@ def parse_document(text: str, source: str = "<text>") -> Any:
     except RecursionError:  # a safety net: compose_node stops at MAX_DEPTH long before Python's limit
         raise DocumentError(source, "", f"nested more than {MAX_DEPTH} levels deep") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def decode_text(data: bytes, source: str) -> str:
