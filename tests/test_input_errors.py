@@ -360,3 +360,14 @@ def test_time_limits_must_be_positive_and_finite(option, value, capsys):
 
 def test_positive_float_accepts_positive_numbers():
     assert positive_float("1.5") == 1.5 and positive_float("1e-3") == 1e-3
+
+
+@pytest.mark.slow
+def test_a_large_dense_cluster_saved_as_yaml_reads_back(tmp_path):
+    from geotrain.cluster import multicloud, save_cluster_file
+
+    cluster = multicloud(8, 96, seed=1, jitter=0.1)  # 768 devices, not region-uniform: the dense form
+    path = tmp_path / "big.yaml"
+    save_cluster_file(cluster, path)
+    again = load_cluster_file(path)
+    assert again.device_names == cluster.device_names and np.array_equal(again.bandwidth_gbps, cluster.bandwidth_gbps)

@@ -245,6 +245,23 @@ for _first, _resolvers in _Loader.yaml_implicit_resolvers.items():
         _Dumper.add_implicit_resolver(_tag, _regexp, [_first])
 
 
+def _printable(doc: Any) -> bool:
+    """True when every string (key or value) in `doc` is printable (no line separators like U+0085)."""
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str) and not value.isprintable():
+            return False
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return True
+
+
 def dump_yaml_text(doc: Any) -> str:
-    """YAML text of a plain document (dicts, lists, str, int, float, bool, None), keys in order."""
-    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=None, allow_unicode=True)
+    """YAML text of a plain document (dicts, lists, str, int, float, bool, None), keys in order.
+    Non-ASCII letters are written as they are unless some string holds a non-printable character
+    (PyYAML would write U+0085 unquoted and read it back as a space): then everything is escaped."""
+    return yaml.dump(doc, Dumper=_Dumper, sort_keys=False, default_flow_style=None, allow_unicode=_printable(doc))

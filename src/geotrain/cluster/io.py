@@ -29,7 +29,7 @@ import numpy as np
 from geotrain.cluster.errors import ClusterFileError
 from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MS, MIN_GBPS, Cluster
 from geotrain.errors import shown
-from geotrain.yaml_text import DocumentError, dump_yaml_text, parse_document, read_text_file
+from geotrain.yaml_text import MAX_YAML_NODES, DocumentError, dump_yaml_text, parse_document, read_text_file
 
 _COMPACT_KEYS = {"name", "regions", "links", "defaults"}
 _DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
@@ -313,10 +313,12 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
 
 
 def save_cluster_file(cluster: Cluster, path: str | Path, form: str = "auto") -> None:
-    """Write a cluster as JSON (.json) or YAML (anything else)."""
+    """Write a cluster as JSON (.json) or YAML (anything else). A dense form too large for the YAML
+    reader's node budget (MAX_YAML_NODES) is written as JSON text, which is valid YAML and reads fast."""
     path = Path(path)
     doc = cluster_to_dict(cluster, form)
-    if path.suffix.lower() == ".json":
+    n_values = 2 * cluster.n_devices**2 + 4 * cluster.n_devices if "devices" in doc else 0
+    if path.suffix.lower() == ".json" or n_values > MAX_YAML_NODES:
         path.write_text(json.dumps(doc, indent=2) + "\n")
     else:
         path.write_text(dump_yaml_text(doc))
