@@ -5,6 +5,7 @@ structures and mutated valid files. Run with -s to see how many cases ran and ho
 import json
 import math
 import os
+import re
 from collections import Counter
 
 import numpy as np
@@ -53,6 +54,8 @@ TOKENS = ["{", "}", "[", "]", ":", ": ", ",", "- ", " ", "  ", "\n", "\n  ", "\t
           ".nan", ".inf", "-.inf", "NaN", "Infinity", "010", "0x1F", "0o17", "1:30", "1_000", "yes", "no", "on",
           "true", "false", "null", "~", "2024-01-01", "9" * 30, "1e400", "1e-310", "<<", "[evil[/]]"]
 
+VALUES = ["-1", "0", "1e400", "-1e400", "1e-310", "1e300", "010", ".nan", ".inf", "9" * 30, "yes", "true", "null", "1:30",
+          "0x7fffffffffffffff", "8193", "10000000", "2.5", "[]", "{}", "x[/]"]
 KEYS = ["name", "regions", "devices", "links", "between", "gbps", "ms", "intra", "defaults", "link", "gpu", "region",
         "bandwidth_gbps", "latency_ms", "stages", "replicas", "assignment", "params", "seq_len", "hidden",
         "global_batch", "layers", "bytes_per_value", "method", "a", "b"]
@@ -70,12 +73,18 @@ token_text = st.lists(st.sampled_from(TOKENS), max_size=60).map("".join)
 
 @st.composite
 def mutated(draw, base: str) -> str:
-    """`base` with a few random edits: deletions, insertions of tokens, replaced characters, repeated lines."""
+    """`base` with a few random edits: deletions, insertions of tokens, replaced characters, repeated lines,
+    and numbers swapped for other values (so that value checks, not only syntax, are exercised)."""
     text = base
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["delete", "insert", "replace", "repeat"]))
+        kind = draw(st.sampled_from(["delete", "insert", "replace", "repeat", "value", "value"]))
         i = draw(st.integers(0, len(text)))
-        if kind == "delete":
+        numbers = list(re.finditer(r"-?[0-9][0-9.e]*", text))
+        if kind == "value" and numbers:
+            match = draw(st.sampled_from(numbers))
+            value = draw(st.sampled_from(VALUES) | st.integers(-2, 40).map(str) | st.floats().map(repr))
+            text = text[:match.start()] + value + text[match.end():]
+        elif kind == "delete":
             text = text[:i] + text[i + draw(st.integers(1, 8)):]
         elif kind == "insert":
             text = text[:i] + draw(st.sampled_from(TOKENS)) + text[i:]

@@ -13,14 +13,13 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from geotrain.cli.arg_types import positive_float
 from geotrain.cli.output import Output, strict_json_text
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.errors import GeotrainError
 from geotrain.plan import Plan
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
+from geotrain.yaml_text import parse_document
 
 DEFAULT_METHOD = "auto"
 # Shortcut flags for common method options; each sets options[name] when given.
@@ -63,13 +62,13 @@ def register(subparsers: Any) -> None:
 
 
 def parse_options(args: Any) -> dict[str, Any]:
-    """Method options from -o KEY=VALUE (values parsed as YAML scalars) and the shortcut flags."""
+    """Method options from -o KEY=VALUE (values read as YAML 1.2 scalars, as in files) and the shortcut flags."""
     options: dict[str, Any] = {}
     for item in args.option:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise SearchError(f"--option must be KEY=VALUE, got {item!r}")
-        options[key.strip()] = yaml.safe_load(value) if value.strip() else None
+        options[key.strip()] = parse_document(value, f"--option {key.strip()}") if value.strip() else None
     for name, _, _ in OPTION_FLAGS:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
