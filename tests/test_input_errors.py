@@ -184,7 +184,8 @@ BAD_FILES = {
     "nested-yaml": (b"a: " + b"[" * 100_000, f"nested more than {MAX_DEPTH} levels deep"),
     "300 digits": (b"stages: " + b"9" * 300, "integer out of range"),
     "300 digits json": (b'{"stages": ' + b"9" * 300 + b"}", "integer out of range"),
-    "tag": (b"name: !!python/object/apply:os.system [echo hi]\n", "tag 'tag:yaml.org,2002:python/object/apply:os.system'"),
+    "tag": (b"name: !!python/object/apply:os.system [echo hi]\n",
+            "tag 'tag:yaml.org,2002:python/object/apply:os.system'"),
     "two documents": (b"a: 1\n---\nb: 2\n", "not valid YAML/JSON"),
 }
 

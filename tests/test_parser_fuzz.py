@@ -21,7 +21,8 @@ from geotrain.plan import Plan, parse_plan_text, plan_from_json
 from geotrain.yaml_text import decode_text, dump_yaml_text, parse_document
 
 # GEOTRAIN_FUZZ_EXAMPLES=5000 for a long run; the default keeps the suite fast
-FUZZ = settings(max_examples=int(os.environ.get("GEOTRAIN_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=int(os.environ.get("GEOTRAIN_FUZZ_EXAMPLES", "150")), deadline=None,
+                suppress_health_check=[HealthCheck.too_slow])
 OUTCOMES: Counter = Counter()
 
 CLUSTER_YAML = """name: t
@@ -46,16 +47,17 @@ JOB_YAML = "name: gpt\nparams: 1.3e9\nseq_len: 2048\nhidden: 2048\nglobal_batch:
 PLAN_JSON = json.dumps({"method": "x", "stages": 2, "replicas": 2, "assignment": [[0, 1], [2, 3]],
                         "cost": {"dp": 1.0, "pp": 2.0, "total": 3.0}})
 
-TOKENS = ["{", "}", "[", "]", ":", ": ", ",", "- ", " ", "  ", "\n", "\n  ", "\t", "#", "&a ", "*a", "!!str ", "!!int ",
-          "!!binary ", "!foo ", "? ", "|\n", ">\n", "---\n", "...\n", "%YAML 1.1\n", '"', "'", '"x"', "'y'", "\\", "é",
-          "\u202e", "\ufeff", "name", "regions", "devices", "links", "between", "gbps", "ms", "intra", "defaults", "link",
-          "gpu", "region", "bandwidth_gbps", "latency_ms", "stages", "replicas", "assignment", "params", "seq_len",
-          "hidden", "global_batch", "layers", "bytes_per_value", "a", "b", "0", "1", "2", "-1", "1e3", "1.5", ".5", "1.",
-          ".nan", ".inf", "-.inf", "NaN", "Infinity", "010", "0x1F", "0o17", "1:30", "1_000", "yes", "no", "on",
-          "true", "false", "null", "~", "2024-01-01", "9" * 30, "1e400", "1e-310", "<<", "[evil[/]]"]
+TOKENS = ["{", "}", "[", "]", ":", ": ", ",", "- ", " ", "  ", "\n", "\n  ", "\t", "#", "&a ", "*a", "!!str ",
+          "!!int ", "!!binary ", "!foo ", "? ", "|\n", ">\n", "---\n", "...\n", "%YAML 1.1\n", '"', "'", '"x"', "'y'",
+          "\\", "é", "\u202e", "\ufeff", "name", "regions", "devices", "links", "between", "gbps", "ms", "intra",
+          "defaults", "link", "gpu", "region", "bandwidth_gbps", "latency_ms", "stages", "replicas", "assignment",
+          "params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value", "a", "b", "0", "1", "2", "-1",
+          "1e3", "1.5", ".5", "1.", ".nan", ".inf", "-.inf", "NaN", "Infinity", "010", "0x1F", "0o17", "1:30",
+          "1_000", "yes", "no", "on", "true", "false", "null", "~", "2024-01-01", "9" * 30, "1e400", "1e-310", "<<",
+          "[evil[/]]"]
 
-VALUES = ["-1", "0", "1e400", "-1e400", "1e-310", "1e300", "010", ".nan", ".inf", "9" * 30, "yes", "true", "null", "1:30",
-          "0x7fffffffffffffff", "8193", "10000000", "2.5", "[]", "{}", "x[/]"]
+VALUES = ["-1", "0", "1e400", "-1e400", "1e-310", "1e300", "010", ".nan", ".inf", "9" * 30, "yes", "true", "null",
+          "1:30", "0x7fffffffffffffff", "8193", "10000000", "2.5", "[]", "{}", "x[/]"]
 KEYS = ["name", "regions", "devices", "links", "between", "gbps", "ms", "intra", "defaults", "link", "gpu", "region",
         "bandwidth_gbps", "latency_ms", "stages", "replicas", "assignment", "params", "seq_len", "hidden",
         "global_batch", "layers", "bytes_per_value", "method", "a", "b"]

@@ -77,7 +77,8 @@ class _Loader(yaml.SafeLoader):
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
-            raise self._refuse(f"aliases are not allowed (*{shown(event.anchor, 30)[1:-1]}); write the value out", event)
+            name = shown(event.anchor, 30)[1:-1]
+            raise self._refuse(f"aliases are not allowed (*{name}); write the value out", event)
         if event.anchor is not None:
             raise self._refuse(f"anchors are not allowed (&{shown(event.anchor, 30)[1:-1]})", event)
         tag = getattr(event, "tag", None)
@@ -103,8 +104,8 @@ class _Loader(yaml.SafeLoader):
             try:
                 duplicate = key in mapping
             except TypeError:
-                raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark, "a key must be a plain value", key_node.start_mark) from None
+                raise yaml.constructor.ConstructorError("while reading a mapping", node.start_mark,
+                                                        "a key must be a plain value", key_node.start_mark) from None
             if duplicate:
                 raise yaml.constructor.ConstructorError(
                     "while reading a mapping", node.start_mark, f"duplicate key {shown(key)}", key_node.start_mark)
@@ -131,8 +132,8 @@ for _tag, _pattern, _first in (
     ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
     ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
     ("int", r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
-    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
-     "-+0123456789."),
+    ("float", r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+              r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+0123456789."),
 ):
     _Loader.add_implicit_resolver(f"tag:yaml.org,2002:{_tag}", re.compile(_pattern), list(_first))
 _Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
@@ -217,7 +218,8 @@ def decode_text(data: bytes, source: str) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise DocumentError(source, "", f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+        problem = f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        raise DocumentError(source, "", problem) from None
 
 
 def read_text_file(path: str | Path) -> str:

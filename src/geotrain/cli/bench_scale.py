@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", action="append", default=None, metavar="NAME", help="method (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="cluster and search seed")
     parser.add_argument("--time-limit", type=positive_float, default=30.0, metavar="SEC", help="per-method time limit")
-    parser.add_argument("--bound-time-limit", type=positive_float, default=60.0, metavar="SEC", help="lower-bound MILP limit")
+    parser.add_argument("--bound-time-limit", type=positive_float, default=60.0, metavar="SEC",
+                        help="lower-bound MILP limit")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
