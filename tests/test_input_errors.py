@@ -87,6 +87,23 @@ def test_shown_values_are_at_most_80_characters_and_one_line(value):
         assert text == repr(value)
 
 
+def test_yaml_text_is_capped_lower_than_json_text():
+    big = "x" * (5 * 2**20)
+    with pytest.raises(GeotrainError, match="f.yaml: YAML text larger than 4 MiB .write large files as JSON"):
+        parse_document(f"a: {big}", "f.yaml")
+    assert parse_document(json.dumps({"a": big}), "f.json") == {"a": big}
+
+
+def test_yaml_node_budget_is_enforced(monkeypatch):
+    import geotrain.yaml_text as yaml_text
+
+    monkeypatch.setattr(yaml_text, "MAX_YAML_NODES", 10)
+    assert parse_document("a: [1, 2, 3]", "f.yaml") == {"a": [1, 2, 3]}
+    with pytest.raises(GeotrainError, match="more than 10 values in YAML"):
+        parse_document("a: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]", "f.yaml")
+    assert parse_document(json.dumps({"a": list(range(100))}), "f.json") == {"a": list(range(100))}
+
+
 def test_every_geotrain_error_message_is_one_bounded_line():
     message = str(GeotrainError("a\nb" + "c" * 5000))
     assert "\n" not in message and len(message) <= 1000 and message.startswith("a b")
@@ -363,11 +380,10 @@ def test_positive_float_accepts_positive_numbers():
     assert positive_float("1.5") == 1.5 and positive_float("1e-3") == 1e-3
 
 
-@pytest.mark.slow
 def test_a_large_dense_cluster_saved_as_yaml_reads_back(tmp_path):
     from geotrain.cluster import multicloud, save_cluster_file
 
-    cluster = multicloud(8, 96, seed=1, jitter=0.1)  # 768 devices, not region-uniform: the dense form
+    cluster = multicloud(8, 48, seed=1, jitter=0.1)  # 384 devices, not region-uniform: the dense form
     path = tmp_path / "big.yaml"
     save_cluster_file(cluster, path)
     again = load_cluster_file(path)

@@ -12,9 +12,10 @@ The rules (docs/placement.md, "File format rules"):
 - anchors (`&a`), aliases (`*a`), merge keys and explicit tags other than the core ones are refused
   (so a small file cannot expand into a huge document);
 - a key given twice in one mapping is refused, naming the key;
-- at most MAX_DEPTH levels of nesting and (YAML) MAX_YAML_NODES nodes; JSON text (starting with
-  `{` or `[`) is parsed by the json module under the same rules and has no node budget beyond the
-  byte cap (use JSON for large dense clusters).
+- at most MAX_DEPTH levels of nesting. JSON text (starting with `{` or `[`) is parsed by the json
+  module under the same rules, up to the byte cap; other (YAML) text goes through PyYAML's pure-Python
+  parser (~1 MB/s, ~0.7 KB per value), so it may hold at most MAX_YAML_BYTES (4 MiB) and
+  MAX_YAML_NODES (250,000) values: a few seconds and ~200 MB at worst. Large files: write JSON.
 Every failure raises DocumentError (a GeotrainError) naming the source and, where known, the line.
 """
 
@@ -32,7 +33,8 @@ from geotrain.errors import GeotrainError, shown
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 64
-MAX_YAML_NODES = 1_000_000
+MAX_YAML_BYTES = 4 * 1024 * 1024
+MAX_YAML_NODES = 250_000
 INT_LIMIT = 2**63
 _CORE_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "seq", "map")}
 
@@ -86,7 +88,7 @@ class _Loader(yaml.SafeLoader):
             raise self._refuse(f"tag {shown(tag)} is not allowed", event)
         self._nodes += 1
         if self._nodes > MAX_YAML_NODES:
-            raise self._refuse(f"more than {MAX_YAML_NODES:,} values (write large files as JSON)", event)
+            raise self._refuse(f"more than {MAX_YAML_NODES:,} values in YAML (write large files as JSON)", event)
         self._depth += 1
         if self._depth > MAX_DEPTH:
             raise self._refuse(f"nested more than {MAX_DEPTH} levels deep", event)
@@ -191,6 +193,9 @@ def parse_document(text: str, source: str = "<text>") -> Any:
         is_json, doc = _parse_json(text, source)
         if is_json:
             return doc
+    if len(text) > MAX_YAML_BYTES:
+        raise DocumentError(source, "", f"YAML text larger than {MAX_YAML_BYTES // 2**20} MiB "
+                                        f"(write large files as JSON: up to {MAX_FILE_BYTES // 2**20} MiB)")
     loader = None
     try:
         loader = _Loader(text)  # its reader refuses control characters right here

@@ -29,7 +29,8 @@ import numpy as np
 from geotrain.cluster.errors import ClusterFileError
 from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MS, MIN_GBPS, Cluster
 from geotrain.errors import shown
-from geotrain.yaml_text import MAX_YAML_NODES, DocumentError, dump_yaml_text, parse_document, read_text_file
+from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, DocumentError, dump_yaml_text, parse_document,
+                                read_text_file)
 
 _COMPACT_KEYS = {"name", "regions", "links", "defaults"}
 _DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
@@ -313,12 +314,28 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
 
 
 def save_cluster_file(cluster: Cluster, path: str | Path, form: str = "auto") -> None:
-    """Write a cluster as JSON (.json) or YAML (anything else). A dense form too large for the YAML
-    reader's node budget (MAX_YAML_NODES) is written as JSON text, which is valid YAML and reads fast."""
+    """Write a cluster as JSON (.json) or YAML (anything else). A document too large for the YAML
+    reader's budget (MAX_YAML_NODES values, MAX_YAML_BYTES) is written as JSON text instead, which is
+    valid YAML and reads fast, so that every saved cluster loads again."""
     path = Path(path)
     doc = cluster_to_dict(cluster, form)
-    n_values = 2 * cluster.n_devices**2 + 4 * cluster.n_devices if "devices" in doc else 0
-    if path.suffix.lower() == ".json" or n_values > MAX_YAML_NODES:
-        path.write_text(json.dumps(doc, indent=2) + "\n")
-    else:
-        path.write_text(dump_yaml_text(doc))
+    if path.suffix.lower() != ".json" and _value_count(doc) <= MAX_YAML_NODES:
+        text = dump_yaml_text(doc)
+        if len(text.encode()) <= MAX_YAML_BYTES:
+            path.write_text(text)
+            return
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _value_count(doc: Any) -> int:
+    """Nodes of a document as the YAML reader counts them (every mapping, list, key and scalar)."""
+    count, stack = 0, [doc]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if isinstance(value, dict):
+            count += len(value)
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return count
