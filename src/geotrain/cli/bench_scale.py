@@ -28,12 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: Any) -> int:
     from geotrain.bench.scale import DEFAULT_METHODS, ScaleBenchConfig, rows_to_json, run_scale_bench
     from geotrain.cli.output import Output
-    from geotrain.errors import GeotrainError
+    from geotrain.errors import GeotrainError, shown
 
     try:
         sizes = tuple(int(v) for v in str(args.sizes).split(",") if v.strip())
     except ValueError:
-        raise GeotrainError(f"--sizes must be comma-separated integers, got {args.sizes!r}") from None
+        raise GeotrainError(f"--sizes must be comma-separated integers, got {shown(args.sizes)}") from None
     out = Output(json_mode=args.json)
     config = ScaleBenchConfig(sizes=sizes, stages=args.stages, jitter=args.jitter, seed=args.seed,
                               methods=tuple(args.method) if args.method else DEFAULT_METHODS,

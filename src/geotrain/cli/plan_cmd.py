@@ -16,7 +16,7 @@ from typing import Any
 from geotrain.cli.arg_types import positive_float
 from geotrain.cli.output import Output, strict_json_text
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
-from geotrain.errors import GeotrainError
+from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.yaml_text import parse_document
@@ -67,7 +67,7 @@ def parse_options(args: Any) -> dict[str, Any]:
     for item in args.option:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise SearchError(f"--option must be KEY=VALUE, got {item!r}")
+            raise SearchError(f"--option must be KEY=VALUE, got {shown(item)}")
         options[key.strip()] = parse_document(value, f"--option {key.strip()}") if value.strip() else None
     for name, _, _ in OPTION_FLAGS:
         if getattr(args, name) is not None:

@@ -286,7 +286,7 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
     in_region_order = bool(np.all(np.diff(cluster.region_of) >= 0))
     compact_ok = cluster.is_region_uniform() and same_gpu and in_region_order and cluster.device_names == generated
     if form == "compact" and not compact_ok:
-        raise ValueError(f"cluster {cluster.name!r} has per-device links or GPUs: use the dense form")
+        raise ValueError(f"cluster {shown(cluster.name)} has per-device links or GPUs: use the dense form")
     if form == "dense" or not compact_ok:
         return {
             "name": cluster.name,
