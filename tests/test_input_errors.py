@@ -388,3 +388,17 @@ def test_a_large_dense_cluster_saved_as_yaml_reads_back(tmp_path):
     save_cluster_file(cluster, path)
     again = load_cluster_file(path)
     assert again.device_names == cluster.device_names and np.array_equal(again.bandwidth_gbps, cluster.bandwidth_gbps)
+
+
+def test_json_with_too_many_lists_is_refused_before_parsing():
+    from geotrain.yaml_text import MAX_JSON_CONTAINERS
+
+    with pytest.raises(GeotrainError, match=f"more than {MAX_JSON_CONTAINERS:,} lists and mappings"):
+        parse_document("[" + ",".join(["[]"] * MAX_JSON_CONTAINERS) + "]", "many.json")
+
+
+@pytest.mark.parametrize("text", ['{"a": [1, [2, {"b": 9223372036854775808}]]}', "[-9223372036854775808]",
+                                  "9223372036854775808", '{"a": ' + "9" * 5000 + "}"])
+def test_json_integers_beyond_64_bits_are_refused_at_any_depth(text):
+    with pytest.raises(GeotrainError, match=r"integer out of range \(\|n\| must be < 2\*\*63\)"):
+        parse_document(text, "big.json")

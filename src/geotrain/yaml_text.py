@@ -13,7 +13,8 @@ The rules (docs/placement.md, "File format rules"):
   (so a small file cannot expand into a huge document);
 - a key given twice in one mapping is refused, naming the key;
 - at most MAX_DEPTH levels of nesting. JSON text (starting with `{` or `[`) is parsed by the json
-  module under the same rules, up to the byte cap; other (YAML) text goes through PyYAML's pure-Python
+  module under the same rules, up to the byte cap and MAX_JSON_CONTAINERS lists and mappings
+  (64 MiB of numbers: a few seconds, < 1 GB); other (YAML) text goes through PyYAML's pure-Python
   parser (~1 MB/s, ~0.7 KB per value), so it may hold at most MAX_YAML_BYTES (4 MiB) and
   MAX_YAML_NODES (250,000) values: a few seconds and ~200 MB at worst. Large files: write JSON.
 Every failure raises DocumentError (a GeotrainError) naming the source and, where known, the line.
@@ -35,6 +36,7 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_DEPTH = 64
 MAX_YAML_BYTES = 4 * 1024 * 1024
 MAX_YAML_NODES = 250_000
+MAX_JSON_CONTAINERS = 100_000
 INT_LIMIT = 2**63
 _CORE_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "seq", "map")}
 
@@ -156,30 +158,47 @@ def _json_constant(name: str) -> float:
     raise ValueError(f"{name} is not JSON (write .nan / .inf in YAML if you must)")
 
 
-def _json_depth_ok(doc: Any) -> bool:
-    """True when no container in `doc` is nested more than MAX_DEPTH levels (iterative walk)."""
-    stack = [(doc, 1)]
-    while stack:
-        value, depth = stack.pop()
+def _check_json_values(doc: Any, source: str) -> None:
+    """Depth at most MAX_DEPTH and every int within 64 bits, level by level (only containers are kept
+    between levels; a flat list of numbers is checked by C-level set/min/max, not a Python loop)."""
+    level, depth = [doc], 0
+    while level:
+        depth += 1
         if depth > MAX_DEPTH:
-            return False
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return True
+            raise DocumentError(source, "", f"nested more than {MAX_DEPTH} levels deep")
+        deeper: list = []
+        for container in level:
+            children = list(container.values()) if type(container) is dict else container
+            kinds = set(map(type, children))
+            if list in kinds or dict in kinds:
+                deeper.extend(child for child in children if type(child) is list or type(child) is dict)
+            if int in kinds:
+                ints = children if kinds == {int} else [child for child in children if type(child) is int]
+                for extreme in (min(ints), max(ints)):
+                    if not -INT_LIMIT < extreme < INT_LIMIT:
+                        raise DocumentError(source, "", f"integer out of range (|n| must be < 2**63), "
+                                                        f"got {shown(extreme)}")
+        level = deeper
 
 
 def _parse_json(text: str, source: str) -> tuple[bool, Any]:
     """(True, document) when `text` is JSON; (False, None) when it is not (then it may still be YAML)."""
+    containers = text.count("[") + text.count("{")  # an upper bound, counted in C before parsing
+    if containers > MAX_JSON_CONTAINERS:
+        raise DocumentError(source, "", f"more than {MAX_JSON_CONTAINERS:,} lists and mappings")
     try:
-        doc = json.loads(text, object_pairs_hook=_json_pairs, parse_int=_integer, parse_constant=_json_constant)
+        doc = json.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
     except json.JSONDecodeError:
         return False, None
     except RecursionError:
         raise DocumentError(source, "", f"nested more than {MAX_DEPTH} levels deep") from None
-    except ValueError as exc:  # from the hooks: duplicate key, huge integer, NaN
-        raise DocumentError(source, "", str(exc)) from None
-    if isinstance(doc, (dict, list)) and not _json_depth_ok(doc):
-        raise DocumentError(source, "", f"nested more than {MAX_DEPTH} levels deep")
+    except ValueError as exc:  # from the hooks (duplicate key, NaN) or an integer of over 4300 digits
+        problem = "integer out of range (|n| must be < 2**63)" if "integer string" in str(exc) else str(exc)
+        raise DocumentError(source, "", problem) from None
+    if isinstance(doc, (dict, list)):
+        _check_json_values(doc, source)
+    elif type(doc) is int and not -INT_LIMIT < doc < INT_LIMIT:
+        raise DocumentError(source, "", f"integer out of range (|n| must be < 2**63), got {shown(doc)}")
     return True, doc
 
 
