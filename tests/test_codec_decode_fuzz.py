@@ -99,7 +99,7 @@ def _mutate_buffer(payload: Payload, draw) -> Payload:
     elif how == "rename":
         buffers[name + "_"] = buffers.pop(name)
     elif how == "object":
-        buffers[name] = draw(st.sampled_from([None, [1.0, 2.0], t.detach().numpy(), "bytes", t.to_sparse()
+        buffers[name] = draw(st.sampled_from([None, [1.0, 2.0], np.zeros(t.shape, dtype=np.float32), "bytes", t.to_sparse()
                                               if t.dim() else None]))
     elif how == "values":  # random contents of the right dtype and length (indices out of range...)
         raw = draw(st.binary(min_size=t.numel() * t.element_size(), max_size=t.numel() * t.element_size()))
