@@ -70,6 +70,8 @@ def _input(shape: tuple[int, ...], seed: int, dtype: torch.dtype) -> torch.Tenso
 
 
 def _retyped(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if t.is_complex():
+        t = t.real
     return t.to(dtype) if dtype != torch.complex64 else t.to(torch.float32).to(dtype)
 
 

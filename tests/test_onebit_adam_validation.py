@@ -148,3 +148,39 @@ def test_construction_either_succeeds_with_valid_values_or_raises_one_bit_adam_e
         assert not valid
     else:
         assert valid
+
+
+def _nan_on_one_rank(rank: int, world_size: int, stage_steps: int) -> dict:
+    """`stage_steps` finite steps, then one where only rank 1's gradient holds a NaN, then a finite one."""
+    from geotrain.optim import TorchCollective
+
+    model = _model()
+    opt = OneBitAdam(model.named_parameters(), lr=1e-2, warmup_steps=2, collective=TorchCollective())
+    for seed in range(stage_steps):
+        opt.step_workers([_grads(opt, 10 * seed + rank)[0]])
+    before = _snapshot(opt, model)
+    grad = _grads(opt, 77 + rank)[0]
+    if rank == 1:
+        grad[-2] = math.nan  # parameter "2.bias"
+    try:
+        opt.step_workers([grad])
+        refused = ""
+    except NonFiniteGradientError as error:
+        refused = str(error)
+    unchanged = _same_bits(before, _snapshot(opt, model))
+    opt.step_workers([_grads(opt, 88 + rank)[0]])  # no rank hangs: the next step runs on all of them
+    return {"refused": refused, "unchanged": unchanged, "momentum": opt.exp_avg.clone(), "step": opt.step_count}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage_steps", [1, 3], ids=["warm-up", "compression"])
+def test_every_rank_refuses_the_same_step_when_one_rank_sends_nan(stage_steps):
+    from geotrain.ddp import run_workers
+
+    results = run_workers(_nan_on_one_rank, 2, (stage_steps,), timeout_s=120)
+    for rank, result in enumerate(results):
+        assert "in parameter(s) 2.bias" in result["refused"] and result["unchanged"]
+        assert ("local worker(s) [1]" in result["refused"]) == (rank == 1)
+        assert ("another rank sent NaN/inf" in result["refused"]) == (rank == 0)
+        assert result["step"] == stage_steps + 1
+    assert torch.equal(results[0]["momentum"], results[1]["momentum"])  # still in sync after the refusal
