@@ -184,3 +184,18 @@ def test_every_rank_refuses_the_same_step_when_one_rank_sends_nan(stage_steps):
         assert ("another rank sent NaN/inf" in result["refused"]) == (rank == 0)
         assert result["step"] == stage_steps + 1
     assert torch.equal(results[0]["momentum"], results[1]["momentum"])  # still in sync after the refusal
+
+
+def test_a_saved_state_with_wrong_sizes_or_counts_is_refused_before_loading():
+    model = _model()
+    opt = OneBitAdam(model.parameters(), warmup_steps=1, collective=SimulatedCollective(2))
+    opt.step_workers(_grads(opt, 0))
+    good = opt.state_dict()
+    for key, value in (("worker_errors", [torch.zeros(3), torch.zeros(3)]), ("server_errors", []),
+                       ("exp_avg_sq", torch.zeros(2)), ("step_count", 1.5), ("warmup_steps", "2")):
+        bad = {**good, "onebit": {**good["onebit"], key: value}}
+        target = OneBitAdam(_model().parameters(), warmup_steps=1, collective=SimulatedCollective(2))
+        before = _snapshot(target, model)
+        with pytest.raises(OneBitAdamError, match="OneBitAdam state"):
+            target.load_state_dict(bad)
+        assert _same_bits(before, _snapshot(target, model))

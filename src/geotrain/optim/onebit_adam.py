@@ -249,6 +249,15 @@ class OneBitAdam(torch.optim.Optimizer):
                 denom = (v.sqrt() / variance_correction ** 0.5).add_(eps)
                 param.addcdiv_(m, denom, value=-lr / momentum_correction)
 
+    def _check_saved_tensors(self, onebit: dict[str, Any]) -> None:
+        """Moments and residuals of a saved state must have this optimizer's sizes (checked before loading)."""
+        local = len(self.collective.local_ranks)
+        expected = [self.layout.numel] * 2 + [self.layout.padded_numel] * local + [self.layout.chunk_numel] * local
+        found = _saved_sizes(onebit)
+        if found != expected:
+            raise OneBitAdamError(f"OneBitAdam state holds tensors of sizes {found[:6]}, this optimizer needs "
+                                  f"{expected[:6]} (moments, worker and server residuals): other parameters?")
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["onebit"] = {
@@ -269,13 +278,21 @@ class OneBitAdam(torch.optim.Optimizer):
             raise OneBitAdamError(f"state saved by ranks {onebit['local_ranks']} of {onebit['world_size']} cannot "
                                   f"load into ranks {list(self.collective.local_ranks)} of "
                                   f"{self.collective.world_size}: residuals belong to their rank")
-        if onebit["exp_avg"].numel() != self.layout.numel:
-            raise OneBitAdamError(f"state holds {onebit['exp_avg'].numel()} values, parameters have {self.layout.numel}")
+        self._check_saved_tensors(onebit)
+        step_count = parse_count(onebit["step_count"], "OneBitAdam state: step_count", error=OneBitAdamError)
+        warmup_steps = parse_count(onebit["warmup_steps"], "OneBitAdam state: warmup_steps", 1, OneBitAdamError)
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "onebit"})
-        self.step_count, self.warmup_steps = int(onebit["step_count"]), int(onebit["warmup_steps"])
+        self.step_count, self.warmup_steps = step_count, warmup_steps
         self.exp_avg, self.exp_avg_sq = onebit["exp_avg"].clone(), onebit["exp_avg_sq"].clone()
         self.worker_errors = [e.clone() for e in onebit["worker_errors"]]
         self.server_errors = [e.clone() for e in onebit["server_errors"]]
+
+
+def _saved_sizes(onebit: dict[str, Any]) -> list[int | None]:
+    """Sizes of the saved tensors in a fixed order (None where one is not a float tensor)."""
+    tensors = [onebit.get("exp_avg"), onebit.get("exp_avg_sq"), *list(onebit.get("worker_errors", [])),
+               *list(onebit.get("server_errors", []))]
+    return [t.numel() if isinstance(t, torch.Tensor) and t.is_floating_point() else None for t in tensors]
 
 
 def finite_number(value: Any, name: str, *, low: float, high: float = math.inf, low_open: bool = False,
