@@ -101,8 +101,8 @@ def _mutate_buffer(payload: Payload, draw) -> Payload:
     elif how == "rename":
         buffers[name + "_"] = buffers.pop(name)
     elif how == "object":
-        buffers[name] = draw(st.sampled_from([None, [1.0, 2.0], np.zeros(t.shape, dtype=np.float32), "bytes", t.to_sparse()
-                                              if t.dim() else None]))
+        sparse = t.to_sparse() if t.dim() else None
+        buffers[name] = draw(st.sampled_from([None, [1.0, 2.0], np.zeros(t.shape, dtype=np.float32), "bytes", sparse]))
     elif how == "values":  # random contents of the right dtype and length (indices out of range...)
         raw = draw(st.binary(min_size=t.numel() * t.element_size(), max_size=t.numel() * t.element_size()))
         buffers[name] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(t.dtype).reshape(t.shape) \
@@ -149,7 +149,8 @@ def _mutate_header(payload: Payload, draw) -> object:
         return dataclasses.replace(payload, meta=draw(st.sampled_from([None, [], "k=1", {1: 2}])))
     if how == "buffers":
         return dataclasses.replace(payload, buffers=draw(st.sampled_from([None, [], list(payload.buffers.values())])))
-    return draw(st.sampled_from([None, {}, payload.buffers, PayloadSpec(payload.codec, (1,), torch.float32, ()), "payload"]))
+    spec = PayloadSpec(payload.codec, (1,), torch.float32, ())
+    return draw(st.sampled_from([None, {}, payload.buffers, spec, "payload"]))
 
 
 MUTATIONS = [_mutate_buffer, _mutate_shape, _mutate_meta]

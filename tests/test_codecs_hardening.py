@@ -76,7 +76,8 @@ def test_int8_block_refuses_too_few_scales_and_block_size_zero():
 def test_sign_refuses_too_few_bytes_and_int8_a_missing_scale():
     sign = get_codec("sign")
     payload = sign.encode(torch.randn(100))
-    with pytest.raises(CodecError, match=r"buffer 'bits' must be torch.uint8 of shape \(13,\), got torch.uint8 of shape \(1,\)"):
+    with pytest.raises(CodecError, match=r"buffer 'bits' must be torch.uint8 of shape \(13,\), "
+                                         r"got torch.uint8 of shape \(1,\)"):
         sign.decode(_replace(payload, bits=payload.buffers["bits"][:1]))
     int8 = get_codec("int8")
     payload = int8.encode(torch.randn(5))

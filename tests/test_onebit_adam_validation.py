@@ -110,8 +110,9 @@ def test_one_workers_non_finite_gradient_is_refused_naming_the_parameter_and_sta
     before = _snapshot(opt, model)
     grads = _grads(opt, 99)
     grads[2][model[0].weight.numel() + 1] = bad  # worker 2, parameter "0.bias"
-    with pytest.raises(NonFiniteGradientError, match=r"in parameter\(s\) 0\.bias; non-finite gradient from "
-                                                     r"local worker\(s\) \[2\]\. Step refused, optimizer state unchanged"):
+    message = r"in parameter\(s\) 0\.bias; non-finite gradient from local worker\(s\) \[2\]\. Step refused, " \
+              r"optimizer state unchanged"
+    with pytest.raises(NonFiniteGradientError, match=message):
         opt.step_workers(grads)
     assert _same_bits(before, _snapshot(opt, model))
     # The next finite step runs as if the refused one never happened.

@@ -239,7 +239,8 @@ class Codec(ABC):
             tensor = checked.buffers[spec.name]
             if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
                 raise CodecError(f"{self.name!r} payload of shape {shape}: buffer {spec.name!r} must be "
-                                 f"{spec.dtype} of shape {spec.shape}, got {tensor.dtype} of shape {tuple(tensor.shape)}")
+                                 f"{spec.dtype} of shape {spec.shape}, "
+                                 f"got {tensor.dtype} of shape {tuple(tensor.shape)}")
         return Payload(self.name, {spec.name: checked.buffers[spec.name] for spec in expected}, shape,
                        payload.dtype, payload.meta)
 

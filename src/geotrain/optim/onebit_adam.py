@@ -154,8 +154,8 @@ class OneBitAdam(torch.optim.Optimizer):
         local = len(self.collective.local_ranks)
         if len(worker_grads) != local or any(not isinstance(g, torch.Tensor) or not g.is_floating_point()
                                              or g.numel() != self.layout.numel for g in worker_grads):
-            raise OneBitAdamError(f"need {local} flat float gradients of {self.layout.numel} values, got "
-                                  f"{[(g.numel(), str(g.dtype)) if isinstance(g, torch.Tensor) else type(g).__name__ for g in worker_grads]}")
+            got = [(g.numel(), str(g.dtype)) if isinstance(g, torch.Tensor) else type(g).__name__ for g in worker_grads]
+            raise OneBitAdamError(f"need {local} flat float gradients of {self.layout.numel} values, got {got}")
         beta1, beta2 = self.param_groups[0]["betas"]
         if not self.frozen:
             grad = self.collective.all_reduce_mean([g.float() for g in worker_grads])
