@@ -209,3 +209,14 @@ def test_registering_the_powersgd_hook_on_a_plain_module_is_a_clear_error():
         register_powersgd_hook(torch.nn.Sequential(torch.nn.Linear(3, 2)))
     with pytest.raises(GeotrainError, match="got dict$"):
         register_powersgd_hook({})
+
+
+def test_hook_and_reducer_states_refuse_a_fractional_iteration():
+    from geotrain.ddp.powersgd import PowerSGDConfig, PowerSGDLayout, PowerSGDReducer
+
+    config = PowerSGDConfig(rank=2)
+    reducer = PowerSGDReducer(PowerSGDLayout.build([("w", (8, 8))], config), config, 1)
+    state = reducer.state_dict()
+    for bad in (1.7, "3", -1):
+        with pytest.raises(CodecError, match="powersgd state: iteration must be an integer >= 0"):
+            reducer.load_state_dict({**state, "iteration": bad})

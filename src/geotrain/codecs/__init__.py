@@ -8,6 +8,7 @@ from geotrain.codecs.base import (
     NonFiniteGradientError,
     Payload,
     PayloadSpec,
+    parse_count,
     parse_flag,
 )
 from geotrain.codecs.cast import Bf16Codec, Fp16Codec, NoneCodec
@@ -47,6 +48,7 @@ __all__ = [
     "pack_payload",
     "pack_sign_bits",
     "parse_codec_spec",
+    "parse_count",
     "parse_flag",
     "payload_spec",
     "random_k_indices",

@@ -36,6 +36,7 @@ from geotrain.codecs import (
     PowerSGDCodec,
     get_codec,
     pack_payload,
+    parse_count,
     parse_flag,
     unpack_payload,
 )
@@ -83,7 +84,7 @@ class CodecHookState:
         wrong = [name for name, r in state.get("residuals", {}).items() if r.numel() != self.param_sizes[name]]
         if wrong:
             raise CodecError(f"hook state residuals do not match the parameters' sizes: {wrong[:5]}")
-        self.iteration = int(state.get("iteration", 0))
+        self.iteration = parse_count(state.get("iteration", 0), "hook state: iteration")  # 1.7, "3" refused
         self.residuals = {name: r.detach().cpu().clone() for name, r in state.get("residuals", {}).items()}
 
 

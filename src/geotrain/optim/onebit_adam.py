@@ -52,8 +52,7 @@ import numbers
 
 import torch
 
-from geotrain.codecs import NonFiniteGradientError, parse_flag
-from geotrain.codecs.base import parse_count
+from geotrain.codecs import NonFiniteGradientError, parse_count, parse_flag
 from geotrain.ddp.accounting import CommLedger
 from geotrain.errors import GeotrainError
 from geotrain.optim.collectives import Collective, SimulatedCollective
