@@ -9,6 +9,11 @@ both sides of a DDP bucket or a pipeline cut know the shapes in advance. Metadat
 data-dependent values (scales, counts...: those are buffers), so two workers that encode tensors of
 the same shape with the same codec get payloads with identical specs (`payload.spec()`), which is
 what an all-gather of packed payloads needs.
+
+decode trusts nothing in a payload: `Codec.decode` runs `checked_payload` (type, codec name, shape
+bounds, dtype, and exactly the buffers the codec's `payload_buffers` derives from shape and meta)
+before the codec's `_decode`, so a malformed payload raises CodecError, never another exception,
+and never makes decode allocate more than MAX_DECODE_NUMEL values.
 """
 
 from __future__ import annotations
