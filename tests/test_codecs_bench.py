@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
+import pytest
 import torch
 
 from geotrain.cli.main import main
@@ -53,3 +55,32 @@ def test_bench_codecs_table_and_codec_filter(capsys):
 def test_bench_codecs_rejects_unknown_rows(capsys):
     code, _, err = run_cli(capsys, "bench", "codecs", "--codec", "fp8")
     assert code == 2 and "unknown --codec 'fp8'" in err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--fraction", "0"], r"--fraction \(top-k share\) must be a number in \(0, 1\], got 0.0"),
+    (["--fraction", "1.5"], r"--fraction .*got 1.5"),
+    (["--fraction", "nan"], r"--fraction .*got nan"),
+    (["--sizes", "1.5"], r"--sizes must be integers in 1..2147483647 \(1e6 is fine\), got '1.5'"),
+    (["--sizes", "1e4", "0"], r"--sizes must be integers .*got '0'"),
+    (["--sizes", "-3"], r"--sizes .*got '-3'"),
+    (["--sizes", "inf"], r"--sizes .*got 'inf'"),
+    (["--sizes", "1e12"], r"--sizes .*got '1e12'"),
+    (["--sizes", "ten"], r"--sizes must be integers such as 1000000 or 1e6, got 'ten'"),
+    (["--repeats", "0"], r"--repeats must be an integer >= 1, got 0"),
+    (["--seed", "-1"], r"--seed must be an integer >= 0, got -1"),
+])
+def test_bench_codecs_refuses_bad_options_instead_of_changing_them(capsys, argv, message):
+    code, out, err = run_cli(capsys, "bench", "codecs", "--repeats", "1", *argv)
+    assert code == 2 and out == ""
+    assert re.search(message, err.strip().splitlines()[-1])
+
+
+def test_bench_config_checks_its_fields_and_keeps_integral_sizes():
+    from geotrain.bench.codecs import CodecBenchConfig, CodecBenchError, parse_size
+
+    assert parse_size("1e6") == 1_000_000 and parse_size("30000") == 30_000
+    with pytest.raises(CodecBenchError, match=r"--sizes must be an integer in 1..2147483647, got 1.5"):
+        CodecBenchConfig(sizes=(1.5,))
+    with pytest.raises(CodecBenchError, match=r"--fraction"):
+        CodecBenchConfig(topk_fraction=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -189,9 +190,19 @@ def test_unpack_rejects_wrong_length_and_dtype():
         unpack_payload(data.to(torch.int16), payload.spec())
 
 
-def test_set_step_rejects_negative_steps():
-    with pytest.raises(CodecError, match="step must be >= 0"):
-        get_codec("randk").set_step(-1)
+@pytest.mark.parametrize("step", [-1, 1.7, 3.0, "3", True, None])
+def test_set_step_rejects_anything_but_an_integer_at_least_zero(step):
+    codec = get_codec("randk")
+    codec.set_step(5)
+    with pytest.raises(CodecError, match=r"codec 'randk': step must be an integer >= 0, got"):
+        codec.set_step(step)
+    assert codec.step == 5  # refused, not coerced
+
+
+def test_set_step_takes_numpy_integers():
+    codec = get_codec("randk")
+    codec.set_step(np.int64(7))
+    assert codec.step == 7 and type(codec.step) is int
 
 
 def test_error_feedback_rejects_a_changed_shape():

@@ -85,7 +85,8 @@ def test_error_compensation_loses_nothing_over_many_steps(world):
     sent, true = torch.zeros(layout.numel), torch.zeros(layout.numel)
     for _ in range(25):
         momenta = [torch.randn(layout.numel, generator=generator) * 0.01 for _ in range(world)]
-        sent += opt._compressed_average(momenta)
+        averaged, opt.worker_errors, opt.server_errors = opt._compressed_average(momenta)  # step_workers commits so
+        sent += averaged
         true += sum(momenta) / world
     pending = sum(opt.worker_errors) / world
     pending[: layout.numel] += torch.cat([opt.server_errors[j] for j in range(world)])[: layout.numel]
@@ -168,7 +169,7 @@ def test_state_of_other_ranks_or_models_is_refused():
 
 def test_bad_arguments_are_named():
     params = make_model(TINY, 0).parameters()
-    with pytest.raises(OneBitAdamError, match="warmup_steps must be >= 1"):
+    with pytest.raises(OneBitAdamError, match=r"warmup_steps .*must be an integer >= 1, got 0"):
         OneBitAdam(params, warmup_steps=0)
     model = make_model(TINY, 0)
     opt = OneBitAdam(model.parameters(), collective=SimulatedCollective(2))

@@ -14,6 +14,8 @@ values) the approximate selection keeps.
 
 from __future__ import annotations
 
+import math
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,6 +24,8 @@ from typing import Any
 import torch
 
 from geotrain.codecs import CODECS, approx_topk_indices, get_codec, topk_indices
+from geotrain.codecs.base import MAX_DECODE_NUMEL
+from geotrain.errors import GeotrainError
 
 DEFAULT_SIZES: tuple[int, ...] = (1_000_000, 10_000_000)
 LARGE_SIZE = 100_000_000
@@ -44,14 +48,51 @@ TARGETS: tuple[tuple[str, float], ...] = (("fp16", 0.3), ("int8-block", 0.3), ("
 """(row label, minimum encode+decode throughput as a share of memcpy at 1e7 values)."""
 
 
+class CodecBenchError(GeotrainError, ValueError):
+    """A bad `bench codecs` option (named with its command-line flag and value)."""
+
+
 @dataclass(frozen=True)
 class CodecBenchConfig:
+    """sizes: values per tensor, integers in 1..2**31-1; topk_fraction in (0, 1]; threads, repeats >= 1;
+    seed >= 0. Checked here (CodecBenchError naming the command-line option), used as given: never rounded."""
+
     sizes: tuple[int, ...] = DEFAULT_SIZES
     variants: tuple[CodecVariant, ...] = DEFAULT_VARIANTS
     threads: int = 2
     repeats: int = 5
     topk_fraction: float = 0.01
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            raise CodecBenchError("--sizes: give at least one size")
+        for size in self.sizes:
+            _count("--sizes", size, 1, MAX_DECODE_NUMEL)
+        _count("--threads", self.threads, 1)
+        _count("--repeats", self.repeats, 1)
+        _count("--seed", self.seed, 0)
+        fraction = self.topk_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction <= 1:
+            raise CodecBenchError(f"--fraction (top-k share) must be a number in (0, 1], got {fraction!r}")
+
+
+def _count(option: str, value: object, minimum: int, maximum: int | None = None) -> None:
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Integral) and value >= minimum
+    if not ok or (maximum is not None and value > maximum):
+        limit = f"in {minimum}..{maximum}" if maximum is not None else f">= {minimum}"
+        raise CodecBenchError(f"{option} must be an integer {limit}, got {value!r}")
+
+
+def parse_size(text: str) -> int:
+    """A tensor size from the command line: '1000000', '1e6' (an integral value); 1.5, 0, -3, nan refused."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise CodecBenchError(f"--sizes must be integers such as 1000000 or 1e6, got {text[:40]!r}") from None
+    if not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_DECODE_NUMEL:
+        raise CodecBenchError(f"--sizes must be integers in 1..{MAX_DECODE_NUMEL} (1e6 is fine), got {text[:40]!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)

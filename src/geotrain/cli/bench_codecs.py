@@ -10,8 +10,8 @@ HELP = "codec encode+decode throughput (GB/s of fp32 input) as a ratio to memcpy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 1e7], metavar="N",
-                        help="tensor sizes in values (fp32)")
+    parser.add_argument("--sizes", nargs="+", default=["1e6", "1e7"], metavar="N",
+                        help="tensor sizes in values (fp32), integers (1e6 is fine)")
     parser.add_argument("--large", action="store_true", help="also 1e8 values (400 MB input, about 2 GB of RAM)")
     parser.add_argument("--codec", action="append", default=None, metavar="LABEL",
                         help="only this row (repeatable): a codec name or 'topk-sort' (topk with selection=sort, i.e. torch.topk)")
@@ -24,21 +24,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: Any) -> int:
-    from geotrain.bench.codecs import DEFAULT_VARIANTS, LARGE_SIZE, CodecBenchConfig, run_codec_bench
+    from geotrain.bench.codecs import (
+        DEFAULT_VARIANTS,
+        LARGE_SIZE,
+        CodecBenchConfig,
+        CodecBenchError,
+        parse_size,
+        run_codec_bench,
+    )
     from geotrain.cli.output import Output
-    from geotrain.codecs import CodecError
 
-    sizes = [int(size) for size in args.sizes] + ([LARGE_SIZE] if args.large else [])
-    if any(size < 1 for size in sizes):
-        raise CodecError(f"--sizes must be >= 1, got {args.sizes}")
-    if args.threads < 1 or args.repeats < 1:
-        raise CodecError(f"--threads and --repeats must be >= 1, got {args.threads} and {args.repeats}")
+    sizes = [parse_size(str(size)) for size in args.sizes] + ([LARGE_SIZE] if args.large else [])
     variants = DEFAULT_VARIANTS
     if args.codec:
         known = [variant.label for variant in DEFAULT_VARIANTS]
         unknown = [label for label in args.codec if label not in known]
         if unknown:
-            raise CodecError(f"unknown --codec {', '.join(map(repr, unknown))} (known: {', '.join(known)})")
+            raise CodecBenchError(f"unknown --codec {', '.join(map(repr, unknown))} (known: {', '.join(known)})")
         variants = tuple(variant for variant in DEFAULT_VARIANTS if variant.label in args.codec)
     config = CodecBenchConfig(sizes=tuple(dict.fromkeys(sizes)), variants=variants, threads=args.threads,
                               repeats=args.repeats, topk_fraction=args.fraction, seed=args.seed)

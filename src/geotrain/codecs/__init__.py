@@ -8,6 +8,8 @@ from geotrain.codecs.base import (
     NonFiniteGradientError,
     Payload,
     PayloadSpec,
+    parse_count,
+    parse_flag,
 )
 from geotrain.codecs.cast import Bf16Codec, Fp16Codec, NoneCodec
 from geotrain.codecs.feedback import ErrorFeedback, ErrorFeedbackBank
@@ -15,6 +17,7 @@ from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
 from geotrain.codecs.registry import CODECS, codec_params, get_codec
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
+from geotrain.codecs.spec import parse_codec_spec
 from geotrain.codecs.sign import SignCodec, pack_sign_bits, unpack_sign_bits
 from geotrain.codecs.sparse import RandKCodec, TopKCodec
 from geotrain.codecs.wire import pack_payload, payload_spec, unpack_payload
@@ -44,6 +47,9 @@ __all__ = [
     "get_codec",
     "pack_payload",
     "pack_sign_bits",
+    "parse_codec_spec",
+    "parse_count",
+    "parse_flag",
     "payload_spec",
     "random_k_indices",
     "topk_indices",

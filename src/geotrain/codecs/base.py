@@ -9,11 +9,17 @@ both sides of a DDP bucket or a pipeline cut know the shapes in advance. Metadat
 data-dependent values (scales, counts...: those are buffers), so two workers that encode tensors of
 the same shape with the same codec get payloads with identical specs (`payload.spec()`), which is
 what an all-gather of packed payloads needs.
+
+decode trusts nothing in a payload: `Codec.decode` runs `checked_payload` (type, codec name, shape
+bounds, dtype, and exactly the buffers the codec's `payload_buffers` derives from shape and meta)
+before the codec's `_decode`, so a malformed payload raises CodecError, never another exception,
+and never makes decode allocate more than MAX_DECODE_NUMEL values.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +39,44 @@ class CodecTypeError(CodecError, TypeError):
 
 class NonFiniteGradientError(GeotrainError, ValueError):
     """The input holds NaN or inf and the codec was not told to pass them through."""
+
+
+MAX_DECODE_NUMEL = 2**31 - 1
+"""The most values `decode` allocates (8 GiB of fp32): a payload whose shape claims more is refused
+before anything is allocated (a sparse payload of a few bytes may describe a huge tensor)."""
+
+MAX_DIMS = 64
+"""The most dimensions a payload's shape may have."""
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+"""The dtypes codecs encode and decode to."""
+
+_FLAGS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+def parse_flag(value: Any, where: str, error: type[Exception] = CodecError) -> bool:
+    """A boolean from True/False, 1/0 or the words true/false/yes/no/1/0 (any case); anything else
+    raises `error` naming `where` (`bool("no")` is True: never coerce with bool())."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, numbers.Integral) and int(value) in (0, 1):
+        return bool(int(value))
+    if isinstance(value, str) and value.strip().lower() in _FLAGS:
+        return _FLAGS[value.strip().lower()]
+    raise error(f"{where} must be a boolean (true/false, yes/no, 1/0), got {_short(value)}")
+
+
+def parse_count(value: Any, where: str, minimum: int = 0, error: type[Exception] = CodecError) -> int:
+    """An integer >= `minimum` given as an int (numpy ints too); floats, strings and bools raise `error`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < minimum:
+        raise error(f"{where} must be an integer >= {minimum}, got {_short(value)}")
+    return int(value)
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """repr(value) cut to `limit` characters (error messages echo at most that much of a bad value)."""
+    text = repr(value) if not isinstance(value, torch.Tensor) else f"tensor of shape {tuple(value.shape)}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -104,16 +148,30 @@ class Codec(ABC):
     summable: bool = False
 
     def __init__(self, *, allow_nonfinite: bool = False) -> None:
-        self.allow_nonfinite = bool(allow_nonfinite)
+        self.allow_nonfinite = parse_flag(allow_nonfinite, f"{self.name}: allow_nonfinite")
         self.step = 0
 
     @abstractmethod
     def encode(self, tensor: torch.Tensor) -> Payload:
         """Compress `tensor` (any float dtype, any shape, may be empty)."""
 
-    @abstractmethod
     def decode(self, payload: Payload) -> torch.Tensor:
-        """Reconstruct a tensor of the payload's shape and dtype."""
+        """Reconstruct a tensor of the payload's shape and dtype.
+
+        The payload is checked first (`checked_payload`): any malformed payload raises CodecError
+        before anything is allocated or read; `_decode` then trusts it.
+        """
+        return self._decode(self.checked_payload(payload))
+
+    @abstractmethod
+    def _decode(self, payload: Payload) -> torch.Tensor:
+        """decode() of a payload that `checked_payload` accepted."""
+
+    @abstractmethod
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        """The buffers (names, dtypes, shapes, in wire order) a payload with this shape and meta must
+        carry; reads `payload.shape` (already checked) and `payload.meta` (through `_meta_count`),
+        and raises CodecError for metadata this codec cannot decode."""
 
     @abstractmethod
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
@@ -125,10 +183,9 @@ class Codec(ABC):
 
     def set_step(self, step: int) -> None:
         """Set the step counter used by seeded codecs (randk's mask, powersgd's start); workers that
-        set the same step before encoding agree on everything random. Harmless for other codecs."""
-        if int(step) < 0:
-            raise CodecError(f"step must be >= 0, got {step}")
-        self.step = int(step)
+        set the same step before encoding agree on everything random. Harmless for other codecs.
+        An integer >= 0 (1.7, '3' and True are refused, not coerced)."""
+        self.step = parse_count(step, f"codec {self.name!r}: step")
 
     def expected_spec(self, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> PayloadSpec:
         """The spec of encode(x) for any x of this shape and dtype at the current step (to size receive buffers)."""
@@ -153,12 +210,56 @@ class Codec(ABC):
                                  f"(float16, bfloat16, float32, float64), got {tensor.dtype}")
         return tensor.detach().cpu().contiguous()
 
-    def _check_payload(self, payload: Payload, *names: str) -> None:
-        if payload.codec != self.name:
-            raise CodecError(f"codec {self.name!r} cannot decode a {payload.codec!r} payload")
-        missing = [name for name in names if name not in payload.buffers]
-        if missing:
-            raise CodecError(f"{self.name!r} payload lacks buffers {missing} (has {sorted(payload.buffers)})")
+    def checked_payload(self, payload: Payload) -> Payload:
+        """`payload` if it is one this codec can decode, as a Payload with a tuple-of-int shape and
+        detached buffers; else CodecError (never another exception).
+
+        Checks, before anything is allocated: the type, the codec name, the shape (<= MAX_DIMS
+        non-negative ints, <= MAX_DECODE_NUMEL values), the dtype (FLOAT_DTYPES), and that the
+        buffers are exactly the dense CPU tensors `payload_buffers` expects, name by name, with the
+        expected dtype and shape. Codecs whose buffers hold positions (topk) check their range too.
+        """
+        if not isinstance(payload, Payload):
+            raise CodecError(f"codec {self.name!r} decodes a Payload, got {type(payload).__name__}")
+        if not isinstance(payload.codec, str) or payload.codec != self.name:
+            raise CodecError(f"codec {self.name!r} cannot decode a {_short(payload.codec)} payload")
+        shape = checked_shape(payload.shape, f"{self.name!r} payload shape")
+        if not isinstance(payload.dtype, torch.dtype) or payload.dtype not in FLOAT_DTYPES:
+            raise CodecError(f"{self.name!r} payload dtype must be one of "
+                             f"{', '.join(str(d) for d in FLOAT_DTYPES)}, got {_short(payload.dtype)}")
+        if not isinstance(payload.meta, dict) or not isinstance(payload.buffers, dict):
+            raise CodecError(f"{self.name!r} payload meta and buffers must be dicts, got "
+                             f"{type(payload.meta).__name__} and {type(payload.buffers).__name__}")
+        for name, tensor in payload.buffers.items():
+            if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.strided or tensor.device.type != "cpu":
+                raise CodecError(f"{self.name!r} payload buffer {_short(name)} must be a dense CPU tensor, "
+                                 f"got {_short(tensor)}")
+        checked = Payload(self.name, {name: t.detach() for name, t in payload.buffers.items()}, shape,
+                          payload.dtype, payload.meta)
+        expected = self.payload_buffers(checked)
+        names = [spec.name for spec in expected]
+        if set(checked.buffers) != set(names):
+            raise CodecError(f"{self.name!r} payload must carry buffers {names}, has {_short(list(checked.buffers))}")
+        for spec in expected:
+            tensor = checked.buffers[spec.name]
+            if tensor.dtype != spec.dtype or tuple(tensor.shape) != spec.shape:
+                raise CodecError(f"{self.name!r} payload of shape {shape}: buffer {spec.name!r} must be "
+                                 f"{spec.dtype} of shape {spec.shape}, "
+                                 f"got {tensor.dtype} of shape {tuple(tensor.shape)}")
+        return Payload(self.name, {spec.name: checked.buffers[spec.name] for spec in expected}, shape,
+                       payload.dtype, payload.meta)
+
+    def _meta_count(self, payload: Payload, key: str, default: int | None, minimum: int = 0,
+                    maximum: int = 2**63 - 1) -> int:
+        """Integer metadata `key` in [minimum, maximum] (`default` when absent and not None), else CodecError."""
+        if key not in payload.meta and default is not None:
+            return default
+        value = payload.meta.get(key)
+        where = f"{self.name!r} payload meta {key!r}"
+        count = parse_count(value, where, minimum)
+        if count > maximum:
+            raise CodecError(f"{where} must be <= {maximum}, got {_short(value)}")
+        return count
 
     def _raise_if_nonfinite(self, tensor: torch.Tensor, reduced: torch.Tensor | float,
                             wire: torch.Tensor | None = None) -> None:
@@ -184,6 +285,18 @@ class Codec(ABC):
         if wire is not None and not bool(torch.isfinite(wire).all()):
             raise CodecError(f"codec {self.name!r}: finite input of shape {tuple(tensor.shape)} overflows the "
                              f"wire format (max |x| = {float(tensor.abs().max()):.3g}); scale it down first")
+
+
+def checked_shape(shape: Any, where: str) -> tuple[int, ...]:
+    """`shape` as a tuple of ints if it is a tuple/list of <= MAX_DIMS integers >= 0 with at most
+    MAX_DECODE_NUMEL values in all; else CodecError naming `where`."""
+    if not isinstance(shape, (tuple, list, torch.Size)) or len(shape) > MAX_DIMS:
+        raise CodecError(f"{where} must be a tuple of at most {MAX_DIMS} integers, got {_short(shape)}")
+    dims = tuple(parse_count(dim, f"{where} {_short(shape)}: every dimension") for dim in shape)
+    if max(dims, default=0) > MAX_DECODE_NUMEL or math.prod(dims) > MAX_DECODE_NUMEL:
+        raise CodecError(f"{where} {_short(dims)} holds {math.prod(dims):.3g} values, more than the "
+                         f"{MAX_DECODE_NUMEL} a codec decodes")
+    return dims
 
 
 def numel_of(shape: tuple[int, ...]) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from geotrain.codecs.base import Codec, Payload, extremes, numel_of
+from geotrain.codecs.base import BufferSpec, Codec, Payload, extremes, numel_of
 from geotrain.codecs.buffers import converted
 
 
@@ -28,8 +28,10 @@ class CastCodec(Codec):
         self._raise_if_nonfinite(x, extremes(wire), wire=wire)
         return Payload(self.name, {"values": wire}, tuple(tensor.shape), tensor.dtype)
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        self._check_payload(payload, "values")
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        return (BufferSpec("values", self.wire_dtype, (payload.numel,)),)
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
         return converted(payload.buffers["values"], payload.dtype).reshape(payload.shape)
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs.base import Codec, CodecError, Payload, extremes, numel_of
+from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, extremes, numel_of
 from geotrain.codecs.buffers import converted, new_buffer
 from geotrain.codecs.selection import seeded_generator
 
@@ -66,14 +66,27 @@ class PowerSGDCodec(Codec):
         start = torch.randn(m, r, generator=seeded_generator(self.seed, self.step, n, m))
         p = orthonormal_columns(matrix @ start)
         q = matrix.T @ p
+        # Finite values near float32's limit can overflow the products (then P, Q hold inf/NaN).
+        self._raise_if_nonfinite(x, extremes(q), wire=q)
         return Payload(self.name, {"p": p.contiguous(), "q": q.contiguous()}, shape, tensor.dtype,
                        {"rank": r, "step": self.step})
 
-    def decode(self, payload: Payload) -> torch.Tensor:
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        """raw (n,) when meta rank is 0; else P (rows x r) and Q (cols x r), r <= min(rows, cols)."""
+        shape = payload.shape
+        self._meta_count(payload, "step", 0)
+        if len(shape) < 2:
+            rank = self._meta_count(payload, "rank", 0, maximum=0)
+        else:
+            rows, cols = shape[0], numel_of(shape[1:])
+            rank = self._meta_count(payload, "rank", None, maximum=min(rows, cols))
+        if rank == 0:
+            return (BufferSpec("raw", torch.float32, (payload.numel,)),)
+        return BufferSpec("p", torch.float32, (rows, rank)), BufferSpec("q", torch.float32, (cols, rank))
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
         if "raw" in payload.buffers:
-            self._check_payload(payload, "raw")
             return converted(payload.buffers["raw"], payload.dtype).reshape(payload.shape)
-        self._check_payload(payload, "p", "q")
         p, q = payload.buffers["p"], payload.buffers["q"]
         matrix = new_buffer(p.shape[0] * q.shape[0], torch.float32).view(p.shape[0], q.shape[0])
         torch.matmul(p, q.T, out=matrix)

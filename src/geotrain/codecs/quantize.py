@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from geotrain.codecs.base import Codec, CodecError, Payload, numel_of
+from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, numel_of
 
 _FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 
@@ -38,8 +38,10 @@ class Int8Codec(Codec):
         codes, scales = quantize(self, x, block=None)
         return Payload(self.name, {"codes": codes, "scales": scales}, tuple(tensor.shape), tensor.dtype)
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        self._check_payload(payload, "codes", "scales")
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        return _int8_buffers(payload.numel, 1)
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
         return dequantize(payload, block=None)
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
@@ -66,13 +68,21 @@ class Int8BlockCodec(Codec):
         return Payload(self.name, {"codes": codes, "scales": scales}, tuple(tensor.shape), tensor.dtype,
                        {"block_size": self.block_size})
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        self._check_payload(payload, "codes", "scales")
-        return dequantize(payload, block=int(payload.meta.get("block_size", self.block_size)))
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        block = self._meta_count(payload, "block_size", self.block_size, minimum=1)
+        return _int8_buffers(payload.numel, -(-payload.numel // block))
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
+        return dequantize(payload, block=self._meta_count(payload, "block_size", self.block_size, minimum=1))
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         n = numel_of(shape)
         return n + 4 * (-(-n // self.block_size))
+
+
+def _int8_buffers(numel: int, groups: int) -> tuple[BufferSpec, ...]:
+    """The wire buffers of n values in `groups` groups: int8 codes and one fp32 scale per group."""
+    return BufferSpec("codes", torch.int8, (numel,)), BufferSpec("scales", torch.float32, (groups,))
 
 
 def quantize(codec: Codec, x: torch.Tensor, block: int | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from numba import njit
 
-from geotrain.codecs.base import Codec, Payload, numel_of
+from geotrain.codecs.base import BufferSpec, Codec, Payload, numel_of
 from geotrain.codecs.buffers import new_buffer
 
 
@@ -35,8 +35,10 @@ class SignCodec(Codec):
         self._raise_if_nonfinite(x, scale, wire=scale)
         return Payload(self.name, {"bits": pack_sign_bits(flat), "scale": scale}, tuple(tensor.shape), tensor.dtype)
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        self._check_payload(payload, "bits", "scale")
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        return BufferSpec("bits", torch.uint8, (-(-payload.numel // 8),)), BufferSpec("scale", torch.float32, (1,))
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
         out = new_buffer(payload.numel, torch.float32)
         scale = np.float32(payload.buffers["scale"].reshape(-1)[0].item())
         _unpack_signs(payload.buffers["bits"].contiguous().numpy(), scale, out.numpy())

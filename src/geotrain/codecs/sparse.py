@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs.base import Codec, CodecError, Payload, extremes, numel_of
+from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, extremes, numel_of
 from geotrain.codecs.buffers import new_zeros
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
 
@@ -52,9 +52,17 @@ class SparseCodec(Codec):
 
     def _values(self, flat: torch.Tensor, indices: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
         values = flat[indices].to(_VALUE_DTYPES[self.value_dtype])
-        if self.value_dtype != "fp32":  # fp16 values may overflow even for finite input
-            self._raise_if_nonfinite(original, extremes(values), wire=values)
+        # Finite input may still overflow the wire values: fp16 above 65504, float64 above float32's
+        # range. k values only, so this check is cheap.
+        self._raise_if_nonfinite(original, extremes(values), wire=values)
         return values
+
+    @staticmethod
+    def _value_spec(payload: Payload, k: int) -> BufferSpec:
+        """The values buffer: k values, fp16 if the payload sends fp16, else fp32."""
+        values = payload.buffers.get("values")
+        dtype = torch.float16 if isinstance(values, torch.Tensor) and values.dtype == torch.float16 else torch.float32
+        return BufferSpec("values", dtype, (k,))
 
     def _scatter(self, payload: Payload, indices: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         out = new_zeros(payload.numel, torch.float32)
@@ -100,9 +108,18 @@ class TopKCodec(SparseCodec):
         buffers = {"indices": indices.to(torch.int32), "values": self._values(flat, indices, x)}
         return Payload(self.name, buffers, tuple(tensor.shape), tensor.dtype, {"k": k})
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        self._check_payload(payload, "indices", "values")
-        return self._scatter(payload, payload.buffers["indices"].to(torch.int64), payload.buffers["values"])
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        k = self._meta_count(payload, "k", None, maximum=payload.numel)
+        return BufferSpec("indices", torch.int32, (k,)), self._value_spec(payload, k)
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
+        indices = payload.buffers["indices"]
+        if indices.numel():
+            low, high = torch.aminmax(indices)
+            if int(low) < 0 or int(high) >= payload.numel:
+                raise CodecError(f"'topk' payload of shape {payload.shape}: indices must lie in "
+                                 f"0..{payload.numel - 1}, got {int(low)}..{int(high)}")
+        return self._scatter(payload, indices.to(torch.int64), payload.buffers["values"])
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         return self.k_for(numel_of(shape)) * (4 + self._value_bytes())
@@ -133,10 +150,18 @@ class RandKCodec(SparseCodec):
         return Payload(self.name, {"values": values}, tuple(tensor.shape), tensor.dtype,
                        {"k": indices.numel(), "step": self.step, "seed": self.seed})
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        self._check_payload(payload, "values")
-        step = int(payload.meta.get("step", self.step))
-        seed = int(payload.meta.get("seed", self.seed))
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        k = self.k_for(payload.numel)  # the mask is redrawn here: its size follows this codec's fraction
+        if self._meta_count(payload, "k", k) != k:
+            raise CodecError(f"'randk' payload of shape {payload.shape} says k={payload.meta['k']!r}, but this "
+                             f"codec (fraction={self.fraction}) keeps k={k}: encode and decode with one fraction")
+        self._meta_count(payload, "step", self.step)
+        self._meta_count(payload, "seed", self.seed)
+        return (self._value_spec(payload, k),)
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
+        step = self._meta_count(payload, "step", self.step)
+        seed = self._meta_count(payload, "seed", self.seed)
         indices = random_k_indices(payload.numel, self.k_for(payload.numel), seed=seed, step=step)
         return self._scatter(payload, indices, payload.buffers["values"])
 

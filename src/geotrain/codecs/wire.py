@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from geotrain.codecs.base import CodecError, Payload, PayloadSpec
+from geotrain.codecs.base import BufferSpec, CodecError, Payload, PayloadSpec, checked_shape
 
 
 def payload_spec(payload: Payload) -> PayloadSpec:
@@ -28,7 +28,13 @@ def pack_payload(payload: Payload) -> torch.Tensor:
 
 
 def unpack_payload(data: torch.Tensor, spec: PayloadSpec) -> Payload:
-    """Rebuild a payload from `data` (1-D uint8, as pack_payload made it) and its spec; bit-exact."""
+    """Rebuild a payload from `data` (1-D uint8, as pack_payload made it) and its spec; bit-exact.
+
+    A malformed spec (buffer shapes that are not non-negative ints, repeated names, non-dtypes) or
+    data of the wrong type or length raises CodecError; decode then checks the payload itself."""
+    _check_spec(spec)
+    if not isinstance(data, torch.Tensor):
+        raise CodecError(f"packed payload must be a 1-D uint8 tensor, got {type(data).__name__}")
     if data.dtype != torch.uint8 or data.dim() != 1:
         raise CodecError(f"packed payload must be a 1-D uint8 tensor, got {data.dtype} of shape {tuple(data.shape)}")
     if data.numel() != spec.nbytes:
@@ -42,6 +48,21 @@ def unpack_payload(data: torch.Tensor, spec: PayloadSpec) -> Payload:
         buffers[buffer.name] = chunk.view(buffer.dtype).reshape(buffer.shape)
         offset += buffer.nbytes
     return Payload(spec.codec, buffers, tuple(spec.shape), spec.dtype, dict(spec.meta))
+
+
+def _check_spec(spec: PayloadSpec) -> None:
+    if not isinstance(spec, PayloadSpec) or not isinstance(spec.buffers, tuple) or not isinstance(spec.meta, dict):
+        raise CodecError(f"unpack_payload needs a PayloadSpec with a tuple of buffers and a meta dict, "
+                         f"got {str(spec)[:80]}")
+    checked_shape(spec.shape, f"{spec.codec!r} payload spec shape")
+    names = set()
+    for buffer in spec.buffers:
+        if not isinstance(buffer, BufferSpec) or not isinstance(buffer.name, str) or buffer.name in names \
+                or not isinstance(buffer.dtype, torch.dtype):
+            raise CodecError(f"{spec.codec!r} payload spec: buffers must be BufferSpecs with distinct names "
+                             f"and torch dtypes, got {str(buffer)[:80]}")
+        checked_shape(buffer.shape, f"{spec.codec!r} payload spec: buffer {buffer.name!r} shape")
+        names.add(buffer.name)
 
 
 def _as_bytes(buffer: torch.Tensor) -> torch.Tensor:

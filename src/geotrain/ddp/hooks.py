@@ -29,8 +29,19 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs import Codec, CodecError, Payload, PowerSGDCodec, get_codec, pack_payload, unpack_payload
+from geotrain.codecs import (
+    Codec,
+    CodecError,
+    Payload,
+    PowerSGDCodec,
+    get_codec,
+    pack_payload,
+    parse_count,
+    parse_flag,
+    unpack_payload,
+)
 from geotrain.ddp.accounting import CommLedger, tensor_bytes
+from geotrain.ddp.hook_target import require_ddp_model
 from geotrain.ddp.powersgd_hook import PowerSGDHookState, register_powersgd_hook
 
 GRANULARITIES = ("tensor", "bucket")
@@ -73,7 +84,7 @@ class CodecHookState:
         wrong = [name for name, r in state.get("residuals", {}).items() if r.numel() != self.param_sizes[name]]
         if wrong:
             raise CodecError(f"hook state residuals do not match the parameters' sizes: {wrong[:5]}")
-        self.iteration = int(state.get("iteration", 0))
+        self.iteration = parse_count(state.get("iteration", 0), "hook state: iteration")  # 1.7, "3" refused
         self.residuals = {name: r.detach().cpu().clone() for name, r in state.get("residuals", {}).items()}
 
 
@@ -87,7 +98,9 @@ def register_codec_hook(ddp_model: Any, codec: Codec | str, error_feedback: bool
     its hook settings start_powersgd_iter and min_compression_rate)."""
     import torch.distributed as dist
 
-    if codec == "powersgd" or isinstance(codec, PowerSGDCodec):
+    module = require_ddp_model(ddp_model, "register_codec_hook")
+    error_feedback = parse_flag(error_feedback, "register_codec_hook: error_feedback")
+    if (isinstance(codec, str) and codec == "powersgd") or isinstance(codec, PowerSGDCodec):
         if granularity != "tensor":
             raise CodecError(f"powersgd compresses each parameter's matrix; granularity must be 'tensor', "
                              f"got {granularity!r}")
@@ -104,8 +117,8 @@ def register_codec_hook(ddp_model: Any, codec: Codec | str, error_feedback: bool
         raise CodecError(f"register_codec_hook needs a Codec or a codec name, got {type(codec).__name__}")
     if granularity not in GRANULARITIES:
         raise CodecError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
-    named = list(ddp_model.module.named_parameters())
-    state = CodecHookState(codec, process_group, dist.get_world_size(process_group), bool(error_feedback),
+    named = list(module.named_parameters())
+    state = CodecHookState(codec, process_group, dist.get_world_size(process_group), error_feedback,
                            granularity, {id(param): name for name, param in named},
                            {name: index for index, (name, _) in enumerate(named)},
                            {name: param.numel() for name, param in named})

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs import CodecError, NonFiniteGradientError
+from geotrain.codecs import CodecError, NonFiniteGradientError, parse_count, parse_flag
 from geotrain.codecs.powersgd import orthonormal_columns
 from geotrain.codecs.selection import seeded_generator
 
@@ -86,6 +86,8 @@ class PowerSGDConfig:
                              f"got {self.min_compression_rate!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise CodecError(f"powersgd: seed must be an integer >= 0, got {self.seed!r}")
+        for name in ("error_feedback", "allow_nonfinite"):  # strict: "no" is False, "maybe" is refused
+            object.__setattr__(self, name, parse_flag(getattr(self, name), f"powersgd: {name}"))
 
 
 def compressed_rank(shape: Sequence[int], config: PowerSGDConfig) -> int:
@@ -285,7 +287,7 @@ class PowerSGDReducer:
                 if i is None or not self.layout.ranks[i] or r.numel() != self.layout.numel(i):
                     raise CodecError(f"powersgd state has a residual for {name!r} ({r.numel()} values) that this "
                                      f"model does not take")
-        self.iteration = int(state.get("iteration", 0))
+        self.iteration = parse_count(state.get("iteration", 0), "powersgd state: iteration")  # 1.7 refused
         self.qs = {name: q.detach().cpu().to(torch.float32).clone() for name, q in state.get("qs", {}).items()}
         self.residuals = [{name: r.detach().cpu().to(torch.float32).reshape(-1).clone() for name, r in worker.items()}
                           for worker in residuals]

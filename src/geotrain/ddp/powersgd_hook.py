@@ -27,6 +27,7 @@ import torch
 
 from geotrain.codecs import CodecError, PowerSGDCodec
 from geotrain.ddp.accounting import CommLedger, tensor_bytes
+from geotrain.ddp.hook_target import require_ddp_model
 from geotrain.ddp.powersgd import PowerSGDConfig, PowerSGDLayout, PowerSGDReducer
 
 CONFIG_FIELDS = tuple(f.name for f in fields(PowerSGDConfig))
@@ -92,14 +93,15 @@ def register_powersgd_hook(ddp_model: Any, error_feedback: bool = True, *, proce
     """
     import torch.distributed as dist
 
+    module = require_ddp_model(ddp_model, "register_powersgd_hook")
     unknown = sorted(set(config) - set(CONFIG_FIELDS) - {"error_feedback"})
     if unknown:
         raise CodecError(f"powersgd hook has no parameter(s) {', '.join(unknown)} (allowed: "
                          f"{', '.join(name for name in CONFIG_FIELDS if name != 'error_feedback')})")
     if codec is not None:
         config = {"rank": codec.rank, "seed": codec.seed, "allow_nonfinite": codec.allow_nonfinite, **config}
-    config["error_feedback"] = bool(config.get("error_feedback", error_feedback))
-    named = [(name, param) for name, param in ddp_model.module.named_parameters() if param.requires_grad]
+    config["error_feedback"] = config.get("error_feedback", error_feedback)  # PowerSGDConfig parses the flag
+    named = [(name, param) for name, param in module.named_parameters() if param.requires_grad]
     settings = PowerSGDConfig(**config)
     layout = PowerSGDLayout.build([(name, tuple(param.shape)) for name, param in named], settings)
     world_size = dist.get_world_size(process_group)

@@ -33,6 +33,13 @@ compression (p + 1) x message_bytes ~ n/8 (1 + 1/p) (one all-to-all, one all-gat
 In one process with p simulated workers, call `step_workers([flat_grad_0, ..., flat_grad_p-1])`;
 across processes, each rank calls `step()` after `backward()` (do not wrap the model in DDP: the
 optimizer does the gradient communication itself).
+
+Non-finite gradients (the codecs' policy): NaN/inf in any worker's gradient reaches every rank
+through the collectives (the fp32 all-reduce; in the 1-bit stage through the poisoned segment's
+scale), so every rank checks the averaged result and raises NonFiniteGradientError naming the
+parameters, at the same step, before anything changes: moments, residuals, step count and
+parameters stay bit for bit as they were (the new residuals are computed aside and committed only
+after the check). No extra collective is needed. `allow_nonfinite=True` lets them through.
 """
 
 from __future__ import annotations
@@ -40,8 +47,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import math
+import numbers
+
 import torch
 
+from geotrain.codecs import NonFiniteGradientError, parse_count, parse_flag
 from geotrain.ddp.accounting import CommLedger
 from geotrain.errors import GeotrainError
 from geotrain.optim.collectives import Collective, SimulatedCollective
@@ -61,31 +72,41 @@ class OneBitAdam(torch.optim.Optimizer):
     max_grad_norm: clip the averaged warm-up gradient to this L2 norm; None: off.
     clip_local: also clip each worker's local gradient to max_grad_norm after the freeze.
     variance_floor: lowest frozen sqrt(v) as a fraction of its tensor's mean sqrt(v) (0: none).
+    allow_nonfinite: False (default, the codecs' policy) -> a step whose averaged gradient (warm-up)
+        or averaged momentum (compression) holds NaN/inf raises NonFiniteGradientError naming the
+        parameters, on every rank, before any state changes; True -> they propagate (old behaviour).
+    Every argument is checked here (finite numbers in range, integer warmup_steps, two betas, strict
+    flags): OneBitAdamError otherwise. Parameters may be given as `model.named_parameters()`, so
+    that errors name them.
     """
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, *, warmup_steps: int = 100,
                  collective: Collective | None = None, max_grad_norm: float | None = None,
-                 clip_local: bool = False, variance_floor: float = 0.1) -> None:
-        if lr < 0 or eps <= 0 or weight_decay < 0:
-            raise OneBitAdamError(f"need lr >= 0, eps > 0, weight_decay >= 0; got {lr}, {eps}, {weight_decay}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise OneBitAdamError(f"betas must be in [0, 1), got {betas}")
-        if warmup_steps < 1:
-            raise OneBitAdamError(f"warmup_steps must be >= 1 (the variance needs estimating), got {warmup_steps}")
-        if not 0.0 <= variance_floor <= 1.0:
-            raise OneBitAdamError(f"variance_floor must be in [0, 1], got {variance_floor}")
-        if max_grad_norm is not None and max_grad_norm <= 0:
-            raise OneBitAdamError(f"max_grad_norm must be > 0 or None, got {max_grad_norm}")
-        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
+                 clip_local: bool = False, variance_floor: float = 0.1, allow_nonfinite: bool = False) -> None:
+        _check_group_options({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, "")
+        self.warmup_steps = parse_count(warmup_steps, "OneBitAdam: warmup_steps (the variance needs estimating)",
+                                        minimum=1, error=OneBitAdamError)
+        self.max_grad_norm = None if max_grad_norm is None else \
+            finite_number(max_grad_norm, "max_grad_norm (or None: no clipping)", low=0.0, low_open=True)
+        self.clip_local = parse_flag(clip_local, "OneBitAdam: clip_local", error=OneBitAdamError)
+        self.allow_nonfinite = parse_flag(allow_nonfinite, "OneBitAdam: allow_nonfinite", error=OneBitAdamError)
+        self.variance_floor = finite_number(variance_floor, "variance_floor", low=0.0, high=1.0)
+        self.collective: Collective = _checked_collective(collective)
+        try:
+            super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+        except (TypeError, ValueError) as exc:  # torch's own checks of `params` (empty, not tensors...)
+            raise OneBitAdamError(f"OneBitAdam: params: {exc}") from None
+        for index, group in enumerate(self.param_groups):  # groups may override lr, eps, weight_decay
+            _check_group_options(group, f"param_groups[{index}].")
         if len({tuple(group["betas"]) for group in self.param_groups}) > 1:
             raise OneBitAdamError("all parameter groups must share betas (one momentum is averaged for all)")
-        self.warmup_steps = warmup_steps
-        self.max_grad_norm = max_grad_norm
-        self.clip_local = bool(clip_local)
-        self.variance_floor = float(variance_floor)
-        self.collective: Collective = collective or SimulatedCollective(1)
         self._params = [p for group in self.param_groups for p in group["params"]]
+        self._param_names = [name for group in self.param_groups
+                             for name in group.get("param_names", [None] * len(group["params"]))]
+        if any(p.numel() == 0 for p in self._params) or not self._params:
+            raise OneBitAdamError(f"OneBitAdam: every parameter needs at least one value, got sizes "
+                                  f"{[p.numel() for p in self._params][:10]}")
         self.layout = OneBitLayout([p.numel() for p in self._params], self.collective.world_size)
         n, local = self.layout.numel, len(self.collective.local_ranks)
         self.step_count = 0
@@ -130,12 +151,14 @@ class OneBitAdam(torch.optim.Optimizer):
     def step_workers(self, worker_grads: Sequence[torch.Tensor]) -> None:
         """One step from one flat (n,) gradient per local worker, in `collective.local_ranks` order."""
         local = len(self.collective.local_ranks)
-        if len(worker_grads) != local or any(g.numel() != self.layout.numel for g in worker_grads):
-            raise OneBitAdamError(f"need {local} flat gradients of {self.layout.numel} values, got sizes "
-                                  f"{[g.numel() for g in worker_grads]}")
+        if len(worker_grads) != local or any(not isinstance(g, torch.Tensor) or not g.is_floating_point()
+                                             or g.numel() != self.layout.numel for g in worker_grads):
+            got = [(g.numel(), str(g.dtype)) if isinstance(g, torch.Tensor) else type(g).__name__ for g in worker_grads]
+            raise OneBitAdamError(f"need {local} flat float gradients of {self.layout.numel} values, got {got}")
         beta1, beta2 = self.param_groups[0]["betas"]
         if not self.frozen:
             grad = self.collective.all_reduce_mean([g.float() for g in worker_grads])
+            self._refuse_nonfinite(grad, worker_grads, "the averaged gradient")
             grad = _clipped(grad, self.max_grad_norm)
             self.exp_avg.lerp_(grad, 1 - beta1)  # the same operations as torch.optim.AdamW, bit for bit
             self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
@@ -148,19 +171,23 @@ class OneBitAdam(torch.optim.Optimizer):
         else:
             local_norm = self.max_grad_norm if self.clip_local else None
             momenta = [torch.lerp(self.exp_avg, _clipped(g.float(), local_norm), 1 - beta1) for g in worker_grads]
-            self.exp_avg = self._compressed_average(momenta)
+            averaged, worker_errors, server_errors = self._compressed_average(momenta)
+            self._refuse_nonfinite(averaged, worker_grads, "the 1-bit averaged momentum")
+            self.exp_avg, self.worker_errors, self.server_errors = averaged, worker_errors, server_errors
             self.step_count += 1
             variance_correction = 1.0
         self._apply_update(1 - beta1 ** self.step_count, variance_correction)
 
-    def _compressed_average(self, momenta: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Error-compensated 1-bit average of one momentum per local worker (see module doc)."""
+    def _compressed_average(self, momenta: Sequence[torch.Tensor]
+                            ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Error-compensated 1-bit average of one momentum per local worker (see module doc), with the
+        new worker and server residuals; the caller commits them (nothing here changes the state)."""
         layout, p = self.layout, self.collective.world_size
-        sends = []
+        sends, worker_errors, server_errors = [], [], []
         for i, momentum in enumerate(momenta):
             x = layout.pad(momentum) + self.worker_errors[i]
             messages, decoded = zip(*(layout.encode_chunk(layout.chunk(x, j), j) for j in range(p)), strict=True)
-            self.worker_errors[i] = x - torch.cat(decoded)
+            worker_errors.append(x - torch.cat(decoded))
             sends.append(torch.cat(messages))
         received = self.collective.all_to_all(sends)
         replies = []
@@ -170,11 +197,31 @@ class OneBitAdam(torch.optim.Optimizer):
                 total += layout.decode_chunk(message, rank)
             y = total.div_(p) + self.server_errors[i]
             reply, decoded_reply = layout.encode_chunk(y, rank)
-            self.server_errors[i] = y - decoded_reply
+            server_errors.append(y - decoded_reply)
             replies.append(reply)
         gathered = self.collective.all_gather(replies).view(p, -1)
         averaged = torch.cat([layout.decode_chunk(gathered[j], j) for j in range(p)])
-        return averaged[: layout.numel].clone()
+        return averaged[: layout.numel].clone(), worker_errors, server_errors
+
+    def _refuse_nonfinite(self, averaged: torch.Tensor, worker_grads: Sequence[torch.Tensor], what: str) -> None:
+        """NonFiniteGradientError naming the parameters if `averaged` (the same on every rank: one
+        worker's NaN reaches everyone through the collectives, so every rank refuses the same step)
+        holds NaN/inf, unless allow_nonfinite. Called before any state changes."""
+        if self.allow_nonfinite or bool(torch.isfinite(averaged).all()):
+            return
+        bad = (~torch.isfinite(averaged)).nonzero().reshape(-1)
+        ends = torch.tensor([p.numel() for p in self._params]).cumsum(0)
+        params = torch.unique(torch.searchsorted(ends, bad, right=True)).tolist()
+        names = [self._param_names[i] or f"#{i} {tuple(self._params[i].shape)}" for i in params]
+        local = [rank for rank, g in zip(self.collective.local_ranks, worker_grads, strict=True)
+                 if not bool(torch.isfinite(g).all())]
+        source = f"non-finite gradient from local worker(s) {local}" if local else \
+            "this process's gradients are finite (another rank sent NaN/inf, or the average overflowed)"
+        shown = ", ".join(map(str, names[:5])) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+        raise NonFiniteGradientError(
+            f"OneBitAdam step {self.step_count + 1}: {what} holds {bad.numel()} NaN/inf value(s) in "
+            f"parameter(s) {shown}; {source}. Step refused, optimizer state unchanged "
+            f"(pass allow_nonfinite=True to let them through)")
 
     def _apply_variance_floor(self) -> None:
         """Raise each frozen variance to at least (variance_floor x its tensor's mean sqrt(v))^2."""
@@ -201,6 +248,15 @@ class OneBitAdam(torch.optim.Optimizer):
                 denom = (v.sqrt() / variance_correction ** 0.5).add_(eps)
                 param.addcdiv_(m, denom, value=-lr / momentum_correction)
 
+    def _check_saved_tensors(self, onebit: dict[str, Any]) -> None:
+        """Moments and residuals of a saved state must have this optimizer's sizes (checked before loading)."""
+        local = len(self.collective.local_ranks)
+        expected = [self.layout.numel] * 2 + [self.layout.padded_numel] * local + [self.layout.chunk_numel] * local
+        found = _saved_sizes(onebit)
+        if found != expected:
+            raise OneBitAdamError(f"OneBitAdam state holds tensors of sizes {found[:6]}, this optimizer needs "
+                                  f"{expected[:6]} (moments, worker and server residuals): other parameters?")
+
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["onebit"] = {
@@ -221,13 +277,55 @@ class OneBitAdam(torch.optim.Optimizer):
             raise OneBitAdamError(f"state saved by ranks {onebit['local_ranks']} of {onebit['world_size']} cannot "
                                   f"load into ranks {list(self.collective.local_ranks)} of "
                                   f"{self.collective.world_size}: residuals belong to their rank")
-        if onebit["exp_avg"].numel() != self.layout.numel:
-            raise OneBitAdamError(f"state holds {onebit['exp_avg'].numel()} values, parameters have {self.layout.numel}")
+        self._check_saved_tensors(onebit)
+        step_count = parse_count(onebit["step_count"], "OneBitAdam state: step_count", error=OneBitAdamError)
+        warmup_steps = parse_count(onebit["warmup_steps"], "OneBitAdam state: warmup_steps", 1, OneBitAdamError)
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "onebit"})
-        self.step_count, self.warmup_steps = int(onebit["step_count"]), int(onebit["warmup_steps"])
+        self.step_count, self.warmup_steps = step_count, warmup_steps
         self.exp_avg, self.exp_avg_sq = onebit["exp_avg"].clone(), onebit["exp_avg_sq"].clone()
         self.worker_errors = [e.clone() for e in onebit["worker_errors"]]
         self.server_errors = [e.clone() for e in onebit["server_errors"]]
+
+
+def _saved_sizes(onebit: dict[str, Any]) -> list[int | None]:
+    """Sizes of the saved tensors in a fixed order (None where one is not a float tensor)."""
+    tensors = [onebit.get("exp_avg"), onebit.get("exp_avg_sq"), *list(onebit.get("worker_errors", [])),
+               *list(onebit.get("server_errors", []))]
+    return [t.numel() if isinstance(t, torch.Tensor) and t.is_floating_point() else None for t in tensors]
+
+
+def finite_number(value: Any, name: str, *, low: float, high: float = math.inf, low_open: bool = False,
+                  high_open: bool = False) -> float:
+    """`value` as a float if it is a finite real number in the range, else OneBitAdamError naming it."""
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(float(value))
+    ok = ok and (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise OneBitAdamError(f"OneBitAdam: {name} must be a finite number in {interval}, got {str(value)[:60]}")
+    return float(value)
+
+
+def _check_group_options(group: dict[str, Any], where: str) -> None:
+    """lr >= 0, eps > 0, weight_decay >= 0 (finite), betas two numbers in [0, 1)."""
+    finite_number(group["lr"], where + "lr", low=0.0)
+    finite_number(group["eps"], where + "eps", low=0.0, low_open=True)
+    finite_number(group["weight_decay"], where + "weight_decay", low=0.0)
+    betas = group["betas"]
+    if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+        raise OneBitAdamError(f"OneBitAdam: {where}betas must be two numbers (beta1, beta2), got {str(betas)[:60]}")
+    for index, beta in enumerate(betas):
+        finite_number(beta, f"{where}betas[{index}]", low=0.0, high=1.0, high_open=True)
+
+
+def _checked_collective(collective: Any) -> Collective:
+    if collective is None:
+        return SimulatedCollective(1)
+    missing = [name for name in ("world_size", "local_ranks", "ledger", "all_reduce_mean", "all_to_all", "all_gather")
+               if not hasattr(collective, name)]
+    if missing:
+        raise OneBitAdamError(f"OneBitAdam: collective must be a Collective (SimulatedCollective, TorchCollective), "
+                              f"got {type(collective).__name__} lacking {missing}")
+    return collective
 
 
 def _clipped(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor:

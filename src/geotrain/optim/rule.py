@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
+from geotrain.codecs import parse_count
 from geotrain.optim.collectives import SimulatedCollective
-from geotrain.optim.onebit_adam import OneBitAdam
+from geotrain.optim.onebit_adam import OneBitAdam, OneBitAdamError, finite_number
 
 
 class OneBitAdamRule:
@@ -28,6 +29,7 @@ class OneBitAdamRule:
         self.optimizer = optimizer
 
     def step(self, worker_grads: Sequence[torch.Tensor], lr: float, step: int) -> int:
+        lr = finite_number(lr, "lr (set by the training loop's schedule)", low=0.0)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         before = self.optimizer.ledger.handed_bytes
@@ -46,6 +48,12 @@ class OneBitAdamRuleFactory:
     variance_floor: float = 0.1
     clip_local: bool = False
     eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps is not None:
+            parse_count(self.warmup_steps, "OneBitAdam rule: warmup_steps", minimum=1, error=OneBitAdamError)
+        finite_number(self.warmup_fraction, "warmup_fraction", low=0.0, high=1.0, low_open=True)
+        # variance_floor, clip_local and eps are checked by OneBitAdam itself when the rule is built.
 
     def warmup_for(self, steps: int) -> int:
         if self.warmup_steps is not None:
