@@ -197,6 +197,14 @@ def _verified_bytes(root: str | Path, step: int, rank: int, manifest: dict[str, 
     return data
 
 
+def _load_failure(exc: Exception) -> str:
+    """The informative line of torch.load's error (the weights-only unpickler's reason if there is one)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line] or [type(exc).__name__]
+    reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0])
+    return reason.split(". ")[0][:200]  # the first sentence; torch's advice to trust the file is omitted
+
+
 def verify_shards(root: str | Path, step: int, manifest: dict[str, Any]) -> None:
     """Check every shard of `step` against the manifest (size, sha256) without unpickling anything."""
     for rank in range(manifest["world_size"]):
@@ -212,8 +220,7 @@ def load_shard(root: str | Path, step: int, rank: int, manifest: dict[str, Any],
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure: refuse the file
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise CheckpointError(f"{path}: refused (not a plain tensor checkpoint): {first}") from None
+        raise CheckpointError(f"{path}: refused (not a plain tensor checkpoint): {_load_failure(exc)}") from None
     if not isinstance(state, dict) or state.get("slot") != slot:
         header = state.get("slot") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{path}: shard header is {_short(header)}, expected {slot}: "

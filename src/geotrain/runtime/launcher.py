@@ -183,7 +183,7 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
                        f"after {_completed_steps(prefixed, rank)} completed steps")
             if own:
                 message += f": {own}"
-            if abort and abort not in (own or ""):
+            if abort and not (own and own in abort):
                 message += f"; workers reported: {abort}"
             raise WorkerFailure(message)
         records = json.loads((Path(tmp) / RECORDS).read_text())
