@@ -6,7 +6,9 @@ Each worker calls `fn(rank, world_size, *args)` after `init_process_group` (file
 temporary directory, so no TCP port can collide) and sends back its return value. The launcher
 fails loudly instead of hanging: if a worker raises, dies (a signal, `os._exit`) or the time limit
 passes, every other worker is killed at once and `WorkerFailure` names the rank and carries its
-traceback. Collectives also get a timeout, so an orphaned worker cannot block forever.
+traceback. Collectives also get a timeout, and every worker dies with the launcher
+(geotrain.lifeline: a parent-death signal and a watch on the launcher's pid), so none is orphaned
+when the launcher itself is killed.
 
 `fn` and its arguments must be picklable (defined at module top level). Return values travel by
 value (plain pickle, never shared memory), so they may hold small CPU tensors.
@@ -27,6 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from geotrain.errors import GeotrainError
+from geotrain.lifeline import die_with_parent
 
 
 class WorkerFailure(GeotrainError, RuntimeError):
@@ -43,7 +46,8 @@ def default_start_method() -> str:
 
 
 def _worker_entry(fn: Callable[..., Any], rank: int, world_size: int, store_path: str, backend: str,
-                  collective_timeout_s: float, args: Sequence[Any], results: Any) -> None:
+                  collective_timeout_s: float, args: Sequence[Any], results: Any, launcher_pid: int) -> None:
+    die_with_parent(launcher_pid)  # its parent is the fork server: watch the launcher too
     import torch
     import torch.distributed as dist
 
@@ -89,7 +93,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (
     processes = [context.Process(
         target=_worker_entry, daemon=True, name=f"geotrain-worker-{rank}",
         args=(fn, rank, world_size, os.path.join(store_dir, "store"), backend,
-              float(collective_timeout_s or timeout_s), tuple(args), results_queue))
+              float(collective_timeout_s or timeout_s), tuple(args), results_queue, os.getpid()))
         for rank in range(world_size)]
     deadline = time.monotonic() + timeout_s
     try:
