@@ -10,8 +10,6 @@ raises WorkerFailure naming the first failed rank, how it ended and its last com
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-from multiprocessing import forkserver
 import os
 import signal
 import sys
@@ -26,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
-from geotrain.lifeline import die_with_parent
+from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkserver_context, set_process_name
 from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
                                          read_manifest, step_dir, verify_shards)
 from geotrain.runtime.config import RuntimeConfig
@@ -34,10 +32,6 @@ from geotrain.runtime.report import RunReport, build_report
 
 ProgressCallback = Callable[[int, int], None]
 RECORDS = "records.json"
-
-
-class WorkerFailure(GeotrainError, RuntimeError):
-    """A worker died, hung or failed; the message names it and its last completed step."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +50,7 @@ def _child(rank: int, config: RuntimeConfig, port: int, result_dir: str, tokens:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(config.world_size), LOCAL_WORLD_SIZE=str(config.world_size),
                       TORCHELASTIC_USE_AGENT_STORE="True")
-    _set_process_name(f"geotrain-r{rank}")
+    set_process_name(f"geotrain-r{rank}")
     try:
         from geotrain.runtime.worker import run_worker
 
@@ -101,36 +95,6 @@ def check_before_launch(config: RuntimeConfig, clear: bool = True) -> None:
         check_resumable(config)
 
 
-def _worker_context() -> Any:
-    """A forkserver context whose server has torch (and its lazily imported optimizer machinery)
-    imported once; every worker is a cheap fork of it. Started now, so it imports while we work."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
-                                    "geotrain.runtime.worker"])
-    forkserver.ensure_running()
-    return context
-
-
-def _set_process_name(name: str) -> None:
-    """Show the rank in `ps`/`top` (Linux: /proc/self/comm, 15 characters); a no-op elsewhere."""
-    try:
-        with open("/proc/self/comm", "w") as handle:
-            handle.write(name[:15])
-    except OSError:
-        pass
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exited with status {exitcode}"
-
-
 def _store_read(store: Any, key: str) -> str | None:
     try:
         return store.get(key).decode() if store.check([key]) else None
@@ -159,7 +123,10 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     workers so that they do not all build the world at once."""
     started = time.perf_counter()
     check_before_launch(config)
-    context = _worker_context()
+    # Workers are forks of a server that has imported torch (and its lazily imported optimizer
+    # machinery) once; started now, so it imports while the tokens are built.
+    context = forkserver_context(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
+                                  "geotrain.runtime.worker"])
     if tokens is None:  # built while the fork server imports torch
         from geotrain.data import world_tokens
 
@@ -223,11 +190,11 @@ def _culprit(processes: list[Any], first: tuple[int, int | None]) -> tuple[int, 
 
     for rank, process in enumerate(processes):
         if process.exitcode is not None and process.exitcode not in (0, EXIT_PEER_LOST):
-            return rank, _describe_exit(process.exitcode)
+            return rank, describe_exit(process.exitcode)
     for rank, process in enumerate(processes):
         if process.exitcode is None:
             return rank, "stopped responding (hung; killed by the launcher)"
-    return first[0], _describe_exit(first[1])
+    return first[0], describe_exit(first[1])
 
 
 def _reap(processes: list[Any]) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from geotrain.data import WorldTokens
-from geotrain.lifeline import die_with_parent
+from geotrain.procs import die_with_parent
 from geotrain.train.config import TrainConfig, TrainingConfigError, TrainingResult
 from geotrain.train.loop import UpdateRuleFactory, codec_update_rule, train_compressed
 
@@ -56,7 +56,7 @@ def train_many(jobs: Sequence[TrainingJob], data: WorldTokens, processes: int = 
                 results.append(train_compressed(job.config, data, job.update_rule, callback))
         return results
     context = multiprocessing.get_context("spawn")
-    # Every process of the pool and the manager dies with this one (geotrain.lifeline): a caller's
+    # Every process of the pool and the manager dies with this one (geotrain.procs): a caller's
     # SIGKILL leaves no orphan behind.
     lifeline = (os.getpid(),)
     manager = SyncManager(ctx=context)

@@ -1,4 +1,7 @@
-"""Die with the launcher: every process geotrain starts calls `die_with_parent` first thing.
+"""What both launchers (runtime/launcher.py, ddp/launch.py) and the training pool share about the
+processes they start: dying with the launcher, the fork-server context, naming a failure.
+
+Die with the launcher: every process geotrain starts calls `die_with_parent` first thing.
 
 Two independent mechanisms, so that no worker, pool process or manager outlives whoever started it
 (a launcher killed with SIGKILL by a caller's timeout cannot clean up after itself):
@@ -14,12 +17,18 @@ worker it forked have closed its "alive" pipe, i.e. once they are dead. So is th
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import select
 import signal
 import sys
 import threading
+from collections.abc import Sequence
+from multiprocessing import forkserver
 from pathlib import Path
+from typing import Any
+
+from geotrain.errors import GeotrainError
 
 PR_SET_PDEATHSIG = 1
 
@@ -84,3 +93,41 @@ def die_with_parent(launcher_pid: int | None = None, poll_s: float = 0.5) -> Non
         _kill_self()
     threading.Thread(target=_watch, args=(launcher_pid, parent_pid, poll_s), name="geotrain-lifeline",
                      daemon=True).start()
+
+
+class WorkerFailure(GeotrainError, RuntimeError):
+    """A worker process died, hung, overran a time limit or failed; the message names it. Every other
+    worker has been stopped when this is raised."""
+
+
+def forkserver_context(preload: Sequence[str]) -> Any:
+    """A multiprocessing context whose workers are forks of a server that has imported `preload`
+    once (torch: seconds), started now so that it imports while the caller works; `spawn` where
+    there is no fork server. The preload list only counts for the first server of this process."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(preload))
+    forkserver.ensure_running()
+    return context
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """'exited with status 3', 'killed by SIGKILL' or 'still running' for a process's exit code."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with status {exitcode}"
+
+
+def set_process_name(name: str) -> None:
+    """Show `name` in `ps`/`top` (Linux: /proc/self/comm, 15 characters); a no-op elsewhere."""
+    try:
+        with open("/proc/self/comm", "w") as handle:
+            handle.write(name[:15])
+    except OSError:
+        pass
