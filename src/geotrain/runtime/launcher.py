@@ -4,7 +4,10 @@ The launcher plays torchrun's agent: it hosts the rendezvous TCPStore on a free 
 starts one process per rank (a forkserver that has already imported torch, so starts are cheap) with
 the env:// variables set. It polls the processes; when one fails it gives the others a bounded grace
 period to notice through their watchdogs and exit, then SIGKILLs whoever is left, joins them all, and
-raises WorkerFailure naming the first failed rank, how it ended and its last completed step.
+raises WorkerFailure naming the first failed rank, how it ended, its last completed step and the
+error it reported (start-up errors included). Before any process starts, the checkpoint directory
+is checked (writable; not another run's unless resuming or overwriting; a resumed checkpoint intact).
+Every worker dies with the launcher (geotrain.procs.die_with_parent), even when it is SIGKILLed.
 """
 
 from __future__ import annotations
