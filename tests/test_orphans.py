@@ -17,7 +17,7 @@ import pytest
 
 from proctree import alive, cmdline, comm, descendants
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
+pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
 
 CLUSTER_YAML = """\
@@ -76,6 +76,52 @@ def _python_children_at_least(count: int) -> Callable[[set[int]], bool]:
     return ready
 
 
+WATCHER = """
+import sys, time
+from geotrain.procs import die_with_parent
+die_with_parent(int(sys.argv[1]))
+print("armed", flush=True)
+time.sleep(120)
+"""
+
+
+def _wait_dead(process: subprocess.Popen, limit_s: float) -> bool:
+    try:
+        process.wait(timeout=limit_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def test_a_child_dies_when_the_launcher_it_watches_dies_though_its_parent_lives():
+    """The fork-server case: the watched launcher is not the parent (this test process is)."""
+    launcher = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    child = subprocess.Popen([sys.executable, "-c", WATCHER, str(launcher.pid)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "armed"
+        assert child.poll() is None
+        launcher.kill()  # not reaped yet: a zombie launcher counts as dead
+        assert _wait_dead(child, SURVIVAL_LIMIT_S), "the child outlived the launcher it watches"
+        assert child.returncode == -signal.SIGKILL
+    finally:
+        for process in (launcher, child):
+            process.kill()
+            process.wait()
+
+
+def test_a_child_started_after_its_launcher_died_kills_itself_at_once():
+    launcher = subprocess.Popen([sys.executable, "-c", "pass"])
+    launcher.wait()
+    child = subprocess.Popen([sys.executable, "-c", WATCHER, str(launcher.pid)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert _wait_dead(child, SURVIVAL_LIMIT_S)
+        assert child.returncode == -signal.SIGKILL and child.stdout.read() == ""
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.slow
 def test_train_launcher_killed_leaves_no_worker(tmp_path):
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
@@ -86,12 +132,14 @@ def test_train_launcher_killed_leaves_no_worker(tmp_path):
     _kill_launcher_and_check(args, ready, tmp_path)
 
 
+@pytest.mark.slow
 def test_bench_ddp_killed_leaves_no_rank_forkserver_or_tracker(tmp_path):
     args = ["bench", "ddp", "--steps", "300", "--workers", "2", "--model", "small", "--batch", "4",
             "--row", "fp16", "--json"]
     _kill_launcher_and_check(args, _python_children_at_least(3), tmp_path)  # fork server + 2 ranks
 
 
+@pytest.mark.slow
 def test_bench_runtime_killed_leaves_no_worker(tmp_path):
     args = ["bench", "runtime", "--devices-per-region", "2", "--stages", "2", "--replicas", "2",
             "--steps", "200", "--time-scale", "0.05", "--json"]
@@ -99,6 +147,7 @@ def test_bench_runtime_killed_leaves_no_worker(tmp_path):
     _kill_launcher_and_check(args, ready, tmp_path)
 
 
+@pytest.mark.slow
 def test_demo_compress_with_worker_processes_killed_leaves_no_pool_process(tmp_path):
     args = ["demo", "compress", "--steps", "300", "--workers", "2", "--jobs", "2", "--layers", "1",
             "--d-model", "32", "--json"]
