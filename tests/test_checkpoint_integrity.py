@@ -181,7 +181,7 @@ def test_resume_from_a_crafted_shard_stops_the_run_naming_the_file_and_runs_noth
 
 @pytest.mark.parametrize("pointer, message", [
     (b"step-xyz\n", "must name a step directory like 'step-000012', got 'step-xyz'"),
-    (b"\xff\xfe\x00garbage", "unreadable checkpoint pointer"),
+    (b"\xff\xfe\x00garbage", r"unreadable checkpoint pointer \(not ASCII text\)"),
     (b"step-000099\n", "points at 'step-000099', which is not a complete checkpoint"),
     (b"../../etc\n", "must name a step directory"),
 ])
@@ -190,6 +190,23 @@ def test_a_bad_latest_pointer_is_one_line_error(copy, pointer, message):
     with pytest.raises(CheckpointError, match=message) as info:
         ckpt.latest_step(copy)
     assert str(info.value).startswith(f"{copy / ckpt.LATEST}: ") and "\n" not in str(info.value)
+
+
+def test_a_fifo_in_place_of_pointer_manifest_or_shard_is_refused_without_blocking(copy):
+    for path in (copy / ckpt.LATEST, ckpt.step_dir(copy, STEP) / ckpt.MANIFEST):
+        manifest = ckpt.read_manifest(copy, STEP)
+        path.unlink()
+        os.mkfifo(path)
+        with pytest.raises(CheckpointError, match=f"^{path}: .*not a regular file"):
+            ckpt.latest_step(copy) if path.name == ckpt.LATEST else ckpt.read_manifest(copy, STEP)
+        path.unlink()
+        if path.name == ckpt.LATEST:
+            path.write_text(f"step-{STEP:06d}\n")
+    shard = ckpt.shard_path(copy, STEP, 2)
+    shard.unlink()
+    os.mkfifo(shard)
+    with pytest.raises(CheckpointError, match=f"^{shard}: cannot read shard: not a regular file"):
+        ckpt.verify_shards(copy, STEP, manifest)
 
 
 @pytest.mark.parametrize("text, message", [

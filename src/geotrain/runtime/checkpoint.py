@@ -79,6 +79,15 @@ def save_shard(root: str | Path, step: int, rank: int, state: dict[str, Any]) ->
     return path
 
 
+def _open_regular(path: Path) -> Any:
+    """Open a regular file for reading; OSError for anything else (a FIFO or device would block
+    or never end)."""
+    if not path.is_file():
+        kind = "missing" if not path.exists() else "not a regular file"
+        raise OSError(f"{kind}")
+    return open(path, "rb")
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -108,11 +117,12 @@ def latest_step(root: str | Path) -> int | None:
     if not pointer.exists() and not pointer.is_symlink():
         return None
     try:
-        with open(pointer, "rb") as handle:
+        with _open_regular(pointer) as handle:
             raw = handle.read(64)
         name = raw.decode("ascii").strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({type(exc).__name__})") from None
+        why = "not ASCII text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
+        raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({why})") from None
     match = _STEP_NAME.fullmatch(name)
     if match is None:
         raise CheckpointError(f"{pointer}: must name a step directory like 'step-000012', got {_short(name)}")
@@ -125,7 +135,7 @@ def read_manifest(root: str | Path, step: int) -> dict[str, Any]:
     """The manifest of `step`, checked for shape (format, step, world size, one entry per shard)."""
     path = step_dir(root, step) / MANIFEST
     try:
-        with open(path, "rb") as handle:
+        with _open_regular(path) as handle:
             raw = handle.read(MAX_MANIFEST_BYTES + 1)
         if len(raw) > MAX_MANIFEST_BYTES:
             raise CheckpointError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
@@ -184,7 +194,7 @@ def _verified_bytes(root: str | Path, step: int, rank: int, manifest: dict[str, 
         raise CheckpointError(f"{path}: the manifest lists {len(manifest['shards'])} shards, not rank {rank}")
     entry = manifest["shards"][rank]
     try:
-        with open(path, "rb") as handle:
+        with _open_regular(path) as handle:
             data = handle.read(entry["bytes"] + 1)
     except OSError as exc:
         raise CheckpointError(f"{path}: cannot read shard: {exc.strerror or exc}") from None
