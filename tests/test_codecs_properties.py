@@ -176,7 +176,7 @@ def test_error_feedback_state_round_trips_exactly(name, params, shape, split, se
     torch.save(original.state_dict(), buffer)  # as a checkpoint would
     buffer.seek(0)
     restored = ErrorFeedback(get_codec(name, **params))
-    restored.load_state_dict(torch.load(buffer))
+    restored.load_state_dict(torch.load(buffer, weights_only=True))
     assert same_bits(restored.residual, original.residual)
     for x in tensors[split:]:
         a, b = original.encode(x), restored.encode(x)

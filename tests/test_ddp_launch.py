@@ -53,7 +53,7 @@ def test_exception_in_one_worker_names_it_and_carries_its_traceback():
 
 
 def test_dead_worker_is_reported_as_the_cause():
-    with pytest.raises(WorkerFailure, match=r"rank 0 died without reporting \(exit code 7\)"):
+    with pytest.raises(WorkerFailure, match=r"rank 0 died without reporting \(exited with status 7\)"):
         run_workers(_rank0_dies, 3, timeout_s=120)
 
 

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proctree import alive, comm, descendants
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
 CLUSTER_YAML = """\
@@ -53,38 +54,6 @@ def test_train_cli_runs_a_2x2_plan_and_prints_one_json_object(job_files):
     assert [row["step"] for row in result["iterations"]] == [0, 1, 2]
 
 
-def _descendants(root: int) -> set[int]:
-    """Pids of every live descendant of `root` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
@@ -101,9 +70,9 @@ def test_killed_worker_ends_the_run_in_bounded_time_naming_it_with_no_orphans(jo
             assert launcher.poll() is None, launcher.communicate()
             assert time.monotonic() < deadline, "no checkpoint within 150 s"
             time.sleep(0.2)
-        family = _descendants(launcher.pid)
-        victim = next(pid for pid in family if _comm(pid) == "geotrain-r1")
-        assert {_comm(pid) for pid in family} >= {f"geotrain-r{r}" for r in range(4)}
+        family = descendants(launcher.pid)
+        victim = next(pid for pid in family if comm(pid) == "geotrain-r1")
+        assert {comm(pid) for pid in family} >= {f"geotrain-r{r}" for r in range(4)}
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         stdout, stderr = launcher.communicate(timeout=120)
@@ -118,8 +87,8 @@ def test_killed_worker_ends_the_run_in_bounded_time_naming_it_with_no_orphans(jo
     assert error.startswith("geotrain: error: rank 1 (stage 0, replica 1, device 2 west-0) killed by SIGKILL after ")
     assert "lost rank 1 (stage 0, replica 1, device 2 west-0): no heartbeat for 3 s; its last completed step:" in error
     time.sleep(1.0)
-    leftovers = [pid for pid in family if _alive(pid)]
-    assert not leftovers, f"processes left behind: {[(pid, _comm(pid)) for pid in leftovers]}"
+    leftovers = [pid for pid in family if alive(pid)]
+    assert not leftovers, f"processes left behind: {[(pid, comm(pid)) for pid in leftovers]}"
 
 
 @pytest.mark.slow

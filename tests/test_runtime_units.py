@@ -239,11 +239,12 @@ def test_stage_split_gives_the_unsplit_models_logits_and_gradients(stages):
 def test_checkpoint_manifest_latest_pointer_and_identity(tmp_path):
     identity = {"seed": 1, "stages": 2}
     for rank in range(2):
-        ckpt.save_shard(tmp_path, 3, rank, {"completed": 3, "x": torch.full((2,), float(rank))})
+        ckpt.save_shard(tmp_path, 3, rank, {"slot": {"rank": rank}, "completed": 3, "x": torch.full((2,), float(rank))})
     assert ckpt.latest_step(tmp_path) is None  # shards without a manifest are not a checkpoint
     ckpt.write_manifest(tmp_path, 3, identity, world_size=2)
     assert ckpt.latest_step(tmp_path) == 3
-    assert torch.equal(ckpt.load_shard(tmp_path, 3, 1)["x"], torch.ones(2))
+    manifest = ckpt.read_manifest(tmp_path, 3)
+    assert torch.equal(ckpt.load_shard(tmp_path, 3, 1, manifest, {"rank": 1})["x"], torch.ones(2))
     ckpt.save_shard(tmp_path, 6, 0, {"completed": 6})
     with pytest.raises(CheckpointError, match="shard missing"):
         ckpt.write_manifest(tmp_path, 6, identity, world_size=2)
@@ -294,7 +295,7 @@ def test_codec_specs_parse_names_and_typed_parameters():
     ({"assignment": np.array([[0, 2], [1, 4]])}, "device index must be in 0..3"),
     ({"assignment": np.array([[0], [1], [2], [3]]), "model": GPTConfig(n_layer=3)}, "cannot split 3"),
     ({"resume": True}, "resume needs a checkpoint directory"),
-    ({"time_scale": -1.0}, "time_scale must be >= 0"),
+    ({"time_scale": -1.0}, "time_scale must be a finite number >= 0"),
     ({"dp_codec": "topk:k=3"}, "codec 'topk' has no parameter"),
 ])
 def test_config_rejects_bad_options_with_the_value(change, message):

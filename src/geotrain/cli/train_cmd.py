@@ -6,14 +6,16 @@ With --json, stdout is ONE JSON object: {"plan", "stages", "replicas", "assignme
 "prediction", "bytes", "iterations": [...], "config", "wall_s"}; seconds are wall seconds of the
 emulated run (already multiplied by --time-scale).
 
-Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR set), this process is one worker: nothing is launched,
-and rank 0 prints the results (see docs/runtime.md for several machines).
+Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TORCHELASTIC_RUN_ID set), this process is
+one worker: nothing is launched, and rank 0 prints the results (see docs/runtime.md for several
+machines). The env:// variables without torchrun's marker are leftovers: noted on stderr and ignored.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-dir", metavar="DIR", help="write sharded checkpoints here")
     parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K steps (0: at the end only)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start a new run in a --checkpoint-dir that holds another run's checkpoints, "
+                             "deleting them (its latest pointer and step-* directories)")
     parser.add_argument("--stop-after", type=int, metavar="K", help="stop this invocation after K steps (planned interruption)")
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
                         help="seconds without a heartbeat after which a worker counts as lost")
@@ -77,13 +82,27 @@ def config_from_args(args: Any) -> Any:
         schedule=args.schedule, dp_codec=args.dp_codec, pp_codec=args.pp_codec, error_feedback=args.error_feedback,
         time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+        overwrite=args.overwrite,
         stop_after=args.stop_after, heartbeat_timeout_s=args.heartbeat_timeout, comm_timeout_s=args.comm_timeout,
         plan_name=str(plan.fields.get("method", Path(args.plan).stem)))
 
 
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
+"""Set by torchrun (torch.distributed.run) in every worker it starts; another env:// launcher sets it too."""
+
+
 def under_torchrun() -> bool:
-    """True when this process was started by torchrun (or another env:// launcher) as one worker."""
-    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    """True when this process was started by torchrun as one worker: the env:// variables AND
+    torchrun's own marker are set. The variables alone (left over in a shell) do not count."""
+    return TORCHRUN_MARKER in os.environ and all(key in os.environ for key in TORCHRUN_VARIABLES)
+
+
+def stray_torchrun_variables() -> list[str]:
+    """env:// variables set in a process that torchrun did not start (ignored: we launch locally)."""
+    if under_torchrun():
+        return []
+    return [key for key in TORCHRUN_VARIABLES if key in os.environ]
 
 
 def iteration_table(out: Output, report: Any) -> None:
@@ -110,10 +129,16 @@ SUMMARY_COLUMNS = ["plan", "iteration s", "predicted comm s", "measured comm s",
 
 def run(args: Any) -> int:
     from geotrain.runtime import build_report, launch, run_worker
+    from geotrain.runtime.launcher import check_before_launch
 
     config = config_from_args(args)
     out = Output(json_mode=args.json)
+    stray = stray_torchrun_variables()
+    if stray:
+        print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
+              f"by torchrun ({TORCHRUN_MARKER} is unset), so it launches its own workers", file=sys.stderr)
     if under_torchrun():
+        check_before_launch(config, clear=os.environ["RANK"] == "0")
         records = run_worker(config)
         if records is None:
             return 0

@@ -6,7 +6,9 @@ Each worker calls `fn(rank, world_size, *args)` after `init_process_group` (file
 temporary directory, so no TCP port can collide) and sends back its return value. The launcher
 fails loudly instead of hanging: if a worker raises, dies (a signal, `os._exit`) or the time limit
 passes, every other worker is killed at once and `WorkerFailure` names the rank and carries its
-traceback. Collectives also get a timeout, so an orphaned worker cannot block forever.
+traceback. Collectives also get a timeout, and every worker dies with the launcher
+(geotrain.procs: a parent-death signal and a watch on the launcher's pid), so none is orphaned
+when the launcher itself is killed.
 
 `fn` and its arguments must be picklable (defined at module top level). Return values travel by
 value (plain pickle, never shared memory), so they may hold small CPU tensors.
@@ -26,24 +28,15 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from geotrain.errors import GeotrainError
-
-
-class WorkerFailure(GeotrainError, RuntimeError):
-    """A worker process raised, died or overran the time limit; all other workers were killed."""
+from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkserver_context
 
 
 _POLL_S = 0.1
 
 
-def default_start_method() -> str:
-    """`forkserver` where available (a clean process with torch preloaded: ~0.1 s per worker after the
-    first launch), else `spawn`. Plain `fork` of a process with torch threads running is avoided."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-
-
 def _worker_entry(fn: Callable[..., Any], rank: int, world_size: int, store_path: str, backend: str,
-                  collective_timeout_s: float, args: Sequence[Any], results: Any) -> None:
+                  collective_timeout_s: float, args: Sequence[Any], results: Any, launcher_pid: int) -> None:
+    die_with_parent(launcher_pid)  # its parent is the fork server: watch the launcher too
     import torch
     import torch.distributed as dist
 
@@ -78,18 +71,18 @@ def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    method = start_method or default_start_method()
-    context = multiprocessing.get_context(method)
-    if method == "forkserver":
-        # DDP's constructor imports torch._dynamo (~3 s): pay it once in the server, not per worker.
-        context.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-                                        "geotrain.ddp", fn.__module__])
+    if start_method is None:
+        # DDP's constructor imports torch._dynamo (~3 s): pay it once in the fork server, not per worker.
+        context = forkserver_context(["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
+                                      "geotrain.ddp", fn.__module__])
+    else:
+        context = multiprocessing.get_context(start_method)
     store_dir = tempfile.mkdtemp(prefix="geotrain-pg-")
     results_queue = context.Queue()
     processes = [context.Process(
         target=_worker_entry, daemon=True, name=f"geotrain-worker-{rank}",
         args=(fn, rank, world_size, os.path.join(store_dir, "store"), backend,
-              float(collective_timeout_s or timeout_s), tuple(args), results_queue))
+              float(collective_timeout_s or timeout_s), tuple(args), results_queue, os.getpid()))
         for rank in range(world_size)]
     deadline = time.monotonic() + timeout_s
     try:
@@ -128,7 +121,7 @@ def _collect(processes: list[Any], results_queue: Any, deadline: float, timeout_
         silent = [(rank, processes[rank].exitcode) for rank in range(world_size)
                   if rank not in reported and processes[rank].exitcode is not None]
         if silent or errors:
-            parts = [f"worker rank {rank} died without reporting ({_describe_exit(code)})" for rank, code in silent]
+            parts = [f"worker rank {rank} died without reporting ({describe_exit(code)})" for rank, code in silent]
             parts += [f"worker rank {rank} raised" for rank, _ in errors]
             detail = f"\n--- traceback of rank {errors[0][0]} ---\n{errors[0][1]}" if errors else ""
             raise WorkerFailure(f"{'; '.join(parts)} (world size {world_size}); all workers stopped{detail}")
@@ -154,10 +147,3 @@ def _drain(results_queue: Any) -> list[tuple[int, str, Any]]:
             messages.append(results_queue.get(timeout=_POLL_S))
         except queue_module.Empty:
             return messages
-
-
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        return f"killed by signal {-code}"
-    return f"exit code {code}"
-

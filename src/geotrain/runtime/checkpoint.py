@@ -1,4 +1,4 @@
-"""Sharded checkpoints, written atomically: every rank its own shard, rank 0 the manifest last.
+"""Sharded checkpoints, written atomically and verified before anything of them is used.
 
 Layout under the checkpoint directory D:
 
@@ -9,15 +9,25 @@ Layout under the checkpoint directory D:
 Each file is written to a temporary name in the same directory, flushed, fsync'ed and moved in place
 with os.replace, so a crash leaves either the old or the new file, never half of one. A step directory
 without a manifest is incomplete and ignored. The manifest records the run's identity (layout,
-model, codecs, seed): resuming a different run is refused. On several machines D must be a shared
-filesystem (every rank writes its shard, rank 0 the manifest).
+model, codecs, seed; resuming a different run is refused) and, per shard, its size and sha256.
+
+Loading a shard: read its bytes once, check size and sha256 against the manifest (a flipped byte,
+a truncated or swapped file is refused, naming it), unpickle those same bytes with
+`torch.load(weights_only=True)` (tensors and plain containers only: a crafted pickle cannot run
+code), then check the shard's own header (rank, stage, replica) against the slot it is loaded into.
+Shards hold tensors and primitives only (RNG states included) so that weights_only suffices.
+On several machines D must be a shared filesystem (every rank writes its shard, rank 0 the manifest).
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import random
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +38,19 @@ from geotrain.errors import GeotrainError
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
+FORMAT = 2
+"""Checkpoint format: 2 = sha256 per shard, weights_only shards with a slot header."""
+MAX_MANIFEST_BYTES = 1 << 20
+_STEP_NAME = re.compile(r"step-(\d{6,12})")
 
 
 class CheckpointError(GeotrainError, ValueError):
-    """No usable checkpoint, or one written by a different run."""
+    """No usable checkpoint, a damaged or foreign one, or a checkpoint directory that cannot be used."""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -54,22 +73,38 @@ def _atomic_write(path: Path, write: Any) -> None:
 
 
 def save_shard(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> Path:
-    """Write one rank's state atomically; returns its path."""
+    """Write one rank's state atomically; returns its path. `state` holds tensors and primitives only."""
     path = shard_path(root, step, rank)
     _atomic_write(path, lambda handle: torch.save(state, handle))
     return path
 
 
+def _open_regular(path: Path) -> Any:
+    """Open a regular file for reading; OSError for anything else (a FIFO or device would block
+    or never end)."""
+    if not path.is_file():
+        kind = "missing" if not path.exists() else "not a regular file"
+        raise OSError(f"{kind}")
+    return open(path, "rb")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def write_manifest(root: str | Path, step: int, identity: dict[str, Any], world_size: int) -> Path:
-    """Rank 0, after every shard of `step` is written: the manifest, then the `latest` pointer."""
+    """Rank 0, after every shard of `step` is written: the manifest (sizes, sha256), then `latest`."""
     directory = step_dir(root, step)
     shards = []
     for rank in range(world_size):
         path = shard_path(root, step, rank)
-        if not path.exists():
-            raise CheckpointError(f"{path}: shard missing, cannot complete checkpoint of step {step}")
-        shards.append({"rank": rank, "file": path.name, "bytes": path.stat().st_size})
-    manifest = {"step": step, "world_size": world_size, "identity": identity, "shards": shards}
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CheckpointError(f"{path}: shard missing, cannot complete checkpoint of step {step} "
+                                  f"({exc.strerror or exc})") from None
+        shards.append({"rank": rank, "file": path.name, "bytes": len(data), "sha256": _sha256(data)})
+    manifest = {"format": FORMAT, "step": step, "world_size": world_size, "identity": identity, "shards": shards}
     text = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     _atomic_write(directory / MANIFEST, lambda handle: handle.write(text))
     _atomic_write(Path(root) / LATEST, lambda handle: handle.write(directory.name.encode() + b"\n"))
@@ -77,22 +112,70 @@ def write_manifest(root: str | Path, step: int, identity: dict[str, Any], world_
 
 
 def latest_step(root: str | Path) -> int | None:
-    """The newest complete checkpoint's step, or None if there is none."""
+    """The newest complete checkpoint's step, or None if there is none (no `latest` pointer)."""
     pointer = Path(root) / LATEST
-    if not pointer.exists():
+    if not pointer.exists() and not pointer.is_symlink():
         return None
-    name = pointer.read_text().strip()
-    if not name.startswith("step-") or not (Path(root) / name / MANIFEST).exists():
-        raise CheckpointError(f"{pointer}: points at {name!r}, which is not a complete checkpoint")
-    return int(name[len("step-"):])
+    try:
+        with _open_regular(pointer) as handle:
+            raw = handle.read(64)
+        name = raw.decode("ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        why = "not ASCII text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
+        raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({why})") from None
+    match = _STEP_NAME.fullmatch(name)
+    if match is None:
+        raise CheckpointError(f"{pointer}: must name a step directory like 'step-000012', got {_short(name)}")
+    if not (Path(root) / name / MANIFEST).is_file():
+        raise CheckpointError(f"{pointer}: points at {name!r}, which is not a complete checkpoint (no {MANIFEST})")
+    return int(match.group(1))
 
 
 def read_manifest(root: str | Path, step: int) -> dict[str, Any]:
+    """The manifest of `step`, checked for shape (format, step, world size, one entry per shard)."""
     path = step_dir(root, step) / MANIFEST
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{path}: unreadable manifest: {exc}") from None
+        with _open_regular(path) as handle:
+            raw = handle.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise CheckpointError(f"{path}: manifest larger than {MAX_MANIFEST_BYTES} bytes")
+        manifest = json.loads(raw.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        detail = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: unreadable manifest: {detail}") from None
+    _check_manifest(manifest, path, step)
+    return manifest
+
+
+def _check_manifest(manifest: Any, path: Path, step: int) -> None:
+    def bad(key: str, expected: str, value: Any) -> CheckpointError:
+        return CheckpointError(f"{path}: {key}: must be {expected}, got {_short(value)}")
+
+    if not isinstance(manifest, dict):
+        raise bad("top level", "a JSON object", type(manifest).__name__)
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: format: checkpoint format {_short(manifest.get('format'))} is not "
+                              f"{FORMAT} (written by another geotrain version, without shard checksums)")
+    if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
+        raise bad("step", f"{step} (its directory)", manifest.get("step"))
+    world_size = manifest.get("world_size")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise bad("world_size", "a positive integer", world_size)
+    if not isinstance(manifest.get("identity"), dict):
+        raise bad("identity", "an object", manifest.get("identity"))
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or len(shards) != world_size:
+        raise bad("shards", f"a list of {world_size} entries", shards)
+    for rank, entry in enumerate(shards):
+        key = f"shards[{rank}]"
+        if not isinstance(entry, dict):
+            raise bad(key, "an object", entry)
+        if entry.get("rank") != rank or entry.get("file") != f"rank-{rank:04d}.pt":
+            raise bad(key, f"rank {rank}, file rank-{rank:04d}.pt", entry)
+        if not isinstance(entry.get("bytes"), int) or isinstance(entry.get("bytes"), bool) or entry["bytes"] < 0:
+            raise bad(f"{key}.bytes", "a byte count", entry.get("bytes"))
+        if not isinstance(entry.get("sha256"), str) or not re.fullmatch(r"[0-9a-f]{64}", entry["sha256"]):
+            raise bad(f"{key}.sha256", "64 hex digits", entry.get("sha256"))
 
 
 def check_identity(manifest: dict[str, Any], identity: dict[str, Any], source: str) -> None:
@@ -101,23 +184,115 @@ def check_identity(manifest: dict[str, Any], identity: dict[str, Any], source: s
     for key in sorted(set(saved) | set(identity)):
         if saved.get(key) != identity.get(key):
             raise CheckpointError(f"{source}: checkpoint was written by a different run: {key} is "
-                                  f"{saved.get(key)!r} there, {identity.get(key)!r} now")
+                                  f"{_short(saved.get(key))} there, {_short(identity.get(key))} now")
 
 
-def load_shard(root: str | Path, step: int, rank: int) -> dict[str, Any]:
+def _verified_bytes(root: str | Path, step: int, rank: int, manifest: dict[str, Any]) -> bytes:
+    """The shard's bytes, read once, after checking its size and sha256 against the manifest."""
     path = shard_path(root, step, rank)
+    if rank >= len(manifest["shards"]):
+        raise CheckpointError(f"{path}: the manifest lists {len(manifest['shards'])} shards, not rank {rank}")
+    entry = manifest["shards"][rank]
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        with _open_regular(path) as handle:
+            data = handle.read(entry["bytes"] + 1)
     except OSError as exc:
-        raise CheckpointError(f"{path}: cannot read shard: {exc}") from None
+        raise CheckpointError(f"{path}: cannot read shard: {exc.strerror or exc}") from None
+    if len(data) != entry["bytes"]:
+        size = f"{len(data)}" if len(data) <= entry["bytes"] else f"more than {entry['bytes']}"
+        raise CheckpointError(f"{path}: shard is {size} bytes, the manifest says {entry['bytes']} "
+                              f"(truncated or replaced); refusing it")
+    if _sha256(data) != entry["sha256"]:
+        raise CheckpointError(f"{path}: sha256 does not match the manifest (corrupted or replaced); refusing it")
+    return data
+
+
+def _load_failure(exc: Exception) -> str:
+    """The informative line of torch.load's error (the weights-only unpickler's reason if there is one)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    lines = [line for line in lines if line] or [type(exc).__name__]
+    reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0])
+    return reason.split(". ")[0][:200]  # the first sentence; torch's advice to trust the file is omitted
+
+
+def verify_shards(root: str | Path, step: int, manifest: dict[str, Any]) -> None:
+    """Check every shard of `step` against the manifest (size, sha256) without unpickling anything."""
+    for rank in range(manifest["world_size"]):
+        _verified_bytes(root, step, rank, manifest)
+
+
+def load_shard(root: str | Path, step: int, rank: int, manifest: dict[str, Any],
+               slot: dict[str, int]) -> dict[str, Any]:
+    """Rank `rank`'s verified state: size and sha256 as in the manifest, tensors and primitives only
+    (weights_only), and a header `slot` equal to the given {"rank", "stage", "replica"}."""
+    path = shard_path(root, step, rank)
+    data = _verified_bytes(root, step, rank, manifest)
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure: refuse the file
+        raise CheckpointError(f"{path}: refused (not a plain tensor checkpoint): {_load_failure(exc)}") from None
+    if not isinstance(state, dict) or state.get("slot") != slot:
+        header = state.get("slot") if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"{path}: shard header is {_short(header)}, expected {slot}: "
+                              f"a shard of another slot was put here; refusing it")
+    return state
+
+
+def has_checkpoints(root: str | Path) -> list[str]:
+    """Names of what marks `root` as holding a run's checkpoints: `latest` and step-* entries."""
+    path = Path(root)
+    if not path.is_dir():
+        return []
+    return sorted(entry.name for entry in path.iterdir() if entry.name == LATEST or _STEP_NAME.fullmatch(entry.name))
+
+
+def prepare_directory(root: str | Path, resume: bool, overwrite: bool, clear: bool = True) -> None:
+    """Before any worker starts: `root` must be (or become) a writable directory; a new run
+    (not `resume`) refuses a directory holding another run's checkpoints unless `overwrite`, which
+    then removes them (`latest` and step-* only; other files stay) when `clear` is set."""
+    path = Path(root)
+    if resume and overwrite:
+        raise CheckpointError(f"{path}: --resume and --overwrite exclude each other")
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{path}: --checkpoint-dir exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".geotrain-write-test-{os.getpid()}"
+        with open(probe, "wb") as handle:
+            handle.write(b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: --checkpoint-dir is not writable ({exc.strerror or exc})") from None
+    found = has_checkpoints(path)
+    if resume or not found:
+        return
+    if not overwrite:
+        raise CheckpointError(f"{path}: holds another run's checkpoints ({', '.join(found[:3])}"
+                              f"{', ...' if len(found) > 3 else ''}); pass --resume to continue it "
+                              f"or --overwrite to replace it")
+    if clear:
+        for name in found:
+            entry = path / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
 
 
 def capture_rng() -> dict[str, Any]:
-    """Every RNG a worker draws from (torch's default generator; python and numpy for completeness)."""
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    """Every RNG a worker draws from (torch's default generator; python and numpy for completeness),
+    as tensors and primitives (so that a weights_only load restores them)."""
+    numpy_state = np.random.get_state(legacy=False)
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "numpy": {"key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+                      "pos": int(numpy_state["state"]["pos"]), "has_gauss": int(numpy_state["has_gauss"]),
+                      "gauss": float(numpy_state["gauss"])}}
 
 
 def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    numpy_state = state["numpy"]
+    np.random.set_state(("MT19937", numpy_state["key"].numpy().astype(np.uint32), numpy_state["pos"],
+                         numpy_state["has_gauss"], numpy_state["gauss"]))

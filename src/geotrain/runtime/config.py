@@ -7,6 +7,7 @@ command line by every torchrun worker). Validated here, trusted inside the worke
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
@@ -26,6 +27,9 @@ from geotrain.runtime.pipeline import SCHEDULES
 class RuntimeConfigError(GeotrainError, ValueError):
     """An invalid training option (named with its value and the allowed range)."""
 
+
+MIN_COMM_TIMEOUT_S = 1.0
+"""Shortest accepted gloo timeout (seconds): the rendezvous of freshly started workers takes a few."""
 
 TINY_GPT = GPTConfig(n_layer=4)
 """The runtime's default model: 4 blocks (so up to 4 stages), d_model 128, context 96, 44 characters,
@@ -86,6 +90,7 @@ class RuntimeConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite: bool = False
     stop_after: int | None = None
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 10.0
@@ -102,24 +107,7 @@ class RuntimeConfig:
         except AssignmentError as exc:
             raise RuntimeConfigError(f"plan does not fit cluster {self.cluster.name!r}: {exc}") from None
         object.__setattr__(self, "assignment", Layout(assignment).assignment)
-        checks = [
-            ("steps", self.steps >= 1, ">= 1"),
-            ("microbatches", self.microbatches >= 1, ">= 1"),
-            ("batch_size", self.batch_size >= 1 and self.batch_size % self.microbatches == 0,
-             f"a positive multiple of microbatches ({self.microbatches})"),
-            ("lr", self.lr > 0, "> 0"),
-            ("time_scale", self.time_scale >= 0, ">= 0"),
-            ("threads", self.threads >= 1, ">= 1"),
-            ("checkpoint_every", self.checkpoint_every >= 0, ">= 0"),
-            ("heartbeat_interval_s", self.heartbeat_interval_s > 0, "> 0"),
-            ("heartbeat_timeout_s", self.heartbeat_timeout_s > 2 * self.heartbeat_interval_s,
-             "more than twice heartbeat_interval_s"),
-            ("comm_timeout_s", self.comm_timeout_s > 0, "> 0"),
-            ("stop_after", self.stop_after is None or self.stop_after >= 1, ">= 1"),
-        ]
-        for name, ok, expected in checks:
-            if not ok:
-                raise RuntimeConfigError(f"{name} must be {expected}, got {getattr(self, name)!r}")
+        self._check_numbers()
         if self.schedule not in SCHEDULES:
             raise RuntimeConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
@@ -135,10 +123,45 @@ class RuntimeConfig:
                 raise RuntimeConfigError(f"{label} codec {spec!r}: {exc}") from None
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
+        if self.overwrite and not self.checkpoint_dir:
+            raise RuntimeConfigError("overwrite needs a checkpoint directory")
+        if self.resume and self.overwrite:
+            raise RuntimeConfigError("resume and overwrite exclude each other")
         try:
             layer_ranges(self.model.n_layer, self.stages)
         except GeotrainError as exc:
             raise RuntimeConfigError(f"model {self.model_name!r}: {exc}") from None
+
+    def _check_numbers(self) -> None:
+        """Every numeric option: its type, finiteness and range (in this order, so that a bad value is
+        named before any arithmetic uses it)."""
+        integers = {"steps": 1, "microbatches": 1, "batch_size": 1, "seed": 0, "data_seed": 0, "threads": 1,
+                    "checkpoint_every": 0}
+        for name, low in integers.items():
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+                raise RuntimeConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.stop_after is not None and (not isinstance(self.stop_after, (int, np.integer))
+                                            or isinstance(self.stop_after, bool) or self.stop_after < 1):
+            raise RuntimeConfigError(f"stop_after must be an integer >= 1, got {self.stop_after!r}")
+        if self.batch_size % self.microbatches:
+            raise RuntimeConfigError(f"batch_size must be a positive multiple of microbatches ({self.microbatches}), "
+                                     f"got {self.batch_size!r}")
+        floats = [("lr", self.lr, False), ("time_scale", self.time_scale, True),
+                  ("heartbeat_interval_s", self.heartbeat_interval_s, False),
+                  ("heartbeat_timeout_s", self.heartbeat_timeout_s, False),
+                  ("comm_timeout_s", self.comm_timeout_s, False)]
+        for name, value, zero_ok in floats:
+            number = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+                raise RuntimeConfigError(f"{name} must be a finite number {'>= 0' if zero_ok else '> 0'}, "
+                                         f"got {value!r}")
+        if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise RuntimeConfigError(f"heartbeat_timeout_s must be more than twice heartbeat_interval_s "
+                                     f"({self.heartbeat_interval_s!r}), got {self.heartbeat_timeout_s!r}")
+        if self.comm_timeout_s < MIN_COMM_TIMEOUT_S:
+            raise RuntimeConfigError(f"comm_timeout_s must be at least {MIN_COMM_TIMEOUT_S:g} s (workers need "
+                                     f"that long to start and meet), got {self.comm_timeout_s!r}")
 
     @cached_property
     def layout(self) -> Layout:

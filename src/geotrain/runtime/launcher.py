@@ -4,14 +4,15 @@ The launcher plays torchrun's agent: it hosts the rendezvous TCPStore on a free 
 starts one process per rank (a forkserver that has already imported torch, so starts are cheap) with
 the env:// variables set. It polls the processes; when one fails it gives the others a bounded grace
 period to notice through their watchdogs and exit, then SIGKILLs whoever is left, joins them all, and
-raises WorkerFailure naming the first failed rank, how it ended and its last completed step.
+raises WorkerFailure naming the first failed rank, how it ended, its last completed step and the
+error it reported (start-up errors included). Before any process starts, the checkpoint directory
+is checked (writable; not another run's unless resuming or overwriting; a resumed checkpoint intact).
+Every worker dies with the launcher (geotrain.procs.die_with_parent), even when it is SIGKILLed.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
-from multiprocessing import forkserver
 import os
 import signal
 import sys
@@ -26,15 +27,14 @@ from typing import Any
 import torch.distributed as dist
 
 from geotrain.errors import GeotrainError
-from geotrain.runtime.checkpoint import CheckpointError, check_identity, latest_step, read_manifest, step_dir
+from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkserver_context, set_process_name
+from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
+                                         read_manifest, step_dir, verify_shards)
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.report import RunReport, build_report
 
 ProgressCallback = Callable[[int, int], None]
-
-
-class WorkerFailure(GeotrainError, RuntimeError):
-    """A worker died, hung or failed; the message names it and its last completed step."""
+RECORDS = "records.json"
 
 
 @dataclass(frozen=True)
@@ -46,72 +46,70 @@ class LaunchResult:
     wall_s: float
 
 
-def _child(rank: int, config: RuntimeConfig, port: int, result_path: str, tokens: Any) -> None:
-    """Entry point of a launched worker process."""
+def _child(rank: int, config: RuntimeConfig, port: int, result_dir: str, tokens: Any, launcher_pid: int) -> None:
+    """Entry point of a launched worker process. Dies with the launcher; an error of its own is
+    written to `error-<rank>.txt` in `result_dir` so that the launcher's final line can name it."""
+    die_with_parent(launcher_pid)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(config.world_size), LOCAL_WORLD_SIZE=str(config.world_size),
                       TORCHELASTIC_USE_AGENT_STORE="True")
-    from geotrain.runtime.worker import run_worker
-
-    _set_process_name(f"geotrain-r{rank}")
+    set_process_name(f"geotrain-r{rank}")
     try:
+        from geotrain.runtime.worker import run_worker
+
         records = run_worker(config, tokens)
-    except GeotrainError as exc:
-        print(f"geotrain worker rank {rank}: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - report it by name (start-up failures included)
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        line = first if isinstance(exc, GeotrainError) else f"{type(exc).__name__}: {first}"
+        _write_text(Path(result_dir) / f"error-{rank}.txt", line)
+        print(f"geotrain worker rank {rank}: error: {line}", file=sys.stderr, flush=True)
+        sys.exit(2 if isinstance(exc, GeotrainError) else 1)
     if records is not None:
-        tmp = f"{result_path}.tmp"
-        with open(tmp, "w") as handle:
-            json.dump(records, handle)
-        os.replace(tmp, result_path)
+        _write_text(Path(result_dir) / RECORDS, json.dumps(records))
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def check_resumable(config: RuntimeConfig) -> int:
     """The step a resumed run starts from; CheckpointError (before any process starts) if there is
-    no complete checkpoint or it belongs to a different run."""
+    no complete checkpoint, it belongs to a different run, or a shard differs from its manifest."""
     assert config.checkpoint_dir is not None
     step = latest_step(config.checkpoint_dir)
     if step is None:
         raise CheckpointError(f"{config.checkpoint_dir}: no complete checkpoint to resume from")
-    check_identity(read_manifest(config.checkpoint_dir, step), config.identity(),
-                   str(step_dir(config.checkpoint_dir, step)))
+    manifest = read_manifest(config.checkpoint_dir, step)
+    check_identity(manifest, config.identity(), str(step_dir(config.checkpoint_dir, step)))
+    verify_shards(config.checkpoint_dir, step, manifest)
     return step
 
 
-def _worker_context() -> Any:
-    """A forkserver context whose server has torch (and its lazily imported optimizer machinery)
-    imported once; every worker is a cheap fork of it. Started now, so it imports while we work."""
-    context = mp.get_context("forkserver")
-    context.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
-                                    "geotrain.runtime.worker"])
-    forkserver.ensure_running()
-    return context
-
-
-def _set_process_name(name: str) -> None:
-    """Show the rank in `ps`/`top` (Linux: /proc/self/comm, 15 characters); a no-op elsewhere."""
-    try:
-        with open("/proc/self/comm", "w") as handle:
-            handle.write(name[:15])
-    except OSError:
-        pass
-
-
-def _describe_exit(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "still running"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exited with status {exitcode}"
+def check_before_launch(config: RuntimeConfig, clear: bool = True) -> None:
+    """Everything about the checkpoint directory that can fail, checked before any worker starts:
+    writable, not another run's unless resuming or overwriting (`clear`: remove the old steps),
+    and a resumed checkpoint complete, of this run and intact."""
+    if config.checkpoint_dir is None:
+        return
+    prepare_directory(config.checkpoint_dir, config.resume, config.overwrite, clear)
+    if config.resume:
+        check_resumable(config)
 
 
 def _store_read(store: Any, key: str) -> str | None:
     try:
         return store.get(key).decode() if store.check([key]) else None
     except Exception:  # noqa: BLE001 - diagnostics only
+        return None
+
+
+def _read_error(result_dir: Path, rank: int) -> str | None:
+    """The error line rank `rank` wrote before exiting, if any."""
+    try:
+        return (result_dir / f"error-{rank}.txt").read_text().strip() or None
+    except OSError:
         return None
 
 
@@ -127,9 +125,11 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     `tokens`: the training token ids of world `config.data_seed` (built here if None), handed to the
     workers so that they do not all build the world at once."""
     started = time.perf_counter()
-    if config.resume:
-        check_resumable(config)
-    context = _worker_context()
+    check_before_launch(config)
+    # Workers are forks of a server that has imported torch (and its lazily imported optimizer
+    # machinery) once; started now, so it imports while the tokens are built.
+    context = forkserver_context(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
+                                  "geotrain.runtime.worker"])
     if tokens is None:  # built while the fork server imports torch
         from geotrain.data import world_tokens
 
@@ -137,8 +137,7 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     prefixed = dist.PrefixStore("geotrain/0/", store)
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
-        result_path = str(Path(tmp) / "records.json")
-        processes = [context.Process(target=_child, args=(rank, config, store.port, result_path, tokens),
+        processes = [context.Process(target=_child, args=(rank, config, store.port, tmp, tokens, os.getpid()),
                                      name=f"geotrain-rank-{rank}") for rank in range(config.world_size)]
         try:
             for process in processes:
@@ -149,10 +148,15 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
         if failed is not None:
             rank, how = failed
             abort = _store_read(prefixed, "abort")
+            own = _read_error(Path(tmp), rank)
             message = (f"{config.layout.describe(rank, config.cluster.device_names)} {how} "
                        f"after {_completed_steps(prefixed, rank)} completed steps")
-            raise WorkerFailure(message + (f"; workers reported: {abort}" if abort else ""))
-        records = json.loads(Path(result_path).read_text())
+            if own:
+                message += f": {own}"
+            if abort and not (own and own in abort):
+                message += f"; workers reported: {abort}"
+            raise WorkerFailure(message)
+        records = json.loads((Path(tmp) / RECORDS).read_text())
     return LaunchResult(build_report(config, records), tuple(p.pid for p in processes if p.pid), time.perf_counter() - started)
 
 
@@ -189,11 +193,11 @@ def _culprit(processes: list[Any], first: tuple[int, int | None]) -> tuple[int, 
 
     for rank, process in enumerate(processes):
         if process.exitcode is not None and process.exitcode not in (0, EXIT_PEER_LOST):
-            return rank, _describe_exit(process.exitcode)
+            return rank, describe_exit(process.exitcode)
     for rank, process in enumerate(processes):
         if process.exitcode is None:
             return rank, "stopped responding (hung; killed by the launcher)"
-    return first[0], _describe_exit(first[1])
+    return first[0], describe_exit(first[1])
 
 
 def _reap(processes: list[Any]) -> None:

@@ -127,9 +127,9 @@ class Worker:
 
     def save(self, completed: int) -> None:
         cfg = self.config
-        state = {"stage": self.stage.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "exchange": self.exchange.state_dict(), "rng": ckpt.capture_rng(), "completed": completed,
-                 "records": self.records}
+        state = {"slot": self.slot_header(), "stage": self.stage.state_dict(),
+                 "optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict(),
+                 "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
         ckpt.save_shard(cfg.checkpoint_dir, completed, self.rank, state)
         dist.barrier()
         if self.rank == 0:
@@ -142,13 +142,25 @@ class Worker:
             raise ckpt.CheckpointError(f"{cfg.checkpoint_dir}: no complete checkpoint to resume from")
         manifest = ckpt.read_manifest(cfg.checkpoint_dir, step)
         ckpt.check_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint_dir, step)))
-        state = ckpt.load_shard(cfg.checkpoint_dir, step, self.rank)
-        self.stage.load_state_dict(state["stage"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.exchange.load_state_dict(state["exchange"])
-        ckpt.restore_rng(state["rng"])
-        self.records = list(state["records"])
-        self.start_step = int(state["completed"])
+        state = ckpt.load_shard(cfg.checkpoint_dir, step, self.rank, manifest, self.slot_header())
+        try:
+            self.stage.load_state_dict(state["stage"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.exchange.load_state_dict(state["exchange"])
+            ckpt.restore_rng(state["rng"])
+            self.records = list(state["records"])
+            self.start_step = int(state["completed"])
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise ckpt.CheckpointError(f"{ckpt.shard_path(cfg.checkpoint_dir, step, self.rank)}: does not fit "
+                                       f"this run's {self.layout.describe(self.rank)}: {first}") from None
+        if self.start_step != step:
+            raise ckpt.CheckpointError(f"{ckpt.shard_path(cfg.checkpoint_dir, step, self.rank)}: completed is "
+                                       f"{self.start_step}, its directory says {step}")
+
+    def slot_header(self) -> dict[str, int]:
+        """What a shard says about whose it is; checked when it is loaded."""
+        return {"rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica}
 
 
 def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: list[Worker],

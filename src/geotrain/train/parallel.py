@@ -8,15 +8,18 @@ Each run is deterministic given its config, so a run gives the same bits in any 
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from multiprocessing.managers import SyncManager
 from typing import Any
 
 import torch
 
 from geotrain.data import WorldTokens
+from geotrain.procs import die_with_parent
 from geotrain.train.config import TrainConfig, TrainingConfigError, TrainingResult
 from geotrain.train.loop import UpdateRuleFactory, codec_update_rule, train_compressed
 
@@ -53,7 +56,13 @@ def train_many(jobs: Sequence[TrainingJob], data: WorldTokens, processes: int = 
                 results.append(train_compressed(job.config, data, job.update_rule, callback))
         return results
     context = multiprocessing.get_context("spawn")
-    with context.Manager() as manager, ProcessPoolExecutor(min(processes, len(jobs)), mp_context=context) as pool:
+    # Every process of the pool and the manager dies with this one (geotrain.procs): a caller's
+    # SIGKILL leaves no orphan behind.
+    lifeline = (os.getpid(),)
+    manager = SyncManager(ctx=context)
+    manager.start(die_with_parent, lifeline)
+    with manager, ProcessPoolExecutor(min(processes, len(jobs)), mp_context=context, initializer=die_with_parent,
+                                      initargs=lifeline) as pool:
         queue = manager.Queue()
         futures = [pool.submit(_run_job, i, job, data, threads_per_process, queue) for i, job in enumerate(jobs)]
         steps_done: dict[int, int] = {}  # job index -> steps reported so far

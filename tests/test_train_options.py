@@ -1,0 +1,100 @@
+"""`geotrain train` refuses impossible options with one line (exit 2) before launching anything, and
+ignores env:// variables left over in the environment when torchrun did not start it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from geotrain.cli.main import main
+from geotrain.cli.train_cmd import stray_torchrun_variables, under_torchrun
+
+CLUSTER_YAML = """\
+name: test-2x2
+regions:
+  - {name: east, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
+  - {name: west, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
+links:
+  - {between: [east, west], gbps: 0.01, ms: 20}
+"""
+PLAN = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> list[str]:
+    (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
+    (tmp_path / "plan.json").write_text(json.dumps(PLAN))
+    return ["train", "--cluster", str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"),
+            "--time-scale", "0", "--steps", "1", "--json"]
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--microbatches", "0"], "microbatches must be an integer >= 1, got 0"),
+    (["--microbatches", "-2"], "microbatches must be an integer >= 1, got -2"),
+    (["--steps", "-5"], "steps must be an integer >= 1, got -5"),
+    (["--steps", "0"], "steps must be an integer >= 1, got 0"),
+    (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
+    (["--batch-size", "6"], r"batch_size must be a positive multiple of microbatches \(4\), got 6"),
+    (["--threads", "0"], "threads must be an integer >= 1, got 0"),
+    (["--seed", "-1"], "seed must be an integer >= 0, got -1"),
+    (["--data-seed", "-1"], "data_seed must be an integer >= 0, got -1"),
+    (["--checkpoint-every", "-1"], "checkpoint_every must be an integer >= 0, got -1"),
+    (["--stop-after", "0"], "stop_after must be an integer >= 1, got 0"),
+    (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
+    (["--lr", "inf"], "lr must be a finite number > 0, got inf"),
+    (["--lr", "0"], "lr must be a finite number > 0, got 0.0"),
+    (["--time-scale", "inf"], "time_scale must be a finite number >= 0, got inf"),
+    (["--time-scale", "-1"], "time_scale must be a finite number >= 0, got -1.0"),
+    (["--heartbeat-timeout", "inf"], "heartbeat_timeout_s must be a finite number > 0, got inf"),
+    (["--heartbeat-timeout", "0.5"], "heartbeat_timeout_s must be more than twice heartbeat_interval_s"),
+    (["--comm-timeout", "inf"], "comm_timeout_s must be a finite number > 0, got inf"),
+    (["--comm-timeout", "nan"], "comm_timeout_s must be a finite number > 0, got nan"),
+    (["--comm-timeout", "-1"], "comm_timeout_s must be a finite number > 0, got -1.0"),
+    (["--comm-timeout", "0"], "comm_timeout_s must be a finite number > 0, got 0.0"),
+    (["--comm-timeout", "0.001"], "comm_timeout_s must be at least 1 s"),
+    (["--resume"], "resume needs a checkpoint directory"),
+    (["--overwrite"], "overwrite needs a checkpoint directory"),
+])
+def test_impossible_train_options_give_one_line_and_exit_2(base, capsys, options, message):
+    assert main([*base, *options]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("geotrain: error: "), captured.err
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_env_variables_count_as_torchrun_only_with_its_marker(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    assert not under_torchrun() and stray_torchrun_variables() == []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    assert not under_torchrun() and stray_torchrun_variables() == ["RANK", "MASTER_PORT"]
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert not under_torchrun()
+    assert stray_torchrun_variables() == ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run")
+    assert under_torchrun() and stray_torchrun_variables() == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_stray_torchrun_variables_are_ignored_with_a_note_and_the_run_completes(base):
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    # Before: this waited --comm-timeout (120 s) for a store on port 9, then printed a traceback.
+    done = subprocess.run([sys.executable, "-m", "geotrain", *base, "--comm-timeout", "60"], env=env,
+                          capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr
+    assert ("geotrain: note: ignoring RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT in the environment: this process "
+            "was not started by torchrun (TORCHELASTIC_RUN_ID is unset), so it launches its own workers") in done.stderr
+    result = json.loads(done.stdout)
+    assert len(result["losses"]) == 1 and result["summary"]["replicas_in_sync"] is True
