@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 from geotrain.errors import GeotrainError
+from geotrain.model_shapes import MODEL_SHAPES
 from geotrain.yaml_text import load_yaml_text
 
 
@@ -31,9 +32,10 @@ class Job:
     global_batch: int
     layers: int = 24
     bytes_per_value: int = 2
+    vocab: int = 50257
 
     def __post_init__(self) -> None:
-        for key in ("params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value"):
+        for key in ("params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value", "vocab"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise JobError(f"job {self.name!r}: {key} must be a number > 0, got {value!r}")
@@ -71,9 +73,10 @@ def check_layout(stages: int, replicas: int, n_devices: int) -> None:
 
 GPT_13B_SEED = Job(name="gpt-1.3b-seed", params=1.3e9, seq_len=2048, hidden=2048, global_batch=1024, layers=24)
 
-JOB_PRESETS: dict[str, Job] = {GPT_13B_SEED.name: GPT_13B_SEED}
+JOB_PRESETS: dict[str, Job] = {GPT_13B_SEED.name: GPT_13B_SEED,
+                               **{name: Job(name=name, **shape.job_fields()) for name, shape in MODEL_SHAPES.items()}}
 
-_JOB_KEYS = {"name", "params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value"}
+_JOB_KEYS = {"name", "params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value", "vocab", "model"}
 
 
 def job_from_dict(doc: Any, source: str = "<job>") -> Job:
@@ -83,10 +86,15 @@ def job_from_dict(doc: Any, source: str = "<job>") -> Job:
     unknown = sorted(set(doc) - _JOB_KEYS)
     if unknown:
         raise JobError(f"{source}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_JOB_KEYS))})")
-    missing = sorted({"params", "seq_len", "hidden", "global_batch"} - set(doc))
+    doc = dict(doc)
+    model = doc.pop("model", None)
+    if model is not None and model not in MODEL_SHAPES:
+        raise JobError(f"{source}: model: unknown model shape {str(model)[:60]!r} (known: {', '.join(MODEL_SHAPES)})")
+    shape = MODEL_SHAPES[model].job_fields() if model is not None else {}
+    missing = sorted({"params", "seq_len", "hidden", "global_batch"} - set(doc) - set(shape))
     if missing:
         raise JobError(f"{source}: missing key {missing[0]!r}")
-    fields = {"name": Path(source).stem, **doc}
+    fields = {"name": Path(source).stem, **shape, **doc}
     try:
         return Job(**fields)
     except JobError as exc:

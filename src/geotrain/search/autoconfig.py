@@ -1,0 +1,229 @@
+"""Auto-configuration: choose stages S, replicas R, micro-batches M and the devices to use, under
+per-device memory, to minimise the predicted iteration seconds of a job on a cluster.
+
+Search space: S among the divisors of the job's layers (even layer splits), R among the divisors of
+the global batch (whole sequences per replica), M among the powers of two (and R's whole batch)
+dividing global_batch / R; devices: the pools "every GPU at least as fast as type t" for each GPU
+type t present, minus the devices too small for the layout's largest stage (`cost.memory`). So slow
+or small-memory devices may stay idle, and S x R may be below the pool size (idle devices too).
+Scoring: the "yuan+compute" model (communication of "yuan" + GPipe compute with M micro-batches)
+of the better of the `pipeline-local` and `dp-local` placements on the pool. Layouts are visited
+cheapest lower bound first and skipped once their bound (compute of the S R fastest pool devices,
+bubble included, + (R-1) and (S-1) times the pool's cheapest dp/pp pair) cannot beat the `top`-th
+best found. Finalists (`refine` best) are re-placed with `hierarchical` (communication only) and
+keep the better placement; each reported candidate carries the lower bound of its layout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.cost.compute import YuanComputeCostModel
+from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_memory_bytes, gpu_peak_flops
+from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
+from geotrain.cost.yuan import YuanCostModel
+from geotrain.job import Job
+from geotrain.search.base import PlacementProblem, SearchError
+from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
+from geotrain.search.region_heuristics import RegionHeuristicConfig, dp_local, pipeline_local
+
+
+class NoFeasibleConfigError(SearchError):
+    """No (S, R, M, devices) layout fits the job in the cluster's memory."""
+
+
+@dataclass(frozen=True)
+class AutoConfigOptions:
+    """memory: the memory-model knobs; top: candidates reported; refine: finalists re-placed with
+    hierarchical; utilisation: fraction of peak FLOP/s sustained; max_stages: cap on S (0: none)."""
+
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    top: int = 5
+    refine: int = 3
+    utilisation: float = DEFAULT_UTILISATION
+    max_stages: int = 0
+
+    def __post_init__(self) -> None:
+        if self.top < 1 or self.refine < 0:
+            raise SearchError(f"auto-config: top must be >= 1 and refine >= 0, got {self.top}, {self.refine}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated configuration. assignment: (S, R) device indices of the full cluster;
+    iteration_s = dp + max_r (pp_r + compute_r) (seconds); memory_per_device_bytes: the largest
+    stage's peak; bound_s: lower bound on iteration_s over every placement of this layout on its pool."""
+
+    stages: int
+    replicas: int
+    microbatches: int
+    assignment: np.ndarray
+    iteration_s: float
+    dp_s: float
+    pp_s: float
+    compute_s: float
+    memory_per_device_bytes: float
+    bound_s: float
+    pool_size: int
+    placement: str
+
+    @property
+    def devices_used(self) -> int:
+        return self.stages * self.replicas
+
+    def tokens_per_s(self, job: Job) -> float:
+        return job.global_batch * job.seq_len / self.iteration_s
+
+    def to_json(self, job: Job) -> dict:
+        return {"stages": self.stages, "replicas": self.replicas, "microbatches": self.microbatches,
+                "devices_used": self.devices_used, "iteration_s": self.iteration_s, "tokens_per_s": self.tokens_per_s(job),
+                "cost": {"dp": self.dp_s, "pp": self.pp_s, "compute": self.compute_s, "total": self.iteration_s},
+                "memory_per_device_bytes": self.memory_per_device_bytes, "lower_bound": self.bound_s,
+                "gap": max(0.0, 1.0 - self.bound_s / self.iteration_s), "pool_size": self.pool_size,
+                "placement": self.placement, "assignment": self.assignment.tolist()}
+
+
+@dataclass(frozen=True)
+class AutoConfigResult:
+    candidates: list[Candidate]
+    layouts_scored: int
+    layouts_pruned: int
+    seconds: float
+
+
+def subcluster(cluster: Cluster, devices: np.ndarray) -> Cluster:
+    """The cluster restricted to `devices` (ascending indices), empty regions dropped."""
+    devices = np.asarray(devices, dtype=np.int64)
+    regions, region_of = np.unique(cluster.region_of[devices], return_inverse=True)
+    return Cluster(name=cluster.name, device_names=tuple(cluster.device_names[d] for d in devices),
+                   region_names=tuple(cluster.region_names[g] for g in regions), region_of=region_of,
+                   gpus=tuple(cluster.gpus[d] for d in devices),
+                   bandwidth_gbps=cluster.bandwidth_gbps[np.ix_(devices, devices)],
+                   latency_ms=cluster.latency_ms[np.ix_(devices, devices)])
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def microbatch_choices(per_replica: int) -> list[int]:
+    """Powers of two dividing the per-replica batch, and the batch itself (one sequence each)."""
+    powers = [1 << k for k in range(per_replica.bit_length()) if per_replica % (1 << k) == 0]
+    return sorted(set(powers + [per_replica]))
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def _no_fit_error(cluster: Cluster, job: Job, memory: MemoryConfig, capacity: np.ndarray) -> NoFeasibleConfigError:
+    """Name the binding constraint: the least memory any layout needs vs the largest GPU."""
+    best = None
+    for S in divisors(job.layers):
+        if S > cluster.n_devices:
+            continue
+        for R in divisors(job.global_batch):
+            if S * R > cluster.n_devices:
+                break
+            M = job.global_batch // R
+            need = stage_memory_bytes(job, S, R, M, memory)
+            if best is None or need.max() < best[0].max():
+                best = (need, S, R, M)
+    big = int(np.argmax(capacity))
+    if best is None:
+        return NoFeasibleConfigError(f"auto-config: the cluster has {cluster.n_devices} devices, too few for any layout")
+    need, S, R, M = best
+    s = int(np.argmax(need))
+    return NoFeasibleConfigError(
+        f"auto-config: nothing fits: stage {s} needs {_gb(need[s])} even at S={S}, R={R}, M={M} "
+        f"(zero={memory.zero}, recompute={memory.recompute}), largest GPU has {_gb(capacity[big])} "
+        f"({cluster.gpus[big]}); try --zero 3, --recompute or larger GPUs")
+
+
+def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = AutoConfigOptions(),
+                   *, seed: int = 0) -> AutoConfigResult:
+    """The `options.top` best configurations, fastest first (see the module docstring)."""
+    start = time.perf_counter()
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus]) * options.utilisation
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    speeds = np.unique(peak)
+    flops = job.flops_per_iteration()
+    layouts = []
+    for S in divisors(job.layers):
+        if S > cluster.n_devices or (options.max_stages and S > options.max_stages):
+            continue
+        for R in divisors(job.global_batch):
+            if S * R > cluster.n_devices:
+                break
+            for M in microbatch_choices(job.global_batch // R):
+                need = stage_memory_bytes(job, S, R, M, options.memory)
+                for speed in speeds:
+                    pool = np.flatnonzero((peak >= speed) & (capacity >= need.max()))
+                    if pool.size < S * R or (pool.size and peak[pool].min() > speed):
+                        continue  # too small, or the same pool as a faster threshold's
+                    fastest = np.sort(1.0 / peak[pool])[: S * R]
+                    slot = fastest * flops / (S * R)
+                    compute_lb = slot.sum() / R * (1.0 / M + (M - 1.0) / (M * S))
+                    layouts.append((compute_lb, S, R, M, pool, float(need.max())))
+    if not layouts:
+        raise _no_fit_error(cluster, job, options.memory, capacity)
+    layouts.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
+    found: list[Candidate] = []
+    pruned = 0
+    pool_cache: dict[bytes, tuple[Cluster, np.ndarray, np.ndarray]] = {}
+    for compute_lb, S, R, M, pool, need in layouts:
+        key = pool.tobytes()
+        if key not in pool_cache:
+            sub = subcluster(cluster, pool)
+            off = ~np.eye(sub.n_devices, dtype=bool)
+            pool_cache[key] = (sub, sub.latency_s[off].min(initial=0.0), sub.bandwidth_bps[off].max(initial=1.0))
+        sub, min_latency, max_bandwidth = pool_cache[key]
+        comm_lb = (R - 1) * 2.0 * (min_latency + 8.0 * job.dp_bytes(S) / R / max_bandwidth) + \
+            (S - 1) * 2.0 * (min_latency + 8.0 * job.pp_bytes(R) / max_bandwidth)
+        bound = compute_lb + comm_lb
+        if len(found) >= options.top and bound >= found[options.top - 1].iteration_s:
+            pruned += 1
+            continue
+        model = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+        problem = PlacementProblem(sub, model)
+        heuristic = RegionHeuristicConfig(max_candidates=200)
+        results = [method(problem, heuristic) for method in (pipeline_local, dp_local)]
+        result = min(results, key=lambda r: r.cost.total)
+        cost = result.cost
+        candidate = Candidate(S, R, M, pool[result.assignment], cost.total, cost.dp, cost.pp, cost.extra["compute"],
+                              need, bound, int(pool.size), result.method)
+        same = next((c for c in found if (c.stages, c.replicas, c.microbatches) == (S, R, M)), None)
+        if same is not None:  # one row per (S, R, M): the best pool, the weakest bound of the pools tried
+            found.remove(same)
+            candidate = min(same, candidate, key=lambda c: c.iteration_s)
+            candidate = replace(candidate, bound_s=min(same.bound_s, bound))
+        found.append(candidate)
+        found.sort(key=lambda c: c.iteration_s)
+        del found[options.top:]
+    refined = [_refine(cluster, job, c, options, seed) for c in found[: options.refine]]
+    found = sorted(refined + found[options.refine:], key=lambda c: c.iteration_s)
+    return AutoConfigResult(found, len(layouts) - pruned, pruned, time.perf_counter() - start)
+
+
+def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions, seed: int) -> Candidate:
+    """Re-place a finalist with `hierarchical` on its communication terms over the devices of its
+    pool (pool: the devices as fast as its slowest, with enough memory); keep the faster placement."""
+    S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    used = candidate.assignment.ravel()
+    devices = np.flatnonzero((peak >= peak[used].min()) & (capacity >= candidate.memory_per_device_bytes))
+    sub = subcluster(cluster, devices)
+    comm = YuanCostModel(sub, job, S, R)
+    result = hierarchical_search(PlacementProblem(sub, comm), HierarchicalConfig(starts=2, rounds=4, swaps=1000),
+                                 seed=seed, time_limit_s=10.0)
+    full = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+    cost = full.evaluate(result.assignment)
+    if cost.total >= candidate.iteration_s * (1 - 1e-12):
+        return candidate
+    return replace(candidate, assignment=devices[result.assignment], iteration_s=cost.total, dp_s=cost.dp,
+                   pp_s=cost.pp, compute_s=cost.extra["compute"], placement="hierarchical")
