@@ -4,7 +4,8 @@ With --json, stdout is ONE JSON object: the chosen plan in the `plan --json` for
 "auto-config", "stages", "replicas", "assignment", "cost": {"dp", "pp", "compute", "total"},
 "seconds") plus "microbatches", "devices_used", "memory_per_device_bytes", "lower_bound", "gap",
 "tokens_per_s" and "candidates": [the same facts for each of the best configurations, chosen first].
-`geotrain cost --plan` reads it as it is.
+`geotrain cost --plan` reads it as it is. Configurations are screened with "yuan+compute" and the
+finalists ranked with the event-simulated "schedule" model, unless --cost-model yuan+compute.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def run_autoconfig(args: Any, out: Output) -> int:
     job = load_job(args.job)
     if args.top < 1:
         raise GeotrainError(f"--top must be >= 1, got {args.top}")
+    rank_model = "yuan+compute" if args.cost_model == "yuan+compute" else "schedule"
     options = AutoConfigOptions(memory=MemoryConfig(zero=args.zero, recompute=args.recompute, schedule=args.schedule),
-                                top=args.top)
+                                top=args.top, rank_model=rank_model)
     with out.progress(f"auto-configuring {job.name} on {cluster.name}", 1):
         result = auto_configure(cluster, job, options, seed=args.seed)
     rows = [candidate.to_json(job) for candidate in result.candidates]
@@ -46,7 +48,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
            "seconds": result.seconds, "placement": chosen["placement"], "candidates": rows,
            "layouts_scored": result.layouts_scored, "layouts_pruned": result.layouts_pruned,
            "memory": {"zero": args.zero, "recompute": args.recompute, "schedule": args.schedule},
-           "seed": args.seed, "cluster": cluster.name, "job": job.name, "cost_model": "yuan+compute"}
+           "seed": args.seed, "cluster": cluster.name, "job": job.name, "cost_model": rank_model}
     if args.out:
         try:
             save_plan(Plan(chosen["stages"], chosen["replicas"], result.candidates[0].assignment, doc), args.out)
@@ -58,7 +60,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
     table = [[str(r["stages"]), str(r["replicas"]), str(r["microbatches"]), f"{r['devices_used']}/{cluster.n_devices}",
               f"{r['iteration_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['memory_per_device_bytes'] / 1e9:.1f}",
               f"{r['lower_bound']:.3f}", f"{100 * r['gap']:.1f}%"] for r in rows]
-    out.table(f"auto-configuration: {job.name} on {cluster.name} (yuan+compute, {args.schedule}, zero={args.zero})",
+    out.table(f"auto-configuration: {job.name} on {cluster.name} ({rank_model}, {args.schedule}, zero={args.zero})",
               ["S", "R", "M", "devices", "iteration s", "tokens/s", "peak GB/device", "bound s", "gap"],
               table, right_align_from=0)
     out.text(f"chosen: {chosen['stages']} stages x {chosen['replicas']} replicas, {chosen['microbatches']} micro-batches "

@@ -11,7 +11,11 @@ of the better of the `pipeline-local` and `dp-local` placements on the pool. Lay
 cheapest lower bound first and skipped once their bound (compute of the S R fastest pool devices,
 bubble included, + (R-1) and (S-1) times the pool's cheapest dp/pp pair) cannot beat the `top`-th
 best found. Finalists (`refine` best) are re-placed with `hierarchical` (communication only) and
-keep the better placement; each reported candidate carries the lower bound of its layout.
+keep the better placement. With rank_model "schedule" (the default) the `finalists` (20) best
+are then re-scored by the event-simulated "schedule" model and ranked by it. Every reported
+candidate carries a lower bound, valid for its ranking model, over every placement of its layout
+on its pool ("schedule": stage 0 computes M forwards and backwards and waits for the last
+micro-batch to cross the pipeline and back, then the cheapest possible all-reduce).
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ from geotrain.cluster import Cluster
 from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_memory_bytes, gpu_peak_flops
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
+from geotrain.cost.schedule import ScheduleCostModel
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.job import Job
 from geotrain.search.base import PlacementProblem, SearchError
+from geotrain.search.bounds import combinatorial_dp_bound
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
 from geotrain.search.region_heuristics import RegionHeuristicConfig, dp_local, pipeline_local
+
+
+RANK_MODELS = ("schedule", "yuan+compute")
 
 
 class NoFeasibleConfigError(SearchError):
@@ -39,24 +48,33 @@ class NoFeasibleConfigError(SearchError):
 @dataclass(frozen=True)
 class AutoConfigOptions:
     """memory: the memory-model knobs; top: candidates reported; refine: finalists re-placed with
-    hierarchical; utilisation: fraction of peak FLOP/s sustained; max_stages: cap on S (0: none)."""
+    hierarchical; utilisation: fraction of peak FLOP/s sustained; max_stages: cap on S (0: none);
+    rank_model: "schedule" (finalists re-ranked by the event simulation) or "yuan+compute";
+    finalists: configurations the screen passes to the "schedule" ranking (at least `top`)."""
 
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     top: int = 5
     refine: int = 3
     utilisation: float = DEFAULT_UTILISATION
     max_stages: int = 0
+    rank_model: str = "schedule"
+    finalists: int = 20
 
     def __post_init__(self) -> None:
-        if self.top < 1 or self.refine < 0:
-            raise SearchError(f"auto-config: top must be >= 1 and refine >= 0, got {self.top}, {self.refine}")
+        if self.top < 1 or self.refine < 0 or self.finalists < 1:
+            raise SearchError(f"auto-config: top, finalists must be >= 1 and refine >= 0, got {self.top}, "
+                              f"{self.finalists}, {self.refine}")
+        if self.rank_model not in RANK_MODELS:
+            raise SearchError(f"auto-config ranks with {' or '.join(RANK_MODELS)}, got {self.rank_model!r}")
 
 
 @dataclass(frozen=True)
 class Candidate:
     """One evaluated configuration. assignment: (S, R) device indices of the full cluster;
-    iteration_s = dp + max_r (pp_r + compute_r) (seconds); memory_per_device_bytes: the largest
-    stage's peak; bound_s: lower bound on iteration_s over every placement of this layout on its pool."""
+    iteration_s: seconds by the ranking model ("yuan+compute": dp + max_r (pp_r + compute_r);
+    "schedule": the simulated iteration); compute_s: "yuan+compute"'s compute, or the simulated
+    pipeline makespan; memory_per_device_bytes: the largest stage's peak; bound_s: lower bound on
+    iteration_s over every placement of this layout on its pool; screen_s: the "yuan+compute" total."""
 
     stages: int
     replicas: int
@@ -70,6 +88,8 @@ class Candidate:
     bound_s: float
     pool_size: int
     placement: str
+    screen_s: float = 0.0
+    model: str = "yuan+compute"
 
     @property
     def devices_used(self) -> int:
@@ -84,7 +104,8 @@ class Candidate:
                 "cost": {"dp": self.dp_s, "pp": self.pp_s, "compute": self.compute_s, "total": self.iteration_s},
                 "memory_per_device_bytes": self.memory_per_device_bytes, "lower_bound": self.bound_s,
                 "gap": max(0.0, 1.0 - self.bound_s / self.iteration_s), "pool_size": self.pool_size,
-                "placement": self.placement, "assignment": self.assignment.tolist()}
+                "placement": self.placement, "cost_model": self.model, "yuan_compute_s": self.screen_s,
+                "assignment": self.assignment.tolist()}
 
 
 @dataclass(frozen=True)
@@ -173,6 +194,7 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
         raise _no_fit_error(cluster, job, options.memory, capacity)
     layouts.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
     found: list[Candidate] = []
+    keep = max(options.top, options.finalists if options.rank_model == "schedule" else 0)
     pruned = 0
     pool_cache: dict[bytes, tuple[Cluster, np.ndarray, np.ndarray]] = {}
     for compute_lb, S, R, M, pool, need in layouts:
@@ -185,7 +207,7 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
         comm_lb = (R - 1) * 2.0 * (min_latency + 8.0 * job.dp_bytes(S) / R / max_bandwidth) + \
             (S - 1) * 2.0 * (min_latency + 8.0 * job.pp_bytes(R) / max_bandwidth)
         bound = compute_lb + comm_lb
-        if len(found) >= options.top and bound >= found[options.top - 1].iteration_s:
+        if len(found) >= keep and bound >= found[keep - 1].iteration_s:
             pruned += 1
             continue
         model = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
@@ -195,7 +217,7 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
         result = min(results, key=lambda r: r.cost.total)
         cost = result.cost
         candidate = Candidate(S, R, M, pool[result.assignment], cost.total, cost.dp, cost.pp, cost.extra["compute"],
-                              need, bound, int(pool.size), result.method)
+                              need, bound, int(pool.size), result.method, cost.total)
         same = next((c for c in found if (c.stages, c.replicas, c.microbatches) == (S, R, M)), None)
         if same is not None:  # one row per (S, R, M): the best pool, the weakest bound of the pools tried
             found.remove(same)
@@ -203,10 +225,12 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
             candidate = replace(candidate, bound_s=min(same.bound_s, bound))
         found.append(candidate)
         found.sort(key=lambda c: c.iteration_s)
-        del found[options.top:]
+        del found[keep:]
     refined = [_refine(cluster, job, c, options, seed) for c in found[: options.refine]]
     found = sorted(refined + found[options.refine:], key=lambda c: c.iteration_s)
-    return AutoConfigResult(found, len(layouts) - pruned, pruned, time.perf_counter() - start)
+    if options.rank_model == "schedule":
+        found = sorted((_schedule_rescore(cluster, job, c, options) for c in found), key=lambda c: c.iteration_s)
+    return AutoConfigResult(found[: options.top], len(layouts) - pruned, pruned, time.perf_counter() - start)
 
 
 def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions, seed: int) -> Candidate:
@@ -226,4 +250,44 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
     if cost.total >= candidate.iteration_s * (1 - 1e-12):
         return candidate
     return replace(candidate, assignment=devices[result.assignment], iteration_s=cost.total, dp_s=cost.dp,
-                   pp_s=cost.pp, compute_s=cost.extra["compute"], placement="hierarchical")
+                   pp_s=cost.pp, compute_s=cost.extra["compute"], placement="hierarchical", screen_s=cost.total)
+
+
+def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, replicas: int, microbatches: int,
+                     utilisation: float) -> float:
+    """Lower bound on the "schedule" model's iteration seconds of any placement of the layout on
+    `pool`, f = one micro-batch forward on the pool's fastest GPU: every stage ends its last backward
+    after >= 3 M f of its own compute and then all-reduces, so total >= 3 M f + max_s dp_s >= 3 M f +
+    the combinatorial dp bound; stage 0's last backward waits for >= (M + 3 S - 1) f of chained work
+    (its last forward, the other stages' forward and every backward of that micro-batch) and its
+    all-reduce needs >= R - 1 scatter-gather pair exchanges on the pool's cheapest link."""
+    peak = max(gpu_peak_flops(cluster.gpus[d]) for d in pool) * utilisation
+    forward = job.flops_per_iteration() / 3.0 / (stages * replicas * microbatches) / peak
+    chain = forward * (microbatches + 3.0 * stages - 1.0)
+    busy = forward * 3.0 * microbatches
+    if replicas < 2:
+        return max(chain, busy)
+    block = np.ix_(pool, pool)
+    off = ~np.eye(len(pool), dtype=bool)
+    latency = float(cluster.latency_s[block][off].min())
+    bandwidth = float(cluster.bandwidth_bps[block][off].max())
+    cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth)
+    dp_pair = YuanCostModel(subcluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
+    return max(chain + cheapest_dp, busy + combinatorial_dp_bound(dp_pair, stages, replicas))
+
+
+def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions) -> Candidate:
+    """The candidate scored and bounded by the "schedule" model (its placement kept)."""
+    S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
+    devices = np.unique(candidate.assignment)
+    sub = subcluster(cluster, devices)
+    local = np.searchsorted(devices, candidate.assignment)
+    model = ScheduleCostModel(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
+                              utilisation=options.utilisation)
+    cost = model.evaluate(local)
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    pool = np.flatnonzero((peak >= peak[devices].min()) & (capacity >= candidate.memory_per_device_bytes))
+    bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation)
+    return replace(candidate, iteration_s=cost.total, dp_s=cost.dp, pp_s=cost.pp, compute_s=cost.extra["pipeline"],
+                   bound_s=bound, model="schedule")

@@ -1,0 +1,90 @@
+"""The "schedule" cost model: event simulation held to hand-computed timelines, closed forms and the runtime's op order."""
+
+import numpy as np
+import pytest
+
+from geotrain.cluster import region_cluster, seed_geo
+from geotrain.cost import ScheduleCostModel, YuanCostModel, build_cost_model, pipeline_order, simulate_pipeline
+from geotrain.job import GPT_13B_SEED, Job
+from geotrain.runtime.pipeline import schedule_order
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages, microbatches", [(1, 1), (2, 3), (4, 2), (4, 8), (3, 1)])
+def test_op_order_is_the_runtimes(kind, stages, microbatches):
+    for s in range(stages):
+        assert pipeline_order(kind, s, stages, microbatches) == schedule_order(kind, s, stages, microbatches)
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_two_stage_timeline_by_hand(kind):
+    """f = 1 s forward (2 s backward) per micro-batch, messages busy 0.5 s + 0.25 s latency, M = 2.
+    GPipe: stage 0 F 0-1, 1-2; stage 1 F 1.75-2.75, 2.75-3.75, B1 3.75-5.75, B0 5.75-7.75;
+    grads arrive at stage 0 at 6.5 and 8.5: B1 6.5-8.5, B0 8.5-10.5. 1F1B: stage 1 F0 1.75-2.75,
+    B0 -4.75, F1 -5.75, B1 -7.75; stage 0 B0 5.5-7.5, B1 8.5-10.5."""
+    ends = simulate_pipeline(np.array([1.0, 1.0]), np.array([0.5]), np.array([0.25]), 2, kind)
+    np.testing.assert_allclose(ends, [10.5, 7.75])
+
+
+def test_fifo_link_queues_messages():
+    """Sending is slower than computing (busy 3 s vs forward 1 s): activations queue on the link.
+    M = 3, GPipe: sends end at 4, 7, 10 (+0 latency); stage 1 F at 4-5, 7-8, 10-11, then B 11-13,
+    13-15, 15-17; gradients queue back: arrive 16, 19, 22; stage 0 B ends 18, 21, 24."""
+    ends = simulate_pipeline(np.array([1.0, 1.0]), np.array([3.0]), np.array([0.0]), 3, "gpipe")
+    np.testing.assert_allclose(ends, [24.0, 17.0])
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+def test_free_network_gives_the_bubble_formula(kind):
+    """Uniform stages, no communication: makespan (M + S - 1) x 3 f for both schedules."""
+    S, M, f = 4, 6, 0.5
+    ends = simulate_pipeline(np.full(S, f), np.zeros(S - 1), np.zeros(S - 1), M, kind)
+    assert ends[0] == pytest.approx((M + S - 1) * 3 * f)
+
+
+def hand_cluster():
+    bw = np.array([[10.0, 1.0], [1.0, 10.0]])
+    ms = np.array([[0.1, 250.0], [250.0, 0.1]])
+    return region_cluster("hand", ["a", "b"], [2, 2], bw, ms, "V100")
+
+
+# 2 params x seq x b / (S R M) = 5e13 FLOPs -> f = 1 s on a V100 at 40 %; 2 x hidden bytes per message = 0.5 s at 1 Gbit/s
+HAND_JOB = Job(name="hand", params=5e13, seq_len=1, hidden=31_250_000, global_batch=4, layers=2, vocab=1)
+
+
+def test_model_adds_each_stages_all_reduce_after_its_last_backward():
+    cluster = hand_cluster()
+    model = ScheduleCostModel(cluster, HAND_JOB, 2, 2, micro_batches=2, schedule="gpipe")
+    assignment = np.array([[0, 1], [2, 3]])  # both replicas cross the 1 Gbit/s 250 ms link
+    cost = model.evaluate(assignment)
+    dp = YuanCostModel(cluster, HAND_JOB, 2, 2).stage_dp_seconds(assignment)
+    assert cost.total == pytest.approx(max(10.5 + dp[0], 7.75 + dp[1]))
+    assert cost.extra["pipeline"] == pytest.approx(10.5)
+    many = model.evaluate_many(np.stack([assignment, assignment[::-1], assignment[:, ::-1]]))
+    assert many[0] == pytest.approx(cost.total)
+    assert many[1] == pytest.approx(model.evaluate(assignment[::-1]).total)
+
+
+def test_registered_and_ranks_seed_plans_like_yuan_compute():
+    """On seed-geo the schedule model scores pipeline-local below dp-local as the seed says, and is
+    at least the ideal compute time (the bubble-free 10.2 s)."""
+    cluster = seed_geo()
+    model = build_cost_model("schedule", cluster, GPT_13B_SEED, 4, 8)
+    assert model.name == "schedule" and model.pairwise_terms() is None
+    pipelines = np.arange(32).reshape(8, 4).T      # replica r on devices 4r..4r+3: inside a region
+    groups = np.arange(32).reshape(4, 8)           # stage s on region s
+    local, across = model.evaluate(pipelines).total, model.evaluate(groups).total
+    assert local < across
+    assert local >= GPT_13B_SEED.compute_seconds(32)
+
+
+def test_auto_search_ranks_surrogate_finalists_with_the_schedule_model():
+    from geotrain.search import PlacementProblem, run_search
+
+    cluster = seed_geo()
+    model = build_cost_model("schedule", cluster, GPT_13B_SEED, 4, 8)
+    result = run_search("auto", PlacementProblem(cluster, model), seed=0)
+    finalists = result.details["finalists"]
+    assert result.cost.total == pytest.approx(min(finalists.values()))
+    assert result.cost.total == pytest.approx(model.evaluate(result.assignment).total)
+    assert result.lower_bound is None  # the surrogate's bound does not bound this model
