@@ -88,3 +88,14 @@ def test_auto_search_ranks_surrogate_finalists_with_the_schedule_model():
     assert result.cost.total == pytest.approx(min(finalists.values()))
     assert result.cost.total == pytest.approx(model.evaluate(result.assignment).total)
     assert result.lower_bound is None  # the surrogate's bound does not bound this model
+
+
+def test_allreduce_from_traffic_equals_yuan_dp():
+    from geotrain.cost.schedule import stage_allreduce_seconds
+
+    cluster = seed_geo()
+    rng = np.random.default_rng(3)
+    batch = np.stack([rng.permutation(32)[:24].reshape(4, 6) for _ in range(3)])
+    yuan = YuanCostModel(cluster, GPT_13B_SEED, 4, 6)
+    got = stage_allreduce_seconds(cluster, batch, np.full(4, GPT_13B_SEED.dp_bytes(4)))
+    np.testing.assert_allclose(got, yuan.stage_dp_seconds(batch), rtol=1e-12)

@@ -104,6 +104,34 @@ def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_laten
     return last_backward
 
 
+def stage_allreduce_seconds(cluster: Cluster, assignments: np.ndarray, dp_bytes: np.ndarray) -> np.ndarray:
+    """(..., S) scatter-gather all-reduce seconds of every stage's DP group (the "yuan" dp_s formula)
+    for `dp_bytes[s]` gradient bytes per device of stage s."""
+    assignments = np.asarray(assignments, dtype=np.int64)
+    R = assignments.shape[-1]
+    a, b = assignments[..., :, :, None], assignments[..., :, None, :]
+    bandwidth = cluster.bandwidth_bps[a, b]
+    share = 8.0 * np.asarray(dp_bytes, dtype=float)[:, None, None] / R
+    pair = 2.0 * (cluster.latency_s[a, b] + np.divide(share, bandwidth, out=np.zeros(bandwidth.shape), where=bandwidth > 0))
+    pair = np.where(a == b, 0.0, pair)
+    return pair.sum(axis=-1).max(axis=-1)
+
+
+def schedule_seconds(cluster: Cluster, assignments: np.ndarray, forward_s: np.ndarray, message_bytes: float,
+                     dp_bytes: np.ndarray, microbatches: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """The simulation from traffic: `forward_s` per device (N,) seconds of one micro-batch forward,
+    `message_bytes` per activation (and gradient) message, `dp_bytes` (S,) gradient bytes per device.
+    Returns (end of each stage's last backward over replicas (..., S), all-reduce seconds (..., S));
+    the iteration is max_s of their sum."""
+    assignments = np.asarray(assignments, dtype=np.int64)
+    chains = np.swapaxes(assignments, -1, -2)  # (..., R, S)
+    src, dst = chains[..., :-1], chains[..., 1:]
+    bandwidth = cluster.bandwidth_bps[src, dst]
+    busy = np.divide(8.0 * message_bytes, bandwidth, out=np.zeros(bandwidth.shape), where=bandwidth > 0)
+    ends = simulate_pipeline(np.asarray(forward_s)[chains], busy, cluster.latency_s[src, dst], microbatches, kind)
+    return ends.max(axis=-2), stage_allreduce_seconds(cluster, assignments, dp_bytes)
+
+
 class ScheduleCostModel:
     """Event-simulated iteration seconds (see the module docstring). Not pairwise."""
 
@@ -120,11 +148,10 @@ class ScheduleCostModel:
         self.schedule = schedule
         peak = np.array([gpu_peak_flops(gpu) for gpu in cluster.gpus]) * utilisation
         forward_flops = job.flops_per_iteration() / 3.0 / (stages * replicas * self.micro_batches)
+        self.cluster = cluster
         self.forward_s = forward_flops / peak
-        message_bytes = job.pp_bytes(replicas) / self.micro_batches
-        self.busy_s = np.where(cluster.bandwidth_bps > 0, 8.0 * message_bytes / np.where(
-            cluster.bandwidth_bps > 0, cluster.bandwidth_bps, 1.0), 0.0)
-        self.latency_s = cluster.latency_s
+        self.message_bytes = job.pp_bytes(replicas) / self.micro_batches
+        self.dp_bytes = np.full(stages, job.dp_bytes(stages))
 
     def pairwise_terms(self) -> None:
         return None
@@ -135,12 +162,8 @@ class ScheduleCostModel:
         return self.comm
 
     def _simulate(self, assignments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(finish (..., S) of each stage's last backward over replicas, dp (..., S))."""
-        chains = np.swapaxes(assignments, -1, -2)  # (..., R, S)
-        src, dst = chains[..., :-1], chains[..., 1:]
-        ends = simulate_pipeline(self.forward_s[chains], self.busy_s[src, dst], self.latency_s[src, dst],
-                                 self.micro_batches, self.schedule)
-        return ends.max(axis=-2), self.comm.stage_dp_seconds(assignments)
+        return schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes, self.dp_bytes,
+                                self.micro_batches, self.schedule)
 
     def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
         assignment = np.asarray(assignment, dtype=np.int64)
