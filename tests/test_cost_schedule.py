@@ -99,3 +99,57 @@ def test_allreduce_from_traffic_equals_yuan_dp():
     yuan = YuanCostModel(cluster, GPT_13B_SEED, 4, 6)
     got = stage_allreduce_seconds(cluster, batch, np.full(4, GPT_13B_SEED.dp_bytes(4)))
     np.testing.assert_allclose(got, yuan.stage_dp_seconds(batch), rtol=1e-12)
+
+
+def reference_last_backward(forward, busy, latency, microbatches, kind):
+    """Pull-based reference: every op's end as a memoised recursion over its predecessors (previous op
+    on the device; the message it waits for, itself behind the previous message on its FIFO link)."""
+    from functools import lru_cache
+
+    S = len(forward)
+    orders = [pipeline_order(kind, s, S, microbatches) for s in range(S)]
+    index = [{op: k for k, op in enumerate(order)} for order in orders]
+    backward_order = [[m for op, m in order if op == "B"] for order in orders]
+
+    @lru_cache(maxsize=None)
+    def end(s, op, m):
+        k = index[s][(op, m)]
+        start = end(s, *orders[s][k - 1]) if k > 0 else 0.0
+        if op == "F" and s > 0:
+            start = max(start, arrival_fwd(s - 1, m))
+        if op == "B" and s < S - 1:
+            start = max(start, arrival_bwd(s + 1, m))
+        return start + forward[s] * (1.0 if op == "F" else 2.0)
+
+    @lru_cache(maxsize=None)
+    def link_free_fwd(s, m):  # link s -> s+1 after the message of micro-batch m (sent in order m = 0, 1, ...)
+        return max(end(s, "F", m), link_free_fwd(s, m - 1) if m > 0 else 0.0) + busy[s]
+
+    def arrival_fwd(s, m):
+        return link_free_fwd(s, m) + latency[s]
+
+    @lru_cache(maxsize=None)
+    def link_free_bwd(s, m):  # link s -> s-1, messages in the order of stage s's backwards
+        k = backward_order[s].index(m)
+        before = link_free_bwd(s, backward_order[s][k - 1]) if k > 0 else 0.0
+        return max(end(s, "B", m), before) + busy[s - 1]
+
+    def arrival_bwd(s, m):
+        return link_free_bwd(s, m) + latency[s - 1]
+
+    return np.array([end(s, *orders[s][-1]) for s in range(S)])
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("case", range(6))
+def test_simulation_equals_pull_based_reference(kind, case):
+    rng = np.random.default_rng(case)
+    S, M = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+    forward, busy, latency = rng.uniform(0.1, 2.0, S), rng.uniform(0.0, 3.0, S - 1), rng.uniform(0.0, 1.0, S - 1)
+    np.testing.assert_allclose(simulate_pipeline(forward, busy, latency, M, kind),
+                               reference_last_backward(forward, busy, latency, M, kind), rtol=1e-12)
+    # vectorised over a leading axis: each row as if alone
+    batch = rng.uniform(0.1, 2.0, (3, S))
+    together = simulate_pipeline(batch, np.tile(busy, (3, 1)), np.tile(latency, (3, 1)), M, kind)
+    for row, ends in zip(batch, together):
+        np.testing.assert_allclose(ends, simulate_pipeline(row, busy, latency, M, kind), rtol=1e-12)
