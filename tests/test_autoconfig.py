@@ -131,3 +131,11 @@ def test_plan_cli_auto_config_json_contract(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["cost"]["dp"] == pytest.approx(doc["cost"]["dp"])
     assert main(["plan", "--cluster", str(cluster), "--job", "gpt3-xl"]) == 0
     assert "chosen:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [(["--stages", "4"], "give both --stages and --replicas, or neither"),
+                                           (["--lower-bound"], "--method and --lower-bound apply to a fixed layout"),
+                                           (["--method", "genetic"], "--method and --lower-bound apply to a fixed layout")])
+def test_plan_cli_refuses_half_layouts_and_fixed_layout_options(capsys, argv, message):
+    assert main(["plan", "--cluster", "seed-geo", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -38,8 +38,12 @@ def run_autoconfig(args: Any, out: Output) -> int:
     if args.top < 1:
         raise GeotrainError(f"--top must be >= 1, got {args.top}")
     rank_model = "yuan+compute" if args.cost_model == "yuan+compute" else "schedule"
+    if args.lower_bound or args.method != "auto":
+        raise GeotrainError("--method and --lower-bound apply to a fixed layout: give --stages and --replicas "
+                            "(auto-configuration places with its own heuristics and reports each layout's bound)")
+    limit = {} if args.time_limit is None else {"refine_time_limit_s": max(0.0, float(args.time_limit))}
     options = AutoConfigOptions(memory=MemoryConfig(zero=args.zero, recompute=args.recompute, schedule=args.schedule),
-                                top=args.top, rank_model=rank_model)
+                                top=args.top, rank_model=rank_model, **limit)
     with out.progress(f"auto-configuring {job.name} on {cluster.name}", 1):
         result = auto_configure(cluster, job, options, seed=args.seed)
     rows = [candidate.to_json(job) for candidate in result.candidates]

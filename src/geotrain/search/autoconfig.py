@@ -50,7 +50,8 @@ class AutoConfigOptions:
     """memory: the memory-model knobs; top: candidates reported; refine: finalists re-placed with
     hierarchical; utilisation: fraction of peak FLOP/s sustained; max_stages: cap on S (0: none);
     rank_model: "schedule" (finalists re-ranked by the event simulation) or "yuan+compute";
-    finalists: configurations the screen passes to the "schedule" ranking (at least `top`)."""
+    finalists: configurations the screen passes to the "schedule" ranking (at least `top`);
+    refine_time_limit_s: the `hierarchical` re-placement's limit per finalist."""
 
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     top: int = 5
@@ -59,6 +60,7 @@ class AutoConfigOptions:
     max_stages: int = 0
     rank_model: str = "schedule"
     finalists: int = 20
+    refine_time_limit_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.top < 1 or self.refine < 0 or self.finalists < 1:
@@ -244,7 +246,7 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
     sub = subcluster(cluster, devices)
     comm = YuanCostModel(sub, job, S, R)
     result = hierarchical_search(PlacementProblem(sub, comm), HierarchicalConfig(starts=2, rounds=4, swaps=1000),
-                                 seed=seed, time_limit_s=10.0)
+                                 seed=seed, time_limit_s=options.refine_time_limit_s)
     full = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
     cost = full.evaluate(result.assignment)
     if cost.total >= candidate.iteration_s * (1 - 1e-12):
