@@ -72,3 +72,19 @@ def test_plan_cli_pipeline_only_layouts(tmp_path, capsys, argv):
     assert len(doc["assignment"]) == int(argv[1]) and len(doc["assignment"][0]) == int(argv[3])
     if "--lower-bound" in argv:
         assert 0.0 <= doc["gap"] <= 1e-6  # this two-region uniform cluster is solved exactly
+
+
+@pytest.mark.parametrize("layout", [(2, 4), (4, 2), (8, 1), (1, 8), (3, 2)])
+def test_region_dp_floor_equals_the_device_level_combinatorial_bound(small_cluster, layout):
+    """exact.dp_floor (per region) is the combinatorial dp bound of bounds (per device) on a
+    region-uniform cluster: the pruning and the MILP cut it feeds are valid bounds on every plan's dp."""
+    from geotrain.search.bounds import combinatorial_dp_bound
+    from geotrain.search.regions import dp_floor, region_terms
+
+    stages, replicas = layout
+    model = build_cost_model("yuan", small_cluster, GPT_13B_SEED, stages, replicas)
+    terms = region_terms(small_cluster, model)
+    device_level = combinatorial_dp_bound(model.pairwise_terms().dp_pair_s, stages, replicas)
+    assert dp_floor(terms, replicas, stages) == pytest.approx(device_level, rel=1e-12)
+    exact = run_search("exact", PlacementProblem(small_cluster, model), seed=0)
+    assert exact.cost.dp >= dp_floor(terms, replicas, stages) * (1 - 1e-12)
