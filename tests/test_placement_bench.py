@@ -50,6 +50,7 @@ def test_uneven_region_clusters_are_seeded_unequal_and_region_uniform():
         assert np.array_equal(again.bandwidth_gbps, cluster.bandwidth_gbps)
 
 
+@pytest.mark.slow
 def test_bench_scale_uneven_family_reports_rows(capsys):
     assert main(["bench", "scale", "--family", "uneven", "--sizes", "32", "--method", "pipeline-local",
                  "--time-limit", "5", "--bound-time-limit", "5", "--json"]) == 0
