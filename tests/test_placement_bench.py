@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from geotrain.bench.placement import SeededRun, SeedsBenchConfig, run_seeds_bench
@@ -32,3 +33,28 @@ def test_bench_scale_cli_reports_bound_and_gap_per_method(capsys):
     assert rows["exact"]["total_s"] == pytest.approx(bound, rel=1e-6)  # region-uniform: bound = optimum
     assert rows["pipeline-local"]["total_s"] >= bound * (1 - 1e-9)
     assert all(row["devices"] == 64 and row["stages"] == 8 and row["replicas"] == 8 for row in doc["rows"])
+
+
+def test_uneven_region_clusters_are_seeded_unequal_and_region_uniform():
+    from geotrain.bench.scale import uneven_regions
+
+    for n in (32, 64, 128):
+        cluster = uneven_regions(n, seed=0)
+        sizes = cluster.region_sizes()
+        assert cluster.n_devices == n and 4 <= cluster.n_regions <= 8
+        assert sizes.min() >= 2 and sizes.max() > sizes.min()
+        assert cluster.is_region_uniform()
+        intra = [cluster.region_link(g, g).gbps for g in range(cluster.n_regions)]
+        assert len(set(intra)) == cluster.n_regions  # unequal intra-region speeds
+        again = uneven_regions(n, seed=0)
+        assert np.array_equal(again.bandwidth_gbps, cluster.bandwidth_gbps)
+
+
+@pytest.mark.slow
+def test_bench_scale_uneven_family_reports_rows(capsys):
+    assert main(["bench", "scale", "--family", "uneven", "--sizes", "32", "--method", "pipeline-local",
+                 "--time-limit", "5", "--bound-time-limit", "5", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["rows"]
+    assert row["cluster"] == "uneven-32-seed0" and row["stages"] == 8 and row["replicas"] == 4
+    assert row["total_s"] >= row["lower_bound_s"] * (1 - 1e-9)

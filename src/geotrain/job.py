@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.errors import GeotrainError, shown
+from geotrain.model_shapes import MODEL_SHAPES
 from geotrain.yaml_text import DocumentError, parse_document, read_text_file
 
 
@@ -28,8 +29,9 @@ class JobError(GeotrainError, ValueError):
 # enough that seq x hidden x bytes x batch and 6 x params x tokens stay far inside float64.
 JOB_LIMITS: dict[str, float] = {
     "params": 1e15, "seq_len": 2**24, "hidden": 2**20, "global_batch": 2**40, "layers": 2**16, "bytes_per_value": 16,
+    "vocab": 2**24,
 }
-_INTEGER_FIELDS = ("seq_len", "hidden", "global_batch", "layers", "bytes_per_value")
+_INTEGER_FIELDS = ("seq_len", "hidden", "global_batch", "layers", "bytes_per_value", "vocab")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class Job:
     global_batch: int
     layers: int = 24
     bytes_per_value: int = 2
+    vocab: int = 50257
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -102,9 +105,10 @@ def check_layout(stages: int, replicas: int, n_devices: int) -> None:
 
 GPT_13B_SEED = Job(name="gpt-1.3b-seed", params=1.3e9, seq_len=2048, hidden=2048, global_batch=1024, layers=24)
 
-JOB_PRESETS: dict[str, Job] = {GPT_13B_SEED.name: GPT_13B_SEED}
+JOB_PRESETS: dict[str, Job] = {GPT_13B_SEED.name: GPT_13B_SEED,
+                               **{name: Job(name=name, **shape.job_fields()) for name, shape in MODEL_SHAPES.items()}}
 
-_JOB_KEYS = {"name", "params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value"}
+_JOB_KEYS = {"name", "params", "seq_len", "hidden", "global_batch", "layers", "bytes_per_value", "vocab", "model"}
 
 
 def job_from_dict(doc: Any, source: str = "<job>") -> Job:
@@ -114,10 +118,15 @@ def job_from_dict(doc: Any, source: str = "<job>") -> Job:
     unknown = sorted(map(str, set(doc) - _JOB_KEYS))
     if unknown:
         raise JobError(f"{source}: unknown key {shown(unknown[0])} (allowed: {', '.join(sorted(_JOB_KEYS))})")
-    missing = sorted({"params", "seq_len", "hidden", "global_batch"} - set(doc))
+    doc = dict(doc)
+    model = doc.pop("model", None)
+    if model is not None and (not isinstance(model, str) or model not in MODEL_SHAPES):
+        raise JobError(f"{source}: model: unknown model shape {shown(model)} (known: {', '.join(MODEL_SHAPES)})")
+    shape = MODEL_SHAPES[model].job_fields() if model is not None else {}
+    missing = sorted({"params", "seq_len", "hidden", "global_batch"} - set(doc) - set(shape))
     if missing:
         raise JobError(f"{source}: missing key {missing[0]!r}")
-    fields = {"name": Path(source).stem, **doc}
+    fields = {"name": Path(source).stem, **shape, **doc}
     try:
         return Job(**fields)
     except JobError as exc:

@@ -107,6 +107,3 @@ def parse_plan_text(text: str, source: str = "<plan>") -> Plan:
         raise PlanError(str(exc)) from None
     return plan_from_json(doc, source)
 
-
-def save_plan(plan: Plan, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan.to_json(), indent=2) + "\n")

@@ -1,8 +1,9 @@
 """Placement at scale: seeded multi-cloud clusters of growing size, every method under a time limit,
 and a proven lower bound on each cluster's optimum.
 
-For each size n (devices), the cluster is `multicloud(regions, n // regions, seed, jitter)` and the
-layout uses every device: S = `stages`, R = n // S. Each method runs once with the same seed and
+For each size n (devices), the cluster is `multicloud(regions, n // regions, seed, jitter)` (family
+"multicloud") or `uneven_regions(n, seed)` (family "uneven": 4-8 regions of unequal sizes and
+intra-region speeds, region-uniform), and the layout uses every device: S = `stages`, R = n // S. Each method runs once with the same seed and
 time limit; the lower bound (`search.bounds.lower_bound`) is computed once per cluster, given the
 best total any method found, and every row's gap is (total - bound) / total.
 """
@@ -12,6 +13,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
+
+from geotrain.cluster import Cluster, region_cluster
 from geotrain.cluster.scale import multicloud
 from geotrain.cost import build_cost_model
 from geotrain.job import load_job
@@ -19,6 +23,28 @@ from geotrain.search import PlacementProblem, ProgressCallback, SearchError, run
 from geotrain.search.bounds import lower_bound
 
 DEFAULT_METHODS = ("pipeline-local", "dp-local", "local-search", "genetic", "hierarchical", "exact")
+FAMILIES = ("multicloud", "uneven")
+
+
+def uneven_regions(devices: int, seed: int) -> Cluster:
+    """A seeded region-structured cluster of `devices` devices: 4-8 regions (at least 2 devices
+    each) of unequal sizes (a Dirichlet(1) split), intra-region links 5..50 Gbit/s and 0.1..0.5 ms per
+    region, region pairs 0.3..1.3 Gbit/s and 10..250 ms (the seed's ranges), all V100."""
+    rng = np.random.default_rng([seed, devices])
+    regions = int(rng.integers(4, 9))
+    if devices < 2 * regions:
+        raise SearchError(f"bench scale: uneven clusters need >= {2 * regions} devices, got {devices}")
+    spare = devices - 2 * regions
+    sizes = 2 + np.floor(rng.dirichlet(np.ones(regions)) * spare).astype(np.int64)
+    sizes[np.argmax(sizes)] += devices - int(sizes.sum())
+    bandwidth = np.diag(rng.uniform(5.0, 50.0, regions))
+    latency = np.diag(rng.uniform(0.1, 0.5, regions))
+    for a in range(regions):
+        for b in range(a + 1, regions):
+            bandwidth[a, b] = bandwidth[b, a] = rng.uniform(0.3, 1.3)
+            latency[a, b] = latency[b, a] = rng.uniform(10.0, 250.0)
+    return region_cluster(f"uneven-{devices}-seed{seed}", [f"region{g}" for g in range(regions)], sizes,
+                          np.round(bandwidth, 4), np.round(latency, 3), "V100")
 
 
 @dataclass(frozen=True)
@@ -35,9 +61,16 @@ class ScaleBenchConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     time_limit_s: float = 30.0
     bound_time_limit_s: float = 60.0
+    family: str = "multicloud"
 
     def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise SearchError(f"bench scale: family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         for n in self.sizes:
+            if self.family == "uneven":
+                if n % self.stages or n < 16:
+                    raise SearchError(f"bench scale: size {n} must be >= 16 and a multiple of stages ({self.stages})")
+                continue
             if n % self.regions or n % self.stages or n < self.regions:
                 raise SearchError(f"bench scale: size {n} must be a multiple of regions ({self.regions}) "
                                   f"and stages ({self.stages})")
@@ -46,6 +79,7 @@ class ScaleBenchConfig:
 @dataclass(frozen=True)
 class ScaleRow:
     devices: int
+    cluster: str
     stages: int
     replicas: int
     method: str
@@ -64,7 +98,8 @@ def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None 
     rows: list[ScaleRow] = []
     steps, done = len(config.sizes) * (len(config.methods) + 1), 0
     for n in config.sizes:
-        cluster = multicloud(config.regions, n // config.regions, seed=config.seed, jitter=config.jitter)
+        cluster = (uneven_regions(n, config.seed) if config.family == "uneven" else
+                   multicloud(config.regions, n // config.regions, seed=config.seed, jitter=config.jitter))
         S, R = config.stages, n // config.stages
         problem = PlacementProblem(cluster, build_cost_model("yuan", cluster, job, S, R))
         results: list[tuple[str, Any, str]] = []
@@ -84,7 +119,7 @@ def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None 
             progress(done, steps)
         for method, result, note in results:
             total = None if result is None else float(result.cost.total)
-            rows.append(ScaleRow(devices=n, stages=S, replicas=R, method=method,
+            rows.append(ScaleRow(devices=n, cluster=cluster.name, stages=S, replicas=R, method=method,
                                  seconds=None if result is None else float(result.seconds), total_s=total,
                                  lower_bound_s=float(bound.value_s), gap=None if total is None else bound.gap(total),
                                  bound_source=bound.source, bound_seconds=float(bound.seconds), note=note))

@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=positive_float, default=30.0, metavar="SEC", help="per-method time limit")
     parser.add_argument("--bound-time-limit", type=positive_float, default=60.0, metavar="SEC",
                         help="lower-bound MILP limit")
+    parser.add_argument("--family", default="multicloud", choices=("multicloud", "uneven"),
+                        help="multicloud: 8 equal regions of mixed GPUs; uneven: 4-8 regions of unequal sizes "
+                             "and intra speeds (region-uniform)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -37,7 +40,8 @@ def run(args: Any) -> int:
     out = Output(json_mode=args.json)
     config = ScaleBenchConfig(sizes=sizes, stages=args.stages, jitter=args.jitter, seed=args.seed,
                               methods=tuple(args.method) if args.method else DEFAULT_METHODS,
-                              time_limit_s=args.time_limit, bound_time_limit_s=args.bound_time_limit)
+                              time_limit_s=args.time_limit, bound_time_limit_s=args.bound_time_limit,
+                              family=args.family)
     with out.progress("bench scale", 1) as progress:
         rows = run_scale_bench(config, progress)
     if args.json:
@@ -47,10 +51,11 @@ def run(args: Any) -> int:
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    out.table(f"placement at scale: multicloud, 8 regions, jitter {config.jitter}, {config.stages} stages, "
-              f"time limit {config.time_limit_s:g} s per method",
-              ["devices", "S x R", "method", "seconds", "total s", "lower bound s", "gap", "bound from"],
-              [[str(r.devices), f"{r.stages}x{r.replicas}", r.method, num(r.seconds, ".1f"), num(r.total_s, ".3f"),
+    family = (f"multicloud, 8 regions, jitter {config.jitter}" if config.family == "multicloud"
+              else "uneven regions (4-8, unequal sizes and intra speeds)")
+    out.table(f"placement at scale: {family}, {config.stages} stages, time limit {config.time_limit_s:g} s per method",
+              ["devices", "cluster", "S x R", "method", "seconds", "total s", "lower bound s", "gap", "bound from"],
+              [[str(r.devices), r.cluster, f"{r.stages}x{r.replicas}", r.method, num(r.seconds, ".1f"), num(r.total_s, ".3f"),
                 f"{r.lower_bound_s:.3f}", "-" if r.gap is None else f"{100 * r.gap:.1f}%",
-                r.bound_source if not r.note else f"n/a: {r.note}"] for r in rows], right_align_from=3)
+                r.bound_source if not r.note else f"n/a: {r.note}"] for r in rows], right_align_from=4)
     return 0

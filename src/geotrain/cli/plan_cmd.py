@@ -15,6 +15,7 @@ from typing import Any
 
 from geotrain.cli.arg_types import positive_float
 from geotrain.cli.output import Output, strict_json_text
+from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan
@@ -42,8 +43,9 @@ def register(subparsers: Any) -> None:
         description="Search a placement of S stages x R replicas; --json prints one JSON object.",
         epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=_HelpFormatter)
     add_placement_arguments(parser)
-    parser.add_argument("--stages", type=int, required=True, help="pipeline stages S")
-    parser.add_argument("--replicas", type=int, required=True, help="data-parallel replicas R")
+    parser.add_argument("--stages", type=int, default=None,
+                        help="pipeline stages S (with --replicas; give neither to auto-configure S, R, M and devices)")
+    parser.add_argument("--replicas", type=int, default=None, help="data-parallel replicas R")
     parser.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(SEARCH_METHODS), help="search method")
     parser.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same plan)")
     parser.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
@@ -58,6 +60,7 @@ def register(subparsers: Any) -> None:
                         help="also prove a lower bound on the optimum (JSON gains lower_bound and gap)")
     parser.add_argument("--bound-time-limit", type=positive_float, default=30.0, metavar="SEC",
                         help="time for the lower-bound MILP (the bound stays valid when it stops early)")
+    add_autoconfig_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -100,6 +103,10 @@ def plan_document(result: SearchResult, extra: dict[str, Any] | None = None) -> 
 
 def run(args: Any) -> int:
     out = Output(json_mode=args.json)
+    if args.stages is None and args.replicas is None:
+        return run_autoconfig(args, out)
+    if args.stages is None or args.replicas is None:
+        raise SearchError("give both --stages and --replicas, or neither (auto-configuration)")
     cluster, job, model = build_placement(args, args.stages, args.replicas)
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)

@@ -4,24 +4,29 @@ from geotrain.cost.assignment import AssignmentError, as_assignment, assignment_
 from geotrain.cost.base import CostBreakdown, CostModel, PairwiseTerms
 from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.dtfm import DtfmCostModel
-from geotrain.cost.gpus import GPU_PEAK_TFLOPS, UnknownGpuError, gpu_peak_flops
+from geotrain.cost.gpus import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS, UnknownGpuError, gpu_memory_bytes, gpu_peak_flops
 from geotrain.cost.matching import bottleneck_assignment, bottleneck_ring
 from geotrain.cost.reference import yuan_cost_reference
+from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.ring import RingCostModel
+from geotrain.cost.schedule import ScheduleCostModel, pipeline_order, simulate_pipeline
 from geotrain.cost.registry import COST_MODELS, DEFAULT_COST_MODEL, CostModelError, build_cost_model
 from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
 
 __all__ = [
     "COST_MODELS",
     "DEFAULT_COST_MODEL",
+    "GPU_MEMORY_GIB",
     "GPU_PEAK_TFLOPS",
     "AssignmentError",
     "CostBreakdown",
     "CostModel",
     "CostModelError",
     "DtfmCostModel",
+    "MemoryConfig",
     "PairwiseTerms",
     "RingCostModel",
+    "ScheduleCostModel",
     "UnknownGpuError",
     "YuanComputeCostModel",
     "YuanCostModel",
@@ -30,7 +35,11 @@ __all__ = [
     "bottleneck_assignment",
     "bottleneck_ring",
     "build_cost_model",
+    "gpu_memory_bytes",
     "gpu_peak_flops",
     "pair_transfer_seconds",
+    "pipeline_order",
+    "simulate_pipeline",
+    "stage_memory_bytes",
     "yuan_cost_reference",
 ]

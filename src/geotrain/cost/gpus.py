@@ -15,6 +15,11 @@ Sources (vendor datasheets; the dense figure, i.e. half the "with sparsity" numb
 - P100 (SXM2): 21.2 TFLOP/s fp16 (no tensor cores); NVIDIA Tesla P100 datasheet (2016).
 - MI250X: 383 TFLOP/s fp16/bf16 matrix; AMD Instinct MI250X datasheet (2021).
 The seed uses V100 at 40 % of peak; that is the default utilisation here too.
+
+Memory (GPU_MEMORY_GIB): the datasheets' "GB" of HBM/GDDR are binary (a "16 GB" V100 holds 16 GiB =
+17.18e9 bytes); `gpu_memory_bytes` converts with 2**30. Same datasheets as above: V100 16 GiB
+(V100-32GB: 32), A100 40 GiB (A100-80GB: 80, same peak), H100 SXM5 80, H200 141, T4 16, A10/A10G 24,
+L4 24, A40 48, L40S 48, RTX 3090 24, RTX 4090 24, P100 16, MI250X 128.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from geotrain.errors import GeotrainError
 
 GPU_PEAK_TFLOPS: dict[str, float] = {
     "V100": 125.0,
+    "V100-32GB": 125.0,
     "A100": 312.0,
+    "A100-80GB": 312.0,
     "H100": 989.0,
     "H200": 989.0,
     "T4": 65.0,
@@ -36,6 +43,12 @@ GPU_PEAK_TFLOPS: dict[str, float] = {
     "RTX4090": 165.0,
     "P100": 21.2,
     "MI250X": 383.0,
+}
+
+GPU_MEMORY_GIB: dict[str, float] = {
+    "V100": 16.0, "V100-32GB": 32.0, "A100": 40.0, "A100-80GB": 80.0, "H100": 80.0, "H200": 141.0, "T4": 16.0,
+    "A10": 24.0, "A10G": 24.0, "L4": 24.0, "A40": 48.0, "L40S": 48.0, "RTX3090": 24.0, "RTX4090": 24.0,
+    "P100": 16.0, "MI250X": 128.0,
 }
 
 DEFAULT_UTILISATION = 0.4
@@ -59,4 +72,16 @@ def gpu_peak_flops(name: str) -> float:
         return _BY_KEY[_key(name)] * 1e12
     except KeyError:
         known = ", ".join(sorted(GPU_PEAK_TFLOPS))
+        raise UnknownGpuError(f"unknown GPU type {name!r}: give each device a gpu from {known}") from None
+
+
+_MEMORY_BY_KEY = {_key(name): gib for name, gib in GPU_MEMORY_GIB.items()}
+
+
+def gpu_memory_bytes(name: str) -> float:
+    """Memory of GPU type `name` in bytes (datasheet GiB x 2**30); same name rules as gpu_peak_flops."""
+    try:
+        return _MEMORY_BY_KEY[_key(name)] * 2.0**30
+    except KeyError:
+        known = ", ".join(sorted(GPU_MEMORY_GIB))
         raise UnknownGpuError(f"unknown GPU type {name!r}: give each device a gpu from {known}") from None

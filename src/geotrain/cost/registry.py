@@ -9,6 +9,7 @@ from geotrain.cost.base import CostModel
 from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.dtfm import DtfmCostModel
 from geotrain.cost.ring import RingCostModel
+from geotrain.cost.schedule import ScheduleCostModel
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
@@ -25,6 +26,7 @@ COST_MODELS: dict[str, CostModelFactory] = {
     "ring": RingCostModel,
     "yuan+compute": YuanComputeCostModel,
     "dtfm": DtfmCostModel,
+    "schedule": ScheduleCostModel,
 }
 
 DEFAULT_COST_MODEL = "yuan"

@@ -5,6 +5,8 @@ if it applies and proves its plan optimal, that is the answer. Otherwise it runs
 `fallbacks` (default: hierarchical, then genetic) and keeps the cheapest plan. Methods that do not
 apply (SearchError: a non-pairwise model, too many region paths...) are skipped and recorded in
 `details["tried"]`. With a time limit, each method gets what the earlier ones left.
+A model that is not pairwise but has a pairwise `surrogate` (e.g. "schedule": its "yuan" terms) is
+searched on the surrogate and its finalists ranked with the real model.
 """
 
 from __future__ import annotations
@@ -43,6 +45,30 @@ class AutoConfig:
         object.__setattr__(self, "fallbacks", fallbacks)
 
 
+def _rank_on_surrogate(problem: PlacementProblem, config: AutoConfig, *, seed: int, time_limit_s: float | None,
+                       progress: ProgressCallback | None) -> SearchResult:
+    """For a model that is not pairwise but offers a pairwise `surrogate` (its communication terms):
+    search on the surrogate, then rank the finalists (every method's plan and the two region
+    heuristics) with the real model. The surrogate's bound does not bound the real model: none."""
+    from geotrain.search.region_heuristics import RegionHeuristicConfig, dp_local, pipeline_local
+
+    start = time.perf_counter()
+    surrogate = PlacementProblem(problem.cluster, problem.cost_model.surrogate)
+    first = auto_search(surrogate, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
+    finalists = [("auto(" + first.details["chosen"] + ")", first.assignment)]
+    for name, run in (("pipeline-local", pipeline_local), ("dp-local", dp_local)):
+        try:
+            finalists.append((name, run(surrogate, RegionHeuristicConfig(max_candidates=200)).assignment))
+        except SearchError:
+            continue
+    scored = [(problem.cost_model.evaluate(a), name, a) for name, a in finalists]
+    cost, name, assignment = min(scored, key=lambda item: item[0].total)
+    details = {"chosen": name, "surrogate": problem.cost_model.surrogate.name, "tried": first.details["tried"],
+               "finalists": {n: c.total for c, n, _ in scored}}
+    return SearchResult(method="auto", assignment=assignment, cost=cost, seconds=time.perf_counter() - start,
+                        evaluations=first.evaluations + len(scored), details=details)
+
+
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.perf_counter())
 
@@ -56,6 +82,8 @@ def auto_search(
     progress: ProgressCallback | None = None,
 ) -> SearchResult:
     """Exact when it applies and proves optimality, else the best of the fallback heuristics."""
+    if problem.cost_model.pairwise_terms() is None and getattr(problem.cost_model, "surrogate", None) is not None:
+        return _rank_on_surrogate(problem, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
     start = time.perf_counter()
     deadline = None if time_limit_s is None else start + time_limit_s
     tried: list[dict] = []

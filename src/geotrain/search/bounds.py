@@ -45,15 +45,22 @@ class LowerBound:
         return max(0.0, (total_s - self.value_s) / total_s) if total_s > 0 else 0.0
 
 
+def combinatorial_dp_bound(dp_pair_s: np.ndarray, stages: int, replicas: int) -> float:
+    """A bound on max_s dp_s (seconds): the (S R)-th smallest sum of a device's R - 1 cheapest pairs."""
+    n = dp_pair_s.shape[0]
+    if replicas < 2:
+        return 0.0
+    off = ~np.eye(n, dtype=bool)
+    rows = np.partition(dp_pair_s[off].reshape(n, n - 1), replicas - 2, axis=1)[:, : replicas - 1].sum(axis=1)
+    return float(np.partition(rows, stages * replicas - 1)[stages * replicas - 1])
+
+
 def combinatorial_bound(terms: PairwiseTerms, stages: int, replicas: int) -> float:
     """DP and PP bounds from per-device cheapest pairs (see the module docstring), seconds."""
     n = terms.dp_pair_s.shape[0]
     off = ~np.eye(n, dtype=bool)
     used = stages * replicas
-    dp = 0.0
-    if replicas > 1:
-        rows = np.sort(terms.dp_pair_s[off].reshape(n, n - 1), axis=1)[:, : replicas - 1].sum(axis=1)
-        dp = float(np.sort(rows)[used - 1])
+    dp = combinatorial_dp_bound(terms.dp_pair_s, stages, replicas)
     pp = 0.0
     if stages > 1:
         cheapest = np.sort(terms.pp_pair_s[off].reshape(n, n - 1).min(axis=1))[:used]

@@ -4,7 +4,7 @@ With devices identical inside each region, a placement is characterised by regio
 and a region path per replica; `milp.solve_path_milp` optimises over those. The number of region
 paths (G^S) is cut down without losing optimality: a path can only be used by an optimal plan if
 its seconds are <= U - DP_min, where U is the total of any feasible plan and DP_min <= every plan's
-dp. U comes from the same MILP restricted to the cheapest paths (any of its solutions is feasible).
+dp (`regions.dp_floor`: the (S R)-th smallest per-device sum of R - 1 cheapest pairs). U comes from the same MILP restricted to the cheapest paths (any of its solutions is feasible).
 If even the pruned set has more than `max_paths` paths, exact reports that it does not apply
 (and `geotrain plan --lower-bound` still gives a bound from the flow relaxation).
 """
@@ -21,6 +21,7 @@ from geotrain.search.milp import MilpResult, solve_path_milp
 from geotrain.search.regions import (
     RegionTerms,
     cheapest_path_seconds,
+    dp_floor,
     enumerate_paths,
     expand_to_devices,
     region_terms,
@@ -52,15 +53,6 @@ class RegionSolution:
     paths: int
     upper_bound_s: float
     complete: bool
-
-
-def dp_floor(terms: RegionTerms, replicas: int) -> float:
-    """A lower bound on every plan's dp: R - 1 peers, each at least the cheapest usable pair."""
-    if replicas < 2:
-        return 0.0
-    usable = terms.dp_s.copy()
-    usable[np.diag_indices_from(usable)] = np.where(terms.sizes >= 2, np.diag(terms.dp_s), np.inf)
-    return (replicas - 1) * float(usable.min())
 
 
 def _cheapest_paths(terms: RegionTerms, stages: int, count: int, max_paths: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -100,7 +92,7 @@ def solve_region_problem(terms: RegionTerms, stages: int, replicas: int, *, max_
     upper = simple_upper_bound(terms, stages, replicas)
     if upper_bound_s is not None:
         upper = min(upper, float(upper_bound_s))
-    floor = dp_floor(terms, replicas)
+    floor = dp_floor(terms, replicas, stages)
     found = enumerate_paths(terms, stages, upper - floor, max_paths)
     warm: MilpResult | None = None
     if found is None:

@@ -118,6 +118,8 @@ def repair_critical_group(dp_pair: np.ndarray, pp_pair: np.ndarray, assignment: 
     of the two groups' dp (vectorised over all candidates), re-wire, keep it if the total drops."""
     assignment = assignment.copy()
     S, R = assignment.shape
+    if R < 2:  # one replica: every DP group is a single device, dp = 0, nothing to repair
+        return assignment
     current = total_seconds(dp_pair, pp_pair, assignment)
     unused = np.setdiff1d(np.arange(n_devices), assignment.ravel())
     for _ in range(max_moves):

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from geotrain.search.regions import RegionTerms
+from geotrain.search.regions import RegionTerms, dp_floor
 
 BOUND_SAFETY = 1e-7
 """Relative amount taken off MILP dual bounds so that solver tolerances never make a bound invalid."""
@@ -72,6 +72,9 @@ def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_
     G = terms.n_regions
     x = lambda s, g: s * G + g  # noqa: E731
     y = lambda s, g: stages * G + s * G + g  # noqa: E731
+    # A valid cut: every plan's dp is at least the combinatorial floor; it lifts the LP relaxation,
+    # which the big-M rows below leave near 0.
+    rows.add({dp_col: 1.0}, dp_floor(terms, replicas, stages), np.inf)
     for s in range(stages):
         rows.add({x(s, g): 1.0 for g in range(G)}, replicas, replicas)
     for g in range(G):

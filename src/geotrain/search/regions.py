@@ -95,6 +95,27 @@ def region_terms(cluster: Cluster, model: CostModel, method: str = "region model
     return RegionTerms(sizes=sizes, dp_s=out[0], pp_s=out[1], exact=exact)
 
 
+def dp_floor(terms: RegionTerms, replicas: int, stages: int | None = None) -> float:
+    """A lower bound on every plan's dp. Each member of a DP group pays at least the sum of its R - 1
+    cheapest pairs: for a device of region g, sizes[g] - 1 pairs at dp[g, g] and sizes[h] at dp[g, h].
+    With `stages`, the S R used devices include one whose sum is at least the (S R)-th smallest over
+    all devices (the combinatorial bound of `bounds`, per region); without, the cheapest device's."""
+    if replicas < 2:
+        return 0.0
+    per_region = np.empty(terms.n_regions)
+    for g in range(terms.n_regions):
+        counts = terms.sizes.astype(float).copy()
+        counts[g] -= 1
+        order = np.argsort(terms.dp_s[g], kind="stable")
+        taken = np.minimum(np.cumsum(counts[order]), replicas - 1)
+        per_region[g] = float(np.diff(np.concatenate([[0.0], taken])) @ terms.dp_s[g, order])
+    if stages is None:
+        return float(per_region.min())
+    order = np.argsort(per_region, kind="stable")
+    position = np.searchsorted(np.cumsum(terms.sizes[order]), stages * replicas)  # region of the (S R)-th device
+    return float(per_region[order[min(position, len(order) - 1)]])
+
+
 def _suffix_seconds(terms: RegionTerms, stages: int) -> np.ndarray:
     """suffix[k, g]: the cheapest k-cut region path starting in region g."""
     suffix = np.zeros((max(stages, 1), terms.n_regions))

@@ -1,0 +1,107 @@
+"""Peak GPU memory of each pipeline stage of a job, in bytes (1 GB = 1e9 B).
+
+Per device of stage s (layers split evenly, S dividing the layer count):
+  params_s  = layers/S x per_layer + vocab x hidden on stage 0 (embedding) and on stage S-1 when S > 1
+              (the output head's copy of the tied embedding, as Megatron-LM keeps it);
+              per_layer = (params - vocab x hidden) / layers.
+  states_s  = params_s x state bytes/param: mixed-precision Adam keeps fp16 weights (2) + fp16
+              gradients (2) + fp32 master weights, momentum and variance (12) = 16 bytes/param
+              (Rajbhandari et al., "ZeRO", SC 2020, Sec. 3.1: 2 + 2 + K with K = 12). ZeRO-style
+              sharding over the R devices of the stage's DP group (`zero`): 1 shards the optimizer
+              state (2 + 2 + 12/R), 2 also the gradients (2 + 14/R), 3 also the weights (16/R).
+  acts_s    = in-flight micro-batches x layers/S x act_per_layer, act_per_layer = 34 x seq x b x
+              hidden bytes for a micro-batch of b sequences (Korthikanti et al., "Reducing Activation
+              Recomputation in Large Transformer Models", MLSys 2023, Sec. 4.1: s b h (34 + 5 a s / h),
+              the attention-score term dropped as FlashAttention does not store the scores).
+              With `recompute` (full activation checkpointing): 2 s b h per layer kept per in-flight
+              micro-batch, plus one layer's 34 s b h while it is recomputed.
+              In flight at stage s: 1F1B min(M, S - s) micro-batches (Narayanan et al., PipeDream-Flush
+              / Megatron-LM 2021), GPipe all M (Huang et al. 2019).
+  logits    = 4 x seq x b x vocab bytes on stage S-1 (fp32 logits of one micro-batch).
+  total_s   = states_s + acts_s (+ logits on the last stage).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from geotrain.errors import GeotrainError
+from geotrain.job import Job
+
+SCHEDULES = ("1f1b", "gpipe")
+ACT_BYTES_PER_TOKEN_HIDDEN = 34.0
+"""Korthikanti et al. 2023: bytes of stored activations per layer per token per hidden unit (fp16)."""
+
+
+class MemoryConfigError(GeotrainError, ValueError):
+    """An invalid memory-model knob."""
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """state_bytes_per_param: weights + gradients + optimizer state (16: mixed-precision Adam);
+    zero: 0 (none) .. 3 ZeRO-style sharding across each stage's DP group; recompute: full activation
+    checkpointing; schedule: "1f1b" or "gpipe" (sets the micro-batches in flight)."""
+
+    state_bytes_per_param: float = 16.0
+    zero: int = 0
+    recompute: bool = False
+    schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise MemoryConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.schedule not in SCHEDULES:
+            raise MemoryConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if not (self.state_bytes_per_param >= 4.0):
+            raise MemoryConfigError(f"state bytes per parameter must be >= 4, got {self.state_bytes_per_param!r}")
+
+
+def state_bytes_per_param(config: MemoryConfig, replicas: int) -> float:
+    """Bytes of weights + gradients + optimizer state per parameter on one device of a DP group of `replicas`."""
+    total = config.state_bytes_per_param
+    optimizer = total - 4.0  # fp16 weights and gradients are 2 + 2 of the total
+    if config.zero == 0:
+        return total
+    if config.zero == 1:
+        return 4.0 + optimizer / replicas
+    if config.zero == 2:
+        return 2.0 + (optimizer + 2.0) / replicas
+    return total / replicas
+
+
+def stage_params(job: Job, stages: int) -> np.ndarray:
+    """(S,) parameters held by each stage (see the module docstring)."""
+    embedding = float(job.vocab * job.hidden)
+    per_layer = max(job.params - embedding, 0.0) / job.layers
+    params = np.full(stages, per_layer * job.layers / stages)
+    params[0] += embedding
+    if stages > 1:
+        params[-1] += embedding
+    return params
+
+
+def in_flight_microbatches(stages: int, microbatches: int, schedule: str) -> np.ndarray:
+    """(S,) micro-batches whose activations a stage holds at its peak."""
+    if schedule == "gpipe":
+        return np.full(stages, microbatches)
+    return np.minimum(microbatches, stages - np.arange(stages))
+
+
+def stage_memory_bytes(job: Job, stages: int, replicas: int, microbatches: int, config: MemoryConfig) -> np.ndarray:
+    """(S,) peak bytes on one device of each stage for S stages, R replicas, M micro-batches.
+    Micro-batch b = global_batch / (R M) sequences (fractional when it does not divide)."""
+    sequences = job.global_batch / (replicas * microbatches)
+    tokens_hidden = job.seq_len * sequences * job.hidden
+    layer_full = ACT_BYTES_PER_TOKEN_HIDDEN * tokens_hidden
+    layers_per_stage = job.layers / stages
+    flight = in_flight_microbatches(stages, microbatches, config.schedule)
+    if config.recompute:
+        acts = flight * layers_per_stage * 2.0 * tokens_hidden + layer_full
+    else:
+        acts = flight * layers_per_stage * layer_full
+    memory = stage_params(job, stages) * state_bytes_per_param(config, replicas) + acts
+    memory[-1] += 4.0 * job.seq_len * sequences * job.vocab
+    return memory

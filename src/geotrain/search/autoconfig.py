@@ -1,0 +1,295 @@
+"""Auto-configuration: choose stages S, replicas R, micro-batches M and the devices to use, under
+per-device memory, to minimise the predicted iteration seconds of a job on a cluster.
+
+Search space: S among the divisors of the job's layers (even layer splits), R among the divisors of
+the global batch (whole sequences per replica), M among the powers of two (and R's whole batch)
+dividing global_batch / R; devices: the pools "every GPU at least as fast as type t" for each GPU
+type t present, minus the devices too small for the layout's largest stage (`cost.memory`). So slow
+or small-memory devices may stay idle, and S x R may be below the pool size (idle devices too).
+Scoring: the "yuan+compute" model (communication of "yuan" + GPipe compute with M micro-batches)
+of the better of the `pipeline-local` and `dp-local` placements on the pool. Layouts are visited
+cheapest lower bound first and skipped once their bound (compute of the S R fastest pool devices,
+bubble included, + (R-1) and (S-1) times the pool's cheapest dp/pp pair) cannot beat the `top`-th
+best found. Finalists (`refine` best) are re-placed with `hierarchical` (communication only) and
+keep the better placement. With rank_model "schedule" (the default) the `finalists` (20) best
+are then re-scored by the event-simulated "schedule" model and ranked by it. Every reported
+candidate carries a lower bound, valid for its ranking model, over every placement of its layout
+on its pool ("schedule": stage 0 computes M forwards and backwards and waits for the last
+micro-batch to cross the pipeline and back, then the cheapest possible all-reduce).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.cost.compute import YuanComputeCostModel
+from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_memory_bytes, gpu_peak_flops
+from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
+from geotrain.cost.schedule import ScheduleCostModel
+from geotrain.cost.yuan import YuanCostModel
+from geotrain.job import Job
+from geotrain.search.base import PlacementProblem, SearchError
+from geotrain.search.bounds import combinatorial_dp_bound
+from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
+from geotrain.search.region_heuristics import RegionHeuristicConfig, dp_local, pipeline_local
+
+
+RANK_MODELS = ("schedule", "yuan+compute")
+
+
+class NoFeasibleConfigError(SearchError):
+    """No (S, R, M, devices) layout fits the job in the cluster's memory."""
+
+
+@dataclass(frozen=True)
+class AutoConfigOptions:
+    """memory: the memory-model knobs; top: candidates reported; refine: finalists re-placed with
+    hierarchical; utilisation: fraction of peak FLOP/s sustained; max_stages: cap on S (0: none);
+    rank_model: "schedule" (finalists re-ranked by the event simulation) or "yuan+compute";
+    finalists: configurations the screen passes to the "schedule" ranking (at least `top`);
+    refine_time_limit_s: the `hierarchical` re-placement's limit per finalist."""
+
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    top: int = 5
+    refine: int = 3
+    utilisation: float = DEFAULT_UTILISATION
+    max_stages: int = 0
+    rank_model: str = "schedule"
+    finalists: int = 20
+    refine_time_limit_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.top < 1 or self.refine < 0 or self.finalists < 1:
+            raise SearchError(f"auto-config: top, finalists must be >= 1 and refine >= 0, got {self.top}, "
+                              f"{self.finalists}, {self.refine}")
+        if self.rank_model not in RANK_MODELS:
+            raise SearchError(f"auto-config ranks with {' or '.join(RANK_MODELS)}, got {self.rank_model!r}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated configuration. assignment: (S, R) device indices of the full cluster;
+    iteration_s: seconds by the ranking model ("yuan+compute": dp + max_r (pp_r + compute_r);
+    "schedule": the simulated iteration); compute_s: "yuan+compute"'s compute, or the simulated
+    pipeline makespan; memory_per_device_bytes: the largest stage's peak; bound_s: lower bound on
+    iteration_s over every placement of this layout on its pool; screen_s: the "yuan+compute" total."""
+
+    stages: int
+    replicas: int
+    microbatches: int
+    assignment: np.ndarray
+    iteration_s: float
+    dp_s: float
+    pp_s: float
+    compute_s: float
+    memory_per_device_bytes: float
+    bound_s: float
+    pool_size: int
+    placement: str
+    screen_s: float = 0.0
+    model: str = "yuan+compute"
+
+    @property
+    def devices_used(self) -> int:
+        return self.stages * self.replicas
+
+    def tokens_per_s(self, job: Job) -> float:
+        return job.global_batch * job.seq_len / self.iteration_s
+
+    def to_json(self, job: Job) -> dict:
+        return {"stages": self.stages, "replicas": self.replicas, "microbatches": self.microbatches,
+                "devices_used": self.devices_used, "iteration_s": self.iteration_s, "tokens_per_s": self.tokens_per_s(job),
+                "cost": {"dp": self.dp_s, "pp": self.pp_s, "compute": self.compute_s, "total": self.iteration_s},
+                "memory_per_device_bytes": self.memory_per_device_bytes, "lower_bound": self.bound_s,
+                "gap": max(0.0, 1.0 - self.bound_s / self.iteration_s), "pool_size": self.pool_size,
+                "placement": self.placement, "cost_model": self.model, "yuan_compute_s": self.screen_s,
+                "assignment": self.assignment.tolist()}
+
+
+@dataclass(frozen=True)
+class AutoConfigResult:
+    candidates: list[Candidate]
+    layouts_scored: int
+    layouts_pruned: int
+    seconds: float
+
+
+def subcluster(cluster: Cluster, devices: np.ndarray) -> Cluster:
+    """The cluster restricted to `devices` (ascending indices), empty regions dropped."""
+    devices = np.asarray(devices, dtype=np.int64)
+    regions, region_of = np.unique(cluster.region_of[devices], return_inverse=True)
+    return Cluster(name=cluster.name, device_names=tuple(cluster.device_names[d] for d in devices),
+                   region_names=tuple(cluster.region_names[g] for g in regions), region_of=region_of,
+                   gpus=tuple(cluster.gpus[d] for d in devices),
+                   bandwidth_gbps=cluster.bandwidth_gbps[np.ix_(devices, devices)],
+                   latency_ms=cluster.latency_ms[np.ix_(devices, devices)])
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def microbatch_choices(per_replica: int) -> list[int]:
+    """Powers of two dividing the per-replica batch, and the batch itself (one sequence each)."""
+    powers = [1 << k for k in range(per_replica.bit_length()) if per_replica % (1 << k) == 0]
+    return sorted(set(powers + [per_replica]))
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB"
+
+
+def _no_fit_error(cluster: Cluster, job: Job, memory: MemoryConfig, capacity: np.ndarray) -> NoFeasibleConfigError:
+    """Name the binding constraint: the least memory any layout needs vs the largest GPU."""
+    best = None
+    for S in divisors(job.layers):
+        if S > cluster.n_devices:
+            continue
+        for R in divisors(job.global_batch):
+            if S * R > cluster.n_devices:
+                break
+            M = job.global_batch // R
+            need = stage_memory_bytes(job, S, R, M, memory)
+            if best is None or need.max() < best[0].max():
+                best = (need, S, R, M)
+    big = int(np.argmax(capacity))
+    if best is None:
+        return NoFeasibleConfigError(f"auto-config: the cluster has {cluster.n_devices} devices, too few for any layout")
+    need, S, R, M = best
+    s = int(np.argmax(need))
+    return NoFeasibleConfigError(
+        f"auto-config: nothing fits: stage {s} needs {_gb(need[s])} even at S={S}, R={R}, M={M} "
+        f"(zero={memory.zero}, recompute={memory.recompute}), largest GPU has {_gb(capacity[big])} "
+        f"({cluster.gpus[big]}); try --zero 3, --recompute or larger GPUs")
+
+
+def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = AutoConfigOptions(),
+                   *, seed: int = 0) -> AutoConfigResult:
+    """The `options.top` best configurations, fastest first (see the module docstring)."""
+    start = time.perf_counter()
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus]) * options.utilisation
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    speeds = np.unique(peak)
+    flops = job.flops_per_iteration()
+    layouts = []
+    for S in divisors(job.layers):
+        if S > cluster.n_devices or (options.max_stages and S > options.max_stages):
+            continue
+        for R in divisors(job.global_batch):
+            if S * R > cluster.n_devices:
+                break
+            for M in microbatch_choices(job.global_batch // R):
+                need = stage_memory_bytes(job, S, R, M, options.memory)
+                for speed in speeds:
+                    pool = np.flatnonzero((peak >= speed) & (capacity >= need.max()))
+                    if pool.size < S * R or (pool.size and peak[pool].min() > speed):
+                        continue  # too small, or the same pool as a faster threshold's
+                    fastest = np.sort(1.0 / peak[pool])[: S * R]
+                    slot = fastest * flops / (S * R)
+                    compute_lb = slot.sum() / R * (1.0 / M + (M - 1.0) / (M * S))
+                    layouts.append((compute_lb, S, R, M, pool, float(need.max())))
+    if not layouts:
+        raise _no_fit_error(cluster, job, options.memory, capacity)
+    layouts.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
+    found: list[Candidate] = []
+    keep = max(options.top, options.finalists if options.rank_model == "schedule" else 0)
+    pruned = 0
+    pool_cache: dict[bytes, tuple[Cluster, np.ndarray, np.ndarray]] = {}
+    for compute_lb, S, R, M, pool, need in layouts:
+        key = pool.tobytes()
+        if key not in pool_cache:
+            sub = subcluster(cluster, pool)
+            off = ~np.eye(sub.n_devices, dtype=bool)
+            pool_cache[key] = (sub, sub.latency_s[off].min(initial=0.0), sub.bandwidth_bps[off].max(initial=1.0))
+        sub, min_latency, max_bandwidth = pool_cache[key]
+        comm_lb = (R - 1) * 2.0 * (min_latency + 8.0 * job.dp_bytes(S) / R / max_bandwidth) + \
+            (S - 1) * 2.0 * (min_latency + 8.0 * job.pp_bytes(R) / max_bandwidth)
+        bound = compute_lb + comm_lb
+        if len(found) >= keep and bound >= found[keep - 1].iteration_s:
+            pruned += 1
+            continue
+        model = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+        problem = PlacementProblem(sub, model)
+        heuristic = RegionHeuristicConfig(max_candidates=200)
+        results = [method(problem, heuristic) for method in (pipeline_local, dp_local)]
+        result = min(results, key=lambda r: r.cost.total)
+        cost = result.cost
+        candidate = Candidate(S, R, M, pool[result.assignment], cost.total, cost.dp, cost.pp, cost.extra["compute"],
+                              need, bound, int(pool.size), result.method, cost.total)
+        same = next((c for c in found if (c.stages, c.replicas, c.microbatches) == (S, R, M)), None)
+        if same is not None:  # one row per (S, R, M): the best pool, the weakest bound of the pools tried
+            found.remove(same)
+            candidate = min(same, candidate, key=lambda c: c.iteration_s)
+            candidate = replace(candidate, bound_s=min(same.bound_s, bound))
+        found.append(candidate)
+        found.sort(key=lambda c: c.iteration_s)
+        del found[keep:]
+    refined = [_refine(cluster, job, c, options, seed) for c in found[: options.refine]]
+    found = sorted(refined + found[options.refine:], key=lambda c: c.iteration_s)
+    if options.rank_model == "schedule":
+        found = sorted((_schedule_rescore(cluster, job, c, options) for c in found), key=lambda c: c.iteration_s)
+    return AutoConfigResult(found[: options.top], len(layouts) - pruned, pruned, time.perf_counter() - start)
+
+
+def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions, seed: int) -> Candidate:
+    """Re-place a finalist with `hierarchical` on its communication terms over the devices of its
+    pool (pool: the devices as fast as its slowest, with enough memory); keep the faster placement."""
+    S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    used = candidate.assignment.ravel()
+    devices = np.flatnonzero((peak >= peak[used].min()) & (capacity >= candidate.memory_per_device_bytes))
+    sub = subcluster(cluster, devices)
+    comm = YuanCostModel(sub, job, S, R)
+    result = hierarchical_search(PlacementProblem(sub, comm), HierarchicalConfig(starts=2, rounds=4, swaps=1000),
+                                 seed=seed, time_limit_s=options.refine_time_limit_s)
+    full = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+    cost = full.evaluate(result.assignment)
+    if cost.total >= candidate.iteration_s * (1 - 1e-12):
+        return candidate
+    return replace(candidate, assignment=devices[result.assignment], iteration_s=cost.total, dp_s=cost.dp,
+                   pp_s=cost.pp, compute_s=cost.extra["compute"], placement="hierarchical", screen_s=cost.total)
+
+
+def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, replicas: int, microbatches: int,
+                     utilisation: float) -> float:
+    """Lower bound on the "schedule" model's iteration seconds of any placement of the layout on
+    `pool`, f = one micro-batch forward on the pool's fastest GPU: every stage ends its last backward
+    after >= 3 M f of its own compute and then all-reduces, so total >= 3 M f + max_s dp_s >= 3 M f +
+    the combinatorial dp bound; stage 0's last backward waits for >= (M + 3 S - 1) f of chained work
+    (its last forward, the other stages' forward and every backward of that micro-batch) and its
+    all-reduce needs >= R - 1 scatter-gather pair exchanges on the pool's cheapest link."""
+    peak = max(gpu_peak_flops(cluster.gpus[d]) for d in pool) * utilisation
+    forward = job.flops_per_iteration() / 3.0 / (stages * replicas * microbatches) / peak
+    chain = forward * (microbatches + 3.0 * stages - 1.0)
+    busy = forward * 3.0 * microbatches
+    if replicas < 2:
+        return max(chain, busy)
+    block = np.ix_(pool, pool)
+    off = ~np.eye(len(pool), dtype=bool)
+    latency = float(cluster.latency_s[block][off].min())
+    bandwidth = float(cluster.bandwidth_bps[block][off].max())
+    cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth)
+    dp_pair = YuanCostModel(subcluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
+    return max(chain + cheapest_dp, busy + combinatorial_dp_bound(dp_pair, stages, replicas))
+
+
+def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions) -> Candidate:
+    """The candidate scored and bounded by the "schedule" model (its placement kept)."""
+    S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
+    devices = np.unique(candidate.assignment)
+    sub = subcluster(cluster, devices)
+    local = np.searchsorted(devices, candidate.assignment)
+    model = ScheduleCostModel(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
+                              utilisation=options.utilisation)
+    cost = model.evaluate(local)
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    pool = np.flatnonzero((peak >= peak[devices].min()) & (capacity >= candidate.memory_per_device_bytes))
+    bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation)
+    return replace(candidate, iteration_s=cost.total, dp_s=cost.dp, pp_s=cost.pp, compute_s=cost.extra["pipeline"],
+                   bound_s=bound, model="schedule")
