@@ -214,6 +214,7 @@ def _tied_worker(rank: int, port: int, user_file: str, queue) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_all_reduce_tied_gradients_over_gloo_equals_the_unsplit_gradient(user_file):
     import socket
