@@ -142,3 +142,85 @@ def test_stage_io_shapes_give_pipelining_its_example_shapes():
     model = load_model_spec("hf:llama-tiny")
     shapes = model.stage_io_shapes(even_boundaries(model.n_layers, 3), batch=2, seq_len=8)
     assert [s[:2] for s in shapes] == [((2, 8), (2, 8, 64)), ((2, 8, 64), (2, 8, 64)), ((2, 8, 64), (2, 8, 256))]
+
+
+SENTENCE_WORDS = ("the", "cat", "dog", "sat", "ran", "on", "under", "a", "mat", "tree", "and", "slept", "quickly")
+
+
+def _story(seed: int, sentences: int) -> str:
+    rng = torch.Generator().manual_seed(seed)
+    words = [SENTENCE_WORDS[int(i)] for i in torch.randint(len(SENTENCE_WORDS), (sentences * 6,), generator=rng)]
+    return ". ".join(" ".join(words[i:i + 6]) for i in range(0, len(words), 6)) + ".\n"
+
+
+USER_GPT = '''
+import torch
+from torch import nn
+
+
+class Embed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(256, 64)
+        nn.init.normal_(self.emb.weight, std=0.02)  # it is the output layer too
+
+    def forward(self, ids):
+        return self.emb(ids)
+
+
+class CausalMixer(nn.Module):
+    """Mixes each position with the running mean of the ones before it (causal, no attention)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(64)
+        self.mlp = nn.Sequential(nn.Linear(128, 128), nn.GELU(), nn.Linear(128, 64))
+
+    def forward(self, x):
+        steps = x.new_tensor(range(1, x.shape[1] + 1))[None, :, None]
+        history = x.cumsum(1) / steps
+        return x + self.mlp(torch.cat([self.norm(x), self.norm(history)], dim=-1))
+
+
+def build():
+    embed = Embed()
+    head = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256, bias=False))
+    head[1].weight = embed.emb.weight
+    return [embed, CausalMixer(), CausalMixer(), head]
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["hf:gpt2-tiny", "USER_FILE:build"])
+def test_two_stage_training_on_a_local_text_file_lowers_validation_loss(tmp_path, spec, one_torch_thread):
+    from geotrain.data import load_corpus, prepare_token_file, replica_batch
+    from geotrain.models import validation_loss
+
+    (tmp_path / "story.txt").write_text(_story(0, 600))
+    prepare_token_file(tmp_path / "story.txt", tmp_path / "story.bin", val_fraction=0.1)
+    corpus = load_corpus(tmp_path / "story.bin")
+    (tmp_path / "user_gpt.py").write_text(USER_GPT)
+    model = load_model_spec(spec.replace("USER_FILE", str(tmp_path / "user_gpt.py")), ModelOptions(seed=0))
+    corpus.check_vocab(model.vocab_size)
+    seq_len, steps = 64, 30
+    corpus.check_seq_len(seq_len)
+    cuts = even_boundaries(model.n_layers, 2)
+    ranks = [copy.deepcopy(stage) for stage in model.stage_modules(cuts)]  # one copy per pipeline rank
+    ties = stage_ties(model.tied_weights, cuts, model.n_layers)
+    assert len(ties) == 1  # both models tie the embedding to the head across the cut
+    optimizers = [torch.optim.AdamW(stage.parameters(), lr=3e-3) for stage in ranks]
+
+    before = validation_loss(ranks, corpus.val, seq_len)
+    for step in range(steps):
+        x, y = replica_batch(corpus.train, seed=0, step=step, replica=0, replicas=1, global_batch=8, seq_len=seq_len)
+        lm_loss(run_layers(ranks, x), y).backward()
+        sum_tied_gradients(dict(enumerate(ranks)), ties)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    after = validation_loss(ranks, corpus.val, seq_len)
+
+    print(f"{spec}: validation loss {before:.3f} -> {after:.3f} nats after {steps} steps")
+    assert after < before - 1.0
+    (tie,) = ties
+    assert torch.equal(ranks[0].get_parameter(tie.name_in(0)), ranks[1].get_parameter(tie.name_in(1)))
