@@ -241,3 +241,9 @@ def test_all_reduce_tied_gradients_over_gloo_equals_the_unsplit_gradient(user_fi
     torch.testing.assert_close(grads[0], shared, rtol=0, atol=1e-7)
     assert torch.equal(grads[0], grads[1])
     assert all(proc.exitcode == 0 for proc in procs)
+
+
+def test_hf_specs_without_transformers_say_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(ModelSpecError, match="needs transformers \\(pip install 'geotrain\\[hf\\]'"):
+        load_model_spec("hf:gpt2-tiny")

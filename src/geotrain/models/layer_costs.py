@@ -25,7 +25,7 @@ def measure_layer_times(model: LayerModel, batch: int, seq_len: int, repeats: in
     if repeats < 1 or batch < 1 or seq_len < 1:
         raise LayerModelError(f"repeats, batch and seq_len must be >= 1, got {repeats}, {batch}, {seq_len}")
     vocab = model.vocab_size or 2
-    device = next(iter(model.as_module().parameters())).device
+    device = next((p.device for p in model.as_module().parameters()), torch.device("cpu"))
     tokens = torch.randint(vocab, (batch, seq_len), generator=torch.Generator().manual_seed(seed)).to(device)
     samples = np.zeros((repeats + 1, model.n_layers))
     for rep in range(repeats + 1):
