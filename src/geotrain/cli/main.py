@@ -16,6 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "geotrain.cli.cost_cmd",
     "geotrain.cli.cluster_cmd",
     "geotrain.cli.train_cmd",
+    "geotrain.cli.data_cmd",
     "geotrain.cli.groups",
 )
 

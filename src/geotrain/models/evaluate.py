@@ -1,12 +1,16 @@
-"""Validation quality in bits per character."""
+"""Validation quality: bits per character (tiny GPT), mean loss in nats over a held-out split (any layer model)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from geotrain.models.layers import lm_loss, run_layers
 
 
 def bits_per_char(model: nn.Module, tokens: torch.Tensor, context: int | None = None, batch_size: int = 64) -> float:
@@ -39,3 +43,37 @@ def bits_per_char(model: nn.Module, tokens: torch.Tensor, context: int | None = 
     finally:
         model.train(was_training)
     return total_nats / (n_targets * math.log(2))
+
+
+def validation_loss(model: nn.Module | Sequence[nn.Module], tokens: np.ndarray | torch.Tensor, seq_len: int,
+                    batch_size: int = 16, max_windows: int | None = None) -> float:
+    """Mean next-token cross-entropy in nats over held-out `tokens` (1-D ids) for a model or a list of stages.
+
+    Scores non-overlapping windows of seq_len + 1 tokens from the start (a last, shorter remainder is
+    skipped); with `max_windows`, that many windows spread evenly over the split. Eval mode, no
+    gradients, deterministic. `model` may be one module or stages run in sequence (unsplit evaluation).
+    """
+    stages = list(model) if isinstance(model, (list, tuple)) else [model]
+    n_windows = (len(tokens) - 1) // seq_len
+    if seq_len < 1 or n_windows < 1:
+        raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} validation tokens, got {len(tokens)}")
+    starts = np.arange(n_windows) * seq_len
+    if max_windows is not None and max_windows < n_windows:
+        starts = starts[np.linspace(0, n_windows - 1, max_windows).round().astype(np.int64)]
+    device = next((p.device for m in stages for p in m.parameters()), torch.device("cpu"))
+    modes = [m.training for m in stages]
+    total, count = 0.0, 0
+    try:
+        for m in stages:
+            m.eval()
+        with torch.no_grad():
+            for i in range(0, len(starts), batch_size):
+                offsets = starts[i:i + batch_size, None] + np.arange(seq_len + 1)
+                windows = torch.from_numpy(np.asarray(tokens)[offsets].astype(np.int64)).to(device)
+                logits = run_layers(stages, windows[:, :-1])
+                total += lm_loss(logits, windows[:, 1:]).item() * windows[:, 1:].numel()
+                count += windows[:, 1:].numel()
+    finally:
+        for m, mode in zip(stages, modes):
+            m.train(mode)
+    return total / count
