@@ -17,6 +17,8 @@ COMMAND_MODULES: tuple[str, ...] = (
     "geotrain.cli.cluster_cmd",
     "geotrain.cli.train_cmd",
     "geotrain.cli.groups",
+    "geotrain.cli.netlab_cmd",
+    "geotrain.cli.probe_cmd",
 )
 
 
