@@ -45,10 +45,11 @@ def torchrun_env(lab: NetLab, rank: int, master_port: int = DEFAULT_MASTER_PORT,
 
 
 def run_script(lab: NetLab, argv: Sequence[str], *, timeout_s: float | None = None, capture: bool = False,
-               env: Mapping[str, str] | None = None, poll_s: float = 0.05) -> list[WorkerResult]:
+               env: Mapping[str, str] | None = None, grace_s: float = FAILURE_GRACE_S,
+               poll_s: float = 0.05) -> list[WorkerResult]:
     """Run `argv` (e.g. [python, script.py, args...]) once per rank and wait for all.
 
-    When a rank fails the others get FAILURE_GRACE_S to notice and exit, then are stopped; after
+    When a rank fails the others get `grace_s` to notice and exit, then are stopped; after
     `timeout_s` every rank still running is stopped and reported with returncode None.
     `capture`: collect each rank's stdout+stderr in WorkerResult.output (else they are inherited)."""
     with tempfile.TemporaryDirectory(prefix="geotrain-netlab-") as tmp:
@@ -62,7 +63,7 @@ def run_script(lab: NetLab, argv: Sequence[str], *, timeout_s: float | None = No
             finally:
                 if stream is not None:
                     stream.close()
-        timed_out = _wait(processes, timeout_s, poll_s)
+        timed_out = _wait(processes, timeout_s, grace_s, poll_s)
         codes = []
         for process in processes:
             running = process.poll() is None
@@ -72,7 +73,7 @@ def run_script(lab: NetLab, argv: Sequence[str], *, timeout_s: float | None = No
                 for rank, (code, log) in enumerate(zip(codes, logs))]
 
 
-def _wait(processes: list, timeout_s: float | None, poll_s: float) -> bool:
+def _wait(processes: list, timeout_s: float | None, grace_s: float, poll_s: float) -> bool:
     """Wait until all exit, or one fails and the grace period ends; True if `timeout_s` ran out."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     failed_at = None
@@ -83,7 +84,7 @@ def _wait(processes: list, timeout_s: float | None, poll_s: float) -> bool:
         now = time.monotonic()
         if failed_at is None and any(code not in (None, 0) for code in codes):
             failed_at = now
-        if failed_at is not None and now - failed_at > FAILURE_GRACE_S:
+        if failed_at is not None and now - failed_at > grace_s:
             return False
         if deadline is not None and now > deadline:
             return True
