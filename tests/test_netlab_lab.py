@@ -3,6 +3,7 @@ after success, an exception, SIGINT, SIGTERM, a failed build, or a SIGKILLed own
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -158,6 +159,43 @@ def test_a_failing_rank_stops_the_others_after_the_grace_period():
     with NetLab(CLUSTER, [0, 1, 2]) as lab:
         results = run_script(lab, [sys.executable, "-c", script], timeout_s=60, grace_s=0.5)
     assert [r.returncode for r in results] == [-signal.SIGTERM, 3, -signal.SIGTERM]
+
+
+def test_a_lab_left_open_is_removed_at_interpreter_exit(tmp_path):
+    script = tmp_path / "forgetful.py"
+    script.write_text(textwrap.dedent(f"""
+        from geotrain.cluster import cluster_from_dict
+        from geotrain.netlab import NetLab
+        lab = NetLab(cluster_from_dict({CLUSTER_DOC!r}), [0, 2], sweep_stale=False)
+        lab.up()
+        print(lab.prefix, flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr
+    prefix = done.stdout.split()[0]
+    assert prefix.startswith("gt") and namespaces_of(prefix) == []
+
+
+def test_netlab_up_prints_the_lab_and_removes_it(capsys):
+    assert main(["netlab", "up", "--cluster", "seed-geo", "--devices", "0,8", "--hold", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "10.77.0.1" in out and "10.77.1.1" in out and "latency:" in out
+    prefix = out.split("netlab ")[1].split()[0]
+    assert namespaces_of(prefix) == []
+
+
+def test_bench_netlab_measures_each_link_class(tmp_path, capsys):
+    doc = {"name": "pair", "regions": [{"name": "a", "devices": 1}, {"name": "b", "devices": 1}],
+           "links": [{"between": ["a", "b"], "gbps": 0.1, "ms": 5}]}
+    path = tmp_path / "pair.json"
+    path.write_text(json.dumps(doc))
+    assert main(["bench", "netlab", "--cluster", str(path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    [row] = result["rows"]
+    assert row["label"] == "a <-> b" and row["configured_gbps"] == pytest.approx(0.1)
+    assert row["measured_gbps"] == pytest.approx(0.1, rel=0.10)
+    assert row["configured_ms"] == pytest.approx(5)
 
 
 GLOO_SCRIPT = textwrap.dedent("""
