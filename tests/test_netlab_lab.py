@@ -225,3 +225,22 @@ def test_netlab_run_starts_one_gloo_rank_per_device_over_the_lab_links(tmp_path,
     assert code == 0
     assert "RESULT 6.0 10.77.1.1 3@gt0 0@gt1 2@gt2" in out  # MASTER_ADDR: rank 0 = device 3, the lab's 1st in west
     assert set(os.listdir(NETNS_DIR)) <= before
+
+
+def test_a_nic_limit_caps_one_stream_and_is_shared_by_concurrent_ones():
+    from geotrain.netlab.linkcheck import BENCH_PORT, TCPBENCH
+
+    one_region = cluster_from_dict({"name": "one", "regions": [{"name": "a", "devices": 3, "intra": {"gbps": 1, "ms": 0.1}}]})
+    with NetLab(one_region, [0, 1, 2], nic_gbps=0.2) as lab:
+        alone = measure_stream(lab, 0, 1, 12_500_000).bps
+        receivers = [lab.run(r, [sys.executable, TCPBENCH, "recv", lab.devices[r].address, str(BENCH_PORT)],
+                             stdout=subprocess.PIPE, text=True) for r in (1, 2)]
+        assert [r.stdout.readline().strip() for r in receivers] == ["ready", "ready"]
+        senders = [lab.run(0, [sys.executable, TCPBENCH, "send", lab.devices[r].address, str(BENCH_PORT), "6250000"])
+                   for r in (1, 2)]
+        assert [s.wait(timeout=60) for s in senders] == [0, 0]
+        shares = [json.loads(r.communicate(timeout=60)[0].strip().splitlines()[-1]) for r in receivers]
+    assert alone == pytest.approx(0.2e9, rel=0.10)  # the 1 Gbit/s link, capped by the 0.2 Gbit/s NIC
+    rates = [share["bytes"] * 8 / share["seconds"] for share in shares]
+    assert sum(rates) == pytest.approx(0.2e9, rel=0.15)  # two streams share the NIC...
+    assert min(rates) > 0.3 * sum(rates)  # ...about evenly

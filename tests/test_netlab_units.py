@@ -72,3 +72,15 @@ def test_worst_exit_code_reports_the_first_failure():
     assert worst_exit_code([ok, bad, killed]) == 3
     assert worst_exit_code([killed, bad]) == 137
     assert worst_exit_code([ok, hung]) == 124
+
+
+@pytest.mark.parametrize("nic, expected", [(None, None), (0.5, [0.5e9] * 3), ([1, 2, 3], [1e9, 2e9, 3e9])])
+def test_nic_rates_are_one_for_all_or_one_per_rank(nic, expected):
+    topology = lab_topology(CLUSTER, [0, 1, 3], LabName(pid=1, tag="0000"), nic)
+    assert (topology.nic_bps is None) if expected is None else topology.nic_bps.tolist() == expected
+
+
+@pytest.mark.parametrize("nic", [0.0, -1.0, [1.0, 2.0], float("nan")])
+def test_bad_nic_rates_are_rejected(nic):
+    with pytest.raises(NetLabError, match="--nic-gbps"):
+        lab_topology(CLUSTER, [0, 1, 3], LabName(pid=1, tag="0000"), nic)

@@ -12,9 +12,9 @@ HELP = ("real shaped links (netlab): configured vs measured TCP goodput and late
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", required=True, metavar="FILE|PRESET", help="cluster preset or YAML/JSON file")
-    parser.add_argument("--devices", metavar="D0,D1,...",
-                        help="cluster devices in the lab (default: the first two of every region)")
+    from geotrain.cli.netlab_cmd import add_lab_arguments
+
+    add_lab_arguments(parser)
     parser.add_argument("--seconds", type=float, default=0.5, help="each transfer lasts about this long at the configured rate")
     parser.add_argument("--pings", type=int, default=20, help="one-byte TCP round trips per link class (median)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
@@ -30,19 +30,13 @@ def run(args: Any) -> int:
 
     from geotrain.cli.netlab_cmd import NetlabArgsError, lab_devices
     from geotrain.cli.output import Output
-    from geotrain.cluster import load_cluster
     from geotrain.netlab import NetLab
     from geotrain.netlab.linkcheck import check_links
 
     if args.seconds <= 0 or args.pings < 1:
         raise NetlabArgsError(f"--seconds must be > 0 and --pings >= 1, got {args.seconds}, {args.pings}")
-    if args.devices is None:
-        cluster = load_cluster(args.cluster)
-        devices = default_devices(cluster)
-    else:
-        args.plan = None
-        cluster, devices = lab_devices(args)
-    with NetLab(cluster, devices) as lab:
+    cluster, devices = lab_devices(args, default_devices)
+    with NetLab(cluster, devices, nic_gbps=args.nic_gbps) as lab:
         rows = check_links(lab, args.seconds, args.pings)
         latency_shaped = lab.latency_shaped
     out = Output(json_mode=args.json)

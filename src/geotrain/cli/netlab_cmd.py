@@ -13,6 +13,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from geotrain.errors import GeotrainError
@@ -47,12 +48,15 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, metavar="FILE|PRESET", help="cluster preset or YAML/JSON file")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--devices", metavar="D0,D1,...", help="cluster device indices; rank i plays devices[i] "
-                                                              "(default: every device)")
+                                                              "(default: every device; bench: two per region)")
     which.add_argument("--plan", metavar="PLAN.json", help="plan file: rank s*R + r plays assignment[s][r]")
+    parser.add_argument("--nic-gbps", type=float, metavar="GBPS",
+                        help="cap each device's total outgoing traffic (one NIC shared by all its peers); unset: no cap")
 
 
-def lab_devices(args: Any) -> tuple[Any, list[int]]:
-    """(cluster, device list) from --cluster and --devices/--plan."""
+def lab_devices(args: Any, default: Callable[[Any], list[int]] | None = None) -> tuple[Any, list[int]]:
+    """(cluster, device list) from --cluster and --devices/--plan; neither: `default(cluster)`, or
+    every device."""
     from geotrain.cluster import load_cluster
     from geotrain.netlab import check_devices
     from geotrain.plan import load_plan
@@ -62,7 +66,7 @@ def lab_devices(args: Any) -> tuple[Any, list[int]]:
         plan = load_plan(args.plan)
         return cluster, [int(d) for d in plan.check_fits(cluster.n_devices, args.plan).reshape(-1)]
     if args.devices is None:
-        return cluster, list(range(cluster.n_devices))
+        return cluster, default(cluster) if default is not None else list(range(cluster.n_devices))
     try:
         devices = [int(part) for part in args.devices.split(",") if part.strip()]
     except ValueError:
@@ -86,10 +90,12 @@ def run_up(args: Any) -> int:
 
     out = Output()
     cluster, devices = lab_devices(args)
-    with NetLab(cluster, devices) as lab:
+    with NetLab(cluster, devices, nic_gbps=args.nic_gbps) as lab:
         columns, rows = _describe(lab)
         out.table(f"netlab {lab.prefix} ({cluster.name}); lab namespace {lab.topology.lab_namespace}", columns, rows)
         out.text(_latency_note(lab))
+        if args.nic_gbps is not None:
+            out.text(f"NIC: each device's outgoing traffic shares {args.nic_gbps:g} Gbit/s")
         out.text(f"enter a device: ip netns exec {lab.devices[0].namespace} bash; Ctrl-C tears it down")
         sys.stdout.flush()
         if args.hold is not None:
@@ -115,7 +121,7 @@ def run_script_cmd(args: Any) -> int:
         raise NetlabArgsError("netlab run: give the script after `--`: -- SCRIPT.py [ARGS] or -- -m MODULE [ARGS]")
     argv = [sys.executable, *command]
     cluster, devices = lab_devices(args)
-    with NetLab(cluster, devices) as lab:
+    with NetLab(cluster, devices, nic_gbps=args.nic_gbps) as lab:
         print(f"netlab {lab.prefix}: {len(devices)} ranks; {_latency_note(lab)}", file=sys.stderr, flush=True)
         results = run_script(lab, argv, timeout_s=args.timeout)
     code = worst_exit_code(results)

@@ -67,7 +67,8 @@ def build_lab(topology: LabTopology, created: list[str]) -> bool:
             index = ipr.link_lookup(ifname=device.ifname)[0]
             ipr.addr("add", index=index, address=device.address, prefixlen=PREFIX_LEN)
             ipr.link("set", index=index, state="up")
-            shape_egress(ipr, index, peers, with_delay)
+            nic = None if topology.nic_bps is None else float(topology.nic_bps[device.rank])
+            shape_egress(ipr, index, peers, with_delay, nic)
     return with_delay
 
 

@@ -53,8 +53,11 @@ def sweep_stale_labs(include_live: bool = False) -> list[str]:
 class NetLab:
     """Shaped network namespaces for `devices` (rank i = cluster device devices[i]) of `cluster`."""
 
-    def __init__(self, cluster: Cluster, devices: Sequence[int], *, sweep_stale: bool = True) -> None:
-        self.topology: LabTopology = lab_topology(cluster, list(devices), new_lab_name())
+    def __init__(self, cluster: Cluster, devices: Sequence[int], *, nic_gbps: float | Sequence[float] | None = None,
+                 sweep_stale: bool = True) -> None:
+        """`nic_gbps`: each rank's total outgoing rate (one value, or one per rank); None: unlimited."""
+        nic = nic_gbps if nic_gbps is None or isinstance(nic_gbps, (int, float)) else list(nic_gbps)
+        self.topology: LabTopology = lab_topology(cluster, list(devices), new_lab_name(), nic)
         self.latency_shaped = False
         self.swept: list[str] = []
         self._sweep_stale = sweep_stale

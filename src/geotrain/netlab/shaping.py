@@ -5,7 +5,9 @@
         leaf netem <0x1000+j>:  delay a(i, j)        (only where the kernel has netem)
 
 rate == ceil: a class never borrows, so every destination sees exactly its own link, whatever the
-others do. Bursts are one millisecond of the rate but at least 64 KiB (a segmentation-offloaded
+others do. With a NIC limit (`nic_bps`), the peer classes hang under one class 1:2 of rate = ceil =
+the NIC; each peer is guaranteed NIC / peers and may borrow up to min(b(i, j), NIC): one stream gets
+its link's rate (capped by the NIC), concurrent streams share the NIC. Bursts are one millisecond of the rate but at least 64 KiB (a segmentation-offloaded
 packet), so big veth packets are not penalised and short transfers are not flattered.
 """
 
@@ -22,6 +24,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 ETH_P_IP = 0x0800
 ROOT_HANDLE = 0x10000
 DEFAULT_CLASS = 0x10001
+NIC_CLASS = 0x10002
 UNSHAPED_RATE_BPS = 32e9
 QUANTUM_BYTES = 65536
 _MIN_BURST_BYTES = 65536
@@ -59,13 +62,22 @@ def netem_available(ipr: IPRoute, probe_ifname: str = "netem-probe") -> bool:
         ipr.link("del", index=index)
 
 
-def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_delay: bool) -> None:
-    """Install the htb tree of the module docstring on interface `ifindex` of `ipr`'s namespace."""
+def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_delay: bool,
+                 nic_bps: float | None = None) -> None:
+    """Install the htb tree of the module docstring on interface `ifindex` of `ipr`'s namespace;
+    `nic_bps` None: no NIC limit."""
     ipr.tc("add", "htb", ifindex, ROOT_HANDLE, default=DEFAULT_CLASS & 0xFFFF)
     _add_class(ipr, ifindex, DEFAULT_CLASS, UNSHAPED_RATE_BPS)
+    parent = ROOT_HANDLE
+    if nic_bps is not None:
+        _add_class(ipr, ifindex, NIC_CLASS, nic_bps)
+        parent = NIC_CLASS
     for j, peer in enumerate(peers):
         classid = ROOT_HANDLE | (0x100 + j)
-        _add_class(ipr, ifindex, classid, peer.rate_bps)
+        if nic_bps is None:
+            _add_class(ipr, ifindex, classid, peer.rate_bps)
+        else:
+            _add_class(ipr, ifindex, classid, nic_bps / len(peers), min(peer.rate_bps, nic_bps), parent)
         if with_delay and peer.delay_s > 0:
             ipr.tc("add", "netem", ifindex, (0x1000 + j) << 16, parent=classid,
                    delay=int(round(peer.delay_s * 1e6)), limit=100000)
@@ -73,8 +85,10 @@ def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_de
                keys=[f"0x{int(IPv4Address(peer.address)):08x}/0xffffffff+16"])
 
 
-def _add_class(ipr: IPRoute, ifindex: int, classid: int, rate_bps: float) -> None:
-    rate = f"{int(rate_bps)}bit"
-    burst = burst_bytes(rate_bps)
-    ipr.tc("add-class", "htb", ifindex, classid, parent=ROOT_HANDLE, rate=rate, ceil=rate,
-           burst=burst, cburst=burst, quantum=QUANTUM_BYTES)
+def _add_class(ipr: IPRoute, ifindex: int, classid: int, rate_bps: float, ceil_bps: float | None = None,
+               parent: int = ROOT_HANDLE) -> None:
+    """An htb class guaranteed `rate_bps`, borrowing up to `ceil_bps` (default: no borrowing)."""
+    ceil_bps = rate_bps if ceil_bps is None else ceil_bps
+    ipr.tc("add-class", "htb", ifindex, classid, parent=parent, rate=f"{int(rate_bps)}bit",
+           ceil=f"{int(ceil_bps)}bit", burst=burst_bytes(rate_bps), cburst=burst_bytes(ceil_bps),
+           quantum=QUANTUM_BYTES)

@@ -54,7 +54,8 @@ class LabDevice:
 
 @dataclass(frozen=True, eq=False)
 class LabTopology:
-    """Everything a lab builds; `rate_bps[i, j]` and `delay_s[i, j]` shape traffic from rank i to j."""
+    """Everything a lab builds; `rate_bps[i, j]` and `delay_s[i, j]` shape traffic from rank i to j;
+    `nic_bps[i]` caps all of rank i's outgoing traffic together (None: no NIC limit)."""
 
     lab: LabName
     cluster_name: str
@@ -62,6 +63,7 @@ class LabTopology:
     region_names: dict[int, str]
     rate_bps: np.ndarray
     delay_s: np.ndarray
+    nic_bps: np.ndarray | None = None
 
     @property
     def lab_namespace(self) -> str:
@@ -105,8 +107,10 @@ def check_devices(cluster: Cluster, devices: list[int], source: str = "--devices
     return [int(d) for d in devices]
 
 
-def lab_topology(cluster: Cluster, devices: list[int], lab: LabName) -> LabTopology:
-    """The lab for `devices` (rank i = cluster device devices[i]) of `cluster`."""
+def lab_topology(cluster: Cluster, devices: list[int], lab: LabName,
+                 nic_gbps: float | list[float] | None = None) -> LabTopology:
+    """The lab for `devices` (rank i = cluster device devices[i]) of `cluster`; `nic_gbps`: one NIC
+    rate for every rank, or one per rank, or None (unlimited)."""
     devices = check_devices(cluster, devices)
     position: dict[int, int] = {}
     lab_devices = []
@@ -126,4 +130,14 @@ def lab_topology(cluster: Cluster, devices: list[int], lab: LabName) -> LabTopol
     rate = np.minimum(cluster.bandwidth_bps[np.ix_(index, index)], MAX_RATE_BPS)
     return LabTopology(lab=lab, cluster_name=cluster.name, devices=tuple(lab_devices),
                        region_names={g: cluster.region_names[g] for g in sorted(position)},
-                       rate_bps=rate, delay_s=cluster.latency_s[np.ix_(index, index)])
+                       rate_bps=rate, delay_s=cluster.latency_s[np.ix_(index, index)],
+                       nic_bps=_nic_rates(nic_gbps, len(devices)))
+
+
+def _nic_rates(nic_gbps: float | list[float] | None, n: int) -> np.ndarray | None:
+    if nic_gbps is None:
+        return None
+    rates = np.full(n, float(nic_gbps)) if np.ndim(nic_gbps) == 0 else np.asarray(nic_gbps, dtype=float)
+    if rates.shape != (n,) or not np.all(np.isfinite(rates)) or rates.min() <= 0:
+        raise NetLabError(f"--nic-gbps: need one positive rate or one per device ({n}), got {nic_gbps!r}"[:200])
+    return np.minimum(rates * 1e9, MAX_RATE_BPS)
