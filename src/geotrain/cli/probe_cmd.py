@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--min-seconds", type=float, default=0.25, help="target duration of a counted transfer")
     parser.add_argument("--latency-noise-ms", type=float, default=1.0,
                         help="latency differences below this are noise (region clustering floor)")
-    parser.add_argument("--backend", default="gloo", help="torch.distributed backend")
+    parser.add_argument("--backend", default="gloo", choices=("gloo",),
+                        help="torch.distributed backend (gloo: CPU tensors over TCP, what the network gives)")
     parser.add_argument("--json", action="store_true", help="rank 0 prints one JSON object instead of tables")
     parser.set_defaults(handler=run)
 
