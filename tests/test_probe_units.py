@@ -104,7 +104,8 @@ def _measurements(n=4):
     directed = bandwidth * np.random.default_rng(4).uniform(0.98, 1.02, size=(n, n))
     np.fill_diagonal(directed, 0)
     _, latency = _geo([2, 2], 0.07, np.full((2, 2), 0.1), 0.3, 5)
-    return Measurements(latency_ms=latency, rtt_ms_spread=latency / 10, bandwidth_gbps_directed=directed,
+    return Measurements(latency_ms=latency, latency_min_ms=latency * 0.8, rtt_ms_spread=latency / 10,
+                        bandwidth_gbps_directed=directed,
                         transfer_bytes=np.full((n, n), 6_250_000) * (1 - np.eye(n, dtype=np.int64)),
                         hosts=("vm",) * n), truth
 

@@ -78,7 +78,7 @@ def run(args: Any) -> int:
     if int(os.environ["RANK"]) != 0:
         return 0
     date = datetime.now(timezone.utc)
-    split = regions_from_measurements(measured.latency_ms, measured.bandwidth_gbps, args.latency_noise_ms)
+    split = regions_from_measurements(measured.latency_min_ms, measured.bandwidth_gbps, args.latency_noise_ms)
     names = device_names(measured.hosts, tuple(local for local, _ in local_ranks))
     doc = cluster_document(measured, split, names, [gpu for _, gpu in local_ranks],
                            args.name or f"probe-{date:%Y%m%dT%H%MZ}")

@@ -29,6 +29,7 @@ class StreamResult:
 
     bytes: int
     seconds: float
+    started: float = 0.0  # time.monotonic() of the first byte (comparable across processes)
 
     @property
     def bps(self) -> float:
@@ -41,12 +42,12 @@ def receive_once(address: str, port: int) -> StreamResult:
         connection, _ = server.accept()
         with connection:
             first = connection.recv(CHUNK_BYTES)
-            started = time.perf_counter()
+            started = time.monotonic()
             counted = 0
             while chunk := connection.recv(CHUNK_BYTES):
                 counted += len(chunk)
-            elapsed = time.perf_counter() - started
-    return StreamResult(bytes=counted, seconds=elapsed if first else float("nan"))
+            elapsed = time.monotonic() - started
+    return StreamResult(bytes=counted, seconds=elapsed if first else float("nan"), started=started)
 
 
 def send_once(address: str, port: int, n_bytes: int) -> None:
@@ -85,7 +86,7 @@ def ping(address: str, port: int, count: int) -> list[float]:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["recv"] and len(argv) == 3:
         result = receive_once(argv[1], int(argv[2]))
-        print(json.dumps({"bytes": result.bytes, "seconds": result.seconds}), flush=True)
+        print(json.dumps({"bytes": result.bytes, "seconds": result.seconds, "started": result.started}), flush=True)
         return 0
     if argv[:1] == ["send"] and len(argv) == 4:
         send_once(argv[1], int(argv[2]), int(argv[3]))

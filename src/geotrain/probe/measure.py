@@ -5,7 +5,9 @@ Collective: every rank calls `measure_all`, every rank gets the same matrices ba
 Pairs meet in circle-method rounds (`rounds.py`): in a round each process talks to at most one
 partner, so a NIC never carries two measurements at once; a barrier separates rounds.
 - Latency: the lower rank of a pair sends one float and waits for it back, `pings` times after one
-  warm-up; one-way latency = median round trip / 2 (ms).
+  warm-up; one-way latency = median round trip / 2 (ms). The minimum round trip / 2 is kept too:
+  scheduling delays on a busy host only ever add, so the minimum is the robust figure for telling
+  near from far (region clustering uses it), the median the typical one (the cluster file's).
 - Bandwidth, each direction in turn: the sender announces a size, sends that many bytes and waits for
   a one-element acknowledgement; seconds = elapsed - the pair's median round trip; goodput =
   8 * bytes / seconds. A first (warm-up) transfer of `n_bytes` sizes the rest: when it took less
@@ -40,10 +42,12 @@ class ProbeConfig:
 
 @dataclass(frozen=True, eq=False)
 class Measurements:
-    """Measured matrices (diagonal 0). `bandwidth_gbps_directed[i, j]`: goodput from rank i to rank j;
+    """Measured matrices (diagonal 0): latency from the median and from the minimum round trip, the
+    round trips' inter-quartile range; `bandwidth_gbps_directed[i, j]`: goodput from rank i to rank j;
     `transfer_bytes[i, j]`: the size of the counted transfers i -> j; `hosts[i]`: rank i's hostname."""
 
     latency_ms: np.ndarray
+    latency_min_ms: np.ndarray
     rtt_ms_spread: np.ndarray
     bandwidth_gbps_directed: np.ndarray
     transfer_bytes: np.ndarray
@@ -55,8 +59,8 @@ class Measurements:
         return (self.bandwidth_gbps_directed + self.bandwidth_gbps_directed.T) / 2
 
 
-def _ping(peer: int, lower: bool, pings: int) -> tuple[float, float]:
-    """(median, inter-quartile range) of round-trip seconds with `peer`; the lower rank times."""
+def _ping(peer: int, lower: bool, pings: int) -> tuple[float, float, float]:
+    """(median, minimum, inter-quartile range) of round-trip seconds with `peer`; the lower rank times."""
     token = torch.zeros(1)
     rtts = []
     for k in range(pings + 1):
@@ -70,9 +74,9 @@ def _ping(peer: int, lower: bool, pings: int) -> tuple[float, float]:
             dist.recv(token, peer)
             dist.send(token, peer)
     if not lower:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     quartiles = statistics.quantiles(rtts, n=4) if len(rtts) > 1 else [rtts[0]] * 3
-    return statistics.median(rtts), quartiles[2] - quartiles[0]
+    return statistics.median(rtts), min(rtts), quartiles[2] - quartiles[0]
 
 
 def _send_timed(peer: int, payload: torch.Tensor, n_bytes: int) -> float:
@@ -112,16 +116,15 @@ def measure_all(config: ProbeConfig) -> Measurements:
     """Run every round of pings, then every round of transfers; all ranks get the full matrices."""
     rank, world = dist.get_rank(), dist.get_world_size()
     rounds = circle_rounds(world)
-    local = {key: torch.zeros(world, world, dtype=torch.float64) for key in ("rtt", "spread", "bw", "bytes")}
-    rtt_s = {}
+    local = {key: torch.zeros(world, world, dtype=torch.float64) for key in ("rtt", "min", "spread", "bw", "bytes")}
     for pairs in rounds:
         meeting = partner_in_round(pairs, rank)
         if meeting is not None:
             peer, lower = meeting
-            median_s, spread_s = _ping(peer, lower, config.pings)
+            figures = _ping(peer, lower, config.pings)
             if lower:
-                local["rtt"][rank, peer] = local["rtt"][peer, rank] = median_s
-                local["spread"][rank, peer] = local["spread"][peer, rank] = spread_s
+                for key, value in zip(("rtt", "min", "spread"), figures):
+                    local[key][rank, peer] = local[key][peer, rank] = value
         dist.barrier()
     dist.all_reduce(local["rtt"])
     rtt = local["rtt"].numpy()
@@ -136,10 +139,11 @@ def measure_all(config: ProbeConfig) -> Measurements:
                 if sending:
                     local["bw"][rank, peer], local["bytes"][rank, peer] = bps / 1e9, n_bytes
         dist.barrier()
-    for key in ("spread", "bw", "bytes"):
+    for key in ("min", "spread", "bw", "bytes"):
         dist.all_reduce(local[key])
     hosts: list[str | None] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname())
-    return Measurements(latency_ms=rtt / 2 * 1e3, rtt_ms_spread=local["spread"].numpy() * 1e3,
+    return Measurements(latency_ms=rtt / 2 * 1e3, latency_min_ms=local["min"].numpy() / 2 * 1e3,
+                        rtt_ms_spread=local["spread"].numpy() * 1e3,
                         bandwidth_gbps_directed=local["bw"].numpy(), transfer_bytes=local["bytes"].numpy().astype(np.int64),
                         hosts=tuple(str(h) for h in hosts))

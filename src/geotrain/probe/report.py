@@ -53,6 +53,7 @@ def probe_record(m: Measurements, split: RegionSplit, config: ProbeConfig, date:
         "regions": {"metric": split.metric, "cut": split.cut, "gap_ratio": split.ratio, "labels": list(split.labels)},
         "hosts": list(m.hosts),
         "latency_ms": _significant(m.latency_ms),
+        "latency_min_ms": _significant(m.latency_min_ms),
         "rtt_ms_interquartile": _significant(m.rtt_ms_spread, 3),
         "bandwidth_gbps_directed": _significant(m.bandwidth_gbps_directed),
         "transfer_bytes": m.transfer_bytes.tolist(),
@@ -67,10 +68,11 @@ def cluster_yaml(doc: dict, record: dict) -> str:
         f"measured by `geotrain probe` on {record['date']} ({len(record['hosts'])} processes)",
         f"settings: {json.dumps(record['settings'])}",
         f"regions: clustered on {regions['metric']} (cut {regions['cut']:.4g}{unit}, gap ratio "
-        f"{regions['gap_ratio']:.3g}); bandwidth_gbps = mean of both directions; latency_ms = median RTT / 2",
+        f"{regions['gap_ratio']:.3g}; latency: minimum RTT / 2); bandwidth_gbps = mean of both directions; "
+        "latency_ms = median RTT / 2",
         "raw (row = sender, column = receiver):",
         *(f"  {key}: {json.dumps(record[key])}"
-          for key in ("bandwidth_gbps_directed", "transfer_bytes", "rtt_ms_interquartile", "hosts")),
+          for key in ("bandwidth_gbps_directed", "transfer_bytes", "latency_min_ms", "rtt_ms_interquartile", "hosts")),
     ]
     body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=160)
     return "".join(f"# {line}\n" for line in header) + body
