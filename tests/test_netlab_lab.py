@@ -137,6 +137,8 @@ def test_a_sigkilled_owner_leaves_namespaces_that_down_all_removes(tmp_path, cap
     owner.wait(timeout=30)
     assert process_gone(worker)  # PR_SET_PDEATHSIG: workers die with their owner
     assert len(namespaces_of(prefix)) == 3  # nobody could clean up...
+    assert main(["netlab", "list"]) == 0
+    assert f"{prefix}" in (listed := capsys.readouterr().out) and "no (stale)" in listed
     assert main(["netlab", "down", "--all"]) == 0  # ...until this
     assert namespaces_of(prefix) == []
     assert f"{prefix}-lab" in capsys.readouterr().out

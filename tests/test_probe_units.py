@@ -85,6 +85,14 @@ def test_regions_fall_back_to_bandwidth_when_latency_is_within_noise(sizes, seed
     assert _same_partition(split.labels, truth)
 
 
+def test_unevenly_spaced_sites_are_all_separated_at_the_lowest_significant_gap():
+    inter = np.array([[0, 3.0, 300.0], [3.0, 0, 300.0], [300.0, 300.0, 0]])
+    truth, latency = _geo([2, 2, 2], 0.1, inter, 0.1, 7)
+    split = regions_from_measurements(latency, np.ones_like(latency))
+    assert split.labels == (0, 0, 1, 1, 2, 2)
+    assert split.cut < 3.0
+
+
 def test_a_uniform_network_is_one_region():
     _, latency = _geo([6], 0.2, np.zeros((1, 1)), 0.5, 0)
     _, bandwidth = _geo([6], 10.0, np.zeros((1, 1)), 0.1, 1)
