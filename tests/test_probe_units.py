@@ -6,7 +6,6 @@ import json
 from datetime import datetime, timezone
 
 import numpy as np
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,11 +151,23 @@ def test_probe_refuses_to_start_outside_torchrun(monkeypatch, capsys):
     assert "RANK is unset" in capsys.readouterr().err
 
 
-def test_parse_round_trip_of_the_written_text():
-    measured, _ = _measurements()
-    split = regions_from_measurements(measured.latency_ms, measured.bandwidth_gbps)
-    doc = cluster_document(measured, split, device_names(measured.hosts, (0,) * 4), ["unknown"] * 4, "x")
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_any_measurement_round_trips_through_the_written_file(n, seed):
+    rng = np.random.default_rng(seed)
+    directed = rng.uniform(1e-3, 40.0, size=(n, n)) * (1 - np.eye(n))
+    rtt = rng.uniform(0.0, 300.0, size=(n, n))
+    rtt = (np.triu(rtt, 1) + np.triu(rtt, 1).T) / 2
+    measured = Measurements(latency_ms=rtt, latency_min_ms=rtt * 0.9, rtt_ms_spread=rtt / 5,
+                            bandwidth_gbps_directed=directed, transfer_bytes=np.full((n, n), 10**7),
+                            hosts=tuple(f"h{i % 2}" for i in range(n)))
+    split = regions_from_measurements(measured.latency_min_ms, measured.bandwidth_gbps)
+    names = device_names(measured.hosts, tuple(range(n)))
+    doc = cluster_document(measured, split, names, ["unknown"] * n, "probe")
     text = cluster_yaml(doc, probe_record(measured, split, ProbeConfig(), datetime.now(timezone.utc)))
-    assert parse_cluster_text(text).n_regions == 2
-    with pytest.raises(Exception):
-        parse_cluster_text(text.replace("bandwidth_gbps:", "bandwidth_gbps_x:"))
+    cluster = parse_cluster_text(text)
+    assert cluster.n_devices == n and cluster.n_regions == split.n_regions
+    np.testing.assert_allclose(cluster.bandwidth_gbps, measured.bandwidth_gbps, rtol=1e-3)
+    np.testing.assert_allclose(cluster.latency_ms, measured.latency_ms, rtol=1e-3, atol=1e-9)
+    raw = json.loads(text.split("#   bandwidth_gbps_directed: ")[1].split("\n")[0])
+    np.testing.assert_allclose(raw, directed, rtol=1e-3)
