@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timezone
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from geotrain.probe import (
     cluster_document,
     cluster_yaml,
     device_names,
+    measure_all,
     partner_in_round,
     probe_record,
     regions_from_measurements,
@@ -171,3 +173,24 @@ def test_any_measurement_round_trips_through_the_written_file(n, seed):
     np.testing.assert_allclose(cluster.latency_ms, measured.latency_ms, rtol=1e-3, atol=1e-9)
     raw = json.loads(text.split("#   bandwidth_gbps_directed: ")[1].split("\n")[0])
     np.testing.assert_allclose(raw, directed, rtol=1e-3)
+
+
+def _measure_worker(rank, world_size):
+    return measure_all(ProbeConfig(pings=3, n_bytes=1_000_000, repeats=1, min_seconds=0.01))
+
+
+@pytest.mark.slow  # ~9 s: three torch processes; the one probe measurement test that needs no root
+def test_measure_all_over_loopback_gives_every_rank_the_same_full_matrices():
+    from geotrain.ddp.launch import run_workers
+
+    results = run_workers(_measure_worker, world_size=3, timeout_s=120)  # odd: one rank sits out each round
+    first = results[0]
+    off = ~np.eye(3, dtype=bool)
+    for other in results[1:]:
+        np.testing.assert_array_equal(other.bandwidth_gbps_directed, first.bandwidth_gbps_directed)
+        np.testing.assert_array_equal(other.latency_ms, first.latency_ms)
+    assert np.all(first.bandwidth_gbps_directed[off] > 0) and np.all(np.diag(first.bandwidth_gbps_directed) == 0)
+    assert np.array_equal(first.latency_ms, first.latency_ms.T) and np.all(first.latency_ms[off] > 0)
+    assert np.all(first.latency_min_ms[off] <= first.latency_ms[off])
+    assert np.all(first.transfer_bytes[off] >= 1_000_000) and np.all(first.transfer_bytes[off] <= 4_000_000)
+    assert len(first.hosts) == 3
