@@ -22,6 +22,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_codecs",
     "geotrain.cli.bench_runtime",
     "geotrain.cli.bench_ddp",
+    "geotrain.cli.bench_netlab",
 )
 
 

@@ -1,0 +1,94 @@
+"""Traffic shaping of one interface through pyroute2: an htb class per destination, netem if present.
+
+    root htb 1:  (unclassified traffic -- ARP, anything not to a lab peer -- goes to 1:1, unshaped)
+      class 1:<0x100+j>  rate = ceil = b(i, j), selected by a u32 filter on peer j's address
+        leaf netem <0x1000+j>:  delay a(i, j)        (only where the kernel has netem)
+
+rate == ceil: a class never borrows, so every destination sees exactly its own link, whatever the
+others do. With a NIC limit (`nic_bps`), the peer classes hang under one class 1:2 of rate = ceil =
+the NIC; each peer is guaranteed NIC / peers and may borrow up to min(b(i, j), NIC): one stream gets
+its link's rate (capped by the NIC), concurrent streams share the NIC. Bursts are one millisecond of the rate but at least 64 KiB (a segmentation-offloaded
+packet), so big veth packets are not penalised and short transfers are not flattered.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Address
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+ETH_P_IP = 0x0800
+ROOT_HANDLE = 0x10000
+DEFAULT_CLASS = 0x10001
+NIC_CLASS = 0x10002
+UNSHAPED_RATE_BPS = 32e9
+QUANTUM_BYTES = 65536
+_MIN_BURST_BYTES = 65536
+_NETEM_MISSING = (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL)
+
+
+@dataclass(frozen=True)
+class PeerShape:
+    """Traffic to `address`: at most `rate_bps` bit/s, delayed `delay_s` seconds (if netem exists)."""
+
+    address: str
+    rate_bps: float
+    delay_s: float
+
+
+def burst_bytes(rate_bps: float) -> int:
+    """htb bucket size: 1 ms worth of the rate, at least 64 KiB."""
+    return max(_MIN_BURST_BYTES, int(rate_bps / 8 * 1e-3))
+
+
+def netem_available(ipr: IPRoute, probe_ifname: str = "netem-probe") -> bool:
+    """Whether this kernel has netem: try to attach one to a throw-away veth (detect, never assume;
+    this kernel has no `dummy` links). `ipr` should be bound to a lab namespace, so the probe
+    touches nothing else."""
+    ipr.link("add", ifname=probe_ifname, kind="veth", peer={"ifname": f"{probe_ifname}p"})
+    index = ipr.link_lookup(ifname=probe_ifname)[0]
+    try:
+        ipr.tc("add", "netem", index, 0x10000, delay=1000)
+        return True
+    except NetlinkError as exc:
+        if exc.code in _NETEM_MISSING:
+            return False
+        raise
+    finally:
+        ipr.link("del", index=index)
+
+
+def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_delay: bool,
+                 nic_bps: float | None = None) -> None:
+    """Install the htb tree of the module docstring on interface `ifindex` of `ipr`'s namespace;
+    `nic_bps` None: no NIC limit."""
+    ipr.tc("add", "htb", ifindex, ROOT_HANDLE, default=DEFAULT_CLASS & 0xFFFF)
+    _add_class(ipr, ifindex, DEFAULT_CLASS, UNSHAPED_RATE_BPS)
+    parent = ROOT_HANDLE
+    if nic_bps is not None:
+        _add_class(ipr, ifindex, NIC_CLASS, nic_bps)
+        parent = NIC_CLASS
+    for j, peer in enumerate(peers):
+        classid = ROOT_HANDLE | (0x100 + j)
+        if nic_bps is None:
+            _add_class(ipr, ifindex, classid, peer.rate_bps)
+        else:
+            _add_class(ipr, ifindex, classid, nic_bps / len(peers), min(peer.rate_bps, nic_bps), parent)
+        if with_delay and peer.delay_s > 0:
+            ipr.tc("add", "netem", ifindex, (0x1000 + j) << 16, parent=classid,
+                   delay=int(round(peer.delay_s * 1e6)), limit=100000)
+        ipr.tc("add-filter", "u32", ifindex, parent=ROOT_HANDLE, prio=1, protocol=ETH_P_IP, target=classid,
+               keys=[f"0x{int(IPv4Address(peer.address)):08x}/0xffffffff+16"])
+
+
+def _add_class(ipr: IPRoute, ifindex: int, classid: int, rate_bps: float, ceil_bps: float | None = None,
+               parent: int = ROOT_HANDLE) -> None:
+    """An htb class guaranteed `rate_bps`, borrowing up to `ceil_bps` (default: no borrowing)."""
+    ceil_bps = rate_bps if ceil_bps is None else ceil_bps
+    ipr.tc("add-class", "htb", ifindex, classid, parent=parent, rate=f"{int(rate_bps)}bit",
+           ceil=f"{int(ceil_bps)}bit", burst=burst_bytes(rate_bps), cburst=burst_bytes(ceil_bps),
+           quantum=QUANTUM_BYTES)
