@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "geotrain.cli.cluster_cmd",
     "geotrain.cli.train_cmd",
     "geotrain.cli.groups",
+    "geotrain.cli.emulate_cmd",
 )
 
 

@@ -46,7 +46,7 @@ def _swap(backend: Any) -> Any:
     return BACKEND_NAME if backend in _GLOO_NAMES else backend
 
 
-def _wrap_backend_arg(original: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap_backend_arg(original: Callable[..., Any], on_return: Callable[[], None]) -> Callable[..., Any]:
     if getattr(original, "_geotrain_emulate", False):
         original = original.__wrapped__  # installed again: wrap the original, not our wrapper
 
@@ -59,7 +59,9 @@ def _wrap_backend_arg(original: Callable[..., Any]) -> Callable[..., Any]:
                 args = (_swap(args[0]), *args[1:])
             else:
                 kwargs["backend"] = BACKEND_NAME
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        on_return()
+        return result
     wrapper._geotrain_emulate = True  # type: ignore[attr-defined]
     return wrapper
 
@@ -101,9 +103,15 @@ def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
         inner = dist.ProcessGroupGloo(store, options.group_rank, options.group_size, options.timeout)
         return EmulatedProcessGroup(inner, options.group_rank, options.group_size, global_ranks, states[0])
 
+    def start_clock() -> None:
+        # init_process_group ends with a store barrier: every rank leaves it at about the same moment,
+        # so emulated time 0 is common to all ranks (and process start-up is not counted)
+        if states:
+            states[0].clock.release(0.0)
+
     dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu"])
     for module in (dist, c10d):
-        module.init_process_group = _wrap_backend_arg(module.init_process_group)
-        module.new_group = _wrap_backend_arg(module.new_group)
+        module.init_process_group = _wrap_backend_arg(module.init_process_group, start_clock)
+        module.new_group = _wrap_backend_arg(module.new_group, lambda: None)
         module.monitored_barrier = _wrap_monitored_barrier(module.monitored_barrier)
     return emulation

@@ -132,7 +132,8 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             state.ops.append(OpRecord(pending.op, pending.seq, self._name, self._global_ranks,
                                       pending.nbytes, start, end))
         if pending.after is not None:
-            pending.after()
+            with torch.no_grad():
+                pending.after()
         pending.done = True
         state.clock.wait_until(end)
 
@@ -303,7 +304,8 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             work.wait()
             state.clock.release(held)
             arrival = float(message[:HEADER_BYTES].view(torch.float64)[1])
-            tensor.copy_(message[HEADER_BYTES:].view(tensor.dtype).view(tensor.shape))
+            with torch.no_grad():  # pipelining receives into leaf tensors that require grad
+                tensor.copy_(message[HEADER_BYTES:].view(tensor.dtype).view(tensor.shape))
             state.clock.wait_until(arrival)
         return EmulatedWork(finish, tensors)
 
