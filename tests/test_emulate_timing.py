@@ -103,14 +103,18 @@ def test_rank_clock_freezes_while_blocked_and_sleeps_scaled_link_time():
     wall[0] += 1.0  # computing
     assert clock.now() == pytest.approx(1.0)
     held = clock.hold()
-    wall[0] += 3.0  # blocked in the real exchange: not counted
-    clock.release(held)
-    assert clock.now() == pytest.approx(1.0)
-    clock.wait_until(3.0)  # 2 emulated seconds of link time at time scale 0.5
-    assert slept == [pytest.approx(1.0)]
+    wall[0] += 0.25  # blocked in the real exchange: not emulated time, but it counts towards the sleep
+    clock.finish(held, 3.0)  # 2 emulated seconds of link time at time scale 0.5: 1 s of wall, 0.25 s done
+    assert slept == [pytest.approx(0.75)]
     assert clock.now() == pytest.approx(3.0)
-    clock.wait_until(2.0)  # already past: no sleep
-    assert len(slept) == 1
+    held = clock.hold()
+    wall[0] += 0.5  # blocked longer than the link time (0.25 s of wall): no sleep, 0.25 s behind
+    clock.finish(held, 3.5)
+    assert len(slept) == 1 and clock.now() == pytest.approx(3.5)
+    clock.wait_until(2.0)  # already past: nothing
+    assert len(slept) == 1 and clock.now() == pytest.approx(3.5)
+    clock.wait_until(4.5)  # 0.5 s of wall, less the 0.25 s it is behind
+    assert slept[-1] == pytest.approx(0.25) and clock.now() == pytest.approx(4.5)
 
 
 def test_bad_inputs_name_the_option():

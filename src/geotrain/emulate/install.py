@@ -107,7 +107,7 @@ def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
         # init_process_group ends with a store barrier: every rank leaves it at about the same moment,
         # so emulated time 0 is common to all ranks (and process start-up is not counted)
         if states:
-            states[0].clock.release(0.0)
+            states[0].clock.restart(0.0)
 
     dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu"])
     for module in (dist, c10d):

@@ -121,7 +121,6 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         held = state.clock.hold()
         for work in pending.works:
             work.wait()
-        state.clock.release(held)
         stamps = pending.stamps.view(n, 1 + n).numpy()
         start = max(float(stamps[:, 0].max()), self._free_s)
         transfers, end = run_rounds(state.network, self._group_devices, self._global_ranks,
@@ -135,7 +134,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             with torch.no_grad():
                 pending.after()
         pending.done = True
-        state.clock.wait_until(end)
+        state.clock.finish(held, end)
 
     # -- collectives --
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> EmulatedWork:
@@ -290,8 +289,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         def finish() -> None:
             held = state.clock.hold()
             work.wait()
-            state.clock.release(held)
-            state.clock.wait_until(done)
+            state.clock.finish(held, done)
         return EmulatedWork(finish, tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> EmulatedWork:
@@ -302,11 +300,10 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         def finish() -> None:
             held = state.clock.hold()
             work.wait()
-            state.clock.release(held)
             arrival = float(message[:HEADER_BYTES].view(torch.float64)[1])
             with torch.no_grad():  # pipelining receives into leaf tensors that require grad
                 tensor.copy_(message[HEADER_BYTES:].view(tensor.dtype).view(tensor.shape))
-            state.clock.wait_until(arrival)
+            state.clock.finish(held, arrival)
         return EmulatedWork(finish, tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> EmulatedWork:

@@ -35,3 +35,10 @@ def merge_report(parts_dir: Path, cluster: Cluster, devices: Sequence[int], time
                     "inter_region_bytes": inter,
                     "emulated_end_s": max((part["clock_s"] for part in parts), default=0.0)},
     }
+
+
+def barrier_intervals_s(report: dict[str, Any], group: str = "0") -> list[float]:
+    """Emulated seconds between consecutive barriers of `group` (the default group is "0"): the
+    emulated step times of a script that ends each step with `dist.barrier()`."""
+    ends = [o["end_s"] for o in report["ops"] if o["op"] == "barrier" and o["group"] == group]
+    return [b - a for a, b in zip(ends, ends[1:])]
