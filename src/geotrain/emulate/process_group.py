@@ -63,6 +63,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         self._state = state
         self._group_devices = [state.devices[g] for g in self._global_ranks]
         self._pending: list[_Pending] = []
+        self.spans: list[tuple[str, float, float]] = []  # (op, emulated start, end) of each collective
         self._free_s = float("-inf")
         self._seq = 0
         self._name = ""
@@ -126,6 +127,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         transfers, end = run_rounds(state.network, self._group_devices, self._global_ranks,
                                     pending.rounds(stamps[:, 1:]), start, pending.op, pending.seq)
         self._free_s = end
+        self.spans.append((pending.op, start, end))
         state.record(transfers)
         if self.rank() == 0:
             state.ops.append(OpRecord(pending.op, pending.seq, self._name, self._global_ranks,
@@ -300,11 +302,13 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         def finish() -> None:
             held = state.clock.hold()
             work.wait()
-            arrival = float(message[:HEADER_BYTES].view(torch.float64)[1])
+            start, arrival = (float(x) for x in message[:HEADER_BYTES].view(torch.float64))
             with torch.no_grad():  # pipelining receives into leaf tensors that require grad
                 tensor.copy_(message[HEADER_BYTES:].view(tensor.dtype).view(tensor.shape))
             state.clock.finish(held, arrival)
-        return EmulatedWork(finish, tensors)
+            result.emulated_span = (start, arrival)
+        result = EmulatedWork(finish, tensors)
+        return result
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> EmulatedWork:
         raise NotImplementedError("geotrain.emulate: recv from any source is not emulated; name the sender")

@@ -21,6 +21,7 @@ class EmulatedWork(dist.Work):
         self._finish = finish
         self._result = result
         self._done = False
+        self.emulated_span: tuple[float, float] | None = None  # a receive's (start, arrival) on its link
 
     def wait(self, timeout: Any = None) -> bool:
         if not self._done:
