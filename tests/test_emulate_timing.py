@@ -127,3 +127,18 @@ def test_bad_inputs_name_the_option():
         net.check_devices([1, 1])
     with pytest.raises(EmulationError, match="nic_gbps"):
         EmulatedNetwork.from_cluster(FOUR, nic_gbps=0.0)
+
+
+@pytest.mark.parametrize("assignment", [[[0, 1, 2, 3], [4, 5, 6, 7]], [[0, 4, 1, 5], [6, 2, 7, 3]]],
+                         ids=["groups-inside-regions", "groups-crossing"])
+def test_emulated_ring_allreduce_equals_the_independent_ring_cost_model(assignment):
+    # two independent implementations of one algorithm: the emulator's rounds and cost/ring.py's formula
+    from geotrain.cluster import make_network
+    from geotrain.runtime.predict import predict_comm
+    cluster = make_network([4, 4], 10.0, (0.005, 0.005), (40.0, 40.0), seed=0)
+    dp_bytes = [1_657_856, 1_609_728]
+    ring = predict_comm(cluster, np.array(assignment), dp_bytes, 393_216, 1.0, cost_model="ring")
+    net = EmulatedNetwork.from_cluster(cluster)
+    for stage, group in enumerate(assignment):
+        _, end = run_rounds(net, group, list(range(4)), algorithms.ring_allreduce(4, dp_bytes[stage]), 0.0)
+        assert end == pytest.approx(ring.dp_per_stage_s[stage], rel=1e-9)
