@@ -125,7 +125,7 @@ def test_timeout_kills_every_rank(tmp_path):
         assert not Path(f"/proc/{pid}").exists()
 
 
-def test_children_die_with_a_killed_launcher(tmp_path):
+def _start_sleepers(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
     script = write(tmp_path, "sleep.py", """
         import os, sys, time
         open(os.path.join(sys.argv[1], os.environ["RANK"]), "w").write(str(os.getpid()))
@@ -136,13 +136,28 @@ def test_children_die_with_a_killed_launcher(tmp_path):
     deadline = time.monotonic() + 60
     while not all((tmp_path / r).exists() for r in "01") and time.monotonic() < deadline:
         time.sleep(0.1)
-    pids = [int((tmp_path / r).read_text()) for r in "01"]
-    launcher.send_signal(signal.SIGKILL)
-    launcher.wait()
-    deadline = time.monotonic() + 10
+    return launcher, [int((tmp_path / r).read_text()) for r in "01"]
+
+
+def _all_gone(pids: list[int], within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
     while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(Path(f"/proc/{p}").exists() for p in pids)
+    return not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+def test_children_die_with_a_killed_launcher(tmp_path):
+    launcher, pids = _start_sleepers(tmp_path)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    assert _all_gone(pids)
+
+
+def test_ctrl_c_stops_every_rank_and_exits_130(tmp_path):
+    launcher, pids = _start_sleepers(tmp_path)
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait(timeout=30) == 130
+    assert _all_gone(pids)
 
 
 def test_cli_runs_a_module_with_plan_order_and_rejects_bad_devices(tmp_path, monkeypatch, capsys):

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,6 +102,19 @@ def _supervise(processes: Sequence[subprocess.Popen], config: LaunchConfig) -> b
     return False
 
 
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _install_stop_handlers() -> dict[int, Any]:
+    """SIGINT, SIGTERM and SIGHUP stop the children (even where SIGINT was ignored, as for `cmd &`)."""
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, _interrupt)
+    return previous
+
+
 def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> LaunchResult:
     """Run `config.target` on len(devices) ranks, rank i emulating devices[i]; merge the report."""
     network = EmulatedNetwork.from_cluster(cluster, config.time_scale, config.nic_gbps)
@@ -115,6 +129,7 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         port = free_port()
         command = [sys.executable, "-m", "geotrain.emulate.bootstrap", *config.target]
         processes: list[subprocess.Popen] = []
+        previous = _install_stop_handlers()
         try:
             for rank in range(len(device_list)):
                 processes.append(subprocess.Popen(command, env=rank_env(rank, len(device_list), port, config_path),
@@ -123,6 +138,9 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         except BaseException:
             _stop(processes, 2.0)
             raise
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         codes = tuple(exit_code_of(p.returncode) for p in processes)
         report = None
         if config.report_path is not None:
