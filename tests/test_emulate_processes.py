@@ -78,6 +78,50 @@ def test_four_rank_report_has_the_hand_computed_allreduce_and_fifo_messages(tmp_
     assert [r["device"] for r in report["ranks"]] == [0, 1, 2, 3]
 
 
+MESH = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+dist.init_process_group()
+r, w = dist.get_rank(), dist.get_world_size()
+mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+t = torch.tensor([float(r)])
+dist.all_reduce(t, group=mesh.get_group("dp"))
+assert t.item() == (1.0 if r < 2 else 5.0), t
+peer = r ^ 1
+a, b = torch.full((3,), float(r)), torch.empty(3)
+for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, a, peer), dist.P2POp(dist.irecv, b, peer)]):
+    work.wait()
+assert b[0].item() == peer
+x = torch.tensor([float(r + 1)])
+dist.reduce(x, dst=0)
+g = [torch.empty(1) for _ in range(w)] if r == 0 else None
+dist.gather(torch.tensor([float(r)]), g, dst=0)
+if r == 0:
+    assert x.item() == 10 and [v.item() for v in g] == [0, 1, 2, 3]
+s = torch.empty(1)
+dist.scatter(s, [torch.tensor([float(i * 10)]) for i in range(w)] if r == 1 else None, src=1)
+assert s.item() == 10 * r
+objs = [None] * w
+dist.all_gather_object(objs, {"r": r})
+assert objs == [{"r": i} for i in range(w)]
+out = torch.empty(w)
+dist.all_gather_into_tensor(out, torch.tensor([float(r)]))
+assert out.tolist() == [0, 1, 2, 3]
+"""
+
+
+def test_device_mesh_subgroups_batched_p2p_and_rooted_collectives_work(tmp_path):
+    script = write(tmp_path, "mesh.py", MESH)
+    path = tmp_path / "mesh.json"
+    result = launch(FOUR, [0, 1, 2, 3], LaunchConfig((str(script),), 0.0, None, path, 120))
+    assert result.exit_code == 0, result.rank_codes
+    report = json.loads(path.read_text())
+    dp_allreduce = [o for o in report["ops"] if o["op"] == "allreduce" and o["ranks"] in ([0, 1], [2, 3])]
+    assert len(dp_allreduce) == 2  # one per dp sub-group, inside its region: 2 ring steps of 1 ms + 2 B
+    for op in dp_allreduce:
+        assert op["end_s"] - op["start_s"] == pytest.approx(2 * (0.001 + 8 * 2 / 10e9))
+
+
 def test_nic_limit_slows_the_all_to_all(tmp_path):
     script = write(tmp_path, "a2a.py", """
         import torch, torch.distributed as dist
