@@ -4,7 +4,6 @@ layout, schedules, stage split, checkpoints, watchdog, config validation."""
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
