@@ -1,4 +1,5 @@
-"""Unmodified torch scripts (examples/) under `geotrain emulate` train exactly as under plain gloo."""
+"""Unmodified torch scripts (examples/: DDP, pipelining, FSDP2) under `geotrain emulate` train exactly as
+under plain gloo."""
 
 import os
 import re
@@ -24,7 +25,7 @@ def run(command: list[str]) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("script", ["examples/ddp_train.py", "examples/pipeline_train.py"])
+@pytest.mark.parametrize("script", ["examples/ddp_train.py", "examples/pipeline_train.py", "examples/fsdp_train.py"])
 def test_example_losses_are_bit_identical_to_plain_gloo(script, tmp_path):
     args = [script, "--steps", "3", "--hidden", "32"]
     plain = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", *args])
