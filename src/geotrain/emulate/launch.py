@@ -4,7 +4,8 @@ Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE
 MASTER_PORT (and OMP_NUM_THREADS=1 unless set, as torchrun) and runs geotrain.emulate.bootstrap, which
 installs the emulation and runs the script. If a child fails the others get `grace_s` to finish, then
 SIGTERM, then SIGKILL; the same on timeout (exit 124) and Ctrl-C (exit 130). Children die with the
-launcher. Exit code: the worst child's (a signal-killed child counts as 128 + signal).
+launcher. Exit code: the worst child's (a signal-killed child counts as 128 + signal), among the
+children that ended on their own: ranks the launcher stopped after a failure do not mask its code.
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ def _stop(processes: Sequence[subprocess.Popen], grace_s: float) -> None:
             process.wait()
 
 
-def _supervise(processes: Sequence[subprocess.Popen], config: LaunchConfig) -> bool:
-    """Wait for all children; stop the rest when one fails or time runs out. True if timed out."""
+def _supervise(processes: Sequence[subprocess.Popen], config: LaunchConfig, stopped: set[int]) -> bool:
+    """Wait for all children; stop the rest when one fails or time runs out (their indices go to
+    `stopped`). True if timed out."""
     deadline = None if config.timeout_s is None else time.monotonic() + config.timeout_s
     failed_at = None
     while any(p.poll() is None for p in processes):
@@ -97,6 +99,7 @@ def _supervise(processes: Sequence[subprocess.Popen], config: LaunchConfig) -> b
         if failed_at is None and any(p.returncode not in (None, 0) for p in processes):
             failed_at = now
         if failed_at is not None and now - failed_at > config.grace_s:
+            stopped.update(i for i, p in enumerate(processes) if p.poll() is None)
             _stop(processes, 2.0)
         time.sleep(0.05)
     return False
@@ -134,7 +137,8 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
             for rank in range(len(device_list)):
                 processes.append(subprocess.Popen(command, env=rank_env(rank, len(device_list), port, config_path),
                                                   preexec_fn=die_with_parent))
-            timed_out = _supervise(processes, config)
+            stopped: set[int] = set()
+            timed_out = _supervise(processes, config, stopped)
         except BaseException:
             _stop(processes, 2.0)
             raise
@@ -146,5 +150,5 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         if config.report_path is not None:
             report = merge_report(parts, cluster, device_list, config.time_scale)
             config.report_path.write_text(json.dumps(report, indent=1))
-    worst = 124 if timed_out else max(codes, default=0)
+    worst = 124 if timed_out else max((c for i, c in enumerate(codes) if i not in stopped), default=0)
     return LaunchResult(worst, codes, timed_out, report)
