@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.cluster import load_cluster
-from geotrain.emulate.network import EmulatedNetwork, EmulationError
 from geotrain.plan import load_plan
 
 
@@ -31,7 +30,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="wall seconds slept per emulated second of link time (0: no sleeping)")
     parser.add_argument("--nic-gbps", type=float, default=None,
-                        help="every device's uplink in Gbit/s, shared by its concurrent sends (default: unlimited)")
+                        help="every device's uplink in Gbit/s, shared by its concurrent sends (None: unlimited)")
     parser.add_argument("--report", metavar="FILE.json", help="write every transfer and collective as JSON")
     parser.add_argument("--timeout", type=float, default=None, metavar="SEC", help="kill all ranks after SEC")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")
@@ -41,6 +40,8 @@ def register(subparsers: Any) -> None:
 
 def devices_of(args: Any, n_devices: int) -> list[int]:
     """The device of each rank from --devices or --plan (stage-major: rank s*R + r)."""
+    from geotrain.emulate.network import EmulationError  # geotrain.emulate imports torch: only when used
+
     if args.plan:
         plan = load_plan(args.plan)
         return [int(d) for d in plan.check_fits(n_devices, args.plan).reshape(-1)]
@@ -51,6 +52,8 @@ def devices_of(args: Any, n_devices: int) -> list[int]:
 
 
 def target_of(args: Any) -> tuple[str, ...]:
+    from geotrain.emulate.network import EmulationError
+
     rest = list(args.target)
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -65,6 +68,7 @@ def target_of(args: Any) -> tuple[str, ...]:
 
 def run(args: Any) -> int:
     from geotrain.emulate.launch import LaunchConfig, launch  # torch: imported only when emulating
+    from geotrain.emulate.network import EmulatedNetwork
 
     cluster = load_cluster(args.cluster)
     devices = EmulatedNetwork.from_cluster(cluster).check_devices(devices_of(args, cluster.n_devices))
