@@ -1,10 +1,9 @@
-"""Runtime pieces that need no worker processes: link emulation, transport timing, prediction,
+"""Runtime pieces that need no worker processes: link busy time, prediction,
 layout, schedules, stage split, checkpoints, watchdog, config validation."""
 
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
@@ -21,8 +20,6 @@ from geotrain.models import GPTConfig, make_model
 from geotrain.runtime import (
     CheckpointError,
     Layout,
-    LinkModel,
-    LinkQueue,
     RuntimeConfig,
     RuntimeConfigError,
     busy_seconds,
@@ -34,7 +31,6 @@ from geotrain.runtime import (
     split_model,
 )
 from geotrain.runtime import checkpoint as ckpt
-from geotrain.runtime.transport import Transport, delivery
 from geotrain.runtime.watchdog import EXIT_PEER_LOST, Watchdog
 
 GEO = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0)  # 10 Mbit/s, 20 ms between regions
@@ -49,36 +45,7 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-# -- link emulation -------------------------------------------------------------------------------
-
-def test_transfer_time_is_latency_plus_bytes_over_bandwidth_times_scale():
-    links = LinkModel.from_cluster(GEO, time_scale=0.5)
-    # devices 0 and 2 are in different regions: 20 ms, 0.01 Gbit/s
-    assert links.transfer_s(0, 2, 1_000_000) == pytest.approx(0.5 * (0.020 + 8e6 / 1e7))
-    assert links.transfer_s(0, 1, 1_000_000) == pytest.approx(0.5 * (0.0001 + 8e6 / 1e10))
-    assert links.transfer_s(3, 3, 1e9) == 0.0
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, 3), min_size=2, max_size=4, unique=True), st.integers(1, 10**7))
-def test_emulated_allreduce_is_the_yuan_dp_term(devices, nbytes):
-    stages, replicas = 1, len(devices)
-    links = LinkModel.from_cluster(GEO, time_scale=1.0)
-    model = YuanCostModel(GEO, real_bytes_job(nbytes, 1, stages, replicas), stages, replicas)
-    expected = float(model.stage_dp_seconds(np.array([devices]))[0])
-    assert links.allreduce_s(devices, nbytes) == pytest.approx(expected, rel=1e-12)
-
-
-def test_link_queue_pays_latency_once_for_back_to_back_messages():
-    links = LinkModel.from_cluster(GEO, time_scale=1.0)
-    queue = LinkQueue(links, 0, 2)
-    per_message = 8 * 100_000 / 1e7
-    arrivals = [queue.arrival(100_000, handoff_t=0.0) for _ in range(4)]
-    assert arrivals == pytest.approx([0.020 + per_message * (k + 1) for k in range(4)])
-    spaced = LinkQueue(links, 0, 2)
-    assert spaced.arrival(100_000, 0.0) == pytest.approx(0.020 + per_message)
-    assert spaced.arrival(100_000, 10.0) == pytest.approx(10.0 + 0.020 + per_message)
-
+# -- link busy time ----------------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 10)), max_size=12))
@@ -88,82 +55,6 @@ def test_busy_seconds_is_the_length_of_the_union(raw):
     for start, end in intervals:
         covered[int(start):int(end)] = True
     assert busy_seconds(intervals) == pytest.approx(float(covered.sum()))
-
-
-# -- transport timing, over an in-memory backend and a fake clock ------------------------------------
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-class LoopbackBackend:
-    """Messages between Transport objects of one process, matched by (src, dst, tag)."""
-
-    def __init__(self) -> None:
-        self.queues: dict[tuple[int, int, int], list[torch.Tensor]] = defaultdict(list)
-        self.rank = 0
-
-    def for_rank(self, rank: int) -> Any:
-        backend = self
-
-        class View:
-            def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> Any:
-                backend.queues[(rank, dst, tag)].append(tensor.clone())
-                return type("Done", (), {"wait": lambda self: None})()
-
-            def recv(self, tensor: torch.Tensor, src: int, tag: int) -> None:
-                tensor.copy_(backend.queues[(src, rank, tag)].pop(0))
-
-            def barrier(self, group: Any) -> None:
-                pass
-
-        return View()
-
-
-def _transports(time_scale: float) -> tuple[Transport, Transport, FakeClock]:
-    layout = Layout(np.array([[0], [2]]))  # 2 stages x 1 replica: rank 0 on device 0, rank 1 on device 2
-    links = LinkModel.from_cluster(GEO, time_scale)
-    clock, loop = FakeClock(), LoopbackBackend()
-    make = lambda rank: Transport(layout, links, rank, loop.for_rank(rank), clock=clock, sleep=clock.sleep)  # noqa: E731
-    return make(0), make(1), clock
-
-
-def test_receiver_sleeps_until_the_emulated_arrival():
-    sender, receiver, clock = _transports(time_scale=0.5)
-    payload = torch.arange(200_000, dtype=torch.int64).to(torch.uint8)
-    sender.send(payload, dst_rank=1, tag=0)
-    received = receiver.recv(payload.numel(), src_rank=0, tag=0, kind="fwd", cut=0, micro=0)
-    assert torch.equal(received, payload)
-    expected = 0.5 * (0.020 + 8 * 200_000 / 1e7)
-    assert clock.slept == [pytest.approx(expected)]
-    record = receiver.transfers[0]
-    assert record.end_t - record.handoff_t == pytest.approx(expected)
-    assert record.nbytes == 200_000
-
-
-def test_late_receiver_is_charged_arrival_plus_copy_time_not_its_lateness():
-    assert delivery(posted_t=0.0, received_t=0.1, arrival_t=1.0) == (pytest.approx(0.9), 1.0)
-    assert delivery(posted_t=0.0, received_t=1.5, arrival_t=1.0) == (0.0, 1.5)  # real transfer slower
-    sleep_s, end = delivery(posted_t=5.0, received_t=5.25, arrival_t=1.0)
-    assert sleep_s == 0.0 and end == pytest.approx(1.25)
-
-
-def test_collective_sleeps_out_the_emulated_allreduce():
-    sender, _receiver, clock = _transports(time_scale=2.0)
-    result = sender.collective(None, [0, 2, 3], 300_000, lambda: "reduced")
-    expected = LinkModel.from_cluster(GEO, 2.0).allreduce_s([0, 2, 3], 300_000)
-    assert result == "reduced"
-    assert clock.slept == [pytest.approx(expected)]
-    assert sender.collectives[0].seconds == pytest.approx(expected)
 
 
 # -- prediction ----------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ and below the cluster's device count when fitted to a cluster (Plan.check_fits).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "geotrain.cli.train_cmd",
     "geotrain.cli.data_cmd",
     "geotrain.cli.groups",
+    "geotrain.cli.emulate_cmd",
     "geotrain.cli.netlab_cmd",
     "geotrain.cli.probe_cmd",
 )

@@ -1,11 +1,11 @@
 """Run a plan: pipeline x data-parallel training of the tiny GPT on torch.distributed (gloo), with every
-transfer slowed to the cluster's emulated link speeds, failure detection and sharded checkpoints."""
+transfer slowed to the cluster's emulated link speeds (geotrain.emulate), failure detection and sharded checkpoints."""
 
 from geotrain.runtime.checkpoint import CheckpointError, latest_step
 from geotrain.runtime.config import MODEL_PRESETS, PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
 from geotrain.runtime.layout import Layout, LayoutError, Slot, layer_ranges
-from geotrain.runtime.links import LinkModel, LinkQueue, busy_seconds
+from geotrain.runtime.links import busy_seconds
 from geotrain.runtime.pipeline import SCHEDULES, schedule_order
 from geotrain.runtime.predict import CommPrediction, predict_comm, real_bytes_job
 from geotrain.runtime.report import IterationRow, RunReport, build_report, relative_error_pct
@@ -25,8 +25,6 @@ __all__ = [
     "LaunchResult",
     "Layout",
     "LayoutError",
-    "LinkModel",
-    "LinkQueue",
     "RunReport",
     "RuntimeConfig",
     "RuntimeConfigError",

@@ -1,6 +1,6 @@
 """The cost model's prediction for a running job, with the bytes the job really sends.
 
-The "yuan" model (geotrain.cost.YuanCostModel) is evaluated with c_dp = the gradient payload bytes of
+A registered cost model ("yuan" by default; "ring" scores the ring all-reduce that gloo runs) is evaluated with c_dp = the gradient payload bytes of
 each stage (stages differ: stage 0 holds the embedding, the last the head) and c_pp = the activation
 payload bytes one replica sends across one cut per iteration (all micro-batches), then multiplied
 by the time scale, so that prediction and the emulated, measured run are in the same seconds.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.cluster import Cluster
-from geotrain.cost import YuanCostModel
+from geotrain.cost.registry import DEFAULT_COST_MODEL, build_cost_model
 from geotrain.job import Job
 
 
@@ -44,8 +44,8 @@ def real_bytes_job(dp_bytes: float, pp_bytes: int, stages: int, replicas: int) -
 
 
 def predict_comm(cluster: Cluster, assignment: np.ndarray, dp_bytes_per_stage: Sequence[float],
-                 pp_bytes_per_cut: int, time_scale: float) -> CommPrediction:
-    """The yuan model's dp and pp seconds for this assignment and these real payload sizes, x time_scale."""
+                 pp_bytes_per_cut: int, time_scale: float, cost_model: str = DEFAULT_COST_MODEL) -> CommPrediction:
+    """The cost model's dp and pp seconds for this assignment and these real payload sizes, x time_scale."""
     assignment = np.asarray(assignment, dtype=np.int64)
     stages, replicas = assignment.shape
     if len(dp_bytes_per_stage) != stages:
@@ -53,7 +53,8 @@ def predict_comm(cluster: Cluster, assignment: np.ndarray, dp_bytes_per_stage: S
     dp_per_stage = []
     pp_per_replica: np.ndarray | None = None
     for stage, dp_bytes in enumerate(dp_bytes_per_stage):
-        model = YuanCostModel(cluster, real_bytes_job(dp_bytes, pp_bytes_per_cut, stages, replicas), stages, replicas)
+        job = real_bytes_job(dp_bytes, pp_bytes_per_cut, stages, replicas)
+        model = build_cost_model(cost_model, cluster, job, stages, replicas)
         breakdown = model.evaluate(assignment)
         dp_per_stage.append(float(breakdown.dp_per_stage[stage]) * time_scale)
         if pp_per_replica is None:

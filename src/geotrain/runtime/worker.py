@@ -27,10 +27,9 @@ from geotrain.models import lr_at
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.exchange import GradientExchange, PowerSGDGradientExchange
-from geotrain.runtime.links import LinkModel
 from geotrain.runtime.pipeline import ActivationPeer, ComputeTimer, run_schedule, schedule_order
 from geotrain.runtime.stages import build_stage
-from geotrain.runtime.transport import Transport
+from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
 
 EXIT_WORKER_ERROR = 1
@@ -80,7 +79,7 @@ class Worker:
         self.stage = build_stage(config.model, config.seed, self.slot.stage, config.stages)
         self.optimizer = torch.optim.AdamW(self.stage.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
         self.timer = ComputeTimer()
-        self.transport = Transport(self.layout, LinkModel.from_cluster(config.cluster, config.time_scale), rank)
+        self.transport = Transport(self.layout, rank, config.time_scale)
         pp_codec = make_codec(config.pp_codec)
         prev_rank, next_rank = self.layout.prev_rank(rank), self.layout.next_rank(rank)
         self.prev = None if prev_rank is None else ActivationPeer(self.transport, pp_codec, prev_rank, self.slot.stage - 1, self.timer)
@@ -193,6 +192,7 @@ def run_worker(config: RuntimeConfig, tokens: torch.Tensor | None = None) -> lis
         raise RuntimeConfigError(f"the plan has {config.stages} stages x {config.replicas} replicas = "
                                  f"{config.world_size} workers, but WORLD_SIZE is {world_size}")
     torch.set_num_threads(config.threads)
+    use_emulated_links(config.cluster, config.layout, config.time_scale)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=config.comm_timeout_s))
     layout = config.layout

@@ -1,0 +1,86 @@
+"""`geotrain emulate`: run an unmodified torch.distributed script on one process per emulated device.
+
+    geotrain emulate --cluster C (--plan P | --devices 0,5,9) [--time-scale F] [--report F.json] -- SCRIPT.py [ARGS]
+    geotrain emulate --cluster C --devices 0,1 -m package.module [ARGS]
+
+Rank i emulates devices[i]; with --plan, rank s*R + r emulates assignment[s][r]. The script's
+`dist.init_process_group("gloo")` (or with no backend) gets the emulating backend. Exit code: the worst
+rank's (124 on --timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from geotrain.cluster import load_cluster
+from geotrain.plan import load_plan
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "emulate", help="run a torch.distributed script as if on the cluster's links (one process per device)",
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--cluster", required=True, help="cluster preset or YAML/JSON file")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--plan", metavar="PLAN.json", help="rank s*R + r emulates assignment[s][r]")
+    which.add_argument("--devices", metavar="D0,D1,...", help="rank i emulates device D_i")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="wall seconds slept per emulated second of link time (0: no sleeping)")
+    parser.add_argument("--nic-gbps", type=float, default=None,
+                        help="every device's uplink in Gbit/s, shared by its concurrent sends (None: unlimited)")
+    parser.add_argument("--report", metavar="FILE.json", help="write every transfer and collective as JSON")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SEC", help="kill all ranks after SEC")
+    parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")
+    parser.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT.py [ARGS...] (or the module's ARGS)")
+    parser.set_defaults(handler=run)
+
+
+def devices_of(args: Any, n_devices: int) -> list[int]:
+    """The device of each rank from --devices or --plan (stage-major: rank s*R + r)."""
+    from geotrain.emulate.network import EmulationError  # geotrain.emulate imports torch: only when used
+
+    if args.plan:
+        plan = load_plan(args.plan)
+        return [int(d) for d in plan.check_fits(n_devices, args.plan).reshape(-1)]
+    try:
+        return [int(part) for part in args.devices.split(",") if part.strip()]
+    except ValueError:
+        raise EmulationError(f"--devices: need comma-separated device indices, got {args.devices!r:.60}") from None
+
+
+def target_of(args: Any) -> tuple[str, ...]:
+    from geotrain.emulate.network import EmulationError
+
+    rest = list(args.target)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if args.module:
+        return ("-m", args.module, *rest)
+    if not rest:
+        raise EmulationError("emulate: name the script to run after `--` (or give -m MODULE)")
+    if not Path(rest[0]).is_file():
+        raise EmulationError(f"emulate: script {rest[0]!r:.80}: no such file")
+    return tuple(rest)
+
+
+def run(args: Any) -> int:
+    from geotrain.emulate.launch import LaunchConfig, launch  # torch: imported only when emulating
+    from geotrain.emulate.network import EmulatedNetwork
+
+    cluster = load_cluster(args.cluster)
+    devices = EmulatedNetwork.from_cluster(cluster).check_devices(devices_of(args, cluster.n_devices))
+    config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps,
+                          Path(args.report) if args.report else None, args.timeout)
+    result = launch(cluster, devices, config)
+    status = "timed out" if result.timed_out else f"exit codes {list(result.rank_codes)}"
+    line = f"geotrain emulate: {len(devices)} ranks on {cluster.name}, {status}"
+    if result.report is not None:
+        summary = result.report["summary"]
+        line += (f"; {summary['transfers']} transfers, {summary['bytes'] / 1e6:.3f} MB "
+                 f"({summary['inter_region_bytes'] / 1e6:.3f} MB between regions), "
+                 f"emulated {summary['emulated_end_s']:.3f} s; report {args.report}")
+    print(line, file=sys.stderr)
+    return result.exit_code

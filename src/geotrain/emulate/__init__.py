@@ -1,0 +1,9 @@
+"""Run any torch.distributed program as if on a cluster's links: an emulating process-group backend."""
+
+from geotrain.emulate.install import Emulation, install
+from geotrain.emulate.network import EmulatedNetwork, EmulationError
+from geotrain.emulate.process_group import BACKEND_NAME, EmulatedProcessGroup
+from geotrain.emulate.schedule import Transfer, run_rounds
+
+__all__ = ["BACKEND_NAME", "EmulatedNetwork", "EmulatedProcessGroup", "Emulation", "EmulationError", "Transfer",
+           "install", "run_rounds"]

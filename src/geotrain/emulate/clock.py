@@ -1,0 +1,67 @@
+"""One rank's emulated clock: compute runs at real speed, communication costs what the links say.
+
+The clock reads `base + (wall now - wall base)`: between operations it advances with the real time the
+program computes. An operation is finished with `hold()` before blocking on the real (fast, localhost)
+exchange and `finish(held, t)` after it, where t is the emulated end the schedule gives:
+- the emulated clock becomes max(held clock, t): time blocked in the real exchange does not count
+  (waiting for a peer is decided by the emulated schedule, exchanged with the data), and sleep
+  overshoot does not enter emulated times;
+- the rank sleeps `time_scale` x (t - held clock) wall seconds, less the wall time it was already
+  blocked: a receiver that waited in real time for a sender who was itself sleeping out link time does
+  not sleep that time again, so wall time tracks emulated time (x time_scale);
+- wall time spent beyond what the links required (sleep overshoot, real overheads on a loaded machine)
+  is kept as a debt and taken off the next sleeps, so it does not pile up along a pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+Held = tuple[float, float]  # (emulated clock, wall clock) when the rank started blocking
+
+
+class RankClock:
+    """Emulated seconds since this rank's process group was initialised."""
+
+    def __init__(self, time_scale: float, wall: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.time_scale = time_scale
+        self._wall = wall
+        self._sleep = sleep
+        self._base_s = 0.0
+        self._wall_base = wall()
+        self.slept_s = 0.0  # wall seconds slept for emulated link time
+        self._debt_s = 0.0  # wall seconds this rank is behind its emulated clock (x time_scale)
+
+    def now(self) -> float:
+        return self._base_s + (self._wall() - self._wall_base)
+
+    def restart(self, t_s: float = 0.0) -> None:
+        """Set the clock to `t_s` now."""
+        self._base_s, self._wall_base = t_s, self._wall()
+
+    def hold(self) -> Held:
+        """Call before blocking on the real exchange; pass the result to `finish`."""
+        wall = self._wall()
+        return self._base_s + (wall - self._wall_base), wall
+
+    def finish(self, held: Held, t_s: float) -> None:
+        """End an operation that the links finish at emulated `t_s` (see the module docstring)."""
+        emulated, wall_then = held
+        blocked = self._wall() - wall_then
+        need = max(0.0, t_s - emulated) * self.time_scale
+        have = blocked + self._debt_s
+        if self.time_scale > 0 and need > have:
+            before = self._wall()
+            self._sleep(need - have)
+            slept = self._wall() - before
+            self.slept_s += slept
+            self._debt_s = max(0.0, slept - (need - have))
+        else:
+            self._debt_s = have - need if self.time_scale > 0 else 0.0
+        self.restart(max(t_s, emulated))
+
+    def wait_until(self, t_s: float) -> None:
+        """Block (scaled real sleep) until the emulated clock reads `t_s`; no-op if it already does."""
+        self.finish(self.hold(), t_s)

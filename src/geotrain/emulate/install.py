@@ -1,0 +1,117 @@
+"""`install(cluster, devices)`: make this process's `init_process_group("gloo")` emulate the cluster.
+
+Registers the emulating backend with torch (extended API, cpu) and wraps torch.distributed's
+`init_process_group` and `new_group` so that backend None, "gloo" or "cpu:gloo" becomes the emulating
+one (torch does not let a plugin replace "gloo"), and `monitored_barrier` so that it works on it.
+Rank r of the job emulates cluster device `devices[r]`. Call it before `init_process_group`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from geotrain.cluster import Cluster
+from geotrain.emulate.clock import RankClock
+from geotrain.emulate.network import EmulatedNetwork, EmulationError
+from geotrain.emulate.process_group import BACKEND_NAME, EmulatedProcessGroup
+from geotrain.emulate.state import EmulationState
+
+_GLOO_NAMES = (None, "", "gloo", "cpu:gloo", dist.Backend.GLOO)
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """What `install` set up: the network and devices; `state()` is this rank's (after init)."""
+
+    network: EmulatedNetwork
+    devices: tuple[int, ...]
+    report_dir: Path | None
+    _states: list[EmulationState]
+
+    def state(self) -> EmulationState:
+        if not self._states:
+            raise EmulationError("geotrain.emulate: no emulated process group created yet (init_process_group)")
+        return self._states[0]
+
+
+def _swap(backend: Any) -> Any:
+    return BACKEND_NAME if backend in _GLOO_NAMES else backend
+
+
+def _wrap_backend_arg(original: Callable[..., Any], on_return: Callable[[], None]) -> Callable[..., Any]:
+    if getattr(original, "_geotrain_emulate", False):
+        original = original.__wrapped__  # installed again: wrap the original, not our wrapper
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if "backend" in kwargs:
+            kwargs["backend"] = _swap(kwargs["backend"])
+        elif original.__name__ == "init_process_group":
+            if args:
+                args = (_swap(args[0]), *args[1:])
+            else:
+                kwargs["backend"] = BACKEND_NAME
+        result = original(*args, **kwargs)
+        on_return()
+        return result
+    wrapper._geotrain_emulate = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_monitored_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
+    if getattr(original, "_geotrain_emulate", False):
+        original = original.__wrapped__
+
+    @functools.wraps(original)
+    def wrapper(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
+        target = group if group is not None else c10d._get_default_group()
+        if isinstance(target, EmulatedProcessGroup):
+            return target.monitored_barrier(timeout, wait_all_ranks)
+        return original(group, timeout, wait_all_ranks)
+    wrapper._geotrain_emulate = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
+            nic_gbps: float | Sequence[float] | None = None, report_dir: str | Path | None = None) -> Emulation:
+    """Emulate `cluster` in this process: global rank r is device `devices[r]`; `time_scale` F sleeps F x
+    the emulated link time (0: none); `report_dir` receives `rank-<r>.json` at exit."""
+    network = EmulatedNetwork.from_cluster(cluster, time_scale, nic_gbps)
+    device_list = tuple(network.check_devices(devices))
+    states: list[EmulationState] = []
+    emulation = Emulation(network, device_list, Path(report_dir) if report_dir else None, states)
+
+    def create(options: Any, _backend_options: Any) -> EmulatedProcessGroup:
+        global_ranks = list(options.global_ranks_in_group) or list(range(options.group_size))
+        if len(device_list) < (max(global_ranks) + 1):
+            raise EmulationError(f"geotrain.emulate: {len(device_list)} devices given for a job of at least "
+                                 f"{max(global_ranks) + 1} ranks")
+        if not states:  # the default group: this process's rank, clock and records
+            states.append(EmulationState(network, device_list, global_ranks[options.group_rank],
+                                         RankClock(time_scale)))
+            if emulation.report_dir is not None:
+                atexit.register(states[0].write_part, emulation.report_dir)
+        store = dist.PrefixStore("geotrain-emulate-inner/", options.store)
+        inner = dist.ProcessGroupGloo(store, options.group_rank, options.group_size, options.timeout)
+        return EmulatedProcessGroup(inner, options.group_rank, options.group_size, global_ranks, states[0])
+
+    def start_clock() -> None:
+        # init_process_group ends with a store barrier: every rank leaves it at about the same moment,
+        # so emulated time 0 is common to all ranks (and process start-up is not counted)
+        if states:
+            states[0].clock.restart(0.0)
+
+    dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu"])
+    for module in (dist, c10d):
+        module.init_process_group = _wrap_backend_arg(module.init_process_group, start_clock)
+        module.new_group = _wrap_backend_arg(module.new_group, lambda: None)
+        module.monitored_barrier = _wrap_monitored_barrier(module.monitored_barrier)
+    return emulation

@@ -1,0 +1,75 @@
+"""The emulated network: one-way latency and bandwidth between devices, each device's NIC, the time scale.
+
+Units: seconds and bit/s inside (files and options give ms and Gbit/s). A device's NIC is its uplink:
+everything the device sends at once shares `nic_bps[d]` (infinite = only the links limit it).
+`time_scale` F: one emulated second lasts F wall seconds (F = 0: no sleeping, emulated times only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.errors import GeotrainError
+
+
+class EmulationError(GeotrainError, ValueError):
+    """Bad emulation input: device list, time scale, NIC figure, report path."""
+
+
+@dataclass(frozen=True, eq=False)
+class EmulatedNetwork:
+    """Latency (s) and bandwidth (bit/s) between every device pair, NIC uplink (bit/s) per device."""
+
+    latency_s: np.ndarray
+    bandwidth_bps: np.ndarray
+    nic_bps: np.ndarray
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.time_scale) or self.time_scale < 0:
+            raise EmulationError(f"--time-scale: must be a finite number >= 0, got {self.time_scale!r}")
+        n = self.latency_s.shape[0]
+        if self.nic_bps.shape != (n,) or np.any(self.nic_bps <= 0) or np.any(np.isnan(self.nic_bps)):
+            raise EmulationError(f"nic_gbps: need one positive figure per device ({n}), got {self.nic_bps!r:.60}")
+
+    @classmethod
+    def from_cluster(cls, cluster: Cluster, time_scale: float = 1.0,
+                     nic_gbps: float | Sequence[float] | None = None) -> EmulatedNetwork:
+        """The cluster's links; `nic_gbps` one figure for all devices or one per device (None: the
+        cluster's own `nic_gbps` when its model carries one, else unlimited)."""
+        if nic_gbps is None:
+            nic_gbps = getattr(cluster, "nic_gbps", None)
+        n = cluster.n_devices
+        nic = np.full(n, np.inf) if nic_gbps is None else np.broadcast_to(
+            np.asarray(nic_gbps, dtype=np.float64), (n,)) * 1e9
+        return cls(cluster.latency_s, cluster.bandwidth_bps, np.array(nic, dtype=np.float64), float(time_scale))
+
+    @property
+    def n_devices(self) -> int:
+        return int(self.latency_s.shape[0])
+
+    def latency(self, src: int, dst: int) -> float:
+        """One-way latency src -> dst in emulated seconds (0 for src == dst)."""
+        return 0.0 if src == dst else float(self.latency_s[src, dst])
+
+    def rate_bps(self, src: int, dst: int) -> float:
+        """The rate one message alone gets: min(link bandwidth, sender's NIC); inf for src == dst."""
+        if src == dst:
+            return float("inf")
+        return min(float(self.bandwidth_bps[src, dst]), float(self.nic_bps[src]))
+
+    def check_devices(self, devices: Sequence[int], source: str = "--devices") -> list[int]:
+        """The device list as ints, each in range and used once; EmulationError names the source."""
+        out = [int(d) for d in devices]
+        bad = [d for d in out if not 0 <= d < self.n_devices]
+        if bad:
+            raise EmulationError(f"{source}: device {bad[0]} out of range 0..{self.n_devices - 1}")
+        if len(set(out)) != len(out):
+            raise EmulationError(f"{source}: a device is listed twice in {out!r:.80}")
+        if not out:
+            raise EmulationError(f"{source}: needs at least one device")
+        return out

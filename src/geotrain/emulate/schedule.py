@@ -1,0 +1,90 @@
+"""Turning traffic into emulated time: rounds of messages (collectives) and FIFO link queues (point-to-point).
+
+A *round* is a set of messages that start together; the next round starts when the slowest message of
+this one has arrived (a step of a synchronous algorithm is as slow as its slowest link). Within a round,
+sender d's messages share its NIC; a message of b bytes from d to e ends at
+    round_start + max(8 b / rate(d, e), 8 * (sum of d's bytes in the round) / nic(d)) + latency(d, e)
+with rate(d, e) = min(bandwidth(d, e), nic(d)): every message is at least as slow as alone on its link,
+and all of d's messages together at least as slow as d's NIC pushing their sum.
+
+Point-to-point messages queue per directed link and per sender NIC, first in, first out: a message of b
+bytes handed over at t starts at max(t, link free, NIC free), occupies both for 8 b / rate, and arrives
+one latency after that: back-to-back messages pay the latency once (it is pipelined).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from geotrain.emulate.network import EmulatedNetwork
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One emulated message: devices, ranks, payload bytes, emulated seconds of start and arrival."""
+
+    op: str
+    seq: int  # the operation's sequence number on its group (p2p: the sender's message count)
+    src_device: int
+    dst_device: int
+    src_rank: int
+    dst_rank: int
+    nbytes: float
+    start_s: float
+    end_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "seq": self.seq, "src_device": self.src_device, "dst_device": self.dst_device,
+                "src_rank": self.src_rank, "dst_rank": self.dst_rank, "nbytes": self.nbytes,
+                "start_s": self.start_s, "end_s": self.end_s}
+
+
+# One message of a round: (sender index, receiver index, bytes), indices into the group's member list.
+Message = tuple[int, int, float]
+
+
+def run_rounds(network: EmulatedNetwork, devices: Sequence[int], ranks: Sequence[int],
+               rounds: Sequence[Sequence[Message]], start_s: float, op: str = "", seq: int = 0,
+               ) -> tuple[list[Transfer], float]:
+    """Every transfer of `rounds` among group members (member i is device devices[i], global rank
+    ranks[i]) starting at `start_s`, and the emulated end of the last round."""
+    transfers: list[Transfer] = []
+    t = start_s
+    for messages in rounds:
+        sent_bytes: dict[int, float] = {}
+        for src, _dst, nbytes in messages:
+            sent_bytes[src] = sent_bytes.get(src, 0.0) + nbytes
+        round_end = t
+        for src, dst, nbytes in messages:
+            d, e = devices[src], devices[dst]
+            if d == e:
+                continue
+            alone = 8.0 * nbytes / network.rate_bps(d, e)
+            shared = 8.0 * sent_bytes[src] / float(network.nic_bps[d])
+            end = t + max(alone, shared) + network.latency(d, e)
+            transfers.append(Transfer(op, seq, d, e, ranks[src], ranks[dst], nbytes, t, end))
+            round_end = max(round_end, end)
+        t = round_end
+    return transfers, t
+
+
+class SenderQueues:
+    """One sender's FIFO state: when each outgoing link and its NIC become free (emulated seconds)."""
+
+    def __init__(self, network: EmulatedNetwork, device: int) -> None:
+        self.network = network
+        self.device = device
+        self.nic_free_s = float("-inf")
+        self.link_free_s: dict[int, float] = {}
+
+    def send(self, dst_device: int, nbytes: float, handoff_s: float) -> tuple[float, float, float]:
+        """(start, end of serialisation, arrival) of `nbytes` handed over at `handoff_s`."""
+        if dst_device == self.device:
+            return handoff_s, handoff_s, handoff_s
+        start = max(handoff_s, self.nic_free_s, self.link_free_s.get(dst_device, float("-inf")))
+        done = start + 8.0 * nbytes / self.network.rate_bps(self.device, dst_device)
+        self.nic_free_s = done
+        self.link_free_s[dst_device] = done
+        return start, done, done + self.network.latency(self.device, dst_device)
