@@ -48,8 +48,8 @@ def hand_cluster():
     return region_cluster("hand", ["a", "b"], [2, 2], bw, ms, "V100")
 
 
-# 2 params x seq x b / (S R M) = 5e13 FLOPs -> f = 1 s on a V100 at 40 %; 2 x hidden bytes per message = 0.5 s at 1 Gbit/s
-HAND_JOB = Job(name="hand", params=5e13, seq_len=1, hidden=31_250_000, global_batch=4, layers=2, vocab=1)
+# 2 params x seq x b / (S R M) = 5e13 FLOPs (seq 50, hidden 625 000: within the job limits) -> f = 1 s on a V100 at 40 %; 2 x hidden bytes per message = 0.5 s at 1 Gbit/s
+HAND_JOB = Job(name="hand", params=1e12, seq_len=50, hidden=625_000, global_batch=4, layers=2, vocab=1)
 
 
 def test_model_adds_each_stages_all_reduce_after_its_last_backward():
