@@ -14,6 +14,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geotrain.codecs import CodecError
 from geotrain.cluster import make_network
 from geotrain.cost import YuanCostModel
 from geotrain.models import GPTConfig, make_model
@@ -175,8 +176,10 @@ def test_watchdog_names_the_silent_rank_and_its_last_completed_step():
 def test_codec_specs_parse_names_and_typed_parameters():
     assert parse_codec_spec("fp16") == ("fp16", {})
     assert parse_codec_spec("topk:fraction=0.01,value_dtype=fp16") == ("topk", {"fraction": 0.01, "value_dtype": "fp16"})
-    with pytest.raises(RuntimeConfigError, match="key=value"):
+    with pytest.raises(CodecError, match="key=value"):
         parse_codec_spec("topk:0.01")
+    with pytest.raises(CodecError, match="given twice"):  # one spec parser for codecs and the runtime
+        parse_codec_spec("topk:fraction=0.5,fraction=0.1")
 
 
 @pytest.mark.parametrize("change, message", [

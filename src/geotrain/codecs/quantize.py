@@ -152,5 +152,10 @@ def _dequantize_blocks(codes, scales, block, out):  # pragma: no cover - compile
         stop = min(start + block, n)
         block_codes = codes[start:stop]
         values = out[start:stop]
+        if not np.isfinite(scale):
+            for i in range(block_codes.size):
+                values[i] = np.float32(block_codes[i]) * scale  # NaN/inf groups stay non-finite
+            continue
+        # 127 * (peak / 127) may round above FLT_MAX when the peak is near it: clamp to the peak's range.
         for i in range(block_codes.size):
-            values[i] = np.float32(block_codes[i]) * scale
+            values[i] = max(min(np.float32(block_codes[i]) * scale, _FLOAT32_MAX), -_FLOAT32_MAX)

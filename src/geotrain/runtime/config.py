@@ -6,7 +6,6 @@ command line by every torchrun worker). Validated here, trusted inside the worke
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster import Cluster
-from geotrain.codecs import CodecError, get_codec
+from geotrain.codecs import CodecError, get_codec, parse_codec_spec
 from geotrain.cost import AssignmentError, as_assignment
 from geotrain.ddp.powersgd import PowerSGDConfig
 from geotrain.errors import GeotrainError
@@ -42,24 +41,6 @@ MODEL_PRESETS: dict[str, GPTConfig] = {
 
 PP_CODECS = ("none", "fp16", "bf16", "int8-block")
 """Codecs allowed for pipeline activations (dense, shape-preserving, cheap)."""
-
-
-def parse_codec_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """'topk' -> ('topk', {}); 'topk:k=0.01,value_dtype=fp16' -> ('topk', {'k': 0.01, 'value_dtype': 'fp16'}).
-    Values are read as JSON when they parse (numbers, true/false), else kept as strings."""
-    name, _, rest = spec.partition(":")
-    params: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise RuntimeConfigError(f"codec {spec!r}: parameter {item!r} must look like key=value")
-        try:
-            params[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key.strip()] = value.strip()
-    if not name:
-        raise RuntimeConfigError(f"codec {spec!r}: missing codec name")
-    return name.strip(), params
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,8 +94,8 @@ class RuntimeConfig:
         if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
             raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {self.pp_codec!r}")
         for label, spec in (("gradient", self.dp_codec), ("pipeline", self.pp_codec)):
-            name, params = parse_codec_spec(spec)
             try:
+                name, params = parse_codec_spec(spec)
                 if label == "gradient" and name == "powersgd":  # distributed PowerSGD: its own knobs
                     PowerSGDConfig(**params)
                 else:
