@@ -33,8 +33,9 @@ from geotrain.errors import GeotrainError
 PR_SET_PDEATHSIG = 1
 
 
-def _set_parent_death_signal() -> bool:
-    """Ask the kernel for SIGKILL when the parent exits (Linux only); True if armed."""
+def set_parent_death_signal() -> bool:
+    """Ask the kernel for SIGKILL when the parent exits (Linux only); True if armed. Safe in a
+    `preexec_fn` (no threads); `die_with_parent` adds the launcher watch after exec."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -87,7 +88,7 @@ def die_with_parent(launcher_pid: int | None = None, poll_s: float = 0.5) -> Non
     Call it first thing in a child process; returns at once (the watch runs in a daemon thread)."""
     parent_pid = os.getppid()
     launcher_pid = parent_pid if launcher_pid is None else launcher_pid
-    _set_parent_death_signal()
+    set_parent_death_signal()
     # The parent may have died before the signal was armed: check once now.
     if os.getppid() != parent_pid or not pid_alive(launcher_pid):
         _kill_self()

@@ -26,9 +26,9 @@ from typing import Any
 
 from geotrain.cluster import Cluster, cluster_to_dict
 from geotrain.emulate.bootstrap import CONFIG_ENV
-from geotrain.emulate.lifetime import die_with_parent
 from geotrain.emulate.network import EmulatedNetwork
 from geotrain.emulate.report import merge_report
+from geotrain.procs import set_parent_death_signal
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         try:
             for rank in range(len(device_list)):
                 processes.append(subprocess.Popen(command, env=rank_env(rank, len(device_list), port, config_path),
-                                                  preexec_fn=die_with_parent))
+                                                  preexec_fn=set_parent_death_signal))
             stopped: set[int] = set()
             timed_out = _supervise(processes, config, stopped)
         except BaseException:
