@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.cluster import load_cluster
-from geotrain.plan import load_plan
+from geotrain.cli.device_args import rank_devices
 
 
 def register(subparsers: Any) -> None:
@@ -36,19 +36,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT.py [ARGS...] (or the module's ARGS)")
     parser.set_defaults(handler=run)
-
-
-def devices_of(args: Any, n_devices: int) -> list[int]:
-    """The device of each rank from --devices or --plan (stage-major: rank s*R + r)."""
-    from geotrain.emulate.network import EmulationError  # geotrain.emulate imports torch: only when used
-
-    if args.plan:
-        plan = load_plan(args.plan)
-        return [int(d) for d in plan.check_fits(n_devices, args.plan).reshape(-1)]
-    try:
-        return [int(part) for part in args.devices.split(",") if part.strip()]
-    except ValueError:
-        raise EmulationError(f"--devices: need comma-separated device indices, got {args.devices!r:.60}") from None
 
 
 def target_of(args: Any) -> tuple[str, ...]:
@@ -71,7 +58,8 @@ def run(args: Any) -> int:
     from geotrain.emulate.network import EmulatedNetwork
 
     cluster = load_cluster(args.cluster)
-    devices = EmulatedNetwork.from_cluster(cluster).check_devices(devices_of(args, cluster.n_devices))
+    ranks = rank_devices(args.plan, args.devices, cluster.n_devices)  # one of the two is required
+    devices = EmulatedNetwork.from_cluster(cluster).check_devices(ranks)
     config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps,
                           Path(args.report) if args.report else None, args.timeout)
     result = launch(cluster, devices, config)

@@ -59,18 +59,12 @@ def lab_devices(args: Any, default: Callable[[Any], list[int]] | None = None) ->
     every device."""
     from geotrain.cluster import load_cluster
     from geotrain.netlab import check_devices
-    from geotrain.plan import load_plan
+    from geotrain.cli.device_args import rank_devices
 
     cluster = load_cluster(args.cluster)
-    if args.plan:
-        plan = load_plan(args.plan)
-        return cluster, [int(d) for d in plan.check_fits(cluster.n_devices, args.plan).reshape(-1)]
-    if args.devices is None:
+    devices = rank_devices(args.plan, args.devices, cluster.n_devices)
+    if devices is None:
         return cluster, default(cluster) if default is not None else list(range(cluster.n_devices))
-    try:
-        devices = [int(part) for part in args.devices.split(",") if part.strip()]
-    except ValueError:
-        raise NetlabArgsError(f"--devices: expected comma-separated integers, got {args.devices[:60]!r}") from None
     return cluster, check_devices(cluster, devices)
 
 
