@@ -9,11 +9,8 @@ from geotrain.job import GPT_13B_SEED, Job
 from geotrain.runtime.pipeline import schedule_order
 
 
-@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
-@pytest.mark.parametrize("stages, microbatches", [(1, 1), (2, 3), (4, 2), (4, 8), (3, 1)])
-def test_op_order_is_the_runtimes(kind, stages, microbatches):
-    for s in range(stages):
-        assert pipeline_order(kind, s, stages, microbatches) == schedule_order(kind, s, stages, microbatches)
+def test_op_order_is_the_runtimes():
+    assert schedule_order is pipeline_order  # the runtime executes the order the model simulates
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])

@@ -16,27 +16,11 @@ import torch
 
 from geotrain.codecs.base import Codec
 from geotrain.codecs.wire import pack_payload, unpack_payload
+from geotrain.cost.schedule import pipeline_order as schedule_order  # one op order for runtime and cost model
 from geotrain.runtime.stages import Stage
 from geotrain.runtime.transport import Transport
 
 SCHEDULES = ("gpipe", "1f1b")
-
-
-def schedule_order(kind: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
-    """The micro-batch operations of `stage`, in order.
-
-    gpipe: all forwards, then all backwards in reverse. 1f1b: min(S - 1 - s, M) warm-up forwards,
-    then one forward / one backward alternately, then the remaining backwards (in order)."""
-    if kind == "gpipe":
-        return [("F", m) for m in range(microbatches)] + [("B", m) for m in reversed(range(microbatches))]
-    if kind == "1f1b":
-        warmup = min(stages - 1 - stage, microbatches)
-        order = [("F", m) for m in range(warmup)]
-        for i in range(microbatches - warmup):
-            order += [("F", warmup + i), ("B", i)]
-        order += [("B", m) for m in range(microbatches - warmup, microbatches)]
-        return order
-    raise ValueError(f"unknown pipeline schedule {kind!r} (known: {', '.join(SCHEDULES)})")
 
 
 @dataclass
