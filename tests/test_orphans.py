@@ -20,15 +20,7 @@ from proctree import alive, cmdline, comm, descendants
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
 
-CLUSTER_YAML = """\
-name: test-2x2
-regions:
-  - {name: east, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
-  - {name: west, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
-links:
-  - {between: [east, west], gbps: 0.01, ms: 20}
-"""
-PLAN = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}
+from runtime_2x2 import CLUSTER_YAML, PLAN
 SURVIVAL_LIMIT_S = 15.0
 
 

@@ -15,15 +15,7 @@ import pytest
 from geotrain.cli.main import main
 from geotrain.cli.train_cmd import stray_torchrun_variables, under_torchrun
 
-CLUSTER_YAML = """\
-name: test-2x2
-regions:
-  - {name: east, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
-  - {name: west, devices: 2, gpu: V100, intra: {gbps: 10, ms: 0.1}}
-links:
-  - {between: [east, west], gbps: 0.01, ms: 20}
-"""
-PLAN = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}
+from runtime_2x2 import CLUSTER_YAML, PLAN
 
 
 @pytest.fixture

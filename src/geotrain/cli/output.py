@@ -13,12 +13,15 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+
+from geotrain.errors import GeotrainError, shown
 
 
 class Output:
@@ -87,6 +90,14 @@ def plain_markup(value: Any) -> str:
 def strict_json_text(obj: Any, indent: int | None = None) -> str:
     """Strict JSON (RFC 8259) of `obj`: numpy values as plain ones, NaN and +-inf as null."""
     return json.dumps(_finite_plain(obj), allow_nan=False, indent=indent)
+
+
+def write_json_file(obj: Any, path: str) -> None:
+    """Write `obj` as indented strict JSON to `path` (e.g. `plan --out`); GeotrainError names the file."""
+    try:
+        Path(path).write_text(strict_json_text(obj, indent=2) + "\n")
+    except OSError as exc:
+        raise GeotrainError(f"{shown(path)}: cannot write: {exc.strerror}") from None
 
 
 def _finite_plain(value: Any) -> Any:

@@ -11,10 +11,9 @@ finalists ranked with the event-simulated "schedule" model, unless --cost-model 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from geotrain.cli.output import Output, strict_json_text
+from geotrain.cli.output import Output, write_json_file
 from geotrain.cluster import load_cluster
 from geotrain.cost.memory import SCHEDULES, MemoryConfig
 from geotrain.errors import GeotrainError
@@ -55,11 +54,8 @@ def run_autoconfig(args: Any, out: Output) -> int:
            "memory": {"zero": args.zero, "recompute": args.recompute, "schedule": args.schedule},
            "seed": args.seed, "cluster": cluster.name, "job": job.name, "cost_model": rank_model}
     if args.out:
-        try:
-            plan = Plan(chosen["stages"], chosen["replicas"], result.candidates[0].assignment, doc)
-            Path(args.out).write_text(strict_json_text(plan.to_json(), indent=2) + "\n")
-        except OSError as exc:
-            raise GeotrainError(f"{args.out}: cannot write plan: {exc.strerror}") from None
+        plan = Plan(chosen["stages"], chosen["replicas"], result.candidates[0].assignment, doc)
+        write_json_file(plan.to_json(), args.out)
     if args.json:
         out.emit_json(doc)
         return 0

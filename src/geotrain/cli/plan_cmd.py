@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from geotrain.cli.arg_types import positive_float
-from geotrain.cli.output import Output, strict_json_text
+from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.errors import GeotrainError, shown
@@ -121,11 +120,8 @@ def run(args: Any) -> int:
     doc = plan_document(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
                                  "job": job.name, "cost_model": model.name})
     if args.out:
-        try:
-            plan = Plan(int(doc["stages"]), int(doc["replicas"]), result.assignment, doc)
-            Path(args.out).write_text(strict_json_text(plan.to_json(), indent=2) + "\n")
-        except OSError as exc:
-            raise GeotrainError(f"{args.out}: cannot write plan: {exc.strerror}") from None
+        plan = Plan(int(doc["stages"]), int(doc["replicas"]), result.assignment, doc)
+        write_json_file(plan.to_json(), args.out)
     if args.json:
         out.emit_json(doc)
         return 0
