@@ -184,7 +184,7 @@ def test_codec_specs_keep_types_for_the_codec_to_check():
 
 
 def test_powersgd_config_flags_are_strict():
-    from geotrain.ddp.powersgd import PowerSGDConfig
+    from geotrain.comm import PowerSGDConfig
 
     assert PowerSGDConfig(error_feedback="no").error_feedback is False
     with pytest.raises(CodecError, match="powersgd: allow_nonfinite must be a boolean"):
@@ -203,16 +203,16 @@ def test_registering_a_hook_on_a_plain_module_is_a_clear_error(codec):
 
 
 def test_registering_the_powersgd_hook_on_a_plain_module_is_a_clear_error():
-    from geotrain.ddp.powersgd_hook import register_powersgd_hook
+    from geotrain.ddp.hooks import register_codec_hook
 
-    with pytest.raises(GeotrainError, match="register_powersgd_hook needs a torch.nn.parallel.DistributedDataParallel"):
-        register_powersgd_hook(torch.nn.Sequential(torch.nn.Linear(3, 2)))
+    with pytest.raises(GeotrainError, match="register_codec_hook needs a torch.nn.parallel.DistributedDataParallel"):
+        register_codec_hook(torch.nn.Sequential(torch.nn.Linear(3, 2)), "powersgd", rank=2)
     with pytest.raises(GeotrainError, match="got dict$"):
-        register_powersgd_hook({})
+        register_codec_hook({}, "powersgd")
 
 
 def test_hook_and_reducer_states_refuse_a_fractional_iteration():
-    from geotrain.ddp.powersgd import PowerSGDConfig, PowerSGDLayout, PowerSGDReducer
+    from geotrain.comm import PowerSGDConfig, PowerSGDLayout, PowerSGDReducer
 
     config = PowerSGDConfig(rank=2)
     reducer = PowerSGDReducer(PowerSGDLayout.build([("w", (8, 8))], config), config, 1)

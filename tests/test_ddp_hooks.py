@@ -8,7 +8,7 @@ from ddp_checkpointing import MANY_BUCKETS_MB, TINY
 
 from geotrain.bench.ddp import DDPRun, run_ddp
 from geotrain.codecs import get_codec
-from geotrain.ddp import run_workers, wire_bytes
+from geotrain.comm import run_workers, wire_bytes
 from geotrain.models import make_model
 from geotrain.train import TrainConfig, train_compressed
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from geotrain.ddp import WorkerFailure, run_workers
+from geotrain.comm import WorkerFailure, run_workers
 
 
 def _sum_of_ranks(rank: int, world_size: int) -> dict:

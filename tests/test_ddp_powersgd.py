@@ -1,16 +1,21 @@
 """Distributed PowerSGD as our DDP hook, in real gloo processes: any bucket layout, equal to the in-process
 simulation, exact on low-rank gradients, bytes as declared, state saved and restored exactly."""
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
 from ddp_checkpointing import MANY_BUCKETS_MB, TINY
 
 from geotrain.bench.ddp import DDPRun, run_ddp
-from geotrain.ddp import PowerSGDConfig, PowerSGDLayout, run_workers, wire_bytes
+from geotrain.comm import PowerSGDConfig, PowerSGDLayout, run_workers, wire_bytes
 from geotrain.models import make_model
 from geotrain.train import ExchangeThenStep, PowerSGDExchange, TrainConfig, make_optimizer, train_compressed
+
+
+def _powersgd_exchange(named_shapes, workers, config=PowerSGDConfig()):
+    """The simulated trainer's exchange through the `powersgd` reducer with `config`'s settings."""
+    return GradientExchange("powersgd", named_shapes, workers, **asdict(config))
 
 BASE = TrainConfig(model=TINY, steps=6, workers=2, batch=8, codec="powersgd", error_feedback=True,
                    codec_params={"rank": 2, "start_powersgd_iter": 1})
@@ -19,7 +24,7 @@ BASE = TrainConfig(model=TINY, steps=6, workers=2, batch=8, codec="powersgd", er
 def _powersgd_rule(model, config):
     """train_compressed's update rule with distributed PowerSGD over the simulated workers."""
     params = list(model.parameters())
-    exchange = PowerSGDExchange([(name, tuple(p.shape)) for name, p in model.named_parameters()], config.workers,
+    exchange = _powersgd_exchange([(name, tuple(p.shape)) for name, p in model.named_parameters()], config.workers,
                                 PowerSGDConfig(error_feedback=config.error_feedback, **dict(config.codec_params)))
     return ExchangeThenStep(params, exchange, make_optimizer(params, config), config.clip_norm)
 

@@ -1,7 +1,8 @@
-"""Distributed PowerSGD in one process (`PowerSGDReducer` through `PowerSGDExchange`): which matrices
+"""Distributed PowerSGD in one process (`PowerSGDReducer` through the simulated trainer's GradientExchange): which matrices
 are compressed, exactness on low-rank means, bytes, non-finite gradients, state checks."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -10,8 +11,13 @@ from hypothesis import strategies as st
 
 from geotrain.codecs import CodecError, NonFiniteGradientError
 from geotrain.codecs.powersgd import orthonormal_columns
-from geotrain.ddp import PowerSGDConfig, PowerSGDLayout, compressed_rank
-from geotrain.train import PowerSGDExchange
+from geotrain.comm import PowerSGDConfig, PowerSGDLayout, compressed_rank
+from geotrain.train import GradientExchange
+
+
+def _powersgd_exchange(named_shapes, workers, config=PowerSGDConfig()):
+    """The simulated trainer's exchange through the `powersgd` reducer with `config`'s settings."""
+    return GradientExchange("powersgd", named_shapes, workers, **asdict(config))
 
 
 @pytest.mark.parametrize(("shape", "config", "expected"), [
@@ -49,7 +55,7 @@ def test_mean_of_rank_at_most_r_is_reconstructed_exactly_and_never_nan(n, m, wor
     true_rank-th singular value of M Q (the start Q, orthonormalised): the tolerance scales with it."""
     g = torch.Generator().manual_seed(seed)
     config = PowerSGDConfig(rank=rank, min_compression_rate=0.01)
-    exchange = PowerSGDExchange([("w", (n, m)), ("b", (m,))], workers, config)
+    exchange = _powersgd_exchange([("w", (n, m)), ("b", (m,))], workers, config)
     r = min(rank, n, m)
     exchange.load_state_dict({"config": {"rank": rank}, "iteration": 0, "residuals": [{}] * workers,
                               "qs": {"w": torch.randn(m, r, generator=g)}})
@@ -73,8 +79,8 @@ def test_mean_of_rank_at_most_r_is_reconstructed_exactly_and_never_nan(n, m, wor
 
 def test_bytes_before_and_after_start_and_the_warm_start_is_shared():
     shapes = [("w", (40, 30)), ("b", (40,)), ("small", (2, 2))]
-    exchange = PowerSGDExchange(shapes, 3, PowerSGDConfig(rank=4, start_powersgd_iter=2))
-    layout = exchange.layout
+    exchange = _powersgd_exchange(shapes, 3, PowerSGDConfig(rank=4, start_powersgd_iter=2))
+    layout = exchange.reducer.layout
     assert layout.ranks == (4, 0, 0)
     assert layout.step_bytes(False) == (4 * (1200 + 40 + 4),)
     assert layout.step_bytes(True) == (4 * (40 + 4 + 40 * 4), 4 * 30 * 4)
@@ -93,7 +99,7 @@ def test_bytes_before_and_after_start_and_the_warm_start_is_shared():
 def test_error_feedback_delivers_what_was_held_back():
     """Sum of delivered means + mean residual == sum of mean gradients (nothing lost, only delayed)."""
     g = torch.Generator().manual_seed(3)
-    exchange = PowerSGDExchange([("w", (20, 16))], 2, PowerSGDConfig(rank=1))
+    exchange = _powersgd_exchange([("w", (20, 16))], 2, PowerSGDConfig(rank=1))
     delivered, wanted = torch.zeros(320), torch.zeros(320)
     for step in range(5):
         grads = [torch.randn(320, generator=g) for _ in range(2)]
@@ -109,12 +115,12 @@ def test_non_finite_gradients_raise_on_every_worker_or_propagate_when_allowed():
     grads = [torch.randn(340, generator=torch.Generator().manual_seed(w)) for w in range(2)]
     bad = [grads[0].clone(), grads[1]]
     bad[0][5] = math.nan
-    strict = PowerSGDExchange(shapes, 2, PowerSGDConfig(rank=2))
+    strict = _powersgd_exchange(shapes, 2, PowerSGDConfig(rank=2))
     strict.exchange(grads, 0)
     before = strict.state_dict()
     with pytest.raises(NonFiniteGradientError, match="NaN/inf"):
         strict.exchange(bad, 1)
-    lenient = PowerSGDExchange(shapes, 2, PowerSGDConfig(rank=2, allow_nonfinite=True))
+    lenient = _powersgd_exchange(shapes, 2, PowerSGDConfig(rank=2, allow_nonfinite=True))
     lenient.exchange(grads, 0)
     out = lenient.exchange(bad, 1)
     assert torch.isnan(out.gradient[:320]).all() and torch.isfinite(out.gradient[320:]).all()
@@ -127,23 +133,23 @@ def test_state_round_trip_is_exact_and_mismatches_are_refused():
     shapes = [("w", (20, 16)), ("b", (20,))]
     g = torch.Generator().manual_seed(5)
     stream = [[torch.randn(340, generator=g) for _ in range(2)] for _ in range(6)]
-    straight = PowerSGDExchange(shapes, 2, PowerSGDConfig(rank=2))
+    straight = _powersgd_exchange(shapes, 2, PowerSGDConfig(rank=2))
     expected = [straight.exchange(grads, step).gradient for step, grads in enumerate(stream)]
-    first = PowerSGDExchange(shapes, 2, PowerSGDConfig(rank=2))
+    first = _powersgd_exchange(shapes, 2, PowerSGDConfig(rank=2))
     for step in range(3):
         first.exchange(stream[step], step)
-    resumed = PowerSGDExchange(shapes, 2, PowerSGDConfig(rank=2))
+    resumed = _powersgd_exchange(shapes, 2, PowerSGDConfig(rank=2))
     resumed.load_state_dict(first.state_dict())
     for step in range(3, 6):
         assert torch.equal(resumed.exchange(stream[step], step).gradient, expected[step])
     saved = first.state_dict()
     with pytest.raises(CodecError, match="rank 2"):
-        PowerSGDExchange(shapes, 2, PowerSGDConfig(rank=3)).load_state_dict(saved)
+        _powersgd_exchange(shapes, 2, PowerSGDConfig(rank=3)).load_state_dict(saved)
     with pytest.raises(CodecError, match="residual"):
-        PowerSGDExchange([("w", (20, 8)), ("b", (20,))], 2, PowerSGDConfig(rank=2)).load_state_dict(
+        _powersgd_exchange([("w", (20, 8)), ("b", (20,))], 2, PowerSGDConfig(rank=2)).load_state_dict(
             {**saved, "qs": {}})
     with pytest.raises(CodecError, match="workers' residuals"):
-        PowerSGDExchange(shapes, 3, PowerSGDConfig(rank=2)).load_state_dict(saved)
+        _powersgd_exchange(shapes, 3, PowerSGDConfig(rank=2)).load_state_dict(saved)
 
 
 def test_layout_rejects_duplicate_names():

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from geotrain.codecs import NonFiniteGradientError
 from geotrain.errors import GeotrainError
-from geotrain.optim import OneBitAdam, OneBitAdamError, OneBitAdamRuleFactory, SimulatedCollective
+from geotrain.comm import SimulatedCollective
+from geotrain.optim import OneBitAdam, OneBitAdamError, OneBitAdamRuleFactory
 
 
 def _model() -> torch.nn.Module:
@@ -153,7 +154,7 @@ def test_construction_either_succeeds_with_valid_values_or_raises_one_bit_adam_e
 
 def _nan_on_one_rank(rank: int, world_size: int, stage_steps: int) -> dict:
     """`stage_steps` finite steps, then one where only rank 1's gradient holds a NaN, then a finite one."""
-    from geotrain.optim import TorchCollective
+    from geotrain.comm import TorchCollective
 
     model = _model()
     opt = OneBitAdam(model.named_parameters(), lr=1e-2, warmup_steps=2, collective=TorchCollective())
@@ -176,7 +177,7 @@ def _nan_on_one_rank(rank: int, world_size: int, stage_steps: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("stage_steps", [1, 3], ids=["warm-up", "compression"])
 def test_every_rank_refuses_the_same_step_when_one_rank_sends_nan(stage_steps):
-    from geotrain.ddp import run_workers
+    from geotrain.comm import run_workers
 
     results = run_workers(_nan_on_one_rank, 2, (stage_steps,), timeout_s=120)
     for rank, result in enumerate(results):

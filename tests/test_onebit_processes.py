@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from geotrain.bench.ddp import DDPRun, run_ddp
-from geotrain.ddp import run_workers
+from geotrain.comm import run_workers
 from geotrain.models import GPTConfig, make_model
-from geotrain.optim import OneBitAdam, OneBitAdamError, TorchCollective
+from geotrain.comm import TorchCollective
+from geotrain.optim import OneBitAdam, OneBitAdamError
 from geotrain.optim.rule import onebit_update_rule
 from geotrain.train import TrainConfig, train_compressed
 

@@ -181,7 +181,7 @@ def _measure_worker(rank, world_size):
 
 @pytest.mark.slow  # ~9 s: three torch processes; the one probe measurement test that needs no root
 def test_measure_all_over_loopback_gives_every_rank_the_same_full_matrices():
-    from geotrain.ddp.launch import run_workers
+    from geotrain.comm import run_workers
 
     results = run_workers(_measure_worker, world_size=3, timeout_s=120)  # odd: one rank sits out each round
     first = results[0]

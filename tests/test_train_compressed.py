@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from geotrain.codecs import get_codec
+from geotrain.comm import clip_grad_norm_
 from geotrain.data import world_tokens
 from geotrain.models import GPTConfig, make_model
 from geotrain.train import (
-    CodecExchange,
+    GradientExchange,
     TrainConfig,
     TrainingConfigError,
     TrainingJob,
-    clip_global_norm_,
     train_compressed,
     train_many,
     worker_gradients,
@@ -42,23 +42,23 @@ def test_mean_of_worker_gradients_is_the_full_batch_gradient(data):
 
 def test_codec_exchange_averages_and_counts_payload_bytes():
     grads = [torch.randn(1000, generator=torch.Generator().manual_seed(i)) for i in range(4)]
-    exchanged = CodecExchange(get_codec("none"), 4).exchange(grads, step=0)
+    exchanged = GradientExchange("none", [("g", (1000,))], 4).exchange(grads, step=0)
     torch.testing.assert_close(exchanged.gradient, torch.stack(grads).mean(0))
     assert exchanged.bytes_sent == 4 * 4000
-    topk = CodecExchange(get_codec("topk", fraction=0.01), 4).exchange(grads, step=0)
+    topk = GradientExchange(get_codec("topk", fraction=0.01), [("g", (1000,))], 4).exchange(grads, step=0)
     assert topk.bytes_sent == 4 * 10 * 8
     assert int((topk.gradient != 0).sum()) <= 40
 
 
 def test_error_feedback_delays_but_never_loses_gradient():
-    exchange = CodecExchange(get_codec("topk", fraction=0.05), 2, error_feedback=True)
+    exchange = GradientExchange("topk:fraction=0.05", [("g", (200,))], 2, error_feedback=True)
     generator = torch.Generator().manual_seed(0)
     inputs = [[torch.randn(200, generator=generator) for _ in range(2)] for _ in range(6)]
     sent = sum(exchange.exchange(step_grads, step).gradient for step, step_grads in enumerate(inputs))
-    residuals = sum(f["residual"] for f in exchange.state_dict()["feedback"])
+    residuals = sum(worker["g"] for worker in exchange.state_dict()["residuals"])
     total_in = sum(sum(step_grads) for step_grads in inputs) / 2
     torch.testing.assert_close(sent + residuals / 2, total_in, atol=1e-5, rtol=1e-5)
-    restored = CodecExchange(get_codec("topk", fraction=0.05), 2, error_feedback=True)
+    restored = GradientExchange("topk", [("g", (200,))], 2, error_feedback=True, fraction=0.05)
     restored.load_state_dict(exchange.state_dict())
     nxt = [torch.randn(200, generator=generator) for _ in range(2)]
     assert torch.equal(restored.exchange(nxt, 6).gradient, exchange.exchange(nxt, 6).gradient)
@@ -66,10 +66,10 @@ def test_error_feedback_delays_but_never_loses_gradient():
 
 def test_clip_global_norm():
     flat = torch.full((100,), 0.5)  # norm 5
-    assert clip_global_norm_(flat, 1.0) == pytest.approx(5.0)
+    assert clip_grad_norm_([flat], 1.0) == pytest.approx(5.0)
     assert float(flat.norm()) == pytest.approx(1.0, rel=1e-5)
     small = torch.full((4,), 0.1)
-    clip_global_norm_(small, 1.0)
+    clip_grad_norm_([small], 1.0)
     assert torch.equal(small, torch.full((4,), 0.1))
 
 
@@ -139,7 +139,7 @@ def test_process_pool_gives_the_same_bits_as_in_process(data):
 
 
 def test_simulated_powersgd_is_the_distributed_algorithm_with_its_bytes(data):
-    """`powersgd` in the training loop runs PowerSGDExchange (shared P/Q basis), not a per-worker codec."""
+    """`powersgd` in the training loop runs the powersgd reducer (shared P/Q basis), not a per-worker codec."""
     rank = 2
     config = TrainConfig(codec="powersgd", codec_params={"rank": rank}, error_feedback=True, steps=3, workers=2,
                          model=TINY)

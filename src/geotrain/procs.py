@@ -1,4 +1,4 @@
-"""What both launchers (runtime/launcher.py, ddp/launch.py) and the training pool share about the
+"""What the launcher (geotrain.comm.launch, used by runtime/launcher.py) and the training pool share about the
 processes they start: dying with the launcher, the fork-server context, naming a failure.
 
 Die with the launcher: every process geotrain starts calls `die_with_parent` first thing.

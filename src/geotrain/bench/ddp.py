@@ -104,7 +104,7 @@ class DDPRunResult:
 
 def run_ddp(runs: Sequence[DDPRun], *, timeout_s: float = 600.0, data_seed: int = 0) -> list[DDPRunResult]:
     """Run `runs` one after another in `workers` processes (all runs must agree on it)."""
-    from geotrain.ddp import run_workers
+    from geotrain.comm import run_workers
 
     workers = {run.train.workers for run in runs}
     if len(workers) != 1:
@@ -140,7 +140,7 @@ def train_on_rank(rank: int, world_size: int, run: DDPRun, data: Any) -> dict[st
     import torch.nn.functional as F
 
     from geotrain.data import get_batch
-    from geotrain.ddp import CommLedger, intercept_torch_collectives
+    from geotrain.comm import CommLedger, intercept_torch_collectives
     from geotrain.models import bits_per_char, lr_at, make_model
     from geotrain.train import assign_flat_grad, clip_global_norm_
 
@@ -190,8 +190,10 @@ def _communication(run: DDPRun, model: Any, params: list[Any]) -> tuple[Any, Any
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    from geotrain.ddp import CommLedger, register_codec_hook
-    from geotrain.optim import OneBitAdam, TorchCollective
+    from geotrain.comm import CommLedger
+    from geotrain.ddp import register_codec_hook
+    from geotrain.comm import TorchCollective
+    from geotrain.optim import OneBitAdam
     from geotrain.train import make_optimizer
 
     config = run.train

@@ -18,6 +18,8 @@ Use it with ErrorFeedback, as PowerSGD itself does.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -45,12 +47,8 @@ class PowerSGDCodec(Codec):
         return {"rank": self.rank, "seed": self.seed, **super().params()}
 
     def matrix_rank(self, shape: tuple[int, ...]) -> int:
-        """The rank used for `shape`, or 0 when the tensor is sent uncompressed."""
-        if len(shape) < 2:
-            return 0
-        n, m = int(shape[0]), numel_of(shape[1:])
-        r = min(self.rank, n, m)
-        return r if r * (n + m) < n * m else 0
+        """The rank used for `shape`, or 0 when the tensor is sent uncompressed (P, Q would not be smaller)."""
+        return low_rank(shape, self.rank, 1.0)
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         x = self._check_input(tensor)
@@ -97,6 +95,17 @@ class PowerSGDCodec(Codec):
         if r == 0:
             return 4 * numel_of(shape)
         return 4 * r * (int(shape[0]) + numel_of(shape[1:]))
+
+
+def low_rank(shape: Sequence[int], rank: int, min_compression_rate: float) -> int:
+    """The one PowerSGD rank rule: r = min(rank, n, m) for a tensor of `shape` viewed as n x m
+    (n = shape[0]), or 0 (send it uncompressed) for vectors and scalars and unless
+    n m > min_compression_rate x r (n + m), i.e. unless P and Q are that many times smaller."""
+    if len(shape) < 2:
+        return 0
+    n, m = int(shape[0]), math.prod(int(dim) for dim in shape[1:])
+    r = min(rank, n, m)
+    return r if r > 0 and n * m > min_compression_rate * r * (n + m) else 0
 
 
 def orthonormal_columns(matrix: torch.Tensor) -> torch.Tensor:

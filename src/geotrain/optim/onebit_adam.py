@@ -6,10 +6,8 @@ Two stages:
    (fp32 all-reduce); optional clipping of the averaged gradient to `max_grad_norm`.
 2. Compression: the variance is frozen (its bias-corrected value at the end of the warm-up).
    Each worker updates its momentum with its *local* gradient, m_i = b1 m + (1 - b1) g_i, and the
-   momenta are averaged by an error-compensated 1-bit all-reduce:
-     worker i: x = m_i + e_i;  send chunk j of sign(x) * scales to rank j;  e_i = x - what it sent
-     rank j:   y = mean of the p decoded chunks j + s_j;  s_j = y - compressed(y);  all-gather
-   so every worker ends with the same m. The update is m_hat / (sqrt(v_frozen) + eps), plus
+   momenta are averaged by an error-compensated 1-bit all-reduce (geotrain.comm's `onebit` reducer:
+   sign bits and per-segment scales, worker and server residuals), so every worker ends with the same m. The update is m_hat / (sqrt(v_frozen) + eps), plus
    decoupled weight decay. Clipping (`max_grad_norm`) applies to the averaged warm-up gradient
    only, unless `clip_local=True`: with the variance frozen the update is linear in the gradient, so
    clipping each worker's (noisier, longer) local gradient shrinks the step itself, not just its
@@ -53,10 +51,9 @@ import numbers
 import torch
 
 from geotrain.codecs import NonFiniteGradientError, parse_count, parse_flag
-from geotrain.ddp.accounting import CommLedger
+from geotrain.comm import CommLedger, Collective, OneBitLayout, OneBitMomentumReducer, SimulatedCollective
+from geotrain.comm.clip import clip_grad_norm_
 from geotrain.errors import GeotrainError
-from geotrain.optim.collectives import Collective, SimulatedCollective
-from geotrain.optim.onebit_layout import OneBitLayout
 
 
 class OneBitAdamError(GeotrainError, ValueError):
@@ -70,6 +67,8 @@ class OneBitAdam(torch.optim.Optimizer):
     warmup_steps: full-precision AdamW steps before the variance freezes (>= 1).
     collective: where the workers are (default: one simulated worker, i.e. plain single-process use).
     max_grad_norm: clip the averaged warm-up gradient to this L2 norm; None: off.
+    norm_sum_squares: turns this process's squared gradient norm into the global one when the model is
+        cut into stages (geotrain.comm.clip_grad_norm_'s `sum_squares`; None: this process has it all).
     clip_local: also clip each worker's local gradient to max_grad_norm after the freeze.
     variance_floor: lowest frozen sqrt(v) as a fraction of its tensor's mean sqrt(v) (0: none).
     allow_nonfinite: False (default, the codecs' policy) -> a step whose averaged gradient (warm-up)
@@ -83,7 +82,8 @@ class OneBitAdam(torch.optim.Optimizer):
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, *, warmup_steps: int = 100,
                  collective: Collective | None = None, max_grad_norm: float | None = None,
-                 clip_local: bool = False, variance_floor: float = 0.1, allow_nonfinite: bool = False) -> None:
+                 clip_local: bool = False, variance_floor: float = 0.1, allow_nonfinite: bool = False,
+                 norm_sum_squares: Callable[[float], float] | None = None) -> None:
         _check_group_options({"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}, "")
         self.warmup_steps = parse_count(warmup_steps, "OneBitAdam: warmup_steps (the variance needs estimating)",
                                         minimum=1, error=OneBitAdamError)
@@ -93,6 +93,8 @@ class OneBitAdam(torch.optim.Optimizer):
         self.allow_nonfinite = parse_flag(allow_nonfinite, "OneBitAdam: allow_nonfinite", error=OneBitAdamError)
         self.variance_floor = finite_number(variance_floor, "variance_floor", low=0.0, high=1.0)
         self.collective: Collective = _checked_collective(collective)
+        self.norm_sum_squares = norm_sum_squares
+        self.last_grad_norm: float | None = None  # of the averaged warm-up gradient, before clipping
         try:
             super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
         except (TypeError, ValueError) as exc:  # torch's own checks of `params` (empty, not tensors...)
@@ -107,13 +109,24 @@ class OneBitAdam(torch.optim.Optimizer):
         if any(p.numel() == 0 for p in self._params) or not self._params:
             raise OneBitAdamError(f"OneBitAdam: every parameter needs at least one value, got sizes "
                                   f"{[p.numel() for p in self._params][:10]}")
-        self.layout = OneBitLayout([p.numel() for p in self._params], self.collective.world_size)
-        n, local = self.layout.numel, len(self.collective.local_ranks)
+        self.reducer = OneBitMomentumReducer([p.numel() for p in self._params], self.collective.world_size,
+                                             len(self.collective.local_ranks))
+        n = self.layout.numel
         self.step_count = 0
         self.exp_avg = torch.zeros(n)
         self.exp_avg_sq = torch.zeros(n)  # after the freeze: the frozen, bias-corrected variance
-        self.worker_errors = [torch.zeros(self.layout.padded_numel) for _ in range(local)]
-        self.server_errors = [torch.zeros(self.layout.chunk_numel) for _ in range(local)]
+
+    @property
+    def layout(self) -> OneBitLayout:
+        return self.reducer.layout
+
+    @property
+    def worker_errors(self) -> list[torch.Tensor]:
+        return self.reducer.worker_errors
+
+    @property
+    def server_errors(self) -> list[torch.Tensor]:
+        return self.reducer.server_errors
 
     @property
     def frozen(self) -> bool:
@@ -127,7 +140,7 @@ class OneBitAdam(torch.optim.Optimizer):
         """Bytes one worker hands to the process group in one warm-up or one compressed step."""
         if not compressed:
             return 4 * self.layout.numel
-        return (self.collective.world_size + 1) * self.layout.message_bytes
+        return self.reducer.step_bytes()
 
     def flat_grad(self) -> torch.Tensor:
         """This process's gradients as one flat float32 vector (missing gradients count as 0)."""
@@ -159,7 +172,8 @@ class OneBitAdam(torch.optim.Optimizer):
         if not self.frozen:
             grad = self.collective.all_reduce_mean([g.float() for g in worker_grads])
             self._refuse_nonfinite(grad, worker_grads, "the averaged gradient")
-            grad = _clipped(grad, self.max_grad_norm)
+            if self.max_grad_norm is not None:
+                self.last_grad_norm = clip_grad_norm_([grad], self.max_grad_norm, self.norm_sum_squares)
             self.exp_avg.lerp_(grad, 1 - beta1)  # the same operations as torch.optim.AdamW, bit for bit
             self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             self.step_count += 1
@@ -170,38 +184,14 @@ class OneBitAdam(torch.optim.Optimizer):
                 variance_correction = 1.0
         else:
             local_norm = self.max_grad_norm if self.clip_local else None
-            momenta = [torch.lerp(self.exp_avg, _clipped(g.float(), local_norm), 1 - beta1) for g in worker_grads]
-            averaged, worker_errors, server_errors = self._compressed_average(momenta)
+            momenta = [torch.lerp(self.exp_avg, _clipped(g, local_norm), 1 - beta1) for g in worker_grads]
+            averaged, residuals = self.reducer.average(momenta, self.collective)
             self._refuse_nonfinite(averaged, worker_grads, "the 1-bit averaged momentum")
-            self.exp_avg, self.worker_errors, self.server_errors = averaged, worker_errors, server_errors
+            self.exp_avg = averaged
+            self.reducer.commit(residuals)
             self.step_count += 1
             variance_correction = 1.0
         self._apply_update(1 - beta1 ** self.step_count, variance_correction)
-
-    def _compressed_average(self, momenta: Sequence[torch.Tensor]
-                            ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """Error-compensated 1-bit average of one momentum per local worker (see module doc), with the
-        new worker and server residuals; the caller commits them (nothing here changes the state)."""
-        layout, p = self.layout, self.collective.world_size
-        sends, worker_errors, server_errors = [], [], []
-        for i, momentum in enumerate(momenta):
-            x = layout.pad(momentum) + self.worker_errors[i]
-            messages, decoded = zip(*(layout.encode_chunk(layout.chunk(x, j), j) for j in range(p)), strict=True)
-            worker_errors.append(x - torch.cat(decoded))
-            sends.append(torch.cat(messages))
-        received = self.collective.all_to_all(sends)
-        replies = []
-        for i, (rank, inbox) in enumerate(zip(self.collective.local_ranks, received, strict=True)):
-            total = torch.zeros(layout.chunk_numel)
-            for message in inbox.view(p, -1):  # rank order, so the sum is deterministic
-                total += layout.decode_chunk(message, rank)
-            y = total.div_(p) + self.server_errors[i]
-            reply, decoded_reply = layout.encode_chunk(y, rank)
-            server_errors.append(y - decoded_reply)
-            replies.append(reply)
-        gathered = self.collective.all_gather(replies).view(p, -1)
-        averaged = torch.cat([layout.decode_chunk(gathered[j], j) for j in range(p)])
-        return averaged[: layout.numel].clone(), worker_errors, server_errors
 
     def _refuse_nonfinite(self, averaged: torch.Tensor, worker_grads: Sequence[torch.Tensor], what: str) -> None:
         """NonFiniteGradientError naming the parameters if `averaged` (the same on every rank: one
@@ -283,8 +273,7 @@ class OneBitAdam(torch.optim.Optimizer):
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "onebit"})
         self.step_count, self.warmup_steps = step_count, warmup_steps
         self.exp_avg, self.exp_avg_sq = onebit["exp_avg"].clone(), onebit["exp_avg_sq"].clone()
-        self.worker_errors = [e.clone() for e in onebit["worker_errors"]]
-        self.server_errors = [e.clone() for e in onebit["server_errors"]]
+        self.reducer.load_state_dict(onebit)
 
 
 def _saved_sizes(onebit: dict[str, Any]) -> list[int | None]:
@@ -329,9 +318,9 @@ def _checked_collective(collective: Any) -> Collective:
 
 
 def _clipped(grad: torch.Tensor, max_norm: float | None) -> torch.Tensor:
-    """grad scaled down to L2 norm `max_norm` if it is longer: the same float operations as
-    geotrain.train's clip_global_norm_ (so that the warm-up reproduces the simulation's AdamW)."""
+    """A float32 copy of one worker's local gradient, clipped to `max_norm` (None: as it is)."""
     if max_norm is None:
-        return grad
-    norm = float(torch.linalg.vector_norm(grad))
-    return grad * (max_norm / (norm + 1e-6)) if norm > max_norm else grad
+        return grad.float()
+    copy = grad.float().clone()
+    clip_grad_norm_([copy], max_norm)
+    return copy

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from geotrain.codecs import parse_count
-from geotrain.optim.collectives import SimulatedCollective
+from geotrain.comm import SimulatedCollective
 from geotrain.optim.onebit_adam import OneBitAdam, OneBitAdamError, finite_number
 
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from geotrain.cluster import Cluster
 from geotrain.codecs import CodecError, get_codec, parse_codec_spec
+from geotrain.comm import check_reducer_spec
 from geotrain.cost import AssignmentError, as_assignment
-from geotrain.ddp.powersgd import PowerSGDConfig
 from geotrain.errors import GeotrainError
 from geotrain.models import BASE_CONFIG, GPTConfig
 from geotrain.runtime.layout import Layout, layer_ranges
@@ -42,13 +42,19 @@ MODEL_PRESETS: dict[str, GPTConfig] = {
 PP_CODECS = ("none", "fp16", "bf16", "int8-block")
 """Codecs allowed for pipeline activations (dense, shape-preserving, cheap)."""
 
+OPTIMIZERS = ("adamw", "onebit-adam")
+"""adamw: the DP exchange (--dp-codec) then AdamW; onebit-adam: geotrain.optim.OneBitAdam, which averages
+over the stage's DP group itself (fp32 during its warm-up, 1-bit momenta after)."""
+
 
 @dataclass(frozen=True, eq=False)
 class RuntimeConfig:
     """A run. Times in seconds; `time_scale` multiplies every emulated link time (0: no emulation).
 
     `batch_size` is sequences per replica per iteration (global batch = batch_size x replicas), cut
-    into `microbatches` equal micro-batches. `stop_after` ends this invocation after that many steps
+    into `microbatches` equal micro-batches. `optimizer` (OPTIMIZERS) with `onebit_warmup_steps` full-
+    precision steps for onebit-adam; `clip_grad_norm`: clip the gradient of the whole model (all
+    stages) to this global L2 norm before the optimizer step (None: off). `stop_after` ends this invocation after that many steps
     (a planned interruption) while the learning-rate schedule still spans `steps`.
     """
 
@@ -64,6 +70,9 @@ class RuntimeConfig:
     dp_codec: str = "none"
     pp_codec: str = "none"
     error_feedback: bool = True
+    optimizer: str = "adamw"
+    onebit_warmup_steps: int = 5
+    clip_grad_norm: float | None = None
     time_scale: float = 1.0
     seed: int = 0
     data_seed: int = 0
@@ -95,13 +104,18 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {self.pp_codec!r}")
         for label, spec in (("gradient", self.dp_codec), ("pipeline", self.pp_codec)):
             try:
-                name, params = parse_codec_spec(spec)
-                if label == "gradient" and name == "powersgd":  # distributed PowerSGD: its own knobs
-                    PowerSGDConfig(**params)
+                if label == "gradient":
+                    check_reducer_spec(spec)  # any reducer: a codec, or e.g. powersgd with its own knobs
                 else:
+                    name, params = parse_codec_spec(spec)
                     get_codec(name, **params)
             except (CodecError, TypeError) as exc:
                 raise RuntimeConfigError(f"{label} codec {spec!r}: {exc}") from None
+        if self.optimizer not in OPTIMIZERS:
+            raise RuntimeConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.optimizer == "onebit-adam" and parse_codec_spec(self.dp_codec)[0] != "none":
+            raise RuntimeConfigError(f"optimizer onebit-adam does its own data-parallel communication; "
+                                     f"dp_codec must be none, got {self.dp_codec!r}")
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
         if self.overwrite and not self.checkpoint_dir:
@@ -117,7 +131,7 @@ class RuntimeConfig:
         """Every numeric option: its type, finiteness and range (in this order, so that a bad value is
         named before any arithmetic uses it)."""
         integers = {"steps": 1, "microbatches": 1, "batch_size": 1, "seed": 0, "data_seed": 0, "threads": 1,
-                    "checkpoint_every": 0}
+                    "checkpoint_every": 0, "onebit_warmup_steps": 1}
         for name, low in integers.items():
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
@@ -129,6 +143,7 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"batch_size must be a positive multiple of microbatches ({self.microbatches}), "
                                      f"got {self.batch_size!r}")
         floats = [("lr", self.lr, False), ("time_scale", self.time_scale, True),
+                  *([("clip_grad_norm", self.clip_grad_norm, False)] if self.clip_grad_norm is not None else []),
                   ("heartbeat_interval_s", self.heartbeat_interval_s, False),
                   ("heartbeat_timeout_s", self.heartbeat_timeout_s, False),
                   ("comm_timeout_s", self.comm_timeout_s, False)]
@@ -170,7 +185,9 @@ class RuntimeConfig:
         return {"stages": self.stages, "replicas": self.replicas, "model": asdict(self.model),
                 "steps": self.steps, "microbatches": self.microbatches, "batch_size": self.batch_size,
                 "lr": self.lr, "schedule": self.schedule, "dp_codec": self.dp_codec, "pp_codec": self.pp_codec,
-                "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed}
+                "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed,
+                "optimizer": self.optimizer, "onebit_warmup_steps": self.onebit_warmup_steps,
+                "clip_grad_norm": self.clip_grad_norm}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model_name, "cluster": self.cluster.name,

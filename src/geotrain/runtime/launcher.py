@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from geotrain.comm.launch import reap_processes, start_processes
 from geotrain.errors import GeotrainError
 from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkserver_context, set_process_name
 from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
@@ -137,14 +137,15 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     prefixed = dist.PrefixStore("geotrain/0/", store)
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
-        processes = [context.Process(target=_child, args=(rank, config, store.port, tmp, tokens, os.getpid()),
-                                     name=f"geotrain-rank-{rank}") for rank in range(config.world_size)]
+        launcher_pid = os.getpid()
+        processes: list[Any] = []
         try:
-            for process in processes:
-                process.start()
+            processes = start_processes(context, _child, config.world_size,
+                                        lambda rank: (rank, config, store.port, tmp, tokens, launcher_pid),
+                                        "geotrain-rank")
             failed = _watch(processes, prefixed, config, progress, poll_s)
         finally:
-            _reap(processes)
+            reap_processes(processes)
         if failed is not None:
             rank, how = failed
             abort = _store_read(prefixed, "abort")
@@ -199,15 +200,3 @@ def _culprit(processes: list[Any], first: tuple[int, int | None]) -> tuple[int, 
             return rank, "stopped responding (hung; killed by the launcher)"
     return first[0], describe_exit(first[1])
 
-
-def _reap(processes: list[Any]) -> None:
-    """SIGKILL every live worker and join them all (no orphans, no zombies)."""
-    for process in processes:
-        if process.pid is not None and process.exitcode is None:
-            try:
-                os.kill(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for process in processes:
-        if process.pid is not None:
-            process.join(timeout=10)

@@ -4,7 +4,7 @@ The rendezvous is torch's env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), s
 nothing changes; the launcher sets the same variables and hosts the store itself, as torchrun's agent
 does (TORCHELASTIC_USE_AGENT_STORE=True). Per iteration: draw the global batch from (data seed,
 step), run the pipeline schedule on this replica's slice, exchange gradients in the stage's DP group,
-step AdamW, record timings; checkpoint when due. At the end rank 0 gathers every rank's records.
+clip and step the optimizer (runtime/dp_step.py), record timings; checkpoint when due. At the end rank 0 gathers every rank's records.
 """
 
 from __future__ import annotations
@@ -19,14 +19,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from geotrain.codecs import ErrorFeedback, get_codec
+from geotrain.codecs import get_codec
 from geotrain.data import get_batch, world_tokens
-from geotrain.ddp.powersgd import PowerSGDConfig
 from geotrain.errors import GeotrainError
 from geotrain.models import lr_at
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError, parse_codec_spec
-from geotrain.runtime.exchange import GradientExchange, PowerSGDGradientExchange
+from geotrain.runtime.dp_step import DataParallelStep
 from geotrain.runtime.pipeline import ActivationPeer, ComputeTimer, run_schedule, schedule_order
 from geotrain.runtime.stages import build_stage
 from geotrain.runtime.transport import Transport, use_emulated_links
@@ -44,19 +43,6 @@ def batch_generator(data_seed: int, step: int) -> torch.Generator:
 def make_codec(spec: str) -> Any:
     name, params = parse_codec_spec(spec)
     return get_codec(name, **params)
-
-
-def make_gradient_exchange(config: RuntimeConfig, stage: torch.nn.Module, transport: Transport, group: Any,
-                           devices: list[int]) -> GradientExchange | PowerSGDGradientExchange:
-    """The DP exchange of `--dp-codec`: distributed PowerSGD for `powersgd` (per parameter matrix;
-    codec parameters are PowerSGDConfig fields), else the codec on the flat stage gradient."""
-    name, params = parse_codec_spec(config.dp_codec)
-    if name == "powersgd":
-        settings = PowerSGDConfig(**{**params, "error_feedback": config.error_feedback})
-        return PowerSGDGradientExchange(list(stage.named_parameters()), settings, transport, group, devices)
-    codec = get_codec(name, **params)
-    return GradientExchange(list(stage.parameters()), codec, ErrorFeedback(codec) if config.error_feedback else None,
-                            transport, group, devices)
 
 
 def _store_client(timeout_s: float) -> Any:
@@ -77,15 +63,14 @@ class Worker:
         self.slot = self.layout.slot(rank)
         self.groups = [dist.new_group(self.layout.dp_group_ranks(s)) for s in range(config.stages)]
         self.stage = build_stage(config.model, config.seed, self.slot.stage, config.stages)
-        self.optimizer = torch.optim.AdamW(self.stage.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
         self.timer = ComputeTimer()
         self.transport = Transport(self.layout, rank, config.time_scale)
         pp_codec = make_codec(config.pp_codec)
         prev_rank, next_rank = self.layout.prev_rank(rank), self.layout.next_rank(rank)
         self.prev = None if prev_rank is None else ActivationPeer(self.transport, pp_codec, prev_rank, self.slot.stage - 1, self.timer)
         self.next = None if next_rank is None else ActivationPeer(self.transport, pp_codec, next_rank, self.slot.stage, self.timer)
-        self.exchange = make_gradient_exchange(config, self.stage, self.transport, self.groups[self.slot.stage],
-                                               self.layout.dp_group_devices(self.slot.stage))
+        self.dp = DataParallelStep(config, self.stage, self.transport, self.groups[self.slot.stage],
+                                   self.layout.dp_group_devices(self.slot.stage))
         self.tokens = None
         if self.stage.is_first or self.stage.is_last:
             self.tokens = tokens if tokens is not None else world_tokens(config.data_seed).train
@@ -106,28 +91,25 @@ class Worker:
         started = time.perf_counter()
         self.timer.seconds = 0.0
         inputs, targets = self._microbatches(step)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg.steps, cfg.lr)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.dp.set_lr(lr_at(step, cfg.steps, cfg.lr))
+        self.dp.optimizer.zero_grad(set_to_none=True)
         loss = run_schedule(self.order, self.stage, self.prev, self.next, inputs, targets,
                             self.stage.activation_shape(cfg.microbatch_size, cfg.model.context), self.timer)
         self.transport.flush()
-        dp_bytes = self.exchange.exchange(step, self.timer)
-        with self.timer:
-            self.optimizer.step()
+        dp_bytes, grad_norm = self.dp.step(step, self.timer)
         # A fingerprint of this stage's weights: replicas of a stage must stay bit-identical.
         param_sum = float(sum(p.detach().double().sum() for p in self.stage.parameters()))
         transfers, collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
                 "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
-                "dp_bytes": dp_bytes, "param_sum": param_sum,
+                "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum,
                 "transfers": [[t.kind, t.cut, t.micro, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
 
     def save(self, completed: int) -> None:
         cfg = self.config
         state = {"slot": self.slot_header(), "stage": self.stage.state_dict(),
-                 "optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict(),
+                 "dp": self.dp.state_dict(),
                  "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
         ckpt.save_shard(cfg.checkpoint_dir, completed, self.rank, state)
         dist.barrier()
@@ -144,8 +126,7 @@ class Worker:
         state = ckpt.load_shard(cfg.checkpoint_dir, step, self.rank, manifest, self.slot_header())
         try:
             self.stage.load_state_dict(state["stage"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.exchange.load_state_dict(state["exchange"])
+            self.dp.load_state_dict(state["dp"])
             ckpt.restore_rng(state["rng"])
             self.records = list(state["records"])
             self.start_step = int(state["completed"])

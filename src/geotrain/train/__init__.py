@@ -1,10 +1,10 @@
 """Data-parallel training with p simulated workers in one process, gradients compressed by a codec."""
 
 from geotrain.train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, TrainingConfigError, TrainingResult
-from geotrain.train.exchange import CodecExchange, Exchanged, GradientExchange, PowerSGDExchange
+from geotrain.train.exchange import Exchanged, GradientExchange
 from geotrain.train.loop import ProgressCallback, UpdateRuleFactory, codec_update_rule, train_compressed, worker_gradients
 from geotrain.train.parallel import ProgressFactory, TrainingJob, train_many
-from geotrain.train.update import ExchangeThenStep, UpdateRule, assign_flat_grad, clip_global_norm_, make_optimizer
+from geotrain.train.update import ExchangeThenStep, UpdateRule, assign_flat_grad, make_optimizer
 
 __all__ = [
     "DEFAULT_LR",
@@ -14,17 +14,14 @@ __all__ = [
     "TrainingJob",
     "UpdateRuleFactory",
     "train_many",
-    "CodecExchange",
     "ExchangeThenStep",
     "Exchanged",
     "GradientExchange",
-    "PowerSGDExchange",
     "TrainConfig",
     "TrainingConfigError",
     "TrainingResult",
     "UpdateRule",
     "assign_flat_grad",
-    "clip_global_norm_",
     "codec_update_rule",
     "make_optimizer",
     "train_compressed",

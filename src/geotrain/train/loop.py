@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from geotrain.codecs import CodecError, NonFiniteGradientError, get_codec
+from geotrain.codecs import CodecError, NonFiniteGradientError
 from geotrain.data import WorldTokens, get_batch, world_tokens
-from geotrain.ddp.powersgd import PowerSGDConfig
 from geotrain.models import TinyGPT, bits_per_char, lr_at, make_model
 from geotrain.train.config import TrainConfig, TrainingConfigError, TrainingResult
-from geotrain.train.exchange import CodecExchange, PowerSGDExchange
+from geotrain.train.exchange import GradientExchange
 from geotrain.train.update import ExchangeThenStep, UpdateRule, make_optimizer
 
 UpdateRuleFactory = Callable[[TinyGPT, TrainConfig], UpdateRule]
@@ -48,17 +47,12 @@ def worker_gradients(model: nn.Module, params: Sequence[nn.Parameter], x: torch.
 def codec_update_rule(model: TinyGPT, config: TrainConfig) -> UpdateRule:
     """The seed's scheme: compressed gradient exchange (optionally with error feedback), clip, AdamW/SGD.
 
-    `powersgd` is distributed PowerSGD per parameter matrix (`PowerSGDExchange`), the same algorithm as
-    `register_codec_hook(ddp, "powersgd")`; codec_params are PowerSGDConfig fields (rank, seed, ...)."""
+    The exchange is geotrain.comm's reducer of `config.codec` (`powersgd`: distributed PowerSGD per
+    parameter matrix, codec_params PowerSGDConfig fields), as in the DDP hooks and the runtime."""
     params = list(model.parameters())
     try:
-        if config.codec == "powersgd":
-            settings = PowerSGDConfig(**{**dict(config.codec_params), "error_feedback": config.error_feedback})
-            exchange = PowerSGDExchange([(name, p.shape) for name, p in model.named_parameters()],
-                                        config.workers, settings)
-        else:
-            codec = get_codec(config.codec, **dict(config.codec_params))
-            exchange = CodecExchange(codec, config.workers, config.error_feedback)
+        exchange = GradientExchange(config.codec, [(name, p.shape) for name, p in model.named_parameters()],
+                                    config.workers, config.error_feedback, **dict(config.codec_params))
     except (CodecError, TypeError) as exc:
         raise TrainingConfigError(f"codec {config.codec!r}: {exc}") from exc
     return ExchangeThenStep(params, exchange, make_optimizer(params, config), config.clip_norm)

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from geotrain.comm.clip import clip_grad_norm_
 from geotrain.train.config import TrainConfig
 from geotrain.train.exchange import GradientExchange
 
@@ -28,14 +29,6 @@ def make_optimizer(params: Sequence[nn.Parameter], config: TrainConfig) -> torch
     if config.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=config.peak_lr, betas=config.betas, weight_decay=config.weight_decay)
     return torch.optim.SGD(params, lr=config.peak_lr, momentum=config.momentum)
-
-
-def clip_global_norm_(flat: torch.Tensor, max_norm: float) -> float:
-    """Scale `flat` in place so its L2 norm is at most `max_norm`; return the norm before clipping."""
-    norm = float(torch.linalg.vector_norm(flat))
-    if norm > max_norm:
-        flat.mul_(max_norm / (norm + 1e-6))
-    return norm
 
 
 def assign_flat_grad(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
@@ -63,7 +56,7 @@ class ExchangeThenStep:
         exchanged = self.exchange.exchange(worker_grads, step)
         gradient = exchanged.gradient
         if self.clip_norm is not None:
-            clip_global_norm_(gradient, self.clip_norm)
+            clip_grad_norm_([gradient], self.clip_norm)
         assign_flat_grad(self.params, gradient)
         for group in self.optimizer.param_groups:
             group["lr"] = lr

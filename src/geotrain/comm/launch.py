@@ -1,4 +1,10 @@
-"""Run a function in `world_size` local processes joined in one process group, under a hard time limit.
+"""The one process launcher: start worker processes, collect them, reap them; and `run_workers`.
+
+The core, shared with the runtime's launcher (geotrain.runtime.launcher, which adds the rendezvous
+store, checkpoints and the report): `start_processes` starts one process per rank from a context (a
+fork server that has imported torch: starts are cheap), each told the launcher's pid so that it dies
+with it (geotrain.procs); `reap_processes` SIGKILLs whoever is left and joins them all (no orphans,
+no zombies). Both raise or report one `WorkerFailure` (geotrain.procs).
 
     results = run_workers(train_fn, world_size=4, args=(config,), timeout_s=120)
 
@@ -22,6 +28,7 @@ import os
 import pickle
 import queue as queue_module
 import shutil
+import signal
 import tempfile
 import time
 import traceback
@@ -32,6 +39,35 @@ from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkse
 
 
 _POLL_S = 0.1
+
+
+def start_processes(context: Any, target: Callable[..., Any], world_size: int,
+                    args_of_rank: Callable[[int], tuple[Any, ...]], name: str, daemon: bool = False) -> list[Any]:
+    """Start `target(*args_of_rank(rank))` in one process of `context` per rank, named f"{name}-{rank}"
+    (`daemon`: multiprocessing's flag; a daemon cannot start processes of its own). If a start fails,
+    the processes already started are reaped before the error propagates."""
+    processes = [context.Process(target=target, args=args_of_rank(rank), name=f"{name}-{rank}", daemon=daemon)
+                 for rank in range(world_size)]
+    try:
+        for process in processes:
+            process.start()
+    except BaseException:
+        reap_processes(processes)
+        raise
+    return processes
+
+
+def reap_processes(processes: Sequence[Any], join_timeout_s: float = 10.0) -> None:
+    """SIGKILL every live process and join them all (no orphans, no zombies)."""
+    for process in processes:
+        if process.pid is not None and process.exitcode is None:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for process in processes:
+        if process.pid is not None:
+            process.join(timeout=join_timeout_s)
 
 
 def _worker_entry(fn: Callable[..., Any], rank: int, world_size: int, store_path: str, backend: str,
@@ -74,27 +110,23 @@ def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (
     if start_method is None:
         # DDP's constructor imports torch._dynamo (~3 s): pay it once in the fork server, not per worker.
         context = forkserver_context(["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-                                      "geotrain.ddp", fn.__module__])
+                                      "geotrain.ddp", "geotrain.comm", fn.__module__])
     else:
         context = multiprocessing.get_context(start_method)
     store_dir = tempfile.mkdtemp(prefix="geotrain-pg-")
     results_queue = context.Queue()
-    processes = [context.Process(
-        target=_worker_entry, daemon=True, name=f"geotrain-worker-{rank}",
-        args=(fn, rank, world_size, os.path.join(store_dir, "store"), backend,
-              float(collective_timeout_s or timeout_s), tuple(args), results_queue, os.getpid()))
-        for rank in range(world_size)]
+    launcher_pid = os.getpid()
     deadline = time.monotonic() + timeout_s
+    processes: list[Any] = []
     try:
-        for process in processes:
-            process.start()
+        processes = start_processes(
+            context, _worker_entry, world_size,
+            lambda rank: (fn, rank, world_size, os.path.join(store_dir, "store"), backend,
+                          float(collective_timeout_s or timeout_s), tuple(args), results_queue, launcher_pid),
+            "geotrain-worker", daemon=True)
         return _collect(processes, results_queue, deadline, timeout_s)
     finally:
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-        for process in processes:
-            process.join(timeout=10)
+        reap_processes(processes)
         results_queue.close()
         shutil.rmtree(store_dir, ignore_errors=True)
 

@@ -1,4 +1,4 @@
-"""The communication 1-bit Adam needs, behind one interface with two implementations.
+"""The collectives every reducer needs, behind one interface with two implementations.
 
 Code using a `Collective` is written SPMD-style over the *local workers* of this process:
 `SimulatedCollective(p)` holds all p workers in one process (local ranks 0..p-1, for experiments
@@ -7,18 +7,18 @@ process's rank in a `torch.distributed` process group (any backend: nothing here
 Every method takes one tensor per local worker, in `local_ranks` order.
 
 Each collective counts, in its `ledger`, the bytes *one worker* hands to the process group
-(see geotrain.ddp.accounting); in the simulation all workers hand equal sizes, so one worker's
+(see geotrain.comm.ledger); in the simulation all workers hand equal sizes, so one worker's
 count is every worker's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
 
-from geotrain.ddp.accounting import CommLedger, tensor_bytes
+from geotrain.comm.ledger import CommLedger, tensor_bytes
 
 
 class Collective(Protocol):
@@ -28,6 +28,11 @@ class Collective(Protocol):
 
     def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """Element-wise mean over all ranks of one float tensor per local worker (the same result for all)."""
+        ...
+
+    def all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Element-wise sum over all ranks, in the tensors' own dtype (fp16 wire buffers are summed in
+        fp16); it may reuse and overwrite the inputs."""
         ...
 
     def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -66,6 +71,14 @@ class SimulatedCollective:
             total += tensor
         return total.div_(self.world_size)
 
+    def all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        _check_local(tensors, self.world_size, "all_reduce_sum")
+        self.ledger.record("all_reduce", tensor_bytes(tensors[0]), self.world_size)
+        total = torch.zeros_like(tensors[0])
+        for tensor in tensors:  # rank order: deterministic, and what gloo does with two ranks
+            total.add_(tensor)
+        return total
+
     def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         _check_local(sends, self.world_size, "all_to_all")
         p = self.world_size
@@ -82,9 +95,12 @@ class SimulatedCollective:
 
 
 class TorchCollective:
-    """This process's rank in a torch.distributed process group (default: the world group)."""
+    """This process's rank in a torch.distributed process group (default: the world group).
 
-    def __init__(self, group: Any = None) -> None:
+    `wrap(nbytes, run)`: every collective call goes through it (default: `run()`), so that a caller can
+    time or emulate it (the runtime's Transport). A group of one rank makes no call at all."""
+
+    def __init__(self, group: Any = None, wrap: Callable[[int, Callable[[], Any]], Any] | None = None) -> None:
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -93,6 +109,14 @@ class TorchCollective:
         self.world_size = dist.get_world_size(group)
         self.local_ranks = (dist.get_rank(group),)
         self.ledger = CommLedger()
+        self._wrap = wrap
+
+    def _call(self, nbytes: int, run: Callable[[], Any]) -> None:
+        call = run if self.world_size > 1 else (lambda: None)
+        if self._wrap is None:
+            call()
+        else:
+            self._wrap(nbytes, call)
 
     def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         import torch.distributed as dist
@@ -100,8 +124,17 @@ class TorchCollective:
         _check_local(tensors, 1, "all_reduce_mean")
         total = tensors[0].clone()
         self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
-        dist.all_reduce(total, group=self.group)
+        self._call(tensor_bytes(total), lambda: dist.all_reduce(total, group=self.group))
         return total.div_(self.world_size)
+
+    def all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        import torch.distributed as dist
+
+        _check_local(tensors, 1, "all_reduce_sum")
+        total = tensors[0]
+        self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
+        self._call(tensor_bytes(total), lambda: dist.all_reduce(total, group=self.group))
+        return total
 
     def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         import torch.distributed as dist
@@ -111,9 +144,12 @@ class TorchCollective:
         if send.numel() % self.world_size:
             raise ValueError(f"all_to_all: send buffer of {send.numel()} elements is not "
                              f"{self.world_size} equal chunks")
-        received = torch.empty_like(send)
+        if self.world_size == 1:
+            received = send.clone()
+        else:
+            received = torch.empty_like(send)
         self.ledger.record("all_to_all", tensor_bytes(send), self.world_size)
-        dist.all_to_all_single(received, send, group=self.group)
+        self._call(tensor_bytes(send), lambda: dist.all_to_all_single(received, send, group=self.group))
         return [received]
 
     def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -121,7 +157,7 @@ class TorchCollective:
 
         _check_local(tensors, 1, "all_gather")
         mine = tensors[0].contiguous()
-        gathered = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
+        gathered = mine.clone() if self.world_size == 1 else torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
         self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
-        dist.all_gather_single(gathered, mine, group=self.group)
+        self._call(tensor_bytes(mine), lambda: dist.all_gather_single(gathered, mine, group=self.group))
         return gathered

@@ -4,7 +4,8 @@ The flat vector of all parameters (n values) is zero-padded to p equal chunks, c
 reduced by rank j (Tang et al. 2021). Inside a chunk the values are grouped in *segments*: the
 pieces of each parameter tensor that fall in the chunk. A compressed chunk is one wire message:
 
-    message = sign bits (chunk_numel / 8 bytes, bit set = value >= 0) ++ float32 scale per segment
+    message = sign bits (chunk_numel / 8 bytes, codecs.sign's packing: bit set = value < 0, least
+              significant bit first) ++ float32 scale per segment
 
 with scale = mean |x| over the segment (the scale that minimises ||x - scale * sign(x)||^2) and
 the scale list zero-padded to the largest segment count of any chunk, so all messages have the same
@@ -18,7 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-_SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)
+from geotrain.codecs.sign import pack_sign_bits, unpack_sign_bits
+
 _ALIGN = 32  # chunk_numel is a multiple of 32 so that the bit part is whole float32 words
 
 
@@ -81,28 +83,18 @@ class OneBitLayout:
         ids = self._ids[index]
         sums = torch.zeros(self.max_segments + 1, dtype=torch.float32).index_add_(0, ids, values.abs())
         scales = sums[: self.max_segments] / self._counts[index].clamp(min=1.0)
-        bits = values >= 0
-        message = torch.cat([pack_bits(bits), scales.view(torch.uint8)])
-        return message, self._expand(bits, scales, ids)
+        message = torch.cat([pack_sign_bits(values), scales.view(torch.uint8)])
+        return message, self._expand(values < 0, scales, ids)
 
     def decode_chunk(self, message: torch.Tensor, index: int) -> torch.Tensor:
         """The chunk_numel float32 values a message of chunk `index` stands for."""
         if message.numel() != self.message_bytes:
             raise ValueError(f"1-bit message of chunk {index} must be {self.message_bytes} bytes, got {message.numel()}")
-        bits = unpack_bits(message[: self.bit_bytes])
+        negative = unpack_sign_bits(message[: self.bit_bytes], self.chunk_numel)
         scales = message[self.bit_bytes:].clone().view(torch.float32)
-        return self._expand(bits, scales, self._ids[index])
+        return self._expand(negative, scales, self._ids[index])
 
-    def _expand(self, bits: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def _expand(self, negative: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         per_value = torch.cat([scales, scales.new_zeros(1)]).index_select(0, ids)
-        return torch.where(bits, per_value, -per_value)
+        return torch.where(negative, -per_value, per_value)
 
-
-def pack_bits(bits: torch.Tensor) -> torch.Tensor:
-    """Bool (8k,) -> uint8 (k,), first value in the most significant bit."""
-    return (bits.view(-1, 8).to(torch.uint8) << _SHIFTS).sum(dim=1, dtype=torch.uint8)
-
-
-def unpack_bits(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 (k,) -> bool (8k,), inverse of pack_bits."""
-    return ((packed[:, None] >> _SHIFTS) & 1).view(-1).bool()

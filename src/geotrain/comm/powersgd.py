@@ -22,28 +22,26 @@ uncompressed in fp32, in the first all-reduce. Before step `start_powersgd_iter`
 uncompressed in one all-reduce. Two collectives per step for the whole model, whatever the number of
 matrices: on high-latency links the number of collectives matters as much as their size.
 
-`PowerSGDReducer` is the algorithm with the collective passed in (`all_reduce_sum`): the DDP hook
-(`geotrain.ddp.powersgd_hook`) gives it `torch.distributed.all_reduce` and one local worker; the
-in-process simulation (`geotrain.train.PowerSGDExchange`) gives it all p workers and a sum in rank order.
-With two workers both sum a + b, so the two agree bit for bit.
+`PowerSGDReducer` is the algorithm with the collective passed in (a `geotrain.comm.Collective`):
+the DDP hook gives it a TorchCollective (one local worker), the runtime the same through its timed
+transport, the in-process simulation a SimulatedCollective of all p workers (a sum in rank order).
+With two workers both sum a + b, so the two agree bit for bit. Registered as `powersgd` in
+`geotrain.comm.get_reducer` (the reducer protocol: see geotrain.comm).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from geotrain.codecs import CodecError, NonFiniteGradientError, parse_count, parse_flag
-from geotrain.codecs.powersgd import orthonormal_columns
+from geotrain.codecs.powersgd import low_rank, orthonormal_columns
+from geotrain.comm.collectives import Collective
 from geotrain.codecs.selection import seeded_generator
-
-AllReduceSum = Callable[[list[torch.Tensor]], torch.Tensor]
-"""Given each local worker's flat fp32 buffer (equal sizes), return their sum over the whole group
-(it may reuse and overwrite the inputs)."""
 
 FP32_BYTES = 4
 
@@ -91,12 +89,8 @@ class PowerSGDConfig:
 
 
 def compressed_rank(shape: Sequence[int], config: PowerSGDConfig) -> int:
-    """The rank used for a gradient of `shape`, or 0 when it is averaged uncompressed."""
-    if len(shape) < 2:
-        return 0
-    n, m = int(shape[0]), math.prod(int(dim) for dim in shape[1:])
-    r = min(config.rank, n, m)
-    return r if r > 0 and n * m > config.min_compression_rate * r * (n + m) else 0
+    """The rank used for a gradient of `shape`, or 0 when it is averaged uncompressed (`low_rank`)."""
+    return low_rank(shape, config.rank, config.min_compression_rate)
 
 
 @dataclass(frozen=True)
@@ -165,12 +159,17 @@ class PowerSGDReducer:
         self.residuals: list[dict[str, torch.Tensor]] = [{} for _ in range(local_workers)]
         self.declared_bytes = 0
 
-    def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]],
-               all_reduce_sum: AllReduceSum) -> list[torch.Tensor]:
+    whole_model = True
+    """The DDP hook must hand it every parameter at once (one shared basis per step)."""
+
+    def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Collective,
+               step: int | None = None) -> list[torch.Tensor]:
         """worker_grads[w][i]: local worker w's gradient of parameter i (layout order, any float dtype).
         Returns the group's averaged gradient per parameter (exact for the uncompressed ones, rank-r
-        for the others), in the gradients' shapes and dtypes. Advances the step counter."""
+        for the others), in the gradients' shapes and dtypes. Advances its own step counter (`step`
+        is ignored: the counter is part of the saved state)."""
         self._check(worker_grads)
+        all_reduce_sum = collective.all_reduce_sum
         compressing = self.iteration >= self.config.start_powersgd_iter and bool(self.layout.compressed)
         if compressing:
             means = self._compressed_round(worker_grads, all_reduce_sum)
@@ -180,14 +179,14 @@ class PowerSGDReducer:
         return [mean.reshape(grad.shape).to(grad.dtype) for mean, grad in zip(means, worker_grads[0], strict=True)]
 
     def _plain_round(self, worker_grads: Sequence[Sequence[torch.Tensor]],
-                     all_reduce_sum: AllReduceSum) -> list[torch.Tensor]:
+                     all_reduce_sum: Any) -> list[torch.Tensor]:
         flats = [torch.cat([g.detach().reshape(-1).to(torch.float32) for g in grads]) for grads in worker_grads]
         mean = self._mean(flats, all_reduce_sum, self.layout.step_bytes(False))
         self._raise_if_nonfinite(mean)
         return list(mean.split([self.layout.numel(i) for i in range(len(self.layout.names))]))
 
     def _compressed_round(self, worker_grads: Sequence[Sequence[torch.Tensor]],
-                          all_reduce_sum: AllReduceSum) -> list[torch.Tensor]:
+                          all_reduce_sum: Any) -> list[torch.Tensor]:
         layout, config = self.layout, self.config
         compressed, uncompressed = layout.compressed, layout.uncompressed
         declared = layout.step_bytes(True)
@@ -240,7 +239,7 @@ class PowerSGDReducer:
         generator = seeded_generator(self.config.seed, index, self.layout.rows(index), m)
         return torch.randn(m, r, generator=generator)
 
-    def _mean(self, flats: list[torch.Tensor], all_reduce_sum: AllReduceSum, declared: tuple[int, ...]) -> torch.Tensor:
+    def _mean(self, flats: list[torch.Tensor], all_reduce_sum: Any, declared: tuple[int, ...]) -> torch.Tensor:
         if flats[0].numel() == 0:
             return flats[0]
         self.declared_bytes += sum(declared)

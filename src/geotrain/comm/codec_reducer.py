@@ -1,0 +1,145 @@
+"""Any geotrain codec as a reducer: each worker encodes its gradients (plus its error-feedback
+residual), the group averages what the codec delivers.
+
+How one call is exchanged (per local worker; x = gradient + residual):
+- summable codecs (none, fp16, bf16, randk): encode x, divide the wire buffers by the world size in
+  their own dtype, all-reduce (sum) them in one flat buffer, decode. For fp16 this is exactly torch's
+  `fp16_compress_hook` (same casts, same division, same all-reduce).
+- every other codec (int8, int8-block, topk, sign, powersgd as a per-worker codec): encode x, pack
+  the payloads byte-exactly (`pack_payload`), all-gather the packed bytes, decode every rank's payload
+  and sum them in rank order (so every rank gets bit-identical results), divide by the world size.
+  Each rank sends (p-1) x its payload on a ring: this only pays when the payload is much smaller
+  than the fp32 gradient.
+
+`granularity`: "tensor" encodes each tensor with its own shape (per-tensor scales, top-k, low rank),
+"flat" encodes the call's tensors concatenated (in the order given) as one vector. Residuals are kept
+per tensor name and local worker in both modes, so a DDP bucket rebuild or a checkpoint restored into
+another bucket layout changes nothing. Bytes: `declared_bytes` sums the payload sizes one worker
+declared (`payload.nbytes`); the collective's ledger counts what was handed, and the two agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from geotrain.codecs import Codec, CodecError, Payload, pack_payload, unpack_payload
+from geotrain.comm.collectives import Collective
+
+GRANULARITIES = ("tensor", "flat")
+
+
+class CodecReducer:
+    """Averages named tensors of `local_workers` of the group's workers through `codec` (see module doc)."""
+
+    whole_model = False
+    """Any subset of the tensors may be reduced in one call (a DDP hook reduces bucket by bucket)."""
+
+    def __init__(self, codec: Codec, named_shapes: Sequence[tuple[str, Sequence[int]]], world_size: int,
+                 local_workers: int = 1, error_feedback: bool = True, granularity: str = "flat") -> None:
+        if granularity not in GRANULARITIES:
+            raise CodecError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+        if world_size < 1 or not 1 <= local_workers <= world_size:
+            raise ValueError(f"need 1 <= local_workers <= world_size, got {local_workers} and {world_size}")
+        self.codec = codec
+        self.names = tuple(name for name, _ in named_shapes)
+        self.sizes = {name: int(torch.Size(shape).numel()) for name, shape in named_shapes}
+        self.world_size = world_size
+        self.local_workers = local_workers
+        self.error_feedback = error_feedback
+        self.granularity = granularity
+        self.residuals: list[dict[str, torch.Tensor]] = [{} for _ in range(local_workers)]
+        self.declared_bytes = 0
+
+    def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Collective, step: int,
+               names: Sequence[str] | None = None) -> list[torch.Tensor]:
+        """worker_grads[w][i]: local worker w's tensor named names[i] (default: every name, in order).
+        Returns the group mean of each tensor (as the codec delivers it), in the tensors' shapes."""
+        names = self.names if names is None else tuple(names)
+        if len(worker_grads) != self.local_workers or any(len(g) != len(names) for g in worker_grads):
+            raise ValueError(f"expected {self.local_workers} local worker(s) x {len(names)} tensors")
+        self.codec.set_step(step)  # seeded codecs (randk) agree on their randomness per step
+        units = [(i,) for i in range(len(names))] if self.granularity == "tensor" else [tuple(range(len(names)))]
+        payloads = [[self._encode(w, [names[i] for i in unit], [grads[i] for i in unit]) for unit in units]
+                    for w, grads in enumerate(worker_grads)]
+        self.declared_bytes += sum(payload.nbytes for payload in payloads[0])
+        if self.codec.summable:
+            decoded = self._all_reduce(payloads, collective)
+        else:
+            decoded = self._all_gather(payloads, collective)
+        template = worker_grads[0]
+        flat = torch.cat([d.reshape(-1) for d in decoded]) if decoded else torch.zeros(0)
+        return [piece.view(t.shape).to(t.dtype) for piece, t in
+                zip(flat.split([t.numel() for t in template]), template, strict=True)]
+
+    def _encode(self, worker: int, names: list[str], tensors: list[torch.Tensor]) -> Payload:
+        """Encode the unit (one tensor, or several flattened and concatenated) plus its residual; the
+        residual (kept per name) becomes what the payload does not carry."""
+        x = tensors[0].detach() if len(tensors) == 1 else torch.cat([t.detach().reshape(-1) for t in tensors])
+        if not self.error_feedback:
+            return self.codec.encode(x)
+        x = x.clone()
+        residuals = self.residuals[worker]
+        if any(name in residuals for name in names):
+            x += torch.cat([residuals.get(name, torch.zeros(self.sizes[name])) for name in names]).view_as(x)
+        payload = self.codec.encode(x)
+        leftover = (x - self.codec.decode(payload)).reshape(-1)
+        for name, piece in zip(names, leftover.split([self.sizes[name] for name in names]), strict=True):
+            residuals[name] = piece.clone()
+        return payload
+
+    def _all_reduce(self, payloads: list[list[Payload]], collective: Collective) -> list[torch.Tensor]:
+        wires = [torch.cat([t.reshape(-1) for p in worker for t in p.buffers.values()]).div_(self.world_size)
+                 for worker in payloads]  # divided before the sum, in the wire dtype (no fp16 overflow)
+        total = collective.all_reduce_sum(wires)
+        decoded, start = [], 0
+        for payload in payloads[0]:
+            buffers = {}
+            for name, t in payload.buffers.items():
+                buffers[name] = total[start:start + t.numel()].view(t.shape)
+                start += t.numel()
+            summed = Payload(payload.codec, buffers, payload.shape, payload.dtype, payload.meta)
+            decoded.append(self.codec.decode(summed))
+        return decoded
+
+    def _all_gather(self, payloads: list[list[Payload]], collective: Collective) -> list[torch.Tensor]:
+        specs = [payload.spec() for payload in payloads[0]]
+        mine = [torch.cat([pack_payload(p) for p in worker]) for worker in payloads]
+        gathered = collective.all_gather(mine).view(self.world_size, -1)
+        totals: list[torch.Tensor | None] = [None] * len(specs)
+        for rank_bytes in gathered:  # rank order: a deterministic sum
+            start = 0
+            for k, spec in enumerate(specs):
+                value = self.codec.decode(unpack_payload(rank_bytes[start:start + spec.nbytes], spec))
+                totals[k] = value.clone() if totals[k] is None else totals[k].add_(value)
+                start += spec.nbytes
+        return [total.div_(self.world_size) for total in totals]  # type: ignore[union-attr]
+
+    def state_dict(self) -> dict[str, Any]:
+        """Codec, settings and each local worker's residuals per tensor name (copies)."""
+        return {"codec": self.codec.name, "codec_params": self.codec.params(), "error_feedback": self.error_feedback,
+                "granularity": self.granularity,
+                "residuals": [{name: r.clone() for name, r in worker.items()} for worker in self.residuals]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the residuals; CodecError if the state is another codec's or does not fit the tensors."""
+        if state.get("codec") != self.codec.name:
+            raise CodecError(f"reducer state is for codec {state.get('codec')!r}, not {self.codec.name!r}")
+        if bool(state.get("error_feedback")) != self.error_feedback:
+            raise CodecError("checkpoint and run disagree on error feedback (on in one, off in the other)")
+        residuals = state.get("residuals", [])
+        if len(residuals) != self.local_workers:
+            raise CodecError(f"reducer state holds {len(residuals)} workers' residuals, expected {self.local_workers}")
+        for worker in residuals:
+            unknown = sorted(set(worker) - set(self.sizes))
+            if unknown:
+                raise CodecError(f"reducer state has residuals for tensors this model lacks: {unknown[:5]}")
+            wrong = [name for name, r in worker.items() if r.numel() != self.sizes[name]]
+            if wrong:
+                raise CodecError(f"reducer state residuals do not match the tensors' sizes: {wrong[:5]}")
+        self.residuals = [{name: r.detach().cpu().reshape(-1).clone() for name, r in worker.items()}
+                          for worker in residuals]
+
+
