@@ -139,10 +139,10 @@ def train_on_rank(rank: int, world_size: int, run: DDPRun, data: Any) -> dict[st
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from geotrain.comm import CommLedger, clip_grad_norm_, intercept_torch_collectives
     from geotrain.data import get_batch
-    from geotrain.comm import CommLedger, intercept_torch_collectives
     from geotrain.models import bits_per_char, lr_at, make_model
-    from geotrain.train import assign_flat_grad, clip_global_norm_
+    from geotrain.train import assign_flat_grad
 
     config = run.train
     if config.batch % world_size or config.workers != world_size:
@@ -165,7 +165,7 @@ def train_on_rank(rank: int, world_size: int, run: DDPRun, data: Any) -> dict[st
             loss.backward()
             if config.clip_norm is not None and run.exchange != "onebit":  # OneBitAdam clips inside
                 flat = torch.cat([p.grad.reshape(-1) for p in params])
-                clip_global_norm_(flat, config.clip_norm)  # the simulation's clipping, bit for bit
+                clip_grad_norm_([flat], config.clip_norm)  # the simulation's clipping, bit for bit
                 assign_flat_grad(params, flat)
             for group in optimizer.param_groups:
                 group["lr"] = lr_at(step, config.steps, config.peak_lr, config.warmup_steps)

@@ -13,6 +13,7 @@ The reducer protocol. A reducer averages the gradients (or momenta) of ONE data-
   transport). Reducers communicate only through it, so its `ledger` counts every byte handed.
 - `step`: the training step (seeded codecs agree on their randomness through it).
 - returns the group mean of every tensor as the reducer delivers it, the same on every rank.
+- `name`: the spec name it was registered under (the codec's name for the codec reducer).
 - `whole_model`: True if it must get every tensor in one call (PowerSGD's shared basis, 1 bit);
   False if any subset will do (`reduce(..., names=[...])`, the codec reducer: one DDP bucket).
 - `declared_bytes`: what one worker handed, by the reducer's own count (tests hold it to the ledger).

@@ -44,6 +44,7 @@ class CodecReducer:
         if world_size < 1 or not 1 <= local_workers <= world_size:
             raise ValueError(f"need 1 <= local_workers <= world_size, got {local_workers} and {world_size}")
         self.codec = codec
+        self.name = codec.name
         self.names = tuple(name for name, _ in named_shapes)
         self.sizes = {name: int(torch.Size(shape).numel()) for name, shape in named_shapes}
         self.world_size = world_size

@@ -28,6 +28,7 @@ Residuals = tuple[list[torch.Tensor], list[torch.Tensor]]
 class OneBitMomentumReducer:
     """1-bit error-compensated averaging of a flat vector of `sum(param_numels)` values."""
 
+    name = "onebit"
     whole_model = True
 
     def __init__(self, param_numels: Sequence[int], world_size: int, local_workers: int = 1) -> None:

@@ -159,6 +159,7 @@ class PowerSGDReducer:
         self.residuals: list[dict[str, torch.Tensor]] = [{} for _ in range(local_workers)]
         self.declared_bytes = 0
 
+    name = "powersgd"
     whole_model = True
     """The DDP hook must hand it every parameter at once (one shared basis per step)."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from geotrain.codecs import Codec, CodecError, get_codec, parse_codec_spec
@@ -51,10 +51,11 @@ ReducerFactory = Callable[[dict[str, Any], ReducerContext], Any]
 
 def _powersgd(params: dict[str, Any], context: ReducerContext) -> PowerSGDReducer:
     """Distributed PowerSGD; params are PowerSGDConfig fields (error_feedback defaults to the context's)."""
-    try:
-        config = PowerSGDConfig(**{"error_feedback": context.error_feedback, **params})
-    except TypeError as exc:
-        raise CodecError(f"powersgd: {exc}") from None
+    allowed = [f.name for f in fields(PowerSGDConfig)]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise CodecError(f"powersgd has no parameter(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
+    config = PowerSGDConfig(**{"error_feedback": context.error_feedback, **params})
     layout = PowerSGDLayout.build(context.named_shapes, config)
     return PowerSGDReducer(layout, config, context.world_size, context.local_workers)
 

@@ -86,12 +86,11 @@ class CodecHookState:
     def state_dict(self) -> dict[str, Any]:
         """The reducer's state with this rank's residuals (one local worker) and the step counter."""
         state = self.reducer.state_dict()
-        return {**state, "residuals": state["residuals"][0], "iteration": self.iteration,
-                "reducer": type(self.reducer).__name__}
+        return {**state, "codec": self.reducer.name, "residuals": state["residuals"][0], "iteration": self.iteration}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state.get("reducer", type(self.reducer).__name__) != type(self.reducer).__name__:
-            raise CodecError(f"hook state is of a {state.get('reducer')}, this hook runs a {type(self.reducer).__name__}")
+        if state.get("codec") != self.reducer.name:
+            raise CodecError(f"hook state is for codec {state.get('codec')!r}, not {self.reducer.name!r}")
         self.iteration = parse_count(state.get("iteration", 0), "hook state: iteration")  # 1.7, "3" refused
         self.reducer.load_state_dict({**state, "residuals": [state.get("residuals", {})]})
 
