@@ -47,6 +47,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp-codec", default="none", help="activation codec: none, fp16, bf16, int8-block")
     parser.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
                         help="send DP gradients without error feedback")
+    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "onebit-adam"],
+                        help="adamw (after the --dp-codec exchange) or onebit-adam (1-bit Adam: averages over the "
+                             "stage's DP group itself, fp32 during its warm-up, 1-bit momenta after; needs --dp-codec none)")
+    parser.add_argument("--onebit-warmup-steps", type=int, default=5,
+                        help="onebit-adam: full-precision AdamW steps before the variance freezes")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
+                        help="clip the gradient of the whole model (all stages, after DP averaging) to global L2 norm X")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="multiply every emulated link time by this (0: no emulation)")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation seed")
@@ -80,6 +87,7 @@ def config_from_args(args: Any) -> Any:
         cluster=cluster, assignment=assignment, model=MODEL_PRESETS[args.model], model_name=args.model,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
         schedule=args.schedule, dp_codec=args.dp_codec, pp_codec=args.pp_codec, error_feedback=args.error_feedback,
+        optimizer=args.optimizer, onebit_warmup_steps=args.onebit_warmup_steps, clip_grad_norm=args.clip_grad_norm,
         time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         overwrite=args.overwrite,

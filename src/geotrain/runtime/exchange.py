@@ -44,7 +44,7 @@ class GradientExchange:
         self.params = [param for _, param in named_params]
         self.comm_wall_s = 0.0
         self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
-        context = ReducerContext.of([(name, p.shape) for name, p in named_params], collective.world_size,
+        context = ReducerContext.of([(name, p.shape) for name, p in named_params], self.collective.world_size,
                                     error_feedback=error_feedback)
         self.reducer = get_reducer(spec, context)
 
