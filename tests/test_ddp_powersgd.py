@@ -104,7 +104,7 @@ def _low_rank_round(rank, world_size):
         except CodecError as exc:
             results["errors"].append(str(exc))
     instance_state = register_codec_hook(DistributedDataParallel(_Probe()), PowerSGDCodec(rank=3, seed=5))
-    results["instance_config"] = (instance_state.config.rank, instance_state.config.seed)
+    results["instance_config"] = (instance_state.reducer.config.rank, instance_state.reducer.config.seed)
 
     model = _Probe()
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.002)  # ~2 kB buckets: 3 of them from the second step

@@ -14,13 +14,7 @@ from geotrain.optim import OneBitAdam, OneBitAdamError
 TINY = GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one intra-op thread is faster on a shared machine, and bit-reproducible."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: faster, and bit-reproducible
 
 
 def _loss(model, generator, rows=4):

@@ -37,13 +37,7 @@ from geotrain.runtime.watchdog import EXIT_PEER_LOST, Watchdog
 GEO = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0)  # 10 Mbit/s, 20 ms between regions
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one thread is fastest, and spinning OpenMP threads crawl on a loaded machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: one thread is fastest
 
 
 # -- link busy time ----------------------------------------------------------------------------

@@ -71,17 +71,8 @@ class CodecHookState:
         return self.collective.ledger
 
     @property
-    def world_size(self) -> int:
-        return self.collective.world_size
-
-    @property
     def declared_bytes(self) -> int:
         return self.reducer.declared_bytes
-
-    @property
-    def config(self) -> Any:
-        """The reducer's settings (PowerSGDConfig for powersgd)."""
-        return getattr(self.reducer, "config", None)
 
     def state_dict(self) -> dict[str, Any]:
         """The reducer's state with this rank's residuals (one local worker) and the step counter."""

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from geotrain.comm.clip import clip_grad_norm_
 from geotrain.optim import OneBitAdam
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.exchange import GradientExchange, timed_collective
+from geotrain.runtime.exchange import StageExchange, timed_collective
 from geotrain.runtime.transport import Transport
 
 BETAS = (0.9, 0.95)
@@ -48,7 +48,7 @@ class DataParallelStep:
         self.params = list(stage.parameters())
         self.clip = config.clip_grad_norm
         self.sum_squares = world_sum_over_replicas(config.replicas)
-        self.exchange: GradientExchange | None = None
+        self.exchange: StageExchange | None = None
         self.comm_wall_s = 0.0
         if config.optimizer == "onebit-adam":
             self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
@@ -57,7 +57,7 @@ class DataParallelStep:
                 warmup_steps=config.onebit_warmup_steps, collective=self.collective,
                 max_grad_norm=self.clip, norm_sum_squares=self.sum_squares)
         else:
-            self.exchange = GradientExchange(list(stage.named_parameters()), config.dp_codec, config.error_feedback,
+            self.exchange = StageExchange(list(stage.named_parameters()), config.dp_codec, config.error_feedback,
                                              transport, group, group_devices)
             self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
 

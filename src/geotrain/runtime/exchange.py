@@ -36,7 +36,7 @@ def timed_collective(transport: Transport, group: Any, group_devices: list[int],
     return TorchCollective(group, wrap)
 
 
-class GradientExchange:
+class StageExchange:
     """Averages the gradients of `named_params` over a DP group through the reducer of `spec`."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: str, error_feedback: bool,
