@@ -61,14 +61,11 @@ class CodecHookState:
     param_names: dict[int, str]
     param_order: dict[str, int]
     param_shapes: dict[str, tuple[int, ...]]
+    ledger: CommLedger  # the collective's: what this rank handed to the process group
     iteration: int = 0
     buckets_per_step: int = 0
     _calls: int = 0
     _pending: list[_PendingBucket] = field(default_factory=list)
-
-    @property
-    def ledger(self) -> CommLedger:
-        return self.collective.ledger
 
     @property
     def declared_bytes(self) -> int:
@@ -111,7 +108,7 @@ def register_codec_hook(ddp_model: Any, codec: Codec | str, error_feedback: bool
                          f"got {granularity!r}")
     state = CodecHookState(reducer, collective, {id(param): name for name, param in named},
                            {name: index for index, (name, _) in enumerate(named)},
-                           {name: tuple(param.shape) for name, param in named})
+                           {name: tuple(param.shape) for name, param in named}, collective.ledger)
     ddp_model.register_comm_hook(state, codec_hook)
     return state
 
