@@ -15,6 +15,7 @@ communication (one latency per step).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
 
 
-def world_sum_over_replicas(replicas: int) -> Any:
+def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
     """sum_squares for clip_grad_norm_: this rank's value summed over the world, divided by `replicas`."""
     def sum_squares(local: float) -> float:
         total = torch.tensor([local], dtype=torch.float64)
