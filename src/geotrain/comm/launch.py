@@ -40,6 +40,12 @@ from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkse
 
 _POLL_S = 0.1
 
+FORKSERVER_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch.optim",
+                      "geotrain.comm", "geotrain.ddp", "geotrain.runtime.worker")
+"""What any geotrain worker imports, imported once by the fork server. The preload list only counts for
+the first server of a process, so both launchers give the same one: whichever starts it first, the
+other's workers do not pay seconds of imports each (DDP's constructor alone imports torch._dynamo)."""
+
 
 def start_processes(context: Any, target: Callable[..., Any], world_size: int,
                     args_of_rank: Callable[[int], tuple[Any, ...]], name: str, daemon: bool = False) -> list[Any]:
@@ -108,9 +114,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if start_method is None:
-        # DDP's constructor imports torch._dynamo (~3 s): pay it once in the fork server, not per worker.
-        context = forkserver_context(["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo",
-                                      "geotrain.ddp", "geotrain.comm", fn.__module__])
+        context = forkserver_context([*FORKSERVER_PRELOAD, fn.__module__])
     else:
         context = multiprocessing.get_context(start_method)
     store_dir = tempfile.mkdtemp(prefix="geotrain-pg-")

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from geotrain.comm.launch import reap_processes, start_processes
+from geotrain.comm.launch import FORKSERVER_PRELOAD, reap_processes, start_processes
 from geotrain.errors import GeotrainError
 from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkserver_context, set_process_name
 from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
@@ -128,8 +128,7 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     check_before_launch(config)
     # Workers are forks of a server that has imported torch (and its lazily imported optimizer
     # machinery) once; started now, so it imports while the tokens are built.
-    context = forkserver_context(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
-                                  "geotrain.runtime.worker"])
+    context = forkserver_context(FORKSERVER_PRELOAD)
     if tokens is None:  # built while the fork server imports torch
         from geotrain.data import world_tokens
 
