@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from geotrain.cluster import Cluster
 from geotrain.codecs import CodecError, get_codec, parse_codec_spec
@@ -156,6 +157,10 @@ class RuntimeConfig:
         if self.schedule in LOOPED_SCHEDULES and self.microbatches % self.stages:
             raise RuntimeConfigError(f"microbatches must be a multiple of the {self.stages} stages with schedule "
                                      f"{self.schedule!r}, got {self.microbatches}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeConfigError("device cuda: torch sees no CUDA device here (use --device cpu or auto)")
+        if self.data is not None and not Path(self.data).exists():
+            raise RuntimeConfigError(f"data {self.data!r}: no such file or directory")
         if self.device == "cuda" and self.time_scale > 0:
             raise RuntimeConfigError("device cuda: link emulation runs on CPU (gloo) only; pass --time-scale 0 "
                                      f"to train over NCCL without emulation, got time_scale {self.time_scale!r}")
