@@ -64,7 +64,7 @@ def _unsplit_step0(model_spec: str, config: RuntimeConfig) -> tuple[float, dict[
     return float(loss.detach()), {name: p.grad for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("spec", ["hf:gpt2-tiny", "user"])
+@pytest.mark.parametrize("spec", [pytest.param("hf:gpt2-tiny", marks=pytest.mark.slow), "user"])
 def test_staged_run_has_the_unsplit_models_loss_and_gradients_and_keeps_ties_tied(spec, text_file, user_model,
                                                                                    tmp_path):
     spec = user_model if spec == "user" else spec

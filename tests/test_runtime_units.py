@@ -24,7 +24,6 @@ from geotrain.runtime import (
     RuntimeConfig,
     RuntimeConfigError,
     busy_seconds,
-    layer_ranges,
     parse_codec_spec,
     predict_comm,
     real_bytes_job,
@@ -76,16 +75,15 @@ def test_prediction_equals_the_yuan_model_for_uniform_bytes():
 # -- layout, schedules, stage split ------------------------------------------------------------------
 
 @given(st.integers(1, 12), st.integers(1, 12))
-def test_layer_ranges_are_contiguous_balanced_and_cover_all_blocks(n_layers, stages):
+def test_equal_layer_split_is_contiguous_balanced_and_covers_all_layers(n_layers, stages):
     if stages > n_layers:
         with pytest.raises(ValueError):
-            layer_ranges(n_layers, stages)
+            even_boundaries(n_layers, stages)
         return
-    ranges = layer_ranges(n_layers, stages)
-    assert ranges[0][0] == 0 and ranges[-1][1] == n_layers
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-    sizes = [stop - start for start, stop in ranges]
-    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    cuts = even_boundaries(n_layers, stages)
+    assert cuts[0] == 0 and cuts[-1] == n_layers and len(cuts) == stages + 1
+    sizes = np.diff(cuts)
+    assert sizes.min() >= 1 and sizes.max() - sizes.min() <= 1
 
 
 def test_layout_ranks_groups_and_neighbours():

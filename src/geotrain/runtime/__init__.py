@@ -5,7 +5,7 @@ emulated link speeds (geotrain.emulate), failure detection and sharded checkpoin
 from geotrain.runtime.checkpoint import CheckpointError, latest_step
 from geotrain.runtime.config import MODEL_PRESETS, PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
-from geotrain.runtime.layout import Layout, LayoutError, Slot, layer_ranges
+from geotrain.runtime.layout import Layout, LayoutError, Slot
 from geotrain.runtime.links import busy_seconds
 from geotrain.runtime.pipeline import SCHEDULES
 from geotrain.runtime.predict import CommPrediction, predict_comm, real_bytes_job
@@ -38,7 +38,6 @@ __all__ = [
     "busy_seconds",
     "latest_step",
     "launch",
-    "layer_ranges",
     "parse_codec_spec",
     "predict_comm",
     "real_bytes_job",
