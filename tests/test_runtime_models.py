@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from geotrain.cluster import make_network
-from geotrain.models import even_boundaries, lm_loss, load_model_spec
+from geotrain.models import even_boundaries, lm_loss, load_model_spec, validation_loss
 from geotrain.runtime import CheckpointError, RuntimeConfig, launch
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.launcher import check_resumable
+from geotrain.runtime.stages import stage_modules
 from geotrain.runtime.training_data import load_training_data
 from user_models import USER_GPT
 
@@ -68,7 +69,7 @@ def _unsplit_step0(model_spec: str, config: RuntimeConfig) -> tuple[float, dict[
 def test_staged_run_has_the_unsplit_models_loss_and_gradients_and_keeps_ties_tied(spec, text_file, user_model,
                                                                                    tmp_path):
     spec = user_model if spec == "user" else spec
-    config = _config(spec, text_file, steps=1, eval_every=0, checkpoint_dir=str(tmp_path))
+    config = _config(spec, text_file, steps=1, eval_every=1, checkpoint_dir=str(tmp_path))
     report = launch(config).report
     loss, grads = _unsplit_step0(spec, config)
     assert report.losses[0] == pytest.approx(loss, rel=1e-5)  # the pipeline's forward is the unsplit forward
@@ -95,6 +96,14 @@ def test_staged_run_has_the_unsplit_models_loss_and_gradients_and_keeps_ties_tie
     assert first_layer < cuts[1] <= last_layer  # the tie crosses the cut
     assert torch.equal(first[f"0.layers.{first_layer}.{first_name}"], last[f"0.layers.{last_layer - cuts[1]}.{last_name}"])
     assert report.replicas_in_sync
+    # the validation loss the pipeline measured (windows shared out by replica, sums all-reduced) is the
+    # unsplit evaluation of the trained weights
+    stages = stage_modules(model, cuts, [0, 1])
+    for stage, shard in ((0, first), (1, last)):
+        stages[stage].load_state_dict({key.removeprefix("0."): value for key, value in shard.items()})
+    data = load_training_data(config.data, config.data_seed, config.val_fraction)
+    expected = validation_loss([stages[0], stages[1]], data.val, config.sequence_length, max_windows=config.eval_windows)
+    assert report.validation == ((1, pytest.approx(expected, rel=1e-5)),)
 
 
 @pytest.mark.slow
