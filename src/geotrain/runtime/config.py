@@ -242,6 +242,11 @@ class RuntimeConfig:
             return int(self.seq_len)
         return self.model.context if self.model_name in MODEL_PRESETS else DEFAULT_SEQ_LEN
 
+    @cached_property
+    def data_identity(self) -> dict[str, Any]:
+        """The data of the run (the world's seed, or every data file's size and sha256), hashed once."""
+        return data_identity(self.data, self.data_seed, self.val_fraction)
+
     def model_identity(self) -> dict[str, Any]:
         """The model of the run: a preset's config, or the spec and the sha256 of the file it names."""
         if self.model_name in MODEL_PRESETS:
@@ -256,7 +261,7 @@ class RuntimeConfig:
         """What must match for a checkpoint to be resumed (the numerics; not the cluster or the
         device placement, which change timing only)."""
         return {"stages": self.stages, "replicas": self.replicas, "model": self.model_identity(),
-                "data": data_identity(self.data, self.data_seed, self.val_fraction),
+                "data": self.data_identity,
                 "steps": self.steps, "microbatches": self.microbatches, "batch_size": self.batch_size,
                 "seq_len": self.sequence_length, "split": self.split, "virtual_stages": self.stages_per_rank,
                 "precision": self.precision,
