@@ -129,12 +129,22 @@ def test_validation_loss_falls_and_resume_equals_uninterrupted(spec, text_file, 
 
 
 @pytest.mark.slow
-def test_gpipe_1f1b_and_interleaved_1f1b_give_the_same_losses(text_file):
+def test_gpipe_1f1b_interleaved_1f1b_and_looped_bfs_give_the_same_losses(text_file):
     runs = {schedule: _run("hf:gpt2-tiny", text_file, steps=3, schedule=schedule, microbatches=2)
-            for schedule in ("gpipe", "1f1b", "interleaved-1f1b")}
+            for schedule in ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")}
     for schedule, report in runs.items():
         assert report.losses == pytest.approx(runs["gpipe"].losses, rel=1e-5), schedule
         assert [loss for _, loss in report.validation] == pytest.approx(
             [loss for _, loss in runs["gpipe"].validation], rel=1e-5), schedule
         assert report.replicas_in_sync
     assert runs["interleaved-1f1b"].config["virtual_stages"] == 2
+
+
+@pytest.mark.slow
+def test_bf16_autocast_with_bf16_activations_trains_close_to_fp32(text_file, user_model):
+    fp32 = _run(user_model, text_file, steps=4, eval_every=0)
+    bf16 = _run(user_model, text_file, steps=4, eval_every=0, precision="bf16", pp_codec="bf16")
+    assert bf16.pp_bytes_per_cut == fp32.pp_bytes_per_cut // 2  # 2-byte activations on the wire
+    assert bf16.losses == pytest.approx(fp32.losses, rel=0.02)
+    assert bf16.losses != fp32.losses  # autocast really ran in bf16
+    assert bf16.losses[-1] < bf16.losses[0] - 0.3 and bf16.replicas_in_sync
