@@ -96,3 +96,21 @@ def test_train_runs_unchanged_under_torchrun(job_files):
     assert len(lines) == 1  # rank 0 reports; the other ranks print nothing
     result = json.loads(lines[0])
     assert len(result["losses"]) == 2 and result["summary"]["replicas_in_sync"] is True
+
+
+@pytest.mark.timeout(240)
+def test_train_cli_trains_a_user_file_model_on_a_text_file_with_a_validation_table(job_files, tmp_path):
+    from user_models import USER_GPT
+
+    cluster, plan = job_files
+    (tmp_path / "my_model.py").write_text(USER_GPT)
+    (tmp_path / "corpus.txt").write_text("the cat sat on the mat. the dog ran under a tree.\n" * 200)
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", plan, "--steps", "2", "--time-scale", "0",
+                           "--model", f"{tmp_path / 'my_model.py'}:build", "--data", str(tmp_path / "corpus.txt"),
+                           "--seq-len", "16", "--eval-every", "1", "--eval-windows", "8", "--schedule", "1f1b"],
+                          capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr
+    table = done.stdout[done.stdout.index("validation (held-out loss, nats)"):done.stdout.index("summary")]
+    rows = [line.split("│")[1:3] for line in table.splitlines() if line.startswith("│")]
+    assert [int(step) for step, _ in rows] == [1, 2]
+    assert float(rows[1][1]) < float(rows[0][1])  # the held-out loss falls

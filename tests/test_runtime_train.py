@@ -28,7 +28,7 @@ PP_CROSSES = np.array([[0, 1], [2, 3]])  # each DP group inside a region, each p
 
 @pytest.fixture(scope="module")
 def tokens():
-    return world_tokens(0).train
+    return world_tokens(0)
 
 
 def _run(tokens, assignment=DP_CROSSES, **options):
@@ -55,7 +55,7 @@ def test_cost_model_predicts_the_measured_communication_within_20_percent(tokens
 
 
 def test_same_seed_same_losses_resume_equals_uninterrupted_and_loss_decreases(tokens, tmp_path):
-    options = {"steps": 6, "dp_codec": "topk:fraction=0.05", "pp_codec": "int8-block", "time_scale": 0.01}
+    options = {"steps": 6, "dp_codec": "topk:fraction=0.05", "pp_codec": "bf16", "time_scale": 0.01}
     uninterrupted = _run(tokens, **options)
     first_half = _run(tokens, **options, stop_after=3, checkpoint_dir=str(tmp_path))
     resumed = _run(tokens, **options, resume=True, checkpoint_dir=str(tmp_path))
@@ -87,6 +87,7 @@ def test_1f1b_schedule_trains_like_gpipe(tokens):
     one_f_one_b = _run(tokens, steps=3, schedule="1f1b")
     # Same micro-batches, same math; only the order gradients accumulate in differs.
     assert one_f_one_b.losses == pytest.approx(gpipe.losses, rel=1e-5)
+    assert one_f_one_b.replicas_in_sync
 
 
 def _worker_pid(rank: int, timeout_s: float = 120.0) -> int:

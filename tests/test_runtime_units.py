@@ -17,20 +17,18 @@ from hypothesis import strategies as st
 from geotrain.codecs import CodecError
 from geotrain.cluster import make_network
 from geotrain.cost import YuanCostModel
-from geotrain.models import GPTConfig, make_model
+from geotrain.models import GPTConfig, even_boundaries, make_model
 from geotrain.runtime import (
     CheckpointError,
     Layout,
     RuntimeConfig,
     RuntimeConfigError,
     busy_seconds,
-    layer_ranges,
     parse_codec_spec,
     predict_comm,
     real_bytes_job,
-    schedule_order,
-    split_model,
 )
+from geotrain.runtime.stages import stage_modules, tiny_layer_model
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.watchdog import EXIT_PEER_LOST, Watchdog
 
@@ -71,16 +69,15 @@ def test_prediction_equals_the_yuan_model_for_uniform_bytes():
 # -- layout, schedules, stage split ------------------------------------------------------------------
 
 @given(st.integers(1, 12), st.integers(1, 12))
-def test_layer_ranges_are_contiguous_balanced_and_cover_all_blocks(n_layers, stages):
+def test_equal_layer_split_is_contiguous_balanced_and_covers_all_layers(n_layers, stages):
     if stages > n_layers:
         with pytest.raises(ValueError):
-            layer_ranges(n_layers, stages)
+            even_boundaries(n_layers, stages)
         return
-    ranges = layer_ranges(n_layers, stages)
-    assert ranges[0][0] == 0 and ranges[-1][1] == n_layers
-    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
-    sizes = [stop - start for start, stop in ranges]
-    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    cuts = even_boundaries(n_layers, stages)
+    assert cuts[0] == 0 and cuts[-1] == n_layers and len(cuts) == stages + 1
+    sizes = np.diff(cuts)
+    assert sizes.min() >= 1 and sizes.max() - sizes.min() <= 1
 
 
 def test_layout_ranks_groups_and_neighbours():
@@ -90,34 +87,26 @@ def test_layout_ranks_groups_and_neighbours():
     assert layout.next_rank(1) == 4 and layout.prev_rank(4) == 1 and layout.prev_rank(1) is None
 
 
-@given(st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 5), st.integers(1, 8))
-def test_schedules_run_each_microbatch_forward_then_backward_once(kind, stages, microbatches):
-    for stage in range(stages):
-        order = schedule_order(kind, stage, stages, microbatches)
-        assert sorted(order) == sorted([("F", m) for m in range(microbatches)] + [("B", m) for m in range(microbatches)])
-        assert all(order.index(("F", m)) < order.index(("B", m)) for m in range(microbatches))
-        in_flight = max(sum(1 for op, _ in order[:i + 1] if op == "F") - sum(1 for op, _ in order[:i + 1] if op == "B")
-                        for i in range(len(order)))
-        assert in_flight == (microbatches if kind == "gpipe" else min(stages - stage, microbatches))
-
-
 @pytest.mark.parametrize("stages", [1, 2, 3, 4])
 def test_stage_split_gives_the_unsplit_models_logits_and_gradients(stages):
     config = GPTConfig(n_layer=4)
-    full, split_source = make_model(config, seed=3), make_model(config, seed=3)
+    full, split_source = make_model(config, seed=3), tiny_layer_model(config, seed=3)
     idx = torch.randint(0, config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(0))
     hidden = idx
-    parts = split_model(split_source, stages)
-    for part in parts:
+    cuts = even_boundaries(split_source.n_layers, stages)
+    parts = stage_modules(split_source, cuts, range(stages))
+    for part in parts.values():
         hidden = part(hidden)
     expected = full(idx)
     assert torch.equal(hidden, expected)
     hidden.square().mean().backward()
     expected.square().mean().backward()
-    for (name, a), (_, b) in zip(full.named_parameters(), split_source.named_parameters()):
+    split_params = dict(split_source.as_module().named_parameters())
+    assert len(split_params) == len(list(full.parameters()))
+    for (name, a), b in zip(full.named_parameters(), split_params.values()):
         assert torch.equal(a.grad, b.grad), name
-    owned = [id(p) for part in parts for p in part.parameters()]
-    assert sorted(owned) == sorted(id(p) for p in split_source.parameters())  # every weight in exactly one stage
+    owned = [id(p) for part in parts.values() for p in part.parameters()]
+    assert sorted(owned) == sorted(id(p) for p in split_params.values())  # every weight in exactly one stage
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -181,7 +170,13 @@ def test_codec_specs_parse_names_and_typed_parameters():
     ({"pp_codec": "topk"}, "pipeline codec must be one of"),
     ({"assignment": np.array([[0, 0], [1, 3]])}, "device 0 is used more than once"),
     ({"assignment": np.array([[0, 2], [1, 4]])}, "device index must be in 0..3"),
-    ({"assignment": np.array([[0], [1], [2], [3]]), "model": GPTConfig(n_layer=3)}, "cannot split 3"),
+    ({"assignment": np.array([[0], [1], [2], [3]]), "model": GPTConfig(n_layer=1)}, "cannot cut 3 layers into 4"),
+    ({"pp_codec": "int8-block"}, "wire form is not one"),
+    ({"schedule": "interleaved-1f1b", "microbatches": 3, "batch_size": 6}, "multiple of the 2 stages"),
+    ({"schedule": "gpipe", "virtual_stages": 2}, "virtual_stages must be 1"),
+    ({"device": "cuda"}, "device cuda: "),  # no CUDA here, or CUDA with emulation on: refused either way
+    ({"split": "flops"}, "split must be one of"),
+    ({"eval_every": 2, "val_fraction": 0.0}, "needs a held-out split"),
     ({"resume": True}, "resume needs a checkpoint directory"),
     ({"time_scale": -1.0}, "time_scale must be a finite number >= 0"),
     ({"dp_codec": "topk:k=3"}, "codec 'topk' has no parameter"),

@@ -52,6 +52,15 @@ def base(tmp_path: Path) -> list[str]:
     (["--comm-timeout", "0.001"], "comm_timeout_s must be at least 1 s"),
     (["--resume"], "resume needs a checkpoint directory"),
     (["--overwrite"], "overwrite needs a checkpoint directory"),
+    (["--pp-codec", "int8-block"], "pipeline codec must be one of none, fp16, bf16, got 'int8-block': torch"),
+    (["--schedule", "interleaved-1f1b", "--microbatches", "3", "--batch-size", "6"],
+     "microbatches must be a multiple of the 2 stages with schedule 'interleaved-1f1b', got 3"),
+    (["--schedule", "1f1b", "--virtual-stages", "2"], "virtual_stages must be 1 with schedule '1f1b', got 2"),
+    (["--val-fraction", "1.5"], r"val_fraction must be in \[0, 1\), got 1.5"),
+    (["--eval-every", "-1"], "eval_every must be an integer >= 0, got -1"),
+    (["--seq-len", "0"], "seq_len must be an integer >= 1, got 0"),
+    (["--data", "/no/such/corpus.txt"], "data '/no/such/corpus.txt': no such file or directory"),
+    (["--model", "gpt7"], "--model 'gpt7': not a preset"),
 ])
 def test_impossible_train_options_give_one_line_and_exit_2(base, capsys, options, message):
     assert main([*base, *options]) == 2

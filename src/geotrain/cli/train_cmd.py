@@ -3,8 +3,8 @@ model's prediction with the measured communication.
 
 With --json, stdout is ONE JSON object: {"plan", "stages", "replicas", "assignment", "losses",
 "summary": {"iteration_s", "compute_s", "comm_measured_s", "comm_predicted_s", "error_pct", ...},
-"prediction", "bytes", "iterations": [...], "config", "wall_s"}; seconds are wall seconds of the
-emulated run (already multiplied by --time-scale).
+"prediction", "bytes", "iterations": [...], "validation": [{"step", "loss"}...], "config", "wall_s"};
+seconds are wall seconds of the emulated run (already multiplied by --time-scale).
 
 Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TORCHELASTIC_RUN_ID set), this process is
 one worker: nothing is launched, and rank 0 prints the results (see docs/runtime.md for several
@@ -24,10 +24,11 @@ from geotrain.cli.output import Output
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "train", help="run a plan: pipeline x data-parallel training of the tiny GPT over emulated links",
+        "train", help="run a plan: pipeline x data-parallel training of your model on your data over emulated links",
         description="Launch one worker process per (stage, replica) slot of a plan (gloo on localhost), train "
-                    "the tiny GPT with a GPipe/1F1B schedule, every transfer slowed to the cluster's emulated "
-                    "link speed, and report measured vs predicted communication per iteration.",
+                    "the model (--model) on the data (--data) with a torch.distributed.pipelining schedule, every "
+                    "transfer slowed to the cluster's emulated link speed, and report measured vs predicted "
+                    "communication per iteration and the validation loss.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_train_arguments(parser)
     parser.set_defaults(handler=run)
@@ -36,15 +37,33 @@ def register(subparsers: Any) -> None:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, metavar="FILE|PRESET", help="cluster preset or YAML/JSON file")
     parser.add_argument("--plan", required=True, metavar="PLAN.json", help="plan file (as `geotrain plan --json` writes)")
-    parser.add_argument("--model", default="tiny", help="model preset: tiny (4 blocks, d_model 128, context 96), tiny-2layer")
+    parser.add_argument("--model", default="tiny", metavar="SPEC",
+                        help="tiny (4 blocks, d_model 128, context 96), tiny-2layer, hf:PRESET|config.json|DIR "
+                             "(gpt2-tiny, llama-tiny, qwen2-tiny, mistral-tiny), path/to/file.py:function or "
+                             "package.module:function returning the layer list")
+    parser.add_argument("--data", metavar="FILE|DIR",
+                        help="text / jsonl / token file (or a directory of them); default: the synthetic world")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="fraction of --data held out for validation")
+    parser.add_argument("--eval-every", type=int, default=0, metavar="N",
+                        help="validation loss every N steps and at the end (0: never)")
+    parser.add_argument("--eval-windows", type=int, default=32, help="validation windows per evaluation (at most)")
+    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: a tiny preset's context, else 128)")
+    parser.add_argument("--split", default="layers", choices=["layers", "params", "time"],
+                        help="cut the layer list into stages by equal layer counts, parameter counts or measured time")
+    parser.add_argument("--virtual-stages", type=int, metavar="V",
+                        help="stages per rank for interleaved-1f1b / looped-bfs (default 2)")
+    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
+                        help="cpu (gloo, emulated links) or cuda (NCCL; needs --time-scale 0); auto: cuda if present")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast")
     parser.add_argument("--steps", type=int, default=20, help="training iterations (the learning-rate schedule spans them)")
     parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per replica per iteration")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (warm-up + cosine)")
-    parser.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"], help="pipeline schedule")
+    parser.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"],
+                        help="torch.distributed.pipelining schedule")
     parser.add_argument("--dp-codec", default="none", metavar="CODEC[:k=v,...]",
                         help="gradient codec of the data-parallel exchange, e.g. fp16, topk:fraction=0.01")
-    parser.add_argument("--pp-codec", default="none", help="activation codec: none, fp16, bf16, int8-block")
+    parser.add_argument("--pp-codec", default="none", help="activation dtype on the wire: none (fp32), fp16, bf16")
     parser.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
                         help="send DP gradients without error feedback")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "onebit-adam"],
@@ -81,10 +100,16 @@ def config_from_args(args: Any) -> Any:
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
-    if args.model not in MODEL_PRESETS:
-        raise RuntimeConfigError(f"unknown model {args.model!r} (known: {', '.join(MODEL_PRESETS)})")
+    preset = MODEL_PRESETS.get(args.model)
+    if preset is None and args.model.rpartition(":")[1] == "" and not args.model.startswith("hf:"):
+        raise RuntimeConfigError(f"--model {args.model!r}: not a preset ({', '.join(MODEL_PRESETS)}), hf:SPEC, "
+                                 "file.py:function or package.module:function")
+    extra = {} if preset is None else {"model": preset}
     return RuntimeConfig(
-        cluster=cluster, assignment=assignment, model=MODEL_PRESETS[args.model], model_name=args.model,
+        cluster=cluster, assignment=assignment, model_name=args.model, **extra,
+        data=args.data, val_fraction=args.val_fraction, eval_every=args.eval_every, eval_windows=args.eval_windows,
+        seq_len=args.seq_len, split=args.split, virtual_stages=args.virtual_stages, device=args.device,
+        precision=args.precision,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
         schedule=args.schedule, dp_codec=args.dp_codec, pp_codec=args.pp_codec, error_feedback=args.error_feedback,
         optimizer=args.optimizer, onebit_warmup_steps=args.onebit_warmup_steps, clip_grad_norm=args.clip_grad_norm,
@@ -159,6 +184,9 @@ def run(args: Any) -> int:
         out.emit_json({**report.to_json(), "wall_s": wall_s})
         return 0
     iteration_table(out, report)
+    if report.validation:
+        out.table("validation (held-out loss, nats)", ["after step", "loss"],
+                  [[step, f"{loss:.4f}"] for step, loss in report.validation])
     out.table("summary (means over iterations after the first)", SUMMARY_COLUMNS, summary_rows([report]))
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")

@@ -5,7 +5,7 @@ LayerModel; `split_layers` cuts it by cost and device speed; `stage_ties` + `sum
 `all_reduce_tied_gradients` keep tied weights tied across stages; `lm_loss` is the shared loss.
 """
 
-from geotrain.models.evaluate import bits_per_char, validation_loss
+from geotrain.models.evaluate import bits_per_char, validation_loss, validation_starts
 from geotrain.models.gpt import BASE_CONFIG, Block, GPTConfig, ModelConfigError, TinyGPT, make_model
 from geotrain.models.layer_costs import layer_costs, measure_layer_times
 from geotrain.models.layers import (
@@ -55,4 +55,5 @@ __all__ = [
     "stage_times",
     "sum_tied_gradients",
     "validation_loss",
+    "validation_starts",
 ]

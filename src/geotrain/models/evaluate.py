@@ -45,6 +45,18 @@ def bits_per_char(model: nn.Module, tokens: torch.Tensor, context: int | None = 
     return total_nats / (n_targets * math.log(2))
 
 
+def validation_starts(n_tokens: int, seq_len: int, max_windows: int | None = None) -> np.ndarray:
+    """Start offsets (int64) of the validation windows of seq_len + 1 tokens: non-overlapping from the
+    start, or `max_windows` of them spread evenly over the split."""
+    n_windows = (n_tokens - 1) // seq_len if seq_len >= 1 else 0
+    if n_windows < 1:
+        raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} validation tokens, got {n_tokens}")
+    starts = np.arange(n_windows, dtype=np.int64) * seq_len
+    if max_windows is not None and max_windows < n_windows:
+        starts = starts[np.linspace(0, n_windows - 1, max_windows).round().astype(np.int64)]
+    return starts
+
+
 def validation_loss(model: nn.Module | Sequence[nn.Module], tokens: np.ndarray | torch.Tensor, seq_len: int,
                     batch_size: int = 16, max_windows: int | None = None) -> float:
     """Mean next-token cross-entropy in nats over held-out `tokens` (1-D ids) for a model or a list of stages.
@@ -54,12 +66,7 @@ def validation_loss(model: nn.Module | Sequence[nn.Module], tokens: np.ndarray |
     gradients, deterministic. `model` may be one module or stages run in sequence (unsplit evaluation).
     """
     stages = list(model) if isinstance(model, (list, tuple)) else [model]
-    n_windows = (len(tokens) - 1) // seq_len
-    if seq_len < 1 or n_windows < 1:
-        raise ValueError(f"need at least seq_len + 1 = {seq_len + 1} validation tokens, got {len(tokens)}")
-    starts = np.arange(n_windows) * seq_len
-    if max_windows is not None and max_windows < n_windows:
-        starts = starts[np.linspace(0, n_windows - 1, max_windows).round().astype(np.int64)]
+    starts = validation_starts(len(tokens), seq_len, max_windows)
     device = next((p.device for m in stages for p in m.parameters()), torch.device("cpu"))
     modes = [m.training for m in stages]
     total, count = 0.0, 0

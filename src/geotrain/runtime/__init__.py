@@ -1,15 +1,16 @@
-"""Run a plan: pipeline x data-parallel training of the tiny GPT on torch.distributed (gloo), with every
-transfer slowed to the cluster's emulated link speeds (geotrain.emulate), failure detection and sharded checkpoints."""
+"""Run a plan: pipeline x data-parallel training of any layer-list model (tiny GPT, hf:..., file.py:fn) on
+torch.distributed.pipelining schedules (gloo, or NCCL on CUDA), with every transfer slowed to the cluster's
+emulated link speeds (geotrain.emulate), failure detection and sharded checkpoints."""
 
 from geotrain.runtime.checkpoint import CheckpointError, latest_step
 from geotrain.runtime.config import MODEL_PRESETS, PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
-from geotrain.runtime.layout import Layout, LayoutError, Slot, layer_ranges
+from geotrain.runtime.layout import Layout, LayoutError, Slot
 from geotrain.runtime.links import busy_seconds
-from geotrain.runtime.pipeline import SCHEDULES, schedule_order
+from geotrain.runtime.pipeline import SCHEDULES
 from geotrain.runtime.predict import CommPrediction, predict_comm, real_bytes_job
 from geotrain.runtime.report import IterationRow, RunReport, build_report, relative_error_pct
-from geotrain.runtime.stages import GPTStage, build_stage, split_model
+from geotrain.runtime.stages import SPLIT_RULES, StageModule, build_layer_model, build_stage, stage_boundaries
 from geotrain.runtime.watchdog import EXIT_PEER_LOST
 from geotrain.runtime.worker import run_worker
 
@@ -20,7 +21,8 @@ __all__ = [
     "SCHEDULES",
     "CheckpointError",
     "CommPrediction",
-    "GPTStage",
+    "SPLIT_RULES",
+    "StageModule",
     "IterationRow",
     "LaunchResult",
     "Layout",
@@ -31,16 +33,15 @@ __all__ = [
     "Slot",
     "WorkerFailure",
     "build_report",
+    "build_layer_model",
     "build_stage",
     "busy_seconds",
     "latest_step",
     "launch",
-    "layer_ranges",
     "parse_codec_spec",
     "predict_comm",
     "real_bytes_job",
     "relative_error_pct",
     "run_worker",
-    "schedule_order",
-    "split_model",
+    "stage_boundaries",
 ]

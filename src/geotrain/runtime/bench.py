@@ -176,7 +176,7 @@ def run_runtime_bench(config: RuntimeBenchConfig, progress: Callable[[str, int, 
                   ("random", "median of 201 random plans", median_random_assignment(problem, config.seed)),
                   ("crossing", "every cut and DP group crosses regions",
                    region_crossing_assignment(cluster, config.stages, config.replicas))]
-    tokens = world_tokens(0).train
+    tokens = world_tokens(0)
     plans = []
     for label, chosen_by, assignment in candidates:
         run_config = RuntimeConfig(cluster=cluster, assignment=assignment, model=config.model, steps=config.steps,

@@ -6,12 +6,15 @@ command line by every torchrun worker). Validated here, trusted inside the worke
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from geotrain.cluster import Cluster
 from geotrain.codecs import CodecError, get_codec, parse_codec_spec
@@ -19,8 +22,10 @@ from geotrain.comm import check_reducer_spec
 from geotrain.cost import AssignmentError, as_assignment
 from geotrain.errors import GeotrainError
 from geotrain.models import BASE_CONFIG, GPTConfig
-from geotrain.runtime.layout import Layout, layer_ranges
-from geotrain.runtime.pipeline import SCHEDULES
+from geotrain.runtime.layout import Layout
+from geotrain.runtime.pipeline import LOOPED_SCHEDULES, SCHEDULES
+from geotrain.runtime.stages import SPLIT_RULES, WIRE_DTYPES
+from geotrain.runtime.training_data import data_identity
 
 
 class RuntimeConfigError(GeotrainError, ValueError):
@@ -39,8 +44,14 @@ MODEL_PRESETS: dict[str, GPTConfig] = {
     "tiny-2layer": BASE_CONFIG,  # the compression demo's model: at most 2 stages
 }
 
-PP_CODECS = ("none", "fp16", "bf16", "int8-block")
-"""Codecs allowed for pipeline activations (dense, shape-preserving, cheap)."""
+PP_CODECS = tuple(WIRE_DTYPES)
+"""Codecs allowed for pipeline activations: torch's pipelining sends the tensors a stage outputs, so an
+activation codec is the float dtype the stage casts to (int8-block's wire form is not one: refused)."""
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
+DEFAULT_SEQ_LEN = 128
+"""Training sequence length (tokens) when --seq-len is not given and the model does not name a context."""
 
 OPTIMIZERS = ("adamw", "onebit-adam")
 """adamw: the DP exchange (--dp-codec) then AdamW; onebit-adam: geotrain.optim.OneBitAdam, which averages
@@ -56,6 +67,12 @@ class RuntimeConfig:
     precision steps for onebit-adam; `clip_grad_norm`: clip the gradient of the whole model (all
     stages) to this global L2 norm before the optimizer step (None: off). `stop_after` ends this invocation after that many steps
     (a planned interruption) while the learning-rate schedule still spans `steps`.
+
+    `model_name` is the --model spec (a MODEL_PRESETS name uses `model`; else hf:..., file.py:fn or
+    pkg.mod:fn); `data` a corpus path (None: the synthetic world of `data_seed`), `val_fraction` of
+    it held out; every `eval_every` steps (0: never) the validation loss over at most `eval_windows`
+    windows is recorded. `seq_len` tokens per sequence (None: the preset's context, else 128).
+    `split` cuts the layers into stages x `virtual_stages` (None: 2 for the looped schedules, else 1).
     """
 
     cluster: Cluster
@@ -86,6 +103,15 @@ class RuntimeConfig:
     heartbeat_timeout_s: float = 10.0
     comm_timeout_s: float = 120.0
     plan_name: str = "plan"
+    data: str | None = None
+    val_fraction: float = 0.1
+    eval_every: int = 0
+    eval_windows: int = 32
+    seq_len: int | None = None
+    split: str = "layers"
+    virtual_stages: int | None = None
+    device: str = "cpu"
+    precision: str = "fp32"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -98,10 +124,13 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"plan does not fit cluster {self.cluster.name!r}: {exc}") from None
         object.__setattr__(self, "assignment", Layout(assignment).assignment)
         self._check_numbers()
-        if self.schedule not in SCHEDULES:
-            raise RuntimeConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        self._check_choices()
         if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
-            raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {self.pp_codec!r}")
+            why = (": torch.distributed.pipelining sends the float tensors a stage outputs, and this codec's "
+                   "wire form is not one") if self.pp_codec.split(":")[0] in ("int8", "int8-block", "topk", "randk",
+                                                                          "sign", "powersgd") else ""
+            raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got "
+                                     f"{self.pp_codec!r}{why}")
         for label, spec in (("gradient", self.dp_codec), ("pipeline", self.pp_codec)):
             try:
                 if label == "gradient":
@@ -122,16 +151,43 @@ class RuntimeConfig:
             raise RuntimeConfigError("overwrite needs a checkpoint directory")
         if self.resume and self.overwrite:
             raise RuntimeConfigError("resume and overwrite exclude each other")
-        try:
-            layer_ranges(self.model.n_layer, self.stages)
-        except GeotrainError as exc:
-            raise RuntimeConfigError(f"model {self.model_name!r}: {exc}") from None
+        if self.model_name in MODEL_PRESETS and self.model.n_layer + 2 < self.pipeline_stages:
+            raise RuntimeConfigError(f"model {self.model_name!r}: cannot cut {self.model.n_layer + 2} layers into "
+                                     f"{self.pipeline_stages} stages ({self.stages} x {self.stages_per_rank} virtual)")
+
+    def _check_choices(self) -> None:
+        choices = [("schedule", self.schedule, SCHEDULES), ("split", self.split, SPLIT_RULES),
+                   ("device", self.device, DEVICES), ("precision", self.precision, PRECISIONS)]
+        for name, value, allowed in choices:
+            if value not in allowed:
+                raise RuntimeConfigError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.virtual_stages is not None:
+            looped = self.schedule in LOOPED_SCHEDULES
+            if not isinstance(self.virtual_stages, int) or self.virtual_stages < (2 if looped else 1) or (
+                    not looped and self.virtual_stages != 1):
+                allowed = "an integer >= 2" if looped else "1"
+                raise RuntimeConfigError(f"virtual_stages must be {allowed} with schedule {self.schedule!r}, "
+                                         f"got {self.virtual_stages!r}")
+        if self.schedule in LOOPED_SCHEDULES and self.microbatches % self.stages:
+            raise RuntimeConfigError(f"microbatches must be a multiple of the {self.stages} stages with schedule "
+                                     f"{self.schedule!r}, got {self.microbatches}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeConfigError("device cuda: torch sees no CUDA device here (use --device cpu or auto)")
+        if self.data is not None and not Path(self.data).exists():
+            raise RuntimeConfigError(f"data {self.data!r}: no such file or directory")
+        if self.device == "cuda" and self.time_scale > 0:
+            raise RuntimeConfigError("device cuda: link emulation runs on CPU (gloo) only; pass --time-scale 0 "
+                                     f"to train over NCCL without emulation, got time_scale {self.time_scale!r}")
+        if not isinstance(self.val_fraction, float | int) or not 0.0 <= self.val_fraction < 1.0:
+            raise RuntimeConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction!r}")
+        if self.eval_every and self.val_fraction == 0:
+            raise RuntimeConfigError("eval_every needs a held-out split: val_fraction is 0")
 
     def _check_numbers(self) -> None:
         """Every numeric option: its type, finiteness and range (in this order, so that a bad value is
         named before any arithmetic uses it)."""
         integers = {"steps": 1, "microbatches": 1, "batch_size": 1, "seed": 0, "data_seed": 0, "threads": 1,
-                    "checkpoint_every": 0, "onebit_warmup_steps": 1}
+                    "checkpoint_every": 0, "onebit_warmup_steps": 1, "eval_every": 0, "eval_windows": 1}
         for name, low in integers.items():
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
@@ -139,6 +195,9 @@ class RuntimeConfig:
         if self.stop_after is not None and (not isinstance(self.stop_after, (int, np.integer))
                                             or isinstance(self.stop_after, bool) or self.stop_after < 1):
             raise RuntimeConfigError(f"stop_after must be an integer >= 1, got {self.stop_after!r}")
+        if self.seq_len is not None and (not isinstance(self.seq_len, (int, np.integer)) or isinstance(self.seq_len, bool)
+                                         or self.seq_len < 1):
+            raise RuntimeConfigError(f"seq_len must be an integer >= 1, got {self.seq_len!r}")
         if self.batch_size % self.microbatches:
             raise RuntimeConfigError(f"batch_size must be a positive multiple of microbatches ({self.microbatches}), "
                                      f"got {self.batch_size!r}")
@@ -179,16 +238,53 @@ class RuntimeConfig:
     def microbatch_size(self) -> int:
         return self.batch_size // self.microbatches
 
+    @property
+    def stages_per_rank(self) -> int:
+        """Virtual stages per rank (V)."""
+        if self.virtual_stages is not None:
+            return self.virtual_stages
+        return 2 if self.schedule in LOOPED_SCHEDULES else 1
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Stages of one replica's pipeline: S x V."""
+        return self.stages * self.stages_per_rank
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens per training sequence: --seq-len, else a preset's context, else DEFAULT_SEQ_LEN."""
+        if self.seq_len is not None:
+            return int(self.seq_len)
+        return self.model.context if self.model_name in MODEL_PRESETS else DEFAULT_SEQ_LEN
+
+    @cached_property
+    def data_identity(self) -> dict[str, Any]:
+        """The data of the run (the world's seed, or every data file's size and sha256), hashed once."""
+        return data_identity(self.data, self.data_seed, self.val_fraction)
+
+    def model_identity(self) -> dict[str, Any]:
+        """The model of the run: a preset's config, or the spec and the sha256 of the file it names."""
+        if self.model_name in MODEL_PRESETS:
+            return {"spec": self.model_name, **asdict(self.model)}
+        target = self.model_name[3:] if self.model_name.startswith("hf:") else self.model_name.rpartition(":")[0]
+        path = Path(target)
+        file = path / "config.json" if path.is_dir() else path
+        digest = hashlib.sha256(file.read_bytes()).hexdigest() if file.is_file() else None
+        return {"spec": self.model_name, "sha256": digest}
+
     def identity(self) -> dict[str, Any]:
         """What must match for a checkpoint to be resumed (the numerics; not the cluster or the
         device placement, which change timing only)."""
-        return {"stages": self.stages, "replicas": self.replicas, "model": asdict(self.model),
+        return {"stages": self.stages, "replicas": self.replicas, "model": self.model_identity(),
+                "data": self.data_identity,
                 "steps": self.steps, "microbatches": self.microbatches, "batch_size": self.batch_size,
+                "seq_len": self.sequence_length, "split": self.split, "virtual_stages": self.stages_per_rank,
+                "precision": self.precision,
                 "lr": self.lr, "schedule": self.schedule, "dp_codec": self.dp_codec, "pp_codec": self.pp_codec,
                 "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed,
                 "optimizer": self.optimizer, "onebit_warmup_steps": self.onebit_warmup_steps,
                 "clip_grad_norm": self.clip_grad_norm}
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.identity(), "model_name": self.model_name, "cluster": self.cluster.name,
+        return {**self.identity(), "model_name": self.model_name, "device": self.device, "cluster": self.cluster.name,
                 "assignment": self.assignment.tolist(), "time_scale": self.time_scale, "plan": self.plan_name}

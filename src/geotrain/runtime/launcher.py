@@ -122,17 +122,17 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
            tokens: Any = None) -> LaunchResult:
     """Run `config` to the end on this machine; raises WorkerFailure if any worker fails.
 
-    `tokens`: the training token ids of world `config.data_seed` (built here if None), handed to the
-    workers so that they do not all build the world at once."""
+    `tokens`: the WorldTokens of world `config.data_seed` (built here if None and no --data), handed
+    to the workers so that they do not all build the world at once."""
     started = time.perf_counter()
     check_before_launch(config)
     # Workers are forks of a server that has imported torch (and its lazily imported optimizer
     # machinery) once; started now, so it imports while the tokens are built.
     context = forkserver_context(FORKSERVER_PRELOAD)
-    if tokens is None:  # built while the fork server imports torch
+    if tokens is None and config.data is None:  # built while the fork server imports torch
         from geotrain.data import world_tokens
 
-        tokens = world_tokens(config.data_seed).train
+        tokens = world_tokens(config.data_seed)
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     prefixed = dist.PrefixStore("geotrain/0/", store)
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:

@@ -1,4 +1,4 @@
-"""Who runs what: ranks <-> (stage, replica) slots of a plan, DP groups, pipeline neighbours, layer split.
+"""Who runs what: ranks <-> (stage, replica) slots of a plan, DP groups, pipeline neighbours.
 
 Rank r holds stage r // R of replica r % R (R = replicas), so the ranks of one stage are contiguous
 and form that stage's data-parallel group; pipeline neighbours of a rank are rank -+ R.
@@ -84,16 +84,3 @@ class Layout:
         device = f"device {slot.device}" + (f" {device_names[slot.device]}" if device_names else "")
         return f"rank {rank} (stage {slot.stage}, replica {slot.replica}, {device})"
 
-
-def layer_ranges(n_layers: int, stages: int) -> list[tuple[int, int]]:
-    """Contiguous [start, stop) block ranges per stage, as even as possible (earlier stages get the
-    remainder). Every stage gets at least one block."""
-    if stages < 1 or n_layers < stages:
-        raise LayoutError(f"cannot split {n_layers} transformer blocks into {stages} stages (need 1 <= stages <= blocks)")
-    base, extra = divmod(n_layers, stages)
-    ranges, start = [], 0
-    for stage in range(stages):
-        stop = start + base + (1 if stage < extra else 0)
-        ranges.append((start, stop))
-        start = stop
-    return ranges

@@ -1,26 +1,40 @@
-"""Pipeline schedules (GPipe, 1F1B) over a generic stage, with activations sent through a codec.
+"""Pipeline schedules from torch.distributed.pipelining, over one replica's pipeline group.
 
-A schedule is an order of micro-batch operations ("F", m) / ("B", m) for one stage; executing it
-receives inputs from the previous stage, runs the stage, sends outputs to the next, and in the
-backward pass sends input gradients back. Sends never block (the transport posts them), receives
-do, so both orders are deadlock-free.
+Each rank holds V virtual stages of a replica's pipeline of S x V stages: pp-rank s holds stages
+s, s + S, ..., s + (V-1) S (the placement torch's looped schedules expect). GPipe and 1F1B use V = 1;
+Interleaved1F1B and LoopedBFS use V >= 2. Stage input/output shapes are given up front (example
+tensors, requires_grad=True for activations), so no shape inference runs over the links. torch
+moves whatever tensors the stages output: the activation "codec" is the dtype a stage casts its
+output to (fp32, fp16 or bf16), and the bytes on the wire are exactly those of that dtype.
+
+`ComputeTimer` accumulates the compute seconds of forward and backward chunks (`TimedStage` times
+torch's forward_one_chunk / backward_one_chunk, which contain no communication), codecs and the
+optimizer. `pipeline_forward` runs inputs through the pipeline without gradients (evaluation).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleLoopedBFS,
+)
 
-from geotrain.codecs.base import Codec
-from geotrain.codecs.wire import pack_payload, unpack_payload
-from geotrain.cost.schedule import pipeline_order as schedule_order  # one op order for runtime and cost model
-from geotrain.runtime.stages import Stage
-from geotrain.runtime.transport import Transport
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
+LOOPED_SCHEDULES = ("interleaved-1f1b", "looped-bfs")
+"""Schedules of several virtual stages per rank."""
 
-SCHEDULES = ("gpipe", "1f1b")
+_SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+_LOOPED = {"interleaved-1f1b": ScheduleInterleaved1F1B, "looped-bfs": ScheduleLoopedBFS}
 
 
 @dataclass
@@ -40,77 +54,107 @@ class ComputeTimer:
         self._started = None
 
 
-class ActivationPeer:
-    """The link to one pipeline neighbour: encodes tensors with the pipeline codec and moves the bytes."""
+class TimedStage(PipelineStage):
+    """A PipelineStage whose forward and backward chunks (compute only) are timed by `timer`."""
 
-    def __init__(self, transport: Transport, codec: Codec, peer_rank: int, cut: int, timer: ComputeTimer) -> None:
-        self.transport = transport
-        self.codec = codec
-        self.peer_rank = peer_rank
-        self.cut = cut
-        self.timer = timer  # encoding and decoding count as compute, not communication
-        self._specs: dict[tuple[int, ...], object] = {}
-        self.sent_bytes = 0
+    def __init__(self, *args: Any, timer: ComputeTimer, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.timer = timer
 
-    @staticmethod
-    def tag(kind: str, micro: int) -> int:
-        return 2 * micro + (0 if kind == "fwd" else 1)
-
-    def send(self, tensor: torch.Tensor, kind: str, micro: int) -> None:
+    def forward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         with self.timer:
-            data = pack_payload(self.codec.encode(tensor.detach()))
-        self.sent_bytes += data.numel()
-        self.transport.send(data, self.peer_rank, self.tag(kind, micro))
+            return super().forward_one_chunk(*args, **kwargs)
 
-    def recv(self, shape: tuple[int, ...], kind: str, micro: int) -> torch.Tensor:
-        spec = self._specs.get(shape)
-        if spec is None:
-            spec = self._specs[shape] = self.codec.expected_spec(shape, torch.float32)
-        data = self.transport.recv(spec.nbytes, self.peer_rank, self.tag(kind, micro),
-                                   kind=kind, cut=self.cut, micro=micro)
+    def backward_one_chunk(self, *args: Any, **kwargs: Any) -> Any:
         with self.timer:
-            return self.codec.decode(unpack_payload(data, spec)).to(torch.float32)
+            return super().backward_one_chunk(*args, **kwargs)
 
 
-def run_schedule(order: Sequence[tuple[str, int]], stage: Stage, prev: ActivationPeer | None,
-                 next_: ActivationPeer | None, inputs: Sequence[torch.Tensor] | None,
-                 targets: Sequence[torch.Tensor] | None, activation_shape: tuple[int, ...],
-                 timer: ComputeTimer) -> float | None:
-    """Run one iteration's forward/backward micro-batch operations; gradients accumulate in the
-    stage's parameters. Returns the mean loss over micro-batches on the last stage, else None.
-    Micro-batch losses are scaled by 1/M so the accumulated gradient is that of the mean loss."""
-    microbatches = sum(1 for op, _ in order if op == "F")
-    saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    total_loss = 0.0
-    for op, micro in order:
-        if op == "F":
-            if stage.is_first:
-                assert inputs is not None
-                x = inputs[micro]
-            else:
-                assert prev is not None
-                x = prev.recv(activation_shape, "fwd", micro).requires_grad_(True)
-            with timer:
-                y = stage(x)
-                if stage.is_last:
-                    assert targets is not None
-                    y = stage.loss(y, targets[micro]) / microbatches
-                    total_loss += float(y.detach())
-            if not stage.is_last:
-                assert next_ is not None
-                next_.send(y, "fwd", micro)
-            saved[micro] = (x, y)
+def virtual_stages_of(pp_rank: int, pp_size: int, per_rank: int) -> list[int]:
+    """Indices of the virtual stages pp-rank `pp_rank` holds: pp_rank, pp_rank + S, ... (looped placement)."""
+    return [pp_rank + k * pp_size for k in range(per_rank)]
+
+
+def owner_of(virtual_stage: int, pp_size: int) -> int:
+    """The pp-rank holding `virtual_stage`."""
+    return virtual_stage % pp_size
+
+
+@dataclass(frozen=True)
+class StageShapes:
+    """Per-micro-batch example shapes of one virtual stage: input (and its dtype), output (and its dtype)."""
+
+    input_shape: tuple[int, ...]
+    input_dtype: torch.dtype
+    output_shape: tuple[int, ...]
+    output_dtype: torch.dtype
+
+    def example_input(self, device: torch.device) -> torch.Tensor:
+        tensor = torch.zeros(self.input_shape, dtype=self.input_dtype, device=device)
+        return tensor.requires_grad_(tensor.is_floating_point())
+
+    def example_output(self, device: torch.device) -> torch.Tensor:
+        tensor = torch.zeros(self.output_shape, dtype=self.output_dtype, device=device)
+        return tensor.requires_grad_(tensor.is_floating_point())
+
+
+class Pipeline:
+    """This rank's virtual stages of one replica's pipeline, and the torch schedule that runs them."""
+
+    def __init__(self, kind: str, modules: dict[int, torch.nn.Module], shapes: Sequence[StageShapes],
+                 microbatches: int, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 group: Any, device: torch.device, timer: ComputeTimer) -> None:
+        """`modules`: virtual stage index -> its module (this rank's); `shapes`: every virtual stage's
+        shapes (index = virtual stage); `group`: the replica's pipeline process group (pp-rank = stage)."""
+        if kind not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {kind!r}")
+        self.n_virtual = len(shapes)
+        self.stage_ids = sorted(modules)
+        self.stages = [TimedStage(modules[v], v, self.n_virtual, device, input_args=shapes[v].example_input(device),
+                                  output_args=shapes[v].example_output(device), group=group, timer=timer)
+                       for v in self.stage_ids]
+        if kind in _SINGLE:
+            assert len(self.stages) == 1
+            self.schedule = _SINGLE[kind](self.stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
         else:
-            x, y = saved.pop(micro)
-            if stage.is_last:
-                with timer:
-                    y.backward()
-            else:
-                assert next_ is not None
-                grad = next_.recv(activation_shape, "bwd", micro)
-                with timer:
-                    y.backward(grad)
-            if not stage.is_first:
-                assert prev is not None
-                prev.send(x.grad, "bwd", micro)
-    return total_loss if stage.is_last else None
+            self.schedule = _LOOPED[kind](self.stages, n_microbatches=microbatches, loss_fn=loss_fn)
+        self.has_first = 0 in modules
+        self.has_last = self.n_virtual - 1 in modules
+
+    def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float | None:
+        """One iteration's forward and backward over the micro-batches of `inputs` (this replica's
+        batch; first stage only) against `targets` (last stage only). Gradients accumulate in the
+        stage parameters, scaled as for the mean loss. Returns the mean micro-batch loss on the
+        rank holding the last stage, else None."""
+        args = (inputs,) if self.has_first else ()
+        if self.has_last:
+            losses: list[torch.Tensor] = []
+            self.schedule.step(*args, target=targets, losses=losses)
+            return float(torch.stack([loss.detach().float() for loss in losses]).mean())
+        self.schedule.step(*args)
+        return None
+
+
+def pipeline_forward(modules: dict[int, torch.nn.Module], shapes: Sequence[StageShapes], pp_rank: int,
+                     pp_ranks: Sequence[int], inputs: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+    """Run `inputs` (token ids, (batch, T); needed by the holder of stage 0) through every virtual stage
+    without gradients, handing activations to the next stage's holder (global ranks `pp_ranks`,
+    by pp-rank). Returns the last stage's output on its holder, else None. `shapes`: every virtual
+    stage's per-micro-batch shapes (what crosses a cut; the first dimension becomes `batch`)."""
+    pp_size, n_virtual = len(pp_ranks), len(shapes)
+    hidden = inputs
+    device = next((p.device for m in modules.values() for p in m.parameters()), torch.device("cpu"))
+    with torch.no_grad():
+        for v in range(n_virtual):
+            holder = owner_of(v, pp_size)
+            if holder != pp_rank:
+                continue
+            previous = owner_of(v - 1, pp_size) if v > 0 else holder
+            if v > 0 and previous != pp_rank:
+                cut = shapes[v - 1]
+                hidden = torch.empty((batch, *cut.output_shape[1:]), dtype=cut.output_dtype, device=device)
+                dist.recv(hidden, src=pp_ranks[previous])
+            hidden = modules[v](hidden)
+            if v + 1 < n_virtual and owner_of(v + 1, pp_size) != pp_rank:
+                dist.send(hidden.contiguous(), dst=pp_ranks[owner_of(v + 1, pp_size)])
+    return hidden if modules and (n_virtual - 1) in modules else None

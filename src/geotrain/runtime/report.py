@@ -71,6 +71,8 @@ class RunReport:
     prediction: CommPrediction
     config: dict[str, Any]
     replicas_in_sync: bool
+    validation: tuple[tuple[int, float], ...] = ()
+    """(completed steps, mean validation loss in nats) per evaluation."""
 
     @property
     def losses(self) -> list[float]:
@@ -96,7 +98,8 @@ class RunReport:
         return {"plan": self.plan, "stages": self.stages, "replicas": self.replicas, "assignment": self.assignment,
                 "losses": self.losses, "summary": self.summary(), "prediction": self.prediction.to_json(),
                 "bytes": {"dp_per_stage": list(self.dp_bytes_per_stage), "pp_per_cut": self.pp_bytes_per_cut},
-                "iterations": [row.to_json() for row in self.rows], "config": self.config}
+                "iterations": [row.to_json() for row in self.rows], "config": self.config,
+                "validation": [{"step": step, "loss": loss} for step, loss in self.validation]}
 
 
 def relative_error_pct(measured: float, predicted: float) -> float:
@@ -128,8 +131,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     pp_bytes = 0
     for record in by_step[min(by_step)]:
         dp_bytes[record["stage"]] = max(dp_bytes[record["stage"]], int(record["dp_bytes"]))
-        if record["stage"] == 1 and record["replica"] == 0:  # activations of replica 0 into stage 1
-            pp_bytes = sum(t[3] for t in record["transfers"] if t[0] == "fwd")
+        if record["stage"] == 0 and record["replica"] == 0:  # activations replica 0 sends out of stage 0
+            pp_bytes = int(record.get("pp_bytes", 0))
     prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale)
     rows = []
     in_sync = True
@@ -148,6 +151,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             dp_measured_s=float(dp_by_stage.max()),
             pp_measured_s=float(_pp_seconds(step_records, stages, replicas).max()),
             dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s))
+    validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
-                     prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync)
+                     prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
+                     validation=tuple(validation))

@@ -1,79 +1,105 @@
-"""Pipeline stages of the tiny GPT: contiguous blocks, the embedding on stage 0, the head + loss on the last.
+"""Pipeline stages of any LayerModel: which model, where it is cut, what a stage sends.
 
-Every worker builds the full model from the same seed (so all replicas start identical and the split
-is exactly the unsplit model) and keeps only its stage's modules. The schedule sees a stage through
-the small `Stage` interface, so it works for any model cut this way.
+Every worker builds the whole model from the same seed (so all replicas start identical and the
+stages composed are exactly the unsplit model) and keeps the modules of its virtual stages. The
+split rule cuts the layer list into S x V contiguous stages: "layers" (equal layer counts), "params"
+(balanced parameter counts) or "time" (balanced measured forward + backward seconds per layer).
+A stage module casts its output to the wire dtype (fp32, or fp16/bf16 with --pp-codec), so that is
+what torch's pipelining sends; the next stage computes in fp32 again.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import dataclasses
+from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from geotrain.models import GPTConfig, TinyGPT, make_model
-from geotrain.runtime.layout import LayoutError, layer_ranges
+from geotrain.models import (
+    GPTConfig,
+    LayerModel,
+    ModelOptions,
+    even_boundaries,
+    layer_costs,
+    load_model_spec,
+    make_model,
+    split_layers,
+)
+from geotrain.runtime.pipeline import StageShapes
+
+SPLIT_RULES = ("layers", "params", "time")
+WIRE_DTYPES: dict[str, torch.dtype] = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+"""Activation dtype on the wire per --pp-codec."""
 
 
-class Stage(Protocol):
-    """What the pipeline schedule needs from a stage."""
+class StageModule(nn.Module):
+    """Layers [a, b) of a model as one pipeline stage: float inputs computed in fp32, the output cast
+    to `wire_dtype` unless this is the last stage (logits go to the loss, not to a link)."""
 
-    is_first: bool
-    is_last: bool
-
-    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
-        """Stage 0: token ids (B, T) -> hidden; middle: hidden -> hidden; last: hidden -> logits."""
-        ...
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean loss of the last stage's outputs (scalar)."""
-        ...
-
-    def activation_shape(self, batch: int, seq_len: int) -> tuple[int, ...]:
-        """Shape of the hidden state that crosses a stage cut for `batch` sequences of `seq_len` tokens."""
-        ...
-
-    def parameters(self) -> object: ...
-
-
-class GPTStage(nn.Module):
-    """Blocks [start, stop) of a TinyGPT, plus its embedding (first stage) and head (last stage)."""
-
-    def __init__(self, model: TinyGPT, stage: int, stages: int) -> None:
+    def __init__(self, layers: Sequence[nn.Module], is_last: bool, wire_dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        if not 0 <= stage < stages:
-            raise LayoutError(f"stage {stage} outside 0..{stages - 1}")
-        if model.config.tie_weights and stages > 1:
-            raise LayoutError("a model with tied embedding/head weights cannot be split into pipeline stages")
-        self.config: GPTConfig = model.config
-        self.stage, self.stages = stage, stages
-        self.is_first, self.is_last = stage == 0, stage == stages - 1
-        start, stop = layer_ranges(model.config.n_layer, stages)[stage]
-        self.block_range = (start, stop)
-        self.embed = model.embed if self.is_first else None
-        self.blocks = nn.ModuleList(model.blocks[start:stop])
-        self.head = model.head if self.is_last else None
+        self.layers = nn.Sequential(*layers)
+        self.is_last = is_last
+        self.wire_dtype = wire_dtype
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(inputs) if self.embed is not None else inputs
-        for block in self.blocks:
-            hidden = block(hidden)
-        return self.head(hidden) if self.head is not None else hidden
-
-    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())
-
-    def activation_shape(self, batch: int, seq_len: int) -> tuple[int, ...]:
-        return (batch, seq_len, self.config.d_model)
+        hidden = inputs.float() if inputs.is_floating_point() else inputs
+        hidden = self.layers(hidden)
+        return hidden if self.is_last else hidden.to(self.wire_dtype)
 
 
-def split_model(model: TinyGPT, stages: int) -> list[GPTStage]:
-    """All stages of `model` (sharing its modules); composing them in order is model.forward."""
-    return [GPTStage(model, stage, stages) for stage in range(stages)]
+def tiny_layer_model(config: GPTConfig, seed: int, name: str = "tiny") -> LayerModel:
+    """geotrain's TinyGPT of `config` as a layer list [embedding, blocks..., head]."""
+    model = make_model(config, seed)
+    return LayerModel(name, (model.embed, *model.blocks, model.head), config.vocab_size, config.context,
+                      config.d_model)
 
 
-def build_stage(config: GPTConfig, seed: int, stage: int, stages: int) -> GPTStage:
-    """Stage `stage` of the model make_model(config, seed) would build."""
-    return GPTStage(make_model(config, seed), stage, stages)
+def build_layer_model(spec: str, presets: dict[str, GPTConfig], seed: int, data_vocab: int | None,
+                      seq_len: int | None = None) -> LayerModel:
+    """The model of `--model spec`: a TinyGPT preset (its vocabulary and context widened to the data's
+    vocabulary and the sequence length), else models.load_model_spec (hf:..., file.py:fn, pkg.mod:fn)."""
+    if spec in presets:
+        config = presets[spec]
+        changes = {}
+        if data_vocab is not None and data_vocab != config.vocab_size:
+            changes["vocab_size"] = data_vocab
+        if seq_len is not None and seq_len > config.context:
+            changes["context"] = seq_len
+        return tiny_layer_model(dataclasses.replace(config, **changes), seed, spec)
+    return load_model_spec(spec, ModelOptions(seed=seed))
+
+
+def stage_boundaries(model: LayerModel, n_stages: int, rule: str, seq_len: int) -> tuple[int, ...]:
+    """Cut points (0, b_1, ..., n_layers) of `n_stages` contiguous stages by split `rule`."""
+    if rule == "layers":
+        return even_boundaries(model.n_layers, n_stages)
+    if rule not in SPLIT_RULES:
+        raise ValueError(f"split rule must be one of {', '.join(SPLIT_RULES)}, got {rule!r}")
+    return split_layers(layer_costs(model, rule, batch=2, seq_len=seq_len), n_stages)
+
+
+def stage_modules(model: LayerModel, boundaries: Sequence[int], wanted: Sequence[int],
+                  wire_dtype: torch.dtype = torch.float32) -> dict[int, StageModule]:
+    """Stage index -> StageModule for the stages in `wanted` (sharing the model's parameters)."""
+    last = len(boundaries) - 2
+    return {s: StageModule(model.stage_module(boundaries, s), s == last, wire_dtype) for s in wanted}
+
+
+def stage_shapes(model: LayerModel, boundaries: Sequence[int], microbatch: int, seq_len: int,
+                 wire_dtype: torch.dtype = torch.float32) -> list[StageShapes]:
+    """Per-micro-batch input/output shapes and dtypes of every stage (activations in `wire_dtype`)."""
+    found = model.stage_io_shapes(boundaries, microbatch, seq_len)
+    shapes = []
+    for stage, (in_shape, out_shape, out_dtype) in enumerate(found):
+        in_dtype = torch.long if stage == 0 else wire_dtype
+        last = stage == len(found) - 1
+        shapes.append(StageShapes(in_shape, in_dtype, out_shape, out_dtype if last else wire_dtype))
+    return shapes
+
+
+def build_stage(config: GPTConfig, seed: int, stage: int, stages: int) -> nn.Module:
+    """Stage `stage` of `stages` (equal layer split) of the TinyGPT make_model(config, seed) would build."""
+    model = tiny_layer_model(config, seed)
+    return stage_modules(model, even_boundaries(model.n_layers, stages), [stage])[stage]

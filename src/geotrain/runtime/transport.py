@@ -1,12 +1,13 @@
-"""The runtime's transport: every byte between workers goes through here, and here it is timed.
+"""The runtime's transport: the timing of every byte between workers.
 
 The links are emulated by the process-group backend (geotrain.emulate): `use_emulated_links(config)`
 installs it before `init_process_group`, so the runtime, user scripts and benchmarks share one emulator
 (point-to-point FIFO links, ring all-reduce, ...; see docs/emulate.md) and the runtime's prediction
-(the cost model) is checked against an independent model. The transport only times what it moves:
+(the cost model) is checked against an independent model. The transport times:
 
-- point-to-point: a message is recorded from its emulated start on the link to its emulated arrival
-  (the backend's clock); without emulation, from the send/receive call to its completion (wall clock);
+- point-to-point (torch.distributed.pipelining sends them): each message this rank sent, from its
+  emulated start on the link to its emulated arrival, as the emulator recorded it; without
+  emulation none are recorded (torch owns the calls);
 - collectives (the data-parallel exchange): the emulated span of the group's collectives run inside
   `collective()` (from the latest member's start to the end), without emulation: a barrier of the
   group, then the wall time of the real collective.
@@ -20,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import torch
 import torch.distributed as dist
 
 from geotrain.emulate import EmulatedProcessGroup, install
+from geotrain.emulate.install import Emulation
 from geotrain.runtime.layout import Layout
 
 T = TypeVar("T")
@@ -31,18 +32,19 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class TransferRecord:
-    """One received point-to-point message: start and end seconds, payload bytes."""
+    """One point-to-point message this rank sent, on the directed link to a neighbouring stage's rank:
+    "fwd" towards a later stage (cut = this rank's stage), "bwd" towards an earlier one (cut = its stage)."""
 
-    kind: str  # "fwd" (activations) or "bwd" (activation gradients)
-    cut: int  # stage cut s: between stage s and s + 1
+    kind: str
+    cut: int
     replica: int
-    micro: int
+    seq: int  # the sender's message count
     nbytes: int
-    handoff_t: float
-    end_t: float
+    handoff_t: float  # emulated start on the link, x time scale
+    end_t: float  # emulated arrival, x time scale
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "cut": self.cut, "replica": self.replica, "micro": self.micro,
+        return {"kind": self.kind, "cut": self.cut, "replica": self.replica, "seq": self.seq,
                 "nbytes": self.nbytes, "handoff_t": self.handoff_t, "end_t": self.end_t}
 
 
@@ -55,11 +57,12 @@ class CollectiveRecord:
     emulated_s: float
 
 
-def use_emulated_links(cluster: Any, layout: Layout, time_scale: float) -> None:
+def use_emulated_links(cluster: Any, layout: Layout, time_scale: float) -> Emulation | None:
     """Make this process's `init_process_group("gloo")` emulate `cluster` (rank r on layout.slot(r)'s
     device); a time scale of 0 keeps plain gloo (no emulation: only the real transfer counts)."""
     if time_scale > 0:
-        install(cluster, [layout.slot(r).device for r in range(layout.world_size)], time_scale)
+        return install(cluster, [layout.slot(r).device for r in range(layout.world_size)], time_scale)
+    return None
 
 
 class Transport:
@@ -69,39 +72,28 @@ class Transport:
         self.layout = layout
         self.rank = rank
         self.time_scale = time_scale
-        self._pending: list[Any] = []
-        self.transfers: list[TransferRecord] = []
         self.collectives: list[CollectiveRecord] = []
         self.waiting_on: str | None = None  # what a blocked call waits for, for failure messages
 
-    def send(self, data: torch.Tensor, dst_rank: int, tag: int) -> None:
-        """Post a non-blocking send of a 1-D uint8 payload; `flush` waits for it."""
-        self._pending.append(dist.isend(data, dst_rank, tag=tag))
+    def p2p_mark(self, emulation: Emulation | None) -> int:
+        """A mark in the emulator's record of this rank's messages (0 without emulation)."""
+        return len(emulation.state().transfers) if emulation is not None else 0
 
-    def recv(self, nbytes: int, src_rank: int, tag: int, *, kind: str, cut: int, micro: int) -> torch.Tensor:
-        """Receive a `nbytes` payload from `src_rank` (the backend holds it until its emulated arrival)."""
-        data = torch.empty(nbytes, dtype=torch.uint8)
-        self.waiting_on = f"{kind} message {micro} of cut {cut} from rank {src_rank}"
-        posted = time.time()
-        work = dist.irecv(data, src_rank, tag=tag)
-        work.wait()
-        self.waiting_on = None
-        span = getattr(work, "emulated_span", None)
-        if span is not None:
-            start, end = span[0] * self.time_scale, span[1] * self.time_scale
-        else:
-            start, end = posted, time.time()
-        replica = self.layout.slot(self.rank).replica
-        self.transfers.append(TransferRecord(kind, cut, replica, micro, nbytes, start, end))
-        return data
-
-    def flush(self) -> None:
-        """Wait until every posted send has completed."""
-        self.waiting_on = "completion of posted sends"
-        for work in self._pending:
-            work.wait()
-        self._pending.clear()
-        self.waiting_on = None
+    def p2p_since(self, emulation: Emulation | None, mark: int) -> list[TransferRecord]:
+        """The point-to-point messages this rank sent since `mark` (the emulator's stamps; none without
+        emulation: torch's pipelining owns the sends, so there is no call to time)."""
+        if emulation is None:
+            return []
+        slot = self.layout.slot(self.rank)
+        records = []
+        for t in emulation.state().transfers[mark:]:
+            if t.op != "send":
+                continue
+            peer = self.layout.slot(t.dst_rank).stage
+            kind, cut = ("fwd", slot.stage) if peer > slot.stage else ("bwd", peer)
+            records.append(TransferRecord(kind, cut, slot.replica, t.seq, int(t.nbytes),
+                                          t.start_s * self.time_scale, t.end_s * self.time_scale))
+        return records
 
     def collective(self, group: Any, devices: list[int], nbytes: int, run: Callable[[], T]) -> T:
         """Run `run()` (the real collectives of `group`) and record its communication seconds."""
@@ -125,8 +117,7 @@ class Transport:
         self.collectives.append(CollectiveRecord(nbytes, seconds, seconds))
         return result
 
-    def take_records(self) -> tuple[list[TransferRecord], list[CollectiveRecord]]:
-        """The records since the last call (one iteration's worth), clearing them."""
-        transfers, collectives = self.transfers, self.collectives
-        self.transfers, self.collectives = [], []
-        return transfers, collectives
+    def take_records(self) -> list[CollectiveRecord]:
+        """The collective records since the last call (one iteration's worth), clearing them."""
+        collectives, self.collectives = self.collectives, []
+        return collectives

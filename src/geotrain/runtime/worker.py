@@ -2,13 +2,16 @@
 
 The rendezvous is torch's env:// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE), so under torchrun
 nothing changes; the launcher sets the same variables and hosts the store itself, as torchrun's agent
-does (TORCHELASTIC_USE_AGENT_STORE=True). Per iteration: draw the global batch from (data seed,
-step), run the pipeline schedule on this replica's slice, exchange gradients in the stage's DP group,
-clip and step the optimizer (runtime/dp_step.py), record timings; checkpoint when due. At the end rank 0 gathers every rank's records.
+does (TORCHELASTIC_USE_AGENT_STORE=True). Per iteration: draw this replica's batch from (data seed,
+step, replica), run torch's pipeline schedule over the replica's pipeline group (runtime/pipeline.py),
+sum tied gradients between the stages holding copies, exchange gradients in the stage's DP group,
+clip and step the optimizer (runtime/dp_step.py), record timings; evaluate and checkpoint when due. At the end rank 0 gathers every
+rank's records. Ranks are numbered stage x R + replica; pipeline groups and DP groups by new_group.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -19,30 +22,31 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from geotrain.codecs import get_codec
-from geotrain.data import get_batch, world_tokens
+from geotrain.data import WorldTokens
+from geotrain.emulate.install import Emulation
 from geotrain.errors import GeotrainError
-from geotrain.models import lr_at
+from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_ties, validation_starts
 from geotrain.runtime import checkpoint as ckpt
-from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError, parse_codec_spec
+from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.dp_step import DataParallelStep
-from geotrain.runtime.pipeline import ActivationPeer, ComputeTimer, run_schedule, schedule_order
-from geotrain.runtime.stages import build_stage
+from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
+from geotrain.runtime.stages import WIRE_DTYPES, build_layer_model, stage_boundaries, stage_modules, stage_shapes
+from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
 
 EXIT_WORKER_ERROR = 1
 
 
-def batch_generator(data_seed: int, step: int) -> torch.Generator:
-    """The generator of step `step`'s global batch: a function of (seed, step) only, so resuming needs no state."""
-    seed = int(np.random.SeedSequence([data_seed, step]).generate_state(1, dtype=np.uint64)[0] >> 1)
-    return torch.Generator().manual_seed(seed)
-
-
-def make_codec(spec: str) -> Any:
-    name, params = parse_codec_spec(spec)
-    return get_codec(name, **params)
+def resolve_device(device: str, local_rank: int) -> torch.device:
+    """--device as a torch device: auto = cuda when available; cuda uses GPU local_rank mod the GPU count."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeConfigError("device cuda: torch sees no CUDA device here (use --device cpu or auto)")
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
 def _store_client(timeout_s: float) -> Any:
@@ -56,59 +60,142 @@ def _store_client(timeout_s: float) -> Any:
 class Worker:
     """State of one rank during a run (built after the process group is up)."""
 
-    def __init__(self, config: RuntimeConfig, rank: int, tokens: torch.Tensor | None = None) -> None:
+    def __init__(self, config: RuntimeConfig, rank: int, device: torch.device, emulation: Emulation | None,
+                 world: WorldTokens | None = None) -> None:
         self.config = config
         self.rank = rank
+        self.device = device
+        self.emulation = emulation
         self.layout = config.layout
         self.slot = self.layout.slot(rank)
-        self.groups = [dist.new_group(self.layout.dp_group_ranks(s)) for s in range(config.stages)]
-        self.stage = build_stage(config.model, config.seed, self.slot.stage, config.stages)
+        S, R, V = config.stages, config.replicas, config.stages_per_rank
+        self.groups = [dist.new_group(self.layout.dp_group_ranks(s)) for s in range(S)]
+        pp_groups = [dist.new_group([self.layout.rank_of(s, r) for s in range(S)]) for r in range(R)]
+        self.pp_ranks = [self.layout.rank_of(s, self.slot.replica) for s in range(S)]
+        self.data = load_training_data(config.data, config.data_seed, config.val_fraction, world)
+        self.seq_len = config.sequence_length
+        model = build_layer_model(config.model_name, MODEL_PRESETS, config.seed, self.data.vocab_size, self.seq_len)
+        if model.vocab_size is not None and self.data.vocab_size > model.vocab_size:
+            raise RuntimeConfigError(f"model {config.model_name!r}: vocabulary of {model.vocab_size} is smaller "
+                                     f"than the data's {self.data.vocab_size} ({self.data.source})")
+        self.resume_state = self._load_resume_state() if config.resume else None
+        self.boundaries = self._boundaries(model)
+        wire = WIRE_DTYPES[parse_codec_spec(config.pp_codec)[0]]
+        self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire)
+        for module in self.modules.values():
+            module.to(device)
+        self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
+        self.shapes = stage_shapes(model, self.boundaries, config.microbatch_size, self.seq_len, wire)
+        self.ties = self._tie_groups(stage_ties(model.tied_weights, self.boundaries, model.n_layers))
         self.timer = ComputeTimer()
         self.transport = Transport(self.layout, rank, config.time_scale)
-        pp_codec = make_codec(config.pp_codec)
-        prev_rank, next_rank = self.layout.prev_rank(rank), self.layout.next_rank(rank)
-        self.prev = None if prev_rank is None else ActivationPeer(self.transport, pp_codec, prev_rank, self.slot.stage - 1, self.timer)
-        self.next = None if next_rank is None else ActivationPeer(self.transport, pp_codec, next_rank, self.slot.stage, self.timer)
+        self.pipeline = Pipeline(config.schedule, self.modules, self.shapes, config.microbatches, lm_loss,
+                                 pp_groups[self.slot.replica], device, self.timer)
         self.dp = DataParallelStep(config, self.stage, self.transport, self.groups[self.slot.stage],
                                    self.layout.dp_group_devices(self.slot.stage))
-        self.tokens = None
-        if self.stage.is_first or self.stage.is_last:
-            self.tokens = tokens if tokens is not None else world_tokens(config.data_seed).train
-        self.order = schedule_order(config.schedule, self.slot.stage, config.stages, config.microbatches)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
 
-    def _microbatches(self, step: int) -> tuple[list[torch.Tensor] | None, list[torch.Tensor] | None]:
-        if self.tokens is None:
-            return None, None
+    def _boundaries(self, model: Any) -> tuple[int, ...]:
+        """The stage cut of the run: a resumed checkpoint's, else by the split rule (a measured "time"
+        split is measured on rank 0 and broadcast, so every rank cuts alike)."""
+        if self.resume_state is not None and "boundaries" in self.resume_state:
+            return tuple(int(b) for b in self.resume_state["boundaries"])
         cfg = self.config
-        x, y = get_batch(self.tokens, cfg.batch_size * cfg.replicas, cfg.model.context, batch_generator(cfg.data_seed, step))
-        rows = slice(self.slot.replica * cfg.batch_size, (self.slot.replica + 1) * cfg.batch_size)
-        return list(x[rows].chunk(cfg.microbatches)), list(y[rows].chunk(cfg.microbatches))
+        if cfg.split != "time":
+            return stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len)
+        found = [stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len) if self.rank == 0 else None]
+        dist.broadcast_object_list(found, src=0)
+        return tuple(found[0])
+
+    def _tie_groups(self, ties: Any) -> list[tuple[Any, Any, int | None]]:
+        """(tie, group of this replica's ranks holding it, this rank's virtual stage holding it or None)
+        for each tied weight held by more than one rank; every rank creates every group (torch's rule)."""
+        S = self.config.stages
+        result = []
+        for tie in ties:
+            holders = sorted({owner_of(v, S) for v in tie.stages})
+            if len(holders) < 2:
+                continue  # one rank holds every copy: it is one parameter there
+            groups = [dist.new_group([self.layout.rank_of(s, r) for s in holders]) for r in range(self.config.replicas)]
+            mine = next((v for v in tie.stages if v in self.modules), None)
+            result.append((tie, groups[self.slot.replica], mine))
+        return result
+
+    def _sum_tied_gradients(self) -> None:
+        for tie, group, virtual_stage in self.ties:
+            if virtual_stage is not None:
+                all_reduce_tied_gradients(self.modules[virtual_stage].layers, virtual_stage, [tie], group)
+
+    def _autocast(self) -> Any:
+        if self.config.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _batch(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        cfg = self.config
+        if not (self.pipeline.has_first or self.pipeline.has_last):
+            return None, None
+        x, y = self.data.batch(cfg.data_seed, step, self.slot.replica, cfg.replicas, cfg.batch_size, self.seq_len)
+        return x.to(self.device), y.to(self.device)
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
         self.timer.seconds = 0.0
-        inputs, targets = self._microbatches(step)
+        mark = self.transport.p2p_mark(self.emulation)
+        inputs, targets = self._batch(step)
         self.dp.set_lr(lr_at(step, cfg.steps, cfg.lr))
         self.dp.optimizer.zero_grad(set_to_none=True)
-        loss = run_schedule(self.order, self.stage, self.prev, self.next, inputs, targets,
-                            self.stage.activation_shape(cfg.microbatch_size, cfg.model.context), self.timer)
-        self.transport.flush()
+        with self._autocast():
+            loss = self.pipeline.step(inputs, targets)
+        self._sum_tied_gradients()
         dp_bytes, grad_norm = self.dp.step(step, self.timer)
         # A fingerprint of this stage's weights: replicas of a stage must stay bit-identical.
         param_sum = float(sum(p.detach().double().sum() for p in self.stage.parameters()))
-        transfers, collectives = self.transport.take_records()
+        transfers = self.transport.p2p_since(self.emulation, mark)
+        collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
                 "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
-                "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum,
-                "transfers": [[t.kind, t.cut, t.micro, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+                "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
+                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+
+    def _pp_bytes_sent(self) -> int:
+        """Activation bytes this rank sends to later stages per iteration (all micro-batches, all its
+        virtual stages but the last of the pipeline); their gradients go back the same size."""
+        last = self.config.pipeline_stages - 1
+        per_micro = sum(int(np.prod(self.shapes[v].output_shape)) * self.shapes[v].output_dtype.itemsize
+                        for v in self.modules if v != last)
+        return per_micro * self.config.microbatches
+
+    def evaluate(self) -> float | None:
+        """Mean validation loss (nats) over at most eval_windows held-out windows, shared out by replica
+        and run through the pipeline without gradients; known on the last stage's ranks, else None."""
+        cfg = self.config
+        starts = validation_starts(len(self.data.val), self.seq_len, cfg.eval_windows)[self.slot.replica::cfg.replicas]
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        self.stage.eval()
+        try:
+            for i in range(0, len(starts), cfg.batch_size):
+                offsets = starts[i:i + cfg.batch_size, None] + np.arange(self.seq_len + 1)
+                windows = torch.from_numpy(np.asarray(self.data.val)[offsets].astype(np.int64)).to(self.device)
+                with self._autocast():
+                    logits = pipeline_forward(self.modules, self.shapes, self.slot.stage, self.pp_ranks,
+                                              windows[:, :-1], len(windows))
+                if logits is not None:
+                    totals[0] += lm_loss(logits, windows[:, 1:]).double() * windows[:, 1:].numel()
+                    totals[1] += windows[:, 1:].numel()
+        finally:
+            self.stage.train()
+        if not self.pipeline.has_last:
+            return None
+        dist.all_reduce(totals, group=self.groups[self.slot.stage])
+        return float(totals[0] / totals[1])
 
     def save(self, completed: int) -> None:
         cfg = self.config
-        state = {"slot": self.slot_header(), "stage": self.stage.state_dict(),
+        state = {"slot": self.slot_header(), "stage": self.stage.state_dict(), "boundaries": list(self.boundaries),
                  "dp": self.dp.state_dict(),
                  "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
         ckpt.save_shard(cfg.checkpoint_dir, completed, self.rank, state)
@@ -116,7 +203,7 @@ class Worker:
         if self.rank == 0:
             ckpt.write_manifest(cfg.checkpoint_dir, completed, cfg.identity(), cfg.world_size)
 
-    def restore(self) -> None:
+    def _load_resume_state(self) -> dict[str, Any]:
         cfg = self.config
         step = ckpt.latest_step(cfg.checkpoint_dir)
         if step is None:
@@ -124,6 +211,14 @@ class Worker:
         manifest = ckpt.read_manifest(cfg.checkpoint_dir, step)
         ckpt.check_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint_dir, step)))
         state = ckpt.load_shard(cfg.checkpoint_dir, step, self.rank, manifest, self.slot_header())
+        state["_step"] = step
+        return state
+
+    def restore(self) -> None:
+        cfg = self.config
+        assert self.resume_state is not None
+        state = self.resume_state
+        step = state["_step"]
         try:
             self.stage.load_state_dict(state["stage"])
             self.dp.load_state_dict(state["dp"])
@@ -137,22 +232,26 @@ class Worker:
         if self.start_step != step:
             raise ckpt.CheckpointError(f"{ckpt.shard_path(cfg.checkpoint_dir, step, self.rank)}: completed is "
                                        f"{self.start_step}, its directory says {step}")
+        self.resume_state = None
 
     def slot_header(self) -> dict[str, int]:
         """What a shard says about whose it is; checked when it is loaded."""
         return {"rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica}
 
 
-def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: list[Worker],
-           tokens: torch.Tensor | None) -> list[dict[str, Any]] | None:
-    worker = Worker(config, rank, tokens)
+def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: list[Worker], device: torch.device,
+           emulation: Emulation | None, world: WorldTokens | None) -> list[dict[str, Any]] | None:
+    worker = Worker(config, rank, device, emulation, world)
     worker_box.append(worker)
     if config.resume:
         worker.restore()
     watchdog.publish_step(worker.start_step)
     end = config.steps if config.stop_after is None else min(config.steps, worker.start_step + config.stop_after)
     for step in range(worker.start_step, end):
-        worker.records.append(worker.train_step(step))
+        record = worker.train_step(step)
+        if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
+            record["val_loss"] = worker.evaluate()
+        worker.records.append(record)
         watchdog.publish_step(step + 1)
         due = config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
         if config.checkpoint_dir and (due or step + 1 == end):
@@ -162,9 +261,9 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     return None if gathered is None else [record for records in gathered for record in records]
 
 
-def run_worker(config: RuntimeConfig, tokens: torch.Tensor | None = None) -> list[dict[str, Any]] | None:
-    """Run this process's rank (from the env:// variables) to the end. `tokens`: the training token ids
-    of world `config.data_seed` if the caller has them (else built here). Returns every rank's per-step
+def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[dict[str, Any]] | None:
+    """Run this process's rank (from the env:// variables) to the end. `world`: the synthetic world
+    `config.data_seed` if the caller has it and no --data is given (else built here). Returns every rank's per-step
     records on rank 0, None elsewhere. A lost peer or store ends the process (exit 3) via the watchdog;
     a GeotrainError of its own posts an abort notice and is re-raised; any other error first gives the
     watchdog one heartbeat timeout to name a lost peer, then posts the error and exits with status 1."""
@@ -173,9 +272,17 @@ def run_worker(config: RuntimeConfig, tokens: torch.Tensor | None = None) -> lis
         raise RuntimeConfigError(f"the plan has {config.stages} stages x {config.replicas} replicas = "
                                  f"{config.world_size} workers, but WORLD_SIZE is {world_size}")
     torch.set_num_threads(config.threads)
-    use_emulated_links(config.cluster, config.layout, config.time_scale)
-    dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=config.comm_timeout_s))
+    device = resolve_device(config.device, int(os.environ.get("LOCAL_RANK", rank)))
+    if device.type == "cuda":
+        if config.time_scale > 0:
+            raise RuntimeConfigError(f"device {config.device}: CUDA found, but link emulation runs on CPU (gloo) "
+                                     f"only; pass --time-scale 0 (time_scale is {config.time_scale!r}) or --device cpu")
+        torch.cuda.set_device(device)
+        emulation = None
+    else:
+        emulation = use_emulated_links(config.cluster, config.layout, config.time_scale)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
+                            world_size=world_size, timeout=timedelta(seconds=config.comm_timeout_s))
     layout = config.layout
     watchdog = Watchdog(_store_client(config.heartbeat_timeout_s), _store_client(config.heartbeat_timeout_s),
                         rank, world_size,
@@ -184,7 +291,7 @@ def run_worker(config: RuntimeConfig, tokens: torch.Tensor | None = None) -> lis
     watchdog.start()
     worker_box: list[Worker] = []
     try:
-        records = _train(config, rank, watchdog, worker_box, tokens)
+        records = _train(config, rank, watchdog, worker_box, device, emulation, world)
     except Exception as exc:
         waiting = worker_box[0].transport.waiting_on if worker_box else None
         where = f"at step {watchdog.completed_steps + 1}" + (f" while waiting for {waiting}" if waiting else "")

@@ -1,0 +1,69 @@
+"""What the workers train and validate on: the synthetic world (no --data) or a corpus (--data FILE|DIR).
+
+Batches are a pure function of (data seed, step, replica) (geotrain.data.replica_batch), so a
+resumed or re-planned run trains on the same windows. `data_identity` fingerprints the data files
+(size and sha256 of every file, without tokenizing) for the checkpoint identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from geotrain.data import DataError, WorldTokens, load_corpus, replica_batch, sidecar_path, source_files, world_tokens
+
+
+@dataclass(frozen=True, eq=False)
+class TrainingData:
+    """Train and validation ids (1-D integer arrays) and the vocabulary size."""
+
+    train: np.ndarray
+    val: np.ndarray
+    vocab_size: int
+    source: str
+
+    def batch(self, seed: int, step: int, replica: int, replicas: int, per_replica: int,
+              seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This replica's (inputs, targets) of `step`: int64 (per_replica, seq_len) each."""
+        return replica_batch(self.train, seed, step, replica, replicas, per_replica * replicas, seq_len)
+
+
+def load_training_data(data: str | None, data_seed: int, val_fraction: float,
+                       world: WorldTokens | None = None) -> TrainingData:
+    """The world of `data_seed` (data None; `world` if the caller built it) or the corpus at `data`
+    (text, jsonl, token file, directory)."""
+    if data is None:
+        world = world if world is not None else world_tokens(data_seed)
+        return TrainingData(world.train.numpy(), world.val.numpy(), world.vocab_size, f"world:{data_seed}")
+    corpus = load_corpus(data, val_fraction=val_fraction)
+    return TrainingData(corpus.train, corpus.val, corpus.vocab_size, corpus.source)
+
+
+def data_files(data: str) -> list[Path]:
+    """The files whose bytes are the data: a token file and its sidecar, or the text/jsonl files."""
+    path = Path(data)
+    if path.is_file() and (sidecar_path(path).is_file() or path.suffix == ".bin"):
+        return [path] + ([sidecar_path(path)] if sidecar_path(path).is_file() else [])
+    return source_files(path)
+
+
+def data_identity(data: str | None, data_seed: int, val_fraction: float) -> dict[str, Any]:
+    """What identifies the training data of a run: the world's seed, or every data file's size and sha256."""
+    if data is None:
+        return {"world": data_seed}
+    files = []
+    for path in data_files(data):
+        digest = hashlib.sha256()
+        try:
+            with open(path, "rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+        except OSError as exc:
+            raise DataError(f"data {str(path)!r}: cannot read: {exc.strerror or exc}") from None
+        files.append({"file": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()})
+    return {"files": files, "val_fraction": val_fraction}
