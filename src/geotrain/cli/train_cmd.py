@@ -9,6 +9,11 @@ emulated run (already multiplied by --time-scale).
 Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TORCHELASTIC_RUN_ID set), this process is
 one worker: nothing is launched, and rank 0 prints the results (see docs/runtime.md for several
 machines). The env:// variables without torchrun's marker are leftovers: noted on stderr and ignored.
+
+Several hosts (devices name their `host` in the cluster file; see geotrain.runtime.hosts): on each host
+`--node NAME --rdzv HOST:PORT` starts exactly that host's ranks (rank 0's host hosts the store at
+PORT and prints the results; the others print a line, or {"node", "ranks", "wall_s"} with --json);
+`--print-torchrun` prints one torchrun command per host instead of training.
 """
 
 from __future__ import annotations
@@ -63,6 +68,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--comm-timeout", type=float, default=120.0, help="gloo collective/p2p timeout in seconds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
+    parser.add_argument("--rdzv", metavar="HOST:PORT",
+                        help="several hosts: the rendezvous store, on the host of rank 0 (HOST: its address)")
+    parser.add_argument("--node", metavar="NAME",
+                        help="several hosts: run only the ranks whose devices have this `host` in the cluster file")
+    parser.add_argument("--print-torchrun", action="store_true",
+                        help="print one torchrun command per host of the cluster file (rendezvous: --rdzv, "
+                             "default <rank 0's host>:29500) and exit")
 
 
 def config_from_args(args: Any) -> Any:
@@ -127,12 +139,66 @@ def summary_rows(reports: list[Any]) -> list[list[Any]]:
 SUMMARY_COLUMNS = ["plan", "iteration s", "predicted comm s", "measured comm s", "error %", "loss"]
 
 
+HOST_OPTIONS = ("rdzv", "node", "print_torchrun")
+
+
+def forwarded_arguments(args: Any) -> list[str]:
+    """The training options of `args` that differ from their defaults, as command-line words
+    (without --rdzv, --node and --print-torchrun): what every host's command repeats."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_arguments(parser)
+    words: list[str] = []
+    for action in parser._actions:
+        value = getattr(args, action.dest)
+        if action.dest in HOST_OPTIONS or value == action.default:
+            continue
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            words.append(action.option_strings[0])
+        else:
+            words += [action.option_strings[0], str(value)]
+    return words
+
+
+def run_hosts_options(args: Any, config: Any, out: Output) -> Any:
+    """--print-torchrun (prints, returns None) or the Rendezvous of --node/--rdzv (None without --node);
+    under torchrun with --node, sets RANK to this process's plan rank."""
+    from geotrain.runtime.hosts import (DEFAULT_PORT, HostsError, Rendezvous, host_layout, parse_endpoint,
+                                        plan_rank, torchrun_commands)
+
+    if args.print_torchrun:
+        hosts = host_layout(config.cluster, config.layout, args.cluster)
+        endpoint = parse_endpoint(args.rdzv) if args.rdzv else (hosts.nodes[0].name, DEFAULT_PORT)
+        for name, command in torchrun_commands(hosts, endpoint, forwarded_arguments(args)):
+            out.text(f"# node {name}: ranks {list(hosts.node(name).ranks)}\n{command}")
+        return None
+    if args.node is None:
+        if args.rdzv is not None:
+            raise HostsError("--rdzv: needs --node NAME (which host this is)")
+        return None
+    hosts = host_layout(config.cluster, config.layout, args.cluster)
+    node = hosts.node(args.node)
+    if under_torchrun():
+        os.environ["RANK"] = str(plan_rank(node, int(os.environ.get("LOCAL_RANK", "0")),
+                                           int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        return None
+    if args.rdzv is None:
+        raise HostsError(f"--node: needs --rdzv HOST:PORT (the address of {hosts.nodes[0].name!r}, the host of rank 0)")
+    visible = node.cuda_visible_devices()
+    if visible is not None:
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", visible)
+    addr, port = parse_endpoint(args.rdzv)
+    return Rendezvous(hosts, node.name, addr, port)
+
+
 def run(args: Any) -> int:
     from geotrain.runtime import build_report, launch, run_worker
     from geotrain.runtime.launcher import check_before_launch
 
     config = config_from_args(args)
     out = Output(json_mode=args.json)
+    rendezvous = run_hosts_options(args, config, out)
+    if args.print_torchrun:
+        return 0
     stray = stray_torchrun_variables()
     if stray:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
@@ -145,8 +211,16 @@ def run(args: Any) -> int:
         report, wall_s = build_report(config, records), None
     else:
         with out.progress("training", config.steps) as progress:
-            result = launch(config, progress=progress)
+            result = launch(config, progress=progress, rendezvous=rendezvous)
         report, wall_s = result.report, result.wall_s
+        if report is None:  # another host runs rank 0 and prints the results
+            node = rendezvous.hosts.node(rendezvous.node)
+            if args.json:
+                out.emit_json({"node": node.name, "ranks": list(node.ranks), "wall_s": wall_s})
+            else:
+                out.text(f"node {node.name}: ranks {list(node.ranks)} done in {wall_s:.1f} s; results on node "
+                         f"{rendezvous.hosts.nodes[0].name} (rank 0)")
+            return 0
     if args.json:
         out.emit_json({**report.to_json(), "wall_s": wall_s})
         return 0
