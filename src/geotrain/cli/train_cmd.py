@@ -162,21 +162,30 @@ def forwarded_arguments(args: Any) -> list[str]:
 def run_hosts_options(args: Any, config: Any, out: Output) -> Any:
     """--print-torchrun (prints, returns None) or the Rendezvous of --node/--rdzv (None without --node);
     under torchrun with --node, sets RANK to this process's plan rank."""
-    from geotrain.runtime.hosts import (DEFAULT_PORT, HostsError, Rendezvous, host_layout, parse_endpoint,
-                                        plan_rank, torchrun_commands)
+    from geotrain.runtime.hosts import (DEFAULT_PORT, NODE_ENV, HostsError, Rendezvous, host_layout,
+                                        parse_endpoint, plan_rank, torchrun_commands)
 
     if args.print_torchrun:
         hosts = host_layout(config.cluster, config.layout, args.cluster)
         endpoint = parse_endpoint(args.rdzv) if args.rdzv else (hosts.nodes[0].name, DEFAULT_PORT)
-        for name, command in torchrun_commands(hosts, endpoint, forwarded_arguments(args)):
+        commands = torchrun_commands(hosts, endpoint, forwarded_arguments(args))
+        if args.json:
+            out.emit_json({"nodes": [{"node": name, "ranks": list(hosts.node(name).ranks), "command": command}
+                                     for name, command in commands]})
+            return None
+        out.text(f"# one command per host; on each, LOCAL_RANK i runs the i-th of its plan ranks (rank s*R + r = "
+                 f"plan slot (s, r)); {hosts.nodes[0].name} hosts the rendezvous and prints the results")
+        for name, command in commands:
             out.text(f"# node {name}: ranks {list(hosts.node(name).ranks)}\n{command}")
         return None
+    if args.node is None and under_torchrun():
+        args.node = os.environ.get(NODE_ENV)
     if args.node is None:
         if args.rdzv is not None:
             raise HostsError("--rdzv: needs --node NAME (which host this is)")
         return None
     hosts = host_layout(config.cluster, config.layout, args.cluster)
-    node = hosts.node(args.node)
+    node = hosts.node(args.node, "--node" if args.node != os.environ.get(NODE_ENV) else NODE_ENV)
     if under_torchrun():
         os.environ["RANK"] = str(plan_rank(node, int(os.environ.get("LOCAL_RANK", "0")),
                                            int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))

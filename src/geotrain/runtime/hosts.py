@@ -14,7 +14,9 @@ with another plan, cluster or node name fails at once, on one line). When a node
 finished it posts `done/NAME`; node 0 keeps the store open until every node has (bounded wait).
 
 Under torchrun the process ranks are torchrun's (node_rank-major); `plan_rank` maps LOCAL_RANK to the
-plan rank, which the worker then uses as its process-group rank (RANK).
+plan rank, which the worker then uses as its process-group rank (RANK). torchrun's own parser refuses
+`--node` after the script (an ambiguous prefix of its --node-rank), so the printed commands name the
+node in the environment instead: GEOTRAIN_NODE=NAME (NODE_ENV), read under torchrun like --node.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import torch.distributed as dist
 from geotrain.cluster import Cluster
 from geotrain.errors import GeotrainError, shown
 from geotrain.runtime.layout import Layout
+
+NODE_ENV = "GEOTRAIN_NODE"
+"""Names this host's node for workers started by torchrun (same meaning as --node)."""
 
 DEFAULT_PORT = 29500
 """torchrun's default rendezvous port, used by --print-torchrun when --rdzv is not given."""
@@ -119,7 +124,7 @@ def plan_rank(node: Node, local_rank: int, local_world_size: int, source: str = 
 
 def torchrun_commands(hosts: HostLayout, endpoint: tuple[str, int], train_args: list[str]) -> list[tuple[str, str]]:
     """(node name, shell command) per node: torchrun with a static rendezvous at `endpoint` (the store
-    on node 0), running `geotrain train TRAIN_ARGS --node NAME`; the worker maps LOCAL_RANK to the plan
+    on node 0), running `geotrain train TRAIN_ARGS` with NODE_ENV=NAME; the worker maps LOCAL_RANK to the plan
     rank (`plan_rank`), and CUDA_VISIBLE_DEVICES orders the GPUs when the cluster gives indices."""
     host, port = endpoint
     commands = []
@@ -127,8 +132,8 @@ def torchrun_commands(hosts: HostLayout, endpoint: tuple[str, int], train_args: 
         env = node.cuda_visible_devices()
         argv = ["torchrun", f"--nnodes={len(hosts.nodes)}", f"--node-rank={node_rank}",
                 f"--nproc-per-node={len(node.ranks)}", f"--master-addr={host}", f"--master-port={port}",
-                "-m", "geotrain", "train", *train_args, "--node", node.name]
-        prefix = f"CUDA_VISIBLE_DEVICES={env} " if env is not None else ""
+                "-m", "geotrain", "train", *train_args]
+        prefix = f"{NODE_ENV}={shlex.quote(node.name)} " + (f"CUDA_VISIBLE_DEVICES={env} " if env is not None else "")
         commands.append((node.name, prefix + shlex.join(argv)))
     return commands
 
