@@ -4,6 +4,7 @@ real two-host run over TCP between two network namespaces."""
 import json
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -135,7 +136,9 @@ def test_nodes_that_disagree_on_their_ranks_fail_at_the_rendezvous():
         "w0, region: west, host: B", "w0, region: west, host: A")
     other = host_layout(parse_cluster_text(moved, "c2.yaml"), Layout(PLAN["assignment"]))  # A: 0, 1; B: 2, 3
     assert other.node("B").ranks != hosts.node("B").ranks
-    port = 29000 + os.getpid() % 1000
+    with socket.socket() as probe:  # a free port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     errors = []
     host_side = threading.Thread(target=lambda: _open_and_record(Rendezvous(hosts, "A", "127.0.0.1", port, 10.0), errors))
     host_side.start()

@@ -170,16 +170,26 @@ class Rendezvous:
         if store.add(f"hosts/joined/{self.node}", 1) > 1:
             raise HostsError(f"--node: node {shown(self.node)} joined the rendezvous twice (another host uses this name)")
         store.set(f"hosts/ranks/{self.node}", json.dumps(list(mine.ranks)))
+        problem = None
         for node in self.hosts.nodes:
             try:
                 store.wait([f"hosts/ranks/{node.name}"], timedelta(seconds=self.timeout_s))
-            except RuntimeError:
+                theirs = json.loads(store.get(f"hosts/ranks/{node.name}").decode())
+            except RuntimeError:  # a timeout, or the store host went away
                 raise HostsError(f"--rdzv: node {shown(node.name)} did not join {self.addr}:{self.port} within "
                                  f"{self.timeout_s:g} s (start `geotrain train --node {node.name}` there)") from None
-            theirs = json.loads(store.get(f"hosts/ranks/{node.name}").decode())
-            if theirs != list(node.ranks):
-                raise HostsError(f"--node: node {shown(node.name)} runs ranks {theirs}, but this node's plan and cluster "
-                                 f"put ranks {list(node.ranks)} there: use the same --plan and --cluster on every host")
+            if theirs != list(node.ranks) and problem is None:
+                problem = (f"--node: node {shown(node.name)} runs ranks {theirs}, but this node's plan and cluster "
+                           f"put ranks {list(node.ranks)} there: use the same --plan and --cluster on every host")
+        # node 0 keeps the store up until every node has read every announcement, so that each can
+        # name the disagreement itself instead of losing the store
+        checked = store.add("hosts/checked", 1)
+        deadline = time.monotonic() + self.timeout_s
+        while self.is_host and checked < len(self.hosts.nodes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            checked = store.add("hosts/checked", 0)
+        if problem is not None:
+            raise HostsError(problem)
 
     def finish(self, store: Any, poll_s: float = 0.05) -> None:
         """Post that this node's workers all ended well; node 0 then waits (bounded) for the others,
