@@ -130,6 +130,18 @@ def test_cli_refuses_bad_host_options_on_one_line_with_exit_2(files, capsys, ext
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_host_whose_peer_never_comes_fails_on_one_line_in_bounded_time(files, capsys):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started = time.monotonic()
+    code = main(["train", "--plan", str(files / "p.json"), "--cluster", str(files / "c.yaml"), "--node", "A",
+                 "--rdzv", f"127.0.0.1:{port}", "--comm-timeout", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--rdzv: node 'B' did not join 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
+    assert time.monotonic() - started < 60
+
+
 def test_nodes_that_disagree_on_their_ranks_fail_at_the_rendezvous():
     hosts = two_hosts()
     moved = CLUSTER.replace("e1, region: east, host: A", "e1, region: east, host: B").replace(

@@ -159,33 +159,37 @@ def forwarded_arguments(args: Any) -> list[str]:
     return words
 
 
-def run_hosts_options(args: Any, config: Any, out: Output) -> Any:
-    """--print-torchrun (prints, returns None) or the Rendezvous of --node/--rdzv (None without --node);
-    under torchrun with --node, sets RANK to this process's plan rank."""
-    from geotrain.runtime.hosts import (DEFAULT_PORT, NODE_ENV, HostsError, Rendezvous, host_layout,
-                                        parse_endpoint, plan_rank, torchrun_commands)
+def print_torchrun(args: Any, config: Any, out: Output) -> None:
+    """One torchrun command per host of the plan (--print-torchrun)."""
+    from geotrain.runtime.hosts import DEFAULT_PORT, host_layout, parse_endpoint, torchrun_commands
 
-    if args.print_torchrun:
-        hosts = host_layout(config.cluster, config.layout, args.cluster)
-        endpoint = parse_endpoint(args.rdzv) if args.rdzv else (hosts.nodes[0].name, DEFAULT_PORT)
-        commands = torchrun_commands(hosts, endpoint, forwarded_arguments(args))
-        if args.json:
-            out.emit_json({"nodes": [{"node": name, "ranks": list(hosts.node(name).ranks), "command": command}
-                                     for name, command in commands]})
-            return None
-        out.text(f"# one command per host; on each, LOCAL_RANK i runs the i-th of its plan ranks (rank s*R + r = "
-                 f"plan slot (s, r)); {hosts.nodes[0].name} hosts the rendezvous and prints the results")
-        for name, command in commands:
-            out.text(f"# node {name}: ranks {list(hosts.node(name).ranks)}\n{command}")
-        return None
-    if args.node is None and under_torchrun():
-        args.node = os.environ.get(NODE_ENV)
-    if args.node is None:
+    hosts = host_layout(config.cluster, config.layout, args.cluster)
+    endpoint = parse_endpoint(args.rdzv) if args.rdzv else (hosts.nodes[0].name, DEFAULT_PORT)
+    commands = torchrun_commands(hosts, endpoint, forwarded_arguments(args))
+    if args.json:
+        out.emit_json({"nodes": [{"node": name, "ranks": list(hosts.node(name).ranks), "command": command}
+                                 for name, command in commands]})
+        return
+    out.text(f"# one command per host; on each, LOCAL_RANK i runs the i-th of its plan ranks (rank s*R + r = "
+             f"plan slot (s, r)); {hosts.nodes[0].name} hosts the rendezvous and prints the results")
+    for name, command in commands:
+        out.text(f"# node {name}: ranks {list(hosts.node(name).ranks)}\n{command}")
+
+
+def host_rendezvous(args: Any, config: Any) -> Any:
+    """The Rendezvous of --node/--rdzv (None on one host; other hosts awaited up to --comm-timeout). Under torchrun, the node (--node or
+    GEOTRAIN_NODE) turns LOCAL_RANK into the plan rank, set as RANK; the rendezvous is torchrun's."""
+    from geotrain.runtime.hosts import NODE_ENV, HostsError, Rendezvous, host_layout, parse_endpoint, plan_rank
+
+    name, source = args.node, "--node"
+    if name is None and under_torchrun() and os.environ.get(NODE_ENV):
+        name, source = os.environ[NODE_ENV], NODE_ENV
+    if name is None:
         if args.rdzv is not None:
             raise HostsError("--rdzv: needs --node NAME (which host this is)")
         return None
     hosts = host_layout(config.cluster, config.layout, args.cluster)
-    node = hosts.node(args.node, "--node" if args.node != os.environ.get(NODE_ENV) else NODE_ENV)
+    node = hosts.node(name, source)
     if under_torchrun():
         os.environ["RANK"] = str(plan_rank(node, int(os.environ.get("LOCAL_RANK", "0")),
                                            int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
@@ -196,7 +200,7 @@ def run_hosts_options(args: Any, config: Any, out: Output) -> Any:
     if visible is not None:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", visible)
     addr, port = parse_endpoint(args.rdzv)
-    return Rendezvous(hosts, node.name, addr, port)
+    return Rendezvous(hosts, node.name, addr, port, timeout_s=config.comm_timeout_s)
 
 
 def run(args: Any) -> int:
@@ -205,9 +209,10 @@ def run(args: Any) -> int:
 
     config = config_from_args(args)
     out = Output(json_mode=args.json)
-    rendezvous = run_hosts_options(args, config, out)
     if args.print_torchrun:
+        print_torchrun(args, config, out)
         return 0
+    rendezvous = host_rendezvous(args, config)
     stray = stray_torchrun_variables()
     if stray:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "

@@ -134,6 +134,12 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     and meet the other hosts there (None: every rank here, a store on a free localhost port)."""
     started = time.perf_counter()
     check_before_launch(config)
+    if rendezvous is None:
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+        ranks, addr = tuple(range(config.world_size)), "127.0.0.1"
+    else:  # met (or failed to) before any process starts
+        store = rendezvous.open_store()
+        ranks, addr = rendezvous.hosts.node(rendezvous.node).ranks, rendezvous.addr
     # Workers are forks of a server that has imported torch (and its lazily imported optimizer
     # machinery) once; started now, so it imports while the tokens are built.
     context = forkserver_context(["torch", "torch.distributed", "torch._dynamo", "torch.optim",
@@ -142,12 +148,6 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
         from geotrain.data import world_tokens
 
         tokens = world_tokens(config.data_seed).train
-    if rendezvous is None:
-        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
-        ranks, addr = tuple(range(config.world_size)), "127.0.0.1"
-    else:
-        store = rendezvous.open_store()
-        ranks, addr = rendezvous.hosts.node(rendezvous.node).ranks, rendezvous.addr
     prefixed = dist.PrefixStore("geotrain/0/", store)
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
         processes = [context.Process(target=_child, args=(rank, config, store.port, tmp, tokens, os.getpid(), addr, ranks),
