@@ -233,3 +233,43 @@ def test_two_hosts_in_network_namespaces_train_like_one_host(files):
     assert one.returncode == 0, one.stderr.decode()[-600:]
     assert a["losses"] == json.loads(one.stdout)["losses"]  # same seed, same plan: bit for bit
     print(f"\nwall s: two hosts {two_host_s:.1f} (launcher {a['wall_s']:.1f}), one host {one_host_s:.1f}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_killed_host_ends_the_other_hosts_run_in_bounded_time_with_no_orphans(files):
+    """Host B's launcher is SIGKILLed mid-run: its workers die with it, host A's workers notice the lost
+    ranks through the heartbeat and A's launcher exits 2 naming a rank; nothing of either is left."""
+    from proctree import alive, comm, descendants
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    argv = [sys.executable, "-m", "geotrain", "train", "--plan", str(files / "p.json"), "--cluster",
+            str(files / "c.yaml"), "--steps", "500", "--time-scale", "0", "--heartbeat-timeout", "3",
+            "--rdzv", f"127.0.0.1:{port}", "--node"]
+    a, b = (subprocess.Popen(argv + [node], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for node in ("A", "B"))
+    try:
+        deadline = time.monotonic() + 150
+        while not {comm(pid) for pid in descendants(b.pid)} >= {"geotrain-r1", "geotrain-r3"}:
+            assert a.poll() is None and b.poll() is None, (a.communicate(), b.communicate())
+            assert time.monotonic() < deadline, "host B's workers did not start within 150 s"
+            time.sleep(0.2)
+        time.sleep(2.0)  # mid-run
+        family = descendants(a.pid) | descendants(b.pid)
+        b.kill()
+        _, err = a.communicate(timeout=120)
+        b.wait(10)
+    finally:
+        for process in (a, b):
+            if process.poll() is None:
+                process.kill()
+    assert a.returncode == 2, err[-800:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("geotrain: error:") and ("rank 1" in last or "rank 3" in last), last
+    deadline = time.monotonic() + 15
+    while any(alive(pid) for pid in family) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in family if alive(pid)]
