@@ -133,7 +133,7 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     workers so that they do not all build the world at once. `rendezvous`: run only this host's ranks
     and meet the other hosts there (None: every rank here, a store on a free localhost port)."""
     started = time.perf_counter()
-    check_before_launch(config)
+    check_before_launch(config, clear=rendezvous is None or rendezvous.is_host)  # one host clears a shared dir
     if rendezvous is None:
         store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
         ranks, addr = tuple(range(config.world_size)), "127.0.0.1"
