@@ -30,7 +30,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="wall seconds slept per emulated second of link time (0: no sleeping)")
     parser.add_argument("--nic-gbps", type=float, default=None,
-                        help="every device's uplink in Gbit/s, shared by its concurrent sends (None: unlimited)")
+                        help="every device's uplink in Gbit/s, shared by its concurrent sends (default: the cluster "
+                             "file's nic_gbps, unlimited where none is given)")
     parser.add_argument("--report", metavar="FILE.json", help="write every transfer and collective as JSON")
     parser.add_argument("--timeout", type=float, default=None, metavar="SEC", help="kill all ranks after SEC")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")

@@ -9,6 +9,11 @@ seconds are wall seconds of the emulated run (already multiplied by --time-scale
 Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TORCHELASTIC_RUN_ID set), this process is
 one worker: nothing is launched, and rank 0 prints the results (see docs/runtime.md for several
 machines). The env:// variables without torchrun's marker are leftovers: noted on stderr and ignored.
+
+Several hosts (devices name their `host` in the cluster file; see geotrain.runtime.hosts): on each host
+`--node NAME --rdzv HOST:PORT` starts exactly that host's ranks (rank 0's host hosts the store at
+PORT and prints the results; the others print a line, or {"node", "ranks", "wall_s"} with --json);
+`--print-torchrun` prints one torchrun command per host instead of training.
 """
 
 from __future__ import annotations
@@ -89,6 +94,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--comm-timeout", type=float, default=120.0, help="gloo collective/p2p timeout in seconds")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
+    parser.add_argument("--rdzv", metavar="HOST:PORT",
+                        help="several hosts: the rendezvous store, on the host of rank 0 (HOST: its address)")
+    parser.add_argument("--node", metavar="NAME",
+                        help="several hosts: run only the ranks whose devices have this `host` in the cluster file")
+    parser.add_argument("--print-torchrun", action="store_true",
+                        help="print one torchrun command per host of the cluster file (rendezvous: --rdzv, "
+                             "default <rank 0's host>:29500) and exit")
 
 
 def config_from_args(args: Any) -> Any:
@@ -160,12 +172,80 @@ def summary_rows(reports: list[Any]) -> list[list[Any]]:
 SUMMARY_COLUMNS = ["plan", "iteration s", "predicted comm s", "measured comm s", "error %", "loss"]
 
 
+HOST_OPTIONS = ("rdzv", "node", "print_torchrun")
+
+
+def forwarded_arguments(args: Any) -> list[str]:
+    """The training options of `args` that differ from their defaults, as command-line words
+    (without --rdzv, --node and --print-torchrun): what every host's command repeats."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_train_arguments(parser)
+    words: list[str] = []
+    for action in parser._actions:
+        value = getattr(args, action.dest)
+        if action.dest in HOST_OPTIONS or value == action.default:
+            continue
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            words.append(action.option_strings[0])
+        else:
+            words += [action.option_strings[0], str(value)]
+    return words
+
+
+def print_torchrun(args: Any, config: Any, out: Output) -> None:
+    """One torchrun command per host of the plan (--print-torchrun)."""
+    from geotrain.runtime.hosts import DEFAULT_PORT, host_layout, parse_endpoint, torchrun_commands
+
+    hosts = host_layout(config.cluster, config.layout, args.cluster)
+    endpoint = parse_endpoint(args.rdzv) if args.rdzv else (hosts.nodes[0].name, DEFAULT_PORT)
+    commands = torchrun_commands(hosts, endpoint, forwarded_arguments(args))
+    if args.json:
+        out.emit_json({"nodes": [{"node": name, "ranks": list(hosts.node(name).ranks), "command": command}
+                                 for name, command in commands]})
+        return
+    out.text(f"# one command per host; on each, LOCAL_RANK i runs the i-th of its plan ranks (rank s*R + r = "
+             f"plan slot (s, r)); {hosts.nodes[0].name} hosts the rendezvous and prints the results")
+    for name, command in commands:
+        out.text(f"# node {name}: ranks {list(hosts.node(name).ranks)}\n{command}")
+
+
+def host_rendezvous(args: Any, config: Any) -> Any:
+    """The Rendezvous of --node/--rdzv (None on one host; other hosts awaited up to --comm-timeout). Under torchrun, the node (--node or
+    GEOTRAIN_NODE) turns LOCAL_RANK into the plan rank, set as RANK; the rendezvous is torchrun's."""
+    from geotrain.runtime.hosts import NODE_ENV, HostsError, Rendezvous, host_layout, parse_endpoint, plan_rank
+
+    name, source = args.node, "--node"
+    if name is None and under_torchrun() and os.environ.get(NODE_ENV):
+        name, source = os.environ[NODE_ENV], NODE_ENV
+    if name is None:
+        if args.rdzv is not None:
+            raise HostsError("--rdzv: needs --node NAME (which host this is)")
+        return None
+    hosts = host_layout(config.cluster, config.layout, args.cluster)
+    node = hosts.node(name, source)
+    if under_torchrun():
+        os.environ["RANK"] = str(plan_rank(node, int(os.environ.get("LOCAL_RANK", "0")),
+                                           int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+        return None
+    if args.rdzv is None:
+        raise HostsError(f"--node: needs --rdzv HOST:PORT (the address of {hosts.nodes[0].name!r}, the host of rank 0)")
+    visible = node.cuda_visible_devices()
+    if visible is not None:
+        os.environ.setdefault("CUDA_VISIBLE_DEVICES", visible)
+    addr, port = parse_endpoint(args.rdzv)
+    return Rendezvous(hosts, node.name, addr, port, timeout_s=config.comm_timeout_s)
+
+
 def run(args: Any) -> int:
     from geotrain.runtime import build_report, launch, run_worker
     from geotrain.runtime.launcher import check_before_launch
 
     config = config_from_args(args)
     out = Output(json_mode=args.json)
+    if args.print_torchrun:
+        print_torchrun(args, config, out)
+        return 0
+    rendezvous = host_rendezvous(args, config)
     stray = stray_torchrun_variables()
     if stray:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
@@ -178,8 +258,16 @@ def run(args: Any) -> int:
         report, wall_s = build_report(config, records), None
     else:
         with out.progress("training", config.steps) as progress:
-            result = launch(config, progress=progress)
+            result = launch(config, progress=progress, rendezvous=rendezvous)
         report, wall_s = result.report, result.wall_s
+        if report is None:  # another host runs rank 0 and prints the results
+            node = rendezvous.hosts.node(rendezvous.node)
+            if args.json:
+                out.emit_json({"node": node.name, "ranks": list(node.ranks), "wall_s": wall_s})
+            else:
+                out.text(f"node {node.name}: ranks {list(node.ranks)} done in {wall_s:.1f} s; results on node "
+                         f"{rendezvous.hosts.nodes[0].name} (rank 0)")
+            return 0
     if args.json:
         out.emit_json({**report.to_json(), "wall_s": wall_s})
         return 0

@@ -5,12 +5,18 @@ Compact form (every region pair appears exactly once in `links`)::
     name: geo-4x8
     regions:
       - {name: oregon, devices: 8, gpu: V100, intra: {gbps: 10, ms: 0.1}}
-      - {name: virginia, devices: 8}
+      - {name: virginia, devices: 8, host: gpu-box-7, nic_gbps: 25}
     links:
       - {between: [oregon, virginia], gbps: 1.12, ms: 67}
-    defaults: {intra: {gbps: 10, ms: 0.1}, link: {ms: 50}, gpu: V100}
+    defaults: {intra: {gbps: 10, ms: 0.1}, link: {ms: 50}, gpu: V100, nic_gbps: 100}
 
-Dense form: `devices: [{name, region, gpu}]`, `bandwidth_gbps: NxN`, `latency_ms: NxN` (diagonal ignored).
+Dense form: `devices: [{name, region, gpu, host, gpu_index, nic_gbps}]`, `bandwidth_gbps: NxN`,
+`latency_ms: NxN` (diagonal ignored).
+
+Where devices run (both forms optional): `host` names a device's machine (a region's `host`: all its
+devices), `gpu_index` (dense form) its GPU on that machine (`gpu` stays the GPU type), `nic_gbps` its
+NIC in Gbit/s, one per device, shared by all it sends at once (a region's or the default's: each of
+its devices has one that fast). Left out: no host (one machine), no GPU index, unlimited NIC.
 
 Every error names the source, the key path and the offending value (cut to 80 characters). Files
 are read by geotrain.yaml_text (size cap, UTF-8, YAML 1.2 numbers, no aliases, no duplicate keys);
@@ -34,9 +40,11 @@ from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, DocumentError, d
 
 _COMPACT_KEYS = {"name", "regions", "links", "defaults"}
 _DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
-_REGION_KEYS = {"name", "devices", "gpu", "intra"}
+_REGION_KEYS = {"name", "devices", "gpu", "intra", "host", "nic_gbps"}
+_DEVICE_KEYS = {"name", "region", "gpu", "host", "gpu_index", "nic_gbps"}
 _LINK_KEYS = {"between", "gbps", "ms"}
-_DEFAULT_KEYS = {"intra", "link", "gpu"}
+_DEFAULT_KEYS = {"intra", "link", "gpu", "nic_gbps"}
+MAX_GPU_INDEX = 4095
 _FIGURE_KEYS = {"gbps", "ms"}
 DEFAULT_GPU = "unknown"
 
@@ -91,6 +99,19 @@ class _Reader:
             raise self.fail(path, f"must be at most {MAX_DEVICES:,} (the device limit), got {shown(value)}")
         return value
 
+    def gpu_index(self, value: Any, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GPU_INDEX:
+            raise self.fail(path, f"must be an integer in 0..{MAX_GPU_INDEX}, got {shown(value)}")
+        return value
+
+    def optional(self, entry: dict, key: str, path: str, check: Any, fallback: Any = None) -> Any:
+        """`check(entry[key], path.key)` when the key is given, else `fallback` (already checked)."""
+        return check(entry[key], f"{path}.{key}") if key in entry else fallback
+
+    def nic(self, value: Any, path: str) -> float:
+        """A NIC in Gbit/s (MIN_GBPS..MAX_GBPS)."""
+        return self.number(value, path, positive=True)
+
     def text(self, value: Any, path: str) -> str:
         if not isinstance(value, str) or not value.strip():
             raise self.fail(path, f"must be a non-empty string, got {shown(value)}")
@@ -128,12 +149,15 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
     intra_default = reader.mapping(defaults.get("intra", {}), "defaults.intra", _FIGURE_KEYS)
     link_default = reader.mapping(defaults.get("link", {}), "defaults.link", _FIGURE_KEYS)
     default_gpu = reader.text(defaults.get("gpu", DEFAULT_GPU), "defaults.gpu")
+    default_nic = reader.optional(defaults, "nic_gbps", "defaults", reader.nic, math.inf)
 
     regions = reader.sequence(doc["regions"], "regions", min_len=1)
     names: list[str] = []
     sizes: list[int] = []
     gpus: list[str] = []
     intra: list[tuple[float, float]] = []
+    hosts: list[str | None] = []
+    nics: list[float] = []
     for i, entry in enumerate(regions):
         path = f"regions[{i}]"
         entry = reader.mapping(entry, path, _REGION_KEYS)
@@ -149,6 +173,8 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
             raise reader.fail(f"{path}.devices", f"the regions so far hold {sum(sizes) + size:,} devices, "
                                                  f"more than the limit of {MAX_DEVICES:,}")
         gpus.append(reader.text(entry.get("gpu", default_gpu), f"{path}.gpu"))
+        hosts.append(reader.optional(entry, "host", path, reader.text))
+        nics.append(reader.optional(entry, "nic_gbps", path, reader.nic, default_nic))
         if size > 1 or entry.get("intra") is not None:
             # a one-device region has no internal pair, but a figure given for it is checked all the same
             intra.append(reader.figure(entry.get("intra"), f"{path}.intra", intra_default, "defaults.intra"))
@@ -202,6 +228,8 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
         gpus=tuple(np.repeat(np.array(gpus, dtype=object), sizes)),
         bandwidth_gbps=bandwidth[np.ix_(region_of, region_of)],
         latency_ms=latency[np.ix_(region_of, region_of)],
+        hosts=tuple(hosts[r] for r in region_of.tolist()),
+        nic_gbps=np.repeat(np.array(nics), sizes),
     )
 
 
@@ -214,9 +242,13 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
     region_names: list[str] = []
     region_of: list[int] = []
     gpus: list[str] = []
+    hosts: list[str | None] = []
+    gpu_index: list[int | None] = []
+    nics: list[float] = []
+    placed: dict[tuple[str | None, int | None], str] = {}
     for i, entry in enumerate(devices):
         path = f"devices[{i}]"
-        entry = reader.mapping(entry, path, {"name", "region", "gpu"})
+        entry = reader.mapping(entry, path, _DEVICE_KEYS)
         device = reader.text(entry.get("name", f"d{i}"), f"{path}.name")
         if device in device_names:
             raise reader.fail(f"{path}.name", f"duplicate device name {shown(device)}")
@@ -226,6 +258,14 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
         device_names.append(device)
         region_of.append(region_names.index(region))
         gpus.append(reader.text(entry.get("gpu", DEFAULT_GPU), f"{path}.gpu"))
+        hosts.append(reader.optional(entry, "host", path, reader.text))
+        gpu_index.append(reader.optional(entry, "gpu_index", path, reader.gpu_index))
+        nics.append(reader.optional(entry, "nic_gbps", path, reader.nic, math.inf))
+        place = (hosts[-1], gpu_index[-1])
+        if None not in place and place in placed:
+            raise reader.fail(f"{path}.gpu_index", f"GPU {place[1]} of host {shown(place[0])} is already device "
+                                                   f"{shown(placed[place])}")
+        placed[place] = device
     n = len(device_names)
     matrices = {}
     for key, positive in (("bandwidth_gbps", True), ("latency_ms", False)):
@@ -255,6 +295,9 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
         gpus=tuple(gpus),
         bandwidth_gbps=matrices["bandwidth_gbps"],
         latency_ms=matrices["latency_ms"],
+        hosts=tuple(hosts),
+        gpu_index=tuple(gpu_index),
+        nic_gbps=np.array(nics),
     )
 
 
@@ -281,26 +324,29 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
     if form not in ("auto", "compact", "dense"):
         raise ValueError(f"form must be 'auto', 'compact' or 'dense', got {form!r}")
     same_gpu = all(len({cluster.gpus[d] for d in cluster.devices_in_region(r)}) == 1 for r in range(cluster.n_regions))
+    # hosts and NICs can be given per region only when uniform inside each region; GPU indices never
+    per_region = all(len({cluster.hosts[d] for d in cluster.devices_in_region(r)}) == 1
+                     and len({float(cluster.nic_gbps[d]) for d in cluster.devices_in_region(r)}) == 1
+                     for r in range(cluster.n_regions)) and all(g is None for g in cluster.gpu_index)
     # the compact form regenerates device names as "<region>-<k>": only use it when that is lossless
     generated = tuple(f"{cluster.region_names[r]}-{k}" for r, size in enumerate(cluster.region_sizes()) for k in range(size))
     in_region_order = bool(np.all(np.diff(cluster.region_of) >= 0))
-    compact_ok = cluster.is_region_uniform() and same_gpu and in_region_order and cluster.device_names == generated
+    compact_ok = cluster.is_region_uniform() and same_gpu and per_region and in_region_order and cluster.device_names == generated
     if form == "compact" and not compact_ok:
-        raise ValueError(f"cluster {shown(cluster.name)} has per-device links or GPUs: use the dense form")
+        raise ValueError(f"cluster {shown(cluster.name)} has per-device links, GPUs, hosts or NICs: use the dense form")
     if form == "dense" or not compact_ok:
         return {
             "name": cluster.name,
-            "devices": [
-                {"name": d, "region": cluster.region_names[r], "gpu": g}
-                for d, r, g in zip(cluster.device_names, cluster.region_of.tolist(), cluster.gpus)
-            ],
+            "devices": [{"name": d, "region": cluster.region_names[r], "gpu": g, **_placement(cluster, i)}
+                        for i, (d, r, g) in enumerate(zip(cluster.device_names, cluster.region_of.tolist(), cluster.gpus))],
             "bandwidth_gbps": cluster.bandwidth_gbps.tolist(),
             "latency_ms": cluster.latency_ms.tolist(),
         }
     regions = []
     for r, name in enumerate(cluster.region_names):
         entry: dict[str, Any] = {"name": name, "devices": int(cluster.region_sizes()[r]),
-                                 "gpu": cluster.gpus[int(cluster.devices_in_region(r)[0])]}
+                                 "gpu": cluster.gpus[int(cluster.devices_in_region(r)[0])],
+                                 **_placement(cluster, int(cluster.devices_in_region(r)[0]))}
         link = cluster.region_link(r, r)
         if link is not None:
             entry["intra"] = {"gbps": link.gbps, "ms": link.ms}
@@ -311,6 +357,18 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
             link = cluster.region_link(a, b)
             links.append({"between": [cluster.region_names[a], cluster.region_names[b]], "gbps": link.gbps, "ms": link.ms})
     return {"name": cluster.name, "regions": regions, "links": links}
+
+
+def _placement(cluster: Cluster, device: int) -> dict[str, Any]:
+    """The host, GPU index and NIC keys of a device entry, only those given (finite NIC)."""
+    entry: dict[str, Any] = {}
+    if cluster.hosts[device] is not None:
+        entry["host"] = cluster.hosts[device]
+    if cluster.gpu_index[device] is not None:
+        entry["gpu_index"] = cluster.gpu_index[device]
+    if math.isfinite(cluster.nic_gbps[device]):
+        entry["nic_gbps"] = float(cluster.nic_gbps[device])
+    return entry
 
 
 def save_cluster_file(cluster: Cluster, path: str | Path, form: str = "auto") -> None:

@@ -4,6 +4,10 @@ Units: bandwidth in Gbit/s (1 Gbit/s = 1e9 bit/s), latency in milliseconds, as i
 `bandwidth_bps` and `latency_s` give SI values for cost models. The diagonal of both matrices is
 meaningless (a device does not talk to itself) and is stored as 0.
 
+Where devices run: `hosts[d]` names device d's machine and `gpu_index[d]` its GPU on that machine
+(None: not given; no host anywhere means one machine). `nic_gbps[d]` is device d's NIC, shared by
+everything d sends at once, in Gbit/s (inf: unlimited, only the links limit it).
+
 Limits (so that every cost stays a finite number and the N x N matrices fit in memory):
 at most MAX_DEVICES devices (two dense float64 N x N matrices of 512 MiB each at the cap; loading
 one peaks near 3 GB), bandwidth in MIN_GBPS..MAX_GBPS (1 kbit/s .. 1 Pbit/s) and latency in
@@ -45,6 +49,8 @@ class Cluster:
     """Devices, their regions and GPU types, and the N x N link matrices.
 
     `region_of[d]` is the index into `region_names` of device d. Matrices are read-only numpy arrays.
+    `hosts`, `gpu_index` (None entries: not given) and `nic_gbps` (inf: unlimited) have one entry
+    per device; left out (None), nothing is given and every NIC is unlimited.
     """
 
     name: str
@@ -54,6 +60,9 @@ class Cluster:
     gpus: tuple[str, ...]
     bandwidth_gbps: np.ndarray
     latency_ms: np.ndarray
+    hosts: tuple[str | None, ...] | None = None
+    gpu_index: tuple[int | None, ...] | None = None
+    nic_gbps: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.device_names)
@@ -85,11 +94,45 @@ class Cluster:
                                f"got {latency[off].min():g}..{latency[off].max():g}")
         np.fill_diagonal(bandwidth, 0.0)
         np.fill_diagonal(latency, 0.0)
+        self._set_placement(n)
         for array in (region_of, bandwidth, latency):
             array.setflags(write=False)
         object.__setattr__(self, "region_of", region_of)
         object.__setattr__(self, "bandwidth_gbps", bandwidth)
         object.__setattr__(self, "latency_ms", latency)
+
+    def _set_placement(self, n: int) -> None:
+        """Check and normalise hosts, gpu_index and nic_gbps to one entry per device."""
+        where = f"cluster {shown(self.name)}"
+        hosts = (None,) * n if self.hosts is None else tuple(self.hosts)
+        gpu_index = (None,) * n if self.gpu_index is None else tuple(self.gpu_index)
+        nic = np.full(n, np.inf) if self.nic_gbps is None else np.array(self.nic_gbps, dtype=np.float64)
+        if len(hosts) != n or len(gpu_index) != n or nic.shape != (n,):
+            raise ClusterError(f"{where}: hosts, gpu_index and nic_gbps need one entry per device ({n})")
+        for d, host in enumerate(hosts):
+            if host is not None and (not isinstance(host, str) or not host.strip()):
+                raise ClusterError(f"{where}: host of device {shown(self.device_names[d])} must be a non-empty "
+                                   f"string, got {shown(host)}")
+        for d, gpu in enumerate(gpu_index):
+            if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0):
+                raise ClusterError(f"{where}: gpu_index of device {shown(self.device_names[d])} must be an "
+                                   f"integer >= 0, got {shown(gpu)}")
+        placed = [(h, g) for h, g in zip(hosts, gpu_index) if h is not None and g is not None]
+        if len(set(placed)) != len(placed):
+            twice = next(p for p in placed if placed.count(p) > 1)
+            raise ClusterError(f"{where}: two devices on host {shown(twice[0])} use GPU {twice[1]}")
+        if np.any(np.isnan(nic)) or np.any(nic < MIN_GBPS) or np.any((nic > MAX_GBPS) & np.isfinite(nic)):
+            raise ClusterError(f"{where}: nic_gbps must be in {MIN_GBPS:g}..{MAX_GBPS:g} (or inf: unlimited), "
+                               f"got {nic.min():g}..{nic.max():g}")
+        nic.setflags(write=False)
+        object.__setattr__(self, "hosts", hosts)
+        object.__setattr__(self, "gpu_index", gpu_index)
+        object.__setattr__(self, "nic_gbps", nic)
+
+    @property
+    def has_hosts(self) -> bool:
+        """True when at least one device names its host."""
+        return any(host is not None for host in self.hosts)
 
     @property
     def n_devices(self) -> int:

@@ -47,13 +47,14 @@ the first server of a process, so both launchers give the same one: whichever st
 other's workers do not pay seconds of imports each (DDP's constructor alone imports torch._dynamo)."""
 
 
-def start_processes(context: Any, target: Callable[..., Any], world_size: int,
+def start_processes(context: Any, target: Callable[..., Any], ranks: Sequence[int],
                     args_of_rank: Callable[[int], tuple[Any, ...]], name: str, daemon: bool = False) -> list[Any]:
-    """Start `target(*args_of_rank(rank))` in one process of `context` per rank, named f"{name}-{rank}"
+    """Start `target(*args_of_rank(rank))` in one process of `context` per rank of `ranks` (this host's;
+    `range(world_size)` on one machine), named f"{name}-{rank}"
     (`daemon`: multiprocessing's flag; a daemon cannot start processes of its own). If a start fails,
     the processes already started are reaped before the error propagates."""
     processes = [context.Process(target=target, args=args_of_rank(rank), name=f"{name}-{rank}", daemon=daemon)
-                 for rank in range(world_size)]
+                 for rank in ranks]
     try:
         for process in processes:
             process.start()
@@ -124,7 +125,7 @@ def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (
     processes: list[Any] = []
     try:
         processes = start_processes(
-            context, _worker_entry, world_size,
+            context, _worker_entry, range(world_size),
             lambda rank: (fn, rank, world_size, os.path.join(store_dir, "store"), backend,
                           float(collective_timeout_s or timeout_s), tuple(args), results_queue, launcher_pid),
             "geotrain-worker", daemon=True)

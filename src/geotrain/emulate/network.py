@@ -39,13 +39,11 @@ class EmulatedNetwork:
     @classmethod
     def from_cluster(cls, cluster: Cluster, time_scale: float = 1.0,
                      nic_gbps: float | Sequence[float] | None = None) -> EmulatedNetwork:
-        """The cluster's links; `nic_gbps` one figure for all devices or one per device (None: the
-        cluster's own `nic_gbps` when its model carries one, else unlimited)."""
-        if nic_gbps is None:
-            nic_gbps = getattr(cluster, "nic_gbps", None)
+        """The cluster's links and NICs; `nic_gbps` (one figure for all devices or one per device)
+        replaces the cluster's own `nic_gbps` (per device, inf: unlimited) when given."""
         n = cluster.n_devices
-        nic = np.full(n, np.inf) if nic_gbps is None else np.broadcast_to(
-            np.asarray(nic_gbps, dtype=np.float64), (n,)) * 1e9
+        chosen = cluster.nic_gbps if nic_gbps is None else nic_gbps
+        nic = np.broadcast_to(np.asarray(chosen, dtype=np.float64), (n,)) * 1e9
         return cls(cluster.latency_s, cluster.bandwidth_bps, np.array(nic, dtype=np.float64), float(time_scale))
 
     @property

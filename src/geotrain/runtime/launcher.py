@@ -8,6 +8,8 @@ raises WorkerFailure naming the first failed rank, how it ended, its last comple
 error it reported (start-up errors included). Before any process starts, the checkpoint directory
 is checked (writable; not another run's unless resuming or overwriting; a resumed checkpoint intact).
 Every worker dies with the launcher (geotrain.procs.die_with_parent), even when it is SIGKILLed.
+On several hosts (runtime/hosts.py) each host's launcher starts a subset of the ranks and meets the
+others at an external rendezvous: the store lives on rank 0's host, which alone gets the report.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkse
 from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
                                          read_manifest, step_dir, verify_shards)
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.hosts import Rendezvous
 from geotrain.runtime.report import RunReport, build_report
 
 ProgressCallback = Callable[[int, int], None]
@@ -39,19 +42,23 @@ RECORDS = "records.json"
 
 @dataclass(frozen=True)
 class LaunchResult:
-    """A finished run: the report, the worker process ids, and the launcher's wall seconds."""
+    """A finished run: the report (None on a host without rank 0), the worker process ids, and the
+    launcher's wall seconds."""
 
-    report: RunReport
+    report: RunReport | None
     pids: tuple[int, ...]
     wall_s: float
 
 
-def _child(rank: int, config: RuntimeConfig, port: int, result_dir: str, tokens: Any, launcher_pid: int) -> None:
-    """Entry point of a launched worker process. Dies with the launcher; an error of its own is
-    written to `error-<rank>.txt` in `result_dir` so that the launcher's final line can name it."""
+def _child(rank: int, config: RuntimeConfig, port: int, result_dir: str, tokens: Any, launcher_pid: int,
+           addr: str = "127.0.0.1", ranks: tuple[int, ...] | None = None) -> None:
+    """Entry point of a launched worker process (one of `ranks`, all by default). Dies with the
+    launcher; an error of its own is written to `error-<rank>.txt` in `result_dir` so that the
+    launcher's final line can name it."""
     die_with_parent(launcher_pid)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
-                      WORLD_SIZE=str(config.world_size), LOCAL_WORLD_SIZE=str(config.world_size),
+    ranks = tuple(range(config.world_size)) if ranks is None else ranks
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(ranks.index(rank)),
+                      WORLD_SIZE=str(config.world_size), LOCAL_WORLD_SIZE=str(len(ranks)),
                       TORCHELASTIC_USE_AGENT_STORE="True")
     set_process_name(f"geotrain-r{rank}")
     try:
@@ -119,13 +126,20 @@ def _completed_steps(store: Any, rank: int) -> int:
 
 
 def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll_s: float = 0.05,
-           tokens: Any = None) -> LaunchResult:
+           tokens: Any = None, rendezvous: Rendezvous | None = None) -> LaunchResult:
     """Run `config` to the end on this machine; raises WorkerFailure if any worker fails.
 
     `tokens`: the WorldTokens of world `config.data_seed` (built here if None and no --data), handed
-    to the workers so that they do not all build the world at once."""
+    to the workers so that they do not all build the world at once. `rendezvous`: run only this host's
+    ranks and meet the other hosts there (None: every rank here, a store on a free localhost port)."""
     started = time.perf_counter()
-    check_before_launch(config)
+    check_before_launch(config, clear=rendezvous is None or rendezvous.is_host)  # one host clears a shared dir
+    if rendezvous is None:
+        store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+        ranks, addr = tuple(range(config.world_size)), "127.0.0.1"
+    else:  # met (or failed to) before any process starts
+        store = rendezvous.open_store()
+        ranks, addr = rendezvous.hosts.node(rendezvous.node).ranks, rendezvous.addr
     # Workers are forks of a server that has imported torch (and its lazily imported optimizer
     # machinery) once; started now, so it imports while the tokens are built.
     context = forkserver_context(FORKSERVER_PRELOAD)
@@ -133,16 +147,15 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
         from geotrain.data import world_tokens
 
         tokens = world_tokens(config.data_seed)
-    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
     prefixed = dist.PrefixStore("geotrain/0/", store)
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
         launcher_pid = os.getpid()
         processes: list[Any] = []
         try:
-            processes = start_processes(context, _child, config.world_size,
-                                        lambda rank: (rank, config, store.port, tmp, tokens, launcher_pid),
+            processes = start_processes(context, _child, ranks,
+                                        lambda rank: (rank, config, store.port, tmp, tokens, launcher_pid, addr, ranks),
                                         "geotrain-rank")
-            failed = _watch(processes, prefixed, config, progress, poll_s)
+            failed = _watch(processes, ranks, prefixed, config, progress, poll_s)
         finally:
             reap_processes(processes)
         if failed is not None:
@@ -156,12 +169,14 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
             if abort and not (own and own in abort):
                 message += f"; workers reported: {abort}"
             raise WorkerFailure(message)
-        records = json.loads((Path(tmp) / RECORDS).read_text())
-    return LaunchResult(build_report(config, records), tuple(p.pid for p in processes if p.pid), time.perf_counter() - started)
+        if rendezvous is not None:
+            rendezvous.finish(store)
+        report = build_report(config, json.loads((Path(tmp) / RECORDS).read_text())) if 0 in ranks else None
+    return LaunchResult(report, tuple(p.pid for p in processes if p.pid), time.perf_counter() - started)
 
 
-def _watch(processes: list[Any], store: Any, config: RuntimeConfig, progress: ProgressCallback | None,
-           poll_s: float) -> tuple[int, str] | None:
+def _watch(processes: list[Any], ranks: tuple[int, ...], store: Any, config: RuntimeConfig,
+           progress: ProgressCallback | None, poll_s: float) -> tuple[int, str] | None:
     """Poll until all exit 0 (None) or one fails; then wait (bounded) for the others to exit and
     return (culprit rank, how it ended)."""
     # Peers notice a lost rank within one heartbeat timeout plus a check interval; allow a few more.
@@ -174,11 +189,12 @@ def _watch(processes: list[Any], store: Any, config: RuntimeConfig, progress: Pr
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and any(p.exitcode is None for p in processes):
                 time.sleep(poll_s)
-            return _culprit(processes, failures[0])
+            rank, how = _culprit(processes, failures[0])
+            return ranks[rank], how
         if all(code == 0 for code in codes):
             return None
         if progress is not None:
-            done = min(_completed_steps(store, rank) for rank in range(len(processes)))
+            done = min(_completed_steps(store, rank) for rank in ranks)
             if done != last_progress:
                 progress(done, config.steps)
                 last_progress = done
