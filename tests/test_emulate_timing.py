@@ -120,11 +120,6 @@ def test_rank_clock_freezes_while_blocked_and_sleeps_scaled_link_time():
 def test_bad_inputs_name_the_option():
     with pytest.raises(EmulationError, match="--time-scale"):
         EmulatedNetwork.from_cluster(FOUR, time_scale=-1)
-    net = EmulatedNetwork.from_cluster(FOUR)
-    with pytest.raises(EmulationError, match="--devices: device 7 out of range"):
-        net.check_devices([0, 7])
-    with pytest.raises(EmulationError, match="listed twice"):
-        net.check_devices([1, 1])
     with pytest.raises(EmulationError, match="nic_gbps"):
         EmulatedNetwork.from_cluster(FOUR, nic_gbps=0.0)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.cluster import Cluster, cluster_to_dict
+from geotrain.cluster.devices import check_device_list
 from geotrain.emulate.bootstrap import CONFIG_ENV
 from geotrain.emulate.network import EmulatedNetwork
 from geotrain.emulate.report import merge_report
@@ -121,7 +122,7 @@ def _install_stop_handlers() -> dict[int, Any]:
 def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> LaunchResult:
     """Run `config.target` on len(devices) ranks, rank i emulating devices[i]; merge the report."""
     network = EmulatedNetwork.from_cluster(cluster, config.time_scale, config.nic_gbps)
-    device_list = network.check_devices(devices)
+    device_list = check_device_list(devices, network.n_devices)
     with tempfile.TemporaryDirectory(prefix="geotrain-emulate-") as tmp:
         parts = Path(tmp) / "parts"
         parts.mkdir()
