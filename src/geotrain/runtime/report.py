@@ -5,7 +5,9 @@ Measured communication of one iteration, aggregated exactly as the cost model ag
           backward link (gradients): the union of [hand-off, delivery] of that link's messages;
   dp_s  = the longest DP-exchange time (after the barrier) among the members of stage s;
   comm  = max_s dp_s + max_r pp_r.
-Predicted: the yuan model with this run's real payload bytes, time-scaled (predict.py).
+Predicted communication: the yuan model with this run's real payload bytes, time-scaled (predict.py).
+Predicted iteration, per model of predict.ITERATION_MODELS ("schedule": the event simulation with each
+slot's measured compute of that iteration; "yuan"/"ring": their comm + the slowest slot's compute).
 `replicas_in_sync`: every step, all replicas of each stage had bit-identical weights (a checksum).
 Summary figures are means over iterations after the first (the first pays one-off set-up costs);
 with a single iteration, that one.
@@ -15,14 +17,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
-from geotrain.runtime.predict import CommPrediction, predict_comm
+from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class IterationRow:
     pp_measured_s: float
     dp_predicted_s: float
     pp_predicted_s: float
+    iteration_predicted_s: dict[str, float] = field(default_factory=dict)  # by model name
 
     @property
     def comm_measured_s(self) -> float:
@@ -54,7 +57,7 @@ class IterationRow:
         return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s, "compute_s": self.compute_s,
                 "comm_measured": {"dp": self.dp_measured_s, "pp": self.pp_measured_s, "total": self.comm_measured_s},
                 "comm_predicted": {"dp": self.dp_predicted_s, "pp": self.pp_predicted_s, "total": self.comm_predicted_s},
-                "error_pct": self.error_pct}
+                "error_pct": self.error_pct, "iteration_predicted": dict(self.iteration_predicted_s)}
 
 
 @dataclass(frozen=True)
@@ -82,9 +85,17 @@ class RunReport:
     def mean(self, attribute: str) -> float:
         return float(np.mean([getattr(row, attribute) for row in self._steady()]))
 
+    def iteration_predicted_s(self, model: str) -> float:
+        """Mean predicted iteration seconds of `model` over the summarised iterations."""
+        return float(np.mean([row.iteration_predicted_s[model] for row in self._steady()]))
+
     def summary(self) -> dict[str, float]:
         measured, predicted = self.mean("comm_measured_s"), self.mean("comm_predicted_s")
-        return {"iteration_s": self.mean("iteration_s"), "compute_s": self.mean("compute_s"),
+        iteration = self.mean("iteration_s")
+        by_model = {m: self.iteration_predicted_s(m) for m in self.rows[0].iteration_predicted_s}
+        return {"iteration_predicted_s": by_model,
+                "iteration_error_pct": {m: relative_error_pct(iteration, p) for m, p in by_model.items()},
+                "iteration_s": self.mean("iteration_s"), "compute_s": self.mean("compute_s"),
                 "comm_measured_s": measured, "comm_predicted_s": predicted,
                 "dp_measured_s": self.mean("dp_measured_s"), "pp_measured_s": self.mean("pp_measured_s"),
                 "dp_predicted_s": self.mean("dp_predicted_s"), "pp_predicted_s": self.mean("pp_predicted_s"),
@@ -131,6 +142,14 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         if record["stage"] == 1 and record["replica"] == 0:  # activations of replica 0 into stage 1
             pp_bytes = sum(t[3] for t in record["transfers"] if t[0] == "fwd")
     prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale)
+
+    def iteration_predictions(step_records: Sequence[dict[str, Any]]) -> dict[str, float]:
+        compute = np.zeros((stages, replicas))
+        for record in step_records:
+            compute[record["stage"], record["replica"]] = record["compute_s"]
+        return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
+                                           config.microbatches, config.schedule, config.time_scale, model)
+                for model in ITERATION_MODELS}
     rows = []
     in_sync = True
     for step in sorted(by_step):
@@ -147,7 +166,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             compute_s=max(r["compute_s"] for r in step_records),
             dp_measured_s=float(dp_by_stage.max()),
             pp_measured_s=float(_pp_seconds(step_records, stages, replicas).max()),
-            dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s))
+            dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s,
+            iteration_predicted_s=iteration_predictions(step_records)))
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync)
