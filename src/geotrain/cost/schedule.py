@@ -17,8 +17,12 @@ Per replica r with devices d_0 .. d_{S-1}, M micro-batches of b = global_batch /
 - F at s starts when the device is free and the activation has arrived; B at s < S-1 when the
   gradient from s+1 has arrived; B at S-1 follows its own F in the device order.
 - DP: stage s's all-reduce starts when every replica has finished its last backward at stage s and
-  takes "yuan"'s dp_s (scatter-gather formula); it overlaps whatever other stages still do.
-  iteration = max_s (max_r end of last B at s + dp_s).
+  its last message has left the device (a stage waits for its sends before the all-reduce), and
+  takes "yuan"'s dp_s (scatter-gather formula) or, with allreduce="ring", the ring all-reduce in
+  replica order (gloo's; cost/ring.ring_allreduce_seconds); it overlaps whatever other stages still do.
+  iteration = max_s (max_r ready at s + dp_s).
+- NIC (optional, `nic_bps` per device): caps every message's rate; a stage's messages to both
+  neighbours also queue FIFO on its NIC, each busy 8 bytes / nic.
 Simplifications: all-reduce traffic does not share links with activations; compute does not slow
 down communication; every stage holds 1/S of the parameters. Vectorised over replicas (and over a
 batch of assignments); the loop runs over the 2 S M ops once.
