@@ -19,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=0.5, help="each transfer lasts about this long at the configured rate")
     parser.add_argument("--pings", type=int, default=20, help="one-byte TCP round trips per link class (median)")
     parser.add_argument("--crosscheck", action="store_true",
-                        help="run examples/ddp_train.py and examples/pipeline_train.py emulated and shaped, same devices")
-    parser.add_argument("--steps", type=int, default=4, help="--crosscheck: steps per script (the first is not counted)")
+                        help="run examples/ddp_train.py and examples/pipeline_train.py emulated and shaped, "
+                             "same devices")
+    parser.add_argument("--steps", type=int, default=4,
+                        help="--crosscheck: steps per script (the first is not counted)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
