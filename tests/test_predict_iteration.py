@@ -93,3 +93,16 @@ def test_no_overlap_views_add_the_slowest_slots_compute_to_the_models_comm(model
 def test_unknown_model_is_refused():
     with pytest.raises(ValueError, match="--cost-model"):
         predict_iteration_s(CLUSTER, np.array([[0], [1]]), np.ones((2, 1)), [1, 1], 8, 1, "gpipe", 1.0, "dtfm")
+
+
+def test_emulated_periods_are_the_spacing_of_each_steps_first_activation_message():
+    from geotrain.runtime.report import emulated_periods_s
+
+    def record(step, replica, start):  # [kind, cut, micro, nbytes, handoff (emulated x scale), end]
+        return {"step": step, "replica": replica, "transfers": [["fwd", 0, 1, 8, start + 0.3, start + 0.4],
+                                                                ["fwd", 0, 0, 8, start, start + 0.1],
+                                                                ["bwd", 0, 0, 8, start - 0.5, start]]}
+    by_step = {0: [record(0, 0, 1.0), record(0, 1, 1.2)], 1: [record(1, 0, 2.0), record(1, 1, 2.5)],
+               2: [record(2, 0, 3.5), record(2, 1, 3.6)]}
+    assert emulated_periods_s(by_step, 0.5) == pytest.approx({0: (2.5 - 1.2) / 0.5, 1: (3.5 - 2.0) / 0.5})
+    assert emulated_periods_s(by_step, 0.0) == {}

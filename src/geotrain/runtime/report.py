@@ -40,6 +40,10 @@ class IterationRow:
     dp_predicted_s: float
     pp_predicted_s: float
     iteration_predicted_s: dict[str, float] = field(default_factory=dict)  # by model name
+    # the emulated clock's view (emulated seconds, not time-scaled): this step's period, and the
+    # models' predictions in the same unit (None without emulation or without a next step)
+    iteration_emulated_s: float | None = None
+    iteration_predicted_emulated_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def comm_measured_s(self) -> float:
@@ -57,7 +61,9 @@ class IterationRow:
         return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s, "compute_s": self.compute_s,
                 "comm_measured": {"dp": self.dp_measured_s, "pp": self.pp_measured_s, "total": self.comm_measured_s},
                 "comm_predicted": {"dp": self.dp_predicted_s, "pp": self.pp_predicted_s, "total": self.comm_predicted_s},
-                "error_pct": self.error_pct, "iteration_predicted": dict(self.iteration_predicted_s)}
+                "error_pct": self.error_pct, "iteration_predicted": dict(self.iteration_predicted_s),
+                "iteration_emulated_s": self.iteration_emulated_s,
+                "iteration_predicted_emulated": dict(self.iteration_predicted_emulated_s)}
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,16 @@ class RunReport:
         measured, predicted = self.mean("comm_measured_s"), self.mean("comm_predicted_s")
         iteration = self.mean("iteration_s")
         by_model = {m: self.iteration_predicted_s(m) for m in self.rows[0].iteration_predicted_s}
-        return {"iteration_predicted_s": by_model,
+        emulated_rows = [row for row in self._steady() if row.iteration_emulated_s is not None]
+        emulated: dict[str, Any] = {}
+        if emulated_rows:
+            period = float(np.mean([row.iteration_emulated_s for row in emulated_rows]))
+            by_model_emulated = {m: float(np.mean([row.iteration_predicted_emulated_s[m] for row in emulated_rows]))
+                                 for m in emulated_rows[0].iteration_predicted_emulated_s}
+            emulated = {"iteration_emulated_s": period, "iteration_predicted_emulated_s": by_model_emulated,
+                        "iteration_emulated_error_pct": {m: relative_error_pct(period, p)
+                                                         for m, p in by_model_emulated.items()}}
+        return {**emulated, "iteration_predicted_s": by_model,
                 "iteration_error_pct": {m: relative_error_pct(iteration, p) for m, p in by_model.items()},
                 "iteration_s": self.mean("iteration_s"), "compute_s": self.mean("compute_s"),
                 "comm_measured_s": measured, "comm_predicted_s": predicted,
@@ -129,6 +144,27 @@ def _pp_seconds(records: Sequence[dict[str, Any]], stages: int, replicas: int) -
     return per_replica
 
 
+def emulated_periods_s(by_step: dict[int, list[dict[str, Any]]], time_scale: float) -> dict[int, float]:
+    """Emulated seconds from step k to step k + 1, by k: per replica, the emulated start of step k+1's
+    first activation message less step k's (that message leaves an idle link at once, so its start is
+    its hand-off after the first forward), max over replicas. Empty without emulation (time scale 0)
+    or without activation messages (one stage)."""
+    if time_scale <= 0:
+        return {}
+    first: dict[tuple[int, int], float] = {}
+    for step, records in by_step.items():
+        for record in records:
+            starts = [t[4] for t in record["transfers"] if t[0] == "fwd" and t[2] == 0]
+            if starts:
+                first[(step, record["replica"])] = min(starts) / time_scale
+    periods = {}
+    for step in by_step:
+        pairs = [(first[(step, r)], first[(step + 1, r)]) for (s, r) in first if s == step and (step + 1, r) in first]
+        if pairs:
+            periods[step] = max(after - before for before, after in pairs)
+    return periods
+
+
 def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> RunReport:
     """Aggregate the gathered records of all ranks (any order) into a RunReport."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -143,13 +179,15 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             pp_bytes = sum(t[3] for t in record["transfers"] if t[0] == "fwd")
     prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale)
 
-    def iteration_predictions(step_records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
         compute = np.zeros((stages, replicas))
         for record in step_records:
             compute[record["stage"], record["replica"]] = record["compute_s"]
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
-                                           config.microbatches, config.schedule, config.time_scale, model)
+                                           config.microbatches, config.schedule, time_scale, model)
                 for model in ITERATION_MODELS}
+
+    periods = emulated_periods_s(by_step, config.time_scale)
     rows = []
     in_sync = True
     for step in sorted(by_step):
@@ -167,7 +205,9 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             dp_measured_s=float(dp_by_stage.max()),
             pp_measured_s=float(_pp_seconds(step_records, stages, replicas).max()),
             dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s,
-            iteration_predicted_s=iteration_predictions(step_records)))
+            iteration_predicted_s=iteration_predictions(step_records, config.time_scale),
+            iteration_emulated_s=periods.get(step),
+            iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {}))
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync)
