@@ -65,6 +65,14 @@ def run(args: Any) -> int:
                 *(f"{p.report.summary()['iteration_predicted_s'][m]:.3f}" for m in ITERATION_MODELS),
                 *(f"{p.report.summary()['iteration_error_pct'][m]:+.1f}" for m in ITERATION_MODELS)]
                for p in bench.plans], right_align_from=1)
+    clock = [p for p in bench.plans if "iteration_emulated_s" in p.report.summary()]
+    if clock:
+        out.table("on the emulated clock (step period, emulated seconds; compute at real speed, links unscaled)",
+                  ["plan", "emulated", *(f"{m}" for m in ITERATION_MODELS), *(f"{m} err %" for m in ITERATION_MODELS)],
+                  [[p.label, f"{p.report.summary()['iteration_emulated_s']:.3f}",
+                    *(f"{p.report.summary()['iteration_predicted_emulated_s'][m]:.3f}" for m in ITERATION_MODELS),
+                    *(f"{p.report.summary()['iteration_emulated_error_pct'][m]:+.1f}" for m in ITERATION_MODELS)]
+                   for p in clock], right_align_from=1)
     out.table("predicted vs measured, per term (s)", ["plan", "dp pred.", "dp meas.", "pp pred.", "pp meas."],
               [[p.label, *(f"{p.report.summary()[k]:.3f}" for k in
                            ("dp_predicted_s", "dp_measured_s", "pp_predicted_s", "pp_measured_s"))] for p in bench.plans])
