@@ -224,4 +224,4 @@ def test_cli_runs_a_module_with_plan_order_and_rejects_bad_devices(tmp_path, mon
     assert code == 0
     assert json.loads(report.read_text())["devices"] == [3, 1, 0, 2]  # rank s*R + r = assignment[s][r]
     assert cli_main(["emulate", "--cluster", str(cluster), "--devices", "0,9", "--", "whatever.py"]) == 2
-    assert "--devices: device 9 out of range 0..3" in capsys.readouterr().err
+    assert "--devices[1]: device index must be in 0..3, got 9" in capsys.readouterr().err

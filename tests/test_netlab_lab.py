@@ -58,8 +58,8 @@ def test_shaped_links_deliver_the_configured_bandwidth_per_destination():
     with NetLab(CLUSTER, [0, 2, 1]) as lab:  # rank 0, 2 in east, rank 1 in west
         cross = [measure_stream(lab, s, r, 6_250_000).bps for s, r in ((0, 1), (1, 0))]
         inside = measure_stream(lab, 0, 2, 6_250_000).bps
-    for bps in cross:  # 6.25 MB at 100 Mbit/s: ~0.5 s; TCP goodput is ~95.7% of the wire rate
-        assert bps == pytest.approx(100e6, rel=0.10)
+    for bps in cross:  # 6.25 MB at 100 Mbit/s: ~0.5 s; htb gets the wire rate, so goodput is the file's
+        assert bps == pytest.approx(100e6, rel=0.05)
     assert inside > 3 * max(cross)  # the same interface, another destination: its own 1 Gbit/s class
     assert namespaces_of(lab.prefix) == []
 

@@ -7,6 +7,7 @@ import pytest
 
 from geotrain.cli.main import main
 from geotrain.cluster import cluster_from_dict
+from geotrain.cluster.devices import DeviceListError
 from geotrain.netlab import NetLabError, lab_topology
 from geotrain.netlab.launch import WorkerResult, worst_exit_code
 from geotrain.netlab.names import LabName, new_lab_name, parse_namespace
@@ -51,7 +52,7 @@ def test_topology_gives_each_rank_its_devices_rates_and_a_region_address():
     ([1, 2, 1], "[2]: device 1 listed twice"),
 ])
 def test_bad_device_lists_are_rejected_with_the_offending_entry(devices, message):
-    with pytest.raises(NetLabError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+    with pytest.raises(DeviceListError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
         lab_topology(CLUSTER, devices, LabName(pid=1, tag="0000"))
 
 

@@ -48,6 +48,11 @@ def test_cost_model_predicts_the_measured_communication_within_20_percent(tokens
     assert abs(summary["error_pct"]) < 20.0, summary
     assert summary["comm_measured_s"] >= 0.95 * summary["comm_predicted_s"]  # emulation never runs fast
     assert report.replicas_in_sync
+    predicted = summary["iteration_predicted_s"]
+    assert set(predicted) == {"schedule", "ring", "yuan"}
+    assert predicted["schedule"] > summary["comm_predicted_s"] * 0.5  # the links are in it, scaled as measured
+    assert summary["iteration_error_pct"]["schedule"] == pytest.approx(
+        100 * (summary["iteration_s"] - predicted["schedule"]) / predicted["schedule"])
     bytes_per_value = 2 if codecs else 4
     assert report.pp_bytes_per_cut == 8 * 96 * 128 * bytes_per_value  # batch 8 x context 96 x d_model 128
     expected = payload_bytes(RuntimeBenchConfig(devices_per_region=2, stages=2, replicas=2, **codecs))

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dp-codec", default="none", help="gradient codec (name only)")
     parser.add_argument("--pp-codec", default="none", help="activation codec: none, fp16, bf16, int8-block")
     parser.add_argument("--seed", type=int, default=0, help="seed of the cluster, the random plan, the search and the model")
+    parser.add_argument("--cost-model", default="schedule", choices=["schedule", "ring", "yuan"],
+                        help="the model whose predicted iteration time heads the table (schedule: event simulation "
+                             "with the measured compute; ring/yuan: their comm + compute, no overlap)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -30,11 +33,13 @@ def run(args: Any) -> int:
     from geotrain.cli.output import Output
     from geotrain.cli.placement_args import assignment_rows, region_legend
     from geotrain.runtime.bench import RuntimeBenchConfig, run_runtime_bench
+    from geotrain.runtime.predict import ITERATION_MODELS
 
     config = RuntimeBenchConfig(devices_per_region=args.devices_per_region, stages=args.stages, replicas=args.replicas,
                                 inter_gbps=args.inter_gbps, inter_ms=args.inter_ms, intra_gbps=args.intra_gbps,
                                 time_scale=args.time_scale, steps=args.steps, microbatches=args.microbatches,
-                                dp_codec=args.dp_codec, pp_codec=args.pp_codec, seed=args.seed)
+                                dp_codec=args.dp_codec, pp_codec=args.pp_codec, seed=args.seed,
+                                cost_model=args.cost_model)
     out = Output(json_mode=args.json)
     with out.progress("bench runtime", 3 * config.steps) as progress:
         order = {"planned": 0, "random": 1, "crossing": 2}
@@ -42,17 +47,32 @@ def run(args: Any) -> int:
     if args.json:
         out.emit_json(bench.to_json())
         return 0
+    model = config.cost_model
     rows = []
     for plan in bench.plans:
         s = plan.report.summary()
-        rows.append([plan.label, plan.chosen_by, f"{s['iteration_s']:.3f}", f"{s['compute_s']:.3f}",
+        rows.append([plan.label, plan.chosen_by, f"{s['iteration_s']:.3f}", f"{s['iteration_predicted_s'][model]:.3f}",
+                     f"{s['iteration_error_pct'][model]:+.1f}", f"{s['compute_s']:.3f}",
                      f"{s['comm_predicted_s']:.3f}", f"{s['comm_measured_s']:.3f}", f"{s['error_pct']:+.1f}",
-                     f"{bench.ratio(plan.label):.2f}", f"{bench.ratio(plan.label, 'comm_measured_s'):.2f}",
-                     f"{s['final_loss']:.4f}"])
+                     f"{bench.ratio(plan.label):.2f}", f"{s['final_loss']:.4f}"])
     out.table(f"{config.stages} stages x {config.replicas} replicas on {bench.cluster.name} (time scale "
               f"{config.time_scale:g}); seconds per iteration, means of iterations 2..{config.steps}",
-              ["plan", "chosen by", "iteration", "compute", "comm pred.", "comm meas.", "error %",
-               "iter. / planned", "comm / planned", "final loss"], rows, right_align_from=2)
+              ["plan", "chosen by", "iteration", f"{model} pred.", "error %", "compute", "comm pred. (yuan)",
+               "comm meas.", "error %", "iter. / planned", "final loss"], rows, right_align_from=2)
+    out.table("iteration seconds predicted by each model (error = measured vs predicted)",
+              ["plan", "emulated", *(f"{m}" for m in ITERATION_MODELS), *(f"{m} err %" for m in ITERATION_MODELS)],
+              [[p.label, f"{p.report.summary()['iteration_s']:.3f}",
+                *(f"{p.report.summary()['iteration_predicted_s'][m]:.3f}" for m in ITERATION_MODELS),
+                *(f"{p.report.summary()['iteration_error_pct'][m]:+.1f}" for m in ITERATION_MODELS)]
+               for p in bench.plans], right_align_from=1)
+    clock = [p for p in bench.plans if "iteration_emulated_s" in p.report.summary()]
+    if clock:
+        out.table("on the emulated clock (step period, emulated seconds; compute at real speed, links unscaled)",
+                  ["plan", "emulated", *(f"{m}" for m in ITERATION_MODELS), *(f"{m} err %" for m in ITERATION_MODELS)],
+                  [[p.label, f"{p.report.summary()['iteration_emulated_s']:.3f}",
+                    *(f"{p.report.summary()['iteration_predicted_emulated_s'][m]:.3f}" for m in ITERATION_MODELS),
+                    *(f"{p.report.summary()['iteration_emulated_error_pct'][m]:+.1f}" for m in ITERATION_MODELS)]
+                   for p in clock], right_align_from=1)
     out.table("predicted vs measured, per term (s)", ["plan", "dp pred.", "dp meas.", "pp pred.", "pp meas."],
               [[p.label, *(f"{p.report.summary()[k]:.3f}" for k in
                            ("dp_predicted_s", "dp_measured_s", "pp_predicted_s", "pp_measured_s"))] for p in bench.plans])

@@ -7,12 +7,9 @@ against the cluster are checked by the caller's own model of the devices.
 
 from __future__ import annotations
 
-from geotrain.errors import GeotrainError, shown
+from geotrain.cluster.devices import DeviceListError
+from geotrain.errors import shown
 from geotrain.plan import load_plan
-
-
-class DeviceListError(GeotrainError, ValueError):
-    """--devices is not a comma-separated list of integers."""
 
 
 def parse_device_list(text: str) -> list[int]:

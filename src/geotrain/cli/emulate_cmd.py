@@ -56,11 +56,11 @@ def target_of(args: Any) -> tuple[str, ...]:
 
 def run(args: Any) -> int:
     from geotrain.emulate.launch import LaunchConfig, launch  # torch: imported only when emulating
-    from geotrain.emulate.network import EmulatedNetwork
+    from geotrain.cluster.devices import check_device_list
 
     cluster = load_cluster(args.cluster)
     ranks = rank_devices(args.plan, args.devices, cluster.n_devices)  # one of the two is required
-    devices = EmulatedNetwork.from_cluster(cluster).check_devices(ranks)
+    devices = check_device_list(ranks, cluster.n_devices)
     config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps,
                           Path(args.report) if args.report else None, args.timeout)
     result = launch(cluster, devices, config)

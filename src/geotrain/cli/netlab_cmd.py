@@ -58,14 +58,14 @@ def lab_devices(args: Any, default: Callable[[Any], list[int]] | None = None) ->
     """(cluster, device list) from --cluster and --devices/--plan; neither: `default(cluster)`, or
     every device."""
     from geotrain.cluster import load_cluster
-    from geotrain.netlab import check_devices
+    from geotrain.cluster.devices import check_device_list
     from geotrain.cli.device_args import rank_devices
 
     cluster = load_cluster(args.cluster)
     devices = rank_devices(args.plan, args.devices, cluster.n_devices)
     if devices is None:
         return cluster, default(cluster) if default is not None else list(range(cluster.n_devices))
-    return cluster, check_devices(cluster, devices)
+    return cluster, check_device_list(devices, cluster.n_devices)
 
 
 def _describe(lab: Any) -> tuple[list[str], list[list[str]]]:

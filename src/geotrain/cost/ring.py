@@ -22,6 +22,25 @@ from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
 from geotrain.job import Job
 
 
+def ring_allreduce_seconds(cluster: Cluster, assignments: np.ndarray, dp_bytes: np.ndarray,
+                           nic_bps: np.ndarray | None = None) -> np.ndarray:
+    """(..., S) seconds of every stage's ring all-reduce with the ring in the given order (replica r
+    sends to r + 1: the order gloo uses, group rank order), `dp_bytes[s]` bytes per member:
+    2 (n - 1) x max over ring links of (a + 8 (c / n) / min(b, nic of the sender)).
+    `nic_bps` (N,): each device's NIC (None: unlimited); one message per round, so it only caps."""
+    assignments = np.asarray(assignments, dtype=np.int64)
+    n = assignments.shape[-1]
+    if n < 2:
+        return np.zeros(assignments.shape[:-1])
+    src, dst = assignments, np.roll(assignments, -1, axis=-1)
+    rate = cluster.bandwidth_bps[src, dst]
+    if nic_bps is not None:
+        rate = np.minimum(rate, np.asarray(nic_bps, dtype=float)[src])
+    chunk = 8.0 * np.asarray(dp_bytes, dtype=float)[:, None] / n
+    step = cluster.latency_s[src, dst] + np.divide(chunk, rate, out=np.zeros(rate.shape), where=rate > 0)
+    return 2 * (n - 1) * step.max(axis=-1)
+
+
 class RingCostModel:
     """Ring all-reduce DP groups (ring order optimised per group) + "yuan" pipelines."""
 

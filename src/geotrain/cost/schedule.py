@@ -17,8 +17,12 @@ Per replica r with devices d_0 .. d_{S-1}, M micro-batches of b = global_batch /
 - F at s starts when the device is free and the activation has arrived; B at s < S-1 when the
   gradient from s+1 has arrived; B at S-1 follows its own F in the device order.
 - DP: stage s's all-reduce starts when every replica has finished its last backward at stage s and
-  takes "yuan"'s dp_s (scatter-gather formula); it overlaps whatever other stages still do.
-  iteration = max_s (max_r end of last B at s + dp_s).
+  its last message has left the device (a stage waits for its sends before the all-reduce), and
+  takes "yuan"'s dp_s (scatter-gather formula) or, with allreduce="ring", the ring all-reduce in
+  replica order (gloo's; cost/ring.ring_allreduce_seconds); it overlaps whatever other stages still do.
+  iteration = max_s (max_r ready at s + dp_s).
+- NIC (optional, `nic_bps` per device): caps every message's rate; a stage's messages to both
+  neighbours also queue FIFO on its NIC, each busy 8 bytes / nic.
 Simplifications: all-reduce traffic does not share links with activations; compute does not slow
 down communication; every stage holds 1/S of the parameters. Vectorised over replicas (and over a
 batch of assignments); the loop runs over the 2 S M ops once.
@@ -60,6 +64,16 @@ def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_laten
     stage s needs forward_s[..., s] per micro-batch forward (backward: twice that), and whose cut s
     (stage s <-> s+1, both directions alike) is busy send_busy_s[..., s] per message and adds
     send_latency_s[..., s]. Leading axes (replicas, assignments) are simulated together."""
+    return simulate_pipeline_sends(forward_s, send_busy_s, send_latency_s, microbatches, kind)[0]
+
+
+def simulate_pipeline_sends(forward_s: np.ndarray, send_busy_s: np.ndarray, send_latency_s: np.ndarray,
+                            microbatches: int, kind: str, nic_busy_s: np.ndarray | None = None,
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    """`simulate_pipeline`, plus (..., S) the time each stage's last message has left its device
+    (serialised: a stage waits for its sends before its all-reduce). `nic_busy_s[..., s]`: seconds
+    one message occupies stage s's NIC (None: unlimited NIC); a stage's sends to its two neighbours
+    then also queue FIFO on its NIC, not only on their own links."""
     S = forward_s.shape[-1]
     shape = forward_s.shape[:-1]
     orders = [pipeline_order(kind, s, S, microbatches) for s in range(S)]
@@ -70,6 +84,19 @@ def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_laten
     act_arrival: dict[tuple[int, int], np.ndarray] = {}   # (stage receiving, m) -> time
     grad_arrival: dict[tuple[int, int], np.ndarray] = {}
     last_backward = np.zeros(shape + (S,))
+    nic_free = np.zeros(shape + (S,))
+    sends_done = np.zeros(shape + (S,))
+
+    def post(link_free: np.ndarray, cut: int, sender: int, handed: np.ndarray) -> np.ndarray:
+        """FIFO on the directed link (and the sender's NIC): the message's arrival."""
+        start = np.maximum(handed, link_free[..., cut])
+        if nic_busy_s is not None:
+            start = np.maximum(start, nic_free[..., sender])
+            nic_free[..., sender] = start + nic_busy_s[..., sender]
+        link_free[..., cut] = start + send_busy_s[..., cut]
+        sends_done[..., sender] = np.maximum(sends_done[..., sender], link_free[..., cut])
+        return link_free[..., cut] + send_latency_s[..., cut]
+
     remaining = sum(len(order) for order in orders)
     while remaining:
         progressed = False
@@ -82,9 +109,7 @@ def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_laten
                         break
                     end = np.maximum(device_free[..., s], ready) + forward_s[..., s]
                     if s < S - 1:
-                        start = np.maximum(end, fwd_link_free[..., s])
-                        fwd_link_free[..., s] = start + send_busy_s[..., s]
-                        act_arrival[(s + 1, m)] = fwd_link_free[..., s] + send_latency_s[..., s]
+                        act_arrival[(s + 1, m)] = post(fwd_link_free, s, s, end)
                 else:
                     ready = grad_arrival.pop((s, m), None) if s < S - 1 else 0.0
                     if ready is None:
@@ -92,16 +117,14 @@ def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_laten
                     end = np.maximum(device_free[..., s], ready) + 2.0 * forward_s[..., s]
                     last_backward[..., s] = end
                     if s > 0:
-                        start = np.maximum(end, bwd_link_free[..., s - 1])
-                        bwd_link_free[..., s - 1] = start + send_busy_s[..., s - 1]
-                        grad_arrival[(s - 1, m)] = bwd_link_free[..., s - 1] + send_latency_s[..., s - 1]
+                        grad_arrival[(s - 1, m)] = post(bwd_link_free, s - 1, s, end)
                 device_free[..., s] = end
                 position[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:  # cannot happen for the two schedules above; guards a future one
             raise ScheduleError(f"schedule {kind!r} deadlocks")
-    return last_backward
+    return last_backward, np.maximum(sends_done, last_backward)
 
 
 def stage_allreduce_seconds(cluster: Cluster, assignments: np.ndarray, dp_bytes: np.ndarray) -> np.ndarray:
@@ -117,19 +140,39 @@ def stage_allreduce_seconds(cluster: Cluster, assignments: np.ndarray, dp_bytes:
     return pair.sum(axis=-1).max(axis=-1)
 
 
+ALLREDUCE_ALGORITHMS = ("scatter-gather", "ring")
+
+
 def schedule_seconds(cluster: Cluster, assignments: np.ndarray, forward_s: np.ndarray, message_bytes: float,
-                     dp_bytes: np.ndarray, microbatches: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+                     dp_bytes: np.ndarray, microbatches: int, kind: str, allreduce: str = "scatter-gather",
+                     nic_bps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The simulation from traffic: `forward_s` per device (N,) seconds of one micro-batch forward,
-    `message_bytes` per activation (and gradient) message, `dp_bytes` (S,) gradient bytes per device.
-    Returns (end of each stage's last backward over replicas (..., S), all-reduce seconds (..., S));
-    the iteration is max_s of their sum."""
+    `message_bytes` per activation (and gradient) message, `dp_bytes` (S,) gradient bytes per device,
+    `allreduce` "scatter-gather" (yuan's dp_s) or "ring" (in replica order, as gloo runs it),
+    `nic_bps` (N,) each device's NIC (None: unlimited).
+    Returns (when each stage's group may start its all-reduce: the last replica's last backward done
+    and its last message sent, (..., S); all-reduce seconds (..., S)); the iteration is max_s of their sum."""
+    from geotrain.cost.ring import ring_allreduce_seconds  # ring.py builds on yuan.py, as this module
+
     assignments = np.asarray(assignments, dtype=np.int64)
     chains = np.swapaxes(assignments, -1, -2)  # (..., R, S)
     src, dst = chains[..., :-1], chains[..., 1:]
     bandwidth = cluster.bandwidth_bps[src, dst]
+    nic_busy = None
+    if nic_bps is not None:
+        nic = np.asarray(nic_bps, dtype=float)
+        bandwidth = np.minimum(bandwidth, nic[src])
+        nic_busy = 8.0 * message_bytes / nic[chains]
     busy = np.divide(8.0 * message_bytes, bandwidth, out=np.zeros(bandwidth.shape), where=bandwidth > 0)
-    ends = simulate_pipeline(np.asarray(forward_s)[chains], busy, cluster.latency_s[src, dst], microbatches, kind)
-    return ends.max(axis=-2), stage_allreduce_seconds(cluster, assignments, dp_bytes)
+    _, ready = simulate_pipeline_sends(np.asarray(forward_s)[chains], busy, cluster.latency_s[src, dst],
+                                       microbatches, kind, nic_busy)
+    if allreduce == "ring":
+        dp = ring_allreduce_seconds(cluster, assignments, dp_bytes, nic_bps)
+    elif allreduce == "scatter-gather":
+        dp = stage_allreduce_seconds(cluster, assignments, dp_bytes)
+    else:
+        raise ScheduleError(f"unknown all-reduce {allreduce!r} (known: {', '.join(ALLREDUCE_ALGORITHMS)})")
+    return ready.max(axis=-2), dp
 
 
 class ScheduleCostModel:

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from geotrain.cluster import Cluster
+from geotrain.cluster.devices import check_device_list
 from geotrain.emulate.clock import RankClock
 from geotrain.emulate.network import EmulatedNetwork, EmulationError
 from geotrain.emulate.process_group import BACKEND_NAME, EmulatedProcessGroup
@@ -85,7 +86,7 @@ def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
     """Emulate `cluster` in this process: global rank r is device `devices[r]`; `time_scale` F sleeps F x
     the emulated link time (0: none); `report_dir` receives `rank-<r>.json` at exit."""
     network = EmulatedNetwork.from_cluster(cluster, time_scale, nic_gbps)
-    device_list = tuple(network.check_devices(devices))
+    device_list = tuple(check_device_list(devices, network.n_devices))
     states: list[EmulationState] = []
     emulation = Emulation(network, device_list, Path(report_dir) if report_dir else None, states)
 

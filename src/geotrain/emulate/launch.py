@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.cluster import Cluster, cluster_to_dict
+from geotrain.cluster.devices import check_device_list
 from geotrain.emulate.bootstrap import CONFIG_ENV
 from geotrain.emulate.network import EmulatedNetwork
 from geotrain.emulate.report import merge_report
@@ -41,6 +42,7 @@ class LaunchConfig:
     report_path: Path | None = None
     timeout_s: float | None = None
     grace_s: float = 5.0
+    log_dir: Path | None = None  # each rank's stdout + stderr to log_dir/rank<r>.log (None: inherited)
 
 
 @dataclass(frozen=True)
@@ -121,7 +123,7 @@ def _install_stop_handlers() -> dict[int, Any]:
 def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> LaunchResult:
     """Run `config.target` on len(devices) ranks, rank i emulating devices[i]; merge the report."""
     network = EmulatedNetwork.from_cluster(cluster, config.time_scale, config.nic_gbps)
-    device_list = network.check_devices(devices)
+    device_list = check_device_list(devices, network.n_devices)
     with tempfile.TemporaryDirectory(prefix="geotrain-emulate-") as tmp:
         parts = Path(tmp) / "parts"
         parts.mkdir()
@@ -135,8 +137,14 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         previous = _install_stop_handlers()
         try:
             for rank in range(len(device_list)):
-                processes.append(subprocess.Popen(command, env=rank_env(rank, len(device_list), port, config_path),
-                                                  preexec_fn=set_parent_death_signal))
+                log = None if config.log_dir is None else open(config.log_dir / f"rank{rank}.log", "wb")  # noqa: SIM115
+                try:
+                    processes.append(subprocess.Popen(command, env=rank_env(rank, len(device_list), port, config_path),
+                                                      preexec_fn=set_parent_death_signal, stdout=log,
+                                                      stderr=None if log is None else subprocess.STDOUT))
+                finally:
+                    if log is not None:
+                        log.close()
             stopped: set[int] = set()
             timed_out = _supervise(processes, config, stopped)
         except BaseException:

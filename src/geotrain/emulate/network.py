@@ -59,15 +59,3 @@ class EmulatedNetwork:
         if src == dst:
             return float("inf")
         return min(float(self.bandwidth_bps[src, dst]), float(self.nic_bps[src]))
-
-    def check_devices(self, devices: Sequence[int], source: str = "--devices") -> list[int]:
-        """The device list as ints, each in range and used once; EmulationError names the source."""
-        out = [int(d) for d in devices]
-        bad = [d for d in out if not 0 <= d < self.n_devices]
-        if bad:
-            raise EmulationError(f"{source}: device {bad[0]} out of range 0..{self.n_devices - 1}")
-        if len(set(out)) != len(out):
-            raise EmulationError(f"{source}: a device is listed twice in {out!r:.80}")
-        if not out:
-            raise EmulationError(f"{source}: needs at least one device")
-        return out

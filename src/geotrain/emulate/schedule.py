@@ -8,8 +8,10 @@ with rate(d, e) = min(bandwidth(d, e), nic(d)): every message is at least as slo
 and all of d's messages together at least as slow as d's NIC pushing their sum.
 
 Point-to-point messages queue per directed link and per sender NIC, first in, first out: a message of b
-bytes handed over at t starts at max(t, link free, NIC free), occupies both for 8 b / rate, and arrives
-one latency after that: back-to-back messages pay the latency once (it is pipelined).
+bytes handed over at t starts at max(t, link free, NIC free), occupies its link for 8 b / rate and the
+NIC for 8 b / nic (an unlimited NIC is never busy: messages to different peers do not wait for each
+other, as with per-destination htb classes in netlab), and arrives one latency after its link time:
+back-to-back messages pay the latency once (it is pipelined).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class SenderQueues:
             return handoff_s, handoff_s, handoff_s
         start = max(handoff_s, self.nic_free_s, self.link_free_s.get(dst_device, float("-inf")))
         done = start + 8.0 * nbytes / self.network.rate_bps(self.device, dst_device)
-        self.nic_free_s = done
+        # The NIC is busy for the message at its own rate (an unlimited NIC: not at all), so messages
+        # to other peers are not held behind a slow link's serialisation.
+        self.nic_free_s = start + 8.0 * nbytes / float(self.network.nic_bps[self.device])
         self.link_free_s[dst_device] = done
         return start, done, done + self.network.latency(self.device, dst_device)

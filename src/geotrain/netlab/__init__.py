@@ -2,7 +2,7 @@
 
 from geotrain.netlab.lab import LabSignal, NetLab, sweep_stale_labs
 from geotrain.netlab.launch import WorkerResult, run_script, torchrun_env, worst_exit_code
-from geotrain.netlab.topology import LabDevice, LabTopology, NetLabError, check_devices, lab_topology
+from geotrain.netlab.topology import LabDevice, LabTopology, NetLabError, lab_topology
 
 __all__ = [
     "LabDevice",
@@ -11,7 +11,6 @@ __all__ = [
     "NetLab",
     "NetLabError",
     "WorkerResult",
-    "check_devices",
     "lab_topology",
     "run_script",
     "sweep_stale_labs",

@@ -4,6 +4,12 @@
       class 1:<0x100+j>  rate = ceil = b(i, j), selected by a u32 filter on peer j's address
         leaf netem <0x1000+j>:  delay a(i, j)        (only where the kernel has netem)
 
+Rates are the cluster file's bandwidths, which the emulator, the cost models and `geotrain probe` all
+read as payload (TCP goodput) bit/s; htb counts whole Ethernet frames, so every class is given
+rate x WIRE_PER_PAYLOAD (1514 wire bytes per 1448 payload bytes at MTU 1500 with TCP timestamps;
+measured before this correction: goodput 95.5-96% of the htb rate), and a TCP stream then gets the
+file's bandwidth.
+
 rate == ceil: a class never borrows, so every destination sees exactly its own link, whatever the
 others do. With a NIC limit (`nic_bps`), the peer classes hang under one class 1:2 of rate = ceil =
 the NIC; each peer is guaranteed NIC / peers and may borrow up to min(b(i, j), NIC): one stream gets
@@ -28,6 +34,8 @@ NIC_CLASS = 0x10002
 UNSHAPED_RATE_BPS = 32e9
 QUANTUM_BYTES = 65536
 _MIN_BURST_BYTES = 65536
+MTU_BYTES = 1500  # the lab's veths keep the kernel default
+WIRE_PER_PAYLOAD = (MTU_BYTES + 14) / (MTU_BYTES - 20 - 20 - 12)  # Ethernet / IPv4, TCP + timestamps
 _NETEM_MISSING = (errno.ENOENT, errno.EOPNOTSUPP, errno.EINVAL)
 
 
@@ -87,8 +95,11 @@ def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_de
 
 def _add_class(ipr: IPRoute, ifindex: int, classid: int, rate_bps: float, ceil_bps: float | None = None,
                parent: int = ROOT_HANDLE) -> None:
-    """An htb class guaranteed `rate_bps`, borrowing up to `ceil_bps` (default: no borrowing)."""
+    """An htb class guaranteed `rate_bps` of payload, borrowing up to `ceil_bps` (default: no
+    borrowing); htb is given the wire rates (x WIRE_PER_PAYLOAD, within htb's 32-bit field)."""
     ceil_bps = rate_bps if ceil_bps is None else ceil_bps
+    rate_bps = min(rate_bps * WIRE_PER_PAYLOAD, UNSHAPED_RATE_BPS)
+    ceil_bps = min(ceil_bps * WIRE_PER_PAYLOAD, UNSHAPED_RATE_BPS)
     ipr.tc("add-class", "htb", ifindex, classid, parent=parent, rate=f"{int(rate_bps)}bit",
            ceil=f"{int(ceil_bps)}bit", burst=burst_bytes(rate_bps), cburst=burst_bytes(ceil_bps),
            quantum=QUANTUM_BYTES)

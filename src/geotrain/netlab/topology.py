@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.cluster import Cluster
+from geotrain.cluster.devices import check_device_list
 from geotrain.errors import GeotrainError
 from geotrain.netlab.names import LabName
 
@@ -92,26 +93,11 @@ def uplink_names(region: int) -> tuple[str, str]:
 CORE_BRIDGE = "br-core"
 
 
-def check_devices(cluster: Cluster, devices: list[int], source: str = "--devices") -> list[int]:
-    """The device list, validated against the cluster: in range, no repeats, at least one."""
-    if not devices:
-        raise NetLabError(f"{source}: needs at least one device")
-    for i, device in enumerate(devices):
-        if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < cluster.n_devices:
-            raise NetLabError(f"{source}[{i}]: device index must be in 0..{cluster.n_devices - 1}, got {device!r}")
-    seen = set()
-    for i, device in enumerate(devices):
-        if device in seen:
-            raise NetLabError(f"{source}[{i}]: device {device} listed twice")
-        seen.add(device)
-    return [int(d) for d in devices]
-
-
 def lab_topology(cluster: Cluster, devices: list[int], lab: LabName,
                  nic_gbps: float | list[float] | None = None) -> LabTopology:
     """The lab for `devices` (rank i = cluster device devices[i]) of `cluster`; `nic_gbps`: one NIC
     rate for every rank, or one per rank, or None (unlimited)."""
-    devices = check_devices(cluster, devices)
+    devices = check_device_list(devices, cluster.n_devices)
     position: dict[int, int] = {}
     lab_devices = []
     for rank, device in enumerate(devices):

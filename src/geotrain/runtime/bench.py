@@ -7,7 +7,8 @@ plans of the same job run one after another in one invocation, through the same 
   random   - a typical random plan: the median-cost one of 201 seeded uniformly random assignments;
   crossing - the worst region-crossing plan: slot (stage s, replica r) in region (s + r) mod G, so
              every pipeline cut and every DP group crosses regions.
-Each gives measured iteration time, measured and predicted communication; ratios are to `planned`.
+Each gives measured iteration time, measured and predicted communication, and the iteration time every
+model of predict.ITERATION_MODELS predicts (`cost_model` picks the headline one); ratios are to `planned`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from geotrain.errors import GeotrainError
 from geotrain.models import GPTConfig
 from geotrain.runtime.config import TINY_GPT, RuntimeConfig, parse_codec_spec
 from geotrain.runtime.launcher import launch
-from geotrain.runtime.predict import real_bytes_job
+from geotrain.runtime.predict import ITERATION_MODELS, real_bytes_job
 from geotrain.runtime.report import RunReport
 from geotrain.runtime.stages import build_stage
 from geotrain.search import SEARCH_METHODS, PlacementProblem, run_search
@@ -57,8 +58,11 @@ class RuntimeBenchConfig:
     search_methods: tuple[str, ...] = ("auto",)
     search_time_limit_s: float = 10.0
     model: GPTConfig = TINY_GPT
+    cost_model: str = ITERATION_MODELS[0]  # the iteration prediction the headline table shows
 
     def __post_init__(self) -> None:
+        if self.cost_model not in ITERATION_MODELS:
+            raise RuntimeBenchError(f"--cost-model: one of {', '.join(ITERATION_MODELS)}, got {self.cost_model!r}")
         if self.stages * self.replicas != 2 * self.devices_per_region:
             raise RuntimeBenchError(f"stages x replicas ({self.stages} x {self.replicas}) must use all "
                                     f"2 x {self.devices_per_region} devices of the two regions")

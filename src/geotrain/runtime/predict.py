@@ -64,3 +64,38 @@ def predict_comm(cluster: Cluster, assignment: np.ndarray, dp_bytes_per_stage: S
         pp_per_replica = np.zeros(replicas)
     return CommPrediction(dp_s=max(dp_per_stage), pp_s=float(pp_per_replica.max()),
                           dp_per_stage_s=tuple(dp_per_stage), pp_per_replica_s=tuple(float(x) for x in pp_per_replica))
+
+
+ITERATION_MODELS = ("schedule", "ring", "yuan")
+"""Models that predict a whole iteration from measured compute; the first is the best (docs/runtime.md)."""
+
+
+def predict_iteration_s(cluster: Cluster, assignment: np.ndarray, slot_compute_s: np.ndarray,
+                        dp_bytes_per_stage: Sequence[float], pp_bytes_per_cut: int, microbatches: int,
+                        schedule: str, time_scale: float, cost_model: str = ITERATION_MODELS[0]) -> float:
+    """Seconds of one iteration (wall: compute at real speed, link time x time_scale).
+
+    `slot_compute_s[s, r]`: the measured compute seconds of slot (s, r) in the iteration (the runtime's
+    record: forward, backward, codecs, optimizer). "schedule": the event simulation of cost/schedule.py
+    with that compute split into M forwards and M backwards (1 : 2), M messages of pp_bytes / M per cut
+    and direction, and the ring all-reduce in replica order (gloo's); "yuan" / "ring": the no-overlap
+    view, that model's dp + pp plus the slowest slot's compute."""
+    from geotrain.cost.schedule import schedule_seconds, simulate_pipeline
+
+    assignment = np.asarray(assignment, dtype=np.int64)
+    slot_compute_s = np.asarray(slot_compute_s, dtype=float)
+    if cost_model in ("yuan", "ring"):
+        comm = predict_comm(cluster, assignment, dp_bytes_per_stage, pp_bytes_per_cut, time_scale, cost_model)
+        return comm.total_s + float(slot_compute_s.max())
+    if cost_model != "schedule":
+        raise ValueError(f"--cost-model: one of {', '.join(ITERATION_MODELS)}, got {cost_model!r}")
+    forward_s = np.zeros(cluster.n_devices)
+    forward_s[assignment] = slot_compute_s / (3.0 * microbatches)
+    if time_scale <= 0:  # plain gloo: only compute is modelled
+        no_link = np.zeros((assignment.shape[1], assignment.shape[0] - 1))
+        return float(simulate_pipeline(forward_s[assignment.T], no_link, no_link, microbatches, schedule).max())
+    # The simulation is homogeneous in time: with compute / F as input, F x its result is
+    # compute at real speed plus link time x F.
+    ready, dp = schedule_seconds(cluster, assignment, forward_s / time_scale, pp_bytes_per_cut / microbatches,
+                                 np.asarray(dp_bytes_per_stage, dtype=float), microbatches, schedule, allreduce="ring")
+    return float((ready + dp).max()) * time_scale

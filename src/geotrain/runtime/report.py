@@ -5,7 +5,9 @@ Measured communication of one iteration, aggregated exactly as the cost model ag
           backward link (gradients): the union of [hand-off, delivery] of that link's messages;
   dp_s  = the longest DP-exchange time (after the barrier) among the members of stage s;
   comm  = max_s dp_s + max_r pp_r.
-Predicted: the yuan model with this run's real payload bytes, time-scaled (predict.py).
+Predicted communication: the yuan model with this run's real payload bytes, time-scaled (predict.py).
+Predicted iteration, per model of predict.ITERATION_MODELS ("schedule": the event simulation with each
+slot's measured compute of that iteration; "yuan"/"ring": their comm + the slowest slot's compute).
 `replicas_in_sync`: every step, all replicas of each stage had bit-identical weights (a checksum).
 Summary figures are means over iterations after the first (the first pays one-off set-up costs);
 with a single iteration, that one.
@@ -15,14 +17,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
-from geotrain.runtime.predict import CommPrediction, predict_comm
+from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,11 @@ class IterationRow:
     pp_measured_s: float
     dp_predicted_s: float
     pp_predicted_s: float
+    iteration_predicted_s: dict[str, float] = field(default_factory=dict)  # by model name
+    # the emulated clock's view (emulated seconds, not time-scaled): this step's period, and the
+    # models' predictions in the same unit (None without emulation or without a next step)
+    iteration_emulated_s: float | None = None
+    iteration_predicted_emulated_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def comm_measured_s(self) -> float:
@@ -54,7 +61,9 @@ class IterationRow:
         return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s, "compute_s": self.compute_s,
                 "comm_measured": {"dp": self.dp_measured_s, "pp": self.pp_measured_s, "total": self.comm_measured_s},
                 "comm_predicted": {"dp": self.dp_predicted_s, "pp": self.pp_predicted_s, "total": self.comm_predicted_s},
-                "error_pct": self.error_pct}
+                "error_pct": self.error_pct, "iteration_predicted": dict(self.iteration_predicted_s),
+                "iteration_emulated_s": self.iteration_emulated_s,
+                "iteration_predicted_emulated": dict(self.iteration_predicted_emulated_s)}
 
 
 @dataclass(frozen=True)
@@ -84,9 +93,26 @@ class RunReport:
     def mean(self, attribute: str) -> float:
         return float(np.mean([getattr(row, attribute) for row in self._steady()]))
 
+    def iteration_predicted_s(self, model: str) -> float:
+        """Mean predicted iteration seconds of `model` over the summarised iterations."""
+        return float(np.mean([row.iteration_predicted_s[model] for row in self._steady()]))
+
     def summary(self) -> dict[str, float]:
         measured, predicted = self.mean("comm_measured_s"), self.mean("comm_predicted_s")
-        return {"iteration_s": self.mean("iteration_s"), "compute_s": self.mean("compute_s"),
+        iteration = self.mean("iteration_s")
+        by_model = {m: self.iteration_predicted_s(m) for m in self.rows[0].iteration_predicted_s}
+        emulated_rows = [row for row in self._steady() if row.iteration_emulated_s is not None]
+        emulated: dict[str, Any] = {}
+        if emulated_rows:
+            period = float(np.mean([row.iteration_emulated_s for row in emulated_rows]))
+            by_model_emulated = {m: float(np.mean([row.iteration_predicted_emulated_s[m] for row in emulated_rows]))
+                                 for m in emulated_rows[0].iteration_predicted_emulated_s}
+            emulated = {"iteration_emulated_s": period, "iteration_predicted_emulated_s": by_model_emulated,
+                        "iteration_emulated_error_pct": {m: relative_error_pct(period, p)
+                                                         for m, p in by_model_emulated.items()}}
+        return {**emulated, "iteration_predicted_s": by_model,
+                "iteration_error_pct": {m: relative_error_pct(iteration, p) for m, p in by_model.items()},
+                "iteration_s": self.mean("iteration_s"), "compute_s": self.mean("compute_s"),
                 "comm_measured_s": measured, "comm_predicted_s": predicted,
                 "dp_measured_s": self.mean("dp_measured_s"), "pp_measured_s": self.mean("pp_measured_s"),
                 "dp_predicted_s": self.mean("dp_predicted_s"), "pp_predicted_s": self.mean("pp_predicted_s"),
@@ -121,6 +147,27 @@ def _pp_seconds(records: Sequence[dict[str, Any]], stages: int, replicas: int) -
     return per_replica
 
 
+def emulated_periods_s(by_step: dict[int, list[dict[str, Any]]], time_scale: float) -> dict[int, float]:
+    """Emulated seconds from step k to step k + 1, by k: per replica, the emulated start of step k+1's
+    first activation message less step k's (that message leaves an idle link at once, so its start is
+    its hand-off after the first forward; the earliest "fwd" record of the step), max over replicas. Empty without emulation (time scale 0)
+    or without activation messages (one stage)."""
+    if time_scale <= 0:
+        return {}
+    first: dict[tuple[int, int], float] = {}
+    for step, records in by_step.items():
+        for record in records:
+            starts = [t[4] for t in record["transfers"] if t[0] == "fwd"]
+            if starts:
+                first[(step, record["replica"])] = min(starts) / time_scale
+    periods = {}
+    for step in by_step:
+        pairs = [(first[(step, r)], first[(step + 1, r)]) for (s, r) in first if s == step and (step + 1, r) in first]
+        if pairs:
+            periods[step] = max(after - before for before, after in pairs)
+    return periods
+
+
 def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> RunReport:
     """Aggregate the gathered records of all ranks (any order) into a RunReport."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -134,6 +181,16 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         if record["stage"] == 0 and record["replica"] == 0:  # activations replica 0 sends out of stage 0
             pp_bytes = int(record.get("pp_bytes", 0))
     prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale)
+
+    def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
+        compute = np.zeros((stages, replicas))
+        for record in step_records:
+            compute[record["stage"], record["replica"]] = record["compute_s"]
+        return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
+                                           config.microbatches, config.schedule, time_scale, model)
+                for model in ITERATION_MODELS}
+
+    periods = emulated_periods_s(by_step, config.time_scale)
     rows = []
     in_sync = True
     for step in sorted(by_step):
@@ -150,7 +207,10 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             compute_s=max(r["compute_s"] for r in step_records),
             dp_measured_s=float(dp_by_stage.max()),
             pp_measured_s=float(_pp_seconds(step_records, stages, replicas).max()),
-            dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s))
+            dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s,
+            iteration_predicted_s=iteration_predictions(step_records, config.time_scale),
+            iteration_emulated_s=periods.get(step),
+            iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {}))
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
