@@ -11,6 +11,9 @@ Two bounds, the larger is reported:
   and, unless that solved to optimality, the layered-composition model (`layers`) when few region
   compositions can beat the best known plan (they share the time limit); the flow model when
   neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
+- staircase (`staircase`): when there are too many region paths for the path model, plans are
+  split by their pipeline seconds and DP is bounded inside each piece (a layered region-path graph);
+  it gets the second half of the time limit.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from geotrain.search.exact import simple_upper_bound, solve_region_problem
 from geotrain.search.layers import enumerate_compositions, solve_layer_milp
 from geotrain.search.milp import solve_flow_milp
 from geotrain.search.regions import cheapest_path_seconds, pairwise_or_fail, region_terms
+from geotrain.search.staircase import staircase_bound
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ def combinatorial_bound(terms: PairwiseTerms, stages: int, replicas: int) -> flo
 
 
 def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None, time_limit_s: float = 30.0,
-                max_paths: int = 20000, max_compositions: int = 400) -> LowerBound:
+                max_paths: int = 20000, max_compositions: int = 400, staircase: bool = True) -> LowerBound:
     """The best of the bounds above. `upper_bound_s`: the total of any known plan (prunes region paths)."""
     start = time.perf_counter()
     model = problem.cost_model
@@ -94,14 +98,20 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
     except ValueError:  # SearchError: too many paths
         solution = None
     solved = False
+    # without the full path model, the layer/flow relaxations share the time with the staircase
+    with_staircase = staircase and S > 1 and (solution is None or not solution.complete)
+    share = 0.5 if with_staircase else 1.0
     if solution is not None and solution.complete:
         parts["region-paths"] = solution.milp.bound
         solved = solution.milp.status == "optimal"  # the region problem's optimum: layers cannot beat it
         proven = regions.exact and solved
     if not solved and compositions is not None:
-        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left(1.0)).bound
+        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left(share)).bound
     if len(parts) == 1:
-        parts["region-flows"] = solve_flow_milp(regions, S, R, left(1.0)).bound
+        parts["region-flows"] = solve_flow_milp(regions, S, R, left(share)).bound
+    if with_staircase:
+        remaining = max(1.0, time_limit_s - (time.perf_counter() - start))
+        parts["staircase"] = staircase_bound(regions, S, R, upper, time_limit_s=remaining).bound_s
     source = max(parts, key=parts.get)
     return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start)
 
