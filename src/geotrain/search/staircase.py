@@ -82,8 +82,22 @@ def layered_graph(terms: RegionTerms, stages: int, cap_s: float, delta_s: float)
     return LayeredGraph(cat(node_stage), cat(node_region), cat(arcs_s), cat(arcs_t), cat(arcs_h), delta_s)
 
 
+def least_presence(terms: RegionTerms, replicas: int, dp_cap_s: float) -> np.ndarray:
+    """m[g]: the fewest devices of region g a DP group with dp <= dp_cap_s can hold, if it holds any.
+    A member of g pays f_g(x) = (R - 1) dp[g, g] + sum_{h != g} (dp[g, h] - dp[g, g]) x[h] >=
+    (R - 1) dp[g, g] + step_g (R - x[g]), step_g the cheapest such difference (0 if none is positive)."""
+    G = terms.n_regions
+    diagonal = np.diag(terms.dp_s)
+    step = np.where(np.eye(G, dtype=bool), np.inf, terms.dp_s - diagonal[:, None]).min(axis=1)
+    m = np.ones(G)
+    ok = step > 0
+    m[ok] = np.ceil(replicas - (dp_cap_s - (replicas - 1) * diagonal[ok]) / step[ok] - 1e-9)
+    return np.clip(m, 1.0, float(replicas))
+
+
 def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
-                  time_limit_s: float | None = None) -> MilpResult | None:
+                  time_limit_s: float | None = None, dp_cap_s: float = np.inf,
+                  feasibility: bool = False) -> MilpResult | None:
     """Lower bound on DP*(cap_s) (see the module docstring; status "infeasible", bound inf: no plan
     has PP <= cap_s); None when the graph stays too large."""
     delta = max(cap_s, 1e-9) / LEVELS
@@ -112,6 +126,11 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
             for a in out_arcs[k]:
                 coefficients[f0 + a] = coefficients.get(f0 + a, 0.0) - 1.0
             rows.add(coefficients, 0.0, 0.0)
+    if np.isfinite(dp_cap_s):  # a present region holds at least m[g] devices (semi-continuous counts)
+        m = least_presence(terms, replicas, dp_cap_s)
+        for s in range(stages):
+            for g in range(G):
+                rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
     for s in range(stages):  # the flow through stage s's nodes of region g is x[s, g]
         for g in range(G):
             nodes = np.flatnonzero((graph.node_stage == s) & (graph.node_region == g))
@@ -120,11 +139,11 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
             coefficients[s * G + g] = -1.0
             rows.add(coefficients, 0.0, 0.0)
     c = np.zeros(n_vars)
-    c[dp_col] = 1.0
+    c[dp_col] = 0.0 if feasibility else 1.0
     integrality = np.zeros(n_vars)
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
-                            np.ones(stages * G), np.full(A, float(replicas)), [np.inf]]).astype(float)
+                            np.ones(stages * G), np.full(A, float(replicas)), [dp_cap_s]]).astype(float)
     result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
     status = _status(result)
     counts = None
