@@ -13,7 +13,7 @@ from geotrain.job import load_job
 from geotrain.search import PlacementProblem, run_search
 from geotrain.search.bounds import lower_bound
 from geotrain.search.regions import region_terms
-from geotrain.search.staircase import layered_graph, solve_dp_milp, staircase_bound
+from geotrain.search.staircase import layered_graph, least_presence, solve_dp_milp, solve_mean_pp_milp, staircase_bound
 
 layouts = st.sampled_from([((3, 3), 2, 3), ((2, 2, 2), 3, 2), ((4, 2), 2, 2), ((2, 3, 1), 2, 3), ((2, 2, 2), 2, 3)])
 
@@ -21,6 +21,11 @@ layouts = st.sampled_from([((3, 3), 2, 3), ((2, 2, 2), 3, 2), ((4, 2), 2, 2), ((
 def dp_pp_of_every_plan(model, n_devices):
     plans = all_assignments(n_devices, model.stages, model.replicas)
     return model.stage_dp_seconds(plans).max(axis=-1), model.replica_pp_seconds(plans).max(axis=-1)
+
+
+def mean_pp_of_every_plan(model, n_devices):
+    plans = all_assignments(n_devices, model.stages, model.replicas)
+    return model.replica_pp_seconds(plans).mean(axis=-1)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -33,8 +38,13 @@ def test_staircase_and_each_dp_bound_stay_below_brute_force(layout, jitter, seed
     optimum = float((dp + pp).min())
     some_plan = float((dp + pp)[seed % dp.size])
     terms = region_terms(cluster, model)
-    bound = staircase_bound(terms, stages, replicas, some_plan, time_limit_s=5.0, pieces_at_start=3)
-    assert bound.bound_s <= optimum * (1 + 1e-9)
+    for axis in ("pp", "dp"):
+        bound = staircase_bound(terms, stages, replicas, some_plan, axis=axis, time_limit_s=4.0, pieces_at_start=3)
+        assert bound.bound_s <= optimum * (1 + 1e-9)
+    mean_pp = mean_pp_of_every_plan(model, cluster.n_devices)
+    for cap in np.quantile(dp, [0.1, 0.5]):
+        assert solve_mean_pp_milp(terms, stages, replicas, float(cap), 5.0).bound <= \
+            float(mean_pp[dp <= cap * (1 + 1e-12)].min()) * (1 + 1e-9)
     for cap in np.quantile(pp, [0.0, 0.3, 0.7]):
         least_dp = float(dp[pp <= cap * (1 + 1e-12)].min())
         result = solve_dp_milp(terms, stages, replicas, float(cap), 5.0)
@@ -42,6 +52,20 @@ def test_staircase_and_each_dp_bound_stay_below_brute_force(layout, jitter, seed
     below_every_path = float(pp.min()) * 0.5
     result = solve_dp_milp(terms, stages, replicas, below_every_path, 5.0)
     assert result.status == "infeasible" or result.bound <= float(dp.min())
+
+
+def test_least_presence_holds_for_every_composition_within_the_cap():
+    cluster = random_cluster(3, (4, 3, 5), 0.0)
+    replicas = 6
+    terms = region_terms(cluster, build_cost_model("yuan", cluster, JOB, 2, replicas))
+    grid = np.array(np.meshgrid(*[np.arange(replicas + 1)] * 3)).reshape(3, -1).T
+    compositions = grid[(grid.sum(axis=1) == replicas) & (grid <= terms.sizes).all(axis=1)]
+    dp = terms.group_seconds(compositions)
+    for cap in np.quantile(dp, [0.1, 0.4, 0.8]):
+        m = least_presence(terms, replicas, float(cap))
+        within = compositions[dp <= cap]
+        assert ((within == 0) | (within >= m)).all()
+    assert (least_presence(terms, replicas, float(dp.min()) * 0.99) > 1).any()
 
 
 def test_layered_graph_holds_every_region_path_within_its_cap():
@@ -67,6 +91,6 @@ def test_lower_bound_with_staircase_is_below_the_best_plan_on_uneven_256():
     problem = PlacementProblem(cluster, model)
     plan = run_search("pipeline-local", problem)
     bound = lower_bound(problem, upper_bound_s=plan.cost.total, time_limit_s=8.0)
-    assert "staircase" in bound.parts
-    assert bound.parts["staircase"] <= plan.cost.total
+    assert {"staircase-pp", "staircase-dp"} <= set(bound.parts)
+    assert max(bound.parts["staircase-pp"], bound.parts["staircase-dp"]) <= plan.cost.total
     assert bound.value_s <= plan.cost.total

@@ -11,9 +11,10 @@ Two bounds, the larger is reported:
   and, unless that solved to optimality, the layered-composition model (`layers`) when few region
   compositions can beat the best known plan (they share the time limit); the flow model when
   neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
-- staircase (`staircase`): when there are too many region paths for the path model, plans are
-  split by their pipeline seconds and DP is bounded inside each piece (a layered region-path graph);
-  it gets the second half of the time limit.
+- staircases (`staircase`): when there are too many region paths for the path model, plans are
+  split by their pipeline seconds and DP is bounded inside each piece (a layered region-path graph),
+  and split by DP with the mean replica's pipeline seconds bounded inside each piece; the layer/flow
+  relaxation and the two staircases get a third of the time limit each.
 """
 
 from __future__ import annotations
@@ -98,9 +99,9 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
     except ValueError:  # SearchError: too many paths
         solution = None
     solved = False
-    # without the full path model, the layer/flow relaxations share the time with the staircase
+    # without the full path model, the layer/flow relaxations share the time with two staircases
     with_staircase = staircase and S > 1 and (solution is None or not solution.complete)
-    share = 0.5 if with_staircase else 1.0
+    share = 1.0 / 3.0 if with_staircase else 1.0
     if solution is not None and solution.complete:
         parts["region-paths"] = solution.milp.bound
         solved = solution.milp.status == "optimal"  # the region problem's optimum: layers cannot beat it
@@ -110,8 +111,9 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
     if len(parts) == 1:
         parts["region-flows"] = solve_flow_milp(regions, S, R, left(share)).bound
     if with_staircase:
-        remaining = max(1.0, time_limit_s - (time.perf_counter() - start))
-        parts["staircase"] = staircase_bound(regions, S, R, upper, time_limit_s=remaining).bound_s
+        for axis, portion in (("pp", 0.5), ("dp", 1.0)):
+            remaining = max(1.0, portion * (time_limit_s - (time.perf_counter() - start)))
+            parts[f"staircase-{axis}"] = staircase_bound(regions, S, R, upper, axis=axis, time_limit_s=remaining).bound_s
     source = max(parts, key=parts.get)
     return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start)
 

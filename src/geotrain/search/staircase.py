@@ -1,4 +1,4 @@
-"""The staircase lower bound: split plans by their pipeline seconds PP, bound DP inside each piece.
+"""Staircase lower bounds: split plans by one term of total = DP + PP, bound the other in each piece.
 
 total = DP + PP with DP = max_s dp_s and PP = max_r pp_r. For a threshold B let DP*(B) be the least
 DP of a plan whose every replica path costs <= B; DP*(B) does not grow with B. Every plan with PP in
@@ -16,6 +16,12 @@ floor(b / delta), so the flows cover every plan with PP <= b (and a few slightly
 relaxation, so the bound stays valid); pp is then not in the objective, so no binaries are needed
 on paths. Flows are continuous (a further relaxation); x, y are integer, with the same DP rows as
 the region MILPs (`milp._group_rows`: DP >= f_g(x_s) where region g is present, DP >= dp floor).
+
+The other axis (axis="dp") splits plans by DP instead: pieces [a, b) of DP worth a + PPlb(b), with
+PPlb(b) the least mean replica pipeline seconds (<= PP) over plans with DP <= b
+(`solve_mean_pp_milp`). Knowing DP <= b lets a present region's count start at `least_presence`
+(a member's foreign peers cost it at least its cheapest step each), which is what makes it strong
+where stage groups must stay inside regions (equal regions of R devices: multicloud).
 """
 
 from __future__ import annotations
@@ -166,38 +172,29 @@ class Staircase:
     seconds: float
 
 
-def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_s: float, *,
-                    time_limit_s: float = 30.0, target_gap: float = 0.002, min_width_s: float = 1e-3,
-                    pieces_at_start: int = 8) -> Staircase:
-    """OPT >= the returned bound (see the module docstring); `upper_bound_s`: a known plan's total."""
+def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, time_limit_s: float,
+            target_gap: float, min_width_s: float, pieces_at_start: int) -> Staircase:
+    """The staircase over one axis: pieces [a, b) of the split term worth a + inner(b), inner(b) a
+    lower bound on the other term over plans whose split term is <= b (non-increasing in b; at least
+    `floor`); inner(b, floor, seconds) -> (value, finished)."""
     start = time.perf_counter()
-    floor = dp_floor(terms, replicas, stages)
-    low = cheapest_path_seconds(terms, stages)
-    top = upper_bound_s - floor
-    if stages < 2 or top <= low:
-        value = min(upper_bound_s, low + floor)
-        return Staircase(value, ((low, low, value),), 0, True, time.perf_counter() - start)
     solves, complete = 0, True
 
-    def dp_bound(cap: float, lower: float, left: float) -> float:
+    def solve(cap: float, lower: float, left: float) -> float:
         nonlocal solves, complete
-        result = solve_dp_milp(terms, stages, replicas, cap, max(0.5, left))
+        value, finished = inner(cap, lower, max(0.5, left))
         solves += 1
-        if result is None:
-            complete = False
-            return lower
-        complete &= result.status != "time_limit"
-        return max(lower, result.bound)
+        complete &= finished
+        return value
 
-    # pieces [a, b) worth a + DPlb(b); the cheap (small b) pieces are solved first, each with an even
-    # share of the time left, and the cheapest piece is split while time remains
+    # the cheap (small b) pieces are solved first, each with an even share of the time left
     points = np.linspace(low, top, pieces_at_start + 1)
     pieces = []
     for k in range(pieces_at_start):
         share = (time_limit_s - (time.perf_counter() - start)) / (pieces_at_start - k)
         a, b = float(points[k]), float(points[k + 1])
-        pieces.append((a, b, a + dp_bound(b, floor, share)))
-    # DPlb(b) can only fall as b grows: carry the larger value of a later piece to earlier ones
+        pieces.append((a, b, a + solve(b, floor, share)))
+    # inner(b) can only fall as b grows: carry the larger value of a later piece to earlier ones
     for k in range(len(pieces) - 2, -1, -1):
         a, b, value = pieces[k]
         pieces[k] = (a, b, max(value, a + pieces[k + 1][2] - pieces[k + 1][0]))
@@ -208,8 +205,77 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
         if value >= target or b - a < min_width_s:
             break
         middle = 0.5 * (a + b)
-        dp_b = value - a
+        inner_b = value - a
         left = time_limit_s - (time.perf_counter() - start)
-        pieces[k:k + 1] = [(a, middle, a + dp_bound(middle, dp_b, left)), (middle, b, middle + dp_b)]
+        pieces[k:k + 1] = [(a, middle, a + solve(middle, inner_b, left)), (middle, b, middle + inner_b)]
     value = min(upper_bound_s, min(p[2] for p in pieces))
     return Staircase(value, tuple(pieces), solves, complete, time.perf_counter() - start)
+
+
+def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_s: float, *, axis: str = "pp",
+                    time_limit_s: float = 30.0, target_gap: float = 0.002, min_width_s: float = 1e-3,
+                    pieces_at_start: int = 8) -> Staircase:
+    """OPT >= the returned bound (see the module docstring); `upper_bound_s`: a known plan's total.
+    axis "pp": pieces of PP, DP bounded by `solve_dp_milp`; axis "dp": pieces of DP, PP bounded by
+    `solve_mean_pp_milp` (the mean replica, and at least the cheapest region path)."""
+    start = time.perf_counter()
+    floor = dp_floor(terms, replicas, stages)
+    low = cheapest_path_seconds(terms, stages)
+    if stages < 2 or upper_bound_s <= low + floor:
+        value = min(upper_bound_s, low + floor)
+        return Staircase(value, ((low, low, value),), 0, True, time.perf_counter() - start)
+
+    def dp_below(cap: float, lower: float, left: float) -> tuple[float, bool]:
+        result = solve_dp_milp(terms, stages, replicas, cap, left)
+        if result is None:
+            return lower, False
+        return max(lower, result.bound), result.status != "time_limit"
+
+    def pp_below(cap: float, lower: float, left: float) -> tuple[float, bool]:
+        result = solve_mean_pp_milp(terms, stages, replicas, cap, left)
+        return max(lower, result.bound), result.status != "time_limit"
+
+    if axis == "pp":
+        return _stairs(low, upper_bound_s - floor, upper_bound_s, dp_below, floor, time_limit_s, target_gap,
+                       min_width_s, pieces_at_start)
+    if axis == "dp":
+        return _stairs(floor, upper_bound_s - low, upper_bound_s, pp_below, low, time_limit_s, target_gap,
+                       min_width_s, pieces_at_start)
+    raise ValueError(f"staircase axis must be 'pp' or 'dp', got {axis!r}")
+
+
+def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float,
+                       time_limit_s: float | None = None) -> MilpResult:
+    """Lower bound on the least mean replica pipeline seconds (<= PP) of a plan with DP <= dp_cap_s:
+    integer counts x, presence y with x >= least_presence * y, the DP rows with DP <= dp_cap_s, and
+    continuous flows n[s, g, h] between consecutive stages; minimise sum pp[g, h] n / R."""
+    G = terms.n_regions
+    cuts = stages - 1
+    f0 = 2 * stages * G
+    dp_col = f0 + cuts * G * G
+    n_vars = dp_col + 1
+    flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
+    rows = _Rows()
+    _group_rows(rows, terms, stages, replicas, dp_col)
+    m = least_presence(terms, replicas, dp_cap_s)
+    for s in range(stages):
+        for g in range(G):
+            rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
+    for s in range(cuts):
+        for g in range(G):
+            coefficients = {flow(s, g, h): 1.0 for h in range(G)}
+            coefficients[s * G + g] = -1.0
+            rows.add(coefficients, 0.0, 0.0)
+            coefficients = {flow(s, h, g): 1.0 for h in range(G)}
+            coefficients[(s + 1) * G + g] = -1.0
+            rows.add(coefficients, 0.0, 0.0)
+    c = np.zeros(n_vars)
+    c[f0:dp_col] = np.tile(terms.pp_s.ravel(), cuts) / replicas
+    integrality = np.zeros(n_vars)
+    integrality[:f0] = 1
+    upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
+                            np.ones(stages * G), np.full(cuts * G * G, float(replicas)), [dp_cap_s]]).astype(float)
+    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
+    status = _status(result)
+    return MilpResult(status, float(result.fun) if result.x is not None else None,
+                      _bound(result) if status != "infeasible" else np.inf, None, None, seconds, n_vars)
