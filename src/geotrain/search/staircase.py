@@ -57,7 +57,7 @@ def layered_graph(terms: RegionTerms, stages: int, cap_s: float, delta_s: float)
     """The graph of region paths whose rounded-down seconds stay <= cap_s (see the module docstring);
     None when it would have more than MAX_ARCS arcs."""
     G = terms.n_regions
-    units = np.floor(terms.pp_s / delta_s).astype(np.int64)
+    units = np.floor(terms.pp_s / delta_s - 1e-9).clip(min=0).astype(np.int64)  # never above the true units
     cap = int(np.floor(cap_s / delta_s + 1e-9))
     suffix = np.zeros((stages, G), dtype=np.int64)  # cheapest rounded k-cut path from g
     for k in range(1, stages):
@@ -102,8 +102,7 @@ def least_presence(terms: RegionTerms, replicas: int, dp_cap_s: float) -> np.nda
 
 
 def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
-                  time_limit_s: float | None = None, dp_cap_s: float = np.inf,
-                  feasibility: bool = False) -> MilpResult | None:
+                  time_limit_s: float | None = None) -> MilpResult | None:
     """Lower bound on DP*(cap_s) (see the module docstring; status "infeasible", bound inf: no plan
     has PP <= cap_s); None when the graph stays too large."""
     delta = max(cap_s, 1e-9) / LEVELS
@@ -132,11 +131,6 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
             for a in out_arcs[k]:
                 coefficients[f0 + a] = coefficients.get(f0 + a, 0.0) - 1.0
             rows.add(coefficients, 0.0, 0.0)
-    if np.isfinite(dp_cap_s):  # a present region holds at least m[g] devices (semi-continuous counts)
-        m = least_presence(terms, replicas, dp_cap_s)
-        for s in range(stages):
-            for g in range(G):
-                rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
     for s in range(stages):  # the flow through stage s's nodes of region g is x[s, g]
         for g in range(G):
             nodes = np.flatnonzero((graph.node_stage == s) & (graph.node_region == g))
@@ -145,11 +139,11 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
             coefficients[s * G + g] = -1.0
             rows.add(coefficients, 0.0, 0.0)
     c = np.zeros(n_vars)
-    c[dp_col] = 0.0 if feasibility else 1.0
+    c[dp_col] = 1.0
     integrality = np.zeros(n_vars)
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
-                            np.ones(stages * G), np.full(A, float(replicas)), [dp_cap_s]]).astype(float)
+                            np.ones(stages * G), np.full(A, float(replicas)), [np.inf]]).astype(float)
     result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
     status = _status(result)
     counts = None
