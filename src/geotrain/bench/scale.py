@@ -22,7 +22,7 @@ from geotrain.job import load_job
 from geotrain.search import PlacementProblem, ProgressCallback, SearchError, run_search
 from geotrain.search.bounds import lower_bound
 
-DEFAULT_METHODS = ("pipeline-local", "dp-local", "local-search", "genetic", "hierarchical", "exact")
+DEFAULT_METHODS = ("pipeline-local", "dp-local", "local-search", "genetic", "hierarchical", "exact", "region-paths")
 FAMILIES = ("multicloud", "uneven")
 
 

@@ -258,24 +258,30 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
 def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, replicas: int, microbatches: int,
                      utilisation: float) -> float:
     """Lower bound on the "schedule" model's iteration seconds of any placement of the layout on
-    `pool`, f = one micro-batch forward on the pool's fastest GPU: every stage ends its last backward
-    after >= 3 M f of its own compute and then all-reduces, so total >= 3 M f + max_s dp_s >= 3 M f +
-    the combinatorial dp bound; stage 0's last backward waits for >= (M + 3 S - 1) f of chained work
-    (its last forward, the other stages' forward and every backward of that micro-batch) and its
-    all-reduce needs >= R - 1 scatter-gather pair exchanges on the pool's cheapest link."""
+    `pool`, f = one micro-batch forward on the pool's fastest GPU, hop = one micro-batch's
+    activations (pp_bytes / M) over the pool's fastest link plus its least latency: every stage ends
+    its last backward after >= 3 M f of its own compute and then all-reduces, so total >= 3 M f +
+    the combinatorial dp bound; stage 0's last backward waits for the chain of the last micro-batch,
+    >= (M + 3 S - 1) f + 2 (S - 1) hops (its M forwards at stage 0, then the other stages' forward
+    and every backward, each cut crossed twice), and also >= 3 S f + 2 (S - 1) hops + (M - 1) x
+    the busy time of one hop (cut 0's link carries the M activations one after another); then
+    stage 0 all-reduces, >= R - 1 scatter-gather pair exchanges on the pool's cheapest link."""
     peak = max(gpu_peak_flops(cluster.gpus[d]) for d in pool) * utilisation
     forward = job.flops_per_iteration() / 3.0 / (stages * replicas * microbatches) / peak
-    chain = forward * (microbatches + 3.0 * stages - 1.0)
-    busy = forward * 3.0 * microbatches
-    if replicas < 2:
-        return max(chain, busy)
     block = np.ix_(pool, pool)
     off = ~np.eye(len(pool), dtype=bool)
-    latency = float(cluster.latency_s[block][off].min())
-    bandwidth = float(cluster.bandwidth_bps[block][off].max())
+    latency = float(cluster.latency_s[block][off].min()) if len(pool) > 1 else 0.0
+    bandwidth = float(cluster.bandwidth_bps[block][off].max()) if len(pool) > 1 else np.inf
+    busy = 8.0 * job.pp_bytes(replicas) / microbatches / bandwidth
+    hops = 2.0 * (stages - 1) * (busy + latency)
+    chain = max(forward * (microbatches + 3.0 * stages - 1.0) + hops,
+                forward * 3.0 * stages + hops + (microbatches - 1.0) * busy * (stages > 1))
+    busy_compute = forward * 3.0 * microbatches
+    if replicas < 2:
+        return max(chain, busy_compute)
     cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth)
     dp_pair = YuanCostModel(subcluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
-    return max(chain + cheapest_dp, busy + combinatorial_dp_bound(dp_pair, stages, replicas))
+    return max(chain + cheapest_dp, busy_compute + combinatorial_dp_bound(dp_pair, stages, replicas))
 
 
 def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions) -> Candidate:

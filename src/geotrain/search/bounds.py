@@ -11,6 +11,10 @@ Two bounds, the larger is reported:
   and, unless that solved to optimality, the layered-composition model (`layers`) when few region
   compositions can beat the best known plan (they share the time limit); the flow model when
   neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
+- staircases (`staircase`): unless the path model is solved to optimality (it gets half of the time
+  limit), plans are split by their pipeline seconds and DP is bounded inside each piece (a layered
+  region-path graph), and split by DP with the mean replica's pipeline seconds bounded inside each
+  piece; the layer (1/2, else flow: 1/3) relaxation and the two staircases share the time left.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from geotrain.search.exact import simple_upper_bound, solve_region_problem
 from geotrain.search.layers import enumerate_compositions, solve_layer_milp
 from geotrain.search.milp import solve_flow_milp
 from geotrain.search.regions import cheapest_path_seconds, pairwise_or_fail, region_terms
+from geotrain.search.staircase import staircase_bound
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ def combinatorial_bound(terms: PairwiseTerms, stages: int, replicas: int) -> flo
 
 
 def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None, time_limit_s: float = 30.0,
-                max_paths: int = 20000, max_compositions: int = 400) -> LowerBound:
+                max_paths: int = 20000, max_compositions: int = 400, staircase: bool = True) -> LowerBound:
     """The best of the bounds above. `upper_bound_s`: the total of any known plan (prunes region paths)."""
     start = time.perf_counter()
     model = problem.cost_model
@@ -90,7 +95,7 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
     left = lambda share: max(1.0, share * time_limit_s - (time.perf_counter() - start))  # noqa: E731
     try:
         solution = solve_region_problem(regions, S, R, max_paths=max_paths, upper_bound_s=upper,
-                                        time_limit_s=left(0.5 if compositions is not None else 1.0))
+                                        time_limit_s=left(0.5 if compositions is not None or staircase else 1.0))
     except ValueError:  # SearchError: too many paths
         solution = None
     solved = False
@@ -98,10 +103,18 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
         parts["region-paths"] = solution.milp.bound
         solved = solution.milp.status == "optimal"  # the region problem's optimum: layers cannot beat it
         proven = regions.exact and solved
+    # unless the path model settled it, the layer/flow relaxations share the time left with two staircases
+    with_staircase = staircase and S > 1 and not solved
+    share = (0.5 if compositions is not None else 1.0 / 3.0) if with_staircase else 1.0
+    rest = lambda: max(1.0, share * (time_limit_s - (time.perf_counter() - start)))  # noqa: E731
     if not solved and compositions is not None:
-        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left(1.0)).bound
+        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, rest()).bound
     if len(parts) == 1:
-        parts["region-flows"] = solve_flow_milp(regions, S, R, left(1.0)).bound
+        parts["region-flows"] = solve_flow_milp(regions, S, R, rest()).bound
+    if with_staircase:
+        for axis, portion in (("pp", 0.5), ("dp", 1.0)):
+            remaining = max(1.0, portion * (time_limit_s - (time.perf_counter() - start)))
+            parts[f"staircase-{axis}"] = staircase_bound(regions, S, R, upper, axis=axis, time_limit_s=remaining).bound_s
     source = max(parts, key=parts.get)
     return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start)
 

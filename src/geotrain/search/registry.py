@@ -12,6 +12,7 @@ from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
 from geotrain.search.local_search import LocalSearchConfig, local_search
 from geotrain.search.random_search import RandomSearchConfig, random_search
 from geotrain.search.region_heuristics import RegionHeuristicConfig, dp_local, pipeline_local
+from geotrain.search.region_paths import RegionPathsConfig, region_paths_search
 
 SEARCH_METHODS: dict[str, SearchMethod] = {
     method.name: method
@@ -29,6 +30,8 @@ SEARCH_METHODS: dict[str, SearchMethod] = {
                      "DP groups, then pipelines by bottleneck matching between stages, iterated"),
         SearchMethod("exact", ExactConfig, exact_search,
                      "optimal plan of a region-uniform cluster (MILP, HiGHS), with its certificate"),
+        SearchMethod("region-paths", RegionPathsConfig, region_paths_search,
+                     "region path MILP over the cheapest region paths only (no certificate; scales past exact)"),
         SearchMethod("auto", AutoConfig, auto_search,
                      "exact when it applies and proves optimality, else the best of hierarchical and genetic"),
     )

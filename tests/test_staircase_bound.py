@@ -1,0 +1,96 @@
+"""The staircase lower bound (search/staircase.py): every piece's DP bound and the staircase itself
+stay <= brute-force optima on small random clusters, and <= the best plan found on larger ones."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_placement_exact import JOB, all_assignments, random_cluster
+
+from geotrain.bench.scale import uneven_regions
+from geotrain.cost import build_cost_model
+from geotrain.job import load_job
+from geotrain.search import PlacementProblem, run_search
+from geotrain.search.bounds import lower_bound
+from geotrain.search.regions import region_terms
+from geotrain.search.staircase import layered_graph, least_presence, solve_dp_milp, solve_mean_pp_milp, staircase_bound
+
+layouts = st.sampled_from([((3, 3), 2, 3), ((2, 2, 2), 3, 2), ((4, 2), 2, 2), ((2, 3, 1), 2, 3), ((2, 2, 2), 2, 3)])
+
+
+def dp_pp_of_every_plan(model, n_devices):
+    plans = all_assignments(n_devices, model.stages, model.replicas)
+    return model.stage_dp_seconds(plans).max(axis=-1), model.replica_pp_seconds(plans).max(axis=-1)
+
+
+def mean_pp_of_every_plan(model, n_devices):
+    plans = all_assignments(n_devices, model.stages, model.replicas)
+    return model.replica_pp_seconds(plans).mean(axis=-1)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts, st.floats(0.0, 0.3), st.integers(0, 10_000))
+def test_staircase_and_each_dp_bound_stay_below_brute_force(layout, jitter, seed):
+    sizes, stages, replicas = layout
+    cluster = random_cluster(seed, sizes, jitter)
+    model = build_cost_model("yuan", cluster, JOB, stages, replicas)
+    dp, pp = dp_pp_of_every_plan(model, cluster.n_devices)
+    optimum = float((dp + pp).min())
+    some_plan = float((dp + pp)[seed % dp.size])
+    terms = region_terms(cluster, model)
+    for axis in ("pp", "dp"):
+        bound = staircase_bound(terms, stages, replicas, some_plan, axis=axis, time_limit_s=4.0, pieces_at_start=3)
+        assert bound.bound_s <= optimum * (1 + 1e-9)
+    mean_pp = mean_pp_of_every_plan(model, cluster.n_devices)
+    for cap in np.quantile(dp, [0.1, 0.5]):
+        assert solve_mean_pp_milp(terms, stages, replicas, float(cap), 5.0).bound <= \
+            float(mean_pp[dp <= cap * (1 + 1e-12)].min()) * (1 + 1e-9)
+    for cap in np.quantile(pp, [0.0, 0.3, 0.7]):
+        least_dp = float(dp[pp <= cap * (1 + 1e-12)].min())
+        result = solve_dp_milp(terms, stages, replicas, float(cap), 5.0)
+        assert result is not None and result.bound <= least_dp * (1 + 1e-9)
+    below_every_path = float(pp.min()) * 0.5
+    result = solve_dp_milp(terms, stages, replicas, below_every_path, 5.0)
+    assert result.status == "infeasible" or result.bound <= float(dp.min())
+
+
+def test_least_presence_holds_for_every_composition_within_the_cap():
+    cluster = random_cluster(3, (4, 3, 5), 0.0)
+    replicas = 6
+    terms = region_terms(cluster, build_cost_model("yuan", cluster, JOB, 2, replicas))
+    grid = np.array(np.meshgrid(*[np.arange(replicas + 1)] * 3)).reshape(3, -1).T
+    compositions = grid[(grid.sum(axis=1) == replicas) & (grid <= terms.sizes).all(axis=1)]
+    dp = terms.group_seconds(compositions)
+    for cap in np.quantile(dp, [0.1, 0.4, 0.8]):
+        m = least_presence(terms, replicas, float(cap))
+        within = compositions[dp <= cap]
+        assert ((within == 0) | (within >= m)).all()
+    assert (least_presence(terms, replicas, float(dp.min()) * 0.99) > 1).any()
+
+
+def test_layered_graph_holds_every_region_path_within_its_cap():
+    cluster = random_cluster(7, (2, 3, 2), 0.0)
+    terms = region_terms(cluster, build_cost_model("yuan", cluster, JOB, 3, 2))
+    cap = float(np.median(terms.pp_s)) * 2
+    delta = cap / 10
+    graph = layered_graph(terms, 3, cap, delta)
+    arcs = {(int(graph.node_region[t]), int(graph.node_region[h]), int(graph.arc_stage[i]))
+            for i, (t, h) in enumerate(zip(graph.arc_tail, graph.arc_head))}
+    G = terms.n_regions
+    for path in np.array(np.meshgrid(*[np.arange(G)] * 3)).reshape(3, -1).T:
+        if terms.path_seconds(path) <= cap:
+            assert (path[0], path[1], 0) in arcs and (path[1], path[2], 1) in arcs
+    # arcs leave only nodes of the stage before their head's
+    assert (graph.node_stage[graph.arc_head] == graph.node_stage[graph.arc_tail] + 1).all()
+
+
+@pytest.mark.slow
+def test_lower_bound_with_staircase_is_below_the_best_plan_on_uneven_256():
+    cluster = uneven_regions(256, 0)
+    model = build_cost_model("yuan", cluster, load_job("gpt-1.3b-seed"), 8, 32)
+    problem = PlacementProblem(cluster, model)
+    plan = run_search("pipeline-local", problem)
+    bound = lower_bound(problem, upper_bound_s=plan.cost.total, time_limit_s=8.0)
+    assert {"staircase-pp", "staircase-dp"} <= set(bound.parts)
+    assert max(bound.parts["staircase-pp"], bound.parts["staircase-dp"]) <= plan.cost.total
+    assert bound.value_s <= plan.cost.total
