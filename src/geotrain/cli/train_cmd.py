@@ -42,9 +42,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per replica per iteration")
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (warm-up + cosine)")
     parser.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"], help="pipeline schedule")
-    parser.add_argument("--dp-codec", default="none", metavar="CODEC[:k=v,...]",
-                        help="gradient codec of the data-parallel exchange, e.g. fp16, topk:fraction=0.01")
-    parser.add_argument("--pp-codec", default="none", help="activation codec: none, fp16, bf16, int8-block")
+    parser.add_argument("--dp-codec", default=None, metavar="CODEC[:k=v,...]",
+                        help="gradient codec of the data-parallel exchange, e.g. fp16, topk:fraction=0.01 "
+                             "(default: the plan's per-stage choice, else none)")
+    parser.add_argument("--pp-codec", default=None,
+                        help="activation codec: none, fp16, bf16, int8-block (default: the plan's per-cut choice, else none)")
     parser.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
                         help="send DP gradients without error feedback")
     parser.add_argument("--time-scale", type=float, default=1.0,
@@ -70,6 +72,7 @@ def config_from_args(args: Any) -> Any:
     from geotrain.cluster import load_cluster
     from geotrain.plan import load_plan
     from geotrain.runtime import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
+    from geotrain.runtime.config import plan_codec_fields
 
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan)
@@ -79,7 +82,8 @@ def config_from_args(args: Any) -> Any:
     return RuntimeConfig(
         cluster=cluster, assignment=assignment, model=MODEL_PRESETS[args.model], model_name=args.model,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
-        schedule=args.schedule, dp_codec=args.dp_codec, pp_codec=args.pp_codec, error_feedback=args.error_feedback,
+        schedule=args.schedule, **plan_codec_fields(plan.codecs, args.dp_codec, args.pp_codec),
+        error_feedback=args.error_feedback,
         time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         overwrite=args.overwrite,

@@ -7,7 +7,7 @@ command line by every torchrun worker). Validated here, trusted inside the worke
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -50,6 +50,8 @@ class RuntimeConfig:
     `batch_size` is sequences per replica per iteration (global batch = batch_size x replicas), cut
     into `microbatches` equal micro-batches. `stop_after` ends this invocation after that many steps
     (a planned interruption) while the learning-rate schedule still spans `steps`.
+    `dp_codecs` / `pp_codecs`: one codec spec per stage's DP group / per stage cut (a plan's codec
+    choice); empty means `dp_codec` / `pp_codec` everywhere.
     """
 
     cluster: Cluster
@@ -78,6 +80,8 @@ class RuntimeConfig:
     comm_timeout_s: float = 120.0
     plan_name: str = "plan"
     extra: dict[str, Any] = field(default_factory=dict)
+    dp_codecs: tuple[str, ...] = ()
+    pp_codecs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         shape = np.shape(self.assignment)
@@ -91,9 +95,14 @@ class RuntimeConfig:
         self._check_numbers()
         if self.schedule not in SCHEDULES:
             raise RuntimeConfigError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
-            raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {self.pp_codec!r}")
-        for label, spec in (("gradient", self.dp_codec), ("pipeline", self.pp_codec)):
+        for key, specs, length in (("dp_codecs", self.dp_codecs, shape[0]), ("pp_codecs", self.pp_codecs, shape[0] - 1)):
+            if not isinstance(specs, tuple) or (specs and len(specs) != length):
+                raise RuntimeConfigError(f"{key} must be a tuple of {length} codec specs (or empty), got {specs!r}")
+        for spec in (self.pp_codec, *self.pp_codecs):
+            if parse_codec_spec(spec)[0] not in PP_CODECS:
+                raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {spec!r}")
+        checks = [("gradient", spec) for spec in (self.dp_codec, *self.dp_codecs)]
+        for label, spec in checks + [("pipeline", spec) for spec in (self.pp_codec, *self.pp_codecs)]:
             try:
                 name, params = parse_codec_spec(spec)
                 if label == "gradient" and name == "powersgd":  # distributed PowerSGD: its own knobs
@@ -144,6 +153,18 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"comm_timeout_s must be at least {MIN_COMM_TIMEOUT_S:g} s (workers need "
                                      f"that long to start and meet), got {self.comm_timeout_s!r}")
 
+    def stage_dp_codec(self, stage: int) -> str:
+        """The DP codec spec of `stage`'s group."""
+        return self.dp_codecs[stage] if self.dp_codecs else self.dp_codec
+
+    def cut_pp_codec(self, cut: int) -> str:
+        """The activation codec spec of cut `cut` (between stage cut and cut + 1)."""
+        return self.pp_codecs[cut] if self.pp_codecs else self.pp_codec
+
+    def for_stage(self, stage: int) -> RuntimeConfig:
+        """This config with `stage`'s DP codec as the only one (what builds that stage's exchange)."""
+        return self if not self.dp_codecs else replace(self, dp_codec=self.stage_dp_codec(stage), dp_codecs=())
+
     @cached_property
     def layout(self) -> Layout:
         return Layout(self.assignment)
@@ -167,11 +188,25 @@ class RuntimeConfig:
     def identity(self) -> dict[str, Any]:
         """What must match for a checkpoint to be resumed (the numerics; not the cluster or the
         device placement, which change timing only)."""
+        per_link = {key: list(value) for key, value in (("dp_codecs", self.dp_codecs), ("pp_codecs", self.pp_codecs))
+                    if value}
         return {"stages": self.stages, "replicas": self.replicas, "model": asdict(self.model),
                 "steps": self.steps, "microbatches": self.microbatches, "batch_size": self.batch_size,
                 "lr": self.lr, "schedule": self.schedule, "dp_codec": self.dp_codec, "pp_codec": self.pp_codec,
-                "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed}
+                "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed, **per_link}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model_name, "cluster": self.cluster.name,
                 "assignment": self.assignment.tolist(), "time_scale": self.time_scale, "plan": self.plan_name}
+
+
+def plan_codec_fields(codecs: Any, dp_flag: str | None, pp_flag: str | None) -> dict[str, Any]:
+    """RuntimeConfig codec fields from a plan's codec choice (geotrain.plan.PlanCodecs or None) and the
+    --dp-codec / --pp-codec flags: a given flag overrides the plan for every stage / cut; without flag
+    and choice, "none"."""
+    fields: dict[str, Any] = {"dp_codec": dp_flag or "none", "pp_codec": pp_flag or "none"}
+    if codecs is not None and dp_flag is None:
+        fields["dp_codecs"] = tuple(codecs.dp)
+    if codecs is not None and pp_flag is None:
+        fields["pp_codecs"] = tuple(codecs.pp)
+    return fields

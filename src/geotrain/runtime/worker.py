@@ -26,6 +26,7 @@ from geotrain.errors import GeotrainError
 from geotrain.models import lr_at
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError, parse_codec_spec
+from geotrain.runtime.emulation_marks import emulation_mark, emulation_span
 from geotrain.runtime.exchange import GradientExchange, PowerSGDGradientExchange
 from geotrain.runtime.pipeline import ActivationPeer, ComputeTimer, run_schedule, schedule_order
 from geotrain.runtime.stages import build_stage
@@ -80,12 +81,13 @@ class Worker:
         self.optimizer = torch.optim.AdamW(self.stage.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
         self.timer = ComputeTimer()
         self.transport = Transport(self.layout, rank, config.time_scale)
-        pp_codec = make_codec(config.pp_codec)
         prev_rank, next_rank = self.layout.prev_rank(rank), self.layout.next_rank(rank)
-        self.prev = None if prev_rank is None else ActivationPeer(self.transport, pp_codec, prev_rank, self.slot.stage - 1, self.timer)
-        self.next = None if next_rank is None else ActivationPeer(self.transport, pp_codec, next_rank, self.slot.stage, self.timer)
-        self.exchange = make_gradient_exchange(config, self.stage, self.transport, self.groups[self.slot.stage],
-                                               self.layout.dp_group_devices(self.slot.stage))
+        self.prev = None if prev_rank is None else ActivationPeer(
+            self.transport, make_codec(config.cut_pp_codec(self.slot.stage - 1)), prev_rank, self.slot.stage - 1, self.timer)
+        self.next = None if next_rank is None else ActivationPeer(
+            self.transport, make_codec(config.cut_pp_codec(self.slot.stage)), next_rank, self.slot.stage, self.timer)
+        self.exchange = make_gradient_exchange(config.for_stage(self.slot.stage), self.stage, self.transport,
+                                               self.groups[self.slot.stage], self.layout.dp_group_devices(self.slot.stage))
         self.tokens = None
         if self.stage.is_first or self.stage.is_last:
             self.tokens = tokens if tokens is not None else world_tokens(config.data_seed).train
@@ -104,6 +106,7 @@ class Worker:
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
+        mark = emulation_mark()
         self.timer.seconds = 0.0
         inputs, targets = self._microbatches(step)
         for group in self.optimizer.param_groups:
@@ -121,7 +124,7 @@ class Worker:
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
                 "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
-                "dp_bytes": dp_bytes, "param_sum": param_sum,
+                "dp_bytes": dp_bytes, "param_sum": param_sum, "emulated": emulation_span(mark, cfg.cluster),
                 "transfers": [[t.kind, t.cut, t.micro, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
 
     def save(self, completed: int) -> None:
