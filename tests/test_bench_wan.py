@@ -42,7 +42,7 @@ def test_wan_cluster_is_slow_between_regions_and_the_planner_keeps_fp32_on_fast_
     assert cluster.n_regions == 4 and np.all(cluster.bandwidth_gbps[inter] == 0.1)
     assert 50 <= cluster.latency_ms[inter].min() and cluster.latency_ms[inter].max() <= 150
     layouts = planned_layouts(cluster, tiny_job(32), WanBenchConfig())
-    assert set(layouts) == {"1x8", "2x4", "4x2"}
+    assert set(layouts) == {"1x4", "2x2", "4x1"}
     for layout in layouts.values():
         assert layout.choice.cost["total"] <= layout.cost_s
         regions = cluster.region_of[layout.assignment]
@@ -78,3 +78,14 @@ def test_bench_wan_end_to_end_on_a_tiny_budget(tmp_path):
     assert sign["stages"] == chosen["stages"] == 2
     assert chosen["inter_region_bytes"] < 0.3 * sign["inter_region_bytes"]
     assert plot.stat().st_size > 10_000
+
+
+def test_compute_clock_is_validated_where_it_is_given():
+    from geotrain.emulate import EmulationError, install
+    from geotrain.runtime import RuntimeConfig, RuntimeConfigError
+
+    cluster = load_cluster(str(DATA / "wan-2x2.yaml"))
+    with pytest.raises(RuntimeConfigError, match="compute_clock must be wall or cpu, got 'gpu'"):
+        RuntimeConfig(cluster=cluster, assignment=np.array([[0, 2], [1, 3]]), compute_clock="gpu")
+    with pytest.raises(EmulationError, match="compute clock must be one of wall, cpu, got 'gpu'"):
+        install(cluster, [0, 1], compute_clock="gpu")

@@ -24,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec-policy", default=d.codec_policy, help="policy of the planner-codecs row")
     parser.add_argument("--time-scale", type=float, default=d.time_scale,
                         help="wall seconds slept per emulated link second (emulated times do not depend on it)")
+    parser.add_argument("--compute-clock", default=d.compute_clock, choices=("cpu", "wall"),
+                        help="count compute in each rank's CPU seconds (as if on its own core) or in wall seconds")
     parser.add_argument("--rows", default=None, metavar="I,J,...", help="run only these rows (0 = the baseline, always run)")
     parser.add_argument("--seed", type=int, default=d.seed, help="model seed")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="also plot validation loss vs emulated time")
@@ -48,7 +50,7 @@ def run(args: Any) -> int:
                                 f"got {args.rows!r}") from None
     config = WanBenchConfig(cluster=args.cluster, steps=args.steps, eval_every=args.eval_every, target=args.target,
                             global_batch=args.global_batch, lr=args.lr, codec_policy=args.codec_policy,
-                            time_scale=args.time_scale, seed=args.seed, rows=rows)
+                            time_scale=args.time_scale, seed=args.seed, compute_clock=args.compute_clock, rows=rows)
     out = Output(json_mode=args.json)
     with out.progress("bench wan", config.steps) as progress:
         bench = run_wan_bench(config, lambda label, done, total: progress(done, total))

@@ -51,7 +51,8 @@ class RuntimeConfig:
     into `microbatches` equal micro-batches. `stop_after` ends this invocation after that many steps
     (a planned interruption) while the learning-rate schedule still spans `steps`.
     `dp_codecs` / `pp_codecs`: one codec spec per stage's DP group / per stage cut (a plan's codec
-    choice); empty means `dp_codec` / `pp_codec` everywhere.
+    choice); empty means `dp_codec` / `pp_codec` everywhere. `compute_clock`: "wall" or "cpu", how the
+    emulated clock counts compute (geotrain.emulate.install.COMPUTE_CLOCKS).
     """
 
     cluster: Cluster
@@ -82,6 +83,7 @@ class RuntimeConfig:
     extra: dict[str, Any] = field(default_factory=dict)
     dp_codecs: tuple[str, ...] = ()
     pp_codecs: tuple[str, ...] = ()
+    compute_clock: str = "wall"
 
     def __post_init__(self) -> None:
         shape = np.shape(self.assignment)
@@ -111,6 +113,8 @@ class RuntimeConfig:
                     get_codec(name, **params)
             except (CodecError, TypeError) as exc:
                 raise RuntimeConfigError(f"{label} codec {spec!r}: {exc}") from None
+        if self.compute_clock not in ("wall", "cpu"):
+            raise RuntimeConfigError(f"compute_clock must be wall or cpu, got {self.compute_clock!r}")
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
         if self.overwrite and not self.checkpoint_dir:

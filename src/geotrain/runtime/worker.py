@@ -195,7 +195,7 @@ def run_worker(config: RuntimeConfig, tokens: torch.Tensor | None = None) -> lis
         raise RuntimeConfigError(f"the plan has {config.stages} stages x {config.replicas} replicas = "
                                  f"{config.world_size} workers, but WORLD_SIZE is {world_size}")
     torch.set_num_threads(config.threads)
-    use_emulated_links(config.cluster, config.layout, config.time_scale)
+    use_emulated_links(config.cluster, config.layout, config.time_scale, config.compute_clock)
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=config.comm_timeout_s))
     layout = config.layout
