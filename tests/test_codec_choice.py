@@ -174,3 +174,25 @@ def test_plan_with_codecs_auto_is_applied_by_train(tmp_path: Path):
     assert result["bytes"]["pp_per_cut"] == activations + 4 * activations // 256  # int8 + one scale per 256
     assert result["summary"]["replicas_in_sync"] is True
     assert result["config"]["dp_codecs"] == ["none", "sign"]
+
+
+def test_plan_cli_records_the_choice_and_train_reads_it(tmp_path: Path):
+    out = tmp_path / "plan.json"
+    done = subprocess.run([*GEOTRAIN, "plan", "--cluster", "seed-geo", "--stages", "4", "--replicas", "8",
+                           "--method", "random", "--codecs", "auto", "--codec-policy", "dp=powersgd,pp=fp16",
+                           "--json", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    codecs = doc["codecs"]
+    assert codecs["policy"] == "dp=powersgd,pp=fp16" and len(codecs["dp"]) == 4 and len(codecs["pp"]) == 3
+    assert set(codecs["dp"]) <= {"none", "fp16", "int8-block", "powersgd"} and set(codecs["pp"]) <= {"none", "fp16"}
+    assert codecs["uncompressed"]["total"] == pytest.approx(doc["cost"]["total"])
+    assert codecs["cost"]["total"] < codecs["uncompressed"]["total"]
+    plan = plan_from_json(json.loads(out.read_text()))
+    assert plan.codecs.dp == tuple(codecs["dp"]) and plan.codecs.pp == tuple(codecs["pp"])
+    refused = subprocess.run([*GEOTRAIN, "plan", "--cluster", "seed-geo", "--codecs", "auto"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--codecs auto applies to a fixed layout" in refused.stderr
+    bad = subprocess.run([*GEOTRAIN, "plan", "--cluster", "seed-geo", "--stages", "2", "--replicas", "2",
+                          "--codecs", "auto", "--codec-policy", "dp=topk"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--codec-policy dp: must be one of" in bad.stderr
