@@ -45,14 +45,15 @@ class WanBenchError(GeotrainError, ValueError):
 @dataclass(frozen=True)
 class WanRow:
     """One way to train: placement ("naive" | "planned"), flat codecs, or the planner's choice
-    (`plan_codecs`), plus RuntimeConfig fields in `options` (a row whose fields this geotrain's
-    RuntimeConfig lacks is skipped and listed as such)."""
+    (`plan_codecs`, under `policy`), plus RuntimeConfig fields in `options` (a row whose fields this
+    geotrain's RuntimeConfig lacks is skipped and listed as such)."""
 
     label: str
     placement: str = "planned"
     dp_codec: str = "none"
     pp_codec: str = "none"
     plan_codecs: bool = False
+    policy: str | None = None  # the planner's codec policy (None: the bench's --codec-policy)
     options: tuple[tuple[str, Any], ...] = ()
 
 
@@ -61,9 +62,11 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned, fp32"),
     WanRow("planned + sign+EF", dp_codec="sign"),
     WanRow("planned + powersgd", dp_codec="powersgd"),
+    WanRow("planned + int8-block (dp with EF, pp)", dp_codec="int8-block", pp_codec="int8-block"),
     WanRow("planned + 1-bit Adam", options=(("optimizer", "onebit-adam"),)),
     WanRow("planned + hierarchical sign+EF", dp_codec="sign", options=(("dp_hierarchical", True),)),
     WanRow("planned + planner codecs", plan_codecs=True),
+    WanRow("planned + planner codecs (dp=int8-block)", plan_codecs=True, policy="dp=int8-block,pp=int8-block"),
 )
 
 
@@ -72,9 +75,9 @@ class WanBenchConfig:
     """The run: cluster file, step budget, evaluation cadence, target (nats), batch and policy."""
 
     cluster: str = WAN_CLUSTER
-    steps: int = 150
-    eval_every: int = 10
-    target: float = 2.2
+    steps: int = 60
+    eval_every: int = 5
+    target: float = 2.4
     global_batch: int = 32
     microbatches: int = 4
     lr: float = 3e-3
@@ -161,12 +164,14 @@ class PlannedLayout:
     choice: CodecChoice
 
 
-def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig) -> dict[str, PlannedLayout]:
+def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_text: str | None = None
+                    ) -> dict[str, PlannedLayout]:
     """Per layout "SxR" using every device (S dividing the model's blocks, R x micro-batches dividing
-    the global batch): the `auto` search's assignment under "yuan" and the codec choice for it."""
+    the global batch): the `auto` search's assignment under "yuan" and the codec choice for it under
+    `policy_text` (default: config.codec_policy)."""
     from geotrain.search import PlacementProblem, run_search
 
-    n, policy = cluster.n_devices, parse_codec_policy(config.codec_policy)
+    n, policy = cluster.n_devices, parse_codec_policy(policy_text or config.codec_policy)
     layouts = {}
     for stages in (s for s in range(1, job.layers + 1) if job.layers % s == 0 and n % s == 0):
         replicas = n // stages
@@ -270,9 +275,10 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
 
     cluster = load_cluster(config.cluster)
     job = tiny_job(config.global_batch)
-    layouts = planned_layouts(cluster, job, config)
+    by_policy = {policy: planned_layouts(cluster, job, config, policy)
+                 for policy in {config.codec_policy, *(row.policy for row in config.rows if row.policy)}}
+    layouts = by_policy[config.codec_policy]
     fp32 = min(layouts.values(), key=lambda layout: layout.cost_s)  # the planner without codecs
-    coded = min(layouts.values(), key=lambda layout: layout.choice.cost["total"])  # layout and codecs together
     naive = np.arange(cluster.n_devices, dtype=np.int64).reshape(1, -1)
     if config.global_batch % (cluster.n_devices * config.microbatches):
         raise WanBenchError(f"the DDP baseline needs a global batch divisible by {cluster.n_devices} devices x "
@@ -284,11 +290,14 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         if reason is not None:
             skipped.append((row.label, reason))
             continue
-        planned = coded if row.plan_codecs else fp32
+        # with codecs: the layout whose cost with its codec choice is lowest (layout and codecs together)
+        planned = (min(by_policy[row.policy or config.codec_policy].values(), key=lambda layout: layout.choice.cost["total"])
+                   if row.plan_codecs else fp32)
         assignment = naive if row.placement == "naive" else planned.assignment
         callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
         results.append(run_row(row, cluster, assignment, planned.choice, config, tokens, callback))
     summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],
                       "dp_codecs": list(layout.choice.dp), "pp_codecs": list(layout.choice.pp)}
                for name, layout in layouts.items()}
+    coded = min(layouts.values(), key=lambda layout: layout.choice.cost["total"])
     return WanBench(config, cluster, tuple(results), tuple(skipped), coded.choice, summary)
