@@ -92,7 +92,8 @@ def test_codec_bytes_follow_the_codecs_wire_sizes():
     assert codec_link_bytes("none", job, "dp").dp_inter == 4
     assert codec_link_bytes("fp16", job, "dp").dp_inter == 2
     assert codec_link_bytes("sign", job, "dp", group_size=2).dp_inter == pytest.approx(1 / 8, rel=1e-4)
-    assert codec_link_bytes("sign", job, "dp", group_size=8).dp_inter == pytest.approx(4 / 8, rel=1e-4)  # gathered
+    gathered = codec_link_bytes("sign", job, "dp", group_size=8)
+    assert gathered.dp_inter == pytest.approx(4 / 8, rel=1e-4) and gathered.dp_latency_factor == 0.5  # all-gather
     assert codec_link_bytes("int8-block", job, "pp").pp_inter == pytest.approx(1 + 4 / 256)
     psgd = codec_link_bytes("powersgd", job, "dp")
     assert psgd.dp_inter == pytest.approx(4 * 4 * (128 + 512) / (128 * 512)) and psgd.dp_latency_factor == 2

@@ -10,7 +10,8 @@ bytes_per_value, fp16 = min(2, that), int8-block = 1 + 4/256, sign = 1/8, powers
 job's dominant hidden x 4 hidden matrices = 4 r (h + 4h) / (4 h^2). Codecs whose payloads cannot be summed
 in compressed form (int8-block, sign) are all-gathered: each member receives every other member's
 whole payload, (n - 1) b bytes instead of a scatter-gather's 2 (n - 1) / n b, so their DP bytes per
-value count n / 2 times. PowerSGD runs two all-reduces (P, Q): twice the latency.
+value count n / 2 times, and in (n - 1) latency rounds instead of 2 (n - 1): half the latency.
+PowerSGD runs two all-reduces (P, Q): twice the latency.
 
 The rule (`choose_codecs`), with the "yuan" model and these bytes:
 1. every group and cut gets its fastest allowed codec (ties: the better-quality one): total T*;
@@ -105,8 +106,8 @@ def codec_link_bytes(name: str, job: Job, kind: str, group_size: int = 2) -> Lin
         per_value = min(float(job.bytes_per_value), get_codec(name).wire_nbytes((n,)) / n)
     if kind == "pp":
         return LinkBytes.uniform(pp=per_value)
-    if name in GATHERED_CODECS:
-        per_value *= max(1.0, group_size / 2)
+    if name in GATHERED_CODECS:  # all-gather: n/2 times the bytes, half the latency rounds of an all-reduce
+        return LinkBytes.uniform(dp=per_value * max(1.0, group_size / 2), dp_latency_factor=0.5)
     return LinkBytes.uniform(dp=per_value, dp_latency_factor=2.0 if name == "powersgd" else 1.0)
 
 
