@@ -56,7 +56,7 @@ def test_wan_cluster_is_slow_between_regions_and_the_planner_keeps_fp32_on_fast_
 def test_bench_wan_end_to_end_on_a_tiny_budget(tmp_path):
     plot = tmp_path / "wan.png"
     done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "wan", "--cluster", str(DATA / "wan-2x2.yaml"),
-                           "--steps", "2", "--eval-every", "1", "--global-batch", "16", "--rows", "2,7",
+                           "--steps", "2", "--eval-every", "1", "--global-batch", "16", "--rows", "2,8",
                            "--target", "10", "--json", "--plot", str(plot)],
                           capture_output=True, text=True, timeout=580)
     assert done.returncode == 0, done.stderr

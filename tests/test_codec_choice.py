@@ -78,7 +78,7 @@ def test_policy_parsing_and_ladders():
     policy = parse_codec_policy("dp=powersgd,pp=fp16", tolerance=0.1)
     assert policy.dp_allowed == ("none", "fp16", "int8-block", "powersgd")
     assert policy.pp_allowed == ("none", "fp16")
-    assert parse_codec_policy("pp=none").dp == "sign"
+    assert parse_codec_policy("pp=none").dp == "int8-block"  # the default rung
     with pytest.raises(CodecPolicyError, match="--codec-policy dp: must be one of"):
         parse_codec_policy("dp=topk")
     with pytest.raises(CodecPolicyError, match="items must be dp=CODEC or pp=CODEC"):

@@ -31,7 +31,7 @@ import numpy as np
 
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost import YuanCostModel
-from geotrain.cost.codec_choice import CodecChoice, choose_codecs, parse_codec_policy
+from geotrain.cost.codec_choice import DEFAULT_POLICY, CodecChoice, choose_codecs, parse_codec_policy
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
 
@@ -65,8 +65,8 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + int8-block (dp with EF, pp)", dp_codec="int8-block", pp_codec="int8-block"),
     WanRow("planned + 1-bit Adam", options=(("optimizer", "onebit-adam"),)),
     WanRow("planned + hierarchical sign+EF", dp_codec="sign", options=(("dp_hierarchical", True),)),
-    WanRow("planned + planner codecs", plan_codecs=True),
-    WanRow("planned + planner codecs (dp=int8-block)", plan_codecs=True, policy="dp=int8-block,pp=int8-block"),
+    WanRow("planned + planner codecs (policy dp=sign)", plan_codecs=True, policy="dp=sign,pp=int8-block"),
+    WanRow("planned + planner codecs (policy dp=int8-block)", plan_codecs=True),
 )
 
 
@@ -83,7 +83,7 @@ class WanBenchConfig:
     lr: float = 3e-3
     seed: int = 0
     time_scale: float = 1e-3
-    codec_policy: str = "dp=sign,pp=int8-block"
+    codec_policy: str = DEFAULT_POLICY
     compute_clock: str = "cpu"
     val_windows: int = 128
     rows: tuple[WanRow, ...] = DEFAULT_ROWS

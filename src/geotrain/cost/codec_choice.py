@@ -3,7 +3,8 @@
 The quality ladders, best quality first (each step down sends fewer bytes and risks more quality):
     DP exchange:  none > fp16 > int8-block > powersgd > sign        (sign: 1 bit per value + error feedback)
     activations:  none > fp16 > int8-block                          (the runtime's pipeline codecs)
-A policy (`dp=sign,pp=int8-block`) names the lowest rung each may use.
+A policy (`dp=sign,pp=int8-block`) names the lowest rung each may use; the default stops at
+int8-block for both (measured: sign+EF under AdamW costs ~0.5 nats on the tiny GPT, docs/wan.md).
 
 Wire bytes per value come from the codecs' own documented sizes (`Codec.wire_nbytes`): none = the job's
 bytes_per_value, fp16 = min(2, that), int8-block = 1 + 4/256, sign = 1/8, powersgd (rank r) on the
@@ -37,7 +38,7 @@ from geotrain.job import Job
 
 DP_LADDER = ("none", "fp16", "int8-block", "powersgd", "sign")
 PP_LADDER = ("none", "fp16", "int8-block")
-DEFAULT_POLICY = "dp=sign,pp=int8-block"
+DEFAULT_POLICY = "dp=int8-block,pp=int8-block"  # sign+EF with AdamW lost 0.5 nats in bench wan (docs/wan.md)
 DEFAULT_TOLERANCE = 0.02
 GATHERED_CODECS = frozenset({"int8-block", "sign"})
 """Non-summable codecs: the runtime all-gathers their payloads."""
@@ -52,7 +53,7 @@ class CodecPolicy:
     """The lowest ladder rung allowed for the DP exchange and for activations; `tolerance` the
     fraction of predicted time the choice may give up for better quality."""
 
-    dp: str = "sign"
+    dp: str = "int8-block"
     pp: str = "int8-block"
     tolerance: float = DEFAULT_TOLERANCE
 
