@@ -4,6 +4,12 @@
      "cost": {"dp": s, "pp": s, "total": s}, "seconds": wall seconds of the search, ...extra fields}
 
 Only "stages", "replicas" and "assignment" are required when reading; other fields are kept as they are.
+An optional "codecs" object (`geotrain plan --codecs auto`) records the codec choice:
+    {"version": 1, "policy": "dp=sign,pp=int8-block", "tolerance": 0.02,
+     "dp": [S codec specs, one per stage's DP group], "pp": [S-1 codec specs, one per stage cut],
+     "cost": {"dp", "pp", "total"} predicted with them, "uncompressed": {...} without}
+Plans without it (older ones included) have no codec choice (`Plan.codecs` is None); "dp" and "pp" are
+checked here for shape and type, the codec names by the runtime that applies them.
 Plan files are read by geotrain.yaml_text (JSON, or YAML under the same rules). Every assignment entry
 must be an integer device index (true/false are refused, not read as 1/0) in 0..MAX_DEVICES-1 when read,
 and below the cluster's device count when fitted to a cluster (Plan.check_fits).
@@ -28,6 +34,18 @@ class PlanError(GeotrainError, ValueError):
     """A plan file is unreadable or does not fit the cluster."""
 
 
+CODECS_VERSION = 1
+"""The newest "codecs" object version this geotrain reads."""
+
+
+@dataclass(frozen=True)
+class PlanCodecs:
+    """A plan's codec choice: one DP codec spec per stage, one activation codec spec per stage cut."""
+
+    dp: tuple[str, ...]
+    pp: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class Plan:
     """An assignment plus whatever the producer recorded (method, cost, seconds, lower bound...)."""
@@ -36,6 +54,11 @@ class Plan:
     replicas: int
     assignment: np.ndarray
     fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def codecs(self) -> PlanCodecs | None:
+        """The recorded codec choice, or None (plans without a "codecs" object)."""
+        return plan_codecs(self.fields.get("codecs"), self.stages)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.fields, "stages": self.stages, "replicas": self.replicas, "assignment": self.assignment.tolist()}
@@ -76,7 +99,31 @@ def plan_from_json(doc: Any, source: str = "<plan>") -> Plan:
     except AssignmentError as exc:
         raise PlanError(f"{source}: {exc}") from None
     fields = {k: v for k, v in doc.items() if k not in ("stages", "replicas", "assignment")}
+    plan_codecs(fields.get("codecs"), stages, source)
     return Plan(stages=stages, replicas=replicas, assignment=assignment, fields=fields)
+
+
+def plan_codecs(doc: Any, stages: int, source: str = "<plan>") -> PlanCodecs | None:
+    """The "codecs" object of a plan with `stages` stages (None if absent); PlanError names the key."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise PlanError(f"{source}: codecs must be an object, got {shown(doc)}")
+    version = doc.get("version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= CODECS_VERSION:
+        raise PlanError(f"{source}: codecs.version must be an integer in 1..{CODECS_VERSION} "
+                        f"(a newer geotrain wrote this plan?), got {shown(version)}")
+    lists = {}
+    for key, length, what in (("dp", stages, "stage"), ("pp", stages - 1, "stage cut")):
+        value = doc.get(key)
+        if not isinstance(value, list) or len(value) != length:
+            raise PlanError(f"{source}: codecs.{key} must be a list of {length} codec specs (one per {what}), "
+                            f"got {shown(value)}")
+        for i, spec in enumerate(value):
+            if not isinstance(spec, str) or not spec.strip():
+                raise PlanError(f"{source}: codecs.{key}[{i}] must be a codec spec string, got {shown(spec)}")
+        lists[key] = tuple(value)
+    return PlanCodecs(dp=lists["dp"], pp=lists["pp"])
 
 
 def _check_device_index(value: Any, where: str) -> None:

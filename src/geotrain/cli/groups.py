@@ -23,6 +23,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_runtime",
     "geotrain.cli.bench_ddp",
     "geotrain.cli.bench_netlab",
+    "geotrain.cli.bench_wan",
 )
 
 

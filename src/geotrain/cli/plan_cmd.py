@@ -4,6 +4,8 @@ With --json, stdout is ONE JSON object (DESIGN.md's contract):
 {"method", "stages", "replicas", "assignment", "cost": {"dp", "pp", "total"}, "seconds", ...}
 plus "evaluations", "options", "seed", "cluster", "job", "cost_model" (and "lower_bound", "gap"
 when the method proves a bound). `geotrain cost --plan` reads that object as it is.
+With --codecs auto it adds "codecs" (geotrain.cost.codec_choice: per-stage DP codecs, per-cut
+activation codecs, predicted cost with and without them; `geotrain train --plan` applies them).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from geotrain.cli.arg_types import positive_float
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
+from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
+                                        choose_codecs, parse_codec_policy)
 from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
@@ -59,6 +63,15 @@ def register(subparsers: Any) -> None:
                         help="also prove a lower bound on the optimum (JSON gains lower_bound and gap)")
     parser.add_argument("--bound-time-limit", type=positive_float, default=30.0, metavar="SEC",
                         help="time for the lower-bound MILP (the bound stays valid when it stops early)")
+    group = parser.add_argument_group("codec choice (docs/wan.md)")
+    group.add_argument("--codecs", default="none", choices=("none", "auto"),
+                       help="auto: choose a codec per DP group and per pipeline cut (recorded in the plan)")
+    group.add_argument("--codec-policy", default=DEFAULT_POLICY, metavar="dp=CODEC,pp=CODEC",
+                       help=f"lowest rung allowed on the ladders dp: {' > '.join(DP_LADDER)}; "
+                            f"pp: {' > '.join(PP_LADDER)}")
+    group.add_argument("--codec-tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
+                       help="keep better-quality codecs while the predicted time stays within this fraction "
+                            "of the fastest allowed choice")
     add_autoconfig_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -103,10 +116,13 @@ def plan_document(result: SearchResult, extra: dict[str, Any] | None = None) -> 
 def run(args: Any) -> int:
     out = Output(json_mode=args.json)
     if args.stages is None and args.replicas is None:
+        if args.codecs != "none":
+            raise GeotrainError("--codecs auto applies to a fixed layout: give --stages and --replicas")
         return run_autoconfig(args, out)
     if args.stages is None or args.replicas is None:
         raise SearchError("give both --stages and --replicas, or neither (auto-configuration)")
     cluster, job, model = build_placement(args, args.stages, args.replicas)
+    policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
     with out.progress(f"{args.method} on {cluster.name}", 1) as progress:
@@ -119,6 +135,9 @@ def run(args: Any) -> int:
             result = with_lower_bound(problem, result, time_limit_s=args.bound_time_limit)
     doc = plan_document(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
                                  "job": job.name, "cost_model": model.name})
+    choice = None if policy is None else choose_codecs(cluster, job, result.assignment, policy)
+    if choice is not None:
+        doc["codecs"] = choice.to_json()
     if args.out:
         plan = Plan(int(doc["stages"]), int(doc["replicas"]), result.assignment, doc)
         write_json_file(plan.to_json(), args.out)
@@ -138,6 +157,19 @@ def run(args: Any) -> int:
     out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
               assignment_rows(cluster, result.assignment), right_align_from=1)
     out.text(region_legend(cluster))
+    if choice is not None:
+        codec_tables(out, choice)
     if args.out:
         out.text(f"plan written to {args.out}")
     return 0
+
+
+def codec_tables(out: Output, choice: CodecChoice) -> None:
+    """The chosen codecs and the predicted seconds per iteration with and without them ("yuan" model)."""
+    rows = [[f"stage {s} DP group", name] for s, name in enumerate(choice.dp)]
+    rows += [[f"cut {c} (stage {c} -> {c + 1})", name] for c, name in enumerate(choice.pp)]
+    out.table(f"codecs (policy {choice.policy.text()}, tolerance {choice.policy.tolerance:g})", ["", "codec"], rows)
+    out.table("predicted communication per iteration (s, yuan)", ["", "uncompressed", "with codecs", "speed-up"],
+              [[key, f"{choice.uncompressed[key]:.3f}", f"{choice.cost[key]:.3f}",
+                f"{choice.uncompressed[key] / choice.cost[key]:.2f}x" if choice.cost[key] > 0 else "-"]
+               for key in ("dp", "pp", "total")])

@@ -66,9 +66,12 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (warm-up + cosine)")
     parser.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"],
                         help="torch.distributed.pipelining schedule")
-    parser.add_argument("--dp-codec", default="none", metavar="CODEC[:k=v,...]",
-                        help="gradient codec of the data-parallel exchange, e.g. fp16, topk:fraction=0.01")
-    parser.add_argument("--pp-codec", default="none", help="activation dtype on the wire: none (fp32), fp16, bf16")
+    parser.add_argument("--dp-codec", default=None, metavar="CODEC[:k=v,...]",
+                        help="gradient codec of the data-parallel exchange, e.g. fp16, topk:fraction=0.01 "
+                             "(default: the plan's per-stage choice, else none)")
+    parser.add_argument("--pp-codec", default=None,
+                        help="activation dtype on the wire: none (fp32), fp16, bf16 (default: the plan's per-cut "
+                             "choice, else none)")
     parser.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
                         help="send DP gradients without error feedback")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "onebit-adam"],
@@ -108,6 +111,7 @@ def config_from_args(args: Any) -> Any:
     from geotrain.cluster import load_cluster
     from geotrain.plan import load_plan
     from geotrain.runtime import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
+    from geotrain.runtime.config import plan_codec_fields
 
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan)
@@ -123,7 +127,8 @@ def config_from_args(args: Any) -> Any:
         seq_len=args.seq_len, split=args.split, virtual_stages=args.virtual_stages, device=args.device,
         precision=args.precision,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
-        schedule=args.schedule, dp_codec=args.dp_codec, pp_codec=args.pp_codec, error_feedback=args.error_feedback,
+        schedule=args.schedule, **plan_codec_fields(plan.codecs, args.dp_codec, args.pp_codec),
+        error_feedback=args.error_feedback,
         optimizer=args.optimizer, onebit_warmup_steps=args.onebit_warmup_steps, clip_grad_norm=args.clip_grad_norm,
         time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,11 @@ from geotrain.emulate.process_group import BACKEND_NAME, EmulatedProcessGroup
 from geotrain.emulate.state import EmulationState
 
 _GLOO_NAMES = (None, "", "gloo", "cpu:gloo", dist.Backend.GLOO)
+
+COMPUTE_CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+"""How a rank's clock advances between operations: "wall" (real time: compute as slow as this machine is
+now, shared cores included) or "cpu" (this process's CPU seconds: as if each rank had a core to itself,
+so a loaded or oversubscribed machine does not slow the emulated compute)."""
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,14 @@ def _wrap_monitored_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
-            nic_gbps: float | Sequence[float] | None = None, report_dir: str | Path | None = None) -> Emulation:
+            nic_gbps: float | Sequence[float] | None = None, report_dir: str | Path | None = None,
+            compute_clock: str = "wall") -> Emulation:
     """Emulate `cluster` in this process: global rank r is device `devices[r]`; `time_scale` F sleeps F x
-    the emulated link time (0: none); `report_dir` receives `rank-<r>.json` at exit."""
+    the emulated link time (0: none); `report_dir` receives `rank-<r>.json` at exit; `compute_clock` one
+    of COMPUTE_CLOCKS."""
+    if compute_clock not in COMPUTE_CLOCKS:
+        raise EmulationError(f"geotrain.emulate: compute clock must be one of {', '.join(COMPUTE_CLOCKS)}, "
+                             f"got {compute_clock!r}")
     network = EmulatedNetwork.from_cluster(cluster, time_scale, nic_gbps)
     device_list = tuple(check_device_list(devices, network.n_devices))
     states: list[EmulationState] = []
@@ -97,7 +108,7 @@ def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
                                  f"{max(global_ranks) + 1} ranks")
         if not states:  # the default group: this process's rank, clock and records
             states.append(EmulationState(network, device_list, global_ranks[options.group_rank],
-                                         RankClock(time_scale)))
+                                         RankClock(time_scale, wall=COMPUTE_CLOCKS[compute_clock])))
             if emulation.report_dir is not None:
                 atexit.register(states[0].write_part, emulation.report_dir)
         store = dist.PrefixStore("geotrain-emulate-inner/", options.store)

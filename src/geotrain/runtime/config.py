@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,9 @@ class RuntimeConfig:
     it held out; every `eval_every` steps (0: never) the validation loss over at most `eval_windows`
     windows is recorded. `seq_len` tokens per sequence (None: the preset's context, else 128).
     `split` cuts the layers into stages x `virtual_stages` (None: 2 for the looped schedules, else 1).
+    `dp_codecs` / `pp_codecs`: one codec spec per stage's DP group / per stage cut (a plan's codec
+    choice); empty means `dp_codec` / `pp_codec` everywhere. `compute_clock`: "wall" or "cpu", how the
+    emulated clock counts compute (geotrain.emulate.install.COMPUTE_CLOCKS).
     """
 
     cluster: Cluster
@@ -113,6 +116,9 @@ class RuntimeConfig:
     device: str = "cpu"
     precision: str = "fp32"
     extra: dict[str, Any] = field(default_factory=dict)
+    dp_codecs: tuple[str, ...] = ()
+    pp_codecs: tuple[str, ...] = ()
+    compute_clock: str = "wall"
 
     def __post_init__(self) -> None:
         shape = np.shape(self.assignment)
@@ -125,13 +131,20 @@ class RuntimeConfig:
         object.__setattr__(self, "assignment", Layout(assignment).assignment)
         self._check_numbers()
         self._check_choices()
-        if parse_codec_spec(self.pp_codec)[0] not in PP_CODECS:
-            why = (": torch.distributed.pipelining sends the float tensors a stage outputs, and this codec's "
-                   "wire form is not one") if self.pp_codec.split(":")[0] in ("int8", "int8-block", "topk", "randk",
-                                                                          "sign", "powersgd") else ""
-            raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got "
-                                     f"{self.pp_codec!r}{why}")
-        for label, spec in (("gradient", self.dp_codec), ("pipeline", self.pp_codec)):
+        for key, specs, length in (("dp_codecs", self.dp_codecs, shape[0]), ("pp_codecs", self.pp_codecs, shape[0] - 1)):
+            if not isinstance(specs, tuple) or (specs and len(specs) != length):
+                raise RuntimeConfigError(f"{key} must be a tuple of {length} codec specs (or empty), got {specs!r}")
+        if len(set(self.pp_codecs)) > 1 and self.stages_per_rank > 1:
+            raise RuntimeConfigError(f"per-cut activation codecs {list(self.pp_codecs)} need one virtual stage per "
+                                     f"rank; schedule {self.schedule!r} loops {self.stages_per_rank} (use --pp-codec)")
+        for spec in (self.pp_codec, *self.pp_codecs):
+            if parse_codec_spec(spec)[0] not in PP_CODECS:
+                why = (": torch.distributed.pipelining sends the float tensors a stage outputs, and this codec's "
+                       "wire form is not one") if spec.split(":")[0] in ("int8", "int8-block", "topk", "randk",
+                                                                         "sign", "powersgd") else ""
+                raise RuntimeConfigError(f"pipeline codec must be one of {', '.join(PP_CODECS)}, got {spec!r}{why}")
+        checks = [("gradient", spec) for spec in (self.dp_codec, *self.dp_codecs)]
+        for label, spec in checks + [("pipeline", spec) for spec in (self.pp_codec, *self.pp_codecs)]:
             try:
                 if label == "gradient":
                     check_reducer_spec(spec)  # any reducer: a codec, or e.g. powersgd with its own knobs
@@ -145,6 +158,8 @@ class RuntimeConfig:
         if self.optimizer == "onebit-adam" and parse_codec_spec(self.dp_codec)[0] != "none":
             raise RuntimeConfigError(f"optimizer onebit-adam does its own data-parallel communication; "
                                      f"dp_codec must be none, got {self.dp_codec!r}")
+        if self.compute_clock not in ("wall", "cpu"):
+            raise RuntimeConfigError(f"compute_clock must be wall or cpu, got {self.compute_clock!r}")
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
         if self.overwrite and not self.checkpoint_dir:
@@ -218,6 +233,24 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"comm_timeout_s must be at least {MIN_COMM_TIMEOUT_S:g} s (workers need "
                                      f"that long to start and meet), got {self.comm_timeout_s!r}")
 
+    def stage_dp_codec(self, stage: int) -> str:
+        """The DP codec spec of `stage`'s group."""
+        return self.dp_codecs[stage] if self.dp_codecs else self.dp_codec
+
+    def cut_pp_codec(self, cut: int) -> str:
+        """The activation codec spec of cut `cut` (between stage cut and cut + 1)."""
+        return self.pp_codecs[cut] if self.pp_codecs else self.pp_codec
+
+    def wire_dtypes(self) -> Any:
+        """The activation dtype on the wire: one torch dtype (every cut alike), or one per pipeline cut."""
+        if len(set(self.pp_codecs)) > 1:
+            return [WIRE_DTYPES[parse_codec_spec(spec)[0]] for spec in self.pp_codecs]
+        return WIRE_DTYPES[parse_codec_spec(self.cut_pp_codec(0))[0]]
+
+    def for_stage(self, stage: int) -> RuntimeConfig:
+        """This config with `stage`'s DP codec as the only one (what builds that stage's exchange)."""
+        return self if not self.dp_codecs else replace(self, dp_codec=self.stage_dp_codec(stage), dp_codecs=())
+
     @cached_property
     def layout(self) -> Layout:
         return Layout(self.assignment)
@@ -275,6 +308,8 @@ class RuntimeConfig:
     def identity(self) -> dict[str, Any]:
         """What must match for a checkpoint to be resumed (the numerics; not the cluster or the
         device placement, which change timing only)."""
+        per_link = {key: list(value) for key, value in (("dp_codecs", self.dp_codecs), ("pp_codecs", self.pp_codecs))
+                    if value}
         return {"stages": self.stages, "replicas": self.replicas, "model": self.model_identity(),
                 "data": self.data_identity,
                 "steps": self.steps, "microbatches": self.microbatches, "batch_size": self.batch_size,
@@ -283,8 +318,20 @@ class RuntimeConfig:
                 "lr": self.lr, "schedule": self.schedule, "dp_codec": self.dp_codec, "pp_codec": self.pp_codec,
                 "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed,
                 "optimizer": self.optimizer, "onebit_warmup_steps": self.onebit_warmup_steps,
-                "clip_grad_norm": self.clip_grad_norm}
+                "clip_grad_norm": self.clip_grad_norm, **per_link}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model_name, "device": self.device, "cluster": self.cluster.name,
                 "assignment": self.assignment.tolist(), "time_scale": self.time_scale, "plan": self.plan_name}
+
+
+def plan_codec_fields(codecs: Any, dp_flag: str | None, pp_flag: str | None) -> dict[str, Any]:
+    """RuntimeConfig codec fields from a plan's codec choice (geotrain.plan.PlanCodecs or None) and the
+    --dp-codec / --pp-codec flags: a given flag overrides the plan for every stage / cut; without flag
+    and choice, "none"."""
+    fields: dict[str, Any] = {"dp_codec": dp_flag or "none", "pp_codec": pp_flag or "none"}
+    if codecs is not None and dp_flag is None:
+        fields["dp_codecs"] = tuple(codecs.dp)
+    if codecs is not None and pp_flag is None:
+        fields["pp_codecs"] = tuple(codecs.pp)
+    return fields

@@ -80,22 +80,30 @@ def stage_boundaries(model: LayerModel, n_stages: int, rule: str, seq_len: int) 
     return split_layers(layer_costs(model, rule, batch=2, seq_len=seq_len), n_stages)
 
 
+def cut_dtype(wire_dtype: torch.dtype | Sequence[torch.dtype], cut: int) -> torch.dtype:
+    """The wire dtype of cut `cut` (after pipeline stage `cut`): one dtype for all cuts, or one per cut."""
+    return wire_dtype if isinstance(wire_dtype, torch.dtype) else wire_dtype[cut]
+
+
 def stage_modules(model: LayerModel, boundaries: Sequence[int], wanted: Sequence[int],
-                  wire_dtype: torch.dtype = torch.float32) -> dict[int, StageModule]:
-    """Stage index -> StageModule for the stages in `wanted` (sharing the model's parameters)."""
+                  wire_dtype: torch.dtype | Sequence[torch.dtype] = torch.float32) -> dict[int, StageModule]:
+    """Stage index -> StageModule for the stages in `wanted` (sharing the model's parameters);
+    `wire_dtype`: one activation dtype, or one per cut (stage s sends in wire_dtype[s])."""
     last = len(boundaries) - 2
-    return {s: StageModule(model.stage_module(boundaries, s), s == last, wire_dtype) for s in wanted}
+    return {s: StageModule(model.stage_module(boundaries, s), s == last,
+                           torch.float32 if s == last else cut_dtype(wire_dtype, s)) for s in wanted}
 
 
 def stage_shapes(model: LayerModel, boundaries: Sequence[int], microbatch: int, seq_len: int,
-                 wire_dtype: torch.dtype = torch.float32) -> list[StageShapes]:
-    """Per-micro-batch input/output shapes and dtypes of every stage (activations in `wire_dtype`)."""
+                 wire_dtype: torch.dtype | Sequence[torch.dtype] = torch.float32) -> list[StageShapes]:
+    """Per-micro-batch input/output shapes and dtypes of every stage (activations in `wire_dtype`: one
+    dtype, or one per cut)."""
     found = model.stage_io_shapes(boundaries, microbatch, seq_len)
     shapes = []
     for stage, (in_shape, out_shape, out_dtype) in enumerate(found):
-        in_dtype = torch.long if stage == 0 else wire_dtype
+        in_dtype = torch.long if stage == 0 else cut_dtype(wire_dtype, stage - 1)
         last = stage == len(found) - 1
-        shapes.append(StageShapes(in_shape, in_dtype, out_shape, out_dtype if last else wire_dtype))
+        shapes.append(StageShapes(in_shape, in_dtype, out_shape, out_dtype if last else cut_dtype(wire_dtype, stage)))
     return shapes
 
 

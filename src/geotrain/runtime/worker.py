@@ -27,10 +27,11 @@ from geotrain.emulate.install import Emulation
 from geotrain.errors import GeotrainError
 from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_ties, validation_starts
 from geotrain.runtime import checkpoint as ckpt
-from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
+from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import DataParallelStep
+from geotrain.runtime.emulation_marks import emulation_mark, emulation_span
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
-from geotrain.runtime.stages import WIRE_DTYPES, build_layer_model, stage_boundaries, stage_modules, stage_shapes
+from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
@@ -80,7 +81,7 @@ class Worker:
                                      f"than the data's {self.data.vocab_size} ({self.data.source})")
         self.resume_state = self._load_resume_state() if config.resume else None
         self.boundaries = self._boundaries(model)
-        wire = WIRE_DTYPES[parse_codec_spec(config.pp_codec)[0]]
+        wire = config.wire_dtypes()
         self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire)
         for module in self.modules.values():
             module.to(device)
@@ -91,7 +92,7 @@ class Worker:
         self.transport = Transport(self.layout, rank, config.time_scale)
         self.pipeline = Pipeline(config.schedule, self.modules, self.shapes, config.microbatches, lm_loss,
                                  pp_groups[self.slot.replica], device, self.timer)
-        self.dp = DataParallelStep(config, self.stage, self.transport, self.groups[self.slot.stage],
+        self.dp = DataParallelStep(config.for_stage(self.slot.stage), self.stage, self.transport, self.groups[self.slot.stage],
                                    self.layout.dp_group_devices(self.slot.stage))
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
@@ -142,6 +143,7 @@ class Worker:
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
+        emu_mark = emulation_mark()
         self.timer.seconds = 0.0
         mark = self.transport.p2p_mark(self.emulation)
         inputs, targets = self._batch(step)
@@ -159,6 +161,7 @@ class Worker:
                 "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
+                "emulated": emulation_span(emu_mark, cfg.cluster),
                 "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
 
     def _pp_bytes_sent(self) -> int:
@@ -280,7 +283,7 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         torch.cuda.set_device(device)
         emulation = None
     else:
-        emulation = use_emulated_links(config.cluster, config.layout, config.time_scale)
+        emulation = use_emulated_links(config.cluster, config.layout, config.time_scale, config.compute_clock)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=config.comm_timeout_s))
     layout = config.layout

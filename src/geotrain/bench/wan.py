@@ -1,0 +1,303 @@
+"""`geotrain bench wan`: time to a target validation loss of the tiny GPT on an emulated slow WAN.
+
+Every row trains the same model (seed), on the same data and global batch, for the same step budget,
+through the runtime (`geotrain train`'s launcher, one process per slot) over the emulating backend,
+and differs only in placement and codecs (`DEFAULT_ROWS`, one line each). Measured:
+- emulated wall time: per step, the slowest rank's emulated clock (compute as measured on this CPU,
+  links as emulated; geotrain.emulate), summed over steps; the checkpoints this bench writes to
+  score validation loss happen between steps and are not counted. Compute is measured in each
+  rank's CPU seconds by default (`compute_clock="cpu"`: as if every rank had its own core, so the
+  rows do not depend on how loaded this machine is); "wall" counts real elapsed time instead;
+- validation loss (nats per character, the world's held-out text) every `eval_every` steps, from
+  replica 0's stage checkpoints; time to target = emulated time at the first evaluation at or below
+  `target` (None when the budget ends first: the row reports the loss it reached);
+- inter-region bytes: payload bytes the emulator carried between devices of different regions,
+  all ranks, all steps.
+Placements: "naive" = data parallelism over every device in index order (the DDP baseline);
+"planned" = the layout (stages x replicas) and assignment with the lowest "yuan" cost among the
+layouts the tiny GPT allows, searched with the job's real bytes; the planner-codecs row takes the
+layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from geotrain.cluster import Cluster, load_cluster
+from geotrain.cost import YuanCostModel
+from geotrain.cost.codec_choice import DEFAULT_POLICY, CodecChoice, choose_codecs, parse_codec_policy
+from geotrain.errors import GeotrainError
+from geotrain.job import Job
+
+WAN_CLUSTER = str(Path(__file__).parent / "data" / "wan-4x1.yaml")
+
+
+class WanBenchError(GeotrainError, ValueError):
+    """A bench option that cannot make a run."""
+
+
+@dataclass(frozen=True)
+class WanRow:
+    """One way to train: placement ("naive" | "planned"), flat codecs, or the planner's choice
+    (`plan_codecs`, under `policy`), plus RuntimeConfig fields in `options` (a row whose fields this
+    geotrain's RuntimeConfig lacks is skipped and listed as such)."""
+
+    label: str
+    placement: str = "planned"
+    dp_codec: str = "none"
+    pp_codec: str = "none"
+    plan_codecs: bool = False
+    policy: str | None = None  # the planner's codec policy (None: the bench's --codec-policy)
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+DEFAULT_ROWS: tuple[WanRow, ...] = (
+    WanRow("DDP baseline (naive, fp32)", placement="naive"),
+    WanRow("planned, fp32"),
+    WanRow("planned + sign+EF", dp_codec="sign"),
+    WanRow("planned + powersgd", dp_codec="powersgd"),
+    WanRow("planned + int8-block dp (EF) + fp16 pp", dp_codec="int8-block", pp_codec="fp16"),
+    WanRow("planned + 1-bit Adam", options=(("optimizer", "onebit-adam"),)),
+    WanRow("planned + hierarchical sign+EF", dp_codec="sign", options=(("dp_hierarchical", True),)),
+    WanRow("planned + planner codecs (policy dp=sign)", plan_codecs=True, policy="dp=sign,pp=fp16"),
+    WanRow("planned + planner codecs (policy dp=int8-block)", plan_codecs=True),
+)
+
+
+@dataclass(frozen=True)
+class WanBenchConfig:
+    """The run: cluster file, step budget, evaluation cadence, target (nats), batch and policy."""
+
+    cluster: str = WAN_CLUSTER
+    steps: int = 60
+    eval_every: int = 5
+    target: float = 2.4
+    global_batch: int = 32
+    microbatches: int = 4
+    lr: float = 3e-3
+    seed: int = 0
+    time_scale: float = 1e-3
+    codec_policy: str = DEFAULT_POLICY
+    compute_clock: str = "cpu"
+    val_windows: int = 128
+    rows: tuple[WanRow, ...] = DEFAULT_ROWS
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.eval_every < 1:
+            raise WanBenchError(f"--steps and --eval-every must be >= 1, got {self.steps}, {self.eval_every}")
+        if self.time_scale <= 0:
+            raise WanBenchError(f"--time-scale must be > 0 (the emulating backend runs only then), got {self.time_scale}")
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """A trained row: evaluation points (steps, emulated seconds, validation loss) and traffic."""
+
+    row: WanRow
+    stages: int
+    replicas: int
+    assignment: list[list[int]]
+    codecs: dict[str, list[str]]
+    eval_steps: list[int]
+    eval_time_s: list[float]
+    val_losses: list[float]
+    step_time_s: float
+    inter_region_bytes: float
+    time_to_target_s: float | None
+
+    @property
+    def val_loss(self) -> float:
+        return self.val_losses[-1]
+
+
+@dataclass(frozen=True)
+class WanBench:
+    config: WanBenchConfig
+    cluster: Cluster
+    results: tuple[RowResult, ...]
+    skipped: tuple[tuple[str, str], ...]
+    choice: CodecChoice | None = None
+    layouts: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        base = self.results[0]
+        rows = []
+        for r in self.results:
+            speedup = (base.time_to_target_s / r.time_to_target_s
+                       if base.time_to_target_s is not None and r.time_to_target_s else None)
+            rows.append({"label": r.row.label, "time_to_target_s": r.time_to_target_s, "speedup": speedup,
+                         "inter_region_bytes": r.inter_region_bytes, "val_loss": r.val_loss,
+                         "val_loss_fp32_same_steps": base.val_loss, "quality_cost": r.val_loss - base.val_loss,
+                         "step_time_s": r.step_time_s, "steps": self.config.steps, "stages": r.stages,
+                         "replicas": r.replicas, "assignment": r.assignment, "codecs": r.codecs,
+                         "options": dict(r.row.options),
+                         "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
+        config = {k: v for k, v in asdict(self.config).items() if k != "rows"}
+        return {"rows": rows, "target": self.config.target, "cluster": self.cluster.name, "config": config,
+                "skipped": [{"label": label, "reason": reason} for label, reason in self.skipped],
+                "planned_layouts": self.layouts,
+                "codec_choice": None if self.choice is None else self.choice.to_json()}
+
+
+def tiny_job(global_batch: int) -> Any:
+    """The tiny GPT as a cost-model Job with its real byte counts (fp32 gradients and activations)."""
+    from geotrain.runtime.config import TINY_GPT
+    from geotrain.runtime.stages import build_stage
+
+    params = sum(p.numel() for p in build_stage(TINY_GPT, 0, 0, 1).parameters())
+    return Job(name="tiny-gpt", params=float(params), seq_len=TINY_GPT.context, hidden=TINY_GPT.d_model,
+               global_batch=global_batch, layers=TINY_GPT.n_layer, bytes_per_value=4, vocab=TINY_GPT.vocab_size)
+
+
+@dataclass(frozen=True)
+class PlannedLayout:
+    """A layout's searched assignment, its uncompressed "yuan" seconds and its codec choice."""
+
+    assignment: np.ndarray
+    cost_s: float
+    choice: CodecChoice
+
+
+def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_text: str | None = None
+                    ) -> dict[str, PlannedLayout]:
+    """Per layout "SxR" using every device (S dividing the model's blocks, R x micro-batches dividing
+    the global batch): the `auto` search's assignment under "yuan" and the codec choice for it under
+    `policy_text` (default: config.codec_policy)."""
+    from geotrain.search import PlacementProblem, run_search
+
+    n, policy = cluster.n_devices, parse_codec_policy(policy_text or config.codec_policy)
+    layouts = {}
+    for stages in (s for s in range(1, job.layers + 1) if job.layers % s == 0 and n % s == 0):
+        replicas = n // stages
+        if config.global_batch % (replicas * config.microbatches):
+            continue
+        problem = PlacementProblem(cluster, YuanCostModel(cluster, job, stages, replicas))
+        result = run_search("auto", problem, seed=config.seed, time_limit_s=10.0)
+        assignment = np.asarray(result.assignment)
+        layouts[f"{stages}x{replicas}"] = PlannedLayout(assignment, result.cost.total,
+                                                        choose_codecs(cluster, job, assignment, policy))
+    if not layouts:
+        raise WanBenchError(f"no layout of {n} devices fits {job.layers} blocks and a global batch of "
+                            f"{config.global_batch} in {config.microbatches} micro-batches")
+    return layouts
+
+
+def _row_available(row: WanRow) -> str | None:
+    """None if this geotrain's RuntimeConfig has every field the row sets, else the reason it is skipped."""
+    from geotrain.runtime import RuntimeConfig
+
+    known = {f.name for f in fields(RuntimeConfig)}
+    missing = [key for key, _ in row.options if key not in known]
+    return None if not missing else f"RuntimeConfig has no field {', '.join(missing)} in this geotrain"
+
+
+def emulated_step_seconds(records: list[dict[str, Any]], steps: int) -> np.ndarray:
+    """(steps,) emulated seconds of each step: the slowest rank's end minus the later of the previous
+    step's end and the slowest rank's start (so time spent between steps, checkpoints, is not counted).
+    Step 0 counts as the mean of the others (its one-off start-up costs are not training time)."""
+    start, end = np.zeros(steps), np.zeros(steps)
+    for record in records:
+        span = record["emulated"]
+        if span is None:
+            raise WanBenchError("the run was not emulated (time scale 0?): no emulated clock in its records")
+        start[record["step"]] = max(start[record["step"]], span["start_s"])
+        end[record["step"]] = max(end[record["step"]], span["end_s"])
+    previous = np.concatenate([[0.0], end[:-1]])
+    seconds = end - np.maximum(previous, start)
+    if steps > 1:  # step 0 pays one-off costs (codec kernels compiled, buffers allocated): count it as a mean step
+        seconds[0] = float(np.mean(seconds[1:]))
+    return seconds
+
+
+def _evaluate(directory: str, step: int, stages: int, replicas: int, config: WanBenchConfig,
+              val_tokens: Any) -> tuple[float, list[dict[str, Any]]]:
+    """Validation loss of replica 0's stages at checkpoint `step`, and every rank's records there."""
+    from geotrain.models.evaluate import validation_loss
+    from geotrain.runtime import checkpoint as ckpt
+    from geotrain.runtime.config import TINY_GPT
+    from geotrain.runtime.stages import build_stage
+
+    manifest = ckpt.read_manifest(directory, step)
+    modules, records = [], []
+    for rank in range(stages * replicas):
+        stage, replica = divmod(rank, replicas)
+        state = ckpt.load_shard(directory, step, rank, manifest, {"rank": rank, "stage": stage, "replica": replica})
+        records.extend(state["records"])
+        if replica == 0:
+            module = build_stage(TINY_GPT, config.seed, stage, stages)
+            module.load_state_dict(state["stage"])
+            modules.append(module)
+    loss = validation_loss(modules, val_tokens.numpy(), TINY_GPT.context, max_windows=config.val_windows)
+    return loss, records
+
+
+def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: CodecChoice | None,
+            config: WanBenchConfig, tokens: Any, progress: Callable[[int, int], None] | None = None) -> RowResult:
+    """Train one row for config.steps steps and score it."""
+    from geotrain.runtime import RuntimeConfig, launch
+
+    stages, replicas = assignment.shape
+    per_link: dict[str, Any] = {}
+    if row.plan_codecs and choice is not None:
+        per_link = {"dp_codecs": choice.dp, "pp_codecs": choice.pp}
+    eval_steps = sorted({*range(config.eval_every, config.steps + 1, config.eval_every), config.steps})
+    with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
+        run = RuntimeConfig(cluster=cluster, assignment=assignment, steps=config.steps,
+                            microbatches=config.microbatches, batch_size=config.global_batch // replicas,
+                            lr=config.lr, dp_codec=row.dp_codec, pp_codec=row.pp_codec, time_scale=config.time_scale,
+                            seed=config.seed, checkpoint_dir=directory, checkpoint_every=config.eval_every,
+                            compute_clock=config.compute_clock,
+                            plan_name=row.label, **per_link, **dict(row.options))
+        launch(run, progress=progress, tokens=tokens.train)
+        scored = [_evaluate(directory, step, stages, replicas, config, tokens.val) for step in eval_steps]
+    records = scored[-1][1]
+    seconds = emulated_step_seconds(records, config.steps)
+    elapsed = np.cumsum(seconds)
+    eval_time = [float(elapsed[step - 1]) for step in eval_steps]
+    losses = [loss for loss, _ in scored]
+    reached = [t for t, loss in zip(eval_time, losses) if loss <= config.target]
+    inter = float(sum(r["emulated"]["inter_region_bytes"] for r in records))
+    codecs = {"dp": [run.stage_dp_codec(s) for s in range(stages)], "pp": [run.cut_pp_codec(c) for c in range(stages - 1)]}
+    return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
+                     float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
+                     reached[0] if reached else None)
+
+
+def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], None] | None = None) -> WanBench:
+    """Plan, then train every available row; `progress(label, done, total)`."""
+    from geotrain.data import world_tokens
+
+    cluster = load_cluster(config.cluster)
+    job = tiny_job(config.global_batch)
+    by_policy = {policy: planned_layouts(cluster, job, config, policy)
+                 for policy in {config.codec_policy, *(row.policy for row in config.rows if row.policy)}}
+    layouts = by_policy[config.codec_policy]
+    fp32 = min(layouts.values(), key=lambda layout: layout.cost_s)  # the planner without codecs
+    naive = np.arange(cluster.n_devices, dtype=np.int64).reshape(1, -1)
+    if config.global_batch % (cluster.n_devices * config.microbatches):
+        raise WanBenchError(f"the DDP baseline needs a global batch divisible by {cluster.n_devices} devices x "
+                            f"{config.microbatches} micro-batches, got {config.global_batch}")
+    tokens = world_tokens(0)
+    results, skipped = [], []
+    for row in config.rows:
+        reason = _row_available(row)
+        if reason is not None:
+            skipped.append((row.label, reason))
+            continue
+        # with codecs: the layout whose cost with its codec choice is lowest (layout and codecs together)
+        planned = (min(by_policy[row.policy or config.codec_policy].values(), key=lambda layout: layout.choice.cost["total"])
+                   if row.plan_codecs else fp32)
+        assignment = naive if row.placement == "naive" else planned.assignment
+        callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
+        results.append(run_row(row, cluster, assignment, planned.choice, config, tokens, callback))
+    summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],
+                      "dp_codecs": list(layout.choice.dp), "pp_codecs": list(layout.choice.pp)}
+               for name, layout in layouts.items()}
+    coded = min(layouts.values(), key=lambda layout: layout.choice.cost["total"])
+    return WanBench(config, cluster, tuple(results), tuple(skipped), coded.choice, summary)

@@ -1,0 +1,82 @@
+"""`geotrain bench wan`: time to a target validation loss on an emulated slow WAN, per placement and
+codec row (see geotrain.bench.wan). --json: {"rows": [{"label", "time_to_target_s", "speedup",
+"inter_region_bytes", "val_loss", ...}], "target", ...}; the first row is the fp32 DDP baseline."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+NAME = "wan"
+HELP = "time to a target validation loss of the tiny GPT on an emulated ~100 Mbit/s, 50-150 ms geo cluster"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from geotrain.bench.wan import WAN_CLUSTER, WanBenchConfig
+
+    d = WanBenchConfig()
+    parser.add_argument("--cluster", default=WAN_CLUSTER, metavar="FILE|PRESET", help="the emulated cluster")
+    parser.add_argument("--steps", type=int, default=d.steps, help="step budget of every row")
+    parser.add_argument("--eval-every", type=int, default=d.eval_every, help="validation loss every K steps")
+    parser.add_argument("--target", type=float, default=d.target, help="target validation loss (nats per character)")
+    parser.add_argument("--global-batch", type=int, default=d.global_batch, help="sequences per step over all replicas")
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    parser.add_argument("--codec-policy", default=d.codec_policy, help="policy of the planner-codecs row")
+    parser.add_argument("--time-scale", type=float, default=d.time_scale,
+                        help="wall seconds slept per emulated link second (emulated times do not depend on it)")
+    parser.add_argument("--compute-clock", default=d.compute_clock, choices=("cpu", "wall"),
+                        help="count compute in each rank's CPU seconds (as if on its own core) or in wall seconds")
+    parser.add_argument("--rows", default=None, metavar="I,J,...", help="run only these rows (0 = the baseline, always run)")
+    parser.add_argument("--seed", type=int, default=d.seed, help="model seed")
+    parser.add_argument("--plot", default=None, metavar="FILE.png", help="also plot validation loss vs emulated time")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def _fmt(value: Any, spec: str, none: str = "not reached") -> str:
+    return none if value is None else format(value, spec)
+
+
+def run(args: Any) -> int:
+    from geotrain.bench.wan import DEFAULT_ROWS, WanBenchConfig, WanBenchError, run_wan_bench
+    from geotrain.cli.output import Output
+
+    rows = DEFAULT_ROWS
+    if args.rows:
+        try:
+            picked = sorted({0, *(int(i) for i in args.rows.split(","))})
+            rows = tuple(DEFAULT_ROWS[i] for i in picked)
+        except (ValueError, IndexError):
+            raise WanBenchError(f"--rows: comma-separated row numbers in 0..{len(DEFAULT_ROWS) - 1}, "
+                                f"got {args.rows!r}") from None
+    config = WanBenchConfig(cluster=args.cluster, steps=args.steps, eval_every=args.eval_every, target=args.target,
+                            global_batch=args.global_batch, lr=args.lr, codec_policy=args.codec_policy,
+                            time_scale=args.time_scale, seed=args.seed, compute_clock=args.compute_clock, rows=rows)
+    out = Output(json_mode=args.json)
+    with out.progress("bench wan", config.steps) as progress:
+        bench = run_wan_bench(config, lambda label, done, total: progress(done, total))
+    doc = bench.to_json()
+    if args.plot:
+        from geotrain.plots.wan import plot_loss_vs_time
+
+        plot_loss_vs_time({r["label"]: (r["curve"]["time_s"], r["curve"]["val_loss"]) for r in doc["rows"]},
+                          args.plot, doc["target"], f"bench wan on {doc['cluster']}: {config.steps} steps each")
+    if args.json:
+        out.emit_json(doc)
+        return 0
+    out.table(f"bench wan: tiny GPT on {doc['cluster']}, {config.steps} steps each, target validation loss "
+              f"{config.target:g} (emulated seconds)",
+              ["row", "layout", "codecs (dp / pp)", "s per step", "time to target", "speed-up", "inter-region MB",
+               f"val loss @{config.steps}", "vs fp32 @ same steps"],
+              [[r["label"], f"{r['stages']}x{r['replicas']}", f"{','.join(r['codecs']['dp'])} / {','.join(r['codecs']['pp']) or '-'}",
+                f"{r['step_time_s']:.3f}", _fmt(r["time_to_target_s"], ".1f"), _fmt(r["speedup"], ".2f", "-"),
+                f"{r['inter_region_bytes'] / 1e6:.1f}", f"{r['val_loss']:.4f}", f"{r['quality_cost']:+.4f}"]
+               for r in doc["rows"]], right_align_from=3)
+    out.table("planner: predicted communication per iteration (s, yuan) per layout",
+              ["layout", "uncompressed", "with codecs", "dp codecs", "pp codecs"],
+              [[name, f"{v['uncompressed_s']:.3f}", f"{v['with_codecs_s']:.3f}", ",".join(v["dp_codecs"]),
+                ",".join(v["pp_codecs"]) or "-"] for name, v in doc["planned_layouts"].items()], right_align_from=1)
+    for skipped in doc["skipped"]:
+        out.text(f"skipped {skipped['label']}: {skipped['reason']}")
+    if args.plot:
+        out.text(f"plot written to {args.plot}")
+    return 0
