@@ -7,15 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from geotrain.cluster import make_network
 from geotrain.comm import OneBitLayout
-from geotrain.data import get_batch, world_tokens
-from geotrain.models import lr_at, make_model
-from geotrain.runtime import GPTStage, RuntimeConfig, RuntimeConfigError, launch
+from geotrain.data import world_tokens
+from geotrain.models import even_boundaries, lm_loss, lr_at
+from geotrain.runtime import RuntimeConfig, RuntimeConfigError, launch
 from geotrain.runtime import checkpoint as ckpt
-from geotrain.runtime.worker import batch_generator
+from geotrain.runtime.config import MODEL_PRESETS
+from geotrain.runtime.stages import build_layer_model, stage_modules
+from geotrain.runtime.training_data import load_training_data
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,12 +26,23 @@ ASSIGNMENT = np.array([[0, 2], [1, 3]])
 
 @pytest.fixture(scope="module")
 def tokens():
-    return world_tokens(0).train
+    return world_tokens(0)
 
 
 def _config(**options) -> RuntimeConfig:
     return RuntimeConfig(cluster=CLUSTER, assignment=ASSIGNMENT,
                          **{"steps": 4, "time_scale": 0.0, "heartbeat_timeout_s": 20.0, **options})
+
+
+def _model_and_data(config: RuntimeConfig, world):
+    """The run's whole model (same seed, so the same initial weights) and its training data."""
+    data = load_training_data(None, config.data_seed, config.val_fraction, world)
+    return build_layer_model(config.model_name, MODEL_PRESETS, config.seed, data.vocab_size,
+                             config.sequence_length), data
+
+
+def _stage(model, config: RuntimeConfig, stage: int) -> torch.nn.Module:
+    return stage_modules(model, even_boundaries(model.n_layers, config.stages), [stage])[stage]
 
 
 def _shards(directory, step: int, world_size: int) -> list[dict]:
@@ -65,7 +77,7 @@ def test_onebit_adam_2x2_loss_falls_replicas_stay_identical_and_resume_is_exact(
     # warm-up: one fp32 all-reduce of the stage; after the freeze one all-to-all + one all-gather of
     # 1-bit messages: (R + 1) x message_bytes, ~ 4 n / (n/8 x 1.5) = 21x less with R = 2
     config = _config(**options)
-    stage0 = GPTStage(make_model(config.model, config.seed), 0, config.stages)
+    stage0 = _stage(_model_and_data(config, tokens)[0], config, 0)
     layout = OneBitLayout([p.numel() for p in stage0.parameters()], config.replicas)
     records = _shards(tmp_path, 8, 4)[0]["records"]  # rank 0: stage 0, replica 0
     warm, frozen = records[0]["dp_bytes"], records[-1]["dp_bytes"]
@@ -74,24 +86,26 @@ def test_onebit_adam_2x2_loss_falls_replicas_stay_identical_and_resume_is_exact(
     assert warm / frozen > 20
 
 
-def _reference(config: RuntimeConfig, tokens: torch.Tensor, steps: int, clip: float | None):
-    """The unsplit model trained in this process on the same global batches: the gradient norm per
-    step before clipping, and the model after `steps` clipped AdamW steps."""
+def _reference(config: RuntimeConfig, world, steps: int, clip: float | None):
+    """The unsplit model trained in this process on the same global batches (every replica's windows):
+    the gradient norm per step before clipping, and the layer model after `steps` clipped AdamW steps."""
     from geotrain.comm import clip_grad_norm_
 
-    model = make_model(config.model, seed=config.seed)
+    layers, data = _model_and_data(config, world)
+    model = layers.as_module()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
     norms = []
     for step in range(steps):
-        x, y = get_batch(tokens, config.batch_size * config.replicas, config.model.context,
-                         batch_generator(config.data_seed, step))
+        batches = [data.batch(config.data_seed, step, r, config.replicas, config.batch_size, config.sequence_length)
+                   for r in range(config.replicas)]
+        x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
         optimizer.zero_grad()
-        F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+        lm_loss(model(x), y).backward()
         norms.append(clip_grad_norm_([p.grad for p in model.parameters()], clip))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, config.steps, config.lr)
         optimizer.step()
-    return norms, model
+    return norms, layers
 
 
 @pytest.mark.slow
@@ -107,9 +121,10 @@ def test_clipped_global_norm_across_stages_equals_the_unsplit_model(tokens, tmp_
     worst_clipped = worst_unclipped = 0.0
     for rank, shard in enumerate(shards):
         slot = config.layout.slot(rank)
-        expected = GPTStage(model, slot.stage, config.stages).state_dict()
-        plain = GPTStage(unclipped, slot.stage, config.stages).state_dict()
+        expected = _stage(model, config, slot.stage).state_dict()
+        plain = _stage(unclipped, config, slot.stage).state_dict()
         for name, value in shard["stage"].items():
+            name = name.removeprefix("0.")  # the rank's ModuleList of (virtual) stages
             worst_clipped = max(worst_clipped, float((value - expected[name]).abs().max()))
             worst_unclipped = max(worst_unclipped, float((value - plain[name]).abs().max()))
     assert worst_clipped < 1e-5
