@@ -1,0 +1,1 @@
+"""Communication layer: reducers that average tensors over data-parallel groups."""
