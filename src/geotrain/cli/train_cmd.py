@@ -44,6 +44,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b"], help="pipeline schedule")
     parser.add_argument("--dp-codec", default="none", metavar="CODEC[:k=v,...]",
                         help="gradient codec of the data-parallel exchange, e.g. fp16, topk:fraction=0.01")
+    parser.add_argument("--dp-hierarchical", action="store_true",
+                        help="exchange DP gradients hierarchically: full precision inside each cluster region, "
+                             "--dp-codec (with error feedback) only between regions, sharded over the region's "
+                             "members (docs/hierarchical.md)")
     parser.add_argument("--pp-codec", default="none", help="activation codec: none, fp16, bf16, int8-block")
     parser.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
                         help="send DP gradients without error feedback")
@@ -80,6 +84,7 @@ def config_from_args(args: Any) -> Any:
         cluster=cluster, assignment=assignment, model=MODEL_PRESETS[args.model], model_name=args.model,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
         schedule=args.schedule, dp_codec=args.dp_codec, pp_codec=args.pp_codec, error_feedback=args.error_feedback,
+        dp_hierarchical=args.dp_hierarchical,
         time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         overwrite=args.overwrite,

@@ -64,6 +64,7 @@ class RuntimeConfig:
     dp_codec: str = "none"
     pp_codec: str = "none"
     error_feedback: bool = True
+    dp_hierarchical: bool = False
     time_scale: float = 1.0
     seed: int = 0
     data_seed: int = 0
@@ -102,6 +103,8 @@ class RuntimeConfig:
                     get_codec(name, **params)
             except (CodecError, TypeError) as exc:
                 raise RuntimeConfigError(f"{label} codec {spec!r}: {exc}") from None
+        if self.dp_hierarchical and parse_codec_spec(self.dp_codec)[0] == "powersgd":
+            raise RuntimeConfigError("--dp-hierarchical takes a codec of geotrain.codecs; powersgd is its own exchange")
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
         if self.overwrite and not self.checkpoint_dir:
@@ -170,7 +173,8 @@ class RuntimeConfig:
         return {"stages": self.stages, "replicas": self.replicas, "model": asdict(self.model),
                 "steps": self.steps, "microbatches": self.microbatches, "batch_size": self.batch_size,
                 "lr": self.lr, "schedule": self.schedule, "dp_codec": self.dp_codec, "pp_codec": self.pp_codec,
-                "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed}
+                "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed,
+                **({"dp_hierarchical": True} if self.dp_hierarchical else {})}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model_name, "cluster": self.cluster.name,

@@ -27,6 +27,7 @@ from geotrain.models import lr_at
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.exchange import GradientExchange, PowerSGDGradientExchange
+from geotrain.runtime.hierarchical_exchange import HierarchicalGradientExchange, create_stage_hierarchies
 from geotrain.runtime.pipeline import ActivationPeer, ComputeTimer, run_schedule, schedule_order
 from geotrain.runtime.stages import build_stage
 from geotrain.runtime.transport import Transport, use_emulated_links
@@ -84,8 +85,13 @@ class Worker:
         prev_rank, next_rank = self.layout.prev_rank(rank), self.layout.next_rank(rank)
         self.prev = None if prev_rank is None else ActivationPeer(self.transport, pp_codec, prev_rank, self.slot.stage - 1, self.timer)
         self.next = None if next_rank is None else ActivationPeer(self.transport, pp_codec, next_rank, self.slot.stage, self.timer)
-        self.exchange = make_gradient_exchange(config, self.stage, self.transport, self.groups[self.slot.stage],
-                                               self.layout.dp_group_devices(self.slot.stage))
+        if config.dp_hierarchical:  # every rank creates every stage's hierarchy (torch's new_group rule)
+            hierarchy = create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
+            self.exchange = HierarchicalGradientExchange(list(self.stage.parameters()), make_codec(config.dp_codec),
+                                                         config.error_feedback, self.transport, hierarchy, rank)
+        else:
+            self.exchange = make_gradient_exchange(config, self.stage, self.transport, self.groups[self.slot.stage],
+                                                   self.layout.dp_group_devices(self.slot.stage))
         self.tokens = None
         if self.stage.is_first or self.stage.is_last:
             self.tokens = tokens if tokens is not None else world_tokens(config.data_seed).train
