@@ -42,3 +42,43 @@ def reduce_steps(rank: int, world_size: int, lists: list[list[int]], codec: str,
     return {"means": means, "residual": residual, "intra": reducer.bytes.intra_bytes,
             "inter": reducer.bytes.inter_bytes, "expected_intra": expected.intra_bytes * steps,
             "expected_inter": expected.inter_bytes * steps, "plain_mean": plain / world_size}
+
+
+def train_with_hierarchical_hook(rank: int, world_size: int, lists: list[list[int]] | None, codec: str,
+                                 steps: int) -> dict[str, Any]:
+    """AdamW on a 1-layer GPT, one DDP bucket, through the hierarchical hook (lists None: plain DDP).
+    Returns losses, a parameter checksum vector, the hook's bytes and the formula's."""
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from geotrain.ddp.hierarchical_hook import register_hierarchical_hook
+    from geotrain.models import GPTConfig, make_model
+
+    config = GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)
+    model = make_model(config, 0)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1024.0)
+    state = None if lists is None else register_hierarchical_hook(ddp, codec, Regions.of(lists))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(1 + rank)
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, config.vocab_size, (4, 1), generator=generator)
+        tokens = (starts + torch.arange(config.context + 1)) % config.vocab_size  # learnable: next = this + 1
+        loss = F.cross_entropy(ddp(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    out: dict[str, Any] = {"losses": losses, "params": flat}
+    if state is not None:
+        # one bucket, laid out once for the first step and once after DDP's rebuild: one reducer each
+        expected_intra = expected_inter = 0
+        for reducer in state.reducers.values():
+            assert sorted(reducer.segments) == sorted(p.numel() for p in model.parameters())
+            expected = expected_link_bytes(state.codec, state.groups, rank, flat.numel(), segments=reducer.segments)
+            expected_intra += expected.intra_bytes * reducer.calls
+            expected_inter += expected.inter_bytes * reducer.calls
+        out.update(intra=state.bytes.intra_bytes, inter=state.bytes.inter_bytes, expected_intra=expected_intra,
+                   expected_inter=expected_inter, calls=sum(r.calls for r in state.reducers.values()))
+    return out

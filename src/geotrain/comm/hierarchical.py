@@ -121,6 +121,7 @@ class HierarchicalReducer:
         self.feedback = ErrorFeedbackBank(codec) if error_feedback else None
         self.bytes = LinkBytes()
         self.last_bytes = LinkBytes()
+        self.calls = 0
 
     @property
     def world_size(self) -> int:
@@ -142,6 +143,7 @@ class HierarchicalReducer:
                  for shard in sums}
         result = self._all_gather(means, bounds, flat.numel())
         self.bytes.add(self.last_bytes)
+        self.calls += 1
         return result
 
     def _reduce_scatter(self, flat: torch.Tensor, bounds: list[tuple[int, int]]) -> dict[int, torch.Tensor]:
