@@ -82,3 +82,55 @@ def train_with_hierarchical_hook(rank: int, world_size: int, lists: list[list[in
         out.update(intra=state.bytes.intra_bytes, inter=state.bytes.inter_bytes, expected_intra=expected_intra,
                    expected_inter=expected_inter, calls=sum(r.calls for r in state.reducers.values()))
     return out
+
+
+def _onebit_gradients(model: torch.nn.Module, rank: int, step: int) -> None:
+    """Backward of a least-squares loss on rank `rank`'s seeded batch of `step`."""
+    generator = torch.Generator().manual_seed(100 * step + rank)
+    x = torch.randn(16, 8, generator=generator)
+    y = x[:, :4] * 0.5 - x[:, 4:] + 0.1 * torch.randn(16, 4, generator=generator)
+    model.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+
+
+def _onebit_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def region_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps: int) -> dict[str, Any]:
+    """RegionOneBitAdam over RegionCollective: final parameters and bytes by link class."""
+    from geotrain.optim.region_collective import RegionCollective, RegionOneBitAdam
+
+    model = _onebit_model()
+    collective = RegionCollective(HierarchicalGroups.create(Regions.of(lists)))
+    optimizer = RegionOneBitAdam(model.parameters(), lr=1e-2, warmup_steps=2, collective=collective)
+    inter = []
+    for step in range(steps):
+        _onebit_gradients(model, rank, step)
+        before = collective.bytes.inter_bytes
+        optimizer.step()
+        inter.append(collective.bytes.inter_bytes - before)
+    return {"params": torch.cat([p.detach().reshape(-1) for p in model.parameters()]), "inter": inter,
+            "message_bytes": optimizer.layout.message_bytes, "numel": optimizer.layout.numel}
+
+
+def simulated_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps: int) -> torch.Tensor:
+    """OneBitAdam over SimulatedCollective(R) fed with each region's mean gradient (member-order sum)."""
+    from geotrain.optim import OneBitAdam, SimulatedCollective
+
+    model = _onebit_model()
+    optimizer = OneBitAdam(model.parameters(), lr=1e-2, warmup_steps=2, collective=SimulatedCollective(len(lists)))
+    for step in range(steps):
+        means = []
+        for region in lists:
+            grads = []
+            for member in region:
+                _onebit_gradients(model, member, step)
+                grads.append(optimizer.flat_grad())
+            total = grads[0].clone()
+            for grad in grads[1:]:
+                total += grad
+            means.append(total.div_(len(region)))
+        optimizer.step_workers(means)
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
