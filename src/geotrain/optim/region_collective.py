@@ -61,15 +61,13 @@ class RegionCollective:
             total += copy
         return total.div_(k)
 
-    def _share(self, owned: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
-        """Every shard's received pieces (R rows each), from the owners' `owned`, on every member."""
+    def _share(self, owned: dict[int, torch.Tensor], widths: list[int]) -> dict[int, torch.Tensor]:
+        """Every shard's received pieces (R rows of widths[shard] each), from the owners' `owned`, on every member."""
         k = len(self.members)
         if k == 1:
             return owned
         shards = self.groups.shards
         mine = torch.cat([owned[s].reshape(-1) for s in sorted(owned)])
-        per_shard = {s: t.numel() for s, t in owned.items()}
-        widths = self._piece_widths
         sizes = [sum(self.world_size * widths[s] for s in self.regions.owned_shards(m, shards)) for m in self.members]
         received = torch.empty(sum(sizes), dtype=mine.dtype)
         dist.all_to_all_single(received, mine.repeat(k), sizes, [mine.numel()] * k,
@@ -81,7 +79,6 @@ class RegionCollective:
                 size = self.world_size * widths[shard]
                 out[shard] = received[offset:offset + size].view(self.world_size, -1)
                 offset += size
-        assert all(out[s].numel() == n for s, n in per_shard.items())
         return out
 
     def _exchange(self, rows: torch.Tensor, all_to_all: bool) -> torch.Tensor:
@@ -89,7 +86,6 @@ class RegionCollective:
         Returns (R, c): row r from region r."""
         c = rows.shape[1]
         bounds = shard_bounds(c, self.groups.shards)
-        self._piece_widths = [hi - lo for lo, hi in bounds]
         owned = {}
         for shard in self.regions.owned_shards(self.rank, self.groups.shards):
             lo, hi = bounds[shard]
@@ -105,7 +101,7 @@ class RegionCollective:
                 dist.all_gather_single(out, send, group=group)
                 self.bytes.inter_bytes += (self.world_size - 1) * tensor_bytes(send)
             owned[shard] = out.view(self.world_size, hi - lo)
-        pieces = self._share(owned)
+        pieces = self._share(owned, [hi - lo for lo, hi in bounds])
         return torch.cat([pieces[s] for s in range(self.groups.shards)], dim=1)
 
     def _check(self, tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
