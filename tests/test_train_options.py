@@ -52,6 +52,7 @@ def base(tmp_path: Path) -> list[str]:
     (["--comm-timeout", "0.001"], "comm_timeout_s must be at least 1 s"),
     (["--resume"], "resume needs a checkpoint directory"),
     (["--overwrite"], "overwrite needs a checkpoint directory"),
+    (["--dp-hierarchical", "--dp-codec", "powersgd"], "--dp-hierarchical takes a codec of geotrain.codecs"),
 ])
 def test_impossible_train_options_give_one_line_and_exit_2(base, capsys, options, message):
     assert main([*base, *options]) == 2
