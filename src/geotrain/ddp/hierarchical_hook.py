@@ -22,7 +22,7 @@ import torch
 
 from geotrain.codecs import Codec, CodecError, get_codec, parse_flag
 from geotrain.comm.hierarchical import HierarchicalGroups, HierarchicalReducer, LinkBytes
-from geotrain.comm.regions import Regions
+from geotrain.comm.regions import Regions, RegionsError, format_regions
 from geotrain.ddp.hook_target import require_ddp_model
 
 
@@ -63,7 +63,8 @@ def register_hierarchical_hook(ddp_model: Any, codec: Codec | str, regions: Regi
     if not isinstance(codec, Codec):
         raise CodecError(f"register_hierarchical_hook needs a Codec or a codec name, got {type(codec).__name__}")
     if sorted(regions.ranks) != list(range(dist.get_world_size())):
-        raise CodecError(f"regions must hold every rank 0..{dist.get_world_size() - 1} once, got {regions.members}")
+        raise RegionsError(f"register_hierarchical_hook: regions must hold every rank 0..{dist.get_world_size() - 1} "
+                           f"once, got {format_regions(regions)!r:.80}")
     groups = HierarchicalGroups.create(regions, parse_flag(sharded, "register_hierarchical_hook: sharded"))
     state = HierarchicalHookState(codec, groups, parse_flag(error_feedback, "error_feedback"), intra_dtype,
                                   {id(param): name for name, param in module.named_parameters()})
