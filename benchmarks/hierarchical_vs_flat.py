@@ -13,9 +13,10 @@ import json
 import sys
 from dataclasses import replace
 
-from geotrain.bench.hierarchical import HierBenchConfig, format_table, run_bench
+from geotrain.bench.hierarchical import HierBenchConfig, bench_result, format_table, run_bench
 from geotrain.cli.device_args import parse_device_list
 from geotrain.cluster import load_cluster
+from geotrain.models import make_model
 
 
 def main(argv: list[str]) -> int:
@@ -27,12 +28,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--only", default="", help="comma-separated parts of row labels to keep")
     parser.add_argument("--json", metavar="OUT.json")
+    parser.add_argument("--runs-jsonl", metavar="RUNS.jsonl", help="append each run's numbers here as it ends")
+    parser.add_argument("--summarize", nargs="+", metavar="RUNS.jsonl",
+                        help="only print the table of the runs in these files (e.g. one per seed, run in parallel)")
     args = parser.parse_args(argv)
     cluster = load_cluster(args.cluster)
     devices = parse_device_list(args.devices)
     config = replace(HierBenchConfig(), steps=args.steps, batch=args.batch,
                      seeds=tuple(int(s) for s in args.seeds.split(",")))
-    result = run_bench(cluster, devices, config, [o for o in args.only.split(",") if o])
+    if args.summarize:
+        runs = [json.loads(line) for path in args.summarize for line in open(path) if line.strip()]
+        n_params = sum(p.numel() for p in make_model(config.model, 0).parameters())
+        result = bench_result(cluster.name, devices, config, n_params, runs)
+    else:
+        def keep(run: dict) -> None:
+            print(json.dumps(run), file=sys.stderr, flush=True)
+            if args.runs_jsonl:
+                with open(args.runs_jsonl, "a") as handle:
+                    handle.write(json.dumps(run) + "\n")
+        result = run_bench(cluster, devices, config, [o for o in args.only.split(",") if o], keep)
     print(format_table(result))
     if args.json:
         with open(args.json, "w") as handle:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,15 +131,26 @@ def run_row(cluster: Cluster, devices: Sequence[int], row: HierRow, seed: int, c
             "reducer_intra_bytes_per_step": sum(b[0] for b in result["bytes"]) / steps}
 
 
-def run_bench(cluster: Cluster, devices: Sequence[int], config: HierBenchConfig,
-              only: Sequence[str] = ()) -> dict[str, Any]:
-    """Every row x seed; `only`: keep rows whose label contains one of these strings."""
+def run_bench(cluster: Cluster, devices: Sequence[int], config: HierBenchConfig, only: Sequence[str] = (),
+              on_run: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every seed x row (seed-major); `only`: keep rows whose label contains one of these strings;
+    `on_run(run)` after each run (to keep partial results)."""
     sizes = [p.numel() for p in make_model(config.model, 0).parameters()]
     n_regions = len({int(cluster.region_of[d]) for d in devices})
     rows = [r for r in bench_rows(sizes, len(devices), n_regions) if not only or any(o in r.label for o in only)]
-    runs = [run_row(cluster, devices, row, seed, config) for row in rows for seed in config.seeds]
-    return {"cluster": cluster.name, "devices": list(devices), "config": {**asdict(config), "model": asdict(config.model)},
-            "n_params": sum(sizes), "runs": runs, "rows": summarize(runs)}
+    runs = []
+    for seed in config.seeds:
+        for row in rows:
+            runs.append(run_row(cluster, devices, row, seed, config))
+            if on_run is not None:
+                on_run(runs[-1])
+    return bench_result(cluster.name, devices, config, sum(sizes), runs)
+
+
+def bench_result(cluster_name: str, devices: Sequence[int], config: HierBenchConfig, n_params: int,
+                 runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {"cluster": cluster_name, "devices": list(devices), "config": {**asdict(config), "model": asdict(config.model)},
+            "n_params": n_params, "runs": list(runs), "rows": summarize(runs)}
 
 
 def summarize(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
