@@ -14,6 +14,8 @@ import json
 import sys
 from dataclasses import replace
 
+import torch
+
 from geotrain.demos.compress import ONEBIT_TABLE, CompressDemoConfig, run_compress_demo
 
 
@@ -23,6 +25,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--json", metavar="OUT.json")
     args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # as the demo's runs: one thread each (two threads on a busy machine spin)
     table = replace(ONEBIT_TABLE, runs=tuple(r for r in ONEBIT_TABLE.runs if r.key != "sign"))
     results: dict[str, list[float]] = {run.label: [] for run in table.runs}
     for seed in (int(s) for s in args.seeds.split(",")):
