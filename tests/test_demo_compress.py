@@ -28,7 +28,8 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def test_tables_are_the_seeds_runs():
     assert [t.key for t in COMPRESS_TABLES] == ["adamw", "sgd", "onebit"]
     adamw, sgd, onebit = COMPRESS_TABLES
-    assert [r.key for r in onebit.runs] == ["none", "onebit", "sign"] and onebit.optimizer == "adamw"
+    assert [r.key for r in onebit.runs] == ["none", "onebit", "sign", "adamw-floor", "adamw-floor-frozen"]
+    assert onebit.optimizer == "adamw"
     assert [r.key for r in adamw.runs] == ["none", "fp16", "int8", "int8-block", "topk", "topk-ef", "sign", "sign-ef"]
     assert (adamw.optimizer, adamw.clip_norm, sgd.optimizer, sgd.clip_norm) == ("adamw", 1.0, "sgd", None)
     assert [r.key for r in sgd.runs] == ["none", "topk", "topk-ef"]
@@ -88,7 +89,7 @@ def test_cli_json_end_to_end(tmp_path, capsys):
     assert (report["model"]["n_layer"], report["model"]["d_model"]) == (1, 32)
     n = report["params"]
     rows = {(t["key"], r["key"]): r for t in report["tables"] for r in t["rows"]}
-    assert len(rows) == 14
+    assert len(rows) == 16
     assert rows["onebit", "none"] == {**rows["adamw", "none"], "table": "onebit", "label": "AdamW, fp32 gradients"}
     assert rows["onebit", "onebit"]["bytes_per_value"] < 4.0
     assert rows["adamw", "none"]["bytes_per_value"] == 4.0
@@ -98,7 +99,8 @@ def test_cli_json_end_to_end(tmp_path, capsys):
     assert rows["adamw", "sign"]["bytes_per_value"] == pytest.approx(math.ceil(n / 8) / n + 4 / n)
     assert rows["sgd", "topk-ef"]["traffic_vs_fp32"] == pytest.approx(rows["sgd", "topk-ef"]["bytes_per_value"] / 4)
     assert all(3.0 < r["val_bpc"] < 6.0 for r in rows.values())  # 2 steps: barely trained
-    assert [o["key"] for o in report["observations"]] == ["fp16", "int8", "topk", "ef-topk", "sign", "onebit"]
+    assert [o["key"] for o in report["observations"]] == ["fp16", "int8", "topk", "ef-topk", "sign", "onebit",
+                                                         "onebit-floor"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

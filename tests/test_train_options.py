@@ -61,6 +61,7 @@ def base(tmp_path: Path) -> list[str]:
     (["--seq-len", "0"], "seq_len must be an integer >= 1, got 0"),
     (["--data", "/no/such/corpus.txt"], "data '/no/such/corpus.txt': no such file or directory"),
     (["--model", "gpt7"], "--model 'gpt7': not a preset"),
+    (["--dp-hierarchical", "--dp-codec", "powersgd"], "--dp-hierarchical takes a codec of geotrain.codecs"),
 ])
 def test_impossible_train_options_give_one_line_and_exit_2(base, capsys, options, message):
     assert main([*base, *options]) == 2

@@ -72,6 +72,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pp-codec", default=None,
                         help="activation dtype on the wire: none (fp32), fp16, bf16 (default: the plan's per-cut "
                              "choice, else none)")
+    parser.add_argument("--dp-hierarchical", action="store_true",
+                        help="exchange DP gradients hierarchically: full precision inside each cluster region, "
+                             "--dp-codec (with error feedback) only between regions, sharded over the region's "
+                             "members (docs/hierarchical.md)")
     parser.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
                         help="send DP gradients without error feedback")
     parser.add_argument("--optimizer", default="adamw", choices=["adamw", "onebit-adam"],
@@ -130,6 +134,7 @@ def config_from_args(args: Any) -> Any:
         schedule=args.schedule, **plan_codec_fields(plan.codecs, args.dp_codec, args.pp_codec),
         error_feedback=args.error_feedback,
         optimizer=args.optimizer, onebit_warmup_steps=args.onebit_warmup_steps, clip_grad_norm=args.clip_grad_norm,
+        dp_hierarchical=args.dp_hierarchical,
         time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         overwrite=args.overwrite,

@@ -21,8 +21,11 @@ The reducer protocol. A reducer averages the gradients (or momenta) of ONE data-
 
 Reducers: the codec reducer (every codec of geotrain.codecs, error feedback; summable codecs
 all-reduce in compressed form, the others all-gather packed payloads), `powersgd` (distributed
-PowerSGD), `onebit` (error-compensated 1-bit averaging, 1-bit Adam's momentum). To add one, e.g.
-a hierarchical reducer: write `factory(params, context) -> reducer` and add one line to
+PowerSGD), `onebit` (error-compensated 1-bit averaging, 1-bit Adam's momentum). The hierarchical
+all-reduce (geotrain.comm.hierarchical: full precision inside regions, a codec between them) spans
+several process groups (a region's and the shard owners'), so it is not a one-group reducer: the DDP
+hook, the runtime (--dp-hierarchical) and 1-bit Adam (optim.region_collective) use it directly. To add
+a one-group reducer: write `factory(params, context) -> reducer` and add one line to
 `geotrain.comm.registry.REDUCERS`.
 """
 

@@ -15,6 +15,7 @@ from typing import Any
 from geotrain.data import WorldTokens, world_tokens
 from geotrain.models import BASE_CONFIG, GPTConfig
 from geotrain.optim import onebit_update_rule
+from geotrain.optim.floored_adamw import flooring_rule
 from geotrain.train import (
     ProgressFactory,
     TrainConfig,
@@ -74,6 +75,10 @@ ONEBIT_TABLE = TableSpec("onebit", "(c) 1-bit Adam (Tang et al. 2021) vs AdamW, 
     RunSpec("none", "AdamW, fp32 gradients"),
     RunSpec("onebit", "OneBitAdam: fp32 for 5% of steps, then 1-bit momentum", update_rule=onebit_update_rule()),
     RunSpec("sign", "AdamW, sign only, no error feedback", "sign"),
+    # OneBitAdam's effects one at a time, with fp32 gradients: its variance floor alone, then also frozen
+    RunSpec("adamw-floor", "AdamW + OneBitAdam's variance floor 0.1, fp32", update_rule=flooring_rule(0.1)),
+    RunSpec("adamw-floor-frozen", "AdamW + floor 0.1, variance frozen at 5%, fp32",
+            update_rule=flooring_rule(0.1, freeze_fraction=0.05)),
 ))
 COMPRESS_TABLES: tuple[TableSpec, ...] = (ADAMW_TABLE, SGD_TABLE, ONEBIT_TABLE)
 
@@ -176,7 +181,7 @@ def compress_observations(demo: CompressDemo) -> list[Observation]:
     """The seed's observations, each stated with this run's numbers (skipped when its rows are missing)."""
     checks: Iterable[Callable[[CompressDemo], Observation | None]] = (
         _fp16_matches_fp32, _int8_block_recovers, _topk_hurts, _ef_helps_sgd_more, _sign_prefers_no_ef,
-        _onebit_matches_adamw)
+        _onebit_matches_adamw, _onebit_floor_share)
     return [obs for check in checks if (obs := check(demo)) is not None]
 
 
@@ -249,3 +254,16 @@ def _onebit_matches_adamw(demo: CompressDemo) -> Observation | None:
     return Observation("onebit", holds, f"1-bit Adam: {onebit.val_bpc:.4f} bpc vs AdamW {adamw.val_bpc:.4f} "
                        f"({change:+.1%}) with {saving:.1f}x less traffic over the whole run, warm-up included "
                        f"(target: within 3% at >= 10x).")
+
+
+def _onebit_floor_share(demo: CompressDemo) -> Observation | None:
+    rows = [demo.row("onebit", k) for k in ("none", "adamw-floor", "adamw-floor-frozen", "onebit")]
+    if any(r is None for r in rows):
+        return None
+    adamw, floor, frozen, onebit = (r.val_bpc for r in rows if r is not None)
+    gain = adamw - onebit
+    share = (adamw - floor) / gain if gain > 0 else float("nan")
+    return Observation("onebit-floor", gain > 0, f"OneBitAdam vs AdamW {onebit - adamw:+.4f} bpc; AdamW with its variance "
+                       f"floor alone {floor - adamw:+.4f}, floor + frozen variance (no 1-bit) {frozen - adamw:+.4f}: "
+                       f"the floor accounts for {share:.0%} of OneBitAdam's gain, 1-bit compression for "
+                       f"{onebit - frozen:+.4f} bpc.")

@@ -93,6 +93,7 @@ class RuntimeConfig:
     optimizer: str = "adamw"
     onebit_warmup_steps: int = 5
     clip_grad_norm: float | None = None
+    dp_hierarchical: bool = False
     time_scale: float = 1.0
     seed: int = 0
     data_seed: int = 0
@@ -160,6 +161,11 @@ class RuntimeConfig:
                                      f"dp_codec must be none, got {self.dp_codec!r}")
         if self.compute_clock not in ("wall", "cpu"):
             raise RuntimeConfigError(f"compute_clock must be wall or cpu, got {self.compute_clock!r}")
+        if self.dp_hierarchical and any(parse_codec_spec(spec)[0] == "powersgd" for spec in (self.dp_codec, *self.dp_codecs)):
+            raise RuntimeConfigError("--dp-hierarchical takes a codec of geotrain.codecs; powersgd is its own exchange")
+        if self.dp_hierarchical and self.optimizer == "onebit-adam":
+            raise RuntimeConfigError("--dp-hierarchical with onebit-adam: not supported in the runtime (1-bit Adam "
+                                     "between regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)")
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
         if self.overwrite and not self.checkpoint_dir:
@@ -318,7 +324,8 @@ class RuntimeConfig:
                 "lr": self.lr, "schedule": self.schedule, "dp_codec": self.dp_codec, "pp_codec": self.pp_codec,
                 "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed,
                 "optimizer": self.optimizer, "onebit_warmup_steps": self.onebit_warmup_steps,
-                "clip_grad_norm": self.clip_grad_norm, **per_link}
+                "clip_grad_norm": self.clip_grad_norm, **per_link,
+                **({"dp_hierarchical": True} if self.dp_hierarchical else {})}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model_name, "device": self.device, "cluster": self.cluster.name,

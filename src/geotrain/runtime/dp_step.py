@@ -21,10 +21,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from geotrain.codecs import get_codec, parse_codec_spec
 from geotrain.comm.clip import clip_grad_norm_
+from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim import OneBitAdam
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.exchange import StageExchange, timed_collective
+from geotrain.runtime.hierarchical_exchange import HierarchicalGradientExchange
 from geotrain.runtime.transport import Transport
 
 BETAS = (0.9, 0.95)
@@ -45,11 +48,13 @@ class DataParallelStep:
     """Averages one stage's gradients over its DP group, clips them globally and steps the optimizer."""
 
     def __init__(self, config: RuntimeConfig, stage: torch.nn.Module, transport: Transport, group: Any,
-                 group_devices: list[int]) -> None:
+                 group_devices: list[int], hierarchy: HierarchicalGroups | None = None, rank: int = 0) -> None:
+        """`hierarchy`: the DP group's region hierarchy for --dp-hierarchical (None: the flat reducer);
+        `rank`: this process's global rank (the hierarchy's shard ownership)."""
         self.params = list(stage.parameters())
         self.clip = config.clip_grad_norm
         self.sum_squares = world_sum_over_replicas(config.replicas)
-        self.exchange: StageExchange | None = None
+        self.exchange: StageExchange | HierarchicalGradientExchange | None = None
         self.comm_wall_s = 0.0
         if config.optimizer == "onebit-adam":
             self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
@@ -57,6 +62,11 @@ class DataParallelStep:
                 stage.named_parameters(), lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
                 warmup_steps=config.onebit_warmup_steps, collective=self.collective,
                 max_grad_norm=self.clip, norm_sum_squares=self.sum_squares)
+        elif hierarchy is not None:
+            name, params = parse_codec_spec(config.dp_codec)
+            self.exchange = HierarchicalGradientExchange(self.params, get_codec(name, **params), config.error_feedback,
+                                                         transport, hierarchy, rank)
+            self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         else:
             self.exchange = StageExchange(list(stage.named_parameters()), config.dp_codec, config.error_feedback,
                                              transport, group, group_devices)

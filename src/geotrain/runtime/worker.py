@@ -30,6 +30,7 @@ from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import DataParallelStep
 from geotrain.runtime.emulation_marks import emulation_mark, emulation_span
+from geotrain.runtime.hierarchical_exchange import create_stage_hierarchies
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
@@ -92,8 +93,11 @@ class Worker:
         self.transport = Transport(self.layout, rank, config.time_scale)
         self.pipeline = Pipeline(config.schedule, self.modules, self.shapes, config.microbatches, lm_loss,
                                  pp_groups[self.slot.replica], device, self.timer)
+        # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
+        hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
+                     if config.dp_hierarchical else None)
         self.dp = DataParallelStep(config.for_stage(self.slot.stage), self.stage, self.transport, self.groups[self.slot.stage],
-                                   self.layout.dp_group_devices(self.slot.stage))
+                                   self.layout.dp_group_devices(self.slot.stage), hierarchy, rank)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
 
