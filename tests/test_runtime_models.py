@@ -82,7 +82,7 @@ def test_staged_run_has_the_unsplit_models_loss_and_gradients_and_keeps_ties_tie
         names = [n for n, _ in model.stage_module(cuts, stage).named_parameters()]
         unsplit = {id(p): n for n, p in model.as_module().named_parameters()}
         params = list(model.stage_module(cuts, stage).parameters())
-        moments = shard["optimizer"]["state"]
+        moments = shard["dp"]["optimizer"]["state"]
         assert len(moments) == len(names)
         for index, param in enumerate(params):
             # AdamW's first moment after one step is (1 - beta1) x the gradient it was given: the
