@@ -56,7 +56,7 @@ def test_wan_cluster_is_slow_between_regions_and_the_planner_keeps_fp32_on_fast_
 def test_bench_wan_end_to_end_on_a_tiny_budget(tmp_path):
     plot = tmp_path / "wan.png"
     done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "wan", "--cluster", str(DATA / "wan-2x2.yaml"),
-                           "--steps", "2", "--eval-every", "1", "--global-batch", "16", "--rows", "2,8",
+                           "--steps", "2", "--eval-every", "1", "--global-batch", "16", "--rows", "2,9",
                            "--target", "10", "--json", "--plot", str(plot)],
                           capture_output=True, text=True, timeout=580)
     assert done.returncode == 0, done.stderr
@@ -74,9 +74,9 @@ def test_bench_wan_end_to_end_on_a_tiny_budget(tmp_path):
     for compressed in (sign, chosen):
         assert 0 < compressed["inter_region_bytes"] < baseline["inter_region_bytes"]
     # the planned 2x2 keeps each DP group inside a region: only the cut crosses (fp32 in the sign row),
-    # and only the planner's choice compresses it
+    # and only the planner's choice compresses it (fp16 activations: half the bytes of the cut)
     assert sign["stages"] == chosen["stages"] == 2
-    assert chosen["inter_region_bytes"] < 0.3 * sign["inter_region_bytes"]
+    assert chosen["inter_region_bytes"] < 0.55 * sign["inter_region_bytes"]
     assert plot.stat().st_size > 10_000
 
 

@@ -65,6 +65,7 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + int8-block dp (EF) + fp16 pp", dp_codec="int8-block", pp_codec="fp16"),
     WanRow("planned + 1-bit Adam", options=(("optimizer", "onebit-adam"),)),
     WanRow("planned + hierarchical sign+EF", dp_codec="sign", options=(("dp_hierarchical", True),)),
+    WanRow("planned + hierarchical int8-block+EF", dp_codec="int8-block", options=(("dp_hierarchical", True),)),
     WanRow("planned + planner codecs (policy dp=sign)", plan_codecs=True, policy="dp=sign,pp=fp16"),
     WanRow("planned + planner codecs (policy dp=int8-block)", plan_codecs=True),
 )
