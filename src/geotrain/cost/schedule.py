@@ -8,7 +8,8 @@ DP all-reduce of each stage overlapped with the other stages' remaining work.
 Per replica r with devices d_0 .. d_{S-1}, M micro-batches of b = global_batch / (R M) sequences:
 - compute: forward f_s = 2 x params/S x seq x b FLOPs, backward 2 f_s (the 6 x params x tokens rule
   split 1:2), at peak_flops(gpu of d_s) x utilisation. One op at a time per device, in the order of
-  `pipeline_order` (GPipe: all forwards, then all backwards in reverse; 1F1B: min(S-1-s, M) warm-up
+  `pipeline_order` (GPipe: all forwards, then all backwards in micro-batch order, as
+  torch.distributed.pipelining's ScheduleGPipe runs them; 1F1B: min(S-1-s, M) warm-up
   forwards, then F/B alternately, then the remaining backwards).
 - transfers: after F of micro-batch m at stage s, its activations (pp_bytes / M bytes) go d_s ->
   d_{s+1}; after B at stage s > 0, the input gradient (same size) goes d_s -> d_{s-1}. Each directed
@@ -48,7 +49,7 @@ class ScheduleError(GeotrainError, ValueError):
 def pipeline_order(kind: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
     """The ("F" | "B", micro-batch) ops of `stage` in execution order (see the module docstring)."""
     if kind == "gpipe":
-        return [("F", m) for m in range(microbatches)] + [("B", m) for m in reversed(range(microbatches))]
+        return [("F", m) for m in range(microbatches)] + [("B", m) for m in range(microbatches)]
     if kind == "1f1b":
         warmup = min(stages - 1 - stage, microbatches)
         order = [("F", m) for m in range(warmup)]
