@@ -172,7 +172,7 @@ def test_plan_with_codecs_auto_is_applied_by_train(tmp_path: Path):
     n0, n1 = (sum(p.numel() for p in build_stage(TINY_GPT, 0, s, 2).parameters()) for s in (0, 1))
     assert result["bytes"]["dp_per_stage"] == [4 * n0, -(-n1 // 8) + 4]  # fp32; sign: 1 bit + a scale
     activations = 8 * 96 * 128  # batch x context x d_model values per replica per iteration
-    assert result["bytes"]["pp_per_cut"] == activations + 4 * activations // 256  # int8 + one scale per 256
+    assert result["bytes"]["pp_per_cut"] == 2 * activations  # fp16 on the wire
     assert result["summary"]["replicas_in_sync"] is True
     assert result["config"]["dp_codecs"] == ["none", "sign"]
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from geotrain.codecs import get_codec
 from geotrain.comm.hierarchical import HierarchicalGroups, expected_link_bytes, shard_bounds, shard_pieces
 from geotrain.comm.regions import Regions, RegionsError, format_regions, parse_regions, regions_of_devices
-from geotrain.ddp import run_workers
+from geotrain.comm import run_workers
 
 
 def _exact_mean(world: int, step: int, numel: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
 import torch
 from hier_workers import train_with_hierarchical_hook
 
-from geotrain.ddp import run_workers
+from geotrain.comm import run_workers
 
 REGIONS = [[0, 1], [2, 3]]
 

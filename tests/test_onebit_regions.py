@@ -3,7 +3,7 @@
 import torch
 from hier_workers import region_onebit_adam, simulated_onebit_adam
 
-from geotrain.ddp import run_workers
+from geotrain.comm import run_workers
 
 
 def test_region_onebit_adam_equals_the_simulation_of_region_workers_bit_for_bit():

@@ -22,7 +22,7 @@ ONE_STAGE = np.array([[0, 1, 2, 3]])  # one DP group of 4 replicas: devices 0,1 
 
 @pytest.fixture(scope="module")
 def tokens():
-    return world_tokens(0).train
+    return world_tokens(0)
 
 
 def _run(tokens, **options):

@@ -216,14 +216,19 @@ def emulated_step_seconds(records: list[dict[str, Any]], steps: int) -> np.ndarr
     return seconds
 
 
-def _evaluate(directory: str, step: int, stages: int, replicas: int, config: WanBenchConfig,
-              val_tokens: Any) -> tuple[float, list[dict[str, Any]]]:
-    """Validation loss of replica 0's stages at checkpoint `step`, and every rank's records there."""
+def _evaluate(directory: str, step: int, run: Any, config: WanBenchConfig,
+              world: Any) -> tuple[float, list[dict[str, Any]]]:
+    """Validation loss of replica 0's stages at checkpoint `step` (the run's own layer model and split,
+    evaluated unsplit in this process), and every rank's records there."""
+    from geotrain.models import even_boundaries
     from geotrain.models.evaluate import validation_loss
     from geotrain.runtime import checkpoint as ckpt
-    from geotrain.runtime.config import TINY_GPT
-    from geotrain.runtime.stages import build_stage
+    from geotrain.runtime.config import MODEL_PRESETS
+    from geotrain.runtime.stages import build_layer_model, stage_modules
 
+    stages, replicas = run.stages, run.replicas
+    model = build_layer_model(run.model_name, MODEL_PRESETS, run.seed, world.vocab_size, run.sequence_length)
+    cuts = even_boundaries(model.n_layers, stages)  # the run's split (--split layers)
     manifest = ckpt.read_manifest(directory, step)
     modules, records = [], []
     for rank in range(stages * replicas):
@@ -231,10 +236,10 @@ def _evaluate(directory: str, step: int, stages: int, replicas: int, config: Wan
         state = ckpt.load_shard(directory, step, rank, manifest, {"rank": rank, "stage": stage, "replica": replica})
         records.extend(state["records"])
         if replica == 0:
-            module = build_stage(TINY_GPT, config.seed, stage, stages)
-            module.load_state_dict(state["stage"])
+            module = stage_modules(model, cuts, [stage])[stage]
+            module.load_state_dict({key.removeprefix("0."): value for key, value in state["stage"].items()})
             modules.append(module)
-    loss = validation_loss(modules, val_tokens.numpy(), TINY_GPT.context, max_windows=config.val_windows)
+    loss = validation_loss(modules, world.val.numpy(), run.sequence_length, max_windows=config.val_windows)
     return loss, records
 
 
@@ -255,8 +260,8 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
                             seed=config.seed, checkpoint_dir=directory, checkpoint_every=config.eval_every,
                             compute_clock=config.compute_clock,
                             plan_name=row.label, **per_link, **dict(row.options))
-        launch(run, progress=progress, tokens=tokens.train)
-        scored = [_evaluate(directory, step, stages, replicas, config, tokens.val) for step in eval_steps]
+        launch(run, progress=progress, tokens=tokens)
+        scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
     records = scored[-1][1]
     seconds = emulated_step_seconds(records, config.steps)
     elapsed = np.cumsum(seconds)
