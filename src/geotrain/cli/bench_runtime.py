@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=6, help="training iterations per plan (the first is not averaged)")
     parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration")
     parser.add_argument("--dp-codec", default="none", help="gradient codec (name only)")
-    parser.add_argument("--pp-codec", default="none", help="activation codec: none, fp16, bf16, int8-block")
+    parser.add_argument("--pp-codec", default="none", help="activation dtype on the wire: none (fp32), fp16, bf16")
     parser.add_argument("--seed", type=int, default=0, help="seed of the cluster, the random plan, the search and the model")
     parser.add_argument("--cost-model", default="schedule", choices=["schedule", "ring", "yuan"],
                         help="the model whose predicted iteration time heads the table (schedule: event simulation "
