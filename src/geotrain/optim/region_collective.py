@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.comm.hierarchical import HierarchicalGroups, LinkBytes, shard_bounds
-from geotrain.ddp.accounting import CommLedger, tensor_bytes
+from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.optim.onebit_adam import OneBitAdam
 
 
