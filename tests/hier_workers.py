@@ -117,7 +117,8 @@ def region_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps
 
 def simulated_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps: int) -> torch.Tensor:
     """OneBitAdam over SimulatedCollective(R) fed with each region's mean gradient (member-order sum)."""
-    from geotrain.optim import OneBitAdam, SimulatedCollective
+    from geotrain.comm import SimulatedCollective
+    from geotrain.optim import OneBitAdam
 
     model = _onebit_model()
     optimizer = OneBitAdam(model.parameters(), lr=1e-2, warmup_steps=2, collective=SimulatedCollective(len(lists)))
