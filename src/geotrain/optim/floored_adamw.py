@@ -69,16 +69,16 @@ class FlooredAdamWRuleFactory:
     freeze_fraction: float | None = None
 
     def __call__(self, model: torch.nn.Module, config: Any) -> Any:
-        from geotrain.codecs import get_codec
         from geotrain.train import ExchangeThenStep
-        from geotrain.train.exchange import CodecExchange
+        from geotrain.train.exchange import GradientExchange
 
         params = list(model.parameters())
         freeze = None if self.freeze_fraction is None else max(1, round(self.freeze_fraction * config.steps))
         optimizer = FlooredAdamW(params, lr=config.peak_lr, betas=tuple(config.betas),
                                  weight_decay=config.weight_decay, variance_floor=self.variance_floor,
                                  freeze_after=freeze)
-        return ExchangeThenStep(params, CodecExchange(get_codec("none"), config.workers), optimizer, config.clip_norm)
+        exchange = GradientExchange("none", [(name, p.shape) for name, p in model.named_parameters()], config.workers)
+        return ExchangeThenStep(params, exchange, optimizer, config.clip_norm)
 
 
 def flooring_rule(variance_floor: float = 0.1, freeze_fraction: float | None = None) -> FlooredAdamWRuleFactory:
