@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from geotrain.plots.figure import finish_log_x
+
 
 def plot_bpc_vs_traffic(series: Mapping[str, Sequence[tuple[str, float, float]]], path: str | Path,
                         title: str = "") -> Path:
@@ -27,15 +29,4 @@ def plot_bpc_vs_traffic(series: Mapping[str, Sequence[tuple[str, float, float]]]
         ax.scatter(xs, ys, marker=markers[i % len(markers)], s=50, label=name, zorder=2)
         for label, x, y in points:
             ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("traffic / fp32 (log scale)")
-    ax.set_ylabel("validation bits per character (lower is better)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    if title:
-        ax.set_title(title, fontsize=10)
-    figure.tight_layout()
-    out = Path(path)
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
-    return out
+    return finish_log_x(figure, ax, "traffic / fp32 (log scale)", "validation bits per character (lower is better)", title, path)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from geotrain.plots.figure import finish_log_x
+
 
 def plot_loss_vs_time(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], path: str | Path,
                       target: float | None = None, title: str = "") -> Path:
@@ -20,15 +22,4 @@ def plot_loss_vs_time(curves: Mapping[str, tuple[Sequence[float], Sequence[float
         ax.plot(times, losses, marker="osD^v<>"[i % 7], markersize=4, label=label)
     if target is not None:
         ax.axhline(target, linestyle="--", color="grey", linewidth=1, label=f"target {target:g}")
-    ax.set_xscale("log")
-    ax.set_xlabel("emulated wall time (s, log scale)")
-    ax.set_ylabel("validation loss (nats per character)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    if title:
-        ax.set_title(title, fontsize=10)
-    figure.tight_layout()
-    out = Path(path)
-    figure.savefig(out, dpi=120)
-    plt.close(figure)
-    return out
+    return finish_log_x(figure, ax, "emulated wall time (s, log scale)", "validation loss (nats per character)", title, path)

@@ -90,6 +90,20 @@ def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_
             rows.add(coefficients, -float(terms.dp_s[g, g]) - big, np.inf)
 
 
+def _flow_conservation_rows(rows: _Rows, cuts: int, groups: int, flow) -> None:
+    """Replica flows between region groups across every cut: what leaves group g of stage s (flows
+    g -> h over cut s) equals stage s's count of g, what arrives at g of stage s + 1 equals its count
+    (count columns s * groups + g)."""
+    for s in range(cuts):
+        for g in range(groups):
+            coefficients = {flow(s, g, h): 1.0 for h in range(groups)}
+            coefficients[s * groups + g] = -1.0
+            rows.add(coefficients, 0.0, 0.0)
+            coefficients = {flow(s, h, g): 1.0 for h in range(groups)}
+            coefficients[(s + 1) * groups + g] = -1.0
+            rows.add(coefficients, 0.0, 0.0)
+
+
 def _solve(c, rows, integrality, upper, n_vars, time_limit_s) -> tuple[object, float]:
     start = time.perf_counter()
     options = {"disp": False, "mip_rel_gap": 0.0}
@@ -177,14 +191,8 @@ def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s
     flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
     rows = _Rows()
     _group_rows(rows, terms, stages, replicas, dp_col)
+    _flow_conservation_rows(rows, cuts, G, flow)
     for s in range(cuts):
-        for g in range(G):
-            coefficients = {flow(s, g, h): 1.0 for h in range(G)}
-            coefficients[s * G + g] = -1.0
-            rows.add(coefficients, 0.0, 0.0)
-            coefficients = {flow(s, h, g): 1.0 for h in range(G)}
-            coefficients[(s + 1) * G + g] = -1.0
-            rows.add(coefficients, 0.0, 0.0)
         for g in range(G):
             for h in range(G):
                 k = flow(s, g, h)

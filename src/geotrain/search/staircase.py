@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from geotrain.search.milp import MilpResult, _bound, _group_rows, _Rows, _solve, _status
+from geotrain.search.milp import MilpResult, _bound, _flow_conservation_rows, _group_rows, _Rows, _solve, _status
 from geotrain.search.regions import RegionTerms, cheapest_path_seconds, dp_floor
 
 LEVELS = 160
@@ -255,14 +255,7 @@ def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s:
     for s in range(stages):
         for g in range(G):
             rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
-    for s in range(cuts):
-        for g in range(G):
-            coefficients = {flow(s, g, h): 1.0 for h in range(G)}
-            coefficients[s * G + g] = -1.0
-            rows.add(coefficients, 0.0, 0.0)
-            coefficients = {flow(s, h, g): 1.0 for h in range(G)}
-            coefficients[(s + 1) * G + g] = -1.0
-            rows.add(coefficients, 0.0, 0.0)
+    _flow_conservation_rows(rows, cuts, G, flow)
     c = np.zeros(n_vars)
     c[f0:dp_col] = np.tile(terms.pp_s.ravel(), cuts) / replicas
     integrality = np.zeros(n_vars)
