@@ -114,6 +114,18 @@ def _solve(c, rows, integrality, upper, n_vars, time_limit_s) -> tuple[object, f
     return result, time.perf_counter() - start
 
 
+def _solve_for_counts(c, rows, integrality, upper, n_vars: int, time_limit_s: float | None, stages: int,
+                      groups: int) -> MilpResult:
+    """Solve a model whose first stages x groups columns are the device counts per (stage, group)."""
+    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
+    status = _status(result)
+    counts = None
+    if result.x is not None and status != "infeasible":
+        counts = np.rint(result.x[: stages * groups]).astype(np.int64).reshape(stages, groups)
+    return MilpResult(status, float(result.fun) if result.x is not None else None,
+                      _bound(result) if status != "infeasible" else np.inf, counts, None, seconds, n_vars)
+
+
 def _status(result) -> str:
     if result.status == 0:
         return "optimal"
@@ -208,10 +220,4 @@ def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(cuts * G * G, replicas), np.ones(cuts * G * G),
                             [np.inf, np.inf]]).astype(float)
-    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
-    status = _status(result)
-    counts = None
-    if result.x is not None and status != "infeasible":
-        counts = np.rint(result.x[: stages * G]).astype(np.int64).reshape(stages, G)
-    return MilpResult(status, float(result.fun) if result.x is not None else None,
-                      _bound(result) if status != "infeasible" else np.inf, counts, None, seconds, n_vars)
+    return _solve_for_counts(c, rows, integrality, upper, n_vars, time_limit_s, stages, G)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from geotrain.search.milp import MilpResult, _bound, _flow_conservation_rows, _group_rows, _Rows, _solve, _status
+from geotrain.search.milp import (MilpResult, _bound, _flow_conservation_rows, _group_rows, _Rows, _solve,
+                                  _solve_for_counts, _status)
 from geotrain.search.regions import RegionTerms, cheapest_path_seconds, dp_floor
 
 LEVELS = 160
@@ -144,13 +145,7 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(A, float(replicas)), [np.inf]]).astype(float)
-    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
-    status = _status(result)
-    counts = None
-    if result.x is not None and status != "infeasible":
-        counts = np.rint(result.x[: stages * G]).astype(np.int64).reshape(stages, G)
-    return MilpResult(status, float(result.fun) if result.x is not None else None,
-                      _bound(result) if status != "infeasible" else np.inf, counts, None, seconds, n_vars)
+    return _solve_for_counts(c, rows, integrality, upper, n_vars, time_limit_s, stages, G)
 
 
 @dataclass(frozen=True)
