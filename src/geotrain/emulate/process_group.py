@@ -90,11 +90,6 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return self._name
 
     @property
-    def state(self) -> EmulationState:
-        """This process's emulation state (clock, sent transfers), shared by all its groups."""
-        return self._state
-
-    @property
     def devices(self) -> list[int]:
         """The cluster device of each group rank."""
         return list(self._group_devices)

@@ -62,15 +62,15 @@ class DataParallelStep:
                 stage.named_parameters(), lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
                 warmup_steps=config.onebit_warmup_steps, collective=self.collective,
                 max_grad_norm=self.clip, norm_sum_squares=self.sum_squares)
-        elif hierarchy is not None:
+            return
+        if hierarchy is not None:
             name, params = parse_codec_spec(config.dp_codec)
             self.exchange = HierarchicalGradientExchange(self.params, get_codec(name, **params), config.error_feedback,
                                                          transport, hierarchy, rank)
-            self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         else:
             self.exchange = StageExchange(list(stage.named_parameters()), config.dp_codec, config.error_feedback,
-                                             transport, group, group_devices)
-            self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+                                          transport, group, group_devices)
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
 
     def _add_wall_s(self, seconds: float) -> None:
         self.comm_wall_s += seconds

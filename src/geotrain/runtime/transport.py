@@ -17,7 +17,7 @@ Emulated seconds are multiplied by the time scale, the unit of the runtime's pre
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,6 +28,7 @@ from geotrain.emulate.install import Emulation
 from geotrain.runtime.layout import Layout
 
 T = TypeVar("T")
+StepMark = tuple[float, int]  # (this rank's emulated clock s, transfers it has sent so far)
 
 
 @dataclass(frozen=True)
@@ -77,18 +78,38 @@ class Transport:
         self.collectives: list[CollectiveRecord] = []
         self.waiting_on: str | None = None  # what a blocked call waits for, for failure messages
 
-    def p2p_mark(self, emulation: Emulation | None) -> int:
-        """A mark in the emulator's record of this rank's messages (0 without emulation)."""
-        return len(emulation.state().transfers) if emulation is not None else 0
+    def step_mark(self, emulation: Emulation | None) -> StepMark | None:
+        """This rank's emulated clock (s) and count of transfers sent, now (None without emulation)."""
+        if emulation is None:
+            return None
+        state = emulation.state()
+        with state.lock:
+            return state.clock.now(), len(state.transfers)
 
-    def p2p_since(self, emulation: Emulation | None, mark: int) -> list[TransferRecord]:
+    def step_span(self, emulation: Emulation | None, mark: StepMark | None,
+                  region_of: Sequence[int]) -> dict[str, float] | None:
+        """Since `mark`: the emulated start/end seconds of this rank's clock (compute at real speed,
+        links as emulated) and the payload bytes it sent, all and between devices of different regions
+        (`region_of[device]`); None without emulation."""
+        if emulation is None or mark is None:
+            return None
+        state = emulation.state()
+        with state.lock:
+            end_s, sent = state.clock.now(), state.transfers[mark[1]:]
+        return {"start_s": mark[0], "end_s": end_s, "bytes": float(sum(t.nbytes for t in sent)),
+                "inter_region_bytes": float(sum(t.nbytes for t in sent if region_of[t.src_device] != region_of[t.dst_device]))}
+
+    def p2p_since(self, emulation: Emulation | None, mark: StepMark | None) -> list[TransferRecord]:
         """The point-to-point messages this rank sent since `mark` (the emulator's stamps; none without
         emulation: torch's pipelining owns the sends, so there is no call to time)."""
-        if emulation is None:
+        if emulation is None or mark is None:
             return []
         slot = self.layout.slot(self.rank)
         records = []
-        for t in emulation.state().transfers[mark:]:
+        state = emulation.state()
+        with state.lock:
+            sent = state.transfers[mark[1]:]
+        for t in sent:
             if t.op != "send":
                 continue
             peer = self.layout.slot(t.dst_rank).stage

@@ -29,7 +29,6 @@ from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_tie
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import DataParallelStep
-from geotrain.runtime.emulation_marks import emulation_mark, emulation_span
 from geotrain.runtime.hierarchical_exchange import create_stage_hierarchies
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
@@ -147,9 +146,8 @@ class Worker:
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.config
         started = time.perf_counter()
-        emu_mark = emulation_mark()
         self.timer.seconds = 0.0
-        mark = self.transport.p2p_mark(self.emulation)
+        mark = self.transport.step_mark(self.emulation)
         inputs, targets = self._batch(step)
         self.dp.set_lr(lr_at(step, cfg.steps, cfg.lr))
         self.dp.optimizer.zero_grad(set_to_none=True)
@@ -165,7 +163,7 @@ class Worker:
                 "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
-                "emulated": emulation_span(emu_mark, cfg.cluster),
+                "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
                 "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
 
     def _pp_bytes_sent(self) -> int:
