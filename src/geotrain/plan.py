@@ -10,6 +10,10 @@ An optional "codecs" object (`geotrain plan --codecs auto`) records the codec ch
      "cost": {"dp", "pp", "total"} predicted with them, "uncompressed": {...} without}
 Plans without it (older ones included) have no codec choice (`Plan.codecs` is None); "dp" and "pp" are
 checked here for shape and type, the codec names by the runtime that applies them.
+An optional "split" object (`geotrain plan --uneven-split`) records the layer split the cost was
+predicted with: {"rule": "speed", "layers": L, "counts": [S ints], "boundaries": [0, b_1, ..., L],
+"shares": [S fractions], "stage_tflops": [S], "cost_equal_split": {...}}; "boundaries" is checked here
+(`Plan.split`), and `geotrain train --plan` cuts the model there (runtime.stages.plan_cut).
 Plan files are read by geotrain.yaml_text (JSON, or YAML under the same rules). Every assignment entry
 must be an integer device index (true/false are refused, not read as 1/0) in 0..MAX_DEVICES-1 when read,
 and below the cluster's device count when fitted to a cluster (Plan.check_fits).
@@ -56,6 +60,11 @@ class Plan:
     fields: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def split(self) -> tuple[int, ...] | None:
+        """The recorded layer split's cut points (0, b_1, ..., L), or None (no "split" object)."""
+        return plan_split(self.fields.get("split"), self.stages)
+
+    @property
     def codecs(self) -> PlanCodecs | None:
         """The recorded codec choice, or None (plans without a "codecs" object)."""
         return plan_codecs(self.fields.get("codecs"), self.stages)
@@ -100,6 +109,7 @@ def plan_from_json(doc: Any, source: str = "<plan>") -> Plan:
         raise PlanError(f"{source}: {exc}") from None
     fields = {k: v for k, v in doc.items() if k not in ("stages", "replicas", "assignment")}
     plan_codecs(fields.get("codecs"), stages, source)
+    plan_split(fields.get("split"), stages, source)
     return Plan(stages=stages, replicas=replicas, assignment=assignment, fields=fields)
 
 
@@ -124,6 +134,19 @@ def plan_codecs(doc: Any, stages: int, source: str = "<plan>") -> PlanCodecs | N
                 raise PlanError(f"{source}: codecs.{key}[{i}] must be a codec spec string, got {shown(spec)}")
         lists[key] = tuple(value)
     return PlanCodecs(dp=lists["dp"], pp=lists["pp"])
+
+
+def plan_split(doc: Any, stages: int, source: str = "<plan>") -> tuple[int, ...] | None:
+    """The cut points of a plan's "split" object (None if absent); PlanError names the key."""
+    if doc is None:
+        return None
+    cuts = doc.get("boundaries") if isinstance(doc, dict) else None
+    if not isinstance(cuts, list) or len(cuts) != stages + 1 or any(
+            isinstance(b, bool) or not isinstance(b, int) for b in cuts) or cuts[0] != 0 or any(
+            b <= a for a, b in zip(cuts, cuts[1:])):
+        raise PlanError(f"{source}: split.boundaries must be {stages + 1} increasing integers from 0 "
+                        f"(one stage per pair), got {shown(cuts)}")
+    return tuple(cuts)
 
 
 def _check_device_index(value: Any, where: str) -> None:

@@ -22,10 +22,12 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_placement(args: Any, stages: int, replicas: int) -> tuple[Cluster, Job, CostModel]:
-    """Load the cluster and job named in `args` and build the cost model for (stages, replicas)."""
+    """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
+    (with `args.uneven_split`, where the command has it: scored with the speed layer split)."""
     cluster = load_cluster(args.cluster)
     job = load_job(args.job)
-    return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas)
+    shares = "speed" if getattr(args, "uneven_split", False) else None
+    return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares)
 
 
 def assignment_rows(cluster: Cluster, assignment: Any) -> list[list[str]]:

@@ -6,6 +6,10 @@ plus "evaluations", "options", "seed", "cluster", "job", "cost_model" (and "lowe
 when the method proves a bound). `geotrain cost --plan` reads that object as it is.
 With --codecs auto it adds "codecs" (geotrain.cost.codec_choice: per-stage DP codecs, per-cut
 activation codecs, predicted cost with and without them; `geotrain train --plan` applies them).
+With --uneven-split (cost models yuan+compute and schedule) every assignment is scored with the
+speed-optimal uneven split of the job's layers (cost/layer_split.py) and the JSON adds "split":
+{"rule", "layers", "counts", "boundaries", "shares", "stage_tflops", "cost_equal_split"}
+(`geotrain train --plan` cuts the model there).
 """
 
 from __future__ import annotations
@@ -72,6 +76,9 @@ def register(subparsers: Any) -> None:
     group.add_argument("--codec-tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
                        help="keep better-quality codecs while the predicted time stays within this fraction "
                             "of the fastest allowed choice")
+    parser.add_argument("--uneven-split", action="store_true",
+                        help="score each placement with the speed-optimal uneven layer split (faster stages take "
+                             "more layers; yuan+compute and schedule cost models); the plan records the cut")
     add_autoconfig_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -118,6 +125,8 @@ def run(args: Any) -> int:
     if args.stages is None and args.replicas is None:
         if args.codecs != "none":
             raise GeotrainError("--codecs auto applies to a fixed layout: give --stages and --replicas")
+        if args.uneven_split:
+            raise GeotrainError("--uneven-split applies to a fixed layout: give --stages and --replicas")
         return run_autoconfig(args, out)
     if args.stages is None or args.replicas is None:
         raise SearchError("give both --stages and --replicas, or neither (auto-configuration)")
@@ -135,6 +144,8 @@ def run(args: Any) -> int:
             result = with_lower_bound(problem, result, time_limit_s=args.bound_time_limit)
     doc = plan_document(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
                                  "job": job.name, "cost_model": model.name})
+    if args.uneven_split:
+        doc["split"] = uneven_split_document(cluster, job, model, result.assignment)
     choice = None if policy is None else choose_codecs(cluster, job, result.assignment, policy)
     if choice is not None:
         doc["codecs"] = choice.to_json()
@@ -157,6 +168,8 @@ def run(args: Any) -> int:
     out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
               assignment_rows(cluster, result.assignment), right_align_from=1)
     out.text(region_legend(cluster))
+    if args.uneven_split:
+        split_table(out, doc["split"], cost.total)
     if choice is not None:
         codec_tables(out, choice)
     if args.out:
@@ -173,3 +186,24 @@ def codec_tables(out: Output, choice: CodecChoice) -> None:
               [[key, f"{choice.uncompressed[key]:.3f}", f"{choice.cost[key]:.3f}",
                 f"{choice.uncompressed[key] / choice.cost[key]:.2f}x" if choice.cost[key] > 0 else "-"]
                for key in ("dp", "pp", "total")])
+
+
+def uneven_split_document(cluster: Any, job: Any, model: Any, assignment: Any) -> dict[str, Any]:
+    """The plan's "split" object: the speed split of `assignment` (StageShares.describe) and the cost the
+    same cost model predicts with the equal split (1/S per stage)."""
+    from geotrain.cost import build_cost_model
+
+    stages, replicas = assignment.shape
+    equal = build_cost_model(model.name, cluster, job, int(stages), int(replicas))
+    return {**model.shares.describe(assignment), "cost_equal_split": equal.evaluate(assignment).to_json()}
+
+
+def split_table(out: Output, split: dict[str, Any], total_s: float) -> None:
+    """Layers per stage of the uneven split and the predicted iteration with the equal and uneven split."""
+    rows = [[f"stage {s}", f"{tflops:g}", f"{count}", f"{share:.3f}"]
+            for s, (tflops, count, share) in enumerate(zip(split["stage_tflops"], split["counts"], split["shares"]))]
+    out.table(f"uneven split of {split['layers']} layers (boundaries {split['boundaries']})",
+              ["", "slowest GPU TFLOP/s", "layers", "share"], rows)
+    equal = split["cost_equal_split"]["total"]
+    out.table("predicted iteration (s) of this placement", ["equal split", "uneven split", "speed-up"],
+              [[f"{equal:.3f}", f"{total_s:.3f}", f"{equal / total_s:.2f}x" if total_s > 0 else "-"]])

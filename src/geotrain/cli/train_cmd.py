@@ -55,6 +55,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: a tiny preset's context, else 128)")
     parser.add_argument("--split", default="layers", choices=["layers", "params", "time"],
                         help="cut the layer list into stages by equal layer counts, parameter counts or measured time")
+    parser.add_argument("--split-by-speed", action="store_true",
+                        help="weight the --split by each stage's speed (its slowest replica's GPU peak FLOP/s from "
+                             "the cluster's gpu types): faster stages take more layers; equal GPUs: the plain split. "
+                             "A plan made with `geotrain plan --uneven-split` brings its own cut (used when it fits "
+                             "the model, else cut by speed)")
     parser.add_argument("--virtual-stages", type=int, metavar="V",
                         help="stages per rank for interleaved-1f1b / looped-bfs (default 2)")
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
@@ -129,6 +134,7 @@ def config_from_args(args: Any) -> Any:
         cluster=cluster, assignment=assignment, model_name=args.model, **extra,
         data=args.data, val_fraction=args.val_fraction, eval_every=args.eval_every, eval_windows=args.eval_windows,
         seq_len=args.seq_len, split=args.split, virtual_stages=args.virtual_stages, device=args.device,
+        split_by_speed=args.split_by_speed or plan.split is not None, split_boundaries=plan.split or (),
         precision=args.precision,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
         schedule=args.schedule, **plan_codec_fields(plan.codecs, args.dp_codec, args.pp_codec),
@@ -286,6 +292,8 @@ def run(args: Any) -> int:
         out.table("validation (held-out loss, nats)", ["after step", "loss"],
                   [[step, f"{loss:.4f}"] for step, loss in report.validation])
     out.table("summary (means over iterations after the first)", SUMMARY_COLUMNS, summary_rows([report]))
+    out.text(f"stage boundaries {list(report.boundaries)} (split {args.split}"
+             f"{', by speed' if config.split_by_speed else ''}{', from the plan' if config.split_boundaries else ''})")
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")
     return 0

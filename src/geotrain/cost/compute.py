@@ -14,6 +14,11 @@ Formula (seconds per iteration; no overlap of compute and communication, as the 
 Reported: dp, pp = max_r pp_r, extra "compute" = max_r compute_r (so total <= dp + pp + compute,
 with equality when all GPUs are alike). Homogeneous seed job on 32 V100s: t = 10.2 s (the seed's
 figure) and compute = (1 + 3/128) x 10.2 = 10.44 s (S = 4, m = 128: the pipeline bubble).
+Uneven split (`layer_shares`, cost/layer_split.py): stage s holds a fraction f_s of the layers
+instead of 1/S, so t(d_s,r) = 6 x params x seq x global_batch x f_s / R / (peak x utilisation) and
+stage s's gradient is f_s x params x bytes (dp_s by the same scatter-gather formula with that size).
+"speed" gives every assignment the speed-optimal integer split of the job's layers (faster stages
+take more); None (default) or equal fractions give the numbers above.
 Not pairwise: searches that need pairwise terms refuse it; `genetic` and `random` work.
 """
 
@@ -23,7 +28,9 @@ import numpy as np
 
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostBreakdown
-from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_peak_flops
+from geotrain.cost.gpus import DEFAULT_UTILISATION
+from geotrain.cost.layer_split import StageShares, device_peak_flops
+from geotrain.cost.schedule import stage_allreduce_seconds
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.job import Job
 
@@ -34,29 +41,51 @@ class YuanComputeCostModel:
     name = "yuan+compute"
 
     def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int,
-                 utilisation: float = DEFAULT_UTILISATION, micro_batches: int | None = None) -> None:
+                 utilisation: float = DEFAULT_UTILISATION, micro_batches: int | None = None,
+                 layer_shares: object = None) -> None:
+        """`layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions summing to 1."""
         self.comm = YuanCostModel(cluster, job, stages, replicas)
+        self.cluster = cluster
         self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
         self.micro_batches = micro_batches or max(1, job.global_batch // replicas)
-        peak = np.array([gpu_peak_flops(gpu) for gpu in cluster.gpus])
+        peak = device_peak_flops(cluster)
         slot_flops = job.flops_per_iteration() / (stages * replicas)
         self.slot_seconds = slot_flops / (peak * utilisation)
         self.slot_seconds.setflags(write=False)
+        self.shares = StageShares.build(layer_shares, stages, job.layers, peak)
+        self.model_grad_bytes = job.dp_bytes(1)
 
     def pairwise_terms(self) -> None:
         return None
 
-    def replica_compute_seconds(self, assignments: np.ndarray) -> np.ndarray:
-        """(..., R) GPipe compute seconds of every replica."""
+    def stage_shares(self, assignments: np.ndarray) -> np.ndarray | None:
+        """(..., S) fraction of the layers on each stage, or None (1/S each: the plain model)."""
+        return None if self.shares is None else self.shares.of(assignments)
+
+    def replica_compute_seconds(self, assignments: np.ndarray, shares: np.ndarray | None = None) -> np.ndarray:
+        """(..., R) GPipe compute seconds of every replica (`shares`: stage_shares of the assignments,
+        computed here when not given)."""
         times = self.slot_seconds[assignments]
+        shares = self.stage_shares(assignments) if shares is None else shares
+        if shares is not None:
+            times = times * (self.stages * shares)[..., :, None]
         m = self.micro_batches
         return times.sum(axis=-2) / m + times.max(axis=-2) * (m - 1) / m
 
+    def stage_dp_seconds(self, assignments: np.ndarray, shares: np.ndarray | None = None) -> np.ndarray:
+        """(..., S) all-reduce seconds of every stage's DP group ("yuan"'s dp_s; with layer `shares`, of
+        each stage's own gradient size; `shares` computed here when not given)."""
+        shares = self.stage_shares(assignments) if shares is None else shares
+        if shares is None:
+            return self.comm.stage_dp_seconds(assignments)
+        return stage_allreduce_seconds(self.cluster, assignments, self.model_grad_bytes * shares)
+
     def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
         assignment = np.asarray(assignment, dtype=np.int64)
-        dp_per_stage = self.comm.stage_dp_seconds(assignment)
+        shares = self.stage_shares(assignment)
+        dp_per_stage = self.stage_dp_seconds(assignment, shares)
         pp_per_replica = self.comm.replica_pp_seconds(assignment)
-        compute = self.replica_compute_seconds(assignment)
+        compute = self.replica_compute_seconds(assignment, shares)
         dp = float(dp_per_stage.max())
         return CostBreakdown(dp=dp, pp=float(pp_per_replica.max()), total=dp + float((pp_per_replica + compute).max()),
                              dp_per_stage=dp_per_stage, pp_per_replica=pp_per_replica,
@@ -64,5 +93,6 @@ class YuanComputeCostModel:
 
     def evaluate_many(self, assignments: np.ndarray) -> np.ndarray:
         assignments = np.asarray(assignments, dtype=np.int64)
-        replica = self.comm.replica_pp_seconds(assignments) + self.replica_compute_seconds(assignments)
-        return self.comm.stage_dp_seconds(assignments).max(axis=-1) + replica.max(axis=-1)
+        shares = self.stage_shares(assignments)
+        replica = self.comm.replica_pp_seconds(assignments) + self.replica_compute_seconds(assignments, shares)
+        return self.stage_dp_seconds(assignments, shares).max(axis=-1) + replica.max(axis=-1)

@@ -31,9 +31,19 @@ COST_MODELS: dict[str, CostModelFactory] = {
 
 DEFAULT_COST_MODEL = "yuan"
 
+UNEVEN_SPLIT_MODELS = ("yuan+compute", "schedule")
+"""Cost models that see compute, so take `layer_shares` (cost/layer_split.py: an uneven layer split)."""
 
-def build_cost_model(name: str, cluster: Cluster, job: Job, stages: int, replicas: int) -> CostModel:
-    """Instantiate the cost model `name` for this cluster, job and (stages, replicas) layout."""
+
+def build_cost_model(name: str, cluster: Cluster, job: Job, stages: int, replicas: int,
+                     layer_shares: object = None) -> CostModel:
+    """Instantiate the cost model `name` for this cluster, job and (stages, replicas) layout;
+    `layer_shares` (None: 1/S per stage; "speed"; S fractions) for the UNEVEN_SPLIT_MODELS only."""
     if name not in COST_MODELS:
         raise CostModelError(f"unknown cost model {name!r} (known: {', '.join(sorted(COST_MODELS))})")
-    return COST_MODELS[name](cluster, job, stages, replicas)
+    if layer_shares is None:
+        return COST_MODELS[name](cluster, job, stages, replicas)
+    if name not in UNEVEN_SPLIT_MODELS:
+        raise CostModelError(f"cost model {name!r} sees communication only, so a layer split does not change it; "
+                             f"an uneven split needs one of {', '.join(UNEVEN_SPLIT_MODELS)}")
+    return COST_MODELS[name](cluster, job, stages, replicas, layer_shares=layer_shares)

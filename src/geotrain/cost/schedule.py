@@ -24,9 +24,12 @@ Per replica r with devices d_0 .. d_{S-1}, M micro-batches of b = global_batch /
   iteration = max_s (max_r ready at s + dp_s).
 - NIC (optional, `nic_bps` per device): caps every message's rate; a stage's messages to both
   neighbours also queue FIFO on its NIC, each busy 8 bytes / nic.
+- uneven split (`layer_shares`, cost/layer_split.py): stage s holds a fraction f_s of the layers, so
+  its forward is f_s x S times the 1/S figure above and its gradient f_s x params x bytes; "speed"
+  gives every assignment the speed-optimal integer split of the job's layers.
 Simplifications: all-reduce traffic does not share links with activations; compute does not slow
-down communication; every stage holds 1/S of the parameters. Vectorised over replicas (and over a
-batch of assignments); the loop runs over the 2 S M ops once.
+down communication; without layer shares every stage holds 1/S of the parameters. Vectorised over
+replicas (and over a batch of assignments); the loop runs over the 2 S M ops once.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostBreakdown
 from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_peak_flops
+from geotrain.cost.layer_split import StageShares, device_peak_flops
 from geotrain.cost.memory import SCHEDULES
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
@@ -135,7 +139,7 @@ def stage_allreduce_seconds(cluster: Cluster, assignments: np.ndarray, dp_bytes:
     R = assignments.shape[-1]
     a, b = assignments[..., :, :, None], assignments[..., :, None, :]
     bandwidth = cluster.bandwidth_bps[a, b]
-    share = 8.0 * np.asarray(dp_bytes, dtype=float)[:, None, None] / R
+    share = 8.0 * np.asarray(dp_bytes, dtype=float)[..., None, None] / R  # (S,) or (..., S) bytes
     pair = 2.0 * (cluster.latency_s[a, b] + np.divide(share, bandwidth, out=np.zeros(bandwidth.shape), where=bandwidth > 0))
     pair = np.where(a == b, 0.0, pair)
     return pair.sum(axis=-1).max(axis=-1)
@@ -146,11 +150,13 @@ ALLREDUCE_ALGORITHMS = ("scatter-gather", "ring")
 
 def schedule_seconds(cluster: Cluster, assignments: np.ndarray, forward_s: np.ndarray, message_bytes: float,
                      dp_bytes: np.ndarray, microbatches: int, kind: str, allreduce: str = "scatter-gather",
-                     nic_bps: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     nic_bps: np.ndarray | None = None, stage_scale: np.ndarray | None = None,
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """The simulation from traffic: `forward_s` per device (N,) seconds of one micro-batch forward,
     `message_bytes` per activation (and gradient) message, `dp_bytes` (S,) gradient bytes per device,
     `allreduce` "scatter-gather" (yuan's dp_s) or "ring" (in replica order, as gloo runs it),
-    `nic_bps` (N,) each device's NIC (None: unlimited).
+    `nic_bps` (N,) each device's NIC (None: unlimited), `stage_scale` (S,) or (..., S): stage s's forward
+    is forward_s x stage_scale[s] (an uneven layer split: S x its share; None: 1).
     Returns (when each stage's group may start its all-reduce: the last replica's last backward done
     and its last message sent, (..., S); all-reduce seconds (..., S)); the iteration is max_s of their sum."""
     from geotrain.cost.ring import ring_allreduce_seconds  # ring.py builds on yuan.py, as this module
@@ -165,7 +171,10 @@ def schedule_seconds(cluster: Cluster, assignments: np.ndarray, forward_s: np.nd
         bandwidth = np.minimum(bandwidth, nic[src])
         nic_busy = 8.0 * message_bytes / nic[chains]
     busy = np.divide(8.0 * message_bytes, bandwidth, out=np.zeros(bandwidth.shape), where=bandwidth > 0)
-    _, ready = simulate_pipeline_sends(np.asarray(forward_s)[chains], busy, cluster.latency_s[src, dst],
+    forward = np.asarray(forward_s)[chains]
+    if stage_scale is not None:
+        forward = forward * np.asarray(stage_scale, dtype=float)[..., None, :]
+    _, ready = simulate_pipeline_sends(forward, busy, cluster.latency_s[src, dst],
                                        microbatches, kind, nic_busy)
     if allreduce == "ring":
         dp = ring_allreduce_seconds(cluster, assignments, dp_bytes, nic_bps)
@@ -182,7 +191,8 @@ class ScheduleCostModel:
     name = "schedule"
 
     def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int, *, micro_batches: int | None = None,
-                 schedule: str = "1f1b", utilisation: float = DEFAULT_UTILISATION) -> None:
+                 schedule: str = "1f1b", utilisation: float = DEFAULT_UTILISATION, layer_shares: object = None) -> None:
+        """`layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions summing to 1."""
         self.comm = YuanCostModel(cluster, job, stages, replicas)
         self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
         self.micro_batches = micro_batches or max(1, job.global_batch // replicas)
@@ -196,6 +206,8 @@ class ScheduleCostModel:
         self.forward_s = forward_flops / peak
         self.message_bytes = job.pp_bytes(replicas) / self.micro_batches
         self.dp_bytes = np.full(stages, job.dp_bytes(stages))
+        self.shares = StageShares.build(layer_shares, stages, job.layers, device_peak_flops(cluster))
+        self.model_grad_bytes = job.dp_bytes(1)
 
     def pairwise_terms(self) -> None:
         return None
@@ -206,8 +218,13 @@ class ScheduleCostModel:
         return self.comm
 
     def _simulate(self, assignments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes, self.dp_bytes,
-                                self.micro_batches, self.schedule)
+        if self.shares is None:
+            return schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes, self.dp_bytes,
+                                    self.micro_batches, self.schedule)
+        shares = self.shares.of(assignments)
+        return schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes,
+                                self.model_grad_bytes * shares, self.micro_batches, self.schedule,
+                                stage_scale=self.stages * shares)
 
     def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
         assignment = np.asarray(assignment, dtype=np.int64)

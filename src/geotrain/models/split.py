@@ -4,7 +4,8 @@ Stage s holds layers [b_s, b_{s+1}) and runs on a device of relative speed w_s, 
 sum(costs[b_s:b_{s+1}]) / w_s. `split_layers` returns boundaries minimising max_s of that time
 (every stage non-empty) by an exact dynamic programme over prefix sums, O(S * L^2) with numpy;
 `split_layers_reference` enumerates every cut and is the plain reference a test holds it to.
-Costs are any additive per-layer measure: parameter counts, FLOPs, measured seconds.
+Costs are any additive per-layer measure: parameter counts, FLOPs, measured seconds. The stage
+speeds of a plan are `stage_speeds` (cost/layer_split.py: each stage's slowest replica's device).
 """
 
 from __future__ import annotations
@@ -14,7 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from geotrain.cost.layer_split import stage_speeds
 from geotrain.models.layers import LayerModelError, check_boundaries
+
+__all__ = ["split_layers", "split_layers_reference", "stage_speeds", "stage_times"]
 
 
 def _check(costs: Sequence[float], stages: int, weights: Sequence[float] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -80,16 +84,3 @@ def split_layers_reference(costs: Sequence[float], stages: int,
             best_cuts, best_time = cuts, slowest
     assert best_cuts is not None
     return best_cuts
-
-
-def stage_speeds(assignment: Sequence[Sequence[int]], device_speeds: Sequence[float]) -> np.ndarray:
-    """Speed of each stage of an (S, R) assignment: its slowest replica's device (synchronous DP waits for it).
-
-    `device_speeds` are relative compute speeds per cluster device (e.g. peak TFLOP/s).
-    """
-    devices = np.asarray(assignment, dtype=np.int64)
-    speeds = np.asarray(device_speeds, dtype=np.float64)
-    if devices.ndim != 2 or devices.size == 0 or devices.min() < 0 or devices.max() >= speeds.size:
-        raise LayerModelError(f"assignment must be a (stages, replicas) array of device indices "
-                              f"0..{speeds.size - 1}, got shape {devices.shape}")
-    return speeds[devices].min(axis=1)

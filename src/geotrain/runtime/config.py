@@ -19,7 +19,7 @@ import torch
 from geotrain.cluster import Cluster
 from geotrain.codecs import CodecError, get_codec, parse_codec_spec
 from geotrain.comm import check_reducer_spec
-from geotrain.cost import AssignmentError, as_assignment
+from geotrain.cost import AssignmentError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.errors import GeotrainError
 from geotrain.models import BASE_CONFIG, GPTConfig
 from geotrain.runtime.layout import Layout
@@ -72,7 +72,10 @@ class RuntimeConfig:
     pkg.mod:fn); `data` a corpus path (None: the synthetic world of `data_seed`), `val_fraction` of
     it held out; every `eval_every` steps (0: never) the validation loss over at most `eval_windows`
     windows is recorded. `seq_len` tokens per sequence (None: the preset's context, else 128).
-    `split` cuts the layers into stages x `virtual_stages` (None: 2 for the looped schedules, else 1).
+    `split` cuts the layers into stages x `virtual_stages` (None: 2 for the looped schedules, else 1);
+    `split_by_speed` weights that cut by each stage's speed (`split_weights`: faster stages take more
+    layers); `split_boundaries` is a plan's cut (S + 1 cut points over the plan job's layers), used when
+    it fits the model (runtime.stages.stage_boundaries).
     `dp_codecs` / `pp_codecs`: one codec spec per stage's DP group / per stage cut (a plan's codec
     choice); empty means `dp_codec` / `pp_codec` everywhere. `compute_clock`: "wall" or "cpu", how the
     emulated clock counts compute (geotrain.emulate.install.COMPUTE_CLOCKS).
@@ -113,6 +116,8 @@ class RuntimeConfig:
     eval_windows: int = 32
     seq_len: int | None = None
     split: str = "layers"
+    split_by_speed: bool = False
+    split_boundaries: tuple[int, ...] = ()
     virtual_stages: int | None = None
     device: str = "cpu"
     precision: str = "fp32"
@@ -154,6 +159,11 @@ class RuntimeConfig:
                     get_codec(name, **params)
             except (CodecError, TypeError) as exc:
                 raise RuntimeConfigError(f"{label} codec {spec!r}: {exc}") from None
+        cuts = self.split_boundaries
+        if not isinstance(cuts, tuple) or (cuts and (len(cuts) != shape[0] + 1 or cuts[0] != 0 or any(
+                isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= a for a, b in zip(cuts, cuts[1:])))):
+            raise RuntimeConfigError(f"split_boundaries must be {shape[0] + 1} increasing cut points from 0 "
+                                     f"(or empty), got {cuts!r}")
         if self.optimizer not in OPTIMIZERS:
             raise RuntimeConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.optimizer == "onebit-adam" and parse_codec_spec(self.dp_codec)[0] != "none":
@@ -257,6 +267,18 @@ class RuntimeConfig:
         """This config with `stage`'s DP codec as the only one (what builds that stage's exchange)."""
         return self if not self.dp_codecs else replace(self, dp_codec=self.stage_dp_codec(stage), dp_codecs=())
 
+    def split_weights(self) -> tuple[float, ...] | None:
+        """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on
+        pp-rank v mod S): the stage's slowest replica's peak FLOP/s (cluster gpu types, cost/gpus.py) over
+        the fastest stage's. None without split_by_speed or when every stage is alike (the plain split)."""
+        if not self.split_by_speed:
+            return None
+        speeds = stage_speeds(self.assignment, device_peak_flops(self.cluster))
+        if np.all(speeds == speeds[0]):
+            return None
+        relative = speeds / speeds.max()
+        return tuple(float(relative[v % self.stages]) for v in range(self.pipeline_stages))
+
     @cached_property
     def layout(self) -> Layout:
         return Layout(self.assignment)
@@ -325,6 +347,8 @@ class RuntimeConfig:
                 "error_feedback": self.error_feedback, "seed": self.seed, "data_seed": self.data_seed,
                 "optimizer": self.optimizer, "onebit_warmup_steps": self.onebit_warmup_steps,
                 "clip_grad_norm": self.clip_grad_norm, **per_link,
+                **({"split_by_speed": True} if self.split_by_speed else {}),
+                **({"split_boundaries": list(self.split_boundaries)} if self.split_boundaries else {}),
                 **({"dp_hierarchical": True} if self.dp_hierarchical else {})}
 
     def to_json(self) -> dict[str, Any]:

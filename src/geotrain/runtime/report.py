@@ -83,6 +83,8 @@ class RunReport:
     replicas_in_sync: bool
     validation: tuple[tuple[int, float], ...] = ()
     """(completed steps, mean validation loss in nats) per evaluation."""
+    boundaries: tuple[int, ...] = ()
+    """The run's stage cut: layers [b_v, b_{v+1}) form pipeline stage v (runtime.stages)."""
 
     @property
     def losses(self) -> list[float]:
@@ -126,7 +128,8 @@ class RunReport:
                 "losses": self.losses, "summary": self.summary(), "prediction": self.prediction.to_json(),
                 "bytes": {"dp_per_stage": list(self.dp_bytes_per_stage), "pp_per_cut": self.pp_bytes_per_cut},
                 "iterations": [row.to_json() for row in self.rows], "config": self.config,
-                "validation": [{"step": step, "loss": loss} for step, loss in self.validation]}
+                "validation": [{"step": step, "loss": loss} for step, loss in self.validation],
+                "boundaries": list(self.boundaries)}
 
 
 def relative_error_pct(measured: float, predicted: float) -> float:
@@ -218,4 +221,4 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
-                     validation=tuple(validation))
+                     validation=tuple(validation), boundaries=tuple(records[0].get("boundaries", ())) if records else ())

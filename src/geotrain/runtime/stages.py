@@ -3,7 +3,10 @@
 Every worker builds the whole model from the same seed (so all replicas start identical and the
 stages composed are exactly the unsplit model) and keeps the modules of its virtual stages. The
 split rule cuts the layer list into S x V contiguous stages: "layers" (equal layer counts), "params"
-(balanced parameter counts) or "time" (balanced measured forward + backward seconds per layer).
+(balanced parameter counts) or "time" (balanced measured forward + backward seconds per layer);
+with per-stage speeds (--split-by-speed) the same costs are balanced as cost / speed, so a stage on
+faster devices takes more layers (models.split.split_layers); a plan's own cut (`geotrain plan
+--uneven-split`) is used as it is when it counts this model's layers (see `plan_cut`).
 A stage module casts its output to the wire dtype (fp32, or fp16/bf16 with --pp-codec), so that is
 what torch's pipelining sends; the next stage computes in fp32 again.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -71,13 +75,35 @@ def build_layer_model(spec: str, presets: dict[str, GPTConfig], seed: int, data_
     return load_model_spec(spec, ModelOptions(seed=seed))
 
 
-def stage_boundaries(model: LayerModel, n_stages: int, rule: str, seq_len: int) -> tuple[int, ...]:
-    """Cut points (0, b_1, ..., n_layers) of `n_stages` contiguous stages by split `rule`."""
-    if rule == "layers":
-        return even_boundaries(model.n_layers, n_stages)
+def plan_cut(plan_boundaries: Sequence[int], n_layers: int, n_stages: int) -> tuple[int, ...] | None:
+    """A plan's cut (S + 1 points over the plan job's layers) in a model of `n_layers` layers: as it is
+    when the job counted n_layers layers; shifted by one when it counted n_layers - 2 transformer
+    blocks (the model's embedding joins stage 0, its head the last stage). None when there is no plan
+    cut, it has another stage count (virtual stages), or another depth: the caller cuts by speed."""
+    cuts = tuple(int(b) for b in plan_boundaries)
+    if len(cuts) != n_stages + 1:
+        return None
+    if cuts[-1] == n_layers:
+        return cuts
+    if cuts[-1] == n_layers - 2:
+        return (0, *(b + 1 for b in cuts[1:-1]), n_layers)
+    return None
+
+
+def stage_boundaries(model: LayerModel, n_stages: int, rule: str, seq_len: int,
+                     weights: Sequence[float] | None = None, plan_boundaries: Sequence[int] = ()) -> tuple[int, ...]:
+    """Cut points (0, b_1, ..., n_layers) of `n_stages` contiguous stages: a plan's cut when it fits
+    (`plan_cut`), else by split `rule` with per-stage speeds `weights` (None or all equal: the plain split)."""
     if rule not in SPLIT_RULES:
         raise ValueError(f"split rule must be one of {', '.join(SPLIT_RULES)}, got {rule!r}")
-    return split_layers(layer_costs(model, rule, batch=2, seq_len=seq_len), n_stages)
+    planned = plan_cut(plan_boundaries, model.n_layers, n_stages)
+    if planned is not None:
+        return planned
+    uniform = weights is None or len(set(weights)) == 1
+    if rule == "layers" and uniform:
+        return even_boundaries(model.n_layers, n_stages)
+    costs = np.ones(model.n_layers) if rule == "layers" else layer_costs(model, rule, batch=2, seq_len=seq_len)
+    return split_layers(costs, n_stages, None if uniform else weights)
 
 
 def cut_dtype(wire_dtype: torch.dtype | Sequence[torch.dtype], cut: int) -> torch.dtype:

@@ -106,9 +106,11 @@ class Worker:
         if self.resume_state is not None and "boundaries" in self.resume_state:
             return tuple(int(b) for b in self.resume_state["boundaries"])
         cfg = self.config
+        options = {"weights": cfg.split_weights(), "plan_boundaries": cfg.split_boundaries}
         if cfg.split != "time":
-            return stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len)
-        found = [stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len) if self.rank == 0 else None]
+            return stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len, **options)
+        found = [stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len, **options)
+                 if self.rank == 0 else None]
         dist.broadcast_object_list(found, src=0)
         return tuple(found[0])
 
@@ -163,6 +165,7 @@ class Worker:
                 "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
+                "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
                 "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
 
