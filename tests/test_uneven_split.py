@@ -191,3 +191,28 @@ def test_plan_uneven_split_with_a_communication_only_model_exits_2(capsys):
     code = main(["plan", "--cluster", str(MIXED), "--stages", "3", "--replicas", "2", "--uneven-split"])
     assert code == 2
     assert "needs one of yuan+compute, schedule" in capsys.readouterr().err
+
+
+def _tiny_run(cluster, **options):
+    from geotrain.runtime import launch
+
+    options = {"steps": 4, "batch_size": 4, "microbatches": 2, "time_scale": 0.0, "heartbeat_timeout_s": 20.0,
+               **options}
+    return launch(RuntimeConfig(cluster=cluster, assignment=[[0], [2], [4]], **options)).report
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_speed_split_trains_and_resumes_with_the_checkpoints_cut_on_other_gpus(tmp_path):
+    mixed = load_cluster(MIXED)
+    uninterrupted = _tiny_run(mixed, split_by_speed=True)
+    assert uninterrupted.boundaries == (0, 4, 5, 6)  # A100 stage: embedding + 3 blocks; V100, T4: one layer each
+    assert uninterrupted.losses[-1] < uninterrupted.losses[0]
+    _tiny_run(mixed, split_by_speed=True, stop_after=2, checkpoint_dir=str(tmp_path))
+    # same devices, all V100 now: the speed split alone would be the even one, the checkpoint's cut wins
+    alike = make_network([2, 2, 2], 10.0, (1.0, 1.0), (35.0, 35.0), seed=0, name="all-v100")
+    resumed = _tiny_run(alike, split_by_speed=True, resume=True, checkpoint_dir=str(tmp_path))
+    assert resumed.boundaries == (0, 4, 5, 6)
+    assert resumed.losses == uninterrupted.losses  # bit for bit
+    planned = _tiny_run(mixed, steps=1, split_by_speed=True, split_boundaries=(0, 2, 3, 4))
+    assert planned.boundaries == (0, 3, 4, 6)  # the plan's cut of the 4 blocks, embedding and head added
