@@ -19,7 +19,7 @@ import torch
 from geotrain.cluster import Cluster
 from geotrain.codecs import CodecError, get_codec, parse_codec_spec
 from geotrain.comm import check_reducer_spec
-from geotrain.cost import AssignmentError, as_assignment, device_peak_flops, stage_speeds
+from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.errors import GeotrainError
 from geotrain.models import BASE_CONFIG, GPTConfig
 from geotrain.runtime.layout import Layout
@@ -164,6 +164,9 @@ class RuntimeConfig:
                 isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= a for a, b in zip(cuts, cuts[1:])))):
             raise RuntimeConfigError(f"split_boundaries must be {shape[0] + 1} increasing cut points from 0 "
                                      f"(or empty), got {cuts!r}")
+        if not isinstance(self.split_by_speed, bool):
+            raise RuntimeConfigError(f"split_by_speed must be true or false, got {self.split_by_speed!r}")
+        self.split_weights()  # every device's gpu type must be known (UnknownGpuError names it) before launch
         if self.optimizer not in OPTIMIZERS:
             raise RuntimeConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.optimizer == "onebit-adam" and parse_codec_spec(self.dp_codec)[0] != "none":
@@ -273,7 +276,10 @@ class RuntimeConfig:
         the fastest stage's. None without split_by_speed or when every stage is alike (the plain split)."""
         if not self.split_by_speed:
             return None
-        speeds = stage_speeds(self.assignment, device_peak_flops(self.cluster))
+        try:
+            speeds = stage_speeds(self.assignment, device_peak_flops(self.cluster))
+        except UnknownGpuError as exc:
+            raise RuntimeConfigError(f"split by speed on cluster {self.cluster.name!r}: {exc}") from None
         if np.all(speeds == speeds[0]):
             return None
         relative = speeds / speeds.max()
