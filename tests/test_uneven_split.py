@@ -188,6 +188,24 @@ def test_plan_uneven_split_json_round_trips_into_train(tmp_path, capsys):
     assert config_from_args(_train_args("--plan", str(out))).split_boundaries == tuple(split["boundaries"])
 
 
+def test_cost_scores_a_plan_with_its_recorded_split(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--cluster", str(MIXED), "--job", str(TINY_JOB), "--stages", "3", "--replicas", "2",
+                 "--cost-model", "schedule", "--uneven-split", "--method", "random", "-o", "samples=50",
+                 "--out", str(out), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["cost", "--cluster", str(MIXED), "--job", str(TINY_JOB), "--cost-model", "schedule",
+                 "--plan", str(out), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    counts = planned["split"]["counts"]
+    assert scored["layer_shares"] == pytest.approx([c / sum(counts) for c in counts])
+    assert scored["cost"]["total"] == pytest.approx(planned["cost"]["total"], rel=1e-12)
+    if counts != [counts[0]] * len(counts):
+        assert scored["cost"]["total"] != pytest.approx(planned["split"]["cost_equal_split"]["total"], rel=1e-9)
+    assert main(["cost", "--cluster", str(MIXED), "--job", str(TINY_JOB), "--plan", str(out)]) == 0
+    assert "not seen by yuan" in capsys.readouterr().out
+
+
 def test_plan_uneven_split_with_a_communication_only_model_exits_2(capsys):
     code = main(["plan", "--cluster", str(MIXED), "--stages", "3", "--replicas", "2", "--uneven-split"])
     assert code == 2

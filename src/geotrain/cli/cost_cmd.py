@@ -1,7 +1,9 @@
 """`geotrain cost`: score a plan file with a cost model.
 
 With --json, stdout is ONE JSON object: {"cost": {"dp", "pp", "total"}, "stages", "replicas",
-"dp_per_stage", "pp_per_replica", "cost_model"}; times in seconds per iteration. The plan's R sets c_pp.
+"dp_per_stage", "pp_per_replica", "cost_model", "layer_shares"}; times in seconds per iteration. The plan's
+R sets c_pp. A plan with a recorded layer split (`plan --uneven-split`) is scored with its stage shares by
+the cost models that see compute ("layer_shares" in the JSON; null otherwise).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any
 
 from geotrain.cli.output import Output
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
-from geotrain.plan import load_plan
+from geotrain.cost.registry import UNEVEN_SPLIT_MODELS, build_cost_model
+from geotrain.plan import Plan, load_plan
 
 
 def register(subparsers: Any) -> None:
@@ -29,12 +32,17 @@ def run(args: Any) -> int:
     out = Output(json_mode=args.json)
     plan = load_plan(args.plan)
     cluster, job, model = build_placement(args, plan.stages, plan.replicas)
+    shares = plan_layer_shares(plan)
+    if shares is not None and args.cost_model in UNEVEN_SPLIT_MODELS:
+        model = build_cost_model(args.cost_model, cluster, job, plan.stages, plan.replicas, layer_shares=shares)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
     cost = model.evaluate(assignment)
     if args.json:
         out.emit_json({"cost": cost.to_json(), "stages": plan.stages, "replicas": plan.replicas,
                        "dp_per_stage": cost.dp_per_stage, "pp_per_replica": cost.pp_per_replica,
-                       "cost_model": model.name})
+                       "cost_model": model.name,
+                       "layer_shares": None if shares is None or args.cost_model not in UNEVEN_SPLIT_MODELS
+                       else shares})
         return 0
     out.table(f"cost of {args.plan} on {cluster.name} ({job.name}, {model.name})", ["term", "seconds"],
               [["dp (slowest stage all-reduce)", f"{cost.dp:.3f}"], ["pp (slowest pipeline)", f"{cost.pp:.3f}"],
@@ -45,4 +53,17 @@ def run(args: Any) -> int:
                for i in range(max(len(dp), len(pp)))])
     out.table("assignment", ["", *(f"r{r}" for r in range(plan.replicas))], assignment_rows(cluster, assignment))
     out.text(region_legend(cluster))
+    if shares is not None:
+        used = args.cost_model in UNEVEN_SPLIT_MODELS
+        out.text(f"the plan's layer split {list(plan.split or ())}: "
+                 + ("scored with its stage shares" if used else
+                    f"not seen by {model.name} (communication only; use one of {', '.join(UNEVEN_SPLIT_MODELS)})"))
     return 0
+
+
+def plan_layer_shares(plan: Plan) -> list[float] | None:
+    """Each stage's fraction of the layers from the plan's recorded split, or None (equal split)."""
+    cuts = plan.split
+    if cuts is None:
+        return None
+    return [(b - a) / cuts[-1] for a, b in zip(cuts, cuts[1:])]
