@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from geotrain.bench.wan import (DEFAULT_ROWS, WAN_CLUSTER, WanBenchConfig, WanRow, _row_available,
-                                emulated_step_seconds, planned_layouts, tiny_job)
+                                emulated_step_seconds, model_job, planned_layouts)
 from geotrain.cluster import load_cluster
 
 DATA = Path(__file__).parent / "data"
@@ -41,7 +41,7 @@ def test_wan_cluster_is_slow_between_regions_and_the_planner_keeps_fp32_on_fast_
     inter = cluster.region_of[:, None] != cluster.region_of[None, :]
     assert cluster.n_regions == 4 and np.all(cluster.bandwidth_gbps[inter] == 0.1)
     assert 50 <= cluster.latency_ms[inter].min() and cluster.latency_ms[inter].max() <= 150
-    layouts = planned_layouts(cluster, tiny_job(32), WanBenchConfig())
+    layouts = planned_layouts(cluster, model_job(32), WanBenchConfig())
     assert set(layouts) == {"1x4", "2x2", "4x1"}
     for layout in layouts.values():
         assert layout.choice.cost["total"] <= layout.cost_s
