@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from geotrain.bench.wan import (DEFAULT_ROWS, WAN_CLUSTER, WanBenchConfig, WanRow, _row_available,
-                                emulated_step_seconds, model_job, planned_layouts)
+                                WanBenchError, emulated_step_seconds, model_job, planned_layouts)
 from geotrain.cluster import load_cluster
 
 DATA = Path(__file__).parent / "data"
@@ -89,3 +89,25 @@ def test_compute_clock_is_validated_where_it_is_given():
         RuntimeConfig(cluster=cluster, assignment=np.array([[0, 2], [1, 3]]), compute_clock="gpu")
     with pytest.raises(EmulationError, match="compute clock must be one of wall, cpu, got 'gpu'"):
         install(cluster, [0, 1], compute_clock="gpu")
+
+
+def test_local_sgd_rows_are_planned_with_the_dp_term_amortised_over_h_steps():
+    cluster = load_cluster(WAN_CLUSTER)
+    layouts = planned_layouts(cluster, model_job(32), WanBenchConfig())
+    local = [row for row in DEFAULT_ROWS if row.sync_every > 1]
+    assert local and all(_row_available(row) is None for row in local)
+    assert all(row.sync_every == 1 for row in DEFAULT_ROWS[:10])
+    fp32 = min(layouts, key=lambda name: layouts[name].cost_s)
+    amortised = min(layouts, key=lambda name: layouts[name].amortised_s(5))
+    # every step: the 2x2 pipeline wins; synchronising every 5 steps: pure data parallelism (no cut to pay)
+    assert (fp32, amortised) == ("2x2", "1x4")
+    for layout in layouts.values():
+        assert layout.dp_s + layout.pp_s == pytest.approx(layout.cost_s)
+        assert layout.amortised_s(1) == pytest.approx(layout.cost_s)
+
+
+def test_model_presets_as_jobs_and_unknown_model_names():
+    small, tiny = model_job(32, "small"), model_job(32)
+    assert small.params == 3_206_656 and tiny.params == 816_896
+    with pytest.raises(WanBenchError, match="--model: one of tiny, tiny-2layer, small, got 'huge'"):
+        model_job(32, "huge")

@@ -1,4 +1,5 @@
-"""`geotrain bench wan`: time to a target validation loss of the tiny GPT on an emulated slow WAN.
+"""`geotrain bench wan`: time to a target validation loss of a small GPT (`--model`: the tiny preset by
+default, or "small") on an emulated slow WAN.
 
 Every row trains the same model (seed), on the same data and global batch, for the same step budget,
 through the runtime (`geotrain train`'s launcher, one process per slot) over the emulating backend,
@@ -16,7 +17,10 @@ and differs only in placement and codecs (`DEFAULT_ROWS`, one line each). Measur
 Placements: "naive" = data parallelism over every device in index order (the DDP baseline);
 "planned" = the layout (stages x replicas) and assignment with the lowest "yuan" cost among the
 layouts the tiny GPT allows, searched with the job's real bytes; the planner-codecs row takes the
-layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice.
+layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice;
+a local-SGD row (option `sync_every` H: geotrain.optim.outer) takes the layout whose cost with the DP
+term divided by H is lowest, and is evaluated only at steps that end an outer period (synchronised
+weights).
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class WanRow:
         return int(dict(self.options).get("sync_every") or 1)
 
 
+LOCAL_SGD_5 = (("sync_every", 5), ("outer_lr", 1.0), ("outer_momentum", 0.0))
+"""Local SGD: AdamW inside each replica, parameters averaged every 5 steps (outer lr 1, no momentum)."""
+
 DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("DDP baseline (naive, fp32)", placement="naive"),
     WanRow("planned, fp32"),
@@ -74,9 +81,11 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + hierarchical int8-block+EF", dp_codec="int8-block", options=(("dp_hierarchical", True),)),
     WanRow("planned + planner codecs (policy dp=sign)", plan_codecs=True, policy="dp=sign,pp=fp16"),
     WanRow("planned + planner codecs (policy dp=int8-block)", plan_codecs=True),
-    WanRow("planned + local SGD H=5 (outer avg)", options=(("sync_every", 5), ("outer_lr", 1.0), ("outer_momentum", 0.0))),
+    WanRow("planned + local SGD H=5 (outer avg)", options=LOCAL_SGD_5),
     WanRow("planned + DiLoCo H=5 (Nesterov 0.7/0.9)", options=(("sync_every", 5),)),
-    WanRow("planned + DiLoCo H=5 + int8-block+EF outer", dp_codec="int8-block", options=(("sync_every", 5),)),
+    WanRow("planned + local SGD H=5 + int8-block+EF outer", dp_codec="int8-block", options=LOCAL_SGD_5),
+    WanRow("planned + local SGD H=5 + hierarchical int8-block+EF outer", dp_codec="int8-block",
+           options=(*LOCAL_SGD_5, ("dp_hierarchical", True))),
 )
 
 
