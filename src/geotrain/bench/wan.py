@@ -40,7 +40,15 @@ from geotrain.cost.codec_choice import DEFAULT_POLICY, CodecChoice, choose_codec
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
 
-WAN_CLUSTER = str(Path(__file__).parent / "data" / "wan-4x1.yaml")
+BENCH_CLUSTERS = Path(__file__).parent / "data"
+WAN_CLUSTER = str(BENCH_CLUSTERS / "wan-4x1.yaml")
+
+
+def bench_cluster(name: str) -> str:
+    """A --cluster value as a path: the bench's own clusters by name (wan-4x1, wan-4x2), else as given
+    (a file or a geotrain preset)."""
+    own = BENCH_CLUSTERS / f"{name}.yaml"
+    return str(own) if "/" not in name and own.is_file() else name
 
 
 class WanBenchError(GeotrainError, ValueError):
@@ -317,7 +325,7 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
     """Plan, then train every available row; `progress(label, done, total)`."""
     from geotrain.data import world_tokens
 
-    cluster = load_cluster(config.cluster)
+    cluster = load_cluster(bench_cluster(config.cluster))
     job = model_job(config.global_batch, config.model)
     by_policy = {policy: planned_layouts(cluster, job, config, policy)
                  for policy in {config.codec_policy, *(row.policy for row in config.rows if row.policy)}}
