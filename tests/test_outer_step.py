@@ -247,3 +247,29 @@ def test_runtime_diloco_exchanges_only_every_h_steps_and_resumes_exactly(tmp_pat
     launch(_config(**options, checkpoint_dir=str(parted), resume=True), tokens=tokens)
     for uninterrupted, resumed in zip(_shards(whole, 4, 2), _shards(parted, 4, 2), strict=True):
         assert all(torch.equal(uninterrupted["stage"][name], value) for name, value in resumed["stage"].items())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_runtime_local_sgd_with_dp_hierarchical_makes_each_region_one_worker(tmp_path):
+    """2 regions x 2 devices, 1 stage x 4 replicas, --sync-every 2 --dp-hierarchical: the members of a
+    region average gradients every step (identical weights after step 1), the regions drift apart
+    until the synchronisation at step 2, then all four agree."""
+    cluster = make_network([2, 2], 10.0, (0.1, 0.1), (20.0, 20.0), seed=0, name="test-2x2")
+    config = RuntimeConfig(cluster=cluster, assignment=np.array([[0, 1, 2, 3]]), steps=2, time_scale=1e-3,
+                           heartbeat_timeout_s=20.0, batch_size=4, microbatches=2, sync_every=2,
+                           dp_codec="int8-block", dp_hierarchical=True, checkpoint_dir=str(tmp_path),
+                           checkpoint_every=1)
+    launch(config, tokens=world_tokens(0))
+    after_1 = [_shards_params(shard) for shard in _shards(tmp_path, 1, 4)]
+    after_2 = [_shards_params(shard) for shard in _shards(tmp_path, 2, 4)]
+    assert torch.equal(after_1[0], after_1[1]) and torch.equal(after_1[2], after_1[3])
+    assert not torch.equal(after_1[0], after_1[2])
+    assert all(torch.equal(after_2[0], params) for params in after_2[1:])
+    records = sorted(_shards(tmp_path, 2, 4)[0]["records"], key=lambda r: r["step"])
+    assert records[0]["dp_bytes"] > 0 and records[0]["emulated"]["inter_region_bytes"] == 0
+    assert records[1]["emulated"]["inter_region_bytes"] > 0
+
+
+def _shards_params(shard: dict) -> torch.Tensor:
+    return torch.cat([value.reshape(-1) for value in shard["stage"].values()])

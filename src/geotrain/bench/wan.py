@@ -92,7 +92,7 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + local SGD H=5 (outer avg)", options=LOCAL_SGD_5),
     WanRow("planned + DiLoCo H=5 (Nesterov 0.7/0.9)", options=(("sync_every", 5),)),
     WanRow("planned + local SGD H=5 + int8-block+EF outer", dp_codec="int8-block", options=LOCAL_SGD_5),
-    WanRow("planned + local SGD H=5 + hierarchical int8-block+EF outer", dp_codec="int8-block",
+    WanRow("planned + local SGD H=5, sites as workers (hierarchical, int8-block+EF outer)", dp_codec="int8-block",
            options=(*LOCAL_SGD_5, ("dp_hierarchical", True))),
 )
 

@@ -76,6 +76,16 @@ class DataParallelStep:
         self.total_steps = config.steps
         self.outer = (None if config.sync_every is None else
                       OuterStep(self.params, config.sync_every, config.outer_lr, config.outer_momentum))
+        # local SGD with --dp-hierarchical: each region is one worker (its members average gradients
+        # every step inside the region, at full precision); the regions exchange deltas every H steps
+        self.region_exchange: StageExchange | None = None
+        if self.outer is not None and hierarchy is not None:
+            region = hierarchy.regions.region_of(rank)
+            if hierarchy.intra[region] is not None:
+                members = hierarchy.regions.members[region]
+                self.region_exchange = StageExchange(list(stage.named_parameters()), "none", False, transport,
+                                                     hierarchy.intra[region],
+                                                     [transport.layout.slot(m).device for m in members])
 
     def _add_wall_s(self, seconds: float) -> None:
         self.comm_wall_s += seconds
@@ -109,21 +119,23 @@ class DataParallelStep:
         return self.collective.ledger.handed_bytes - before, norm
 
     def _local_step(self, step: int, timer: Any) -> int:
-        """Local SGD (--sync-every): AdamW on this replica's own gradients; when an outer period ends,
+        """Local SGD (--sync-every): AdamW on this replica's own gradients (with --dp-hierarchical, on its
+        region's mean gradient: a region is one worker); when an outer period ends,
         the stage's exchange averages the outer gradients (in place of the gradients) and the outer
         optimizer steps the anchor. Returns the bytes handed to the DP group's collectives."""
         assert self.outer is not None and self.exchange is not None
+        region_bytes = 0 if self.region_exchange is None else self.region_exchange.exchange(step, timer)
         with timer:
             self.optimizer.step()
         if not self.outer.due(step, self.total_steps):
-            return 0
+            return region_bytes
         with timer:
             for p, outer_gradient in zip(self.params, self.outer.outer_gradients(), strict=True):
                 p.grad = outer_gradient.to(p.dtype)
         dp_bytes = self.exchange.exchange(step, timer)
         with timer:
             self.outer.apply([p.grad for p in self.params])
-        return dp_bytes
+        return region_bytes + dp_bytes
 
     def fingerprint(self) -> float:
         """A float64 sum of the weights the stage's replicas agree on (its parameters; with --sync-every,
