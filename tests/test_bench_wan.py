@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geotrain.bench.wan import (DEFAULT_ROWS, WAN_CLUSTER, WanBenchConfig, WanRow, _row_available,
+from geotrain.bench.wan import (DEFAULT_ROWS, WAN_CLUSTER, bench_cluster, WanBenchConfig, WanRow, _row_available,
                                 WanBenchError, emulated_step_seconds, model_job, planned_layouts)
 from geotrain.cluster import load_cluster
 
@@ -111,3 +111,16 @@ def test_model_presets_as_jobs_and_unknown_model_names():
     assert small.params == 3_206_656 and tiny.params == 816_896
     with pytest.raises(WanBenchError, match="--model: one of tiny, tiny-2layer, small, got 'huge'"):
         model_job(32, "huge")
+
+
+def test_bench_cluster_names_resolve_to_the_bench_files_and_wan_4x2_has_two_devices_per_site():
+    assert bench_cluster("wan-4x1") == WAN_CLUSTER
+    assert bench_cluster("seed-geo") == "seed-geo" and bench_cluster("./wan-4x2") == "./wan-4x2"
+    cluster = load_cluster(bench_cluster("wan-4x2"))
+    assert cluster.n_devices == 8 and cluster.n_regions == 4
+    assert cluster.region_of.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]  # numbered site by site
+    one = load_cluster(WAN_CLUSTER)
+    inter = cluster.region_of[:, None] != cluster.region_of[None, :]
+    assert np.array_equal(cluster.latency_ms[::2, ::2], one.latency_ms)  # the same sites and links
+    intra = ~inter & ~np.eye(8, dtype=bool)
+    assert np.all(cluster.bandwidth_gbps[inter] == 0.1) and np.all(cluster.bandwidth_gbps[intra] == 10)
