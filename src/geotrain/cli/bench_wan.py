@@ -8,7 +8,7 @@ import argparse
 from typing import Any
 
 NAME = "wan"
-HELP = "time to a target validation loss of the tiny GPT on an emulated ~100 Mbit/s, 50-150 ms geo cluster"
+HELP = "time to a target validation loss of a small GPT on an emulated ~100 Mbit/s, 50-150 ms geo cluster"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
