@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from geotrain.bench.wan import (DEFAULT_ROWS, WAN_CLUSTER, WanBenchConfig, WanRow, _row_available,
-                                emulated_step_seconds, planned_layouts, tiny_job)
+from geotrain.bench.wan import (DEFAULT_ROWS, WAN_CLUSTER, bench_cluster, WanBenchConfig, WanRow, _row_available,
+                                WanBenchError, emulated_step_seconds, model_job, planned_layouts)
 from geotrain.cluster import load_cluster
 
 DATA = Path(__file__).parent / "data"
@@ -41,7 +41,7 @@ def test_wan_cluster_is_slow_between_regions_and_the_planner_keeps_fp32_on_fast_
     inter = cluster.region_of[:, None] != cluster.region_of[None, :]
     assert cluster.n_regions == 4 and np.all(cluster.bandwidth_gbps[inter] == 0.1)
     assert 50 <= cluster.latency_ms[inter].min() and cluster.latency_ms[inter].max() <= 150
-    layouts = planned_layouts(cluster, tiny_job(32), WanBenchConfig())
+    layouts = planned_layouts(cluster, model_job(32), WanBenchConfig())
     assert set(layouts) == {"1x4", "2x2", "4x1"}
     for layout in layouts.values():
         assert layout.choice.cost["total"] <= layout.cost_s
@@ -89,3 +89,38 @@ def test_compute_clock_is_validated_where_it_is_given():
         RuntimeConfig(cluster=cluster, assignment=np.array([[0, 2], [1, 3]]), compute_clock="gpu")
     with pytest.raises(EmulationError, match="compute clock must be one of wall, cpu, got 'gpu'"):
         install(cluster, [0, 1], compute_clock="gpu")
+
+
+def test_local_sgd_rows_are_planned_with_the_dp_term_amortised_over_h_steps():
+    cluster = load_cluster(WAN_CLUSTER)
+    layouts = planned_layouts(cluster, model_job(32), WanBenchConfig())
+    local = [row for row in DEFAULT_ROWS if row.sync_every > 1]
+    assert local and all(_row_available(row) is None for row in local)
+    assert all(row.sync_every == 1 for row in DEFAULT_ROWS[:10])
+    fp32 = min(layouts, key=lambda name: layouts[name].cost_s)
+    amortised = min(layouts, key=lambda name: layouts[name].amortised_s(5))
+    # every step: the 2x2 pipeline wins; synchronising every 5 steps: pure data parallelism (no cut to pay)
+    assert (fp32, amortised) == ("2x2", "1x4")
+    for layout in layouts.values():
+        assert layout.dp_s + layout.pp_s == pytest.approx(layout.cost_s)
+        assert layout.amortised_s(1) == pytest.approx(layout.cost_s)
+
+
+def test_model_presets_as_jobs_and_unknown_model_names():
+    small, tiny = model_job(32, "small"), model_job(32)
+    assert small.params == 3_206_656 and tiny.params == 816_896
+    with pytest.raises(WanBenchError, match="--model: one of tiny, tiny-2layer, small, got 'huge'"):
+        model_job(32, "huge")
+
+
+def test_bench_cluster_names_resolve_to_the_bench_files_and_wan_4x2_has_two_devices_per_site():
+    assert bench_cluster("wan-4x1") == WAN_CLUSTER
+    assert bench_cluster("seed-geo") == "seed-geo" and bench_cluster("./wan-4x2") == "./wan-4x2"
+    cluster = load_cluster(bench_cluster("wan-4x2"))
+    assert cluster.n_devices == 8 and cluster.n_regions == 4
+    assert cluster.region_of.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]  # numbered site by site
+    one = load_cluster(WAN_CLUSTER)
+    inter = cluster.region_of[:, None] != cluster.region_of[None, :]
+    assert np.array_equal(cluster.latency_ms[::2, ::2], one.latency_ms)  # the same sites and links
+    intra = ~inter & ~np.eye(8, dtype=bool)
+    assert np.all(cluster.bandwidth_gbps[inter] == 0.1) and np.all(cluster.bandwidth_gbps[intra] == 10)

@@ -1,4 +1,5 @@
-"""`geotrain bench wan`: time to a target validation loss of the tiny GPT on an emulated slow WAN.
+"""`geotrain bench wan`: time to a target validation loss of a small GPT (`--model`: the tiny preset by
+default, or "small") on an emulated slow WAN.
 
 Every row trains the same model (seed), on the same data and global batch, for the same step budget,
 through the runtime (`geotrain train`'s launcher, one process per slot) over the emulating backend,
@@ -16,11 +17,15 @@ and differs only in placement and codecs (`DEFAULT_ROWS`, one line each). Measur
 Placements: "naive" = data parallelism over every device in index order (the DDP baseline);
 "planned" = the layout (stages x replicas) and assignment with the lowest "yuan" cost among the
 layouts the tiny GPT allows, searched with the job's real bytes; the planner-codecs row takes the
-layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice.
+layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice;
+a local-SGD row (option `sync_every` H: geotrain.optim.outer) takes the layout whose cost with the DP
+term divided by H is lowest, and is evaluated only at steps that end an outer period (synchronised
+weights).
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -35,7 +40,15 @@ from geotrain.cost.codec_choice import DEFAULT_POLICY, CodecChoice, choose_codec
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
 
-WAN_CLUSTER = str(Path(__file__).parent / "data" / "wan-4x1.yaml")
+BENCH_CLUSTERS = Path(__file__).parent / "data"
+WAN_CLUSTER = str(BENCH_CLUSTERS / "wan-4x1.yaml")
+
+
+def bench_cluster(name: str) -> str:
+    """A --cluster value as a path: the bench's own clusters by name (wan-4x1, wan-4x2), else as given
+    (a file or a geotrain preset)."""
+    own = BENCH_CLUSTERS / f"{name}.yaml"
+    return str(own) if "/" not in name and own.is_file() else name
 
 
 class WanBenchError(GeotrainError, ValueError):
@@ -56,6 +69,14 @@ class WanRow:
     policy: str | None = None  # the planner's codec policy (None: the bench's --codec-policy)
     options: tuple[tuple[str, Any], ...] = ()
 
+    @property
+    def sync_every(self) -> int:
+        """Steps per DP synchronisation (the `sync_every` option of local SGD; 1 without it)."""
+        return int(dict(self.options).get("sync_every") or 1)
+
+
+LOCAL_SGD_5 = (("sync_every", 5), ("outer_lr", 1.0), ("outer_momentum", 0.0))
+"""Local SGD: AdamW inside each replica, parameters averaged every 5 steps (outer lr 1, no momentum)."""
 
 DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("DDP baseline (naive, fp32)", placement="naive"),
@@ -68,6 +89,11 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + hierarchical int8-block+EF", dp_codec="int8-block", options=(("dp_hierarchical", True),)),
     WanRow("planned + planner codecs (policy dp=sign)", plan_codecs=True, policy="dp=sign,pp=fp16"),
     WanRow("planned + planner codecs (policy dp=int8-block)", plan_codecs=True),
+    WanRow("planned + local SGD H=5 (outer avg)", options=LOCAL_SGD_5),
+    WanRow("planned + DiLoCo H=5 (Nesterov 0.7/0.9)", options=(("sync_every", 5),)),
+    WanRow("planned + local SGD H=5 + int8-block+EF outer", dp_codec="int8-block", options=LOCAL_SGD_5),
+    WanRow("planned + local SGD H=5, sites as workers (hierarchical, int8-block+EF outer)", dp_codec="int8-block",
+           options=(*LOCAL_SGD_5, ("dp_hierarchical", True))),
 )
 
 
@@ -87,6 +113,7 @@ class WanBenchConfig:
     codec_policy: str = DEFAULT_POLICY
     compute_clock: str = "cpu"
     val_windows: int = 128
+    model: str = "tiny"
     rows: tuple[WanRow, ...] = DEFAULT_ROWS
 
     def __post_init__(self) -> None:
@@ -146,23 +173,39 @@ class WanBench:
                 "codec_choice": None if self.choice is None else self.choice.to_json()}
 
 
-def tiny_job(global_batch: int) -> Any:
-    """The tiny GPT as a cost-model Job with its real byte counts (fp32 gradients and activations)."""
-    from geotrain.runtime.config import TINY_GPT
+def model_job(global_batch: int, model: str = "tiny") -> Job:
+    """The GPT preset `model` (geotrain.runtime.MODEL_PRESETS) as a cost-model Job with its real byte
+    counts (fp32 gradients and activations)."""
     from geotrain.runtime.stages import build_stage
 
-    params = sum(p.numel() for p in build_stage(TINY_GPT, 0, 0, 1).parameters())
-    return Job(name="tiny-gpt", params=float(params), seq_len=TINY_GPT.context, hidden=TINY_GPT.d_model,
-               global_batch=global_batch, layers=TINY_GPT.n_layer, bytes_per_value=4, vocab=TINY_GPT.vocab_size)
+    gpt = _preset(model)
+    params = sum(p.numel() for p in build_stage(gpt, 0, 0, 1).parameters())
+    return Job(name=f"{model}-gpt", params=float(params), seq_len=gpt.context, hidden=gpt.d_model,
+               global_batch=global_batch, layers=gpt.n_layer, bytes_per_value=4, vocab=gpt.vocab_size)
+
+
+def _preset(model: str) -> Any:
+    from geotrain.runtime.config import MODEL_PRESETS
+
+    if model not in MODEL_PRESETS:
+        raise WanBenchError(f"--model: one of {', '.join(MODEL_PRESETS)}, got {model!r}")
+    return MODEL_PRESETS[model]
 
 
 @dataclass(frozen=True)
 class PlannedLayout:
-    """A layout's searched assignment, its uncompressed "yuan" seconds and its codec choice."""
+    """A layout's searched assignment, its uncompressed "yuan" seconds (total, DP and pipeline terms)
+    and its codec choice."""
 
     assignment: np.ndarray
     cost_s: float
     choice: CodecChoice
+    dp_s: float = 0.0
+    pp_s: float = 0.0
+
+    def amortised_s(self, sync_every: int) -> float:
+        """Predicted seconds per step when the DP exchange runs once every `sync_every` steps."""
+        return self.dp_s / sync_every + self.pp_s
 
 
 def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_text: str | None = None
@@ -182,7 +225,8 @@ def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_t
         result = run_search("auto", problem, seed=config.seed, time_limit_s=10.0)
         assignment = np.asarray(result.assignment)
         layouts[f"{stages}x{replicas}"] = PlannedLayout(assignment, result.cost.total,
-                                                        choose_codecs(cluster, job, assignment, policy))
+                                                        choose_codecs(cluster, job, assignment, policy),
+                                                        result.cost.dp, result.cost.pp)
     if not layouts:
         raise WanBenchError(f"no layout of {n} devices fits {job.layers} blocks and a global batch of "
                             f"{config.global_batch} in {config.microbatches} micro-batches")
@@ -252,13 +296,15 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
     per_link: dict[str, Any] = {}
     if row.plan_codecs and choice is not None:
         per_link = {"dp_codecs": choice.dp, "pp_codecs": choice.pp}
-    eval_steps = sorted({*range(config.eval_every, config.steps + 1, config.eval_every), config.steps})
+    # evaluate synchronised weights only: with local SGD, at the steps that end an outer period
+    every = math.lcm(config.eval_every, row.sync_every)
+    eval_steps = sorted({*range(every, config.steps + 1, every), config.steps})
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
         run = RuntimeConfig(cluster=cluster, assignment=assignment, steps=config.steps,
                             microbatches=config.microbatches, batch_size=config.global_batch // replicas,
                             lr=config.lr, dp_codec=row.dp_codec, pp_codec=row.pp_codec, time_scale=config.time_scale,
                             seed=config.seed, checkpoint_dir=directory, checkpoint_every=config.eval_every,
-                            compute_clock=config.compute_clock,
+                            compute_clock=config.compute_clock, model=_preset(config.model), model_name=config.model,
                             plan_name=row.label, **per_link, **dict(row.options))
         launch(run, progress=progress, tokens=tokens)
         scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
@@ -279,8 +325,8 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
     """Plan, then train every available row; `progress(label, done, total)`."""
     from geotrain.data import world_tokens
 
-    cluster = load_cluster(config.cluster)
-    job = tiny_job(config.global_batch)
+    cluster = load_cluster(bench_cluster(config.cluster))
+    job = model_job(config.global_batch, config.model)
     by_policy = {policy: planned_layouts(cluster, job, config, policy)
                  for policy in {config.codec_policy, *(row.policy for row in config.rows if row.policy)}}
     layouts = by_policy[config.codec_policy]
@@ -296,9 +342,15 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         if reason is not None:
             skipped.append((row.label, reason))
             continue
-        # with codecs: the layout whose cost with its codec choice is lowest (layout and codecs together)
-        planned = (min(by_policy[row.policy or config.codec_policy].values(), key=lambda layout: layout.choice.cost["total"])
-                   if row.plan_codecs else fp32)
+        # with codecs: the layout whose cost with its codec choice is lowest (layout and codecs together);
+        # synchronising every H steps: the layout whose cost with the DP term amortised over H is lowest
+        if row.plan_codecs:
+            planned = min(by_policy[row.policy or config.codec_policy].values(),
+                          key=lambda layout: layout.choice.cost["total"])
+        elif row.sync_every > 1:
+            planned = min(layouts.values(), key=lambda layout, h=row.sync_every: layout.amortised_s(h))
+        else:
+            planned = fp32
         assignment = naive if row.placement == "naive" else planned.assignment
         callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
         results.append(run_row(row, cluster, assignment, planned.choice, config, tokens, callback))

@@ -8,14 +8,14 @@ import argparse
 from typing import Any
 
 NAME = "wan"
-HELP = "time to a target validation loss of the tiny GPT on an emulated ~100 Mbit/s, 50-150 ms geo cluster"
+HELP = "time to a target validation loss of a small GPT on an emulated ~100 Mbit/s, 50-150 ms geo cluster"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from geotrain.bench.wan import WAN_CLUSTER, WanBenchConfig
 
     d = WanBenchConfig()
-    parser.add_argument("--cluster", default=WAN_CLUSTER, metavar="FILE|PRESET", help="the emulated cluster")
+    parser.add_argument("--cluster", default=WAN_CLUSTER, metavar="FILE|PRESET", help="the emulated cluster: wan-4x1 (4 sites x 1 device), wan-4x2 (4 sites x 2 devices), a file or a preset")
     parser.add_argument("--steps", type=int, default=d.steps, help="step budget of every row")
     parser.add_argument("--eval-every", type=int, default=d.eval_every, help="validation loss every K steps")
     parser.add_argument("--target", type=float, default=d.target, help="target validation loss (nats per character)")
@@ -28,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="count compute in each rank's CPU seconds (as if on its own core) or in wall seconds")
     parser.add_argument("--rows", default=None, metavar="I,J,...", help="run only these rows (0 = the baseline, always run)")
     parser.add_argument("--seed", type=int, default=d.seed, help="model seed")
+    parser.add_argument("--model", default=d.model, metavar="PRESET",
+                        help="GPT preset every row trains: tiny (817k parameters), small (3.2M, bandwidth-bound)")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="also plot validation loss vs emulated time")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
@@ -50,7 +52,8 @@ def run(args: Any) -> int:
                                 f"got {args.rows!r}") from None
     config = WanBenchConfig(cluster=args.cluster, steps=args.steps, eval_every=args.eval_every, target=args.target,
                             global_batch=args.global_batch, lr=args.lr, codec_policy=args.codec_policy,
-                            time_scale=args.time_scale, seed=args.seed, compute_clock=args.compute_clock, rows=rows)
+                            time_scale=args.time_scale, seed=args.seed, compute_clock=args.compute_clock, model=args.model,
+                            rows=rows)
     out = Output(json_mode=args.json)
     with out.progress("bench wan", config.steps) as progress:
         bench = run_wan_bench(config, lambda label, done, total: progress(done, total))
@@ -63,7 +66,7 @@ def run(args: Any) -> int:
     if args.json:
         out.emit_json(doc)
         return 0
-    out.table(f"bench wan: tiny GPT on {doc['cluster']}, {config.steps} steps each, target validation loss "
+    out.table(f"bench wan: {config.model} GPT on {doc['cluster']}, {config.steps} steps each, target validation loss "
               f"{config.target:g} (emulated seconds)",
               ["row", "layout", "codecs (dp / pp)", "s per step", "time to target", "speed-up", "inter-region MB",
                f"val loss @{config.steps}", "vs fp32 @ same steps"],

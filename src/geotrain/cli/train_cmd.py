@@ -88,6 +88,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "stage's DP group itself, fp32 during its warm-up, 1-bit momenta after; needs --dp-codec none)")
     parser.add_argument("--onebit-warmup-steps", type=int, default=5,
                         help="onebit-adam: full-precision AdamW steps before the variance freezes")
+    parser.add_argument("--sync-every", type=int, default=None, metavar="H",
+                        help="local SGD / DiLoCo: each replica steps AdamW on its own gradients and every H steps "
+                             "the DP exchange (--dp-codec, --dp-hierarchical) averages the parameter deltas, applied "
+                             "by an outer Nesterov SGD (default: average gradients every step)")
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="--sync-every: outer learning rate (DiLoCo: 0.7; "
+                        "1 with --outer-momentum 0 = parameter averaging)")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="--sync-every: outer Nesterov momentum")
     parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
                         help="clip the gradient of the whole model (all stages, after DP averaging) to global L2 norm X")
     parser.add_argument("--time-scale", type=float, default=1.0,
@@ -141,6 +148,7 @@ def config_from_args(args: Any) -> Any:
         error_feedback=args.error_feedback,
         optimizer=args.optimizer, onebit_warmup_steps=args.onebit_warmup_steps, clip_grad_norm=args.clip_grad_norm,
         dp_hierarchical=args.dp_hierarchical,
+        sync_every=args.sync_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
         time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         overwrite=args.overwrite,

@@ -22,6 +22,7 @@ from geotrain.comm import check_reducer_spec
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.errors import GeotrainError
 from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.pipeline import LOOPED_SCHEDULES, SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES, WIRE_DTYPES
@@ -39,9 +40,14 @@ TINY_GPT = GPTConfig(n_layer=4)
 """The runtime's default model: 4 blocks (so up to 4 stages), d_model 128, context 96, 44 characters,
 816,896 parameters (the demo's BASE_CONFIG with two more blocks)."""
 
+SMALL_GPT = GPTConfig(n_layer=4, n_head=8, d_model=256)
+"""A bandwidth-bound model for slow links (geotrain bench wan --model small): the tiny GPT at twice the
+width, 4 blocks, d_model 256, context 96: 3.2 M parameters (12.7 MB of fp32 gradients)."""
+
 MODEL_PRESETS: dict[str, GPTConfig] = {
     "tiny": TINY_GPT,
     "tiny-2layer": BASE_CONFIG,  # the compression demo's model: at most 2 stages
+    "small": SMALL_GPT,
 }
 
 PP_CODECS = tuple(WIRE_DTYPES)
@@ -78,7 +84,10 @@ class RuntimeConfig:
     it fits the model (runtime.stages.stage_boundaries).
     `dp_codecs` / `pp_codecs`: one codec spec per stage's DP group / per stage cut (a plan's codec
     choice); empty means `dp_codec` / `pp_codec` everywhere. `compute_clock`: "wall" or "cpu", how the
-    emulated clock counts compute (geotrain.emulate.install.COMPUTE_CLOCKS).
+    emulated clock counts compute (geotrain.emulate.install.COMPUTE_CLOCKS). `sync_every` H (None: the
+    gradients are averaged every step): local SGD with outer steps (geotrain.optim.outer, DiLoCo): each
+    replica steps AdamW on its own gradients, and every H steps the stage's DP exchange averages the
+    parameter deltas, which an outer Nesterov SGD (`outer_lr`, `outer_momentum`) applies.
     """
 
     cluster: Cluster
@@ -125,6 +134,9 @@ class RuntimeConfig:
     dp_codecs: tuple[str, ...] = ()
     pp_codecs: tuple[str, ...] = ()
     compute_clock: str = "wall"
+    sync_every: int | None = None
+    outer_lr: float = DILOCO_LR
+    outer_momentum: float = DILOCO_MOMENTUM
 
     def __post_init__(self) -> None:
         shape = np.shape(self.assignment)
@@ -179,6 +191,8 @@ class RuntimeConfig:
         if self.dp_hierarchical and self.optimizer == "onebit-adam":
             raise RuntimeConfigError("--dp-hierarchical with onebit-adam: not supported in the runtime (1-bit Adam "
                                      "between regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)")
+        if self.sync_every is not None:
+            self._check_outer()
         if self.resume and not self.checkpoint_dir:
             raise RuntimeConfigError("resume needs a checkpoint directory")
         if self.overwrite and not self.checkpoint_dir:
@@ -188,6 +202,18 @@ class RuntimeConfig:
         if self.model_name in MODEL_PRESETS and self.model.n_layer + 2 < self.pipeline_stages:
             raise RuntimeConfigError(f"model {self.model_name!r}: cannot cut {self.model.n_layer + 2} layers into "
                                      f"{self.pipeline_stages} stages ({self.stages} x {self.stages_per_rank} virtual)")
+
+    def _check_outer(self) -> None:
+        try:
+            check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "RuntimeConfig")
+        except OuterStepError as exc:
+            raise RuntimeConfigError(str(exc)) from None
+        if self.optimizer != "adamw":
+            raise RuntimeConfigError(f"sync_every (local SGD) runs AdamW inside each replica; optimizer must be "
+                                     f"adamw, got {self.optimizer!r}")
+        if self.clip_grad_norm is not None:
+            raise RuntimeConfigError(f"sync_every (local SGD): replicas do not exchange gradients, so the global "
+                                     f"clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset")
 
     def _check_choices(self) -> None:
         choices = [("schedule", self.schedule, SCHEDULES), ("split", self.split, SPLIT_RULES),
@@ -355,7 +381,9 @@ class RuntimeConfig:
                 "clip_grad_norm": self.clip_grad_norm, **per_link,
                 **({"split_by_speed": True} if self.split_by_speed else {}),
                 **({"split_boundaries": list(self.split_boundaries)} if self.split_boundaries else {}),
-                **({"dp_hierarchical": True} if self.dp_hierarchical else {})}
+                **({"dp_hierarchical": True} if self.dp_hierarchical else {}),
+                **({"sync_every": self.sync_every, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+                   if self.sync_every is not None else {})}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model_name, "device": self.device, "cluster": self.cluster.name,

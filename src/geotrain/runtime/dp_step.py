@@ -25,6 +25,7 @@ from geotrain.codecs import get_codec, parse_codec_spec
 from geotrain.comm.clip import clip_grad_norm_
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim import OneBitAdam
+from geotrain.optim.outer import OuterStep
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.exchange import StageExchange, timed_collective
 from geotrain.runtime.hierarchical_exchange import HierarchicalGradientExchange
@@ -56,6 +57,7 @@ class DataParallelStep:
         self.sum_squares = world_sum_over_replicas(config.replicas)
         self.exchange: StageExchange | HierarchicalGradientExchange | None = None
         self.comm_wall_s = 0.0
+        self.outer: OuterStep | None = None
         if config.optimizer == "onebit-adam":
             self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
             self.optimizer: torch.optim.Optimizer = OneBitAdam(
@@ -71,6 +73,19 @@ class DataParallelStep:
             self.exchange = StageExchange(list(stage.named_parameters()), config.dp_codec, config.error_feedback,
                                           transport, group, group_devices)
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        self.total_steps = config.steps
+        self.outer = (None if config.sync_every is None else
+                      OuterStep(self.params, config.sync_every, config.outer_lr, config.outer_momentum))
+        # local SGD with --dp-hierarchical: each region is one worker (its members average gradients
+        # every step inside the region, at full precision); the regions exchange deltas every H steps
+        self.region_exchange: StageExchange | None = None
+        if self.outer is not None and hierarchy is not None:
+            region = hierarchy.regions.region_of(rank)
+            if hierarchy.intra[region] is not None:
+                members = hierarchy.regions.members[region]
+                self.region_exchange = StageExchange(list(stage.named_parameters()), "none", False, transport,
+                                                     hierarchy.intra[region],
+                                                     [transport.layout.slot(m).device for m in members])
 
     def _add_wall_s(self, seconds: float) -> None:
         self.comm_wall_s += seconds
@@ -82,6 +97,8 @@ class DataParallelStep:
     def step(self, step: int, timer: Any) -> tuple[int, float | None]:
         """Average, clip, step. Returns (bytes this rank handed to its DP group's collectives, the global
         gradient norm before clipping, or None when it was not measured)."""
+        if self.outer is not None:
+            return self._local_step(step, timer), None
         if self.exchange is not None:
             dp_bytes = self.exchange.exchange(step, timer)
             norm = None
@@ -101,11 +118,42 @@ class DataParallelStep:
         norm = self.optimizer.last_grad_norm if warmup and self.clip is not None else None
         return self.collective.ledger.handed_bytes - before, norm
 
+    def _local_step(self, step: int, timer: Any) -> int:
+        """Local SGD (--sync-every): AdamW on this replica's own gradients (with --dp-hierarchical, on its
+        region's mean gradient: a region is one worker); when an outer period ends,
+        the stage's exchange averages the outer gradients (in place of the gradients) and the outer
+        optimizer steps the anchor. Returns the bytes handed to the DP group's collectives."""
+        assert self.outer is not None and self.exchange is not None
+        region_bytes = 0 if self.region_exchange is None else self.region_exchange.exchange(step, timer)
+        with timer:
+            self.optimizer.step()
+        if not self.outer.due(step, self.total_steps):
+            return region_bytes
+        with timer:
+            for p, outer_gradient in zip(self.params, self.outer.outer_gradients(), strict=True):
+                p.grad = outer_gradient.to(p.dtype)
+        dp_bytes = self.exchange.exchange(step, timer)
+        with timer:
+            self.outer.apply([p.grad for p in self.params])
+        return region_bytes + dp_bytes
+
+    def fingerprint(self) -> float:
+        """A float64 sum of the weights the stage's replicas agree on (its parameters; with --sync-every,
+        the anchor, since the parameters differ between synchronisations)."""
+        if self.outer is not None:
+            return self.outer.anchor_sum()
+        return float(sum(p.detach().double().sum() for p in self.params))
+
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(),
-                "exchange": None if self.exchange is None else self.exchange.state_dict()}
+                "exchange": None if self.exchange is None else self.exchange.state_dict(),
+                **({"outer": self.outer.state_dict()} if self.outer is not None else {})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.outer is not None:
+            if "outer" not in state:
+                raise ValueError("checkpoint was written without --sync-every")
+            self.outer.load_state_dict(state["outer"])
         if self.exchange is not None:
             self.exchange.load_state_dict(state["exchange"])

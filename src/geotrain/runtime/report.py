@@ -180,7 +180,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     stages, replicas = config.stages, config.replicas
     dp_bytes = [0] * stages
     pp_bytes = 0
-    for record in by_step[min(by_step)]:
+    for record in records:  # the largest exchange of a step (with --sync-every, most steps exchange nothing)
         dp_bytes[record["stage"]] = max(dp_bytes[record["stage"]], int(record["dp_bytes"]))
         if record["stage"] == 0 and record["replica"] == 0:  # activations replica 0 sends out of stage 0
             pp_bytes = int(record.get("pp_bytes", 0))

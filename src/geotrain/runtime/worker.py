@@ -158,7 +158,7 @@ class Worker:
         self._sum_tied_gradients()
         dp_bytes, grad_norm = self.dp.step(step, self.timer)
         # A fingerprint of this stage's weights: replicas of a stage must stay bit-identical.
-        param_sum = float(sum(p.detach().double().sum() for p in self.stage.parameters()))
+        param_sum = self.dp.fingerprint()
         transfers = self.transport.p2p_since(self.emulation, mark)
         collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,

@@ -1,0 +1,101 @@
+"""Local SGD with outer steps (DiLoCo, Douillard et al. 2023): synchronise replicas every H steps.
+
+Every replica keeps the *anchor*, the parameters all replicas agreed on at the last synchronisation,
+and runs its inner optimizer (AdamW) on its own gradients for H steps without communicating. At a
+synchronisation the replicas average the *outer gradient* (the parameter delta, anchor - local
+parameters, one value per parameter) through a reducer of the DP group (so the exchange can be
+compressed, with error feedback, or hierarchical), and an outer optimizer steps the anchor with it:
+
+    delta_r = anchor - theta_r                         (replica r, after its H inner steps)
+    anchor  = OuterSGD(anchor, mean_r delta_r)         (torch.optim.SGD: lr, momentum, Nesterov)
+    theta_r = anchor                                   (every replica continues from the new anchor)
+
+DiLoCo's setting is lr 0.7, momentum 0.9, Nesterov. With lr 1 and momentum 0 the outer step is plain
+parameter averaging, anchor = mean_r theta_r (local SGD / "model averaging"); with H = 1 besides, that
+is: every step each replica takes one inner step from the common parameters on its own gradient and
+the new parameters are the replicas' mean (tests/test_outer_step.py holds both to a reference).
+
+Communication: one exchange of the parameter count every H steps instead of every step. The inner
+optimizer's state (AdamW moments) stays local to each replica.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from geotrain.errors import GeotrainError
+
+DILOCO_LR = 0.7
+DILOCO_MOMENTUM = 0.9
+
+
+class OuterStepError(GeotrainError, ValueError):
+    """An invalid outer-step setting (named with its value)."""
+
+
+def check_outer_settings(sync_every: Any, lr: Any, momentum: Any, source: str = "OuterStep") -> None:
+    """Raise OuterStepError unless sync_every is an integer >= 1, lr finite > 0, momentum in [0, 1)."""
+    if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
+        raise OuterStepError(f"{source}: sync_every must be an integer >= 1, got {sync_every!r}")
+    for name, value, ok in (("outer_lr", lr, lambda v: v > 0), ("outer_momentum", momentum, lambda v: 0 <= v < 1)):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or not ok(value):
+            bound = "> 0" if name == "outer_lr" else "in [0, 1)"
+            raise OuterStepError(f"{source}: {name} must be a finite number {bound}, got {value!r}")
+
+
+class OuterStep:
+    """The anchor of `params` and the outer optimizer stepping it (see module doc).
+
+    `due(step, total_steps)`: whether 0-based `step` ends an outer period (every `sync_every` steps,
+    and the run's last step). Per synchronisation: `outer_gradients()` -> exchange their mean over the
+    DP group -> `apply(means)`.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], sync_every: int, lr: float = DILOCO_LR,
+                 momentum: float = DILOCO_MOMENTUM) -> None:
+        check_outer_settings(sync_every, lr, momentum)
+        self.params = list(params)
+        self.sync_every = sync_every
+        self.anchor = [torch.nn.Parameter(p.detach().clone().float()) for p in self.params]
+        self.optimizer = torch.optim.SGD(self.anchor, lr=lr, momentum=momentum, nesterov=momentum > 0)
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """True if 0-based `step` ends an outer period: every sync_every steps, and the last step."""
+        return (step + 1) % self.sync_every == 0 or step + 1 == total_steps
+
+    def outer_gradients(self) -> list[torch.Tensor]:
+        """This replica's outer gradient per parameter: anchor - local parameters (fp32)."""
+        return [(a.detach() - p.detach().float()) for a, p in zip(self.anchor, self.params, strict=True)]
+
+    def apply(self, means: Sequence[torch.Tensor]) -> None:
+        """Step the anchor with the replicas' mean outer gradient and reset the local parameters to it."""
+        if len(means) != len(self.anchor):
+            raise ValueError(f"expected {len(self.anchor)} mean outer gradients, got {len(means)}")
+        for anchor, mean in zip(self.anchor, means, strict=True):
+            anchor.grad = mean.detach().reshape(anchor.shape).float().clone()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, anchor in zip(self.params, self.anchor, strict=True):
+                p.copy_(anchor.to(p.dtype))
+
+    def anchor_sum(self) -> float:
+        """A fingerprint of the anchor (float64 sum): every replica's is the same after each synchronisation."""
+        return float(sum(a.detach().double().sum() for a in self.anchor))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"anchor": [a.detach().clone() for a in self.anchor], "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        anchors = state["anchor"]
+        if len(anchors) != len(self.anchor) or any(a.shape != b.shape for a, b in zip(anchors, self.anchor, strict=True)):
+            raise ValueError("checkpoint's outer-step anchor does not match this stage's parameters")
+        with torch.no_grad():
+            for anchor, saved in zip(self.anchor, anchors, strict=True):
+                anchor.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
