@@ -13,7 +13,8 @@ from geotrain.job import load_job
 from geotrain.search import PlacementProblem, run_search
 from geotrain.search.bounds import lower_bound
 from geotrain.search.regions import region_terms
-from geotrain.search.staircase import layered_graph, least_presence, solve_dp_milp, solve_mean_pp_milp, staircase_bound
+from geotrain.search.regions import least_presence
+from geotrain.search.staircase import layered_graph, solve_dp_milp, solve_mean_pp_milp, staircase_bound
 
 layouts = st.sampled_from([((3, 3), 2, 3), ((2, 2, 2), 3, 2), ((4, 2), 2, 2), ((2, 3, 1), 2, 3), ((2, 2, 2), 2, 3)])
 

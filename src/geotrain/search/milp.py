@@ -21,7 +21,8 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_matrix
 
-from geotrain.search.regions import RegionTerms, dp_floor
+from geotrain.search.group_hull import MAX_REGIONS, NO_COLUMNS, HullBlock, add_hull_group_rows
+from geotrain.search.regions import RegionTerms, dp_floor, least_presence
 
 BOUND_SAFETY = 1e-7
 """Relative amount taken off MILP dual bounds so that solver tolerances never make a bound invalid."""
@@ -66,7 +67,26 @@ class _Rows:
         return LinearConstraint(matrix, np.array(self.lower), np.array(self.upper))
 
 
-def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int) -> None:
+def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int, n_vars: int,
+                dp_cap_s: float = np.inf, hull: bool = False) -> HullBlock:
+    """The DP group rows on x (cols s*G+g), y (cols S*G + s*G+g) and DP (dp_col): the presence-pattern
+    disjunction of `group_hull` (new columns from n_vars on; `hull` and at most MAX_REGIONS regions),
+    else the big-M rows. dp_cap_s: plans with a larger DP need not be represented."""
+    if hull and terms.n_regions <= MAX_REGIONS:
+        return add_hull_group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s)
+    _big_m_group_rows(rows, terms, stages, replicas, dp_col)
+    if np.isfinite(dp_cap_s):
+        rows.add({dp_col: 1.0}, -np.inf, float(dp_cap_s))
+        m = least_presence(terms, replicas, dp_cap_s)
+        G = terms.n_regions
+        for s in range(stages):
+            for g in range(G):
+                if m[g] > 1:
+                    rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
+    return NO_COLUMNS
+
+
+def _big_m_group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int) -> None:
     """Stage sizes, region capacities, presence indicators and DP >= f_g constraints on x (cols
     s*G+g) and y (cols S*G + s*G+g)."""
     G = terms.n_regions
@@ -145,14 +165,15 @@ def _bound(result) -> float:
 
 
 def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.ndarray, path_s: np.ndarray,
-                    time_limit_s: float | None = None) -> MilpResult:
-    """The path model over the given region paths (P, S) with their pipeline seconds (P,)."""
+                    time_limit_s: float | None = None, *, dp_cap_s: float = np.inf, hull: bool = False) -> MilpResult:
+    """The path model over the given region paths (P, S) with their pipeline seconds (P,); plans with
+    DP > dp_cap_s are left out (`_group_rows`)."""
     G, P = terms.n_regions, len(paths)
     n0, u0 = 2 * stages * G, 2 * stages * G + P
     dp_col, pp_col = u0 + P, u0 + P + 1
     n_vars = pp_col + 1
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
+    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)
     for s in range(stages):
         for g in range(G):
             coefficients = {s * G + g: 1.0}
@@ -171,6 +192,7 @@ def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.nd
     integrality[[dp_col, pp_col]] = 0
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(P, replicas), np.ones(P), [np.inf, np.inf]]).astype(float)
+    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
     result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
     status = _status(result)
     counts = stage_paths = None
@@ -185,8 +207,10 @@ def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.nd
                       seconds, n_vars)
 
 
-def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s: float | None = None) -> MilpResult:
-    """The flow relaxation (lower bound only; its solutions need not be realisable)."""
+def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s: float | None = None, *,
+                    dp_cap_s: float = np.inf, hull: bool = False) -> MilpResult:
+    """The flow relaxation (lower bound only; its solutions need not be realisable); plans with
+    DP > dp_cap_s are left out (`_group_rows`)."""
     G = terms.n_regions
     cuts = max(stages - 1, 0)
     f0 = 2 * stages * G
@@ -202,7 +226,7 @@ def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s
         out[s] = (pp + out[s + 1][None, :]).min(axis=1)
     flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
+    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)
     _flow_conservation_rows(rows, cuts, G, flow)
     for s in range(cuts):
         for g in range(G):
@@ -220,4 +244,5 @@ def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(cuts * G * G, replicas), np.ones(cuts * G * G),
                             [np.inf, np.inf]]).astype(float)
+    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
     return _solve_for_counts(c, rows, integrality, upper, n_vars, time_limit_s, stages, G)

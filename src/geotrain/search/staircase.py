@@ -89,23 +89,10 @@ def layered_graph(terms: RegionTerms, stages: int, cap_s: float, delta_s: float)
     return LayeredGraph(cat(node_stage), cat(node_region), cat(arcs_s), cat(arcs_t), cat(arcs_h), delta_s)
 
 
-def least_presence(terms: RegionTerms, replicas: int, dp_cap_s: float) -> np.ndarray:
-    """m[g]: the fewest devices of region g a DP group with dp <= dp_cap_s can hold, if it holds any.
-    A member of g pays f_g(x) = (R - 1) dp[g, g] + sum_{h != g} (dp[g, h] - dp[g, g]) x[h] >=
-    (R - 1) dp[g, g] + step_g (R - x[g]), step_g the cheapest such difference (0 if none is positive)."""
-    G = terms.n_regions
-    diagonal = np.diag(terms.dp_s)
-    step = np.where(np.eye(G, dtype=bool), np.inf, terms.dp_s - diagonal[:, None]).min(axis=1)
-    m = np.ones(G)
-    ok = step > 0
-    m[ok] = np.ceil(replicas - (dp_cap_s - (replicas - 1) * diagonal[ok]) / step[ok] - 1e-9)
-    return np.clip(m, 1.0, float(replicas))
-
-
 def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
-                  time_limit_s: float | None = None) -> MilpResult | None:
+                  time_limit_s: float | None = None, *, dp_cap_s: float = np.inf, hull: bool = False) -> MilpResult | None:
     """Lower bound on DP*(cap_s) (see the module docstring; status "infeasible", bound inf: no plan
-    has PP <= cap_s); None when the graph stays too large."""
+    has PP <= cap_s and DP <= dp_cap_s); None when the graph stays too large."""
     delta = max(cap_s, 1e-9) / LEVELS
     graph = layered_graph(terms, stages, cap_s, delta)
     while graph is None and delta < cap_s:
@@ -118,7 +105,7 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
     dp_col = f0 + A
     n_vars = dp_col + 1
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
+    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)
     n_nodes = graph.node_stage.size
     out_arcs = [[] for _ in range(n_nodes)]
     in_arcs = [[] for _ in range(n_nodes)]
@@ -145,6 +132,7 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(A, float(replicas)), [np.inf]]).astype(float)
+    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
     return _solve_for_counts(c, rows, integrality, upper, n_vars, time_limit_s, stages, G)
 
 
@@ -165,13 +153,14 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
             target_gap: float, min_width_s: float, pieces_at_start: int) -> Staircase:
     """The staircase over one axis: pieces [a, b) of the split term worth a + inner(b), inner(b) a
     lower bound on the other term over plans whose split term is <= b (non-increasing in b; at least
-    `floor`); inner(b, floor, seconds) -> (value, finished)."""
+    `floor`); inner(a, b, floor, seconds) -> (value, finished), where the value may be capped at
+    U - a (plans of the piece above it cost >= U: see `staircase_bound`)."""
     start = time.perf_counter()
     solves, complete = 0, True
 
-    def solve(cap: float, lower: float, left: float) -> float:
+    def solve(a: float, cap: float, lower: float, left: float) -> float:
         nonlocal solves, complete
-        value, finished = inner(cap, lower, max(0.5, left))
+        value, finished = inner(a, cap, lower, max(0.5, left))
         solves += 1
         complete &= finished
         return value
@@ -182,7 +171,7 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
     for k in range(pieces_at_start):
         share = (time_limit_s - (time.perf_counter() - start)) / (pieces_at_start - k)
         a, b = float(points[k]), float(points[k + 1])
-        pieces.append((a, b, a + solve(b, floor, share)))
+        pieces.append((a, b, a + solve(a, b, floor, share)))
     # inner(b) can only fall as b grows: carry the larger value of a later piece to earlier ones
     for k in range(len(pieces) - 2, -1, -1):
         a, b, value = pieces[k]
@@ -196,7 +185,7 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
         middle = 0.5 * (a + b)
         inner_b = value - a
         left = time_limit_s - (time.perf_counter() - start)
-        pieces[k:k + 1] = [(a, middle, a + solve(middle, inner_b, left)), (middle, b, middle + inner_b)]
+        pieces[k:k + 1] = [(a, middle, a + solve(a, middle, inner_b, left)), (middle, b, middle + inner_b)]
     value = min(upper_bound_s, min(p[2] for p in pieces))
     return Staircase(value, tuple(pieces), solves, complete, time.perf_counter() - start)
 
@@ -214,15 +203,17 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
         value = min(upper_bound_s, low + floor)
         return Staircase(value, ((low, low, value),), 0, True, time.perf_counter() - start)
 
-    def dp_below(cap: float, lower: float, left: float) -> tuple[float, bool]:
-        result = solve_dp_milp(terms, stages, replicas, cap, left)
+    # A piece [a, b) only needs plans whose other term is < U - a (the rest cost >= U), so each MILP
+    # carries that cap; min(its bound, U - a) <= the least other term over all plans of the piece.
+    def dp_below(a: float, cap: float, lower: float, left: float) -> tuple[float, bool]:
+        result = solve_dp_milp(terms, stages, replicas, cap, left, dp_cap_s=upper_bound_s - a)
         if result is None:
             return lower, False
-        return max(lower, result.bound), result.status != "time_limit"
+        return max(lower, min(result.bound, upper_bound_s - a)), result.status != "time_limit"
 
-    def pp_below(cap: float, lower: float, left: float) -> tuple[float, bool]:
-        result = solve_mean_pp_milp(terms, stages, replicas, cap, left)
-        return max(lower, result.bound), result.status != "time_limit"
+    def pp_below(a: float, cap: float, lower: float, left: float) -> tuple[float, bool]:
+        result = solve_mean_pp_milp(terms, stages, replicas, cap, left, pp_cap_s=upper_bound_s - a)
+        return max(lower, min(result.bound, upper_bound_s - a)), result.status != "time_limit"
 
     if axis == "pp":
         return _stairs(low, upper_bound_s - floor, upper_bound_s, dp_below, floor, time_limit_s, target_gap,
@@ -234,10 +225,12 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
 
 
 def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float,
-                       time_limit_s: float | None = None) -> MilpResult:
+                       time_limit_s: float | None = None, *, pp_cap_s: float = np.inf,
+                       hull: bool = False) -> MilpResult:
     """Lower bound on the least mean replica pipeline seconds (<= PP) of a plan with DP <= dp_cap_s:
     integer counts x, presence y with x >= least_presence * y, the DP rows with DP <= dp_cap_s, and
-    continuous flows n[s, g, h] between consecutive stages; minimise sum pp[g, h] n / R."""
+    continuous flows n[s, g, h] between consecutive stages; minimise sum pp[g, h] n / R. Plans whose
+    mean is above pp_cap_s are left out (status "infeasible", bound inf: none is below it)."""
     G = terms.n_regions
     cuts = stages - 1
     f0 = 2 * stages * G
@@ -245,18 +238,17 @@ def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s:
     n_vars = dp_col + 1
     flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
-    m = least_presence(terms, replicas, dp_cap_s)
-    for s in range(stages):
-        for g in range(G):
-            rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
+    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)  # x >= least_presence y
     _flow_conservation_rows(rows, cuts, G, flow)
     c = np.zeros(n_vars)
     c[f0:dp_col] = np.tile(terms.pp_s.ravel(), cuts) / replicas
+    if np.isfinite(pp_cap_s):
+        rows.add({int(k): float(c[k]) for k in np.flatnonzero(c)}, -np.inf, float(pp_cap_s))
     integrality = np.zeros(n_vars)
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(cuts * G * G, float(replicas)), [dp_cap_s]]).astype(float)
+    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
     result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
     status = _status(result)
     return MilpResult(status, float(result.fun) if result.x is not None else None,
