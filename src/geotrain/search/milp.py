@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import LinearConstraint
 from scipy.sparse import coo_matrix
 
-from geotrain.search.group_hull import MAX_REGIONS, NO_COLUMNS, HullBlock, add_hull_group_rows
+from geotrain.search.highs import solve_milp
 from geotrain.search.regions import RegionTerms, dp_floor, least_presence
 
 BOUND_SAFETY = 1e-7
@@ -67,23 +67,20 @@ class _Rows:
         return LinearConstraint(matrix, np.array(self.lower), np.array(self.upper))
 
 
-def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int, n_vars: int,
-                dp_cap_s: float = np.inf, hull: bool = False) -> HullBlock:
-    """The DP group rows on x (cols s*G+g), y (cols S*G + s*G+g) and DP (dp_col): the presence-pattern
-    disjunction of `group_hull` (new columns from n_vars on; `hull` and at most MAX_REGIONS regions),
-    else the big-M rows. dp_cap_s: plans with a larger DP need not be represented."""
-    if hull and terms.n_regions <= MAX_REGIONS:
-        return add_hull_group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s)
+def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int,
+                dp_cap_s: float = np.inf) -> None:
+    """The DP group rows on x (cols s*G+g), y (cols S*G + s*G+g) and DP (dp_col): big-M rows
+    (`_big_m_group_rows`). dp_cap_s: plans with a larger DP need not be represented, so DP <= dp_cap_s
+    and a present region holds at least `least_presence` devices."""
     _big_m_group_rows(rows, terms, stages, replicas, dp_col)
     if np.isfinite(dp_cap_s):
         rows.add({dp_col: 1.0}, -np.inf, float(dp_cap_s))
-        m = least_presence(terms, replicas, dp_cap_s)
         G = terms.n_regions
+        m = least_presence(terms, replicas, dp_cap_s)
         for s in range(stages):
             for g in range(G):
                 if m[g] > 1:
                     rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
-    return NO_COLUMNS
 
 
 def _big_m_group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int) -> None:
@@ -126,11 +123,8 @@ def _flow_conservation_rows(rows: _Rows, cuts: int, groups: int, flow) -> None:
 
 def _solve(c, rows, integrality, upper, n_vars, time_limit_s) -> tuple[object, float]:
     start = time.perf_counter()
-    options = {"disp": False, "mip_rel_gap": 0.0}
-    if time_limit_s is not None:
-        options["time_limit"] = max(0.1, float(time_limit_s))
-    result = milp(c, constraints=rows.constraint(n_vars), integrality=integrality,
-                  bounds=Bounds(np.zeros(n_vars), upper), options=options)
+    constraint = rows.constraint(n_vars)
+    result = solve_milp(c, constraint.A, constraint.lb, constraint.ub, integrality, upper, time_limit_s)
     return result, time.perf_counter() - start
 
 
@@ -165,7 +159,7 @@ def _bound(result) -> float:
 
 
 def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.ndarray, path_s: np.ndarray,
-                    time_limit_s: float | None = None, *, dp_cap_s: float = np.inf, hull: bool = False) -> MilpResult:
+                    time_limit_s: float | None = None, *, dp_cap_s: float = np.inf) -> MilpResult:
     """The path model over the given region paths (P, S) with their pipeline seconds (P,); plans with
     DP > dp_cap_s are left out (`_group_rows`)."""
     G, P = terms.n_regions, len(paths)
@@ -173,7 +167,7 @@ def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.nd
     dp_col, pp_col = u0 + P, u0 + P + 1
     n_vars = pp_col + 1
     rows = _Rows()
-    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)
     for s in range(stages):
         for g in range(G):
             coefficients = {s * G + g: 1.0}
@@ -192,7 +186,6 @@ def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.nd
     integrality[[dp_col, pp_col]] = 0
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(P, replicas), np.ones(P), [np.inf, np.inf]]).astype(float)
-    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
     result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
     status = _status(result)
     counts = stage_paths = None
@@ -207,8 +200,22 @@ def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.nd
                       seconds, n_vars)
 
 
+def cheapest_into_out(terms: RegionTerms, stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """into[s, g]: the cheapest region path over stages 0..s ending in g; out[s, g]: over stages
+    s..S-1 starting in g (seconds, capacities ignored). A replica crossing g -> h at cut s costs at
+    least into[s, g] + pp[g, h] + out[s + 1, h]."""
+    G, pp = terms.n_regions, terms.pp_s
+    into = np.zeros((stages, G))
+    out = np.zeros((stages, G))
+    for s in range(1, stages):
+        into[s] = (into[s - 1][:, None] + pp).min(axis=0)
+    for s in range(stages - 2, -1, -1):
+        out[s] = (pp + out[s + 1][None, :]).min(axis=1)
+    return into, out
+
+
 def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s: float | None = None, *,
-                    dp_cap_s: float = np.inf, hull: bool = False) -> MilpResult:
+                    dp_cap_s: float = np.inf) -> MilpResult:
     """The flow relaxation (lower bound only; its solutions need not be realisable); plans with
     DP > dp_cap_s are left out (`_group_rows`)."""
     G = terms.n_regions
@@ -218,15 +225,10 @@ def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s
     dp_col, pp_col = z0 + cuts * G * G, z0 + cuts * G * G + 1
     n_vars = pp_col + 1
     pp = terms.pp_s
-    into = np.zeros((stages, G))  # cheapest path over stages 0..s ending in g
-    out = np.zeros((stages, G))  # cheapest path over stages s..S-1 starting in g
-    for s in range(1, stages):
-        into[s] = (into[s - 1][:, None] + pp).min(axis=0)
-    for s in range(stages - 2, -1, -1):
-        out[s] = (pp + out[s + 1][None, :]).min(axis=1)
+    into, out = cheapest_into_out(terms, stages)
     flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
     rows = _Rows()
-    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)
     _flow_conservation_rows(rows, cuts, G, flow)
     for s in range(cuts):
         for g in range(G):
@@ -244,5 +246,4 @@ def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(cuts * G * G, replicas), np.ones(cuts * G * G),
                             [np.inf, np.inf]]).astype(float)
-    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
     return _solve_for_counts(c, rows, integrality, upper, n_vars, time_limit_s, stages, G)

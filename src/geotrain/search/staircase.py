@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.search.milp import (MilpResult, _bound, _flow_conservation_rows, _group_rows, _Rows, _solve,
-                                  _solve_for_counts, _status)
+                                  _solve_for_counts, _status, cheapest_into_out)
 from geotrain.search.regions import RegionTerms, cheapest_path_seconds, dp_floor
 
 LEVELS = 160
@@ -90,7 +90,7 @@ def layered_graph(terms: RegionTerms, stages: int, cap_s: float, delta_s: float)
 
 
 def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
-                  time_limit_s: float | None = None, *, dp_cap_s: float = np.inf, hull: bool = False) -> MilpResult | None:
+                  time_limit_s: float | None = None, *, dp_cap_s: float = np.inf) -> MilpResult | None:
     """Lower bound on DP*(cap_s) (see the module docstring; status "infeasible", bound inf: no plan
     has PP <= cap_s and DP <= dp_cap_s); None when the graph stays too large."""
     delta = max(cap_s, 1e-9) / LEVELS
@@ -105,7 +105,7 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
     dp_col = f0 + A
     n_vars = dp_col + 1
     rows = _Rows()
-    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)
     n_nodes = graph.node_stage.size
     out_arcs = [[] for _ in range(n_nodes)]
     in_arcs = [[] for _ in range(n_nodes)]
@@ -132,7 +132,6 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(A, float(replicas)), [np.inf]]).astype(float)
-    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
     return _solve_for_counts(c, rows, integrality, upper, n_vars, time_limit_s, stages, G)
 
 
@@ -205,11 +204,20 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
 
     # A piece [a, b) only needs plans whose other term is < U - a (the rest cost >= U), so each MILP
     # carries that cap; min(its bound, U - a) <= the least other term over all plans of the piece.
+    # The small cut-flow relaxation first (a third of the piece's time); the layered graph only when
+    # it did not already prove the piece.
     def dp_below(a: float, cap: float, lower: float, left: float) -> tuple[float, bool]:
-        result = solve_dp_milp(terms, stages, replicas, cap, left, dp_cap_s=upper_bound_s - a)
+        started = time.perf_counter()
+        dp_cap = upper_bound_s - a
+        quick = solve_dp_flow_milp(terms, stages, replicas, cap, left / 3.0, dp_cap_s=dp_cap)
+        value = max(lower, min(quick.bound, dp_cap))
+        if value >= dp_cap or quick.status == "infeasible":
+            return max(lower, dp_cap), True
+        result = solve_dp_milp(terms, stages, replicas, cap, max(0.5, left - (time.perf_counter() - started)),
+                               dp_cap_s=dp_cap)
         if result is None:
-            return lower, False
-        return max(lower, min(result.bound, upper_bound_s - a)), result.status != "time_limit"
+            return value, False
+        return max(value, min(result.bound, dp_cap)), result.status != "time_limit"
 
     def pp_below(a: float, cap: float, lower: float, left: float) -> tuple[float, bool]:
         result = solve_mean_pp_milp(terms, stages, replicas, cap, left, pp_cap_s=upper_bound_s - a)
@@ -224,13 +232,11 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
     raise ValueError(f"staircase axis must be 'pp' or 'dp', got {axis!r}")
 
 
-def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float,
-                       time_limit_s: float | None = None, *, pp_cap_s: float = np.inf,
-                       hull: bool = False) -> MilpResult:
-    """Lower bound on the least mean replica pipeline seconds (<= PP) of a plan with DP <= dp_cap_s:
-    integer counts x, presence y with x >= least_presence * y, the DP rows with DP <= dp_cap_s, and
-    continuous flows n[s, g, h] between consecutive stages; minimise sum pp[g, h] n / R. Plans whose
-    mean is above pp_cap_s are left out (status "infeasible", bound inf: none is below it)."""
+def _cut_flow_model(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float, pp_cap_s: float):
+    """Counts x, presence y, the DP rows with DP <= dp_cap_s, and continuous flows n[s, g, h] between
+    consecutive stages; the mean replica's seconds sum pp[g, h] n / R <= pp_cap_s, and no flow on a
+    cut that every path of cost <= pp_cap_s avoids. Returns rows, mean-seconds coefficients, the DP
+    column, integrality and upper bounds."""
     G = terms.n_regions
     cuts = stages - 1
     f0 = 2 * stages * G
@@ -238,18 +244,43 @@ def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s:
     n_vars = dp_col + 1
     flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
     rows = _Rows()
-    block = _group_rows(rows, terms, stages, replicas, dp_col, n_vars, dp_cap_s, hull)  # x >= least_presence y
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)  # x >= least_presence y
     _flow_conservation_rows(rows, cuts, G, flow)
-    c = np.zeros(n_vars)
-    c[f0:dp_col] = np.tile(terms.pp_s.ravel(), cuts) / replicas
+    mean = np.zeros(n_vars)
+    mean[f0:dp_col] = np.tile(terms.pp_s.ravel(), cuts) / replicas
+    flow_upper = np.full((cuts, G, G), float(replicas))
     if np.isfinite(pp_cap_s):
-        rows.add({int(k): float(c[k]) for k in np.flatnonzero(c)}, -np.inf, float(pp_cap_s))
+        rows.add({int(k): float(mean[k]) for k in np.flatnonzero(mean)}, -np.inf, float(pp_cap_s))
+        into, out = cheapest_into_out(terms, stages)
+        for s in range(cuts):
+            cheapest = into[s][:, None] + terms.pp_s + out[s + 1][None, :]
+            flow_upper[s][cheapest > pp_cap_s * (1 + 1e-9) + 1e-12] = 0.0
     integrality = np.zeros(n_vars)
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
-                            np.ones(stages * G), np.full(cuts * G * G, float(replicas)), [dp_cap_s]]).astype(float)
-    c, integrality, upper, n_vars = block.extend(c, integrality, upper)
-    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
+                            np.ones(stages * G), flow_upper.ravel(), [dp_cap_s]]).astype(float)
+    return rows, mean, dp_col, integrality, upper
+
+
+def solve_dp_flow_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
+                       time_limit_s: float | None = None, *, dp_cap_s: float = np.inf) -> MilpResult:
+    """A small relaxation of `solve_dp_milp` (no path seconds carried, `_cut_flow_model`): a lower
+    bound on DP over plans with every replica (hence the mean) <= cap_s and DP <= dp_cap_s; status
+    "infeasible", bound inf: there is no such plan."""
+    rows, _, dp_col, integrality, upper = _cut_flow_model(terms, stages, replicas, dp_cap_s, cap_s)
+    c = np.zeros(dp_col + 1)
+    c[dp_col] = 1.0
+    return _solve_for_counts(c, rows, integrality, upper, dp_col + 1, time_limit_s, stages, terms.n_regions)
+
+
+def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float,
+                       time_limit_s: float | None = None, *, pp_cap_s: float = np.inf) -> MilpResult:
+    """Lower bound on the least mean replica pipeline seconds (<= PP) of a plan with DP <= dp_cap_s:
+    integer counts x, presence y with x >= least_presence * y, the DP rows with DP <= dp_cap_s, and
+    continuous flows n[s, g, h] between consecutive stages; minimise sum pp[g, h] n / R. Plans with a
+    replica above pp_cap_s are left out (status "infeasible", bound inf: no plan is left)."""
+    rows, mean, _, integrality, upper = _cut_flow_model(terms, stages, replicas, dp_cap_s, pp_cap_s)
+    result, seconds = _solve(mean, rows, integrality, upper, mean.size, time_limit_s)
     status = _status(result)
     return MilpResult(status, float(result.fun) if result.x is not None else None,
-                      _bound(result) if status != "infeasible" else np.inf, None, None, seconds, n_vars)
+                      _bound(result) if status != "infeasible" else np.inf, None, None, seconds, mean.size)
