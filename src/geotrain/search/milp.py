@@ -10,6 +10,9 @@ binary u[p] = "path p used", continuous DP, PP:
 Flow model (a relaxation for bounds when there are too many paths): n[p] is replaced by integer
 flows n[s, g, h] between consecutive stages with binaries z[s, g, h], and a used cut g -> h at s
 forces PP >= (cheapest path into g at s) + pp[g, h] + (cheapest path out of h at s + 1).
+With a DP cap (`_group_rows`: plans above it need not be represented), DP <= cap and a present
+region holds at least `regions.least_presence` devices. The models go to HiGHS through
+`highs.solve_milp`.
 """
 
 from __future__ import annotations
@@ -159,15 +162,14 @@ def _bound(result) -> float:
 
 
 def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.ndarray, path_s: np.ndarray,
-                    time_limit_s: float | None = None, *, dp_cap_s: float = np.inf) -> MilpResult:
-    """The path model over the given region paths (P, S) with their pipeline seconds (P,); plans with
-    DP > dp_cap_s are left out (`_group_rows`)."""
+                    time_limit_s: float | None = None) -> MilpResult:
+    """The path model over the given region paths (P, S) with their pipeline seconds (P,)."""
     G, P = terms.n_regions, len(paths)
     n0, u0 = 2 * stages * G, 2 * stages * G + P
     dp_col, pp_col = u0 + P, u0 + P + 1
     n_vars = pp_col + 1
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)
+    _group_rows(rows, terms, stages, replicas, dp_col)
     for s in range(stages):
         for g in range(G):
             coefficients = {s * G + g: 1.0}

@@ -22,6 +22,17 @@ PPlb(b) the least mean replica pipeline seconds (<= PP) over plans with DP <= b
 (`solve_mean_pp_milp`). Knowing DP <= b lets a present region's count start at `least_presence`
 (a member's foreign peers cost it at least its cheapest step each), which is what makes it strong
 where stage groups must stay inside regions (equal regions of R devices: multicloud).
+
+Caps: a plan of piece [a, b) whose other term is >= U - a costs >= U, so each piece's MILP only
+represents plans with the other term <= U - a (DP <= U - a with `least_presence` rows on the pp
+axis; every replica <= U - a on the dp axis, so the mean too, and no flow on a cut that no such
+replica crosses). Its value is a + min(bound, U - a) (infeasible: a + U - a = U), which stays below
+every plan of the piece, and min(bound, U - a) still cannot grow with b, so the carry above holds.
+The cap turns the pieces near U into feasibility questions that HiGHS mostly settles at the root
+(`highs.solve_milp` keeps the dual bound when the time ends without a feasible solution, as it
+often does in a capped piece). Each pp piece first runs `solve_dp_flow_milp` (the dp axis's
+cut-flow model with the mean replica <= b and DP minimised: a few hundred columns) with a third of
+its time, and the layered graph only if that did not settle the piece.
 """
 
 from __future__ import annotations
