@@ -34,3 +34,14 @@ def test_direct_call_reports_an_infeasible_integer_model():
     result = solve_milp(np.array([1.0]), csr_matrix(np.array([[2.0]])), np.array([1.0]), np.array([1.0]),
                         np.array([1.0]), np.array([3.0]), 5.0)
     assert result.status == 2 and result.x is None
+
+
+def test_solver_output_never_reaches_stdout(capfd):
+    rng = np.random.default_rng(5)
+    n, m = 12, 6
+    a = rng.integers(0, 4, (m, n)).astype(float) + 1.0
+    print("before", flush=True)
+    solve_milp(rng.uniform(0.1, 3.0, n), csr_matrix(a), np.full(m, 7.5), np.full(m, np.inf), np.ones(n),
+               np.full(n, 10.0), 5.0)
+    print("after", flush=True)
+    assert capfd.readouterr().out == "before\nafter\n"

@@ -4,11 +4,17 @@
 before the time limit, so a model that may be infeasible (the capped staircase pieces) would
 report no bound at all. Where scipy bundles its HiGHS bindings (`scipy.optimize._highspy`, scipy
 >= 1.15), the model goes to HiGHS directly and the bound is read from its info; elsewhere
-`scipy.optimize.milp` runs as before.
+`scipy.optimize.milp` runs as before. HiGHS 1.12 prints a debug line
+("HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();") straight to file
+descriptor 1 in some solves, which would break `--json` output (one JSON object on stdout), so the
+solve runs with descriptor 1 pointed at /dev/null.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,6 +25,21 @@ try:
     import scipy.optimize._highspy._core as _core  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - older scipy
     _core = None
+
+
+@contextmanager
+def _stdout_silenced():
+    """File descriptor 1 goes to /dev/null inside the block (C-level prints included)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
 
 
 def solve_milp(c: np.ndarray, matrix: csr_matrix, lower: np.ndarray, upper: np.ndarray, integrality: np.ndarray,
@@ -56,7 +77,8 @@ def solve_milp(c: np.ndarray, matrix: csr_matrix, lower: np.ndarray, upper: np.n
     if time_limit_s is not None:
         highs.setOptionValue("time_limit", max(0.1, float(time_limit_s)))
     highs.passModel(lp)
-    highs.run()
+    with _stdout_silenced():
+        highs.run()
     model_status = highs.getModelStatus()
     info = highs.getInfo()
     states = _core.HighsModelStatus
