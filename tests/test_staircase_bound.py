@@ -8,12 +8,15 @@ from hypothesis import strategies as st
 from test_placement_exact import JOB, all_assignments, random_cluster
 
 from geotrain.bench.scale import uneven_regions
+from geotrain.cluster.scale import multicloud
 from geotrain.cost import build_cost_model
 from geotrain.job import load_job
 from geotrain.search import PlacementProblem, run_search
 from geotrain.search.bounds import lower_bound
 from geotrain.search.regions import region_terms
-from geotrain.search.staircase import layered_graph, least_presence, solve_dp_milp, solve_mean_pp_milp, staircase_bound
+from geotrain.search.regions import least_presence
+from geotrain.search.staircase import (layered_graph, solve_dp_flow_milp, solve_dp_milp, solve_mean_pp_milp,
+                                      staircase_bound)
 
 layouts = st.sampled_from([((3, 3), 2, 3), ((2, 2, 2), 3, 2), ((4, 2), 2, 2), ((2, 3, 1), 2, 3), ((2, 2, 2), 2, 3)])
 
@@ -94,3 +97,60 @@ def test_lower_bound_with_staircase_is_below_the_best_plan_on_uneven_256():
     assert {"staircase-pp", "staircase-dp"} <= set(bound.parts)
     assert max(bound.parts["staircase-pp"], bound.parts["staircase-dp"]) <= plan.cost.total
     assert bound.value_s <= plan.cost.total
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts, st.floats(0.0, 0.3), st.integers(0, 10_000), st.floats(0.05, 0.95))
+def test_capped_pieces_never_claim_more_than_brute_force(layout, jitter, seed, where):
+    """A piece's MILP with the cap U - a: min(bound, cap) stays <= the least other term of the
+    piece's plans (brute force), for caps that cut plans away, so no capped piece overstates."""
+    sizes, stages, replicas = layout
+    cluster = random_cluster(seed, sizes, jitter)
+    model = build_cost_model("yuan", cluster, JOB, stages, replicas)
+    dp, pp = dp_pp_of_every_plan(model, cluster.n_devices)
+    mean_pp = mean_pp_of_every_plan(model, cluster.n_devices)
+    terms = region_terms(cluster, model)
+    b = float(np.quantile(pp, where))
+    least_dp = float(dp[pp <= b * (1 + 1e-12)].min())
+    for cap in np.quantile(dp, [0.0, 0.2, 0.6]):
+        for solve in (solve_dp_milp, solve_dp_flow_milp):
+            result = solve(terms, stages, replicas, b, 5.0, dp_cap_s=float(cap))
+            assert min(result.bound, float(cap)) <= least_dp * (1 + 1e-9)
+    assert solve_dp_flow_milp(terms, stages, replicas, b, 5.0).bound <= least_dp * (1 + 1e-9)
+    # dp pieces: a plan with a replica above the cap costs >= U already, so only the slowest replica
+    # (PP) of the plans with DP <= d is what the capped bound must stay below
+    d = float(np.quantile(dp, where))
+    for cap in np.quantile(pp, [0.0, 0.2, 0.6]):
+        result = solve_mean_pp_milp(terms, stages, replicas, d, 5.0, pp_cap_s=float(cap))
+        assert min(result.bound, float(cap)) <= float(pp[dp <= d * (1 + 1e-12)].min()) * (1 + 1e-9)
+    assert solve_mean_pp_milp(terms, stages, replicas, d, 5.0).bound <= \
+        float(mean_pp[dp <= d * (1 + 1e-12)].min()) * (1 + 1e-9)
+
+
+def test_capped_dp_piece_is_infeasible_exactly_when_no_plan_fits_under_both_caps():
+    cluster = random_cluster(11, (3, 3), 0.0)
+    stages, replicas = 2, 3
+    model = build_cost_model("yuan", cluster, JOB, stages, replicas)
+    dp, pp = dp_pp_of_every_plan(model, cluster.n_devices)
+    terms = region_terms(cluster, model)
+    b = float(np.quantile(pp, 0.5))
+    least = float(dp[pp <= b * (1 + 1e-12)].min())
+    assert solve_dp_milp(terms, stages, replicas, b, 5.0, dp_cap_s=least * 0.99).status == "infeasible"
+    fits = solve_dp_milp(terms, stages, replicas, b, 5.0, dp_cap_s=least * 1.01)
+    assert fits.status == "optimal" and fits.bound == pytest.approx(least, rel=1e-6)
+
+
+def test_capped_staircase_proves_the_exact_optimum_of_a_small_multicloud():
+    """With U the exact optimum, the staircase reaches it within its target gap (the capped pieces
+    prove every piece >= U); without a cap (U far above) it would stop at the pieces' bounds."""
+    cluster = multicloud(4, 6, seed=3)
+    model = build_cost_model("yuan", cluster, load_job("gpt-1.3b-seed"), 4, 6)
+    exact = run_search("exact", PlacementProblem(cluster, model))
+    assert exact.details["proven_optimal"]
+    terms = region_terms(cluster, model)
+    for axis in ("pp", "dp"):
+        bound = staircase_bound(terms, 4, 6, exact.cost.total, axis=axis, time_limit_s=20.0)
+        assert bound.bound_s <= exact.cost.total * (1 + 1e-9)
+    best = max(staircase_bound(terms, 4, 6, exact.cost.total, axis=axis, time_limit_s=20.0).bound_s
+               for axis in ("pp", "dp"))
+    assert best >= exact.cost.total * (1 - 0.003)

@@ -11,10 +11,14 @@ Two bounds, the larger is reported:
   and, unless that solved to optimality, the layered-composition model (`layers`) when few region
   compositions can beat the best known plan (they share the time limit); the flow model when
   neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
-- staircases (`staircase`): unless the path model is solved to optimality (it gets half of the time
-  limit), plans are split by their pipeline seconds and DP is bounded inside each piece (a layered
-  region-path graph), and split by DP with the mean replica's pipeline seconds bounded inside each
-  piece; the layer (1/2, else flow: 1/3) relaxation and the two staircases share the time left.
+- staircases (`staircase`): plans are split by their pipeline seconds and DP is bounded inside
+  each piece (a small cut-flow model, then a layered region-path graph); this runs first, with a
+  third of the time limit at most, and when it comes within STAIRCASE_TARGET_GAP of the known plan
+  only the path model runs after it. Otherwise, unless the path model is solved to optimality (it
+  gets half of the time left), plans are also split by DP with the mean replica's pipeline seconds
+  bounded inside each piece; the layer (else flow) relaxation and this staircase share the time left.
+  Every piece [a, b) carries the cap U - a on its other term (a plan of the piece above it costs >= U),
+  which is what lets HiGHS prove most pieces quickly (`staircase`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from geotrain.search.layers import enumerate_compositions, solve_layer_milp
 from geotrain.search.milp import solve_flow_milp
 from geotrain.search.regions import cheapest_path_seconds, pairwise_or_fail, region_terms
 from geotrain.search.staircase import staircase_bound
+
+STAIRCASE_TARGET_GAP = 0.002
+"""The PP staircase's own target (`staircase_bound`): once reached, the flow, layer and DP staircase
+bounds are skipped (the path model still runs: it may prove the optimum itself)."""
 
 
 @dataclass(frozen=True)
@@ -89,13 +97,18 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
     upper = simple_upper_bound(regions, S, R)
     if upper_bound_s is not None:
         upper = min(upper, float(upper_bound_s))
+    left = lambda share: max(1.0, share * (time_limit_s - (time.perf_counter() - start)))  # noqa: E731
+    staircase = staircase and S > 1
+    if staircase:  # often settles the bound in seconds: first, with a third of the time at most
+        parts["staircase-pp"] = staircase_bound(regions, S, R, upper, axis="pp", time_limit_s=left(1.0 / 3.0)).bound_s
+    settled = staircase and parts["staircase-pp"] >= upper * (1.0 - STAIRCASE_TARGET_GAP)
     compositions = enumerate_compositions(regions, R, upper - cheapest_path_seconds(regions, S), max_compositions)
     if compositions is not None and not len(compositions):
         compositions = None
-    left = lambda share: max(1.0, share * time_limit_s - (time.perf_counter() - start))  # noqa: E731
     try:
         solution = solve_region_problem(regions, S, R, max_paths=max_paths, upper_bound_s=upper,
-                                        time_limit_s=left(0.5 if compositions is not None or staircase else 1.0))
+                                        time_limit_s=left(0.5 if (compositions is not None or staircase) and not settled
+                                                          else 1.0))
     except ValueError:  # SearchError: too many paths
         solution = None
     solved = False
@@ -103,18 +116,18 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
         parts["region-paths"] = solution.milp.bound
         solved = solution.milp.status == "optimal"  # the region problem's optimum: layers cannot beat it
         proven = regions.exact and solved
-    # unless the path model settled it, the layer/flow relaxations share the time left with two staircases
-    with_staircase = staircase and S > 1 and not solved
-    share = (0.5 if compositions is not None else 1.0 / 3.0) if with_staircase else 1.0
-    rest = lambda: max(1.0, share * (time_limit_s - (time.perf_counter() - start)))  # noqa: E731
-    if not solved and compositions is not None:
-        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, rest()).bound
-    if len(parts) == 1:
-        parts["region-flows"] = solve_flow_milp(regions, S, R, rest()).bound
+    # unless the path model or the first staircase settled it, the layer/flow relaxations share the
+    # time left with the DP staircase
+    with_staircase = staircase and not solved and not settled
+    share = 0.5 if with_staircase else 1.0
+    if not solved and not settled and compositions is not None:
+        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left(share)).bound
+    if not solved and not settled and "region-paths" not in parts and "region-layers" not in parts:
+        # plans with DP above U - (cheapest path) cost more than U: min(bound, U) holds for all plans
+        dp_cap = upper - cheapest_path_seconds(regions, S)
+        parts["region-flows"] = min(upper, solve_flow_milp(regions, S, R, left(share), dp_cap_s=dp_cap).bound)
     if with_staircase:
-        for axis, portion in (("pp", 0.5), ("dp", 1.0)):
-            remaining = max(1.0, portion * (time_limit_s - (time.perf_counter() - start)))
-            parts[f"staircase-{axis}"] = staircase_bound(regions, S, R, upper, axis=axis, time_limit_s=remaining).bound_s
+        parts["staircase-dp"] = staircase_bound(regions, S, R, upper, axis="dp", time_limit_s=left(1.0)).bound_s
     source = max(parts, key=parts.get)
     return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start)
 

@@ -10,6 +10,9 @@ binary u[p] = "path p used", continuous DP, PP:
 Flow model (a relaxation for bounds when there are too many paths): n[p] is replaced by integer
 flows n[s, g, h] between consecutive stages with binaries z[s, g, h], and a used cut g -> h at s
 forces PP >= (cheapest path into g at s) + pp[g, h] + (cheapest path out of h at s + 1).
+With a DP cap (`_group_rows`: plans above it need not be represented), DP <= cap and a present
+region holds at least `regions.least_presence` devices. The models go to HiGHS through
+`highs.solve_milp`.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.optimize import LinearConstraint
 from scipy.sparse import coo_matrix
 
-from geotrain.search.regions import RegionTerms, dp_floor
+from geotrain.search.highs import solve_milp
+from geotrain.search.regions import RegionTerms, dp_floor, least_presence
 
 BOUND_SAFETY = 1e-7
 """Relative amount taken off MILP dual bounds so that solver tolerances never make a bound invalid."""
@@ -66,7 +70,23 @@ class _Rows:
         return LinearConstraint(matrix, np.array(self.lower), np.array(self.upper))
 
 
-def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int) -> None:
+def _group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int,
+                dp_cap_s: float = np.inf) -> None:
+    """The DP group rows on x (cols s*G+g), y (cols S*G + s*G+g) and DP (dp_col): big-M rows
+    (`_big_m_group_rows`). dp_cap_s: plans with a larger DP need not be represented, so DP <= dp_cap_s
+    and a present region holds at least `least_presence` devices."""
+    _big_m_group_rows(rows, terms, stages, replicas, dp_col)
+    if np.isfinite(dp_cap_s):
+        rows.add({dp_col: 1.0}, -np.inf, float(dp_cap_s))
+        G = terms.n_regions
+        m = least_presence(terms, replicas, dp_cap_s)
+        for s in range(stages):
+            for g in range(G):
+                if m[g] > 1:
+                    rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
+
+
+def _big_m_group_rows(rows: _Rows, terms: RegionTerms, stages: int, replicas: int, dp_col: int) -> None:
     """Stage sizes, region capacities, presence indicators and DP >= f_g constraints on x (cols
     s*G+g) and y (cols S*G + s*G+g)."""
     G = terms.n_regions
@@ -106,11 +126,8 @@ def _flow_conservation_rows(rows: _Rows, cuts: int, groups: int, flow) -> None:
 
 def _solve(c, rows, integrality, upper, n_vars, time_limit_s) -> tuple[object, float]:
     start = time.perf_counter()
-    options = {"disp": False, "mip_rel_gap": 0.0}
-    if time_limit_s is not None:
-        options["time_limit"] = max(0.1, float(time_limit_s))
-    result = milp(c, constraints=rows.constraint(n_vars), integrality=integrality,
-                  bounds=Bounds(np.zeros(n_vars), upper), options=options)
+    constraint = rows.constraint(n_vars)
+    result = solve_milp(c, constraint.A, constraint.lb, constraint.ub, integrality, upper, time_limit_s)
     return result, time.perf_counter() - start
 
 
@@ -185,8 +202,24 @@ def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.nd
                       seconds, n_vars)
 
 
-def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s: float | None = None) -> MilpResult:
-    """The flow relaxation (lower bound only; its solutions need not be realisable)."""
+def cheapest_into_out(terms: RegionTerms, stages: int) -> tuple[np.ndarray, np.ndarray]:
+    """into[s, g]: the cheapest region path over stages 0..s ending in g; out[s, g]: over stages
+    s..S-1 starting in g (seconds, capacities ignored). A replica crossing g -> h at cut s costs at
+    least into[s, g] + pp[g, h] + out[s + 1, h]."""
+    G, pp = terms.n_regions, terms.pp_s
+    into = np.zeros((stages, G))
+    out = np.zeros((stages, G))
+    for s in range(1, stages):
+        into[s] = (into[s - 1][:, None] + pp).min(axis=0)
+    for s in range(stages - 2, -1, -1):
+        out[s] = (pp + out[s + 1][None, :]).min(axis=1)
+    return into, out
+
+
+def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s: float | None = None, *,
+                    dp_cap_s: float = np.inf) -> MilpResult:
+    """The flow relaxation (lower bound only; its solutions need not be realisable); plans with
+    DP > dp_cap_s are left out (`_group_rows`)."""
     G = terms.n_regions
     cuts = max(stages - 1, 0)
     f0 = 2 * stages * G
@@ -194,15 +227,10 @@ def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s
     dp_col, pp_col = z0 + cuts * G * G, z0 + cuts * G * G + 1
     n_vars = pp_col + 1
     pp = terms.pp_s
-    into = np.zeros((stages, G))  # cheapest path over stages 0..s ending in g
-    out = np.zeros((stages, G))  # cheapest path over stages s..S-1 starting in g
-    for s in range(1, stages):
-        into[s] = (into[s - 1][:, None] + pp).min(axis=0)
-    for s in range(stages - 2, -1, -1):
-        out[s] = (pp + out[s + 1][None, :]).min(axis=1)
+    into, out = cheapest_into_out(terms, stages)
     flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)
     _flow_conservation_rows(rows, cuts, G, flow)
     for s in range(cuts):
         for g in range(G):

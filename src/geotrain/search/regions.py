@@ -116,6 +116,19 @@ def dp_floor(terms: RegionTerms, replicas: int, stages: int | None = None) -> fl
     return float(per_region[order[min(position, len(order) - 1)]])
 
 
+def least_presence(terms: RegionTerms, replicas: int, dp_cap_s: float) -> np.ndarray:
+    """m[g]: the fewest devices of region g a DP group with dp <= dp_cap_s can hold, if it holds any.
+    A member of g pays f_g(x) = (R - 1) dp[g, g] + sum_{h != g} (dp[g, h] - dp[g, g]) x[h] >=
+    (R - 1) dp[g, g] + step_g (R - x[g]), step_g the cheapest such difference (0 if none is positive)."""
+    G = terms.n_regions
+    diagonal = np.diag(terms.dp_s)
+    step = np.where(np.eye(G, dtype=bool), np.inf, terms.dp_s - diagonal[:, None]).min(axis=1)
+    m = np.ones(G)
+    ok = step > 0
+    m[ok] = np.ceil(replicas - (dp_cap_s - (replicas - 1) * diagonal[ok]) / step[ok] - 1e-9)
+    return np.clip(m, 1.0, float(replicas))
+
+
 def _suffix_seconds(terms: RegionTerms, stages: int) -> np.ndarray:
     """suffix[k, g]: the cheapest k-cut region path starting in region g."""
     suffix = np.zeros((max(stages, 1), terms.n_regions))

@@ -22,6 +22,17 @@ PPlb(b) the least mean replica pipeline seconds (<= PP) over plans with DP <= b
 (`solve_mean_pp_milp`). Knowing DP <= b lets a present region's count start at `least_presence`
 (a member's foreign peers cost it at least its cheapest step each), which is what makes it strong
 where stage groups must stay inside regions (equal regions of R devices: multicloud).
+
+Caps: a plan of piece [a, b) whose other term is >= U - a costs >= U, so each piece's MILP only
+represents plans with the other term <= U - a (DP <= U - a with `least_presence` rows on the pp
+axis; every replica <= U - a on the dp axis, so the mean too, and no flow on a cut that no such
+replica crosses). Its value is a + min(bound, U - a) (infeasible: a + U - a = U), which stays below
+every plan of the piece, and min(bound, U - a) still cannot grow with b, so the carry above holds.
+The cap turns the pieces near U into feasibility questions that HiGHS mostly settles at the root
+(`highs.solve_milp` keeps the dual bound when the time ends without a feasible solution, as it
+often does in a capped piece). Each pp piece first runs `solve_dp_flow_milp` (the dp axis's
+cut-flow model with the mean replica <= b and DP minimised: a few hundred columns) with a third of
+its time, and the layered graph only if that did not settle the piece.
 """
 
 from __future__ import annotations
@@ -32,7 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.search.milp import (MilpResult, _bound, _flow_conservation_rows, _group_rows, _Rows, _solve,
-                                  _solve_for_counts, _status)
+                                  _solve_for_counts, _status, cheapest_into_out)
 from geotrain.search.regions import RegionTerms, cheapest_path_seconds, dp_floor
 
 LEVELS = 160
@@ -89,23 +100,10 @@ def layered_graph(terms: RegionTerms, stages: int, cap_s: float, delta_s: float)
     return LayeredGraph(cat(node_stage), cat(node_region), cat(arcs_s), cat(arcs_t), cat(arcs_h), delta_s)
 
 
-def least_presence(terms: RegionTerms, replicas: int, dp_cap_s: float) -> np.ndarray:
-    """m[g]: the fewest devices of region g a DP group with dp <= dp_cap_s can hold, if it holds any.
-    A member of g pays f_g(x) = (R - 1) dp[g, g] + sum_{h != g} (dp[g, h] - dp[g, g]) x[h] >=
-    (R - 1) dp[g, g] + step_g (R - x[g]), step_g the cheapest such difference (0 if none is positive)."""
-    G = terms.n_regions
-    diagonal = np.diag(terms.dp_s)
-    step = np.where(np.eye(G, dtype=bool), np.inf, terms.dp_s - diagonal[:, None]).min(axis=1)
-    m = np.ones(G)
-    ok = step > 0
-    m[ok] = np.ceil(replicas - (dp_cap_s - (replicas - 1) * diagonal[ok]) / step[ok] - 1e-9)
-    return np.clip(m, 1.0, float(replicas))
-
-
 def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
-                  time_limit_s: float | None = None) -> MilpResult | None:
+                  time_limit_s: float | None = None, *, dp_cap_s: float = np.inf) -> MilpResult | None:
     """Lower bound on DP*(cap_s) (see the module docstring; status "infeasible", bound inf: no plan
-    has PP <= cap_s); None when the graph stays too large."""
+    has PP <= cap_s and DP <= dp_cap_s); None when the graph stays too large."""
     delta = max(cap_s, 1e-9) / LEVELS
     graph = layered_graph(terms, stages, cap_s, delta)
     while graph is None and delta < cap_s:
@@ -118,7 +116,7 @@ def solve_dp_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
     dp_col = f0 + A
     n_vars = dp_col + 1
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)
     n_nodes = graph.node_stage.size
     out_arcs = [[] for _ in range(n_nodes)]
     in_arcs = [[] for _ in range(n_nodes)]
@@ -165,13 +163,14 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
             target_gap: float, min_width_s: float, pieces_at_start: int) -> Staircase:
     """The staircase over one axis: pieces [a, b) of the split term worth a + inner(b), inner(b) a
     lower bound on the other term over plans whose split term is <= b (non-increasing in b; at least
-    `floor`); inner(b, floor, seconds) -> (value, finished)."""
+    `floor`); inner(a, b, floor, seconds) -> (value, finished), where the value may be capped at
+    U - a (plans of the piece above it cost >= U: see `staircase_bound`)."""
     start = time.perf_counter()
     solves, complete = 0, True
 
-    def solve(cap: float, lower: float, left: float) -> float:
+    def solve(a: float, cap: float, lower: float, left: float) -> float:
         nonlocal solves, complete
-        value, finished = inner(cap, lower, max(0.5, left))
+        value, finished = inner(a, cap, lower, max(0.5, left))
         solves += 1
         complete &= finished
         return value
@@ -182,7 +181,7 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
     for k in range(pieces_at_start):
         share = (time_limit_s - (time.perf_counter() - start)) / (pieces_at_start - k)
         a, b = float(points[k]), float(points[k + 1])
-        pieces.append((a, b, a + solve(b, floor, share)))
+        pieces.append((a, b, a + solve(a, b, floor, share)))
     # inner(b) can only fall as b grows: carry the larger value of a later piece to earlier ones
     for k in range(len(pieces) - 2, -1, -1):
         a, b, value = pieces[k]
@@ -196,7 +195,7 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
         middle = 0.5 * (a + b)
         inner_b = value - a
         left = time_limit_s - (time.perf_counter() - start)
-        pieces[k:k + 1] = [(a, middle, a + solve(middle, inner_b, left)), (middle, b, middle + inner_b)]
+        pieces[k:k + 1] = [(a, middle, a + solve(a, middle, inner_b, left)), (middle, b, middle + inner_b)]
     value = min(upper_bound_s, min(p[2] for p in pieces))
     return Staircase(value, tuple(pieces), solves, complete, time.perf_counter() - start)
 
@@ -214,15 +213,26 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
         value = min(upper_bound_s, low + floor)
         return Staircase(value, ((low, low, value),), 0, True, time.perf_counter() - start)
 
-    def dp_below(cap: float, lower: float, left: float) -> tuple[float, bool]:
-        result = solve_dp_milp(terms, stages, replicas, cap, left)
+    # A piece [a, b) only needs plans whose other term is < U - a (the rest cost >= U), so each MILP
+    # carries that cap; min(its bound, U - a) <= the least other term over all plans of the piece.
+    # The small cut-flow relaxation first (a third of the piece's time); the layered graph only when
+    # it did not already prove the piece.
+    def dp_below(a: float, cap: float, lower: float, left: float) -> tuple[float, bool]:
+        started = time.perf_counter()
+        dp_cap = upper_bound_s - a
+        quick = solve_dp_flow_milp(terms, stages, replicas, cap, left / 3.0, dp_cap_s=dp_cap)
+        value = max(lower, min(quick.bound, dp_cap))
+        if value >= dp_cap or quick.status == "infeasible":
+            return max(lower, dp_cap), True
+        result = solve_dp_milp(terms, stages, replicas, cap, max(0.5, left - (time.perf_counter() - started)),
+                               dp_cap_s=dp_cap)
         if result is None:
-            return lower, False
-        return max(lower, result.bound), result.status != "time_limit"
+            return value, False
+        return max(value, min(result.bound, dp_cap)), result.status != "time_limit"
 
-    def pp_below(cap: float, lower: float, left: float) -> tuple[float, bool]:
-        result = solve_mean_pp_milp(terms, stages, replicas, cap, left)
-        return max(lower, result.bound), result.status != "time_limit"
+    def pp_below(a: float, cap: float, lower: float, left: float) -> tuple[float, bool]:
+        result = solve_mean_pp_milp(terms, stages, replicas, cap, left, pp_cap_s=upper_bound_s - a)
+        return max(lower, min(result.bound, upper_bound_s - a)), result.status != "time_limit"
 
     if axis == "pp":
         return _stairs(low, upper_bound_s - floor, upper_bound_s, dp_below, floor, time_limit_s, target_gap,
@@ -233,11 +243,11 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
     raise ValueError(f"staircase axis must be 'pp' or 'dp', got {axis!r}")
 
 
-def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float,
-                       time_limit_s: float | None = None) -> MilpResult:
-    """Lower bound on the least mean replica pipeline seconds (<= PP) of a plan with DP <= dp_cap_s:
-    integer counts x, presence y with x >= least_presence * y, the DP rows with DP <= dp_cap_s, and
-    continuous flows n[s, g, h] between consecutive stages; minimise sum pp[g, h] n / R."""
+def _cut_flow_model(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float, pp_cap_s: float):
+    """Counts x, presence y, the DP rows with DP <= dp_cap_s, and continuous flows n[s, g, h] between
+    consecutive stages; the mean replica's seconds sum pp[g, h] n / R <= pp_cap_s, and no flow on a
+    cut that every path of cost <= pp_cap_s avoids. Returns rows, mean-seconds coefficients, the DP
+    column, integrality and upper bounds."""
     G = terms.n_regions
     cuts = stages - 1
     f0 = 2 * stages * G
@@ -245,19 +255,43 @@ def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s:
     n_vars = dp_col + 1
     flow = lambda s, g, h: f0 + (s * G + g) * G + h  # noqa: E731
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
-    m = least_presence(terms, replicas, dp_cap_s)
-    for s in range(stages):
-        for g in range(G):
-            rows.add({s * G + g: 1.0, stages * G + s * G + g: -float(m[g])}, 0.0, np.inf)
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)  # x >= least_presence y
     _flow_conservation_rows(rows, cuts, G, flow)
-    c = np.zeros(n_vars)
-    c[f0:dp_col] = np.tile(terms.pp_s.ravel(), cuts) / replicas
+    mean = np.zeros(n_vars)
+    mean[f0:dp_col] = np.tile(terms.pp_s.ravel(), cuts) / replicas
+    flow_upper = np.full((cuts, G, G), float(replicas))
+    if np.isfinite(pp_cap_s):
+        rows.add({int(k): float(mean[k]) for k in np.flatnonzero(mean)}, -np.inf, float(pp_cap_s))
+        into, out = cheapest_into_out(terms, stages)
+        for s in range(cuts):
+            cheapest = into[s][:, None] + terms.pp_s + out[s + 1][None, :]
+            flow_upper[s][cheapest > pp_cap_s * (1 + 1e-9) + 1e-12] = 0.0
     integrality = np.zeros(n_vars)
     integrality[:f0] = 1
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
-                            np.ones(stages * G), np.full(cuts * G * G, float(replicas)), [dp_cap_s]]).astype(float)
-    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
+                            np.ones(stages * G), flow_upper.ravel(), [dp_cap_s]]).astype(float)
+    return rows, mean, dp_col, integrality, upper
+
+
+def solve_dp_flow_milp(terms: RegionTerms, stages: int, replicas: int, cap_s: float,
+                       time_limit_s: float | None = None, *, dp_cap_s: float = np.inf) -> MilpResult:
+    """A small relaxation of `solve_dp_milp` (no path seconds carried, `_cut_flow_model`): a lower
+    bound on DP over plans with every replica (hence the mean) <= cap_s and DP <= dp_cap_s; status
+    "infeasible", bound inf: there is no such plan."""
+    rows, _, dp_col, integrality, upper = _cut_flow_model(terms, stages, replicas, dp_cap_s, cap_s)
+    c = np.zeros(dp_col + 1)
+    c[dp_col] = 1.0
+    return _solve_for_counts(c, rows, integrality, upper, dp_col + 1, time_limit_s, stages, terms.n_regions)
+
+
+def solve_mean_pp_milp(terms: RegionTerms, stages: int, replicas: int, dp_cap_s: float,
+                       time_limit_s: float | None = None, *, pp_cap_s: float = np.inf) -> MilpResult:
+    """Lower bound on the least mean replica pipeline seconds (<= PP) of a plan with DP <= dp_cap_s:
+    integer counts x, presence y with x >= least_presence * y, the DP rows with DP <= dp_cap_s, and
+    continuous flows n[s, g, h] between consecutive stages; minimise sum pp[g, h] n / R. Plans with a
+    replica above pp_cap_s are left out (status "infeasible", bound inf: no plan is left)."""
+    rows, mean, _, integrality, upper = _cut_flow_model(terms, stages, replicas, dp_cap_s, pp_cap_s)
+    result, seconds = _solve(mean, rows, integrality, upper, mean.size, time_limit_s)
     status = _status(result)
     return MilpResult(status, float(result.fun) if result.x is not None else None,
-                      _bound(result) if status != "infeasible" else np.inf, None, None, seconds, n_vars)
+                      _bound(result) if status != "infeasible" else np.inf, None, None, seconds, mean.size)
