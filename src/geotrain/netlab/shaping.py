@@ -2,7 +2,7 @@
 
     root htb 1:  (unclassified traffic -- ARP, anything not to a lab peer -- goes to 1:1, unshaped)
       class 1:<0x100+j>  rate = ceil = b(i, j), selected by a u32 filter on peer j's address
-        leaf tbf <0x2000+j>:  cuts packets longer than 1 ms of the link into frames (slow links only)
+        leaf tbf <0x2000+j>:  cuts packets longer than 1 ms of the link into frames (links < ~65 Mbit/s)
           netem <0x1000+j>:  delay a(i, j)        (only where the kernel has netem; else the leaf)
 
 Rates are the cluster file's bandwidths, which the emulator, the cost models and `geotrain probe` all
@@ -18,11 +18,12 @@ its link's rate (capped by the NIC), concurrent streams share the NIC.
 
 Granularity: htb lets a packet out whenever its bucket is not empty and charges it afterwards, so a
 message that finds the bucket full after an idle spell gets (bucket + one packet) through at line
-rate. Both are kept to about one millisecond of the link (GRANULE_S): buckets are 1 ms of the rate
-(at least one frame), and on links slower than 64 KiB per ms (~500 Mbit/s) a tbf leaf that never
-limits (10x the class's ceil) cuts TCP's segmentation-offloaded packets (up to 64 KiB) into frames,
-since tbf segments any packet longer than its bucket. Faster links keep whole 64 KiB packets (at most
-1 ms there), so the host's throughput on them is not spent on per-frame work. (Before: 64 KiB buckets
+rate. Buckets are 1 ms of the rate (GRANULE_S, at least one frame). Where one of TCP's
+segmentation-offloaded packets (up to 64 KiB) holds more than SEGMENT_ABOVE_S of the link (links under
+~65 Mbit/s), a tbf leaf that never limits (10x the class's ceil) cuts packets longer than 1 ms into
+frames, since tbf segments any packet longer than its bucket. Faster links keep whole packets (at most
+8 ms of link), since cutting costs host CPU per frame: on 2 shared cores it slowed a 100 Mbit/s GPipe
+run by 0.1-0.2 s per step (docs/netlab.md). (Before: 64 KiB buckets
 and whole 64 KiB packets let the first ~95 kB of a burst of messages through at once: at 5 Mbit/s each
 98 kB pipeline message arrived up to 150 ms early after an idle spell; docs/netlab.md.)
 """
@@ -46,7 +47,8 @@ QUANTUM_BYTES = 65536
 MTU_BYTES = 1500  # the lab's veths keep the kernel default
 FRAME_BYTES = MTU_BYTES + 14  # one full Ethernet frame on the wire
 GSO_MAX_BYTES = 65536  # the largest packet TCP hands a veth (segmentation offload)
-GRANULE_S = 1e-3  # the most link time one bucket or one packet may hold
+GRANULE_S = 1e-3  # the link time one bucket holds, and a cut packet at most
+SEGMENT_ABOVE_S = 8e-3  # links where a whole 64 KiB packet holds more than this get packets cut
 SEGMENTER_SPEEDUP = 10.0  # the tbf leaf's rate / the class's ceil: it cuts packets, never limits
 SEGMENTER_LIMIT_BYTES = 10_000 * FRAME_BYTES  # the tbf leaf's queue (htb's default leaf: 1000 packets)
 WIRE_PER_PAYLOAD = (MTU_BYTES + 14) / (MTU_BYTES - 20 - 20 - 12)  # Ethernet / IPv4, TCP + timestamps
@@ -74,8 +76,8 @@ def whole_packet_bytes(wire_rate_bps: float) -> int:
 
 
 def needs_segmenter(wire_ceil_bps: float) -> bool:
-    """Whether TCP's largest packets (GSO_MAX_BYTES) hold more than GRANULE_S of this class."""
-    return whole_packet_bytes(wire_ceil_bps) < GSO_MAX_BYTES
+    """Whether TCP's largest packets (GSO_MAX_BYTES) hold more than SEGMENT_ABOVE_S of this class."""
+    return wire_ceil_bps / 8 * SEGMENT_ABOVE_S < GSO_MAX_BYTES
 
 
 def netem_available(ipr: IPRoute, probe_ifname: str = "netem-probe") -> bool:
