@@ -17,7 +17,7 @@ import pytest
 from geotrain.cli.main import main
 from geotrain.cluster import cluster_from_dict
 from geotrain.netlab import NetLab, run_script, sweep_stale_labs
-from geotrain.netlab.linkcheck import measure_stream
+from geotrain.netlab.linkcheck import measure_messages_s, measure_stream
 from geotrain.netlab.names import NETNS_DIR
 from geotrain.netlab.processes import pids_in_namespace
 
@@ -62,6 +62,18 @@ def test_shaped_links_deliver_the_configured_bandwidth_per_destination():
         assert bps == pytest.approx(100e6, rel=0.05)
     assert inside > 3 * max(cross)  # the same interface, another destination: its own 1 Gbit/s class
     assert namespaces_of(lab.prefix) == []
+
+
+def test_a_message_after_an_idle_spell_takes_its_links_time():
+    # 98,304 B (one tiny-GPT micro-batch) over 5 Mbit/s: 157 ms at the link's rate. With 64 KiB htb
+    # buckets and whole 64 KiB TCP packets such a message, sent after an idle spell, arrived in 5-60 ms.
+    # A lower bound only: a loaded machine can only add time.
+    slow = cluster_from_dict({"name": "slow", "regions": [{"name": "a", "devices": 1}, {"name": "b", "devices": 1}],
+                              "links": [{"between": ["a", "b"], "gbps": 0.005, "ms": 0.5}]})
+    with NetLab(slow, [0, 1]) as lab:
+        seconds = measure_messages_s(lab, 0, 1, 98_304, count=3, idle_s=0.3)
+    assert len(seconds) == 3
+    assert min(seconds) >= 0.9 * 8 * 98_304 / 5e6
 
 
 def test_processes_run_inside_their_namespace_and_are_stopped_at_exit():

@@ -11,7 +11,14 @@ from geotrain.cluster.devices import DeviceListError
 from geotrain.netlab import NetLabError, lab_topology
 from geotrain.netlab.launch import WorkerResult, worst_exit_code
 from geotrain.netlab.names import LabName, new_lab_name, parse_namespace
-from geotrain.netlab.shaping import burst_bytes
+from geotrain.netlab.shaping import (
+    FRAME_BYTES,
+    GSO_MAX_BYTES,
+    WIRE_PER_PAYLOAD,
+    burst_bytes,
+    needs_segmenter,
+    whole_packet_bytes,
+)
 
 CLUSTER = cluster_from_dict({
     "name": "three",
@@ -61,9 +68,28 @@ def test_netlab_cli_names_bad_devices_and_exits_2(capsys):
     assert "--devices" in capsys.readouterr().err
 
 
-def test_burst_is_a_millisecond_of_rate_but_at_least_64_kib():
-    assert burst_bytes(100e6) == 65536
+def test_burst_is_a_millisecond_of_rate_but_at_least_one_frame():
+    assert burst_bytes(5.2e6) == FRAME_BYTES  # 650 B of rate: one full frame
+    assert burst_bytes(100e6) == 12_500
     assert burst_bytes(10e9) == 1_250_000
+
+
+def test_packets_longer_than_a_millisecond_of_a_slow_link_are_cut_into_frames():
+    assert whole_packet_bytes(5.2e6) == 2 * FRAME_BYTES - 1  # one frame passes whole, two are cut
+    assert whole_packet_bytes(100e6) == 12_500
+    assert needs_segmenter(5.2e6) and needs_segmenter(65e6)
+    assert not needs_segmenter(66e6) and not needs_segmenter(10e9)  # 64 KiB is under 8 ms there
+
+
+@pytest.mark.parametrize("rate_bps", [1e6, 5e6, 20e6, 100e6, 500e6, 1e9, 10e9])
+def test_what_passes_at_line_rate_after_idle_is_a_few_milliseconds(rate_bps):
+    # htb lets a packet out while its bucket is not empty: a message after an idle spell gets the
+    # bucket plus one packet through at once (the old 64 KiB + 64 KiB: 210 ms early at 5 Mbit/s)
+    wire_bps = rate_bps * WIRE_PER_PAYLOAD
+    packet = whole_packet_bytes(wire_bps) if needs_segmenter(wire_bps) else GSO_MAX_BYTES
+    early_s = 8 * (burst_bytes(wire_bps) + packet) / wire_bps
+    assert early_s <= max(1e-3, 8 * 2 * FRAME_BYTES / wire_bps) + max(8e-3 if rate_bps > 65e6 else 1e-3,
+                                                                    8 * 2 * FRAME_BYTES / wire_bps) + 1e-12
 
 
 def test_worst_exit_code_reports_the_first_failure():

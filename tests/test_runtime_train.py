@@ -50,6 +50,7 @@ def test_cost_model_predicts_the_measured_communication_within_20_percent(tokens
     assert report.replicas_in_sync
     predicted = summary["iteration_predicted_s"]
     assert set(predicted) == {"schedule", "ring", "yuan"}
+    assert "iteration_predicted_links_s" not in summary  # emulated: the links are in iteration_predicted_s
     assert predicted["schedule"] > summary["comm_predicted_s"] * 0.5  # the links are in it, scaled as measured
     assert summary["iteration_error_pct"]["schedule"] == pytest.approx(
         100 * (summary["iteration_s"] - predicted["schedule"]) / predicted["schedule"])
@@ -93,6 +94,15 @@ def test_1f1b_schedule_trains_like_gpipe(tokens):
     # Same micro-batches, same math; only the order gradients accumulate in differs.
     assert one_f_one_b.losses == pytest.approx(gpipe.losses, rel=1e-5)
     assert one_f_one_b.replicas_in_sync
+    # no emulation (real links: netlab, real hosts): the models also predict with the cluster's links at
+    # face value and the measured compute; here each DP group all-reduces ~1.6 MB over 10 Mbit/s
+    summary = gpipe.summary()
+    links = summary["iteration_predicted_links_s"]
+    assert set(links) == {"schedule", "ring", "yuan"}
+    assert links["schedule"] > summary["iteration_predicted_s"]["schedule"] + 1.0
+    assert summary["iteration_links_error_pct"]["schedule"] == pytest.approx(
+        100 * (summary["iteration_s"] - links["schedule"]) / links["schedule"])
+    assert "iteration_predicted_emulated_s" not in summary
 
 
 def _worker_pid(rank: int, timeout_s: float = 120.0) -> int:

@@ -36,8 +36,8 @@ class LinkCheck:
     n_bytes: int
 
 
-def _server(lab: NetLab, rank: int, mode: str) -> subprocess.Popen:
-    server = lab.run(rank, [sys.executable, TCPBENCH, mode, lab.devices[rank].address, str(BENCH_PORT)],
+def _server(lab: NetLab, rank: int, mode: str, *args: str) -> subprocess.Popen:
+    server = lab.run(rank, [sys.executable, TCPBENCH, mode, lab.devices[rank].address, str(BENCH_PORT), *args],
                      stdout=subprocess.PIPE, text=True)
     if server.stdout.readline().strip() != "ready":
         server.kill()
@@ -74,6 +74,20 @@ def measure_rtt_s(lab: NetLab, sender: int, receiver: int, count: int = 20, time
     out, _ = client.communicate(timeout=timeout_s)
     _finish(server, timeout_s)
     return statistics.median(json.loads(out))
+
+
+def measure_messages_s(lab: NetLab, sender: int, receiver: int, n_bytes: int, count: int = 3,
+                       idle_s: float = 0.3, timeout_s: float = 60.0) -> list[float]:
+    """Seconds per message of `n_bytes` from rank `sender` to `receiver` (hand-off to the receiver's
+    one-byte ack), each sent after `idle_s` of silence: what a link lets through at once after an
+    idle spell (a message alone should take about 8 n_bytes / rate)."""
+    server = _server(lab, receiver, "sink", str(n_bytes))
+    address = lab.devices[receiver].address
+    client = lab.run(sender, [sys.executable, TCPBENCH, "message", address, str(BENCH_PORT), str(n_bytes), str(count),
+                              str(idle_s)], stdout=subprocess.PIPE, text=True)
+    out, _ = client.communicate(timeout=timeout_s)
+    _finish(server, timeout_s)
+    return json.loads(out)
 
 
 def link_classes(lab: NetLab) -> list[tuple[str, int, int]]:

@@ -4,6 +4,8 @@
     python tcpbench.py send ADDRESS PORT BYTES
     python tcpbench.py echo ADDRESS PORT       # prints "ready", echoes one connection's bytes
     python tcpbench.py ping ADDRESS PORT COUNT # prints a JSON list of round-trip seconds
+    python tcpbench.py sink ADDRESS PORT BYTES           # prints "ready", acks every BYTES received
+    python tcpbench.py message ADDRESS PORT BYTES COUNT IDLE_S   # JSON list of seconds per message
 
 Standard library only, run as a file (not `-m`), so that a measurement starts in milliseconds.
 
@@ -83,6 +85,37 @@ def ping(address: str, port: int, count: int) -> list[float]:
     return rtts
 
 
+def sink(address: str, port: int, n_bytes: int) -> None:
+    """Accept one connection; after every `n_bytes` received, send one byte back."""
+    with socket.create_server((address, port)) as server:
+        print("ready", flush=True)
+        connection, _ = server.accept()
+        with connection:
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            pending = n_bytes
+            while chunk := connection.recv(min(pending, CHUNK_BYTES)):
+                pending -= len(chunk)
+                if pending == 0:
+                    connection.sendall(b"k")
+                    pending = n_bytes
+
+
+def messages(address: str, port: int, n_bytes: int, count: int, idle_s: float) -> list[float]:
+    """Seconds from handing each of `count` messages of `n_bytes` to the socket until the sink's
+    one-byte ack is back, each after `idle_s` of silence (a link's idle bucket refills meanwhile)."""
+    payload = bytes(n_bytes)
+    seconds = []
+    with socket.create_connection((address, port), timeout=60) as connection:
+        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(count):
+            time.sleep(idle_s)
+            started = time.perf_counter()
+            connection.sendall(payload)
+            connection.recv(1)
+            seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["recv"] and len(argv) == 3:
         result = receive_once(argv[1], int(argv[2]))
@@ -96,6 +129,12 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["ping"] and len(argv) == 4:
         print(json.dumps(ping(argv[1], int(argv[2]), int(argv[3]))), flush=True)
+        return 0
+    if argv[:1] == ["sink"] and len(argv) == 4:
+        sink(argv[1], int(argv[2]), int(argv[3]))
+        return 0
+    if argv[:1] == ["message"] and len(argv) == 6:
+        print(json.dumps(messages(argv[1], int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5]))), flush=True)
         return 0
     print(__doc__, file=sys.stderr)
     return 2

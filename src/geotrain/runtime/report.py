@@ -45,6 +45,9 @@ class IterationRow:
     # models' predictions in the same unit (None without emulation or without a next step)
     iteration_emulated_s: float | None = None
     iteration_predicted_emulated_s: dict[str, float] = field(default_factory=dict)
+    # without emulation (--time-scale 0: real links, e.g. netlab or real hosts): the models with the
+    # cluster's links at face value and this step's measured compute, in wall seconds
+    iteration_predicted_links_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def comm_measured_s(self) -> float:
@@ -64,7 +67,8 @@ class IterationRow:
                 "comm_predicted": {"dp": self.dp_predicted_s, "pp": self.pp_predicted_s, "total": self.comm_predicted_s},
                 "error_pct": self.error_pct, "iteration_predicted": dict(self.iteration_predicted_s),
                 "iteration_emulated_s": self.iteration_emulated_s,
-                "iteration_predicted_emulated": dict(self.iteration_predicted_emulated_s)}
+                "iteration_predicted_emulated": dict(self.iteration_predicted_emulated_s),
+                "iteration_predicted_links": dict(self.iteration_predicted_links_s)}
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,13 @@ class RunReport:
             emulated = {"iteration_emulated_s": period, "iteration_predicted_emulated_s": by_model_emulated,
                         "iteration_emulated_error_pct": {m: relative_error_pct(period, p)
                                                          for m, p in by_model_emulated.items()}}
-        return {**emulated, "iteration_predicted_s": by_model,
+        links: dict[str, Any] = {}
+        if self.rows[0].iteration_predicted_links_s:
+            by_model_links = {m: float(np.mean([row.iteration_predicted_links_s[m] for row in self._steady()]))
+                              for m in self.rows[0].iteration_predicted_links_s}
+            links = {"iteration_predicted_links_s": by_model_links,
+                     "iteration_links_error_pct": {m: relative_error_pct(iteration, p) for m, p in by_model_links.items()}}
+        return {**emulated, **links, "iteration_predicted_s": by_model,
                 "iteration_error_pct": {m: relative_error_pct(iteration, p) for m, p in by_model.items()},
                 "iteration_s": self.mean("iteration_s"), "compute_s": self.mean("compute_s"),
                 "comm_measured_s": measured, "comm_predicted_s": predicted,
@@ -216,7 +226,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s,
             iteration_predicted_s=iteration_predictions(step_records, config.time_scale),
             iteration_emulated_s=periods.get(step),
-            iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {}))
+            iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {},
+            iteration_predicted_links_s=iteration_predictions(step_records, 1.0) if config.time_scale <= 0 else {}))
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
