@@ -60,6 +60,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "the cluster's gpu types): faster stages take more layers; equal GPUs: the plain split. "
                              "A plan made with `geotrain plan --uneven-split` brings its own cut (used when it fits "
                              "the model, else cut by speed)")
+    parser.add_argument("--emulate-gpu-speed", action="store_true",
+                        help="emulated compute runs at each device's GPU speed: measured compute x (the cluster's "
+                             "fastest GPU's peak FLOP/s / the device's); the fastest computes at this machine's speed "
+                             "(needs --time-scale > 0)")
     parser.add_argument("--virtual-stages", type=int, metavar="V",
                         help="stages per rank for interleaved-1f1b / looped-bfs (default 2)")
     parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
@@ -141,6 +145,7 @@ def config_from_args(args: Any) -> Any:
         cluster=cluster, assignment=assignment, model_name=args.model, **extra,
         data=args.data, val_fraction=args.val_fraction, eval_every=args.eval_every, eval_windows=args.eval_windows,
         seq_len=args.seq_len, split=args.split, virtual_stages=args.virtual_stages, device=args.device,
+        emulate_gpu_speed=args.emulate_gpu_speed,
         split_by_speed=args.split_by_speed or plan.split is not None, split_boundaries=plan.split or (),
         precision=args.precision,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,

@@ -11,6 +11,9 @@ exchange and `finish(held, t)` after it, where t is the emulated end the schedul
   not sleep that time again, so wall time tracks emulated time (x time_scale);
 - wall time spent beyond what the links required (sleep overshoot, real overheads on a loaded machine)
   is kept as a debt and taken off the next sleeps, so it does not pile up along a pipeline.
+`compute_scale` k emulates a device k times slower than this machine: between operations the clock
+advances k x the real time (k = 1: real speed). With k != 1 wall time no longer tracks emulated time
+during compute; emulated times stay exact, since waiting is decided by the emulated schedule.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ class RankClock:
     """Emulated seconds since this rank's process group was initialised."""
 
     def __init__(self, time_scale: float, wall: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, compute_scale: float = 1.0) -> None:
+        if not compute_scale > 0 or compute_scale == float("inf"):
+            raise ValueError(f"compute_scale must be a finite number > 0, got {compute_scale!r}")
         self.time_scale = time_scale
+        self.compute_scale = compute_scale
         self._wall = wall
         self._sleep = sleep
         self._base_s = 0.0
@@ -35,7 +41,7 @@ class RankClock:
         self._debt_s = 0.0  # wall seconds this rank is behind its emulated clock (x time_scale)
 
     def now(self) -> float:
-        return self._base_s + (self._wall() - self._wall_base)
+        return self._base_s + self.compute_scale * (self._wall() - self._wall_base)
 
     def restart(self, t_s: float = 0.0) -> None:
         """Set the clock to `t_s` now."""
@@ -44,7 +50,7 @@ class RankClock:
     def hold(self) -> Held:
         """Call before blocking on the real exchange; pass the result to `finish`."""
         wall = self._wall()
-        return self._base_s + (wall - self._wall_base), wall
+        return self._base_s + self.compute_scale * (wall - self._wall_base), wall
 
     def finish(self, held: Held, t_s: float) -> None:
         """End an operation that the links finish at emulated `t_s` (see the module docstring)."""

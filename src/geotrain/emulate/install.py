@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -87,17 +88,31 @@ def _wrap_monitored_barrier(original: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _check_compute_scale(compute_scale: Sequence[float] | None, n_devices: int) -> tuple[float, ...]:
+    if compute_scale is None:
+        return (1.0,) * n_devices
+    scales = tuple(compute_scale)
+    ok = len(scales) == n_devices and all(
+        isinstance(k, int | float) and not isinstance(k, bool) and math.isfinite(k) and k > 0 for k in scales)
+    if not ok:
+        raise EmulationError(f"geotrain.emulate: compute_scale must be {n_devices} finite factors > 0 (one per "
+                             f"cluster device), got {list(scales)[:8]}")
+    return tuple(float(k) for k in scales)
+
+
 def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
             nic_gbps: float | Sequence[float] | None = None, report_dir: str | Path | None = None,
-            compute_clock: str = "wall") -> Emulation:
+            compute_clock: str = "wall", compute_scale: Sequence[float] | None = None) -> Emulation:
     """Emulate `cluster` in this process: global rank r is device `devices[r]`; `time_scale` F sleeps F x
     the emulated link time (0: none); `report_dir` receives `rank-<r>.json` at exit; `compute_clock` one
-    of COMPUTE_CLOCKS."""
+    of COMPUTE_CLOCKS; `compute_scale` (one factor per cluster device, None: all 1): the rank on device d
+    counts compute_scale[d] x its measured compute (a device that many times slower than this machine)."""
     if compute_clock not in COMPUTE_CLOCKS:
         raise EmulationError(f"geotrain.emulate: compute clock must be one of {', '.join(COMPUTE_CLOCKS)}, "
                              f"got {compute_clock!r}")
     network = EmulatedNetwork.from_cluster(cluster, time_scale, nic_gbps)
     device_list = tuple(check_device_list(devices, network.n_devices))
+    scales = _check_compute_scale(compute_scale, network.n_devices)
     states: list[EmulationState] = []
     emulation = Emulation(network, device_list, Path(report_dir) if report_dir else None, states)
 
@@ -107,8 +122,10 @@ def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
             raise EmulationError(f"geotrain.emulate: {len(device_list)} devices given for a job of at least "
                                  f"{max(global_ranks) + 1} ranks")
         if not states:  # the default group: this process's rank, clock and records
-            states.append(EmulationState(network, device_list, global_ranks[options.group_rank],
-                                         RankClock(time_scale, wall=COMPUTE_CLOCKS[compute_clock])))
+            rank = global_ranks[options.group_rank]
+            states.append(EmulationState(network, device_list, rank,
+                                         RankClock(time_scale, wall=COMPUTE_CLOCKS[compute_clock],
+                                                   compute_scale=scales[device_list[rank]])))
             if emulation.report_dir is not None:
                 atexit.register(states[0].write_part, emulation.report_dir)
         store = dist.PrefixStore("geotrain-emulate-inner/", options.store)

@@ -84,7 +84,8 @@ class RuntimeConfig:
     it fits the model (runtime.stages.stage_boundaries).
     `dp_codecs` / `pp_codecs`: one codec spec per stage's DP group / per stage cut (a plan's codec
     choice); empty means `dp_codec` / `pp_codec` everywhere. `compute_clock`: "wall" or "cpu", how the
-    emulated clock counts compute (geotrain.emulate.install.COMPUTE_CLOCKS). `sync_every` H (None: the
+    emulated clock counts compute (geotrain.emulate.install.COMPUTE_CLOCKS). `emulate_gpu_speed`: each
+    rank's emulated (and reported) compute is its measured compute x `compute_scale()` of its device. `sync_every` H (None: the
     gradients are averaged every step): local SGD with outer steps (geotrain.optim.outer, DiLoCo): each
     replica steps AdamW on its own gradients, and every H steps the stage's DP exchange averages the
     parameter deltas, which an outer Nesterov SGD (`outer_lr`, `outer_momentum`) applies.
@@ -134,6 +135,7 @@ class RuntimeConfig:
     dp_codecs: tuple[str, ...] = ()
     pp_codecs: tuple[str, ...] = ()
     compute_clock: str = "wall"
+    emulate_gpu_speed: bool = False
     sync_every: int | None = None
     outer_lr: float = DILOCO_LR
     outer_momentum: float = DILOCO_MOMENTUM
@@ -186,6 +188,12 @@ class RuntimeConfig:
                                      f"dp_codec must be none, got {self.dp_codec!r}")
         if self.compute_clock not in ("wall", "cpu"):
             raise RuntimeConfigError(f"compute_clock must be wall or cpu, got {self.compute_clock!r}")
+        if not isinstance(self.emulate_gpu_speed, bool):
+            raise RuntimeConfigError(f"emulate_gpu_speed must be true or false, got {self.emulate_gpu_speed!r}")
+        if self.emulate_gpu_speed and not self.time_scale > 0:
+            raise RuntimeConfigError(f"emulate_gpu_speed scales the emulated compute, but time_scale "
+                                     f"{self.time_scale!r} runs without emulation; give a time scale > 0")
+        self.compute_scale()  # every device's gpu type must be known before launch
         if self.dp_hierarchical and any(parse_codec_spec(spec)[0] == "powersgd" for spec in (self.dp_codec, *self.dp_codecs)):
             raise RuntimeConfigError("--dp-hierarchical takes a codec of geotrain.codecs; powersgd is its own exchange")
         if self.dp_hierarchical and self.optimizer == "onebit-adam":
@@ -310,6 +318,18 @@ class RuntimeConfig:
             return None
         relative = speeds / speeds.max()
         return tuple(float(relative[v % self.stages]) for v in range(self.pipeline_stages))
+
+    def compute_scale(self) -> tuple[float, ...] | None:
+        """With emulate_gpu_speed, one factor per cluster device: the cluster's fastest GPU's peak FLOP/s over
+        the device's (cost/gpus.py), by which the emulator multiplies that device's measured compute (the
+        fastest GPU computes at this machine's speed). None without emulate_gpu_speed."""
+        if not self.emulate_gpu_speed:
+            return None
+        try:
+            peaks = device_peak_flops(self.cluster)
+        except UnknownGpuError as exc:
+            raise RuntimeConfigError(f"emulate GPU speed on cluster {self.cluster.name!r}: {exc}") from None
+        return tuple(float(k) for k in peaks.max() / peaks)
 
     @cached_property
     def layout(self) -> Layout:

@@ -39,9 +39,11 @@ _LOOPED = {"interleaved-1f1b": ScheduleInterleaved1F1B, "looped-bfs": ScheduleLo
 
 @dataclass
 class ComputeTimer:
-    """Accumulates wall seconds spent computing (forward, backward, codecs, optimizer)."""
+    """Accumulates wall seconds spent computing (forward, backward, codecs, optimizer), times `scale`
+    (the emulated device's slowness against this machine, RuntimeConfig.compute_scale; 1: as measured)."""
 
     seconds: float = 0.0
+    scale: float = 1.0
     _started: float | None = field(default=None, repr=False)
 
     def __enter__(self) -> ComputeTimer:
@@ -50,7 +52,7 @@ class ComputeTimer:
 
     def __exit__(self, *exc: object) -> None:
         assert self._started is not None
-        self.seconds += time.perf_counter() - self._started
+        self.seconds += self.scale * (time.perf_counter() - self._started)
         self._started = None
 
 

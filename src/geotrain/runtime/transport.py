@@ -58,13 +58,15 @@ class CollectiveRecord:
     emulated_s: float
 
 
-def use_emulated_links(cluster: Any, layout: Layout, time_scale: float, compute_clock: str = "wall") -> Emulation | None:
+def use_emulated_links(cluster: Any, layout: Layout, time_scale: float, compute_clock: str = "wall",
+                       compute_scale: Sequence[float] | None = None) -> Emulation | None:
     """Make this process's `init_process_group("gloo")` emulate `cluster` (rank r on layout.slot(r)'s
     device); a time scale of 0 keeps plain gloo (no emulation: only the real transfer counts).
-    `compute_clock`: how emulated time advances between operations (geotrain.emulate.install)."""
+    `compute_clock`: how emulated time advances between operations; `compute_scale`: per device, the
+    factor on measured compute (geotrain.emulate.install)."""
     if time_scale > 0:
         return install(cluster, [layout.slot(r).device for r in range(layout.world_size)], time_scale,
-                       compute_clock=compute_clock)
+                       compute_clock=compute_clock, compute_scale=compute_scale)
     return None
 
 

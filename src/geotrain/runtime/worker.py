@@ -88,7 +88,8 @@ class Worker:
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
         self.shapes = stage_shapes(model, self.boundaries, config.microbatch_size, self.seq_len, wire)
         self.ties = self._tie_groups(stage_ties(model.tied_weights, self.boundaries, model.n_layers))
-        self.timer = ComputeTimer()
+        scale = config.compute_scale()
+        self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device])
         self.transport = Transport(self.layout, rank, config.time_scale)
         self.pipeline = Pipeline(config.schedule, self.modules, self.shapes, config.microbatches, lm_loss,
                                  pp_groups[self.slot.replica], device, self.timer)
@@ -288,7 +289,8 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         torch.cuda.set_device(device)
         emulation = None
     else:
-        emulation = use_emulated_links(config.cluster, config.layout, config.time_scale, config.compute_clock)
+        emulation = use_emulated_links(config.cluster, config.layout, config.time_scale, config.compute_clock,
+                                       config.compute_scale())
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=config.comm_timeout_s))
     layout = config.layout
