@@ -13,7 +13,7 @@ from typing import Any
 
 from geotrain.cli.output import Output
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
-from geotrain.cost.registry import UNEVEN_SPLIT_MODELS, build_cost_model
+from geotrain.cost.registry import UNEVEN_SPLIT_MODELS
 from geotrain.plan import Plan, load_plan
 
 
@@ -31,18 +31,16 @@ def register(subparsers: Any) -> None:
 def run(args: Any) -> int:
     out = Output(json_mode=args.json)
     plan = load_plan(args.plan)
-    cluster, job, model = build_placement(args, plan.stages, plan.replicas)
     shares = plan_layer_shares(plan)
-    if shares is not None and args.cost_model in UNEVEN_SPLIT_MODELS:
-        model = build_cost_model(args.cost_model, cluster, job, plan.stages, plan.replicas, layer_shares=shares)
+    used = shares is not None and args.cost_model in UNEVEN_SPLIT_MODELS
+    cluster, job, model = build_placement(args, plan.stages, plan.replicas, layer_shares=shares if used else None)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
     cost = model.evaluate(assignment)
     if args.json:
         out.emit_json({"cost": cost.to_json(), "stages": plan.stages, "replicas": plan.replicas,
                        "dp_per_stage": cost.dp_per_stage, "pp_per_replica": cost.pp_per_replica,
                        "cost_model": model.name,
-                       "layer_shares": None if shares is None or args.cost_model not in UNEVEN_SPLIT_MODELS
-                       else shares})
+                       "layer_shares": shares if used else None})
         return 0
     out.table(f"cost of {args.plan} on {cluster.name} ({job.name}, {model.name})", ["term", "seconds"],
               [["dp (slowest stage all-reduce)", f"{cost.dp:.3f}"], ["pp (slowest pipeline)", f"{cost.pp:.3f}"],
@@ -54,7 +52,6 @@ def run(args: Any) -> int:
     out.table("assignment", ["", *(f"r{r}" for r in range(plan.replicas))], assignment_rows(cluster, assignment))
     out.text(region_legend(cluster))
     if shares is not None:
-        used = args.cost_model in UNEVEN_SPLIT_MODELS
         out.text(f"the plan's layer split {list(plan.split or ())}: "
                  + ("scored with its stage shares" if used else
                     f"not seen by {model.name} (communication only; use one of {', '.join(UNEVEN_SPLIT_MODELS)})"))

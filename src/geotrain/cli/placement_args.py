@@ -21,12 +21,14 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
 
 
-def build_placement(args: Any, stages: int, replicas: int) -> tuple[Cluster, Job, CostModel]:
+def build_placement(args: Any, stages: int, replicas: int,
+                    layer_shares: object = None) -> tuple[Cluster, Job, CostModel]:
     """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
-    (with `args.uneven_split`, where the command has it: scored with the speed layer split)."""
+    (with `args.uneven_split`, where the command has it: scored with the speed layer split; else
+    with `layer_shares` where given, see cost.registry.build_cost_model)."""
     cluster = load_cluster(args.cluster)
     job = load_job(args.job)
-    shares = "speed" if getattr(args, "uneven_split", False) else None
+    shares = "speed" if getattr(args, "uneven_split", False) else layer_shares
     return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares)
 
 

@@ -310,10 +310,7 @@ class RuntimeConfig:
         the fastest stage's. None without split_by_speed or when every stage is alike (the plain split)."""
         if not self.split_by_speed:
             return None
-        try:
-            speeds = stage_speeds(self.assignment, device_peak_flops(self.cluster))
-        except UnknownGpuError as exc:
-            raise RuntimeConfigError(f"split by speed on cluster {self.cluster.name!r}: {exc}") from None
+        speeds = stage_speeds(self.assignment, self._peak_flops("split by speed"))
         if np.all(speeds == speeds[0]):
             return None
         relative = speeds / speeds.max()
@@ -325,11 +322,15 @@ class RuntimeConfig:
         fastest GPU computes at this machine's speed). None without emulate_gpu_speed."""
         if not self.emulate_gpu_speed:
             return None
-        try:
-            peaks = device_peak_flops(self.cluster)
-        except UnknownGpuError as exc:
-            raise RuntimeConfigError(f"emulate GPU speed on cluster {self.cluster.name!r}: {exc}") from None
+        peaks = self._peak_flops("emulate GPU speed")
         return tuple(float(k) for k in peaks.max() / peaks)
+
+    def _peak_flops(self, purpose: str) -> np.ndarray:
+        """(N,) peak FLOP/s of the cluster's devices; an unknown gpu type is a one-line config error."""
+        try:
+            return device_peak_flops(self.cluster)
+        except UnknownGpuError as exc:
+            raise RuntimeConfigError(f"{purpose} on cluster {self.cluster.name!r}: {exc}") from None
 
     @cached_property
     def layout(self) -> Layout:
