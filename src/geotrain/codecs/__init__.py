@@ -17,7 +17,7 @@ from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
 from geotrain.codecs.registry import CODECS, codec_params, get_codec
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
-from geotrain.codecs.spec import parse_codec_spec
+from geotrain.codecs.spec import CodecSpec, parse_codec_spec
 from geotrain.codecs.sign import SignCodec, pack_sign_bits, unpack_sign_bits
 from geotrain.codecs.sparse import RandKCodec, TopKCodec
 from geotrain.codecs.wire import pack_payload, payload_spec, unpack_payload
@@ -28,6 +28,7 @@ __all__ = [
     "BufferSpec",
     "Codec",
     "CodecError",
+    "CodecSpec",
     "CodecTypeError",
     "ErrorFeedback",
     "ErrorFeedbackBank",

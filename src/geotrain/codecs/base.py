@@ -146,6 +146,12 @@ class Codec(ABC):
 
     name: str = ""
     summable: bool = False
+    wire_float_dtype: torch.dtype | None = None
+    """The float dtype a tensor travels in when the wire form is the tensor itself, cast (none: fp32,
+    fp16, bf16); None when the wire form is not a float tensor (quantized, sparse, sign, low rank), so
+    such a codec cannot stand where a float tensor must travel (pipeline activations)."""
+    latency_rounds: float = 1.0
+    """Latency rounds of one exchange relative to one all-reduce (PowerSGD: two, for P and Q)."""
 
     def __init__(self, *, allow_nonfinite: bool = False) -> None:
         self.allow_nonfinite = parse_flag(allow_nonfinite, f"{self.name}: allow_nonfinite")

@@ -16,46 +16,46 @@ from geotrain.codecs.buffers import converted
 
 
 class CastCodec(Codec):
-    """Send the tensor as `wire_dtype`; decode casts back to the input dtype."""
+    """Send the tensor as `wire_float_dtype`; decode casts back to the input dtype."""
 
-    wire_dtype: torch.dtype = torch.float32
+    wire_float_dtype: torch.dtype = torch.float32
     summable = True
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         x = self._check_input(tensor)
-        wire = converted(x, self.wire_dtype)
+        wire = converted(x, self.wire_float_dtype)
         # NaN/inf in the wire values (min or max non-finite) came in, or the cast overflowed.
         self._raise_if_nonfinite(x, extremes(wire), wire=wire)
         return Payload(self.name, {"values": wire}, tuple(tensor.shape), tensor.dtype)
 
     def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
-        return (BufferSpec("values", self.wire_dtype, (payload.numel,)),)
+        return (BufferSpec("values", self.wire_float_dtype, (payload.numel,)),)
 
     def _decode(self, payload: Payload) -> torch.Tensor:
         return converted(payload.buffers["values"], payload.dtype).reshape(payload.shape)
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
-        return numel_of(shape) * torch.empty((), dtype=self.wire_dtype).element_size()
+        return numel_of(shape) * torch.empty((), dtype=self.wire_float_dtype).element_size()
 
 
 class NoneCodec(CastCodec):
     """No compression: fp32 on the wire (4 bytes per value)."""
 
     name = "none"
-    wire_dtype = torch.float32
+    wire_float_dtype = torch.float32
 
 
 class Fp16Codec(CastCodec):
     """IEEE half precision on the wire (2 bytes per value)."""
 
     name = "fp16"
-    wire_dtype = torch.float16
+    wire_float_dtype = torch.float16
 
 
 class Bf16Codec(CastCodec):
     """bfloat16 on the wire (2 bytes per value): fp32's range, 8 bits of precision."""
 
     name = "bf16"
-    wire_dtype = torch.bfloat16
+    wire_float_dtype = torch.bfloat16
 
 

@@ -33,6 +33,7 @@ class PowerSGDCodec(Codec):
     """Low-rank P, Q factors for matrices; raw fp32 for everything else."""
 
     name = "powersgd"
+    latency_rounds = 2.0
 
     def __init__(self, *, rank: int = 4, seed: int = 0, allow_nonfinite: bool = False) -> None:
         super().__init__(allow_nonfinite=allow_nonfinite)

@@ -2,6 +2,7 @@
 
     name, params = parse_codec_spec("randk:fraction=0.1,allow_nonfinite=no")
     codec = get_codec(name, **params)       # ('randk', {'fraction': 0.1, 'allow_nonfinite': False})
+    spec = CodecSpec.parse("topk:fraction=0.01")   # typed: spec.name, spec.kwargs(), spec.build(), str(spec)
 
 The one parser of codec specs. Values read as JSON where they parse (numbers, strings in quotes),
 else as the stripped text. Flags are parsed strictly: true/false, yes/no, 1/0 (any case) give a
@@ -14,9 +15,10 @@ read; whoever consumes them checks their names and types.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
-from geotrain.codecs.base import CodecError, parse_flag
+from geotrain.codecs.base import Codec, CodecError, parse_flag
 from geotrain.codecs.registry import CODECS, codec_params
 
 MAX_SPEC_CHARS = 1000
@@ -52,3 +54,46 @@ def _value(text: str) -> Any:
         return json.loads(text)
     except (json.JSONDecodeError, RecursionError):
         return text.strip()
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """A parsed codec spec: the codec (or reducer) name and its parameters, in the order written.
+
+    Parse once at the edge (`CodecSpec.parse`), then pass this around; `str(spec)` writes a spec
+    that parses back to an equal one, so configs can print and re-read it. `params` may hold names
+    the codec does not declare (a reducer's knobs, e.g. distributed PowerSGD's): `build` checks them.
+    """
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def parse(cls, spec: "str | CodecSpec") -> "CodecSpec":
+        """The spec of `spec` (a CodecSpec passes through); CodecError names the bad item."""
+        if isinstance(spec, CodecSpec):
+            return spec
+        name, params = parse_codec_spec(spec)
+        return cls(name, tuple(params.items()))
+
+    def kwargs(self) -> dict[str, Any]:
+        """The parameters as keyword arguments."""
+        return dict(self.params)
+
+    def build(self) -> Codec:
+        """A new codec of this spec (geotrain.codecs.get_codec); CodecError for unknown names or parameters."""
+        from geotrain.codecs.registry import get_codec
+
+        return get_codec(self.name, **self.kwargs())
+
+    def __str__(self) -> str:
+        if not self.params:
+            return self.name
+        return self.name + ":" + ",".join(f"{key}={_text(value)}" for key, value in self.params)
+
+
+def _text(value: Any) -> str:
+    """`value` as spec text that `_value` reads back to an equal value."""
+    if isinstance(value, str) and _value(value) == value and not any(c in value for c in ",:="):
+        return value
+    return json.dumps(value)
