@@ -183,6 +183,13 @@ class Codec(ABC):
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         """The documented wire size in bytes of a tensor of `shape` (equals encode(x).nbytes)."""
 
+    def bytes_per_value(self, hidden: int, trained_bytes: float) -> float:
+        """Wire bytes per gradient value, for cost models, of a transformer with `hidden` units whose
+        values are `trained_bytes` wide: the codec's size on a long flat vector (1 Mi values), never
+        more than the values themselves. Codecs that compress by shape (low rank) override it."""
+        n = 1 << 20
+        return min(float(trained_bytes), self.wire_nbytes((n,)) / n)
+
     def params(self) -> dict[str, Any]:
         """Constructor parameters (JSON-able), e.g. for tables and logs."""
         return {"allow_nonfinite": self.allow_nonfinite}

@@ -44,6 +44,10 @@ class NoneCodec(CastCodec):
     name = "none"
     wire_float_dtype = torch.float32
 
+    def bytes_per_value(self, hidden: int, trained_bytes: float) -> float:
+        """Uncompressed: the values as trained."""
+        return float(trained_bytes)
+
 
 class Fp16Codec(CastCodec):
     """IEEE half precision on the wire (2 bytes per value)."""

@@ -91,6 +91,11 @@ class PowerSGDCodec(Codec):
         torch.matmul(p, q.T, out=matrix)
         return matrix.to(payload.dtype).reshape(payload.shape)
 
+    def bytes_per_value(self, hidden: int, trained_bytes: float) -> float:
+        """On the dominant h x 4h MLP matrix: 4 r (h + 4h) / (4 h^2) bytes per value."""
+        h = int(hidden)
+        return self.wire_nbytes((h, 4 * h)) / (4 * h * h)
+
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         r = self.matrix_rank(shape)
         if r == 0:

@@ -23,9 +23,11 @@ import torch
 
 from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, extremes, numel_of
 from geotrain.codecs.buffers import new_zeros
+from geotrain.codecs.dtypes import float_dtype, itemsize
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
 
-_VALUE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+_VALUE_DTYPES = ("fp16", "fp32")
+"""Names value_dtype takes (geotrain.codecs.dtypes)."""
 _MAX_INT32 = 2**31 - 1
 _SELECTIONS = ("threshold", "sort")
 """topk index selection: a sampled threshold + one compiled pass (exact set, ties aside), or torch.topk."""
@@ -39,9 +41,10 @@ class SparseCodec(Codec):
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
             raise CodecError(f"{self.name}: fraction must be a number in (0, 1], got {fraction!r}")
         if value_dtype not in _VALUE_DTYPES:
-            raise CodecError(f"{self.name}: value_dtype must be one of {sorted(_VALUE_DTYPES)}, got {value_dtype!r}")
+            raise CodecError(f"{self.name}: value_dtype must be one of {list(_VALUE_DTYPES)}, got {value_dtype!r}")
         self.fraction = float(fraction)
         self.value_dtype = value_dtype
+        self.value_torch_dtype = float_dtype(value_dtype, f"{self.name}: value_dtype", _VALUE_DTYPES)
 
     def params(self) -> dict[str, Any]:
         return {"fraction": self.fraction, "value_dtype": self.value_dtype, **super().params()}
@@ -51,7 +54,7 @@ class SparseCodec(Codec):
         return min(n, max(1, int(self.fraction * n)))
 
     def _values(self, flat: torch.Tensor, indices: torch.Tensor, original: torch.Tensor) -> torch.Tensor:
-        values = flat[indices].to(_VALUE_DTYPES[self.value_dtype])
+        values = flat[indices].to(self.value_torch_dtype)
         # Finite input may still overflow the wire values: fp16 above 65504, float64 above float32's
         # range. k values only, so this check is cheap.
         self._raise_if_nonfinite(original, extremes(values), wire=values)
@@ -79,7 +82,7 @@ class SparseCodec(Codec):
         return x, flat
 
     def _value_bytes(self) -> int:
-        return torch.empty((), dtype=_VALUE_DTYPES[self.value_dtype]).element_size()
+        return itemsize(self.value_torch_dtype)
 
 
 class TopKCodec(SparseCodec):

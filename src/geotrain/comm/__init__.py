@@ -25,8 +25,8 @@ PowerSGD), `onebit` (error-compensated 1-bit averaging, 1-bit Adam's momentum). 
 all-reduce (geotrain.comm.hierarchical: full precision inside regions, a codec between them) spans
 several process groups (a region's and the shard owners'), so it is not a one-group reducer: the DDP
 hook, the runtime (--dp-hierarchical) and 1-bit Adam (optim.region_collective) use it directly. To add
-a one-group reducer: write `factory(params, context) -> reducer` and add one line to
-`geotrain.comm.registry.REDUCERS`.
+a one-group reducer: write `factory(params, context) -> reducer` and add one `RegisteredReducer` line
+(factory and `ReducerTraits`) to `geotrain.comm.registry.REDUCERS`.
 """
 
 from geotrain.comm.clip import clip_grad_norm_
@@ -37,11 +37,18 @@ from geotrain.comm.ledger import CommLedger, intercept_torch_collectives, tensor
 from geotrain.comm.onebit import OneBitMomentumReducer
 from geotrain.comm.onebit_layout import OneBitLayout
 from geotrain.comm.powersgd import PowerSGDConfig, PowerSGDLayout, PowerSGDReducer, compressed_rank
-from geotrain.comm.registry import REDUCERS, ReducerContext, check_reducer_spec, get_reducer
+from geotrain.comm.registry import (
+    REDUCERS,
+    ReducerContext,
+    ReducerTraits,
+    RegisteredReducer,
+    check_reducer_spec,
+    get_reducer,
+    reducer_traits,
+)
 from geotrain.procs import WorkerFailure
 
 __all__ = [
-    "REDUCERS",
     "CodecReducer",
     "Collective",
     "CommLedger",
@@ -50,7 +57,10 @@ __all__ = [
     "PowerSGDConfig",
     "PowerSGDLayout",
     "PowerSGDReducer",
+    "REDUCERS",
     "ReducerContext",
+    "ReducerTraits",
+    "RegisteredReducer",
     "SimulatedCollective",
     "TorchCollective",
     "WorkerFailure",
@@ -60,6 +70,7 @@ __all__ = [
     "get_reducer",
     "intercept_torch_collectives",
     "reap_processes",
+    "reducer_traits",
     "run_workers",
     "start_processes",
     "tensor_bytes",

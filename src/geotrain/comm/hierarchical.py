@@ -36,12 +36,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from geotrain.codecs.base import Codec, Payload, PayloadSpec
+from geotrain.codecs.base import Codec, CodecError, Payload, PayloadSpec
+from geotrain.codecs.dtypes import float_dtype, itemsize
 from geotrain.codecs.feedback import ErrorFeedbackBank
 from geotrain.codecs.wire import pack_payload, unpack_payload
 from geotrain.comm.regions import Regions, RegionsError
-
-INTRA_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -108,15 +107,16 @@ class HierarchicalReducer:
 
     def __init__(self, codec: Codec, groups: HierarchicalGroups, *, error_feedback: bool = True,
                  intra_dtype: str = "fp32", segments: Sequence[int] | None = None, rank: int | None = None) -> None:
-        if intra_dtype not in INTRA_DTYPES:
-            raise RegionsError(f"intra_dtype must be one of {', '.join(INTRA_DTYPES)}, got {intra_dtype!r}")
         self.codec = codec
         self.groups = groups
         self.regions = groups.regions
         self.rank = dist.get_rank() if rank is None else rank
         self.region = self.regions.region_of(self.rank)
         self.members = self.regions.members[self.region]
-        self.intra_dtype = INTRA_DTYPES[intra_dtype]
+        try:
+            self.intra_dtype = float_dtype(intra_dtype, "intra_dtype")
+        except CodecError as exc:
+            raise RegionsError(str(exc)) from None
         self.segments = None if segments is None else [int(s) for s in segments]
         self.feedback = ErrorFeedbackBank(codec) if error_feedback else None
         self.bytes = LinkBytes()
@@ -256,14 +256,14 @@ def expected_link_bytes(codec: Codec, groups: HierarchicalGroups, rank: int, num
     regions, shards = groups.regions, groups.shards
     region = regions.members[regions.region_of(rank)]
     bounds = shard_bounds(numel, shards)
-    itemsize = torch.empty((), dtype=INTRA_DTYPES[intra_dtype]).element_size()
+    size = itemsize(float_dtype(intra_dtype, "intra_dtype"))
 
     def owned_numel(member: int) -> int:
         return sum(bounds[s][1] - bounds[s][0] for s in regions.owned_shards(member, shards))
 
     out = LinkBytes()
     if len(region) > 1:
-        out.intra_bytes = itemsize * (sum(owned_numel(m) for m in region if m != rank)
+        out.intra_bytes = size * (sum(owned_numel(m) for m in region if m != rank)
                                       + (len(region) - 1) * owned_numel(rank))
     if regions.count > 1:
         for shard in regions.owned_shards(rank, shards):

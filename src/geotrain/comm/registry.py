@@ -1,11 +1,17 @@
 """Reducers by spec: `get_reducer("topk:fraction=0.01", context)`, `get_reducer("powersgd:rank=4", context)`.
 
-Specs are codec specs (geotrain.codecs.parse_codec_spec, the one parser). A spec whose name is in
-`REDUCERS` builds that reducer from its parameters; any other name is a codec of geotrain.codecs,
-run by the codec reducer (error feedback, compressed all-reduce or all-gather). A Codec instance is
-taken as it is (its own registered reducer, e.g. powersgd, gets the instance's parameters).
+Specs are codec specs (a `geotrain.codecs.CodecSpec`, or its text, parsed by the one parser). A spec
+whose name is in `REDUCERS` builds that reducer from its parameters; any other name is a codec of
+geotrain.codecs, run by the codec reducer (error feedback, compressed all-reduce or all-gather). A
+Codec instance is taken as it is (its own registered reducer, e.g. powersgd, gets the instance's
+parameters).
 
-To add a reducer: write a factory `(params, context) -> Reducer` and add one line to REDUCERS.
+`reducer_traits(spec)`: what planners and the runtime ask of a reducer without building one (its
+payloads all-gathered or summed, latency rounds, whether it can stand between the regions of the
+hierarchical all-reduce). Nobody outside codecs/ and comm/ decides these by a codec's name.
+
+To add a reducer: write a factory `(params, context) -> Reducer` and add one `RegisteredReducer`
+line (factory and traits) to REDUCERS.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from geotrain.codecs import Codec, CodecError, get_codec, parse_codec_spec
+from geotrain.codecs import Codec, CodecError, CodecSpec, PowerSGDCodec, get_codec
 from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.onebit import OneBitMomentumReducer
 from geotrain.comm.powersgd import PowerSGDConfig, PowerSGDLayout, PowerSGDReducer
@@ -72,35 +78,74 @@ def _codec(codec: Codec, context: ReducerContext) -> CodecReducer:
                         context.error_feedback, context.granularity)
 
 
-REDUCERS: dict[str, ReducerFactory] = {
-    "powersgd": _powersgd,
-    "onebit": _onebit,
+@dataclass(frozen=True)
+class ReducerTraits:
+    """What a reducer's exchange costs and where it may run, known without building it.
+
+    gathered: every member receives every other member's whole payload (an all-gather: (n - 1) b
+        bytes per member, in half an all-reduce's latency rounds); False: the payloads are summed on
+        the way (an all-reduce or a scatter-reduce).
+    latency_rounds: latency rounds of one exchange relative to one all-reduce (PowerSGD: 2, P and Q).
+    hierarchical: the hierarchical all-reduce (geotrain.comm.hierarchical) can run it between
+        regions: a codec of geotrain.codecs; a reducer with its own exchange (PowerSGD) cannot.
+    """
+
+    gathered: bool
+    latency_rounds: float = 1.0
+    hierarchical: bool = False
+
+
+@dataclass(frozen=True)
+class RegisteredReducer:
+    """A reducer other than the codec reducer: its factory and its traits."""
+
+    build: ReducerFactory
+    traits: ReducerTraits
+
+
+REDUCERS: dict[str, RegisteredReducer] = {
+    "powersgd": RegisteredReducer(_powersgd, ReducerTraits(gathered=False, latency_rounds=PowerSGDCodec.latency_rounds)),
+    "onebit": RegisteredReducer(_onebit, ReducerTraits(gathered=False)),
 }
 """Reducers other than the codec reducer, by spec name."""
 
 
-def get_reducer(spec: str | Codec, context: ReducerContext, **more_params: Any) -> Any:
+def codec_traits(codec: Codec) -> ReducerTraits:
+    """The codec reducer's traits for `codec`: summable codecs all-reduce, the others all-gather."""
+    return ReducerTraits(gathered=not codec.summable, latency_rounds=codec.latency_rounds, hierarchical=True)
+
+
+def reducer_traits(spec: CodecSpec | str) -> ReducerTraits:
+    """The traits of the reducer `spec` names (see ReducerTraits); CodecError for an unknown name."""
+    spec = CodecSpec.parse(spec)
+    if spec.name in REDUCERS:
+        return REDUCERS[spec.name].traits
+    return codec_traits(get_codec(spec.name))
+
+
+def get_reducer(spec: str | CodecSpec | Codec, context: ReducerContext, **more_params: Any) -> Any:
     """The reducer `spec` names, built for `context`; `more_params` add to the spec's parameters.
     CodecError names the spec and what is wrong."""
     if isinstance(spec, Codec):
         if more_params:
             raise CodecError(f"parameters {sorted(more_params)} given with a Codec instance; pass a name instead")
         if spec.name in REDUCERS:
-            return REDUCERS[spec.name](spec.params(), context)
+            return REDUCERS[spec.name].build(spec.params(), context)
         return _codec(spec, context)
-    name, params = parse_codec_spec(spec)
+    parsed = CodecSpec.parse(spec)
+    params = parsed.kwargs()
     twice = sorted(set(params) & set(more_params))
     if twice:
-        raise CodecError(f"codec {spec!r}: parameter(s) {twice} given twice")
+        raise CodecError(f"codec {str(spec)!r}: parameter(s) {twice} given twice")
     params.update(more_params)
-    if name in REDUCERS:
-        return REDUCERS[name](params, context)
+    if parsed.name in REDUCERS:
+        return REDUCERS[parsed.name].build(params, context)
     try:
-        return _codec(get_codec(name, **params), context)
+        return _codec(get_codec(parsed.name, **params), context)
     except TypeError as exc:
-        raise CodecError(f"codec {spec!r}: {exc}") from None
+        raise CodecError(f"codec {str(spec)!r}: {exc}") from None
 
 
-def check_reducer_spec(spec: str) -> None:
+def check_reducer_spec(spec: str | CodecSpec) -> None:
     """Build `spec`'s reducer for a one-tensor group: CodecError if its name or parameters are wrong."""
     get_reducer(spec, ReducerContext.of([("check", (4, 4))], 1))

@@ -7,13 +7,14 @@ The quality ladders, best quality first (each step down sends fewer bytes and ri
 A policy (`dp=sign,pp=fp16`) names the lowest rung each may use; the default stops at
 int8-block for DP and fp16 for activations (measured: sign+EF under AdamW costs ~0.5 nats on the tiny GPT, docs/wan.md).
 
-Wire bytes per value come from the codecs' own documented sizes (`Codec.wire_nbytes`): none = the job's
-bytes_per_value, fp16 = min(2, that), int8-block = 1 + 4/256, sign = 1/8, powersgd (rank r) on the
-job's dominant hidden x 4 hidden matrices = 4 r (h + 4h) / (4 h^2). Codecs whose payloads cannot be summed
-in compressed form (int8-block, sign) are all-gathered: each member receives every other member's
-whole payload, (n - 1) b bytes instead of a scatter-gather's 2 (n - 1) / n b, so their DP bytes per
-value count n / 2 times, and in (n - 1) latency rounds instead of 2 (n - 1): half the latency.
-PowerSGD runs two all-reduces (P, Q): twice the latency.
+Wire bytes per value come from the codecs' own documented sizes (`Codec.bytes_per_value`): none = the
+job's bytes_per_value, fp16 = min(2, that), int8-block = 1 + 4/256, sign = 1/8, powersgd (rank r) on the
+job's dominant hidden x 4 hidden matrices = 4 r (h + 4h) / (4 h^2). Whether a reducer's payloads are
+all-gathered and its latency rounds are the reducer's traits (`geotrain.comm.reducer_traits`): codecs
+whose payloads cannot be summed in compressed form (int8, int8-block, topk, sign) are all-gathered:
+each member receives every other member's whole payload, (n - 1) b bytes instead of a scatter-gather's
+2 (n - 1) / n b, so their DP bytes per value count n / 2 times, and in (n - 1) latency rounds instead
+of 2 (n - 1): half the latency. PowerSGD runs two all-reduces (P, Q): twice the latency.
 
 The rule (`choose_codecs`), with the "yuan" model and these bytes:
 1. every group and cut gets its fastest allowed codec (ties: the better-quality one): total T*;
@@ -41,8 +42,6 @@ DP_LADDER = ("none", "fp16", "int8-block", "powersgd", "sign")
 PP_LADDER = ("none", "fp16")
 DEFAULT_POLICY = "dp=int8-block,pp=fp16"  # sign+EF with AdamW lost 0.5 nats in bench wan (docs/wan.md)
 DEFAULT_TOLERANCE = 0.02
-GATHERED_CODECS = frozenset({"int8-block", "sign"})
-"""Non-summable codecs: the runtime all-gathers their payloads."""
 
 
 class CodecPolicyError(GeotrainError, ValueError):
@@ -94,23 +93,19 @@ def parse_codec_policy(text: str, tolerance: float = DEFAULT_TOLERANCE, source: 
 
 
 def codec_link_bytes(name: str, job: Job, kind: str, group_size: int = 2) -> LinkBytes:
-    """LinkBytes of a flat codec `name` (both link classes alike) for `kind` "dp" or "pp" of `job`;
+    """LinkBytes of a flat codec spec `name` (both link classes alike) for `kind` "dp" or "pp" of `job`;
     `group_size` n: the DP group's members (all-gathered codecs count n / 2 times)."""
-    from geotrain.codecs import get_codec
+    from geotrain.codecs import CodecSpec  # torch-backed: imported only when codecs are priced
+    from geotrain.comm import reducer_traits
 
-    if name == "none":
-        per_value = float(job.bytes_per_value)
-    elif name == "powersgd":
-        h = job.hidden
-        per_value = get_codec("powersgd").wire_nbytes((h, 4 * h)) / (4 * h * h)
-    else:
-        n = 1 << 20
-        per_value = min(float(job.bytes_per_value), get_codec(name).wire_nbytes((n,)) / n)
+    spec = CodecSpec.parse(name)
+    per_value = spec.build().bytes_per_value(job.hidden, job.bytes_per_value)
     if kind == "pp":
         return LinkBytes.uniform(pp=per_value)
-    if name in GATHERED_CODECS:  # all-gather: n/2 times the bytes, half the latency rounds of an all-reduce
-        return LinkBytes.uniform(dp=per_value * max(1.0, group_size / 2), dp_latency_factor=0.5)
-    return LinkBytes.uniform(dp=per_value, dp_latency_factor=2.0 if name == "powersgd" else 1.0)
+    traits = reducer_traits(spec)
+    if traits.gathered:  # all-gather: n/2 times the bytes, half the latency rounds of an all-reduce
+        return LinkBytes.uniform(dp=per_value * max(1.0, group_size / 2), dp_latency_factor=0.5 * traits.latency_rounds)
+    return LinkBytes.uniform(dp=per_value, dp_latency_factor=traits.latency_rounds)
 
 
 @dataclass(frozen=True)
