@@ -8,9 +8,12 @@ installs it before `init_process_group`, so the runtime, user scripts and benchm
 - point-to-point (torch.distributed.pipelining sends them): each message this rank sent, from its
   emulated start on the link to its emulated arrival, as the emulator recorded it; without
   emulation none are recorded (torch owns the calls);
-- collectives (the data-parallel exchange): the emulated span of the group's collectives run inside
-  `collective()` (from the latest member's start to the end), without emulation: a barrier of the
-  group, then the wall time of the real collective.
+- collectives (the data-parallel exchange, geotrain.sync): the emulated span of the group's
+  collectives run inside `collective()` (from the latest member's start to the end), without
+  emulation: a barrier of the group, then the wall time of the real collective. An exchange over
+  several groups (the hierarchical all-reduce: a region's group and the shard owners') is one call
+  with all of them: the span from the first to the last of their collectives; without emulation, its
+  wall time (no barrier: no one group holds every member).
 Emulated seconds are multiplied by the time scale, the unit of the runtime's prediction.
 """
 
@@ -120,26 +123,30 @@ class Transport:
                                           t.start_s * self.time_scale, t.end_s * self.time_scale))
         return records
 
-    def collective(self, group: Any, devices: list[int], nbytes: int, run: Callable[[], T]) -> T:
-        """Run `run()` (the real collectives of `group`) and record its communication seconds."""
+    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T]) -> T:
+        """Run `run()` (the real collectives of `group`, or of a list of groups) and record its
+        communication seconds; `nbytes`: payload bytes per member, or a function that tells them after
+        the run (when only the run knows them). The one timing path of every DP collective."""
         if len(devices) < 2:
             result = run()
-            self.collectives.append(CollectiveRecord(nbytes, 0.0, 0.0))
+            self.collectives.append(CollectiveRecord(nbytes if isinstance(nbytes, int) else nbytes(), 0.0, 0.0))
             return result
+        groups = list(group) if isinstance(group, list | tuple) else [group]
+        emulated = [g for g in groups if isinstance(g, EmulatedProcessGroup)]
         self.waiting_on = f"the data-parallel group of devices {devices}"
-        if isinstance(group, EmulatedProcessGroup):
-            mark = len(group.spans)
+        if emulated:
+            marks = [len(g.spans) for g in emulated]
             result = run()
-            spans = group.spans[mark:]
-            emulated = (spans[-1][2] - spans[0][1]) if spans else 0.0
-            seconds = emulated * self.time_scale
+            spans = [span for g, mark in zip(emulated, marks, strict=True) for span in g.spans[mark:]]
+            seconds = (max(s[2] for s in spans) - min(s[1] for s in spans)) * self.time_scale if spans else 0.0
         else:
-            dist.barrier(group=group)
+            if len(groups) == 1:
+                dist.barrier(group=groups[0])
             start = time.time()
             result = run()
-            seconds = emulated = time.time() - start
+            seconds = time.time() - start
         self.waiting_on = None
-        self.collectives.append(CollectiveRecord(nbytes, seconds, seconds))
+        self.collectives.append(CollectiveRecord(nbytes if isinstance(nbytes, int) else nbytes(), seconds, seconds))
         return result
 
     def take_records(self) -> list[CollectiveRecord]:

@@ -5,7 +5,7 @@ nothing changes; the launcher sets the same variables and hosts the store itself
 does (TORCHELASTIC_USE_AGENT_STORE=True). Per iteration: draw this replica's batch from (data seed,
 step, replica), run torch's pipeline schedule over the replica's pipeline group (runtime/pipeline.py),
 sum tied gradients between the stages holding copies, exchange gradients in the stage's DP group,
-clip and step the optimizer (runtime/dp_step.py), record timings; evaluate and checkpoint when due. At the end rank 0 gathers every
+clip and step the optimizer (the stage's geotrain.sync GradientSync, runtime/dp_step.py), record timings; evaluate and checkpoint when due. At the end rank 0 gathers every
 rank's records. Ranks are numbered stage x R + replica; pipeline groups and DP groups by new_group.
 """
 
@@ -28,8 +28,7 @@ from geotrain.errors import GeotrainError
 from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_ties, validation_starts
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
-from geotrain.runtime.dp_step import DataParallelStep
-from geotrain.runtime.hierarchical_exchange import create_stage_hierarchies
+from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync, sync_options
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
@@ -96,8 +95,8 @@ class Worker:
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
                      if config.dp_hierarchical else None)
-        self.dp = DataParallelStep(config.for_stage(self.slot.stage), self.stage, self.transport, self.groups[self.slot.stage],
-                                   self.layout.dp_group_devices(self.slot.stage), hierarchy, rank)
+        self.dp = stage_gradient_sync(sync_options(config.for_stage(self.slot.stage)), self.stage, self.transport,
+                                      self.groups[self.slot.stage], hierarchy, rank, config.replicas)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
 

@@ -1,7 +1,7 @@
-"""The data-parallel exchange of one stage's group: the stage's gradients averaged by a geotrain.comm
-reducer (the `--dp-codec` spec: any codec with error feedback, distributed PowerSGD, ...), every
-collective run through the Transport, which times it (the emulated span of the group's collectives;
-for an all-gather the emulation charges an all-reduce's time: documented in docs/runtime.md).
+"""The per-step exchange of one stage's DP group through a one-group reducer of geotrain.comm (the
+codec spec: any codec with error feedback, distributed PowerSGD, ...), every collective run through
+the transport, which times it (the emulated span of the group's collectives; for an all-gather the
+emulation charges an all-reduce's time: documented in docs/runtime.md).
 
 The reducer encodes the flat stage gradient as one tensor (granularity "flat"); summable codecs
 (none, fp16, bf16, randk) all-reduce the payload in compressed form, the others all-gather the packed
@@ -17,11 +17,12 @@ from typing import Any
 
 import torch
 
+from geotrain.codecs import CodecSpec
 from geotrain.comm import ReducerContext, TorchCollective, get_reducer
-from geotrain.runtime.transport import Transport
+from geotrain.sync.base import CollectiveTransport, StepTimer, set_grads
 
 
-def timed_collective(transport: Transport, group: Any, group_devices: list[int],
+def timed_collective(transport: CollectiveTransport, group: Any, group_devices: list[int],
                      on_wall_s: Callable[[float], None] | None = None) -> TorchCollective:
     """A collective of the DP group `group` whose every call goes through `transport.collective`;
     `on_wall_s(seconds)` is told the wall time of each call."""
@@ -39,16 +40,16 @@ def timed_collective(transport: Transport, group: Any, group_devices: list[int],
 class StageExchange:
     """Averages the gradients of `named_params` over a DP group through the reducer of `spec`."""
 
-    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: str, error_feedback: bool,
-                 transport: Transport, group: Any, group_devices: list[int]) -> None:
+    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: CodecSpec | str,
+                 error_feedback: bool, transport: CollectiveTransport, group: Any, group_devices: list[int]) -> None:
         self.params = [param for _, param in named_params]
         self.comm_wall_s = 0.0
         self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
         context = ReducerContext.of([(name, p.shape) for name, p in named_params], self.collective.world_size,
                                     error_feedback=error_feedback)
-        self.reducer = get_reducer(spec, context)
+        self.reducer = get_reducer(CodecSpec.parse(spec), context)
 
-    def exchange(self, step: int, timer: Any) -> int:
+    def exchange(self, step: int, timer: StepTimer) -> int:
         """Replace every gradient by the group mean (as the reducer delivers it); returns the bytes this
         rank handed to the collectives. The reducer's own work (encoding, decoding, PowerSGD's products)
         is timed by `timer` as compute, the collectives' wall time excluded."""
@@ -56,12 +57,7 @@ class StageExchange:
         comm_before = self.comm_wall_s
         started = time.perf_counter()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        means = self.reducer.reduce([grads], self.collective, step)
-        for p, mean in zip(self.params, means, strict=True):
-            if p.grad is None:
-                p.grad = mean.clone()
-            else:
-                p.grad.copy_(mean)
+        set_grads(self.params, self.reducer.reduce([grads], self.collective, step))
         timer.seconds += time.perf_counter() - started - (self.comm_wall_s - comm_before)
         return self.collective.ledger.handed_bytes - before
 
@@ -75,4 +71,3 @@ class StageExchange:
         if "reducer" not in state:
             raise ValueError("checkpoint holds no data-parallel reducer state")
         self.reducer.load_state_dict(state["reducer"])
-

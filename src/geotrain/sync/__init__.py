@@ -1,0 +1,31 @@
+"""Gradient synchronisation of a stage's data-parallel group: one interface (`GradientSync`), its
+implementations (every step, 1-bit Adam, local SGD / DiLoCo) and the factory that picks one from
+typed options. See docs/comm.md ("Gradient synchronisation")."""
+
+from geotrain.sync.base import GradientExchange, GradientSync, SyncError, SyncResult
+from geotrain.sync.exchange import StageExchange, timed_collective
+from geotrain.sync.factory import BETAS, WEIGHT_DECAY, make_gradient_sync
+from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.onebit import OneBitAdamSync
+from geotrain.sync.options import SYNC_OPTIMIZERS, DPGroup, SyncOptions
+from geotrain.sync.outer import OuterSync
+from geotrain.sync.per_step import PerStepSync
+
+__all__ = [
+    "BETAS",
+    "SYNC_OPTIMIZERS",
+    "WEIGHT_DECAY",
+    "DPGroup",
+    "GradientExchange",
+    "GradientSync",
+    "HierarchicalGradientExchange",
+    "OneBitAdamSync",
+    "OuterSync",
+    "PerStepSync",
+    "StageExchange",
+    "SyncError",
+    "SyncOptions",
+    "SyncResult",
+    "make_gradient_sync",
+    "timed_collective",
+]

@@ -1,0 +1,105 @@
+"""The gradient-synchronisation interface: what a data-parallel worker calls after its backward pass.
+
+    sync = make_gradient_sync(options, named_params, transport, group, group_devices)  # geotrain.sync.factory
+    sync.set_lr(lr); sync.optimizer.zero_grad()
+    ... forward, backward ...
+    dp_bytes, grad_norm = sync.step(step, timer)     # exchange (or not, this step), clip, optimizer step
+    sync.fingerprint()                               # a float every replica agrees on after a sync
+    sync.state_dict() / sync.load_state_dict(state)  # checkpoint
+
+An implementation decides what travels and when: every step the gradients (PerStepSync: a flat
+codec reducer, PowerSGD, the hierarchical all-reduce), the optimizer's own momenta (OneBitAdamSync),
+or every H steps the outer gradients (OuterSync: local SGD / DiLoCo). Every collective it runs goes
+through the transport (`CollectiveTransport.collective`), which times it: there is no second timing
+path. `timer` measures the compute inside the step (codec work, optimizer) with communication excluded.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+import torch
+
+from geotrain.errors import GeotrainError
+
+T = TypeVar("T")
+
+
+class SyncError(GeotrainError, ValueError):
+    """A gradient-sync option or combination that cannot run (named with its value and source)."""
+
+
+class StepTimer(Protocol):
+    """Accumulates compute seconds: `with timer:` times a block; `seconds` may be added to directly."""
+
+    seconds: float
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class CollectiveTransport(Protocol):
+    """Runs and times the collectives of one or more process groups (geotrain.runtime.transport.Transport)."""
+
+    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int],
+                   run: Callable[[], T]) -> T: ...
+
+
+class SyncResult(NamedTuple):
+    """One step's synchronisation: bytes this rank handed to its DP collectives, and the global gradient
+    norm before clipping (None when not measured this step)."""
+
+    dp_bytes: int
+    grad_norm: float | None
+
+
+class GradientSync(ABC):
+    """One data-parallel synchronisation scheme of a stage's parameters (see the module doc)."""
+
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    """The optimizer of the parameters (the inner one for OuterSync): its lr is what `set_lr` sets."""
+
+    @abstractmethod
+    def step(self, step: int, timer: StepTimer) -> SyncResult:
+        """After backward at 0-based `step`: synchronise what this scheme synchronises now, clip, step."""
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def fingerprint(self) -> float:
+        """A float64 sum of the weights the replicas agree on (here: the parameters)."""
+        return float(sum(p.detach().double().sum() for p in self.params))
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs (optimizer state, residuals, anchors)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`; ValueError when it was written by another scheme."""
+
+
+class GradientExchange(Protocol):
+    """Replaces every parameter's gradient by the DP group's mean, in place."""
+
+    def exchange(self, step: int, timer: StepTimer) -> int:
+        """Average now; returns the bytes this rank handed to the collectives."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def set_grads(params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor]) -> None:
+    """Write `values` (shaped like the parameters) into the gradients, creating missing ones."""
+    for p, value in zip(params, values, strict=True):
+        if p.grad is None:
+            p.grad = value.clone()
+        else:
+            p.grad.copy_(value)

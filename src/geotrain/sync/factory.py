@@ -1,0 +1,87 @@
+"""`make_gradient_sync`: the one place that picks a GradientSync implementation from SyncOptions.
+
+    optimizer onebit-adam              -> OneBitAdamSync (1-bit Adam averages over the group itself)
+    sync_every H                       -> OuterSync (local SGD / DiLoCo; outer gradients through the
+                                          exchange below, every H steps)
+    otherwise                          -> PerStepSync (the exchange below, every step)
+    the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions);
+                  flat         -> StageExchange (the codec reducer, or a registered reducer: PowerSGD)
+With a hierarchy and sync_every, each region is one worker: its members average their gradients every
+step at full precision (a StageExchange "none" on the region's group) before the inner step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from geotrain.codecs import CodecSpec
+from geotrain.optim import OneBitAdam
+from geotrain.optim.outer import OuterStep
+from geotrain.sync.base import CollectiveTransport, GradientExchange, GradientSync, SyncError
+from geotrain.sync.exchange import StageExchange, timed_collective
+from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.onebit import OneBitAdamSync
+from geotrain.sync.options import DPGroup, SyncOptions
+from geotrain.sync.outer import OuterSync
+from geotrain.sync.per_step import PerStepSync
+
+BETAS = (0.9, 0.95)
+WEIGHT_DECAY = 0.1
+"""AdamW's (and 1-bit Adam's) betas and decoupled weight decay."""
+
+
+def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, torch.nn.Parameter]],
+                       transport: CollectiveTransport, group: DPGroup, rank: int = 0,
+                       sum_squares: Callable[[float], float] | None = None) -> GradientSync:
+    """The sync of the module doc for the parameters `named_params` of this rank (global `rank`) in `group`.
+    `sum_squares`: this rank's sum of squared gradients -> the global one (for clipping; None: local)."""
+    if options.hierarchical != (group.hierarchy is not None):
+        raise SyncError(f"make_gradient_sync: options.hierarchical is {options.hierarchical} but the DP group "
+                        f"{'has' if group.hierarchy is not None else 'has no'} region hierarchy")
+    named_params = list(named_params)
+    params = [p for _, p in named_params]
+    devices = list(group.devices)
+    if options.optimizer == "onebit-adam":
+        wall = [0.0]
+
+        def add_wall_s(seconds: float) -> None:
+            wall[0] += seconds
+
+        collective = timed_collective(transport, group.handle, devices, add_wall_s)
+        optimizer = OneBitAdam(named_params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                               warmup_steps=options.onebit_warmup_steps, collective=collective,
+                               max_grad_norm=options.clip_grad_norm, norm_sum_squares=sum_squares)
+        return OneBitAdamSync(params, optimizer, collective, options.clip_grad_norm, lambda: wall[0])
+    exchange = _exchange(options, named_params, transport, group, rank)
+    adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    if options.sync_every is None:
+        return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
+    outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
+    return OuterSync(params, adamw, outer, exchange, options.total_steps,
+                     _region_exchange(named_params, transport, group, rank))
+
+
+def _exchange(options: SyncOptions, named_params: list[tuple[str, torch.nn.Parameter]],
+              transport: CollectiveTransport, group: DPGroup, rank: int) -> GradientExchange:
+    if group.hierarchy is not None:
+        return HierarchicalGradientExchange([p for _, p in named_params], options.codec.build(),
+                                            options.error_feedback, transport, group.hierarchy, rank,
+                                            list(group.devices))
+    return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
+                         list(group.devices))
+
+
+def _region_exchange(named_params: list[tuple[str, torch.nn.Parameter]], transport: CollectiveTransport,
+                     group: DPGroup, rank: int) -> GradientExchange | None:
+    """Local SGD with a hierarchy: the full-precision mean over this rank's region (None: flat, or a
+    region of one)."""
+    if group.hierarchy is None:
+        return None
+    region = group.hierarchy.regions.region_of(rank)
+    if group.hierarchy.intra[region] is None:
+        return None
+    members = group.hierarchy.regions.members[region]
+    return StageExchange(named_params, CodecSpec("none"), False, transport, group.hierarchy.intra[region],
+                         group.devices_of(members))

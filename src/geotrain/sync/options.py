@@ -1,0 +1,114 @@
+"""What picks and configures a gradient sync: `SyncOptions` (typed, checked where built) and the DP
+group it runs on (`DPGroup`). Each bad value or combination is refused in one line naming it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from geotrain.codecs import CodecError, CodecSpec
+from geotrain.comm import check_reducer_spec, reducer_traits
+from geotrain.comm.hierarchical import HierarchicalGroups
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.sync.base import SyncError
+
+SYNC_OPTIMIZERS = ("adamw", "onebit-adam")
+"""Optimizers a sync can step: AdamW after any exchange, or 1-bit Adam (which exchanges itself)."""
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """The options of one stage's gradient synchronisation.
+
+    codec: the DP exchange's codec / reducer spec (a string is parsed once, here).
+    error_feedback: keep the residuals of what the codec dropped.
+    optimizer: "adamw" or "onebit-adam" (1-bit Adam does its own DP communication: codec none).
+    lr: the optimizer's learning rate (the schedule's peak; set per step with GradientSync.set_lr).
+    total_steps: the run's steps (an outer period also ends at the last step).
+    onebit_warmup_steps: 1-bit Adam's full-precision warm-up, in steps (onebit-adam only).
+    clip_grad_norm: the global gradient norm clip (None: no clipping; not with sync_every).
+    sync_every: H, the local-SGD / DiLoCo outer period in steps (None: every step's gradients).
+    outer_lr, outer_momentum: the outer Nesterov SGD's (sync_every only).
+    hierarchical: full precision inside regions, the codec between them (geotrain.comm.hierarchical).
+    """
+
+    codec: CodecSpec
+    optimizer: str
+    lr: float
+    total_steps: int
+    error_feedback: bool = True
+    onebit_warmup_steps: int | None = None
+    clip_grad_norm: float | None = None
+    sync_every: int | None = None
+    outer_lr: float = DILOCO_LR
+    outer_momentum: float = DILOCO_MOMENTUM
+    hierarchical: bool = False
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "codec", CodecSpec.parse(self.codec))
+            check_reducer_spec(self.codec)
+        except CodecError as exc:
+            raise SyncError(f"SyncOptions.codec {str(self.codec)!r}: {exc}") from None
+        if self.optimizer not in SYNC_OPTIMIZERS:
+            raise SyncError(f"SyncOptions.optimizer must be one of {', '.join(SYNC_OPTIMIZERS)}, got {self.optimizer!r}")
+        _positive("lr", self.lr)
+        if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 1:
+            raise SyncError(f"SyncOptions.total_steps must be an integer >= 1, got {self.total_steps!r}")
+        for name in ("error_feedback", "hierarchical"):
+            if not isinstance(getattr(self, name), bool):
+                raise SyncError(f"SyncOptions.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.clip_grad_norm is not None:
+            _positive("clip_grad_norm", self.clip_grad_norm)
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        if self.optimizer == "onebit-adam":
+            if self.codec.name != "none":
+                raise SyncError(f"SyncOptions: optimizer onebit-adam does its own data-parallel communication; "
+                                f"codec must be none, got {str(self.codec)!r}")
+            if self.hierarchical:
+                raise SyncError("SyncOptions: hierarchical with onebit-adam is not supported (1-bit Adam between "
+                                "regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)")
+            if self.onebit_warmup_steps is None:
+                raise SyncError("SyncOptions: optimizer onebit-adam needs onebit_warmup_steps (an integer >= 1)")
+        if self.hierarchical and not reducer_traits(self.codec).hierarchical:
+            raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
+                            f"its own exchange")
+        if self.sync_every is not None:
+            try:
+                check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "SyncOptions")
+            except OuterStepError as exc:
+                raise SyncError(str(exc)) from None
+            if self.optimizer != "adamw":
+                raise SyncError(f"SyncOptions: sync_every (local SGD) runs AdamW inside each replica; optimizer "
+                                f"must be adamw, got {self.optimizer!r}")
+            if self.clip_grad_norm is not None:
+                raise SyncError(f"SyncOptions: sync_every (local SGD): replicas do not exchange gradients, so the "
+                                f"global clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset")
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise SyncError(f"SyncOptions.{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class DPGroup:
+    """One stage's data-parallel group as this rank sees it: the process group, its members' global
+    ranks and devices (same order), and its region hierarchy (None: flat)."""
+
+    handle: Any
+    ranks: tuple[int, ...]
+    devices: tuple[int, ...]
+    hierarchy: HierarchicalGroups | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.ranks) != len(self.devices):
+            raise SyncError(f"DPGroup: {len(self.ranks)} ranks but {len(self.devices)} devices")
+
+    def devices_of(self, ranks: tuple[int, ...]) -> list[int]:
+        """The devices of `ranks` (members of this group)."""
+        device = dict(zip(self.ranks, self.devices, strict=True))
+        return [device[r] for r in ranks]
