@@ -1,0 +1,161 @@
+"""geotrain.sync: make_gradient_sync picks the implementation from SyncOptions, refuses bad
+combinations in one line, and every collective of a sync goes through the transport."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from geotrain.codecs import CodecSpec
+from geotrain.comm import CodecReducer, PowerSGDReducer
+from geotrain.comm.hierarchical import HierarchicalGroups
+from geotrain.comm.regions import Regions
+from geotrain.optim import OneBitAdam
+from geotrain.sync import (BETAS, WEIGHT_DECAY, DPGroup, HierarchicalGradientExchange, OneBitAdamSync, OuterSync,
+                           PerStepSync, StageExchange, SyncError, SyncOptions, make_gradient_sync)
+
+
+class RecordingTransport:
+    """Runs every collective and records its bytes (the one timing path, without timing)."""
+
+    def __init__(self) -> None:
+        self.nbytes: list[int] = []
+
+    def collective(self, group, devices, nbytes, run):
+        result = run()
+        self.nbytes.append(nbytes if isinstance(nbytes, int) else nbytes())
+        return result
+
+
+class Timer:
+    seconds = 0.0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+@pytest.fixture(scope="module")
+def world_of_one(tmp_path_factory):
+    """A real gloo process group of one rank (the reducers' TorchCollective needs one)."""
+    store = tmp_path_factory.mktemp("pg") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _group(hierarchical: bool) -> DPGroup:
+    hierarchy = HierarchicalGroups.create(Regions.of([[0]])) if hierarchical else None
+    return DPGroup(dist.group.WORLD, (0,), (0,), hierarchy)
+
+
+def _options(**kwargs) -> SyncOptions:
+    return SyncOptions(**{"codec": "none", "optimizer": "adamw", "lr": 1e-2, "total_steps": 4, **kwargs})
+
+
+def _backward(model: torch.nn.Module, seed: int) -> None:
+    torch.manual_seed(100 + seed)
+    model.zero_grad(set_to_none=True)
+    model(torch.randn(5, 8)).square().mean().backward()
+
+
+@pytest.mark.parametrize("options, sync_type, exchange_type, reducer_type", [
+    ({}, PerStepSync, StageExchange, CodecReducer),
+    ({"codec": "powersgd:rank=2"}, PerStepSync, StageExchange, PowerSGDReducer),
+    ({"codec": "sign", "hierarchical": True}, PerStepSync, HierarchicalGradientExchange, None),
+    ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2}, OneBitAdamSync, None, None),
+    ({"sync_every": 2, "codec": "int8-block"}, OuterSync, StageExchange, CodecReducer),
+    ({"sync_every": 2, "codec": "int8-block", "hierarchical": True}, OuterSync, HierarchicalGradientExchange, None),
+], ids=["flat", "powersgd", "hierarchical", "onebit-adam", "diloco", "diloco-hierarchical"])
+def test_factory_picks_the_implementation_of_each_option_combination(world_of_one, options, sync_type, exchange_type,
+                                                                     reducer_type):
+    options = _options(**options)
+    sync = make_gradient_sync(options, list(_model().named_parameters()), RecordingTransport(),
+                              _group(options.hierarchical))
+    assert type(sync) is sync_type
+    if exchange_type is None:
+        assert isinstance(sync.optimizer, OneBitAdam)
+        return
+    assert type(sync.exchange) is exchange_type
+    if reducer_type is not None:
+        assert type(sync.exchange.reducer) is reducer_type
+    assert isinstance(sync.optimizer, torch.optim.AdamW)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"optimizer": "sgd"}, "SyncOptions.optimizer must be one of adamw, onebit-adam, got 'sgd'"),
+    ({"codec": "nope"}, "SyncOptions.codec 'nope': unknown codec 'nope'"),
+    ({"codec": "topk:fraction=2"}, "fraction must be a number in (0, 1], got 2"),
+    ({"lr": 0.0}, "SyncOptions.lr must be a finite number > 0, got 0.0"),
+    ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2, "codec": "int8"},
+     "onebit-adam does its own data-parallel communication; codec must be none, got 'int8'"),
+    ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2, "hierarchical": True},
+     "hierarchical with onebit-adam is not supported"),
+    ({"optimizer": "onebit-adam"}, "onebit-adam needs onebit_warmup_steps"),
+    ({"codec": "powersgd", "hierarchical": True}, "hierarchical takes a codec of geotrain.codecs; powersgd is its own"),
+    ({"sync_every": 0}, "sync_every must be an integer >= 1, got 0"),
+    ({"sync_every": 2, "outer_momentum": 1.0}, "outer_momentum must be a finite number in [0, 1), got 1.0"),
+    ({"sync_every": 2, "optimizer": "onebit-adam", "onebit_warmup_steps": 2}, "optimizer must be adamw"),
+    ({"sync_every": 2, "clip_grad_norm": 1.0}, "clip_grad_norm 1.0 cannot be computed"),
+])
+def test_bad_options_are_refused_in_one_line_naming_the_value(options, message):
+    with pytest.raises(SyncError) as info:
+        _options(**options)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_codec_is_parsed_once_into_a_spec():
+    assert _options(codec="topk:fraction=0.1").codec == CodecSpec("topk", (("fraction", 0.1),))
+    assert _options(codec=CodecSpec.parse("fp16")).codec == CodecSpec("fp16")
+
+
+def test_a_hierarchy_the_options_do_not_ask_for_is_refused(world_of_one):
+    with pytest.raises(SyncError, match="options.hierarchical is False but the DP group has region hierarchy"):
+        make_gradient_sync(_options(), list(_model().named_parameters()), RecordingTransport(), _group(True))
+
+
+def test_per_step_sync_of_one_replica_is_adamw_and_every_byte_goes_through_the_transport(world_of_one):
+    model, reference = _model(), _model()
+    transport = RecordingTransport()
+    sync = make_gradient_sync(_options(codec="fp16", error_feedback=False), list(model.named_parameters()), transport,
+                              _group(False))
+    optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    total = 0
+    for step in range(3):
+        _backward(model, step)
+        _backward(reference, step)
+        for p in reference.parameters():  # what the fp16 wire does to a gradient
+            p.grad = p.grad.half().float()
+        dp_bytes, norm = sync.step(step, Timer())
+        optimizer.step()
+        total += dp_bytes
+        assert norm is None
+    numel = sum(p.numel() for p in model.parameters())
+    assert total == sum(transport.nbytes) == 3 * 2 * numel  # fp16: 2 bytes per value, every step
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_outer_sync_exchanges_only_when_a_period_ends_and_lr1_momentum0_moves_the_anchor_to_the_params(world_of_one):
+    model = _model()
+    transport = RecordingTransport()
+    sync = make_gradient_sync(_options(sync_every=2, outer_lr=1.0, outer_momentum=0.0),
+                              list(model.named_parameters()), transport, _group(False))
+    start = sync.fingerprint()
+    _backward(model, 0)
+    assert sync.step(0, Timer()).dp_bytes == 0 and sync.fingerprint() == start and transport.nbytes == []
+    _backward(model, 1)
+    numel = sum(p.numel() for p in model.parameters())
+    assert sync.step(1, Timer()).dp_bytes == 4 * numel == sum(transport.nbytes)
+    assert sync.fingerprint() == pytest.approx(float(sum(p.detach().double().sum() for p in model.parameters())))
+    assert sync.fingerprint() != start
+    assert set(sync.state_dict()) == {"optimizer", "exchange", "outer"}
