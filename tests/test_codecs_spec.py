@@ -41,3 +41,9 @@ def test_codec_facts_are_properties_of_the_codec():
     assert get_codec("powersgd").latency_rounds == 2.0
     assert get_codec("sign").latency_rounds == 1.0
     assert get_codec("fp16").summable and not get_codec("int8-block").summable
+
+
+def test_uncompressed_spec_is_the_none_codec_whatever_its_parameters():
+    assert CodecSpec.uncompressed() == CodecSpec.parse("none") and CodecSpec.uncompressed().is_uncompressed
+    assert CodecSpec.parse("none:allow_nonfinite=true").is_uncompressed
+    assert not CodecSpec.parse("fp16").is_uncompressed

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from geotrain.codecs.base import Codec, CodecError, parse_flag
+from geotrain.codecs.cast import NoneCodec
 from geotrain.codecs.registry import CODECS, codec_params
 
 MAX_SPEC_CHARS = 1000
@@ -75,6 +76,16 @@ class CodecSpec:
             return spec
         name, params = parse_codec_spec(spec)
         return cls(name, tuple(params.items()))
+
+    @classmethod
+    def uncompressed(cls) -> "CodecSpec":
+        """The spec of the `none` codec: values travel as fp32, nothing dropped."""
+        return cls(NoneCodec.name)
+
+    @property
+    def is_uncompressed(self) -> bool:
+        """True for the `none` codec (whatever its parameters)."""
+        return self.name == NoneCodec.name
 
     def kwargs(self) -> dict[str, Any]:
         """The parameters as keyword arguments."""

@@ -104,7 +104,8 @@ class RegisteredReducer:
 
 
 REDUCERS: dict[str, RegisteredReducer] = {
-    "powersgd": RegisteredReducer(_powersgd, ReducerTraits(gathered=False, latency_rounds=PowerSGDCodec.latency_rounds)),
+    "powersgd": RegisteredReducer(_powersgd, ReducerTraits(gathered=False,
+                                                           latency_rounds=PowerSGDCodec.latency_rounds)),
     "onebit": RegisteredReducer(_onebit, ReducerTraits(gathered=False)),
 }
 """Reducers other than the codec reducer, by spec name."""

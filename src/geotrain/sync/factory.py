@@ -83,5 +83,5 @@ def _region_exchange(named_params: list[tuple[str, torch.nn.Parameter]], transpo
     if group.hierarchy.intra[region] is None:
         return None
     members = group.hierarchy.regions.members[region]
-    return StageExchange(named_params, CodecSpec("none"), False, transport, group.hierarchy.intra[region],
+    return StageExchange(named_params, CodecSpec.uncompressed(), False, transport, group.hierarchy.intra[region],
                          group.devices_of(members))

@@ -52,7 +52,8 @@ class SyncOptions:
         except CodecError as exc:
             raise SyncError(f"SyncOptions.codec {str(self.codec)!r}: {exc}") from None
         if self.optimizer not in SYNC_OPTIMIZERS:
-            raise SyncError(f"SyncOptions.optimizer must be one of {', '.join(SYNC_OPTIMIZERS)}, got {self.optimizer!r}")
+            raise SyncError(f"SyncOptions.optimizer must be one of {', '.join(SYNC_OPTIMIZERS)}, "
+                            f"got {self.optimizer!r}")
         _positive("lr", self.lr)
         if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 1:
             raise SyncError(f"SyncOptions.total_steps must be an integer >= 1, got {self.total_steps!r}")
@@ -65,7 +66,7 @@ class SyncOptions:
 
     def _check_combinations(self) -> None:
         if self.optimizer == "onebit-adam":
-            if self.codec.name != "none":
+            if not self.codec.is_uncompressed:
                 raise SyncError(f"SyncOptions: optimizer onebit-adam does its own data-parallel communication; "
                                 f"codec must be none, got {str(self.codec)!r}")
             if self.hierarchical:
