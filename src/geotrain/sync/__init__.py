@@ -2,7 +2,7 @@
 implementations (every step, 1-bit Adam, local SGD / DiLoCo) and the factory that picks one from
 typed options. See docs/comm.md ("Gradient synchronisation")."""
 
-from geotrain.sync.base import GradientExchange, GradientSync, SyncError, SyncResult
+from geotrain.sync.base import DPExchange, GradientSync, SyncError, SyncResult
 from geotrain.sync.exchange import StageExchange, timed_collective
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY, make_gradient_sync
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
@@ -13,19 +13,19 @@ from geotrain.sync.per_step import PerStepSync
 
 __all__ = [
     "BETAS",
-    "SYNC_OPTIMIZERS",
-    "WEIGHT_DECAY",
+    "DPExchange",
     "DPGroup",
-    "GradientExchange",
     "GradientSync",
     "HierarchicalGradientExchange",
     "OneBitAdamSync",
     "OuterSync",
     "PerStepSync",
+    "SYNC_OPTIMIZERS",
     "StageExchange",
     "SyncError",
     "SyncOptions",
     "SyncResult",
+    "WEIGHT_DECAY",
     "make_gradient_sync",
     "timed_collective",
 ]

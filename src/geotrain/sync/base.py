@@ -84,7 +84,7 @@ class GradientSync(ABC):
         """Restore `state_dict()`; ValueError when it was written by another scheme."""
 
 
-class GradientExchange(Protocol):
+class DPExchange(Protocol):
     """Replaces every parameter's gradient by the DP group's mean, in place."""
 
     def exchange(self, step: int, timer: StepTimer) -> int:

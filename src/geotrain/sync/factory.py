@@ -19,7 +19,7 @@ import torch
 from geotrain.codecs import CodecSpec
 from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
-from geotrain.sync.base import CollectiveTransport, GradientExchange, GradientSync, SyncError
+from geotrain.sync.base import CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.exchange import StageExchange, timed_collective
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.onebit import OneBitAdamSync
@@ -64,7 +64,7 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
 
 
 def _exchange(options: SyncOptions, named_params: list[tuple[str, torch.nn.Parameter]],
-              transport: CollectiveTransport, group: DPGroup, rank: int) -> GradientExchange:
+              transport: CollectiveTransport, group: DPGroup, rank: int) -> DPExchange:
     if group.hierarchy is not None:
         return HierarchicalGradientExchange([p for _, p in named_params], options.codec.build(),
                                             options.error_feedback, transport, group.hierarchy, rank,
@@ -74,7 +74,7 @@ def _exchange(options: SyncOptions, named_params: list[tuple[str, torch.nn.Param
 
 
 def _region_exchange(named_params: list[tuple[str, torch.nn.Parameter]], transport: CollectiveTransport,
-                     group: DPGroup, rank: int) -> GradientExchange | None:
+                     group: DPGroup, rank: int) -> DPExchange | None:
     """Local SGD with a hierarchy: the full-precision mean over this rank's region (None: flat, or a
     region of one)."""
     if group.hierarchy is None:

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 
 from geotrain.optim.outer import OuterStep
-from geotrain.sync.base import GradientExchange, GradientSync, StepTimer, SyncResult
+from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncResult
 
 
 class OuterSync(GradientSync):
     """Inner steps on local (or region-mean) gradients; every `outer.sync_every` steps an outer sync."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, outer: OuterStep,
-                 exchange: GradientExchange, total_steps: int, inner_exchange: GradientExchange | None = None) -> None:
+                 exchange: DPExchange, total_steps: int, inner_exchange: DPExchange | None = None) -> None:
         """`exchange`: averages the outer gradients over the DP group (written into the gradients);
         `inner_exchange`: averages the gradients every step before the inner step (a region), or None."""
         self.params = list(params)

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from geotrain.comm.clip import clip_grad_norm_
-from geotrain.sync.base import GradientExchange, GradientSync, StepTimer, SyncResult
+from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncResult
 
 
 class PerStepSync(GradientSync):
     """Every step: `exchange` averages the gradients, optional global clip, `optimizer.step()`."""
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], exchange: GradientExchange,
+    def __init__(self, params: Sequence[torch.nn.Parameter], exchange: DPExchange,
                  optimizer: torch.optim.Optimizer, clip: float | None = None,
                  sum_squares: Callable[[float], float] | None = None) -> None:
         self.params = list(params)
