@@ -159,3 +159,35 @@ def test_outer_sync_exchanges_only_when_a_period_ends_and_lr1_momentum0_moves_th
     assert sync.fingerprint() == pytest.approx(float(sum(p.detach().double().sum() for p in model.parameters())))
     assert sync.fingerprint() != start
     assert set(sync.state_dict()) == {"optimizer", "exchange", "outer"}
+
+
+def test_a_per_step_checkpoint_is_refused_by_an_outer_sync_and_an_outer_one_resumes(world_of_one):
+    per_step = make_gradient_sync(_options(), list(_model().named_parameters()), RecordingTransport(), _group(False))
+    model = _model()
+    outer = make_gradient_sync(_options(sync_every=2), list(model.named_parameters()), RecordingTransport(),
+                               _group(False))
+    with pytest.raises(ValueError, match="checkpoint was written without --sync-every"):
+        outer.load_state_dict(per_step.state_dict())
+    for step in range(2):
+        _backward(model, step)
+        outer.step(step, Timer())
+    resumed = make_gradient_sync(_options(sync_every=2), list(_model().named_parameters()), RecordingTransport(),
+                                 _group(False))
+    resumed.load_state_dict(outer.state_dict())
+    assert resumed.fingerprint() == outer.fingerprint() != make_gradient_sync(
+        _options(sync_every=2), list(_model().named_parameters()), RecordingTransport(), _group(False)).fingerprint()
+
+
+def test_onebit_adam_sync_reports_the_clipped_norm_only_in_its_warm_up(world_of_one):
+    model = _model()
+    transport = RecordingTransport()
+    sync = make_gradient_sync(_options(optimizer="onebit-adam", onebit_warmup_steps=1, clip_grad_norm=1e-3),
+                              list(model.named_parameters()), transport, _group(False))
+    norms = []
+    for step in range(3):
+        _backward(model, step)
+        result = sync.step(step, Timer())
+        norms.append(result.grad_norm)
+        assert result.dp_bytes > 0
+    assert norms[0] is not None and norms[0] > 1e-3 and norms[1:] == [None, None]
+    assert sum(transport.nbytes) > 0
