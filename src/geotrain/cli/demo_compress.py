@@ -33,7 +33,7 @@ def run(args: Any) -> int:
     from geotrain.data import world_tokens
     from geotrain.demos.compress import CompressDemoConfig, compress_observations, run_compress_demo
     from geotrain.models import BASE_CONFIG
-    from geotrain.train import TrainingConfigError
+    from geotrain.sim import TrainingConfigError
 
     if args.jobs < 1 or args.threads < 1:
         raise TrainingConfigError(f"--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}")

@@ -16,7 +16,7 @@ from geotrain.data import WorldTokens, world_tokens
 from geotrain.models import BASE_CONFIG, GPTConfig
 from geotrain.optim import onebit_update_rule
 from geotrain.optim.floored_adamw import flooring_rule
-from geotrain.train import (
+from geotrain.sim import (
     ProgressFactory,
     TrainConfig,
     TrainingJob,

@@ -1,10 +1,10 @@
 """Data-parallel training with p simulated workers in one process, gradients compressed by a codec."""
 
-from geotrain.train.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, TrainingConfigError, TrainingResult
-from geotrain.train.exchange import Exchanged, GradientExchange
-from geotrain.train.loop import ProgressCallback, UpdateRuleFactory, codec_update_rule, train_compressed, worker_gradients
-from geotrain.train.parallel import ProgressFactory, TrainingJob, train_many
-from geotrain.train.update import ExchangeThenStep, UpdateRule, assign_flat_grad, make_optimizer
+from geotrain.sim.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, TrainingConfigError, TrainingResult
+from geotrain.sim.exchange import Exchanged, GradientExchange
+from geotrain.sim.loop import ProgressCallback, UpdateRuleFactory, codec_update_rule, train_compressed, worker_gradients
+from geotrain.sim.parallel import ProgressFactory, TrainingJob, train_many
+from geotrain.sim.update import ExchangeThenStep, UpdateRule, assign_flat_grad, make_optimizer
 
 __all__ = [
     "DEFAULT_LR",
