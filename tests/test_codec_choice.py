@@ -21,7 +21,8 @@ from geotrain.cost.link_bytes import LinkBytes, LinkBytesError
 from geotrain.job import GPT_13B_SEED, Job
 from geotrain.plan import PlanError, plan_from_json
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
-from geotrain.runtime.config import TINY_GPT, plan_codec_fields
+from geotrain.models import TINY_GPT
+from geotrain.runtime.config import plan_codec_fields
 from geotrain.runtime.stages import build_stage
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]

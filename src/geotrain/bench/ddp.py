@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from geotrain.errors import GeotrainError
-from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.models import TINY_2LAYER_GPT, GPTConfig
 from geotrain.sim import TrainConfig
 
 EXCHANGES = ("codec-hook", "torch-hook", "onebit")
 TORCH_HOOKS = ("allreduce", "fp16", "powersgd")
-MODELS = {"base": BASE_CONFIG, "small": GPTConfig(n_layer=2, d_model=64, n_head=4, context=64)}
+MODELS = {"base": TINY_2LAYER_GPT, "small": GPTConfig(n_layer=2, d_model=64, n_head=4, context=64)}
 ONE_BUCKET_MB = 1024.0  # far above the tiny GPT's ~3 MB of gradients: DDP makes a single bucket
 
 
@@ -239,7 +239,7 @@ class DDPBenchConfig:
     batch: int = 32
     onebit_warmup: int = 20
     seed: int = 0
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_2LAYER_GPT
     timeout_s: float = 3600.0
     only: tuple[str, ...] = ()
 

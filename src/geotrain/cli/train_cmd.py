@@ -130,7 +130,8 @@ def config_from_args(args: Any) -> Any:
     """The RuntimeConfig the arguments describe (cluster and plan loaded and checked)."""
     from geotrain.cluster import load_cluster
     from geotrain.plan import load_plan
-    from geotrain.runtime import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
+    from geotrain.models import MODEL_PRESETS
+    from geotrain.runtime import RuntimeConfig, RuntimeConfigError
     from geotrain.runtime.config import plan_codec_fields
 
     cluster = load_cluster(args.cluster)

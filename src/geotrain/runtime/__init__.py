@@ -3,7 +3,7 @@ torch.distributed.pipelining schedules (gloo, or NCCL on CUDA), with every trans
 emulated link speeds (geotrain.emulate), failure detection and sharded checkpoints."""
 
 from geotrain.runtime.checkpoint import CheckpointError, latest_step
-from geotrain.runtime.config import MODEL_PRESETS, PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
+from geotrain.runtime.config import PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
 from geotrain.runtime.layout import Layout, LayoutError, Slot
 from geotrain.runtime.links import busy_seconds
@@ -16,7 +16,6 @@ from geotrain.runtime.worker import run_worker
 
 __all__ = [
     "EXIT_PEER_LOST",
-    "MODEL_PRESETS",
     "PP_CODECS",
     "SCHEDULES",
     "CheckpointError",

@@ -21,7 +21,7 @@ from geotrain.codecs import CodecError, get_codec, parse_codec_spec
 from geotrain.comm import check_reducer_spec
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.errors import GeotrainError
-from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.pipeline import LOOPED_SCHEDULES, SCHEDULES
@@ -35,20 +35,6 @@ class RuntimeConfigError(GeotrainError, ValueError):
 
 MIN_COMM_TIMEOUT_S = 1.0
 """Shortest accepted gloo timeout (seconds): the rendezvous of freshly started workers takes a few."""
-
-TINY_GPT = GPTConfig(n_layer=4)
-"""The runtime's default model: 4 blocks (so up to 4 stages), d_model 128, context 96, 44 characters,
-816,896 parameters (the demo's BASE_CONFIG with two more blocks)."""
-
-SMALL_GPT = GPTConfig(n_layer=4, n_head=8, d_model=256)
-"""A bandwidth-bound model for slow links (geotrain bench wan --model small): the tiny GPT at twice the
-width, 4 blocks, d_model 256, context 96: 3.2 M parameters (12.7 MB of fp32 gradients)."""
-
-MODEL_PRESETS: dict[str, GPTConfig] = {
-    "tiny": TINY_GPT,
-    "tiny-2layer": BASE_CONFIG,  # the compression demo's model: at most 2 stages
-    "small": SMALL_GPT,
-}
 
 PP_CODECS = tuple(WIRE_DTYPES)
 """Codecs allowed for pipeline activations: torch's pipelining sends the tensors a stage outputs, so an

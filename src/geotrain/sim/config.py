@@ -8,7 +8,7 @@ from typing import Any
 
 from geotrain.codecs import CODECS
 from geotrain.errors import GeotrainError
-from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.models import TINY_2LAYER_GPT, GPTConfig
 
 
 class TrainingConfigError(GeotrainError, ValueError):
@@ -45,7 +45,7 @@ class TrainConfig:
     workers: int = 4
     batch: int = 32
     seed: int = 0
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_2LAYER_GPT
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
