@@ -15,7 +15,7 @@ from typing import Any
 
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cluster import load_cluster
-from geotrain.cost.memory import SCHEDULES, MemoryConfig
+from geotrain.cost.memory import MODELLED_SCHEDULES, MemoryConfig
 from geotrain.errors import GeotrainError
 from geotrain.job import load_job
 from geotrain.plan import Plan
@@ -27,7 +27,7 @@ def add_autoconfig_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                        help="ZeRO-style sharding over each DP group: 1 optimizer state, 2 + gradients, 3 + weights")
     group.add_argument("--recompute", action="store_true", help="full activation checkpointing (less memory)")
-    group.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
+    group.add_argument("--schedule", default="1f1b", choices=MODELLED_SCHEDULES,
                        help="pipeline schedule: sets the micro-batches whose activations are in flight")
     group.add_argument("--top", type=int, default=5, help="configurations to report")
 

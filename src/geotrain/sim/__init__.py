@@ -1,6 +1,6 @@
 """Data-parallel training with p simulated workers in one process, gradients compressed by a codec."""
 
-from geotrain.sim.config import DEFAULT_LR, OPTIMIZERS, TrainConfig, TrainingConfigError, TrainingResult
+from geotrain.sim.config import DEFAULT_LR, TrainConfig, TrainingConfigError, TrainingResult
 from geotrain.sim.exchange import Exchanged, GradientExchange
 from geotrain.sim.loop import ProgressCallback, UpdateRuleFactory, codec_update_rule, train_compressed, worker_gradients
 from geotrain.sim.parallel import ProgressFactory, TrainingJob, train_many
@@ -8,7 +8,6 @@ from geotrain.sim.update import ExchangeThenStep, UpdateRule, assign_flat_grad, 
 
 __all__ = [
     "DEFAULT_LR",
-    "OPTIMIZERS",
     "ProgressCallback",
     "ProgressFactory",
     "TrainingJob",
