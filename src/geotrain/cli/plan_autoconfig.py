@@ -53,11 +53,11 @@ def run_autoconfig(args: Any, out: Output) -> int:
            "layouts_scored": result.layouts_scored, "layouts_pruned": result.layouts_pruned,
            "memory": {"zero": args.zero, "recompute": args.recompute, "schedule": args.schedule},
            "seed": args.seed, "cluster": cluster.name, "job": job.name, "cost_model": rank_model}
+    plan = Plan.from_json(doc, "auto-config")  # the chosen layout, with every candidate recorded in plan.extra
     if args.out:
-        plan = Plan(chosen["stages"], chosen["replicas"], result.candidates[0].assignment, doc)
         write_json_file(plan.to_json(), args.out)
     if args.json:
-        out.emit_json(doc)
+        out.emit_json(plan.to_json())
         return 0
     table = [[str(r["stages"]), str(r["replicas"]), str(r["microbatches"]), f"{r['devices_used']}/{cluster.n_devices}",
               f"{r['iteration_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['memory_per_device_bytes'] / 1e9:.1f}",
