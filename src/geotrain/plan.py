@@ -28,7 +28,7 @@ and below the cluster's device count when fitted to a cluster (Plan.check_fits).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,7 +192,7 @@ def _layout(doc: dict[str, Any], source: str) -> tuple[int, int, np.ndarray]:
         raise PlanError(f"{source}: {exc}") from None
 
 
-def _optional(doc: dict[str, Any], key: str, source: str, parse: Any) -> Any:
+def _optional(doc: dict[str, Any], key: str, source: str, parse: Callable[[Any, str], Any]) -> Any:
     """`parse(value, where)` of doc[key], or None when the key is absent."""
     return parse(doc[key], f"{source}: {key}") if key in doc else None
 

@@ -1,4 +1,5 @@
-"""Data-parallel training with p simulated workers in one process, gradients compressed by a codec."""
+"""The in-process simulator of the seed's compression demo: data-parallel training with p simulated
+workers in one process, gradients compressed by a codec (`geotrain train` runs geotrain.runtime instead)."""
 
 from geotrain.sim.config import DEFAULT_LR, TrainConfig, TrainingConfigError, TrainingResult
 from geotrain.sim.exchange import Exchanged, GradientExchange
