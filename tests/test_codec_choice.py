@@ -19,9 +19,10 @@ from geotrain.cost.codec_choice import (DP_LADDER, CodecPolicy, CodecPolicyError
                                         parse_codec_policy)
 from geotrain.cost.link_bytes import LinkBytes, LinkBytesError
 from geotrain.job import GPT_13B_SEED, Job
-from geotrain.plan import PlanError, plan_from_json
+from geotrain.plan import Plan, PlanError
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
-from geotrain.runtime.config import TINY_GPT, plan_codec_fields
+from geotrain.models import TINY_GPT
+from geotrain.runtime.config import plan_codec_fields
 from geotrain.runtime.stages import build_stage
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
@@ -129,19 +130,19 @@ def test_choice_stays_within_the_tolerance_of_the_fastest_allowed_choice():
 
 def test_plan_codecs_round_trip_and_old_plans_have_none():
     doc = {"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}
-    assert plan_from_json(doc).codecs is None
-    plan = plan_from_json({**doc, "codecs": {"version": 1, "dp": ["none", "sign"], "pp": ["fp16"]}})
+    assert Plan.from_json(doc).codecs is None
+    plan = Plan.from_json({**doc, "codecs": {"version": 1, "dp": ["none", "sign"], "pp": ["fp16"]}})
     assert plan.codecs.dp == ("none", "sign") and plan.codecs.pp == ("fp16",)
-    assert plan_from_json(plan.to_json()).codecs == plan.codecs
+    assert Plan.from_json(plan.to_json()).codecs == plan.codecs
     with pytest.raises(PlanError, match=r"codecs.pp must be a list of 1 codec specs \(one per stage cut\)"):
-        plan_from_json({**doc, "codecs": {"dp": ["none", "none"], "pp": []}})
+        Plan.from_json({**doc, "codecs": {"dp": ["none", "none"], "pp": []}})
     with pytest.raises(PlanError, match="codecs.version must be an integer in 1..1"):
-        plan_from_json({**doc, "codecs": {"version": 2, "dp": ["none", "none"], "pp": ["none"]}})
+        Plan.from_json({**doc, "codecs": {"version": 2, "dp": ["none", "none"], "pp": ["none"]}})
 
 
 def test_runtime_config_takes_the_plans_codecs_and_flags_override():
     cluster = two_regions()
-    plan = plan_from_json({"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]],
+    plan = Plan.from_json({"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]],
                            "codecs": {"dp": ["none", "sign"], "pp": ["fp16"]}})
     config = RuntimeConfig(cluster=cluster, assignment=plan.assignment, **plan_codec_fields(plan.codecs, None, None))
     assert [config.stage_dp_codec(s) for s in (0, 1)] == ["none", "sign"]
@@ -189,7 +190,7 @@ def test_plan_cli_records_the_choice_and_train_reads_it(tmp_path: Path):
     assert set(codecs["dp"]) <= {"none", "fp16", "int8-block", "powersgd"} and set(codecs["pp"]) <= {"none", "fp16"}
     assert codecs["uncompressed"]["total"] == pytest.approx(doc["cost"]["total"])
     assert codecs["cost"]["total"] < codecs["uncompressed"]["total"]
-    plan = plan_from_json(json.loads(out.read_text()))
+    plan = Plan.from_json(json.loads(out.read_text()))
     assert plan.codecs.dp == tuple(codecs["dp"]) and plan.codecs.pp == tuple(codecs["pp"])
     refused = subprocess.run([*GEOTRAIN, "plan", "--cluster", "seed-geo", "--codecs", "auto"],
                              capture_output=True, text=True, timeout=120)

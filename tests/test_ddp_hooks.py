@@ -10,7 +10,7 @@ from geotrain.bench.ddp import DDPRun, run_ddp
 from geotrain.codecs import get_codec
 from geotrain.comm import run_workers, wire_bytes
 from geotrain.models import make_model
-from geotrain.train import TrainConfig, train_compressed
+from geotrain.sim import TrainConfig, train_compressed
 
 BASE = TrainConfig(model=TINY, steps=4, workers=2, batch=8)
 # powersgd is distributed PowerSGD, a hook of its own (two all-reduces per step): tests/test_ddp_powersgd.py

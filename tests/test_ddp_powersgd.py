@@ -10,7 +10,7 @@ from ddp_checkpointing import MANY_BUCKETS_MB, TINY
 from geotrain.bench.ddp import DDPRun, run_ddp
 from geotrain.comm import PowerSGDConfig, PowerSGDLayout, run_workers, wire_bytes
 from geotrain.models import make_model
-from geotrain.train import ExchangeThenStep, GradientExchange, TrainConfig, make_optimizer, train_compressed
+from geotrain.sim import ExchangeThenStep, GradientExchange, TrainConfig, make_optimizer, train_compressed
 
 
 def _powersgd_exchange(named_shapes, workers, config=PowerSGDConfig()):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from geotrain.codecs import CodecError, NonFiniteGradientError
 from geotrain.codecs.powersgd import orthonormal_columns
 from geotrain.comm import PowerSGDConfig, PowerSGDLayout, compressed_rank
-from geotrain.train import GradientExchange
+from geotrain.sim import GradientExchange
 
 
 def _powersgd_exchange(named_shapes, workers, config=PowerSGDConfig()):

@@ -14,7 +14,7 @@ from geotrain.cluster import ClusterError, ClusterFileError, load_cluster_file, 
 from geotrain.cluster.model import MAX_DEVICES
 from geotrain.errors import MAX_SHOWN_CHARS, GeotrainError, shown
 from geotrain.job import JobError, load_job, parse_job_text
-from geotrain.plan import PlanError, load_plan, parse_plan_text
+from geotrain.plan import Plan, PlanError
 from geotrain.runtime import relative_error_pct
 from geotrain.yaml_text import MAX_DEPTH, MAX_FILE_BYTES, parse_document
 
@@ -66,7 +66,7 @@ def test_size_cap_applies_to_job_and_plan_files():
     with pytest.raises(JobError, match="/dev/zero: larger than 64 MiB"):
         load_job("/dev/zero")
     with pytest.raises(PlanError, match="/dev/zero: larger than 64 MiB"):
-        load_plan("/dev/zero")
+        Plan.load("/dev/zero")
 
 
 def test_a_huge_bad_value_is_echoed_cut_to_80_characters():
@@ -151,7 +151,7 @@ def test_duplicate_keys_in_job_and_plan_files():
     with pytest.raises(JobError, match="j.yaml: .*duplicate key 'hidden'"):
         parse_job_text(JOB + "hidden: 4\n", "j.yaml")
     with pytest.raises(PlanError, match="p.json: duplicate key 'stages'"):
-        parse_plan_text('{"stages": 1, "stages": 2, "replicas": 1, "assignment": [[0]]}', "p.json")
+        Plan.from_text('{"stages": 1, "stages": 2, "replicas": 1, "assignment": [[0]]}', "p.json")
 
 
 # ---- item 12: job values -----------------------------------------------------------------------------
@@ -232,7 +232,7 @@ def test_a_directory_is_refused_as_a_file(option, tmp_path, capsys):
 @pytest.mark.parametrize("doc", [[1, 2], "plan", 3, None])
 def test_a_plan_that_is_not_an_object_is_refused(doc):
     with pytest.raises(PlanError, match="p.json: top level must be a JSON object"):
-        parse_plan_text(json.dumps(doc), "p.json")
+        Plan.from_text(json.dumps(doc), "p.json")
 
 
 # ---- item 8: strict JSON -----------------------------------------------------------------------------
@@ -338,7 +338,7 @@ def test_generators_refuse_beyond_the_device_limit():
 ])
 def test_bad_plan_assignments_show_the_real_value_and_range(assignment, fragment):
     with pytest.raises(PlanError) as caught:
-        parse_plan_text(json.dumps({"stages": 1, "replicas": 2, "assignment": assignment}), "p.json")
+        Plan.from_text(json.dumps({"stages": 1, "replicas": 2, "assignment": assignment}), "p.json")
     message = str(caught.value)
     assert fragment in message and "-9223372036854775808" not in message and "9223372036854775806" not in message
 

@@ -93,7 +93,7 @@ def user_file(tmp_path):
 def test_tiny_spec_is_the_tiny_gpt_as_layers():
     options = ModelOptions(seed=4, vocab_size=256, n_layer=3, context=32)
     model = load_model_spec("tiny", options)
-    gpt = make_model(GPTConfig(mlp_ratio=2, vocab_size=256, n_layer=3, context=32), seed=4)
+    gpt = make_model(GPTConfig(vocab_size=256, n_layer=3, context=32), seed=4)  # the "tiny" preset: 4x MLP
     tokens = torch.randint(256, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(model.as_module()(tokens), gpt(tokens))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from geotrain.data import world_tokens
-from geotrain.models import BASE_CONFIG, GPTConfig, ModelConfigError, TinyGPT, bits_per_char, lr_at, make_model
+from geotrain.models import TINY_2LAYER_GPT, GPTConfig, ModelConfigError, TinyGPT, bits_per_char, lr_at, make_model
 
 SMALL = GPTConfig(n_layer=2, d_model=32, n_head=2, context=16)
 
@@ -55,9 +55,9 @@ def test_weights_are_untied_by_default_and_tied_on_request():
 
 
 def test_base_config_is_the_demo_model():
-    assert BASE_CONFIG.vocab_size == 44 and BASE_CONFIG.context == 96 and BASE_CONFIG.d_model == 128
-    assert 2 <= BASE_CONFIG.n_layer <= 6
-    assert 200_000 < TinyGPT(BASE_CONFIG).num_parameters() < 2_000_000
+    assert TINY_2LAYER_GPT.vocab_size == 44 and TINY_2LAYER_GPT.context == 96 and TINY_2LAYER_GPT.d_model == 128
+    assert 2 <= TINY_2LAYER_GPT.n_layer <= 6
+    assert 200_000 < TinyGPT(TINY_2LAYER_GPT).num_parameters() < 2_000_000
 
 
 def test_config_validation():
@@ -114,7 +114,7 @@ def test_bits_per_char_counts_each_target_once():
 
 def test_untrained_model_scores_about_log2_vocab_deterministically():
     val = world_tokens(0).val
-    model = make_model(BASE_CONFIG, seed=0)
+    model = make_model(TINY_2LAYER_GPT, seed=0)
     bpc = bits_per_char(model, val[:4000])
     assert bpc == pytest.approx(math.log2(44), abs=0.3)
     assert bits_per_char(model, val[:4000]) == bpc

@@ -175,7 +175,7 @@ def test_bad_arguments_are_named():
 
 def test_as_update_rule_of_the_training_loop_warmup_reproduces_adamw_exactly():
     from geotrain.optim import onebit_update_rule
-    from geotrain.train import TrainConfig, train_compressed
+    from geotrain.sim import TrainConfig, train_compressed
 
     config = TrainConfig(model=TINY, steps=5, workers=2, batch=4)
     adamw = train_compressed(config)

@@ -89,7 +89,7 @@ def test_bad_options_of_one_param_group_and_empty_params_are_refused():
 
 
 def test_rule_factory_checks_its_options_and_the_lr_it_sets():
-    from geotrain.train import TrainConfig
+    from geotrain.sim import TrainConfig
 
     with pytest.raises(OneBitAdamError, match="warmup_fraction must be a finite number in"):
         OneBitAdamRuleFactory(warmup_fraction=math.nan)

@@ -11,7 +11,7 @@ from geotrain.models import GPTConfig, make_model
 from geotrain.comm import TorchCollective
 from geotrain.optim import OneBitAdam, OneBitAdamError
 from geotrain.optim.rule import onebit_update_rule
-from geotrain.train import TrainConfig, train_compressed
+from geotrain.sim import TrainConfig, train_compressed
 
 TINY = GPTConfig(n_layer=1, d_model=32, n_head=2, context=16)
 CONFIG = TrainConfig(model=TINY, steps=8, workers=4, batch=16)

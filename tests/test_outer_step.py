@@ -21,7 +21,7 @@ from geotrain.models import even_boundaries, lm_loss, lr_at
 from geotrain.optim.outer import OuterStep, OuterStepError
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError, launch
 from geotrain.runtime import checkpoint as ckpt
-from geotrain.runtime.config import MODEL_PRESETS
+from geotrain.models import MODEL_PRESETS
 from geotrain.sync import BETAS, WEIGHT_DECAY
 from geotrain.runtime.stages import build_layer_model, stage_modules
 from geotrain.runtime.training_data import load_training_data

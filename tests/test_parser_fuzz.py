@@ -17,7 +17,7 @@ from geotrain.cluster import Cluster, cluster_from_dict, cluster_to_dict, parse_
 from geotrain.cluster.model import MAX_DEVICES
 from geotrain.errors import GeotrainError
 from geotrain.job import Job, job_from_dict, parse_job_text
-from geotrain.plan import Plan, parse_plan_text, plan_from_json
+from geotrain.plan import Plan
 from geotrain.yaml_text import decode_text, dump_yaml_text, parse_document
 
 # GEOTRAIN_FUZZ_EXAMPLES=5000 for a long run; the default keeps the suite fast
@@ -144,7 +144,7 @@ def check_plan(plan: Plan | None) -> None:
 def all_three(kind: str, text: str) -> None:
     check_cluster(outcome(f"{kind} as cluster", parse_cluster_text, text, "f.yaml"))
     check_job(outcome(f"{kind} as job", parse_job_text, text, "f.yaml"))
-    check_plan(outcome(f"{kind} as plan", parse_plan_text, text, "f.yaml"))
+    check_plan(outcome(f"{kind} as plan", Plan.from_text, text, "f.yaml"))
 
 
 @FUZZ
@@ -172,7 +172,7 @@ def test_random_bytes_give_a_result_or_a_geotrain_error(data):
 def test_random_structures_give_a_result_or_a_geotrain_error(doc):
     check_cluster(outcome("structure as cluster", cluster_from_dict, doc, "s"))
     check_job(outcome("structure as job", job_from_dict, doc, "s"))
-    check_plan(outcome("structure as plan", plan_from_json, doc, "s"))
+    check_plan(outcome("structure as plan", Plan.from_json, doc, "s"))
     try:
         text = json.dumps(doc, allow_nan=False)
     except (ValueError, TypeError):  # NaN or a key JSON cannot hold
@@ -195,7 +195,7 @@ def test_mutated_job_files_give_a_result_or_a_geotrain_error(text):
 @FUZZ
 @given(mutated(PLAN_JSON))
 def test_mutated_plan_files_give_a_result_or_a_geotrain_error(text):
-    check_plan(outcome("mutated plan", parse_plan_text, text, "m.json"))
+    check_plan(outcome("mutated plan", Plan.from_text, text, "m.json"))
 
 
 @FUZZ

@@ -11,7 +11,8 @@ from geotrain.data import world_tokens
 from geotrain.codecs import get_codec
 from geotrain.comm.hierarchical import HierarchicalGroups, expected_link_bytes
 from geotrain.comm.regions import Regions
-from geotrain.runtime import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError, launch
+from geotrain.models import MODEL_PRESETS
+from geotrain.runtime import RuntimeConfig, RuntimeConfigError, launch
 from geotrain.runtime.stages import build_stage
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]

@@ -14,7 +14,7 @@ from geotrain.data import world_tokens
 from geotrain.models import even_boundaries, lm_loss, lr_at
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError, launch
 from geotrain.runtime import checkpoint as ckpt
-from geotrain.runtime.config import MODEL_PRESETS
+from geotrain.models import MODEL_PRESETS
 from geotrain.runtime.stages import build_layer_model, stage_modules
 from geotrain.runtime.training_data import load_training_data
 

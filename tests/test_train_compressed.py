@@ -9,7 +9,7 @@ from geotrain.codecs import get_codec
 from geotrain.comm import clip_grad_norm_
 from geotrain.data import world_tokens
 from geotrain.models import GPTConfig, make_model
-from geotrain.train import (
+from geotrain.sim import (
     GradientExchange,
     TrainConfig,
     TrainingConfigError,

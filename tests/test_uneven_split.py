@@ -17,7 +17,7 @@ from geotrain.cost import (CostModelError, LayerSplitError, ScheduleCostModel, S
 from geotrain.job import GPT_13B_SEED, load_job
 from geotrain.models import even_boundaries, split_layers
 from geotrain.models.split import stage_times
-from geotrain.plan import PlanError, load_plan, plan_from_json
+from geotrain.plan import Plan, PlanError
 from geotrain.runtime import RuntimeConfig
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.stages import plan_cut, stage_boundaries, tiny_layer_model
@@ -164,7 +164,7 @@ def test_train_flag_and_plan_cut_reach_the_config_and_the_checkpoint_identity(tm
 
 def test_bad_plan_split_is_refused_naming_the_key():
     with pytest.raises(PlanError, match="split.boundaries must be 3 increasing integers from 0"):
-        plan_from_json({"stages": 2, "replicas": 1, "assignment": [[0], [1]], "split": {"boundaries": [0, 5, 5]}},
+        Plan.from_json({"stages": 2, "replicas": 1, "assignment": [[0], [1]], "split": {"boundaries": [0, 5, 5]}},
                        "p.json")
 
 
@@ -182,7 +182,7 @@ def test_plan_uneven_split_json_round_trips_into_train(tmp_path, capsys):
     assert split["boundaries"] == list(counts_to_boundaries(split["counts"]))
     assert split["cost_equal_split"]["total"] == pytest.approx(
         build_cost_model("yuan+compute", load_cluster(MIXED), job, 3, 2).evaluate(assignment).total, rel=1e-12)
-    assert load_plan(out).split == tuple(split["boundaries"])
+    assert Plan.load(out).split.boundaries == tuple(split["boundaries"])
     from geotrain.cli.train_cmd import config_from_args
 
     assert config_from_args(_train_args("--plan", str(out))).split_boundaries == tuple(split["boundaries"])

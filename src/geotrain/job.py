@@ -18,7 +18,7 @@ from typing import Any
 
 from geotrain.errors import GeotrainError, shown
 from geotrain.model_shapes import MODEL_SHAPES
-from geotrain.yaml_text import DocumentError, parse_document, read_text_file
+from geotrain.yaml_text import document_errors_as, parse_document, read_text_file
 
 
 class JobError(GeotrainError, ValueError):
@@ -145,17 +145,13 @@ def load_job(spec: str | Path) -> Job:
     if not path.exists():
         raise JobError(f"{shown(str(spec))[1:-1]}: neither a job preset ({', '.join(sorted(JOB_PRESETS))}) "
                        f"nor an existing file")
-    try:
+    with document_errors_as(JobError):
         text = read_text_file(path)
-    except DocumentError as exc:
-        raise JobError(str(exc)) from None
     return parse_job_text(text, str(path))
 
 
 def parse_job_text(text: str, source: str = "<job>") -> Job:
     """Parse YAML or JSON job text (geotrain.yaml_text's rules) into a Job."""
-    try:
+    with document_errors_as(JobError):
         doc = parse_document(text, source)
-    except DocumentError as exc:
-        raise JobError(str(exc)) from None
     return job_from_dict(doc, source)

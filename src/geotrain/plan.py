@@ -1,9 +1,15 @@
-"""Plan files: the JSON that `geotrain plan --json` prints and `geotrain cost --plan` / `geotrain train --plan` read.
+"""Plan files: the JSON that `geotrain plan --json` prints and `geotrain cost --plan` / `geotrain train --plan` /
+`geotrain emulate --plan` read, as one frozen `Plan` parsed once (`Plan.load(path)`, `Plan.from_json(doc)`)
+and written back by `plan.to_json()`, key for key in the order it was read (so a plan round-trips byte
+for byte).
 
     {"method": str, "stages": S, "replicas": R, "assignment": [[R ints] x S],
      "cost": {"dp": s, "pp": s, "total": s}, "seconds": wall seconds of the search, ...extra fields}
 
-Only "stages", "replicas" and "assignment" are required when reading; other fields are kept as they are.
+Only "stages", "replicas" and "assignment" are required when reading; "method" (a string), "cost" (an
+object of seconds), "seconds" (a number) and "microbatches" (an integer >= 1, `plan` auto-configuration)
+are typed when present; other fields (seed, cluster, job, cost_model, options, details, lower bound,
+candidates...) are kept as they are in `Plan.extra`.
 An optional "codecs" object (`geotrain plan --codecs auto`) records the codec choice:
     {"version": 1, "policy": "dp=sign,pp=int8-block", "tolerance": 0.02,
      "dp": [S codec specs, one per stage's DP group], "pp": [S-1 codec specs, one per stage cut],
@@ -13,7 +19,7 @@ checked here for shape and type, the codec names by the runtime that applies the
 An optional "split" object (`geotrain plan --uneven-split`) records the layer split the cost was
 predicted with: {"rule": "speed", "layers": L, "counts": [S ints], "boundaries": [0, b_1, ..., L],
 "shares": [S fractions], "stage_tflops": [S], "cost_equal_split": {...}}; "boundaries" is checked here
-(`Plan.split`), and `geotrain train --plan` cuts the model there (runtime.stages.plan_cut).
+(`Plan.split.boundaries`), and `geotrain train --plan` cuts the model there (runtime.stages.plan_cut).
 Plan files are read by geotrain.yaml_text (JSON, or YAML under the same rules). Every assignment entry
 must be an integer device index (true/false are refused, not read as 1/0) in 0..MAX_DEVICES-1 when read,
 and below the cluster's device count when fitted to a cluster (Plan.check_fits).
@@ -22,6 +28,7 @@ and below the cluster's device count when fitted to a cluster (Plan.check_fits).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +38,7 @@ import numpy as np
 from geotrain.cluster.model import MAX_DEVICES
 from geotrain.cost.assignment import AssignmentError, as_assignment
 from geotrain.errors import GeotrainError, shown
-from geotrain.yaml_text import DocumentError, parse_document, read_text_file
+from geotrain.yaml_text import document_errors_as, parse_document, read_text_file
 
 
 class PlanError(GeotrainError, ValueError):
@@ -42,35 +49,113 @@ CODECS_VERSION = 1
 """The newest "codecs" object version this geotrain reads."""
 
 
+def _in_order(values: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
+    """`values` with the keys of `order` first, in that order (the order a file had), then the rest."""
+    return {**{key: values[key] for key in order if key in values}, **values}
+
+
 @dataclass(frozen=True)
 class PlanCodecs:
-    """A plan's codec choice: one DP codec spec per stage, one activation codec spec per stage cut."""
+    """A plan's codec choice: one DP codec spec per stage, one activation codec spec per stage cut.
+
+    `extra`: the other keys of the "codecs" object (version, policy, tolerance, predicted costs), and
+    `key_order` the object's key order as read: both kept for `to_json`, neither compared."""
 
     dp: tuple[str, ...]
     pp: tuple[str, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    key_order: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return _in_order({**self.extra, "dp": list(self.dp), "pp": list(self.pp)}, self.key_order)
 
 
 @dataclass(frozen=True)
+class PlanSplit:
+    """A plan's layer split: cut points (0, b_1, ..., L) of S contiguous stages over the job's L layers.
+
+    `extra`: the other keys of the "split" object (rule, counts, shares, stage_tflops, cost_equal_split),
+    `key_order` the object's key order as read: both kept for `to_json`, neither compared."""
+
+    boundaries: tuple[int, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    key_order: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def layer_shares(self) -> list[float]:
+        """Each stage's fraction of the layers."""
+        cuts = self.boundaries
+        return [(b - a) / cuts[-1] for a, b in zip(cuts, cuts[1:])]
+
+    def to_json(self) -> dict[str, Any]:
+        return _in_order({**self.extra, "boundaries": list(self.boundaries)}, self.key_order)
+
+
+@dataclass(frozen=True, eq=False)
 class Plan:
-    """An assignment plus whatever the producer recorded (method, cost, seconds, lower bound...)."""
+    """A placement plan: `assignment[s][r]` is the device of stage s in replica r, shape (stages, replicas).
+
+    method: the search method that made it; cost: predicted seconds per iteration by term ("dp", "pp",
+    "total", ...); seconds: wall seconds of the search; microbatches: the micro-batch count chosen with
+    the layout (auto-configuration); codecs / split: the recorded codec choice and layer split. None:
+    not recorded. `extra`: every other key, as read; `key_order`: the file's key order (to_json keeps it;
+    empty: method, stages, replicas, microbatches, assignment, cost, seconds, extra..., split, codecs).
+    """
 
     stages: int
     replicas: int
     assignment: np.ndarray
-    fields: dict[str, Any] = field(default_factory=dict)
+    method: str | None = None
+    cost: Mapping[str, float] | None = None
+    seconds: float | None = None
+    microbatches: int | None = None
+    codecs: PlanCodecs | None = None
+    split: PlanSplit | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    key_order: tuple[str, ...] = ()
 
-    @property
-    def split(self) -> tuple[int, ...] | None:
-        """The recorded layer split's cut points (0, b_1, ..., L), or None (no "split" object)."""
-        return plan_split(self.fields.get("split"), self.stages)
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """Read a plan file written by `geotrain plan --json` (or by hand, JSON or YAML)."""
+        with document_errors_as(PlanError):
+            text = read_text_file(path)
+        return cls.from_text(text, str(path))
 
-    @property
-    def codecs(self) -> PlanCodecs | None:
-        """The recorded codec choice, or None (plans without a "codecs" object)."""
-        return plan_codecs(self.fields.get("codecs"), self.stages)
+    @classmethod
+    def from_text(cls, text: str, source: str = "<plan>") -> Plan:
+        """Parse plan text (JSON, or YAML under geotrain.yaml_text's rules)."""
+        with document_errors_as(PlanError):
+            doc = parse_document(text, source)
+        return cls.from_json(doc, source)
+
+    @classmethod
+    def from_json(cls, doc: Any, source: str = "<plan>") -> Plan:
+        """Parse a plan document; checks structure and types, not the device range (see check_fits)."""
+        if not isinstance(doc, dict):
+            raise PlanError(f"{source}: top level must be a JSON object, got {type(doc).__name__}")
+        stages, replicas, assignment = _layout(doc, source)
+        known = ("stages", "replicas", "assignment", "method", "cost", "seconds", "microbatches", "codecs", "split")
+        return cls(stages=stages, replicas=replicas, assignment=assignment,
+                   method=_optional(doc, "method", source, _string),
+                   cost=_optional(doc, "cost", source, _seconds_by_term),
+                   seconds=_optional(doc, "seconds", source, _number),
+                   microbatches=_optional(doc, "microbatches", source, _count),
+                   codecs=plan_codecs(doc.get("codecs"), stages, source),
+                   split=plan_split(doc.get("split"), stages, source),
+                   extra={k: v for k, v in doc.items() if k not in known or v is None and k in ("codecs", "split")},
+                   key_order=tuple(doc))  # a null codecs / split (nothing recorded) is written back as read
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.fields, "stages": self.stages, "replicas": self.replicas, "assignment": self.assignment.tolist()}
+        """The plan document (what `plan --json` prints and `plan --out` writes)."""
+        typed = {"method": self.method, "stages": self.stages, "replicas": self.replicas,
+                 "microbatches": self.microbatches, "assignment": np.asarray(self.assignment).tolist(),
+                 "cost": None if self.cost is None else dict(self.cost), "seconds": self.seconds}
+        values = {**{k: v for k, v in typed.items() if v is not None}, **self.extra}
+        if self.split is not None:
+            values["split"] = self.split.to_json()
+        if self.codecs is not None:
+            values["codecs"] = self.codecs.to_json()
+        return _in_order(values, self.key_order)
 
     def check_fits(self, n_devices: int, source: str = "<plan>") -> np.ndarray:
         """The validated assignment for a cluster of `n_devices`; PlanError names the source."""
@@ -80,10 +165,8 @@ class Plan:
             raise PlanError(f"{source}: {exc}") from None
 
 
-def plan_from_json(doc: Any, source: str = "<plan>") -> Plan:
-    """Parse a plan document; checks structure, not the device range (see Plan.check_fits)."""
-    if not isinstance(doc, dict):
-        raise PlanError(f"{source}: top level must be a JSON object, got {type(doc).__name__}")
+def _layout(doc: dict[str, Any], source: str) -> tuple[int, int, np.ndarray]:
+    """(stages, replicas, assignment) of a plan document, each entry a device index in 0..MAX_DEVICES-1."""
     for key in ("stages", "replicas", "assignment"):
         if key not in doc:
             raise PlanError(f"{source}: missing key {key!r}")
@@ -104,13 +187,44 @@ def plan_from_json(doc: Any, source: str = "<plan>") -> Plan:
         for r, value in enumerate(row):
             _check_device_index(value, f"{source}: assignment[{s}][{r}]")
     try:
-        assignment = as_assignment(np.array(rows, dtype=np.int64), stages, replicas, n_devices=MAX_DEVICES)
+        return stages, replicas, as_assignment(np.array(rows, dtype=np.int64), stages, replicas, n_devices=MAX_DEVICES)
     except AssignmentError as exc:
         raise PlanError(f"{source}: {exc}") from None
-    fields = {k: v for k, v in doc.items() if k not in ("stages", "replicas", "assignment")}
-    plan_codecs(fields.get("codecs"), stages, source)
-    plan_split(fields.get("split"), stages, source)
-    return Plan(stages=stages, replicas=replicas, assignment=assignment, fields=fields)
+
+
+def _optional(doc: dict[str, Any], key: str, source: str, parse: Callable[[Any, str], Any]) -> Any:
+    """`parse(value, where)` of doc[key], or None when the key is absent."""
+    return parse(doc[key], f"{source}: {key}") if key in doc else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _string(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise PlanError(f"{where} must be a string, got {shown(value)}")
+    return value
+
+
+def _number(value: Any, where: str) -> float:
+    if not _is_number(value):
+        raise PlanError(f"{where} must be a number of seconds, got {shown(value)}")
+    return value
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"{where} must be an integer >= 1, got {shown(value)}")
+    return value
+
+
+def _seconds_by_term(value: Any, where: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise PlanError(f"{where} must be an object of seconds by term (dp, pp, total...), got {shown(value)}")
+    for term, seconds in value.items():
+        _number(seconds, f"{where}.{term}")
+    return dict(value)
 
 
 def plan_codecs(doc: Any, stages: int, source: str = "<plan>") -> PlanCodecs | None:
@@ -133,11 +247,12 @@ def plan_codecs(doc: Any, stages: int, source: str = "<plan>") -> PlanCodecs | N
             if not isinstance(spec, str) or not spec.strip():
                 raise PlanError(f"{source}: codecs.{key}[{i}] must be a codec spec string, got {shown(spec)}")
         lists[key] = tuple(value)
-    return PlanCodecs(dp=lists["dp"], pp=lists["pp"])
+    extra = {k: v for k, v in doc.items() if k not in ("dp", "pp")}
+    return PlanCodecs(dp=lists["dp"], pp=lists["pp"], extra=extra, key_order=tuple(doc))
 
 
-def plan_split(doc: Any, stages: int, source: str = "<plan>") -> tuple[int, ...] | None:
-    """The cut points of a plan's "split" object (None if absent); PlanError names the key."""
+def plan_split(doc: Any, stages: int, source: str = "<plan>") -> PlanSplit | None:
+    """The "split" object of a plan (None if absent); PlanError names the key."""
     if doc is None:
         return None
     cuts = doc.get("boundaries") if isinstance(doc, dict) else None
@@ -146,7 +261,8 @@ def plan_split(doc: Any, stages: int, source: str = "<plan>") -> tuple[int, ...]
             b <= a for a, b in zip(cuts, cuts[1:])):
         raise PlanError(f"{source}: split.boundaries must be {stages + 1} increasing integers from 0 "
                         f"(one stage per pair), got {shown(cuts)}")
-    return tuple(cuts)
+    return PlanSplit(boundaries=tuple(cuts), extra={k: v for k, v in doc.items() if k != "boundaries"},
+                     key_order=tuple(doc))
 
 
 def _check_device_index(value: Any, where: str) -> None:
@@ -157,22 +273,3 @@ def _check_device_index(value: Any, where: str) -> None:
         raise PlanError(f"{where}: must be a device index (an integer), got {shown(value)}")
     if not 0 <= value < MAX_DEVICES:
         raise PlanError(f"{where}: device index must be in 0..{MAX_DEVICES - 1}, got {shown(value)}")
-
-
-def load_plan(path: str | Path) -> Plan:
-    """Read a plan file written by `geotrain plan --json` (or by hand, JSON or YAML)."""
-    try:
-        text = read_text_file(path)
-    except DocumentError as exc:
-        raise PlanError(str(exc)) from None
-    return parse_plan_text(text, str(path))
-
-
-def parse_plan_text(text: str, source: str = "<plan>") -> Plan:
-    """Parse plan text (JSON, or YAML under geotrain.yaml_text's rules) into a Plan."""
-    try:
-        doc = parse_document(text, source)
-    except DocumentError as exc:
-        raise PlanError(str(exc)) from None
-    return plan_from_json(doc, source)
-

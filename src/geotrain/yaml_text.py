@@ -17,7 +17,8 @@ The rules (docs/placement.md, "File format rules"):
   (64 MiB of numbers: a few seconds, < 1 GB); other (YAML) text goes through PyYAML's pure-Python
   parser (~1 MB/s, ~0.7 KB per value), so it may hold at most MAX_YAML_BYTES (4 MiB) and
   MAX_YAML_NODES (250,000) values: a few seconds and ~200 MB at worst. Large files: write JSON.
-Every failure raises DocumentError (a GeotrainError) naming the source and, where known, the line.
+Every failure raises DocumentError (a GeotrainError) naming the source and, where known, the line;
+a loader turns it into its own error type with `document_errors_as(JobError)` (same message).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +44,27 @@ INT_LIMIT = 2**63
 _CORE_TAGS = {f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "seq", "map")}
 
 
+def located(source: str, where: str, problem: str) -> str:
+    """The one-line message of a file problem: `source: where: problem` (`source: problem` when where is empty)."""
+    return f"{source}: {where}: {problem}" if where else f"{source}: {problem}"
+
+
 class DocumentError(GeotrainError, ValueError):
     """A file cannot be read as a document: `source: where: problem` (where may be empty)."""
 
     def __init__(self, source: str, where: str, problem: str) -> None:
         self.source, self.where, self.problem = source, where, problem
-        super().__init__(f"{source}: {where}: {problem}" if where else f"{source}: {problem}")
+        super().__init__(located(source, where, problem))
+
+
+@contextmanager
+def document_errors_as(error_type: type[GeotrainError]) -> Iterator[None]:
+    """Inside the block, a DocumentError is raised again as `error_type` with the same one-line message
+    (and no chained traceback): each loader (job, plan, cluster) reports its own error type."""
+    try:
+        yield
+    except DocumentError as exc:
+        raise error_type(str(exc)) from None
 
 
 def _integer(text: str) -> int:

@@ -1,7 +1,7 @@
 """Data-parallel training of the tiny GPT in real processes (gloo), one row per way of communicating.
 
 Every row trains the same model from the same seed on the same batches (rank r takes rows
-[r*b, (r+1)*b) of each global batch, as the in-process simulation `geotrain.train` does) and reports
+[r*b, (r+1)*b) of each global batch, as the in-process simulation `geotrain.sim` does) and reports
 what each rank handed to the process group per step, the wire-model bytes, validation bits per
 character and wall seconds. Rows:
 - torch's own DDP hooks (allreduce = plain fp32 DDP, fp16_compress_hook, powerSGD_hook with one
@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from geotrain.errors import GeotrainError
-from geotrain.models import BASE_CONFIG, GPTConfig
-from geotrain.train import TrainConfig
+from geotrain.models import TINY_2LAYER_GPT, GPTConfig
+from geotrain.sim import TrainConfig
 
 EXCHANGES = ("codec-hook", "torch-hook", "onebit")
 TORCH_HOOKS = ("allreduce", "fp16", "powersgd")
-MODELS = {"base": BASE_CONFIG, "small": GPTConfig(n_layer=2, d_model=64, n_head=4, context=64)}
+MODELS = {"base": TINY_2LAYER_GPT, "small": GPTConfig(n_layer=2, d_model=64, n_head=4, context=64)}
 ONE_BUCKET_MB = 1024.0  # far above the tiny GPT's ~3 MB of gradients: DDP makes a single bucket
 
 
@@ -142,7 +142,7 @@ def train_on_rank(rank: int, world_size: int, run: DDPRun, data: Any) -> dict[st
     from geotrain.comm import CommLedger, clip_grad_norm_, intercept_torch_collectives
     from geotrain.data import get_batch
     from geotrain.models import bits_per_char, lr_at, make_model
-    from geotrain.train import assign_flat_grad
+    from geotrain.sim import assign_flat_grad
 
     config = run.train
     if config.batch % world_size or config.workers != world_size:
@@ -194,7 +194,7 @@ def _communication(run: DDPRun, model: Any, params: list[Any]) -> tuple[Any, Any
     from geotrain.ddp import register_codec_hook
     from geotrain.comm import TorchCollective
     from geotrain.optim import OneBitAdam
-    from geotrain.train import make_optimizer
+    from geotrain.sim import make_optimizer
 
     config = run.train
     if run.exchange == "onebit":
@@ -239,7 +239,7 @@ class DDPBenchConfig:
     batch: int = 32
     onebit_warmup: int = 20
     seed: int = 0
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_2LAYER_GPT
     timeout_s: float = 3600.0
     only: tuple[str, ...] = ()
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from geotrain.cluster import Cluster
 from geotrain.comm.regions import regions_of_devices
-from geotrain.models import BASE_CONFIG, GPTConfig, make_model
+from geotrain.models import TINY_2LAYER_GPT, GPTConfig, make_model
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class HierBenchConfig:
     steps: int = 150
     batch: int = 32
     seeds: tuple[int, ...] = (0, 1, 2)
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_2LAYER_GPT
     lr: float = 3e-3
     timeout_s: float = 1200.0
 

@@ -174,7 +174,7 @@ class WanBench:
 
 
 def model_job(global_batch: int, model: str = "tiny") -> Job:
-    """The GPT preset `model` (geotrain.runtime.MODEL_PRESETS) as a cost-model Job with its real byte
+    """The GPT preset `model` (geotrain.models.MODEL_PRESETS) as a cost-model Job with its real byte
     counts (fp32 gradients and activations)."""
     from geotrain.runtime.stages import build_stage
 
@@ -185,7 +185,7 @@ def model_job(global_batch: int, model: str = "tiny") -> Job:
 
 
 def _preset(model: str) -> Any:
-    from geotrain.runtime.config import MODEL_PRESETS
+    from geotrain.models import MODEL_PRESETS
 
     if model not in MODEL_PRESETS:
         raise WanBenchError(f"--model: one of {', '.join(MODEL_PRESETS)}, got {model!r}")
@@ -267,7 +267,7 @@ def _evaluate(directory: str, step: int, run: Any, config: WanBenchConfig,
     from geotrain.models import even_boundaries
     from geotrain.models.evaluate import validation_loss
     from geotrain.runtime import checkpoint as ckpt
-    from geotrain.runtime.config import MODEL_PRESETS
+    from geotrain.models import MODEL_PRESETS
     from geotrain.runtime.stages import build_layer_model, stage_modules
 
     stages, replicas = run.stages, run.replicas

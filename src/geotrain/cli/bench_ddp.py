@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=4, help="processes (ranks)")
     parser.add_argument("--batch", type=int, default=32, help="global batch in sequences (split evenly over ranks)")
     parser.add_argument("--model", choices=("base", "small"), default="base",
-                        help="base: the demo GPT (geotrain.models.BASE_CONFIG); small: 2 layers, d_model 64, context 64 (quick looks)")
+                        help="base: the demo GPT (geotrain.models.TINY_2LAYER_GPT); small: 2 layers, d_model 64, context 64 (quick looks)")
     parser.add_argument("--onebit-warmup", type=int, default=None,
                         help="OneBitAdam's full-precision steps (default: 5%% of --steps, at least 1)")
     parser.add_argument("--row", action="append", default=None, metavar="LABEL_PART",

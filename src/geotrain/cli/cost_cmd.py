@@ -14,7 +14,7 @@ from typing import Any
 from geotrain.cli.output import Output
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.cost.registry import UNEVEN_SPLIT_MODELS
-from geotrain.plan import Plan, load_plan
+from geotrain.plan import Plan
 
 
 def register(subparsers: Any) -> None:
@@ -30,8 +30,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: Any) -> int:
     out = Output(json_mode=args.json)
-    plan = load_plan(args.plan)
-    shares = plan_layer_shares(plan)
+    plan = Plan.load(args.plan)
+    shares = None if plan.split is None else plan.split.layer_shares
     used = shares is not None and args.cost_model in UNEVEN_SPLIT_MODELS
     cluster, job, model = build_placement(args, plan.stages, plan.replicas, layer_shares=shares if used else None)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
@@ -51,16 +51,9 @@ def run(args: Any) -> int:
                for i in range(max(len(dp), len(pp)))])
     out.table("assignment", ["", *(f"r{r}" for r in range(plan.replicas))], assignment_rows(cluster, assignment))
     out.text(region_legend(cluster))
-    if shares is not None:
-        out.text(f"the plan's layer split {list(plan.split or ())}: "
+    if plan.split is not None:
+        out.text(f"the plan's layer split {list(plan.split.boundaries)}: "
                  + ("scored with its stage shares" if used else
                     f"not seen by {model.name} (communication only; use one of {', '.join(UNEVEN_SPLIT_MODELS)})"))
     return 0
 
-
-def plan_layer_shares(plan: Plan) -> list[float] | None:
-    """Each stage's fraction of the layers from the plan's recorded split, or None (equal split)."""
-    cuts = plan.split
-    if cuts is None:
-        return None
-    return [(b - a) / cuts[-1] for a, b in zip(cuts, cuts[1:])]

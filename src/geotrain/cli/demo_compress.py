@@ -32,12 +32,13 @@ def run(args: Any) -> int:
     from geotrain.cli.output import Output
     from geotrain.data import world_tokens
     from geotrain.demos.compress import CompressDemoConfig, compress_observations, run_compress_demo
-    from geotrain.models import BASE_CONFIG
-    from geotrain.train import TrainingConfigError
+    from geotrain.models import TINY_2LAYER_GPT
+    from geotrain.sim import TrainingConfigError
 
     if args.jobs < 1 or args.threads < 1:
         raise TrainingConfigError(f"--jobs and --threads must be >= 1, got {args.jobs} and {args.threads}")
-    model = replace(BASE_CONFIG, n_layer=args.layers or BASE_CONFIG.n_layer, d_model=args.d_model or BASE_CONFIG.d_model)
+    model = replace(TINY_2LAYER_GPT, n_layer=args.layers or TINY_2LAYER_GPT.n_layer,
+                    d_model=args.d_model or TINY_2LAYER_GPT.d_model)
     config = CompressDemoConfig(steps=args.steps, workers=args.workers, seed=args.seed, model=model)
     config.train_config(config.tables[0], config.tables[0].runs[0])  # validate options before any work
     out = Output(json_mode=args.json)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from geotrain.cluster.devices import DeviceListError
 from geotrain.errors import shown
-from geotrain.plan import load_plan
+from geotrain.plan import Plan
 
 
 def parse_device_list(text: str) -> list[int]:
@@ -23,7 +23,7 @@ def parse_device_list(text: str) -> list[int]:
 def rank_devices(plan_path: str | None, devices_text: str | None, n_devices: int) -> list[int] | None:
     """The device of each rank from the plan file (stage-major) or the --devices text; None if neither."""
     if plan_path:
-        plan = load_plan(plan_path)
+        plan = Plan.load(plan_path)
         return [int(d) for d in plan.check_fits(n_devices, plan_path).reshape(-1)]
     if devices_text is None:
         return None

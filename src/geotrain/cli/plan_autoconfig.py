@@ -15,7 +15,7 @@ from typing import Any
 
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cluster import load_cluster
-from geotrain.cost.memory import SCHEDULES, MemoryConfig
+from geotrain.cost.memory import MODELLED_SCHEDULES, MemoryConfig
 from geotrain.errors import GeotrainError
 from geotrain.job import load_job
 from geotrain.plan import Plan
@@ -27,7 +27,7 @@ def add_autoconfig_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                        help="ZeRO-style sharding over each DP group: 1 optimizer state, 2 + gradients, 3 + weights")
     group.add_argument("--recompute", action="store_true", help="full activation checkpointing (less memory)")
-    group.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
+    group.add_argument("--schedule", default="1f1b", choices=MODELLED_SCHEDULES,
                        help="pipeline schedule: sets the micro-batches whose activations are in flight")
     group.add_argument("--top", type=int, default=5, help="configurations to report")
 
@@ -53,11 +53,11 @@ def run_autoconfig(args: Any, out: Output) -> int:
            "layouts_scored": result.layouts_scored, "layouts_pruned": result.layouts_pruned,
            "memory": {"zero": args.zero, "recompute": args.recompute, "schedule": args.schedule},
            "seed": args.seed, "cluster": cluster.name, "job": job.name, "cost_model": rank_model}
+    plan = Plan.from_json(doc, "auto-config")  # the chosen layout, with every candidate recorded in plan.extra
     if args.out:
-        plan = Plan(chosen["stages"], chosen["replicas"], result.candidates[0].assignment, doc)
         write_json_file(plan.to_json(), args.out)
     if args.json:
-        out.emit_json(doc)
+        out.emit_json(plan.to_json())
         return 0
     table = [[str(r["stages"]), str(r["replicas"]), str(r["microbatches"]), f"{r['devices_used']}/{cluster.n_devices}",
               f"{r['iteration_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['memory_per_device_bytes'] / 1e9:.1f}",

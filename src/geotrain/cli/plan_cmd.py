@@ -15,7 +15,7 @@ speed-optimal uneven split of the job's layers (cost/layer_split.py) and the JSO
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 from geotrain.cli.arg_types import positive_float
@@ -25,7 +25,7 @@ from geotrain.cli.placement_args import add_placement_arguments, assignment_rows
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.errors import GeotrainError, shown
-from geotrain.plan import Plan
+from geotrain.plan import Plan, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.yaml_text import parse_document
 
@@ -99,25 +99,17 @@ def parse_options(args: Any) -> dict[str, Any]:
     return options
 
 
-def plan_document(result: SearchResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON object `plan --json` prints (and `--out` writes), built from the search result."""
+def search_plan(result: SearchResult, extra: dict[str, Any] | None = None) -> Plan:
+    """The Plan `plan --json` prints (and `--out` writes), built from the search result; `extra`: further
+    recorded fields (options, seed, cluster, job, cost_model)."""
     stages, replicas = result.assignment.shape
-    doc: dict[str, Any] = {
-        "method": result.method,
-        "stages": int(stages),
-        "replicas": int(replicas),
-        "assignment": result.assignment.tolist(),
-        "cost": result.cost.to_json(),
-        "seconds": result.seconds,
-        "evaluations": result.evaluations,
-        "details": result.details,
-    }
+    recorded: dict[str, Any] = {"evaluations": result.evaluations, "details": result.details}
     if result.lower_bound is not None:
-        doc["lower_bound"] = result.lower_bound
-        doc["gap"] = max(0.0, (result.cost.total - result.lower_bound) / result.cost.total) if result.cost.total > 0 else 0.0
-        doc["lower_bound_source"] = result.details.get("lower_bound_source", result.method)
-    doc.update(extra or {})
-    return doc
+        recorded["lower_bound"] = result.lower_bound
+        recorded["gap"] = max(0.0, (result.cost.total - result.lower_bound) / result.cost.total) if result.cost.total > 0 else 0.0
+        recorded["lower_bound_source"] = result.details.get("lower_bound_source", result.method)
+    return Plan(stages=int(stages), replicas=int(replicas), assignment=result.assignment, method=result.method,
+                cost=result.cost.to_json(), seconds=result.seconds, extra={**recorded, **(extra or {})})
 
 
 def run(args: Any) -> int:
@@ -142,18 +134,18 @@ def run(args: Any) -> int:
 
         with out.progress("lower bound", 1):
             result = with_lower_bound(problem, result, time_limit_s=args.bound_time_limit)
-    doc = plan_document(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
-                                 "job": job.name, "cost_model": model.name})
+    plan = search_plan(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
+                                "job": job.name, "cost_model": model.name})
     if args.uneven_split:
-        doc["split"] = uneven_split_document(cluster, job, model, result.assignment)
+        split = uneven_split_document(cluster, job, model, result.assignment)
+        plan = replace(plan, split=plan_split(split, plan.stages))
     choice = None if policy is None else choose_codecs(cluster, job, result.assignment, policy)
     if choice is not None:
-        doc["codecs"] = choice.to_json()
+        plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
     if args.out:
-        plan = Plan(int(doc["stages"]), int(doc["replicas"]), result.assignment, doc)
         write_json_file(plan.to_json(), args.out)
     if args.json:
-        out.emit_json(doc)
+        out.emit_json(plan.to_json())
         return 0
     cost = result.cost
     rows = [["method", result.method], ["layout", f"{args.stages} stages x {args.replicas} replicas"],
@@ -168,8 +160,8 @@ def run(args: Any) -> int:
     out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
               assignment_rows(cluster, result.assignment), right_align_from=1)
     out.text(region_legend(cluster))
-    if args.uneven_split:
-        split_table(out, doc["split"], cost.total)
+    if plan.split is not None:
+        split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
         codec_tables(out, choice)
     if args.out:

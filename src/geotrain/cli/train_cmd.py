@@ -129,12 +129,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: Any) -> Any:
     """The RuntimeConfig the arguments describe (cluster and plan loaded and checked)."""
     from geotrain.cluster import load_cluster
-    from geotrain.plan import load_plan
-    from geotrain.runtime import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
+    from geotrain.plan import Plan
+    from geotrain.models import MODEL_PRESETS
+    from geotrain.runtime import RuntimeConfig, RuntimeConfigError
     from geotrain.runtime.config import plan_codec_fields
 
     cluster = load_cluster(args.cluster)
-    plan = load_plan(args.plan)
+    plan = Plan.load(args.plan)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
     preset = MODEL_PRESETS.get(args.model)
     if preset is None and args.model.rpartition(":")[1] == "" and not args.model.startswith("hf:"):
@@ -146,7 +147,8 @@ def config_from_args(args: Any) -> Any:
         data=args.data, val_fraction=args.val_fraction, eval_every=args.eval_every, eval_windows=args.eval_windows,
         seq_len=args.seq_len, split=args.split, virtual_stages=args.virtual_stages, device=args.device,
         emulate_gpu_speed=args.emulate_gpu_speed,
-        split_by_speed=args.split_by_speed or plan.split is not None, split_boundaries=plan.split or (),
+        split_by_speed=args.split_by_speed or plan.split is not None,
+        split_boundaries=() if plan.split is None else plan.split.boundaries,
         precision=args.precision,
         steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
         schedule=args.schedule, **plan_codec_fields(plan.codecs, args.dp_codec, args.pp_codec),
@@ -158,7 +160,7 @@ def config_from_args(args: Any) -> Any:
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
         overwrite=args.overwrite,
         stop_after=args.stop_after, heartbeat_timeout_s=args.heartbeat_timeout, comm_timeout_s=args.comm_timeout,
-        plan_name=str(plan.fields.get("method", Path(args.plan).stem)))
+        plan_name=plan.method if plan.method is not None else Path(args.plan).stem)
 
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")

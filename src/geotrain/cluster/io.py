@@ -35,8 +35,8 @@ import numpy as np
 from geotrain.cluster.errors import ClusterFileError
 from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MS, MIN_GBPS, Cluster
 from geotrain.errors import shown
-from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, DocumentError, dump_yaml_text, parse_document,
-                                read_text_file)
+from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, document_errors_as, dump_yaml_text, located,
+                                parse_document, read_text_file)
 
 _COMPACT_KEYS = {"name", "regions", "links", "defaults"}
 _DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
@@ -56,7 +56,7 @@ class _Reader:
         self.source = source
 
     def fail(self, path: str, problem: str) -> ClusterFileError:
-        return ClusterFileError(self.source, path, problem)
+        return ClusterFileError(located(self.source, path, problem))
 
     def mapping(self, value: Any, path: str, allowed: set[str]) -> dict:
         if not isinstance(value, dict):
@@ -303,19 +303,15 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
 
 def parse_cluster_text(text: str, source: str = "<cluster>") -> Cluster:
     """Parse YAML or JSON text (JSON is valid YAML) into a Cluster."""
-    try:
+    with document_errors_as(ClusterFileError):
         doc = parse_document(text, source)
-    except DocumentError as exc:
-        raise ClusterFileError(exc.source, exc.where, exc.problem) from None
     return cluster_from_dict(doc, source)
 
 
 def load_cluster_file(path: str | Path) -> Cluster:
     """Load a cluster from a YAML or JSON file."""
-    try:
+    with document_errors_as(ClusterFileError):
         text = read_text_file(path)
-    except DocumentError as exc:
-        raise ClusterFileError(exc.source, exc.where, exc.problem) from None
     return parse_cluster_text(text, str(path))
 
 

@@ -30,7 +30,9 @@ import numpy as np
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
 
-SCHEDULES = ("1f1b", "gpipe")
+MODELLED_SCHEDULES = ("1f1b", "gpipe")
+"""The pipeline schedules the cost models know (micro-batches in flight here, the event simulation
+of cost/schedule.py): a subset of the ones geotrain train runs (runtime.pipeline.PIPELINE_SCHEDULES)."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34.0
 """Korthikanti et al. 2023: bytes of stored activations per layer per token per hidden unit (fp16)."""
 
@@ -53,8 +55,8 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise MemoryConfigError(f"--zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.schedule not in SCHEDULES:
-            raise MemoryConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.schedule not in MODELLED_SCHEDULES:
+            raise MemoryConfigError(f"--schedule must be one of {', '.join(MODELLED_SCHEDULES)}, got {self.schedule!r}")
         if not (self.state_bytes_per_param >= 4.0):
             raise MemoryConfigError(f"state bytes per parameter must be >= 4, got {self.state_bytes_per_param!r}")
 

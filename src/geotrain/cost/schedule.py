@@ -40,7 +40,7 @@ from geotrain.cluster import Cluster
 from geotrain.cost.base import CostBreakdown
 from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_peak_flops
 from geotrain.cost.layer_split import StageShares, device_peak_flops
-from geotrain.cost.memory import SCHEDULES
+from geotrain.cost.memory import MODELLED_SCHEDULES
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
@@ -60,7 +60,7 @@ def pipeline_order(kind: str, stage: int, stages: int, microbatches: int) -> lis
         for i in range(microbatches - warmup):
             order += [("F", warmup + i), ("B", i)]
         return order + [("B", m) for m in range(microbatches - warmup, microbatches)]
-    raise ScheduleError(f"unknown pipeline schedule {kind!r} (known: {', '.join(SCHEDULES)})")
+    raise ScheduleError(f"unknown pipeline schedule {kind!r} (known: {', '.join(MODELLED_SCHEDULES)})")
 
 
 def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_latency_s: np.ndarray,

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from geotrain.data import WorldTokens, world_tokens
-from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.models import TINY_2LAYER_GPT, GPTConfig
 from geotrain.optim import onebit_update_rule
 from geotrain.optim.floored_adamw import flooring_rule
-from geotrain.train import (
+from geotrain.sim import (
     ProgressFactory,
     TrainConfig,
     TrainingJob,
@@ -92,7 +92,7 @@ class CompressDemoConfig:
     batch: int = 32
     seed: int = 0
     world_seed: int = 0
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_2LAYER_GPT
     tables: tuple[TableSpec, ...] = COMPRESS_TABLES
 
     def train_config(self, table: TableSpec, run: RunSpec) -> TrainConfig:

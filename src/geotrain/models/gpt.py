@@ -46,15 +46,6 @@ class GPTConfig:
             raise ModelConfigError(f"GPTConfig.d_model={self.d_model} must be divisible by n_head={self.n_head}")
 
 
-BASE_CONFIG = GPTConfig(mlp_ratio=2)
-"""The demo model: 2 layers, 4 heads, d_model 128, MLP 256 wide, context 96, 44 characters (288,768 parameters).
-
-Why so small: the demo trains 11 models for 300 steps on a 2-core CPU. At equal compute a wider,
-shallower model learns faster in 300 steps (measured, AdamW: 2 x 128 reaches 1.72 bits per
-character, 4 x 64 only 2.61, 4 x 128 1.77 at twice the cost), and a 2x MLP costs 22 % less than
-a 4x one for 1.73 instead of 1.72. Pipelines wanting more stages pass n_layer."""
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -138,7 +129,7 @@ class TinyGPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def make_model(config: GPTConfig = BASE_CONFIG, seed: int = 0) -> TinyGPT:
+def make_model(config: GPTConfig, seed: int = 0) -> TinyGPT:
     """A TinyGPT on CPU with weights drawn from a private generator seeded by `seed` (global RNG untouched).
 
     Linear and embedding weights ~ N(0, init_std); residual output projections scaled by

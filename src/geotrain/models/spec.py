@@ -1,9 +1,9 @@
 """Resolve a `--model` spec string to a LayerModel: the one entry point of every model adapter.
 
-    tiny                      geotrain's TinyGPT: [embedding, block..., head]
-    hf:gpt2-tiny              a Hugging Face preset, config.json or local model dir (models/hf.py)
-    path/to/file.py:function  a user file; function() returns the layer list
-    package.module:function   the same from an importable module
+    tiny | tiny-2layer | small  a TinyGPT preset (models/presets.py): [embedding, block..., head]
+    hf:gpt2-tiny                a Hugging Face preset, config.json or local model dir (models/hf.py)
+    path/to/file.py:function    a user file; function() returns the layer list
+    package.module:function     the same from an importable module
 
 A user function takes no arguments and returns an nn.Sequential, a list/tuple of nn.Modules or a
 LayerModel; it runs with torch's RNG seeded by ModelOptions.seed, so every rank gets the same weights.
@@ -21,15 +21,16 @@ from typing import Any
 
 from torch import nn
 
-from geotrain.models.gpt import BASE_CONFIG, make_model
+from geotrain.models.gpt import make_model
 from geotrain.models.layers import LayerModel, LayerModelError
 from geotrain.models.options import ModelOptions, ModelSpecError, seeded_build
+from geotrain.models.presets import MODEL_PRESETS
 
 
-def tiny_model(spec: str, options: ModelOptions) -> LayerModel:
-    """TinyGPT (BASE_CONFIG, with the options' vocab_size / context / n_layer) as a layer list."""
+def preset_model(spec: str, options: ModelOptions) -> LayerModel:
+    """The TinyGPT preset `spec` (MODEL_PRESETS, with the options' vocab_size / context / n_layer) as a layer list."""
     overrides = {"vocab_size": options.vocab_size, "context": options.context, "n_layer": options.n_layer}
-    config = dataclasses.replace(BASE_CONFIG, **{k: v for k, v in overrides.items() if v is not None})
+    config = dataclasses.replace(MODEL_PRESETS[spec], **{k: v for k, v in overrides.items() if v is not None})
     model = make_model(config, seed=options.seed)
     return LayerModel(spec, (model.embed, *model.blocks, model.head), config.vocab_size, config.context,
                       config.d_model)
@@ -103,8 +104,8 @@ def user_model(spec: str, target: str, name: str, options: ModelOptions) -> Laye
 def load_model_spec(spec: str, options: ModelOptions | None = None) -> LayerModel:
     """The LayerModel named by `spec` (see the module docstring for the four forms)."""
     options = options or ModelOptions()
-    if spec == "tiny":
-        return tiny_model(spec, options)
+    if spec in MODEL_PRESETS:
+        return preset_model(spec, options)
     if spec.startswith("hf:"):
         from geotrain.models.hf import load_hf_model
 

@@ -9,7 +9,7 @@ isolates (1) and (2) with exact (fp32) gradient averaging:
 
 recomputed every step (`freeze_after` None), or with v_hat and the floor frozen after `freeze_after`
 steps exactly as OneBitAdam freezes them. variance_floor 0 and freeze_after None is AdamW.
-`flooring_rule(...)` makes it an update rule of geotrain.train's loop (exchange fp32, clip, step).
+`flooring_rule(...)` makes it an update rule of geotrain.sim's loop (exchange fp32, clip, step).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ class FlooredAdamWRuleFactory:
     freeze_fraction: float | None = None
 
     def __call__(self, model: torch.nn.Module, config: Any) -> Any:
-        from geotrain.train import ExchangeThenStep
-        from geotrain.train.exchange import GradientExchange
+        from geotrain.sim import ExchangeThenStep
+        from geotrain.sim.exchange import GradientExchange
 
         params = list(model.parameters())
         freeze = None if self.freeze_fraction is None else max(1, round(self.freeze_fraction * config.steps))
@@ -82,5 +82,5 @@ class FlooredAdamWRuleFactory:
 
 
 def flooring_rule(variance_floor: float = 0.1, freeze_fraction: float | None = None) -> FlooredAdamWRuleFactory:
-    """The update rule factory of FlooredAdamW for geotrain.train.train_compressed."""
+    """The update rule factory of FlooredAdamW for geotrain.sim.train_compressed."""
     return FlooredAdamWRuleFactory(variance_floor, freeze_fraction)

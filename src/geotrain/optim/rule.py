@@ -1,4 +1,4 @@
-"""1-bit Adam as an update rule of the in-process training loop (`geotrain.train.train_compressed`).
+"""1-bit Adam as an update rule of the in-process training loop (`geotrain.sim.train_compressed`).
 
     result = train_compressed(config, update_rule=onebit_update_rule(warmup_steps=20))
 
@@ -40,7 +40,7 @@ class OneBitAdamRule:
 @dataclass(frozen=True)
 class OneBitAdamRuleFactory:
     """`(model, config) -> OneBitAdamRule` for train_compressed's `update_rule` (picklable, so it
-    also works in geotrain.train's process pool). `warmup_steps` None: `warmup_fraction` of the
+    also works in geotrain.sim's process pool). `warmup_steps` None: `warmup_fraction` of the
     run's steps (at least 1), so one spec serves runs of any length."""
 
     warmup_steps: int | None = None

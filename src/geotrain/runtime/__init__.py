@@ -3,11 +3,11 @@ torch.distributed.pipelining schedules (gloo, or NCCL on CUDA), with every trans
 emulated link speeds (geotrain.emulate), failure detection and sharded checkpoints."""
 
 from geotrain.runtime.checkpoint import CheckpointError, latest_step
-from geotrain.runtime.config import MODEL_PRESETS, PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
+from geotrain.runtime.config import PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
 from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
 from geotrain.runtime.layout import Layout, LayoutError, Slot
 from geotrain.runtime.links import busy_seconds
-from geotrain.runtime.pipeline import SCHEDULES
+from geotrain.runtime.pipeline import PIPELINE_SCHEDULES
 from geotrain.runtime.predict import CommPrediction, predict_comm, real_bytes_job
 from geotrain.runtime.report import IterationRow, RunReport, build_report, relative_error_pct
 from geotrain.runtime.stages import SPLIT_RULES, StageModule, build_layer_model, build_stage, stage_boundaries
@@ -16,9 +16,8 @@ from geotrain.runtime.worker import run_worker
 
 __all__ = [
     "EXIT_PEER_LOST",
-    "MODEL_PRESETS",
+    "PIPELINE_SCHEDULES",
     "PP_CODECS",
-    "SCHEDULES",
     "CheckpointError",
     "CommPrediction",
     "SPLIT_RULES",

@@ -22,8 +22,8 @@ import numpy as np
 from geotrain.cluster import Cluster, make_network
 from geotrain.cost import YuanCostModel
 from geotrain.errors import GeotrainError
-from geotrain.models import GPTConfig
-from geotrain.runtime.config import TINY_GPT, RuntimeConfig, parse_codec_spec
+from geotrain.models import TINY_GPT, GPTConfig
+from geotrain.runtime.config import RuntimeConfig, parse_codec_spec
 from geotrain.runtime.launcher import launch
 from geotrain.runtime.predict import ITERATION_MODELS, real_bytes_job
 from geotrain.runtime.report import RunReport

@@ -21,10 +21,11 @@ from geotrain.codecs import CodecError, get_codec, parse_codec_spec
 from geotrain.comm import check_reducer_spec
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.errors import GeotrainError
-from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.runtime.layout import Layout
-from geotrain.runtime.pipeline import LOOPED_SCHEDULES, SCHEDULES
+from geotrain.runtime.pipeline import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES, WIRE_DTYPES
 from geotrain.runtime.training_data import data_identity
 
@@ -36,20 +37,6 @@ class RuntimeConfigError(GeotrainError, ValueError):
 MIN_COMM_TIMEOUT_S = 1.0
 """Shortest accepted gloo timeout (seconds): the rendezvous of freshly started workers takes a few."""
 
-TINY_GPT = GPTConfig(n_layer=4)
-"""The runtime's default model: 4 blocks (so up to 4 stages), d_model 128, context 96, 44 characters,
-816,896 parameters (the demo's BASE_CONFIG with two more blocks)."""
-
-SMALL_GPT = GPTConfig(n_layer=4, n_head=8, d_model=256)
-"""A bandwidth-bound model for slow links (geotrain bench wan --model small): the tiny GPT at twice the
-width, 4 blocks, d_model 256, context 96: 3.2 M parameters (12.7 MB of fp32 gradients)."""
-
-MODEL_PRESETS: dict[str, GPTConfig] = {
-    "tiny": TINY_GPT,
-    "tiny-2layer": BASE_CONFIG,  # the compression demo's model: at most 2 stages
-    "small": SMALL_GPT,
-}
-
 PP_CODECS = tuple(WIRE_DTYPES)
 """Codecs allowed for pipeline activations: torch's pipelining sends the tensors a stage outputs, so an
 activation codec is the float dtype the stage casts to (int8-block's wire form is not one: refused)."""
@@ -59,17 +46,12 @@ PRECISIONS = ("fp32", "bf16")
 DEFAULT_SEQ_LEN = 128
 """Training sequence length (tokens) when --seq-len is not given and the model does not name a context."""
 
-OPTIMIZERS = ("adamw", "onebit-adam")
-"""adamw: the DP exchange (--dp-codec) then AdamW; onebit-adam: geotrain.optim.OneBitAdam, which averages
-over the stage's DP group itself (fp32 during its warm-up, 1-bit momenta after)."""
-
-
 @dataclass(frozen=True, eq=False)
 class RuntimeConfig:
     """A run. Times in seconds; `time_scale` multiplies every emulated link time (0: no emulation).
 
     `batch_size` is sequences per replica per iteration (global batch = batch_size x replicas), cut
-    into `microbatches` equal micro-batches. `optimizer` (OPTIMIZERS) with `onebit_warmup_steps` full-
+    into `microbatches` equal micro-batches. `optimizer` (optim.registry.RUNTIME_OPTIMIZERS) with `onebit_warmup_steps` full-
     precision steps for onebit-adam; `clip_grad_norm`: clip the gradient of the whole model (all
     stages) to this global L2 norm before the optimizer step (None: off). `stop_after` ends this invocation after that many steps
     (a planned interruption) while the learning-rate schedule still spans `steps`.
@@ -181,8 +163,8 @@ class RuntimeConfig:
         if not isinstance(self.split_by_speed, bool):
             raise RuntimeConfigError(f"split_by_speed must be true or false, got {self.split_by_speed!r}")
         self.split_weights()  # every device's gpu type must be known (UnknownGpuError names it) before launch
-        if self.optimizer not in OPTIMIZERS:
-            raise RuntimeConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.optimizer not in RUNTIME_OPTIMIZERS:
+            raise RuntimeConfigError(f"optimizer must be one of {', '.join(RUNTIME_OPTIMIZERS)}, got {self.optimizer!r}")
         if self.optimizer == "onebit-adam" and parse_codec_spec(self.dp_codec)[0] != "none":
             raise RuntimeConfigError(f"optimizer onebit-adam does its own data-parallel communication; "
                                      f"dp_codec must be none, got {self.dp_codec!r}")
@@ -224,7 +206,7 @@ class RuntimeConfig:
                                      f"clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset")
 
     def _check_choices(self) -> None:
-        choices = [("schedule", self.schedule, SCHEDULES), ("split", self.split, SPLIT_RULES),
+        choices = [("schedule", self.schedule, PIPELINE_SCHEDULES), ("split", self.split, SPLIT_RULES),
                    ("device", self.device, DEVICES), ("precision", self.precision, PRECISIONS)]
         for name, value, allowed in choices:
             if value not in allowed:

@@ -29,12 +29,33 @@ from torch.distributed.pipelining import (
     ScheduleLoopedBFS,
 )
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
-LOOPED_SCHEDULES = ("interleaved-1f1b", "looped-bfs")
-"""Schedules of several virtual stages per rank."""
 
-_SINGLE = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-_LOOPED = {"interleaved-1f1b": ScheduleInterleaved1F1B, "looped-bfs": ScheduleLoopedBFS}
+
+@dataclass(frozen=True)
+class PipelineSchedule:
+    """One pipeline schedule `train --schedule` runs: torch's class, whether a rank holds V >= 2
+    virtual stages (looped), and what it does."""
+
+    torch_class: type
+    looped: bool
+    summary: str
+
+
+PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {
+    "gpipe": PipelineSchedule(ScheduleGPipe, False, "every micro-batch's forward, then every backward "
+                              "(Huang et al. 2019): all M micro-batches' activations in flight"),
+    "1f1b": PipelineSchedule(Schedule1F1B, False, "S - s warm-up forwards, then one forward / one backward "
+                             "(PipeDream-Flush): at most S - s micro-batches in flight at stage s"),
+    "interleaved-1f1b": PipelineSchedule(ScheduleInterleaved1F1B, True, "1F1B over V >= 2 virtual stages per "
+                                         "rank (Narayanan et al. 2021): a shorter bubble, V times the messages"),
+    "looped-bfs": PipelineSchedule(ScheduleLoopedBFS, True, "V >= 2 virtual stages per rank, each running "
+                                   "all its micro-batches breadth first (Lamy-Poirier 2023)"),
+}
+"""The pipeline schedules geotrain train runs (`--schedule`), by name; the learning-rate schedule is
+models.lr_at, and the cost models know a subset (cost.memory.MODELLED_SCHEDULES)."""
+
+LOOPED_SCHEDULES: tuple[str, ...] = tuple(name for name, s in PIPELINE_SCHEDULES.items() if s.looped)
+"""Schedules of several virtual stages per rank: interleaved-1f1b, looped-bfs."""
 
 
 @dataclass
@@ -108,18 +129,19 @@ class Pipeline:
                  group: Any, device: torch.device, timer: ComputeTimer) -> None:
         """`modules`: virtual stage index -> its module (this rank's); `shapes`: every virtual stage's
         shapes (index = virtual stage); `group`: the replica's pipeline process group (pp-rank = stage)."""
-        if kind not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {kind!r}")
+        if kind not in PIPELINE_SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(PIPELINE_SCHEDULES)}, got {kind!r}")
         self.n_virtual = len(shapes)
         self.stage_ids = sorted(modules)
         self.stages = [TimedStage(modules[v], v, self.n_virtual, device, input_args=shapes[v].example_input(device),
                                   output_args=shapes[v].example_output(device), group=group, timer=timer)
                        for v in self.stage_ids]
-        if kind in _SINGLE:
-            assert len(self.stages) == 1
-            self.schedule = _SINGLE[kind](self.stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
+        schedule = PIPELINE_SCHEDULES[kind]
+        if schedule.looped:
+            self.schedule = schedule.torch_class(self.stages, n_microbatches=microbatches, loss_fn=loss_fn)
         else:
-            self.schedule = _LOOPED[kind](self.stages, n_microbatches=microbatches, loss_fn=loss_fn)
+            assert len(self.stages) == 1
+            self.schedule = schedule.torch_class(self.stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
         self.has_first = 0 in modules
         self.has_last = self.n_virtual - 1 in modules
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from geotrain.cost.memory import MODELLED_SCHEDULES
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
-from geotrain.cost.memory import SCHEDULES as SCHEDULE_ORDERS
 from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s
 
 
@@ -201,7 +201,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         for record in step_records:
             compute[record["stage"], record["replica"]] = record["compute_s"]
         # the event simulation knows GPipe and 1F1B; the looped schedules get the closed-form models only
-        models = [m for m in ITERATION_MODELS if m != "schedule" or config.schedule in SCHEDULE_ORDERS]
+        models = [m for m in ITERATION_MODELS if m != "schedule" or config.schedule in MODELLED_SCHEDULES]
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
                                            config.microbatches, config.schedule, time_scale, model)
                 for model in models}

@@ -27,7 +27,8 @@ from geotrain.emulate.install import Emulation
 from geotrain.errors import GeotrainError
 from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_ties, validation_starts
 from geotrain.runtime import checkpoint as ckpt
-from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
+from geotrain.models import MODEL_PRESETS
+from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync, sync_options
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes

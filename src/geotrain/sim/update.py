@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from geotrain.comm.clip import clip_grad_norm_
-from geotrain.train.config import TrainConfig
-from geotrain.train.exchange import GradientExchange
+from geotrain.sim.config import TrainConfig
+from geotrain.sim.exchange import GradientExchange
 
 
 class UpdateRule(Protocol):

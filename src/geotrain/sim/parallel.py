@@ -20,8 +20,8 @@ import torch
 
 from geotrain.data import WorldTokens
 from geotrain.procs import die_with_parent
-from geotrain.train.config import TrainConfig, TrainingConfigError, TrainingResult
-from geotrain.train.loop import UpdateRuleFactory, codec_update_rule, train_compressed
+from geotrain.sim.config import TrainConfig, TrainingConfigError, TrainingResult
+from geotrain.sim.loop import UpdateRuleFactory, codec_update_rule, train_compressed
 
 ProgressFactory = Callable[[str, float], AbstractContextManager[Any]]
 """progress(description, total) -> a context manager yielding a callback(done, total) (or None)."""

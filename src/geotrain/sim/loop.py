@@ -18,9 +18,9 @@ from torch import nn
 from geotrain.codecs import CodecError, NonFiniteGradientError
 from geotrain.data import WorldTokens, get_batch, world_tokens
 from geotrain.models import TinyGPT, bits_per_char, lr_at, make_model
-from geotrain.train.config import TrainConfig, TrainingConfigError, TrainingResult
-from geotrain.train.exchange import GradientExchange
-from geotrain.train.update import ExchangeThenStep, UpdateRule, make_optimizer
+from geotrain.sim.config import TrainConfig, TrainingConfigError, TrainingResult
+from geotrain.sim.exchange import GradientExchange
+from geotrain.sim.update import ExchangeThenStep, UpdateRule, make_optimizer
 
 UpdateRuleFactory = Callable[[TinyGPT, TrainConfig], UpdateRule]
 ProgressCallback = Callable[[float, float], None]

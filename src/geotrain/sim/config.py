@@ -8,14 +8,14 @@ from typing import Any
 
 from geotrain.codecs import CODECS
 from geotrain.errors import GeotrainError
-from geotrain.models import BASE_CONFIG, GPTConfig
+from geotrain.models import TINY_2LAYER_GPT, GPTConfig
+from geotrain.optim.registry import SIM_OPTIMIZERS
 
 
 class TrainingConfigError(GeotrainError, ValueError):
     """A training option is out of range."""
 
 
-OPTIMIZERS = ("adamw", "sgd")
 DEFAULT_LR = {"adamw": 3e-3, "sgd": 0.3}
 """Peak learning rates of the seed: AdamW as lecture 1, SGD with momentum for the error-feedback table."""
 
@@ -26,7 +26,7 @@ class TrainConfig:
 
     codec / codec_params: a `geotrain.codecs` name and its parameters (e.g. {"fraction": 0.01}).
     error_feedback: each worker keeps its own residual of what compression dropped.
-    optimizer: "adamw" (betas, weight_decay) or "sgd" (momentum); lr None -> DEFAULT_LR.
+    optimizer: "adamw" (betas, weight_decay) or "sgd" (momentum) (optim.registry.SIM_OPTIMIZERS); lr None -> DEFAULT_LR.
     clip_norm: clip the aggregated gradient to this global L2 norm; None: no clipping.
     seed: model initialisation; batches are drawn from a generator seeded with seed + 1.
     """
@@ -45,13 +45,13 @@ class TrainConfig:
     workers: int = 4
     batch: int = 32
     seed: int = 0
-    model: GPTConfig = BASE_CONFIG
+    model: GPTConfig = TINY_2LAYER_GPT
 
     def __post_init__(self) -> None:
         if self.codec not in CODECS:
             raise TrainingConfigError(f"codec must be one of {', '.join(CODECS)}, got {self.codec!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise TrainingConfigError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
+        if self.optimizer not in SIM_OPTIMIZERS:
+            raise TrainingConfigError(f"optimizer must be one of {', '.join(SIM_OPTIMIZERS)}, got {self.optimizer!r}")
         for name in ("steps", "workers", "batch"):
             if getattr(self, name) < 1:
                 raise TrainingConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
