@@ -7,7 +7,7 @@ from geotrain.sync.exchange import StageExchange, timed_collective
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY, make_gradient_sync
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.onebit import OneBitAdamSync
-from geotrain.sync.options import SYNC_OPTIMIZERS, DPGroup, SyncOptions
+from geotrain.sync.options import DPGroup, SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
 
@@ -20,7 +20,6 @@ __all__ = [
     "OneBitAdamSync",
     "OuterSync",
     "PerStepSync",
-    "SYNC_OPTIMIZERS",
     "StageExchange",
     "SyncError",
     "SyncOptions",

@@ -11,10 +11,8 @@ from geotrain.codecs import CodecError, CodecSpec
 from geotrain.comm import check_reducer_spec, reducer_traits
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.sync.base import SyncError
-
-SYNC_OPTIMIZERS = ("adamw", "onebit-adam")
-"""Optimizers a sync can step: AdamW after any exchange, or 1-bit Adam (which exchanges itself)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +49,8 @@ class SyncOptions:
             check_reducer_spec(self.codec)
         except CodecError as exc:
             raise SyncError(f"SyncOptions.codec {str(self.codec)!r}: {exc}") from None
-        if self.optimizer not in SYNC_OPTIMIZERS:
-            raise SyncError(f"SyncOptions.optimizer must be one of {', '.join(SYNC_OPTIMIZERS)}, "
+        if self.optimizer not in RUNTIME_OPTIMIZERS:
+            raise SyncError(f"SyncOptions.optimizer must be one of {', '.join(RUNTIME_OPTIMIZERS)}, "
                             f"got {self.optimizer!r}")
         _positive("lr", self.lr)
         if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 1:
