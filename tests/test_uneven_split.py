@@ -106,7 +106,7 @@ def test_uneven_split_needs_a_compute_aware_model_and_valid_fractions():
     with pytest.raises(CostModelError, match="needs one of yuan\\+compute, schedule"):
         build_cost_model("yuan", cluster, GPT_13B_SEED, 3, 2, layer_shares="speed")
     with pytest.raises(LayerSplitError, match="3 fractions > 0 summing to 1"):
-        YuanComputeCostModel(cluster, GPT_13B_SEED, 3, 2, layer_shares=[0.5, 0.5, 0.5])
+        YuanComputeCostModel.for_job(cluster, GPT_13B_SEED, 3, 2, layer_shares=[0.5, 0.5, 0.5])
     with pytest.raises(LayerSplitError, match="cannot cut 2 layers into 3 stages"):
         speed_layer_counts(2, [1.0, 1.0, 1.0])
 
