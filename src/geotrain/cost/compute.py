@@ -60,9 +60,10 @@ class YuanComputeCostModel:
                 micro_batches: int | None = None, layer_shares: object = None) -> YuanComputeCostModel:
         """`job`'s traffic and FLOPs at `utilisation` of each GPU's peak; `layer_shares`: None / "equal"
         (1/S), "speed" (per assignment) or S fractions summing to 1."""
+        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices)
         peak = device_peak_flops(cluster)
         slot_flops = job.flops_per_iteration() / (stages * replicas)
-        return cls(cluster, traffic_of_job(job, stages, replicas), slot_flops / (peak * utilisation),
+        return cls(cluster, traffic, slot_flops / (peak * utilisation),
                    micro_batches or max(1, job.global_batch // replicas),
                    StageShares.build(layer_shares, stages, job.layers, peak))
 

@@ -65,7 +65,7 @@ class RingCostModel:
     @classmethod
     def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int) -> RingCostModel:
         """The model of `job`'s traffic (traffic_of_job) on `stages` x `replicas`."""
-        return cls(cluster, traffic_of_job(job, stages, replicas))
+        return cls(cluster, traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices))
 
     def pairwise_terms(self) -> None:
         return None

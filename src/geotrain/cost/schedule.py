@@ -235,8 +235,7 @@ class ScheduleCostModel:
                 layer_shares: object = None) -> ScheduleCostModel:
         """`job`'s traffic and FLOPs (forward 1/3 of 6 x params x tokens) at `utilisation` of each
         GPU's peak; `layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions."""
-        traffic = traffic_of_job(job, stages, replicas)
-        YuanCostModel(cluster, traffic)  # the layout check first, as every model
+        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices)
         m = micro_batches or max(1, job.global_batch // replicas)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ScheduleError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")

@@ -142,12 +142,13 @@ def _byte_counts(values: object, key: str) -> tuple[float, ...]:
 
 
 def traffic_of_job(job: Job, stages: int, replicas: int, wire: WireBytes | None = None,
-                   sync_period: int = 1) -> Traffic:
+                   sync_period: int = 1, n_devices: int | None = None) -> Traffic:
     """The job's traffic for S = `stages` stages (one device each) and R = `replicas`: every stage
-    all-reduces job.dp_bytes(S), every cut carries job.pp_bytes(R) (raises JobError if R > batch)."""
+    all-reduces job.dp_bytes(S), every cut carries job.pp_bytes(R). Raises JobError for a layout that
+    needs more than `n_devices` (None: any) and for R > global batch, in that order."""
     from geotrain.job import check_layout
 
-    check_layout(stages, replicas, stages * replicas)
+    check_layout(stages, replicas, stages * replicas if n_devices is None else n_devices)
     return Traffic(dp_bytes=(job.dp_bytes(stages),) * stages, pp_bytes=(job.pp_bytes(replicas),) * (stages - 1),
                    replicas=replicas, bytes_per_value=float(job.bytes_per_value), wire=wire or WireBytes(),
                    sync_period=sync_period)

@@ -81,7 +81,7 @@ class YuanCostModel:
     @classmethod
     def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int) -> YuanCostModel:
         """The model of `job`'s traffic (traffic_of_job) on `stages` x `replicas`."""
-        return cls(cluster, traffic_of_job(job, stages, replicas))
+        return cls(cluster, traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices))
 
     def pairwise_terms(self) -> PairwiseTerms | None:
         return self._terms
