@@ -86,16 +86,16 @@ def test_auto_config_leaves_small_slow_devices_idle_and_respects_memory():
         assert all(gpu_memory_bytes(cluster.gpus[d]) >= need for d in c.assignment.ravel())
         assert len(set(c.assignment.ravel().tolist())) == c.devices_used
         assert c.bound_s <= c.iteration_s * (1 + 1e-9)
-        schedule = ScheduleCostModel(cluster, JOB, c.stages, c.replicas, micro_batches=c.microbatches)
+        schedule = ScheduleCostModel.for_job(cluster, JOB, c.stages, c.replicas, micro_batches=c.microbatches)
         assert schedule.evaluate(c.assignment).total == pytest.approx(c.iteration_s)
-        screen = YuanComputeCostModel(cluster, JOB, c.stages, c.replicas, micro_batches=c.microbatches)
+        screen = YuanComputeCostModel.for_job(cluster, JOB, c.stages, c.replicas, micro_batches=c.microbatches)
         assert screen.evaluate(c.assignment).total == pytest.approx(c.screen_s)
 
 
 def test_yuan_compute_ranking_scores_and_bounds_with_that_model():
     cluster = mixed_cluster()
     for c in auto_configure(cluster, JOB, AutoConfigOptions(rank_model="yuan+compute")).candidates:
-        model = YuanComputeCostModel(cluster, JOB, c.stages, c.replicas, micro_batches=c.microbatches)
+        model = YuanComputeCostModel.for_job(cluster, JOB, c.stages, c.replicas, micro_batches=c.microbatches)
         assert model.evaluate(c.assignment).total == pytest.approx(c.iteration_s)
         assert c.bound_s <= c.iteration_s * (1 + 1e-9)
 
@@ -103,9 +103,9 @@ def test_yuan_compute_ranking_scores_and_bounds_with_that_model():
 def test_auto_config_beats_the_fixed_full_layout():
     cluster = mixed_cluster()
     chosen = auto_configure(cluster, JOB).candidates[0]
-    model = YuanComputeCostModel(cluster, JOB, 2, 4, micro_batches=4)
+    model = YuanComputeCostModel.for_job(cluster, JOB, 2, 4, micro_batches=4)
     fixed = pipeline_local(PlacementProblem(cluster, model), RegionHeuristicConfig()).assignment
-    assert chosen.iteration_s < ScheduleCostModel(cluster, JOB, 2, 4, micro_batches=4).evaluate(fixed).total
+    assert chosen.iteration_s < ScheduleCostModel.for_job(cluster, JOB, 2, 4, micro_batches=4).evaluate(fixed).total
 
 
 def test_nothing_fits_names_the_binding_constraint():

@@ -10,7 +10,7 @@ import pytest
 
 from geotrain.cli.main import main
 from geotrain.cluster import seed_geo
-from geotrain.cost import as_assignment, yuan_cost_reference
+from geotrain.cost import as_assignment, traffic_of_job, yuan_cost_reference
 from geotrain.job import GPT_13B_SEED
 
 CONTRACT_KEYS = {"method", "stages", "replicas", "assignment", "cost", "seconds"}
@@ -35,7 +35,7 @@ def test_plan_json_is_exactly_one_object_with_the_contract_keys(tmp_path):
     assert doc["method"] == "auto" and doc["stages"] == 4 and doc["replicas"] == 8
     assert doc["details"]["chosen"] == "exact" and doc["gap"] == 0.0  # seed-geo is region-uniform: proven optimum
     assignment = as_assignment(doc["assignment"], 4, 8, 32)
-    reference = yuan_cost_reference(seed_geo(), GPT_13B_SEED, assignment.tolist())
+    reference = yuan_cost_reference(seed_geo(), traffic_of_job(GPT_13B_SEED, 4, 8), assignment.tolist())
     assert doc["cost"]["total"] == pytest.approx(reference["total"], rel=1e-12)
     assert doc["cost"]["dp"] + doc["cost"]["pp"] == pytest.approx(doc["cost"]["total"], rel=1e-12)
     assert doc["seconds"] >= 0
@@ -82,7 +82,7 @@ def test_cost_uses_the_plans_replicas_and_the_default_job(tmp_path, capsys):
     (tmp_path / "hand.json").write_text(json.dumps(plan))
     code, out, _ = run_cli(capsys, "cost", "--cluster", "seed-geo", "--plan", str(tmp_path / "hand.json"), "--json")
     assert code == 0
-    reference = yuan_cost_reference(seed_geo(), GPT_13B_SEED, plan["assignment"])
+    reference = yuan_cost_reference(seed_geo(), traffic_of_job(GPT_13B_SEED, 2, 3), plan["assignment"])
     assert json.loads(out)["cost"]["total"] == pytest.approx(reference["total"], rel=1e-12)
 
 

@@ -17,7 +17,7 @@ from geotrain.cluster import region_cluster, seed_geo
 from geotrain.cost import YuanCostModel, yuan_cost_reference
 from geotrain.cost.codec_choice import (DP_LADDER, CodecPolicy, CodecPolicyError, choose_codecs, codec_link_bytes,
                                         parse_codec_policy)
-from geotrain.cost.link_bytes import LinkBytes, LinkBytesError
+from geotrain.cost.traffic import TrafficError, WireBytes, traffic_of_job
 from geotrain.job import GPT_13B_SEED, Job
 from geotrain.plan import Plan, PlanError
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
@@ -38,10 +38,10 @@ def test_unset_or_native_link_bytes_give_exactly_todays_numbers(stages, replicas
     cluster = seed_geo()
     rng = np.random.default_rng(stages)
     assignment = rng.permutation(32)[: stages * replicas].reshape(stages, replicas)
-    today = YuanCostModel(cluster, GPT_13B_SEED, stages, replicas).evaluate(assignment)
+    today = YuanCostModel.for_job(cluster, GPT_13B_SEED, stages, replicas).evaluate(assignment)
     native = GPT_13B_SEED.bytes_per_value
-    for link_bytes in (LinkBytes(), LinkBytes.uniform(dp=native, pp=native)):
-        cost = YuanCostModel(cluster, GPT_13B_SEED, stages, replicas, link_bytes).evaluate(assignment)
+    for link_bytes in (WireBytes(), WireBytes.uniform(dp=native, pp=native)):
+        cost = YuanCostModel(cluster, traffic_of_job(GPT_13B_SEED, stages, replicas, link_bytes)).evaluate(assignment)
         assert (cost.dp, cost.pp, cost.total) == (today.dp, today.pp, today.total)  # bit for bit
 
 
@@ -50,10 +50,10 @@ def test_unset_or_native_link_bytes_give_exactly_todays_numbers(stages, replicas
        st.sampled_from([1.0, 2.0]), st.integers(0, 1000))
 def test_per_link_class_bytes_match_the_plain_loop_reference(values, latency_factor, seed):
     cluster = seed_geo()
-    link_bytes = LinkBytes(*values, dp_latency_factor=latency_factor)
+    link_bytes = WireBytes(*values, dp_latency_rounds=latency_factor)
     assignment = np.random.default_rng(seed).permutation(32)[:16].reshape(4, 4)
-    cost = YuanCostModel(cluster, GPT_13B_SEED, 4, 4, link_bytes).evaluate(assignment)
-    ref = yuan_cost_reference(cluster, GPT_13B_SEED, assignment.tolist(), link_bytes)
+    cost = YuanCostModel(cluster, traffic_of_job(GPT_13B_SEED, 4, 4, link_bytes)).evaluate(assignment)
+    ref = yuan_cost_reference(cluster, traffic_of_job(GPT_13B_SEED, 4, 4, link_bytes), assignment.tolist())
     assert cost.dp == pytest.approx(ref["dp"], rel=1e-12)
     assert cost.pp == pytest.approx(ref["pp"], rel=1e-12)
 
@@ -62,7 +62,7 @@ def test_inter_region_bytes_only_scale_the_cross_region_pairs_by_hand():
     cluster = two_regions(inter_gbps=1.0, inter_ms=50.0)
     job = Job("t", params=2e9, seq_len=1000, hidden=1, global_batch=4, bytes_per_value=4)
     # stage 0 = {a0, b0} crosses regions; stage 1 = {a1, a2}... use [[0, 2], [1, 3]]: both DP groups cross.
-    model = YuanCostModel(cluster, job, 2, 2, LinkBytes(dp_intra=4, dp_inter=0.5, pp_intra=1, pp_inter=4))
+    model = YuanCostModel(cluster, traffic_of_job(job, 2, 2, WireBytes(dp_intra=4, dp_inter=0.5, pp_intra=1, pp_inter=4)))
     cost = model.evaluate(np.array([[0, 2], [1, 3]]))
     c_dp = 2e9 * 4 / 2 * (0.5 / 4)
     assert cost.dp == pytest.approx(2 * (0.050 + 8 * c_dp / (2 * 1e9)))
@@ -71,8 +71,8 @@ def test_inter_region_bytes_only_scale_the_cross_region_pairs_by_hand():
 
 
 def test_link_bytes_refuse_non_positive_values():
-    with pytest.raises(LinkBytesError, match="dp_inter must be a finite number > 0, got -1"):
-        LinkBytes(dp_inter=-1)
+    with pytest.raises(TrafficError, match="dp_inter must be a finite number > 0, got -1"):
+        WireBytes(dp_inter=-1)
 
 
 def test_policy_parsing_and_ladders():
@@ -94,10 +94,10 @@ def test_codec_bytes_follow_the_codecs_wire_sizes():
     assert codec_link_bytes("fp16", job, "dp").dp_inter == 2
     assert codec_link_bytes("sign", job, "dp", group_size=2).dp_inter == pytest.approx(1 / 8, rel=1e-4)
     gathered = codec_link_bytes("sign", job, "dp", group_size=8)
-    assert gathered.dp_inter == pytest.approx(4 / 8, rel=1e-4) and gathered.dp_latency_factor == 0.5  # all-gather
+    assert gathered.dp_inter == pytest.approx(4 / 8, rel=1e-4) and gathered.dp_latency_rounds == 0.5  # all-gather
     assert codec_link_bytes("int8-block", job, "pp").pp_inter == pytest.approx(1 + 4 / 256)
     psgd = codec_link_bytes("powersgd", job, "dp")
-    assert psgd.dp_inter == pytest.approx(4 * 4 * (128 + 512) / (128 * 512)) and psgd.dp_latency_factor == 2
+    assert psgd.dp_inter == pytest.approx(4 * 4 * (128 + 512) / (128 * 512)) and psgd.dp_latency_rounds == 2
 
 
 def test_choice_compresses_only_the_slow_links():

@@ -66,7 +66,7 @@ def test_ring_all_reduce_by_hand():
     # One stage of 4 devices, 2 per region: the best ring crosses regions twice; its slowest step
     # sends 1/4 of c_dp over the 1 Gbit/s, 50 ms link.
     cluster = two_region()
-    model = RingCostModel(cluster, TINY, stages=1, replicas=4)
+    model = RingCostModel.for_job(cluster, TINY, stages=1, replicas=4)
     cost = model.evaluate(np.array([[0, 2, 1, 3]]))
     step = 0.050 + 8 * (TINY.dp_bytes(1) / 4) / 1e9
     assert cost.dp == pytest.approx(2 * 3 * step)
@@ -78,26 +78,26 @@ def test_ring_all_reduce_by_hand():
 
 def test_ring_uniform_group_matches_closed_form():
     # datacenter: every link alike, so dp = 2(n-1)/n * 8 c_dp / b + 2(n-1) a
-    model = RingCostModel(seed_datacenter(), GPT_13B_SEED, stages=4, replicas=8)
+    model = RingCostModel.for_job(seed_datacenter(), GPT_13B_SEED, stages=4, replicas=8)
     cost = model.evaluate(np.arange(32).reshape(4, 8))
     n, b, a = 8, 25e9, 0.1e-3
     assert cost.dp == pytest.approx(2 * (n - 1) / n * 8 * GPT_13B_SEED.dp_bytes(4) / b + 2 * (n - 1) * a)
-    assert cost.pp == pytest.approx(YuanCostModel(seed_datacenter(), GPT_13B_SEED, 4, 8).evaluate(np.arange(32).reshape(4, 8)).pp)
+    assert cost.pp == pytest.approx(YuanCostModel.for_job(seed_datacenter(), GPT_13B_SEED, 4, 8).evaluate(np.arange(32).reshape(4, 8)).pp)
 
 
 def test_compute_homogeneous_matches_seed_figure_plus_bubble():
-    model = YuanComputeCostModel(seed_datacenter(), GPT_13B_SEED, stages=4, replicas=8)
+    model = YuanComputeCostModel.for_job(seed_datacenter(), GPT_13B_SEED, stages=4, replicas=8)
     cost = model.evaluate(np.arange(32).reshape(4, 8))
     slot = GPT_13B_SEED.compute_seconds(32)  # 10.2 s: the seed's figure
     assert model.slot_seconds[0] == pytest.approx(slot)
     assert cost.extra["compute"] == pytest.approx(slot * (128 + 3) / 128)
-    comm = YuanCostModel(seed_datacenter(), GPT_13B_SEED, 4, 8).evaluate(np.arange(32).reshape(4, 8))
+    comm = YuanCostModel.for_job(seed_datacenter(), GPT_13B_SEED, 4, 8).evaluate(np.arange(32).reshape(4, 8))
     assert cost.total == pytest.approx(comm.total + cost.extra["compute"])
 
 
 def test_compute_formula_by_hand_on_mixed_gpus():
     cluster = two_region(gpus=["T4", "A100"])
-    model = YuanComputeCostModel(cluster, TINY, stages=2, replicas=2, micro_batches=4)
+    model = YuanComputeCostModel.for_job(cluster, TINY, stages=2, replicas=2, micro_batches=4)
     t4 = TINY.flops_per_iteration() / 4 / (65e12 * 0.4)
     a100 = TINY.flops_per_iteration() / 4 / (312e12 * 0.4)
     per_replica = model.replica_compute_seconds(np.array([[0, 2], [1, 3]]))
@@ -129,20 +129,20 @@ def test_gpu_table_lookup():
 
 def test_dtfm_by_hand_and_wiring_invariance():
     cluster = two_region(intra=(10.0, 1.0), inter=(1.0, 50.0))
-    model = DtfmCostModel(cluster, TINY, stages=2, replicas=2)
+    model = DtfmCostModel.for_job(cluster, TINY, stages=2, replicas=2)
     # groups {a0, b0} and {a1, b1}: the best matching pairs a0-a1, b0-b1 (inside regions)
     crossed = model.evaluate(np.array([[0, 2], [3, 1]]))
     straight = model.evaluate(np.array([[0, 2], [1, 3]]))
     one_way = 0.001 + 8 * TINY.pp_bytes(2) / 10e9
     assert crossed.pp == pytest.approx(2 * one_way)
     assert straight.total == pytest.approx(crossed.total)
-    assert crossed.dp == pytest.approx(YuanCostModel(cluster, TINY, 2, 2).evaluate(np.array([[0, 2], [1, 3]])).dp)
+    assert crossed.dp == pytest.approx(YuanCostModel.for_job(cluster, TINY, 2, 2).evaluate(np.array([[0, 2], [1, 3]])).dp)
 
 
 def test_dtfm_is_at_least_yuan_of_its_own_wiring_on_random_plans():
     cluster = seed_geo()
-    model = DtfmCostModel(cluster, GPT_13B_SEED, 4, 8)
-    yuan = YuanCostModel(cluster, GPT_13B_SEED, 4, 8)
+    model = DtfmCostModel.for_job(cluster, GPT_13B_SEED, 4, 8)
+    yuan = YuanCostModel.for_job(cluster, GPT_13B_SEED, 4, 8)
     rng = np.random.default_rng(0)
     for _ in range(10):
         assignment = rng.permutation(32).reshape(4, 8)

@@ -46,10 +46,10 @@ HAND_JOB = Job(name="hand", params=1e12, seq_len=50, hidden=625_000, global_batc
 
 def test_model_adds_each_stages_all_reduce_after_its_last_backward():
     cluster = hand_cluster()
-    model = ScheduleCostModel(cluster, HAND_JOB, 2, 2, micro_batches=2, schedule="gpipe")
+    model = ScheduleCostModel.for_job(cluster, HAND_JOB, 2, 2, micro_batches=2, schedule="gpipe")
     assignment = np.array([[0, 1], [2, 3]])  # both replicas cross the 1 Gbit/s 250 ms link
     cost = model.evaluate(assignment)
-    dp = YuanCostModel(cluster, HAND_JOB, 2, 2).stage_dp_seconds(assignment)
+    dp = YuanCostModel.for_job(cluster, HAND_JOB, 2, 2).stage_dp_seconds(assignment)
     assert cost.total == pytest.approx(max(10.5 + dp[0], 7.75 + dp[1]))
     assert cost.extra["pipeline"] == pytest.approx(10.5)
     many = model.evaluate_many(np.stack([assignment, assignment[::-1], assignment[:, ::-1]]))
@@ -88,7 +88,7 @@ def test_allreduce_from_traffic_equals_yuan_dp():
     cluster = seed_geo()
     rng = np.random.default_rng(3)
     batch = np.stack([rng.permutation(32)[:24].reshape(4, 6) for _ in range(3)])
-    yuan = YuanCostModel(cluster, GPT_13B_SEED, 4, 6)
+    yuan = YuanCostModel.for_job(cluster, GPT_13B_SEED, 4, 6)
     got = stage_allreduce_seconds(cluster, batch, np.full(4, GPT_13B_SEED.dp_bytes(4)))
     np.testing.assert_allclose(got, yuan.stage_dp_seconds(batch), rtol=1e-12)
 

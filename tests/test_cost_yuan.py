@@ -4,12 +4,13 @@ import numpy as np
 import pytest
 
 from geotrain.cluster import region_cluster, seed_datacenter, seed_geo
-from geotrain.cost import AssignmentError, YuanCostModel, as_assignment, build_cost_model, yuan_cost_reference
+from geotrain.cost import (AssignmentError, YuanCostModel, as_assignment, build_cost_model, traffic_of_job,
+                           yuan_cost_reference)
 from geotrain.job import GPT_13B_SEED, Job, JobError
 
 
 def test_datacenter_sanity_value_matches_design():
-    model = YuanCostModel(seed_datacenter(), GPT_13B_SEED, stages=4, replicas=8)
+    model = YuanCostModel.for_job(seed_datacenter(), GPT_13B_SEED, stages=4, replicas=8)
     cost = model.evaluate(np.arange(32).reshape(4, 8))
     assert cost.dp == pytest.approx(0.365, rel=0.01)
     assert cost.pp == pytest.approx(2.062, rel=0.01)
@@ -28,7 +29,7 @@ def test_two_region_case_by_hand():
     cluster = region_cluster("two", ["a", "b"], [2, 2], np.array([[10.0, 1.0], [1.0, 10.0]]),
                              np.array([[1.0, 50.0], [50.0, 1.0]]))
     job = Job("tiny", params=2e9, seq_len=1000, hidden=1, global_batch=4, bytes_per_value=1)
-    model = YuanCostModel(cluster, job, stages=2, replicas=2)
+    model = YuanCostModel.for_job(cluster, job, stages=2, replicas=2)
     # stage 0 = {a0, b0}: cross-region DP; stage 1 = {a1, b1}. Pipelines a0->a1 and b0->b1 stay inside.
     cost = model.evaluate(np.array([[0, 2], [1, 3]]))
     dp_expected = 2 * (0.050 + 8 * 1e9 / (2 * 1e9))  # one peer, 1/2 of the gradient over 1 Gbit/s
@@ -47,7 +48,7 @@ def test_vectorised_matches_reference_on_random_assignments(stages, replicas):
     batch = np.stack([rng.permutation(32)[: stages * replicas].reshape(stages, replicas) for _ in range(25)])
     totals = model.evaluate_many(batch)
     for assignment, total in zip(batch, totals):
-        ref = yuan_cost_reference(cluster, GPT_13B_SEED, assignment.tolist())
+        ref = yuan_cost_reference(cluster, traffic_of_job(GPT_13B_SEED, stages, replicas), assignment.tolist())
         cost = model.evaluate(assignment)
         assert cost.dp == pytest.approx(ref["dp"], rel=1e-12)
         assert cost.pp == pytest.approx(ref["pp"], rel=1e-12)
@@ -56,9 +57,9 @@ def test_vectorised_matches_reference_on_random_assignments(stages, replicas):
 
 def test_infeasible_layouts_are_clear_errors():
     with pytest.raises(JobError, match="needs 40 devices, the cluster has 32"):
-        YuanCostModel(seed_geo(), GPT_13B_SEED, stages=5, replicas=8)
+        YuanCostModel.for_job(seed_geo(), GPT_13B_SEED, stages=5, replicas=8)
     with pytest.raises(JobError, match="stages must be an integer >= 1"):
-        YuanCostModel(seed_geo(), GPT_13B_SEED, stages=0, replicas=8)
+        YuanCostModel.for_job(seed_geo(), GPT_13B_SEED, stages=0, replicas=8)
 
 
 def test_assignment_validation_names_the_problem():

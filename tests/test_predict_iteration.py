@@ -10,7 +10,7 @@ from geotrain.cluster import make_network
 from geotrain.cost.ring import RingCostModel, ring_allreduce_seconds
 from geotrain.cost.schedule import schedule_seconds, simulate_pipeline_sends
 from geotrain.emulate import EmulatedNetwork, algorithms, run_rounds
-from geotrain.runtime.predict import predict_comm, predict_iteration_s, real_bytes_job
+from geotrain.runtime.predict import measured_traffic, predict_comm, predict_iteration_s
 
 CLUSTER = make_network([4, 4], 10.0, (0.005, 0.005), (40.0, 40.0), seed=0)
 DP_BYTES = [1_657_856, 1_609_728]
@@ -24,7 +24,7 @@ def test_ring_in_replica_order_equals_the_emulators_rounds_and_never_beats_the_b
     for stage, group in enumerate(assignment):
         _, end = run_rounds(net, group, list(range(4)), algorithms.ring_allreduce(4, DP_BYTES[stage]), 0.0)
         assert got[stage] == pytest.approx(end, rel=1e-9)
-    best = RingCostModel(CLUSTER, real_bytes_job(DP_BYTES[0], 1, 2, 4), 2, 4).stage_dp_seconds(np.array(assignment))
+    best = RingCostModel(CLUSTER, measured_traffic([DP_BYTES[0]] * 2, 1, 4)).stage_dp_seconds(np.array(assignment))
     assert got[0] >= best[0] - 1e-12
     if assignment[0] == [0, 1, 4, 5]:  # two crossings of the ring, like the best ring: same time
         assert got[0] == pytest.approx(best[0])

@@ -26,7 +26,7 @@ from geotrain.runtime import (
     busy_seconds,
     parse_codec_spec,
     predict_comm,
-    real_bytes_job,
+    measured_traffic,
 )
 from geotrain.runtime.stages import stage_modules, tiny_layer_model
 from geotrain.runtime import checkpoint as ckpt
@@ -52,15 +52,17 @@ def test_busy_seconds_is_the_length_of_the_union(raw):
 
 # -- prediction ----------------------------------------------------------------------------------
 
-def test_real_bytes_job_reproduces_the_bytes_exactly():
-    job = real_bytes_job(1_657_856, 393_216, stages=2, replicas=4)
-    assert job.dp_bytes(2) == 1_657_856 and job.pp_bytes(4) == 393_216
+def test_measured_traffic_holds_the_bytes_exactly():
+    traffic = measured_traffic([1_657_856, 1_609_728], 393_216, replicas=4)
+    assert traffic.dp_bytes == (1_657_856, 1_609_728) and traffic.pp_bytes == (393_216,) and traffic.replicas == 4
+    looped = measured_traffic([1, 1], 393_216, replicas=4, virtual_stages=2)  # rank 0 sends over 2 of the 3 cuts
+    assert looped.pp_bytes == (196_608,) * 3 and looped.virtual_stages == 2
 
 
 def test_prediction_equals_the_yuan_model_for_uniform_bytes():
     assignment = np.array([[0, 2], [1, 3]])
     prediction = predict_comm(GEO, assignment, [500_000, 500_000], 200_000, time_scale=0.1)
-    cost = YuanCostModel(GEO, real_bytes_job(500_000, 200_000, 2, 2), 2, 2).evaluate(assignment)
+    cost = YuanCostModel(GEO, measured_traffic([500_000, 500_000], 200_000, 2)).evaluate(assignment)
     assert prediction.dp_s == pytest.approx(0.1 * cost.dp) and prediction.pp_s == pytest.approx(0.1 * cost.pp)
     uneven = predict_comm(GEO, assignment, [500_000, 2_000_000], 200_000, time_scale=0.1)
     assert uneven.dp_per_stage_s[1] > uneven.dp_per_stage_s[0] and uneven.dp_s == uneven.dp_per_stage_s[1]

@@ -29,7 +29,7 @@ def test_schedule_bound_is_below_every_random_placement(layout, schedule, jitter
     cluster = with_gpus(base, [str(g) for g in rng.choice(["V100", "A100", "T4"], base.n_devices)])
     pool = np.arange(cluster.n_devices)
     bound = schedule_bound_s(cluster, JOB, pool, stages, replicas, microbatches, 0.4)
-    model = ScheduleCostModel(cluster, JOB, stages, replicas, micro_batches=microbatches, schedule=schedule,
+    model = ScheduleCostModel.for_job(cluster, JOB, stages, replicas, micro_batches=microbatches, schedule=schedule,
                               utilisation=0.4)
     for _ in range(20):
         assignment = rng.permutation(cluster.n_devices)[: stages * replicas].reshape(stages, replicas)
@@ -43,5 +43,5 @@ def test_schedule_bound_counts_the_last_micro_batch_hops():
     hop = 0.040 + 8.0 * JOB.pp_bytes(replicas) / microbatches / 1e9
     # 2 (S - 1) hops, plus cut 0 carrying the M activations one after another
     assert bound >= 2 * (stages - 1) * hop + (microbatches - 1) * (hop - 0.040)
-    model = ScheduleCostModel(cluster, JOB, stages, replicas, micro_batches=microbatches, utilisation=0.4)
+    model = ScheduleCostModel.for_job(cluster, JOB, stages, replicas, micro_batches=microbatches, utilisation=0.4)
     assert bound <= model.evaluate(np.arange(8).reshape(stages, replicas)).total * (1 + 1e-9)

@@ -70,11 +70,11 @@ def test_hand_checked_speed_split_of_24_layers_on_a100_v100_t4():
 @pytest.mark.parametrize("factory", [YuanComputeCostModel, ScheduleCostModel])
 def test_equal_shares_reproduce_todays_numbers(factory):
     cluster = load_cluster("seed-geo")  # all V100: the speed split is the equal split
-    plain = factory(cluster, GPT_13B_SEED, 4, 8)
+    plain = factory.for_job(cluster, GPT_13B_SEED, 4, 8)
     rng = np.random.default_rng(2)
     batch = np.stack([rng.permutation(32).reshape(4, 8) for _ in range(5)])
     for spec in ("speed", [0.25] * 4):
-        shared = factory(cluster, GPT_13B_SEED, 4, 8, layer_shares=spec)
+        shared = factory.for_job(cluster, GPT_13B_SEED, 4, 8, layer_shares=spec)
         np.testing.assert_allclose(shared.evaluate_many(batch), plain.evaluate_many(batch), rtol=1e-12)
         a, b = shared.evaluate(batch[0]), plain.evaluate(batch[0])
         assert (a.dp, a.pp, a.total) == pytest.approx((b.dp, b.pp, b.total), rel=1e-12)
@@ -106,7 +106,7 @@ def test_uneven_split_needs_a_compute_aware_model_and_valid_fractions():
     with pytest.raises(CostModelError, match="needs one of yuan\\+compute, schedule"):
         build_cost_model("yuan", cluster, GPT_13B_SEED, 3, 2, layer_shares="speed")
     with pytest.raises(LayerSplitError, match="3 fractions > 0 summing to 1"):
-        YuanComputeCostModel(cluster, GPT_13B_SEED, 3, 2, layer_shares=[0.5, 0.5, 0.5])
+        YuanComputeCostModel.for_job(cluster, GPT_13B_SEED, 3, 2, layer_shares=[0.5, 0.5, 0.5])
     with pytest.raises(LayerSplitError, match="cannot cut 2 layers into 3 stages"):
         speed_layer_counts(2, [1.0, 1.0, 1.0])
 

@@ -221,7 +221,7 @@ def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_t
         replicas = n // stages
         if config.global_batch % (replicas * config.microbatches):
             continue
-        problem = PlacementProblem(cluster, YuanCostModel(cluster, job, stages, replicas))
+        problem = PlacementProblem(cluster, YuanCostModel.for_job(cluster, job, stages, replicas))
         result = run_search("auto", problem, seed=config.seed, time_limit_s=10.0)
         assignment = np.asarray(result.assignment)
         layouts[f"{stages}x{replicas}"] = PlannedLayout(assignment, result.cost.total,

@@ -1,5 +1,6 @@
 """Communication cost models: score an (S, R) assignment of devices in seconds per iteration."""
 
+from geotrain.cost.actions import Action, ScheduleError, schedule_actions
 from geotrain.cost.assignment import AssignmentError, as_assignment, assignment_from_order
 from geotrain.cost.base import CostBreakdown, CostModel, PairwiseTerms
 from geotrain.cost.compute import YuanComputeCostModel
@@ -12,8 +13,9 @@ from geotrain.cost.reference import yuan_cost_reference
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.ring import RingCostModel
 from geotrain.cost.schedule import ScheduleCostModel, pipeline_order, simulate_pipeline
-from geotrain.cost.registry import (COST_MODELS, DEFAULT_COST_MODEL, UNEVEN_SPLIT_MODELS, CostModelError,
-                                    build_cost_model)
+from geotrain.cost.registry import (COST_MODELS, DEFAULT_COST_MODEL, TRAFFIC_MODELS, UNEVEN_SPLIT_MODELS,
+                                    CostModelError, build_cost_model, build_traffic_model)
+from geotrain.cost.traffic import Traffic, TrafficError, WireBytes, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
 
 __all__ = [
@@ -21,7 +23,9 @@ __all__ = [
     "DEFAULT_COST_MODEL",
     "GPU_MEMORY_GIB",
     "GPU_PEAK_TFLOPS",
+    "TRAFFIC_MODELS",
     "UNEVEN_SPLIT_MODELS",
+    "Action",
     "AssignmentError",
     "CostBreakdown",
     "CostModel",
@@ -32,8 +36,12 @@ __all__ = [
     "PairwiseTerms",
     "RingCostModel",
     "ScheduleCostModel",
+    "ScheduleError",
     "StageShares",
+    "Traffic",
+    "TrafficError",
     "UnknownGpuError",
+    "WireBytes",
     "YuanComputeCostModel",
     "YuanCostModel",
     "as_assignment",
@@ -41,15 +49,18 @@ __all__ = [
     "bottleneck_assignment",
     "bottleneck_ring",
     "build_cost_model",
+    "build_traffic_model",
     "counts_to_boundaries",
     "device_peak_flops",
     "gpu_memory_bytes",
     "gpu_peak_flops",
     "pair_transfer_seconds",
     "pipeline_order",
+    "schedule_actions",
     "simulate_pipeline",
     "speed_layer_counts",
     "stage_memory_bytes",
     "stage_speeds",
+    "traffic_of_job",
     "yuan_cost_reference",
 ]

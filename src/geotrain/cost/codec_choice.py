@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster import Cluster
-from geotrain.cost.link_bytes import LinkBytes
+from geotrain.cost.traffic import WireBytes, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError, shown
 from geotrain.job import Job
@@ -92,8 +92,8 @@ def parse_codec_policy(text: str, tolerance: float = DEFAULT_TOLERANCE, source: 
     return CodecPolicy(tolerance=tolerance, **values)
 
 
-def codec_link_bytes(name: str, job: Job, kind: str, group_size: int = 2) -> LinkBytes:
-    """LinkBytes of a flat codec spec `name` (both link classes alike) for `kind` "dp" or "pp" of `job`;
+def codec_link_bytes(name: str, job: Job, kind: str, group_size: int = 2) -> WireBytes:
+    """WireBytes of a flat codec spec `name` (both link classes alike) for `kind` "dp" or "pp" of `job`;
     `group_size` n: the DP group's members (all-gathered codecs count n / 2 times)."""
     from geotrain.codecs import CodecSpec  # torch-backed: imported only when codecs are priced
     from geotrain.comm import reducer_traits
@@ -101,11 +101,11 @@ def codec_link_bytes(name: str, job: Job, kind: str, group_size: int = 2) -> Lin
     spec = CodecSpec.parse(name)
     per_value = spec.build().bytes_per_value(job.hidden, job.bytes_per_value)
     if kind == "pp":
-        return LinkBytes.uniform(pp=per_value)
+        return WireBytes.uniform(pp=per_value)
     traits = reducer_traits(spec)
     if traits.gathered:  # all-gather: n/2 times the bytes, half the latency rounds of an all-reduce
-        return LinkBytes.uniform(dp=per_value * max(1.0, group_size / 2), dp_latency_factor=0.5 * traits.latency_rounds)
-    return LinkBytes.uniform(dp=per_value, dp_latency_factor=traits.latency_rounds)
+        return WireBytes.uniform(dp=per_value * max(1.0, group_size / 2), dp_latency_rounds=0.5 * traits.latency_rounds)
+    return WireBytes.uniform(dp=per_value, dp_latency_rounds=traits.latency_rounds)
 
 
 @dataclass(frozen=True)
@@ -148,10 +148,12 @@ def choose_codecs(cluster: Cluster, job: Job, assignment: np.ndarray, policy: Co
     assignment = np.asarray(assignment, dtype=np.int64)
     stages, replicas = assignment.shape
     dp_names, pp_names = policy.dp_allowed, policy.pp_allowed
-    dp_table = np.stack([YuanCostModel(cluster, job, stages, replicas, codec_link_bytes(name, job, "dp", replicas))
-                         .stage_dp_seconds(assignment) for name in dp_names])
-    pp_table = np.stack([YuanCostModel(cluster, job, stages, replicas, codec_link_bytes(name, job, "pp"))
-                         .cut_pp_seconds(assignment) for name in pp_names])
+    def model(wire: WireBytes) -> YuanCostModel:
+        return YuanCostModel(cluster, traffic_of_job(job, stages, replicas, wire))
+
+    dp_table = np.stack([model(codec_link_bytes(name, job, "dp", replicas)).stage_dp_seconds(assignment)
+                         for name in dp_names])
+    pp_table = np.stack([model(codec_link_bytes(name, job, "pp")).cut_pp_seconds(assignment) for name in pp_names])
     dp_best = [int(np.argmin(dp_table[:, s])) for s in range(stages)]  # argmin: first (best quality) of ties
     pp_best = [int(np.argmin(pp_table[:, c, :].max(axis=1))) for c in range(stages - 1)]
     fastest = sum(_total(dp_table, pp_table, dp_best, pp_best))

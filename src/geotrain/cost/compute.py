@@ -16,7 +16,7 @@ with equality when all GPUs are alike). Homogeneous seed job on 32 V100s: t = 10
 figure) and compute = (1 + 3/128) x 10.2 = 10.44 s (S = 4, m = 128: the pipeline bubble).
 Uneven split (`layer_shares`, cost/layer_split.py): stage s holds a fraction f_s of the layers
 instead of 1/S, so t(d_s,r) = 6 x params x seq x global_batch x f_s / R / (peak x utilisation) and
-stage s's gradient is f_s x params x bytes (dp_s by the same scatter-gather formula with that size).
+stage s's gradient is f_s x the model's gradient bytes (sum of traffic.dp_bytes; dp_s by the same scatter-gather formula with that size).
 "speed" gives every assignment the speed-optimal integer split of the job's layers (faster stages
 take more); None (default) or equal fractions give the numbers above.
 Not pairwise: searches that need pairwise terms refuse it; `genetic` and `random` work.
@@ -31,6 +31,7 @@ from geotrain.cost.base import CostBreakdown
 from geotrain.cost.gpus import DEFAULT_UTILISATION
 from geotrain.cost.layer_split import StageShares, device_peak_flops
 from geotrain.cost.schedule import stage_allreduce_seconds
+from geotrain.cost.traffic import Traffic, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.job import Job
 
@@ -40,20 +41,31 @@ class YuanComputeCostModel:
 
     name = "yuan+compute"
 
-    def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int,
-                 utilisation: float = DEFAULT_UTILISATION, micro_batches: int | None = None,
-                 layer_shares: object = None) -> None:
-        """`layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions summing to 1."""
-        self.comm = YuanCostModel(cluster, job, stages, replicas)
+    def __init__(self, cluster: Cluster, traffic: Traffic, slot_seconds: np.ndarray, micro_batches: int,
+                 shares: StageShares | None = None) -> None:
+        """`slot_seconds` (N,): each device's compute seconds of one (equal 1/S) slot per iteration;
+        `micro_batches` m per replica; `shares`: an uneven layer split (None: 1/S each)."""
+        self.comm = YuanCostModel(cluster, traffic)
         self.cluster = cluster
-        self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
-        self.micro_batches = micro_batches or max(1, job.global_batch // replicas)
+        self.stages, self.replicas, self.n_devices = traffic.stages, traffic.replicas, cluster.n_devices
+        self.sync_period = traffic.sync_period
+        self.micro_batches = micro_batches
+        self.slot_seconds = np.array(slot_seconds, dtype=float)
+        self.slot_seconds.setflags(write=False)
+        self.shares = shares
+        self.model_grad_bytes = float(sum(traffic.dp_bytes))
+
+    @classmethod
+    def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int, utilisation: float = DEFAULT_UTILISATION,
+                micro_batches: int | None = None, layer_shares: object = None) -> YuanComputeCostModel:
+        """`job`'s traffic and FLOPs at `utilisation` of each GPU's peak; `layer_shares`: None / "equal"
+        (1/S), "speed" (per assignment) or S fractions summing to 1."""
+        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices)
         peak = device_peak_flops(cluster)
         slot_flops = job.flops_per_iteration() / (stages * replicas)
-        self.slot_seconds = slot_flops / (peak * utilisation)
-        self.slot_seconds.setflags(write=False)
-        self.shares = StageShares.build(layer_shares, stages, job.layers, peak)
-        self.model_grad_bytes = job.dp_bytes(1)
+        return cls(cluster, traffic, slot_flops / (peak * utilisation),
+                   micro_batches or max(1, job.global_batch // replicas),
+                   StageShares.build(layer_shares, stages, job.layers, peak))
 
     def pairwise_terms(self) -> None:
         return None
@@ -78,7 +90,8 @@ class YuanComputeCostModel:
         shares = self.stage_shares(assignments) if shares is None else shares
         if shares is None:
             return self.comm.stage_dp_seconds(assignments)
-        return stage_allreduce_seconds(self.cluster, assignments, self.model_grad_bytes * shares)
+        seconds = stage_allreduce_seconds(self.cluster, assignments, self.model_grad_bytes * shares)
+        return seconds if self.sync_period == 1 else seconds / self.sync_period
 
     def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
         assignment = np.asarray(assignment, dtype=np.int64)

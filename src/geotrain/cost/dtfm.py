@@ -1,7 +1,7 @@
 """The "dtfm" model: how DT-FM's own scheduler (Yuan et al., NeurIPS 2022; DS3Lab/DT-FM,
 scheduler/heuristic_evolutionary_solver/scheduler.py) scores a plan.
 
-It looks only at the DP groups (the set of devices serving each stage), not at the given wiring:
+Traffic: one pipeline of equal cuts (c_pp = traffic.pp_bytes[0]). It looks only at the DP groups (the set of devices serving each stage), not at the given wiring:
   dp   = max_s dp_s, exactly as "yuan" (scatter-gather all-reduce inside each group);
   B(s, t) = min over perfect matchings M of the two groups of max_{(i, j) in M} (a(i,j) + 8 c_pp / b(i,j))
             (the bottleneck one-way activation transfer of the best matching: a synchronous cut);
@@ -21,6 +21,7 @@ from numba import njit
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostBreakdown
 from geotrain.cost.matching import bottleneck_value, subset_path_order
+from geotrain.cost.traffic import Traffic, TrafficError, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
 from geotrain.job import Job
 
@@ -77,11 +78,20 @@ class DtfmCostModel:
 
     name = "dtfm"
 
-    def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int) -> None:
-        self.groups_model = YuanCostModel(cluster, job, stages, replicas)
-        self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
-        self.transfer_s = np.ascontiguousarray(pair_transfer_seconds(cluster, job.pp_bytes(replicas)))
+    def __init__(self, cluster: Cluster, traffic: Traffic) -> None:
+        if not traffic.uniform_pp():  # it reorders the stages, so every cut must carry the same bytes
+            raise TrafficError(f"cost model 'dtfm' needs one pipeline of equal cuts, got pp_bytes {traffic.pp_bytes}")
+        self.groups_model = YuanCostModel(cluster, traffic)
+        self.stages, self.replicas, self.n_devices = traffic.stages, traffic.replicas, cluster.n_devices
+        cut_bytes = traffic.pp_bytes[0] if traffic.pp_bytes else 0.0
+        scale = traffic.wire.byte_scale(cluster, "pp", traffic.bytes_per_value)
+        self.transfer_s = np.ascontiguousarray(pair_transfer_seconds(cluster, cut_bytes, scale))
         self.transfer_s.setflags(write=False)
+
+    @classmethod
+    def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int) -> DtfmCostModel:
+        """The model of `job`'s traffic (traffic_of_job) on `stages` x `replicas`."""
+        return cls(cluster, traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices))
 
     def pairwise_terms(self) -> None:
         return None

@@ -1,8 +1,11 @@
-"""Cost models by name. "yuan" is the default and the one the seed's tables use."""
+"""Cost models by name. "yuan" is the default and the one the seed's tables use.
+
+Every model is built from the cluster and a Traffic (cost/traffic.py), the compute-aware ones also
+from per-device compute seconds; `build_cost_model` derives both from a Job (planning),
+`build_traffic_model` takes measured traffic (prediction, runtime/predict.py).
+"""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostModel
@@ -10,6 +13,7 @@ from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.dtfm import DtfmCostModel
 from geotrain.cost.ring import RingCostModel
 from geotrain.cost.schedule import ScheduleCostModel
+from geotrain.cost.traffic import Traffic
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
@@ -19,20 +23,22 @@ class CostModelError(GeotrainError, ValueError):
     """An unknown cost model or a model that cannot score this cluster/job."""
 
 
-CostModelFactory = Callable[[Cluster, Job, int, int], CostModel]
-
-COST_MODELS: dict[str, CostModelFactory] = {
+COST_MODELS: dict[str, type] = {
     "yuan": YuanCostModel,
     "ring": RingCostModel,
     "yuan+compute": YuanComputeCostModel,
     "dtfm": DtfmCostModel,
     "schedule": ScheduleCostModel,
 }
+"""Name -> model class; each has `for_job(cluster, job, stages, replicas)`."""
 
 DEFAULT_COST_MODEL = "yuan"
 
 UNEVEN_SPLIT_MODELS = ("yuan+compute", "schedule")
 """Cost models that see compute, so take `layer_shares` (cost/layer_split.py: an uneven layer split)."""
+
+TRAFFIC_MODELS = ("yuan", "ring", "dtfm")
+"""Communication-only models: built from (cluster, traffic) alone."""
 
 
 def build_cost_model(name: str, cluster: Cluster, job: Job, stages: int, replicas: int,
@@ -42,8 +48,15 @@ def build_cost_model(name: str, cluster: Cluster, job: Job, stages: int, replica
     if name not in COST_MODELS:
         raise CostModelError(f"unknown cost model {name!r} (known: {', '.join(sorted(COST_MODELS))})")
     if layer_shares is None:
-        return COST_MODELS[name](cluster, job, stages, replicas)
+        return COST_MODELS[name].for_job(cluster, job, stages, replicas)
     if name not in UNEVEN_SPLIT_MODELS:
         raise CostModelError(f"cost model {name!r} sees communication only, so a layer split does not change it; "
                              f"an uneven split needs one of {', '.join(UNEVEN_SPLIT_MODELS)}")
-    return COST_MODELS[name](cluster, job, stages, replicas, layer_shares=layer_shares)
+    return COST_MODELS[name].for_job(cluster, job, stages, replicas, layer_shares=layer_shares)
+
+
+def build_traffic_model(name: str, cluster: Cluster, traffic: Traffic) -> CostModel:
+    """The communication-only model `name` (one of TRAFFIC_MODELS) of `traffic` on `cluster`."""
+    if name not in TRAFFIC_MODELS:
+        raise CostModelError(f"cost model {name!r} needs compute; from traffic alone: {', '.join(TRAFFIC_MODELS)}")
+    return COST_MODELS[name](cluster, traffic)

@@ -8,7 +8,8 @@ delivers. With step(i, j) = a(i, j) + 8 c_dp / (n b(i, j)) seconds:
 longest). The ring order is optimised per stage group: exact bottleneck travelling-salesman by DP
 over subsets for n <= 10 devices, beyond that nearest-neighbour tours improved by 2-opt (see
 `geotrain.cost.matching`), so for n > 10 dp_s is the cost of the best ring found, an upper bound.
-pp_r and total = max_s dp_s + max_r pp_r as in "yuan". Not pairwise (no incremental swap search).
+pp_r and total = max_s dp_s / H + max_r pp_r as in "yuan" (c_dp = traffic.dp_bytes[s], each stage its
+own; wire bytes and latency rounds as in "yuan"). Not pairwise (no incremental swap search).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostBreakdown
 from geotrain.cost.matching import bottleneck_ring, group_ring_bottlenecks
+from geotrain.cost.traffic import Traffic, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
 from geotrain.job import Job
 
@@ -46,28 +48,48 @@ class RingCostModel:
 
     name = "ring"
 
-    def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int) -> None:
-        self.pipeline = YuanCostModel(cluster, job, stages, replicas)
-        self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
-        self.step_s = np.ascontiguousarray(pair_transfer_seconds(cluster, job.dp_bytes(stages) / replicas))
-        self.step_s.setflags(write=False)
+    def __init__(self, cluster: Cluster, traffic: Traffic) -> None:
+        self.pipeline = YuanCostModel(cluster, traffic)
+        self.stages, self.replicas, self.n_devices = traffic.stages, traffic.replicas, cluster.n_devices
+        self.sync_period = traffic.sync_period
+        scale = traffic.wire.byte_scale(cluster, "dp", traffic.bytes_per_value)
+        distinct = sorted(set(traffic.dp_bytes))
+        # one step matrix per distinct stage size (one for a Job's traffic)
+        self._steps = [np.ascontiguousarray(pair_transfer_seconds(cluster, b / self.replicas, scale,
+                                                                  traffic.wire.dp_latency_rounds)) for b in distinct]
+        for step in self._steps:
+            step.setflags(write=False)
+        self._step_of_stage = [distinct.index(b) for b in traffic.dp_bytes]
+        self._empty_stage = np.array([b == 0 for b in traffic.dp_bytes])
+
+    @classmethod
+    def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int) -> RingCostModel:
+        """The model of `job`'s traffic (traffic_of_job) on `stages` x `replicas`."""
+        return cls(cluster, traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices))
 
     def pairwise_terms(self) -> None:
         return None
 
     def stage_dp_seconds(self, assignments: np.ndarray) -> np.ndarray:
-        """(..., S) ring all-reduce seconds of every stage's DP group."""
+        """(..., S) ring all-reduce seconds of every stage's DP group (per iteration: / sync_period)."""
         assignments = np.asarray(assignments, dtype=np.int64)
         if self.replicas == 1:
             return np.zeros(assignments.shape[:-1])
-        groups = np.ascontiguousarray(assignments.reshape(-1, self.replicas))
-        steps = group_ring_bottlenecks(groups, self.step_s)
-        return (2 * (self.replicas - 1) * steps).reshape(assignments.shape[:-1])
+        if len(self._steps) == 1:
+            groups = np.ascontiguousarray(assignments.reshape(-1, self.replicas))
+            steps = group_ring_bottlenecks(groups, self._steps[0]).reshape(assignments.shape[:-1])
+        else:
+            steps = np.stack([group_ring_bottlenecks(np.ascontiguousarray(assignments[..., s, :].reshape(-1, self.replicas)),
+                                                     self._steps[k]).reshape(assignments.shape[:-2])
+                              for s, k in enumerate(self._step_of_stage)], axis=-1)
+        seconds = np.where(self._empty_stage, 0.0, 2 * (self.replicas - 1) * steps)
+        return seconds if self.sync_period == 1 else seconds / self.sync_period
 
-    def ring_order(self, group: np.ndarray) -> np.ndarray:
-        """The device indices of one DP group in the ring order the model scores."""
+    def ring_order(self, group: np.ndarray, stage: int = 0) -> np.ndarray:
+        """The device indices of one DP group (of `stage`) in the ring order the model scores."""
         group = np.asarray(group, dtype=np.int64)
-        _, order = bottleneck_ring(np.ascontiguousarray(self.step_s[np.ix_(group, group)]))
+        step = self._steps[self._step_of_stage[stage]]
+        _, order = bottleneck_ring(np.ascontiguousarray(step[np.ix_(group, group)]))
         return group[order]
 
     def evaluate(self, assignment: np.ndarray) -> CostBreakdown:

@@ -5,62 +5,59 @@ and "yuan+compute" (a closed-form GPipe bubble, no overlap): per-micro-batch com
 latency paid per message but pipelined, FIFO link queues, the schedule's real op order, and the
 DP all-reduce of each stage overlapped with the other stages' remaining work.
 
-Per replica r with devices d_0 .. d_{S-1}, M micro-batches of b = global_batch / (R M) sequences:
-- compute: forward f_s = 2 x params/S x seq x b FLOPs, backward 2 f_s (the 6 x params x tokens rule
-  split 1:2), at peak_flops(gpu of d_s) x utilisation. One op at a time per device, in the order of
-  `pipeline_order` (GPipe: all forwards, then all backwards in micro-batch order, as
-  torch.distributed.pipelining's ScheduleGPipe runs them; 1F1B: min(S-1-s, M) warm-up
-  forwards, then F/B alternately, then the remaining backwards).
-- transfers: after F of micro-batch m at stage s, its activations (pp_bytes / M bytes) go d_s ->
-  d_{s+1}; after B at stage s > 0, the input gradient (same size) goes d_s -> d_{s-1}. Each directed
-  link is a FIFO queue: start = max(handed over, link free), busy 8 bytes / bandwidth, arrives
-  `latency` after it ends (the runtime's link emulation, runtime/links.py, does the same).
-- F at s starts when the device is free and the activation has arrived; B at s < S-1 when the
-  gradient from s+1 has arrived; B at S-1 follows its own F in the device order.
-- DP: stage s's all-reduce starts when every replica has finished its last backward at stage s and
-  its last message has left the device (a stage waits for its sends before the all-reduce), and
-  takes "yuan"'s dp_s (scatter-gather formula) or, with allreduce="ring", the ring all-reduce in
-  replica order (gloo's; cost/ring.ring_allreduce_seconds); it overlaps whatever other stages still do.
-  iteration = max_s (max_r ready at s + dp_s).
-- NIC (optional, `nic_bps` per device): caps every message's rate; a stage's messages to both
+Inputs: the cluster, the Traffic (cost/traffic.py) and each device's compute seconds of one
+micro-batch forward (`forward_s`; `for_job` derives it from FLOPs: 2 x params/S x seq x b, b =
+global_batch / (R M) sequences, at peak_flops(gpu) x utilisation; the runtime passes measured
+compute). Per replica r with devices d_0 .. d_{S-1} and V pipeline stages per device (stage v on
+d_{v mod S}; V > 1 for the looped schedules), M micro-batches:
+- order: each device runs its compute actions in the order of `schedule_actions` (cost/actions.py:
+  read from torch.distributed.pipelining, the order `geotrain train` runs) - GPipe, 1F1B,
+  interleaved 1F1B and looped BFS alike. Forward of stage v: forward_s(d) / V; backward twice that.
+- transfers: after F of micro-batch m at stage v, its activations (pp_bytes[v] / M bytes) go to the
+  device of v + 1; after B at v > 0, the input gradient (same size) goes back. Each directed
+  device pair is a FIFO queue: start = max(handed over, link free), busy 8 bytes / bandwidth,
+  arrives `latency` after it ends (the runtime's link emulation, runtime/links.py, does the same).
+  Stages on one device hand over without a link.
+- F at v starts when the device is free and the activation has arrived; B at v < P-1 when the
+  gradient from v + 1 has arrived; B at the last stage follows its own F in the device order.
+- DP: stage s's all-reduce starts when every replica has finished its last backward on d_s and its
+  last message has left the device (a stage waits for its sends before the all-reduce), and takes
+  "yuan"'s dp_s (scatter-gather formula) or, with allreduce="ring", the ring all-reduce in replica
+  order (gloo's; cost/ring.ring_allreduce_seconds); it overlaps whatever other stages still do.
+  iteration = max_s (max_r ready at s + dp_s / H), H = traffic.sync_period (the exchange amortised).
+- NIC (optional, `nic_bps` per device): caps every message's rate; a device's messages to both
   neighbours also queue FIFO on its NIC, each busy 8 bytes / nic.
-- uneven split (`layer_shares`, cost/layer_split.py): stage s holds a fraction f_s of the layers, so
-  its forward is f_s x S times the 1/S figure above and its gradient f_s x params x bytes; "speed"
-  gives every assignment the speed-optimal integer split of the job's layers.
+- uneven split (`shares`, cost/layer_split.py): stage s holds a fraction f_s of the layers, so
+  its forward is f_s x S times the 1/S figure above and its gradient f_s x the model's gradient
+  bytes; "speed" gives every assignment the speed-optimal integer split of the job's layers.
 Simplifications: all-reduce traffic does not share links with activations; compute does not slow
-down communication; without layer shares every stage holds 1/S of the parameters. Vectorised over
-replicas (and over a batch of assignments); the loop runs over the 2 S M ops once.
+down communication; wire bytes (codecs) are not applied; without shares each stage's gradient is
+traffic.dp_bytes[s]. Vectorised over replicas (and over a batch of assignments); the loop runs over
+the 2 P M actions once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from geotrain.cluster import Cluster
+from geotrain.cost.actions import Action, ScheduleError, schedule_actions
 from geotrain.cost.base import CostBreakdown
 from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_peak_flops
 from geotrain.cost.layer_split import StageShares, device_peak_flops
-from geotrain.cost.memory import MODELLED_SCHEDULES
+from geotrain.cost.traffic import Traffic, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel
-from geotrain.errors import GeotrainError
 from geotrain.job import Job
 
-
-class ScheduleError(GeotrainError, ValueError):
-    """An unknown pipeline schedule or an invalid micro-batch count."""
+__all__ = ["ScheduleCostModel", "ScheduleError", "pipeline_order", "schedule_seconds", "simulate_actions",
+           "simulate_pipeline", "simulate_pipeline_sends", "stage_allreduce_seconds"]
 
 
 def pipeline_order(kind: str, stage: int, stages: int, microbatches: int) -> list[tuple[str, int]]:
-    """The ("F" | "B", micro-batch) ops of `stage` in execution order (see the module docstring)."""
-    if kind == "gpipe":
-        return [("F", m) for m in range(microbatches)] + [("B", m) for m in range(microbatches)]
-    if kind == "1f1b":
-        warmup = min(stages - 1 - stage, microbatches)
-        order = [("F", m) for m in range(warmup)]
-        for i in range(microbatches - warmup):
-            order += [("F", warmup + i), ("B", i)]
-        return order + [("B", m) for m in range(microbatches - warmup, microbatches)]
-    raise ScheduleError(f"unknown pipeline schedule {kind!r} (known: {', '.join(MODELLED_SCHEDULES)})")
+    """The ("F" | "B", micro-batch) ops of `stage` in execution order, for a one-stage-per-device schedule."""
+    return [(a.op, a.microbatch) for a in schedule_actions(kind, stages, microbatches)[stage]]
 
 
 def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_latency_s: np.ndarray,
@@ -75,60 +72,71 @@ def simulate_pipeline(forward_s: np.ndarray, send_busy_s: np.ndarray, send_laten
 def simulate_pipeline_sends(forward_s: np.ndarray, send_busy_s: np.ndarray, send_latency_s: np.ndarray,
                             microbatches: int, kind: str, nic_busy_s: np.ndarray | None = None,
                             ) -> tuple[np.ndarray, np.ndarray]:
-    """`simulate_pipeline`, plus (..., S) the time each stage's last message has left its device
-    (serialised: a stage waits for its sends before its all-reduce). `nic_busy_s[..., s]`: seconds
-    one message occupies stage s's NIC (None: unlimited NIC); a stage's sends to its two neighbours
-    then also queue FIFO on its NIC, not only on their own links."""
-    S = forward_s.shape[-1]
-    shape = forward_s.shape[:-1]
-    orders = [pipeline_order(kind, s, S, microbatches) for s in range(S)]
-    position = [0] * S
+    """`simulate_pipeline`, plus (..., S) the time each stage's last message has left its device.
+    `nic_busy_s[..., s]`: seconds one message occupies stage s's NIC (None: unlimited NIC)."""
+    forward_s = np.asarray(forward_s, dtype=float)
+    nic = None if nic_busy_s is None else (nic_busy_s[..., :-1], nic_busy_s[..., 1:])
+    return simulate_actions(schedule_actions(kind, forward_s.shape[-1], microbatches), forward_s,
+                            send_busy_s, send_latency_s, nic)
+
+
+def simulate_actions(actions: Sequence[Sequence[Action]], forward_s: np.ndarray, cut_busy_s: np.ndarray,
+                     cut_latency_s: np.ndarray, nic_busy_s: tuple[np.ndarray, np.ndarray] | None = None,
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Run per-device action lists (S devices, P = len(forward_s) pipeline stages, stage v on device
+    v mod S): forward_s[..., v] per micro-batch forward of stage v (backward twice that); cut c
+    (stage c <-> c + 1) busy cut_busy_s[..., c] and adding cut_latency_s[..., c] per message, both
+    directions; `nic_busy_s` (forward, backward), each (..., P-1): seconds the sender's NIC holds one
+    message of cut c (None: unlimited). Returns (..., S) twice: the end of each device's last
+    backward, and the time its last message has left it (no earlier than that backward)."""
+    S = len(actions)
+    shape = np.shape(forward_s)[:-1]
     device_free = np.zeros(shape + (S,))
-    fwd_link_free = np.zeros(shape + (max(S - 1, 0),))
-    bwd_link_free = np.zeros(shape + (max(S - 1, 0),))
-    act_arrival: dict[tuple[int, int], np.ndarray] = {}   # (stage receiving, m) -> time
-    grad_arrival: dict[tuple[int, int], np.ndarray] = {}
     last_backward = np.zeros(shape + (S,))
     nic_free = np.zeros(shape + (S,))
     sends_done = np.zeros(shape + (S,))
+    link_free: dict[tuple[int, int], np.ndarray] = {}  # directed device pair -> when it is free
+    arrival: dict[tuple[str, int, int], np.ndarray] = {}  # ("F" | "B", stage to run, m) -> input arrives
+    last = np.shape(forward_s)[-1] - 1
 
-    def post(link_free: np.ndarray, cut: int, sender: int, handed: np.ndarray) -> np.ndarray:
-        """FIFO on the directed link (and the sender's NIC): the message's arrival."""
-        start = np.maximum(handed, link_free[..., cut])
-        if nic_busy_s is not None:
+    def post(cut: int, sender: int, receiver: int, handed: np.ndarray, nic: np.ndarray | None) -> np.ndarray:
+        """FIFO on the directed device pair (and the sender's NIC): the message's arrival."""
+        if sender == receiver:
+            return handed
+        start = np.maximum(handed, link_free.get((sender, receiver), 0.0))
+        if nic is not None:
             start = np.maximum(start, nic_free[..., sender])
-            nic_free[..., sender] = start + nic_busy_s[..., sender]
-        link_free[..., cut] = start + send_busy_s[..., cut]
-        sends_done[..., sender] = np.maximum(sends_done[..., sender], link_free[..., cut])
-        return link_free[..., cut] + send_latency_s[..., cut]
+            nic_free[..., sender] = start + nic[..., cut]
+        done = start + cut_busy_s[..., cut]
+        link_free[(sender, receiver)] = done
+        sends_done[..., sender] = np.maximum(sends_done[..., sender], done)
+        return done + cut_latency_s[..., cut]
 
-    remaining = sum(len(order) for order in orders)
+    position = [0] * S
+    remaining = sum(len(ops) for ops in actions)
     while remaining:
         progressed = False
         for s in range(S):
-            while position[s] < len(orders[s]):
-                op, m = orders[s][position[s]]
-                if op == "F":
-                    ready = act_arrival.pop((s, m), None) if s > 0 else 0.0
-                    if ready is None:
-                        break
-                    end = np.maximum(device_free[..., s], ready) + forward_s[..., s]
-                    if s < S - 1:
-                        act_arrival[(s + 1, m)] = post(fwd_link_free, s, s, end)
-                else:
-                    ready = grad_arrival.pop((s, m), None) if s < S - 1 else 0.0
-                    if ready is None:
-                        break
-                    end = np.maximum(device_free[..., s], ready) + 2.0 * forward_s[..., s]
+            while position[s] < len(actions[s]):
+                op, v, m = actions[s][position[s]]
+                needs_input = v > 0 if op == "F" else v < last
+                ready = arrival.pop((op, v, m), None) if needs_input else 0.0
+                if ready is None:
+                    break
+                end = np.maximum(device_free[..., s], ready) + forward_s[..., v] * (1.0 if op == "F" else 2.0)
+                if op == "F" and v < last:
+                    arrival[("F", v + 1, m)] = post(v, s, (v + 1) % S, end, None if nic_busy_s is None else nic_busy_s[0])
+                if op == "B":
                     last_backward[..., s] = end
-                    if s > 0:
-                        grad_arrival[(s - 1, m)] = post(bwd_link_free, s - 1, s, end)
+                    if v > 0:
+                        arrival[("B", v - 1, m)] = post(v - 1, s, (v - 1) % S, end,
+                                                        None if nic_busy_s is None else nic_busy_s[1])
                 device_free[..., s] = end
                 position[s] += 1
                 remaining -= 1
                 progressed = True
-        if not progressed:  # cannot happen for the two schedules above; guards a future one
-            raise ScheduleError(f"schedule {kind!r} deadlocks")
+        if not progressed:
+            raise ScheduleError(f"the action lists deadlock at positions {position}")
     return last_backward, np.maximum(sends_done, last_backward)
 
 
@@ -148,34 +156,42 @@ def stage_allreduce_seconds(cluster: Cluster, assignments: np.ndarray, dp_bytes:
 ALLREDUCE_ALGORITHMS = ("scatter-gather", "ring")
 
 
-def schedule_seconds(cluster: Cluster, assignments: np.ndarray, forward_s: np.ndarray, message_bytes: float,
+def schedule_seconds(cluster: Cluster, assignments: np.ndarray, forward_s: np.ndarray, message_bytes: float | np.ndarray,
                      dp_bytes: np.ndarray, microbatches: int, kind: str, allreduce: str = "scatter-gather",
                      nic_bps: np.ndarray | None = None, stage_scale: np.ndarray | None = None,
-                     ) -> tuple[np.ndarray, np.ndarray]:
-    """The simulation from traffic: `forward_s` per device (N,) seconds of one micro-batch forward,
-    `message_bytes` per activation (and gradient) message, `dp_bytes` (S,) gradient bytes per device,
-    `allreduce` "scatter-gather" (yuan's dp_s) or "ring" (in replica order, as gloo runs it),
-    `nic_bps` (N,) each device's NIC (None: unlimited), `stage_scale` (S,) or (..., S): stage s's forward
-    is forward_s x stage_scale[s] (an uneven layer split: S x its share; None: 1).
+                     actions: Sequence[Sequence[Action]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The simulation from traffic: `forward_s` per device (N,) seconds of one micro-batch forward
+    (all its stages), `message_bytes` per activation (and gradient) message, one number or one per
+    cut (P - 1,), `dp_bytes` (S,) gradient bytes per device, `allreduce` "scatter-gather" (yuan's
+    dp_s) or "ring" (in replica order, as gloo runs it), `nic_bps` (N,) each device's NIC (None:
+    unlimited), `stage_scale` (S,) or (..., S): stage s's forward is forward_s x stage_scale[s] (an
+    uneven layer split: S x its share; None: 1), `actions`: the per-device order (None:
+    schedule_actions(kind, S, microbatches); its P / S stages per device split forward_s evenly).
     Returns (when each stage's group may start its all-reduce: the last replica's last backward done
     and its last message sent, (..., S); all-reduce seconds (..., S)); the iteration is max_s of their sum."""
     from geotrain.cost.ring import ring_allreduce_seconds  # ring.py builds on yuan.py, as this module
 
     assignments = np.asarray(assignments, dtype=np.int64)
+    S = assignments.shape[-2]
+    actions = schedule_actions(kind, S, microbatches) if actions is None else actions
+    virtual = max((a.stage for ops in actions for a in ops), default=S - 1) // S + 1
     chains = np.swapaxes(assignments, -1, -2)  # (..., R, S)
-    src, dst = chains[..., :-1], chains[..., 1:]
+    cuts = np.arange(S * virtual - 1)
+    src, dst = chains[..., cuts % S], chains[..., (cuts + 1) % S]
+    message = np.broadcast_to(np.asarray(message_bytes, dtype=float), cuts.shape)
     bandwidth = cluster.bandwidth_bps[src, dst]
     nic_busy = None
     if nic_bps is not None:
         nic = np.asarray(nic_bps, dtype=float)
         bandwidth = np.minimum(bandwidth, nic[src])
-        nic_busy = 8.0 * message_bytes / nic[chains]
-    busy = np.divide(8.0 * message_bytes, bandwidth, out=np.zeros(bandwidth.shape), where=bandwidth > 0)
-    forward = np.asarray(forward_s)[chains]
+        nic_busy = (8.0 * message / nic[src], 8.0 * message / nic[dst])
+    busy = np.divide(8.0 * message, bandwidth, out=np.zeros(bandwidth.shape), where=bandwidth > 0)
+    forward = np.asarray(forward_s, dtype=float)[chains]
     if stage_scale is not None:
         forward = forward * np.asarray(stage_scale, dtype=float)[..., None, :]
-    _, ready = simulate_pipeline_sends(forward, busy, cluster.latency_s[src, dst],
-                                       microbatches, kind, nic_busy)
+    if virtual > 1:
+        forward = np.tile(forward / virtual, virtual)  # stage v on device v mod S
+    _, ready = simulate_actions(actions, forward, busy, cluster.latency_s[src, dst], nic_busy)
     if allreduce == "ring":
         dp = ring_allreduce_seconds(cluster, assignments, dp_bytes, nic_bps)
     elif allreduce == "scatter-gather":
@@ -190,24 +206,43 @@ class ScheduleCostModel:
 
     name = "schedule"
 
-    def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int, *, micro_batches: int | None = None,
-                 schedule: str = "1f1b", utilisation: float = DEFAULT_UTILISATION, layer_shares: object = None) -> None:
-        """`layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions summing to 1."""
-        self.comm = YuanCostModel(cluster, job, stages, replicas)
-        self.stages, self.replicas, self.n_devices = stages, replicas, cluster.n_devices
-        self.micro_batches = micro_batches or max(1, job.global_batch // replicas)
-        if isinstance(self.micro_batches, bool) or not isinstance(self.micro_batches, int) or self.micro_batches < 1:
+    def __init__(self, cluster: Cluster, traffic: Traffic, forward_s: np.ndarray, micro_batches: int, *,
+                 schedule: str = "1f1b", allreduce: str = "scatter-gather", nic_bps: np.ndarray | None = None,
+                 shares: StageShares | None = None) -> None:
+        """`forward_s` (N,): each device's seconds of one micro-batch forward of its 1/S of the layers;
+        `micro_batches` M per replica and iteration; `shares`: an uneven layer split (None: 1/S)."""
+        self.comm = YuanCostModel(cluster, traffic)
+        self.stages, self.replicas, self.n_devices = traffic.stages, traffic.replicas, cluster.n_devices
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
             raise ScheduleError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
-        pipeline_order(schedule, 0, stages, 1)  # validates the name
+        if allreduce not in ALLREDUCE_ALGORITHMS:
+            raise ScheduleError(f"unknown all-reduce {allreduce!r} (known: {', '.join(ALLREDUCE_ALGORITHMS)})")
+        self.micro_batches = micro_batches
         self.schedule = schedule
-        peak = np.array([gpu_peak_flops(gpu) for gpu in cluster.gpus]) * utilisation
-        forward_flops = job.flops_per_iteration() / 3.0 / (stages * replicas * self.micro_batches)
+        self.actions = schedule_actions(schedule, traffic.stages, micro_batches, traffic.virtual_stages)
         self.cluster = cluster
-        self.forward_s = forward_flops / peak
-        self.message_bytes = job.pp_bytes(replicas) / self.micro_batches
-        self.dp_bytes = np.full(stages, job.dp_bytes(stages))
-        self.shares = StageShares.build(layer_shares, stages, job.layers, device_peak_flops(cluster))
-        self.model_grad_bytes = job.dp_bytes(1)
+        self.traffic = traffic
+        self.forward_s = np.asarray(forward_s, dtype=float)
+        self.message_bytes = np.asarray(traffic.pp_bytes, dtype=float) / micro_batches
+        self.dp_bytes = np.asarray(traffic.dp_bytes, dtype=float)
+        self.allreduce, self.nic_bps = allreduce, nic_bps
+        self.shares = shares
+        self.model_grad_bytes = float(self.dp_bytes.sum())
+
+    @classmethod
+    def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int, *, micro_batches: int | None = None,
+                schedule: str = "1f1b", utilisation: float = DEFAULT_UTILISATION,
+                layer_shares: object = None) -> ScheduleCostModel:
+        """`job`'s traffic and FLOPs (forward 1/3 of 6 x params x tokens) at `utilisation` of each
+        GPU's peak; `layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions."""
+        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices)
+        m = micro_batches or max(1, job.global_batch // replicas)
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ScheduleError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
+        peak = np.array([gpu_peak_flops(gpu) for gpu in cluster.gpus]) * utilisation
+        forward_flops = job.flops_per_iteration() / 3.0 / (stages * replicas * m)
+        return cls(cluster, traffic, forward_flops / peak, m, schedule=schedule,
+                   shares=StageShares.build(layer_shares, stages, job.layers, device_peak_flops(cluster)))
 
     def pairwise_terms(self) -> None:
         return None
@@ -218,13 +253,16 @@ class ScheduleCostModel:
         return self.comm
 
     def _simulate(self, assignments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        common = dict(allreduce=self.allreduce, nic_bps=self.nic_bps, actions=self.actions)
         if self.shares is None:
-            return schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes, self.dp_bytes,
-                                    self.micro_batches, self.schedule)
-        shares = self.shares.of(assignments)
-        return schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes,
-                                self.model_grad_bytes * shares, self.micro_batches, self.schedule,
-                                stage_scale=self.stages * shares)
+            ready, dp = schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes, self.dp_bytes,
+                                         self.micro_batches, self.schedule, **common)
+        else:
+            shares = self.shares.of(assignments)
+            ready, dp = schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes,
+                                         self.model_grad_bytes * shares, self.micro_batches, self.schedule,
+                                         stage_scale=self.stages * shares, **common)
+        return ready, (dp if self.traffic.sync_period == 1 else dp / self.traffic.sync_period)
 
     def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
         assignment = np.asarray(assignment, dtype=np.int64)

@@ -1,13 +1,16 @@
-"""The default cost model of Yuan et al. (NeurIPS 2022), as in the seed and DESIGN.md.
+"""The default cost model of Yuan et al. (NeurIPS 2022), as in the seed.
 
-For devices d, d' with latency a (s) and bandwidth b (bit/s):
+For devices d, d' with latency a (s) and bandwidth b (bit/s), c_dp = traffic.dp_bytes[s] (gradient
+of stage s) and c_pp = traffic.pp_bytes[c] (activations of one replica across cut c per iteration):
   dp_s = max_{d in D_s} sum_{d' in D_s, d' != d} 2 (a(d,d') + 8 c_dp / (R b(d,d')))   (scatter-gather all-reduce)
-  pp_r = sum_{s=0}^{S-2} 2 (a(d_s,d_s+1) + 8 c_pp / b(d_s,d_s+1))                      (forward + backward)
-  total = max_s dp_s + max_r pp_r
+  pp_r = sum over cuts c of 2 (a(d_c,d_c+1) + 8 c_pp / b(d_c,d_c+1))                    (forward + backward)
+  total = max_s dp_s / H + max_r pp_r                                                    (H: traffic.sync_period)
+A cut of 0 bytes costs nothing (no message). Looped pipelines (V > 1 stages per device) have
+S V - 1 cuts, cut c from the device of stage c mod S to that of (c + 1) mod S (cost/traffic.py).
 
-Compression (`link_bytes`, see cost/link_bytes.py): c_dp and c_pp of a pair (d, d') are scaled by
-bytes-per-value(link class of d, d') / job.bytes_per_value, and the DP latency term by
-`dp_latency_factor`; without it (or with every class unset) the numbers are exactly the above.
+Compression (`traffic.wire`): c_dp and c_pp of a pair (d, d') are scaled by bytes-per-value(link
+class of d, d') / traffic.bytes_per_value, and the DP latency term by `dp_latency_rounds`; unset,
+the numbers are exactly the above.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 
 from geotrain.cluster import Cluster
 from geotrain.cost.base import CostBreakdown, PairwiseTerms
-from geotrain.cost.link_bytes import LinkBytes
+from geotrain.cost.traffic import Traffic, traffic_of_job
 from geotrain.job import Job, check_layout
 
 
@@ -34,44 +37,69 @@ def pair_transfer_seconds(cluster: Cluster, nbytes: float, byte_scale: np.ndarra
     return seconds
 
 
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
 class YuanCostModel:
     """Vectorised "yuan" model; `evaluate` gathers the pairwise matrices with numpy fancy indexing.
-    `link_bytes`: wire bytes per value per link class (compression); None: the job's own."""
+    With uniform traffic (every stage and every cut alike, one pipeline per device) it is pairwise;
+    otherwise it keeps one matrix per stage and per cut."""
 
     name = "yuan"
 
-    def __init__(self, cluster: Cluster, job: Job, stages: int, replicas: int,
-                 link_bytes: LinkBytes | None = None) -> None:
-        check_layout(stages, replicas, cluster.n_devices)
+    def __init__(self, cluster: Cluster, traffic: Traffic) -> None:
+        check_layout(traffic.stages, traffic.replicas, cluster.n_devices)
         self.cluster = cluster
-        self.job = job
-        self.stages = stages
-        self.replicas = replicas
+        self.traffic = traffic
+        self.stages, self.replicas = traffic.stages, traffic.replicas
         self.n_devices = cluster.n_devices
-        self.dp_bytes = job.dp_bytes(stages)
-        self.pp_bytes = job.pp_bytes(replicas)
-        # Each device exchanges 1/R of the stage gradient with every peer, twice (scatter + gather).
-        self.link_bytes = link_bytes or LinkBytes()
-        value = job.bytes_per_value
-        dp_pair = 2.0 * pair_transfer_seconds(cluster, self.dp_bytes / replicas,
-                                              self.link_bytes.byte_scale(cluster, "dp", value),
-                                              self.link_bytes.dp_latency_factor)
-        pp_pair = 2.0 * pair_transfer_seconds(cluster, self.pp_bytes, self.link_bytes.byte_scale(cluster, "pp", value))
-        dp_pair.setflags(write=False)
-        pp_pair.setflags(write=False)
-        self._terms = PairwiseTerms(dp_pair_s=dp_pair, pp_pair_s=pp_pair)
+        native, wire = traffic.bytes_per_value, traffic.wire
+        dp_scale, pp_scale = wire.byte_scale(cluster, "dp", native), wire.byte_scale(cluster, "pp", native)
 
-    def pairwise_terms(self) -> PairwiseTerms:
+        def dp_pair(nbytes: float) -> np.ndarray:
+            # Each device exchanges 1/R of the stage gradient with every peer, twice (scatter + gather).
+            seconds = 2.0 * pair_transfer_seconds(cluster, nbytes / self.replicas, dp_scale, wire.dp_latency_rounds)
+            seconds = seconds if nbytes > 0 else np.zeros_like(seconds)
+            return seconds if traffic.sync_period == 1 else seconds / traffic.sync_period
+
+        def pp_pair(nbytes: float) -> np.ndarray:
+            return 2.0 * pair_transfer_seconds(cluster, nbytes, pp_scale) if nbytes > 0 else np.zeros((self.n_devices,) * 2)
+
+        self._uniform_dp, self._uniform_pp = traffic.uniform_dp(), traffic.uniform_pp()
+        self._dp_pair = _frozen(dp_pair(traffic.dp_bytes[0]) if self._uniform_dp else
+                                np.stack([dp_pair(b) for b in traffic.dp_bytes]))
+        if self._uniform_pp:
+            self._pp_pair = _frozen(pp_pair(traffic.pp_bytes[0]) if traffic.pp_bytes else pp_pair(0.0))
+        else:
+            self._pp_pair = _frozen(np.stack([pp_pair(b) for b in traffic.pp_bytes]))
+        self._cut_src, self._cut_dst = traffic.cut_devices()
+        self._terms = PairwiseTerms(dp_pair_s=self._dp_pair, pp_pair_s=self._pp_pair) \
+            if self._uniform_dp and self._uniform_pp else None
+
+    @classmethod
+    def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int) -> YuanCostModel:
+        """The model of `job`'s traffic (traffic_of_job) on `stages` x `replicas`."""
+        return cls(cluster, traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices))
+
+    def pairwise_terms(self) -> PairwiseTerms | None:
         return self._terms
 
     def stage_dp_seconds(self, assignments: np.ndarray) -> np.ndarray:
-        """(..., S) all-reduce seconds of every stage's DP group."""
-        groups = assignments[..., :, :, None], assignments[..., :, None, :]
-        return self._terms.dp_pair_s[groups].sum(axis=-1).max(axis=-1)
+        """(..., S) all-reduce seconds of every stage's DP group (per iteration: / sync_period)."""
+        a, b = assignments[..., :, :, None], assignments[..., :, None, :]
+        if self._uniform_dp:
+            return self._dp_pair[a, b].sum(axis=-1).max(axis=-1)
+        stage = np.arange(self.stages)[:, None, None]
+        return self._dp_pair[stage, a, b].sum(axis=-1).max(axis=-1)
 
     def cut_pp_seconds(self, assignments: np.ndarray) -> np.ndarray:
-        """(..., S-1, R) seconds of every stage cut of every replica (activations + their gradients)."""
-        return self._terms.pp_pair_s[assignments[..., :-1, :], assignments[..., 1:, :]]
+        """(..., C, R) seconds of every cut of every replica (activations + their gradients)."""
+        if self._uniform_pp:
+            return self._pp_pair[assignments[..., :-1, :], assignments[..., 1:, :]]
+        cut = np.arange(len(self._cut_src))[:, None]
+        return self._pp_pair[cut, assignments[..., self._cut_src, :], assignments[..., self._cut_dst, :]]
 
     def replica_pp_seconds(self, assignments: np.ndarray) -> np.ndarray:
         """(..., R) pipeline seconds of every replica (cuts in series)."""

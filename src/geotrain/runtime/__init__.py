@@ -8,7 +8,7 @@ from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
 from geotrain.runtime.layout import Layout, LayoutError, Slot
 from geotrain.runtime.links import busy_seconds
 from geotrain.runtime.pipeline import PIPELINE_SCHEDULES
-from geotrain.runtime.predict import CommPrediction, predict_comm, real_bytes_job
+from geotrain.runtime.predict import CommPrediction, measured_traffic, predict_comm
 from geotrain.runtime.report import IterationRow, RunReport, build_report, relative_error_pct
 from geotrain.runtime.stages import SPLIT_RULES, StageModule, build_layer_model, build_stage, stage_boundaries
 from geotrain.runtime.watchdog import EXIT_PEER_LOST
@@ -39,7 +39,7 @@ __all__ = [
     "launch",
     "parse_codec_spec",
     "predict_comm",
-    "real_bytes_job",
+    "measured_traffic",
     "relative_error_pct",
     "run_worker",
     "stage_boundaries",

@@ -25,7 +25,7 @@ from geotrain.errors import GeotrainError
 from geotrain.models import TINY_GPT, GPTConfig
 from geotrain.runtime.config import RuntimeConfig, parse_codec_spec
 from geotrain.runtime.launcher import launch
-from geotrain.runtime.predict import ITERATION_MODELS, real_bytes_job
+from geotrain.runtime.predict import ITERATION_MODELS, measured_traffic
 from geotrain.runtime.report import RunReport
 from geotrain.runtime.stages import build_stage
 from geotrain.search import SEARCH_METHODS, PlacementProblem, run_search
@@ -130,8 +130,8 @@ def _spec(spec: str) -> tuple[str]:
 
 def _problem(cluster: Cluster, config: RuntimeBenchConfig, dp_bytes: tuple[int, ...], pp_bytes: int) -> PlacementProblem:
     """The placement problem scored with this job's real payload bytes (mean DP bytes of the stages)."""
-    job = real_bytes_job(float(np.mean(dp_bytes)), pp_bytes, config.stages, config.replicas)
-    return PlacementProblem(cluster, YuanCostModel(cluster, job, config.stages, config.replicas))
+    traffic = measured_traffic([float(np.mean(dp_bytes))] * config.stages, pp_bytes, config.replicas)
+    return PlacementProblem(cluster, YuanCostModel(cluster, traffic))
 
 
 def planned_assignment(problem: PlacementProblem, config: RuntimeBenchConfig) -> tuple[np.ndarray, str]:

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from geotrain.cost.memory import MODELLED_SCHEDULES
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
 from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s
@@ -194,17 +193,17 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         dp_bytes[record["stage"]] = max(dp_bytes[record["stage"]], int(record["dp_bytes"]))
         if record["stage"] == 0 and record["replica"] == 0:  # activations replica 0 sends out of stage 0
             pp_bytes = int(record.get("pp_bytes", 0))
-    prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale)
+    virtual = config.stages_per_rank
+    prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale,
+                              virtual_stages=virtual)
 
     def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
         compute = np.zeros((stages, replicas))
         for record in step_records:
             compute[record["stage"], record["replica"]] = record["compute_s"]
-        # the event simulation knows GPipe and 1F1B; the looped schedules get the closed-form models only
-        models = [m for m in ITERATION_MODELS if m != "schedule" or config.schedule in MODELLED_SCHEDULES]
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
-                                           config.microbatches, config.schedule, time_scale, model)
-                for model in models}
+                                           config.microbatches, config.schedule, time_scale, model, virtual)
+                for model in ITERATION_MODELS}
 
     periods = emulated_periods_s(by_step, config.time_scale)
     rows = []

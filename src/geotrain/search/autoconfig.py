@@ -212,7 +212,7 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
         if len(found) >= keep and bound >= found[keep - 1].iteration_s:
             pruned += 1
             continue
-        model = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+        model = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
         problem = PlacementProblem(sub, model)
         heuristic = RegionHeuristicConfig(max_candidates=200)
         results = [method(problem, heuristic) for method in (pipeline_local, dp_local)]
@@ -244,10 +244,10 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
     used = candidate.assignment.ravel()
     devices = np.flatnonzero((peak >= peak[used].min()) & (capacity >= candidate.memory_per_device_bytes))
     sub = subcluster(cluster, devices)
-    comm = YuanCostModel(sub, job, S, R)
+    comm = YuanCostModel.for_job(sub, job, S, R)
     result = hierarchical_search(PlacementProblem(sub, comm), HierarchicalConfig(starts=2, rounds=4, swaps=1000),
                                  seed=seed, time_limit_s=options.refine_time_limit_s)
-    full = YuanComputeCostModel(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+    full = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
     cost = full.evaluate(result.assignment)
     if cost.total >= candidate.iteration_s * (1 - 1e-12):
         return candidate
@@ -280,7 +280,7 @@ def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, 
     if replicas < 2:
         return max(chain, busy_compute)
     cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth)
-    dp_pair = YuanCostModel(subcluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
+    dp_pair = YuanCostModel.for_job(subcluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
     return max(chain + cheapest_dp, busy_compute + combinatorial_dp_bound(dp_pair, stages, replicas))
 
 
@@ -290,7 +290,7 @@ def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options:
     devices = np.unique(candidate.assignment)
     sub = subcluster(cluster, devices)
     local = np.searchsorted(devices, candidate.assignment)
-    model = ScheduleCostModel(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
+    model = ScheduleCostModel.for_job(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
                               utilisation=options.utilisation)
     cost = model.evaluate(local)
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
