@@ -21,34 +21,38 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import (
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    ScheduleInterleaved1F1B,
-    ScheduleLoopedBFS,
-)
+from torch.distributed.pipelining import PipelineStage, schedules
 
+from geotrain.cost.actions import LOOPED, TORCH_SCHEDULES
 
 
 @dataclass(frozen=True)
 class PipelineSchedule:
-    """One pipeline schedule `train --schedule` runs: torch's class, whether a rank holds V >= 2
-    virtual stages (looped), and what it does."""
+    """One pipeline schedule `train --schedule` runs, by its name in cost.actions.TORCH_SCHEDULES (the
+    one table of names and torch classes, which the schedule model reads too), and what it does."""
 
-    torch_class: type
-    looped: bool
+    name: str
     summary: str
+
+    @property
+    def torch_class(self) -> type:
+        """torch.distributed.pipelining's schedule class."""
+        return getattr(schedules, TORCH_SCHEDULES[self.name])
+
+    @property
+    def looped(self) -> bool:
+        """Whether a rank holds V >= 2 virtual stages."""
+        return self.name in LOOPED
 
 
 PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {
-    "gpipe": PipelineSchedule(ScheduleGPipe, False, "every micro-batch's forward, then every backward "
+    "gpipe": PipelineSchedule("gpipe", "every micro-batch's forward, then every backward "
                               "(Huang et al. 2019): all M micro-batches' activations in flight"),
-    "1f1b": PipelineSchedule(Schedule1F1B, False, "S - s warm-up forwards, then one forward / one backward "
+    "1f1b": PipelineSchedule("1f1b", "S - s warm-up forwards, then one forward / one backward "
                              "(PipeDream-Flush): at most S - s micro-batches in flight at stage s"),
-    "interleaved-1f1b": PipelineSchedule(ScheduleInterleaved1F1B, True, "1F1B over V >= 2 virtual stages per "
+    "interleaved-1f1b": PipelineSchedule("interleaved-1f1b", "1F1B over V >= 2 virtual stages per "
                                          "rank (Narayanan et al. 2021): a shorter bubble, V times the messages"),
-    "looped-bfs": PipelineSchedule(ScheduleLoopedBFS, True, "V >= 2 virtual stages per rank, each running "
+    "looped-bfs": PipelineSchedule("looped-bfs", "V >= 2 virtual stages per rank, each running "
                                    "all its micro-batches breadth first (Lamy-Poirier 2023)"),
 }
 """The pipeline schedules geotrain train runs (`--schedule`), by name; the learning-rate schedule is
