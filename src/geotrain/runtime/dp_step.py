@@ -21,7 +21,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from geotrain.codecs import get_codec, parse_codec_spec
 from geotrain.comm.clip import clip_grad_norm_
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim import OneBitAdam
@@ -53,29 +52,29 @@ class DataParallelStep:
         """`hierarchy`: the DP group's region hierarchy for --dp-hierarchical (None: the flat reducer);
         `rank`: this process's global rank (the hierarchy's shard ownership)."""
         self.params = list(stage.parameters())
-        self.clip = config.clip_grad_norm
+        self.clip = config.optim.clip_grad_norm
         self.sum_squares = world_sum_over_replicas(config.replicas)
         self.exchange: StageExchange | HierarchicalGradientExchange | None = None
         self.comm_wall_s = 0.0
         self.outer: OuterStep | None = None
-        if config.optimizer == "onebit-adam":
+        if config.optim.optimizer == "onebit-adam":
             self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
             self.optimizer: torch.optim.Optimizer = OneBitAdam(
-                stage.named_parameters(), lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
-                warmup_steps=config.onebit_warmup_steps, collective=self.collective,
+                stage.named_parameters(), lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                warmup_steps=config.optim.onebit_warmup_steps, collective=self.collective,
                 max_grad_norm=self.clip, norm_sum_squares=self.sum_squares)
             return
         if hierarchy is not None:
-            name, params = parse_codec_spec(config.dp_codec)
-            self.exchange = HierarchicalGradientExchange(self.params, get_codec(name, **params), config.error_feedback,
+            self.exchange = HierarchicalGradientExchange(self.params, config.comm.dp_codec.build(),
+                                                         config.comm.error_feedback,
                                                          transport, hierarchy, rank)
         else:
-            self.exchange = StageExchange(list(stage.named_parameters()), config.dp_codec, config.error_feedback,
+            self.exchange = StageExchange(list(stage.named_parameters()), str(config.comm.dp_codec), config.comm.error_feedback,
                                           transport, group, group_devices)
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-        self.total_steps = config.steps
-        self.outer = (None if config.sync_every is None else
-                      OuterStep(self.params, config.sync_every, config.outer_lr, config.outer_momentum))
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+        self.total_steps = config.run.steps
+        self.outer = (None if config.optim.sync_every is None else
+                      OuterStep(self.params, config.optim.sync_every, config.optim.outer_lr, config.optim.outer_momentum))
         # local SGD with --dp-hierarchical: each region is one worker (its members average gradients
         # every step inside the region, at full precision); the regions exchange deltas every H steps
         self.region_exchange: StageExchange | None = None
