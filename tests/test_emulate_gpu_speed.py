@@ -70,9 +70,9 @@ def test_train_flag_reaches_the_config(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 4]]}))
     args = build_parser().parse_args(["train", "--cluster", str(MIXED), "--plan", str(plan), "--emulate-gpu-speed"])
-    assert config_from_args(args).emulate_gpu_speed is True
+    assert config_from_args(args).emulation.emulate_gpu_speed is True
     args = build_parser().parse_args(["train", "--cluster", str(MIXED), "--plan", str(plan)])
-    assert config_from_args(args).emulate_gpu_speed is False
+    assert config_from_args(args).emulation.emulate_gpu_speed is False
 
 
 @pytest.mark.slow

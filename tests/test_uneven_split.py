@@ -154,7 +154,7 @@ def test_train_flag_and_plan_cut_reach_the_config_and_the_checkpoint_identity(tm
     planned.write_text(json.dumps({"stages": 3, "replicas": 1, "assignment": [[0], [2], [4]],
                                    "split": {"rule": "speed", "boundaries": [0, 2, 3, 4]}}))
     from_plan = config_from_args(_train_args("--plan", str(planned)))
-    assert from_plan.split_by_speed and from_plan.split_boundaries == (0, 2, 3, 4)
+    assert from_plan.schedule.split_by_speed and from_plan.schedule.split_boundaries == (0, 2, 3, 4)
     # resume refusal: a checkpoint cut by speed does not resume as a plain run, nor the reverse
     for saved, now in ((flagged, plain), (plain, flagged), (from_plan, flagged)):
         with pytest.raises(ckpt.CheckpointError, match="split"):
@@ -185,7 +185,7 @@ def test_plan_uneven_split_json_round_trips_into_train(tmp_path, capsys):
     assert load_plan(out).split == tuple(split["boundaries"])
     from geotrain.cli.train_cmd import config_from_args
 
-    assert config_from_args(_train_args("--plan", str(out))).split_boundaries == tuple(split["boundaries"])
+    assert config_from_args(_train_args("--plan", str(out))).schedule.split_boundaries == tuple(split["boundaries"])
 
 
 def test_cost_scores_a_plan_with_its_recorded_split(tmp_path, capsys):

@@ -253,7 +253,8 @@ def run(args: Any) -> int:
     out.table("summary (means over iterations after the first)", SUMMARY_COLUMNS, summary_rows([report]))
     schedule = config.schedule
     out.text(f"stage boundaries {list(report.boundaries)} (split {schedule.split}"
-             f"{', by speed' if schedule.split_by_speed else ''}{', from the plan' if schedule.split_boundaries else ''})")
+             f"{', by speed' if schedule.split_by_speed else ''}"
+             f"{', from the plan' if schedule.split_boundaries else ''})")
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")
     return 0

@@ -69,12 +69,14 @@ class DataParallelStep:
                                                          config.comm.error_feedback,
                                                          transport, hierarchy, rank)
         else:
-            self.exchange = StageExchange(list(stage.named_parameters()), str(config.comm.dp_codec), config.comm.error_feedback,
+            self.exchange = StageExchange(list(stage.named_parameters()), str(config.comm.dp_codec),
+                                          config.comm.error_feedback,
                                           transport, group, group_devices)
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         self.total_steps = config.run.steps
-        self.outer = (None if config.optim.sync_every is None else
-                      OuterStep(self.params, config.optim.sync_every, config.optim.outer_lr, config.optim.outer_momentum))
+        optim = config.optim
+        self.outer = (None if optim.sync_every is None else
+                      OuterStep(self.params, optim.sync_every, optim.outer_lr, optim.outer_momentum))
         # local SGD with --dp-hierarchical: each region is one worker (its members average gradients
         # every step inside the region, at full precision); the regions exchange deltas every H steps
         self.region_exchange: StageExchange | None = None

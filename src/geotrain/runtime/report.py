@@ -227,7 +227,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             iteration_predicted_s=iteration_predictions(step_records, config.emulation.time_scale),
             iteration_emulated_s=periods.get(step),
             iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {},
-            iteration_predicted_links_s=iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0 else {}))
+            iteration_predicted_links_s=(iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0
+                                         else {})))
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,

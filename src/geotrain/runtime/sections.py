@@ -18,6 +18,7 @@ import torch
 
 from geotrain.codecs import CODECS, CodecError, CodecSpec
 from geotrain.comm import check_reducer_spec
+from geotrain.emulate.install import COMPUTE_CLOCKS as EMULATED_CLOCKS
 from geotrain.errors import GeotrainError
 from geotrain.runtime.pipeline import LOOPED_SCHEDULES, SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
@@ -305,7 +306,7 @@ class ReliabilitySection(Section):
                                          f"start and meet)")
 
 
-COMPUTE_CLOCKS = ("wall", "cpu")
+COMPUTE_CLOCKS = tuple(EMULATED_CLOCKS)
 
 
 @dataclass(frozen=True)

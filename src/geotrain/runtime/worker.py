@@ -75,7 +75,8 @@ class Worker:
         self.pp_ranks = [self.layout.rank_of(s, self.slot.replica) for s in range(S)]
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
-        model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size, self.seq_len)
+        model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
+                                  self.seq_len)
         if model.vocab_size is not None and self.data.vocab_size > model.vocab_size:
             raise RuntimeConfigError(f"model {config.model.model_name!r}: vocabulary of {model.vocab_size} is smaller "
                                      f"than the data's {self.data.vocab_size} ({self.data.source})")
@@ -91,7 +92,8 @@ class Worker:
         scale = config.compute_scale()
         self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device])
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
-        self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches, lm_loss,
+        self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
+                                 lm_loss,
                                  pp_groups[self.slot.replica], device, self.timer)
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
@@ -143,7 +145,8 @@ class Worker:
         cfg = self.config
         if not (self.pipeline.has_first or self.pipeline.has_last):
             return None, None
-        x, y = self.data.batch(cfg.data.data_seed, step, self.slot.replica, cfg.replicas, cfg.schedule.batch_size, self.seq_len)
+        x, y = self.data.batch(cfg.data.data_seed, step, self.slot.replica, cfg.replicas, cfg.schedule.batch_size,
+                               self.seq_len)
         return x.to(self.device), y.to(self.device)
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -182,7 +185,8 @@ class Worker:
         """Mean validation loss (nats) over at most eval_windows held-out windows, shared out by replica
         and run through the pipeline without gradients; known on the last stage's ranks, else None."""
         cfg = self.config
-        starts = validation_starts(len(self.data.val), self.seq_len, cfg.data.eval_windows)[self.slot.replica::cfg.replicas]
+        windows = validation_starts(len(self.data.val), self.seq_len, cfg.data.eval_windows)
+        starts = windows[self.slot.replica::cfg.replicas]
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         self.stage.eval()
         try:
@@ -236,10 +240,12 @@ class Worker:
             self.start_step = int(state["completed"])
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            raise ckpt.CheckpointError(f"{ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)}: does not fit "
+            shard = ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)
+            raise ckpt.CheckpointError(f"{shard}: does not fit "
                                        f"this run's {self.layout.describe(self.rank)}: {first}") from None
         if self.start_step != step:
-            raise ckpt.CheckpointError(f"{ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)}: completed is "
+            shard = ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)
+            raise ckpt.CheckpointError(f"{shard}: completed is "
                                        f"{self.start_step}, its directory says {step}")
         self.resume_state = None
 
@@ -255,15 +261,16 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     if config.checkpoint.resume:
         worker.restore()
     watchdog.publish_step(worker.start_step)
-    end = config.run.steps if config.run.stop_after is None else min(config.run.steps, worker.start_step + config.run.stop_after)
+    run, data, checkpoint = config.run, config.data, config.checkpoint
+    end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
     for step in range(worker.start_step, end):
         record = worker.train_step(step)
-        if config.data.eval_every and ((step + 1) % config.data.eval_every == 0 or step + 1 == config.run.steps):
+        if data.eval_every and ((step + 1) % data.eval_every == 0 or step + 1 == run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         watchdog.publish_step(step + 1)
-        due = config.checkpoint.checkpoint_every and (step + 1) % config.checkpoint.checkpoint_every == 0
-        if config.checkpoint.checkpoint_dir and (due or step + 1 == end):
+        due = checkpoint.checkpoint_every and (step + 1) % checkpoint.checkpoint_every == 0
+        if checkpoint.checkpoint_dir and (due or step + 1 == end):
             worker.save(step + 1)
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
@@ -272,8 +279,8 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
 
 def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[dict[str, Any]] | None:
     """Run this process's rank (from the env:// variables) to the end. `world`: the synthetic world
-    `config.data.data_seed` if the caller has it and no --data is given (else built here). Returns every rank's per-step
-    records on rank 0, None elsewhere. A lost peer or store ends the process (exit 3) via the watchdog;
+    `config.data.data_seed` if the caller has it and no --data is given (else built here). Returns every rank's
+    per-step records on rank 0, None elsewhere. A lost peer or store ends the process (exit 3) via the watchdog;
     a GeotrainError of its own posts an abort notice and is re-raised; any other error first gives the
     watchdog one heartbeat timeout to name a lost peer, then posts the error and exits with status 1."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -285,19 +292,22 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
     if device.type == "cuda":
         if config.emulation.time_scale > 0:
             raise RuntimeConfigError(f"device {config.run.device}: CUDA found, but link emulation runs on CPU (gloo) "
-                                     f"only; pass --time-scale 0 (time_scale is {config.emulation.time_scale!r}) or --device cpu")
+                                     f"only; pass --time-scale 0 (time_scale is {config.emulation.time_scale!r}) or "
+                                     "--device cpu")
         torch.cuda.set_device(device)
         emulation = None
     else:
-        emulation = use_emulated_links(config.cluster, config.layout, config.emulation.time_scale, config.emulation.compute_clock,
+        emulation = use_emulated_links(config.cluster, config.layout, config.emulation.time_scale,
+                                       config.emulation.compute_clock,
                                        config.compute_scale())
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=config.reliability.comm_timeout_s))
     layout = config.layout
-    watchdog = Watchdog(_store_client(config.reliability.heartbeat_timeout_s), _store_client(config.reliability.heartbeat_timeout_s),
+    reliability = config.reliability
+    watchdog = Watchdog(_store_client(reliability.heartbeat_timeout_s), _store_client(reliability.heartbeat_timeout_s),
                         rank, world_size,
                         lambda r: layout.describe(r, config.cluster.device_names),
-                        config.reliability.heartbeat_interval_s, config.reliability.heartbeat_timeout_s)
+                        reliability.heartbeat_interval_s, reliability.heartbeat_timeout_s)
     watchdog.start()
     worker_box: list[Worker] = []
     try:
@@ -311,9 +321,9 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
             raise
         # Most likely a peer died and gloo noticed first: give the watchdog the time it needs to name
         # the lost rank (it exits this process itself); only then blame ourselves.
-        deadline = time.monotonic() + config.reliability.heartbeat_timeout_s + 4 * config.reliability.heartbeat_interval_s
+        deadline = time.monotonic() + reliability.heartbeat_timeout_s + 4 * reliability.heartbeat_interval_s
         while time.monotonic() < deadline:
-            time.sleep(config.reliability.heartbeat_interval_s)
+            time.sleep(reliability.heartbeat_interval_s)
         watchdog.post_abort(message)
         print(f"geotrain worker: {message}", file=sys.stderr, flush=True)
         os._exit(EXIT_WORKER_ERROR)
