@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -234,11 +234,10 @@ def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_t
 
 
 def _row_available(row: WanRow) -> str | None:
-    """None if this geotrain's RuntimeConfig has every field the row sets, else the reason it is skipped."""
-    from geotrain.runtime import RuntimeConfig
+    """None if this geotrain's RuntimeConfig has every setting the row sets, else the reason it is skipped."""
+    from geotrain.runtime.config import setting_keys
 
-    known = {f.name for f in fields(RuntimeConfig)}
-    missing = [key for key, _ in row.options if key not in known]
+    missing = [key for key, _ in row.options if key not in setting_keys()]
     return None if not missing else f"RuntimeConfig has no field {', '.join(missing)} in this geotrain"
 
 
