@@ -33,8 +33,6 @@ from geotrain.models import (
 from geotrain.runtime.pipeline import StageShapes
 
 SPLIT_RULES = ("layers", "params", "time")
-WIRE_DTYPES: dict[str, torch.dtype] = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-"""Activation dtype on the wire per --pp-codec."""
 
 
 class StageModule(nn.Module):
