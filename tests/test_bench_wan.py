@@ -86,7 +86,7 @@ def test_compute_clock_is_validated_where_it_is_given():
 
     cluster = load_cluster(str(DATA / "wan-2x2.yaml"))
     with pytest.raises(RuntimeConfigError, match="compute_clock must be wall or cpu, got 'gpu'"):
-        RuntimeConfig(cluster=cluster, assignment=np.array([[0, 2], [1, 3]]), compute_clock="gpu")
+        RuntimeConfig.of(cluster=cluster, assignment=np.array([[0, 2], [1, 3]]), compute_clock="gpu")
     with pytest.raises(EmulationError, match="compute clock must be one of wall, cpu, got 'gpu'"):
         install(cluster, [0, 1], compute_clock="gpu")
 

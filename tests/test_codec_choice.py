@@ -21,8 +21,10 @@ from geotrain.cost.traffic import TrafficError, WireBytes, traffic_of_job
 from geotrain.job import GPT_13B_SEED, Job
 from geotrain.plan import Plan, PlanError
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
+from geotrain.cli.train_cmd import plan_settings
 from geotrain.models import TINY_GPT
-from geotrain.runtime.config import plan_codec_fields
+from geotrain.runtime.config import build_sections
+from geotrain.runtime.config_file import merge_settings
 from geotrain.runtime.stages import build_stage
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
@@ -144,16 +146,18 @@ def test_runtime_config_takes_the_plans_codecs_and_flags_override():
     cluster = two_regions()
     plan = Plan.from_json({"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]],
                            "codecs": {"dp": ["none", "sign"], "pp": ["fp16"]}})
-    config = RuntimeConfig(cluster=cluster, assignment=plan.assignment, **plan_codec_fields(plan.codecs, None, None))
-    assert [config.stage_dp_codec(s) for s in (0, 1)] == ["none", "sign"]
-    assert config.cut_pp_codec(0) == "fp16"
-    assert config.for_stage(1).dp_codec == "sign" and config.identity()["dp_codecs"] == ["none", "sign"]
-    flagged = RuntimeConfig(cluster=cluster, assignment=plan.assignment, **plan_codec_fields(plan.codecs, "fp16", None))
-    assert [flagged.stage_dp_codec(s) for s in (0, 1)] == ["fp16", "fp16"] and flagged.cut_pp_codec(0) == "fp16"
+    config = RuntimeConfig(cluster, plan.assignment, **build_sections(plan_settings(plan)))
+    assert [str(config.comm.stage_dp_codec(s)) for s in (0, 1)] == ["none", "sign"]
+    assert str(config.comm.cut_pp_codec(0)) == "fp16"
+    assert str(config.for_stage(1).comm.dp_codec) == "sign" and config.identity()["dp_codecs"] == ["none", "sign"]
+    flags = {"comm": {"dp_codec": "fp16"}}
+    flagged = RuntimeConfig(cluster, plan.assignment, **build_sections(merge_settings(plan_settings(plan), flags)))
+    assert [str(flagged.comm.stage_dp_codec(s)) for s in (0, 1)] == ["fp16", "fp16"]
+    assert str(flagged.comm.cut_pp_codec(0)) == "fp16"
     with pytest.raises(RuntimeConfigError, match="pipeline codec must be one of"):
-        RuntimeConfig(cluster=cluster, assignment=plan.assignment, pp_codecs=("sign",))
+        RuntimeConfig.of(cluster=cluster, assignment=plan.assignment, pp_codecs=("sign",))
     with pytest.raises(RuntimeConfigError, match="gradient codec 'nope'"):
-        RuntimeConfig(cluster=cluster, assignment=plan.assignment, dp_codecs=("none", "nope"))
+        RuntimeConfig.of(cluster=cluster, assignment=plan.assignment, dp_codecs=("none", "nope"))
 
 
 @pytest.mark.slow

@@ -36,9 +36,9 @@ def test_codec_value_and_intra_dtypes_go_through_the_one_table():
 def test_wire_float_dtype_is_set_exactly_for_the_cast_codecs():
     floats = {name: cls.wire_float_dtype for name, cls in CODECS.items() if cls.wire_float_dtype is not None}
     assert floats == {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-    from geotrain.runtime.stages import WIRE_DTYPES
+    from geotrain.runtime.sections import PP_CODECS
 
-    assert WIRE_DTYPES == floats  # the pipeline's activation codecs are derived from the fact
+    assert PP_CODECS == tuple(floats)  # the pipeline's activation codecs are derived from the fact
 
 
 @pytest.mark.parametrize("name, trained, expected", [

@@ -47,13 +47,13 @@ def test_compute_timer_scales_what_it_measures():
 
 
 def test_config_gives_every_device_the_fastest_gpus_peak_over_its_own():
-    config = RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed=True)
+    config = RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed=True)
     assert config.compute_scale() == pytest.approx((1.0, 1.0, 312 / 125, 312 / 125, 312 / 65, 312 / 65))
-    assert RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0, 4]]).compute_scale() is None
+    assert RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]]).compute_scale() is None
     with pytest.raises(RuntimeConfigError, match="time_scale 0.0 runs without emulation"):
-        RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed=True, time_scale=0.0)
+        RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed=True, time_scale=0.0)
     with pytest.raises(RuntimeConfigError, match="emulate_gpu_speed must be true or false"):
-        RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed="yes")
+        RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed="yes")
 
 
 def test_install_refuses_a_compute_scale_per_device_of_the_wrong_shape_or_value():
@@ -70,9 +70,9 @@ def test_train_flag_reaches_the_config(tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 4]]}))
     args = build_parser().parse_args(["train", "--cluster", str(MIXED), "--plan", str(plan), "--emulate-gpu-speed"])
-    assert config_from_args(args).emulate_gpu_speed is True
+    assert config_from_args(args).emulation.emulate_gpu_speed is True
     args = build_parser().parse_args(["train", "--cluster", str(MIXED), "--plan", str(plan)])
-    assert config_from_args(args).emulate_gpu_speed is False
+    assert config_from_args(args).emulation.emulate_gpu_speed is False
 
 
 @pytest.mark.slow
@@ -81,7 +81,7 @@ def test_a_t4_replica_computes_about_five_times_longer_than_measured():
     from geotrain.runtime import launch
 
     def run(**options):
-        config = RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0, 4]], steps=3, batch_size=4,
+        config = RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], steps=3, batch_size=4,
                                microbatches=1, time_scale=0.01, heartbeat_timeout_s=20.0, **options)
         return launch(config).report.summary()
 

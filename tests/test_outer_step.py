@@ -179,7 +179,7 @@ CLUSTER = make_network([1, 1], 10.0, (0.1, 0.1), (20.0, 20.0), seed=0, name="tes
 
 
 def _config(**options) -> RuntimeConfig:
-    return RuntimeConfig(cluster=CLUSTER, assignment=np.array([[0, 1]]),
+    return RuntimeConfig.of(cluster=CLUSTER, assignment=np.array([[0, 1]]),
                          **{"steps": 4, "time_scale": 0.0, "heartbeat_timeout_s": 20.0, "batch_size": 4,
                             "microbatches": 2, **options})
 
@@ -199,19 +199,19 @@ def test_runtime_h1_parameter_averaging_equals_the_in_process_reference(tmp_path
     config = _config(sync_every=1, outer_lr=1.0, outer_momentum=0.0, stop_after=2, checkpoint_dir=str(tmp_path))
     launch(config, tokens=tokens)
     shards = _shards(tmp_path, 2, 2)
-    data = load_training_data(None, config.data_seed, config.val_fraction, tokens)
-    layers = [build_layer_model(config.model_name, MODEL_PRESETS, config.seed, data.vocab_size,
+    data = load_training_data(None, config.data.data_seed, config.data.val_fraction, tokens)
+    layers = [build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, data.vocab_size,
                                 config.sequence_length) for _ in range(2)]
     replicas = [layer_model.as_module() for layer_model in layers]
-    optimizers = [torch.optim.AdamW(m.parameters(), lr=config.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
                   for m in replicas]
     for step in range(2):
         for r, (model, optimizer) in enumerate(zip(replicas, optimizers, strict=True)):
-            x, y = data.batch(config.data_seed, step, r, 2, config.batch_size, config.sequence_length)
+            x, y = data.batch(config.data.data_seed, step, r, 2, config.schedule.batch_size, config.sequence_length)
             optimizer.zero_grad()
             lm_loss(model(x), y).backward()
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, config.steps, config.lr)
+                group["lr"] = lr_at(step, config.run.steps, config.optim.lr)
             optimizer.step()
         mean = torch.stack([_params(m) for m in replicas]).mean(0)
         for model in replicas:
@@ -221,7 +221,7 @@ def test_runtime_h1_parameter_averaging_equals_the_in_process_reference(tmp_path
         worst = max(float((value - expected[name.removeprefix("0.")]).abs().max())
                     for name, value in shard["stage"].items())
         assert worst < 1e-5
-    assert float((mean - _params(build_layer_model(config.model_name, MODEL_PRESETS, config.seed, data.vocab_size,
+    assert float((mean - _params(build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, data.vocab_size,
                                                    config.sequence_length).as_module())).abs().max()) > 1e-3
 
 
@@ -256,7 +256,7 @@ def test_runtime_local_sgd_with_dp_hierarchical_makes_each_region_one_worker(tmp
     region average gradients every step (identical weights after step 1), the regions drift apart
     until the synchronisation at step 2, then all four agree."""
     cluster = make_network([2, 2], 10.0, (0.1, 0.1), (20.0, 20.0), seed=0, name="test-2x2")
-    config = RuntimeConfig(cluster=cluster, assignment=np.array([[0, 1, 2, 3]]), steps=2, time_scale=1e-3,
+    config = RuntimeConfig.of(cluster=cluster, assignment=np.array([[0, 1, 2, 3]]), steps=2, time_scale=1e-3,
                            heartbeat_timeout_s=20.0, batch_size=4, microbatches=2, sync_every=2,
                            dp_codec="int8-block", dp_hierarchical=True, checkpoint_dir=str(tmp_path),
                            checkpoint_every=1)

@@ -29,7 +29,7 @@ def tokens():
 def _run(tokens, **options):
     options = {"steps": 4, "time_scale": 0.01, "heartbeat_timeout_s": 20.0, "model_name": "tiny-2layer",
                "assignment": ONE_STAGE, **options}
-    return launch(RuntimeConfig(cluster=CLUSTER, model=MODEL_PRESETS["tiny-2layer"], **options), tokens=tokens).report
+    return launch(RuntimeConfig.of(cluster=CLUSTER, gpt=MODEL_PRESETS["tiny-2layer"], **options), tokens=tokens).report
 
 
 def test_hierarchical_sign_trains_in_sync_resumes_exactly_and_sends_less_than_flat_sign(tokens, tmp_path):
@@ -52,4 +52,4 @@ def test_hierarchical_sign_trains_in_sync_resumes_exactly_and_sends_less_than_fl
 
 def test_hierarchical_refuses_powersgd():
     with pytest.raises(RuntimeConfigError, match="dp-hierarchical"):
-        RuntimeConfig(cluster=CLUSTER, assignment=ONE_STAGE, dp_codec="powersgd", dp_hierarchical=True)
+        RuntimeConfig.of(cluster=CLUSTER, assignment=ONE_STAGE, dp_codec="powersgd", dp_hierarchical=True)

@@ -46,7 +46,7 @@ def user_model(tmp_path_factory) -> str:
 def _config(model: str, data: Path, **options) -> RuntimeConfig:
     options = {"steps": 4, "batch_size": 4, "microbatches": 2, "seq_len": 32, "lr": 3e-3, "time_scale": 0.0,
                "heartbeat_timeout_s": 20.0, "eval_every": 2, "eval_windows": 16, **options}
-    return RuntimeConfig(cluster=CLUSTER, assignment=ASSIGNMENT, model_name=model, data=str(data), **options)
+    return RuntimeConfig.of(cluster=CLUSTER, assignment=ASSIGNMENT, model_name=model, data=str(data), **options)
 
 
 def _run(model: str, data: Path, **options):
@@ -56,8 +56,8 @@ def _run(model: str, data: Path, **options):
 def _unsplit_step0(model_spec: str, config: RuntimeConfig) -> tuple[float, dict[str, torch.Tensor]]:
     """Loss and gradients of the unsplit model on step 0's global batch (both replicas' windows)."""
     model = load_model_spec(model_spec).as_module()
-    data = load_training_data(config.data, config.data_seed, config.val_fraction)
-    batches = [data.batch(config.data_seed, 0, r, config.replicas, config.batch_size, config.sequence_length)
+    data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction)
+    batches = [data.batch(config.data.data_seed, 0, r, config.replicas, config.schedule.batch_size, config.sequence_length)
                for r in range(config.replicas)]
     x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
     loss = lm_loss(model(x), y)
@@ -101,8 +101,8 @@ def test_staged_run_has_the_unsplit_models_loss_and_gradients_and_keeps_ties_tie
     stages = stage_modules(model, cuts, [0, 1])
     for stage, shard in ((0, first), (1, last)):
         stages[stage].load_state_dict({key.removeprefix("0."): value for key, value in shard.items()})
-    data = load_training_data(config.data, config.data_seed, config.val_fraction)
-    expected = validation_loss([stages[0], stages[1]], data.val, config.sequence_length, max_windows=config.eval_windows)
+    data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction)
+    expected = validation_loss([stages[0], stages[1]], data.val, config.sequence_length, max_windows=config.data.eval_windows)
     assert report.validation == ((1, pytest.approx(expected, rel=1e-5)),)
 
 

@@ -30,14 +30,14 @@ def tokens():
 
 
 def _config(**options) -> RuntimeConfig:
-    return RuntimeConfig(cluster=CLUSTER, assignment=ASSIGNMENT,
+    return RuntimeConfig.of(cluster=CLUSTER, assignment=ASSIGNMENT,
                          **{"steps": 4, "time_scale": 0.0, "heartbeat_timeout_s": 20.0, **options})
 
 
 def _model_and_data(config: RuntimeConfig, world):
     """The run's whole model (same seed, so the same initial weights) and its training data."""
-    data = load_training_data(None, config.data_seed, config.val_fraction, world)
-    return build_layer_model(config.model_name, MODEL_PRESETS, config.seed, data.vocab_size,
+    data = load_training_data(None, config.data.data_seed, config.data.val_fraction, world)
+    return build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, data.vocab_size,
                              config.sequence_length), data
 
 
@@ -93,17 +93,17 @@ def _reference(config: RuntimeConfig, world, steps: int, clip: float | None):
 
     layers, data = _model_and_data(config, world)
     model = layers.as_module()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, betas=(0.9, 0.95), weight_decay=0.1)
     norms = []
     for step in range(steps):
-        batches = [data.batch(config.data_seed, step, r, config.replicas, config.batch_size, config.sequence_length)
+        batches = [data.batch(config.data.data_seed, step, r, config.replicas, config.schedule.batch_size, config.sequence_length)
                    for r in range(config.replicas)]
         x, y = torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
         optimizer.zero_grad()
         lm_loss(model(x), y).backward()
         norms.append(clip_grad_norm_([p.grad for p in model.parameters()], clip))
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, config.steps, config.lr)
+            group["lr"] = lr_at(step, config.run.steps, config.optim.lr)
         optimizer.step()
     return norms, layers
 

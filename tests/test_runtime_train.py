@@ -33,7 +33,7 @@ def tokens():
 
 def _run(tokens, assignment=DP_CROSSES, **options):
     options = {"steps": 4, "time_scale": 0.0, "heartbeat_timeout_s": 20.0, **options}
-    return launch(RuntimeConfig(cluster=CLUSTER, assignment=assignment, **options), tokens=tokens).report
+    return launch(RuntimeConfig.of(cluster=CLUSTER, assignment=assignment, **options), tokens=tokens).report
 
 
 @pytest.mark.slow

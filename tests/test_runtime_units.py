@@ -172,7 +172,7 @@ def test_codec_specs_parse_names_and_typed_parameters():
     ({"pp_codec": "topk"}, "pipeline codec must be one of"),
     ({"assignment": np.array([[0, 0], [1, 3]])}, "device 0 is used more than once"),
     ({"assignment": np.array([[0, 2], [1, 4]])}, "device index must be in 0..3"),
-    ({"assignment": np.array([[0], [1], [2], [3]]), "model": GPTConfig(n_layer=1)}, "cannot cut 3 layers into 4"),
+    ({"assignment": np.array([[0], [1], [2], [3]]), "gpt": GPTConfig(n_layer=1)}, "cannot cut 3 layers into 4"),
     ({"pp_codec": "int8-block"}, "wire form is not one"),
     ({"schedule": "interleaved-1f1b", "microbatches": 3, "batch_size": 6}, "multiple of the 2 stages"),
     ({"schedule": "gpipe", "virtual_stages": 2}, "virtual_stages must be 1"),
@@ -186,7 +186,7 @@ def test_codec_specs_parse_names_and_typed_parameters():
 def test_config_rejects_bad_options_with_the_value(change, message):
     base = {"cluster": GEO, "assignment": np.array([[0, 2], [1, 3]])}
     with pytest.raises(ValueError, match=message):
-        RuntimeConfig(**{**base, **change})
+        RuntimeConfig.of(**{**base, **change})
 
 
 # -- bench plans ---------------------------------------------------------------------------------
@@ -217,7 +217,7 @@ def test_bench_crossing_plan_crosses_every_cut_and_group_and_random_is_the_media
 def test_resume_is_refused_before_launch_without_a_matching_checkpoint(tmp_path):
     from geotrain.runtime.launcher import check_resumable
 
-    config = RuntimeConfig(cluster=GEO, assignment=np.array([[0, 2], [1, 3]]), checkpoint_dir=str(tmp_path), resume=True)
+    config = RuntimeConfig.of(cluster=GEO, assignment=np.array([[0, 2], [1, 3]]), checkpoint_dir=str(tmp_path), resume=True)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         check_resumable(config)
     for rank in range(4):

@@ -112,19 +112,19 @@ def test_uneven_split_needs_a_compute_aware_model_and_valid_fractions():
 
 
 def test_runtime_speed_split_is_split_layers_on_the_stage_speeds_and_plain_when_alike():
-    model = tiny_layer_model(RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0], [2], [4]]).model, 0)
-    config = RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0], [2], [4]], split_by_speed=True)
+    model = tiny_layer_model(RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0], [2], [4]]).model.gpt, 0)
+    config = RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0], [2], [4]], split_by_speed=True)
     weights = config.split_weights()
     assert weights == pytest.approx((1.0, 125 / 312, 65 / 312))
     assert stage_boundaries(model, 3, "layers", 32, weights) == split_layers(np.ones(6), 3, weights) == (0, 4, 5, 6)
     params = model.layer_parameter_counts()
     assert stage_boundaries(model, 3, "params", 32, weights) == split_layers(params, 3, weights)
-    uniform = RuntimeConfig(cluster=make_network([3], 10.0, (10.0, 10.0), (1.0, 1.0), seed=0),
+    uniform = RuntimeConfig.of(cluster=make_network([3], 10.0, (10.0, 10.0), (1.0, 1.0), seed=0),
                             assignment=[[0], [1], [2]], split_by_speed=True)
     assert uniform.split_weights() is None
     assert stage_boundaries(model, 3, "layers", 32, uniform.split_weights()) == even_boundaries(6, 3)
     assert stage_boundaries(model, 3, "params", 32, (2.0, 2.0, 2.0)) == stage_boundaries(model, 3, "params", 32)
-    looped = RuntimeConfig(cluster=load_cluster(MIXED), assignment=[[0], [4]], split_by_speed=True,
+    looped = RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0], [4]], split_by_speed=True,
                            schedule="interleaved-1f1b", microbatches=4)
     assert looped.split_weights() == pytest.approx((1.0, 65 / 312, 1.0, 65 / 312))  # virtual stage v on rank v % S
 
@@ -148,13 +148,13 @@ def test_train_flag_and_plan_cut_reach_the_config_and_the_checkpoint_identity(tm
     plan.write_text(json.dumps({"stages": 3, "replicas": 1, "assignment": [[0], [2], [4]]}))
     plain = config_from_args(_train_args("--plan", str(plan)))
     flagged = config_from_args(_train_args("--plan", str(plan), "--split-by-speed"))
-    assert not plain.split_by_speed and plain.split_weights() is None and "split_by_speed" not in plain.identity()
-    assert flagged.split_by_speed and flagged.identity()["split_by_speed"] is True
+    assert not plain.schedule.split_by_speed and plain.split_weights() is None and "split_by_speed" not in plain.identity()
+    assert flagged.schedule.split_by_speed and flagged.identity()["split_by_speed"] is True
     planned = tmp_path / "uneven.json"
     planned.write_text(json.dumps({"stages": 3, "replicas": 1, "assignment": [[0], [2], [4]],
                                    "split": {"rule": "speed", "boundaries": [0, 2, 3, 4]}}))
     from_plan = config_from_args(_train_args("--plan", str(planned)))
-    assert from_plan.split_by_speed and from_plan.split_boundaries == (0, 2, 3, 4)
+    assert from_plan.schedule.split_by_speed and from_plan.schedule.split_boundaries == (0, 2, 3, 4)
     # resume refusal: a checkpoint cut by speed does not resume as a plain run, nor the reverse
     for saved, now in ((flagged, plain), (plain, flagged), (from_plan, flagged)):
         with pytest.raises(ckpt.CheckpointError, match="split"):
@@ -185,7 +185,7 @@ def test_plan_uneven_split_json_round_trips_into_train(tmp_path, capsys):
     assert Plan.load(out).split.boundaries == tuple(split["boundaries"])
     from geotrain.cli.train_cmd import config_from_args
 
-    assert config_from_args(_train_args("--plan", str(out))).split_boundaries == tuple(split["boundaries"])
+    assert config_from_args(_train_args("--plan", str(out))).schedule.split_boundaries == tuple(split["boundaries"])
 
 
 def test_cost_scores_a_plan_with_its_recorded_split(tmp_path, capsys):
@@ -217,7 +217,7 @@ def _tiny_run(cluster, **options):
 
     options = {"steps": 4, "batch_size": 4, "microbatches": 2, "time_scale": 0.0, "heartbeat_timeout_s": 20.0,
                **options}
-    return launch(RuntimeConfig(cluster=cluster, assignment=[[0], [2], [4]], **options)).report
+    return launch(RuntimeConfig.of(cluster=cluster, assignment=[[0], [2], [4]], **options)).report
 
 
 @pytest.mark.slow

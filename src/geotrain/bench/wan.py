@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -234,11 +234,10 @@ def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_t
 
 
 def _row_available(row: WanRow) -> str | None:
-    """None if this geotrain's RuntimeConfig has every field the row sets, else the reason it is skipped."""
-    from geotrain.runtime import RuntimeConfig
+    """None if this geotrain's RuntimeConfig has every setting the row sets, else the reason it is skipped."""
+    from geotrain.runtime.config import setting_keys
 
-    known = {f.name for f in fields(RuntimeConfig)}
-    missing = [key for key, _ in row.options if key not in known]
+    missing = [key for key, _ in row.options if key not in setting_keys()]
     return None if not missing else f"RuntimeConfig has no field {', '.join(missing)} in this geotrain"
 
 
@@ -271,7 +270,7 @@ def _evaluate(directory: str, step: int, run: Any, config: WanBenchConfig,
     from geotrain.runtime.stages import build_layer_model, stage_modules
 
     stages, replicas = run.stages, run.replicas
-    model = build_layer_model(run.model_name, MODEL_PRESETS, run.seed, world.vocab_size, run.sequence_length)
+    model = build_layer_model(run.model.model_name, MODEL_PRESETS, run.run.seed, world.vocab_size, run.sequence_length)
     cuts = even_boundaries(model.n_layers, stages)  # the run's split (--split layers)
     manifest = ckpt.read_manifest(directory, step)
     modules, records = [], []
@@ -300,12 +299,12 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
     every = math.lcm(config.eval_every, row.sync_every)
     eval_steps = sorted({*range(every, config.steps + 1, every), config.steps})
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
-        run = RuntimeConfig(cluster=cluster, assignment=assignment, steps=config.steps,
-                            microbatches=config.microbatches, batch_size=config.global_batch // replicas,
-                            lr=config.lr, dp_codec=row.dp_codec, pp_codec=row.pp_codec, time_scale=config.time_scale,
-                            seed=config.seed, checkpoint_dir=directory, checkpoint_every=config.eval_every,
-                            compute_clock=config.compute_clock, model=_preset(config.model), model_name=config.model,
-                            plan_name=row.label, **per_link, **dict(row.options))
+        run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps,
+                               microbatches=config.microbatches, batch_size=config.global_batch // replicas,
+                               lr=config.lr, dp_codec=row.dp_codec, pp_codec=row.pp_codec, time_scale=config.time_scale,
+                               seed=config.seed, checkpoint_dir=directory, checkpoint_every=config.eval_every,
+                               compute_clock=config.compute_clock, gpt=_preset(config.model), model_name=config.model,
+                               **per_link, **dict(row.options))
         launch(run, progress=progress, tokens=tokens)
         scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
     records = scored[-1][1]
@@ -315,7 +314,8 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
     losses = [loss for loss, _ in scored]
     reached = [t for t, loss in zip(eval_time, losses) if loss <= config.target]
     inter = float(sum(r["emulated"]["inter_region_bytes"] for r in records))
-    codecs = {"dp": [run.stage_dp_codec(s) for s in range(stages)], "pp": [run.cut_pp_codec(c) for c in range(stages - 1)]}
+    codecs = {"dp": [str(run.comm.stage_dp_codec(s)) for s in range(stages)],
+              "pp": [str(run.comm.cut_pp_codec(c)) for c in range(stages - 1)]}
     return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
                      float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
                      reached[0] if reached else None)

@@ -40,82 +40,15 @@ def register(subparsers: Any) -> None:
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", required=True, metavar="FILE|PRESET", help="cluster preset or YAML/JSON file")
-    parser.add_argument("--plan", required=True, metavar="PLAN.json", help="plan file (as `geotrain plan --json` writes)")
-    parser.add_argument("--model", default="tiny", metavar="SPEC",
-                        help="tiny (4 blocks, d_model 128, context 96), tiny-2layer, hf:PRESET|config.json|DIR "
-                             "(gpt2-tiny, llama-tiny, qwen2-tiny, mistral-tiny), path/to/file.py:function or "
-                             "package.module:function returning the layer list")
-    parser.add_argument("--data", metavar="FILE|DIR",
-                        help="text / jsonl / token file (or a directory of them); default: the synthetic world")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="fraction of --data held out for validation")
-    parser.add_argument("--eval-every", type=int, default=0, metavar="N",
-                        help="validation loss every N steps and at the end (0: never)")
-    parser.add_argument("--eval-windows", type=int, default=32, help="validation windows per evaluation (at most)")
-    parser.add_argument("--seq-len", type=int, help="tokens per sequence (default: a tiny preset's context, else 128)")
-    parser.add_argument("--split", default="layers", choices=["layers", "params", "time"],
-                        help="cut the layer list into stages by equal layer counts, parameter counts or measured time")
-    parser.add_argument("--split-by-speed", action="store_true",
-                        help="weight the --split by each stage's speed (its slowest replica's GPU peak FLOP/s from "
-                             "the cluster's gpu types): faster stages take more layers; equal GPUs: the plain split. "
-                             "A plan made with `geotrain plan --uneven-split` brings its own cut (used when it fits "
-                             "the model, else cut by speed)")
-    parser.add_argument("--emulate-gpu-speed", action="store_true",
-                        help="emulated compute runs at each device's GPU speed: measured compute x (the cluster's "
-                             "fastest GPU's peak FLOP/s / the device's); the fastest computes at this machine's speed "
-                             "(needs --time-scale > 0)")
-    parser.add_argument("--virtual-stages", type=int, metavar="V",
-                        help="stages per rank for interleaved-1f1b / looped-bfs (default 2)")
-    parser.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"],
-                        help="cpu (gloo, emulated links) or cuda (NCCL; needs --time-scale 0); auto: cuda if present")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast")
-    parser.add_argument("--steps", type=int, default=20, help="training iterations (the learning-rate schedule spans them)")
-    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration")
-    parser.add_argument("--batch-size", type=int, default=8, help="sequences per replica per iteration")
-    parser.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (warm-up + cosine)")
-    parser.add_argument("--schedule", default="gpipe", choices=["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"],
-                        help="torch.distributed.pipelining schedule")
-    parser.add_argument("--dp-codec", default=None, metavar="CODEC[:k=v,...]",
-                        help="gradient codec of the data-parallel exchange, e.g. fp16, topk:fraction=0.01 "
-                             "(default: the plan's per-stage choice, else none)")
-    parser.add_argument("--pp-codec", default=None,
-                        help="activation dtype on the wire: none (fp32), fp16, bf16 (default: the plan's per-cut "
-                             "choice, else none)")
-    parser.add_argument("--dp-hierarchical", action="store_true",
-                        help="exchange DP gradients hierarchically: full precision inside each cluster region, "
-                             "--dp-codec (with error feedback) only between regions, sharded over the region's "
-                             "members (docs/hierarchical.md)")
-    parser.add_argument("--no-error-feedback", dest="error_feedback", action="store_false",
-                        help="send DP gradients without error feedback")
-    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "onebit-adam"],
-                        help="adamw (after the --dp-codec exchange) or onebit-adam (1-bit Adam: averages over the "
-                             "stage's DP group itself, fp32 during its warm-up, 1-bit momenta after; needs --dp-codec none)")
-    parser.add_argument("--onebit-warmup-steps", type=int, default=5,
-                        help="onebit-adam: full-precision AdamW steps before the variance freezes")
-    parser.add_argument("--sync-every", type=int, default=None, metavar="H",
-                        help="local SGD / DiLoCo: each replica steps AdamW on its own gradients and every H steps "
-                             "the DP exchange (--dp-codec, --dp-hierarchical) averages the parameter deltas, applied "
-                             "by an outer Nesterov SGD (default: average gradients every step)")
-    parser.add_argument("--outer-lr", type=float, default=0.7, help="--sync-every: outer learning rate (DiLoCo: 0.7; "
-                        "1 with --outer-momentum 0 = parameter averaging)")
-    parser.add_argument("--outer-momentum", type=float, default=0.9, help="--sync-every: outer Nesterov momentum")
-    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="X",
-                        help="clip the gradient of the whole model (all stages, after DP averaging) to global L2 norm X")
-    parser.add_argument("--time-scale", type=float, default=1.0,
-                        help="multiply every emulated link time by this (0: no emulation)")
-    parser.add_argument("--seed", type=int, default=0, help="model initialisation seed")
-    parser.add_argument("--data-seed", type=int, default=0, help="world text and batch seed")
-    parser.add_argument("--checkpoint-dir", metavar="DIR", help="write sharded checkpoints here")
-    parser.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K steps (0: at the end only)")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --checkpoint-dir")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start a new run in a --checkpoint-dir that holds another run's checkpoints, "
-                             "deleting them (its latest pointer and step-* directories)")
-    parser.add_argument("--stop-after", type=int, metavar="K", help="stop this invocation after K steps (planned interruption)")
-    parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
-                        help="seconds without a heartbeat after which a worker counts as lost")
-    parser.add_argument("--comm-timeout", type=float, default=120.0, help="gloo collective/p2p timeout in seconds")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    from geotrain.cli.config_flags import add_config_flags
+
+    parser.add_argument("--cluster", metavar="FILE|PRESET", help="cluster preset or YAML/JSON file (required)")
+    parser.add_argument("--plan", metavar="PLAN.json", help="plan file (as `geotrain plan --json` writes; required)")
+    parser.add_argument("--config", metavar="RUN.toml",
+                        help="settings file (TOML, one table per section, as --print-config writes); flags override it")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective settings as TOML and exit (alone: the defaults)")
+    add_config_flags(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
     parser.add_argument("--rdzv", metavar="HOST:PORT",
                         help="several hosts: the rendezvous store, on the host of rank 0 (HOST: its address)")
@@ -126,41 +59,58 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                              "default <rank 0's host>:29500) and exit")
 
 
+def given_settings(args: Any) -> dict[str, dict[str, Any]]:
+    """The settings of the --config file, overridden by the flags given (not yet the plan's)."""
+    from geotrain.cli.config_flags import flag_settings
+    from geotrain.runtime.config_file import merge_settings, read_config_file
+
+    file = read_config_file(args.config) if args.config else {}
+    return merge_settings(file, flag_settings(args))
+
+
+def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
+    """The settings a plan brings: its per-stage / per-cut codecs and its layer cut (flags and file override)."""
+    settings: dict[str, dict[str, Any]] = {}
+    if plan.codecs is not None:
+        settings["comm"] = {"dp_codecs": tuple(plan.codecs.dp), "pp_codecs": tuple(plan.codecs.pp)}
+    if plan.split is not None:
+        settings["schedule"] = {"split_by_speed": True, "split_boundaries": tuple(plan.split)}
+    return settings
+
+
 def config_from_args(args: Any) -> Any:
-    """The RuntimeConfig the arguments describe (cluster and plan loaded and checked)."""
+    """The RuntimeConfig the arguments describe (cluster, plan and --config file loaded and checked):
+    the plan's settings, then the file's, then the flags'."""
     from geotrain.cluster import load_cluster
     from geotrain.plan import Plan
-    from geotrain.models import MODEL_PRESETS
     from geotrain.runtime import RuntimeConfig, RuntimeConfigError
-    from geotrain.runtime.config import plan_codec_fields
+    from geotrain.runtime.config import build_sections
+    from geotrain.runtime.config_file import merge_settings
 
+    missing = [flag for flag, value in (("--cluster", args.cluster), ("--plan", args.plan)) if value is None]
+    if missing:
+        raise RuntimeConfigError(f"train needs {' and '.join(missing)} (only --print-config runs without them)")
+    settings = given_settings(args)
     cluster = load_cluster(args.cluster)
     plan = Plan.load(args.plan)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
-    preset = MODEL_PRESETS.get(args.model)
-    if preset is None and args.model.rpartition(":")[1] == "" and not args.model.startswith("hf:"):
-        raise RuntimeConfigError(f"--model {args.model!r}: not a preset ({', '.join(MODEL_PRESETS)}), hf:SPEC, "
-                                 "file.py:function or package.module:function")
-    extra = {} if preset is None else {"model": preset}
-    return RuntimeConfig(
-        cluster=cluster, assignment=assignment, model_name=args.model, **extra,
-        data=args.data, val_fraction=args.val_fraction, eval_every=args.eval_every, eval_windows=args.eval_windows,
-        seq_len=args.seq_len, split=args.split, virtual_stages=args.virtual_stages, device=args.device,
-        emulate_gpu_speed=args.emulate_gpu_speed,
-        split_by_speed=args.split_by_speed or plan.split is not None,
-        split_boundaries=() if plan.split is None else plan.split.boundaries,
-        precision=args.precision,
-        steps=args.steps, microbatches=args.microbatches, batch_size=args.batch_size, lr=args.lr,
-        schedule=args.schedule, **plan_codec_fields(plan.codecs, args.dp_codec, args.pp_codec),
-        error_feedback=args.error_feedback,
-        optimizer=args.optimizer, onebit_warmup_steps=args.onebit_warmup_steps, clip_grad_norm=args.clip_grad_norm,
-        dp_hierarchical=args.dp_hierarchical,
-        sync_every=args.sync_every, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-        time_scale=args.time_scale, seed=args.seed, data_seed=args.data_seed, threads=args.threads,
-        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
-        overwrite=args.overwrite,
-        stop_after=args.stop_after, heartbeat_timeout_s=args.heartbeat_timeout, comm_timeout_s=args.comm_timeout,
-        plan_name=plan.method if plan.method is not None else Path(args.plan).stem)
+    settings = merge_settings(plan_settings(plan), settings)
+    if plan.split is not None:  # a plan's cut always weights the split by speed (it is cut by speed)
+        settings["schedule"]["split_by_speed"] = True
+    return RuntimeConfig(cluster, assignment, plan.method if plan.method is not None else Path(args.plan).stem,
+                         **build_sections(settings))
+
+
+def print_config(args: Any) -> None:
+    """--print-config: the effective settings as TOML (with --cluster and --plan: the plan's too)."""
+    from geotrain.runtime.config import build_sections
+    from geotrain.runtime.config_file import config_toml
+
+    if args.cluster is not None and args.plan is not None:
+        sections = config_from_args(args).sections()
+    else:
+        sections = build_sections(given_settings(args))
+    sys.stdout.write(config_toml(sections))
 
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -203,24 +153,15 @@ def summary_rows(reports: list[Any]) -> list[list[Any]]:
 SUMMARY_COLUMNS = ["plan", "iteration s", "predicted comm s", "measured comm s", "error %", "loss"]
 
 
-HOST_OPTIONS = ("rdzv", "node", "print_torchrun")
-
-
 def forwarded_arguments(args: Any) -> list[str]:
-    """The training options of `args` that differ from their defaults, as command-line words
-    (without --rdzv, --node and --print-torchrun): what every host's command repeats."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_train_arguments(parser)
-    words: list[str] = []
-    for action in parser._actions:
-        value = getattr(args, action.dest)
-        if action.dest in HOST_OPTIONS or value == action.default:
-            continue
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            words.append(action.option_strings[0])
-        else:
-            words += [action.option_strings[0], str(value)]
-    return words
+    """The training options of `args` as command-line words (without --rdzv, --node, --print-torchrun and
+    --config: the settings of the file and the flags, as flags): what every host's command repeats."""
+    from geotrain.cli.config_flags import config_argv
+    from geotrain.runtime.config import build_sections
+
+    words = [word for flag, value in (("--cluster", args.cluster), ("--plan", args.plan)) if value is not None
+             for word in (flag, value)]
+    return words + config_argv(build_sections(given_settings(args))) + (["--json"] if args.json else [])
 
 
 def print_torchrun(args: Any, config: Any, out: Output) -> None:
@@ -264,13 +205,16 @@ def host_rendezvous(args: Any, config: Any) -> Any:
     if visible is not None:
         os.environ.setdefault("CUDA_VISIBLE_DEVICES", visible)
     addr, port = parse_endpoint(args.rdzv)
-    return Rendezvous(hosts, node.name, addr, port, timeout_s=config.comm_timeout_s)
+    return Rendezvous(hosts, node.name, addr, port, timeout_s=config.reliability.comm_timeout_s)
 
 
 def run(args: Any) -> int:
     from geotrain.runtime import build_report, launch, run_worker
     from geotrain.runtime.launcher import check_before_launch
 
+    if args.print_config:
+        print_config(args)
+        return 0
     config = config_from_args(args)
     out = Output(json_mode=args.json)
     if args.print_torchrun:
@@ -288,7 +232,7 @@ def run(args: Any) -> int:
             return 0
         report, wall_s = build_report(config, records), None
     else:
-        with out.progress("training", config.steps) as progress:
+        with out.progress("training", config.run.steps) as progress:
             result = launch(config, progress=progress, rendezvous=rendezvous)
         report, wall_s = result.report, result.wall_s
         if report is None:  # another host runs rank 0 and prints the results
@@ -307,8 +251,10 @@ def run(args: Any) -> int:
         out.table("validation (held-out loss, nats)", ["after step", "loss"],
                   [[step, f"{loss:.4f}"] for step, loss in report.validation])
     out.table("summary (means over iterations after the first)", SUMMARY_COLUMNS, summary_rows([report]))
-    out.text(f"stage boundaries {list(report.boundaries)} (split {args.split}"
-             f"{', by speed' if config.split_by_speed else ''}{', from the plan' if config.split_boundaries else ''})")
+    schedule = config.schedule
+    out.text(f"stage boundaries {list(report.boundaries)} (split {schedule.split}"
+             f"{', by speed' if schedule.split_by_speed else ''}"
+             f"{', from the plan' if schedule.split_boundaries else ''})")
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")
     return 0

@@ -3,12 +3,14 @@ torch.distributed.pipelining schedules (gloo, or NCCL on CUDA), with every trans
 emulated link speeds (geotrain.emulate), failure detection and sharded checkpoints."""
 
 from geotrain.runtime.checkpoint import CheckpointError, latest_step
-from geotrain.runtime.config import PP_CODECS, RuntimeConfig, RuntimeConfigError, parse_codec_spec
+from geotrain.codecs import parse_codec_spec
+from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
 from geotrain.runtime.layout import Layout, LayoutError, Slot
 from geotrain.runtime.links import busy_seconds
 from geotrain.runtime.pipeline import PIPELINE_SCHEDULES
 from geotrain.runtime.predict import CommPrediction, measured_traffic, predict_comm
+from geotrain.runtime.sections import PP_CODECS
 from geotrain.runtime.report import IterationRow, RunReport, build_report, relative_error_pct
 from geotrain.runtime.stages import SPLIT_RULES, StageModule, build_layer_model, build_stage, stage_boundaries
 from geotrain.runtime.watchdog import EXIT_PEER_LOST

@@ -22,8 +22,9 @@ import numpy as np
 from geotrain.cluster import Cluster, make_network
 from geotrain.cost import YuanCostModel
 from geotrain.errors import GeotrainError
+from geotrain.codecs import parse_codec_spec
 from geotrain.models import TINY_GPT, GPTConfig
-from geotrain.runtime.config import RuntimeConfig, parse_codec_spec
+from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.launcher import launch
 from geotrain.runtime.predict import ITERATION_MODELS, measured_traffic
 from geotrain.runtime.report import RunReport
@@ -183,10 +184,10 @@ def run_runtime_bench(config: RuntimeBenchConfig, progress: Callable[[str, int, 
     tokens = world_tokens(0)
     plans = []
     for label, chosen_by, assignment in candidates:
-        run_config = RuntimeConfig(cluster=cluster, assignment=assignment, model=config.model, steps=config.steps,
-                                   microbatches=config.microbatches, batch_size=config.batch_size,
-                                   dp_codec=config.dp_codec, pp_codec=config.pp_codec, time_scale=config.time_scale,
-                                   seed=config.seed, plan_name=label)
+        run_config = RuntimeConfig.of(cluster, assignment, label, gpt=config.model, steps=config.steps,
+                                      microbatches=config.microbatches, batch_size=config.batch_size,
+                                      dp_codec=config.dp_codec, pp_codec=config.pp_codec, time_scale=config.time_scale,
+                                      seed=config.seed)
         callback = None if progress is None else (lambda done, total, label=label: progress(label, done, total))
         plans.append(BenchPlan(label, chosen_by, launch(run_config, progress=callback, tokens=tokens).report))
     return RuntimeBench(config, cluster, tuple(plans), dp_bytes, pp_bytes)

@@ -37,11 +37,12 @@ def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
 def sync_options(config: RuntimeConfig) -> SyncOptions:
     """The gradient-sync options of a stage's config (`config.for_stage(s)`): the one place that reads
     the run's config for them."""
-    return SyncOptions(codec=config.dp_codec, optimizer=config.optimizer, lr=config.lr, total_steps=config.steps,
-                       error_feedback=config.error_feedback, onebit_warmup_steps=config.onebit_warmup_steps,
-                       clip_grad_norm=config.clip_grad_norm, sync_every=config.sync_every,
-                       outer_lr=config.outer_lr, outer_momentum=config.outer_momentum,
-                       hierarchical=config.dp_hierarchical)
+    optim = config.optim
+    return SyncOptions(codec=config.comm.dp_codec, optimizer=optim.optimizer, lr=optim.lr,
+                       total_steps=config.run.steps, error_feedback=config.comm.error_feedback,
+                       onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
+                       sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
+                       hierarchical=config.comm.dp_hierarchical)
 
 
 def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int]) -> list[HierarchicalGroups]:

@@ -84,13 +84,13 @@ def _write_text(path: Path, text: str) -> None:
 def check_resumable(config: RuntimeConfig) -> int:
     """The step a resumed run starts from; CheckpointError (before any process starts) if there is
     no complete checkpoint, it belongs to a different run, or a shard differs from its manifest."""
-    assert config.checkpoint_dir is not None
-    step = latest_step(config.checkpoint_dir)
+    assert config.checkpoint.checkpoint_dir is not None
+    step = latest_step(config.checkpoint.checkpoint_dir)
     if step is None:
-        raise CheckpointError(f"{config.checkpoint_dir}: no complete checkpoint to resume from")
-    manifest = read_manifest(config.checkpoint_dir, step)
-    check_identity(manifest, config.identity(), str(step_dir(config.checkpoint_dir, step)))
-    verify_shards(config.checkpoint_dir, step, manifest)
+        raise CheckpointError(f"{config.checkpoint.checkpoint_dir}: no complete checkpoint to resume from")
+    manifest = read_manifest(config.checkpoint.checkpoint_dir, step)
+    check_identity(manifest, config.identity(), str(step_dir(config.checkpoint.checkpoint_dir, step)))
+    verify_shards(config.checkpoint.checkpoint_dir, step, manifest)
     return step
 
 
@@ -98,10 +98,10 @@ def check_before_launch(config: RuntimeConfig, clear: bool = True) -> None:
     """Everything about the checkpoint directory that can fail, checked before any worker starts:
     writable, not another run's unless resuming or overwriting (`clear`: remove the old steps),
     and a resumed checkpoint complete, of this run and intact."""
-    if config.checkpoint_dir is None:
+    if config.checkpoint.checkpoint_dir is None:
         return
-    prepare_directory(config.checkpoint_dir, config.resume, config.overwrite, clear)
-    if config.resume:
+    prepare_directory(config.checkpoint.checkpoint_dir, config.checkpoint.resume, config.checkpoint.overwrite, clear)
+    if config.checkpoint.resume:
         check_resumable(config)
 
 
@@ -129,7 +129,7 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
            tokens: Any = None, rendezvous: Rendezvous | None = None) -> LaunchResult:
     """Run `config` to the end on this machine; raises WorkerFailure if any worker fails.
 
-    `tokens`: the WorldTokens of world `config.data_seed` (built here if None and no --data), handed
+    `tokens`: the WorldTokens of world `config.data.data_seed` (built here if None and no --data), handed
     to the workers so that they do not all build the world at once. `rendezvous`: run only this host's
     ranks and meet the other hosts there (None: every rank here, a store on a free localhost port)."""
     started = time.perf_counter()
@@ -143,10 +143,10 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
     # Workers are forks of a server that has imported torch (and its lazily imported optimizer
     # machinery) once; started now, so it imports while the tokens are built.
     context = forkserver_context(FORKSERVER_PRELOAD)
-    if tokens is None and config.data is None:  # built while the fork server imports torch
+    if tokens is None and config.data.data is None:  # built while the fork server imports torch
         from geotrain.data import world_tokens
 
-        tokens = world_tokens(config.data_seed)
+        tokens = world_tokens(config.data.data_seed)
     prefixed = dist.PrefixStore("geotrain/0/", store)
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
         launcher_pid = os.getpid()
@@ -180,7 +180,7 @@ def _watch(processes: list[Any], ranks: tuple[int, ...], store: Any, config: Run
     """Poll until all exit 0 (None) or one fails; then wait (bounded) for the others to exit and
     return (culprit rank, how it ended)."""
     # Peers notice a lost rank within one heartbeat timeout plus a check interval; allow a few more.
-    grace_s = config.heartbeat_timeout_s + 4 * config.heartbeat_interval_s + 2.0
+    grace_s = config.reliability.heartbeat_timeout_s + 4 * config.reliability.heartbeat_interval_s + 2.0
     last_progress = -1
     while True:
         codes = [p.exitcode for p in processes]
@@ -196,7 +196,7 @@ def _watch(processes: list[Any], ranks: tuple[int, ...], store: Any, config: Run
         if progress is not None:
             done = min(_completed_steps(store, rank) for rank in ranks)
             if done != last_progress:
-                progress(done, config.steps)
+                progress(done, config.run.steps)
                 last_progress = done
         time.sleep(poll_s)
 

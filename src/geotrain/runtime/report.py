@@ -194,7 +194,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         if record["stage"] == 0 and record["replica"] == 0:  # activations replica 0 sends out of stage 0
             pp_bytes = int(record.get("pp_bytes", 0))
     virtual = config.stages_per_rank
-    prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.time_scale,
+    prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.emulation.time_scale,
                               virtual_stages=virtual)
 
     def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
@@ -202,10 +202,11 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         for record in step_records:
             compute[record["stage"], record["replica"]] = record["compute_s"]
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
-                                           config.microbatches, config.schedule, time_scale, model, virtual)
+                                           config.schedule.microbatches, config.schedule.schedule, time_scale, model,
+                                           virtual)
                 for model in ITERATION_MODELS}
 
-    periods = emulated_periods_s(by_step, config.time_scale)
+    periods = emulated_periods_s(by_step, config.emulation.time_scale)
     rows = []
     in_sync = True
     for step in sorted(by_step):
@@ -223,10 +224,11 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             dp_measured_s=float(dp_by_stage.max()),
             pp_measured_s=float(_pp_seconds(step_records, stages, replicas).max()),
             dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s,
-            iteration_predicted_s=iteration_predictions(step_records, config.time_scale),
+            iteration_predicted_s=iteration_predictions(step_records, config.emulation.time_scale),
             iteration_emulated_s=periods.get(step),
             iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {},
-            iteration_predicted_links_s=iteration_predictions(step_records, 1.0) if config.time_scale <= 0 else {}))
+            iteration_predicted_links_s=(iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0
+                                         else {})))
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,

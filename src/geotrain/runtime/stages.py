@@ -20,7 +20,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from geotrain.codecs import CODECS
 from geotrain.models import (
     GPTConfig,
     LayerModel,
@@ -34,10 +33,6 @@ from geotrain.models import (
 from geotrain.runtime.pipeline import StageShapes
 
 SPLIT_RULES = ("layers", "params", "time")
-WIRE_DTYPES: dict[str, torch.dtype] = {name: codec.wire_float_dtype for name, codec in CODECS.items()
-                                       if codec.wire_float_dtype is not None}
-"""Activation dtype on the wire per --pp-codec: the codecs whose wire form is a float tensor
-(`Codec.wire_float_dtype`), since torch's pipelining sends the float tensors a stage outputs."""
 
 
 class StageModule(nn.Module):

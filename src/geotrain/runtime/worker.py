@@ -73,15 +73,16 @@ class Worker:
         self.groups = [dist.new_group(self.layout.dp_group_ranks(s)) for s in range(S)]
         pp_groups = [dist.new_group([self.layout.rank_of(s, r) for s in range(S)]) for r in range(R)]
         self.pp_ranks = [self.layout.rank_of(s, self.slot.replica) for s in range(S)]
-        self.data = load_training_data(config.data, config.data_seed, config.val_fraction, world)
+        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
-        model = build_layer_model(config.model_name, MODEL_PRESETS, config.seed, self.data.vocab_size, self.seq_len)
+        model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
+                                  self.seq_len)
         if model.vocab_size is not None and self.data.vocab_size > model.vocab_size:
-            raise RuntimeConfigError(f"model {config.model_name!r}: vocabulary of {model.vocab_size} is smaller "
+            raise RuntimeConfigError(f"model {config.model.model_name!r}: vocabulary of {model.vocab_size} is smaller "
                                      f"than the data's {self.data.vocab_size} ({self.data.source})")
-        self.resume_state = self._load_resume_state() if config.resume else None
+        self.resume_state = self._load_resume_state() if config.checkpoint.resume else None
         self.boundaries = self._boundaries(model)
-        wire = config.wire_dtypes()
+        wire = config.comm.wire_dtypes()
         self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire)
         for module in self.modules.values():
             module.to(device)
@@ -90,12 +91,13 @@ class Worker:
         self.ties = self._tie_groups(stage_ties(model.tied_weights, self.boundaries, model.n_layers))
         scale = config.compute_scale()
         self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device])
-        self.transport = Transport(self.layout, rank, config.time_scale)
-        self.pipeline = Pipeline(config.schedule, self.modules, self.shapes, config.microbatches, lm_loss,
+        self.transport = Transport(self.layout, rank, config.emulation.time_scale)
+        self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
+                                 lm_loss,
                                  pp_groups[self.slot.replica], device, self.timer)
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
-                     if config.dp_hierarchical else None)
+                     if config.comm.dp_hierarchical else None)
         self.dp = stage_gradient_sync(sync_options(config.for_stage(self.slot.stage)), self.stage, self.transport,
                                       self.groups[self.slot.stage], hierarchy, rank, config.replicas)
         self.records: list[dict[str, Any]] = []
@@ -107,10 +109,10 @@ class Worker:
         if self.resume_state is not None and "boundaries" in self.resume_state:
             return tuple(int(b) for b in self.resume_state["boundaries"])
         cfg = self.config
-        options = {"weights": cfg.split_weights(), "plan_boundaries": cfg.split_boundaries}
-        if cfg.split != "time":
-            return stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len, **options)
-        found = [stage_boundaries(model, cfg.pipeline_stages, cfg.split, self.seq_len, **options)
+        options = {"weights": cfg.split_weights(), "plan_boundaries": cfg.schedule.split_boundaries}
+        if cfg.schedule.split != "time":
+            return stage_boundaries(model, cfg.pipeline_stages, cfg.schedule.split, self.seq_len, **options)
+        found = [stage_boundaries(model, cfg.pipeline_stages, cfg.schedule.split, self.seq_len, **options)
                  if self.rank == 0 else None]
         dist.broadcast_object_list(found, src=0)
         return tuple(found[0])
@@ -135,7 +137,7 @@ class Worker:
                 all_reduce_tied_gradients(self.modules[virtual_stage].layers, virtual_stage, [tie], group)
 
     def _autocast(self) -> Any:
-        if self.config.precision == "bf16":
+        if self.config.run.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -143,7 +145,8 @@ class Worker:
         cfg = self.config
         if not (self.pipeline.has_first or self.pipeline.has_last):
             return None, None
-        x, y = self.data.batch(cfg.data_seed, step, self.slot.replica, cfg.replicas, cfg.batch_size, self.seq_len)
+        x, y = self.data.batch(cfg.data.data_seed, step, self.slot.replica, cfg.replicas, cfg.schedule.batch_size,
+                               self.seq_len)
         return x.to(self.device), y.to(self.device)
 
     def train_step(self, step: int) -> dict[str, Any]:
@@ -152,7 +155,7 @@ class Worker:
         self.timer.seconds = 0.0
         mark = self.transport.step_mark(self.emulation)
         inputs, targets = self._batch(step)
-        self.dp.set_lr(lr_at(step, cfg.steps, cfg.lr))
+        self.dp.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
         self.dp.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self.pipeline.step(inputs, targets)
@@ -176,18 +179,19 @@ class Worker:
         last = self.config.pipeline_stages - 1
         per_micro = sum(int(np.prod(self.shapes[v].output_shape)) * self.shapes[v].output_dtype.itemsize
                         for v in self.modules if v != last)
-        return per_micro * self.config.microbatches
+        return per_micro * self.config.schedule.microbatches
 
     def evaluate(self) -> float | None:
         """Mean validation loss (nats) over at most eval_windows held-out windows, shared out by replica
         and run through the pipeline without gradients; known on the last stage's ranks, else None."""
         cfg = self.config
-        starts = validation_starts(len(self.data.val), self.seq_len, cfg.eval_windows)[self.slot.replica::cfg.replicas]
+        windows = validation_starts(len(self.data.val), self.seq_len, cfg.data.eval_windows)
+        starts = windows[self.slot.replica::cfg.replicas]
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         self.stage.eval()
         try:
-            for i in range(0, len(starts), cfg.batch_size):
-                offsets = starts[i:i + cfg.batch_size, None] + np.arange(self.seq_len + 1)
+            for i in range(0, len(starts), cfg.schedule.batch_size):
+                offsets = starts[i:i + cfg.schedule.batch_size, None] + np.arange(self.seq_len + 1)
                 windows = torch.from_numpy(np.asarray(self.data.val)[offsets].astype(np.int64)).to(self.device)
                 with self._autocast():
                     logits = pipeline_forward(self.modules, self.shapes, self.slot.stage, self.pp_ranks,
@@ -207,19 +211,19 @@ class Worker:
         state = {"slot": self.slot_header(), "stage": self.stage.state_dict(), "boundaries": list(self.boundaries),
                  "dp": self.dp.state_dict(),
                  "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
-        ckpt.save_shard(cfg.checkpoint_dir, completed, self.rank, state)
+        ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state)
         dist.barrier()
         if self.rank == 0:
-            ckpt.write_manifest(cfg.checkpoint_dir, completed, cfg.identity(), cfg.world_size)
+            ckpt.write_manifest(cfg.checkpoint.checkpoint_dir, completed, cfg.identity(), cfg.world_size)
 
     def _load_resume_state(self) -> dict[str, Any]:
         cfg = self.config
-        step = ckpt.latest_step(cfg.checkpoint_dir)
+        step = ckpt.latest_step(cfg.checkpoint.checkpoint_dir)
         if step is None:
-            raise ckpt.CheckpointError(f"{cfg.checkpoint_dir}: no complete checkpoint to resume from")
-        manifest = ckpt.read_manifest(cfg.checkpoint_dir, step)
-        ckpt.check_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint_dir, step)))
-        state = ckpt.load_shard(cfg.checkpoint_dir, step, self.rank, manifest, self.slot_header())
+            raise ckpt.CheckpointError(f"{cfg.checkpoint.checkpoint_dir}: no complete checkpoint to resume from")
+        manifest = ckpt.read_manifest(cfg.checkpoint.checkpoint_dir, step)
+        ckpt.check_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint.checkpoint_dir, step)))
+        state = ckpt.load_shard(cfg.checkpoint.checkpoint_dir, step, self.rank, manifest, self.slot_header())
         state["_step"] = step
         return state
 
@@ -236,10 +240,12 @@ class Worker:
             self.start_step = int(state["completed"])
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            raise ckpt.CheckpointError(f"{ckpt.shard_path(cfg.checkpoint_dir, step, self.rank)}: does not fit "
+            shard = ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)
+            raise ckpt.CheckpointError(f"{shard}: does not fit "
                                        f"this run's {self.layout.describe(self.rank)}: {first}") from None
         if self.start_step != step:
-            raise ckpt.CheckpointError(f"{ckpt.shard_path(cfg.checkpoint_dir, step, self.rank)}: completed is "
+            shard = ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)
+            raise ckpt.CheckpointError(f"{shard}: completed is "
                                        f"{self.start_step}, its directory says {step}")
         self.resume_state = None
 
@@ -252,18 +258,19 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
            emulation: Emulation | None, world: WorldTokens | None) -> list[dict[str, Any]] | None:
     worker = Worker(config, rank, device, emulation, world)
     worker_box.append(worker)
-    if config.resume:
+    if config.checkpoint.resume:
         worker.restore()
     watchdog.publish_step(worker.start_step)
-    end = config.steps if config.stop_after is None else min(config.steps, worker.start_step + config.stop_after)
+    run, data, checkpoint = config.run, config.data, config.checkpoint
+    end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
     for step in range(worker.start_step, end):
         record = worker.train_step(step)
-        if config.eval_every and ((step + 1) % config.eval_every == 0 or step + 1 == config.steps):
+        if data.eval_every and ((step + 1) % data.eval_every == 0 or step + 1 == run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         watchdog.publish_step(step + 1)
-        due = config.checkpoint_every and (step + 1) % config.checkpoint_every == 0
-        if config.checkpoint_dir and (due or step + 1 == end):
+        due = checkpoint.checkpoint_every and (step + 1) % checkpoint.checkpoint_every == 0
+        if checkpoint.checkpoint_dir and (due or step + 1 == end):
             worker.save(step + 1)
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
@@ -272,32 +279,35 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
 
 def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[dict[str, Any]] | None:
     """Run this process's rank (from the env:// variables) to the end. `world`: the synthetic world
-    `config.data_seed` if the caller has it and no --data is given (else built here). Returns every rank's per-step
-    records on rank 0, None elsewhere. A lost peer or store ends the process (exit 3) via the watchdog;
+    `config.data.data_seed` if the caller has it and no --data is given (else built here). Returns every rank's
+    per-step records on rank 0, None elsewhere. A lost peer or store ends the process (exit 3) via the watchdog;
     a GeotrainError of its own posts an abort notice and is re-raised; any other error first gives the
     watchdog one heartbeat timeout to name a lost peer, then posts the error and exits with status 1."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world_size != config.world_size:
         raise RuntimeConfigError(f"the plan has {config.stages} stages x {config.replicas} replicas = "
                                  f"{config.world_size} workers, but WORLD_SIZE is {world_size}")
-    torch.set_num_threads(config.threads)
-    device = resolve_device(config.device, int(os.environ.get("LOCAL_RANK", rank)))
+    torch.set_num_threads(config.run.threads)
+    device = resolve_device(config.run.device, int(os.environ.get("LOCAL_RANK", rank)))
     if device.type == "cuda":
-        if config.time_scale > 0:
-            raise RuntimeConfigError(f"device {config.device}: CUDA found, but link emulation runs on CPU (gloo) "
-                                     f"only; pass --time-scale 0 (time_scale is {config.time_scale!r}) or --device cpu")
+        if config.emulation.time_scale > 0:
+            raise RuntimeConfigError(f"device {config.run.device}: CUDA found, but link emulation runs on CPU (gloo) "
+                                     f"only; pass --time-scale 0 (time_scale is {config.emulation.time_scale!r}) or "
+                                     "--device cpu")
         torch.cuda.set_device(device)
         emulation = None
     else:
-        emulation = use_emulated_links(config.cluster, config.layout, config.time_scale, config.compute_clock,
+        emulation = use_emulated_links(config.cluster, config.layout, config.emulation.time_scale,
+                                       config.emulation.compute_clock,
                                        config.compute_scale())
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=config.comm_timeout_s))
+                            world_size=world_size, timeout=timedelta(seconds=config.reliability.comm_timeout_s))
     layout = config.layout
-    watchdog = Watchdog(_store_client(config.heartbeat_timeout_s), _store_client(config.heartbeat_timeout_s),
+    reliability = config.reliability
+    watchdog = Watchdog(_store_client(reliability.heartbeat_timeout_s), _store_client(reliability.heartbeat_timeout_s),
                         rank, world_size,
                         lambda r: layout.describe(r, config.cluster.device_names),
-                        config.heartbeat_interval_s, config.heartbeat_timeout_s)
+                        reliability.heartbeat_interval_s, reliability.heartbeat_timeout_s)
     watchdog.start()
     worker_box: list[Worker] = []
     try:
@@ -311,9 +321,9 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
             raise
         # Most likely a peer died and gloo noticed first: give the watchdog the time it needs to name
         # the lost rank (it exits this process itself); only then blame ourselves.
-        deadline = time.monotonic() + config.heartbeat_timeout_s + 4 * config.heartbeat_interval_s
+        deadline = time.monotonic() + reliability.heartbeat_timeout_s + 4 * reliability.heartbeat_interval_s
         while time.monotonic() < deadline:
-            time.sleep(config.heartbeat_interval_s)
+            time.sleep(reliability.heartbeat_interval_s)
         watchdog.post_abort(message)
         print(f"geotrain worker: {message}", file=sys.stderr, flush=True)
         os._exit(EXIT_WORKER_ERROR)

@@ -1,0 +1,82 @@
+"""Command-line flags generated from the config sections (geotrain.runtime.sections): one flag per
+setting, its help and default read from the field, so each default is written once.
+
+    add_config_flags(parser)              # --steps, --dp-codec, --no-error-feedback, ...
+    given = flag_settings(args)           # {section: {key: value}} of the flags actually given
+    words = config_argv(config.sections())  # the flags that reproduce non-default settings
+
+Flags default to "not given" (argparse.SUPPRESS), so a flag overrides a --config file only when it
+is on the command line; the help shows the field's default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from dataclasses import MISSING, Field, fields
+from typing import Any
+
+from geotrain.codecs import CodecSpec
+from geotrain.runtime.config import section_types
+from geotrain.runtime.sections import NO_FLAG, Section
+
+
+def flag_of(f: Field) -> str | None:
+    """The flag of a setting (None: not on the command line)."""
+    if f.metadata.get("internal") or f.metadata.get("flag") == NO_FLAG:
+        return None
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _value_type(section: type[Section], f: Field) -> type:
+    """The flag's argparse type: the field's type without None (codec specs as text)."""
+    kind = typing.get_type_hints(section)[f.name]
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        kind = next(a for a in typing.get_args(kind) if a is not type(None))
+    return str if kind is CodecSpec else kind
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting of every section, in section order."""
+    for section in section_types():
+        group = parser.add_argument_group(f"[{section.SECTION}] settings", (section.__doc__ or "").strip())
+        for f in fields(section):
+            flag = flag_of(f)
+            if flag is None:
+                continue
+            default = f.default if f.default is not MISSING else None
+            shown = str(default) if isinstance(default, CodecSpec) else default
+            help_text = f"{f.metadata['help']} (default: {shown})".replace("%", "%%")
+            kind = _value_type(section, f)
+            options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
+            if kind is bool:
+                options["action"] = "store_false" if default else "store_true"
+            else:
+                options["type"] = kind
+                for key in ("metavar", "choices"):
+                    if f.metadata.get(key) is not None:
+                        options[key] = f.metadata[key]
+            group.add_argument(flag, **options)
+
+
+def flag_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """{section: {key: value}} of the config flags given on the command line."""
+    given: dict[str, dict[str, Any]] = {}
+    for section in section_types():
+        for f in fields(section):
+            if flag_of(f) is not None and hasattr(args, f.name):
+                given.setdefault(section.SECTION, {})[f.name] = getattr(args, f.name)
+    return given
+
+
+def config_argv(sections: dict[str, Section]) -> list[str]:
+    """The flags that set every flag-settable value of `sections` that differs from its default."""
+    words: list[str] = []
+    for section in sections.values():
+        for f in fields(section):
+            flag, value = flag_of(f), getattr(section, f.name)
+            if flag is None or value == f.default:
+                continue
+            words += [flag] if isinstance(value, bool) else [flag, str(value)]
+    return words
