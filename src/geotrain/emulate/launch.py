@@ -97,4 +97,4 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         if config.report_path is not None:
             report = merge_report(parts, cluster, device_list, config.time_scale)
             config.report_path.write_text(json.dumps(report, indent=1))
-    return LaunchResult(verdict, report)
+    return LaunchResult(verdict, report, verdict.wall_s)

@@ -92,11 +92,12 @@ class Verdict:
 
 @dataclass(frozen=True)
 class LaunchResult:
-    """A finished launch: the supervisor's verdict and what the launcher made of the run (a report,
-    None where there is none)."""
+    """A finished launch: the supervisor's verdict, what the launcher made of the run (a report, None
+    where there is none) and the launcher's wall seconds (preparation included)."""
 
     verdict: Verdict
-    report: Any = None
+    report: Any
+    wall_s: float
 
     @property
     def exit_code(self) -> int:
@@ -113,10 +114,6 @@ class LaunchResult:
     @property
     def pids(self) -> tuple[int, ...]:
         return self.verdict.pids
-
-    @property
-    def wall_s(self) -> float:
-        return self.verdict.wall_s
 
 
 def exit_code_of(returncode: int) -> int:
@@ -141,33 +138,50 @@ def _run_target(launcher_pid: int, target: Callable[..., Any], args: tuple[Any, 
     target(*args)
 
 
-def spawn(command: Command, launcher_pid: int | None = None) -> subprocess.Popen:
-    """Start `command` as a supervised rank would be started (own session, dies with this process);
-    for the few programs a launcher runs outside a supervisor (e.g. a lab's link probe)."""
+def spawn(command: Command, launcher_pid: int | None = None, **popen_kwargs: Any) -> subprocess.Popen:
+    """Start `command` as a supervised rank is started (own session, dies with this process); also
+    for the few helper programs a launcher runs outside a supervisor (e.g. a lab's link probe, with
+    `popen_kwargs` such as stdout=PIPE). Stop it with `stop_tree`."""
     launcher_pid = os.getpid() if launcher_pid is None else launcher_pid
     log = None if command.log is None else open(command.log, "wb")  # noqa: SIM115 - closed below
+    streams = {"stdout": log, "stderr": None if log is None else subprocess.STDOUT}
     try:
         return subprocess.Popen(list(command.argv), env=None if command.env is None else dict(command.env),
-                                start_new_session=True, stdout=log, stderr=None if log is None else subprocess.STDOUT,
-                                preexec_fn=lambda: _preexec(launcher_pid, command.preexec))
+                                start_new_session=True, preexec_fn=lambda: _preexec(launcher_pid, command.preexec),
+                                **{**streams, **popen_kwargs})
     finally:
         if log is not None:
             log.close()
 
 
+def stop_tree(process: subprocess.Popen, term_s: float = 2.0) -> int:
+    """SIGTERM the process group of a `spawn`ed process, SIGKILL it `term_s` later, reap the
+    process; returns its return code."""
+    rank = _Rank.of(process)
+    rank.stop(term_s)
+    return process.wait()
+
+
 class _Rank:
     """One started rank: a Popen or a multiprocessing Process behind one small interface."""
 
-    def __init__(self, spec: Command | Target, launcher_pid: int) -> None:
+    def __init__(self, process: Any, is_popen: bool) -> None:
+        self.process = process
+        self.is_popen = is_popen
+        self.pid: int = process.pid
+
+    @classmethod
+    def start(cls, spec: Command | Target, launcher_pid: int) -> _Rank:
         if isinstance(spec, Command):
-            self.process: Any = spawn(spec, launcher_pid)
-            self.is_popen = True
-        else:
-            self.process = spec.context.Process(target=_run_target, args=(launcher_pid, spec.target, spec.args),
-                                                name=spec.name, daemon=spec.daemon)
-            self.process.start()
-            self.is_popen = False
-        self.pid: int = self.process.pid
+            return cls(spawn(spec, launcher_pid), True)
+        process = spec.context.Process(target=_run_target, args=(launcher_pid, spec.target, spec.args),
+                                       name=spec.name, daemon=spec.daemon)
+        process.start()
+        return cls(process, False)
+
+    @classmethod
+    def of(cls, process: subprocess.Popen) -> _Rank:
+        return cls(process, True)
 
     def poll(self) -> int | None:
         return self.process.poll() if self.is_popen else self.process.exitcode
@@ -193,6 +207,26 @@ class _Rank:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def stop(self, term_s: float) -> None:
+        """SIGTERM the tree, SIGKILL it `term_s` later (0: at once), and reap the rank."""
+        _stop_all([self], term_s)
+
+
+def _stop_all(ranks: Sequence[_Rank], term_s: float) -> None:
+    """SIGTERM the trees of `ranks` that run, SIGKILL every tree `term_s` later (also of ranks that
+    ended: their children may live on), and reap the ranks."""
+    if term_s > 0:
+        live = [rank for rank in ranks if rank.poll() is None]
+        for rank in live:
+            rank.signal_tree(signal.SIGTERM)
+        deadline = time.monotonic() + term_s
+        for rank in live:
+            rank.wait(max(0.0, deadline - time.monotonic()))
+    for rank in ranks:
+        rank.signal_tree(signal.SIGKILL)
+    for rank in ranks:
+        rank.wait(10.0)
 
 
 class Supervisor:
@@ -235,7 +269,7 @@ class Supervisor:
         return self
 
     def _start_one(self, spec: Command | Target) -> _Rank:
-        rank = _Rank(spec, self._launcher_pid)
+        rank = _Rank.start(spec, self._launcher_pid)
         if self._guardian is not None:
             self._guardian.tell("group", str(rank.pid))
         return rank
@@ -292,18 +326,7 @@ class Supervisor:
         """SIGTERM the trees of `ranks` (default: all), SIGKILL them `term_s` later (default: the
         supervisor's), and reap the ranks."""
         chosen = [self._ranks[r] for r in (range(len(self._ranks)) if ranks is None else ranks)]
-        term_s = self.term_s if term_s is None else term_s
-        if term_s > 0:
-            live = [rank for rank in chosen if rank.poll() is None]
-            for rank in live:
-                rank.signal_tree(signal.SIGTERM)
-            deadline = time.monotonic() + term_s
-            for rank in live:
-                rank.wait(max(0.0, deadline - time.monotonic()))
-        for rank in chosen:  # also the trees of ranks that ended: their children may live on
-            rank.signal_tree(signal.SIGKILL)
-        for rank in chosen:
-            rank.wait(10.0)
+        _stop_all(chosen, self.term_s if term_s is None else term_s)
 
     def restart(self, ranks: Sequence[int]) -> None:
         """Stop the trees of `ranks` (a rank or a group of ranks) and start them again from their specs."""
