@@ -125,7 +125,9 @@ def _collect(supervisor: Supervisor, results_queue: Any, deadline: float, timeou
         if silent or errors:
             parts = [f"worker rank {rank} died without reporting ({describe_exit(code)})" for rank, code in silent]
             parts += [f"worker rank {rank} raised" for rank, _ in errors]
-            detail = f"\n--- traceback of rank {errors[0][0]} ---\n{errors[0][1]}" if errors else ""
+            # A rank that died silently is the cause; the others' errors (a lost peer) are its
+            # consequence: their tracebacks would only bury the one line that matters.
+            detail = f"\n--- traceback of rank {errors[0][0]} ---\n{errors[0][1]}" if errors and not silent else ""
             raise WorkerFailure(f"{'; '.join(parts)} (world size {world_size}); all workers stopped{detail}")
         if time.monotonic() >= deadline and len(results) < world_size:
             missing = sorted(set(range(world_size)) - set(results))

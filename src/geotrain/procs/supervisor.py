@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -131,11 +132,19 @@ def _preexec(launcher_pid: int, extra: Callable[[], None] | None) -> None:
         extra()
 
 
-def _run_target(launcher_pid: int, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """The entry of a `Target` rank: its own session, dying with the launcher, then the target."""
+EXIT_INTERRUPTED = 130
+
+
+def _run_target(launcher_pid: int, name: str, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """The entry of a `Target` rank: its own session, dying with the launcher, then the target; a
+    SIGINT sent to the rank alone ends it with one line and status 130 (not a traceback)."""
     os.setsid()
     die_with_parent(launcher_pid)  # the parent may be a fork server: watch the launcher too
-    target(*args)
+    try:
+        target(*args)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def spawn(command: Command, launcher_pid: int | None = None, **popen_kwargs: Any) -> subprocess.Popen:
@@ -174,7 +183,7 @@ class _Rank:
     def start(cls, spec: Command | Target, launcher_pid: int) -> _Rank:
         if isinstance(spec, Command):
             return cls(spawn(spec, launcher_pid), True)
-        process = spec.context.Process(target=_run_target, args=(launcher_pid, spec.target, spec.args),
+        process = spec.context.Process(target=_run_target, args=(launcher_pid, spec.name, spec.target, spec.args),
                                        name=spec.name, daemon=spec.daemon)
         process.start()
         return cls(process, False)
