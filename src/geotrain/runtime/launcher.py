@@ -34,7 +34,7 @@ from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest
                                          read_manifest, step_dir, verify_shards)
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.hosts import Rendezvous
-from geotrain.runtime.report import RunReport, build_report
+from geotrain.runtime.report import build_report
 
 ProgressCallback = Callable[[int, int], None]
 RECORDS = "records.json"
