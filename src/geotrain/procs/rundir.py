@@ -22,9 +22,13 @@ from pathlib import Path
 from geotrain.procs.lifeline import pid_alive
 
 RUNS_DIR = "geotrain-runs"
+RUN_DIR_ENV = "GEOTRAIN_RUN_DIR"
 # multiprocessing removes its pymp-* folder with a finalizer of this priority at exit; ours, made
 # earlier with the same priority, runs after it (equal priorities run newest first).
 _FINALIZER_PRIORITY = -100
+# multiprocessing's fork-server socket is <temp>/pymp-XXXXXXXX/listener-XXXXXXXX and a Unix socket
+# path has at most 107 bytes: with a longer run directory, only the inductor cache moves into it.
+_MAX_TEMP_PATH = 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX") - 8
 
 
 def sweep_stale_run_dirs(root: Path) -> list[Path]:
@@ -52,8 +56,9 @@ def _remove(path: Path) -> None:
 
 def current_run_dir() -> Path | None:
     """This process's run directory while `run_directory` is active, else None."""
-    path = Path(tempfile.gettempdir())
-    return path if path.parent.name == RUNS_DIR and path.name.startswith(f"{os.getpid()}-") else None
+    value = os.environ.get(RUN_DIR_ENV)
+    path = None if value is None else Path(value)
+    return path if path is not None and path.name.startswith(f"{os.getpid()}-") else None
 
 
 @contextmanager
@@ -66,11 +71,13 @@ def run_directory(base: Path | None = None) -> Iterator[Path]:
     sweep_stale_run_dirs(root)
     path = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
     mp_util.Finalize(None, _remove, args=(path,), exitpriority=_FINALIZER_PRIORITY)
-    saved = {key: os.environ.get(key) for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    saved = {key: os.environ.get(key) for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", RUN_DIR_ENV)}
     saved_tempdir = tempfile.tempdir
-    os.environ["TMPDIR"] = str(path)
+    os.environ[RUN_DIR_ENV] = str(path)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path / "torchinductor")
-    tempfile.tempdir = str(path)
+    if len(str(path)) <= _MAX_TEMP_PATH:  # else the fork server's socket path would be too long
+        os.environ["TMPDIR"] = str(path)
+        tempfile.tempdir = str(path)
     try:
         yield path
     finally:
