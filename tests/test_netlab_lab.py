@@ -20,6 +20,7 @@ from geotrain.netlab import NetLab, run_script, sweep_stale_labs
 from geotrain.netlab.linkcheck import measure_messages_s, measure_stream
 from geotrain.netlab.names import NETNS_DIR
 from geotrain.netlab.processes import pids_in_namespace
+from proctree import cmdline, descendants
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"),
@@ -143,11 +144,30 @@ def test_ctrl_c_and_sigterm_tear_the_lab_down(tmp_path, sig, code):
     assert process_gone(worker)
 
 
-def test_a_sigkilled_owner_leaves_namespaces_that_down_all_removes(tmp_path, capsys):
+def kill_owner_and_guardians(owner: subprocess.Popen) -> None:
+    """SIGKILL the owner's guardians (geotrain.procs.guardian), then the owner: nobody can clean up."""
+    for pid in descendants(owner.pid):
+        if "guardian.py" in cmdline(pid):
+            os.kill(pid, signal.SIGKILL)
+    owner.kill()
+    owner.wait(timeout=30)
+
+
+def test_a_sigkilled_owner_leaves_nothing_its_guardian_cleans_up(tmp_path):
     owner, prefix, worker = start_owner(tmp_path)
     owner.kill()
     owner.wait(timeout=30)
     assert process_gone(worker)  # PR_SET_PDEATHSIG: workers die with their owner
+    deadline = time.monotonic() + 60
+    while namespaces_of(prefix) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert namespaces_of(prefix) == []  # the guardian ran `netlab down --all`
+
+
+def test_an_owner_killed_with_its_guardian_leaves_namespaces_that_down_all_removes(tmp_path, capsys):
+    owner, prefix, worker = start_owner(tmp_path)
+    kill_owner_and_guardians(owner)
+    assert process_gone(worker)
     assert len(namespaces_of(prefix)) == 3  # nobody could clean up...
     assert main(["netlab", "list"]) == 0
     assert f"{prefix}" in (listed := capsys.readouterr().out) and "no (stale)" in listed
@@ -158,8 +178,7 @@ def test_a_sigkilled_owner_leaves_namespaces_that_down_all_removes(tmp_path, cap
 
 def test_the_next_lab_sweeps_the_leftovers_of_a_sigkilled_one(tmp_path):
     owner, prefix, _ = start_owner(tmp_path)
-    owner.kill()
-    owner.wait(timeout=30)
+    kill_owner_and_guardians(owner)
     leftovers = namespaces_of(prefix)
     assert len(leftovers) == 3
     with NetLab(CLUSTER, [0, 1]) as lab:

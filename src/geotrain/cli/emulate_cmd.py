@@ -5,7 +5,7 @@
 
 Rank i emulates devices[i]; with --plan, rank s*R + r emulates assignment[s][r]. The script's
 `dist.init_process_group("gloo")` (or with no backend) gets the emulating backend. Exit code: the worst
-rank's (124 on --timeout).
+rank's (124 on --timeout, 900 s by default).
 """
 
 from __future__ import annotations
@@ -15,8 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from geotrain.cli.arg_types import positive_float
 from geotrain.cluster import load_cluster
 from geotrain.cli.device_args import rank_devices
+
+DEFAULT_TIMEOUT_S = 900.0
 
 
 def register(subparsers: Any) -> None:
@@ -33,7 +36,9 @@ def register(subparsers: Any) -> None:
                         help="every device's uplink in Gbit/s, shared by its concurrent sends (default: the cluster "
                              "file's nic_gbps, unlimited where none is given)")
     parser.add_argument("--report", metavar="FILE.json", help="write every transfer and collective as JSON")
-    parser.add_argument("--timeout", type=float, default=None, metavar="SEC", help="kill all ranks after SEC")
+    parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SEC",
+                        help="stop all ranks (SIGTERM, then SIGKILL) after SEC wall seconds and exit 124; the "
+                             "default bounds a hung rank well below gloo's own 30-minute collective timeout")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT.py [ARGS...] (or the module's ARGS)")
     parser.set_defaults(handler=run)
@@ -66,6 +71,8 @@ def run(args: Any) -> int:
     result = launch(cluster, devices, config)
     status = "timed out" if result.timed_out else f"exit codes {list(result.rank_codes)}"
     line = f"geotrain emulate: {len(devices)} ranks on {cluster.name}, {status}"
+    if not result.verdict.ok:
+        line += f" ({result.verdict.message})"
     if result.report is not None:
         summary = result.report["summary"]
         line += (f"; {summary['transfers']} transfers, {summary['bytes'] / 1e6:.3f} MB "

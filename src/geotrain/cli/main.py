@@ -37,6 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `geotrain` program; as a program (argv None) every temporary file goes under one run
+    directory that is removed at exit (geotrain.procs.rundir)."""
+    if argv is None:
+        from geotrain.procs.rundir import run_directory
+
+        with run_directory():
+            return _main(None)
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -32,7 +32,7 @@ a one-group reducer: write `factory(params, context) -> reducer` and add one `Re
 from geotrain.comm.clip import clip_grad_norm_
 from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.collectives import Collective, SimulatedCollective, TorchCollective
-from geotrain.comm.launch import reap_processes, run_workers, start_processes
+from geotrain.comm.launch import run_workers
 from geotrain.comm.ledger import CommLedger, intercept_torch_collectives, tensor_bytes, wire_bytes
 from geotrain.comm.onebit import OneBitMomentumReducer
 from geotrain.comm.onebit_layout import OneBitLayout
@@ -69,10 +69,8 @@ __all__ = [
     "compressed_rank",
     "get_reducer",
     "intercept_torch_collectives",
-    "reap_processes",
     "reducer_traits",
     "run_workers",
-    "start_processes",
     "tensor_bytes",
     "wire_bytes",
 ]

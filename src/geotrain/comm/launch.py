@@ -1,10 +1,8 @@
-"""The one process launcher: start worker processes, collect them, reap them; and `run_workers`.
+"""`run_workers`: run a function on N gloo ranks in this machine's processes and collect its results.
 
-The core, shared with the runtime's launcher (geotrain.runtime.launcher, which adds the rendezvous
-store, checkpoints and the report): `start_processes` starts one process per rank from a context (a
-fork server that has imported torch: starts are cheap), each told the launcher's pid so that it dies
-with it (geotrain.procs); `reap_processes` SIGKILLs whoever is left and joins them all (no orphans,
-no zombies). Both raise or report one `WorkerFailure` (geotrain.procs).
+The processes are started and stopped by the one supervisor (geotrain.procs.Supervisor) from a fork
+server that has imported torch (starts are cheap); each dies with the launcher. Failures raise one
+`WorkerFailure` (geotrain.procs).
 
     results = run_workers(train_fn, world_size=4, args=(config,), timeout_s=120)
 
@@ -28,14 +26,14 @@ import os
 import pickle
 import queue as queue_module
 import shutil
-import signal
 import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkserver_context
+from geotrain.procs import Supervisor, Target, WorkerFailure, describe_exit, forkserver_context
 
 
 _POLL_S = 0.1
@@ -47,39 +45,8 @@ the first server of a process, so both launchers give the same one: whichever st
 other's workers do not pay seconds of imports each (DDP's constructor alone imports torch._dynamo)."""
 
 
-def start_processes(context: Any, target: Callable[..., Any], ranks: Sequence[int],
-                    args_of_rank: Callable[[int], tuple[Any, ...]], name: str, daemon: bool = False) -> list[Any]:
-    """Start `target(*args_of_rank(rank))` in one process of `context` per rank of `ranks` (this host's;
-    `range(world_size)` on one machine), named f"{name}-{rank}"
-    (`daemon`: multiprocessing's flag; a daemon cannot start processes of its own). If a start fails,
-    the processes already started are reaped before the error propagates."""
-    processes = [context.Process(target=target, args=args_of_rank(rank), name=f"{name}-{rank}", daemon=daemon)
-                 for rank in ranks]
-    try:
-        for process in processes:
-            process.start()
-    except BaseException:
-        reap_processes(processes)
-        raise
-    return processes
-
-
-def reap_processes(processes: Sequence[Any], join_timeout_s: float = 10.0) -> None:
-    """SIGKILL every live process and join them all (no orphans, no zombies)."""
-    for process in processes:
-        if process.pid is not None and process.exitcode is None:
-            try:
-                os.kill(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    for process in processes:
-        if process.pid is not None:
-            process.join(timeout=join_timeout_s)
-
-
 def _worker_entry(fn: Callable[..., Any], rank: int, world_size: int, store_path: str, backend: str,
-                  collective_timeout_s: float, args: Sequence[Any], results: Any, launcher_pid: int) -> None:
-    die_with_parent(launcher_pid)  # its parent is the fork server: watch the launcher too
+                  collective_timeout_s: float, args: Sequence[Any], results: Any) -> None:
     import torch
     import torch.distributed as dist
 
@@ -120,29 +87,27 @@ def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (
         context = multiprocessing.get_context(start_method)
     store_dir = tempfile.mkdtemp(prefix="geotrain-pg-")
     results_queue = context.Queue()
-    launcher_pid = os.getpid()
     deadline = time.monotonic() + timeout_s
-    processes: list[Any] = []
+    specs = [Target(context, _worker_entry, (fn, rank, world_size, os.path.join(store_dir, "store"), backend,
+                                             float(collective_timeout_s or timeout_s), tuple(args), results_queue),
+                    f"geotrain-worker-{rank}", daemon=True) for rank in range(world_size)]
     try:
-        processes = start_processes(
-            context, _worker_entry, range(world_size),
-            lambda rank: (fn, rank, world_size, os.path.join(store_dir, "store"), backend,
-                          float(collective_timeout_s or timeout_s), tuple(args), results_queue, launcher_pid),
-            "geotrain-worker", daemon=True)
-        return _collect(processes, results_queue, deadline, timeout_s)
+        # term_s=0: on a failure every other worker is SIGKILLed at once (they hold no state worth saving).
+        with Supervisor(specs, term_s=0.0, cleanup_paths=[Path(store_dir)]) as supervisor:
+            return _collect(supervisor, results_queue, deadline, timeout_s)
     finally:
-        reap_processes(processes)
         results_queue.close()
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
-def _collect(processes: list[Any], results_queue: Any, deadline: float, timeout_s: float) -> list[Any]:
-    world_size = len(processes)
+def _collect(supervisor: Supervisor, results_queue: Any, deadline: float, timeout_s: float) -> list[Any]:
+    world_size = supervisor.world_size
     results: dict[int, Any] = {}
     while len(results) < world_size:
         message = _next_message(results_queue, deadline)
         messages = [message] if message is not None else []
-        dead = [rank for rank, p in enumerate(processes) if rank not in results and p.exitcode is not None]
+        codes = supervisor.poll()
+        dead = [rank for rank, code in enumerate(codes) if rank not in results and code is not None]
         if dead or any(status == "error" for _, status, _ in messages):
             # Let the other workers' reports arrive: a worker that dies makes its peers raise too,
             # and the message should name the root cause (the dead one) first.
@@ -155,12 +120,14 @@ def _collect(processes: list[Any], results_queue: Any, deadline: float, timeout_
             else:
                 results[rank] = pickle.loads(value)
         reported = set(results) | {rank for rank, _ in errors}
-        silent = [(rank, processes[rank].exitcode) for rank in range(world_size)
-                  if rank not in reported and processes[rank].exitcode is not None]
+        codes = supervisor.poll()
+        silent = [(rank, codes[rank]) for rank in range(world_size) if rank not in reported and codes[rank] is not None]
         if silent or errors:
             parts = [f"worker rank {rank} died without reporting ({describe_exit(code)})" for rank, code in silent]
             parts += [f"worker rank {rank} raised" for rank, _ in errors]
-            detail = f"\n--- traceback of rank {errors[0][0]} ---\n{errors[0][1]}" if errors else ""
+            # A rank that died silently is the cause; the others' errors (a lost peer) are its
+            # consequence: their tracebacks would only bury the one line that matters.
+            detail = f"\n--- traceback of rank {errors[0][0]} ---\n{errors[0][1]}" if errors and not silent else ""
             raise WorkerFailure(f"{'; '.join(parts)} (world size {world_size}); all workers stopped{detail}")
         if time.monotonic() >= deadline and len(results) < world_size:
             missing = sorted(set(range(world_size)) - set(results))

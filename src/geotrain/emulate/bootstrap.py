@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -20,6 +21,14 @@ from geotrain.emulate.install import install
 from geotrain.procs import die_with_parent
 
 CONFIG_ENV = "GEOTRAIN_EMULATE_CONFIG"
+EXIT_PEER_LOST = 3
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
+
+
+def _lost_a_peer(exc: BaseException) -> bool:
+    """True for the errors gloo raises in a rank whose peer died (its socket closed)."""
+    text = str(exc)
+    return any(marker in text for marker in _PEER_LOST)
 
 
 def main(argv: list[str]) -> None:
@@ -40,6 +49,13 @@ def main(argv: list[str]) -> None:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, int | None):
             print(stop.code, file=sys.stderr)
+    except Exception as exc:
+        if not _lost_a_peer(exc):
+            raise  # the script's own error: its traceback is what its author needs
+        # Another rank died (the launcher names it): one line here, not a traceback per survivor.
+        first = re.sub(r"^\[[^\]]*\]\s*", "", (str(exc).strip().splitlines() or [""])[0]).split(". ")[0][:200]
+        print(f"geotrain emulate rank {os.environ.get('RANK', '?')}: lost a peer: {first}", file=sys.stderr)
+        code = EXIT_PEER_LOST
     # The script is done: run its exit handlers (our report among them), then leave without the
     # interpreter's teardown, where destroying gloo's threads out of order has aborted a rank
     # ("terminate called without an active exception", exit 134) after a successful run.

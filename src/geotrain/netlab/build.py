@@ -38,10 +38,14 @@ def check_can_build() -> None:
 
 def build_lab(topology: LabTopology, created: list[str]) -> bool:
     """Build `topology`; returns whether latency is shaped (netem present). Appends every namespace
-    to `created` as soon as it exists."""
+    to `created` as soon as it may exist."""
     for name in topology.namespaces:
-        netns.create(name)
+        if os.path.exists(os.path.join(NETNS_DIR, name)):
+            raise FileExistsError(errno.EEXIST, "netlab: namespace exists already (not this lab's)", name)
+        # Recorded before it exists: a signal can interrupt the creation (in a pyroute2 helper)
+        # after the namespace is made; tearing down a namespace that was never made is a no-op.
         created.append(name)
+        netns.create(name)
     with IPRoute(netns=topology.lab_namespace, flags=0) as lab:
         _up(lab, "lo")
         with_delay = netem_available(lab)

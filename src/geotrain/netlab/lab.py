@@ -7,17 +7,20 @@
 Everything the lab creates (namespaces, bridges, veths, qdiscs, the processes it started) is removed
 when the `with` block ends, when it raises, on SIGINT/SIGTERM/SIGHUP (turned into exceptions while the
 lab is up, so that the `with` block unwinds) and at interpreter exit (atexit). A SIGKILLed owner
-cannot clean up: its workers die with it (PR_SET_PDEATHSIG) and its namespaces, recognisable by the
-owner's dead pid in their names, are removed by the next lab that starts (`sweep_stale=True`) or by
-`geotrain netlab down --all`.
+cannot clean up: its workers die with it (PR_SET_PDEATHSIG) and its guardian (geotrain.procs.guardian)
+runs `geotrain netlab down --all`, which kills whatever still runs in the namespaces of labs whose owner
+is dead and removes them; should that fail too, the namespaces, recognisable by the owner's dead pid in
+their names, are removed by the next lab that starts (`sweep_stale=True`) or by `netlab down --all`.
 """
 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 from types import FrameType
@@ -28,6 +31,7 @@ from geotrain.netlab.build import build_lab, check_can_build, destroy_namespaces
 from geotrain.netlab.names import lab_namespaces, new_lab_name, owner_alive
 from geotrain.netlab.processes import popen_in_namespace, stop_process
 from geotrain.netlab.topology import LabDevice, LabTopology, NetLabError, lab_topology
+from geotrain.procs.guardian import Guardian
 
 _HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -65,6 +69,7 @@ class NetLab:
         self._processes: list[subprocess.Popen] = []
         self._old_handlers: dict[int, Any] = {}
         self._owner_pid = os.getpid()
+        self._guardian: Guardian | None = None
         self._up = False
 
     @property
@@ -94,6 +99,9 @@ class NetLab:
         self._up = True
         atexit.register(self.down)
         self._install_signal_handlers()
+        # Should this process be SIGKILLed, the guardian kills what runs in the lab and removes it.
+        self._guardian = Guardian()
+        self._guardian.tell("exec", json.dumps([sys.executable, "-m", "geotrain", "netlab", "down", "--all"]))
         try:
             self.latency_shaped = build_lab(self.topology, self._created)
         except BaseException:
@@ -127,6 +135,9 @@ class NetLab:
             self._processes.clear()
             self._restore_signal_handlers()
             atexit.unregister(self.down)
+            if self._guardian is not None:
+                self._guardian.close(release=True)
+                self._guardian = None
             self._up = False
         finally:
             _unblock_signals(blocked)

@@ -13,6 +13,8 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from geotrain.procs.lifeline import pid_alive
+
 NETNS_DIR = "/var/run/netns"
 _LAB_NAME = re.compile(r"^gt(?P<pid>\d+)-(?P<tag>[0-9a-f]{4})-(?P<role>[a-z0-9]+)$")
 
@@ -61,11 +63,6 @@ def lab_namespaces(netns_dir: str = NETNS_DIR) -> dict[LabName, list[str]]:
 
 
 def owner_alive(lab: LabName) -> bool:
-    """True while the process that created `lab` still runs."""
-    try:
-        os.kill(lab.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    """True while the process that created `lab` still runs (a zombie owner, killed but not yet
+    reaped, is dead: its guardian cleans up at that very moment)."""
+    return pid_alive(lab.pid)

@@ -1,48 +1,44 @@
 """Processes inside a lab namespace: start them there, and find and stop whatever runs there.
 
-A child enters its device's namespace between fork and exec (pyroute2's `setns` on a descriptor the
-parent opened), starts its own session (so a group signal reaches its children too) and asks the
-kernel to SIGKILL it if the lab's owner dies (PR_SET_PDEATHSIG), so that even a SIGKILLed owner
-leaves no worker behind. Whatever still lives in a namespace at teardown is found through
+A child is started as every geotrain process (geotrain.procs.spawn: its own session, so a group
+signal reaches its children too, and PR_SET_PDEATHSIG, so that even a SIGKILLed owner leaves no worker
+behind) and enters its device's namespace between fork and exec (pyroute2's `setns`). Whatever still lives in a namespace at teardown is found through
 /proc/<pid>/ns/net and killed before the namespace is removed.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pyroute2.netns import setns
 
 from geotrain.netlab.names import NETNS_DIR
+from geotrain.procs import Command, spawn, stop_tree
 
-_PR_SET_PDEATHSIG = 1
+def enter_namespace(namespace: str) -> Callable[[], None]:
+    """A `preexec` (geotrain.procs.Command) that moves the child into network namespace `namespace`
+    (a name under /var/run/netns) between fork and exec."""
+    path = os.path.join(NETNS_DIR, namespace)
 
-
-def _enter_namespace(ns_fd: int, parent_pid: int) -> None:
-    """preexec_fn: runs in the child after fork, before exec."""
-    setns(ns_fd, flags=0)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the owner died before prctl: do not outlive it
-        os._exit(1)
+    def enter() -> None:
+        ns_fd = os.open(path, os.O_RDONLY)
+        try:
+            setns(ns_fd, flags=0)
+        finally:
+            os.close(ns_fd)
+    return enter
 
 
 def popen_in_namespace(namespace: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
                        **popen_kwargs: Any) -> subprocess.Popen:
-    """Start `argv` inside network namespace `namespace` (a name under /var/run/netns)."""
-    ns_fd = os.open(os.path.join(NETNS_DIR, namespace), os.O_RDONLY)
-    parent = os.getpid()
-    try:
-        return subprocess.Popen(list(argv), env=None if env is None else dict(env), start_new_session=True,
-                                preexec_fn=lambda: _enter_namespace(ns_fd, parent), **popen_kwargs)
-    finally:
-        os.close(ns_fd)
+    """Start `argv` inside network namespace `namespace`, as a supervised rank is started
+    (geotrain.procs.spawn: own session, dies with this process); stop it with `stop_process`."""
+    return spawn(Command(tuple(argv), env, preexec=enter_namespace(namespace)), **popen_kwargs)
 
 
 def pids_in_namespace(namespace: str) -> list[int]:
@@ -66,18 +62,7 @@ def pids_in_namespace(namespace: str) -> list[int]:
 
 def stop_process(process: subprocess.Popen, grace_s: float = 2.0) -> int:
     """SIGTERM the process's group, SIGKILL it after `grace_s`, reap it; returns its exit code."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if process.poll() is not None:
-            break
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-    return process.wait()
+    return stop_tree(process, grace_s)
 
 
 def kill_namespace_processes(namespace: str, timeout_s: float = 5.0) -> list[int]:

@@ -20,46 +20,35 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from geotrain.comm.launch import FORKSERVER_PRELOAD, reap_processes, start_processes
+from geotrain.comm.launch import FORKSERVER_PRELOAD
 from geotrain.errors import GeotrainError
-from geotrain.procs import WorkerFailure, describe_exit, die_with_parent, forkserver_context, set_process_name
+from geotrain.procs import (LaunchResult, Supervisor, Target, Verdict, WorkerFailure, describe_exit, forkserver_context,
+                            set_process_name, torchrun_env)
 from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
                                          read_manifest, step_dir, verify_shards)
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.hosts import Rendezvous
-from geotrain.runtime.report import RunReport, build_report
+from geotrain.runtime.report import build_report
 
 ProgressCallback = Callable[[int, int], None]
 RECORDS = "records.json"
 
 
-@dataclass(frozen=True)
-class LaunchResult:
-    """A finished run: the report (None on a host without rank 0), the worker process ids, and the
-    launcher's wall seconds."""
-
-    report: RunReport | None
-    pids: tuple[int, ...]
-    wall_s: float
-
-
-def _child(rank: int, config: RuntimeConfig, port: int, result_dir: str, tokens: Any, launcher_pid: int,
+def _child(rank: int, config: RuntimeConfig, port: int, result_dir: str, tokens: Any,
            addr: str = "127.0.0.1", ranks: tuple[int, ...] | None = None) -> None:
-    """Entry point of a launched worker process (one of `ranks`, all by default). Dies with the
-    launcher; an error of its own is written to `error-<rank>.txt` in `result_dir` so that the
-    launcher's final line can name it."""
-    die_with_parent(launcher_pid)
+    """Entry point of a launched worker process (one of `ranks`, all by default), started by the
+    supervisor (so it dies with the launcher); an error of its own is written to `error-<rank>.txt`
+    in `result_dir` so that the launcher's final line can name it."""
     ranks = tuple(range(config.world_size)) if ranks is None else ranks
-    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(ranks.index(rank)),
-                      WORLD_SIZE=str(config.world_size), LOCAL_WORLD_SIZE=str(len(ranks)),
-                      TORCHELASTIC_USE_AGENT_STORE="True")
+    os.environ.update(torchrun_env(rank, config.world_size, addr, port, local_rank=ranks.index(rank),
+                                   local_world_size=len(ranks), group_rank=None, base={}, single_thread=False,
+                                   TORCHELASTIC_USE_AGENT_STORE="True"))
     set_process_name(f"geotrain-r{rank}")
     try:
         from geotrain.runtime.worker import run_worker
@@ -149,17 +138,14 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
         tokens = world_tokens(config.data.data_seed)
     prefixed = dist.PrefixStore("geotrain/0/", store)
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
-        launcher_pid = os.getpid()
-        processes: list[Any] = []
-        try:
-            processes = start_processes(context, _child, ranks,
-                                        lambda rank: (rank, config, store.port, tmp, tokens, launcher_pid, addr, ranks),
-                                        "geotrain-rank")
-            failed = _watch(processes, ranks, prefixed, config, progress, poll_s)
-        finally:
-            reap_processes(processes)
-        if failed is not None:
-            rank, how = failed
+        specs = [Target(context, _child, (rank, config, store.port, tmp, tokens, addr, ranks), f"geotrain-rank-{rank}")
+                 for rank in ranks]
+        # Peers notice a lost rank within one heartbeat timeout plus a check interval; allow a few more.
+        grace_s = config.reliability.heartbeat_timeout_s + 4 * config.reliability.heartbeat_interval_s + 2.0
+        with Supervisor(specs, grace_s=grace_s, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
+            verdict = supervisor.wait(_progress_reporter(ranks, prefixed, config, progress))
+        if not verdict.ok:
+            rank, how = _culprit(verdict, ranks)
             abort = _store_read(prefixed, "abort")
             own = _read_error(Path(tmp), rank)
             message = (f"{config.layout.describe(rank, config.cluster.device_names)} {how} "
@@ -172,46 +158,34 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
         if rendezvous is not None:
             rendezvous.finish(store)
         report = build_report(config, json.loads((Path(tmp) / RECORDS).read_text())) if 0 in ranks else None
-    return LaunchResult(report, tuple(p.pid for p in processes if p.pid), time.perf_counter() - started)
+    return LaunchResult(verdict, report, time.perf_counter() - started)
 
 
-def _watch(processes: list[Any], ranks: tuple[int, ...], store: Any, config: RuntimeConfig,
-           progress: ProgressCallback | None, poll_s: float) -> tuple[int, str] | None:
-    """Poll until all exit 0 (None) or one fails; then wait (bounded) for the others to exit and
-    return (culprit rank, how it ended)."""
-    # Peers notice a lost rank within one heartbeat timeout plus a check interval; allow a few more.
-    grace_s = config.reliability.heartbeat_timeout_s + 4 * config.reliability.heartbeat_interval_s + 2.0
-    last_progress = -1
-    while True:
-        codes = [p.exitcode for p in processes]
-        failures = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
-        if failures:
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(p.exitcode is None for p in processes):
-                time.sleep(poll_s)
-            rank, how = _culprit(processes, failures[0])
-            return ranks[rank], how
-        if all(code == 0 for code in codes):
-            return None
-        if progress is not None:
-            done = min(_completed_steps(store, rank) for rank in ranks)
-            if done != last_progress:
-                progress(done, config.run.steps)
-                last_progress = done
-        time.sleep(poll_s)
+def _progress_reporter(ranks: tuple[int, ...], store: Any, config: RuntimeConfig,
+                       progress: ProgressCallback | None) -> Callable[[], None] | None:
+    """A supervisor tick that reports the least completed step of `ranks` whenever it changes."""
+    if progress is None:
+        return None
+    last = [-1]
+
+    def tick() -> None:
+        done = min(_completed_steps(store, rank) for rank in ranks)
+        if done != last[0]:
+            progress(done, config.run.steps)
+            last[0] = done
+    return tick
 
 
-def _culprit(processes: list[Any], first: tuple[int, int | None]) -> tuple[int, str]:
+def _culprit(verdict: Verdict, ranks: tuple[int, ...]) -> tuple[int, str]:
     """Who failed first, in order of evidence: a rank killed by a signal or ending with its own
-    error; else a rank still running after the grace period (it hangs; the launcher kills it);
+    error; else a rank still running after the grace period (it hangs; the launcher killed it);
     else the first rank that exited non-zero (status 3: it lost a peer or the store)."""
     from geotrain.runtime.watchdog import EXIT_PEER_LOST
 
-    for rank, process in enumerate(processes):
-        if process.exitcode is not None and process.exitcode not in (0, EXIT_PEER_LOST):
-            return rank, describe_exit(process.exitcode)
-    for rank, process in enumerate(processes):
-        if process.exitcode is None:
-            return rank, "stopped responding (hung; killed by the launcher)"
-    return first[0], describe_exit(first[1])
-
+    for rank, code in enumerate(verdict.returncodes):
+        if rank not in verdict.stopped and code not in (0, EXIT_PEER_LOST):
+            return ranks[rank], describe_exit(code)
+    if verdict.stopped:
+        return ranks[min(verdict.stopped)], "stopped responding (hung; killed by the launcher)"
+    first = 0 if verdict.first_failed is None else verdict.first_failed
+    return ranks[first], describe_exit(verdict.returncodes[first])

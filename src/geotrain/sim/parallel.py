@@ -8,18 +8,16 @@ Each run is deterministic given its config, so a run gives the same bits in any 
 from __future__ import annotations
 
 import multiprocessing
-import os
+import queue as queue_module
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from multiprocessing.managers import SyncManager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from geotrain.data import WorldTokens
-from geotrain.procs import die_with_parent
+from geotrain.procs import Supervisor, Target, WorkerFailure, describe_exit
 from geotrain.sim.config import TrainConfig, TrainingConfigError, TrainingResult
 from geotrain.sim.loop import UpdateRuleFactory, codec_update_rule, train_compressed
 
@@ -44,8 +42,9 @@ def train_many(jobs: Sequence[TrainingJob], data: WorldTokens, processes: int = 
     """Train every job; results in job order. One progress bar per job, opened in job order.
 
     processes == 1: in this process, with its current torch thread count. processes > 1: a pool
-    of fresh ("spawn") processes, each running one job at a time with `threads_per_process` torch
-    threads. An exception in a job is raised here.
+    of fresh ("spawn") processes, each running its share of the jobs one at a time with
+    `threads_per_process` torch threads. An exception in a job is raised here (after every pool
+    process is stopped); a pool process that dies is a WorkerFailure.
     """
     if processes < 1 or threads_per_process < 1:
         raise TrainingConfigError(f"processes and threads_per_process must be >= 1, got {processes}, {threads_per_process}")
@@ -55,51 +54,77 @@ def train_many(jobs: Sequence[TrainingJob], data: WorldTokens, processes: int = 
             with _open(progress, job) as callback:
                 results.append(train_compressed(job.config, data, job.update_rule, callback))
         return results
+    # Worker w runs jobs w, w + n, w + 2n, ... (each job's bits do not depend on where it runs);
+    # each worker is a rank of the one supervisor, so it dies with this process and a Ctrl-C here
+    # stops every worker at once instead of waiting for the jobs to finish.
     context = multiprocessing.get_context("spawn")
-    # Every process of the pool and the manager dies with this one (geotrain.procs): a caller's
-    # SIGKILL leaves no orphan behind.
-    lifeline = (os.getpid(),)
-    manager = SyncManager(ctx=context)
-    manager.start(die_with_parent, lifeline)
-    with manager, ProcessPoolExecutor(min(processes, len(jobs)), mp_context=context, initializer=die_with_parent,
-                                      initargs=lifeline) as pool:
-        queue = manager.Queue()
-        futures = [pool.submit(_run_job, i, job, data, threads_per_process, queue) for i, job in enumerate(jobs)]
-        steps_done: dict[int, int] = {}  # job index -> steps reported so far
-        try:
-            return [_follow(future, i, job, queue, steps_done, progress)
-                    for i, (future, job) in enumerate(zip(futures, jobs, strict=True))]
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+    workers = min(processes, len(jobs))
+    queue = context.Queue()
+    specs = [Target(context, _run_jobs, (tuple(range(w, len(jobs), workers)), tuple(jobs), data, threads_per_process,
+                                         queue), f"geotrain-pool-{w}") for w in range(workers)]
+    state = _PoolState()
+    try:
+        with Supervisor(specs, grace_s=0.0, term_s=1.0, poll_s=_POLL_S) as supervisor:
+            return [_follow(supervisor, i, job, queue, state, progress) for i, job in enumerate(jobs)]
+    finally:
+        queue.close()
+
+
+@dataclass
+class _PoolState:
+    """What the pool has reported so far: steps done and results, by job index."""
+
+    steps: dict[int, int] = field(default_factory=dict)
+    results: dict[int, TrainingResult] = field(default_factory=dict)
 
 
 def _open(progress: ProgressFactory | None, job: TrainingJob) -> AbstractContextManager[Any]:
     return progress(job.label or job.config.codec, job.config.steps) if progress else nullcontext(None)
 
 
-def _follow(future: Future[TrainingResult], index: int, job: TrainingJob, queue: Any,
-            steps_done: dict[int, int], progress: ProgressFactory | None) -> TrainingResult:
-    """Wait for job `index`, showing its progress as the pool reports it through `queue`."""
+def _follow(supervisor: Supervisor, index: int, job: TrainingJob, queue: Any, state: _PoolState,
+            progress: ProgressFactory | None) -> TrainingResult:
+    """Wait for job `index`, showing its progress as the pool reports it through `queue`; a job's
+    exception is raised here, a worker that dies is a WorkerFailure."""
     with _open(progress, job) as callback:
-        while True:
-            while not queue.empty():
-                i, steps = queue.get()
-                steps_done[i] = steps
+        while index not in state.results:
+            try:
+                i, kind, value = queue.get(timeout=_POLL_S)
+            except queue_module.Empty:
+                codes = supervisor.poll()
+                dead = [(w, code) for w, code in enumerate(codes) if code not in (None, 0)]
+                if dead or (all(code == 0 for code in codes) and queue.empty()):  # died, or all ended without it
+                    w, code = dead[0] if dead else (0, 0)
+                    raise WorkerFailure(f"training pool worker {w} {describe_exit(code)} before job {index} "
+                                        f"({job.label or job.config.codec}) finished")
+                continue
+            if kind == "error":
+                raise value
+            if kind == "steps":
+                state.steps[i] = value
+            else:
+                state.results[i] = value
             if callback is not None:
-                callback(steps_done.get(index, 0), job.config.steps)
-            finished, _ = wait([future], timeout=_POLL_S)
-            if finished:
-                return future.result()
+                callback(state.steps.get(index, 0), job.config.steps)
+        return state.results[index]
 
 
-def _run_job(index: int, job: TrainingJob, data: WorldTokens, threads: int, queue: Any) -> TrainingResult:
-    """Pool side: one job with `threads` torch threads, reporting (index, steps done) every few steps."""
+def _run_jobs(indices: tuple[int, ...], jobs: tuple[TrainingJob, ...], data: WorldTokens, threads: int,
+              queue: Any) -> None:
+    """Pool side: jobs `indices` one after the other with `threads` torch threads, reporting
+    (index, "steps", done) every few steps and then (index, "result", result) or (index, "error", exc)."""
     torch.set_num_threads(threads)
+    for index in indices:
+        job = jobs[index]
 
-    def report(done: float, total: float) -> None:
-        if done % _REPORT_EVERY_STEPS == 0 or done == total:
-            queue.put((index, int(done)))
+        def report(done: float, total: float, index: int = index) -> None:
+            if done % _REPORT_EVERY_STEPS == 0 or done == total:
+                queue.put((index, "steps", int(done)))
 
-    return train_compressed(job.config, data, job.update_rule, report)
+        try:
+            queue.put((index, "result", train_compressed(job.config, data, job.update_rule, report)))
+        except Exception as exc:  # noqa: BLE001 - raised again in the launcher
+            queue.put((index, "error", exc))
+            break
+    queue.close()
+    queue.join_thread()

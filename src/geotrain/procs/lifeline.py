@@ -1,5 +1,5 @@
-"""What the launcher (geotrain.comm.launch, used by runtime/launcher.py) and the training pool share about the
-processes they start: dying with the launcher, the fork-server context, naming a failure.
+"""What every process geotrain starts shares: dying with the launcher, the fork-server context,
+naming a failure.
 
 Die with the launcher: every process geotrain starts calls `die_with_parent` first thing.
 
@@ -61,6 +61,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def _kill_self() -> None:
+    # A rank leads its own process group (geotrain.procs.supervisor): take its whole tree along.
+    if os.getpgid(0) == os.getpid():
+        os.killpg(0, signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
