@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+from pathlib import Path
 
 from geotrain.errors import shown
 
@@ -17,3 +19,19 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {shown(text)}")
     return value
+
+
+def output_file(text: str) -> str:
+    """A file path that a command can write at the end of its work, checked before the work starts:
+    not a directory, in an existing writable directory (nothing is created). argparse reports
+    anything else as a usage error naming the option."""
+    path = Path(text)
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"must be a file path, got the directory {shown(text)}")
+    parent = path.parent
+    if not parent.is_dir():
+        what = "is not a directory" if parent.exists() else "does not exist"
+        raise argparse.ArgumentTypeError(f"{shown(text)}: directory {shown(str(parent))} {what}")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"{shown(text)}: not writable")
+    return text

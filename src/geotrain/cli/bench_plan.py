@@ -29,7 +29,7 @@ def run(args: Any) -> int:
     if args.scale:
         from geotrain.cli import bench_scale
 
-        scale_args = argparse.ArgumentParser()
+        scale_args = argparse.ArgumentParser(allow_abbrev=False)
         bench_scale.add_arguments(scale_args)
         return bench_scale.run(scale_args.parse_args(["--json"] if args.json else []))
     from geotrain.bench.plan import PlanBenchConfig, run_plan_bench

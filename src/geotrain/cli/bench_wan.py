@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import output_file
+
 NAME = "wan"
 HELP = "time to a target validation loss of a small GPT on an emulated ~100 Mbit/s, 50-150 ms geo cluster"
 
@@ -30,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed, help="model seed")
     parser.add_argument("--model", default=d.model, metavar="PRESET",
                         help="GPT preset every row trains: tiny (817k parameters), small (3.2M, bandwidth-bound)")
-    parser.add_argument("--plot", default=None, metavar="FILE.png", help="also plot validation loss vs emulated time")
+    parser.add_argument("--plot", default=None, type=output_file, metavar="FILE.png", help="also plot validation loss vs emulated time")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 

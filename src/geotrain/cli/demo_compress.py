@@ -6,6 +6,8 @@ import argparse
 import os
 from typing import Any
 
+from geotrain.cli.arg_types import output_file
+
 NAME = "compress"
 HELP = ("seed demo 2: a tiny GPT trained by p simulated workers whose gradients are compressed "
         "(fp16, int8, top-1%, sign; with/without error feedback): traffic vs validation bits per character")
@@ -20,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                         help="runs trained at once, each in its own process (results do not depend on it)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of bpc vs traffic to FILE")
+    parser.add_argument("--plot", default=None, type=output_file, metavar="FILE", help="write a PNG of bpc vs traffic to FILE")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from geotrain.cli.arg_types import output_file
 from geotrain.cluster import load_cluster
 from geotrain.cli.device_args import rank_devices
 
@@ -32,7 +33,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--nic-gbps", type=float, default=None,
                         help="every device's uplink in Gbit/s, shared by its concurrent sends (default: the cluster "
                              "file's nic_gbps, unlimited where none is given)")
-    parser.add_argument("--report", metavar="FILE.json", help="write every transfer and collective as JSON")
+    parser.add_argument("--report", type=output_file, metavar="FILE.json", help="write every transfer and collective as JSON")
     parser.add_argument("--timeout", type=float, default=None, metavar="SEC", help="kill all ranks after SEC")
     parser.add_argument("-m", dest="module", metavar="MODULE", help="run a module (as python -m) instead of a script")
     parser.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT.py [ARGS...] (or the module's ARGS)")

@@ -26,14 +26,25 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="geotrain",
+        prog="geotrain", allow_abbrev=False,
         description="Plan and run foundation-model training across slow, heterogeneous, geo-distributed networks.",
     )
     parser.add_argument("--version", action="version", version=f"geotrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(subparsers)
+    refuse_abbreviations(parser)
     return parser
+
+
+def refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
+    """Turn off argparse's prefix matching on `parser` and every sub-command parser under it: an
+    abbreviation like `--over` would silently mean `--overwrite` (and delete checkpoints)."""
+    parser.allow_abbrev = False
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in set(action.choices.values()):
+                refuse_abbreviations(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

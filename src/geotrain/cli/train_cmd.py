@@ -280,7 +280,7 @@ def run(args: Any) -> int:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
               f"by torchrun ({TORCHRUN_MARKER} is unset), so it launches its own workers", file=sys.stderr)
     if under_torchrun():
-        check_before_launch(config, clear=os.environ["RANK"] == "0")
+        held = check_before_launch(config, clear=os.environ["RANK"] == "0")  # noqa: F841 - held for the worker's life
         records = run_worker(config)
         if records is None:
             return 0

@@ -207,7 +207,7 @@ class Worker:
         state = {"slot": self.slot_header(), "stage": self.stage.state_dict(), "boundaries": list(self.boundaries),
                  "dp": self.dp.state_dict(),
                  "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
-        ckpt.save_shard(cfg.checkpoint_dir, completed, self.rank, state)
+        ckpt.save_shard(cfg.checkpoint_dir, completed, self.rank, state, cfg.identity())
         dist.barrier()
         if self.rank == 0:
             ckpt.write_manifest(cfg.checkpoint_dir, completed, cfg.identity(), cfg.world_size)
