@@ -236,7 +236,8 @@ def test_a_new_run_is_refused_in_another_runs_directory_unless_overwrite(files, 
     assert sorted(p.name for p in copy.iterdir()) == before  # nothing touched
     (copy / "notes.txt").write_text("keep me")
     ckpt.prepare_directory(copy, resume=False, overwrite=True)
-    assert sorted(p.name for p in copy.iterdir()) == ["notes.txt"]  # old steps and pointer gone, the rest kept
+    # old steps and pointer gone, the rest kept (the lock file of the run that wrote them included)
+    assert sorted(p.name for p in copy.iterdir()) == [".geotrain-lock", "notes.txt"]
     ckpt.prepare_directory(copy, resume=False, overwrite=False)  # now empty of checkpoints: accepted
 
 
