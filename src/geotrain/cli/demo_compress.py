@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from geotrain.cli.arg_types import output_file
+from geotrain.cli.arg_types import output_file, seed
 
 NAME = "compress"
 HELP = ("seed demo 2: a tiny GPT trained by p simulated workers whose gradients are compressed "
@@ -16,7 +16,7 @@ HELP = ("seed demo 2: a tiny GPT trained by p simulated workers whose gradients 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--workers", type=int, default=4, help="simulated data-parallel workers (divides the batch of 32)")
-    parser.add_argument("--seed", type=int, default=0, help="model initialisation seed (batches use seed + 1)")
+    parser.add_argument("--seed", type=seed, default=0, help="model initialisation seed (batches use seed + 1)")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the demo model's)")
     parser.add_argument("--d-model", type=int, default=None, help="model width (default: the demo model's)")
     parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)),

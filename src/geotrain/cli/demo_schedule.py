@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geotrain.cli.arg_types import output_file
+from geotrain.cli.arg_types import output_file, seed
 
 NAME = "schedule"
 HELP = "seed demo 1: random vs region plans vs local search on 4 regions x 8 GPUs, against one datacenter"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random placements and local searches")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random placements and local searches")
     parser.add_argument("--cluster", default="seed-geo", metavar="FILE|PRESET", help="the geo-distributed cluster")
     parser.add_argument("--datacenter", default="seed-datacenter", metavar="FILE|PRESET", help="the baseline cluster")
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages S")
