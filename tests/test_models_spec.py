@@ -66,12 +66,12 @@ def test_train_with_a_builder_calling_sys_exit_ends_in_one_line(tmp_path):
     (tmp_path / "user.py").write_text(USER_FILE.format(when="call"))
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--cluster", "cluster.yaml", "--plan", "plan.json",
-                           "--steps", "2", "--time-scale", "0", "--model", "user.py:exits"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--cluster", str(tmp_path / "cluster.yaml"),
+                           "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--time-scale", "0",
+                           "--model", f"{tmp_path / 'user.py'}:exits"], capture_output=True, text=True, timeout=200)
     assert done.returncode == 2, done.stderr
     # which rank the launcher names first (its own error, or a peer that lost it) is timing: the
     # builder's error is reported by the workers, and nothing is a traceback
     assert done.stderr.strip().splitlines()[-1].startswith("geotrain: error: rank ")
-    assert "model spec 'user.py:exits': exits() raised SystemExit: 3" in done.stderr
+    assert f"model spec '{tmp_path / 'user.py'}:exits': exits() raised SystemExit: 3" in done.stderr
     assert "Traceback" not in done.stderr
