@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from geotrain import __version__
+from geotrain.cli.output import writing_stdout
 from geotrain.errors import GeotrainError
 
 # Each module defines register(subparsers) and sets `handler(args) -> int` on its parser.
@@ -51,7 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        with writing_stdout():  # what print() left buffered fails here, not in the interpreter's exit
+            sys.stdout.flush()
+        return code
     except GeotrainError as exc:
         print(f"geotrain: error: {exc}", file=sys.stderr)
         return 2
