@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geotrain.cli.arg_types import seed
-
 NAME = "codecs"
 HELP = "codec encode+decode throughput (GB/s of fp32 input) as a ratio to memcpy; approximate vs torch.topk"
 
@@ -21,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="torch.set_num_threads for the whole run (1: steadiest ratios on a shared machine)")
     parser.add_argument("--repeats", type=int, default=5, help="timings per row; the best counts")
     parser.add_argument("--fraction", type=float, default=0.01, help="top-k fraction of the selection table")
-    parser.add_argument("--seed", type=seed, default=0, help="seed of the input tensors and of the top-k sample")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the input tensors and of the top-k sample")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 

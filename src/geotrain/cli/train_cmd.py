@@ -268,12 +268,14 @@ def host_rendezvous(args: Any, config: Any) -> Any:
 def run(args: Any) -> int:
     from geotrain.runtime import build_report, launch, run_worker
     from geotrain.runtime.launcher import check_before_launch
+    from geotrain.runtime.sequence_check import check_sequence_fits
 
     config = config_from_args(args)
     out = Output(json_mode=args.json)
     if args.print_torchrun:
         print_torchrun(args, config, out)
         return 0
+    check_sequence_fits(config)  # before any process starts: a sequence too long for memory fails in one line
     rendezvous = host_rendezvous(args, config)
     stray = stray_torchrun_variables()
     if stray:
