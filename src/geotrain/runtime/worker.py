@@ -30,6 +30,7 @@ from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import MODEL_PRESETS, RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import DataParallelStep
 from geotrain.runtime.hierarchical_exchange import create_stage_hierarchies
+from geotrain.runtime.hosts import rendezvous_failure
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
@@ -291,8 +292,11 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
     else:
         emulation = use_emulated_links(config.cluster, config.layout, config.time_scale, config.compute_clock,
                                        config.compute_scale())
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=config.comm_timeout_s))
+    try:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=config.comm_timeout_s))
+    except (dist.DistStoreError, dist.DistNetworkError) as exc:  # peers never came: one line, not a traceback
+        raise rendezvous_failure(exc, rank, world_size, config.comm_timeout_s) from None
     layout = config.layout
     watchdog = Watchdog(_store_client(config.heartbeat_timeout_s), _store_client(config.heartbeat_timeout_s),
                         rank, world_size,
