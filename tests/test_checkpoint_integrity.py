@@ -205,10 +205,10 @@ def test_a_fifo_in_place_of_pointer_manifest_or_shard_is_refused_without_blockin
     ("[1, 2, 3]", "top level: must be a JSON object, got 'list'"),
     ("{not json", "unreadable manifest: Expecting property name"),
     ("\x00\x01\x02", "unreadable manifest"),
-    ('{"format": 1, "step": 2}', "checkpoint format 1 is not 2"),
-    ('{"format": 2, "step": 3, "world_size": 4, "identity": {}, "shards": []}', "step: must be 2"),
-    ('{"format": 2, "step": 2, "world_size": 4, "identity": {}, "shards": [{}]}', "shards: must be a list of 4"),
-    ('{"format": 2, "step": 2, "world_size": 1, "identity": {}, "shards": '
+    ('{"format": 1, "step": 2}', f"checkpoint format 1 is not {ckpt.FORMAT}"),
+    ('{"format": 3, "step": 3, "world_size": 4, "identity": {}, "shards": []}', "step: must be 2"),
+    ('{"format": 3, "step": 2, "world_size": 4, "identity": {}, "shards": [{}]}', "shards: must be a list of 4"),
+    ('{"format": 3, "step": 2, "world_size": 1, "identity": {}, "shards": '
      '[{"rank": 0, "file": "../x.pt", "bytes": 1, "sha256": "00"}]}', r"shards\[0\]: must be rank 0"),
     ("[" * 100000, "unreadable manifest"),
 ])
@@ -236,7 +236,8 @@ def test_a_new_run_is_refused_in_another_runs_directory_unless_overwrite(files, 
     assert sorted(p.name for p in copy.iterdir()) == before  # nothing touched
     (copy / "notes.txt").write_text("keep me")
     ckpt.prepare_directory(copy, resume=False, overwrite=True)
-    assert sorted(p.name for p in copy.iterdir()) == ["notes.txt"]  # old steps and pointer gone, the rest kept
+    # old steps and pointer gone, the rest kept (the lock file of the run that wrote them included)
+    assert sorted(p.name for p in copy.iterdir()) == [".geotrain-lock", "notes.txt"]
     ckpt.prepare_directory(copy, resume=False, overwrite=False)  # now empty of checkpoints: accepted
 
 

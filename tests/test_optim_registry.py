@@ -16,7 +16,7 @@ from geotrain.sim import TrainConfig, TrainingConfigError
 
 
 def _runtime_config(**options):
-    return RuntimeConfig(cluster=load_cluster("seed-datacenter"), assignment=[[0, 1], [2, 3]], **options)
+    return RuntimeConfig.of(load_cluster("seed-datacenter"), [[0, 1], [2, 3]], **options)
 
 
 def test_each_trainer_runs_its_part_of_the_one_table():
@@ -27,7 +27,7 @@ def test_each_trainer_runs_its_part_of_the_one_table():
 
 
 def test_the_runtime_refuses_the_simulators_sgd_naming_its_own_choices():
-    assert _runtime_config(optimizer="onebit-adam").optimizer == "onebit-adam"
+    assert _runtime_config(optimizer="onebit-adam").optim.optimizer == "onebit-adam"
     with pytest.raises(RuntimeConfigError, match="optimizer must be one of adamw, onebit-adam, got 'sgd'"):
         _runtime_config(optimizer="sgd")
 

@@ -116,13 +116,14 @@ def test_stage_split_gives_the_unsplit_models_logits_and_gradients(stages):
 def test_checkpoint_manifest_latest_pointer_and_identity(tmp_path):
     identity = {"seed": 1, "stages": 2}
     for rank in range(2):
-        ckpt.save_shard(tmp_path, 3, rank, {"slot": {"rank": rank}, "completed": 3, "x": torch.full((2,), float(rank))})
+        ckpt.save_shard(tmp_path, 3, rank, {"slot": {"rank": rank}, "completed": 3, "x": torch.full((2,), float(rank))},
+                       identity)
     assert ckpt.latest_step(tmp_path) is None  # shards without a manifest are not a checkpoint
     ckpt.write_manifest(tmp_path, 3, identity, world_size=2)
     assert ckpt.latest_step(tmp_path) == 3
     manifest = ckpt.read_manifest(tmp_path, 3)
     assert torch.equal(ckpt.load_shard(tmp_path, 3, 1, manifest, {"rank": 1})["x"], torch.ones(2))
-    ckpt.save_shard(tmp_path, 6, 0, {"completed": 6})
+    ckpt.save_shard(tmp_path, 6, 0, {"completed": 6}, identity)
     with pytest.raises(CheckpointError, match="shard missing"):
         ckpt.write_manifest(tmp_path, 6, identity, world_size=2)
     assert ckpt.latest_step(tmp_path) == 3
@@ -221,7 +222,7 @@ def test_resume_is_refused_before_launch_without_a_matching_checkpoint(tmp_path)
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         check_resumable(config)
     for rank in range(4):
-        ckpt.save_shard(tmp_path, 2, rank, {})
+        ckpt.save_shard(tmp_path, 2, rank, {}, config.identity())
     ckpt.write_manifest(tmp_path, 2, {**config.identity(), "seed": 7}, world_size=4)
     with pytest.raises(CheckpointError, match="seed is 7 there, 0 now"):
         check_resumable(config)

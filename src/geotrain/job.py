@@ -74,6 +74,20 @@ class Job:
                            f"{replicas} replicas (each replica needs at least one sample per iteration)")
         return float(self.seq_len * self.hidden * self.bytes_per_value * (self.global_batch // replicas))
 
+    def check_layout_fits(self, stages: int, replicas: int) -> None:
+        """JobError unless the job splits evenly over the layout: every replica the same whole number
+        of samples (global_batch a multiple of `replicas`; 12 on 8 would silently train on 8) and
+        every stage at least one layer (layers >= `stages`)."""
+        self.pp_bytes(replicas)  # replicas > global_batch: its own message
+        if self.global_batch % replicas:
+            below = self.global_batch - self.global_batch % replicas
+            raise JobError(f"job {shown(self.name)}: global_batch {self.global_batch} is not a multiple of the "
+                           f"{replicas} replicas (each would get {self.global_batch // replicas} samples and "
+                           f"{self.global_batch % replicas} would be dropped); use {below} or {below + replicas}")
+        if self.layers < stages:
+            raise JobError(f"job {shown(self.name)}: {self.layers} layers cannot fill {stages} pipeline stages "
+                           f"(each stage needs at least one layer); use at most {self.layers} stages")
+
     def flops_per_iteration(self) -> float:
         """Training FLOPs per iteration: 6 x params x tokens."""
         return 6.0 * self.params * self.seq_len * self.global_batch

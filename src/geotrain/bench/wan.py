@@ -119,8 +119,17 @@ class WanBenchConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.eval_every < 1:
             raise WanBenchError(f"--steps and --eval-every must be >= 1, got {self.steps}, {self.eval_every}")
-        if self.time_scale <= 0:
-            raise WanBenchError(f"--time-scale must be > 0 (the emulating backend runs only then), got {self.time_scale}")
+        if not self.time_scale > 0 or not math.isfinite(self.time_scale):
+            raise WanBenchError(f"--time-scale must be a finite number > 0 (the emulating backend runs only then), "
+                                f"got {self.time_scale}")
+        if self.global_batch < 1 or self.microbatches < 1 or self.val_windows < 1:
+            raise WanBenchError(f"--global-batch, microbatches and validation windows must be >= 1, got "
+                                f"{self.global_batch}, {self.microbatches}, {self.val_windows}")
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise WanBenchError(f"--lr must be a finite number > 0, got {self.lr}")
+        # A nan target is never reached (every comparison is false): refused, like every non-finite number.
+        if not self.target > 0 or not math.isfinite(self.target):
+            raise WanBenchError(f"--target must be a finite validation loss > 0 (nats per character), got {self.target}")
 
 
 @dataclass(frozen=True)

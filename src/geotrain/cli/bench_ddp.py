@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geotrain.cli.arg_types import positive_float
+from geotrain.cli.arg_types import positive_float, seed
 
 NAME = "ddp"
 HELP = ("data-parallel tiny GPT in real gloo processes: torch's DDP hooks vs geotrain codec hooks vs OneBitAdam "
@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="OneBitAdam's full-precision steps (default: 5%% of --steps, at least 1)")
     parser.add_argument("--row", action="append", default=None, metavar="LABEL_PART",
                         help="only rows whose label contains this text (repeatable; the fp32 row always runs)")
-    parser.add_argument("--seed", type=int, default=0, help="model, batch and world seed")
+    parser.add_argument("--seed", type=seed, default=0, help="model, batch and world seed")
     parser.add_argument("--timeout", type=positive_float, default=3600.0, help="hard limit for the whole run, seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geotrain.cli.arg_types import positive_float
+from geotrain.cli.arg_types import positive_float, seed
 
 NAME = "plan"
 HELP = "placement search: cost, gap to best, wall time per method; incremental vs full swap evaluation speed"
@@ -15,7 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default="seed-geo", metavar="FILE|PRESET", help="cluster preset or file")
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages S")
     parser.add_argument("--replicas", type=int, default=8, help="data-parallel replicas R")
-    parser.add_argument("--seed", type=int, default=0, help="seed of every search and of the swap walk")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of every search and of the swap walk")
     parser.add_argument("--method", action="append", default=None, metavar="NAME",
                         help="only rows of this method (repeatable); default: the seed's runs and every other method")
     parser.add_argument("--time-limit", type=positive_float, default=120.0, metavar="SEC", help="per-method time limit")
@@ -29,7 +29,7 @@ def run(args: Any) -> int:
     if args.scale:
         from geotrain.cli import bench_scale
 
-        scale_args = argparse.ArgumentParser()
+        scale_args = argparse.ArgumentParser(allow_abbrev=False)
         bench_scale.add_arguments(scale_args)
         return bench_scale.run(scale_args.parse_args(["--json"] if args.json else []))
     from geotrain.bench.plan import PlanBenchConfig, run_plan_bench

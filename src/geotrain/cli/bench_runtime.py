@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import seed
+
 NAME = "runtime"
 HELP = "train the planned, a random and a region-crossing plan over emulated geo links; measured vs predicted"
 
@@ -22,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per iteration")
     parser.add_argument("--dp-codec", default="none", help="gradient codec (name only)")
     parser.add_argument("--pp-codec", default="none", help="activation dtype on the wire: none (fp32), fp16, bf16")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the cluster, the random plan, the search and the model")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the cluster, the random plan, the search and the model")
     parser.add_argument("--cost-model", default="schedule", choices=["schedule", "ring", "yuan"],
                         help="the model whose predicted iteration time heads the table (schedule: event simulation "
                              "with the measured compute; ring/yuan: their comm + compute, no overlap)")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geotrain.cli.arg_types import positive_float
+from geotrain.cli.arg_types import positive_float, seed
 
 NAME = "scale"
 HELP = "placement at scale: methods on 64..1024-device multi-cloud clusters, with proven lower bounds"
@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jitter", type=float, default=0.1,
                         help="per-pair bandwidth noise (0: region-uniform clusters, where exact may apply)")
     parser.add_argument("--method", action="append", default=None, metavar="NAME", help="method (repeatable)")
-    parser.add_argument("--seed", type=int, default=0, help="cluster and search seed")
+    parser.add_argument("--seed", type=seed, default=0, help="cluster and search seed")
     parser.add_argument("--time-limit", type=positive_float, default=30.0, metavar="SEC", help="per-method time limit")
     parser.add_argument("--bound-time-limit", type=positive_float, default=60.0, metavar="SEC",
                         help="lower-bound MILP limit")

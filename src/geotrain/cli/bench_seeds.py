@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import count
+
 from geotrain.cli.arg_types import positive_float
 
 NAME = "seeds"
@@ -17,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job", default="gpt-1.3b-seed", metavar="PRESET|FILE", help="job preset or file")
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages S")
     parser.add_argument("--replicas", type=int, default=8, help="data-parallel replicas R")
-    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 for every seeded method")
+    parser.add_argument("--seeds", type=count, default=5, help="seeds 0..N-1 for every seeded method")
     parser.add_argument("--time-limit", type=positive_float, default=60.0, metavar="SEC", help="per-run time limit")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 

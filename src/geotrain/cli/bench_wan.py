@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import output_file, seed
+
 NAME = "wan"
 HELP = "time to a target validation loss of a small GPT on an emulated ~100 Mbit/s, 50-150 ms geo cluster"
 
@@ -27,10 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-clock", default=d.compute_clock, choices=("cpu", "wall"),
                         help="count compute in each rank's CPU seconds (as if on its own core) or in wall seconds")
     parser.add_argument("--rows", default=None, metavar="I,J,...", help="run only these rows (0 = the baseline, always run)")
-    parser.add_argument("--seed", type=int, default=d.seed, help="model seed")
+    parser.add_argument("--seed", type=seed, default=d.seed, help="model seed")
     parser.add_argument("--model", default=d.model, metavar="PRESET",
                         help="GPT preset every row trains: tiny (817k parameters), small (3.2M, bandwidth-bound)")
-    parser.add_argument("--plot", default=None, metavar="FILE.png", help="also plot validation loss vs emulated time")
+    parser.add_argument("--plot", default=None, type=output_file, metavar="FILE.png", help="also plot validation loss vs emulated time")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -46,6 +48,8 @@ def run(args: Any) -> int:
     if args.rows:
         try:
             picked = sorted({0, *(int(i) for i in args.rows.split(","))})
+            if picked[0] < 0:
+                raise IndexError(picked[0])
             rows = tuple(DEFAULT_ROWS[i] for i in picked)
         except (ValueError, IndexError):
             raise WanBenchError(f"--rows: comma-separated row numbers in 0..{len(DEFAULT_ROWS) - 1}, "

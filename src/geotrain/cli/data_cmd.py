@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from geotrain.cli.arg_types import output_file
 from geotrain.cli.output import Output
 
 
@@ -19,7 +20,7 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     prepare.add_argument("input", metavar="INPUT", help="text (.txt/.md) or jsonl ({\"text\": ...} per line) file, "
                                                         "or a directory of them")
-    prepare.add_argument("--out", required=True, metavar="FILE", help="token file to write (e.g. data/tokens.bin)")
+    prepare.add_argument("--out", required=True, type=output_file, metavar="FILE", help="token file to write (e.g. data/tokens.bin)")
     prepare.add_argument("--tokenizer", default="bytes", metavar="bytes|hf:DIR",
                          help="UTF-8 bytes (256 ids) or a local Hugging Face tokenizer directory")
     prepare.add_argument("--val-fraction", type=float, default=0.1, metavar="F",

@@ -6,6 +6,8 @@ import argparse
 import os
 from typing import Any
 
+from geotrain.cli.arg_types import output_file, seed
+
 NAME = "compress"
 HELP = ("seed demo 2: a tiny GPT trained by p simulated workers whose gradients are compressed "
         "(fp16, int8, top-1%, sign; with/without error feedback): traffic vs validation bits per character")
@@ -14,13 +16,13 @@ HELP = ("seed demo 2: a tiny GPT trained by p simulated workers whose gradients 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=300, help="training steps per run")
     parser.add_argument("--workers", type=int, default=4, help="simulated data-parallel workers (divides the batch of 32)")
-    parser.add_argument("--seed", type=int, default=0, help="model initialisation seed (batches use seed + 1)")
+    parser.add_argument("--seed", type=seed, default=0, help="model initialisation seed (batches use seed + 1)")
     parser.add_argument("--layers", type=int, default=None, help="transformer blocks (default: the demo model's)")
     parser.add_argument("--d-model", type=int, default=None, help="model width (default: the demo model's)")
     parser.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)),
                         help="runs trained at once, each in its own process (results do not depend on it)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
-    parser.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of bpc vs traffic to FILE")
+    parser.add_argument("--plot", default=None, type=output_file, metavar="FILE", help="write a PNG of bpc vs traffic to FILE")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.cli.arg_types import output_file, seed
+
 NAME = "schedule"
 HELP = "seed demo 1: random vs region plans vs local search on 4 regions x 8 GPUs, against one datacenter"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random placements and local searches")
+    parser.add_argument("--seed", type=seed, default=0, help="seed of the random placements and local searches")
     parser.add_argument("--cluster", default="seed-geo", metavar="FILE|PRESET", help="the geo-distributed cluster")
     parser.add_argument("--datacenter", default="seed-datacenter", metavar="FILE|PRESET", help="the baseline cluster")
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages S")
     parser.add_argument("--replicas", type=int, default=8, help="data-parallel replicas R")
-    parser.add_argument("--plot", default=None, metavar="FILE", help="write a PNG of the best plan to FILE")
+    parser.add_argument("--plot", default=None, type=output_file, metavar="FILE", help="write a PNG of the best plan to FILE")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 

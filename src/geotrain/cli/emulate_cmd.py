@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from geotrain.cli.arg_types import positive_float
+from geotrain.cli.arg_types import bandwidth_gbps, output_file, positive_float
 from geotrain.cluster import load_cluster
 from geotrain.cli.device_args import rank_devices
 
@@ -32,10 +32,10 @@ def register(subparsers: Any) -> None:
     which.add_argument("--devices", metavar="D0,D1,...", help="rank i emulates device D_i")
     parser.add_argument("--time-scale", type=float, default=1.0,
                         help="wall seconds slept per emulated second of link time (0: no sleeping)")
-    parser.add_argument("--nic-gbps", type=float, default=None,
+    parser.add_argument("--nic-gbps", type=bandwidth_gbps, default=None,
                         help="every device's uplink in Gbit/s, shared by its concurrent sends (default: the cluster "
                              "file's nic_gbps, unlimited where none is given)")
-    parser.add_argument("--report", metavar="FILE.json", help="write every transfer and collective as JSON")
+    parser.add_argument("--report", type=output_file, metavar="FILE.json", help="write every transfer and collective as JSON")
     parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SEC",
                         help="stop all ranks (SIGTERM, then SIGKILL) after SEC wall seconds and exit 124; the "
                              "default bounds a hung rank well below gloo's own 30-minute collective timeout")

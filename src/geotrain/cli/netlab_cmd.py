@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from geotrain.cli.arg_types import bandwidth_gbps
+
 from geotrain.errors import GeotrainError
 
 
@@ -50,7 +52,7 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     which.add_argument("--devices", metavar="D0,D1,...", help="cluster device indices; rank i plays devices[i] "
                                                               "(default: every device; bench: two per region)")
     which.add_argument("--plan", metavar="PLAN.json", help="plan file: rank s*R + r plays assignment[s][r]")
-    parser.add_argument("--nic-gbps", type=float, metavar="GBPS",
+    parser.add_argument("--nic-gbps", type=bandwidth_gbps, metavar="GBPS",
                         help="cap each device's total outgoing traffic (one NIC shared by all its peers); unset: no cap")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,26 @@ from rich.table import Table
 from geotrain.errors import GeotrainError, shown
 
 
+class OutputError(GeotrainError):
+    """Standard output cannot be written (a full disk, /dev/full, a pipe whose reader left)."""
+
+
+@contextmanager
+def writing_stdout() -> Iterator[None]:
+    """Turn a failed write to stdout into one OutputError line; stdout then goes to /dev/null, so that
+    the interpreter's final flush of what is still buffered does not fail a second time."""
+    try:
+        yield
+    except OSError as exc:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # stdout is not a file (a test's capture): nothing to quiet
+            pass
+        raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
+
+
 class Output:
     """Tables and text go to stdout unless `json_mode`; progress always goes to stderr."""
 
@@ -36,7 +57,8 @@ class Output:
 
     def text(self, message: str = "") -> None:
         if not self.json_mode:
-            self.stdout.print(plain_markup(message), highlight=False)
+            with writing_stdout():
+                self.stdout.print(plain_markup(message), highlight=False)
 
     def table(self, title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
               right_align_from: int = 1) -> None:
@@ -48,12 +70,15 @@ class Output:
             table.add_column(plain_markup(column), justify="right" if i >= right_align_from else "left")
         for row in rows:
             table.add_row(*(plain_markup(cell) for cell in row))
-        self.stdout.print(table)
+        with writing_stdout():
+            self.stdout.print(table)
 
     def emit_json(self, obj: Any) -> None:
         """Write exactly one JSON object on stdout."""
-        sys.stdout.write(strict_json_text(obj) + "\n")
-        sys.stdout.flush()
+        text = strict_json_text(obj) + "\n"
+        with writing_stdout():
+            sys.stdout.write(text)
+            sys.stdout.flush()
 
     @contextmanager
     def progress(self, description: str, total: float, show_after_s: float = 1.0) -> Iterator[Any]:

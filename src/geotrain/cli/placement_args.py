@@ -28,6 +28,7 @@ def build_placement(args: Any, stages: int, replicas: int,
     with `layer_shares` where given, see cost.registry.build_cost_model)."""
     cluster = load_cluster(args.cluster)
     job = load_job(args.job)
+    job.check_layout_fits(stages, replicas)
     shares = "speed" if getattr(args, "uneven_split", False) else layer_shares
     return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares)
 

@@ -18,7 +18,7 @@ import argparse
 from dataclasses import fields, replace
 from typing import Any
 
-from geotrain.cli.arg_types import positive_float
+from geotrain.cli.arg_types import output_file, positive_float, seed
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
                         help="pipeline stages S (with --replicas; give neither to auto-configure S, R, M and devices)")
     parser.add_argument("--replicas", type=int, default=None, help="data-parallel replicas R")
     parser.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(SEARCH_METHODS), help="search method")
-    parser.add_argument("--seed", type=int, default=0, help="RNG seed (same seed, same plan)")
+    parser.add_argument("--seed", type=seed, default=0, help="RNG seed (same seed, same plan)")
     parser.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
                         help="stop the search after SEC seconds (the result then depends on machine speed)")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
     for name, kind, text in OPTION_FLAGS:
         parser.add_argument(f"--{name}", type=kind, default=None, help=f"{text} (same as -o {name}=N)")
     parser.add_argument("--strict", action="store_true", help="local-search: accept only improving swaps")
-    parser.add_argument("--out", default=None, metavar="FILE", help="also write the plan JSON to FILE")
+    parser.add_argument("--out", default=None, type=output_file, metavar="FILE", help="also write the plan JSON to FILE")
     parser.add_argument("--lower-bound", action="store_true",
                         help="also prove a lower bound on the optimum (JSON gains lower_bound and gap)")
     parser.add_argument("--bound-time-limit", type=positive_float, default=30.0, metavar="SEC",

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from geotrain.cli.arg_types import output_file
 from geotrain.errors import GeotrainError
 
 
@@ -29,7 +30,7 @@ def register(subparsers: Any) -> None:
         description="Measure the network between torch.distributed processes (start it with torchrun or "
                     "`geotrain netlab run`), group them into regions, write a cluster file.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--out", metavar="CLUSTER.yaml", help="cluster file to write (rank 0); default: none")
+    parser.add_argument("--out", type=output_file, metavar="CLUSTER.yaml", help="cluster file to write (rank 0); default: none")
     parser.add_argument("--name", help="cluster name (default: probe-<UTC date>)")
     parser.add_argument("--pings", type=int, default=20, help="ping-pongs per pair (latency = median RTT / 2)")
     parser.add_argument("--bytes", type=int, default=50_000_000, dest="n_bytes",

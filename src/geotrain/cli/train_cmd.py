@@ -211,6 +211,7 @@ def host_rendezvous(args: Any, config: Any) -> Any:
 def run(args: Any) -> int:
     from geotrain.runtime import build_report, launch, run_worker
     from geotrain.runtime.launcher import check_before_launch
+    from geotrain.runtime.sequence_check import check_sequence_fits
 
     if args.print_config:
         print_config(args)
@@ -220,13 +221,14 @@ def run(args: Any) -> int:
     if args.print_torchrun:
         print_torchrun(args, config, out)
         return 0
+    check_sequence_fits(config)  # before any process starts: a sequence too long for memory fails in one line
     rendezvous = host_rendezvous(args, config)
     stray = stray_torchrun_variables()
     if stray:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
               f"by torchrun ({TORCHRUN_MARKER} is unset), so it launches its own workers", file=sys.stderr)
     if under_torchrun():
-        check_before_launch(config, clear=os.environ["RANK"] == "0")
+        held = check_before_launch(config, clear=os.environ["RANK"] == "0")  # noqa: F841 - held for the worker's life
         records = run_worker(config)
         if records is None:
             return 0

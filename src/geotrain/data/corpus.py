@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from geotrain.data.sources import DataError, read_documents
+from geotrain.data.sources import DataError, read_documents, source_files
 from geotrain.data.text_tokenizers import TextTokenizer, load_text_tokenizer
 from geotrain.data.token_file import read_token_file, sidecar_path, write_token_file
 
@@ -78,7 +78,10 @@ def load_corpus(path: str | Path, tokenizer: str = "bytes", val_fraction: float 
 
 def prepare_token_file(source: str | Path, out: str | Path, tokenizer: str = "bytes",
                        val_fraction: float = 0.1) -> dict[str, Any]:
-    """Tokenize text/jsonl `source` once into the token file `out` (+ sidecar); return the sidecar written."""
+    """Tokenize text/jsonl `source` once into the token file `out` (+ sidecar); return the sidecar written.
+    DataError, before anything is read, if `out` or its sidecar is one of the source files (also
+    through a symlink, `./` or `..`): writing it would destroy the input."""
+    _refuse_overwriting_sources(source, out)
     text_tokenizer = load_text_tokenizer(tokenizer)
     ids, documents = tokenize_documents(source, text_tokenizer)
     val_start = val_start_for(len(ids), val_fraction, str(source))
@@ -87,3 +90,14 @@ def prepare_token_file(source: str | Path, out: str | Path, tokenizer: str = "by
     if val_start == len(ids):
         del meta["val_start"]  # no held-out split: loaders then use their own val_fraction
     return write_token_file(out, ids, text_tokenizer.vocab_size, meta)
+
+
+def _refuse_overwriting_sources(source: str | Path, out: str | Path) -> None:
+    """Compared as files (device, inode), so symlinks, hard links, `./` and `..` are seen through."""
+    sources = {(stat.st_dev, stat.st_ino): file for file in source_files(source) for stat in [file.stat()]}
+    for target in (Path(out), sidecar_path(out)):
+        stat = target.stat() if target.exists() else None
+        if stat is not None and (stat.st_dev, stat.st_ino) in sources:
+            raise DataError(f"--out {str(out)!r}: {str(target)!r} is the input file "
+                            f"{str(sources[stat.st_dev, stat.st_ino])!r}; writing it would destroy the input: "
+                            f"choose another output path")

@@ -12,6 +12,7 @@ val_fraction of the ids. Files are memory-mapped, never read whole.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +42,20 @@ def write_token_file(path: str | Path, ids: np.ndarray, vocab_size: int, meta: d
     dtype = dtype_for_vocab(vocab_size)
     sidecar = {"format": FORMAT, "dtype": dtype, "vocab_size": int(vocab_size), "tokens": int(ids.size), **meta}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    ids.astype(DTYPES[dtype]).tofile(path)
-    sidecar_path(path).write_text(json.dumps(sidecar, indent=1) + "\n", encoding="utf-8")
+    # Both files are written under temporary names beside their targets and renamed only when
+    # complete, so an interrupted or failed write leaves the old files (or none), never half of one.
+    side = sidecar_path(path)
+    tmp_ids, tmp_side = (target.with_name(f".{target.name}.tmp-{os.getpid()}") for target in (Path(path), side))
+    try:
+        ids.astype(DTYPES[dtype]).tofile(tmp_ids)
+        tmp_side.write_text(json.dumps(sidecar, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp_ids, path)
+        os.replace(tmp_side, side)
+    except OSError as exc:
+        raise DataError(f"data {str(path)!r}: cannot write token file: {exc.strerror or exc}") from None
+    finally:
+        tmp_ids.unlink(missing_ok=True)
+        tmp_side.unlink(missing_ok=True)
     return sidecar
 
 

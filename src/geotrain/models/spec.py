@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def _load_function(spec: str, target: str, name: str) -> Any:
         sys.modules[module_name] = module  # dataclasses and pickling look modules up here
         try:
             module_spec.loader.exec_module(module)
-        except Exception as exc:  # the user's code: report whatever it raised, in one line
+        except (Exception, SystemExit) as exc:  # the user's code (sys.exit included): report it in one line
             sys.modules.pop(module_name, None)
             raise ModelSpecError(f"model spec {spec!r}: importing {target} raised "
                                  f"{type(exc).__name__}: {str(exc)[:160]}") from exc
@@ -58,6 +59,9 @@ def _load_function(spec: str, target: str, name: str) -> Any:
             module = importlib.import_module(target)
         except ImportError as exc:
             raise ModelSpecError(f"model spec {spec!r}: cannot import module {target!r}: {str(exc)[:160]}") from None
+        except (Exception, SystemExit) as exc:  # the module's own code failed (sys.exit included)
+            raise ModelSpecError(f"model spec {spec!r}: importing {target} raised "
+                                 f"{type(exc).__name__}: {str(exc)[:160]}") from exc
     function = getattr(module, name, None)
     if function is None:
         raise ModelSpecError(f"model spec {spec!r}: {target} has no function {name!r}")
@@ -75,14 +79,41 @@ def _vocab_of(layers: tuple[nn.Module, ...]) -> int | None:
     return linears[-1].out_features if linears else None
 
 
-def user_model(spec: str, target: str, name: str, options: ModelOptions) -> LayerModel:
-    """The layer list returned by the user function `target:name` (file path or module)."""
-    function = _load_function(spec, target, name)
-    with seeded_build(options.seed):
+def _bounded(call: Any, timeout_s: float, spec: str, what: str) -> Any:
+    """`call()` in a daemon thread, waited for at most `timeout_s`: a user's builder that never returns
+    cannot hang the launcher or a worker (the thread is abandoned; the process ends with the error)."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
         try:
-            result = function()
-        except Exception as exc:  # the user's code
-            raise ModelSpecError(f"model spec {spec!r}: {name}() raised {type(exc).__name__}: {str(exc)[:160]}") from exc
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="geotrain-model-build", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise ModelSpecError(f"model spec {spec!r}: {what} did not return within {timeout_s:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def _build(spec: str, target: str, name: str) -> Any:
+    function = _load_function(spec, target, name)
+    try:
+        return function()
+    except (Exception, SystemExit) as exc:  # the user's code (sys.exit included)
+        raise ModelSpecError(f"model spec {spec!r}: {name}() raised {type(exc).__name__}: {str(exc)[:160]}") from exc
+
+
+def user_model(spec: str, target: str, name: str, options: ModelOptions) -> LayerModel:
+    """The layer list returned by the user function `target:name` (file path or module), imported and
+    called within options.build_timeout_s."""
+    with seeded_build(options.seed):
+        result = _bounded(lambda: _build(spec, target, name), options.build_timeout_s, spec,
+                          f"importing {target} and calling {name}()")
     if isinstance(result, LayerModel):
         return result
     if isinstance(result, (nn.Sequential, nn.ModuleList)):

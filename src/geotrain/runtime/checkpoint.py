@@ -14,13 +14,16 @@ model, codecs, seed; resuming a different run is refused) and, per shard, its si
 Loading a shard: read its bytes once, check size and sha256 against the manifest (a flipped byte,
 a truncated or swapped file is refused, naming it), unpickle those same bytes with
 `torch.load(weights_only=True)` (tensors and plain containers only: a crafted pickle cannot run
-code), then check the shard's own header (rank, stage, replica) against the slot it is loaded into.
+code), then check the shard's own header (rank, stage, replica) against the slot it is loaded into and its run header (the sha256 of the
+manifest's identity, and the step) against the checkpoint, so that a shard of another run copied in
+with the manifest re-hashed is refused by name.
 Shards hold tensors and primitives only (RNG states included) so that weights_only suffices.
 On several machines D must be a shared filesystem (every rank writes its shard, rank 0 the manifest).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -38,10 +41,11 @@ from geotrain.errors import GeotrainError
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
-FORMAT = 2
-"""Checkpoint format: 2 = sha256 per shard, weights_only shards with a slot header."""
+FORMAT = 3
+"""Checkpoint format: 2 = sha256 per shard, weights_only shards with a slot header; 3 = the header
+also names the run (its identity's sha256) and the step."""
 MAX_MANIFEST_BYTES = 1 << 20
-_STEP_NAME = re.compile(r"step-(\d{6,12})")
+STEP_NAME = re.compile(r"step-(\d{6,12})")
 
 
 class CheckpointError(GeotrainError, ValueError):
@@ -62,20 +66,36 @@ def shard_path(root: str | Path, step: int, rank: int) -> Path:
     return step_dir(root, step) / f"rank-{rank:04d}.pt"
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary name beside `path`, fsync, rename; a full disk is a
+    CheckpointError naming the directory (and the temporary file is removed)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CheckpointError(f"no space left on {path.parent} (writing {path.name}, {len(data)} bytes)") from None
+        raise CheckpointError(f"{path}: cannot write checkpoint file ({exc.strerror or exc})") from None
 
 
-def save_shard(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> Path:
-    """Write one rank's state atomically; returns its path. `state` holds tensors and primitives only."""
+def identity_digest(identity: dict[str, Any]) -> str:
+    """sha256 of the run's identity (canonical JSON): what each shard's header names its run by."""
+    return _sha256(json.dumps(identity, sort_keys=True).encode())
+
+
+def save_shard(root: str | Path, step: int, rank: int, state: dict[str, Any], identity: dict[str, Any]) -> Path:
+    """Write one rank's state atomically; returns its path. `state` holds tensors and primitives only
+    (with its "slot" header); a "run" header (the identity's sha256 and the step) is added here."""
     path = shard_path(root, step, rank)
-    _atomic_write(path, lambda handle: torch.save(state, handle))
+    buffer = io.BytesIO()  # serialised in memory: a full disk is then a plain OSError from write()
+    torch.save({**state, "run": {"identity_sha256": identity_digest(identity), "step": step}}, buffer)
+    _atomic_write(path, buffer.getvalue())
     return path
 
 
@@ -106,8 +126,8 @@ def write_manifest(root: str | Path, step: int, identity: dict[str, Any], world_
         shards.append({"rank": rank, "file": path.name, "bytes": len(data), "sha256": _sha256(data)})
     manifest = {"format": FORMAT, "step": step, "world_size": world_size, "identity": identity, "shards": shards}
     text = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-    _atomic_write(directory / MANIFEST, lambda handle: handle.write(text))
-    _atomic_write(Path(root) / LATEST, lambda handle: handle.write(directory.name.encode() + b"\n"))
+    _atomic_write(directory / MANIFEST, text)
+    _atomic_write(Path(root) / LATEST, directory.name.encode() + b"\n")
     return directory / MANIFEST
 
 
@@ -123,7 +143,7 @@ def latest_step(root: str | Path) -> int | None:
     except (OSError, UnicodeDecodeError) as exc:
         why = "not ASCII text" if isinstance(exc, UnicodeDecodeError) else (exc.strerror or str(exc))
         raise CheckpointError(f"{pointer}: unreadable checkpoint pointer ({why})") from None
-    match = _STEP_NAME.fullmatch(name)
+    match = STEP_NAME.fullmatch(name)
     if match is None:
         raise CheckpointError(f"{pointer}: must name a step directory like 'step-000012', got {_short(name)}")
     if not (Path(root) / name / MANIFEST).is_file():
@@ -155,7 +175,7 @@ def _check_manifest(manifest: Any, path: Path, step: int) -> None:
         raise bad("top level", "a JSON object", type(manifest).__name__)
     if manifest.get("format") != FORMAT:
         raise CheckpointError(f"{path}: format: checkpoint format {_short(manifest.get('format'))} is not "
-                              f"{FORMAT} (written by another geotrain version, without shard checksums)")
+                              f"{FORMAT} (written by another geotrain version)")
     if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
         raise bad("step", f"{step} (its directory)", manifest.get("step"))
     world_size = manifest.get("world_size")
@@ -235,6 +255,10 @@ def load_shard(root: str | Path, step: int, rank: int, manifest: dict[str, Any],
         header = state.get("slot") if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"{path}: shard header is {_short(header)}, expected {slot}: "
                               f"a shard of another slot was put here; refusing it")
+    run = {"identity_sha256": identity_digest(manifest["identity"]), "step": step}
+    if state.get("run") != run:
+        raise CheckpointError(f"{path}: shard header names run {_short(state.get('run'), 120)}, this checkpoint "
+                              f"is {run}: a shard of another run or step was put here; refusing it")
     return state
 
 
@@ -243,7 +267,7 @@ def has_checkpoints(root: str | Path) -> list[str]:
     path = Path(root)
     if not path.is_dir():
         return []
-    return sorted(entry.name for entry in path.iterdir() if entry.name == LATEST or _STEP_NAME.fullmatch(entry.name))
+    return sorted(entry.name for entry in path.iterdir() if entry.name == LATEST or STEP_NAME.fullmatch(entry.name))
 
 
 def prepare_directory(root: str | Path, resume: bool, overwrite: bool, clear: bool = True) -> None:

@@ -22,6 +22,8 @@ node in the environment instead: GEOTRAIN_NODE=NAME (NODE_ENV), read under torch
 from __future__ import annotations
 
 import json
+import os
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -36,6 +38,9 @@ from geotrain.runtime.layout import Layout
 
 NODE_ENV = "GEOTRAIN_NODE"
 """Names this host's node for workers started by torchrun (same meaning as --node)."""
+
+ONE_HOST = "localhost"
+"""The node name of a plan whose devices name no host: every rank on the one machine."""
 
 DEFAULT_PORT = 29500
 """torchrun's default rendezvous port, used by --print-torchrun when --rdzv is not given."""
@@ -83,8 +88,13 @@ class HostLayout:
 
 
 def host_layout(cluster: Cluster, layout: Layout, source: str = "--cluster") -> HostLayout:
-    """Group the plan's ranks by the host of their device; HostsError if a used device names no host."""
+    """Group the plan's ranks by the host of their device; a plan none of whose devices names a host
+    is one node, ONE_HOST (e.g. --print-torchrun for one machine); HostsError if only some do."""
     by_host: dict[str, list[int]] = {}
+    if all(cluster.hosts[layout.slot(rank).device] is None for rank in range(layout.world_size)):
+        ranks = tuple(range(layout.world_size))
+        return HostLayout((Node(ONE_HOST, ranks, tuple(cluster.gpu_index[layout.slot(r).device] for r in ranks)),),
+                          layout.world_size)
     for rank in range(layout.world_size):
         device = layout.slot(rank).device
         host = cluster.hosts[device]
@@ -136,6 +146,23 @@ def torchrun_commands(hosts: HostLayout, endpoint: tuple[str, int], train_args: 
         prefix = f"{NODE_ENV}={shlex.quote(node.name)} " + (f"CUDA_VISIBLE_DEVICES={env} " if env is not None else "")
         commands.append((node.name, prefix + shlex.join(argv)))
     return commands
+
+
+def rendezvous_failure(exc: Exception, rank: int, world_size: int, timeout_s: float) -> HostsError:
+    """The one line for torch's failure to form the env:// process group (DistStoreError: workers
+    missing at rank 0's store; DistNetworkError: no store at MASTER_ADDR:MASTER_PORT)."""
+    where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    joined = re.search(r"(\d+)/(\d+) clients joined", str(exc))
+    if joined:
+        missing = world_size - int(joined.group(1))
+        return HostsError(f"rendezvous at {where} (MASTER_ADDR:MASTER_PORT): only {joined.group(1)} of {world_size} "
+                          f"workers joined within {timeout_s:g} s (--comm-timeout); {missing} missing: start every "
+                          f"host's command (see --print-torchrun), each with --nproc-per-node its ranks")
+    if rank != 0 and "connect" in str(exc):
+        return HostsError(f"rendezvous at {where} (MASTER_ADDR:MASTER_PORT): rank {rank} found no store there within "
+                          f"{timeout_s:g} s (--comm-timeout): the host of rank 0 must run first and listen there")
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return HostsError(f"rendezvous at {where} (MASTER_ADDR:MASTER_PORT) failed for rank {rank} of {world_size}: {first}")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from geotrain.procs import (LaunchResult, Supervisor, Target, Verdict, WorkerFai
                             set_process_name, torchrun_env)
 from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
                                          read_manifest, step_dir, verify_shards)
+from geotrain.runtime.checkpoint_lock import DirectoryLock, hold_directory
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.hosts import Rendezvous
 from geotrain.runtime.report import build_report
@@ -83,15 +85,29 @@ def check_resumable(config: RuntimeConfig) -> int:
     return step
 
 
-def check_before_launch(config: RuntimeConfig, clear: bool = True) -> None:
+def check_before_launch(config: RuntimeConfig, clear: bool = True) -> DirectoryLock | nullcontext[None]:
     """Everything about the checkpoint directory that can fail, checked before any worker starts:
-    writable, not another run's unless resuming or overwriting (`clear`: remove the old steps),
-    and a resumed checkpoint complete, of this run and intact."""
+    held by no other run (`clear`: this process takes its lock, held until the returned context
+    exits, and removes partial files of interrupted checkpoints, saying so on stderr), writable,
+    not another run's unless resuming or overwriting (`clear`: remove the old steps), and a resumed
+    checkpoint complete, of this run and intact."""
     if config.checkpoint.checkpoint_dir is None:
-        return
-    prepare_directory(config.checkpoint.checkpoint_dir, config.checkpoint.resume, config.checkpoint.overwrite, clear)
-    if config.checkpoint.resume:
-        check_resumable(config)
+        return nullcontext()
+    held: DirectoryLock | nullcontext[None] = nullcontext()
+    if clear:  # one host (rank 0's) holds a shared directory
+        held = hold_directory(config.checkpoint.checkpoint_dir)
+        if held.removed:
+            print(f"geotrain: note: removed {len(held.removed)} partial checkpoint file(s) of an interrupted run "
+                  f"in {config.checkpoint.checkpoint_dir}: {', '.join(held.removed[:3])}{', ...' if len(held.removed) > 3 else ''}",
+                  file=sys.stderr)
+    try:
+        prepare_directory(config.checkpoint.checkpoint_dir, config.checkpoint.resume, config.checkpoint.overwrite, clear)
+        if config.checkpoint.resume:
+            check_resumable(config)
+    except BaseException:
+        held.__exit__(None, None, None)
+        raise
+    return held
 
 
 def _store_read(store: Any, key: str) -> str | None:
@@ -120,9 +136,15 @@ def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll
 
     `tokens`: the WorldTokens of world `config.data.data_seed` (built here if None and no --data), handed
     to the workers so that they do not all build the world at once. `rendezvous`: run only this host's
-    ranks and meet the other hosts there (None: every rank here, a store on a free localhost port)."""
+    ranks and meet the other hosts there (None: every rank here, a store on a free localhost port).
+    The checkpoint directory is held (locked) for the run's life."""
+    with check_before_launch(config, clear=rendezvous is None or rendezvous.is_host):  # one host clears a shared dir
+        return _launch_checked(config, progress, poll_s, tokens, rendezvous)
+
+
+def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, poll_s: float, tokens: Any,
+                    rendezvous: Rendezvous | None) -> LaunchResult:
     started = time.perf_counter()
-    check_before_launch(config, clear=rendezvous is None or rendezvous.is_host)  # one host clears a shared dir
     if rendezvous is None:
         store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
         ranks, addr = tuple(range(config.world_size)), "127.0.0.1"

@@ -30,6 +30,7 @@ from geotrain.runtime import checkpoint as ckpt
 from geotrain.models import MODEL_PRESETS
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync, sync_options
+from geotrain.runtime.hosts import rendezvous_failure
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
@@ -211,7 +212,7 @@ class Worker:
         state = {"slot": self.slot_header(), "stage": self.stage.state_dict(), "boundaries": list(self.boundaries),
                  "dp": self.dp.state_dict(),
                  "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
-        ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state)
+        ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())
         dist.barrier()
         if self.rank == 0:
             ckpt.write_manifest(cfg.checkpoint.checkpoint_dir, completed, cfg.identity(), cfg.world_size)
@@ -300,8 +301,11 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         emulation = use_emulated_links(config.cluster, config.layout, config.emulation.time_scale,
                                        config.emulation.compute_clock,
                                        config.compute_scale())
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=config.reliability.comm_timeout_s))
+    try:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=config.reliability.comm_timeout_s))
+    except (dist.DistStoreError, dist.DistNetworkError) as exc:  # peers never came: one line, not a traceback
+        raise rendezvous_failure(exc, rank, world_size, config.reliability.comm_timeout_s) from None
     layout = config.layout
     reliability = config.reliability
     watchdog = Watchdog(_store_client(reliability.heartbeat_timeout_s), _store_client(reliability.heartbeat_timeout_s),
