@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster import Cluster, region_cluster
+from geotrain.cluster.generators import make_network
 from geotrain.cluster.scale import multicloud
 from geotrain.cost import build_cost_model
 from geotrain.job import load_job
@@ -45,6 +46,21 @@ def uneven_regions(devices: int, seed: int) -> Cluster:
             latency[a, b] = latency[b, a] = rng.uniform(10.0, 250.0)
     return region_cluster(f"uneven-{devices}-seed{seed}", [f"region{g}" for g in range(regions)], sizes,
                           np.round(bandwidth, 4), np.round(latency, 3), "V100")
+
+
+UNEVEN_SIX_SIZES = (16, 12, 12, 8, 8, 8)
+"""Region sizes of issue 21's 64-device case; `uneven_six_regions` scales them by devices / 64."""
+
+
+def uneven_six_regions(devices: int = 64, seed: int = 0) -> Cluster:
+    """Six regions of unequal size (16/12/12/8/8/8 x devices / 64; devices a multiple of 64), fast
+    links inside (10 Gbit/s, 0.1 ms), uneven links between (`make_network`: each region pair
+    0.3..1.3 Gbit/s and 10..250 ms from default_rng(seed)); region-uniform, all V100."""
+    if devices < 64 or devices % 64:
+        raise SearchError(f"bench scale: six-region clusters need a multiple of 64 devices, got {devices}")
+    sizes = [size * devices // 64 for size in UNEVEN_SIX_SIZES]
+    return make_network(sizes, 10.0, (0.3, 1.3), (10.0, 250.0), seed=seed,
+                        name=f"uneven6-{devices}-seed{seed}")
 
 
 @dataclass(frozen=True)
