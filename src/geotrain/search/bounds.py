@@ -8,6 +8,8 @@ Two bounds, the larger is reported:
 - region relaxation: the region MILP (`milp`) on region terms that take the cheapest device pair of
   every region pair (exact for region-uniform clusters, a relaxation otherwise). With few enough
   candidate region paths this is the path model (its optimum, or its dual bound at the time limit);
+  with more, the path model over the paths of cost <= c bounds the rest by c + DP lower bound
+  (`exact.solve_region_problem`);
   and, unless that solved to optimality, the layered-composition model (`layers`) when few region
   compositions can beat the best known plan (they share the time limit); the flow model when
   neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
@@ -109,12 +111,12 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
         solution = solve_region_problem(regions, S, R, max_paths=max_paths, upper_bound_s=upper,
                                         time_limit_s=left(0.5 if (compositions is not None or staircase) and not settled
                                                           else 1.0))
-    except ValueError:  # SearchError: too many paths
+    except ValueError:  # SearchError: no plan over the cheapest paths
         solution = None
     solved = False
-    if solution is not None and solution.complete:
-        parts["region-paths"] = solution.milp.bound
-        solved = solution.milp.status == "optimal"  # the region problem's optimum: layers cannot beat it
+    if solution is not None:  # complete or with lazily generated paths: bound_s holds either way
+        parts["region-paths"] = solution.bound_s
+        solved = solution.complete and solution.milp.status == "optimal"  # the region optimum: nothing beats it
         proven = regions.exact and solved
     # unless the path model or the first staircase settled it, the layer/flow relaxations share the
     # time left with the DP staircase
@@ -122,7 +124,8 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
     share = 0.5 if with_staircase else 1.0
     if not solved and not settled and compositions is not None:
         parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left(share)).bound
-    if not solved and not settled and "region-paths" not in parts and "region-layers" not in parts:
+    complete = solution is not None and solution.complete
+    if not solved and not settled and not complete and "region-layers" not in parts:
         # plans with DP above U - (cheapest path) cost more than U: min(bound, U) holds for all plans
         dp_cap = upper - cheapest_path_seconds(regions, S)
         parts["region-flows"] = min(upper, solve_flow_milp(regions, S, R, left(share), dp_cap_s=dp_cap).bound)
