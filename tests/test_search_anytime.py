@@ -72,6 +72,7 @@ def test_time_budget_shares_the_limit_between_search_and_bound():
     assert time_budget(60.0, 10.0, True) == pytest.approx((50.0, 10.0))
     assert time_budget(60.0, None, False) == (60.0, 0.0)
     assert time_budget(None, None, True) == (None, 30.0)
+    assert time_budget(60.0, None, True, exact_certifies=True) == pytest.approx((51.0, 9.0))
 
 
 def test_plan_with_a_time_limit_and_a_bound_returns_within_the_limit(capsys):

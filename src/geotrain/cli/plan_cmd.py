@@ -33,6 +33,8 @@ from geotrain.yaml_text import parse_document
 DEFAULT_METHOD = "auto"
 BOUND_SHARE = 0.4
 """With --lower-bound and --time-limit T (no --bound-time-limit): the bound's share of T."""
+EXACT_BOUND_SHARE = 0.15
+"""The bound's share when auto's exact MILP certifies its own plan (region-uniform clusters)."""
 DEFAULT_BOUND_TIME_LIMIT_S = 30.0
 # Shortcut flags for common method options; each sets options[name] when given.
 OPTION_FLAGS = (("iterations", int, "local-search: swaps tried per restart"),
@@ -109,16 +111,19 @@ def parse_options(args: Any) -> dict[str, Any]:
     return options
 
 
-def time_budget(time_limit_s: float | None, bound_time_limit_s: float | None, with_bound: bool
-                ) -> tuple[float | None, float]:
+def time_budget(time_limit_s: float | None, bound_time_limit_s: float | None, with_bound: bool,
+                exact_certifies: bool = False) -> tuple[float | None, float]:
     """(search seconds, bound seconds): with a time limit T the two share it (the bound gets
-    --bound-time-limit, or BOUND_SHARE of T); without one the search is unlimited and the bound gets
-    --bound-time-limit or DEFAULT_BOUND_TIME_LIMIT_S."""
+    --bound-time-limit, or BOUND_SHARE of T, or EXACT_BOUND_SHARE when `exact_certifies`: auto on a
+    region-uniform cluster, whose exact MILP proves its own bound, so the search gets most of T);
+    without one the search is unlimited and the bound gets --bound-time-limit or
+    DEFAULT_BOUND_TIME_LIMIT_S. The bound also gets whatever the search leaves of T."""
     if time_limit_s is None:
         return None, bound_time_limit_s or DEFAULT_BOUND_TIME_LIMIT_S
     if not with_bound:
         return time_limit_s, 0.0
-    bound = min(bound_time_limit_s or BOUND_SHARE * time_limit_s, 0.9 * time_limit_s)
+    share = EXACT_BOUND_SHARE if exact_certifies else BOUND_SHARE
+    bound = min(bound_time_limit_s or share * time_limit_s, 0.9 * time_limit_s)
     return time_limit_s - bound, bound
 
 
@@ -159,7 +164,8 @@ def run(args: Any) -> int:
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
     left = None if args.time_limit is None else max(0.1, args.time_limit - (time.perf_counter() - started))
-    search_limit, bound_limit = time_budget(left, args.bound_time_limit, args.lower_bound)
+    exact_certifies = args.method == "auto" and cluster.is_region_uniform() and model.pairwise_terms() is not None
+    search_limit, bound_limit = time_budget(left, args.bound_time_limit, args.lower_bound, exact_certifies)
     with out.progress(f"{args.method} on {cluster.name}", 1) as progress:
         result = run_search(args.method, problem, seed=args.seed, time_limit_s=search_limit,
                             progress=progress, options=options)

@@ -5,7 +5,7 @@ if it applies and proves its plan optimal, that is the answer. Otherwise it runs
 `fallbacks` (default: hierarchical, then genetic) and keeps the cheapest plan. Methods that do not
 apply (SearchError: a non-pairwise model, too many region paths...) are skipped and recorded in
 `details["tried"]`. Without a time limit that is all (each method once: fast). With one, exact may
-take half of it and each heuristic a fifth, and the time left goes to improvement rounds seeded
+take EXACT_SHARE of it and each heuristic a fifth, and the time left goes to improvement rounds seeded
 from the best plan (`anytime`: region-path MILP, kicked hierarchical restarts, genetic runs), unless
 exact proved its plan optimal. details: "found_by" (the method or round that found the plan),
 "trajectory" ([seconds, best total, found by] at each improvement), "anytime_rounds".
@@ -24,6 +24,10 @@ from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
 from geotrain.search.local_search import LocalSearchConfig, local_search
+
+EXACT_SHARE = 0.6
+"""With a time limit, exact's share of it (its MILP proves the optimum on region-uniform clusters when
+it has the time; it gives up at once elsewhere, leaving the time to the heuristics)."""
 
 _FALLBACKS = {
     "hierarchical": (HierarchicalConfig, hierarchical_search),
@@ -101,9 +105,10 @@ def auto_search(
         (name, *_FALLBACKS[name]) for name in config.fallbacks
     ]
     for k, (name, config_type, run) in enumerate(candidates):
-        # anytime: exact may take half the budget, each heuristic a fifth; the rest goes to the rounds
+        # anytime: exact may take EXACT_SHARE of the budget, each heuristic a fifth; the rest goes to the rounds
         share = None if deadline is None else (_remaining(deadline) if not anytime else
-                                               min(_remaining(deadline), time_limit_s * (0.5 if name == "exact" else 0.2)))
+                                               min(_remaining(deadline), time_limit_s * (EXACT_SHARE if name == "exact"
+                                                                                         else 0.2)))
         try:
             result = run(problem, config_type(), seed=seed, time_limit_s=share, progress=progress)
         except SearchError as exc:
