@@ -56,3 +56,15 @@ def test_paths_below_keeps_every_path_up_to_its_cap_and_no_more_than_allowed():
     everything = enumerate_paths(terms, 4, 1e9, 10**6)
     assert len(everything[0]) == 4 ** 4
     assert int((everything[1] <= cap).sum()) == len(paths)  # all paths up to the cap, none missing
+
+
+def test_exact_from_a_known_plan_keeps_it_when_nothing_beats_it_and_replaces_a_worse_one():
+    cluster = random_cluster(11, (3, 3), 0.0)
+    model = build_cost_model("yuan", cluster, JOB, 2, 3)
+    plans = all_assignments(cluster.n_devices, 2, 3)
+    totals = model.evaluate_many(plans)
+    problem = PlacementProblem(cluster, model)
+    best = exact_search(problem, ExactConfig(), seed=0, initial=plans[int(np.argmin(totals))])
+    assert best.cost.total == pytest.approx(float(totals.min()), rel=1e-9) and best.details["proven_optimal"]
+    worse = exact_search(problem, ExactConfig(), seed=0, initial=plans[int(np.argmax(totals))])
+    assert worse.cost.total == pytest.approx(float(totals.min()), rel=1e-9)

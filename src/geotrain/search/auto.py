@@ -1,14 +1,16 @@
 """`auto`: the best plan the toolkit can give without the user choosing a method.
 
-Tries `exact` first (the proven optimum, when the cluster is region-uniform and the model pairwise);
-if it applies and proves its plan optimal, that is the answer. Otherwise it runs the heuristics in
-`fallbacks` (default: hierarchical, then genetic) and keeps the cheapest plan. Methods that do not
-apply (SearchError: a non-pairwise model, too many region paths...) are skipped and recorded in
-`details["tried"]`. Without a time limit that is all (each method once: fast). With one, exact may
-take EXACT_SHARE of it and each heuristic a fifth, and the time left goes to improvement rounds seeded
-from the best plan (`anytime`: region-path MILP, kicked hierarchical restarts, genetic runs), unless
-exact proved its plan optimal. details: "found_by" (the method or round that found the plan),
-"trajectory" ([seconds, best total, found by] at each improvement), "anytime_rounds".
+Without a time limit: `exact` first (the proven optimum, when the cluster is region-uniform and the
+model pairwise); if it applies and proves its plan optimal, that is the answer; otherwise the
+heuristics in `fallbacks` (default: hierarchical, then genetic), each once (fast), and the cheapest
+plan is kept. Methods that do not apply (SearchError: a non-pairwise model, a cluster that is not
+region-uniform...) are skipped and recorded in `details["tried"]`. With a time limit the heuristics
+run first (a fifth of it each), then exact from their best plan (the rest, at most EXACT_SHARE: the
+plan's total prunes its region paths, and the plan stays when the MILP finds nothing better), and
+unless exact proved its plan optimal the time left goes to improvement rounds seeded from the best
+plan (`anytime`: region-path MILP, kicked hierarchical restarts, genetic runs). details: "found_by"
+(the method or round that found the plan), "trajectory" ([seconds, best total, found by] at each
+improvement), "anytime_rounds".
 A model that is not pairwise but has a pairwise `surrogate` (e.g. "schedule": its "yuan" terms) is
 searched on the surrogate and its finalists ranked with the real model.
 """
@@ -101,16 +103,19 @@ def auto_search(
     trajectory = Trajectory(start)
     tried: list[dict] = []
     results: list[SearchResult] = []
-    candidates = ([("exact", ExactConfig, exact_search)] if config.try_exact else []) + [
-        (name, *_FALLBACKS[name]) for name in config.fallbacks
-    ]
+    candidates = [(name, *_FALLBACKS[name]) for name in config.fallbacks]
+    exact = [("exact", ExactConfig, exact_search)] if config.try_exact else []
+    # without a limit exact goes first (it may settle everything at once); with one the heuristics do,
+    # and exact starts from their best plan (it prunes the region paths, and stays if nothing beats it)
+    candidates = exact + candidates if not anytime else candidates + exact
     for k, (name, config_type, run) in enumerate(candidates):
         # anytime: exact may take EXACT_SHARE of the budget, each heuristic a fifth; the rest goes to the rounds
         share = None if deadline is None else (_remaining(deadline) if not anytime else
                                                min(_remaining(deadline), time_limit_s * (EXACT_SHARE if name == "exact"
                                                                                          else 0.2)))
+        seeded = {"initial": trajectory.best.assignment} if name == "exact" and trajectory.best is not None else {}
         try:
-            result = run(problem, config_type(), seed=seed, time_limit_s=share, progress=progress)
+            result = run(problem, config_type(), seed=seed, time_limit_s=share, progress=progress, **seeded)
         except SearchError as exc:
             tried.append({"method": name, "skipped": str(exc)})
             continue

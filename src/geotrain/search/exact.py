@@ -171,22 +171,29 @@ def exact_search(
     seed: int,
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
+    initial: np.ndarray | None = None,
 ) -> SearchResult:
     """Optimal plan of a region-uniform cluster under a pairwise model; `lower_bound` is the MILP bound
-    (equal to the total, up to solver tolerance, when status is optimal)."""
+    (equal to the total, up to solver tolerance, when status is optimal). `initial`: a known plan
+    (`auto` passes its heuristics' best): its total prunes the region paths (on exact region terms it
+    is its region total, >= the optimum), and it is returned, with the MILP's bound, when the MILP
+    finds nothing better in time."""
     start = time.perf_counter()
     cluster, model = problem.cluster, problem.cost_model
     terms = region_terms(cluster, model, "exact")
     if not terms.exact:
         raise SearchError("exact needs a region-uniform cluster (every device pair's link set by its two regions); "
                           "use another method, and --lower-bound for a bound")
+    known = None if initial is None else (np.asarray(initial, dtype=np.int64), model.evaluate(initial))
     solution = solve_region_problem(terms, problem.stages, problem.replicas, max_paths=config.max_paths,
-                                    time_limit_s=time_limit_s)
+                                    time_limit_s=time_limit_s, upper_bound_s=None if known is None else known[1].total)
     milp = solution.milp
-    if milp.stage_paths is None:
+    if milp.stage_paths is None and known is None:
         raise SearchError(f"exact: the MILP found no plan within the time limit ({milp.status})")
-    assignment = expand_to_devices(cluster, milp.stage_paths)
+    assignment = known[0] if milp.stage_paths is None else expand_to_devices(cluster, milp.stage_paths)
     cost = model.evaluate(assignment)
+    if known is not None and known[1].total < cost.total:
+        assignment, cost = known
     if progress is not None:
         progress(1, 1)
     bound = certified_bound(solution, cost.total)
@@ -199,7 +206,7 @@ def exact_search(
         details={"status": milp.status, "proven_optimal": bound >= cost.total, "complete": solution.complete,
                  "milp_objective": milp.objective, "milp_bound": milp.bound, "candidate_paths": solution.paths,
                  "path_cap_s": solution.path_cap_s, "pruning_upper_bound": solution.upper_bound_s,
-                 "milp_seconds": milp.seconds, "region_counts": milp.counts.tolist()},
+                 "milp_seconds": milp.seconds, "region_counts": None if milp.counts is None else milp.counts.tolist()},
         lower_bound=bound,
     )
 
