@@ -139,3 +139,37 @@ def test_plan_cli_auto_config_json_contract(tmp_path, capsys):
 def test_plan_cli_refuses_half_layouts_and_fixed_layout_options(capsys, argv, message):
     assert main(["plan", "--cluster", "seed-geo", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_stage_memory_follows_an_uneven_layer_split():
+    from geotrain.cost.memory import stage_layers
+
+    equal = stage_memory_bytes(JOB, 2, 2, 2, MemoryConfig())
+    assert np.allclose(stage_memory_bytes(JOB, 2, 2, 2, MemoryConfig(), np.array([0.5, 0.5])), equal)
+    uneven = stage_memory_bytes(JOB, 2, 2, 2, MemoryConfig(), np.array([0.75, 0.25]))
+    assert stage_layers(JOB, 2, np.array([0.75, 0.25])).tolist() == [6.0, 2.0]
+    assert uneven[0] > equal[0] and uneven[1] < equal[1]
+    # the difference is exactly 2 layers' states and in-flight activations per stage
+    per_layer_params = (JOB.params - JOB.vocab * JOB.hidden) / JOB.layers
+    acts = 34.0 * JOB.seq_len * (JOB.global_batch / 4) * JOB.hidden
+    assert uneven[0] - equal[0] == pytest.approx(2 * (per_layer_params * 16.0 + 2 * acts))
+    with pytest.raises(MemoryConfigError, match="summing to 1"):
+        stage_memory_bytes(JOB, 2, 2, 2, MemoryConfig(), np.array([0.7, 0.7]))
+
+
+def test_auto_config_takes_the_speed_split_where_it_is_faster_and_fits():
+    from geotrain.search.autoconfig import better_split
+
+    bw = np.array([[25.0, 5.0], [5.0, 25.0]])
+    ms = np.array([[0.1, 2.0], [2.0, 0.1]])
+    cluster = region_cluster("two-gens", ["new", "old"], [2, 2], bw, ms, ["A100-80GB", "V100"])
+    result = auto_configure(cluster, JOB, AutoConfigOptions(top=3, rank_model="yuan+compute"))
+    pipelined = [c for c in result.candidates if c.stages == 2 and len({cluster.gpus[d] for d in c.assignment.ravel()}) == 2]
+    for c in result.candidates:
+        again = better_split(cluster, JOB, c, AutoConfigOptions(rank_model="yuan+compute"))
+        assert again.iteration_s == pytest.approx(c.iteration_s, rel=1e-12)
+        if c.split is not None:
+            assert c.split["rule"] == "speed" and sum(c.split["counts"]) == JOB.layers
+    if pipelined:  # a stage on A100s next to one on V100s: the A100 stage takes more layers
+        c = pipelined[0]
+        assert c.split is not None and max(c.split["counts"]) > JOB.layers // 2

@@ -80,8 +80,9 @@ def test_plan_and_cost_tables_for_people(tmp_path, capsys):
 def test_cost_uses_the_plans_replicas_and_the_default_job(tmp_path, capsys):
     plan = {"stages": 2, "replicas": 3, "assignment": [[0, 9, 17], [1, 10, 18]]}
     (tmp_path / "hand.json").write_text(json.dumps(plan))
-    code, out, _ = run_cli(capsys, "cost", "--cluster", "seed-geo", "--plan", str(tmp_path / "hand.json"), "--json")
+    code, out, err = run_cli(capsys, "cost", "--cluster", "seed-geo", "--plan", str(tmp_path / "hand.json"), "--json")
     assert code == 0
+    assert err.startswith("geotrain: note: job 'gpt-1.3b-seed': global_batch 1024 is not a multiple of the 3 replicas")
     reference = yuan_cost_reference(seed_geo(), traffic_of_job(GPT_13B_SEED, 2, 3), plan["assignment"])
     assert json.loads(out)["cost"]["total"] == pytest.approx(reference["total"], rel=1e-12)
 

@@ -1,4 +1,4 @@
-"""A job that does not split evenly over the layout is refused at plan time (and by `cost`, which shares the loader) with the reason,
+"""A job that does not split evenly over the layout is refused at plan time with the reason (`cost` scores a given plan and says it in a note),
 instead of being planned without a word: a global batch that is not a multiple of the replicas (12 on
 8 replicas drops 4 samples each iteration), fewer layers than pipeline stages."""
 

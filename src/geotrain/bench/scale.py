@@ -2,20 +2,25 @@
 and a proven lower bound on each cluster's optimum.
 
 For each size n (devices), the cluster is `multicloud(regions, n // regions, seed, jitter)` (family
-"multicloud") or `uneven_regions(n, seed)` (family "uneven": 4-8 regions of unequal sizes and
-intra-region speeds, region-uniform), and the layout uses every device: S = `stages`, R = n // S. Each method runs once with the same seed and
-time limit; the lower bound (`search.bounds.lower_bound`) is computed once per cluster, given the
-best total any method found, and every row's gap is (total - bound) / total.
+"multicloud"; "uniform" and "jittered" fix the jitter at 0 and 0.1), `uneven_regions(n, seed)`
+(family "uneven": 4-8 regions of unequal sizes and intra-region speeds, region-uniform) or
+`uneven_six_regions(n, seed)` (family "many-region": issue 21's six regions of 16/12/12/8/8/8 x n/64),
+and the layout uses every device: S = `stages`, R = n // S. Each method runs once with the same seed
+and time limit; the lower bound (`search.bounds.lower_bound`, guarded: back within its limit) is
+computed once per cluster, given the best total any method found (and raised to a method's own
+proven bound, exact's), and every row's gap is (total - bound) / total; wall_s against limit_s
+shows whether the time limits held.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from geotrain.cluster import Cluster, region_cluster
+from geotrain.cluster.generators import make_network
 from geotrain.cluster.scale import multicloud
 from geotrain.cost import build_cost_model
 from geotrain.job import load_job
@@ -23,7 +28,9 @@ from geotrain.search import PlacementProblem, ProgressCallback, SearchError, run
 from geotrain.search.bounds import lower_bound
 
 DEFAULT_METHODS = ("pipeline-local", "dp-local", "local-search", "genetic", "hierarchical", "exact", "region-paths")
-FAMILIES = ("multicloud", "uneven")
+FAMILIES = ("multicloud", "uniform", "jittered", "uneven", "many-region")
+"""multicloud: `multicloud` with the config's jitter; uniform / jittered: the same with jitter 0 / 0.1;
+uneven: `uneven_regions`; many-region: `uneven_six_regions` (sizes multiples of 64)."""
 
 
 def uneven_regions(devices: int, seed: int) -> Cluster:
@@ -47,6 +54,21 @@ def uneven_regions(devices: int, seed: int) -> Cluster:
                           np.round(bandwidth, 4), np.round(latency, 3), "V100")
 
 
+UNEVEN_SIX_SIZES = (16, 12, 12, 8, 8, 8)
+"""Region sizes of issue 21's 64-device case; `uneven_six_regions` scales them by devices / 64."""
+
+
+def uneven_six_regions(devices: int = 64, seed: int = 0) -> Cluster:
+    """Six regions of unequal size (16/12/12/8/8/8 x devices / 64; devices a multiple of 64), fast
+    links inside (10 Gbit/s, 0.1 ms), uneven links between (`make_network`: each region pair
+    0.3..1.3 Gbit/s and 10..250 ms from default_rng(seed)); region-uniform, all V100."""
+    if devices < 64 or devices % 64:
+        raise SearchError(f"bench scale: six-region clusters need a multiple of 64 devices, got {devices}")
+    sizes = [size * devices // 64 for size in UNEVEN_SIX_SIZES]
+    return make_network(sizes, 10.0, (0.3, 1.3), (10.0, 250.0), seed=seed,
+                        name=f"uneven6-{devices}-seed{seed}")
+
+
 @dataclass(frozen=True)
 class ScaleBenchConfig:
     """sizes: device counts (multiples of regions x stages); jitter: per-pair bandwidth noise (0:
@@ -67,6 +89,11 @@ class ScaleBenchConfig:
         if self.family not in FAMILIES:
             raise SearchError(f"bench scale: family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         for n in self.sizes:
+            if self.family == "many-region":
+                if n % 64 or n % self.stages:
+                    raise SearchError(f"bench scale: many-region size {n} must be a multiple of 64 and of stages "
+                                      f"({self.stages})")
+                continue
             if self.family == "uneven":
                 if n % self.stages or n < 16:
                     raise SearchError(f"bench scale: size {n} must be >= 16 and a multiple of stages ({self.stages})")
@@ -90,6 +117,10 @@ class ScaleRow:
     bound_source: str
     bound_seconds: float
     note: str = ""
+    limit_s: float = 0.0
+    wall_s: float = 0.0
+    """limit_s: the method's time limit + the bound's; wall_s: the method's seconds + the bound's
+    (never above limit_s x 1.1 when the limits hold)."""
 
 
 def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None = None) -> list[ScaleRow]:
@@ -98,8 +129,7 @@ def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None 
     rows: list[ScaleRow] = []
     steps, done = len(config.sizes) * (len(config.methods) + 1), 0
     for n in config.sizes:
-        cluster = (uneven_regions(n, config.seed) if config.family == "uneven" else
-                   multicloud(config.regions, n // config.regions, seed=config.seed, jitter=config.jitter))
+        cluster = bench_cluster(config, n)
         S, R = config.stages, n // config.stages
         problem = PlacementProblem(cluster, build_cost_model("yuan", cluster, job, S, R))
         results: list[tuple[str, Any, str]] = []
@@ -113,7 +143,11 @@ def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None 
             if progress is not None:
                 progress(done, steps)
         found = [r.cost.total for _, r, _ in results if r is not None]
-        bound = lower_bound(problem, upper_bound_s=min(found) if found else None, time_limit_s=config.bound_time_limit_s)
+        bound = lower_bound(problem, upper_bound_s=min(found) if found else None, time_limit_s=config.bound_time_limit_s,
+                            guard=True)
+        own = [r.lower_bound for _, r, _ in results if r is not None and r.lower_bound is not None]
+        if own and max(own) > bound.value_s:  # exact's certificate (or its MILP bound) is a bound too
+            bound = replace(bound, value_s=float(max(own)), source="exact")
         done += 1
         if progress is not None:
             progress(done, steps)
@@ -122,8 +156,20 @@ def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None 
             rows.append(ScaleRow(devices=n, cluster=cluster.name, stages=S, replicas=R, method=method,
                                  seconds=None if result is None else float(result.seconds), total_s=total,
                                  lower_bound_s=float(bound.value_s), gap=None if total is None else bound.gap(total),
-                                 bound_source=bound.source, bound_seconds=float(bound.seconds), note=note))
+                                 bound_source=bound.source, bound_seconds=float(bound.seconds), note=note,
+                                 limit_s=config.time_limit_s + config.bound_time_limit_s,
+                                 wall_s=(0.0 if result is None else float(result.seconds)) + float(bound.seconds)))
     return rows
+
+
+def bench_cluster(config: ScaleBenchConfig, devices: int) -> Cluster:
+    """The cluster of `devices` devices of the config's family (see FAMILIES)."""
+    if config.family == "uneven":
+        return uneven_regions(devices, config.seed)
+    if config.family == "many-region":
+        return uneven_six_regions(devices, config.seed)
+    jitter = {"uniform": 0.0, "jittered": 0.1}.get(config.family, config.jitter)
+    return multicloud(config.regions, devices // config.regions, seed=config.seed, jitter=jitter)
 
 
 def rows_to_json(config: ScaleBenchConfig, rows: list[ScaleRow]) -> dict[str, Any]:

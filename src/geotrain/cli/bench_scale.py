@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from geotrain.bench.scale import FAMILIES
 from geotrain.cli.arg_types import positive_float, seed
 
 NAME = "scale"
@@ -22,9 +23,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-limit", type=positive_float, default=30.0, metavar="SEC", help="per-method time limit")
     parser.add_argument("--bound-time-limit", type=positive_float, default=60.0, metavar="SEC",
                         help="lower-bound MILP limit")
-    parser.add_argument("--family", default="multicloud", choices=("multicloud", "uneven"),
-                        help="multicloud: 8 equal regions of mixed GPUs; uneven: 4-8 regions of unequal sizes "
-                             "and intra speeds (region-uniform)")
+    parser.add_argument("--family", default="multicloud", choices=FAMILIES,
+                        help="multicloud: 8 equal regions of mixed GPUs (--jitter); uniform / jittered: the same at "
+                             "jitter 0 / 0.1; uneven: 4-8 regions of unequal sizes and intra speeds (region-uniform); "
+                             "many-region: six regions of 16/12/12/8/8/8 x devices/64 with uneven links")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -51,11 +53,14 @@ def run(args: Any) -> int:
     def num(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    family = (f"multicloud, 8 regions, jitter {config.jitter}" if config.family == "multicloud"
-              else "uneven regions (4-8, unequal sizes and intra speeds)")
+    family = {"multicloud": f"multicloud, 8 regions, jitter {config.jitter}", "uniform": "multicloud, jitter 0",
+              "jittered": "multicloud, jitter 0.1", "uneven": "uneven regions (4-8, unequal sizes and intra speeds)",
+              "many-region": "six uneven regions (16/12/12/8/8/8 x devices/64)"}[config.family]
     out.table(f"placement at scale: {family}, {config.stages} stages, time limit {config.time_limit_s:g} s per method",
-              ["devices", "cluster", "S x R", "method", "seconds", "total s", "lower bound s", "gap", "bound from"],
-              [[str(r.devices), r.cluster, f"{r.stages}x{r.replicas}", r.method, num(r.seconds, ".1f"), num(r.total_s, ".3f"),
+              ["devices", "cluster", "S x R", "method", "seconds", "wall / limit s", "total s", "lower bound s", "gap",
+               "bound from"],
+              [[str(r.devices), r.cluster, f"{r.stages}x{r.replicas}", r.method, num(r.seconds, ".1f"),
+                f"{r.wall_s:.0f} / {r.limit_s:.0f}", num(r.total_s, ".3f"),
                 f"{r.lower_bound_s:.3f}", "-" if r.gap is None else f"{100 * r.gap:.1f}%",
                 r.bound_source if not r.note else f"n/a: {r.note}"] for r in rows], right_align_from=4)
     return 0

@@ -33,7 +33,8 @@ def run(args: Any) -> int:
     plan = Plan.load(args.plan)
     shares = None if plan.split is None else plan.split.layer_shares
     used = shares is not None and args.cost_model in UNEVEN_SPLIT_MODELS
-    cluster, job, model = build_placement(args, plan.stages, plan.replicas, layer_shares=shares if used else None)
+    cluster, job, model = build_placement(args, plan.stages, plan.replicas, layer_shares=shares if used else None,
+                                          strict=False)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
     cost = model.evaluate(assignment)
     if args.json:

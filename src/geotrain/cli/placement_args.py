@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost import COST_MODELS, DEFAULT_COST_MODEL, CostModel, build_cost_model
-from geotrain.job import Job, load_job
+from geotrain.job import Job, JobError, load_job
 
 DEFAULT_JOB = "gpt-1.3b-seed"
 
@@ -21,14 +22,21 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
 
 
-def build_placement(args: Any, stages: int, replicas: int,
-                    layer_shares: object = None) -> tuple[Cluster, Job, CostModel]:
+def build_placement(args: Any, stages: int, replicas: int, layer_shares: object = None,
+                    strict: bool = True) -> tuple[Cluster, Job, CostModel]:
     """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
     (with `args.uneven_split`, where the command has it: scored with the speed layer split; else
-    with `layer_shares` where given, see cost.registry.build_cost_model)."""
+    with `layer_shares` where given, see cost.registry.build_cost_model). A layout the job does not
+    split evenly over (Job.check_layout_fits) is refused when `strict` (planning), else said in one
+    note on stderr (scoring a given plan: per-replica batch global_batch // R, as in the seed)."""
     cluster = load_cluster(args.cluster)
     job = load_job(args.job)
-    job.check_layout_fits(stages, replicas)
+    try:
+        job.check_layout_fits(stages, replicas)
+    except JobError as exc:
+        if strict:
+            raise
+        print(f"geotrain: note: {exc}", file=sys.stderr)
     shares = "speed" if getattr(args, "uneven_split", False) else layer_shares
     return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares)
 

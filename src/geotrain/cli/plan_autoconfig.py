@@ -5,7 +5,9 @@ With --json, stdout is ONE JSON object: the chosen plan in the `plan --json` for
 "seconds") plus "microbatches", "devices_used", "memory_per_device_bytes", "lower_bound", "gap",
 "tokens_per_s" and "candidates": [the same facts for each of the best configurations, chosen first].
 `geotrain cost --plan` reads it as it is. Configurations are screened with "yuan+compute" and the
-finalists ranked with the event-simulated "schedule" model, unless --cost-model yuan+compute.
+finalists ranked with the event-simulated "schedule" model, unless --cost-model yuan+compute; each
+with the better of the equal and the speed layer split (then the JSON has the plan's "split" object,
+which `geotrain train --plan` cuts the model at).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ speed-optimal uneven split of the job's layers (cost/layer_split.py) and the JSO
 from __future__ import annotations
 
 import argparse
+import time
 from dataclasses import fields, replace
 from typing import Any
 
@@ -30,6 +31,11 @@ from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, Searc
 from geotrain.yaml_text import parse_document
 
 DEFAULT_METHOD = "auto"
+BOUND_SHARE = 0.4
+"""With --lower-bound and --time-limit T (no --bound-time-limit): the bound's share of T."""
+EXACT_BOUND_SHARE = 0.15
+"""The bound's share when auto's exact MILP certifies its own plan (region-uniform clusters)."""
+DEFAULT_BOUND_TIME_LIMIT_S = 30.0
 # Shortcut flags for common method options; each sets options[name] when given.
 OPTION_FLAGS = (("iterations", int, "local-search: swaps tried per restart"),
                 ("restarts", int, "local-search: random starting points"),
@@ -56,7 +62,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--method", default=DEFAULT_METHOD, choices=sorted(SEARCH_METHODS), help="search method")
     parser.add_argument("--seed", type=seed, default=0, help="RNG seed (same seed, same plan)")
     parser.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
-                        help="stop the search after SEC seconds (the result then depends on machine speed)")
+                        help="the whole command's budget: the search (auto spends all of it: exact, heuristics, "
+                             "then restarts, genetic runs and region-path MILPs seeded from the best plan) and, "
+                             "with --lower-bound, the bound (a share, see --bound-time-limit) return within "
+                             "SEC x 1.1 + start-up; the result then depends on machine speed. Without it, auto "
+                             "runs exact, hierarchical and genetic once (fast)")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                         help="method option, repeatable (e.g. -o iterations=3000 -o strict=true)")
     for name, kind, text in OPTION_FLAGS:
@@ -65,8 +75,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--out", default=None, type=output_file, metavar="FILE", help="also write the plan JSON to FILE")
     parser.add_argument("--lower-bound", action="store_true",
                         help="also prove a lower bound on the optimum (JSON gains lower_bound and gap)")
-    parser.add_argument("--bound-time-limit", type=positive_float, default=30.0, metavar="SEC",
-                        help="time for the lower-bound MILP (the bound stays valid when it stops early)")
+    parser.add_argument("--bound-time-limit", type=positive_float, default=None, metavar="SEC",
+                        help="time for the lower bound (its MILPs run in a child process ended at the limit; the "
+                             f"bound stays valid when it stops early); default: {BOUND_SHARE:g} of --time-limit, "
+                             f"else {DEFAULT_BOUND_TIME_LIMIT_S:g} s")
     group = parser.add_argument_group("codec choice (docs/wan.md)")
     group.add_argument("--codecs", default="none", choices=("none", "auto"),
                        help="auto: choose a codec per DP group and per pipeline cut (recorded in the plan)")
@@ -99,6 +111,22 @@ def parse_options(args: Any) -> dict[str, Any]:
     return options
 
 
+def time_budget(time_limit_s: float | None, bound_time_limit_s: float | None, with_bound: bool,
+                exact_certifies: bool = False) -> tuple[float | None, float]:
+    """(search seconds, bound seconds): with a time limit T the two share it (the bound gets
+    --bound-time-limit, or BOUND_SHARE of T, or EXACT_BOUND_SHARE when `exact_certifies`: auto on a
+    region-uniform cluster, whose exact MILP proves its own bound, so the search gets most of T);
+    without one the search is unlimited and the bound gets --bound-time-limit or
+    DEFAULT_BOUND_TIME_LIMIT_S. The bound also gets whatever the search leaves of T."""
+    if time_limit_s is None:
+        return None, bound_time_limit_s or DEFAULT_BOUND_TIME_LIMIT_S
+    if not with_bound:
+        return time_limit_s, 0.0
+    share = EXACT_BOUND_SHARE if exact_certifies else BOUND_SHARE
+    bound = min(bound_time_limit_s or share * time_limit_s, 0.9 * time_limit_s)
+    return time_limit_s - bound, bound
+
+
 def search_plan(result: SearchResult, extra: dict[str, Any] | None = None) -> Plan:
     """The Plan `plan --json` prints (and `--out` writes), built from the search result; `extra`: further
     recorded fields (options, seed, cluster, job, cost_model)."""
@@ -113,6 +141,7 @@ def search_plan(result: SearchResult, extra: dict[str, Any] | None = None) -> Pl
 
 
 def run(args: Any) -> int:
+    started = time.perf_counter()  # --time-limit counts from here: loading the cluster and model included
     out = Output(json_mode=args.json)
     if args.stages is None and args.replicas is None:
         if args.codecs != "none":
@@ -126,16 +155,23 @@ def run(args: Any) -> int:
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
+    left = None if args.time_limit is None else max(0.1, args.time_limit - (time.perf_counter() - started))
+    exact_certifies = args.method == "auto" and cluster.is_region_uniform() and model.pairwise_terms() is not None
+    search_limit, bound_limit = time_budget(left, args.bound_time_limit, args.lower_bound, exact_certifies)
     with out.progress(f"{args.method} on {cluster.name}", 1) as progress:
-        result = run_search(args.method, problem, seed=args.seed, time_limit_s=args.time_limit,
+        result = run_search(args.method, problem, seed=args.seed, time_limit_s=search_limit,
                             progress=progress, options=options)
-    if args.lower_bound:
+    proven = result.lower_bound is not None and result.lower_bound >= result.cost.total * (1 - 1e-9)
+    if args.lower_bound and not proven:
         from geotrain.search.bounds import with_lower_bound
 
+        if args.time_limit is not None:  # the bound gets what the search left of the budget, no more
+            bound_limit = max(0.0, args.time_limit - (time.perf_counter() - started))
         with out.progress("lower bound", 1):
-            result = with_lower_bound(problem, result, time_limit_s=args.bound_time_limit)
+            result = with_lower_bound(problem, result, time_limit_s=bound_limit)
     plan = search_plan(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
-                                "job": job.name, "cost_model": model.name})
+                                "job": job.name, "cost_model": model.name, "time_limit_s": args.time_limit,
+                                "wall_seconds": time.perf_counter() - started})
     if args.uneven_split:
         split = uneven_split_document(cluster, job, model, result.assignment)
         plan = replace(plan, split=plan_split(split, plan.stages))

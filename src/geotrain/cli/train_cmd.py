@@ -74,7 +74,7 @@ def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
     if plan.codecs is not None:
         settings["comm"] = {"dp_codecs": tuple(plan.codecs.dp), "pp_codecs": tuple(plan.codecs.pp)}
     if plan.split is not None:
-        settings["schedule"] = {"split_by_speed": True, "split_boundaries": tuple(plan.split)}
+        settings["schedule"] = {"split_by_speed": True, "split_boundaries": tuple(plan.split.boundaries)}
     return settings
 
 

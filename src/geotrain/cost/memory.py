@@ -1,7 +1,8 @@
 """Peak GPU memory of each pipeline stage of a job, in bytes (1 GB = 1e9 B).
 
-Per device of stage s (layers split evenly, S dividing the layer count):
-  params_s  = layers/S x per_layer + vocab x hidden on stage 0 (embedding) and on stage S-1 when S > 1
+Per device of stage s holding L_s layers (L_s = layers/S for the even split, layers x f_s for an
+uneven split with shares f_s, `cost.layer_split`):
+  params_s  = L_s x per_layer + vocab x hidden on stage 0 (embedding) and on stage S-1 when S > 1
               (the output head's copy of the tied embedding, as Megatron-LM keeps it);
               per_layer = (params - vocab x hidden) / layers.
   states_s  = params_s x state bytes/param: mixed-precision Adam keeps fp16 weights (2) + fp16
@@ -9,7 +10,7 @@ Per device of stage s (layers split evenly, S dividing the layer count):
               (Rajbhandari et al., "ZeRO", SC 2020, Sec. 3.1: 2 + 2 + K with K = 12). ZeRO-style
               sharding over the R devices of the stage's DP group (`zero`): 1 shards the optimizer
               state (2 + 2 + 12/R), 2 also the gradients (2 + 14/R), 3 also the weights (16/R).
-  acts_s    = in-flight micro-batches x layers/S x act_per_layer, act_per_layer = 34 x seq x b x
+  acts_s    = in-flight micro-batches x L_s x act_per_layer, act_per_layer = 34 x seq x b x
               hidden bytes for a micro-batch of b sequences (Korthikanti et al., "Reducing Activation
               Recomputation in Large Transformer Models", MLSys 2023, Sec. 4.1: s b h (34 + 5 a s / h),
               the attention-score term dropped as FlashAttention does not store the scores).
@@ -74,11 +75,23 @@ def state_bytes_per_param(config: MemoryConfig, replicas: int) -> float:
     return total / replicas
 
 
-def stage_params(job: Job, stages: int) -> np.ndarray:
-    """(S,) parameters held by each stage (see the module docstring)."""
+def stage_layers(job: Job, stages: int, layer_shares: np.ndarray | None = None) -> np.ndarray:
+    """(S,) layers of each stage: layers / S, or layers x each stage's share (an uneven split,
+    `cost.layer_split`: S fractions summing to 1)."""
+    if layer_shares is None:
+        return np.full(stages, job.layers / stages)
+    shares = np.asarray(layer_shares, dtype=np.float64)
+    if shares.shape != (stages,) or np.any(shares < 0) or abs(float(shares.sum()) - 1.0) > 1e-9:
+        raise MemoryConfigError(f"layer shares must be {stages} fractions >= 0 summing to 1 (the plan's split), "
+                                f"got {np.ravel(shares)[:8].tolist()}")
+    return shares * job.layers
+
+
+def stage_params(job: Job, stages: int, layer_shares: np.ndarray | None = None) -> np.ndarray:
+    """(S,) parameters held by each stage (see the module docstring); `layer_shares`: `stage_layers`."""
     embedding = float(job.vocab * job.hidden)
     per_layer = max(job.params - embedding, 0.0) / job.layers
-    params = np.full(stages, per_layer * job.layers / stages)
+    params = per_layer * stage_layers(job, stages, layer_shares)
     params[0] += embedding
     if stages > 1:
         params[-1] += embedding
@@ -92,18 +105,20 @@ def in_flight_microbatches(stages: int, microbatches: int, schedule: str) -> np.
     return np.minimum(microbatches, stages - np.arange(stages))
 
 
-def stage_memory_bytes(job: Job, stages: int, replicas: int, microbatches: int, config: MemoryConfig) -> np.ndarray:
+def stage_memory_bytes(job: Job, stages: int, replicas: int, microbatches: int, config: MemoryConfig,
+                       layer_shares: np.ndarray | None = None) -> np.ndarray:
     """(S,) peak bytes on one device of each stage for S stages, R replicas, M micro-batches.
-    Micro-batch b = global_batch / (R M) sequences (fractional when it does not divide)."""
+    Micro-batch b = global_batch / (R M) sequences (fractional when it does not divide).
+    layer_shares: each stage's fraction of the layers (an uneven split); default 1/S each."""
     sequences = job.global_batch / (replicas * microbatches)
     tokens_hidden = job.seq_len * sequences * job.hidden
     layer_full = ACT_BYTES_PER_TOKEN_HIDDEN * tokens_hidden
-    layers_per_stage = job.layers / stages
+    layers_per_stage = stage_layers(job, stages, layer_shares)
     flight = in_flight_microbatches(stages, microbatches, config.schedule)
     if config.recompute:
         acts = flight * layers_per_stage * 2.0 * tokens_hidden + layer_full
     else:
         acts = flight * layers_per_stage * layer_full
-    memory = stage_params(job, stages) * state_bytes_per_param(config, replicas) + acts
+    memory = stage_params(job, stages, layer_shares) * state_bytes_per_param(config, replicas) + acts
     memory[-1] += 4.0 * job.seq_len * sequences * job.vocab
     return memory

@@ -1,10 +1,16 @@
 """`auto`: the best plan the toolkit can give without the user choosing a method.
 
-Tries `exact` first (the proven optimum, when the cluster is region-uniform and the model pairwise);
-if it applies and proves its plan optimal, that is the answer. Otherwise it runs the heuristics in
-`fallbacks` (default: hierarchical, then genetic) and keeps the cheapest plan. Methods that do not
-apply (SearchError: a non-pairwise model, too many region paths...) are skipped and recorded in
-`details["tried"]`. With a time limit, each method gets what the earlier ones left.
+Without a time limit: `exact` first (the proven optimum, when the cluster is region-uniform and the
+model pairwise); if it applies and proves its plan optimal, that is the answer; otherwise the
+heuristics in `fallbacks` (default: hierarchical, then genetic), each once (fast), and the cheapest
+plan is kept. Methods that do not apply (SearchError: a non-pairwise model, a cluster that is not
+region-uniform...) are skipped and recorded in `details["tried"]`. With a time limit the heuristics
+run first (a fifth of it each), then exact from their best plan (the rest, at most EXACT_SHARE: the
+plan's total prunes its region paths, and the plan stays when the MILP finds nothing better), and
+unless exact proved its plan optimal the time left goes to improvement rounds seeded from the best
+plan (`anytime`: region-path MILP, kicked hierarchical restarts, genetic runs). details: "found_by"
+(the method or round that found the plan), "trajectory" ([seconds, best total, found by] at each
+improvement), "anytime_rounds".
 A model that is not pairwise but has a pairwise `surrogate` (e.g. "schedule": its "yuan" terms) is
 searched on the surrogate and its finalists ranked with the real model.
 """
@@ -14,11 +20,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from geotrain.search.anytime import Trajectory, improve_until
 from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchResult
 from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
 from geotrain.search.local_search import LocalSearchConfig, local_search
+
+EXACT_SHARE = 0.6
+"""With a time limit, exact's share of it (its MILP proves the optimum on region-uniform clusters when
+it has the time; it gives up at once elsewhere, leaving the time to the heuristics)."""
 
 _FALLBACKS = {
     "hierarchical": (HierarchicalConfig, hierarchical_search),
@@ -31,10 +42,11 @@ _FALLBACKS = {
 class AutoConfig:
     """try_exact: attempt the MILP first; fallbacks: heuristics run when exact does not settle it
     (names among hierarchical, genetic, local-search; on the CLI comma-separated), each with its
-    default options."""
+    default options; anytime: with a time limit, spend what they leave on `anytime` rounds."""
 
     try_exact: bool = True
     fallbacks: tuple[str, ...] = ("hierarchical", "genetic")
+    anytime: bool = True
 
     def __post_init__(self) -> None:
         fallbacks = tuple(self.fallbacks.split(",")) if isinstance(self.fallbacks, str) else tuple(self.fallbacks)
@@ -81,35 +93,51 @@ def auto_search(
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
 ) -> SearchResult:
-    """Exact when it applies and proves optimality, else the best of the fallback heuristics."""
+    """Exact when it applies and proves optimality, else the best of the fallback heuristics; with a
+    time limit (and config.anytime) the time they leave goes to `anytime.improve_until`."""
     if problem.cost_model.pairwise_terms() is None and getattr(problem.cost_model, "surrogate", None) is not None:
         return _rank_on_surrogate(problem, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
     start = time.perf_counter()
     deadline = None if time_limit_s is None else start + time_limit_s
+    anytime = config.anytime and deadline is not None
+    trajectory = Trajectory(start)
     tried: list[dict] = []
     results: list[SearchResult] = []
-    candidates = ([("exact", ExactConfig, exact_search)] if config.try_exact else []) + [
-        (name, *_FALLBACKS[name]) for name in config.fallbacks
-    ]
-    for name, config_type, run in candidates:
+    candidates = [(name, *_FALLBACKS[name]) for name in config.fallbacks]
+    exact = [("exact", ExactConfig, exact_search)] if config.try_exact else []
+    # without a limit exact goes first (it may settle everything at once); with one the heuristics do,
+    # and exact starts from their best plan (it prunes the region paths, and stays if nothing beats it)
+    candidates = exact + candidates if not anytime else candidates + exact
+    for k, (name, config_type, run) in enumerate(candidates):
+        # anytime: exact may take EXACT_SHARE of the budget, each heuristic a fifth; the rest goes to the rounds
+        share = None if deadline is None else (_remaining(deadline) if not anytime else
+                                               min(_remaining(deadline), time_limit_s * (EXACT_SHARE if name == "exact"
+                                                                                         else 0.2)))
+        seeded = {"initial": trajectory.best.assignment} if name == "exact" and trajectory.best is not None else {}
         try:
-            result = run(problem, config_type(), seed=seed, time_limit_s=_remaining(deadline), progress=progress)
+            result = run(problem, config_type(), seed=seed, time_limit_s=share, progress=progress, **seeded)
         except SearchError as exc:
             tried.append({"method": name, "skipped": str(exc)})
             continue
         tried.append({"method": name, "total": result.cost.total, "seconds": result.seconds})
         results.append(result)
+        trajectory.offer(result, name)
         proven = result.lower_bound is not None and result.cost.total <= result.lower_bound * (1 + 1e-9)
         if proven or (deadline is not None and _remaining(deadline) == 0.0):
             break
     if not results:
         reasons = "; ".join(f"{t['method']}: {t['skipped']}" for t in tried)
         raise SearchError(f"auto: no method applies to this problem ({reasons})")
-    best = min(results, key=lambda r: r.cost.total)
     bounds = [r.lower_bound for r in results if r.lower_bound is not None]
-    details = {"chosen": best.method, "tried": tried}
+    bound = max(bounds) if bounds else None
+    rounds: dict[str, int] = {}
+    if anytime and not (bound is not None and trajectory.best.cost.total <= bound * (1 + 1e-9)):
+        rounds = improve_until(problem, trajectory, seed=seed, deadline=deadline, budget_s=time_limit_s)
+    best = trajectory.best
+    details = {"chosen": trajectory.found_by.split("#")[0], "found_by": trajectory.found_by, "tried": tried,
+               "trajectory": trajectory.to_json(), "anytime_rounds": rounds}
     if bounds:
-        details["lower_bound_source"] = next(r.method for r in results if r.lower_bound == max(bounds))
+        details["lower_bound_source"] = next(r.method for r in results if r.lower_bound == bound)
     return SearchResult(
         method="auto",
         assignment=best.assignment,
@@ -117,5 +145,5 @@ def auto_search(
         seconds=time.perf_counter() - start,
         evaluations=sum(r.evaluations for r in results),
         details=details,
-        lower_bound=max(bounds) if bounds else None,
+        lower_bound=bound,
     )

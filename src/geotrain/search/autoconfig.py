@@ -92,6 +92,8 @@ class Candidate:
     placement: str
     screen_s: float = 0.0
     model: str = "yuan+compute"
+    split: dict | None = None
+    """The speed split's `StageShares.describe` when it beat the equal split (None: equal split)."""
 
     @property
     def devices_used(self) -> int:
@@ -107,7 +109,7 @@ class Candidate:
                 "memory_per_device_bytes": self.memory_per_device_bytes, "lower_bound": self.bound_s,
                 "gap": max(0.0, 1.0 - self.bound_s / self.iteration_s), "pool_size": self.pool_size,
                 "placement": self.placement, "cost_model": self.model, "yuan_compute_s": self.screen_s,
-                "assignment": self.assignment.tolist()}
+                "assignment": self.assignment.tolist(), **({"split": self.split} if self.split else {})}
 
 
 @dataclass(frozen=True)
@@ -198,17 +200,14 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
     found: list[Candidate] = []
     keep = max(options.top, options.finalists if options.rank_model == "schedule" else 0)
     pruned = 0
-    pool_cache: dict[bytes, tuple[Cluster, np.ndarray, np.ndarray]] = {}
+    pool_cache: dict[bytes, Cluster] = {}
     for compute_lb, S, R, M, pool, need in layouts:
         key = pool.tobytes()
         if key not in pool_cache:
             sub = subcluster(cluster, pool)
-            off = ~np.eye(sub.n_devices, dtype=bool)
-            pool_cache[key] = (sub, sub.latency_s[off].min(initial=0.0), sub.bandwidth_bps[off].max(initial=1.0))
-        sub, min_latency, max_bandwidth = pool_cache[key]
-        comm_lb = (R - 1) * 2.0 * (min_latency + 8.0 * job.dp_bytes(S) / R / max_bandwidth) + \
-            (S - 1) * 2.0 * (min_latency + 8.0 * job.pp_bytes(R) / max_bandwidth)
-        bound = compute_lb + comm_lb
+            pool_cache[key] = sub
+        sub = pool_cache[key]
+        bound = compute_lb + comm_lower_bound_s(sub, job, S, R)
         if len(found) >= keep and bound >= found[keep - 1].iteration_s:
             pruned += 1
             continue
@@ -232,7 +231,18 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
     found = sorted(refined + found[options.refine:], key=lambda c: c.iteration_s)
     if options.rank_model == "schedule":
         found = sorted((_schedule_rescore(cluster, job, c, options) for c in found), key=lambda c: c.iteration_s)
+    else:
+        found = sorted((better_split(cluster, job, c, options) for c in found), key=lambda c: c.iteration_s)
     return AutoConfigResult(found[: options.top], len(layouts) - pruned, pruned, time.perf_counter() - start)
+
+
+def comm_lower_bound_s(pool: Cluster, job: Job, stages: int, replicas: int) -> float:
+    """yuan's dp + pp of any placement on `pool` (seconds) is at least R - 1 pair exchanges and S - 1
+    cuts, each on the pool's least latency and fastest link."""
+    off = ~np.eye(pool.n_devices, dtype=bool)
+    latency, bandwidth = pool.latency_s[off].min(initial=0.0), pool.bandwidth_bps[off].max(initial=1.0)
+    return (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth) + \
+        (stages - 1) * 2.0 * (latency + 8.0 * job.pp_bytes(replicas) / bandwidth)
 
 
 def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions, seed: int) -> Candidate:
@@ -256,7 +266,7 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
 
 
 def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, replicas: int, microbatches: int,
-                     utilisation: float) -> float:
+                     utilisation: float, any_split: bool = False) -> float:
     """Lower bound on the "schedule" model's iteration seconds of any placement of the layout on
     `pool`, f = one micro-batch forward on the pool's fastest GPU, hop = one micro-batch's
     activations (pp_bytes / M) over the pool's fastest link plus its least latency: every stage ends
@@ -265,7 +275,10 @@ def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, 
     >= (M + 3 S - 1) f + 2 (S - 1) hops (its M forwards at stage 0, then the other stages' forward
     and every backward, each cut crossed twice), and also >= 3 S f + 2 (S - 1) hops + (M - 1) x
     the busy time of one hop (cut 0's link carries the M activations one after another); then
-    stage 0 all-reduces, >= R - 1 scatter-gather pair exchanges on the pool's cheapest link."""
+    stage 0 all-reduces, >= R - 1 scatter-gather pair exchanges on the pool's cheapest link.
+    any_split: valid for every layer split (the first chain term, which needs stage 0 to hold 1/S of
+    the layers, is dropped; the others only use sums over stages and max >= mean), and the busiest
+    stage's all-reduce is the cheapest one, not the combinatorial DP bound."""
     peak = max(gpu_peak_flops(cluster.gpus[d]) for d in pool) * utilisation
     forward = job.flops_per_iteration() / 3.0 / (stages * replicas * microbatches) / peak
     block = np.ix_(pool, pool)
@@ -274,28 +287,66 @@ def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, 
     bandwidth = float(cluster.bandwidth_bps[block][off].max()) if len(pool) > 1 else np.inf
     busy = 8.0 * job.pp_bytes(replicas) / microbatches / bandwidth
     hops = 2.0 * (stages - 1) * (busy + latency)
-    chain = max(forward * (microbatches + 3.0 * stages - 1.0) + hops,
-                forward * 3.0 * stages + hops + (microbatches - 1.0) * busy * (stages > 1))
+    chain = forward * 3.0 * stages + hops + (microbatches - 1.0) * busy * (stages > 1)
+    if not any_split:  # stage 0's M forwards take M f only with its 1/S of the layers
+        chain = max(chain, forward * (microbatches + 3.0 * stages - 1.0) + hops)
     busy_compute = forward * 3.0 * microbatches
     if replicas < 2:
         return max(chain, busy_compute)
     cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth)
+    if any_split:  # the busiest stage need not be the one with the dearest DP group
+        return max(chain, busy_compute) + cheapest_dp
     dp_pair = YuanCostModel.for_job(subcluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
     return max(chain + cheapest_dp, busy_compute + combinatorial_dp_bound(dp_pair, stages, replicas))
 
 
-def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions) -> Candidate:
-    """The candidate scored and bounded by the "schedule" model (its placement kept)."""
+def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions,
+                 rank_model: str = "yuan+compute") -> Candidate:
+    """The candidate (placement kept) scored by `rank_model` with the better of the equal split and the
+    speed split of its layers (`cost.layer_split`: faster stages take more layers); the speed split
+    only where every stage's devices hold that stage's memory (`stage_memory_bytes` with its shares)."""
     S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
     devices = np.unique(candidate.assignment)
     sub = subcluster(cluster, devices)
     local = np.searchsorted(devices, candidate.assignment)
-    model = ScheduleCostModel.for_job(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
-                              utilisation=options.utilisation)
-    cost = model.evaluate(local)
+    capacity = np.array([gpu_memory_bytes(g) for g in sub.gpus])[local].min(axis=1)  # (S,) per stage
+
+    def model(shares: str | None):
+        if rank_model == "schedule":
+            return ScheduleCostModel.for_job(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
+                                             utilisation=options.utilisation, layer_shares=shares)
+        return YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M,
+                                    layer_shares=shares)
+
+    equal = model(None).evaluate(local)
+    best = (equal, None, float(stage_memory_bytes(job, S, R, M, options.memory).max()))
+    speed_model = model("speed")
+    need = stage_memory_bytes(job, S, R, M, options.memory, speed_model.shares.of(local))
+    if np.all(capacity >= need):
+        speed = speed_model.evaluate(local)
+        if speed.total < equal.total * (1 - 1e-12):
+            best = (speed, speed_model.shares.describe(local), float(need.max()))
+    cost, split, memory = best
+    compute = cost.extra["pipeline"] if rank_model == "schedule" else cost.extra["compute"]
+    bound = candidate.bound_s
+    if split is not None and rank_model != "schedule":
+        # the screen's bound assumed 1/S of the layers per stage; any split, any pool: every slot at the
+        # cluster's fastest peak and links, max_s >= mean_s for the bubble (GPipe: (1/M) sum + ((M-1)/M) max)
+        slot = job.flops_per_iteration() / (R * options.utilisation * max(gpu_peak_flops(g) for g in cluster.gpus))
+        bound = min(bound, slot * (1.0 / M + (M - 1.0) / (M * S)) + comm_lower_bound_s(cluster, job, S, R))
+    return replace(candidate, iteration_s=cost.total, dp_s=cost.dp, pp_s=cost.pp, compute_s=compute,
+                   memory_per_device_bytes=memory, split=split, model=rank_model, bound_s=bound,
+                   screen_s=candidate.screen_s if rank_model == "schedule" else cost.total)
+
+
+def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions) -> Candidate:
+    """The candidate scored (better split, `better_split`) and bounded by the "schedule" model (its
+    placement kept)."""
+    S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
+    devices = np.unique(candidate.assignment)
+    candidate = better_split(cluster, job, candidate, options, "schedule")
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
     capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
     pool = np.flatnonzero((peak >= peak[devices].min()) & (capacity >= candidate.memory_per_device_bytes))
-    bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation)
-    return replace(candidate, iteration_s=cost.total, dp_s=cost.dp, pp_s=cost.pp, compute_s=cost.extra["pipeline"],
-                   bound_s=bound, model="schedule")
+    bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation, any_split=True)
+    return replace(candidate, bound_s=bound)

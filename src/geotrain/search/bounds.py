@@ -8,6 +8,8 @@ Two bounds, the larger is reported:
 - region relaxation: the region MILP (`milp`) on region terms that take the cheapest device pair of
   every region pair (exact for region-uniform clusters, a relaxation otherwise). With few enough
   candidate region paths this is the path model (its optimum, or its dual bound at the time limit);
+  with more, the path model over the paths of cost <= c bounds the rest by c + DP lower bound
+  (`exact.solve_region_problem`);
   and, unless that solved to optimality, the layered-composition model (`layers`) when few region
   compositions can beat the best known plan (they share the time limit); the flow model when
   neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
@@ -33,25 +35,31 @@ from geotrain.search.base import PlacementProblem, SearchResult
 from geotrain.search.exact import simple_upper_bound, solve_region_problem
 from geotrain.search.layers import enumerate_compositions, solve_layer_milp
 from geotrain.search.milp import solve_flow_milp
-from geotrain.search.regions import cheapest_path_seconds, pairwise_or_fail, region_terms
+from geotrain.search.regions import RegionTerms, cheapest_path_seconds, pairwise_or_fail, region_terms
 from geotrain.search.staircase import staircase_bound
+from geotrain.search.watchdog import run_with_deadline
 
 STAIRCASE_TARGET_GAP = 0.002
 """The PP staircase's own target (`staircase_bound`): once reached, the flow, layer and DP staircase
 bounds are skipped (the path model still runs: it may prove the optimum itself)."""
 
 
+MIN_REGION_TIME_S = 1.0
+"""Below this time limit (seconds) only the combinatorial bound is computed."""
+
+
 @dataclass(frozen=True)
 class LowerBound:
     """value_s: the bound (seconds); source: which bound it is; parts: every bound computed (seconds);
     proven_optimal: the region MILP was solved to optimality on exact (region-uniform) terms, so the
-    bound is the optimum itself."""
+    bound is the optimum itself; killed: the guarded child was ended at the time limit."""
 
     value_s: float
     source: str
     parts: dict[str, float] = field(default_factory=dict)
     proven_optimal: bool = False
     seconds: float = 0.0
+    killed: bool = False
 
     def gap(self, total_s: float) -> float:
         """(total - bound) / total, >= 0."""
@@ -83,24 +91,59 @@ def combinatorial_bound(terms: PairwiseTerms, stages: int, replicas: int) -> flo
 
 
 def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None, time_limit_s: float = 30.0,
-                max_paths: int = 20000, max_compositions: int = 400, staircase: bool = True) -> LowerBound:
-    """The best of the bounds above. `upper_bound_s`: the total of any known plan (prunes region paths)."""
+                max_paths: int = 20000, max_compositions: int = 400, staircase: bool = True,
+                guard: bool = False) -> LowerBound:
+    """The best of the bounds above. `upper_bound_s`: the total of any known plan (prunes region paths).
+    guard: run the region MILPs in a child process that is ended at time_limit_s (+ `watchdog.GRACE_S`),
+    keeping every part it proved by then (`watchdog`), so the limit holds even if HiGHS overruns."""
     start = time.perf_counter()
     model = problem.cost_model
     terms = pairwise_or_fail(model, "a lower bound")
     S, R = problem.stages, problem.replicas
     parts = {"combinatorial": combinatorial_bound(terms, S, R)}
-    proven = False
     regions = region_terms(problem.cluster, model, "a lower bound")
     if S * R <= 1:
         return LowerBound(parts["combinatorial"], "combinatorial", parts, True, time.perf_counter() - start)
     upper = simple_upper_bound(regions, S, R)
     if upper_bound_s is not None:
         upper = min(upper, float(upper_bound_s))
-    left = lambda share: max(1.0, share * (time_limit_s - (time.perf_counter() - start)))  # noqa: E731
-    staircase = staircase and S > 1
+    options = (max_paths, max_compositions, staircase and S > 1)
+    if time_limit_s < MIN_REGION_TIME_S:  # no time for the region models (a guarded child alone starts in ~1 s)
+        return LowerBound(parts["combinatorial"], "combinatorial", parts, False, time.perf_counter() - start)
+    if guard:
+        left_s = max(0.0, time_limit_s - (time.perf_counter() - start))
+        run = run_with_deadline(_region_bound_child, (regions, S, R, upper, time.time() + left_s, options), left_s)
+        reported = [item for item in run.items if isinstance(item, tuple)]
+        proven, killed = run.finished and bool(run.items[-1]), run.killed
+    else:
+        reported, killed = [], False
+        proven = _region_bounds(reported.append, regions, S, R, upper, time_limit_s, *options)
+    parts.update(dict(reported))
+    source = max(parts, key=parts.get)
+    return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start,
+                      killed)
+
+
+def _region_bound_child(report, regions: RegionTerms, stages: int, replicas: int, upper: float, deadline_wall: float,
+                        options: tuple[int, int, bool]) -> bool:
+    """`_region_bounds` in the watchdog's child, with the time left until the parent's deadline."""
+    return _region_bounds(report, regions, stages, replicas, upper, max(0.1, deadline_wall - time.time()), *options)
+
+
+def _region_bounds(report, regions: RegionTerms, S: int, R: int, upper: float, time_limit_s: float, max_paths: int,
+                   max_compositions: int, staircase: bool) -> bool:
+    """The region bounds of the module docstring, each sent as report((name, seconds)) once proven;
+    returns True when the path model proved the region optimum on exact terms."""
+    start = time.perf_counter()
+    parts: dict[str, float] = {}
+
+    def found(name: str, value: float) -> None:
+        parts[name] = float(value)
+        report((name, float(value)))
+
+    left = lambda share: max(0.1, share * (time_limit_s - (time.perf_counter() - start)))  # noqa: E731
     if staircase:  # often settles the bound in seconds: first, with a third of the time at most
-        parts["staircase-pp"] = staircase_bound(regions, S, R, upper, axis="pp", time_limit_s=left(1.0 / 3.0)).bound_s
+        found("staircase-pp", staircase_bound(regions, S, R, upper, axis="pp", time_limit_s=left(1.0 / 3.0)).bound_s)
     settled = staircase and parts["staircase-pp"] >= upper * (1.0 - STAIRCASE_TARGET_GAP)
     compositions = enumerate_compositions(regions, R, upper - cheapest_path_seconds(regions, S), max_compositions)
     if compositions is not None and not len(compositions):
@@ -109,36 +152,37 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
         solution = solve_region_problem(regions, S, R, max_paths=max_paths, upper_bound_s=upper,
                                         time_limit_s=left(0.5 if (compositions is not None or staircase) and not settled
                                                           else 1.0))
-    except ValueError:  # SearchError: too many paths
+    except ValueError:  # SearchError: no plan over the cheapest paths
         solution = None
     solved = False
-    if solution is not None and solution.complete:
-        parts["region-paths"] = solution.milp.bound
-        solved = solution.milp.status == "optimal"  # the region problem's optimum: layers cannot beat it
-        proven = regions.exact and solved
+    if solution is not None:  # complete or with lazily generated paths: bound_s holds either way
+        found("region-paths", solution.bound_s)
+        solved = solution.complete and solution.milp.status == "optimal"  # the region optimum: nothing beats it
     # unless the path model or the first staircase settled it, the layer/flow relaxations share the
     # time left with the DP staircase
     with_staircase = staircase and not solved and not settled
     share = 0.5 if with_staircase else 1.0
     if not solved and not settled and compositions is not None:
-        parts["region-layers"] = solve_layer_milp(regions, S, R, compositions, left(share)).bound
-    if not solved and not settled and "region-paths" not in parts and "region-layers" not in parts:
+        found("region-layers", solve_layer_milp(regions, S, R, compositions, left(share)).bound)
+    complete = solution is not None and solution.complete
+    if not solved and not settled and not complete and "region-layers" not in parts:
         # plans with DP above U - (cheapest path) cost more than U: min(bound, U) holds for all plans
         dp_cap = upper - cheapest_path_seconds(regions, S)
-        parts["region-flows"] = min(upper, solve_flow_milp(regions, S, R, left(share), dp_cap_s=dp_cap).bound)
+        found("region-flows", min(upper, solve_flow_milp(regions, S, R, left(share), dp_cap_s=dp_cap).bound))
     if with_staircase:
-        parts["staircase-dp"] = staircase_bound(regions, S, R, upper, axis="dp", time_limit_s=left(1.0)).bound_s
-    source = max(parts, key=parts.get)
-    return LowerBound(parts[source], source, parts, proven and source == "region-paths", time.perf_counter() - start)
+        found("staircase-dp", staircase_bound(regions, S, R, upper, axis="dp", time_limit_s=left(1.0)).bound_s)
+    return regions.exact and solved
 
 
-def with_lower_bound(problem: PlacementProblem, result: SearchResult, time_limit_s: float = 30.0) -> SearchResult:
-    """`result` with `lower_bound` set to the best of its own bound and `lower_bound(problem)`;
-    details gain "lower_bound_source" and "lower_bound_parts"."""
-    bound = lower_bound(problem, upper_bound_s=result.cost.total, time_limit_s=time_limit_s)
+def with_lower_bound(problem: PlacementProblem, result: SearchResult, time_limit_s: float = 30.0, *,
+                     guard: bool = True) -> SearchResult:
+    """`result` with `lower_bound` set to the best of its own bound and `lower_bound(problem)` (guarded:
+    back within time_limit_s + `watchdog.GRACE_S`); details gain "lower_bound_source",
+    "lower_bound_parts", "lower_bound_seconds" and "lower_bound_killed"."""
+    bound = lower_bound(problem, upper_bound_s=result.cost.total, time_limit_s=time_limit_s, guard=guard)
     own = result.lower_bound if result.lower_bound is not None else -np.inf
     value = max(own, bound.value_s)
     source = result.method if own >= bound.value_s else bound.source
     details = {**result.details, "lower_bound_source": source, "lower_bound_parts": bound.parts,
-               "lower_bound_seconds": bound.seconds}
+               "lower_bound_seconds": bound.seconds, "lower_bound_killed": bound.killed}
     return replace(result, lower_bound=value, details=details)

@@ -142,8 +142,10 @@ def genetic_search(
     seed: int,
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
+    initial: np.ndarray | None = None,
 ) -> SearchResult:
-    """Steady-state GA with DP-group crossover, mutation and a local search per child."""
+    """Steady-state GA with DP-group crossover, mutation and a local search per child; `initial`: an
+    (S, R) plan that joins the population first (`auto` seeds later runs with its best so far)."""
     start = time.perf_counter()
     S, R, N = problem.stages, problem.replicas, problem.n_devices
     if N < 2:
@@ -151,13 +153,16 @@ def genetic_search(
     rng = np.random.default_rng(seed)
     scorer = _Scorer(problem)
     model = problem.cost_model
-    initial = scorer.structured_starts(S, R) if config.structured_starts else []
-    while len(initial) < config.population:
-        initial.append(rng.permutation(N)[: S * R].reshape(S, R))
+    starts = ([np.asarray(initial, dtype=np.int64)] if initial is not None else []) + \
+        (scorer.structured_starts(S, R) if config.structured_starts else [])
+    while len(starts) < config.population:
+        starts.append(rng.permutation(N)[: S * R].reshape(S, R))
     members: list[np.ndarray] = []
     totals: list[float] = []
     evaluations = 0
-    for assignment in initial[: config.population]:
+    for assignment in starts[: config.population]:
+        if members and time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+            break  # a smaller population, but the time limit holds
         assignment = scorer.rewire(improve(model, scorer.rewire(assignment), config.improve_swaps, rng=rng).assignment)
         members.append(assignment)
         totals.append(scorer.total(assignment))

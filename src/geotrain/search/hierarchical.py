@@ -215,18 +215,22 @@ def hierarchical_search(
     seed: int,
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
+    initial: np.ndarray | None = None,
 ) -> SearchResult:
-    """Best plan over `config.starts` starts of the group/wiring rounds (see the module docstring)."""
+    """Best plan over `config.starts` starts of the group/wiring rounds (see the module docstring);
+    `initial`: an (S, R) plan used as the first start (`auto` restarts from its best so far, kicked)."""
     start_time = time.perf_counter()
     model = problem.cost_model
     terms = pairwise_or_fail(model, "hierarchical")
     dp_pair, pp_pair = np.ascontiguousarray(terms.dp_pair_s), np.ascontiguousarray(terms.pp_pair_s)
     S, R, N = problem.stages, problem.replicas, problem.n_devices
-    structured = metric_starts(dp_pair, pp_pair, S, R) if config.structured_starts else []
+    structured = ([np.asarray(initial, dtype=np.int64)] if initial is not None else []) + \
+        (metric_starts(dp_pair, pp_pair, S, R) if config.structured_starts else [])
     runs: list[dict] = []
     best: tuple[float, np.ndarray] | None = None
     evaluations = 0
     timed_out = False
+    out_of_time = lambda: time_limit_s is not None and time.perf_counter() - start_time > time_limit_s  # noqa: E731
     for k in range(config.starts):
         rng = np.random.default_rng([seed, k])
         assignment = structured[k] if k < len(structured) else rng.permutation(N)[: S * R].reshape(S, R)
@@ -237,8 +241,13 @@ def hierarchical_search(
             rounds += 1
             moved = improve(model, assignment, config.swaps, rng=rng).assignment if config.swaps else assignment
             evaluations += config.swaps
-            moved = repair_critical_group(dp_pair, pp_pair, rewire(pp_pair, moved), N, max_moves=R)
-            moved = rewire(pp_pair, repair_critical_replica(dp_pair, pp_pair, moved, N, config.candidates, max_moves=2 * S))
+            moved = rewire(pp_pair, moved)
+            # at 1000+ devices one phase takes seconds: the later ones are skipped once time is up
+            if not out_of_time():
+                moved = repair_critical_group(dp_pair, pp_pair, moved, N, max_moves=R)
+            if not out_of_time():
+                moved = rewire(pp_pair, repair_critical_replica(dp_pair, pp_pair, moved, N, config.candidates,
+                                                                max_moves=2 * S))
             key = plan_key(dp_pair, pp_pair, moved)
             if _better(key, current):
                 assignment, current, stall = moved, key, 0
@@ -246,7 +255,7 @@ def hierarchical_search(
                 stall += 1
             if progress is not None:
                 progress(k * config.rounds + rounds, config.starts * config.rounds)
-            timed_out = time_limit_s is not None and time.perf_counter() - start_time > time_limit_s
+            timed_out = out_of_time()
         runs.append({"start_total": first, "total": current[0], "rounds": rounds})
         if best is None or current[0] < best[0] * (1 - REL_TOL):
             best = (current[0], assignment)

@@ -170,7 +170,7 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
 
     def solve(a: float, cap: float, lower: float, left: float) -> float:
         nonlocal solves, complete
-        value, finished = inner(a, cap, lower, max(0.5, left))
+        value, finished = inner(a, cap, lower, max(0.05, left))
         solves += 1
         complete &= finished
         return value
@@ -181,6 +181,10 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
     for k in range(pieces_at_start):
         share = (time_limit_s - (time.perf_counter() - start)) / (pieces_at_start - k)
         a, b = float(points[k]), float(points[k + 1])
+        if share <= 0:  # out of time: a + floor still bounds every plan of the piece
+            complete = False
+            pieces.append((a, b, a + floor))
+            continue
         pieces.append((a, b, a + solve(a, b, floor, share)))
     # inner(b) can only fall as b grows: carry the larger value of a later piece to earlier ones
     for k in range(len(pieces) - 2, -1, -1):
@@ -224,7 +228,7 @@ def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_
         value = max(lower, min(quick.bound, dp_cap))
         if value >= dp_cap or quick.status == "infeasible":
             return max(lower, dp_cap), True
-        result = solve_dp_milp(terms, stages, replicas, cap, max(0.5, left - (time.perf_counter() - started)),
+        result = solve_dp_milp(terms, stages, replicas, cap, max(0.05, left - (time.perf_counter() - started)),
                                dp_cap_s=dp_cap)
         if result is None:
             return value, False

@@ -1,0 +1,85 @@
+"""The time limit is a limit: the watchdog ends overrunning work and keeps what it reported; `auto`
+spends its budget and records how its best plan improved; `plan --time-limit` covers the bound too."""
+
+import json
+import time
+
+import pytest
+
+from geotrain.cli.main import main
+from geotrain.cli.plan_cmd import time_budget
+from geotrain.cluster.scale import multicloud
+from geotrain.cost import build_cost_model
+from geotrain.job import GPT_13B_SEED
+from geotrain.search import PlacementProblem, run_search
+from geotrain.search.bounds import combinatorial_bound, lower_bound
+from geotrain.search.watchdog import GRACE_S, run_with_deadline
+
+
+def report_then_hang(report, value):
+    report(value)
+    time.sleep(120)
+
+
+def report_then_return(report, value):
+    report(value)
+    return value * 2
+
+
+def test_watchdog_ends_a_hanging_child_at_its_limit_and_keeps_what_it_reported():
+    run = run_with_deadline(report_then_hang, (7,), 10.0, grace_s=0.5)  # start-up (imports) is inside the 10 s
+    assert run.items == (7,) and run.killed and not run.finished
+    assert 10.0 <= run.seconds < 10.0 + 0.5 + 1.0
+
+
+def test_watchdog_returns_a_finished_childs_items_and_value():
+    run = run_with_deadline(report_then_return, (21,), 60.0)
+    assert run.items == (21, 42) and run.finished and not run.killed
+    assert run.seconds < 30.0
+
+
+def _jittered(devices_per_region: int, stages: int) -> PlacementProblem:
+    cluster = multicloud(8, devices_per_region, seed=0, jitter=0.1)
+    replicas = cluster.n_devices // stages
+    return PlacementProblem(cluster, build_cost_model("yuan", cluster, GPT_13B_SEED, stages, replicas))
+
+
+def test_guarded_lower_bound_returns_within_its_limit_with_a_valid_bound():
+    problem = _jittered(32, 8)  # 256 devices: the region MILPs alone want far more than 3 s
+    started = time.perf_counter()
+    bound = lower_bound(problem, upper_bound_s=14.0, time_limit_s=3.0, guard=True)
+    assert time.perf_counter() - started < 3.0 * 1.1 + 0.6
+    assert bound.value_s >= combinatorial_bound(problem.cost_model.pairwise_terms(), 8, 32)
+    assert bound.value_s <= 14.0
+
+
+def test_auto_spends_its_budget_and_records_a_falling_trajectory():
+    problem = _jittered(8, 8)  # 64 devices, not region-uniform: exact does not apply
+    result = run_search("auto", problem, seed=0, time_limit_s=12.0)
+    points = result.details["trajectory"]
+    totals = [total for _, total, _ in points]
+    assert totals == sorted(totals, reverse=True) and len(set(totals)) == len(totals)
+    assert totals[-1] == pytest.approx(result.cost.total, rel=1e-12)
+    assert points[-1][2] == result.details["found_by"]
+    assert sum(result.details["anytime_rounds"].values()) >= 1  # the heuristics left time: rounds ran
+    assert 8.0 <= result.seconds <= 12.0 * 1.1
+    first = min(t["total"] for t in result.details["tried"] if "total" in t)
+    assert result.cost.total <= first * (1 + 1e-12)
+
+
+def test_time_budget_shares_the_limit_between_search_and_bound():
+    assert time_budget(60.0, None, True) == pytest.approx((36.0, 24.0))
+    assert time_budget(60.0, 10.0, True) == pytest.approx((50.0, 10.0))
+    assert time_budget(60.0, None, False) == (60.0, 0.0)
+    assert time_budget(None, None, True) == (None, 30.0)
+    assert time_budget(60.0, None, True, exact_certifies=True) == pytest.approx((51.0, 9.0))
+
+
+def test_plan_with_a_time_limit_and_a_bound_returns_within_the_limit(capsys):
+    code = main(["plan", "--cluster", "multicloud-1024-jitter", "--stages", "8", "--replicas", "16",
+                 "--lower-bound", "--time-limit", "10", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    # wall_seconds: from the start of the command (cluster and cost model included, interpreter start-up not)
+    assert code == 0 and doc["wall_seconds"] < 10 * 1.1 + GRACE_S and doc["time_limit_s"] == 10
+    assert 0.0 < doc["lower_bound"] <= doc["cost"]["total"]
+    assert doc["details"]["trajectory"][-1][1] == pytest.approx(doc["cost"]["total"], rel=1e-12)
