@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from geotrain.codecs import CodecSpec
 from geotrain.comm import ReducerContext, TorchCollective, get_reducer
 from geotrain.sync.base import CollectiveTransport, StepTimer, set_grads
+
+T = TypeVar("T")
 
 
 def timed_collective(transport: CollectiveTransport, group: Any, group_devices: list[int],
@@ -35,6 +37,21 @@ def timed_collective(transport: CollectiveTransport, group: Any, group_devices: 
                 on_wall_s(time.perf_counter() - started)
 
     return TorchCollective(group, wrap)
+
+
+class DirectTransport:
+    """A CollectiveTransport that runs each collective as it is (no emulation of its own: under
+    `geotrain emulate` the process group does the timing); adds up their wall seconds."""
+
+    def __init__(self) -> None:
+        self.wall_s = 0.0
+
+    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return run()
+        finally:
+            self.wall_s += time.perf_counter() - started
 
 
 class StageExchange:
