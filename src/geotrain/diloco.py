@@ -14,10 +14,9 @@ The outer synchronisation is geotrain.sync.StreamingOuterSync (the one implement
 tau inner steps and mixed in with `mix` (Streaming DiLoCo's alpha), outer gradients through any codec
 of geotrain.codecs with error feedback (the codec reducer of geotrain.comm). See docs/diloco.md.
 
-Groups: `group=None` is the default process group; with tau > 0 the exchanges run on a new group of
-the same ranks (made here, so every rank must build its DiLoCo in the same order), so that the loop
-may run its own collectives (a loss all-reduce) on the default group meanwhile. A `group` given is
-used as is: run no other collective on it while the context is open.
+Groups: `group=None` is the default process group. Every exchange is posted from the training
+thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
+same group between them.
 """
 
 from __future__ import annotations
@@ -68,8 +67,6 @@ class DiLoCo:
         self.inner_optimizer = inner_optimizer
         self.codec = CodecSpec.parse(codec)
         self.transport = DirectTransport()
-        if group is None and isinstance(delay, int) and delay > 0 and dist.get_world_size() > 1:
-            group = dist.new_group()  # the overlapped exchanges' own group: the loop keeps the default one
         self.group = group
         self.error_feedback = error_feedback
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]

@@ -19,7 +19,7 @@ import torch
 
 from geotrain.codecs import CodecSpec
 from geotrain.comm import ReducerContext, TorchCollective, get_reducer
-from geotrain.sync.base import CollectiveTransport, StepTimer, set_grads
+from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, set_grads
 
 T = TypeVar("T")
 
@@ -77,6 +77,28 @@ class StageExchange:
         set_grads(self.params, self.reducer.reduce([grads], self.collective, step))
         timer.seconds += time.perf_counter() - started - (self.comm_wall_s - comm_before)
         return self.collective.ledger.handed_bytes - before
+
+    def start(self, step: int, timer: StepTimer) -> Callable[[], int]:
+        """`exchange` in two halves, to overlap it with compute: encode and post the collective now
+        (async work of the group), return a function that waits, writes the means into the gradients
+        and returns the bytes handed. The reducer's own work is timed by `timer` as compute, here and
+        in the returned function (pass it the timer of the step it runs in)."""
+        if not hasattr(self.reducer, "start"):
+            raise SyncError(f"the {self.reducer.name!r} reducer cannot overlap its exchange with compute "
+                            f"(only codecs of geotrain.codecs can); use delay 0")
+        before = self.collective.ledger.handed_bytes
+        with timer:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            finish = self.reducer.start([grads], self.collective, step)
+        handed = self.collective.ledger.handed_bytes - before
+
+        def land(landing_timer: StepTimer = timer) -> int:
+            means = finish()
+            with landing_timer:
+                set_grads(self.params, means)
+            return handed
+
+        return land
 
     def _add_wall_s(self, seconds: float) -> None:
         self.comm_wall_s += seconds

@@ -6,23 +6,24 @@ equal bytes (`split_fragments`). Fragment p has its own anchor and outer optimiz
 its own exchange, and starts a sync after 0-based step s when (s + 1 - p * H // P) % H == 0: every H
 steps, fragment p at offset p * H // P, so at any sync the WAN carries about 1/P of the model.
 
-Delay tau (0 <= tau < H): a sync started after step s sends the fragment's outer gradient
-(anchor - local) at once (in a background thread when tau > 0: the exchange runs while the inner
-steps go on) and lands after step s + tau: the fragment's anchor takes the outer step with the mean,
+Delay tau (0 <= tau < H): a sync started after step s encodes the fragment's outer gradient
+(anchor - local) and posts its collective at once (async work of the process group when tau > 0:
+the exchange travels while the inner steps go on; `DPExchange.start`) and lands after step s + tau:
+it waits for the collective, decodes, and the fragment's anchor takes the outer step with the mean,
 and the local fragment becomes  mix x local + (1 - mix) x new anchor  (the paper's mixing factor
 alpha; mix 0 drops the local progress of the tau overlapped steps, the paper used 0.5 with overlap).
 tau = 0, mix = 0 is blocking DiLoCo: with P = 1 it is OuterSync, bit for bit (tested).
 
 At the run's last step (`total_steps`; or `flush()`, e.g. when a DiLoCo context closes) every sync in
 flight lands and then every fragment syncs at once, blocking and without mixing, so all replicas end
-on the same parameters. The background thread runs one exchange at a time in start order, so every
-rank issues its collectives in the same order; the group must run no other collective meanwhile.
+on the same parameters. Every collective is posted from the training thread, so all ranks issue
+them in one order and the loop may run its own collectives on the same group meanwhile; under
+`geotrain emulate` the posted work's link time overlaps the compute until it is waited for.
 """
 
 from __future__ import annotations
 
 import bisect
-import concurrent.futures
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -60,19 +61,6 @@ def fragment_due(step: int, fragment: int, fragments: int, sync_every: int) -> b
     return (step + 1 - fragment * sync_every // fragments) % sync_every == 0
 
 
-class _Seconds:
-    """A StepTimer for the background thread (its compute overlaps the main thread's: not added to it)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def __enter__(self) -> _Seconds:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
 @dataclass
 class Fragment:
     """One fragment: its parameters' indices, its anchor and outer optimizer, and the exchange that
@@ -89,7 +77,7 @@ class Fragment:
 class _InFlight:
     fragment: int
     lands_after: int
-    bytes_sent: concurrent.futures.Future[int]
+    land: Callable[[StepTimer], int]
 
 
 ExchangeFactory = Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange]
@@ -126,7 +114,6 @@ class StreamingOuterSync(OuterSync):
             exchange = make_exchange([(name, s) for (name, _), s in zip(named, shadows, strict=True)])
             self.fragments.append(Fragment(indices, outer, shadows, exchange))
         self._in_flight: list[_InFlight] = []
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def after_inner_step(self, step: int, timer: StepTimer) -> int:
         """The outer sync after inner step `step` of a loop that steps the inner optimizer itself
@@ -152,10 +139,7 @@ class StreamingOuterSync(OuterSync):
         return dp_bytes
 
     def close(self) -> None:
-        """Stop the background thread (syncs still in flight are dropped: after an error only)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        """Forget the syncs in flight without landing them (after an error only: replicas then differ)."""
         self._in_flight.clear()
 
     def _start(self, p: int, step: int, timer: StepTimer, blocking: bool = False) -> int:
@@ -166,17 +150,15 @@ class StreamingOuterSync(OuterSync):
             dp_bytes = fragment.exchange.exchange(step, timer)
             self._apply(fragment, timer, mix=0.0 if blocking else self.mix)
             return dp_bytes
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="outer-sync")
-        future = self._executor.submit(fragment.exchange.exchange, step, _Seconds())
-        self._in_flight.append(_InFlight(p, step + self.delay, future))
+        land = fragment.exchange.start(step, timer)  # type: ignore[attr-defined]
+        self._in_flight.append(_InFlight(p, step + self.delay, land))
         return 0
 
     def _land(self, ready: Callable[[_InFlight], bool], timer: StepTimer) -> int:
         """Apply the syncs in flight that are `ready`, in start order; returns their bytes."""
         dp_bytes = 0
         for flight in [f for f in self._in_flight if ready(f)]:
-            dp_bytes += flight.bytes_sent.result()
+            dp_bytes += flight.land(timer)
             self._apply(self.fragments[flight.fragment], timer, self.mix)
             self._in_flight.remove(flight)
         return dp_bytes
