@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from geotrain.comm import run_workers
 from geotrain.optim.outer import OuterStep
-from geotrain.sync import OuterSync, StageExchange, SyncError
+from geotrain.sync import OuterSync, StageExchange, SyncError, SyncOptions
 from geotrain.sync.exchange import DirectTransport
 from geotrain.sync.streaming import StreamingOuterSync, fragment_due, split_fragments
 
@@ -147,3 +147,26 @@ def test_delay_must_stay_below_sync_every_and_mix_in_unit_interval():
     with pytest.raises(SyncError, match=r"fragments must be at most sync_every \(4\)"):
         StreamingOuterSync(list(model.named_parameters()), torch.optim.SGD(model.parameters(), lr=0.1),
                            lambda shadows: None, 4, 5)
+
+
+def _from_options(rank: int, world: int) -> tuple[str, int, list[int], str]:
+    from geotrain.sync import DPGroup, SyncOptions, make_gradient_sync
+
+    model = _model()
+    options = SyncOptions(codec="fp4-block", optimizer="adamw", lr=0.01, total_steps=9, sync_every=4, fragments=2,
+                          delay=1, mix=0.5)
+    sync = make_gradient_sync(options, list(model.named_parameters()), DirectTransport(),
+                              DPGroup(None, (0, 1), (0, 1)), rank)
+    sent = _train(sync, model, rank, 9)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return type(sync).__name__, len(sync.fragments), sent, repr(flat.double().sum().item())
+
+
+def test_sync_options_with_fragments_and_delay_build_the_streaming_sync():
+    results = run_workers(_from_options, 2, (), timeout_s=120)
+    name, fragments, sent, total = results[0]
+    assert (name, fragments) == ("StreamingOuterSync", 2) and results[1][3] == total
+    # fragment 0 starts at steps 3, 7 and lands at 4, 8 (8 is the last step: flush); fragment 1 starts at 1, 5
+    assert [s for s, b in enumerate(sent) if b] == [2, 4, 6, 8]
+    with pytest.raises(SyncError, match="they need sync_every"):
+        SyncOptions(codec="none", optimizer="adamw", lr=0.01, total_steps=9, fragments=2)
