@@ -41,10 +41,12 @@ def timed_collective(transport: CollectiveTransport, group: Any, group_devices: 
 
 class DirectTransport:
     """A CollectiveTransport that runs each collective as it is (no emulation of its own: under
-    `geotrain emulate` the process group does the timing); adds up their wall seconds."""
+    `geotrain emulate` the process group does the timing); adds up their wall seconds and the bytes
+    they declare (`nbytes`, a callable read after the run, as the runtime's Transport does)."""
 
     def __init__(self) -> None:
         self.wall_s = 0.0
+        self.nbytes = 0
 
     def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T]) -> T:
         started = time.perf_counter()
@@ -52,6 +54,7 @@ class DirectTransport:
             return run()
         finally:
             self.wall_s += time.perf_counter() - started
+            self.nbytes += nbytes() if callable(nbytes) else nbytes
 
 
 class StageExchange:
