@@ -60,7 +60,7 @@ class TopKLowBitCodec(Codec):
         x = self._check_input(tensor)
         flat = x.reshape(-1).to(torch.float32)
         self._raise_if_nonfinite(x, extremes(flat))
-        n, chunk, k = flat.numel(), self.chunk_size, self.k_per_chunk
+        chunk, k = self.chunk_size, self.k_per_chunk
         positions, values = self._select(flat, chunk, k)
         codes, peaks = quantize_blocks(values, k, self.grid)
         self._raise_if_nonfinite(x, peaks, wire=peaks)

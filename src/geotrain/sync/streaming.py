@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from geotrain.optim.outer import OuterStep
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStep
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
 from geotrain.sync.outer import OuterSync
 
@@ -89,7 +89,7 @@ class StreamingOuterSync(OuterSync):
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
                  make_exchange: ExchangeFactory, sync_every: int, fragments: int = 1, delay: int = 0,
-                 mix: float = 0.0, outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  total_steps: int | None = None, inner_exchange: DPExchange | None = None) -> None:
         named_params = list(named_params)
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < sync_every:
