@@ -43,6 +43,7 @@ from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.streaming import StreamingOuterSync
 
+
 class _ComputeSeconds:
     """StepTimer of the outer sync's compute on the training thread (codec work, outer steps)."""
 
