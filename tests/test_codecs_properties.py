@@ -36,13 +36,18 @@ VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
     ("topk", {"fraction": 0.1, "selection": "sort"}),
     ("randk", {"fraction": 0.2, "seed": 5}),
     ("powersgd", {"rank": 2}),
+    ("int4-block", {"block_size": 5}),
+    ("fp4-block", {"block_size": 3}),
+    ("int2-block", {"block_size": 7}),
+    ("topk-lowbit", {"fraction": 0.25, "chunk_size": 16, "bits": 4}),
 ]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in VARIANTS]
 
 
 def test_every_registered_codec_is_in_the_shared_suite():
     assert set(CODECS) == {name for name, _ in VARIANTS}
-    assert set(CODECS) == {"none", "fp16", "bf16", "int8", "int8-block", "topk", "randk", "sign", "powersgd"}
+    assert set(CODECS) == {"none", "fp16", "bf16", "int8", "int8-block", "topk", "randk", "sign", "powersgd",
+                          "int4-block", "fp4-block", "int2-block", "topk-lowbit"}
 
 
 def float_tensors(max_abs: float = 1e4, max_side: int = 12, min_dims: int = 1, max_dims: int = 3):
@@ -73,6 +78,15 @@ def documented_nbytes(name: str, params: dict, shape: tuple[int, ...]) -> int:
         return k * value_bytes
     if name == "sign":
         return math.ceil(n / 8) + 4
+    if name in ("int4-block", "fp4-block", "int2-block"):
+        bits = 2 if name == "int2-block" else 4
+        return math.ceil(n * bits / 8) + 4 * math.ceil(n / params.get("block_size", 128))
+    if name == "topk-lowbit":
+        chunk, bits = params.get("chunk_size", 4096), params.get("bits", 2)
+        per_chunk = min(chunk, max(1, int(params.get("fraction", 1 / 64) * chunk)))
+        chunks = math.ceil(n / chunk)
+        kept = sum(min(per_chunk, n - c * chunk) for c in range(chunks))
+        return 2 * kept + math.ceil(kept * bits / 8) + 4 * chunks
     if name == "powersgd":
         if len(shape) < 2:
             return 4 * n

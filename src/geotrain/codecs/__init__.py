@@ -13,6 +13,7 @@ from geotrain.codecs.base import (
 )
 from geotrain.codecs.cast import Bf16Codec, Fp16Codec, NoneCodec
 from geotrain.codecs.feedback import ErrorFeedback, ErrorFeedbackBank
+from geotrain.codecs.lowbit import Fp4BlockCodec, Int2BlockCodec, Int4BlockCodec, pack_codes, unpack_codes
 from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
 from geotrain.codecs.registry import CODECS, codec_params, get_codec
@@ -20,6 +21,7 @@ from geotrain.codecs.selection import approx_topk_indices, random_k_indices, top
 from geotrain.codecs.spec import CodecSpec, parse_codec_spec
 from geotrain.codecs.sign import SignCodec, pack_sign_bits, unpack_sign_bits
 from geotrain.codecs.sparse import RandKCodec, TopKCodec
+from geotrain.codecs.sparse_lowbit import TopKLowBitCodec
 from geotrain.codecs.wire import pack_payload, payload_spec, unpack_payload
 
 __all__ = [
@@ -33,6 +35,9 @@ __all__ = [
     "ErrorFeedback",
     "ErrorFeedbackBank",
     "Fp16Codec",
+    "Fp4BlockCodec",
+    "Int2BlockCodec",
+    "Int4BlockCodec",
     "Int8BlockCodec",
     "Int8Codec",
     "NonFiniteGradientError",
@@ -43,9 +48,11 @@ __all__ = [
     "RandKCodec",
     "SignCodec",
     "TopKCodec",
+    "TopKLowBitCodec",
     "approx_topk_indices",
     "codec_params",
     "get_codec",
+    "pack_codes",
     "pack_payload",
     "pack_sign_bits",
     "parse_codec_spec",
@@ -54,6 +61,7 @@ __all__ = [
     "payload_spec",
     "random_k_indices",
     "topk_indices",
+    "unpack_codes",
     "unpack_payload",
     "unpack_sign_bits",
 ]

@@ -20,7 +20,7 @@ declared (`payload.nbytes`); the collective's ledger counts what was handed, and
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -58,6 +58,28 @@ class CodecReducer:
                names: Sequence[str] | None = None) -> list[torch.Tensor]:
         """worker_grads[w][i]: local worker w's tensor named names[i] (default: every name, in order).
         Returns the group mean of each tensor (as the codec delivers it), in the tensors' shapes."""
+        payloads, template = self._encode_all(worker_grads, step, names)
+        if self.codec.summable:
+            decoded = self._decode_summed(collective.all_reduce_sum(self._summable_wires(payloads)), payloads[0])
+        else:
+            specs = [payload.spec() for payload in payloads[0]]
+            decoded = self._decode_gathered(collective.all_gather(self._packed(payloads)), specs)
+        return self._unflatten(decoded, template)
+
+    def start(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Any, step: int,
+              names: Sequence[str] | None = None) -> Callable[[], list[torch.Tensor]]:
+        """`reduce` in two halves: encode and post the collective now (`collective.start_all_gather` /
+        `start_all_reduce_sum`), return a function that waits, decodes and returns the means."""
+        payloads, template = self._encode_all(worker_grads, step, names)
+        if self.codec.summable:
+            posted = collective.start_all_reduce_sum(self._summable_wires(payloads))
+            return lambda: self._unflatten(self._decode_summed(posted.wait(), payloads[0]), template)
+        specs = [payload.spec() for payload in payloads[0]]
+        posted = collective.start_all_gather(self._packed(payloads))
+        return lambda: self._unflatten(self._decode_gathered(posted.wait(), specs), template)
+
+    def _encode_all(self, worker_grads: Sequence[Sequence[torch.Tensor]], step: int,
+                    names: Sequence[str] | None) -> tuple[list[list[Payload]], Sequence[torch.Tensor]]:
         names = self.names if names is None else tuple(names)
         if len(worker_grads) != self.local_workers or any(len(g) != len(names) for g in worker_grads):
             raise ValueError(f"expected {self.local_workers} local worker(s) x {len(names)} tensors")
@@ -66,11 +88,10 @@ class CodecReducer:
         payloads = [[self._encode(w, [names[i] for i in unit], [grads[i] for i in unit]) for unit in units]
                     for w, grads in enumerate(worker_grads)]
         self.declared_bytes += sum(payload.nbytes for payload in payloads[0])
-        if self.codec.summable:
-            decoded = self._all_reduce(payloads, collective)
-        else:
-            decoded = self._all_gather(payloads, collective)
-        template = worker_grads[0]
+        return payloads, worker_grads[0]
+
+    @staticmethod
+    def _unflatten(decoded: list[torch.Tensor], template: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         flat = torch.cat([d.reshape(-1) for d in decoded]) if decoded else torch.zeros(0)
         return [piece.view(t.shape).to(t.dtype) for piece, t in
                 zip(flat.split([t.numel() for t in template]), template, strict=True)]
@@ -91,12 +112,14 @@ class CodecReducer:
             residuals[name] = piece.clone()
         return payload
 
-    def _all_reduce(self, payloads: list[list[Payload]], collective: Collective) -> list[torch.Tensor]:
-        wires = [torch.cat([t.reshape(-1) for p in worker for t in p.buffers.values()]).div_(self.world_size)
-                 for worker in payloads]  # divided before the sum, in the wire dtype (no fp16 overflow)
-        total = collective.all_reduce_sum(wires)
+    def _summable_wires(self, payloads: list[list[Payload]]) -> list[torch.Tensor]:
+        # divided before the sum, in the wire dtype (no fp16 overflow)
+        return [torch.cat([t.reshape(-1) for p in worker for t in p.buffers.values()]).div_(self.world_size)
+                for worker in payloads]
+
+    def _decode_summed(self, total: torch.Tensor, payloads: list[Payload]) -> list[torch.Tensor]:
         decoded, start = [], 0
-        for payload in payloads[0]:
+        for payload in payloads:
             buffers = {}
             for name, t in payload.buffers.items():
                 buffers[name] = total[start:start + t.numel()].view(t.shape)
@@ -105,10 +128,12 @@ class CodecReducer:
             decoded.append(self.codec.decode(summed))
         return decoded
 
-    def _all_gather(self, payloads: list[list[Payload]], collective: Collective) -> list[torch.Tensor]:
-        specs = [payload.spec() for payload in payloads[0]]
-        mine = [torch.cat([pack_payload(p) for p in worker]) for worker in payloads]
-        gathered = collective.all_gather(mine).view(self.world_size, -1)
+    @staticmethod
+    def _packed(payloads: list[list[Payload]]) -> list[torch.Tensor]:
+        return [torch.cat([pack_payload(p) for p in worker]) for worker in payloads]
+
+    def _decode_gathered(self, gathered: torch.Tensor, specs: list[Any]) -> list[torch.Tensor]:
+        gathered = gathered.view(self.world_size, -1)
         totals: list[torch.Tensor | None] = [None] * len(specs)
         for rank_bytes in gathered:  # rank order: a deterministic sum
             start = 0

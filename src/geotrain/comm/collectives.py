@@ -45,6 +45,22 @@ class Collective(Protocol):
         ...
 
 
+class Started:
+    """A collective posted and not yet waited for: `wait()` returns its result (what the blocking call
+    returns). Keeps the posted buffers alive until then."""
+
+    def __init__(self, result: torch.Tensor, work: Any = None, keep: Any = None) -> None:
+        self._result = result
+        self._work = work
+        self._keep = keep
+
+    def wait(self) -> torch.Tensor:
+        if self._work is not None:
+            self._work.wait()
+            self._work = self._keep = None
+        return self._result
+
+
 def _check_local(tensors: Sequence[torch.Tensor], count: int, what: str) -> None:
     if len(tensors) != count:
         raise ValueError(f"{what}: expected one tensor per local worker ({count}), got {len(tensors)}")
@@ -92,6 +108,14 @@ class SimulatedCollective:
         _check_local(tensors, self.world_size, "all_gather")
         self.ledger.record("all_gather", tensor_bytes(tensors[0]), self.world_size)
         return torch.cat(list(tensors))
+
+    def start_all_gather(self, tensors: Sequence[torch.Tensor]) -> Started:
+        """all_gather, posted: here it is done at once."""
+        return Started(self.all_gather(tensors))
+
+    def start_all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> Started:
+        """all_reduce_sum, posted: here it is done at once."""
+        return Started(self.all_reduce_sum(tensors))
 
 
 class TorchCollective:
@@ -161,3 +185,29 @@ class TorchCollective:
         self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
         self._call(tensor_bytes(mine), lambda: dist.all_gather_single(gathered, mine, group=self.group))
         return gathered
+
+    # Posted collectives (async work of the group, waited for later: an exchange overlapping compute).
+    # They do not go through `wrap`: their time is spent where the caller waits (under geotrain emulate
+    # the process group's Work does the timing), and the ledger counts their bytes as the blocking ones.
+    def start_all_gather(self, tensors: Sequence[torch.Tensor]) -> Started:
+        """all_gather posted with async_op; `wait()` gives the concatenation in rank order."""
+        import torch.distributed as dist
+
+        _check_local(tensors, 1, "start_all_gather")
+        mine = tensors[0].contiguous()
+        self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
+        if self.world_size == 1:
+            return Started(mine.clone())
+        gathered = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
+        return Started(gathered, dist.all_gather_single(gathered, mine, group=self.group, async_op=True), mine)
+
+    def start_all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> Started:
+        """all_reduce_sum posted with async_op; `wait()` gives the sum (in the input buffer)."""
+        import torch.distributed as dist
+
+        _check_local(tensors, 1, "start_all_reduce_sum")
+        total = tensors[0]
+        self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
+        if self.world_size == 1:
+            return Started(total)
+        return Started(total, dist.all_reduce(total, group=self.group, async_op=True))

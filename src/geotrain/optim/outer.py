@@ -74,15 +74,27 @@ class OuterStep:
 
     def apply(self, means: Sequence[torch.Tensor]) -> None:
         """Step the anchor with the replicas' mean outer gradient and reset the local parameters to it."""
+        self.step_anchor(means)
+        self.reset_params()
+
+    def step_anchor(self, means: Sequence[torch.Tensor]) -> None:
+        """Step the anchor with the replicas' mean outer gradient (the local parameters are not touched)."""
         if len(means) != len(self.anchor):
             raise ValueError(f"expected {len(self.anchor)} mean outer gradients, got {len(means)}")
         for anchor, mean in zip(self.anchor, means, strict=True):
             anchor.grad = mean.detach().reshape(anchor.shape).float().clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def reset_params(self, mix: float = 0.0) -> None:
+        """Local parameters = mix x local + (1 - mix) x anchor (mix 0: the anchor; Streaming DiLoCo's
+        mixing of the local and the global fragment when the sync lands some steps late)."""
         with torch.no_grad():
             for p, anchor in zip(self.params, self.anchor, strict=True):
-                p.copy_(anchor.to(p.dtype))
+                if mix == 0.0:
+                    p.copy_(anchor.to(p.dtype))
+                else:
+                    p.copy_(torch.lerp(anchor, p.detach().float(), mix).to(p.dtype))
 
     def anchor_sum(self) -> float:
         """A fingerprint of the anchor (float64 sum): every replica's is the same after each synchronisation."""

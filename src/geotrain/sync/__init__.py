@@ -3,28 +3,33 @@ implementations (every step, 1-bit Adam, local SGD / DiLoCo) and the factory tha
 typed options. See docs/comm.md ("Gradient synchronisation")."""
 
 from geotrain.sync.base import DPExchange, GradientSync, SyncError, SyncResult
-from geotrain.sync.exchange import StageExchange, timed_collective
+from geotrain.sync.exchange import DirectTransport, StageExchange, timed_collective
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY, make_gradient_sync
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
+from geotrain.sync.streaming import StreamingOuterSync, fragment_due, split_fragments
 
 __all__ = [
     "BETAS",
     "DPExchange",
     "DPGroup",
+    "DirectTransport",
     "GradientSync",
     "HierarchicalGradientExchange",
     "OneBitAdamSync",
     "OuterSync",
     "PerStepSync",
     "StageExchange",
+    "StreamingOuterSync",
     "SyncError",
     "SyncOptions",
     "SyncResult",
     "WEIGHT_DECAY",
+    "fragment_due",
     "make_gradient_sync",
+    "split_fragments",
     "timed_collective",
 ]

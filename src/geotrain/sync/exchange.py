@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from geotrain.codecs import CodecSpec
 from geotrain.comm import ReducerContext, TorchCollective, get_reducer
-from geotrain.sync.base import CollectiveTransport, StepTimer, set_grads
+from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, set_grads
+
+T = TypeVar("T")
 
 
 def timed_collective(transport: CollectiveTransport, group: Any, group_devices: list[int],
@@ -35,6 +37,24 @@ def timed_collective(transport: CollectiveTransport, group: Any, group_devices: 
                 on_wall_s(time.perf_counter() - started)
 
     return TorchCollective(group, wrap)
+
+
+class DirectTransport:
+    """A CollectiveTransport that runs each collective as it is (no emulation of its own: under
+    `geotrain emulate` the process group does the timing); adds up their wall seconds and the bytes
+    they declare (`nbytes`, a callable read after the run, as the runtime's Transport does)."""
+
+    def __init__(self) -> None:
+        self.wall_s = 0.0
+        self.nbytes = 0
+
+    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T]) -> T:
+        started = time.perf_counter()
+        try:
+            return run()
+        finally:
+            self.wall_s += time.perf_counter() - started
+            self.nbytes += nbytes() if callable(nbytes) else nbytes
 
 
 class StageExchange:
@@ -60,6 +80,28 @@ class StageExchange:
         set_grads(self.params, self.reducer.reduce([grads], self.collective, step))
         timer.seconds += time.perf_counter() - started - (self.comm_wall_s - comm_before)
         return self.collective.ledger.handed_bytes - before
+
+    def start(self, step: int, timer: StepTimer) -> Callable[[], int]:
+        """`exchange` in two halves, to overlap it with compute: encode and post the collective now
+        (async work of the group), return a function that waits, writes the means into the gradients
+        and returns the bytes handed. The reducer's own work is timed by `timer` as compute, here and
+        in the returned function (pass it the timer of the step it runs in)."""
+        if not hasattr(self.reducer, "start"):
+            raise SyncError(f"the {self.reducer.name!r} reducer cannot overlap its exchange with compute "
+                            f"(only codecs of geotrain.codecs can); use delay 0")
+        before = self.collective.ledger.handed_bytes
+        with timer:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            finish = self.reducer.start([grads], self.collective, step)
+        handed = self.collective.ledger.handed_bytes - before
+
+        def land(landing_timer: StepTimer = timer) -> int:
+            means = finish()
+            with landing_timer:
+                set_grads(self.params, means)
+            return handed
+
+        return land
 
     def _add_wall_s(self, seconds: float) -> None:
         self.comm_wall_s += seconds

@@ -2,7 +2,8 @@
 
     optimizer onebit-adam              -> OneBitAdamSync (1-bit Adam averages over the group itself)
     sync_every H                       -> OuterSync (local SGD / DiLoCo; outer gradients through the
-                                          exchange below, every H steps)
+                                          exchange below, every H steps); with fragments > 1 or
+                                          delay > 0: StreamingOuterSync (one exchange per fragment)
     otherwise                          -> PerStepSync (the exchange below, every step)
     the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions);
                   flat         -> StageExchange (the codec reducer, or a registered reducer: PowerSGD)
@@ -26,6 +27,7 @@ from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
+from geotrain.sync.streaming import StreamingOuterSync
 
 BETAS = (0.9, 0.95)
 WEIGHT_DECAY = 0.1
@@ -58,6 +60,12 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     if options.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
+    if options.fragments > 1 or options.delay > 0:
+        return StreamingOuterSync(named_params, adamw,
+                                  lambda shadows: _exchange(options, shadows, transport, group, rank),
+                                  options.sync_every, options.fragments, options.delay, options.mix,
+                                  options.outer_lr, options.outer_momentum, options.total_steps,
+                                  _region_exchange(named_params, transport, group, rank))
     outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
     return OuterSync(params, adamw, outer, exchange, options.total_steps,
                      _region_exchange(named_params, transport, group, rank))

@@ -29,6 +29,8 @@ class SyncOptions:
     sync_every: H, the local-SGD / DiLoCo outer period in steps (None: every step's gradients).
     outer_lr, outer_momentum: the outer Nesterov SGD's (sync_every only).
     hierarchical: full precision inside regions, the codec between them (geotrain.comm.hierarchical).
+    fragments, delay, mix: Streaming DiLoCo (sync_every only; geotrain.sync.streaming): P fragments
+        synced at staggered offsets, each landing `delay` steps after it starts, mixed in with `mix`.
     """
 
     codec: CodecSpec
@@ -42,6 +44,9 @@ class SyncOptions:
     outer_lr: float = DILOCO_LR
     outer_momentum: float = DILOCO_MOMENTUM
     hierarchical: bool = False
+    fragments: int = 1
+    delay: int = 0
+    mix: float = 0.0
 
     def __post_init__(self) -> None:
         try:
@@ -75,6 +80,9 @@ class SyncOptions:
         if self.hierarchical and not reducer_traits(self.codec).hierarchical:
             raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
                             f"its own exchange")
+        if self.sync_every is None and (self.fragments, self.delay, self.mix) != (1, 0, 0.0):
+            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, delay {self.delay!r} and mix {self.mix!r} "
+                            f"are Streaming DiLoCo's: they need sync_every")
         if self.sync_every is not None:
             try:
                 check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "SyncOptions")
@@ -83,9 +91,23 @@ class SyncOptions:
             if self.optimizer != "adamw":
                 raise SyncError(f"SyncOptions: sync_every (local SGD) runs AdamW inside each replica; optimizer "
                                 f"must be adamw, got {self.optimizer!r}")
+            self._check_streaming()
             if self.clip_grad_norm is not None:
                 raise SyncError(f"SyncOptions: sync_every (local SGD): replicas do not exchange gradients, so the "
                                 f"global clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset")
+
+
+    def _check_streaming(self) -> None:
+        h = self.sync_every
+        for name, value, low, high in (("fragments", self.fragments, 1, h), ("delay", self.delay, 0, h - 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise SyncError(f"SyncOptions.{name} must be an integer in {low}..{high} (sync_every {h}), "
+                                f"got {value!r}")
+        if isinstance(self.mix, bool) or not isinstance(self.mix, int | float) or not 0.0 <= self.mix <= 1.0:
+            raise SyncError(f"SyncOptions.mix must be a number in [0, 1], got {self.mix!r}")
+        if self.delay > 0 and (self.hierarchical or not reducer_traits(self.codec).hierarchical):
+            raise SyncError(f"SyncOptions: delay {self.delay} overlaps the exchange, which only a flat codec "
+                            f"reducer can (codec {str(self.codec)!r}, hierarchical {self.hierarchical}); use delay 0")
 
 
 def _positive(name: str, value: Any) -> None:

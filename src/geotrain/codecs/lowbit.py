@@ -1,0 +1,166 @@
+"""Low-bit blockwise codecs for outer gradients: `int4-block`, `fp4-block` (e2m1) and `int2-block`.
+
+A block of `block_size` consecutive values of the flattened tensor (the last block may be shorter) is
+sent as one fp32 scale = the block's peak max |x| and one b-bit code per value: the index of the grid
+point nearest to x / peak, on a fixed grid of levels in [-1, 1] (ties go to the lower level). Decoding
+gives grid[code] * peak, so each value is off by at most half the widest gap of the grid times its
+block's peak (plus fp32 rounding):
+
+    codec        bits  grid (x peak)                                  widest gap  error <= peak x
+    int4-block   4     k / 7, k = -7..7 (15 levels)                   1/7         1/14
+    fp4-block    4     +-{0, .5, 1, 1.5, 2, 3, 4, 6} / 6 (e2m1, 15)   1/3 (4..6)  1/6
+    int2-block   2     {-1, -1/3, 1/3, 1} (4 levels, no zero)         2/3         1/3
+
+Codes are packed 8 / bits per byte, least significant bits first (code i of byte j is value
+j * 8/bits + i); the unused high bits of the last byte are zero. A code beyond the grid (a 4-bit code
+15) is refused by decode.
+
+Wire bytes: ceil(n * bits / 8) + 4 * ceil(n / block_size); with the default block of 128 values
+that is 0.531 bytes per value for the 4-bit codecs and 0.281 for int2-block (fp32: 4).
+
+An all-zero block has peak 0 and decodes to (signed) zeros; a block holding NaN/inf has a non-finite
+peak and decodes to NaN (only with allow_nonfinite; otherwise encode raises). Values are quantised in
+fp32: a finite float64 input beyond fp32's range raises CodecError ("overflows the wire format").
+Why blockwise: one large outer-gradient value only coarsens its own block (Streaming DiLoCo sends its
+outer gradients in 4-bit floats; SparseLoCo's values in 2 bits, with error feedback).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, numel_of
+
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _grid(levels: list[float]) -> torch.Tensor:
+    return torch.tensor(sorted(set(levels)), dtype=torch.float32)
+
+
+GRIDS: dict[str, tuple[int, torch.Tensor]] = {
+    "int4": (4, _grid([k / 7 for k in range(-7, 8)])),
+    "fp4": (4, _grid([s * v / 6 for v in _E2M1 for s in (-1.0, 1.0)])),
+    "int2": (2, _grid([-1.0, -1 / 3, 1 / 3, 1.0])),
+}
+"""Name -> (bits per code, sorted fp32 levels in [-1, 1]); every grid ends at -1 and 1 exactly."""
+
+
+def grid_codes(y: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """uint8 index of the grid level nearest to each value of `y` (in [-1, 1]; ties to the lower level)."""
+    midpoints = (grid[1:] + grid[:-1]) / 2
+    return torch.bucketize(y, midpoints).to(torch.uint8)
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 bytes holding 8 / bits codes each, least significant first (see module doc)."""
+    per = 8 // bits
+    n = codes.numel()
+    padded = torch.zeros(-(-n // per) * per, dtype=torch.uint8)
+    padded[:n] = codes.reshape(-1)
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
+    return (padded.view(-1, per) << shifts).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """The first n codes of `packed` (the inverse of pack_codes)."""
+    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
+    mask = (1 << bits) - 1
+    return ((packed.reshape(-1, 1) >> shifts) & mask).reshape(-1)[:n]
+
+
+def block_peaks(flat: torch.Tensor, block: int) -> torch.Tensor:
+    """max |x| of each block of `block` values of the fp32 vector `flat` (NaN/inf propagate)."""
+    n = flat.numel()
+    blocks = -(-n // block)
+    padded = torch.zeros(blocks * block, dtype=torch.float32)
+    padded[:n] = flat.abs()
+    # amax drops NaN on some builds: carry NaN explicitly so a NaN block's peak is NaN.
+    peaks = padded.view(blocks, block).amax(dim=1)
+    nan = torch.isnan(padded.view(blocks, block)).any(dim=1)
+    return torch.where(nan, torch.full_like(peaks, math.nan), peaks)
+
+
+def quantize_blocks(flat: torch.Tensor, block: int, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, peaks) of the fp32 vector `flat` in blocks of `block` values on `grid`."""
+    n = flat.numel()
+    peaks = block_peaks(flat, block)
+    per_value = peaks.repeat_interleave(block)[:n]
+    safe = torch.where(torch.isfinite(per_value) & (per_value > 0), per_value, torch.ones_like(per_value))
+    y = torch.where(torch.isfinite(per_value), flat / safe, torch.zeros_like(flat))
+    return grid_codes(y, grid), peaks
+
+
+def dequantize_blocks(codes: torch.Tensor, peaks: torch.Tensor, block: int, grid: torch.Tensor,
+                      where: str) -> torch.Tensor:
+    """grid[code] * peak of its block, fp32; CodecError (naming `where`) for a code beyond the grid."""
+    n = codes.numel()
+    if n and int(codes.max()) >= grid.numel():
+        raise CodecError(f"{where}: code {int(codes.max())} is beyond the grid's {grid.numel()} levels")
+    per_value = peaks.repeat_interleave(block)[:n]
+    values = grid[codes.to(torch.int64)] * per_value
+    return torch.where(torch.isfinite(per_value), values, torch.full_like(values, math.nan))
+
+
+class LowBitBlockCodec(Codec):
+    """b-bit codes on a fixed grid with one fp32 peak per block of `block_size` values (module doc)."""
+
+    grid_name = ""
+
+    def __init__(self, *, block_size: int = 128, allow_nonfinite: bool = False) -> None:
+        super().__init__(allow_nonfinite=allow_nonfinite)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise CodecError(f"{self.name}: block_size must be an integer >= 1, got {block_size!r}")
+        self.block_size = block_size
+        self.bits, self.grid = GRIDS[self.grid_name]
+
+    def params(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, **super().params()}
+
+    def encode(self, tensor: torch.Tensor) -> Payload:
+        x = self._check_input(tensor)
+        flat = x.reshape(-1).to(torch.float32)
+        codes, peaks = quantize_blocks(flat, self.block_size, self.grid)
+        self._raise_if_nonfinite(x, peaks, wire=peaks)
+        return Payload(self.name, {"codes": pack_codes(codes, self.bits), "scales": peaks}, tuple(tensor.shape),
+                       tensor.dtype, {"block_size": self.block_size})
+
+    def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
+        block = self._meta_count(payload, "block_size", self.block_size, minimum=1)
+        n = payload.numel
+        return (BufferSpec("codes", torch.uint8, (-(-n * self.bits // 8),)),
+                BufferSpec("scales", torch.float32, (-(-n // block),)))
+
+    def _decode(self, payload: Payload) -> torch.Tensor:
+        block = self._meta_count(payload, "block_size", self.block_size, minimum=1)
+        codes = unpack_codes(payload.buffers["codes"], self.bits, payload.numel)
+        values = dequantize_blocks(codes, payload.buffers["scales"], block, self.grid, f"{self.name!r} payload")
+        return values.to(payload.dtype).reshape(payload.shape)
+
+    def wire_nbytes(self, shape: tuple[int, ...]) -> int:
+        n = numel_of(shape)
+        return -(-n * self.bits // 8) + 4 * (-(-n // self.block_size))
+
+
+class Int4BlockCodec(LowBitBlockCodec):
+    """4-bit integer levels k/7 of the block peak (0.5 + 4/block_size bytes per value)."""
+
+    name = "int4-block"
+    grid_name = "int4"
+
+
+class Fp4BlockCodec(LowBitBlockCodec):
+    """4-bit e2m1 floats (+-0, .5, 1, 1.5, 2, 3, 4, 6) scaled so 6 is the block peak."""
+
+    name = "fp4-block"
+    grid_name = "fp4"
+
+
+class Int2BlockCodec(LowBitBlockCodec):
+    """2-bit levels {-1, -1/3, 1/3, 1} of the block peak (0.25 + 4/block_size bytes per value)."""
+
+    name = "int2-block"
+    grid_name = "int2"

@@ -1,0 +1,173 @@
+"""DiLoCo for any training loop: wrap the model and its inner optimizer, keep the loop as it is.
+
+    dist.init_process_group("gloo")            # plain, under torchrun, `geotrain emulate` or netlab
+    with DiLoCo(model, inner_optimizer, sync_every=H, fragments=P, delay=tau, codec="int8-block",
+                outer_lr=0.7, outer_momentum=0.9) as diloco:
+        for batch in data:
+            inner_optimizer.zero_grad()
+            loss_fn(model(batch)).backward()
+            inner_optimizer.step()             # the outer sync runs from this step's post hook
+    # on leaving the block every fragment has synced: all ranks hold the same parameters
+
+The outer synchronisation is geotrain.sync.StreamingOuterSync (the one implementation, also behind
+`geotrain train --sync-every`): P fragments on a staggered schedule, each exchange overlapped with
+tau inner steps and mixed in with `mix` (Streaming DiLoCo's alpha), outer gradients through any codec
+of geotrain.codecs with error feedback (the codec reducer of geotrain.comm). See docs/diloco.md.
+
+Regions (`regions=[[0, 1], [2, 3]]`, global ranks per site): each region is one DiLoCo worker, as in
+`geotrain train --dp-hierarchical --sync-every`: before every inner step its members average their
+gradients at full precision over the region's group (an optimizer step pre-hook), and the outer
+gradients go through the hierarchical exchange (full precision inside a region, the codec between
+regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exchange is not posted).
+
+Groups: `group=None` is the default process group. Every exchange is posted from the training
+thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
+same group between them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from geotrain.codecs import CodecSpec
+from geotrain.comm.hierarchical import HierarchicalGroups
+from geotrain.comm.regions import Regions
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.sync.base import DPExchange, SyncError
+from geotrain.sync.exchange import DirectTransport, StageExchange
+from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.streaming import StreamingOuterSync
+
+
+class _ComputeSeconds:
+    """StepTimer of the outer sync's compute on the training thread (codec work, outer steps)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> _ComputeSeconds:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds += time.perf_counter() - self._started
+
+
+class DiLoCo:
+    """Streaming DiLoCo around a user's loop (module doc). Outer settings: `sync_every` H inner steps per
+    outer period, `fragments` P (1..H), `delay` tau (0..H-1 steps a sync lands late), `mix` alpha in
+    [0, 1], `codec` a codec spec of the outer gradients, `error_feedback` on by default."""
+
+    def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
+                 fragments: int = 1, delay: int = 0, mix: float = 0.0, codec: str | CodecSpec = "int8-block",
+                 error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
+                 group: Any = None, regions: Sequence[Sequence[int]] | None = None) -> None:
+        try:
+            check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
+        except OuterStepError as exc:
+            raise SyncError(str(exc)) from None
+        if not dist.is_initialized():
+            raise SyncError("DiLoCo needs torch.distributed.init_process_group() first (one process per replica)")
+        self.model = model
+        self.inner_optimizer = inner_optimizer
+        self.codec = CodecSpec.parse(codec)
+        self.transport = DirectTransport()
+        self.group = group
+        self.error_feedback = error_feedback
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        self.exchanges: list[DPExchange] = []
+        self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay)
+        self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
+        self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
+                                       mix, outer_lr, outer_momentum, total_steps=None)
+        self.timer = _ComputeSeconds()
+        self.inner_steps = 0
+        self.bytes_sent = 0
+        """Bytes this rank handed to the outer exchanges' collectives (the codec's payloads)."""
+        self.region_bytes = 0
+        """Bytes this rank handed to its region's every-step gradient mean (regions only)."""
+        self._hook: Any = None
+        self._pre_hook: Any = None
+
+    @staticmethod
+    def _hierarchy(regions: Sequence[Sequence[int]], group: Any, delay: int) -> HierarchicalGroups:
+        if group is not None:
+            raise SyncError("DiLoCo: give regions or group, not both (regions span the default group)")
+        if delay != 0:
+            raise SyncError(f"DiLoCo: with regions the delay must be 0 (the hierarchical exchange is not posted), "
+                            f"got {delay!r}")
+        parsed = Regions.of(regions, "DiLoCo regions")
+        if sorted(parsed.ranks) != list(range(dist.get_world_size())):
+            raise SyncError(f"DiLoCo regions must hold every rank 0..{dist.get_world_size() - 1} once, got {regions!r}")
+        return HierarchicalGroups.create(parsed)  # every rank, same order
+
+    def _region_exchange(self, named: list[tuple[str, torch.nn.Parameter]]) -> StageExchange | None:
+        assert self.hierarchy is not None
+        region = self.hierarchy.regions.region_of(dist.get_rank())
+        intra = self.hierarchy.intra[region]
+        return None if intra is None else StageExchange(named, CodecSpec.uncompressed(), False, self.transport,
+                                                        intra, [])
+
+    def _exchange_of(self, named_shadows: list[tuple[str, torch.nn.Parameter]]) -> DPExchange:
+        exchange: DPExchange
+        if self.hierarchy is None:
+            exchange = StageExchange(named_shadows, self.codec, self.error_feedback, self.transport, self.group, [])
+        else:
+            exchange = HierarchicalGradientExchange([p for _, p in named_shadows], self.codec.build(),
+                                                    self.error_feedback, self.transport, self.hierarchy,
+                                                    dist.get_rank(), [])
+        self.exchanges.append(exchange)
+        return exchange
+
+    @property
+    def declared_bytes(self) -> int | None:
+        """What the codec declared for every payload encoded so far (sum of payload.nbytes); None with
+        regions (the hierarchical exchange counts what it sent: `bytes_sent`)."""
+        if self.hierarchy is not None:
+            return None
+        return sum(exchange.reducer.declared_bytes for exchange in self.exchanges)  # type: ignore[attr-defined]
+
+    def __enter__(self) -> DiLoCo:
+        self._hook = self.inner_optimizer.register_step_post_hook(self._after_inner_step)
+        if self.region_exchange is not None:
+            self._pre_hook = self.inner_optimizer.register_step_pre_hook(self._before_inner_step)
+        return self
+
+    def _before_inner_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        assert self.region_exchange is not None
+        self.region_bytes += self.region_exchange.exchange(self.inner_steps, self.timer)
+
+    def _after_inner_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.bytes_sent += self.sync.after_inner_step(self.inner_steps, self.timer)
+        self.inner_steps += 1
+
+    def flush(self) -> None:
+        """Land every sync in flight and sync every fragment now: all replicas agree afterwards."""
+        self.bytes_sent += self.sync.flush(max(self.inner_steps - 1, 0), self.timer)
+
+    def __exit__(self, exc_type: Any, *rest: object) -> None:
+        for hook in (self._hook, self._pre_hook):
+            if hook is not None:
+                hook.remove()
+        self._hook = self._pre_hook = None
+        if exc_type is None:
+            self.flush()
+        else:
+            self.sync.close()
+
+    def fingerprint(self) -> float:
+        """A float64 sum of the anchors: the same on every rank when no sync is in flight."""
+        return self.sync.fingerprint()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sync": self.sync.state_dict(), "inner_steps": self.inner_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sync.load_state_dict(state["sync"])
+        self.inner_steps = int(state["inner_steps"])

@@ -1,0 +1,195 @@
+"""Streaming DiLoCo (Douillard et al. 2025): the outer sync of OuterSync, one fragment of the model at a
+time, its exchange overlapped with the next inner steps.
+
+Fragments: the parameters, in their order (layer order), cut into P contiguous fragments of about
+equal bytes (`split_fragments`). Fragment p has its own anchor and outer optimizer (an OuterStep) and
+its own exchange, and starts a sync after 0-based step s when (s + 1 - p * H // P) % H == 0: every H
+steps, fragment p at offset p * H // P, so at any sync the WAN carries about 1/P of the model.
+
+Delay tau (0 <= tau < H): a sync started after step s encodes the fragment's outer gradient
+(anchor - local) and posts its collective at once (async work of the process group when tau > 0:
+the exchange travels while the inner steps go on; `DPExchange.start`) and lands after step s + tau:
+it waits for the collective, decodes, and the fragment's anchor takes the outer step with the mean,
+and the local fragment becomes  mix x local + (1 - mix) x new anchor  (the paper's mixing factor
+alpha; mix 0 drops the local progress of the tau overlapped steps, the paper used 0.5 with overlap).
+tau = 0, mix = 0 is blocking DiLoCo: with P = 1 it is OuterSync, bit for bit (tested).
+
+At the run's last step (`total_steps`; or `flush()`, e.g. when a DiLoCo context closes) every sync in
+flight lands and then every fragment syncs at once, blocking and without mixing, so all replicas end
+on the same parameters. Every collective is posted from the training thread, so all ranks issue
+them in one order and the loop may run its own collectives on the same group meanwhile; under
+`geotrain emulate` the posted work's link time overlaps the compute until it is waited for.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStep
+from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
+from geotrain.sync.outer import OuterSync
+
+
+def split_fragments(nbytes: Sequence[int], fragments: int) -> list[range]:
+    """Contiguous index ranges of `nbytes` (one size per parameter, in order) into `fragments` non-empty
+    pieces whose byte sums are as close to total / fragments as contiguous cuts allow (greedy: each cut
+    at the first index where the running sum reaches k x total / fragments)."""
+    n = len(nbytes)
+    if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= n:
+        raise SyncError(f"fragments must be an integer in 1..{n} (the parameter tensors), got {fragments!r}")
+    cumulative = list(itertools.accumulate(nbytes, initial=0))
+    cuts = [0]
+    for k in range(1, fragments):
+        target = k * cumulative[-1] / fragments
+        j = bisect.bisect_left(cumulative, target)  # first cut whose bytes before it reach the target
+        if j > 0 and target - cumulative[j - 1] <= cumulative[j] - target:
+            j -= 1
+        cuts.append(min(max(j, cuts[-1] + 1), n - (fragments - k)))  # every fragment non-empty
+    cuts.append(n)
+    return [range(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
+def fragment_due(step: int, fragment: int, fragments: int, sync_every: int) -> bool:
+    """True if fragment `fragment` of `fragments` starts a sync after 0-based `step` (module doc)."""
+    return (step + 1 - fragment * sync_every // fragments) % sync_every == 0
+
+
+@dataclass
+class Fragment:
+    """One fragment: its parameters' indices, its anchor and outer optimizer, and the exchange that
+    averages `shadows`' gradients (fp32 stand-ins of its parameters: the inner loop keeps the real
+    gradients while an exchange is in flight)."""
+
+    indices: range
+    outer: OuterStep
+    shadows: list[torch.nn.Parameter]
+    exchange: DPExchange
+
+
+@dataclass
+class _InFlight:
+    fragment: int
+    lands_after: int
+    land: Callable[[StepTimer], int]
+
+
+ExchangeFactory = Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange]
+"""Builds the exchange of one fragment from (name, shadow parameter) pairs."""
+
+
+class StreamingOuterSync(OuterSync):
+    """OuterSync with fragments, overlap and delay (module doc)."""
+
+    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
+                 make_exchange: ExchangeFactory, sync_every: int, fragments: int = 1, delay: int = 0,
+                 mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
+                 total_steps: int | None = None, inner_exchange: DPExchange | None = None) -> None:
+        named_params = list(named_params)
+        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < sync_every:
+            raise SyncError(f"delay must be an integer in 0..{sync_every - 1} (below sync_every), got {delay!r}")
+        if isinstance(mix, bool) or not isinstance(mix, int | float) or not 0.0 <= mix <= 1.0 or math.isnan(mix):
+            raise SyncError(f"mix (Streaming DiLoCo's alpha) must be a number in [0, 1], got {mix!r}")
+        if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments > sync_every:
+            raise SyncError(f"fragments must be at most sync_every ({sync_every}) so their offsets differ, "
+                            f"got {fragments}")
+        self.params = [p for _, p in named_params]
+        self.optimizer = optimizer
+        self.total_steps = total_steps
+        self.inner_exchange = inner_exchange
+        self.sync_every, self.delay, self.mix = sync_every, delay, float(mix)
+        sizes = [p.numel() * p.element_size() for p in self.params]
+        self.fragments: list[Fragment] = []
+        for indices in split_fragments(sizes, fragments):
+            named = [named_params[i] for i in indices]
+            shadows = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32), requires_grad=False)
+                       for _, p in named]
+            outer = OuterStep([p for _, p in named], sync_every, outer_lr, outer_momentum)
+            exchange = make_exchange([(name, s) for (name, _), s in zip(named, shadows, strict=True)])
+            self.fragments.append(Fragment(indices, outer, shadows, exchange))
+        self._in_flight: list[_InFlight] = []
+
+    def after_inner_step(self, step: int, timer: StepTimer) -> int:
+        """The outer sync after inner step `step` of a loop that steps the inner optimizer itself
+        (geotrain.diloco); returns the bytes handed to the exchanges' collectives."""
+        return self._outer_sync(step, timer)
+
+    def _outer_sync(self, step: int, timer: StepTimer) -> int:
+        """Land the syncs due after `step`, start the fragments due; at the last step, flush."""
+        if self.total_steps is not None and step + 1 == self.total_steps:
+            return self.flush(step, timer)
+        dp_bytes = self._land(lambda flight: flight.lands_after <= step, timer)
+        for p, fragment in enumerate(self.fragments):
+            if fragment_due(step, p, len(self.fragments), self.sync_every):
+                dp_bytes += self._start(p, step, timer)
+        return dp_bytes
+
+    def flush(self, step: int, timer: StepTimer) -> int:
+        """Land every sync in flight, then sync every fragment at once, blocking, without mixing."""
+        dp_bytes = self._land(lambda flight: True, timer)
+        for p in range(len(self.fragments)):
+            dp_bytes += self._start(p, step, timer, blocking=True)
+        self.close()
+        return dp_bytes
+
+    def close(self) -> None:
+        """Forget the syncs in flight without landing them (after an error only: replicas then differ)."""
+        self._in_flight.clear()
+
+    def _start(self, p: int, step: int, timer: StepTimer, blocking: bool = False) -> int:
+        fragment = self.fragments[p]
+        with timer:
+            set_grads(fragment.shadows, fragment.outer.outer_gradients())
+        if blocking or self.delay == 0:
+            dp_bytes = fragment.exchange.exchange(step, timer)
+            self._apply(fragment, timer, mix=0.0 if blocking else self.mix)
+            return dp_bytes
+        land = fragment.exchange.start(step, timer)  # type: ignore[attr-defined]
+        self._in_flight.append(_InFlight(p, step + self.delay, land))
+        return 0
+
+    def _land(self, ready: Callable[[_InFlight], bool], timer: StepTimer) -> int:
+        """Apply the syncs in flight that are `ready`, in start order; returns their bytes."""
+        dp_bytes = 0
+        for flight in [f for f in self._in_flight if ready(f)]:
+            dp_bytes += flight.land(timer)
+            self._apply(self.fragments[flight.fragment], timer, self.mix)
+            self._in_flight.remove(flight)
+        return dp_bytes
+
+    @staticmethod
+    def _apply(fragment: Fragment, timer: StepTimer, mix: float) -> None:
+        with timer:
+            fragment.outer.step_anchor([s.grad for s in fragment.shadows])
+            fragment.outer.reset_params(mix)
+
+    @property
+    def in_flight(self) -> int:
+        """Syncs started and not yet landed."""
+        return len(self._in_flight)
+
+    def fingerprint(self) -> float:
+        """The anchors' float64 sum (every replica's is the same once no sync is in flight)."""
+        return sum(f.outer.anchor_sum() for f in self.fragments)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Inner optimizer, per fragment its anchor, outer optimizer and exchange; no sync may be in flight."""
+        if self._in_flight:
+            raise SyncError(f"state_dict with {len(self._in_flight)} outer sync(s) in flight: flush() first")
+        return {"optimizer": self.optimizer.state_dict(),
+                "fragments": [{"outer": f.outer.state_dict(), "exchange": f.exchange.state_dict()}
+                              for f in self.fragments]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "fragments" not in state or len(state["fragments"]) != len(self.fragments):
+            raise ValueError(f"checkpoint holds no streaming outer sync of {len(self.fragments)} fragments")
+        self.optimizer.load_state_dict(state["optimizer"])
+        for fragment, saved in zip(self.fragments, state["fragments"], strict=True):
+            fragment.outer.load_state_dict(saved["outer"])
+            fragment.exchange.load_state_dict(saved["exchange"])
