@@ -13,7 +13,7 @@ compressed, with error feedback, or hierarchical), and an outer optimizer steps 
 DiLoCo's setting is lr 0.7, momentum 0.9, Nesterov. With lr 1 and momentum 0 the outer step is plain
 parameter averaging, anchor = mean_r theta_r (local SGD / "model averaging"); with H = 1 besides, that
 is: every step each replica takes one inner step from the common parameters on its own gradient and
-the new parameters are the replicas' mean (tests/test_outer_step.py holds both to a reference).
+the new parameters are the replicas' mean (tests/integration/optim/test_outer_step.py holds both to a reference).
 
 Communication: one exchange of the parameter count every H steps instead of every step. The inner
 optimizer's state (AdamW moments) stays local to each replica.

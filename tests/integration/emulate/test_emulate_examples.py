@@ -1,0 +1,45 @@
+"""Unmodified torch scripts (examples/: DDP, pipelining, FSDP2) under `geotrain emulate` train exactly as
+under plain gloo."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from paths import ROOT
+
+pytestmark = pytest.mark.slow  # two launches of real processes per test
+LOSS = re.compile(r"step (\d+) loss (\S+) time")
+
+
+def losses(output: str) -> list[str]:
+    return [m.group(2) for m in LOSS.finditer(output)]
+
+
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def run(command: list[str], attempts: int = 1) -> str:
+    """stdout of `command`; `attempts` > 1 reruns it only when a rank died in gloo's own teardown after
+    the script finished (an upstream abort seen under plain torchrun on a loaded machine), never on any
+    other failure."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for attempt in range(attempts):
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+        if done.returncode == 0 or GLOO_TEARDOWN_ABORT not in done.stderr or attempt == attempts - 1:
+            break
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("script", ["examples/ddp_train.py", "examples/pipeline_train.py", "examples/fsdp_train.py"])
+def test_example_losses_are_bit_identical_to_plain_gloo(script, tmp_path):
+    args = [script, "--steps", "3", "--hidden", "32"]
+    plain = run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3", *args],
+                attempts=2)  # the reference; geotrain's own ranks leave with os._exit and never hit this
+    emulated = run([sys.executable, "-m", "geotrain", "emulate", "--cluster", "seed-geo", "--devices", "0,9,17",
+                    "--time-scale", "0", "--timeout", "250", "--", *args])
+    assert len(losses(plain)) == 3
+    assert losses(emulated) == losses(plain)  # printed with 8 decimals: same float32 values

@@ -1,0 +1,92 @@
+"""Emulated GPU speed: a rank's emulated compute is its measured compute x (fastest GPU / its GPU)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geotrain.cluster import load_cluster
+from geotrain.emulate import install
+from geotrain.emulate.clock import RankClock
+from geotrain.emulate.network import EmulationError
+from geotrain.runtime import RuntimeConfig
+from geotrain.runtime.config import RuntimeConfigError
+from geotrain.runtime.pipeline import ComputeTimer
+from paths import ROOT
+
+MIXED = ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"  # A100, V100, T4 x2
+
+
+def test_clock_counts_compute_scale_times_the_real_compute_and_links_as_given():
+    wall = [10.0]
+    slept = []
+
+    def sleep(seconds):
+        slept.append(seconds)
+        wall[0] += seconds
+    clock = RankClock(1.0, wall=lambda: wall[0], sleep=sleep, compute_scale=3.0)
+    wall[0] += 0.5  # half a second of real compute on a device 3x slower: 1.5 emulated seconds
+    assert clock.now() == pytest.approx(1.5)
+    held = clock.hold()
+    assert held[0] == pytest.approx(1.5)
+    clock.finish(held, 2.5)  # the links end the operation at 2.5: one emulated second of link time slept
+    assert slept == [pytest.approx(1.0)] and clock.now() == pytest.approx(2.5)
+    wall[0] += 0.1
+    assert clock.now() == pytest.approx(2.8)
+    with pytest.raises(ValueError, match="compute_scale"):
+        RankClock(1.0, compute_scale=0.0)
+
+
+def test_compute_timer_scales_what_it_measures():
+    plain, slow = ComputeTimer(), ComputeTimer(scale=4.0)
+    with plain, slow:
+        sum(range(20000))
+    assert slow.seconds == pytest.approx(4.0 * plain.seconds, rel=0.5)  # same block, nested: near-equal spans
+    assert slow.seconds > 2.0 * plain.seconds
+
+
+def test_config_gives_every_device_the_fastest_gpus_peak_over_its_own():
+    config = RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed=True)
+    assert config.compute_scale() == pytest.approx((1.0, 1.0, 312 / 125, 312 / 125, 312 / 65, 312 / 65))
+    assert RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]]).compute_scale() is None
+    with pytest.raises(RuntimeConfigError, match="time_scale 0.0 runs without emulation"):
+        RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed=True, time_scale=0.0)
+    with pytest.raises(RuntimeConfigError, match="emulate_gpu_speed must be true or false"):
+        RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], emulate_gpu_speed="yes")
+
+
+def test_install_refuses_a_compute_scale_per_device_of_the_wrong_shape_or_value():
+    cluster = load_cluster(MIXED)
+    for bad in ([1.0] * 5, [1.0] * 5 + [0.0], [1.0] * 5 + [float("nan")], [1.0] * 5 + [True]):
+        with pytest.raises(EmulationError, match="compute_scale must be 6 finite factors > 0"):
+            install(cluster, [0, 4], compute_scale=bad)
+
+
+def test_train_flag_reaches_the_config(tmp_path):
+    from geotrain.cli.main import build_parser
+    from geotrain.cli.train_cmd import config_from_args
+
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 4]]}))
+    args = build_parser().parse_args(["train", "--cluster", str(MIXED), "--plan", str(plan), "--emulate-gpu-speed"])
+    assert config_from_args(args).emulation.emulate_gpu_speed is True
+    args = build_parser().parse_args(["train", "--cluster", str(MIXED), "--plan", str(plan)])
+    assert config_from_args(args).emulation.emulate_gpu_speed is False
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_t4_replica_computes_about_five_times_longer_than_measured():
+    from geotrain.runtime import launch
+
+    def run(**options):
+        config = RuntimeConfig.of(cluster=load_cluster(MIXED), assignment=[[0, 4]], steps=3, batch_size=4,
+                               microbatches=1, time_scale=0.01, heartbeat_timeout_s=20.0, **options)
+        return launch(config).report.summary()
+
+    measured, emulated = run(), run(emulate_gpu_speed=True)
+    # the slowest slot's compute: as measured vs x 312/65 = 4.8 on the T4 (one replica each, same work);
+    # a loose factor, since the two runs' real compute differs with the machine's load
+    assert emulated["compute_s"] > 2.0 * measured["compute_s"]
