@@ -1,5 +1,8 @@
 """The 2-region, 2x2 cluster and plan that the runtime CLI tests run (0.01 Gbit/s, 20 ms between regions)."""
 
+import json
+from pathlib import Path
+
 CLUSTER_YAML = """\
 name: test-2x2
 regions:
@@ -9,3 +12,10 @@ links:
   - {between: [east, west], gbps: 0.01, ms: 20}
 """
 PLAN = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}
+
+
+def write_job_files(root: Path) -> dict[str, str]:
+    """CLUSTER_YAML and PLAN written into `root`: {"cluster": path, "plan": path} for `geotrain train`."""
+    (root / "cluster.yaml").write_text(CLUSTER_YAML)
+    (root / "plan.json").write_text(json.dumps(PLAN))
+    return {"cluster": str(root / "cluster.yaml"), "plan": str(root / "plan.json")}

@@ -4,7 +4,6 @@ from paths import ROOT
 import json
 import os
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest

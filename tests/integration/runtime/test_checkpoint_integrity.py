@@ -21,19 +21,17 @@ from geotrain.cli.main import main
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.checkpoint import CheckpointError
 
+from runtime_2x2 import write_job_files
+
 pytestmark = pytest.mark.timeout(300)
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
-from runtime_2x2 import CLUSTER_YAML, PLAN
 STEP = 2
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("job")
-    (root / "cluster.yaml").write_text(CLUSTER_YAML)
-    (root / "plan.json").write_text(json.dumps(PLAN))
-    return {"cluster": str(root / "cluster.yaml"), "plan": str(root / "plan.json")}
+    return write_job_files(tmp_path_factory.mktemp("job"))
 
 
 def _train_args(files: dict[str, str], checkpoint_dir: Path, *extra: str) -> list[str]:

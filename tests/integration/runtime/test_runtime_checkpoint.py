@@ -25,7 +25,7 @@ from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.checkpoint import CheckpointError
 from geotrain.runtime.checkpoint_lock import LOCK_FILE, hold_directory
 
-from runtime_2x2 import CLUSTER_YAML, PLAN
+from runtime_2x2 import PLAN, write_job_files
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -35,10 +35,7 @@ STEP = 2
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("job")
-    (root / "cluster.yaml").write_text(CLUSTER_YAML)
-    (root / "plan.json").write_text(json.dumps(PLAN))
-    return {"cluster": str(root / "cluster.yaml"), "plan": str(root / "plan.json")}
+    return write_job_files(tmp_path_factory.mktemp("job"))
 
 
 def _train(files: dict[str, str], directory: Path, *extra: str) -> list[str]:

@@ -5,7 +5,6 @@ iteration on a mixed-GPU cluster; the runtime's --split-by-speed and a plan's cu
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
