@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from geotrain.procs import Command, spawn, stop_tree
+
 GRACE_S = 0.5
 """Seconds the child may run past its limit before it is killed (it normally stops on its own)."""
 
@@ -76,7 +78,8 @@ def run_with_deadline(target: Callable[..., Any], args: tuple[Any, ...], time_li
     (wall clock, start-up included); see the module docstring. `target` must be importable
     (module level) and `args` picklable."""
     start = time.monotonic()
-    process = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    # started like every process geotrain starts: its own session, dying with this process
+    process = spawn(Command((sys.executable, "-c", _CHILD)), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert process.stdin is not None and process.stdout is not None
     process.stdin.write(pickle.dumps(list(sys.path)) + pickle.dumps((target, args)))
     process.stdin.close()
@@ -97,15 +100,10 @@ def run_with_deadline(target: Callable[..., Any], args: tuple[Any, ...], time_li
         finished = kind == "done"
     killed = process.poll() is None and not finished
     if killed:
-        process.terminate()
-        try:
-            process.wait(0.5)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop_tree(process, term_s=0.5)
     try:
         process.wait(1.0)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        stop_tree(process, term_s=0.0)
     process.stdout.close()
     return GuardedRun(tuple(items), finished, killed, time.monotonic() - start)
