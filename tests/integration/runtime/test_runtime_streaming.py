@@ -21,9 +21,10 @@ def files(tmp_path_factory) -> dict[str, str]:
     return write_job_files(tmp_path_factory.mktemp("job"))
 
 
-def _train(files: dict[str, str], *extra: str) -> dict:
+def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = STEPS) -> dict:
     done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
-                           "--time-scale", "0", "--steps", str(STEPS), "--dp-codec", "int8-block", "--json", *extra],
+                           "--time-scale", time_scale, "--steps", str(steps), "--dp-codec", "int8-block", "--json",
+                           *extra],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
@@ -46,6 +47,22 @@ def test_streaming_train_p1_equals_blocking_and_p2_sends_half_per_sync(files):
     assert abs(streaming["losses"][-1] - blocking["losses"][-1]) < 0.2
     # the report's peak DP bytes are the per-step records' (posted collectives counted when they land)
     assert max(streaming["bytes"]["dp_per_stage"]) == max(per_step)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_posted_exchanges_are_recorded_by_the_transport_when_they_land(files):
+    """Emulated links, H=4, P=2, tau=1: fragment 1 starts after step 1 and lands after step 2, fragment 0
+    after steps 3 -> 4 and fragment 1 again 5 -> 6; the last step syncs both, blocking. Each landing step
+    records the posted collective's bytes and its emulated link time as DP communication."""
+    report = _train(files, "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5",
+                    time_scale="1e-3", steps=8)
+    nbytes = [row["dp_bytes"] for row in report["iterations"]]
+    seconds = [row["comm_measured"]["dp"] for row in report["iterations"]]
+    assert [b > 0 for b in nbytes] == [False, False, True, False, True, False, True, True]
+    assert [s > 0 for s in seconds] == [b > 0 for b in nbytes]
+    assert nbytes[2] == nbytes[6] and nbytes[2] + nbytes[4] > nbytes[7] > max(nbytes[2], nbytes[4])
+    assert report["summary"]["replicas_in_sync"]
 
 
 @pytest.mark.parametrize(("options", "message"), [
