@@ -14,6 +14,9 @@ and differs only in placement and codecs (`DEFAULT_ROWS`, one line each). Measur
   `target` (None when the budget ends first: the row reports the loss it reached);
 - inter-region bytes: payload bytes the emulator carried between devices of different regions,
   all ranks, all steps.
+- compute fraction, peak inter-region Gbit/s and the fraction of the limit row's time to target
+  (geotrain.bench.wan_metrics). The limit row ("limit" in its label, `free_links`) is the fp32 DDP
+  baseline on the cluster with every link free: the same compute, communication free.
 Placements: "naive" = data parallelism over every device in index order (the DDP baseline);
 "planned" = the layout (stages x replicas) and assignment with the lowest "yuan" cost among the
 layouts the tiny GPT allows, searched with the job's real bytes; the planner-codecs row takes the
@@ -37,6 +40,7 @@ import numpy as np
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost import YuanCostModel
 from geotrain.cost.codec_choice import DEFAULT_POLICY, CodecChoice, choose_codecs, parse_codec_policy
+from geotrain.bench.wan_metrics import compute_fraction, limit_fraction, peak_inter_region_gbps, zero_cost_links
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
 
@@ -68,6 +72,7 @@ class WanRow:
     plan_codecs: bool = False
     policy: str | None = None  # the planner's codec policy (None: the bench's --codec-policy)
     options: tuple[tuple[str, Any], ...] = ()
+    free_links: bool = False  # train on the cluster with every link free (the limit row)
 
     @property
     def sync_every(self) -> int:
@@ -94,7 +99,14 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + local SGD H=5 + int8-block+EF outer", dp_codec="int8-block", options=LOCAL_SGD_5),
     WanRow("planned + local SGD H=5, sites as workers (hierarchical, int8-block+EF outer)", dp_codec="int8-block",
            options=(*LOCAL_SGD_5, ("dp_hierarchical", True))),
+    # Streaming DiLoCo (geotrain.sync.streaming): one of 4 fragments per sync, int4 outer gradients. tau 0:
+    # the bench scores checkpoints, and a sync in flight (tau > 0) cannot be checkpointed
+    WanRow("planned + local SGD H=5 P=4 tau=0 int4-block+EF outer (streaming)", dp_codec="int4-block",
+           options=(*LOCAL_SGD_5, ("fragments", 4))),
+    WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
+LIMIT_ROW = len(DEFAULT_ROWS) - 1
+"""The index of the limit row in DEFAULT_ROWS (run in every bench, like the baseline, row 0)."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,8 @@ class RowResult:
     step_time_s: float
     inter_region_bytes: float
     time_to_target_s: float | None
+    compute_fraction: float = 0.0
+    peak_inter_region_gbps: float = 0.0
 
     @property
     def val_loss(self) -> float:
@@ -164,6 +178,7 @@ class WanBench:
 
     def to_json(self) -> dict[str, Any]:
         base = self.results[0]
+        limit = next((r.time_to_target_s for r in self.results if "limit" in r.row.label), None)
         rows = []
         for r in self.results:
             speedup = (base.time_to_target_s / r.time_to_target_s
@@ -173,7 +188,9 @@ class WanBench:
                          "val_loss_fp32_same_steps": base.val_loss, "quality_cost": r.val_loss - base.val_loss,
                          "step_time_s": r.step_time_s, "steps": self.config.steps, "stages": r.stages,
                          "replicas": r.replicas, "assignment": r.assignment, "codecs": r.codecs,
-                         "options": dict(r.row.options),
+                         "options": dict(r.row.options), "free_links": r.row.free_links,
+                         "limit_fraction": limit_fraction(r.time_to_target_s, limit),
+                         "compute_fraction": r.compute_fraction, "peak_inter_region_gbps": r.peak_inter_region_gbps,
                          "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
         config = {k: v for k, v in asdict(self.config).items() if k != "rows"}
         return {"rows": rows, "target": self.config.target, "cluster": self.cluster.name, "config": config,
@@ -327,7 +344,8 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
               "pp": [str(run.comm.cut_pp_codec(c)) for c in range(stages - 1)]}
     return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
                      float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
-                     reached[0] if reached else None)
+                     reached[0] if reached else None, compute_fraction(records, seconds),
+                     peak_inter_region_gbps(records, seconds))
 
 
 def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], None] | None = None) -> WanBench:
@@ -362,7 +380,8 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
             planned = fp32
         assignment = naive if row.placement == "naive" else planned.assignment
         callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
-        results.append(run_row(row, cluster, assignment, planned.choice, config, tokens, callback))
+        row_cluster = zero_cost_links(cluster) if row.free_links else cluster
+        results.append(run_row(row, row_cluster, assignment, planned.choice, config, tokens, callback))
     summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],
                       "dp_codecs": list(layout.choice.dp), "pp_codecs": list(layout.choice.pp)}
                for name, layout in layouts.items()}

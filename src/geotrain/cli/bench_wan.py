@@ -1,6 +1,8 @@
 """`geotrain bench wan`: time to a target validation loss on an emulated slow WAN, per placement and
 codec row (see geotrain.bench.wan). --json: {"rows": [{"label", "time_to_target_s", "speedup",
-"inter_region_bytes", "val_loss", ...}], "target", ...}; the first row is the fp32 DDP baseline."""
+"inter_region_bytes", "val_loss", "limit_fraction", "compute_fraction", "peak_inter_region_gbps", ...}],
+"target", ...}; the first row is the fp32 DDP baseline, the last the limit row (its training with every
+link free)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="wall seconds slept per emulated link second (emulated times do not depend on it)")
     parser.add_argument("--compute-clock", default=d.compute_clock, choices=("cpu", "wall"),
                         help="count compute in each rank's CPU seconds (as if on its own core) or in wall seconds")
-    parser.add_argument("--rows", default=None, metavar="I,J,...", help="run only these rows (0 = the baseline, always run)")
+    parser.add_argument("--rows", default=None, metavar="I,J,...",
+                        help="run only these rows (0 = the baseline and the last, the limit row, always run)")
     parser.add_argument("--seed", type=seed, default=d.seed, help="model seed")
     parser.add_argument("--model", default=d.model, metavar="PRESET",
                         help="GPT preset every row trains: tiny (817k parameters), small (3.2M, bandwidth-bound)")
@@ -41,13 +44,13 @@ def _fmt(value: Any, spec: str, none: str = "not reached") -> str:
 
 
 def run(args: Any) -> int:
-    from geotrain.bench.wan import DEFAULT_ROWS, WanBenchConfig, WanBenchError, run_wan_bench
+    from geotrain.bench.wan import DEFAULT_ROWS, LIMIT_ROW, WanBenchConfig, WanBenchError, run_wan_bench
     from geotrain.cli.output import Output
 
     rows = DEFAULT_ROWS
     if args.rows:
         try:
-            picked = sorted({0, *(int(i) for i in args.rows.split(","))})
+            picked = sorted({0, LIMIT_ROW, *(int(i) for i in args.rows.split(","))})
             if picked[0] < 0:
                 raise IndexError(picked[0])
             rows = tuple(DEFAULT_ROWS[i] for i in picked)
@@ -72,10 +75,13 @@ def run(args: Any) -> int:
         return 0
     out.table(f"bench wan: {config.model} GPT on {doc['cluster']}, {config.steps} steps each, target validation loss "
               f"{config.target:g} (emulated seconds)",
-              ["row", "layout", "codecs (dp / pp)", "s per step", "time to target", "speed-up", "inter-region MB",
+              ["row", "layout", "codecs (dp / pp)", "s per step", "time to target", "speed-up", "x limit",
+               "compute", "peak Gbit/s", "inter-region MB",
                f"val loss @{config.steps}", "vs fp32 @ same steps"],
               [[r["label"], f"{r['stages']}x{r['replicas']}", f"{','.join(r['codecs']['dp'])} / {','.join(r['codecs']['pp']) or '-'}",
                 f"{r['step_time_s']:.3f}", _fmt(r["time_to_target_s"], ".1f"), _fmt(r["speedup"], ".2f", "-"),
+                _fmt(r["limit_fraction"], ".2f", "-"), f"{r['compute_fraction']:.2f}",
+                f"{r['peak_inter_region_gbps']:.3f}",
                 f"{r['inter_region_bytes'] / 1e6:.1f}", f"{r['val_loss']:.4f}", f"{r['quality_cost']:+.4f}"]
                for r in doc["rows"]], right_align_from=3)
     out.table("planner: predicted communication per iteration (s, yuan) per layout",

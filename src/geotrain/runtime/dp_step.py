@@ -42,7 +42,8 @@ def sync_options(config: RuntimeConfig) -> SyncOptions:
                        total_steps=config.run.steps, error_feedback=config.comm.error_feedback,
                        onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
                        sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
-                       hierarchical=config.comm.dp_hierarchical)
+                       hierarchical=config.comm.dp_hierarchical, fragments=optim.fragments, delay=optim.sync_delay,
+                       mix=optim.sync_mix)
 
 
 def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int]) -> list[HierarchicalGroups]:

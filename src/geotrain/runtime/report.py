@@ -47,6 +47,8 @@ class IterationRow:
     # without emulation (--time-scale 0: real links, e.g. netlab or real hosts): the models with the
     # cluster's links at face value and this step's measured compute, in wall seconds
     iteration_predicted_links_s: dict[str, float] = field(default_factory=dict)
+    dp_bytes: int = 0
+    """The most payload bytes one rank handed to its DP collectives this step (posted ones when they land)."""
 
     @property
     def comm_measured_s(self) -> float:
@@ -67,7 +69,7 @@ class IterationRow:
                 "error_pct": self.error_pct, "iteration_predicted": dict(self.iteration_predicted_s),
                 "iteration_emulated_s": self.iteration_emulated_s,
                 "iteration_predicted_emulated": dict(self.iteration_predicted_emulated_s),
-                "iteration_predicted_links": dict(self.iteration_predicted_links_s)}
+                "iteration_predicted_links": dict(self.iteration_predicted_links_s), "dp_bytes": self.dp_bytes}
 
 
 @dataclass(frozen=True)
@@ -228,7 +230,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             iteration_emulated_s=periods.get(step),
             iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {},
             iteration_predicted_links_s=(iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0
-                                         else {})))
+                                         else {}),
+            dp_bytes=max(int(r["dp_bytes"]) for r in step_records)))
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,

@@ -389,18 +389,38 @@ class OptimSection(Section):
     outer_lr: float = setting(DILOCO_LR, "--sync-every: outer learning rate (DiLoCo: 0.7; 1 with --outer-momentum "
                                          "0 = parameter averaging)")
     outer_momentum: float = setting(DILOCO_MOMENTUM, "--sync-every: outer Nesterov momentum")
+    fragments: int = setting(1, "--sync-every: Streaming DiLoCo: cut the model into P fragments (contiguous layers, "
+                                "balanced by bytes), fragment p synced every H steps at offset p*H/P, so the WAN "
+                                "carries 1/P of the model at a time (1..H)", metavar="P")
+    sync_delay: int = setting(0, "--sync-every: Streaming DiLoCo's tau: a fragment's outer exchange travels while "
+                                 "TAU more inner steps run and lands after them (0..H-1; 0: blocking)", metavar="TAU")
+    sync_mix: float = setting(0.0, "--sync-every: Streaming DiLoCo's alpha: a landed fragment becomes ALPHA x local + "
+                                   "(1 - ALPHA) x new anchor (0..1; 0 drops the overlapped steps' local progress)",
+                              metavar="ALPHA")
 
     def __post_init__(self) -> None:
         self._choice("optimizer", RUNTIME_OPTIMIZERS)
         self._number("lr", zero_ok=False)
         self._integer("onebit_warmup_steps", 1)
         self._number("clip_grad_norm", zero_ok=False, optional=True)
+        self._integer("fragments", 1)
+        self._integer("sync_delay", 0)
+        self._number("sync_mix", zero_ok=True)
+        if self.sync_mix > 1:
+            self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
+            for key in ("fragments", "sync_delay", "sync_mix"):
+                if getattr(self, key) != self.__dataclass_fields__[key].default:
+                    self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return
         try:
             check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "optim")
         except OuterStepError as exc:
             raise RuntimeConfigError(str(exc)) from None
+        if self.fragments > self.sync_every:
+            self._fail("fragments", f"must be an integer in 1..{self.sync_every} (optim.sync_every)")
+        if self.sync_delay > self.sync_every - 1:
+            self._fail("sync_delay", f"must be an integer in 0..{self.sync_every - 1} (below optim.sync_every)")
         if self.optimizer != "adamw":
             self._fail("optimizer", "sync_every (local SGD) runs AdamW inside each replica; optimizer must be adamw")
         if self.clip_grad_norm is not None:

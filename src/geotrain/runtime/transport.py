@@ -13,7 +13,12 @@ installs it before `init_process_group`, so the runtime, user scripts and benchm
   emulation: a barrier of the group, then the wall time of the real collective. An exchange over
   several groups (the hierarchical all-reduce: a region's group and the shard owners') is one call
   with all of them: the span from the first to the last of their collectives; without emulation, its
-  wall time (no barrier: no one group holds every member).
+  wall time (no barrier: no one group holds every member);
+- posted collectives (Streaming DiLoCo's overlapped exchange, geotrain.sync.streaming): one record
+  when the posted work is waited for (`collective(..., posted=True)`), its bytes those handed when it
+  was posted (DP bytes like any other), its seconds: emulated, the collective's span on the links
+  (which overlapped the compute since it was posted); without emulation, the wall time this rank
+  waited (no barrier: that would undo the overlap).
 Emulated seconds are multiplied by the time scale, the unit of the runtime's prediction.
 """
 
@@ -54,11 +59,13 @@ class TransferRecord:
 
 @dataclass(frozen=True)
 class CollectiveRecord:
-    """One timed collective of a DP group: payload bytes per member, seconds (emulated x time scale)."""
+    """One timed collective of a DP group: payload bytes per member, seconds (emulated x time scale);
+    `posted`: an overlapped collective, recorded when it was waited for (module doc)."""
 
     nbytes: int
     seconds: float
     emulated_s: float
+    posted: bool = False
 
 
 def use_emulated_links(cluster: Any, layout: Layout, time_scale: float, compute_clock: str = "wall",
@@ -123,13 +130,16 @@ class Transport:
                                           t.start_s * self.time_scale, t.end_s * self.time_scale))
         return records
 
-    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T]) -> T:
+    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T],
+                   posted: bool = False) -> T:
         """Run `run()` (the real collectives of `group`, or of a list of groups) and record its
         communication seconds; `nbytes`: payload bytes per member, or a function that tells them after
-        the run (when only the run knows them). The one timing path of every DP collective."""
+        the run (when only the run knows them); `posted`: `run` waits for a collective posted earlier
+        (module doc). The one timing path of every DP collective."""
         if len(devices) < 2:
             result = run()
-            self.collectives.append(CollectiveRecord(nbytes if isinstance(nbytes, int) else nbytes(), 0.0, 0.0))
+            self.collectives.append(CollectiveRecord(nbytes if isinstance(nbytes, int) else nbytes(), 0.0, 0.0,
+                                                     posted))
             return result
         groups = list(group) if isinstance(group, list | tuple) else [group]
         emulated = [g for g in groups if isinstance(g, EmulatedProcessGroup)]
@@ -140,13 +150,14 @@ class Transport:
             spans = [span for g, mark in zip(emulated, marks, strict=True) for span in g.spans[mark:]]
             seconds = (max(s[2] for s in spans) - min(s[1] for s in spans)) * self.time_scale if spans else 0.0
         else:
-            if len(groups) == 1:
+            if len(groups) == 1 and not posted:
                 dist.barrier(group=groups[0])
             start = time.time()
             result = run()
             seconds = time.time() - start
         self.waiting_on = None
-        self.collectives.append(CollectiveRecord(nbytes if isinstance(nbytes, int) else nbytes(), seconds, seconds))
+        self.collectives.append(CollectiveRecord(nbytes if isinstance(nbytes, int) else nbytes(), seconds, seconds,
+                                                 posted))
         return result
 
     def take_records(self) -> list[CollectiveRecord]:

@@ -45,7 +45,10 @@ class CollectiveTransport(Protocol):
     """Runs and times the collectives of one or more process groups (geotrain.runtime.transport.Transport)."""
 
     def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int],
-                   run: Callable[[], T]) -> T: ...
+                   run: Callable[[], T], posted: bool = False) -> T:
+        """Run `run()` and record it; `posted`: `run` waits for a collective posted earlier (async work
+        overlapping compute), so the members need not meet first."""
+        ...
 
 
 class SyncResult(NamedTuple):

@@ -24,6 +24,50 @@ from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, set_gr
 T = TypeVar("T")
 
 
+class PostedThroughTransport:
+    """`collective` (a TorchCollective) whose posted collectives are waited for through
+    `transport.collective(..., posted=True)`: the transport records each one's bytes (those the ledger
+    counted when it was posted) and its time (module doc of geotrain.runtime.transport) when it is
+    waited for. Everything else is the collective's own."""
+
+    def __init__(self, collective: TorchCollective, transport: CollectiveTransport, group: Any,
+                 group_devices: list[int]) -> None:
+        self._collective = collective
+        self._transport = transport
+        self._group = group
+        self._devices = group_devices
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._collective, name)
+
+    def start_all_gather(self, tensors: Sequence[torch.Tensor]) -> _WaitedThroughTransport:
+        return self._post(self._collective.start_all_gather, tensors)
+
+    def start_all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> _WaitedThroughTransport:
+        return self._post(self._collective.start_all_reduce_sum, tensors)
+
+    def _post(self, post: Callable[[Sequence[torch.Tensor]], Any],
+              tensors: Sequence[torch.Tensor]) -> _WaitedThroughTransport:
+        before = self._collective.ledger.handed_bytes
+        started = post(tensors)
+        nbytes = self._collective.ledger.handed_bytes - before
+        return _WaitedThroughTransport(lambda: self._transport.collective(self._group, self._devices, nbytes,
+                                                                          started.wait, posted=True))
+
+
+class _WaitedThroughTransport:
+    """A posted collective: `wait()` waits for it through the transport, once."""
+
+    def __init__(self, wait: Callable[[], torch.Tensor]) -> None:
+        self._wait = wait
+        self._result: torch.Tensor | None = None
+
+    def wait(self) -> torch.Tensor:
+        if self._result is None:
+            self._result = self._wait()
+        return self._result
+
+
 def timed_collective(transport: CollectiveTransport, group: Any, group_devices: list[int],
                      on_wall_s: Callable[[float], None] | None = None) -> TorchCollective:
     """A collective of the DP group `group` whose every call goes through `transport.collective`;
@@ -48,7 +92,8 @@ class DirectTransport:
         self.wall_s = 0.0
         self.nbytes = 0
 
-    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T]) -> T:
+    def collective(self, group: Any, devices: list[int], nbytes: int | Callable[[], int], run: Callable[[], T],
+                   posted: bool = False) -> T:
         started = time.perf_counter()
         try:
             return run()
@@ -65,6 +110,7 @@ class StageExchange:
         self.params = [param for _, param in named_params]
         self.comm_wall_s = 0.0
         self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
+        self.posting = PostedThroughTransport(self.collective, transport, group, group_devices)
         context = ReducerContext.of([(name, p.shape) for name, p in named_params], self.collective.world_size,
                                     error_feedback=error_feedback)
         self.reducer = get_reducer(CodecSpec.parse(spec), context)
@@ -92,7 +138,7 @@ class StageExchange:
         before = self.collective.ledger.handed_bytes
         with timer:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-            finish = self.reducer.start([grads], self.collective, step)
+            finish = self.reducer.start([grads], self.posting, step)
         handed = self.collective.ledger.handed_bytes - before
 
         def land(landing_timer: StepTimer = timer) -> int:

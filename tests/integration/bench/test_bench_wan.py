@@ -62,10 +62,16 @@ def test_bench_wan_end_to_end_on_a_tiny_budget(tmp_path):
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["target"] == 10
-    baseline, sign, chosen = doc["rows"]
+    baseline, sign, chosen, limit = doc["rows"]  # the limit row always runs, last
     for row in doc["rows"]:
-        assert {"label", "time_to_target_s", "speedup", "inter_region_bytes", "val_loss"} <= set(row)
+        assert {"label", "time_to_target_s", "speedup", "inter_region_bytes", "val_loss", "limit_fraction",
+                "compute_fraction", "peak_inter_region_gbps"} <= set(row)
         assert row["time_to_target_s"] > 0 and np.isfinite(row["val_loss"])  # a target of 10 nats: reached at once
+        assert row["limit_fraction"] == pytest.approx(row["time_to_target_s"] / limit["time_to_target_s"])
+        assert 0 < row["compute_fraction"] <= 1
+    assert "limit" in limit["label"] and limit["limit_fraction"] == pytest.approx(1.0)
+    assert baseline["limit_fraction"] > 1  # the same training, links not free
+    assert limit["peak_inter_region_gbps"] > baseline["peak_inter_region_gbps"] > 0  # free links: bytes at once
     assert baseline["label"].startswith("DDP baseline") and baseline["speedup"] == pytest.approx(1.0)
     assert baseline["stages"] == 1 and baseline["replicas"] == 4
     assert sign["codecs"]["dp"] == ["sign"] * sign["stages"]

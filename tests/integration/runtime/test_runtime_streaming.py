@@ -1,0 +1,86 @@
+"""`geotrain train --sync-every H --fragments P --sync-delay TAU --sync-mix ALPHA` (Streaming DiLoCo in the
+runtime) on the 2x2 test plan, real processes over gloo (--time-scale 0), and the flags' validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from geotrain.runtime.sections import OptimSection, RuntimeConfigError
+from runtime_2x2 import write_job_files
+
+GEOTRAIN = [sys.executable, "-m", "geotrain"]
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    return write_job_files(tmp_path_factory.mktemp("job"))
+
+
+def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = STEPS) -> dict:
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+                           "--time-scale", time_scale, "--steps", str(steps), "--dp-codec", "int8-block", "--json",
+                           *extra],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_streaming_train_p1_equals_blocking_and_p2_sends_half_per_sync(files):
+    blocking = _train(files, "--sync-every", "2")
+    explicit = _train(files, "--sync-every", "2", "--fragments", "1", "--sync-delay", "0")
+    streaming = _train(files, "--sync-every", "2", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5")
+    assert explicit["losses"] == blocking["losses"]  # bit for bit
+    # replicas end equal: the anchors' fingerprint agreed on every step, and the last step synced everything
+    assert streaming["summary"]["replicas_in_sync"] and blocking["summary"]["replicas_in_sync"]
+    per_step = [row["dp_bytes"] for row in streaming["iterations"]]
+    whole = [row["dp_bytes"] for row in blocking["iterations"]]
+    # before the last step (which flushes: every fragment syncs at once) a sync carries one fragment
+    assert max(per_step[:-1]) > 0 and max(per_step[:-1]) < 0.7 * max(whole[:-1])
+    assert streaming["losses"] != blocking["losses"]  # the overlap changed the trajectory
+    assert abs(streaming["losses"][-1] - blocking["losses"][-1]) < 0.2
+    # the report's peak DP bytes are the per-step records' (posted collectives counted when they land)
+    assert max(streaming["bytes"]["dp_per_stage"]) == max(per_step)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_posted_exchanges_are_recorded_by_the_transport_when_they_land(files):
+    """Emulated links, H=4, P=2, tau=1: fragment 1 starts after step 1 and lands after step 2, fragment 0
+    after steps 3 -> 4 and fragment 1 again 5 -> 6; the last step syncs both, blocking. Each landing step
+    records the posted collective's bytes and its emulated link time as DP communication."""
+    report = _train(files, "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5",
+                    time_scale="1e-3", steps=8)
+    nbytes = [row["dp_bytes"] for row in report["iterations"]]
+    seconds = [row["comm_measured"]["dp"] for row in report["iterations"]]
+    assert [b > 0 for b in nbytes] == [False, False, True, False, True, False, True, True]
+    assert [s > 0 for s in seconds] == [b > 0 for b in nbytes]
+    assert nbytes[2] == nbytes[6] and nbytes[2] + nbytes[4] > nbytes[7] > max(nbytes[2], nbytes[4])
+    assert report["summary"]["replicas_in_sync"]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"fragments": 2}, "optim.fragments is Streaming DiLoCo's: it needs optim.sync_every"),
+    ({"sync_every": 4, "fragments": 5}, r"optim.fragments must be an integer in 1..4 \(optim.sync_every\), got 5"),
+    ({"sync_every": 4, "sync_delay": 4}, r"optim.sync_delay must be an integer in 0..3"),
+    ({"sync_every": 4, "sync_mix": 1.5}, r"optim.sync_mix must be a number in \[0, 1\], got 1.5"),
+    ({"sync_every": 4, "sync_delay": -1}, r"optim.sync_delay must be an integer >= 0, got -1"),
+])
+def test_streaming_settings_are_refused_in_one_line_naming_the_key(options, message):
+    with pytest.raises(RuntimeConfigError, match=message):
+        OptimSection(**options)
+
+
+def test_streaming_flags_without_sync_every_are_refused_by_train(files):
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+                           "--time-scale", "0", "--steps", "2", "--sync-delay", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "optim.sync_delay is Streaming DiLoCo's: it needs optim.sync_every" in done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
