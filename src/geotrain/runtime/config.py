@@ -23,6 +23,7 @@ from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommS
                                        EmulationSection, ModelSection, OptimSection, ReliabilitySection, RunSection,
                                        RuntimeConfigError, ScheduleSection, Section)
 from geotrain.runtime.training_data import data_identity
+from geotrain.sync import SyncError, SyncOptions
 
 __all__ = ["RuntimeConfig", "RuntimeConfigError", "ModelSection", "OptimSection", "DEFAULT_SEQ_LEN"]
 
@@ -67,6 +68,15 @@ class RuntimeConfig:
     def _check_across(self) -> None:
         """The rules that span sections (or need the plan's shape or the cluster)."""
         comm, stages = self.comm, self.stages
+        if self.optim.sync_delay and self.checkpoint.checkpoint_every:
+            raise RuntimeConfigError(f"optim.sync_delay {self.optim.sync_delay}: an outer sync may be in flight when "
+                                     f"a checkpoint falls, and in-flight syncs are not checkpointed; set "
+                                     f"checkpoint.checkpoint_every to 0 or optim.sync_delay to 0")
+        for stage in range(stages):  # every stage's DP exchange must be one geotrain.sync implements
+            try:
+                self.sync_options(stage)
+            except SyncError as exc:
+                raise RuntimeConfigError(f"stage {stage}'s gradient sync: {exc}") from None
         for key, specs, length in (("dp_codecs", comm.dp_codecs, stages), ("pp_codecs", comm.pp_codecs, stages - 1)):
             if specs and len(specs) != length:
                 raise RuntimeConfigError(f"comm.{key} must be {length} codec specs (or empty), "
@@ -113,6 +123,17 @@ class RuntimeConfig:
             return self
         comm = replace(self.comm, dp_codec=self.comm.stage_dp_codec(stage), dp_codecs=())
         return replace(self, comm=comm)
+
+    def sync_options(self, stage: int) -> SyncOptions:
+        """`stage`'s gradient-sync options (geotrain.sync): the one place that maps the run's settings
+        onto them. SyncError for a combination no sync implements."""
+        optim, comm = self.optim, self.comm
+        return SyncOptions(codec=comm.stage_dp_codec(stage), optimizer=optim.optimizer, lr=optim.lr,
+                           total_steps=self.run.steps, error_feedback=comm.error_feedback,
+                           onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
+                           sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
+                           hierarchical=comm.dp_hierarchical, fragments=optim.fragments, delay=optim.sync_delay,
+                           mix=optim.sync_mix)
 
     def split_weights(self) -> tuple[float, ...] | None:
         """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on
@@ -215,7 +236,10 @@ class RuntimeConfig:
                 **({"split_boundaries": list(schedule.split_boundaries)} if schedule.split_boundaries else {}),
                 **({"dp_hierarchical": True} if comm.dp_hierarchical else {}),
                 **({"sync_every": optim.sync_every, "outer_lr": optim.outer_lr, "outer_momentum": optim.outer_momentum}
-                   if optim.sync_every is not None else {})}
+                   if optim.sync_every is not None else {}),
+                # streaming DiLoCo's settings change the numerics; absent at their defaults (blocking DiLoCo)
+                **({"fragments": optim.fragments, "sync_delay": optim.sync_delay, "sync_mix": optim.sync_mix}
+                   if (optim.fragments, optim.sync_delay, optim.sync_mix) != (1, 0, 0.0) else {})}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model.model_name, "device": self.run.device,

@@ -18,7 +18,6 @@ import torch.distributed as dist
 
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import regions_of_devices
-from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.transport import Transport
 from geotrain.sync import DPGroup, GradientSync, SyncOptions, make_gradient_sync
@@ -32,18 +31,6 @@ def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
         return float(total.item()) / replicas
 
     return sum_squares
-
-
-def sync_options(config: RuntimeConfig) -> SyncOptions:
-    """The gradient-sync options of a stage's config (`config.for_stage(s)`): the one place that reads
-    the run's config for them."""
-    optim = config.optim
-    return SyncOptions(codec=config.comm.dp_codec, optimizer=optim.optimizer, lr=optim.lr,
-                       total_steps=config.run.steps, error_feedback=config.comm.error_feedback,
-                       onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
-                       sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
-                       hierarchical=config.comm.dp_hierarchical, fragments=optim.fragments, delay=optim.sync_delay,
-                       mix=optim.sync_mix)
 
 
 def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int]) -> list[HierarchicalGroups]:

@@ -29,7 +29,7 @@ from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_tie
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.models import MODEL_PRESETS
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
-from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync, sync_options
+from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
 from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
@@ -99,7 +99,7 @@ class Worker:
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
                      if config.comm.dp_hierarchical else None)
-        self.dp = stage_gradient_sync(sync_options(config.for_stage(self.slot.stage)), self.stage, self.transport,
+        self.dp = stage_gradient_sync(config.sync_options(self.slot.stage), self.stage, self.transport,
                                       self.groups[self.slot.stage], hierarchy, rank, config.replicas)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
