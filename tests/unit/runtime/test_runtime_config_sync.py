@@ -1,0 +1,42 @@
+"""The rules between the runtime config and geotrain.sync: every stage's gradient sync is checked when
+the config is built (one line naming the stage), streaming DiLoCo's settings enter the checkpoint
+identity, and an overlapped sync cannot be checkpointed."""
+
+import numpy as np
+import pytest
+
+from geotrain.cluster import load_cluster
+from geotrain.runtime import RuntimeConfig, RuntimeConfigError
+
+CLUSTER = load_cluster("seed-datacenter")
+ASSIGNMENT = np.array([[0, 1], [2, 3]])
+
+
+def _config(**keys) -> RuntimeConfig:
+    return RuntimeConfig.of(CLUSTER, ASSIGNMENT, steps=8, **keys)
+
+
+def test_sync_options_carry_each_stages_codec_and_the_streaming_settings():
+    config = _config(sync_every=4, fragments=2, sync_delay=1, sync_mix=0.5, dp_codecs=("int8-block", "fp16"))
+    first, second = config.sync_options(0), config.sync_options(1)
+    assert (str(first.codec), str(second.codec)) == ("int8-block", "fp16")
+    assert (first.fragments, first.delay, first.mix, first.sync_every) == (2, 1, 0.5, 4)
+
+
+def test_an_overlapped_sync_with_checkpoints_is_refused_in_one_line(tmp_path):
+    with pytest.raises(RuntimeConfigError, match=r"^optim.sync_delay 1: an outer sync may be in flight"):
+        _config(sync_every=4, fragments=2, sync_delay=1, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+    _config(sync_every=4, fragments=2, sync_delay=0, checkpoint_dir=str(tmp_path), checkpoint_every=2)
+
+
+def test_a_stage_sync_no_implementation_runs_is_refused_at_config_time_naming_the_stage():
+    with pytest.raises(RuntimeConfigError, match=r"^stage 0's gradient sync: "):
+        _config(sync_every=4, sync_delay=1, dp_hierarchical=True)
+
+
+def test_streaming_settings_are_part_of_the_checkpoint_identity_only_when_set():
+    blocking = _config(sync_every=4).identity()
+    assert "sync_mix" not in blocking and "fragments" not in blocking
+    mixed = _config(sync_every=4, fragments=2, sync_mix=0.5).identity()
+    assert (mixed["fragments"], mixed["sync_delay"], mixed["sync_mix"]) == (2, 0, 0.5)
+    assert mixed != _config(sync_every=4, fragments=2, sync_mix=0.25).identity()
