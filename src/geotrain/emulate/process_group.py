@@ -38,6 +38,18 @@ def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().contiguous().view(-1).view(torch.uint8)
 
 
+def _check_p2p(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """gloo's checks on a point-to-point tensor, with its messages: gloo itself only sees our header +
+    payload copy, so until the conformance test a strided tensor was sent (or received) where gloo refuses."""
+    if len(tensors) != 1:
+        raise RuntimeError("requires a single-element tensor list")
+    if not tensors[0].is_contiguous():
+        raise RuntimeError("input tensor has to be contiguous")
+    if tensors[0].is_sparse:
+        raise RuntimeError("input tensor has to be dense")
+    return tensors[0]
+
+
 @dataclass
 class _Pending:
     """An issued collective: its real works, the members' stamps, how to build its rounds."""
@@ -276,7 +288,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> EmulatedWork:
         state = self._state
         with state.lock:
-            payload = _as_bytes(tensors[0])
+            payload = _as_bytes(_check_p2p(tensors))
             dst_device = self._group_devices[dst]
             start, done, arrival = state.queues.send(dst_device, float(payload.numel()), state.clock.now())
             state.transfers.append(Transfer("send", state.p2p_sent, state.device, dst_device, state.rank,
@@ -293,7 +305,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         return EmulatedWork(finish, tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> EmulatedWork:
-        state, tensor = self._state, tensors[0]
+        state, tensor = self._state, _check_p2p(tensors)
         message = torch.empty(HEADER_BYTES + tensor.numel() * tensor.element_size(), dtype=torch.uint8)
         work = self._inner.recv([message], src, tag)
 

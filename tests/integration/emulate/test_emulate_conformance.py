@@ -186,6 +186,20 @@ def suite(group: Any, rank: int, n: int) -> dict[str, Outcome]:
     case("send_recv", lambda: send_recv(0))
     case("send_recv/tag", lambda: send_recv(7))
 
+    def strided(kind: str) -> list[Any]:
+        t = inputs(rank, "str", numel=2 * N).view(N, 2)[:, 0]  # every other element: not contiguous
+        if kind == "all_reduce":
+            dist.all_reduce(t, group=group)
+        elif rank == 0:  # the ring of send_recv below: every rank sends or receives first
+            dist.send(t, nxt, group=group)
+            dist.recv(t, prv, group=group)
+        else:
+            dist.recv(t, prv, group=group)
+            dist.send(t, nxt, group=group)
+        return [t]
+    case("all_reduce/strided", lambda: strided("all_reduce"))
+    case("send_recv/strided", lambda: strided("p2p"))
+
     def isend_irecv() -> list[Any]:
         got = torch.empty(3, 2, dtype=torch.int32)
         works = [dist.isend(inputs(rank, "i", torch.int32).view(3, 2), nxt, group=group),
@@ -278,6 +292,7 @@ GLOO_REFUSES = {
     "all_reduce/PREMUL_SUM": "RuntimeError: Cannot use ReduceOp.PREMUL_SUM with Gloo",
     "all_gather_into_tensor/stack": "RuntimeError: ProcessGroupGloo::allgather: invalid tensor size",
     "all_to_all/uneven": "RuntimeError: ProcessGroupGloo::alltoall: invalid tensor size",
+    "send_recv/strided": "RuntimeError: input tensor has to be contiguous",  # on the sender and the receiver
 }
 
 
@@ -303,7 +318,7 @@ def test_every_collective_and_reduce_op_matches_plain_gloo_bit_for_bit(tmp_path,
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(n)]
     for rank, outcome in enumerate(ranks):
         emulated, gloo = outcome["emulated"], outcome["gloo"]
-        assert list(emulated) == list(gloo) and len(gloo) == 78
+        assert list(emulated) == list(gloo) and len(gloo) == 80
         differ = [name for name in gloo if not same(emulated[name], gloo[name])]
         assert differ == [], f"rank {rank}: emulated != gloo for {differ}"
         refused = {name: o[1] for name, o in gloo.items() if isinstance(o, tuple)}
