@@ -1,6 +1,6 @@
 """Conformance: every collective and ReduceOp gives, through the emulating backend, what plain gloo gives.
 
-One launch per world size (2 and 3 ranks, time scale 0): each rank runs SUITE twice, on the emulated
+One launch per world size (2 and 3 ranks, time scale 0): each rank runs `suite` twice, on the emulated
 default group and on a plain gloo group over the same ranks (torch's own `new_group`, the one `install`
 wrapped), and saves both outcomes: the output tensors, or the refusal (exception type and message).
 The test compares them bit for bit. This file is also the script the ranks run (`__main__` below).
