@@ -2,7 +2,8 @@
 
 Registers the emulating backend with torch (extended API, cpu) and wraps torch.distributed's
 `init_process_group` and `new_group` so that backend None, "gloo" or "cpu:gloo" becomes the emulating
-one (torch does not let a plugin replace "gloo"), and `monitored_barrier` so that it works on it.
+one, as does the cpu entry of a per-device string ("cpu:gloo,cuda:nccl") (torch does not let a plugin
+replace "gloo"), and `monitored_barrier` so that it works on it.
 Rank r of the job emulates cluster device `devices[r]`. Call it before `init_process_group`.
 """
 
@@ -51,7 +52,14 @@ class Emulation:
 
 
 def _swap(backend: Any) -> Any:
-    return BACKEND_NAME if backend in _GLOO_NAMES else backend
+    """gloo -> the emulating backend; in a per-device string ("cpu:gloo,cuda:nccl") the cpu entry only
+    (until the conformance work such a string silently got plain, un-emulated gloo)."""
+    if backend in _GLOO_NAMES:
+        return BACKEND_NAME
+    parts = [part.strip() for part in backend.split(",")] if isinstance(backend, str) else []
+    if "cpu:gloo" in parts:
+        return ",".join(f"cpu:{BACKEND_NAME}" if part == "cpu:gloo" else part for part in parts)
+    return backend
 
 
 def _wrap_backend_arg(original: Callable[..., Any], on_return: Callable[[], None]) -> Callable[..., Any]:
