@@ -31,6 +31,7 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
     note on stderr (scoring a given plan: per-replica batch global_batch // R, as in the seed)."""
     cluster = load_cluster(args.cluster)
     job = load_job(args.job)
+    job.pp_bytes(replicas)  # a replica without a sample cannot be scored either
     try:
         job.check_layout_fits(stages, replicas)
     except JobError as exc:

@@ -18,10 +18,9 @@ from pathlib import Path
 
 from geotrain.cluster import cluster_from_dict
 from geotrain.emulate.install import install
-from geotrain.procs import die_with_parent
+from geotrain.procs import EXIT_PEER_LOST, die_with_parent
 
 CONFIG_ENV = "GEOTRAIN_EMULATE_CONFIG"
-EXIT_PEER_LOST = 3
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
 
 

@@ -36,6 +36,12 @@ from geotrain.procs.lifeline import die_with_parent, describe_exit, set_parent_d
 from geotrain.procs.rundir import current_run_dir
 
 
+EXIT_PEER_LOST = 75
+"""Exit status of a rank that stopped because another rank (or the store) was lost: a victim, never
+the culprit while a rank that failed on its own is in sight (`Supervisor.wait`). 75 (sysexits'
+EX_TEMPFAIL), not a small number a user's script would pick for its own failures."""
+
+
 @dataclass(frozen=True)
 class Command:
     """A rank as a program: `argv` with environment `env` (None: inherited); stdout and stderr to
@@ -86,10 +92,11 @@ class Verdict:
     @property
     def exit_code(self) -> int:
         """124 on a timeout, else the worst code among the ranks that ended on their own (ranks
-        stopped after a failure do not mask its code)."""
+        stopped after a failure, and ranks that only lost a peer, do not mask its code)."""
         if self.timed_out:
             return 124
-        return max((c for rank, c in enumerate(self.rank_codes) if rank not in self.stopped), default=0)
+        own = [c for rank, c in enumerate(self.rank_codes) if rank not in self.stopped and c != EXIT_PEER_LOST]
+        return max(own, default=EXIT_PEER_LOST if EXIT_PEER_LOST in self.rank_codes else 0)
 
 
 @dataclass(frozen=True)
@@ -305,9 +312,13 @@ class Supervisor:
         while True:
             codes = self.poll()
             now = time.monotonic()
-            if first is None:
-                first = next((rank for rank, code in enumerate(codes) if code not in (None, 0)), None)
+            failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+            if first is None and failed:
                 failed_at = now
+            if failed and (first is None or codes[first] == EXIT_PEER_LOST):
+                # a rank that only lost its peer is a victim: name one that failed on its own when seen
+                own = [rank for rank in failed if codes[rank] != EXIT_PEER_LOST]
+                first = own[0] if own else (failed[0] if first is None else first)
             running = frozenset(rank for rank, code in enumerate(codes) if code is None)
             if not running:
                 break

@@ -201,7 +201,7 @@ def _progress_reporter(ranks: tuple[int, ...], store: Any, config: RuntimeConfig
 def _culprit(verdict: Verdict, ranks: tuple[int, ...]) -> tuple[int, str]:
     """Who failed first, in order of evidence: a rank killed by a signal or ending with its own
     error; else a rank still running after the grace period (it hangs; the launcher killed it);
-    else the first rank that exited non-zero (status 3: it lost a peer or the store)."""
+    else the first rank that exited non-zero (status EXIT_PEER_LOST: it lost a peer or the store)."""
     from geotrain.runtime.watchdog import EXIT_PEER_LOST
 
     for rank, code in enumerate(verdict.returncodes):

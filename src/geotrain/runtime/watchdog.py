@@ -22,8 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-EXIT_PEER_LOST = 3
-"""Exit status of a worker that stopped because another worker (or the store) was lost."""
+from geotrain.procs import EXIT_PEER_LOST
 
 
 class Watchdog:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.procs import Command, Supervisor, Target, torchrun_env
+from geotrain.procs import EXIT_PEER_LOST, Command, Supervisor, Target, torchrun_env
 from proctree import alive
 
 pytestmark = [pytest.mark.timeout(120),
@@ -75,6 +75,17 @@ def test_a_rank_that_ignores_sigterm_is_killed_term_s_later(tmp_path):
     assert verdict.returncodes == (-signal.SIGKILL, 3) and verdict.exit_code == 3
     assert verdict.message.startswith("rank 1 exited with status 3")
     assert time.monotonic() - started < 10.0
+
+
+def test_a_rank_that_only_lost_its_peer_is_never_named_while_the_culprit_is_seen():
+    # both exit within one poll (1 s): rank 0 with the victim's status, rank 1 with its own error
+    victim = f"import sys, time; time.sleep(0.3); sys.exit({EXIT_PEER_LOST})"
+    culprit = "import sys, time; time.sleep(0.2); sys.exit(3)"
+    with Supervisor([Command(py(victim)), Command(py(culprit))], grace_s=0.5, poll_s=1.0) as supervisor:
+        verdict = supervisor.wait()
+    assert verdict.returncodes == (EXIT_PEER_LOST, 3)
+    assert verdict.first_failed == 1 and verdict.exit_code == 3
+    assert verdict.message == "rank 1 exited with status 3"
 
 
 def test_timeout_stops_every_rank_and_says_so():
