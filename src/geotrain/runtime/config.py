@@ -72,11 +72,6 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"optim.sync_delay {self.optim.sync_delay}: an outer sync may be in flight when "
                                      f"a checkpoint falls, and in-flight syncs are not checkpointed; set "
                                      f"checkpoint.checkpoint_every to 0 or optim.sync_delay to 0")
-        for stage in range(stages):  # every stage's DP exchange must be one geotrain.sync implements
-            try:
-                self.sync_options(stage)
-            except SyncError as exc:
-                raise RuntimeConfigError(f"stage {stage}'s gradient sync: {exc}") from None
         for key, specs, length in (("dp_codecs", comm.dp_codecs, stages), ("pp_codecs", comm.pp_codecs, stages - 1)):
             if specs and len(specs) != length:
                 raise RuntimeConfigError(f"comm.{key} must be {length} codec specs (or empty), "
@@ -107,6 +102,11 @@ class RuntimeConfig:
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:
             raise RuntimeConfigError(f"model {self.model.model_name!r}: cannot cut {self.model.gpt.n_layer + 2} layers "
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")
+        for stage in range(stages):  # last, after the specific messages: any sync no implementation runs
+            try:
+                self.sync_options(stage)
+            except SyncError as exc:
+                raise RuntimeConfigError(f"stage {stage}'s gradient sync: {exc}") from None
 
     @classmethod
     def of(cls, cluster: Cluster, assignment: Any, plan_name: str = "plan", **settings: Any) -> RuntimeConfig:
