@@ -88,7 +88,7 @@ def quantize_blocks(flat: torch.Tensor, block: int, grid: torch.Tensor) -> tuple
     """(codes, peaks) of the fp32 vector `flat` in blocks of `block` values on `grid`."""
     n = flat.numel()
     peaks = block_peaks(flat, block)
-    per_value = peaks.repeat_interleave(block)[:n]
+    per_value = peaks[torch.arange(n) // block]
     safe = torch.where(torch.isfinite(per_value) & (per_value > 0), per_value, torch.ones_like(per_value))
     y = torch.where(torch.isfinite(per_value), flat / safe, torch.zeros_like(flat))
     return grid_codes(y, grid), peaks
@@ -100,7 +100,8 @@ def dequantize_blocks(codes: torch.Tensor, peaks: torch.Tensor, block: int, grid
     n = codes.numel()
     if n and int(codes.max()) >= grid.numel():
         raise CodecError(f"{where}: code {int(codes.max())} is beyond the grid's {grid.numel()} levels")
-    per_value = peaks.repeat_interleave(block)[:n]
+    # index, never repeat: a payload's block size may be huge, the values are only n
+    per_value = peaks[torch.arange(n) // block]
     values = grid[codes.to(torch.int64)] * per_value
     return torch.where(torch.isfinite(per_value), values, torch.full_like(values, math.nan))
 
