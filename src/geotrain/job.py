@@ -69,16 +69,20 @@ class Job:
         """c_pp: activation bytes one replica sends across one stage cut per iteration
         (seq x hidden x bytes x per-replica batch, batch = global_batch // replicas as in the seed).
         Raises JobError when replicas > global_batch (a replica would get no sample)."""
+        self.check_every_replica_has_a_sample(replicas)
+        return float(self.seq_len * self.hidden * self.bytes_per_value * (self.global_batch // replicas))
+
+    def check_every_replica_has_a_sample(self, replicas: int) -> None:
+        """JobError when replicas > global_batch: a replica would get no sample (nothing to score)."""
         if replicas > self.global_batch:
             raise JobError(f"job {shown(self.name)}: global_batch {self.global_batch} is smaller than the "
                            f"{replicas} replicas (each replica needs at least one sample per iteration)")
-        return float(self.seq_len * self.hidden * self.bytes_per_value * (self.global_batch // replicas))
 
     def check_layout_fits(self, stages: int, replicas: int) -> None:
         """JobError unless the job splits evenly over the layout: every replica the same whole number
         of samples (global_batch a multiple of `replicas`; 12 on 8 would silently train on 8) and
         every stage at least one layer (layers >= `stages`)."""
-        self.pp_bytes(replicas)  # replicas > global_batch: its own message
+        self.check_every_replica_has_a_sample(replicas)
         if self.global_batch % replicas:
             below = self.global_batch - self.global_batch % replicas
             raise JobError(f"job {shown(self.name)}: global_batch {self.global_batch} is not a multiple of the "

@@ -31,7 +31,7 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
     note on stderr (scoring a given plan: per-replica batch global_batch // R, as in the seed)."""
     cluster = load_cluster(args.cluster)
     job = load_job(args.job)
-    job.pp_bytes(replicas)  # a replica without a sample cannot be scored either
+    job.check_every_replica_has_a_sample(replicas)  # refused even where an uneven layout is only noted
     try:
         job.check_layout_fits(stages, replicas)
     except JobError as exc:

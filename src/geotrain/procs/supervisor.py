@@ -89,6 +89,17 @@ class Verdict:
         """Per rank, as a shell shows it (128 + N for signal N)."""
         return tuple(exit_code_of(code) for code in self.returncodes)
 
+    def culprit(self) -> tuple[int, str] | None:
+        """(rank, how it ended) to name for a failed run, in order of evidence: the first rank seen
+        failing on its own (a signal, its own error); else a rank still running after the grace period
+        (hung: the supervisor stopped it); else the first that only lost a peer. None: none failed."""
+        if self.first_failed is None:
+            return None
+        first = self.first_failed
+        if self.returncodes[first] == EXIT_PEER_LOST and self.stopped:
+            return min(self.stopped), "stopped responding (hung; killed by the launcher)"
+        return first, describe_exit(self.returncodes[first])
+
     @property
     def exit_code(self) -> int:
         """124 on a timeout, else the worst code among the ranks that ended on their own (ranks

@@ -27,6 +27,14 @@ from geotrain.sync import SyncError, SyncOptions
 
 __all__ = ["RuntimeConfig", "RuntimeConfigError", "ModelSection", "OptimSection", "DEFAULT_SEQ_LEN"]
 
+SYNC_OPTION_KEYS = {
+    "codec": "comm.dp_codec", "hierarchical": "comm.dp_hierarchical", "optimizer": "optim.optimizer",
+    "onebit_warmup_steps": "optim.onebit_warmup_steps", "clip_grad_norm": "optim.clip_grad_norm",
+    "sync_every": "optim.sync_every", "fragments": "optim.fragments", "delay": "optim.sync_delay",
+    "mix": "optim.sync_mix",
+}
+"""SyncOptions field -> the config key it comes from (RuntimeConfig.sync_options), to name it in errors."""
+
 
 @dataclass(frozen=True, eq=False)
 class RuntimeConfig:
@@ -92,13 +100,6 @@ class RuntimeConfig:
                                      f"train over NCCL without emulation, got time_scale {self.emulation.time_scale!r}")
         self.split_weights()  # every device's gpu type must be known (UnknownGpuError names it) before launch
         self.compute_scale()
-        if self.optim.optimizer == "onebit-adam" and not comm.dp_codec.is_uncompressed:
-            raise RuntimeConfigError(f"optim.optimizer onebit-adam does its own data-parallel communication; "
-                                     f"dp_codec must be none, got {str(comm.dp_codec)!r}")
-        if comm.dp_hierarchical and self.optim.optimizer == "onebit-adam":
-            raise RuntimeConfigError("comm.dp_hierarchical: --dp-hierarchical with onebit-adam: not supported in the "
-                                     "runtime (1-bit Adam between regions is geotrain.optim.RegionOneBitAdam, for "
-                                     "DDP scripts)")
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:
             raise RuntimeConfigError(f"model {self.model.model_name!r}: cannot cut {self.model.gpt.n_layer + 2} layers "
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")
@@ -106,7 +107,9 @@ class RuntimeConfig:
             try:
                 self.sync_options(stage)
             except SyncError as exc:
-                raise RuntimeConfigError(f"stage {stage}'s gradient sync: {exc}") from None
+                keys = ", ".join(SYNC_OPTION_KEYS[field] for field in exc.fields) or f"stage {stage}'s gradient sync"
+                where = f" (stage {stage})" if comm.dp_codecs and exc.fields else ""
+                raise RuntimeConfigError(f"{keys}{where}: {str(exc).removeprefix('SyncOptions: ')}") from None
 
     @classmethod
     def of(cls, cluster: Cluster, assignment: Any, plan_name: str = "plan", **settings: Any) -> RuntimeConfig:

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from geotrain.comm.launch import FORKSERVER_PRELOAD
 from geotrain.errors import GeotrainError
-from geotrain.procs import (LaunchResult, Supervisor, Target, Verdict, WorkerFailure, describe_exit, forkserver_context,
+from geotrain.procs import (LaunchResult, Supervisor, Target, WorkerFailure, forkserver_context,
                             set_process_name, torchrun_env)
 from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
                                          read_manifest, step_dir, verify_shards)
@@ -167,7 +167,8 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, po
         with Supervisor(specs, grace_s=grace_s, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
             verdict = supervisor.wait(_progress_reporter(ranks, prefixed, config, progress))
         if not verdict.ok:
-            rank, how = _culprit(verdict, ranks)
+            culprit = verdict.culprit()
+            rank, how = (ranks[culprit[0]], culprit[1]) if culprit else (ranks[0], verdict.message)
             abort = _store_read(prefixed, "abort")
             own = _read_error(Path(tmp), rank)
             message = (f"{config.layout.describe(rank, config.cluster.device_names)} {how} "
@@ -196,18 +197,3 @@ def _progress_reporter(ranks: tuple[int, ...], store: Any, config: RuntimeConfig
             progress(done, config.run.steps)
             last[0] = done
     return tick
-
-
-def _culprit(verdict: Verdict, ranks: tuple[int, ...]) -> tuple[int, str]:
-    """Who failed first, in order of evidence: a rank killed by a signal or ending with its own
-    error; else a rank still running after the grace period (it hangs; the launcher killed it);
-    else the first rank that exited non-zero (status EXIT_PEER_LOST: it lost a peer or the store)."""
-    from geotrain.runtime.watchdog import EXIT_PEER_LOST
-
-    for rank, code in enumerate(verdict.returncodes):
-        if rank not in verdict.stopped and code not in (0, EXIT_PEER_LOST):
-            return ranks[rank], describe_exit(code)
-    if verdict.stopped:
-        return ranks[min(verdict.stopped)], "stopped responding (hung; killed by the launcher)"
-    first = 0 if verdict.first_failed is None else verdict.first_failed
-    return ranks[first], describe_exit(verdict.returncodes[first])

@@ -28,7 +28,12 @@ T = TypeVar("T")
 
 
 class SyncError(GeotrainError, ValueError):
-    """A gradient-sync option or combination that cannot run (named with its value and source)."""
+    """A gradient-sync option or combination that cannot run (named with its value and source);
+    `fields`: the SyncOptions fields a combination error is about (callers map them to their own keys)."""
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class StepTimer(Protocol):

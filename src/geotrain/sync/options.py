@@ -71,18 +71,19 @@ class SyncOptions:
         if self.optimizer == "onebit-adam":
             if not self.codec.is_uncompressed:
                 raise SyncError(f"SyncOptions: optimizer onebit-adam does its own data-parallel communication; "
-                                f"codec must be none, got {str(self.codec)!r}")
+                                f"codec must be none, got {str(self.codec)!r}", ("optimizer", "codec"))
             if self.hierarchical:
                 raise SyncError("SyncOptions: hierarchical with onebit-adam is not supported (1-bit Adam between "
-                                "regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)")
+                                "regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)", ("hierarchical", "optimizer"))
             if self.onebit_warmup_steps is None:
-                raise SyncError("SyncOptions: optimizer onebit-adam needs onebit_warmup_steps (an integer >= 1)")
+                raise SyncError("SyncOptions: optimizer onebit-adam needs onebit_warmup_steps (an integer >= 1)",
+                                ("optimizer", "onebit_warmup_steps"))
         if self.hierarchical and not reducer_traits(self.codec).hierarchical:
             raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
-                            f"its own exchange")
+                            f"its own exchange", ("hierarchical", "codec"))
         if self.sync_every is None and (self.fragments, self.delay, self.mix) != (1, 0, 0.0):
             raise SyncError(f"SyncOptions: fragments {self.fragments!r}, delay {self.delay!r} and mix {self.mix!r} "
-                            f"are Streaming DiLoCo's: they need sync_every")
+                            f"are Streaming DiLoCo's: they need sync_every", ("fragments", "delay", "mix", "sync_every"))
         if self.sync_every is not None:
             try:
                 check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "SyncOptions")
@@ -90,11 +91,12 @@ class SyncOptions:
                 raise SyncError(str(exc)) from None
             if self.optimizer != "adamw":
                 raise SyncError(f"SyncOptions: sync_every (local SGD) runs AdamW inside each replica; optimizer "
-                                f"must be adamw, got {self.optimizer!r}")
+                                f"must be adamw, got {self.optimizer!r}", ("sync_every", "optimizer"))
             self._check_streaming()
             if self.clip_grad_norm is not None:
                 raise SyncError(f"SyncOptions: sync_every (local SGD): replicas do not exchange gradients, so the "
-                                f"global clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset")
+                                f"global clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset",
+                                ("sync_every", "clip_grad_norm"))
 
 
     def _check_streaming(self) -> None:
@@ -107,7 +109,8 @@ class SyncOptions:
             raise SyncError(f"SyncOptions.mix must be a number in [0, 1], got {self.mix!r}")
         if self.delay > 0 and (self.hierarchical or not reducer_traits(self.codec).hierarchical):
             raise SyncError(f"SyncOptions: delay {self.delay} overlaps the exchange, which only a flat codec "
-                            f"reducer can (codec {str(self.codec)!r}, hierarchical {self.hierarchical}); use delay 0")
+                            f"reducer can (codec {str(self.codec)!r}, hierarchical {self.hierarchical}); use delay 0",
+                            ("delay", "codec", "hierarchical"))
 
 
 def _positive(name: str, value: Any) -> None:

@@ -29,9 +29,17 @@ def test_an_overlapped_sync_with_checkpoints_is_refused_in_one_line(tmp_path):
     _config(sync_every=4, fragments=2, sync_delay=0, checkpoint_dir=str(tmp_path), checkpoint_every=2)
 
 
-def test_a_stage_sync_no_implementation_runs_is_refused_at_config_time_naming_the_stage():
-    with pytest.raises(RuntimeConfigError, match=r"^stage 0's gradient sync: "):
+def test_a_sync_no_implementation_runs_is_refused_at_config_time_naming_its_keys_and_stage():
+    with pytest.raises(RuntimeConfigError, match=r"^optim.sync_delay, comm.dp_codec, comm.dp_hierarchical: delay 1 "
+                                                 r"overlaps the exchange"):
         _config(sync_every=4, sync_delay=1, dp_hierarchical=True)
+    with pytest.raises(RuntimeConfigError, match=r"^optim.sync_delay, comm.dp_codec, comm.dp_hierarchical \(stage 1\): "
+                                                 r"delay 1 overlaps the exchange, which only a flat codec reducer can "
+                                                 r"\(codec 'powersgd'"):
+        _config(sync_every=4, sync_delay=1, dp_codecs=("none", "powersgd"))
+    with pytest.raises(RuntimeConfigError, match=r"^comm.dp_hierarchical, optim.optimizer: hierarchical with "
+                                                 r"onebit-adam is not supported"):
+        _config(optimizer="onebit-adam", dp_hierarchical=True)
 
 
 def test_streaming_settings_are_part_of_the_checkpoint_identity_only_when_set():
