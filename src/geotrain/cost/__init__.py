@@ -1,22 +1,54 @@
 """Communication cost models: score an (S, R) assignment of devices in seconds per iteration."""
 
-from geotrain.cost.actions import Action, ScheduleError, schedule_actions
-from geotrain.cost.assignment import AssignmentError, as_assignment, assignment_from_order
-from geotrain.cost.base import CostBreakdown, CostModel, PairwiseTerms
-from geotrain.cost.compute import YuanComputeCostModel
-from geotrain.cost.dtfm import DtfmCostModel
-from geotrain.cost.gpus import GPU_MEMORY_GIB, GPU_PEAK_TFLOPS, UnknownGpuError, gpu_memory_bytes, gpu_peak_flops
-from geotrain.cost.layer_split import (LayerSplitError, StageShares, counts_to_boundaries, device_peak_flops,
-                                       speed_layer_counts, stage_speeds)
-from geotrain.cost.matching import bottleneck_assignment, bottleneck_ring
-from geotrain.cost.reference import yuan_cost_reference
-from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
-from geotrain.cost.ring import RingCostModel
-from geotrain.cost.schedule import ScheduleCostModel, pipeline_order, simulate_pipeline
-from geotrain.cost.registry import (COST_MODELS, DEFAULT_COST_MODEL, TRAFFIC_MODELS, UNEVEN_SPLIT_MODELS,
-                                    CostModelError, build_cost_model, build_traffic_model)
-from geotrain.cost.traffic import Traffic, TrafficError, WireBytes, traffic_of_job
-from geotrain.cost.yuan import YuanCostModel, pair_transfer_seconds
+from geotrain.lazy import lazy_exports
+
+_HOMES = {
+    "Action": "geotrain.cost.actions",
+    "AssignmentError": "geotrain.cost.assignment",
+    "COST_MODELS": "geotrain.cost.registry",
+    "CostBreakdown": "geotrain.cost.base",
+    "CostModel": "geotrain.cost.base",
+    "CostModelError": "geotrain.cost.registry",
+    "DEFAULT_COST_MODEL": "geotrain.cost.registry",
+    "DtfmCostModel": "geotrain.cost.dtfm",
+    "GPU_MEMORY_GIB": "geotrain.cost.gpus",
+    "GPU_PEAK_TFLOPS": "geotrain.cost.gpus",
+    "LayerSplitError": "geotrain.cost.layer_split",
+    "MemoryConfig": "geotrain.cost.memory",
+    "PairwiseTerms": "geotrain.cost.base",
+    "RingCostModel": "geotrain.cost.ring",
+    "ScheduleCostModel": "geotrain.cost.schedule",
+    "ScheduleError": "geotrain.cost.actions",
+    "StageShares": "geotrain.cost.layer_split",
+    "TRAFFIC_MODELS": "geotrain.cost.registry",
+    "Traffic": "geotrain.cost.traffic",
+    "TrafficError": "geotrain.cost.traffic",
+    "UNEVEN_SPLIT_MODELS": "geotrain.cost.registry",
+    "UnknownGpuError": "geotrain.cost.gpus",
+    "WireBytes": "geotrain.cost.traffic",
+    "YuanComputeCostModel": "geotrain.cost.compute",
+    "YuanCostModel": "geotrain.cost.yuan",
+    "as_assignment": "geotrain.cost.assignment",
+    "assignment_from_order": "geotrain.cost.assignment",
+    "bottleneck_assignment": "geotrain.cost.matching",
+    "bottleneck_ring": "geotrain.cost.matching",
+    "build_cost_model": "geotrain.cost.registry",
+    "build_traffic_model": "geotrain.cost.registry",
+    "counts_to_boundaries": "geotrain.cost.layer_split",
+    "device_peak_flops": "geotrain.cost.layer_split",
+    "gpu_memory_bytes": "geotrain.cost.gpus",
+    "gpu_peak_flops": "geotrain.cost.gpus",
+    "pair_transfer_seconds": "geotrain.cost.yuan",
+    "pipeline_order": "geotrain.cost.schedule",
+    "schedule_actions": "geotrain.cost.actions",
+    "simulate_pipeline": "geotrain.cost.schedule",
+    "speed_layer_counts": "geotrain.cost.layer_split",
+    "stage_memory_bytes": "geotrain.cost.memory",
+    "stage_speeds": "geotrain.cost.layer_split",
+    "traffic_of_job": "geotrain.cost.traffic",
+    "yuan_cost_reference": "geotrain.cost.reference",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 __all__ = [
     "COST_MODELS",

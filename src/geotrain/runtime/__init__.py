@@ -2,19 +2,43 @@
 torch.distributed.pipelining schedules (gloo, or NCCL on CUDA), with every transfer slowed to the cluster's
 emulated link speeds (geotrain.emulate), failure detection and sharded checkpoints."""
 
-from geotrain.runtime.checkpoint import CheckpointError, latest_step
-from geotrain.codecs import parse_codec_spec
-from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
-from geotrain.runtime.launcher import LaunchResult, WorkerFailure, launch
-from geotrain.runtime.layout import Layout, LayoutError, Slot
-from geotrain.runtime.links import busy_seconds
-from geotrain.runtime.pipeline import PIPELINE_SCHEDULES
-from geotrain.runtime.predict import CommPrediction, measured_traffic, predict_comm
-from geotrain.runtime.sections import PP_CODECS
-from geotrain.runtime.report import IterationRow, RunReport, build_report, relative_error_pct
-from geotrain.runtime.stages import SPLIT_RULES, StageModule, build_layer_model, build_stage, stage_boundaries
-from geotrain.runtime.watchdog import EXIT_PEER_LOST
-from geotrain.runtime.worker import run_worker
+from geotrain.lazy import lazy_exports
+
+# Imported on first use: `geotrain.runtime.config` alone (what the CLI's flags need) must not pull in
+# the launcher, the worker and torch.distributed.pipelining.
+_HOMES = {
+    "CheckpointError": "geotrain.runtime.checkpoint",
+    "CommPrediction": "geotrain.runtime.predict",
+    "EXIT_PEER_LOST": "geotrain.runtime.watchdog",
+    "IterationRow": "geotrain.runtime.report",
+    "LaunchResult": "geotrain.runtime.launcher",
+    "Layout": "geotrain.runtime.layout",
+    "LayoutError": "geotrain.runtime.layout",
+    "PIPELINE_SCHEDULES": "geotrain.runtime.pipeline_schedules",
+    "PP_CODECS": "geotrain.runtime.sections",
+    "RunReport": "geotrain.runtime.report",
+    "RuntimeConfig": "geotrain.runtime.config",
+    "RuntimeConfigError": "geotrain.runtime.config",
+    "SPLIT_RULES": "geotrain.runtime.stages",
+    "Slot": "geotrain.runtime.layout",
+    "StageModule": "geotrain.runtime.stages",
+    "WorkerFailure": "geotrain.runtime.launcher",
+    "build_layer_model": "geotrain.runtime.stages",
+    "build_report": "geotrain.runtime.report",
+    "build_stage": "geotrain.runtime.stages",
+    "busy_seconds": "geotrain.runtime.links",
+    "latest_step": "geotrain.runtime.checkpoint",
+    "launch": "geotrain.runtime.launcher",
+    "measured_traffic": "geotrain.runtime.predict",
+    "parse_codec_spec": "geotrain.codecs",
+    "predict_comm": "geotrain.runtime.predict",
+    "relative_error_pct": "geotrain.runtime.report",
+    "run_worker": "geotrain.runtime.worker",
+    "stage_boundaries": "geotrain.runtime.stages",
+}
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 __all__ = [
     "EXIT_PEER_LOST",

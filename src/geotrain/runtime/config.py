@@ -18,7 +18,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.runtime.layout import Layout
-from geotrain.runtime.pipeline import LOOPED_SCHEDULES
+from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
 from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommSection, DataSection,
                                        EmulationSection, ModelSection, OptimSection, ReliabilitySection, RunSection,
                                        RuntimeConfigError, ScheduleSection, Section)

@@ -21,45 +21,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import PipelineStage, schedules
+from torch.distributed.pipelining import PipelineStage
 
-from geotrain.cost.actions import LOOPED, TORCH_SCHEDULES
+from geotrain.runtime.pipeline_schedules import PIPELINE_SCHEDULES
+from geotrain.runtime.stages import StageShapes
 
-
-@dataclass(frozen=True)
-class PipelineSchedule:
-    """One pipeline schedule `train --schedule` runs, by its name in cost.actions.TORCH_SCHEDULES (the
-    one table of names and torch classes, which the schedule model reads too), and what it does."""
-
-    name: str
-    summary: str
-
-    @property
-    def torch_class(self) -> type:
-        """torch.distributed.pipelining's schedule class."""
-        return getattr(schedules, TORCH_SCHEDULES[self.name])
-
-    @property
-    def looped(self) -> bool:
-        """Whether a rank holds V >= 2 virtual stages."""
-        return self.name in LOOPED
-
-
-PIPELINE_SCHEDULES: dict[str, PipelineSchedule] = {
-    "gpipe": PipelineSchedule("gpipe", "every micro-batch's forward, then every backward "
-                              "(Huang et al. 2019): all M micro-batches' activations in flight"),
-    "1f1b": PipelineSchedule("1f1b", "S - s warm-up forwards, then one forward / one backward "
-                             "(PipeDream-Flush): at most S - s micro-batches in flight at stage s"),
-    "interleaved-1f1b": PipelineSchedule("interleaved-1f1b", "1F1B over V >= 2 virtual stages per "
-                                         "rank (Narayanan et al. 2021): a shorter bubble, V times the messages"),
-    "looped-bfs": PipelineSchedule("looped-bfs", "V >= 2 virtual stages per rank, each running "
-                                   "all its micro-batches breadth first (Lamy-Poirier 2023)"),
-}
-"""The pipeline schedules geotrain train runs (`--schedule`), by name; the learning-rate schedule is
-models.lr_at, and the cost models know a subset (cost.memory.MODELLED_SCHEDULES)."""
-
-LOOPED_SCHEDULES: tuple[str, ...] = tuple(name for name, s in PIPELINE_SCHEDULES.items() if s.looped)
-"""Schedules of several virtual stages per rank: interleaved-1f1b, looped-bfs."""
 
 
 @dataclass
@@ -105,24 +71,6 @@ def virtual_stages_of(pp_rank: int, pp_size: int, per_rank: int) -> list[int]:
 def owner_of(virtual_stage: int, pp_size: int) -> int:
     """The pp-rank holding `virtual_stage`."""
     return virtual_stage % pp_size
-
-
-@dataclass(frozen=True)
-class StageShapes:
-    """Per-micro-batch example shapes of one virtual stage: input (and its dtype), output (and its dtype)."""
-
-    input_shape: tuple[int, ...]
-    input_dtype: torch.dtype
-    output_shape: tuple[int, ...]
-    output_dtype: torch.dtype
-
-    def example_input(self, device: torch.device) -> torch.Tensor:
-        tensor = torch.zeros(self.input_shape, dtype=self.input_dtype, device=device)
-        return tensor.requires_grad_(tensor.is_floating_point())
-
-    def example_output(self, device: torch.device) -> torch.Tensor:
-        tensor = torch.zeros(self.output_shape, dtype=self.output_dtype, device=device)
-        return tensor.requires_grad_(tensor.is_floating_point())
 
 
 class Pipeline:

@@ -30,9 +30,26 @@ from geotrain.models import (
     make_model,
     split_layers,
 )
-from geotrain.runtime.pipeline import StageShapes
 
 SPLIT_RULES = ("layers", "params", "time")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageShapes:
+    """Per-micro-batch example shapes of one virtual stage: input (and its dtype), output (and its dtype)."""
+
+    input_shape: tuple[int, ...]
+    input_dtype: torch.dtype
+    output_shape: tuple[int, ...]
+    output_dtype: torch.dtype
+
+    def example_input(self, device: torch.device) -> torch.Tensor:
+        tensor = torch.zeros(self.input_shape, dtype=self.input_dtype, device=device)
+        return tensor.requires_grad_(tensor.is_floating_point())
+
+    def example_output(self, device: torch.device) -> torch.Tensor:
+        tensor = torch.zeros(self.output_shape, dtype=self.output_dtype, device=device)
+        return tensor.requires_grad_(tensor.is_floating_point())
 
 
 class StageModule(nn.Module):

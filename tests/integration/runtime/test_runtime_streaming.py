@@ -13,7 +13,6 @@ from geotrain.runtime.sections import OptimSection, RuntimeConfigError
 from runtime_2x2 import write_job_files
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
-STEPS = 6
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +20,7 @@ def files(tmp_path_factory) -> dict[str, str]:
     return write_job_files(tmp_path_factory.mktemp("job"))
 
 
-def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = STEPS) -> dict:
+def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = 6) -> dict:
     done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
                            "--time-scale", time_scale, "--steps", str(steps), "--dp-codec", "int8-block", "--json",
                            *extra],
@@ -32,29 +31,12 @@ def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_streaming_train_p1_equals_blocking_and_p2_sends_half_per_sync(files):
-    blocking = _train(files, "--sync-every", "2")
-    explicit = _train(files, "--sync-every", "2", "--fragments", "1", "--sync-delay", "0")
-    streaming = _train(files, "--sync-every", "2", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5")
-    assert explicit["losses"] == blocking["losses"]  # bit for bit
-    # replicas end equal: the anchors' fingerprint agreed on every step, and the last step synced everything
-    assert streaming["summary"]["replicas_in_sync"] and blocking["summary"]["replicas_in_sync"]
-    per_step = [row["dp_bytes"] for row in streaming["iterations"]]
-    whole = [row["dp_bytes"] for row in blocking["iterations"]]
-    # before the last step (which flushes: every fragment syncs at once) a sync carries one fragment
-    assert max(per_step[:-1]) > 0 and max(per_step[:-1]) < 0.7 * max(whole[:-1])
-    assert streaming["losses"] != blocking["losses"]  # the overlap changed the trajectory
-    assert abs(streaming["losses"][-1] - blocking["losses"][-1]) < 0.2
-    # the report's peak DP bytes are the per-step records' (posted collectives counted when they land)
-    assert max(streaming["bytes"]["dp_per_stage"]) == max(per_step)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_posted_exchanges_are_recorded_by_the_transport_when_they_land(files):
-    """Emulated links, H=4, P=2, tau=1: fragment 1 starts after step 1 and lands after step 2, fragment 0
-    after steps 3 -> 4 and fragment 1 again 5 -> 6; the last step syncs both, blocking. Each landing step
+def test_streaming_sends_one_fragment_per_sync_posted_when_it_lands_and_keeps_replicas_equal(files):
+    """H=4, P=2, tau=1 on emulated links against blocking H=4 (tau = 0 equal to blocking is
+    tests/unit/sync's): fragment 1 starts after step 1 and lands after step 2, fragment 0 after
+    steps 3 -> 4 and fragment 1 again 5 -> 6; the last step syncs both, blocking. Each landing step
     records the posted collective's bytes and its emulated link time as DP communication."""
+    blocking = _train(files, "--sync-every", "4", steps=8)
     report = _train(files, "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5",
                     time_scale="1e-3", steps=8)
     nbytes = [row["dp_bytes"] for row in report["iterations"]]
@@ -62,7 +44,15 @@ def test_posted_exchanges_are_recorded_by_the_transport_when_they_land(files):
     assert [b > 0 for b in nbytes] == [False, False, True, False, True, False, True, True]
     assert [s > 0 for s in seconds] == [b > 0 for b in nbytes]
     assert nbytes[2] == nbytes[6] and nbytes[2] + nbytes[4] > nbytes[7] > max(nbytes[2], nbytes[4])
-    assert report["summary"]["replicas_in_sync"]
+    # replicas end equal: the anchors' fingerprint agreed on every step, and the last step synced everything
+    assert report["summary"]["replicas_in_sync"] and blocking["summary"]["replicas_in_sync"]
+    whole = [row["dp_bytes"] for row in blocking["iterations"]]
+    # before the last step (which flushes: every fragment syncs at once) a sync carries one fragment
+    assert max(nbytes[:-1]) > 0 and max(nbytes[:-1]) < 0.7 * max(whole[:-1])
+    assert report["losses"] != blocking["losses"]  # the overlap changed the trajectory
+    assert abs(report["losses"][-1] - blocking["losses"][-1]) < 0.2
+    # the report's peak DP bytes are the per-step records' (posted collectives counted when they land)
+    assert max(report["bytes"]["dp_per_stage"]) == max(nbytes)
 
 
 @pytest.mark.parametrize(("options", "message"), [

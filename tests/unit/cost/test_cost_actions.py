@@ -9,7 +9,7 @@ import pytest
 from geotrain.cluster import make_network
 from geotrain.cost import Action, ScheduleError, Traffic, schedule_actions
 from geotrain.cost.schedule import ScheduleCostModel, simulate_actions, stage_allreduce_seconds
-from geotrain.runtime.pipeline import PIPELINE_SCHEDULES as SCHEDULES
+from geotrain.runtime.pipeline_schedules import PIPELINE_SCHEDULES as SCHEDULES
 from geotrain.runtime.predict import predict_iteration_s
 
 

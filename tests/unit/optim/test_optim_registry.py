@@ -11,7 +11,7 @@ from geotrain.cluster import load_cluster
 from geotrain.cost.memory import MODELLED_SCHEDULES, MemoryConfig, MemoryConfigError
 from geotrain.optim.registry import OPTIMIZERS, RUNTIME_OPTIMIZERS, SIM_OPTIMIZERS
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
-from geotrain.runtime.pipeline import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
+from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.sim import TrainConfig, TrainingConfigError
 
 
