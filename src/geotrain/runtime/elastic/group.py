@@ -39,6 +39,7 @@ from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, lm_loss, lr_at, validation_starts
 from geotrain.procs import set_process_name
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.pipeline import ComputeTimer
 from geotrain.runtime.stages import build_layer_model, stage_modules
 from geotrain.runtime.training_data import load_training_data
@@ -178,7 +179,6 @@ class ElasticGroup:
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.config
-        started = time.perf_counter()
         x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
                                self.seq_len)
         self.sync.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
@@ -187,12 +187,12 @@ class ElasticGroup:
             loss = lm_loss(self.module(x), y)
             loss.backward()
         self.sync.step(step, self.timer)
-        return {"step": step, "loss": float(loss), "wall_s": time.perf_counter() - started,
-                "synced": self.due(step), "contributors": self.exchange.contributors if self.due(step) else None}
+        return {"step": step, "loss": float(loss.detach()), "synced": self.due(step), "contributors": self.exchange.contributors if self.due(step) else None}
 
     def run(self) -> None:
         self.start()
         total = self.config.run.steps
+        last = time.perf_counter()
         while self.state.step < total:
             step = self.state.step
             if self.due(step) and self.quorum_for != step:
@@ -205,6 +205,7 @@ class ElasticGroup:
             except StepSuperseded:
                 self.quorum_for = self.state.step
                 continue
+            record["wall_s"], last = time.perf_counter() - last, time.perf_counter()  # quorums and retries included
             self.state.records.append(record)
             self.state.step = step + 1
             self.store.set(f"step/{self.group}", str(step + 1))
@@ -255,6 +256,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     from torch.distributed import TCPStore
 
     set_process_name(f"geotrain-g{group}")
+    quiet_torchft(Path(result_dir) / f"group-{group}.log")
     torch.set_num_threads(config.run.threads)
     try:
         address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)

@@ -99,7 +99,6 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
            result_dir: Path, store: Any, progress: ProgressCallback | None, poll_s: float) -> None:
     """Poll until every group has finished or is down for good; restart failed groups; run the chaos."""
     rel = config.reliability
-    t0 = time.monotonic()
     pending = list(kills)
     last_progress = -1
     while True:
@@ -131,7 +130,8 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
             raise ElasticRunError(f"every replica group failed (restarts per group: {watch.restarts})")
         if watch.first_done_at is not None and now - watch.first_done_at > FINISH_GRACE_S:
             break  # the rest is stopped by the supervisor; they missed the end
-        while pending and now - t0 >= pending[0].at_s:
+        trained_s = _trained_s(store)
+        while pending and trained_s is not None and trained_s >= pending[0].at_s:
             kill = pending.pop(0)
             if codes[first_group + kill.group] is None and watch.first_done_at is None:
                 watch.kills += 1
@@ -144,6 +144,14 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
         time.sleep(poll_s)
     if not watch.done:
         raise ElasticRunError(f"no replica group finished (down for good: {sorted(watch.down)})")
+
+
+def _trained_s(store: Any) -> float | None:
+    """Seconds since the first start-up quorum (the chaos clock), None before it."""
+    try:
+        return time.time() - float(store.get("t0").decode()) if store.check(["t0"]) else None
+    except Exception:  # noqa: BLE001 - the chaos waits for the next tick
+        return None
 
 
 def _int(store: Any, key: str) -> int:

@@ -7,6 +7,7 @@ with at least `min_replicas` of them; a group silent for `heartbeat_timeout_s` i
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +33,22 @@ def local_address(address: str, host: str) -> str:
     return f"http://{host}:{urlparse(address).port}"
 
 
+def quiet_torchft(log: Path) -> None:
+    """torchft logs every quorum and commit (Rust and Python) and its checkpoint server every request on
+    stderr: this process's stderr goes to `log` instead (its own error line reaches the launcher by file)."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's stderr
+
+
 def lighthouse_main(settings: LighthouseSettings, address_file: str, host: str) -> None:
     """Run a LighthouseServer until killed; its address (with `host`) goes to `address_file`."""
+    set_process_name("geotrain-lighthouse")
+    quiet_torchft(Path(address_file).with_name("lighthouse.log"))
     from torchft._torchft import LighthouseServer
 
-    set_process_name("geotrain-lighthouse")
     server = LighthouseServer(bind=settings.bind, min_replicas=settings.min_replicas,
                               join_timeout_ms=int(settings.join_timeout_s * 1000),
                               quorum_tick_ms=max(1, int(settings.quorum_tick_s * 1000)),
