@@ -45,12 +45,15 @@ class QuorumLost(SyncError):
 class ManagerExchange:
     """DPExchange over a torchft Manager's quorum (see the module doc). `manager`: a torchft Manager whose
     quorum for this step was started; `healed()`: True when this group loaded a peer's state in the
-    quorum just started; `weight_on_heal`: this group's weight in such a quorum (0 with --sync-every)."""
+    quorum just started; `weight_on_heal`: this group's weight in such a quorum (0 with --sync-every);
+    `start_quorum`: how a retry starts a new quorum (default: the manager's)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], manager: Any, healed: Callable[[], bool],
-                 weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES) -> None:
+                 weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES,
+                 start_quorum: Callable[[], None] | None = None) -> None:
         self.params = list(params)
         self.manager = manager
+        self.start_quorum = manager.start_quorum if start_quorum is None else start_quorum
         self.healed = healed
         self.weight_on_heal = weight_on_heal
         self.retries = retries
@@ -68,7 +71,7 @@ class ManagerExchange:
                               [torch.tensor([weight], dtype=torch.float32)])
         for attempt in range(self.retries + 1):
             if attempt:
-                self.manager.start_quorum()
+                self.start_quorum()
                 if self.healed():
                     raise StepSuperseded(f"step {step}: recovered a newer state from a peer")
             buffer = local.clone()

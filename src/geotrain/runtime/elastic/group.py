@@ -61,6 +61,25 @@ def run_identity_digest(config: RuntimeConfig) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def params_digest(params: list[torch.nn.Parameter]) -> str:
+    """sha256 of the parameters' bytes (equal digests: bit-identical parameters)."""
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_peer_state(state: dict[str, Any], identity: str, group: int) -> None:
+    """ElasticGroupError unless a peer's `state` was written by a group of this run (same identity digest)."""
+    if state.get("identity") != identity:
+        raise ElasticGroupError(f"replica group {group}: refused the state of replica group {state.get('group')}: "
+                                f"it belongs to another run (model, data or plan differ)")
+
+
 @dataclass
 class GroupState:
     """The training position of a group: the next step to run, and whether the quorum just started
@@ -87,10 +106,15 @@ class ElasticGroup:
         self.state = GroupState()
         self.identity = run_identity_digest(config)
         self.exchange: ManagerExchange | None = None
-        self.manager = self._manager(lighthouse)
+        self.lighthouse = lighthouse
+        try:
+            self.manager = self._manager(lighthouse)
+        except Exception as exc:  # noqa: BLE001 - torchft's connection errors: one line
+            raise ElasticGroupError(f"replica group {group}: cannot reach the torchft lighthouse {lighthouse}: "
+                                    f"{_first_line(exc)}") from None
         outer = config.optim.sync_every is not None
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
-                                        weight_on_heal=0.0 if outer else 1.0)
+                                        weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum)
         self.sync = make_elastic_sync(config.sync_options(0), self.params, self.exchange)
         self.timer = ComputeTimer()
 
@@ -116,9 +140,7 @@ class ElasticGroup:
                               "module": self.module.state_dict(), "sync": self.sync.state_dict()})
 
     def _load_state(self, state: dict[str, Any]) -> None:
-        if state.get("identity") != self.identity:
-            raise ElasticGroupError(f"replica group {self.group}: refused the state of replica group "
-                                    f"{state.get('group')}: it belongs to another run (model, data or plan differ)")
+        check_peer_state(state, self.identity, self.group)
         self.module.load_state_dict(state["module"])
         self.sync.load_state_dict(state["sync"])
         self.state.step = int(state["step"])
@@ -133,15 +155,12 @@ class ElasticGroup:
         except ElasticGroupError:
             raise
         except Exception as exc:  # torchft's timeouts and connection errors: one line, not a traceback
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             raise ElasticGroupError(
                 f"replica group {self.group}: no quorum of >= {self.config.reliability.min_replicas} replica groups "
-                f"within {self.config.reliability.comm_timeout_s:g} s (lighthouse {self.manager_lighthouse}): "
-                f"{first}") from None
+                f"within {self.config.reliability.comm_timeout_s:g} s (lighthouse {self.lighthouse}): "
+                f"{_first_line(exc)}") from None
         if self.state.healed:
             self._note_rejoin(time.monotonic() - started)
-
-    manager_lighthouse = ""
 
     def _note_rejoin(self, seconds: float) -> None:
         number = self.store.add("rejoins", 1)
@@ -187,7 +206,10 @@ class ElasticGroup:
             loss = lm_loss(self.module(x), y)
             loss.backward()
         self.sync.step(step, self.timer)
-        return {"step": step, "loss": float(loss.detach()), "synced": self.due(step), "contributors": self.exchange.contributors if self.due(step) else None}
+        synced = self.due(step)
+        return {"step": step, "loss": float(loss.detach()), "synced": synced, "batch_sum": int(x.sum()),
+                "contributors": self.exchange.contributors if synced else None,
+                "params_sha256": params_digest(self.params) if synced else None}
 
     def run(self) -> None:
         self.start()
@@ -263,7 +285,6 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
         store = TCPStore(LOCAL_HOST, store_port, is_master=False,
                          timeout=timedelta(seconds=config.reliability.comm_timeout_s))
         worker = ElasticGroup(config, group, store, address, world)
-        worker.manager_lighthouse = address
         worker.run()
         worker.finish(Path(result_dir))
         worker.manager.shutdown(wait=False)

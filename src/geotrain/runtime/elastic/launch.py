@@ -73,7 +73,9 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
     require_torchft()
     started = time.perf_counter()
     rel, groups = config.reliability, config.replicas
-    context = forkserver_context(FORKSERVER_PRELOAD)
+    # torchft and the group's modules imported once by the fork server (when this launcher starts it):
+    # a restarted group then rejoins without seconds of imports
+    context = forkserver_context([*FORKSERVER_PRELOAD, "torchft", "geotrain.runtime.elastic.group"])
     if tokens is None and config.data.data is None:
         from geotrain.data import world_tokens
 
@@ -194,4 +196,5 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
         recovery_s=recovery, stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed),
         train_s=last - t0, samples=int(sum(contributors) * every * config.schedule.batch_size),
         contributors=contributors, kills=watch.kills, restarts=list(watch.restarts),
-        groups_finished=sorted(finished), wall_s=wall_s)
+        groups_finished=sorted(finished), wall_s=wall_s,
+        group_records={g: summary["records"] for g, summary in sorted(finished.items())})

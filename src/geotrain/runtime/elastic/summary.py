@@ -47,9 +47,12 @@ class ElasticSummary:
     restarts: list[int]
     groups_finished: list[int]
     wall_s: float
+    group_records: dict[int, list[dict[str, Any]]]
+    """Per finished group, its records since its last start: step, loss, wall_s, batch_sum (sum of its
+    batch's token ids), contributors and params_sha256 (after each synchronisation)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"elastic": True, **asdict(self)}
+        return {"elastic": True, **asdict(self), "group_records": {str(g): r for g, r in self.group_records.items()}}
 
 
 def max_param_diff(paths: list[Path]) -> float:
