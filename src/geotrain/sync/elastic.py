@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from geotrain.optim.outer import OuterStep
-from geotrain.sync.base import GradientSync, StepTimer, SyncError
+from geotrain.sync.base import GradientSync, StepTimer
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.sync.options import SyncOptions
 from geotrain.sync.outer import OuterSync
@@ -38,20 +38,22 @@ class StepSuperseded(Exception):  # noqa: N818 - a control-flow signal, not an e
     """A retry's quorum gave this group a peer's newer state: drop this step's work, go on from the state's step."""
 
 
-class QuorumLost(SyncError):
-    """The exchange failed `retries` quorums in a row."""
+class QuorumLost(RuntimeError):
+    """The exchange failed `retries` quorums in a row (transient: the group's launcher may restart it)."""
 
 
 class ManagerExchange:
     """DPExchange over a torchft Manager's quorum (see the module doc). `manager`: a torchft Manager whose
     quorum for this step was started; `healed()`: True when this group loaded a peer's state in the
     quorum just started; `weight_on_heal`: this group's weight in such a quorum (0 with --sync-every);
-    `start_quorum`: how a retry starts a new quorum (default: the manager's)."""
+    `start_quorum`: how a retry starts a new quorum (default: the manager's); `abort`: aborts the
+    process group after a failed exchange (its next quorum configures a new one)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], manager: Any, healed: Callable[[], bool],
                  weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES,
-                 start_quorum: Callable[[], None] | None = None) -> None:
+                 start_quorum: Callable[[], None] | None = None, abort: Callable[[], None] | None = None) -> None:
         self.params = list(params)
+        self.abort = abort
         self.manager = manager
         self.start_quorum = manager.start_quorum if start_quorum is None else start_quorum
         self.healed = healed
@@ -79,6 +81,8 @@ class ManagerExchange:
             if self.manager.should_commit():
                 break
             self.failed_quorums += 1
+            if self.abort is not None:
+                self.abort()  # close our links now: members blocked on us in the ring fail at once, not at their timeout
         else:
             raise QuorumLost(f"elastic exchange at step {step}: {self.retries + 1} quorums in a row failed to commit")
         self.contributors = float(buffer[-1])

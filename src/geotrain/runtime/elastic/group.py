@@ -114,7 +114,8 @@ class ElasticGroup:
                                     f"{_first_line(exc)}") from None
         outer = config.optim.sync_every is not None
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
-                                        weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum)
+                                        weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum,
+                                        abort=self.process_group.abort)
         self.sync = make_elastic_sync(config.sync_options(0), self.params, self.exchange)
         self.timer = ComputeTimer()
 
@@ -126,7 +127,8 @@ class ElasticGroup:
         rel = self.config.reliability
         timeout = timedelta(seconds=rel.comm_timeout_s)
         self.own_store = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
-        return Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=self._load_state,
+        self.process_group = ProcessGroupGloo(timeout=timeout)
+        return Manager(pg=self.process_group, load_state_dict=self._load_state,
                        state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
                        timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
                        store_addr=LOCAL_HOST, store_port=self.own_store.port, lighthouse_addr=lighthouse,
@@ -288,9 +290,12 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
         worker.run()
         worker.finish(Path(result_dir))
         worker.manager.shutdown(wait=False)
-    except (GeotrainError, QuorumLost) as exc:
+    except GeotrainError as exc:
         line = str(exc).splitlines()[0][:400] if str(exc) else type(exc).__name__
         (Path(result_dir) / f"error-{group}.txt").write_text(line)
         print(f"geotrain replica group {group}: error: {line}", file=sys.stderr, flush=True)
         os._exit(EXIT_GROUP_ERROR)
+    except QuorumLost as exc:  # transient: the launcher restarts this group, which recovers from a peer
+        print(f"geotrain replica group {group}: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
     os._exit(0)  # torchft's server threads need no orderly shutdown: the launcher has the results
