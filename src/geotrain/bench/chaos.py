@@ -134,14 +134,15 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
                            overwrite=True)
     kills = kill_schedule(parse_chaos(f"kill-site:every=1s,count={max(1, len(kill_times_s))}"), base.replicas,
                           config.seed, 1e9)
-    state: dict[str, Any] = {"t0": None, "resumed_at": 0, "killed_at": None, "recovery": []}
+    state: dict[str, Any] = {"t0": None, "resumed_at": 0, "killed_at": None, "recovery": [], "launches": 0}
 
     def progress(done: int, total: int) -> None:
         now = time.monotonic()
         if state["t0"] is None and done > 0:
             state["t0"] = now
-        if state["killed_at"] is not None and done > state["resumed_at"]:
-            state["recovery"].append(now - state["killed_at"])
+        killed = state["killed_at"]
+        if killed is not None and state["launches"] > killed[1] and done > state["resumed_at"]:
+            state["recovery"].append(now - killed[0])  # the relaunched run's first new step
             state["killed_at"] = None
 
     stop = threading.Event()
@@ -153,7 +154,7 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
             pid = None if stop.is_set() else _worker_pid(kill.group)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
-                state["killed_at"] = time.monotonic()
+                state["killed_at"] = (time.monotonic(), state["launches"])
 
     thread = threading.Thread(target=killer, name="bench-chaos-killer")
     thread.start()
@@ -161,6 +162,7 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
     try:
         run = base
         while report is None:
+            state["launches"] += 1
             try:
                 report = launch(run, progress=progress, tokens=tokens).report
             except WorkerFailure:
