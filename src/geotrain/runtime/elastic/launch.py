@@ -16,6 +16,7 @@ group r (runtime/elastic/group.py). The watch loop polls every rank:
 from __future__ import annotations
 
 import json
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,19 @@ def require_torchft() -> None:
         raise ElasticRunError(f"--elastic needs torchft (pip install 'geotrain[ft]'): {exc}") from None
 
 
+def check_reachable(endpoint: str, timeout_s: float) -> None:
+    """ElasticRunError (one line) unless a TCP connection to HOST:PORT `endpoint` opens within `timeout_s`
+    (checked before any process starts: an unreachable lighthouse fails fast)."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ElasticRunError(f"--lighthouse must be HOST:PORT, got {endpoint!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ElasticRunError(f"cannot reach the torchft lighthouse at {endpoint} within {timeout_s:g} s: "
+                              f"{exc.strerror or exc}") from None
+
+
 @dataclass
 class _Watch:
     """The launcher's bookkeeping of one run."""
@@ -73,6 +87,8 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
     require_torchft()
     started = time.perf_counter()
     rel, groups = config.reliability, config.replicas
+    if rel.lighthouse is not None:
+        check_reachable(rel.lighthouse, rel.comm_timeout_s)
     # torchft and the group's modules imported once by the fork server (when this launcher starts it):
     # a restarted group then rejoins without seconds of imports
     context = forkserver_context([*FORKSERVER_PRELOAD, "torchft", "geotrain.runtime.elastic.group"])
