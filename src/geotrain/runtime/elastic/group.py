@@ -43,7 +43,7 @@ from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.pipeline import ComputeTimer
 from geotrain.runtime.stages import build_layer_model, stage_modules
 from geotrain.runtime.training_data import load_training_data
-from geotrain.sync.elastic import ManagerExchange, QuorumLost, StepSuperseded, make_elastic_sync
+from geotrain.sync.elastic import EXCHANGE_RETRIES, ManagerExchange, QuorumLost, StepSuperseded, make_elastic_sync
 
 EXIT_GROUP_ERROR = 2
 """A group's own, non-transient error (bad input, no quorum, refused state): the launcher ends the run
@@ -105,8 +105,8 @@ class ElasticGroup:
         self.params = list(self.module.parameters())
         self.state = GroupState()
         self.identity = run_identity_digest(config)
-        self.exchange: ManagerExchange | None = None
         self.lighthouse = lighthouse
+        self.quorum_for = -1  # the step whose quorum this group has started: the next one is for a later step
         try:
             self.manager = self._manager(lighthouse)
         except Exception as exc:  # noqa: BLE001 - torchft's connection errors: one line
@@ -184,10 +184,12 @@ class ElasticGroup:
         """The start-up quorum: a fresh run's groups meet at step 0 and commit it (so that a group
         restarted later is behind and recovers); a restarted group recovers a peer's state here."""
         self.barrier()
-        while True:
+        for _ in range(EXCHANGE_RETRIES + 1):
             self.quorum()
-            if self.manager.errored() is None:
+            if self.manager.errored() is None:  # e.g. the peer it recovered from died mid-transfer: again
                 break
+        else:
+            raise QuorumLost(f"replica group {self.group}: {EXCHANGE_RETRIES + 1} start-up quorums failed")
         if not self.state.healed:
             self.manager.should_commit()
         self.store.compare_set("t0", "", repr(time.time()))
