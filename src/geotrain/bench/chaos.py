@@ -133,7 +133,7 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
     base = _runtime_config(config, False, checkpoint_dir=str(ckpt_dir), checkpoint_every=config.checkpoint_every,
                            overwrite=True)
     kills = kill_schedule(parse_chaos(f"kill-site:every=1s,count={max(1, len(kill_times_s))}"), base.replicas,
-                          config.seed, 1e9)
+                          config.seed)
     state: dict[str, Any] = {"t0": None, "resumed_at": 0, "killed_at": None, "recovery": [], "launches": 0}
 
     def progress(done: int, total: int) -> None:

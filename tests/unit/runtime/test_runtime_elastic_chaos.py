@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.elastic import ChaosSpecError, Kill, KillSite, kill_schedule, parse_chaos, parse_duration_s
+from geotrain.runtime.elastic.chaos import MAX_KILLS_PER_FAULT
 from paths import ROOT
 
 CLUSTER = load_cluster(str(ROOT / "tests" / "data" / "wan-2x2.yaml"))
@@ -71,6 +72,8 @@ def test_the_kill_schedule_is_a_function_of_the_seed_and_fixed_sites_stay():
     assert {k.group for k in one} <= set(range(4)) and len({k.group for k in one}) > 1
     fixed = kill_schedule(parse_chaos("kill-site:every=10s,site=2,first=5s,count=2"), 4, 0, 100.0)
     assert fixed == [Kill(5.0, 2), Kill(15.0, 2)]
+    endless = kill_schedule(parse_chaos("kill-site:every=1ms"), 4, 0)  # no count, no horizon: cut, not endless
+    assert len(endless) == MAX_KILLS_PER_FAULT and endless[-1].at_s == pytest.approx(MAX_KILLS_PER_FAULT * 1e-3)
 
 
 def test_elastic_settings_need_elastic_and_unsupported_runs_are_refused_in_one_line():

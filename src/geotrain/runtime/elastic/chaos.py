@@ -130,14 +130,20 @@ def check_sites(faults: tuple[KillSite, ...], groups: int) -> None:
             raise ChaosSpecError(f"chaos kill-site: site must be a replica group in 0..{groups - 1}, got {fault.site}")
 
 
-def kill_schedule(faults: tuple[KillSite, ...], groups: int, seed: int, horizon_s: float) -> list[Kill]:
-    """Every kill due before `horizon_s` seconds, in time order; the drawn groups come from `seed`
-    (numpy's default_rng), one stream per fault, so the same seed gives the same schedule."""
+MAX_KILLS_PER_FAULT = 10_000
+"""A fault without `count` is cut here (a kill every second for almost three hours)."""
+
+
+def kill_schedule(faults: tuple[KillSite, ...], groups: int, seed: int, horizon_s: float = math.inf) -> list[Kill]:
+    """Every kill due before `horizon_s` seconds (at most `count`, and MAX_KILLS_PER_FAULT, per fault), in time
+    order; the drawn groups come from `seed` (numpy's default_rng), one stream per fault, so the same seed
+    gives the same schedule."""
     kills = []
     for index, fault in enumerate(faults):
         rng = np.random.default_rng([seed, index])
         at, done = fault.start_s, 0
-        while at < horizon_s and (fault.count is None or done < fault.count):
+        limit = MAX_KILLS_PER_FAULT if fault.count is None else min(fault.count, MAX_KILLS_PER_FAULT)
+        while at < horizon_s and done < limit:
             group = fault.site if fault.site is not None else int(rng.integers(groups))
             kills.append(Kill(at, group))
             at, done = at + fault.every_s, done + 1

@@ -106,7 +106,7 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
             specs.insert(0, Target(context, lighthouse_main, (settings, str(Path(tmp) / "lighthouse"), LOCAL_HOST),
                                    "geotrain-lighthouse"))
         first_group = 0 if rel.lighthouse is not None else 1
-        kills = kill_schedule(parse_chaos(rel.chaos), groups, config.run.seed, 1e9) if rel.chaos else []
+        kills = kill_schedule(parse_chaos(rel.chaos), groups, config.run.seed) if rel.chaos else []
         watch = _Watch(groups, [0] * groups)
         with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
             _watch(supervisor, config, watch, first_group, kills, Path(tmp), store, progress, poll_s)
