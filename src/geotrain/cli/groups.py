@@ -24,6 +24,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_ddp",
     "geotrain.cli.bench_netlab",
     "geotrain.cli.bench_wan",
+    "geotrain.cli.bench_chaos",
 )
 
 

@@ -222,6 +222,8 @@ def run(args: Any) -> int:
         print_torchrun(args, config, out)
         return 0
     check_sequence_fits(config)  # before any process starts: a sequence too long for memory fails in one line
+    if config.reliability.elastic:
+        return run_elastic(args, config, out)
     rendezvous = host_rendezvous(args, config)
     stray = stray_torchrun_variables()
     if stray:
@@ -259,4 +261,27 @@ def run(args: Any) -> int:
              f"{', from the plan' if schedule.split_boundaries else ''})")
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")
+    return 0
+
+
+def run_elastic(args: Any, config: Any, out: Output) -> int:
+    """`train --elastic`: replica groups on torchft (geotrain.runtime.elastic), on this host only."""
+    from geotrain.runtime import RuntimeConfigError
+    from geotrain.runtime.elastic.launch import launch_elastic
+
+    if args.node or args.rdzv or under_torchrun():
+        raise RuntimeConfigError("--elastic: runs on this host only (its launcher starts every replica group); "
+                                 "drop --node/--rdzv and do not start it under torchrun")
+    with out.progress("training (elastic)", config.run.steps) as progress:
+        summary = launch_elastic(config, progress=progress)
+    if args.json:
+        out.emit_json({**summary.to_json(), "config": config.to_json()})
+        return 0
+    out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "rejoins", "global restarts",
+                              "max param diff", "recovery s", "stall s", "wall s"],
+              [[summary.steps, f"{summary.losses[-1]:.4f}" if summary.losses else "-",
+                "-" if summary.val_loss is None else f"{summary.val_loss:.4f}", summary.replica_failures,
+                summary.rejoins, summary.global_restarts, f"{summary.max_param_diff_across_replicas:.3g}",
+                " ".join(f"{s:.1f}" for s in summary.recovery_s) or "-", f"{summary.stall_s:.1f}",
+                f"{summary.wall_s:.1f}"]])
     return 0

@@ -17,6 +17,7 @@ import numpy as np
 
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
+from geotrain.runtime.elastic.rules import check_elastic
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
 from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommSection, DataSection,
@@ -103,6 +104,7 @@ class RuntimeConfig:
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:
             raise RuntimeConfigError(f"model {self.model.model_name!r}: cannot cut {self.model.gpt.n_layer + 2} layers "
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")
+        check_elastic(self)
         for stage in range(stages):  # last, after the specific messages: any sync no implementation runs
             try:
                 self.sync_options(stage)

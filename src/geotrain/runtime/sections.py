@@ -23,6 +23,7 @@ from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
+from geotrain.runtime.elastic.chaos import ChaosSpecError, parse_chaos
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
 
@@ -298,10 +299,33 @@ class ReliabilitySection(Section):
                                          flag="--heartbeat-timeout", metavar="SECONDS")
     comm_timeout_s: float = setting(120.0, "gloo collective/p2p timeout in seconds", flag="--comm-timeout",
                                     metavar="SECONDS")
+    elastic: bool = setting(False, "elastic replica groups on torchft: a failed replica group is restarted and "
+                                   "rejoins from a live peer while the others go on (docs/fault_tolerance.md)")
+    min_replicas: int = setting(1, "--elastic: fewest live replica groups a step (or outer sync) needs",
+                                metavar="K")
+    max_restarts: int = setting(3, "--elastic: times the launcher restarts each failed replica group", metavar="N")
+    chaos: str | None = setting(None, "--elastic: failures to inject, e.g. kill-site:every=20s (seeded by --seed; "
+                                      "docs/fault_tolerance.md)", metavar="SPEC")
+    lighthouse: str | None = setting(None, "--elastic: HOST:PORT of a running torchft lighthouse (default: the "
+                                           "launcher starts one on this host)", metavar="HOST:PORT")
 
     def __post_init__(self) -> None:
         for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "comm_timeout_s"):
             self._number(key, zero_ok=False)
+        self._flag("elastic")
+        self._integer("min_replicas", 1)
+        self._integer("max_restarts", 0)
+        self._text("chaos", optional=True)
+        self._text("lighthouse", optional=True)
+        if self.chaos is not None:
+            try:
+                parse_chaos(self.chaos)
+            except ChaosSpecError as exc:
+                raise RuntimeConfigError(f"reliability.chaos: {exc}") from None
+        if not self.elastic:
+            for key in ("min_replicas", "max_restarts", "chaos", "lighthouse"):
+                if getattr(self, key) != self.__dataclass_fields__[key].default:
+                    self._fail(key, "is an elastic run's setting: it needs reliability.elastic (--elastic)")
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             self._fail("heartbeat_timeout_s", f"must be more than twice heartbeat_interval_s "
                                               f"({self.heartbeat_interval_s!r})")

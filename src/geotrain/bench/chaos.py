@@ -1,0 +1,206 @@
+"""`geotrain bench chaos`: goodput of elastic replica groups (torchft) under killed sites, beside the
+synchronous runtime that must restart from its last checkpoint.
+
+The WAN benchmark's model (`tiny` GPT) and cluster (wan-4x1: 4 sites, one replica each, pipeline S = 1),
+plain gloo on this machine (no link emulation: failures and recovery are what is measured). Rows:
+  elastic, no failures             the reference of the elastic rows
+  elastic, kill a site every T     --chaos kill-site:every=T (T = a quarter of the reference's training
+                                   time, seeded sites), each killed group restarted, rejoining live
+  sync+ckpt, no failures           the runtime's synchronous run with a checkpoint every `checkpoint_every`
+  sync+ckpt, kill a site every T   a worker SIGKILLed at the same times: the run ends, and is launched
+                                   again with --resume from its last checkpoint (a global restart)
+goodput = useful samples per second of training, relative to the row's failure-free reference (the
+elastic rows to the first row, the sync rows to the third: their start-up costs differ). Useful
+samples: every committed step's contributing groups' batches (a step redone after a restart counts
+once). Seconds: from the first step's start to the last commit (elastic), or from the first launch's
+first completed step to the last launch's end (sync, restarts included). recovery_s: from a failure to
+the failed unit training again (the group's rejoin; the relaunched run's first new step).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from geotrain.bench.wan import WAN_CLUSTER
+from geotrain.errors import GeotrainError
+
+
+class ChaosBenchError(GeotrainError, ValueError):
+    """A bench chaos option that cannot make a run."""
+
+
+@dataclass(frozen=True)
+class ChaosBenchConfig:
+    """The runs: steps, per-replica batch, sequence length, model, seed, heartbeat timeout (s), the sync
+    baseline's checkpoint cadence (steps), kills per failing row, DiLoCo's H (None: every step)."""
+
+    cluster: str = WAN_CLUSTER
+    steps: int = 400
+    batch_size: int = 4
+    seq_len: int = 32
+    model: str = "tiny"
+    seed: int = 0
+    heartbeat_timeout_s: float = 1.5
+    checkpoint_every: int = 40
+    kills: int = 3
+    sync_every: int | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("steps", "batch_size", "seq_len", "checkpoint_every", "kills"):
+            if getattr(self, key) < 1:
+                raise ChaosBenchError(f"bench chaos: {key} must be an integer >= 1, got {getattr(self, key)}")
+
+
+@dataclass(frozen=True)
+class ChaosRow:
+    """One row of the table (see the module doc)."""
+
+    label: str
+    goodput: float
+    steps: int
+    global_restarts: int
+    recoveries: int
+    recovery_s: list[float]
+    val_loss: float | None
+    train_s: float
+    samples: int
+    failures: int
+
+
+def goodput(samples: int, seconds: float, reference_samples: int, reference_seconds: float) -> float:
+    """Useful samples per second relative to the reference's (1.0: as fast as the reference)."""
+    return (samples / seconds) / (reference_samples / reference_seconds)
+
+
+def _settings(config: ChaosBenchConfig, elastic: bool, **more: Any) -> dict[str, Any]:
+    common = {"steps": config.steps, "batch_size": config.batch_size, "microbatches": 1, "seq_len": config.seq_len,
+              "model_name": config.model, "seed": config.seed, "time_scale": 0.0, "eval_every": config.steps,
+              "heartbeat_timeout_s": config.heartbeat_timeout_s, "sync_every": config.sync_every, "eval_windows": 64}
+    return {**common, **({"elastic": True} if elastic else {}), **more}
+
+
+def _runtime_config(config: ChaosBenchConfig, elastic: bool, **more: Any) -> Any:
+    from geotrain.cluster import load_cluster
+    from geotrain.runtime import RuntimeConfig
+
+    cluster = load_cluster(config.cluster)
+    return RuntimeConfig.of(cluster, [list(range(cluster.n_devices))], "chaos", **_settings(config, elastic, **more))
+
+
+def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any) -> tuple[ChaosRow, Any]:
+    from geotrain.runtime.elastic.launch import launch_elastic
+
+    summary = launch_elastic(_runtime_config(config, True, chaos=chaos), tokens=tokens)
+    return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s, summary.val_loss,
+                    summary.train_s, summary.samples, summary.replica_failures), summary
+
+
+def _worker_pid(rank: int) -> int | None:
+    """The pid of this process's descendant named geotrain-r<rank> (a runtime worker), if any."""
+    from geotrain.procs import pid_alive
+
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                names[int(entry.name)] = (entry / "comm").read_text().strip()
+            except (OSError, IndexError, ValueError):
+                continue
+    family, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - family
+        family |= frontier
+    return next((pid for pid in family if names.get(pid) == f"geotrain-r{rank}" and pid_alive(pid)), None)
+
+
+def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], tokens: Any,
+             ckpt_dir: Path) -> ChaosRow:
+    """The synchronous runtime with checkpoints; a worker SIGKILLed at each of `kill_times_s` (seconds after
+    the first completed step), the run then launched again with --resume (from scratch if no checkpoint)."""
+    from geotrain.procs import WorkerFailure
+    from geotrain.runtime import latest_step, launch
+    from geotrain.runtime.elastic.chaos import kill_schedule, parse_chaos
+
+    base = _runtime_config(config, False, checkpoint_dir=str(ckpt_dir), checkpoint_every=config.checkpoint_every,
+                           overwrite=True)
+    kills = kill_schedule(parse_chaos(f"kill-site:every=1s,count={max(1, len(kill_times_s))}"), base.replicas,
+                          config.seed)
+    state: dict[str, Any] = {"t0": None, "resumed_at": 0, "killed_at": None, "recovery": [], "launches": 0}
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if state["t0"] is None and done > 0:
+            state["t0"] = now
+        killed = state["killed_at"]
+        if killed is not None and state["launches"] > killed[1] and done > state["resumed_at"]:
+            state["recovery"].append(now - killed[0])  # the relaunched run's first new step
+            state["killed_at"] = None
+
+    stop = threading.Event()
+
+    def killer() -> None:
+        for kill, at in zip(kills, kill_times_s):
+            while not stop.is_set() and (state["t0"] is None or time.monotonic() - state["t0"] < at):
+                time.sleep(0.05)
+            pid = None if stop.is_set() else _worker_pid(kill.group)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                state["killed_at"] = (time.monotonic(), state["launches"])
+
+    thread = threading.Thread(target=killer, name="bench-chaos-killer")
+    thread.start()
+    restarts, report, failures = 0, None, 0
+    try:
+        run = base
+        while report is None:
+            state["launches"] += 1
+            try:
+                report = launch(run, progress=progress, tokens=tokens).report
+            except WorkerFailure:
+                failures += 1
+                restarts += 1
+                resumed = latest_step(str(ckpt_dir))
+                state["resumed_at"] = resumed or 0
+                checkpoint = replace(base.checkpoint, resume=resumed is not None, overwrite=resumed is None)
+                run = replace(base, checkpoint=checkpoint)
+    finally:
+        stop.set()
+        thread.join()
+    seconds = time.monotonic() - state["t0"]
+    val = report.validation[-1][1] if report.validation else None
+    samples = config.steps * config.batch_size * base.replicas
+    return ChaosRow(label, 1.0, config.steps, restarts, restarts, state["recovery"], val, seconds, samples, failures)
+
+
+def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[ChaosRow]:
+    """The four rows of the module doc, in order; `progress(label)` before each."""
+    from geotrain.data import world_tokens
+
+    tokens = world_tokens(0)
+    note = progress or (lambda label: None)
+    note("elastic, no failures")
+    reference, _ = elastic_row("elastic, no failures", config, None, tokens)
+    every_s = max(reference.train_s / 4, 1.0)
+    note("elastic, kill a site every T")
+    killed, _ = elastic_row(f"elastic, kill a site every {every_s:.1f} s", config,
+                            f"kill-site:every={every_s:.3f}s,count={config.kills}", tokens)
+    with tempfile.TemporaryDirectory(prefix="geotrain-bench-chaos-") as tmp:
+        note("sync+ckpt, no failures")
+        sync_reference = sync_row("sync+ckpt, no failures", config, [], tokens, Path(tmp) / "a")
+        note("sync+ckpt, kill a site every T")
+        sync_killed = sync_row(f"sync+ckpt restart, kill a site every {every_s:.1f} s", config,
+                               [every_s * (k + 1) for k in range(config.kills)], tokens, Path(tmp) / "b")
+    rows = []
+    for row, ref in ((reference, reference), (killed, reference), (sync_reference, sync_reference),
+                     (sync_killed, sync_reference)):
+        rows.append(replace(row, goodput=goodput(row.samples, row.train_s, ref.samples, ref.train_s)))
+    return rows

@@ -1,0 +1,303 @@
+"""One replica group of an elastic run (pipeline S = 1: one process) on a torchft Manager.
+
+Per step t (blocking DiLoCo: per outer period):
+    quorum   manager.start_quorum() before the step's forward (with --sync-every: before the step that
+             ends an outer period); a group behind the quorum's newest step (a restarted one) loads a
+             live peer's state there (torchft's checkpoint transport: HTTP), step counter included;
+    train    forward/backward on this group's slice r of step t's global batch (data seed, t, r);
+    sync     the gradient (or outer gradient) mean over the quorum's contributing groups
+             (geotrain.sync.elastic.ManagerExchange: all-reduce, should_commit, retried on a new
+             quorum when a peer died); then the optimizer (and outer) step.
+A group's first quorum is at start-up. The state a peer hands over is cloned when the quorum is
+computed, so the sender's next optimizer step cannot change it in flight, and carries the run's
+identity: a group built from another model, data or plan is refused by name.
+
+Data-position guarantee: step t's global batch is the one of a non-elastic run (offsets a function of
+data seed and t); group r always trains on slice r of it. A rejoined group continues at the quorum's
+step (never repeating a committed step, never skipping one while it is alive); the slices of a group
+that is down are not trained (counted as lost samples in `bench chaos`'s goodput).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from geotrain.data import WorldTokens
+from geotrain.errors import GeotrainError
+from geotrain.models import MODEL_PRESETS, lm_loss, lr_at, validation_starts
+from geotrain.procs import set_process_name
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.lighthouse import quiet_torchft
+from geotrain.runtime.pipeline import ComputeTimer
+from geotrain.runtime.stages import build_layer_model, stage_modules
+from geotrain.runtime.training_data import load_training_data
+from geotrain.sync.elastic import EXCHANGE_RETRIES, ManagerExchange, QuorumLost, StepSuperseded, make_elastic_sync
+
+EXIT_GROUP_ERROR = 2
+"""A group's own, non-transient error (bad input, no quorum, refused state): the launcher ends the run
+instead of restarting the group."""
+LOCAL_HOST = "127.0.0.1"
+
+
+class ElasticGroupError(GeotrainError, RuntimeError):
+    """A replica group that cannot go on (no quorum, unreachable lighthouse, another run's state)."""
+
+
+def run_identity_digest(config: RuntimeConfig) -> str:
+    """sha256 of what must match between groups of one run: the numerics' identity and the plan's shape."""
+    identity = {**config.identity(), "elastic": True, "min_replicas": config.reliability.min_replicas}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+
+
+def params_digest(params: list[torch.nn.Parameter]) -> str:
+    """sha256 of the parameters' bytes (equal digests: bit-identical parameters)."""
+    digest = hashlib.sha256()
+    for p in params:
+        digest.update(p.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_peer_state(state: dict[str, Any], identity: str, group: int) -> None:
+    """ElasticGroupError unless a peer's `state` was written by a group of this run (same identity digest)."""
+    if state.get("identity") != identity:
+        raise ElasticGroupError(f"replica group {group}: refused the state of replica group {state.get('group')}: "
+                                f"it belongs to another run (model, data or plan differ)")
+
+
+@dataclass
+class GroupState:
+    """The training position of a group: the next step to run, and whether the quorum just started
+    handed it a peer's state."""
+
+    step: int = 0
+    healed: bool = False
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ElasticGroup:
+    """Replica group `group` of `config` (see the module doc); `store`: the launcher's store (barrier,
+    progress, commits, rejoins)."""
+
+    def __init__(self, config: RuntimeConfig, group: int, store: Any, lighthouse: str,
+                 world: WorldTokens | None) -> None:
+        self.config, self.group, self.store = config, group, store
+        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
+        self.seq_len = config.sequence_length
+        model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
+                                  self.seq_len)
+        self.module = stage_modules(model, (0, model.n_layers), [0])[0]
+        self.params = list(self.module.parameters())
+        self.state = GroupState()
+        self.identity = run_identity_digest(config)
+        self.lighthouse = lighthouse
+        self.quorum_for = -1  # the step whose quorum this group has started: the next one is for a later step
+        try:
+            self.manager = self._manager(lighthouse)
+        except Exception as exc:  # noqa: BLE001 - torchft's connection errors: one line
+            raise ElasticGroupError(f"replica group {group}: cannot reach the torchft lighthouse {lighthouse}: "
+                                    f"{_first_line(exc)}") from None
+        outer = config.optim.sync_every is not None
+        self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
+                                        weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum,
+                                        abort=self.process_group.abort)
+        self.sync = make_elastic_sync(config.sync_options(0), self.params, self.exchange)
+        self.timer = ComputeTimer()
+
+    def _manager(self, lighthouse: str) -> Any:
+        from torch.distributed import TCPStore
+        from torchft import Manager, ProcessGroupGloo
+        from torchft.checkpointing.http_transport import HTTPTransport
+
+        rel = self.config.reliability
+        timeout = timedelta(seconds=rel.comm_timeout_s)
+        self.own_store = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
+        self.process_group = ProcessGroupGloo(timeout=timeout)
+        return Manager(pg=self.process_group, load_state_dict=self._load_state,
+                       state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
+                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
+                       store_addr=LOCAL_HOST, store_port=self.own_store.port, lighthouse_addr=lighthouse,
+                       replica_id=f"geotrain_group_{self.group}", hostname=LOCAL_HOST,
+                       heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
+                       checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0), init_sync=False)
+
+    def _state(self) -> dict[str, Any]:
+        """What a recovering peer loads (cloned now: this group keeps training while it is fetched)."""
+        return copy.deepcopy({"identity": self.identity, "group": self.group, "step": self.state.step,
+                              "module": self.module.state_dict(), "sync": self.sync.state_dict()})
+
+    def _load_state(self, state: dict[str, Any]) -> None:
+        check_peer_state(state, self.identity, self.group)
+        self.module.load_state_dict(state["module"])
+        self.sync.load_state_dict(state["sync"])
+        self.state.step = int(state["step"])
+        self.state.healed = True
+
+    def quorum(self) -> None:
+        """Start this step's quorum (recovering from a peer if behind); one line if none forms in time."""
+        self.state.healed = False
+        started = time.monotonic()
+        try:
+            self.manager.start_quorum()
+        except ElasticGroupError:
+            raise
+        except Exception as exc:  # torchft's timeouts and connection errors: one line, not a traceback
+            raise ElasticGroupError(
+                f"replica group {self.group}: no quorum of >= {self.config.reliability.min_replicas} replica groups "
+                f"within {self.config.reliability.comm_timeout_s:g} s (lighthouse {self.lighthouse}): "
+                f"{_first_line(exc)}") from None
+        if self.state.healed:
+            self._note_rejoin(time.monotonic() - started)
+
+    def _note_rejoin(self, seconds: float) -> None:
+        number = self.store.add("rejoins", 1)
+        self.store.set(f"rejoin/{number}", json.dumps({"group": self.group, "step": self.state.step,
+                                                       "t": time.time(), "seconds": seconds}))
+
+    def barrier(self) -> None:
+        """Wait until every group has started once (a quorum of the first arrivals would train without the rest)."""
+        self.store.set(f"ready/{self.group}", "1")
+        keys = [f"ready/{g}" for g in range(self.config.replicas)]
+        try:
+            self.store.wait(keys, timedelta(seconds=self.config.reliability.comm_timeout_s))
+        except Exception:  # noqa: BLE001 - a timeout: say who is missing
+            missing = [g for g in range(self.config.replicas) if not self.store.check([f"ready/{g}"])]
+            raise ElasticGroupError(f"replica group {self.group}: replica groups {missing} did not start within "
+                                    f"{self.config.reliability.comm_timeout_s:g} s") from None
+
+    def start(self) -> None:
+        """The start-up quorum: a fresh run's groups meet at step 0 and commit it (so that a group
+        restarted later is behind and recovers); a restarted group recovers a peer's state here."""
+        self.barrier()
+        for _ in range(EXCHANGE_RETRIES + 1):
+            self.quorum()
+            if self.manager.errored() is None:  # e.g. the peer it recovered from died mid-transfer: again
+                break
+        else:
+            raise QuorumLost(f"replica group {self.group}: {EXCHANGE_RETRIES + 1} start-up quorums failed")
+        if not self.state.healed:
+            self.manager.should_commit()
+        self.store.compare_set("t0", "", repr(time.time()))
+        self.quorum_for = self.state.step
+
+    def due(self, step: int) -> bool:
+        """Whether `step` synchronises (every step, or the end of an outer period)."""
+        every = self.config.optim.sync_every
+        return every is None or (step + 1) % every == 0 or step + 1 == self.config.run.steps
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg = self.config
+        x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
+                               self.seq_len)
+        self.sync.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
+        self.sync.optimizer.zero_grad(set_to_none=True)
+        with self.timer:
+            loss = lm_loss(self.module(x), y)
+            loss.backward()
+        self.sync.step(step, self.timer)
+        synced = self.due(step)
+        return {"step": step, "loss": float(loss.detach()), "synced": synced, "batch_sum": int(x.sum()),
+                "contributors": self.exchange.contributors if synced else None,
+                "params_sha256": params_digest(self.params) if synced else None}
+
+    def run(self) -> None:
+        self.start()
+        total = self.config.run.steps
+        last = time.perf_counter()
+        while self.state.step < total:
+            step = self.state.step
+            if self.due(step) and self.quorum_for != step:
+                self.quorum()
+                self.quorum_for = self.state.step
+                if self.state.step != step:
+                    continue  # recovered a newer state: run its step (its quorum is this one)
+            try:
+                record = self.train_step(step)
+            except StepSuperseded:
+                self.quorum_for = self.state.step
+                continue
+            record["wall_s"], last = time.perf_counter() - last, time.perf_counter()  # quorums and retries included
+            self.state.records.append(record)
+            self.state.step = step + 1
+            self.store.set(f"step/{self.group}", str(step + 1))
+            if record["synced"]:
+                self.store.set(f"commit/{step}", json.dumps([record["contributors"], time.time()]))
+
+    def evaluate(self) -> float:
+        """Mean validation loss (nats) over at most eval_windows held-out windows."""
+        cfg = self.config
+        starts = validation_starts(len(self.data.val), self.seq_len, cfg.data.eval_windows)
+        total, count = 0.0, 0
+        self.module.eval()
+        with torch.no_grad():
+            for i in range(0, len(starts), cfg.schedule.batch_size):
+                offsets = starts[i:i + cfg.schedule.batch_size, None] + np.arange(self.seq_len + 1)
+                windows = torch.from_numpy(np.asarray(self.data.val)[offsets].astype(np.int64))
+                total += float(lm_loss(self.module(windows[:, :-1]), windows[:, 1:])) * windows[:, 1:].numel()
+                count += windows[:, 1:].numel()
+        self.module.train()
+        return total / count
+
+    def finish(self, result_dir: Path) -> None:
+        """Write the final parameters and this group's records (read by the launcher)."""
+        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        torch.save(flat, result_dir / f"params-{self.group}.pt")
+        summary = {"group": self.group, "steps": self.state.step, "val_loss": self.evaluate(),
+                   "records": self.state.records, "failed_quorums": self.exchange.failed_quorums}
+        tmp = result_dir / f"group-{self.group}.json.tmp"
+        tmp.write_text(json.dumps(summary))
+        os.replace(tmp, result_dir / f"group-{self.group}.json")
+
+
+def wait_for_lighthouse(address_file: Path, timeout_s: float) -> str:
+    """The lighthouse address the launcher's lighthouse process wrote (bounded wait)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if address_file.is_file() and address_file.read_text().strip():
+            return address_file.read_text().strip()
+        time.sleep(0.05)
+    raise ElasticGroupError(f"the lighthouse did not start within {timeout_s:g} s")
+
+
+def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: int, lighthouse: str | None,
+               world: WorldTokens | None) -> None:
+    """Entry point of a replica group process (a supervisor Target): `lighthouse` None = read the address
+    the launcher's lighthouse wrote in `result_dir`. Exit status 2 for its own errors (written to
+    error-<group>.txt), 1 for anything else (the launcher restarts it)."""
+    from torch.distributed import TCPStore
+
+    set_process_name(f"geotrain-g{group}")
+    quiet_torchft(Path(result_dir) / f"group-{group}.log")
+    torch.set_num_threads(config.run.threads)
+    try:
+        address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
+        store = TCPStore(LOCAL_HOST, store_port, is_master=False,
+                         timeout=timedelta(seconds=config.reliability.comm_timeout_s))
+        worker = ElasticGroup(config, group, store, address, world)
+        worker.run()
+        worker.finish(Path(result_dir))
+        worker.manager.shutdown(wait=False)
+    except GeotrainError as exc:
+        line = str(exc).splitlines()[0][:400] if str(exc) else type(exc).__name__
+        (Path(result_dir) / f"error-{group}.txt").write_text(line)
+        print(f"geotrain replica group {group}: error: {line}", file=sys.stderr, flush=True)
+        os._exit(EXIT_GROUP_ERROR)
+    except QuorumLost as exc:  # transient: the launcher restarts this group, which recovers from a peer
+        print(f"geotrain replica group {group}: {exc}", file=sys.stderr, flush=True)
+        os._exit(1)
+    os._exit(0)  # torchft's server threads need no orderly shutdown: the launcher has the results

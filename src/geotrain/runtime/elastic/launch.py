@@ -1,0 +1,216 @@
+"""Launch an elastic run: a torchft Lighthouse and R replica groups, all supervised by one Supervisor
+(geotrain.procs: they end with the launcher, SIGKILL included), and keep it going through failures.
+
+    summary = launch_elastic(config)          # config.reliability.elastic
+
+Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one), rank 1 + r is replica
+group r (runtime/elastic/group.py). The watch loop polls every rank:
+  - a group that fails (killed, crashed) is restarted (`Supervisor.restart`) up to --max-restarts times
+    and recovers from a live peer; the others never stop (they go on with the smaller quorum);
+  - a group that exits with its own error (status 2: no quorum, unreachable lighthouse, refused state)
+    ends the run with its one line, as does a lost lighthouse or every group down;
+  - once a group has finished, no group is restarted; the others get `finish_grace_s` to finish.
+--chaos kills are SIGKILLs of a group's tree at the seeded times (runtime/elastic/chaos.py).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+from geotrain.errors import GeotrainError
+from geotrain.procs import Supervisor, Target, describe_exit, forkserver_context
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.chaos import Kill, kill_schedule, parse_chaos
+from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, LOCAL_HOST, group_main
+from geotrain.runtime.elastic.lighthouse import LighthouseSettings, lighthouse_main
+from geotrain.runtime.elastic.summary import (ElasticSummary, max_param_diff, mean_losses, read_groups,
+                                              stall_seconds)
+
+ProgressCallback = Callable[[int, int], None]
+FINISH_GRACE_S = 30.0
+"""Seconds the other groups get to finish after the first group finished (they commit the same last step)."""
+
+
+class ElasticRunError(GeotrainError, RuntimeError):
+    """An elastic run that could not finish (one line: which group or process, and why)."""
+
+
+def require_torchft() -> None:
+    try:
+        import torchft  # noqa: F401
+    except ImportError as exc:
+        raise ElasticRunError(f"--elastic needs torchft (pip install 'geotrain[ft]'): {exc}") from None
+
+
+def check_reachable(endpoint: str, timeout_s: float) -> None:
+    """ElasticRunError (one line) unless a TCP connection to HOST:PORT `endpoint` opens within `timeout_s`
+    (checked before any process starts: an unreachable lighthouse fails fast)."""
+    host, _, port = endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ElasticRunError(f"--lighthouse must be HOST:PORT, got {endpoint!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise ElasticRunError(f"cannot reach the torchft lighthouse at {endpoint} within {timeout_s:g} s: "
+                              f"{exc.strerror or exc}") from None
+
+
+@dataclass
+class _Watch:
+    """The launcher's bookkeeping of one run."""
+
+    groups: int
+    restarts: list[int] = field(default_factory=list)
+    failures: int = 0
+    kills: int = 0
+    failed_at: dict[int, list[float]] = field(default_factory=dict)
+    ever_failed: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+    down: set[int] = field(default_factory=set)
+    first_done_at: float | None = None
+
+
+def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
+                   poll_s: float = 0.05) -> ElasticSummary:
+    """Run `config` (elastic) to the end on this machine; ElasticRunError (one line) when it cannot."""
+    from torch.distributed import TCPStore
+
+    from geotrain.comm.launch import FORKSERVER_PRELOAD
+
+    require_torchft()
+    started = time.perf_counter()
+    rel, groups = config.reliability, config.replicas
+    if rel.lighthouse is not None:
+        check_reachable(rel.lighthouse, rel.comm_timeout_s)
+    # torchft and the group's modules imported once by the fork server (when this launcher starts it):
+    # a restarted group then rejoins without seconds of imports
+    context = forkserver_context([*FORKSERVER_PRELOAD, "torchft", "geotrain.runtime.elastic.group"])
+    if tokens is None and config.data.data is None:
+        from geotrain.data import world_tokens
+
+        tokens = world_tokens(config.data.data_seed)
+    store = TCPStore(LOCAL_HOST, 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    with tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
+        specs = [Target(context, group_main, (config, g, tmp, store.port, rel.lighthouse and f"http://{rel.lighthouse}",
+                                              tokens), f"geotrain-group-{g}") for g in range(groups)]
+        if rel.lighthouse is None:
+            settings = LighthouseSettings(f"{LOCAL_HOST}:0", rel.min_replicas, join_timeout_s=rel.comm_timeout_s,
+                                          heartbeat_timeout_s=rel.heartbeat_timeout_s)
+            specs.insert(0, Target(context, lighthouse_main, (settings, str(Path(tmp) / "lighthouse"), LOCAL_HOST),
+                                   "geotrain-lighthouse"))
+        first_group = 0 if rel.lighthouse is not None else 1
+        kills = kill_schedule(parse_chaos(rel.chaos), groups, config.run.seed) if rel.chaos else []
+        watch = _Watch(groups, [0] * groups)
+        with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
+            _watch(supervisor, config, watch, first_group, kills, Path(tmp), store, progress, poll_s)
+        return _summary(config, watch, Path(tmp), store, time.perf_counter() - started)
+
+
+def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_group: int, kills: list[Kill],
+           result_dir: Path, store: Any, progress: ProgressCallback | None, poll_s: float) -> None:
+    """Poll until every group has finished or is down for good; restart failed groups; run the chaos."""
+    rel = config.reliability
+    pending = list(kills)
+    last_progress = -1
+    while True:
+        codes = supervisor.poll()
+        now = time.monotonic()
+        if first_group and codes[0] is not None:
+            raise ElasticRunError(f"the torchft lighthouse {describe_exit(codes[0])}")
+        for g in range(watch.groups):
+            code = codes[first_group + g]
+            if code is None or g in watch.done or g in watch.down:
+                continue
+            if code == 0:
+                watch.done.add(g)
+                watch.first_done_at = watch.first_done_at or now
+            elif code == EXIT_GROUP_ERROR:
+                raise ElasticRunError(_group_error(result_dir, g, code))
+            else:
+                watch.failures += 1
+                watch.ever_failed.add(g)
+                watch.failed_at.setdefault(g, []).append(time.time())
+                if watch.restarts[g] < rel.max_restarts and watch.first_done_at is None:
+                    watch.restarts[g] += 1
+                    supervisor.restart([first_group + g])
+                else:
+                    watch.down.add(g)
+        if len(watch.done) + len(watch.down) == watch.groups:
+            break
+        if len(watch.down) == watch.groups:
+            raise ElasticRunError(f"every replica group failed (restarts per group: {watch.restarts})")
+        if watch.first_done_at is not None and now - watch.first_done_at > FINISH_GRACE_S:
+            break  # the rest is stopped by the supervisor; they missed the end
+        trained_s = _trained_s(store)
+        while pending and trained_s is not None and trained_s >= pending[0].at_s:
+            kill = pending.pop(0)
+            if codes[first_group + kill.group] is None and watch.first_done_at is None:
+                watch.kills += 1
+                supervisor.stop([first_group + kill.group], term_s=0.0)
+        if progress is not None:
+            done = max((_int(store, f"step/{g}") for g in range(watch.groups)), default=0)
+            if done != last_progress:
+                progress(done, config.run.steps)
+                last_progress = done
+        time.sleep(poll_s)
+    if not watch.done:
+        raise ElasticRunError(f"no replica group finished (down for good: {sorted(watch.down)})")
+
+
+def _trained_s(store: Any) -> float | None:
+    """Seconds since the first start-up quorum (the chaos clock), None before it."""
+    try:
+        return time.time() - float(store.get("t0").decode()) if store.check(["t0"]) else None
+    except Exception:  # noqa: BLE001 - the chaos waits for the next tick
+        return None
+
+
+def _int(store: Any, key: str) -> int:
+    try:
+        return int(store.get(key).decode()) if store.check([key]) else 0
+    except Exception:  # noqa: BLE001 - progress only
+        return 0
+
+
+def _group_error(result_dir: Path, group: int, code: int) -> str:
+    try:
+        return (result_dir / f"error-{group}.txt").read_text().strip()
+    except OSError:
+        return f"replica group {group} {describe_exit(code)}"
+
+
+def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any, wall_s: float) -> ElasticSummary:
+    finished = read_groups(result_dir, watch.groups)
+    steps = max((s["steps"] for s in finished.values()), default=0)
+    rejoin_count = _int(store, "rejoins")
+    rejoins = [json.loads(store.get(f"rejoin/{n}").decode()) for n in range(1, rejoin_count + 1)]
+    recovery = []
+    for g, times in watch.failed_at.items():
+        healed = sorted(r["t"] for r in rejoins if r["group"] == g)
+        for failed in times:
+            after = [t for t in healed if t >= failed]
+            if after:
+                recovery.append(after[0] - failed)
+    commits = [json.loads(store.get(f"commit/{t}").decode()) if store.check([f"commit/{t}"]) else None
+               for t in range(steps)]
+    contributors = [c[0] for c in commits if c is not None]
+    every = config.optim.sync_every or 1
+    t0 = float(store.get("t0").decode()) if store.check(["t0"]) else 0.0
+    last = max((c[1] for c in commits if c is not None), default=t0)
+    val = [s["val_loss"] for s in finished.values()]
+    return ElasticSummary(
+        steps=steps, losses=mean_losses(finished, steps), val_loss=val[0] if val else None,
+        replica_failures=watch.failures, rejoins=rejoin_count, global_restarts=0,
+        max_param_diff_across_replicas=max_param_diff([result_dir / f"params-{g}.pt" for g in sorted(finished)]),
+        recovery_s=recovery, stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed),
+        train_s=last - t0, samples=int(sum(contributors) * every * config.schedule.batch_size),
+        contributors=contributors, kills=watch.kills, restarts=list(watch.restarts),
+        groups_finished=sorted(finished), wall_s=wall_s,
+        group_records={g: summary["records"] for g, summary in sorted(finished.items())})

@@ -1,0 +1,59 @@
+"""Which runs can be elastic: the (stages, sync) combinations and settings the elastic runtime supports,
+checked when the config is built, each refusal one line naming the setting and its value.
+
+Supported: pipeline S = 1 (a replica group is one process), any replicas R >= min_replicas, on CPU
+(torchft's reconfigurable gloo), without link emulation (--time-scale 0); DP synchronisation either
+every step (gradient mean, no --sync-every) or blocking DiLoCo (--sync-every H, one fragment, no
+delay); uncompressed (--dp-codec none), flat (no --dp-hierarchical), AdamW; no checkpoint directory
+(a restarted group recovers from a live peer, not from disk).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, parse_chaos
+from geotrain.runtime.sections import RuntimeConfigError
+
+
+def elastic_refusal(config: Any) -> str | None:
+    """Why `config` (a RuntimeConfig with reliability.elastic) cannot run elastic, or None."""
+    comm, optim, emulation = config.comm, config.optim, config.emulation
+    reasons = (
+        (config.stages != 1, f"elastic replica groups run pipeline S = 1 only (a group is one process); the plan has "
+                             f"S = {config.stages}"),
+        (config.stages_per_rank != 1,
+         f"schedule {config.schedule.schedule!r}: elastic runs have one stage per group (no looped schedules)"),
+        (config.reliability.min_replicas > config.replicas,
+         f"reliability.min_replicas {config.reliability.min_replicas} is more than the plan's {config.replicas} "
+         f"replica groups"),
+        (emulation.time_scale != 0, f"emulation.time_scale {emulation.time_scale!r}: elastic runs use plain gloo "
+                                    f"(no link emulation); pass --time-scale 0"),
+        (config.run.device == "cuda", "run.device cuda: elastic runs use torchft's gloo process groups on CPU"),
+        (not comm.dp_codec.is_uncompressed or comm.dp_codecs,
+         f"comm.dp_codec {str(comm.dp_codec)!r}: elastic DP synchronisation is uncompressed (torchft's allreduce); "
+         f"use --dp-codec none"),
+        (comm.dp_hierarchical, "comm.dp_hierarchical: not supported in elastic runs"),
+        (optim.optimizer != "adamw", f"optim.optimizer {optim.optimizer!r}: elastic runs step AdamW"),
+        ((optim.fragments, optim.sync_delay) != (1, 0),
+         f"optim.fragments {optim.fragments} / sync_delay {optim.sync_delay}: elastic runs do blocking DiLoCo only"),
+        (config.checkpoint.checkpoint_dir is not None,
+         "checkpoint.checkpoint_dir: elastic runs recover from a live peer and write no checkpoints; drop "
+         "--checkpoint-dir"),
+        (config.run.stop_after is not None, "run.stop_after: not supported in elastic runs"),
+    )
+    return next((text for failed, text in reasons if failed), None)
+
+
+def check_elastic(config: Any) -> None:
+    """RuntimeConfigError (one line) unless `config` is an elastic run the runtime supports (or not elastic)."""
+    if not config.reliability.elastic:
+        return
+    reason = elastic_refusal(config)
+    if reason is not None:
+        raise RuntimeConfigError(f"--elastic: {reason}")
+    if config.reliability.chaos is not None:
+        try:
+            check_sites(parse_chaos(config.reliability.chaos), config.replicas)
+        except ChaosSpecError as exc:
+            raise RuntimeConfigError(f"reliability.chaos: {exc}") from None

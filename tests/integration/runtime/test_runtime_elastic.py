@@ -1,0 +1,153 @@
+"""`geotrain train --elastic`: replica groups on torchft survive a killed group, which the launcher
+restarts and which recovers from its live peer; bad input ends in one line, in bounded time, with
+nothing left running. One launch per sync mode, shared by several assertions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from paths import ROOT
+from proctree import alive, comm, descendants
+
+pytest.importorskip("torchft")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
+SRC = str(ROOT / "src")
+CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
+TINY = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "1", "--time-scale", "0", "--heartbeat-timeout",
+        "1.5", "--eval-windows", "4"]
+KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+
+
+def _plan(tmp: Path, replicas: int = 2) -> str:
+    path = tmp / f"plan-{replicas}.json"
+    path.write_text(json.dumps({"stages": 1, "replicas": replicas, "assignment": [list(range(replicas))]}))
+    return str(path)
+
+
+def _train(tmp: Path, *flags: str, timeout_s: float = 150) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan", _plan(tmp),
+                           "--elastic", *TINY, *flags], capture_output=True, text=True, timeout=timeout_s, env=_env(),
+                          cwd=tmp)
+
+
+@pytest.fixture(scope="module", params=["per-step", "diloco"])
+def killed_run(request, tmp_path_factory):
+    """A 2-group run whose group 1 is SIGKILLed once, 1 s into training (JSON summary, sync flags)."""
+    sync = [] if request.param == "per-step" else ["--sync-every", "3"]
+    tmp = tmp_path_factory.mktemp(request.param)
+    done = _train(tmp, "--steps", "150", "--chaos", KILL_GROUP_1, "--json", *sync)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout), sync
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_group_is_restarted_and_the_run_never_restarts_globally(killed_run):
+    summary, _ = killed_run
+    assert summary["steps"] == 150
+    assert summary["replica_failures"] == 1 and summary["kills"] == 1 and summary["restarts"] == [0, 1]
+    assert summary["rejoins"] == 1 and summary["global_restarts"] == 0
+    assert summary["groups_finished"] == [0, 1]
+    assert len(summary["recovery_s"]) == 1 and 0 < summary["recovery_s"][0] < 60
+    assert summary["max_param_diff_across_replicas"] == 0.0
+
+
+@pytest.mark.timeout(300)
+def test_the_rejoined_group_equals_its_peer_bit_for_bit_from_its_first_sync(killed_run):
+    summary, sync = killed_run
+    survivor, rejoined = summary["group_records"]["0"], summary["group_records"]["1"]
+    first = rejoined[0]["step"]
+    assert 0 < first < 150
+    digest = {r["step"]: r["params_sha256"] for r in survivor if r["synced"]}
+    synced = [r for r in rejoined if r["synced"]]
+    assert synced and all(r["params_sha256"] == digest[r["step"]] for r in synced)
+    # per step it contributes its own gradient; with DiLoCo its first outer gradient (a repeat of its
+    # peer's) has weight 0, so that sync averaged the survivor's alone
+    assert synced[0]["contributors"] == (1.0 if sync else 2.0)
+
+
+@pytest.mark.timeout(300)
+def test_data_position_each_group_trains_its_slice_of_every_step_once_and_the_rejoiner_continues(killed_run):
+    summary, sync = killed_run
+    from geotrain.runtime.training_data import load_training_data
+
+    data = load_training_data(None, 0, 0.1)
+    survivor, rejoined = summary["group_records"]["0"], summary["group_records"]["1"]
+    assert [r["step"] for r in survivor] == list(range(150))
+    first = rejoined[0]["step"]
+    assert [r["step"] for r in rejoined] == list(range(first, 150))  # no step repeated, none skipped
+    if not sync:  # per step: it rejoins at the step the survivor was running
+        assert first in [r["step"] for r in survivor]
+    for group, records in ((0, survivor), (1, rejoined)):
+        for record in records[::17]:
+            x, _ = data.batch(0, record["step"], group, 2, 2, 16)
+            assert record["batch_sum"] == int(x.sum())
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_lighthouse_is_one_line_in_bounded_time(tmp_path):
+    started = time.monotonic()
+    done = _train(tmp_path, "--steps", "5", "--lighthouse", "127.0.0.1:9", "--comm-timeout", "3")
+    print(f"unreachable lighthouse: {time.monotonic() - started:.1f} s")
+    assert done.returncode == 2 and time.monotonic() - started < 90
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr and "127.0.0.1:9" in lines[0], done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_a_quorum_that_never_forms_is_one_line_and_leaves_nothing_running(tmp_path):
+    """Group 1 is killed and not restarted (--max-restarts 0); group 0 needs 2 groups: no quorum."""
+    launcher = subprocess.Popen([sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan",
+                                 _plan(tmp_path), "--elastic", *TINY, "--steps", "100000", "--min-replicas", "2",
+                                 "--max-restarts", "0", "--comm-timeout", "4", "--chaos", KILL_GROUP_1],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 90
+    while launcher.poll() is None and time.monotonic() < deadline:
+        seen |= descendants(launcher.pid)
+        time.sleep(0.2)
+    _, err = launcher.communicate(timeout=30)
+    print(f"no quorum: {time.monotonic() - deadline + 90:.1f} s")
+    assert launcher.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "no quorum of >= 2 replica groups" in lines[0], err
+    deadline = time.monotonic() + 10  # the fork server and the guardian end when they see the launcher gone
+    while [pid for pid in seen if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert seen and not [comm(pid) for pid in seen if alive(pid)]
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_launcher_leaves_no_lighthouse_and_no_group(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan",
+                                 _plan(tmp_path), "--elastic", *TINY, "--steps", "100000"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(), cwd=tmp_path,
+                                start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        wanted = {"geotrain-lighth", "geotrain-g0", "geotrain-g1"}  # comm is cut at 15 characters
+        while not wanted <= {comm(pid) for pid in descendants(launcher.pid)}:
+            assert launcher.poll() is None and time.monotonic() < deadline, "lighthouse and groups never appeared"
+            time.sleep(0.2)
+        family = descendants(launcher.pid)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        deadline = time.monotonic() + 20
+        while [pid for pid in family if alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [comm(pid) for pid in family if alive(pid)]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()

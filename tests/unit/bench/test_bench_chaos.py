@@ -1,0 +1,48 @@
+"""bench chaos: goodput is useful samples per second relative to the reference row; bad options refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from geotrain.bench.chaos import ChaosBenchConfig, ChaosBenchError, goodput
+
+
+def test_goodput_is_samples_per_second_relative_to_the_reference():
+    assert goodput(6400, 80.0, 6400, 80.0) == 1.0
+    assert goodput(6400, 100.0, 6400, 80.0) == pytest.approx(0.8)
+    assert goodput(3200, 40.0, 6400, 100.0) == pytest.approx(1.25)
+
+
+@pytest.mark.parametrize("key", ["steps", "batch_size", "seq_len", "checkpoint_every", "kills"])
+def test_counts_below_one_are_refused_naming_the_option(key):
+    with pytest.raises(ChaosBenchError, match=f"{key} must be an integer >= 1"):
+        ChaosBenchConfig(**{key: 0})
+
+
+def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every_quarter(monkeypatch):
+    """The four rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
+    kill every T = a quarter of the reference's training seconds; goodput uses each row's reference."""
+    import geotrain.bench.chaos as chaos
+    import geotrain.data
+
+    asked = []
+
+    def elastic_row(label, config, spec, tokens):
+        asked.append(("elastic", spec))
+        seconds = 80.0 if spec is None else 100.0
+        return chaos.ChaosRow(label, 1.0, config.steps, 0, 0 if spec is None else 3, [], 2.0, seconds, 6400, 0), None
+
+    def sync_row(label, config, kill_times_s, tokens, ckpt_dir):
+        asked.append(("sync", kill_times_s))
+        seconds = 90.0 if not kill_times_s else 150.0
+        return chaos.ChaosRow(label, 1.0, config.steps, len(kill_times_s), len(kill_times_s), [], 2.0, seconds, 6400,
+                              len(kill_times_s))
+
+    monkeypatch.setattr(chaos, "elastic_row", elastic_row)
+    monkeypatch.setattr(chaos, "sync_row", sync_row)
+    monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
+    rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=3))
+    assert [r.label for r in rows][0] == "elastic, no failures" and rows[0].global_restarts == 0
+    assert asked[1] == ("elastic", "kill-site:every=20.000s,count=3") and asked[3] == ("sync", [20.0, 40.0, 60.0])
+    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.6])
+    assert [r.global_restarts for r in rows] == [0, 0, 0, 3]
