@@ -3,10 +3,13 @@ exactly with the region path MILP (`anytime`'s "lns" move).
 
 The plan's replica r follows the region path q_r (the regions of its devices, stage by stage). A
 neighbourhood frees part of every q_r and keeps the rest:
-- "stages": a window W of `width` consecutive stages (random start): inside W a replica may take
-  any region, outside it keeps q_r;
-- "regions": a set K of `width` + 1 regions (random): a stage whose region is in K may take any
-  region of K, the others keep theirs.
+- "stages": a window W of `width` consecutive stages (random, covering critical stages): inside
+  W a replica may take any region, outside it keeps q_r;
+- "regions": a set K of `width` + 1 regions (one critical, the others random): a stage whose
+  region is in K may take any region of K, the others keep theirs.
+Critical (`critical_slots`): where the plan's total is set. When DP >= PP, the stages whose group
+term is the largest and the regions of their dearest members; else the slowest replica's regions
+(and any window).
 The path MILP (`milp.solve_path_milp`) runs over every path the neighbourhood allows for some
 replica, with HiGHS started from the plan itself (a point of that MILP: every q_r is allowed), so
 its answer is never worse on the region terms. Beyond the freed stages, how many replicas follow
@@ -15,8 +18,8 @@ stage keeps the plan's devices of a region as far as the new counts allow), is r
 real links (`wiring.rewire`, never slower) and scored with the real model. On region-uniform
 clusters that score is the MILP's objective; elsewhere the region terms are each region pair's
 cheapest device pair, the real score may be worse, and such a step is dropped. `width` shrinks
-until the allowed paths fit `max_paths`, after a MILP that ran out of its time, and grows back
-(up to the config's) after one solved in time.
+until the allowed paths fit `max_paths` and after a MILP that ran out of its time (at width 1 the
+next MILP gets twice the time instead), and grows back (up to the config's) after one solved in time.
 """
 
 from __future__ import annotations
@@ -115,12 +118,36 @@ def keep_devices(cluster: Cluster, plan: np.ndarray, stage_paths: np.ndarray) ->
     return out
 
 
-def _neighbourhood(kind: str, terms: RegionTerms, stages: int, width: int, rng: np.random.Generator) -> Options:
+def critical_slots(terms: RegionTerms, stage_paths: np.ndarray, dp_s: float,
+                   pp_s: float) -> tuple[np.ndarray | None, np.ndarray]:
+    """Where the plan's total is set: (stages, regions) to free first. DP at least PP: the stages
+    whose group term (region terms) is the largest, ties included, and the regions of their dearest
+    members; else no stage (the slowest replica crosses them all) and the slowest replica's regions."""
+    if dp_s >= pp_s:
+        counts = np.stack([np.bincount(row, minlength=terms.n_regions) for row in stage_paths])
+        member = np.where(counts > 0, terms.group_member_seconds(counts), -np.inf)
+        top = member >= member.max() - 1e-9 * max(1.0, abs(float(member.max())))
+        return np.flatnonzero(top.any(axis=1)), np.unique(np.nonzero(top)[1])
+    slowest = int(np.argmax(terms.path_seconds(stage_paths.T)))
+    return None, np.unique(stage_paths[:, slowest])
+
+
+def _neighbourhood(kind: str, terms: RegionTerms, stages: int, width: int, rng: np.random.Generator,
+                   critical: tuple[np.ndarray | None, np.ndarray]) -> Options:
+    """A "stages" window covering as many critical stages as it can (any window, without them), or
+    a "regions" set holding one critical region."""
+    critical_stages, regions = critical
     if kind == "stages":
         width = min(width, stages)
-        return stage_window(int(rng.integers(0, stages - width + 1)), width, terms.n_regions)
+        starts = np.arange(stages - width + 1)
+        if critical_stages is not None:
+            covered = np.array([np.count_nonzero((critical_stages >= a) & (critical_stages < a + width)) for a in starts])
+            starts = starts[covered == covered.max()]
+        return stage_window(int(rng.choice(starts)), width, terms.n_regions)
     size = min(width + 1, terms.n_regions)
-    return region_set(rng.choice(terms.n_regions, size=size, replace=False))
+    first = int(rng.choice(regions))
+    others = np.setdiff1d(np.arange(terms.n_regions), [first])
+    return region_set(np.concatenate([[first], rng.choice(others, size=size - 1, replace=False)]))
 
 
 def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initial: np.ndarray,
@@ -138,19 +165,22 @@ def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initia
     steps: list[list] = []
     improvements = 0
     widths = {"stages": config.width, "regions": config.width}
+    step_s = {"stages": config.step_time_s, "regions": config.step_time_s}
     while True:
         left = time_limit_s - (time.perf_counter() - start)
         if left < 0.2:
             break
         kind = ("stages", "regions")[len(steps) % 2]
         stage_paths = np.asarray(cluster.region_of)[best]
+        critical = critical_slots(terms, stage_paths, best_cost.dp, best_cost.pp)
         paths, width = None, widths[kind]
         while paths is None and width >= 1:
-            paths = neighbourhood_paths(stage_paths, _neighbourhood(kind, terms, S, width, rng), config.max_paths)
+            paths = neighbourhood_paths(stage_paths, _neighbourhood(kind, terms, S, width, rng, critical),
+                                        config.max_paths)
             width -= paths is None
         if paths is None:  # even one freed stage or two regions allow too many paths: the plan stays
             break
-        milp = solve_path_milp(terms, S, R, paths, terms.path_seconds(paths), min(config.step_time_s, left),
+        milp = solve_path_milp(terms, S, R, paths, terms.path_seconds(paths), min(step_s[kind], left),
                                initial=stage_paths)
         total = None
         if milp.stage_paths is not None:
@@ -162,7 +192,12 @@ def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initia
         steps.append([kind, width, int(len(paths)), milp.status, total])
         if kind == "stages" and width >= S and milp.status == "optimal":
             break  # every stage was free: the plan is optimal on the region terms, nothing left to try
-        # a MILP that ran out of time gets a smaller neighbourhood next; one solved without gain, a larger
-        widths[kind] = max(1, width - 1) if milp.status == "time_limit" else min(config.width, width + 1)
+        # a MILP that ran out of time gets a smaller neighbourhood next (more time, at width 1); one
+        # solved in time, a larger one
+        if milp.status == "time_limit":
+            widths[kind] = max(1, width - 1)
+            step_s[kind] *= 2.0 if width == 1 else 1.0
+        else:
+            widths[kind] = min(config.width, width + 1)
     return SearchResult(method="lns", assignment=best, cost=best_cost, seconds=time.perf_counter() - start,
                         evaluations=len(steps), details={"steps": steps, "improvements": improvements})

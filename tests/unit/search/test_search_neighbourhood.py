@@ -12,13 +12,14 @@ from geotrain.search import PlacementProblem, SearchError
 from geotrain.search.milp import path_model_point, solve_path_milp
 from geotrain.search.neighbourhood import (
     NeighbourhoodConfig,
+    critical_slots,
     keep_devices,
     lns_search,
     neighbourhood_paths,
     region_set,
     stage_window,
 )
-from geotrain.search.regions import enumerate_paths, region_terms
+from geotrain.search.regions import RegionTerms, enumerate_paths, region_terms
 from test_placement_exact import JOB, all_assignments, random_cluster
 
 
@@ -63,6 +64,17 @@ def test_path_model_point_names_a_path_that_is_not_given():
     terms = region_terms(cluster, build_cost_model("yuan", cluster, JOB, 2, 2))
     with pytest.raises(ValueError, match=r"\(1, 1\)"):
         path_model_point(terms, np.array([[0, 0], [0, 1]]), np.zeros(2), np.array([[0, 1], [0, 1]]))
+
+
+def test_critical_slots_are_the_dearest_groups_stages_or_the_slowest_replicas_regions():
+    dp = np.array([[0.1, 1.0, 1.0], [1.0, 0.1, 2.0], [1.0, 2.0, 0.1]])
+    pp = np.array([[0.0, 5.0, 1.0], [5.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    terms = RegionTerms(np.array([4, 4, 4]), dp, pp, True)
+    stage_paths = np.array([[0, 0], [0, 1], [2, 2]])  # stage 1 mixes regions 0 and 1 (1.0 each); replica 1: 0-1-2
+    stages, regions = critical_slots(terms, stage_paths, dp_s=1.0, pp_s=0.5)
+    assert stages.tolist() == [1] and regions.tolist() == [0, 1]
+    stages, regions = critical_slots(terms, stage_paths, dp_s=1.0, pp_s=6.0)
+    assert stages is None and regions.tolist() == [0, 1, 2]  # replica 1 (5 + 1 s) is the slowest
 
 
 def test_keep_devices_follows_the_region_paths_and_keeps_devices_whose_region_stays():
