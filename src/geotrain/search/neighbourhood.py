@@ -141,7 +141,8 @@ def _neighbourhood(kind: str, terms: RegionTerms, stages: int, width: int, rng: 
         width = min(width, stages)
         starts = np.arange(stages - width + 1)
         if critical_stages is not None:
-            covered = np.array([np.count_nonzero((critical_stages >= a) & (critical_stages < a + width)) for a in starts])
+            offset = critical_stages[None, :] - starts[:, None]
+            covered = ((offset >= 0) & (offset < width)).sum(axis=1)
             starts = starts[covered == covered.max()]
         return stage_window(int(rng.choice(starts)), width, terms.n_regions)
     size = min(width + 1, terms.n_regions)
@@ -153,8 +154,9 @@ def _neighbourhood(kind: str, terms: RegionTerms, stages: int, width: int, rng: 
 def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initial: np.ndarray,
                rng: np.random.Generator, time_limit_s: float) -> SearchResult:
     """Improve `initial` by neighbourhood MILPs (module docstring), alternating "stages" and "regions",
-    until time_limit_s (seconds) ends or a MILP freeing every stage is solved; returns the best plan (`initial` when nothing beat it).
-    details: steps run, improvements, and per step [kind, width, paths, status, total or None]."""
+    until time_limit_s (seconds) ends or a MILP freeing every stage is solved; returns the best plan
+    (`initial` when nothing beat it). details: improvements, and per step [kind, width, paths, status,
+    total or None] (status "too many paths": even width 1 allowed more than max_paths)."""
     start = time.perf_counter()
     model, cluster = problem.cost_model, problem.cluster
     pp_pair = pairwise_or_fail(model, "lns").pp_pair_s
@@ -171,6 +173,8 @@ def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initia
         if left < 0.2:
             break
         kind = ("stages", "regions")[len(steps) % 2]
+        if len(steps) >= 2 and all(step[3] == "too many paths" for step in steps[-2:]):
+            break
         stage_paths = np.asarray(cluster.region_of)[best]
         critical = critical_slots(terms, stage_paths, best_cost.dp, best_cost.pp)
         paths, width = None, widths[kind]
@@ -178,8 +182,9 @@ def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initia
             paths = neighbourhood_paths(stage_paths, _neighbourhood(kind, terms, S, width, rng, critical),
                                         config.max_paths)
             width -= paths is None
-        if paths is None:  # even one freed stage or two regions allow too many paths: the plan stays
-            break
+        if paths is None:  # even one freed stage or two regions allow too many paths: try the other kind
+            steps.append([kind, 0, 0, "too many paths", None])
+            continue
         milp = solve_path_milp(terms, S, R, paths, terms.path_seconds(paths), min(step_s[kind], left),
                                initial=stage_paths)
         total = None

@@ -108,6 +108,16 @@ def test_lns_never_worsens_the_plan_and_reaches_the_optimum_when_it_frees_every_
         assert result.details["steps"][0][:2] == ["stages", stages]
 
 
+def test_lns_stops_at_once_when_no_neighbourhood_fits_max_paths():
+    cluster = random_cluster(4, (3, 3), 0.0)
+    problem = PlacementProblem(cluster, build_cost_model("yuan", cluster, JOB, 2, 3))
+    plan = _random_plan(cluster.n_devices, 2, 3, 4)
+    result = lns_search(problem, NeighbourhoodConfig(max_paths=1), initial=plan, rng=np.random.default_rng(0),
+                        time_limit_s=30.0)
+    assert result.seconds < 5.0 and np.array_equal(result.assignment, plan)
+    assert [step[3] for step in result.details["steps"]] == ["too many paths"] * 2
+
+
 def test_config_rejects_a_width_below_one_naming_it():
     with pytest.raises(SearchError, match="width must be an integer >= 1, got 0"):
         NeighbourhoodConfig(width=0)
