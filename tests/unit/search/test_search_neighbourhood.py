@@ -89,7 +89,8 @@ def test_keep_devices_follows_the_region_paths_and_keeps_devices_whose_region_st
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([((3, 3), 2, 3), ((2, 2, 2), 3, 2), ((2, 3, 1), 2, 3)]), st.sampled_from([0.0, 0.2]),
+@given(st.sampled_from([((3, 3), 2, 3), ((2, 2, 2), 3, 2), ((2, 3, 1), 2, 3), ((3, 3), 2, 2), ((4, 2, 1), 3, 2)]),
+       st.sampled_from([0.0, 0.2]),
        st.integers(0, 10_000))
 def test_lns_never_worsens_the_plan_and_reaches_the_optimum_when_it_frees_every_stage(layout, jitter, seed):
     sizes, stages, replicas = layout
