@@ -175,7 +175,8 @@ def path_model_point(terms: RegionTerms, paths: np.ndarray, path_s: np.ndarray, 
             raise ValueError(f"path model point: replica path {key} is not among the {P} paths given")
         n[index[key]] += 1
     counts = np.stack([np.bincount(row, minlength=G) for row in stage_paths]).astype(float)
-    dp = float(terms.group_seconds(counts).max())
+    # the floor row holds for every plan; max() only guards it against rounding
+    dp = max(float(terms.group_seconds(counts).max()), dp_floor(terms, R, S))
     pp = float(path_s[n > 0].max()) if P else 0.0
     return np.concatenate([counts.ravel(), (counts > 0).ravel().astype(float), n, (n > 0).astype(float), [dp, pp]])
 
