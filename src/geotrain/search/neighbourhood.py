@@ -19,7 +19,9 @@ real links (`wiring.rewire`, never slower) and scored with the real model. On re
 clusters that score is the MILP's objective; elsewhere the region terms are each region pair's
 cheapest device pair, the real score may be worse, and such a step is dropped. `width` shrinks
 until the allowed paths fit `max_paths` and after a MILP that ran out of its time (at width 1 the
-next MILP gets twice the time instead), and grows back (up to the config's) after one solved in time.
+next MILP gets twice the time instead), and grows back (up to the config's) after one solved in
+time. A neighbourhood solved without gain is not drawn again until the plan improves (unless every
+other one of its kind and width was).
 """
 
 from __future__ import annotations
@@ -133,22 +135,31 @@ def critical_slots(terms: RegionTerms, stage_paths: np.ndarray, dp_s: float,
 
 
 def _neighbourhood(kind: str, terms: RegionTerms, stages: int, width: int, rng: np.random.Generator,
-                   critical: tuple[np.ndarray | None, np.ndarray]) -> Options:
-    """A "stages" window covering as many critical stages as it can (any window, without them), or
-    a "regions" set holding one critical region."""
+                   critical: tuple[np.ndarray | None, np.ndarray], tried: set[tuple]) -> tuple[tuple, Options]:
+    """(key, options): a "stages" window covering as many critical stages as it can (any window,
+    without them), or a "regions" set holding one critical region; neighbourhoods in `tried` (solved
+    without gain since the last improvement) only when every other one is."""
     critical_stages, regions = critical
     if kind == "stages":
         width = min(width, stages)
         starts = np.arange(stages - width + 1)
+        preferred = starts
         if critical_stages is not None:
             offset = critical_stages[None, :] - starts[:, None]
             covered = ((offset >= 0) & (offset < width)).sum(axis=1)
-            starts = starts[covered == covered.max()]
-        return stage_window(int(rng.choice(starts)), width, terms.n_regions)
+            preferred = starts[covered == covered.max()]
+        untried = lambda pool: [int(a) for a in pool if ("stages", int(a), width) not in tried]  # noqa: E731
+        start = int(rng.choice(untried(preferred) or untried(starts) or preferred))
+        return ("stages", start, width), stage_window(start, width, terms.n_regions)
     size = min(width + 1, terms.n_regions)
-    first = int(rng.choice(regions))
-    others = np.setdiff1d(np.arange(terms.n_regions), [first])
-    return region_set(np.concatenate([[first], rng.choice(others, size=size - 1, replace=False)]))
+    for _ in range(8):
+        first = int(rng.choice(regions))
+        others = np.setdiff1d(np.arange(terms.n_regions), [first])
+        chosen = np.concatenate([[first], rng.choice(others, size=size - 1, replace=False)])
+        key = ("regions", tuple(sorted(int(g) for g in chosen)))
+        if key not in tried:
+            break
+    return key, region_set(chosen)
 
 
 def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initial: np.ndarray,
@@ -168,6 +179,7 @@ def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initia
     improvements = 0
     widths = {"stages": config.width, "regions": config.width}
     step_s = {"stages": config.step_time_s, "regions": config.step_time_s}
+    tried: set[tuple] = set()  # neighbourhoods solved without gain since the last improvement
     while True:
         left = time_limit_s - (time.perf_counter() - start)
         if left < 0.2:
@@ -179,8 +191,8 @@ def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initia
         critical = critical_slots(terms, stage_paths, best_cost.dp, best_cost.pp)
         paths, width = None, widths[kind]
         while paths is None and width >= 1:
-            paths = neighbourhood_paths(stage_paths, _neighbourhood(kind, terms, S, width, rng, critical),
-                                        config.max_paths)
+            key, options = _neighbourhood(kind, terms, S, width, rng, critical, tried)
+            paths = neighbourhood_paths(stage_paths, options, config.max_paths)
             width -= paths is None
         if paths is None:  # even one freed stage or two regions allow too many paths: try the other kind
             steps.append([kind, 0, 0, "too many paths", None])
@@ -194,6 +206,9 @@ def lns_search(problem: PlacementProblem, config: NeighbourhoodConfig, *, initia
             total = float(cost.total)
             if cost.total < best_cost.total * (1 - 1e-12):
                 best, best_cost, improvements = candidate, cost, improvements + 1
+                tried.clear()
+            elif milp.status == "optimal":
+                tried.add(key)
         steps.append([kind, width, int(len(paths)), milp.status, total])
         if kind == "stages" and width >= S and milp.status == "optimal":
             break  # every stage was free: the plan is optimal on the region terms, nothing left to try

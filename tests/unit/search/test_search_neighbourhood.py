@@ -77,6 +77,20 @@ def test_critical_slots_are_the_dearest_groups_stages_or_the_slowest_replicas_re
     assert stages is None and regions.tolist() == [0, 1, 2]  # replica 1 (5 + 1 s) is the slowest
 
 
+def test_a_window_solved_without_gain_is_not_drawn_again_while_others_are_left():
+    from geotrain.search.neighbourhood import _neighbourhood
+
+    terms = RegionTerms(np.array([4, 4, 4]), np.ones((3, 3)), np.ones((3, 3)), True)
+    critical = (np.array([1]), np.array([0]))  # windows of width 2 covering stage 1 start at 0 or 1
+    rng = np.random.default_rng(0)
+    starts = {_neighbourhood("stages", terms, 4, 2, rng, critical, set())[0][1] for _ in range(20)}
+    assert starts == {0, 1}
+    tried = {("stages", 0, 2), ("stages", 1, 2)}
+    assert {_neighbourhood("stages", terms, 4, 2, rng, critical, tried)[0] for _ in range(5)} == {("stages", 2, 2)}
+    tried.add(("stages", 2, 2))  # every window tried: the critical ones again
+    assert {_neighbourhood("stages", terms, 4, 2, rng, critical, tried)[0][1] for _ in range(20)} == {0, 1}
+
+
 def test_keep_devices_follows_the_region_paths_and_keeps_devices_whose_region_stays():
     cluster = random_cluster(2, (3, 3), 0.0)  # devices 0-2 in region 0, 3-5 in region 1
     plan = np.array([[0, 3], [1, 4]])
