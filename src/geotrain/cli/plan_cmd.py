@@ -63,7 +63,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="RNG seed (same seed, same plan)")
     parser.add_argument("--time-limit", type=positive_float, default=None, metavar="SEC",
                         help="the whole command's budget: the search (auto spends all of it: exact, heuristics, "
-                             "then restarts, genetic runs and region-path MILPs seeded from the best plan) and, "
+                             "then restarts, genetic runs, region-path MILPs and large-neighbourhood MILPs seeded from "
+                             "the best plan) and, "
                              "with --lower-bound, the bound (a share, see --bound-time-limit) return within "
                              "SEC x 1.1 + start-up; the result then depends on machine speed. Without it, auto "
                              "runs exact, hierarchical and genetic once (fast)")

@@ -1,9 +1,11 @@
 """Spend what is left of a time limit improving the best plan so far (`auto`'s second phase).
 
-Rounds cycle through three moves, each seeded from the best plan so far and given a slice of the
+Rounds cycle through four moves, each seeded from the best plan so far and given a slice of the
 time left (at most a sixth of the whole budget, at least SLICE_MIN_S):
 - "region-paths" (once, pairwise models): the path MILP over the cheapest region paths
   (`region_paths`), expanded to devices and re-wired on the real links;
+- "lns" (pairwise models): large-neighbourhood search (`neighbourhood`): most of the best plan
+  kept, a few stages or regions re-solved exactly by the path MILP started from the plan;
 - "hierarchical-kick": iterated local search: the best plan with a few random swaps (about a tenth
   of its slots; `genetic.mutate`) is the single start of `hierarchical`;
 - "genetic": a new population (new seed) holding the best plan, run until its slice ends.
@@ -22,6 +24,7 @@ import numpy as np
 from geotrain.search.base import PlacementProblem, SearchError, SearchResult
 from geotrain.search.genetic import GeneticConfig, genetic_search, mutate
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
+from geotrain.search.neighbourhood import NeighbourhoodConfig, lns_search
 from geotrain.search.region_paths import RegionPathsConfig, region_paths_search
 
 SLICE_MIN_S = 2.0
@@ -53,7 +56,7 @@ class Trajectory:
 
 def _moves(problem: PlacementProblem) -> list[str]:
     pairwise = problem.cost_model.pairwise_terms() is not None
-    return (["region-paths"] if pairwise else []) + (["hierarchical-kick", "genetic"] if pairwise else ["genetic"])
+    return ["region-paths", "lns", "hierarchical-kick", "lns", "genetic"] if pairwise else ["genetic"]
 
 
 def improve_until(problem: PlacementProblem, trajectory: Trajectory, *, seed: int, deadline: float,
@@ -77,6 +80,8 @@ def improve_until(problem: PlacementProblem, trajectory: Trajectory, *, seed: in
             if move == "region-paths":
                 moves.remove(move)
                 result = region_paths_search(problem, RegionPathsConfig(), seed=seed, time_limit_s=slice_s)
+            elif move == "lns":
+                result = lns_search(problem, NeighbourhoodConfig(), initial=best, rng=rng, time_limit_s=slice_s)
             elif move == "hierarchical-kick":
                 kicked = mutate(best, N, max(2, S * R // 10), rng)
                 result = hierarchical_search(problem, HierarchicalConfig(starts=1, structured_starts=False),

@@ -5,10 +5,11 @@ model pairwise); if it applies and proves its plan optimal, that is the answer; 
 heuristics in `fallbacks` (default: hierarchical, then genetic), each once (fast), and the cheapest
 plan is kept. Methods that do not apply (SearchError: a non-pairwise model, a cluster that is not
 region-uniform...) are skipped and recorded in `details["tried"]`. With a time limit the heuristics
-run first (a fifth of it each), then exact from their best plan (the rest, at most EXACT_SHARE: the
-plan's total prunes its region paths, and the plan stays when the MILP finds nothing better), and
-unless exact proved its plan optimal the time left goes to improvement rounds seeded from the best
-plan (`anytime`: region-path MILP, kicked hierarchical restarts, genetic runs). details: "found_by"
+run first (a fifth of it each), then exact from their best plan (the rest, at most EXACT_SHARE, or
+EXACT_SHARE_LARGE above EXACT_FULL_SLOTS slots: the plan's total prunes its region paths, and the
+plan stays when the MILP finds nothing better), and unless exact proved its plan optimal the time
+left goes to improvement rounds seeded from the best plan (`anytime`: region-path MILP,
+large-neighbourhood MILPs, kicked hierarchical restarts, genetic runs). details: "found_by"
 (the method or round that found the plan), "trajectory" ([seconds, best total, found by] at each
 improvement), "anytime_rounds".
 A model that is not pairwise but has a pairwise `surrogate` (e.g. "schedule": its "yuan" terms) is
@@ -30,6 +31,14 @@ from geotrain.search.local_search import LocalSearchConfig, local_search
 EXACT_SHARE = 0.6
 """With a time limit, exact's share of it (its MILP proves the optimum on region-uniform clusters when
 it has the time; it gives up at once elsewhere, leaving the time to the heuristics)."""
+
+EXACT_SHARE_LARGE = 0.3
+"""Exact's share above EXACT_FULL_SLOTS slots (S x R): there its path MILP is generated lazily and
+found nothing better than the heuristics' plan in 60 % of the budget in every run measured
+(uneven-128, uneven-256, uneven6-256 at 60 s: docs/placement.md), leaving the time to the rounds."""
+
+EXACT_FULL_SLOTS = 64
+"""Layouts of up to this many slots give exact EXACT_SHARE (issue 21's 8 x 8 case proves in 20-30 s)."""
 
 _FALLBACKS = {
     "hierarchical": (HierarchicalConfig, hierarchical_search),
@@ -108,10 +117,11 @@ def auto_search(
     # without a limit exact goes first (it may settle everything at once); with one the heuristics do,
     # and exact starts from their best plan (it prunes the region paths, and stays if nothing beats it)
     candidates = exact + candidates if not anytime else candidates + exact
+    exact_share = EXACT_SHARE if problem.stages * problem.replicas <= EXACT_FULL_SLOTS else EXACT_SHARE_LARGE
     for k, (name, config_type, run) in enumerate(candidates):
         # anytime: exact may take EXACT_SHARE of the budget, each heuristic a fifth; the rest goes to the rounds
         share = None if deadline is None else (_remaining(deadline) if not anytime else
-                                               min(_remaining(deadline), time_limit_s * (EXACT_SHARE if name == "exact"
+                                               min(_remaining(deadline), time_limit_s * (exact_share if name == "exact"
                                                                                          else 0.2)))
         seeded = {"initial": trajectory.best.assignment} if name == "exact" and trajectory.best is not None else {}
         try:

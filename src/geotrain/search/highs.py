@@ -43,10 +43,11 @@ def _stdout_silenced():
 
 
 def solve_milp(c: np.ndarray, matrix: csr_matrix, lower: np.ndarray, upper: np.ndarray, integrality: np.ndarray,
-               col_upper: np.ndarray, time_limit_s: float | None) -> SimpleNamespace:
+               col_upper: np.ndarray, time_limit_s: float | None, initial: np.ndarray | None = None) -> SimpleNamespace:
     """min c x with lower <= matrix x <= upper, 0 <= x <= col_upper, x integer where integrality is 1.
     Returns status (0 optimal, 1 time limit, 2 infeasible), x and fun (None without a solution),
-    mip_dual_bound (a lower bound on the optimum; finite also without a solution)."""
+    mip_dual_bound (a lower bound on the optimum; finite also without a solution). `initial`: a
+    feasible x HiGHS starts from (its first incumbent; ignored without the direct bindings)."""
     if _core is None:
         options = {"disp": False, "mip_rel_gap": 0.0}
         if time_limit_s is not None:
@@ -77,6 +78,11 @@ def solve_milp(c: np.ndarray, matrix: csr_matrix, lower: np.ndarray, upper: np.n
     if time_limit_s is not None:
         highs.setOptionValue("time_limit", max(0.1, float(time_limit_s)))
     highs.passModel(lp)
+    if initial is not None:
+        start = _core.HighsSolution()
+        start.col_value = [float(v) for v in initial]
+        start.value_valid = True
+        highs.setSolution(start)
     with _stdout_silenced():
         highs.run()
     model_status = highs.getModelStatus()

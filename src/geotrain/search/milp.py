@@ -124,10 +124,10 @@ def _flow_conservation_rows(rows: _Rows, cuts: int, groups: int, flow) -> None:
             rows.add(coefficients, 0.0, 0.0)
 
 
-def _solve(c, rows, integrality, upper, n_vars, time_limit_s) -> tuple[object, float]:
+def _solve(c, rows, integrality, upper, n_vars, time_limit_s, initial=None) -> tuple[object, float]:
     start = time.perf_counter()
     constraint = rows.constraint(n_vars)
-    result = solve_milp(c, constraint.A, constraint.lb, constraint.ub, integrality, upper, time_limit_s)
+    result = solve_milp(c, constraint.A, constraint.lb, constraint.ub, integrality, upper, time_limit_s, initial)
     return result, time.perf_counter() - start
 
 
@@ -161,9 +161,30 @@ def _bound(result) -> float:
     return max(0.0, value * (1.0 - BOUND_SAFETY))
 
 
+def path_model_point(terms: RegionTerms, paths: np.ndarray, path_s: np.ndarray, stage_paths: np.ndarray) -> np.ndarray:
+    """The path model's variables (column order of `solve_path_milp`) for a plan whose replicas follow
+    the region paths stage_paths[:, r] (S, R), each one a row of `paths` (ValueError naming the first
+    replica path that is not)."""
+    S, R = stage_paths.shape
+    G, P = terms.n_regions, len(paths)
+    index = {tuple(int(v) for v in path): p for p, path in enumerate(paths)}
+    n = np.zeros(P)
+    for column in stage_paths.T:
+        key = tuple(int(v) for v in column)
+        if key not in index:
+            raise ValueError(f"path model point: replica path {key} is not among the {P} paths given")
+        n[index[key]] += 1
+    counts = np.stack([np.bincount(row, minlength=G) for row in stage_paths]).astype(float)
+    # the floor row holds for every plan; max() only guards it against rounding
+    dp = max(float(terms.group_seconds(counts).max()), dp_floor(terms, R, S))
+    pp = float(path_s[n > 0].max()) if P else 0.0
+    return np.concatenate([counts.ravel(), (counts > 0).ravel().astype(float), n, (n > 0).astype(float), [dp, pp]])
+
+
 def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.ndarray, path_s: np.ndarray,
-                    time_limit_s: float | None = None) -> MilpResult:
-    """The path model over the given region paths (P, S) with their pipeline seconds (P,)."""
+                    time_limit_s: float | None = None, initial: np.ndarray | None = None) -> MilpResult:
+    """The path model over the given region paths (P, S) with their pipeline seconds (P,). `initial`:
+    a plan's region paths (S, R), each a row of `paths`, HiGHS's first incumbent (`path_model_point`)."""
     G, P = terms.n_regions, len(paths)
     n0, u0 = 2 * stages * G, 2 * stages * G + P
     dp_col, pp_col = u0 + P, u0 + P + 1
@@ -188,7 +209,8 @@ def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.nd
     integrality[[dp_col, pp_col]] = 0
     upper = np.concatenate([np.minimum(np.repeat(terms.sizes[None, :], stages, 0).ravel(), replicas),
                             np.ones(stages * G), np.full(P, replicas), np.ones(P), [np.inf, np.inf]]).astype(float)
-    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s)
+    start = None if initial is None else path_model_point(terms, paths, path_s, np.asarray(initial, dtype=np.int64))
+    result, seconds = _solve(c, rows, integrality, upper, n_vars, time_limit_s, start)
     status = _status(result)
     counts = stage_paths = None
     objective = None

@@ -62,6 +62,7 @@ def test_auto_spends_its_budget_and_records_a_falling_trajectory():
     assert totals[-1] == pytest.approx(result.cost.total, rel=1e-12)
     assert points[-1][2] == result.details["found_by"]
     assert sum(result.details["anytime_rounds"].values()) >= 1  # the heuristics left time: rounds ran
+    assert result.details["anytime_rounds"].get("lns", 0) >= 1  # large-neighbourhood MILPs among them
     assert 8.0 <= result.seconds <= 12.0 * 1.1
     first = min(t["total"] for t in result.details["tried"] if "total" in t)
     assert result.cost.total <= first * (1 + 1e-12)
