@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 
 from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchResult
 from geotrain.search.exact import _cheapest_paths
