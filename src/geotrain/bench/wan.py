@@ -73,6 +73,7 @@ class WanRow:
     policy: str | None = None  # the planner's codec policy (None: the bench's --codec-policy)
     options: tuple[tuple[str, Any], ...] = ()
     free_links: bool = False  # train on the cluster with every link free (the limit row)
+    engine: str = "geotrain"  # "torchft": torchft's DiLoCo, unmodified (bench.wan_torchft; options are its settings)
 
     @property
     def sync_every(self) -> int:
@@ -103,6 +104,9 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     # the bench scores checkpoints, and a sync in flight (tau > 0) cannot be checkpointed
     WanRow("planned + local SGD H=5 P=4 tau=0 int4-block+EF outer (streaming)", dp_codec="int4-block",
            options=(*LOCAL_SGD_5, ("fragments", 4))),
+    # torchft's DiLoCo run as its users run it (geotrain.bench.wan_torchft), set as the local SGD H=5 rows
+    WanRow("torchft DiLoCo H=5 (outer avg, should_quantize)", engine="torchft",
+           options=(*LOCAL_SGD_5, ("should_quantize", True))),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1
@@ -188,7 +192,7 @@ class WanBench:
                          "val_loss_fp32_same_steps": base.val_loss, "quality_cost": r.val_loss - base.val_loss,
                          "step_time_s": r.step_time_s, "steps": self.config.steps, "stages": r.stages,
                          "replicas": r.replicas, "assignment": r.assignment, "codecs": r.codecs,
-                         "options": dict(r.row.options), "free_links": r.row.free_links,
+                         "options": dict(r.row.options), "free_links": r.row.free_links, "engine": r.row.engine,
                          "limit_fraction": limit_fraction(r.time_to_target_s, limit),
                          "compute_fraction": r.compute_fraction, "peak_inter_region_gbps": r.peak_inter_region_gbps,
                          "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
@@ -260,9 +264,14 @@ def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_t
 
 
 def _row_available(row: WanRow) -> str | None:
-    """None if this geotrain's RuntimeConfig has every setting the row sets, else the reason it is skipped."""
+    """None if this geotrain's RuntimeConfig has every setting the row sets (a torchft row: if torchft is
+    installed), else the reason it is skipped."""
     from geotrain.runtime.config import setting_keys
 
+    if row.engine == "torchft":
+        import importlib.util
+
+        return None if importlib.util.find_spec("torchft") else "torchft is not installed (pip install geotrain[ft])"
     missing = [key for key, _ in row.options if key not in setting_keys()]
     return None if not missing else f"RuntimeConfig has no field {', '.join(missing)} in this geotrain"
 
@@ -381,6 +390,11 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         assignment = naive if row.placement == "naive" else planned.assignment
         callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
         row_cluster = zero_cost_links(cluster) if row.free_links else cluster
+        if row.engine == "torchft":
+            from geotrain.bench.wan_torchft import run_torchft_row
+
+            results.append(run_torchft_row(row, row_cluster, assignment, config, tokens, callback))
+            continue
         results.append(run_row(row, row_cluster, assignment, planned.choice, config, tokens, callback))
     summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],
                       "dp_codecs": list(layout.choice.dp), "pp_codecs": list(layout.choice.pp)}
