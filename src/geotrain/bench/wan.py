@@ -32,143 +32,21 @@ import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost import YuanCostModel
-from geotrain.cost.codec_choice import DEFAULT_POLICY, CodecChoice, choose_codecs, parse_codec_policy
+from geotrain.cost.codec_choice import CodecChoice, choose_codecs, parse_codec_policy
 from geotrain.bench.wan_metrics import compute_fraction, limit_fraction, peak_inter_region_gbps, zero_cost_links
-from geotrain.errors import GeotrainError
+from geotrain.bench.wan_rows import (BENCH_CLUSTERS, DEFAULT_ROWS, LIMIT_ROW, LOCAL_SGD_5, WAN_CLUSTER, RowResult,
+                                     WanBenchConfig, WanBenchError, WanRow, bench_cluster)
 from geotrain.job import Job
 
-BENCH_CLUSTERS = Path(__file__).parent / "data"
-WAN_CLUSTER = str(BENCH_CLUSTERS / "wan-4x1.yaml")
-
-
-def bench_cluster(name: str) -> str:
-    """A --cluster value as a path: the bench's own clusters by name (wan-4x1, wan-4x2), else as given
-    (a file or a geotrain preset)."""
-    own = BENCH_CLUSTERS / f"{name}.yaml"
-    return str(own) if "/" not in name and own.is_file() else name
-
-
-class WanBenchError(GeotrainError, ValueError):
-    """A bench option that cannot make a run."""
-
-
-@dataclass(frozen=True)
-class WanRow:
-    """One way to train: placement ("naive" | "planned"), flat codecs, or the planner's choice
-    (`plan_codecs`, under `policy`), plus RuntimeConfig fields in `options` (a row whose fields this
-    geotrain's RuntimeConfig lacks is skipped and listed as such)."""
-
-    label: str
-    placement: str = "planned"
-    dp_codec: str = "none"
-    pp_codec: str = "none"
-    plan_codecs: bool = False
-    policy: str | None = None  # the planner's codec policy (None: the bench's --codec-policy)
-    options: tuple[tuple[str, Any], ...] = ()
-    free_links: bool = False  # train on the cluster with every link free (the limit row)
-    engine: str = "geotrain"  # "torchft": torchft's DiLoCo, unmodified (bench.wan_torchft; options are its settings)
-
-    @property
-    def sync_every(self) -> int:
-        """Steps per DP synchronisation (the `sync_every` option of local SGD; 1 without it)."""
-        return int(dict(self.options).get("sync_every") or 1)
-
-
-LOCAL_SGD_5 = (("sync_every", 5), ("outer_lr", 1.0), ("outer_momentum", 0.0))
-"""Local SGD: AdamW inside each replica, parameters averaged every 5 steps (outer lr 1, no momentum)."""
-
-DEFAULT_ROWS: tuple[WanRow, ...] = (
-    WanRow("DDP baseline (naive, fp32)", placement="naive"),
-    WanRow("planned, fp32"),
-    WanRow("planned + sign+EF", dp_codec="sign"),
-    WanRow("planned + powersgd", dp_codec="powersgd"),
-    WanRow("planned + int8-block dp (EF) + fp16 pp", dp_codec="int8-block", pp_codec="fp16"),
-    WanRow("planned + 1-bit Adam", options=(("optimizer", "onebit-adam"),)),
-    WanRow("planned + hierarchical sign+EF", dp_codec="sign", options=(("dp_hierarchical", True),)),
-    WanRow("planned + hierarchical int8-block+EF", dp_codec="int8-block", options=(("dp_hierarchical", True),)),
-    WanRow("planned + planner codecs (policy dp=sign)", plan_codecs=True, policy="dp=sign,pp=fp16"),
-    WanRow("planned + planner codecs (policy dp=int8-block)", plan_codecs=True),
-    WanRow("planned + local SGD H=5 (outer avg)", options=LOCAL_SGD_5),
-    WanRow("planned + DiLoCo H=5 (Nesterov 0.7/0.9)", options=(("sync_every", 5),)),
-    WanRow("planned + local SGD H=5 + int8-block+EF outer", dp_codec="int8-block", options=LOCAL_SGD_5),
-    WanRow("planned + local SGD H=5, sites as workers (hierarchical, int8-block+EF outer)", dp_codec="int8-block",
-           options=(*LOCAL_SGD_5, ("dp_hierarchical", True))),
-    # Streaming DiLoCo (geotrain.sync.streaming): one of 4 fragments per sync, int4 outer gradients. tau 0:
-    # the bench scores checkpoints, and a sync in flight (tau > 0) cannot be checkpointed
-    WanRow("planned + local SGD H=5 P=4 tau=0 int4-block+EF outer (streaming)", dp_codec="int4-block",
-           options=(*LOCAL_SGD_5, ("fragments", 4))),
-    # torchft's DiLoCo run as its users run it (geotrain.bench.wan_torchft), set as the local SGD H=5 rows
-    WanRow("torchft DiLoCo H=5 (outer avg, should_quantize)", engine="torchft",
-           options=(*LOCAL_SGD_5, ("should_quantize", True))),
-    WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
-)
-LIMIT_ROW = len(DEFAULT_ROWS) - 1
-"""The index of the limit row in DEFAULT_ROWS (run in every bench, like the baseline, row 0)."""
-
-
-@dataclass(frozen=True)
-class WanBenchConfig:
-    """The run: cluster file, step budget, evaluation cadence, target (nats), batch and policy."""
-
-    cluster: str = WAN_CLUSTER
-    steps: int = 60
-    eval_every: int = 5
-    target: float = 2.4
-    global_batch: int = 32
-    microbatches: int = 4
-    lr: float = 3e-3
-    seed: int = 0
-    time_scale: float = 1e-3
-    codec_policy: str = DEFAULT_POLICY
-    compute_clock: str = "cpu"
-    val_windows: int = 128
-    model: str = "tiny"
-    rows: tuple[WanRow, ...] = DEFAULT_ROWS
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.eval_every < 1:
-            raise WanBenchError(f"--steps and --eval-every must be >= 1, got {self.steps}, {self.eval_every}")
-        if not self.time_scale > 0 or not math.isfinite(self.time_scale):
-            raise WanBenchError(f"--time-scale must be a finite number > 0 (the emulating backend runs only then), "
-                                f"got {self.time_scale}")
-        if self.global_batch < 1 or self.microbatches < 1 or self.val_windows < 1:
-            raise WanBenchError(f"--global-batch, microbatches and validation windows must be >= 1, got "
-                                f"{self.global_batch}, {self.microbatches}, {self.val_windows}")
-        if not self.lr > 0 or not math.isfinite(self.lr):
-            raise WanBenchError(f"--lr must be a finite number > 0, got {self.lr}")
-        # A nan target is never reached (every comparison is false): refused, like every non-finite number.
-        if not self.target > 0 or not math.isfinite(self.target):
-            raise WanBenchError(f"--target must be a finite validation loss > 0 (nats per character), got {self.target}")
-
-
-@dataclass(frozen=True)
-class RowResult:
-    """A trained row: evaluation points (steps, emulated seconds, validation loss) and traffic."""
-
-    row: WanRow
-    stages: int
-    replicas: int
-    assignment: list[list[int]]
-    codecs: dict[str, list[str]]
-    eval_steps: list[int]
-    eval_time_s: list[float]
-    val_losses: list[float]
-    step_time_s: float
-    inter_region_bytes: float
-    time_to_target_s: float | None
-    compute_fraction: float = 0.0
-    peak_inter_region_gbps: float = 0.0
-
-    @property
-    def val_loss(self) -> float:
-        return self.val_losses[-1]
+__all__ = ["BENCH_CLUSTERS", "DEFAULT_ROWS", "LIMIT_ROW", "LOCAL_SGD_5", "WAN_CLUSTER", "PlannedLayout", "RowResult",
+           "WanBench", "WanBenchConfig", "WanBenchError", "WanRow", "bench_cluster", "emulated_step_seconds",
+           "eval_steps_of", "model_job", "planned_layouts", "run_row", "run_wan_bench", "score_row"]
 
 
 @dataclass(frozen=True)
@@ -195,6 +73,7 @@ class WanBench:
                          "options": dict(r.row.options), "free_links": r.row.free_links, "engine": r.row.engine,
                          "limit_fraction": limit_fraction(r.time_to_target_s, limit),
                          "compute_fraction": r.compute_fraction, "peak_inter_region_gbps": r.peak_inter_region_gbps,
+                         "predicted_step_s": r.predicted_step_s, "recipe": r.recipe,
                          "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
         config = {k: v for k, v in asdict(self.config).items() if k != "rows"}
         return {"rows": rows, "target": self.config.target, "cluster": self.cluster.name, "config": config,
@@ -321,18 +200,38 @@ def _evaluate(directory: str, step: int, run: Any, config: WanBenchConfig,
     return loss, records
 
 
+def eval_steps_of(config: WanBenchConfig, sync_every: int) -> list[int]:
+    """The steps a row is scored at: synchronised weights only (with local SGD, steps that end an outer period)."""
+    every = math.lcm(config.eval_every, sync_every)
+    return sorted({*range(every, config.steps + 1, every), config.steps})
+
+
+def score_row(row: WanRow, assignment: np.ndarray, codecs: dict[str, list[str]], eval_steps: list[int],
+              losses: list[float], records: list[dict[str, Any]], config: WanBenchConfig) -> RowResult:
+    """A trained row's RowResult from its validation losses at `eval_steps` and every rank's step records."""
+    seconds = emulated_step_seconds(records, config.steps)
+    elapsed = np.cumsum(seconds)
+    eval_time = [float(elapsed[step - 1]) for step in eval_steps]
+    reached = [t for t, loss in zip(eval_time, losses) if loss <= config.target]
+    inter = float(sum(r["emulated"]["inter_region_bytes"] for r in records))
+    stages, replicas = assignment.shape
+    return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
+                     float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
+                     reached[0] if reached else None, compute_fraction(records, seconds),
+                     peak_inter_region_gbps(records, seconds))
+
+
 def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: CodecChoice | None,
             config: WanBenchConfig, tokens: Any, progress: Callable[[int, int], None] | None = None) -> RowResult:
-    """Train one row for config.steps steps and score it."""
+    """Train one row for config.steps steps and score it from its checkpoints (so no sync may be in flight
+    at an evaluation step: rows run with sync_delay 0)."""
     from geotrain.runtime import RuntimeConfig, launch
 
     stages, replicas = assignment.shape
     per_link: dict[str, Any] = {}
     if row.plan_codecs and choice is not None:
         per_link = {"dp_codecs": choice.dp, "pp_codecs": choice.pp}
-    # evaluate synchronised weights only: with local SGD, at the steps that end an outer period
-    every = math.lcm(config.eval_every, row.sync_every)
-    eval_steps = sorted({*range(every, config.steps + 1, every), config.steps})
+    eval_steps = eval_steps_of(config, row.sync_every)
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
         run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps,
                                microbatches=config.microbatches, batch_size=config.global_batch // replicas,
@@ -342,19 +241,9 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
                                **per_link, **dict(row.options))
         launch(run, progress=progress, tokens=tokens)
         scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
-    records = scored[-1][1]
-    seconds = emulated_step_seconds(records, config.steps)
-    elapsed = np.cumsum(seconds)
-    eval_time = [float(elapsed[step - 1]) for step in eval_steps]
-    losses = [loss for loss, _ in scored]
-    reached = [t for t, loss in zip(eval_time, losses) if loss <= config.target]
-    inter = float(sum(r["emulated"]["inter_region_bytes"] for r in records))
     codecs = {"dp": [str(run.comm.stage_dp_codec(s)) for s in range(stages)],
               "pp": [str(run.comm.cut_pp_codec(c)) for c in range(stages - 1)]}
-    return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
-                     float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
-                     reached[0] if reached else None, compute_fraction(records, seconds),
-                     peak_inter_region_gbps(records, seconds))
+    return score_row(row, assignment, codecs, eval_steps, [loss for loss, _ in scored], scored[-1][1], config)
 
 
 def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], None] | None = None) -> WanBench:
@@ -380,6 +269,13 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
             continue
         # with codecs: the layout whose cost with its codec choice is lowest (layout and codecs together);
         # synchronising every H steps: the layout whose cost with the DP term amortised over H is lowest
+        if row.recipe:
+            from geotrain.bench.wan_recipe import run_recipe_row
+
+            if not results:
+                raise WanBenchError("the recipe row needs the DDP baseline (row 0) first: its compute time per step")
+            results.append(run_recipe_row(row, cluster, job, layouts, config, tokens, results[0], progress))
+            continue
         if row.plan_codecs:
             planned = min(by_policy[row.policy or config.codec_policy].values(),
                           key=lambda layout: layout.choice.cost["total"])

@@ -15,7 +15,6 @@ flag; it needs Triton and CUDA, and on CPU sends fp32: the measured bytes say wh
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import tempfile
@@ -27,7 +26,6 @@ import numpy as np
 import torch
 
 from geotrain.cluster import Cluster, cluster_to_dict
-from geotrain.bench.wan_metrics import compute_fraction, peak_inter_region_gbps
 
 TORCHFT_OPTIONS = {"sync_every": 5, "fragments": 1, "delay": 0, "outer_lr": 0.7, "outer_momentum": 0.9,
                    "should_quantize": False, "init_sync": False}
@@ -60,7 +58,7 @@ def run_torchft_row(row: Any, cluster: Cluster, assignment: np.ndarray, config: 
     os.environ.setdefault("RUST_LOG", "warn")
     from torchft._torchft import LighthouseServer
 
-    from geotrain.bench.wan import RowResult, WanBenchError, emulated_step_seconds
+    from geotrain.bench.wan import WanBenchError, eval_steps_of, score_row
     from geotrain.models.evaluate import validation_loss
     from geotrain.procs import Command, Supervisor
 
@@ -69,8 +67,7 @@ def run_torchft_row(row: Any, cluster: Cluster, assignment: np.ndarray, config: 
     settings = torchft_settings(dict(row.options))
     devices = [int(d) for d in assignment[0]]
     replicas = len(devices)
-    every = math.lcm(config.eval_every, settings["sync_every"])
-    eval_steps = sorted({*range(every, config.steps + 1, every), config.steps})
+    eval_steps = eval_steps_of(config, settings["sync_every"])
     seq_len = _seq_len(config)
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=replicas, join_timeout_ms=100)
     try:
@@ -101,16 +98,8 @@ def run_torchft_row(row: Any, cluster: Cluster, assignment: np.ndarray, config: 
     finally:
         lighthouse.shutdown()
     records = [record for part in parts for record in part["records"]]
-    seconds = emulated_step_seconds(records, config.steps)
-    elapsed = np.cumsum(seconds)
-    eval_time = [float(elapsed[step - 1]) for step in eval_steps]
-    reached = [t for t, loss in zip(eval_time, losses) if loss <= config.target]
-    inter = float(sum(part["inter_region_bytes"] for part in parts))
     codec = "fp32 all-reduce" + (" (should_quantize: fp32 on CPU)" if settings["should_quantize"] else "")
-    return RowResult(row, 1, replicas, assignment.tolist(), {"dp": [codec], "pp": []}, eval_steps, eval_time, losses,
-                     float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
-                     reached[0] if reached else None, compute_fraction(records, seconds),
-                     peak_inter_region_gbps(records, seconds))
+    return score_row(row, assignment, {"dp": [codec], "pp": []}, eval_steps, losses, records, config)
 
 
 def _seq_len(config: Any) -> int:
