@@ -223,8 +223,10 @@ def score_row(row: WanRow, assignment: np.ndarray, codecs: dict[str, list[str]],
 
 def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: CodecChoice | None,
             config: WanBenchConfig, tokens: Any, progress: Callable[[int, int], None] | None = None) -> RowResult:
-    """Train one row for config.steps steps and score it from its checkpoints (so no sync may be in flight
-    at an evaluation step: rows run with sync_delay 0)."""
+    """Train one row for config.steps steps and score it from its checkpoints. A row whose syncs land late
+    (sync_delay > 0) has a sync in flight at most steps, which a checkpoint refuses: it is checkpointed at
+    the end only and scored by the runtime's evaluation of replica 0's current weights on the same windows
+    (data.eval_local: no collective, outside emulated time, so no sync travels during it)."""
     from geotrain.runtime import RuntimeConfig, launch
 
     stages, replicas = assignment.shape
@@ -232,18 +234,28 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
     if row.plan_codecs and choice is not None:
         per_link = {"dp_codecs": choice.dp, "pp_codecs": choice.pp}
     eval_steps = eval_steps_of(config, row.sync_every)
+    in_flight = int(dict(row.options).get("sync_delay") or 0) > 0
+    scoring = ({"checkpoint_every": 0, "eval_every": math.lcm(config.eval_every, row.sync_every),
+                "eval_windows": config.val_windows, "eval_local": True} if in_flight
+               else {"checkpoint_every": config.eval_every})
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
         run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps,
                                microbatches=config.microbatches, batch_size=config.global_batch // replicas,
                                lr=config.lr, dp_codec=row.dp_codec, pp_codec=row.pp_codec, time_scale=config.time_scale,
-                               seed=config.seed, checkpoint_dir=directory, checkpoint_every=config.eval_every,
-                               compute_clock=config.compute_clock, gpt=_preset(config.model), model_name=config.model,
+                               seed=config.seed, checkpoint_dir=directory, compute_clock=config.compute_clock,
+                               gpt=_preset(config.model), model_name=config.model, **scoring,
                                **per_link, **dict(row.options))
         launch(run, progress=progress, tokens=tokens)
-        scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
+        if in_flight:  # replica 0's records come first (ranks in order)
+            records = _evaluate(directory, config.steps, run, config, tokens)[1]
+            losses = [next(r["val_loss"] for r in records if r["step"] == step - 1 and r["val_loss"] is not None)
+                      for step in eval_steps]
+        else:
+            scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
+            records, losses = scored[-1][1], [loss for loss, _ in scored]
     codecs = {"dp": [str(run.comm.stage_dp_codec(s)) for s in range(stages)],
               "pp": [str(run.comm.cut_pp_codec(c)) for c in range(stages - 1)]}
-    return score_row(row, assignment, codecs, eval_steps, [loss for loss, _ in scored], scored[-1][1], config)
+    return score_row(row, assignment, codecs, eval_steps, losses, records, config)
 
 
 def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], None] | None = None) -> WanBench:

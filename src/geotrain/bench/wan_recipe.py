@@ -3,8 +3,8 @@
 The planner's inputs are the cluster's links, the job's bytes and the compute seconds per step, which the
 bench takes from the DDP baseline it ran first (its compute fraction x its step time: the same per-replica
 batch on this CPU). For every planned layout the recipe is chosen (pipeline seconds of that layout added
-per step; tau capped at 0: the bench scores checkpoints, and a sync in flight cannot be checkpointed);
-the layout with the lowest predicted step runs, with the recipe's H, P, tau, mix, codec and
+per step); the layout with the lowest predicted step runs (a recipe with tau > 0 is scored by the
+runtime's in-run evaluation: bench.wan.run_row), with the recipe's H, P, tau, mix, codec and
 outer optimizer as RuntimeConfig options. The row's result carries the prediction (`predicted_step_s`)
 beside the measured step time, and the recipe.
 """
