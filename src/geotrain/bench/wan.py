@@ -273,21 +273,18 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         raise WanBenchError(f"the DDP baseline needs a global batch divisible by {cluster.n_devices} devices x "
                             f"{config.microbatches} micro-batches, got {config.global_batch}")
     tokens = world_tokens(0)
-    results, skipped = [], []
+    results: list[RowResult | WanRow] = []
+    skipped = []
     for row in config.rows:
         reason = _row_available(row)
         if reason is not None:
             skipped.append((row.label, reason))
             continue
+        if row.recipe:  # run after the limit row, whose step time is the compute the planner needs
+            results.append(row)
+            continue
         # with codecs: the layout whose cost with its codec choice is lowest (layout and codecs together);
         # synchronising every H steps: the layout whose cost with the DP term amortised over H is lowest
-        if row.recipe:
-            from geotrain.bench.wan_recipe import run_recipe_row
-
-            if not results:
-                raise WanBenchError("the recipe row needs the DDP baseline (row 0) first: its compute time per step")
-            results.append(run_recipe_row(row, cluster, job, layouts, config, tokens, results[0], progress))
-            continue
         if row.plan_codecs:
             planned = min(by_policy[row.policy or config.codec_policy].values(),
                           key=lambda layout: layout.choice.cost["total"])
@@ -304,8 +301,17 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
             results.append(run_torchft_row(row, row_cluster, assignment, config, tokens, callback))
             continue
         results.append(run_row(row, row_cluster, assignment, planned.choice, config, tokens, callback))
+    if any(isinstance(r, WanRow) for r in results):
+        from geotrain.bench.wan_recipe import run_recipe_row
+
+        limit = next((r for r in results if isinstance(r, RowResult) and r.row.free_links), None)
+        if limit is None:
+            raise WanBenchError("the recipe row needs the limit row (free links): its step time is the compute per step")
+        results = [run_recipe_row(r, cluster, job, layouts, config, tokens, limit.step_time_s, progress)
+                   if isinstance(r, WanRow) else r for r in results]
     summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],
                       "dp_codecs": list(layout.choice.dp), "pp_codecs": list(layout.choice.pp)}
                for name, layout in layouts.items()}
     coded = min(layouts.values(), key=lambda layout: layout.choice.cost["total"])
-    return WanBench(config, cluster, tuple(results), tuple(skipped), coded.choice, summary)
+    return WanBench(config, cluster, tuple(r for r in results if isinstance(r, RowResult)), tuple(skipped),
+                    coded.choice, summary)
