@@ -23,7 +23,9 @@ layouts the tiny GPT allows, searched with the job's real bytes; the planner-cod
 layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice;
 a local-SGD row (option `sync_every` H: geotrain.optim.outer) takes the layout whose cost with the DP
 term divided by H is lowest, and is evaluated only at steps that end an outer period (synchronised
-weights).
+weights). The recipe row runs what `geotrain plan --wan-recipe auto` chooses (geotrain.bench.wan_recipe,
+after the limit row, whose step time is its compute input); the torchft row runs torchft's DiLoCo
+unmodified (geotrain.bench.wan_torchft). Rows, settings and results: geotrain.bench.wan_rows.
 """
 
 from __future__ import annotations
