@@ -23,7 +23,9 @@ layouts the tiny GPT allows, searched with the job's real bytes; the planner-cod
 layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice;
 a local-SGD row (option `sync_every` H: geotrain.optim.outer) takes the layout whose cost with the DP
 term divided by H is lowest, and is evaluated only at steps that end an outer period (synchronised
-weights).
+weights). The recipe row runs what `geotrain plan --wan-recipe auto` chooses (geotrain.bench.wan_recipe,
+after the limit row, whose step time is its compute input); the torchft row runs torchft's DiLoCo
+unmodified (geotrain.bench.wan_torchft). Rows, settings and results: geotrain.bench.wan_rows.
 """
 
 from __future__ import annotations
@@ -32,139 +34,21 @@ import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost import YuanCostModel
-from geotrain.cost.codec_choice import DEFAULT_POLICY, CodecChoice, choose_codecs, parse_codec_policy
+from geotrain.cost.codec_choice import CodecChoice, choose_codecs, parse_codec_policy
 from geotrain.bench.wan_metrics import compute_fraction, limit_fraction, peak_inter_region_gbps, zero_cost_links
-from geotrain.errors import GeotrainError
+from geotrain.bench.wan_rows import (BENCH_CLUSTERS, DEFAULT_ROWS, LIMIT_ROW, LOCAL_SGD_5, WAN_CLUSTER, RowResult,
+                                     WanBenchConfig, WanBenchError, WanRow, bench_cluster)
 from geotrain.job import Job
 
-BENCH_CLUSTERS = Path(__file__).parent / "data"
-WAN_CLUSTER = str(BENCH_CLUSTERS / "wan-4x1.yaml")
-
-
-def bench_cluster(name: str) -> str:
-    """A --cluster value as a path: the bench's own clusters by name (wan-4x1, wan-4x2), else as given
-    (a file or a geotrain preset)."""
-    own = BENCH_CLUSTERS / f"{name}.yaml"
-    return str(own) if "/" not in name and own.is_file() else name
-
-
-class WanBenchError(GeotrainError, ValueError):
-    """A bench option that cannot make a run."""
-
-
-@dataclass(frozen=True)
-class WanRow:
-    """One way to train: placement ("naive" | "planned"), flat codecs, or the planner's choice
-    (`plan_codecs`, under `policy`), plus RuntimeConfig fields in `options` (a row whose fields this
-    geotrain's RuntimeConfig lacks is skipped and listed as such)."""
-
-    label: str
-    placement: str = "planned"
-    dp_codec: str = "none"
-    pp_codec: str = "none"
-    plan_codecs: bool = False
-    policy: str | None = None  # the planner's codec policy (None: the bench's --codec-policy)
-    options: tuple[tuple[str, Any], ...] = ()
-    free_links: bool = False  # train on the cluster with every link free (the limit row)
-
-    @property
-    def sync_every(self) -> int:
-        """Steps per DP synchronisation (the `sync_every` option of local SGD; 1 without it)."""
-        return int(dict(self.options).get("sync_every") or 1)
-
-
-LOCAL_SGD_5 = (("sync_every", 5), ("outer_lr", 1.0), ("outer_momentum", 0.0))
-"""Local SGD: AdamW inside each replica, parameters averaged every 5 steps (outer lr 1, no momentum)."""
-
-DEFAULT_ROWS: tuple[WanRow, ...] = (
-    WanRow("DDP baseline (naive, fp32)", placement="naive"),
-    WanRow("planned, fp32"),
-    WanRow("planned + sign+EF", dp_codec="sign"),
-    WanRow("planned + powersgd", dp_codec="powersgd"),
-    WanRow("planned + int8-block dp (EF) + fp16 pp", dp_codec="int8-block", pp_codec="fp16"),
-    WanRow("planned + 1-bit Adam", options=(("optimizer", "onebit-adam"),)),
-    WanRow("planned + hierarchical sign+EF", dp_codec="sign", options=(("dp_hierarchical", True),)),
-    WanRow("planned + hierarchical int8-block+EF", dp_codec="int8-block", options=(("dp_hierarchical", True),)),
-    WanRow("planned + planner codecs (policy dp=sign)", plan_codecs=True, policy="dp=sign,pp=fp16"),
-    WanRow("planned + planner codecs (policy dp=int8-block)", plan_codecs=True),
-    WanRow("planned + local SGD H=5 (outer avg)", options=LOCAL_SGD_5),
-    WanRow("planned + DiLoCo H=5 (Nesterov 0.7/0.9)", options=(("sync_every", 5),)),
-    WanRow("planned + local SGD H=5 + int8-block+EF outer", dp_codec="int8-block", options=LOCAL_SGD_5),
-    WanRow("planned + local SGD H=5, sites as workers (hierarchical, int8-block+EF outer)", dp_codec="int8-block",
-           options=(*LOCAL_SGD_5, ("dp_hierarchical", True))),
-    # Streaming DiLoCo (geotrain.sync.streaming): one of 4 fragments per sync, int4 outer gradients. tau 0:
-    # the bench scores checkpoints, and a sync in flight (tau > 0) cannot be checkpointed
-    WanRow("planned + local SGD H=5 P=4 tau=0 int4-block+EF outer (streaming)", dp_codec="int4-block",
-           options=(*LOCAL_SGD_5, ("fragments", 4))),
-    WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
-)
-LIMIT_ROW = len(DEFAULT_ROWS) - 1
-"""The index of the limit row in DEFAULT_ROWS (run in every bench, like the baseline, row 0)."""
-
-
-@dataclass(frozen=True)
-class WanBenchConfig:
-    """The run: cluster file, step budget, evaluation cadence, target (nats), batch and policy."""
-
-    cluster: str = WAN_CLUSTER
-    steps: int = 60
-    eval_every: int = 5
-    target: float = 2.4
-    global_batch: int = 32
-    microbatches: int = 4
-    lr: float = 3e-3
-    seed: int = 0
-    time_scale: float = 1e-3
-    codec_policy: str = DEFAULT_POLICY
-    compute_clock: str = "cpu"
-    val_windows: int = 128
-    model: str = "tiny"
-    rows: tuple[WanRow, ...] = DEFAULT_ROWS
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.eval_every < 1:
-            raise WanBenchError(f"--steps and --eval-every must be >= 1, got {self.steps}, {self.eval_every}")
-        if not self.time_scale > 0 or not math.isfinite(self.time_scale):
-            raise WanBenchError(f"--time-scale must be a finite number > 0 (the emulating backend runs only then), "
-                                f"got {self.time_scale}")
-        if self.global_batch < 1 or self.microbatches < 1 or self.val_windows < 1:
-            raise WanBenchError(f"--global-batch, microbatches and validation windows must be >= 1, got "
-                                f"{self.global_batch}, {self.microbatches}, {self.val_windows}")
-        if not self.lr > 0 or not math.isfinite(self.lr):
-            raise WanBenchError(f"--lr must be a finite number > 0, got {self.lr}")
-        # A nan target is never reached (every comparison is false): refused, like every non-finite number.
-        if not self.target > 0 or not math.isfinite(self.target):
-            raise WanBenchError(f"--target must be a finite validation loss > 0 (nats per character), got {self.target}")
-
-
-@dataclass(frozen=True)
-class RowResult:
-    """A trained row: evaluation points (steps, emulated seconds, validation loss) and traffic."""
-
-    row: WanRow
-    stages: int
-    replicas: int
-    assignment: list[list[int]]
-    codecs: dict[str, list[str]]
-    eval_steps: list[int]
-    eval_time_s: list[float]
-    val_losses: list[float]
-    step_time_s: float
-    inter_region_bytes: float
-    time_to_target_s: float | None
-    compute_fraction: float = 0.0
-    peak_inter_region_gbps: float = 0.0
-
-    @property
-    def val_loss(self) -> float:
-        return self.val_losses[-1]
+__all__ = ["BENCH_CLUSTERS", "DEFAULT_ROWS", "LIMIT_ROW", "LOCAL_SGD_5", "WAN_CLUSTER", "PlannedLayout", "RowResult",
+           "WanBench", "WanBenchConfig", "WanBenchError", "WanRow", "bench_cluster", "emulated_step_seconds",
+           "eval_steps_of", "model_job", "planned_layouts", "run_row", "run_wan_bench", "score_row"]
 
 
 @dataclass(frozen=True)
@@ -188,9 +72,10 @@ class WanBench:
                          "val_loss_fp32_same_steps": base.val_loss, "quality_cost": r.val_loss - base.val_loss,
                          "step_time_s": r.step_time_s, "steps": self.config.steps, "stages": r.stages,
                          "replicas": r.replicas, "assignment": r.assignment, "codecs": r.codecs,
-                         "options": dict(r.row.options), "free_links": r.row.free_links,
+                         "options": dict(r.row.options), "free_links": r.row.free_links, "engine": r.row.engine,
                          "limit_fraction": limit_fraction(r.time_to_target_s, limit),
                          "compute_fraction": r.compute_fraction, "peak_inter_region_gbps": r.peak_inter_region_gbps,
+                         "predicted_step_s": r.predicted_step_s, "recipe": r.recipe,
                          "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
         config = {k: v for k, v in asdict(self.config).items() if k != "rows"}
         return {"rows": rows, "target": self.config.target, "cluster": self.cluster.name, "config": config,
@@ -260,9 +145,14 @@ def planned_layouts(cluster: Cluster, job: Job, config: WanBenchConfig, policy_t
 
 
 def _row_available(row: WanRow) -> str | None:
-    """None if this geotrain's RuntimeConfig has every setting the row sets, else the reason it is skipped."""
+    """None if this geotrain's RuntimeConfig has every setting the row sets (a torchft row: if torchft is
+    installed), else the reason it is skipped."""
     from geotrain.runtime.config import setting_keys
 
+    if row.engine == "torchft":
+        import importlib.util
+
+        return None if importlib.util.find_spec("torchft") else "torchft is not installed (pip install geotrain[ft])"
     missing = [key for key, _ in row.options if key not in setting_keys()]
     return None if not missing else f"RuntimeConfig has no field {', '.join(missing)} in this geotrain"
 
@@ -312,40 +202,62 @@ def _evaluate(directory: str, step: int, run: Any, config: WanBenchConfig,
     return loss, records
 
 
+def eval_steps_of(config: WanBenchConfig, sync_every: int) -> list[int]:
+    """The steps a row is scored at: synchronised weights only (with local SGD, steps that end an outer period)."""
+    every = math.lcm(config.eval_every, sync_every)
+    return sorted({*range(every, config.steps + 1, every), config.steps})
+
+
+def score_row(row: WanRow, assignment: np.ndarray, codecs: dict[str, list[str]], eval_steps: list[int],
+              losses: list[float], records: list[dict[str, Any]], config: WanBenchConfig) -> RowResult:
+    """A trained row's RowResult from its validation losses at `eval_steps` and every rank's step records."""
+    seconds = emulated_step_seconds(records, config.steps)
+    elapsed = np.cumsum(seconds)
+    eval_time = [float(elapsed[step - 1]) for step in eval_steps]
+    reached = [t for t, loss in zip(eval_time, losses) if loss <= config.target]
+    inter = float(sum(r["emulated"]["inter_region_bytes"] for r in records))
+    stages, replicas = assignment.shape
+    return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
+                     float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
+                     reached[0] if reached else None, compute_fraction(records, seconds),
+                     peak_inter_region_gbps(records, seconds))
+
+
 def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: CodecChoice | None,
             config: WanBenchConfig, tokens: Any, progress: Callable[[int, int], None] | None = None) -> RowResult:
-    """Train one row for config.steps steps and score it."""
+    """Train one row for config.steps steps and score it from its checkpoints. A row whose syncs land late
+    (sync_delay > 0) has a sync in flight at most steps, which a checkpoint refuses: it is checkpointed at
+    the end only and scored by the runtime's evaluation of replica 0's current weights on the same windows
+    (data.eval_local: no collective, outside emulated time, so no sync travels during it)."""
     from geotrain.runtime import RuntimeConfig, launch
 
     stages, replicas = assignment.shape
     per_link: dict[str, Any] = {}
     if row.plan_codecs and choice is not None:
         per_link = {"dp_codecs": choice.dp, "pp_codecs": choice.pp}
-    # evaluate synchronised weights only: with local SGD, at the steps that end an outer period
-    every = math.lcm(config.eval_every, row.sync_every)
-    eval_steps = sorted({*range(every, config.steps + 1, every), config.steps})
+    eval_steps = eval_steps_of(config, row.sync_every)
+    in_flight = int(dict(row.options).get("sync_delay") or 0) > 0
+    scoring = ({"checkpoint_every": 0, "eval_every": math.lcm(config.eval_every, row.sync_every),
+                "eval_windows": config.val_windows, "eval_local": True} if in_flight
+               else {"checkpoint_every": config.eval_every})
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
         run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps,
                                microbatches=config.microbatches, batch_size=config.global_batch // replicas,
                                lr=config.lr, dp_codec=row.dp_codec, pp_codec=row.pp_codec, time_scale=config.time_scale,
-                               seed=config.seed, checkpoint_dir=directory, checkpoint_every=config.eval_every,
-                               compute_clock=config.compute_clock, gpt=_preset(config.model), model_name=config.model,
+                               seed=config.seed, checkpoint_dir=directory, compute_clock=config.compute_clock,
+                               gpt=_preset(config.model), model_name=config.model, **scoring,
                                **per_link, **dict(row.options))
         launch(run, progress=progress, tokens=tokens)
-        scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
-    records = scored[-1][1]
-    seconds = emulated_step_seconds(records, config.steps)
-    elapsed = np.cumsum(seconds)
-    eval_time = [float(elapsed[step - 1]) for step in eval_steps]
-    losses = [loss for loss, _ in scored]
-    reached = [t for t, loss in zip(eval_time, losses) if loss <= config.target]
-    inter = float(sum(r["emulated"]["inter_region_bytes"] for r in records))
+        if in_flight:  # replica 0's records come first (ranks in order)
+            records = _evaluate(directory, config.steps, run, config, tokens)[1]
+            losses = [next(r["val_loss"] for r in records if r["step"] == step - 1 and r["val_loss"] is not None)
+                      for step in eval_steps]
+        else:
+            scored = [_evaluate(directory, step, run, config, tokens) for step in eval_steps]
+            records, losses = scored[-1][1], [loss for loss, _ in scored]
     codecs = {"dp": [str(run.comm.stage_dp_codec(s)) for s in range(stages)],
               "pp": [str(run.comm.cut_pp_codec(c)) for c in range(stages - 1)]}
-    return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
-                     float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
-                     reached[0] if reached else None, compute_fraction(records, seconds),
-                     peak_inter_region_gbps(records, seconds))
+    return score_row(row, assignment, codecs, eval_steps, losses, records, config)
 
 
 def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], None] | None = None) -> WanBench:
@@ -363,11 +275,15 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         raise WanBenchError(f"the DDP baseline needs a global batch divisible by {cluster.n_devices} devices x "
                             f"{config.microbatches} micro-batches, got {config.global_batch}")
     tokens = world_tokens(0)
-    results, skipped = [], []
+    results: list[RowResult | WanRow] = []
+    skipped = []
     for row in config.rows:
         reason = _row_available(row)
         if reason is not None:
             skipped.append((row.label, reason))
+            continue
+        if row.recipe:  # run after the limit row, whose step time is the compute the planner needs
+            results.append(row)
             continue
         # with codecs: the layout whose cost with its codec choice is lowest (layout and codecs together);
         # synchronising every H steps: the layout whose cost with the DP term amortised over H is lowest
@@ -381,9 +297,23 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         assignment = naive if row.placement == "naive" else planned.assignment
         callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
         row_cluster = zero_cost_links(cluster) if row.free_links else cluster
+        if row.engine == "torchft":
+            from geotrain.bench.wan_torchft import run_torchft_row
+
+            results.append(run_torchft_row(row, row_cluster, assignment, config, tokens, callback))
+            continue
         results.append(run_row(row, row_cluster, assignment, planned.choice, config, tokens, callback))
+    if any(isinstance(r, WanRow) for r in results):
+        from geotrain.bench.wan_recipe import run_recipe_row
+
+        limit = next((r for r in results if isinstance(r, RowResult) and r.row.free_links), None)
+        if limit is None:
+            raise WanBenchError("the recipe row needs the limit row (free links): its step time is the compute per step")
+        results = [run_recipe_row(r, cluster, job, layouts, config, tokens, limit.step_time_s, progress)
+                   if isinstance(r, WanRow) else r for r in results]
     summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],
                       "dp_codecs": list(layout.choice.dp), "pp_codecs": list(layout.choice.pp)}
                for name, layout in layouts.items()}
     coded = min(layouts.values(), key=lambda layout: layout.choice.cost["total"])
-    return WanBench(config, cluster, tuple(results), tuple(skipped), coded.choice, summary)
+    return WanBench(config, cluster, tuple(r for r in results if isinstance(r, RowResult)), tuple(skipped),
+                    coded.choice, summary)

@@ -6,6 +6,8 @@ plus "evaluations", "options", "seed", "cluster", "job", "cost_model" (and "lowe
 when the method proves a bound). `geotrain cost --plan` reads that object as it is.
 With --codecs auto it adds "codecs" (geotrain.cost.codec_choice: per-stage DP codecs, per-cut
 activation codecs, predicted cost with and without them; `geotrain train --plan` applies them).
+With --wan-recipe auto it adds "wan_recipe" (geotrain.cost.wan_recipe: sync period H, fragments P, delay tau,
+mix, outer codec and outer optimizer, with the predicted step; `geotrain train --plan` runs them).
 With --uneven-split (cost models yuan+compute and schedule) every assignment is scored with the
 speed-optimal uneven split of the job's layers (cost/layer_split.py) and the JSON adds "split":
 {"rule", "layers", "counts", "boundaries", "shares", "stage_tflops", "cost_equal_split"}
@@ -25,6 +27,7 @@ from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfi
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
+from geotrain.cost.wan_recipe import OUTER_LADDER, WanRecipe, choose_recipe, estimated_compute_s
 from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
@@ -89,6 +92,19 @@ def register(subparsers: Any) -> None:
     group.add_argument("--codec-tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
                        help="keep better-quality codecs while the predicted time stays within this fraction "
                             "of the fastest allowed choice")
+    recipe = parser.add_argument_group("WAN recipe: Streaming DiLoCo settings chosen by cost (docs/wan.md)")
+    recipe.add_argument("--wan-recipe", default="none", choices=("none", "auto"),
+                        help="auto: choose sync period H, fragments P, delay tau and the outer codec (recorded in "
+                             "the plan as \"wan_recipe\"; `geotrain train --plan` runs them)")
+    recipe.add_argument("--compute-s", type=positive_float, default=None, metavar="SEC",
+                        help="compute seconds per step (default: the yuan+compute model's estimate from the GPUs)")
+    recipe.add_argument("--recipe-steps", type=int, default=None, metavar="N",
+                        help="the run's steps: H leaves at least 12 outer steps, and under 100 outer steps the "
+                             "outer optimizer averages (lr 1, momentum 0) instead of DiLoCo's 0.7 / 0.9")
+    recipe.add_argument("--recipe-max-delay", type=int, default=None, metavar="TAU",
+                        help="largest delay tau (default H - 1; 0 where syncs may not be in flight at checkpoints)")
+    recipe.add_argument("--recipe-codec-floor", default="int4-block", choices=OUTER_LADDER,
+                        help=f"lowest outer codec allowed on the ladder {' > '.join(OUTER_LADDER)}")
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
@@ -179,6 +195,9 @@ def run(args: Any) -> int:
     choice = None if policy is None else choose_codecs(cluster, job, result.assignment, policy)
     if choice is not None:
         plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
+    recipe = None if args.wan_recipe == "none" else wan_recipe_of(args, cluster, job, result)
+    if recipe is not None:
+        plan = replace(plan, extra={**plan.extra, "wan_recipe": recipe.to_json()})
     if args.out:
         write_json_file(plan.to_json(), args.out)
     if args.json:
@@ -201,9 +220,23 @@ def run(args: Any) -> int:
         split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
         codec_tables(out, choice)
+    if recipe is not None:
+        out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
+                  [["sync every H", str(recipe.sync_every)], ["fragments P", str(recipe.fragments)],
+                   ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"], ["outer codec", recipe.codec],
+                   ["outer lr / momentum", f"{recipe.outer_lr:g} / {recipe.outer_momentum:g}"],
+                   ["one fragment's exchange (s)", f"{recipe.sync_s:.3f}"], ["compute per step (s)", f"{recipe.compute_s:.4g}"],
+                   ["predicted step (s)", f"{recipe.step_s:.4g}"], ["compute fraction", f"{recipe.compute_fraction:.3f}"]])
     if args.out:
         out.text(f"plan written to {args.out}")
     return 0
+
+
+def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> WanRecipe:
+    """--wan-recipe auto: the recipe for the searched assignment (pipeline seconds per step: its pp term)."""
+    compute_s = args.compute_s if args.compute_s is not None else estimated_compute_s(cluster, job, result.assignment)
+    return choose_recipe(cluster, job, result.assignment, compute_s, pp_s=result.cost.pp, total_steps=args.recipe_steps,
+                         max_delay=args.recipe_max_delay, floor=args.recipe_codec_floor)
 
 
 def codec_tables(out: Output, choice: CodecChoice) -> None:

@@ -75,6 +75,12 @@ def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
         settings["comm"] = {"dp_codecs": tuple(plan.codecs.dp), "pp_codecs": tuple(plan.codecs.pp)}
     if plan.split is not None:
         settings["schedule"] = {"split_by_speed": True, "split_boundaries": tuple(plan.split.boundaries)}
+    if plan.extra.get("wan_recipe") is not None:  # `geotrain plan --wan-recipe auto`: its outer codec on every stage
+        from geotrain.cost.wan_recipe import WanRecipe
+
+        recipe = WanRecipe.from_json(plan.extra["wan_recipe"], "plan")
+        settings["optim"] = recipe.runtime_settings()["optim"]
+        settings.setdefault("comm", {})["dp_codecs"] = (recipe.codec,) * plan.stages
     return settings
 
 

@@ -4,6 +4,7 @@ from geotrain.emulate.install import Emulation, install
 from geotrain.emulate.network import EmulatedNetwork, EmulationError
 from geotrain.emulate.process_group import BACKEND_NAME, EmulatedProcessGroup
 from geotrain.emulate.schedule import Transfer, run_rounds
+from geotrain.emulate.torchft_groups import TorchftGroups
 
-__all__ = ["BACKEND_NAME", "EmulatedNetwork", "EmulatedProcessGroup", "Emulation", "EmulationError", "Transfer",
-           "install", "run_rounds"]
+__all__ = ["BACKEND_NAME", "EmulatedNetwork", "EmulatedProcessGroup", "Emulation", "EmulationError", "TorchftGroups",
+           "Transfer", "install", "run_rounds"]

@@ -77,6 +77,9 @@ class RuntimeConfig:
     def _check_across(self) -> None:
         """The rules that span sections (or need the plan's shape or the cluster)."""
         comm, stages = self.comm, self.stages
+        if self.data.eval_local and self.pipeline_stages > 1:
+            raise RuntimeConfigError(f"data.eval_local: one pipeline stage only (a replica's weights on one rank), "
+                                     f"got {self.pipeline_stages} stages")
         if self.optim.sync_delay and self.checkpoint.checkpoint_every:
             raise RuntimeConfigError(f"optim.sync_delay {self.optim.sync_delay}: an outer sync may be in flight when "
                                      f"a checkpoint falls, and in-flight syncs are not checkpointed; set "

@@ -135,9 +135,12 @@ class DataSection(Section):
     val_fraction: float = setting(0.1, "fraction of --data held out for validation")
     eval_every: int = setting(0, "validation loss every N steps and at the end (0: never)", metavar="N")
     eval_windows: int = setting(32, "validation windows per evaluation (at most)")
+    eval_local: bool = setting(False, "one stage only: each replica scores its own weights on every window, with no "
+                                      "collective and outside emulated time (a sync may be in flight: bench wan)")
 
     def __post_init__(self) -> None:
         self._text("data", optional=True)
+        self._flag("eval_local")
         if self.data is not None and not Path(self.data).exists():
             raise RuntimeConfigError(f"data.data {self.data!r}: no such file or directory")
         self._integer("data_seed", 0)

@@ -186,6 +186,8 @@ class Worker:
         """Mean validation loss (nats) over at most eval_windows held-out windows, shared out by replica
         and run through the pipeline without gradients; known on the last stage's ranks, else None."""
         cfg = self.config
+        if cfg.data.eval_local:
+            return self._evaluate_local()
         windows = validation_starts(len(self.data.val), self.seq_len, cfg.data.eval_windows)
         starts = windows[self.slot.replica::cfg.replicas]
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
@@ -206,6 +208,19 @@ class Worker:
             return None
         dist.all_reduce(totals, group=self.groups[self.slot.stage])
         return float(totals[0] / totals[1])
+
+    def _evaluate_local(self) -> float:
+        """data.eval_local: this replica's weights (one stage) on the evaluation windows, no collective; the
+        emulated clock is set back afterwards, so no sync in flight travels during the evaluation."""
+        from geotrain.models.evaluate import validation_loss
+
+        clock = None if self.emulation is None else self.emulation.state().clock
+        before = None if clock is None else clock.now()
+        loss = validation_loss([self.modules[0]], np.asarray(self.data.val), self.seq_len,
+                               max_windows=self.config.data.eval_windows)
+        if clock is not None and before is not None:
+            clock.restart(before)
+        return loss
 
     def save(self, completed: int) -> None:
         cfg = self.config

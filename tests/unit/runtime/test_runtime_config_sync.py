@@ -48,3 +48,11 @@ def test_streaming_settings_are_part_of_the_checkpoint_identity_only_when_set():
     mixed = _config(sync_every=4, fragments=2, sync_mix=0.5).identity()
     assert (mixed["fragments"], mixed["sync_delay"], mixed["sync_mix"]) == (2, 0, 0.5)
     assert mixed != _config(sync_every=4, fragments=2, sync_mix=0.25).identity()
+
+
+def test_local_evaluation_is_for_one_stage_and_lets_an_overlapped_sync_run_with_a_final_checkpoint(tmp_path):
+    with pytest.raises(RuntimeConfigError, match=r"^data.eval_local: one pipeline stage only"):
+        _config(eval_every=4, eval_local=True)
+    one_stage = RuntimeConfig.of(CLUSTER, np.array([[0, 1, 2, 3]]), steps=8, sync_every=4, sync_delay=2,
+                                 eval_every=4, eval_local=True, checkpoint_dir=str(tmp_path), checkpoint_every=0)
+    assert one_stage.data.eval_local and one_stage.checkpoint.checkpoint_every == 0

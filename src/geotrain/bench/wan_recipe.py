@@ -1,0 +1,50 @@
+"""`bench wan`'s recipe row: what `geotrain plan --wan-recipe auto` chooses (geotrain.cost.wan_recipe), run.
+
+The planner's inputs are the cluster's links, the job's bytes and the compute seconds per step, which the
+bench takes from the limit row (the fp32 training on free links: its emulated step time is the compute
+of one step of the same per-replica batch on this CPU, measured as every row's time is; the recipe row
+runs after it). For every planned layout the recipe is chosen (that layout's pipeline seconds added per
+step); the layout with the lowest predicted step runs, with the recipe's H, P, tau, mix, codec and
+outer optimizer as RuntimeConfig options (tau > 0 is scored by the runtime's in-run evaluation:
+bench.wan.run_row). The row's result carries the prediction (`predicted_step_s`) beside the measured
+step time, and the recipe. (A first version took the compute from the DDP baseline's compute fraction
+x step time: 0.361 s, 2.5x the limit row's 0.142 s, because the runtime's compute timer counts wall
+seconds of this loaded machine; predicted 0.453 s against 0.282 s measured.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from geotrain.bench.wan_rows import RowResult, WanBenchConfig, WanRow
+from geotrain.cluster import Cluster
+from geotrain.cost.wan_recipe import WanRecipe, choose_recipe
+from geotrain.job import Job
+
+
+def plan_recipe(cluster: Cluster, job: Job, layouts: dict[str, Any], config: WanBenchConfig,
+                compute_s: float) -> tuple[str, WanRecipe]:
+    """(layout name, recipe) with the lowest predicted step among `layouts` (bench.wan.PlannedLayout)."""
+    recipes = {name: choose_recipe(cluster, job, layout.assignment, compute_s, pp_s=layout.pp_s,
+                                   total_steps=config.steps) for name, layout in layouts.items()}
+    name = min(recipes, key=lambda key: recipes[key].step_s)
+    return name, recipes[name]
+
+
+def recipe_options(recipe: WanRecipe) -> tuple[tuple[str, Any], ...]:
+    """The recipe as a bench row's RuntimeConfig options (the codec goes in the row's dp_codec)."""
+    return tuple((key, value) for key, value in recipe.runtime_settings()["optim"].items())
+
+
+def run_recipe_row(row: WanRow, cluster: Cluster, job: Job, layouts: dict[str, Any], config: WanBenchConfig,
+                   tokens: Any, compute_s: float, progress: Callable[[str, int, int], None] | None) -> RowResult:
+    """Plan the recipe for `compute_s` seconds of compute per step, train it as a row, attach the prediction."""
+    from geotrain.bench.wan import run_row
+
+    name, recipe = plan_recipe(cluster, job, layouts, config, compute_s)
+    planned = dataclasses.replace(row, dp_codec=recipe.codec, options=recipe_options(recipe))
+    callback = None if progress is None else (lambda done, total: progress(row.label, done, total))
+    result = run_row(planned, cluster, layouts[name].assignment, None, config, tokens, callback)
+    return dataclasses.replace(result, predicted_step_s=recipe.step_s, recipe=recipe.to_json())

@@ -1,0 +1,159 @@
+"""The WAN recipe: sync period H, fragments P, delay tau and outer codec of Streaming DiLoCo, chosen by cost.
+
+Cost ("yuan" DP term, seconds; docs/wan.md "The WAN recipe"). A sync of one fragment exchanges 1/P
+of the model's outer gradients through the codec (codec_choice.codec_link_bytes: all-gathered codecs
+count n/2 times, in half the latency rounds):
+
+    T_frag(P, codec) = yuan dp_s of the job with dp bytes / P and the codec's wire bytes
+    exposed          = max(0, T_frag - tau x compute_s)        (hidden behind tau inner steps' compute)
+    step_s           = max(compute_s + pp_s + exposed x P / H, T_frag x P / H)
+                       (a fragment syncs every H / P steps; one exchange at a time per DP group, so the
+                       P exchanges of a period need P x T_frag of the H steps' time)
+
+so the bytes per step are fragment bytes / (H / P), and P > 1 adds P - 1 latencies per period while
+cutting the peak bandwidth by P. The rule (`choose_recipe`), tolerance e (default 0.02):
+1. H: the smallest H in `sync_every_choices` (fewest local steps: best quality) whose fastest recipe
+   reaches `target_compute_fraction` (compute_s / step_s, default 0.95); none does: the fastest H.
+   With `total_steps`, H is capped so that the run has at least MIN_OUTER_STEPS outer steps (fewer
+   outer steps lost quality in bench wan: docs/wan.md).
+2. codec: the best-quality rung of OUTER_LADDER (down to `floor`) whose fastest P/tau is within
+   (1 + e) x the fastest step at that H.
+3. tau: the smallest delay (a landed sync is staler with each step) within (1 + e) of it;
+4. P: the largest fragment count within (1 + e) of it (lowest peak bandwidth).
+5. mix alpha 0.5 when tau > 0 (Streaming DiLoCo's; alpha 0 drops the overlapped steps' progress).
+6. outer optimizer: averaging (lr 1, momentum 0) under PAPER_OUTER_STEPS outer steps, else DiLoCo's
+   Nesterov 0.7 / 0.9 (measured: 0.7/0.9 over 12 outer steps misses bench wan's target; docs/wan.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.cost.codec_choice import codec_link_bytes
+from geotrain.cost.traffic import traffic_of_job
+from geotrain.cost.yuan import YuanCostModel
+from geotrain.errors import GeotrainError, shown
+from geotrain.job import Job
+
+OUTER_LADDER = ("none", "int8-block", "int4-block", "int2-block")
+"""Outer-gradient codecs, best quality first (error feedback on; docs/diloco.md has their bytes)."""
+SYNC_EVERY_CHOICES = (2, 5, 10, 20, 50, 100)
+MIN_OUTER_STEPS = 12
+PAPER_OUTER_STEPS = 100
+TARGET_COMPUTE_FRACTION = 0.95
+AVERAGING = (1.0, 0.0)
+DILOCO_PAPER = (0.7, 0.9)
+OVERLAP_MIX = 0.5
+
+
+class WanRecipeError(GeotrainError, ValueError):
+    """A recipe setting or a plan's "wan_recipe" object that cannot be used."""
+
+
+@dataclass(frozen=True)
+class WanRecipe:
+    """Streaming DiLoCo settings and the seconds per step the cost model predicts for them."""
+
+    sync_every: int
+    fragments: int
+    delay: int
+    mix: float  # Streaming DiLoCo's alpha: 0.5 (the paper's) when a sync lands late, else 0 (blocking DiLoCo)
+    codec: str
+    outer_lr: float
+    outer_momentum: float
+    step_s: float
+    compute_s: float
+    sync_s: float  # one fragment's exchange (T_frag)
+
+    @property
+    def compute_fraction(self) -> float:
+        return self.compute_s / self.step_s if self.step_s > 0 else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan's "wan_recipe" object (`geotrain train --plan` runs it)."""
+        return {"version": 1, **dataclasses.asdict(self), "compute_fraction": self.compute_fraction}
+
+    @classmethod
+    def from_json(cls, doc: Any, source: str = "<plan>") -> WanRecipe:
+        if not isinstance(doc, dict) or doc.get("version") != 1:
+            raise WanRecipeError(f"{source}: wan_recipe must be an object with version 1, got {shown(doc)}")
+        try:
+            return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls)})
+        except KeyError as missing:
+            raise WanRecipeError(f"{source}: wan_recipe.{missing.args[0]} is missing") from None
+
+    def runtime_settings(self) -> dict[str, dict[str, Any]]:
+        """RuntimeConfig sections (optim, comm) that run this recipe."""
+        return {"optim": {"sync_every": self.sync_every, "fragments": self.fragments, "sync_delay": self.delay,
+                          "sync_mix": self.mix, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum},
+                "comm": {"dp_codec": self.codec}}
+
+
+def fragment_sync_seconds(cluster: Cluster, job: Job, assignment: np.ndarray, fragments: int, codec: str) -> float:
+    """T_frag: yuan's DP seconds of one fragment's (1/P of the model) exchange through `codec`, slowest stage."""
+    stages, replicas = assignment.shape
+    traffic = traffic_of_job(job, stages, replicas, codec_link_bytes(codec, job, "dp", replicas))
+    traffic = dataclasses.replace(traffic, dp_bytes=tuple(b / fragments for b in traffic.dp_bytes))
+    return float(YuanCostModel(cluster, traffic).stage_dp_seconds(assignment).max())
+
+
+def recipe_step_seconds(sync_s: float, compute_s: float, pp_s: float, sync_every: int, fragments: int,
+                        delay: int) -> float:
+    """step_s of the module doc: compute + pipeline + the exposed part of each sync, amortised, and at
+    least the DP group's occupancy (one exchange at a time per group: P exchanges per H steps)."""
+    exposed = max(0.0, sync_s - delay * compute_s)
+    return max(compute_s + pp_s + exposed * fragments / sync_every, sync_s * fragments / sync_every)
+
+
+def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float, *, pp_s: float = 0.0,
+                  total_steps: int | None = None, max_delay: int | None = None, max_fragments: int = 8,
+                  floor: str = "int4-block", tolerance: float = 0.02,
+                  target_compute_fraction: float = TARGET_COMPUTE_FRACTION,
+                  sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES) -> WanRecipe:
+    """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0);
+    `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints)."""
+    if floor not in OUTER_LADDER:
+        raise WanRecipeError(f"--recipe-codec-floor must be one of {', '.join(OUTER_LADDER)}, got {shown(floor)}")
+    if not compute_s > 0 or not np.isfinite(compute_s):
+        raise WanRecipeError(f"--compute-s: compute seconds per step must be a finite number > 0, got {shown(compute_s)}")
+    assignment = np.asarray(assignment, dtype=np.int64)
+    choices = sorted(h for h in sync_every_choices
+                     if total_steps is None or h * MIN_OUTER_STEPS <= total_steps) or [min(sync_every_choices)]
+    codecs = OUTER_LADDER[: OUTER_LADDER.index(floor) + 1]
+    sync = {(p, c): fragment_sync_seconds(cluster, job, assignment, p, c)
+            for p in range(1, max_fragments + 1) for c in codecs}
+
+    def options(h: int) -> list[tuple[float, int, int, int, str]]:
+        """(step_s, codec rank, tau, -P, codec) of every setting at H = h."""
+        taus = range(0, (h - 1 if max_delay is None else min(max_delay, h - 1)) + 1)
+        return [(recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t), i, t, -p, c)
+                for i, c in enumerate(codecs) for p in range(1, min(max_fragments, h) + 1) for t in taus]
+
+    fastest = {h: min(options(h))[0] for h in choices}
+    meets = [h for h in choices if compute_s / fastest[h] >= target_compute_fraction]
+    h = meets[0] if meets else min(choices, key=lambda k: (fastest[k], k))
+    limit = fastest[h] * (1 + tolerance) * (1 + 1e-12)
+    within = [o for o in options(h) if o[0] <= limit]
+    codec_rank = min(o[1] for o in within)  # 2. best-quality codec
+    tau = min(o[2] for o in within if o[1] == codec_rank)  # 3. least delay
+    step_s, _, _, neg_p, codec = min((o for o in within if o[1] == codec_rank and o[2] == tau),
+                                     key=lambda o: o[3])  # 4. most fragments
+    outer = AVERAGING if total_steps is not None and total_steps // h < PAPER_OUTER_STEPS else DILOCO_PAPER
+    return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 else 0.0, codec, outer[0], outer[1], step_s, compute_s,
+                     sync[-neg_p, codec])
+
+
+def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:
+    """Compute seconds per step of the slowest replica by the "yuan+compute" model (GPU peak x utilisation)."""
+    from geotrain.cost.compute import YuanComputeCostModel
+
+    assignment = np.asarray(assignment, dtype=np.int64)
+    stages, replicas = assignment.shape
+    model = YuanComputeCostModel.for_job(cluster, job, int(stages), int(replicas))
+    return float(model.replica_compute_seconds(assignment[None]).max())

@@ -1,0 +1,105 @@
+"""torchft under the emulating backend: every process group torchft creates costs what the links say.
+
+torchft's reconfigurable groups (`torchft.process_group.ProcessGroupGloo`, behind its Manager) build a
+fresh gloo group at every quorum, in `_create_pg(store, rank, world_size)`, over torchft's own store
+and never through `init_process_group`, so `install()` (and `geotrain emulate`) never sees them.
+`TorchftGroups(network, device)` replaces that method on torchft's class, in this process, while it is
+entered. The replacement
+1. builds the real gloo group torchft would build (over the store torchft hands it);
+2. learns which cluster device every member of the quorum emulates: each member posts its own device
+   under the quorum's store prefix and reads the others' (quorum ranks are torchft's, not global ranks);
+3. returns an `EmulatedProcessGroup` around it: torchft's wrapper calls `parent.allreduce(...)` and
+   friends, which now run gloo and advance this process's emulated clock by the links' time.
+
+Every group of the process shares one emulated clock (`clock`; the default group's when `install()`
+ran first, so both kinds of traffic are on one timeline). What was sent is kept per group
+(`states`: transfers with devices and bytes), across reconfigurations. Not emulated: torchft's quorum
+and commit RPCs to the Lighthouse and the replicas' managers, and its checkpoint transfers for
+recovery (HTTP on localhost): they cost only the compute clock's time.
+torchft is imported lazily (the `geotrain[ft]` extra).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from geotrain.emulate.clock import RankClock
+from geotrain.emulate.network import EmulatedNetwork, EmulationError
+from geotrain.emulate.process_group import EmulatedProcessGroup
+from geotrain.emulate.state import EmulationState
+
+DEVICE_KEY = "geotrain-emulate/device/"
+"""Store key prefix under which each quorum member posts the cluster device it emulates."""
+
+
+class TorchftEmulatedGroup(EmulatedProcessGroup):
+    """An emulated group torchft can reconfigure: `abort` / `shutdown` reach the real gloo group."""
+
+    def abort(self) -> None:
+        getattr(self._inner, "abort", lambda: None)()
+
+    def shutdown(self) -> None:
+        getattr(self._inner, "shutdown", lambda: None)()
+
+
+class TorchftGroups:
+    """While entered, every torchft gloo group this process creates is emulated (module doc).
+    `device`: the cluster device this process emulates; `clock`: the process's emulated clock (None:
+    a new one with `time_scale` and `wall`, restarted at 0 when the first group is created)."""
+
+    def __init__(self, network: EmulatedNetwork, device: int, clock: RankClock | None = None,
+                 time_scale: float = 1.0, wall: Any = time.perf_counter) -> None:
+        if not 0 <= device < network.n_devices:
+            raise EmulationError(f"TorchftGroups: device must be in 0..{network.n_devices - 1} (the cluster's "
+                                 f"devices), got {device!r}")
+        self.network = network
+        self.device = int(device)
+        self._own_clock = clock is None
+        self.clock = clock if clock is not None else RankClock(time_scale, wall=wall)
+        self.states: list[EmulationState] = []
+        self.groups: list[TorchftEmulatedGroup] = []
+        self._original: Any = None
+
+    def __enter__(self) -> TorchftGroups:
+        from torchft.process_group import ProcessGroupGloo
+
+        if self._original is not None:
+            raise EmulationError("TorchftGroups: already entered")
+        self._original = ProcessGroupGloo.__dict__["_create_pg"]
+        emulation = self
+
+        def _create_pg(pg_self: Any, store: Any, rank: int, world_size: int) -> Any:
+            return emulation.create(store, rank, world_size, pg_self._timeout)
+
+        ProcessGroupGloo._create_pg = _create_pg
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from torchft.process_group import ProcessGroupGloo
+
+        if self._original is not None:
+            ProcessGroupGloo._create_pg = self._original
+            self._original = None
+
+    def create(self, store: Any, rank: int, world_size: int, timeout: timedelta) -> TorchftEmulatedGroup:
+        """The emulated group over `store` for quorum rank `rank` of `world_size` (what `_create_pg` returns)."""
+        store.set(f"{DEVICE_KEY}{rank}", str(self.device))
+        devices = tuple(int(store.get(f"{DEVICE_KEY}{r}")) for r in range(world_size))
+        inner = dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        if self._own_clock and not self.states:
+            self.clock.restart(0.0)  # the first quorum's members meet here: a common emulated 0
+        state = EmulationState(self.network, devices, rank, self.clock)
+        group = TorchftEmulatedGroup(inner, rank, world_size, list(range(world_size)), state)
+        self.states.append(state)
+        self.groups.append(group)
+        return group
+
+    def bytes_sent(self, region_of: Any = None) -> float:
+        """Payload bytes this process sent over emulated links in every group so far; with `region_of`
+        (device -> region) only those between regions."""
+        return float(sum(t.nbytes for state in self.states for t in state.transfers
+                         if region_of is None or region_of[t.src_device] != region_of[t.dst_device]))

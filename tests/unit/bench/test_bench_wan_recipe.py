@@ -1,0 +1,33 @@
+"""bench wan's recipe row (geotrain.bench.wan_recipe): the planner's inputs and choice, in process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from geotrain.bench.wan import PlannedLayout, WanBenchConfig, bench_cluster, model_job
+from geotrain.bench.wan_recipe import plan_recipe, recipe_options
+from geotrain.bench.wan_rows import DEFAULT_ROWS
+from geotrain.cluster import load_cluster
+
+
+def test_recipe_row_takes_the_layout_with_the_lowest_predicted_step():
+    cluster = load_cluster(bench_cluster("wan-4x1"))
+    layouts = {"1x4": PlannedLayout(np.arange(4).reshape(1, 4), 1.0, None, 1.0, 0.0),
+               "2x2": PlannedLayout(np.array([[0, 1], [2, 3]]), 0.7, None, 0.4, 0.3)}
+    name, recipe = plan_recipe(cluster, model_job(32), layouts, WanBenchConfig(), 0.125)
+    # 2x2 pays its 0.3 s pipeline every step; 1x4: H = 5 (60 steps / 12 outer steps), int4-block outer
+    # gradients in one fragment (latency-bound links) hidden behind tau = 4 steps, mixed 0.5, averaging
+    assert name == "1x4"
+    assert (recipe.sync_every, recipe.fragments, recipe.delay, recipe.codec) == (5, 1, 4, "int4-block")
+    assert (recipe.outer_lr, recipe.outer_momentum) == (1.0, 0.0)
+    assert recipe.sync_s < 4 * 0.125 and recipe.step_s == pytest.approx(0.125)
+    assert dict(recipe_options(recipe)) == {"sync_every": 5, "fragments": 1, "sync_delay": 4, "sync_mix": 0.5,
+                                            "outer_lr": 1.0, "outer_momentum": 0.0}
+
+
+def test_default_rows_have_one_recipe_row_one_torchft_row_and_the_limit_last():
+    assert sum(row.recipe for row in DEFAULT_ROWS) == 1
+    torchft = [row for row in DEFAULT_ROWS if row.engine == "torchft"]
+    assert len(torchft) == 1 and "torchft" in torchft[0].label and torchft[0].sync_every == 5
+    assert "limit" in DEFAULT_ROWS[-1].label

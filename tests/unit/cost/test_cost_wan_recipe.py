@@ -1,0 +1,81 @@
+"""The WAN recipe (geotrain.cost.wan_recipe): its step-time formula by hand, the rule's choices on the
+bench's wan-4x1 cluster, and the plan object `geotrain train --plan` runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from geotrain.cluster import cluster_from_dict
+from geotrain.cost.wan_recipe import (WanRecipe, WanRecipeError, choose_recipe, fragment_sync_seconds,
+                                      recipe_step_seconds)
+from geotrain.job import Job
+
+TWO = cluster_from_dict({"name": "two", "regions": [{"name": "a", "devices": 1}, {"name": "b", "devices": 1}],
+                         "links": [{"between": ["a", "b"], "gbps": 0.1, "ms": 50}]})
+JOB = Job(name="m", params=1e6, seq_len=64, hidden=128, global_batch=8, layers=4, bytes_per_value=4, vocab=256)
+PAIR = np.array([[0, 1]])
+
+
+def test_step_seconds_amortise_hide_behind_delay_and_respect_the_groups_occupancy():
+    assert recipe_step_seconds(0.5, 0.1, 0.0, 5, 1, 0) == pytest.approx(0.1 + 0.5 / 5)  # blocking, amortised
+    assert recipe_step_seconds(0.5, 0.1, 0.0, 5, 1, 4) == pytest.approx(0.1 + 0.1 / 5)  # 0.4 s hidden
+    assert recipe_step_seconds(0.3, 0.1, 0.02, 5, 1, 4) == pytest.approx(0.12)  # fully hidden: compute + pipeline
+    # 5 fragments of 0.5 s each in 5 steps: the group is busy 0.5 s per step, more than the compute
+    assert recipe_step_seconds(0.5, 0.1, 0.0, 5, 5, 4) == pytest.approx(0.5)
+
+
+def test_fragment_exchange_is_yuans_all_reduce_of_the_fragments_bytes_through_the_codec():
+    # 2 devices, R = 2: 2 (a + 8 c / (R b)), c = 4e6 fp32 bytes; a fragment of 1/4 carries c / 4
+    assert fragment_sync_seconds(TWO, JOB, PAIR, 1, "none") == pytest.approx(2 * (0.05 + 8 * 4e6 / (2 * 1e8)))
+    assert fragment_sync_seconds(TWO, JOB, PAIR, 4, "none") == pytest.approx(2 * (0.05 + 8 * 1e6 / (2 * 1e8)))
+    # int8-block is all-gathered: n/2 = 1 times its 1 + 4/256 bytes per value, half the latency rounds
+    int8 = (1 + 4 / 256) / 4
+    assert fragment_sync_seconds(TWO, JOB, PAIR, 1, "int8-block") == pytest.approx(
+        2 * (0.5 * 0.05 + 8 * 4e6 * int8 / (2 * 1e8)))
+
+
+def test_the_smallest_h_that_hides_the_sync_then_the_best_codec_least_delay_and_most_fragments():
+    recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
+    # H = 2 already hides it: int8-block (the best codec that does) in 2 fragments of 2 x (25 ms + 20.3 ms),
+    # each hidden behind tau = 1 step of 0.1 s (fp32 would need 0.26 s; int8 in one piece 0.131 s)
+    assert (recipe.sync_every, recipe.fragments, recipe.codec) == (2, 2, "int8-block")
+    assert recipe.sync_s == pytest.approx(2 * (0.025 + 8 * 2e6 * (1 + 4 / 256) / 4 / 2e8))
+    assert recipe.delay == 1 and recipe.mix == 0.5
+    assert recipe.step_s == pytest.approx(0.1) and recipe.compute_fraction == pytest.approx(1.0)
+    assert (recipe.outer_lr, recipe.outer_momentum) == (1.0, 0.0)  # 12 outer steps: averaging
+
+
+def test_without_delay_the_sync_is_exposed_and_the_paper_optimizer_comes_back_with_many_outer_steps():
+    blocking = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, max_delay=0)
+    # nothing hides it: the fastest H allowed (60 / 12 = 5), the lowest codec, one fragment (latency-bound)
+    assert (blocking.sync_every, blocking.fragments, blocking.delay, blocking.mix) == (5, 1, 0, 0.0)
+    assert blocking.codec == "int4-block"
+    assert blocking.step_s == pytest.approx(0.1 + blocking.sync_s / 5)
+    long_run = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=100_000)
+    assert (long_run.outer_lr, long_run.outer_momentum) == (0.7, 0.9)
+    assert long_run.sync_every == 2  # the smallest H that reaches a compute fraction of 0.95
+
+
+def test_bandwidth_bound_links_take_the_most_fragments_at_no_cost():
+    slow = cluster_from_dict({"name": "slow", "regions": [{"name": "a", "devices": 1}, {"name": "b", "devices": 1}],
+                              "links": [{"between": ["a", "b"], "gbps": 0.001, "ms": 0.01}]})
+    recipe = choose_recipe(slow, JOB, PAIR, 0.1, total_steps=60, max_delay=0, floor="none")
+    assert recipe.fragments == 5  # latency ~0: P fragments cost what one does, at 1/P of the peak
+    assert recipe.sync_every == 5 and recipe.codec == "none"  # nothing reaches 0.95: the fastest H; floor none
+    assert recipe.sync_s == pytest.approx(2 * (1e-5 + 8 * 4e6 / 5 / (2 * 1e6)))  # one fifth of the model
+
+
+def test_recipe_round_trips_through_the_plan_and_names_a_missing_key():
+    recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
+    assert WanRecipe.from_json(recipe.to_json()) == recipe
+    settings = recipe.runtime_settings()
+    assert settings["optim"] == {"sync_every": 2, "fragments": 2, "sync_delay": 1, "sync_mix": 0.5,
+                                 "outer_lr": 1.0, "outer_momentum": 0.0}
+    assert settings["comm"] == {"dp_codec": "int8-block"}
+    doc = recipe.to_json()
+    del doc["codec"]
+    with pytest.raises(WanRecipeError, match="wan_recipe.codec is missing"):
+        WanRecipe.from_json(doc, "p.json")
+    with pytest.raises(WanRecipeError, match="compute seconds per step"):
+        choose_recipe(TWO, JOB, PAIR, 0.0)
