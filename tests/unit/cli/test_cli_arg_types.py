@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from geotrain.bench.wan import DEFAULT_ROWS
+
 from geotrain.cli.main import main
 
 
@@ -48,7 +50,7 @@ def test_bad_numbers_and_output_paths_are_usage_errors_before_any_work(words, me
     ("--target", "-1", "--target must be a finite validation loss > 0 (nats per character), got -1.0"),
     ("--lr", "inf", "--lr must be a finite number > 0, got inf"),
     ("--global-batch", "0", "--global-batch, microbatches and validation windows must be >= 1, got 0, 4, 128"),
-    ("--rows", "-1", "--rows: comma-separated row numbers in 0..15, got '-1'"),
+    ("--rows", "-1", f"--rows: comma-separated row numbers in 0..{len(DEFAULT_ROWS) - 1}, got '-1'"),
 ])
 def test_bench_wan_refuses_numbers_it_could_never_finish_with(option, value, message, capsys):
     started = time.monotonic()
