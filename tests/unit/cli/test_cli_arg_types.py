@@ -9,7 +9,6 @@ import time
 import pytest
 
 from geotrain.bench.wan import DEFAULT_ROWS
-
 from geotrain.cli.main import main
 
 
