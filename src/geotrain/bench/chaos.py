@@ -104,22 +104,9 @@ def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens:
 
 def _worker_pid(rank: int) -> int | None:
     """The pid of this process's descendant named geotrain-r<rank> (a runtime worker), if any."""
-    from geotrain.procs import pid_alive
+    from geotrain.procs.lifeline import descendant_named
 
-    parents: dict[int, int] = {}
-    names: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                names[int(entry.name)] = (entry / "comm").read_text().strip()
-            except (OSError, IndexError, ValueError):
-                continue
-    family, frontier = set(), {os.getpid()}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - family
-        family |= frontier
-    return next((pid for pid in family if names.get(pid) == f"geotrain-r{rank}" and pid_alive(pid)), None)
+    return descendant_named(f"geotrain-r{rank}")
 
 
 def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], tokens: Any,

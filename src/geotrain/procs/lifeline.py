@@ -60,6 +60,28 @@ def pid_alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def descendant_named(name: str, root: int | None = None) -> int | None:
+    """The pid of a live descendant of `root` (default: this process) whose process name (/proc/PID/comm,
+    set by set_process_name) is `name`; None if there is none or no /proc."""
+    parents: dict[int, int] = {}
+    names: dict[int, str] = {}
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    for entry in proc.iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                names[int(entry.name)] = (entry / "comm").read_text().strip()
+            except (OSError, IndexError, ValueError):
+                continue
+    family, frontier = set(), {os.getpid() if root is None else root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - family
+        family |= frontier
+    return next((pid for pid in family if names.get(pid) == name and pid_alive(pid)), None)
+
+
 def _kill_self() -> None:
     # A rank leads its own process group (geotrain.procs.supervisor): take its whole tree along.
     if os.getpgid(0) == os.getpid():

@@ -177,3 +177,23 @@ def test_a_sigkilled_launcher_leaves_no_rank_no_grandchild_and_no_folder(tmp_pat
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_descendant_named_finds_a_grandchild_by_its_process_name():
+    from geotrain.procs.lifeline import descendant_named
+
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+            "\"open('/proc/self/comm', 'w').write('gt-grandchild'); import time; time.sleep(60)\"]); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        found = None
+        while found is None and time.monotonic() < deadline:
+            found = descendant_named("gt-grandchild")
+            time.sleep(0.05)
+        assert found is not None and found != child.pid
+        assert descendant_named("gt-grandchild", root=found) is None  # a process is not its own descendant
+        assert descendant_named("no-such-process-name") is None
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
