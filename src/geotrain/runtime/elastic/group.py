@@ -38,6 +38,7 @@ from geotrain.data import WorldTokens
 from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, lm_loss, lr_at, validation_starts
 from geotrain.procs import set_process_name
+from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.pipeline import ComputeTimer
@@ -57,8 +58,7 @@ class ElasticGroupError(GeotrainError, RuntimeError):
 
 def run_identity_digest(config: RuntimeConfig) -> str:
     """sha256 of what must match between groups of one run: the numerics' identity and the plan's shape."""
-    identity = {**config.identity(), "elastic": True, "min_replicas": config.reliability.min_replicas}
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()
+    return identity_digest({**config.identity(), "elastic": True, "min_replicas": config.reliability.min_replicas})
 
 
 def _first_line(exc: BaseException) -> str:

@@ -144,8 +144,6 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
                     watch.down.add(g)
         if len(watch.done) + len(watch.down) == watch.groups:
             break
-        if len(watch.down) == watch.groups:
-            raise ElasticRunError(f"every replica group failed (restarts per group: {watch.restarts})")
         if watch.first_done_at is not None and now - watch.first_done_at > FINISH_GRACE_S:
             break  # the rest is stopped by the supervisor; they missed the end
         trained_s = _trained_s(store)
