@@ -23,13 +23,14 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_placement(args: Any, stages: int, replicas: int, layer_shares: object = None,
-                    strict: bool = True) -> tuple[Cluster, Job, CostModel]:
+                    strict: bool = True, cluster: Cluster | None = None) -> tuple[Cluster, Job, CostModel]:
     """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
     (with `args.uneven_split`, where the command has it: scored with the speed layer split; else
     with `layer_shares` where given, see cost.registry.build_cost_model). A layout the job does not
     split evenly over (Job.check_layout_fits) is refused when `strict` (planning), else said in one
-    note on stderr (scoring a given plan: per-replica batch global_batch // R, as in the seed)."""
-    cluster = load_cluster(args.cluster)
+    note on stderr (scoring a given plan: per-replica batch global_batch // R, as in the seed).
+    `cluster`: plan on this one (e.g. the live devices of a re-plan) instead of loading `args.cluster`."""
+    cluster = load_cluster(args.cluster) if cluster is None else cluster
     job = load_job(args.job)
     job.check_every_replica_has_a_sample(replicas)  # refused even where an uneven layout is only noted
     try:

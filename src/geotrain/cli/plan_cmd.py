@@ -12,6 +12,9 @@ With --uneven-split (cost models yuan+compute and schedule) every assignment is 
 speed-optimal uneven split of the job's layers (cost/layer_split.py) and the JSON adds "split":
 {"rule", "layers", "counts", "boundaries", "shares", "stage_tflops", "cost_equal_split"}
 (`geotrain train --plan` cuts the model there).
+With --exclude-devices / --membership it plans on the live devices only: "assignment" still names devices of
+the full cluster file, and the JSON adds "membership": {"excluded_devices", "excluded_device_names",
+"live_devices", "cluster_devices"} (cli/membership_args.py).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from dataclasses import fields, replace
 from typing import Any
 
 from geotrain.cli.arg_types import output_file, positive_float, seed
+from geotrain.cli.membership_args import add_membership_arguments, membership_of
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
+from geotrain.cluster import load_cluster
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.cost.wan_recipe import OUTER_LADDER, WanRecipe, choose_recipe, estimated_compute_s
@@ -108,6 +113,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
+    add_membership_arguments(parser)
     add_autoconfig_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -161,6 +167,9 @@ def run(args: Any) -> int:
     started = time.perf_counter()  # --time-limit counts from here: loading the cluster and model included
     out = Output(json_mode=args.json)
     if args.stages is None and args.replicas is None:
+        if args.exclude_devices is not None or args.membership is not None:
+            raise GeotrainError("--exclude-devices / --membership re-plan a fixed layout: give --stages and "
+                                "--replicas (the checkpoint's S, and the replicas the live devices hold)")
         if args.codecs != "none":
             raise GeotrainError("--codecs auto applies to a fixed layout: give --stages and --replicas")
         if args.uneven_split:
@@ -168,7 +177,10 @@ def run(args: Any) -> int:
         return run_autoconfig(args, out)
     if args.stages is None or args.replicas is None:
         raise SearchError("give both --stages and --replicas, or neither (auto-configuration)")
-    cluster, job, model = build_placement(args, args.stages, args.replicas)
+    full_cluster = load_cluster(args.cluster)
+    membership = membership_of(args, full_cluster)
+    cluster, job, model = build_placement(args, args.stages, args.replicas,
+                                          cluster=full_cluster if membership is None else membership.live_cluster())
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
@@ -198,6 +210,9 @@ def run(args: Any) -> int:
     recipe = None if args.wan_recipe == "none" else wan_recipe_of(args, cluster, job, result)
     if recipe is not None:
         plan = replace(plan, extra={**plan.extra, "wan_recipe": recipe.to_json()})
+    if membership is not None:  # searched on the live devices; the file names the full cluster's
+        plan = replace(plan, assignment=membership.lift(plan.assignment),
+                       extra={**plan.extra, "membership": membership.to_json()})
     if args.out:
         write_json_file(plan.to_json(), args.out)
     if args.json:
@@ -206,6 +221,8 @@ def run(args: Any) -> int:
     cost = result.cost
     rows = [["method", result.method], ["layout", f"{args.stages} stages x {args.replicas} replicas"],
             ["cluster", f"{cluster.name} ({cluster.n_devices} devices, {cluster.n_regions} regions)"],
+            *([["excluded devices", ", ".join(full_cluster.device_names[d] for d in membership.excluded) or "-"]]
+              if membership is not None else []),
             ["job / cost model", f"{job.name} / {model.name}"],
             ["dp (s)", f"{cost.dp:.3f}"], ["pp (s)", f"{cost.pp:.3f}"], ["total (s)", f"{cost.total:.3f}"],
             ["search seconds", f"{result.seconds:.2f}"], ["evaluations", f"{result.evaluations:,}"]]
@@ -214,8 +231,8 @@ def run(args: Any) -> int:
         rows.append(["gap to bound", f"{100 * max(0.0, 1 - result.lower_bound / cost.total):.2f}%"])
     out.table("plan", ["", "value"], rows, right_align_from=2)
     out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
-              assignment_rows(cluster, result.assignment), right_align_from=1)
-    out.text(region_legend(cluster))
+              assignment_rows(full_cluster, plan.assignment), right_align_from=1)
+    out.text(region_legend(full_cluster))
     if plan.split is not None:
         split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
