@@ -31,11 +31,12 @@ from geotrain.comm.launch import FORKSERVER_PRELOAD
 from geotrain.errors import GeotrainError
 from geotrain.procs import (LaunchResult, Supervisor, Target, WorkerFailure, forkserver_context,
                             set_process_name, torchrun_env)
-from geotrain.runtime.checkpoint import (CheckpointError, check_identity, latest_step, prepare_directory,
-                                         read_manifest, step_dir, verify_shards)
+from geotrain.runtime.checkpoint import (CheckpointError, latest_step, prepare_directory, read_manifest, step_dir,
+                                         verify_shards)
 from geotrain.runtime.checkpoint_lock import DirectoryLock, hold_directory
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.hosts import Rendezvous
+from geotrain.runtime.replan import check_resume_identity
 from geotrain.runtime.report import build_report
 
 ProgressCallback = Callable[[int, int], None]
@@ -74,13 +75,14 @@ def _write_text(path: Path, text: str) -> None:
 
 def check_resumable(config: RuntimeConfig) -> int:
     """The step a resumed run starts from; CheckpointError (before any process starts) if there is
-    no complete checkpoint, it belongs to a different run, or a shard differs from its manifest."""
+    no complete checkpoint, it belongs to a different run (a re-plan with the same S and global batch is
+    this run: runtime/replan.py), or a shard differs from its manifest."""
     assert config.checkpoint.checkpoint_dir is not None
     step = latest_step(config.checkpoint.checkpoint_dir)
     if step is None:
         raise CheckpointError(f"{config.checkpoint.checkpoint_dir}: no complete checkpoint to resume from")
     manifest = read_manifest(config.checkpoint.checkpoint_dir, step)
-    check_identity(manifest, config.identity(), str(step_dir(config.checkpoint.checkpoint_dir, step)))
+    check_resume_identity(manifest, config.identity(), str(step_dir(config.checkpoint.checkpoint_dir, step)))
     verify_shards(config.checkpoint.checkpoint_dir, step, manifest)
     return step
 

@@ -27,6 +27,7 @@ from geotrain.emulate.install import Emulation
 from geotrain.errors import GeotrainError
 from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_ties, validation_starts
 from geotrain.runtime import checkpoint as ckpt
+from geotrain.runtime import replan
 from geotrain.models import MODEL_PRESETS
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
@@ -238,16 +239,19 @@ class Worker:
         if step is None:
             raise ckpt.CheckpointError(f"{cfg.checkpoint.checkpoint_dir}: no complete checkpoint to resume from")
         manifest = ckpt.read_manifest(cfg.checkpoint.checkpoint_dir, step)
-        ckpt.check_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint.checkpoint_dir, step)))
-        state = ckpt.load_shard(cfg.checkpoint.checkpoint_dir, step, self.rank, manifest, self.slot_header())
-        state["_step"] = step
+        replan.check_resume_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint.checkpoint_dir, step)))
+        source = replan.source_slot(manifest, self.slot.stage, self.slot.replica)  # a re-plan may change R
+        state = ckpt.load_shard(cfg.checkpoint.checkpoint_dir, step, source["rank"], manifest, source)
+        if replan.is_replan(manifest, cfg.replicas):
+            state["records"] = []  # they describe the old layout's slots: the report covers this one's steps
+        state["_step"], state["_rank"] = step, source["rank"]
         return state
 
     def restore(self) -> None:
         cfg = self.config
         assert self.resume_state is not None
         state = self.resume_state
-        step = state["_step"]
+        step, shard = state["_step"], ckpt.shard_path(cfg.checkpoint.checkpoint_dir, state["_step"], state["_rank"])
         try:
             self.stage.load_state_dict(state["stage"])
             self.dp.load_state_dict(state["dp"])
@@ -256,11 +260,9 @@ class Worker:
             self.start_step = int(state["completed"])
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            shard = ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)
             raise ckpt.CheckpointError(f"{shard}: does not fit "
                                        f"this run's {self.layout.describe(self.rank)}: {first}") from None
         if self.start_step != step:
-            shard = ckpt.shard_path(cfg.checkpoint.checkpoint_dir, step, self.rank)
             raise ckpt.CheckpointError(f"{shard}: completed is "
                                        f"{self.start_step}, its directory says {step}")
         self.resume_state = None
