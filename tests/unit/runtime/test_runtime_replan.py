@@ -1,0 +1,65 @@
+"""runtime.replan: which checkpoints a re-plan may continue (same S, same global batch, same run) and
+which shard each of its slots loads."""
+
+from __future__ import annotations
+
+import pytest
+
+from geotrain.cluster import make_network
+from geotrain.runtime import RuntimeConfig
+from geotrain.runtime.checkpoint import CheckpointError
+from geotrain.runtime.replan import check_resume_identity, is_replan, layout_free, source_slot
+
+CLUSTER = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0, name="test-2x2")
+
+
+def _manifest(assignment, **settings) -> dict:
+    return {"identity": RuntimeConfig.of(CLUSTER, assignment, **settings).identity()}
+
+
+def _identity(assignment, **settings) -> dict:
+    return RuntimeConfig.of(CLUSTER, assignment, **settings).identity()
+
+
+SAVED = _manifest([[0, 2], [1, 3]], batch_size=4, microbatches=2)  # 2 x 2, global batch 8
+
+
+def test_a_replan_with_the_same_s_and_global_batch_is_the_same_run():
+    check_resume_identity(SAVED, _identity([[0], [3]], batch_size=8, microbatches=2), "ckpt")  # R 2 -> 1
+    check_resume_identity(SAVED, _identity([[3, 1], [0, 2]], batch_size=4, microbatches=2), "ckpt")  # re-mapped
+    check_resume_identity(SAVED, SAVED["identity"], "ckpt")
+    assert layout_free(SAVED["identity"])["global_batch"] == 8 and "replicas" not in layout_free(SAVED["identity"])
+
+
+def test_another_s_is_refused_naming_both():
+    with pytest.raises(CheckpointError, match=r"^ckpt: the checkpoint has S = 2 pipeline stages, this plan S = 1: a "
+                                              r"re-plan must keep S \(re-splitting the layers from a checkpoint is not "
+                                              r"supported; re-plan with --stages 2\)$"):
+        check_resume_identity(SAVED, _identity([[0, 1]], batch_size=4, microbatches=2), "ckpt")
+
+
+def test_another_global_batch_is_refused_naming_the_batch_size_that_keeps_it():
+    with pytest.raises(CheckpointError, match=r"global batch is 8 sequences \(2 replicas x 4\), this plan's is 4 "
+                                              r"\(1 x 4\); a re-plan keeps the global batch: pass --batch-size 8$"):
+        check_resume_identity(SAVED, _identity([[0], [3]], batch_size=4, microbatches=2), "ckpt")
+    three = _manifest([[0, 1, 2], [3, 0, 1]][:1], batch_size=2, microbatches=2)  # 1 x 3, global batch 6
+    with pytest.raises(CheckpointError, match="6 does not split over 4 replicas: re-plan with a replica count"):
+        check_resume_identity(three, _identity([[0, 1, 2, 3]], batch_size=2, microbatches=2), "ckpt")
+
+
+def test_another_model_or_data_is_still_refused_by_name():
+    with pytest.raises(CheckpointError, match=r"different run: data is \{'world': 0\} there, \{'world': 1\} now"):
+        check_resume_identity(SAVED, _identity([[0], [3]], batch_size=8, microbatches=2, data_seed=1), "ckpt")
+    with pytest.raises(CheckpointError, match="different run: lr is"):
+        check_resume_identity(SAVED, _identity([[0], [3]], batch_size=8, microbatches=2, lr=1e-2), "ckpt")
+    with pytest.raises(CheckpointError, match="different run: model is .*'spec': 'tiny'.* there, .*'tiny-2layer'"):
+        check_resume_identity(SAVED, _identity([[0], [3]], batch_size=8, microbatches=2, model_name="tiny-2layer"),
+                              "ckpt")
+
+
+def test_each_slot_loads_its_stage_shard_of_replica_r_mod_the_old_r():
+    assert [source_slot(SAVED, s, 0) for s in range(2)] == [{"rank": 0, "stage": 0, "replica": 0},
+                                                            {"rank": 2, "stage": 1, "replica": 0}]
+    assert source_slot(SAVED, 1, 1) == {"rank": 3, "stage": 1, "replica": 1}
+    assert source_slot(SAVED, 1, 3) == {"rank": 3, "stage": 1, "replica": 1}  # grown: a copy of replica 1's
+    assert is_replan(SAVED, 1) and not is_replan(SAVED, 2)
