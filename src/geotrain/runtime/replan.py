@@ -65,7 +65,9 @@ def source_slot(manifest: dict[str, Any], stage: int, replica: int) -> dict[str,
     return {"rank": stage * old_replicas + old_replica, "stage": stage, "replica": old_replica}
 
 
-def is_replan(manifest: dict[str, Any], replicas: int) -> bool:
-    """True when this run's R differs from the checkpoint's (its per-step records then describe another
-    layout and are not carried over)."""
-    return manifest["identity"].get("replicas") != replicas
+def is_replan(manifest: dict[str, Any], shard: dict[str, Any], assignment: list[list[int]]) -> bool:
+    """True when this run's layout differs from the checkpoint's: another R, or another device in some
+    slot (the shard's "assignment"; shards that do not record one count as the same placement). The
+    per-step records of another layout are not carried over: predictions for them would score the
+    wrong devices."""
+    return manifest["identity"].get("replicas") != len(assignment[0]) or shard.get("assignment", assignment) != assignment

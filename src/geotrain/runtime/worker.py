@@ -225,7 +225,8 @@ class Worker:
 
     def save(self, completed: int) -> None:
         cfg = self.config
-        state = {"slot": self.slot_header(), "stage": self.stage.state_dict(), "boundaries": list(self.boundaries),
+        state = {"slot": self.slot_header(), "assignment": cfg.assignment.tolist(), "stage": self.stage.state_dict(),
+                 "boundaries": list(self.boundaries),
                  "dp": self.dp.state_dict(),
                  "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
         ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())
@@ -242,7 +243,7 @@ class Worker:
         replan.check_resume_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint.checkpoint_dir, step)))
         source = replan.source_slot(manifest, self.slot.stage, self.slot.replica)  # a re-plan may change R
         state = ckpt.load_shard(cfg.checkpoint.checkpoint_dir, step, source["rank"], manifest, source)
-        if replan.is_replan(manifest, cfg.replicas):
+        if replan.is_replan(manifest, state, cfg.assignment.tolist()):
             state["records"] = []  # they describe the old layout's slots: the report covers this one's steps
         state["_step"], state["_rank"] = step, source["rank"]
         return state

@@ -62,4 +62,7 @@ def test_each_slot_loads_its_stage_shard_of_replica_r_mod_the_old_r():
                                                             {"rank": 2, "stage": 1, "replica": 0}]
     assert source_slot(SAVED, 1, 1) == {"rank": 3, "stage": 1, "replica": 1}
     assert source_slot(SAVED, 1, 3) == {"rank": 3, "stage": 1, "replica": 1}  # grown: a copy of replica 1's
-    assert is_replan(SAVED, 1) and not is_replan(SAVED, 2)
+    old = [[0, 2], [1, 3]]
+    assert is_replan(SAVED, {"assignment": old}, [[0], [3]])  # R 2 -> 1
+    assert is_replan(SAVED, {"assignment": old}, [[2, 0], [1, 3]])  # same R, re-mapped
+    assert not is_replan(SAVED, {"assignment": old}, old) and not is_replan(SAVED, {}, old)
