@@ -3,9 +3,12 @@ which shard each of its slots loads."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 from geotrain.cluster import make_network
+from geotrain.data import replica_batch
 from geotrain.runtime import RuntimeConfig
 from geotrain.runtime.checkpoint import CheckpointError
 from geotrain.runtime.replan import check_resume_identity, is_replan, layout_free, source_slot
@@ -66,3 +69,13 @@ def test_each_slot_loads_its_stage_shard_of_replica_r_mod_the_old_r():
     assert is_replan(SAVED, {"assignment": old}, [[0], [3]])  # R 2 -> 1
     assert is_replan(SAVED, {"assignment": old}, [[2, 0], [1, 3]])  # same R, re-mapped
     assert not is_replan(SAVED, {"assignment": old}, old) and not is_replan(SAVED, {}, old)
+
+
+def test_the_global_batch_of_a_step_is_the_same_windows_cut_in_r_slices():
+    tokens = np.arange(5000) % 97
+    for step in (0, 7):
+        whole = replica_batch(tokens, 3, step, 0, 1, 8, 16)[0]
+        halves = torch.cat([replica_batch(tokens, 3, step, r, 2, 8, 16)[0] for r in range(2)])
+        quarters = torch.cat([replica_batch(tokens, 3, step, r, 4, 8, 16)[0] for r in range(4)])
+        assert torch.equal(whole, halves) and torch.equal(whole, quarters)
+    assert not torch.equal(replica_batch(tokens, 3, 0, 0, 1, 8, 16)[0], replica_batch(tokens, 3, 1, 0, 1, 8, 16)[0])
