@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from geotrain.cluster import Cluster
+from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_memory_bytes, gpu_peak_flops
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
@@ -120,17 +121,6 @@ class AutoConfigResult:
     seconds: float
 
 
-def subcluster(cluster: Cluster, devices: np.ndarray) -> Cluster:
-    """The cluster restricted to `devices` (ascending indices), empty regions dropped."""
-    devices = np.asarray(devices, dtype=np.int64)
-    regions, region_of = np.unique(cluster.region_of[devices], return_inverse=True)
-    return Cluster(name=cluster.name, device_names=tuple(cluster.device_names[d] for d in devices),
-                   region_names=tuple(cluster.region_names[g] for g in regions), region_of=region_of,
-                   gpus=tuple(cluster.gpus[d] for d in devices),
-                   bandwidth_gbps=cluster.bandwidth_gbps[np.ix_(devices, devices)],
-                   latency_ms=cluster.latency_ms[np.ix_(devices, devices)])
-
-
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -204,7 +194,7 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
     for compute_lb, S, R, M, pool, need in layouts:
         key = pool.tobytes()
         if key not in pool_cache:
-            sub = subcluster(cluster, pool)
+            sub = restrict_cluster(cluster, pool)
             pool_cache[key] = sub
         sub = pool_cache[key]
         bound = compute_lb + comm_lower_bound_s(sub, job, S, R)
@@ -253,7 +243,7 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
     capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
     used = candidate.assignment.ravel()
     devices = np.flatnonzero((peak >= peak[used].min()) & (capacity >= candidate.memory_per_device_bytes))
-    sub = subcluster(cluster, devices)
+    sub = restrict_cluster(cluster, devices)
     comm = YuanCostModel.for_job(sub, job, S, R)
     result = hierarchical_search(PlacementProblem(sub, comm), HierarchicalConfig(starts=2, rounds=4, swaps=1000),
                                  seed=seed, time_limit_s=options.refine_time_limit_s)
@@ -296,7 +286,7 @@ def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, 
     cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth)
     if any_split:  # the busiest stage need not be the one with the dearest DP group
         return max(chain, busy_compute) + cheapest_dp
-    dp_pair = YuanCostModel.for_job(subcluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
+    dp_pair = YuanCostModel.for_job(restrict_cluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
     return max(chain + cheapest_dp, busy_compute + combinatorial_dp_bound(dp_pair, stages, replicas))
 
 
@@ -307,7 +297,7 @@ def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: Auto
     only where every stage's devices hold that stage's memory (`stage_memory_bytes` with its shares)."""
     S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
     devices = np.unique(candidate.assignment)
-    sub = subcluster(cluster, devices)
+    sub = restrict_cluster(cluster, devices)
     local = np.searchsorted(devices, candidate.assignment)
     capacity = np.array([gpu_memory_bytes(g) for g in sub.gpus])[local].min(axis=1)  # (S,) per stage
 
