@@ -110,6 +110,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     def _issue(self, op: str, nbytes: float, works: list[Any], rounds: Callable[[np.ndarray], Rounds],
                result: list[torch.Tensor], after: Callable[[], None] | None = None,
                send_bytes: Sequence[float] | None = None) -> EmulatedWork:
+        self._state.check_links(self._group_devices, op)
         with self._state.lock:
             n = self.size()
             stamp = torch.zeros(1 + n, dtype=torch.float64)
@@ -287,6 +288,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     # -- point-to-point --
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> EmulatedWork:
         state = self._state
+        state.check_links((state.device, self._group_devices[dst]), "send")
         with state.lock:
             payload = _as_bytes(_check_p2p(tensors))
             dst_device = self._group_devices[dst]
@@ -306,6 +308,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> EmulatedWork:
         state, tensor = self._state, _check_p2p(tensors)
+        state.check_links((state.device, self._group_devices[src]), "recv")
         message = torch.empty(HEADER_BYTES + tensor.numel() * tensor.element_size(), dtype=torch.uint8)
         work = self._inner.recv([message], src, tag)
 
