@@ -175,7 +175,6 @@ class ElasticGroup:
         """Cut off: stop the Manager (no heartbeats: the Lighthouse drops this group), wait for the links
         to heal, then start a new Manager, whose first quorum recovers the peers' newer state."""
         self.manager.shutdown(wait=False)
-        self.store.add(f"offline/{self.group}", 1)
         while self.cut_off():
             time.sleep(OFFLINE_POLL_S)
         self.manager = self._manager(self.lighthouse)

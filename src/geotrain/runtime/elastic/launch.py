@@ -220,18 +220,23 @@ def _group_error(result_dir: Path, group: int, code: int) -> str:
         return f"replica group {group} {describe_exit(code)}"
 
 
+def _recoveries(since: dict[int, list[float]], rejoins: list[dict[str, Any]]) -> list[float]:
+    """Per event (group -> unix times: failures, heals), seconds to that group's next rejoin (none: left out)."""
+    seconds = []
+    for g, times in since.items():
+        healed = sorted(r["t"] for r in rejoins if r["group"] == g)
+        for at in times:
+            after = [t for t in healed if t >= at]
+            if after:
+                seconds.append(after[0] - at)
+    return seconds
+
+
 def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any, wall_s: float) -> ElasticSummary:
     finished = read_groups(result_dir, watch.groups)
     steps = max((s["steps"] for s in finished.values()), default=0)
     rejoin_count = _int(store, "rejoins")
     rejoins = [json.loads(store.get(f"rejoin/{n}").decode()) for n in range(1, rejoin_count + 1)]
-    recovery = []
-    for g, times in watch.failed_at.items():
-        healed = sorted(r["t"] for r in rejoins if r["group"] == g)
-        for failed in times:
-            after = [t for t in healed if t >= failed]
-            if after:
-                recovery.append(after[0] - failed)
     commits = [json.loads(store.get(f"commit/{t}").decode()) if store.check([f"commit/{t}"]) else None
                for t in range(steps)]
     contributors = [c[0] for c in commits if c is not None]
@@ -239,18 +244,16 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
     t0 = float(store.get("t0").decode()) if store.check(["t0"]) else 0.0
     last = max((c[1] for c in commits if c is not None), default=t0)
     val = [s["val_loss"] for s in finished.values()]
-    partition_recovery = [after[0] - healed for g, heals in watch.healed_at.items() for healed in heals
-                          if (after := sorted(r["t"] for r in rejoins if r["group"] == g and r["t"] >= healed))]
     emulated = [s["records"][-1]["emulated_s"] for s in finished.values() if s["records"]]
     return ElasticSummary(
         steps=steps, losses=mean_losses(finished, steps), val_loss=val[0] if val else None,
         replica_failures=watch.failures, rejoins=rejoin_count, global_restarts=0,
         max_param_diff_across_replicas=max_param_diff([result_dir / f"params-{g}.pt" for g in sorted(finished)]),
-        recovery_s=recovery,
+        recovery_s=_recoveries(watch.failed_at, rejoins),
         stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed - set(watch.healed_at)),
         train_s=last - t0, samples=int(sum(contributors) * every * config.schedule.batch_size),
         contributors=contributors, kills=watch.kills, restarts=list(watch.restarts),
         groups_finished=sorted(finished), wall_s=wall_s,
         group_records={g: summary["records"] for g, summary in sorted(finished.items())},
-        partitions=watch.partitions, partition_recovery_s=partition_recovery,
+        partitions=watch.partitions, partition_recovery_s=_recoveries(watch.healed_at, rejoins),
         train_emulated_s=max(emulated) if emulated and None not in emulated else None)
