@@ -53,14 +53,18 @@ class EmulationState:
     def device(self) -> int:
         return self.devices[self.rank]
 
-    def check_links(self, devices: Sequence[int], op: str) -> None:
-        """LinkDown unless every link among `devices` (an operation's members) is up."""
-        if len(set(devices)) < 2:
-            return
-        down = self.cut_devices().intersection(devices)
-        if down:
-            raise LinkDown(f"geotrain.emulate: {op} among devices {list(devices)} not delivered: the links of "
-                           f"device(s) {sorted(down)} are cut (partition)")
+    def cut_among(self, devices: Sequence[int]) -> list[int]:
+        """The cut devices among an operation's member `devices` (none when fewer than two distinct)."""
+        return sorted(self.cut_devices().intersection(devices)) if len(set(devices)) > 1 else []
+
+    def check_links(self, devices: Sequence[int], op: str, cut_seen: bool = False) -> None:
+        """LinkDown unless every link among `devices` (an operation's members) is up; `cut_seen`: a member
+        saw a cut when the operation was issued (raise even if the links have healed since)."""
+        down = self.cut_among(devices)
+        if down or cut_seen:
+            where = f"device(s) {down}" if down else "a member, when it was issued"
+            raise LinkDown(f"geotrain.emulate: {op} among devices {list(devices)} not delivered: links cut "
+                           f"(partition) at {where}")
 
     def record(self, transfers: Sequence[Transfer]) -> None:
         """Keep the transfers this rank sends (each transfer is recorded once, by its sender)."""

@@ -102,7 +102,10 @@ def test_the_link_state_cuts_and_heals_devices_and_the_backend_refuses_a_cut_gro
                            cut_devices=lambda: read_cut(store))
     state.check_links((0, 1), "allreduce")  # the cut device is not a member: delivered
     state.check_links((2,), "allreduce")  # alone: nothing crosses a link
-    with pytest.raises(LinkDown, match=r"allreduce among devices \[0, 2\] not delivered: the links of device\(s\) \[2\]"):
+    with pytest.raises(LinkDown, match=r"allreduce among devices \[0, 2\] not delivered: links cut \(partition\) at "
+                                       r"device\(s\) \[2\]"):
         state.check_links((0, 2), "allreduce")
     set_cut(store, [])
     state.check_links((0, 2), "allreduce")
+    with pytest.raises(LinkDown, match="at a member, when it was issued"):  # healed since: all members fail alike
+        state.check_links((0, 2), "allreduce", cut_seen=True)
