@@ -1,20 +1,30 @@
-"""`geotrain bench chaos`: goodput of elastic replica groups (torchft) under killed sites, beside the
-synchronous runtime that must restart from its last checkpoint.
+"""`geotrain bench chaos`: goodput of elastic replica groups (torchft) under killed and partitioned sites,
+beside the synchronous runtime that must restart from its last checkpoint.
 
 The WAN benchmark's model (`tiny` GPT) and cluster (wan-4x1: 4 sites, one replica each, pipeline S = 1),
-plain gloo on this machine (no link emulation: failures and recovery are what is measured). Rows:
-  elastic, no failures             the reference of the elastic rows
+plain gloo on this machine (no link emulation: failures and recovery are what is measured). A partition
+is a link state of the emulating backend, so the partition row and its own failure-free reference run on
+it, at a time scale (LINK_STATE_TIME_SCALE) where the links cost microseconds: the backend's own cost
+(one stamp all-gather per all-reduce) is then in both. Rows:
+  elastic, no failures             the reference of the kill row
   elastic, kill a site every T     --chaos kill-site:every=T (T = a quarter of the reference's training
                                    time, seeded sites), each killed group restarted, rejoining live
+  elastic (emulating backend), no failures   the reference of the partition row
+  elastic, partition a site        --chaos partition:every=T,for=T/2 (the same count, seeded sites): the
+                                   group's links cut, the others go on, it rejoins live when they heal
   sync+ckpt, no failures           the runtime's synchronous run with a checkpoint every `checkpoint_every`
   sync+ckpt, kill a site every T   a worker SIGKILLed at the same times: the run ends, and is launched
                                    again with --resume from its last checkpoint (a global restart)
+  sync+ckpt, partition a site      a worker SIGKILLed at each partition's start (a synchronous run cannot
+                                   go on without the site), relaunched with --resume once the links heal
+                                   (T/2 later; optimistic for the baseline: it pays no collective timeout)
 goodput = useful samples per second of training, relative to the row's failure-free reference (the
-elastic rows to the first row, the sync rows to the third: their start-up costs differ). Useful
+kill row to the first row, the partition row to the third, the sync rows to the fifth). Useful
 samples: every committed step's contributing groups' batches (a step redone after a restart counts
 once). Seconds: from the first step's start to the last commit (elastic), or from the first launch's
 first completed step to the last launch's end (sync, restarts included). recovery_s: from a failure to
-the failed unit training again (the group's rejoin; the relaunched run's first new step).
+the failed unit training again (the group's rejoin; the relaunched run's first new step); for the
+partition rows from the heal.
 """
 
 from __future__ import annotations
@@ -30,6 +40,11 @@ from typing import Any
 
 from geotrain.bench.wan import WAN_CLUSTER
 from geotrain.errors import GeotrainError
+
+
+LINK_STATE_TIME_SCALE = 1e-6
+"""The time scale of the partition row and its reference: on the emulating backend (whose link state a
+partition cuts), with link times shrunk to microseconds of wall time (wan-4x1's all-reduce: ~1 s emulated)."""
 
 
 class ChaosBenchError(GeotrainError, ValueError):
@@ -94,12 +109,15 @@ def _runtime_config(config: ChaosBenchConfig, elastic: bool, **more: Any) -> Any
     return RuntimeConfig.of(cluster, [list(range(cluster.n_devices))], "chaos", **_settings(config, elastic, **more))
 
 
-def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any) -> tuple[ChaosRow, Any]:
+def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any,
+                time_scale: float = 0.0) -> tuple[ChaosRow, Any]:
+    """An elastic run with `chaos` (None: no failures); the row's failures are kills plus partitions."""
     from geotrain.runtime.elastic.launch import launch_elastic
 
-    summary = launch_elastic(_runtime_config(config, True, chaos=chaos), tokens=tokens)
-    return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s, summary.val_loss,
-                    summary.train_s, summary.samples, summary.replica_failures), summary
+    summary = launch_elastic(_runtime_config(config, True, chaos=chaos, time_scale=time_scale), tokens=tokens)
+    return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s + summary.partition_recovery_s,
+                    summary.val_loss, summary.train_s, summary.samples,
+                    summary.replica_failures + summary.partitions), summary
 
 
 def _worker_pid(rank: int) -> int | None:
@@ -110,9 +128,10 @@ def _worker_pid(rank: int) -> int | None:
 
 
 def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], tokens: Any,
-             ckpt_dir: Path) -> ChaosRow:
+             ckpt_dir: Path, hold_s: float = 0.0) -> ChaosRow:
     """The synchronous runtime with checkpoints; a worker SIGKILLed at each of `kill_times_s` (seconds after
-    the first completed step), the run then launched again with --resume (from scratch if no checkpoint)."""
+    the first completed step), the run then launched again with --resume (from scratch if no checkpoint),
+    `hold_s` seconds after the kill at the earliest (a partition: the site is unreachable until it heals)."""
     from geotrain.procs import WorkerFailure
     from geotrain.runtime import latest_step, launch
     from geotrain.runtime.elastic.chaos import kill_schedule, parse_chaos
@@ -141,7 +160,7 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
             pid = None if stop.is_set() else _worker_pid(kill.group)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
-                state["killed_at"] = (time.monotonic(), state["launches"])
+                state["killed_at"] = (time.monotonic() + hold_s, state["launches"])  # recovery counts from the heal
 
     thread = threading.Thread(target=killer, name="bench-chaos-killer")
     thread.start()
@@ -153,6 +172,8 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
             try:
                 report = launch(run, progress=progress, tokens=tokens).report
             except WorkerFailure:
+                if state["killed_at"] is not None:
+                    time.sleep(max(0.0, state["killed_at"][0] - time.monotonic()))
                 failures += 1
                 restarts += 1
                 resumed = latest_step(str(ckpt_dir))
@@ -169,7 +190,7 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
 
 
 def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[ChaosRow]:
-    """The four rows of the module doc, in order; `progress(label)` before each."""
+    """The seven rows of the module doc, in order; `progress(label)` before each."""
     from geotrain.data import world_tokens
 
     tokens = world_tokens(0)
@@ -180,14 +201,25 @@ def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[Chao
     note("elastic, kill a site every T")
     killed, _ = elastic_row(f"elastic, kill a site every {every_s:.1f} s", config,
                             f"kill-site:every={every_s:.3f}s,count={config.kills}", tokens)
+    note("elastic (emulating backend), no failures")
+    backend, _ = elastic_row("elastic (emulating backend), no failures", config, None, tokens, LINK_STATE_TIME_SCALE)
+    cut_label = f"partition a site every {every_s:.1f} s for {every_s / 2:.1f} s"
+    note("elastic, partition a site every T for T/2")
+    cut, _ = elastic_row(f"elastic, {cut_label}", config,
+                         f"partition:every={every_s:.3f}s,for={every_s / 2:.3f}s,count={config.kills}", tokens,
+                         LINK_STATE_TIME_SCALE)
+    times = [every_s * (k + 1) for k in range(config.kills)]
     with tempfile.TemporaryDirectory(prefix="geotrain-bench-chaos-") as tmp:
         note("sync+ckpt, no failures")
         sync_reference = sync_row("sync+ckpt, no failures", config, [], tokens, Path(tmp) / "a")
         note("sync+ckpt, kill a site every T")
-        sync_killed = sync_row(f"sync+ckpt restart, kill a site every {every_s:.1f} s", config,
-                               [every_s * (k + 1) for k in range(config.kills)], tokens, Path(tmp) / "b")
+        sync_killed = sync_row(f"sync+ckpt restart, kill a site every {every_s:.1f} s", config, times, tokens,
+                               Path(tmp) / "b")
+        note("sync+ckpt, partition a site every T for T/2")
+        sync_cut = sync_row(f"sync+ckpt restart, {cut_label}", config, times, tokens, Path(tmp) / "c",
+                            hold_s=every_s / 2)
     rows = []
-    for row, ref in ((reference, reference), (killed, reference), (sync_reference, sync_reference),
-                     (sync_killed, sync_reference)):
+    for row, ref in ((reference, reference), (killed, reference), (backend, backend), (cut, backend),
+                     (sync_reference, sync_reference), (sync_killed, sync_reference), (sync_cut, sync_reference)):
         rows.append(replace(row, goodput=goodput(row.samples, row.train_s, ref.samples, ref.train_s)))
     return rows

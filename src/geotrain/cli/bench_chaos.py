@@ -1,5 +1,5 @@
-"""`geotrain bench chaos`: goodput of elastic replica groups (torchft) with a site killed every T, beside
-the synchronous runtime restarting from its last checkpoint (geotrain.bench.chaos). --json:
+"""`geotrain bench chaos`: goodput of elastic replica groups (torchft) with a site killed, or partitioned,
+every T, beside the synchronous runtime restarting from its last checkpoint (geotrain.bench.chaos). --json:
 {"rows": [{"label", "goodput", "steps", "global_restarts", "recoveries", "recovery_s", "val_loss", ...}],
 "config"}; the first row is the elastic run without failures."""
 
@@ -12,7 +12,8 @@ from typing import Any
 from geotrain.cli.arg_types import count, positive_float, seed
 
 NAME = "chaos"
-HELP = "goodput under killed sites: elastic replica groups (torchft) vs a synchronous run restarting from checkpoints"
+HELP = ("goodput under killed and partitioned sites: elastic replica groups (torchft) vs a synchronous run restarting "
+        "from checkpoints")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=count, default=d.batch_size, help="sequences per replica group per step")
     parser.add_argument("--seq-len", type=count, default=d.seq_len, help="tokens per sequence")
     parser.add_argument("--model", default=d.model, metavar="PRESET", help="GPT preset (the WAN bench's tiny)")
-    parser.add_argument("--kills", type=count, default=d.kills, help="sites killed in each failing row, every T = a "
+    parser.add_argument("--kills", type=count, default=d.kills, help="sites killed (partitioned) in each failing row, every T = a "
                                                                      "quarter of the failure-free training time")
     parser.add_argument("--checkpoint-every", type=count, default=d.checkpoint_every,
                         help="the synchronous baseline's checkpoint cadence (steps)")

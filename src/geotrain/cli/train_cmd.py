@@ -283,11 +283,13 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
     if args.json:
         out.emit_json({**summary.to_json(), "config": config.to_json()})
         return 0
-    out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "rejoins", "global restarts",
-                              "max param diff", "recovery s", "stall s", "wall s"],
+    out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "partitions", "rejoins",
+                              "global restarts", "max param diff", "recovery s", "stall s", "emulated s", "wall s"],
               [[summary.steps, f"{summary.losses[-1]:.4f}" if summary.losses else "-",
                 "-" if summary.val_loss is None else f"{summary.val_loss:.4f}", summary.replica_failures,
-                summary.rejoins, summary.global_restarts, f"{summary.max_param_diff_across_replicas:.3g}",
-                " ".join(f"{s:.1f}" for s in summary.recovery_s) or "-", f"{summary.stall_s:.1f}",
+                summary.partitions, summary.rejoins, summary.global_restarts,
+                f"{summary.max_param_diff_across_replicas:.3g}",
+                " ".join(f"{s:.1f}" for s in summary.recovery_s + summary.partition_recovery_s) or "-",
+                f"{summary.stall_s:.1f}", "-" if summary.train_emulated_s is None else f"{summary.train_emulated_s:.1f}",
                 f"{summary.wall_s:.1f}"]])
     return 0

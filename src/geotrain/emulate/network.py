@@ -20,6 +20,10 @@ class EmulationError(GeotrainError, ValueError):
     """Bad emulation input: device list, time scale, NIC figure, report path."""
 
 
+class LinkDown(GeotrainError, ConnectionError):
+    """An operation over links that are cut (a partition): nothing is delivered to or from a cut device."""
+
+
 @dataclass(frozen=True, eq=False)
 class EmulatedNetwork:
     """Latency (s) and bandwidth (bit/s) between every device pair, NIC uplink (bit/s) per device."""

@@ -112,11 +112,14 @@ class EmulatedProcessGroup(dist.ProcessGroup):
                send_bytes: Sequence[float] | None = None) -> EmulatedWork:
         with self._state.lock:
             n = self.size()
-            stamp = torch.zeros(1 + n, dtype=torch.float64)
+            stamp = torch.zeros(2 + n, dtype=torch.float64)
             stamp[0] = self._state.clock.now()
+            # a member that sees cut links says so in its stamp: every member then fails the operation at
+            # wait() alike (one that skipped the real exchange instead would leave the others blocked in it)
+            stamp[1] = float(bool(self._state.cut_among(self._group_devices)))
             if send_bytes is not None:
-                stamp[1:] = torch.tensor(list(send_bytes), dtype=torch.float64)
-            stamps = torch.empty(n * (1 + n), dtype=torch.float64)
+                stamp[2:] = torch.tensor(list(send_bytes), dtype=torch.float64)
+            stamps = torch.empty(n * (2 + n), dtype=torch.float64)
             stamp_work = self._inner._allgather_base(stamps, stamp)
             pending = _Pending(op, self._seq, nbytes, [stamp_work, *works], stamps, rounds, after)
             self._seq += 1
@@ -134,10 +137,13 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         held = state.clock.hold()
         for work in pending.works:
             work.wait()
-        stamps = pending.stamps.view(n, 1 + n).numpy()
+        stamps = pending.stamps.view(n, 2 + n).numpy()
+        if stamps[:, 1].any():
+            pending.done = True  # not delivered: the real exchange ran, its result is not handed over
+            state.check_links(self._group_devices, pending.op, cut_seen=True)
         start = max(float(stamps[:, 0].max()), self._free_s)
         transfers, end = run_rounds(state.network, self._group_devices, self._global_ranks,
-                                    pending.rounds(stamps[:, 1:]), start, pending.op, pending.seq)
+                                    pending.rounds(stamps[:, 2:]), start, pending.op, pending.seq)
         self._free_s = end
         self.spans.append((pending.op, start, end))
         state.record(transfers)
@@ -287,6 +293,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
     # -- point-to-point --
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> EmulatedWork:
         state = self._state
+        state.check_links((state.device, self._group_devices[dst]), "send")
         with state.lock:
             payload = _as_bytes(_check_p2p(tensors))
             dst_device = self._group_devices[dst]
@@ -306,6 +313,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> EmulatedWork:
         state, tensor = self._state, _check_p2p(tensors)
+        state.check_links((state.device, self._group_devices[src]), "recv")
         message = torch.empty(HEADER_BYTES + tensor.numel() * tensor.element_size(), dtype=torch.uint8)
         work = self._inner.recv([message], src, tag)
 

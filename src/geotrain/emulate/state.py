@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from geotrain.emulate.clock import RankClock
-from geotrain.emulate.network import EmulatedNetwork
+from geotrain.emulate.network import EmulatedNetwork, LinkDown
 from geotrain.emulate.schedule import SenderQueues, Transfer
 
 
@@ -33,7 +33,8 @@ class OpRecord:
 
 @dataclass
 class EmulationState:
-    """Per process: network, global rank -> device, this rank, its clock, its sends and its groups' ops."""
+    """Per process: network, global rank -> device, this rank, its clock, its sends and its groups' ops;
+    `cut_devices()`: the devices whose links are cut now (a partition: nothing reaches or leaves them)."""
 
     network: EmulatedNetwork
     devices: tuple[int, ...]
@@ -42,6 +43,7 @@ class EmulationState:
     transfers: list[Transfer] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    cut_devices: Callable[[], frozenset[int]] = frozenset
 
     def __post_init__(self) -> None:
         self.queues = SenderQueues(self.network, self.devices[self.rank])
@@ -50,6 +52,19 @@ class EmulationState:
     @property
     def device(self) -> int:
         return self.devices[self.rank]
+
+    def cut_among(self, devices: Sequence[int]) -> list[int]:
+        """The cut devices among an operation's member `devices` (none when fewer than two distinct)."""
+        return sorted(self.cut_devices().intersection(devices)) if len(set(devices)) > 1 else []
+
+    def check_links(self, devices: Sequence[int], op: str, cut_seen: bool = False) -> None:
+        """LinkDown unless every link among `devices` (an operation's members) is up; `cut_seen`: a member
+        saw a cut when the operation was issued (raise even if the links have healed since)."""
+        down = self.cut_among(devices)
+        if down or cut_seen:
+            where = f"device(s) {down}" if down else "a member, when it was issued"
+            raise LinkDown(f"geotrain.emulate: {op} among devices {list(devices)} not delivered: links cut "
+                           f"(partition) at {where}")
 
     def record(self, transfers: Sequence[Transfer]) -> None:
         """Keep the transfers this rank sends (each transfer is recorded once, by its sender)."""

@@ -22,6 +22,7 @@ torchft is imported lazily (the `geotrain[ft]` extra).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -49,15 +50,18 @@ class TorchftEmulatedGroup(EmulatedProcessGroup):
 class TorchftGroups:
     """While entered, every torchft gloo group this process creates is emulated (module doc).
     `device`: the cluster device this process emulates; `clock`: the process's emulated clock (None:
-    a new one with `time_scale` and `wall`, restarted at 0 when the first group is created)."""
+    a new one with `time_scale` and `wall`, restarted at 0 when the first group is created);
+    `cut_devices()`: the devices whose links are cut now (a partition; their groups' operations raise LinkDown)."""
 
     def __init__(self, network: EmulatedNetwork, device: int, clock: RankClock | None = None,
-                 time_scale: float = 1.0, wall: Any = time.perf_counter) -> None:
+                 time_scale: float = 1.0, wall: Any = time.perf_counter,
+                 cut_devices: Callable[[], frozenset[int]] = frozenset) -> None:
         if not 0 <= device < network.n_devices:
             raise EmulationError(f"TorchftGroups: device must be in 0..{network.n_devices - 1} (the cluster's "
                                  f"devices), got {device!r}")
         self.network = network
         self.device = int(device)
+        self.cut_devices = cut_devices
         self._own_clock = clock is None
         self.clock = clock if clock is not None else RankClock(time_scale, wall=wall)
         self.states: list[EmulationState] = []
@@ -92,7 +96,7 @@ class TorchftGroups:
         inner = dist.ProcessGroupGloo(store, rank, world_size, timeout)
         if self._own_clock and not self.states:
             self.clock.restart(0.0)  # the first quorum's members meet here: a common emulated 0
-        state = EmulationState(self.network, devices, rank, self.clock)
+        state = EmulationState(self.network, devices, rank, self.clock, cut_devices=self.cut_devices)
         group = TorchftEmulatedGroup(inner, rank, world_size, list(range(world_size)), state)
         self.states.append(state)
         self.groups.append(group)

@@ -20,20 +20,20 @@ def test_counts_below_one_are_refused_naming_the_option(key):
 
 
 def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every_quarter(monkeypatch):
-    """The four rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
+    """The seven rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
     kill every T = a quarter of the reference's training seconds; goodput uses each row's reference."""
     import geotrain.bench.chaos as chaos
     import geotrain.data
 
     asked = []
 
-    def elastic_row(label, config, spec, tokens):
-        asked.append(("elastic", spec))
+    def elastic_row(label, config, spec, tokens, time_scale=0.0):
+        asked.append(("elastic", spec, time_scale))
         seconds = 80.0 if spec is None else 100.0
         return chaos.ChaosRow(label, 1.0, config.steps, 0, 0 if spec is None else 3, [], 2.0, seconds, 6400, 0), None
 
-    def sync_row(label, config, kill_times_s, tokens, ckpt_dir):
-        asked.append(("sync", kill_times_s))
+    def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0):
+        asked.append(("sync", kill_times_s, hold_s))
         seconds = 90.0 if not kill_times_s else 150.0
         return chaos.ChaosRow(label, 1.0, config.steps, len(kill_times_s), len(kill_times_s), [], 2.0, seconds, 6400,
                               len(kill_times_s))
@@ -43,6 +43,11 @@ def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every
     monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
     rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=3))
     assert [r.label for r in rows][0] == "elastic, no failures" and rows[0].global_restarts == 0
-    assert asked[1] == ("elastic", "kill-site:every=20.000s,count=3") and asked[3] == ("sync", [20.0, 40.0, 60.0])
-    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.6])
-    assert [r.global_restarts for r in rows] == [0, 0, 0, 3]
+    assert asked[1] == ("elastic", "kill-site:every=20.000s,count=3", 0.0)
+    # the partition row and its reference on the emulating backend (its link state), links ~free
+    assert asked[2] == ("elastic", None, chaos.LINK_STATE_TIME_SCALE)
+    assert asked[3] == ("elastic", "partition:every=20.000s,for=10.000s,count=3", chaos.LINK_STATE_TIME_SCALE)
+    assert asked[5] == ("sync", [20.0, 40.0, 60.0], 0.0)
+    assert asked[6] == ("sync", [20.0, 40.0, 60.0], 10.0)  # relaunched once the partition heals
+    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6])
+    assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3]

@@ -1,17 +1,21 @@
 """Failures to inject into an elastic run (`--chaos`), parsed once and turned into a schedule that is a
 pure function of (spec, replica groups, seed).
 
-    kill-site:every=20s                 SIGKILL one replica group every 20 s (wall seconds since the
-                                        groups started), the group drawn from a seeded RNG
+    kill-site:every=20s                 SIGKILL one replica group every 20 s (seconds of training since the
+                                        first start-up quorum), the group drawn from a seeded RNG
     kill-site:every=20s,site=1          always group 1
     kill-site:every=20s,first=5s,count=2  the first kill at 5 s, at most 2 kills
+    partition:site=1,at=5s,for=3s       cut group 1's links at 5 s, heal them at 8 s
+    partition:at=5s,for=3s,every=20s,count=2   a partition every 20 s from 5 s, twice, the group drawn
     kill-site:every=30s;kill-site:every=45s,site=0   several faults: ';' (or a new 'name:' after ',')
 
-Durations: a number with unit ms, s, m or h (a bare number is seconds). `partition` (cutting a group's
-links and healing them) needs the emulating backend around torchft's process groups and is refused
-with one line. The launcher (runtime/elastic/launch.py) kills the group due at each time if it is
-running; a group that is down at that moment is not killed twice (the kill is skipped).
+Durations: a number with unit ms, s, m or h (a bare number is seconds). A partition is a link state
+of the emulating backend (runtime/elastic/links.py): the launcher cuts the group's links and heals them;
+the group stays up. The launcher (runtime/elastic/launch.py) kills the group due at each time if it is
+running; a group that is down at that moment is not killed twice (the kill is skipped), nor is a
+group partitioned twice at once.
 """
+
 
 from __future__ import annotations
 
@@ -23,10 +27,9 @@ import numpy as np
 
 from geotrain.errors import GeotrainError, shown
 
-FAULTS = ("kill-site",)
-REFUSED_FAULTS = {"partition": "partition chaos needs the emulating backend around torchft's process groups, "
-                               "which elastic runs do not have yet; only kill-site is supported"}
+FAULTS = ("kill-site", "partition")
 KILL_KEYS = ("every", "site", "first", "count")
+PARTITION_KEYS = ("site", "at", "for", "every", "count")
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -49,6 +52,34 @@ class KillSite:
     def start_s(self) -> float:
         return self.every_s if self.first_s is None else self.first_s
 
+    @property
+    def period_s(self) -> float:
+        return self.every_s
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Cut a replica group's links at `at_s` for `for_s` seconds, then heal them; again every `every_s`
+    (None: once) at most `count` times (None: once without `every_s`, else no limit); `site`: always
+    this group (None: drawn from the seed)."""
+
+    at_s: float
+    for_s: float
+    site: int | None = None
+    every_s: float | None = None
+    count: int | None = None
+
+    @property
+    def start_s(self) -> float:
+        return self.at_s
+
+    @property
+    def period_s(self) -> float:
+        return math.inf if self.every_s is None else self.every_s
+
+
+Fault = KillSite | Partition
+
 
 @dataclass(frozen=True)
 class Kill:
@@ -56,6 +87,15 @@ class Kill:
 
     at_s: float
     group: int
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One scheduled partition: group `group`'s links cut from `at_s` to `heal_s` (seconds after the start)."""
+
+    at_s: float
+    group: int
+    heal_s: float
 
 
 def parse_duration_s(text: str, where: str) -> float:
@@ -91,16 +131,21 @@ def _fault_parts(spec: str) -> list[tuple[str, list[str]]]:
     return faults
 
 
-def _kill_site(pairs: list[str]) -> KillSite:
+def _values(name: str, pairs: list[str], keys: tuple[str, ...]) -> dict[str, str]:
     values: dict[str, str] = {}
     for pair in pairs:
         key, eq, value = pair.partition("=")
         key = key.strip()
-        if not eq or key not in KILL_KEYS:
-            raise ChaosSpecError(f"chaos kill-site: {shown(pair)} is not one of {', '.join(k + '=' for k in KILL_KEYS)}")
+        if not eq or key not in keys:
+            raise ChaosSpecError(f"chaos {name}: {shown(pair)} is not one of {', '.join(k + '=' for k in keys)}")
         if key in values:
-            raise ChaosSpecError(f"chaos kill-site: {key} given twice")
+            raise ChaosSpecError(f"chaos {name}: {key} given twice")
         values[key] = value.strip()
+    return values
+
+
+def _kill_site(pairs: list[str]) -> KillSite:
+    values = _values("kill-site", pairs, KILL_KEYS)
     if "every" not in values:
         raise ChaosSpecError("chaos kill-site: needs every=DURATION (e.g. kill-site:every=20s)")
     return KillSite(parse_duration_s(values["every"], "kill-site every"),
@@ -109,42 +154,81 @@ def _kill_site(pairs: list[str]) -> KillSite:
                     _count(values["count"], "kill-site count", 1) if "count" in values else None)
 
 
-def parse_chaos(spec: str) -> tuple[KillSite, ...]:
+def _partition(pairs: list[str]) -> Partition:
+    values = _values("partition", pairs, PARTITION_KEYS)
+    if "for" not in values:
+        raise ChaosSpecError("chaos partition: needs for=DURATION (e.g. partition:site=1,at=5s,for=3s)")
+    if "at" not in values and "every" not in values:
+        raise ChaosSpecError("chaos partition: needs at=DURATION or every=DURATION (when the first cut starts)")
+    for_s = parse_duration_s(values["for"], "partition for")
+    every_s = parse_duration_s(values["every"], "partition every") if "every" in values else None
+    if every_s is not None and every_s <= for_s:
+        raise ChaosSpecError(f"chaos partition: every must be more than for ({for_s:g} s: a partition heals "
+                             f"before the next one), got {every_s:g} s")
+    at_s = parse_duration_s(values["at"], "partition at") if "at" in values else every_s
+    return Partition(at_s, for_s, _count(values["site"], "partition site", 0) if "site" in values else None,
+                     every_s, _count(values["count"], "partition count", 1) if "count" in values else None)
+
+
+def parse_chaos(spec: str) -> tuple[Fault, ...]:
     """The faults of a --chaos spec (see the module doc); ChaosSpecError, one line, otherwise."""
     if not isinstance(spec, str) or not spec.strip():
         raise ChaosSpecError(f"chaos: needs at least one fault, e.g. kill-site:every=20s, got {shown(spec)}")
-    faults = []
+    faults: list[Fault] = []
     for name, pairs in _fault_parts(spec):
-        if name in REFUSED_FAULTS:
-            raise ChaosSpecError(f"chaos {name}: {REFUSED_FAULTS[name]}")
         if name not in FAULTS:
             raise ChaosSpecError(f"chaos: unknown fault {shown(name)} (known: {', '.join(FAULTS)})")
-        faults.append(_kill_site(pairs))
+        faults.append(_kill_site(pairs) if name == "kill-site" else _partition(pairs))
     return tuple(faults)
 
 
-def check_sites(faults: tuple[KillSite, ...], groups: int) -> None:
+def has_partition(spec: str) -> bool:
+    """Whether a --chaos spec (valid or not: False if it does not parse) cuts links."""
+    try:
+        return any(isinstance(fault, Partition) for fault in parse_chaos(spec))
+    except ChaosSpecError:
+        return False
+
+
+def check_sites(faults: tuple[Fault, ...], groups: int) -> None:
     """Every fixed `site` names one of the run's `groups` replica groups."""
     for fault in faults:
         if fault.site is not None and fault.site >= groups:
-            raise ChaosSpecError(f"chaos kill-site: site must be a replica group in 0..{groups - 1}, got {fault.site}")
+            name = "kill-site" if isinstance(fault, KillSite) else "partition"
+            raise ChaosSpecError(f"chaos {name}: site must be a replica group in 0..{groups - 1}, got {fault.site}")
 
 
 MAX_KILLS_PER_FAULT = 10_000
 """A fault without `count` is cut here (a kill every second for almost three hours)."""
 
 
-def kill_schedule(faults: tuple[KillSite, ...], groups: int, seed: int, horizon_s: float = math.inf) -> list[Kill]:
-    """Every kill due before `horizon_s` seconds (at most `count`, and MAX_KILLS_PER_FAULT, per fault), in time
-    order; the drawn groups come from `seed` (numpy's default_rng), one stream per fault, so the same seed
-    gives the same schedule."""
-    kills = []
+def _events(faults: tuple[Fault, ...], kind: type, groups: int, seed: int,
+            horizon_s: float) -> list[tuple[float, int, Fault]]:
+    """(time, group, fault) of every event of the faults of `kind` due before `horizon_s`: at most `count`
+    (a partition without `every` and `count`: one) and MAX_KILLS_PER_FAULT per fault; the drawn groups come
+    from `seed` (numpy's default_rng), one stream per fault (its index in `faults`)."""
+    events = []
     for index, fault in enumerate(faults):
+        if not isinstance(fault, kind):
+            continue
         rng = np.random.default_rng([seed, index])
+        once = isinstance(fault, Partition) and fault.every_s is None and fault.count is None
+        limit = 1 if once else min(fault.count or MAX_KILLS_PER_FAULT, MAX_KILLS_PER_FAULT)
         at, done = fault.start_s, 0
-        limit = MAX_KILLS_PER_FAULT if fault.count is None else min(fault.count, MAX_KILLS_PER_FAULT)
         while at < horizon_s and done < limit:
             group = fault.site if fault.site is not None else int(rng.integers(groups))
-            kills.append(Kill(at, group))
-            at, done = at + fault.every_s, done + 1
-    return sorted(kills, key=lambda kill: (kill.at_s, kill.group))
+            events.append((at, group, fault))
+            at, done = at + fault.period_s, done + 1
+    return sorted(events, key=lambda event: (event[0], event[1]))
+
+
+def kill_schedule(faults: tuple[Fault, ...], groups: int, seed: int, horizon_s: float = math.inf) -> list[Kill]:
+    """Every kill due before `horizon_s` seconds, in time order (the same seed gives the same schedule)."""
+    return [Kill(at, group) for at, group, _ in _events(faults, KillSite, groups, seed, horizon_s)]
+
+
+def partition_schedule(faults: tuple[Fault, ...], groups: int, seed: int,
+                       horizon_s: float = math.inf) -> list[Cut]:
+    """Every partition starting before `horizon_s` seconds, in time order (the same seed gives the same one)."""
+    return [Cut(at, group, at + fault.for_s)  # type: ignore[union-attr]
+            for at, group, fault in _events(faults, Partition, groups, seed, horizon_s)]

@@ -12,6 +12,13 @@ A group's first quorum is at start-up. The state a peer hands over is cloned whe
 computed, so the sender's next optimizer step cannot change it in flight, and carries the run's
 identity: a group built from another model, data or plan is refused by name.
 
+Links (runtime/elastic/links.py): with link emulation or a partition to inject, the Manager's process
+groups run on the emulating backend. A group whose links are cut (a partition) finds out at its next
+collective (it raises, as do its peers') or quorum; it then goes offline: its Manager stops, so its
+heartbeats stop and the Lighthouse drops it; the others go on with the smaller quorum. When the launcher
+heals the links, the group starts a new Manager and rejoins by live recovery, as a restarted group does,
+without having lost its process.
+
 Data-position guarantee: step t's global batch is the one of a non-elastic run (offsets a function of
 data seed and t); group r always trains on slice r of it. A rejoined group continues at the quorum's
 step (never repeating a committed step, never skipping one while it is alive); the slices of a group
@@ -20,6 +27,7 @@ that is down are not trained (counted as lost samples in `bench chaos`'s goodput
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import json
@@ -41,6 +49,7 @@ from geotrain.procs import set_process_name
 from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
+from geotrain.runtime.elastic.links import group_device, group_links
 from geotrain.runtime.pipeline import ComputeTimer
 from geotrain.runtime.stages import build_layer_model, stage_modules
 from geotrain.runtime.training_data import load_training_data
@@ -50,6 +59,8 @@ EXIT_GROUP_ERROR = 2
 """A group's own, non-transient error (bad input, no quorum, refused state): the launcher ends the run
 instead of restarting the group."""
 LOCAL_HOST = "127.0.0.1"
+OFFLINE_POLL_S = 0.05
+"""How often a cut-off group looks whether its links are healed (seconds)."""
 
 
 class ElasticGroupError(GeotrainError, RuntimeError):
@@ -92,11 +103,12 @@ class GroupState:
 
 class ElasticGroup:
     """Replica group `group` of `config` (see the module doc); `store`: the launcher's store (barrier,
-    progress, commits, rejoins)."""
+    progress, commits, rejoins, link state); `links`: its entered TorchftGroups (None: plain gloo)."""
 
     def __init__(self, config: RuntimeConfig, group: int, store: Any, lighthouse: str,
-                 world: WorldTokens | None) -> None:
-        self.config, self.group, self.store = config, group, store
+                 world: WorldTokens | None, links: Any = None) -> None:
+        self.config, self.group, self.store, self.links = config, group, store, links
+        self.device = group_device(config, group)
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
@@ -115,7 +127,7 @@ class ElasticGroup:
         outer = config.optim.sync_every is not None
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
                                         weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum,
-                                        abort=self.process_group.abort)
+                                        abort=lambda: self.process_group.abort())
         self.sync = make_elastic_sync(config.sync_options(0), self.params, self.exchange)
         self.timer = ComputeTimer()
 
@@ -139,7 +151,8 @@ class ElasticGroup:
     def _state(self) -> dict[str, Any]:
         """What a recovering peer loads (cloned now: this group keeps training while it is fetched)."""
         return copy.deepcopy({"identity": self.identity, "group": self.group, "step": self.state.step,
-                              "module": self.module.state_dict(), "sync": self.sync.state_dict()})
+                              "module": self.module.state_dict(), "sync": self.sync.state_dict(),
+                              "clock_s": self.emulated_s()})
 
     def _load_state(self, state: dict[str, Any]) -> None:
         check_peer_state(state, self.identity, self.group)
@@ -147,10 +160,31 @@ class ElasticGroup:
         self.sync.load_state_dict(state["sync"])
         self.state.step = int(state["step"])
         self.state.healed = True
+        if self.links is not None and state.get("clock_s") is not None:
+            self.links.clock.restart(state["clock_s"])  # the run's emulated time, not this process's own
+
+    def emulated_s(self) -> float | None:
+        """This group's emulated clock (seconds since the start-up quorum), None without emulated links."""
+        return None if self.links is None else self.links.clock.now()
+
+    def cut_off(self) -> bool:
+        """Whether the launcher has cut this group's links (a partition)."""
+        return self.links is not None and self.device in self.links.cut_devices()
+
+    def offline(self) -> None:
+        """Cut off: stop the Manager (no heartbeats: the Lighthouse drops this group), wait for the links
+        to heal, then start a new Manager, whose first quorum recovers the peers' newer state."""
+        self.manager.shutdown(wait=False)
+        while self.cut_off():
+            time.sleep(OFFLINE_POLL_S)
+        self.manager = self._manager(self.lighthouse)
+        self.exchange.manager = self.manager
 
     def quorum(self) -> None:
         """Start this step's quorum (recovering from a peer if behind); one line if none forms in time."""
         self.state.healed = False
+        if self.cut_off():
+            self.offline()
         started = time.monotonic()
         try:
             self.manager.start_quorum()
@@ -192,6 +226,8 @@ class ElasticGroup:
             raise QuorumLost(f"replica group {self.group}: {EXCHANGE_RETRIES + 1} start-up quorums failed")
         if not self.state.healed:
             self.manager.should_commit()
+            if self.links is not None:
+                self.links.clock.restart(0.0)  # the groups leave the start-up quorum together: emulated 0
         self.store.compare_set("t0", "", repr(time.time()))
         self.quorum_for = self.state.step
 
@@ -213,7 +249,7 @@ class ElasticGroup:
         synced = self.due(step)
         return {"step": step, "loss": float(loss.detach()), "synced": synced, "batch_sum": int(x.sum()),
                 "contributors": self.exchange.contributors if synced else None,
-                "params_sha256": params_digest(self.params) if synced else None}
+                "params_sha256": params_digest(self.params) if synced else None, "emulated_s": self.emulated_s()}
 
     def run(self) -> None:
         self.start()
@@ -288,10 +324,12 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
         address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
         store = TCPStore(LOCAL_HOST, store_port, is_master=False,
                          timeout=timedelta(seconds=config.reliability.comm_timeout_s))
-        worker = ElasticGroup(config, group, store, address, world)
-        worker.run()
-        worker.finish(Path(result_dir))
-        worker.manager.shutdown(wait=False)
+        links = group_links(config, group, store)
+        with links if links is not None else contextlib.nullcontext():
+            worker = ElasticGroup(config, group, store, address, world, links)
+            worker.run()
+            worker.finish(Path(result_dir))
+            worker.manager.shutdown(wait=False)
     except GeotrainError as exc:
         line = str(exc).splitlines()[0][:400] if str(exc) else type(exc).__name__
         (Path(result_dir) / f"error-{group}.txt").write_text(line)

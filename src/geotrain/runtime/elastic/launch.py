@@ -10,7 +10,9 @@ group r (runtime/elastic/group.py). The watch loop polls every rank:
   - a group that exits with its own error (status 2: no quorum, unreachable lighthouse, refused state)
     ends the run with its one line, as does a lost lighthouse or every group down;
   - once a group has finished, no group is restarted; the others get `finish_grace_s` to finish.
---chaos kills are SIGKILLs of a group's tree at the seeded times (runtime/elastic/chaos.py).
+--chaos kills are SIGKILLs of a group's tree at the seeded times (runtime/elastic/chaos.py); partitions
+cut a group's links in the link state the groups' emulating backend reads (runtime/elastic/links.py) and
+heal them `for` seconds later (a group still cut when the first group finishes missed the end: stopped).
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ from typing import Any, Callable
 from geotrain.errors import GeotrainError
 from geotrain.procs import Supervisor, Target, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.elastic.chaos import Kill, kill_schedule, parse_chaos
+from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, LOCAL_HOST, group_main
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, lighthouse_main
+from geotrain.runtime.elastic.links import group_device, set_cut
 from geotrain.runtime.elastic.summary import (ElasticSummary, max_param_diff, mean_losses, read_groups,
                                               stall_seconds)
 
@@ -75,6 +78,9 @@ class _Watch:
     done: set[int] = field(default_factory=set)
     down: set[int] = field(default_factory=set)
     first_done_at: float | None = None
+    cut: dict[int, float] = field(default_factory=dict)  # group -> when its links heal (chaos seconds)
+    healed_at: dict[int, list[float]] = field(default_factory=dict)  # group -> unix times of its heals
+    partitions: int = 0
 
 
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
@@ -106,18 +112,21 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
             specs.insert(0, Target(context, lighthouse_main, (settings, str(Path(tmp) / "lighthouse"), LOCAL_HOST),
                                    "geotrain-lighthouse"))
         first_group = 0 if rel.lighthouse is not None else 1
-        kills = kill_schedule(parse_chaos(rel.chaos), groups, config.run.seed) if rel.chaos else []
+        faults = parse_chaos(rel.chaos) if rel.chaos else ()
+        kills = kill_schedule(faults, groups, config.run.seed)
+        cuts = partition_schedule(faults, groups, config.run.seed)
         watch = _Watch(groups, [0] * groups)
         with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
-            _watch(supervisor, config, watch, first_group, kills, Path(tmp), store, progress, poll_s)
+            _watch(supervisor, config, watch, first_group, (kills, cuts), Path(tmp), store, progress, poll_s)
         return _summary(config, watch, Path(tmp), store, time.perf_counter() - started)
 
 
-def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_group: int, kills: list[Kill],
-           result_dir: Path, store: Any, progress: ProgressCallback | None, poll_s: float) -> None:
+def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_group: int,
+           chaos: tuple[list[Kill], list[Cut]], result_dir: Path, store: Any, progress: ProgressCallback | None,
+           poll_s: float) -> None:
     """Poll until every group has finished or is down for good; restart failed groups; run the chaos."""
     rel = config.reliability
-    pending = list(kills)
+    pending, cuts = list(chaos[0]), list(chaos[1])
     last_progress = -1
     while True:
         codes = supervisor.poll()
@@ -152,6 +161,8 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
             if codes[first_group + kill.group] is None and watch.first_done_at is None:
                 watch.kills += 1
                 supervisor.stop([first_group + kill.group], term_s=0.0)
+        if trained_s is not None:
+            _partitions(supervisor, config, watch, first_group, cuts, store, trained_s, codes)
         if progress is not None:
             done = max((_int(store, f"step/{g}") for g in range(watch.groups)), default=0)
             if done != last_progress:
@@ -160,6 +171,31 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
         time.sleep(poll_s)
     if not watch.done:
         raise ElasticRunError(f"no replica group finished (down for good: {sorted(watch.down)})")
+
+
+def _partitions(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_group: int, cuts: list[Cut],
+                store: Any, trained_s: float, codes: list[int | None]) -> None:
+    """Heal the links due to heal, cut those due (a running group not already cut) and, once a group has
+    finished, stop the groups still cut off (they missed the end)."""
+    changed = False
+    for g, heal_s in list(watch.cut.items()):
+        if trained_s >= heal_s:
+            del watch.cut[g]
+            watch.healed_at.setdefault(g, []).append(time.time())
+            changed = True
+    while cuts and trained_s >= cuts[0].at_s:
+        cut = cuts.pop(0)
+        if codes[first_group + cut.group] is None and cut.group not in watch.cut and watch.first_done_at is None:
+            watch.cut[cut.group] = cut.heal_s
+            watch.partitions += 1
+            changed = True
+    if watch.first_done_at is not None and watch.cut:
+        supervisor.stop([first_group + g for g in watch.cut], term_s=0.0)
+        watch.down.update(watch.cut)
+        watch.cut.clear()
+        changed = True
+    if changed:
+        set_cut(store, [group_device(config, g) for g in watch.cut])
 
 
 def _trained_s(store: Any) -> float | None:
@@ -184,18 +220,23 @@ def _group_error(result_dir: Path, group: int, code: int) -> str:
         return f"replica group {group} {describe_exit(code)}"
 
 
+def _recoveries(since: dict[int, list[float]], rejoins: list[dict[str, Any]]) -> list[float]:
+    """Per event (group -> unix times: failures, heals), seconds to that group's next rejoin (none: left out)."""
+    seconds = []
+    for g, times in since.items():
+        healed = sorted(r["t"] for r in rejoins if r["group"] == g)
+        for at in times:
+            after = [t for t in healed if t >= at]
+            if after:
+                seconds.append(after[0] - at)
+    return seconds
+
+
 def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any, wall_s: float) -> ElasticSummary:
     finished = read_groups(result_dir, watch.groups)
     steps = max((s["steps"] for s in finished.values()), default=0)
     rejoin_count = _int(store, "rejoins")
     rejoins = [json.loads(store.get(f"rejoin/{n}").decode()) for n in range(1, rejoin_count + 1)]
-    recovery = []
-    for g, times in watch.failed_at.items():
-        healed = sorted(r["t"] for r in rejoins if r["group"] == g)
-        for failed in times:
-            after = [t for t in healed if t >= failed]
-            if after:
-                recovery.append(after[0] - failed)
     commits = [json.loads(store.get(f"commit/{t}").decode()) if store.check([f"commit/{t}"]) else None
                for t in range(steps)]
     contributors = [c[0] for c in commits if c is not None]
@@ -203,12 +244,16 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
     t0 = float(store.get("t0").decode()) if store.check(["t0"]) else 0.0
     last = max((c[1] for c in commits if c is not None), default=t0)
     val = [s["val_loss"] for s in finished.values()]
+    emulated = [s["records"][-1]["emulated_s"] for s in finished.values() if s["records"]]
     return ElasticSummary(
         steps=steps, losses=mean_losses(finished, steps), val_loss=val[0] if val else None,
         replica_failures=watch.failures, rejoins=rejoin_count, global_restarts=0,
         max_param_diff_across_replicas=max_param_diff([result_dir / f"params-{g}.pt" for g in sorted(finished)]),
-        recovery_s=recovery, stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed),
+        recovery_s=_recoveries(watch.failed_at, rejoins),
+        stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed - set(watch.healed_at)),
         train_s=last - t0, samples=int(sum(contributors) * every * config.schedule.batch_size),
         contributors=contributors, kills=watch.kills, restarts=list(watch.restarts),
         groups_finished=sorted(finished), wall_s=wall_s,
-        group_records={g: summary["records"] for g, summary in sorted(finished.items())})
+        group_records={g: summary["records"] for g, summary in sorted(finished.items())},
+        partitions=watch.partitions, partition_recovery_s=_recoveries(watch.healed_at, rejoins),
+        train_emulated_s=max(emulated) if emulated and None not in emulated else None)

@@ -2,7 +2,7 @@
 checked when the config is built, each refusal one line naming the setting and its value.
 
 Supported: pipeline S = 1 (a replica group is one process), any replicas R >= min_replicas, on CPU
-(torchft's reconfigurable gloo), without link emulation (--time-scale 0); DP synchronisation either
+(torchft's reconfigurable gloo, on the emulating backend with --time-scale > 0 or a partition); DP synchronisation either
 every step (gradient mean, no --sync-every) or blocking DiLoCo (--sync-every H, one fragment, no
 delay); uncompressed (--dp-codec none), flat (no --dp-hierarchical), AdamW; no checkpoint directory
 (a restarted group recovers from a live peer, not from disk).
@@ -18,7 +18,7 @@ from geotrain.runtime.sections import RuntimeConfigError
 
 def elastic_refusal(config: Any) -> str | None:
     """Why `config` (a RuntimeConfig with reliability.elastic) cannot run elastic, or None."""
-    comm, optim, emulation = config.comm, config.optim, config.emulation
+    comm, optim = config.comm, config.optim
     reasons = (
         (config.stages != 1, f"elastic replica groups run pipeline S = 1 only (a group is one process); the plan has "
                              f"S = {config.stages}"),
@@ -27,8 +27,6 @@ def elastic_refusal(config: Any) -> str | None:
         (config.reliability.min_replicas > config.replicas,
          f"reliability.min_replicas {config.reliability.min_replicas} is more than the plan's {config.replicas} "
          f"replica groups"),
-        (emulation.time_scale != 0, f"emulation.time_scale {emulation.time_scale!r}: elastic runs use plain gloo "
-                                    f"(no link emulation); pass --time-scale 0"),
         (config.run.device == "cuda", "run.device cuda: elastic runs use torchft's gloo process groups on CPU"),
         (not comm.dp_codec.is_uncompressed or comm.dp_codecs,
          f"comm.dp_codec {str(comm.dp_codec)!r}: elastic DP synchronisation is uncompressed (torchft's allreduce); "

@@ -4,7 +4,7 @@ failures, rejoins, recovery times and how far apart the replica groups' final pa
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,13 @@ class ElasticSummary:
     wall_s: float
     group_records: dict[int, list[dict[str, Any]]]
     """Per finished group, its records since its last start: step, loss, wall_s, batch_sum (sum of its
-    batch's token ids), contributors and params_sha256 (after each synchronisation)."""
+    batch's token ids), contributors, params_sha256 (after each synchronisation) and emulated_s."""
+    partitions: int = 0
+    """Partitions the launcher cut (a group's links down, then healed)."""
+    partition_recovery_s: list[float] = field(default_factory=list)
+    """Per heal, seconds from the launcher healing the group's links to its rejoin (live recovery)."""
+    train_emulated_s: float | None = None
+    """Emulated seconds of training (the groups' emulated clock at their last step; None: links not emulated)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"elastic": True, **asdict(self), "group_records": {str(g): r for g, r in self.group_records.items()}}
