@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.codecs import CodecSpec
+from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
@@ -62,12 +63,15 @@ class _ComputeSeconds:
 class DiLoCo:
     """Streaming DiLoCo around a user's loop (module doc). Outer settings: `sync_every` H inner steps per
     outer period, `fragments` P (1..H), `delay` tau (0..H-1 steps a sync lands late), `mix` alpha in
-    [0, 1], `codec` a codec spec of the outer gradients, `error_feedback` on by default."""
+    [0, 1], `codec` a codec spec of the outer gradients, `error_feedback` on by default; `gather_links`:
+    the group's links (geotrain.comm.gather.GatherLinks, members in group-rank order), so that a gathered
+    codec's exchange takes one direct all-to-all round where it is faster than the ring (None: the ring)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, codec: str | CodecSpec = "int8-block",
                  error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
-                 group: Any = None, regions: Sequence[Sequence[int]] | None = None) -> None:
+                 group: Any = None, regions: Sequence[Sequence[int]] | None = None,
+                 gather_links: GatherLinks | None = None) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -80,6 +84,7 @@ class DiLoCo:
         self.transport = DirectTransport()
         self.group = group
         self.error_feedback = error_feedback
+        self.gather_links = gather_links
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.exchanges: list[DPExchange] = []
         self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay)
@@ -117,7 +122,8 @@ class DiLoCo:
     def _exchange_of(self, named_shadows: list[tuple[str, torch.nn.Parameter]]) -> DPExchange:
         exchange: DPExchange
         if self.hierarchy is None:
-            exchange = StageExchange(named_shadows, self.codec, self.error_feedback, self.transport, self.group, [])
+            exchange = StageExchange(named_shadows, self.codec, self.error_feedback, self.transport, self.group, [],
+                                     self.gather_links)
         else:
             exchange = HierarchicalGradientExchange([p for _, p in named_shadows], self.codec.build(),
                                                     self.error_feedback, self.transport, self.hierarchy,

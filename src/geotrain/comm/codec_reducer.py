@@ -8,7 +8,8 @@ How one call is exchanged (per local worker; x = gradient + residual):
 - every other codec (int8, int8-block, topk, sign, powersgd as a per-worker codec): encode x, pack
   the payloads byte-exactly (`pack_payload`), all-gather the packed bytes, decode every rank's payload
   and sum them in rank order (so every rank gets bit-identical results), divide by the world size.
-  Each rank sends (p-1) x its payload on a ring: this only pays when the payload is much smaller
+  Each rank sends (p-1) x its payload, on a ring or (given the group's links) in one direct all-to-all
+  round where that is faster (geotrain.comm.gather): this only pays when the payload is much smaller
   than the fp32 gradient.
 
 `granularity`: "tensor" encodes each tensor with its own shape (per-tensor scales, top-k, low rank),
@@ -27,6 +28,7 @@ import torch
 
 from geotrain.codecs import Codec, CodecError, Payload, pack_payload, unpack_payload
 from geotrain.comm.collectives import Collective
+from geotrain.comm.gather import GatherLinks
 
 GRANULARITIES = ("tensor", "flat")
 
@@ -38,7 +40,10 @@ class CodecReducer:
     """Any subset of the tensors may be reduced in one call (a DDP hook reduces bucket by bucket)."""
 
     def __init__(self, codec: Codec, named_shapes: Sequence[tuple[str, Sequence[int]]], world_size: int,
-                 local_workers: int = 1, error_feedback: bool = True, granularity: str = "flat") -> None:
+                 local_workers: int = 1, error_feedback: bool = True, granularity: str = "flat",
+                 gather_links: GatherLinks | None = None) -> None:
+        """`gather_links`: the group's links; each gathered exchange then takes the algorithm
+        `gather_links.algorithm(payload bytes)` chooses (geotrain.comm.gather); None: the ring."""
         if granularity not in GRANULARITIES:
             raise CodecError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
         if world_size < 1 or not 1 <= local_workers <= world_size:
@@ -53,6 +58,7 @@ class CodecReducer:
         self.granularity = granularity
         self.residuals: list[dict[str, torch.Tensor]] = [{} for _ in range(local_workers)]
         self.declared_bytes = 0
+        self.gather_links = gather_links
 
     def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Collective, step: int,
                names: Sequence[str] | None = None) -> list[torch.Tensor]:
@@ -63,7 +69,7 @@ class CodecReducer:
             decoded = self._decode_summed(collective.all_reduce_sum(self._summable_wires(payloads)), payloads[0])
         else:
             specs = [payload.spec() for payload in payloads[0]]
-            decoded = self._decode_gathered(collective.all_gather(self._packed(payloads)), specs)
+            decoded = self._decode_gathered(self._gather(collective.all_gather, self._packed(payloads)), specs)
         return self._unflatten(decoded, template)
 
     def start(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Any, step: int,
@@ -75,7 +81,7 @@ class CodecReducer:
             posted = collective.start_all_reduce_sum(self._summable_wires(payloads))
             return lambda: self._unflatten(self._decode_summed(posted.wait(), payloads[0]), template)
         specs = [payload.spec() for payload in payloads[0]]
-        posted = collective.start_all_gather(self._packed(payloads))
+        posted = self._gather(collective.start_all_gather, self._packed(payloads))
         return lambda: self._unflatten(self._decode_gathered(posted.wait(), specs), template)
 
     def _encode_all(self, worker_grads: Sequence[Sequence[torch.Tensor]], step: int,
@@ -127,6 +133,15 @@ class CodecReducer:
             summed = Payload(payload.codec, buffers, payload.shape, payload.dtype, payload.meta)
             decoded.append(self.codec.decode(summed))
         return decoded
+
+    def _gather(self, gather: Callable[..., Any], packed: list[torch.Tensor]) -> Any:
+        """`gather(packed)` (a collective's all_gather or start_all_gather) by the algorithm the group's
+        links choose for this payload size (the same on every rank); the ring is the collective's
+        default, so collectives without the `algorithm` argument serve groups without links."""
+        if self.gather_links is None:
+            return gather(packed)
+        algorithm = self.gather_links.algorithm(packed[0].numel() * packed[0].element_size())
+        return gather(packed) if algorithm == "ring" else gather(packed, algorithm=algorithm)
 
     @staticmethod
     def _packed(payloads: list[list[Payload]]) -> list[torch.Tensor]:

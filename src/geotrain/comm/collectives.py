@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 
+from geotrain.comm.gather import GATHER_ALGORITHMS
 from geotrain.comm.ledger import CommLedger, tensor_bytes
 
 
@@ -40,8 +41,9 @@ class Collective(Protocol):
         Returns, per local worker, the buffer of the chunks it received, chunk i from rank i."""
         ...
 
-    def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Concatenation (in rank order) of every rank's equal-size 1-D tensor (the same for all)."""
+    def all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> torch.Tensor:
+        """Concatenation (in rank order) of every rank's equal-size 1-D tensor (the same for all);
+        `algorithm` "ring" (all_gather) or "direct" (one all-to-all round; geotrain.comm.gather)."""
         ...
 
 
@@ -67,6 +69,11 @@ def _check_local(tensors: Sequence[torch.Tensor], count: int, what: str) -> None
     sizes = {t.numel() for t in tensors}
     if len(sizes) > 1:
         raise ValueError(f"{what}: all workers must hand equal sizes, got {sorted(sizes)}")
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in GATHER_ALGORITHMS:
+        raise ValueError(f"all_gather: algorithm must be one of {', '.join(GATHER_ALGORITHMS)}, got {algorithm!r}")
 
 
 class SimulatedCollective:
@@ -104,14 +111,15 @@ class SimulatedCollective:
         chunks = [send.view(p, -1) for send in sends]
         return [torch.cat([chunks[src][dst] for src in range(p)]) for dst in range(p)]
 
-    def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    def all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> torch.Tensor:
         _check_local(tensors, self.world_size, "all_gather")
+        _check_algorithm(algorithm)
         self.ledger.record("all_gather", tensor_bytes(tensors[0]), self.world_size)
         return torch.cat(list(tensors))
 
-    def start_all_gather(self, tensors: Sequence[torch.Tensor]) -> Started:
+    def start_all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> Started:
         """all_gather, posted: here it is done at once."""
-        return Started(self.all_gather(tensors))
+        return Started(self.all_gather(tensors, algorithm))
 
     def start_all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> Started:
         """all_reduce_sum, posted: here it is done at once."""
@@ -176,30 +184,39 @@ class TorchCollective:
         self._call(tensor_bytes(send), lambda: dist.all_to_all_single(received, send, group=self.group))
         return [received]
 
-    def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    def all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> torch.Tensor:
+        _check_local(tensors, 1, "all_gather")
+        keep, gathered, post = self._gather(tensors[0], algorithm)
+        self._call(tensor_bytes(tensors[0]), lambda: post(False))
+        return gathered
+
+    def _gather(self, tensor: torch.Tensor, algorithm: str) -> tuple[Any, torch.Tensor, Callable[[bool], Any]]:
+        """(the buffers to keep alive while posted, the output buffer, post(async_op)) of an all-gather
+        by `algorithm`; the ledger counts this rank's piece either way (both send (p - 1) x it:
+        geotrain.comm.gather)."""
         import torch.distributed as dist
 
-        _check_local(tensors, 1, "all_gather")
-        mine = tensors[0].contiguous()
-        gathered = mine.clone() if self.world_size == 1 else torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
+        _check_algorithm(algorithm)
+        mine = tensor.contiguous()
         self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
-        self._call(tensor_bytes(mine), lambda: dist.all_gather_single(gathered, mine, group=self.group))
-        return gathered
+        if self.world_size == 1:
+            return mine, mine.clone(), lambda async_op: None
+        gathered = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
+        if algorithm == "direct":  # every peer gets our piece in one all-to-all round
+            send = mine.repeat(self.world_size)
+            return (mine, send), gathered, lambda async_op: dist.all_to_all_single(
+                gathered, send, group=self.group, async_op=async_op)
+        return mine, gathered, lambda async_op: dist.all_gather_single(
+            gathered, mine, group=self.group, async_op=async_op)
 
     # Posted collectives (async work of the group, waited for later: an exchange overlapping compute).
     # They do not go through `wrap`: their time is spent where the caller waits (under geotrain emulate
     # the process group's Work does the timing), and the ledger counts their bytes as the blocking ones.
-    def start_all_gather(self, tensors: Sequence[torch.Tensor]) -> Started:
+    def start_all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> Started:
         """all_gather posted with async_op; `wait()` gives the concatenation in rank order."""
-        import torch.distributed as dist
-
         _check_local(tensors, 1, "start_all_gather")
-        mine = tensors[0].contiguous()
-        self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
-        if self.world_size == 1:
-            return Started(mine.clone())
-        gathered = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
-        return Started(gathered, dist.all_gather_single(gathered, mine, group=self.group, async_op=True), mine)
+        keep, gathered, post = self._gather(tensors[0], algorithm)
+        return Started(gathered, post(True), keep)
 
     def start_all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> Started:
         """all_reduce_sum posted with async_op; `wait()` gives the sum (in the input buffer)."""

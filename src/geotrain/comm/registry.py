@@ -36,7 +36,8 @@ class ReducerContext:
         real process group, all of them in the in-process simulation).
     error_feedback: keep residuals of what compression dropped (reducers that compress).
     granularity: the codec reducer's "tensor" (encode each tensor alone) or "flat" (all as one).
-    extra: settings only some reducers read (e.g. a hierarchical reducer's regions).
+    extra: settings only some reducers read (e.g. a hierarchical reducer's regions; the codec reducer's
+        "gather_links", geotrain.comm.gather.GatherLinks of the group).
     """
 
     named_shapes: tuple[tuple[str, tuple[int, ...]], ...]
@@ -75,7 +76,7 @@ def _onebit(params: dict[str, Any], context: ReducerContext) -> OneBitMomentumRe
 
 def _codec(codec: Codec, context: ReducerContext) -> CodecReducer:
     return CodecReducer(codec, context.named_shapes, context.world_size, context.local_workers,
-                        context.error_feedback, context.granularity)
+                        context.error_feedback, context.granularity, context.extra.get("gather_links"))
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
 """The WAN recipe: sync period H, fragments P, delay tau and outer codec of Streaming DiLoCo, chosen by cost.
 
-Cost ("yuan" DP term, seconds; docs/wan.md "The WAN recipe"). A sync of one fragment exchanges 1/P
-of the model's outer gradients through the codec (codec_choice.codec_link_bytes: all-gathered codecs
-count n/2 times, in half the latency rounds):
+Cost (seconds; docs/wan.md "The WAN recipe"). A sync of one fragment exchanges 1/P of the model's
+outer gradients through the codec: a gathered codec (int8/int4/int2-block) as the runtime's reducer
+runs it, the faster of gloo's ring all-gather and one direct all-to-all round for that payload on the
+DP group's links (geotrain.comm.gather: the same rule chooses at run time); a summable one (none) by
+the "yuan" DP term of its bytes:
 
-    T_frag(P, codec) = yuan dp_s of the job with dp bytes / P and the codec's wire bytes
+    T_frag(P, codec) = gather seconds (payload = values / P x the codec's bytes per value), or yuan's dp_s
     exposed          = max(0, T_frag - tau x compute_s)        (hidden behind tau inner steps' compute)
     step_s           = max(compute_s + pp_s + exposed x P / H, T_frag x P / H)
                        (a fragment syncs every H / P steps; one exchange at a time per DP group, so the
@@ -96,8 +98,19 @@ class WanRecipe:
 
 
 def fragment_sync_seconds(cluster: Cluster, job: Job, assignment: np.ndarray, fragments: int, codec: str) -> float:
-    """T_frag: yuan's DP seconds of one fragment's (1/P of the model) exchange through `codec`, slowest stage."""
+    """T_frag, slowest stage: a gathered codec's exchange of one fragment (1/P of the model) as the runtime
+    runs it (geotrain.comm.gather: the faster of the ring and the direct all-to-all for that payload on
+    the DP group's links); a summable codec's all-reduce by yuan's DP term of the fragment's bytes."""
+    from geotrain.codecs import CodecSpec  # torch-backed: imported only when codecs are priced
+    from geotrain.comm import reducer_traits
+    from geotrain.comm.gather import GatherLinks
+
     stages, replicas = assignment.shape
+    spec = CodecSpec.parse(codec)
+    if reducer_traits(spec).gathered:
+        values = job.dp_bytes(stages) / job.bytes_per_value / fragments
+        payload = values * spec.build().bytes_per_value(job.hidden, job.bytes_per_value)
+        return max(GatherLinks.of_cluster(cluster, row).best_seconds(payload) for row in assignment)
     traffic = traffic_of_job(job, stages, replicas, codec_link_bytes(codec, job, "dp", replicas))
     traffic = dataclasses.replace(traffic, dp_bytes=tuple(b / fragments for b in traffic.dp_bytes))
     return float(YuanCostModel(cluster, traffic).stage_dp_seconds(assignment).max())

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from geotrain.cluster import Cluster
+from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import regions_of_devices
 from geotrain.runtime.layout import Layout
@@ -41,11 +43,15 @@ def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int]) ->
 
 
 def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport: Transport, group: object,
-                        hierarchy: HierarchicalGroups | None, rank: int, replicas: int) -> GradientSync:
+                        hierarchy: HierarchicalGroups | None, rank: int, replicas: int,
+                        cluster: Cluster | None = None) -> GradientSync:
     """The gradient sync of global `rank`'s stage module over its stage's DP group `group` (the process
-    group), the hierarchy of that group with --dp-hierarchical (else None); `replicas` R for clipping."""
+    group), the hierarchy of that group with --dp-hierarchical (else None); `replicas` R for clipping;
+    `cluster`: its links choose the gathered exchanges' algorithm (geotrain.comm.gather; None: ring)."""
     layout = transport.layout
     s = layout.slot(rank).stage
-    dp_group = DPGroup(group, tuple(layout.dp_group_ranks(s)), tuple(layout.dp_group_devices(s)), hierarchy)
+    devices = tuple(layout.dp_group_devices(s))
+    links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
+    dp_group = DPGroup(group, tuple(layout.dp_group_ranks(s)), devices, hierarchy, links)
     return make_gradient_sync(options, list(stage.named_parameters()), transport, dp_group, rank,
                               world_sum_over_replicas(replicas))

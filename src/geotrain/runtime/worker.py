@@ -101,7 +101,8 @@ class Worker:
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
                      if config.comm.dp_hierarchical else None)
         self.dp = stage_gradient_sync(config.sync_options(self.slot.stage), self.stage, self.transport,
-                                      self.groups[self.slot.stage], hierarchy, rank, config.replicas)
+                                      self.groups[self.slot.stage], hierarchy, rank, config.replicas,
+                                      config.cluster)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
 

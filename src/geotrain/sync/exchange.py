@@ -19,6 +19,7 @@ import torch
 
 from geotrain.codecs import CodecSpec
 from geotrain.comm import ReducerContext, TorchCollective, get_reducer
+from geotrain.comm.gather import GatherLinks
 from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, set_grads
 
 T = TypeVar("T")
@@ -40,8 +41,8 @@ class PostedThroughTransport:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._collective, name)
 
-    def start_all_gather(self, tensors: Sequence[torch.Tensor]) -> _WaitedThroughTransport:
-        return self._post(self._collective.start_all_gather, tensors)
+    def start_all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> _WaitedThroughTransport:
+        return self._post(lambda posted: self._collective.start_all_gather(posted, algorithm), tensors)
 
     def start_all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> _WaitedThroughTransport:
         return self._post(self._collective.start_all_reduce_sum, tensors)
@@ -106,13 +107,16 @@ class StageExchange:
     """Averages the gradients of `named_params` over a DP group through the reducer of `spec`."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: CodecSpec | str,
-                 error_feedback: bool, transport: CollectiveTransport, group: Any, group_devices: list[int]) -> None:
+                 error_feedback: bool, transport: CollectiveTransport, group: Any, group_devices: list[int],
+                 gather_links: GatherLinks | None = None) -> None:
+        """`gather_links`: the group's links, to choose each gathered exchange's algorithm (None: ring)."""
         self.params = [param for _, param in named_params]
         self.comm_wall_s = 0.0
         self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
         self.posting = PostedThroughTransport(self.collective, transport, group, group_devices)
         context = ReducerContext.of([(name, p.shape) for name, p in named_params], self.collective.world_size,
-                                    error_feedback=error_feedback)
+                                    error_feedback=error_feedback,
+                                    extra={} if gather_links is None else {"gather_links": gather_links})
         self.reducer = get_reducer(CodecSpec.parse(spec), context)
 
     def exchange(self, step: int, timer: StepTimer) -> int:

@@ -78,7 +78,7 @@ def _exchange(options: SyncOptions, named_params: list[tuple[str, torch.nn.Param
                                             options.error_feedback, transport, group.hierarchy, rank,
                                             list(group.devices))
     return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
-                         list(group.devices))
+                         list(group.devices), group.links)
 
 
 def _region_exchange(named_params: list[tuple[str, torch.nn.Parameter]], transport: CollectiveTransport,

@@ -9,6 +9,7 @@ from typing import Any
 
 from geotrain.codecs import CodecError, CodecSpec
 from geotrain.comm import check_reducer_spec, reducer_traits
+from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
@@ -121,12 +122,14 @@ def _positive(name: str, value: Any) -> None:
 @dataclass(frozen=True)
 class DPGroup:
     """One stage's data-parallel group as this rank sees it: the process group, its members' global
-    ranks and devices (same order), and its region hierarchy (None: flat)."""
+    ranks and devices (same order), its region hierarchy (None: flat) and its members' links (None:
+    unknown; given, a gathered codec's exchange takes the faster algorithm, geotrain.comm.gather)."""
 
     handle: Any
     ranks: tuple[int, ...]
     devices: tuple[int, ...]
     hierarchy: HierarchicalGroups | None = None
+    links: GatherLinks | None = None
 
     def __post_init__(self) -> None:
         if len(self.ranks) != len(self.devices):
