@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from multiprocessing import resource_tracker
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,12 +159,22 @@ def _run_target(launcher_pid: int, name: str, target: Callable[..., Any], args: 
     """The entry of a `Target` rank: its own session, dying with the launcher, then the target; a
     SIGINT sent to the rank alone ends it with one line and status 130 (not a traceback)."""
     os.setsid()
+    _drop_held_interrupt()
     die_with_parent(launcher_pid)  # the parent may be a fork server: watch the launcher too
     try:
         target(*args)
     except KeyboardInterrupt:
         print(f"{name}: interrupted", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+
+
+def _drop_held_interrupt() -> None:
+    """In a `Target` rank, once it has its own session: discard a SIGINT held since its start (see
+    `_Rank.start`; it was a Ctrl-C meant for the launcher, which stops the ranks itself) and take
+    SIGINT again, with the handler Python installed."""
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a pending ignored signal is discarded
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, handler)
 
 
 def spawn(command: Command, launcher_pid: int | None = None, **popen_kwargs: Any) -> subprocess.Popen:
@@ -204,7 +215,19 @@ class _Rank:
             return cls(spawn(spec, launcher_pid), True)
         process = spec.context.Process(target=_run_target, args=(launcher_pid, spec.name, spec.target, spec.args),
                                        name=spec.name, daemon=spec.daemon)
-        process.start()
+        # Until the rank calls setsid it shares the launcher's process group, so a Ctrl-C in the
+        # terminal reaches it too: a "spawn" child still importing (seconds) would print a
+        # traceback. SIGINT stays blocked in the child (fork and exec keep the mask) until it has
+        # its own session; this thread gets a Ctrl-C held meanwhile when the mask is restored.
+        # multiprocessing starts its resource tracker on a first start and unblocks SIGINT after
+        # it: start the tracker first.
+        if spec.context.get_start_method() != "fork":
+            resource_tracker.ensure_running()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return cls(process, False)
 
     @classmethod

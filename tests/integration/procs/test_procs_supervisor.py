@@ -197,3 +197,48 @@ def test_descendant_named_finds_a_grandchild_by_its_process_name():
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+
+
+CTRL_C_WHILE_RANKS_START = """
+import multiprocessing, os, signal, sys, time
+from geotrain.procs import Supervisor, Target
+
+if __name__ == "__mp_main__":
+    time.sleep(2.0)  # a spawned rank's imports, before it has a session of its own
+
+
+def nap():
+    time.sleep(60)
+
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    with Supervisor([Target(context, nap, (), f"nap-{i}") for i in range(2)], grace_s=0.0, term_s=1.0) as supervisor:
+        time.sleep(0.5)
+        try:
+            os.killpg(os.getpgrp(), signal.SIGINT)  # Ctrl-C in the terminal: the whole foreground group
+            time.sleep(1.0)
+        except KeyboardInterrupt:
+            print("launcher interrupted", flush=True)
+        time.sleep(3.0)
+        print("after ctrl-c", supervisor.poll(), flush=True)
+        pid = supervisor.pids[0]
+        os.kill(pid, signal.SIGINT)  # to the rank alone, once it runs: its own one line, status 130
+        while supervisor.poll()[0] is None:
+            time.sleep(0.05)
+        print("after sigint to rank 0", supervisor.poll(), flush=True)
+"""
+
+
+def test_ctrl_c_while_spawned_ranks_import_reaches_only_the_launcher(tmp_path):
+    """A Ctrl-C while "spawn" ranks still import (in the launcher's process group) is the launcher's:
+    no rank prints a traceback or dies of it; once a rank runs, a SIGINT to it alone ends it with 130."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C_WHILE_RANKS_START)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          start_new_session=True, env={**os.environ, "PYTHONPATH": SRC})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["launcher interrupted", "after ctrl-c (None, None)",
+                                        "after sigint to rank 0 (130, None)"], done.stdout
+    assert done.stderr.strip().splitlines() == ["nap-0: interrupted"]
