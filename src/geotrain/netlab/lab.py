@@ -102,8 +102,14 @@ class NetLab:
         # Should this process be SIGKILLed, the guardian kills what runs in the lab and removes it.
         self._guardian = Guardian()
         self._guardian.tell("exec", json.dumps([sys.executable, "-m", "geotrain", "netlab", "down", "--all"]))
+        # Signals are held during the build and acted on when it ends (seconds): one arriving inside a
+        # pyroute2 call could leave a namespace its helper process finishes after the teardown ran.
+        blocked = _block_signals()
         try:
-            self.latency_shaped = build_lab(self.topology, self._created)
+            try:
+                self.latency_shaped = build_lab(self.topology, self._created)
+            finally:
+                _unblock_signals(blocked)  # a signal held meanwhile is raised here
         except BaseException:
             self.down()
             raise
