@@ -14,6 +14,8 @@ from geotrain.cluster import cluster_from_dict
 from geotrain.netlab.crosscheck import CrossCheckCase, CrossCheckRow, cross_check, steady_median, step_lines
 from paths import ROOT
 
+pytestmark = pytest.mark.serial  # measures wall time or bandwidth: runs alone (Makefile)
+
 EXAMPLES = ROOT / "examples"
 
 

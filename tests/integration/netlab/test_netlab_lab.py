@@ -23,9 +23,9 @@ from geotrain.netlab.processes import pids_in_namespace
 from proctree import cmdline, descendants
 from paths import ROOT
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.serial, pytest.mark.skipif(
     os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"),
-    reason="netlab needs root and network namespaces (run the suite as root on Linux)")
+    reason="netlab needs root and network namespaces (run the suite as root on Linux)")]
 
 SRC = str(ROOT / "src")
 CLUSTER_DOC = {"name": "lab-2x2",

@@ -15,6 +15,7 @@ from geotrain.netlab.names import NETNS_DIR
 from paths import ROOT
 
 pytestmark = [
+    pytest.mark.serial,
     pytest.mark.slow,
     pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"),
                        reason="netlab needs root and network namespaces (run the suite as root on Linux)"),

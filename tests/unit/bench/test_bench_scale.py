@@ -12,6 +12,8 @@ from geotrain.cluster import load_cluster
 from geotrain.search import SearchError
 from geotrain.search.watchdog import GRACE_S
 
+pytestmark = pytest.mark.serial  # measures wall time or bandwidth: runs alone (Makefile)
+
 
 def test_six_uneven_regions_match_the_issue_case_and_the_example_file():
     cluster = uneven_six_regions(64, seed=0)

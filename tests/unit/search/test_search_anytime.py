@@ -15,6 +15,8 @@ from geotrain.search import PlacementProblem, run_search
 from geotrain.search.bounds import combinatorial_bound, lower_bound
 from geotrain.search.watchdog import GRACE_S, run_with_deadline
 
+pytestmark = pytest.mark.serial  # measures wall time or bandwidth: runs alone (Makefile)
+
 
 def report_then_hang(report, value):
     report(value)
