@@ -13,9 +13,14 @@ Two bounds, the larger is reported:
   and, unless that solved to optimality, the layered-composition model (`layers`) when few region
   compositions can beat the best known plan (they share the time limit); the flow model when
   neither applies. MILP bounds are deflated by milp.BOUND_SAFETY (1e-7 relative).
+- the path staircase (`path_stairs`, first, PATH_STAIRS_SHARE of the time at most): plans are split
+  by PP from `milp.pp_floor` (the cheapest path, or the cheapest crossing path where region sizes
+  force replicas to cross) and each low piece is bounded by the path MILP over its few paths; it
+  splits the plans at a PP value `split` below which every plan costs >= `below`, and the two
+  staircases below bound only plans with PP >= split (their parts are min(below, staircase)).
 - staircases (`staircase`): plans are split by their pipeline seconds and DP is bounded inside
-  each piece (a small cut-flow model, then a layered region-path graph); this runs first, with a
-  third of the time limit at most, and when it comes within STAIRCASE_TARGET_GAP of the known plan
+  each piece (a small cut-flow model, then a layered region-path graph); this runs next, with a
+  third of the time left at most, and when a part comes within STAIRCASE_TARGET_GAP of the known plan
   only the path model runs after it. Otherwise, unless the path model is solved to optimality (it
   gets half of the time left), plans are also split by DP with the mean replica's pipeline seconds
   bounded inside each piece; the layer (else flow) relaxation and this staircase share the time left.
@@ -34,14 +39,19 @@ from geotrain.cost import PairwiseTerms
 from geotrain.search.base import PlacementProblem, SearchResult
 from geotrain.search.exact import simple_upper_bound, solve_region_problem
 from geotrain.search.layers import enumerate_compositions, solve_layer_milp
-from geotrain.search.milp import solve_flow_milp
-from geotrain.search.regions import RegionTerms, cheapest_path_seconds, pairwise_or_fail, region_terms
+from geotrain.search.milp import pp_floor, solve_flow_milp
+from geotrain.search.path_stairs import path_staircase_bound
+from geotrain.search.regions import RegionTerms, pairwise_or_fail, region_terms
 from geotrain.search.staircase import staircase_bound
 from geotrain.search.watchdog import run_with_deadline
 
 STAIRCASE_TARGET_GAP = 0.002
-"""The PP staircase's own target (`staircase_bound`): once reached, the flow, layer and DP staircase
+"""The first staircases' target (`staircase_bound`): once reached, the flow, layer and DP staircase
 bounds are skipped (the path model still runs: it may prove the optimum itself)."""
+
+
+PATH_STAIRS_SHARE = 1.0 / 3.0
+"""Share of the region bounds' time for the path staircase (`path_stairs`), which runs first."""
 
 
 MIN_REGION_TIME_S = 1.0
@@ -142,10 +152,16 @@ def _region_bounds(report, regions: RegionTerms, S: int, R: int, upper: float, t
         report((name, float(value)))
 
     left = lambda share: max(0.1, share * (time_limit_s - (time.perf_counter() - start)))  # noqa: E731
-    if staircase:  # often settles the bound in seconds: first, with a third of the time at most
-        found("staircase-pp", staircase_bound(regions, S, R, upper, axis="pp", time_limit_s=left(1.0 / 3.0)).bound_s)
-    settled = staircase and parts["staircase-pp"] >= upper * (1.0 - STAIRCASE_TARGET_GAP)
-    compositions = enumerate_compositions(regions, R, upper - cheapest_path_seconds(regions, S), max_compositions)
+    pp_low = pp_floor(regions, S, R)
+    split, below = pp_low, upper  # every plan has PP >= split or total >= below
+    if staircase:  # these often settle the bound in seconds: first, a third of the time each at most
+        path = path_staircase_bound(regions, S, R, upper, time_limit_s=left(PATH_STAIRS_SHARE))
+        found("path-stairs", path.bound_s)
+        split, below = path.split_s, path.below_s
+        found("staircase-pp", min(below, staircase_bound(regions, S, R, upper, axis="pp", time_limit_s=left(1.0 / 3.0),
+                                                         pp_low_s=split).bound_s))
+    settled = staircase and max(parts.values()) >= upper * (1.0 - STAIRCASE_TARGET_GAP)
+    compositions = enumerate_compositions(regions, R, upper - pp_low, max_compositions)
     if compositions is not None and not len(compositions):
         compositions = None
     try:
@@ -166,11 +182,12 @@ def _region_bounds(report, regions: RegionTerms, S: int, R: int, upper: float, t
         found("region-layers", solve_layer_milp(regions, S, R, compositions, left(share)).bound)
     complete = solution is not None and solution.complete
     if not solved and not settled and not complete and "region-layers" not in parts:
-        # plans with DP above U - (cheapest path) cost more than U: min(bound, U) holds for all plans
-        dp_cap = upper - cheapest_path_seconds(regions, S)
+        # plans with DP above U - (pipeline floor) cost more than U: min(bound, U) holds for all plans
+        dp_cap = upper - pp_low
         found("region-flows", min(upper, solve_flow_milp(regions, S, R, left(share), dp_cap_s=dp_cap).bound))
     if with_staircase:
-        found("staircase-dp", staircase_bound(regions, S, R, upper, axis="dp", time_limit_s=left(1.0)).bound_s)
+        found("staircase-dp", min(below, staircase_bound(regions, S, R, upper, axis="dp", time_limit_s=left(1.0),
+                                                         pp_low_s=split).bound_s))
     return regions.exact and solved
 
 

@@ -25,7 +25,7 @@ from scipy.optimize import LinearConstraint
 from scipy.sparse import coo_matrix
 
 from geotrain.search.highs import solve_milp
-from geotrain.search.regions import RegionTerms, dp_floor, least_presence
+from geotrain.search.regions import RegionTerms, cheapest_path_seconds, dp_floor, least_presence
 
 BOUND_SAFETY = 1e-7
 """Relative amount taken off MILP dual bounds so that solver tolerances never make a bound invalid."""
@@ -182,15 +182,17 @@ def path_model_point(terms: RegionTerms, paths: np.ndarray, path_s: np.ndarray, 
 
 
 def solve_path_milp(terms: RegionTerms, stages: int, replicas: int, paths: np.ndarray, path_s: np.ndarray,
-                    time_limit_s: float | None = None, initial: np.ndarray | None = None) -> MilpResult:
+                    time_limit_s: float | None = None, initial: np.ndarray | None = None, *,
+                    dp_cap_s: float = np.inf) -> MilpResult:
     """The path model over the given region paths (P, S) with their pipeline seconds (P,). `initial`:
-    a plan's region paths (S, R), each a row of `paths`, HiGHS's first incumbent (`path_model_point`)."""
+    a plan's region paths (S, R), each a row of `paths`, HiGHS's first incumbent (`path_model_point`).
+    dp_cap_s: plans with a larger DP are left out (`_group_rows`; status "infeasible": none is left)."""
     G, P = terms.n_regions, len(paths)
     n0, u0 = 2 * stages * G, 2 * stages * G + P
     dp_col, pp_col = u0 + P, u0 + P + 1
     n_vars = pp_col + 1
     rows = _Rows()
-    _group_rows(rows, terms, stages, replicas, dp_col)
+    _group_rows(rows, terms, stages, replicas, dp_col, dp_cap_s)
     for s in range(stages):
         for g in range(G):
             coefficients = {s * G + g: 1.0}
@@ -236,6 +238,41 @@ def cheapest_into_out(terms: RegionTerms, stages: int) -> tuple[np.ndarray, np.n
     for s in range(stages - 2, -1, -1):
         out[s] = (pp + out[s + 1][None, :]).min(axis=1)
     return into, out
+
+
+def pp_floor(terms: RegionTerms, stages: int, replicas: int) -> float:
+    """A lower bound on every plan's PP (seconds): the cheapest region path, or more when some replica
+    must cross regions. A replica that stays in region g holds S of its devices. When a plan uses
+    every device (S R = sum of sizes), a region whose size is not a multiple of S therefore holds a
+    device of a replica that visits it and crosses to another region, so PP >= that region's
+    cheapest crossing path (`crossing_path_seconds`); the largest such value over those regions
+    holds. Otherwise, when sum_g floor(size_g / S) < R, some replica crosses: PP >= the cheapest
+    crossing path of any region."""
+    cheapest = cheapest_path_seconds(terms, stages)
+    if stages < 2:
+        return cheapest
+    crossing = crossing_path_seconds(terms, stages)
+    sizes = terms.sizes
+    if stages * replicas == int(sizes.sum()):
+        forced = sizes % stages != 0
+        return max(cheapest, float(crossing[forced].max())) if forced.any() else cheapest
+    if int((sizes // stages).sum()) < replicas:
+        return max(cheapest, float(crossing.min()))
+    return cheapest
+
+
+def crossing_path_seconds(terms: RegionTerms, stages: int) -> np.ndarray:
+    """c[g]: the cheapest region path that visits g and another region (seconds; inf for S < 2). Such a
+    path has a run of g next to another region h, so it crosses g -> h or h -> g at some cut s:
+    c[g] = min over s, h != g of into[s, g] + pp[g, h] + out[s + 1, h] and the reverse."""
+    G = terms.n_regions
+    into, out = cheapest_into_out(terms, stages)
+    c = np.full(G, np.inf)
+    off = ~np.eye(G, dtype=bool)
+    for s in range(stages - 1):
+        cost = np.where(off, into[s][:, None] + terms.pp_s + out[s + 1][None, :], np.inf)  # [g, h]: g -> h
+        c = np.minimum(c, np.minimum(cost.min(axis=1), cost.min(axis=0)))
+    return c
 
 
 def solve_flow_milp(terms: RegionTerms, stages: int, replicas: int, time_limit_s: float | None = None, *,

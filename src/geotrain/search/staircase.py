@@ -2,8 +2,8 @@
 
 total = DP + PP with DP = max_s dp_s and PP = max_r pp_r. For a threshold B let DP*(B) be the least
 DP of a plan whose every replica path costs <= B; DP*(B) does not grow with B. Every plan with PP in
-[a, b) has total >= a + DP*(b), so for break points a_0 < a_1 < ... < a_K (a_0: the cheapest region
-path, a_K: U - dp floor, beyond which no plan beats a known plan of total U)
+[a, b) has total >= a + DP*(b), so for break points a_0 < a_1 < ... < a_K (a_0: `milp.pp_floor`,
+at least the cheapest region path; a_K: U - dp floor, beyond which no plan beats a known plan of total U)
     OPT >= min_k (a_k + DPlb(a_{k+1}))   and   OPT >= min(U, a_K + dp floor),
 with DPlb(b) <= DP*(b) the dual bound of `solve_dp_milp`. The range starts as `pieces_at_start` even
 pieces (cheapest first, each MILP with an even share of the time left); then the piece holding the
@@ -43,8 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.search.milp import (MilpResult, _bound, _flow_conservation_rows, _group_rows, _Rows, _solve,
-                                  _solve_for_counts, _status, cheapest_into_out)
-from geotrain.search.regions import RegionTerms, cheapest_path_seconds, dp_floor
+                                  _solve_for_counts, _status, cheapest_into_out, pp_floor)
+from geotrain.search.regions import RegionTerms, dp_floor
 
 LEVELS = 160
 """Cost levels of the layered graph at threshold b (delta = b / LEVELS): finer is tighter and larger."""
@@ -206,13 +206,14 @@ def _stairs(low: float, top: float, upper_bound_s: float, inner, floor: float, t
 
 def staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_bound_s: float, *, axis: str = "pp",
                     time_limit_s: float = 30.0, target_gap: float = 0.002, min_width_s: float = 1e-3,
-                    pieces_at_start: int = 8) -> Staircase:
+                    pieces_at_start: int = 8, pp_low_s: float = 0.0) -> Staircase:
     """OPT >= the returned bound (see the module docstring); `upper_bound_s`: a known plan's total.
     axis "pp": pieces of PP, DP bounded by `solve_dp_milp`; axis "dp": pieces of DP, PP bounded by
-    `solve_mean_pp_milp` (the mean replica, and at least the cheapest region path)."""
+    `solve_mean_pp_milp` (the mean replica, and at least `milp.pp_floor`). pp_low_s: only plans with
+    PP >= pp_low_s are bounded (the others are left to the caller: `path_stairs` splits plans so)."""
     start = time.perf_counter()
     floor = dp_floor(terms, replicas, stages)
-    low = cheapest_path_seconds(terms, stages)
+    low = max(pp_floor(terms, stages, replicas), float(pp_low_s))
     if stages < 2 or upper_bound_s <= low + floor:
         value = min(upper_bound_s, low + floor)
         return Staircase(value, ((low, low, value),), 0, True, time.perf_counter() - start)
