@@ -50,7 +50,7 @@ STAIRCASE_TARGET_GAP = 0.002
 bounds are skipped (the path model still runs: it may prove the optimum itself)."""
 
 
-PATH_STAIRS_SHARE = 1.0 / 3.0
+PATH_STAIRS_SHARE = 0.25
 """Share of the region bounds' time for the path staircase (`path_stairs`), which runs first."""
 
 
@@ -154,7 +154,7 @@ def _region_bounds(report, regions: RegionTerms, S: int, R: int, upper: float, t
     left = lambda share: max(0.1, share * (time_limit_s - (time.perf_counter() - start)))  # noqa: E731
     pp_low = pp_floor(regions, S, R)
     split, below = pp_low, upper  # every plan has PP >= split or total >= below
-    if staircase:  # these often settle the bound in seconds: first, a third of the time each at most
+    if staircase:  # these often settle the bound in seconds: first, with a quarter and a third of the time left
         path = path_staircase_bound(regions, S, R, upper, time_limit_s=left(PATH_STAIRS_SHARE))
         found("path-stairs", path.bound_s)
         split, below = path.split_s, path.below_s

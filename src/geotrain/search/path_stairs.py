@@ -10,7 +10,8 @@ HiGHS stops; infeasible: no such plan, B_k = U). A plan with PP >= c_k has total
 and the bound is the largest of these over the pieces solved in time (k = 0: c_0 + DPlb). Each k
 also splits the plans: a plan has total >= min(U, B_0, ..., B_{k-1}) (`below_s`) or PP >= c_k
 (`split_s`), so a bound over plans with PP >= c_k (the staircases of `staircase`, started there) and
-below_s bound every plan together; the split kept is the largest c_k whose below_s is still >= bound_s.
+below_s bound every plan together. The split kept is the largest c_k whose pieces all reach U
+(within SETTLED_GAP), so that below_s never caps what the staircases prove above it.
 
 Why it helps: the layered-composition model's LP relaxation (which column generation would solve)
 is weaker than the bounds it would join at 256-512 devices (docs/placement.md), and the flow models'
@@ -33,6 +34,11 @@ from geotrain.search.regions import RegionTerms
 
 PIECE_PATHS = (250, 500, 1000, 2000, 4000)
 """Region paths (cumulative) of each piece's MILP at most: small MILPs first."""
+SETTLED_GAP = 1e-6
+"""A piece whose bound is within this fraction of U counts as settled (holds no plan below U)."""
+MIN_POTENTIAL = 0.5
+"""Pieces past the first unsettled one run only if c_K + DPlb (the most they can prove) reaches this
+share of U (a time rule: every bound returned is valid either way)."""
 DP_SHARE = 0.1
 """Share of the time limit for `exact.dp_lower_bound` (the tail's DP bound)."""
 
@@ -74,11 +80,15 @@ def path_staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_b
             break
     below = upper  # min of B_0 .. B_{k-1}
     finished = True
+    # past the first piece that does not reach U, only c_k + DPlb can still lift the bound: when even
+    # the last break point leaves that below MIN_POTENTIAL x U, the time is better spent elsewhere
+    promising = points[-1] + dp_low >= MIN_POTENTIAL * upper
     for k in range(len(points) - 1):
         a, b = points[k], points[k + 1]
         seconds = left() / (len(points) - 1 - k)
-        if seconds <= 0.05 or below <= best:  # no time, or no later prefix can beat the best one
-            finished = False
+        unsettled = below < upper * (1.0 - SETTLED_GAP)
+        if seconds <= 0.05 or below <= best or (unsettled and not promising):
+            finished = False  # no time, no later prefix can beat the best one, or none can go far
             break
         paths, path_s, _ = paths_below(terms, stages, b, 10 ** 9)
         result = solve_path_milp(terms, stages, replicas, paths, path_s, seconds, dp_cap_s=upper - a)
@@ -88,9 +98,10 @@ def path_staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_b
         below = min(below, value)
         best = max(best, min(below, b + dp_low))
     complete = finished and len(pieces) == len(points) - 1 and points[-1] >= top
-    split, above = low, upper
-    for a, b, value, _ in pieces:  # the largest split whose prefix still holds the bound
-        if min(above, value) < best:
+    split = low
+    for a, b, value, _ in pieces:  # the largest split below which every plan costs >= U
+        if value < upper * (1.0 - SETTLED_GAP):
             break
-        split, above = b, min(above, value)
-    return PathStaircase(float(best), tuple(pieces), dp_low, complete, time.perf_counter() - start, split, above)
+        split = b
+    return PathStaircase(float(best), tuple(pieces), dp_low, complete, time.perf_counter() - start, split,
+                         upper * (1.0 - SETTLED_GAP))
