@@ -38,7 +38,8 @@ SETTLED_GAP = 1e-6
 """A piece whose bound is within this fraction of U counts as settled (holds no plan below U)."""
 MIN_POTENTIAL = 0.5
 """Pieces past the first unsettled one run only if c_K + DPlb (the most they can prove) reaches this
-share of U (a time rule: every bound returned is valid either way)."""
+share of U and DPlb reaches MIN_DP_SHARE of it (a time rule: every bound returned is valid either way)."""
+MIN_DP_SHARE = 0.2
 DP_SHARE = 0.1
 """Share of the time limit for `exact.dp_lower_bound` (the tail's DP bound)."""
 
@@ -80,9 +81,10 @@ def path_staircase_bound(terms: RegionTerms, stages: int, replicas: int, upper_b
             break
     below = upper  # min of B_0 .. B_{k-1}
     finished = True
-    # past the first piece that does not reach U, only c_k + DPlb can still lift the bound: when even
-    # the last break point leaves that below MIN_POTENTIAL x U, the time is better spent elsewhere
-    promising = points[-1] + dp_low >= MIN_POTENTIAL * upper
+    # past the first piece that does not reach U, only c_k + DPlb can still lift the bound: when DPlb
+    # is a small share of U (equal regions: pure stages are cheap) or even the last break point leaves
+    # it below MIN_POTENTIAL x U, the staircases make better use of the time
+    promising = dp_low >= MIN_DP_SHARE * upper and points[-1] + dp_low >= MIN_POTENTIAL * upper
     for k in range(len(points) - 1):
         a, b = points[k], points[k + 1]
         seconds = left() / (len(points) - 1 - k)
