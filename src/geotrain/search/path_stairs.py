@@ -26,7 +26,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-
 from geotrain.search.exact import dp_lower_bound, paths_below
 from geotrain.search.milp import pp_floor, solve_path_milp
 from geotrain.search.regions import RegionTerms
