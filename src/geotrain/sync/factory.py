@@ -3,7 +3,8 @@
     optimizer onebit-adam              -> OneBitAdamSync (1-bit Adam averages over the group itself)
     sync_every H                       -> OuterSync (local SGD / DiLoCo; outer gradients through the
                                           exchange below, every H steps); with fragments > 1 or
-                                          delay > 0: StreamingOuterSync (one exchange per fragment)
+                                          delay > 0: StreamingOuterSync (one exchange per fragment;
+                                          landing "mix" or "eager")
     otherwise                          -> PerStepSync (the exchange below, every step)
     the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions);
                   flat         -> StageExchange (the codec reducer, or a registered reducer: PowerSGD)
@@ -65,7 +66,7 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                   lambda shadows: _exchange(options, shadows, transport, group, rank),
                                   options.sync_every, options.fragments, options.delay, options.mix,
                                   options.outer_lr, options.outer_momentum, options.total_steps,
-                                  _region_exchange(named_params, transport, group, rank))
+                                  _region_exchange(named_params, transport, group, rank), options.landing)
     outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
     return OuterSync(params, adamw, outer, exchange, options.total_steps,
                      _region_exchange(named_params, transport, group, rank))
