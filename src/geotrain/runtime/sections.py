@@ -137,10 +137,15 @@ class DataSection(Section):
     eval_windows: int = setting(32, "validation windows per evaluation (at most)")
     eval_local: bool = setting(False, "one stage only: each replica scores its own weights on every window, with no "
                                       "collective and outside emulated time (a sync may be in flight: bench wan)")
+    eval_offset: int = setting(0, "validation after steps k x eval_every + N instead (N below eval_every; bench wan: "
+                                  "after an overlapped sync has landed)", metavar="N")
 
     def __post_init__(self) -> None:
         self._text("data", optional=True)
         self._flag("eval_local")
+        self._integer("eval_offset", 0)
+        if self.eval_offset and self.eval_offset >= max(self.eval_every, 1):
+            self._fail("eval_offset", f"must be below data.eval_every ({self.eval_every})")
         if self.data is not None and not Path(self.data).exists():
             raise RuntimeConfigError(f"data.data {self.data!r}: no such file or directory")
         self._integer("data_seed", 0)
@@ -152,6 +157,13 @@ class DataSection(Section):
         object.__setattr__(self, "val_fraction", float(value))
         if self.eval_every and self.val_fraction == 0:
             raise RuntimeConfigError("data.eval_every needs a held-out split: data.val_fraction is 0")
+
+    def evaluates_after(self, step: int, steps: int) -> bool:
+        """Whether validation runs after 0-based `step` of a run of `steps`: every eval_every steps (shifted
+        by eval_offset) and at the end."""
+        done = step + 1
+        return bool(self.eval_every) and (done == steps or (done > self.eval_offset
+                                                            and (done - self.eval_offset) % self.eval_every == 0))
 
 
 @dataclass(frozen=True)
