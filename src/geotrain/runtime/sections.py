@@ -440,10 +440,14 @@ class OptimSection(Section):
                                        "outer gradient applied at once as the mean's proxy, only the correction when "
                                        "the mean lands: no step on stale or dropped progress; needs --sync-mix 0)",
                                 choices=LANDINGS)
+    sync_warmup: int = setting(0, "--sync-delay: outer syncs started before step N block (TAU 0): the overlap starts "
+                                  "after the outer warm-up (early on a replica's own weights are far from the "
+                                  "replicas' mean, and steps run from them cost quality)", metavar="N")
 
     def __post_init__(self) -> None:
         self._choice("optimizer", RUNTIME_OPTIMIZERS)
         self._choice("sync_landing", LANDINGS)
+        self._integer("sync_warmup", 0)
         self._number("lr", zero_ok=False)
         self._integer("onebit_warmup_steps", 1)
         self._number("clip_grad_norm", zero_ok=False, optional=True)
@@ -453,7 +457,7 @@ class OptimSection(Section):
         if self.sync_mix > 1:
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
-            for key in ("fragments", "sync_delay", "sync_mix", "sync_landing"):
+            for key in ("fragments", "sync_delay", "sync_mix", "sync_landing", "sync_warmup"):
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return

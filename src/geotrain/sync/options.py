@@ -34,6 +34,7 @@ class SyncOptions:
         synced at staggered offsets, each landing `delay` steps after it starts, mixed in with `mix`.
     landing: how a late sync lands (geotrain.optim.outer.LANDINGS): "mix" (with `mix`) or "eager" (the local
         outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
+    warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
     """
 
     codec: CodecSpec
@@ -51,6 +52,7 @@ class SyncOptions:
     delay: int = 0
     mix: float = 0.0
     landing: str = "mix"
+    warmup: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -85,10 +87,11 @@ class SyncOptions:
         if self.hierarchical and not reducer_traits(self.codec).hierarchical:
             raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
                             f"its own exchange", ("hierarchical", "codec"))
-        if self.sync_every is None and (self.fragments, self.delay, self.mix, self.landing) != (1, 0, 0.0, "mix"):
-            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, delay {self.delay!r}, mix {self.mix!r} and "
-                            f"landing {self.landing!r} are Streaming DiLoCo's: they need sync_every",
-                            ("fragments", "delay", "mix", "landing", "sync_every"))
+        streaming = (self.fragments, self.delay, self.mix, self.landing, self.warmup)
+        if self.sync_every is None and streaming != (1, 0, 0.0, "mix", 0):
+            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, delay {self.delay!r}, mix {self.mix!r}, "
+                            f"landing {self.landing!r} and warmup {self.warmup!r} are Streaming DiLoCo's: they need "
+                            f"sync_every", ("fragments", "delay", "mix", "landing", "warmup", "sync_every"))
         if self.sync_every is not None:
             try:
                 check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "SyncOptions")
@@ -112,6 +115,8 @@ class SyncOptions:
                                 f"got {value!r}")
         if isinstance(self.mix, bool) or not isinstance(self.mix, int | float) or not 0.0 <= self.mix <= 1.0:
             raise SyncError(f"SyncOptions.mix must be a number in [0, 1], got {self.mix!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise SyncError(f"SyncOptions.warmup must be an integer >= 0, got {self.warmup!r}")
         if self.landing not in LANDINGS:
             raise SyncError(f"SyncOptions.landing must be one of {', '.join(LANDINGS)}, got {self.landing!r}")
         if self.landing == "eager" and self.mix != 0:

@@ -23,6 +23,13 @@ true change - proxy change. So no inner step runs on discarded progress (mix 0) 
 one (mix 0.5): with outer averaging (lr 1, momentum 0) the proxy is the local fragment itself, and
 after landing local = the replicas' mean at the start + this replica's progress of the tau steps.
 
+Overlap warm-up (`warmup` W steps, default 0): a sync started before step W blocks (tau 0, no mixing),
+so the first outer periods run as blocking DiLoCo. Early in training a replica's own weights are far
+worse than the replicas' mean (bench wan's tiny GPT after 5 steps: 3.083 nats against the mean's 2.942;
+after 30: 2.399 against 2.386), and the inner steps a late sync lets run from them (any landing rule)
+slowed the whole run down: delayed rows reached bench wan's target 7-17 steps after the blocking one,
+with the first two syncs blocking (W = 10) the eager one reaches it one step after it (docs/wan.md).
+
 At the run's last step (`total_steps`; or `flush()`, e.g. when a DiLoCo context closes) every sync in
 flight lands and then every fragment syncs at once, blocking and without mixing, so all replicas end
 on the same parameters. Every collective is posted from the training thread, so all ranks issue
@@ -101,10 +108,12 @@ class StreamingOuterSync(OuterSync):
                  make_exchange: ExchangeFactory, sync_every: int, fragments: int = 1, delay: int = 0,
                  mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  total_steps: int | None = None, inner_exchange: DPExchange | None = None,
-                 landing: str = "mix") -> None:
+                 landing: str = "mix", warmup: int = 0) -> None:
         named_params = list(named_params)
         if landing not in LANDINGS:
             raise SyncError(f"landing must be one of {', '.join(LANDINGS)}, got {landing!r}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise SyncError(f"warmup (steps whose syncs block) must be an integer >= 0, got {warmup!r}")
         if landing == "eager" and mix != 0:
             raise SyncError(f"mix {mix!r} is the mix landing's alpha; eager landing keeps the local progress "
                             f"itself: leave mix 0")
@@ -120,6 +129,7 @@ class StreamingOuterSync(OuterSync):
         self.total_steps = total_steps
         self.inner_exchange = inner_exchange
         self.sync_every, self.delay, self.mix, self.landing = sync_every, delay, float(mix), landing
+        self.warmup = warmup
         sizes = [p.numel() * p.element_size() for p in self.params]
         self.fragments: list[Fragment] = []
         for indices in split_fragments(sizes, fragments):
@@ -163,6 +173,7 @@ class StreamingOuterSync(OuterSync):
         with timer:
             local = fragment.outer.outer_gradients()
             set_grads(fragment.shadows, local)
+        blocking = blocking or step < self.warmup
         if blocking or self.delay == 0:
             dp_bytes = fragment.exchange.exchange(step, timer)
             self._apply(fragment, timer, mix=0.0 if blocking else self.mix)

@@ -65,6 +65,7 @@ def test_streaming_sends_one_fragment_per_sync_posted_when_it_lands_and_keeps_re
     ({"sync_every": 4, "sync_delay": 1, "sync_mix": 0.5, "sync_landing": "eager"},
      r"optim.sync_mix is the mix landing's alpha; with optim.sync_landing eager it must be 0, got 0.5"),
     ({"sync_every": 4, "sync_landing": "late"}, r"optim.sync_landing must be one of mix, eager, got 'late'"),
+    ({"sync_warmup": 10}, "optim.sync_warmup is Streaming DiLoCo's: it needs optim.sync_every"),
 ])
 def test_streaming_settings_are_refused_in_one_line_naming_the_key(options, message):
     with pytest.raises(RuntimeConfigError, match=message):

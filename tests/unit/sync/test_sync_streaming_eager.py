@@ -57,13 +57,13 @@ class Timer:
 
 
 def _run(delay: int, landing: str, steps: int, outer_lr: float = 1.0, outer_momentum: float = 0.0,
-         sync_every: int = 3) -> tuple[torch.nn.Parameter, StreamingOuterSync, list[torch.Tensor]]:
+         sync_every: int = 3, warmup: int = 0) -> tuple[torch.nn.Parameter, StreamingOuterSync, list[torch.Tensor]]:
     """Train one parameter of 4 values with gradient (step + 1) x ones; returns it, the sync and the
     parameter after every step."""
     param = torch.nn.Parameter(torch.zeros(4))
     inner = torch.optim.SGD([param], lr=INNER_LR)
     sync = StreamingOuterSync([("w", param)], inner, LoopbackExchange, sync_every, 1, delay, 0.0, outer_lr,
-                              outer_momentum, total_steps=None, landing=landing)
+                              outer_momentum, total_steps=None, landing=landing, warmup=warmup)
     after = []
     for step in range(steps):
         param.grad = torch.full((4,), float(step + 1))
@@ -109,6 +109,17 @@ def test_eager_without_delay_is_blocking_bit_for_bit():
         assert all(torch.equal(a, b) for a, b in zip(blocking, eager))
 
 
+def test_syncs_started_in_the_warmup_block_and_the_later_ones_overlap():
+    # H=3, tau=1, mix 0.5, warm-up 4 steps: the sync after step 2 blocks (as tau 0), the one after step 5 flies
+    _, _, blocking = _run(0, "mix", 7)
+    _, sync, warm = _run(1, "mix", 7, warmup=4)
+    _, _, late = _run(1, "mix", 7)
+    assert all(torch.equal(a, b) for a, b in zip(blocking[:5], warm[:5]))
+    assert not torch.equal(late[2], warm[2])  # without the warm-up the first sync is in flight after step 2
+    _, sync, _ = _run(1, "mix", 6, warmup=4)
+    assert sync.in_flight == 1  # started after step 5, lands after step 6
+
+
 def test_eager_refuses_a_mix_and_unknown_landings():
     param = torch.nn.Parameter(torch.zeros(4))
     inner = torch.optim.SGD([param], lr=INNER_LR)
@@ -119,5 +130,7 @@ def test_eager_refuses_a_mix_and_unknown_landings():
     with pytest.raises(SyncError, match=r"SyncOptions: mix 0.5 is the mix landing's alpha"):
         SyncOptions(codec="int8-block", optimizer="adamw", lr=0.01, total_steps=9, sync_every=3, delay=1, mix=0.5,
                     landing="eager")
-    with pytest.raises(SyncError, match=r"landing 'eager' are Streaming DiLoCo's: they need sync_every"):
+    with pytest.raises(SyncError, match=r"warmup \(steps whose syncs block\) must be an integer >= 0, got -1"):
+        StreamingOuterSync([("w", param)], inner, LoopbackExchange, 3, 1, 1, warmup=-1)
+    with pytest.raises(SyncError, match=r"landing 'eager' and warmup 0 are Streaming DiLoCo's: they need sync_every"):
         SyncOptions(codec="none", optimizer="adamw", lr=0.01, total_steps=9, landing="eager")
