@@ -36,23 +36,28 @@ def test_fragment_exchange_is_yuans_all_reduce_of_the_fragments_bytes_through_th
 
 
 def test_the_smallest_h_that_hides_the_sync_then_the_best_codec_least_delay_and_most_fragments():
-    recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=1200)
-    # H = 2 hides it (2 fragments, each behind tau = 1 step of 0.1 s) but the staleness charge of a sync
-    # landing 1 of 2 steps late with alpha 0.5 is 1 / (1 - 0.5 x 1/2) = 1.33x; H = 5: 1.11x; H = 10 reaches
-    # a charged compute fraction of 0.95 (1 / (1 - 0.05)): int8-block in 8 fragments of 2 x (25 ms + 7.6 ms)
-    assert (recipe.sync_every, recipe.fragments, recipe.codec) == (10, 8, "int8-block")
-    assert recipe.sync_s == pytest.approx(2 * (0.025 + 8 * 1e6 * (1 + 4 / 256) / 8 / 2e8))
-    assert recipe.delay == 1 and recipe.mix == 0.5
-    assert recipe.step_s == pytest.approx(0.1) and recipe.compute_fraction == pytest.approx(1.0)
-    assert (recipe.outer_lr, recipe.outer_momentum) == (0.7, 0.9)  # 120 outer steps: DiLoCo's
-    assert staleness_factor(10, 1, 0.5) == pytest.approx(1 / 0.95) and staleness_factor(5, 0, 0.0) == 1.0
-
-
-def test_with_few_outer_steps_every_sync_stays_blocking():
-    # 60 steps: H <= 5 (12 outer steps), where every delayed sync measured on bench wan cost steps to target
     recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
-    assert (recipe.sync_every, recipe.fragments, recipe.delay, recipe.mix) == (5, 1, 0, 0.0)
-    assert (recipe.outer_lr, recipe.outer_momentum) == (1.0, 0.0)  # 12 outer steps: averaging
+    # H = 2 already hides it: int8-block (the best codec that does) in 2 fragments of 2 x (25 ms + 20.3 ms),
+    # each hidden behind tau = 1 step of 0.1 s (fp32 would need 0.26 s; int8 in one piece 0.131 s)
+    assert (recipe.sync_every, recipe.fragments, recipe.codec) == (2, 2, "int8-block")
+    assert recipe.sync_s == pytest.approx(2 * (0.025 + 8 * 2e6 * (1 + 4 / 256) / 4 / 2e8))
+    # landing eagerly (no mixing) after a blocking warm-up of 2 outer periods
+    assert (recipe.delay, recipe.mix, recipe.landing, recipe.warmup) == (1, 0.0, "eager", 4)
+    assert recipe.step_s == pytest.approx(0.1) and recipe.compute_fraction == pytest.approx(1.0)
+    assert (recipe.outer_lr, recipe.outer_momentum) == (1.0, 0.0)  # 30 outer steps: averaging
+
+
+def test_the_mix_rule_is_charged_for_staleness_and_blocks_with_few_outer_steps():
+    mixed = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=1200, landing="mix")
+    # H = 2 hides the sync, but landing 1 of 2 steps late with alpha 0.5 is charged 1 / (1 - 0.5 x 1/2) =
+    # 1.33x, H = 5 1.11x; H = 10 reaches a charged compute fraction of 0.95 (1 / (1 - 0.05)), 8 fragments
+    assert (mixed.sync_every, mixed.fragments, mixed.delay, mixed.mix, mixed.landing) == (10, 8, 1, 0.5, "mix")
+    assert staleness_factor(10, 1, 0.5) == pytest.approx(1 / 0.95) and staleness_factor(5, 2, 0.0, "eager") == 1.0
+    # 60 steps: H <= 5 (12 outer steps), where every mixed delayed sync measured on bench wan cost steps
+    blocking = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, landing="mix")
+    assert (blocking.sync_every, blocking.fragments, blocking.delay, blocking.mix) == (5, 1, 0, 0.0)
+    with pytest.raises(WanRecipeError, match="recipe landing must be one of eager, mix"):
+        choose_recipe(TWO, JOB, PAIR, 0.1, landing="late")
 
 
 def test_without_delay_the_sync_is_exposed_and_the_paper_optimizer_comes_back_with_many_outer_steps():
@@ -63,7 +68,7 @@ def test_without_delay_the_sync_is_exposed_and_the_paper_optimizer_comes_back_wi
     assert blocking.step_s == pytest.approx(0.1 + blocking.sync_s / 5)
     long_run = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=100_000)
     assert (long_run.outer_lr, long_run.outer_momentum) == (0.7, 0.9)
-    assert long_run.sync_every == 10  # the smallest H that reaches a charged compute fraction of 0.95
+    assert long_run.sync_every == 2  # the smallest H that reaches a compute fraction of 0.95
 
 
 def test_bandwidth_bound_links_take_the_most_fragments_at_no_cost():
@@ -79,10 +84,12 @@ def test_recipe_round_trips_through_the_plan_and_names_a_missing_key():
     recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
     assert WanRecipe.from_json(recipe.to_json()) == recipe
     settings = recipe.runtime_settings()
-    assert settings["optim"] == {"sync_every": 5, "fragments": 1, "sync_delay": 0, "sync_mix": 0.0,
-                                 "outer_lr": 1.0, "outer_momentum": 0.0}
-    assert settings["comm"] == {"dp_codec": "int4-block"}
+    assert settings["optim"] == {"sync_every": 2, "fragments": 2, "sync_delay": 1, "sync_mix": 0.0,
+                                 "outer_lr": 1.0, "outer_momentum": 0.0, "sync_landing": "eager", "sync_warmup": 4}
+    assert settings["comm"] == {"dp_codec": "int8-block"}
     doc = recipe.to_json()
+    older = {k: v for k, v in doc.items() if k not in ("landing", "warmup")}  # a plan written before them
+    assert (WanRecipe.from_json(older).landing, WanRecipe.from_json(older).warmup) == ("mix", 0)
     del doc["codec"]
     with pytest.raises(WanRecipeError, match="wan_recipe.codec is missing"):
         WanRecipe.from_json(doc, "p.json")
