@@ -22,8 +22,8 @@ bench wan, wan-4x1, H=5, P=4, tau=2, alpha 0.5: the target at step 37 against th
 1.23x; the factor says 1.25; docs/wan.md). Without it an overlapped sync looks free, and the rule chose
 tau = 2 rows that reached the target later than the blocking one. With few outer steps (a run of fewer
 than PAPER_OUTER_STEPS of them) the factor is not enough: every delayed sync measured on bench wan without
-an overlap warm-up (12 outer steps; mix 0, 0.5 and eager landing, P = 1 and 4, tau = 1 and 2) needed 1.2x-1.7x the blocking
-row's steps to the target, so there the rule keeps every mixed sync blocking (tau = 0).
+an overlap warm-up (12 outer steps; mix 0, 0.5 and eager landing, P = 1 and 4, tau = 1 and 2) needed
+1.2x-1.7x the blocking row's steps to the target, so there the rule keeps every mixed sync blocking.
 
 Eager landing with an overlap warm-up (geotrain.sync.streaming: the first WARMUP_PERIODS outer syncs
 block, later ones land eagerly) costs no steps: measured on bench wan it reaches the target in the

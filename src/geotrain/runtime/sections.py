@@ -436,10 +436,10 @@ class OptimSection(Section):
     sync_mix: float = setting(0.0, "--sync-every: Streaming DiLoCo's alpha: a landed fragment becomes ALPHA x local + "
                                    "(1 - ALPHA) x new anchor (0..1; 0 drops the overlapped steps' local progress)",
                               metavar="ALPHA")
-    sync_landing: str = setting("mix", "--sync-delay: how a late sync lands: mix (--sync-mix) or eager (the replica's own "
-                                       "outer gradient applied at once as the mean's proxy, only the correction when "
-                                       "the mean lands: no step on stale or dropped progress; needs --sync-mix 0)",
-                                choices=LANDINGS)
+    sync_landing: str = setting("mix", "--sync-delay: how a late sync lands: mix (--sync-mix) or eager (the "
+                                       "replica's own outer gradient applied at once as the mean's proxy, only the "
+                                       "correction when the mean lands: no step on stale or dropped progress; needs "
+                                       "--sync-mix 0)", choices=LANDINGS)
     sync_warmup: int = setting(0, "--sync-delay: outer syncs started before step N block (TAU 0): the overlap starts "
                                   "after the outer warm-up (early on a replica's own weights are far from the "
                                   "replicas' mean, and steps run from them cost quality)", metavar="N")
