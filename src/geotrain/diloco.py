@@ -11,8 +11,9 @@
 
 The outer synchronisation is geotrain.sync.StreamingOuterSync (the one implementation, also behind
 `geotrain train --sync-every`): P fragments on a staggered schedule, each exchange overlapped with
-tau inner steps and mixed in with `mix` (Streaming DiLoCo's alpha), outer gradients through any codec
-of geotrain.codecs with error feedback (the codec reducer of geotrain.comm). See docs/diloco.md.
+tau inner steps and landing mixed in with `mix` (Streaming DiLoCo's alpha) or eagerly (`landing="eager"`,
+after `warmup` blocking steps), outer gradients through any codec of geotrain.codecs with error feedback
+(the codec reducer of geotrain.comm). See docs/diloco.md.
 
 Regions (`regions=[[0, 1], [2, 3]]`, global ranks per site): each region is one DiLoCo worker, as in
 `geotrain train --dp-hierarchical --sync-every`: before every inner step its members average their
@@ -63,12 +64,15 @@ class _ComputeSeconds:
 class DiLoCo:
     """Streaming DiLoCo around a user's loop (module doc). Outer settings: `sync_every` H inner steps per
     outer period, `fragments` P (1..H), `delay` tau (0..H-1 steps a sync lands late), `mix` alpha in
-    [0, 1], `codec` a codec spec of the outer gradients, `error_feedback` on by default; `gather_links`:
+    [0, 1], `landing` "mix" (with `mix`) or "eager" (the replica's own outer gradient applied at once as the
+    mean's proxy, the correction when the mean lands; geotrain.sync.streaming), `warmup` (syncs started before
+    this inner step block), `codec` a codec spec of the outer gradients, `error_feedback` on by default; `gather_links`:
     the group's links (geotrain.comm.gather.GatherLinks, members in group-rank order), so that a gathered
     codec's exchange takes one direct all-to-all round where it is faster than the ring (None: the ring)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
-                 fragments: int = 1, delay: int = 0, mix: float = 0.0, codec: str | CodecSpec = "int8-block",
+                 fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
+                 codec: str | CodecSpec = "int8-block",
                  error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
                  gather_links: GatherLinks | None = None) -> None:
@@ -90,7 +94,8 @@ class DiLoCo:
         self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay)
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
         self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
-                                       mix, outer_lr, outer_momentum, total_steps=None)
+                                       mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
+                                       warmup=warmup)
         self.timer = _ComputeSeconds()
         self.inner_steps = 0
         self.bytes_sent = 0

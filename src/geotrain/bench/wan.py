@@ -202,10 +202,11 @@ def _evaluate(directory: str, step: int, run: Any, config: WanBenchConfig,
     return loss, records
 
 
-def eval_steps_of(config: WanBenchConfig, sync_every: int) -> list[int]:
-    """The steps a row is scored at: synchronised weights only (with local SGD, steps that end an outer period)."""
+def eval_steps_of(config: WanBenchConfig, sync_every: int, offset: int = 0) -> list[int]:
+    """The steps a row is scored at: synchronised weights only (with local SGD, steps that end an outer period;
+    with `offset` tau, the steps its syncs land at)."""
     every = math.lcm(config.eval_every, sync_every)
-    return sorted({*range(every, config.steps + 1, every), config.steps})
+    return sorted({*range(every + offset, config.steps + 1, every), config.steps})
 
 
 def score_row(row: WanRow, assignment: np.ndarray, codecs: dict[str, list[str]], eval_steps: list[int],
@@ -226,19 +227,22 @@ def score_row(row: WanRow, assignment: np.ndarray, codecs: dict[str, list[str]],
 def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: CodecChoice | None,
             config: WanBenchConfig, tokens: Any, progress: Callable[[int, int], None] | None = None) -> RowResult:
     """Train one row for config.steps steps and score it from its checkpoints. A row whose syncs land late
-    (sync_delay > 0) has a sync in flight at most steps, which a checkpoint refuses: it is checkpointed at
+    (sync_delay tau > 0) has a sync in flight at most steps, which a checkpoint refuses: it is checkpointed at
     the end only and scored by the runtime's evaluation of replica 0's current weights on the same windows
-    (data.eval_local: no collective, outside emulated time, so no sync travels during it)."""
+    (data.eval_local: no collective, outside emulated time, so no sync travels during it), tau steps after
+    each period that a blocking row is scored at (data.eval_offset): when the sync started there has landed
+    (fragment 0's, the one that syncs at the period's end), not while it is in flight."""
     from geotrain.runtime import RuntimeConfig, launch
 
     stages, replicas = assignment.shape
     per_link: dict[str, Any] = {}
     if row.plan_codecs and choice is not None:
         per_link = {"dp_codecs": choice.dp, "pp_codecs": choice.pp}
-    eval_steps = eval_steps_of(config, row.sync_every)
-    in_flight = int(dict(row.options).get("sync_delay") or 0) > 0
+    delay = int(dict(row.options).get("sync_delay") or 0)
+    in_flight = delay > 0
+    eval_steps = eval_steps_of(config, row.sync_every, delay)
     scoring = ({"checkpoint_every": 0, "eval_every": math.lcm(config.eval_every, row.sync_every),
-                "eval_windows": config.val_windows, "eval_local": True} if in_flight
+                "eval_offset": delay, "eval_windows": config.val_windows, "eval_local": True} if in_flight
                else {"checkpoint_every": config.eval_every})
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
         run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps,

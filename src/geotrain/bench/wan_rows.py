@@ -82,6 +82,9 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     # torchft's DiLoCo run as its users run it (geotrain.bench.wan_torchft), set as the local SGD H=5 rows
     WanRow("torchft DiLoCo H=5 (outer avg, should_quantize)", engine="torchft",
            options=(*LOCAL_SGD_5, ("should_quantize", True))),
+    # eager landing (geotrain.sync.streaming): the exchange hidden behind 2 inner steps, the first 2 syncs blocking
+    WanRow("planned + local SGD H=5 + int8-block+EF outer, eager landing tau=2, warm-up 10", dp_codec="int8-block",
+           options=(*LOCAL_SGD_5, ("sync_delay", 2), ("sync_landing", "eager"), ("sync_warmup", 10))),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1

@@ -240,7 +240,8 @@ def run(args: Any) -> int:
     if recipe is not None:
         out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
                   [["sync every H", str(recipe.sync_every)], ["fragments P", str(recipe.fragments)],
-                   ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"], ["outer codec", recipe.codec],
+                   ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"],
+                   ["landing / warm-up steps", f"{recipe.landing} / {recipe.warmup}"], ["outer codec", recipe.codec],
                    ["outer lr / momentum", f"{recipe.outer_lr:g} / {recipe.outer_momentum:g}"],
                    ["one fragment's exchange (s)", f"{recipe.sync_s:.3f}"], ["compute per step (s)", f"{recipe.compute_s:.4g}"],
                    ["predicted step (s)", f"{recipe.step_s:.4g}"], ["compute fraction", f"{recipe.compute_fraction:.3f}"]])

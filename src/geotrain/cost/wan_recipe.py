@@ -13,16 +13,36 @@ the "yuan" DP term of its bytes:
                        P exchanges of a period need P x T_frag of the H steps' time)
 
 so the bytes per step are fragment bytes / (H / P), and P > 1 adds P - 1 latencies per period while
-cutting the peak bandwidth by P. The rule (`choose_recipe`), tolerance e (default 0.02):
+cutting the peak bandwidth by P.
+
+Quality (the staleness charge): a sync that lands tau steps late, mixed in with alpha, drops (1 - alpha)
+x tau of the period's H steps of progress, so the run needs about 1 / (1 - (1 - alpha) tau / H) times
+the steps to a loss (`staleness_factor`); the rule ranks settings by step_s x that factor (measured on
+bench wan, wan-4x1, H=5, P=4, tau=2, alpha 0.5: the target at step 37 against the blocking row's 30,
+1.23x; the factor says 1.25; docs/wan.md). Without it an overlapped sync looks free, and the rule chose
+tau = 2 rows that reached the target later than the blocking one. With few outer steps (a run of fewer
+than PAPER_OUTER_STEPS of them) the factor is not enough: every delayed sync measured on bench wan without
+an overlap warm-up (12 outer steps; mix 0, 0.5 and eager landing, P = 1 and 4, tau = 1 and 2) needed
+1.2x-1.7x the blocking row's steps to the target, so there the rule keeps every mixed sync blocking.
+
+Eager landing with an overlap warm-up (geotrain.sync.streaming: the first WARMUP_PERIODS outer syncs
+block, later ones land eagerly) costs no steps: measured on bench wan it reaches the target in the
+blocking row's outer period (tau steps later: when the sync lands) and ends within 0.01 nats of it, so its
+factor is 1 and it may overlap with few outer steps too. It is the rule's default (`landing="eager"`);
+`landing="mix"` gives the mix rule with its charge.
+
+The rule (`choose_recipe`), tolerance e (default 0.02), "fastest" by the charged step time:
 1. H: the smallest H in `sync_every_choices` (fewest local steps: best quality) whose fastest recipe
    reaches `target_compute_fraction` (compute_s / step_s, default 0.95); none does: the fastest H.
    With `total_steps`, H is capped so that the run has at least MIN_OUTER_STEPS outer steps (fewer
    outer steps lost quality in bench wan: docs/wan.md).
 2. codec: the best-quality rung of OUTER_LADDER (down to `floor`) whose fastest P/tau is within
    (1 + e) x the fastest step at that H.
-3. tau: the smallest delay (a landed sync is staler with each step) within (1 + e) of it;
+3. tau: the smallest delay (a landed sync is staler with each step) within (1 + e) of it; with the mix
+   rule, 0 with fewer than PAPER_OUTER_STEPS outer steps (above);
 4. P: the largest fragment count within (1 + e) of it (lowest peak bandwidth).
-5. mix alpha 0.5 when tau > 0 (Streaming DiLoCo's; alpha 0 drops the overlapped steps' progress).
+5. tau > 0: eager landing after WARMUP_PERIODS blocking periods (landing "eager"), or mix alpha 0.5
+   (landing "mix"; Streaming DiLoCo's; alpha 0 drops the overlapped steps' progress).
 6. outer optimizer: averaging (lr 1, momentum 0) under PAPER_OUTER_STEPS outer steps, else DiLoCo's
    Nesterov 0.7 / 0.9 (measured: 0.7/0.9 over 12 outer steps misses bench wan's target; docs/wan.md).
 """
@@ -52,6 +72,9 @@ TARGET_COMPUTE_FRACTION = 0.95
 AVERAGING = (1.0, 0.0)
 DILOCO_PAPER = (0.7, 0.9)
 OVERLAP_MIX = 0.5
+WARMUP_PERIODS = 2
+"""Eager landing's overlap warm-up: the first outer periods' syncs block (docs/wan.md, "Eager landing")."""
+RECIPE_LANDINGS = ("eager", "mix")
 
 
 class WanRecipeError(GeotrainError, ValueError):
@@ -72,6 +95,8 @@ class WanRecipe:
     step_s: float
     compute_s: float
     sync_s: float  # one fragment's exchange (T_frag)
+    landing: str = "mix"  # how a late sync lands (geotrain.sync.streaming): "mix" (with mix) or "eager"
+    warmup: int = 0  # syncs started before this step block (the overlap warm-up)
 
     @property
     def compute_fraction(self) -> float:
@@ -85,15 +110,18 @@ class WanRecipe:
     def from_json(cls, doc: Any, source: str = "<plan>") -> WanRecipe:
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise WanRecipeError(f"{source}: wan_recipe must be an object with version 1, got {shown(doc)}")
-        try:
-            return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls)})
+        try:  # fields with a default (landing, warmup) may be absent: plans written before them
+            return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls)
+                          if f.name in doc or f.default is dataclasses.MISSING})
         except KeyError as missing:
             raise WanRecipeError(f"{source}: wan_recipe.{missing.args[0]} is missing") from None
 
     def runtime_settings(self) -> dict[str, dict[str, Any]]:
         """RuntimeConfig sections (optim, comm) that run this recipe."""
         return {"optim": {"sync_every": self.sync_every, "fragments": self.fragments, "sync_delay": self.delay,
-                          "sync_mix": self.mix, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum},
+                          "sync_mix": self.mix, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+                          **({"sync_landing": self.landing, "sync_warmup": self.warmup}
+                             if self.landing != "mix" else {})},
                 "comm": {"dp_codec": self.codec}}
 
 
@@ -124,13 +152,24 @@ def recipe_step_seconds(sync_s: float, compute_s: float, pp_s: float, sync_every
     return max(compute_s + pp_s + exposed * fragments / sync_every, sync_s * fragments / sync_every)
 
 
+def staleness_factor(sync_every: int, delay: int, mix: float, landing: str = "mix") -> float:
+    """Steps to a loss relative to blocking DiLoCo's (module doc): 1 / (1 - (1 - mix) tau / H) for the mix
+    rule; 1 at tau = 0 and for eager landing (after its warm-up)."""
+    if landing == "eager":
+        return 1.0
+    return 1.0 / (1.0 - (1.0 - mix) * delay / sync_every)
+
+
 def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float, *, pp_s: float = 0.0,
                   total_steps: int | None = None, max_delay: int | None = None, max_fragments: int = 8,
                   floor: str = "int4-block", tolerance: float = 0.02,
                   target_compute_fraction: float = TARGET_COMPUTE_FRACTION,
-                  sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES) -> WanRecipe:
+                  sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES, landing: str = "eager") -> WanRecipe:
     """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0);
-    `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints)."""
+    `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints); `landing`
+    of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged)."""
+    if landing not in RECIPE_LANDINGS:
+        raise WanRecipeError(f"recipe landing must be one of {', '.join(RECIPE_LANDINGS)}, got {shown(landing)}")
     if floor not in OUTER_LADDER:
         raise WanRecipeError(f"--recipe-codec-floor must be one of {', '.join(OUTER_LADDER)}, got {shown(floor)}")
     if not compute_s > 0 or not np.isfinite(compute_s):
@@ -143,9 +182,11 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
             for p in range(1, max_fragments + 1) for c in codecs}
 
     def options(h: int) -> list[tuple[float, int, int, int, str]]:
-        """(step_s, codec rank, tau, -P, codec) of every setting at H = h."""
-        taus = range(0, (h - 1 if max_delay is None else min(max_delay, h - 1)) + 1)
-        return [(recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t), i, t, -p, c)
+        """(charged step_s, codec rank, tau, -P, codec) of every setting at H = h."""
+        blocking_only = landing == "mix" and total_steps is not None and total_steps // h < PAPER_OUTER_STEPS
+        taus = range(0, (0 if blocking_only else h - 1 if max_delay is None else min(max_delay, h - 1)) + 1)
+        return [(recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t)
+                 * staleness_factor(h, t, OVERLAP_MIX if t > 0 else 0.0, landing), i, t, -p, c)
                 for i, c in enumerate(codecs) for p in range(1, min(max_fragments, h) + 1) for t in taus]
 
     fastest = {h: min(options(h))[0] for h in choices}
@@ -155,11 +196,14 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     within = [o for o in options(h) if o[0] <= limit]
     codec_rank = min(o[1] for o in within)  # 2. best-quality codec
     tau = min(o[2] for o in within if o[1] == codec_rank)  # 3. least delay
-    step_s, _, _, neg_p, codec = min((o for o in within if o[1] == codec_rank and o[2] == tau),
-                                     key=lambda o: o[3])  # 4. most fragments
+    _, _, _, neg_p, codec = min((o for o in within if o[1] == codec_rank and o[2] == tau),
+                                key=lambda o: o[3])  # 4. most fragments
+    step_s = recipe_step_seconds(sync[-neg_p, codec], compute_s, pp_s, h, -neg_p, tau)  # predicted, uncharged
     outer = AVERAGING if total_steps is not None and total_steps // h < PAPER_OUTER_STEPS else DILOCO_PAPER
-    return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 else 0.0, codec, outer[0], outer[1], step_s, compute_s,
-                     sync[-neg_p, codec])
+    eager = tau > 0 and landing == "eager"
+    return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
+                     step_s, compute_s, sync[-neg_p, codec], "eager" if eager else "mix",
+                     WARMUP_PERIODS * h if eager else 0)
 
 
 def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:

@@ -21,6 +21,7 @@ optimizer's state (AdamW moments) stays local to each replica.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -31,6 +32,10 @@ from geotrain.errors import GeotrainError
 
 DILOCO_LR = 0.7
 DILOCO_MOMENTUM = 0.9
+LANDINGS = ("mix", "eager")
+"""How a sync that lands late (Streaming DiLoCo's delay tau > 0) meets the local parameters
+(geotrain.sync.streaming): "mix" (alpha x local + (1 - alpha) x new anchor) or "eager" (Kale et al.
+2025: the local outer gradient stands in for the mean at once, the correction lands later)."""
 
 
 class OuterStepError(GeotrainError, ValueError):
@@ -85,6 +90,39 @@ class OuterStep:
             anchor.grad = mean.detach().reshape(anchor.shape).float().clone()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def proxy_change(self, gradients: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The anchor change an outer step with `gradients` in place of the mean would make (eager
+        landing: this replica's own outer gradient as the proxy of the replicas' mean); the anchor and
+        the outer optimizer's state (momentum) are left as they were."""
+        saved_anchor = [a.detach().clone() for a in self.anchor]
+        saved_state = copy.deepcopy(self.optimizer.state_dict())
+        self.step_anchor(gradients)
+        change = [a.detach() - saved for a, saved in zip(self.anchor, saved_anchor, strict=True)]
+        with torch.no_grad():
+            for anchor, saved in zip(self.anchor, saved_anchor, strict=True):
+                anchor.copy_(saved)
+        self.optimizer.load_state_dict(saved_state)
+        return change
+
+    def start_eager(self, gradients: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Eager landing's start: local parameters = anchor + the proxy change of `gradients` (this
+        replica's outer gradient, as if it were the mean); returns that change for `land_eager`."""
+        proxy = self.proxy_change(gradients)
+        with torch.no_grad():
+            for p, anchor, change in zip(self.params, self.anchor, proxy, strict=True):
+                p.copy_((anchor + change).to(p.dtype))
+        return proxy
+
+    def land_eager(self, means: Sequence[torch.Tensor], proxy: Sequence[torch.Tensor]) -> None:
+        """Eager landing's end: step the anchor with the replicas' mean and move the local parameters by
+        the correction (the anchor's true change - the proxy change applied at the start), which keeps
+        the local progress of the steps run meanwhile."""
+        before = [a.detach().clone() for a in self.anchor]
+        self.step_anchor(means)
+        with torch.no_grad():
+            for p, anchor, old, change in zip(self.params, self.anchor, before, proxy, strict=True):
+                p.add_((anchor.detach() - old - change).to(p.dtype))
 
     def reset_params(self, mix: float = 0.0) -> None:
         """Local parameters = mix x local + (1 - mix) x anchor (mix 0: the anchor; Streaming DiLoCo's

@@ -32,7 +32,7 @@ SYNC_OPTION_KEYS = {
     "codec": "comm.dp_codec", "hierarchical": "comm.dp_hierarchical", "optimizer": "optim.optimizer",
     "onebit_warmup_steps": "optim.onebit_warmup_steps", "clip_grad_norm": "optim.clip_grad_norm",
     "sync_every": "optim.sync_every", "fragments": "optim.fragments", "delay": "optim.sync_delay",
-    "mix": "optim.sync_mix",
+    "mix": "optim.sync_mix", "landing": "optim.sync_landing", "warmup": "optim.sync_warmup",
 }
 """SyncOptions field -> the config key it comes from (RuntimeConfig.sync_options), to name it in errors."""
 
@@ -141,7 +141,7 @@ class RuntimeConfig:
                            onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
                            sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
                            hierarchical=comm.dp_hierarchical, fragments=optim.fragments, delay=optim.sync_delay,
-                           mix=optim.sync_mix)
+                           mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup)
 
     def split_weights(self) -> tuple[float, ...] | None:
         """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on
@@ -247,7 +247,9 @@ class RuntimeConfig:
                    if optim.sync_every is not None else {}),
                 # streaming DiLoCo's settings change the numerics; absent at their defaults (blocking DiLoCo)
                 **({"fragments": optim.fragments, "sync_delay": optim.sync_delay, "sync_mix": optim.sync_mix}
-                   if (optim.fragments, optim.sync_delay, optim.sync_mix) != (1, 0, 0.0) else {})}
+                   if (optim.fragments, optim.sync_delay, optim.sync_mix) != (1, 0, 0.0) else {}),
+                **({"sync_landing": optim.sync_landing} if optim.sync_landing != "mix" else {}),
+                **({"sync_warmup": optim.sync_warmup} if optim.sync_warmup else {})}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model.model_name, "device": self.run.device,

@@ -21,7 +21,7 @@ from geotrain.comm import check_reducer_spec, reducer_traits
 from geotrain.emulate.install import COMPUTE_CLOCKS as EMULATED_CLOCKS
 from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
-from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.runtime.elastic.chaos import ChaosSpecError, parse_chaos
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
@@ -137,10 +137,15 @@ class DataSection(Section):
     eval_windows: int = setting(32, "validation windows per evaluation (at most)")
     eval_local: bool = setting(False, "one stage only: each replica scores its own weights on every window, with no "
                                       "collective and outside emulated time (a sync may be in flight: bench wan)")
+    eval_offset: int = setting(0, "validation after steps k x eval_every + N instead (N below eval_every; bench wan: "
+                                  "after an overlapped sync has landed)", metavar="N")
 
     def __post_init__(self) -> None:
         self._text("data", optional=True)
         self._flag("eval_local")
+        self._integer("eval_offset", 0)
+        if self.eval_offset and self.eval_offset >= max(self.eval_every, 1):
+            self._fail("eval_offset", f"must be below data.eval_every ({self.eval_every})")
         if self.data is not None and not Path(self.data).exists():
             raise RuntimeConfigError(f"data.data {self.data!r}: no such file or directory")
         self._integer("data_seed", 0)
@@ -152,6 +157,13 @@ class DataSection(Section):
         object.__setattr__(self, "val_fraction", float(value))
         if self.eval_every and self.val_fraction == 0:
             raise RuntimeConfigError("data.eval_every needs a held-out split: data.val_fraction is 0")
+
+    def evaluates_after(self, step: int, steps: int) -> bool:
+        """Whether validation runs after 0-based `step` of a run of `steps`: every eval_every steps (shifted
+        by eval_offset) and at the end."""
+        done = step + 1
+        return bool(self.eval_every) and (done == steps or (done > self.eval_offset
+                                                            and (done - self.eval_offset) % self.eval_every == 0))
 
 
 @dataclass(frozen=True)
@@ -424,9 +436,18 @@ class OptimSection(Section):
     sync_mix: float = setting(0.0, "--sync-every: Streaming DiLoCo's alpha: a landed fragment becomes ALPHA x local + "
                                    "(1 - ALPHA) x new anchor (0..1; 0 drops the overlapped steps' local progress)",
                               metavar="ALPHA")
+    sync_landing: str = setting("mix", "--sync-delay: how a late sync lands: mix (--sync-mix) or eager (the "
+                                       "replica's own outer gradient applied at once as the mean's proxy, only the "
+                                       "correction when the mean lands: no step on stale or dropped progress; needs "
+                                       "--sync-mix 0)", choices=LANDINGS)
+    sync_warmup: int = setting(0, "--sync-delay: outer syncs started before step N block (TAU 0): the overlap starts "
+                                  "after the outer warm-up (early on a replica's own weights are far from the "
+                                  "replicas' mean, and steps run from them cost quality)", metavar="N")
 
     def __post_init__(self) -> None:
         self._choice("optimizer", RUNTIME_OPTIMIZERS)
+        self._choice("sync_landing", LANDINGS)
+        self._integer("sync_warmup", 0)
         self._number("lr", zero_ok=False)
         self._integer("onebit_warmup_steps", 1)
         self._number("clip_grad_norm", zero_ok=False, optional=True)
@@ -436,7 +457,7 @@ class OptimSection(Section):
         if self.sync_mix > 1:
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
-            for key in ("fragments", "sync_delay", "sync_mix"):
+            for key in ("fragments", "sync_delay", "sync_mix", "sync_landing", "sync_warmup"):
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return
@@ -448,6 +469,8 @@ class OptimSection(Section):
             self._fail("fragments", f"must be an integer in 1..{self.sync_every} (optim.sync_every)")
         if self.sync_delay > self.sync_every - 1:
             self._fail("sync_delay", f"must be an integer in 0..{self.sync_every - 1} (below optim.sync_every)")
+        if self.sync_landing == "eager" and self.sync_mix != 0:
+            self._fail("sync_mix", "is the mix landing's alpha; with optim.sync_landing eager it must be 0")
         if self.optimizer != "adamw":
             self._fail("optimizer", "sync_every (local SGD) runs AdamW inside each replica; optimizer must be adamw")
         if self.clip_grad_norm is not None:

@@ -285,7 +285,7 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
     for step in range(worker.start_step, end):
         record = worker.train_step(step)
-        if data.eval_every and ((step + 1) % data.eval_every == 0 or step + 1 == run.steps):
+        if data.evaluates_after(step, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         watchdog.publish_step(step + 1)

@@ -11,7 +11,7 @@ from geotrain.codecs import CodecError, CodecSpec
 from geotrain.comm import check_reducer_spec, reducer_traits
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
-from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.sync.base import SyncError
 
@@ -32,6 +32,9 @@ class SyncOptions:
     hierarchical: full precision inside regions, the codec between them (geotrain.comm.hierarchical).
     fragments, delay, mix: Streaming DiLoCo (sync_every only; geotrain.sync.streaming): P fragments
         synced at staggered offsets, each landing `delay` steps after it starts, mixed in with `mix`.
+    landing: how a late sync lands (geotrain.optim.outer.LANDINGS): "mix" (with `mix`) or "eager" (the local
+        outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
+    warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
     """
 
     codec: CodecSpec
@@ -48,6 +51,8 @@ class SyncOptions:
     fragments: int = 1
     delay: int = 0
     mix: float = 0.0
+    landing: str = "mix"
+    warmup: int = 0
 
     def __post_init__(self) -> None:
         try:
@@ -82,9 +87,11 @@ class SyncOptions:
         if self.hierarchical and not reducer_traits(self.codec).hierarchical:
             raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
                             f"its own exchange", ("hierarchical", "codec"))
-        if self.sync_every is None and (self.fragments, self.delay, self.mix) != (1, 0, 0.0):
-            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, delay {self.delay!r} and mix {self.mix!r} "
-                            f"are Streaming DiLoCo's: they need sync_every", ("fragments", "delay", "mix", "sync_every"))
+        streaming = (self.fragments, self.delay, self.mix, self.landing, self.warmup)
+        if self.sync_every is None and streaming != (1, 0, 0.0, "mix", 0):
+            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, delay {self.delay!r}, mix {self.mix!r}, "
+                            f"landing {self.landing!r} and warmup {self.warmup!r} are Streaming DiLoCo's: they need "
+                            f"sync_every", ("fragments", "delay", "mix", "landing", "warmup", "sync_every"))
         if self.sync_every is not None:
             try:
                 check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "SyncOptions")
@@ -108,6 +115,13 @@ class SyncOptions:
                                 f"got {value!r}")
         if isinstance(self.mix, bool) or not isinstance(self.mix, int | float) or not 0.0 <= self.mix <= 1.0:
             raise SyncError(f"SyncOptions.mix must be a number in [0, 1], got {self.mix!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise SyncError(f"SyncOptions.warmup must be an integer >= 0, got {self.warmup!r}")
+        if self.landing not in LANDINGS:
+            raise SyncError(f"SyncOptions.landing must be one of {', '.join(LANDINGS)}, got {self.landing!r}")
+        if self.landing == "eager" and self.mix != 0:
+            raise SyncError(f"SyncOptions: mix {self.mix!r} is the mix landing's alpha; eager landing keeps the local "
+                            f"progress itself: leave mix 0", ("landing", "mix"))
         if self.delay > 0 and (self.hierarchical or not reducer_traits(self.codec).hierarchical):
             raise SyncError(f"SyncOptions: delay {self.delay} overlaps the exchange, which only a flat codec "
                             f"reducer can (codec {str(self.codec)!r}, hierarchical {self.hierarchical}); use delay 0",

@@ -14,6 +14,22 @@ and the local fragment becomes  mix x local + (1 - mix) x new anchor  (the paper
 alpha; mix 0 drops the local progress of the tau overlapped steps, the paper used 0.5 with overlap).
 tau = 0, mix = 0 is blocking DiLoCo: with P = 1 it is OuterSync, bit for bit (tested).
 
+Eager landing (`landing="eager"`, Kale et al. 2025, "Eager updates for overlapped communication and
+computation in DiLoCo"; with tau > 0, instead of the mix rule): at the start the fragment takes the
+outer step with this replica's own outer gradient as the proxy of the mean (scaled as the mean would be:
+through the same outer optimizer, whose state is left untouched), local = anchor + proxy change; when
+the mean lands the anchor takes the true step and the local fragment moves by only the correction,
+true change - proxy change. So no inner step runs on discarded progress (mix 0) or on a half-mixed
+one (mix 0.5): with outer averaging (lr 1, momentum 0) the proxy is the local fragment itself, and
+after landing local = the replicas' mean at the start + this replica's progress of the tau steps.
+
+Overlap warm-up (`warmup` W steps, default 0): a sync started before step W blocks (tau 0, no mixing),
+so the first outer periods run as blocking DiLoCo. Early in training a replica's own weights are far
+worse than the replicas' mean (bench wan's tiny GPT after 5 steps: 3.083 nats against the mean's 2.942;
+after 30: 2.399 against 2.386), and the inner steps a late sync lets run from them (any landing rule)
+slowed the whole run down: delayed rows reached bench wan's target 7-17 steps after the blocking one,
+with the first two syncs blocking (W = 10) the eager one reaches it one step after it (docs/wan.md).
+
 At the run's last step (`total_steps`; or `flush()`, e.g. when a DiLoCo context closes) every sync in
 flight lands and then every fragment syncs at once, blocking and without mixing, so all replicas end
 on the same parameters. Every collective is posted from the training thread, so all ranks issue
@@ -32,7 +48,7 @@ from typing import Any
 
 import torch
 
-from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStep
+from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
 from geotrain.sync.outer import OuterSync
 
@@ -78,6 +94,7 @@ class _InFlight:
     fragment: int
     lands_after: int
     land: Callable[[StepTimer], int]
+    proxy: list[torch.Tensor] | None = None  # eager landing: the anchor change applied at the start
 
 
 ExchangeFactory = Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange]
@@ -90,8 +107,16 @@ class StreamingOuterSync(OuterSync):
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
                  make_exchange: ExchangeFactory, sync_every: int, fragments: int = 1, delay: int = 0,
                  mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
-                 total_steps: int | None = None, inner_exchange: DPExchange | None = None) -> None:
+                 total_steps: int | None = None, inner_exchange: DPExchange | None = None,
+                 landing: str = "mix", warmup: int = 0) -> None:
         named_params = list(named_params)
+        if landing not in LANDINGS:
+            raise SyncError(f"landing must be one of {', '.join(LANDINGS)}, got {landing!r}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise SyncError(f"warmup (steps whose syncs block) must be an integer >= 0, got {warmup!r}")
+        if landing == "eager" and mix != 0:
+            raise SyncError(f"mix {mix!r} is the mix landing's alpha; eager landing keeps the local progress "
+                            f"itself: leave mix 0")
         if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < sync_every:
             raise SyncError(f"delay must be an integer in 0..{sync_every - 1} (below sync_every), got {delay!r}")
         if isinstance(mix, bool) or not isinstance(mix, int | float) or not 0.0 <= mix <= 1.0 or math.isnan(mix):
@@ -103,7 +128,8 @@ class StreamingOuterSync(OuterSync):
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.inner_exchange = inner_exchange
-        self.sync_every, self.delay, self.mix = sync_every, delay, float(mix)
+        self.sync_every, self.delay, self.mix, self.landing = sync_every, delay, float(mix), landing
+        self.warmup = warmup
         sizes = [p.numel() * p.element_size() for p in self.params]
         self.fragments: list[Fragment] = []
         for indices in split_fragments(sizes, fragments):
@@ -145,13 +171,19 @@ class StreamingOuterSync(OuterSync):
     def _start(self, p: int, step: int, timer: StepTimer, blocking: bool = False) -> int:
         fragment = self.fragments[p]
         with timer:
-            set_grads(fragment.shadows, fragment.outer.outer_gradients())
+            local = fragment.outer.outer_gradients()
+            set_grads(fragment.shadows, local)
+        blocking = blocking or step < self.warmup
         if blocking or self.delay == 0:
             dp_bytes = fragment.exchange.exchange(step, timer)
             self._apply(fragment, timer, mix=0.0 if blocking else self.mix)
             return dp_bytes
         land = fragment.exchange.start(step, timer)  # type: ignore[attr-defined]
-        self._in_flight.append(_InFlight(p, step + self.delay, land))
+        proxy = None
+        if self.landing == "eager":
+            with timer:
+                proxy = fragment.outer.start_eager(local)
+        self._in_flight.append(_InFlight(p, step + self.delay, land, proxy))
         return 0
 
     def _land(self, ready: Callable[[_InFlight], bool], timer: StepTimer) -> int:
@@ -159,7 +191,12 @@ class StreamingOuterSync(OuterSync):
         dp_bytes = 0
         for flight in [f for f in self._in_flight if ready(f)]:
             dp_bytes += flight.land(timer)
-            self._apply(self.fragments[flight.fragment], timer, self.mix)
+            fragment = self.fragments[flight.fragment]
+            if flight.proxy is None:
+                self._apply(fragment, timer, self.mix)
+            else:
+                with timer:
+                    fragment.outer.land_eager([s.grad for s in fragment.shadows], flight.proxy)
             self._in_flight.remove(flight)
         return dp_bytes
 

@@ -27,13 +27,13 @@ def _model() -> torch.nn.Module:
                                torch.nn.Linear(32, 1))
 
 
-def _user_loop(rank: int, world: int, codec: str, fragments: int, delay: int, steps: int) -> dict:
+def _user_loop(rank: int, world: int, codec: str, fragments: int, delay: int, steps: int, landing: str = "mix") -> dict:
     model = _model()
     inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = torch.Generator().manual_seed(7 + rank)
     losses = []
-    with DiLoCo(model, inner, sync_every=4, fragments=fragments, delay=delay, mix=0.5, codec=codec,
-                outer_lr=0.7, outer_momentum=0.9) as diloco:
+    with DiLoCo(model, inner, sync_every=4, fragments=fragments, delay=delay, mix=0.5 if landing == "mix" else 0.0,
+                landing=landing, codec=codec, outer_lr=0.7, outer_momentum=0.9) as diloco:
         for _ in range(steps):
             x = torch.randn(16, 8, generator=data)
             loss = torch.nn.functional.mse_loss(model(x), x[:, :1] - 0.5 * x[:, 1:2])
@@ -50,11 +50,12 @@ def _user_loop(rank: int, world: int, codec: str, fragments: int, delay: int, st
             "in_flight_before_exit": in_flight, "losses": losses}
 
 
-@pytest.mark.parametrize("codec,fragments,delay", [("int8-block", 1, 0), ("int4-block", 2, 1), ("fp4-block", 4, 2),
-                                                   ("topk-lowbit:fraction=0.1,chunk_size=256", 2, 1)])
-def test_user_loop_replicas_agree_and_bytes_sent_are_the_codecs_declared_bytes(codec, fragments, delay):
+@pytest.mark.parametrize("codec,fragments,delay,landing", [
+    ("int8-block", 1, 0, "mix"), ("int4-block", 2, 1, "mix"), ("fp4-block", 4, 2, "eager"),
+    ("topk-lowbit:fraction=0.1,chunk_size=256", 2, 1, "mix")])
+def test_user_loop_replicas_agree_and_bytes_sent_are_the_codecs_declared_bytes(codec, fragments, delay, landing):
     steps = 10
-    results = run_workers(_user_loop, 2, (codec, fragments, delay, steps), timeout_s=180)
+    results = run_workers(_user_loop, 2, (codec, fragments, delay, steps, landing), timeout_s=180)
     assert torch.equal(results[0]["params"], results[1]["params"])
     for result in results:
         assert result["steps"] == steps

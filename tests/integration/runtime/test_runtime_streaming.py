@@ -61,6 +61,11 @@ def test_streaming_sends_one_fragment_per_sync_posted_when_it_lands_and_keeps_re
     ({"sync_every": 4, "sync_delay": 4}, r"optim.sync_delay must be an integer in 0..3"),
     ({"sync_every": 4, "sync_mix": 1.5}, r"optim.sync_mix must be a number in \[0, 1\], got 1.5"),
     ({"sync_every": 4, "sync_delay": -1}, r"optim.sync_delay must be an integer >= 0, got -1"),
+    ({"sync_landing": "eager"}, "optim.sync_landing is Streaming DiLoCo's: it needs optim.sync_every"),
+    ({"sync_every": 4, "sync_delay": 1, "sync_mix": 0.5, "sync_landing": "eager"},
+     r"optim.sync_mix is the mix landing's alpha; with optim.sync_landing eager it must be 0, got 0.5"),
+    ({"sync_every": 4, "sync_landing": "late"}, r"optim.sync_landing must be one of mix, eager, got 'late'"),
+    ({"sync_warmup": 10}, "optim.sync_warmup is Streaming DiLoCo's: it needs optim.sync_every"),
 ])
 def test_streaming_settings_are_refused_in_one_line_naming_the_key(options, message):
     with pytest.raises(RuntimeConfigError, match=message):

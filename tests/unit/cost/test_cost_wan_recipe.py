@@ -8,7 +8,7 @@ import pytest
 
 from geotrain.cluster import cluster_from_dict
 from geotrain.cost.wan_recipe import (WanRecipe, WanRecipeError, choose_recipe, fragment_sync_seconds,
-                                      recipe_step_seconds)
+                                      recipe_step_seconds, staleness_factor)
 from geotrain.job import Job
 
 TWO = cluster_from_dict({"name": "two", "regions": [{"name": "a", "devices": 1}, {"name": "b", "devices": 1}],
@@ -41,9 +41,23 @@ def test_the_smallest_h_that_hides_the_sync_then_the_best_codec_least_delay_and_
     # each hidden behind tau = 1 step of 0.1 s (fp32 would need 0.26 s; int8 in one piece 0.131 s)
     assert (recipe.sync_every, recipe.fragments, recipe.codec) == (2, 2, "int8-block")
     assert recipe.sync_s == pytest.approx(2 * (0.025 + 8 * 2e6 * (1 + 4 / 256) / 4 / 2e8))
-    assert recipe.delay == 1 and recipe.mix == 0.5
+    # landing eagerly (no mixing) after a blocking warm-up of 2 outer periods
+    assert (recipe.delay, recipe.mix, recipe.landing, recipe.warmup) == (1, 0.0, "eager", 4)
     assert recipe.step_s == pytest.approx(0.1) and recipe.compute_fraction == pytest.approx(1.0)
-    assert (recipe.outer_lr, recipe.outer_momentum) == (1.0, 0.0)  # 12 outer steps: averaging
+    assert (recipe.outer_lr, recipe.outer_momentum) == (1.0, 0.0)  # 30 outer steps: averaging
+
+
+def test_the_mix_rule_is_charged_for_staleness_and_blocks_with_few_outer_steps():
+    mixed = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=1200, landing="mix")
+    # H = 2 hides the sync, but landing 1 of 2 steps late with alpha 0.5 is charged 1 / (1 - 0.5 x 1/2) =
+    # 1.33x, H = 5 1.11x; H = 10 reaches a charged compute fraction of 0.95 (1 / (1 - 0.05)), 8 fragments
+    assert (mixed.sync_every, mixed.fragments, mixed.delay, mixed.mix, mixed.landing) == (10, 8, 1, 0.5, "mix")
+    assert staleness_factor(10, 1, 0.5) == pytest.approx(1 / 0.95) and staleness_factor(5, 2, 0.0, "eager") == 1.0
+    # 60 steps: H <= 5 (12 outer steps), where every mixed delayed sync measured on bench wan cost steps
+    blocking = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, landing="mix")
+    assert (blocking.sync_every, blocking.fragments, blocking.delay, blocking.mix) == (5, 1, 0, 0.0)
+    with pytest.raises(WanRecipeError, match="recipe landing must be one of eager, mix"):
+        choose_recipe(TWO, JOB, PAIR, 0.1, landing="late")
 
 
 def test_without_delay_the_sync_is_exposed_and_the_paper_optimizer_comes_back_with_many_outer_steps():
@@ -70,10 +84,12 @@ def test_recipe_round_trips_through_the_plan_and_names_a_missing_key():
     recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
     assert WanRecipe.from_json(recipe.to_json()) == recipe
     settings = recipe.runtime_settings()
-    assert settings["optim"] == {"sync_every": 2, "fragments": 2, "sync_delay": 1, "sync_mix": 0.5,
-                                 "outer_lr": 1.0, "outer_momentum": 0.0}
+    assert settings["optim"] == {"sync_every": 2, "fragments": 2, "sync_delay": 1, "sync_mix": 0.0,
+                                 "outer_lr": 1.0, "outer_momentum": 0.0, "sync_landing": "eager", "sync_warmup": 4}
     assert settings["comm"] == {"dp_codec": "int8-block"}
     doc = recipe.to_json()
+    older = {k: v for k, v in doc.items() if k not in ("landing", "warmup")}  # a plan written before them
+    assert (WanRecipe.from_json(older).landing, WanRecipe.from_json(older).warmup) == ("mix", 0)
     del doc["codec"]
     with pytest.raises(WanRecipeError, match="wan_recipe.codec is missing"):
         WanRecipe.from_json(doc, "p.json")
