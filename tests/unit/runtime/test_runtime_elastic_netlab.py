@@ -40,3 +40,12 @@ def test_without_netlab_every_process_stays_on_the_loopback():
         assert type(hosts) is LocalHosts and not isinstance(hosts, LabHosts)
         assert hosts.control == "127.0.0.1"
         assert hosts.net(1) == GroupNet("127.0.0.1", "127.0.0.1", None)
+
+
+def test_netlab_without_root_is_one_line_before_anything_starts(monkeypatch):
+    from geotrain.netlab import NetLabError
+
+    config = RuntimeConfig.of(CLUSTER, [[0, 2]], elastic=True, netlab=True, time_scale=0.0)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(NetLabError, match="netlab: needs root"):
+        group_hosts(config)

@@ -1,7 +1,7 @@
 """Where an elastic run's processes live: all on this host's loopback (`LocalHosts`), or each replica group
 in the netlab namespace of its plan device, over really shaped TCP (`LabHosts`, `--netlab`).
 
-    with group_hosts(config) as hosts:
+    with group_hosts(config) as hosts:                      # builds the lab (--netlab), removes it at exit
         store = hosts.store(timeout)                       # the launcher's bookkeeping store
         spec = hosts.target(context, g, group_main, args, name)   # a supervisor rank placed for group g
         hosts.set_cut(store, {1})                          # a partition: group 1's links cut, the others' healed
@@ -16,8 +16,7 @@ traffic to its peers, the Lighthouse and the store stops, with no error (TCP ret
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +33,12 @@ class LocalHosts:
 
     def __init__(self, config: RuntimeConfig) -> None:
         self.config = config
+
+    def __enter__(self) -> LocalHosts:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
 
     def store(self, timeout: timedelta) -> Any:
         from torch.distributed import TCPStore
@@ -54,11 +59,14 @@ class LocalHosts:
 
 
 class LabHosts(LocalHosts):
-    """Each replica group in its plan device's lab namespace (see the module doc); enter it to build the lab."""
+    """Each replica group in its plan device's lab namespace (see the module doc); enter it to build the lab.
+    NetLabError at once (before any process starts) where labs cannot be built (not root)."""
 
     def __init__(self, config: RuntimeConfig) -> None:
         from geotrain.netlab import NetLab
+        from geotrain.netlab.build import check_can_build
 
+        check_can_build()
         super().__init__(config)
         self.lab = NetLab(config.cluster, [group_device(config, g) for g in range(config.replicas)])
         self.control = self.lab.control_address
@@ -102,11 +110,7 @@ class LabHosts(LocalHosts):
         self._cut = set(groups)
 
 
-@contextlib.contextmanager
-def group_hosts(config: RuntimeConfig) -> Iterator[LocalHosts]:
-    """LabHosts (built, torn down at exit) with `--netlab`, else LocalHosts."""
-    if not config.reliability.netlab:
-        yield LocalHosts(config)
-        return
-    with LabHosts(config) as hosts:
-        yield hosts
+def group_hosts(config: RuntimeConfig) -> LocalHosts:
+    """LabHosts with `--netlab` (the lab is built when the `with` block starts, removed when it ends), else
+    LocalHosts."""
+    return LabHosts(config) if config.reliability.netlab else LocalHosts(config)

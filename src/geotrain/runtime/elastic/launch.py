@@ -95,6 +95,7 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
     rel, groups = config.reliability, config.replicas
     if rel.lighthouse is not None:
         check_reachable(rel.lighthouse, rel.comm_timeout_s)
+    hosts = group_hosts(config)  # a lab that cannot be built fails here, before any process starts
     # torchft and the group's modules imported once by the fork server (when this launcher starts it):
     # a restarted group then rejoins without seconds of imports
     context = forkserver_context([*FORKSERVER_PRELOAD, "torchft", "geotrain.runtime.elastic.group"])
@@ -102,7 +103,7 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
         from geotrain.data import world_tokens
 
         tokens = world_tokens(config.data.data_seed)
-    with group_hosts(config) as hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
+    with hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
         store = hosts.store(timedelta(seconds=30))
         lighthouse = rel.lighthouse and f"http://{rel.lighthouse}"
         specs = [hosts.target(context, g, group_main, (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g)),
