@@ -36,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sync-every", type=count, default=None, metavar="H",
                         help="DiLoCo: synchronise every H steps (default: gradients every step)")
     parser.add_argument("--netlab", action="store_true",
-                        help="two more rows: no failures and the partitions on real shaped TCP (train --elastic --netlab; "
-                             "root)")
+                        help="two more rows: no failures and the partitions on real shaped TCP "
+                             "(train --elastic --netlab; root)")
     parser.add_argument("--seed", type=seed, default=d.seed, help="model seed; also draws the killed sites")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 

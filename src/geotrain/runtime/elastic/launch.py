@@ -111,8 +111,9 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
         if rel.lighthouse is None:
             settings = LighthouseSettings(f"{hosts.control}:0", rel.min_replicas, join_timeout_s=rel.comm_timeout_s,
                                           heartbeat_timeout_s=rel.heartbeat_timeout_s)
-            specs.insert(0, hosts.target(context, None, lighthouse_main,
-                                         (settings, str(Path(tmp) / "lighthouse"), hosts.control), "geotrain-lighthouse"))
+            address_file = str(Path(tmp) / "lighthouse")
+            specs.insert(0, hosts.target(context, None, lighthouse_main, (settings, address_file, hosts.control),
+                                         "geotrain-lighthouse"))
         first_group = 0 if rel.lighthouse is not None else 1
         faults = parse_chaos(rel.chaos) if rel.chaos else ()
         kills = kill_schedule(faults, groups, config.run.seed)
