@@ -65,7 +65,8 @@ def test_a_group_cut_off_in_the_lab_drops_out_the_others_go_on_and_it_rejoins_id
     # it came back by live recovery over the lab and equals its peers from its first sync on
     assert run["rejoins"] >= 1 and len(run["partition_recovery_s"]) == 1 and 0 <= run["partition_recovery_s"][0] < 10
     for step in range(missed[-1] + 1, STEPS):
-        assert records[1][step]["params_sha256"] == records[0][step]["params_sha256"] == records[2][step]["params_sha256"]
+        assert records[1][step]["params_sha256"] == records[0][step]["params_sha256"] \
+            == records[2][step]["params_sha256"]
     assert run["max_param_diff_across_replicas"] == 0.0
     # the lab (and with it every process that ran inside it: groups, Lighthouse) is gone
     left = [name for name in os.listdir(NETNS_DIR) if name.startswith(f"gt{launcher_pid}-")] \
