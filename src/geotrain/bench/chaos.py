@@ -18,8 +18,14 @@ it, at a time scale (LINK_STATE_TIME_SCALE) where the links cost microseconds: t
   sync+ckpt, partition a site      a worker SIGKILLed at each partition's start (a synchronous run cannot
                                    go on without the site), relaunched with --resume once the links heal
                                    (T/2 later; optimistic for the baseline: it pays no collective timeout)
+With `netlab` (opt-in: root, and minutes more), two rows after those, on real shaped TCP (`train --elastic
+--netlab`: each group in its device's lab namespace, the cluster's bandwidths; --comm-timeout
+NETLAB_COMM_TIMEOUT_S, since a port down raises nothing and the survivors wait out their collective):
+  elastic (netlab), no failures    the reference of the next row
+  elastic (netlab), partition ...  the same partitions, each the group's lab port down, then up
 goodput = useful samples per second of training, relative to the row's failure-free reference (the
-kill row to the first row, the partition row to the third, the sync rows to the fifth). Useful
+kill row to the first row, the partition row to the third, the sync rows to the fifth, the netlab
+partition row to the eighth). Useful
 samples: every committed step's contributing groups' batches (a step redone after a restart counts
 once). Seconds: from the first step's start to the last commit (elastic), or from the first launch's
 first completed step to the last launch's end (sync, restarts included). recovery_s: from a failure to
@@ -47,6 +53,11 @@ LINK_STATE_TIME_SCALE = 1e-6
 partition cuts), with link times shrunk to microseconds of wall time (wan-4x1's all-reduce: ~1 s emulated)."""
 
 
+NETLAB_COMM_TIMEOUT_S = 5.0
+"""--comm-timeout of the netlab rows: the survivors of a real partition stall this long (their collective
+with the silent group times out), instead of the default 120 s."""
+
+
 class ChaosBenchError(GeotrainError, ValueError):
     """A bench chaos option that cannot make a run."""
 
@@ -54,7 +65,8 @@ class ChaosBenchError(GeotrainError, ValueError):
 @dataclass(frozen=True)
 class ChaosBenchConfig:
     """The runs: steps, per-replica batch, sequence length, model, seed, heartbeat timeout (s), the sync
-    baseline's checkpoint cadence (steps), kills per failing row, DiLoCo's H (None: every step)."""
+    baseline's checkpoint cadence (steps), kills per failing row, DiLoCo's H (None: every step), and
+    whether to add the netlab rows (root)."""
 
     cluster: str = WAN_CLUSTER
     steps: int = 400
@@ -66,6 +78,7 @@ class ChaosBenchConfig:
     checkpoint_every: int = 40
     kills: int = 3
     sync_every: int | None = None
+    netlab: bool = False
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "seq_len", "checkpoint_every", "kills"):
@@ -110,11 +123,13 @@ def _runtime_config(config: ChaosBenchConfig, elastic: bool, **more: Any) -> Any
 
 
 def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any,
-                time_scale: float = 0.0) -> tuple[ChaosRow, Any]:
-    """An elastic run with `chaos` (None: no failures); the row's failures are kills plus partitions."""
+                time_scale: float = 0.0, netlab: bool = False) -> tuple[ChaosRow, Any]:
+    """An elastic run with `chaos` (None: no failures), in a netlab if `netlab`; the row's failures are kills
+    plus partitions."""
     from geotrain.runtime.elastic.launch import launch_elastic
 
-    summary = launch_elastic(_runtime_config(config, True, chaos=chaos, time_scale=time_scale), tokens=tokens)
+    lab = {"netlab": True, "comm_timeout_s": NETLAB_COMM_TIMEOUT_S} if netlab else {}
+    summary = launch_elastic(_runtime_config(config, True, chaos=chaos, time_scale=time_scale, **lab), tokens=tokens)
     return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s + summary.partition_recovery_s,
                     summary.val_loss, summary.train_s, summary.samples,
                     summary.replica_failures + summary.partitions), summary
@@ -190,7 +205,7 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
 
 
 def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[ChaosRow]:
-    """The seven rows of the module doc, in order; `progress(label)` before each."""
+    """The seven rows of the module doc (nine with `config.netlab`), in order; `progress(label)` before each."""
     from geotrain.data import world_tokens
 
     tokens = world_tokens(0)
@@ -205,9 +220,8 @@ def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[Chao
     backend, _ = elastic_row("elastic (emulating backend), no failures", config, None, tokens, LINK_STATE_TIME_SCALE)
     cut_label = f"partition a site every {every_s:.1f} s for {every_s / 2:.1f} s"
     note("elastic, partition a site every T for T/2")
-    cut, _ = elastic_row(f"elastic, {cut_label}", config,
-                         f"partition:every={every_s:.3f}s,for={every_s / 2:.3f}s,count={config.kills}", tokens,
-                         LINK_STATE_TIME_SCALE)
+    cut_spec = f"partition:every={every_s:.3f}s,for={every_s / 2:.3f}s,count={config.kills}"
+    cut, _ = elastic_row(f"elastic, {cut_label}", config, cut_spec, tokens, LINK_STATE_TIME_SCALE)
     times = [every_s * (k + 1) for k in range(config.kills)]
     with tempfile.TemporaryDirectory(prefix="geotrain-bench-chaos-") as tmp:
         note("sync+ckpt, no failures")
@@ -218,8 +232,15 @@ def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[Chao
         note("sync+ckpt, partition a site every T for T/2")
         sync_cut = sync_row(f"sync+ckpt restart, {cut_label}", config, times, tokens, Path(tmp) / "c",
                             hold_s=every_s / 2)
+    pairs = [(reference, reference), (killed, reference), (backend, backend), (cut, backend),
+             (sync_reference, sync_reference), (sync_killed, sync_reference), (sync_cut, sync_reference)]
+    if config.netlab:
+        note("elastic (netlab), no failures")
+        lab_reference, _ = elastic_row("elastic (netlab), no failures", config, None, tokens, netlab=True)
+        note("elastic (netlab), partition a site every T for T/2")
+        lab_cut, _ = elastic_row(f"elastic (netlab), {cut_label}", config, cut_spec, tokens, netlab=True)
+        pairs += [(lab_reference, lab_reference), (lab_cut, lab_reference)]
     rows = []
-    for row, ref in ((reference, reference), (killed, reference), (backend, backend), (cut, backend),
-                     (sync_reference, sync_reference), (sync_killed, sync_reference), (sync_cut, sync_reference)):
+    for row, ref in pairs:
         rows.append(replace(row, goodput=goodput(row.samples, row.train_s, ref.samples, ref.train_s)))
     return rows

@@ -1,7 +1,8 @@
 """`geotrain bench chaos`: goodput of elastic replica groups (torchft) with a site killed, or partitioned,
 every T, beside the synchronous runtime restarting from its last checkpoint (geotrain.bench.chaos). --json:
 {"rows": [{"label", "goodput", "steps", "global_restarts", "recoveries", "recovery_s", "val_loss", ...}],
-"config"}; the first row is the elastic run without failures."""
+"config"}; the first row is the elastic run without failures. --netlab adds the partition rows on real shaped TCP
+(root)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds without a heartbeat before a group (or worker) counts as lost")
     parser.add_argument("--sync-every", type=count, default=None, metavar="H",
                         help="DiLoCo: synchronise every H steps (default: gradients every step)")
+    parser.add_argument("--netlab", action="store_true",
+                        help="two more rows: no failures and the partitions on real shaped TCP "
+                             "(train --elastic --netlab; root)")
     parser.add_argument("--seed", type=seed, default=d.seed, help="model seed; also draws the killed sites")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
@@ -44,7 +48,8 @@ def run(args: Any) -> int:
 
     config = ChaosBenchConfig(cluster=args.cluster, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                               model=args.model, seed=args.seed, heartbeat_timeout_s=args.heartbeat_timeout,
-                              checkpoint_every=args.checkpoint_every, kills=args.kills, sync_every=args.sync_every)
+                              checkpoint_every=args.checkpoint_every, kills=args.kills, sync_every=args.sync_every,
+                              netlab=args.netlab)
     out = Output(json_mode=args.json)
     rows = run_chaos_bench(config, None if args.json else lambda label: out.text(f"running: {label}"))
     if args.json:

@@ -51,6 +51,8 @@ def build_lab(topology: LabTopology, created: list[str]) -> bool:
         with_delay = netem_available(lab)
         for region in topology.regions:
             _add_bridge(lab, bridge_name(region))
+        lab.addr("add", index=lab.link_lookup(ifname=bridge_name(topology.regions[0]))[0],
+                 address=topology.control_address, prefixlen=PREFIX_LEN)
         if len(topology.regions) > 1:
             _add_bridge(lab, CORE_BRIDGE)
             for region in topology.regions:

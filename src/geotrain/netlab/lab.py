@@ -29,6 +29,7 @@ from typing import Any
 from geotrain.cluster import Cluster
 from geotrain.netlab.build import build_lab, check_can_build, destroy_namespaces
 from geotrain.netlab.names import lab_namespaces, new_lab_name, owner_alive
+from geotrain.netlab.ports import set_port
 from geotrain.netlab.processes import popen_in_namespace, stop_process
 from geotrain.netlab.topology import LabDevice, LabTopology, NetLabError, lab_topology
 from geotrain.procs.guardian import Guardian
@@ -80,6 +81,22 @@ class NetLab:
     def prefix(self) -> str:
         return self.topology.lab.prefix
 
+    @property
+    def control_address(self) -> str:
+        """The lab namespace's own address, reachable from every device whose port is up."""
+        return self.topology.control_address
+
+    def set_port(self, rank: int, up: bool) -> None:
+        """Set rank `rank`'s bridge port up or down (down: the device is cut off; netlab.ports)."""
+        self._check_rank(rank)
+        set_port(self.topology.lab_namespace, self.devices[rank].peer_ifname, up)
+
+    def _check_rank(self, rank: int) -> None:
+        if not self._up:
+            raise NetLabError("netlab: the lab is not up (use `with NetLab(...) as lab:`)")
+        if not 0 <= rank < len(self.devices):
+            raise NetLabError(f"netlab: rank must be in 0..{len(self.devices) - 1}, got {rank}")
+
     def __enter__(self) -> NetLab:
         self.up()
         return self
@@ -117,10 +134,7 @@ class NetLab:
     def run(self, rank: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
             **popen_kwargs: Any) -> subprocess.Popen:
         """Start `argv` inside rank `rank`'s namespace; the lab stops it at teardown."""
-        if not self._up:
-            raise NetLabError("netlab: the lab is not up (use `with NetLab(...) as lab:`)")
-        if not 0 <= rank < len(self.devices):
-            raise NetLabError(f"netlab: rank must be in 0..{len(self.devices) - 1}, got {rank}")
+        self._check_rank(rank)
         process = popen_in_namespace(self.devices[rank].namespace, argv, env, **popen_kwargs)
         self._processes.append(process)
         return process

@@ -8,11 +8,12 @@ behind) and enters its device's namespace between fork and exec (pyroute2's `set
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pyroute2.netns import setns
@@ -32,6 +33,32 @@ def enter_namespace(namespace: str) -> Callable[[], None]:
         finally:
             os.close(ns_fd)
     return enter
+
+
+@contextlib.contextmanager
+def thread_in_namespace(namespace: str) -> Iterator[None]:
+    """Run the `with` block's calling thread inside network namespace `namespace`, then move it back.
+
+    Sockets opened in the block (a TCPStore server and its client) stay in that namespace for their whole
+    life, whichever thread uses them later; threads started in the block live there too."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        enter_namespace(namespace)()
+        try:
+            yield
+        finally:
+            setns(own, flags=0)
+    finally:
+        os.close(own)
+
+
+def run_in_namespace(namespace: str, env: Mapping[str, str], target: Callable[..., Any], *args: Any) -> Any:
+    """`target(*args)` inside network namespace `namespace` with `env` added to os.environ: the body of
+    a function rank (geotrain.procs.Target) that must live in a lab device. Call it first thing in the
+    new process, while it has one thread: threads it starts later inherit the namespace."""
+    enter_namespace(namespace)()
+    os.environ.update(env)
+    return target(*args)
 
 
 def popen_in_namespace(namespace: str, argv: Sequence[str], env: Mapping[str, str] | None = None,

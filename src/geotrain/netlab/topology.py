@@ -10,6 +10,10 @@ Layout (all inside namespaces the lab creates; nothing is added to the machine's
                                   10.77.<g>.<k+1>/16 (g: the device's cluster region, k: its position
                                   among the lab's devices of that region); its peer `gt<i>p` sits on
                                   the region bridge
+    control address               10.77.255.254/16 on the first region bridge (lab namespace): what
+                                  runs in the lab namespace itself (an elastic run's Lighthouse and
+                                  bookkeeping store) is reachable from every device there, unshaped,
+                                  and unreachable from a device whose port is down (a partition)
 
 Shaping is per ordered device pair, at the sender: device i's interface has one htb class per peer j
 at the cluster's bandwidth b(i, j) (a u32 filter on j's address selects it), with a netem delay of
@@ -33,6 +37,7 @@ SUBNET_OCTETS = (10, 77)
 PREFIX_LEN = 16
 MAX_RATE_BPS = 32e9  # htb's 32-bit ceil field stops here; a veth carries far less anyway
 LAB_ROLE = "lab"
+CONTROL_ADDRESS = f"{SUBNET_OCTETS[0]}.{SUBNET_OCTETS[1]}.255.254"
 
 
 class NetLabError(GeotrainError, RuntimeError):
@@ -71,6 +76,11 @@ class LabTopology:
         return self.lab.namespace(LAB_ROLE)
 
     @property
+    def control_address(self) -> str:
+        """The lab namespace's own address (CONTROL_ADDRESS), reachable from every device."""
+        return CONTROL_ADDRESS
+
+    @property
     def namespaces(self) -> tuple[str, ...]:
         """Every namespace of the lab, the lab namespace first."""
         return (self.lab_namespace, *(d.namespace for d in self.devices))
@@ -106,8 +116,9 @@ def lab_topology(cluster: Cluster, devices: list[int], lab: LabName,
             raise NetLabError(f"--devices[{rank}]: region index {region} of device {device} exceeds 255")
         k = position.get(region, 0)
         position[region] = k + 1
-        if k + 1 > 254:
-            raise NetLabError(f"--devices: more than 254 devices of region {cluster.region_names[region]!r}")
+        if k + 1 > (253 if region == 255 else 254):  # 10.77.255.254 is the lab's control address
+            raise NetLabError(f"--devices: more than {253 if region == 255 else 254} devices of region "
+                              f"{cluster.region_names[region]!r}")
         lab_devices.append(LabDevice(
             rank=rank, device=device, name=cluster.device_names[device], region=region,
             namespace=lab.namespace(f"d{rank}"), ifname=f"gt{rank}", peer_ifname=f"gt{rank}p",

@@ -323,6 +323,8 @@ class ReliabilitySection(Section):
                                       "docs/fault_tolerance.md)", metavar="SPEC")
     lighthouse: str | None = setting(None, "--elastic: HOST:PORT of a running torchft lighthouse (default: the "
                                            "launcher starts one on this host)", metavar="HOST:PORT")
+    netlab: bool = setting(False, "--elastic: run each replica group in a netlab namespace of its plan device "
+                                  "(root; real shaped TCP; --chaos partitions set its link down; --time-scale 0)")
 
     def __post_init__(self) -> None:
         for key in ("heartbeat_interval_s", "heartbeat_timeout_s", "comm_timeout_s"):
@@ -332,13 +334,14 @@ class ReliabilitySection(Section):
         self._integer("max_restarts", 0)
         self._text("chaos", optional=True)
         self._text("lighthouse", optional=True)
+        self._flag("netlab")
         if self.chaos is not None:
             try:
                 parse_chaos(self.chaos)
             except ChaosSpecError as exc:
                 raise RuntimeConfigError(f"reliability.chaos: {exc}") from None
         if not self.elastic:
-            for key in ("min_replicas", "max_restarts", "chaos", "lighthouse"):
+            for key in ("min_replicas", "max_restarts", "chaos", "lighthouse", "netlab"):
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is an elastic run's setting: it needs reliability.elastic (--elastic)")
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:

@@ -51,3 +51,29 @@ def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every
     assert asked[6] == ("sync", [20.0, 40.0, 60.0], 10.0)  # relaunched once the partition heals
     assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6])
     assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3]
+
+
+def test_netlab_adds_two_rows_on_real_links_with_goodput_against_the_netlab_reference(monkeypatch):
+    """With netlab the seven rows are followed by the netlab reference and the same partitions in the lab."""
+    import geotrain.bench.chaos as chaos
+    import geotrain.data
+
+    asked = []
+
+    def elastic_row(label, config, spec, tokens, time_scale=0.0, netlab=False):
+        asked.append((spec, netlab))
+        seconds = {(None, False): 80.0, (None, True): 120.0}.get((spec, netlab), 150.0)
+        return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, seconds, 6400, 0), None
+
+    def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0):
+        return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, 90.0, 6400, 0)
+
+    monkeypatch.setattr(chaos, "elastic_row", elastic_row)
+    monkeypatch.setattr(chaos, "sync_row", sync_row)
+    monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
+    rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=2, netlab=True))
+    assert len(rows) == 9 and rows[0].label == "elastic, no failures"
+    assert asked[-2:] == [(None, True), ("partition:every=20.000s,for=10.000s,count=2", True)]
+    assert rows[7].label == "elastic (netlab), no failures" and rows[8].label.startswith("elastic (netlab), partition")
+    assert [r.goodput for r in rows[7:]] == pytest.approx([1.0, 0.8])
+    assert len(chaos.run_chaos_bench(ChaosBenchConfig(kills=2))) == 7  # opt-in

@@ -47,7 +47,7 @@ def test_print_config_alone_writes_every_default_one_table_per_section(capsys):
     assert doc["run"] == {"steps": 20, "seed": 0, "device": "cpu", "precision": "fp32", "threads": 1}
     assert doc["comm"]["dp_codec"] == "none" and doc["comm"]["error_feedback"] is True
     assert doc["reliability"] == {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 10.0, "comm_timeout_s": 120.0,
-                                  "elastic": False, "min_replicas": 1, "max_restarts": 3}
+                                  "elastic": False, "min_replicas": 1, "max_restarts": 3, "netlab": False}
     assert "# stop_after is unset" in text and "stop_after" not in doc["run"]
     assert build_sections(check_settings(doc, "test")) == build_sections({})
 

@@ -17,7 +17,9 @@ groups run on the emulating backend. A group whose links are cut (a partition) f
 collective (it raises, as do its peers') or quorum; it then goes offline: its Manager stops, so its
 heartbeats stop and the Lighthouse drops it; the others go on with the smaller quorum. When the launcher
 heals the links, the group starts a new Manager and rejoins by live recovery, as a restarted group does,
-without having lost its process.
+without having lost its process. Under --netlab the cut is real (its lab port is down): the group learns
+of it by failures (its collective times out, its quorum fails) and by its interface's lost carrier; it
+waits for the carrier offline, as above, instead of ending with "no quorum".
 
 Data-position guarantee: step t's global batch is the one of a non-elastic run (offsets a function of
 data seed and t); group r always trains on slice r of it. A rejoined group continues at the quorum's
@@ -49,7 +51,7 @@ from geotrain.procs import set_process_name
 from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
-from geotrain.runtime.elastic.links import group_device, group_links
+from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, group_links
 from geotrain.runtime.pipeline import ComputeTimer
 from geotrain.runtime.stages import build_layer_model, stage_modules
 from geotrain.runtime.training_data import load_training_data
@@ -58,7 +60,6 @@ from geotrain.sync.elastic import EXCHANGE_RETRIES, ManagerExchange, QuorumLost,
 EXIT_GROUP_ERROR = 2
 """A group's own, non-transient error (bad input, no quorum, refused state): the launcher ends the run
 instead of restarting the group."""
-LOCAL_HOST = "127.0.0.1"
 OFFLINE_POLL_S = 0.05
 """How often a cut-off group looks whether its links are healed (seconds)."""
 
@@ -103,11 +104,12 @@ class GroupState:
 
 class ElasticGroup:
     """Replica group `group` of `config` (see the module doc); `store`: the launcher's store (barrier,
-    progress, commits, rejoins, link state); `links`: its entered TorchftGroups (None: plain gloo)."""
+    progress, commits, rejoins, link state); `links`: its entered TorchftGroups (None: plain gloo); `net`:
+    the addresses it advertises and its lab interface (runtime/elastic/links.py)."""
 
     def __init__(self, config: RuntimeConfig, group: int, store: Any, lighthouse: str,
-                 world: WorldTokens | None, links: Any = None) -> None:
-        self.config, self.group, self.store, self.links = config, group, store, links
+                 world: WorldTokens | None, links: Any = None, net: GroupNet = GroupNet()) -> None:
+        self.config, self.group, self.store, self.links, self.net = config, group, store, links, net
         self.device = group_device(config, group)
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
@@ -134,7 +136,6 @@ class ElasticGroup:
     def _manager(self, lighthouse: str) -> Any:
         from torch.distributed import TCPStore
         from torchft import Manager, ProcessGroupGloo
-        from torchft.checkpointing.http_transport import HTTPTransport
 
         rel = self.config.reliability
         timeout = timedelta(seconds=rel.comm_timeout_s)
@@ -143,10 +144,10 @@ class ElasticGroup:
         return Manager(pg=self.process_group, load_state_dict=self._load_state,
                        state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
                        timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
-                       store_addr=LOCAL_HOST, store_port=self.own_store.port, lighthouse_addr=lighthouse,
-                       replica_id=f"geotrain_group_{self.group}", hostname=LOCAL_HOST,
+                       store_addr=self.net.advertise, store_port=self.own_store.port, lighthouse_addr=lighthouse,
+                       replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
                        heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
-                       checkpoint_transport=HTTPTransport(timeout=timeout, num_chunks=0), init_sync=False)
+                       checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
 
     def _state(self) -> dict[str, Any]:
         """What a recovering peer loads (cloned now: this group keeps training while it is fetched)."""
@@ -168,7 +169,12 @@ class ElasticGroup:
         return None if self.links is None else self.links.clock.now()
 
     def cut_off(self) -> bool:
-        """Whether the launcher has cut this group's links (a partition)."""
+        """Whether the launcher has cut this group's links (a partition): its lab interface has no carrier,
+        or the emulated link state says so."""
+        if self.net.ifname is not None:
+            from geotrain.netlab.ports import has_carrier
+
+            return not has_carrier(self.net.ifname)
         return self.links is not None and self.device in self.links.cut_devices()
 
     def offline(self) -> None:
@@ -186,17 +192,24 @@ class ElasticGroup:
         if self.cut_off():
             self.offline()
         started = time.monotonic()
-        try:
-            self.manager.start_quorum()
-        except ElasticGroupError:
-            raise
-        except Exception as exc:  # torchft's timeouts and connection errors: one line, not a traceback
-            raise ElasticGroupError(
-                f"replica group {self.group}: no quorum of >= {self.config.reliability.min_replicas} replica groups "
-                f"within {self.config.reliability.comm_timeout_s:g} s (lighthouse {self.lighthouse}): "
-                f"{_first_line(exc)}") from None
+        while True:
+            try:
+                self.manager.start_quorum()
+                break
+            except ElasticGroupError:
+                raise
+            except Exception as exc:  # torchft's timeouts and connection errors: one line, not a traceback
+                if self.cut_off():  # cut while asking (a real partition): wait for the heal, ask again
+                    self.offline()
+                    continue
+                raise self._no_quorum(exc) from None
         if self.state.healed:
             self._note_rejoin(time.monotonic() - started)
+
+    def _no_quorum(self, exc: Exception) -> ElasticGroupError:
+        rel = self.config.reliability
+        return ElasticGroupError(f"replica group {self.group}: no quorum of >= {rel.min_replicas} replica groups "
+                                 f"within {rel.comm_timeout_s:g} s (lighthouse {self.lighthouse}): {_first_line(exc)}")
 
     def _note_rejoin(self, seconds: float) -> None:
         number = self.store.add("rejoins", 1)
@@ -300,6 +313,18 @@ class ElasticGroup:
         os.replace(tmp, result_dir / f"group-{self.group}.json")
 
 
+def advertised_transport(timeout: timedelta, host: str) -> Any:
+    """torchft's HTTP checkpoint transport, telling its peers `host` (torchft's own says gethostname(),
+    which is 127.0.0.1 in a lab namespace and not routable across hosts)."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class AdvertisedHTTPTransport(HTTPTransport):
+        def address(self) -> str:
+            return f"http://{host}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+    return AdvertisedHTTPTransport(timeout=timeout, num_chunks=0)
+
+
 def wait_for_lighthouse(address_file: Path, timeout_s: float) -> str:
     """The lighthouse address the launcher's lighthouse process wrote (bounded wait)."""
     deadline = time.monotonic() + timeout_s
@@ -311,10 +336,11 @@ def wait_for_lighthouse(address_file: Path, timeout_s: float) -> str:
 
 
 def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: int, lighthouse: str | None,
-               world: WorldTokens | None) -> None:
+               world: WorldTokens | None, net: GroupNet = GroupNet()) -> None:
     """Entry point of a replica group process (a supervisor Target): `lighthouse` None = read the address
-    the launcher's lighthouse wrote in `result_dir`. Exit status 2 for its own errors (written to
-    error-<group>.txt), 1 for anything else (the launcher restarts it)."""
+    the launcher's lighthouse wrote in `result_dir`; `net`: where the launcher's store is and what to
+    advertise. Exit status 2 for its own errors (written to error-<group>.txt), 1 for anything else (the
+    launcher restarts it)."""
     from torch.distributed import TCPStore
 
     set_process_name(f"geotrain-g{group}")
@@ -322,11 +348,11 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     torch.set_num_threads(config.run.threads)
     try:
         address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
-        store = TCPStore(LOCAL_HOST, store_port, is_master=False,
+        store = TCPStore(net.store_host, store_port, is_master=False,
                          timeout=timedelta(seconds=config.reliability.comm_timeout_s))
         links = group_links(config, group, store)
         with links if links is not None else contextlib.nullcontext():
-            worker = ElasticGroup(config, group, store, address, world, links)
+            worker = ElasticGroup(config, group, store, address, world, links, net)
             worker.run()
             worker.finish(Path(result_dir))
             worker.manager.shutdown(wait=False)

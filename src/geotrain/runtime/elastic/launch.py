@@ -11,8 +11,9 @@ group r (runtime/elastic/group.py). The watch loop polls every rank:
     ends the run with its one line, as does a lost lighthouse or every group down;
   - once a group has finished, no group is restarted; the others get `finish_grace_s` to finish.
 --chaos kills are SIGKILLs of a group's tree at the seeded times (runtime/elastic/chaos.py); partitions
-cut a group's links in the link state the groups' emulating backend reads (runtime/elastic/links.py) and
-heal them `for` seconds later (a group still cut when the first group finishes missed the end: stopped).
+cut a group's links in the link state the groups' emulating backend reads (runtime/elastic/links.py), or
+under --netlab set its lab port down (runtime/elastic/hosts.py), and heal them `for` seconds later (a
+group still cut when the first group finishes missed the end: stopped).
 """
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from geotrain.errors import GeotrainError
-from geotrain.procs import Supervisor, Target, describe_exit, forkserver_context
+from geotrain.procs import Supervisor, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
-from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, LOCAL_HOST, group_main
+from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main
+from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, lighthouse_main
-from geotrain.runtime.elastic.links import group_device, set_cut
 from geotrain.runtime.elastic.summary import (ElasticSummary, max_param_diff, mean_losses, read_groups,
                                               stall_seconds)
 
@@ -85,9 +86,8 @@ class _Watch:
 
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
                    poll_s: float = 0.05) -> ElasticSummary:
-    """Run `config` (elastic) to the end on this machine; ElasticRunError (one line) when it cannot."""
-    from torch.distributed import TCPStore
-
+    """Run `config` (elastic) to the end on this machine (in a netlab with --netlab); ElasticRunError (one
+    line) when it cannot."""
     from geotrain.comm.launch import FORKSERVER_PRELOAD
 
     require_torchft()
@@ -95,6 +95,7 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
     rel, groups = config.reliability, config.replicas
     if rel.lighthouse is not None:
         check_reachable(rel.lighthouse, rel.comm_timeout_s)
+    hosts = group_hosts(config)  # a lab that cannot be built fails here, before any process starts
     # torchft and the group's modules imported once by the fork server (when this launcher starts it):
     # a restarted group then rejoins without seconds of imports
     context = forkserver_context([*FORKSERVER_PRELOAD, "torchft", "geotrain.runtime.elastic.group"])
@@ -102,30 +103,33 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
         from geotrain.data import world_tokens
 
         tokens = world_tokens(config.data.data_seed)
-    store = TCPStore(LOCAL_HOST, 0, None, True, timeout=timedelta(seconds=30), wait_for_workers=False)
-    with tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
-        specs = [Target(context, group_main, (config, g, tmp, store.port, rel.lighthouse and f"http://{rel.lighthouse}",
-                                              tokens), f"geotrain-group-{g}") for g in range(groups)]
+    with hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
+        store = hosts.store(timedelta(seconds=30))
+        lighthouse = rel.lighthouse and f"http://{rel.lighthouse}"
+        specs = [hosts.target(context, g, group_main, (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g)),
+                              f"geotrain-group-{g}") for g in range(groups)]
         if rel.lighthouse is None:
-            settings = LighthouseSettings(f"{LOCAL_HOST}:0", rel.min_replicas, join_timeout_s=rel.comm_timeout_s,
+            settings = LighthouseSettings(f"{hosts.control}:0", rel.min_replicas, join_timeout_s=rel.comm_timeout_s,
                                           heartbeat_timeout_s=rel.heartbeat_timeout_s)
-            specs.insert(0, Target(context, lighthouse_main, (settings, str(Path(tmp) / "lighthouse"), LOCAL_HOST),
-                                   "geotrain-lighthouse"))
+            address_file = str(Path(tmp) / "lighthouse")
+            specs.insert(0, hosts.target(context, None, lighthouse_main, (settings, address_file, hosts.control),
+                                         "geotrain-lighthouse"))
         first_group = 0 if rel.lighthouse is not None else 1
         faults = parse_chaos(rel.chaos) if rel.chaos else ()
         kills = kill_schedule(faults, groups, config.run.seed)
         cuts = partition_schedule(faults, groups, config.run.seed)
         watch = _Watch(groups, [0] * groups)
         with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
-            _watch(supervisor, config, watch, first_group, (kills, cuts), Path(tmp), store, progress, poll_s)
+            _watch(supervisor, config, watch, first_group, (kills, cuts), Path(tmp), (store, hosts), progress, poll_s)
         return _summary(config, watch, Path(tmp), store, time.perf_counter() - started)
 
 
 def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_group: int,
-           chaos: tuple[list[Kill], list[Cut]], result_dir: Path, store: Any, progress: ProgressCallback | None,
-           poll_s: float) -> None:
-    """Poll until every group has finished or is down for good; restart failed groups; run the chaos."""
-    rel = config.reliability
+           chaos: tuple[list[Kill], list[Cut]], result_dir: Path, links: tuple[Any, LocalHosts],
+           progress: ProgressCallback | None, poll_s: float) -> None:
+    """Poll until every group has finished or is down for good; restart failed groups; run the chaos.
+    `links`: the launcher's store and the hosts that cut links."""
+    rel, store = config.reliability, links[0]
     pending, cuts = list(chaos[0]), list(chaos[1])
     last_progress = -1
     while True:
@@ -162,7 +166,7 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
                 watch.kills += 1
                 supervisor.stop([first_group + kill.group], term_s=0.0)
         if trained_s is not None:
-            _partitions(supervisor, config, watch, first_group, cuts, store, trained_s, codes)
+            _partitions(supervisor, watch, first_group, cuts, links, trained_s, codes)
         if progress is not None:
             done = max((_int(store, f"step/{g}") for g in range(watch.groups)), default=0)
             if done != last_progress:
@@ -173,8 +177,8 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
         raise ElasticRunError(f"no replica group finished (down for good: {sorted(watch.down)})")
 
 
-def _partitions(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_group: int, cuts: list[Cut],
-                store: Any, trained_s: float, codes: list[int | None]) -> None:
+def _partitions(supervisor: Supervisor, watch: _Watch, first_group: int, cuts: list[Cut],
+                links: tuple[Any, LocalHosts], trained_s: float, codes: list[int | None]) -> None:
     """Heal the links due to heal, cut those due (a running group not already cut) and, once a group has
     finished, stop the groups still cut off (they missed the end)."""
     changed = False
@@ -195,7 +199,7 @@ def _partitions(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, fi
         watch.cut.clear()
         changed = True
     if changed:
-        set_cut(store, [group_device(config, g) for g in watch.cut])
+        links[1].set_cut(links[0], watch.cut)
 
 
 def _trained_s(store: Any) -> float | None:

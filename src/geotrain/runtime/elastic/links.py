@@ -9,19 +9,35 @@ so a cut device's collectives (and its peers' with it) raise `LinkDown` until th
 
 With `--time-scale 0` and a partition in `--chaos`, the groups are wrapped all the same (the link state
 needs the backend) but the links cost no wall time (the emulated clock sleeps 0 x the link time).
+
+Under `--netlab` (runtime/elastic/lab.py) the links are real: nothing is emulated, each group reaches the
+others at its lab address (`GroupNet`), and a cut is its lab interface losing its carrier.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.chaos import has_partition
 
+LOCAL_HOST = "127.0.0.1"
 CUT_KEY = "links/cut"
 """Launcher store key: the JSON list of the cluster devices whose links are cut now."""
+
+
+@dataclass(frozen=True)
+class GroupNet:
+    """Where a replica group talks: `store_host`, the launcher's bookkeeping store; `advertise`, the address
+    its torchft Manager, TCPStore and checkpoint server give their peers; `ifname`, its lab interface,
+    whose carrier says whether its links are cut (None: not in a lab; the emulated link state says)."""
+
+    store_host: str = LOCAL_HOST
+    advertise: str = LOCAL_HOST
+    ifname: str | None = None
 
 
 def group_device(config: RuntimeConfig, group: int) -> int:
@@ -32,6 +48,8 @@ def group_device(config: RuntimeConfig, group: int) -> int:
 def emulates_links(config: RuntimeConfig) -> bool:
     """Whether the groups run on the emulating backend: link emulation on, or a partition to inject."""
     chaos = config.reliability.chaos
+    if config.reliability.netlab:
+        return False  # real shaped links; a partition is a real port down
     return config.emulation.time_scale > 0 or (chaos is not None and has_partition(chaos))
 
 

@@ -5,7 +5,8 @@ Supported: pipeline S = 1 (a replica group is one process), any replicas R >= mi
 (torchft's reconfigurable gloo, on the emulating backend with --time-scale > 0 or a partition); DP synchronisation either
 every step (gradient mean, no --sync-every) or blocking DiLoCo (--sync-every H, one fragment, no
 delay); uncompressed (--dp-codec none), flat (no --dp-hierarchical), AdamW; no checkpoint directory
-(a restarted group recovers from a live peer, not from disk).
+(a restarted group recovers from a live peer, not from disk). With --netlab: --time-scale 0 (the lab shapes
+the links) and no --lighthouse (the launcher starts one inside the lab).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def elastic_refusal(config: Any) -> str | None:
          "checkpoint.checkpoint_dir: elastic runs recover from a live peer and write no checkpoints; drop "
          "--checkpoint-dir"),
         (config.run.stop_after is not None, "run.stop_after: not supported in elastic runs"),
+        (config.reliability.netlab and config.emulation.time_scale > 0,
+         f"reliability.netlab: the lab shapes the links itself; emulation.time_scale {config.emulation.time_scale!r} "
+         f"would add the emulated link times on top: pass --time-scale 0"),
+        (config.reliability.netlab and config.reliability.lighthouse is not None,
+         "reliability.netlab: the Lighthouse runs inside the lab; drop --lighthouse"),
     )
     return next((text for failed, text in reasons if failed), None)
 

@@ -1,0 +1,116 @@
+"""Where an elastic run's processes live: all on this host's loopback (`LocalHosts`), or each replica group
+in the netlab namespace of its plan device, over really shaped TCP (`LabHosts`, `--netlab`).
+
+    with group_hosts(config) as hosts:                      # builds the lab (--netlab), removes it at exit
+        store = hosts.store(timeout)                       # the launcher's bookkeeping store
+        spec = hosts.target(context, g, group_main, args, name)   # a supervisor rank placed for group g
+        hosts.set_cut(store, {1})                          # a partition: group 1's links cut, the others' healed
+
+In a lab, replica group r runs in lab device r's namespace (cluster device assignment[0][r]) with
+GLOO_SOCKET_IFNAME set to its lab interface, advertising its lab address 10.77.<region>.<k+1> to torchft
+(Manager, its TCPStore, the checkpoint server). The Lighthouse and the launcher's store live in the lab
+namespace itself, on its control address (netlab.topology): every group reaches them unshaped, as in the
+emulation, where the quorum RPCs are not on emulated links. A cut sets the group's bridge port down: its
+traffic to its peers, the Lighthouse and the store stops, with no error (TCP retransmits), until the heal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from datetime import timedelta
+from typing import Any
+
+from geotrain.procs import Target
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, set_cut
+
+
+class LocalHosts:
+    """Every process on this host's loopback; a cut is the emulated link state (runtime/elastic/links.py)."""
+
+    control = LOCAL_HOST
+    """The address of the Lighthouse and of the launcher's store."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        self.config = config
+
+    def __enter__(self) -> LocalHosts:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    def store(self, timeout: timedelta) -> Any:
+        from torch.distributed import TCPStore
+
+        return TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
+
+    def target(self, context: Any, group: int | None, fn: Callable[..., Any], args: tuple[Any, ...],
+               name: str) -> Target:
+        """The supervisor rank running `fn(*args)` for replica group `group` (None: the Lighthouse)."""
+        return Target(context, fn, args, name)
+
+    def net(self, group: int) -> GroupNet:
+        return GroupNet()
+
+    def set_cut(self, store: Any, groups: Collection[int]) -> None:
+        """Cut the links of `groups`, heal every other group's."""
+        set_cut(store, [group_device(self.config, g) for g in groups])
+
+
+class LabHosts(LocalHosts):
+    """Each replica group in its plan device's lab namespace (see the module doc); enter it to build the lab.
+    NetLabError at once (before any process starts) where labs cannot be built (not root)."""
+
+    def __init__(self, config: RuntimeConfig) -> None:
+        from geotrain.netlab import NetLab
+        from geotrain.netlab.build import check_can_build
+
+        check_can_build()
+        super().__init__(config)
+        self.lab = NetLab(config.cluster, [group_device(config, g) for g in range(config.replicas)])
+        self.control = self.lab.control_address
+        self._cut: set[int] = set()
+
+    def __enter__(self) -> LabHosts:
+        self.lab.up()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.lab.__exit__(*exc)
+
+    def store(self, timeout: timedelta) -> Any:
+        """The store's server and the launcher's connection to it open inside the lab namespace (they stay
+        there; the launcher's thread comes back)."""
+        from geotrain.netlab.processes import thread_in_namespace
+
+        with thread_in_namespace(self.lab.topology.lab_namespace):
+            return super().store(timeout)
+
+    def target(self, context: Any, group: int | None, fn: Callable[..., Any], args: tuple[Any, ...],
+               name: str) -> Target:
+        from geotrain.netlab.processes import run_in_namespace
+
+        if group is None:
+            return Target(context, run_in_namespace, (self.lab.topology.lab_namespace, {}, fn, *args), name)
+        device = self.lab.devices[group]
+        return Target(context, run_in_namespace,
+                      (device.namespace, {"GLOO_SOCKET_IFNAME": device.ifname}, fn, *args), name)
+
+    def net(self, group: int) -> GroupNet:
+        device = self.lab.devices[group]
+        return GroupNet(store_host=self.control, advertise=device.address, ifname=device.ifname)
+
+    def set_cut(self, store: Any, groups: Collection[int]) -> None:
+        """Set the ports of `groups` down and every other group's up (only those that change)."""
+        for group in sorted(self._cut - set(groups)):
+            self.lab.set_port(group, up=True)
+        for group in sorted(set(groups) - self._cut):
+            self.lab.set_port(group, up=False)
+        self._cut = set(groups)
+
+
+def group_hosts(config: RuntimeConfig) -> LocalHosts:
+    """LabHosts with `--netlab` (the lab is built when the `with` block starts, removed when it ends), else
+    LocalHosts."""
+    return LabHosts(config) if config.reliability.netlab else LocalHosts(config)
