@@ -1,5 +1,6 @@
 """The DP exchange of an elastic run: the mean over the live replica groups of the current torchft
-quorum (geotrain.runtime.elastic), through the Manager's reconfigurable process group.
+quorum (geotrain.runtime.elastic), through the Manager's reconfigurable process group (with pipeline
+S > 1, one Manager per stage process: stage s's exchange goes between the groups' stage-s processes).
 
 One flat float32 all-reduce (SUM) per exchange carries every gradient and, last, this group's weight:
 1 for a contributing group, 0 for one that recovered its state from a peer in this very quorum with
@@ -103,13 +104,15 @@ class ManagerExchange:
         pass
 
 
-def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter],
-                      exchange: ManagerExchange) -> GradientSync:
+def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter], exchange: ManagerExchange,
+                      sum_squares: Callable[[float], float] | None = None) -> GradientSync:
     """PerStepSync (no sync_every) or blocking OuterSync (sync_every H) around `exchange`, with AdamW as
-    geotrain.sync.make_gradient_sync builds it; clipping is local (a group holds the whole model)."""
+    geotrain.sync.make_gradient_sync builds it. Clipping: `sum_squares` turns this process's sum of squared
+    (averaged) gradients into the whole model's (a pipeline stage: summed over the group's stages); None:
+    local (the process holds the whole model)."""
     params = list(params)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     if options.sync_every is None:
-        return PerStepSync(params, exchange, adamw, options.clip_grad_norm)
+        return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
     outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
     return OuterSync(params, adamw, outer, exchange, options.total_steps)

@@ -87,8 +87,7 @@ def test_elastic_settings_need_elastic_and_unsupported_runs_are_refused_in_one_l
     for settings_, words in cases:
         with pytest.raises(RuntimeConfigError, match=words):
             RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, **settings_})
-    with pytest.raises(RuntimeConfigError, match="pipeline S = 1 only"):
-        RuntimeConfig.of(CLUSTER, [[0, 1], [2, 3]], **ELASTIC)
+    assert RuntimeConfig.of(CLUSTER, [[0, 1], [2, 3]], **ELASTIC).stages == 2  # S > 1: a group is S processes
     config = RuntimeConfig.of(CLUSTER, [[0, 1]], **ELASTIC, sync_every=4, min_replicas=2, chaos="kill-site:every=9s")
     assert config.reliability.elastic and config.reliability.max_restarts == 3
     assert RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, "time_scale": 1.0}).emulation.time_scale == 1.0

@@ -1,4 +1,15 @@
-"""One replica group of an elastic run (pipeline S = 1: one process) on a torchft Manager.
+"""One process of a replica group of an elastic run, on a torchft Manager: the whole group (pipeline
+S = 1), or stage s of its S stages (S > 1: one process per stage, failing and restarting together).
+
+A group of S stages is S processes, each with its own torchft Manager: the same replica id (the group),
+group rank = stage, group world size = S. Stage 0 hosts the group's own TCPStore (a new one at every
+start of the group; its port goes through the launcher's store under the start's number), where its
+Manager's server registers and the stages' pipeline group meets (runtime/elastic/stage.py). The
+Lighthouse sees one member per group; its quorum, heal decision and `should_commit` are the group's,
+agreed by all its stages (torchft's Manager server waits for every group rank), so a stage whose
+exchange failed makes the whole group retry. Stage s's DP exchange goes over stage s's Manager (across
+groups, stage s to stage s); a recovering group's stage s loads stage s of a healthy peer (torchft's
+checkpoint transport fetches per group rank).
 
 Per step t (blocking DiLoCo: per outer period):
     quorum   manager.start_quorum() before the step's forward (with --sync-every: before the step that
@@ -41,19 +52,20 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from geotrain.data import WorldTokens
 from geotrain.errors import GeotrainError
-from geotrain.models import MODEL_PRESETS, lm_loss, lr_at, validation_starts
+from geotrain.models import lr_at
 from geotrain.procs import set_process_name
 from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, group_links
+from geotrain.runtime.dp_step import world_sum_over_replicas
+from geotrain.runtime.elastic.stage import GroupStageModel, pipeline_group
+from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.runtime.pipeline import ComputeTimer
-from geotrain.runtime.stages import build_layer_model, stage_modules
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.elastic import EXCHANGE_RETRIES, ManagerExchange, QuorumLost, StepSuperseded, make_elastic_sync
 
@@ -102,21 +114,31 @@ class GroupState:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
+def incarnation_key(group: int) -> str:
+    """Launcher store key: how many times replica group `group` was restarted (absent: 0)."""
+    return f"incarnation/{group}"
+
+
 class ElasticGroup:
-    """Replica group `group` of `config` (see the module doc); `store`: the launcher's store (barrier,
-    progress, commits, rejoins, link state); `links`: its entered TorchftGroups (None: plain gloo); `net`:
-    the addresses it advertises and its lab interface (runtime/elastic/links.py)."""
+    """Stage `stage` (0 when S = 1) of replica group `group` of `config` (see the module doc); `store`: the
+    launcher's store (barrier, progress, commits, rejoins, link state, the group store's port); `links`: its
+    entered TorchftGroups (None: plain gloo); `net`: the addresses it advertises and its lab interface
+    (runtime/elastic/links.py)."""
 
     def __init__(self, config: RuntimeConfig, group: int, store: Any, lighthouse: str,
-                 world: WorldTokens | None, links: Any = None, net: GroupNet = GroupNet()) -> None:
+                 world: WorldTokens | None, links: Any = None, net: GroupNet = GroupNet(), stage: int = 0) -> None:
         self.config, self.group, self.store, self.links, self.net = config, group, store, links, net
+        self.stage = stage
         self.device = group_device(config, group)
+        self.incarnation = int(store.get(incarnation_key(group)).decode()) if store.check([incarnation_key(group)]) else 0
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
-        model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
-                                  self.seq_len)
-        self.module = stage_modules(model, (0, model.n_layers), [0])[0]
-        self.params = list(self.module.parameters())
+        self.group_store = self._group_store()
+        if config.stages > 1:
+            pipeline_group(self.group_store, stage, config.stages, config.reliability.comm_timeout_s)
+        self.timer = ComputeTimer()
+        self.model = GroupStageModel(config, stage, self.data.vocab_size, self.seq_len, self.timer)
+        self.module, self.params = self.model.module, self.model.params
         self.state = GroupState()
         self.identity = run_identity_digest(config)
         self.lighthouse = lighthouse
@@ -130,28 +152,47 @@ class ElasticGroup:
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
                                         weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum,
                                         abort=lambda: self.process_group.abort())
-        self.sync = make_elastic_sync(config.sync_options(0), self.params, self.exchange)
-        self.timer = ComputeTimer()
+        # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
+        self.sync = make_elastic_sync(config.sync_options(stage), self.params, self.exchange,
+                                      world_sum_over_replicas(1) if config.stages > 1 else None)
+
+    def _group_store(self) -> Any:
+        """The group's own TCPStore: stage 0 hosts a new one and posts its port under this start of the
+        group; the other stages connect to it (a restarted group's stages meet in the new one)."""
+        from torch.distributed import TCPStore
+
+        timeout = timedelta(seconds=self.config.reliability.comm_timeout_s)
+        key = f"group-store/{self.group}/{self.incarnation}"
+        if self.stage == 0:
+            own = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
+            self.store.set(key, str(own.port))
+            return own
+        try:
+            self.store.wait([key], timeout)
+        except Exception:  # noqa: BLE001 - a timeout: one line
+            raise ElasticGroupError(f"replica group {self.group} stage {self.stage}: its stage 0 did not start within "
+                                    f"{self.config.reliability.comm_timeout_s:g} s") from None
+        return TCPStore(self.net.advertise, int(self.store.get(key).decode()), None, False, timeout=timeout)
 
     def _manager(self, lighthouse: str) -> Any:
-        from torch.distributed import TCPStore
         from torchft import Manager, ProcessGroupGloo
 
         rel = self.config.reliability
         timeout = timedelta(seconds=rel.comm_timeout_s)
-        self.own_store = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
         self.process_group = ProcessGroupGloo(timeout=timeout)
         return Manager(pg=self.process_group, load_state_dict=self._load_state,
                        state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
-                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=0, world_size=1,
-                       store_addr=self.net.advertise, store_port=self.own_store.port, lighthouse_addr=lighthouse,
+                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.stage,
+                       world_size=self.config.stages, store_addr=self.net.advertise,
+                       store_port=self.group_store.port, lighthouse_addr=lighthouse,
                        replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
                        heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
                        checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
 
     def _state(self) -> dict[str, Any]:
         """What a recovering peer loads (cloned now: this group keeps training while it is fetched)."""
-        return copy.deepcopy({"identity": self.identity, "group": self.group, "step": self.state.step,
+        return copy.deepcopy({"identity": self.identity, "group": self.group, "stage": self.stage,
+                              "step": self.state.step,
                               "module": self.module.state_dict(), "sync": self.sync.state_dict(),
                               "clock_s": self.emulated_s()})
 
@@ -183,6 +224,7 @@ class ElasticGroup:
         self.manager.shutdown(wait=False)
         while self.cut_off():
             time.sleep(OFFLINE_POLL_S)
+        self.group_store = self._group_store()  # S = 1 only (rules.py): a fresh store for the new Manager
         self.manager = self._manager(self.lighthouse)
         self.exchange.manager = self.manager
 
@@ -203,7 +245,7 @@ class ElasticGroup:
                     self.offline()
                     continue
                 raise self._no_quorum(exc) from None
-        if self.state.healed:
+        if self.state.healed and self.stage == 0:  # the group rejoins once, whatever its stage count
             self._note_rejoin(time.monotonic() - started)
 
     def _no_quorum(self, exc: Exception) -> ElasticGroupError:
@@ -217,13 +259,16 @@ class ElasticGroup:
                                                        "t": time.time(), "seconds": seconds}))
 
     def barrier(self) -> None:
-        """Wait until every group has started once (a quorum of the first arrivals would train without the rest)."""
-        self.store.set(f"ready/{self.group}", "1")
-        keys = [f"ready/{g}" for g in range(self.config.replicas)]
+        """Wait until every group (every stage of it) has started once (a quorum of the first arrivals would
+        train without the rest)."""
+        self.store.set(f"ready/{self.group}/{self.stage}", "1")
+        stages = range(self.config.stages)
+        keys = [f"ready/{g}/{s}" for g in range(self.config.replicas) for s in stages]
         try:
             self.store.wait(keys, timedelta(seconds=self.config.reliability.comm_timeout_s))
         except Exception:  # noqa: BLE001 - a timeout: say who is missing
-            missing = [g for g in range(self.config.replicas) if not self.store.check([f"ready/{g}"])]
+            missing = [g for g in range(self.config.replicas)
+                       if not self.store.check([f"ready/{g}/{s}" for s in stages])]
             raise ElasticGroupError(f"replica group {self.group}: replica groups {missing} did not start within "
                                     f"{self.config.reliability.comm_timeout_s:g} s") from None
 
@@ -255,12 +300,10 @@ class ElasticGroup:
                                self.seq_len)
         self.sync.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
         self.sync.optimizer.zero_grad(set_to_none=True)
-        with self.timer:
-            loss = lm_loss(self.module(x), y)
-            loss.backward()
+        loss = self.model.train_step(x, y)
         self.sync.step(step, self.timer)
         synced = self.due(step)
-        return {"step": step, "loss": float(loss.detach()), "synced": synced, "batch_sum": int(x.sum()),
+        return {"step": step, "loss": loss, "synced": synced, "batch_sum": int(x.sum()),
                 "contributors": self.exchange.contributors if synced else None,
                 "params_sha256": params_digest(self.params) if synced else None, "emulated_s": self.emulated_s()}
 
@@ -283,34 +326,27 @@ class ElasticGroup:
             record["wall_s"], last = time.perf_counter() - last, time.perf_counter()  # quorums and retries included
             self.state.records.append(record)
             self.state.step = step + 1
+            if self.stage != 0:
+                continue  # stage 0 reports the group's progress and commits (the stages commit together)
             self.store.set(f"step/{self.group}", str(step + 1))
             if record["synced"]:
                 self.store.set(f"commit/{step}", json.dumps([record["contributors"], time.time()]))
 
-    def evaluate(self) -> float:
-        """Mean validation loss (nats) over at most eval_windows held-out windows."""
+    def evaluate(self) -> float | None:
+        """Mean validation loss (nats) over at most eval_windows held-out windows (on the last stage, else None)."""
         cfg = self.config
-        starts = validation_starts(len(self.data.val), self.seq_len, cfg.data.eval_windows)
-        total, count = 0.0, 0
-        self.module.eval()
-        with torch.no_grad():
-            for i in range(0, len(starts), cfg.schedule.batch_size):
-                offsets = starts[i:i + cfg.schedule.batch_size, None] + np.arange(self.seq_len + 1)
-                windows = torch.from_numpy(np.asarray(self.data.val)[offsets].astype(np.int64))
-                total += float(lm_loss(self.module(windows[:, :-1]), windows[:, 1:])) * windows[:, 1:].numel()
-                count += windows[:, 1:].numel()
-        self.module.train()
-        return total / count
+        return self.model.validation_loss(self.data.val, self.seq_len, cfg.data.eval_windows, cfg.schedule.batch_size)
 
     def finish(self, result_dir: Path) -> None:
-        """Write the final parameters and this group's records (read by the launcher)."""
+        """Write this stage's final parameters and records (read by the launcher)."""
         flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-        torch.save(flat, result_dir / f"params-{self.group}.pt")
-        summary = {"group": self.group, "steps": self.state.step, "val_loss": self.evaluate(),
+        torch.save(flat, params_path(result_dir, self.group, self.stage))
+        summary = {"group": self.group, "stage": self.stage, "steps": self.state.step, "val_loss": self.evaluate(),
                    "records": self.state.records, "failed_quorums": self.exchange.failed_quorums}
-        tmp = result_dir / f"group-{self.group}.json.tmp"
+        path = summary_path(result_dir, self.group, self.stage)
+        tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary))
-        os.replace(tmp, result_dir / f"group-{self.group}.json")
+        os.replace(tmp, path)
 
 
 def advertised_transport(timeout: timedelta, host: str) -> Any:
@@ -336,15 +372,15 @@ def wait_for_lighthouse(address_file: Path, timeout_s: float) -> str:
 
 
 def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: int, lighthouse: str | None,
-               world: WorldTokens | None, net: GroupNet = GroupNet()) -> None:
-    """Entry point of a replica group process (a supervisor Target): `lighthouse` None = read the address
-    the launcher's lighthouse wrote in `result_dir`; `net`: where the launcher's store is and what to
-    advertise. Exit status 2 for its own errors (written to error-<group>.txt), 1 for anything else (the
-    launcher restarts it)."""
+               world: WorldTokens | None, net: GroupNet = GroupNet(), stage: int = 0) -> None:
+    """Entry point of a replica group's process, stage `stage` of it (a supervisor Target): `lighthouse`
+    None = read the address the launcher's lighthouse wrote in `result_dir`; `net`: where the launcher's
+    store is and what to advertise. Exit status 2 for its own errors (written to error-<group>.txt), 1 for
+    anything else (the launcher restarts the group)."""
     from torch.distributed import TCPStore
 
-    set_process_name(f"geotrain-g{group}")
-    quiet_torchft(Path(result_dir) / f"group-{group}.log")
+    set_process_name(f"geotrain-g{group}" + (f"s{stage}" if config.stages > 1 else ""))
+    quiet_torchft(Path(result_dir) / (f"group-{group}.log" if config.stages == 1 else f"group-{group}-{stage}.log"))
     torch.set_num_threads(config.run.threads)
     try:
         address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
@@ -352,7 +388,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
                          timeout=timedelta(seconds=config.reliability.comm_timeout_s))
         links = group_links(config, group, store)
         with links if links is not None else contextlib.nullcontext():
-            worker = ElasticGroup(config, group, store, address, world, links, net)
+            worker = ElasticGroup(config, group, store, address, world, links, net, stage)
             worker.run()
             worker.finish(Path(result_dir))
             worker.manager.shutdown(wait=False)

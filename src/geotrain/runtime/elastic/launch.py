@@ -3,10 +3,12 @@
 
     summary = launch_elastic(config)          # config.reliability.elastic
 
-Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one), rank 1 + r is replica
-group r (runtime/elastic/group.py). The watch loop polls every rank:
-  - a group that fails (killed, crashed) is restarted (`Supervisor.restart`) up to --max-restarts times
-    and recovers from a live peer; the others never stop (they go on with the smaller quorum);
+Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one), ranks 1 + r S .. r S + S
+are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one). A group is the unit: the
+watch loop polls every rank and judges each group by its stages' exits:
+  - a group that fails (a stage killed or crashed) is restarted as a whole (every stage stopped and
+    started again, `Supervisor.restart`, counted once) up to --max-restarts times and recovers from a live
+    peer; the others never stop (they go on with the smaller quorum);
   - a group that exits with its own error (status 2: no quorum, unreachable lighthouse, refused state)
     ends the run with its one line, as does a lost lighthouse or every group down;
   - once a group has finished, no group is restarted; the others get `finish_grace_s` to finish.
@@ -31,10 +33,10 @@ from geotrain.errors import GeotrainError
 from geotrain.procs import Supervisor, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
-from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main
+from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, lighthouse_main
-from geotrain.runtime.elastic.summary import (ElasticSummary, max_param_diff, mean_losses, read_groups,
+from geotrain.runtime.elastic.summary import (ElasticSummary, max_stage_param_diff, mean_losses, read_groups,
                                               stall_seconds)
 
 ProgressCallback = Callable[[int, int], None]
@@ -66,11 +68,25 @@ def check_reachable(endpoint: str, timeout_s: float) -> None:
                               f"{exc.strerror or exc}") from None
 
 
+def group_code(codes: tuple[int | None, ...] | list[int | None], ranks: list[int]) -> int | None:
+    """A replica group's exit from its stages' (`ranks`): EXIT_GROUP_ERROR when a stage ended with its own
+    error, else the first failed stage's status, else 0 when every stage finished, else None (running)."""
+    mine = [codes[r] for r in ranks]
+    if EXIT_GROUP_ERROR in mine:
+        return EXIT_GROUP_ERROR
+    failed = [code for code in mine if code not in (None, 0)]
+    if failed:
+        return failed[0]
+    return None if None in mine else 0
+
+
 @dataclass
 class _Watch:
-    """The launcher's bookkeeping of one run."""
+    """The launcher's bookkeeping of one run (`first`: the supervisor rank of group 0's stage 0)."""
 
     groups: int
+    stages: int = 1
+    first: int = 1
     restarts: list[int] = field(default_factory=list)
     failures: int = 0
     kills: int = 0
@@ -82,6 +98,10 @@ class _Watch:
     cut: dict[int, float] = field(default_factory=dict)  # group -> when its links heal (chaos seconds)
     healed_at: dict[int, list[float]] = field(default_factory=dict)  # group -> unix times of its heals
     partitions: int = 0
+
+    def ranks(self, group: int) -> list[int]:
+        """The supervisor ranks of `group`'s stage processes."""
+        return [self.first + group * self.stages + s for s in range(self.stages)]
 
 
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
@@ -106,8 +126,10 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
     with hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
         store = hosts.store(timedelta(seconds=30))
         lighthouse = rel.lighthouse and f"http://{rel.lighthouse}"
-        specs = [hosts.target(context, g, group_main, (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g)),
-                              f"geotrain-group-{g}") for g in range(groups)]
+        specs = [hosts.target(context, g, group_main,
+                              (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g), s),
+                              f"geotrain-group-{g}" + (f"-stage-{s}" if config.stages > 1 else ""))
+                 for g in range(groups) for s in range(config.stages)]
         if rel.lighthouse is None:
             settings = LighthouseSettings(f"{hosts.control}:0", rel.min_replicas, join_timeout_s=rel.comm_timeout_s,
                                           heartbeat_timeout_s=rel.heartbeat_timeout_s)
@@ -118,13 +140,13 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
         faults = parse_chaos(rel.chaos) if rel.chaos else ()
         kills = kill_schedule(faults, groups, config.run.seed)
         cuts = partition_schedule(faults, groups, config.run.seed)
-        watch = _Watch(groups, [0] * groups)
+        watch = _Watch(groups, config.stages, first_group, [0] * groups)
         with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
-            _watch(supervisor, config, watch, first_group, (kills, cuts), Path(tmp), (store, hosts), progress, poll_s)
+            _watch(supervisor, config, watch, (kills, cuts), Path(tmp), (store, hosts), progress, poll_s)
         return _summary(config, watch, Path(tmp), store, time.perf_counter() - started)
 
 
-def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_group: int,
+def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
            chaos: tuple[list[Kill], list[Cut]], result_dir: Path, links: tuple[Any, LocalHosts],
            progress: ProgressCallback | None, poll_s: float) -> None:
     """Poll until every group has finished or is down for good; restart failed groups; run the chaos.
@@ -135,10 +157,10 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
     while True:
         codes = supervisor.poll()
         now = time.monotonic()
-        if first_group and codes[0] is not None:
+        if watch.first and codes[0] is not None:
             raise ElasticRunError(f"the torchft lighthouse {describe_exit(codes[0])}")
         for g in range(watch.groups):
-            code = codes[first_group + g]
+            code = group_code(codes, watch.ranks(g))
             if code is None or g in watch.done or g in watch.down:
                 continue
             if code == 0:
@@ -152,8 +174,10 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
                 watch.failed_at.setdefault(g, []).append(time.time())
                 if watch.restarts[g] < rel.max_restarts and watch.first_done_at is None:
                     watch.restarts[g] += 1
-                    supervisor.restart([first_group + g])
+                    store.set(incarnation_key(g), str(watch.restarts[g]))  # its stages meet in a new group store
+                    supervisor.restart(watch.ranks(g))
                 else:
+                    supervisor.stop(watch.ranks(g), term_s=0.0)  # its stages still running
                     watch.down.add(g)
         if len(watch.done) + len(watch.down) == watch.groups:
             break
@@ -162,11 +186,11 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
         trained_s = _trained_s(store)
         while pending and trained_s is not None and trained_s >= pending[0].at_s:
             kill = pending.pop(0)
-            if codes[first_group + kill.group] is None and watch.first_done_at is None:
+            if group_code(codes, watch.ranks(kill.group)) is None and watch.first_done_at is None:
                 watch.kills += 1
-                supervisor.stop([first_group + kill.group], term_s=0.0)
+                supervisor.stop(watch.ranks(kill.group), term_s=0.0)  # every stage of the group
         if trained_s is not None:
-            _partitions(supervisor, watch, first_group, cuts, links, trained_s, codes)
+            _partitions(supervisor, watch, cuts, links, trained_s, codes)
         if progress is not None:
             done = max((_int(store, f"step/{g}") for g in range(watch.groups)), default=0)
             if done != last_progress:
@@ -177,8 +201,8 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch, first_g
         raise ElasticRunError(f"no replica group finished (down for good: {sorted(watch.down)})")
 
 
-def _partitions(supervisor: Supervisor, watch: _Watch, first_group: int, cuts: list[Cut],
-                links: tuple[Any, LocalHosts], trained_s: float, codes: list[int | None]) -> None:
+def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
+                links: tuple[Any, LocalHosts], trained_s: float, codes: tuple[int | None, ...]) -> None:
     """Heal the links due to heal, cut those due (a running group not already cut) and, once a group has
     finished, stop the groups still cut off (they missed the end)."""
     changed = False
@@ -189,12 +213,13 @@ def _partitions(supervisor: Supervisor, watch: _Watch, first_group: int, cuts: l
             changed = True
     while cuts and trained_s >= cuts[0].at_s:
         cut = cuts.pop(0)
-        if codes[first_group + cut.group] is None and cut.group not in watch.cut and watch.first_done_at is None:
+        if group_code(codes, watch.ranks(cut.group)) is None and cut.group not in watch.cut \
+                and watch.first_done_at is None:
             watch.cut[cut.group] = cut.heal_s
             watch.partitions += 1
             changed = True
     if watch.first_done_at is not None and watch.cut:
-        supervisor.stop([first_group + g for g in watch.cut], term_s=0.0)
+        supervisor.stop([rank for g in watch.cut for rank in watch.ranks(g)], term_s=0.0)
         watch.down.update(watch.cut)
         watch.cut.clear()
         changed = True
@@ -237,7 +262,7 @@ def _recoveries(since: dict[int, list[float]], rejoins: list[dict[str, Any]]) ->
 
 
 def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any, wall_s: float) -> ElasticSummary:
-    finished = read_groups(result_dir, watch.groups)
+    finished = read_groups(result_dir, watch.groups, config.stages)
     steps = max((s["steps"] for s in finished.values()), default=0)
     rejoin_count = _int(store, "rejoins")
     rejoins = [json.loads(store.get(f"rejoin/{n}").decode()) for n in range(1, rejoin_count + 1)]
@@ -252,7 +277,7 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
     return ElasticSummary(
         steps=steps, losses=mean_losses(finished, steps), val_loss=val[0] if val else None,
         replica_failures=watch.failures, rejoins=rejoin_count, global_restarts=0,
-        max_param_diff_across_replicas=max_param_diff([result_dir / f"params-{g}.pt" for g in sorted(finished)]),
+        max_param_diff_across_replicas=max_stage_param_diff(result_dir, sorted(finished), config.stages),
         recovery_s=_recoveries(watch.failed_at, rejoins),
         stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed - set(watch.healed_at)),
         train_s=last - t0, samples=int(sum(contributors) * every * config.schedule.batch_size),

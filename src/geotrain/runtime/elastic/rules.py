@@ -1,8 +1,10 @@
 """Which runs can be elastic: the (stages, sync) combinations and settings the elastic runtime supports,
 checked when the config is built, each refusal one line naming the setting and its value.
 
-Supported: pipeline S = 1 (a replica group is one process), any replicas R >= min_replicas, on CPU
-(torchft's reconfigurable gloo, on the emulating backend with --time-scale > 0 or a partition); DP synchronisation either
+Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per
+stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partition, no --netlab), any
+replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulating backend with
+--time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every) or blocking DiLoCo (--sync-every H, one fragment, no
 delay); uncompressed (--dp-codec none), flat (no --dp-hierarchical), AdamW; no checkpoint directory
 (a restarted group recovers from a live peer, not from disk). With --netlab: --time-scale 0 (the lab shapes
@@ -13,16 +15,39 @@ from __future__ import annotations
 
 from typing import Any
 
-from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, parse_chaos
+from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, has_partition, parse_chaos
 from geotrain.runtime.sections import RuntimeConfigError
+
+PIPELINE_SCHEDULE = "gpipe"
+"""The pipeline schedule of elastic groups of S > 1 stages (the one tested across a group's restarts)."""
+
+
+def pipeline_refusal(config: Any) -> str | None:
+    """Why an elastic plan of S > 1 stages cannot run with `config`'s other settings, or None (S = 1: None)."""
+    if config.stages == 1:
+        return None
+    rel, s = config.reliability, f"S = {config.stages}"
+    reasons = (
+        (config.schedule.schedule != PIPELINE_SCHEDULE,
+         f"schedule {config.schedule.schedule!r}: elastic groups of {s} stages run {PIPELINE_SCHEDULE!r} only"),
+        (config.schedule.split == "time",
+         f"schedule.split 'time': elastic groups of {s} stages need a split that a restarted group repeats "
+         f"exactly; use 'layers' or 'params'"),
+        (rel.netlab, f"reliability.netlab: elastic groups of {s} stages run on this host's loopback only"),
+        (rel.chaos is not None and has_partition(rel.chaos),
+         f"reliability.chaos {rel.chaos!r}: partitions of elastic groups of {s} stages are not supported; "
+         f"use kill-site"),
+        (config.emulation.time_scale > 0,
+         f"emulation.time_scale {config.emulation.time_scale!r}: elastic groups of {s} stages run on plain "
+         f"links (no link emulation); pass --time-scale 0"),
+    )
+    return next((text for failed, text in reasons if failed), None)
 
 
 def elastic_refusal(config: Any) -> str | None:
     """Why `config` (a RuntimeConfig with reliability.elastic) cannot run elastic, or None."""
     comm, optim = config.comm, config.optim
     reasons = (
-        (config.stages != 1, f"elastic replica groups run pipeline S = 1 only (a group is one process); the plan has "
-                             f"S = {config.stages}"),
         (config.stages_per_rank != 1,
          f"schedule {config.schedule.schedule!r}: elastic runs have one stage per group (no looped schedules)"),
         (config.reliability.min_replicas > config.replicas,
@@ -46,7 +71,7 @@ def elastic_refusal(config: Any) -> str | None:
         (config.reliability.netlab and config.reliability.lighthouse is not None,
          "reliability.netlab: the Lighthouse runs inside the lab; drop --lighthouse"),
     )
-    return next((text for failed, text in reasons if failed), None)
+    return next((text for failed, text in reasons if failed), pipeline_refusal(config))
 
 
 def check_elastic(config: Any) -> None:

@@ -1,8 +1,11 @@
 """What an elastic run reports (`geotrain train --elastic --json`): steps, losses, validation loss,
-failures, rejoins, recovery times and how far apart the replica groups' final parameters are."""
+failures, rejoins, recovery times and how far apart the replica groups' final parameters are (per
+pipeline stage, across the groups). Each stage process of a group writes its own result files
+(`params_path`, `summary_path`); the launcher merges a group's stages here."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,19 +64,60 @@ class ElasticSummary:
         return {"elastic": True, **asdict(self), "group_records": {str(g): r for g, r in self.group_records.items()}}
 
 
+def params_path(result_dir: Path, group: int, stage: int) -> Path:
+    """Where stage `stage` of replica group `group` writes its final parameters (flat float32)."""
+    return result_dir / f"params-{group}-{stage}.pt"
+
+
+def summary_path(result_dir: Path, group: int, stage: int) -> Path:
+    """Where stage `stage` of replica group `group` writes its summary (steps, val_loss, records)."""
+    return result_dir / f"group-{group}-{stage}.json"
+
+
 def max_param_diff(paths: list[Path]) -> float:
     """Largest absolute difference between any finished group's final parameters and the first's (0.0: equal)."""
     flats = [torch.load(path, weights_only=True) for path in paths]
     return max((float((flat - flats[0]).abs().max()) for flat in flats[1:]), default=0.0)
 
 
-def read_groups(result_dir: Path, groups: int) -> dict[int, dict[str, Any]]:
-    """The summaries of the groups that finished (group -> their group-<g>.json)."""
+def max_stage_param_diff(result_dir: Path, groups: list[int], stages: int) -> float:
+    """`max_param_diff` of each pipeline stage across the finished `groups` (stage s against stage s), the largest."""
+    return max(max_param_diff([params_path(result_dir, g, s) for g in groups]) for s in range(stages))
+
+
+def merge_stage_records(per_stage: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One group's records from its stages' (S = 1: as they are): the steps every stage ran, stage 0's
+    record with the last stage's loss; after a synchronisation `params_sha256` is the sha256 of the
+    stages' digests in stage order (equal: every stage bit-identical) and `stage_params_sha256` lists them."""
+    if len(per_stage) == 1:
+        return per_stage[0]
+    by_step = [{r["step"]: r for r in records} for records in per_stage]
+    merged = []
+    for first in per_stage[0]:
+        found = [stage.get(first["step"]) for stage in by_step]
+        if any(r is None for r in found):
+            continue
+        record = {**first, "loss": found[-1]["loss"]}
+        if first["synced"]:
+            digests = [r["params_sha256"] for r in found]
+            record["params_sha256"] = hashlib.sha256("".join(digests).encode()).hexdigest()
+            record["stage_params_sha256"] = digests
+        merged.append(record)
+    return merged
+
+
+def read_groups(result_dir: Path, groups: int, stages: int = 1) -> dict[int, dict[str, Any]]:
+    """The summaries of the groups that finished, every stage of them (group -> steps, val_loss from the
+    last stage, records merged by `merge_stage_records`, failed_quorums summed over the stages)."""
     found = {}
     for g in range(groups):
-        path = result_dir / f"group-{g}.json"
-        if path.is_file():
-            found[g] = json.loads(path.read_text())
+        paths = [summary_path(result_dir, g, s) for s in range(stages)]
+        if not all(path.is_file() for path in paths):
+            continue
+        parts = [json.loads(path.read_text()) for path in paths]
+        found[g] = {"group": g, "steps": min(p["steps"] for p in parts), "val_loss": parts[-1]["val_loss"],
+                    "records": merge_stage_records([p["records"] for p in parts]),
+                    "failed_quorums": sum(p["failed_quorums"] for p in parts)}
     return found
 
 

@@ -1,0 +1,70 @@
+"""Which elastic runs of pipeline S > 1 are accepted, and the one line each unsupported one is refused with;
+how the launcher judges a replica group of S stage processes by their exits."""
+
+from __future__ import annotations
+
+import pytest
+
+from geotrain.cluster import load_cluster
+from geotrain.runtime import RuntimeConfig, RuntimeConfigError
+from geotrain.runtime.elastic.rules import elastic_refusal
+from paths import ROOT
+
+CLUSTER = load_cluster(str(ROOT / "tests" / "data" / "wan-2x2.yaml"))
+ELASTIC = {"elastic": True, "time_scale": 0.0}
+S2R2 = [[0, 2], [1, 3]]
+
+
+def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill_chaos():
+    for extra in ({}, {"sync_every": 3}, {"chaos": "kill-site:every=5s,site=1", "min_replicas": 2},
+                  {"split": "params"}):
+        config = RuntimeConfig.of(CLUSTER, S2R2, **ELASTIC, **extra)
+        assert (config.stages, config.replicas) == (2, 2) and elastic_refusal(config) is None
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"schedule": "1f1b"}, "schedule '1f1b': elastic groups of S = 2 stages run 'gpipe' only"),
+    ({"split": "time"}, "schedule.split 'time': elastic groups of S = 2 stages need a split"),
+    ({"time_scale": 1.0}, "emulation.time_scale 1.0: elastic groups of S = 2 stages run on plain links"),
+    ({"chaos": "partition:site=1,at=5s,for=2s"}, "partitions of elastic groups of S = 2 stages are not supported"),
+    ({"netlab": True}, "reliability.netlab: elastic groups of S = 2 stages run on this host's loopback only"),
+    ({"schedule": "interleaved-1f1b"}, "elastic runs have one stage per group"),
+])
+def test_what_stays_unsupported_with_two_stages_is_refused_in_one_line(settings, words):
+    with pytest.raises(RuntimeConfigError) as caught:
+        RuntimeConfig.of(CLUSTER, S2R2, **{**ELASTIC, **settings})
+    text = str(caught.value)
+    assert text.startswith("--elastic: ") and words in text and "\n" not in text
+
+
+def test_the_same_settings_stay_accepted_with_one_stage():
+    for settings in ({"schedule": "1f1b"}, {"time_scale": 1.0}, {"chaos": "partition:site=1,at=5s,for=2s"}):
+        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, **settings})) is None
+
+
+def test_a_group_of_stages_fails_when_one_stage_fails_and_finishes_when_all_have():
+    from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR
+    from geotrain.runtime.elastic.launch import group_code
+
+    ranks = [3, 4]  # group 1 of S = 2 behind the lighthouse (rank 0)
+    assert group_code([None, 0, 0, None, None], ranks) is None
+    assert group_code([None, None, None, 0, None], ranks) is None  # stage 0 done, stage 1 still writing
+    assert group_code([None, None, None, None, -9], ranks) == -9  # one stage killed: the group failed
+    assert group_code([None, None, None, 1, EXIT_GROUP_ERROR], ranks) == EXIT_GROUP_ERROR
+    assert group_code([None, 1, 1, 0, 0], ranks) == 0
+
+
+def test_a_groups_records_merge_its_stages_with_the_last_stages_loss_and_one_digest_of_all_stages():
+    import hashlib
+
+    from geotrain.runtime.elastic.summary import merge_stage_records
+
+    stage0 = [{"step": 4, "loss": None, "synced": True, "params_sha256": "a0", "batch_sum": 7},
+              {"step": 5, "loss": None, "synced": True, "params_sha256": "a1", "batch_sum": 9}]
+    stage1 = [{"step": 5, "loss": 2.5, "synced": True, "params_sha256": "b1", "batch_sum": 9}]
+    merged = merge_stage_records([stage0, stage1])
+    assert [r["step"] for r in merged] == [5]  # a step one stage lacks is left out
+    assert merged[0]["loss"] == 2.5 and merged[0]["batch_sum"] == 9
+    assert merged[0]["stage_params_sha256"] == ["a1", "b1"]
+    assert merged[0]["params_sha256"] == hashlib.sha256(b"a1b1").hexdigest()
+    assert merge_stage_records([stage0]) is stage0  # S = 1: as they are
