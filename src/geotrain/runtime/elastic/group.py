@@ -15,7 +15,8 @@ Per step t (blocking DiLoCo: per outer period):
     quorum   manager.start_quorum() before the step's forward (with --sync-every: before the step that
              ends an outer period); a group behind the quorum's newest step (a restarted one) loads a
              live peer's state there (torchft's checkpoint transport: HTTP), step counter included;
-    train    forward/backward on this group's slice r of step t's global batch (data seed, t, r);
+    train    forward/backward on this group's slice r of step t's global batch (data seed, t, r); S > 1:
+             through the group's pipeline (runtime/elastic/stage.py);
     sync     the gradient (or outer gradient) mean over the quorum's contributing groups
              (geotrain.sync.elastic.ManagerExchange: all-reduce, should_commit, retried on a new
              quorum when a peer died); then the optimizer (and outer) step.
@@ -23,14 +24,15 @@ A group's first quorum is at start-up. The state a peer hands over is cloned whe
 computed, so the sender's next optimizer step cannot change it in flight, and carries the run's
 identity: a group built from another model, data or plan is refused by name.
 
-Links (runtime/elastic/links.py): with link emulation or a partition to inject, the Manager's process
-groups run on the emulating backend. A group whose links are cut (a partition) finds out at its next
-collective (it raises, as do its peers') or quorum; it then goes offline: its Manager stops, so its
-heartbeats stop and the Lighthouse drops it; the others go on with the smaller quorum. When the launcher
-heals the links, the group starts a new Manager and rejoins by live recovery, as a restarted group does,
-without having lost its process. Under --netlab the cut is real (its lab port is down): the group learns
-of it by failures (its collective times out, its quorum fails) and by its interface's lost carrier; it
-waits for the carrier offline, as above, instead of ending with "no quorum".
+Links (runtime/elastic/links.py; S = 1 only, rules.py): with link emulation or a partition to inject,
+the Manager's process groups run on the emulating backend. A group whose links are cut (a partition)
+finds out at its next collective (it raises, as do its peers') or quorum; it then goes offline: its
+Manager stops, so its heartbeats stop and the Lighthouse drops it; the others go on with the smaller
+quorum. When the launcher heals the links, the group starts a new Manager and rejoins by live recovery,
+as a restarted group does, without having lost its process. Under --netlab the cut is real (its lab port
+is down): the group learns of it by failures (its collective times out, its quorum fails) and by its
+interface's lost carrier; it waits for the carrier offline, as above, instead of ending with "no
+quorum".
 
 Data-position guarantee: step t's global batch is the one of a non-elastic run (offsets a function of
 data seed and t); group r always trains on slice r of it. A rejoined group continues at the quorum's
@@ -130,7 +132,8 @@ class ElasticGroup:
         self.config, self.group, self.store, self.links, self.net = config, group, store, links, net
         self.stage = stage
         self.device = group_device(config, group)
-        self.incarnation = int(store.get(incarnation_key(group)).decode()) if store.check([incarnation_key(group)]) else 0
+        key = incarnation_key(group)
+        self.incarnation = int(store.get(key).decode()) if store.check([key]) else 0  # this start of the group
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         self.group_store = self._group_store()

@@ -41,7 +41,8 @@ class GroupNet:
 
 
 def group_device(config: RuntimeConfig, group: int) -> int:
-    """The cluster device replica group `group` emulates (its stage-0 device; S = 1)."""
+    """The cluster device replica group `group` emulates (its stage-0 device; links are emulated for S = 1
+    only, rules.py)."""
     return int(config.assignment[0, group])
 
 
