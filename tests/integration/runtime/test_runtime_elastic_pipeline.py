@@ -1,50 +1,82 @@
 """`geotrain train --elastic` with pipeline S = 2: a replica group is its 2 stage processes (one torchft
-Manager each, one pipeline group between them). A chaos kill of group 1 kills both its stages; the
-launcher restarts the group as a whole, counted once; it rejoins by live recovery (each stage from the
-same stage of group 0) while group 0 commits every step. One launch, shared by the assertions."""
+Manager each, one pipeline group between them). A chaos kill of group 1 kills both its stages; a stage
+process that dies alone takes its group with it; either way the launcher restarts the group as a whole,
+counted once, and it rejoins by live recovery (each stage from the same stage of group 0) while group 0
+commits every step. One launch, shared by the assertions."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from paths import ROOT
+from proctree import comm, descendants
 
 pytest.importorskip("torchft")
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
-STEPS = 150
+STEPS = 200
+STAGE_PROCESSES = ("geotrain-g0s0", "geotrain-g0s1", "geotrain-g1s0", "geotrain-g1s1")
 
 
 @pytest.fixture(scope="module")
 def killed_pipeline_run(tmp_path_factory):
-    """S = 2, R = 2 (stage 0 on devices 0 and 2, stage 1 on 1 and 3); group 1 SIGKILLed 1 s into training."""
+    """S = 2, R = 2 (stage 0 on devices 0 and 2, stage 1 on 1 and 3); group 1 SIGKILLed by the chaos 1 s
+    into training; then (by this test) its restarted stage 1 process alone, 2 s after it appeared.
+    Returns the JSON summary and every pid seen per stage process name."""
     tmp = tmp_path_factory.mktemp("pipeline")
     plan = tmp / "plan.json"
     plan.write_text(json.dumps({"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}))
-    done = subprocess.run(
+    out, err = (tmp / "summary.json").open("w"), (tmp / "stderr.txt").open("w")  # files: a pipe would fill up
+    launcher = subprocess.Popen(
         [sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan", str(plan), "--elastic",
          "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "2",
          "--time-scale", "0", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", str(STEPS),
          "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--json"],
-        capture_output=True, text=True, timeout=200, cwd=tmp,
+        stdout=out, stderr=err, cwd=tmp,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+    seen: dict[str, list[int]] = {name: [] for name in STAGE_PROCESSES}
+    appeared, stage_killed = None, False
+    deadline = time.monotonic() + 180
+    while launcher.poll() is None and time.monotonic() < deadline:
+        for pid in descendants(launcher.pid):
+            name = comm(pid)
+            if name in seen and pid not in seen[name]:
+                seen[name].append(pid)
+        if appeared is None and len(seen["geotrain-g1s1"]) == 2:  # group 1's stage 1 after the chaos restart
+            appeared = time.monotonic()
+        if appeared is not None and not stage_killed and time.monotonic() - appeared > 2.0:
+            os.kill(seen["geotrain-g1s1"][1], signal.SIGKILL)
+            stage_killed = True
+        time.sleep(0.1)
+    if launcher.poll() is None:
+        launcher.kill()  # the supervisor's guardian stops the rest
+    launcher.wait(timeout=60)
+    out.close()
+    err.close()
+    assert launcher.returncode == 0, (tmp / "stderr.txt").read_text()[-2000:]
+    return json.loads((tmp / "summary.json").read_text()), seen
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_group_of_two_stages_restarts_as_one_and_rejoins_without_a_global_restart(killed_pipeline_run):
-    run = killed_pipeline_run
+def test_a_failed_group_of_two_stages_restarts_as_one_and_rejoins_without_a_global_restart(killed_pipeline_run):
+    run, seen = killed_pipeline_run
     assert run["config"]["stages"] == 2 and run["steps"] == STEPS
-    assert run["kills"] == 1 and run["replica_failures"] == 1 and run["restarts"] == [0, 1]  # the group, once
-    assert run["rejoins"] == 1 and run["global_restarts"] == 0 and run["groups_finished"] == [0, 1]
-    assert len(run["recovery_s"]) == 1 and 0 < run["recovery_s"][0] < 60
+    # two failures of group 1 (the chaos kill, then its stage 1 alone), each counted once, each a restart
+    # of both its stages; group 0's processes never changed
+    assert run["kills"] == 1 and run["replica_failures"] == 2 and run["restarts"] == [0, 2]
+    assert {name: len(pids) for name, pids in seen.items()} == {"geotrain-g0s0": 1, "geotrain-g0s1": 1,
+                                                                "geotrain-g1s0": 3, "geotrain-g1s1": 3}
+    assert run["rejoins"] == 2 and run["global_restarts"] == 0 and run["groups_finished"] == [0, 1]
+    assert len(run["recovery_s"]) == 2 and all(0 < s < 60 for s in run["recovery_s"])
     assert run["max_param_diff_across_replicas"] == 0.0  # stage s against stage s, both stages
     assert len(run["losses"]) == STEPS and all(math.isfinite(loss) for loss in run["losses"])
     assert math.isfinite(run["val_loss"]) and run["val_loss"] < run["losses"][0]
@@ -52,7 +84,7 @@ def test_a_killed_group_of_two_stages_restarts_as_one_and_rejoins_without_a_glob
 
 @pytest.mark.timeout(240)
 def test_group_0_commits_every_step_and_each_rejoined_stage_equals_its_peer_stage_bit_for_bit(killed_pipeline_run):
-    survivor, rejoined = (killed_pipeline_run["group_records"][g] for g in ("0", "1"))
+    survivor, rejoined = (killed_pipeline_run[0]["group_records"][g] for g in ("0", "1"))
     assert [r["step"] for r in survivor] == list(range(STEPS))
     first = rejoined[0]["step"]
     assert 0 < first < STEPS and [r["step"] for r in rejoined] == list(range(first, STEPS))
