@@ -95,11 +95,10 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     # eager landing (geotrain.sync.streaming): the exchange hidden behind 2 inner steps, the first 2 syncs blocking
     WanRow("planned + local SGD H=5 + int8-block+EF outer, eager landing tau=2, warm-up 10", dp_codec="int8-block",
            options=(*LOCAL_SGD_5, ("sync_delay", 2), ("sync_landing", "eager"), ("sync_warmup", 10))),
-    # delayed gradients (geotrain.sync.delayed): every step's exchange overlapped with the next tau steps
+    # delayed gradients (geotrain.sync.delayed): every step's exchange overlapped with the next step; a measured
+    # negative result on wan-4x1 (docs/wan.md, "Delayed gradients"): one exchange per group at a time, stale AdamW
     WanRow("planned + int8-block+EF gradients every step, overlapped (delay 1)", dp_codec="int8-block",
            options=(("sync_delay", 1),)),
-    WanRow("planned + int8-block+EF gradients every step, overlapped (delay 2)", dp_codec="int8-block",
-           options=(("sync_delay", 2),)),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1
