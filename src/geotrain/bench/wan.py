@@ -23,13 +23,15 @@ layouts the tiny GPT allows, searched with the job's real bytes; the planner-cod
 layout whose cost *with its codec choice* (geotrain.cost.codec_choice) is lowest, and that choice;
 a local-SGD row (option `sync_every` H: geotrain.optim.outer) takes the layout whose cost with the DP
 term divided by H is lowest, and is evaluated only at steps that end an outer period (synchronised
-weights). The recipe row runs what `geotrain plan --wan-recipe auto` chooses (geotrain.bench.wan_recipe,
+weights); a delayed-gradients row (sync_delay tau without sync_every: geotrain.sync.delayed) takes the
+layout with the lowest pipeline term (its DP exchange travels behind tau steps of compute). The recipe row runs what `geotrain plan --wan-recipe auto` chooses (geotrain.bench.wan_recipe,
 after the limit row, whose step time is its compute input); the torchft row runs torchft's DiLoCo
 unmodified (geotrain.bench.wan_torchft). Rows, settings and results: geotrain.bench.wan_rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from collections.abc import Callable
@@ -231,18 +233,20 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
     the end only and scored by the runtime's evaluation of replica 0's current weights on the same windows
     (data.eval_local: no collective, outside emulated time, so no sync travels during it), tau steps after
     each period that a blocking row is scored at (data.eval_offset): when the sync started there has landed
-    (fragment 0's, the one that syncs at the period's end), not while it is in flight."""
+    (fragment 0's, the one that syncs at the period's end), not while it is in flight. Delayed gradients
+    (every step's exchange in flight: replicas equal at every step) are scored at the blocking steps."""
     from geotrain.runtime import RuntimeConfig, launch
 
     stages, replicas = assignment.shape
     per_link: dict[str, Any] = {}
     if row.plan_codecs and choice is not None:
         per_link = {"dp_codecs": choice.dp, "pp_codecs": choice.pp}
-    delay = int(dict(row.options).get("sync_delay") or 0)
-    in_flight = delay > 0
-    eval_steps = eval_steps_of(config, row.sync_every, delay)
+    in_flight = row.sync_delay > 0
+    # delayed gradients keep the replicas equal at every step: scored where a blocking row is (no offset)
+    offset = 0 if row.delayed_gradients else row.sync_delay
+    eval_steps = eval_steps_of(config, row.sync_every, offset)
     scoring = ({"checkpoint_every": 0, "eval_every": math.lcm(config.eval_every, row.sync_every),
-                "eval_offset": delay, "eval_windows": config.val_windows, "eval_local": True} if in_flight
+                "eval_offset": offset, "eval_windows": config.val_windows, "eval_local": True} if in_flight
                else {"checkpoint_every": config.eval_every})
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
         run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps,
@@ -296,6 +300,8 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
                           key=lambda layout: layout.choice.cost["total"])
         elif row.sync_every > 1:
             planned = min(layouts.values(), key=lambda layout, h=row.sync_every: layout.amortised_s(h))
+        elif row.delayed_gradients:  # the DP exchange hides behind compute: the layout with the least pipeline time
+            planned = min(layouts.values(), key=lambda layout: (layout.pp_s, layout.cost_s))
         else:
             planned = fp32
         assignment = naive if row.placement == "naive" else planned.assignment
@@ -315,9 +321,26 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
             raise WanBenchError("the recipe row needs the limit row (free links): its step time is the compute per step")
         results = [run_recipe_row(r, cluster, job, layouts, config, tokens, limit.step_time_s, progress)
                    if isinstance(r, WanRow) else r for r in results]
+    results = _predict_delayed_gradients(results, cluster, job, layouts)
     summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],
                       "dp_codecs": list(layout.choice.dp), "pp_codecs": list(layout.choice.pp)}
                for name, layout in layouts.items()}
     coded = min(layouts.values(), key=lambda layout: layout.choice.cost["total"])
     return WanBench(config, cluster, tuple(r for r in results if isinstance(r, RowResult)), tuple(skipped),
                     coded.choice, summary)
+
+
+def _predict_delayed_gradients(results: list[Any], cluster: Cluster, job: Job,
+                               layouts: dict[str, PlannedLayout]) -> list[Any]:
+    """Delayed-gradients rows with the cost model's step seconds (cost.wan_recipe.delayed_gradients_step_seconds)
+    for the limit row's compute per step, as the recipe row's prediction; unchanged without a limit row."""
+    from geotrain.cost.wan_recipe import delayed_gradients_step_seconds
+
+    limit = next((r for r in results if isinstance(r, RowResult) and r.row.free_links), None)
+    if limit is None:
+        return results
+    pp_s = {tuple(map(tuple, layout.assignment.tolist())): layout.pp_s for layout in layouts.values()}
+    return [dataclasses.replace(r, predicted_step_s=delayed_gradients_step_seconds(
+                cluster, job, r.assignment, limit.step_time_s, r.row.dp_codec, r.row.sync_delay,
+                pp_s.get(tuple(map(tuple, r.assignment)), 0.0)))
+            if isinstance(r, RowResult) and r.row.delayed_gradients else r for r in results]

@@ -52,6 +52,16 @@ class WanRow:
         """Steps per DP synchronisation (the `sync_every` option of local SGD; 1 without it)."""
         return int(dict(self.options).get("sync_every") or 1)
 
+    @property
+    def sync_delay(self) -> int:
+        """Steps a sync lands after it starts (the `sync_delay` option, tau; 0 without it)."""
+        return int(dict(self.options).get("sync_delay") or 0)
+
+    @property
+    def delayed_gradients(self) -> bool:
+        """Every step's gradients applied tau > 0 steps later (sync_delay without sync_every: geotrain.sync.delayed)."""
+        return self.sync_every == 1 and self.sync_delay > 0
+
 
 LOCAL_SGD_5 = (("sync_every", 5), ("outer_lr", 1.0), ("outer_momentum", 0.0))
 """Local SGD: AdamW inside each replica, parameters averaged every 5 steps (outer lr 1, no momentum)."""
@@ -85,6 +95,10 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     # eager landing (geotrain.sync.streaming): the exchange hidden behind 2 inner steps, the first 2 syncs blocking
     WanRow("planned + local SGD H=5 + int8-block+EF outer, eager landing tau=2, warm-up 10", dp_codec="int8-block",
            options=(*LOCAL_SGD_5, ("sync_delay", 2), ("sync_landing", "eager"), ("sync_warmup", 10))),
+    # delayed gradients (geotrain.sync.delayed): every step's exchange overlapped with the next step; a measured
+    # negative result on wan-4x1 (docs/wan.md, "Delayed gradients"): one exchange per group at a time, stale AdamW
+    WanRow("planned + int8-block+EF gradients every step, overlapped (delay 1)", dp_codec="int8-block",
+           options=(("sync_delay", 1),)),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1

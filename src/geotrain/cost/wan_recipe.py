@@ -13,7 +13,8 @@ the "yuan" DP term of its bytes:
                        P exchanges of a period need P x T_frag of the H steps' time)
 
 so the bytes per step are fragment bytes / (H / P), and P > 1 adds P - 1 latencies per period while
-cutting the peak bandwidth by P.
+cutting the peak bandwidth by P. Delayed gradients (every step's gradient exchange landing tau steps
+later, geotrain.sync.delayed) are the case H = P = 1 (`delayed_gradients_step_seconds`).
 
 Quality (the staleness charge): a sync that lands tau steps late, mixed in with alpha, drops (1 - alpha)
 x tau of the period's H steps of progress, so the run needs about 1 / (1 - (1 - alpha) tau / H) times
@@ -150,6 +151,15 @@ def recipe_step_seconds(sync_s: float, compute_s: float, pp_s: float, sync_every
     least the DP group's occupancy (one exchange at a time per group: P exchanges per H steps)."""
     exposed = max(0.0, sync_s - delay * compute_s)
     return max(compute_s + pp_s + exposed * fragments / sync_every, sync_s * fragments / sync_every)
+
+
+def delayed_gradients_step_seconds(cluster: Cluster, job: Job, assignment: Any, compute_s: float, codec: str,
+                                   delay: int, pp_s: float = 0.0) -> float:
+    """Seconds per step of delayed gradients (geotrain.sync.delayed: the whole model's gradients exchanged every
+    step through `codec`, each exchange hidden behind `delay` steps of compute): the module doc's step_s with
+    H = P = 1, i.e. max(compute + pp + max(0, T - tau x compute), T) for T the whole model's exchange."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    return recipe_step_seconds(fragment_sync_seconds(cluster, job, assignment, 1, codec), compute_s, pp_s, 1, 1, delay)
 
 
 def staleness_factor(sync_every: int, delay: int, mix: float, landing: str = "mix") -> float:

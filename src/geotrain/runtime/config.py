@@ -81,8 +81,8 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"data.eval_local: one pipeline stage only (a replica's weights on one rank), "
                                      f"got {self.pipeline_stages} stages")
         if self.optim.sync_delay and self.checkpoint.checkpoint_every:
-            raise RuntimeConfigError(f"optim.sync_delay {self.optim.sync_delay}: an outer sync may be in flight when "
-                                     f"a checkpoint falls, and in-flight syncs are not checkpointed; set "
+            raise RuntimeConfigError(f"optim.sync_delay {self.optim.sync_delay}: an exchange may be in flight when "
+                                     f"a checkpoint falls, and in-flight exchanges are not checkpointed; set "
                                      f"checkpoint.checkpoint_every to 0 or optim.sync_delay to 0")
         for key, specs, length in (("dp_codecs", comm.dp_codecs, stages), ("pp_codecs", comm.pp_codecs, stages - 1)):
             if specs and len(specs) != length:

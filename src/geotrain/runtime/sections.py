@@ -434,8 +434,12 @@ class OptimSection(Section):
     fragments: int = setting(1, "--sync-every: Streaming DiLoCo: cut the model into P fragments (contiguous layers, "
                                 "balanced by bytes), fragment p synced every H steps at offset p*H/P, so the WAN "
                                 "carries 1/P of the model at a time (1..H)", metavar="P")
-    sync_delay: int = setting(0, "--sync-every: Streaming DiLoCo's tau: a fragment's outer exchange travels while "
-                                 "TAU more inner steps run and lands after them (0..H-1; 0: blocking)", metavar="TAU")
+    sync_delay: int = setting(0, "steps an exchange travels while compute goes on (0: blocking). Without "
+                                 "--sync-every: every step's gradients are applied TAU steps after they were "
+                                 "computed (delayed gradients: the exchange overlaps the next TAU steps, replicas stay "
+                                 "identical; needs a --dp-codec of geotrain.codecs, flat, adamw; no checkpoints "
+                                 "before the end). With --sync-every: Streaming DiLoCo's tau, a fragment's outer "
+                                 "exchange lands TAU inner steps later (0..H-1)", metavar="TAU")
     sync_mix: float = setting(0.0, "--sync-every: Streaming DiLoCo's alpha: a landed fragment becomes ALPHA x local + "
                                    "(1 - ALPHA) x new anchor (0..1; 0 drops the overlapped steps' local progress)",
                               metavar="ALPHA")
@@ -460,7 +464,7 @@ class OptimSection(Section):
         if self.sync_mix > 1:
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
-            for key in ("fragments", "sync_delay", "sync_mix", "sync_landing", "sync_warmup"):
+            for key in ("fragments", "sync_mix", "sync_landing", "sync_warmup"):  # sync_delay: delayed gradients
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return

@@ -1,8 +1,9 @@
 """Gradient synchronisation of a stage's data-parallel group: one interface (`GradientSync`), its
-implementations (every step, 1-bit Adam, local SGD / DiLoCo) and the factory that picks one from
+implementations (every step, every step delayed, 1-bit Adam, local SGD / DiLoCo) and the factory that picks one from
 typed options. See docs/comm.md ("Gradient synchronisation")."""
 
 from geotrain.sync.base import DPExchange, GradientSync, SyncError, SyncResult
+from geotrain.sync.delayed import DelayedPerStepSync
 from geotrain.sync.exchange import DirectTransport, StageExchange, timed_collective
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY, make_gradient_sync
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
@@ -16,6 +17,7 @@ __all__ = [
     "BETAS",
     "DPExchange",
     "DPGroup",
+    "DelayedPerStepSync",
     "DirectTransport",
     "GradientSync",
     "HierarchicalGradientExchange",

@@ -5,6 +5,8 @@
                                           exchange below, every H steps); with fragments > 1 or
                                           delay > 0: StreamingOuterSync (one exchange per fragment;
                                           landing "mix" or "eager")
+    delay tau > 0 (no sync_every)      -> DelayedPerStepSync (the exchange below every step, overlapped
+                                          with the next tau steps: delayed gradients)
     otherwise                          -> PerStepSync (the exchange below, every step)
     the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions);
                   flat         -> StageExchange (the codec reducer, or a registered reducer: PowerSGD)
@@ -22,6 +24,7 @@ from geotrain.codecs import CodecSpec
 from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
 from geotrain.sync.base import CollectiveTransport, DPExchange, GradientSync, SyncError
+from geotrain.sync.delayed import DelayedPerStepSync
 from geotrain.sync.exchange import StageExchange, timed_collective
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.onebit import OneBitAdamSync
@@ -59,6 +62,9 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
         return OneBitAdamSync(params, optimizer, collective, options.clip_grad_norm, lambda: wall[0])
     exchange = _exchange(options, named_params, transport, group, rank)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    if options.sync_every is None and options.delay > 0:
+        return DelayedPerStepSync(params, exchange, adamw, options.delay, options.total_steps,  # type: ignore[arg-type]
+                                  options.clip_grad_norm, sum_squares)
     if options.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
     if options.fragments > 1 or options.delay > 0:  # (warmup only matters with a delay)

@@ -28,9 +28,12 @@ class SyncOptions:
     onebit_warmup_steps: 1-bit Adam's full-precision warm-up, in steps (onebit-adam only).
     clip_grad_norm: the global gradient norm clip (None: no clipping; not with sync_every).
     sync_every: H, the local-SGD / DiLoCo outer period in steps (None: every step's gradients).
+    delay: tau, steps an exchange travels while compute goes on: without sync_every every step's gradients
+        are applied tau steps after they were computed (geotrain.sync.delayed; 0: blocking, PerStepSync);
+        with it, Streaming DiLoCo's delay (below).
     outer_lr, outer_momentum: the outer Nesterov SGD's (sync_every only).
     hierarchical: full precision inside regions, the codec between them (geotrain.comm.hierarchical).
-    fragments, delay, mix: Streaming DiLoCo (sync_every only; geotrain.sync.streaming): P fragments
+    fragments, delay, mix: Streaming DiLoCo (sync_every; geotrain.sync.streaming): P fragments
         synced at staggered offsets, each landing `delay` steps after it starts, mixed in with `mix`.
     landing: how a late sync lands (geotrain.optim.outer.LANDINGS): "mix" (with `mix`) or "eager" (the local
         outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
@@ -87,11 +90,13 @@ class SyncOptions:
         if self.hierarchical and not reducer_traits(self.codec).hierarchical:
             raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
                             f"its own exchange", ("hierarchical", "codec"))
-        streaming = (self.fragments, self.delay, self.mix, self.landing, self.warmup)
-        if self.sync_every is None and streaming != (1, 0, 0.0, "mix", 0):
-            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, delay {self.delay!r}, mix {self.mix!r}, "
-                            f"landing {self.landing!r} and warmup {self.warmup!r} are Streaming DiLoCo's: they need "
-                            f"sync_every", ("fragments", "delay", "mix", "landing", "warmup", "sync_every"))
+        streaming = (self.fragments, self.mix, self.landing, self.warmup)
+        if self.sync_every is None and streaming != (1, 0.0, "mix", 0):
+            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, mix {self.mix!r}, landing {self.landing!r} "
+                            f"and warmup {self.warmup!r} are Streaming DiLoCo's: they need sync_every",
+                            ("fragments", "mix", "landing", "warmup", "sync_every"))
+        if self.sync_every is None:
+            self._check_delayed_gradients()
         if self.sync_every is not None:
             try:
                 check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "SyncOptions")
@@ -122,6 +127,19 @@ class SyncOptions:
         if self.landing == "eager" and self.mix != 0:
             raise SyncError(f"SyncOptions: mix {self.mix!r} is the mix landing's alpha; eager landing keeps the local "
                             f"progress itself: leave mix 0", ("landing", "mix"))
+        self._check_overlap()
+
+    def _check_delayed_gradients(self) -> None:
+        """delay without sync_every: every step's gradients applied `delay` steps later (geotrain.sync.delayed)."""
+        if isinstance(self.delay, bool) or not isinstance(self.delay, int) or not 0 <= self.delay < self.total_steps:
+            raise SyncError(f"SyncOptions.delay (steps between a gradient and its update) must be an integer in "
+                            f"0..{self.total_steps - 1} (below total_steps), got {self.delay!r}", ("delay",))
+        if self.delay > 0 and self.optimizer != "adamw":
+            raise SyncError(f"SyncOptions: delay {self.delay} (delayed gradients) steps AdamW on the landed mean; "
+                            f"{self.optimizer} does its own exchange: use delay 0", ("delay", "optimizer"))
+        self._check_overlap()
+
+    def _check_overlap(self) -> None:
         if self.delay > 0 and (self.hierarchical or not reducer_traits(self.codec).hierarchical):
             raise SyncError(f"SyncOptions: delay {self.delay} overlaps the exchange, which only a flat codec "
                             f"reducer can (codec {str(self.codec)!r}, hierarchical {self.hierarchical}); use delay 0",

@@ -32,6 +32,11 @@ class PerStepSync(GradientSync):
 
     def step(self, step: int, timer: StepTimer) -> SyncResult:
         dp_bytes = self.exchange.exchange(step, timer)
+        return SyncResult(dp_bytes, self.apply_mean(timer))
+
+    def apply_mean(self, timer: StepTimer) -> float | None:
+        """The gradients hold the group's mean: optional global clip, then `optimizer.step()`; returns
+        the norm before clipping (None without clipping)."""
         norm = None
         if self.clip is not None:
             with timer:
@@ -39,7 +44,7 @@ class PerStepSync(GradientSync):
                                        self.sum_squares)
         with timer:
             self.optimizer.step()
-        return SyncResult(dp_bytes, norm)
+        return norm
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict()}

@@ -24,7 +24,7 @@ def test_sync_options_carry_each_stages_codec_and_the_streaming_settings():
 
 
 def test_an_overlapped_sync_with_checkpoints_is_refused_in_one_line(tmp_path):
-    with pytest.raises(RuntimeConfigError, match=r"^optim.sync_delay 1: an outer sync may be in flight"):
+    with pytest.raises(RuntimeConfigError, match=r"^optim.sync_delay 1: an exchange may be in flight"):
         _config(sync_every=4, fragments=2, sync_delay=1, checkpoint_dir=str(tmp_path), checkpoint_every=2)
     _config(sync_every=4, fragments=2, sync_delay=0, checkpoint_dir=str(tmp_path), checkpoint_every=2)
 

@@ -60,7 +60,8 @@ def elastic_refusal(config: Any) -> str | None:
         (comm.dp_hierarchical, "comm.dp_hierarchical: not supported in elastic runs"),
         (optim.optimizer != "adamw", f"optim.optimizer {optim.optimizer!r}: elastic runs step AdamW"),
         ((optim.fragments, optim.sync_delay) != (1, 0),
-         f"optim.fragments {optim.fragments} / sync_delay {optim.sync_delay}: elastic runs do blocking DiLoCo only"),
+         f"optim.fragments {optim.fragments} / sync_delay {optim.sync_delay}: elastic runs synchronise blocking "
+         f"(every step, or blocking DiLoCo) only"),
         (config.checkpoint.checkpoint_dir is not None,
          "checkpoint.checkpoint_dir: elastic runs recover from a live peer and write no checkpoints; drop "
          "--checkpoint-dir"),
