@@ -28,7 +28,6 @@ same group between them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,25 +39,10 @@ from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
-from geotrain.sync.base import DPExchange, SyncError
+from geotrain.sync.base import ComputeTimer, DPExchange, SyncError
 from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.streaming import StreamingOuterSync
-
-
-class _ComputeSeconds:
-    """StepTimer of the outer sync's compute on the training thread (codec work, outer steps)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._started = 0.0
-
-    def __enter__(self) -> _ComputeSeconds:
-        self._started = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.seconds += time.perf_counter() - self._started
 
 
 class DiLoCo:
@@ -96,7 +80,7 @@ class DiLoCo:
         self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                        mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
                                        warmup=warmup)
-        self.timer = _ComputeSeconds()
+        self.timer = ComputeTimer()
         self.inner_steps = 0
         self.bytes_sent = 0
         """Bytes this rank handed to the outer exchanges' collectives (the codec's payloads)."""

@@ -7,16 +7,14 @@ tensors, requires_grad=True for activations), so no shape inference runs over th
 moves whatever tensors the stages output: the activation "codec" is the dtype a stage casts its
 output to (fp32, fp16 or bf16), and the bytes on the wire are exactly those of that dtype.
 
-`ComputeTimer` accumulates the compute seconds of forward and backward chunks (`TimedStage` times
+`ComputeTimer` (geotrain.sync.base) accumulates the compute seconds of forward and backward chunks (`TimedStage` times
 torch's forward_one_chunk / backward_one_chunk, which contain no communication), codecs and the
 optimizer. `pipeline_forward` runs inputs through the pipeline without gradients (evaluation).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,26 +23,8 @@ from torch.distributed.pipelining import PipelineStage
 
 from geotrain.runtime.pipeline_schedules import PIPELINE_SCHEDULES
 from geotrain.runtime.stages import StageShapes
+from geotrain.sync.base import ComputeTimer
 
-
-
-@dataclass
-class ComputeTimer:
-    """Accumulates wall seconds spent computing (forward, backward, codecs, optimizer), times `scale`
-    (the emulated device's slowness against this machine, RuntimeConfig.compute_scale; 1: as measured)."""
-
-    seconds: float = 0.0
-    scale: float = 1.0
-    _started: float | None = field(default=None, repr=False)
-
-    def __enter__(self) -> ComputeTimer:
-        self._started = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._started is not None
-        self.seconds += self.scale * (time.perf_counter() - self._started)
-        self._started = None
 
 
 class TimedStage(PipelineStage):

@@ -32,11 +32,12 @@ from geotrain.models import MODEL_PRESETS
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
-from geotrain.runtime.pipeline import ComputeTimer, Pipeline, owner_of, pipeline_forward, virtual_stages_of
+from geotrain.runtime.pipeline import Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
+from geotrain.sync.base import ComputeTimer
 
 EXIT_WORKER_ERROR = 1
 

@@ -16,8 +16,10 @@ path. `timer` measures the compute inside the step (codec work, optimizer) with 
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
@@ -44,6 +46,25 @@ class StepTimer(Protocol):
     def __enter__(self) -> Any: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+@dataclass
+class ComputeTimer:
+    """Accumulates wall seconds spent computing (forward, backward, codecs, optimizer), times `scale`
+    (the emulated device's slowness against this machine, RuntimeConfig.compute_scale; 1: as measured)."""
+
+    seconds: float = 0.0
+    scale: float = 1.0
+    _started: float | None = field(default=None, repr=False)
+
+    def __enter__(self) -> ComputeTimer:
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._started is not None
+        self.seconds += self.scale * (time.perf_counter() - self._started)
+        self._started = None
 
 
 class CollectiveTransport(Protocol):

@@ -12,7 +12,7 @@ from geotrain.emulate.clock import RankClock
 from geotrain.emulate.network import EmulationError
 from geotrain.runtime import RuntimeConfig
 from geotrain.runtime.config import RuntimeConfigError
-from geotrain.runtime.pipeline import ComputeTimer
+from geotrain.sync.base import ComputeTimer
 from paths import ROOT
 
 MIXED = ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"  # A100, V100, T4 x2

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from geotrain.sync.base import ComputeTimer
 from geotrain.comm import run_workers
 from geotrain.optim.outer import OuterStep
 from geotrain.sync import OuterSync, StageExchange, SyncError, SyncOptions
@@ -55,7 +56,7 @@ def _model() -> torch.nn.Module:
 
 def _train(sync, model: torch.nn.Module, rank: int, steps: int) -> list[int]:
     data = torch.Generator().manual_seed(100 + rank)
-    timer = _Timer()
+    timer = ComputeTimer()
     sent = []
     for step in range(steps):
         x = torch.randn(8, 6, generator=data)
@@ -64,15 +65,6 @@ def _train(sync, model: torch.nn.Module, rank: int, steps: int) -> list[int]:
         sent.append(sync.step(step, timer).dp_bytes)
     return sent
 
-
-class _Timer:
-    seconds = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 def _streaming(model, codec, sync_every, fragments, delay, mix, steps, group=None):

@@ -13,21 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from geotrain.sync.base import ComputeTimer
 from geotrain.runtime.sections import OptimSection
 from geotrain.sync import (BETAS, WEIGHT_DECAY, DelayedPerStepSync, DPGroup, PerStepSync, SyncError, SyncOptions,
                            SyncResult, make_gradient_sync)
 
 REPLICAS = 2
 
-
-class Timer:
-    seconds = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 class Board:
@@ -117,7 +109,7 @@ def _train(params, syncs, steps: int, first: int = 0) -> tuple[list[list[torch.T
         try:
             for step in range(first, steps):
                 params[r].grad = _gradient(step, r, params[r])
-                results[r].append(syncs[r].step(step, Timer()))
+                results[r].append(syncs[r].step(step, ComputeTimer()))
                 after[step][r] = params[r].detach().clone()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
@@ -205,7 +197,7 @@ def test_flush_lands_everything_in_flight_without_a_total_step_count():
     params, syncs, _ = _replicas(2, total_steps=None)
     _train(params, syncs, 3)
     assert syncs[0].in_flight == 2
-    assert [sync.flush(2, Timer()).dp_bytes for sync in syncs] == [16, 16]
+    assert [sync.flush(2, ComputeTimer()).dp_bytes for sync in syncs] == [16, 16]
     assert syncs[0].in_flight == 0 and torch.equal(params[0], params[1])
 
 
@@ -260,7 +252,7 @@ def test_the_factory_runs_adamw_on_the_previous_steps_gradient_through_the_real_
         model.zero_grad(set_to_none=True)
         model(torch.randn(5, 8)).square().mean().backward()
         pending.append([p.grad.clone() for p in model.parameters()])
-        sync.step(step, Timer())
+        sync.step(step, ComputeTimer())
         while pending and (len(pending) > 1 or step == steps - 1):  # the reference: one step late, all at the end
             for p, g in zip(reference.parameters(), pending.pop(0), strict=True):
                 p.grad = g

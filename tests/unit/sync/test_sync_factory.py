@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from geotrain.sync.base import ComputeTimer
 from geotrain.codecs import CodecSpec
 from geotrain.comm import CodecReducer, PowerSGDReducer
 from geotrain.comm.hierarchical import HierarchicalGroups
@@ -27,15 +28,6 @@ class RecordingTransport:
         self.nbytes.append(nbytes if isinstance(nbytes, int) else nbytes())
         return result
 
-
-class Timer:
-    seconds = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +127,7 @@ def test_per_step_sync_of_one_replica_is_adamw_and_every_byte_goes_through_the_t
         _backward(reference, step)
         for p in reference.parameters():  # what the fp16 wire does to a gradient
             p.grad = p.grad.half().float()
-        dp_bytes, norm = sync.step(step, Timer())
+        dp_bytes, norm = sync.step(step, ComputeTimer())
         optimizer.step()
         total += dp_bytes
         assert norm is None
@@ -152,10 +144,10 @@ def test_outer_sync_exchanges_only_when_a_period_ends_and_lr1_momentum0_moves_th
                               list(model.named_parameters()), transport, _group(False))
     start = sync.fingerprint()
     _backward(model, 0)
-    assert sync.step(0, Timer()).dp_bytes == 0 and sync.fingerprint() == start and transport.nbytes == []
+    assert sync.step(0, ComputeTimer()).dp_bytes == 0 and sync.fingerprint() == start and transport.nbytes == []
     _backward(model, 1)
     numel = sum(p.numel() for p in model.parameters())
-    assert sync.step(1, Timer()).dp_bytes == 4 * numel == sum(transport.nbytes)
+    assert sync.step(1, ComputeTimer()).dp_bytes == 4 * numel == sum(transport.nbytes)
     assert sync.fingerprint() == pytest.approx(float(sum(p.detach().double().sum() for p in model.parameters())))
     assert sync.fingerprint() != start
     assert set(sync.state_dict()) == {"optimizer", "exchange", "outer"}
@@ -170,7 +162,7 @@ def test_a_per_step_checkpoint_is_refused_by_an_outer_sync_and_an_outer_one_resu
         outer.load_state_dict(per_step.state_dict())
     for step in range(2):
         _backward(model, step)
-        outer.step(step, Timer())
+        outer.step(step, ComputeTimer())
     resumed = make_gradient_sync(_options(sync_every=2), list(_model().named_parameters()), RecordingTransport(),
                                  _group(False))
     resumed.load_state_dict(outer.state_dict())
@@ -186,7 +178,7 @@ def test_onebit_adam_sync_reports_the_clipped_norm_only_in_its_warm_up(world_of_
     norms = []
     for step in range(3):
         _backward(model, step)
-        result = sync.step(step, Timer())
+        result = sync.step(step, ComputeTimer())
         norms.append(result.grad_norm)
         assert result.dp_bytes > 0
     assert norms[0] is not None and norms[0] > 1e-3 and norms[1:] == [None, None]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from geotrain.sync.base import ComputeTimer
 from geotrain.sync import SyncError, SyncOptions
 from geotrain.sync.streaming import StreamingOuterSync
 
@@ -46,15 +47,6 @@ class LoopbackExchange:
         return None
 
 
-class Timer:
-    seconds = 0.0
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
 
 def _run(delay: int, landing: str, steps: int, outer_lr: float = 1.0, outer_momentum: float = 0.0,
          sync_every: int = 3, warmup: int = 0) -> tuple[torch.nn.Parameter, StreamingOuterSync, list[torch.Tensor]]:
@@ -68,7 +60,7 @@ def _run(delay: int, landing: str, steps: int, outer_lr: float = 1.0, outer_mome
     for step in range(steps):
         param.grad = torch.full((4,), float(step + 1))
         inner.step()
-        sync.after_inner_step(step, Timer())
+        sync.after_inner_step(step, ComputeTimer())
         after.append(param.detach().clone())
     return param, sync, after
 

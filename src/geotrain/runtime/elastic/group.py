@@ -67,7 +67,7 @@ from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, g
 from geotrain.runtime.dp_step import world_sum_over_replicas
 from geotrain.runtime.elastic.stage import GroupStageModel, pipeline_group
 from geotrain.runtime.elastic.summary import params_path, summary_path
-from geotrain.runtime.pipeline import ComputeTimer
+from geotrain.sync.base import ComputeTimer
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.elastic import EXCHANGE_RETRIES, ManagerExchange, QuorumLost, StepSuperseded, make_elastic_sync
 

@@ -25,8 +25,9 @@ import torch
 
 from geotrain.models import MODEL_PRESETS, all_reduce_tied_gradients, lm_loss, stage_ties, validation_starts
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.pipeline import ComputeTimer, Pipeline, pipeline_forward
+from geotrain.runtime.pipeline import Pipeline, pipeline_forward
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
+from geotrain.sync.base import ComputeTimer
 
 PIPELINE_PREFIX = "geotrain-pipeline/"
 """Prefix of the pipeline group's rendezvous keys in the replica group's own TCPStore."""
