@@ -32,6 +32,7 @@ from typing import Any, Callable
 from geotrain.errors import GeotrainError
 from geotrain.procs import Supervisor, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.launcher import check_before_launch
 from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
@@ -123,7 +124,8 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
         from geotrain.data import world_tokens
 
         tokens = world_tokens(config.data.data_seed)
-    with hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
+    # the checkpoint directory is held (locked) for the run's life, checked as a non-elastic run's
+    with check_before_launch(config), hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
         store = hosts.store(timedelta(seconds=30))
         lighthouse = rel.lighthouse and f"http://{rel.lighthouse}"
         specs = [hosts.target(context, g, group_main,
