@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 from geotrain.cluster import load_cluster
@@ -58,7 +59,7 @@ def test_the_writer_writes_one_copy_that_the_non_elastic_resume_reads_as_one_rep
     module, sync = _stage(config)
     module(torch.ones(2, 4)).sum().backward()
     sync.optimizer.step()  # AdamW moments to carry
-    save_group_checkpoint(config, 1, 0, 4, module, sync, (0, 2), None)
+    save_group_checkpoint(config, 1, 0, 4, module, sync, (0, 2))
 
     assert ckpt.latest_step(tmp_path) == 4
     manifest = ckpt.read_manifest(tmp_path, 4)
@@ -70,6 +71,14 @@ def test_the_writer_writes_one_copy_that_the_non_elastic_resume_reads_as_one_rep
     resumed = RuntimeConfig.of(CLUSTER, [[0, 1]], steps=10, batch_size=2, microbatches=1, checkpoint_dir=str(tmp_path), resume=True)
     replan.check_resume_identity(manifest, resumed.identity(), "test")
     assert replan.source_slot(manifest, 0, 1) == {"rank": 0, "stage": 0, "replica": 0}
+    for other, words in (({"seed": 1}, "different run: seed is 0 there, 1 now"),
+                         ({"batch_size": 1}, "global batch is 4 sequences .* pass --batch-size 2$")):
+        settings = {"steps": 10, "batch_size": 2, "microbatches": 1, **other}
+        with pytest.raises(ckpt.CheckpointError, match=words):
+            replan.check_resume_identity(manifest, RuntimeConfig.of(CLUSTER, [[0, 1]], **settings).identity(), "t")
+    with pytest.raises(ckpt.CheckpointError, match="the checkpoint has S = 1 pipeline stages, this plan S = 2"):
+        replan.check_resume_identity(manifest, RuntimeConfig.of(CLUSTER, [[0], [1]], steps=10, batch_size=4,
+                                                                microbatches=1).identity(), "t")
     shard = ckpt.load_shard(tmp_path, 4, 0, manifest, replan.source_slot(manifest, 0, 1))
     assert shard["assignment"] == [[3]] and shard["boundaries"] == [0, 2] and shard["completed"] == 4
     assert shard["records"] == [] and set(shard["stage"]) == {f"0.{k}" for k in module.state_dict()}

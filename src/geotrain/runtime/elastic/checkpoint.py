@@ -24,7 +24,7 @@ records are not carried (another format): the resumed run's report covers its ow
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -54,10 +54,10 @@ def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool) -> bool:
 
 
 def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, completed: int, module: torch.nn.Module,
-                          sync: Any, boundaries: Sequence[int], barrier: Callable[[], None] | None) -> None:
+                          sync: Any, boundaries: Sequence[int]) -> None:
     """Stage `stage` of writer group `group`: its shard of the checkpoint after `completed` steps; stage 0
-    then (after `barrier`, which every stage of the group passes once its shard is written; None: S = 1)
-    the manifest and `latest`."""
+    then the manifest and `latest` (S > 1: once every stage of the group has written its shard, a
+    barrier on the group's pipeline group, the process's default group)."""
     directory = config.checkpoint.checkpoint_dir
     assert directory is not None
     identity = checkpoint_identity(config)
@@ -69,8 +69,10 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, complet
     state = ckpt.shard_state(slot, devices, torch.nn.ModuleList([module]).state_dict(), boundaries, dp,
                              completed, [])
     ckpt.save_shard(directory, completed, stage, state, identity)
-    if barrier is not None:
-        barrier()
+    if config.stages > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
     if stage == 0:
         written_by = {"elastic_groups": config.replicas, "group": group,
                       "group_batch_size": config.schedule.batch_size}

@@ -337,21 +337,13 @@ class ElasticGroup:
             self.state.step = step + 1
             if checkpoint_due(self.config, step + 1, record["synced"]) and \
                     writes_checkpoint(self.manager.participating_rank()):
-                self.save_checkpoint(step + 1)
+                save_group_checkpoint(self.config, self.group, self.stage, step + 1, self.module, self.sync,
+                                      self.model.boundaries)
             if self.stage != 0:
                 continue  # stage 0 reports the group's progress and commits (the stages commit together)
             self.store.set(f"step/{self.group}", str(step + 1))
             if record["synced"]:
                 self.store.set(f"commit/{step}", json.dumps([record["contributors"], time.time()]))
-
-    def save_checkpoint(self, completed: int) -> None:
-        """This stage's shard of the run's checkpoint after `completed` steps (this group is the writer:
-        runtime/elastic/checkpoint.py); S > 1: the group's stages meet on their pipeline group before
-        stage 0 writes the manifest."""
-        import torch.distributed as dist
-
-        save_group_checkpoint(self.config, self.group, self.stage, completed, self.module, self.sync,
-                              self.model.boundaries, dist.barrier if self.config.stages > 1 else None)
 
     def evaluate(self) -> float | None:
         """Mean validation loss (nats) over at most eval_windows held-out windows (on the last stage, else None)."""

@@ -108,10 +108,17 @@ class _Watch:
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
                    poll_s: float = 0.05) -> ElasticSummary:
     """Run `config` (elastic) to the end on this machine (in a netlab with --netlab); ElasticRunError (one
-    line) when it cannot."""
+    line) when it cannot. A checkpoint directory is checked first, as a non-elastic run's (a resumed
+    checkpoint complete, of this run and intact), and held (locked) for the run's life."""
+    require_torchft()
+    with check_before_launch(config):
+        return _launch_checked(config, progress, tokens, poll_s)
+
+
+def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, tokens: Any,
+                    poll_s: float) -> ElasticSummary:
     from geotrain.comm.launch import FORKSERVER_PRELOAD
 
-    require_torchft()
     started = time.perf_counter()
     rel, groups = config.reliability, config.replicas
     if rel.lighthouse is not None:
@@ -124,8 +131,7 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
         from geotrain.data import world_tokens
 
         tokens = world_tokens(config.data.data_seed)
-    # the checkpoint directory is held (locked) for the run's life, checked as a non-elastic run's
-    with check_before_launch(config), hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
+    with hosts, tempfile.TemporaryDirectory(prefix="geotrain-elastic-") as tmp:
         store = hosts.store(timedelta(seconds=30))
         lighthouse = rel.lighthouse and f"http://{rel.lighthouse}"
         specs = [hosts.target(context, g, group_main,
