@@ -19,7 +19,8 @@ Per step t (blocking DiLoCo: per outer period):
              through the group's pipeline (runtime/elastic/stage.py);
     sync     the gradient (or outer gradient) mean over the quorum's contributing groups
              (geotrain.sync.elastic.ManagerExchange: all-reduce, should_commit, retried on a new
-             quorum when a peer died); then the optimizer (and outer) step.
+             quorum when a peer died); then the optimizer (and outer) step;
+    save     with --checkpoint-dir, when due: the quorum's rank-0 group (runtime/elastic/checkpoint.py).
 A group's first quorum is at start-up. The state a peer hands over is cloned when the quorum is
 computed, so the sender's next optimizer step cannot change it in flight, and carries the run's
 identity: a group built from another model, data or plan is refused by name.
