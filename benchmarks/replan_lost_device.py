@@ -11,6 +11,16 @@ batch doubled). An uninterrupted run of the first plan is the loss reference, an
 another S is shown refused. Per phase: the planner's predicted communication (yuan, seconds per
 step), the runtime's predicted iteration (cost model "schedule" with the measured compute) and the
 measured iteration. Results: docs/fault_tolerance.md ("Re-planning").
+
+    PYTHONPATH=src python benchmarks/replan_lost_device.py --elastic [--steps 20] [--json OUT.json]
+
+The same for an elastic run (`train --elastic`, S = 1: one replica group per site, R = 4, per-group
+batch 3, links emulated): it writes a checkpoint at half (one writer group); `tokyo-0` is lost for
+good after that; `plan --exclude-devices` re-plans 1 x 3; the elastic checkpoint is resumed on the
+re-plan by `train --resume` (per-replica batch 4: the global batch 12 kept) and by `train --elastic
+--resume`. The elastic run (all steps) is the loss reference; a non-elastic run of the 1 x 4 plan gives
+the runtime's prediction for the layout before the loss. Results: docs/fault_tolerance.md ("An elastic
+run that lost a device for good").
 """
 
 from __future__ import annotations
@@ -47,12 +57,71 @@ def phase(name: str, plan: dict[str, Any], run: dict[str, Any]) -> dict[str, Any
             "measured_iteration_s": summary["iteration_s"], "losses": run["losses"]}
 
 
+def elastic_phase(name: str, plan: dict[str, Any], run: dict[str, Any], first: int, end: int) -> dict[str, Any]:
+    """Steps `first`..`end`-1 of a run by `train --elastic`: its s/step are group 0's (wall, and emulated by
+    its clock); an elastic run has no runtime prediction of its own (the planner's comm is shown)."""
+    records = [r for r in run["group_records"]["0"] if first <= r["step"] < end]
+    emulated = [r["emulated_s"] for r in records]
+    return {"phase": name, "assignment": plan["assignment"], "steps": [records[0]["step"], records[-1]["step"]],
+            "plan_predicted_comm_s": plan["cost"]["total"],
+            "measured_emulated_s": (emulated[-1] - emulated[0]) / (len(records) - 1),
+            "measured_iteration_s": sum(r["wall_s"] for r in records[1:]) / (len(records) - 1),
+            "losses": run["losses"][first:end]}
+
+
+def elastic_main(args: argparse.Namespace, work: Path, job_for: Any) -> dict[str, Any]:
+    """The --elastic workflow of the module doc; its rows."""
+    half, batch = args.steps // 2, 3
+    job = work / "tiny-job.json"
+    job.write_text(json.dumps(asdict(job_for(4 * batch))))
+    common = ["--cluster", CLUSTER, "--steps", str(args.steps), "--time-scale", "1", "--microbatches", "1", "--json"]
+    plans = {}
+    for name, replicas, extra in (("old", 4, []), ("new", 3, ["--exclude-devices", "tokyo-0"])):
+        geotrain("plan", "--cluster", CLUSTER, "--job", str(job), "--stages", "1", "--replicas", str(replicas),
+                 "--out", str(work / f"{name}.json"), *extra)
+        plans[name] = json.loads((work / f"{name}.json").read_text())
+    ckpt = ["--checkpoint-dir", str(work / "ckpt")]
+    old, new = ["--plan", str(work / "old.json")], ["--plan", str(work / "new.json"), "--batch-size", str(4 * batch // 3)]
+    elastic = json.loads(geotrain("train", *common, *old, "--batch-size", str(batch), "--elastic", *ckpt,
+                                  "--checkpoint-every", str(half)).stdout)
+    manifest = json.loads((work / "ckpt" / f"step-{half:06d}" / "manifest.json").read_text())
+    reference = json.loads(geotrain("train", *common, *old, "--batch-size", str(batch)).stdout)
+    (work / "ckpt" / "latest").write_text(f"step-{half:06d}\n")  # tokyo-0 is lost after step `half`
+    after = json.loads(geotrain("train", *common, *new, *ckpt, "--resume").stdout)
+    (work / "ckpt" / "latest").write_text(f"step-{half:06d}\n")
+    elastic_after = json.loads(geotrain("train", *common, *new, *ckpt, "--resume", "--elastic").stdout)
+    rows = [elastic_phase("before: elastic 1 x 4", plans["old"], elastic, 0, half),
+            phase("runtime on the 1 x 4 plan (prediction before)", plans["old"], reference),
+            phase("after re-plan: train --resume 1 x 3", plans["new"], after),
+            elastic_phase("after re-plan: train --elastic --resume 1 x 3", plans["new"], elastic_after, half,
+                          args.steps)]
+    reference_losses = elastic["losses"][half:]
+    return {"rows": rows, "excluded": plans["new"]["membership"], "written_by": manifest["written_by"],
+            "max_abs_loss_diff_resume_vs_elastic": max(abs(a - b) for a, b in zip(after["losses"], reference_losses)),
+            "max_abs_loss_diff_elastic_resume_vs_elastic":
+                max(abs(a - b) for a, b in zip(elastic_after["losses"][half:], reference_losses))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20, help="steps of the run; the device is lost at half")
+    parser.add_argument("--elastic", action="store_true", help="the workflow for an elastic run (module doc)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
     from geotrain.bench.wan import model_job
+
+    if args.elastic:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = elastic_main(args, Path(tmp), model_job)
+        for row in result["rows"]:
+            extra = (f"predicted {row['predicted_iteration_s']:.3f}" if "predicted_iteration_s" in row
+                     else f"emulated {row['measured_emulated_s']:.3f}")
+            print(f"{row['phase']}: {row['assignment']} steps {row['steps']}: planned comm "
+                  f"{row['plan_predicted_comm_s']:.3f}, {extra}, measured {row['measured_iteration_s']:.3f} s/step")
+        print({k: v for k, v in result.items() if k != "rows"})
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        return
 
     half = args.steps // 2
     with tempfile.TemporaryDirectory() as tmp:

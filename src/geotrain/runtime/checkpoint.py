@@ -112,8 +112,21 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_manifest(root: str | Path, step: int, identity: dict[str, Any], world_size: int) -> Path:
-    """Rank 0, after every shard of `step` is written: the manifest (sizes, sha256), then `latest`."""
+def shard_state(slot: dict[str, int], assignment: list[list[int]], stage: dict[str, Any], boundaries: Any,
+                dp: dict[str, Any], completed: int, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What one shard holds (the non-elastic workers' and an elastic writer group's alike): its slot
+    header, the plan's `assignment` (device per slot), the stage's weights (the state dict of the
+    ModuleList of its stage modules), the stage cut, the gradient sync's state (optimizer, residuals,
+    outer anchor), this process's RNG states, the completed step count and the per-step records."""
+    return {"slot": slot, "assignment": assignment, "stage": stage, "boundaries": [int(b) for b in boundaries],
+            "dp": dp, "rng": capture_rng(), "completed": completed, "records": records}
+
+
+def write_manifest(root: str | Path, step: int, identity: dict[str, Any], world_size: int,
+                   written_by: dict[str, Any] | None = None) -> Path:
+    """Rank 0, after every shard of `step` is written: the manifest (sizes, sha256), then `latest`.
+    `written_by`: how the shards came to be, when not one per rank of the run (an elastic run's writer
+    group: runtime/elastic/checkpoint.py); recorded, not checked."""
     directory = step_dir(root, step)
     shards = []
     for rank in range(world_size):
@@ -124,7 +137,8 @@ def write_manifest(root: str | Path, step: int, identity: dict[str, Any], world_
             raise CheckpointError(f"{path}: shard missing, cannot complete checkpoint of step {step} "
                                   f"({exc.strerror or exc})") from None
         shards.append({"rank": rank, "file": path.name, "bytes": len(data), "sha256": _sha256(data)})
-    manifest = {"format": FORMAT, "step": step, "world_size": world_size, "identity": identity, "shards": shards}
+    manifest = {"format": FORMAT, "step": step, "world_size": world_size, "identity": identity, "shards": shards,
+                **({"written_by": written_by} if written_by is not None else {})}
     text = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
     _atomic_write(directory / MANIFEST, text)
     _atomic_write(Path(root) / LATEST, directory.name.encode() + b"\n")

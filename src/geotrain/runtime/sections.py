@@ -303,6 +303,12 @@ class CheckpointSection(Section):
             raise RuntimeConfigError("checkpoint.resume and checkpoint.overwrite: resume and overwrite exclude "
                                      "each other")
 
+    def due(self, completed: int, end: int) -> bool:
+        """Whether a checkpoint is written after `completed` steps of a run (or launch) ending at `end`:
+        every checkpoint_every steps and at the end, when there is a checkpoint directory."""
+        every = self.checkpoint_every and completed % self.checkpoint_every == 0
+        return self.checkpoint_dir is not None and bool(every or completed == end)
+
 
 @dataclass(frozen=True)
 class ReliabilitySection(Section):

@@ -227,10 +227,8 @@ class Worker:
 
     def save(self, completed: int) -> None:
         cfg = self.config
-        state = {"slot": self.slot_header(), "assignment": cfg.assignment.tolist(), "stage": self.stage.state_dict(),
-                 "boundaries": list(self.boundaries),
-                 "dp": self.dp.state_dict(),
-                 "rng": ckpt.capture_rng(), "completed": completed, "records": self.records}
+        state = ckpt.shard_state(self.slot_header(), cfg.assignment.tolist(), self.stage.state_dict(), self.boundaries,
+                                 self.dp.state_dict(), completed, self.records)
         ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())
         dist.barrier()
         if self.rank == 0:
@@ -290,8 +288,7 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         watchdog.publish_step(step + 1)
-        due = checkpoint.checkpoint_every and (step + 1) % checkpoint.checkpoint_every == 0
-        if checkpoint.checkpoint_dir and (due or step + 1 == end):
+        if checkpoint.due(step + 1, end):
             worker.save(step + 1)
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)

@@ -119,6 +119,14 @@ class StageExchange:
                                     extra={} if gather_links is None else {"gather_links": gather_links})
         self.reducer = get_reducer(CodecSpec.parse(spec), context)
 
+    @staticmethod
+    def fresh_state(named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: CodecSpec | str,
+                    error_feedback: bool) -> dict[str, Any]:
+        """`state_dict()` of a new exchange of `named_params` (no residuals yet): what a checkpoint written
+        by an exchange that keeps no state of its own (an elastic run's) holds for a resumed StageExchange."""
+        context = ReducerContext.of([(name, p.shape) for name, p in named_params], 1, error_feedback=error_feedback)
+        return {"reducer": get_reducer(CodecSpec.parse(spec), context).state_dict()}
+
     def exchange(self, step: int, timer: StepTimer) -> int:
         """Replace every gradient by the group mean (as the reducer delivers it); returns the bytes this
         rank handed to the collectives. The reducer's own work (encoding, decoding, PowerSGD's products)

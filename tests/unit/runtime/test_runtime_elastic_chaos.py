@@ -82,7 +82,7 @@ def test_elastic_settings_need_elastic_and_unsupported_runs_are_refused_in_one_l
         ({"min_replicas": 3}, "min_replicas 3 is more than the plan's 2 replica groups"),
         ({"dp_codec": "fp16"}, "use --dp-codec none"),
         ({"chaos": "kill-site:every=5s,site=2"}, "site must be a replica group in 0..1"),
-        ({"checkpoint_dir": "ckpt"}, "drop --checkpoint-dir"),
+        ({"checkpoint_dir": "ckpt", "checkpoint_every": 3, "sync_every": 2}, "checkpoint_every 3: .* use a multiple of 2"),
     ]
     for settings_, words in cases:
         with pytest.raises(RuntimeConfigError, match=words):

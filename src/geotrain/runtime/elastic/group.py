@@ -19,7 +19,8 @@ Per step t (blocking DiLoCo: per outer period):
              through the group's pipeline (runtime/elastic/stage.py);
     sync     the gradient (or outer gradient) mean over the quorum's contributing groups
              (geotrain.sync.elastic.ManagerExchange: all-reduce, should_commit, retried on a new
-             quorum when a peer died); then the optimizer (and outer) step.
+             quorum when a peer died); then the optimizer (and outer) step;
+    save     with --checkpoint-dir, when due: the quorum's rank-0 group (runtime/elastic/checkpoint.py).
 A group's first quorum is at start-up. The state a peer hands over is cloned when the quorum is
 computed, so the sender's next optimizer step cannot change it in flight, and carries the run's
 identity: a group built from another model, data or plan is refused by name.
@@ -62,6 +63,8 @@ from geotrain.models import lr_at
 from geotrain.procs import set_process_name
 from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_checkpoint, restore_group_state,
+                                                 save_group_checkpoint, writes_checkpoint)
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, group_links
 from geotrain.runtime.dp_step import world_sum_over_replicas
@@ -158,6 +161,10 @@ class ElasticGroup:
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
         self.sync = make_elastic_sync(config.sync_options(stage), self.params, self.exchange,
                                       world_sum_over_replicas(1) if config.stages > 1 else None)
+        if config.checkpoint.resume:  # every group starts at the checkpoint's step; a restarted one heals past it
+            assert config.checkpoint.checkpoint_dir is not None
+            self.state.step = restore_group_state(load_group_checkpoint(config, stage), self.module, self.sync,
+                                                  config.checkpoint.checkpoint_dir)
 
     def _group_store(self) -> Any:
         """The group's own TCPStore: stage 0 hosts a new one and posts its port under this start of the
@@ -329,6 +336,10 @@ class ElasticGroup:
             record["wall_s"], last = time.perf_counter() - last, time.perf_counter()  # quorums and retries included
             self.state.records.append(record)
             self.state.step = step + 1
+            if checkpoint_due(self.config, step + 1, record["synced"]) and \
+                    writes_checkpoint(self.manager.participating_rank()):
+                save_group_checkpoint(self.config, self.group, self.stage, step + 1, self.module, self.sync,
+                                      self.model.boundaries)
             if self.stage != 0:
                 continue  # stage 0 reports the group's progress and commits (the stages commit together)
             self.store.set(f"step/{self.group}", str(step + 1))

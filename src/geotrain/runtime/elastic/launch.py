@@ -32,6 +32,7 @@ from typing import Any, Callable
 from geotrain.errors import GeotrainError
 from geotrain.procs import Supervisor, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.launcher import check_before_launch
 from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
@@ -107,10 +108,17 @@ class _Watch:
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
                    poll_s: float = 0.05) -> ElasticSummary:
     """Run `config` (elastic) to the end on this machine (in a netlab with --netlab); ElasticRunError (one
-    line) when it cannot."""
+    line) when it cannot. A checkpoint directory is checked first, as a non-elastic run's (a resumed
+    checkpoint complete, of this run and intact), and held (locked) for the run's life."""
+    require_torchft()
+    with check_before_launch(config):
+        return _launch_checked(config, progress, tokens, poll_s)
+
+
+def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, tokens: Any,
+                    poll_s: float) -> ElasticSummary:
     from geotrain.comm.launch import FORKSERVER_PRELOAD
 
-    require_torchft()
     started = time.perf_counter()
     rel, groups = config.reliability, config.replicas
     if rel.lighthouse is not None:

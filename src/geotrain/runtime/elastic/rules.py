@@ -6,9 +6,15 @@ stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partiti
 replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulating backend with
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every) or blocking DiLoCo (--sync-every H, one fragment, no
-delay); uncompressed (--dp-codec none), flat (no --dp-hierarchical), AdamW; no checkpoint directory
-(a restarted group recovers from a live peer, not from disk). With --netlab: --time-scale 0 (the lab shapes
-the links) and no --lighthouse (the launcher starts one inside the lab).
+delay); uncompressed (--dp-codec none), flat (no --dp-hierarchical), AdamW. With --netlab: --time-scale 0
+(the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+
+Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
+peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
+resumed by `train --resume`, elastic or not). After a committed step that is due, the group with rank 0
+in that step's torchft quorum writes one copy of the state in the non-elastic format (one shard per
+stage); with --sync-every only at outer-round ends, so --checkpoint-every must be a multiple of H.
+`--elastic --resume` starts every group at the checkpoint's step.
 """
 
 from __future__ import annotations
@@ -62,9 +68,9 @@ def elastic_refusal(config: Any) -> str | None:
         ((optim.fragments, optim.sync_delay) != (1, 0),
          f"optim.fragments {optim.fragments} / sync_delay {optim.sync_delay}: elastic runs synchronise blocking "
          f"(every step, or blocking DiLoCo) only"),
-        (config.checkpoint.checkpoint_dir is not None,
-         "checkpoint.checkpoint_dir: elastic runs recover from a live peer and write no checkpoints; drop "
-         "--checkpoint-dir"),
+        (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0,
+         f"checkpoint.checkpoint_every {config.checkpoint.checkpoint_every}: elastic runs with --sync-every "
+         f"{optim.sync_every} checkpoint at outer-round ends only; use a multiple of {optim.sync_every}"),
         (config.run.stop_after is not None, "run.stop_after: not supported in elastic runs"),
         (config.reliability.netlab and config.emulation.time_scale > 0,
          f"reliability.netlab: the lab shapes the links itself; emulation.time_scale {config.emulation.time_scale!r} "

@@ -50,7 +50,8 @@ class GroupStageModel:
         self.stage, self.stages, self.timer = stage, config.stages, timer
         model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, vocab_size, seq_len)
         if self.stages == 1:
-            self.modules = stage_modules(model, (0, model.n_layers), [0])
+            self.boundaries: tuple[int, ...] = (0, model.n_layers)
+            self.modules = stage_modules(model, self.boundaries, [0])
             self.pipeline: Pipeline | None = None
             self.ties: tuple[Any, ...] = ()
         else:
@@ -58,6 +59,7 @@ class GroupStageModel:
             boundaries = stage_boundaries(model, self.stages, config.schedule.split, seq_len,
                                           weights=config.split_weights(),
                                           plan_boundaries=config.schedule.split_boundaries)
+            self.boundaries = tuple(boundaries)
             wire = config.comm.wire_dtypes()
             self.modules = stage_modules(model, boundaries, [stage], wire)
             self.shapes = stage_shapes(model, boundaries, config.microbatch_size, seq_len, wire)

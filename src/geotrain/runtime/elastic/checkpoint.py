@@ -1,0 +1,114 @@
+"""Checkpoints of an elastic run (`--elastic --checkpoint-dir`): one live replica group writes the run's
+state in the non-elastic runtime's format (runtime/checkpoint.py: shards, manifest, `latest`), so that
+`geotrain train --resume` reads it unchanged, on the same plan or on a re-plan (runtime/replan.py).
+
+Which group writes: after a committed step that is due (`CheckpointSection.due`: every
+--checkpoint-every steps and the last; with --sync-every only steps that end an outer round, and
+--checkpoint-every must be a multiple of H: rules.py), the group whose participating rank in that
+step's quorum is 0. torchft numbers the members of a quorum 0..n-1, the same on every member and on
+every stage of a group, so each committed quorum has exactly one writer whichever groups are alive.
+A writer that dies mid-write leaves a step directory without a manifest (ignored): `latest` keeps
+naming the previous checkpoint.
+
+What it writes: one copy of the state. After a committed synchronisation the live groups hold the
+same weights and optimizer state (per step: AdamW moments from the same averaged gradients; with
+--sync-every the anchor and the outer momentum, while the inner AdamW moments are each group's own:
+the writer's are written, as live recovery hands a recovering group its peer's). The checkpoint is
+therefore the layout of ONE replica carrying the whole global batch: the run's identity with
+`replicas` 1 and `batch_size` R x b (the global batch and the numerics are the run's), S shards
+(rank s = stage s of the writer group), and the manifest (stage 0, once its stages' shards are in
+place) records under `written_by` the elastic groups, the writer and the per-group batch. A resume
+with R' replicas is then a re-plan from R = 1: every replica loads the one copy. The elastic per-step
+records are not carried (another format): the resumed run's report covers its own steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from geotrain.runtime import checkpoint as ckpt
+from geotrain.runtime import replan
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.sync.exchange import StageExchange
+
+
+def checkpoint_identity(config: RuntimeConfig) -> dict[str, Any]:
+    """The identity an elastic run's checkpoint carries: one replica holding the global batch."""
+    identity = config.identity()
+    return {**identity, "replicas": 1, "batch_size": config.replicas * config.schedule.batch_size}
+
+
+def writes_checkpoint(participating_rank: int | None) -> bool:
+    """Whether a group writes the committed step's checkpoint: it has rank 0 in the step's quorum
+    (torchft's `Manager.participating_rank()`; None: not a member)."""
+    return participating_rank == 0
+
+
+def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool) -> bool:
+    """Whether a checkpoint is due after `completed` steps: by the checkpoint settings, and only after a
+    step that synchronised (every step; with --sync-every the end of an outer round)."""
+    return synced and config.checkpoint.due(completed, config.run.steps)
+
+
+def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, completed: int, module: torch.nn.Module,
+                          sync: Any, boundaries: Sequence[int]) -> None:
+    """Stage `stage` of writer group `group`: its shard of the checkpoint after `completed` steps; stage 0
+    then the manifest and `latest` (S > 1: once every stage of the group has written its shard, a
+    barrier on the group's pipeline group, the process's default group)."""
+    directory = config.checkpoint.checkpoint_dir
+    assert directory is not None
+    identity = checkpoint_identity(config)
+    exchange = StageExchange.fresh_state(list(module.named_parameters()), config.comm.dp_codec,
+                                         config.comm.error_feedback)
+    dp = {**sync.state_dict(), "exchange": exchange}
+    slot = {"rank": stage, "stage": stage, "replica": 0}
+    devices = [[int(config.assignment[s][group])] for s in range(config.stages)]
+    state = ckpt.shard_state(slot, devices, torch.nn.ModuleList([module]).state_dict(), boundaries, dp,
+                             completed, [])
+    ckpt.save_shard(directory, completed, stage, state, identity)
+    if config.stages > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+    if stage == 0:
+        written_by = {"elastic_groups": config.replicas, "group": group,
+                      "group_batch_size": config.schedule.batch_size}
+        ckpt.write_manifest(directory, completed, identity, config.stages, written_by)
+
+
+def load_group_checkpoint(config: RuntimeConfig, stage: int) -> dict[str, Any]:
+    """`--elastic --resume`: stage `stage`'s verified state from the newest checkpoint of this run (an
+    elastic run's, or a non-elastic one's of the same S and global batch: replica 0's shard)."""
+    directory = config.checkpoint.checkpoint_dir
+    assert directory is not None
+    step = ckpt.latest_step(directory)
+    if step is None:
+        raise ckpt.CheckpointError(f"{directory}: no complete checkpoint to resume from")
+    manifest = ckpt.read_manifest(directory, step)
+    replan.check_resume_identity(manifest, config.identity(), str(ckpt.step_dir(directory, step)))
+    source = replan.source_slot(manifest, stage, 0)
+    state = ckpt.load_shard(directory, step, source["rank"], manifest, source)
+    state["_step"], state["_rank"] = step, source["rank"]
+    return state
+
+
+def restore_group_state(state: dict[str, Any], module: torch.nn.Module, sync: Any, directory: str) -> int:
+    """Load a checkpoint shard's weights and sync state (the exchange's own state, if any, is not the
+    elastic exchange's: skipped) into a group's stage; the step it continues at. CheckpointError naming
+    the shard when it does not fit."""
+    shard = ckpt.shard_path(directory, state["_step"], state["_rank"])
+    try:
+        torch.nn.ModuleList([module]).load_state_dict(state["stage"])
+        dp = dict(state["dp"])
+        dp["exchange"] = {}
+        sync.load_state_dict(dp)
+        completed = int(state["completed"])
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise ckpt.CheckpointError(f"{shard}: does not fit this elastic run's stage: {first}") from None
+    if completed != state["_step"]:
+        raise ckpt.CheckpointError(f"{shard}: completed is {completed}, its directory says {state['_step']}")
+    return completed
