@@ -21,7 +21,6 @@ from geotrain.sync import (BETAS, WEIGHT_DECAY, DelayedPerStepSync, DPGroup, Per
 REPLICAS = 2
 
 
-
 class Board:
     """The DP group of the in-process replicas (one thread each): posted gradients per step, a mean that
     waits until every replica posted (as a collective does), and the order of posts and landings."""
@@ -220,14 +219,6 @@ def test_the_optim_section_takes_sync_delay_without_sync_every_and_keeps_refusin
     assert OptimSection(sync_delay=2).sync_delay == 2
     with pytest.raises(Exception, match="optim.sync_mix is Streaming DiLoCo's: it needs optim.sync_every"):
         OptimSection(sync_delay=1, sync_mix=0.5)
-
-
-@pytest.fixture(scope="module")
-def world_of_one(tmp_path_factory):
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 class Transport:

@@ -29,16 +29,6 @@ class RecordingTransport:
         return result
 
 
-
-@pytest.fixture(scope="module")
-def world_of_one(tmp_path_factory):
-    """A real gloo process group of one rank (the reducers' TorchCollective needs one)."""
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
