@@ -45,6 +45,10 @@ MAX_DECODE_NUMEL = 2**31 - 1
 """The most values `decode` allocates (8 GiB of fp32): a payload whose shape claims more is refused
 before anything is allocated (a sparse payload of a few bytes may describe a huge tensor)."""
 
+WARM_UP_NUMEL = 1 << 16
+"""Values of the tensor `Codec.warm_up` sends through a codec: many blocks of every block codec, and as
+many as top-k needs to select through its compiled kernel (selection.APPROX_MIN_NUMEL)."""
+
 MAX_DIMS = 64
 """The most dimensions a payload's shape may have."""
 
@@ -193,6 +197,13 @@ class Codec(ABC):
     def params(self) -> dict[str, Any]:
         """Constructor parameters (JSON-able), e.g. for tables and logs."""
         return {"allow_nonfinite": self.allow_nonfinite}
+
+    def warm_up(self) -> None:
+        """Encode and decode WARM_UP_NUMEL float32 values through a new codec of the same parameters, so
+        that its compiled kernels are loaded now, at start-up, and not inside the first exchange (numba's
+        cached kernels take ~0.5 s of CPU to load on their first call in a process: int8, int8-block,
+        sign, top-k). This codec (its step) is untouched; later calls cost a few microseconds."""
+        type(self)(**self.params()).roundtrip(torch.linspace(-1.0, 1.0, WARM_UP_NUMEL))
 
     def set_step(self, step: int) -> None:
         """Set the step counter used by seeded codecs (randk's mask, powersgd's start); workers that

@@ -48,6 +48,7 @@ class CodecReducer:
             raise CodecError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
         if world_size < 1 or not 1 <= local_workers <= world_size:
             raise ValueError(f"need 1 <= local_workers <= world_size, got {local_workers} and {world_size}")
+        codec.warm_up()  # its kernels load here, not inside the first exchange (timed as training)
         self.codec = codec
         self.name = codec.name
         self.names = tuple(name for name, _ in named_shapes)

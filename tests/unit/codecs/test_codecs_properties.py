@@ -396,3 +396,17 @@ def test_approximate_topk_returns_the_exact_top_k_magnitudes_on_large_tensors(di
     assert approximate.numel() == k and approximate.unique().numel() == k
     assert torch.equal(x[approximate].abs().sort().values, x[exact].abs().sort().values)
     assert torch.equal(approximate, approx_topk_indices(x, k, seed=3))  # deterministic for a seed
+
+
+@pytest.mark.parametrize("name", sorted(CODECS))
+def test_warm_up_leaves_the_codec_as_it_was(name):
+    """warm_up runs a new codec of the same parameters: the step and every later payload are unchanged."""
+    codec, twin = get_codec(name), get_codec(name)
+    codec.set_step(3)
+    twin.set_step(3)
+    codec.warm_up()
+    assert codec.step == 3
+    x = torch.randn(70_000, generator=torch.Generator().manual_seed(1))
+    a, b = codec.encode(x), twin.encode(x)
+    assert a.spec() == b.spec()
+    assert all(torch.equal(u, v) for u, v in zip(a.buffers.values(), b.buffers.values(), strict=True))
