@@ -36,6 +36,7 @@ from geotrain.cost.wan_recipe import OUTER_LADDER, WanRecipe, choose_recipe, est
 from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
+from geotrain.search.bound_beside import BoundBeside, usable_cores
 from geotrain.yaml_text import parse_document
 
 DEFAULT_METHOD = "auto"
@@ -86,8 +87,11 @@ def register(subparsers: Any) -> None:
                         help="also prove a lower bound on the optimum (JSON gains lower_bound and gap)")
     parser.add_argument("--bound-time-limit", type=positive_float, default=None, metavar="SEC",
                         help="time for the lower bound (its MILPs run in a child process ended at the limit; the "
-                             f"bound stays valid when it stops early); default: {BOUND_SHARE:g} of --time-limit, "
-                             f"else {DEFAULT_BOUND_TIME_LIMIT_S:g} s")
+                             "bound stays valid when it stops early); default with --time-limit T on two or more "
+                             "cores: the bound runs beside the search, from its first plan until T; on one core "
+                             f"{BOUND_SHARE:g} of T after the search; without --time-limit "
+                             f"{DEFAULT_BOUND_TIME_LIMIT_S:g} s after it. Given, the bound runs after the search "
+                             "for SEC")
     group = parser.add_argument_group("codec choice (docs/wan.md)")
     group.add_argument("--codecs", default="none", choices=("none", "auto"),
                        help="auto: choose a codec per DP group and per pipeline cut (recorded in the plan)")
@@ -186,12 +190,20 @@ def run(args: Any) -> int:
     problem = PlacementProblem(cluster, model)
     left = None if args.time_limit is None else max(0.1, args.time_limit - (time.perf_counter() - started))
     exact_certifies = args.method == "auto" and cluster.is_region_uniform() and model.pairwise_terms() is not None
-    search_limit, bound_limit = time_budget(left, args.bound_time_limit, args.lower_bound, exact_certifies)
+    beside = None
+    if args.lower_bound and left is not None and args.bound_time_limit is None and usable_cores() >= 2:
+        beside = BoundBeside(problem, time.perf_counter() + left)  # the bound on another core, from the first plan
+        search_limit, bound_limit = left, 0.0
+    else:
+        search_limit, bound_limit = time_budget(left, args.bound_time_limit, args.lower_bound, exact_certifies)
     with out.progress(f"{args.method} on {cluster.name}", 1) as progress:
         result = run_search(args.method, problem, seed=args.seed, time_limit_s=search_limit,
-                            progress=progress, options=options)
+                            progress=progress, options=options, on_plan=None if beside is None else beside.offer)
     proven = result.lower_bound is not None and result.lower_bound >= result.cost.total * (1 - 1e-9)
-    if args.lower_bound and not proven:
+    if beside is not None:
+        with out.progress("lower bound", 1):
+            result = beside.finish(result)
+    elif args.lower_bound and not proven:
         from geotrain.search.bounds import with_lower_bound
 
         if args.time_limit is not None:  # the bound gets what the search left of the budget, no more

@@ -1,7 +1,8 @@
 """Placement search: assign (stage, replica) slots to devices to minimise a cost model."""
 
 from geotrain.search.auto import AutoConfig, auto_search
-from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchMethod, SearchResult
+from geotrain.search.base import (PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchMethod,
+                                  SearchResult)
 from geotrain.search.bounds import LowerBound, lower_bound, with_lower_bound
 from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
@@ -27,6 +28,7 @@ __all__ = [
     "LocalSearchConfig",
     "LowerBound",
     "PlacementProblem",
+    "PlanCallback",
     "ProgressCallback",
     "RandomSearchConfig",
     "RegionHeuristicConfig",

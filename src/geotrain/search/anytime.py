@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from geotrain.search.base import PlacementProblem, SearchError, SearchResult
+from geotrain.search.base import PlacementProblem, PlanCallback, SearchError, SearchResult
 from geotrain.search.genetic import GeneticConfig, genetic_search, mutate
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
 from geotrain.search.neighbourhood import NeighbourhoodConfig, lns_search
@@ -33,13 +33,15 @@ SLICE_MIN_S = 2.0
 
 @dataclass
 class Trajectory:
-    """The best plan so far and how it improved: points [(seconds, total)], found_by per point."""
+    """The best plan so far and how it improved: points [(seconds, total)], found_by per point;
+    `listener` is told each new best plan as it is found."""
 
     start: float
     best: SearchResult | None = None
     found_by: str = ""
     points: list[tuple[float, float]] = field(default_factory=list)
     labels: list[str] = field(default_factory=list)
+    listener: PlanCallback | None = None
 
     def offer(self, result: SearchResult, label: str) -> bool:
         """Keep `result` if it beats the best so far (relative 1e-12); True when it did."""
@@ -48,6 +50,8 @@ class Trajectory:
         self.best, self.found_by = result, label
         self.points.append((time.perf_counter() - self.start, float(result.cost.total)))
         self.labels.append(label)
+        if self.listener is not None:
+            self.listener(result)
         return True
 
     def to_json(self) -> list[list]:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from geotrain.search.anytime import Trajectory, improve_until
-from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchResult
+from geotrain.search.base import PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchResult
 from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
@@ -101,15 +101,20 @@ def auto_search(
     seed: int,
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
+    on_plan: PlanCallback | None = None,
 ) -> SearchResult:
     """Exact when it applies and proves optimality, else the best of the fallback heuristics; with a
-    time limit (and config.anytime) the time they leave goes to `anytime.improve_until`."""
+    time limit (and config.anytime) the time they leave goes to `anytime.improve_until`. `on_plan` is
+    told every new best plan as it is found (on the pairwise path; the surrogate path's final plan only)."""
     if problem.cost_model.pairwise_terms() is None and getattr(problem.cost_model, "surrogate", None) is not None:
-        return _rank_on_surrogate(problem, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
+        ranked = _rank_on_surrogate(problem, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
+        if on_plan is not None:
+            on_plan(ranked)
+        return ranked
     start = time.perf_counter()
     deadline = None if time_limit_s is None else start + time_limit_s
     anytime = config.anytime and deadline is not None
-    trajectory = Trajectory(start)
+    trajectory = Trajectory(start, listener=on_plan)
     tried: list[dict] = []
     results: list[SearchResult] = []
     candidates = [(name, *_FALLBACKS[name]) for name in config.fallbacks]

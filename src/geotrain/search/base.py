@@ -18,6 +18,8 @@ from geotrain.cost import CostBreakdown, CostModel
 from geotrain.errors import GeotrainError
 
 ProgressCallback = Callable[[float, float], None]
+PlanCallback = Callable[["SearchResult"], None]
+"""Told each better plan a search finds, as it finds it (`run_search(on_plan=...)`)."""
 """Called as progress(done, total) in method-defined units (swaps, generations, seconds...)."""
 
 
@@ -83,6 +85,8 @@ class SearchMethod:
     config_type: type
     run: SearchRun
     summary: str
+    reports_plans: bool = False
+    """`run` takes `on_plan` (a PlanCallback) and reports each better plan while it searches."""
 
     def make_config(self, options: dict[str, Any] | None = None) -> Any:
         """Build the config from `options`, rejecting unknown names."""

@@ -30,6 +30,7 @@ Two bounds, the larger is reported:
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -102,10 +103,11 @@ def combinatorial_bound(terms: PairwiseTerms, stages: int, replicas: int) -> flo
 
 def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None, time_limit_s: float = 30.0,
                 max_paths: int = 20000, max_compositions: int = 400, staircase: bool = True,
-                guard: bool = False) -> LowerBound:
+                guard: bool = False, cancel: threading.Event | None = None) -> LowerBound:
     """The best of the bounds above. `upper_bound_s`: the total of any known plan (prunes region paths).
     guard: run the region MILPs in a child process that is ended at time_limit_s (+ `watchdog.GRACE_S`),
-    keeping every part it proved by then (`watchdog`), so the limit holds even if HiGHS overruns."""
+    keeping every part it proved by then (`watchdog`), so the limit holds even if HiGHS overruns;
+    `cancel` (guarded only): set by another thread, it ends the child early the same way."""
     start = time.perf_counter()
     model = problem.cost_model
     terms = pairwise_or_fail(model, "a lower bound")
@@ -122,7 +124,8 @@ def lower_bound(problem: PlacementProblem, *, upper_bound_s: float | None = None
         return LowerBound(parts["combinatorial"], "combinatorial", parts, False, time.perf_counter() - start)
     if guard:
         left_s = max(0.0, time_limit_s - (time.perf_counter() - start))
-        run = run_with_deadline(_region_bound_child, (regions, S, R, upper, time.time() + left_s, options), left_s)
+        run = run_with_deadline(_region_bound_child, (regions, S, R, upper, time.time() + left_s, options), left_s,
+                                cancel=cancel)
         reported = [item for item in run.items if isinstance(item, tuple)]
         proven, killed = run.finished and bool(run.items[-1]), run.killed
     else:
@@ -196,7 +199,12 @@ def with_lower_bound(problem: PlacementProblem, result: SearchResult, time_limit
     """`result` with `lower_bound` set to the best of its own bound and `lower_bound(problem)` (guarded:
     back within time_limit_s + `watchdog.GRACE_S`); details gain "lower_bound_source",
     "lower_bound_parts", "lower_bound_seconds" and "lower_bound_killed"."""
-    bound = lower_bound(problem, upper_bound_s=result.cost.total, time_limit_s=time_limit_s, guard=guard)
+    return with_bound(result, lower_bound(problem, upper_bound_s=result.cost.total, time_limit_s=time_limit_s,
+                                          guard=guard))
+
+
+def with_bound(result: SearchResult, bound: LowerBound) -> SearchResult:
+    """`result` with `lower_bound` set to the best of its own bound and `bound` (with_lower_bound's details)."""
     own = result.lower_bound if result.lower_bound is not None else -np.inf
     value = max(own, bound.value_s)
     source = result.method if own >= bound.value_s else bound.source

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from geotrain.search.auto import AutoConfig, auto_search
-from geotrain.search.base import PlacementProblem, ProgressCallback, SearchError, SearchMethod, SearchResult
+from geotrain.search.base import PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchMethod, SearchResult
 from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
@@ -33,7 +33,8 @@ SEARCH_METHODS: dict[str, SearchMethod] = {
         SearchMethod("region-paths", RegionPathsConfig, region_paths_search,
                      "region path MILP over the cheapest region paths only (no certificate; scales past exact)"),
         SearchMethod("auto", AutoConfig, auto_search,
-                     "exact when it applies and proves optimality, else the best of hierarchical and genetic"),
+                     "exact when it applies and proves optimality, else the best of hierarchical and genetic",
+                     reports_plans=True),
     )
 }
 
@@ -52,7 +53,15 @@ def run_search(
     time_limit_s: float | None = None,
     progress: ProgressCallback | None = None,
     options: dict[str, Any] | None = None,
+    on_plan: PlanCallback | None = None,
 ) -> SearchResult:
-    """Run method `name` with `options` (fields of its config dataclass)."""
+    """Run method `name` with `options` (fields of its config dataclass). `on_plan` is told each better
+    plan as the search finds it (auto: every improvement; the other methods: their result, at the end)."""
     method = get_method(name)
-    return method.run(problem, method.make_config(options), seed=seed, time_limit_s=time_limit_s, progress=progress)
+    config = method.make_config(options)
+    if method.reports_plans:
+        return method.run(problem, config, seed=seed, time_limit_s=time_limit_s, progress=progress, on_plan=on_plan)
+    result = method.run(problem, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
+    if on_plan is not None:
+        on_plan(result)
+    return result

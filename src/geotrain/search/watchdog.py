@@ -18,6 +18,7 @@ import select
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ from geotrain.procs import Command, spawn, stop_tree
 
 GRACE_S = 0.5
 """Seconds the child may run past its limit before it is killed (it normally stops on its own)."""
+
+CANCEL_POLL_S = 0.1
+"""How often a run with a `cancel` event looks at it (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -73,10 +77,11 @@ def _read_exact(fd: int, size: int) -> bytes | None:
 
 
 def run_with_deadline(target: Callable[..., Any], args: tuple[Any, ...], time_limit_s: float,
-                      grace_s: float = GRACE_S) -> GuardedRun:
+                      grace_s: float = GRACE_S, cancel: threading.Event | None = None) -> GuardedRun:
     """Run target(report, *args) in a child process for at most time_limit_s + grace_s seconds
     (wall clock, start-up included); see the module docstring. `target` must be importable
-    (module level) and `args` picklable."""
+    (module level) and `args` picklable. `cancel`: once set (by another thread), the child is ended
+    as at the limit (within CANCEL_POLL_S), keeping what it reported."""
     start = time.monotonic()
     # started like every process geotrain starts: its own session, dying with this process
     process = spawn(Command((sys.executable, "-c", _CHILD)), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -89,8 +94,10 @@ def run_with_deadline(target: Callable[..., Any], args: tuple[Any, ...], time_li
     deadline = start + time_limit_s + grace_s
     while not finished:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or (cancel is not None and cancel.is_set()):
             break
+        if not select.select([fd], [], [], left if cancel is None else min(left, CANCEL_POLL_S))[0]:
+            continue
         header = _read_exact(fd, 8)
         data = None if header is None else _read_exact(fd, struct.unpack("<Q", header)[0])
         if data is None:  # the child ended without returning

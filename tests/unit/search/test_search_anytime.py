@@ -2,7 +2,9 @@
 spends its budget and records how its best plan improved; `plan --time-limit` covers the bound too."""
 
 import json
+import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -13,7 +15,8 @@ from geotrain.cost import build_cost_model
 from geotrain.job import GPT_13B_SEED
 from geotrain.search import PlacementProblem, run_search
 from geotrain.search.bounds import combinatorial_bound, lower_bound
-from geotrain.search.watchdog import GRACE_S, run_with_deadline
+from geotrain.search.bound_beside import BoundBeside, usable_cores
+from geotrain.search.watchdog import CANCEL_POLL_S, GRACE_S, run_with_deadline
 
 pytestmark = pytest.mark.serial  # measures wall time or bandwidth: runs alone (Makefile)
 
@@ -29,15 +32,23 @@ def report_then_return(report, value):
 
 
 def test_watchdog_ends_a_hanging_child_at_its_limit_and_keeps_what_it_reported():
-    run = run_with_deadline(report_then_hang, (7,), 10.0, grace_s=0.5)  # start-up (imports) is inside the 10 s
+    run = run_with_deadline(report_then_hang, (7,), 5.0, grace_s=0.5)  # start-up (imports) is inside the 5 s
     assert run.items == (7,) and run.killed and not run.finished
-    assert 10.0 <= run.seconds < 10.0 + 0.5 + 1.0
+    assert 5.0 <= run.seconds < 5.0 + 0.5 + 1.0
 
 
 def test_watchdog_returns_a_finished_childs_items_and_value():
     run = run_with_deadline(report_then_return, (21,), 60.0)
     assert run.items == (21, 42) and run.finished and not run.killed
     assert run.seconds < 30.0
+
+
+def test_watchdog_cancelled_from_another_thread_ends_the_child_early_and_keeps_what_it_reported():
+    cancel = threading.Event()
+    threading.Timer(1.5, cancel.set).start()  # the child has started and reported by then
+    run = run_with_deadline(report_then_hang, (7,), 60.0, cancel=cancel)
+    assert run.items == (7,) and run.killed and not run.finished
+    assert 1.5 <= run.seconds < 1.5 + CANCEL_POLL_S + 1.5
 
 
 def _jittered(devices_per_region: int, stages: int) -> PlacementProblem:
@@ -86,3 +97,40 @@ def test_plan_with_a_time_limit_and_a_bound_returns_within_the_limit(capsys):
     assert code == 0 and doc["wall_seconds"] < 10 * 1.1 + GRACE_S and doc["time_limit_s"] == 10
     assert 0.0 < doc["lower_bound"] <= doc["cost"]["total"]
     assert doc["details"]["trajectory"][-1][1] == pytest.approx(doc["cost"]["total"], rel=1e-12)
+    # on two or more cores the bound ran beside the search, from a plan no better than the final one
+    assert doc["details"]["lower_bound_beside"] is (usable_cores() >= 2)
+    if usable_cores() >= 2:
+        assert doc["details"]["lower_bound_upper_s"] >= doc["cost"]["total"] * (1 - 1e-12)
+
+
+def test_the_bound_beside_the_search_starts_at_the_first_plan_and_holds_the_deadline():
+    problem = _jittered(32, 8)  # 256 devices: the region bounds use all the time they get
+    deadline = time.perf_counter() + 5.0
+    beside = BoundBeside(problem, deadline)
+    result = run_search("auto", problem, seed=0, time_limit_s=4.5, on_plan=beside.offer)
+    first = result.details["trajectory"][0][1]
+    assert beside.upper_bound_s == pytest.approx(first, rel=1e-12)  # started from the first plan
+    assert beside.started_at is not None and beside.started_at < deadline - 2.0  # long before the search ended
+    bounded = beside.finish(result)
+    assert time.perf_counter() < deadline + GRACE_S + 0.5
+    assert bounded.details["lower_bound_beside"] is True and bounded.details["lower_bound_seconds"] > 2.0
+    assert combinatorial_bound(problem.cost_model.pairwise_terms(), 8, 32) <= bounded.lower_bound <= result.cost.total
+
+
+def test_a_plan_the_search_proved_optimal_ends_the_bound_beside_at_once():
+    problem = _jittered(32, 8)
+    plan = run_search("pipeline-local", problem, seed=0)
+    beside = BoundBeside(problem, time.perf_counter() + 60.0)
+    beside.offer(plan)
+    time.sleep(1.5)
+    started = time.perf_counter()
+    bounded = beside.finish(replace(plan, lower_bound=plan.cost.total))  # as exact's certificate says
+    assert time.perf_counter() - started < CANCEL_POLL_S + 1.5
+    assert bounded.lower_bound == plan.cost.total and bounded.details["lower_bound_killed"] is True
+
+
+def test_without_a_plan_offered_the_bound_runs_after_the_search_with_the_time_left():
+    problem = _jittered(8, 8)
+    plan = run_search("hierarchical", problem, seed=0)
+    bounded = BoundBeside(problem, time.perf_counter() + 2.0).finish(plan)
+    assert bounded.details["lower_bound_beside"] is False and 0.0 < bounded.lower_bound <= plan.cost.total

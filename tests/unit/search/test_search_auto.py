@@ -53,3 +53,16 @@ def test_auto_with_a_non_pairwise_model_uses_what_applies():
 def test_auto_rejects_unknown_fallbacks():
     with pytest.raises(SearchError, match="fallbacks"):
         run_search("auto", _problem(seed_geo(), 4, 8), options={"fallbacks": "annealing"})
+
+
+def test_on_plan_hears_autos_improvements_as_found_and_another_methods_result_once():
+    problem = _problem(seed_geo(), 4, 8)
+    heard = []
+    auto = run_search("auto", problem, seed=0, time_limit_s=3.0, options={"try_exact": False}, on_plan=heard.append)
+    totals = [r.cost.total for r in heard]
+    assert totals and totals == sorted(totals, reverse=True) and len(set(totals)) == len(totals)
+    assert totals == [total for _, total, _ in auto.details["trajectory"]]
+    assert totals[-1] == auto.cost.total
+    heard.clear()
+    hierarchical = run_search("hierarchical", problem, seed=0, on_plan=heard.append)
+    assert heard == [hierarchical]

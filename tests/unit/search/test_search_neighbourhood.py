@@ -56,7 +56,9 @@ def test_the_plan_is_a_point_of_the_path_milp_at_its_own_region_total(seed):
     solved = solve_path_milp(terms, stages, replicas, paths, path_s, 5.0, initial=stage_paths)
     assert solved.status == "optimal" and solved.objective <= model.evaluate(plan).total * (1 + 1e-9)
     optimum = float(model.evaluate_many(all_assignments(cluster.n_devices, stages, replicas)).min())
-    assert solved.objective == pytest.approx(optimum, rel=1e-6)
+    # HiGHS meets its rows to a feasibility tolerance of 1e-7 (times coefficients of ~10 s): the objective
+    # may sit ~1e-6 s below the enumerated optimum (seed 1616: 0.9071762 against 0.9071772)
+    assert solved.objective == pytest.approx(optimum, rel=1e-6, abs=1e-5)
 
 
 def test_path_model_point_names_a_path_that_is_not_given():
