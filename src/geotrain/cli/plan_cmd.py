@@ -74,7 +74,8 @@ def register(subparsers: Any) -> None:
                         help="the whole command's budget: the search (auto spends all of it: exact, heuristics, "
                              "then restarts, genetic runs, region-path MILPs and large-neighbourhood MILPs seeded from "
                              "the best plan) and, "
-                             "with --lower-bound, the bound (a share, see --bound-time-limit) return within "
+                             "with --lower-bound, the bound (beside the search on two or more cores, else a share: see "
+                             "--bound-time-limit) return within "
                              "SEC x 1.1 + start-up; the result then depends on machine speed. Without it, auto "
                              "runs exact, hierarchical and genetic once (fast)")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
