@@ -89,7 +89,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--bound-time-limit", type=positive_float, default=None, metavar="SEC",
                         help="time for the lower bound (its MILPs run in a child process ended at the limit; the "
                              "bound stays valid when it stops early); default with --time-limit T on two or more "
-                             "cores: the bound runs beside the search, from its first plan until T; on one core "
+                             "cores and --method auto: the bound runs beside the search, from its first plan until "
+                             "T; otherwise "
                              f"{BOUND_SHARE:g} of T after the search; without --time-limit "
                              f"{DEFAULT_BOUND_TIME_LIMIT_S:g} s after it. Given, the bound runs after the search "
                              "for SEC")
@@ -192,7 +193,8 @@ def run(args: Any) -> int:
     left = None if args.time_limit is None else max(0.1, args.time_limit - (time.perf_counter() - started))
     exact_certifies = args.method == "auto" and cluster.is_region_uniform() and model.pairwise_terms() is not None
     beside = None
-    if args.lower_bound and left is not None and args.bound_time_limit is None and usable_cores() >= 2:
+    if (args.lower_bound and left is not None and args.bound_time_limit is None and usable_cores() >= 2
+            and SEARCH_METHODS[args.method].reports_plans):  # a method that tells its plans while it searches
         beside = BoundBeside(problem, time.perf_counter() + left)  # the bound on another core, from the first plan
         search_limit, bound_limit = left, 0.0
     else:

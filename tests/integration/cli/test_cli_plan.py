@@ -128,3 +128,13 @@ def test_plan_on_a_cluster_file(tmp_path, capsys):
     assert code == 0
     regions = np.array(json.loads(out)["assignment"]) // 4
     assert np.all(regions[0] == regions[1])  # every pipeline inside one region
+
+
+def test_a_method_that_reports_its_plan_only_at_the_end_keeps_the_bound_after_the_search(capsys):
+    """Beside the search the bound starts from the first plan: genetic tells its plan when it ends, so its
+    bound runs after it (the 40 % share), as before; the JSON says which."""
+    code, out, _ = run_cli(capsys, "plan", "--cluster", "multicloud-1024", "--stages", "8", "--replicas", "16",
+                           "--method", "genetic", "--time-limit", "6", "--lower-bound", "--json")
+    doc = json.loads(out)
+    assert code == 0 and "lower_bound_beside" not in doc["details"]
+    assert 0.0 < doc["lower_bound"] <= doc["cost"]["total"] and doc["details"]["lower_bound_seconds"] > 0.0
