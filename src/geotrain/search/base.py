@@ -18,9 +18,9 @@ from geotrain.cost import CostBreakdown, CostModel
 from geotrain.errors import GeotrainError
 
 ProgressCallback = Callable[[float, float], None]
+"""Called as progress(done, total) in method-defined units (swaps, generations, seconds...)."""
 PlanCallback = Callable[["SearchResult"], None]
 """Told each better plan a search finds, as it finds it (`run_search(on_plan=...)`)."""
-"""Called as progress(done, total) in method-defined units (swaps, generations, seconds...)."""
 
 
 class SearchError(GeotrainError, ValueError):
