@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from geotrain.search.auto import AutoConfig, auto_search
-from geotrain.search.base import PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchMethod, SearchResult
+from geotrain.search.base import (PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchMethod,
+                                  SearchResult)
 from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
