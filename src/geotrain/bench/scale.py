@@ -14,6 +14,7 @@ shows whether the time limits held.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -24,10 +25,12 @@ from geotrain.cluster.generators import make_network
 from geotrain.cluster.scale import multicloud
 from geotrain.cost import build_cost_model
 from geotrain.job import load_job
-from geotrain.search import PlacementProblem, ProgressCallback, SearchError, run_search
+from geotrain.search import PlacementProblem, ProgressCallback, SearchError, get_method, run_search
+from geotrain.search.bound_beside import BoundBeside
 from geotrain.search.bounds import lower_bound
 
 DEFAULT_METHODS = ("pipeline-local", "dp-local", "local-search", "genetic", "hierarchical", "exact", "region-paths")
+BOUND_MODES = ("after", "beside")
 FAMILIES = ("multicloud", "uniform", "jittered", "uneven", "many-region")
 """multicloud: `multicloud` with the config's jitter; uniform / jittered: the same with jitter 0 / 0.1;
 uneven: `uneven_regions`; many-region: `uneven_six_regions` (sizes multiples of 64)."""
@@ -84,10 +87,19 @@ class ScaleBenchConfig:
     time_limit_s: float = 30.0
     bound_time_limit_s: float = 60.0
     family: str = "multicloud"
+    bound: str = "after"
+    """after: the methods, then one bound for bound_time_limit_s; beside: one method that reports its
+    plans while it searches (auto), with the bound beside it from its first plan, both within
+    time_limit_s (what `plan --lower-bound --time-limit` does on two or more cores)."""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise SearchError(f"bench scale: family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.bound not in BOUND_MODES:
+            raise SearchError(f"bench scale: bound must be one of {', '.join(BOUND_MODES)}, got {self.bound!r}")
+        if self.bound == "beside" and (len(self.methods) != 1 or not get_method(self.methods[0]).reports_plans):
+            raise SearchError(f"bench scale: --bound beside runs one method that reports its plans while it "
+                              f"searches (auto), got {', '.join(self.methods)}")
         for n in self.sizes:
             if self.family == "many-region":
                 if n % 64 or n % self.stages:
@@ -119,8 +131,9 @@ class ScaleRow:
     note: str = ""
     limit_s: float = 0.0
     wall_s: float = 0.0
-    """limit_s: the method's time limit + the bound's; wall_s: the method's seconds + the bound's
-    (never above limit_s x 1.1 when the limits hold)."""
+    """limit_s: the method's time limit + the bound's (with the bound beside: the method's); wall_s: the
+    method's seconds + the bound's (beside: the row's wall time); never above limit_s x 1.1 when the
+    limits hold."""
 
 
 def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None = None) -> list[ScaleRow]:
@@ -132,6 +145,12 @@ def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None 
         cluster = bench_cluster(config, n)
         S, R = config.stages, n // config.stages
         problem = PlacementProblem(cluster, build_cost_model("yuan", cluster, job, S, R))
+        if config.bound == "beside":
+            rows.append(_row_beside(config, problem, n, cluster.name))
+            done += 2
+            if progress is not None:
+                progress(done, steps)
+            continue
         results: list[tuple[str, Any, str]] = []
         for method in config.methods:
             try:
@@ -160,6 +179,22 @@ def run_scale_bench(config: ScaleBenchConfig, progress: ProgressCallback | None 
                                  limit_s=config.time_limit_s + config.bound_time_limit_s,
                                  wall_s=(0.0 if result is None else float(result.seconds)) + float(bound.seconds)))
     return rows
+
+
+def _row_beside(config: ScaleBenchConfig, problem: PlacementProblem, devices: int, name: str) -> ScaleRow:
+    """The row of config.methods[0] with its bound beside it (search.bound_beside), both in time_limit_s."""
+    start = time.perf_counter()
+    beside = BoundBeside(problem, start + config.time_limit_s)
+    result = run_search(config.methods[0], problem, seed=config.seed, time_limit_s=config.time_limit_s,
+                        on_plan=beside.offer)
+    result = beside.finish(result)
+    total, bound = float(result.cost.total), float(result.lower_bound)
+    return ScaleRow(devices=devices, cluster=name, stages=problem.stages, replicas=problem.replicas,
+                    method=config.methods[0], seconds=float(result.seconds), total_s=total, lower_bound_s=bound,
+                    gap=max(0.0, (total - bound) / total) if total > 0 else 0.0,
+                    bound_source=str(result.details["lower_bound_source"]),
+                    bound_seconds=float(result.details["lower_bound_seconds"]), limit_s=config.time_limit_s,
+                    wall_s=time.perf_counter() - start)
 
 
 def bench_cluster(config: ScaleBenchConfig, devices: int) -> Cluster:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from geotrain.bench.scale import FAMILIES
+from geotrain.bench.scale import BOUND_MODES, FAMILIES
 from geotrain.cli.arg_types import positive_float, seed
 
 NAME = "scale"
@@ -27,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="multicloud: 8 equal regions of mixed GPUs (--jitter); uniform / jittered: the same at "
                              "jitter 0 / 0.1; uneven: 4-8 regions of unequal sizes and intra speeds (region-uniform); "
                              "many-region: six regions of 16/12/12/8/8/8 x devices/64 with uneven links")
+    parser.add_argument("--bound", default="after", choices=BOUND_MODES,
+                        help="after: the methods, then one lower bound for --bound-time-limit; beside: one method "
+                             "that reports its plans while it searches (auto), with the bound beside it on another "
+                             "core from its first plan, both within --time-limit (as plan --lower-bound "
+                             "--time-limit does on two or more cores)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -41,9 +46,10 @@ def run(args: Any) -> int:
         raise GeotrainError(f"--sizes must be comma-separated integers, got {shown(args.sizes)}") from None
     out = Output(json_mode=args.json)
     config = ScaleBenchConfig(sizes=sizes, stages=args.stages, jitter=args.jitter, seed=args.seed,
-                              methods=tuple(args.method) if args.method else DEFAULT_METHODS,
+                              methods=tuple(args.method) if args.method else
+                              ("auto",) if args.bound == "beside" else DEFAULT_METHODS,
                               time_limit_s=args.time_limit, bound_time_limit_s=args.bound_time_limit,
-                              family=args.family)
+                              family=args.family, bound=args.bound)
     with out.progress("bench scale", 1) as progress:
         rows = run_scale_bench(config, progress)
     if args.json:

@@ -46,3 +46,20 @@ def test_bench_scale_rows_report_wall_time_within_the_limit(capsys):
         assert row["cluster"] == "uneven6-64-seed0" and row["limit_s"] == 7.0
         assert 0.0 < row["wall_s"] <= row["limit_s"] * 1.1 + GRACE_S  # the bound's child may use its grace
         assert row["total_s"] >= row["lower_bound_s"] * (1 - 1e-9) > 0.0
+
+
+def test_bench_scale_with_the_bound_beside_runs_auto_and_its_bound_within_one_limit(capsys):
+    assert main(["bench", "scale", "--family", "many-region", "--sizes", "64", "--bound", "beside",
+                 "--time-limit", "4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (row,) = doc["rows"]
+    assert row["method"] == "auto" and doc["config"]["bound"] == "beside" and row["limit_s"] == 4.0
+    assert 0.0 < row["wall_s"] <= 4.0 * 1.1 + GRACE_S
+    assert row["total_s"] >= row["lower_bound_s"] * (1 - 1e-9) > 0.0 and row["gap"] >= 0.0
+
+
+def test_bench_scale_refuses_the_bound_beside_a_method_that_reports_its_plan_only_at_the_end(capsys):
+    assert main(["bench", "scale", "--sizes", "64", "--bound", "beside", "--method", "genetic"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("geotrain: error: bench scale: --bound beside runs one method that reports its plans while "
+                   "it searches (auto), got genetic")
