@@ -27,7 +27,7 @@ from geotrain.cost import build_cost_model
 from geotrain.job import load_job
 from geotrain.search import PlacementProblem, ProgressCallback, SearchError, get_method, run_search
 from geotrain.search.bound_beside import BoundBeside
-from geotrain.search.bounds import lower_bound
+from geotrain.search.bounds import gap, lower_bound
 
 DEFAULT_METHODS = ("pipeline-local", "dp-local", "local-search", "genetic", "hierarchical", "exact", "region-paths")
 BOUND_MODES = ("after", "beside")
@@ -191,7 +191,7 @@ def _row_beside(config: ScaleBenchConfig, problem: PlacementProblem, devices: in
     total, bound = float(result.cost.total), float(result.lower_bound)
     return ScaleRow(devices=devices, cluster=name, stages=problem.stages, replicas=problem.replicas,
                     method=config.methods[0], seconds=float(result.seconds), total_s=total, lower_bound_s=bound,
-                    gap=max(0.0, (total - bound) / total) if total > 0 else 0.0,
+                    gap=gap(total, bound),
                     bound_source=str(result.details["lower_bound_source"]),
                     bound_seconds=float(result.details["lower_bound_seconds"]), limit_s=config.time_limit_s,
                     wall_s=time.perf_counter() - start)

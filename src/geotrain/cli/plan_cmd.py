@@ -37,6 +37,7 @@ from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.search.bound_beside import BoundBeside, usable_cores
+from geotrain.search.bounds import gap
 from geotrain.yaml_text import parse_document
 
 DEFAULT_METHOD = "auto"
@@ -163,7 +164,7 @@ def search_plan(result: SearchResult, extra: dict[str, Any] | None = None) -> Pl
     recorded: dict[str, Any] = {"evaluations": result.evaluations, "details": result.details}
     if result.lower_bound is not None:
         recorded["lower_bound"] = result.lower_bound
-        recorded["gap"] = max(0.0, (result.cost.total - result.lower_bound) / result.cost.total) if result.cost.total > 0 else 0.0
+        recorded["gap"] = gap(result.cost.total, result.lower_bound)
         recorded["lower_bound_source"] = result.details.get("lower_bound_source", result.method)
     return Plan(stages=int(stages), replicas=int(replicas), assignment=result.assignment, method=result.method,
                 cost=result.cost.to_json(), seconds=result.seconds, extra={**recorded, **(extra or {})})
@@ -243,7 +244,7 @@ def run(args: Any) -> int:
             ["search seconds", f"{result.seconds:.2f}"], ["evaluations", f"{result.evaluations:,}"]]
     if result.lower_bound is not None:
         rows.append(["lower bound (s)", f"{result.lower_bound:.3f}"])
-        rows.append(["gap to bound", f"{100 * max(0.0, 1 - result.lower_bound / cost.total):.2f}%"])
+        rows.append(["gap to bound", f"{100 * gap(cost.total, result.lower_bound):.2f}%"])
     out.table("plan", ["", "value"], rows, right_align_from=2)
     out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
               assignment_rows(full_cluster, plan.assignment), right_align_from=1)

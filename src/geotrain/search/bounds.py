@@ -74,7 +74,12 @@ class LowerBound:
 
     def gap(self, total_s: float) -> float:
         """(total - bound) / total, >= 0."""
-        return max(0.0, (total_s - self.value_s) / total_s) if total_s > 0 else 0.0
+        return gap(total_s, self.value_s)
+
+
+def gap(total_s: float, bound_s: float) -> float:
+    """The certified gap of a plan of `total_s` under a lower bound `bound_s`: (total - bound) / total, >= 0."""
+    return max(0.0, (total_s - bound_s) / total_s) if total_s > 0 else 0.0
 
 
 def combinatorial_dp_bound(dp_pair_s: np.ndarray, stages: int, replicas: int) -> float:
