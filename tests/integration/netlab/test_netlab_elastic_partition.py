@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
 STEPS = 100
 COMM_TIMEOUT_S = 3.0
+HEARTBEAT_TIMEOUT_S = 1.5
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def lab_run(tmp_path_factory):
     launcher = subprocess.Popen(
         [sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan", str(plan), "--elastic", "--netlab",
          "--time-scale", "0", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "1",
-         "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", str(STEPS),
+         "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S), "--eval-windows", "4", "--steps", str(STEPS),
          "--comm-timeout", str(COMM_TIMEOUT_S), "--chaos", "partition:site=1,at=1s,for=4s", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
@@ -64,8 +65,11 @@ def test_a_group_cut_off_in_the_lab_drops_out_the_others_go_on_and_it_rejoins_id
     assert contributors[missed[0]] in (2.0, 3.0), (missed, contributors)
     assert all(contributors[t] == 2.0 for t in missed[1:]), (missed, contributors)
     # a port down raises nothing: the survivors waited out their collective timeout (the emulation's
-    # LinkDown fails at once), then the Lighthouse had dropped the silent group
-    assert run["stall_s"] >= COMM_TIMEOUT_S  # a lower bound only: load cannot make it flaky
+    # LinkDown fails at once), then the Lighthouse had dropped the silent group. When the step in flight at
+    # the cut reached them whole (3 contributors), their next collective never includes group 1: they wait
+    # only for the Lighthouse to drop it, the heartbeat timeout (seen once in a fresh-clone CI run: 1.58 s)
+    in_flight_went_through = contributors[missed[0]] == 3.0
+    assert run["stall_s"] >= (HEARTBEAT_TIMEOUT_S if in_flight_went_through else COMM_TIMEOUT_S)
     # it came back by live recovery over the lab and equals its peers from its first sync on
     assert run["rejoins"] >= 1 and len(run["partition_recovery_s"]) == 1 and 0 <= run["partition_recovery_s"][0] < 10
     for step in range(missed[-1] + 1, STEPS):
