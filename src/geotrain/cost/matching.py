@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
-from scipy.optimize import linear_sum_assignment
 
 EXACT_RING_MAX = 10
 """Largest ring solved exactly (2^n x n^2 work: ~0.1 M operations at n = 10)."""
@@ -87,6 +86,8 @@ def bottleneck_assignment(cost: np.ndarray, refine_sum: bool = True) -> tuple[fl
     if refine_sum and cost.shape[0] > 1:
         span = float(np.abs(cost).max()) + 1.0
         masked = np.where(cost <= value, cost, span * (cost.shape[0] + 1))
+        from scipy.optimize import linear_sum_assignment  # here: every launched rank imports this module
+
         rows, cols = linear_sum_assignment(masked)
         perm = np.empty(cost.shape[0], dtype=np.int64)
         perm[rows] = cols
