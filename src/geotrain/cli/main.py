@@ -3,36 +3,47 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import importlib
+import os
 import sys
+import threading
 from collections.abc import Sequence
+from typing import NoReturn
 
 from geotrain import __version__
 from geotrain.cli.output import writing_stdout
 from geotrain.errors import GeotrainError
 
-# Each module defines register(subparsers) and sets `handler(args) -> int` on its parser.
-COMMAND_MODULES: tuple[str, ...] = (
-    "geotrain.cli.plan_cmd",
-    "geotrain.cli.cost_cmd",
-    "geotrain.cli.cluster_cmd",
-    "geotrain.cli.train_cmd",
-    "geotrain.cli.data_cmd",
-    "geotrain.cli.groups",
-    "geotrain.cli.emulate_cmd",
-    "geotrain.cli.netlab_cmd",
-    "geotrain.cli.probe_cmd",
-)
+# Each module defines register(subparsers) for the commands named here and sets `handler(args) -> int`
+# on their parsers. A command line that names a command imports that command's module only: the
+# others import torch or scipy (about 3 s of start-up at every call of `geotrain plan`).
+COMMAND_MODULES: dict[str, str] = {
+    "plan": "geotrain.cli.plan_cmd",
+    "cost": "geotrain.cli.cost_cmd",
+    "cluster": "geotrain.cli.cluster_cmd",
+    "train": "geotrain.cli.train_cmd",
+    "data": "geotrain.cli.data_cmd",
+    "demo": "geotrain.cli.groups",
+    "bench": "geotrain.cli.groups",
+    "emulate": "geotrain.cli.emulate_cmd",
+    "netlab": "geotrain.cli.netlab_cmd",
+    "probe": "geotrain.cli.probe_cmd",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or only of the command `argv` names (its first word); `geotrain
+    --help`, `--version` and unknown commands get every command."""
     parser = argparse.ArgumentParser(
         prog="geotrain", allow_abbrev=False,
         description="Plan and run foundation-model training across slow, heterogeneous, geo-distributed networks.",
     )
     parser.add_argument("--version", action="version", version=f"geotrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module_name in COMMAND_MODULES:
+    command = argv[0] if argv else None
+    modules = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else list(dict.fromkeys(COMMAND_MODULES.values()))
+    for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
     refuse_abbreviations(parser)
     return parser
@@ -49,19 +60,39 @@ def refuse_abbreviations(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The `geotrain` program; as a program (argv None) every temporary file goes under one run
-    directory that is removed at exit (geotrain.procs.rundir)."""
+    """The `geotrain` program. With `argv` it returns the exit code. As a program (argv None) every
+    temporary file goes under one run directory that is removed at exit (geotrain.procs.rundir), and
+    it ends the process itself (`exit_without_teardown`)."""
     if argv is None:
         from geotrain.procs.rundir import run_directory
 
         with run_directory():
-            return _main(None)
+            code = _main(None)
+        exit_without_teardown(code)
     return _main(argv)
 
 
+def exit_without_teardown(code: int) -> NoReturn:
+    """End the process as the interpreter's exit would, less its module teardown: wait for the
+    non-daemon threads (and run threading's exit hooks: thread pools), run the atexit handlers
+    (multiprocessing's children, temporary directories, netlab labs), flush stdout and stderr, then
+    os._exit(code). Tearing down torch's modules cost ~2 s of wall time and ~1.4 s of CPU at the end of
+    every `geotrain train` (9.3 -> 7.4 s for a 3-step run)."""
+    shutdown = getattr(threading, "_shutdown", None)  # what Py_FinalizeEx calls first
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or full stream: the code already says what failed
+            code = code or 120  # the interpreter's own code when flushing at exit fails
+    os._exit(code)
+
+
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(words).parse_args(words)
     try:
         code = int(args.handler(args) or 0)
         with writing_stdout():  # what print() left buffered fails here, not in the interpreter's exit

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 
 import pytest
 
-from geotrain.cli.main import build_parser, main
+from geotrain.cli.main import COMMAND_MODULES, build_parser, main
 
 from runtime_2x2 import CLUSTER_YAML, PLAN
 
@@ -48,3 +50,41 @@ def test_abbreviated_options_are_refused_and_nothing_is_touched(words, option, t
     assert caught.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == f"geotrain: error: unrecognized arguments: {option}"
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step-000002"]
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("command", [["cluster", "show", "seed-geo"], ["plan", "--help"], ["data", "--help"]])
+def test_a_command_imports_its_own_module_and_not_torch(command):
+    code = ("import sys\nfrom geotrain.cli.main import main\n"
+            f"try:\n    main({command!r})\nexcept SystemExit:\n    pass\n"
+            "print('MODULES', 'torch' in sys.modules, 'geotrain.cli.train_cmd' in sys.modules)")
+    done = _run_python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "MODULES False False"
+
+
+def test_help_lists_every_command_in_order():
+    listed = [action.choices for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction)]
+    assert list(listed[0]) == list(COMMAND_MODULES)
+    only = [action.choices for action in build_parser(["plan", "--x"])._actions
+            if isinstance(action, argparse._SubParsersAction)]
+    assert list(only[0]) == ["plan"]
+
+
+def test_the_program_ends_with_its_exit_code_after_the_atexit_handlers_and_a_flush(tmp_path):
+    """`exit_without_teardown`: non-daemon threads finish, atexit handlers run, buffered output is
+    written, and the code is the command's."""
+    marker = tmp_path / "atexit.txt"
+    code = ("import atexit, sys, threading, time\n"
+            "from geotrain.cli.main import exit_without_teardown\n"
+            f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
+            "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
+            "sys.stdout.write('buffered')\n"
+            "exit_without_teardown(3)\n")
+    done = _run_python(code)
+    assert done.returncode == 3, done.stderr
+    assert "thread done" in done.stdout and "buffered" in done.stdout
+    assert marker.read_text() == "ran"
