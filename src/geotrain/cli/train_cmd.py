@@ -215,7 +215,7 @@ def host_rendezvous(args: Any, config: Any) -> Any:
 
 
 def run(args: Any) -> int:
-    from geotrain.runtime import build_report, launch, run_worker
+    from geotrain.runtime import build_report, launch
     from geotrain.runtime.launcher import check_before_launch
     from geotrain.runtime.sequence_check import check_sequence_fits
 
@@ -236,6 +236,9 @@ def run(args: Any) -> int:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
               f"by torchrun ({TORCHRUN_MARKER} is unset), so it launches its own workers", file=sys.stderr)
     if under_torchrun():
+        # Imported here: torch.distributed.pipelining and dynamo (~1.3 s) that a launcher does not need.
+        from geotrain.runtime import run_worker
+
         held = check_before_launch(config, clear=os.environ["RANK"] == "0")  # noqa: F841 - held for the worker's life
         records = run_worker(config)
         if records is None:
