@@ -42,7 +42,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"geotrain {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     command = argv[0] if argv else None
-    modules = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else list(dict.fromkeys(COMMAND_MODULES.values()))
+    every = list(dict.fromkeys(COMMAND_MODULES.values()))
+    modules = [COMMAND_MODULES[command]] if command in COMMAND_MODULES else every
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
     refuse_abbreviations(parser)
