@@ -8,7 +8,6 @@ The process dies with its launcher (geotrain.procs.die_with_parent).
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from pathlib import Path
 from geotrain.cluster import cluster_from_dict
 from geotrain.emulate.install import install
 from geotrain.procs import EXIT_PEER_LOST, die_with_parent
+from geotrain.procs.exit import exit_without_teardown
 
 CONFIG_ENV = "GEOTRAIN_EMULATE_CONFIG"
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused")
@@ -57,11 +57,9 @@ def main(argv: list[str]) -> None:
         code = EXIT_PEER_LOST
     # The script is done: run its exit handlers (our report among them), then leave without the
     # interpreter's teardown, where destroying gloo's threads out of order has aborted a rank
-    # ("terminate called without an active exception", exit 134) after a successful run.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    # ("terminate called without an active exception", exit 134) after a successful run. Threads are
+    # not joined, as before: torch's own may never end.
+    exit_without_teardown(code, join_threads=False)
 
 
 if __name__ == "__main__":

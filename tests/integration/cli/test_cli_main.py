@@ -72,19 +72,3 @@ def test_help_lists_every_command_in_order():
     only = [action.choices for action in build_parser(["plan", "--x"])._actions
             if isinstance(action, argparse._SubParsersAction)]
     assert list(only[0]) == ["plan"]
-
-
-def test_the_program_ends_with_its_exit_code_after_the_atexit_handlers_and_a_flush(tmp_path):
-    """`exit_without_teardown`: non-daemon threads finish, atexit handlers run, buffered output is
-    written, and the code is the command's."""
-    marker = tmp_path / "atexit.txt"
-    code = ("import atexit, sys, threading, time\n"
-            "from geotrain.cli.main import exit_without_teardown\n"
-            f"atexit.register(lambda: open({str(marker)!r}, 'w').write('ran'))\n"
-            "threading.Thread(target=lambda: (time.sleep(0.3), print('thread done'))).start()\n"
-            "sys.stdout.write('buffered')\n"
-            "exit_without_teardown(3)\n")
-    done = _run_python(code)
-    assert done.returncode == 3, done.stderr
-    assert "thread done" in done.stdout and "buffered" in done.stdout
-    assert marker.read_text() == "ran"
