@@ -203,11 +203,10 @@ def run(args: Any) -> int:
     with out.progress(f"{args.method} on {cluster.name}", 1) as progress:
         result = run_search(args.method, problem, seed=args.seed, time_limit_s=search_limit,
                             progress=progress, options=options, on_plan=None if beside is None else beside.offer)
-    proven = result.lower_bound is not None and result.lower_bound >= result.cost.total * (1 - 1e-9)
     if beside is not None:
         with out.progress("lower bound", 1):
             result = beside.finish(result)
-    elif args.lower_bound and not proven:
+    elif args.lower_bound and not result.proven_optimal:
         from geotrain.search.bounds import with_lower_bound
 
         if args.time_limit is not None:  # the bound gets what the search left of the budget, no more

@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass
 
 from geotrain.search.anytime import Trajectory, improve_until
-from geotrain.search.base import PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchResult
+from geotrain.search.base import (PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchResult,
+                                  certifies)
 from geotrain.search.exact import ExactConfig, exact_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
@@ -137,8 +138,7 @@ def auto_search(
         tried.append({"method": name, "total": result.cost.total, "seconds": result.seconds})
         results.append(result)
         trajectory.offer(result, name)
-        proven = result.lower_bound is not None and result.cost.total <= result.lower_bound * (1 + 1e-9)
-        if proven or (deadline is not None and _remaining(deadline) == 0.0):
+        if result.proven_optimal or (deadline is not None and _remaining(deadline) == 0.0):
             break
     if not results:
         reasons = "; ".join(f"{t['method']}: {t['skipped']}" for t in tried)
@@ -146,7 +146,7 @@ def auto_search(
     bounds = [r.lower_bound for r in results if r.lower_bound is not None]
     bound = max(bounds) if bounds else None
     rounds: dict[str, int] = {}
-    if anytime and not (bound is not None and trajectory.best.cost.total <= bound * (1 + 1e-9)):
+    if anytime and not (bound is not None and certifies(trajectory.best.cost.total, bound)):
         rounds = improve_until(problem, trajectory, seed=seed, deadline=deadline, budget_s=time_limit_s)
     best = trajectory.best
     details = {"chosen": trajectory.found_by.split("#")[0], "found_by": trajectory.found_by, "tried": tried,

@@ -64,6 +64,16 @@ class SearchResult:
     details: dict[str, Any] = field(default_factory=dict)
     lower_bound: float | None = None
 
+    @property
+    def proven_optimal(self) -> bool:
+        """Whether `lower_bound` certifies this plan optimal (`certifies`)."""
+        return self.lower_bound is not None and certifies(self.cost.total, self.lower_bound)
+
+
+def certifies(total_s: float, bound_s: float) -> bool:
+    """Whether a lower bound of `bound_s` proves a plan of `total_s` optimal (equal to 1e-9 relative)."""
+    return total_s <= bound_s * (1 + 1e-9)
+
 
 class SearchRun(Protocol):
     def __call__(

@@ -66,7 +66,7 @@ class BoundBeside:
         if self._thread is None:
             left = max(0.0, self.deadline - time.perf_counter())
             return _beside(with_lower_bound(self.problem, result, time_limit_s=left), False)
-        if result.lower_bound is not None and result.lower_bound >= result.cost.total * (1 - 1e-9):
+        if result.proven_optimal:
             self._cancel.set()
         self._thread.join()
         if self._error is not None:

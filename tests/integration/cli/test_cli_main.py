@@ -52,16 +52,12 @@ def test_abbreviated_options_are_refused_and_nothing_is_touched(words, option, t
     assert sorted(p.name for p in ck.iterdir()) == ["latest", "step-000002"]
 
 
-def _run_python(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-
-
 @pytest.mark.parametrize("command", [["cluster", "show", "seed-geo"], ["plan", "--help"], ["data", "--help"]])
 def test_a_command_imports_its_own_module_and_not_torch(command):
     code = ("import sys\nfrom geotrain.cli.main import main\n"
             f"try:\n    main({command!r})\nexcept SystemExit:\n    pass\n"
             "print('MODULES', 'torch' in sys.modules, 'geotrain.cli.train_cmd' in sys.modules)")
-    done = _run_python(code)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "MODULES False False"
 
