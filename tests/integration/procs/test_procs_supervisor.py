@@ -102,7 +102,9 @@ def test_success_and_on_tick_and_torchrun_env(tmp_path):
     assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "OMP_NUM_THREADS", "EXTRA")} == \
         {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_PORT": "29511", "OMP_NUM_THREADS": "1",
          "EXTRA": "x"}
-    code = "import os, sys; open(sys.argv[1], 'w').write(os.environ['RANK'] + os.environ['MASTER_ADDR'])"
+    # the ranks outlive a few polls (0.05 s each): ranks that end before the first poll see no tick
+    code = ("import os, sys, time; open(sys.argv[1], 'w').write(os.environ['RANK'] + os.environ['MASTER_ADDR']); "
+            "time.sleep(0.5)")
     ticks = []
     specs = [Command(py(code, str(tmp_path / f"r{r}")), torchrun_env(r, 2, "10.0.0.1", 1)) for r in range(2)]
     with Supervisor(specs) as supervisor:
