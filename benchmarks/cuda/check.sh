@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The CUDA/NCCL check: `geotrain train --device cuda` end to end on the GPUs of one machine, in
+# bf16 and fp32, against the same run on CPU (same seed, same data: the losses must agree). Writes
+# every run's JSON and stderr to $OUT/cuda_check.tar.gz and a summary table to stdout.
+# Usage (repo root, a python3 with torch+CUDA): OUT=/tmp/out bash benchmarks/cuda/check.sh;
+# The runs are sized to take about 3 minutes on one H200; CHECK_DEVICE=cpu dry-runs the script without a GPU.
+set -u
+OUT=${OUT:-/tmp/cuda_check_out}
+RES=$(mktemp -d)
+HERE=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$OUT"
+DEVICE=${CHECK_DEVICE:-cuda}  # CHECK_DEVICE=cpu: a dry run of the script where there is no GPU
+command -v geotrain >/dev/null || python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
+  >"$RES/install.log" 2>&1 || { cat "$RES/install.log"; exit 1; }
+export PYTHONUNBUFFERED=1
+{ nvidia-smi -L; python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__,
+'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else '-', 'gpus', torch.cuda.device_count(),
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-')"; nproc; } | tee "$RES/env.txt"
+cd "$RES"
+cp "$HERE/one-gpu.yaml" "$HERE/two-ranks.yaml" .
+geotrain plan --cluster one-gpu.yaml --stages 1 --replicas 1 --json >plan-1x1.json
+geotrain plan --cluster two-ranks.yaml --stages 2 --replicas 1 --json >plan-2x1.json
+geotrain plan --cluster two-ranks.yaml --stages 1 --replicas 2 --json >plan-1x2.json
+MEDIUM="$HERE/gpt_medium.py:gpt_medium"
+# name timeout cluster plan flags...
+run() {
+  local name=$1 limit=$2 cluster=$3 plan=$4; shift 4
+  local t0=$(date +%s.%N)
+  timeout "$limit" geotrain train --cluster "$cluster" --plan "$plan" --time-scale 0 --json "$@" \
+    >"$name.json" 2>"$name.err"
+  local rc=$? t1=$(date +%s.%N)
+  echo "$name rc=$rc wall=$(python3 -c "print(round($t1-$t0,1))")s" | tee -a runs.txt
+  tail -n 3 "$name.err"
+}
+run tiny-$DEVICE-bf16 120 one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 --steps 60 --eval-every 60
+run tiny-$DEVICE-fp32 120 one-gpu.yaml plan-1x1.json --device $DEVICE --precision fp32 --steps 60 --eval-every 60
+run tiny-cpu-fp32 120 one-gpu.yaml plan-1x1.json --device cpu --precision fp32 --steps 60 --eval-every 60
+run tiny-cpu-bf16 120 one-gpu.yaml plan-1x1.json --device cpu --precision bf16 --steps 60 --eval-every 60
+MED="--model $MEDIUM --seq-len 512 --batch-size 16 --microbatches 4 --steps 30 --eval-every 30"
+run medium-$DEVICE-bf16 150 one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 $MED
+run medium-$DEVICE-fp32 150 one-gpu.yaml plan-1x1.json --device $DEVICE --precision fp32 $MED
+# Two ranks on one GPU: NCCL's answer (a GPU per rank is its rule) and geotrain's message.
+run two-stages-one-gpu 90 two-ranks.yaml plan-2x1.json --device $DEVICE --precision bf16 --steps 10
+run two-replicas-one-gpu 90 two-ranks.yaml plan-1x2.json --device $DEVICE --precision bf16 --steps 10
+python3 "$HERE/summarise.py" . | tee summary.txt
+tar czf "$OUT/cuda_check.tar.gz" -C "$RES" .
