@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 DEVICE=${CHECK_DEVICE:-cuda}  # CHECK_DEVICE=cpu: a dry run of the script where there is no GPU
 command -v geotrain >/dev/null || python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . \
   >"$RES/install.log" 2>&1 || { cat "$RES/install.log"; exit 1; }
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 GEOTRAIN_TRACEBACK=1  # a failed rank prints its traceback
 { nvidia-smi -L; python3 -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__,
 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else '-', 'gpus', torch.cuda.device_count(),
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-')"; nproc; } | tee "$RES/env.txt"
@@ -35,12 +35,28 @@ run() {
 run tiny-$DEVICE-bf16 120 one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 --steps 60 --eval-every 60
 run tiny-$DEVICE-fp32 120 one-gpu.yaml plan-1x1.json --device $DEVICE --precision fp32 --steps 60 --eval-every 60
 run tiny-cpu-fp32 120 one-gpu.yaml plan-1x1.json --device cpu --precision fp32 --steps 60 --eval-every 60
-run tiny-cpu-bf16 120 one-gpu.yaml plan-1x1.json --device cpu --precision bf16 --steps 60 --eval-every 60
 MED="--model $MEDIUM --seq-len 512 --batch-size 16 --microbatches 4 --steps 30 --eval-every 30"
 run medium-$DEVICE-bf16 150 one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 $MED
 run medium-$DEVICE-fp32 150 one-gpu.yaml plan-1x1.json --device $DEVICE --precision fp32 $MED
-# Two ranks on one GPU: NCCL's answer (a GPU per rank is its rule) and geotrain's message.
-run two-stages-one-gpu 90 two-ranks.yaml plan-2x1.json --device $DEVICE --precision bf16 --steps 10
-run two-replicas-one-gpu 90 two-ranks.yaml plan-1x2.json --device $DEVICE --precision bf16 --steps 10
+# The other synchronisation schemes and schedules, one rank each (their code paths, not their speed),
+# side by side; then two ranks on one GPU (refused: NCCL wants a GPU per rank) and NCCL's own answer.
+V="one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 --steps 20"
+run v-int8-block 150 $V --dp-codec int8-block &
+run v-sync-every 150 $V --sync-every 5 &
+run v-streaming 150 $V --sync-every 4 --fragments 2 --sync-delay 1 &
+run v-onebit-adam 150 $V --optimizer onebit-adam &
+run v-clip-1f1b 150 $V --clip-grad-norm 1.0 --schedule 1f1b --eval-every 10 &
+run v-checkpoint 150 $V --checkpoint-dir ck --checkpoint-every 10 --stop-after 10 &
+run two-stages-one-gpu 150 two-ranks.yaml plan-2x1.json --device $DEVICE --precision bf16 --steps 10 &
+cat >nccl_two_ranks.py <<'PY'
+import torch, torch.distributed as dist
+dist.init_process_group("nccl"); torch.cuda.set_device(0)
+t = torch.ones(4, device="cuda") * (dist.get_rank() + 1); dist.all_reduce(t)
+print("rank", dist.get_rank(), "all_reduce on one GPU:", t.tolist())
+PY
+[ "$DEVICE" = cuda ] && timeout 90 torchrun --nproc-per-node 2 nccl_two_ranks.py >nccl_two_ranks.out 2>&1
+echo "raw NCCL, 2 ranks on one GPU: rc=$?"; grep -m3 "all_reduce on one GPU\|Duplicate\|Error" nccl_two_ranks.out
+wait
+run v-checkpoint-resume 150 $V --checkpoint-dir ck --resume
 python3 "$HERE/summarise.py" . | tee summary.txt
 tar czf "$OUT/cuda_check.tar.gz" -C "$RES" .

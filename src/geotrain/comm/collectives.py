@@ -201,7 +201,7 @@ class TorchCollective:
         self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
         if self.world_size == 1:
             return mine, mine.clone(), lambda async_op: None
-        gathered = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype)
+        gathered = torch.empty(self.world_size * mine.numel(), dtype=mine.dtype, device=mine.device)
         if algorithm == "direct":  # every peer gets our piece in one all-to-all round
             send = mine.repeat(self.world_size)
             return (mine, send), gathered, lambda async_op: dist.all_to_all_single(

@@ -65,7 +65,9 @@ class StageModule(nn.Module):
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         hidden = inputs.float() if inputs.is_floating_point() else inputs
         hidden = self.layers(hidden)
-        return hidden if self.is_last else hidden.to(self.wire_dtype)
+        if self.is_last:  # fp32 logits under autocast too: what the stage declared to torch's pipelining
+            return hidden.float() if hidden.is_floating_point() else hidden
+        return hidden.to(self.wire_dtype)
 
 
 def tiny_layer_model(config: GPTConfig, seed: int, name: str = "tiny") -> LayerModel:
@@ -144,6 +146,8 @@ def stage_shapes(model: LayerModel, boundaries: Sequence[int], microbatch: int, 
     for stage, (in_shape, out_shape, out_dtype) in enumerate(found):
         in_dtype = torch.long if stage == 0 else cut_dtype(wire_dtype, stage - 1)
         last = stage == len(found) - 1
+        if last:  # the last stage hands floating outputs to the loss in fp32 (StageModule)
+            out_dtype = torch.float32 if out_dtype.is_floating_point else out_dtype
         shapes.append(StageShapes(in_shape, in_dtype, out_shape, out_dtype if last else cut_dtype(wire_dtype, stage)))
     return shapes
 

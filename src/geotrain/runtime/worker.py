@@ -15,6 +15,7 @@ import contextlib
 import os
 import sys
 import time
+import traceback
 from datetime import timedelta
 from typing import Any
 
@@ -53,6 +54,14 @@ def resolve_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
+def check_gpus_per_rank(ranks_on_host: int, gpus: int) -> None:
+    """NCCL needs a GPU of its own for each rank of a host: refuse more ranks than GPUs in one line."""
+    if ranks_on_host > gpus:
+        raise RuntimeConfigError(f"device cuda: {ranks_on_host} ranks on this host but {gpus} GPU(s); NCCL needs "
+                                 "one GPU per rank (use a plan with at most that many devices per host, or "
+                                 "--device cpu)")
+
+
 def _store_client(timeout_s: float) -> Any:
     """A client of the rendezvous store (torchrun's agent or our launcher), under a per-attempt prefix."""
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
@@ -87,13 +96,15 @@ class Worker:
         self.boundaries = self._boundaries(model)
         wire = config.comm.wire_dtypes()
         self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire)
+        # the shapes run the whole model on CPU: before this rank's stages move to the device
+        self.shapes = stage_shapes(model, self.boundaries, config.microbatch_size, self.seq_len, wire)
         for module in self.modules.values():
             module.to(device)
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
-        self.shapes = stage_shapes(model, self.boundaries, config.microbatch_size, self.seq_len, wire)
         self.ties = self._tie_groups(stage_ties(model.tied_weights, self.boundaries, model.n_layers))
         scale = config.compute_scale()
-        self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device])
+        self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device],
+                                  device_sync=torch.cuda.synchronize if device.type == "cuda" else None)
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss,
@@ -151,7 +162,8 @@ class Worker:
             return None, None
         x, y = self.data.batch(cfg.data.data_seed, step, self.slot.replica, cfg.replicas, cfg.schedule.batch_size,
                                self.seq_len)
-        return x.to(self.device), y.to(self.device)
+        # contiguous: the windows' views have the stride of a longer row, which torch's stage checks refuse
+        return x.to(self.device).contiguous(), y.to(self.device).contiguous()
 
     def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.config
@@ -312,6 +324,7 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
             raise RuntimeConfigError(f"device {config.run.device}: CUDA found, but link emulation runs on CPU (gloo) "
                                      f"only; pass --time-scale 0 (time_scale is {config.emulation.time_scale!r}) or "
                                      "--device cpu")
+        check_gpus_per_rank(int(os.environ.get("LOCAL_WORLD_SIZE", 1)), torch.cuda.device_count())
         torch.cuda.set_device(device)
         emulation = None
     else:
@@ -319,7 +332,10 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
                                        config.emulation.compute_clock,
                                        config.compute_scale())
     try:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method="env://", rank=rank,
+        # on CUDA, NCCL moves the GPU tensors (activations, gradients) and gloo the host ones (the codecs'
+        # buffers, the clipping norm's scalar)
+        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", init_method="env://",
+                                rank=rank,
                                 world_size=world_size, timeout=timedelta(seconds=config.reliability.comm_timeout_s))
     except (dist.DistStoreError, dist.DistNetworkError) as exc:  # peers never came: one line, not a traceback
         raise rendezvous_failure(exc, rank, world_size, config.reliability.comm_timeout_s) from None
@@ -346,6 +362,8 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         while time.monotonic() < deadline:
             time.sleep(reliability.heartbeat_interval_s)
         watchdog.post_abort(message)
+        if os.environ.get("GEOTRAIN_TRACEBACK"):
+            traceback.print_exception(exc, file=sys.stderr)
         print(f"geotrain worker: {message}", file=sys.stderr, flush=True)
         os._exit(EXIT_WORKER_ERROR)
     dist.barrier()

@@ -55,14 +55,20 @@ class ComputeTimer:
 
     seconds: float = 0.0
     scale: float = 1.0
+    device_sync: Callable[[], None] | None = None
+    """Waits for the device's queued work (torch.cuda.synchronize on a GPU): its kernels run asynchronously."""
     _started: float | None = field(default=None, repr=False)
 
     def __enter__(self) -> ComputeTimer:
+        if self.device_sync is not None:
+            self.device_sync()
         self._started = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         assert self._started is not None
+        if self.device_sync is not None:
+            self.device_sync()
         self.seconds += self.scale * (time.perf_counter() - self._started)
         self._started = None
 
@@ -129,6 +135,6 @@ def set_grads(params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tenso
     """Write `values` (shaped like the parameters) into the gradients, creating missing ones."""
     for p, value in zip(params, values, strict=True):
         if p.grad is None:
-            p.grad = value.clone()
+            p.grad = value.to(p.device, copy=True)
         else:
             p.grad.copy_(value)
