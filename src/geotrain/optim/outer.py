@@ -87,7 +87,7 @@ class OuterStep:
         if len(means) != len(self.anchor):
             raise ValueError(f"expected {len(self.anchor)} mean outer gradients, got {len(means)}")
         for anchor, mean in zip(self.anchor, means, strict=True):
-            anchor.grad = mean.detach().reshape(anchor.shape).float().clone()
+            anchor.grad = mean.detach().reshape(anchor.shape).to(anchor.device, torch.float32, copy=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -102,6 +102,9 @@ class RuntimeConfig:
         if self.run.device == "cuda" and self.emulation.time_scale > 0:
             raise RuntimeConfigError("run.device cuda: link emulation runs on CPU (gloo) only; pass --time-scale 0 to "
                                      f"train over NCCL without emulation, got time_scale {self.emulation.time_scale!r}")
+        if self.run.device == "cuda" and self.optim.optimizer == "onebit-adam":
+            raise RuntimeConfigError("run.device cuda: optim.optimizer 'onebit-adam' keeps its state in host memory "
+                                     "(CPU only); use --optimizer adamw (any --dp-codec) or --device cpu")
         self.split_weights()  # every device's gpu type must be known (UnknownGpuError names it) before launch
         self.compute_scale()
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:

@@ -131,8 +131,16 @@ class DPExchange(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def host_gradients(params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Each parameter's gradient (zeros where it has none) in host memory: what the exchanges encode and
+    hand to their collectives. On a GPU this is a copy, so the codecs, their residuals and the DP
+    collectives (gloo beside NCCL) run on the CPU; a CPU gradient is returned as it is, not copied."""
+    return [(p.grad if p.grad is not None else torch.zeros_like(p)).to("cpu") for p in params]
+
+
 def set_grads(params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor]) -> None:
-    """Write `values` (shaped like the parameters) into the gradients, creating missing ones."""
+    """Write `values` (shaped like the parameters, on any device) into the gradients, creating missing ones
+    on the parameter's device."""
     for p, value in zip(params, values, strict=True):
         if p.grad is None:
             p.grad = value.to(p.device, copy=True)

@@ -20,7 +20,7 @@ import torch
 from geotrain.codecs import CodecSpec
 from geotrain.comm import ReducerContext, TorchCollective, get_reducer
 from geotrain.comm.gather import GatherLinks
-from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, set_grads
+from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, host_gradients, set_grads
 
 T = TypeVar("T")
 
@@ -134,7 +134,7 @@ class StageExchange:
         before = self.collective.ledger.handed_bytes
         comm_before = self.comm_wall_s
         started = time.perf_counter()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = host_gradients(self.params)
         set_grads(self.params, self.reducer.reduce([grads], self.collective, step))
         timer.seconds += time.perf_counter() - started - (self.comm_wall_s - comm_before)
         return self.collective.ledger.handed_bytes - before
@@ -149,7 +149,7 @@ class StageExchange:
                             f"(only codecs of geotrain.codecs can); use delay 0")
         before = self.collective.ledger.handed_bytes
         with timer:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+            grads = host_gradients(self.params)
             finish = self.reducer.start([grads], self.posting, step)
         handed = self.collective.ledger.handed_bytes - before
 

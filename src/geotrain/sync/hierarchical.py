@@ -17,7 +17,7 @@ import torch
 
 from geotrain.codecs import Codec
 from geotrain.comm.hierarchical import HierarchicalGroups, HierarchicalReducer
-from geotrain.sync.base import CollectiveTransport, StepTimer, set_grads
+from geotrain.sync.base import CollectiveTransport, StepTimer, host_gradients, set_grads
 
 
 class HierarchicalGradientExchange:
@@ -46,8 +46,7 @@ class HierarchicalGradientExchange:
     def exchange(self, step: int, timer: StepTimer) -> int:
         """Replace every gradient by the group mean; returns the bytes this rank sent (intra + inter)."""
         with timer:
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                              for p in self.params])
+            flat = torch.cat([grad.reshape(-1).float() for grad in host_gradients(self.params)])
         mean = self.transport.collective(self._process_groups(), self.group_devices, self._sent_bytes,
                                          lambda: self.reducer.all_reduce_mean(flat, step))
         with timer:

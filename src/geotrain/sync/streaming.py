@@ -134,7 +134,8 @@ class StreamingOuterSync(OuterSync):
         self.fragments: list[Fragment] = []
         for indices in split_fragments(sizes, fragments):
             named = [named_params[i] for i in indices]
-            shadows = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32), requires_grad=False)
+            shadows = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+                                          requires_grad=False)
                        for _, p in named]
             outer = OuterStep([p for _, p in named], sync_every, outer_lr, outer_momentum)
             exchange = make_exchange([(name, s) for (name, _), s in zip(named, shadows, strict=True)])

@@ -1,0 +1,73 @@
+"""The pieces of the CUDA path that run without a GPU (benchmarks/cuda/check.sh runs the rest on one):
+host-staged gradients, the last stage's fp32 logits under autocast, the compute timer's device sync and
+the refusals (more ranks than GPUs, 1-bit Adam on CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import numpy as np
+import torch
+
+from geotrain.cluster import make_network
+from geotrain.models import GPTConfig
+from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
+from geotrain.runtime.stages import StageModule, stage_shapes, tiny_layer_model
+from geotrain.runtime.worker import check_gpus_per_rank
+from geotrain.sync.base import ComputeTimer, host_gradients, set_grads
+
+
+def test_host_gradients_are_the_cpu_gradients_themselves_and_zeros_where_missing():
+    with_grad, without = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))
+    with_grad.grad = torch.full((3,), 2.0)
+    grads = host_gradients([with_grad, without])
+    assert grads[0] is with_grad.grad  # no copy on the CPU: the CPU path is unchanged
+    assert grads[1].shape == (2, 2) and not grads[1].any() and grads[1].device.type == "cpu"
+
+
+def test_set_grads_creates_the_gradient_on_the_parameters_device_as_a_copy():
+    param = torch.nn.Parameter(torch.zeros(4))
+    value = torch.arange(4.0)
+    set_grads([param], [value])
+    assert param.grad.device == param.device and param.grad is not value
+    value.add_(1)  # the gradient is a copy: later changes to the exchange's buffer do not reach it
+    assert param.grad.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_last_stage_gives_fp32_logits_under_bf16_autocast_as_its_declared_shape_says():
+    model = tiny_layer_model(GPTConfig(n_layer=2), seed=0)
+    shapes = stage_shapes(model, (0, 2, 4), microbatch=2, seq_len=8)
+    assert shapes[-1].output_dtype == torch.float32
+    last = StageModule(model.layers[2:], is_last=True)
+    first = StageModule(model.layers[:2], is_last=False, wire_dtype=torch.bfloat16)
+    tokens = torch.randint(44, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hidden = first(tokens)
+        logits = last(hidden)
+    assert hidden.dtype == torch.bfloat16  # the wire dtype between stages is kept
+    assert logits.dtype == torch.float32 and logits.shape == shapes[-1].output_shape
+
+
+def test_compute_timer_waits_for_the_device_before_and_after_the_timed_work():
+    calls = []
+    timer = ComputeTimer(device_sync=lambda: calls.append("sync"))
+    with timer:
+        calls.append("work")
+    assert calls == ["sync", "work", "sync"] and timer.seconds > 0
+
+
+@pytest.mark.parametrize("ranks, gpus, refused", [(1, 1, False), (2, 2, False), (2, 1, True), (8, 4, True)])
+def test_more_ranks_than_gpus_on_a_host_is_refused_in_one_line(ranks, gpus, refused):
+    if not refused:
+        check_gpus_per_rank(ranks, gpus)
+        return
+    with pytest.raises(RuntimeConfigError, match=f"{ranks} ranks on this host but {gpus} GPU"):
+        check_gpus_per_rank(ranks, gpus)
+
+
+def test_onebit_adam_on_cuda_is_refused_with_the_setting(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the refusal, not a GPU, is tested
+    geo = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0)
+    base = {"cluster": geo, "assignment": np.array([[0, 2], [1, 3]]), "device": "cuda", "time_scale": 0.0}
+    RuntimeConfig.of(**base)  # AdamW on CUDA is accepted
+    with pytest.raises(RuntimeConfigError, match="optimizer 'onebit-adam' keeps its state in host memory"):
+        RuntimeConfig.of(**base, optimizer="onebit-adam")
