@@ -1,6 +1,7 @@
 """DiLoCo for any training loop: wrap the model and its inner optimizer, keep the loop as it is.
 
     dist.init_process_group("gloo")            # plain, under torchrun, `geotrain emulate` or netlab
+                                               # (GPUs: "cpu:gloo,cuda:nccl", or no backend; not "nccl" alone)
     with DiLoCo(model, inner_optimizer, sync_every=H, fragments=P, delay=tau, codec="int8-block",
                 outer_lr=0.7, outer_momentum=0.9) as diloco:
         for batch in data:
@@ -39,7 +40,7 @@ from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
-from geotrain.sync.base import ComputeTimer, DPExchange, SyncError
+from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
 from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.streaming import StreamingOuterSync
@@ -66,6 +67,7 @@ class DiLoCo:
             raise SyncError(str(exc)) from None
         if not dist.is_initialized():
             raise SyncError("DiLoCo needs torch.distributed.init_process_group() first (one process per replica)")
+        check_host_backend(dist.get_backend(group), "DiLoCo")
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.codec = CodecSpec.parse(codec)

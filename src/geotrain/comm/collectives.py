@@ -22,6 +22,16 @@ from geotrain.comm.gather import GATHER_ALGORITHMS
 from geotrain.comm.ledger import CommLedger, tensor_bytes
 
 
+def all_gather_single(output: torch.Tensor, tensor: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
+    """torch.distributed's single-tensor all-gather by the name this torch has: `all_gather_single` (torch
+    2.13; `all_gather_into_tensor` is deprecated there) or `all_gather_into_tensor` (earlier, e.g. the 2.11
+    of GPU images). Looked up at each call, so a ledger that intercepts torch's collectives sees it."""
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, tensor, group=group, async_op=async_op)
+
+
 class Collective(Protocol):
     world_size: int
     local_ranks: tuple[int, ...]
@@ -206,8 +216,8 @@ class TorchCollective:
             send = mine.repeat(self.world_size)
             return (mine, send), gathered, lambda async_op: dist.all_to_all_single(
                 gathered, send, group=self.group, async_op=async_op)
-        return mine, gathered, lambda async_op: dist.all_gather_single(
-            gathered, mine, group=self.group, async_op=async_op)
+        return mine, gathered, lambda async_op: all_gather_single(gathered, mine, group=self.group,
+                                                                  async_op=async_op)
 
     # Posted collectives (async work of the group, waited for later: an exchange overlapping compute).
     # They do not go through `wrap`: their time is spent where the caller waits (under geotrain emulate

@@ -40,6 +40,7 @@ from geotrain.codecs.base import Codec, CodecError, Payload, PayloadSpec
 from geotrain.codecs.dtypes import float_dtype, itemsize
 from geotrain.codecs.feedback import ErrorFeedbackBank
 from geotrain.codecs.wire import pack_payload, unpack_payload
+from geotrain.comm.collectives import all_gather_single
 from geotrain.comm.regions import Regions, RegionsError
 
 
@@ -190,7 +191,7 @@ class HierarchicalReducer:
         packed = torch.cat([pack_payload(payload) for payload in payloads])
         owners = self.regions.inter_group(shard)
         gathered = torch.empty(len(owners) * packed.numel(), dtype=torch.uint8)
-        dist.all_gather_single(gathered, packed, group=self.groups.inter[owners])
+        all_gather_single(gathered, packed, group=self.groups.inter[owners])
         self.last_bytes.inter_bytes += (len(owners) - 1) * packed.numel()
         total = torch.zeros(value.numel(), dtype=torch.float32)
         for region_bytes in gathered.view(len(owners), -1):  # region order: a fixed sum

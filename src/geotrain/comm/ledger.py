@@ -80,8 +80,9 @@ def intercept_torch_collectives(ledger: CommLedger) -> Iterator[CommLedger]:
     """
     import torch.distributed as dist
 
-    originals = {name: getattr(dist, name) for name in
-                 ("all_reduce", "all_gather", "all_gather_single", "all_to_all_single")}
+    # torch before 2.13 names the single-tensor all-gather all_gather_into_tensor
+    single = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", single, "all_to_all_single")}
 
     # Positional index of `group` after the leading tensor arguments, per torch 2.13's signatures.
     def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -94,14 +95,14 @@ def intercept_torch_collectives(ledger: CommLedger) -> Iterator[CommLedger]:
 
     def all_gather_single(output: torch.Tensor, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         ledger.record("all_gather", tensor_bytes(tensor), _group_size(args, kwargs, 0))
-        return originals["all_gather_single"](output, tensor, *args, **kwargs)
+        return originals[single](output, tensor, *args, **kwargs)
 
     def all_to_all_single(output: torch.Tensor, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         ledger.record("all_to_all", tensor_bytes(tensor), _group_size(args, kwargs, 2))
         return originals["all_to_all_single"](output, tensor, *args, **kwargs)
 
     replacements = {"all_reduce": all_reduce, "all_gather": all_gather,
-                    "all_gather_single": all_gather_single, "all_to_all_single": all_to_all_single}
+                    single: all_gather_single, "all_to_all_single": all_to_all_single}
     try:
         for name, function in replacements.items():
             setattr(dist, name, function)

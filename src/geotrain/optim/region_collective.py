@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from geotrain.comm.collectives import all_gather_single
 from geotrain.comm.hierarchical import HierarchicalGroups, LinkBytes, shard_bounds
 from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.optim.onebit_adam import OneBitAdam
@@ -53,7 +54,7 @@ class RegionCollective:
         if k == 1:
             return tensor.clone()
         gathered = torch.empty(k * tensor.numel(), dtype=tensor.dtype)
-        dist.all_gather_single(gathered, tensor, group=self.groups.intra[self.region])
+        all_gather_single(gathered, tensor, group=self.groups.intra[self.region])
         self.bytes.intra_bytes += (k - 1) * tensor_bytes(tensor)
         copies = gathered.view(k, -1)
         total = copies[0].clone()
@@ -98,7 +99,7 @@ class RegionCollective:
             else:
                 send = rows[0, lo:hi].contiguous()
                 out = torch.empty(self.world_size * (hi - lo), dtype=rows.dtype)
-                dist.all_gather_single(out, send, group=group)
+                all_gather_single(out, send, group=group)
                 self.bytes.inter_bytes += (self.world_size - 1) * tensor_bytes(send)
             owned[shard] = out.view(self.world_size, hi - lo)
         pieces = self._share(owned, [hi - lo for lo, hi in bounds])

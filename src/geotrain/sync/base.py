@@ -138,6 +138,20 @@ def host_gradients(params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
     return [(p.grad if p.grad is not None else torch.zeros_like(p)).to("cpu") for p in params]
 
 
+GPU_ONLY_BACKENDS = ("nccl",)
+"""torch.distributed backends that take no host tensors: a group of one of these alone cannot carry the
+exchanges' host copies (`host_gradients`)."""
+
+
+def check_host_backend(backend: str, who: str) -> None:
+    """SyncError unless process-group `backend` (torch.distributed.get_backend's string) takes host
+    tensors: "gloo", a per-device string with a cpu entry ("cpu:gloo,cuda:nccl"), the emulating one."""
+    if str(backend).lower() in GPU_ONLY_BACKENDS:
+        raise SyncError(f"{who}: the process group's backend {backend!r} carries GPU tensors only, and the "
+                        "exchanges encode host copies of the gradients; use init_process_group("
+                        "'cpu:gloo,cuda:nccl') or give no backend (torch then creates both)")
+
+
 def set_grads(params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor]) -> None:
     """Write `values` (shaped like the parameters, on any device) into the gradients, creating missing ones
     on the parameter's device."""

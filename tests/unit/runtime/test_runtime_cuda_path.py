@@ -1,11 +1,11 @@
-"""The pieces of the CUDA path that run without a GPU (benchmarks/cuda/check.sh runs the rest on one):
-host-staged gradients, the last stage's fp32 logits under autocast, the compute timer's device sync and
-the refusals (more ranks than GPUs, 1-bit Adam on CUDA)."""
+"""The runtime's pieces of the CUDA path that run without a GPU (benchmarks/cuda/check.sh runs the rest on
+one): the last stage's fp32 logits under autocast and the refusals (more ranks than GPUs, 1-bit Adam on
+CUDA). The host-staged exchanges: tests/unit/sync/test_sync_host_staging.py."""
 
 from __future__ import annotations
 
-import pytest
 import numpy as np
+import pytest
 import torch
 
 from geotrain.cluster import make_network
@@ -13,24 +13,6 @@ from geotrain.models import GPTConfig
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.stages import StageModule, stage_shapes, tiny_layer_model
 from geotrain.runtime.worker import check_gpus_per_rank
-from geotrain.sync.base import ComputeTimer, host_gradients, set_grads
-
-
-def test_host_gradients_are_the_cpu_gradients_themselves_and_zeros_where_missing():
-    with_grad, without = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2, 2))
-    with_grad.grad = torch.full((3,), 2.0)
-    grads = host_gradients([with_grad, without])
-    assert grads[0] is with_grad.grad  # no copy on the CPU: the CPU path is unchanged
-    assert grads[1].shape == (2, 2) and not grads[1].any() and grads[1].device.type == "cpu"
-
-
-def test_set_grads_creates_the_gradient_on_the_parameters_device_as_a_copy():
-    param = torch.nn.Parameter(torch.zeros(4))
-    value = torch.arange(4.0)
-    set_grads([param], [value])
-    assert param.grad.device == param.device and param.grad is not value
-    value.add_(1)  # the gradient is a copy: later changes to the exchange's buffer do not reach it
-    assert param.grad.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_last_stage_gives_fp32_logits_under_bf16_autocast_as_its_declared_shape_says():
@@ -45,14 +27,6 @@ def test_last_stage_gives_fp32_logits_under_bf16_autocast_as_its_declared_shape_
         logits = last(hidden)
     assert hidden.dtype == torch.bfloat16  # the wire dtype between stages is kept
     assert logits.dtype == torch.float32 and logits.shape == shapes[-1].output_shape
-
-
-def test_compute_timer_waits_for_the_device_before_and_after_the_timed_work():
-    calls = []
-    timer = ComputeTimer(device_sync=lambda: calls.append("sync"))
-    with timer:
-        calls.append("work")
-    assert calls == ["sync", "work", "sync"] and timer.seconds > 0
 
 
 @pytest.mark.parametrize("ranks, gpus, refused", [(1, 1, False), (2, 2, False), (2, 1, True), (8, 4, True)])
