@@ -39,7 +39,8 @@ MED="--model $MEDIUM --seq-len 512 --batch-size 16 --microbatches 4 --steps 30 -
 run medium-$DEVICE-bf16 150 one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 $MED
 run medium-$DEVICE-fp32 150 one-gpu.yaml plan-1x1.json --device $DEVICE --precision fp32 $MED
 # The other synchronisation schemes and schedules, one rank each (their code paths, not their speed),
-# side by side; then two ranks on one GPU (refused: NCCL wants a GPU per rank) and NCCL's own answer.
+# side by side; then two ranks, as 2 stages (NCCL between them) and as 2 replicas (the DP exchange over
+# gloo beside NCCL): on one GPU both are refused (NCCL wants a GPU per rank; NCCL's own answer is run too).
 V="one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 --steps 20"
 run v-int8-block 150 $V --dp-codec int8-block &
 run v-sync-every 150 $V --sync-every 5 &
@@ -47,7 +48,8 @@ run v-streaming 150 $V --sync-every 4 --fragments 2 --sync-delay 1 &
 run v-onebit-adam 150 $V --optimizer onebit-adam &
 run v-clip-1f1b 150 $V --clip-grad-norm 1.0 --schedule 1f1b --eval-every 10 &
 run v-checkpoint 150 $V --checkpoint-dir ck --checkpoint-every 10 --stop-after 10 &
-run two-stages-one-gpu 150 two-ranks.yaml plan-2x1.json --device $DEVICE --precision bf16 --steps 10 &
+run two-stages 150 two-ranks.yaml plan-2x1.json --device $DEVICE --precision bf16 --steps 20 &
+run two-replicas 150 two-ranks.yaml plan-1x2.json --device $DEVICE --precision bf16 --steps 20 --dp-codec int8-block &
 cat >nccl_two_ranks.py <<'PY'
 import torch, torch.distributed as dist
 dist.init_process_group("nccl"); torch.cuda.set_device(0)
