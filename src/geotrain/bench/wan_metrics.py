@@ -7,9 +7,10 @@ the benchmark's physical limit, how busy its devices are, and the bandwidth it d
   emulator and time compute in wall seconds of this shared machine instead).
 - `limit_fraction`: a row's time to target / the limit row's (1 = the limit; None if either missed).
 - `compute_fraction`: per device, compute seconds (the runtime's ComputeTimer: forward, backward, codec
-  and optimizer work) over the row's emulated seconds, steps after the first (as the step times are),
-  capped at 1 (the timer counts wall seconds, the emulated clock may count CPU seconds: on a loaded
-  machine the first can exceed the second); the mean over devices.
+  and optimizer work, counted by the emulated clock's own clock: CPU seconds under `--compute-clock
+  cpu`) over the row's emulated seconds, steps after the first (as the step times are), at most 1; the
+  mean over devices. The rest of a step's CPU time (the schedule's bookkeeping, batches, gloo's
+  threads) is not compute, so even the limit row reads a little under 1.
 - `peak_inter_region_gbps`: the records carry per-step inter-region bytes, not per-transfer times of
   the DP collectives, so each step's bytes (all ranks) are spread evenly over that step's emulated
   seconds on the row's timeline; the peak is the highest mean rate over any window of `window_s`

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.data import WorldTokens
-from geotrain.emulate.install import Emulation
+from geotrain.emulate.install import COMPUTE_CLOCKS, Emulation
 from geotrain.errors import GeotrainError
 from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_ties, validation_starts
 from geotrain.runtime import checkpoint as ckpt
@@ -103,7 +103,10 @@ class Worker:
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
         self.ties = self._tie_groups(stage_ties(model.tied_weights, self.boundaries, model.n_layers))
         scale = config.compute_scale()
-        self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device],
+        # compute counted by the emulated clock's own clock (wall or CPU seconds), so that it compares with
+        # emulated time (compute fraction, predicted iteration); wall seconds without emulation
+        clock = COMPUTE_CLOCKS[config.emulation.compute_clock] if emulation is not None else time.perf_counter
+        self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device], clock=clock,
                                   device_sync=torch.cuda.synchronize if device.type == "cuda" else None)
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,

@@ -50,11 +50,14 @@ class StepTimer(Protocol):
 
 @dataclass
 class ComputeTimer:
-    """Accumulates wall seconds spent computing (forward, backward, codecs, optimizer), times `scale`
-    (the emulated device's slowness against this machine, RuntimeConfig.compute_scale; 1: as measured)."""
+    """Accumulates seconds spent computing (forward, backward, codecs, optimizer) by `clock` (wall seconds;
+    under link emulation the emulated clock's own, so that compute and emulated time are counted alike:
+    geotrain.emulate.install.COMPUTE_CLOCKS), times `scale` (the emulated device's slowness against this
+    machine, RuntimeConfig.compute_scale; 1: as measured)."""
 
     seconds: float = 0.0
     scale: float = 1.0
+    clock: Callable[[], float] = time.perf_counter
     device_sync: Callable[[], None] | None = None
     """Waits for the device's queued work (torch.cuda.synchronize on a GPU): its kernels run asynchronously."""
     _started: float | None = field(default=None, repr=False)
@@ -62,14 +65,14 @@ class ComputeTimer:
     def __enter__(self) -> ComputeTimer:
         if self.device_sync is not None:
             self.device_sync()
-        self._started = time.perf_counter()
+        self._started = self.clock()
         return self
 
     def __exit__(self, *exc: object) -> None:
         assert self._started is not None
         if self.device_sync is not None:
             self.device_sync()
-        self.seconds += self.scale * (time.perf_counter() - self._started)
+        self.seconds += self.scale * (self.clock() - self._started)
         self._started = None
 
 
