@@ -27,10 +27,11 @@ outer gradients in 4-bit floats; SparseLoCo's values in 2 bits, with error feedb
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
+import numpy as np
 import torch
+from numba import njit
 
 from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, numel_of
 
@@ -57,53 +58,139 @@ def grid_codes(y: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """uint8 bytes holding 8 / bits codes each, least significant first (see module doc)."""
+    flat = codes.reshape(-1).to(torch.uint8).contiguous().numpy()
     per = 8 // bits
-    n = codes.numel()
-    padded = torch.zeros(-(-n // per) * per, dtype=torch.uint8)
-    padded[:n] = codes.reshape(-1)
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
-    return (padded.view(-1, per) << shifts).sum(dim=1, dtype=torch.uint8)
+    packed = np.empty(-(-flat.size // per), dtype=np.uint8)
+    _pack(flat, bits, packed)
+    return torch.from_numpy(packed)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """The first n codes of `packed` (the inverse of pack_codes)."""
-    shifts = torch.arange(0, 8, bits, dtype=torch.uint8)
+    data = packed.reshape(-1).to(torch.uint8).contiguous().numpy()
+    if n > data.size * (8 // bits):
+        raise CodecError(f"unpack_codes: {data.size} bytes hold {data.size * (8 // bits)} {bits}-bit codes, not {n}")
+    codes = np.empty(n, dtype=np.uint8)
+    _unpack(data, bits, codes)
+    return torch.from_numpy(codes)
+
+
+@njit(cache=True)
+def _pack(codes, bits, packed):  # pragma: no cover - compiled
+    per = 8 // bits
+    n = codes.size
+    for j in range(packed.size):
+        byte = 0
+        for i in range(per):
+            k = j * per + i
+            if k < n:
+                byte |= (codes[k] << (i * bits)) & 0xFF
+        packed[j] = byte
+
+
+@njit(cache=True)
+def _unpack(packed, bits, codes):  # pragma: no cover - compiled
+    per = 8 // bits
     mask = (1 << bits) - 1
-    return ((packed.reshape(-1, 1) >> shifts) & mask).reshape(-1)[:n]
+    for k in range(codes.size):
+        codes[k] = (packed[k // per] >> ((k % per) * bits)) & mask
 
 
 def block_peaks(flat: torch.Tensor, block: int) -> torch.Tensor:
-    """max |x| of each block of `block` values of the fp32 vector `flat` (NaN/inf propagate)."""
-    n = flat.numel()
-    blocks = -(-n // block)
-    padded = torch.zeros(blocks * block, dtype=torch.float32)
-    padded[:n] = flat.abs()
-    # amax drops NaN on some builds: carry NaN explicitly so a NaN block's peak is NaN.
-    peaks = padded.view(blocks, block).amax(dim=1)
-    nan = torch.isnan(padded.view(blocks, block)).any(dim=1)
-    return torch.where(nan, torch.full_like(peaks, math.nan), peaks)
+    """max |x| of each block of `block` values of the fp32 vector `flat` (NaN/inf propagate: a block
+    holding NaN has peak NaN, one holding inf but no NaN has peak inf)."""
+    values = flat.reshape(-1).to(torch.float32).contiguous().numpy()
+    peaks = np.empty(-(-values.size // block), dtype=np.float32)
+    _block_peaks(values, block, peaks)
+    return torch.from_numpy(peaks)
 
 
 def quantize_blocks(flat: torch.Tensor, block: int, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, peaks) of the fp32 vector `flat` in blocks of `block` values on `grid`."""
-    n = flat.numel()
-    peaks = block_peaks(flat, block)
-    per_value = peaks[torch.arange(n) // block]
-    safe = torch.where(torch.isfinite(per_value) & (per_value > 0), per_value, torch.ones_like(per_value))
-    y = torch.where(torch.isfinite(per_value), flat / safe, torch.zeros_like(flat))
-    return grid_codes(y, grid), peaks
+    """(uint8 codes, fp32 peaks) of the fp32 vector `flat` in blocks of `block` values on `grid`: code = the
+    level nearest to x / peak (an fp32 division; ties to the lower level), 0 where the peak is 0 or not
+    finite."""
+    values = flat.reshape(-1).to(torch.float32).contiguous().numpy()
+    peaks = np.empty(-(-values.size // block), dtype=np.float32)
+    codes = np.empty(values.size, dtype=np.uint8)
+    levels = grid.to(torch.float32).numpy()
+    midpoints = (levels[1:] + levels[:-1]) / np.float32(2)  # fp32, as the levels
+    _block_peaks(values, block, peaks)
+    _quantize(values, block, peaks, midpoints, codes)
+    return torch.from_numpy(codes), torch.from_numpy(peaks)
 
 
 def dequantize_blocks(codes: torch.Tensor, peaks: torch.Tensor, block: int, grid: torch.Tensor,
                       where: str) -> torch.Tensor:
-    """grid[code] * peak of its block, fp32; CodecError (naming `where`) for a code beyond the grid."""
+    """grid[code] * peak of its block, fp32 (NaN where the peak is not finite); CodecError (naming
+    `where`) for a code beyond the grid."""
     n = codes.numel()
     if n and int(codes.max()) >= grid.numel():
         raise CodecError(f"{where}: code {int(codes.max())} is beyond the grid's {grid.numel()} levels")
-    # index, never repeat: a payload's block size may be huge, the values are only n
-    per_value = peaks[torch.arange(n) // block]
-    values = grid[codes.to(torch.int64)] * per_value
-    return torch.where(torch.isfinite(per_value), values, torch.full_like(values, math.nan))
+    if peaks.numel() < -(-n // block):
+        raise CodecError(f"{where}: {peaks.numel()} block scales for {n} values in blocks of {block}")
+    out = np.empty(n, dtype=np.float32)
+    _dequantize(codes.reshape(-1).to(torch.uint8).contiguous().numpy(), peaks.to(torch.float32).contiguous().numpy(),
+                block, grid.to(torch.float32).numpy(), out)
+    return torch.from_numpy(out)
+
+
+# Compiled per block while it sits in cache (as geotrain.codecs.quantize's int8 kernels). The arithmetic is
+# the torch reference's, operation for operation: the peak is max |x| with NaN winning, y = x / peak in
+# fp32, code = the number of grid midpoints below y (torch.bucketize's rule: ties to the lower level), a
+# value = level * peak in fp32 (tests/unit/codecs/test_codecs_lowbit.py holds them bit for bit).
+@njit(cache=True)
+def _block_peaks(values, block, peaks):  # pragma: no cover - compiled
+    n = values.size
+    for b in range(peaks.size):
+        start = b * block
+        chunk = values[start:min(start + block, n)]
+        peak = np.float32(0.0)
+        nan = False
+        for i in range(chunk.size):
+            magnitude = abs(chunk[i])
+            nan |= magnitude != magnitude
+            peak = max(peak, magnitude)
+        peaks[b] = np.float32(np.nan) if nan else peak
+
+
+@njit(cache=True)
+def _quantize(values, block, peaks, midpoints, codes):  # pragma: no cover - compiled
+    n = values.size
+    for b in range(peaks.size):
+        start = b * block
+        chunk = values[start:min(start + block, n)]
+        out = codes[start:start + chunk.size]
+        peak = peaks[b]
+        if not np.isfinite(peak):
+            for i in range(chunk.size):  # y = 0 (the block decodes to NaN whatever its codes)
+                count = 0
+                for m in range(midpoints.size):
+                    count += midpoints[m] < np.float32(0.0)
+                out[i] = count
+            continue
+        safe = peak if peak > 0 else np.float32(1.0)
+        for i in range(chunk.size):
+            y = chunk[i] / safe
+            count = 0
+            for m in range(midpoints.size):
+                count += midpoints[m] < y
+            out[i] = count
+
+
+@njit(cache=True)
+def _dequantize(codes, peaks, block, levels, out):  # pragma: no cover - compiled
+    n = codes.size
+    for b in range(peaks.size):
+        start = b * block
+        stop = min(start + block, n)
+        if start >= n:
+            break
+        peak = peaks[b]
+        if not np.isfinite(peak):
+            out[start:stop] = np.nan
+            continue
+        for i in range(start, stop):
+            out[i] = levels[codes[i]] * peak
 
 
 class LowBitBlockCodec(Codec):

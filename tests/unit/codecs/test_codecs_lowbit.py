@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from geotrain.codecs import CodecError, get_codec, pack_codes, pack_payload, unpack_codes, unpack_payload
-from geotrain.codecs.lowbit import GRIDS
+from geotrain.codecs.lowbit import GRIDS, dequantize_blocks, quantize_blocks
 
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BLOCK_CODECS = {"int4-block": ("int4", 1 / 14), "fp4-block": ("fp4", 1 / 6), "int2-block": ("int2", 1 / 3)}
@@ -88,6 +88,54 @@ def test_code_packing_matches_a_plain_loop(codes, bits):
     expected = [sum(c << (bits * j) for j, c in enumerate(codes[i:i + per])) for i in range(0, len(codes), per)]
     assert packed.tolist() == expected  # two 4-bit codes (four 2-bit codes) per byte, low bits first
     assert unpack_codes(packed, bits, len(codes)).tolist() == codes
+
+
+def torch_quantize_reference(flat: torch.Tensor, block: int, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes and peaks by plain torch operations (the compiled kernels' first implementation)."""
+    n = flat.numel()
+    blocks = -(-n // block)
+    padded = torch.zeros(blocks * block, dtype=torch.float32)
+    padded[:n] = flat.abs()
+    peaks = padded.view(blocks, block).amax(dim=1)
+    peaks = torch.where(torch.isnan(padded.view(blocks, block)).any(dim=1), torch.full_like(peaks, math.nan), peaks)
+    per_value = peaks[torch.arange(n) // block]
+    safe = torch.where(torch.isfinite(per_value) & (per_value > 0), per_value, torch.ones_like(per_value))
+    y = torch.where(torch.isfinite(per_value), flat / safe, torch.zeros_like(flat))
+    return torch.bucketize(y, (grid[1:] + grid[:-1]) / 2).to(torch.uint8), peaks
+
+
+def special_vectors(max_n: int = 300):
+    """fp32 vectors mixing zeros, signed zeros, infinities, NaN and values exactly on a grid midpoint."""
+    elements = st.one_of(st.floats(-1e3, 1e3, width=32), st.sampled_from([0.0, -0.0, math.inf, -math.inf, math.nan]),
+                         st.sampled_from([1 / 14, 3 / 14, -5 / 14, 0.25, 0.75, -1 / 12, 1 / 3, 2 / 3]))
+    return hnp.arrays(np.float32, st.integers(0, max_n), elements=elements).map(lambda a: torch.from_numpy(a.copy()))
+
+
+@PROPERTY
+@given(x=special_vectors(), block=st.integers(1, 40), grid=st.sampled_from(sorted(GRIDS)))
+def test_compiled_quantisation_equals_the_torch_reference_bit_for_bit(x, block, grid):
+    levels = GRIDS[grid][1]
+    codes, peaks = quantize_blocks(x, block, levels)
+    expected_codes, expected_peaks = torch_quantize_reference(x, block, levels)
+    assert codes.tolist() == expected_codes.tolist()
+    assert np.array_equal(peaks.numpy(), expected_peaks.numpy(), equal_nan=True)
+    assert np.array_equal(peaks.numpy().view(np.int32)[~np.isnan(peaks.numpy())],
+                          expected_peaks.numpy().view(np.int32)[~np.isnan(expected_peaks.numpy())])  # -0 too
+    values = dequantize_blocks(codes, peaks, block, levels, "test")
+    per_value = expected_peaks[torch.arange(x.numel()) // block]
+    expected = torch.where(torch.isfinite(per_value), levels[expected_codes.to(torch.int64)] * per_value,
+                           torch.full_like(per_value, math.nan))
+    nan = np.isnan(expected.numpy())
+    assert np.array_equal(np.isnan(values.numpy()), nan)
+    assert np.array_equal(values.numpy().view(np.int32)[~nan], expected.numpy().view(np.int32)[~nan])
+
+
+def test_dequantize_refuses_too_few_block_scales():
+    levels = GRIDS["int4"][1]
+    with pytest.raises(CodecError, match="2 block scales for 9 values in blocks of 4"):
+        dequantize_blocks(torch.zeros(9, dtype=torch.uint8), torch.ones(2), 4, levels, "payload")
+    with pytest.raises(CodecError, match="hold 4 4-bit codes, not 5"):
+        unpack_codes(torch.zeros(2, dtype=torch.uint8), 4, 5)
 
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (3,), (5, 7), (2, 0, 3), ()])
