@@ -11,6 +11,9 @@ the "yuan" DP term of its bytes:
     step_s           = max(compute_s + pp_s + exposed x P / H, T_frag x P / H)
                        (a fragment syncs every H / P steps; one exchange at a time per DP group, so the
                        P exchanges of a period need P x T_frag of the H steps' time)
+                       + WARMUP_PERIODS x P x min(T_frag, tau x compute_s) / total_steps
+                       (eager landing: the warm-up's P x WARMUP_PERIODS syncs block, so what the
+                       overlap hides later is paid there, spread over the run; with total_steps only)
 
 so the bytes per step are fragment bytes / (H / P), and P > 1 adds P - 1 latencies per period while
 cutting the peak bandwidth by P. Delayed gradients (every step's gradient exchange landing tau steps
@@ -153,6 +156,15 @@ def recipe_step_seconds(sync_s: float, compute_s: float, pp_s: float, sync_every
     return max(compute_s + pp_s + exposed * fragments / sync_every, sync_s * fragments / sync_every)
 
 
+def warmup_step_seconds(sync_s: float, compute_s: float, fragments: int, delay: int, total_steps: int | None) -> float:
+    """Seconds per step, over a run of `total_steps`, that eager landing's blocking warm-up adds to the
+    steady step (module doc): its WARMUP_PERIODS x P fragment syncs block, each paying the part of T_frag
+    that tau steps would have hidden. 0 without a delay or a known run length."""
+    if delay == 0 or not total_steps:
+        return 0.0
+    return WARMUP_PERIODS * fragments * min(sync_s, delay * compute_s) / total_steps
+
+
 def delayed_gradients_step_seconds(cluster: Cluster, job: Job, assignment: Any, compute_s: float, codec: str,
                                    delay: int, pp_s: float = 0.0) -> float:
     """Seconds per step of delayed gradients (geotrain.sync.delayed: the whole model's gradients exchanged every
@@ -191,12 +203,16 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     sync = {(p, c): fragment_sync_seconds(cluster, job, assignment, p, c)
             for p in range(1, max_fragments + 1) for c in codecs}
 
+    def step_seconds(p: int, c: str, h: int, t: int) -> float:
+        """Predicted seconds per step: the steady step, plus the eager warm-up's blocking syncs spread over the run."""
+        warmup = warmup_step_seconds(sync[p, c], compute_s, p, t, total_steps) if landing == "eager" else 0.0
+        return recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t) + warmup
+
     def options(h: int) -> list[tuple[float, int, int, int, str]]:
         """(charged step_s, codec rank, tau, -P, codec) of every setting at H = h."""
         blocking_only = landing == "mix" and total_steps is not None and total_steps // h < PAPER_OUTER_STEPS
         taus = range(0, (0 if blocking_only else h - 1 if max_delay is None else min(max_delay, h - 1)) + 1)
-        return [(recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t)
-                 * staleness_factor(h, t, OVERLAP_MIX if t > 0 else 0.0, landing), i, t, -p, c)
+        return [(step_seconds(p, c, h, t) * staleness_factor(h, t, OVERLAP_MIX if t > 0 else 0.0, landing), i, t, -p, c)
                 for i, c in enumerate(codecs) for p in range(1, min(max_fragments, h) + 1) for t in taus]
 
     fastest = {h: min(options(h))[0] for h in choices}
@@ -208,7 +224,7 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     tau = min(o[2] for o in within if o[1] == codec_rank)  # 3. least delay
     _, _, _, neg_p, codec = min((o for o in within if o[1] == codec_rank and o[2] == tau),
                                 key=lambda o: o[3])  # 4. most fragments
-    step_s = recipe_step_seconds(sync[-neg_p, codec], compute_s, pp_s, h, -neg_p, tau)  # predicted, uncharged
+    step_s = step_seconds(-neg_p, codec, h, tau)  # predicted, uncharged
     outer = AVERAGING if total_steps is not None and total_steps // h < PAPER_OUTER_STEPS else DILOCO_PAPER
     eager = tau > 0 and landing == "eager"
     return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
