@@ -50,12 +50,6 @@ GRIDS: dict[str, tuple[int, torch.Tensor]] = {
 """Name -> (bits per code, sorted fp32 levels in [-1, 1]); every grid ends at -1 and 1 exactly."""
 
 
-def grid_codes(y: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
-    """uint8 index of the grid level nearest to each value of `y` (in [-1, 1]; ties to the lower level)."""
-    midpoints = (grid[1:] + grid[:-1]) / 2
-    return torch.bucketize(y, midpoints).to(torch.uint8)
-
-
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """uint8 bytes holding 8 / bits codes each, least significant first (see module doc)."""
     flat = codes.reshape(-1).to(torch.uint8).contiguous().numpy()
@@ -94,15 +88,6 @@ def _unpack(packed, bits, codes):  # pragma: no cover - compiled
     mask = (1 << bits) - 1
     for k in range(codes.size):
         codes[k] = (packed[k // per] >> ((k % per) * bits)) & mask
-
-
-def block_peaks(flat: torch.Tensor, block: int) -> torch.Tensor:
-    """max |x| of each block of `block` values of the fp32 vector `flat` (NaN/inf propagate: a block
-    holding NaN has peak NaN, one holding inf but no NaN has peak inf)."""
-    values = flat.reshape(-1).to(torch.float32).contiguous().numpy()
-    peaks = np.empty(-(-values.size // block), dtype=np.float32)
-    _block_peaks(values, block, peaks)
-    return torch.from_numpy(peaks)
 
 
 def quantize_blocks(flat: torch.Tensor, block: int, grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,17 +141,16 @@ def _block_peaks(values, block, peaks):  # pragma: no cover - compiled
 @njit(cache=True)
 def _quantize(values, block, peaks, midpoints, codes):  # pragma: no cover - compiled
     n = values.size
+    zero_code = 0  # the code of y = 0
+    for m in range(midpoints.size):
+        zero_code += midpoints[m] < np.float32(0.0)
     for b in range(peaks.size):
         start = b * block
         chunk = values[start:min(start + block, n)]
         out = codes[start:start + chunk.size]
         peak = peaks[b]
         if not np.isfinite(peak):
-            for i in range(chunk.size):  # y = 0 (the block decodes to NaN whatever its codes)
-                count = 0
-                for m in range(midpoints.size):
-                    count += midpoints[m] < np.float32(0.0)
-                out[i] = count
+            out[:] = zero_code  # y = 0 (the block decodes to NaN whatever its codes)
             continue
         safe = peak if peak > 0 else np.float32(1.0)
         for i in range(chunk.size):
