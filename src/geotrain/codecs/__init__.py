@@ -13,6 +13,7 @@ from geotrain.codecs.base import (
 )
 from geotrain.codecs.cast import Bf16Codec, Fp16Codec, NoneCodec
 from geotrain.codecs.feedback import ErrorFeedback, ErrorFeedbackBank
+from geotrain.codecs.logblock import LogBlockCodec
 from geotrain.codecs.lowbit import Fp4BlockCodec, Int2BlockCodec, Int4BlockCodec, pack_codes, unpack_codes
 from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
@@ -40,6 +41,7 @@ __all__ = [
     "Int4BlockCodec",
     "Int8BlockCodec",
     "Int8Codec",
+    "LogBlockCodec",
     "NonFiniteGradientError",
     "NoneCodec",
     "Payload",

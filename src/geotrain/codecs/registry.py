@@ -7,6 +7,7 @@ from typing import Any
 
 from geotrain.codecs.base import Codec, CodecError
 from geotrain.codecs.cast import Bf16Codec, Fp16Codec, NoneCodec
+from geotrain.codecs.logblock import LogBlockCodec
 from geotrain.codecs.lowbit import Fp4BlockCodec, Int2BlockCodec, Int4BlockCodec
 from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
@@ -17,7 +18,8 @@ from geotrain.codecs.sparse_lowbit import TopKLowBitCodec
 CODECS: dict[str, type[Codec]] = {
     codec.name: codec
     for codec in (NoneCodec, Fp16Codec, Bf16Codec, Int8Codec, Int8BlockCodec, TopKCodec, RandKCodec,
-                  SignCodec, PowerSGDCodec, Int4BlockCodec, Fp4BlockCodec, Int2BlockCodec, TopKLowBitCodec)
+                  SignCodec, PowerSGDCodec, Int4BlockCodec, Fp4BlockCodec, Int2BlockCodec, TopKLowBitCodec,
+                  LogBlockCodec)
 }
 
 
