@@ -4,7 +4,8 @@ bench wan counts them) beside its compute seconds, for the limit row and local S
     PYTHONPATH=src python benchmarks/wan_step_anatomy.py [ROW ...] [--steps 60] [--show 30] [--json OUT.json]
 
 ROW: limit (fp32 DDP, zero-cost links), blocking (local SGD H=5, int8-block+EF outer: bench row 12),
-eager (row 18: eager landing tau=2, warm-up 10), eager-int4 (the same with int4-block). Every other
+eager (row 18: eager landing tau=2, warm-up 10), eager-int4 (the same with int4-block), moments and
+eager-moments (rows 20 and 21: moment sync, int4-block, blocking and eager tau=2, warm-up 10). Every other
 setting is bench wan's default (tiny GPT, batch 8 per replica in 4 micro-batches, lr 3e-3, time scale
 1e-3, CPU compute clock). A blocking sync shows as one long step; an overlapped one as a short stall
 where it lands (tau steps after it starts) when the exchange outlasts the tau steps it overlaps.
@@ -33,6 +34,8 @@ ROWS: dict[str, dict] = {
     "blocking": {**LOCAL_SGD, "dp_codec": "int8-block"},
     "eager": {**EAGER, "dp_codec": "int8-block"},
     "eager-int4": {**EAGER, "dp_codec": "int4-block"},
+    "moments": {**LOCAL_SGD, "dp_codec": "int4-block", "sync_moments": True},
+    "eager-moments": {**EAGER, "dp_codec": "int4-block", "sync_moments": True},
 }
 """Row name -> RuntimeConfig settings beyond the bench's (the limit row also frees every link)."""
 

@@ -5,7 +5,7 @@ Run it under torchrun (real gloo) or under `geotrain emulate` (the same script o
     geotrain emulate --cluster seed-geo --devices 0,8 -- examples/diloco_train.py --steps 12
 The loop is the ordinary one (zero_grad, backward, step); DiLoCo syncs fragments of the model every
 --sync-every steps from the inner optimizer's step hook and, on leaving the `with` block, syncs every
-fragment. Rank 0 prints the loss averaged over ranks per step; every rank prints its final
+fragment (--sync-moments: each sync also averages AdamW's moments). Rank 0 prints the loss averaged over ranks per step; every rank prints its final
 parameters' float64 sum and the bytes it sent (equal on every rank when the replicas agree).
 """
 
@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--codec", default="int4-block")
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
+    parser.add_argument("--sync-moments", action="store_true", help="also average AdamW's moments at each sync")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -40,7 +41,8 @@ def main() -> None:
     inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = torch.Generator().manual_seed(1000 + rank)
     with DiLoCo(model, inner, sync_every=args.sync_every, fragments=args.fragments, delay=args.delay, mix=args.mix,
-                codec=args.codec, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum) as diloco:
+                codec=args.codec, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
+                sync_moments=args.sync_moments) as diloco:
         for step in range(args.steps):
             x = torch.randn(args.batch, 64, generator=data)
             loss = nn.functional.mse_loss(model(x), x[:, :1] * 0.5 - x[:, 1:2])

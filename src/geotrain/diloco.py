@@ -41,8 +41,9 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
-from geotrain.sync.exchange import DirectTransport, StageExchange
+from geotrain.sync.exchange import DirectTransport, ExtraTensors, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.moments import second_moment_codec
 from geotrain.sync.streaming import StreamingOuterSync
 
 
@@ -53,14 +54,16 @@ class DiLoCo:
     mean's proxy, the correction when the mean lands; geotrain.sync.streaming), `warmup` (syncs started before
     this inner step block), `codec` a codec spec of the outer gradients, `error_feedback` on by default; `gather_links`:
     the group's links (geotrain.comm.gather.GatherLinks, members in group-rank order), so that a gathered
-    codec's exchange takes one direct all-to-all round where it is faster than the ring (None: the ring)."""
+    codec's exchange takes one direct all-to-all round where it is faster than the ring (None: the ring);
+    `sync_moments`: each outer sync also averages the inner optimizer's moments (torch's Adam or AdamW;
+    geotrain.sync.moments), in the same collective."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
                  codec: str | CodecSpec = "int8-block",
                  error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
-                 gather_links: GatherLinks | None = None) -> None:
+                 gather_links: GatherLinks | None = None, sync_moments: bool = False) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -68,6 +71,11 @@ class DiLoCo:
         if not dist.is_initialized():
             raise SyncError("DiLoCo needs torch.distributed.init_process_group() first (one process per replica)")
         check_host_backend(dist.get_backend(group), "DiLoCo")
+        if not isinstance(sync_moments, bool):
+            raise SyncError(f"DiLoCo: sync_moments must be true or false, got {sync_moments!r}")
+        if sync_moments and regions is not None:
+            raise SyncError("DiLoCo: sync_moments with regions is not supported (the moments travel in the flat "
+                            "exchange's collective)")
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.codec = CodecSpec.parse(codec)
@@ -81,7 +89,7 @@ class DiLoCo:
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
         self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                        mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
-                                       warmup=warmup)
+                                       warmup=warmup, sync_moments=sync_moments)
         self.timer = ComputeTimer()
         self.inner_steps = 0
         self.bytes_sent = 0
@@ -110,11 +118,14 @@ class DiLoCo:
         return None if intra is None else StageExchange(named, CodecSpec.uncompressed(), False, self.transport,
                                                         intra, [])
 
-    def _exchange_of(self, named_shadows: list[tuple[str, torch.nn.Parameter]]) -> DPExchange:
+    def _exchange_of(self, named_shadows: list[tuple[str, torch.nn.Parameter]],
+                     second_moments: list[tuple[str, torch.nn.Parameter]] | None = None) -> DPExchange:
         exchange: DPExchange
         if self.hierarchy is None:
+            extra = ([ExtraTensors(second_moments, second_moment_codec(self.codec), False)] if second_moments
+                     else [])
             exchange = StageExchange(named_shadows, self.codec, self.error_feedback, self.transport, self.group, [],
-                                     self.gather_links)
+                                     self.gather_links, extra)
         else:
             exchange = HierarchicalGradientExchange([p for _, p in named_shadows], self.codec.build(),
                                                     self.error_feedback, self.transport, self.hierarchy,

@@ -99,6 +99,14 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     # negative result on wan-4x1 (docs/wan.md, "Delayed gradients"): one exchange per group at a time, stale AdamW
     WanRow("planned + int8-block+EF gradients every step, overlapped (delay 1)", dp_codec="int8-block",
            options=(("sync_delay", 1),)),
+    # moment sync (geotrain.sync.moments): each outer sync also averages the inner AdamW's moments (the first in
+    # int4-block with the outer gradients, the second in log-block), in the same collective
+    WanRow("planned + local SGD H=5 + int4-block+EF outer + moment sync", dp_codec="int4-block",
+           options=(*LOCAL_SGD_5, ("sync_moments", True))),
+    WanRow("planned + local SGD H=5 + int4-block+EF outer + moment sync, eager landing tau=2, warm-up 10",
+           dp_codec="int4-block",
+           options=(*LOCAL_SGD_5, ("sync_moments", True), ("sync_delay", 2), ("sync_landing", "eager"),
+                    ("sync_warmup", 10))),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1

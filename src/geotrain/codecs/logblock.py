@@ -25,12 +25,89 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
+from numba import njit
 
 from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, numel_of
 from geotrain.codecs.lowbit import pack_codes, unpack_codes
 
 LOG_BITS = (4, 8)
+
+
+# Compiled (numba), per block: pass 1 the smallest and largest non-zero |x| (two logs per block), then each
+# value's level by counting the K - 1 thresholds between levels (geometric midpoints, float64) below |x|:
+# the level nearest in the log domain, ties to the lower one, without a log per value. Decoding looks the
+# level up in a table of the block's K magnitudes (K exps per block).
+@njit(cache=True)
+def _encode(values, block, levels, bits, bounds, codes):  # pragma: no cover - compiled
+    n = values.size
+    thresholds = np.empty(max(levels - 1, 1), dtype=np.float64)
+    sign_bit = np.uint8(1 << (bits - 1))
+    for b in range(bounds.size // 2):
+        start = b * block
+        stop = min(start + block, n)
+        smallest = np.inf
+        largest = 0.0
+        finite = True
+        for i in range(start, stop):
+            magnitude = abs(np.float64(values[i]))
+            if not np.isfinite(magnitude):
+                finite = False
+            elif magnitude > 0.0:
+                smallest = min(smallest, magnitude)
+                largest = max(largest, magnitude)
+        if not finite:
+            bounds[2 * b] = np.nan
+            bounds[2 * b + 1] = np.nan
+            codes[start:stop] = 0
+            continue
+        if largest == 0.0:
+            bounds[2 * b] = 0.0
+            bounds[2 * b + 1] = 0.0
+            codes[start:stop] = 0
+            continue
+        lo = np.float32(np.log(smallest))
+        hi = np.float32(np.log(largest))
+        bounds[2 * b] = lo
+        bounds[2 * b + 1] = hi
+        step = (np.float64(hi) - np.float64(lo)) / max(levels - 1, 1)
+        for j in range(levels - 1):
+            thresholds[j] = np.exp(np.float64(lo) + (j + 0.5) * step)
+        for i in range(start, stop):
+            value = np.float64(values[i])
+            magnitude = abs(value)
+            if magnitude == 0.0:
+                codes[i] = 0
+                continue
+            k = 1
+            for j in range(levels - 1):
+                k += thresholds[j] < magnitude
+            codes[i] = np.uint8(k) | (sign_bit if value < 0.0 else np.uint8(0))
+
+
+@njit(cache=True)
+def _decode(codes, bounds, block, levels, bits, out):  # pragma: no cover - compiled
+    n = codes.size
+    table = np.empty(levels + 1, dtype=np.float32)
+    table[0] = 0.0
+    for b in range(bounds.size // 2):
+        start = b * block
+        stop = min(start + block, n)
+        if start >= n:
+            break
+        lo = np.float64(bounds[2 * b])
+        hi = np.float64(bounds[2 * b + 1])
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            out[start:stop] = np.nan
+            continue
+        step = (hi - lo) / max(levels - 1, 1)
+        for j in range(levels):
+            table[j + 1] = np.float32(np.exp(lo + j * step))
+        for i in range(start, stop):
+            code = codes[i]
+            magnitude = table[code & levels]
+            out[i] = -magnitude if (code >> (bits - 1)) & 1 else magnitude
 
 
 class LogBlockCodec(Codec):
@@ -53,32 +130,14 @@ class LogBlockCodec(Codec):
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         x = self._check_input(tensor)
-        flat = x.reshape(-1).to(torch.float32)
-        n, block = flat.numel(), self.block_size
-        blocks = -(-n // block)
-        padded = torch.zeros(blocks * block, dtype=torch.float32)
-        padded[:n] = flat
-        grid = padded.view(blocks, block)
-        magnitude = grid.abs()
-        finite = torch.isfinite(magnitude).all(dim=1)
-        check = torch.where(finite, 0.0, float("nan"))  # NaN per block holding NaN/inf (after the fp32 cast)
-        self._raise_if_nonfinite(x, check.sum(), wire=check)
-        nonzero = (magnitude > 0) & torch.isfinite(magnitude)
-        logs = torch.log(torch.where(nonzero, magnitude, torch.ones_like(magnitude)))
-        lo = torch.where(nonzero, logs, torch.full_like(logs, float("inf"))).amin(dim=1)
-        hi = torch.where(nonzero, logs, torch.full_like(logs, float("-inf"))).amax(dim=1)
-        empty = ~nonzero.any(dim=1)
-        lo = torch.where(empty, 0.0, lo)
-        hi = torch.where(empty, 0.0, hi)
-        span = (hi - lo).clamp_min(torch.finfo(torch.float32).tiny)
-        # magnitude level k - 1 in 0..K-1: the level nearest in the log domain, ties to the lower one
-        position = (logs - lo[:, None]) / span[:, None] * (self.levels - 1)
-        k = torch.ceil(position - 0.5).clamp(0, self.levels - 1).to(torch.uint8) + 1
-        k = torch.where(nonzero, k, torch.zeros_like(k))
-        sign = (grid < 0).to(torch.uint8) << (self.bits - 1)
-        codes = (sign | k).reshape(-1)[:n]
-        lo = torch.where(finite, lo, float("nan"))
-        return Payload(self.name, {"codes": pack_codes(codes, self.bits), "bounds": torch.stack([lo, hi], 1).reshape(-1)},
+        values = x.reshape(-1).to(torch.float32).contiguous().numpy()
+        n, block = values.size, self.block_size
+        bounds = np.empty(2 * (-(-n // block)), dtype=np.float32)
+        codes = np.empty(n, dtype=np.uint8)
+        _encode(values, block, self.levels, self.bits, bounds, codes)
+        wire = torch.from_numpy(bounds)
+        self._raise_if_nonfinite(x, wire.sum(), wire=wire)  # a block holding NaN/inf has NaN bounds
+        return Payload(self.name, {"codes": pack_codes(torch.from_numpy(codes), self.bits), "bounds": wire},
                        tuple(tensor.shape), tensor.dtype, {"block_size": block, "bits": self.bits})
 
     def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
@@ -92,19 +151,11 @@ class LogBlockCodec(Codec):
 
     def _decode(self, payload: Payload) -> torch.Tensor:
         block = self._meta_count(payload, "block_size", self.block_size, minimum=1)
-        n = payload.numel
-        codes = unpack_codes(payload.buffers["codes"], self.bits, n).to(torch.int64)
-        bounds = payload.buffers["bounds"].view(-1, 2)
-        which = torch.arange(n) // block
-        lo, hi = bounds[which, 0], bounds[which, 1]
-        k = codes & self.levels
-        negative = (codes >> (self.bits - 1)) & 1
-        step = (hi - lo) / max(self.levels - 1, 1)
-        magnitude = torch.exp(lo + (k - 1).clamp_min(0).to(torch.float32) * step)
-        values = torch.where(k == 0, torch.zeros_like(magnitude), magnitude)
-        values = torch.where(torch.isnan(lo), torch.full_like(values, float("nan")), values)
-        values = torch.where(negative.bool(), -values, values)
-        return values.to(payload.dtype).reshape(payload.shape)
+        codes = unpack_codes(payload.buffers["codes"], self.bits, payload.numel).numpy()
+        out = np.empty(payload.numel, dtype=np.float32)
+        _decode(codes, payload.buffers["bounds"].to(torch.float32).contiguous().numpy(), block, self.levels,
+                self.bits, out)
+        return torch.from_numpy(out).to(payload.dtype).reshape(payload.shape)
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         n = numel_of(shape)

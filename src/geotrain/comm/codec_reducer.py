@@ -33,6 +33,16 @@ from geotrain.comm.gather import GatherLinks
 GRANULARITIES = ("tensor", "flat")
 
 
+def gather_by_links(gather: Callable[..., Any], packed: list[torch.Tensor], links: GatherLinks | None) -> Any:
+    """`gather(packed)` (a collective's all_gather or start_all_gather) by the algorithm the group's
+    `links` choose for this payload size (the same on every rank); the ring is the collective's
+    default, so collectives without the `algorithm` argument serve groups without links (None)."""
+    if links is None:
+        return gather(packed)
+    algorithm = links.algorithm(packed[0].numel() * packed[0].element_size())
+    return gather(packed) if algorithm == "ring" else gather(packed, algorithm=algorithm)
+
+
 class CodecReducer:
     """Averages named tensors of `local_workers` of the group's workers through `codec` (see module doc)."""
 
@@ -65,28 +75,30 @@ class CodecReducer:
                names: Sequence[str] | None = None) -> list[torch.Tensor]:
         """worker_grads[w][i]: local worker w's tensor named names[i] (default: every name, in order).
         Returns the group mean of each tensor (as the codec delivers it), in the tensors' shapes."""
-        payloads, template = self._encode_all(worker_grads, step, names)
+        payloads, template = self.encode_all(worker_grads, step, names)
         if self.codec.summable:
             decoded = self._decode_summed(collective.all_reduce_sum(self._summable_wires(payloads)), payloads[0])
         else:
             specs = [payload.spec() for payload in payloads[0]]
-            decoded = self._decode_gathered(self._gather(collective.all_gather, self._packed(payloads)), specs)
-        return self._unflatten(decoded, template)
+            decoded = self.decode_gathered(self._gather(collective.all_gather, self.packed(payloads)), specs)
+        return self.unflatten(decoded, template)
 
     def start(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Any, step: int,
               names: Sequence[str] | None = None) -> Callable[[], list[torch.Tensor]]:
         """`reduce` in two halves: encode and post the collective now (`collective.start_all_gather` /
         `start_all_reduce_sum`), return a function that waits, decodes and returns the means."""
-        payloads, template = self._encode_all(worker_grads, step, names)
+        payloads, template = self.encode_all(worker_grads, step, names)
         if self.codec.summable:
             posted = collective.start_all_reduce_sum(self._summable_wires(payloads))
-            return lambda: self._unflatten(self._decode_summed(posted.wait(), payloads[0]), template)
+            return lambda: self.unflatten(self._decode_summed(posted.wait(), payloads[0]), template)
         specs = [payload.spec() for payload in payloads[0]]
-        posted = self._gather(collective.start_all_gather, self._packed(payloads))
-        return lambda: self._unflatten(self._decode_gathered(posted.wait(), specs), template)
+        posted = self._gather(collective.start_all_gather, self.packed(payloads))
+        return lambda: self.unflatten(self.decode_gathered(posted.wait(), specs), template)
 
-    def _encode_all(self, worker_grads: Sequence[Sequence[torch.Tensor]], step: int,
-                    names: Sequence[str] | None) -> tuple[list[list[Payload]], Sequence[torch.Tensor]]:
+    def encode_all(self, worker_grads: Sequence[Sequence[torch.Tensor]], step: int,
+                   names: Sequence[str] | None) -> tuple[list[list[Payload]], Sequence[torch.Tensor]]:
+        """Each local worker's payloads (one per unit: each tensor, or all flat) of `worker_grads` plus its
+        residuals, and the first worker's tensors (the shapes and dtypes `unflatten` restores)."""
         names = self.names if names is None else tuple(names)
         if len(worker_grads) != self.local_workers or any(len(g) != len(names) for g in worker_grads):
             raise ValueError(f"expected {self.local_workers} local worker(s) x {len(names)} tensors")
@@ -98,7 +110,8 @@ class CodecReducer:
         return payloads, worker_grads[0]
 
     @staticmethod
-    def _unflatten(decoded: list[torch.Tensor], template: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def unflatten(decoded: list[torch.Tensor], template: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The decoded units cut back into the template's tensors (shapes and dtypes)."""
         flat = torch.cat([d.reshape(-1) for d in decoded]) if decoded else torch.zeros(0)
         return [piece.view(t.shape).to(t.dtype) for piece, t in
                 zip(flat.split([t.numel() for t in template]), template, strict=True)]
@@ -136,20 +149,17 @@ class CodecReducer:
         return decoded
 
     def _gather(self, gather: Callable[..., Any], packed: list[torch.Tensor]) -> Any:
-        """`gather(packed)` (a collective's all_gather or start_all_gather) by the algorithm the group's
-        links choose for this payload size (the same on every rank); the ring is the collective's
-        default, so collectives without the `algorithm` argument serve groups without links."""
-        if self.gather_links is None:
-            return gather(packed)
-        algorithm = self.gather_links.algorithm(packed[0].numel() * packed[0].element_size())
-        return gather(packed) if algorithm == "ring" else gather(packed, algorithm=algorithm)
+        return gather_by_links(gather, packed, self.gather_links)
 
     @staticmethod
-    def _packed(payloads: list[list[Payload]]) -> list[torch.Tensor]:
+    def packed(payloads: list[list[Payload]]) -> list[torch.Tensor]:
+        """Per local worker, its payloads packed byte-exactly into one uint8 buffer."""
         return [torch.cat([pack_payload(p) for p in worker]) for worker in payloads]
 
-    def _decode_gathered(self, gathered: torch.Tensor, specs: list[Any]) -> list[torch.Tensor]:
-        gathered = gathered.view(self.world_size, -1)
+    def decode_gathered(self, gathered: torch.Tensor, specs: list[Any]) -> list[torch.Tensor]:
+        """The group mean per unit of gathered packed payloads (every rank's, rank after rank; or a
+        (world size, bytes) view), decoded and summed in rank order."""
+        gathered = gathered.reshape(self.world_size, -1)
         totals: list[torch.Tensor | None] = [None] * len(specs)
         for rank_bytes in gathered:  # rank order: a deterministic sum
             start = 0

@@ -456,9 +456,14 @@ class OptimSection(Section):
     sync_warmup: int = setting(0, "--sync-delay: outer syncs started before step N block (TAU 0): the overlap starts "
                                   "after the outer warm-up (early on a replica's own weights are far from the "
                                   "replicas' mean, and steps run from them cost quality)", metavar="N")
+    sync_moments: bool = setting(False, "--sync-every: each outer sync also averages the inner AdamW's moments "
+                                        "(the first through --dp-codec with error feedback, the second through "
+                                        "log-block; in the same collective): every outer period starts from one "
+                                        "optimizer state (docs/diloco.md, Moment sync)")
 
     def __post_init__(self) -> None:
         self._choice("optimizer", RUNTIME_OPTIMIZERS)
+        self._flag("sync_moments")
         self._choice("sync_landing", LANDINGS)
         self._integer("sync_warmup", 0)
         self._number("lr", zero_ok=False)
@@ -470,7 +475,7 @@ class OptimSection(Section):
         if self.sync_mix > 1:
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
-            for key in ("fragments", "sync_mix", "sync_landing", "sync_warmup"):  # sync_delay: delayed gradients
+            for key in ("fragments", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):  # sync_delay: delayed gradients
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 
 from geotrain.codecs import CodecSpec
-from geotrain.comm import ReducerContext, TorchCollective, get_reducer
+from geotrain.comm import ReducerContext, TorchCollective, get_reducer, reducer_traits
+from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.gather import GatherLinks
+from geotrain.comm.grouped import GroupedCodecReducer
 from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, host_gradients, set_grads
 
 T = TypeVar("T")
@@ -103,21 +106,44 @@ class DirectTransport:
             self.nbytes += nbytes() if callable(nbytes) else nbytes
 
 
+@dataclass(frozen=True)
+class ExtraTensors:
+    """Tensors that travel in another exchange's collective through their own codec (StageExchange's `extra`)."""
+
+    named_params: list[tuple[str, torch.nn.Parameter]]
+    codec: CodecSpec
+    error_feedback: bool
+
+
 class StageExchange:
     """Averages the gradients of `named_params` over a DP group through the reducer of `spec`."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: CodecSpec | str,
                  error_feedback: bool, transport: CollectiveTransport, group: Any, group_devices: list[int],
-                 gather_links: GatherLinks | None = None) -> None:
-        """`gather_links`: the group's links, to choose each gathered exchange's algorithm (None: ring)."""
-        self.params = [param for _, param in named_params]
+                 gather_links: GatherLinks | None = None, extra: Sequence[ExtraTensors] = ()) -> None:
+        """`gather_links`: the group's links, to choose each gathered exchange's algorithm (None: ring).
+        `extra`: more tensors that travel in the same collective, each group through its own codec (a
+        codec of geotrain.codecs; geotrain.comm.grouped): their means are written into their gradients too."""
+        self.params = [param for _, param in named_params] + [p for group_ in extra for _, p in group_.named_params]
         self.comm_wall_s = 0.0
         self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
         self.posting = PostedThroughTransport(self.collective, transport, group, group_devices)
-        context = ReducerContext.of([(name, p.shape) for name, p in named_params], self.collective.world_size,
-                                    error_feedback=error_feedback,
-                                    extra={} if gather_links is None else {"gather_links": gather_links})
-        self.reducer = get_reducer(CodecSpec.parse(spec), context)
+        world = self.collective.world_size
+        if not extra:
+            context = ReducerContext.of([(name, p.shape) for name, p in named_params], world,
+                                        error_feedback=error_feedback,
+                                        extra={} if gather_links is None else {"gather_links": gather_links})
+            self.reducer = get_reducer(CodecSpec.parse(spec), context)
+            return
+        parts = [ExtraTensors(list(named_params), CodecSpec.parse(spec), error_feedback), *extra]
+        for part in parts:
+            if not reducer_traits(part.codec).hierarchical:  # its own exchange (powersgd), not a codec's
+                raise SyncError(f"codec {str(part.codec)!r} is its own exchange; tensors sent beside others in one "
+                                f"collective take a codec of geotrain.codecs")
+        self.reducer = GroupedCodecReducer(
+            [CodecReducer(part.codec.build(), [(name, p.shape) for name, p in part.named_params], world,
+                          error_feedback=part.error_feedback, gather_links=gather_links) for part in parts],
+            gather_links)
 
     @staticmethod
     def fresh_state(named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: CodecSpec | str,

@@ -2,9 +2,10 @@
 
     optimizer onebit-adam              -> OneBitAdamSync (1-bit Adam averages over the group itself)
     sync_every H                       -> OuterSync (local SGD / DiLoCo; outer gradients through the
-                                          exchange below, every H steps); with fragments > 1 or
-                                          delay > 0: StreamingOuterSync (one exchange per fragment;
-                                          landing "mix" or "eager")
+                                          exchange below, every H steps); with fragments > 1,
+                                          delay > 0 or sync_moments: StreamingOuterSync (one exchange
+                                          per fragment; landing "mix" or "eager"; Adam's moments
+                                          averaged in the same collective)
     delay tau > 0 (no sync_every)      -> DelayedPerStepSync (the exchange below every step, overlapped
                                           with the next tau steps: delayed gradients)
     otherwise                          -> PerStepSync (the exchange below, every step)
@@ -25,8 +26,9 @@ from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
 from geotrain.sync.base import CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.delayed import DelayedPerStepSync
-from geotrain.sync.exchange import StageExchange, timed_collective
+from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.moments import second_moment_codec
 from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, SyncOptions
 from geotrain.sync.outer import OuterSync
@@ -67,20 +69,28 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                   options.clip_grad_norm, sum_squares)
     if options.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
-    if options.fragments > 1 or options.delay > 0:  # (warmup only matters with a delay)
+    if options.fragments > 1 or options.delay > 0 or options.sync_moments:  # (warmup only matters with a delay)
         return StreamingOuterSync(named_params, adamw,
-                                  lambda shadows: _exchange(options, shadows, transport, group, rank),
+                                  lambda shadows, second=None: _exchange(options, shadows, transport, group,
+                                                                         rank, second),
                                   options.sync_every, options.fragments, options.delay, options.mix,
                                   options.outer_lr, options.outer_momentum, options.total_steps,
                                   _region_exchange(named_params, transport, group, rank), options.landing,
-                                  options.warmup)
+                                  options.warmup, options.sync_moments)
     outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
     return OuterSync(params, adamw, outer, exchange, options.total_steps,
                      _region_exchange(named_params, transport, group, rank))
 
 
 def _exchange(options: SyncOptions, named_params: list[tuple[str, torch.nn.Parameter]],
-              transport: CollectiveTransport, group: DPGroup, rank: int) -> DPExchange:
+              transport: CollectiveTransport, group: DPGroup, rank: int,
+              second_moments: list[tuple[str, torch.nn.Parameter]] | None = None) -> DPExchange:
+    """The DP exchange of `named_params` through the options' codec; `second_moments` (moment sync) travel
+    beside them in the same collective (geotrain.sync.moments)."""
+    if second_moments:
+        return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
+                             list(group.devices), group.links,
+                             [ExtraTensors(second_moments, second_moment_codec(options.codec), False)])
     if group.hierarchy is not None:
         return HierarchicalGradientExchange([p for _, p in named_params], options.codec.build(),
                                             options.error_feedback, transport, group.hierarchy, rank,

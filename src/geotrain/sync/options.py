@@ -38,6 +38,7 @@ class SyncOptions:
     landing: how a late sync lands (geotrain.optim.outer.LANDINGS): "mix" (with `mix`) or "eager" (the local
         outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
     warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
+    sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
     """
 
     codec: CodecSpec
@@ -56,6 +57,7 @@ class SyncOptions:
     mix: float = 0.0
     landing: str = "mix"
     warmup: int = 0
+    sync_moments: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -69,7 +71,7 @@ class SyncOptions:
         _positive("lr", self.lr)
         if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 1:
             raise SyncError(f"SyncOptions.total_steps must be an integer >= 1, got {self.total_steps!r}")
-        for name in ("error_feedback", "hierarchical"):
+        for name in ("error_feedback", "hierarchical", "sync_moments"):
             if not isinstance(getattr(self, name), bool):
                 raise SyncError(f"SyncOptions.{name} must be true or false, got {getattr(self, name)!r}")
         if self.clip_grad_norm is not None:
@@ -95,6 +97,15 @@ class SyncOptions:
             raise SyncError(f"SyncOptions: fragments {self.fragments!r}, mix {self.mix!r}, landing {self.landing!r} "
                             f"and warmup {self.warmup!r} are Streaming DiLoCo's: they need sync_every",
                             ("fragments", "mix", "landing", "warmup", "sync_every"))
+        if self.sync_moments and self.sync_every is None:
+            raise SyncError("SyncOptions: sync_moments averages the inner optimizer's moments at each outer sync: "
+                            "it needs sync_every", ("sync_moments", "sync_every"))
+        if self.sync_moments and self.hierarchical:
+            raise SyncError("SyncOptions: sync_moments with hierarchical is not supported (the moments travel in "
+                            "the flat exchange's collective)", ("sync_moments", "hierarchical"))
+        if self.sync_moments and not reducer_traits(self.codec).hierarchical:
+            raise SyncError(f"SyncOptions: sync_moments sends the moments beside the outer gradients through a codec "
+                            f"of geotrain.codecs; {self.codec.name} is its own exchange", ("sync_moments", "codec"))
         if self.sync_every is None:
             self._check_delayed_gradients()
         if self.sync_every is not None:

@@ -30,6 +30,9 @@ after 30: 2.399 against 2.386), and the inner steps a late sync lets run from th
 slowed the whole run down: delayed rows reached bench wan's target 7-17 steps after the blocking one,
 with the first two syncs blocking (W = 10) the eager one reaches it one step after it (docs/wan.md).
 
+Moment sync (`sync_moments`, geotrain.sync.moments): each fragment's exchange also averages the inner
+AdamW's moments of its parameters, in the same collective, and they land as the parameters do.
+
 At the run's last step (`total_steps`; or `flush()`, e.g. when a DiLoCo context closes) every sync in
 flight lands and then every fragment syncs at once, blocking and without mixing, so all replicas end
 on the same parameters. Every collective is posted from the training thread, so all ranks issue
@@ -50,6 +53,7 @@ import torch
 
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
+from geotrain.sync.moments import MomentSync, check_moment_optimizer
 from geotrain.sync.outer import OuterSync
 
 
@@ -87,6 +91,7 @@ class Fragment:
     outer: OuterStep
     shadows: list[torch.nn.Parameter]
     exchange: DPExchange
+    moments: MomentSync | None = None
 
 
 @dataclass
@@ -97,8 +102,10 @@ class _InFlight:
     proxy: list[torch.Tensor] | None = None  # eager landing: the anchor change applied at the start
 
 
-ExchangeFactory = Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange]
-"""Builds the exchange of one fragment from (name, shadow parameter) pairs."""
+ExchangeFactory = Callable[..., DPExchange]
+"""Builds the exchange of one fragment from (name, shadow parameter) pairs, those that travel through the
+outer codec with its error feedback; with moment sync (geotrain.sync.moments) a second argument, the
+second moments' pairs, which travel beside them in the same collective through `second_moment_codec`."""
 
 
 class StreamingOuterSync(OuterSync):
@@ -108,8 +115,10 @@ class StreamingOuterSync(OuterSync):
                  make_exchange: ExchangeFactory, sync_every: int, fragments: int = 1, delay: int = 0,
                  mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  total_steps: int | None = None, inner_exchange: DPExchange | None = None,
-                 landing: str = "mix", warmup: int = 0) -> None:
+                 landing: str = "mix", warmup: int = 0, sync_moments: bool = False) -> None:
         named_params = list(named_params)
+        if sync_moments:
+            check_moment_optimizer(optimizer, "StreamingOuterSync")
         if landing not in LANDINGS:
             raise SyncError(f"landing must be one of {', '.join(LANDINGS)}, got {landing!r}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -138,8 +147,11 @@ class StreamingOuterSync(OuterSync):
                                           requires_grad=False)
                        for _, p in named]
             outer = OuterStep([p for _, p in named], sync_every, outer_lr, outer_momentum)
-            exchange = make_exchange([(name, s) for (name, _), s in zip(named, shadows, strict=True)])
-            self.fragments.append(Fragment(indices, outer, shadows, exchange))
+            moments = MomentSync(optimizer, named) if sync_moments else None
+            outer_named = [(name, s) for (name, _), s in zip(named, shadows, strict=True)]
+            exchange = (make_exchange(outer_named) if moments is None
+                        else make_exchange(outer_named + moments.named_first(), moments.named_second()))
+            self.fragments.append(Fragment(indices, outer, shadows, exchange, moments))
         self._in_flight: list[_InFlight] = []
 
     def after_inner_step(self, step: int, timer: StepTimer) -> int:
@@ -171,10 +183,12 @@ class StreamingOuterSync(OuterSync):
 
     def _start(self, p: int, step: int, timer: StepTimer, blocking: bool = False) -> int:
         fragment = self.fragments[p]
+        blocking = blocking or step < self.warmup
         with timer:
             local = fragment.outer.outer_gradients()
             set_grads(fragment.shadows, local)
-        blocking = blocking or step < self.warmup
+            if fragment.moments is not None:
+                fragment.moments.load(keep_sent=not blocking and self.delay > 0 and self.landing == "eager")
         if blocking or self.delay == 0:
             dp_bytes = fragment.exchange.exchange(step, timer)
             self._apply(fragment, timer, mix=0.0 if blocking else self.mix)
@@ -198,6 +212,8 @@ class StreamingOuterSync(OuterSync):
             else:
                 with timer:
                     fragment.outer.land_eager([s.grad for s in fragment.shadows], flight.proxy)
+                    if fragment.moments is not None:
+                        fragment.moments.land_eager()
             self._in_flight.remove(flight)
         return dp_bytes
 
@@ -206,6 +222,8 @@ class StreamingOuterSync(OuterSync):
         with timer:
             fragment.outer.step_anchor([s.grad for s in fragment.shadows])
             fragment.outer.reset_params(mix)
+            if fragment.moments is not None:
+                fragment.moments.land(mix)
 
     @property
     def in_flight(self) -> int:
@@ -221,7 +239,8 @@ class StreamingOuterSync(OuterSync):
         if self._in_flight:
             raise SyncError(f"state_dict with {len(self._in_flight)} outer sync(s) in flight: flush() first")
         return {"optimizer": self.optimizer.state_dict(),
-                "fragments": [{"outer": f.outer.state_dict(), "exchange": f.exchange.state_dict()}
+                "fragments": [{"outer": f.outer.state_dict(), "exchange": f.exchange.state_dict(),
+                               **({} if f.moments is None else {"moments": f.moments.state_dict()})}
                               for f in self.fragments]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -231,3 +250,7 @@ class StreamingOuterSync(OuterSync):
         for fragment, saved in zip(self.fragments, state["fragments"], strict=True):
             fragment.outer.load_state_dict(saved["outer"])
             fragment.exchange.load_state_dict(saved["exchange"])
+            if (fragment.moments is None) != ("moments" not in saved):
+                raise ValueError("checkpoint and run disagree on sync_moments (on in one, off in the other)")
+            if fragment.moments is not None:
+                fragment.moments.load_state_dict(saved["moments"])

@@ -151,6 +151,13 @@ def test_example_runs_unmodified_under_torchrun_and_emulate_with_equal_replicas_
     assert FINAL.findall(plain) == FINAL.findall(emulated) or sorted(FINAL.findall(plain)) == sorted(
         FINAL.findall(emulated))
     assert LOSS.findall(plain) == LOSS.findall(emulated) and len(LOSS.findall(plain)) == 10
+    # --sync-moments: AdamW's moments travel with the outer gradients; replicas agree, bytes = declared
+    moments = _run([sys.executable, "-m", "geotrain", "emulate", "--cluster", "seed-geo", "--devices", "0,8",
+                    "--time-scale", "0", "--timeout", "250", "--", *args, "--sync-moments"])
+    finals = FINAL.findall(moments)
+    assert len(finals) == 2 and finals[0][1:] == finals[1][1:] and finals[0][2] == finals[0][3]
+    assert int(finals[0][2]) > int(FINAL.findall(plain)[0][2])
+    assert LOSS.findall(moments) != LOSS.findall(plain)
 
 
 def _regions_loop(rank: int, world: int) -> dict:

@@ -68,6 +68,7 @@ def elastic_refusal(config: Any) -> str | None:
         ((optim.fragments, optim.sync_delay) != (1, 0),
          f"optim.fragments {optim.fragments} / sync_delay {optim.sync_delay}: elastic runs synchronise blocking "
          f"(every step, or blocking DiLoCo) only"),
+        (optim.sync_moments, "optim.sync_moments: elastic runs average parameters only (torchft's allreduce)"),
         (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0,
          f"checkpoint.checkpoint_every {config.checkpoint.checkpoint_every}: elastic runs with --sync-every "
          f"{optim.sync_every} checkpoint at outer-round ends only; use a multiple of {optim.sync_every}"),
