@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from geotrain.codecs import get_codec
+from geotrain.codecs import NonFiniteGradientError, get_codec
 from geotrain.models import MODEL_PRESETS
 from geotrain.models.evaluate import validation_loss
 from geotrain.models.layers import lm_loss
@@ -42,40 +42,50 @@ class Row:
 
     label: str
     sync_every: int | None = 5
-    moments: bool = False
+    moments: tuple[str, ...] = ()  # of "exp_avg", "exp_avg_sq": the AdamW moments averaged at each sync
     delay: int = 0
     warmup: int = 0
     codec: str | None = None  # outer gradients and first moment; None: exact means
+    second_codec: str = "log-block"  # the second moment's, when `codec` is set
 
 
+BOTH = ("exp_avg", "exp_avg_sq")
 ROWS = {
     "ddp": Row("DDP (mean gradient every step)", sync_every=None),
     "local": Row("local SGD H=5"),
     "local-int8": Row("local SGD H=5, int8-block", codec="int8-block"),
-    "moments": Row("local SGD H=5 + moment sync", moments=True),
-    "moments-int4": Row("local SGD H=5 + moment sync, int4-block + log-block", moments=True, codec="int4-block"),
-    "eager-moments-int4": Row("eager tau=2 warm-up 10 + moment sync, int4-block + log-block", moments=True,
+    "first-moment": Row("local SGD H=5 + first moment averaged", moments=("exp_avg",)),
+    "second-moment": Row("local SGD H=5 + second moment averaged", moments=("exp_avg_sq",)),
+    "moments": Row("local SGD H=5 + moment sync", moments=BOTH),
+    "moments-int8-v": Row("local SGD H=5 + moment sync, all int8-block (v too)", moments=BOTH, codec="int8-block",
+                          second_codec="int8-block"),
+    "moments-int4": Row("local SGD H=5 + moment sync, int4-block + log-block", moments=BOTH, codec="int4-block"),
+    "eager-moments-int4": Row("eager tau=2 warm-up 10 + moment sync, int4-block + log-block", moments=BOTH,
                               codec="int4-block", delay=2, warmup=10),
+    "eager3-moments": Row("eager tau=3 warm-up 10 + moment sync", moments=BOTH, delay=3, warmup=10),
+    "eager-wu5-moments": Row("eager tau=2 warm-up 5 + moment sync", moments=BOTH, delay=2, warmup=5),
+    "h10-moments": Row("local SGD H=10 + moment sync", sync_every=10, moments=BOTH),
 }
 
 
 class Exchange:
     """Means of the replicas' flat groups (parameters, exp_avg, exp_avg_sq), exact or through codecs."""
 
-    def __init__(self, codec: str | None, anchors: list[torch.Tensor]) -> None:
+    def __init__(self, codec: str | None, second_codec: str, kinds: list[str], anchors: list[torch.Tensor]) -> None:
         self.codec = None if codec is None else get_codec(codec)
-        self.second = get_codec("log-block")
+        self.second = get_codec(second_codec)
+        self.kinds = kinds  # per group: "param", "exp_avg" or "exp_avg_sq"
         self.anchors = anchors  # the last agreed values of the delta-coded groups
         self.residuals: dict[tuple[int, int], torch.Tensor] = {}
 
     def means(self, groups: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-        """groups[r][g]: replica r's flat group g; the last group is the second moment when there are 3."""
+        """groups[r][g]: replica r's flat group g (of kind self.kinds[g])."""
         result = []
         for g in range(len(groups[0])):
             values = [replica[g] for replica in groups]
             if self.codec is None:
                 result.append(sum(values) / len(values))
-            elif g == 2:  # the second moment: values through log-block, no error feedback
+            elif self.kinds[g] == "exp_avg_sq":  # values through the second moment's codec, no error feedback
                 result.append(sum(self.second.roundtrip(v)[0] for v in values) / len(values))
             else:
                 total = torch.zeros_like(values[0])
@@ -85,13 +95,15 @@ class Exchange:
                     self.residuals[(g, r)] = delta - decoded
                     total += decoded
                 result.append(self.anchors[g] + total / len(values))
-        for g in range(min(2, len(result))):
-            self.anchors[g] = result[g].clone()
+        for g in range(len(result)):
+            if self.kinds[g] != "exp_avg_sq":
+                self.anchors[g] = result[g].clone()
         return result
 
 
 def train(row: Row, seed: int) -> dict[int, float]:
-    """Validation loss (nats) at the scoring steps of `row` with model and data seed `seed`."""
+    """Validation loss (nats) at the scoring steps of `row` with model and data seed `seed`; a run whose
+    replicas send NaN/inf ends there, with a NaN loss at that step."""
     torch.manual_seed(seed)
     data = load_training_data(None, seed, 0.1)
     model = build_layer_model("tiny", MODEL_PRESETS, seed, data.vocab_size, None)
@@ -103,22 +115,24 @@ def train(row: Row, seed: int) -> dict[int, float]:
 
     def flat(r: int) -> list[torch.Tensor]:
         groups = [torch.cat([p.detach().reshape(-1) for p in params[r]])]
-        if row.moments:
-            for key in ("exp_avg", "exp_avg_sq"):
-                groups.append(torch.cat([opts[r].state[p][key].reshape(-1) for p in params[r]]))
+        for key in row.moments:
+            groups.append(torch.cat([opts[r].state[p][key].reshape(-1) for p in params[r]]))
         return groups
+
+    kinds = ["param", *row.moments]
 
     def add(r: int, group: int, change: torch.Tensor) -> None:
         start = 0
         for p in params[r]:
-            target = p.data if group == 0 else opts[r].state[p]["exp_avg" if group == 1 else "exp_avg_sq"]
+            target = p.data if kinds[group] == "param" else opts[r].state[p][kinds[group]]
             target.add_(change[start:start + p.numel()].view_as(p))
-            if group == 2:
+            if kinds[group] == "exp_avg_sq":
                 target.clamp_(min=0)
             start += p.numel()
 
     numel = sum(p.numel() for p in params[0])
-    exchange = Exchange(row.codec, [torch.cat([p.detach().reshape(-1) for p in params[0]]), torch.zeros(numel)])
+    anchors = [torch.cat([p.detach().reshape(-1) for p in params[0]])] + [torch.zeros(numel) for _ in row.moments]
+    exchange = Exchange(row.codec, row.second_codec, kinds, anchors)
     pending: list[tuple[int, list[list[torch.Tensor]], list[torch.Tensor]]] = []
     offset = row.delay
     scored = {s for s in range(5 + offset, STEPS + 1, 5)} | {STEPS} if row.sync_every else set(range(5, STEPS + 1, 5))
@@ -136,7 +150,11 @@ def train(row: Row, seed: int) -> dict[int, float]:
             opt.step()
         if row.sync_every is not None and ((step + 1) % row.sync_every == 0 or step + 1 == STEPS):
             sent = [flat(r) for r in range(count)]
-            means = exchange.means(sent)
+            try:
+                means = exchange.means(sent)
+            except NonFiniteGradientError:
+                losses[step + 1] = float("nan")  # diverged: NaN/inf reached the exchange after this step
+                return losses
             lands = step if step + 1 <= row.warmup or step + 1 == STEPS else step + row.delay
             pending.append((lands, sent, means))
         for item in [p for p in pending if p[0] <= step]:
@@ -167,7 +185,9 @@ def main() -> None:
             losses = train(ROWS[name], seed)
             reached = next((s for s, loss in losses.items() if loss <= TARGET), None)
             results[f"{name}/{seed}"] = {"row": name, "seed": seed, "losses": losses, "target_step": reached}
-            print(f"seed {seed}  {ROWS[name].label:62s} loss@60 {losses[STEPS]:.4f}  target {TARGET} at step "
+            last = max(losses)
+            end = f"loss@60 {losses[STEPS]:.4f}" if last == STEPS else f"diverged (non-finite after step {last})"
+            print(f"seed {seed}  {ROWS[name].label:62s} {end}  target {TARGET} at step "
                   f"{reached if reached is not None else '-'}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
