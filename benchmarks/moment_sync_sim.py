@@ -1,7 +1,8 @@
 """Moment sync in one process: R replicas of bench wan's tiny GPT trained side by side, to compare DDP, local
 SGD and local SGD with the inner AdamW's moments averaged, over several seeds, in seconds instead of a bench run.
 
-    PYTHONPATH=src python benchmarks/moment_sync_sim.py [--seeds 0 1 2] [--rows ddp,local,moments,...] [--json OUT]
+    PYTHONPATH=src python benchmarks/moment_sync_sim.py [--seeds 0 1 2] [--rows ddp,local,moments,...]
+                                                        [--sync-every H] [--json OUT]
 
 An independent implementation of what the runtime does (geotrain.sync.moments, geotrain.sync.streaming):
 each replica is a model and a torch AdamW on its quarter of bench wan's batch (the same world text, batches,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import sys
 from dataclasses import dataclass
@@ -172,8 +174,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rows", default="ddp,local,moments,moments-int4,eager-moments-int4",
                         help=f"comma-separated, of {', '.join(ROWS)}")
+    parser.add_argument("--sync-every", type=int, metavar="H", help="every local SGD row's outer period (default 5)")
     parser.add_argument("--json", metavar="OUT.json")
     args = parser.parse_args()
+    if args.sync_every is not None and args.sync_every < 1:
+        parser.error(f"--sync-every must be >= 1, got {args.sync_every}")
     torch.set_num_threads(1)
     names = args.rows.split(",")
     unknown = [n for n in names if n not in ROWS]
@@ -182,12 +187,16 @@ def main() -> None:
     results = {}
     for seed in args.seeds:
         for name in names:
-            losses = train(ROWS[name], seed)
+            row = ROWS[name]
+            if args.sync_every is not None and row.sync_every is not None:
+                row = dataclasses.replace(row, sync_every=args.sync_every,
+                                          label=row.label.replace("H=5", f"H={args.sync_every}"))
+            losses = train(row, seed)
             reached = next((s for s, loss in losses.items() if loss <= TARGET), None)
             results[f"{name}/{seed}"] = {"row": name, "seed": seed, "losses": losses, "target_step": reached}
             last = max(losses)
             end = f"loss@60 {losses[STEPS]:.4f}" if last == STEPS else f"diverged (non-finite after step {last})"
-            print(f"seed {seed}  {ROWS[name].label:62s} {end}  target {TARGET} at step "
+            print(f"seed {seed}  {row.label:62s} {end}  target {TARGET} at step "
                   f"{reached if reached is not None else '-'}", flush=True)
     if args.json:
         with open(args.json, "w") as handle:
