@@ -75,7 +75,10 @@ class MomentSync:
     def _state(self, p: torch.nn.Parameter) -> tuple[torch.Tensor, torch.Tensor]:
         state = self.optimizer.state.get(p, {})
         if "exp_avg" not in state or "exp_avg_sq" not in state:
-            raise SyncError("sync_moments: an outer sync before the inner optimizer's first step (no moments yet)")
+            name = self.names[next(i for i, q in enumerate(self.params) if q is p)]
+            raise SyncError(f"sync_moments: parameter {name!r} has no AdamW moments at this outer sync (the inner "
+                            f"optimizer has not stepped it: no gradient reached it yet); every synced parameter "
+                            f"needs one, so freeze parameters that train on no data (requires_grad=False)")
         return state["exp_avg"], state["exp_avg_sq"]
 
     def load(self, keep_sent: bool) -> None:

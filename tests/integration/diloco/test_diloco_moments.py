@@ -96,3 +96,25 @@ def _sgd(rank: int, world: int) -> str:
 
 def test_an_optimizer_without_adam_moments_is_refused():
     assert "use torch.optim.AdamW or Adam" in run_workers(_sgd, 2, (), timeout_s=60)[0]
+
+
+def _unused_parameter(rank: int, world: int) -> str:
+    model = _model()
+    spare = torch.nn.Linear(2, 2)  # trained on no data: AdamW never steps it
+    params = [*model.parameters(), *spare.parameters()]
+    inner = torch.optim.AdamW(params, lr=1e-2)
+    holder = torch.nn.ModuleDict({"model": model, "spare": spare})
+    try:
+        with DiLoCo(holder, inner, sync_every=2, sync_moments=True):
+            for _ in range(2):
+                inner.zero_grad()
+                model(torch.randn(4, 8)).pow(2).mean().backward()
+                inner.step()
+    except SyncError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_a_parameter_adamw_never_stepped_is_named_in_the_refusal():
+    message = run_workers(_unused_parameter, 2, (), timeout_s=60)[0]
+    assert "parameter 'spare.weight' has no AdamW moments" in message and "requires_grad=False" in message
