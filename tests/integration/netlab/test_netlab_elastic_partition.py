@@ -64,12 +64,13 @@ def test_a_group_cut_off_in_the_lab_drops_out_the_others_go_on_and_it_rejoins_id
     # every later step it missed was averaged over the two others only
     assert contributors[missed[0]] in (2.0, 3.0), (missed, contributors)
     assert all(contributors[t] == 2.0 for t in missed[1:]), (missed, contributors)
-    # a port down raises nothing: the survivors waited out their collective timeout (the emulation's
-    # LinkDown fails at once), then the Lighthouse had dropped the silent group. When the step in flight at
-    # the cut reached them whole (3 contributors), their next collective never includes group 1: they wait
-    # only for the Lighthouse to drop it, the heartbeat timeout (seen once in a fresh-clone CI run: 1.58 s)
-    in_flight_went_through = contributors[missed[0]] == 3.0
-    assert run["stall_s"] >= (HEARTBEAT_TIMEOUT_S if in_flight_went_through else COMM_TIMEOUT_S)
+    # a port down raises nothing: the survivors wait until the Lighthouse has dropped the silent group, at
+    # least its heartbeat timeout. When a collective with group 1 was in flight at the cut they wait out the
+    # collective timeout (COMM_TIMEOUT_S) first; when the cut fell between two collectives (the step in
+    # flight reached them whole, or group 1's slice was not yet posted) only the heartbeat timeout. The
+    # contributors cannot tell the two apart: fresh-clone CI runs saw 1.58 s stalls with 3 and with 2
+    # contributors at the first missed step, so the bound that always holds is the heartbeat timeout
+    assert HEARTBEAT_TIMEOUT_S <= run["stall_s"] < COMM_TIMEOUT_S + 10 * HEARTBEAT_TIMEOUT_S
     # it came back by live recovery over the lab and equals its peers from its first sync on
     assert run["rejoins"] >= 1 and len(run["partition_recovery_s"]) == 1 and 0 <= run["partition_recovery_s"][0] < 10
     for step in range(missed[-1] + 1, STEPS):
