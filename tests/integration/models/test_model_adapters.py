@@ -209,7 +209,9 @@ def _tied_worker(rank: int, port: int, user_file: str, queue) -> None:
             dist.send(hidden.grad, dst=0)
         ties = stage_ties(model.tied_weights, cuts, model.n_layers)
         all_reduce_tied_gradients(module, stage, ties, group=dist.group.WORLD)
-        queue.put((rank, module.get_parameter(ties[0].name_in(stage)).grad.clone()))
+        # a numpy copy travels by value: a torch tensor's storage travels as a file descriptor, which is
+        # gone if this process exits before the parent has read it (multiprocessing's resource sharer)
+        queue.put((rank, module.get_parameter(ties[0].name_in(stage)).grad.detach().clone().numpy()))
     finally:
         dist.destroy_process_group()
 
@@ -228,7 +230,7 @@ def test_all_reduce_tied_gradients_over_gloo_equals_the_unsplit_gradient(user_fi
     for proc in procs:
         proc.start()
     try:
-        grads = dict(queue.get(timeout=90) for _ in procs)
+        grads = {rank: torch.from_numpy(grad) for rank, grad in (queue.get(timeout=90) for _ in procs)}
     finally:
         for proc in procs:
             proc.join(timeout=30)
