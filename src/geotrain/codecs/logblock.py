@@ -33,6 +33,8 @@ from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, numel_o
 from geotrain.codecs.lowbit import pack_codes, unpack_codes
 
 LOG_BITS = (4, 8)
+_FP32_MAX = float(np.finfo(np.float32).max)  # decoded magnitudes stay within fp32's finite, non-zero range
+_FP32_SMALLEST = float(np.finfo(np.float32).smallest_subnormal)
 
 
 # Compiled (numba), per block: pass 1 the smallest and largest non-zero |x| (two logs per block), then each
@@ -89,6 +91,8 @@ def _encode(values, block, levels, bits, bounds, codes):  # pragma: no cover - c
 @njit(cache=True)
 def _decode(codes, bounds, block, levels, bits, out):  # pragma: no cover - compiled
     n = codes.size
+    largest = _FP32_MAX
+    smallest = _FP32_SMALLEST
     table = np.empty(levels + 1, dtype=np.float32)
     table[0] = 0.0
     for b in range(bounds.size // 2):
@@ -103,7 +107,9 @@ def _decode(codes, bounds, block, levels, bits, out):  # pragma: no cover - comp
             continue
         step = (hi - lo) / max(levels - 1, 1)
         for j in range(levels):
-            table[j + 1] = np.float32(np.exp(lo + j * step))
+            # lo and hi are logs rounded to fp32: at fp32's edges exp() can leave its range; clamp to it,
+            # so a finite non-zero value never decodes to inf or to zero
+            table[j + 1] = np.float32(min(max(np.exp(lo + j * step), smallest), largest))
         for i in range(start, stop):
             code = codes[i]
             magnitude = table[code & levels]

@@ -86,6 +86,21 @@ def test_nonfinite_refused_or_sent_as_nan():
     assert bool(decoded[:100].isnan().all()) and bool(torch.isfinite(decoded[100:]).all())
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_values_at_fp32_edges_decode_finite_and_non_zero(bits):
+    """lo/hi are logs rounded to fp32: exp(hi) of fp32's largest value can round past it (CI found
+    3.4028116e38 decoding to inf); the smallest subnormal's exp(lo) can round to zero."""
+    edge = np.finfo(np.float32)
+    x = torch.tensor([float(edge.max), 3.4028116e38, -float(edge.max), float(edge.smallest_subnormal),
+                      -float(edge.smallest_subnormal), 1.0], dtype=torch.float32)
+    for block in (1, 2, 6):
+        decoded = get_codec("log-block", bits=bits, block_size=block).roundtrip(x)[0]
+        assert bool(torch.isfinite(decoded).all()), (block, decoded)
+        assert torch.equal(torch.sign(decoded), torch.sign(x)), (block, decoded)
+    single = get_codec("log-block", bits=bits, block_size=1).roundtrip(x)[0]
+    assert torch.allclose(single[:3].double(), x[:3].double(), rtol=2e-5)  # log rounded to fp32: 89 x 2^-24
+
+
 def test_finite_float64_beyond_fp32_is_a_codec_error():
     with pytest.raises(CodecError, match="overflows"):
         get_codec("log-block").encode(torch.tensor([1e300, 1.0], dtype=torch.float64))
