@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -74,6 +75,38 @@ class ComputeTimer:
             self.device_sync()
         self.seconds += self.scale * (self.clock() - self._started)
         self._started = None
+
+
+class CollectivePause:
+    """Counts a sync's own work (encoding, decoding, optimizer) as compute and its collectives' time as not,
+    by the step timer's own clock and scale: `with pause.timing(timer):` times the work inside by `timer`,
+    and each collective of the sync runs inside `pause()`, which stops `timer` before it and restarts it
+    after (nothing while no timing is under way). Under `--compute-clock cpu` a collective's wait is then
+    not counted as compute, and the codecs' CPU seconds are counted as every other compute is."""
+
+    def __init__(self) -> None:
+        self._timer: StepTimer | None = None
+
+    @contextmanager
+    def timing(self, timer: StepTimer) -> Iterator[None]:
+        self._timer = timer
+        try:
+            with timer:
+                yield
+        finally:
+            self._timer = None
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        timer = self._timer
+        if timer is None:
+            yield
+            return
+        timer.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            timer.__enter__()
 
 
 class CollectiveTransport(Protocol):

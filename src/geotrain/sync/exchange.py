@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ from geotrain.comm import ReducerContext, TorchCollective, get_reducer, reducer_
 from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.grouped import GroupedCodecReducer
-from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, host_gradients, set_grads
+from geotrain.sync.base import CollectivePause, CollectiveTransport, StepTimer, SyncError, host_gradients, set_grads
 
 T = TypeVar("T")
 
@@ -35,11 +36,13 @@ class PostedThroughTransport:
     waited for. Everything else is the collective's own."""
 
     def __init__(self, collective: TorchCollective, transport: CollectiveTransport, group: Any,
-                 group_devices: list[int]) -> None:
+                 group_devices: list[int], pause: CollectivePause | None = None) -> None:
+        """`pause`: entered around each wait (its time is not compute)."""
         self._collective = collective
         self._transport = transport
         self._group = group
         self._devices = group_devices
+        self._pause = pause
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._collective, name)
@@ -55,8 +58,12 @@ class PostedThroughTransport:
         before = self._collective.ledger.handed_bytes
         started = post(tensors)
         nbytes = self._collective.ledger.handed_bytes - before
-        return _WaitedThroughTransport(lambda: self._transport.collective(self._group, self._devices, nbytes,
-                                                                          started.wait, posted=True))
+
+        def wait() -> torch.Tensor:
+            with nullcontext() if self._pause is None else self._pause():
+                return self._transport.collective(self._group, self._devices, nbytes, started.wait, posted=True)
+
+        return _WaitedThroughTransport(wait)
 
 
 class _WaitedThroughTransport:
@@ -73,16 +80,12 @@ class _WaitedThroughTransport:
 
 
 def timed_collective(transport: CollectiveTransport, group: Any, group_devices: list[int],
-                     on_wall_s: Callable[[float], None] | None = None) -> TorchCollective:
-    """A collective of the DP group `group` whose every call goes through `transport.collective`;
-    `on_wall_s(seconds)` is told the wall time of each call."""
+                     pause: CollectivePause | None = None) -> TorchCollective:
+    """A collective of the DP group `group` whose every call goes through `transport.collective`, inside
+    `pause()` (its time is not the sync's compute) when given."""
     def wrap(nbytes: int, run: Callable[[], Any]) -> Any:
-        started = time.perf_counter()
-        try:
+        with nullcontext() if pause is None else pause():
             return transport.collective(group, group_devices, nbytes, run)
-        finally:
-            if on_wall_s is not None:
-                on_wall_s(time.perf_counter() - started)
 
     return TorchCollective(group, wrap)
 
@@ -125,9 +128,9 @@ class StageExchange:
         `extra`: more tensors that travel in the same collective, each group through its own codec (a
         codec of geotrain.codecs; geotrain.comm.grouped): their means are written into their gradients too."""
         self.params = [param for _, param in named_params] + [p for group_ in extra for _, p in group_.named_params]
-        self.comm_wall_s = 0.0
-        self.collective = timed_collective(transport, group, group_devices, self._add_wall_s)
-        self.posting = PostedThroughTransport(self.collective, transport, group, group_devices)
+        self.pause = CollectivePause()
+        self.collective = timed_collective(transport, group, group_devices, self.pause)
+        self.posting = PostedThroughTransport(self.collective, transport, group, group_devices, self.pause)
         world = self.collective.world_size
         if not extra:
             context = ReducerContext.of([(name, p.shape) for name, p in named_params], world,
@@ -156,13 +159,11 @@ class StageExchange:
     def exchange(self, step: int, timer: StepTimer) -> int:
         """Replace every gradient by the group mean (as the reducer delivers it); returns the bytes this
         rank handed to the collectives. The reducer's own work (encoding, decoding, PowerSGD's products)
-        is timed by `timer` as compute, the collectives' wall time excluded."""
+        is timed by `timer` as compute (its clock), the collectives excluded (CollectivePause)."""
         before = self.collective.ledger.handed_bytes
-        comm_before = self.comm_wall_s
-        started = time.perf_counter()
-        grads = host_gradients(self.params)
-        set_grads(self.params, self.reducer.reduce([grads], self.collective, step))
-        timer.seconds += time.perf_counter() - started - (self.comm_wall_s - comm_before)
+        with self.pause.timing(timer):
+            grads = host_gradients(self.params)
+            set_grads(self.params, self.reducer.reduce([grads], self.collective, step))
         return self.collective.ledger.handed_bytes - before
 
     def start(self, step: int, timer: StepTimer) -> Callable[[], int]:
@@ -174,21 +175,17 @@ class StageExchange:
             raise SyncError(f"the {self.reducer.name!r} reducer cannot overlap its exchange with compute "
                             f"(only codecs of geotrain.codecs can); use delay 0")
         before = self.collective.ledger.handed_bytes
-        with timer:
+        with self.pause.timing(timer):
             grads = host_gradients(self.params)
             finish = self.reducer.start([grads], self.posting, step)
         handed = self.collective.ledger.handed_bytes - before
 
         def land(landing_timer: StepTimer = timer) -> int:
-            means = finish()
-            with landing_timer:
-                set_grads(self.params, means)
+            with self.pause.timing(landing_timer):  # the wait excluded, the decoding counted
+                set_grads(self.params, finish())
             return handed
 
         return land
-
-    def _add_wall_s(self, seconds: float) -> None:
-        self.comm_wall_s += seconds
 
     def state_dict(self) -> dict[str, Any]:
         return {"reducer": self.reducer.state_dict()}

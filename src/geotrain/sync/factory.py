@@ -24,7 +24,7 @@ import torch
 from geotrain.codecs import CodecSpec
 from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
-from geotrain.sync.base import CollectiveTransport, DPExchange, GradientSync, SyncError
+from geotrain.sync.base import CollectivePause, CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.delayed import DelayedPerStepSync
 from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
@@ -52,16 +52,12 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
     params = [p for _, p in named_params]
     devices = list(group.devices)
     if options.optimizer == "onebit-adam":
-        wall = [0.0]
-
-        def add_wall_s(seconds: float) -> None:
-            wall[0] += seconds
-
-        collective = timed_collective(transport, group.handle, devices, add_wall_s)
+        pause = CollectivePause()
+        collective = timed_collective(transport, group.handle, devices, pause)
         optimizer = OneBitAdam(named_params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
                                warmup_steps=options.onebit_warmup_steps, collective=collective,
                                max_grad_norm=options.clip_grad_norm, norm_sum_squares=sum_squares)
-        return OneBitAdamSync(params, optimizer, collective, options.clip_grad_norm, lambda: wall[0])
+        return OneBitAdamSync(params, optimizer, collective, options.clip_grad_norm, pause)
     exchange = _exchange(options, named_params, transport, group, rank)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     if options.sync_every is None and options.delay > 0:

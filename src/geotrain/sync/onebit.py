@@ -8,35 +8,33 @@ reported only then.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from geotrain.comm import TorchCollective
 from geotrain.optim import OneBitAdam
-from geotrain.sync.base import GradientSync, StepTimer, SyncResult
+from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncResult
 
 
 class OneBitAdamSync(GradientSync):
-    """Steps `optimizer` (which runs its own DP exchange on `collective`); `comm_wall_s()` tells the
-    collectives' wall seconds so far, which the compute timer leaves out."""
+    """Steps `optimizer` (which runs its own DP exchange on `collective`, whose calls run inside `pause()`:
+    the compute timer counts the optimizer's work and leaves the collectives out)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], optimizer: OneBitAdam, collective: TorchCollective,
-                 clip: float | None, comm_wall_s: Callable[[], float]) -> None:
+                 clip: float | None, pause: CollectivePause) -> None:
         self.params = list(params)
         self.optimizer = optimizer
         self.collective = collective
         self.clip = clip
-        self.comm_wall_s = comm_wall_s
+        self.pause = pause
 
     def step(self, step: int, timer: StepTimer) -> SyncResult:
-        before, comm_before = self.collective.ledger.handed_bytes, self.comm_wall_s()
+        before = self.collective.ledger.handed_bytes
         warmup = not self.optimizer.frozen
-        started = time.perf_counter()
-        self.optimizer.step()
-        timer.seconds += time.perf_counter() - started - (self.comm_wall_s() - comm_before)
+        with self.pause.timing(timer):
+            self.optimizer.step()
         norm = self.optimizer.last_grad_norm if warmup and self.clip is not None else None
         return SyncResult(self.collective.ledger.handed_bytes - before, norm)
 
