@@ -45,7 +45,8 @@ class WanRow:
     options: tuple[tuple[str, Any], ...] = ()
     free_links: bool = False  # train on the cluster with every link free (the limit row)
     engine: str = "geotrain"  # "torchft": torchft's DiLoCo, unmodified (bench.wan_torchft; options are its settings)
-    recipe: bool = False  # run what the planner's WAN recipe chooses (bench.wan_recipe: layout, H, P, tau, codec)
+    recipe: bool = False  # run what the planner's WAN recipe chooses (bench.wan_recipe: layout, H, P, tau, codec;
+    # options: the planner's, bench.wan_recipe.RECIPE_OPTIONS)
 
     @property
     def sync_every(self) -> int:
@@ -107,6 +108,9 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
            dp_codec="int4-block",
            options=(*LOCAL_SGD_5, ("sync_moments", True), ("sync_delay", 2), ("sync_landing", "eager"),
                     ("sync_warmup", 10))),
+    # what the planner chooses when asked for moment sync (geotrain plan --wan-recipe auto --recipe-sync-moments)
+    WanRow("planned + planner's WAN recipe with moment sync (auto: H, P, tau, outer codec)", recipe=True,
+           options=(("sync_moments", True),)),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1

@@ -16,7 +16,12 @@ the "yuan" DP term of its bytes:
                        overlap hides later is paid there, spread over the run; with total_steps only)
 
 so the bytes per step are fragment bytes / (H / P), and P > 1 adds P - 1 latencies per period while
-cutting the peak bandwidth by P. Delayed gradients (every step's gradient exchange landing tau steps
+cutting the peak bandwidth by P. With the outer codec's CPU priced (`codec_s_per_value`, measured on this
+machine by geotrain.cost.codec_cpu: `plan --recipe-measure-codecs`, and bench wan's recipe rows) step_s
+adds it, values / H per step: the encoding at a sync's start and the decoding where it lands run on the
+training thread and hide behind nothing. Moment sync (`sync_moments`, geotrain.sync.moments) adds AdamW's
+two moments to every fragment's payload (the first through the outer codec, the second through log-block)
+and to its codec work. Delayed gradients (every step's gradient exchange landing tau steps
 later, geotrain.sync.delayed) are the case H = P = 1 (`delayed_gradients_step_seconds`).
 
 Quality (the staleness charge): a sync that lands tau steps late, mixed in with alpha, drops (1 - alpha)
@@ -54,7 +59,7 @@ The rule (`choose_recipe`), tolerance e (default 0.02), "fastest" by the charged
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +106,7 @@ class WanRecipe:
     sync_s: float  # one fragment's exchange (T_frag)
     landing: str = "mix"  # how a late sync lands (geotrain.sync.streaming): "mix" (with mix) or "eager"
     warmup: int = 0  # syncs started before this step block (the overlap warm-up)
+    sync_moments: bool = False  # each sync also averages AdamW's moments (geotrain.sync.moments), priced in sync_s
 
     @property
     def compute_fraction(self) -> float:
@@ -125,24 +131,33 @@ class WanRecipe:
         return {"optim": {"sync_every": self.sync_every, "fragments": self.fragments, "sync_delay": self.delay,
                           "sync_mix": self.mix, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                           **({"sync_landing": self.landing, "sync_warmup": self.warmup}
-                             if self.landing != "mix" else {})},
+                             if self.landing != "mix" else {}),
+                          **({"sync_moments": True} if self.sync_moments else {})},
                 "comm": {"dp_codec": self.codec}}
 
 
-def fragment_sync_seconds(cluster: Cluster, job: Job, assignment: np.ndarray, fragments: int, codec: str) -> float:
+def fragment_sync_seconds(cluster: Cluster, job: Job, assignment: np.ndarray, fragments: int, codec: str,
+                          sync_moments: bool = False) -> float:
     """T_frag, slowest stage: a gathered codec's exchange of one fragment (1/P of the model) as the runtime
     runs it (geotrain.comm.gather: the faster of the ring and the direct all-to-all for that payload on
-    the DP group's links); a summable codec's all-reduce by yuan's DP term of the fragment's bytes."""
+    the DP group's links); a summable codec's all-reduce by yuan's DP term of the fragment's bytes.
+    `sync_moments` (geotrain.sync.moments): AdamW's two fp32 moments travel in the same gathered payload,
+    the first through `codec`, the second through its own codec (sync.moments.second_moment_codec)."""
     from geotrain.codecs import CodecSpec  # torch-backed: imported only when codecs are priced
     from geotrain.comm import reducer_traits
     from geotrain.comm.gather import GatherLinks
+    from geotrain.sync.moments import second_moment_codec
 
     stages, replicas = assignment.shape
     spec = CodecSpec.parse(codec)
-    if reducer_traits(spec).gathered:
+    if reducer_traits(spec).gathered or sync_moments:
         values = job.dp_bytes(stages) / job.bytes_per_value / fragments
-        payload = values * spec.build().bytes_per_value(job.hidden, job.bytes_per_value)
-        return max(GatherLinks.of_cluster(cluster, row).best_seconds(payload) for row in assignment)
+        codec_ = spec.build()
+        per_value = codec_.bytes_per_value(job.hidden, job.bytes_per_value)
+        if sync_moments:  # the moments are fp32 whatever the parameters' width
+            per_value += (codec_.bytes_per_value(job.hidden, 4.0)
+                          + second_moment_codec(spec).build().bytes_per_value(job.hidden, 4.0))
+        return max(GatherLinks.of_cluster(cluster, row).best_seconds(values * per_value) for row in assignment)
     traffic = traffic_of_job(job, stages, replicas, codec_link_bytes(codec, job, "dp", replicas))
     traffic = dataclasses.replace(traffic, dp_bytes=tuple(b / fragments for b in traffic.dp_bytes))
     return float(YuanCostModel(cluster, traffic).stage_dp_seconds(assignment).max())
@@ -186,10 +201,14 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
                   total_steps: int | None = None, max_delay: int | None = None, max_fragments: int = 8,
                   floor: str = "int4-block", tolerance: float = 0.02,
                   target_compute_fraction: float = TARGET_COMPUTE_FRACTION,
-                  sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES, landing: str = "eager") -> WanRecipe:
+                  sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES, landing: str = "eager",
+                  sync_moments: bool = False, codec_s_per_value: Mapping[str, float] | None = None) -> WanRecipe:
     """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0);
     `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints); `landing`
-    of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged)."""
+    of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged); `sync_moments`: every
+    setting priced with AdamW's moments in each sync (the user's choice: the rule does not weigh its quality);
+    `codec_s_per_value`: CPU seconds per synchronised value of one sync's codec work, by outer codec
+    (geotrain.cost.codec_cpu, measured; None or a codec missing: not priced)."""
     if landing not in RECIPE_LANDINGS:
         raise WanRecipeError(f"recipe landing must be one of {', '.join(RECIPE_LANDINGS)}, got {shown(landing)}")
     if floor not in OUTER_LADDER:
@@ -200,13 +219,18 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     choices = sorted(h for h in sync_every_choices
                      if total_steps is None or h * MIN_OUTER_STEPS <= total_steps) or [min(sync_every_choices)]
     codecs = OUTER_LADDER[: OUTER_LADDER.index(floor) + 1]
-    sync = {(p, c): fragment_sync_seconds(cluster, job, assignment, p, c)
+    sync = {(p, c): fragment_sync_seconds(cluster, job, assignment, p, c, sync_moments)
             for p in range(1, max_fragments + 1) for c in codecs}
+    values = job.dp_bytes(assignment.shape[0]) / job.bytes_per_value  # one stage's, synchronised per period
+    cpu_per_value = dict(codec_s_per_value or {})
 
     def step_seconds(p: int, c: str, h: int, t: int) -> float:
-        """Predicted seconds per step: the steady step, plus the eager warm-up's blocking syncs spread over the run."""
+        """Predicted seconds per step: the steady step, the codecs' CPU per step (each of the P fragment
+        syncs of a period encodes and decodes values / P), plus the eager warm-up's blocking syncs spread
+        over the run."""
         warmup = warmup_step_seconds(sync[p, c], compute_s, p, t, total_steps) if landing == "eager" else 0.0
-        return recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t) + warmup
+        codec_cpu = cpu_per_value.get(c, 0.0) * values / h
+        return recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t) + codec_cpu + warmup
 
     def options(h: int) -> list[tuple[float, int, int, int, str]]:
         """(charged step_s, codec rank, tau, -P, codec) of every setting at H = h."""
@@ -229,7 +253,7 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     eager = tau > 0 and landing == "eager"
     return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
                      step_s, compute_s, sync[-neg_p, codec], "eager" if eager else "mix",
-                     WARMUP_PERIODS * h if eager else 0)
+                     WARMUP_PERIODS * h if eager else 0, sync_moments)
 
 
 def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:

@@ -100,3 +100,40 @@ def test_recipe_round_trips_through_the_plan_and_names_a_missing_key():
         WanRecipe.from_json(doc, "p.json")
     with pytest.raises(WanRecipeError, match="compute seconds per step"):
         choose_recipe(TWO, JOB, PAIR, 0.0)
+
+
+def test_moment_sync_adds_both_moments_to_the_gathered_payload():
+    # int8-block: (1 + 4/256) bytes per value for the outer gradients and again for the first moment, log-block's
+    # 0.5 + 8/128 for the second; 2 members: one round, 50 ms + the payload at 0.1 Gbit/s
+    int8, log = 1 + 4 / 256, 0.5 + 8 / 128
+    assert fragment_sync_seconds(TWO, JOB, PAIR, 1, "int8-block", sync_moments=True) == pytest.approx(
+        0.05 + 8 * 1e6 * (2 * int8 + log) / 1e8)
+    assert fragment_sync_seconds(TWO, JOB, PAIR, 2, "int4-block", sync_moments=True) == pytest.approx(
+        0.05 + 8 * 0.5e6 * (2 * (0.5 + 4 / 128) + log) / 1e8)
+    # uncompressed: the moments go uncompressed too, gathered beside the outer gradients (12 bytes per value)
+    assert fragment_sync_seconds(TWO, JOB, PAIR, 1, "none", sync_moments=True) == pytest.approx(
+        0.05 + 8 * 1e6 * 12 / 1e8)
+
+
+def test_moment_sync_recipe_is_priced_with_its_bytes_and_runs_with_the_flag():
+    plain = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
+    moments = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, sync_moments=True)
+    assert moments.sync_moments and not plain.sync_moments
+    assert moments.sync_s > plain.sync_s
+    assert moments.runtime_settings()["optim"]["sync_moments"] is True
+    assert "sync_moments" not in plain.runtime_settings()["optim"]
+    assert WanRecipe.from_json(moments.to_json()) == moments
+    older = {k: v for k, v in plain.to_json().items() if k != "sync_moments"}  # a plan written before it
+    assert WanRecipe.from_json(older).sync_moments is False
+
+
+def test_the_codecs_cpu_adds_values_over_h_per_step():
+    recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
+    cpu = 1e-9  # s per value: 1 ms per sync of the 1e6 values, 1/H of it per step; too little to change the choice
+    priced = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, codec_s_per_value={recipe.codec: cpu})
+    assert (priced.sync_every, priced.fragments, priced.delay, priced.codec) == (
+        recipe.sync_every, recipe.fragments, recipe.delay, recipe.codec)
+    assert priced.step_s == pytest.approx(recipe.step_s + cpu * 1e6 / recipe.sync_every)
+    # a codec whose CPU outweighs its bytes is passed over for the next rung (or a longer period)
+    costly = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, codec_s_per_value={recipe.codec: 1e-6})
+    assert (costly.codec, costly.sync_every) != (recipe.codec, recipe.sync_every)
