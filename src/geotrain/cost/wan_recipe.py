@@ -45,10 +45,13 @@ The rule (`choose_recipe`), tolerance e (default 0.02), "fastest" by the charged
    reaches `target_compute_fraction` (compute_s / step_s, default 0.95); none does: the fastest H.
    With `total_steps`, H is capped so that the run has at least MIN_OUTER_STEPS outer steps (fewer
    outer steps lost quality in bench wan: docs/wan.md).
-2. codec: the best-quality rung of OUTER_LADDER (down to `floor`) whose fastest P/tau is within
-   (1 + e) x the fastest step at that H.
-3. tau: the smallest delay (a landed sync is staler with each step) within (1 + e) of it; with the mix
-   rule, 0 with fewer than PAPER_OUTER_STEPS outer steps (above);
+2. tau: the smallest delay (a landed sync is staler with each step) whose fastest codec/P is within
+   (1 + e) x the fastest step at that H; with the mix rule, 0 with fewer than PAPER_OUTER_STEPS outer
+   steps (above);
+3. codec: the best-quality rung of OUTER_LADDER (down to `floor`) within (1 + e) at that tau. Delay
+   before codec (until 2026-12-05 the codec came first): on bench wan a step of delay cost more than
+   int4 against int8 (eager int8: +0.041 nats at tau 2, +0.046 at 3; with moment sync, int4-block at tau 2
+   +0.016, int8-block at tau 4 +0.039; int4-block and exact means end within 0.001).
 4. P: the largest fragment count within (1 + e) of it (lowest peak bandwidth).
 5. tau > 0: eager landing after WARMUP_PERIODS blocking periods (landing "eager"), or mix alpha 0.5
    (landing "mix"; Streaming DiLoCo's; alpha 0 drops the overlapped steps' progress).
@@ -244,8 +247,8 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     h = meets[0] if meets else min(choices, key=lambda k: (fastest[k], k))
     limit = fastest[h] * (1 + tolerance) * (1 + 1e-12)
     within = [o for o in options(h) if o[0] <= limit]
-    codec_rank = min(o[1] for o in within)  # 2. best-quality codec
-    tau = min(o[2] for o in within if o[1] == codec_rank)  # 3. least delay
+    tau = min(o[2] for o in within)  # 2. least delay
+    codec_rank = min(o[1] for o in within if o[2] == tau)  # 3. best-quality codec
     _, _, _, neg_p, codec = min((o for o in within if o[1] == codec_rank and o[2] == tau),
                                 key=lambda o: o[3])  # 4. most fragments
     step_s = step_seconds(-neg_p, codec, h, tau)  # predicted, uncharged

@@ -137,3 +137,13 @@ def test_the_codecs_cpu_adds_values_over_h_per_step():
     # a codec whose CPU outweighs its bytes is passed over for the next rung (or a longer period)
     costly = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, codec_s_per_value={recipe.codec: 1e-6})
     assert (costly.codec, costly.sync_every) != (recipe.codec, recipe.sync_every)
+
+
+def test_delay_is_kept_short_before_the_codec_is_kept_wide():
+    far = cluster_from_dict({"name": "far", "regions": [{"name": "a", "devices": 1}, {"name": "b", "devices": 1}],
+                             "links": [{"between": ["a", "b"], "gbps": 0.1, "ms": 150}]})
+    recipe = choose_recipe(far, JOB, PAIR, 0.1, total_steps=60, max_fragments=1)
+    # one round of 150 ms plus the payload: int8-block's 0.15 + 0.081 s hides behind 3 steps of 0.1 s,
+    # int4-block's 0.15 + 0.043 s behind 2, within 2%: the shorter delay wins (ranking the codec first chose
+    # int8-block at tau 3)
+    assert (recipe.sync_every, recipe.delay, recipe.codec) == (5, 2, "int4-block")
