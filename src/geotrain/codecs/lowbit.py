@@ -107,11 +107,9 @@ def quantize_blocks(flat: torch.Tensor, block: int, grid: torch.Tensor) -> tuple
     midpoints = (levels[1:] + levels[:-1]) / np.float32(2)  # fp32, as the levels
     _block_peaks(values, block, peaks)
     gaps = np.diff(levels.astype(np.float64))
-    if np.allclose(gaps, gaps[0], rtol=1e-6, atol=0):  # evenly spaced (int4, int2): one guess, one correction
-        bounded = np.concatenate([[-np.inf], midpoints, [np.inf]]).astype(np.float32)
-        _quantize_even(values, block, peaks, bounded, np.float32(1.0 / gaps[0]), codes)
-    else:
-        _quantize(values, block, peaks, midpoints, codes)
+    even = np.allclose(gaps, gaps[0], rtol=1e-6, atol=0)  # int4, int2: one guess, one correction
+    bounded = np.concatenate([[-np.inf], midpoints, [np.inf]]).astype(np.float32)
+    _quantize(values, block, peaks, bounded, np.float32(1.0 / gaps[0] if even else 0.0), codes)
     return torch.from_numpy(codes), torch.from_numpy(peaks)
 
 
@@ -150,11 +148,17 @@ def _block_peaks(values, block, peaks):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _quantize(values, block, peaks, midpoints, codes):  # pragma: no cover - compiled
+def _quantize(values, block, peaks, bounded, inverse_gap, codes):  # pragma: no cover - compiled
+    # code = the number of midpoints below y (`bounded`: -inf, the midpoints, +inf). An evenly spaced grid
+    # on [-1, 1] (inverse_gap > 0: 1 / the gap between levels) takes a guess, floor((y + 1) / gap + 1/2),
+    # which is the count up to fp32 rounding (off by at most one near a midpoint), and compares y with the
+    # two midpoints around it: the same code, branch-free, 4x faster than counting 14 midpoints; other
+    # grids count them all
     n = values.size
+    top = bounded.size - 2  # the midpoints
     zero_code = 0  # the code of y = 0
-    for m in range(midpoints.size):
-        zero_code += midpoints[m] < np.float32(0.0)
+    for m in range(1, top + 1):
+        zero_code += bounded[m] < np.float32(0.0)
     for b in range(peaks.size):
         start = b * block
         chunk = values[start:min(start + block, n)]
@@ -164,38 +168,18 @@ def _quantize(values, block, peaks, midpoints, codes):  # pragma: no cover - com
             out[:] = zero_code  # y = 0 (the block decodes to NaN whatever its codes)
             continue
         safe = peak if peak > 0 else np.float32(1.0)
-        for i in range(chunk.size):
-            y = chunk[i] / safe
-            count = 0
-            for m in range(midpoints.size):
-                count += midpoints[m] < y
-            out[i] = count
-
-
-@njit(cache=True)
-def _quantize_even(values, block, peaks, bounded, inverse_gap, codes):  # pragma: no cover - compiled
-    # _quantize's codes (the number of midpoints below y) for an evenly spaced grid on [-1, 1]: the guess
-    # floor((y + 1) / gap + 1/2) is the count up to fp32 rounding (off by at most one near a midpoint), and
-    # comparing y with the two midpoints around the guess (`bounded`: -inf, the midpoints, +inf) makes it
-    # exact; branch-free, 4x faster than counting 14 midpoints
-    n = values.size
-    top = bounded.size - 2  # the midpoints
-    zero_code = 0
-    for m in range(1, top + 1):
-        zero_code += bounded[m] < np.float32(0.0)
-    for b in range(peaks.size):
-        start = b * block
-        chunk = values[start:min(start + block, n)]
-        out = codes[start:start + chunk.size]
-        peak = peaks[b]
-        if not np.isfinite(peak):
-            out[:] = zero_code
-            continue
-        safe = peak if peak > 0 else np.float32(1.0)
-        for i in range(chunk.size):
-            y = chunk[i] / safe
-            guess = min(max(int((y + np.float32(1.0)) * inverse_gap + np.float32(0.5)), 0), top)
-            out[i] = guess + (bounded[guess + 1] < y) - (not bounded[guess] < y)
+        if inverse_gap > 0:
+            for i in range(chunk.size):
+                y = chunk[i] / safe
+                guess = min(max(int((y + np.float32(1.0)) * inverse_gap + np.float32(0.5)), 0), top)
+                out[i] = guess + (bounded[guess + 1] < y) - (not bounded[guess] < y)
+        else:
+            for i in range(chunk.size):
+                y = chunk[i] / safe
+                count = 0
+                for m in range(1, top + 1):
+                    count += bounded[m] < y
+                out[i] = count
 
 
 @njit(cache=True)
