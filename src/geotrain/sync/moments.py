@@ -118,8 +118,8 @@ class MomentSync:
         for anchor, first, second in zip(self.anchor, self.first, self.second, strict=True):
             if first.grad is None or second.grad is None:
                 raise SyncError("MomentSync: landing before the exchange wrote the means")
-            anchor.add_(first.grad.to(anchor.device))
-            means.append((anchor.clone(), second.grad.to(anchor.device).float().clamp_min(0)))
+            anchor.add_(first.grad.to(anchor.device))  # the landings read it, they do not write it
+            means.append((anchor, second.grad.to(anchor.device).float().clamp_min(0)))
         return means
 
     def state_dict(self) -> dict[str, Any]:

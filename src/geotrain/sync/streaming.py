@@ -47,7 +47,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -102,10 +102,13 @@ class _InFlight:
     proxy: list[torch.Tensor] | None = None  # eager landing: the anchor change applied at the start
 
 
-ExchangeFactory = Callable[..., DPExchange]
-"""Builds the exchange of one fragment from (name, shadow parameter) pairs, those that travel through the
-outer codec with its error feedback; with moment sync (geotrain.sync.moments) a second argument, the
-second moments' pairs, which travel beside them in the same collective through `second_moment_codec`."""
+class ExchangeFactory(Protocol):
+    """Builds the exchange of one fragment from (name, shadow parameter) pairs, those that travel through the
+    outer codec with its error feedback; with moment sync (geotrain.sync.moments) a second argument, the
+    second moments' pairs, which travel beside them in the same collective through `second_moment_codec`."""
+
+    def __call__(self, named: list[tuple[str, torch.nn.Parameter]],
+                 second_moments: list[tuple[str, torch.nn.Parameter]] | None = None, /) -> DPExchange: ...
 
 
 class StreamingOuterSync(OuterSync):
