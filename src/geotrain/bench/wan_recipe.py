@@ -24,7 +24,7 @@ from typing import Any
 from geotrain.bench.wan_rows import RowResult, WanBenchConfig, WanRow
 from geotrain.cluster import Cluster
 from geotrain.cost.codec_cpu import sync_codec_seconds_by_codec
-from geotrain.cost.wan_recipe import OUTER_LADDER, WanRecipe, choose_recipe
+from geotrain.cost.wan_recipe import WanRecipe, choose_recipe, outer_ladder
 from geotrain.job import Job
 
 
@@ -36,8 +36,7 @@ def plan_recipe(cluster: Cluster, job: Job, layouts: dict[str, Any], config: Wan
                 compute_s: float, sync_moments: bool = False) -> tuple[str, WanRecipe]:
     """(layout name, recipe) with the lowest predicted step among `layouts` (bench.wan.PlannedLayout);
     `sync_moments`: the planner's --recipe-sync-moments."""
-    ladder = OUTER_LADDER[: OUTER_LADDER.index("int4-block") + 1]  # down to choose_recipe's default floor
-    codec_s = {replicas: sync_codec_seconds_by_codec(ladder, replicas, sync_moments)  # the ranks run here
+    codec_s = {replicas: sync_codec_seconds_by_codec(outer_ladder(), replicas, sync_moments)  # the ranks run here
                for replicas in {int(layout.assignment.shape[1]) for layout in layouts.values()}}
     recipes = {name: choose_recipe(cluster, job, layout.assignment, compute_s, pp_s=layout.pp_s,
                                    total_steps=config.steps, sync_moments=sync_moments,

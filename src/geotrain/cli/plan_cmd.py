@@ -32,7 +32,8 @@ from geotrain.cli.placement_args import add_placement_arguments, assignment_rows
 from geotrain.cluster import load_cluster
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
-from geotrain.cost.wan_recipe import OUTER_LADDER, WanRecipe, choose_recipe, estimated_compute_s
+from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, WanRecipe, choose_recipe,
+                                      estimated_compute_s, outer_ladder)
 from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
@@ -115,7 +116,7 @@ def register(subparsers: Any) -> None:
                              "outer optimizer averages (lr 1, momentum 0) instead of DiLoCo's 0.7 / 0.9")
     recipe.add_argument("--recipe-max-delay", type=int, default=None, metavar="TAU",
                         help="largest delay tau (default H - 1; 0 where syncs may not be in flight at checkpoints)")
-    recipe.add_argument("--recipe-codec-floor", default="int4-block", choices=OUTER_LADDER,
+    recipe.add_argument("--recipe-codec-floor", default=DEFAULT_CODEC_FLOOR, choices=OUTER_LADDER,
                         help=f"lowest outer codec allowed on the ladder {' > '.join(OUTER_LADDER)}")
     recipe.add_argument("--recipe-measure-codecs", action="store_true",
                         help="time the outer codecs on this machine and price their CPU per sync (use when this "
@@ -279,8 +280,8 @@ def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> Wa
     if args.recipe_measure_codecs:
         from geotrain.cost.codec_cpu import sync_codec_seconds_by_codec
 
-        ladder = OUTER_LADDER[: OUTER_LADDER.index(args.recipe_codec_floor) + 1]
-        codec_s = sync_codec_seconds_by_codec(ladder, int(result.assignment.shape[1]), args.recipe_sync_moments)
+        codec_s = sync_codec_seconds_by_codec(outer_ladder(args.recipe_codec_floor), int(result.assignment.shape[1]),
+                                              args.recipe_sync_moments)
     return choose_recipe(cluster, job, result.assignment, compute_s, pp_s=result.cost.pp, total_steps=args.recipe_steps,
                          max_delay=args.recipe_max_delay, floor=args.recipe_codec_floor,
                          sync_moments=args.recipe_sync_moments, codec_s_per_value=codec_s)

@@ -91,8 +91,6 @@ def _encode(values, block, levels, bits, bounds, codes):  # pragma: no cover - c
 @njit(cache=True)
 def _decode(codes, bounds, block, levels, bits, out):  # pragma: no cover - compiled
     n = codes.size
-    largest = _FP32_MAX
-    smallest = _FP32_SMALLEST
     table = np.empty(levels + 1, dtype=np.float32)
     table[0] = 0.0
     for b in range(bounds.size // 2):
@@ -109,7 +107,7 @@ def _decode(codes, bounds, block, levels, bits, out):  # pragma: no cover - comp
         for j in range(levels):
             # lo and hi are logs rounded to fp32: at fp32's edges exp() can leave its range; clamp to it,
             # so a finite non-zero value never decodes to inf or to zero
-            table[j + 1] = np.float32(min(max(np.exp(lo + j * step), smallest), largest))
+            table[j + 1] = np.float32(min(max(np.exp(lo + j * step), _FP32_SMALLEST), _FP32_MAX))
         for i in range(start, stop):
             code = codes[i]
             magnitude = table[code & levels]

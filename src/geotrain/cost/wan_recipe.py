@@ -77,6 +77,8 @@ from geotrain.job import Job
 
 OUTER_LADDER = ("none", "int8-block", "int4-block", "int2-block")
 """Outer-gradient codecs, best quality first (error feedback on; docs/diloco.md has their bytes)."""
+DEFAULT_CODEC_FLOOR = "int4-block"
+"""The lowest rung the rule may choose unless told otherwise (`plan --recipe-codec-floor`)."""
 SYNC_EVERY_CHOICES = (2, 5, 10, 20, 50, 100)
 MIN_OUTER_STEPS = 12
 PAPER_OUTER_STEPS = 100
@@ -137,6 +139,11 @@ class WanRecipe:
                              if self.landing != "mix" else {}),
                           **({"sync_moments": True} if self.sync_moments else {})},
                 "comm": {"dp_codec": self.codec}}
+
+
+def outer_ladder(floor: str = DEFAULT_CODEC_FLOOR) -> tuple[str, ...]:
+    """The rungs of OUTER_LADDER the rule may choose: from the best down to `floor` (one of them)."""
+    return OUTER_LADDER[: OUTER_LADDER.index(floor) + 1]
 
 
 def fragment_sync_seconds(cluster: Cluster, job: Job, assignment: np.ndarray, fragments: int, codec: str,
@@ -202,7 +209,7 @@ def staleness_factor(sync_every: int, delay: int, mix: float, landing: str = "mi
 
 def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float, *, pp_s: float = 0.0,
                   total_steps: int | None = None, max_delay: int | None = None, max_fragments: int = 8,
-                  floor: str = "int4-block", tolerance: float = 0.02,
+                  floor: str = DEFAULT_CODEC_FLOOR, tolerance: float = 0.02,
                   target_compute_fraction: float = TARGET_COMPUTE_FRACTION,
                   sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES, landing: str = "eager",
                   sync_moments: bool = False, codec_s_per_value: Mapping[str, float] | None = None) -> WanRecipe:
@@ -221,7 +228,7 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     assignment = np.asarray(assignment, dtype=np.int64)
     choices = sorted(h for h in sync_every_choices
                      if total_steps is None or h * MIN_OUTER_STEPS <= total_steps) or [min(sync_every_choices)]
-    codecs = OUTER_LADDER[: OUTER_LADDER.index(floor) + 1]
+    codecs = outer_ladder(floor)
     sync = {(p, c): fragment_sync_seconds(cluster, job, assignment, p, c, sync_moments)
             for p in range(1, max_fragments + 1) for c in codecs}
     values = job.dp_bytes(assignment.shape[0]) / job.bytes_per_value  # one stage's, synchronised per period
