@@ -8,10 +8,12 @@ the first moment travels the same way and the second through its own codec, in t
 
 `sync_codec_seconds_per_value` runs exactly that work (the runtime's reducers: comm.CodecReducer, or
 comm.GroupedCodecReducer with moment sync) on `sample` random values, every rank's payload standing in
-for this one's (a loopback gather: no link is involved), and returns the best of `repeats` runs' CPU
-seconds (time.process_time) per value. Linear in the values, so a fragment of V values costs V times it.
-On bench wan's tiny GPT (871,168 values, 4 replicas; 2026-12-05): int8-block about 20 ms per sync,
-int4-block with moment sync about 45 ms, against 0.085 s of compute per step. A summable codec without
+for this one's (a loopback gather: no link is involved), with one torch thread as a rank has (the runtime's
+default `--threads 1`; the caller's count is restored), and returns the best of `repeats` runs' CPU seconds
+of this thread (time.thread_time: other processes and idle or spinning threads add nothing) per value. Linear in the values, so a fragment of V values costs V times it.
+On bench wan's tiny GPT (871,168 values, 4 replicas; 2026-12-05, several runs on a busy machine):
+int8-block 6-14 ms per sync, int4-block 25 ms, int8-block with moment sync 49-62 ms, int4-block with moment
+sync 79-82 ms, against 0.085-0.094 s of compute per step. A summable codec without
 moment sync (none) is all-reduced: its CPU is a division, priced 0.
 """
 
@@ -31,7 +33,7 @@ class _Loopback:
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
 
-    def all_gather(self, tensors: Any, algorithm: str = "ring") -> Any:
+    def all_gather(self, tensors: Any) -> Any:
         return tensors[0].repeat(self.world_size)
 
 
@@ -66,11 +68,16 @@ def sync_codec_seconds_per_value(codec: str, replicas: int, sync_moments: bool =
         reducer = CodecReducer(spec.build(), [("delta", (sample,))], replicas)
     collective = _Loopback(replicas)
     best = float("inf")
-    for step in range(repeats + 1):  # the first run loads kernels and allocates: not timed
-        started = time.process_time()
-        reducer.reduce([tensors], collective, step)
-        if step:
-            best = min(best, time.process_time() - started)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step in range(repeats + 1):  # the first run loads kernels and allocates: not timed
+            started = time.thread_time()
+            reducer.reduce([tensors], collective, step)
+            if step:
+                best = min(best, time.thread_time() - started)
+    finally:
+        torch.set_num_threads(threads)
     return best / sample
 
 

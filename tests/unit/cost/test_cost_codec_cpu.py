@@ -25,6 +25,18 @@ def test_moment_sync_and_more_replicas_cost_more():
     assert median(codec="int8-block", replicas=16) > median(codec="int8-block", replicas=1)
 
 
+def test_it_times_one_torch_thread_and_restores_the_callers_count():
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        sync_codec_seconds_per_value("int8-block", 2, sample=1 << 12)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="replicas"):
         sync_codec_seconds_per_value("int8-block", 0)
