@@ -11,9 +11,11 @@ comm.GroupedCodecReducer with moment sync) on `sample` random values, every rank
 for this one's (a loopback gather: no link is involved), with one torch thread as a rank has (the runtime's
 default `--threads 1`; the caller's count is restored), and returns the best of `repeats` runs' CPU seconds
 of this thread (time.thread_time: other processes and idle or spinning threads add nothing) per value. Linear in the values, so a fragment of V values costs V times it.
-On bench wan's tiny GPT (871,168 values, 4 replicas; 2026-12-05, several runs on a busy machine):
-int8-block 6-14 ms per sync, int4-block 25 ms, int8-block with moment sync 49-62 ms, int4-block with moment
-sync 79-82 ms, against 0.085-0.094 s of compute per step. A summable codec without
+On bench wan's tiny GPT (871,168 values, 4 replicas; 2026-12-05, quiet machine): int8-block 5 ms per sync,
+int4-block 12 ms, int8-block with moment sync 23-27 ms, int4-block with moment sync 37 ms, against 0.083-0.094
+s of compute per step. (Timed first by process_time with torch's own thread count: 6-14, 25, 49-62 and 79-82
+ms, idle threads' spinning included, and 5x off under load. bench wan's 4 ranks on 2 cores pay more than one
+quiet thread: the moment-sync recipe then measured 0.1109 s per step against 0.1002 predicted.) A summable codec without
 moment sync (none) is all-reduced: its CPU is a division, priced 0.
 """
 
