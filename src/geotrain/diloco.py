@@ -41,9 +41,9 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
-from geotrain.sync.exchange import DirectTransport, ExtraTensors, StageExchange
+from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
-from geotrain.sync.moments import second_moment_codec
+from geotrain.sync.moments import MomentTensors, moment_parts
 from geotrain.sync.streaming import StreamingOuterSync
 
 
@@ -56,14 +56,16 @@ class DiLoCo:
     the group's links (geotrain.comm.gather.GatherLinks, members in group-rank order), so that a gathered
     codec's exchange takes one direct all-to-all round where it is faster than the ring (None: the ring);
     `sync_moments`: each outer sync also averages the inner optimizer's moments (torch's Adam or AdamW;
-    geotrain.sync.moments), in the same collective."""
+    geotrain.sync.moments), in the same collective; `moment_syncs` N: only each fragment's first N outer
+    syncs carry them (None: every sync)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
                  codec: str | CodecSpec = "int8-block",
                  error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
-                 gather_links: GatherLinks | None = None, sync_moments: bool = False) -> None:
+                 gather_links: GatherLinks | None = None, sync_moments: bool = False,
+                 moment_syncs: int | None = None) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -89,7 +91,7 @@ class DiLoCo:
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
         self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                        mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
-                                       warmup=warmup, sync_moments=sync_moments)
+                                       warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs)
         self.timer = ComputeTimer()
         self.inner_steps = 0
         self.bytes_sent = 0
@@ -119,11 +121,10 @@ class DiLoCo:
                                                         intra, [])
 
     def _exchange_of(self, named_shadows: list[tuple[str, torch.nn.Parameter]],
-                     second_moments: list[tuple[str, torch.nn.Parameter]] | None = None) -> DPExchange:
+                     moments: MomentTensors | None = None) -> DPExchange:
         exchange: DPExchange
         if self.hierarchy is None:
-            extra = ([ExtraTensors(second_moments, second_moment_codec(self.codec), False)] if second_moments
-                     else [])
+            extra = [] if moments is None else moment_parts(moments, self.codec, self.error_feedback)
             exchange = StageExchange(named_shadows, self.codec, self.error_feedback, self.transport, self.group, [],
                                      self.gather_links, extra)
         else:

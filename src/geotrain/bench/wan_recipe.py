@@ -36,11 +36,15 @@ def plan_recipe(cluster: Cluster, job: Job, layouts: dict[str, Any], config: Wan
                 compute_s: float, sync_moments: bool = False) -> tuple[str, WanRecipe]:
     """(layout name, recipe) with the lowest predicted step among `layouts` (bench.wan.PlannedLayout);
     `sync_moments`: the planner's --recipe-sync-moments."""
-    codec_s = {replicas: sync_codec_seconds_by_codec(outer_ladder(), replicas, sync_moments)  # the ranks run here
-               for replicas in {int(layout.assignment.shape[1]) for layout in layouts.values()}}
+    replica_counts = {int(layout.assignment.shape[1]) for layout in layouts.values()}
+    codec_s = {replicas: sync_codec_seconds_by_codec(outer_ladder(), replicas)  # the ranks run here
+               for replicas in replica_counts}
+    moment_codec_s = {replicas: sync_codec_seconds_by_codec(outer_ladder(), replicas, sync_moments=True)
+                      for replicas in replica_counts} if sync_moments else {}
     recipes = {name: choose_recipe(cluster, job, layout.assignment, compute_s, pp_s=layout.pp_s,
                                    total_steps=config.steps, sync_moments=sync_moments,
-                                   codec_s_per_value=codec_s[int(layout.assignment.shape[1])])
+                                   codec_s_per_value=codec_s[int(layout.assignment.shape[1])],
+                                   moment_codec_s_per_value=moment_codec_s.get(int(layout.assignment.shape[1])))
                for name, layout in layouts.items()}
     name = min(recipes, key=lambda key: recipes[key].step_s)
     return name, recipes[name]

@@ -122,8 +122,9 @@ def register(subparsers: Any) -> None:
                         help="time the outer codecs on this machine and price their CPU per sync (use when this "
                              "machine's CPUs are like the training hosts'; default: links only)")
     recipe.add_argument("--recipe-sync-moments", action="store_true",
-                        help="each outer sync also averages the inner AdamW's moments (train --sync-moments: DDP's "
-                             "quality on bench wan for about 3x the bytes per sync); the recipe is priced with them")
+                        help="each fragment's first 2 outer syncs (the eager warm-up's) also average the inner AdamW's "
+                             "moments (train --sync-moments --moment-syncs 2: DDP's quality on bench wan for about 3x "
+                             "those syncs' bytes); the recipe is priced with them")
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
@@ -264,7 +265,8 @@ def run(args: Any) -> int:
                   [["sync every H", str(recipe.sync_every)], ["fragments P", str(recipe.fragments)],
                    ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"],
                    ["landing / warm-up steps", f"{recipe.landing} / {recipe.warmup}"], ["outer codec", recipe.codec],
-                   ["moment sync", "on" if recipe.sync_moments else "off"],
+                   ["moment sync", "off" if not recipe.sync_moments else "every sync" if recipe.moment_syncs is None
+                    else f"each fragment's first {recipe.moment_syncs} syncs"],
                    ["outer lr / momentum", f"{recipe.outer_lr:g} / {recipe.outer_momentum:g}"],
                    ["one fragment's exchange (s)", f"{recipe.sync_s:.3f}"], ["compute per step (s)", f"{recipe.compute_s:.4g}"],
                    ["predicted step (s)", f"{recipe.step_s:.4g}"], ["compute fraction", f"{recipe.compute_fraction:.3f}"]])
@@ -276,15 +278,18 @@ def run(args: Any) -> int:
 def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> WanRecipe:
     """--wan-recipe auto: the recipe for the searched assignment (pipeline seconds per step: its pp term)."""
     compute_s = args.compute_s if args.compute_s is not None else estimated_compute_s(cluster, job, result.assignment)
-    codec_s = None
+    codec_s = moment_codec_s = None
     if args.recipe_measure_codecs:
         from geotrain.cost.codec_cpu import sync_codec_seconds_by_codec
 
-        codec_s = sync_codec_seconds_by_codec(outer_ladder(args.recipe_codec_floor), int(result.assignment.shape[1]),
-                                              args.recipe_sync_moments)
+        ladder, replicas = outer_ladder(args.recipe_codec_floor), int(result.assignment.shape[1])
+        codec_s = sync_codec_seconds_by_codec(ladder, replicas)
+        if args.recipe_sync_moments:
+            moment_codec_s = sync_codec_seconds_by_codec(ladder, replicas, sync_moments=True)
     return choose_recipe(cluster, job, result.assignment, compute_s, pp_s=result.cost.pp, total_steps=args.recipe_steps,
                          max_delay=args.recipe_max_delay, floor=args.recipe_codec_floor,
-                         sync_moments=args.recipe_sync_moments, codec_s_per_value=codec_s)
+                         sync_moments=args.recipe_sync_moments, codec_s_per_value=codec_s,
+                         moment_codec_s_per_value=moment_codec_s)
 
 
 def codec_tables(out: Output, choice: CodecChoice) -> None:

@@ -8,6 +8,9 @@ consecutive slice of the call's tensors; every worker packs all parts' payloads 
 group gathers those buffers in one collective (by the algorithm the group's links choose for their
 size, geotrain.comm.gather), and each part decodes and averages its own columns in rank order.
 Summable codecs (none, fp16) are gathered too, so the mean is the same sum in rank order on every rank.
+A call may send only the first `parts` parts (the others' tensors left out of it, their residuals kept):
+moment sync's later syncs send the outer gradients alone (geotrain.sync.streaming, `moment_syncs`); every
+worker of the group must pass the same count.
 """
 
 from __future__ import annotations
@@ -50,29 +53,40 @@ class GroupedCodecReducer:
         return sum(part.declared_bytes for part in self.parts)
 
     def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Collective, step: int,
-               names: Sequence[str] | None = None) -> list[torch.Tensor]:
+               names: Sequence[str] | None = None, parts: int | None = None) -> list[torch.Tensor]:
         """The group mean of every tensor (worker_grads[0][i] is the tensor named names[i]), each part
-        through its codec, in one all-gather."""
-        packed, decode = self._encode(worker_grads, step, names)
+        through its codec, in one all-gather; `parts`: only the first `parts` parts travel (worker_grads
+        then holds their tensors alone, and so do the means; None: all)."""
+        packed, decode = self._encode(worker_grads, step, names, parts)
         return decode(gather_by_links(collective.all_gather, packed, self.gather_links))
 
     def start(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Any, step: int,
-              names: Sequence[str] | None = None) -> Callable[[], list[torch.Tensor]]:
+              names: Sequence[str] | None = None, parts: int | None = None) -> Callable[[], list[torch.Tensor]]:
         """`reduce` in two halves: encode and post the all-gather now, return a function that waits,
         decodes and returns the means."""
-        packed, decode = self._encode(worker_grads, step, names)
+        packed, decode = self._encode(worker_grads, step, names, parts)
         posted = gather_by_links(collective.start_all_gather, packed, self.gather_links)
         return lambda: decode(posted.wait())
 
-    def _encode(self, worker_grads: Sequence[Sequence[torch.Tensor]], step: int, names: Sequence[str] | None
-                ) -> tuple[list[torch.Tensor], Callable[[torch.Tensor], list[torch.Tensor]]]:
-        if names is not None and tuple(names) != self.names:
-            raise ValueError("GroupedCodecReducer reduces all its tensors in order in every call")
-        if len(worker_grads) != 1 or len(worker_grads[0]) != len(self.names):
-            raise ValueError(f"expected 1 local worker x {len(self.names)} tensors")
+    def part_sizes(self) -> list[int]:
+        """How many tensors each part reduces, in order."""
+        return [len(part.names) for part in self.parts]
+
+    def _encode(self, worker_grads: Sequence[Sequence[torch.Tensor]], step: int, names: Sequence[str] | None,
+                parts: int | None) -> tuple[list[torch.Tensor], Callable[[torch.Tensor], list[torch.Tensor]]]:
+        if parts is None:
+            parts = len(self.parts)
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= len(self.parts):
+            raise ValueError(f"parts must be an integer in 1..{len(self.parts)}, got {parts!r}")
+        travelling = self.parts[:parts]
+        count = sum(len(part.names) for part in travelling)
+        if names is not None and tuple(names) != self.names[:count]:
+            raise ValueError("GroupedCodecReducer reduces its first parts' tensors in order in every call")
+        if len(worker_grads) != 1 or len(worker_grads[0]) != count:
+            raise ValueError(f"expected 1 local worker x {count} tensors (the first {parts} part(s))")
         tensors = list(worker_grads[0])
         encoded, start = [], 0
-        for part in self.parts:
+        for part in travelling:
             piece = tensors[start:start + len(part.names)]
             start += len(part.names)
             payloads, template = part.encode_all([piece], step, None)

@@ -20,8 +20,13 @@ cutting the peak bandwidth by P. With the outer codec's CPU priced (`codec_s_per
 machine by geotrain.cost.codec_cpu: `plan --recipe-measure-codecs`, and bench wan's recipe rows) step_s
 adds it, values / H per step: the encoding at a sync's start and the decoding where it lands run on the
 training thread and hide behind nothing. Moment sync (`sync_moments`, geotrain.sync.moments) adds AdamW's
-two moments to every fragment's payload (the first through the outer codec, the second through log-block)
-and to its codec work. Delayed gradients (every step's gradient exchange landing tau steps
+two moments (the first through the outer codec, the second through log-block) to the payload and the codec
+work of each fragment's first WARMUP_PERIODS syncs only (the recipe's `moment_syncs`: measured as good as
+moments in every sync, docs/diloco.md), so the steady step is the plain one and
+
+    + WARMUP_PERIODS x P x (T_frag with moments - T_frag + the moments' codec CPU) / total_steps
+
+spread over the run (with total_steps only; charged in full even where the sync overlaps compute). Delayed gradients (every step's gradient exchange landing tau steps
 later, geotrain.sync.delayed) are the case H = P = 1 (`delayed_gradients_step_seconds`).
 
 Quality (the staleness charge): a sync that lands tau steps late, mixed in with alpha, drops (1 - alpha)
@@ -111,7 +116,8 @@ class WanRecipe:
     sync_s: float  # one fragment's exchange (T_frag)
     landing: str = "mix"  # how a late sync lands (geotrain.sync.streaming): "mix" (with mix) or "eager"
     warmup: int = 0  # syncs started before this step block (the overlap warm-up)
-    sync_moments: bool = False  # each sync also averages AdamW's moments (geotrain.sync.moments), priced in sync_s
+    sync_moments: bool = False  # the first syncs also average AdamW's moments (geotrain.sync.moments)
+    moment_syncs: int | None = None  # with sync_moments: each fragment's first syncs that carry them (None: all)
 
     @property
     def compute_fraction(self) -> float:
@@ -137,7 +143,8 @@ class WanRecipe:
                           "sync_mix": self.mix, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                           **({"sync_landing": self.landing, "sync_warmup": self.warmup}
                              if self.landing != "mix" else {}),
-                          **({"sync_moments": True} if self.sync_moments else {})},
+                          **({"sync_moments": True} if self.sync_moments else {}),
+                          **({"moment_syncs": self.moment_syncs} if self.moment_syncs is not None else {})},
                 "comm": {"dp_codec": self.codec}}
 
 
@@ -190,6 +197,16 @@ def warmup_step_seconds(sync_s: float, compute_s: float, fragments: int, delay: 
     return WARMUP_PERIODS * fragments * min(sync_s, delay * compute_s) / total_steps
 
 
+def moment_step_seconds(sync_s: float, moment_sync_s: float, moment_cpu_s: float, fragments: int,
+                        total_steps: int | None) -> float:
+    """Seconds per step, over a run of `total_steps`, that moment sync in each fragment's first WARMUP_PERIODS
+    syncs adds (module doc): each of those P x WARMUP_PERIODS syncs takes `moment_sync_s` instead of `sync_s`
+    of link time plus `moment_cpu_s` of codec CPU for the moments. 0 without a known run length."""
+    if not total_steps:
+        return 0.0
+    return WARMUP_PERIODS * fragments * (max(0.0, moment_sync_s - sync_s) + moment_cpu_s) / total_steps
+
+
 def delayed_gradients_step_seconds(cluster: Cluster, job: Job, assignment: Any, compute_s: float, codec: str,
                                    delay: int, pp_s: float = 0.0) -> float:
     """Seconds per step of delayed gradients (geotrain.sync.delayed: the whole model's gradients exchanged every
@@ -212,13 +229,15 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
                   floor: str = DEFAULT_CODEC_FLOOR, tolerance: float = 0.02,
                   target_compute_fraction: float = TARGET_COMPUTE_FRACTION,
                   sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES, landing: str = "eager",
-                  sync_moments: bool = False, codec_s_per_value: Mapping[str, float] | None = None) -> WanRecipe:
+                  sync_moments: bool = False, codec_s_per_value: Mapping[str, float] | None = None,
+                  moment_codec_s_per_value: Mapping[str, float] | None = None) -> WanRecipe:
     """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0);
     `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints); `landing`
-    of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged); `sync_moments`: every
-    setting priced with AdamW's moments in each sync (the user's choice: the rule does not weigh its quality);
-    `codec_s_per_value`: CPU seconds per synchronised value of one sync's codec work, by outer codec
-    (geotrain.cost.codec_cpu, measured; None or a codec missing: not priced)."""
+    of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged); `sync_moments`: AdamW's
+    moments in each fragment's first WARMUP_PERIODS syncs, priced (the user's choice: the rule does not weigh
+    its quality); `codec_s_per_value`: CPU seconds per synchronised value of one sync's codec work, by outer
+    codec (geotrain.cost.codec_cpu, measured; None or a codec missing: not priced);
+    `moment_codec_s_per_value`: the same for a sync that carries the moments."""
     if landing not in RECIPE_LANDINGS:
         raise WanRecipeError(f"recipe landing must be one of {', '.join(RECIPE_LANDINGS)}, got {shown(landing)}")
     if floor not in OUTER_LADDER:
@@ -229,18 +248,23 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     choices = sorted(h for h in sync_every_choices
                      if total_steps is None or h * MIN_OUTER_STEPS <= total_steps) or [min(sync_every_choices)]
     codecs = outer_ladder(floor)
-    sync = {(p, c): fragment_sync_seconds(cluster, job, assignment, p, c, sync_moments)
+    sync = {(p, c): fragment_sync_seconds(cluster, job, assignment, p, c)
             for p in range(1, max_fragments + 1) for c in codecs}
+    moment_sync = {key: fragment_sync_seconds(cluster, job, assignment, *key, sync_moments=True)
+                   for key in sync} if sync_moments else sync
     values = job.dp_bytes(assignment.shape[0]) / job.bytes_per_value  # one stage's, synchronised per period
     cpu_per_value = dict(codec_s_per_value or {})
+    moment_cpu_per_value = dict(moment_codec_s_per_value or {}) if sync_moments else {}
 
     def step_seconds(p: int, c: str, h: int, t: int) -> float:
         """Predicted seconds per step: the steady step, the codecs' CPU per step (each of the P fragment
-        syncs of a period encodes and decodes values / P), plus the eager warm-up's blocking syncs spread
-        over the run."""
+        syncs of a period encodes and decodes values / P), plus the eager warm-up's blocking syncs and the
+        moment syncs' extra, spread over the run."""
         warmup = warmup_step_seconds(sync[p, c], compute_s, p, t, total_steps) if landing == "eager" else 0.0
         codec_cpu = cpu_per_value.get(c, 0.0) * values / h
-        return recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t) + codec_cpu + warmup
+        moment_cpu = max(0.0, moment_cpu_per_value.get(c, 0.0) - cpu_per_value.get(c, 0.0)) * values / p
+        moments = moment_step_seconds(sync[p, c], moment_sync[p, c], moment_cpu, p, total_steps)
+        return recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t) + codec_cpu + warmup + moments
 
     def options(h: int) -> list[tuple[float, int, int, int, str]]:
         """(charged step_s, codec rank, tau, -P, codec) of every setting at H = h."""
@@ -263,7 +287,7 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     eager = tau > 0 and landing == "eager"
     return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
                      step_s, compute_s, sync[-neg_p, codec], "eager" if eager else "mix",
-                     WARMUP_PERIODS * h if eager else 0, sync_moments)
+                     WARMUP_PERIODS * h if eager else 0, sync_moments, WARMUP_PERIODS if sync_moments else None)
 
 
 def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:

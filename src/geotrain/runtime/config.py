@@ -33,7 +33,7 @@ SYNC_OPTION_KEYS = {
     "onebit_warmup_steps": "optim.onebit_warmup_steps", "clip_grad_norm": "optim.clip_grad_norm",
     "sync_every": "optim.sync_every", "fragments": "optim.fragments", "delay": "optim.sync_delay",
     "mix": "optim.sync_mix", "landing": "optim.sync_landing", "warmup": "optim.sync_warmup",
-    "sync_moments": "optim.sync_moments",
+    "sync_moments": "optim.sync_moments", "moment_syncs": "optim.moment_syncs",
 }
 """SyncOptions field -> the config key it comes from (RuntimeConfig.sync_options), to name it in errors."""
 
@@ -146,7 +146,7 @@ class RuntimeConfig:
                            sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
                            hierarchical=comm.dp_hierarchical, fragments=optim.fragments, delay=optim.sync_delay,
                            mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup,
-                           sync_moments=optim.sync_moments)
+                           sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs)
 
     def split_weights(self) -> tuple[float, ...] | None:
         """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on
@@ -255,7 +255,8 @@ class RuntimeConfig:
                    if (optim.fragments, optim.sync_delay, optim.sync_mix) != (1, 0, 0.0) else {}),
                 **({"sync_landing": optim.sync_landing} if optim.sync_landing != "mix" else {}),
                 **({"sync_warmup": optim.sync_warmup} if optim.sync_warmup else {}),
-                **({"sync_moments": True} if optim.sync_moments else {})}
+                **({"sync_moments": True} if optim.sync_moments else {}),
+                **({"moment_syncs": optim.moment_syncs} if optim.moment_syncs is not None else {})}
 
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model.model_name, "device": self.run.device,

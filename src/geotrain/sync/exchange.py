@@ -126,8 +126,11 @@ class StageExchange:
                  gather_links: GatherLinks | None = None, extra: Sequence[ExtraTensors] = ()) -> None:
         """`gather_links`: the group's links, to choose each gathered exchange's algorithm (None: ring).
         `extra`: more tensors that travel in the same collective, each group through its own codec (a
-        codec of geotrain.codecs; geotrain.comm.grouped): their means are written into their gradients too."""
-        self.params = [param for _, param in named_params] + [p for group_ in extra for _, p in group_.named_params]
+        codec of geotrain.codecs; geotrain.comm.grouped): their means are written into their gradients too.
+        An exchange may send only the first parts (`parts` of exchange and start: `named_params` first, then
+        `extra`'s groups in order); the others' gradients are left as they are."""
+        self.parts = [[param for _, param in named_params]] + [[p for _, p in group_.named_params] for group_ in extra]
+        self.params = [p for part in self.parts for p in part]
         self.pause = CollectivePause()
         self.collective = timed_collective(transport, group, group_devices, self.pause)
         self.posting = PostedThroughTransport(self.collective, transport, group, group_devices, self.pause)
@@ -156,17 +159,27 @@ class StageExchange:
         context = ReducerContext.of([(name, p.shape) for name, p in named_params], 1, error_feedback=error_feedback)
         return {"reducer": get_reducer(CodecSpec.parse(spec), context).state_dict()}
 
-    def exchange(self, step: int, timer: StepTimer) -> int:
-        """Replace every gradient by the group mean (as the reducer delivers it); returns the bytes this
-        rank handed to the collectives. The reducer's own work (encoding, decoding, PowerSGD's products)
-        is timed by `timer` as compute (its clock), the collectives excluded (CollectivePause)."""
+    def _travelling(self, parts: int | None) -> tuple[list[torch.nn.Parameter], dict[str, int]]:
+        """The parameters of the first `parts` parts (None: all) and the reducer's keyword for them."""
+        if parts is None or parts == len(self.parts):
+            return self.params, {}
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= len(self.parts):
+            raise SyncError(f"StageExchange: parts must be an integer in 1..{len(self.parts)}, got {parts!r}")
+        return [p for part in self.parts[:parts] for p in part], {"parts": parts}
+
+    def exchange(self, step: int, timer: StepTimer, parts: int | None = None) -> int:
+        """Replace every gradient (of the first `parts` parts; None: all) by the group mean (as the reducer
+        delivers it); returns the bytes this rank handed to the collectives. The reducer's own work
+        (encoding, decoding, PowerSGD's products) is timed by `timer` as compute (its clock), the
+        collectives excluded (CollectivePause)."""
+        params, keyword = self._travelling(parts)
         before = self.collective.ledger.handed_bytes
         with self.pause.timing(timer):
-            grads = host_gradients(self.params)
-            set_grads(self.params, self.reducer.reduce([grads], self.collective, step))
+            grads = host_gradients(params)
+            set_grads(params, self.reducer.reduce([grads], self.collective, step, **keyword))
         return self.collective.ledger.handed_bytes - before
 
-    def start(self, step: int, timer: StepTimer) -> Callable[[], int]:
+    def start(self, step: int, timer: StepTimer, parts: int | None = None) -> Callable[[], int]:
         """`exchange` in two halves, to overlap it with compute: encode and post the collective now
         (async work of the group), return a function that waits, writes the means into the gradients
         and returns the bytes handed. The reducer's own work is timed by `timer` as compute, here and
@@ -174,15 +187,16 @@ class StageExchange:
         if not hasattr(self.reducer, "start"):
             raise SyncError(f"the {self.reducer.name!r} reducer cannot overlap its exchange with compute "
                             f"(only codecs of geotrain.codecs can); use delay 0")
+        params, keyword = self._travelling(parts)
         before = self.collective.ledger.handed_bytes
         with self.pause.timing(timer):
-            grads = host_gradients(self.params)
-            finish = self.reducer.start([grads], self.posting, step)
+            grads = host_gradients(params)
+            finish = self.reducer.start([grads], self.posting, step, **keyword)
         handed = self.collective.ledger.handed_bytes - before
 
         def land(landing_timer: StepTimer = timer) -> int:
             with self.pause.timing(landing_timer):  # the wait excluded, the decoding counted
-                set_grads(self.params, finish())
+                set_grads(params, finish())
             return handed
 
         return land

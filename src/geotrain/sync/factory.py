@@ -28,7 +28,7 @@ from geotrain.sync.base import CollectivePause, CollectiveTransport, DPExchange,
 from geotrain.sync.delayed import DelayedPerStepSync
 from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
-from geotrain.sync.moments import second_moment_codec
+from geotrain.sync.moments import MomentTensors, moment_parts
 from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, SyncOptions
 from geotrain.sync.outer import OuterSync
@@ -67,12 +67,12 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
     if options.fragments > 1 or options.delay > 0 or options.sync_moments:  # (warmup only matters with a delay)
         return StreamingOuterSync(named_params, adamw,
-                                  lambda shadows, second=None: _exchange(options, shadows, transport, group,
-                                                                         rank, second),
+                                  lambda shadows, moments=None: _exchange(options, shadows, transport, group,
+                                                                          rank, moments),
                                   options.sync_every, options.fragments, options.delay, options.mix,
                                   options.outer_lr, options.outer_momentum, options.total_steps,
                                   _region_exchange(named_params, transport, group, rank), options.landing,
-                                  options.warmup, options.sync_moments)
+                                  options.warmup, options.sync_moments, options.moment_syncs)
     outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
     return OuterSync(params, adamw, outer, exchange, options.total_steps,
                      _region_exchange(named_params, transport, group, rank))
@@ -80,13 +80,13 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
 
 def _exchange(options: SyncOptions, named_params: list[tuple[str, torch.nn.Parameter]],
               transport: CollectiveTransport, group: DPGroup, rank: int,
-              second_moments: list[tuple[str, torch.nn.Parameter]] | None = None) -> DPExchange:
-    """The DP exchange of `named_params` through the options' codec; `second_moments` (moment sync) travel
-    beside them in the same collective (geotrain.sync.moments)."""
-    if second_moments:
+              moments: MomentTensors | None = None) -> DPExchange:
+    """The DP exchange of `named_params` through the options' codec; `moments` (moment sync) travel beside
+    them in the same collective (geotrain.sync.moments)."""
+    if moments is not None:
         return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
-                             list(group.devices), group.links,
-                             [ExtraTensors(second_moments, second_moment_codec(options.codec), False)])
+                             list(group.devices), group.links, moment_parts(moments, options.codec,
+                                                                            options.error_feedback))
     if group.hierarchy is not None:
         return HierarchicalGradientExchange([p for _, p in named_params], options.codec.build(),
                                             options.error_feedback, transport, group.hierarchy, rank,

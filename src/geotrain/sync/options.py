@@ -39,6 +39,8 @@ class SyncOptions:
         outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
     warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
     sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
+    moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
+        the later ones send the outer gradients alone (None: every sync).
     """
 
     codec: CodecSpec
@@ -58,6 +60,7 @@ class SyncOptions:
     landing: str = "mix"
     warmup: int = 0
     sync_moments: bool = False
+    moment_syncs: int | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -97,6 +100,13 @@ class SyncOptions:
             raise SyncError(f"SyncOptions: fragments {self.fragments!r}, mix {self.mix!r}, landing {self.landing!r} "
                             f"and warmup {self.warmup!r} are Streaming DiLoCo's: they need sync_every",
                             ("fragments", "mix", "landing", "warmup", "sync_every"))
+        if self.moment_syncs is not None:
+            if isinstance(self.moment_syncs, bool) or not isinstance(self.moment_syncs, int) or self.moment_syncs < 1:
+                raise SyncError(f"SyncOptions.moment_syncs must be an integer >= 1 (None: every outer sync), got "
+                                f"{self.moment_syncs!r}")
+            if not self.sync_moments:
+                raise SyncError("SyncOptions: moment_syncs says how many outer syncs carry the moments: it needs "
+                                "sync_moments", ("moment_syncs", "sync_moments"))
         if self.sync_moments and self.sync_every is None:
             raise SyncError("SyncOptions: sync_moments averages the inner optimizer's moments at each outer sync: "
                             "it needs sync_every", ("sync_moments", "sync_every"))

@@ -31,7 +31,9 @@ slowed the whole run down: delayed rows reached bench wan's target 7-17 steps af
 with the first two syncs blocking (W = 10) the eager one reaches it one step after it (docs/wan.md).
 
 Moment sync (`sync_moments`, geotrain.sync.moments): each fragment's exchange also averages the inner
-AdamW's moments of its parameters, in the same collective, and they land as the parameters do.
+AdamW's moments of its parameters, in the same collective, and they land as the parameters do; with
+`moment_syncs` N only the fragment's first N syncs carry them (`syncs_started` counts them from the step,
+so a resumed run agrees), and later ones send the outer gradients alone.
 
 At the run's last step (`total_steps`; or `flush()`, e.g. when a DiLoCo context closes) every sync in
 flight lands and then every fragment syncs at once, blocking and without mixing, so all replicas end
@@ -53,7 +55,7 @@ import torch
 
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
-from geotrain.sync.moments import MomentSync, check_moment_optimizer
+from geotrain.sync.moments import MomentSync, MomentTensors, check_moment_optimizer
 from geotrain.sync.outer import OuterSync
 
 
@@ -81,6 +83,13 @@ def fragment_due(step: int, fragment: int, fragments: int, sync_every: int) -> b
     return (step + 1 - fragment * sync_every // fragments) % sync_every == 0
 
 
+def syncs_started(step: int, fragment: int, fragments: int, sync_every: int) -> int:
+    """How many syncs fragment `fragment` of `fragments` started after the 0-based steps before `step`
+    (the steps s < step with fragment_due(s, ...))."""
+    first = (fragment * sync_every // fragments - 1) % sync_every  # the first due step
+    return max(0, (step - first + sync_every - 1) // sync_every)
+
+
 @dataclass
 class Fragment:
     """One fragment: its parameters' indices, its anchor and outer optimizer, and the exchange that
@@ -100,15 +109,17 @@ class _InFlight:
     lands_after: int
     land: Callable[[StepTimer], int]
     proxy: list[torch.Tensor] | None = None  # eager landing: the anchor change applied at the start
+    moments: bool = False  # the inner optimizer's moments travel in this sync
 
 
 class ExchangeFactory(Protocol):
     """Builds the exchange of one fragment from (name, shadow parameter) pairs, those that travel through the
     outer codec with its error feedback; with moment sync (geotrain.sync.moments) a second argument, the
-    second moments' pairs, which travel beside them in the same collective through `second_moment_codec`."""
+    moments' shadows, which travel beside them in the same collective as the exchange's further parts
+    (geotrain.sync.moments.moment_parts): a sync without them sends the first part alone."""
 
-    def __call__(self, named: list[tuple[str, torch.nn.Parameter]],
-                 second_moments: list[tuple[str, torch.nn.Parameter]] | None = None, /) -> DPExchange: ...
+    def __call__(self, named: list[tuple[str, torch.nn.Parameter]], moments: MomentTensors | None = None, /
+                 ) -> DPExchange: ...
 
 
 class StreamingOuterSync(OuterSync):
@@ -118,10 +129,16 @@ class StreamingOuterSync(OuterSync):
                  make_exchange: ExchangeFactory, sync_every: int, fragments: int = 1, delay: int = 0,
                  mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  total_steps: int | None = None, inner_exchange: DPExchange | None = None,
-                 landing: str = "mix", warmup: int = 0, sync_moments: bool = False) -> None:
+                 landing: str = "mix", warmup: int = 0, sync_moments: bool = False,
+                 moment_syncs: int | None = None) -> None:
         named_params = list(named_params)
         if sync_moments:
             check_moment_optimizer(optimizer, "StreamingOuterSync")
+        if moment_syncs is not None and (isinstance(moment_syncs, bool) or not isinstance(moment_syncs, int)
+                                         or moment_syncs < 1 or not sync_moments):
+            raise SyncError(f"moment_syncs (how many of each fragment's first outer syncs carry the moments) must be "
+                            f"an integer >= 1 with sync_moments, or None, got {moment_syncs!r}"
+                            f"{'' if sync_moments else ' without sync_moments'}")
         if landing not in LANDINGS:
             raise SyncError(f"landing must be one of {', '.join(LANDINGS)}, got {landing!r}")
         if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
@@ -142,6 +159,7 @@ class StreamingOuterSync(OuterSync):
         self.inner_exchange = inner_exchange
         self.sync_every, self.delay, self.mix, self.landing = sync_every, delay, float(mix), landing
         self.warmup = warmup
+        self.moment_syncs = moment_syncs
         sizes = [p.numel() * p.element_size() for p in self.params]
         self.fragments: list[Fragment] = []
         for indices in split_fragments(sizes, fragments):
@@ -153,7 +171,7 @@ class StreamingOuterSync(OuterSync):
             moments = MomentSync(optimizer, named) if sync_moments else None
             outer_named = [(name, s) for (name, _), s in zip(named, shadows, strict=True)]
             exchange = (make_exchange(outer_named) if moments is None
-                        else make_exchange(outer_named + moments.named_first(), moments.named_second()))
+                        else make_exchange(outer_named, (moments.named_first(), moments.named_second())))
             self.fragments.append(Fragment(indices, outer, shadows, exchange, moments))
         self._in_flight: list[_InFlight] = []
 
@@ -184,24 +202,32 @@ class StreamingOuterSync(OuterSync):
         """Forget the syncs in flight without landing them (after an error only: replicas then differ)."""
         self._in_flight.clear()
 
+    def moments_travel(self, p: int, step: int) -> bool:
+        """True if fragment p's sync started after `step` carries the moments (module doc)."""
+        return self.fragments[p].moments is not None and (
+            self.moment_syncs is None
+            or syncs_started(step, p, len(self.fragments), self.sync_every) < self.moment_syncs)
+
     def _start(self, p: int, step: int, timer: StepTimer, blocking: bool = False) -> int:
         fragment = self.fragments[p]
         blocking = blocking or step < self.warmup
+        moments = self.moments_travel(p, step)
+        parts = {} if fragment.moments is None else {"parts": 3 if moments else 1}  # StageExchange's: moment_parts
         with timer:
             local = fragment.outer.outer_gradients()
             set_grads(fragment.shadows, local)
-            if fragment.moments is not None:
+            if moments:
                 fragment.moments.load(keep_sent=not blocking and self.delay > 0 and self.landing == "eager")
         if blocking or self.delay == 0:
-            dp_bytes = fragment.exchange.exchange(step, timer)
-            self._apply(fragment, timer, mix=0.0 if blocking else self.mix)
+            dp_bytes = fragment.exchange.exchange(step, timer, **parts)
+            self._apply(fragment, timer, 0.0 if blocking else self.mix, moments)
             return dp_bytes
-        land = fragment.exchange.start(step, timer)  # type: ignore[attr-defined]
+        land = fragment.exchange.start(step, timer, **parts)  # type: ignore[attr-defined]
         proxy = None
         if self.landing == "eager":
             with timer:
                 proxy = fragment.outer.start_eager(local)
-        self._in_flight.append(_InFlight(p, step + self.delay, land, proxy))
+        self._in_flight.append(_InFlight(p, step + self.delay, land, proxy, moments))
         return 0
 
     def _land(self, ready: Callable[[_InFlight], bool], timer: StepTimer) -> int:
@@ -211,22 +237,22 @@ class StreamingOuterSync(OuterSync):
             dp_bytes += flight.land(timer)
             fragment = self.fragments[flight.fragment]
             if flight.proxy is None:
-                self._apply(fragment, timer, self.mix)
+                self._apply(fragment, timer, self.mix, flight.moments)
             else:
                 with timer:
                     fragment.outer.land_eager([s.grad for s in fragment.shadows], flight.proxy)
-                    if fragment.moments is not None:
-                        fragment.moments.land_eager()
+                    if flight.moments:
+                        fragment.moments.land_eager()  # type: ignore[union-attr]
             self._in_flight.remove(flight)
         return dp_bytes
 
     @staticmethod
-    def _apply(fragment: Fragment, timer: StepTimer, mix: float) -> None:
+    def _apply(fragment: Fragment, timer: StepTimer, mix: float, moments: bool) -> None:
         with timer:
             fragment.outer.step_anchor([s.grad for s in fragment.shadows])
             fragment.outer.reset_params(mix)
-            if fragment.moments is not None:
-                fragment.moments.land(mix)
+            if moments:
+                fragment.moments.land(mix)  # type: ignore[union-attr]
 
     @property
     def in_flight(self) -> int:

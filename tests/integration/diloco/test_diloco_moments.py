@@ -28,7 +28,7 @@ def _moments(inner: torch.optim.Optimizer, model: torch.nn.Module) -> tuple[torc
             torch.cat([s["exp_avg_sq"].reshape(-1).clone() for s in states]))
 
 
-def _loop(rank: int, world: int, codec: str, delay: int, steps: int) -> dict:
+def _loop(rank: int, world: int, codec: str, delay: int, steps: int, moment_syncs: int | None = None) -> dict:
     model = _model()
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.Generator().manual_seed(11 + rank)
@@ -36,7 +36,7 @@ def _loop(rank: int, world: int, codec: str, delay: int, steps: int) -> dict:
     after: list = []
     inner.register_step_post_hook(lambda *_: before.append(_moments(inner, model)))  # runs before DiLoCo's hook
     with DiLoCo(model, inner, sync_every=H, delay=delay, landing="eager" if delay else "mix",
-                codec=codec, outer_lr=1.0, outer_momentum=0.0, sync_moments=True) as diloco:
+                codec=codec, outer_lr=1.0, outer_momentum=0.0, sync_moments=True, moment_syncs=moment_syncs) as diloco:
         inner.register_step_post_hook(lambda *_: after.append(_moments(inner, model)))  # after DiLoCo's
         for _ in range(steps):
             x = torch.randn(16, 8, generator=data)
@@ -72,9 +72,30 @@ def test_blocking_sync_leaves_every_replica_with_the_mean_moments(codec):
         positive = mean_v > 0
         assert float((v[positive] / mean_v[positive]).log().abs().max()) < 3.0
         numel = results[0]["numel"]
-        per_sync = get_codec("int8-block").wire_nbytes((2 * numel,)) + get_codec("log-block").wire_nbytes((numel,))
+        # the outer gradients and the first moment: one int8-block part each; the second moment: log-block
+        per_sync = 2 * get_codec("int8-block").wire_nbytes((numel,)) + get_codec("log-block").wire_nbytes((numel,))
         syncs = steps // H  # the last step's flush: the context's exit syncs once more
         assert results[0]["declared"] == results[0]["bytes"] == per_sync * (syncs + 1)
+
+
+def test_moment_syncs_limits_the_moments_to_the_first_syncs():
+    steps = 2 * H
+    results = run_workers(_loop, 3, ("int8-block", 0, steps, 1), timeout_s=180)
+    first, second = H - 1, 2 * H - 1
+    for r in results:  # the first sync averaged the moments: every replica holds the same
+        assert torch.equal(r["after"][first][0], results[0]["after"][first][0])
+        assert torch.equal(r["after"][first][1], results[0]["after"][first][1])
+        assert torch.equal(r["params"], results[0]["params"])
+    # the second sync (and the context's closing one) sent the outer gradients alone: the moments stay each
+    # replica's own, as its inner steps left them
+    assert not torch.equal(results[0]["after"][second][0], results[1]["after"][second][0])
+    for r in results:
+        assert torch.equal(r["after"][second][0], r["before"][second][0])
+        assert torch.equal(r["after"][second][1], r["before"][second][1])
+    numel = results[0]["numel"]
+    plain = get_codec("int8-block").wire_nbytes((numel,))
+    with_moments = 2 * plain + get_codec("log-block").wire_nbytes((numel,))
+    assert results[0]["declared"] == results[0]["bytes"] == with_moments + 2 * plain
 
 
 def test_eager_landing_with_moments_ends_with_equal_replicas():

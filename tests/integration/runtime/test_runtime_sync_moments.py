@@ -44,7 +44,12 @@ def test_moment_sync_bytes_replicas_and_resume(files, tmp_path):
     assert report["iterations"][2]["dp_bytes"] == 0
     int8 = get_codec("int8-block")
     numel = next(n for n in range(plain_bytes // 2, plain_bytes + 1) if int8.wire_nbytes((n,)) == plain_bytes)
-    assert sync_bytes == int8.wire_nbytes((2 * numel,)) + get_codec("log-block").wire_nbytes((numel,))
+    assert sync_bytes == 2 * int8.wire_nbytes((numel,)) + get_codec("log-block").wire_nbytes((numel,))
+    # --moment-syncs 1: the first sync carries the moments, the second the outer gradients alone
+    first_only = _train(files, "--sync-moments", "--moment-syncs", "1")
+    assert first_only["summary"]["replicas_in_sync"]
+    assert first_only["losses"][:8] == report["losses"][:8]  # the same until the second sync lands
+    assert [row["dp_bytes"] for row in first_only["iterations"]][3::4] == [sync_bytes, plain_bytes]
     # 12 steps, stopped after 4: the sync after step 7 needs the first moment's anchor and the residuals
     # the checkpoint restored, and steps 8-11 show it
     whole = _train(files, "--sync-moments", steps=12)
@@ -54,6 +59,15 @@ def test_moment_sync_bytes_replicas_and_resume(files, tmp_path):
                      "--resume", steps=12)
     assert stopped["losses"] == whole["losses"][:4]
     assert resumed["losses"] == whole["losses"]  # the resumed report holds the checkpoint's steps too
+
+
+def test_moment_syncs_without_sync_moments_is_refused_in_one_line(files):
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+                           "--time-scale", "0", "--steps", "2", "--sync-every", "2", "--moment-syncs", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "optim.moment_syncs says how many outer syncs carry the moments: it needs optim.sync_moments" in done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
 
 
 def test_moment_sync_without_sync_every_is_refused_in_one_line(files):

@@ -13,7 +13,7 @@ from geotrain.comm import run_workers
 from geotrain.optim.outer import OuterStep
 from geotrain.sync import OuterSync, StageExchange, SyncError, SyncOptions
 from geotrain.sync.exchange import DirectTransport
-from geotrain.sync.streaming import StreamingOuterSync, fragment_due, split_fragments
+from geotrain.sync.streaming import StreamingOuterSync, fragment_due, split_fragments, syncs_started
 
 
 @settings(max_examples=60, deadline=None)
@@ -46,6 +46,15 @@ def test_each_fragment_syncs_once_per_period_at_its_offset(h, p):
         offset = fragment * h // p
         assert steps == [offset - 1 + k * h for k in range(5) if 0 <= offset - 1 + k * h < 4 * h]
     assert [s for s in range(2 * h) if fragment_due(s, 0, p, h)] == [h - 1, 2 * h - 1]  # fragment 0: blocking's
+
+
+@settings(max_examples=200, deadline=None)
+@given(h=st.integers(1, 12), data=st.data())
+def test_syncs_started_counts_the_due_steps_before_a_step(h, data):
+    p = data.draw(st.integers(1, h))
+    fragment = data.draw(st.integers(0, p - 1))
+    step = data.draw(st.integers(0, 6 * h))
+    assert syncs_started(step, fragment, p, h) == sum(fragment_due(s, fragment, p, h) for s in range(step))
 
 
 def _model() -> torch.nn.Module:

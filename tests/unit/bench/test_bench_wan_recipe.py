@@ -36,8 +36,13 @@ def test_a_moment_sync_recipe_prices_its_moments_and_runs_with_them():
     layouts = {"1x4": PlannedLayout(np.arange(4).reshape(1, 4), 1.0, None, 1.0, 0.0)}
     _, plain = plan_recipe(cluster, model_job(32), layouts, WanBenchConfig(), 0.085)
     _, moments = plan_recipe(cluster, model_job(32), layouts, WanBenchConfig(), 0.085, sync_moments=True)
-    assert moments.sync_moments and dict(recipe_options(moments))["sync_moments"] is True
-    assert moments.sync_s > plain.sync_s  # the same latency, about 3x the bytes (docs/wan.md)
+    options = dict(recipe_options(moments))
+    assert options["sync_moments"] is True and options["moment_syncs"] == 2  # the eager warm-up's 2 syncs
+    # the steady syncs send the outer gradients alone; the 2 moment syncs (about 3x the bytes, and their codecs'
+    # CPU, measured here) are paid once, spread over the run
+    if (moments.codec, moments.fragments) == (plain.codec, plain.fragments):
+        assert moments.sync_s == plain.sync_s
+    assert moments.step_s > plain.step_s
 
 
 def test_a_recipe_row_takes_only_the_planners_options():

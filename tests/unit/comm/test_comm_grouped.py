@@ -71,6 +71,32 @@ def test_one_collective_and_each_part_as_its_own_reducer_delivers():
                                           + get_codec("log-block").wire_nbytes((33,)))
 
 
+def test_a_call_may_send_the_first_parts_alone_and_keeps_the_others_residuals():
+    board = Board()
+    reducers = [GroupedCodecReducer(_parts(error_feedback_v=True)) for _ in range(WORLD)]
+    for rank, r in enumerate(reducers):  # a full call first: every part has residuals
+        r.start([_tensors(rank)], board, step=0)
+    v_residual = reducers[0].parts[1].residuals[0]["v"].clone()
+    declared = reducers[0].declared_bytes
+    first = Board()
+    finishes = [r.start([_tensors(rank + 5)[:3]], first, step=1, parts=1) for rank, r in enumerate(reducers)]
+    results = [finish() for finish in finishes]
+    assert first.posts == WORLD and len(results[0]) == 3
+    # the first part's means are what its own reducer (with the same residuals) delivers
+    own = Board()
+    singles = [_parts()[0] for _ in range(WORLD)]
+    for rank, single in enumerate(singles):
+        single.start([_tensors(rank)[:3]], Board(), step=0)  # the same history: the full call's first part
+    expected = [s.start([_tensors(rank + 5)[:3]], own, step=1) for rank, s in enumerate(singles)][0]()
+    assert all(torch.equal(x, y) for x, y in zip(results[0], expected))
+    assert torch.equal(reducers[0].parts[1].residuals[0]["v"], v_residual)  # the part left out kept its residual
+    assert reducers[0].declared_bytes - declared == get_codec("int8-block").wire_nbytes((40 + 21 + 50,))
+    with pytest.raises(ValueError, match="parts must be an integer in 1..2"):
+        reducers[0].start([_tensors(0)], Board(), step=2, parts=0)
+    with pytest.raises(ValueError, match="the first 1 part"):
+        reducers[0].start([_tensors(0)], Board(), step=2, parts=1)  # four tensors for a three-tensor part
+
+
 def test_state_round_trips_and_mismatches_are_refused():
     reducer = GroupedCodecReducer(_parts())
     board = Board()

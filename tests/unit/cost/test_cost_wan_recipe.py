@@ -8,7 +8,8 @@ import pytest
 
 from geotrain.cluster import cluster_from_dict
 from geotrain.cost.wan_recipe import (WanRecipe, WanRecipeError, choose_recipe, fragment_sync_seconds,
-                                      recipe_step_seconds, staleness_factor, warmup_step_seconds)
+                                      WARMUP_PERIODS, recipe_step_seconds, staleness_factor,
+                                      warmup_step_seconds)
 from geotrain.job import Job
 
 TWO = cluster_from_dict({"name": "two", "regions": [{"name": "a", "devices": 1}, {"name": "b", "devices": 1}],
@@ -115,16 +116,37 @@ def test_moment_sync_adds_both_moments_to_the_gathered_payload():
         0.05 + 8 * 1e6 * 12 / 1e8)
 
 
-def test_moment_sync_recipe_is_priced_with_its_bytes_and_runs_with_the_flag():
+def test_moment_sync_recipe_prices_the_moments_in_the_first_syncs_and_runs_with_the_flags():
     plain = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
     moments = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, sync_moments=True)
     assert moments.sync_moments and not plain.sync_moments
-    assert moments.sync_s > plain.sync_s
-    assert moments.runtime_settings()["optim"]["sync_moments"] is True
+    assert (moments.moment_syncs, plain.moment_syncs) == (WARMUP_PERIODS, None)
+    key = (moments.sync_every, moments.fragments, moments.delay, moments.codec)
+    assert key == (plain.sync_every, plain.fragments, plain.delay, plain.codec)
+    assert moments.sync_s == plain.sync_s  # the steady syncs send the outer gradients alone
+    # each fragment's first WARMUP_PERIODS syncs carry the moments: their extra link time, over the run's 60 steps
+    extra = (fragment_sync_seconds(TWO, JOB, PAIR, moments.fragments, moments.codec, sync_moments=True)
+             - plain.sync_s)
+    assert extra > 0
+    assert moments.step_s == pytest.approx(plain.step_s + WARMUP_PERIODS * moments.fragments * extra / 60)
+    # the moments' codec CPU: WARMUP_PERIODS syncs of every fragment, each encoding and decoding values / P
+    cpu = {moments.codec: 1e-11}  # s per value, too little to change the choice
+    same = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, sync_moments=True, codec_s_per_value=cpu,
+                         moment_codec_s_per_value=cpu)
+    priced = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, sync_moments=True, codec_s_per_value=cpu,
+                           moment_codec_s_per_value={moments.codec: 4e-11})
+    assert (priced.sync_every, priced.fragments, priced.delay, priced.codec) == (
+        same.sync_every, same.fragments, same.delay, same.codec)
+    assert priced.step_s == pytest.approx(same.step_s + WARMUP_PERIODS * 3e-11 * 1e6 / 60)
+    optim = moments.runtime_settings()["optim"]
+    assert (optim["sync_moments"], optim["moment_syncs"]) == (True, WARMUP_PERIODS)
     assert "sync_moments" not in plain.runtime_settings()["optim"]
+    assert "moment_syncs" not in plain.runtime_settings()["optim"]
     assert WanRecipe.from_json(moments.to_json()) == moments
-    older = {k: v for k, v in plain.to_json().items() if k != "sync_moments"}  # a plan written before it
-    assert WanRecipe.from_json(older).sync_moments is False
+    older = {k: v for k, v in moments.to_json().items() if k != "moment_syncs"}  # a plan written before it
+    assert WanRecipe.from_json(older).moment_syncs is None  # it ran the moments in every sync
+    oldest = {k: v for k, v in plain.to_json().items() if k not in ("sync_moments", "moment_syncs")}
+    assert WanRecipe.from_json(oldest).sync_moments is False
 
 
 def test_the_codecs_cpu_adds_values_over_h_per_step():
