@@ -49,6 +49,7 @@ class Row:
     warmup: int = 0
     codec: str | None = None  # outer gradients and first moment; None: exact means
     second_codec: str = "log-block"  # the second moment's, when `codec` is set
+    moment_syncs: int | None = None  # only the first N syncs average the moments (None: every sync)
 
 
 BOTH = ("exp_avg", "exp_avg_sq")
@@ -67,6 +68,13 @@ ROWS = {
     "eager3-moments": Row("eager tau=3 warm-up 10 + moment sync", moments=BOTH, delay=3, warmup=10),
     "eager-wu5-moments": Row("eager tau=2 warm-up 5 + moment sync", moments=BOTH, delay=2, warmup=5),
     "h10-moments": Row("local SGD H=10 + moment sync", sync_every=10, moments=BOTH),
+    "moments-int4-first2": Row("local SGD H=5 + moment sync in the first 2 syncs, int4-block + log-block",
+                               moments=BOTH, codec="int4-block", moment_syncs=2),
+    "eager-moments-int4-first2": Row("eager tau=2 warm-up 10 + moment sync in the first 2 syncs, int4 + log-block",
+                                     moments=BOTH, codec="int4-block", delay=2, warmup=10, moment_syncs=2),
+    "eager-moments-int4-first1": Row("eager tau=2 warm-up 10 + moment sync in the first sync, int4 + log-block",
+                                     moments=BOTH, codec="int4-block", delay=2, warmup=10, moment_syncs=1),
+    "eager-int4": Row("eager tau=2 warm-up 10, int4-block (no moment sync)", codec="int4-block", delay=2, warmup=10),
 }
 
 
@@ -135,6 +143,7 @@ def train(row: Row, seed: int) -> dict[int, float]:
     numel = sum(p.numel() for p in params[0])
     anchors = [torch.cat([p.detach().reshape(-1) for p in params[0]])] + [torch.zeros(numel) for _ in row.moments]
     exchange = Exchange(row.codec, row.second_codec, kinds, anchors)
+    syncs = 0
     pending: list[tuple[int, list[list[torch.Tensor]], list[torch.Tensor]]] = []
     offset = row.delay
     scored = {s for s in range(5 + offset, STEPS + 1, 5)} | {STEPS} if row.sync_every else set(range(5, STEPS + 1, 5))
@@ -151,7 +160,10 @@ def train(row: Row, seed: int) -> dict[int, float]:
                     (lm_loss(n(xs), ys) / MICROBATCHES / (REPLICAS if row.sync_every is None else 1)).backward()
             opt.step()
         if row.sync_every is not None and ((step + 1) % row.sync_every == 0 or step + 1 == STEPS):
-            sent = [flat(r) for r in range(count)]
+            syncs += 1
+            travelling = kinds if row.moment_syncs is None or syncs <= row.moment_syncs else kinds[:1]
+            exchange.kinds = travelling  # later syncs: the parameters alone (the moments' residuals are kept)
+            sent = [flat(r)[:len(travelling)] for r in range(count)]
             try:
                 means = exchange.means(sent)
             except NonFiniteGradientError:

@@ -5,7 +5,9 @@ bench wan counts them) beside its compute seconds, for the limit row and local S
 
 ROW: limit (fp32 DDP, zero-cost links), blocking (local SGD H=5, int8-block+EF outer: bench row 12),
 eager (row 18: eager landing tau=2, warm-up 10), eager-int4 (the same with int4-block), moments and
-eager-moments (rows 20 and 21: moment sync, int4-block, blocking and eager tau=2, warm-up 10). Every other
+eager-moments (rows 20 and 21: moment sync, int4-block, blocking and eager tau=2, warm-up 10),
+eager-moments-first2 (row 23: the moments in the 2 warm-up syncs only) and eager-moments-first1 (in the
+first sync only). Every other
 setting is bench wan's default (tiny GPT, batch 8 per replica in 4 micro-batches, lr 3e-3, time scale
 1e-3, CPU compute clock). A blocking sync shows as one long step; an overlapped one as a short stall
 where it lands (tau steps after it starts) when the exchange outlasts the tau steps it overlaps.
@@ -36,6 +38,8 @@ ROWS: dict[str, dict] = {
     "eager-int4": {**EAGER, "dp_codec": "int4-block"},
     "moments": {**LOCAL_SGD, "dp_codec": "int4-block", "sync_moments": True},
     "eager-moments": {**EAGER, "dp_codec": "int4-block", "sync_moments": True},
+    "eager-moments-first2": {**EAGER, "dp_codec": "int4-block", "sync_moments": True, "moment_syncs": 2},
+    "eager-moments-first1": {**EAGER, "dp_codec": "int4-block", "sync_moments": True, "moment_syncs": 1},
 }
 """Row name -> RuntimeConfig settings beyond the bench's (the limit row also frees every link)."""
 

@@ -111,11 +111,11 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     # what the planner chooses when asked for moment sync (geotrain plan --wan-recipe auto --recipe-sync-moments)
     WanRow("planned + planner's WAN recipe with moment sync (auto: H, P, tau, outer codec)", recipe=True,
            options=(("sync_moments", True),)),
-    # the moments in the 2 blocking warm-up syncs only (moment_syncs 2): the overlapped syncs after them send the
-    # int4 outer gradients alone, a third of row 21's bytes (docs/wan.md, "Moments in the warm-up syncs only")
-    WanRow("planned + local SGD H=5 + int4-block+EF outer + moment sync in the 2 warm-up syncs, eager landing "
-           "tau=2, warm-up 10", dp_codec="int4-block",
-           options=(*LOCAL_SGD_5, ("sync_moments", True), ("moment_syncs", 2), ("sync_delay", 2),
+    # the moments in the first sync only (moment_syncs 1): the syncs after it send the int4 outer gradients alone,
+    # a third of row 21's bytes (docs/wan.md, "Moments in the first sync only")
+    WanRow("planned + local SGD H=5 + int4-block+EF outer + moment sync in the first sync, eager landing tau=2, "
+           "warm-up 10", dp_codec="int4-block",
+           options=(*LOCAL_SGD_5, ("sync_moments", True), ("moment_syncs", 1), ("sync_delay", 2),
                     ("sync_landing", "eager"), ("sync_warmup", 10))),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )

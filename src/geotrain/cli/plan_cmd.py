@@ -122,9 +122,9 @@ def register(subparsers: Any) -> None:
                         help="time the outer codecs on this machine and price their CPU per sync (use when this "
                              "machine's CPUs are like the training hosts'; default: links only)")
     recipe.add_argument("--recipe-sync-moments", action="store_true",
-                        help="each fragment's first 2 outer syncs (the eager warm-up's) also average the inner AdamW's "
-                             "moments (train --sync-moments --moment-syncs 2: DDP's quality on bench wan for about 3x "
-                             "those syncs' bytes); the recipe is priced with them")
+                        help="each fragment's first outer sync also averages the inner AdamW's moments (train "
+                             "--sync-moments --moment-syncs 1: on bench wan local SGD's +0.033 nats against DDP become "
+                             "+0.015, for about 3x that sync's bytes); the recipe is priced with them")
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")

@@ -21,10 +21,10 @@ machine by geotrain.cost.codec_cpu: `plan --recipe-measure-codecs`, and bench wa
 adds it, values / H per step: the encoding at a sync's start and the decoding where it lands run on the
 training thread and hide behind nothing. Moment sync (`sync_moments`, geotrain.sync.moments) adds AdamW's
 two moments (the first through the outer codec, the second through log-block) to the payload and the codec
-work of each fragment's first WARMUP_PERIODS syncs only (the recipe's `moment_syncs`: measured as good as
-moments in every sync, docs/diloco.md), so the steady step is the plain one and
+work of each fragment's first RECIPE_MOMENT_SYNCS syncs only (the recipe's `moment_syncs`: measured as good
+as moments in every sync, docs/diloco.md), so the steady step is the plain one and
 
-    + WARMUP_PERIODS x P x (T_frag with moments - T_frag + the moments' codec CPU) / total_steps
+    + RECIPE_MOMENT_SYNCS x P x (T_frag with moments - T_frag + the moments' codec CPU) / total_steps
 
 spread over the run (with total_steps only; charged in full even where the sync overlaps compute). Delayed gradients (every step's gradient exchange landing tau steps
 later, geotrain.sync.delayed) are the case H = P = 1 (`delayed_gradients_step_seconds`).
@@ -93,6 +93,9 @@ DILOCO_PAPER = (0.7, 0.9)
 OVERLAP_MIX = 0.5
 WARMUP_PERIODS = 2
 """Eager landing's overlap warm-up: the first outer periods' syncs block (docs/wan.md, "Eager landing")."""
+RECIPE_MOMENT_SYNCS = 1
+"""With moment sync, each fragment's first syncs that carry the moments (docs/wan.md, "Moments in the first
+sync only": on bench wan as good as every sync on 3 seeds, and the cheapest)."""
 RECIPE_LANDINGS = ("eager", "mix")
 
 
@@ -199,12 +202,12 @@ def warmup_step_seconds(sync_s: float, compute_s: float, fragments: int, delay: 
 
 def moment_step_seconds(sync_s: float, moment_sync_s: float, moment_cpu_s: float, fragments: int,
                         total_steps: int | None) -> float:
-    """Seconds per step, over a run of `total_steps`, that moment sync in each fragment's first WARMUP_PERIODS
-    syncs adds (module doc): each of those P x WARMUP_PERIODS syncs takes `moment_sync_s` instead of `sync_s`
-    of link time plus `moment_cpu_s` of codec CPU for the moments. 0 without a known run length."""
+    """Seconds per step, over a run of `total_steps`, that moment sync in each fragment's first RECIPE_MOMENT_SYNCS
+    syncs adds (module doc): each of those P x RECIPE_MOMENT_SYNCS syncs takes `moment_sync_s` instead of
+    `sync_s` of link time plus `moment_cpu_s` of codec CPU for the moments. 0 without a known run length."""
     if not total_steps:
         return 0.0
-    return WARMUP_PERIODS * fragments * (max(0.0, moment_sync_s - sync_s) + moment_cpu_s) / total_steps
+    return RECIPE_MOMENT_SYNCS * fragments * (max(0.0, moment_sync_s - sync_s) + moment_cpu_s) / total_steps
 
 
 def delayed_gradients_step_seconds(cluster: Cluster, job: Job, assignment: Any, compute_s: float, codec: str,
@@ -234,7 +237,7 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0);
     `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints); `landing`
     of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged); `sync_moments`: AdamW's
-    moments in each fragment's first WARMUP_PERIODS syncs, priced (the user's choice: the rule does not weigh
+    moments in each fragment's first RECIPE_MOMENT_SYNCS syncs, priced (the user's choice: the rule does not weigh
     its quality); `codec_s_per_value`: CPU seconds per synchronised value of one sync's codec work, by outer
     codec (geotrain.cost.codec_cpu, measured; None or a codec missing: not priced);
     `moment_codec_s_per_value`: the same for a sync that carries the moments."""
@@ -287,7 +290,8 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     eager = tau > 0 and landing == "eager"
     return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
                      step_s, compute_s, sync[-neg_p, codec], "eager" if eager else "mix",
-                     WARMUP_PERIODS * h if eager else 0, sync_moments, WARMUP_PERIODS if sync_moments else None)
+                     WARMUP_PERIODS * h if eager else 0, sync_moments,
+                     RECIPE_MOMENT_SYNCS if sync_moments else None)
 
 
 def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:

@@ -48,7 +48,7 @@ def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(tmp_path
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
-    assert recipe["sync_moments"] is True and recipe["delay"] == 0
+    assert recipe["sync_moments"] is True and recipe["moment_syncs"] == 1 and recipe["delay"] == 0
     # blocking syncs: the link time, plus the codecs' CPU (measured; for the default job's 1.3e9 values it is
     # seconds per sync on this machine's CPU: what a planner should see before choosing host-side codecs)
     extra = recipe["step_s"] - (0.125 + recipe["sync_s"] * recipe["fragments"] / recipe["sync_every"])
@@ -58,3 +58,4 @@ def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(tmp_path
     assert shown.returncode == 0, shown.stderr
     settings = dict(line.split(" = ", 1) for line in shown.stdout.splitlines() if " = " in line)
     assert settings["sync_moments"] == "true" and settings["sync_every"] == str(recipe["sync_every"])
+    assert settings["moment_syncs"] == "1"

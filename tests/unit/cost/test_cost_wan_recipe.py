@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from geotrain.cluster import cluster_from_dict
-from geotrain.cost.wan_recipe import (WanRecipe, WanRecipeError, choose_recipe, fragment_sync_seconds,
-                                      WARMUP_PERIODS, recipe_step_seconds, staleness_factor,
+from geotrain.cost.wan_recipe import (RECIPE_MOMENT_SYNCS, WanRecipe, WanRecipeError, choose_recipe,
+                                      fragment_sync_seconds, recipe_step_seconds, staleness_factor,
                                       warmup_step_seconds)
 from geotrain.job import Job
 
@@ -120,16 +120,16 @@ def test_moment_sync_recipe_prices_the_moments_in_the_first_syncs_and_runs_with_
     plain = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
     moments = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, sync_moments=True)
     assert moments.sync_moments and not plain.sync_moments
-    assert (moments.moment_syncs, plain.moment_syncs) == (WARMUP_PERIODS, None)
+    assert (moments.moment_syncs, plain.moment_syncs) == (RECIPE_MOMENT_SYNCS, None)
     key = (moments.sync_every, moments.fragments, moments.delay, moments.codec)
     assert key == (plain.sync_every, plain.fragments, plain.delay, plain.codec)
     assert moments.sync_s == plain.sync_s  # the steady syncs send the outer gradients alone
-    # each fragment's first WARMUP_PERIODS syncs carry the moments: their extra link time, over the run's 60 steps
+    # each fragment's first RECIPE_MOMENT_SYNCS syncs carry the moments: their extra link time, over the run's 60 steps
     extra = (fragment_sync_seconds(TWO, JOB, PAIR, moments.fragments, moments.codec, sync_moments=True)
              - plain.sync_s)
     assert extra > 0
-    assert moments.step_s == pytest.approx(plain.step_s + WARMUP_PERIODS * moments.fragments * extra / 60)
-    # the moments' codec CPU: WARMUP_PERIODS syncs of every fragment, each encoding and decoding values / P
+    assert moments.step_s == pytest.approx(plain.step_s + RECIPE_MOMENT_SYNCS * moments.fragments * extra / 60)
+    # the moments' codec CPU: RECIPE_MOMENT_SYNCS syncs of every fragment, each encoding and decoding values / P
     cpu = {moments.codec: 1e-11}  # s per value, too little to change the choice
     same = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, sync_moments=True, codec_s_per_value=cpu,
                          moment_codec_s_per_value=cpu)
@@ -137,9 +137,9 @@ def test_moment_sync_recipe_prices_the_moments_in_the_first_syncs_and_runs_with_
                            moment_codec_s_per_value={moments.codec: 4e-11})
     assert (priced.sync_every, priced.fragments, priced.delay, priced.codec) == (
         same.sync_every, same.fragments, same.delay, same.codec)
-    assert priced.step_s == pytest.approx(same.step_s + WARMUP_PERIODS * 3e-11 * 1e6 / 60)
+    assert priced.step_s == pytest.approx(same.step_s + RECIPE_MOMENT_SYNCS * 3e-11 * 1e6 / 60)
     optim = moments.runtime_settings()["optim"]
-    assert (optim["sync_moments"], optim["moment_syncs"]) == (True, WARMUP_PERIODS)
+    assert (optim["sync_moments"], optim["moment_syncs"]) == (True, RECIPE_MOMENT_SYNCS)
     assert "sync_moments" not in plain.runtime_settings()["optim"]
     assert "moment_syncs" not in plain.runtime_settings()["optim"]
     assert WanRecipe.from_json(moments.to_json()) == moments
