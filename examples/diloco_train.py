@@ -31,6 +31,8 @@ def main() -> None:
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--outer-momentum", type=float, default=0.9)
     parser.add_argument("--sync-moments", action="store_true", help="also average AdamW's moments at each sync")
+    parser.add_argument("--moment-syncs", type=int, metavar="N",
+                        help="--sync-moments: only each fragment's first N syncs carry the moments (default: every sync)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -42,7 +44,7 @@ def main() -> None:
     data = torch.Generator().manual_seed(1000 + rank)
     with DiLoCo(model, inner, sync_every=args.sync_every, fragments=args.fragments, delay=args.delay, mix=args.mix,
                 codec=args.codec, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                sync_moments=args.sync_moments) as diloco:
+                sync_moments=args.sync_moments, moment_syncs=args.moment_syncs) as diloco:
         for step in range(args.steps):
             x = torch.randn(args.batch, 64, generator=data)
             loss = nn.functional.mse_loss(model(x), x[:, :1] * 0.5 - x[:, 1:2])

@@ -60,7 +60,8 @@ def sync_codec_seconds_per_value(codec: str, replicas: int, sync_moments: bool =
     delta = torch.randn(sample, generator=generator) * 1e-3
     tensors = [delta]
     if sync_moments:
-        parts = [CodecReducer(spec.build(), [("delta", (sample,)), ("exp_avg", (sample,))], replicas),
+        parts = [CodecReducer(spec.build(), [("delta", (sample,))], replicas),  # as sync.moments.moment_parts
+                 CodecReducer(spec.build(), [("exp_avg", (sample,))], replicas),
                  CodecReducer(second_moment_codec(spec).build(), [("exp_avg_sq", (sample,))], replicas,
                               error_feedback=False)]
         reducer: Any = GroupedCodecReducer(parts)

@@ -50,6 +50,10 @@ def second_moment_codec(outer_codec: CodecSpec) -> CodecSpec:
     return CodecSpec.uncompressed() if outer_codec.is_uncompressed else CodecSpec.parse(SECOND_MOMENT_CODEC)
 
 
+PARTS_WITH_MOMENTS = 3
+"""An exchange's parts when the moments travel: the outer gradients, then `moment_parts`' two."""
+
+
 def moment_parts(moments: MomentTensors, outer_codec: CodecSpec, error_feedback: bool) -> list[ExtraTensors]:
     """The exchange parts (geotrain.sync.exchange.StageExchange's `extra`) that carry `moments` after the outer
     gradients: the first moment through `outer_codec` (with `error_feedback`), the second through

@@ -55,7 +55,7 @@ import torch
 
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
-from geotrain.sync.moments import MomentSync, MomentTensors, check_moment_optimizer
+from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer
 from geotrain.sync.outer import OuterSync
 
 
@@ -212,7 +212,7 @@ class StreamingOuterSync(OuterSync):
         fragment = self.fragments[p]
         blocking = blocking or step < self.warmup
         moments = self.moments_travel(p, step)
-        parts = {} if fragment.moments is None else {"parts": 3 if moments else 1}  # StageExchange's: moment_parts
+        parts = {} if fragment.moments is None else {"parts": PARTS_WITH_MOMENTS if moments else 1}
         with timer:
             local = fragment.outer.outer_gradients()
             set_grads(fragment.shadows, local)
