@@ -462,8 +462,8 @@ class OptimSection(Section):
                                         "optimizer state (docs/diloco.md, Moment sync)")
     moment_syncs: int | None = setting(None, "--sync-moments: only each fragment's first N outer syncs carry the "
                                              "moments, later ones the outer gradients alone (a third of the bytes "
-                                             "with int4-block; measured as good as every sync with N = 1 or 2; "
-                                             "default: every sync)", metavar="N")
+                                             "with int4-block; on bench wan with eager landing as good as every "
+                                             "sync with N = 1 or 2; default: every sync)", metavar="N")
 
     def __post_init__(self) -> None:
         self._choice("optimizer", RUNTIME_OPTIMIZERS)
