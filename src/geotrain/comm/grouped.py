@@ -68,10 +68,6 @@ class GroupedCodecReducer:
         posted = gather_by_links(collective.start_all_gather, packed, self.gather_links)
         return lambda: decode(posted.wait())
 
-    def part_sizes(self) -> list[int]:
-        """How many tensors each part reduces, in order."""
-        return [len(part.names) for part in self.parts]
-
     def _encode(self, worker_grads: Sequence[Sequence[torch.Tensor]], step: int, names: Sequence[str] | None,
                 parts: int | None) -> tuple[list[torch.Tensor], Callable[[torch.Tensor], list[torch.Tensor]]]:
         if parts is None:

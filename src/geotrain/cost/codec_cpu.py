@@ -48,8 +48,8 @@ def sync_codec_seconds_per_value(codec: str, replicas: int, sync_moments: bool =
     from geotrain.codecs import CodecSpec
     from geotrain.comm import reducer_traits
     from geotrain.comm.codec_reducer import CodecReducer
-    from geotrain.comm.grouped import GroupedCodecReducer
-    from geotrain.sync.moments import second_moment_codec
+    from geotrain.sync.exchange import ExtraTensors, grouped_reducer
+    from geotrain.sync.moments import moment_parts
 
     if replicas < 1 or sample < 1 or repeats < 1:
         raise ValueError(f"replicas, sample and repeats must be >= 1, got {replicas}, {sample}, {repeats}")
@@ -59,14 +59,13 @@ def sync_codec_seconds_per_value(codec: str, replicas: int, sync_moments: bool =
     generator = torch.Generator().manual_seed(0)
     delta = torch.randn(sample, generator=generator) * 1e-3
     tensors = [delta]
-    if sync_moments:
-        parts = [CodecReducer(spec.build(), [("delta", (sample,))], replicas),  # as sync.moments.moment_parts
-                 CodecReducer(spec.build(), [("exp_avg", (sample,))], replicas),
-                 CodecReducer(second_moment_codec(spec).build(), [("exp_avg_sq", (sample,))], replicas,
-                              error_feedback=False)]
-        reducer: Any = GroupedCodecReducer(parts)
+    if sync_moments:  # the runtime's layout: the outer gradients, then the moments' parts (sync.moments)
         tensors = [delta, torch.randn(sample, generator=generator) * 1e-3,
                    torch.rand(sample, generator=generator) * 1e-6]
+        named = [[(name, torch.nn.Parameter(t, requires_grad=False))]
+                 for name, t in zip(("delta", "exp_avg", "exp_avg_sq"), tensors, strict=True)]
+        reducer: Any = grouped_reducer([ExtraTensors(named[0], spec, True),
+                                        *moment_parts((named[1], named[2]), spec, True)], replicas)
     else:
         reducer = CodecReducer(spec.build(), [("delta", (sample,))], replicas)
     collective = _Loopback(replicas)

@@ -118,6 +118,20 @@ class ExtraTensors:
     error_feedback: bool
 
 
+def grouped_reducer(parts: Sequence[ExtraTensors], world_size: int,
+                    gather_links: GatherLinks | None = None) -> GroupedCodecReducer:
+    """One GroupedCodecReducer over `parts` (each through its codec, in order) for a group of `world_size`;
+    SyncError for a part whose codec is its own exchange (PowerSGD)."""
+    for part in parts:
+        if not reducer_traits(part.codec).hierarchical:  # its own exchange (powersgd), not a codec's
+            raise SyncError(f"codec {str(part.codec)!r} is its own exchange; tensors sent beside others in one "
+                            f"collective take a codec of geotrain.codecs")
+    return GroupedCodecReducer(
+        [CodecReducer(part.codec.build(), [(name, p.shape) for name, p in part.named_params], world_size,
+                      error_feedback=part.error_feedback, gather_links=gather_links) for part in parts],
+        gather_links)
+
+
 class StageExchange:
     """Averages the gradients of `named_params` over a DP group through the reducer of `spec`."""
 
@@ -141,15 +155,8 @@ class StageExchange:
                                         extra={} if gather_links is None else {"gather_links": gather_links})
             self.reducer = get_reducer(CodecSpec.parse(spec), context)
             return
-        parts = [ExtraTensors(list(named_params), CodecSpec.parse(spec), error_feedback), *extra]
-        for part in parts:
-            if not reducer_traits(part.codec).hierarchical:  # its own exchange (powersgd), not a codec's
-                raise SyncError(f"codec {str(part.codec)!r} is its own exchange; tensors sent beside others in one "
-                                f"collective take a codec of geotrain.codecs")
-        self.reducer = GroupedCodecReducer(
-            [CodecReducer(part.codec.build(), [(name, p.shape) for name, p in part.named_params], world,
-                          error_feedback=part.error_feedback, gather_links=gather_links) for part in parts],
-            gather_links)
+        self.reducer = grouped_reducer([ExtraTensors(list(named_params), CodecSpec.parse(spec), error_feedback),
+                                        *extra], world, gather_links)
 
     @staticmethod
     def fresh_state(named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: CodecSpec | str,
