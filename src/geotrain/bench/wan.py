@@ -43,7 +43,8 @@ import numpy as np
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost import YuanCostModel
 from geotrain.cost.codec_choice import CodecChoice, choose_codecs, parse_codec_policy
-from geotrain.bench.wan_metrics import compute_fraction, limit_fraction, peak_inter_region_gbps, zero_cost_links
+from geotrain.bench.wan_metrics import (compute_fraction, emulated_step_seconds, limit_fraction, peak_profile,
+                                        zero_cost_links)
 from geotrain.bench.wan_rows import (BENCH_CLUSTERS, DEFAULT_ROWS, LIMIT_ROW, LOCAL_SGD_5, WAN_CLUSTER, RowResult,
                                      WanBenchConfig, WanBenchError, WanRow, bench_cluster)
 from geotrain.job import Job
@@ -77,6 +78,7 @@ class WanBench:
                          "options": dict(r.row.options), "free_links": r.row.free_links, "engine": r.row.engine,
                          "limit_fraction": limit_fraction(r.time_to_target_s, limit),
                          "compute_fraction": r.compute_fraction, "peak_inter_region_gbps": r.peak_inter_region_gbps,
+                         "peak_inter_region_gbps_by_window": {f"{w:g}": gbps for w, gbps in r.peak_profile.items()},
                          "predicted_step_s": r.predicted_step_s, "recipe": r.recipe,
                          "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
         config = {k: v for k, v in asdict(self.config).items() if k != "rows"}
@@ -159,24 +161,6 @@ def _row_available(row: WanRow) -> str | None:
     return None if not missing else f"RuntimeConfig has no field {', '.join(missing)} in this geotrain"
 
 
-def emulated_step_seconds(records: list[dict[str, Any]], steps: int) -> np.ndarray:
-    """(steps,) emulated seconds of each step: the slowest rank's end minus the later of the previous
-    step's end and the slowest rank's start (so time spent between steps, checkpoints, is not counted).
-    Step 0 counts as the mean of the others (its one-off start-up costs are not training time)."""
-    start, end = np.zeros(steps), np.zeros(steps)
-    for record in records:
-        span = record["emulated"]
-        if span is None:
-            raise WanBenchError("the run was not emulated (time scale 0?): no emulated clock in its records")
-        start[record["step"]] = max(start[record["step"]], span["start_s"])
-        end[record["step"]] = max(end[record["step"]], span["end_s"])
-    previous = np.concatenate([[0.0], end[:-1]])
-    seconds = end - np.maximum(previous, start)
-    if steps > 1:  # step 0 pays one-off costs (codec kernels compiled, buffers allocated): count it as a mean step
-        seconds[0] = float(np.mean(seconds[1:]))
-    return seconds
-
-
 def _evaluate(directory: str, step: int, run: Any, config: WanBenchConfig,
               world: Any) -> tuple[float, list[dict[str, Any]]]:
     """Validation loss of replica 0's stages at checkpoint `step` (the run's own layer model and split,
@@ -223,7 +207,7 @@ def score_row(row: WanRow, assignment: np.ndarray, codecs: dict[str, list[str]],
     return RowResult(row, int(stages), int(replicas), assignment.tolist(), codecs, eval_steps, eval_time, losses,
                      float(np.mean(seconds[1:] if len(seconds) > 1 else seconds)), inter,
                      reached[0] if reached else None, compute_fraction(records, seconds),
-                     peak_inter_region_gbps(records, seconds))
+                     peak_profile(records, seconds))
 
 
 def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: CodecChoice | None,

@@ -1,6 +1,7 @@
-"""What `bench wan` derives from a row's per-step records besides time to target: how far a row is from
-the benchmark's physical limit, how busy its devices are, and the bandwidth it demands.
+"""What `bench wan` derives from a row's per-step records: its emulated seconds per step, how far it is
+from the benchmark's physical limit, how busy its devices are, and the bandwidth it demands.
 
+- `emulated_step_seconds`: the slowest rank's seconds per step on the emulated clock (`step_bounds`).
 - `zero_cost_links(cluster)`: the cluster with every link free (MAX_GBPS, 0 ms). The limit row trains
   the fp32 baseline on it through the same emulating backend and compute clock as every other row, so
   its time is the same compute with communication free (a `--time-scale 0` run would leave the
@@ -11,10 +12,13 @@ the benchmark's physical limit, how busy its devices are, and the bandwidth it d
   cpu`) over the row's emulated seconds, steps after the first (as the step times are), at most 1; the
   mean over devices. The rest of a step's CPU time (the schedule's bookkeeping, batches, gloo's
   threads) is not compute, so even the limit row reads a little under 1.
-- `peak_inter_region_gbps`: the records carry per-step inter-region bytes, not per-transfer times of
-  the DP collectives, so each step's bytes (all ranks) are spread evenly over that step's emulated
-  seconds on the row's timeline; the peak is the highest mean rate over any window of `window_s`
-  (1 s; the whole run if shorter).
+- `peak_inter_region_gbps`: the highest inter-region rate demanded in any window of `window_s` (1 s;
+  the whole run if shorter). Each inter-region message's bytes (all ranks) count while it occupies its
+  link: from its start to its last byte leaving (the emulator's `wire_end_s`, recorded per step as
+  `inter_region_wire`), placed on the row's timeline (each step's span on the emulated clock mapped onto
+  its emulated seconds, the time between steps left out); a record without them (an older geotrain's)
+  spreads its step's bytes over the step. `peak_profile`: the same at several windows (PEAK_WINDOWS_S):
+  a window shorter than a sync's burst sees the links' own rate, one spanning several syncs the mean.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster import Cluster
+from geotrain.bench.wan_rows import WanBenchError
 from geotrain.cluster.model import MAX_GBPS
 
 
@@ -61,20 +66,82 @@ def compute_fraction(records: list[dict[str, Any]], step_seconds: np.ndarray) ->
     return float(np.mean([min(1.0, float(np.sum(c[_steady(steps)])) / wall) for c in compute.values()]))
 
 
-def peak_inter_region_gbps(records: list[dict[str, Any]], step_seconds: np.ndarray, window_s: float = 1.0) -> float:
-    """Highest mean inter-region rate (Gbit/s) over any `window_s` of the row's emulated timeline, each
-    step's inter-region bytes (all ranks) spread evenly over its seconds (module doc)."""
-    steps = len(step_seconds)
-    nbytes = np.zeros(steps)
+PEAK_WINDOWS_S: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)  # the profile's windows; 1 s: the metric's
+_MIN_WIRE_S = 1e-6  # a message on a free link (or a step's bytes in no time) counts as this long
+
+
+def step_bounds(records: list[dict[str, Any]], steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """(steps,) emulated clock seconds each step begins and ends: the slowest rank's end, and the later of the
+    previous step's end and the slowest rank's start (time between steps, checkpoints, left out)."""
+    start, end = np.zeros(steps), np.zeros(steps)
     for record in records:
-        nbytes[record["step"]] += record["emulated"]["inter_region_bytes"]
+        span = record["emulated"]
+        if span is None:
+            raise WanBenchError("the run was not emulated (time scale 0?): no emulated clock in its records")
+        start[record["step"]] = max(start[record["step"]], span["start_s"])
+        end[record["step"]] = max(end[record["step"]], span["end_s"])
+    return np.maximum(np.concatenate([[0.0], end[:-1]]), start), end
+
+
+def emulated_step_seconds(records: list[dict[str, Any]], steps: int) -> np.ndarray:
+    """(steps,) emulated seconds of each step (step_bounds: end - begin). Step 0 counts as the mean of the
+    others (its one-off start-up costs, codec kernels compiled and buffers allocated, are not training time)."""
+    begin, end = step_bounds(records, steps)
+    seconds = end - begin
+    if steps > 1:
+        seconds[0] = float(np.mean(seconds[1:]))
+    return seconds
+
+
+def inter_region_timeline(records: list[dict[str, Any]], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(knots, bytes): inter-region bytes carried by each time on the row's timeline (seconds from its
+    start; linear between knots), from every message's time on its link (module doc).
+    `step_seconds`: (steps,) the row's emulated seconds per step (bench.wan.emulated_step_seconds)."""
+    steps = len(step_seconds)
+    begin, end = step_bounds(records, steps)
     edges = np.concatenate([[0.0], np.cumsum(step_seconds)])
-    total_s = float(edges[-1])
-    if total_s <= 0:
+    clock = np.maximum.accumulate(np.column_stack([begin, end]).ravel())
+    timeline = np.column_stack([edges[:-1], edges[1:]]).ravel()
+    spans = []  # [clock start, clock end, bytes]
+    for record in records:
+        span = record["emulated"]
+        if "inter_region_wire" in span:
+            spans.extend(span["inter_region_wire"])
+        elif span["inter_region_bytes"]:
+            spans.append([begin[record["step"]], end[record["step"]], span["inter_region_bytes"]])
+    wire = np.asarray(spans, dtype=float).reshape(-1, 3)
+    wire = wire[wire[:, 2] > 0]
+    if not len(wire):
+        return np.array([0.0, float(edges[-1])]), np.zeros(2)
+    a = np.interp(wire[:, 0], clock, timeline)
+    b = np.maximum(np.interp(wire[:, 1], clock, timeline), a + _MIN_WIRE_S)
+    rate = wire[:, 2] / (b - a)
+    knots, where = np.unique(np.concatenate([a, b, [0.0, float(edges[-1])]]), return_inverse=True)
+    delta = np.zeros(len(knots))
+    np.add.at(delta, where, np.concatenate([rate, -rate, [0.0, 0.0]]))
+    carried = np.concatenate([[0.0], np.cumsum(np.cumsum(delta)[:-1] * np.diff(knots))])
+    return knots, carried
+
+
+def _peak_gbps(knots: np.ndarray, carried: np.ndarray, window_s: float) -> float:
+    """Highest mean rate (Gbit/s) over any `window_s` inside [knots[0], knots[-1]] (all of it if shorter)."""
+    t0, t1 = float(knots[0]), float(knots[-1])
+    if t1 <= t0:
         return 0.0
-    cumulative = np.concatenate([[0.0], np.cumsum(nbytes)])  # bytes carried by each step edge: linear between
-    window = min(window_s, total_s)
-    # the best window of a piecewise-constant rate has an edge at a step boundary
-    starts = np.clip(np.concatenate([edges, edges - window]), 0.0, total_s - window)
-    carried = np.interp(starts + window, edges, cumulative) - np.interp(starts, edges, cumulative)
-    return float(carried.max() * 8 / 1e9 / window)
+    window = min(window_s, t1 - t0)
+    # carried bytes are piecewise linear in time: the best window has an end at a knot
+    starts = np.clip(np.concatenate([knots, knots - window]), t0, t1 - window)
+    held = np.interp(starts + window, knots, carried) - np.interp(starts, knots, carried)
+    return float(held.max() * 8 / 1e9 / window)
+
+
+def peak_inter_region_gbps(records: list[dict[str, Any]], step_seconds: np.ndarray, window_s: float = 1.0) -> float:
+    """Highest mean inter-region rate (Gbit/s) over any `window_s` of the row's timeline (module doc)."""
+    return _peak_gbps(*inter_region_timeline(records, step_seconds), window_s)
+
+
+def peak_profile(records: list[dict[str, Any]], step_seconds: np.ndarray,
+                 windows_s: tuple[float, ...] = PEAK_WINDOWS_S) -> dict[float, float]:
+    """{window (s): peak_inter_region_gbps at that window} (module doc)."""
+    timeline = inter_region_timeline(records, step_seconds)
+    return {float(w): _peak_gbps(*timeline, w) for w in windows_s}

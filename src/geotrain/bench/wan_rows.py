@@ -8,7 +8,7 @@ without importing each other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +117,10 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
            "warm-up 10", dp_codec="int4-block",
            options=(*LOCAL_SGD_5, ("sync_moments", True), ("moment_syncs", 1), ("sync_delay", 2),
                     ("sync_landing", "eager"), ("sync_warmup", 10))),
+    # the streaming row's reference (row 14 with one fragment): the same H, codec and blocking syncs, the whole
+    # model in every sync; their peak rates compared (docs/wan.md, "Peak bandwidth: when streaming cuts it")
+    WanRow("planned + local SGD H=5 P=1 tau=0 int4-block+EF outer (blocking: the streaming row's reference)",
+           dp_codec="int4-block", options=LOCAL_SGD_5),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1
@@ -174,10 +178,15 @@ class RowResult:
     inter_region_bytes: float
     time_to_target_s: float | None
     compute_fraction: float = 0.0
-    peak_inter_region_gbps: float = 0.0
+    peak_profile: dict[float, float] = field(default_factory=dict)  # window (s) -> peak Gbit/s (bench.wan_metrics)
     predicted_step_s: float | None = None  # the planner's prediction (the recipe row)
     recipe: dict[str, Any] | None = None  # the planner's WAN recipe (cost.wan_recipe.WanRecipe.to_json)
 
     @property
     def val_loss(self) -> float:
         return self.val_losses[-1]
+
+    @property
+    def peak_inter_region_gbps(self) -> float:
+        """The peak inter-region rate over 1 s windows (0 if not measured)."""
+        return self.peak_profile.get(1.0, 0.0)

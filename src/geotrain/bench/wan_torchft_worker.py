@@ -30,6 +30,7 @@ from geotrain.cluster import cluster_from_dict
 from geotrain.emulate.clock import RankClock
 from geotrain.emulate.install import COMPUTE_CLOCKS
 from geotrain.emulate.network import EmulatedNetwork
+from geotrain.emulate.schedule import inter_region_wire
 from geotrain.emulate.torchft_groups import TorchftGroups
 from geotrain.models import MODEL_PRESETS, even_boundaries, lm_loss, lr_at
 from geotrain.procs import die_with_parent
@@ -80,7 +81,7 @@ def train(cfg: dict[str, Any], replica: int, out: Path) -> None:
                     use_bucketization=True):
             clock.restart(0.0)
             for step in range(cfg["steps"]):
-                start_s, sent = clock.now(), emulated.bytes_sent(region_of)
+                start_s, sent, mark = clock.now(), emulated.bytes_sent(region_of), emulated.transfer_mark()
                 began = time.perf_counter()
                 x, y = data.batch(cfg["data_seed"], step, replica, replicas, cfg["per_replica"], cfg["seq_len"])
                 for group in inner.param_groups:
@@ -90,7 +91,9 @@ def train(cfg: dict[str, Any], replica: int, out: Path) -> None:
                 inner.step()
                 records.append({"step": step, "rank": replica, "compute_s": inner_done[0] - began,
                                 "emulated": {"start_s": start_s, "end_s": clock.now(),
-                                             "inter_region_bytes": emulated.bytes_sent(region_of) - sent}})
+                                             "inter_region_bytes": emulated.bytes_sent(region_of) - sent,
+                                             "inter_region_wire": inter_region_wire(emulated.transfers_since(mark),
+                                                                                    region_of)}})
                 if replica == 0 and step + 1 in cfg["eval_steps"]:
                     torch.save(model.state_dict(), out / f"step-{step + 1}.pt")
         (out / f"records-{replica}.json").write_text(json.dumps(

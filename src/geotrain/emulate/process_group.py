@@ -299,7 +299,7 @@ class EmulatedProcessGroup(dist.ProcessGroup):
             dst_device = self._group_devices[dst]
             start, done, arrival = state.queues.send(dst_device, float(payload.numel()), state.clock.now())
             state.transfers.append(Transfer("send", state.p2p_sent, state.device, dst_device, state.rank,
-                                            self._global_ranks[dst], float(payload.numel()), start, arrival))
+                                            self._global_ranks[dst], float(payload.numel()), start, arrival, done))
             state.p2p_sent += 1
             header = torch.tensor([start, arrival], dtype=torch.float64).view(torch.uint8)
             message = torch.cat([header, payload])

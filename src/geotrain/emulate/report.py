@@ -3,7 +3,7 @@
     {"cluster": name, "devices": [...], "time_scale": F,
      "ranks": [{"rank", "device", "clock_s", "slept_s"}...],
      "transfers": [{"op", "seq", "src_device", "dst_device", "src_rank", "dst_rank", "nbytes",
-                    "start_s", "end_s"}...],   (sorted by start; each message once, from its sender)
+                    "start_s", "end_s", "wire_end_s"}...],   (sorted by start; each message once, from its sender)
      "ops": [{"op", "seq", "group", "ranks", "nbytes", "start_s", "end_s"}...],
      "summary": {"transfers", "bytes", "inter_region_bytes", "emulated_end_s"}}
 Times are emulated seconds since each rank created its process group.

@@ -25,7 +25,8 @@ from geotrain.emulate.network import EmulatedNetwork
 
 @dataclass(frozen=True)
 class Transfer:
-    """One emulated message: devices, ranks, payload bytes, emulated seconds of start and arrival."""
+    """One emulated message: devices, ranks, payload bytes, emulated seconds of its start, of its last
+    byte leaving (its link is busy from start_s to wire_end_s) and of its arrival (one latency later)."""
 
     op: str
     seq: int  # the operation's sequence number on its group (p2p: the sender's message count)
@@ -36,11 +37,23 @@ class Transfer:
     nbytes: float
     start_s: float
     end_s: float
+    wire_end_s: float
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "seq": self.seq, "src_device": self.src_device, "dst_device": self.dst_device,
                 "src_rank": self.src_rank, "dst_rank": self.dst_rank, "nbytes": self.nbytes,
-                "start_s": self.start_s, "end_s": self.end_s}
+                "start_s": self.start_s, "end_s": self.end_s, "wire_end_s": self.wire_end_s}
+
+
+def inter_region_wire(transfers: Sequence[Transfer], region_of: Sequence[int]) -> list[list[float]]:
+    """[start_s, wire_end_s, bytes] of the `transfers` between devices of different regions
+    (`region_of[device]`), the bytes of those that share both times summed (a round's messages), in order."""
+    merged: dict[tuple[float, float], float] = {}
+    for t in transfers:
+        if region_of[t.src_device] != region_of[t.dst_device]:
+            key = (t.start_s, t.wire_end_s)
+            merged[key] = merged.get(key, 0.0) + t.nbytes
+    return [[start, end, nbytes] for (start, end), nbytes in merged.items()]
 
 
 # One message of a round: (sender index, receiver index, bytes), indices into the group's member list.
@@ -65,8 +78,9 @@ def run_rounds(network: EmulatedNetwork, devices: Sequence[int], ranks: Sequence
                 continue
             alone = 8.0 * nbytes / network.rate_bps(d, e)
             shared = 8.0 * sent_bytes[src] / float(network.nic_bps[d])
-            end = t + max(alone, shared) + network.latency(d, e)
-            transfers.append(Transfer(op, seq, d, e, ranks[src], ranks[dst], nbytes, t, end))
+            wire_end = t + max(alone, shared)
+            end = wire_end + network.latency(d, e)
+            transfers.append(Transfer(op, seq, d, e, ranks[src], ranks[dst], nbytes, t, end, wire_end))
             round_end = max(round_end, end)
         t = round_end
     return transfers, t

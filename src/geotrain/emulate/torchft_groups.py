@@ -31,6 +31,7 @@ import torch.distributed as dist
 from geotrain.emulate.clock import RankClock
 from geotrain.emulate.network import EmulatedNetwork, EmulationError
 from geotrain.emulate.process_group import EmulatedProcessGroup
+from geotrain.emulate.schedule import Transfer
 from geotrain.emulate.state import EmulationState
 
 DEVICE_KEY = "geotrain-emulate/device/"
@@ -101,6 +102,14 @@ class TorchftGroups:
         self.states.append(state)
         self.groups.append(group)
         return group
+
+    def transfer_mark(self) -> tuple[int, ...]:
+        """How many transfers each group has recorded so far (for `transfers_since`)."""
+        return tuple(len(state.transfers) for state in self.states)
+
+    def transfers_since(self, mark: tuple[int, ...]) -> list[Transfer]:
+        """The transfers this process sent in every group since `mark` (groups created since: all of theirs)."""
+        return [t for i, state in enumerate(self.states) for t in state.transfers[(mark[i] if i < len(mark) else 0):]]
 
     def bytes_sent(self, region_of: Any = None) -> float:
         """Payload bytes this process sent over emulated links in every group so far; with `region_of`

@@ -10,24 +10,11 @@ import numpy as np
 import pytest
 
 from geotrain.bench.wan import (DEFAULT_ROWS, WAN_CLUSTER, bench_cluster, WanBenchConfig, WanRow, _row_available,
-                                WanBenchError, emulated_step_seconds, model_job, planned_layouts)
+                                WanBenchError, model_job, planned_layouts)
 from geotrain.cluster import load_cluster
 from paths import ROOT
 
 DATA = ROOT / "tests" / "data"
-
-
-def _record(step: int, start: float, end: float) -> dict:
-    return {"step": step, "emulated": {"start_s": start, "end_s": end, "bytes": 0.0, "inter_region_bytes": 0.0}}
-
-
-def test_step_seconds_use_the_slowest_rank_and_skip_time_between_steps():
-    records = [_record(0, 0.0, 1.0), _record(0, 0.0, 1.5),   # step 0: slowest rank ends at 1.5
-               _record(1, 1.0, 2.5), _record(1, 1.5, 3.0),   # continuous: 3.0 - 1.5
-               _record(2, 5.0, 6.0), _record(2, 5.2, 6.5)]   # a checkpoint until 5.2: 6.5 - 5.2
-    seconds = emulated_step_seconds(records, 3)
-    assert seconds[1:].tolist() == pytest.approx([1.5, 1.3])
-    assert seconds[0] == pytest.approx(1.4)  # step 0 counts as the mean of the others
 
 
 def test_rows_needing_fields_this_runtime_lacks_are_skipped_with_the_reason():

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from geotrain.bench.wan_metrics import emulated_step_seconds, peak_inter_region_gbps
 from geotrain.cluster import make_network
 from geotrain.comm import ReducerContext, SimulatedCollective, get_reducer
 from geotrain.data import world_tokens
@@ -239,6 +240,14 @@ def test_runtime_diloco_exchanges_only_every_h_steps_and_resumes_exactly(tmp_pat
     records = sorted(_shards(whole, 4, 2)[0]["records"], key=lambda r: r["step"])
     assert [r["dp_bytes"] > 0 for r in records] == [False, True, False, True]
     assert records[1]["emulated"]["inter_region_bytes"] > 0 and records[0]["emulated"]["inter_region_bytes"] == 0
+    for record in records:  # each message between regions on its link inside its (blocking) step; bytes add up
+        span = record["emulated"]
+        assert sum(nbytes for _, _, nbytes in span["inter_region_wire"]) == pytest.approx(span["inter_region_bytes"])
+        assert all(span["start_s"] <= a < b <= span["end_s"] for a, b, _ in span["inter_region_wire"])
+        # one message to the one peer at a time, each on its 100 Mbit/s link for 8 x bytes / 1e8 s (by hand)
+        assert all(b - a == pytest.approx(8 * nbytes / 0.1e9) for a, b, nbytes in span["inter_region_wire"])
+    seconds = emulated_step_seconds(records, 4)
+    assert peak_inter_region_gbps(records, seconds, window_s=1e-3) == pytest.approx(0.1)  # the link's own rate
     for step in (2, 4):
         first, second = (shard["stage"] for shard in _shards(whole, step, 2))
         assert all(torch.equal(first[name], second[name]) for name in first)

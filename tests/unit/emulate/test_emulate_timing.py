@@ -7,7 +7,7 @@ from geotrain.cluster import cluster_from_dict
 from geotrain.emulate import EmulatedNetwork, EmulationError, run_rounds
 from geotrain.emulate import algorithms
 from geotrain.emulate.clock import RankClock
-from geotrain.emulate.schedule import SenderQueues
+from geotrain.emulate.schedule import SenderQueues, inter_region_wire
 
 # 4 devices: 0,1 in region a, 2,3 in region b; a-b 1 Gbit/s 50 ms, inside 10 Gbit/s 1 ms
 FOUR = cluster_from_dict({"name": "t4", "regions": [
@@ -28,6 +28,13 @@ def test_ring_allreduce_of_four_ranks_takes_six_slowest_ring_steps():
     assert sorted({(t.src_device, t.dst_device) for t in transfers}) == [(0, 1), (1, 2), (2, 3), (3, 0)]
     intra = [t for t in transfers if (t.src_device, t.dst_device) == (0, 1)]
     assert intra[0].end_s - intra[0].start_s == pytest.approx(0.001 + 8e6 / 10e9)  # its own link, not the step
+    # on the wire for its own link's time; it arrives one latency after its last byte left
+    assert intra[0].wire_end_s - intra[0].start_s == pytest.approx(8e6 / 10e9)
+    assert all(t.end_s - t.wire_end_s == pytest.approx(0.050 if (t.src_device < 2) != (t.dst_device < 2) else 0.001)
+               for t in transfers)
+    # between regions: 1 -> 2 and 3 -> 0 in each round, both 8 ms on their 1 Gbit/s links: one interval per round
+    wire = inter_region_wire(transfers, FOUR.region_of)
+    assert wire == [pytest.approx([2.0 + k * step, 2.0 + k * step + 0.008, 2e6]) for k in range(6)]
 
 
 def test_ring_order_follows_the_device_list():
