@@ -32,6 +32,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.bench.wan_rows import WanBenchError
 from geotrain.cluster.model import MAX_GBPS
+from geotrain.emulate.traffic import PEAK_WINDOWS_S, carried_bytes, peak_gbps
 
 
 def zero_cost_links(cluster: Cluster) -> Cluster:
@@ -66,10 +67,6 @@ def compute_fraction(records: list[dict[str, Any]], step_seconds: np.ndarray) ->
     return float(np.mean([min(1.0, float(np.sum(c[_steady(steps)])) / wall) for c in compute.values()]))
 
 
-PEAK_WINDOWS_S: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)  # the profile's windows; 1 s: the metric's
-_MIN_WIRE_S = 1e-6  # a message on a free link (or a step's bytes in no time) counts as this long
-
-
 def step_bounds(records: list[dict[str, Any]], steps: int) -> tuple[np.ndarray, np.ndarray]:
     """(steps,) emulated clock seconds each step begins and ends: the slowest rank's end, and the later of the
     previous step's end and the slowest rank's start (time between steps, checkpoints, left out)."""
@@ -95,7 +92,7 @@ def emulated_step_seconds(records: list[dict[str, Any]], steps: int) -> np.ndarr
 
 def inter_region_timeline(records: list[dict[str, Any]], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(knots, bytes): inter-region bytes carried by each time on the row's timeline (seconds from its
-    start; linear between knots), from every message's time on its link (module doc).
+    start; linear between knots: emulate.traffic.carried_bytes), from every message's time on its link.
     `step_seconds`: (steps,) the row's emulated seconds per step (bench.wan.emulated_step_seconds)."""
     steps = len(step_seconds)
     begin, end = step_bounds(records, steps)
@@ -110,38 +107,18 @@ def inter_region_timeline(records: list[dict[str, Any]], step_seconds: np.ndarra
         elif span["inter_region_bytes"]:
             spans.append([begin[record["step"]], end[record["step"]], span["inter_region_bytes"]])
     wire = np.asarray(spans, dtype=float).reshape(-1, 3)
-    wire = wire[wire[:, 2] > 0]
-    if not len(wire):
-        return np.array([0.0, float(edges[-1])]), np.zeros(2)
-    a = np.interp(wire[:, 0], clock, timeline)
-    b = np.maximum(np.interp(wire[:, 1], clock, timeline), a + _MIN_WIRE_S)
-    rate = wire[:, 2] / (b - a)
-    knots, where = np.unique(np.concatenate([a, b, [0.0, float(edges[-1])]]), return_inverse=True)
-    delta = np.zeros(len(knots))
-    np.add.at(delta, where, np.concatenate([rate, -rate, [0.0, 0.0]]))
-    carried = np.concatenate([[0.0], np.cumsum(np.cumsum(delta)[:-1] * np.diff(knots))])
-    return knots, carried
-
-
-def _peak_gbps(knots: np.ndarray, carried: np.ndarray, window_s: float) -> float:
-    """Highest mean rate (Gbit/s) over any `window_s` inside [knots[0], knots[-1]] (all of it if shorter)."""
-    t0, t1 = float(knots[0]), float(knots[-1])
-    if t1 <= t0:
-        return 0.0
-    window = min(window_s, t1 - t0)
-    # carried bytes are piecewise linear in time: the best window has an end at a knot
-    starts = np.clip(np.concatenate([knots, knots - window]), t0, t1 - window)
-    held = np.interp(starts + window, knots, carried) - np.interp(starts, knots, carried)
-    return float(held.max() * 8 / 1e9 / window)
+    placed = np.column_stack([np.interp(wire[:, 0], clock, timeline), np.interp(wire[:, 1], clock, timeline),
+                              wire[:, 2]])
+    return carried_bytes(placed, (0.0, float(edges[-1])))
 
 
 def peak_inter_region_gbps(records: list[dict[str, Any]], step_seconds: np.ndarray, window_s: float = 1.0) -> float:
     """Highest mean inter-region rate (Gbit/s) over any `window_s` of the row's timeline (module doc)."""
-    return _peak_gbps(*inter_region_timeline(records, step_seconds), window_s)
+    return peak_gbps(*inter_region_timeline(records, step_seconds), window_s)
 
 
 def peak_profile(records: list[dict[str, Any]], step_seconds: np.ndarray,
                  windows_s: tuple[float, ...] = PEAK_WINDOWS_S) -> dict[float, float]:
     """{window (s): peak_inter_region_gbps at that window} (module doc)."""
     timeline = inter_region_timeline(records, step_seconds)
-    return {float(w): _peak_gbps(*timeline, w) for w in windows_s}
+    return {float(w): peak_gbps(*timeline, w) for w in windows_s}

@@ -75,8 +75,10 @@ def run(args: Any) -> int:
         line += f" ({result.verdict.message})"
     if result.report is not None:
         summary = result.report["summary"]
+        peaks = summary["peak_inter_region_gbps_by_window"]
         line += (f"; {summary['transfers']} transfers, {summary['bytes'] / 1e6:.3f} MB "
                  f"({summary['inter_region_bytes'] / 1e6:.3f} MB between regions), "
+                 f"peak between regions {peaks['1']:.3f} Gbit/s over 1 s, {peaks['0.1']:.3f} over 0.1 s, "
                  f"emulated {summary['emulated_end_s']:.3f} s; report {args.report}")
     print(line, file=sys.stderr)
     return result.exit_code

@@ -77,6 +77,15 @@ def test_four_rank_report_has_the_hand_computed_allreduce_and_fifo_messages(tmp_
     assert barrier[0]["end_s"] - barrier[0]["start_s"] == pytest.approx(0.100)
     assert report["summary"]["inter_region_bytes"] > 0
     assert [r["device"] for r in report["ranks"]] == [0, 1, 2, 3]
+    assert all(t["wire_end_s"] - t["start_s"] == pytest.approx(8e6 / 1e9) for t in sends)
+    # the busiest 10 ms between regions: one 1 MB send (8 ms on the 1 Gbit/s link) fits, and nothing runs beside it
+    # (the ring's rounds carry 0.5 MB in 2 ms, 52 ms apart, and end 50 ms before the allreduce returns)
+    peaks = report["summary"]["peak_inter_region_gbps_by_window"]
+    assert 0.8 - 1e-9 <= peaks["0.01"] <= 1.0 + 1e-9
+    # traffic shorter than the window: its mean rate from the first message's start to the last one's end
+    between = [t for t in report["transfers"] if (t["src_device"] < 2) != (t["dst_device"] < 2) and t["nbytes"]]
+    span = max(t["wire_end_s"] for t in between) - min(t["start_s"] for t in between)
+    assert peaks["1"] == pytest.approx(sum(t["nbytes"] for t in between) * 8 / 1e9 / span, rel=1e-4)
 
 
 MESH = """
