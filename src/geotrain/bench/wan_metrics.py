@@ -32,7 +32,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.bench.wan_rows import WanBenchError
 from geotrain.cluster.model import MAX_GBPS
-from geotrain.emulate.traffic import PEAK_WINDOWS_S, carried_bytes, peak_gbps
+from geotrain.emulate.traffic import PEAK_WINDOWS_S, peak_profile as traffic_peak_profile
 
 
 def zero_cost_links(cluster: Cluster) -> Cluster:
@@ -90,10 +90,11 @@ def emulated_step_seconds(records: list[dict[str, Any]], steps: int) -> np.ndarr
     return seconds
 
 
-def inter_region_timeline(records: list[dict[str, Any]], step_seconds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(knots, bytes): inter-region bytes carried by each time on the row's timeline (seconds from its
-    start; linear between knots: emulate.traffic.carried_bytes), from every message's time on its link.
-    `step_seconds`: (steps,) the row's emulated seconds per step (bench.wan.emulated_step_seconds)."""
+def inter_region_wire_on_timeline(records: list[dict[str, Any]], step_seconds: np.ndarray
+                                  ) -> tuple[np.ndarray, tuple[float, float]]:
+    """((n, 3) rows [start, end, bytes] of every inter-region message on the row's timeline, the timeline's
+    (start, end)): each message's time on its link (module doc), in seconds from the row's start.
+    `step_seconds`: (steps,) the row's emulated seconds per step (emulated_step_seconds)."""
     steps = len(step_seconds)
     begin, end = step_bounds(records, steps)
     edges = np.concatenate([[0.0], np.cumsum(step_seconds)])
@@ -109,16 +110,15 @@ def inter_region_timeline(records: list[dict[str, Any]], step_seconds: np.ndarra
     wire = np.asarray(spans, dtype=float).reshape(-1, 3)
     placed = np.column_stack([np.interp(wire[:, 0], clock, timeline), np.interp(wire[:, 1], clock, timeline),
                               wire[:, 2]])
-    return carried_bytes(placed, (0.0, float(edges[-1])))
+    return placed, (0.0, float(edges[-1]))
 
 
 def peak_inter_region_gbps(records: list[dict[str, Any]], step_seconds: np.ndarray, window_s: float = 1.0) -> float:
     """Highest mean inter-region rate (Gbit/s) over any `window_s` of the row's timeline (module doc)."""
-    return peak_gbps(*inter_region_timeline(records, step_seconds), window_s)
+    return peak_profile(records, step_seconds, (window_s,))[float(window_s)]
 
 
 def peak_profile(records: list[dict[str, Any]], step_seconds: np.ndarray,
                  windows_s: tuple[float, ...] = PEAK_WINDOWS_S) -> dict[float, float]:
-    """{window (s): peak_inter_region_gbps at that window} (module doc)."""
-    timeline = inter_region_timeline(records, step_seconds)
-    return {float(w): peak_gbps(*timeline, w) for w in windows_s}
+    """{window (s): peak_inter_region_gbps at that window} (module doc; emulate.traffic.peak_profile)."""
+    return traffic_peak_profile(*inter_region_wire_on_timeline(records, step_seconds), windows_s)

@@ -81,7 +81,7 @@ def train(cfg: dict[str, Any], replica: int, out: Path) -> None:
                     use_bucketization=True):
             clock.restart(0.0)
             for step in range(cfg["steps"]):
-                start_s, sent, mark = clock.now(), emulated.bytes_sent(region_of), emulated.transfer_mark()
+                start_s, mark = clock.now(), emulated.transfer_mark()
                 began = time.perf_counter()
                 x, y = data.batch(cfg["data_seed"], step, replica, replicas, cfg["per_replica"], cfg["seq_len"])
                 for group in inner.param_groups:
@@ -89,11 +89,10 @@ def train(cfg: dict[str, Any], replica: int, out: Path) -> None:
                 inner.zero_grad(set_to_none=True)
                 lm_loss(model(x), y).backward()
                 inner.step()
+                end_s, wire = clock.now(), inter_region_wire(emulated.transfers_since(mark), region_of)
                 records.append({"step": step, "rank": replica, "compute_s": inner_done[0] - began,
-                                "emulated": {"start_s": start_s, "end_s": clock.now(),
-                                             "inter_region_bytes": emulated.bytes_sent(region_of) - sent,
-                                             "inter_region_wire": inter_region_wire(emulated.transfers_since(mark),
-                                                                                    region_of)}})
+                                "emulated": {"start_s": start_s, "end_s": end_s, "inter_region_wire": wire,
+                                             "inter_region_bytes": float(sum(nbytes for _, _, nbytes in wire))}})
                 if replica == 0 and step + 1 in cfg["eval_steps"]:
                     torch.save(model.state_dict(), out / f"step-{step + 1}.pt")
         (out / f"records-{replica}.json").write_text(json.dumps(

@@ -15,6 +15,7 @@ any length has an end at a message's start or end: `peak_gbps` searches those.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
 import numpy as np
 
 PEAK_WINDOWS_S: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)
@@ -59,4 +60,3 @@ def peak_profile(wire: np.ndarray, bounds: tuple[float, float] | None = None,
     """{window (s): peak_gbps at that window} of the messages `wire` (carried_bytes)."""
     knots, carried = carried_bytes(wire, bounds)
     return {float(w): peak_gbps(knots, carried, w) for w in windows_s}
-

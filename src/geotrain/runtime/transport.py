@@ -110,9 +110,9 @@ class Transport:
         state = emulation.state()
         with state.lock:
             end_s, sent = state.clock.now(), state.transfers[mark[1]:]
+        wire = inter_region_wire(sent, region_of)
         return {"start_s": mark[0], "end_s": end_s, "bytes": float(sum(t.nbytes for t in sent)),
-                "inter_region_bytes": float(sum(t.nbytes for t in sent if region_of[t.src_device] != region_of[t.dst_device])),
-                "inter_region_wire": inter_region_wire(sent, region_of)}
+                "inter_region_bytes": float(sum(nbytes for _, _, nbytes in wire)), "inter_region_wire": wire}
 
     def p2p_since(self, emulation: Emulation | None, mark: StepMark | None) -> list[TransferRecord]:
         """The point-to-point messages this rank sent since `mark` (the emulator's stamps; none without
