@@ -4,7 +4,8 @@ Run it under torchrun (real gloo) or under `geotrain emulate` (the same script o
     torchrun --standalone --nproc-per-node 2 examples/diloco_train.py --steps 12
     geotrain emulate --cluster seed-geo --devices 0,8 -- examples/diloco_train.py --steps 12
 The loop is the ordinary one (zero_grad, backward, step); DiLoCo syncs fragments of the model every
---sync-every steps from the inner optimizer's step hook and, on leaving the `with` block, syncs every
+--sync-every steps (cut between tensors, or at equal bytes with --fragment-split bytes) from the inner
+optimizer's step hook and, on leaving the `with` block, syncs every
 fragment (--sync-moments: each sync also averages AdamW's moments). Rank 0 prints the loss averaged over ranks per step; every rank prints its final
 parameters' float64 sum and the bytes it sent (equal on every rank when the replicas agree).
 """
@@ -25,6 +26,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--sync-every", type=int, default=4)
     parser.add_argument("--fragments", type=int, default=2)
+    parser.add_argument("--fragment-split", choices=("layers", "bytes"), default="layers",
+                        help="cut the fragments between tensors, or at equal bytes (splitting tensors)")
     parser.add_argument("--delay", type=int, default=1)
     parser.add_argument("--mix", type=float, default=0.5)
     parser.add_argument("--codec", default="int4-block")
@@ -44,7 +47,8 @@ def main() -> None:
     data = torch.Generator().manual_seed(1000 + rank)
     with DiLoCo(model, inner, sync_every=args.sync_every, fragments=args.fragments, delay=args.delay, mix=args.mix,
                 codec=args.codec, outer_lr=args.outer_lr, outer_momentum=args.outer_momentum,
-                sync_moments=args.sync_moments, moment_syncs=args.moment_syncs) as diloco:
+                sync_moments=args.sync_moments, moment_syncs=args.moment_syncs,
+                fragment_split=args.fragment_split) as diloco:
         for step in range(args.steps):
             x = torch.randn(args.batch, 64, generator=data)
             loss = nn.functional.mse_loss(model(x), x[:, :1] * 0.5 - x[:, 1:2])

@@ -49,7 +49,8 @@ from geotrain.sync.streaming import StreamingOuterSync
 
 class DiLoCo:
     """Streaming DiLoCo around a user's loop (module doc). Outer settings: `sync_every` H inner steps per
-    outer period, `fragments` P (1..H), `delay` tau (0..H-1 steps a sync lands late), `mix` alpha in
+    outer period, `fragments` P (1..H), `fragment_split` where they are cut ("layers": between tensors; "bytes":
+    at equal bytes, splitting tensors; geotrain.sync.streaming), `delay` tau (0..H-1 steps a sync lands late), `mix` alpha in
     [0, 1], `landing` "mix" (with `mix`) or "eager" (the replica's own outer gradient applied at once as the
     mean's proxy, the correction when the mean lands; geotrain.sync.streaming), `warmup` (syncs started before
     this inner step block), `codec` a codec spec of the outer gradients, `error_feedback` on by default; `gather_links`:
@@ -65,7 +66,7 @@ class DiLoCo:
                  error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
                  gather_links: GatherLinks | None = None, sync_moments: bool = False,
-                 moment_syncs: int | None = None) -> None:
+                 moment_syncs: int | None = None, fragment_split: str = "layers") -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -91,7 +92,8 @@ class DiLoCo:
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
         self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                        mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
-                                       warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs)
+                                       warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs,
+                                       fragment_split=fragment_split)
         self.timer = ComputeTimer()
         self.inner_steps = 0
         self.bytes_sent = 0

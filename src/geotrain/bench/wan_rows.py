@@ -121,6 +121,10 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     # model in every sync; their peak rates compared (docs/wan.md, "Peak bandwidth: when streaming cuts it")
     WanRow("planned + local SGD H=5 P=1 tau=0 int4-block+EF outer (blocking: the streaming row's reference)",
            dp_codec="int4-block", options=LOCAL_SGD_5),
+    # row 14 with its fragments cut at equal bytes (geotrain.sync.streaming): the 3 tensors the cuts fall in are
+    # split by rows, so each sync carries 1/P of the model (whole tensors allow no less than 26.45% here)
+    WanRow("planned + local SGD H=5 P=4 tau=0 int4-block+EF outer, fragments cut at equal bytes (streaming)",
+           dp_codec="int4-block", options=(*LOCAL_SGD_5, ("fragments", 4), ("fragment_split", "bytes"))),
     WanRow("DDP limit (naive, fp32, zero-cost links)", placement="naive", free_links=True),
 )
 LIMIT_ROW = len(DEFAULT_ROWS) - 1

@@ -141,8 +141,10 @@ class WanRecipe:
             raise WanRecipeError(f"{source}: wan_recipe.{missing.args[0]} is missing") from None
 
     def runtime_settings(self) -> dict[str, dict[str, Any]]:
-        """RuntimeConfig sections (optim, comm) that run this recipe."""
-        return {"optim": {"sync_every": self.sync_every, "fragments": self.fragments, "sync_delay": self.delay,
+        """RuntimeConfig sections (optim, comm) that run this recipe. With P > 1 the fragments are cut at equal
+        bytes (geotrain.sync.streaming), as the cost model prices them: 1/P of the model each."""
+        return {"optim": {"sync_every": self.sync_every, "fragments": self.fragments,
+                          **({"fragment_split": "bytes"} if self.fragments > 1 else {}), "sync_delay": self.delay,
                           "sync_mix": self.mix, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                           **({"sync_landing": self.landing, "sync_warmup": self.warmup}
                              if self.landing != "mix" else {}),

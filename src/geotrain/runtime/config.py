@@ -144,7 +144,8 @@ class RuntimeConfig:
                            total_steps=self.run.steps, error_feedback=comm.error_feedback,
                            onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
                            sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
-                           hierarchical=comm.dp_hierarchical, fragments=optim.fragments, delay=optim.sync_delay,
+                           hierarchical=comm.dp_hierarchical, fragments=optim.fragments,
+                           fragment_split=optim.fragment_split, delay=optim.sync_delay,
                            mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup,
                            sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs)
 

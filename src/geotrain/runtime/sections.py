@@ -26,6 +26,7 @@ from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.runtime.elastic.chaos import ChaosSpecError, parse_chaos
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
+from geotrain.sync.streaming import FRAGMENT_SPLITS
 
 
 class RuntimeConfigError(GeotrainError, ValueError):
@@ -440,6 +441,11 @@ class OptimSection(Section):
     fragments: int = setting(1, "--sync-every: Streaming DiLoCo: cut the model into P fragments (contiguous layers, "
                                 "balanced by bytes), fragment p synced every H steps at offset p*H/P, so the WAN "
                                 "carries 1/P of the model at a time (1..H)", metavar="P")
+    fragment_split: str = setting("layers", "--fragments: where the fragments are cut: layers (between tensors; a "
+                                            "fragment holds at least its largest tensor) or bytes (at equal bytes, "
+                                            "splitting the tensors the cuts fall in: each fragment 1/P of the model, "
+                                            "so a dominant embedding or weight no longer sets the peak)",
+                                  choices=FRAGMENT_SPLITS)
     sync_delay: int = setting(0, "steps an exchange travels while compute goes on (0: blocking). Without "
                                  "--sync-every: every step's gradients are applied TAU steps after they were "
                                  "computed (delayed gradients: the exchange overlaps the next TAU steps, replicas stay "
@@ -478,12 +484,13 @@ class OptimSection(Section):
         self._integer("onebit_warmup_steps", 1)
         self._number("clip_grad_norm", zero_ok=False, optional=True)
         self._integer("fragments", 1)
+        self._choice("fragment_split", FRAGMENT_SPLITS)
         self._integer("sync_delay", 0)
         self._number("sync_mix", zero_ok=True)
         if self.sync_mix > 1:
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
-            for key in ("fragments", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):  # sync_delay: delayed gradients
+            for key in ("fragments", "fragment_split", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):  # sync_delay: delayed gradients
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return

@@ -72,7 +72,7 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                   options.sync_every, options.fragments, options.delay, options.mix,
                                   options.outer_lr, options.outer_momentum, options.total_steps,
                                   _region_exchange(named_params, transport, group, rank), options.landing,
-                                  options.warmup, options.sync_moments, options.moment_syncs)
+                                  options.warmup, options.sync_moments, options.moment_syncs, options.fragment_split)
     outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
     return OuterSync(params, adamw, outer, exchange, options.total_steps,
                      _region_exchange(named_params, transport, group, rank))

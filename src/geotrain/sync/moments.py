@@ -77,17 +77,26 @@ class MomentSync:
     `first` and `second`: fp32 shadow parameters whose gradients carry this replica's first-moment delta
     and second moment into the exchange, and the means out of it."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, named_params: Sequence[tuple[str, torch.nn.Parameter]]) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, named_params: Sequence[tuple[str, torch.nn.Parameter]],
+                 slices: Sequence[slice | None] | None = None) -> None:
+        """`slices`: per parameter, the rows (first-dimension indices) this sync covers (a fragment cut inside the
+        tensor, geotrain.sync.streaming) or None for all of it (default: None for each)."""
         self.optimizer = optimizer
         self.params = [p for _, p in named_params]
         self.names = [name for name, _ in named_params]
+        self.slices = [None] * len(self.params) if slices is None else list(slices)
+        if len(self.slices) != len(self.params):
+            raise SyncError(f"MomentSync: {len(self.slices)} slices for {len(self.params)} parameters")
+        shapes = [p.shape if s is None else torch.Size([len(range(p.shape[0])[s]), *p.shape[1:]])
+                  for p, s in zip(self.params, self.slices, strict=True)]
 
         def shadows() -> list[torch.nn.Parameter]:
-            return [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32, device=p.device), requires_grad=False)
-                    for p in self.params]
+            return [torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32, device=p.device), requires_grad=False)
+                    for p, shape in zip(self.params, shapes, strict=True)]
 
         self.first, self.second = shadows(), shadows()
-        self.anchor = [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in self.params]
+        self.anchor = [torch.zeros(shape, dtype=torch.float32, device=p.device)
+                       for p, shape in zip(self.params, shapes, strict=True)]
         self._sent: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def named_first(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -96,21 +105,23 @@ class MomentSync:
     def named_second(self) -> list[tuple[str, torch.nn.Parameter]]:
         return [(f"{name}.exp_avg_sq", s) for name, s in zip(self.names, self.second, strict=True)]
 
-    def _state(self, p: torch.nn.Parameter) -> tuple[torch.Tensor, torch.Tensor]:
-        state = self.optimizer.state.get(p, {})
+    def _state(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Parameter i's moments (its slice's values, a view, when it has one)."""
+        state = self.optimizer.state.get(self.params[i], {})
         if "exp_avg" not in state or "exp_avg_sq" not in state:
-            name = self.names[next(i for i, q in enumerate(self.params) if q is p)]
-            raise SyncError(f"sync_moments: parameter {name!r} has no AdamW moments at this outer sync (the inner "
-                            f"optimizer has not stepped it: no gradient reached it yet); every synced parameter "
+            raise SyncError(f"sync_moments: parameter {self.names[i]!r} has no AdamW moments at this outer sync (the "
+                            f"inner optimizer has not stepped it: no gradient reached it yet); every synced parameter "
                             f"needs one, so freeze parameters that train on no data (requires_grad=False)")
-        return state["exp_avg"], state["exp_avg_sq"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        part = self.slices[i]
+        return (m, v) if part is None else (m[part], v[part])
 
     def load(self, keep_sent: bool) -> None:
         """Write this replica's first-moment deltas and second moments into the shadows' gradients;
         `keep_sent`: remember them for an eager landing."""
         sent = []
-        for p, first, second, anchor in zip(self.params, self.first, self.second, self.anchor, strict=True):
-            m, v = self._state(p)
+        for i, (first, second, anchor) in enumerate(zip(self.first, self.second, self.anchor, strict=True)):
+            m, v = self._state(i)
             first.grad = m.detach().float() - anchor
             second.grad = v.detach().float().clone()
             if keep_sent:
@@ -120,8 +131,8 @@ class MomentSync:
     def land(self, mix: float = 0.0) -> None:
         """The means landed in the shadows' gradients: the anchor moves to the first moment's mean, and the
         moments become mix x local + (1 - mix) x mean (blocking: mix 0, the means)."""
-        for p, (m_mean, v_mean) in zip(self.params, self._means(), strict=True):
-            m, v = self._state(p)
+        for i, (m_mean, v_mean) in enumerate(self._means()):
+            m, v = self._state(i)
             with torch.no_grad():
                 m.copy_(torch.lerp(m_mean, m.float(), mix).to(m.dtype))
                 v.copy_(torch.lerp(v_mean, v.float(), mix).clamp_min(0).to(v.dtype))
@@ -130,8 +141,8 @@ class MomentSync:
         """Eager landing: each moment moves by (mean - what this replica sent at the start)."""
         if self._sent is None:
             raise SyncError("MomentSync.land_eager without a load(keep_sent=True)")
-        for p, (m_mean, v_mean), (m_sent, v_sent) in zip(self.params, self._means(), self._sent, strict=True):
-            m, v = self._state(p)
+        for i, ((m_mean, v_mean), (m_sent, v_sent)) in enumerate(zip(self._means(), self._sent, strict=True)):
+            m, v = self._state(i)
             with torch.no_grad():
                 m.add_((m_mean - m_sent).to(m.dtype))
                 v.add_((v_mean - v_sent).to(v.dtype)).clamp_(min=0)

@@ -14,6 +14,7 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.sync.base import SyncError
+from geotrain.sync.streaming import FRAGMENT_SPLITS
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class SyncOptions:
     hierarchical: full precision inside regions, the codec between them (geotrain.comm.hierarchical).
     fragments, delay, mix: Streaming DiLoCo (sync_every; geotrain.sync.streaming): P fragments
         synced at staggered offsets, each landing `delay` steps after it starts, mixed in with `mix`.
+    fragment_split: how the fragments are cut (geotrain.sync.streaming.FRAGMENT_SPLITS): "layers" between
+        tensors, "bytes" at equal bytes (splitting the tensors the cuts fall in).
     landing: how a late sync lands (geotrain.optim.outer.LANDINGS): "mix" (with `mix`) or "eager" (the local
         outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
     warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
@@ -55,6 +58,7 @@ class SyncOptions:
     outer_momentum: float = DILOCO_MOMENTUM
     hierarchical: bool = False
     fragments: int = 1
+    fragment_split: str = "layers"
     delay: int = 0
     mix: float = 0.0
     landing: str = "mix"
@@ -95,11 +99,12 @@ class SyncOptions:
         if self.hierarchical and not reducer_traits(self.codec).hierarchical:
             raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
                             f"its own exchange", ("hierarchical", "codec"))
-        streaming = (self.fragments, self.mix, self.landing, self.warmup)
-        if self.sync_every is None and streaming != (1, 0.0, "mix", 0):
-            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, mix {self.mix!r}, landing {self.landing!r} "
-                            f"and warmup {self.warmup!r} are Streaming DiLoCo's: they need sync_every",
-                            ("fragments", "mix", "landing", "warmup", "sync_every"))
+        streaming = (self.fragments, self.fragment_split, self.mix, self.landing, self.warmup)
+        if self.sync_every is None and streaming != (1, "layers", 0.0, "mix", 0):
+            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, fragment_split {self.fragment_split!r}, mix "
+                            f"{self.mix!r}, landing {self.landing!r} and warmup {self.warmup!r} are Streaming "
+                            f"DiLoCo's: they need sync_every",
+                            ("fragments", "fragment_split", "mix", "landing", "warmup", "sync_every"))
         if self.moment_syncs is not None:
             if isinstance(self.moment_syncs, bool) or not isinstance(self.moment_syncs, int) or self.moment_syncs < 1:
                 raise SyncError(f"SyncOptions.moment_syncs must be an integer >= 1 (None: every outer sync), got "
@@ -143,6 +148,9 @@ class SyncOptions:
             raise SyncError(f"SyncOptions.mix must be a number in [0, 1], got {self.mix!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise SyncError(f"SyncOptions.warmup must be an integer >= 0, got {self.warmup!r}")
+        if self.fragment_split not in FRAGMENT_SPLITS:
+            raise SyncError(f"SyncOptions.fragment_split must be one of {', '.join(FRAGMENT_SPLITS)}, got "
+                            f"{self.fragment_split!r}")
         if self.landing not in LANDINGS:
             raise SyncError(f"SyncOptions.landing must be one of {', '.join(LANDINGS)}, got {self.landing!r}")
         if self.landing == "eager" and self.mix != 0:

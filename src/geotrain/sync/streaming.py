@@ -2,7 +2,13 @@
 time, its exchange overlapped with the next inner steps.
 
 Fragments: the parameters, in their order (layer order), cut into P contiguous fragments of about
-equal bytes (`split_fragments`). Fragment p has its own anchor and outer optimizer (an OuterStep) and
+equal bytes. `split="layers"` (the default, `split_fragments`) cuts between tensors only, so a fragment is
+never smaller than the largest tensor it holds: a model whose embedding is 26% of it sends 26% at once
+with P = 4, one whose first weight is 88% of it sends 88%. `split="bytes"` (`split_fragments_by_bytes`)
+cuts the parameters' rows (first dimension) at the row boundary nearest k x total / P bytes, splitting
+the tensors the cuts fall in: every fragment is 1/P of the model to within a row of each of its two cuts
+(an embedding's row is one token's vector), and a split tensor's pieces are views of its rows (a matrix
+stays a matrix for per-tensor codecs) that sync, land and carry their moments like whole tensors. Fragment p has its own anchor and outer optimizer (an OuterStep) and
 its own exchange, and starts a sync after 0-based step s when (s + 1 - p * H // P) % H == 0: every H
 steps, fragment p at offset p * H // P, so at any sync the WAN carries about 1/P of the model.
 
@@ -48,7 +54,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -57,6 +63,9 @@ from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
 from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer
 from geotrain.sync.outer import OuterSync
+
+FRAGMENT_SPLITS = ("layers", "bytes")
+"""How the parameters are cut into fragments (module doc): between tensors only, or at equal bytes."""
 
 
 def split_fragments(nbytes: Sequence[int], fragments: int) -> list[range]:
@@ -78,6 +87,71 @@ def split_fragments(nbytes: Sequence[int], fragments: int) -> list[range]:
     return [range(a, b) for a, b in zip(cuts, cuts[1:])]
 
 
+@dataclass(frozen=True)
+class Piece:
+    """Rows start..stop (indices of the first dimension) of parameter `index`; `whole`: all of its rows."""
+
+    index: int
+    start: int
+    stop: int
+    whole: bool
+
+
+def split_fragments_by_bytes(rows: Sequence[int], row_bytes: Sequence[int], fragments: int) -> list[list[Piece]]:
+    """`fragments` contiguous, non-empty runs of the parameters' rows (`rows` rows of `row_bytes` bytes per
+    parameter, in order), each cut at the row boundary nearest k x total bytes / fragments; as Pieces."""
+    n_rows = sum(rows)
+    if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= n_rows:
+        raise SyncError(f"fragments must be an integer in 1..{n_rows} (the parameters' rows), got {fragments!r}")
+    row_start = list(itertools.accumulate(rows, initial=0))
+    byte_start = list(itertools.accumulate((n * b for n, b in zip(rows, row_bytes, strict=True)), initial=0))
+    cuts = [0]
+    for k in range(1, fragments):
+        target = k * byte_start[-1] / fragments
+        i = min(bisect.bisect_right(byte_start, target) - 1, len(rows) - 1)
+        into = round((target - byte_start[i]) / row_bytes[i])  # the nearest row boundary in tensor i
+        cuts.append(min(max(row_start[i] + min(into, rows[i]), cuts[-1] + 1), n_rows - (fragments - k)))
+    cuts.append(n_rows)
+    pieces: list[list[Piece]] = []
+    for a, b in zip(cuts, cuts[1:]):
+        fragment = []
+        for i in range(bisect.bisect_right(row_start, a) - 1, len(rows)):
+            if row_start[i] >= b:
+                break
+            start, stop = max(a, row_start[i]) - row_start[i], min(b, row_start[i + 1]) - row_start[i]
+            if stop > start:
+                fragment.append(Piece(i, start, stop, (start, stop) == (0, rows[i])))
+        pieces.append(fragment)
+    return pieces
+
+
+def tensor_rows(tensor: torch.Tensor) -> int:
+    """How many pieces `split="bytes"` may cut a tensor into: its first dimension's length (a scalar: 1)."""
+    return tensor.shape[0] if tensor.dim() else 1
+
+
+def fragment_pieces(params: Sequence[torch.Tensor], fragments: int, split: str = "layers") -> list[list[Piece]]:
+    """The pieces of each of `fragments` fragments of `params` cut by `split` (FRAGMENT_SPLITS, module doc)."""
+    if split == "layers":
+        ranges = split_fragments([p.numel() * p.element_size() for p in params], fragments)
+        return [[Piece(i, 0, tensor_rows(params[i]), True) for i in r] for r in ranges]
+    if split == "bytes":
+        rows = [tensor_rows(p) for p in params]
+        return split_fragments_by_bytes(rows, [p.numel() * p.element_size() // max(n, 1) for p, n in zip(params, rows)],
+                                        fragments)
+    raise SyncError(f"fragment split must be one of {', '.join(FRAGMENT_SPLITS)}, got {split!r}")
+
+
+def piece_view(param: torch.Tensor, piece: Piece) -> torch.Tensor:
+    """The tensor a piece syncs: the parameter itself when whole, else a view of its rows (writes to it write
+    the parameter)."""
+    return param if piece.whole else param.detach()[piece.start:piece.stop]
+
+
+def _piece_name(name: str, piece: Piece) -> str:
+    return name if piece.whole else f"{name}[{piece.start}:{piece.stop}]"
+
+
 def fragment_due(step: int, fragment: int, fragments: int, sync_every: int) -> bool:
     """True if fragment `fragment` of `fragments` starts a sync after 0-based `step` (module doc)."""
     return (step + 1 - fragment * sync_every // fragments) % sync_every == 0
@@ -92,15 +166,17 @@ def syncs_started(step: int, fragment: int, fragments: int, sync_every: int) -> 
 
 @dataclass
 class Fragment:
-    """One fragment: its parameters' indices, its anchor and outer optimizer, and the exchange that
-    averages `shadows`' gradients (fp32 stand-ins of its parameters: the inner loop keeps the real
-    gradients while an exchange is in flight)."""
+    """One fragment: its pieces of the parameters, its anchor and outer optimizer (over the pieces' tensors,
+    `piece_view`), and the exchange that averages `shadows`' gradients (fp32 stand-ins of its pieces: the inner
+    loop keeps the real gradients while an exchange is in flight). `storage`: the data pointer of each split
+    parameter when its views were taken."""
 
-    indices: range
+    pieces: list[Piece]
     outer: OuterStep
     shadows: list[torch.nn.Parameter]
     exchange: DPExchange
     moments: MomentSync | None = None
+    storage: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -130,7 +206,7 @@ class StreamingOuterSync(OuterSync):
                  mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  total_steps: int | None = None, inner_exchange: DPExchange | None = None,
                  landing: str = "mix", warmup: int = 0, sync_moments: bool = False,
-                 moment_syncs: int | None = None) -> None:
+                 moment_syncs: int | None = None, fragment_split: str = "layers") -> None:
         named_params = list(named_params)
         if sync_moments:
             check_moment_optimizer(optimizer, "StreamingOuterSync")
@@ -160,19 +236,24 @@ class StreamingOuterSync(OuterSync):
         self.sync_every, self.delay, self.mix, self.landing = sync_every, delay, float(mix), landing
         self.warmup = warmup
         self.moment_syncs = moment_syncs
-        sizes = [p.numel() * p.element_size() for p in self.params]
         self.fragments: list[Fragment] = []
-        for indices in split_fragments(sizes, fragments):
-            named = [named_params[i] for i in indices]
-            shadows = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+        for pieces in fragment_pieces(self.params, fragments, fragment_split):
+            named = [(_piece_name(named_params[piece.index][0], piece), piece_view(self.params[piece.index], piece))
+                     for piece in pieces]
+            shadows = [torch.nn.Parameter(torch.zeros(t.shape, dtype=torch.float32, device=t.device),
                                           requires_grad=False)
-                       for _, p in named]
-            outer = OuterStep([p for _, p in named], sync_every, outer_lr, outer_momentum)
-            moments = MomentSync(optimizer, named) if sync_moments else None
+                       for _, t in named]
+            outer = OuterStep([t for _, t in named], sync_every, outer_lr, outer_momentum)
+            moments = None
+            if sync_moments:
+                owners = [(name, self.params[piece.index]) for (name, _), piece in zip(named, pieces, strict=True)]
+                moments = MomentSync(optimizer, owners, [None if piece.whole else slice(piece.start, piece.stop)
+                                                         for piece in pieces])
             outer_named = [(name, s) for (name, _), s in zip(named, shadows, strict=True)]
             exchange = (make_exchange(outer_named) if moments is None
                         else make_exchange(outer_named, (moments.named_first(), moments.named_second())))
-            self.fragments.append(Fragment(indices, outer, shadows, exchange, moments))
+            storage = {piece.index: self.params[piece.index].data_ptr() for piece in pieces if not piece.whole}
+            self.fragments.append(Fragment(pieces, outer, shadows, exchange, moments, storage))
         self._in_flight: list[_InFlight] = []
 
     def after_inner_step(self, step: int, timer: StepTimer) -> int:
@@ -210,6 +291,7 @@ class StreamingOuterSync(OuterSync):
 
     def _start(self, p: int, step: int, timer: StepTimer, blocking: bool = False) -> int:
         fragment = self.fragments[p]
+        self._check_storage(fragment)
         blocking = blocking or step < self.warmup
         moments = self.moments_travel(p, step)
         parts = {} if fragment.moments is None else {"parts": PARTS_WITH_MOMENTS if moments else 1}
@@ -245,6 +327,14 @@ class StreamingOuterSync(OuterSync):
                         fragment.moments.land_eager()  # type: ignore[union-attr]
             self._in_flight.remove(flight)
         return dp_bytes
+
+    def _check_storage(self, fragment: Fragment) -> None:
+        """A split parameter's views must still be its memory (`.data` replaced, e.g. by a `.to(device)`
+        after the sync was built, would leave them syncing a copy nobody trains)."""
+        for index, pointer in fragment.storage.items():
+            if self.params[index].data_ptr() != pointer:
+                raise SyncError(f"parameter {index} (split across fragments) moved to new memory after the outer "
+                                f"sync was built: build it (DiLoCo) after model.to(device), or cut by layers")
 
     @staticmethod
     def _apply(fragment: Fragment, timer: StepTimer, mix: float, moments: bool) -> None:

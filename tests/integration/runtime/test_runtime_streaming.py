@@ -55,7 +55,22 @@ def test_streaming_sends_one_fragment_per_sync_posted_when_it_lands_and_keeps_re
     assert max(report["bytes"]["dp_per_stage"]) == max(nbytes)
 
 
+def test_fragments_cut_at_equal_bytes_carry_equal_shares_and_keep_replicas_equal(files):
+    """--fragment-split bytes: the two fragments' syncs (steps 1 and 3; the last step syncs both) carry the same
+    bytes to within a row of each stage's cut; cut between tensors they differ by a tensor's worth."""
+    shares = {}
+    for split in ("layers", "bytes"):
+        report = _train(files, "--sync-every", "4", "--fragments", "2", "--fragment-split", split, steps=8)
+        nbytes = [row["dp_bytes"] for row in report["iterations"]]
+        assert [b > 0 for b in nbytes] == [False, True, False, True, False, True, False, True]
+        assert max(nbytes[1], nbytes[3]) < 0.6 * nbytes[7] and report["summary"]["replicas_in_sync"]
+        shares[split] = abs(nbytes[1] - nbytes[3]) / nbytes[7]  # (a step's dp_bytes: its busiest stage's)
+    assert shares["bytes"] < 0.005 < 0.02 < shares["layers"], shares
+
+
 @pytest.mark.parametrize(("options", "message"), [
+    ({"fragment_split": "bytes"}, "optim.fragment_split is Streaming DiLoCo's: it needs optim.sync_every"),
+    ({"sync_every": 4, "fragment_split": "rows"}, r"optim.fragment_split must be one of layers, bytes, got 'rows'"),
     ({"fragments": 2}, "optim.fragments is Streaming DiLoCo's: it needs optim.sync_every"),
     ({"sync_every": 4, "fragments": 5}, r"optim.fragments must be an integer in 1..4 \(optim.sync_every\), got 5"),
     ({"sync_every": 4, "sync_delay": 4}, r"optim.sync_delay must be an integer in 0..3"),

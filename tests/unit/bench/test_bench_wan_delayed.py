@@ -12,7 +12,7 @@ from geotrain.cost.wan_recipe import delayed_gradients_step_seconds, fragment_sy
 
 def test_the_delayed_row_sits_before_the_limit_row_which_stays_last():
     delayed = [i for i, row in enumerate(DEFAULT_ROWS) if row.delayed_gradients]
-    assert delayed == [19] and LIMIT_ROW == len(DEFAULT_ROWS) - 1 == 25
+    assert delayed == [19] and LIMIT_ROW == len(DEFAULT_ROWS) - 1 == 26
     row = DEFAULT_ROWS[19]
     assert (row.dp_codec, row.sync_every, row.sync_delay) == ("int8-block", 1, 1)
     # local SGD rows with a delay are Streaming DiLoCo, not delayed gradients

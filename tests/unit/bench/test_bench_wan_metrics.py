@@ -103,8 +103,11 @@ def test_the_limit_row_is_the_fp32_baseline_on_free_links():
     assert (limit.placement, limit.dp_codec, limit.pp_codec, limit.options) == \
         (baseline.placement, baseline.dp_codec, baseline.pp_codec, baseline.options)
     streaming = [row for row in DEFAULT_ROWS if dict(row.options).get("fragments", 1) > 1]
-    assert len(streaming) == 1 and streaming[0].dp_codec == "int4-block"
-    # its reference: the same row with one fragment (the peak rates docs/wan.md compares)
+    assert len(streaming) == 2 and {row.dp_codec for row in streaming} == {"int4-block"}
+    # fragments cut between tensors (the default) and at equal bytes, otherwise the same row
+    assert [dict(row.options).get("fragment_split", "layers") for row in streaming] == ["layers", "bytes"]
+    assert dict(streaming[0].options) == {k: v for k, v in streaming[1].options if k != "fragment_split"}
+    # their reference: the same row with one fragment (the peak rates docs/wan.md compares)
     reference = [row for row in DEFAULT_ROWS if "streaming row's reference" in row.label]
     assert len(reference) == 1 and reference[0].dp_codec == streaming[0].dp_codec
     assert dict(reference[0].options) == {k: v for k, v in streaming[0].options if k != "fragments"}

@@ -3,6 +3,8 @@ bench's wan-4x1 cluster, and the plan object `geotrain train --plan` runs."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -90,9 +92,11 @@ def test_recipe_round_trips_through_the_plan_and_names_a_missing_key():
     recipe = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60)
     assert WanRecipe.from_json(recipe.to_json()) == recipe
     settings = recipe.runtime_settings()
-    assert settings["optim"] == {"sync_every": 2, "fragments": 2, "sync_delay": 1, "sync_mix": 0.0,
+    assert settings["optim"] == {"sync_every": 2, "fragments": 2, "fragment_split": "bytes", "sync_delay": 1,
+                                 "sync_mix": 0.0,
                                  "outer_lr": 1.0, "outer_momentum": 0.0, "sync_landing": "eager", "sync_warmup": 4}
     assert settings["comm"] == {"dp_codec": "int4-block"}
+    assert "fragment_split" not in dataclasses.replace(recipe, fragments=1).runtime_settings()["optim"]
     doc = recipe.to_json()
     older = {k: v for k, v in doc.items() if k not in ("landing", "warmup")}  # a plan written before them
     assert (WanRecipe.from_json(older).landing, WanRecipe.from_json(older).warmup) == ("mix", 0)
