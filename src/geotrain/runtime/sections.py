@@ -490,7 +490,8 @@ class OptimSection(Section):
         if self.sync_mix > 1:
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
-            for key in ("fragments", "fragment_split", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):  # sync_delay: delayed gradients
+            # (sync_delay without sync_every: delayed gradients)
+            for key in ("fragments", "fragment_split", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return
