@@ -33,8 +33,8 @@ def _value_ranges(model: torch.nn.Module, diloco: DiLoCo) -> list[list[tuple[int
     for p in params:
         offsets.append(offsets[-1] + p.numel())
     row = [p.numel() // p.shape[0] for p in params]
-    return [[(offsets[p.index] + p.start * row[p.index], offsets[p.index] + p.stop * row[p.index]) for p in fragment.pieces]
-            for fragment in diloco.sync.fragments]
+    return [[(offsets[p.index] + p.start * row[p.index], offsets[p.index] + p.stop * row[p.index])
+             for p in fragment.pieces] for fragment in diloco.sync.fragments]
 
 
 def _loop(rank: int, world: int, codec: str, sync_moments: bool) -> dict:
