@@ -47,6 +47,7 @@ from geotrain.bench.wan_metrics import (compute_fraction, emulated_step_seconds,
                                         zero_cost_links)
 from geotrain.bench.wan_rows import (BENCH_CLUSTERS, DEFAULT_ROWS, LIMIT_ROW, LOCAL_SGD_5, WAN_CLUSTER, RowResult,
                                      WanBenchConfig, WanBenchError, WanRow, bench_cluster)
+from geotrain.emulate.traffic import profile_json
 from geotrain.job import Job
 
 __all__ = ["BENCH_CLUSTERS", "DEFAULT_ROWS", "LIMIT_ROW", "LOCAL_SGD_5", "WAN_CLUSTER", "PlannedLayout", "RowResult",
@@ -78,7 +79,7 @@ class WanBench:
                          "options": dict(r.row.options), "free_links": r.row.free_links, "engine": r.row.engine,
                          "limit_fraction": limit_fraction(r.time_to_target_s, limit),
                          "compute_fraction": r.compute_fraction, "peak_inter_region_gbps": r.peak_inter_region_gbps,
-                         "peak_inter_region_gbps_by_window": {f"{w:g}": gbps for w, gbps in r.peak_profile.items()},
+                         "peak_inter_region_gbps_by_window": profile_json(r.peak_profile),
                          "predicted_step_s": r.predicted_step_s, "recipe": r.recipe,
                          "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
         config = {k: v for k, v in asdict(self.config).items() if k != "rows"}

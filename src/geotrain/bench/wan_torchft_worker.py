@@ -30,7 +30,7 @@ from geotrain.cluster import cluster_from_dict
 from geotrain.emulate.clock import RankClock
 from geotrain.emulate.install import COMPUTE_CLOCKS
 from geotrain.emulate.network import EmulatedNetwork
-from geotrain.emulate.schedule import inter_region_wire
+from geotrain.emulate.schedule import inter_region_traffic
 from geotrain.emulate.torchft_groups import TorchftGroups
 from geotrain.models import MODEL_PRESETS, even_boundaries, lm_loss, lr_at
 from geotrain.procs import die_with_parent
@@ -89,10 +89,9 @@ def train(cfg: dict[str, Any], replica: int, out: Path) -> None:
                 inner.zero_grad(set_to_none=True)
                 lm_loss(model(x), y).backward()
                 inner.step()
-                end_s, wire = clock.now(), inter_region_wire(emulated.transfers_since(mark), region_of)
                 records.append({"step": step, "rank": replica, "compute_s": inner_done[0] - began,
-                                "emulated": {"start_s": start_s, "end_s": end_s, "inter_region_wire": wire,
-                                             "inter_region_bytes": float(sum(nbytes for _, _, nbytes in wire))}})
+                                "emulated": {"start_s": start_s, "end_s": clock.now(),
+                                             **inter_region_traffic(emulated.transfers_since(mark), region_of)}})
                 if replica == 0 and step + 1 in cfg["eval_steps"]:
                     torch.save(model.state_dict(), out / f"step-{step + 1}.pt")
         (out / f"records-{replica}.json").write_text(json.dumps(

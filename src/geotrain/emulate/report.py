@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster import Cluster
-from geotrain.emulate.traffic import peak_profile
+from geotrain.emulate.traffic import peak_profile, profile_json
 
 
 def merge_report(parts_dir: Path, cluster: Cluster, devices: Sequence[int], time_scale: float) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def merge_report(parts_dir: Path, cluster: Cluster, devices: Sequence[int], time
         "summary": {"transfers": len(transfers), "bytes": sum(t["nbytes"] for t in transfers),
                     "inter_region_bytes": inter,
                     "emulated_end_s": max((part["clock_s"] for part in parts), default=0.0),
-                    "peak_inter_region_gbps_by_window": {f"{w:g}": gbps for w, gbps in peaks.items()}},
+                    "peak_inter_region_gbps_by_window": profile_json(peaks)},
     }
 
 

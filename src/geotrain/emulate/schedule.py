@@ -56,6 +56,13 @@ def inter_region_wire(transfers: Sequence[Transfer], region_of: Sequence[int]) -
     return [[start, end, nbytes] for (start, end), nbytes in merged.items()]
 
 
+def inter_region_traffic(transfers: Sequence[Transfer], region_of: Sequence[int]) -> dict[str, Any]:
+    """A step record's traffic between regions: "inter_region_wire" (inter_region_wire) and
+    "inter_region_bytes", their bytes."""
+    wire = inter_region_wire(transfers, region_of)
+    return {"inter_region_wire": wire, "inter_region_bytes": float(sum(nbytes for _, _, nbytes in wire))}
+
+
 # One message of a round: (sender index, receiver index, bytes), indices into the group's member list.
 Message = tuple[int, int, float]
 

@@ -9,7 +9,7 @@ any length has an end at a message's start or end: `peak_gbps` searches those.
 - `carried_bytes(wire)`: (knots, bytes carried by each knot) from rows [start_s, end_s, bytes].
 - `peak_gbps(knots, carried, window_s)`: the highest mean rate (Gbit/s) over any window of `window_s`.
 - `peak_profile(wire)`: {window: peak} for PEAK_WINDOWS_S. A window shorter than one burst reads the
-  links' own rate; one spanning several bursts, their mean rate.
+  links' own rate; one spanning several bursts, their mean rate. `profile_json`: as reports write it.
 """
 
 from __future__ import annotations
@@ -60,3 +60,8 @@ def peak_profile(wire: np.ndarray, bounds: tuple[float, float] | None = None,
     """{window (s): peak_gbps at that window} of the messages `wire` (carried_bytes)."""
     knots, carried = carried_bytes(wire, bounds)
     return {float(w): peak_gbps(knots, carried, w) for w in windows_s}
+
+
+def profile_json(profile: dict[float, float]) -> dict[str, float]:
+    """A peak profile keyed as the JSON reports key it: the window in seconds, "0.01" ... "1"."""
+    return {f"{w:g}": gbps for w, gbps in profile.items()}

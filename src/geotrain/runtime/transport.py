@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from geotrain.emulate import EmulatedProcessGroup, install
 from geotrain.emulate.install import Emulation
-from geotrain.emulate.schedule import inter_region_wire
+from geotrain.emulate.schedule import inter_region_traffic
 from geotrain.runtime.layout import Layout
 
 T = TypeVar("T")
@@ -103,16 +103,15 @@ class Transport:
                   region_of: Sequence[int]) -> dict[str, Any] | None:
         """Since `mark`: the emulated start/end seconds of this rank's clock (compute at real speed,
         links as emulated) and the payload bytes it sent, all and between devices of different regions
-        (`region_of[device]`), and when those left: `inter_region_wire` (schedule.inter_region_wire);
+        (`region_of[device]`), and when those left: `inter_region_wire` (schedule.inter_region_traffic);
         None without emulation."""
         if emulation is None or mark is None:
             return None
         state = emulation.state()
         with state.lock:
             end_s, sent = state.clock.now(), state.transfers[mark[1]:]
-        wire = inter_region_wire(sent, region_of)
         return {"start_s": mark[0], "end_s": end_s, "bytes": float(sum(t.nbytes for t in sent)),
-                "inter_region_bytes": float(sum(nbytes for _, _, nbytes in wire)), "inter_region_wire": wire}
+                **inter_region_traffic(sent, region_of)}
 
     def p2p_since(self, emulation: Emulation | None, mark: StepMark | None) -> list[TransferRecord]:
         """The point-to-point messages this rank sent since `mark` (the emulator's stamps; none without
