@@ -1,8 +1,19 @@
-"""Process-tree helpers for tests that check that nothing is left running (Linux /proc)."""
+"""Process-tree helpers for tests that check that nothing is left running (Linux /proc), and for tests
+that send signals to the processes they start."""
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+
+
+def default_signals() -> None:
+    """`preexec_fn` for a process a test will send Ctrl-C (SIGINT) or SIGQUIT: a shell starts a
+    background job (`make test &`, nohup, many CI runners) with both ignored, an ignored signal stays
+    ignored across fork and exec, and geotrain rightly keeps an inherited ignore. The test's own process
+    starts as a terminal's foreground job would."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def descendants(root: int) -> set[int]:

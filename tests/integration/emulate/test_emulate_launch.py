@@ -18,7 +18,7 @@ import pytest
 from geotrain.cli.main import main as cli_main
 from geotrain.cluster import cluster_from_dict
 from geotrain.emulate.launch import LaunchConfig, launch
-from proctree import alive
+from proctree import alive, default_signals
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
@@ -68,7 +68,7 @@ time.sleep(300)
 def _start(tmp_path: Path, script: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "geotrain", "emulate", "--cluster", "seed-geo", "--devices", "0,9",
                              "--time-scale", "0", *extra, "--", str(script), str(tmp_path)],
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals)
 
 
 def _rank_pids(tmp_path: Path, launcher: subprocess.Popen) -> list[int]:

@@ -15,6 +15,7 @@ import pytest
 from geotrain.cli.main import main as cli_main
 from geotrain.cluster import cluster_from_dict
 from geotrain.emulate.launch import LaunchConfig, launch
+from proctree import default_signals
 
 FOUR = cluster_from_dict({"name": "t4", "regions": [
     {"name": "a", "devices": 2, "intra": {"gbps": 10, "ms": 1}},
@@ -186,7 +187,7 @@ def _start_sleepers(tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
         time.sleep(600)
     """)
     launcher = subprocess.Popen([sys.executable, "-m", "geotrain", "emulate", "--cluster", "seed-geo",
-                                 "--devices", "0,9", "--", str(script), str(tmp_path)])
+                                 "--devices", "0,9", "--", str(script), str(tmp_path)], preexec_fn=default_signals)
     deadline = time.monotonic() + 60
     while not all((tmp_path / r).exists() for r in "01") and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -20,7 +20,7 @@ from geotrain.netlab import NetLab, run_script, sweep_stale_labs
 from geotrain.netlab.linkcheck import measure_messages_s, measure_stream
 from geotrain.netlab.names import NETNS_DIR
 from geotrain.netlab.processes import pids_in_namespace
-from proctree import cmdline, descendants
+from proctree import cmdline, default_signals, descendants
 from paths import ROOT
 
 pytestmark = [pytest.mark.serial, pytest.mark.skipif(
@@ -128,7 +128,7 @@ def start_owner(tmp_path: Path) -> tuple[subprocess.Popen, str, int]:
     script = tmp_path / "owner.py"
     script.write_text(OWNER.format(doc=CLUSTER_DOC))
     owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": SRC})
+                             preexec_fn=default_signals, env={**os.environ, "PYTHONPATH": SRC})
     line = owner.stdout.readline().split()
     assert len(line) == 2, "the owner did not build its lab"
     prefix, worker = line[0], int(line[1])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.procs import EXIT_PEER_LOST, Command, Supervisor, Target, torchrun_env
-from proctree import alive
+from proctree import alive, default_signals
 
 pytestmark = [pytest.mark.timeout(120),
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
@@ -238,7 +238,7 @@ def test_ctrl_c_while_spawned_ranks_import_reaches_only_the_launcher(tmp_path):
     script = tmp_path / "ctrl_c.py"
     script.write_text(CTRL_C_WHILE_RANKS_START)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                          start_new_session=True, env={**os.environ, "PYTHONPATH": SRC})
+                          start_new_session=True, preexec_fn=default_signals, env={**os.environ, "PYTHONPATH": SRC})
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert done.stdout.splitlines() == ["launcher interrupted", "after ctrl-c (None, None)",

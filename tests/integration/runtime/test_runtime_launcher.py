@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from proctree import cmdline, comm, descendants
+from proctree import cmdline, comm, default_signals, descendants
 from runtime_2x2 import CLUSTER_YAML, PLAN
 from paths import ROOT
 
@@ -26,7 +26,7 @@ def _signal_one_rank(args: list[str], pick, sig: int) -> tuple[int, str]:
     """Run `geotrain ARGS`; once `pick(launcher_pid)` names a rank, wait 3 s, send it `sig`; return
     the launcher's exit code and stderr."""
     launcher = subprocess.Popen([sys.executable, "-m", "geotrain", *args], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals,
                                 env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 180

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proctree import alive, cmdline, descendants
+from proctree import alive, cmdline, default_signals, descendants
 from paths import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
@@ -24,7 +24,7 @@ def test_ctrl_c_stops_demo_compress_with_a_pool_at_once():
     args = ["demo", "compress", "--steps", "3000", "--workers", "2", "--jobs", "2", "--layers", "1", "--d-model", "32",
             "--json"]
     launcher = subprocess.Popen([sys.executable, "-m", "geotrain", *args], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_signals,
                                 env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"})
     seen: set[int] = set()
     try:
