@@ -6,7 +6,10 @@
         torchinductor/                                      torch's compile cache (TORCHINDUCTOR_CACHE_DIR)
 
 The launcher removes it at exit (after multiprocessing's own clean-up, which needs it); a launcher
-that was SIGKILLed cannot, so every run first removes the run directories whose pid is dead.
+that was SIGKILLed cannot, so its guardian does, and every run first removes the run directories
+whose pid is dead. Where the run directory's path is too long for the fork server's socket,
+multiprocessing's pymp-* folder stays in the system temp dir: the run makes it at once and records
+its path in the run directory (PYMP_RECORD), and whoever removes the run directory removes it too.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ _FINALIZER_PRIORITY = -100
 # multiprocessing's fork-server socket is <temp>/pymp-XXXXXXXX/listener-XXXXXXXX and a Unix socket
 # path has at most 107 bytes: with a longer run directory, only the inductor cache moves into it.
 _MAX_TEMP_PATH = 107 - len("/pymp-XXXXXXXX/listener-XXXXXXXX") - 8
+# in a run directory: the path of the run's pymp-* folder where it lies outside the run directory
+PYMP_RECORD = "pymp-outside"
 
 
 def sweep_stale_run_dirs(root: Path) -> list[Path]:
@@ -41,13 +46,24 @@ def sweep_stale_run_dirs(root: Path) -> list[Path]:
     for entry in entries:
         pid = entry.name.split("-", 1)[0]
         if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-            shutil.rmtree(entry, ignore_errors=True)
+            for path in run_paths(entry):
+                shutil.rmtree(path, ignore_errors=True)
             removed.append(entry)
     return removed
 
 
+def run_paths(run_dir: Path) -> list[Path]:
+    """What removing `run_dir` means: the run directory and, where it lies outside, the pymp-* folder
+    recorded in it (the record is read first: it goes with the directory)."""
+    try:
+        recorded = Path((run_dir / PYMP_RECORD).read_text())
+    except OSError:
+        return [run_dir]
+    return [*([recorded] if recorded.name.startswith("pymp-") else []), run_dir]
+
+
 def _remove(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)  # an outside pymp-* is multiprocessing's to remove at exit
     try:
         path.parent.rmdir()  # the last run leaves the temp dir as it found it
     except OSError:
@@ -78,6 +94,8 @@ def run_directory(base: Path | None = None) -> Iterator[Path]:
     if len(str(path)) <= _MAX_TEMP_PATH:  # else the fork server's socket path would be too long
         os.environ["TMPDIR"] = str(path)
         tempfile.tempdir = str(path)
+    else:  # multiprocessing's folder, made now (it would be at the first pool), where a sweep finds it
+        (path / PYMP_RECORD).write_text(mp_util.get_temp_dir())
     try:
         yield path
     finally:

@@ -34,7 +34,7 @@ from typing import Any
 
 from geotrain.procs.guardian import Guardian
 from geotrain.procs.lifeline import die_with_parent, describe_exit, set_parent_death_signal
-from geotrain.procs.rundir import current_run_dir
+from geotrain.procs.rundir import current_run_dir, run_paths
 
 
 EXIT_PEER_LOST = 75
@@ -310,7 +310,7 @@ class Supervisor:
         self._started = time.monotonic()
         self._guardian = Guardian()
         run_dir = current_run_dir()  # the whole run directory, should this launcher be SIGKILLed
-        for path in [*self._cleanup_paths, *([run_dir] if run_dir is not None else [])]:
+        for path in [*self._cleanup_paths, *(run_paths(run_dir) if run_dir is not None else [])]:
             self._guardian.tell("path", str(path))
         try:
             for spec in self._specs:

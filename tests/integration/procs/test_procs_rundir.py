@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from geotrain.procs.rundir import RUNS_DIR, current_run_dir, run_directory, sweep_stale_run_dirs
+from geotrain.procs.rundir import PYMP_RECORD, RUNS_DIR, current_run_dir, run_directory, sweep_stale_run_dirs
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
@@ -110,3 +110,40 @@ def test_run_directory_redirects_temp_files_unless_the_socket_path_would_be_too_
     with run_directory(deep) as path:  # the fork server's socket would not fit under it
         assert tempfile.gettempdir() == before and current_run_dir() == path
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path / "torchinductor")
+
+
+def test_a_sigkilled_launcher_with_a_long_temp_path_leaves_no_pymp_folder(tmp_path, system_tmp):
+    """With a run directory too long for the fork server's socket, multiprocessing's pymp-* folder lies
+    beside geotrain-runs: the guardian removes it with the run directory, and so does the next sweep."""
+    deep = system_tmp / ("t" * 40)  # short enough for the socket, too long for a run directory under it
+    deep.mkdir()
+    launcher = _emulate(tmp_path, deep, 120.0)
+    deadline = time.monotonic() + 150
+    while not all((tmp_path / "marks" / r).exists() for r in "01"):
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+        time.sleep(0.1)
+    assert len([p for p in deep.iterdir() if p.name.startswith("pymp-")]) == 1
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    deadline = time.monotonic() + 15
+    while sorted(p.name for p in deep.iterdir()) != [RUNS_DIR] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sorted(p.name for p in deep.iterdir()) == [RUNS_DIR]
+    assert list((deep / RUNS_DIR).iterdir()) == []
+
+
+def test_the_sweep_removes_a_dead_runs_recorded_pymp_folder_and_nothing_else(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / "runs" / f"{dead.pid}-abcd"
+    stale.mkdir(parents=True)
+    pymp, other = tmp_path / "pymp-stale", tmp_path / "pymp-someone-elses"
+    pymp.mkdir(), other.mkdir()
+    (stale / PYMP_RECORD).write_text(str(pymp))
+    assert sweep_stale_run_dirs(tmp_path / "runs") == [stale]
+    assert not stale.exists() and not pymp.exists() and other.exists()
+    not_pymp = tmp_path / "runs" / f"{dead.pid}-efgh"
+    not_pymp.mkdir()
+    (not_pymp / PYMP_RECORD).write_text(str(tmp_path))  # a record naming anything but a pymp-* folder is ignored
+    sweep_stale_run_dirs(tmp_path / "runs")
+    assert tmp_path.exists() and other.exists() and not not_pymp.exists()
