@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from geotrain.bench.wan import WAN_CLUSTER
+from geotrain.bench.wan_rows import WAN_CLUSTER_NAME, bench_cluster
 from geotrain.errors import GeotrainError
 
 
@@ -68,7 +68,7 @@ class ChaosBenchConfig:
     baseline's checkpoint cadence (steps), kills per failing row, DiLoCo's H (None: every step), and
     whether to add the netlab rows (root)."""
 
-    cluster: str = WAN_CLUSTER
+    cluster: str = WAN_CLUSTER_NAME
     steps: int = 400
     batch_size: int = 4
     seq_len: int = 32
@@ -118,7 +118,7 @@ def _runtime_config(config: ChaosBenchConfig, elastic: bool, **more: Any) -> Any
     from geotrain.cluster import load_cluster
     from geotrain.runtime import RuntimeConfig
 
-    cluster = load_cluster(config.cluster)
+    cluster = load_cluster(bench_cluster(config.cluster))
     return RuntimeConfig.of(cluster, [list(range(cluster.n_devices))], "chaos", **_settings(config, elastic, **more))
 
 

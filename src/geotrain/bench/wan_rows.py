@@ -16,7 +16,8 @@ from geotrain.cost.codec_choice import DEFAULT_POLICY
 from geotrain.errors import GeotrainError
 
 BENCH_CLUSTERS = Path(__file__).parent / "data"
-WAN_CLUSTER = str(BENCH_CLUSTERS / "wan-4x1.yaml")
+WAN_CLUSTER_NAME = "wan-4x1"  # the benches' default --cluster, as a user types it
+WAN_CLUSTER = str(BENCH_CLUSTERS / f"{WAN_CLUSTER_NAME}.yaml")
 
 
 def bench_cluster(name: str) -> str:

@@ -17,10 +17,11 @@ HELP = "time to a target validation loss of a small GPT on an emulated ~100 Mbit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from geotrain.bench.wan import WAN_CLUSTER, WanBenchConfig
+    from geotrain.bench.wan import WanBenchConfig
+    from geotrain.bench.wan_rows import WAN_CLUSTER_NAME
 
     d = WanBenchConfig()
-    parser.add_argument("--cluster", default=WAN_CLUSTER, metavar="FILE|PRESET", help="the emulated cluster: wan-4x1 (4 sites x 1 device), wan-4x2 (4 sites x 2 devices), a file or a preset")
+    parser.add_argument("--cluster", default=WAN_CLUSTER_NAME, metavar="FILE|PRESET", help="the emulated cluster: wan-4x1 (4 sites x 1 device), wan-4x2 (4 sites x 2 devices), a file or a preset")
     parser.add_argument("--steps", type=int, default=d.steps, help="step budget of every row")
     parser.add_argument("--eval-every", type=int, default=d.eval_every, help="validation loss every K steps")
     parser.add_argument("--target", type=float, default=d.target, help="target validation loss (nats per character)")
