@@ -23,6 +23,7 @@ from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
+from geotrain.runtime.batch_shares import BatchSharesError, parse_batch_shares
 from geotrain.runtime.elastic.chaos import ChaosSpecError, parse_chaos
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
@@ -186,6 +187,10 @@ class ScheduleSection(Section):
                                           "by speed)")
     split_boundaries: tuple[int, ...] = setting((), "a plan's cut: S + 1 increasing cut points from 0 over the plan "
                                                     "job's layers (used when it fits the model)", flag=NO_FLAG)
+    batch_shares: str = setting("equal", "per-step data parallelism: how the global batch (replicas x batch_size) is "
+                                         "shared out: equal, speed (by each replica's GPU peak FLOP/s) or weights "
+                                         "W1,W2,... (one per replica); gradients are averaged weighted by samples "
+                                         "(runtime/batch_shares.py)", metavar="equal|speed|W1,W2,...")
 
     def __post_init__(self) -> None:
         self._choice("schedule", tuple(PIPELINE_SCHEDULES))
@@ -202,6 +207,10 @@ class ScheduleSection(Section):
                 self._fail("virtual_stages", f"must be {'an integer >= 2' if looped else '1'} with schedule "
                                              f"{self.schedule!r}")
         self._flag("split_by_speed")
+        try:
+            parse_batch_shares(self.batch_shares)
+        except BatchSharesError as exc:
+            raise RuntimeConfigError(f"schedule.{exc}") from None
         cuts = self._tuple("split_boundaries")
         if cuts and (cuts[0] != 0 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= a
                                          for a, b in zip(cuts, cuts[1:]))):

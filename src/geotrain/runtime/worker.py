@@ -30,6 +30,7 @@ from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_tie
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime import replan
 from geotrain.models import MODEL_PRESETS
+from geotrain.runtime.batch_shares import gradient_factor, share_offset, weight_gradients
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
@@ -87,6 +88,8 @@ class Worker:
         self.pp_ranks = [self.layout.rank_of(s, self.slot.replica) for s in range(S)]
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
+        self.shares = config.batch_shares()  # sequences per replica (--batch-shares)
+        self.share = self.shares[self.slot.replica]
         model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
                                   self.seq_len)
         if model.vocab_size is not None and self.data.vocab_size > model.vocab_size:
@@ -97,7 +100,8 @@ class Worker:
         wire = config.comm.wire_dtypes()
         self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire)
         # the shapes run the whole model on CPU: before this rank's stages move to the device
-        self.shapes = stage_shapes(model, self.boundaries, config.microbatch_size, self.seq_len, wire)
+        self.shapes = stage_shapes(model, self.boundaries, self.share // config.schedule.microbatches,
+                                  self.seq_len, wire)
         for module in self.modules.values():
             module.to(device)
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
@@ -163,8 +167,8 @@ class Worker:
         cfg = self.config
         if not (self.pipeline.has_first or self.pipeline.has_last):
             return None, None
-        x, y = self.data.batch(cfg.data.data_seed, step, self.slot.replica, cfg.replicas, cfg.schedule.batch_size,
-                               self.seq_len)
+        x, y = self.data.share(cfg.data.data_seed, step, share_offset(self.shares, self.slot.replica), self.share,
+                               sum(self.shares), self.seq_len)
         # contiguous: the windows' views have the stride of a longer row, which torch's stage checks refuse
         return x.to(self.device).contiguous(), y.to(self.device).contiguous()
 
@@ -179,13 +183,15 @@ class Worker:
         with self._autocast():
             loss = self.pipeline.step(inputs, targets)
         self._sum_tied_gradients()
+        # weighted by samples: the DP mean of unequal shares is then the full batch's gradient
+        weight_gradients(self.dp.params, gradient_factor(self.shares, self.slot.replica))
         dp_bytes, grad_norm = self.dp.step(step, self.timer)
         # A fingerprint of this stage's weights: replicas of a stage must stay bit-identical.
         param_sum = self.dp.fingerprint()
         transfers = self.transport.p2p_since(self.emulation, mark)
         collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
-                "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
+                "loss": loss, "samples": self.share, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
                 "boundaries": list(self.boundaries),

@@ -1,0 +1,112 @@
+"""Speed-proportional batch shares for per-step data parallelism (`train --batch-shares`).
+
+The global batch of a step is the same N = R x batch_size windows whatever the shares (the data
+stream's `window_starts` of (seed, step)); replica r takes the n_r consecutive windows from offset
+o_r = n_0 + ... + n_{r-1}, with sum n_r = N and every n_r a positive multiple of the micro-batch
+count M (each micro-batch of a replica has n_r / M sequences).
+
+Exactness: replica r's gradient g_r is the mean-loss gradient over its n_r windows (torch's pipeline
+schedules divide the micro-batch sum by M). Before the DP exchange, which averages over the R replicas,
+each replica multiplies g_r by `gradient_factor` = R n_r / N, so the exchange's mean is
+(1/R) sum_r R (n_r / N) g_r = (1/N) sum over all N windows of their gradients: the full-batch gradient,
+for any exchange that computes a mean (lossy codecs then approximate it as they approximate any mean).
+
+Rules: "equal" (n_r = batch_size), "speed" (n_r proportional to replica r's speed: the peak FLOP/s of
+its slowest device over the pipeline, cost/gpus.py), or explicit weights "W1,W2,..." (one per replica,
+> 0). Rounding is in units of M samples by largest remainder, each replica at least one unit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from geotrain.cluster import Cluster
+from geotrain.cost import device_peak_flops
+
+SHARE_RULES = ("equal", "speed")
+
+
+class BatchSharesError(ValueError):
+    """A --batch-shares value that cannot be used (names the value and what is allowed)."""
+
+
+def parse_batch_shares(text: str) -> str | tuple[float, ...]:
+    """"equal", "speed" or a tuple of weights (each a finite number > 0) from "W1,W2,..."."""
+    value = str(text).strip()
+    if value in SHARE_RULES:
+        return value
+    try:
+        weights = tuple(float(part) for part in value.split(","))
+    except ValueError:
+        weights = ()
+    if not weights or not all(math.isfinite(w) and w > 0 for w in weights):
+        raise BatchSharesError(f"batch_shares: equal, speed or weights W1,W2,... (numbers > 0, one per replica), "
+                               f"got {value!r}")
+    return weights
+
+
+def replica_speeds(cluster: Cluster, assignment: np.ndarray) -> np.ndarray:
+    """(R,) peak FLOP/s of each replica: its slowest device over the stages (the pipeline's pace)."""
+    peaks = device_peak_flops(cluster)
+    return peaks[np.asarray(assignment, dtype=np.int64)].min(axis=0)
+
+
+def split_by_weights(weights: Sequence[float], global_batch: int, unit: int) -> tuple[int, ...]:
+    """Samples per replica (multiples of `unit`, each >= unit, sum `global_batch`) proportional to
+    `weights` by largest remainder (ties: the lower replica index)."""
+    weights = np.asarray(weights, dtype=float)
+    units, replicas = global_batch // unit, len(weights)
+    if global_batch % unit or units < replicas:
+        raise BatchSharesError(f"batch_shares: a global batch of {global_batch} cannot give {replicas} replicas "
+                               f"at least {unit} samples each in multiples of {unit}")
+    ideal = units * weights / weights.sum()
+    counts = np.maximum(np.floor(ideal).astype(np.int64), 1)
+    while counts.sum() > units:  # the floor of 1 over-gave: take from the most over-served
+        over = np.where(counts > 1, counts - ideal, -np.inf)
+        counts[int(np.argmax(over))] -= 1
+    while counts.sum() < units:
+        counts[int(np.argmax(ideal - counts))] += 1
+    return tuple(int(c) * unit for c in counts)
+
+
+def batch_shares(rule: str | tuple[float, ...], cluster: Cluster, assignment: np.ndarray, batch_size: int,
+                 microbatches: int = 1) -> tuple[int, ...]:
+    """Samples (sequences) per replica of one step for `rule` ("equal", "speed" or weights) on the plan
+    `assignment` (S, R) of `cluster`: a tuple of R ints summing to R x `batch_size`, each a positive
+    multiple of `microbatches`. The function the runtime, the planner and benches share."""
+    replicas = np.asarray(assignment).shape[1]
+    if rule == "equal":
+        return (batch_size,) * replicas
+    if rule == "speed":
+        weights: Sequence[float] = replica_speeds(cluster, assignment)
+    elif isinstance(rule, tuple):
+        if len(rule) != replicas:
+            raise BatchSharesError(f"batch_shares: {len(rule)} weights for {replicas} replicas")
+        weights = rule
+    else:
+        raise BatchSharesError(f"batch_shares: equal, speed or a tuple of weights, got {rule!r}")
+    return split_by_weights(weights, replicas * batch_size, microbatches)
+
+
+def share_offset(shares: Sequence[int], replica: int) -> int:
+    """Index of replica `replica`'s first window in the step's global batch."""
+    return int(sum(shares[:replica]))
+
+
+def gradient_factor(shares: Sequence[int], replica: int) -> float:
+    """R n_r / N: what replica r's mean gradient is multiplied by so the DP mean is the full-batch one."""
+    return len(shares) * shares[replica] / sum(shares)
+
+
+@torch.no_grad()
+def weight_gradients(params: Sequence[torch.nn.Parameter], factor: float) -> None:
+    """Multiply every existing gradient by `factor` in place (nothing when it is 1)."""
+    if factor == 1.0:
+        return
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(factor)
