@@ -184,7 +184,7 @@ class RuntimeConfig:
         if not self.emulation.emulate_gpu_speed:
             return None
         peaks = self._peak_flops("emulate GPU speed")
-        return tuple(float(k) for k in peaks.max() / peaks)
+        return tuple(float(k) for k in peaks.max() / peaks)  # cost.device_slowdowns
 
     def _peak_flops(self, purpose: str) -> np.ndarray:
         """(N,) peak FLOP/s of the cluster's devices; an unknown gpu type is a one-line config error."""
