@@ -92,8 +92,10 @@ class RunReport:
     boundaries: tuple[int, ...] = ()
     """The run's stage cut: layers [b_v, b_{v+1}) form pipeline stage v (runtime.stages)."""
     compute_fraction: dict[str, float] = field(default_factory=dict)
-    """Per device (cluster name) of the plan: its mean compute seconds over the mean iteration seconds
-    (iterations after the first)."""
+    """Per device (cluster name) of the plan: its mean compute seconds over the mean step seconds
+    (iterations after the first; emulated seconds under emulation: step_seconds)."""
+    step_s: float = 0.0
+    """Mean step seconds (step_seconds) over the iterations after the first."""
     samples: tuple[int, ...] = ()
     """Sequences per replica per iteration (--batch-shares)."""
 
@@ -139,6 +141,7 @@ class RunReport:
                 "error_pct": relative_error_pct(measured, predicted),
                 "first_loss": self.rows[0].loss, "final_loss": self.rows[-1].loss,
                 "replicas_in_sync": self.replicas_in_sync, "site_compute_fraction": dict(self.compute_fraction),
+                "step_s": self.step_s,
                 "samples_per_replica": list(self.samples)}
 
     def to_json(self) -> dict[str, Any]:
@@ -247,14 +250,23 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
                      validation=tuple(validation), boundaries=tuple(records[0].get("boundaries", ())) if records else (),
-                     compute_fraction=slot_compute_fraction(config, by_step), samples=samples)
+                     compute_fraction=slot_compute_fraction(config, by_step), samples=samples,
+                     step_s=float(np.mean([step_seconds(by_step[k]) for k in (sorted(by_step)[1:] or sorted(by_step))])))
+
+
+def step_seconds(step_records: Sequence[dict[str, Any]]) -> float:
+    """One step's seconds: under emulation the longest emulated span of a rank's step (its clock from the
+    step's start to its end: compute at the emulated speed, links as emulated), else the longest wall
+    iteration_s."""
+    spans = [r["emulated"]["end_s"] - r["emulated"]["start_s"] for r in step_records if r.get("emulated")]
+    return max(spans) if spans else max(r["iteration_s"] for r in step_records)
 
 
 def slot_compute_fraction(config: RuntimeConfig, by_step: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
-    """Device name -> mean compute_s of its slot over the mean iteration seconds (the slowest rank's), over
-    the steps after the first (all of them with one step)."""
+    """Device name -> mean compute_s of its slot over the mean step seconds (step_seconds), over the steps
+    after the first (all of them with one step)."""
     steps = sorted(by_step)[1:] or sorted(by_step)
-    iteration = float(np.mean([max(r["iteration_s"] for r in by_step[step]) for step in steps]))
+    iteration = float(np.mean([step_seconds(by_step[step]) for step in steps]))
     names = config.cluster.device_names
     compute: dict[str, list[float]] = defaultdict(list)
     for step in steps:

@@ -35,6 +35,7 @@ from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
 from geotrain.runtime.pipeline import Pipeline, owner_of, pipeline_forward, virtual_stages_of
+from geotrain.runtime.slowdown import SlowDown, site_slowdowns
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
@@ -112,6 +113,7 @@ class Worker:
         clock = COMPUTE_CLOCKS[config.emulation.compute_clock] if emulation is not None else time.perf_counter
         self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device], clock=clock,
                                   device_sync=torch.cuda.synchronize if device.type == "cuda" else None)
+        self.slowdown = SlowDown(site_slowdowns(config.reliability.chaos, self.slot.replica), self.timer, emulation)
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss,
@@ -176,12 +178,14 @@ class Worker:
         cfg = self.config
         started = time.perf_counter()
         self.timer.seconds = 0.0
+        self.slowdown.before_step()
         mark = self.transport.step_mark(self.emulation)
         inputs, targets = self._batch(step)
         self.dp.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
         self.dp.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self.pipeline.step(inputs, targets)
+        self.slowdown.after_compute(self.timer.seconds)
         self._sum_tied_gradients()
         # weighted by samples: the DP mean of unequal shares is then the full batch's gradient
         weight_gradients(self.dp.params, gradient_factor(self.shares, self.slot.replica))
