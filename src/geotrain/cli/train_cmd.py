@@ -81,6 +81,8 @@ def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
         recipe = WanRecipe.from_json(plan.extra["wan_recipe"], "plan")
         settings["optim"] = recipe.runtime_settings()["optim"]
         settings.setdefault("comm", {})["dp_codecs"] = (recipe.codec,) * plan.stages
+    if plan.extra.get("batch_shares") is not None:  # `geotrain plan --wan-recipe auto` chose speed shares
+        settings.setdefault("schedule", {})["batch_shares"] = str(plan.extra["batch_shares"].get("rule", "speed"))
     return settings
 
 

@@ -13,7 +13,8 @@ for any exchange that computes a mean (lossy codecs then approximate it as they 
 
 Rules: "equal" (n_r = batch_size), "speed" (n_r proportional to replica r's speed: the peak FLOP/s of
 its slowest device over the pipeline, cost/gpus.py), or explicit weights "W1,W2,..." (one per replica,
-> 0). Rounding is in units of M samples by largest remainder, each replica at least one unit.
+> 0). Rounding is in units of M samples by largest remainder, each replica at least one unit
+(geotrain.cost.batch_shares: the planner and benches use the same split).
 """
 
 from __future__ import annotations
@@ -25,13 +26,10 @@ import numpy as np
 import torch
 
 from geotrain.cluster import Cluster
-from geotrain.cost import device_peak_flops
+from geotrain.cost.batch_shares import SHARE_RULES, BatchSharesError, share_samples
 
-SHARE_RULES = ("equal", "speed")
-
-
-class BatchSharesError(ValueError):
-    """A --batch-shares value that cannot be used (names the value and what is allowed)."""
+__all__ = ["SHARE_RULES", "BatchSharesError", "batch_shares", "gradient_factor", "parse_batch_shares",
+           "share_offset", "weight_gradients"]
 
 
 def parse_batch_shares(text: str) -> str | tuple[float, ...]:
@@ -49,47 +47,11 @@ def parse_batch_shares(text: str) -> str | tuple[float, ...]:
     return weights
 
 
-def replica_speeds(cluster: Cluster, assignment: np.ndarray) -> np.ndarray:
-    """(R,) peak FLOP/s of each replica: its slowest device over the stages (the pipeline's pace)."""
-    peaks = device_peak_flops(cluster)
-    return peaks[np.asarray(assignment, dtype=np.int64)].min(axis=0)
-
-
-def split_by_weights(weights: Sequence[float], global_batch: int, unit: int) -> tuple[int, ...]:
-    """Samples per replica (multiples of `unit`, each >= unit, sum `global_batch`) proportional to
-    `weights` by largest remainder (ties: the lower replica index)."""
-    weights = np.asarray(weights, dtype=float)
-    units, replicas = global_batch // unit, len(weights)
-    if global_batch % unit or units < replicas:
-        raise BatchSharesError(f"batch_shares: a global batch of {global_batch} cannot give {replicas} replicas "
-                               f"at least {unit} samples each in multiples of {unit}")
-    ideal = units * weights / weights.sum()
-    counts = np.maximum(np.floor(ideal).astype(np.int64), 1)
-    while counts.sum() > units:  # the floor of 1 over-gave: take from the most over-served
-        over = np.where(counts > 1, counts - ideal, -np.inf)
-        counts[int(np.argmax(over))] -= 1
-    while counts.sum() < units:
-        counts[int(np.argmax(ideal - counts))] += 1
-    return tuple(int(c) * unit for c in counts)
-
-
 def batch_shares(rule: str | tuple[float, ...], cluster: Cluster, assignment: np.ndarray, batch_size: int,
                  microbatches: int = 1) -> tuple[int, ...]:
-    """Samples (sequences) per replica of one step for `rule` ("equal", "speed" or weights) on the plan
-    `assignment` (S, R) of `cluster`: a tuple of R ints summing to R x `batch_size`, each a positive
-    multiple of `microbatches`. The function the runtime, the planner and benches share."""
-    replicas = np.asarray(assignment).shape[1]
-    if rule == "equal":
-        return (batch_size,) * replicas
-    if rule == "speed":
-        weights: Sequence[float] = replica_speeds(cluster, assignment)
-    elif isinstance(rule, tuple):
-        if len(rule) != replicas:
-            raise BatchSharesError(f"batch_shares: {len(rule)} weights for {replicas} replicas")
-        weights = rule
-    else:
-        raise BatchSharesError(f"batch_shares: equal, speed or a tuple of weights, got {rule!r}")
-    return split_by_weights(weights, replicas * batch_size, microbatches)
+    """Sequences per replica of one step (cost.batch_shares.share_samples with unit = `microbatches`): R
+    ints summing to R x `batch_size`, each a positive multiple of `microbatches`."""
+    return share_samples(rule, cluster, assignment, batch_size, microbatches)
 
 
 def share_offset(shares: Sequence[int], replica: int) -> int:

@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 
 from geotrain.cluster import load_cluster
 from geotrain.data import world_tokens
+from geotrain.cost.batch_shares import replica_speeds, split_by_weights
 from geotrain.runtime.batch_shares import (BatchSharesError, batch_shares, gradient_factor, parse_batch_shares,
-                                           replica_speeds, share_offset, split_by_weights)
+                                           share_offset)
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.training_data import load_training_data
 from paths import ROOT

@@ -1,0 +1,48 @@
+"""Batch shares in the cost model: the split, the per-step prediction, and the choice against the WAN recipe."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from geotrain.cluster import load_cluster
+from geotrain.cost.batch_shares import (BatchSharesError, choose_shares, heterogeneous, predict_shares,
+                                        replica_speeds, share_samples)
+from paths import ROOT
+
+MIXED = load_cluster(str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"))  # A100, V100, T4 x 2
+ONE_PER_SITE = np.array([[0, 2, 4]])
+
+
+def test_speed_shares_follow_the_peaks_and_keep_the_global_batch():
+    assert list(replica_speeds(MIXED, ONE_PER_SITE)) == [312e12, 125e12, 65e12]
+    assert share_samples("speed", MIXED, ONE_PER_SITE, 8) == (15, 6, 3)  # 24 x (312, 125, 65) / 502
+    assert share_samples("equal", MIXED, ONE_PER_SITE, 8) == (8, 8, 8)
+    assert share_samples((1.0, 1.0, 2.0), MIXED, ONE_PER_SITE, 4, unit=2) == (4, 2, 6)
+    pipeline = np.array([[0, 1], [4, 2]])  # replica 0 paced by a T4, replica 1 by a V100
+    assert list(replica_speeds(MIXED, pipeline)) == [65e12, 125e12]
+    assert heterogeneous(MIXED, ONE_PER_SITE) and not heterogeneous(MIXED, np.array([[0, 1]]))
+
+
+def test_prediction_scales_each_replicas_compute_by_its_speed_and_samples():
+    equal = predict_shares(MIXED, ONE_PER_SITE, (8, 8, 8), compute_s=0.65, comm_s=0.1)
+    assert equal.compute_s == pytest.approx((0.65 * 65 / 312, 0.65 * 65 / 125, 0.65))
+    assert equal.step_s == pytest.approx(0.75)
+    assert equal.compute_fraction == pytest.approx((0.65 * 65 / 312 / 0.75, 0.65 * 65 / 125 / 0.75, 0.65 / 0.75))
+    speed = predict_shares(MIXED, ONE_PER_SITE, (15, 6, 3), compute_s=0.65, comm_s=0.1)
+    assert speed.compute_s == pytest.approx((0.65 * 65 / 312 * 15 / 8, 0.65 * 65 / 125 * 6 / 8, 0.65 * 3 / 8))
+    assert max(speed.compute_s) / min(speed.compute_s) < 1.05  # balanced: within the rounding of 24 samples
+
+
+def test_shares_win_when_compute_outweighs_the_per_step_exchange_and_the_recipe_otherwise():
+    # a recipe that hides its syncs runs at the slowest replica's compute; shares pay the exchange every step
+    compute_bound = choose_shares(MIXED, ONE_PER_SITE, 24, compute_s=2.0, comm_s=0.3, recipe_step_s=2.0)
+    assert compute_bound.chosen == "batch_shares" and compute_bound.step_s == pytest.approx(
+        max(2.0 * 65 / 312 * 15 / 8, 2.0 * 65 / 125 * 6 / 8, 2.0 * 3 / 8) + 0.3)
+    link_bound = choose_shares(MIXED, ONE_PER_SITE, 24, compute_s=0.1, comm_s=0.3, recipe_step_s=0.11)
+    assert link_bound.chosen == "wan_recipe"
+    assert link_bound.compute_fraction == pytest.approx((0.1 * 65 / 312 / 0.11, 0.1 * 65 / 125 / 0.11, 0.1 / 0.11))
+    document = compute_bound.to_json(["a", "b", "c"])
+    assert document["chosen"] == "batch_shares" and set(document["site_compute_fraction"]) == {"a", "b", "c"}
+    with pytest.raises(BatchSharesError, match="not a multiple of 3 replicas"):
+        choose_shares(MIXED, ONE_PER_SITE, 25, 1.0, 0.1, 1.0)
