@@ -272,6 +272,9 @@ def run(args: Any) -> int:
              f"{', from the plan' if schedule.split_boundaries else ''})")
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")
+    out.text(f"samples per replica {list(report.samples)} (--batch-shares {schedule.batch_shares}); step "
+             f"{report.step_s:.3f} s; compute fraction per device: "
+             + ", ".join(f"{name} {f:.2f}" for name, f in report.compute_fraction.items()))
     return 0
 
 
