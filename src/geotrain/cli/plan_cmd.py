@@ -269,7 +269,8 @@ def run(args: Any) -> int:
     if shares is not None:
         labels = replica_labels(cluster, result.assignment)
         out.table("per-step DP with speed batch shares vs the WAN recipe (predicted, yuan)", ["", "value"],
-                  [["chosen", shares.chosen], ["samples per replica (speed)", ", ".join(map(str, shares.shares.samples))],
+                  [["chosen", shares.chosen],
+                   ["samples per replica (speed)", ", ".join(map(str, shares.shares.samples))],
                    ["step, speed shares (s)", f"{shares.shares.step_s:.4g}"],
                    ["step, equal shares (s)", f"{shares.equal.step_s:.4g}"],
                    ["step, WAN recipe (s)", f"{shares.recipe_step_s:.4g}"],

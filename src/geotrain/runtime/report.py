@@ -244,14 +244,20 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                                          else {}),
             dp_bytes=max(int(r["dp_bytes"]) for r in step_records)))
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
-    samples = tuple(next((int(r.get("samples", config.schedule.batch_size)) for r in records if r["replica"] == replica),
-                         config.schedule.batch_size) for replica in range(replicas))
+    per_replica = {r["replica"]: int(r.get("samples", config.schedule.batch_size)) for r in records}
+    samples = tuple(per_replica.get(replica, config.schedule.batch_size) for replica in range(replicas))
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
-                     validation=tuple(validation), boundaries=tuple(records[0].get("boundaries", ())) if records else (),
+                     validation=tuple(validation),
+                     boundaries=tuple(records[0].get("boundaries", ())) if records else (),
                      compute_fraction=slot_compute_fraction(config, by_step), samples=samples,
-                     step_s=float(np.mean([step_seconds(by_step[k]) for k in (sorted(by_step)[1:] or sorted(by_step))])))
+                     step_s=float(np.mean([step_seconds(by_step[k]) for k in steady_steps(by_step)])))
+
+
+def steady_steps(by_step: dict[int, Any]) -> list[int]:
+    """The steps summarised: after the first (it pays set-up costs), or the only one."""
+    return sorted(by_step)[1:] or sorted(by_step)
 
 
 def step_seconds(step_records: Sequence[dict[str, Any]]) -> float:
@@ -265,7 +271,7 @@ def step_seconds(step_records: Sequence[dict[str, Any]]) -> float:
 def slot_compute_fraction(config: RuntimeConfig, by_step: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
     """Device name -> mean compute_s of its slot over the mean step seconds (step_seconds), over the steps
     after the first (all of them with one step)."""
-    steps = sorted(by_step)[1:] or sorted(by_step)
+    steps = steady_steps(by_step)
     iteration = float(np.mean([step_seconds(by_step[step]) for step in steps]))
     names = config.cluster.device_names
     compute: dict[str, list[float]] = defaultdict(list)

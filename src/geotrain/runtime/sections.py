@@ -335,9 +335,10 @@ class ReliabilitySection(Section):
     min_replicas: int = setting(1, "--elastic: fewest live replica groups a step (or outer sync) needs",
                                 metavar="K")
     max_restarts: int = setting(3, "--elastic: times the launcher restarts each failed replica group", metavar="N")
-    chaos: str | None = setting(None, "failures to inject: with --elastic kill-site:every=20s, partition:... (seeded by "
-                                      "--seed; docs/fault_tolerance.md); without --elastic slow:site=K,factor=F,at=T (replica "
-                                      "K computes F x slower from T s of training on)", metavar="SPEC")
+    chaos: str | None = setting(None, "failures to inject: with --elastic kill-site:every=20s, partition:... "
+                                      "(seeded by --seed; docs/fault_tolerance.md); without --elastic "
+                                      "slow:site=K,factor=F,at=T (replica K computes F x slower from T s of "
+                                      "training on)", metavar="SPEC")
     lighthouse: str | None = setting(None, "--elastic: HOST:PORT of a running torchft lighthouse (default: the "
                                            "launcher starts one on this host)", metavar="HOST:PORT")
     netlab: bool = setting(False, "--elastic: run each replica group in a netlab namespace of its plan device "

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from geotrain.data import (DataError, WorldTokens, load_corpus, replica_batch, sidecar_path, source_files, window_starts,
-                           world_tokens)
+from geotrain.data import (DataError, WorldTokens, load_corpus, replica_batch, sidecar_path, source_files,
+                           window_starts, world_tokens)
 
 
 @dataclass(frozen=True, eq=False)

@@ -195,7 +195,8 @@ class Worker:
         transfers = self.transport.p2p_since(self.emulation, mark)
         collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
-                "loss": loss, "samples": self.share, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
+                "loss": loss, "samples": self.share,
+                "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
                 "boundaries": list(self.boundaries),

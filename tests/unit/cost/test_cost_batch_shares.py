@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from geotrain.cluster import load_cluster
 from geotrain.cost.batch_shares import (BatchSharesError, choose_shares, heterogeneous, predict_shares,
-                                        replica_speeds, share_samples)
+                                        replica_speeds, share_samples, split_by_weights)
 from paths import ROOT
 
 MIXED = load_cluster(str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"))  # A100, V100, T4 x 2
@@ -46,3 +48,23 @@ def test_shares_win_when_compute_outweighs_the_per_step_exchange_and_the_recipe_
     assert document["chosen"] == "batch_shares" and set(document["site_compute_fraction"]) == {"a", "b", "c"}
     with pytest.raises(BatchSharesError, match="not a multiple of 3 replicas"):
         choose_shares(MIXED, ONE_PER_SITE, 25, 1.0, 0.1, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(min_value=1e-3, max_value=1e3), min_size=1, max_size=8), st.integers(1, 4),
+       st.integers(1, 16))
+def test_split_by_weights_keeps_the_global_batch_in_whole_micro_batches(weights, unit, per_replica):
+    total = len(weights) * per_replica * unit
+    shares = split_by_weights(weights, total, unit)
+    assert sum(shares) == total
+    assert all(s >= unit and s % unit == 0 for s in shares)
+    ideal = np.asarray(weights) / sum(weights) * total
+    lifted = int(np.sum(ideal < unit))  # replicas the floor of one unit lifted: the others paid for them
+    assert all(abs(s - i) < unit * (1 + lifted) for s, i in zip(shares, ideal))
+    if not lifted:  # largest remainder: within one unit of the ideal
+        assert all(abs(s - i) < unit for s, i in zip(shares, ideal))
+
+
+def test_split_by_weights_refuses_a_batch_too_small_for_every_replica():
+    with pytest.raises(BatchSharesError, match="at least 4 samples"):
+        split_by_weights([1, 1, 1], 8, 4)

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from geotrain.cluster import load_cluster
 from geotrain.data import world_tokens
-from geotrain.cost.batch_shares import replica_speeds, split_by_weights
-from geotrain.runtime.batch_shares import (BatchSharesError, batch_shares, gradient_factor, parse_batch_shares,
-                                           share_offset)
+from geotrain.runtime.batch_shares import BatchSharesError, gradient_factor, parse_batch_shares, share_offset
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.training_data import load_training_data
 from paths import ROOT
@@ -32,44 +28,11 @@ def test_parse_batch_shares_refuses_in_one_line(text):
     assert "\n" not in str(info.value)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(min_value=1e-3, max_value=1e3), min_size=1, max_size=8), st.integers(1, 4),
-       st.integers(1, 16))
-def test_split_by_weights_keeps_the_global_batch_in_whole_micro_batches(weights, unit, per_replica):
-    total = len(weights) * per_replica * unit
-    shares = split_by_weights(weights, total, unit)
-    assert sum(shares) == total
-    assert all(s >= unit and s % unit == 0 for s in shares)
-    ideal = np.asarray(weights) / sum(weights) * total
-    lifted = int(np.sum(ideal < unit))  # replicas the floor of one unit lifted: the others paid for them
-    assert all(abs(s - i) < unit * (1 + lifted) for s, i in zip(shares, ideal))
-    if not lifted:  # largest remainder: within one unit of the ideal
-        assert all(abs(s - i) < unit for s, i in zip(shares, ideal))
-
-
-def test_split_by_weights_refuses_a_batch_too_small_for_every_replica():
-    with pytest.raises(BatchSharesError, match="at least 4 samples"):
-        split_by_weights([1, 1, 1], 8, 4)
-
-
 def test_gradient_factors_make_the_mean_a_sample_weighted_mean():
     shares = (2, 3, 7)
     factors = [gradient_factor(shares, r) for r in range(3)]
     assert np.isclose(np.mean(factors), 1.0)
     assert [share_offset(shares, r) for r in range(3)] == [0, 2, 5]
-
-
-def test_speed_shares_follow_the_gpu_peaks_of_the_mixed_cluster():
-    cluster = load_cluster(str(MIXED))
-    assignment = np.array([[0, 2, 4]])  # one device per site: A100, V100, T4
-    speeds = replica_speeds(cluster, assignment)
-    assert speeds[0] > speeds[1] > speeds[2]
-    shares = batch_shares("speed", cluster, assignment, 8, 1)
-    assert sum(shares) == 24 and shares[0] > shares[1] > shares[2]
-    assert np.allclose(np.asarray(shares) / 24, speeds / speeds.sum(), atol=1 / 24)
-    assert batch_shares("equal", cluster, assignment, 8, 2) == (8, 8, 8)
-    with pytest.raises(BatchSharesError, match="2 weights for 3 replicas"):
-        batch_shares((1.0, 2.0), cluster, assignment, 8, 1)
 
 
 def test_shares_cover_the_global_batch_exactly_once():

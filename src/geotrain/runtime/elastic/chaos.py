@@ -11,7 +11,8 @@ pure function of (spec, replica groups, seed).
     slow:site=2,factor=3,at=10s         from 10 s of training on, replica 2 computes 3x slower (a run without
                                         --elastic: runtime/slowdown.py; `at` defaults to 0)
 
-Durations: a number with unit ms, s, m or h (a bare number is seconds); a slow-down's `at` may be 0. A partition is a link state
+Durations: a number with unit ms, s, m or h (a bare number is seconds);
+a slow-down's `at` may be 0. A partition is a link state
 of the emulating backend (runtime/elastic/links.py): the launcher cuts the group's links and heals them;
 the group stays up. The launcher (runtime/elastic/launch.py) kills the group due at each time if it is
 running; a group that is down at that moment is not killed twice (the kill is skipped), nor is a
