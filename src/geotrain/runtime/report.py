@@ -227,11 +227,13 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         dp_by_stage = np.zeros(stages)
         for record in step_records:
             dp_by_stage[record["stage"]] = max(dp_by_stage[record["stage"]], record["dp_s"])
+        # the mean over the replicas' sequences (--batch-shares: replicas hold different numbers of them)
         losses = [r["loss"] for r in step_records if r["loss"] is not None]
+        weights = [r.get("samples", 1) for r in step_records if r["loss"] is not None]
         for stage in range(stages):
             in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
         rows.append(IterationRow(
-            step=step, loss=float(np.mean(losses)),
+            step=step, loss=float(np.average(losses, weights=weights)),
             iteration_s=max(r["iteration_s"] for r in step_records),
             compute_s=max(r["compute_s"] for r in step_records),
             dp_measured_s=float(dp_by_stage.max()),
