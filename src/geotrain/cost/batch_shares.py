@@ -26,7 +26,8 @@ from geotrain.cluster import Cluster
 from geotrain.cost.layer_split import device_peak_flops
 from geotrain.errors import GeotrainError
 
-SHARE_RULES = ("equal", "speed")
+SHARE_RULES = ("equal", "speed", "measured")
+"""measured: starts as speed; the runtime then re-balances from measured compute (runtime/batch_shares.py)."""
 
 
 class BatchSharesError(GeotrainError, ValueError):
@@ -59,13 +60,14 @@ def split_by_weights(weights: Sequence[float], global_batch: int, unit: int = 1)
 
 def share_samples(rule: str | tuple[float, ...], cluster: Cluster, assignment: Any, batch_size: int,
                   unit: int = 1) -> tuple[int, ...]:
-    """Samples per replica of one step for `rule` ("equal", "speed" or one weight per replica) on the plan
+    """Samples per replica of one step for `rule` ("equal", "speed" or one weight per replica; "measured"
+    starts as "speed") on the plan
     `assignment` (S, R) of `cluster`: R ints summing to R x `batch_size` (samples per replica with equal
     shares), each a positive multiple of `unit`."""
     replicas = np.asarray(assignment).shape[1]
     if rule == "equal":
         return (batch_size,) * replicas
-    if rule == "speed":
+    if rule in ("speed", "measured"):
         weights: Sequence[float] = replica_speeds(cluster, assignment)
     elif isinstance(rule, tuple):
         if len(rule) != replicas:
@@ -112,6 +114,19 @@ def replica_labels(cluster: Cluster, assignment: Any) -> list[str]:
     """Each replica's label: its devices' names joined by '+' (one device per replica: its name)."""
     assignment = np.asarray(assignment, dtype=np.int64)
     return ["+".join(cluster.device_names[d] for d in assignment[:, r]) for r in range(assignment.shape[1])]
+
+
+def rebalanced_samples(samples: Sequence[int], compute_s: Sequence[float], unit: int = 1) -> tuple[int, ...]:
+    """New shares from measured compute seconds per replica with `samples`: n_r' proportional to n_r / c_r
+    (each replica's measured throughput), rounded as split_by_weights. With c_r = a_r + b_r n_r (a part that
+    does not grow with the batch) repeating it converges to equal c_r. A replica without measured compute
+    (c_r <= 0) keeps its weight n_r / mean(c)."""
+    compute = np.asarray(compute_s, dtype=float)
+    known = compute[compute > 0]
+    if known.size == 0:
+        return tuple(int(n) for n in samples)
+    compute = np.where(compute > 0, compute, known.mean())
+    return split_by_weights(np.asarray(samples, dtype=float) / compute, int(sum(samples)), unit)
 
 
 def heterogeneous(cluster: Cluster, assignment: Any) -> bool:

@@ -12,8 +12,10 @@ each replica multiplies g_r by `gradient_factor` = R n_r / N, so the exchange's 
 for any exchange that computes a mean (lossy codecs then approximate it as they approximate any mean).
 
 Rules: "equal" (n_r = batch_size), "speed" (n_r proportional to replica r's speed: the peak FLOP/s of
-its slowest device over the pipeline, cost/gpus.py), or explicit weights "W1,W2,..." (one per replica,
-> 0). Rounding is in units of M samples by largest remainder, each replica at least one unit
+its slowest device over the pipeline, cost/gpus.py), "measured" (speed at first, then after every
+REBALANCE_EVERY steps n_r proportional to n_r / c_r, c_r the replica's mean measured compute seconds
+over those steps, the same on every rank from one MAX all-reduce: cost.batch_shares.rebalanced_samples;
+this also catches a site that slows down), or explicit weights "W1,W2,..." (one per replica, > 0). Rounding is in units of M samples by largest remainder, each replica at least one unit
 (geotrain.cost.batch_shares: the planner and benches use the same split).
 """
 
@@ -72,3 +74,23 @@ def weight_gradients(params: Sequence[torch.nn.Parameter], factor: float) -> Non
     for p in params:
         if p.grad is not None:
             p.grad.mul_(factor)
+
+
+REBALANCE_EVERY = 3
+"""--batch-shares measured: re-balance after every this many steps, from their mean compute per replica."""
+
+
+def rebalance_due(rule: str, step: int) -> bool:
+    """Whether the shares are re-balanced after 0-based `step` (measured only)."""
+    return rule == "measured" and (step + 1) % REBALANCE_EVERY == 0
+
+
+def replica_compute_s(mean_compute_s: float, replica: int, replicas: int) -> np.ndarray:
+    """(R,) every replica's compute seconds (the slowest of its stages): this rank's `mean_compute_s` in its
+    replica's slot, the max over the world (a collective: every rank calls it at the same step)."""
+    import torch.distributed as dist
+
+    values = torch.zeros(replicas, dtype=torch.float64)
+    values[replica] = mean_compute_s
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values.numpy()

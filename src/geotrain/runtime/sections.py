@@ -188,9 +188,10 @@ class ScheduleSection(Section):
     split_boundaries: tuple[int, ...] = setting((), "a plan's cut: S + 1 increasing cut points from 0 over the plan "
                                                     "job's layers (used when it fits the model)", flag=NO_FLAG)
     batch_shares: str = setting("equal", "per-step data parallelism: how the global batch (replicas x batch_size) is "
-                                         "shared out: equal, speed (by each replica's GPU peak FLOP/s) or weights "
+                                         "shared out: equal, speed (by each replica's GPU peak FLOP/s), measured "
+                                         "(speed, then re-balanced every 3 steps by measured compute) or weights "
                                          "W1,W2,... (one per replica); gradients are averaged weighted by samples "
-                                         "(runtime/batch_shares.py)", metavar="equal|speed|W1,W2,...")
+                                         "(runtime/batch_shares.py)", metavar="equal|speed|measured|W1,W2,...")
 
     def __post_init__(self) -> None:
         self._choice("schedule", tuple(PIPELINE_SCHEDULES))

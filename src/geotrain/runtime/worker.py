@@ -12,6 +12,7 @@ rank's records. Ranks are numbered stage x R + replica; pipeline groups and DP g
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -30,7 +31,9 @@ from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_tie
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime import replan
 from geotrain.models import MODEL_PRESETS
-from geotrain.runtime.batch_shares import gradient_factor, share_offset, weight_gradients
+from geotrain.cost.batch_shares import rebalanced_samples
+from geotrain.runtime.batch_shares import (REBALANCE_EVERY, gradient_factor, rebalance_due, replica_compute_s,
+                                           share_offset, weight_gradients)
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
@@ -115,9 +118,9 @@ class Worker:
                                   device_sync=torch.cuda.synchronize if device.type == "cuda" else None)
         self.slowdown = SlowDown(site_slowdowns(config.reliability.chaos, self.slot.replica), self.timer, emulation)
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
+        self.pp_group = pp_groups[self.slot.replica]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
-                                 lm_loss,
-                                 pp_groups[self.slot.replica], device, self.timer)
+                                 lm_loss, self.pp_group, device, self.timer)
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
                      if config.comm.dp_hierarchical else None)
@@ -202,6 +205,22 @@ class Worker:
                 "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
                 "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+
+    def rebalance_shares(self) -> None:
+        """--batch-shares measured: new shares from the last REBALANCE_EVERY steps' compute of every replica
+        (the same on every rank); the pipeline is rebuilt for this replica's new micro-batch size."""
+        cfg = self.config
+        mean_s = float(np.mean([r["compute_s"] for r in self.records[-REBALANCE_EVERY:]]))
+        shares = rebalanced_samples(self.shares, replica_compute_s(mean_s, self.slot.replica, cfg.replicas),
+                                    cfg.schedule.microbatches)
+        if shares == self.shares:
+            return
+        self.shares, self.share = shares, shares[self.slot.replica]
+        micro = self.share // cfg.schedule.microbatches
+        self.shapes = [dataclasses.replace(s, input_shape=(micro, *s.input_shape[1:]),
+                                           output_shape=(micro, *s.output_shape[1:])) for s in self.shapes]
+        self.pipeline = Pipeline(cfg.schedule.schedule, self.modules, self.shapes, cfg.schedule.microbatches, lm_loss,
+                                 self.pp_group, self.device, self.timer)
 
     def _pp_bytes_sent(self) -> int:
         """Activation bytes this rank sends to later stages per iteration (all micro-batches, all its
@@ -313,6 +332,8 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         if data.evaluates_after(step, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
+        if rebalance_due(config.schedule.batch_shares, step):
+            worker.rebalance_shares()
         watchdog.publish_step(step + 1)
         if checkpoint.due(step + 1, end):
             worker.save(step + 1)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from geotrain.cluster import load_cluster
 from geotrain.cost.batch_shares import (BatchSharesError, choose_shares, heterogeneous, predict_shares,
-                                        replica_speeds, share_samples, split_by_weights)
+                                        rebalanced_samples, replica_speeds, share_samples, split_by_weights)
 from paths import ROOT
 
 MIXED = load_cluster(str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"))  # A100, V100, T4 x 2
@@ -68,3 +68,18 @@ def test_split_by_weights_keeps_the_global_batch_in_whole_micro_batches(weights,
 def test_split_by_weights_refuses_a_batch_too_small_for_every_replica():
     with pytest.raises(BatchSharesError, match="at least 4 samples"):
         split_by_weights([1, 1, 1], 8, 4)
+
+
+def test_rebalancing_from_measured_compute_converges_where_a_part_does_not_grow_with_the_batch():
+    # c_r = a_r + b_r n_r: a fixed part (optimizer, overheads) scaled by the device, as --emulate-gpu-speed does
+    slow = np.array([1.0, 312 / 125, 312 / 65])
+    fixed, per_sample = 0.02 * slow, 0.005 * slow
+    samples = share_samples("speed", MIXED, ONE_PER_SITE, 16)  # 48 sequences
+    assert samples == (30, 12, 6)
+    for _ in range(6):
+        samples = rebalanced_samples(samples, fixed + per_sample * np.array(samples))
+    compute = fixed + per_sample * np.array(samples)
+    assert sum(samples) == 48 and samples[2] < 6  # the T4's fixed part leaves it fewer than speed gives
+    # balanced to the rounding: one sample more or less on any replica would not lower the slowest
+    assert compute.max() - compute.min() <= per_sample.max() + 1e-12
+    assert rebalanced_samples((8, 8), (0.0, 0.0)) == (8, 8)  # nothing measured: unchanged

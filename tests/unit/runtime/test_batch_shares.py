@@ -55,3 +55,14 @@ def test_config_checks_batch_shares_against_the_plan():
         RuntimeConfig.of(cluster, [[0, 2, 4]], batch_shares="speed", sync_every=4)
     with pytest.raises(RuntimeConfigError, match="schedule.batch_shares"):
         RuntimeConfig.of(cluster, [[0, 2, 4]], batch_shares="quick")
+
+
+def test_measured_shares_start_as_speed_and_rebalance_every_few_steps():
+    from geotrain.runtime.batch_shares import REBALANCE_EVERY, rebalance_due
+
+    cluster = load_cluster(str(MIXED))
+    config = RuntimeConfig.of(cluster, [[0, 2, 4]], batch_shares="measured", batch_size=8, microbatches=1)
+    assert config.batch_shares() == (15, 6, 3)
+    due = [step for step in range(10) if rebalance_due("measured", step)]
+    assert due == [REBALANCE_EVERY * k - 1 for k in range(1, 10 // REBALANCE_EVERY + 1)]
+    assert not any(rebalance_due(rule, 2) for rule in ("equal", "speed"))
