@@ -2,6 +2,7 @@
 
     geotrain emulate --cluster C (--plan P | --devices 0,5,9) [--time-scale F] [--report F.json] -- SCRIPT.py [ARGS]
     geotrain emulate --cluster C --devices 0,1 -m package.module [ARGS]
+    geotrain emulate --cluster C --plan P --emulate-gpu-speed -- SCRIPT.py   # compute at each GPU's speed
 
 Rank i emulates devices[i]; with --plan, rank s*R + r emulates assignment[s][r]. The script's
 `dist.init_process_group("gloo")` (or with no backend) gets the emulating backend. Exit code: the worst
@@ -35,6 +36,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--nic-gbps", type=bandwidth_gbps, default=None,
                         help="every device's uplink in Gbit/s, shared by its concurrent sends (default: the cluster "
                              "file's nic_gbps, unlimited where none is given)")
+    parser.add_argument("--emulate-gpu-speed", action="store_true",
+                        help="emulated compute runs at each device's GPU speed: a rank's measured compute x (the "
+                             "cluster's fastest GPU's peak FLOP/s / its device's); the fastest computes at this "
+                             "machine's speed (emulated time only: the report's clocks and the links' schedule)")
     parser.add_argument("--report", type=output_file, metavar="FILE.json", help="write every transfer and collective as JSON")
     parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SEC",
                         help="stop all ranks (SIGTERM, then SIGKILL) after SEC wall seconds and exit 124; the "
@@ -59,6 +64,17 @@ def target_of(args: Any) -> tuple[str, ...]:
     return tuple(rest)
 
 
+def gpu_compute_scale(cluster: Any) -> tuple[float, ...]:
+    """--emulate-gpu-speed: each device's slowdown against the cluster's fastest GPU (cost.device_slowdowns)."""
+    from geotrain.cost import UnknownGpuError, device_slowdowns
+    from geotrain.emulate.network import EmulationError
+
+    try:
+        return tuple(float(k) for k in device_slowdowns(cluster))
+    except UnknownGpuError as exc:
+        raise EmulationError(f"emulate --emulate-gpu-speed on cluster {cluster.name!r}: {exc}") from None
+
+
 def run(args: Any) -> int:
     from geotrain.emulate.launch import LaunchConfig, launch  # torch: imported only when emulating
     from geotrain.cluster.devices import check_device_list
@@ -67,7 +83,8 @@ def run(args: Any) -> int:
     ranks = rank_devices(args.plan, args.devices, cluster.n_devices)  # one of the two is required
     devices = check_device_list(ranks, cluster.n_devices)
     config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps,
-                          Path(args.report) if args.report else None, args.timeout)
+                          Path(args.report) if args.report else None, args.timeout,
+                          compute_scale=gpu_compute_scale(cluster) if args.emulate_gpu_speed else None)
     result = launch(cluster, devices, config)
     status = "timed out" if result.timed_out else f"exit codes {list(result.rank_codes)}"
     line = f"geotrain emulate: {len(devices)} ranks on {cluster.name}, {status}"

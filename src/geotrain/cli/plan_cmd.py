@@ -7,7 +7,11 @@ when the method proves a bound). `geotrain cost --plan` reads that object as it 
 With --codecs auto it adds "codecs" (geotrain.cost.codec_choice: per-stage DP codecs, per-cut
 activation codecs, predicted cost with and without them; `geotrain train --plan` applies them).
 With --wan-recipe auto it adds "wan_recipe" (geotrain.cost.wan_recipe: sync period H, fragments P, delay tau,
-mix, outer codec and outer optimizer, with the predicted step; `geotrain train --plan` runs them).
+mix, outer codec and outer optimizer, with the predicted step; `geotrain train --plan` runs them). On a
+cluster whose replicas differ in GPU speed it also adds "site_compute" (geotrain.cost.batch_shares: per-step
+data parallelism with speed-proportional batch shares against the recipe, by predicted step seconds, and
+each site's predicted compute fraction of the winner); when the shares win, the plan holds "batch_shares"
+{"rule": "speed", "samples", ...} instead of "wan_recipe" (`geotrain train --plan` runs --batch-shares speed).
 With --uneven-split (cost models yuan+compute and schedule) every assignment is scored with the
 speed-optimal uneven split of the job's layers (cost/layer_split.py) and the JSON adds "split":
 {"rule", "layers", "counts", "boundaries", "shares", "stage_tflops", "cost_equal_split"}
@@ -30,6 +34,7 @@ from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.cluster import load_cluster
+from geotrain.cost.batch_shares import SharesChoice, choose_shares, heterogeneous, replica_labels
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, WanRecipe, choose_recipe,
@@ -231,8 +236,9 @@ def run(args: Any) -> int:
     if choice is not None:
         plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
     recipe = None if args.wan_recipe == "none" else wan_recipe_of(args, cluster, job, result)
+    shares = None if recipe is None else shares_choice_of(cluster, job, result, recipe)
     if recipe is not None:
-        plan = replace(plan, extra={**plan.extra, "wan_recipe": recipe.to_json()})
+        plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result, recipe, shares)})
     if membership is not None:  # searched on the live devices; the file names the full cluster's
         plan = replace(plan, assignment=membership.lift(plan.assignment),
                        extra={**plan.extra, "membership": membership.to_json()})
@@ -260,7 +266,16 @@ def run(args: Any) -> int:
         split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
         codec_tables(out, choice)
-    if recipe is not None:
+    if shares is not None:
+        labels = replica_labels(cluster, result.assignment)
+        out.table("per-step DP with speed batch shares vs the WAN recipe (predicted, yuan)", ["", "value"],
+                  [["chosen", shares.chosen],
+                   ["samples per replica (speed)", ", ".join(map(str, shares.shares.samples))],
+                   ["step, speed shares (s)", f"{shares.shares.step_s:.4g}"],
+                   ["step, equal shares (s)", f"{shares.equal.step_s:.4g}"],
+                   ["step, WAN recipe (s)", f"{shares.recipe_step_s:.4g}"],
+                   *[[f"compute fraction {name}", f"{f:.3f}"] for name, f in zip(labels, shares.compute_fraction)]])
+    if recipe is not None and (shares is None or shares.chosen == "wan_recipe"):
         out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
                   [["sync every H", str(recipe.sync_every)], ["fragments P", str(recipe.fragments)],
                    ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"],
@@ -290,6 +305,28 @@ def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> Wa
                          max_delay=args.recipe_max_delay, floor=args.recipe_codec_floor,
                          sync_moments=args.recipe_sync_moments, codec_s_per_value=codec_s,
                          moment_codec_s_per_value=moment_codec_s)
+
+
+def shares_choice_of(cluster: Any, job: Any, result: SearchResult, recipe: WanRecipe) -> SharesChoice | None:
+    """On a cluster whose replicas differ in speed: speed batch shares with per-step DP (comm: the searched
+    plan's dp + pp) against `recipe`; None when the replicas are alike."""
+    if not heterogeneous(cluster, result.assignment):
+        return None
+    return choose_shares(cluster, result.assignment, job.global_batch, recipe.compute_s,
+                         result.cost.dp + result.cost.pp, recipe.step_s)
+
+
+def recipe_documents(cluster: Any, result: SearchResult, recipe: WanRecipe,
+                     shares: SharesChoice | None) -> dict[str, Any]:
+    """The plan's "wan_recipe", or "batch_shares" when they win; "site_compute" with either on a
+    heterogeneous cluster."""
+    if shares is None:
+        return {"wan_recipe": recipe.to_json()}
+    labels = replica_labels(cluster, result.assignment)
+    site = {"site_compute": shares.to_json(labels)}
+    if shares.chosen == "wan_recipe":
+        return {"wan_recipe": recipe.to_json(), **site}
+    return {"batch_shares": {"version": 1, "rule": "speed", **shares.shares.to_json(labels)}, **site}
 
 
 def codec_tables(out: Output, choice: CodecChoice) -> None:

@@ -81,6 +81,8 @@ def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
         recipe = WanRecipe.from_json(plan.extra["wan_recipe"], "plan")
         settings["optim"] = recipe.runtime_settings()["optim"]
         settings.setdefault("comm", {})["dp_codecs"] = (recipe.codec,) * plan.stages
+    if plan.extra.get("batch_shares") is not None:  # `geotrain plan --wan-recipe auto` chose speed shares
+        settings.setdefault("schedule", {})["batch_shares"] = str(plan.extra["batch_shares"].get("rule", "speed"))
     return settings
 
 
@@ -270,6 +272,9 @@ def run(args: Any) -> int:
              f"{', from the plan' if schedule.split_boundaries else ''})")
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")
+    out.text(f"samples per replica {list(report.samples)} (--batch-shares {schedule.batch_shares}); step "
+             f"{report.step_s:.3f} s; compute fraction per device: "
+             + ", ".join(f"{name} {f:.2f}" for name, f in report.compute_fraction.items()))
     return 0
 
 

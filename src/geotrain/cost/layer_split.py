@@ -39,6 +39,13 @@ def device_peak_flops(cluster: Cluster) -> np.ndarray:
     return np.array([gpu_peak_flops(gpu) for gpu in cluster.gpus], dtype=np.float64)
 
 
+def device_slowdowns(cluster: Cluster) -> np.ndarray:
+    """(N,) how many times slower each device computes than the cluster's fastest: the fastest GPU's peak
+    FLOP/s over the device's (1 for the fastest). UnknownGpuError for a gpu type without a known peak."""
+    peaks = device_peak_flops(cluster)
+    return peaks.max() / peaks
+
+
 def stage_speeds(assignments: Any, device_speeds: Any) -> np.ndarray:
     """Speed of each stage of (..., S, R) assignments: its slowest replica's device (synchronous DP
     waits for it). `device_speeds` (N,): any per-device speed (peak FLOP/s, relative TFLOP/s)."""

@@ -2,7 +2,8 @@
 
 Run as `python -m geotrain.emulate.bootstrap (SCRIPT.py | -m MODULE) [ARGS...]` with the launcher's
 environment: torchrun's variables plus GEOTRAIN_EMULATE_CONFIG, a JSON file
-{"cluster": <cluster dict>, "devices": [...], "time_scale": F, "nic_gbps": G|null, "report_dir": D|null}.
+{"cluster": <cluster dict>, "devices": [...], "time_scale": F, "nic_gbps": G|null, "report_dir": D|null,
+"compute_scale": [one factor per cluster device]|null}.
 The process dies with its launcher (geotrain.procs.die_with_parent).
 """
 
@@ -34,7 +35,8 @@ def main(argv: list[str]) -> None:
     die_with_parent(int(os.environ.get("GEOTRAIN_EMULATE_LAUNCHER_PID", os.getppid())))
     config = json.loads(Path(os.environ[CONFIG_ENV]).read_text())
     install(cluster_from_dict(config["cluster"], os.environ[CONFIG_ENV]), config["devices"],
-            config["time_scale"], config.get("nic_gbps"), config.get("report_dir"))
+            config["time_scale"], config.get("nic_gbps"), config.get("report_dir"),
+            compute_scale=config.get("compute_scale"))
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]

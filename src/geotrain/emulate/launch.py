@@ -42,6 +42,9 @@ class LaunchConfig:
     timeout_s: float | None = None
     grace_s: float = 5.0
     log_dir: Path | None = None  # each rank's stdout + stderr to log_dir/rank<r>.log (None: inherited)
+    compute_scale: tuple[float, ...] | None = None
+    """One factor per cluster device: the rank on device d counts that many times its measured compute
+    (install's compute_scale; None: all 1)."""
 
 
 def free_port() -> int:
@@ -78,7 +81,8 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         config_path = Path(tmp) / "config.json"
         config_path.write_text(json.dumps({
             "cluster": cluster_to_dict(cluster, "dense"), "devices": device_list, "time_scale": config.time_scale,
-            "nic_gbps": config.nic_gbps, "report_dir": str(parts) if config.report_path else None}))
+            "nic_gbps": config.nic_gbps, "report_dir": str(parts) if config.report_path else None,
+            "compute_scale": None if config.compute_scale is None else list(config.compute_scale)}))
         port = free_port()
         command = (sys.executable, "-m", "geotrain.emulate.bootstrap", *config.target)
         world = len(device_list)

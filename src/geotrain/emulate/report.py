@@ -37,7 +37,8 @@ def merge_report(parts_dir: Path, cluster: Cluster, devices: Sequence[int], time
     peaks = peak_profile(np.array([[t["start_s"], t["wire_end_s"], t["nbytes"]] for t in between]).reshape(-1, 3))
     return {
         "cluster": cluster.name, "devices": list(devices), "time_scale": time_scale,
-        "ranks": [{k: part[k] for k in ("rank", "device", "clock_s", "slept_s")} for part in parts],
+        "ranks": [{k: part.get(k) for k in ("rank", "device", "clock_s", "slept_s", "compute_scale")}
+                  for part in parts],
         "transfers": transfers, "ops": ops,
         "summary": {"transfers": len(transfers), "bytes": sum(t["nbytes"] for t in transfers),
                     "inter_region_bytes": inter,

@@ -72,7 +72,8 @@ class EmulationState:
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "device": self.device, "clock_s": self.clock.now(),
-                "slept_s": self.clock.slept_s, "transfers": [t.to_json() for t in self.transfers],
+                "slept_s": self.clock.slept_s,
+                "compute_scale": self.clock.compute_scale, "transfers": [t.to_json() for t in self.transfers],
                 "ops": [o.to_json() for o in self.ops]}
 
     def write_part(self, directory: Path) -> Path:

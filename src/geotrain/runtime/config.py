@@ -17,6 +17,7 @@ import numpy as np
 
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
+from geotrain.runtime.batch_shares import BatchSharesError, batch_shares, parse_batch_shares
 from geotrain.runtime.elastic.rules import check_elastic
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
@@ -106,6 +107,10 @@ class RuntimeConfig:
         if self.run.device == "cuda" and self.optim.optimizer == "onebit-adam":
             raise RuntimeConfigError("run.device cuda: optim.optimizer 'onebit-adam' keeps its state in host memory "
                                      "(CPU only); use --optimizer adamw (any --dp-codec) or --device cpu")
+        self.batch_shares()
+        if self.schedule.batch_shares != "equal" and (self.optim.sync_every is not None or self.reliability.elastic):
+            raise RuntimeConfigError(f"schedule.batch_shares {self.schedule.batch_shares!r}: per-step data "
+                                     "parallelism only (not with optim.sync_every or reliability.elastic); use equal")
         self.split_weights()  # every device's gpu type must be known (UnknownGpuError names it) before launch
         self.compute_scale()
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:
@@ -161,6 +166,17 @@ class RuntimeConfig:
         relative = speeds / speeds.max()
         return tuple(float(relative[v % self.stages]) for v in range(self.pipeline_stages))
 
+    def batch_shares(self) -> tuple[int, ...]:
+        """Sequences per replica per iteration (R ints summing to R x batch_size; runtime/batch_shares.py)."""
+        rule = parse_batch_shares(self.schedule.batch_shares)
+        if rule == "speed":
+            self._peak_flops("batch shares by speed")
+        try:
+            return batch_shares(rule, self.cluster, self.assignment, self.schedule.batch_size,
+                                self.schedule.microbatches)
+        except BatchSharesError as exc:
+            raise RuntimeConfigError(f"schedule.{exc}") from None
+
     def compute_scale(self) -> tuple[float, ...] | None:
         """With emulate_gpu_speed, one factor per cluster device: the cluster's fastest GPU's peak FLOP/s over
         the device's (cost/gpus.py), by which the emulator multiplies that device's measured compute (the
@@ -168,7 +184,7 @@ class RuntimeConfig:
         if not self.emulation.emulate_gpu_speed:
             return None
         peaks = self._peak_flops("emulate GPU speed")
-        return tuple(float(k) for k in peaks.max() / peaks)
+        return tuple(float(k) for k in peaks.max() / peaks)  # cost.device_slowdowns
 
     def _peak_flops(self, purpose: str) -> np.ndarray:
         """(N,) peak FLOP/s of the cluster's devices; an unknown gpu type is a one-line config error."""

@@ -7,6 +7,10 @@ stages per rank, S V - 1 cuts of 1/V of what rank 0 sends). One cost model is bu
 by default; "ring" scores the ring all-reduce that gloo runs; "schedule" simulates the schedule the
 run uses, looped ones included) and its seconds are multiplied by the time scale, so that
 prediction and the emulated, measured run are in the same seconds.
+
+A run that does not exchange every step (local SGD / DiLoCo, `--sync-every H`, with P fragments) is
+charged its DP exchange `syncs_per_step` = P / H times per step (`sync_rate`): the mean over steps of
+an exchange of the measured (largest) payload every H / P steps; pipeline traffic is charged every step.
 """
 
 from __future__ import annotations
@@ -52,17 +56,23 @@ def measured_traffic(dp_bytes_per_stage: Sequence[float], pp_bytes_per_cut: int,
                    pp_bytes=(max(0.0, float(pp_bytes_per_cut)) / virtual_stages,) * cuts, replicas=replicas)
 
 
+def sync_rate(sync_every: int | None, fragments: int = 1) -> float:
+    """DP exchanges per step: 1 every step (sync_every None), else fragments / sync_every."""
+    return 1.0 if sync_every is None else min(1.0, fragments / sync_every)
+
+
 def predict_comm(cluster: Cluster, assignment: np.ndarray, dp_bytes_per_stage: Sequence[float],
                  pp_bytes_per_cut: int, time_scale: float, cost_model: str = DEFAULT_COST_MODEL,
-                 virtual_stages: int = 1) -> CommPrediction:
-    """The cost model's dp and pp seconds for this assignment and these real payload sizes, x time_scale."""
+                 virtual_stages: int = 1, syncs_per_step: float = 1.0) -> CommPrediction:
+    """The cost model's dp and pp seconds for this assignment and these real payload sizes, x time_scale;
+    dp charged `syncs_per_step` times per step (sync_rate)."""
     assignment = np.asarray(assignment, dtype=np.int64)
     stages, replicas = assignment.shape
     if len(dp_bytes_per_stage) != stages:
         raise ValueError(f"need one dp byte count per stage ({stages}), got {len(dp_bytes_per_stage)}")
     traffic = measured_traffic(dp_bytes_per_stage, pp_bytes_per_cut, replicas, virtual_stages)
     breakdown = build_traffic_model(cost_model, cluster, traffic).evaluate(assignment)
-    dp_per_stage = breakdown.dp_per_stage * time_scale
+    dp_per_stage = breakdown.dp_per_stage * time_scale * syncs_per_step
     pp_per_replica = breakdown.pp_per_replica * time_scale
     return CommPrediction(dp_s=float(dp_per_stage.max()), pp_s=float(pp_per_replica.max()),
                           dp_per_stage_s=tuple(float(x) for x in dp_per_stage),
@@ -76,7 +86,7 @@ ITERATION_MODELS = ("schedule", "ring", "yuan")
 def predict_iteration_s(cluster: Cluster, assignment: np.ndarray, slot_compute_s: np.ndarray,
                         dp_bytes_per_stage: Sequence[float], pp_bytes_per_cut: int, microbatches: int,
                         schedule: str, time_scale: float, cost_model: str = ITERATION_MODELS[0],
-                        virtual_stages: int = 1) -> float:
+                        virtual_stages: int = 1, syncs_per_step: float = 1.0) -> float:
     """Seconds of one iteration (wall: compute at real speed, link time x time_scale).
 
     `slot_compute_s[s, r]`: the measured compute seconds of slot (s, r) in the iteration (the runtime's
@@ -84,12 +94,13 @@ def predict_iteration_s(cluster: Cluster, assignment: np.ndarray, slot_compute_s
     of `schedule`'s actions with that compute split into M forwards and M backwards (1 : 2) per
     virtual stage, M messages of pp_bytes / (V M) per cut and direction, and the ring all-reduce in
     replica order (gloo's); "yuan" / "ring": the no-overlap view, that model's dp + pp plus the
-    slowest slot's compute."""
+    slowest slot's compute. `syncs_per_step` < 1 (sync_rate): the DP exchange's share of the iteration
+    (with it less without it) is charged that often."""
     assignment = np.asarray(assignment, dtype=np.int64)
     slot_compute_s = np.asarray(slot_compute_s, dtype=float)
     if cost_model in ("yuan", "ring"):
         comm = predict_comm(cluster, assignment, dp_bytes_per_stage, pp_bytes_per_cut, time_scale, cost_model,
-                            virtual_stages)
+                            virtual_stages, syncs_per_step)
         return comm.total_s + float(slot_compute_s.max())
     if cost_model != "schedule":
         raise ValueError(f"--cost-model: one of {', '.join(ITERATION_MODELS)}, got {cost_model!r}")
@@ -100,9 +111,17 @@ def predict_iteration_s(cluster: Cluster, assignment: np.ndarray, slot_compute_s
         forward = np.tile(forward_s[assignment.T] / virtual_stages, virtual_stages)  # stage v on device v mod S
         no_link = np.zeros(forward.shape[:-1] + (forward.shape[-1] - 1,))
         return float(simulate_actions(actions, forward, no_link, no_link)[0].max())
-    traffic = measured_traffic(dp_bytes_per_stage, pp_bytes_per_cut, assignment.shape[1], virtual_stages)
-    # The simulation is homogeneous in time: with compute / F as input, F x its result is
-    # compute at real speed plus link time x F.
-    model = ScheduleCostModel(cluster, traffic, forward_s / time_scale, microbatches, schedule=schedule,
-                              allreduce="ring")
-    return model.evaluate(assignment).total * time_scale
+
+    def simulated_s(dp_bytes: Sequence[float]) -> float:
+        traffic = measured_traffic(dp_bytes, pp_bytes_per_cut, assignment.shape[1], virtual_stages)
+        # The simulation is homogeneous in time: with compute / F as input, F x its result is
+        # compute at real speed plus link time x F.
+        model = ScheduleCostModel(cluster, traffic, forward_s / time_scale, microbatches, schedule=schedule,
+                                  allreduce="ring")
+        return model.evaluate(assignment).total * time_scale
+
+    with_sync = simulated_s(dp_bytes_per_stage)
+    if syncs_per_step >= 1.0:
+        return with_sync
+    without = simulated_s([0.0] * len(dp_bytes_per_stage))
+    return without + syncs_per_step * (with_sync - without)

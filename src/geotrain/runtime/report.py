@@ -5,7 +5,8 @@ Measured communication of one iteration, aggregated exactly as the cost model ag
           backward link (gradients): the union of [hand-off, delivery] of that link's messages;
   dp_s  = the longest DP-exchange time (after the barrier) among the members of stage s;
   comm  = max_s dp_s + max_r pp_r.
-Predicted communication: the yuan model with this run's real payload bytes, time-scaled (predict.py).
+Predicted communication: the yuan model with this run's real payload bytes, time-scaled, the DP
+exchange charged once per `--sync-every` H steps (predict.py).
 Predicted iteration, per model of predict.ITERATION_MODELS ("schedule": the event simulation with each
 slot's measured compute of that iteration; "yuan"/"ring": their comm + the slowest slot's compute).
 `replicas_in_sync`: every step, all replicas of each stage had bit-identical weights (a checksum).
@@ -24,7 +25,7 @@ import numpy as np
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
-from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s
+from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s, sync_rate
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,13 @@ class RunReport:
     """(completed steps, mean validation loss in nats) per evaluation."""
     boundaries: tuple[int, ...] = ()
     """The run's stage cut: layers [b_v, b_{v+1}) form pipeline stage v (runtime.stages)."""
+    compute_fraction: dict[str, float] = field(default_factory=dict)
+    """Per device (cluster name) of the plan: its mean compute seconds over the mean step seconds
+    (iterations after the first; emulated seconds under emulation: step_seconds)."""
+    step_s: float = 0.0
+    """Mean step seconds (step_seconds) over the iterations after the first."""
+    samples: tuple[int, ...] = ()
+    """Sequences per replica per iteration (--batch-shares)."""
 
     @property
     def losses(self) -> list[float]:
@@ -132,7 +140,9 @@ class RunReport:
                 "dp_predicted_s": self.mean("dp_predicted_s"), "pp_predicted_s": self.mean("pp_predicted_s"),
                 "error_pct": relative_error_pct(measured, predicted),
                 "first_loss": self.rows[0].loss, "final_loss": self.rows[-1].loss,
-                "replicas_in_sync": self.replicas_in_sync}
+                "replicas_in_sync": self.replicas_in_sync, "site_compute_fraction": dict(self.compute_fraction),
+                "step_s": self.step_s,
+                "samples_per_replica": list(self.samples)}
 
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "stages": self.stages, "replicas": self.replicas, "assignment": self.assignment,
@@ -196,8 +206,9 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         if record["stage"] == 0 and record["replica"] == 0:  # activations replica 0 sends out of stage 0
             pp_bytes = int(record.get("pp_bytes", 0))
     virtual = config.stages_per_rank
+    rate = sync_rate(config.optim.sync_every, config.optim.fragments)  # --sync-every H: one exchange per H steps
     prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.emulation.time_scale,
-                              virtual_stages=virtual)
+                              virtual_stages=virtual, syncs_per_step=rate)
 
     def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
         compute = np.zeros((stages, replicas))
@@ -205,7 +216,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             compute[record["stage"], record["replica"]] = record["compute_s"]
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
                                            config.schedule.microbatches, config.schedule.schedule, time_scale, model,
-                                           virtual)
+                                           virtual, rate)
                 for model in ITERATION_MODELS}
 
     periods = emulated_periods_s(by_step, config.emulation.time_scale)
@@ -216,11 +227,13 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         dp_by_stage = np.zeros(stages)
         for record in step_records:
             dp_by_stage[record["stage"]] = max(dp_by_stage[record["stage"]], record["dp_s"])
+        # the mean over the replicas' sequences (--batch-shares: replicas hold different numbers of them)
         losses = [r["loss"] for r in step_records if r["loss"] is not None]
+        weights = [r.get("samples", 1) for r in step_records if r["loss"] is not None]
         for stage in range(stages):
             in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
         rows.append(IterationRow(
-            step=step, loss=float(np.mean(losses)),
+            step=step, loss=float(np.average(losses, weights=weights)),
             iteration_s=max(r["iteration_s"] for r in step_records),
             compute_s=max(r["compute_s"] for r in step_records),
             dp_measured_s=float(dp_by_stage.max()),
@@ -233,7 +246,38 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                                          else {}),
             dp_bytes=max(int(r["dp_bytes"]) for r in step_records)))
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
+    per_replica = {r["replica"]: int(r.get("samples", config.schedule.batch_size)) for r in records}
+    samples = tuple(per_replica.get(replica, config.schedule.batch_size) for replica in range(replicas))
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
-                     validation=tuple(validation), boundaries=tuple(records[0].get("boundaries", ())) if records else ())
+                     validation=tuple(validation),
+                     boundaries=tuple(records[0].get("boundaries", ())) if records else (),
+                     compute_fraction=slot_compute_fraction(config, by_step), samples=samples,
+                     step_s=float(np.mean([step_seconds(by_step[k]) for k in steady_steps(by_step)])))
+
+
+def steady_steps(by_step: dict[int, Any]) -> list[int]:
+    """The steps summarised: after the first (it pays set-up costs), or the only one."""
+    return sorted(by_step)[1:] or sorted(by_step)
+
+
+def step_seconds(step_records: Sequence[dict[str, Any]]) -> float:
+    """One step's seconds: under emulation the longest emulated span of a rank's step (its clock from the
+    step's start to its end: compute at the emulated speed, links as emulated), else the longest wall
+    iteration_s."""
+    spans = [r["emulated"]["end_s"] - r["emulated"]["start_s"] for r in step_records if r.get("emulated")]
+    return max(spans) if spans else max(r["iteration_s"] for r in step_records)
+
+
+def slot_compute_fraction(config: RuntimeConfig, by_step: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
+    """Device name -> mean compute_s of its slot over the mean step seconds (step_seconds), over the steps
+    after the first (all of them with one step)."""
+    steps = steady_steps(by_step)
+    iteration = float(np.mean([step_seconds(by_step[step]) for step in steps]))
+    names = config.cluster.device_names
+    compute: dict[str, list[float]] = defaultdict(list)
+    for step in steps:
+        for record in by_step[step]:
+            compute[names[config.assignment[record["stage"], record["replica"]]]].append(record["compute_s"])
+    return {name: float(np.mean(values)) / iteration if iteration > 0 else 0.0 for name, values in compute.items()}

@@ -23,7 +23,8 @@ from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
-from geotrain.runtime.elastic.chaos import ChaosSpecError, parse_chaos
+from geotrain.runtime.batch_shares import BatchSharesError, parse_batch_shares
+from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, slow_only
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
 from geotrain.sync.streaming import FRAGMENT_SPLITS
@@ -186,6 +187,11 @@ class ScheduleSection(Section):
                                           "by speed)")
     split_boundaries: tuple[int, ...] = setting((), "a plan's cut: S + 1 increasing cut points from 0 over the plan "
                                                     "job's layers (used when it fits the model)", flag=NO_FLAG)
+    batch_shares: str = setting("equal", "per-step data parallelism: how the global batch (replicas x batch_size) is "
+                                         "shared out: equal, speed (by each replica's GPU peak FLOP/s), measured "
+                                         "(speed, then re-balanced every 3 steps by measured compute) or weights "
+                                         "W1,W2,... (one per replica); gradients are averaged weighted by samples "
+                                         "(runtime/batch_shares.py)", metavar="equal|speed|measured|W1,W2,...")
 
     def __post_init__(self) -> None:
         self._choice("schedule", tuple(PIPELINE_SCHEDULES))
@@ -202,6 +208,10 @@ class ScheduleSection(Section):
                 self._fail("virtual_stages", f"must be {'an integer >= 2' if looped else '1'} with schedule "
                                              f"{self.schedule!r}")
         self._flag("split_by_speed")
+        try:
+            parse_batch_shares(self.batch_shares)
+        except BatchSharesError as exc:
+            raise RuntimeConfigError(f"schedule.{exc}") from None
         cuts = self._tuple("split_boundaries")
         if cuts and (cuts[0] != 0 or any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) or b <= a
                                          for a, b in zip(cuts, cuts[1:]))):
@@ -326,8 +336,10 @@ class ReliabilitySection(Section):
     min_replicas: int = setting(1, "--elastic: fewest live replica groups a step (or outer sync) needs",
                                 metavar="K")
     max_restarts: int = setting(3, "--elastic: times the launcher restarts each failed replica group", metavar="N")
-    chaos: str | None = setting(None, "--elastic: failures to inject, e.g. kill-site:every=20s (seeded by --seed; "
-                                      "docs/fault_tolerance.md)", metavar="SPEC")
+    chaos: str | None = setting(None, "failures to inject: with --elastic kill-site:every=20s, partition:... "
+                                      "(seeded by --seed; docs/fault_tolerance.md); without --elastic "
+                                      "slow:site=K,factor=F,at=T (replica K computes F x slower from T s of "
+                                      "training on)", metavar="SPEC")
     lighthouse: str | None = setting(None, "--elastic: HOST:PORT of a running torchft lighthouse (default: the "
                                            "launcher starts one on this host)", metavar="HOST:PORT")
     netlab: bool = setting(False, "--elastic: run each replica group in a netlab namespace of its plan device "
@@ -348,9 +360,15 @@ class ReliabilitySection(Section):
             except ChaosSpecError as exc:
                 raise RuntimeConfigError(f"reliability.chaos: {exc}") from None
         if not self.elastic:
-            for key in ("min_replicas", "max_restarts", "chaos", "lighthouse", "netlab"):
+            # a slow-down fault is applied by the per-step workers; kills and partitions need the groups
+            keys = ("min_replicas", "max_restarts", "lighthouse", "netlab") + (
+                () if self.chaos is None or slow_only(self.chaos) else ("chaos",))
+            for key in keys:
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is an elastic run's setting: it needs reliability.elastic (--elastic)")
+        elif self.chaos is not None and any(isinstance(f, Slow) for f in parse_chaos(self.chaos)):
+            self._fail("chaos", "slow faults run without reliability.elastic (the elastic groups' workers do not "
+                                "apply them)")
         if self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
             self._fail("heartbeat_timeout_s", f"must be more than twice heartbeat_interval_s "
                                               f"({self.heartbeat_interval_s!r})")

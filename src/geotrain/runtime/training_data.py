@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from geotrain.data import DataError, WorldTokens, load_corpus, replica_batch, sidecar_path, source_files, world_tokens
+from geotrain.data import (DataError, WorldTokens, load_corpus, replica_batch, sidecar_path, source_files,
+                           window_starts, world_tokens)
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +32,14 @@ class TrainingData:
               seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This replica's (inputs, targets) of `step`: int64 (per_replica, seq_len) each."""
         return replica_batch(self.train, seed, step, replica, replicas, per_replica * replicas, seq_len)
+
+    def share(self, seed: int, step: int, first: int, count: int, global_batch: int,
+              seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Windows first..first + count - 1 of `step`'s global batch of `global_batch` windows (a replica's
+        batch share, runtime/batch_shares.py): (inputs, targets), int64 (count, seq_len) each."""
+        starts = window_starts(seed, step, len(self.train), seq_len, global_batch)[first:first + count]
+        windows = torch.from_numpy(np.asarray(self.train)[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64))
+        return windows[:, :-1], windows[:, 1:]
 
 
 def load_training_data(data: str | None, data_seed: int, val_fraction: float,

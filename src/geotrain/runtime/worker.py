@@ -12,6 +12,7 @@ rank's records. Ranks are numbered stage x R + replica; pipeline groups and DP g
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -30,10 +31,14 @@ from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_tie
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime import replan
 from geotrain.models import MODEL_PRESETS
+from geotrain.cost.batch_shares import rebalanced_samples
+from geotrain.runtime.batch_shares import (REBALANCE_EVERY, gradient_factor, rebalance_due, replica_compute_s,
+                                           share_offset, weight_gradients)
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
 from geotrain.runtime.pipeline import Pipeline, owner_of, pipeline_forward, virtual_stages_of
+from geotrain.runtime.slowdown import SlowDown, site_slowdowns
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
@@ -87,6 +92,8 @@ class Worker:
         self.pp_ranks = [self.layout.rank_of(s, self.slot.replica) for s in range(S)]
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
+        self.shares = config.batch_shares()  # sequences per replica (--batch-shares)
+        self.share = self.shares[self.slot.replica]
         model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
                                   self.seq_len)
         if model.vocab_size is not None and self.data.vocab_size > model.vocab_size:
@@ -97,7 +104,8 @@ class Worker:
         wire = config.comm.wire_dtypes()
         self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire)
         # the shapes run the whole model on CPU: before this rank's stages move to the device
-        self.shapes = stage_shapes(model, self.boundaries, config.microbatch_size, self.seq_len, wire)
+        self.shapes = stage_shapes(model, self.boundaries, self.share // config.schedule.microbatches,
+                                  self.seq_len, wire)
         for module in self.modules.values():
             module.to(device)
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
@@ -108,10 +116,11 @@ class Worker:
         clock = COMPUTE_CLOCKS[config.emulation.compute_clock] if emulation is not None else time.perf_counter
         self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.slot.device], clock=clock,
                                   device_sync=torch.cuda.synchronize if device.type == "cuda" else None)
+        self.slowdown = SlowDown(site_slowdowns(config.reliability.chaos, self.slot.replica), self.timer, emulation)
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
+        self.pp_group = pp_groups[self.slot.replica]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
-                                 lm_loss,
-                                 pp_groups[self.slot.replica], device, self.timer)
+                                 lm_loss, self.pp_group, device, self.timer)
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
                      if config.comm.dp_hierarchical else None)
@@ -163,8 +172,8 @@ class Worker:
         cfg = self.config
         if not (self.pipeline.has_first or self.pipeline.has_last):
             return None, None
-        x, y = self.data.batch(cfg.data.data_seed, step, self.slot.replica, cfg.replicas, cfg.schedule.batch_size,
-                               self.seq_len)
+        x, y = self.data.share(cfg.data.data_seed, step, share_offset(self.shares, self.slot.replica), self.share,
+                               sum(self.shares), self.seq_len)
         # contiguous: the windows' views have the stride of a longer row, which torch's stage checks refuse
         return x.to(self.device).contiguous(), y.to(self.device).contiguous()
 
@@ -172,25 +181,46 @@ class Worker:
         cfg = self.config
         started = time.perf_counter()
         self.timer.seconds = 0.0
+        self.slowdown.before_step()
         mark = self.transport.step_mark(self.emulation)
         inputs, targets = self._batch(step)
         self.dp.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
         self.dp.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self.pipeline.step(inputs, targets)
+        self.slowdown.after_compute(self.timer.seconds)
         self._sum_tied_gradients()
+        # weighted by samples: the DP mean of unequal shares is then the full batch's gradient
+        weight_gradients(self.dp.params, gradient_factor(self.shares, self.slot.replica))
         dp_bytes, grad_norm = self.dp.step(step, self.timer)
         # A fingerprint of this stage's weights: replicas of a stage must stay bit-identical.
         param_sum = self.dp.fingerprint()
         transfers = self.transport.p2p_since(self.emulation, mark)
         collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
-                "loss": loss, "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
+                "loss": loss, "samples": self.share,
+                "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
                 "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
                 "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+
+    def rebalance_shares(self) -> None:
+        """--batch-shares measured: new shares from the last REBALANCE_EVERY steps' compute of every replica
+        (the same on every rank); the pipeline is rebuilt for this replica's new micro-batch size."""
+        cfg = self.config
+        mean_s = float(np.mean([r["compute_s"] for r in self.records[-REBALANCE_EVERY:]]))
+        shares = rebalanced_samples(self.shares, replica_compute_s(mean_s, self.slot.replica, cfg.replicas),
+                                    cfg.schedule.microbatches)
+        if shares == self.shares:
+            return
+        self.shares, self.share = shares, shares[self.slot.replica]
+        micro = self.share // cfg.schedule.microbatches
+        self.shapes = [dataclasses.replace(s, input_shape=(micro, *s.input_shape[1:]),
+                                           output_shape=(micro, *s.output_shape[1:])) for s in self.shapes]
+        self.pipeline = Pipeline(cfg.schedule.schedule, self.modules, self.shapes, cfg.schedule.microbatches, lm_loss,
+                                 self.pp_group, self.device, self.timer)
 
     def _pp_bytes_sent(self) -> int:
         """Activation bytes this rank sends to later stages per iteration (all micro-batches, all its
@@ -302,6 +332,8 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         if data.evaluates_after(step, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
+        if rebalance_due(config.schedule.batch_shares, step):
+            worker.rebalance_shares()
         watchdog.publish_step(step + 1)
         if checkpoint.due(step + 1, end):
             worker.save(step + 1)

@@ -59,3 +59,37 @@ def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(tmp_path
     settings = dict(line.split(" = ", 1) for line in shown.stdout.splitlines() if " = " in line)
     assert settings["sync_moments"] == "true" and settings["sync_every"] == str(recipe["sync_every"])
     assert settings["moment_syncs"] == "1"
+
+
+MIXED = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "mixed-gpus-3x2.yaml"
+
+
+@pytest.mark.slow  # three CLI launches
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("compute_s, chosen", [(2.0, "batch_shares"), (0.1, "wan_recipe")])
+def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train_runs_it(tmp_path: Path, compute_s,
+                                                                                          chosen):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: tiny-24\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: 24\n"
+                   "bytes_per_value: 4\nvocab: 44\n")
+    out = tmp_path / "plan.json"
+    done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
+                           "--replicas", "3", "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe",
+                           "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    site = plan["site_compute"]
+    assert site["chosen"] == chosen and site["step_s"] == min(site["candidates_step_s"]["batch_shares"],
+                                                              site["candidates_step_s"]["wan_recipe"])
+    assert set(site["site_compute_fraction"]) == {"oregon-0", "virginia-0", "frankfurt-0"}
+    assert (chosen in plan) and ({"batch_shares", "wan_recipe"} - {chosen}).isdisjoint(plan)
+    shown = subprocess.run([*GEOTRAIN, "train", "--cluster", str(MIXED), "--plan", str(out), "--print-config"],
+                           capture_output=True, text=True, timeout=180)
+    assert shown.returncode == 0, shown.stderr
+    settings = dict(line.split(" = ", 1) for line in shown.stdout.splitlines() if " = " in line)
+    if chosen == "batch_shares":
+        assert plan["batch_shares"]["samples"] == [15, 6, 3]
+        assert settings["batch_shares"] == '"speed"' and "sync_every" not in settings  # per-step DP
+    else:
+        assert settings["batch_shares"] == '"equal"' and settings["sync_every"] == str(plan["wan_recipe"]["sync_every"])

@@ -92,3 +92,44 @@ def test_a_t4_replica_computes_about_five_times_longer_than_measured():
     # threshold on the means failed once under load at 1.77x), so the factor asked is loose: without the
     # emulation it is 1
     assert emulated > 1.5 * measured, (emulated, measured)
+
+
+_BUSY_SCRIPT = """
+import json, os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+started = time.perf_counter()
+sum(i * i for i in range(300_000))  # the same compute on every rank
+busy = time.perf_counter() - started
+dist.barrier()
+with open(os.path.join(sys.argv[1], f"busy{dist.get_rank()}.json"), "w") as handle:
+    json.dump(busy, handle)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("flag", [True, False])
+def test_emulate_flag_counts_each_ranks_compute_at_its_gpus_speed(tmp_path, flag):
+    import subprocess
+    import sys
+
+    from geotrain.emulate.report import barrier_intervals_s
+
+    script = tmp_path / "busy.py"
+    script.write_text(_BUSY_SCRIPT)
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "geotrain", "emulate", "--cluster", str(MIXED), "--devices", "0,4",
+               "--time-scale", "0", "--report", str(report), *(["--emulate-gpu-speed"] if flag else []),
+               "--", str(script), str(tmp_path)]
+    subprocess.run(command, check=True, timeout=180)
+    result = json.loads(report.read_text())
+    scales = [rank["compute_scale"] for rank in result["ranks"]]
+    assert scales == ([1.0, pytest.approx(312 / 65)] if flag else [1.0, 1.0])  # an A100 and a T4
+    if flag:
+        # the emulated clock of the T4 rank counts 312/65 x its real seconds between the two barriers, and the
+        # second barrier ends when its last member arrives: an identity of the clock, not a timing
+        busy = json.loads((tmp_path / "busy1.json").read_text())
+        assert barrier_intervals_s(result)[-1] >= 312 / 65 * busy * (1 - 1e-9)

@@ -8,8 +8,11 @@ pure function of (spec, replica groups, seed).
     partition:site=1,at=5s,for=3s       cut group 1's links at 5 s, heal them at 8 s
     partition:at=5s,for=3s,every=20s,count=2   a partition every 20 s from 5 s, twice, the group drawn
     kill-site:every=30s;kill-site:every=45s,site=0   several faults: ';' (or a new 'name:' after ',')
+    slow:site=2,factor=3,at=10s         from 10 s of training on, replica 2 computes 3x slower (a run without
+                                        --elastic: runtime/slowdown.py; `at` defaults to 0)
 
-Durations: a number with unit ms, s, m or h (a bare number is seconds). A partition is a link state
+Durations: a number with unit ms, s, m or h (a bare number is seconds);
+a slow-down's `at` may be 0. A partition is a link state
 of the emulating backend (runtime/elastic/links.py): the launcher cuts the group's links and heals them;
 the group stays up. The launcher (runtime/elastic/launch.py) kills the group due at each time if it is
 running; a group that is down at that moment is not killed twice (the kill is skipped), nor is a
@@ -27,9 +30,10 @@ import numpy as np
 
 from geotrain.errors import GeotrainError, shown
 
-FAULTS = ("kill-site", "partition")
+FAULTS = ("kill-site", "partition", "slow")
 KILL_KEYS = ("every", "site", "first", "count")
 PARTITION_KEYS = ("site", "at", "for", "every", "count")
+SLOW_KEYS = ("site", "factor", "at")
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
@@ -78,7 +82,17 @@ class Partition:
         return math.inf if self.every_s is None else self.every_s
 
 
-Fault = KillSite | Partition
+@dataclass(frozen=True)
+class Slow:
+    """Replica (site) `site`'s compute runs `factor` times slower (factor >= 1) from `at_s` seconds of
+    training on (the worker applies it: runtime/slowdown.py)."""
+
+    site: int
+    factor: float
+    at_s: float = 0.0
+
+
+Fault = KillSite | Partition | Slow
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,14 @@ def parse_duration_s(text: str, where: str) -> float:
         raise ChaosSpecError(f"chaos {where}: duration must be a number > 0 with unit ms, s, m or h, "
                              f"got {shown(text)}")
     return value
+
+
+def _at_s(text: str, where: str) -> float:
+    """A duration as parse_duration_s, or 0 ('0', '0s', '0ms')."""
+    match = _DURATION.match(text)
+    if match and float(match.group(1)) == 0:
+        return 0.0
+    return parse_duration_s(text, where)
 
 
 def _count(text: str, where: str, low: int) -> int:
@@ -170,6 +192,24 @@ def _partition(pairs: list[str]) -> Partition:
                      every_s, _count(values["count"], "partition count", 1) if "count" in values else None)
 
 
+def _slow(pairs: list[str]) -> Slow:
+    values = _values("slow", pairs, SLOW_KEYS)
+    if "site" not in values or "factor" not in values:
+        raise ChaosSpecError("chaos slow: needs site=K and factor=F (e.g. slow:site=2,factor=3,at=10s)")
+    try:
+        factor = float(values["factor"])
+    except ValueError:
+        factor = math.nan
+    if not (math.isfinite(factor) and factor >= 1):
+        raise ChaosSpecError(f"chaos slow factor: must be a number >= 1 (how many times slower), "
+                             f"got {shown(values['factor'])}")
+    return Slow(_count(values["site"], "slow site", 0), factor,
+                _at_s(values["at"], "slow at") if "at" in values else 0.0)
+
+
+_PARSERS = {"kill-site": _kill_site, "partition": _partition, "slow": _slow}
+
+
 def parse_chaos(spec: str) -> tuple[Fault, ...]:
     """The faults of a --chaos spec (see the module doc); ChaosSpecError, one line, otherwise."""
     if not isinstance(spec, str) or not spec.strip():
@@ -178,8 +218,13 @@ def parse_chaos(spec: str) -> tuple[Fault, ...]:
     for name, pairs in _fault_parts(spec):
         if name not in FAULTS:
             raise ChaosSpecError(f"chaos: unknown fault {shown(name)} (known: {', '.join(FAULTS)})")
-        faults.append(_kill_site(pairs) if name == "kill-site" else _partition(pairs))
+        faults.append(_PARSERS[name](pairs))
     return tuple(faults)
+
+
+def slow_only(spec: str) -> bool:
+    """Whether a valid --chaos spec holds slow-down faults only (which a run without --elastic applies)."""
+    return all(isinstance(fault, Slow) for fault in parse_chaos(spec))
 
 
 def has_partition(spec: str) -> bool:
@@ -194,7 +239,7 @@ def check_sites(faults: tuple[Fault, ...], groups: int) -> None:
     """Every fixed `site` names one of the run's `groups` replica groups."""
     for fault in faults:
         if fault.site is not None and fault.site >= groups:
-            name = "kill-site" if isinstance(fault, KillSite) else "partition"
+            name = {KillSite: "kill-site", Partition: "partition", Slow: "slow"}[type(fault)]
             raise ChaosSpecError(f"chaos {name}: site must be a replica group in 0..{groups - 1}, got {fault.site}")
 
 
