@@ -217,8 +217,9 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         for record in step_records:
             dp_by_stage[record["stage"]] = max(dp_by_stage[record["stage"]], record["dp_s"])
         losses = [r["loss"] for r in step_records if r["loss"] is not None]
-        for stage in range(stages):
-            in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
+        if not any("outer_step" in r for r in step_records):
+            for stage in range(stages):
+                in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
         rows.append(IterationRow(
             step=step, loss=float(np.mean(losses)),
             iteration_s=max(r["iteration_s"] for r in step_records),
@@ -232,6 +233,12 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             iteration_predicted_links_s=(iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0
                                          else {}),
             dp_bytes=max(int(r["dp_bytes"]) for r in step_records)))
+    # adaptive local steps (records with outer_step): ranks agree between the same outer syncs, not at a step index
+    by_period: dict[tuple[int, int], set[float]] = defaultdict(set)
+    for record in records:
+        if "outer_step" in record:
+            by_period[(record["outer_step"], record["stage"])].add(record["param_sum"])
+    in_sync &= all(len(sums) == 1 for sums in by_period.values())
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
