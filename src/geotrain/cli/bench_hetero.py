@@ -55,16 +55,19 @@ def run(args: Any) -> int:
         from geotrain.plots.wan import plot_loss_vs_time
 
         plot_loss_vs_time({r["label"]: (r["curve"]["time_s"], r["curve"]["val_loss"]) for r in doc["rows"]},
-                          args.plot, doc["target"], f"bench hetero on {doc['cluster']}: {config.steps} steps' samples each")
+                          args.plot, doc["target"],
+                          f"bench hetero on {doc['cluster']}: {config.steps} steps' samples each")
     if args.json:
         out.emit_json(doc)
         return 0
     sites = list(doc["gpus"])
-    out.table(f"bench hetero: {config.model} GPT on {doc['cluster']} ({', '.join(f'{s} {g}' for s, g in doc['gpus'].items())}), "
+    gpus = ", ".join(f"{site} {gpu}" for site, gpu in doc["gpus"].items())
+    out.table(f"bench hetero: {config.model} GPT on {doc['cluster']} ({gpus}), "
               f"{config.steps} steps' samples each, target validation loss {config.target:g} (emulated seconds)",
-              ["kind", "row", "time to target", "elapsed", f"val loss", "compute fraction (" + ", ".join(sites) + ")",
+              ["kind", "row", "time to target", "elapsed", "val loss", "compute fraction (" + ", ".join(sites) + ")",
                "inner steps", "inter-region MB"],
-              [[r["kind"], r["label"], _fmt(r["time_to_target_s"], ".1f"), f"{r['elapsed_s']:.1f}", f"{r['val_loss']:.4f}",
+              [[r["kind"], r["label"], _fmt(r["time_to_target_s"], ".1f"), f"{r['elapsed_s']:.1f}",
+                f"{r['val_loss']:.4f}",
                 " ".join(f"{r['site_compute_fraction'][s]:.2f}" for s in sites),
                 " ".join(str(r["inner_steps"][s]) for s in sites), f"{r['inter_region_bytes'] / 1e6:.1f}"]
                for r in doc["rows"]], right_align_from=2)

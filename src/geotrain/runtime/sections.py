@@ -498,8 +498,9 @@ class OptimSection(Section):
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
             # (sync_delay without sync_every: delayed gradients)
-            for key in ("fragments", "fragment_split", "sync_mix", "sync_landing", "sync_warmup", "sync_moments",
-                        "local_steps"):
+            if self.local_steps != "equal":
+                self._fail("local_steps", "shares an outer period's inner steps: it needs optim.sync_every (--sync-every H)")
+            for key in ("fragments", "fragment_split", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return
