@@ -180,8 +180,8 @@ class DiLoCo:
             return self.sync.outer_step
         return self.inner_steps // self.sync_every
 
-    def _gather_floats(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
-        return self.transport.collective(self.group, [], 0, run)
+    def _gather_floats(self, wait: Callable[[], Any]) -> Any:
+        return self.transport.collective(self.group, [], 8, wait, posted=True)
 
     def __enter__(self) -> DiLoCo:
         self._mark = time.perf_counter()

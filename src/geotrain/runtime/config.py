@@ -163,7 +163,18 @@ class RuntimeConfig:
                            fragment_split=optim.fragment_split, delay=optim.sync_delay,
                            mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup,
                            sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs,
-                           local_steps=optim.local_steps)
+                           local_steps=optim.local_steps, local_steps_prior_s=self._step_prior_s(stage))
+
+    def _step_prior_s(self, stage: int) -> tuple[float, ...] | None:
+        """Adaptive local steps: 1 / peak FLOP/s of each replica's device at `stage` (replica order), the first
+        period's speeds before any step is measured; None otherwise or when a GPU type is unknown."""
+        if self.optim.local_steps != "adaptive":
+            return None
+        try:
+            peaks = device_peak_flops(self.cluster)
+        except UnknownGpuError:
+            return None
+        return tuple(float(1.0 / peaks[d]) for d in self.assignment[stage])
 
     def split_weights(self) -> tuple[float, ...] | None:
         """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on

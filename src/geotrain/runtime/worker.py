@@ -333,6 +333,7 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog) 
         worker.records.append(record)
         step += 1
         watchdog.publish_step(step)
+    sync.flush(worker.timer)  # lands the step times in flight (every rank has ended its last period)
     if worker.config.checkpoint.checkpoint_dir is not None:
         worker.save(run.steps)
 

@@ -15,7 +15,7 @@ with equal steps every weight is exactly 1 (the plain DiLoCo mean, bit for bit).
 Agreement: at each outer sync the replicas all-gather two floats each (inner steps this period, mean step
 seconds), before the outer exchange; every rank computes the weights and the next period's H_r from the same
 gathered values, so every rank agrees on them. The first period runs H steps on every replica (nothing
-measured yet); from then on every sync re-balances from the period just ended, so a replica that slows down is
+measured yet), or shares them by a prior (`prior_step_s`; the runtime's: its GPUs' peak FLOP/s); from then on every sync re-balances from the period just ended, so a replica that slows down is
 caught at the first sync after it (fully after the second, if it slowed mid-period). The sync trigger is "this
 replica's H_r reached", not a global step count: `outer_step` (syncs completed) is what every rank agrees on,
 and `while sync.outer_step < N` ends on every rank after N periods with the same parameters.
@@ -44,8 +44,9 @@ from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, S
 LOCAL_STEPS = ("equal", "adaptive")
 """How many inner steps each replica takes per outer period: H everywhere, or in proportion to its speed."""
 
-Gather = Callable[[torch.Tensor], torch.Tensor]
-"""(k,) float64 tensor of this rank -> (world, k) of every rank of the DP group, in group-rank order."""
+Gather = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
+"""Posts the all-gather of this rank's (k,) float64 tensor over the DP group; the returned function waits for it
+and gives the (world, k) tensor of every rank, in group-rank order."""
 
 
 def adaptive_local_steps(step_seconds: Sequence[float], sync_every: int) -> list[int]:
@@ -90,14 +91,17 @@ class AdaptiveOuterSync(GradientSync):
     """DiLoCo whose replicas each take H_r inner steps per outer period and average their outer gradients
     weighted by the steps they took (module doc). `make_exchange`: builds the DP exchange of (name, fp32
     shadow) pairs, the tensors the outer gradients travel in (the model's gradients are left alone);
-    `gather`: the all-gather of a few floats over the DP group (Gather); `rank`: this replica's index in the
+    `gather`: the posted all-gather of a float over the DP group (Gather); `rank`: this replica's index in the
     group of `replicas`; `adaptive` False keeps H_r = H (the weighted mean is then the plain one, weights 1);
-    `step_time`: replaces the measured step seconds (tests, or a caller that knows its speed)."""
+    `step_time`: replaces the measured step seconds (tests, or a caller that knows its speed); `prior_step_s`:
+    relative seconds per step of each replica known before anything is measured (the runtime's: 1 / its GPU's
+    peak FLOP/s), which sets the first period's H_r (None: H on every replica)."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
                  make_exchange: Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange], sync_every: int,
                  outer_lr: float, outer_momentum: float, gather: Gather, rank: int, replicas: int,
-                 adaptive: bool = True, step_time: Callable[[], float] | None = None) -> None:
+                 adaptive: bool = True, step_time: Callable[[], float] | None = None,
+                 prior_step_s: Sequence[float] | None = None) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < replicas:
             raise SyncError(f"AdaptiveOuterSync: rank must be an integer in 0..{replicas - 1}, got {rank!r}")
         named_params = list(named_params)
@@ -111,7 +115,11 @@ class AdaptiveOuterSync(GradientSync):
         self.rank, self.replicas, self.adaptive = rank, replicas, adaptive
         self.step_time = step_time
         self.sync_every = sync_every
-        self.local_steps = [sync_every] * replicas
+        if prior_step_s is not None and len(prior_step_s) != replicas:
+            raise SyncError(f"AdaptiveOuterSync: prior_step_s needs one value per replica ({replicas}), got "
+                            f"{list(prior_step_s)!r}")
+        self.local_steps = (adaptive_local_steps(prior_step_s, sync_every) if adaptive and prior_step_s is not None
+                            else [sync_every] * replicas)
         """H_r of the current period, per replica (group-rank order); the same list on every rank."""
         self.outer_step = 0
         """Outer syncs completed (the same on every rank between syncs)."""
@@ -119,6 +127,7 @@ class AdaptiveOuterSync(GradientSync):
         """This replica's inner steps so far."""
         self.period_steps = 0
         self._period_seconds = 0.0
+        self._posted: Callable[[], torch.Tensor] | None = None
         self.history: list[dict[str, Any]] = []
         """Per sync: the steps each replica took, their mean step seconds, the weights of the mean and H_r next."""
 
@@ -147,21 +156,28 @@ class AdaptiveOuterSync(GradientSync):
         self._period_seconds += float(self.step_time() if self.step_time is not None else seconds)
         if self.period_steps < self.my_local_steps:
             return 0
-        return self._sync(timer, rebalance=self.adaptive)
+        return self._sync(timer, [float(h) for h in self.local_steps])
 
     def flush(self, timer: StepTimer) -> int:
         """Sync the steps taken since the last sync, on every rank at once (each rank calls it, in the same
-        period); a no-op exchange-wise when no replica stepped since (only the few floats travel)."""
-        return self._sync(timer, rebalance=False)
+        period): the step counts are gathered first (a partial period's are not the H_r); no exchange when no
+        replica stepped since. Lands the posted gather of step times; the schedule is left as it is."""
+        self._land_times()
+        mine = torch.tensor([float(self.period_steps)], dtype=torch.float64)
+        steps = self.gather(mine)().reshape(-1).tolist()
+        return self._sync(timer, steps, rebalance=False) if sum(steps) else 0
 
-    def _sync(self, timer: StepTimer, rebalance: bool) -> int:
-        mine = torch.tensor([float(self.period_steps), self._period_seconds / max(self.period_steps, 1)],
-                            dtype=torch.float64)
-        gathered = self.gather(mine).reshape(self.replicas, 2)
-        steps, seconds = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+    def _land_times(self) -> list[float] | None:
+        """Wait for the step times posted at the previous sync; None if none is in flight."""
+        if self._posted is None:
+            return None
+        seconds = self._posted().reshape(-1).tolist()
+        self._posted = None
+        return seconds
+
+    def _sync(self, timer: StepTimer, steps: list[float], rebalance: bool = True) -> int:
+        """The outer sync of a period in which replica r took steps[r] inner steps (module doc)."""
         total = sum(steps)
-        if total == 0:
-            return 0
         weight = self.replicas * self.period_steps / total  # x R: the exchange's mean divides by R
         with timer:
             local = self.outer.outer_gradients()
@@ -169,10 +185,13 @@ class AdaptiveOuterSync(GradientSync):
         dp_bytes = self.exchange.exchange(self.outer_step, timer)
         with timer:
             self.outer.apply([s.grad for s in self.shadows])
-        if rebalance:
-            self.local_steps = adaptive_local_steps(seconds, self.sync_every)
-        self.history.append({"steps": [int(s) for s in steps], "step_s": seconds,
-                             "weights": [s / total for s in steps], "next_local_steps": list(self.local_steps)})
+        measured = self._land_times()
+        if rebalance and self.adaptive and measured is not None:
+            self.local_steps = adaptive_local_steps(measured, self.sync_every)
+        if rebalance:  # this period's mean step seconds travel while the next period computes
+            self._posted = self.gather(torch.tensor([self._period_seconds / self.period_steps], dtype=torch.float64))
+        self.history.append({"steps": [int(s) for s in steps], "weights": [s / total for s in steps],
+                             "step_s": measured, "next_local_steps": list(self.local_steps)})
         self.outer_step += 1
         self.period_steps, self._period_seconds = 0, 0.0
         return dp_bytes
@@ -200,19 +219,20 @@ class AdaptiveOuterSync(GradientSync):
         self.outer_step, self.inner_steps = int(state["outer_step"]), int(state["inner_steps"])
 
 
-def gather_floats(group: Any, replicas: int, run: Callable[[Callable[[], torch.Tensor]], torch.Tensor]
-                  ) -> Gather:
-    """A Gather over process group `group` (None: the default one) of `replicas` members; `run(collective)`
-    runs the all-gather (through a transport that times and counts it, or directly: `lambda f: f()`)."""
+def gather_floats(group: Any, replicas: int, run: Callable[[Callable[[], Any]], Any]) -> Gather:
+    """A Gather over process group `group` (None: the default one) of `replicas` members: posts the all-gather
+    (async work) and returns the function that waits for it through `run(wait)` (a transport that times and
+    counts it as a posted collective, or directly: `lambda wait: wait()`)."""
     import torch.distributed as dist
 
-    def gather(mine: torch.Tensor) -> torch.Tensor:
-        def collective() -> torch.Tensor:
-            parts = [torch.zeros_like(mine) for _ in range(replicas)]
-            dist.all_gather(parts, mine, group=group)
+    def gather(mine: torch.Tensor) -> Callable[[], torch.Tensor]:
+        parts = [torch.zeros_like(mine) for _ in range(replicas)]
+        work = dist.all_gather(parts, mine, group=group, async_op=True)
+
+        def wait() -> torch.Tensor:
+            run(work.wait)
             return torch.stack(parts)
 
-        return run(collective)
+        return wait
 
     return gather
-

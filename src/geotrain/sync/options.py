@@ -45,6 +45,8 @@ class SyncOptions:
     sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
     local_steps: "equal" (H inner steps per outer period on every replica) or "adaptive" (H_r by measured
         speed, the outer mean weighted by steps: geotrain.sync.adaptive; blocking, flat DiLoCo only).
+    local_steps_prior_s: adaptive: relative seconds per step of each DP member (group order) before any is
+        measured, which share out the first period (None: H each).
     moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
         the later ones send the outer gradients alone (None: every sync).
     """
@@ -69,6 +71,7 @@ class SyncOptions:
     sync_moments: bool = False
     moment_syncs: int | None = None
     local_steps: str = "equal"
+    local_steps_prior_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         try:

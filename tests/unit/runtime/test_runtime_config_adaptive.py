@@ -39,3 +39,11 @@ def test_adaptive_with_fragments_is_refused_naming_local_steps():
     with pytest.raises(RuntimeConfigError, match=r"^optim.local_steps: local_steps adaptive runs the blocking, flat "
                                                  r"outer sync only; not with fragments > 1"):
         _config(sync_every=4, fragments=2, local_steps="adaptive")
+
+
+def test_the_first_periods_are_shared_by_the_gpus_peaks():
+    mixed = load_cluster("examples/clusters/mixed-gpus-3x2.yaml")  # A100 312, V100 125, T4 65 TFLOP/s
+    prior = RuntimeConfig.of(mixed, np.array([[0, 2, 4]]), steps=8, sync_every=4,
+                             local_steps="adaptive").sync_options(0).local_steps_prior_s
+    assert prior == pytest.approx((1 / 312e12, 1 / 125e12, 1 / 65e12), rel=1e-9)
+    assert _config(sync_every=4).sync_options(0).local_steps_prior_s is None
