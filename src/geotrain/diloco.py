@@ -73,7 +73,9 @@ class DiLoCo:
     geotrain.sync.moments), in the same collective; `moment_syncs` N: only each fragment's first N outer
     syncs carry them (None: every sync); `local_steps` "equal" (H on every replica) or "adaptive" (H_r by
     measured speed, outer mean weighted by steps: module doc); `step_time` (adaptive): replaces the measured
-    wall seconds per inner step (the syncs left out) by what it returns."""
+    wall seconds per inner step (the syncs left out) by what it returns; `prior_step_s` (adaptive): relative
+    seconds per step of each rank (group order) that share the first two periods before any time is measured
+    (e.g. 1 / each GPU's peak FLOP/s; None: H everywhere)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
@@ -82,7 +84,7 @@ class DiLoCo:
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
                  gather_links: GatherLinks | None = None, sync_moments: bool = False,
                  moment_syncs: int | None = None, fragment_split: str = "layers", local_steps: str = "equal",
-                 step_time: Callable[[], float] | None = None) -> None:
+                 step_time: Callable[[], float] | None = None, prior_step_s: Sequence[float] | None = None) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -115,7 +117,8 @@ class DiLoCo:
             replicas = dist.get_world_size(group)
             self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
                                           outer_momentum, gather_floats(group, replicas, self._gather_floats),
-                                          dist.get_rank(group), replicas, step_time=step_time)
+                                          dist.get_rank(group), replicas, step_time=step_time,
+                                          prior_step_s=prior_step_s)
         else:
             self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                            mix, outer_lr, outer_momentum, total_steps=None, landing=landing,

@@ -17,7 +17,8 @@ checkpoint reader); a row is RuntimeConfig settings, so a row of another enginee
   over the row's emulated seconds;
 - inter_region_bytes: payload bytes the emulator carried between regions (bench wan's measure).
 The `limit` row: zero-cost links (bench.wan_metrics.zero_cost_links) and the work balanced perfectly by speed,
-which the emulator cannot run with fixed GPU types, so it is modelled from a DDP run on the free links: each step
+which the emulator cannot run with fixed GPU types, so it is modelled from a DDP run on the free links (its bytes
+are that run's, carried at no cost): each step
 takes the harmonic mean of the ranks' compute seconds (each site's share of the batch in proportion to its
 speed, so all finish together) plus what the run spent outside compute (free links: next to nothing); every site
 then computes that same fraction of the time.
@@ -38,7 +39,8 @@ from geotrain.bench.wan_metrics import step_bounds, zero_cost_links
 from geotrain.bench.wan_rows import BENCH_CLUSTERS, WanBenchConfig, WanBenchError
 from geotrain.cluster import Cluster, load_cluster
 
-HETERO_CLUSTER = str(BENCH_CLUSTERS / "hetero-4x1.yaml")
+HETERO_CLUSTER_NAME = "hetero-4x1"  # bench hetero's default --cluster, as a user types it (bench_cluster finds it)
+HETERO_CLUSTER = str(BENCH_CLUSTERS / f"{HETERO_CLUSTER_NAME}.yaml")
 KINDS = ("ddp-equal", "ddp-speed", "diloco-equal", "diloco-adaptive", "async", "async-hierarchical", "recipe", "limit")
 """The row kinds of the JSON contract; this geotrain runs those of DEFAULT_ROWS whose settings it has."""
 SYNC_EVERY = 5
@@ -84,7 +86,7 @@ DEFAULT_ROWS: tuple[HeteroRow, ...] = (
 
 def hetero_config(**overrides: Any) -> WanBenchConfig:
     """bench wan's settings with the hetero cluster, 60 steps, evaluation every H steps and target 2.5."""
-    settings: dict[str, Any] = {"cluster": HETERO_CLUSTER, "steps": 60, "eval_every": SYNC_EVERY, "target": 2.5,
+    settings: dict[str, Any] = {"cluster": HETERO_CLUSTER_NAME, "steps": 60, "eval_every": SYNC_EVERY, "target": 2.5,
                                 "rows": ()}
     return WanBenchConfig(**{**settings, **overrides})
 
@@ -201,7 +203,8 @@ def balanced_limit(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any
                      if r["rank"] == 0 and r.get("val_loss") is not None}.items())
     fraction = float(balanced_compute.sum() / elapsed[-1])
     sites = [cluster.region_names[int(cluster.region_of[d])] for d in range(cluster.n_devices)]
-    return HeteroResult(row, [float(elapsed[s]) for s, _ in points], [loss for _, loss in points], final_loss, 0.0,
+    nbytes = float(sum(r["emulated"]["inter_region_bytes"] for r in records))  # carried, at no cost
+    return HeteroResult(row, [float(elapsed[s]) for s, _ in points], [loss for _, loss in points], final_loss, nbytes,
                         {name: fraction for name in sites}, float(elapsed[-1]), {name: steps for name in sites})
 
 
@@ -240,5 +243,5 @@ def with_rows(kinds: str | None) -> tuple[HeteroRow, ...]:
     return tuple(row for row in DEFAULT_ROWS if row.kind in wanted)
 
 
-__all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "KINDS", "HeteroBench", "HeteroResult", "HeteroRow", "balanced_limit",
+__all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "HETERO_CLUSTER_NAME", "KINDS", "HeteroBench", "HeteroResult", "HeteroRow", "balanced_limit",
            "hetero_config", "run_hetero_bench", "score", "train_row", "with_rows"]

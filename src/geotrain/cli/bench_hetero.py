@@ -16,10 +16,10 @@ HELP = ("time to a target validation loss on 4 WAN sites with a 4.8x GPU speed s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from geotrain.bench.hetero import HETERO_CLUSTER, KINDS, hetero_config
+    from geotrain.bench.hetero import HETERO_CLUSTER_NAME, KINDS, hetero_config
 
     d = hetero_config()
-    parser.add_argument("--cluster", default=HETERO_CLUSTER, metavar="FILE|PRESET",
+    parser.add_argument("--cluster", default=HETERO_CLUSTER_NAME, metavar="FILE|PRESET",
                         help="the emulated cluster (one device per site): hetero-4x1, a file or a preset")
     parser.add_argument("--steps", type=int, default=d.steps, help="step budget of every row (adaptive rows: the "
                         "same samples, in ceil(steps / H) outer periods)")

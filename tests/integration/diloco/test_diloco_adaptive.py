@@ -35,7 +35,8 @@ def _inner_step(model: torch.nn.Module, inner: torch.optim.Optimizer, rank: int,
     inner.step()
 
 
-def _adaptive_loop(rank: int, world: int, periods: int, slow_from: int | None, codec: str) -> dict:
+def _adaptive_loop(rank: int, world: int, periods: int, slow_from: int | None, codec: str,
+                   prior: list[float] | None = None) -> dict:
     """Rank r's inner step 'takes' (r + 1) x 10 ms; from period `slow_from` on the last rank's takes 2x longer."""
     model = _model()
     inner = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -47,7 +48,7 @@ def _adaptive_loop(rank: int, world: int, periods: int, slow_from: int | None, c
 
     after_sync, steps_per_period = [], []
     with DiLoCo(model, inner, sync_every=H, local_steps="adaptive", step_time=step_time, codec=codec,
-                outer_lr=1.0, outer_momentum=0.0) as diloco:
+                outer_lr=1.0, outer_momentum=0.0, prior_step_s=prior) as diloco:
         box.append(diloco)
         taken = 0
         while diloco.outer_step < periods:
@@ -71,6 +72,12 @@ def test_replicas_equal_after_every_sync_with_uneven_local_steps():
     # as 5 : 3
     assert results[0]["steps"] == [4, 4, 5] and results[1]["steps"] == [4, 4, 3]
     assert [r["inner_steps"] for r in results] == [13, 11]
+    assert torch.equal(results[0]["final"], results[1]["final"])
+
+
+def test_a_prior_shares_the_first_periods_before_any_time_is_measured():
+    results = run_workers(_adaptive_loop, 2, (3, None, "none", [1.0, 2.0]), timeout_s=120)
+    assert results[0]["steps"] == [5, 5, 5] and results[1]["steps"] == [3, 3, 3]
     assert torch.equal(results[0]["final"], results[1]["final"])
 
 

@@ -42,6 +42,7 @@ def test_limit_row_takes_the_harmonic_mean_of_the_ranks_compute_per_step():
     result = balanced_limit(HeteroRow("limit", "limit", limit=True), _cluster(), records, 2.0, 2)
     assert result.eval_time_s == [pytest.approx(3.2)]
     assert result.site_compute_fraction["slow"] == pytest.approx(3.0 / 3.2)
+    assert result.inter_region_bytes == 40  # the run's bytes, carried at no cost
 
 
 def test_rows_are_one_entry_per_kind_and_unknown_kinds_are_refused():
