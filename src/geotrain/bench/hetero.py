@@ -243,5 +243,5 @@ def with_rows(kinds: str | None) -> tuple[HeteroRow, ...]:
     return tuple(row for row in DEFAULT_ROWS if row.kind in wanted)
 
 
-__all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "HETERO_CLUSTER_NAME", "KINDS", "HeteroBench", "HeteroResult", "HeteroRow", "balanced_limit",
-           "hetero_config", "run_hetero_bench", "score", "train_row", "with_rows"]
+__all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "HETERO_CLUSTER_NAME", "KINDS", "HeteroBench", "HeteroResult",
+           "HeteroRow", "balanced_limit", "hetero_config", "run_hetero_bench", "score", "train_row", "with_rows"]
