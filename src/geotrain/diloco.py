@@ -22,6 +22,17 @@ gradients at full precision over the region's group (an optimizer step pre-hook)
 gradients go through the hierarchical exchange (full precision inside a region, the codec between
 regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exchange is not posted).
 
+Adaptive local steps (`local_steps="adaptive"`, geotrain.sync.adaptive): each replica takes H_r inner steps
+per outer period in proportion to its measured speed (H = sync_every is the mean H_r), and the outer mean is
+weighted by the steps each took; re-balanced at every sync. Ranks then differ in inner steps, so the loop ends
+on the outer syncs every rank agrees on:
+
+    with DiLoCo(model, inner_optimizer, sync_every=H, local_steps="adaptive", codec="none") as diloco:
+        while diloco.outer_step < N:           # N periods on every rank, the same parameters at the end
+            <one inner step>
+
+Plain (blocking, flat) DiLoCo only: fragments, a delay, moment sync or regions with it are refused.
+
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
 same group between them.
@@ -29,7 +40,8 @@ same group between them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -40,6 +52,7 @@ from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
 from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
@@ -58,7 +71,11 @@ class DiLoCo:
     codec's exchange takes one direct all-to-all round where it is faster than the ring (None: the ring);
     `sync_moments`: each outer sync also averages the inner optimizer's moments (torch's Adam or AdamW;
     geotrain.sync.moments), in the same collective; `moment_syncs` N: only each fragment's first N outer
-    syncs carry them (None: every sync)."""
+    syncs carry them (None: every sync); `local_steps` "equal" (H on every replica) or "adaptive" (H_r by
+    measured speed, outer mean weighted by steps: module doc); `step_time` (adaptive): replaces the measured
+    wall seconds per inner step (the syncs left out) by what it returns; `prior_step_s` (adaptive): relative
+    seconds per step of each rank (group order) that share the first two periods before any time is measured
+    (e.g. 1 / each GPU's peak FLOP/s; None: H everywhere)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
@@ -66,7 +83,8 @@ class DiLoCo:
                  error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
                  gather_links: GatherLinks | None = None, sync_moments: bool = False,
-                 moment_syncs: int | None = None, fragment_split: str = "layers") -> None:
+                 moment_syncs: int | None = None, fragment_split: str = "layers", local_steps: str = "equal",
+                 step_time: Callable[[], float] | None = None, prior_step_s: Sequence[float] | None = None) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -79,8 +97,12 @@ class DiLoCo:
         if sync_moments and regions is not None:
             raise SyncError("DiLoCo: sync_moments with regions is not supported (the moments travel in the flat "
                             "exchange's collective)")
+        check_adaptive_settings(local_steps, fragments=fragments, delay=delay, sync_moments=sync_moments,
+                                hierarchical=regions is not None, who="DiLoCo: local_steps")
         self.model = model
         self.inner_optimizer = inner_optimizer
+        self.sync_every = sync_every
+        self.local_steps = local_steps
         self.codec = CodecSpec.parse(codec)
         self.transport = DirectTransport()
         self.group = group
@@ -90,10 +112,19 @@ class DiLoCo:
         self.exchanges: list[DPExchange] = []
         self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay)
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
-        self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
-                                       mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
-                                       warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs,
-                                       fragment_split=fragment_split)
+        self.sync: StreamingOuterSync | AdaptiveOuterSync
+        if local_steps == "adaptive":
+            replicas = dist.get_world_size(group)
+            self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
+                                          outer_momentum, gather_floats(group, replicas, self._gather_floats),
+                                          dist.get_rank(group), replicas, step_time=step_time,
+                                          prior_step_s=prior_step_s)
+        else:
+            self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
+                                           mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
+                                           warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs,
+                                           fragment_split=fragment_split)
+        self._mark = time.perf_counter()
         self.timer = ComputeTimer()
         self.inner_steps = 0
         self.bytes_sent = 0
@@ -144,7 +175,19 @@ class DiLoCo:
             return None
         return sum(exchange.reducer.declared_bytes for exchange in self.exchanges)  # type: ignore[attr-defined]
 
+    @property
+    def outer_step(self) -> int:
+        """Outer periods completed: adaptive, the syncs done (the same on every rank between syncs); equal,
+        inner_steps // sync_every (with fragments: periods of the last fragment to start, roughly)."""
+        if isinstance(self.sync, AdaptiveOuterSync):
+            return self.sync.outer_step
+        return self.inner_steps // self.sync_every
+
+    def _gather_floats(self, wait: Callable[[], Any]) -> Any:
+        return self.transport.collective(self.group, [], 8, wait, posted=True)
+
     def __enter__(self) -> DiLoCo:
+        self._mark = time.perf_counter()
         self._hook = self.inner_optimizer.register_step_post_hook(self._after_inner_step)
         if self.region_exchange is not None:
             self._pre_hook = self.inner_optimizer.register_step_pre_hook(self._before_inner_step)
@@ -155,11 +198,20 @@ class DiLoCo:
         self.region_bytes += self.region_exchange.exchange(self.inner_steps, self.timer)
 
     def _after_inner_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self.bytes_sent += self.sync.after_inner_step(self.inner_steps, self.timer)
+        if isinstance(self.sync, AdaptiveOuterSync):
+            # wall seconds since the last inner step ended (or the block began), the syncs left out
+            self.bytes_sent += self.sync.after_inner_step(time.perf_counter() - self._mark, self.timer)
+            self._mark = time.perf_counter()
+        else:
+            self.bytes_sent += self.sync.after_inner_step(self.inner_steps, self.timer)
         self.inner_steps += 1
 
     def flush(self) -> None:
-        """Land every sync in flight and sync every fragment now: all replicas agree afterwards."""
+        """Land every sync in flight and sync every fragment now: all replicas agree afterwards (adaptive: the
+        steps since the last sync, if any rank took some; every rank must be in the same period)."""
+        if isinstance(self.sync, AdaptiveOuterSync):
+            self.bytes_sent += self.sync.flush(self.timer)
+            return
         self.bytes_sent += self.sync.flush(max(self.inner_steps - 1, 0), self.timer)
 
     def __exit__(self, exc_type: Any, *rest: object) -> None:
@@ -169,7 +221,7 @@ class DiLoCo:
         self._hook = self._pre_hook = None
         if exc_type is None:
             self.flush()
-        else:
+        elif isinstance(self.sync, StreamingOuterSync):
             self.sync.close()
 
     def fingerprint(self) -> float:

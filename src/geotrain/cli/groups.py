@@ -25,6 +25,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_netlab",
     "geotrain.cli.bench_wan",
     "geotrain.cli.bench_chaos",
+    "geotrain.cli.bench_hetero",
 )
 
 

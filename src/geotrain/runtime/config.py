@@ -34,7 +34,7 @@ SYNC_OPTION_KEYS = {
     "onebit_warmup_steps": "optim.onebit_warmup_steps", "clip_grad_norm": "optim.clip_grad_norm",
     "sync_every": "optim.sync_every", "fragments": "optim.fragments", "delay": "optim.sync_delay",
     "mix": "optim.sync_mix", "landing": "optim.sync_landing", "warmup": "optim.sync_warmup",
-    "sync_moments": "optim.sync_moments", "moment_syncs": "optim.moment_syncs",
+    "sync_moments": "optim.sync_moments", "moment_syncs": "optim.moment_syncs", "local_steps": "optim.local_steps",
 }
 """SyncOptions field -> the config key it comes from (RuntimeConfig.sync_options), to name it in errors."""
 
@@ -117,6 +117,7 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"model {self.model.model_name!r}: cannot cut {self.model.gpt.n_layer + 2} layers "
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")
         check_elastic(self)
+        self._check_adaptive_local_steps()
         for stage in range(stages):  # last, after the specific messages: any sync no implementation runs
             try:
                 self.sync_options(stage)
@@ -124,6 +125,20 @@ class RuntimeConfig:
                 keys = ", ".join(SYNC_OPTION_KEYS[field] for field in exc.fields) or f"stage {stage}'s gradient sync"
                 where = f" (stage {stage})" if comm.dp_codecs and exc.fields else ""
                 raise RuntimeConfigError(f"{keys}{where}: {str(exc).removeprefix('SyncOptions: ')}") from None
+
+    def _check_adaptive_local_steps(self) -> None:
+        """optim.local_steps adaptive: ranks take different step counts, so whatever meets at a step index
+        other than an outer sync is refused (a pipeline's stages, elastic quorums, mid-run checkpoints)."""
+        if self.optim.local_steps != "adaptive":
+            return
+        clashes = [text for text, on in (
+            (f"{self.pipeline_stages} pipeline stages (one stage only)", self.pipeline_stages > 1),
+            ("reliability.elastic", self.reliability.elastic),
+            ("checkpoint.checkpoint_every (a checkpoint at the end only)", bool(self.checkpoint.checkpoint_every)),
+            ("checkpoint.resume", self.checkpoint.resume)) if on]
+        if clashes:
+            raise RuntimeConfigError(f"optim.local_steps adaptive: replicas take different step counts between "
+                                     f"outer syncs; not with {', '.join(clashes)}")
 
     @classmethod
     def of(cls, cluster: Cluster, assignment: Any, plan_name: str = "plan", **settings: Any) -> RuntimeConfig:
@@ -152,7 +167,19 @@ class RuntimeConfig:
                            hierarchical=comm.dp_hierarchical, fragments=optim.fragments,
                            fragment_split=optim.fragment_split, delay=optim.sync_delay,
                            mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup,
-                           sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs)
+                           sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs,
+                           local_steps=optim.local_steps, local_steps_prior_s=self._step_prior_s(stage))
+
+    def _step_prior_s(self, stage: int) -> tuple[float, ...] | None:
+        """Adaptive local steps: 1 / peak FLOP/s of each replica's device at `stage` (replica order), the first
+        period's speeds before any step is measured; None otherwise or when a GPU type is unknown."""
+        if self.optim.local_steps != "adaptive":
+            return None
+        try:
+            peaks = device_peak_flops(self.cluster)
+        except UnknownGpuError:
+            return None
+        return tuple(float(1.0 / peaks[d]) for d in self.assignment[stage])
 
     def split_weights(self) -> tuple[float, ...] | None:
         """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on

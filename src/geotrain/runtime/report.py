@@ -230,8 +230,9 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         # the mean over the replicas' sequences (--batch-shares: replicas hold different numbers of them)
         losses = [r["loss"] for r in step_records if r["loss"] is not None]
         weights = [r.get("samples", 1) for r in step_records if r["loss"] is not None]
-        for stage in range(stages):
-            in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
+        if not any("outer_step" in r for r in step_records):
+            for stage in range(stages):
+                in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
         rows.append(IterationRow(
             step=step, loss=float(np.average(losses, weights=weights)),
             iteration_s=max(r["iteration_s"] for r in step_records),
@@ -245,6 +246,12 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             iteration_predicted_links_s=(iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0
                                          else {}),
             dp_bytes=max(int(r["dp_bytes"]) for r in step_records)))
+    # adaptive local steps (records with outer_step): ranks agree between the same outer syncs, not at a step index
+    by_period: dict[tuple[int, int], set[float]] = defaultdict(set)
+    for record in records:
+        if "outer_step" in record:
+            by_period[(record["outer_step"], record["stage"])].add(record["param_sum"])
+    in_sync &= all(len(sums) == 1 for sums in by_period.values())
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     per_replica = {r["replica"]: int(r.get("samples", config.schedule.batch_size)) for r in records}
     samples = tuple(per_replica.get(replica, config.schedule.batch_size) for replica in range(replicas))

@@ -27,6 +27,7 @@ from geotrain.runtime.batch_shares import BatchSharesError, parse_batch_shares
 from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, slow_only
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
+from geotrain.sync.adaptive import LOCAL_STEPS
 from geotrain.sync.streaming import FRAGMENT_SPLITS
 
 
@@ -488,9 +489,15 @@ class OptimSection(Section):
                                              "moments, later ones the outer gradients alone (a third of the bytes "
                                              "with int4-block; on bench wan with eager landing as good as every "
                                              "sync with N = 1 or 2; default: every sync)", metavar="N")
+    local_steps: str = setting("equal", "--sync-every: inner steps per outer period: equal (H on every replica) or "
+                                        "adaptive (H_r by each replica's measured compute speed, H the mean, so "
+                                        "sites reach the sync together; the outer mean weighted by steps; "
+                                        "re-balanced at every sync; blocking flat DiLoCo, one pipeline stage: "
+                                        "geotrain.sync.adaptive)", choices=LOCAL_STEPS)
 
     def __post_init__(self) -> None:
         self._choice("optimizer", RUNTIME_OPTIMIZERS)
+        self._choice("local_steps", LOCAL_STEPS)
         self._flag("sync_moments")
         self._integer("moment_syncs", 1, optional=True)
         if self.moment_syncs is not None and not self.sync_moments:
@@ -509,6 +516,8 @@ class OptimSection(Section):
             self._fail("sync_mix", "must be a number in [0, 1]")
         if self.sync_every is None:
             # (sync_delay without sync_every: delayed gradients)
+            if self.local_steps != "equal":
+                self._fail("local_steps", "shares an outer period's inner steps: it needs optim.sync_every (--sync-every H)")
             for key in ("fragments", "fragment_split", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")

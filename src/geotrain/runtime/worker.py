@@ -43,6 +43,7 @@ from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_m
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
+from geotrain.sync.adaptive import AdaptiveOuterSync
 from geotrain.sync.base import ComputeTimer
 
 EXIT_WORKER_ERROR = 1
@@ -177,14 +178,16 @@ class Worker:
         # contiguous: the windows' views have the stride of a longer row, which torch's stage checks refuse
         return x.to(self.device).contiguous(), y.to(self.device).contiguous()
 
-    def train_step(self, step: int) -> dict[str, Any]:
+    def train_step(self, step: int, lr_step: int | None = None) -> dict[str, Any]:
+        """One iteration at 0-based `step` (this rank's); `lr_step`: the step the learning rate is read at
+        (None: `step`; adaptive local steps: the rank's place on the equal schedule)."""
         cfg = self.config
         started = time.perf_counter()
         self.timer.seconds = 0.0
         self.slowdown.before_step()
         mark = self.transport.step_mark(self.emulation)
         inputs, targets = self._batch(step)
-        self.dp.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
+        self.dp.set_lr(lr_at(step if lr_step is None else lr_step, cfg.run.steps, cfg.optim.lr))
         self.dp.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self.pipeline.step(inputs, targets)
@@ -326,6 +329,9 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         worker.restore()
     watchdog.publish_step(worker.start_step)
     run, data, checkpoint = config.run, config.data, config.checkpoint
+    if isinstance(worker.dp, AdaptiveOuterSync):
+        _train_periods(worker, worker.dp, watchdog)
+        return _gather_records(config, rank, worker)
     end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
     for step in range(worker.start_step, end):
         record = worker.train_step(step)
@@ -337,6 +343,34 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         watchdog.publish_step(step + 1)
         if checkpoint.due(step + 1, end):
             worker.save(step + 1)
+    return _gather_records(config, rank, worker)
+
+
+def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog) -> None:
+    """optim.local_steps adaptive: this rank steps until the outer syncs reach the run's periods, ceil(steps / H)
+    (ranks take different step counts between syncs; geotrain.sync.adaptive). The learning rate follows the
+    rank's place on the equal schedule; evaluation runs after the syncs where the equal schedule's step count
+    is due (every rank is there at once); the checkpoint is written at the end, named by the run's steps.
+    Records add `outer_step` (syncs done after the step) and `local_steps` (H_r of the step's period)."""
+    run, data = worker.config.run, worker.config.data
+    every = sync.sync_every
+    periods = -(-run.steps // every)
+    step = 0
+    while sync.outer_step < periods:
+        before, local = sync.outer_step, sync.my_local_steps
+        record = worker.train_step(step, min(sync.progress_step(), run.steps - 1))
+        record.update(outer_step=sync.outer_step, local_steps=local)
+        if sync.outer_step > before and data.evaluates_after(min(sync.outer_step * every, run.steps) - 1, run.steps):
+            record["val_loss"] = worker.evaluate()
+        worker.records.append(record)
+        step += 1
+        watchdog.publish_step(step)
+    sync.flush(worker.timer)  # lands the step times in flight (every rank has ended its last period)
+    if worker.config.checkpoint.checkpoint_dir is not None:
+        worker.save(run.steps)
+
+
+def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[dict[str, Any]] | None:
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
     return None if gathered is None else [record for records in gathered for record in records]

@@ -5,7 +5,9 @@
                                           exchange below, every H steps); with fragments > 1,
                                           delay > 0 or sync_moments: StreamingOuterSync (one exchange
                                           per fragment; landing "mix" or "eager"; Adam's moments
-                                          averaged in the same collective)
+                                          averaged in the same collective); with local_steps
+                                          adaptive: AdaptiveOuterSync (H_r per replica by speed,
+                                          geotrain.sync.adaptive)
     delay tau > 0 (no sync_every)      -> DelayedPerStepSync (the exchange below every step, overlapped
                                           with the next tau steps: delayed gradients)
     otherwise                          -> PerStepSync (the exchange below, every step)
@@ -24,6 +26,7 @@ import torch
 from geotrain.codecs import CodecSpec
 from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
+from geotrain.sync.adaptive import AdaptiveOuterSync, gather_floats
 from geotrain.sync.base import CollectivePause, CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.delayed import DelayedPerStepSync
 from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
@@ -65,6 +68,14 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                   options.clip_grad_norm, sum_squares)
     if options.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
+    if options.local_steps == "adaptive":  # (flat, blocking: SyncOptions refused the rest)
+        replicas = len(group.ranks)
+        gather = gather_floats(group.handle, replicas,
+                               lambda wait: transport.collective(group.handle, devices, 8, wait, posted=True))
+        return AdaptiveOuterSync(named_params, adamw,
+                                 lambda shadows: _exchange(options, shadows, transport, group, rank),
+                                 options.sync_every, options.outer_lr, options.outer_momentum, gather,
+                                 group.ranks.index(rank), replicas, prior_step_s=options.local_steps_prior_s)
     if options.fragments > 1 or options.delay > 0 or options.sync_moments:  # (warmup only matters with a delay)
         return StreamingOuterSync(named_params, adamw,
                                   lambda shadows, moments=None: _exchange(options, shadows, transport, group,

@@ -13,6 +13,7 @@ from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
+from geotrain.sync.adaptive import check_adaptive_settings
 from geotrain.sync.base import SyncError
 from geotrain.sync.streaming import FRAGMENT_SPLITS
 
@@ -42,6 +43,10 @@ class SyncOptions:
         outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
     warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
     sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
+    local_steps: "equal" (H inner steps per outer period on every replica) or "adaptive" (H_r by measured
+        speed, the outer mean weighted by steps: geotrain.sync.adaptive; blocking, flat DiLoCo only).
+    local_steps_prior_s: adaptive: relative seconds per step of each DP member (group order) before any is
+        measured, which share out the first period (None: H each).
     moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
         the later ones send the outer gradients alone (None: every sync).
     """
@@ -65,6 +70,8 @@ class SyncOptions:
     warmup: int = 0
     sync_moments: bool = False
     moment_syncs: int | None = None
+    local_steps: str = "equal"
+    local_steps_prior_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -112,6 +119,9 @@ class SyncOptions:
             if not self.sync_moments:
                 raise SyncError("SyncOptions: moment_syncs says how many outer syncs carry the moments: it needs "
                                 "sync_moments", ("moment_syncs", "sync_moments"))
+        if self.local_steps != "equal" and self.sync_every is None:
+            raise SyncError(f"SyncOptions: local_steps {self.local_steps!r} shares an outer period's inner steps: it "
+                            f"needs sync_every", ("local_steps", "sync_every"))
         if self.sync_moments and self.sync_every is None:
             raise SyncError("SyncOptions: sync_moments averages the inner optimizer's moments at each outer sync: "
                             "it needs sync_every", ("sync_moments", "sync_every"))
@@ -132,6 +142,12 @@ class SyncOptions:
                 raise SyncError(f"SyncOptions: sync_every (local SGD) runs AdamW inside each replica; optimizer "
                                 f"must be adamw, got {self.optimizer!r}", ("sync_every", "optimizer"))
             self._check_streaming()
+            try:
+                check_adaptive_settings(self.local_steps, fragments=self.fragments, delay=self.delay,
+                                        sync_moments=self.sync_moments, hierarchical=self.hierarchical,
+                                        who="SyncOptions: local_steps")
+            except SyncError as exc:
+                raise SyncError(str(exc), ("local_steps",)) from None
             if self.clip_grad_norm is not None:
                 raise SyncError(f"SyncOptions: sync_every (local SGD): replicas do not exchange gradients, so the "
                                 f"global clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset",

@@ -1,0 +1,247 @@
+"""`geotrain bench hetero`: heterogeneous sites without lock-step. Time to a target validation loss of bench wan's
+GPT on 4 sites whose GPUs differ 4.8x in speed (bench/data/hetero-4x1.yaml: A100, V100, L4, T4 over bench wan's
+~100 Mbit/s, 50-150 ms links), each rank computing at its GPU's speed (`emulate_gpu_speed`: measured compute x the
+fastest GPU's peak over the device's).
+
+Rows (`DEFAULT_ROWS`, one `HeteroRow` each, by `kind`): the same model, seed, data, global batch and token budget
+(`steps` x global batch samples: with adaptive local steps the periods, ceil(steps / H), share R x H inner steps
+each), trained through the runtime as bench wan trains (geotrain.bench.wan: its settings, `WanBenchConfig`, and its
+checkpoint reader); a row is RuntimeConfig settings, so a row of another engineer's option (`batch_shares`,
+`outer_sync`) is one more entry, skipped (and listed) while this geotrain lacks the setting. Measured:
+- time to target: emulated seconds from step 0 to the first evaluation at or below the target. Every row scores
+  each replica's own weights after each outer period (every step's DP rows at the same cadence), with no
+  collective and outside emulated time (`eval_local`); a point's time is the slowest rank's emulated clock at the
+  step the point follows (for adaptive rows the step that completed the sync: ranks differ in step counts);
+- val_loss: replica 0's at the run's end (synchronised weights), the same samples seen by every row;
+- site_compute_fraction: per site (region), its compute seconds (the runtime's ComputeTimer, at the GPU's speed)
+  over the row's emulated seconds;
+- inter_region_bytes: payload bytes the emulator carried between regions (bench wan's measure).
+The `limit` row: zero-cost links (bench.wan_metrics.zero_cost_links) and the work balanced perfectly by speed,
+which the emulator cannot run with fixed GPU types, so it is modelled from a DDP run on the free links (its bytes
+are that run's, carried at no cost): each step
+takes the harmonic mean of the ranks' compute seconds (each site's share of the batch in proportion to its
+speed, so all finish together) plus what the run spent outside compute (free links: next to nothing); every site
+then computes that same fraction of the time.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from geotrain.bench.wan_metrics import step_bounds, zero_cost_links
+from geotrain.bench.wan_rows import BENCH_CLUSTERS, WanBenchConfig, WanBenchError
+from geotrain.cluster import Cluster, load_cluster
+
+HETERO_CLUSTER_NAME = "hetero-4x1"  # bench hetero's default --cluster, as a user types it (bench_cluster finds it)
+HETERO_CLUSTER = str(BENCH_CLUSTERS / f"{HETERO_CLUSTER_NAME}.yaml")
+KINDS = ("ddp-equal", "ddp-speed", "diloco-equal", "diloco-adaptive", "async", "async-hierarchical", "recipe", "limit")
+"""The row kinds of the JSON contract; this geotrain runs those of DEFAULT_ROWS whose settings it has."""
+SYNC_EVERY = 5
+OUTER_AVERAGE = (("sync_every", SYNC_EVERY), ("outer_lr", 1.0), ("outer_momentum", 0.0), ("dp_codec", "int8-block"))
+"""DiLoCo rows: parameters averaged every H = 5 steps (outer lr 1, no momentum), the deltas sent int8-block with
+error feedback (bench wan's fastest blocking row, "local SGD H=5 + int8-block+EF outer"): compute, not the
+links, then sets most of a period, which is where the sites' speeds matter."""
+
+
+@dataclass(frozen=True)
+class HeteroRow:
+    """One way to train: a `kind` of KINDS, a label and RuntimeConfig settings; `limit`: the modelled limit row."""
+
+    kind: str
+    label: str
+    options: tuple[tuple[str, Any], ...] = ()
+    limit: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise WanBenchError(f"bench hetero row {self.label!r}: kind must be one of {', '.join(KINDS)}, "
+                                f"got {self.kind!r}")
+
+    @property
+    def sync_every(self) -> int:
+        return int(dict(self.options).get("sync_every") or 1)
+
+
+DEFAULT_ROWS: tuple[HeteroRow, ...] = (
+    HeteroRow("ddp-equal", "DDP, equal batches (fp32)"),
+    HeteroRow("ddp-speed", "DDP, batch shares by GPU speed (fp32)", (("batch_shares", "speed"),)),
+    HeteroRow("diloco-equal", f"DiLoCo H={SYNC_EVERY} (outer avg, int8-block+EF), equal local steps", OUTER_AVERAGE),
+    HeteroRow("diloco-adaptive", f"DiLoCo H={SYNC_EVERY} (outer avg, int8-block+EF), adaptive local steps",
+              (*OUTER_AVERAGE, ("local_steps", "adaptive"))),
+    HeteroRow("async", f"DiLoCo H={SYNC_EVERY}, asynchronous outer updates",
+              (*OUTER_AVERAGE, ("outer_sync", "async"))),
+    HeteroRow("async-hierarchical", f"DiLoCo H={SYNC_EVERY}, asynchronous, merged per region first",
+              (*OUTER_AVERAGE, ("outer_sync", "async-hierarchical"))),
+    HeteroRow("limit", "limit: zero-cost links, work balanced by speed (modelled)", limit=True),
+)
+"""The rows run by default; those whose settings this geotrain lacks are skipped and listed (`recipe`: to come)."""
+
+
+def hetero_config(**overrides: Any) -> WanBenchConfig:
+    """bench wan's settings with the hetero cluster, 60 steps, evaluation every H steps and target 2.5."""
+    settings: dict[str, Any] = {"cluster": HETERO_CLUSTER_NAME, "steps": 60, "eval_every": SYNC_EVERY, "target": 2.5,
+                                "rows": ()}
+    return WanBenchConfig(**{**settings, **overrides})
+
+
+@dataclass(frozen=True)
+class HeteroResult:
+    """A trained row: evaluation points (emulated seconds, validation loss), final loss, traffic, compute."""
+
+    row: HeteroRow
+    eval_time_s: list[float]
+    val_losses: list[float]
+    val_loss: float
+    inter_region_bytes: float
+    site_compute_fraction: dict[str, float]
+    elapsed_s: float
+    inner_steps: dict[str, int]
+    predicted_step_s: float | None = None
+
+    def time_to_target(self, target: float) -> float | None:
+        return next((t for t, loss in zip(self.eval_time_s, self.val_losses) if loss <= target), None)
+
+
+@dataclass(frozen=True)
+class HeteroBench:
+    config: WanBenchConfig
+    cluster: Cluster
+    results: tuple[HeteroResult, ...]
+    skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        rows = [{"kind": r.row.kind, "label": r.row.label, "time_to_target_s": r.time_to_target(self.config.target),
+                 "val_loss": r.val_loss, "site_compute_fraction": r.site_compute_fraction,
+                 "inter_region_bytes": r.inter_region_bytes, "predicted_step_s": r.predicted_step_s,
+                 "elapsed_s": r.elapsed_s, "inner_steps": r.inner_steps, "options": dict(r.row.options),
+                 "curve": {"time_s": r.eval_time_s, "val_loss": r.val_losses}} for r in self.results]
+        config = {k: v for k, v in self.config.__dict__.items() if k != "rows"}
+        return {"rows": rows, "target": self.config.target, "cluster": self.cluster.name, "config": config,
+                "gpus": {self.cluster.region_names[int(self.cluster.region_of[d])]: self.cluster.gpus[d]
+                         for d in range(self.cluster.n_devices)},
+                "skipped": [{"kind": kind, "reason": reason} for kind, reason in self.skipped]}
+
+
+def _missing_settings(row: HeteroRow) -> str | None:
+    from geotrain.runtime.config import setting_keys
+
+    missing = [key for key, _ in row.options if key not in setting_keys()]
+    return None if not missing else f"RuntimeConfig has no setting {', '.join(missing)} in this geotrain"
+
+
+def train_row(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, tokens: Any,
+              progress: Callable[[int, int], None] | None = None) -> tuple[list[dict[str, Any]], float]:
+    """Train `row` on `cluster` (one replica per device, compute at each GPU's speed, each replica scoring its own
+    weights every `eval_every` steps or outer periods); every rank's records and replica 0's final loss."""
+    from geotrain.bench.wan import _evaluate, _preset
+    from geotrain.runtime import RuntimeConfig, launch
+
+    replicas = cluster.n_devices
+    assignment = np.arange(replicas, dtype=np.int64).reshape(1, -1)
+    with tempfile.TemporaryDirectory(prefix="geotrain-hetero-") as directory:
+        run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps, microbatches=config.microbatches,
+                               batch_size=config.global_batch // replicas, lr=config.lr,
+                               time_scale=config.time_scale, seed=config.seed, checkpoint_dir=directory,
+                               checkpoint_every=0, compute_clock=config.compute_clock, emulate_gpu_speed=True,
+                               gpt=_preset(config.model), model_name=config.model,
+                               eval_every=math.lcm(config.eval_every, row.sync_every), eval_local=True,
+                               eval_windows=config.val_windows, **dict(row.options))
+        launch(run, progress=progress, tokens=tokens)
+        loss, records = _evaluate(directory, config.steps, run, config, tokens)
+    return records, loss
+
+
+def _point(record: dict[str, Any]) -> int:
+    """Which evaluation point a record's step ends: its outer sync (adaptive local steps), else its step."""
+    return int(record["outer_step"]) if "outer_step" in record else int(record["step"])
+
+
+def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final_loss: float) -> HeteroResult:
+    """Times of the evaluation points, site compute fractions and traffic of a trained row (module doc)."""
+    start = min(r["emulated"]["start_s"] for r in records if r["step"] == 0)
+    ends: dict[int, float] = defaultdict(float)
+    losses: dict[int, float] = {}
+    for record in records:
+        if record.get("val_loss") is not None:
+            key = _point(record)
+            ends[key] = max(ends[key], record["emulated"]["end_s"] - start)
+            if record["rank"] == 0:
+                losses[key] = float(record["val_loss"])
+    elapsed = max(r["emulated"]["end_s"] for r in records) - start
+    compute: dict[int, float] = defaultdict(float)
+    steps: dict[int, int] = defaultdict(int)
+    for record in records:
+        compute[record["rank"]] += record["compute_s"]
+        steps[record["rank"]] += 1
+    site = {rank: cluster.region_names[int(cluster.region_of[rank])] for rank in compute}  # one device per rank
+    keys = sorted(losses)
+    return HeteroResult(row, [ends[k] for k in keys], [losses[k] for k in keys], final_loss,
+                        float(sum(r["emulated"]["inter_region_bytes"] for r in records)),
+                        {site[rank]: min(1.0, c / elapsed) for rank, c in sorted(compute.items())}, elapsed,
+                        {site[rank]: n for rank, n in sorted(steps.items())})
+
+
+def balanced_limit(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final_loss: float,
+                   steps: int) -> HeteroResult:
+    """The limit row from a DDP run on free links (module doc): per step the harmonic mean of the ranks' compute
+    seconds plus the step's time outside the slowest rank's compute."""
+    begin, end = step_bounds(records, steps)
+    compute = np.zeros((steps, cluster.n_devices))
+    for record in records:
+        compute[record["step"], record["rank"]] = record["compute_s"]
+    balanced_compute = compute.shape[1] / np.sum(1.0 / compute, axis=1)
+    balanced = balanced_compute + np.maximum(0.0, (end - begin) - compute.max(axis=1))
+    elapsed = np.cumsum(balanced)
+    points = sorted({r["step"]: float(r["val_loss"]) for r in records
+                     if r["rank"] == 0 and r.get("val_loss") is not None}.items())
+    fraction = float(balanced_compute.sum() / elapsed[-1])
+    sites = [cluster.region_names[int(cluster.region_of[d])] for d in range(cluster.n_devices)]
+    nbytes = float(sum(r["emulated"]["inter_region_bytes"] for r in records))  # carried, at no cost
+    return HeteroResult(row, [float(elapsed[s]) for s, _ in points], [loss for _, loss in points], final_loss, nbytes,
+                        {name: fraction for name in sites}, float(elapsed[-1]), {name: steps for name in sites})
+
+
+def run_hetero_bench(config: WanBenchConfig, rows: tuple[HeteroRow, ...] = DEFAULT_ROWS,
+                     progress: Callable[[str, int, int], None] | None = None) -> HeteroBench:
+    """Train every row this geotrain can run (the others are listed as skipped); `progress(label, done, total)`."""
+    from geotrain.bench.wan import bench_cluster
+    from geotrain.data import world_tokens
+
+    cluster = load_cluster(bench_cluster(config.cluster))
+    if config.global_batch % (cluster.n_devices * config.microbatches):
+        raise WanBenchError(f"bench hetero needs a global batch divisible by {cluster.n_devices} devices x "
+                            f"{config.microbatches} micro-batches, got {config.global_batch}")
+    tokens = world_tokens(0)
+    results, skipped = [], []
+    for row in rows:
+        reason = _missing_settings(row)
+        if reason is not None:
+            skipped.append((row.kind, reason))
+            continue
+        callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
+        records, loss = train_row(row, zero_cost_links(cluster) if row.limit else cluster, config, tokens, callback)
+        results.append(balanced_limit(row, cluster, records, loss, config.steps) if row.limit
+                       else score(row, cluster, records, loss))
+    return HeteroBench(config, cluster, tuple(results), tuple(skipped))
+
+
+def with_rows(kinds: str | None) -> tuple[HeteroRow, ...]:
+    """DEFAULT_ROWS, or those of the comma-separated `kinds` (the limit row always)."""
+    if not kinds:
+        return DEFAULT_ROWS
+    wanted = {k.strip() for k in kinds.split(",")} | {"limit"}
+    unknown = wanted - set(KINDS)
+    if unknown:
+        raise WanBenchError(f"--rows: kinds among {', '.join(KINDS)}, got {', '.join(sorted(unknown))}")
+    return tuple(row for row in DEFAULT_ROWS if row.kind in wanted)
+
+
+__all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "HETERO_CLUSTER_NAME", "KINDS", "HeteroBench", "HeteroResult",
+           "HeteroRow", "balanced_limit", "hetero_config", "run_hetero_bench", "score", "train_row", "with_rows"]

@@ -1,0 +1,78 @@
+"""`geotrain bench hetero`: time to a target validation loss on 4 sites whose GPUs differ 4.8x in speed, per way of
+sharing the work (geotrain.bench.hetero). --json: {"rows": [{"kind", "label", "time_to_target_s", "val_loss",
+"site_compute_fraction": {site: fraction}, "inter_region_bytes", "predicted_step_s", "elapsed_s", "inner_steps":
+{site: steps}, "curve"}...], "target", "cluster", "gpus", "skipped"}; the last row is the limit."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from geotrain.cli.arg_types import output_file, seed
+
+NAME = "hetero"
+HELP = ("time to a target validation loss on 4 WAN sites with a 4.8x GPU speed spread: DDP, DiLoCo with equal and "
+        "adaptive local steps, and the limit (free links, work balanced by speed)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from geotrain.bench.hetero import HETERO_CLUSTER_NAME, KINDS, hetero_config
+
+    d = hetero_config()
+    parser.add_argument("--cluster", default=HETERO_CLUSTER_NAME, metavar="FILE|PRESET",
+                        help="the emulated cluster (one device per site): hetero-4x1, a file or a preset")
+    parser.add_argument("--steps", type=int, default=d.steps, help="step budget of every row (adaptive rows: the "
+                        "same samples, in ceil(steps / H) outer periods)")
+    parser.add_argument("--target", type=float, default=d.target, help="target validation loss (nats per character)")
+    parser.add_argument("--global-batch", type=int, default=d.global_batch, help="sequences per step over all replicas")
+    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
+    parser.add_argument("--time-scale", type=float, default=d.time_scale,
+                        help="wall seconds slept per emulated link second (emulated times do not depend on it)")
+    parser.add_argument("--rows", default=None, metavar="KIND,...",
+                        help=f"run only these kinds ({', '.join(KINDS)}; the limit always)")
+    parser.add_argument("--seed", type=seed, default=d.seed, help="model seed")
+    parser.add_argument("--plot", default=None, type=output_file, metavar="FILE.png",
+                        help="also plot validation loss vs emulated time")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
+
+def _fmt(value: Any, spec: str, none: str = "not reached") -> str:
+    return none if value is None else format(value, spec)
+
+
+def run(args: Any) -> int:
+    from geotrain.bench.hetero import hetero_config, run_hetero_bench, with_rows
+    from geotrain.cli.output import Output
+
+    config = hetero_config(cluster=args.cluster, steps=args.steps, target=args.target, global_batch=args.global_batch,
+                           lr=args.lr, time_scale=args.time_scale, seed=args.seed)
+    rows = with_rows(args.rows)
+    out = Output(json_mode=args.json)
+    with out.progress("bench hetero", config.steps) as progress:
+        bench = run_hetero_bench(config, rows, lambda label, done, total: progress(done, total))
+    doc = bench.to_json()
+    if args.plot:
+        from geotrain.plots.wan import plot_loss_vs_time
+
+        plot_loss_vs_time({r["label"]: (r["curve"]["time_s"], r["curve"]["val_loss"]) for r in doc["rows"]},
+                          args.plot, doc["target"],
+                          f"bench hetero on {doc['cluster']}: {config.steps} steps' samples each")
+    if args.json:
+        out.emit_json(doc)
+        return 0
+    sites = list(doc["gpus"])
+    gpus = ", ".join(f"{site} {gpu}" for site, gpu in doc["gpus"].items())
+    out.table(f"bench hetero: {config.model} GPT on {doc['cluster']} ({gpus}), "
+              f"{config.steps} steps' samples each, target validation loss {config.target:g} (emulated seconds)",
+              ["kind", "row", "time to target", "elapsed", "val loss", "compute fraction (" + ", ".join(sites) + ")",
+               "inner steps", "inter-region MB"],
+              [[r["kind"], r["label"], _fmt(r["time_to_target_s"], ".1f"), f"{r['elapsed_s']:.1f}",
+                f"{r['val_loss']:.4f}",
+                " ".join(f"{r['site_compute_fraction'][s]:.2f}" for s in sites),
+                " ".join(str(r["inner_steps"][s]) for s in sites), f"{r['inter_region_bytes'] / 1e6:.1f}"]
+               for r in doc["rows"]], right_align_from=2)
+    for skipped in doc["skipped"]:
+        out.text(f"skipped {skipped['kind']}: {skipped['reason']}")
+    if args.plot:
+        out.text(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,238 @@
+"""Adaptive local steps for DiLoCo: each replica takes H_r inner steps per outer period in proportion to its
+measured speed, so that heterogeneous sites reach the outer sync together instead of waiting for the slowest.
+
+    H_r = R x H x v_r / sum_q v_q        v_r = 1 / (replica r's mean inner-step seconds, last period)
+
+rounded to integers >= 1 that sum to R x H (largest remainders; ties to the lower rank). H (`sync_every`) is
+the *mean* of the H_r, not the fastest's: an outer period does R x H inner steps in all, as the equal schedule
+does, so a run of N periods sees the same samples (the same token budget) with either schedule, and only who
+computes them changes. The period then takes about R x H / sum_q v_q seconds, against H / min_q v_q.
+
+Outer mean weighted by work: replica r's outer gradient delta_r (anchor - local parameters) travels scaled by
+R x n_r / N (n_r its inner steps this period, N = sum n_r), so the exchange's mean is sum_r (n_r / N) delta_r;
+with equal steps every weight is exactly 1 (the plain DiLoCo mean, bit for bit).
+
+Agreement: at each outer sync the replicas all-gather two floats each (inner steps this period, mean step
+seconds), before the outer exchange; every rank computes the weights and the next period's H_r from the same
+gathered values, so every rank agrees on them. The first period runs H steps on every replica (nothing
+measured yet), or shares them by a prior (`prior_step_s`; the runtime's: its GPUs' peak FLOP/s); from then on every sync re-balances from the period just ended, so a replica that slows down is
+caught at the first sync after it (fully after the second, if it slowed mid-period). The sync trigger is "this
+replica's H_r reached", not a global step count: `outer_step` (syncs completed) is what every rank agrees on,
+and `while sync.outer_step < N` ends on every rank after N periods with the same parameters.
+
+Step seconds: what the caller measures (`after_inner_step(seconds)`); the runtime passes each step's compute
+seconds (ComputeTimer: under `--emulate-gpu-speed` the device's emulated compute), geotrain.diloco the wall
+time between inner steps with the syncs left out, or an injected `step_time`. A non-positive or non-finite
+measurement on any rank keeps the schedule as it is (nothing to divide by).
+
+Supported: the blocking, flat exchange (one fragment, delay 0, no moment sync, no region hierarchy); the
+streaming variants (geotrain.sync.streaming) sync fragments at fixed step offsets, which uneven H_r would
+break: they are refused (`check_adaptive_settings`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from geotrain.optim.outer import OuterStep
+from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, SyncResult, set_grads
+
+LOCAL_STEPS = ("equal", "adaptive")
+"""How many inner steps each replica takes per outer period: H everywhere, or in proportion to its speed."""
+
+Gather = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
+"""Posts the all-gather of this rank's (k,) float64 tensor over the DP group; the returned function waits for it
+and gives the (world, k) tensor of every rank, in group-rank order."""
+
+
+def adaptive_local_steps(step_seconds: Sequence[float], sync_every: int) -> list[int]:
+    """H_r per replica (module doc): R x `sync_every` inner steps shared in proportion to 1 / `step_seconds`,
+    integers >= 1 summing to R x sync_every. Any non-positive or non-finite time: [sync_every] x R."""
+    seconds = np.asarray(step_seconds, dtype=np.float64)
+    replicas = len(seconds)
+    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1 or replicas < 1:
+        raise SyncError(f"adaptive local steps: sync_every must be an integer >= 1 and at least one replica, got "
+                        f"{sync_every!r} and {replicas}")
+    if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
+        return [sync_every] * replicas
+    total = replicas * sync_every
+    speed = 1.0 / seconds
+    ideal = total * speed / speed.sum()
+    steps = np.maximum(1, np.floor(ideal)).astype(np.int64)
+    while steps.sum() < total:  # the largest remainders get one more (argmax: the lowest rank on ties)
+        steps[int(np.argmax(ideal - steps))] += 1
+    while steps.sum() > total:  # (only when the floor of 1 lifted a very slow replica)
+        over = np.where(steps > 1, steps - ideal, -np.inf)
+        steps[int(np.argmax(over))] -= 1
+    return [int(h) for h in steps]
+
+
+def check_adaptive_settings(local_steps: str, *, fragments: int = 1, delay: int = 0, sync_moments: bool = False,
+                            hierarchical: bool = False, who: str = "local_steps") -> None:
+    """SyncError (one line) unless `local_steps` is one of LOCAL_STEPS and, when adaptive, the outer sync is the
+    plain one (module doc)."""
+    if local_steps not in LOCAL_STEPS:
+        raise SyncError(f"{who} must be one of {', '.join(LOCAL_STEPS)}, got {local_steps!r}")
+    if local_steps == "equal":
+        return
+    unsupported = [name for name, on in (("fragments > 1", fragments != 1), ("a sync delay", delay != 0),
+                                         ("moment sync", sync_moments), ("regions (hierarchical)", hierarchical))
+                   if on]
+    if unsupported:
+        raise SyncError(f"{who} adaptive runs the blocking, flat outer sync only; not with {', '.join(unsupported)} "
+                        f"(their syncs fall at fixed step offsets, which per-replica step counts would break)")
+
+
+class AdaptiveOuterSync(GradientSync):
+    """DiLoCo whose replicas each take H_r inner steps per outer period and average their outer gradients
+    weighted by the steps they took (module doc). `make_exchange`: builds the DP exchange of (name, fp32
+    shadow) pairs, the tensors the outer gradients travel in (the model's gradients are left alone);
+    `gather`: the posted all-gather of a float over the DP group (Gather); `rank`: this replica's index in the
+    group of `replicas`; `adaptive` False keeps H_r = H (the weighted mean is then the plain one, weights 1);
+    `step_time`: replaces the measured step seconds (tests, or a caller that knows its speed); `prior_step_s`:
+    relative seconds per step of each replica known before anything is measured (the runtime's: 1 / its GPU's
+    peak FLOP/s), which sets the first period's H_r (None: H on every replica)."""
+
+    def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
+                 make_exchange: Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange], sync_every: int,
+                 outer_lr: float, outer_momentum: float, gather: Gather, rank: int, replicas: int,
+                 adaptive: bool = True, step_time: Callable[[], float] | None = None,
+                 prior_step_s: Sequence[float] | None = None) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < replicas:
+            raise SyncError(f"AdaptiveOuterSync: rank must be an integer in 0..{replicas - 1}, got {rank!r}")
+        named_params = list(named_params)
+        self.params = [p for _, p in named_params]
+        self.optimizer = optimizer
+        self.outer = OuterStep(self.params, sync_every, outer_lr, outer_momentum)
+        self.shadows = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+                                           requires_grad=False) for p in self.params]
+        self.exchange = make_exchange([(name, s) for (name, _), s in zip(named_params, self.shadows, strict=True)])
+        self.gather = gather
+        self.rank, self.replicas, self.adaptive = rank, replicas, adaptive
+        self.step_time = step_time
+        self.sync_every = sync_every
+        if prior_step_s is not None and len(prior_step_s) != replicas:
+            raise SyncError(f"AdaptiveOuterSync: prior_step_s needs one value per replica ({replicas}), got "
+                            f"{list(prior_step_s)!r}")
+        self.local_steps = (adaptive_local_steps(prior_step_s, sync_every) if adaptive and prior_step_s is not None
+                            else [sync_every] * replicas)
+        """H_r of the current period, per replica (group-rank order); the same list on every rank."""
+        self.outer_step = 0
+        """Outer syncs completed (the same on every rank between syncs)."""
+        self.inner_steps = 0
+        """This replica's inner steps so far."""
+        self.period_steps = 0
+        self._period_seconds = 0.0
+        self._posted: Callable[[], torch.Tensor] | None = None
+        self.history: list[dict[str, Any]] = []
+        """Per sync: the steps each replica took, their mean step seconds, the weights of the mean and H_r next."""
+
+    @property
+    def my_local_steps(self) -> int:
+        """This replica's H_r for the current period."""
+        return self.local_steps[self.rank]
+
+    def progress_step(self) -> int:
+        """Where this replica is on the equal schedule's step axis (outer_step x H + its share of the period
+        done, in steps of H): what a learning-rate schedule of a run of N x H steps reads."""
+        return self.outer_step * self.sync_every + (self.period_steps * self.sync_every) // self.my_local_steps
+
+    def step(self, step: int, timer: StepTimer) -> SyncResult:
+        """The runtime's call after backward: the inner step, then the outer sync if this replica's H_r is reached.
+        The step's seconds are `timer.seconds` (the runtime zeroes it at each step's start)."""
+        with timer:
+            self.optimizer.step()
+        return SyncResult(self.after_inner_step(timer.seconds, timer), None)
+
+    def after_inner_step(self, seconds: float, timer: StepTimer) -> int:
+        """Count one inner step that took `seconds` (the injected `step_time` if given); sync when this
+        replica's H_r is reached. Returns the bytes handed to the outer exchange."""
+        self.inner_steps += 1
+        self.period_steps += 1
+        self._period_seconds += float(self.step_time() if self.step_time is not None else seconds)
+        if self.period_steps < self.my_local_steps:
+            return 0
+        return self._sync(timer, [float(h) for h in self.local_steps])
+
+    def flush(self, timer: StepTimer) -> int:
+        """Sync the steps taken since the last sync, on every rank at once (each rank calls it, in the same
+        period): the step counts are gathered first (a partial period's are not the H_r); no exchange when no
+        replica stepped since. Lands the posted gather of step times; the schedule is left as it is."""
+        self._land_times()
+        mine = torch.tensor([float(self.period_steps)], dtype=torch.float64)
+        steps = self.gather(mine)().reshape(-1).tolist()
+        return self._sync(timer, steps, rebalance=False) if sum(steps) else 0
+
+    def _land_times(self) -> list[float] | None:
+        """Wait for the step times posted at the previous sync; None if none is in flight."""
+        if self._posted is None:
+            return None
+        seconds = self._posted().reshape(-1).tolist()
+        self._posted = None
+        return seconds
+
+    def _sync(self, timer: StepTimer, steps: list[float], rebalance: bool = True) -> int:
+        """The outer sync of a period in which replica r took steps[r] inner steps (module doc)."""
+        total = sum(steps)
+        weight = self.replicas * self.period_steps / total  # x R: the exchange's mean divides by R
+        with timer:
+            local = self.outer.outer_gradients()
+            set_grads(self.shadows, local if weight == 1.0 else [g * weight for g in local])
+        dp_bytes = self.exchange.exchange(self.outer_step, timer)
+        with timer:
+            self.outer.apply([s.grad for s in self.shadows])
+        measured = self._land_times()
+        if rebalance and self.adaptive and measured is not None:
+            self.local_steps = adaptive_local_steps(measured, self.sync_every)
+        if rebalance:  # this period's mean step seconds travel while the next period computes
+            self._posted = self.gather(torch.tensor([self._period_seconds / self.period_steps], dtype=torch.float64))
+        self.history.append({"steps": [int(s) for s in steps], "weights": [s / total for s in steps],
+                             "step_s": measured, "next_local_steps": list(self.local_steps)})
+        self.outer_step += 1
+        self.period_steps, self._period_seconds = 0, 0.0
+        return dp_bytes
+
+    def fingerprint(self) -> float:
+        """The anchor's float64 sum (every replica's is the same after each sync)."""
+        return self.outer.anchor_sum()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Refused inside a period (its steps would be lost); between syncs: inner and outer state, the schedule."""
+        if self.period_steps:
+            raise SyncError(f"AdaptiveOuterSync: state_dict inside an outer period ({self.period_steps} of "
+                            f"{self.my_local_steps} steps done): checkpoint right after a sync")
+        return {"optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict(),
+                "outer": self.outer.state_dict(), "local_steps": list(self.local_steps),
+                "outer_step": self.outer_step, "inner_steps": self.inner_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "local_steps" not in state or len(state["local_steps"]) != self.replicas:
+            raise ValueError(f"checkpoint holds no adaptive outer sync of {self.replicas} replicas")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.outer.load_state_dict(state["outer"])
+        self.exchange.load_state_dict(state["exchange"])
+        self.local_steps = [int(h) for h in state["local_steps"]]
+        self.outer_step, self.inner_steps = int(state["outer_step"]), int(state["inner_steps"])
+
+
+def gather_floats(group: Any, replicas: int, run: Callable[[Callable[[], Any]], Any]) -> Gather:
+    """A Gather over process group `group` (None: the default one) of `replicas` members: posts the all-gather
+    (async work) and returns the function that waits for it through `run(wait)` (a transport that times and
+    counts it as a posted collective, or directly: `lambda wait: wait()`)."""
+    import torch.distributed as dist
+
+    def gather(mine: torch.Tensor) -> Callable[[], torch.Tensor]:
+        parts = [torch.zeros_like(mine) for _ in range(replicas)]
+        work = dist.all_gather(parts, mine, group=group, async_op=True)
+
+        def wait() -> torch.Tensor:
+            run(work.wait)
+            return torch.stack(parts)
+
+        return wait
+
+    return gather

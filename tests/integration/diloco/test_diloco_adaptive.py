@@ -1,0 +1,158 @@
+"""`DiLoCo(local_steps="adaptive")` on real gloo processes: uneven H_r (forced through an injected step time),
+replicas equal after every sync, the outer mean weighted by steps exactly as by hand, `while outer_step < N`
+ending on every rank, and a slowed-down replica re-balanced within two periods."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from geotrain.comm import run_workers
+from geotrain.diloco import DiLoCo
+
+H = 4
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def _batch(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(8, 8, generator=torch.Generator().manual_seed(1000 * rank + step))
+
+
+def _inner_step(model: torch.nn.Module, inner: torch.optim.Optimizer, rank: int, step: int) -> None:
+    x = _batch(rank, step)
+    inner.zero_grad()
+    torch.nn.functional.mse_loss(model(x), x[:, :1] - 0.5 * x[:, 1:2]).backward()
+    inner.step()
+
+
+def _adaptive_loop(rank: int, world: int, periods: int, slow_from: int | None, codec: str,
+                   prior: list[float] | None = None) -> dict:
+    """Rank r's inner step 'takes' (r + 1) x 10 ms; from period `slow_from` on the last rank's takes 2x longer."""
+    model = _model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    box: list[DiLoCo] = []
+
+    def step_time() -> float:
+        slow = slow_from is not None and rank == world - 1 and box[0].outer_step >= slow_from
+        return 0.01 * (rank + 1) * (2.0 if slow else 1.0)
+
+    after_sync, steps_per_period = [], []
+    with DiLoCo(model, inner, sync_every=H, local_steps="adaptive", step_time=step_time, codec=codec,
+                outer_lr=1.0, outer_momentum=0.0, prior_step_s=prior) as diloco:
+        box.append(diloco)
+        taken = 0
+        while diloco.outer_step < periods:
+            before = diloco.outer_step
+            _inner_step(model, inner, rank, diloco.inner_steps)
+            taken += 1
+            if diloco.outer_step != before:
+                after_sync.append(_flat(model))
+                steps_per_period.append(taken)
+                taken = 0
+        history = list(diloco.sync.history)
+    return {"after_sync": after_sync, "steps": steps_per_period, "inner_steps": diloco.inner_steps,
+            "outer_step": diloco.outer_step, "final": _flat(model), "history": history}
+
+
+def test_replicas_equal_after_every_sync_with_uneven_local_steps():
+    results = run_workers(_adaptive_loop, 2, (3, None, "int8-block"), timeout_s=120)
+    for a, b in zip(results[0]["after_sync"], results[1]["after_sync"], strict=True):
+        assert torch.equal(a, b)
+    # periods 1-2: H each (period 1's times travel during period 2); then speeds 1 : 1/2 share 2 x H = 8 steps
+    # as 5 : 3
+    assert results[0]["steps"] == [4, 4, 5] and results[1]["steps"] == [4, 4, 3]
+    assert [r["inner_steps"] for r in results] == [13, 11]
+    assert torch.equal(results[0]["final"], results[1]["final"])
+
+
+def test_a_prior_shares_the_first_periods_before_any_time_is_measured():
+    results = run_workers(_adaptive_loop, 2, (3, None, "none", [1.0, 2.0]), timeout_s=120)
+    assert results[0]["steps"] == [5, 5, 5] and results[1]["steps"] == [3, 3, 3]
+    assert torch.equal(results[0]["final"], results[1]["final"])
+
+
+def _by_hand(periods_steps: list[list[int]]) -> torch.Tensor:
+    """Both replicas in this process: each takes its steps from the common parameters, and the new parameters
+    are the step-weighted mean (outer lr 1, momentum 0: anchor - sum_r w_r (anchor - theta_r))."""
+    model = _model()
+    anchor = _flat(model)
+    done = [0, 0]
+    for steps in periods_steps:
+        finals = []
+        for rank in range(2):
+            torch.nn.utils.vector_to_parameters(anchor.clone(), model.parameters())
+            inner = torch.optim.SGD(model.parameters(), lr=0.05)
+            for _ in range(steps[rank]):
+                _inner_step(model, inner, rank, done[rank])
+                done[rank] += 1
+            finals.append(_flat(model))
+        total = sum(steps)
+        anchor = anchor - sum(steps[r] / total * (anchor - finals[r]) for r in range(2))
+    return anchor
+
+
+def test_outer_mean_weighted_by_steps_equals_the_hand_computation_with_codec_none():
+    results = run_workers(_adaptive_loop, 2, (3, None, "none"), timeout_s=120)
+    assert results[1]["history"][2]["weights"] == [5 / 8, 3 / 8]
+    expected = _by_hand([[4, 4], [4, 4], [5, 3]])
+    assert torch.allclose(results[0]["final"], expected, rtol=0, atol=1e-6)
+    assert torch.equal(results[0]["final"], results[1]["final"])
+
+
+def _measured_loop(rank: int, world: int, periods: int) -> dict:
+    """No injected time: the wall clock between inner steps (rank 1 sleeps 2 ms more per step)."""
+    model = _model()
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    with DiLoCo(model, inner, sync_every=H, local_steps="adaptive", codec="none") as diloco:
+        while diloco.outer_step < periods:
+            _inner_step(model, inner, rank, diloco.inner_steps)
+            if rank == 1:
+                time.sleep(0.002)
+        check = torch.tensor([float(diloco.inner_steps)])
+        dist.all_reduce(check)  # the loop's own collective after the last sync: every rank got here
+    return {"final": _flat(model), "outer_step": diloco.outer_step, "inner_steps": diloco.inner_steps,
+            "total": float(check)}
+
+
+def test_while_outer_step_below_n_ends_on_every_rank_with_the_same_parameters():
+    results = run_workers(_measured_loop, 3, (4,), timeout_s=120)
+    assert [r["outer_step"] for r in results] == [4, 4, 4]
+    assert all(torch.equal(results[0]["final"], r["final"]) for r in results[1:])
+    # every period shares 3 x H steps out, whatever the split measured here
+    assert results[0]["total"] == sum(r["inner_steps"] for r in results) == 4 * 3 * H
+
+
+def test_a_replica_that_slows_down_is_rebalanced_within_two_periods():
+    results = run_workers(_adaptive_loop, 2, (5, 2, "none"), timeout_s=120)
+    history = results[0]["history"]
+    assert [h["next_local_steps"] for h in history] == [[4, 4], [5, 3], [5, 3], [6, 2], [6, 2]]
+    # the slow-down starts with period 3 (outer_step 2); its times travel during period 4 and period 5 is
+    # re-balanced (speeds 100 : 25 steps/s share 8 steps as 6.4 : 1.6): within two periods
+    assert results[1]["steps"] == [4, 4, 3, 3, 2]
+    assert torch.equal(results[0]["final"], results[1]["final"])
+
+
+def _refused(rank: int, world: int) -> str:
+    model = _model()
+    try:
+        DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), sync_every=4, fragments=2, local_steps="adaptive")
+    except Exception as exc:  # noqa: BLE001 - the test reports the type and message
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"
+
+
+def test_adaptive_with_fragments_is_refused_in_one_line():
+    message = run_workers(_refused, 1, (), timeout_s=60)[0]
+    assert message == ("SyncError: DiLoCo: local_steps adaptive runs the blocking, flat outer sync only; not with "
+                       "fragments > 1 (their syncs fall at fixed step offsets, which per-replica step counts would "
+                       "break)")

@@ -1,0 +1,57 @@
+"""`train --sync-every H --local-steps adaptive` in the runtime: real processes over the emulating backend on two
+sites of different GPUs (compute at each GPU's speed), one launch; every period shares R x H steps, the ranks end
+together after the run's periods, and they agree on the anchor between the same syncs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from geotrain.cluster import load_cluster
+from geotrain.runtime import RuntimeConfig, launch
+from geotrain.runtime import checkpoint as ckpt
+
+CLUSTER = """name: two-gpus
+regions:
+  - {name: fast, devices: 1, gpu: A100}
+  - {name: slow, devices: 1, gpu: T4}
+links:
+  - {between: [fast, slow], gbps: 1.0, ms: 20}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path):
+    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    cluster = load_cluster(str(tmp_path / "cluster.yaml"))
+    steps, every = 9, 3
+    config = RuntimeConfig.of(cluster, np.array([[0, 1]]), steps=steps, sync_every=every, local_steps="adaptive",
+                              outer_lr=1.0, outer_momentum=0.0, emulate_gpu_speed=True, time_scale=1e-3,
+                              checkpoint_dir=str(tmp_path / "ckpt"), batch_size=2, microbatches=1)
+    result = launch(config)
+    assert result.exit_code == 0
+    assert result.report.replicas_in_sync
+    manifest = ckpt.read_manifest(tmp_path / "ckpt", steps)
+    records = {rank: ckpt.load_shard(tmp_path / "ckpt", steps, rank, manifest,
+                                     {"rank": rank, "stage": 0, "replica": rank})["records"] for rank in range(2)}
+    periods = steps // every
+    for rank in range(2):
+        assert records[rank][-1]["outer_step"] == periods
+        assert [r["step"] for r in records[rank]] == list(range(len(records[rank])))
+    # per period: the steps each rank took sum to R x H, and both hold the same anchor after its sync
+    for period in range(periods):
+        taken = [_periods(records[rank]).count(period) for rank in range(2)]
+        assert sum(taken) == 2 * every
+        assert taken == [_last_of(records[rank], period + 1)["local_steps"] for rank in range(2)]
+        assert len({_last_of(records[rank], period + 1)["param_sum"] for rank in range(2)}) == 1
+    assert sum(len(records[rank]) for rank in range(2)) == periods * 2 * every
+
+
+def _periods(records: list[dict]) -> list[int]:
+    """The period of each step: the syncs done before it (the previous record's outer_step)."""
+    return [0] + [r["outer_step"] for r in records[:-1]]
+
+
+def _last_of(records: list[dict], outer_step: int) -> dict:
+    """The record of the step that completed sync `outer_step` (the first record at that outer step)."""
+    return next(r for r in records if r["outer_step"] == outer_step)

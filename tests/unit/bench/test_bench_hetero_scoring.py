@@ -1,0 +1,54 @@
+"""geotrain.bench.hetero's scoring on hand-made records: evaluation points timed by the slowest rank at the step
+(or outer sync) they follow, site compute fractions, and the limit row's speed-balanced step time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from geotrain.bench.hetero import DEFAULT_ROWS, KINDS, HeteroRow, balanced_limit, score, with_rows
+from geotrain.bench.wan_rows import WanBenchError
+from geotrain.cluster import Cluster
+
+
+def _cluster() -> Cluster:
+    n = 2
+    return Cluster(name="two", device_names=("a0", "b0"), region_names=("fast", "slow"), region_of=np.array([0, 1]),
+                   bandwidth_gbps=np.full((n, n), 1.0), latency_ms=np.zeros((n, n)), gpus=("A100", "T4"))
+
+
+def _record(rank: int, step: int, start: float, end: float, compute: float, val: float | None = None,
+            **extra: object) -> dict:
+    return {"rank": rank, "step": step, "compute_s": compute, "val_loss": val,
+            "emulated": {"start_s": start, "end_s": end, "inter_region_bytes": 10}, **extra}
+
+
+def test_adaptive_points_are_timed_at_the_sync_each_rank_reached_after_its_own_steps():
+    # rank 0 takes 3 steps of 1 s, rank 1 one step of 3 s, then both sync (outer_step 1) at 3 s
+    records = [_record(0, s, s, s + 1, 1.0, 2.5 if s == 2 else None, outer_step=1 if s == 2 else 0) for s in range(3)]
+    records.append(_record(1, 0, 0.0, 3.2, 3.0, 2.5, outer_step=1))
+    result = score(HeteroRow("diloco-adaptive", "x"), _cluster(), records, 2.4)
+    assert result.eval_time_s == [pytest.approx(3.2)] and result.val_losses == [2.5]
+    assert result.site_compute_fraction == {"fast": pytest.approx(3 / 3.2), "slow": pytest.approx(3 / 3.2)}
+    assert result.inner_steps == {"fast": 3, "slow": 1}
+    assert result.inter_region_bytes == 40
+    assert result.time_to_target(2.5) == pytest.approx(3.2) and result.time_to_target(2.0) is None
+
+
+def test_limit_row_takes_the_harmonic_mean_of_the_ranks_compute_per_step():
+    # compute 1 s and 3 s per step; balanced by speed both finish in 2 / (1 + 1/3) = 1.5 s; 0.1 s outside compute
+    records = [_record(r, s, 3.1 * s, 3.1 * s + 3.1, 1.0 if r == 0 else 3.0, 2.0 if r == 0 and s == 1 else None)
+               for r in range(2) for s in range(2)]
+    result = balanced_limit(HeteroRow("limit", "limit", limit=True), _cluster(), records, 2.0, 2)
+    assert result.eval_time_s == [pytest.approx(3.2)]
+    assert result.site_compute_fraction["slow"] == pytest.approx(3.0 / 3.2)
+    assert result.inter_region_bytes == 40  # the run's bytes, carried at no cost
+
+
+def test_rows_are_one_entry_per_kind_and_unknown_kinds_are_refused():
+    assert {row.kind for row in DEFAULT_ROWS} <= set(KINDS)
+    assert [row.kind for row in with_rows("diloco-adaptive")] == ["diloco-adaptive", "limit"]
+    with pytest.raises(WanBenchError, match="kinds among"):
+        with_rows("fastest")
+    with pytest.raises(WanBenchError, match="kind must be one of"):
+        HeteroRow("quick", "x")
