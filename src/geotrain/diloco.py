@@ -22,6 +22,14 @@ gradients at full precision over the region's group (an optimizer step pre-hook)
 gradients go through the hierarchical exchange (full precision inside a region, the codec between
 regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exchange is not posted).
 
+Asynchronous (`asynchronous=True`; geotrain.sync.async_outer): a replica that ends its H inner steps sends
+its outer gradient (fp32, no codec) to the global model's server in rank 0's process and goes on from the
+model it gets back, without waiting for the others; delayed Nesterov outer momentum, `staleness_bound`;
+with `regions` each region's first rank merges its replicas first (after HALoS). Ranks then differ in
+step counts: loop `while diloco.outer_step < N` (replica outer gradients in the global model this rank
+holds); leaving the block waits until every rank has left: all hold the final global model.
+See docs/guide/heterogeneous-sites-async.md.
+
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
 same group between them.
@@ -40,6 +48,7 @@ from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.sync.async_outer import STALENESS_BOUND, AsyncOuterSync, check_async_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
 from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
@@ -66,7 +75,8 @@ class DiLoCo:
                  error_feedback: bool = True, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
                  gather_links: GatherLinks | None = None, sync_moments: bool = False,
-                 moment_syncs: int | None = None, fragment_split: str = "layers") -> None:
+                 moment_syncs: int | None = None, fragment_split: str = "layers", asynchronous: bool = False,
+                 staleness_bound: int = STALENESS_BOUND, merge_every: int | None = None) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -81,6 +91,15 @@ class DiLoCo:
                             "exchange's collective)")
         self.model = model
         self.inner_optimizer = inner_optimizer
+        self.asynchronous: AsyncOuterSync | None = None
+        if asynchronous:
+            check_async_settings(fragments=fragments, delay=delay, mix=mix, landing=landing, group=group,
+                                 sync_moments=sync_moments, gather_links=gather_links)
+            named = [p for p in model.parameters() if p.requires_grad]
+            self.asynchronous = AsyncOuterSync(named, sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                                               staleness_bound=staleness_bound, regions=regions,
+                                               merge_every=merge_every)
+            regions = None  # the regions are the asynchronous servers', not the every-step gradient mean's
         self.codec = CodecSpec.parse(codec)
         self.transport = DirectTransport()
         self.group = group
@@ -144,6 +163,14 @@ class DiLoCo:
             return None
         return sum(exchange.reducer.declared_bytes for exchange in self.exchanges)  # type: ignore[attr-defined]
 
+    @property
+    def outer_step(self) -> int:
+        """Outer updates this rank has applied or received: synchronous, the outer periods completed
+        (inner_steps // H); asynchronous, the replica outer gradients in the global model it last received."""
+        if self.asynchronous is None:
+            return self.inner_steps // self.sync.sync_every
+        return self.asynchronous.outer_step
+
     def __enter__(self) -> DiLoCo:
         self._hook = self.inner_optimizer.register_step_post_hook(self._after_inner_step)
         if self.region_exchange is not None:
@@ -155,11 +182,21 @@ class DiLoCo:
         self.region_bytes += self.region_exchange.exchange(self.inner_steps, self.timer)
 
     def _after_inner_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.asynchronous is not None:
+            self.asynchronous.after_inner_step()
+            self.inner_steps = self.asynchronous.inner_steps
+            self.bytes_sent = self.asynchronous.bytes_sent
+            return
         self.bytes_sent += self.sync.after_inner_step(self.inner_steps, self.timer)
         self.inner_steps += 1
 
     def flush(self) -> None:
-        """Land every sync in flight and sync every fragment now: all replicas agree afterwards."""
+        """Land every sync in flight and sync every fragment now: all replicas agree afterwards
+        (asynchronous: the final exchange, which waits for every rank)."""
+        if self.asynchronous is not None:
+            self.asynchronous.finish()
+            self.bytes_sent = self.asynchronous.bytes_sent
+            return
         self.bytes_sent += self.sync.flush(max(self.inner_steps - 1, 0), self.timer)
 
     def __exit__(self, exc_type: Any, *rest: object) -> None:
@@ -169,6 +206,8 @@ class DiLoCo:
         self._hook = self._pre_hook = None
         if exc_type is None:
             self.flush()
+        elif self.asynchronous is not None:
+            self.asynchronous.close()
         else:
             self.sync.close()
 
