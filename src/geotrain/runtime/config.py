@@ -18,6 +18,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.runtime.elastic.rules import check_elastic
+from geotrain.sync.async_step import check_async_run
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
 from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommSection, DataSection,
@@ -112,6 +113,11 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"model {self.model.model_name!r}: cannot cut {self.model.gpt.n_layer + 2} layers "
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")
         check_elastic(self)
+        refusal = check_async_run(self.optim.outer_sync, pipeline_stages=self.pipeline_stages,
+                                  time_scale=self.emulation.time_scale, elastic=self.reliability.elastic,
+                                  checkpoint_dir=self.checkpoint.checkpoint_dir, dp_hierarchical=comm.dp_hierarchical)
+        if refusal is not None:
+            raise RuntimeConfigError(refusal)
         for stage in range(stages):  # last, after the specific messages: any sync no implementation runs
             try:
                 self.sync_options(stage)
@@ -147,7 +153,8 @@ class RuntimeConfig:
                            hierarchical=comm.dp_hierarchical, fragments=optim.fragments,
                            fragment_split=optim.fragment_split, delay=optim.sync_delay,
                            mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup,
-                           sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs)
+                           sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs,
+                           outer_sync=optim.outer_sync)
 
     def split_weights(self) -> tuple[float, ...] | None:
         """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on

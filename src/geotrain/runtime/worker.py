@@ -12,6 +12,7 @@ rank's records. Ranks are numbered stage x R + replica; pipeline groups and DP g
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import sys
 import time
@@ -38,6 +39,7 @@ from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_m
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
+from geotrain.sync.async_step import AsyncOuterGradientSync
 from geotrain.sync.base import ComputeTimer
 
 EXIT_WORKER_ERROR = 1
@@ -297,14 +299,22 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     watchdog.publish_step(worker.start_step)
     run, data, checkpoint = config.run, config.data, config.checkpoint
     end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
-    for step in range(worker.start_step, end):
+    asynchronous = isinstance(worker.dp, AsyncOuterGradientSync)  # ranks end at different steps: sync/async_step.py
+    steps = itertools.takewhile(lambda _: not worker.dp.done, itertools.count()) if asynchronous else range(
+        worker.start_step, end)
+    for step in steps:
         record = worker.train_step(step)
-        if data.evaluates_after(step, run.steps):
+        if data.evaluates_after(step, run.steps) and not asynchronous:
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         watchdog.publish_step(step + 1)
-        if checkpoint.due(step + 1, end):
+        if checkpoint.due(step + 1, end) and not asynchronous:
             worker.save(step + 1)
+    if asynchronous:
+        worker.records[-1]["dp_bytes"] += worker.dp.finish()  # every rank now holds the final global model
+        worker.records[-1]["param_sum"] = worker.dp.fingerprint()
+        if data.eval_every:
+            worker.records[-1]["val_loss"] = worker.evaluate()
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
     return None if gathered is None else [record for records in gathered for record in records]

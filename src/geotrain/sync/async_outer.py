@@ -42,6 +42,8 @@ from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.sync.async_wire import Mailbox, ServerThread
 from geotrain.sync.base import SyncError
 
+OUTER_SYNCS = ("sync", "async", "async-hierarchical")
+"""`train --outer-sync`: synchronous DiLoCo, asynchronous (flat), asynchronous with region servers."""
 STALENESS_BOUND = 8
 """Default bound on an update's staleness (global updates applied since its replica took its model)."""
 EMULATE_BACKEND = "geotrain_emulate"

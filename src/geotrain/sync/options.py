@@ -44,6 +44,7 @@ class SyncOptions:
     sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
     moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
         the later ones send the outer gradients alone (None: every sync).
+    outer_sync: "sync", or "async" / "async-hierarchical" (sync_every; geotrain.sync.async_outer).
     """
 
     codec: CodecSpec
@@ -65,6 +66,7 @@ class SyncOptions:
     warmup: int = 0
     sync_moments: bool = False
     moment_syncs: int | None = None
+    outer_sync: str = "sync"
 
     def __post_init__(self) -> None:
         try:
