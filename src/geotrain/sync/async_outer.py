@@ -74,8 +74,9 @@ class RegionServer:
             final = self._merge(final=True)
             return [r for r in replies if not r.final] + [Reply(r.client, final.version, final.updates, final.model, True)
                                                           for r in finals]
-        if self.server.version - self.merged_version >= self.merge_every:
-            self._merge(final=False)
+        if replies and self.server.version - self.merged_version >= self.merge_every:
+            merged = self._merge(final=False)  # the replicas answered now go on from the merged model
+            replies = [Reply(r.client, r.version, merged.updates, merged.model.clone(), False) for r in replies]
         return replies
 
     def _merge(self, final: bool) -> Reply:

@@ -30,8 +30,16 @@ from geotrain.sync.async_server import Reply, Request
 
 REQUEST_TAG = 41
 REPLY_TAG = 42
-WAIT_SLICE = timedelta(seconds=30)
+WAIT_SLICE = timedelta(seconds=300)
 """How long a server waits in the store before it checks whether it was told to stop."""
+
+
+def _own_client(store: Any) -> Any:
+    """A client of `store` for one thread (torch's Store.clone); the store itself where it cannot clone."""
+    try:
+        return store.clone()
+    except (RuntimeError, NotImplementedError):
+        return store
 
 
 def flat_bytes(tensor: torch.Tensor) -> int:
@@ -43,7 +51,9 @@ class Mailbox:
     in-process queues of the server's own rank. `sent_to`: bytes this process put on links, by peer rank."""
 
     def __init__(self, store: Any, name: str, host: int, group: Any, numel: int, sent_to: Counter) -> None:
-        self.store = store
+        # a store client per side: a TCPStore client serialises its calls, so a server blocked in `wait` would
+        # hold the announcements of its own rank's client until the wait timed out
+        self.client_store, self.server_store = _own_client(store), _own_client(store)
         self.name = name
         self.host = host
         self.group = group
@@ -83,21 +93,21 @@ class Mailbox:
         return Reply(client, version, updates, model, bool(final))
 
     def _announce(self, client: int) -> None:
-        index = self.store.add(f"{self.name}/n", 1) - 1
-        self.store.set(f"{self.name}/req/{index}", str(client))
+        index = self.client_store.add(f"{self.name}/n", 1) - 1
+        self.client_store.set(f"{self.name}/req/{index}", str(client))
 
     def next_request(self, index: int, stopped: threading.Event) -> Request | None:
         """The `index`-th request announced (blocks; None once `stopped` is set)."""
         key = f"{self.name}/req/{index}"
         while not stopped.is_set():
             try:
-                self.store.wait([key], WAIT_SLICE)
+                self.server_store.wait([key], WAIT_SLICE)
                 break
             except Exception:  # noqa: BLE001 - the store's timeout error has no stable type across torch versions
                 continue
         else:
             return None
-        client = int(self.store.get(key))
+        client = int(self.server_store.get(key))
         if client == self.host:
             return self.local_requests.get()
         header = torch.zeros(4, dtype=torch.int64)

@@ -77,22 +77,24 @@ def _cross_region_bytes(results, regions) -> int:
 
 
 def test_hierarchical_merges_inside_a_region_before_crossing():
+    # staleness bound 0 makes both runs lock-step, so every rank's count of updates (and bytes) is exact
     regions = [[0, 1], [2, 3]]
-    numel = sum(p.numel() for p in _model().parameters())
-    flat = _run(4, 16, {}, bound=16)
-    hier = _run(4, 16, {}, bound=16, regions=regions, merge_every=4)
+    m = 4 * sum(p.numel() for p in _model().parameters())  # the model's fp32 bytes
+    flat = _run(4, 16, {}, bound=0)
+    hier = _run(4, 16, {}, bound=0, regions=regions, merge_every=2)
     for results in (flat, hier):
         for r in results[1:]:
             assert torch.equal(r["params"], results[0]["params"])
-    flat_cross, hier_cross = _cross_region_bytes(flat, regions), _cross_region_bytes(hier, regions)
-    # flat: ranks 2 and 3 each send M per update and get M back; hierarchical: region 1's server
-    # crosses once per 4 of its updates (and at the end)
-    flat_updates = flat[2]["pushes"] + flat[3]["pushes"]
-    assert flat_cross >= 2 * 4 * numel * flat_updates
-    hier_updates = hier[2]["pushes"] + hier[3]["pushes"]
-    merges = hier_updates // 4 + 1
-    assert hier_cross <= 2 * (4 * numel + 32) * merges
-    assert hier_cross * 2 < flat_cross
+    assert [r["pushes"] for r in flat] == [4, 4, 4, 4]
+    # flat: ranks 2 and 3 send 4 updates each (32-byte header + M) to rank 0 and get 4 models back
+    # (24-byte header + M), then a final header and the final model
+    assert _cross_region_bytes(flat, regions) == 2 * (4 * (32 + m + 24 + m) + 32 + 24 + m)
+    # hierarchical: inside region 1, every 2 region updates (4 replica updates) its server crosses once
+    # with the region's delta and gets the global model back
+    region_updates = sum(r["pushes"] for r in hier[2:]) // 2
+    merges = region_updates // 2 + 1  # and the final merge
+    assert _cross_region_bytes(hier, regions) <= merges * (32 + m + 24 + m)
+    assert 2 * _cross_region_bytes(hier, regions) < _cross_region_bytes(flat, regions)
 
 
 def _refused(rank: int, world: int) -> str:
