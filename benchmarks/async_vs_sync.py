@@ -64,7 +64,8 @@ def _run_rank(rank: int, world: int, mode: str, steps: int, sync_every: int, com
         val = float(torch.nn.functional.mse_loss(model(x), y))
     pushes = diloco.asynchronous.pushes if diloco.asynchronous is not None else diloco.inner_steps // sync_every
     return {"rank": rank, "wall_s": wall_s, "inner_steps": diloco.inner_steps, "val_loss": val, "outer_sends": pushes,
-            "bytes_sent": diloco.bytes_sent, "fingerprint": float(sum(p.detach().double().sum() for p in model.parameters()))}
+            "bytes_sent": diloco.bytes_sent,
+            "fingerprint": float(sum(p.detach().double().sum() for p in model.parameters()))}
 
 
 def run_mode(mode: str, steps: int, sync_every: int, compute_s: list[float], staleness_bound: int,
@@ -97,7 +98,8 @@ def main(argv: list[str]) -> int:
     print(f"{'mode':<20}{'wall s':>8}{'inner steps':>13}{'val loss':>10}  per rank (inner steps / outer sends)")
     for row in rows:
         per_rank = "  ".join(f"{s}/{o}" for s, o in zip(row["inner_steps"], row["outer_sends"], strict=True))
-        print(f"{row['mode']:<20}{row['wall_s']:>8.2f}{row['total_inner_steps']:>13}{row['val_loss']:>10.4f}  {per_rank}")
+        print(f"{row['mode']:<20}{row['wall_s']:>8.2f}{row['total_inner_steps']:>13}{row['val_loss']:>10.4f}  "
+              f"{per_rank}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump({"compute_s": compute_s, "steps": args.steps, "sync_every": args.sync_every, "rows": rows},

@@ -58,7 +58,8 @@ class DelayedNesterov:
     def __post_init__(self) -> None:
         if not isinstance(self.period, int) or isinstance(self.period, bool) or self.period < 1:
             raise OuterStepError(f"DelayedNesterov: period must be an integer >= 1, got {self.period!r}")
-        checks = (("lr", self.lr, lambda v: v > 0, "> 0"), ("momentum", self.momentum, lambda v: 0 <= v < 1, "in [0, 1)"),
+        checks = (("lr", self.lr, lambda v: v > 0, "> 0"),
+                  ("momentum", self.momentum, lambda v: 0 <= v < 1, "in [0, 1)"),
                   ("staleness_power", self.staleness_power, lambda v: v >= 0, ">= 0"))
         for name, value, ok, bound in checks:
             number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -68,7 +69,8 @@ class DelayedNesterov:
     def step(self, theta: torch.Tensor, gradient: torch.Tensor, staleness: int = 0) -> float:
         """Apply one arrival's outer `gradient` to `theta` in place; returns the weight it got."""
         if gradient.shape != theta.shape:
-            raise OuterStepError(f"DelayedNesterov: gradient shape {tuple(gradient.shape)} != model {tuple(theta.shape)}")
+            raise OuterStepError(f"DelayedNesterov: gradient shape {tuple(gradient.shape)} != model "
+                                 f"{tuple(theta.shape)}")
         weight = staleness_weight(staleness, self.staleness_power)
         weighted = gradient.to(torch.float32) * weight
         if self.momentum_buffer is None or self.pending is None:

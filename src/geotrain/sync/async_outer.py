@@ -72,8 +72,8 @@ class RegionServer:
         finals = [r for r in replies if r.final]
         if finals:
             final = self._merge(final=True)
-            return [r for r in replies if not r.final] + [Reply(r.client, final.version, final.updates, final.model, True)
-                                                          for r in finals]
+            ended = [Reply(r.client, final.version, final.updates, final.model, True) for r in finals]
+            return [r for r in replies if not r.final] + ended
         if replies and self.server.version - self.merged_version >= self.merge_every:
             merged = self._merge(final=False)  # the replicas answered now go on from the merged model
             replies = [Reply(r.client, r.version, merged.updates, merged.model.clone(), False) for r in replies]
@@ -115,7 +115,8 @@ class AsyncOuterSync:
             raise SyncError(f"asynchronous DiLoCo regions must hold every rank 0..{world - 1} once, got {regions!r}")
         groups = [list(range(world))] if self.regions is None else [list(r) for r in self.regions.members]
         if self.regions is not None and groups[0][0] != 0:
-            raise SyncError(f"asynchronous DiLoCo: the first region must start with rank 0 (the global server), got {regions!r}")
+            raise SyncError(f"asynchronous DiLoCo: the first region must start with rank 0 (the global server), "
+                            f"got {regions!r}")
         with torch.no_grad():  # every replica and server starts from rank 0's model
             for p in self.params:
                 dist.broadcast(p.data, 0)
@@ -129,7 +130,8 @@ class AsyncOuterSync:
         numel = self.anchor.numel()
         my_group = next(g for g in groups if self.rank in g)
         self.leader = my_group[0]
-        self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, replica_group, numel, self.sent_to)
+        self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, replica_group, numel,
+                               self.sent_to)
         self.threads: list[ServerThread] = []
         self.servers: list[OuterServer] = []
         lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound

@@ -54,7 +54,8 @@ class Reply:
 class OuterServer:
     """The global model (flat fp32), its outer optimizer and the staleness rule (module doc)."""
 
-    def __init__(self, model: torch.Tensor, optimizer: DelayedNesterov, clients: list[int], staleness_bound: int) -> None:
+    def __init__(self, model: torch.Tensor, optimizer: DelayedNesterov, clients: list[int],
+                 staleness_bound: int) -> None:
         if not isinstance(staleness_bound, int) or isinstance(staleness_bound, bool) or staleness_bound < 0:
             raise SyncError(f"asynchronous DiLoCo: staleness_bound must be an integer >= 0, got {staleness_bound!r}")
         self.model = model.detach().to(torch.float32).clone()

@@ -137,7 +137,8 @@ class ServerThread(threading.Thread):
     """Serve `mailbox`'s requests with `handle(request) -> replies` until `finished()`; a failure is kept
     in `error` and handed to the local client."""
 
-    def __init__(self, mailbox: Mailbox, handle: Callable[[Request], list[Reply]], finished: Callable[[], bool]) -> None:
+    def __init__(self, mailbox: Mailbox, handle: Callable[[Request], list[Reply]],
+                 finished: Callable[[], bool]) -> None:
         super().__init__(name=f"geotrain-async-{mailbox.name}", daemon=True)
         self.mailbox = mailbox
         self.handle = handle
