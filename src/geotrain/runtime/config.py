@@ -34,7 +34,7 @@ SYNC_OPTION_KEYS = {
     "onebit_warmup_steps": "optim.onebit_warmup_steps", "clip_grad_norm": "optim.clip_grad_norm",
     "sync_every": "optim.sync_every", "fragments": "optim.fragments", "delay": "optim.sync_delay",
     "mix": "optim.sync_mix", "landing": "optim.sync_landing", "warmup": "optim.sync_warmup",
-    "sync_moments": "optim.sync_moments", "moment_syncs": "optim.moment_syncs",
+    "sync_moments": "optim.sync_moments", "moment_syncs": "optim.moment_syncs", "outer_sync": "optim.outer_sync",
 }
 """SyncOptions field -> the config key it comes from (RuntimeConfig.sync_options), to name it in errors."""
 
