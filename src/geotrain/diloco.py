@@ -212,10 +212,13 @@ class DiLoCo:
             self.sync.close()
 
     def fingerprint(self) -> float:
-        """A float64 sum of the anchors: the same on every rank when no sync is in flight."""
-        return self.sync.fingerprint()
+        """A float64 sum of the anchors: the same on every rank when no sync is in flight (asynchronous: of
+        the global model this rank last received, the same on every rank after the block)."""
+        return self.sync.fingerprint() if self.asynchronous is None else self.asynchronous.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
+        if self.asynchronous is not None:
+            raise SyncError("DiLoCo(asynchronous=True) does not checkpoint: the global model lives in rank 0's server")
         return {"sync": self.sync.state_dict(), "inner_steps": self.inner_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
