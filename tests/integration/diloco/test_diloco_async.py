@@ -66,8 +66,10 @@ def test_the_staleness_bound_is_held_and_fast_ranks_wait_at_it():
     assert results[0]["max_staleness"][0] <= 2
     for r in results[1:]:
         assert torch.equal(r["params"], results[0]["params"])
-    # with the bound at 2 a fast rank cannot send more than 2 updates per slow one (plus the round it waits in)
-    assert max(r["pushes"] for r in results[:2]) <= 2 * (results[2]["pushes"] + 1)
+    # with the bound at 2 the fast ranks together get at most 2 versions ahead of the slow one, so per slow
+    # update they send a few (2 applied alone, more when merged with it at the bound), not the ~10x they
+    # send unbounded at this speed ratio
+    assert sum(r["pushes"] for r in results[:2]) <= 4 * (results[2]["pushes"] + 1) + 2
 
 
 def _cross_region_bytes(results, regions) -> int:
