@@ -67,7 +67,9 @@ class DiLoCo:
     codec's exchange takes one direct all-to-all round where it is faster than the ring (None: the ring);
     `sync_moments`: each outer sync also averages the inner optimizer's moments (torch's Adam or AdamW;
     geotrain.sync.moments), in the same collective; `moment_syncs` N: only each fragment's first N outer
-    syncs carry them (None: every sync)."""
+    syncs carry them (None: every sync). `asynchronous`: outer updates through a global model's server without
+    lock-step (module doc), `staleness_bound` S (no update applied more than S versions stale: fast replicas
+    wait), `merge_every` (with regions: region updates per merge into the global model; None: the region's size)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
