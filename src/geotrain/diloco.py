@@ -33,6 +33,14 @@ on the outer syncs every rank agrees on:
 
 Plain (blocking, flat) DiLoCo only: fragments, a delay, moment sync or regions with it are refused.
 
+Asynchronous (`asynchronous=True`; geotrain.sync.async_outer): a replica that ends its H inner steps sends
+its outer gradient (fp32, no codec) to the global model's server in rank 0's process and goes on from the
+model it gets back, without waiting for the others; delayed Nesterov outer momentum, `staleness_bound`;
+with `regions` each region's first rank merges its replicas first (after HALoS). Ranks then differ in
+step counts: loop `while diloco.outer_step < N` (replica outer gradients in the global model this rank
+holds); leaving the block waits until every rank has left: all hold the final global model.
+See docs/guide/heterogeneous-sites-async.md.
+
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
 same group between them.
@@ -53,6 +61,7 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
+from geotrain.sync.async_outer import STALENESS_BOUND, AsyncOuterSync, check_async_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
 from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
@@ -75,7 +84,10 @@ class DiLoCo:
     measured speed, outer mean weighted by steps: module doc); `step_time` (adaptive): replaces the measured
     wall seconds per inner step (the syncs left out) by what it returns; `prior_step_s` (adaptive): relative
     seconds per step of each rank (group order) that share the first two periods before any time is measured
-    (e.g. 1 / each GPU's peak FLOP/s; None: H everywhere)."""
+    (e.g. 1 / each GPU's peak FLOP/s; None: H everywhere). `asynchronous`: outer updates through a global
+    model's server without lock-step (module doc), `staleness_bound` S (no update applied more than S versions
+    stale: fast replicas wait), `merge_every` (with regions: region updates per merge into the global model;
+    None: the region's size); not with adaptive local steps."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
@@ -84,7 +96,9 @@ class DiLoCo:
                  group: Any = None, regions: Sequence[Sequence[int]] | None = None,
                  gather_links: GatherLinks | None = None, sync_moments: bool = False,
                  moment_syncs: int | None = None, fragment_split: str = "layers", local_steps: str = "equal",
-                 step_time: Callable[[], float] | None = None, prior_step_s: Sequence[float] | None = None) -> None:
+                 step_time: Callable[[], float] | None = None, prior_step_s: Sequence[float] | None = None,
+                 asynchronous: bool = False, staleness_bound: int = STALENESS_BOUND,
+                 merge_every: int | None = None) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -103,6 +117,18 @@ class DiLoCo:
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every
         self.local_steps = local_steps
+        self.asynchronous: AsyncOuterSync | None = None
+        if asynchronous:
+            if local_steps != "equal":
+                raise SyncError(f"DiLoCo: asynchronous outer updates take H inner steps per push on every replica; "
+                                f"local_steps must be 'equal', got {local_steps!r}")
+            check_async_settings(fragments=fragments, delay=delay, mix=mix, landing=landing, group=group,
+                                 sync_moments=sync_moments, gather_links=gather_links)
+            named = [p for p in model.parameters() if p.requires_grad]
+            self.asynchronous = AsyncOuterSync(named, sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
+                                               staleness_bound=staleness_bound, regions=regions,
+                                               merge_every=merge_every)
+            regions = None  # the regions are the asynchronous servers', not the every-step gradient mean's
         self.codec = CodecSpec.parse(codec)
         self.transport = DirectTransport()
         self.group = group
@@ -177,8 +203,11 @@ class DiLoCo:
 
     @property
     def outer_step(self) -> int:
-        """Outer periods completed: adaptive, the syncs done (the same on every rank between syncs); equal,
+        """Outer updates this rank has applied or received: adaptive, the syncs done (the same on every rank
+        between syncs); asynchronous, the replica outer gradients in the global model it last received; equal,
         inner_steps // sync_every (with fragments: periods of the last fragment to start, roughly)."""
+        if self.asynchronous is not None:
+            return self.asynchronous.outer_step
         if isinstance(self.sync, AdaptiveOuterSync):
             return self.sync.outer_step
         return self.inner_steps // self.sync_every
@@ -198,6 +227,11 @@ class DiLoCo:
         self.region_bytes += self.region_exchange.exchange(self.inner_steps, self.timer)
 
     def _after_inner_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.asynchronous is not None:
+            self.asynchronous.after_inner_step()
+            self.inner_steps = self.asynchronous.inner_steps
+            self.bytes_sent = self.asynchronous.bytes_sent
+            return
         if isinstance(self.sync, AdaptiveOuterSync):
             # wall seconds since the last inner step ended (or the block began), the syncs left out
             self.bytes_sent += self.sync.after_inner_step(time.perf_counter() - self._mark, self.timer)
@@ -208,7 +242,12 @@ class DiLoCo:
 
     def flush(self) -> None:
         """Land every sync in flight and sync every fragment now: all replicas agree afterwards (adaptive: the
-        steps since the last sync, if any rank took some; every rank must be in the same period)."""
+        steps since the last sync, if any rank took some; every rank must be in the same period; asynchronous:
+        the final exchange, which waits for every rank)."""
+        if self.asynchronous is not None:
+            self.asynchronous.finish()
+            self.bytes_sent = self.asynchronous.bytes_sent
+            return
         if isinstance(self.sync, AdaptiveOuterSync):
             self.bytes_sent += self.sync.flush(self.timer)
             return
@@ -221,14 +260,19 @@ class DiLoCo:
         self._hook = self._pre_hook = None
         if exc_type is None:
             self.flush()
+        elif self.asynchronous is not None:
+            self.asynchronous.close()
         elif isinstance(self.sync, StreamingOuterSync):
             self.sync.close()
 
     def fingerprint(self) -> float:
-        """A float64 sum of the anchors: the same on every rank when no sync is in flight."""
-        return self.sync.fingerprint()
+        """A float64 sum of the anchors: the same on every rank when no sync is in flight (asynchronous: of
+        the global model this rank last received, the same on every rank after the block)."""
+        return self.sync.fingerprint() if self.asynchronous is None else self.asynchronous.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
+        if self.asynchronous is not None:
+            raise SyncError("DiLoCo(asynchronous=True) does not checkpoint: the global model lives in rank 0's server")
         return {"sync": self.sync.state_dict(), "inner_steps": self.inner_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

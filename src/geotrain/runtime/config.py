@@ -19,6 +19,7 @@ from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.runtime.batch_shares import BatchSharesError, batch_shares, parse_batch_shares
 from geotrain.runtime.elastic.rules import check_elastic
+from geotrain.sync.async_step import check_async_run
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
 from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommSection, DataSection,
@@ -35,6 +36,7 @@ SYNC_OPTION_KEYS = {
     "sync_every": "optim.sync_every", "fragments": "optim.fragments", "delay": "optim.sync_delay",
     "mix": "optim.sync_mix", "landing": "optim.sync_landing", "warmup": "optim.sync_warmup",
     "sync_moments": "optim.sync_moments", "moment_syncs": "optim.moment_syncs", "local_steps": "optim.local_steps",
+    "outer_sync": "optim.outer_sync",
 }
 """SyncOptions field -> the config key it comes from (RuntimeConfig.sync_options), to name it in errors."""
 
@@ -118,6 +120,11 @@ class RuntimeConfig:
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")
         check_elastic(self)
         self._check_adaptive_local_steps()
+        refusal = check_async_run(self.optim.outer_sync, pipeline_stages=self.pipeline_stages,
+                                  time_scale=self.emulation.time_scale, elastic=self.reliability.elastic,
+                                  checkpoint_dir=self.checkpoint.checkpoint_dir, dp_hierarchical=comm.dp_hierarchical)
+        if refusal is not None:
+            raise RuntimeConfigError(refusal)
         for stage in range(stages):  # last, after the specific messages: any sync no implementation runs
             try:
                 self.sync_options(stage)
@@ -168,7 +175,8 @@ class RuntimeConfig:
                            fragment_split=optim.fragment_split, delay=optim.sync_delay,
                            mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup,
                            sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs,
-                           local_steps=optim.local_steps, local_steps_prior_s=self._step_prior_s(stage))
+                           local_steps=optim.local_steps, local_steps_prior_s=self._step_prior_s(stage),
+                           outer_sync=optim.outer_sync)
 
     def _step_prior_s(self, stage: int) -> tuple[float, ...] | None:
         """Adaptive local steps: 1 / peak FLOP/s of each replica's device at `stage` (replica order), the first

@@ -22,7 +22,7 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import regions_of_devices
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.transport import Transport
-from geotrain.sync import DPGroup, GradientSync, SyncOptions, make_gradient_sync
+from geotrain.sync import DPGroup, GradientSync, SyncError, SyncOptions, make_gradient_sync
 
 
 def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
@@ -50,8 +50,32 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
     `cluster`: its links choose the gathered exchanges' algorithm (geotrain.comm.gather; None: ring)."""
     layout = transport.layout
     s = layout.slot(rank).stage
+    if options.outer_sync != "sync":
+        return _async_gradient_sync(options, stage, layout, cluster, replicas)
     devices = tuple(layout.dp_group_devices(s))
     links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
     dp_group = DPGroup(group, tuple(layout.dp_group_ranks(s)), devices, hierarchy, links)
     return make_gradient_sync(options, list(stage.named_parameters()), transport, dp_group, rank,
                               world_sum_over_replicas(replicas))
+
+
+def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: Layout, cluster: Cluster | None,
+                         replicas: int) -> GradientSync:
+    """--outer-sync async*: one stage, so the DP group is the world; async-hierarchical's regions are the
+    cluster's (the region holding rank 0 first, so that its first rank hosts the global server)."""
+    from geotrain.sync.async_outer import AsyncOuterSync
+    from geotrain.sync.async_step import AsyncOuterGradientSync
+    from geotrain.sync.factory import BETAS, WEIGHT_DECAY
+
+    params = [p for p in stage.parameters() if p.requires_grad]
+    regions = None
+    if options.outer_sync == "async-hierarchical":
+        if cluster is None:
+            raise SyncError("--outer-sync async-hierarchical needs the cluster's regions")
+        ranks = layout.dp_group_ranks(0)
+        found = regions_of_devices(ranks, layout.dp_group_devices(0), cluster.region_of)
+        regions = sorted((sorted(region) for region in found.members), key=lambda region: region[0])
+    outer = AsyncOuterSync(params, options.sync_every, outer_lr=options.outer_lr,  # type: ignore[arg-type]
+                           outer_momentum=options.outer_momentum, regions=regions)
+    adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    return AsyncOuterGradientSync(params, adamw, outer, options.total_steps, replicas)

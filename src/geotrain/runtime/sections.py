@@ -28,6 +28,7 @@ from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, sl
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
 from geotrain.sync.adaptive import LOCAL_STEPS
+from geotrain.sync.async_outer import OUTER_SYNCS
 from geotrain.sync.streaming import FRAGMENT_SPLITS
 
 
@@ -457,6 +458,12 @@ class OptimSection(Section):
     outer_lr: float = setting(DILOCO_LR, "--sync-every: outer learning rate (DiLoCo: 0.7; 1 with --outer-momentum "
                                          "0 = parameter averaging)")
     outer_momentum: float = setting(DILOCO_MOMENTUM, "--sync-every: outer Nesterov momentum")
+    outer_sync: str = setting("sync", "--sync-every: sync (every outer step waits for every replica), async (a "
+                                      "replica sends its outer gradient to the global model in rank 0 and goes on "
+                                      "without waiting; delayed Nesterov, staleness bound; --steps is the mean "
+                                      "replica's budget) or async-hierarchical (each region's first rank merges its "
+                                      "replicas first); docs/guide/heterogeneous-sites-async.md",
+                              choices=OUTER_SYNCS)
     fragments: int = setting(1, "--sync-every: Streaming DiLoCo: cut the model into P fragments (contiguous layers, "
                                 "balanced by bytes), fragment p synced every H steps at offset p*H/P, so the WAN "
                                 "carries 1/P of the model at a time (1..H)", metavar="P")
@@ -504,6 +511,15 @@ class OptimSection(Section):
             self._fail("moment_syncs", "says how many outer syncs carry the moments: it needs optim.sync_moments "
                                        "(--sync-moments)")
         self._choice("sync_landing", LANDINGS)
+        self._choice("outer_sync", OUTER_SYNCS)
+        if self.outer_sync != "sync":
+            if self.sync_every is None:
+                self._fail("outer_sync", "is DiLoCo's: it needs optim.sync_every (--sync-every H)")
+            for key in ("fragments", "sync_delay", "sync_moments", "local_steps"):
+                default = self.__dataclass_fields__[key].default
+                if getattr(self, key) != default:
+                    self._fail(key, f"must be {default!r} with optim.outer_sync {self.outer_sync} (whole-model "
+                                    "outer updates)")
         self._integer("sync_warmup", 0)
         self._number("lr", zero_ok=False)
         self._integer("onebit_warmup_steps", 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -44,6 +45,7 @@ from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
 from geotrain.sync.adaptive import AdaptiveOuterSync
+from geotrain.sync.async_step import AsyncOuterGradientSync
 from geotrain.sync.base import ComputeTimer
 
 EXIT_WORKER_ERROR = 1
@@ -333,16 +335,24 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         _train_periods(worker, worker.dp, watchdog)
         return _gather_records(config, rank, worker)
     end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
-    for step in range(worker.start_step, end):
+    asynchronous = isinstance(worker.dp, AsyncOuterGradientSync)  # ranks end at different steps: sync/async_step.py
+    steps = itertools.takewhile(lambda _: not worker.dp.done, itertools.count()) if asynchronous else range(
+        worker.start_step, end)
+    for step in steps:
         record = worker.train_step(step)
-        if data.evaluates_after(step, run.steps):
+        if data.evaluates_after(step, run.steps) and not asynchronous:
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         if rebalance_due(config.schedule.batch_shares, step):
             worker.rebalance_shares()
         watchdog.publish_step(step + 1)
-        if checkpoint.due(step + 1, end):
+        if checkpoint.due(step + 1, end) and not asynchronous:
             worker.save(step + 1)
+    if asynchronous:
+        worker.records[-1]["dp_bytes"] += worker.dp.finish()  # every rank now holds the final global model
+        worker.records[-1]["param_sum"] = worker.dp.fingerprint()
+        if data.eval_every:
+            worker.records[-1]["val_loss"] = worker.evaluate()
     return _gather_records(config, rank, worker)
 
 

@@ -49,6 +49,7 @@ class SyncOptions:
         measured, which share out the first period (None: H each).
     moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
         the later ones send the outer gradients alone (None: every sync).
+    outer_sync: "sync", or "async" / "async-hierarchical" (sync_every; geotrain.sync.async_outer).
     """
 
     codec: CodecSpec
@@ -72,6 +73,7 @@ class SyncOptions:
     moment_syncs: int | None = None
     local_steps: str = "equal"
     local_steps_prior_s: tuple[float, ...] | None = None
+    outer_sync: str = "sync"
 
     def __post_init__(self) -> None:
         try:

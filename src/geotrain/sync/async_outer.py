@@ -1,0 +1,224 @@
+"""Asynchronous DiLoCo: a replica that ends its H inner steps sends its outer gradient to the global
+model's server and goes on from the model it gets back, without waiting for the other replicas.
+
+Where the global model lives: in a server thread of rank 0's process (flat), or, with regions (after
+HALoS, 2025), in a server thread of each region's first rank (the region's model, its replicas' updates
+merged over the fast links) plus a global server in rank 0's process (first rank of the first region)
+that merges the regions' deltas. A region server sends its delta (region model - the global model it
+last got) every `merge_every` region updates and adopts the global model it gets back. Both levels use
+delayed Nesterov (geotrain.optim.delayed_nesterov) and the staleness bound of
+geotrain.sync.async_server; the wire is geotrain.sync.async_wire.
+
+Costs on the links, per replica update of a model of M fp32 bytes: flat, M up and M down between the
+replica and rank 0 (across the WAN for every replica outside rank 0's region); hierarchical, the same
+inside the region, and per `merge_every` region updates M up and M down between the region's first rank
+and rank 0. The initial model is one broadcast from rank 0.
+
+Failures: the global model exists once, in rank 0's process; if that process or its site fails the run
+fails (the launcher tears every rank down, as for any failed rank). A failed replica holds the others
+only through the staleness bound (they wait for its update); there is no re-join. Elastic runs (torchft
+quorums) are refused: their recovery copies a peer's state at a synchronous step, which has no
+counterpart here.
+
+Ending: `outer_step` is the number of replica outer gradients in the model this rank last received
+(its own and the others'), so `while outer_step < N` ends on every rank; `finish()` sends what is left
+and returns when every rank has finished: all hold the same final global model.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from geotrain.comm.regions import Regions
+from geotrain.optim.delayed_nesterov import STALENESS_POWER, DelayedNesterov
+from geotrain.sync.async_server import OuterServer, Reply, Request
+from geotrain.sync.async_wire import Mailbox, ServerThread
+from geotrain.sync.base import SyncError
+
+OUTER_SYNCS = ("sync", "async", "async-hierarchical")
+"""`train --outer-sync`: synchronous DiLoCo, asynchronous (flat), asynchronous with region servers."""
+STALENESS_BOUND = 8
+"""Default bound on an update's staleness (global updates applied since its replica took its model)."""
+EMULATE_BACKEND = "geotrain_emulate"
+
+
+def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
+
+
+class RegionServer:
+    """A region's server: an OuterServer for its replicas whose model merges with the global one every
+    `merge_every` updates (and at the end) through `upstream` (module doc)."""
+
+    def __init__(self, server: OuterServer, upstream: Mailbox, leader: int, merge_every: int) -> None:
+        self.server = server
+        self.upstream = upstream
+        self.leader = leader
+        self.merge_every = merge_every
+        self.anchor = server.model.clone()
+        self.global_version = 0
+        self.global_updates = 0
+        self.merged_version = 0
+
+    def handle(self, request: Request) -> list[Reply]:
+        replies = self.server.submit(request)
+        finals = [r for r in replies if r.final]
+        if finals:
+            final = self._merge(final=True)
+            ended = [Reply(r.client, final.version, final.updates, final.model, True) for r in finals]
+            return [r for r in replies if not r.final] + ended
+        if replies and self.server.version - self.merged_version >= self.merge_every:
+            merged = self._merge(final=False)  # the replicas answered now go on from the merged model
+            replies = [Reply(r.client, r.version, merged.updates, merged.model.clone(), False) for r in replies]
+        return replies
+
+    def _merge(self, final: bool) -> Reply:
+        count = self.server.updates - self.global_updates
+        delta = None if count == 0 else self.anchor - self.server.model
+        reply = self.upstream.request(self.leader, Request(self.leader, self.global_version, delta, count, final))
+        self.server.model.copy_(reply.model)
+        self.anchor = reply.model.clone()
+        self.global_version = reply.version
+        self.global_updates = self.server.updates = reply.updates
+        self.merged_version = self.server.version
+        return reply
+
+
+class AsyncOuterSync:
+    """This rank's side of asynchronous DiLoCo (module doc): `after_inner_step()` after each inner step,
+    `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical)."""
+
+    _instances = itertools.count()
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], sync_every: int, *, outer_lr: float,
+                 outer_momentum: float, staleness_bound: int = STALENESS_BOUND,
+                 staleness_power: float = STALENESS_POWER, regions: Sequence[Sequence[int]] | None = None,
+                 merge_every: int | None = None) -> None:
+        if not dist.is_initialized():
+            raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
+        if dist.get_backend() == EMULATE_BACKEND:
+            raise SyncError("asynchronous DiLoCo does not run on the emulating backend: its server threads would "
+                            "advance the rank's one emulated clock; use plain gloo (sleep-skewed ranks to try it)")
+        self.params = list(params)
+        self.sync_every = sync_every
+        self.rank = dist.get_rank()
+        world = dist.get_world_size()
+        self.regions = None if regions is None else Regions.of(regions, "asynchronous DiLoCo regions")
+        if self.regions is not None and sorted(self.regions.ranks) != list(range(world)):
+            raise SyncError(f"asynchronous DiLoCo regions must hold every rank 0..{world - 1} once, got {regions!r}")
+        groups = [list(range(world))] if self.regions is None else [list(r) for r in self.regions.members]
+        if self.regions is not None and groups[0][0] != 0:
+            raise SyncError(f"asynchronous DiLoCo: the first region must start with rank 0 (the global server), "
+                            f"got {regions!r}")
+        with torch.no_grad():  # every replica and server starts from rank 0's model
+            for p in self.params:
+                dist.broadcast(p.data, 0)
+        store = c10d._get_default_store()
+        # one group per direction of traffic: replicas <-> their server, region servers <-> the global one
+        replica_group = dist.new_group(backend="gloo")
+        global_group = dist.new_group(backend="gloo")
+        instance = f"geotrain/async/{next(self._instances)}"
+        self.anchor = _flat(self.params)
+        self.sent_to: Counter = Counter()
+        numel = self.anchor.numel()
+        my_group = next(g for g in groups if self.rank in g)
+        self.leader = my_group[0]
+        self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, replica_group, numel,
+                               self.sent_to)
+        self.threads: list[ServerThread] = []
+        self.servers: list[OuterServer] = []
+        lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound
+        if self.rank == self.leader:
+            region_server = OuterServer(self.anchor, DelayedNesterov(len(my_group), lr, beta, power), my_group, bound)
+            self.servers.append(region_server)
+            handle = region_server.submit
+            if self.regions is not None:
+                upstream = Mailbox(store, f"{instance}/global", 0, global_group, numel, self.sent_to)
+                if self.rank == 0:
+                    leaders = [g[0] for g in groups]
+                    # the regions already applied the outer optimizer: the global server averages their
+                    # deltas (lr 1, no momentum, 1/R each), so a replica's update weighs as in the flat run
+                    top = OuterServer(self.anchor, DelayedNesterov(len(leaders), 1.0, 0.0, power), leaders, bound)
+                    self.servers.append(top)
+                    self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done))
+                region = RegionServer(region_server, upstream, self.rank, merge_every or len(my_group))
+                handle = region.handle
+            self.threads.insert(0, ServerThread(self.mailbox, handle,
+                                                lambda: not region_server.base and not region_server.done))
+        for thread in self.threads:
+            thread.start()
+        self.version = 0
+        self.outer_step = 0
+        """Replica outer gradients in the global model this rank last received (its own and the others')."""
+        self.pushes = 0
+        """Outer gradients this rank sent."""
+        self.inner_steps = 0
+        self.period_steps = 0
+        self.finished = False
+
+    @property
+    def bytes_sent(self) -> int:
+        """Bytes this process put on links (requests and, on a server's rank, replies)."""
+        return sum(self.sent_to.values())
+
+    def after_inner_step(self) -> None:
+        self.inner_steps += 1
+        self.period_steps += 1
+        if self.period_steps >= self.sync_every:
+            self._push(final=False)
+
+    def _push(self, final: bool) -> None:
+        gradient = None if self.period_steps == 0 else self.anchor - _flat(self.params)
+        reply = self.mailbox.request(self.rank, Request(self.rank, self.version, gradient, 1, final))
+        self.pushes += gradient is not None
+        self.period_steps = 0
+        self.version, self.outer_step = reply.version, reply.updates
+        self.anchor = reply.model
+        with torch.no_grad():
+            offset = 0
+            for p in self.params:
+                p.copy_(reply.model[offset:offset + p.numel()].view_as(p).to(p.dtype))
+                offset += p.numel()
+
+    def finish(self) -> None:
+        """Send what is left (final) and wait until every rank has: all hold the final global model."""
+        if self.finished:
+            return
+        self.finished = True
+        self._push(final=True)
+        for thread in self.threads:
+            thread.join()
+            if thread.error is not None:
+                raise SyncError(f"asynchronous DiLoCo server failed: {thread.error!r}") from thread.error
+
+    def close(self) -> None:
+        """Stop this process's server threads without the final exchange (after an error)."""
+        for thread in self.threads:
+            thread.stopped.set()
+
+    def fingerprint(self) -> float:
+        return float(self.anchor.double().sum())
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this rank (and of the servers it hosts)."""
+        return {"outer_step": self.outer_step, "pushes": self.pushes, "inner_steps": self.inner_steps,
+                "bytes_sent": self.bytes_sent, "sent_to": dict(self.sent_to),
+                "max_staleness": [s.max_staleness for s in self.servers]}
+
+
+def check_async_settings(*, fragments: int, delay: int, mix: float, landing: str, group: Any, sync_moments: bool,
+                         gather_links: Any) -> None:
+    """SyncError naming the first DiLoCo setting that asynchronous outer updates do not combine with."""
+    unsupported = (("fragments", fragments, 1), ("delay", delay, 0), ("mix", mix, 0.0), ("landing", landing, "mix"),
+                   ("group", group, None), ("sync_moments", sync_moments, False), ("gather_links", gather_links, None))
+    for name, value, default in unsupported:
+        if value != default:
+            raise SyncError(f"DiLoCo(asynchronous=True): {name} must be {default!r} (whole-model updates through the "
+                            f"global model's server, on the default group), got {value!r}")

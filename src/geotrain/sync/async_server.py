@@ -1,0 +1,124 @@
+"""The global model of asynchronous DiLoCo and the rule that applies arrivals to it (no communication).
+
+A client (a replica, or a region's server in the hierarchical variant) sends a request: the version of
+the global model it started from (`base`), its outer gradient (None: nothing to add) and whether it is
+its last (`final`). The server applies it with the outer optimizer (geotrain.optim.delayed_nesterov) and
+replies with the new model and version, at once: other clients are not waited for.
+
+Staleness bound S: an arrival's staleness is `version - base` (updates applied since its client took its
+model); none is applied with staleness > S. Clients are therefore held, never dropped: while some
+client still computing started S updates ago, an arrival from a faster one waits (stale synchronous
+parallel). When every client at the oldest base has arrived and the bound is tight, they are applied
+together as one update (the mean of their gradients, as a synchronous step), so waiting cannot go round
+in a circle: some request can always be applied, or a client still computing will arrive. A final
+request is applied like any other; its reply waits until every client has sent its final one, and all of
+them get the same final model.
+
+`updates` counts the replicas' outer gradients folded into the model (a hierarchical region's request
+carries how many it merged): the `outer_step` the replicas see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from geotrain.optim.delayed_nesterov import DelayedNesterov
+from geotrain.sync.base import SyncError
+
+
+@dataclass(frozen=True)
+class Request:
+    """One arrival: `client` id, `base` version its model came from, `gradient` (flat fp32, or None),
+    `count` replica outer gradients merged in it, `final` (the client stops after this one)."""
+
+    client: int
+    base: int
+    gradient: torch.Tensor | None
+    count: int = 1
+    final: bool = False
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a client gets back: the model after `version` applied updates holding `updates` replica outer gradients."""
+
+    client: int
+    version: int
+    updates: int
+    model: torch.Tensor
+    final: bool
+
+
+class OuterServer:
+    """The global model (flat fp32), its outer optimizer and the staleness rule (module doc)."""
+
+    def __init__(self, model: torch.Tensor, optimizer: DelayedNesterov, clients: list[int],
+                 staleness_bound: int) -> None:
+        if not isinstance(staleness_bound, int) or isinstance(staleness_bound, bool) or staleness_bound < 0:
+            raise SyncError(f"asynchronous DiLoCo: staleness_bound must be an integer >= 0, got {staleness_bound!r}")
+        self.model = model.detach().to(torch.float32).clone()
+        self.optimizer = optimizer
+        self.staleness_bound = staleness_bound
+        self.version = 0
+        self.updates = 0
+        self.base = {client: 0 for client in clients}
+        """Version each client still running last received."""
+        self.waiting: list[Request] = []
+        self.done: list[int] = []
+        self.applied: dict[int, int] = {client: 0 for client in clients}
+        self.max_staleness = 0
+
+    def submit(self, request: Request) -> list[Reply]:
+        """Take one request; apply every request the bound lets through; the replies due now."""
+        if request.client not in self.base:
+            raise SyncError(f"asynchronous DiLoCo: request from client {request.client}, which is not running "
+                            f"(running: {sorted(self.base)})")
+        if request.base != self.base[request.client]:
+            raise SyncError(f"asynchronous DiLoCo: client {request.client} sent base {request.base}, "
+                            f"but was given version {self.base[request.client]}")
+        self.waiting.append(request)
+        replies: list[Reply] = []
+        while self.waiting:
+            batch = self._next_batch()
+            if not batch:
+                break
+            replies.extend(self._apply(batch))
+        if not self.base and self.done:  # every client has finished: all get the final model
+            replies.extend(self._reply(client, final=True) for client in self.done)
+            self.done = []
+        return replies
+
+    def _next_batch(self) -> list[Request]:
+        """The requests to apply next as one update (empty: wait for a client still computing)."""
+        oldest = min(self.base.values())
+        if self.version - oldest < self.staleness_bound:
+            return [self.waiting[0]]  # one more update keeps every client within the bound
+        waiting_clients = {r.client for r in self.waiting}
+        if any(b == oldest and c not in waiting_clients for c, b in self.base.items()):
+            return []  # a client computing since `oldest` would go past the bound
+        return [r for r in self.waiting if r.base == oldest]
+
+    def _apply(self, batch: list[Request]) -> list[Reply]:
+        gradients = [r.gradient for r in batch if r.gradient is not None]
+        if gradients:
+            staleness = self.version - min(r.base for r in batch)
+            self.max_staleness = max(self.max_staleness, staleness)
+            self.optimizer.step(self.model, torch.stack(gradients).mean(dim=0), staleness)
+            self.version += 1
+            self.updates += sum(r.count for r in batch if r.gradient is not None)
+        replies = []
+        for request in batch:
+            self.waiting.remove(request)
+            self.applied[request.client] += request.gradient is not None
+            if request.final:
+                del self.base[request.client]
+                self.done.append(request.client)
+            else:
+                self.base[request.client] = self.version
+                replies.append(self._reply(request.client, final=False))
+        return replies
+
+    def _reply(self, client: int, final: bool) -> Reply:
+        return Reply(client, self.version, self.updates, self.model.clone(), final)

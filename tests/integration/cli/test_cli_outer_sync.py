@@ -1,0 +1,52 @@
+"""`geotrain train --outer-sync async|async-hierarchical`: a run through the runtime ends on every rank
+with one final model (one validation loss), and settings it does not combine with are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from paths import ROOT
+
+GEOTRAIN = (sys.executable, "-m", "geotrain")
+CLUSTER = str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml")
+
+
+def _plan(tmp_path: Path) -> str:
+    out = tmp_path / "plan.json"
+    done = subprocess.run([*GEOTRAIN, "plan", "--cluster", CLUSTER, "--stages", "1", "--replicas", "4", "--out",
+                           str(out)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return str(out)
+
+
+@pytest.mark.slow  # a plan and a 4-rank launch
+@pytest.mark.timeout(400)
+def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Path):
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
+                           "--sync-every", "5", "--time-scale", "0", "--outer-sync", "async-hierarchical",
+                           "--eval-every", "10", "--json"], capture_output=True, text=True, timeout=360)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    # each rank evaluates once, after the final exchange, at whatever step it ended: one loss for all
+    assert len({entry["loss"] for entry in report["validation"]}) == 1
+    assert report["validation"][0]["step"] >= 5
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("extra,why", [
+    ([], "--outer-sync async does not run on emulated links (the server threads would advance a rank's one "
+         "emulated clock); pass --time-scale 0"),
+    (["--time-scale", "0", "--elastic"], "--outer-sync async does not combine with --elastic: the global model "
+                                         "lives once, in rank 0's server, and a torchft recovery copies a peer's "
+                                         "state at a synchronous step")])
+def test_settings_async_does_not_combine_with_are_refused_in_one_line(tmp_path: Path, extra, why):
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
+                           "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == f"geotrain: error: {why}"
