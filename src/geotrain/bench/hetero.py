@@ -6,8 +6,8 @@ fastest GPU's peak over the device's).
 Rows (`DEFAULT_ROWS`, one `HeteroRow` each, by `kind`): the same model, seed, data, global batch and token budget
 (`steps` x global batch samples: with adaptive local steps the periods, ceil(steps / H), share R x H inner steps
 each), trained through the runtime as bench wan trains (geotrain.bench.wan: its settings, `WanBenchConfig`, and its
-checkpoint reader); a row is RuntimeConfig settings, so a row of another engineer's option (`batch_shares`,
-`outer_sync`) is one more entry, skipped (and listed) while this geotrain lacks the setting. Measured:
+checkpoint reader); a row is RuntimeConfig settings, skipped (and listed, with the runtime's reason) where the
+runtime refuses them on this bench: asynchronous outer updates do not run over emulated links. Measured:
 - time to target: emulated seconds from step 0 to the first evaluation at or below the target. Every row scores
   each replica's own weights after each outer period (every step's DP rows at the same cadence), with no
   collective and outside emulated time (`eval_local`); a point's time is the slowest rank's emulated clock at the
@@ -129,30 +129,48 @@ class HeteroBench:
                 "skipped": [{"kind": kind, "reason": reason} for kind, reason in self.skipped]}
 
 
-def _missing_settings(row: HeteroRow) -> str | None:
+def _unavailable(row: HeteroRow, cluster: Cluster, config: WanBenchConfig) -> str | None:
+    """Why `row` cannot run here (a setting this geotrain lacks, or one its runtime refuses on this bench, such as
+    asynchronous updates over emulated links), else None."""
+    from geotrain.runtime import RuntimeConfigError
     from geotrain.runtime.config import setting_keys
 
     missing = [key for key, _ in row.options if key not in setting_keys()]
-    return None if not missing else f"RuntimeConfig has no setting {', '.join(missing)} in this geotrain"
+    if missing:
+        return f"RuntimeConfig has no setting {', '.join(missing)} in this geotrain"
+    try:
+        row_config(row, cluster, config, None)
+    except RuntimeConfigError as exc:
+        return str(exc)
+    return None
+
+
+def row_config(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, directory: str | None) -> Any:
+    """The RuntimeConfig that trains `row` on `cluster`: one replica per device, compute at each GPU's speed, each
+    replica scoring its own weights every `eval_every` steps or outer periods, checkpoints in `directory`."""
+    from geotrain.bench.wan import _preset
+    from geotrain.runtime import RuntimeConfig
+
+    replicas = cluster.n_devices
+    assignment = np.arange(replicas, dtype=np.int64).reshape(1, -1)
+    return RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps, microbatches=config.microbatches,
+                            batch_size=config.global_batch // replicas, lr=config.lr,
+                            time_scale=config.time_scale, seed=config.seed, checkpoint_dir=directory,
+                            checkpoint_every=0, compute_clock=config.compute_clock, emulate_gpu_speed=True,
+                            gpt=_preset(config.model), model_name=config.model,
+                            eval_every=math.lcm(config.eval_every, row.sync_every), eval_local=True,
+                            eval_windows=config.val_windows, **dict(row.options))
 
 
 def train_row(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, tokens: Any,
               progress: Callable[[int, int], None] | None = None) -> tuple[list[dict[str, Any]], float]:
     """Train `row` on `cluster` (one replica per device, compute at each GPU's speed, each replica scoring its own
     weights every `eval_every` steps or outer periods); every rank's records and replica 0's final loss."""
-    from geotrain.bench.wan import _evaluate, _preset
-    from geotrain.runtime import RuntimeConfig, launch
+    from geotrain.bench.wan import _evaluate
+    from geotrain.runtime import launch
 
-    replicas = cluster.n_devices
-    assignment = np.arange(replicas, dtype=np.int64).reshape(1, -1)
     with tempfile.TemporaryDirectory(prefix="geotrain-hetero-") as directory:
-        run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps, microbatches=config.microbatches,
-                               batch_size=config.global_batch // replicas, lr=config.lr,
-                               time_scale=config.time_scale, seed=config.seed, checkpoint_dir=directory,
-                               checkpoint_every=0, compute_clock=config.compute_clock, emulate_gpu_speed=True,
-                               gpt=_preset(config.model), model_name=config.model,
-                               eval_every=math.lcm(config.eval_every, row.sync_every), eval_local=True,
-                               eval_windows=config.val_windows, **dict(row.options))
+        run = row_config(row, cluster, config, directory)
         launch(run, progress=progress, tokens=tokens)
         loss, records = _evaluate(directory, config.steps, run, config, tokens)
     return records, loss
@@ -221,7 +239,7 @@ def run_hetero_bench(config: WanBenchConfig, rows: tuple[HeteroRow, ...] = DEFAU
     tokens = world_tokens(0)
     results, skipped = [], []
     for row in rows:
-        reason = _missing_settings(row)
+        reason = _unavailable(row, zero_cost_links(cluster) if row.limit else cluster, config)
         if reason is not None:
             skipped.append((row.kind, reason))
             continue
@@ -244,4 +262,5 @@ def with_rows(kinds: str | None) -> tuple[HeteroRow, ...]:
 
 
 __all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "HETERO_CLUSTER_NAME", "KINDS", "HeteroBench", "HeteroResult",
-           "HeteroRow", "balanced_limit", "hetero_config", "run_hetero_bench", "score", "train_row", "with_rows"]
+           "HeteroRow", "balanced_limit", "hetero_config", "row_config", "run_hetero_bench", "score", "train_row",
+           "with_rows"]
