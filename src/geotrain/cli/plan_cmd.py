@@ -19,12 +19,12 @@ the full cluster file, and the JSON adds "membership": {"excluded_devices", "exc
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import fields, replace
 from typing import Any
 
 from geotrain.cli.arg_types import output_file, positive_float, seed
+from geotrain.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from geotrain.cli.membership_args import add_membership_arguments, membership_of
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
@@ -53,10 +53,6 @@ OPTION_FLAGS = (("iterations", int, "local-search: swaps tried per restart"),
                 ("samples", int, "random: assignments to score"))
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults in option help, and the methods epilog kept as written."""
-
-
 def register(subparsers: Any) -> None:
     methods = "\n".join(
         f"  {name}: {method.summary}\n      options: "
@@ -65,7 +61,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan", help="search a placement of stages x replicas onto devices",
         description="Search a placement of S stages x R replicas; --json prints one JSON object.",
-        epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=_HelpFormatter)
+        epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=DefaultsRawDescriptionHelpFormatter)
     add_placement_arguments(parser)
     parser.add_argument("--stages", type=int, default=None,
                         help="pipeline stages S (with --replicas; give neither to auto-configure S, R, M and devices)")

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from geotrain.cli.help_format import DefaultsHelpFormatter
 from geotrain.cli.output import Output
 
 
@@ -34,7 +35,7 @@ def register(subparsers: Any) -> None:
                     "the model (--model) on the data (--data) with a torch.distributed.pipelining schedule, every "
                     "transfer slowed to the cluster's emulated link speed, and report measured vs predicted "
                     "communication per iteration and the validation loss.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     add_train_arguments(parser)
     parser.set_defaults(handler=run)
 
