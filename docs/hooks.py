@@ -17,10 +17,11 @@ OPTIONAL_GUIDE = (("Heterogeneous sites", "guide/heterogeneous-sites.md"),
                   ("Watching a run", "guide/watching-a-run.md"))
 
 
-def _title(page: Path) -> str:
-    """A history page's nav title: its first heading, up to a colon."""
+def _title(page: Path, colon: bool) -> str:
+    """A page's nav title: its first heading, up to a parenthesis (and a colon where `colon`)."""
     heading = next((line for line in page.read_text().splitlines() if line.startswith("# ")), page.stem)
-    return heading.removeprefix("# ").split(":")[0].strip("` ")
+    heading = heading.removeprefix("# ")
+    return (heading.split(":")[0] if colon else heading).split(" (")[0].strip("` ")
 
 
 def on_config(config):
@@ -30,9 +31,10 @@ def on_config(config):
             listed = {next(iter(entry.values())) for entry in section["Guide"] if isinstance(entry, dict)}
             section["Guide"] += [{title: path} for title, path in OPTIONAL_GUIDE
                                  if (docs / path).is_file() and path not in listed]
-        if isinstance(section, dict) and "History" in section:
-            section["History"] += [{_title(page): f"history/{page.name}"}
-                                   for page in sorted((docs / "history").glob("*.md")) if page.name != "index.md"]
+        for name, folder in (("Results", "results"), ("History", "history")):
+            if isinstance(section, dict) and name in section:
+                section[name] += [{_title(page, colon=folder == "history"): f"{folder}/{page.name}"}
+                                  for page in sorted((docs / folder).glob("*.md")) if page.name != "index.md"]
         if isinstance(section, dict) and "Reference" in section:
             section["Reference"].append({"Python API": [{module: f"reference/api/{module}.md"}
                                                         for module in reference.API_MODULES]})
