@@ -229,6 +229,8 @@ def run(args: Any) -> int:
         print_torchrun(args, config, out)
         return 0
     check_sequence_fits(config)  # before any process starts: a sequence too long for memory fails in one line
+    if not under_torchrun():
+        say_what_runs(args, config, out)
     if config.reliability.elastic:
         return run_elastic(args, config, out)
     rendezvous = host_rendezvous(args, config)
@@ -272,6 +274,19 @@ def run(args: Any) -> int:
     out.text(f"payload bytes per iteration: DP gradient per stage {list(report.dp_bytes_per_stage)}, "
              f"activations per replica per cut {report.pp_bytes_per_cut} (each way)")
     return 0
+
+
+def say_what_runs(args: Any, config: Any, out: Output) -> None:
+    """Before the run: the outer-settings note of a short --sync-every run (stderr), and in text mode one line
+    of what runs (sync, codecs, recipe, batch per replica against the plan's job)."""
+    from geotrain.cli.run_line import outer_settings_note, what_runs
+    from geotrain.plan import Plan
+
+    note = outer_settings_note(config)
+    if note:
+        print(note, file=sys.stderr)
+    if not args.json:
+        out.text(what_runs(config, Plan.load(args.plan)))
 
 
 def run_elastic(args: Any, config: Any, out: Output) -> int:
