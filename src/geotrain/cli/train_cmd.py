@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.cli.help_format import DefaultsHelpFormatter
-from geotrain.cli.output import Output
+from geotrain.cli.output import Output, plain_markup
 
 
 def register(subparsers: Any) -> None:
@@ -298,7 +298,9 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
         raise RuntimeConfigError("--elastic: runs on this host only (its launcher starts every replica group); "
                                  "drop --node/--rdzv and do not start it under torchrun")
     with out.progress("training (elastic)", config.run.steps) as progress:
-        summary = launch_elastic(config, progress=progress)
+        summary = launch_elastic(config, progress=progress,
+                                 on_event=lambda line: out.stderr.print(f"geotrain: {plain_markup(line)}",
+                                                                       soft_wrap=True, highlight=False))
     if args.json:
         out.emit_json({**summary.to_json(), "config": config.to_json()})
         return 0
