@@ -92,7 +92,7 @@ def register(subparsers: Any) -> None:
                              f"{BOUND_SHARE:g} of T after the search; without --time-limit "
                              f"{DEFAULT_BOUND_TIME_LIMIT_S:g} s after it. Given, the bound runs after the search "
                              "for SEC")
-    group = parser.add_argument_group("codec choice (docs/wan.md)")
+    group = parser.add_argument_group("codec choice (docs/history/wan.md)")
     group.add_argument("--codecs", default="none", choices=("none", "auto"),
                        help="auto: choose a codec per DP group and per pipeline cut (recorded in the plan)")
     group.add_argument("--codec-policy", default=DEFAULT_POLICY, metavar="dp=CODEC,pp=CODEC",
@@ -101,7 +101,7 @@ def register(subparsers: Any) -> None:
     group.add_argument("--codec-tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
                        help="keep better-quality codecs while the predicted time stays within this fraction "
                             "of the fastest allowed choice")
-    recipe = parser.add_argument_group("WAN recipe: Streaming DiLoCo settings chosen by cost (docs/wan.md)")
+    recipe = parser.add_argument_group("WAN recipe: Streaming DiLoCo settings chosen by cost (docs/history/wan.md)")
     recipe.add_argument("--wan-recipe", default="none", choices=("none", "auto"),
                         help="auto: choose sync period H, fragments P, delay tau and the outer codec (recorded in "
                              "the plan as \"wan_recipe\"; `geotrain train --plan` runs them)")

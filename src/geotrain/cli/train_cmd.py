@@ -7,7 +7,7 @@ With --json, stdout is ONE JSON object: {"plan", "stages", "replicas", "assignme
 seconds are wall seconds of the emulated run (already multiplied by --time-scale).
 
 Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TORCHELASTIC_RUN_ID set), this process is
-one worker: nothing is launched, and rank 0 prints the results (see docs/runtime.md for several
+one worker: nothing is launched, and rank 0 prints the results (see docs/history/runtime.md for several
 machines). The env:// variables without torchrun's marker are leftovers: noted on stderr and ignored.
 
 Several hosts (devices name their `host` in the cluster file; see geotrain.runtime.hosts): on each host

@@ -231,7 +231,7 @@ class CommSection(Section):
                                                "pp_codec everywhere)", flag=NO_FLAG)
     dp_hierarchical: bool = setting(False, "exchange DP gradients hierarchically: full precision inside each cluster "
                                            "region, --dp-codec (with error feedback) only between regions, sharded "
-                                           "over the region's members (docs/hierarchical.md)")
+                                           "over the region's members (docs/history/hierarchical.md)")
     error_feedback: bool = setting(True, "send DP gradients without error feedback", flag="--no-error-feedback")
 
     def __post_init__(self) -> None:
@@ -322,12 +322,12 @@ class ReliabilitySection(Section):
     comm_timeout_s: float = setting(120.0, "gloo collective/p2p timeout in seconds", flag="--comm-timeout",
                                     metavar="SECONDS")
     elastic: bool = setting(False, "elastic replica groups on torchft: a failed replica group is restarted and "
-                                   "rejoins from a live peer while the others go on (docs/fault_tolerance.md)")
+                                   "rejoins from a live peer while the others go on (docs/history/fault_tolerance.md)")
     min_replicas: int = setting(1, "--elastic: fewest live replica groups a step (or outer sync) needs",
                                 metavar="K")
     max_restarts: int = setting(3, "--elastic: times the launcher restarts each failed replica group", metavar="N")
     chaos: str | None = setting(None, "--elastic: failures to inject, e.g. kill-site:every=20s (seeded by --seed; "
-                                      "docs/fault_tolerance.md)", metavar="SPEC")
+                                      "docs/history/fault_tolerance.md)", metavar="SPEC")
     lighthouse: str | None = setting(None, "--elastic: HOST:PORT of a running torchft lighthouse (default: the "
                                            "launcher starts one on this host)", metavar="HOST:PORT")
     netlab: bool = setting(False, "--elastic: run each replica group in a netlab namespace of its plan device "
@@ -465,7 +465,7 @@ class OptimSection(Section):
     sync_moments: bool = setting(False, "--sync-every: each outer sync also averages the inner AdamW's moments "
                                         "(the first through --dp-codec with error feedback, the second through "
                                         "log-block; in the same collective): every outer period starts from one "
-                                        "optimizer state (docs/diloco.md, Moment sync)")
+                                        "optimizer state (docs/history/diloco.md, Moment sync)")
     moment_syncs: int | None = setting(None, "--sync-moments: only each fragment's first N outer syncs carry the "
                                              "moments, later ones the outer gradients alone (a third of the bytes "
                                              "with int4-block; on bench wan with eager landing as good as every "
