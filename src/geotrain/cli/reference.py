@@ -141,7 +141,8 @@ JOB_KEYS = {
     "params": "model parameters (a number, e.g. 1.3e9)",
     "seq_len": "tokens per sequence",
     "hidden": "hidden width (activation bytes per token = hidden x bytes_per_value)",
-    "global_batch": "sequences per iteration over all replicas (`plan` rounds it to the nearest multiple of R, in a note)",
+    "global_batch": "sequences per iteration over all replicas (`plan` rounds it to the nearest multiple of R, "
+                    "in a note)",
     "layers": "transformer layers (default 24): the pipeline cuts between them",
     "bytes_per_value": "bytes of one gradient or activation value (default 2)",
     "vocab": "vocabulary size (default 50257)",

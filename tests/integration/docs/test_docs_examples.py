@@ -111,7 +111,7 @@ def test_every_page_has_examples_and_every_skip_says_why():
         found = page_blocks(page)
         assert any(b.runs for b in found) or page == "docs/index.md", page
         for block in found:
-            assert block.marker != "skip" or block.argument.startswith("("), f"{page}:{block.line}: skip without a reason"
+            assert block.marker != "skip" or block.argument.startswith("("), f"{page}:{block.line}: skip, no reason"
 
 
 @pytest.mark.slow
@@ -121,5 +121,5 @@ def test_the_pages_examples_run(page, scratch):
         if not block.runs:
             continue
         done = run_block(block, scratch)
-        assert done.returncode == 0, (f"{page}:{block.line} ({block.language}) exited {done.returncode}\n"
-                                      f"{block.text}\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-3000:]}")
+        assert done.returncode == 0, (f"{page}:{block.line} ({block.language}) exited {done.returncode}\n{block.text}"
+                                      f"\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-3000:]}")

@@ -206,7 +206,8 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
                     supervisor.stop(watch.ranks(g), term_s=0.0)  # its stages still running
                     watch.down.add(g)
                     if watch.first_done_at is None:
-                        watch.say(g, f"failed ({describe_exit(code)}): down for good after {watch.restarts[g]} restarts")
+                        watch.say(g, f"failed ({describe_exit(code)}): down for good after "
+                                     f"{watch.restarts[g]} restarts")
         if len(watch.done) + len(watch.down) == watch.groups:
             break
         if watch.first_done_at is not None and now - watch.first_done_at > FINISH_GRACE_S:
