@@ -109,7 +109,8 @@ def config_markdown() -> str:
                 continue
             default = f.default if f.default is not MISSING else None
             flag = flag_of(f)
-            lines.append(f"| `{f.name}` | {_code(default)} | {_code(flag) if flag else 'file only'} | "
+            shown = "unset" if default is None else _code(default)
+            lines.append(f"| `{f.name}` | {shown} | {_code(flag) if flag else 'file only'} | "
                          f"{_cell(f.metadata['help'])} |")
         lines.append("")
     return "\n".join(lines) + "\n"
