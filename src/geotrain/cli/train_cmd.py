@@ -297,12 +297,16 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
     if args.node or args.rdzv or under_torchrun():
         raise RuntimeConfigError("--elastic: runs on this host only (its launcher starts every replica group); "
                                  "drop --node/--rdzv and do not start it under torchrun")
+    events: list[str] = []
+
+    def on_event(line: str) -> None:  # as it happens, and again under the table
+        events.append(line)
+        out.stderr.print(f"geotrain: {plain_markup(line)}", soft_wrap=True, highlight=False)
+
     with out.progress("training (elastic)", config.run.steps) as progress:
-        summary = launch_elastic(config, progress=progress,
-                                 on_event=lambda line: out.stderr.print(f"geotrain: {plain_markup(line)}",
-                                                                       soft_wrap=True, highlight=False))
+        summary = launch_elastic(config, progress=progress, on_event=on_event)
     if args.json:
-        out.emit_json({**summary.to_json(), "config": config.to_json()})
+        out.emit_json({**summary.to_json(), "config": config.to_json(), "events": events})
         return 0
     out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "partitions", "rejoins",
                               "global restarts", "max param diff", "recovery s", "stall s", "emulated s", "wall s"],
@@ -313,4 +317,6 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
                 " ".join(f"{s:.1f}" for s in summary.recovery_s + summary.partition_recovery_s) or "-",
                 f"{summary.stall_s:.1f}", "-" if summary.train_emulated_s is None else f"{summary.train_emulated_s:.1f}",
                 f"{summary.wall_s:.1f}"]])
+    for line in events:
+        out.text(line)
     return 0
