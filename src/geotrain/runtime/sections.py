@@ -435,8 +435,9 @@ class OptimSection(Section):
                                            "every H steps the DP exchange (--dp-codec, --dp-hierarchical) averages "
                                            "the parameter deltas, applied by an outer Nesterov SGD (default: average "
                                            "gradients every step)", metavar="H")
-    outer_lr: float = setting(DILOCO_LR, "--sync-every: outer learning rate (DiLoCo: 0.7; 1 with --outer-momentum "
-                                         "0 = parameter averaging)")
+    outer_lr: float = setting(DILOCO_LR, "--sync-every: outer learning rate (DiLoCo: 0.7, made for 100+ outer "
+                                         "steps; 1 with --outer-momentum 0 = parameter averaging, better on shorter "
+                                         "runs, as the WAN recipe chooses)")
     outer_momentum: float = setting(DILOCO_MOMENTUM, "--sync-every: outer Nesterov momentum")
     fragments: int = setting(1, "--sync-every: Streaming DiLoCo: cut the model into P fragments (contiguous layers, "
                                 "balanced by bytes), fragment p synced every H steps at offset p*H/P, so the WAN "
