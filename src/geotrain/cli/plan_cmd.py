@@ -2,7 +2,8 @@
 
 With --json, stdout is ONE JSON object (DESIGN.md's contract):
 {"method", "stages", "replicas", "assignment", "cost": {"dp", "pp", "total"}, "seconds", ...}
-plus "evaluations", "options", "seed", "cluster", "job", "cost_model" (and "lower_bound", "gap"
+plus "evaluations", "options", "seed", "cluster", "job", "global_batch" (the job's, rounded to a multiple
+of R where it was not one), "cost_model" (and "lower_bound", "gap"
 when the method proves a bound). `geotrain cost --plan` reads that object as it is.
 With --codecs auto it adds "codecs" (geotrain.cost.codec_choice: per-stage DP codecs, per-cut
 activation codecs, predicted cost with and without them; `geotrain train --plan` applies them).
@@ -218,7 +219,8 @@ def run(args: Any) -> int:
         with out.progress("lower bound", 1):
             result = with_lower_bound(problem, result, time_limit_s=bound_limit)
     plan = search_plan(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
-                                "job": job.name, "cost_model": model.name, "time_limit_s": args.time_limit,
+                                "job": job.name, "global_batch": job.global_batch, "cost_model": model.name,
+                                "time_limit_s": args.time_limit,
                                 "wall_seconds": time.perf_counter() - started})
     if args.uneven_split:
         split = uneven_split_document(cluster, job, model, result.assignment)

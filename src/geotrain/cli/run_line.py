@@ -48,6 +48,9 @@ def _plan_batch(plan: Any) -> str:
     name = plan.extra.get("job") if plan is not None else None
     if not isinstance(name, str):
         return ""
+    if isinstance(plan.extra.get("global_batch"), int):  # what the plan was priced with (rounded to R)
+        batch = plan.extra["global_batch"]
+        return f"; the plan was priced for job {name!r}, global batch {batch}, which sets no batch here"
     try:
         from geotrain.job import load_job
 

@@ -25,7 +25,7 @@ def test_the_batch_goes_to_the_nearest_multiple_of_the_replicas(batch, replicas,
 def test_plan_three_replicas_with_the_default_and_the_example_job(capsys):
     code = main(["plan", "--cluster", "seed-geo", "--stages", "2", "--replicas", "3", "--json"])
     out, err = capsys.readouterr()
-    assert code == 0 and json.loads(out)["replicas"] == 3
+    assert code == 0 and json.loads(out)["replicas"] == 3 and json.loads(out)["global_batch"] == 1023
     assert err.strip() == ("geotrain: note: job 'gpt-1.3b-seed': global_batch 1024 rounded to 1023, the nearest "
                            "multiple of the 3 replicas (341 samples each)")
     code = main(["plan", "--cluster", "seed-geo", "--stages", "2", "--replicas", "3", "--json",
