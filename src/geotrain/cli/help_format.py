@@ -13,7 +13,9 @@ import argparse
 import re
 from typing import Any
 
-_STATES_DEFAULT = re.compile(r"\bdefault\b", re.IGNORECASE)
+# "(default: X)", "(default X)", "; default: X", ", default X": a help that names its default (not "the default
+# bounds ...", which only talks about it)
+_STATES_DEFAULT = re.compile(r"\(default\b|\bdefault:|[,;]\s*default\b", re.IGNORECASE)
 
 
 def states_default(help_text: str | None) -> bool:
