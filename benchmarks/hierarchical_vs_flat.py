@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/hierarchical_vs_flat.py \
         --cluster benchmarks/data/geo-2x4-100mbit.yaml --devices 0,1,2,3,4,5,6,7 --steps 150 --seeds 0,1,2 [--json OUT.json]
 
-Rows, measurements and formulas: geotrain/bench/hierarchical.py; results: docs/hierarchical.md.
+Rows, measurements and formulas: geotrain/bench/hierarchical.py; results: docs/history/hierarchical.md.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 netlab runs this once per device, with the lab's MASTER_ADDR (the namespace of netlab's rank 0, which
 with --plan is the plan's rank 0) and GEOTRAIN_DEVICE; the script drops the launcher variables and
 starts `geotrain train --node d<device> --rdzv <rank 0's lab address>:<MASTER_PORT + 1>`, so the
-runtime's multi-host path runs its ranks over the lab's shaped links (docs/hosts.md). The cluster
-file must name host d<k> for device k. Example (docs/netlab.md):
+runtime's multi-host path runs its ranks over the lab's shaped links (docs/history/hosts.md). The cluster
+file must name host d<k> for device k. Example (docs/history/netlab.md):
 
     geotrain netlab run --cluster C.yaml --plan P.json -- benchmarks/netlab_train_node.py \
         --cluster C.yaml --plan P.json --steps 6 --time-scale 0 --json

@@ -10,7 +10,7 @@ there (the device is lost after that step); `plan --exclude-devices` (stage 0 of
 batch doubled). An uninterrupted run of the first plan is the loss reference, and a re-plan with
 another S is shown refused. Per phase: the planner's predicted communication (yuan, seconds per
 step), the runtime's predicted iteration (cost model "schedule" with the measured compute) and the
-measured iteration. Results: docs/fault_tolerance.md ("Re-planning").
+measured iteration. Results: docs/history/fault_tolerance.md ("Re-planning").
 
     PYTHONPATH=src python benchmarks/replan_lost_device.py --elastic [--steps 20] [--json OUT.json]
 
@@ -19,7 +19,7 @@ batch 3, links emulated): it writes a checkpoint at half (one writer group); `to
 good after that; `plan --exclude-devices` re-plans 1 x 3; the elastic checkpoint is resumed on the
 re-plan by `train --resume` (per-replica batch 4: the global batch 12 kept) and by `train --elastic
 --resume`. The elastic run (all steps) is the loss reference; a non-elastic run of the 1 x 4 plan gives
-the runtime's prediction for the layout before the loss. Results: docs/fault_tolerance.md ("An elastic
+the runtime's prediction for the layout before the loss. Results: docs/history/fault_tolerance.md ("An elastic
 run that lost a device for good").
 """
 

@@ -11,7 +11,7 @@ output on every machine) searches under "yuan+compute" only and "schedule" score
 "schedule" evaluation simulates 2 S M = 1024 pipeline ops: too slow to search with here). A fixed
 "stage per region" placement (each stage one region's 8 GPUs: H100, A100, A10G, L4) shows a pipeline
 across GPU generations.
-Results: docs/placement.md ("Uneven split").
+Results: docs/history/placement.md ("Uneven split").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The outer synchronisation is geotrain.sync.StreamingOuterSync (the one implement
 `geotrain train --sync-every`): P fragments on a staggered schedule, each exchange overlapped with
 tau inner steps and landing mixed in with `mix` (Streaming DiLoCo's alpha) or eagerly (`landing="eager"`,
 after `warmup` blocking steps), outer gradients through any codec of geotrain.codecs with error feedback
-(the codec reducer of geotrain.comm). See docs/diloco.md.
+(the codec reducer of geotrain.comm). See docs/history/diloco.md.
 
 Regions (`regions=[[0, 1], [2, 3]]`, global ranks per site): each region is one DiLoCo worker, as in
 `geotrain train --dp-hierarchical --sync-every`: before every inner step its members average their

@@ -1,6 +1,6 @@
 """Reading cluster, job and plan files: one bounded, strict loader for YAML and JSON text.
 
-The rules (docs/placement.md, "File format rules"):
+The rules (docs/history/placement.md, "File format rules"):
 - at most MAX_FILE_BYTES (64 MiB) are read: a larger file, or an endless one like /dev/zero, is
   refused after reading MAX_FILE_BYTES + 1 bytes;
 - the text must be UTF-8 (a UTF-8 byte-order mark is allowed) without NUL bytes: binary files and

@@ -98,7 +98,8 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + local SGD H=5 + int8-block+EF outer, eager landing tau=2, warm-up 10", dp_codec="int8-block",
            options=(*LOCAL_SGD_5, ("sync_delay", 2), ("sync_landing", "eager"), ("sync_warmup", 10))),
     # delayed gradients (geotrain.sync.delayed): every step's exchange overlapped with the next step; a measured
-    # negative result on wan-4x1 (docs/wan.md, "Delayed gradients"): one exchange per group at a time, stale AdamW
+    # negative result on wan-4x1 (docs/history/wan.md, "Delayed gradients"): one exchange per group at a time,
+    # stale AdamW
     WanRow("planned + int8-block+EF gradients every step, overlapped (delay 1)", dp_codec="int8-block",
            options=(("sync_delay", 1),)),
     # moment sync (geotrain.sync.moments): each outer sync also averages the inner AdamW's moments (the first in
@@ -113,13 +114,13 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
     WanRow("planned + planner's WAN recipe with moment sync (auto: H, P, tau, outer codec)", recipe=True,
            options=(("sync_moments", True),)),
     # the moments in the first sync only (moment_syncs 1): the syncs after it send the int4 outer gradients alone,
-    # a third of row 21's bytes (docs/wan.md, "Moments in the first sync only")
+    # a third of row 21's bytes (docs/history/wan.md, "Moments in the first sync only")
     WanRow("planned + local SGD H=5 + int4-block+EF outer + moment sync in the first sync, eager landing tau=2, "
            "warm-up 10", dp_codec="int4-block",
            options=(*LOCAL_SGD_5, ("sync_moments", True), ("moment_syncs", 1), ("sync_delay", 2),
                     ("sync_landing", "eager"), ("sync_warmup", 10))),
     # the streaming row's reference (row 14 with one fragment): the same H, codec and blocking syncs, the whole
-    # model in every sync; their peak rates compared (docs/wan.md, "Peak bandwidth: when streaming cuts it")
+    # model in every sync; their peak rates compared (docs/history/wan.md, "Peak bandwidth: when streaming cuts it")
     WanRow("planned + local SGD H=5 P=1 tau=0 int4-block+EF outer (blocking: the streaming row's reference)",
            dp_codec="int4-block", options=LOCAL_SGD_5),
     # row 14 with its fragments cut at equal bytes (geotrain.sync.streaming): the 3 tensors the cuts fall in are

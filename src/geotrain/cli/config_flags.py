@@ -17,6 +17,7 @@ import typing
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
+from geotrain.cli.help_format import help_with_default
 from geotrain.codecs import CodecSpec
 from geotrain.runtime.config import section_types
 from geotrain.runtime.sections import NO_FLAG, Section
@@ -47,7 +48,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                 continue
             default = f.default if f.default is not MISSING else None
             shown = str(default) if isinstance(default, CodecSpec) else default
-            help_text = f"{f.metadata['help']} (default: {shown})".replace("%", "%%")
+            help_text = help_with_default(f.metadata["help"], shown).replace("%", "%%")
             kind = _value_type(section, f)
             options: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
             if kind is bool:

@@ -8,9 +8,9 @@ the cost models that see compute ("layer_shares" in the JSON; null otherwise).
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
+from geotrain.cli.help_format import DefaultsHelpFormatter
 from geotrain.cli.output import Output
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.cost.registry import UNEVEN_SPLIT_MODELS
@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "cost", help="score a plan file (e.g. one written by `geotrain plan --json`)",
         description="Communication seconds per iteration of a plan on a cluster.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     add_placement_arguments(parser)
     parser.add_argument("--plan", required=True, metavar="PLAN.json",
                         help='plan file: {"stages", "replicas", "assignment", ...}')

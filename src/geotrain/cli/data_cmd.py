@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 from geotrain.cli.arg_types import output_file
+from geotrain.cli.help_format import DefaultsHelpFormatter
 from geotrain.cli.output import Output
 
 
@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
         "prepare", help="tokenize text/jsonl once into a token file (uint16/uint32 ids + .json sidecar)",
         description="Tokenize a text/jsonl file or directory into FILE (raw ids) and FILE.json (dtype, vocab, "
                     "tokenizer, validation split), ready for --data FILE.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     prepare.add_argument("input", metavar="INPUT", help="text (.txt/.md) or jsonl ({\"text\": ...} per line) file, "
                                                         "or a directory of them")
     prepare.add_argument("--out", required=True, type=output_file, metavar="FILE", help="token file to write (e.g. data/tokens.bin)")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.cli.arg_types import bandwidth_gbps, output_file, positive_float
+from geotrain.cli.help_format import DefaultsHelpFormatter
 from geotrain.cluster import load_cluster
 from geotrain.cli.device_args import rank_devices
 
@@ -26,7 +27,7 @@ DEFAULT_TIMEOUT_S = 900.0
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "emulate", help="run a torch.distributed script as if on the cluster's links (one process per device)",
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--cluster", required=True, help="cluster preset or YAML/JSON file")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--plan", metavar="PLAN.json", help="rank s*R + r emulates assignment[s][r]")

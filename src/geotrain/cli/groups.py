@@ -6,9 +6,10 @@ A subcommand module defines NAME, HELP, add_arguments(parser) and run(args) -> i
 
 from __future__ import annotations
 
-import argparse
 import importlib
 from typing import Any
+
+from geotrain.cli.help_format import DefaultsHelpFormatter
 
 DEMO_MODULES: tuple[str, ...] = (
     "geotrain.cli.demo_schedule",
@@ -36,7 +37,7 @@ def register_group(subparsers: Any, name: str, help_text: str, module_names: tup
         module = importlib.import_module(module_name)
         # argparse %-formats `help` (not `description`): a literal % must be doubled there
         child = children.add_parser(module.NAME, help=module.HELP.replace("%", "%%"), description=module.HELP,
-                                    formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                    formatter_class=DefaultsHelpFormatter)
         module.add_arguments(child)
         child.set_defaults(handler=module.run)
 

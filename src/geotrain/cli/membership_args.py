@@ -1,5 +1,5 @@
 """`geotrain plan --exclude-devices IDS` / `--membership FILE`: plan on the live devices only (re-planning
-after a device is lost for good; docs/fault_tolerance.md, "Re-planning")."""
+after a device is lost for good; docs/history/fault_tolerance.md, "Re-planning")."""
 
 from __future__ import annotations
 

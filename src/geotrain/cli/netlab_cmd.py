@@ -1,5 +1,5 @@
 """`geotrain netlab up|run|down|list`: a cluster's devices as network namespaces with really shaped
-links on this Linux machine (root). See docs/netlab.md.
+links on this Linux machine (root). See docs/history/netlab.md.
 
     geotrain netlab up   --cluster C [--devices 0,1,8,9 | --plan P.json]   # build, hold until Ctrl-C
     geotrain netlab run  --cluster C [--devices ...|--plan P] -- SCRIPT.py [ARGS]   (or -- -m MODULE ...)

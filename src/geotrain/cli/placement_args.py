@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 from geotrain.cluster import Cluster, load_cluster
@@ -26,13 +27,16 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
                     strict: bool = True, cluster: Cluster | None = None) -> tuple[Cluster, Job, CostModel]:
     """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
     (with `args.uneven_split`, where the command has it: scored with the speed layer split; else
-    with `layer_shares` where given, see cost.registry.build_cost_model). A layout the job does not
-    split evenly over (Job.check_layout_fits) is refused when `strict` (planning), else said in one
-    note on stderr (scoring a given plan: per-replica batch global_batch // R, as in the seed).
+    with `layer_shares` where given, see cost.registry.build_cost_model). Planning (`strict`): a global
+    batch that is not a multiple of the replicas is rounded to the nearest one, said in one note on
+    stderr (batch_for_replicas); any other layout the job does not fit (Job.check_layout_fits) is
+    refused. Scoring a given plan: said in one note (per-replica batch global_batch // R, as in the seed).
     `cluster`: plan on this one (e.g. the live devices of a re-plan) instead of loading `args.cluster`."""
     cluster = load_cluster(args.cluster) if cluster is None else cluster
     job = load_job(args.job)
     job.check_every_replica_has_a_sample(replicas)  # refused even where an uneven layout is only noted
+    if strict:
+        job = batch_for_replicas(job, replicas)
     try:
         job.check_layout_fits(stages, replicas)
     except JobError as exc:
@@ -41,6 +45,20 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
         print(f"geotrain: note: {exc}", file=sys.stderr)
     shares = "speed" if getattr(args, "uneven_split", False) else layer_shares
     return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares)
+
+
+def batch_for_replicas(job: Job, replicas: int) -> Job:
+    """`job` with its global batch rounded to the nearest multiple of `replicas` (a tie rounds up; never
+    below `replicas`), and one note on stderr saying so; `job` itself when the batch divides. Planning
+    3 replicas with a 1024-sample job should not ask the user to edit a job file they never wrote."""
+    extra = job.global_batch % replicas
+    if not extra:
+        return job
+    below = job.global_batch - extra
+    rounded = below + replicas if below == 0 or 2 * extra >= replicas else below
+    print(f"geotrain: note: job {job.name!r}: global_batch {job.global_batch} rounded to {rounded}, the nearest "
+          f"multiple of the {replicas} replicas ({rounded // replicas} samples each)", file=sys.stderr)
+    return replace(job, global_batch=rounded)
 
 
 def assignment_rows(cluster: Cluster, assignment: Any) -> list[list[str]]:

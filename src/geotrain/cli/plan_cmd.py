@@ -2,7 +2,8 @@
 
 With --json, stdout is ONE JSON object (DESIGN.md's contract):
 {"method", "stages", "replicas", "assignment", "cost": {"dp", "pp", "total"}, "seconds", ...}
-plus "evaluations", "options", "seed", "cluster", "job", "cost_model" (and "lower_bound", "gap"
+plus "evaluations", "options", "seed", "cluster", "job", "global_batch" (the job's, rounded to a multiple
+of R where it was not one), "cost_model" (and "lower_bound", "gap"
 when the method proves a bound). `geotrain cost --plan` reads that object as it is.
 With --codecs auto it adds "codecs" (geotrain.cost.codec_choice: per-stage DP codecs, per-cut
 activation codecs, predicted cost with and without them; `geotrain train --plan` applies them).
@@ -23,12 +24,12 @@ the full cluster file, and the JSON adds "membership": {"excluded_devices", "exc
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import fields, replace
 from typing import Any
 
 from geotrain.cli.arg_types import output_file, positive_float, seed
+from geotrain.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from geotrain.cli.membership_args import add_membership_arguments, membership_of
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
@@ -58,10 +59,6 @@ OPTION_FLAGS = (("iterations", int, "local-search: swaps tried per restart"),
                 ("samples", int, "random: assignments to score"))
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults in option help, and the methods epilog kept as written."""
-
-
 def register(subparsers: Any) -> None:
     methods = "\n".join(
         f"  {name}: {method.summary}\n      options: "
@@ -70,7 +67,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "plan", help="search a placement of stages x replicas onto devices",
         description="Search a placement of S stages x R replicas; --json prints one JSON object.",
-        epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=_HelpFormatter)
+        epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=DefaultsRawDescriptionHelpFormatter)
     add_placement_arguments(parser)
     parser.add_argument("--stages", type=int, default=None,
                         help="pipeline stages S (with --replicas; give neither to auto-configure S, R, M and devices)")
@@ -101,7 +98,7 @@ def register(subparsers: Any) -> None:
                              f"{BOUND_SHARE:g} of T after the search; without --time-limit "
                              f"{DEFAULT_BOUND_TIME_LIMIT_S:g} s after it. Given, the bound runs after the search "
                              "for SEC")
-    group = parser.add_argument_group("codec choice (docs/wan.md)")
+    group = parser.add_argument_group("codec choice (docs/history/wan.md)")
     group.add_argument("--codecs", default="none", choices=("none", "auto"),
                        help="auto: choose a codec per DP group and per pipeline cut (recorded in the plan)")
     group.add_argument("--codec-policy", default=DEFAULT_POLICY, metavar="dp=CODEC,pp=CODEC",
@@ -110,7 +107,7 @@ def register(subparsers: Any) -> None:
     group.add_argument("--codec-tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
                        help="keep better-quality codecs while the predicted time stays within this fraction "
                             "of the fastest allowed choice")
-    recipe = parser.add_argument_group("WAN recipe: Streaming DiLoCo settings chosen by cost (docs/wan.md)")
+    recipe = parser.add_argument_group("WAN recipe: Streaming DiLoCo settings chosen by cost (docs/history/wan.md)")
     recipe.add_argument("--wan-recipe", default="none", choices=("none", "auto"),
                         help="auto: choose sync period H, fragments P, delay tau and the outer codec (recorded in "
                              "the plan as \"wan_recipe\"; `geotrain train --plan` runs them)")
@@ -227,7 +224,8 @@ def run(args: Any) -> int:
         with out.progress("lower bound", 1):
             result = with_lower_bound(problem, result, time_limit_s=bound_limit)
     plan = search_plan(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
-                                "job": job.name, "cost_model": model.name, "time_limit_s": args.time_limit,
+                                "job": job.name, "global_batch": job.global_batch, "cost_model": model.name,
+                                "time_limit_s": args.time_limit,
                                 "wall_seconds": time.perf_counter() - started})
     if args.uneven_split:
         split = uneven_split_document(cluster, job, model, result.assignment)

@@ -10,13 +10,13 @@ settings, regions {metric, cut, gap_ratio, labels}, hosts, latency_ms, bandwidth
 
 from __future__ import annotations
 
-import argparse
 import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from geotrain.cli.arg_types import output_file
+from geotrain.cli.help_format import DefaultsHelpFormatter
 from geotrain.errors import GeotrainError
 
 
@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
         "probe", help="measure latency and bandwidth between torchrun processes; write a cluster file",
         description="Measure the network between torch.distributed processes (start it with torchrun or "
                     "`geotrain netlab run`), group them into regions, write a cluster file.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--out", type=output_file, metavar="CLUSTER.yaml", help="cluster file to write (rank 0); default: none")
     parser.add_argument("--name", help="cluster name (default: probe-<UTC date>)")
     parser.add_argument("--pings", type=int, default=20, help="ping-pongs per pair (latency = median RTT / 2)")

@@ -7,7 +7,7 @@ With --json, stdout is ONE JSON object: {"plan", "stages", "replicas", "assignme
 seconds are wall seconds of the emulated run (already multiplied by --time-scale).
 
 Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TORCHELASTIC_RUN_ID set), this process is
-one worker: nothing is launched, and rank 0 prints the results (see docs/runtime.md for several
+one worker: nothing is launched, and rank 0 prints the results (see docs/history/runtime.md for several
 machines). The env:// variables without torchrun's marker are leftovers: noted on stderr and ignored.
 
 Several hosts (devices name their `host` in the cluster file; see geotrain.runtime.hosts): on each host
@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from geotrain.cli.output import Output
+from geotrain.cli.help_format import DefaultsHelpFormatter
+from geotrain.cli.output import Output, plain_markup
 
 
 def register(subparsers: Any) -> None:
@@ -34,7 +35,7 @@ def register(subparsers: Any) -> None:
                     "the model (--model) on the data (--data) with a torch.distributed.pipelining schedule, every "
                     "transfer slowed to the cluster's emulated link speed, and report measured vs predicted "
                     "communication per iteration and the validation loss.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=DefaultsHelpFormatter)
     add_train_arguments(parser)
     parser.set_defaults(handler=run)
 
@@ -230,6 +231,8 @@ def run(args: Any) -> int:
         print_torchrun(args, config, out)
         return 0
     check_sequence_fits(config)  # before any process starts: a sequence too long for memory fails in one line
+    if not under_torchrun():
+        say_what_runs(args, config, out)
     if config.reliability.elastic:
         return run_elastic(args, config, out)
     rendezvous = host_rendezvous(args, config)
@@ -278,6 +281,19 @@ def run(args: Any) -> int:
     return 0
 
 
+def say_what_runs(args: Any, config: Any, out: Output) -> None:
+    """Before the run: the outer-settings note of a short --sync-every run (stderr), and in text mode one line
+    of what runs (sync, codecs, recipe, batch per replica against the plan's job)."""
+    from geotrain.cli.run_line import outer_settings_note, what_runs
+    from geotrain.plan import Plan
+
+    note = outer_settings_note(config)
+    if note:
+        print(note, file=sys.stderr)
+    if not args.json:
+        out.text(what_runs(config, Plan.load(args.plan)))
+
+
 def run_elastic(args: Any, config: Any, out: Output) -> int:
     """`train --elastic`: replica groups on torchft (geotrain.runtime.elastic), on this host only."""
     from geotrain.runtime import RuntimeConfigError
@@ -286,10 +302,16 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
     if args.node or args.rdzv or under_torchrun():
         raise RuntimeConfigError("--elastic: runs on this host only (its launcher starts every replica group); "
                                  "drop --node/--rdzv and do not start it under torchrun")
+    events: list[str] = []
+
+    def on_event(line: str) -> None:  # as it happens, and again under the table
+        events.append(line)
+        out.stderr.print(f"geotrain: {plain_markup(line)}", soft_wrap=True, highlight=False)
+
     with out.progress("training (elastic)", config.run.steps) as progress:
-        summary = launch_elastic(config, progress=progress)
+        summary = launch_elastic(config, progress=progress, on_event=on_event)
     if args.json:
-        out.emit_json({**summary.to_json(), "config": config.to_json()})
+        out.emit_json({**summary.to_json(), "config": config.to_json(), "events": events})
         return 0
     out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "partitions", "rejoins",
                               "global restarts", "max param diff", "recovery s", "stall s", "emulated s", "wall s"],
@@ -300,4 +322,6 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
                 " ".join(f"{s:.1f}" for s in summary.recovery_s + summary.partition_recovery_s) or "-",
                 f"{summary.stall_s:.1f}", "-" if summary.train_emulated_s is None else f"{summary.train_emulated_s:.1f}",
                 f"{summary.wall_s:.1f}"]])
+    for line in events:
+        out.text(line)
     return 0

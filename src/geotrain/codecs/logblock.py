@@ -11,7 +11,7 @@ nearest to log |x| (ties go to the lower level). So each non-zero value is off b
 exp((hi - lo) / (2 (K - 1))) (plus fp32 rounding): relative, whatever its size. A blockwise int8 or int4
 code is off by a fraction of the block's largest value, which turns the small values of a block into
 zeros. That is what Adam's second moment cannot take (it divides by the square root: bench wan's tiny
-GPT spans ten decades of exp_avg_sq, and int8-block sent it to ruin; docs/diloco.md, "Moment sync").
+GPT spans ten decades of exp_avg_sq, and int8-block sent it to ruin; docs/history/diloco.md, "Moment sync").
 
     bits  magnitude levels  wire bytes per value (block 128)
     4     7                 0.5625

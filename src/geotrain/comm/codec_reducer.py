@@ -73,7 +73,7 @@ class CodecReducer:
 
     def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Collective, step: int,
                names: Sequence[str] | None = None) -> list[torch.Tensor]:
-        """worker_grads[w][i]: local worker w's tensor named names[i] (default: every name, in order).
+        """`worker_grads[w][i]`: local worker w's tensor named `names[i]` (default: every name, in order).
         Returns the group mean of each tensor (as the codec delivers it), in the tensors' shapes."""
         payloads, template = self.encode_all(worker_grads, step, names)
         if self.codec.summable:

@@ -165,7 +165,7 @@ class PowerSGDReducer:
 
     def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Collective,
                step: int | None = None) -> list[torch.Tensor]:
-        """worker_grads[w][i]: local worker w's gradient of parameter i (layout order, any float dtype).
+        """`worker_grads[w][i]`: local worker w's gradient of parameter i (layout order, any float dtype).
         Returns the group's averaged gradient per parameter (exact for the uncompressed ones, rank-r
         for the others), in the gradients' shapes and dtypes. Advances its own step counter (`step`
         is ignored: the counter is part of the saved state)."""

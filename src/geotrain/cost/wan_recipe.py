@@ -1,6 +1,6 @@
 """The WAN recipe: sync period H, fragments P, delay tau and outer codec of Streaming DiLoCo, chosen by cost.
 
-Cost (seconds; docs/wan.md "The WAN recipe"). A sync of one fragment exchanges 1/P of the model's
+Cost (seconds; docs/history/wan.md "The WAN recipe"). A sync of one fragment exchanges 1/P of the model's
 outer gradients through the codec: a gathered codec (int8/int4/int2-block) as the runtime's reducer
 runs it, the faster of gloo's ring all-gather and one direct all-to-all round for that payload on the
 DP group's links (geotrain.comm.gather: the same rule chooses at run time); a summable one (none) by
@@ -22,7 +22,7 @@ adds it, values / H per step: the encoding at a sync's start and the decoding wh
 training thread and hide behind nothing. Moment sync (`sync_moments`, geotrain.sync.moments) adds AdamW's
 two moments (the first through the outer codec, the second through log-block) to the payload and the codec
 work of each fragment's first RECIPE_MOMENT_SYNCS syncs only (the recipe's `moment_syncs`: measured as good
-as moments in every sync, docs/diloco.md), so the steady step is the plain one and
+as moments in every sync, docs/history/diloco.md), so the steady step is the plain one and
 
     + RECIPE_MOMENT_SYNCS x P x (T_frag with moments - T_frag + the moments' codec CPU) / total_steps
 
@@ -33,7 +33,7 @@ Quality (the staleness charge): a sync that lands tau steps late, mixed in with 
 x tau of the period's H steps of progress, so the run needs about 1 / (1 - (1 - alpha) tau / H) times
 the steps to a loss (`staleness_factor`); the rule ranks settings by step_s x that factor (measured on
 bench wan, wan-4x1, H=5, P=4, tau=2, alpha 0.5: the target at step 37 against the blocking row's 30,
-1.23x; the factor says 1.25; docs/wan.md). Without it an overlapped sync looks free, and the rule chose
+1.23x; the factor says 1.25; docs/history/wan.md). Without it an overlapped sync looks free, and the rule chose
 tau = 2 rows that reached the target later than the blocking one. With few outer steps (a run of fewer
 than PAPER_OUTER_STEPS of them) the factor is not enough: every delayed sync measured on bench wan without
 an overlap warm-up (12 outer steps; mix 0, 0.5 and eager landing, P = 1 and 4, tau = 1 and 2) needed
@@ -49,7 +49,7 @@ The rule (`choose_recipe`), tolerance e (default 0.02), "fastest" by the charged
 1. H: the smallest H in `sync_every_choices` (fewest local steps: best quality) whose fastest recipe
    reaches `target_compute_fraction` (compute_s / step_s, default 0.95); none does: the fastest H.
    With `total_steps`, H is capped so that the run has at least MIN_OUTER_STEPS outer steps (fewer
-   outer steps lost quality in bench wan: docs/wan.md).
+   outer steps lost quality in bench wan: docs/history/wan.md).
 2. tau: the smallest delay (a landed sync is staler with each step) whose fastest codec/P is within
    (1 + e) x the fastest step at that H; with the mix rule, 0 with fewer than PAPER_OUTER_STEPS outer
    steps (above);
@@ -61,7 +61,7 @@ The rule (`choose_recipe`), tolerance e (default 0.02), "fastest" by the charged
 5. tau > 0: eager landing after WARMUP_PERIODS blocking periods (landing "eager"), or mix alpha 0.5
    (landing "mix"; Streaming DiLoCo's; alpha 0 drops the overlapped steps' progress).
 6. outer optimizer: averaging (lr 1, momentum 0) under PAPER_OUTER_STEPS outer steps, else DiLoCo's
-   Nesterov 0.7 / 0.9 (measured: 0.7/0.9 over 12 outer steps misses bench wan's target; docs/wan.md).
+   Nesterov 0.7 / 0.9 (measured: 0.7/0.9 over 12 outer steps misses bench wan's target; docs/history/wan.md).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ from geotrain.errors import GeotrainError, shown
 from geotrain.job import Job
 
 OUTER_LADDER = ("none", "int8-block", "int4-block", "int2-block")
-"""Outer-gradient codecs, best quality first (error feedback on; docs/diloco.md has their bytes)."""
+"""Outer-gradient codecs, best quality first (error feedback on; docs/history/diloco.md has their bytes)."""
 DEFAULT_CODEC_FLOOR = "int4-block"
 """The lowest rung the rule may choose unless told otherwise (`plan --recipe-codec-floor`)."""
 SYNC_EVERY_CHOICES = (2, 5, 10, 20, 50, 100)
@@ -92,9 +92,9 @@ AVERAGING = (1.0, 0.0)
 DILOCO_PAPER = (0.7, 0.9)
 OVERLAP_MIX = 0.5
 WARMUP_PERIODS = 2
-"""Eager landing's overlap warm-up: the first outer periods' syncs block (docs/wan.md, "Eager landing")."""
+"""Eager landing's overlap warm-up: the first outer periods' syncs block (docs/history/wan.md, "Eager landing")."""
 RECIPE_MOMENT_SYNCS = 1
-"""With moment sync, each fragment's first syncs that carry the moments (docs/wan.md, "Moments in the first
+"""With moment sync, each fragment's first syncs that carry the moments (docs/history/wan.md, "Moments in the first
 sync only": on bench wan as good as every sync on 3 seeds, and the cheapest)."""
 RECIPE_LANDINGS = ("eager", "mix")
 

@@ -6,7 +6,7 @@ emulated step times: the intervals between the default group's barriers (the exa
 step with `dist.barrier()`); the shaped side (netlab: namespaces + htb, real TCP) reports the wall
 seconds each step took, printed by the script as `step K loss L time Ts`. Step 0 (set-up, first
 connections) is left out; the rows give medians over the other steps. Latency is only shaped where the
-kernel has netem, so the comparison is meant for bandwidth-bound cases (docs/netlab.md).
+kernel has netem, so the comparison is meant for bandwidth-bound cases (docs/history/netlab.md).
 """
 
 from __future__ import annotations

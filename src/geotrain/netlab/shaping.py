@@ -23,9 +23,9 @@ segmentation-offloaded packets (up to 64 KiB) holds more than SEGMENT_ABOVE_S of
 ~65 Mbit/s), a tbf leaf that never limits (10x the class's ceil) cuts packets longer than 1 ms into
 frames, since tbf segments any packet longer than its bucket. Faster links keep whole packets (at most
 8 ms of link), since cutting costs host CPU per frame: on 2 shared cores it slowed a 100 Mbit/s GPipe
-run by 0.1-0.2 s per step (docs/netlab.md). (Before: 64 KiB buckets
+run by 0.1-0.2 s per step (docs/history/netlab.md). (Before: 64 KiB buckets
 and whole 64 KiB packets let the first ~95 kB of a burst of messages through at once: at 5 Mbit/s each
-98 kB pipeline message arrived up to 150 ms early after an idle spell; docs/netlab.md.)
+98 kB pipeline message arrived up to 150 ms early after an idle spell; docs/history/netlab.md.)
 """
 
 from __future__ import annotations

@@ -76,7 +76,8 @@ def merge_settings(*layers: Settings) -> Settings:
 
 
 def config_toml(sections: dict[str, Section]) -> str:
-    """The sections as TOML: one table each, a comment with each key's help; unset values commented out."""
+    """The sections as TOML: one table each, a comment with each key's help (and its flag where the flag is
+    not --the-key, e.g. model_name's --model); unset values commented out."""
     lines = ["# geotrain train settings (geotrain train --config FILE; flags override them)"]
     for name, section in sections.items():
         lines += ["", f"[{name}]"]
@@ -84,7 +85,8 @@ def config_toml(sections: dict[str, Section]) -> str:
             if f.metadata.get("internal"):
                 continue
             value = getattr(section, f.name)
-            lines.append(f"# {f.metadata['help']}")
+            flag = f.metadata.get("flag")  # None: --the-key; "": the file's only
+            lines.append(f"# {f.metadata['help']}" + (f" (flag {flag})" if flag else ""))
             lines.append(f"# {f.name} is unset" if value is None else f"{f.name} = {toml_value(value)}")
     return "\n".join(lines) + "\n"
 

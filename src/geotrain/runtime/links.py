@@ -1,6 +1,6 @@
 """Link busy time: how long a link had a message in flight (the runtime's measured pipeline seconds).
 
-The links themselves are emulated by the process-group backend (geotrain.emulate; docs/emulate.md).
+The links themselves are emulated by the process-group backend (geotrain.emulate; docs/history/emulate.md).
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def predict_comm(cluster: Cluster, assignment: np.ndarray, dp_bytes_per_stage: S
 
 
 ITERATION_MODELS = ("schedule", "ring", "yuan")
-"""Models that predict a whole iteration from measured compute; the first is the best (docs/runtime.md)."""
+"""Models that predict a whole iteration from measured compute; the first is the best (docs/history/runtime.md)."""
 
 
 def predict_iteration_s(cluster: Cluster, assignment: np.ndarray, slot_compute_s: np.ndarray,

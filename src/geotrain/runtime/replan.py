@@ -1,6 +1,6 @@
 """Resuming a checkpoint under a re-plan: the same run on other devices, maybe fewer replicas.
 
-A re-plan (`geotrain plan --exclude-devices ...`, docs/fault_tolerance.md "Re-planning") keeps the
+A re-plan (`geotrain plan --exclude-devices ...`, docs/history/fault_tolerance.md "Re-planning") keeps the
 pipeline depth S and the layer cut, re-maps the stages to live devices, and may change the DP degree
 R. What must match the checkpoint is the run's identity (RuntimeConfig.identity: model, data,
 numerics) with the per-replica batch and R replaced by the **global batch** (per-replica batch x R):

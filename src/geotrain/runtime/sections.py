@@ -243,7 +243,7 @@ class CommSection(Section):
                                                "pp_codec everywhere)", flag=NO_FLAG)
     dp_hierarchical: bool = setting(False, "exchange DP gradients hierarchically: full precision inside each cluster "
                                            "region, --dp-codec (with error feedback) only between regions, sharded "
-                                           "over the region's members (docs/hierarchical.md)")
+                                           "over the region's members (docs/history/hierarchical.md)")
     error_feedback: bool = setting(True, "send DP gradients without error feedback", flag="--no-error-feedback")
 
     def __post_init__(self) -> None:
@@ -334,12 +334,12 @@ class ReliabilitySection(Section):
     comm_timeout_s: float = setting(120.0, "gloo collective/p2p timeout in seconds", flag="--comm-timeout",
                                     metavar="SECONDS")
     elastic: bool = setting(False, "elastic replica groups on torchft: a failed replica group is restarted and "
-                                   "rejoins from a live peer while the others go on (docs/fault_tolerance.md)")
+                                   "rejoins from a live peer while the others go on (docs/history/fault_tolerance.md)")
     min_replicas: int = setting(1, "--elastic: fewest live replica groups a step (or outer sync) needs",
                                 metavar="K")
     max_restarts: int = setting(3, "--elastic: times the launcher restarts each failed replica group", metavar="N")
     chaos: str | None = setting(None, "failures to inject: with --elastic kill-site:every=20s, partition:... "
-                                      "(seeded by --seed; docs/fault_tolerance.md); without --elastic "
+                                      "(seeded by --seed; docs/guide/surviving-failures.md); without --elastic "
                                       "slow:site=K,factor=F,at=T (replica K computes F x slower from T s of "
                                       "training on)", metavar="SPEC")
     lighthouse: str | None = setting(None, "--elastic: HOST:PORT of a running torchft lighthouse (default: the "
@@ -455,8 +455,9 @@ class OptimSection(Section):
                                            "every H steps the DP exchange (--dp-codec, --dp-hierarchical) averages "
                                            "the parameter deltas, applied by an outer Nesterov SGD (default: average "
                                            "gradients every step)", metavar="H")
-    outer_lr: float = setting(DILOCO_LR, "--sync-every: outer learning rate (DiLoCo: 0.7; 1 with --outer-momentum "
-                                         "0 = parameter averaging)")
+    outer_lr: float = setting(DILOCO_LR, "--sync-every: outer learning rate (DiLoCo: 0.7, made for 100+ outer "
+                                         "steps; 1 with --outer-momentum 0 = parameter averaging, better on shorter "
+                                         "runs, as the WAN recipe chooses)")
     outer_momentum: float = setting(DILOCO_MOMENTUM, "--sync-every: outer Nesterov momentum")
     outer_sync: str = setting("sync", "--sync-every: sync (every outer step waits for every replica), async (a "
                                       "replica sends its outer gradient to the global model in rank 0 and goes on "
@@ -491,7 +492,7 @@ class OptimSection(Section):
     sync_moments: bool = setting(False, "--sync-every: each outer sync also averages the inner AdamW's moments "
                                         "(the first through --dp-codec with error feedback, the second through "
                                         "log-block; in the same collective): every outer period starts from one "
-                                        "optimizer state (docs/diloco.md, Moment sync)")
+                                        "optimizer state (docs/history/diloco.md, Moment sync)")
     moment_syncs: int | None = setting(None, "--sync-moments: only each fragment's first N outer syncs carry the "
                                              "moments, later ones the outer gradients alone (a third of the bytes "
                                              "with int4-block; on bench wan with eager landing as good as every "

@@ -2,7 +2,7 @@
 
 The links are emulated by the process-group backend (geotrain.emulate): `use_emulated_links(config)`
 installs it before `init_process_group`, so the runtime, user scripts and benchmarks share one emulator
-(point-to-point FIFO links, ring all-reduce, ...; see docs/emulate.md) and the runtime's prediction
+(point-to-point FIFO links, ring all-reduce, ...; see docs/history/emulate.md) and the runtime's prediction
 (the cost model) is checked against an independent model. The transport times:
 
 - point-to-point (torch.distributed.pipelining sends them): each message this rank sent, from its

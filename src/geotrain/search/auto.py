@@ -36,7 +36,7 @@ it has the time; it gives up at once elsewhere, leaving the time to the heuristi
 EXACT_SHARE_LARGE = 0.3
 """Exact's share above EXACT_FULL_SLOTS slots (S x R): there its path MILP is generated lazily and
 found nothing better than the heuristics' plan in 60 % of the budget in every run measured
-(uneven-128, uneven-256, uneven6-256 at 60 s: docs/placement.md), leaving the time to the rounds."""
+(uneven-128, uneven-256, uneven6-256 at 60 s: docs/history/placement.md), leaving the time to the rounds."""
 
 EXACT_FULL_SLOTS = 64
 """Layouts of up to this many slots give exact EXACT_SHARE (issue 21's 8 x 8 case proves in 20-30 s)."""

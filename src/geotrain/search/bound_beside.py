@@ -8,7 +8,7 @@ total is the upper bound U that prunes the bound's region paths and staircase pi
 the search only tighten the gap: every part of the bound is min(U, ...) <= OPT for any plan's U.
 
 Where it pays: once the heuristics have found the plan, the bound gets T minus their seconds instead
-of 0.4 T, and the staircase bounds grow with their time (docs/placement.md, "The bound beside the
+of 0.4 T, and the staircase bounds grow with their time (docs/history/placement.md, "The bound beside the
 search"). With one core the two would share it, so the command uses this only when it may run on two
 or more (`usable_cores`).
 """

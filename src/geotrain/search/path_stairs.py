@@ -14,7 +14,7 @@ below_s bound every plan together. The split kept is the largest c_k whose piece
 (within SETTLED_GAP), so that below_s never caps what the staircases prove above it.
 
 Why it helps: the layered-composition model's LP relaxation (which column generation would solve)
-is weaker than the bounds it would join at 256-512 devices (docs/placement.md), and the flow models'
+is weaker than the bounds it would join at 256-512 devices (docs/history/placement.md), and the flow models'
 presence rows leave the LP at the DP floor; the path MILP over a few hundred paths (integer path
 counts, the mean-replica row) proves far more in the same seconds, and where the region sizes force
 replicas to cross regions c_0 already sits near the plans' PP. The break points put at most

@@ -1,6 +1,6 @@
 """Gradient synchronisation of a stage's data-parallel group: one interface (`GradientSync`), its
 implementations (every step, every step delayed, 1-bit Adam, local SGD / DiLoCo) and the factory that picks one from
-typed options. See docs/comm.md ("Gradient synchronisation")."""
+typed options. See docs/history/comm.md ("Gradient synchronisation")."""
 
 from geotrain.sync.base import DPExchange, GradientSync, SyncError, SyncResult
 from geotrain.sync.delayed import DelayedPerStepSync

@@ -1,7 +1,7 @@
 """The per-step exchange of one stage's DP group through a one-group reducer of geotrain.comm (the
 codec spec: any codec with error feedback, distributed PowerSGD, ...), every collective run through
 the transport, which times it (the emulated span of the group's collectives; for an all-gather the
-emulation charges an all-reduce's time: documented in docs/runtime.md).
+emulation charges an all-reduce's time: documented in docs/history/runtime.md).
 
 The reducer encodes the flat stage gradient as one tensor (granularity "flat"); summable codecs
 (none, fp16, bf16, randk) all-reduce the payload in compressed form, the others all-gather the packed

@@ -4,8 +4,8 @@ Local SGD / DiLoCo leaves each replica's AdamW state its own: the first moment m
 1/R of the batch) gradients and the second moment v of their squares. Averaging the parameters of R
 AdamW steps taken with R different denominators is not a step on the mean gradient, and on bench wan's
 tiny GPT that costs +0.033 nats at step 60 against DDP even when the weights are averaged after every
-step (docs/wan.md). With the moments averaged too, every outer period starts from one optimizer state on
-every replica: the same run ends at 2.2759 against DDP's 2.2770 (docs/diloco.md, "Moment sync").
+step (docs/history/wan.md). With the moments averaged too, every outer period starts from one optimizer state on
+every replica: the same run ends at 2.2759 against DDP's 2.2770 (docs/history/diloco.md, "Moment sync").
 
 What travels, per fragment, in the outer sync's one collective (geotrain.comm.grouped), each as its own
 part after the outer gradients (`moment_parts`):
@@ -22,7 +22,7 @@ AdamW's step count is the same on every replica and is not sent.
 
 Moments in the first syncs only (`moment_syncs` N): each fragment's first N outer syncs carry the moments,
 later ones the outer gradients alone (the exchange sends its first part only; the moments' residuals are
-kept). Measured in benchmarks/moment_sync_sim.py (3 seeds, docs/diloco.md): with N = 1 or 2 the run ends as
+kept). Measured in benchmarks/moment_sync_sim.py (3 seeds, docs/history/diloco.md): with N = 1 or 2 the run ends as
 well as with every sync carrying them, or better, and an overlapped sync after the warm-up is a third as
 large (int4-block: 0.53 instead of 1.62 bytes per parameter).
 """

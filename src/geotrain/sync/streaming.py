@@ -36,7 +36,7 @@ so the first outer periods run as blocking DiLoCo. Early in training a replica's
 worse than the replicas' mean (bench wan's tiny GPT after 5 steps: 3.083 nats against the mean's 2.942;
 after 30: 2.399 against 2.386), and the inner steps a late sync lets run from them (any landing rule)
 slowed the whole run down: delayed rows reached bench wan's target 7-17 steps after the blocking one,
-with the first two syncs blocking (W = 10) the eager one reaches it one step after it (docs/wan.md).
+with the first two syncs blocking (W = 10) the eager one reaches it one step after it (docs/history/wan.md).
 
 Moment sync (`sync_moments`, geotrain.sync.moments): each fragment's exchange also averages the inner
 AdamW's moments of its parameters, in the same collective, and they land as the parameters do; with

@@ -46,7 +46,7 @@ def _train(tmp: Path, *flags: str, timeout_s: float = 150) -> subprocess.Complet
 def killed_run(request, tmp_path_factory):
     """A 2-group run whose group 1 is SIGKILLed once, 1 s into training (JSON summary, sync flags). A kill
     that lands while the groups still meet can leave the survivor waiting out --comm-timeout (120.0 s
-    with the default, in 2 of ~10 loaded CI runs; docs/fault_tolerance.md): 30 s keeps it under the bound."""
+    with the default, in 2 of ~10 loaded CI runs; docs/history/fault_tolerance.md): 30 s keeps it under the bound."""
     sync = [] if request.param == "per-step" else ["--sync-every", "3"]
     tmp = tmp_path_factory.mktemp(request.param)
     done = _train(tmp, "--steps", "150", "--chaos", KILL_GROUP_1, "--json", "--comm-timeout", "30", *sync)

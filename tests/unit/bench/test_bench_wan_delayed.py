@@ -23,7 +23,7 @@ def test_delayed_gradients_are_priced_as_the_exchange_hidden_behind_tau_steps_an
     cluster, job = load_cluster(WAN_CLUSTER), model_job(32)
     assignment = np.arange(4).reshape(1, 4)
     sync_s = fragment_sync_seconds(cluster, job, assignment, 1, "int8-block")
-    assert sync_s == pytest.approx(0.2164, abs=5e-4)  # one direct round: 150 ms + 66 ms (docs/wan.md)
+    assert sync_s == pytest.approx(0.2164, abs=5e-4)  # one direct round: 150 ms + 66 ms (docs/history/wan.md)
     price = lambda compute, tau: delayed_gradients_step_seconds(cluster, job, assignment, compute, "int8-block", tau)
     assert price(0.1, 0) == pytest.approx(0.1 + sync_s)  # blocking: compute + exchange
     assert price(0.1, 1) == price(0.1, 2) == pytest.approx(sync_s)  # one exchange per group at a time

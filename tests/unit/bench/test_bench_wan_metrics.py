@@ -107,7 +107,7 @@ def test_the_limit_row_is_the_fp32_baseline_on_free_links():
     # fragments cut between tensors (the default) and at equal bytes, otherwise the same row
     assert [dict(row.options).get("fragment_split", "layers") for row in streaming] == ["layers", "bytes"]
     assert dict(streaming[0].options) == {k: v for k, v in streaming[1].options if k != "fragment_split"}
-    # their reference: the same row with one fragment (the peak rates docs/wan.md compares)
+    # their reference: the same row with one fragment (the peak rates docs/history/wan.md compares)
     reference = [row for row in DEFAULT_ROWS if "streaming row's reference" in row.label]
     assert len(reference) == 1 and reference[0].dp_codec == streaming[0].dp_codec
     assert dict(reference[0].options) == {k: v for k, v in streaming[0].options if k != "fragments"}

@@ -60,7 +60,7 @@ def float_tensors(max_abs: float = 1e4, max_side: int = 12, min_dims: int = 1, m
 
 
 def documented_nbytes(name: str, params: dict, shape: tuple[int, ...]) -> int:
-    """The wire sizes docs/codecs.md states, computed independently of the codecs."""
+    """The wire sizes docs/history/codecs.md states, computed independently of the codecs."""
     n = math.prod(shape)
     fraction = params.get("fraction", 0.01)
     k = min(n, max(1, int(fraction * n)))

@@ -153,3 +153,14 @@ def test_a_given_codec_replaces_the_lists_of_the_layers_below():
     plan = {"comm": {"dp_codecs": ("none", "sign"), "pp_codecs": ("fp16",)}}
     merged = merge_settings(plan, {"comm": {"dp_codec": "fp16"}}, {"run": {"steps": 2}})
     assert merged == {"comm": {"pp_codecs": ("fp16",), "dp_codec": "fp16"}, "run": {"steps": 2}}
+
+
+def test_print_config_names_the_flag_of_a_key_whose_flag_is_not_its_name():
+    """`model_name` is set by `--model`: the TOML says so (a user reading it would try --model-name)."""
+    from geotrain.runtime.config import build_sections
+    from geotrain.runtime.config_file import config_toml
+
+    text = config_toml(build_sections({}))
+    assert "(flag --model)\nmodel_name = " in text
+    assert "(flag --no-error-feedback)\nerror_feedback = true" in text
+    assert "(flag --steps)" not in text  # --steps is steps' own name

@@ -1,4 +1,4 @@
-"""Elastic replica groups on torchft (docs/fault_tolerance.md): a failed group is restarted by the
+"""Elastic replica groups on torchft (docs/history/fault_tolerance.md): a failed group is restarted by the
 launcher and recovers from a live peer while the others go on. The launcher lives in
 `geotrain.runtime.elastic.launch` (imported on use: it needs torchft, the `geotrain[ft]` extra)."""
 

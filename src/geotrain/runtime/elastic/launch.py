@@ -41,6 +41,8 @@ from geotrain.runtime.elastic.summary import (ElasticSummary, max_stage_param_di
                                               stall_seconds)
 
 ProgressCallback = Callable[[int, int], None]
+EventCallback = Callable[[str], None]
+"""Called with one line per failure, kill, partition, heal and rejoin as it happens, naming the group's site."""
 FINISH_GRACE_S = 30.0
 """Seconds the other groups get to finish after the first group finished (they commit the same last step)."""
 
@@ -99,6 +101,14 @@ class _Watch:
     cut: dict[int, float] = field(default_factory=dict)  # group -> when its links heal (chaos seconds)
     healed_at: dict[int, list[float]] = field(default_factory=dict)  # group -> unix times of its heals
     partitions: int = 0
+    sites: tuple[str, ...] = ()  # each group's site: the region of its stage-0 device
+    on_event: EventCallback | None = None
+    rejoins_seen: int = 0
+
+    def say(self, group: int, what: str) -> None:
+        if self.on_event is not None:
+            site = f" ({self.sites[group]})" if group < len(self.sites) else ""
+            self.on_event(f"replica group {group}{site} {what}")
 
     def ranks(self, group: int) -> list[int]:
         """The supervisor ranks of `group`'s stage processes."""
@@ -106,17 +116,24 @@ class _Watch:
 
 
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
-                   poll_s: float = 0.05) -> ElasticSummary:
+                   poll_s: float = 0.05, on_event: EventCallback | None = None) -> ElasticSummary:
     """Run `config` (elastic) to the end on this machine (in a netlab with --netlab); ElasticRunError (one
     line) when it cannot. A checkpoint directory is checked first, as a non-elastic run's (a resumed
-    checkpoint complete, of this run and intact), and held (locked) for the run's life."""
+    checkpoint complete, of this run and intact), and held (locked) for the run's life. `on_event` gets a
+    line per failure, chaos kill, partition, heal and rejoin as it happens."""
     require_torchft()
     with check_before_launch(config):
-        return _launch_checked(config, progress, tokens, poll_s)
+        return _launch_checked(config, progress, tokens, poll_s, on_event)
+
+
+def group_sites(config: RuntimeConfig) -> tuple[str, ...]:
+    """Each replica group's site: the region of the device that runs its stage 0."""
+    cluster = config.cluster
+    return tuple(cluster.region_names[int(cluster.region_of[int(d)])] for d in config.assignment[0])
 
 
 def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, tokens: Any,
-                    poll_s: float) -> ElasticSummary:
+                    poll_s: float, on_event: EventCallback | None = None) -> ElasticSummary:
     from geotrain.comm.launch import FORKSERVER_PRELOAD
 
     started = time.perf_counter()
@@ -148,7 +165,7 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
         faults = parse_chaos(rel.chaos) if rel.chaos else ()
         kills = kill_schedule(faults, groups, config.run.seed)
         cuts = partition_schedule(faults, groups, config.run.seed)
-        watch = _Watch(groups, config.stages, first_group, [0] * groups)
+        watch = _Watch(groups, config.stages, first_group, [0] * groups, sites=group_sites(config), on_event=on_event)
         with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
             _watch(supervisor, config, watch, (kills, cuts), Path(tmp), (store, hosts), progress, poll_s)
         return _summary(config, watch, Path(tmp), store, time.perf_counter() - started)
@@ -182,11 +199,15 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
                 watch.failed_at.setdefault(g, []).append(time.time())
                 if watch.restarts[g] < rel.max_restarts and watch.first_done_at is None:
                     watch.restarts[g] += 1
+                    watch.say(g, f"failed ({describe_exit(code)}): restart {watch.restarts[g]} of {rel.max_restarts}")
                     store.set(incarnation_key(g), str(watch.restarts[g]))  # its stages meet in a new group store
                     supervisor.restart(watch.ranks(g))
                 else:
                     supervisor.stop(watch.ranks(g), term_s=0.0)  # its stages still running
                     watch.down.add(g)
+                    if watch.first_done_at is None:
+                        watch.say(g, f"failed ({describe_exit(code)}): down for good after "
+                                     f"{watch.restarts[g]} restarts")
         if len(watch.done) + len(watch.down) == watch.groups:
             break
         if watch.first_done_at is not None and now - watch.first_done_at > FINISH_GRACE_S:
@@ -196,9 +217,11 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
             kill = pending.pop(0)
             if group_code(codes, watch.ranks(kill.group)) is None and watch.first_done_at is None:
                 watch.kills += 1
+                watch.say(kill.group, f"killed by --chaos at {trained_s:.1f} s")
                 supervisor.stop(watch.ranks(kill.group), term_s=0.0)  # every stage of the group
         if trained_s is not None:
             _partitions(supervisor, watch, cuts, links, trained_s, codes)
+        _say_rejoins(store, watch)
         if progress is not None:
             done = max((_int(store, f"step/{g}") for g in range(watch.groups)), default=0)
             if done != last_progress:
@@ -218,6 +241,7 @@ def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
         if trained_s >= heal_s:
             del watch.cut[g]
             watch.healed_at.setdefault(g, []).append(time.time())
+            watch.say(g, f"links healed at {trained_s:.1f} s")
             changed = True
     while cuts and trained_s >= cuts[0].at_s:
         cut = cuts.pop(0)
@@ -225,6 +249,7 @@ def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
                 and watch.first_done_at is None:
             watch.cut[cut.group] = cut.heal_s
             watch.partitions += 1
+            watch.say(cut.group, f"cut off by --chaos at {trained_s:.1f} s until {cut.heal_s:.1f} s")
             changed = True
     if watch.first_done_at is not None and watch.cut:
         supervisor.stop([rank for g in watch.cut for rank in watch.ranks(g)], term_s=0.0)
@@ -233,6 +258,21 @@ def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
         changed = True
     if changed:
         links[1].set_cut(links[0], watch.cut)
+
+
+def _say_rejoins(store: Any, watch: _Watch) -> None:
+    """Report the rejoins the groups recorded since the last look (group, step, recovery seconds)."""
+    if watch.on_event is None:
+        return
+    count = _int(store, "rejoins")
+    while watch.rejoins_seen < count:
+        watch.rejoins_seen += 1
+        try:
+            rejoin = json.loads(store.get(f"rejoin/{watch.rejoins_seen}").decode())
+        except Exception:  # noqa: BLE001 - a report only
+            continue
+        watch.say(int(rejoin["group"]), f"rejoined at step {rejoin['step']} "
+                                         f"(recovered from a live peer in {rejoin['seconds']:.1f} s)")
 
 
 def _trained_s(store: Any) -> float | None:

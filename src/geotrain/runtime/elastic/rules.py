@@ -60,9 +60,12 @@ def elastic_refusal(config: Any) -> str | None:
          f"reliability.min_replicas {config.reliability.min_replicas} is more than the plan's {config.replicas} "
          f"replica groups"),
         (config.run.device == "cuda", "run.device cuda: elastic runs use torchft's gloo process groups on CPU"),
-        (not comm.dp_codec.is_uncompressed or comm.dp_codecs,
+        (not comm.dp_codec.is_uncompressed,
          f"comm.dp_codec {str(comm.dp_codec)!r}: elastic DP synchronisation is uncompressed (torchft's allreduce); "
          f"use --dp-codec none"),
+        (bool(comm.dp_codecs),  # a plan's per-stage choice (plan --codecs auto, or --wan-recipe's outer codec)
+         f"comm.dp_codecs {[str(c) for c in comm.dp_codecs]} (the plan's codecs): elastic DP synchronisation is "
+         f"uncompressed (torchft's allreduce); plan without --codecs / --wan-recipe for an elastic run"),
         (comm.dp_hierarchical, "comm.dp_hierarchical: not supported in elastic runs"),
         (optim.optimizer != "adamw", f"optim.optimizer {optim.optimizer!r}: elastic runs step AdamW"),
         ((optim.fragments, optim.sync_delay) != (1, 0),
