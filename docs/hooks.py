@@ -13,8 +13,7 @@ from geotrain.cli import reference
 
 # Guide pages that other work adds: in the nav once their file exists (a nav entry without its file
 # would fail `mkdocs build --strict`).
-OPTIONAL_GUIDE = (("Heterogeneous sites", "guide/heterogeneous-sites.md"),
-                  ("Watching a run", "guide/watching-a-run.md"))
+OPTIONAL_GUIDE = (("Watching a run", "guide/watching-a-run.md"),)
 
 
 def _title(page: Path, colon: bool) -> str:
