@@ -61,3 +61,22 @@ def test_a_help_that_states_its_default_is_kept_as_written():
     parser.add_argument("--c", default=None, help="optional")
     text = parser.format_help()
     assert "a count (default: 3)" in text and "a file\n" in text and "optional\n" in text
+
+
+def test_no_help_text_names_the_install_or_the_python_prefix():
+    """Defaults shown as a user types them (a preset name), never a path of this machine."""
+    from paths import ROOT
+    import sys
+
+    machine = [str(ROOT), sys.prefix]
+    assert len(PARSERS) > 20  # every command and bench
+    for path, parser in PARSERS:
+        text = parser.format_help()
+        assert not [where for where in machine if where in text], f"{path}: {text}"
+
+
+def test_bench_wan_and_chaos_default_to_the_cluster_name():
+    for path in ("geotrain bench wan", "geotrain bench chaos"):
+        parser = dict(PARSERS)[path]
+        cluster = next(text for action, text in shown_helps(parser) if "--cluster" in action.option_strings)
+        assert "wan-4x1" in cluster and "/" not in cluster.replace("FILE|PRESET", ""), f"{path}: {cluster}"
