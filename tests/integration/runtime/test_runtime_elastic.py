@@ -122,8 +122,11 @@ def test_a_quorum_that_never_forms_is_one_line_and_leaves_nothing_running(tmp_pa
     _, err = launcher.communicate(timeout=30)
     print(f"no quorum: {time.monotonic() - deadline + 90:.1f} s")
     assert launcher.returncode == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "no quorum of >= 2 replica groups" in lines[0], err
+    *events, error = err.strip().splitlines()
+    assert error.startswith("geotrain: error: ") and "no quorum of >= 2 replica groups" in error, err
+    # the failure as it happened, naming the group and its site, then the one error line
+    assert events == ["geotrain: replica group 1 (east) killed by --chaos at 1.0 s",
+                      "geotrain: replica group 1 (east) failed (killed by SIGKILL): down for good after 0 restarts"], err
     deadline = time.monotonic() + 10  # the fork server and the guardian end when they see the launcher gone
     while [pid for pid in seen if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
