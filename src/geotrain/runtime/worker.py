@@ -30,6 +30,7 @@ from geotrain.models import all_reduce_tied_gradients, lm_loss, lr_at, stage_tie
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime import replan
 from geotrain.models import MODEL_PRESETS
+from geotrain.observe.observer import NullObserver, open_observer
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
@@ -190,7 +191,8 @@ class Worker:
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
                 "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
-                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers],
+                "syncs": [[c.nbytes, c.emulated_s, c.posted] for c in collectives]}
 
     def _pp_bytes_sent(self) -> int:
         """Activation bytes this rank sends to later stages per iteration (all micro-batches, all its
@@ -289,7 +291,8 @@ class Worker:
 
 
 def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: list[Worker], device: torch.device,
-           emulation: Emulation | None, world: WorldTokens | None) -> list[dict[str, Any]] | None:
+           emulation: Emulation | None, world: WorldTokens | None,
+           observer: NullObserver) -> list[dict[str, Any]] | None:
     worker = Worker(config, rank, device, emulation, world)
     worker_box.append(worker)
     if config.checkpoint.resume:
@@ -302,9 +305,11 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         if data.evaluates_after(step, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
+        observer.step(record)
         watchdog.publish_step(step + 1)
         if checkpoint.due(step + 1, end):
             worker.save(step + 1)
+            observer.event("checkpoint", step + 1)
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
     return None if gathered is None else [record for records in gathered for record in records]
@@ -350,12 +355,15 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
                         reliability.heartbeat_interval_s, reliability.heartbeat_timeout_s)
     watchdog.start()
     worker_box: list[Worker] = []
+    observer = open_observer(config, rank, emulation)
     try:
-        records = _train(config, rank, watchdog, worker_box, device, emulation, world)
+        records = _train(config, rank, watchdog, worker_box, device, emulation, world, observer)
+        observer.close()
     except Exception as exc:
         waiting = worker_box[0].transport.waiting_on if worker_box else None
         where = f"at step {watchdog.completed_steps + 1}" + (f" while waiting for {waiting}" if waiting else "")
         message = f"{layout.describe(rank)} failed {where}: {type(exc).__name__}: {exc}"
+        observer.fail(message, watchdog.completed_steps + 1)
         if isinstance(exc, GeotrainError):  # a user-level error (bad checkpoint...): every rank sees it
             watchdog.post_abort(message)
             raise

@@ -1,0 +1,95 @@
+"""The worker's side of a run directory: one `RunObserver` per rank writes its metrics lines and, at the
+end, its emulator records (every message it sent and every collective it started) for the trace.
+
+    observer = open_observer(config, rank, emulation)   # NullObserver without config.run.run_dir
+    observer.step(record)          # after each training step (the worker's step record)
+    observer.event("checkpoint", step)
+    observer.fail(message)         # on failure: an event line, then flush
+    observer.close()               # at the end: flush, write <run dir>/emulator/rank-<r>.json
+
+The emulator part has the format of `geotrain emulate --report`'s per-rank parts (EmulationState.to_json),
+so the trace of a run and of `geotrain emulate --trace` are built by one function (observe.trace).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from geotrain.models import lr_at
+from geotrain.observe.metrics import MetricsWriter, metrics_path, step_metrics
+
+EMULATOR_DIR = "emulator"
+
+
+class NullObserver:
+    """No run directory: every call does nothing."""
+
+    def step(self, record: dict[str, Any]) -> None: ...
+
+    def event(self, name: str, step: int, **fields: Any) -> None: ...
+
+    def fail(self, message: str, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RunObserver(NullObserver):
+    """Writes one rank's metrics and events under `run_dir` (module doc)."""
+
+    def __init__(self, config: Any, rank: int, emulation: Any, run_dir: Path) -> None:
+        self.config = config
+        self.rank = rank
+        self.emulation = emulation
+        self.run_dir = run_dir
+        slot = config.layout.slot(rank)
+        self.device = slot.device
+        cluster = config.cluster
+        self.site = str(cluster.region_names[cluster.region_of[slot.device]])
+        self.tokens = config.schedule.batch_size * config.sequence_length
+        self.outer = config.optim.sync_every is not None
+        self.writer = MetricsWriter(metrics_path(run_dir, rank))
+        self.event("start", 0)
+
+    def _emulated_now(self) -> float | None:
+        if self.emulation is None:
+            return None
+        try:
+            return float(self.emulation.state().clock.now())
+        except Exception:  # noqa: BLE001 - no process group yet (a failure at start-up)
+            return None
+
+    def step(self, record: dict[str, Any]) -> None:
+        cfg = self.config
+        line = step_metrics(record, site=self.site, device=self.device, lr=lr_at(record["step"], cfg.run.steps,
+                                                                                   cfg.optim.lr),
+                            tokens=self.tokens, time_scale=cfg.emulation.time_scale, t_wall=time.time())
+        self.writer.write(line)
+        if self.outer:  # an outer step (DiLoCo, or a Streaming DiLoCo fragment landing) moved bytes this step
+            for nbytes, seconds, posted in record.get("syncs", ()):
+                if nbytes:
+                    self.event("outer_sync", record["step"], bytes=nbytes, comm_s=seconds, posted=bool(posted),
+                               emulated_s=line["emulated_end_s"])
+
+    def event(self, name: str, step: int, **fields: Any) -> None:
+        self.writer.write({"kind": "event", "event": name, "step": step, "rank": self.rank, "site": self.site,
+                           "t_wall": time.time(), "emulated_s": self._emulated_now(), **fields})
+
+    def fail(self, message: str, step: int) -> None:
+        self.event("failure", step, message=message)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.event("end", -1)
+        self.writer.close()
+        if self.emulation is not None:
+            directory = self.run_dir / EMULATOR_DIR
+            directory.mkdir(parents=True, exist_ok=True)
+            self.emulation.state().write_part(directory)
+
+
+def open_observer(config: Any, rank: int, emulation: Any) -> NullObserver:
+    """The observer of `rank` for config.run.run_dir (a NullObserver when it is None)."""
+    run_dir = config.run.run_dir
+    return NullObserver() if run_dir is None else RunObserver(config, rank, emulation, Path(run_dir))
