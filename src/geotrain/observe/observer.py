@@ -67,9 +67,10 @@ class RunObserver(NullObserver):
                             tokens=self.tokens, time_scale=cfg.emulation.time_scale, t_wall=time.time())
         self.writer.write(line)
         if self.outer:  # an outer step (DiLoCo, or a Streaming DiLoCo fragment landing) moved bytes this step
+            scale = cfg.emulation.time_scale if self.emulation is not None and cfg.emulation.time_scale > 0 else 1.0
             for nbytes, seconds, posted in record.get("syncs", ()):
-                if nbytes:
-                    self.event("outer_sync", record["step"], bytes=nbytes, comm_s=seconds, posted=bool(posted),
+                if nbytes:  # comm_s: as the step's (emulated seconds under emulation, the transport's / time scale)
+                    self.event("outer_sync", record["step"], bytes=nbytes, comm_s=seconds / scale, posted=bool(posted),
                                emulated_s=line["emulated_end_s"])
 
     def event(self, name: str, step: int, **fields: Any) -> None:

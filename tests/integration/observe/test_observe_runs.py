@@ -1,0 +1,153 @@
+"""Watching real runs: `geotrain emulate --trace` against its own report, and `geotrain train --run-dir`
+(plain and --sync-every) read back as metrics, trace, TensorBoard scalars and `geotrain report`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from paths import ROOT
+from runtime_2x2 import write_job_files
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+GEOTRAIN = [sys.executable, "-m", "geotrain"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+TWO_SITES = """\
+name: two-sites
+regions:
+  - {name: lisbon, devices: 2, intra: {gbps: 10, ms: 0.1}}
+  - {name: tokyo, devices: 2, intra: {gbps: 10, ms: 0.1}}
+links:
+  - {between: [lisbon, tokyo], gbps: 0.1, ms: 60}
+"""
+SCRIPT = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x = torch.ones(20000)
+for step in range(3):
+    dist.all_reduce(x)
+    if rank == 0:
+        dist.send(torch.ones(5000), 1)
+    elif rank == 1:
+        dist.recv(torch.empty(5000), 0)
+    dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def geotrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run([*GEOTRAIN, *args], capture_output=True, text=True, timeout=280, cwd=cwd, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_emulate_trace_of_a_two_site_run_matches_its_report_transfer_for_transfer(tmp_path):
+    (tmp_path / "c.yaml").write_text(TWO_SITES)
+    (tmp_path / "s.py").write_text(SCRIPT)
+    geotrain("emulate", "--cluster", "c.yaml", "--devices", "0,2,1,3", "--time-scale", "0", "--report", "r.json",
+             "--trace", "t.json", "--", "s.py", cwd=tmp_path)
+    report = json.loads((tmp_path / "r.json").read_text())
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    transfers = [e for e in trace if e.get("cat") == "transfer"]
+    collectives = [e for e in trace if e.get("cat") == "collective"]
+    assert len(report["transfers"]) > 20  # three all-reduces over 4 ranks, three sends, barriers
+    assert len(transfers) == len(report["transfers"]) and len(collectives) == len(report["ops"])
+    key = lambda t: (t["op"], t["seq"], t["src_rank"], t["dst_rank"], t["start_s"])  # noqa: E731
+    by_key = {key(e["args"]): e for e in transfers}
+    assert len(by_key) == len(transfers)
+    for t in report["transfers"]:  # each entry: one event, on its sender's track, at its emulated times
+        event = by_key[key(t)]
+        assert event["args"] == t and event["pid"] == t["src_rank"] and event["ph"] == "X"
+        assert event["ts"] == pytest.approx(t["start_s"] * 1e6)
+        assert event["dur"] == pytest.approx((t["end_s"] - t["start_s"]) * 1e6)
+    between = [t for t in report["transfers"] if (t["src_device"] < 2) != (t["dst_device"] < 2)]
+    assert between and sum(t["nbytes"] for t in between) == report["summary"]["inter_region_bytes"]
+    assert sorted(e["args"]["start_s"] for e in collectives) == sorted(o["start_s"] for o in report["ops"])
+    names = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    assert names[1] == "rank 1 (tokyo-0)"
+
+
+def read_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted((run_dir / "metrics").glob("rank-*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(tmp_path):
+    files = write_job_files(tmp_path)
+    run_dir = tmp_path / "run"
+    done = geotrain("train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "3",
+                    "--time-scale", "0.1", "--run-dir", str(run_dir), "--json", cwd=tmp_path)
+    assert json.loads(done.stdout)["run_dir"] == str(run_dir)
+    assert f"run directory {run_dir}" in done.stderr
+    lines = read_lines(run_dir)
+    steps = [r for r in lines if r["kind"] == "step"]
+    assert sorted((r["rank"], r["step"]) for r in steps) == [(r, s) for r in range(4) for s in range(3)]
+    for r in steps:
+        assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["wait_s"] >= 0
+        assert r["compute_s"] + r["comm_s"] + r["wait_s"] == pytest.approx(r["step_s"])
+        assert r["bytes_inter"] >= r["bytes_dp"] > 0  # every DP group of the plan spans east and west
+        assert r["site"] == ("east" if r["device"] < 2 else "west")
+    last = [r for r in steps if r["stage"] == 1]
+    assert all(r["loss"] is not None for r in last) and all(r["loss"] is None for r in steps if r["stage"] == 0)
+    assert Counter(r["event"] for r in lines if r["kind"] == "event") == {"start": 4, "end": 4}
+
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    parts = [json.loads(p.read_text()) for p in (run_dir / "emulator").glob("rank-*.json")]
+    assert Counter(e.get("cat") for e in trace if e["ph"] != "M") == {
+        "step": 12, "transfer": sum(len(p["transfers"]) for p in parts), "collective": sum(len(p["ops"]) for p in parts)}
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    assert [s.step for s in board.Scalars("rank3/loss")] == [0, 1, 2]
+    assert [s.value for s in board.Scalars("rank2/wait_s")] == pytest.approx(
+        [r["wait_s"] for r in sorted(steps, key=lambda r: r["step"]) if r["rank"] == 2])
+    assert len(board.Scalars("site/west/comm_s")) == 3
+
+    report = json.loads(geotrain("report", str(run_dir), "--json", "--plot", "p.png", cwd=tmp_path).stdout)
+    assert [s["site"] for s in report["split"]["sites"]] == ["east", "west"]
+    assert report["split"]["steps_used"] == [1, 2] and (tmp_path / "p.png").stat().st_size > 10_000
+
+
+def test_sync_every_run_records_an_outer_sync_event_at_each_step_that_moved_bytes(tmp_path):
+    files = write_job_files(tmp_path)
+    run_dir = tmp_path / "run"
+    geotrain("train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0.1",
+             "--sync-every", "2", "--run-dir", str(run_dir), "--json", cwd=tmp_path)
+    lines = read_lines(run_dir)
+    synced = sorted((r["rank"], r["step"]) for r in lines if r["kind"] == "step" and r["bytes_dp"] > 0)
+    events = [r for r in lines if r.get("event") == "outer_sync"]
+    assert synced == [(r, s) for r in range(4) for s in (1, 3)]
+    assert sorted((e["rank"], e["step"]) for e in events) == synced
+    steps = {(r["rank"], r["step"]): r for r in lines if r["kind"] == "step"}
+    for e in events:
+        assert e["comm_s"] == pytest.approx(steps[(e["rank"], e["step"])]["comm_s"])
+        assert e["emulated_s"] == steps[(e["rank"], e["step"])]["emulated_end_s"]
+
+
+def test_default_run_dir_is_printed_and_old_ones_are_swept(tmp_path):
+    files = write_job_files(tmp_path)
+    root = tmp_path / "geotrain-runs"
+    for i in range(3):
+        (root / f"2000010{i}-000000-old").mkdir(parents=True)
+        (root / f"2000010{i}-000000-old" / "run.json").write_text("{}")
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "1",
+                           "--time-scale", "0", "--json"], capture_output=True, text=True, timeout=280, cwd=tmp_path,
+                          env={**ENV, "GEOTRAIN_KEEP_RUNS": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = Path(json.loads(done.stdout)["run_dir"])
+    assert run_dir.parent.name == "geotrain-runs" and run_dir.name.endswith("-manual")
+    assert "removed 2 old run directories" in done.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["20000102-000000-old", run_dir.name]
+    steps = [r for r in read_lines(tmp_path / run_dir) if r["kind"] == "step"]
+    assert len(steps) == 4 and all(r["bytes_inter"] is None and r["emulated_end_s"] is None for r in steps)
