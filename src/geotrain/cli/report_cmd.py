@@ -3,8 +3,9 @@
     geotrain report geotrain-runs/20261205-160102-plan [--json] [--plot FILE.png] [--tensorboard]
 
 Tables (or one JSON object with --json: {"run_dir", "about", "split": {"ranks", "sites", "steps_used"},
-"holding_back", "events"}) of the mean seconds per step of compute, communication and waiting, their shares,
-and the bytes sent inside and between regions (geotrain.observe.report). --plot draws the four panels;
+"holding_back", "events", "observer_cost", "plot", "tensorboard"}) of the mean seconds per step of compute,
+communication and waiting, their shares, and the bytes sent inside and between regions (geotrain.observe.report);
+"observer_cost": what writing the metrics cost each rank per step (seconds, share of the step, bytes). --plot draws the four panels;
 --tensorboard (re)writes the TensorBoard scalars from the metrics.
 """
 
@@ -47,7 +48,7 @@ COLUMNS = ["step s", "compute s", "comm s", "wait s", "% c/m/w", "MB intra", "MB
 
 def run(args: Any) -> int:
     from geotrain.observe.metrics import events_of, read_metrics, steps_of
-    from geotrain.observe.report import holding_back, plot_run, time_split
+    from geotrain.observe.report import holding_back, observer_cost, plot_run, time_split
     from geotrain.observe.rundir import read_about
 
     run_dir = Path(args.run_dir)
@@ -60,6 +61,7 @@ def run(args: Any) -> int:
     about = read_about(run_dir)
     split = time_split(steps)
     slow = holding_back(split)
+    cost = observer_cost(steps, events)
     counts = dict(Counter(e["event"] for e in events if e["event"] not in ("start", "end")))
     if args.plot:
         plot_run(steps, events, args.plot, title=f"{about.get('plan', run_dir.name)} on {about.get('cluster', '?')}")
@@ -71,7 +73,8 @@ def run(args: Any) -> int:
     out = Output(json_mode=args.json)
     if args.json:
         out.emit_json({"run_dir": str(run_dir), "about": about, "split": split, "holding_back": slow,
-                       "events": counts, "plot": args.plot, "tensorboard": None if board is None else str(board)})
+                       "events": counts, "observer_cost": cost, "plot": args.plot,
+                       "tensorboard": None if board is None else str(board)})
         return 0
     used = split["steps_used"]
     unit = "emulated" if any(s.get("emulated_end_s") is not None for s in steps) else "wall"
@@ -87,6 +90,10 @@ def run(args: Any) -> int:
                  f"(compute {slow['others_compute_s']:.3f} s)")
     if counts:
         out.text("events: " + ", ".join(f"{name} x{n}" for name, n in sorted(counts.items())))
+    if cost is not None:
+        share = "" if cost["overhead_pct"] is None else f" ({cost['overhead_pct']:.3f}% of a step's wall time)"
+        out.text(f"metrics cost: {1e3 * cost['observer_s_per_step']:.3f} ms per step per rank{share}, "
+                 f"{cost['bytes_per_step']:.0f} bytes per step per rank")
     if args.plot:
         out.text(f"plot: {args.plot}")
     if board is not None:

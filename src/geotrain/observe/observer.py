@@ -50,6 +50,8 @@ class RunObserver(NullObserver):
         self.tokens = config.schedule.batch_size * config.sequence_length
         self.outer = config.optim.sync_every is not None
         self.writer = MetricsWriter(metrics_path(run_dir, rank))
+        self.cost_s = 0.0  # wall seconds this rank spent in step() and event(): the observer's own cost
+        self.steps = 0
         self.event("start", 0)
 
     def _emulated_now(self) -> float | None:
@@ -61,6 +63,12 @@ class RunObserver(NullObserver):
             return None
 
     def step(self, record: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        self._step(record)
+        self.steps += 1
+        self.cost_s += time.perf_counter() - started
+
+    def _step(self, record: dict[str, Any]) -> None:
         cfg = self.config
         line = step_metrics(record, site=self.site, device=self.device, lr=lr_at(record["step"], cfg.run.steps,
                                                                                    cfg.optim.lr),
@@ -74,15 +82,22 @@ class RunObserver(NullObserver):
                                emulated_s=line["emulated_end_s"])
 
     def event(self, name: str, step: int, **fields: Any) -> None:
+        started = time.perf_counter()
         self.writer.write({"kind": "event", "event": name, "step": step, "rank": self.rank, "site": self.site,
                            "t_wall": time.time(), "emulated_s": self._emulated_now(), **fields})
+        self.cost_s += time.perf_counter() - started
 
     def fail(self, message: str, step: int) -> None:
         self.event("failure", step, message=message)
         self.writer.flush()
 
     def close(self) -> None:
-        self.event("end", -1)
+        """The "end" event carries this rank's cost: `observer_s` (wall seconds in step/event, the final
+        flush included) and `bytes_written` (metrics bytes, this line excluded) over `steps` steps."""
+        started = time.perf_counter()
+        self.writer.flush()
+        self.cost_s += time.perf_counter() - started
+        self.event("end", -1, steps=self.steps, observer_s=self.cost_s, bytes_written=self.writer.bytes_written)
         self.writer.close()
         if self.emulation is not None:
             directory = self.run_dir / EMULATOR_DIR

@@ -71,7 +71,8 @@ def time_split(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def holding_back(split: dict[str, Any]) -> dict[str, Any] | None:
     """The site the others wait for: the least waiting share among sites, when another site waits more
-    (None with one site, or when the others wait less than MARGIN_PCT points more). Returns {site, wait_pct, others_wait_pct, compute_s}."""
+    (None with one site, or when the others wait less than MARGIN_PCT points more).
+    Returns {site, wait_pct, others_wait_pct, compute_s, others_compute_s}."""
     sites = split["sites"]
     if len(sites) < 2:
         return None
@@ -164,3 +165,22 @@ def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], 
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def observer_cost(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """What writing the metrics cost the ranks, from their "end" events: wall seconds in the observer per
+    step per rank, as a share of the mean wall seconds between a rank's consecutive steps, and metrics
+    bytes per step per rank (None when no rank ended normally)."""
+    ends = [e for e in events if e["event"] == "end" and e.get("steps")]
+    if not ends:
+        return None
+    n_steps = sum(e["steps"] for e in ends)
+    per_step_s = sum(e["observer_s"] for e in ends) / n_steps
+    walls: dict[int, list[float]] = defaultdict(list)
+    for s in steps:
+        walls[s["rank"]].append(float(s["t_wall"]))
+    gaps = [(max(w) - min(w)) / (len(w) - 1) for w in walls.values() if len(w) > 1]
+    step_wall_s = sum(gaps) / len(gaps) if gaps else None
+    return {"observer_s_per_step": per_step_s, "bytes_per_step": sum(e["bytes_written"] for e in ends) / n_steps,
+            "step_wall_s": step_wall_s,
+            "overhead_pct": None if not step_wall_s else 100.0 * per_step_s / step_wall_s, "ranks": len(ends)}

@@ -363,7 +363,7 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         waiting = worker_box[0].transport.waiting_on if worker_box else None
         where = f"at step {watchdog.completed_steps + 1}" + (f" while waiting for {waiting}" if waiting else "")
         message = f"{layout.describe(rank)} failed {where}: {type(exc).__name__}: {exc}"
-        observer.fail(message, watchdog.completed_steps + 1)
+        observer.fail(message, watchdog.completed_steps)  # 0-based: the step it was in
         if isinstance(exc, GeotrainError):  # a user-level error (bad checkpoint...): every rank sees it
             watchdog.post_abort(message)
             raise

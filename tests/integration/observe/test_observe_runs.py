@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -98,11 +97,17 @@ def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(tm
     last = [r for r in steps if r["stage"] == 1]
     assert all(r["loss"] is not None for r in last) and all(r["loss"] is None for r in steps if r["stage"] == 0)
     assert Counter(r["event"] for r in lines if r["kind"] == "event") == {"start": 4, "end": 4}
+    ends = [r for r in lines if r.get("event") == "end"]
+    for end in ends:  # each rank's own cost: seconds in the observer and the metrics bytes of its 3 steps
+        assert end["steps"] == 3 and 0 < end["observer_s"] < 1.0
+        mine = (run_dir / "metrics" / f"rank-{end['rank']}.jsonl").read_text().splitlines(keepends=True)
+        assert end["bytes_written"] == sum(len(line.encode()) for line in mine[:-1])  # all but the end line
 
     trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
     parts = [json.loads(p.read_text()) for p in (run_dir / "emulator").glob("rank-*.json")]
     assert Counter(e.get("cat") for e in trace if e["ph"] != "M") == {
-        "step": 12, "transfer": sum(len(p["transfers"]) for p in parts), "collective": sum(len(p["ops"]) for p in parts)}
+        "step": 12, "transfer": sum(len(p["transfers"]) for p in parts),
+        "collective": sum(len(p["ops"]) for p in parts)}
 
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -117,6 +122,9 @@ def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(tm
     report = json.loads(geotrain("report", str(run_dir), "--json", "--plot", "p.png", cwd=tmp_path).stdout)
     assert [s["site"] for s in report["split"]["sites"]] == ["east", "west"]
     assert report["split"]["steps_used"] == [1, 2] and (tmp_path / "p.png").stat().st_size > 10_000
+    cost = report["observer_cost"]
+    assert cost["ranks"] == 4 and cost["bytes_per_step"] == pytest.approx(
+        sum(e["bytes_written"] for e in ends) / 12) and 0 < cost["overhead_pct"] < 100
 
 
 def test_sync_every_run_records_an_outer_sync_event_at_each_step_that_moved_bytes(tmp_path):
@@ -151,3 +159,49 @@ def test_default_run_dir_is_printed_and_old_ones_are_swept(tmp_path):
     assert sorted(p.name for p in root.iterdir()) == ["20000102-000000-old", run_dir.name]
     steps = [r for r in read_lines(tmp_path / run_dir) if r["kind"] == "step"]
     assert len(steps) == 4 and all(r["bytes_inter"] is None and r["emulated_end_s"] is None for r in steps)
+
+
+FAILING_MODEL = '''
+import os
+import torch
+from torch import nn
+
+calls = [0]
+
+
+class Mixer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x):
+        calls[0] += 1
+        if os.environ.get("RANK") == "1" and calls[0] == 8:
+            raise RuntimeError("injected fault in the user's layer")
+        return x + self.lin(x)
+
+
+def build():
+    return [nn.Embedding(256, 32), Mixer(), nn.Linear(32, 256)]
+'''
+
+
+def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
+    """A rank whose model raises mid-run: its lines up to the failure are on disk, the failure named."""
+    files = write_job_files(tmp_path)
+    (tmp_path / "fail.py").write_text(FAILING_MODEL)
+    (tmp_path / "dp2.json").write_text(json.dumps({"method": "manual", "stages": 1, "replicas": 2,
+                                                   "assignment": [[0, 2]]}))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "30",
+                           "--model", "fail.py:build", "--microbatches", "1", "--time-scale", "0",
+                           "--heartbeat-timeout", "3", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=280, cwd=tmp_path, env=ENV)
+    assert done.returncode != 0 and "failed at step" in done.stderr  # (torch's stage error hides our text)
+    lines = [json.loads(line) for line in (run_dir / "metrics" / "rank-1.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in lines if r["kind"] == "step"]
+    failure = [r for r in lines if r.get("event") == "failure"]
+    assert steps == list(range(len(steps))) and len(steps) >= 1
+    assert len(failure) == 1 and failure[0]["step"] == len(steps)  # the step it was in (0-based)
+    assert "rank 1" in failure[0]["message"] and "RuntimeError" in failure[0]["message"]
+    assert (run_dir / "trace.json").is_file()  # finished by the launcher even though the run failed

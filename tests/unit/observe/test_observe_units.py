@@ -4,12 +4,11 @@ Chrome trace's layout, the report's aggregation and TensorBoard files read back 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from geotrain.observe.metrics import MetricsWriter, metrics_path, read_metrics, step_metrics
-from geotrain.observe.report import holding_back, time_split
+from geotrain.observe.report import holding_back, observer_cost, time_split
 from geotrain.observe.rundir import RUN_MARKER, RunDirError, default_run_dir, prepare_run_dir, sweep_old_runs
 from geotrain.observe.trace import build_trace
 
@@ -162,3 +161,13 @@ def test_tensorboard_reader_sees_every_rank_and_site_scalar(tmp_path):
     assert [s.step for s in compute] == [0, 1, 2]
     assert [s.value for s in compute] == pytest.approx([5.6, 0.6, 0.6])
     assert [s.value for s in events.Scalars("site/a/wait_s")] == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_observer_cost_is_seconds_and_bytes_per_step_per_rank_against_the_wall_gap_between_steps():
+    steps = steps_of_three_sites()  # each rank's steps end 1 wall second apart
+    ends = [{"kind": "event", "event": "end", "rank": r, "steps": 3, "observer_s": 0.003, "bytes_written": 1500}
+            for r in range(3)]
+    cost = observer_cost(steps, ends + [{"kind": "event", "event": "start", "rank": 0}])
+    assert cost["observer_s_per_step"] == pytest.approx(0.001) and cost["bytes_per_step"] == pytest.approx(500)
+    assert cost["step_wall_s"] == pytest.approx(1.0) and cost["overhead_pct"] == pytest.approx(0.1)
+    assert observer_cost(steps, []) is None  # no rank ended normally
