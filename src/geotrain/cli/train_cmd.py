@@ -215,7 +215,7 @@ def host_rendezvous(args: Any, config: Any) -> Any:
 
 
 def run(args: Any) -> int:
-    from geotrain.cli.run_dir_args import open_run_dir, run_dir_json, watching
+    from geotrain.cli.run_dir_args import open_run_dir, run_dir_json, settle_run_dir, watching
     from geotrain.runtime import build_report, launch
     from geotrain.runtime.launcher import check_before_launch
     from geotrain.runtime.sequence_check import check_sequence_fits
@@ -236,7 +236,7 @@ def run(args: Any) -> int:
     if stray:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
               f"by torchrun ({TORCHRUN_MARKER} is unset), so it launches its own workers", file=sys.stderr)
-    config = open_run_dir(config, local=rendezvous is None and not under_torchrun())
+    config = settle_run_dir(config, local=rendezvous is None and not under_torchrun())
     if under_torchrun():
         # Imported here: torch.distributed.pipelining and dynamo (~1.3 s) that a launcher does not need.
         from geotrain.runtime import run_worker
@@ -248,7 +248,8 @@ def run(args: Any) -> int:
         report, wall_s = build_report(config, records), None
     else:
         with out.progress("training", config.run.steps) as progress, watching(config):
-            result = launch(config, progress=progress, rendezvous=rendezvous)
+            result = launch(config, progress=progress, rendezvous=rendezvous,
+                            on_start=lambda: open_run_dir(config))
         report, wall_s = result.report, result.wall_s
         if report is None:  # another host runs rank 0 and prints the results
             node = rendezvous.hosts.node(rendezvous.node)

@@ -65,12 +65,20 @@ def sweep_old_runs(root: Path | str, keep: int) -> list[Path]:
     return doomed
 
 
-def prepare_run_dir(path: Path | str, about: dict[str, Any]) -> Path:
-    """Make `path` (parents too) and write its RUN_MARKER with `about` (plan, cluster, layout...). A
-    directory that already holds metrics is refused: two runs' lines would mix."""
+def check_run_dir(path: Path | str) -> None:
+    """RunDirError if `path` already holds a run's metrics (two runs' lines would mix) or is a file."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunDirError(f"--run-dir {path}: is a file, not a directory")
     if (path / "metrics").is_dir() and any((path / "metrics").iterdir()):
         raise RunDirError(f"--run-dir {path}: already holds a run's metrics (choose a new directory or remove it)")
+
+
+def prepare_run_dir(path: Path | str, about: dict[str, Any]) -> Path:
+    """Make `path` (parents too) and write its RUN_MARKER with `about` (plan, cluster, layout...), after
+    `check_run_dir`."""
+    path = Path(path)
+    check_run_dir(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         (path / RUN_MARKER).write_text(json.dumps(about, indent=1))

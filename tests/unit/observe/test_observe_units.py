@@ -9,7 +9,8 @@ import pytest
 
 from geotrain.observe.metrics import MetricsWriter, metrics_path, read_metrics, step_metrics
 from geotrain.observe.report import holding_back, observer_cost, time_split
-from geotrain.observe.rundir import RUN_MARKER, RunDirError, default_run_dir, prepare_run_dir, sweep_old_runs
+from geotrain.observe.rundir import (RUN_MARKER, RunDirError, check_run_dir, default_run_dir, prepare_run_dir,
+                                     sweep_old_runs)
 from geotrain.observe.trace import build_trace
 
 
@@ -85,6 +86,9 @@ def test_a_run_dir_that_holds_metrics_is_refused(tmp_path):
     metrics_path(tmp_path, 0).write_text("{}\n")
     with pytest.raises(RunDirError, match="already holds a run's metrics"):
         prepare_run_dir(tmp_path, {})
+    (tmp_path / "file").write_text("")
+    with pytest.raises(RunDirError, match="is a file"):
+        check_run_dir(tmp_path / "file")
 
 
 def steps_of_three_sites():
