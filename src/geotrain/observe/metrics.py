@@ -4,8 +4,8 @@
     {"kind": "step", "step", "rank", "stage", "replica", "device", "site", "t_wall", "loss", "lr", "tokens",
      "step_s", "compute_s", "comm_s", "wait_s", "bytes_intra", "bytes_inter", "bytes_dp", "bytes_pp",
      "grad_norm", "val_loss", "emulated_start_s", "emulated_end_s"}
-    {"kind": "event", "event": "start" | "outer_sync" | "checkpoint" | "failure" | "end", "step", "rank", "t_wall",
-     "emulated_s", ...}
+    {"kind": "event", "event": "start" | "resume" | "outer_sync" | "checkpoint" | "failure" | "end", "step", "rank",
+     "t_wall", "emulated_s", ...}
 
 The step time splits three ways, every part measured by the worker (geotrain.runtime.worker):
   step_s    - the step's span: on the emulated clock with link emulation (emulated seconds: compute at the

@@ -297,6 +297,7 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     worker_box.append(worker)
     if config.checkpoint.resume:
         worker.restore()
+        observer.event("resume", worker.start_step)
     watchdog.publish_step(worker.start_step)
     run, data, checkpoint = config.run, config.data, config.checkpoint
     end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)

@@ -205,3 +205,17 @@ def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
     assert len(failure) == 1 and failure[0]["step"] == len(steps)  # the step it was in (0-based)
     assert "rank 1" in failure[0]["message"] and "RuntimeError" in failure[0]["message"]
     assert (run_dir / "trace.json").is_file()  # finished by the launcher even though the run failed
+
+
+def test_checkpoint_and_resume_events_name_their_steps(tmp_path):
+    """A run stopped after 2 of 4 steps (checkpoint every step), then resumed into a second run directory."""
+    files = write_job_files(tmp_path)
+    common = ["train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0",
+              "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--json"]
+    geotrain(*common, "--stop-after", "2", "--run-dir", "first", cwd=tmp_path)
+    geotrain(*common, "--resume", "--run-dir", "second", cwd=tmp_path)
+    first, second = read_lines(tmp_path / "first"), read_lines(tmp_path / "second")
+    assert sorted((r["rank"], r["step"]) for r in first if r.get("event") == "checkpoint") == [
+        (rank, step) for rank in range(4) for step in (1, 2)]  # completed steps, as the checkpoint names them
+    assert sorted((r["rank"], r["step"]) for r in second if r.get("event") == "resume") == [(r, 2) for r in range(4)]
+    assert sorted({r["step"] for r in second if r["kind"] == "step"}) == [2, 3]
