@@ -4,7 +4,7 @@ end, its emulator records (every message it sent and every collective it started
     observer = open_observer(config, rank, emulation)   # NullObserver without config.run.run_dir
     observer.step(record)          # after each training step (the worker's step record)
     observer.event("checkpoint", step)
-    observer.fail(message)         # on failure: an event line, then flush
+    observer.fail(message, step)   # on failure: an event line, flush, the emulator records so far
     observer.close()               # at the end: flush, write <run dir>/emulator/rank-<r>.json
 
 The emulator part has the format of `geotrain emulate --report`'s per-rank parts (EmulationState.to_json),
@@ -88,8 +88,22 @@ class RunObserver(NullObserver):
         self.cost_s += time.perf_counter() - started
 
     def fail(self, message: str, step: int) -> None:
+        """A failure event, flushed with every buffered line, and the emulator records so far (the trace)."""
         self.event("failure", step, message=message)
         self.writer.flush()
+        self._write_emulator_part()
+
+    def _write_emulator_part(self) -> None:
+        if self.emulation is None:
+            return
+        try:
+            state = self.emulation.state()
+        except Exception:  # noqa: BLE001 - no process group yet (a failure at start-up): nothing was sent
+            return
+        directory = self.run_dir / EMULATOR_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        with state.lock:
+            state.write_part(directory)
 
     def close(self) -> None:
         """The "end" event carries this rank's cost: `observer_s` (wall seconds in step/event, the final
@@ -99,10 +113,7 @@ class RunObserver(NullObserver):
         self.cost_s += time.perf_counter() - started
         self.event("end", -1, steps=self.steps, observer_s=self.cost_s, bytes_written=self.writer.bytes_written)
         self.writer.close()
-        if self.emulation is not None:
-            directory = self.run_dir / EMULATOR_DIR
-            directory.mkdir(parents=True, exist_ok=True)
-            self.emulation.state().write_part(directory)
+        self._write_emulator_part()
 
 
 def open_observer(config: Any, rank: int, emulation: Any) -> NullObserver:

@@ -194,7 +194,7 @@ def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
                                                    "assignment": [[0, 2]]}))
     run_dir = tmp_path / "run"
     done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "30",
-                           "--model", "fail.py:build", "--microbatches", "1", "--time-scale", "0",
+                           "--model", "fail.py:build", "--microbatches", "1", "--time-scale", "0.1",
                            "--heartbeat-timeout", "3", "--run-dir", str(run_dir)],
                           capture_output=True, text=True, timeout=280, cwd=tmp_path, env=ENV)
     assert done.returncode != 0 and "failed at step" in done.stderr  # (torch's stage error hides our text)
@@ -204,7 +204,11 @@ def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
     assert steps == list(range(len(steps))) and len(steps) >= 1
     assert len(failure) == 1 and failure[0]["step"] == len(steps)  # the step it was in (0-based)
     assert "rank 1" in failure[0]["message"] and "RuntimeError" in failure[0]["message"]
-    assert (run_dir / "trace.json").is_file()  # finished by the launcher even though the run failed
+    # the failing rank's emulator records reach the trace, which the launcher writes although the run failed
+    sent = json.loads((run_dir / "emulator" / "rank-1.json").read_text())["transfers"]
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    assert sent and len([e for e in trace if e.get("cat") == "transfer" and e["pid"] == 1]) == len(sent)
+    assert [e["args"]["step"] for e in trace if e.get("cat") == "event" and e["pid"] == 1] == [len(steps)]
 
 
 def test_checkpoint_and_resume_events_name_their_steps(tmp_path):
