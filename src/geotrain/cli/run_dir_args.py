@@ -1,6 +1,6 @@
 """`train --run-dir`: which run directory a launch writes (geotrain.observe), said at start, finished at the end.
 
-    config = settle_run_dir(config, local)    # the path (the default when not given), checked; nothing written
+    config = settle_run_dir(config, local)    # the path (the default made empty when not given), checked
     launch(config, on_start=lambda: open_run_dir(config))   # once the launch's own checks pass: old default runs
                                               # swept, run.json written, the path printed on stderr
     with watching(config): launch(...)        # trace.json + TensorBoard from the ranks' files, even on failure
@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 from collections.abc import Iterator
@@ -67,15 +68,23 @@ def watching(config: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        run_dir = config.run.run_dir
-        if run_dir is not None and (Path(run_dir) / RUN_MARKER).is_file():
-            from geotrain.observe.run import finish_run
+        if config.run.run_dir is not None:
+            _finish(Path(config.run.run_dir), config)
 
-            try:
-                finish_run(Path(run_dir), config)
-            except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more than its trace
-                print(f"geotrain: note: run directory {run_dir}: trace not written: {type(exc).__name__}: {exc}",
-                      file=sys.stderr)
+
+def _finish(run_dir: Path, config: Any) -> None:
+    if not (run_dir / RUN_MARKER).is_file():
+        if run_dir.parent == Path(DEFAULT_ROOT):
+            with contextlib.suppress(OSError):  # the empty default directory of a launch that never started
+                run_dir.rmdir()
+        return
+    from geotrain.observe.run import finish_run
+
+    try:
+        finish_run(run_dir, config)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more than its trace
+        print(f"geotrain: note: run directory {run_dir}: trace not written: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
 
 
 def run_dir_json(config: Any) -> dict[str, Any]:

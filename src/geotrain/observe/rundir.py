@@ -11,6 +11,7 @@ temporary files, removed at exit), these outlive the process: they are what the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -40,16 +41,20 @@ def keep_runs() -> int:
 
 
 def default_run_dir(plan_name: str, root: Path | str = DEFAULT_ROOT, now: float | None = None) -> Path:
-    """root/<YYYYmmdd-HHMMSS>-<plan> (UTC; the plan name reduced to [A-Za-z0-9_.-]); a suffix -2, -3...
-    when two runs start in the same second."""
+    """A new, empty directory root/<YYYYmmdd-HHMMSS>-<plan> (UTC; the plan name reduced to [A-Za-z0-9_.-]),
+    made here so that two runs starting in the same second (parallel tests) get two: the second gets a
+    suffix -2, -3..."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", plan_name)[:40] or "run"
-    path = Path(root) / f"{stamp}-{name}"
-    n = 2
-    while path.exists():
-        path = Path(root) / f"{stamp}-{name}-{n}"
-        n += 1
-    return path
+    Path(root).mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        path = Path(root) / (f"{stamp}-{name}" if n == 1 else f"{stamp}-{name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise AssertionError("unreachable")
 
 
 def sweep_old_runs(root: Path | str, keep: int) -> list[Path]:
