@@ -78,12 +78,27 @@ def run(args: Any) -> int:
         return 0
     used = split["steps_used"]
     unit = "emulated" if any(s.get("emulated_end_s") is not None for s in steps) else "wall"
+    if not used:  # an elastic run's lines: loss and step seconds, no compute / comm / wait split
+        mean = sum(s["step_s"] for s in steps) / len(steps)
+        out.text(f"{len(steps)} step lines of {len({s['rank'] for s in steps})} ranks, mean {mean:.3f} s a step; "
+                 "no compute / comm / wait split in this run's lines (elastic groups do not measure it)")
+    else:
+        _split_tables(out, split, unit)
+    _closing_lines(out, slow, counts, cost, args.plot, board)
+    return 0
+
+
+def _split_tables(out: Output, split: dict[str, Any], unit: str) -> None:
+    used = split["steps_used"]
     out.table(f"per site: mean {unit} seconds per step over steps {used[0]}..{used[1]}; bytes summed",
               ["site", "ranks", *COLUMNS],
               [[e["site"], " ".join(map(str, e["ranks"])), *row[1:]]
                for e, row in zip(split["sites"], _rows(split["sites"], ["site"]), strict=True)])
     out.table("per rank", ["rank", "site", "stage", "replica", *COLUMNS],
               _rows(split["ranks"], ["rank", "site", "stage", "replica"]))
+
+
+def _closing_lines(out: Output, slow: Any, counts: dict[str, int], cost: Any, plot: str | None, board: Any) -> None:
     if slow is not None:
         out.text(f"{slow['site']} holds the others back: its ranks wait {slow['wait_pct']:.0f}% of the step and "
                  f"compute {slow['compute_s']:.3f} s, the other sites wait {slow['others_wait_pct']:.0f}% "
@@ -94,8 +109,7 @@ def run(args: Any) -> int:
         share = "" if cost["overhead_pct"] is None else f" ({cost['overhead_pct']:.3f}% of a step's wall time)"
         out.text(f"metrics cost: {1e3 * cost['observer_s_per_step']:.3f} ms per step per rank{share}, "
                  f"{cost['bytes_per_step']:.0f} bytes per step per rank")
-    if args.plot:
-        out.text(f"plot: {args.plot}")
+    if plot:
+        out.text(f"plot: {plot}")
     if board is not None:
         out.text(f"tensorboard: {board}")
-    return 0

@@ -25,8 +25,9 @@ def _with_run_dir(config: Any, run_dir: str | None) -> Any:
     return dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=run_dir))
 
 
-def settle_run_dir(config: Any, local: bool) -> Any:
-    """The config with its run directory settled: 'none' -> None; not given -> DEFAULT_ROOT/<time>-<plan>;
+def settle_run_dir(config: Any, local: bool, default: bool = True) -> Any:
+    """The config with its run directory settled: 'none' -> None; not given -> DEFAULT_ROOT/<time>-<plan>
+    (`default` False: None; elastic runs write one only when asked, their launcher checks come later);
     `local` False (torchrun, several hosts): none, with a note if one was asked for (each host would need
     its own). A directory that already holds a run's metrics is refused here, before anything starts."""
     given = config.run.run_dir
@@ -38,6 +39,8 @@ def settle_run_dir(config: Any, local: bool) -> Any:
                   "no run directory", file=sys.stderr)
         return _with_run_dir(config, None)
     if given is None:
+        if not default:
+            return config
         given = str(default_run_dir(config.plan_name))
     check_run_dir(given)
     return _with_run_dir(config, given)

@@ -284,10 +284,14 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
     if args.node or args.rdzv or under_torchrun():
         raise RuntimeConfigError("--elastic: runs on this host only (its launcher starts every replica group); "
                                  "drop --node/--rdzv and do not start it under torchrun")
-    with out.progress("training (elastic)", config.run.steps) as progress:
+    from geotrain.cli.run_dir_args import open_run_dir, run_dir_json, settle_run_dir, watching
+
+    config = settle_run_dir(config, local=True, default=False)  # only when --run-dir is given
+    open_run_dir(config)
+    with out.progress("training (elastic)", config.run.steps) as progress, watching(config):
         summary = launch_elastic(config, progress=progress)
     if args.json:
-        out.emit_json({**summary.to_json(), "config": config.to_json()})
+        out.emit_json({**summary.to_json(), "config": config.to_json(), **run_dir_json(config)})
         return 0
     out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "partitions", "rejoins",
                               "global restarts", "max param diff", "recovery s", "stall s", "emulated s", "wall s"],

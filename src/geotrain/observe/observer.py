@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.models import lr_at
-from geotrain.observe.metrics import MetricsWriter, metrics_path, step_metrics
+from geotrain.observe.metrics import MetricsWriter, _finite, metrics_path, step_metrics
 
 EMULATOR_DIR = "emulator"
 
@@ -53,6 +53,7 @@ class RunObserver(NullObserver):
         self.cost_s = 0.0  # wall seconds this rank spent in step() and event(): the observer's own cost
         self.steps = 0
         self.event("start", 0)
+        self.writer.flush()  # on disk at once: a process killed early still shows that it started
 
     def _emulated_now(self) -> float | None:
         if self.emulation is None:
@@ -120,3 +121,37 @@ def open_observer(config: Any, rank: int, emulation: Any) -> NullObserver:
     """The observer of `rank` for config.run.run_dir (a NullObserver when it is None)."""
     run_dir = config.run.run_dir
     return NullObserver() if run_dir is None else RunObserver(config, rank, emulation, Path(run_dir))
+
+
+class ElasticObserver(RunObserver):
+    """One process of an elastic replica group (geotrain.runtime.elastic.group): stage `stage` of group
+    `group` writes as rank stage x R + group. Its step lines carry the loss, lr, tokens, `step_s` (wall seconds
+    from the previous step's end: quorums and retries included), `synced` and `emulated_end_s`; the split
+    into compute / comm / wait and the bytes by link class are not measured there (null). Events: `start`
+    (`restart` for a restarted group, with its incarnation), `rejoin` (a live recovery, its seconds), `end`."""
+
+    def __init__(self, config: Any, group: int, stage: int, incarnation: int, run_dir: Path) -> None:
+        self.incarnation = incarnation
+        super().__init__(config, config.layout.rank_of(stage, group), None, run_dir)
+
+    def event(self, name: str, step: int, **fields: Any) -> None:
+        if name == "start" and self.incarnation:
+            name, fields = "restart", {**fields, "incarnation": self.incarnation}
+        super().event(name, step, **fields)
+
+    def _step(self, record: dict[str, Any]) -> None:
+        cfg = self.config
+        slot = cfg.layout.slot(self.rank)
+        self.writer.write({
+            "kind": "step", "step": record["step"], "rank": self.rank, "stage": slot.stage, "replica": slot.replica,
+            "device": self.device, "site": self.site, "t_wall": time.time(), "loss": _finite(record["loss"]),
+            "lr": lr_at(record["step"], cfg.run.steps, cfg.optim.lr), "tokens": self.tokens,
+            "step_s": record["wall_s"], "compute_s": None, "comm_s": None, "wait_s": None, "bytes_intra": None,
+            "bytes_inter": None, "synced": bool(record["synced"]), "emulated_start_s": None,
+            "emulated_end_s": record.get("emulated_s")})
+
+
+def open_elastic_observer(config: Any, group: int, stage: int, incarnation: int) -> NullObserver:
+    """The observer of an elastic group's process for config.run.run_dir (a NullObserver when it is None)."""
+    run_dir = config.run.run_dir
+    return NullObserver() if run_dir is None else ElasticObserver(config, group, stage, incarnation, Path(run_dir))

@@ -43,7 +43,7 @@ def time_split(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """{"ranks": [{rank, site, stage, replica, steps, step_s, compute_s, comm_s, wait_s, *_pct, bytes_*}],
     "sites": [{site, ranks, ...same means...}], "steps_used": first..last}. Seconds are means per step
     (steps after the first); bytes are sums over those steps."""
-    steady = _steady(steps)
+    steady = _steady([s for s in steps if s.get("compute_s") is not None])  # elastic groups' lines: no split
     by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for s in steady:
         by_rank[s["rank"]].append(s)

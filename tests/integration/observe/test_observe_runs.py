@@ -223,3 +223,26 @@ def test_checkpoint_and_resume_events_name_their_steps(tmp_path):
         (rank, step) for rank in range(4) for step in (1, 2)]  # completed steps, as the checkpoint names them
     assert sorted((r["rank"], r["step"]) for r in second if r.get("event") == "resume") == [(r, 2) for r in range(4)]
     assert sorted({r["step"] for r in second if r["kind"] == "step"}) == [2, 3]
+
+
+def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_rejoin(tmp_path):
+    pytest.importorskip("torchft")
+    (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
+    done = geotrain("train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
+                    "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "1",
+                    "--time-scale", "0", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
+                    "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout", "30",
+                    "--run-dir", "run", "--json", cwd=tmp_path)
+    result = json.loads(done.stdout)
+    assert result["run_dir"] == "run" and result["replica_failures"] == 1 and result["rejoins"] == 1
+    lines = read_lines(tmp_path / "run")
+    steps = [r for r in lines if r["kind"] == "step"]
+    assert sorted({r["step"] for r in steps if r["rank"] == 0}) == list(range(150))  # the survivor: every step
+    assert all(r["loss"] is not None and r["step_s"] > 0 and r["compute_s"] is None for r in steps)
+    events = [(r["rank"], r["event"]) for r in lines if r["kind"] == "event"]
+    assert events.count((1, "start")) == 1 and events.count((1, "restart")) == 1  # start flushed before the kill
+    rejoin = next(r for r in lines if r.get("event") == "rejoin")
+    assert rejoin["rank"] == 1 and rejoin["seconds"] > 0
+    assert min(r["step"] for r in steps if r["rank"] == 1 and r["t_wall"] > rejoin["t_wall"]) == rejoin["step"]
+    report = json.loads(geotrain("report", "run", "--json", cwd=tmp_path).stdout)
+    assert report["events"] == {"restart": 1, "rejoin": 1} and report["split"]["sites"] == []
