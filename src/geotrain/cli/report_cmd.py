@@ -5,8 +5,8 @@
 Tables (or one JSON object with --json: {"run_dir", "about", "split": {"ranks", "sites", "steps_used"},
 "holding_back", "events", "observer_cost", "plot", "tensorboard"}) of the mean seconds per step of compute,
 communication and waiting, their shares, and the bytes sent inside and between regions (geotrain.observe.report);
-"observer_cost": what writing the metrics cost each rank per step (seconds, share of the step, bytes). --plot draws the four panels;
---tensorboard (re)writes the TensorBoard scalars from the metrics.
+"observer_cost": what writing the metrics cost each rank per step (seconds, share of the step, bytes).
+--plot draws the four panels; --tensorboard (re)writes the TensorBoard scalars from the metrics.
 """
 
 from __future__ import annotations

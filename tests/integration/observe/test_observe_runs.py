@@ -229,7 +229,8 @@ def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_re
     pytest.importorskip("torchft")
     (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     done = geotrain("train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
-                    "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "1",
+                    "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
+                    "--microbatches", "1",
                     "--time-scale", "0", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
                     "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout", "30",
                     "--run-dir", "run", "--json", cwd=tmp_path)
