@@ -1,4 +1,4 @@
-"""mkdocs hooks: the reference pages generated from the code, and guide pages listed only where they exist.
+"""mkdocs hooks: the reference pages generated from the code, and the results and history pages in the nav.
 
 `mkdocs build` calls on_config (nav) and on_files (pages); geotrain.cli.reference writes the pages.
 """
@@ -11,11 +11,6 @@ from mkdocs.structure.files import File
 
 from geotrain.cli import reference
 
-# Guide pages that other work adds: in the nav once their file exists (a nav entry without its file
-# would fail `mkdocs build --strict`).
-OPTIONAL_GUIDE = (("Watching a run", "guide/watching-a-run.md"),)
-
-
 def _title(page: Path, colon: bool) -> str:
     """A page's nav title: its first heading, up to a parenthesis (and a colon where `colon`)."""
     heading = next((line for line in page.read_text().splitlines() if line.startswith("# ")), page.stem)
@@ -26,10 +21,6 @@ def _title(page: Path, colon: bool) -> str:
 def on_config(config):
     docs = Path(config["docs_dir"])
     for section in config["nav"] or []:
-        if isinstance(section, dict) and "Guide" in section:
-            listed = {next(iter(entry.values())) for entry in section["Guide"] if isinstance(entry, dict)}
-            section["Guide"] += [{title: path} for title, path in OPTIONAL_GUIDE
-                                 if (docs / path).is_file() and path not in listed]
         for name, folder in (("Results", "results"), ("History", "history")):
             if isinstance(section, dict) and name in section:
                 section[name] += [{_title(page, colon=folder == "history"): f"{folder}/{page.name}"}

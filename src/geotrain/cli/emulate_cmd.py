@@ -3,6 +3,7 @@
     geotrain emulate --cluster C (--plan P | --devices 0,5,9) [--time-scale F] [--report F.json] -- SCRIPT.py [ARGS]
     geotrain emulate --cluster C --devices 0,1 -m package.module [ARGS]
     geotrain emulate --cluster C --plan P --emulate-gpu-speed -- SCRIPT.py   # compute at each GPU's speed
+    geotrain emulate ... --trace F.json -- SCRIPT.py   (a Chrome trace: Perfetto, chrome://tracing)
 
 Rank i emulates devices[i]; with --plan, rank s*R + r emulates assignment[s][r]. The script's
 `dist.init_process_group("gloo")` (or with no backend) gets the emulating backend. Exit code: the worst
@@ -42,6 +43,9 @@ def register(subparsers: Any) -> None:
                              "cluster's fastest GPU's peak FLOP/s / its device's); the fastest computes at this "
                              "machine's speed (emulated time only: the report's clocks and the links' schedule)")
     parser.add_argument("--report", type=output_file, metavar="FILE.json", help="write every transfer and collective as JSON")
+    parser.add_argument("--trace", type=output_file, metavar="FILE.json",
+                        help="write a timeline in the Chrome trace event format (Perfetto, chrome://tracing): one "
+                             "process per rank, every transfer and collective of the report at its emulated times")
     parser.add_argument("--timeout", type=positive_float, default=DEFAULT_TIMEOUT_S, metavar="SEC",
                         help="stop all ranks (SIGTERM, then SIGKILL) after SEC wall seconds and exit 124; the "
                              "default bounds a hung rank well below gloo's own 30-minute collective timeout")
@@ -83,10 +87,18 @@ def run(args: Any) -> int:
     cluster = load_cluster(args.cluster)
     ranks = rank_devices(args.plan, args.devices, cluster.n_devices)  # one of the two is required
     devices = check_device_list(ranks, cluster.n_devices)
-    config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps,
-                          Path(args.report) if args.report else None, args.timeout,
-                          compute_scale=gpu_compute_scale(cluster) if args.emulate_gpu_speed else None)
-    result = launch(cluster, devices, config)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="geotrain-trace-") as tmp:  # --trace alone needs the report too
+        report_path = Path(args.report) if args.report else Path(tmp) / "report.json" if args.trace else None
+        config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps, report_path, args.timeout,
+                              compute_scale=gpu_compute_scale(cluster) if args.emulate_gpu_speed else None)
+        result = launch(cluster, devices, config)
+    if args.trace and result.report is not None:
+        from geotrain.observe.trace import build_trace, write_trace
+
+        write_trace(args.trace, build_trace(result.report, rank_names={
+            rank: f"rank {rank} ({cluster.device_names[device]})" for rank, device in enumerate(devices)}))
     status = "timed out" if result.timed_out else f"exit codes {list(result.rank_codes)}"
     line = f"geotrain emulate: {len(devices)} ranks on {cluster.name}, {status}"
     if not result.verdict.ok:
@@ -97,6 +109,7 @@ def run(args: Any) -> int:
         line += (f"; {summary['transfers']} transfers, {summary['bytes'] / 1e6:.3f} MB "
                  f"({summary['inter_region_bytes'] / 1e6:.3f} MB between regions), "
                  f"peak between regions {peaks['1']:.3f} Gbit/s over 1 s, {peaks['0.1']:.3f} over 0.1 s, "
-                 f"emulated {summary['emulated_end_s']:.3f} s; report {args.report}")
+                 f"emulated {summary['emulated_end_s']:.3f} s"
+                 + (f"; report {args.report}" if args.report else "") + (f"; trace {args.trace}" if args.trace else ""))
     print(line, file=sys.stderr)
     return result.exit_code

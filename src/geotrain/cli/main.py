@@ -26,6 +26,7 @@ COMMAND_MODULES: dict[str, str] = {
     "emulate": "geotrain.cli.emulate_cmd",
     "netlab": "geotrain.cli.netlab_cmd",
     "probe": "geotrain.cli.probe_cmd",
+    "report": "geotrain.cli.report_cmd",
 }
 
 

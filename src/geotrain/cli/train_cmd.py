@@ -218,6 +218,7 @@ def host_rendezvous(args: Any, config: Any) -> Any:
 
 
 def run(args: Any) -> int:
+    from geotrain.cli.run_dir_args import open_run_dir, run_dir_json, settle_run_dir, watching
     from geotrain.runtime import build_report, launch
     from geotrain.runtime.launcher import check_before_launch
     from geotrain.runtime.sequence_check import check_sequence_fits
@@ -240,6 +241,7 @@ def run(args: Any) -> int:
     if stray:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
               f"by torchrun ({TORCHRUN_MARKER} is unset), so it launches its own workers", file=sys.stderr)
+    config = settle_run_dir(config, local=rendezvous is None and not under_torchrun())
     if under_torchrun():
         # Imported here: torch.distributed.pipelining and dynamo (~1.3 s) that a launcher does not need.
         from geotrain.runtime import run_worker
@@ -250,8 +252,9 @@ def run(args: Any) -> int:
             return 0
         report, wall_s = build_report(config, records), None
     else:
-        with out.progress("training", config.run.steps) as progress:
-            result = launch(config, progress=progress, rendezvous=rendezvous)
+        with out.progress("training", config.run.steps) as progress, watching(config):
+            result = launch(config, progress=progress, rendezvous=rendezvous,
+                            on_start=lambda: open_run_dir(config))
         report, wall_s = result.report, result.wall_s
         if report is None:  # another host runs rank 0 and prints the results
             node = rendezvous.hosts.node(rendezvous.node)
@@ -262,7 +265,7 @@ def run(args: Any) -> int:
                          f"{rendezvous.hosts.nodes[0].name} (rank 0)")
             return 0
     if args.json:
-        out.emit_json({**report.to_json(), "wall_s": wall_s})
+        out.emit_json({**report.to_json(), "wall_s": wall_s, **run_dir_json(config)})
         return 0
     iteration_table(out, report)
     if report.validation:
@@ -302,16 +305,20 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
     if args.node or args.rdzv or under_torchrun():
         raise RuntimeConfigError("--elastic: runs on this host only (its launcher starts every replica group); "
                                  "drop --node/--rdzv and do not start it under torchrun")
+    from geotrain.cli.run_dir_args import open_run_dir, run_dir_json, settle_run_dir, watching
+
+    config = settle_run_dir(config, local=True, default=False)  # only when --run-dir is given
+    open_run_dir(config)
     events: list[str] = []
 
     def on_event(line: str) -> None:  # as it happens, and again under the table
         events.append(line)
         out.stderr.print(f"geotrain: {plain_markup(line)}", soft_wrap=True, highlight=False)
 
-    with out.progress("training (elastic)", config.run.steps) as progress:
+    with out.progress("training (elastic)", config.run.steps) as progress, watching(config):
         summary = launch_elastic(config, progress=progress, on_event=on_event)
     if args.json:
-        out.emit_json({**summary.to_json(), "config": config.to_json(), "events": events})
+        out.emit_json({**summary.to_json(), "config": config.to_json(), "events": events, **run_dir_json(config)})
         return 0
     out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "partitions", "rejoins",
                               "global restarts", "max param diff", "recovery s", "stall s", "emulated s", "wall s"],

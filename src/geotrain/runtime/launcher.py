@@ -133,14 +133,18 @@ def _completed_steps(store: Any, rank: int) -> int:
 
 
 def launch(config: RuntimeConfig, progress: ProgressCallback | None = None, poll_s: float = 0.05,
-           tokens: Any = None, rendezvous: Rendezvous | None = None) -> LaunchResult:
+           tokens: Any = None, rendezvous: Rendezvous | None = None,
+           on_start: Callable[[], None] | None = None) -> LaunchResult:
     """Run `config` to the end on this machine; raises WorkerFailure if any worker fails.
 
     `tokens`: the WorldTokens of world `config.data.data_seed` (built here if None and no --data), handed
     to the workers so that they do not all build the world at once. `rendezvous`: run only this host's
     ranks and meet the other hosts there (None: every rank here, a store on a free localhost port).
-    The checkpoint directory is held (locked) for the run's life."""
+    The checkpoint directory is held (locked) for the run's life. `on_start`: called once the checks have
+    passed, before any worker starts (the CLI opens the run directory there)."""
     with check_before_launch(config, clear=rendezvous is None or rendezvous.is_host):  # one host clears a shared dir
+        if on_start is not None:
+            on_start()
         return _launch_checked(config, progress, poll_s, tokens, rendezvous)
 
 

@@ -116,12 +116,16 @@ class RunSection(Section):
                                  "present", choices=DEVICES)
     precision: str = setting("fp32", "bf16: autocast", choices=PRECISIONS)
     threads: int = setting(1, "torch threads per worker")
+    run_dir: str | None = setting(None, "write per-rank metrics (JSON Lines), a timeline trace and TensorBoard files "
+                                        "here (geotrain.observe); `geotrain train` picks geotrain-runs/<time>-<plan> "
+                                        "when not given, 'none': no run directory", metavar="DIR")
 
     def __post_init__(self) -> None:
         self._integer("steps", 1)
         self._integer("stop_after", 1, optional=True)
         self._integer("seed", 0)
         self._integer("threads", 1)
+        self._text("run_dir", optional=True)
         self._choice("device", DEVICES)
         self._choice("precision", PRECISIONS)
         if self.device == "cuda" and not torch.cuda.is_available():

@@ -35,6 +35,7 @@ from geotrain.models import MODEL_PRESETS
 from geotrain.cost.batch_shares import rebalanced_samples
 from geotrain.runtime.batch_shares import (REBALANCE_EVERY, gradient_factor, rebalance_due, replica_compute_s,
                                            share_offset, weight_gradients)
+from geotrain.observe.observer import NullObserver, open_observer
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
@@ -209,7 +210,8 @@ class Worker:
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
                 "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
-                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers],
+                "syncs": [[c.nbytes, c.emulated_s, c.posted] for c in collectives]}
 
     def rebalance_shares(self) -> None:
         """--batch-shares measured: new shares from the last REBALANCE_EVERY steps' compute of every replica
@@ -324,15 +326,17 @@ class Worker:
 
 
 def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: list[Worker], device: torch.device,
-           emulation: Emulation | None, world: WorldTokens | None) -> list[dict[str, Any]] | None:
+           emulation: Emulation | None, world: WorldTokens | None,
+           observer: NullObserver) -> list[dict[str, Any]] | None:
     worker = Worker(config, rank, device, emulation, world)
     worker_box.append(worker)
     if config.checkpoint.resume:
         worker.restore()
+        observer.event("resume", worker.start_step)
     watchdog.publish_step(worker.start_step)
     run, data, checkpoint = config.run, config.data, config.checkpoint
     if isinstance(worker.dp, AdaptiveOuterSync):
-        _train_periods(worker, worker.dp, watchdog)
+        _train_periods(worker, worker.dp, watchdog, observer)
         return _gather_records(config, rank, worker)
     end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
     asynchronous = isinstance(worker.dp, AsyncOuterGradientSync)  # ranks end at different steps: sync/async_step.py
@@ -343,11 +347,13 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         if data.evaluates_after(step, run.steps) and not asynchronous:
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
+        observer.step(record)
         if rebalance_due(config.schedule.batch_shares, step):
             worker.rebalance_shares()
         watchdog.publish_step(step + 1)
         if checkpoint.due(step + 1, end) and not asynchronous:
             worker.save(step + 1)
+            observer.event("checkpoint", step + 1)
     if asynchronous:
         worker.records[-1]["dp_bytes"] += worker.dp.finish()  # every rank now holds the final global model
         worker.records[-1]["param_sum"] = worker.dp.fingerprint()
@@ -356,7 +362,7 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     return _gather_records(config, rank, worker)
 
 
-def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog) -> None:
+def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, observer: NullObserver) -> None:
     """optim.local_steps adaptive: this rank steps until the outer syncs reach the run's periods, ceil(steps / H)
     (ranks take different step counts between syncs; geotrain.sync.adaptive). The learning rate follows the
     rank's place on the equal schedule; evaluation runs after the syncs where the equal schedule's step count
@@ -373,11 +379,13 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog) 
         if sync.outer_step > before and data.evaluates_after(min(sync.outer_step * every, run.steps) - 1, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
+        observer.step(record)
         step += 1
         watchdog.publish_step(step)
     sync.flush(worker.timer)  # lands the step times in flight (every rank has ended its last period)
     if worker.config.checkpoint.checkpoint_dir is not None:
         worker.save(run.steps)
+        observer.event("checkpoint", run.steps)
 
 
 def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[dict[str, Any]] | None:
@@ -426,12 +434,15 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
                         reliability.heartbeat_interval_s, reliability.heartbeat_timeout_s)
     watchdog.start()
     worker_box: list[Worker] = []
+    observer = open_observer(config, rank, emulation)
     try:
-        records = _train(config, rank, watchdog, worker_box, device, emulation, world)
+        records = _train(config, rank, watchdog, worker_box, device, emulation, world, observer)
+        observer.close()
     except Exception as exc:
         waiting = worker_box[0].transport.waiting_on if worker_box else None
         where = f"at step {watchdog.completed_steps + 1}" + (f" while waiting for {waiting}" if waiting else "")
         message = f"{layout.describe(rank)} failed {where}: {type(exc).__name__}: {exc}"
+        observer.fail(message, watchdog.completed_steps)  # 0-based: the step it was in
         if isinstance(exc, GeotrainError):  # a user-level error (bad checkpoint...): every rank sees it
             watchdog.post_abort(message)
             raise

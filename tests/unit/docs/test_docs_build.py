@@ -87,14 +87,12 @@ def test_a_file_key_without_a_description_fails_the_files_reference(monkeypatch)
         reference.files_markdown()
 
 
-def test_the_optional_guide_pages_join_the_nav_only_when_their_file_exists(tmp_path):
+def test_the_results_and_history_pages_join_the_nav_by_themselves(tmp_path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
-    (tmp_path / "guide").mkdir()
-    (tmp_path / "guide" / "watching-a-run.md").write_text("# Watching a run\n")
     (tmp_path / "history").mkdir()
     (tmp_path / "history" / "wan.md").write_text("# Codecs chosen by the planner: and more\n")
     (tmp_path / "results").mkdir()
@@ -103,7 +101,7 @@ def test_the_optional_guide_pages_join_the_nav_only_when_their_file_exists(tmp_p
            {"Reference": []}, {"History": ["history/index.md"]}]
     config = hooks.on_config({"docs_dir": str(tmp_path), "nav": nav})
     guide, results, reference_nav, history = (next(iter(section.values())) for section in config["nav"])
-    assert guide == [{"Quick start": "guide/quick-start.md"}, {"Watching a run": "guide/watching-a-run.md"}]
+    assert guide == [{"Quick start": "guide/quick-start.md"}]
     assert results[1:] == [{"Time to a target loss": "results/bench-wan.md"}]
     assert history[1:] == [{"Codecs chosen by the planner": "history/wan.md"}]
     assert reference_nav[0]["Python API"][0] == {"geotrain.diloco": "reference/api/geotrain.diloco.md"}

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from geotrain.data import WorldTokens
+from geotrain.observe.observer import open_elastic_observer
 from geotrain.errors import GeotrainError
 from geotrain.models import lr_at
 from geotrain.procs import set_process_name
@@ -149,6 +150,7 @@ class ElasticGroup:
         self.identity = run_identity_digest(config)
         self.lighthouse = lighthouse
         self.quorum_for = -1  # the step whose quorum this group has started: the next one is for a later step
+        self.observer = open_elastic_observer(config, group, stage, self.incarnation)
         try:
             self.manager = self._manager(lighthouse)
         except Exception as exc:  # noqa: BLE001 - torchft's connection errors: one line
@@ -265,6 +267,7 @@ class ElasticGroup:
 
     def _note_rejoin(self, seconds: float) -> None:
         number = self.store.add("rejoins", 1)
+        self.observer.event("rejoin", self.state.step, seconds=seconds)
         self.store.set(f"rejoin/{number}", json.dumps({"group": self.group, "step": self.state.step,
                                                        "t": time.time(), "seconds": seconds}))
 
@@ -335,6 +338,7 @@ class ElasticGroup:
                 continue
             record["wall_s"], last = time.perf_counter() - last, time.perf_counter()  # quorums and retries included
             self.state.records.append(record)
+            self.observer.step(record)
             self.state.step = step + 1
             if checkpoint_due(self.config, step + 1, record["synced"]) and \
                     writes_checkpoint(self.manager.participating_rank()):
@@ -361,6 +365,7 @@ class ElasticGroup:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary))
         os.replace(tmp, path)
+        self.observer.close()
 
 
 def advertised_transport(timeout: timedelta, host: str) -> Any:

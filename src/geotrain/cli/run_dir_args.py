@@ -1,0 +1,94 @@
+"""`train --run-dir`: which run directory a launch writes (geotrain.observe), said at start, finished at the end.
+
+    config = settle_run_dir(config, local)    # the path (the default made empty when not given), checked
+    launch(config, on_start=lambda: open_run_dir(config))   # once the launch's own checks pass: old default runs
+                                              # swept, run.json written, the path printed on stderr
+    with watching(config): launch(...)        # trace.json + TensorBoard from the ranks' files, even on failure
+    run_dir_json(config)                      # {"run_dir": path} for --json ({} without one)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from geotrain.observe.rundir import (DEFAULT_ROOT, NO_RUN_DIR, RUN_MARKER, check_run_dir, default_run_dir, keep_runs,
+                                     sweep_old_runs)
+
+
+def _with_run_dir(config: Any, run_dir: str | None) -> Any:
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=run_dir))
+
+
+def settle_run_dir(config: Any, local: bool, default: bool = True) -> Any:
+    """The config with its run directory settled: 'none' -> None; not given -> DEFAULT_ROOT/<time>-<plan>
+    (`default` False: None; elastic runs write one only when asked, their launcher checks come later);
+    `local` False (torchrun, several hosts): none, with a note if one was asked for (each host would need
+    its own). A directory that already holds a run's metrics is refused here, before anything starts."""
+    given = config.run.run_dir
+    if given == NO_RUN_DIR:
+        return _with_run_dir(config, None)
+    if not local:
+        if given is not None:
+            print("geotrain: note: --run-dir is written by a local launch only (not under torchrun or --node): "
+                  "no run directory", file=sys.stderr)
+        return _with_run_dir(config, None)
+    if given is None:
+        if not default:
+            return config
+        given = str(default_run_dir(config.plan_name))
+    check_run_dir(given)
+    return _with_run_dir(config, given)
+
+
+def open_run_dir(config: Any) -> None:
+    """Make config.run.run_dir with its run.json and say so on stderr; under DEFAULT_ROOT, first remove the
+    oldest run directories beyond keep_runs() (geotrain.observe.rundir)."""
+    from geotrain.observe.run import start_run
+
+    run_dir = config.run.run_dir
+    if run_dir is None:
+        return
+    if Path(run_dir).parent == Path(DEFAULT_ROOT):
+        removed = sweep_old_runs(DEFAULT_ROOT, keep_runs())
+        if removed:
+            print(f"geotrain: removed {len(removed)} old run director{'y' if len(removed) == 1 else 'ies'} under "
+                  f"{DEFAULT_ROOT}/ (keeping the newest {keep_runs()}; GEOTRAIN_KEEP_RUNS)", file=sys.stderr)
+    start_run(config)
+    print(f"geotrain: run directory {run_dir} (metrics, trace.json, tensorboard; read it with "
+          f"`geotrain report {run_dir}`)", file=sys.stderr)
+
+
+@contextmanager
+def watching(config: Any) -> Iterator[None]:
+    """Finish the run directory (trace, TensorBoard) when the block ends, whether the run failed or not
+    (nothing when the launch stopped before opening it)."""
+    try:
+        yield
+    finally:
+        if config.run.run_dir is not None:
+            _finish(Path(config.run.run_dir), config)
+
+
+def _finish(run_dir: Path, config: Any) -> None:
+    if not (run_dir / RUN_MARKER).is_file():
+        if run_dir.parent == Path(DEFAULT_ROOT):
+            with contextlib.suppress(OSError):  # the empty default directory of a launch that never started
+                run_dir.rmdir()
+        return
+    from geotrain.observe.run import finish_run
+
+    try:
+        finish_run(run_dir, config)
+    except Exception as exc:  # noqa: BLE001 - the run's own outcome matters more than its trace
+        print(f"geotrain: note: run directory {run_dir}: trace not written: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+
+
+def run_dir_json(config: Any) -> dict[str, Any]:
+    return {} if config.run.run_dir is None else {"run_dir": config.run.run_dir}

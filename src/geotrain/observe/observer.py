@@ -1,0 +1,157 @@
+"""The worker's side of a run directory: one `RunObserver` per rank writes its metrics lines and, at the
+end, its emulator records (every message it sent and every collective it started) for the trace.
+
+    observer = open_observer(config, rank, emulation)   # NullObserver without config.run.run_dir
+    observer.step(record)          # after each training step (the worker's step record)
+    observer.event("checkpoint", step)
+    observer.fail(message, step)   # on failure: an event line, flush, the emulator records so far
+    observer.close()               # at the end: flush, write <run dir>/emulator/rank-<r>.json
+
+The emulator part has the format of `geotrain emulate --report`'s per-rank parts (EmulationState.to_json),
+so the trace of a run and of `geotrain emulate --trace` are built by one function (observe.trace).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from geotrain.models import lr_at
+from geotrain.observe.metrics import MetricsWriter, _finite, metrics_path, step_metrics
+
+EMULATOR_DIR = "emulator"
+
+
+class NullObserver:
+    """No run directory: every call does nothing."""
+
+    def step(self, record: dict[str, Any]) -> None: ...
+
+    def event(self, name: str, step: int, **fields: Any) -> None: ...
+
+    def fail(self, message: str, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class RunObserver(NullObserver):
+    """Writes one rank's metrics and events under `run_dir` (module doc)."""
+
+    def __init__(self, config: Any, rank: int, emulation: Any, run_dir: Path) -> None:
+        self.config = config
+        self.rank = rank
+        self.emulation = emulation
+        self.run_dir = run_dir
+        slot = config.layout.slot(rank)
+        self.device = slot.device
+        cluster = config.cluster
+        self.site = str(cluster.region_names[cluster.region_of[slot.device]])
+        self.tokens = config.schedule.batch_size * config.sequence_length
+        self.outer = config.optim.sync_every is not None
+        self.writer = MetricsWriter(metrics_path(run_dir, rank))
+        self.cost_s = 0.0  # wall seconds this rank spent in step() and event(): the observer's own cost
+        self.steps = 0
+        self.event("start", 0)
+        self.writer.flush()  # on disk at once: a process killed early still shows that it started
+
+    def _emulated_now(self) -> float | None:
+        if self.emulation is None:
+            return None
+        try:
+            return float(self.emulation.state().clock.now())
+        except Exception:  # noqa: BLE001 - no process group yet (a failure at start-up)
+            return None
+
+    def step(self, record: dict[str, Any]) -> None:
+        started = time.perf_counter()
+        self._step(record)
+        self.steps += 1
+        self.cost_s += time.perf_counter() - started
+
+    def _step(self, record: dict[str, Any]) -> None:
+        cfg = self.config
+        line = step_metrics(record, site=self.site, device=self.device, lr=lr_at(record["step"], cfg.run.steps,
+                                                                                   cfg.optim.lr),
+                            tokens=self.tokens, time_scale=cfg.emulation.time_scale, t_wall=time.time())
+        self.writer.write(line)
+        if self.outer:  # an outer step (DiLoCo, or a Streaming DiLoCo fragment landing) moved bytes this step
+            scale = cfg.emulation.time_scale if self.emulation is not None and cfg.emulation.time_scale > 0 else 1.0
+            for nbytes, seconds, posted in record.get("syncs", ()):
+                if nbytes:  # comm_s: as the step's (emulated seconds under emulation, the transport's / time scale)
+                    self.event("outer_sync", record["step"], bytes=nbytes, comm_s=seconds / scale, posted=bool(posted),
+                               emulated_s=line["emulated_end_s"])
+
+    def event(self, name: str, step: int, **fields: Any) -> None:
+        started = time.perf_counter()
+        self.writer.write({"kind": "event", "event": name, "step": step, "rank": self.rank, "site": self.site,
+                           "t_wall": time.time(), "emulated_s": self._emulated_now(), **fields})
+        self.cost_s += time.perf_counter() - started
+
+    def fail(self, message: str, step: int) -> None:
+        """A failure event, flushed with every buffered line, and the emulator records so far (the trace)."""
+        self.event("failure", step, message=message)
+        self.writer.flush()
+        self._write_emulator_part()
+
+    def _write_emulator_part(self) -> None:
+        if self.emulation is None:
+            return
+        try:
+            state = self.emulation.state()
+        except Exception:  # noqa: BLE001 - no process group yet (a failure at start-up): nothing was sent
+            return
+        directory = self.run_dir / EMULATOR_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        with state.lock:
+            state.write_part(directory)
+
+    def close(self) -> None:
+        """The "end" event carries this rank's cost: `observer_s` (wall seconds in step/event, the final
+        flush included) and `bytes_written` (metrics bytes, this line excluded) over `steps` steps."""
+        started = time.perf_counter()
+        self.writer.flush()
+        self.cost_s += time.perf_counter() - started
+        self.event("end", -1, steps=self.steps, observer_s=self.cost_s, bytes_written=self.writer.bytes_written)
+        self.writer.close()
+        self._write_emulator_part()
+
+
+def open_observer(config: Any, rank: int, emulation: Any) -> NullObserver:
+    """The observer of `rank` for config.run.run_dir (a NullObserver when it is None)."""
+    run_dir = config.run.run_dir
+    return NullObserver() if run_dir is None else RunObserver(config, rank, emulation, Path(run_dir))
+
+
+class ElasticObserver(RunObserver):
+    """One process of an elastic replica group (geotrain.runtime.elastic.group): stage `stage` of group
+    `group` writes as rank stage x R + group. Its step lines carry the loss, lr, tokens, `step_s` (wall seconds
+    from the previous step's end: quorums and retries included), `synced` and `emulated_end_s`; the split
+    into compute / comm / wait and the bytes by link class are not measured there (null). Events: `start`
+    (`restart` for a restarted group, with its incarnation), `rejoin` (a live recovery, its seconds), `end`."""
+
+    def __init__(self, config: Any, group: int, stage: int, incarnation: int, run_dir: Path) -> None:
+        self.incarnation = incarnation
+        super().__init__(config, config.layout.rank_of(stage, group), None, run_dir)
+
+    def event(self, name: str, step: int, **fields: Any) -> None:
+        if name == "start" and self.incarnation:
+            name, fields = "restart", {**fields, "incarnation": self.incarnation}
+        super().event(name, step, **fields)
+
+    def _step(self, record: dict[str, Any]) -> None:
+        cfg = self.config
+        slot = cfg.layout.slot(self.rank)
+        self.writer.write({
+            "kind": "step", "step": record["step"], "rank": self.rank, "stage": slot.stage, "replica": slot.replica,
+            "device": self.device, "site": self.site, "t_wall": time.time(), "loss": _finite(record["loss"]),
+            "lr": lr_at(record["step"], cfg.run.steps, cfg.optim.lr), "tokens": self.tokens,
+            "step_s": record["wall_s"], "compute_s": None, "comm_s": None, "wait_s": None, "bytes_intra": None,
+            "bytes_inter": None, "synced": bool(record["synced"]), "emulated_start_s": None,
+            "emulated_end_s": record.get("emulated_s")})
+
+
+def open_elastic_observer(config: Any, group: int, stage: int, incarnation: int) -> NullObserver:
+    """The observer of an elastic group's process for config.run.run_dir (a NullObserver when it is None)."""
+    run_dir = config.run.run_dir
+    return NullObserver() if run_dir is None else ElasticObserver(config, group, stage, incarnation, Path(run_dir))

@@ -1,0 +1,67 @@
+"""A run directory's life around a launch: `start_run` before the workers start (its run.json), and
+`finish_run` after they end, well or not (trace.json and TensorBoard files from what the ranks wrote).
+
+    <run dir>/run.json              plan, cluster, sites, layout (rank -> stage, replica, device, site)
+    <run dir>/metrics/rank-<r>.jsonl  per-step records and events (geotrain.observe.metrics)
+    <run dir>/emulator/rank-<r>.json  each rank's emulator records (written at its end; with emulation)
+    <run dir>/trace.json            Chrome trace (geotrain.observe.trace)
+    <run dir>/tensorboard/          TensorBoard scalars (geotrain.observe.tensorboard; with the extra)
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from geotrain.emulate.report import merge_report
+from geotrain.observe.metrics import events_of, read_metrics, steps_of
+from geotrain.observe.observer import EMULATOR_DIR
+from geotrain.observe.rundir import prepare_run_dir, read_about
+from geotrain.observe.tensorboard import TensorBoardMissing, write_scalars
+from geotrain.observe.trace import build_trace, write_trace
+
+TRACE_FILE = "trace.json"
+
+
+def describe_ranks(config: Any) -> list[dict[str, Any]]:
+    """Per rank: its stage, replica, device, device name and site (region name)."""
+    cluster, layout = config.cluster, config.layout
+    ranks = []
+    for rank in range(config.world_size):
+        slot = layout.slot(rank)
+        ranks.append({"rank": rank, "stage": slot.stage, "replica": slot.replica, "device": slot.device,
+                      "device_name": cluster.device_names[slot.device],
+                      "site": cluster.region_names[cluster.region_of[slot.device]],
+                      "gpu": cluster.gpus[slot.device]})
+    return ranks
+
+
+def start_run(config: Any) -> Path:
+    """Prepare config.run.run_dir and write its run.json."""
+    about = {"plan": config.plan_name, "cluster": config.cluster.name, "stages": config.stages,
+             "replicas": config.replicas, "steps": config.run.steps, "time_scale": config.emulation.time_scale,
+             "sync_every": config.optim.sync_every, "started_unix_s": time.time(), "ranks": describe_ranks(config)}
+    return prepare_run_dir(config.run.run_dir, about)
+
+
+def finish_run(run_dir: Path | str, config: Any) -> dict[str, Any]:
+    """Write trace.json (and TensorBoard files when the package is installed) from what the ranks left;
+    returns {"trace": path, "tensorboard": path or None, "steps": records, "events": records}."""
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    steps, events = steps_of(records), events_of(records)
+    parts = run_dir / EMULATOR_DIR
+    report = None
+    if parts.is_dir() and any(parts.glob("rank-*.json")):
+        devices = [config.layout.slot(r).device for r in range(config.world_size)]
+        report = merge_report(parts, config.cluster, devices, config.emulation.time_scale)
+    about = read_about(run_dir)
+    names = {r["rank"]: f"rank {r['rank']} {r['site']} (stage {r['stage']}, replica {r['replica']}, "
+                        f"{r['device_name']})" for r in about.get("ranks", [])}
+    trace = write_trace(run_dir / TRACE_FILE, build_trace(report, steps, events, names))
+    try:
+        board = write_scalars(run_dir, steps) if steps else None
+    except TensorBoardMissing:
+        board = None
+    return {"trace": trace, "tensorboard": board, "steps": len(steps), "events": len(events)}

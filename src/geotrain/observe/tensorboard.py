@@ -1,0 +1,55 @@
+"""TensorBoard scalars of a run directory, written from its metrics lines (after the run, or on demand by
+`geotrain report --tensorboard`): one event file under <run dir>/tensorboard/.
+
+Tags, with the training step as the step: `rank<r>/<metric>` for every rank and `site/<name>/<metric>` per
+site (the mean over the site's ranks of that step), for the metrics of SCALARS. Needs the `tensorboard`
+package (the extra `geotrain[tensorboard]`); without it `write_scalars` raises TensorBoardMissing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from geotrain.errors import GeotrainError
+
+TENSORBOARD_DIR = "tensorboard"
+SCALARS = ("loss", "lr", "step_s", "compute_s", "comm_s", "wait_s", "bytes_intra", "bytes_inter", "grad_norm")
+
+
+class TensorBoardMissing(GeotrainError, ImportError):
+    """The tensorboard package is not installed."""
+
+
+def site_means(steps: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
+    """{(site, step): {metric: mean over the site's ranks}} of the SCALARS present (not None)."""
+    values: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for s in steps:
+        for key in SCALARS:
+            if s.get(key) is not None:
+                values[(s["site"], s["step"])][key].append(float(s[key]))
+    return {where: {k: sum(v) / len(v) for k, v in by_key.items()} for where, by_key in values.items()}
+
+
+def write_scalars(run_dir: Path | str, steps: Sequence[dict[str, Any]]) -> Path:
+    """Write the scalars of `steps` (metrics step records) under run_dir/tensorboard; returns that folder."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise TensorBoardMissing("TensorBoard files need the tensorboard package: pip install "
+                                 "'geotrain[tensorboard]'") from exc
+    folder = Path(run_dir) / TENSORBOARD_DIR
+    writer = SummaryWriter(log_dir=str(folder))
+    try:
+        for s in sorted(steps, key=lambda s: (s["step"], s["rank"])):
+            for key in SCALARS:
+                if s.get(key) is not None:
+                    writer.add_scalar(f"rank{s['rank']}/{key}", float(s[key]), s["step"], walltime=s["t_wall"])
+        for (site, step), means in sorted(site_means(steps).items(), key=lambda item: (item[0][1], item[0][0])):
+            for key, value in means.items():
+                writer.add_scalar(f"site/{site}/{key}", value, step)
+    finally:
+        writer.close()
+    return folder

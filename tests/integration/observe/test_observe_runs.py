@@ -1,0 +1,249 @@
+"""Watching real runs: `geotrain emulate --trace` against its own report, and `geotrain train --run-dir`
+(plain and --sync-every) read back as metrics, trace, TensorBoard scalars and `geotrain report`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from paths import ROOT
+from runtime_2x2 import write_job_files
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+GEOTRAIN = [sys.executable, "-m", "geotrain"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+
+TWO_SITES = """\
+name: two-sites
+regions:
+  - {name: lisbon, devices: 2, intra: {gbps: 10, ms: 0.1}}
+  - {name: tokyo, devices: 2, intra: {gbps: 10, ms: 0.1}}
+links:
+  - {between: [lisbon, tokyo], gbps: 0.1, ms: 60}
+"""
+SCRIPT = """\
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+x = torch.ones(20000)
+for step in range(3):
+    dist.all_reduce(x)
+    if rank == 0:
+        dist.send(torch.ones(5000), 1)
+    elif rank == 1:
+        dist.recv(torch.empty(5000), 0)
+    dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def geotrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    done = subprocess.run([*GEOTRAIN, *args], capture_output=True, text=True, timeout=280, cwd=cwd, env=ENV)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_emulate_trace_of_a_two_site_run_matches_its_report_transfer_for_transfer(tmp_path):
+    (tmp_path / "c.yaml").write_text(TWO_SITES)
+    (tmp_path / "s.py").write_text(SCRIPT)
+    geotrain("emulate", "--cluster", "c.yaml", "--devices", "0,2,1,3", "--time-scale", "0", "--report", "r.json",
+             "--trace", "t.json", "--", "s.py", cwd=tmp_path)
+    report = json.loads((tmp_path / "r.json").read_text())
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    transfers = [e for e in trace if e.get("cat") == "transfer"]
+    collectives = [e for e in trace if e.get("cat") == "collective"]
+    assert len(report["transfers"]) > 20  # three all-reduces over 4 ranks, three sends, barriers
+    assert len(transfers) == len(report["transfers"]) and len(collectives) == len(report["ops"])
+    key = lambda t: (t["op"], t["seq"], t["src_rank"], t["dst_rank"], t["start_s"])  # noqa: E731
+    by_key = {key(e["args"]): e for e in transfers}
+    assert len(by_key) == len(transfers)
+    for t in report["transfers"]:  # each entry: one event, on its sender's track, at its emulated times
+        event = by_key[key(t)]
+        assert event["args"] == t and event["pid"] == t["src_rank"] and event["ph"] == "X"
+        assert event["ts"] == pytest.approx(t["start_s"] * 1e6)
+        assert event["dur"] == pytest.approx((t["end_s"] - t["start_s"]) * 1e6)
+    between = [t for t in report["transfers"] if (t["src_device"] < 2) != (t["dst_device"] < 2)]
+    assert between and sum(t["nbytes"] for t in between) == report["summary"]["inter_region_bytes"]
+    assert sorted(e["args"]["start_s"] for e in collectives) == sorted(o["start_s"] for o in report["ops"])
+    names = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+    assert names[1] == "rank 1 (tokyo-0)"
+
+
+def read_lines(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for path in sorted((run_dir / "metrics").glob("rank-*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
+def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(tmp_path):
+    files = write_job_files(tmp_path)
+    run_dir = tmp_path / "run"
+    done = geotrain("train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "3",
+                    "--time-scale", "0.1", "--run-dir", str(run_dir), "--json", cwd=tmp_path)
+    assert json.loads(done.stdout)["run_dir"] == str(run_dir)
+    assert f"run directory {run_dir}" in done.stderr
+    lines = read_lines(run_dir)
+    steps = [r for r in lines if r["kind"] == "step"]
+    assert sorted((r["rank"], r["step"]) for r in steps) == [(r, s) for r in range(4) for s in range(3)]
+    for r in steps:
+        assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["wait_s"] >= 0
+        assert r["compute_s"] + r["comm_s"] + r["wait_s"] == pytest.approx(r["step_s"])
+        assert r["bytes_inter"] >= r["bytes_dp"] > 0  # every DP group of the plan spans east and west
+        assert r["site"] == ("east" if r["device"] < 2 else "west")
+    last = [r for r in steps if r["stage"] == 1]
+    assert all(r["loss"] is not None for r in last) and all(r["loss"] is None for r in steps if r["stage"] == 0)
+    assert Counter(r["event"] for r in lines if r["kind"] == "event") == {"start": 4, "end": 4}
+    ends = [r for r in lines if r.get("event") == "end"]
+    for end in ends:  # each rank's own cost: seconds in the observer and the metrics bytes of its 3 steps
+        assert end["steps"] == 3 and 0 < end["observer_s"] < 1.0
+        mine = (run_dir / "metrics" / f"rank-{end['rank']}.jsonl").read_text().splitlines(keepends=True)
+        assert end["bytes_written"] == sum(len(line.encode()) for line in mine[:-1])  # all but the end line
+
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    parts = [json.loads(p.read_text()) for p in (run_dir / "emulator").glob("rank-*.json")]
+    assert Counter(e.get("cat") for e in trace if e["ph"] != "M") == {
+        "step": 12, "transfer": sum(len(p["transfers"]) for p in parts),
+        "collective": sum(len(p["ops"]) for p in parts)}
+
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    assert [s.step for s in board.Scalars("rank3/loss")] == [0, 1, 2]
+    assert [s.value for s in board.Scalars("rank2/wait_s")] == pytest.approx(
+        [r["wait_s"] for r in sorted(steps, key=lambda r: r["step"]) if r["rank"] == 2])
+    assert len(board.Scalars("site/west/comm_s")) == 3
+
+    report = json.loads(geotrain("report", str(run_dir), "--json", "--plot", "p.png", cwd=tmp_path).stdout)
+    assert [s["site"] for s in report["split"]["sites"]] == ["east", "west"]
+    assert report["split"]["steps_used"] == [1, 2] and (tmp_path / "p.png").stat().st_size > 10_000
+    cost = report["observer_cost"]
+    assert cost["ranks"] == 4 and cost["bytes_per_step"] == pytest.approx(
+        sum(e["bytes_written"] for e in ends) / 12) and 0 < cost["overhead_pct"] < 100
+
+
+def test_sync_every_run_records_an_outer_sync_event_at_each_step_that_moved_bytes(tmp_path):
+    files = write_job_files(tmp_path)
+    run_dir = tmp_path / "run"
+    geotrain("train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0.1",
+             "--sync-every", "2", "--run-dir", str(run_dir), "--json", cwd=tmp_path)
+    lines = read_lines(run_dir)
+    synced = sorted((r["rank"], r["step"]) for r in lines if r["kind"] == "step" and r["bytes_dp"] > 0)
+    events = [r for r in lines if r.get("event") == "outer_sync"]
+    assert synced == [(r, s) for r in range(4) for s in (1, 3)]
+    assert sorted((e["rank"], e["step"]) for e in events) == synced
+    steps = {(r["rank"], r["step"]): r for r in lines if r["kind"] == "step"}
+    for e in events:
+        assert e["comm_s"] == pytest.approx(steps[(e["rank"], e["step"])]["comm_s"])
+        assert e["emulated_s"] == steps[(e["rank"], e["step"])]["emulated_end_s"]
+
+
+def test_default_run_dir_is_printed_and_old_ones_are_swept(tmp_path):
+    files = write_job_files(tmp_path)
+    root = tmp_path / "geotrain-runs"
+    for i in range(3):
+        (root / f"2000010{i}-000000-old").mkdir(parents=True)
+        (root / f"2000010{i}-000000-old" / "run.json").write_text("{}")
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "1",
+                           "--time-scale", "0", "--json"], capture_output=True, text=True, timeout=280, cwd=tmp_path,
+                          env={**ENV, "GEOTRAIN_KEEP_RUNS": "2"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = Path(json.loads(done.stdout)["run_dir"])
+    assert run_dir.parent.name == "geotrain-runs" and run_dir.name.endswith("-manual")
+    assert "removed 2 old run directories" in done.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["20000102-000000-old", run_dir.name]
+    steps = [r for r in read_lines(tmp_path / run_dir) if r["kind"] == "step"]
+    assert len(steps) == 4 and all(r["bytes_inter"] is None and r["emulated_end_s"] is None for r in steps)
+
+
+FAILING_MODEL = '''
+import os
+import torch
+from torch import nn
+
+calls = [0]
+
+
+class Mixer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x):
+        calls[0] += 1
+        if os.environ.get("RANK") == "1" and calls[0] == 8:
+            raise RuntimeError("injected fault in the user's layer")
+        return x + self.lin(x)
+
+
+def build():
+    return [nn.Embedding(256, 32), Mixer(), nn.Linear(32, 256)]
+'''
+
+
+def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
+    """A rank whose model raises mid-run: its lines up to the failure are on disk, the failure named."""
+    files = write_job_files(tmp_path)
+    (tmp_path / "fail.py").write_text(FAILING_MODEL)
+    (tmp_path / "dp2.json").write_text(json.dumps({"method": "manual", "stages": 1, "replicas": 2,
+                                                   "assignment": [[0, 2]]}))
+    run_dir = tmp_path / "run"
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "30",
+                           "--model", "fail.py:build", "--microbatches", "1", "--time-scale", "0.1",
+                           "--heartbeat-timeout", "3", "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, timeout=280, cwd=tmp_path, env=ENV)
+    assert done.returncode != 0 and "failed at step" in done.stderr  # (torch's stage error hides our text)
+    lines = [json.loads(line) for line in (run_dir / "metrics" / "rank-1.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in lines if r["kind"] == "step"]
+    failure = [r for r in lines if r.get("event") == "failure"]
+    assert steps == list(range(len(steps))) and len(steps) >= 1
+    assert len(failure) == 1 and failure[0]["step"] == len(steps)  # the step it was in (0-based)
+    assert "rank 1" in failure[0]["message"] and "RuntimeError" in failure[0]["message"]
+    # the failing rank's emulator records reach the trace, which the launcher writes although the run failed
+    sent = json.loads((run_dir / "emulator" / "rank-1.json").read_text())["transfers"]
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    assert sent and len([e for e in trace if e.get("cat") == "transfer" and e["pid"] == 1]) == len(sent)
+    assert [e["args"]["step"] for e in trace if e.get("cat") == "event" and e["pid"] == 1] == [len(steps)]
+
+
+def test_checkpoint_and_resume_events_name_their_steps(tmp_path):
+    """A run stopped after 2 of 4 steps (checkpoint every step), then resumed into a second run directory."""
+    files = write_job_files(tmp_path)
+    common = ["train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0",
+              "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--json"]
+    geotrain(*common, "--stop-after", "2", "--run-dir", "first", cwd=tmp_path)
+    geotrain(*common, "--resume", "--run-dir", "second", cwd=tmp_path)
+    first, second = read_lines(tmp_path / "first"), read_lines(tmp_path / "second")
+    assert sorted((r["rank"], r["step"]) for r in first if r.get("event") == "checkpoint") == [
+        (rank, step) for rank in range(4) for step in (1, 2)]  # completed steps, as the checkpoint names them
+    assert sorted((r["rank"], r["step"]) for r in second if r.get("event") == "resume") == [(r, 2) for r in range(4)]
+    assert sorted({r["step"] for r in second if r["kind"] == "step"}) == [2, 3]
+
+
+def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_rejoin(tmp_path):
+    pytest.importorskip("torchft")
+    (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
+    done = geotrain("train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
+                    "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
+                    "--microbatches", "1",
+                    "--time-scale", "0", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
+                    "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout", "30",
+                    "--run-dir", "run", "--json", cwd=tmp_path)
+    result = json.loads(done.stdout)
+    assert result["run_dir"] == "run" and result["replica_failures"] == 1 and result["rejoins"] == 1
+    lines = read_lines(tmp_path / "run")
+    steps = [r for r in lines if r["kind"] == "step"]
+    assert sorted({r["step"] for r in steps if r["rank"] == 0}) == list(range(150))  # the survivor: every step
+    assert all(r["loss"] is not None and r["step_s"] > 0 and r["compute_s"] is None for r in steps)
+    events = [(r["rank"], r["event"]) for r in lines if r["kind"] == "event"]
+    assert events.count((1, "start")) == 1 and events.count((1, "restart")) == 1  # start flushed before the kill
+    rejoin = next(r for r in lines if r.get("event") == "rejoin")
+    assert rejoin["rank"] == 1 and rejoin["seconds"] > 0
+    assert min(r["step"] for r in steps if r["rank"] == 1 and r["t_wall"] > rejoin["t_wall"]) == rejoin["step"]
+    report = json.loads(geotrain("report", "run", "--json", cwd=tmp_path).stdout)
+    assert report["events"] == {"restart": 1, "rejoin": 1} and report["split"]["sites"] == []
