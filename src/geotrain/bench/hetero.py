@@ -149,6 +149,7 @@ def row_config(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, directo
     """The RuntimeConfig that trains `row` on `cluster`: one replica per device, compute at each GPU's speed, each
     replica scoring its own weights every `eval_every` steps or outer periods, checkpoints in `directory`."""
     from geotrain.bench.wan import _preset
+    from geotrain.observe.run import row_run_dir
     from geotrain.runtime import RuntimeConfig
 
     replicas = cluster.n_devices
@@ -159,7 +160,9 @@ def row_config(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, directo
                             checkpoint_every=0, compute_clock=config.compute_clock, emulate_gpu_speed=True,
                             gpt=_preset(config.model), model_name=config.model,
                             eval_every=math.lcm(config.eval_every, row.sync_every), eval_local=True,
-                            eval_windows=config.val_windows, **dict(row.options))
+                            eval_windows=config.val_windows,
+                            run_dir=None if config.run_dir is None else row_run_dir(config.run_dir, row.kind),
+                            **dict(row.options))
 
 
 def train_row(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, tokens: Any,
@@ -167,11 +170,13 @@ def train_row(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, tokens: 
     """Train `row` on `cluster` (one replica per device, compute at each GPU's speed, each replica scoring its own
     weights every `eval_every` steps or outer periods); every rank's records and replica 0's final loss."""
     from geotrain.bench.wan import _evaluate
+    from geotrain.observe.run import recording
     from geotrain.runtime import launch
 
     with tempfile.TemporaryDirectory(prefix="geotrain-hetero-") as directory:
         run = row_config(row, cluster, config, directory)
-        launch(run, progress=progress, tokens=tokens)
+        with recording(run):
+            launch(run, progress=progress, tokens=tokens)
         loss, records = _evaluate(directory, config.steps, run, config, tokens)
     return records, loss
 

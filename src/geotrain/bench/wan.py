@@ -220,6 +220,7 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
     each period that a blocking row is scored at (data.eval_offset): when the sync started there has landed
     (fragment 0's, the one that syncs at the period's end), not while it is in flight. Delayed gradients
     (every step's exchange in flight: replicas equal at every step) are scored at the blocking steps."""
+    from geotrain.observe.run import recording, row_run_dir
     from geotrain.runtime import RuntimeConfig, launch
 
     stages, replicas = assignment.shape
@@ -239,8 +240,10 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
                                lr=config.lr, dp_codec=row.dp_codec, pp_codec=row.pp_codec, time_scale=config.time_scale,
                                seed=config.seed, checkpoint_dir=directory, compute_clock=config.compute_clock,
                                gpt=_preset(config.model), model_name=config.model, **scoring,
+                               run_dir=None if config.run_dir is None else row_run_dir(config.run_dir, row.label),
                                **per_link, **dict(row.options))
-        launch(run, progress=progress, tokens=tokens)
+        with recording(run):
+            launch(run, progress=progress, tokens=tokens)
         if in_flight:  # replica 0's records come first (ranks in order)
             records = _evaluate(directory, config.steps, run, config, tokens)[1]
             losses = [next(r["val_loss"] for r in records if r["step"] == step - 1 and r["val_loss"] is not None)

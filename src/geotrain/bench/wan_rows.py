@@ -151,6 +151,9 @@ class WanBenchConfig:
     val_windows: int = 128
     model: str = "tiny"
     rows: tuple[WanRow, ...] = DEFAULT_ROWS
+    run_dir: str | None = None
+    """Each row's run directory (per-rank metrics, trace, TensorBoard: geotrain.observe) under this folder,
+    named by its label; None: none."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.eval_every < 1:

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=d.seed, help="model seed")
     parser.add_argument("--plot", default=None, type=output_file, metavar="FILE.png",
                         help="also plot validation loss vs emulated time")
+    parser.add_argument("--run-dir", default=None, metavar="DIR",
+                        help="write each row's run directory (per-rank metrics, trace.json, TensorBoard; read one with "
+                             "`geotrain report DIR/<row>`) under DIR, named by the row (default: none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -45,7 +48,7 @@ def run(args: Any) -> int:
     from geotrain.cli.output import Output
 
     config = hetero_config(cluster=args.cluster, steps=args.steps, target=args.target, global_batch=args.global_batch,
-                           lr=args.lr, time_scale=args.time_scale, seed=args.seed)
+                           lr=args.lr, time_scale=args.time_scale, seed=args.seed, run_dir=args.run_dir)
     rows = with_rows(args.rows)
     out = Output(json_mode=args.json)
     with out.progress("bench hetero", config.steps) as progress:

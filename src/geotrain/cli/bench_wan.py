@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=d.model, metavar="PRESET",
                         help="GPT preset every row trains: tiny (817k parameters), small (3.2M, bandwidth-bound)")
     parser.add_argument("--plot", default=None, type=output_file, metavar="FILE.png", help="also plot validation loss vs emulated time")
+    parser.add_argument("--run-dir", default=None, metavar="DIR",
+                        help="write each row's run directory (per-rank metrics, trace.json, TensorBoard; read one with "
+                             "`geotrain report DIR/<row>`) under DIR, named by the row (default: none)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
@@ -62,7 +65,7 @@ def run(args: Any) -> int:
     config = WanBenchConfig(cluster=args.cluster, steps=args.steps, eval_every=args.eval_every, target=args.target,
                             global_batch=args.global_batch, lr=args.lr, codec_policy=args.codec_policy,
                             time_scale=args.time_scale, seed=args.seed, compute_clock=args.compute_clock, model=args.model,
-                            rows=rows)
+                            rows=rows, run_dir=args.run_dir)
     out = Output(json_mode=args.json)
     with out.progress("bench wan", config.steps) as progress:
         bench = run_wan_bench(config, lambda label, done, total: progress(done, total))

@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +68,22 @@ def finish_run(run_dir: Path | str, config: Any) -> dict[str, Any]:
     except TensorBoardMissing:
         board = None
     return {"trace": trace, "tensorboard": board, "steps": len(steps), "events": len(events)}
+
+
+def row_run_dir(parent: Path | str, label: str) -> str:
+    """A bench row's run directory under `parent`: its label made a folder name (lower case, dashes)."""
+    return str(Path(parent) / (re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:60] or "row"))
+
+
+@contextmanager
+def recording(config: Any) -> Iterator[None]:
+    """Around a library launch (the benches): `start_run` before and `finish_run` after, also when the launch
+    fails, where config.run.run_dir is set; nothing otherwise."""
+    if config.run.run_dir is None:
+        yield
+        return
+    start_run(config)
+    try:
+        yield
+    finally:
+        finish_run(config.run.run_dir, config)

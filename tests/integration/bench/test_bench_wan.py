@@ -44,11 +44,15 @@ def test_bench_wan_end_to_end_on_a_tiny_budget(tmp_path):
     plot = tmp_path / "wan.png"
     done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "wan", "--cluster", str(DATA / "wan-2x2.yaml"),
                            "--steps", "2", "--eval-every", "1", "--global-batch", "16", "--rows", "2,9",
-                           "--target", "10", "--json", "--plot", str(plot)],
+                           "--target", "10", "--json", "--plot", str(plot), "--run-dir", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=580)
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["target"] == 10
+    # --run-dir: one run directory per row, named by its label, each with a metrics file per rank
+    runs = sorted((tmp_path / "runs").iterdir())
+    assert len(runs) == len(doc["rows"]) and all(sorted(p.name for p in (run / "metrics").iterdir())
+                                                  == [f"rank-{r}.jsonl" for r in range(4)] for run in runs)
     baseline, sign, chosen, limit = doc["rows"]  # the limit row always runs, last
     for row in doc["rows"]:
         assert {"label", "time_to_target_s", "speedup", "inter_region_bytes", "val_loss", "limit_fraction",
