@@ -1,6 +1,7 @@
 """`DiLoCo(local_steps="adaptive")` under `geotrain emulate --emulate-gpu-speed`: the inner steps are timed by the
 rank's emulated clock (compute at its GPU's speed), not by wall seconds (every rank runs on this one CPU), so an
-A100 rank takes more inner steps per period than a T4 rank."""
+A100 rank takes more inner steps per period than a T4 rank. `--compute-clock cpu`: each rank's CPU seconds, so the
+machine's load does not enter the emulated speeds."""
 
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def test_an_a100_rank_takes_more_inner_steps_than_a_t4_rank_under_emulated_gpu_s
     script = tmp_path / "adaptive.py"
     script.write_text(_SCRIPT.replace("PERIOD_H", str(H)).replace("PERIODS", str(PERIODS)))
     subprocess.run([sys.executable, "-m", "geotrain", "emulate", "--cluster", str(MIXED), "--devices", "0,4",
-                    "--time-scale", "0", "--emulate-gpu-speed", "--timeout", "250", "--", str(script), str(tmp_path)],
+                    "--time-scale", "0", "--emulate-gpu-speed", "--compute-clock", "cpu", "--timeout", "250", "--", str(script), str(tmp_path)],
                    check=True, timeout=280, cwd=ROOT)
     a100, t4 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert a100["emulated"] and t4["emulated"]
