@@ -2,8 +2,10 @@
 
 Run it on a mixed cluster, one rank per site, each computing at its GPU's speed (A100, V100, T4):
     geotrain emulate --cluster examples/clusters/mixed-gpus-3x2.yaml --devices 0,2,4 --emulate-gpu-speed \
-        -- examples/adaptive_diloco.py --periods 10
-    ... -- examples/adaptive_diloco.py --periods 10 --local-steps equal      # H on every site: the T4 sets the pace
+        --compute-clock cpu -- examples/adaptive_diloco.py
+    ... -- examples/adaptive_diloco.py --local-steps equal      # H on every site: the T4 sets the pace
+(--compute-clock cpu: each rank's compute counted in its CPU seconds, so other load on this machine does not
+skew the emulated GPU speeds.)
 Under `geotrain emulate` DiLoCo times the inner steps by the rank's emulated clock (geotrain.emulate.emulated_clock),
 so the A100 rank counts as an A100 though every rank runs on this machine's CPU. The loop is the ordinary one
 (zero_grad, backward, step) and ends after --periods outer syncs on every rank (`while diloco.outer_step < N`).
@@ -99,12 +101,14 @@ def main() -> None:
     steady = (diloco.step_s - warm[0]) / max(end_s - warm[1], 1e-9)
     first, last = losses_by_period[0], [period for period in losses_by_period if period][-1]
     per_period = [h["steps"][rank] for h in diloco.sync.history] if args.local_steps == "adaptive" else []
+    # one write of the whole line, newline included: the ranks share one stdout, and unbuffered (PYTHONUNBUFFERED)
+    # print writes its `end` separately, after which another rank's line could land
     print(f"rank {rank} local_steps {args.local_steps} inner_steps {diloco.inner_steps} "
           f"periods {diloco.outer_step} steps_per_period {per_period} "
           f"train_loss_first_period {sum(first) / len(first):.4f} train_loss_last_period {sum(last) / len(last):.4f} "
           f"val_loss_before {val_before:.4f} val_loss_after {val_after:.4f} "
           f"compute_s {diloco.step_s:.3f} run_s {run_s:.3f} compute_fraction {diloco.step_s / run_s:.3f} "
-          f"compute_fraction_after_period_{WARMUP_PERIODS} {steady:.3f}", flush=True)
+          f"compute_fraction_after_period_{WARMUP_PERIODS} {steady:.3f}\n", end="", flush=True)
     dist.destroy_process_group()
 
 
