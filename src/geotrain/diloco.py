@@ -31,6 +31,11 @@ on the outer syncs every rank agrees on:
         while diloco.outer_step < N:           # N periods on every rank, the same parameters at the end
             <one inner step>
 
+A replica's speed is the seconds between its inner steps, the syncs left out (`step_s`), by `clock`: wall seconds,
+or under the emulating backend (`geotrain emulate`) the rank's emulated clock, so that with --emulate-gpu-speed a
+T4 rank counts as a T4 though every rank computes on this machine. A collective the loop runs between steps (a
+loss all-reduce) counts too: each step then waits for the slowest replica, and the replicas look equally fast.
+
 Plain (blocking, flat) DiLoCo only: fragments, a delay, moment sync or regions with it are refused.
 
 Asynchronous (`asynchronous=True`; geotrain.sync.async_outer): a replica that ends its H inner steps sends
@@ -59,6 +64,7 @@ from geotrain.codecs import CodecSpec
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
+from geotrain.emulate.rank_clock import emulated_clock
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
 from geotrain.sync.async_outer import STALENESS_BOUND, AsyncOuterSync, check_async_settings
@@ -82,7 +88,8 @@ class DiLoCo:
     geotrain.sync.moments), in the same collective; `moment_syncs` N: only each fragment's first N outer
     syncs carry them (None: every sync); `local_steps` "equal" (H on every replica) or "adaptive" (H_r by
     measured speed, outer mean weighted by steps: module doc); `step_time` (adaptive): replaces the measured
-    wall seconds per inner step (the syncs left out) by what it returns; `prior_step_s` (adaptive): relative
+    seconds per inner step (by `clock`: wall seconds, or the rank's emulated ones under `geotrain emulate`;
+    the syncs left out) by what it returns; `prior_step_s` (adaptive): relative
     seconds per step of each rank (group order) that share the first two periods before any time is measured
     (e.g. 1 / each GPU's peak FLOP/s; None: H everywhere). `asynchronous`: outer updates through a global
     model's server without lock-step (module doc), `staleness_bound` S (no update applied more than S versions
@@ -150,7 +157,13 @@ class DiLoCo:
                                            mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
                                            warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs,
                                            fragment_split=fragment_split)
-        self._mark = time.perf_counter()
+        self.clock: Callable[[], float] = emulated_clock(group) or time.perf_counter
+        """What inner steps are timed by: wall seconds, or under the emulating backend (`geotrain emulate`) this
+        rank's emulated clock (compute at its device's speed with --emulate-gpu-speed; geotrain.emulate)."""
+        self._mark = self.clock()
+        self.step_s = 0.0
+        """Seconds by `clock` spent between inner steps (from the end of one to the end of the next, the outer
+        syncs left out): this rank's compute, and whatever else its loop does between steps."""
         self.timer = ComputeTimer()
         self.inner_steps = 0
         self.bytes_sent = 0
@@ -216,7 +229,7 @@ class DiLoCo:
         return self.transport.collective(self.group, [], 8, wait, posted=True)
 
     def __enter__(self) -> DiLoCo:
-        self._mark = time.perf_counter()
+        self._mark = self.clock()
         self._hook = self.inner_optimizer.register_step_post_hook(self._after_inner_step)
         if self.region_exchange is not None:
             self._pre_hook = self.inner_optimizer.register_step_pre_hook(self._before_inner_step)
@@ -228,17 +241,25 @@ class DiLoCo:
 
     def _after_inner_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if self.asynchronous is not None:
+            self._step_seconds()
             self.asynchronous.after_inner_step()
+            self._mark = self.clock()
             self.inner_steps = self.asynchronous.inner_steps
             self.bytes_sent = self.asynchronous.bytes_sent
             return
         if isinstance(self.sync, AdaptiveOuterSync):
-            # wall seconds since the last inner step ended (or the block began), the syncs left out
-            self.bytes_sent += self.sync.after_inner_step(time.perf_counter() - self._mark, self.timer)
-            self._mark = time.perf_counter()
+            self.bytes_sent += self.sync.after_inner_step(self._step_seconds(), self.timer)
         else:
+            self._step_seconds()
             self.bytes_sent += self.sync.after_inner_step(self.inner_steps, self.timer)
+        self._mark = self.clock()  # the sync just run is left out of the next step's seconds
         self.inner_steps += 1
+
+    def _step_seconds(self) -> float:
+        """Seconds by `clock` since the last inner step ended (or the block began), added to `step_s`."""
+        seconds = self.clock() - self._mark
+        self.step_s += seconds
+        return seconds
 
     def flush(self) -> None:
         """Land every sync in flight and sync every fragment now: all replicas agree afterwards (adaptive: the

@@ -42,6 +42,9 @@ def register(subparsers: Any) -> None:
                         help="emulated compute runs at each device's GPU speed: a rank's measured compute x (the "
                              "cluster's fastest GPU's peak FLOP/s / its device's); the fastest computes at this "
                              "machine's speed (emulated time only: the report's clocks and the links' schedule)")
+    parser.add_argument("--compute-clock", choices=("wall", "cpu"), default="wall",
+                        help="how a rank's emulated clock counts compute: wall seconds (this machine's load and "
+                             "shared cores included) or the rank's CPU seconds (as if each rank had a core to itself)")
     parser.add_argument("--report", type=output_file, metavar="FILE.json", help="write every transfer and collective as JSON")
     parser.add_argument("--trace", type=output_file, metavar="FILE.json",
                         help="write a timeline in the Chrome trace event format (Perfetto, chrome://tracing): one "
@@ -92,7 +95,8 @@ def run(args: Any) -> int:
     with tempfile.TemporaryDirectory(prefix="geotrain-trace-") as tmp:  # --trace alone needs the report too
         report_path = Path(args.report) if args.report else Path(tmp) / "report.json" if args.trace else None
         config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps, report_path, args.timeout,
-                              compute_scale=gpu_compute_scale(cluster) if args.emulate_gpu_speed else None)
+                              compute_scale=gpu_compute_scale(cluster) if args.emulate_gpu_speed else None,
+                              compute_clock=args.compute_clock)
         result = launch(cluster, devices, config)
     if args.trace and result.report is not None:
         from geotrain.observe.trace import build_trace, write_trace

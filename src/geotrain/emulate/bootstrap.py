@@ -3,7 +3,7 @@
 Run as `python -m geotrain.emulate.bootstrap (SCRIPT.py | -m MODULE) [ARGS...]` with the launcher's
 environment: torchrun's variables plus GEOTRAIN_EMULATE_CONFIG, a JSON file
 {"cluster": <cluster dict>, "devices": [...], "time_scale": F, "nic_gbps": G|null, "report_dir": D|null,
-"compute_scale": [one factor per cluster device]|null}.
+"compute_scale": [one factor per cluster device]|null, "compute_clock": "wall"|"cpu"}.
 The process dies with its launcher (geotrain.procs.die_with_parent).
 """
 
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
     config = json.loads(Path(os.environ[CONFIG_ENV]).read_text())
     install(cluster_from_dict(config["cluster"], os.environ[CONFIG_ENV]), config["devices"],
             config["time_scale"], config.get("nic_gbps"), config.get("report_dir"),
-            compute_scale=config.get("compute_scale"))
+            compute_clock=config.get("compute_clock", "wall"), compute_scale=config.get("compute_scale"))
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]

@@ -45,6 +45,8 @@ class LaunchConfig:
     compute_scale: tuple[float, ...] | None = None
     """One factor per cluster device: the rank on device d counts that many times its measured compute
     (install's compute_scale; None: all 1)."""
+    compute_clock: str = "wall"
+    """How each rank's emulated clock counts compute: wall or CPU seconds (install.COMPUTE_CLOCKS)."""
 
 
 def free_port() -> int:
@@ -82,7 +84,8 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
         config_path.write_text(json.dumps({
             "cluster": cluster_to_dict(cluster, "dense"), "devices": device_list, "time_scale": config.time_scale,
             "nic_gbps": config.nic_gbps, "report_dir": str(parts) if config.report_path else None,
-            "compute_scale": None if config.compute_scale is None else list(config.compute_scale)}))
+            "compute_scale": None if config.compute_scale is None else list(config.compute_scale),
+            "compute_clock": config.compute_clock}))
         port = free_port()
         command = (sys.executable, "-m", "geotrain.emulate.bootstrap", *config.target)
         world = len(device_list)

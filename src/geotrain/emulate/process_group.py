@@ -106,6 +106,11 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         """The cluster device of each group rank."""
         return list(self._group_devices)
 
+    def now_s(self) -> float:
+        """This process's emulated clock, seconds (every group of the process shares it)."""
+        with self._state.lock:
+            return self._state.clock.now()
+
     # -- the collective machinery --
     def _issue(self, op: str, nbytes: float, works: list[Any], rounds: Callable[[np.ndarray], Rounds],
                result: list[torch.Tensor], after: Callable[[], None] | None = None,

@@ -21,9 +21,10 @@ replica's H_r reached", not a global step count: `outer_step` (syncs completed) 
 and `while sync.outer_step < N` ends on every rank after N periods with the same parameters.
 
 Step seconds: what the caller measures (`after_inner_step(seconds)`); the runtime passes each step's compute
-seconds (ComputeTimer: under `--emulate-gpu-speed` the device's emulated compute), geotrain.diloco the wall
-time between inner steps with the syncs left out, or an injected `step_time`. A non-positive or non-finite
-measurement on any rank keeps the schedule as it is (nothing to divide by).
+seconds (ComputeTimer: under `--emulate-gpu-speed` the device's emulated compute), geotrain.diloco the time
+between inner steps with the syncs left out (wall seconds, or the rank's emulated clock under `geotrain emulate`:
+geotrain.emulate.emulated_clock), or an injected `step_time`. A non-positive or non-finite measurement on any rank
+keeps the schedule as it is (nothing to divide by).
 
 Supported: the blocking, flat exchange (one fragment, delay 0, no moment sync, no region hierarchy); the
 streaming variants (geotrain.sync.streaming) sync fragments at fixed step offsets, which uneven H_r would

@@ -26,7 +26,8 @@ from paths import ROOT
 
 PAGES = ("README.md", "docs/index.md", "docs/guide/quick-start.md", "docs/guide/placing-a-job.md",
          "docs/guide/training-a-plan.md", "docs/guide/slow-links.md", "docs/guide/surviving-failures.md",
-         "docs/guide/emulating-any-script.md")
+         "docs/guide/emulating-any-script.md", "docs/guide/heterogeneous-sites.md",
+         "docs/guide/heterogeneous-sites-diloco.md", "docs/guide/heterogeneous-sites-async.md")
 RUN_LANGUAGES = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
 MARKER = re.compile(r"^<!--\s*example:\s*(skip|file)\b\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^```([\w+-]*)\s*$")

@@ -133,3 +133,36 @@ def test_emulate_flag_counts_each_ranks_compute_at_its_gpus_speed(tmp_path, flag
         # second barrier ends when its last member arrives: an identity of the clock, not a timing
         busy = json.loads((tmp_path / "busy1.json").read_text())
         assert barrier_intervals_s(result)[-1] >= 312 / 65 * busy * (1 - 1e-9)
+
+
+_SLEEP_SCRIPT = """
+import json, os, sys, time
+import torch.distributed as dist
+from geotrain.emulate import emulated_clock
+dist.init_process_group("gloo")
+clock = emulated_clock()
+before = clock()
+time.sleep(0.5)  # no compute: half a second of wall time, next to no CPU time
+with open(os.path.join(sys.argv[1], f"slept{dist.get_rank()}.json"), "w") as handle:
+    json.dump(clock() - before, handle)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("compute_clock", ["wall", "cpu"])
+def test_emulate_compute_clock_counts_wall_or_cpu_seconds(tmp_path, compute_clock):
+    import subprocess
+    import sys
+
+    script = tmp_path / "sleep.py"
+    script.write_text(_SLEEP_SCRIPT)
+    subprocess.run([sys.executable, "-m", "geotrain", "emulate", "--cluster", str(MIXED), "--devices", "0,4",
+                    "--time-scale", "0", "--emulate-gpu-speed", "--compute-clock", compute_clock, "--",
+                    str(script), str(tmp_path)], check=True, timeout=180)
+    a100, t4 = (json.loads((tmp_path / f"slept{r}.json").read_text()) for r in (0, 1))
+    if compute_clock == "wall":  # the sleep counts, x the T4's factor on the T4
+        assert a100 >= 0.5 and t4 >= 312 / 65 * 0.5
+    else:  # a sleeping rank spends no CPU seconds: its emulated clock hardly moves
+        assert a100 < 0.25 and t4 < 0.25
