@@ -257,6 +257,9 @@ class StreamingOuterSync(OuterSync):
             storage = {piece.index: self.params[piece.index].data_ptr() for piece in pieces if not piece.whole}
             self.fragments.append(Fragment(pieces, outer, shadows, exchange, moments, storage))
         self._in_flight: list[_InFlight] = []
+        # fragment -> the step after which its last sync landed at once, leaving the parameters at the new
+        # anchor (blocking, or tau 0 without mixing): a flush after that same step has nothing to send
+        self._landed_at: dict[int, int] = {}
 
     def after_inner_step(self, step: int, timer: StepTimer) -> int:
         """The outer sync after inner step `step` of a loop that steps the inner optimizer itself
@@ -274,9 +277,13 @@ class StreamingOuterSync(OuterSync):
         return dp_bytes
 
     def flush(self, step: int, timer: StepTimer) -> int:
-        """Land every sync in flight, then sync every fragment at once, blocking, without mixing."""
+        """Land every sync in flight, then sync every fragment at once, blocking, without mixing; a fragment
+        whose sync after this same `step` already landed is skipped (its outer gradient is zero, but the outer
+        Nesterov momentum would still move it: a loop that ends on a period's last step ends synced)."""
         dp_bytes = self._land(lambda flight: True, timer)
         for p in range(len(self.fragments)):
+            if self._landed_at.get(p) == step:
+                continue
             dp_bytes += self._start(p, step, timer, blocking=True)
         self.close()
         return dp_bytes
@@ -305,6 +312,8 @@ class StreamingOuterSync(OuterSync):
         if blocking or self.delay == 0:
             dp_bytes = fragment.exchange.exchange(step, timer, **parts)
             self._apply(fragment, timer, 0.0 if blocking else self.mix, moments)
+            if blocking or self.mix == 0.0:
+                self._landed_at[p] = step
             return dp_bytes
         land = fragment.exchange.start(step, timer, **parts)  # type: ignore[attr-defined]
         proxy = None
