@@ -90,9 +90,15 @@ def run(args: Any) -> int:
     cluster = load_cluster(args.cluster)
     ranks = rank_devices(args.plan, args.devices, cluster.n_devices)  # one of the two is required
     devices = check_device_list(ranks, cluster.n_devices)
+    import contextlib
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="geotrain-trace-") as tmp:  # --trace alone needs the report too
+    from geotrain.procs.rundir import current_run_dir
+
+    # --trace alone needs the report too: in the run directory, which goes with the run even after a SIGKILL
+    scratch = (tempfile.TemporaryDirectory(prefix="geotrain-trace-", dir=current_run_dir())
+               if args.trace and not args.report else contextlib.nullcontext(None))
+    with scratch as tmp:
         report_path = Path(args.report) if args.report else Path(tmp) / "report.json" if args.trace else None
         config = LaunchConfig(target_of(args), args.time_scale, args.nic_gbps, report_path, args.timeout,
                               compute_scale=gpu_compute_scale(cluster) if args.emulate_gpu_speed else None,
