@@ -22,7 +22,7 @@ demo: $(STAMP)
 # Two workers (whole files each: module fixtures are shared), then the tests that time wall clock or
 # bandwidth alone; the second run still happens when the first fails, and both must pass.
 test: $(STAMP)
-	status=0; $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not serial" || status=$$?; \
+	status=0; $(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not serial" --durations=15 || status=$$?; \
 	$(BIN)/python -m pytest -q -m serial || status=$$?; exit $$status
 
 test-fast: $(STAMP)
