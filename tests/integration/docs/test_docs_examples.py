@@ -27,7 +27,8 @@ from paths import ROOT
 PAGES = ("README.md", "docs/index.md", "docs/guide/quick-start.md", "docs/guide/placing-a-job.md",
          "docs/guide/training-a-plan.md", "docs/guide/slow-links.md", "docs/guide/surviving-failures.md",
          "docs/guide/emulating-any-script.md", "docs/guide/heterogeneous-sites.md",
-         "docs/guide/heterogeneous-sites-diloco.md", "docs/guide/heterogeneous-sites-async.md")
+         "docs/guide/heterogeneous-sites-diloco.md", "docs/guide/heterogeneous-sites-async.md",
+         "docs/guide/watching-a-run.md")
 RUN_LANGUAGES = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
 MARKER = re.compile(r"^<!--\s*example:\s*(skip|file)\b\s*(.*?)\s*-->$")
 FENCE = re.compile(r"^```([\w+-]*)\s*$")
@@ -124,3 +125,8 @@ def test_the_pages_examples_run(page, scratch):
         done = run_block(block, scratch)
         assert done.returncode == 0, (f"{page}:{block.line} ({block.language}) exited {done.returncode}\n{block.text}"
                                       f"\n--- stdout\n{done.stdout[-2000:]}\n--- stderr\n{done.stderr[-3000:]}")
+
+
+def test_every_guide_page_is_run():
+    guide = {f"docs/guide/{page.name}" for page in (ROOT / "docs" / "guide").glob("*.md")}
+    assert guide <= set(PAGES), sorted(guide - set(PAGES))
