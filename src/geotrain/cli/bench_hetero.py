@@ -33,19 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=d.seed, help="model seed")
     parser.add_argument("--plot", default=None, type=output_file, metavar="FILE.png",
                         help="also plot validation loss vs emulated time")
-    parser.add_argument("--run-dir", default=None, metavar="DIR",
-                        help="write each row's run directory (per-rank metrics, trace.json, TensorBoard; read one with "
-                             "`geotrain report DIR/<row>`) under DIR, named by the row (default: none)")
+    from geotrain.cli.run_dir_args import add_bench_run_dir
+
+    add_bench_run_dir(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-
-
-def _fmt(value: Any, spec: str, none: str = "not reached") -> str:
-    return none if value is None else format(value, spec)
 
 
 def run(args: Any) -> int:
     from geotrain.bench.hetero import hetero_config, run_hetero_bench, with_rows
-    from geotrain.cli.output import Output
+    from geotrain.cli.output import Output, format_or
 
     config = hetero_config(cluster=args.cluster, steps=args.steps, target=args.target, global_batch=args.global_batch,
                            lr=args.lr, time_scale=args.time_scale, seed=args.seed, run_dir=args.run_dir)
@@ -69,7 +65,7 @@ def run(args: Any) -> int:
               f"{config.steps} steps' samples each, target validation loss {config.target:g} (emulated seconds)",
               ["kind", "row", "time to target", "elapsed", "val loss", "compute fraction (" + ", ".join(sites) + ")",
                "inner steps", "inter-region MB"],
-              [[r["kind"], r["label"], _fmt(r["time_to_target_s"], ".1f"), f"{r['elapsed_s']:.1f}",
+              [[r["kind"], r["label"], format_or(r["time_to_target_s"], ".1f"), f"{r['elapsed_s']:.1f}",
                 f"{r['val_loss']:.4f}",
                 " ".join(f"{r['site_compute_fraction'][s]:.2f}" for s in sites),
                 " ".join(str(r["inner_steps"][s]) for s in sites), f"{r['inter_region_bytes'] / 1e6:.1f}"]

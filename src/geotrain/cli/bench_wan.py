@@ -38,19 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=d.model, metavar="PRESET",
                         help="GPT preset every row trains: tiny (817k parameters), small (3.2M, bandwidth-bound)")
     parser.add_argument("--plot", default=None, type=output_file, metavar="FILE.png", help="also plot validation loss vs emulated time")
-    parser.add_argument("--run-dir", default=None, metavar="DIR",
-                        help="write each row's run directory (per-rank metrics, trace.json, TensorBoard; read one with "
-                             "`geotrain report DIR/<row>`) under DIR, named by the row (default: none)")
+    from geotrain.cli.run_dir_args import add_bench_run_dir
+
+    add_bench_run_dir(parser)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-
-
-def _fmt(value: Any, spec: str, none: str = "not reached") -> str:
-    return none if value is None else format(value, spec)
 
 
 def run(args: Any) -> int:
     from geotrain.bench.wan import DEFAULT_ROWS, LIMIT_ROW, WanBenchConfig, WanBenchError, run_wan_bench
-    from geotrain.cli.output import Output
+    from geotrain.cli.output import Output, format_or
 
     rows = DEFAULT_ROWS
     if args.rows:
@@ -84,8 +80,8 @@ def run(args: Any) -> int:
                "compute", "peak Gbit/s (1 s / 0.1 s)", "inter-region MB",
                f"val loss @{config.steps}", "vs fp32 @ same steps"],
               [[r["label"], f"{r['stages']}x{r['replicas']}", f"{','.join(r['codecs']['dp'])} / {','.join(r['codecs']['pp']) or '-'}",
-                f"{r['step_time_s']:.3f}", _fmt(r["time_to_target_s"], ".1f"), _fmt(r["speedup"], ".2f", "-"),
-                _fmt(r["limit_fraction"], ".2f", "-"), f"{r['compute_fraction']:.2f}",
+                f"{r['step_time_s']:.3f}", format_or(r["time_to_target_s"], ".1f"), format_or(r["speedup"], ".2f", "-"),
+                format_or(r["limit_fraction"], ".2f", "-"), f"{r['compute_fraction']:.2f}",
                 f"{r['peak_inter_region_gbps']:.3f} / {r['peak_inter_region_gbps_by_window']['0.1']:.3f}",
                 f"{r['inter_region_bytes'] / 1e6:.1f}", f"{r['val_loss']:.4f}", f"{r['quality_cost']:+.4f}"]
                for r in doc["rows"]], right_align_from=3)

@@ -107,6 +107,11 @@ class Output:
                 bar["progress"].stop()
 
 
+def format_or(value: Any, spec: str, none: str = "not reached") -> str:
+    """A table cell: `value` formatted by `spec`, or `none` where it is None (a target not reached)."""
+    return none if value is None else format(value, spec)
+
+
 def plain_markup(value: Any) -> str:
     """`str(value)` escaped for rich, so that brackets in user text print as written."""
     return escape(str(value))

@@ -21,6 +21,13 @@ from geotrain.observe.rundir import (DEFAULT_ROOT, NO_RUN_DIR, RUN_MARKER, check
                                      sweep_old_runs)
 
 
+def add_bench_run_dir(parser: Any) -> None:
+    """A bench's --run-dir: one run directory per row under DIR (geotrain.observe.run.row_run_dir)."""
+    parser.add_argument("--run-dir", default=None, metavar="DIR",
+                        help="write each row's run directory (per-rank metrics, trace.json, TensorBoard; read one with "
+                             "`geotrain report DIR/<row>`) under DIR, named by the row (default: none)")
+
+
 def _with_run_dir(config: Any, run_dir: str | None) -> Any:
     return dataclasses.replace(config, run=dataclasses.replace(config.run, run_dir=run_dir))
 
