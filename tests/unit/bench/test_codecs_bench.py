@@ -40,7 +40,9 @@ def test_bench_codecs_json_reports_every_codec_beside_memcpy(capsys):
     assert by_label["topk"]["relative_error"] == by_label["topk-sort"]["relative_error"]  # same k values kept
     assert [row["n"] for row in bench["topk"]] == [30_000, 70_000]
     for row in bench["topk"]:
-        assert row["k"] == int(0.01 * row["n"]) and row["same_set"] and row["energy_kept"] == 1.0
+        assert row["k"] == int(0.01 * row["n"]) and row["same_set"]
+        # the same k squares summed in float64 in two orders: each sum within (k - 1) u of the exact one
+        assert abs(row["energy_kept"] - 1.0) <= 2 * row["k"] * 2.0 ** -53
     assert bench["targets"] == []  # targets are checked at 1e7 values only
 
 
