@@ -14,6 +14,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from geotrain.procs.exit import exit_without_teardown
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -51,3 +53,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # torch 2.13 + gloo: gloo's worker thread can still be releasing the last collective's tensors when the
+    # interpreter shuts down, which aborts a rank that succeeded (exit 134). Run the exit handlers, then leave
+    # without the shutdown (under `geotrain emulate` too: its report is one of those handlers).
+    exit_without_teardown(0, join_threads=False)
