@@ -36,7 +36,8 @@ or under the emulating backend (`geotrain emulate`) the rank's emulated clock, s
 T4 rank counts as a T4 though every rank computes on this machine. A collective the loop runs between steps (a
 loss all-reduce) counts too: each step then waits for the slowest replica, and the replicas look equally fast.
 
-Plain (blocking, flat) DiLoCo only: fragments, a delay, moment sync or regions with it are refused.
+One fragment, flat: fragments, moment sync or regions with it are refused; a `delay` overlaps each sync's exchange
+with the next period (geotrain.sync.adaptive).
 
 Asynchronous (`asynchronous=True`; geotrain.sync.async_outer): a replica that ends its H inner steps sends
 its outer gradient (fp32, no codec) to the global model's server in rank 0's process and goes on from the
@@ -118,7 +119,7 @@ class DiLoCo:
         if sync_moments and regions is not None:
             raise SyncError("DiLoCo: sync_moments with regions is not supported (the moments travel in the flat "
                             "exchange's collective)")
-        check_adaptive_settings(local_steps, fragments=fragments, delay=delay, sync_moments=sync_moments,
+        check_adaptive_settings(local_steps, fragments=fragments, sync_moments=sync_moments,
                                 hierarchical=regions is not None, who="DiLoCo: local_steps")
         self.model = model
         self.inner_optimizer = inner_optimizer
@@ -151,7 +152,8 @@ class DiLoCo:
             self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
                                           outer_momentum, gather_floats(group, replicas, self._gather_floats),
                                           dist.get_rank(group), replicas, step_time=step_time,
-                                          prior_step_s=prior_step_s)
+                                          prior_step_s=prior_step_s, delay=delay, landing=landing, mix=mix,
+                                          warmup=warmup)
         else:
             self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                            mix, outer_lr, outer_momentum, total_steps=None, landing=landing,

@@ -246,11 +246,12 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             iteration_predicted_links_s=(iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0
                                          else {}),
             dp_bytes=max(int(r["dp_bytes"]) for r in step_records)))
-    # adaptive local steps (records with outer_step): ranks agree between the same outer syncs, not at a step index
+    # adaptive local steps (records with outer_step): ranks agree on the anchor between the same landed syncs, not
+    # at a step index
     by_period: dict[tuple[int, int], set[float]] = defaultdict(set)
     for record in records:
         if "outer_step" in record:
-            by_period[(record["outer_step"], record["stage"])].add(record["param_sum"])
+            by_period[(record.get("syncs_landed", record["outer_step"]), record["stage"])].add(record["param_sum"])
     in_sync &= all(len(sums) == 1 for sums in by_period.values())
     validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
     per_replica = {r["replica"]: int(r.get("samples", config.schedule.batch_size)) for r in records}

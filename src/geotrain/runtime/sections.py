@@ -504,7 +504,8 @@ class OptimSection(Section):
     local_steps: str = setting("equal", "--sync-every: inner steps per outer period: equal (H on every replica) or "
                                         "adaptive (H_r by each replica's measured compute speed, H the mean, so "
                                         "sites reach the sync together; the outer mean weighted by steps; "
-                                        "re-balanced at every sync; blocking flat DiLoCo, one pipeline stage: "
+                                        "re-balanced at every sync; one fragment (--sync-delay overlaps the "
+                                        "exchange with the next period), one pipeline stage: "
                                         "geotrain.sync.adaptive)", choices=LOCAL_STEPS)
 
     def __post_init__(self) -> None:

@@ -367,7 +367,8 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
     (ranks take different step counts between syncs; geotrain.sync.adaptive). The learning rate follows the
     rank's place on the equal schedule; evaluation runs after the syncs where the equal schedule's step count
     is due (every rank is there at once); the checkpoint is written at the end, named by the run's steps.
-    Records add `outer_step` (syncs done after the step) and `local_steps` (H_r of the step's period)."""
+    Records add `outer_step` (syncs started after the step), `syncs_landed` (of those, landed: fewer with a sync
+    delay) and `local_steps` (H_r of the step's period)."""
     run, data = worker.config.run, worker.config.data
     every = sync.sync_every
     periods = -(-run.steps // every)
@@ -375,14 +376,16 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
     while sync.outer_step < periods:
         before, local = sync.outer_step, sync.my_local_steps
         record = worker.train_step(step, min(sync.progress_step(), run.steps - 1))
-        record.update(outer_step=sync.outer_step, local_steps=local)
+        record.update(outer_step=sync.outer_step, local_steps=local, syncs_landed=sync.outer_step - sync.in_flight)
         if sync.outer_step > before and data.evaluates_after(min(sync.outer_step * every, run.steps) - 1, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         observer.step(record)
         step += 1
         watchdog.publish_step(step)
-    sync.flush(worker.timer)  # lands the step times in flight (every rank has ended its last period)
+    sync.flush(worker.timer)  # lands the sync and the step times in flight (every rank has ended its last period)
+    if worker.records:
+        worker.records[-1].update(param_sum=sync.fingerprint(), syncs_landed=sync.outer_step)
     if worker.config.checkpoint.checkpoint_dir is not None:
         worker.save(run.steps)
         observer.event("checkpoint", run.steps)

@@ -26,14 +26,25 @@ between inner steps with the syncs left out (wall seconds, or the rank's emulate
 geotrain.emulate.emulated_clock), or an injected `step_time`. A non-positive or non-finite measurement on any rank
 keeps the schedule as it is (nothing to divide by).
 
-Supported: the blocking, flat exchange (one fragment, delay 0, no moment sync, no region hierarchy); the
-streaming variants (geotrain.sync.streaming) sync fragments at fixed step offsets, which uneven H_r would
-break: they are refused (`check_adaptive_settings`).
+Overlap (`delay` tau, 0 <= tau < H; geotrain.sync.streaming's landings): the sync a replica starts when its
+H_r is reached posts the exchange (async work) and the replica goes on with its next period at once; the
+mean lands after d_r = min(H_r', max(1, round(tau x H_r' / H))) of the next period's H_r' steps, the same
+share of every replica's period, so the replicas wait for it at about the same time. It lands as Streaming
+DiLoCo's do: `landing="mix"` (local = mix x local + (1 - mix) x new anchor; mix 0 drops the d_r steps'
+progress) or `landing="eager"` (this replica's own outer gradient applied at the start as the mean's proxy,
+the correction when the mean lands: the d_r steps' progress is kept). `warmup` W: syncs of periods that end
+before step W of the equal schedule block. `outer_step` counts the syncs started (periods completed); the
+end (`flush`) lands the last one, and every replica ends on the anchor, the same parameters on every rank.
+
+Supported: the flat exchange of one fragment, blocking or overlapped; fragments, moment sync and the
+region hierarchy are refused (`check_adaptive_settings`): their syncs fall at fixed step offsets, which
+uneven H_r would break.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,6 +52,7 @@ import torch
 
 from geotrain.optim.outer import OuterStep
 from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, SyncResult, set_grads
+from geotrain.sync.streaming import check_landing_settings
 
 LOCAL_STEPS = ("equal", "adaptive")
 """How many inner steps each replica takes per outer period: H everywhere, or in proportion to its speed."""
@@ -72,20 +84,29 @@ def adaptive_local_steps(step_seconds: Sequence[float], sync_every: int) -> list
     return [int(h) for h in steps]
 
 
-def check_adaptive_settings(local_steps: str, *, fragments: int = 1, delay: int = 0, sync_moments: bool = False,
+def check_adaptive_settings(local_steps: str, *, fragments: int = 1, sync_moments: bool = False,
                             hierarchical: bool = False, who: str = "local_steps") -> None:
     """SyncError (one line) unless `local_steps` is one of LOCAL_STEPS and, when adaptive, the outer sync is the
-    plain one (module doc)."""
+    flat one of one fragment (module doc; a delay is fine)."""
     if local_steps not in LOCAL_STEPS:
         raise SyncError(f"{who} must be one of {', '.join(LOCAL_STEPS)}, got {local_steps!r}")
     if local_steps == "equal":
         return
-    unsupported = [name for name, on in (("fragments > 1", fragments != 1), ("a sync delay", delay != 0),
-                                         ("moment sync", sync_moments), ("regions (hierarchical)", hierarchical))
-                   if on]
+    unsupported = [name for name, on in (("fragments > 1", fragments != 1), ("moment sync", sync_moments),
+                                         ("regions (hierarchical)", hierarchical)) if on]
     if unsupported:
-        raise SyncError(f"{who} adaptive runs the blocking, flat outer sync only; not with {', '.join(unsupported)} "
-                        f"(their syncs fall at fixed step offsets, which per-replica step counts would break)")
+        raise SyncError(f"{who} adaptive runs the flat outer sync of one fragment only; not with "
+                        f"{', '.join(unsupported)} (their syncs fall at fixed step offsets, which per-replica step "
+                        f"counts would break)")
+
+
+@dataclass
+class _InFlight:
+    """The sync this replica started and has not landed: after `lands_after` steps of the period that follows."""
+
+    land: Callable[[StepTimer], int]
+    proxy: list[torch.Tensor] | None  # eager landing: the change applied at the start
+    lands_after: int = 1
 
 
 class AdaptiveOuterSync(GradientSync):
@@ -96,15 +117,20 @@ class AdaptiveOuterSync(GradientSync):
     group of `replicas`; `adaptive` False keeps H_r = H (the weighted mean is then the plain one, weights 1);
     `step_time`: replaces the measured step seconds (tests, or a caller that knows its speed); `prior_step_s`:
     relative seconds per step of each replica known before anything is measured (the runtime's: 1 / its GPU's
-    peak FLOP/s), which sets the first period's H_r (None: H on every replica)."""
+    peak FLOP/s), which sets the first period's H_r (None: H on every replica); `delay`, `landing`, `mix`,
+    `warmup`: the overlap (module doc; 0: every sync blocks)."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
                  make_exchange: Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange], sync_every: int,
                  outer_lr: float, outer_momentum: float, gather: Gather, rank: int, replicas: int,
                  adaptive: bool = True, step_time: Callable[[], float] | None = None,
-                 prior_step_s: Sequence[float] | None = None) -> None:
+                 prior_step_s: Sequence[float] | None = None, delay: int = 0, landing: str = "mix",
+                 mix: float = 0.0, warmup: int = 0) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < replicas:
             raise SyncError(f"AdaptiveOuterSync: rank must be an integer in 0..{replicas - 1}, got {rank!r}")
+        check_landing_settings(sync_every, delay, mix, landing, warmup)
+        self.delay, self.landing, self.mix, self.warmup = delay, landing, float(mix), warmup
+        self._flight: _InFlight | None = None
         named_params = list(named_params)
         self.params = [p for _, p in named_params]
         self.optimizer = optimizer
@@ -155,18 +181,46 @@ class AdaptiveOuterSync(GradientSync):
         self.inner_steps += 1
         self.period_steps += 1
         self._period_seconds += float(self.step_time() if self.step_time is not None else seconds)
+        dp_bytes = 0
+        if self._flight is not None and self.period_steps >= self._flight.lands_after:
+            dp_bytes += self._land(timer)
         if self.period_steps < self.my_local_steps:
-            return 0
-        return self._sync(timer, [float(h) for h in self.local_steps])
+            return dp_bytes
+        return dp_bytes + self._sync(timer, [float(h) for h in self.local_steps])
+
+    @property
+    def in_flight(self) -> int:
+        """Syncs started and not yet landed (0 or 1)."""
+        return int(self._flight is not None)
 
     def flush(self, timer: StepTimer) -> int:
-        """Sync the steps taken since the last sync, on every rank at once (each rank calls it, in the same
-        period): the step counts are gathered first (a partial period's are not the H_r); no exchange when no
-        replica stepped since. Lands the posted gather of step times; the schedule is left as it is."""
+        """Land the sync in flight, then sync the steps taken since the last sync, on every rank at once (each
+        rank calls it, in the same period), blocking: the step counts are gathered first (a partial period's are
+        not the H_r); no exchange when no replica stepped since. Every replica then holds the anchor. Lands
+        the posted gather of step times; the schedule is left as it is."""
+        dp_bytes = 0 if self._flight is None else self._land(timer)
         self._land_times()
         mine = torch.tensor([float(self.period_steps)], dtype=torch.float64)
         steps = self.gather(mine)().reshape(-1).tolist()
-        return self._sync(timer, steps, rebalance=False) if sum(steps) else 0
+        if sum(steps):
+            return dp_bytes + self._sync(timer, steps, rebalance=False, blocking=True)
+        with timer:
+            self.outer.reset_params()  # an eager landing leaves the anchor to within rounding: exactly it
+        return dp_bytes
+
+    def _land(self, timer: StepTimer) -> int:
+        """Wait for the sync in flight and apply the mean (module doc: mix or eager landing)."""
+        assert self._flight is not None
+        flight, self._flight = self._flight, None
+        dp_bytes = flight.land(timer)
+        means = [s.grad for s in self.shadows]
+        with timer:
+            if flight.proxy is None:
+                self.outer.step_anchor(means)  # type: ignore[arg-type]
+                self.outer.reset_params(self.mix)
+            else:
+                self.outer.land_eager(means, flight.proxy)  # type: ignore[arg-type]
+        return dp_bytes
 
     def _land_times(self) -> list[float] | None:
         """Wait for the step times posted at the previous sync; None if none is in flight."""
@@ -176,19 +230,32 @@ class AdaptiveOuterSync(GradientSync):
         self._posted = None
         return seconds
 
-    def _sync(self, timer: StepTimer, steps: list[float], rebalance: bool = True) -> int:
-        """The outer sync of a period in which replica r took steps[r] inner steps (module doc)."""
+    def _sync(self, timer: StepTimer, steps: list[float], rebalance: bool = True, blocking: bool = False) -> int:
+        """The outer sync of a period in which replica r took steps[r] inner steps (module doc): blocking, or
+        started here and landed in the next period."""
         total = sum(steps)
         weight = self.replicas * self.period_steps / total  # x R: the exchange's mean divides by R
         with timer:
             local = self.outer.outer_gradients()
             set_grads(self.shadows, local if weight == 1.0 else [g * weight for g in local])
-        dp_bytes = self.exchange.exchange(self.outer_step, timer)
-        with timer:
-            self.outer.apply([s.grad for s in self.shadows])
+        dp_bytes = 0
+        if blocking or self.delay == 0 or (self.outer_step + 1) * self.sync_every <= self.warmup:
+            dp_bytes = self.exchange.exchange(self.outer_step, timer)
+            with timer:
+                self.outer.apply([s.grad for s in self.shadows])  # type: ignore[misc]
+        else:
+            land = self.exchange.start(self.outer_step, timer)  # type: ignore[attr-defined]
+            proxy = None
+            if self.landing == "eager":
+                with timer:
+                    proxy = self.outer.start_eager(local)
+            self._flight = _InFlight(land, proxy)
         measured = self._land_times()
         if rebalance and self.adaptive and measured is not None:
             self.local_steps = adaptive_local_steps(measured, self.sync_every)
+        if self._flight is not None:
+            following = self.my_local_steps
+            self._flight.lands_after = min(following, max(1, round(self.delay * following / self.sync_every)))
         if rebalance:  # this period's mean step seconds travel while the next period computes
             self._posted = self.gather(torch.tensor([self._period_seconds / self.period_steps], dtype=torch.float64))
         self.history.append({"steps": [int(s) for s in steps], "weights": [s / total for s in steps],
@@ -203,9 +270,10 @@ class AdaptiveOuterSync(GradientSync):
 
     def state_dict(self) -> dict[str, Any]:
         """Refused inside a period (its steps would be lost); between syncs: inner and outer state, the schedule."""
-        if self.period_steps:
+        if self.period_steps or self._flight is not None:
             raise SyncError(f"AdaptiveOuterSync: state_dict inside an outer period ({self.period_steps} of "
-                            f"{self.my_local_steps} steps done): checkpoint right after a sync")
+                            f"{self.my_local_steps} steps done, {self.in_flight} sync in flight): checkpoint "
+                            f"after flush()")
         return {"optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict(),
                 "outer": self.outer.state_dict(), "local_steps": list(self.local_steps),
                 "outer_step": self.outer_step, "inner_steps": self.inner_steps}

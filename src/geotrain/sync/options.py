@@ -44,7 +44,7 @@ class SyncOptions:
     warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
     sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
     local_steps: "equal" (H inner steps per outer period on every replica) or "adaptive" (H_r by measured
-        speed, the outer mean weighted by steps: geotrain.sync.adaptive; blocking, flat DiLoCo only).
+        speed, the outer mean weighted by steps: geotrain.sync.adaptive; one fragment, flat DiLoCo only).
     local_steps_prior_s: adaptive: relative seconds per step of each DP member (group order) before any is
         measured, which share out the first period (None: H each).
     moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
@@ -145,7 +145,7 @@ class SyncOptions:
                                 f"must be adamw, got {self.optimizer!r}", ("sync_every", "optimizer"))
             self._check_streaming()
             try:
-                check_adaptive_settings(self.local_steps, fragments=self.fragments, delay=self.delay,
+                check_adaptive_settings(self.local_steps, fragments=self.fragments,
                                         sync_moments=self.sync_moments, hierarchical=self.hierarchical,
                                         who="SyncOptions: local_steps")
             except SyncError as exc:

@@ -166,6 +166,22 @@ def syncs_started(step: int, fragment: int, fragments: int, sync_every: int) -> 
     return max(0, (step - first + sync_every - 1) // sync_every)
 
 
+def check_landing_settings(sync_every: int, delay: Any, mix: Any, landing: Any, warmup: Any) -> None:
+    """SyncError (one line) unless `delay` tau is an integer in 0..sync_every-1, `mix` a number in [0, 1],
+    `landing` one of LANDINGS (eager with mix 0) and `warmup` an integer >= 0 (module doc)."""
+    if landing not in LANDINGS:
+        raise SyncError(f"landing must be one of {', '.join(LANDINGS)}, got {landing!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise SyncError(f"warmup (steps whose syncs block) must be an integer >= 0, got {warmup!r}")
+    if landing == "eager" and mix != 0:
+        raise SyncError(f"mix {mix!r} is the mix landing's alpha; eager landing keeps the local progress "
+                        f"itself: leave mix 0")
+    if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < sync_every:
+        raise SyncError(f"delay must be an integer in 0..{sync_every - 1} (below sync_every), got {delay!r}")
+    if isinstance(mix, bool) or not isinstance(mix, int | float) or not 0.0 <= mix <= 1.0 or math.isnan(mix):
+        raise SyncError(f"mix (Streaming DiLoCo's alpha) must be a number in [0, 1], got {mix!r}")
+
+
 @dataclass
 class Fragment:
     """One fragment: its pieces of the parameters, its anchor and outer optimizer (over the pieces' tensors,
@@ -217,17 +233,7 @@ class StreamingOuterSync(OuterSync):
             raise SyncError(f"moment_syncs (how many of each fragment's first outer syncs carry the moments) must be "
                             f"an integer >= 1 with sync_moments, or None, got {moment_syncs!r}"
                             f"{'' if sync_moments else ' without sync_moments'}")
-        if landing not in LANDINGS:
-            raise SyncError(f"landing must be one of {', '.join(LANDINGS)}, got {landing!r}")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise SyncError(f"warmup (steps whose syncs block) must be an integer >= 0, got {warmup!r}")
-        if landing == "eager" and mix != 0:
-            raise SyncError(f"mix {mix!r} is the mix landing's alpha; eager landing keeps the local progress "
-                            f"itself: leave mix 0")
-        if isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay < sync_every:
-            raise SyncError(f"delay must be an integer in 0..{sync_every - 1} (below sync_every), got {delay!r}")
-        if isinstance(mix, bool) or not isinstance(mix, int | float) or not 0.0 <= mix <= 1.0 or math.isnan(mix):
-            raise SyncError(f"mix (Streaming DiLoCo's alpha) must be a number in [0, 1], got {mix!r}")
+        check_landing_settings(sync_every, delay, mix, landing, warmup)
         if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments > sync_every:
             raise SyncError(f"fragments must be at most sync_every ({sync_every}) so their offsets differ, "
                             f"got {fragments}")

@@ -36,7 +36,7 @@ def _inner_step(model: torch.nn.Module, inner: torch.optim.Optimizer, rank: int,
 
 
 def _adaptive_loop(rank: int, world: int, periods: int, slow_from: int | None, codec: str,
-                   prior: list[float] | None = None) -> dict:
+                   prior: list[float] | None = None, delay: int = 0, landing: str = "mix") -> dict:
     """Rank r's inner step 'takes' (r + 1) x 10 ms; from period `slow_from` on the last rank's takes 2x longer."""
     model = _model()
     inner = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -48,7 +48,7 @@ def _adaptive_loop(rank: int, world: int, periods: int, slow_from: int | None, c
 
     after_sync, steps_per_period = [], []
     with DiLoCo(model, inner, sync_every=H, local_steps="adaptive", step_time=step_time, codec=codec,
-                outer_lr=1.0, outer_momentum=0.0, prior_step_s=prior) as diloco:
+                outer_lr=1.0, outer_momentum=0.0, prior_step_s=prior, delay=delay, landing=landing) as diloco:
         box.append(diloco)
         taken = 0
         while diloco.outer_step < periods:
@@ -109,6 +109,49 @@ def test_outer_mean_weighted_by_steps_equals_the_hand_computation_with_codec_non
     assert torch.equal(results[0]["final"], results[1]["final"])
 
 
+def _by_hand_overlapped(periods_steps: list[list[int]], lands_after: list[list[int]]) -> torch.Tensor:
+    """Eager landing by hand (outer lr 1, momentum 0, stateless SGD): sync k's mean lands after lands_after[k][r]
+    steps of replica r's next period and moves it by (new anchor - its parameters when the sync started);
+    the end lands the last sync and every replica holds the anchor."""
+    model = _model()
+    anchor = _flat(model)
+    theta, posted, done = [anchor.clone(), anchor.clone()], [anchor, anchor], [0, 0]
+    new_anchor = None
+    for k, steps in enumerate(periods_steps):
+        for rank in range(2):
+            torch.nn.utils.vector_to_parameters(theta[rank].clone(), model.parameters())
+            inner = torch.optim.SGD(model.parameters(), lr=0.05)
+            for i in range(steps[rank]):
+                _inner_step(model, inner, rank, done[rank])
+                done[rank] += 1
+                if new_anchor is not None and i + 1 == lands_after[k - 1][rank]:
+                    torch.nn.utils.vector_to_parameters(_flat(model) + new_anchor - posted[rank], model.parameters())
+            theta[rank] = _flat(model)
+        if new_anchor is not None:
+            anchor = new_anchor
+        total = sum(steps)
+        posted = list(theta)
+        new_anchor = anchor - sum(steps[r] / total * (anchor - theta[r]) for r in range(2))
+    return new_anchor
+
+
+def test_an_overlapped_sync_lands_eagerly_as_by_hand_and_the_replicas_end_equal():
+    """delay 1 of H 4: each sync lands after round(H_r' / 4) >= 1 steps of the next period, keeping them."""
+    results = run_workers(_adaptive_loop, 2, (3, None, "none", None, 1, "eager"), timeout_s=120)
+    assert results[0]["steps"] == [4, 4, 5] and results[1]["steps"] == [4, 4, 3]  # the schedule as without delay
+    expected = _by_hand_overlapped([[4, 4], [4, 4], [5, 3]], [[1, 1], [1, 1], [0, 0]])
+    assert torch.equal(results[0]["final"], results[1]["final"])
+    assert torch.allclose(results[0]["final"], expected, rtol=0, atol=1e-6)
+    # a blocking run ends elsewhere (the overlapped steps ran from stale parameters): the check can fail
+    assert not torch.allclose(_by_hand([[4, 4], [4, 4], [5, 3]]), expected, rtol=0, atol=1e-4)
+
+
+def test_an_overlapped_sync_with_the_mix_landing_ends_with_equal_replicas():
+    results = run_workers(_adaptive_loop, 2, (3, None, "int8-block", None, 2, "mix"), timeout_s=120)
+    assert torch.equal(results[0]["final"], results[1]["final"])
+    assert [r["inner_steps"] for r in results] == [13, 11]
+
+
 def _measured_loop(rank: int, world: int, periods: int) -> dict:
     """No injected time: the wall clock between inner steps (rank 1 sleeps 2 ms more per step)."""
     model = _model()
@@ -153,6 +196,6 @@ def _refused(rank: int, world: int) -> str:
 
 def test_adaptive_with_fragments_is_refused_in_one_line():
     message = run_workers(_refused, 1, (), timeout_s=60)[0]
-    assert message == ("SyncError: DiLoCo: local_steps adaptive runs the blocking, flat outer sync only; not with "
-                       "fragments > 1 (their syncs fall at fixed step offsets, which per-replica step counts would "
-                       "break)")
+    assert message == ("SyncError: DiLoCo: local_steps adaptive runs the flat outer sync of one fragment only; "
+                       "not with fragments > 1 (their syncs fall at fixed step offsets, which per-replica step "
+                       "counts would break)")

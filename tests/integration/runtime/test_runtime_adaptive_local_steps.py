@@ -1,6 +1,7 @@
 """`train --sync-every H --local-steps adaptive` in the runtime: real processes over the emulating backend on two
 sites of different GPUs (compute at each GPU's speed), one launch; every period shares R x H steps, the ranks end
-together after the run's periods, and they agree on the anchor between the same syncs."""
+together after the run's periods, and they agree on the anchor between the same syncs, blocking or with each sync
+overlapped with the next period (a delay, eager landing)."""
 
 from __future__ import annotations
 
@@ -21,16 +22,17 @@ links:
 
 
 @pytest.mark.timeout(300)
-def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path):
+@pytest.mark.parametrize("overlap", [{}, {"sync_delay": 1, "sync_landing": "eager"}], ids=["blocking", "delay-1-eager"])
+def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path, overlap):
     (tmp_path / "cluster.yaml").write_text(CLUSTER)
     cluster = load_cluster(str(tmp_path / "cluster.yaml"))
     steps, every = 9, 3
     config = RuntimeConfig.of(cluster, np.array([[0, 1]]), steps=steps, sync_every=every, local_steps="adaptive",
                               outer_lr=1.0, outer_momentum=0.0, emulate_gpu_speed=True, time_scale=1e-3,
-                              checkpoint_dir=str(tmp_path / "ckpt"), batch_size=2, microbatches=1)
+                              checkpoint_dir=str(tmp_path / "ckpt"), batch_size=2, microbatches=1, **overlap)
     result = launch(config)
     assert result.exit_code == 0
-    assert result.report.replicas_in_sync
+    assert result.report.replicas_in_sync  # at the end: the last sync landed, every replica on the anchor
     manifest = ckpt.read_manifest(tmp_path / "ckpt", steps)
     records = {rank: ckpt.load_shard(tmp_path / "ckpt", steps, rank, manifest,
                                      {"rank": rank, "stage": 0, "replica": rank})["records"] for rank in range(2)}

@@ -36,8 +36,8 @@ def test_adaptive_with_a_pipeline_or_mid_run_checkpoints_is_refused_in_one_line(
 
 
 def test_adaptive_with_fragments_is_refused_naming_local_steps():
-    with pytest.raises(RuntimeConfigError, match=r"^optim.local_steps: local_steps adaptive runs the blocking, flat "
-                                                 r"outer sync only; not with fragments > 1"):
+    with pytest.raises(RuntimeConfigError, match=r"^optim.local_steps: local_steps adaptive runs the flat outer sync "
+                                                 r"of one fragment only; not with fragments > 1"):
         _config(sync_every=4, fragments=2, local_steps="adaptive")
 
 
