@@ -3,7 +3,8 @@ end, its emulator records (every message it sent and every collective it started
 
     observer = open_observer(config, rank, emulation)   # NullObserver without config.run.run_dir
     observer.step(record)          # after each training step (the worker's step record)
-    observer.event("checkpoint", step)
+    observer.event("checkpoint", step, path=..., bytes=..., seconds=...)
+    sync.listener = observer       # outer syncs: an "outer_sync" event when each starts and lands
     observer.fail(message, step)   # on failure: an event line, flush, the emulator records so far
     observer.close()               # at the end: flush, write <run dir>/emulator/rank-<r>.json
 
@@ -30,6 +31,10 @@ class NullObserver:
 
     def event(self, name: str, step: int, **fields: Any) -> None: ...
 
+    def sync_started(self, step: int, fragment: int) -> None: ...
+
+    def sync_landed(self, step: int, fragment: int, nbytes: int, started: int) -> None: ...
+
     def fail(self, message: str, step: int) -> None: ...
 
     def close(self) -> None: ...
@@ -48,7 +53,6 @@ class RunObserver(NullObserver):
         cluster = config.cluster
         self.site = str(cluster.region_names[cluster.region_of[slot.device]])
         self.tokens = config.schedule.batch_size * config.sequence_length
-        self.outer = config.optim.sync_every is not None
         self.writer = MetricsWriter(metrics_path(run_dir, rank))
         self.cost_s = 0.0  # wall seconds this rank spent in step() and event(): the observer's own cost
         self.steps = 0
@@ -75,18 +79,20 @@ class RunObserver(NullObserver):
                                                                                    cfg.optim.lr),
                             tokens=self.tokens, time_scale=cfg.emulation.time_scale, t_wall=time.time())
         self.writer.write(line)
-        if self.outer:  # an outer step (DiLoCo, or a Streaming DiLoCo fragment landing) moved bytes this step
-            scale = cfg.emulation.time_scale if self.emulation is not None and cfg.emulation.time_scale > 0 else 1.0
-            for nbytes, seconds, posted in record.get("syncs", ()):
-                if nbytes:  # comm_s: as the step's (emulated seconds under emulation, the transport's / time scale)
-                    self.event("outer_sync", record["step"], bytes=nbytes, comm_s=seconds / scale, posted=bool(posted),
-                               emulated_s=line["emulated_end_s"])
 
     def event(self, name: str, step: int, **fields: Any) -> None:
         started = time.perf_counter()
         self.writer.write({"kind": "event", "event": name, "step": step, "rank": self.rank, "site": self.site,
                            "t_wall": time.time(), "emulated_s": self._emulated_now(), **fields})
         self.cost_s += time.perf_counter() - started
+
+    def sync_started(self, step: int, fragment: int) -> None:
+        """An outer sync of `fragment` starts after `step` (geotrain.sync.base.SyncListener)."""
+        self.event("outer_sync", step, phase="start", fragment=fragment)
+
+    def sync_landed(self, step: int, fragment: int, nbytes: int, started: int) -> None:
+        """The sync of `fragment` started after step `started` lands after `step`, `nbytes` handed."""
+        self.event("outer_sync", step, phase="land", fragment=fragment, bytes=nbytes, started=started)
 
     def fail(self, message: str, step: int) -> None:
         """A failure event, flushed with every buffered line, and the emulator records so far (the trace)."""

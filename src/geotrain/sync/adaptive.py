@@ -180,12 +180,14 @@ class AdaptiveOuterSync(GradientSync):
         """The outer sync of a period in which replica r took steps[r] inner steps (module doc)."""
         total = sum(steps)
         weight = self.replicas * self.period_steps / total  # x R: the exchange's mean divides by R
+        self._sync_started(self.inner_steps - 1)
         with timer:
             local = self.outer.outer_gradients()
             set_grads(self.shadows, local if weight == 1.0 else [g * weight for g in local])
         dp_bytes = self.exchange.exchange(self.outer_step, timer)
         with timer:
             self.outer.apply([s.grad for s in self.shadows])
+        self._sync_landed(self.inner_steps - 1, dp_bytes)
         measured = self._land_times()
         if rebalance and self.adaptive and measured is not None:
             self.local_steps = adaptive_local_steps(measured, self.sync_every)
