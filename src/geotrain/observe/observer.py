@@ -131,10 +131,13 @@ def open_observer(config: Any, rank: int, emulation: Any) -> NullObserver:
 
 class ElasticObserver(RunObserver):
     """One process of an elastic replica group (geotrain.runtime.elastic.group): stage `stage` of group
-    `group` writes as rank stage x R + group. Its step lines carry the loss, lr, tokens, `step_s` (wall seconds
-    from the previous step's end: quorums and retries included), `synced` and `emulated_end_s`; the split
-    into compute / comm / wait and the bytes by link class are not measured there (null). Events: `start`
-    (`restart` for a restarted group, with its incarnation), `rejoin` (a live recovery, its seconds), `end`."""
+    `group` writes as rank stage x R + group. Its step lines carry the split in wall seconds: `step_s` from the
+    previous step's end (quorums, recoveries and retries included), `compute_s` (forward, backward, optimizer),
+    `comm_s` (the exchange's all-reduces and commits), `wait_s` the rest (>= 0: mostly quorums); `bytes_dp`;
+    with emulated links `bytes_intra` / `bytes_inter` (what the group sent inside / between regions, else
+    null), `synced` and `emulated_end_s`. Events: `start` (`restart` for a restarted group, with its
+    incarnation), `resume`, `rejoin` (a live recovery, its seconds), `outer_sync`, `checkpoint`, `end`; a
+    killed group's `failure` is written by the launcher (`launcher_event`)."""
 
     def __init__(self, config: Any, group: int, stage: int, incarnation: int, run_dir: Path) -> None:
         self.incarnation = incarnation
@@ -148,16 +151,33 @@ class ElasticObserver(RunObserver):
     def _step(self, record: dict[str, Any]) -> None:
         cfg = self.config
         slot = cfg.layout.slot(self.rank)
+        step_s, compute_s, comm_s = float(record["wall_s"]), float(record["compute_s"]), float(record["comm_s"])
+        sent, inter = record.get("sent_bytes"), record.get("inter_region_bytes")
         self.writer.write({
             "kind": "step", "step": record["step"], "rank": self.rank, "stage": slot.stage, "replica": slot.replica,
             "device": self.device, "site": self.site, "t_wall": time.time(), "loss": _finite(record["loss"]),
             "lr": lr_at(record["step"], cfg.run.steps, cfg.optim.lr), "tokens": self.tokens,
-            "step_s": record["wall_s"], "compute_s": None, "comm_s": None, "wait_s": None, "bytes_intra": None,
-            "bytes_inter": None, "synced": bool(record["synced"]), "emulated_start_s": None,
-            "emulated_end_s": record.get("emulated_s")})
+            "step_s": step_s, "compute_s": compute_s, "comm_s": comm_s,
+            "wait_s": max(0.0, step_s - compute_s - comm_s), "bytes_intra": None if sent is None else sent - inter,
+            "bytes_inter": inter, "bytes_dp": int(record["dp_bytes"]), "synced": bool(record["synced"]),
+            "emulated_start_s": None, "emulated_end_s": record.get("emulated_s")})
 
 
 def open_elastic_observer(config: Any, group: int, stage: int, incarnation: int) -> NullObserver:
     """The observer of an elastic group's process for config.run.run_dir (a NullObserver when it is None)."""
     run_dir = config.run.run_dir
     return NullObserver() if run_dir is None else ElasticObserver(config, group, stage, incarnation, Path(run_dir))
+
+
+def launcher_event(config: Any, rank: int, name: str, step: int, **fields: Any) -> None:
+    """Append one event line to `rank`'s metrics file for config.run.run_dir (nothing without one), written by
+    a launcher about a rank that cannot write it (its process was killed or crashed). One whole line in one
+    write: the rank's restarted process appends to the same file only after this returns."""
+    if config.run.run_dir is None:
+        return
+    cluster = config.cluster
+    site = str(cluster.region_names[cluster.region_of[config.layout.slot(rank).device]])
+    writer = MetricsWriter(metrics_path(config.run.run_dir, rank))
+    writer.write({"kind": "event", "event": name, "step": step, "rank": rank, "site": site, "t_wall": time.time(),
+                  "emulated_s": None, **fields})
+    writer.close()

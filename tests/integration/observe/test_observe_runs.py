@@ -276,11 +276,11 @@ def test_adaptive_local_steps_record_each_sync_and_the_final_checkpoint(tmp_path
 
 def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_rejoin(tmp_path):
     pytest.importorskip("torchft")
-    (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
+    (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
     done = geotrain("train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
                     "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
                     "--microbatches", "1",
-                    "--time-scale", "0", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
+                    "--time-scale", "0.01", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
                     "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout", "30",
                     "--run-dir", "run", "--json", cwd=tmp_path)
     result = json.loads(done.stdout)
@@ -288,11 +288,25 @@ def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_re
     lines = read_lines(tmp_path / "run")
     steps = [r for r in lines if r["kind"] == "step"]
     assert sorted({r["step"] for r in steps if r["rank"] == 0}) == list(range(150))  # the survivor: every step
-    assert all(r["loss"] is not None and r["step_s"] > 0 and r["compute_s"] is None for r in steps)
+    assert all(r["loss"] is not None and r["step_s"] > 0 for r in steps)
+    for r in steps:  # wall seconds: compute, the exchange's all-reduce and commit, the rest (quorums) waiting
+        assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["wait_s"] >= 0
+        assert r["compute_s"] + r["comm_s"] + r["wait_s"] == pytest.approx(r["step_s"], abs=1e-9) or (
+            r["wait_s"] == 0 and r["compute_s"] + r["comm_s"] >= r["step_s"])
+        # the groups sit in two regions: what a group sends goes between them (the emulated links' records)
+        assert r["bytes_dp"] > 0 and r["bytes_inter"] > 0 and r["bytes_intra"] == 0
     events = [(r["rank"], r["event"]) for r in lines if r["kind"] == "event"]
     assert events.count((1, "start")) == 1 and events.count((1, "restart")) == 1  # start flushed before the kill
+    failure = next(r for r in lines if r.get("event") == "failure")  # written by the launcher for the killed group
+    assert failure["rank"] == 1 and failure["exit"] == "killed by SIGKILL" and failure["restart"] == 1
     rejoin = next(r for r in lines if r.get("event") == "rejoin")
     assert rejoin["rank"] == 1 and rejoin["seconds"] > 0
     assert min(r["step"] for r in steps if r["rank"] == 1 and r["t_wall"] > rejoin["t_wall"]) == rejoin["step"]
+    # the step it was in: the launcher's count of its committed steps (killed about 1 s in), before its rejoin's
+    assert 0 < failure["step"] <= rejoin["step"] and failure["t_wall"] < rejoin["t_wall"]
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())["traceEvents"]
+    assert sorted((e["pid"], e["name"]) for e in trace if e.get("cat") == "event") == [
+        (1, "failure"), (1, "rejoin"), (1, "restart")]
     report = json.loads(geotrain("report", "run", "--json", cwd=tmp_path).stdout)
-    assert report["events"] == {"restart": 1, "rejoin": 1} and report["split"]["sites"] == []
+    assert report["events"] == {"failure": 1, "restart": 1, "rejoin": 1}
+    assert [s["site"] for s in report["split"]["sites"]] == ["east", "west"]
