@@ -34,3 +34,22 @@ def no_thread_outlives_its_test():
         time.sleep(0.02)
     if left:
         pytest.fail(f"the test left {len(left)} thread(s) running: {sorted(t.name for t in left)}")
+
+
+@pytest.fixture(autouse=True)
+def no_default_run_dir_in_the_repository():
+    """`geotrain train` without --run-dir writes geotrain-runs/ under its working directory: a test that runs it
+    from the repository root must pass `--run-dir none` (or a run directory, or run in tmp_path). Fail the test
+    that made one there (and remove it, so later tests are judged on their own)."""
+    import shutil
+    from pathlib import Path
+
+    from paths import ROOT
+
+    watched = [runs for runs in {ROOT / "geotrain-runs", Path.cwd() / "geotrain-runs"} if not runs.exists()]
+    yield
+    left = [runs for runs in watched if runs.exists()]
+    for runs in left:
+        shutil.rmtree(runs, ignore_errors=True)
+    if left:
+        pytest.fail(f"the test left {left[0]} (run `geotrain train` with --run-dir none, or in tmp_path)")

@@ -35,6 +35,7 @@ partition rows from the heal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -79,6 +80,7 @@ class ChaosBenchConfig:
     kills: int = 3
     sync_every: int | None = None
     netlab: bool = False
+    run_dir: str | None = None  # each row's run directory under it (geotrain.observe.run.row_run_dir); None: none
 
     def __post_init__(self) -> None:
         for key in ("steps", "batch_size", "seq_len", "checkpoint_every", "kills"):
@@ -114,22 +116,29 @@ def _settings(config: ChaosBenchConfig, elastic: bool, **more: Any) -> dict[str,
     return {**common, **({"elastic": True} if elastic else {}), **more}
 
 
-def _runtime_config(config: ChaosBenchConfig, elastic: bool, **more: Any) -> Any:
+def _runtime_config(config: ChaosBenchConfig, elastic: bool, label: str, **more: Any) -> Any:
+    """The row `label`'s run (its run directory under config.run_dir, if any)."""
     from geotrain.cluster import load_cluster
+    from geotrain.observe.run import row_run_dir
     from geotrain.runtime import RuntimeConfig
 
     cluster = load_cluster(bench_cluster(config.cluster))
-    return RuntimeConfig.of(cluster, [list(range(cluster.n_devices))], "chaos", **_settings(config, elastic, **more))
+    run_dir = None if config.run_dir is None else row_run_dir(config.run_dir, label)
+    return RuntimeConfig.of(cluster, [list(range(cluster.n_devices))], "chaos", run_dir=run_dir,
+                            **_settings(config, elastic, **more))
 
 
 def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any,
                 time_scale: float = 0.0, netlab: bool = False) -> tuple[ChaosRow, Any]:
     """An elastic run with `chaos` (None: no failures), in a netlab if `netlab`; the row's failures are kills
     plus partitions."""
+    from geotrain.observe.run import recording
     from geotrain.runtime.elastic.launch import launch_elastic
 
     lab = {"netlab": True, "comm_timeout_s": NETLAB_COMM_TIMEOUT_S} if netlab else {}
-    summary = launch_elastic(_runtime_config(config, True, chaos=chaos, time_scale=time_scale, **lab), tokens=tokens)
+    run = _runtime_config(config, True, label, chaos=chaos, time_scale=time_scale, **lab)
+    with recording(run):
+        summary = launch_elastic(run, tokens=tokens)
     return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s + summary.partition_recovery_s,
                     summary.val_loss, summary.train_s, summary.samples,
                     summary.replica_failures + summary.partitions), summary
@@ -146,12 +155,14 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
              ckpt_dir: Path, hold_s: float = 0.0) -> ChaosRow:
     """The synchronous runtime with checkpoints; a worker SIGKILLed at each of `kill_times_s` (seconds after
     the first completed step), the run then launched again with --resume (from scratch if no checkpoint),
-    `hold_s` seconds after the kill at the earliest (a partition: the site is unreachable until it heals)."""
+    `hold_s` seconds after the kill at the earliest (a partition: the site is unreachable until it heals).
+    With config.run_dir every launch of the row writes its one run directory (a relaunch adds its "resume")."""
+    from geotrain.observe.run import recording
     from geotrain.procs import WorkerFailure
     from geotrain.runtime import latest_step, launch
     from geotrain.runtime.elastic.chaos import kill_schedule, parse_chaos
 
-    base = _runtime_config(config, False, checkpoint_dir=str(ckpt_dir), checkpoint_every=config.checkpoint_every,
+    base = _runtime_config(config, False, label, checkpoint_dir=str(ckpt_dir), checkpoint_every=config.checkpoint_every,
                            overwrite=True)
     kills = kill_schedule(parse_chaos(f"kill-site:every=1s,count={max(1, len(kill_times_s))}"), base.replicas,
                           config.seed)
@@ -180,7 +191,10 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
     thread = threading.Thread(target=killer, name="bench-chaos-killer")
     thread.start()
     restarts, report, failures = 0, None, 0
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(recording(base))
+        stack.callback(thread.join)
+        stack.callback(stop.set)
         run = base
         while report is None:
             state["launches"] += 1
@@ -195,9 +209,6 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
                 state["resumed_at"] = resumed or 0
                 checkpoint = replace(base.checkpoint, resume=resumed is not None, overwrite=resumed is None)
                 run = replace(base, checkpoint=checkpoint)
-    finally:
-        stop.set()
-        thread.join()
     seconds = time.monotonic() - state["t0"]
     val = report.validation[-1][1] if report.validation else None
     samples = config.steps * config.batch_size * base.replicas

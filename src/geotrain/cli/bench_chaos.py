@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(train --elastic --netlab; root)")
     parser.add_argument("--seed", type=seed, default=d.seed, help="model seed; also draws the killed sites")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    from geotrain.cli.run_dir_args import add_bench_run_dir
+
+    add_bench_run_dir(parser)
 
 
 def run(args: Any) -> int:
@@ -49,7 +52,7 @@ def run(args: Any) -> int:
     config = ChaosBenchConfig(cluster=args.cluster, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                               model=args.model, seed=args.seed, heartbeat_timeout_s=args.heartbeat_timeout,
                               checkpoint_every=args.checkpoint_every, kills=args.kills, sync_every=args.sync_every,
-                              netlab=args.netlab)
+                              netlab=args.netlab, run_dir=args.run_dir)
     out = Output(json_mode=args.json)
     rows = run_chaos_bench(config, None if args.json else lambda label: out.text(f"running: {label}"))
     if args.json:

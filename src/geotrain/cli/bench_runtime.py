@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the model whose predicted iteration time heads the table (schedule: event simulation "
                              "with the measured compute; ring/yuan: their comm + compute, no overlap)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    from geotrain.cli.run_dir_args import add_bench_run_dir
+
+    add_bench_run_dir(parser)
 
 
 def run(args: Any) -> int:
@@ -41,7 +44,7 @@ def run(args: Any) -> int:
                                 inter_gbps=args.inter_gbps, inter_ms=args.inter_ms, intra_gbps=args.intra_gbps,
                                 time_scale=args.time_scale, steps=args.steps, microbatches=args.microbatches,
                                 dp_codec=args.dp_codec, pp_codec=args.pp_codec, seed=args.seed,
-                                cost_model=args.cost_model)
+                                cost_model=args.cost_model, run_dir=args.run_dir)
     out = Output(json_mode=args.json)
     with out.progress("bench runtime", 3 * config.steps) as progress:
         order = {"planned": 0, "random": 1, "crossing": 2}

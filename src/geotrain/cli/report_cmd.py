@@ -62,7 +62,8 @@ def run(args: Any) -> int:
     split = time_split(steps)
     slow = holding_back(split)
     cost = observer_cost(steps, events)
-    counts = dict(Counter(e["event"] for e in events if e["event"] not in ("start", "end")))
+    # an outer sync is counted once, where it lands
+    counts = dict(Counter(e["event"] for e in events if e["event"] not in ("start", "end") and e.get("phase") != "start"))
     if args.plot:
         plot_run(steps, events, args.plot, title=f"{about.get('plan', run_dir.name)} on {about.get('cluster', '?')}")
     board = None

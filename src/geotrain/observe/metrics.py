@@ -4,8 +4,20 @@
     {"kind": "step", "step", "rank", "stage", "replica", "device", "site", "t_wall", "loss", "lr", "tokens",
      "step_s", "compute_s", "comm_s", "wait_s", "bytes_intra", "bytes_inter", "bytes_dp", "bytes_pp",
      "grad_norm", "val_loss", "emulated_start_s", "emulated_end_s"}
-    {"kind": "event", "event": "start" | "resume" | "outer_sync" | "checkpoint" | "failure" | "end", "step", "rank",
-     "t_wall", "emulated_s", ...}
+    {"kind": "event", "event", "step", "rank", "site", "t_wall", "emulated_s", ...more by event}
+
+Events ("step": the 0-based step after which it happened, or the step a run starts or resumes at):
+  start / end          - a rank's process begins / ends (end: `steps`, `observer_s`, `bytes_written`);
+  restart              - an elastic group's restarted process begins (`incarnation`: its restart count);
+  resume / replan      - a run continues from a checkpoint; on another layout also `replan` (`from_replicas`,
+                         `to_replicas`, `from_assignment`, `to_assignment`: runtime.replan.layout_change);
+  outer_sync           - `phase` "start" or "land" of one outer sync of `fragment` (0 without fragments); a
+                         landing adds `bytes` (handed to its collectives) and `started` (the step it started
+                         after): blocking syncs start and land after one step, delayed ones `--sync-delay` later;
+  checkpoint           - this rank's shard written: `path`, `bytes`, `seconds` (wall, the save's barrier included);
+  failure              - the rank failed (`message`), written by the rank, or by the elastic launcher for a
+                         group's killed or crashed process (`exit`, and `restart`: the restart it gets, or null);
+  rejoin               - an elastic group recovered a live peer's state (`seconds`).
 
 The step time splits three ways, every part measured by the worker (geotrain.runtime.worker):
   step_s    - the step's span: on the emulated clock with link emulation (emulated seconds: compute at the

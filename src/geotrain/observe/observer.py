@@ -3,7 +3,8 @@ end, its emulator records (every message it sent and every collective it started
 
     observer = open_observer(config, rank, emulation)   # NullObserver without config.run.run_dir
     observer.step(record)          # after each training step (the worker's step record)
-    observer.event("checkpoint", step)
+    observer.event("checkpoint", step, path=..., bytes=..., seconds=...)
+    sync.listener = observer       # outer syncs: an "outer_sync" event when each starts and lands
     observer.fail(message, step)   # on failure: an event line, flush, the emulator records so far
     observer.close()               # at the end: flush, write <run dir>/emulator/rank-<r>.json
 
@@ -30,6 +31,10 @@ class NullObserver:
 
     def event(self, name: str, step: int, **fields: Any) -> None: ...
 
+    def sync_started(self, step: int, fragment: int) -> None: ...
+
+    def sync_landed(self, step: int, fragment: int, nbytes: int, started: int) -> None: ...
+
     def fail(self, message: str, step: int) -> None: ...
 
     def close(self) -> None: ...
@@ -48,7 +53,6 @@ class RunObserver(NullObserver):
         cluster = config.cluster
         self.site = str(cluster.region_names[cluster.region_of[slot.device]])
         self.tokens = config.schedule.batch_size * config.sequence_length
-        self.outer = config.optim.sync_every is not None
         self.writer = MetricsWriter(metrics_path(run_dir, rank))
         self.cost_s = 0.0  # wall seconds this rank spent in step() and event(): the observer's own cost
         self.steps = 0
@@ -75,18 +79,20 @@ class RunObserver(NullObserver):
                                                                                    cfg.optim.lr),
                             tokens=self.tokens, time_scale=cfg.emulation.time_scale, t_wall=time.time())
         self.writer.write(line)
-        if self.outer:  # an outer step (DiLoCo, or a Streaming DiLoCo fragment landing) moved bytes this step
-            scale = cfg.emulation.time_scale if self.emulation is not None and cfg.emulation.time_scale > 0 else 1.0
-            for nbytes, seconds, posted in record.get("syncs", ()):
-                if nbytes:  # comm_s: as the step's (emulated seconds under emulation, the transport's / time scale)
-                    self.event("outer_sync", record["step"], bytes=nbytes, comm_s=seconds / scale, posted=bool(posted),
-                               emulated_s=line["emulated_end_s"])
 
     def event(self, name: str, step: int, **fields: Any) -> None:
         started = time.perf_counter()
         self.writer.write({"kind": "event", "event": name, "step": step, "rank": self.rank, "site": self.site,
                            "t_wall": time.time(), "emulated_s": self._emulated_now(), **fields})
         self.cost_s += time.perf_counter() - started
+
+    def sync_started(self, step: int, fragment: int) -> None:
+        """An outer sync of `fragment` starts after `step` (geotrain.sync.base.SyncListener)."""
+        self.event("outer_sync", step, phase="start", fragment=fragment)
+
+    def sync_landed(self, step: int, fragment: int, nbytes: int, started: int) -> None:
+        """The sync of `fragment` started after step `started` lands after `step`, `nbytes` handed."""
+        self.event("outer_sync", step, phase="land", fragment=fragment, bytes=nbytes, started=started)
 
     def fail(self, message: str, step: int) -> None:
         """A failure event, flushed with every buffered line, and the emulator records so far (the trace)."""
@@ -125,10 +131,13 @@ def open_observer(config: Any, rank: int, emulation: Any) -> NullObserver:
 
 class ElasticObserver(RunObserver):
     """One process of an elastic replica group (geotrain.runtime.elastic.group): stage `stage` of group
-    `group` writes as rank stage x R + group. Its step lines carry the loss, lr, tokens, `step_s` (wall seconds
-    from the previous step's end: quorums and retries included), `synced` and `emulated_end_s`; the split
-    into compute / comm / wait and the bytes by link class are not measured there (null). Events: `start`
-    (`restart` for a restarted group, with its incarnation), `rejoin` (a live recovery, its seconds), `end`."""
+    `group` writes as rank stage x R + group. Its step lines carry the split in wall seconds: `step_s` from the
+    previous step's end (quorums, recoveries and retries included), `compute_s` (forward, backward, optimizer),
+    `comm_s` (the exchange's all-reduces and commits), `wait_s` the rest (>= 0: mostly quorums); `bytes_dp`;
+    with emulated links `bytes_intra` / `bytes_inter` (what the group sent inside / between regions, else
+    null), `synced` and `emulated_end_s`. Events: `start` (`restart` for a restarted group, with its
+    incarnation), `resume`, `rejoin` (a live recovery, its seconds), `outer_sync`, `checkpoint`, `end`; a
+    killed group's `failure` is written by the launcher (`launcher_event`)."""
 
     def __init__(self, config: Any, group: int, stage: int, incarnation: int, run_dir: Path) -> None:
         self.incarnation = incarnation
@@ -142,16 +151,33 @@ class ElasticObserver(RunObserver):
     def _step(self, record: dict[str, Any]) -> None:
         cfg = self.config
         slot = cfg.layout.slot(self.rank)
+        step_s, compute_s, comm_s = float(record["wall_s"]), float(record["compute_s"]), float(record["comm_s"])
+        sent, inter = record.get("sent_bytes"), record.get("inter_region_bytes")
         self.writer.write({
             "kind": "step", "step": record["step"], "rank": self.rank, "stage": slot.stage, "replica": slot.replica,
             "device": self.device, "site": self.site, "t_wall": time.time(), "loss": _finite(record["loss"]),
             "lr": lr_at(record["step"], cfg.run.steps, cfg.optim.lr), "tokens": self.tokens,
-            "step_s": record["wall_s"], "compute_s": None, "comm_s": None, "wait_s": None, "bytes_intra": None,
-            "bytes_inter": None, "synced": bool(record["synced"]), "emulated_start_s": None,
-            "emulated_end_s": record.get("emulated_s")})
+            "step_s": step_s, "compute_s": compute_s, "comm_s": comm_s,
+            "wait_s": max(0.0, step_s - compute_s - comm_s), "bytes_intra": None if sent is None else sent - inter,
+            "bytes_inter": inter, "bytes_dp": int(record["dp_bytes"]), "synced": bool(record["synced"]),
+            "emulated_start_s": None, "emulated_end_s": record.get("emulated_s")})
 
 
 def open_elastic_observer(config: Any, group: int, stage: int, incarnation: int) -> NullObserver:
     """The observer of an elastic group's process for config.run.run_dir (a NullObserver when it is None)."""
     run_dir = config.run.run_dir
     return NullObserver() if run_dir is None else ElasticObserver(config, group, stage, incarnation, Path(run_dir))
+
+
+def launcher_event(config: Any, rank: int, name: str, step: int, **fields: Any) -> None:
+    """Append one event line to `rank`'s metrics file for config.run.run_dir (nothing without one), written by
+    a launcher about a rank that cannot write it (its process was killed or crashed). One whole line in one
+    write: the rank's restarted process appends to the same file only after this returns."""
+    if config.run.run_dir is None:
+        return
+    cluster = config.cluster
+    site = str(cluster.region_names[cluster.region_of[config.layout.slot(rank).device]])
+    writer = MetricsWriter(metrics_path(config.run.run_dir, rank))
+    writer.write({"kind": "event", "event": name, "step": step, "rank": rank, "site": site, "t_wall": time.time(),
+                  "emulated_s": None, **fields})
+    writer.close()

@@ -118,9 +118,10 @@ def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], 
     loss_ax.plot(xs, ys, marker=".", color="tab:blue", label="loss (mean over replicas)")
     marked: set[str] = set()
     for e in events:
-        if e["event"] not in ("outer_sync", "failure", "checkpoint"):
+        style = {"outer_sync": ("tab:green", "--"), "failure": ("tab:red", "-"), "checkpoint": ("grey", ":"),
+                 "rejoin": ("tab:purple", "-."), "replan": ("black", "-")}
+        if e["event"] not in style or e.get("phase") == "start":  # a sync is marked where it lands
             continue
-        style = {"outer_sync": ("tab:green", "--"), "failure": ("tab:red", "-"), "checkpoint": ("grey", ":")}
         color, line = style[e["event"]]
         loss_ax.axvline(_time_of(e, origin), color=color, linestyle=line, linewidth=0.8,
                         label=e["event"] if e["event"] not in marked else None)

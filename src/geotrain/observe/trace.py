@@ -8,7 +8,10 @@ time since the run's first record without emulation) or an instant ("ph": "i"):
                      src_rank), from its start to its arrival (start_s..end_s), args = the report's entry;
   cat "collective" - one per entry of its `ops`: on its first member's process, start_s..end_s;
   cat "step"       - a run's training steps, one per rank and step: args compute_s, comm_s, wait_s, loss;
-  cat "event"      - instants: outer syncs, checkpoints, failures (a run's event records).
+  cat "sync"       - a run's outer syncs, one per rank and sync: from its "outer_sync" start event to its
+                     landing (in flight over the steps between, with a sync delay); args fragment, started,
+                     landed, bytes. A start without a landing (a run that failed meanwhile) is left out;
+  cat "event"      - instants: checkpoints, failures, restarts, rejoins, re-plans (a run's other events).
 Events of one kind on one rank may overlap (messages to several peers in flight at once), and a JSON
 trace's slices on one thread must nest: each kind is laid out in lanes, threads "transfers 0", "transfers 1"...,
 an event going to the first lane free at its start (a greedy interval colouring: no two overlap in a lane).
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 US = 1e6
-STEP_TID, COLLECTIVE_TID, TRANSFER_TID, EVENT_TID = 0, 100, 1000, 10
+STEP_TID, EVENT_TID, SYNC_TID, COLLECTIVE_TID, TRANSFER_TID = 0, 10, 20, 100, 1000
 """First thread id of each kind's lanes on a rank's process."""
 
 
@@ -79,13 +82,35 @@ def step_events(steps: Sequence[dict[str, Any]], origin_wall: float) -> list[dic
     return events
 
 
+def _event_s(event: dict[str, Any], origin_wall: float) -> float:
+    """An event record's time: emulated seconds, else wall seconds since `origin_wall`."""
+    return event["emulated_s"] if event.get("emulated_s") is not None else event["t_wall"] - origin_wall
+
+
+def sync_events(events: Sequence[dict[str, Any]], origin_wall: float) -> list[dict[str, Any]]:
+    """One "sync" span per outer sync that landed: its "outer_sync" start and land records matched by rank,
+    fragment and the step it started after (module doc)."""
+    starts = {(e["rank"], e["fragment"], e["step"]): e for e in events
+              if e["event"] == "outer_sync" and e.get("phase") == "start"}
+    spans = []
+    for land in (e for e in events if e["event"] == "outer_sync" and e.get("phase") == "land"):
+        start = starts.get((land["rank"], land["fragment"], land["started"]))
+        if start is not None:
+            args = {"fragment": land["fragment"], "started": land["started"], "landed": land["step"],
+                    "bytes": land["bytes"]}
+            spans.append((land["rank"], _event_s(start, origin_wall), _event_s(land, origin_wall), args))
+    lanes = _lanes([(rank, begin, end) for rank, begin, end, _ in spans])
+    return [_complete(f"outer sync f{args['fragment']} (step {args['started']})", "sync", rank, SYNC_TID + lane,
+                      begin, end, args) for (rank, begin, end, args), lane in zip(spans, lanes, strict=True)]
+
+
 def instant_events(events: Sequence[dict[str, Any]], origin_wall: float) -> list[dict[str, Any]]:
-    """One "event" instant per event record but start/end (at its emulated time, else wall time)."""
+    """One "event" instant per event record but start/end and outer syncs (at its emulated time, else wall)."""
     out = []
     for e in events:
-        if e["event"] in ("start", "end"):
+        if e["event"] in ("start", "end", "outer_sync"):
             continue
-        t = e["emulated_s"] if e.get("emulated_s") is not None else e["t_wall"] - origin_wall
+        t = _event_s(e, origin_wall)
         args = {k: v for k, v in e.items() if k not in ("kind", "t_wall")}
         out.append({"name": e["event"], "cat": "event", "ph": "i", "s": "t", "pid": e["rank"], "tid": EVENT_TID,
                     "ts": t * US, "args": args})
@@ -102,6 +127,8 @@ def metadata_events(names: dict[int, str], threads: Iterable[tuple[int, int]]) -
             label = f"transfers {tid - TRANSFER_TID}"
         elif tid >= COLLECTIVE_TID:
             label = f"collectives {tid - COLLECTIVE_TID}"
+        elif tid >= SYNC_TID:
+            label = f"outer syncs {tid - SYNC_TID}"
         else:
             label = {STEP_TID: "steps", EVENT_TID: "events"}.get(tid, str(tid))
         meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
@@ -117,7 +144,7 @@ def build_trace(report: dict[str, Any] | None, steps: Sequence[dict[str, Any]] =
     trace = []
     if report is not None:
         trace += transfer_events(report["transfers"]) + collective_events(report["ops"])
-    trace += step_events(steps, origin) + instant_events(events, origin)
+    trace += step_events(steps, origin) + sync_events(events, origin) + instant_events(events, origin)
     names = dict(rank_names or {})
     for e in trace:
         names.setdefault(e["pid"], f"rank {e['pid']}")

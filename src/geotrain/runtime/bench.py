@@ -60,6 +60,7 @@ class RuntimeBenchConfig:
     search_time_limit_s: float = 10.0
     model: GPTConfig = TINY_GPT
     cost_model: str = ITERATION_MODELS[0]  # the iteration prediction the headline table shows
+    run_dir: str | None = None  # each plan's run directory under it (geotrain.observe.run.row_run_dir); None: none
 
     def __post_init__(self) -> None:
         if self.cost_model not in ITERATION_MODELS:
@@ -172,6 +173,7 @@ def region_crossing_assignment(cluster: Cluster, stages: int, replicas: int) -> 
 def run_runtime_bench(config: RuntimeBenchConfig, progress: Callable[[str, int, int], None] | None = None) -> RuntimeBench:
     """Choose the three plans and train each for config.steps steps; `progress(label, done, total)`."""
     from geotrain.data import world_tokens
+    from geotrain.observe.run import recording, row_run_dir
 
     cluster = bench_cluster(config)
     dp_bytes, pp_bytes = payload_bytes(config)
@@ -187,7 +189,10 @@ def run_runtime_bench(config: RuntimeBenchConfig, progress: Callable[[str, int, 
         run_config = RuntimeConfig.of(cluster, assignment, label, gpt=config.model, steps=config.steps,
                                       microbatches=config.microbatches, batch_size=config.batch_size,
                                       dp_codec=config.dp_codec, pp_codec=config.pp_codec, time_scale=config.time_scale,
-                                      seed=config.seed)
+                                      seed=config.seed,
+                                      run_dir=None if config.run_dir is None else row_run_dir(config.run_dir, label))
         callback = None if progress is None else (lambda done, total, label=label: progress(label, done, total))
-        plans.append(BenchPlan(label, chosen_by, launch(run_config, progress=callback, tokens=tokens).report))
+        with recording(run_config):
+            report = launch(run_config, progress=callback, tokens=tokens).report
+        plans.append(BenchPlan(label, chosen_by, report))
     return RuntimeBench(config, cluster, tuple(plans), dp_bytes, pp_bytes)

@@ -71,3 +71,16 @@ def is_replan(manifest: dict[str, Any], shard: dict[str, Any], assignment: list[
     per-step records of another layout are not carried over: predictions for them would score the
     wrong devices."""
     return manifest["identity"].get("replicas") != len(assignment[0]) or shard.get("assignment", assignment) != assignment
+
+
+def layout_change(manifest: dict[str, Any], shard: dict[str, Any], assignment: list[list[int]]) -> dict[str, Any] | None:
+    """What a resume on `assignment` changes from the checkpoint's layout (its "replan" event), None when it
+    continues on the same one: `from_replicas` (an elastic run's checkpoint: its replica groups) and
+    `to_replicas`, `from_assignment` (the shard's; one elastic group's column) and `to_assignment`."""
+    elastic = (manifest.get("written_by") or {}).get("elastic_groups")
+    before = int(elastic if elastic is not None else manifest["identity"].get("replicas", len(assignment[0])))
+    devices = shard.get("assignment", assignment)
+    if before == len(assignment[0]) and (elastic is not None or devices == assignment):
+        return None
+    return {"from_replicas": before, "to_replicas": len(assignment[0]), "from_assignment": devices,
+            "to_assignment": assignment}

@@ -103,6 +103,7 @@ class Worker:
         if model.vocab_size is not None and self.data.vocab_size > model.vocab_size:
             raise RuntimeConfigError(f"model {config.model.model_name!r}: vocabulary of {model.vocab_size} is smaller "
                                      f"than the data's {self.data.vocab_size} ({self.data.source})")
+        self.replanned: dict[str, Any] | None = None  # a resume on another layout: replan.layout_change
         self.resume_state = self._load_resume_state() if config.checkpoint.resume else None
         self.boundaries = self._boundaries(model)
         wire = config.comm.wire_dtypes()
@@ -210,8 +211,7 @@ class Worker:
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
                 "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
-                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers],
-                "syncs": [[c.nbytes, c.emulated_s, c.posted] for c in collectives]}
+                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
 
     def rebalance_shares(self) -> None:
         """--batch-shares measured: new shares from the last REBALANCE_EVERY steps' compute of every replica
@@ -277,14 +277,19 @@ class Worker:
             clock.restart(before)
         return loss
 
-    def save(self, completed: int) -> None:
+    def save(self, completed: int) -> dict[str, Any]:
+        """Write this rank's shard of the checkpoint after `completed` steps (rank 0: then the manifest, once
+        every rank has written); returns what the checkpoint event records: the shard's `path`, its `bytes`
+        and the wall `seconds` of the whole save (the barrier included)."""
         cfg = self.config
+        started = time.perf_counter()
         state = ckpt.shard_state(self.slot_header(), cfg.assignment.tolist(), self.stage.state_dict(), self.boundaries,
                                  self.dp.state_dict(), completed, self.records)
-        ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())
+        path = ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())
         dist.barrier()
         if self.rank == 0:
             ckpt.write_manifest(cfg.checkpoint.checkpoint_dir, completed, cfg.identity(), cfg.world_size)
+        return {"path": str(path), "bytes": path.stat().st_size, "seconds": time.perf_counter() - started}
 
     def _load_resume_state(self) -> dict[str, Any]:
         cfg = self.config
@@ -295,6 +300,7 @@ class Worker:
         replan.check_resume_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint.checkpoint_dir, step)))
         source = replan.source_slot(manifest, self.slot.stage, self.slot.replica)  # a re-plan may change R
         state = ckpt.load_shard(cfg.checkpoint.checkpoint_dir, step, source["rank"], manifest, source)
+        self.replanned = replan.layout_change(manifest, state, cfg.assignment.tolist())
         if replan.is_replan(manifest, state, cfg.assignment.tolist()):
             state["records"] = []  # they describe the old layout's slots: the report covers this one's steps
         state["_step"], state["_rank"] = step, source["rank"]
@@ -330,9 +336,12 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
            observer: NullObserver) -> list[dict[str, Any]] | None:
     worker = Worker(config, rank, device, emulation, world)
     worker_box.append(worker)
+    worker.dp.listener = observer
     if config.checkpoint.resume:
         worker.restore()
         observer.event("resume", worker.start_step)
+        if worker.replanned is not None:
+            observer.event("replan", worker.start_step, **worker.replanned)
     watchdog.publish_step(worker.start_step)
     run, data, checkpoint = config.run, config.data, config.checkpoint
     if isinstance(worker.dp, AdaptiveOuterSync):
@@ -352,8 +361,7 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
             worker.rebalance_shares()
         watchdog.publish_step(step + 1)
         if checkpoint.due(step + 1, end) and not asynchronous:
-            worker.save(step + 1)
-            observer.event("checkpoint", step + 1)
+            observer.event("checkpoint", step + 1, **worker.save(step + 1))
     if asynchronous:
         worker.records[-1]["dp_bytes"] += worker.dp.finish()  # every rank now holds the final global model
         worker.records[-1]["param_sum"] = worker.dp.fingerprint()
@@ -387,8 +395,7 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
     if worker.records:
         worker.records[-1].update(param_sum=sync.fingerprint(), syncs_landed=sync.outer_step)
     if worker.config.checkpoint.checkpoint_dir is not None:
-        worker.save(run.steps)
-        observer.event("checkpoint", run.steps)
+        observer.event("checkpoint", run.steps, **worker.save(run.steps))
 
 
 def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[dict[str, Any]] | None:

@@ -106,6 +106,7 @@ class _InFlight:
 
     land: Callable[[StepTimer], int]
     proxy: list[torch.Tensor] | None  # eager landing: the change applied at the start
+    started: int  # this replica's 0-based inner step it started after
     lands_after: int = 1
 
 
@@ -220,6 +221,7 @@ class AdaptiveOuterSync(GradientSync):
                 self.outer.reset_params(self.mix)
             else:
                 self.outer.land_eager(means, flight.proxy)  # type: ignore[arg-type]
+        self._sync_landed(self.inner_steps - 1, dp_bytes, started=flight.started)
         return dp_bytes
 
     def _land_times(self) -> list[float] | None:
@@ -235,6 +237,7 @@ class AdaptiveOuterSync(GradientSync):
         started here and landed in the next period."""
         total = sum(steps)
         weight = self.replicas * self.period_steps / total  # x R: the exchange's mean divides by R
+        self._sync_started(self.inner_steps - 1)
         with timer:
             local = self.outer.outer_gradients()
             set_grads(self.shadows, local if weight == 1.0 else [g * weight for g in local])
@@ -243,13 +246,14 @@ class AdaptiveOuterSync(GradientSync):
             dp_bytes = self.exchange.exchange(self.outer_step, timer)
             with timer:
                 self.outer.apply([s.grad for s in self.shadows])  # type: ignore[misc]
+            self._sync_landed(self.inner_steps - 1, dp_bytes)
         else:
             land = self.exchange.start(self.outer_step, timer)  # type: ignore[attr-defined]
             proxy = None
             if self.landing == "eager":
                 with timer:
                     proxy = self.outer.start_eager(local)
-            self._flight = _InFlight(land, proxy)
+            self._flight = _InFlight(land, proxy, self.inner_steps - 1)
         measured = self._land_times()
         if rebalance and self.adaptive and measured is not None:
             self.local_steps = adaptive_local_steps(measured, self.sync_every)

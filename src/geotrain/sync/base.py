@@ -127,12 +127,34 @@ class SyncResult(NamedTuple):
     grad_norm: float | None
 
 
+class SyncListener(Protocol):
+    """Told when an outer sync starts and when it lands (a run's observer, geotrain.observe.observer): `step` is
+    the 0-based step after which it happens, `fragment` the model fragment (0 without fragments); a landing
+    names the step its sync `started` after and the bytes this rank handed to its collectives. A blocking sync
+    starts and lands after the same step."""
+
+    def sync_started(self, step: int, fragment: int) -> None: ...
+
+    def sync_landed(self, step: int, fragment: int, nbytes: int, started: int) -> None: ...
+
+
 class GradientSync(ABC):
     """One data-parallel synchronisation scheme of a stage's parameters (see the module doc)."""
 
     params: list[torch.nn.Parameter]
     optimizer: torch.optim.Optimizer
     """The optimizer of the parameters (the inner one for OuterSync): its lr is what `set_lr` sets."""
+    listener: SyncListener | None = None
+    """Told of each outer sync's start and landing (schemes with outer syncs call `_sync_started` and
+    `_sync_landed`; set by the caller, e.g. the runtime's worker)."""
+
+    def _sync_started(self, step: int, fragment: int = 0) -> None:
+        if self.listener is not None:
+            self.listener.sync_started(step, fragment)
+
+    def _sync_landed(self, step: int, nbytes: int, fragment: int = 0, started: int | None = None) -> None:
+        if self.listener is not None:
+            self.listener.sync_landed(step, fragment, nbytes, step if started is None else started)
 
     @abstractmethod
     def step(self, step: int, timer: StepTimer) -> SyncResult:

@@ -18,6 +18,7 @@ recovered step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,7 +49,8 @@ class ManagerExchange:
     quorum for this step was started; `healed()`: True when this group loaded a peer's state in the
     quorum just started; `weight_on_heal`: this group's weight in such a quorum (0 with --sync-every);
     `start_quorum`: how a retry starts a new quorum (default: the manager's); `abort`: aborts the
-    process group after a failed exchange (its next quorum configures a new one)."""
+    process group after a failed exchange (its next quorum configures a new one). `comm_s`: wall seconds
+    spent in the all-reduces and commits so far (retries and their quorums included)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], manager: Any, healed: Callable[[], bool],
                  weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES,
@@ -62,6 +64,7 @@ class ManagerExchange:
         self.retries = retries
         self.failed_quorums = 0
         self.contributors = 0.0
+        self.comm_s = 0.0
 
     def exchange(self, step: int, timer: StepTimer) -> int:
         """Average the gradients over the quorum's contributing groups, in place; bytes handed to the all-reduce."""
@@ -72,6 +75,7 @@ class ManagerExchange:
             weight = self.weight_on_heal if self.healed() else 1.0
             local = torch.cat([g.detach().reshape(-1).float() * weight for g in grads] +
                               [torch.tensor([weight], dtype=torch.float32)])
+        started = time.perf_counter()
         for attempt in range(self.retries + 1):
             if attempt:
                 self.start_quorum()
@@ -86,6 +90,7 @@ class ManagerExchange:
                 self.abort()  # close our links now: members blocked on us in the ring fail at once, not at their timeout
         else:
             raise QuorumLost(f"elastic exchange at step {step}: {self.retries + 1} quorums in a row failed to commit")
+        self.comm_s += time.perf_counter() - started
         self.contributors = float(buffer[-1])
         if self.contributors <= 0:
             raise QuorumLost(f"elastic exchange at step {step}: no contributing replica group in the quorum")

@@ -46,12 +46,14 @@ class OuterSync(GradientSync):
         Returns the bytes handed to the DP group's collectives."""
         if not self.outer.due(step, self.total_steps):
             return 0
+        self._sync_started(step)
         with timer:
             for p, outer_gradient in zip(self.params, self.outer.outer_gradients(), strict=True):
                 p.grad = outer_gradient.to(p.dtype)
         dp_bytes = self.exchange.exchange(step, timer)
         with timer:
             self.outer.apply([p.grad for p in self.params])
+        self._sync_landed(step, dp_bytes)
         return dp_bytes
 
     def fingerprint(self) -> float:

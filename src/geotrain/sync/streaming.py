@@ -204,6 +204,7 @@ class _InFlight:
     land: Callable[[StepTimer], int]
     proxy: list[torch.Tensor] | None = None  # eager landing: the anchor change applied at the start
     moments: bool = False  # the inner optimizer's moments travel in this sync
+    started: int = 0  # the step it started after
 
 
 class ExchangeFactory(Protocol):
@@ -276,7 +277,7 @@ class StreamingOuterSync(OuterSync):
         """Land the syncs due after `step`, start the fragments due; at the last step, flush."""
         if self.total_steps is not None and step + 1 == self.total_steps:
             return self.flush(step, timer)
-        dp_bytes = self._land(lambda flight: flight.lands_after <= step, timer)
+        dp_bytes = self._land(lambda flight: flight.lands_after <= step, step, timer)
         for p, fragment in enumerate(self.fragments):
             if fragment_due(step, p, len(self.fragments), self.sync_every):
                 dp_bytes += self._start(p, step, timer)
@@ -286,7 +287,7 @@ class StreamingOuterSync(OuterSync):
         """Land every sync in flight, then sync every fragment at once, blocking, without mixing; a fragment
         whose sync after this same `step` already landed is skipped (its outer gradient is zero, but the outer
         Nesterov momentum would still move it: a loop that ends on a period's last step ends synced)."""
-        dp_bytes = self._land(lambda flight: True, timer)
+        dp_bytes = self._land(lambda flight: True, step, timer)
         for p in range(len(self.fragments)):
             if self._landed_at.get(p) == step:
                 continue
@@ -307,6 +308,7 @@ class StreamingOuterSync(OuterSync):
     def _start(self, p: int, step: int, timer: StepTimer, blocking: bool = False) -> int:
         fragment = self.fragments[p]
         self._check_storage(fragment)
+        self._sync_started(step, p)
         blocking = blocking or step < self.warmup
         moments = self.moments_travel(p, step)
         parts = {} if fragment.moments is None else {"parts": PARTS_WITH_MOMENTS if moments else 1}
@@ -320,20 +322,22 @@ class StreamingOuterSync(OuterSync):
             self._apply(fragment, timer, 0.0 if blocking else self.mix, moments)
             if blocking or self.mix == 0.0:
                 self._landed_at[p] = step
+            self._sync_landed(step, dp_bytes, p)
             return dp_bytes
         land = fragment.exchange.start(step, timer, **parts)  # type: ignore[attr-defined]
         proxy = None
         if self.landing == "eager":
             with timer:
                 proxy = fragment.outer.start_eager(local)
-        self._in_flight.append(_InFlight(p, step + self.delay, land, proxy, moments))
+        self._in_flight.append(_InFlight(p, step + self.delay, land, proxy, moments, step))
         return 0
 
-    def _land(self, ready: Callable[[_InFlight], bool], timer: StepTimer) -> int:
-        """Apply the syncs in flight that are `ready`, in start order; returns their bytes."""
+    def _land(self, ready: Callable[[_InFlight], bool], step: int, timer: StepTimer) -> int:
+        """Apply the syncs in flight that are `ready`, in start order, after `step`; returns their bytes."""
         dp_bytes = 0
         for flight in [f for f in self._in_flight if ready(f)]:
-            dp_bytes += flight.land(timer)
+            nbytes = flight.land(timer)
+            dp_bytes += nbytes
             fragment = self.fragments[flight.fragment]
             if flight.proxy is None:
                 self._apply(fragment, timer, self.mix, flight.moments)
@@ -343,6 +347,7 @@ class StreamingOuterSync(OuterSync):
                     if flight.moments:
                         fragment.moments.land_eager()  # type: ignore[union-attr]
             self._in_flight.remove(flight)
+            self._sync_landed(step, nbytes, flight.fragment, flight.started)
         return dp_bytes
 
     def _check_storage(self, fragment: Fragment) -> None:

@@ -27,7 +27,7 @@ def _plan(tmp_path: Path) -> str:
 @pytest.mark.slow  # a plan and a 4-rank launch
 @pytest.mark.timeout(400)
 def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Path):
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
                            "--sync-every", "5", "--time-scale", "0", "--outer-sync", "async-hierarchical",
                            "--eval-every", "10", "--json"], capture_output=True, text=True, timeout=360)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -45,7 +45,7 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Pa
                                          "lives once, in rank 0's server, and a torchft recovery copies a peer's "
                                          "state at a synchronous step")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(tmp_path: Path, extra, why):
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
                            "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,
                           timeout=180)
     assert done.returncode != 0

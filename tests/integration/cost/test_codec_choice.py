@@ -170,7 +170,7 @@ def test_plan_with_codecs_auto_is_applied_by_train(tmp_path: Path):
     plan = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]],
             "codecs": {"version": 1, "dp": ["none", "sign"], "pp": ["fp16"]}}
     plan_file.write_text(json.dumps(plan))
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", str(cluster_file), "--plan", str(plan_file), "--steps", "2",
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", str(cluster_file), "--plan", str(plan_file), "--steps", "2",
                            "--time-scale", "0.01", "--json"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)

@@ -82,7 +82,7 @@ def test_train_with_a_builder_calling_sys_exit_ends_in_one_line(tmp_path):
     (tmp_path / "user.py").write_text(USER_FILE.format(when="call"))
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--cluster", str(tmp_path / "cluster.yaml"),
+    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--run-dir", "none", "--cluster", str(tmp_path / "cluster.yaml"),
                            "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--time-scale", "0",
                            "--model", f"{tmp_path / 'user.py'}:exits"], capture_output=True, text=True, timeout=200)
     assert done.returncode == 2, done.stderr

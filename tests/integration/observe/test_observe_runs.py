@@ -127,20 +127,47 @@ def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(tm
         sum(e["bytes_written"] for e in ends) / 12) and 0 < cost["overhead_pct"] < 100
 
 
-def test_sync_every_run_records_an_outer_sync_event_at_each_step_that_moved_bytes(tmp_path):
+def sync_events(lines: list[dict]) -> tuple[set, set]:
+    """(rank, fragment, step) of every outer_sync start, and (rank, fragment, started, landed step) of every landing."""
+    syncs = [r for r in lines if r.get("event") == "outer_sync"]
+    return ({(e["rank"], e["fragment"], e["step"]) for e in syncs if e["phase"] == "start"},
+            {(e["rank"], e["fragment"], e["started"], e["step"]) for e in syncs if e["phase"] == "land"})
+
+
+@pytest.mark.parametrize("flags, landings", [
+    ((), {(0, 1, 1), (0, 3, 3)}),  # blocking DiLoCo: each sync lands after the step it started after
+    # Streaming, 2 fragments, delay 1: fragment 1 (offset 1) starts after steps 0 and 2, lands a step later (the
+    # last step lands everything, then syncs every fragment at once, blocking); fragment 0 after step 1 and 3
+    (("--fragments", "2", "--sync-delay", "1"), {(1, 0, 1), (0, 1, 2), (1, 2, 3), (0, 3, 3), (1, 3, 3)}),
+], ids=["blocking", "streaming-delay"])
+def test_outer_syncs_are_events_from_start_to_landing_and_spans_in_the_trace(tmp_path, flags, landings):
     files = write_job_files(tmp_path)
     run_dir = tmp_path / "run"
     geotrain("train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0.1",
-             "--sync-every", "2", "--run-dir", str(run_dir), "--json", cwd=tmp_path)
+             "--sync-every", "2", *flags, "--run-dir", str(run_dir), "--json", cwd=tmp_path)
     lines = read_lines(run_dir)
-    synced = sorted((r["rank"], r["step"]) for r in lines if r["kind"] == "step" and r["bytes_dp"] > 0)
-    events = [r for r in lines if r.get("event") == "outer_sync"]
-    assert synced == [(r, s) for r in range(4) for s in (1, 3)]
-    assert sorted((e["rank"], e["step"]) for e in events) == synced
+    starts, lands = sync_events(lines)
+    assert lands == {(rank, *landing) for rank in range(4) for landing in landings}
+    assert starts == {(rank, fragment, started) for rank, fragment, started, _ in lands}
     steps = {(r["rank"], r["step"]): r for r in lines if r["kind"] == "step"}
-    for e in events:
-        assert e["comm_s"] == pytest.approx(steps[(e["rank"], e["step"])]["comm_s"])
-        assert e["emulated_s"] == steps[(e["rank"], e["step"])]["emulated_end_s"]
+    handed: dict = {}
+    for e in (r for r in lines if r.get("event") == "outer_sync" and r["phase"] == "land"):
+        handed[(e["rank"], e["step"])] = handed.get((e["rank"], e["step"]), 0) + e["bytes"]
+        assert e["bytes"] > 0 and e["emulated_s"] <= steps[(e["rank"], e["step"])]["emulated_end_s"]
+    # the landings' bytes are the DP bytes of the steps they land in (a posted sync's counted at its landing)
+    assert handed == {key: r["bytes_dp"] for key, r in steps.items() if r["bytes_dp"] > 0}
+    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    spans = [e for e in trace if e.get("cat") == "sync"]
+    assert sorted((e["pid"], e["args"]["fragment"], e["args"]["started"], e["args"]["landed"]) for e in spans) == \
+        sorted(lands)
+    for e in spans:  # from its start (before the exchange) to its landing, on the emulated clock
+        assert e["ph"] == "X" and e["dur"] > 0
+        landed_step = steps[(e["pid"], e["args"]["landed"])]
+        if e["args"]["landed"] > e["args"]["started"]:  # in flight from one step into the next
+            assert e["ts"] / 1e6 < landed_step["emulated_start_s"] < (e["ts"] + e["dur"]) / 1e6
+        else:
+            assert landed_step["emulated_start_s"] <= e["ts"] / 1e6
+    assert not [e for e in trace if e.get("cat") == "event" and e["name"] == "outer_sync"]
 
 
 def test_default_run_dir_is_printed_and_old_ones_are_swept(tmp_path):
@@ -223,15 +250,37 @@ def test_checkpoint_and_resume_events_name_their_steps(tmp_path):
         (rank, step) for rank in range(4) for step in (1, 2)]  # completed steps, as the checkpoint names them
     assert sorted((r["rank"], r["step"]) for r in second if r.get("event") == "resume") == [(r, 2) for r in range(4)]
     assert sorted({r["step"] for r in second if r["kind"] == "step"}) == [2, 3]
+    for e in (r for r in first + second if r.get("event") == "checkpoint"):  # the shard, its size, the save's time
+        assert e["path"] == f"ckpt/step-{e['step']:06d}/rank-{e['rank']:04d}.pt"  # under --checkpoint-dir as given
+        assert e["bytes"] == (tmp_path / e["path"]).stat().st_size > 1000 and 0 < e["seconds"] < 30
+
+
+def test_adaptive_local_steps_record_each_sync_and_the_final_checkpoint(tmp_path):
+    """--local-steps adaptive: a rank's syncs fall where its own H_r ends; each starts and lands after one step."""
+    files = write_job_files(tmp_path)
+    (tmp_path / "dp2.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))
+    geotrain("train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "4", "--time-scale", "0.1",
+             "--microbatches", "1", "--sync-every", "2", "--local-steps", "adaptive", "--checkpoint-dir", "ckpt", "--run-dir", "run",
+             "--json", cwd=tmp_path)
+    lines = read_lines(tmp_path / "run")
+    starts, lands = sync_events(lines)
+    assert {(rank, fragment, step) for rank, fragment, step, _ in lands} == starts
+    assert all(started == landed for _, _, started, landed in lands)
+    for rank in range(2):  # ceil(4 / 2) periods, every rank's last sync after its last step
+        mine = sorted(landed for r, _, _, landed in lands if r == rank)
+        assert len(mine) == 2 and mine[-1] == max(r["step"] for r in lines if r["kind"] == "step" and r["rank"] == rank)
+    checkpoints = [r for r in lines if r.get("event") == "checkpoint"]
+    assert sorted((e["rank"], e["step"]) for e in checkpoints) == [(rank, 4) for rank in range(2)]
+    assert all(e["bytes"] == (tmp_path / e["path"]).stat().st_size for e in checkpoints)
 
 
 def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_rejoin(tmp_path):
     pytest.importorskip("torchft")
-    (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
+    (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
     done = geotrain("train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
                     "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
                     "--microbatches", "1",
-                    "--time-scale", "0", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
+                    "--time-scale", "0.01", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
                     "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout", "30",
                     "--run-dir", "run", "--json", cwd=tmp_path)
     result = json.loads(done.stdout)
@@ -239,11 +288,25 @@ def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_re
     lines = read_lines(tmp_path / "run")
     steps = [r for r in lines if r["kind"] == "step"]
     assert sorted({r["step"] for r in steps if r["rank"] == 0}) == list(range(150))  # the survivor: every step
-    assert all(r["loss"] is not None and r["step_s"] > 0 and r["compute_s"] is None for r in steps)
+    assert all(r["loss"] is not None and r["step_s"] > 0 for r in steps)
+    for r in steps:  # wall seconds: compute, the exchange's all-reduce and commit, the rest (quorums) waiting
+        assert r["compute_s"] > 0 and r["comm_s"] > 0 and r["wait_s"] >= 0
+        assert r["compute_s"] + r["comm_s"] + r["wait_s"] == pytest.approx(r["step_s"], abs=1e-9) or (
+            r["wait_s"] == 0 and r["compute_s"] + r["comm_s"] >= r["step_s"])
+        # the groups sit in two regions: what a group sends goes between them (the emulated links' records)
+        assert r["bytes_dp"] > 0 and r["bytes_inter"] > 0 and r["bytes_intra"] == 0
     events = [(r["rank"], r["event"]) for r in lines if r["kind"] == "event"]
     assert events.count((1, "start")) == 1 and events.count((1, "restart")) == 1  # start flushed before the kill
+    failure = next(r for r in lines if r.get("event") == "failure")  # written by the launcher for the killed group
+    assert failure["rank"] == 1 and failure["exit"] == "killed by SIGKILL" and failure["restart"] == 1
     rejoin = next(r for r in lines if r.get("event") == "rejoin")
     assert rejoin["rank"] == 1 and rejoin["seconds"] > 0
     assert min(r["step"] for r in steps if r["rank"] == 1 and r["t_wall"] > rejoin["t_wall"]) == rejoin["step"]
+    # the step it was in: the launcher's count of its committed steps (killed about 1 s in), before its rejoin's
+    assert 0 < failure["step"] <= rejoin["step"] and failure["t_wall"] < rejoin["t_wall"]
+    trace = json.loads((tmp_path / "run" / "trace.json").read_text())["traceEvents"]
+    assert sorted((e["pid"], e["name"]) for e in trace if e.get("cat") == "event") == [
+        (1, "failure"), (1, "rejoin"), (1, "restart")]
     report = json.loads(geotrain("report", "run", "--json", cwd=tmp_path).stdout)
-    assert report["events"] == {"restart": 1, "rejoin": 1} and report["split"]["sites"] == []
+    assert report["events"] == {"failure": 1, "restart": 1, "rejoin": 1}
+    assert [s["site"] for s in report["split"]["sites"]] == ["east", "west"]

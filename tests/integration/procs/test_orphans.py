@@ -117,7 +117,7 @@ def test_a_child_started_after_its_launcher_died_kills_itself_at_once():
 def test_train_launcher_killed_leaves_no_worker(tmp_path):
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    args = ["train", "--cluster", str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"),
+    args = ["train", "--run-dir", "none", "--cluster", str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"),
             "--steps", "200", "--time-scale", "0.05", "--heartbeat-timeout", "60", "--json"]
     # A 60 s heartbeat timeout: the workers' own watchdogs cannot be what ends them within 15 s.
     ready = lambda family: {comm(pid) for pid in family} >= {f"geotrain-r{r}" for r in range(4)}  # noqa: E731

@@ -35,7 +35,7 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 
 def _train_args(files: dict[str, str], checkpoint_dir: Path, *extra: str) -> list[str]:
-    return ["train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4",
+    return ["train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4",
             "--time-scale", "0", "--checkpoint-dir", str(checkpoint_dir), "--json", *extra]
 
 

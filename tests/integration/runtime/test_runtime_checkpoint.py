@@ -39,7 +39,7 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 
 def _train(files: dict[str, str], directory: Path, *extra: str) -> list[str]:
-    return [*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"], "--time-scale", "0",
+    return [*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"], "--time-scale", "0",
             "--checkpoint-dir", str(directory), "--json", *extra]
 
 

@@ -28,7 +28,7 @@ def job_files(tmp_path: Path) -> tuple[str, str]:
 @pytest.mark.timeout(240)
 def test_train_cli_runs_a_2x2_plan_and_prints_one_json_object(job_files):
     cluster, plan = job_files
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", plan, "--steps", "3",
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", cluster, "--plan", plan, "--steps", "3",
                            "--time-scale", "0.2", "--dp-codec", "fp16", "--json"],
                           capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr
@@ -52,7 +52,7 @@ def test_train_cli_runs_a_2x2_plan_and_prints_one_json_object(job_files):
 def test_killed_worker_ends_the_run_in_bounded_time_naming_it_with_no_orphans(job_files, tmp_path):
     cluster, plan = job_files
     checkpoints = tmp_path / "ckpt"
-    launcher = subprocess.Popen([*GEOTRAIN, "train", "--cluster", cluster, "--plan", plan, "--steps", "200",
+    launcher = subprocess.Popen([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", cluster, "--plan", plan, "--steps", "200",
                                  "--time-scale", "0.05", "--heartbeat-timeout", "3", "--checkpoint-dir", str(checkpoints),
                                  "--checkpoint-every", "1", "--json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -89,7 +89,7 @@ def test_train_runs_unchanged_under_torchrun(job_files):
     cluster, plan = job_files
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                           "-m", "geotrain", "train", "--cluster", cluster, "--plan", plan, "--steps", "2",
+                           "-m", "geotrain", "train", "--run-dir", "none", "--cluster", cluster, "--plan", plan, "--steps", "2",
                            "--time-scale", "0.05", "--json"], capture_output=True, text=True, timeout=200, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -105,7 +105,7 @@ def test_train_cli_trains_a_user_file_model_on_a_text_file_with_a_validation_tab
     cluster, plan = job_files
     (tmp_path / "my_model.py").write_text(USER_GPT)
     (tmp_path / "corpus.txt").write_text("the cat sat on the mat. the dog ran under a tree.\n" * 200)
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", plan, "--steps", "2", "--time-scale", "0",
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", cluster, "--plan", plan, "--steps", "2", "--time-scale", "0",
                            "--model", f"{tmp_path / 'my_model.py'}:build", "--data", str(tmp_path / "corpus.txt"),
                            "--seq-len", "16", "--eval-every", "1", "--eval-windows", "8", "--schedule", "1f1b"],
                           capture_output=True, text=True, timeout=200)

@@ -37,7 +37,7 @@ def _train(tmp: Path, plan: dict, *flags: str) -> subprocess.CompletedProcess:
 
 def test_an_elastic_run_that_loses_a_device_for_good_resumes_on_the_replan_from_its_checkpoint(tmp_path, capsys):
     plan = {"stages": 1, "replicas": 2, "assignment": [[0, LOST_DEVICE]]}
-    done = _train(tmp_path, plan, "--elastic", "--batch-size", "2", "--heartbeat-timeout", "1.5")
+    done = _train(tmp_path, plan, "--elastic", "--batch-size", "2", "--heartbeat-timeout", "1.5", "--run-dir", "elastic")
     assert done.returncode == 0, done.stderr[-2000:]
     elastic = json.loads(done.stdout)
     assert elastic["steps"] == 8 and elastic["groups_finished"] == [0, 1]
@@ -49,6 +49,10 @@ def test_an_elastic_run_that_loses_a_device_for_good_resumes_on_the_replan_from_
         assert sorted(p.name for p in (directory / f"step-{step:06d}").iterdir()) == ["manifest.json", "rank-0000.pt"]
         assert (manifest["identity"]["replicas"], manifest["identity"]["batch_size"]) == (1, 4)  # global batch 2 x 2
         assert manifest["written_by"]["elastic_groups"] == 2 and manifest["written_by"]["group"] in (0, 1)
+    saved = [json.loads(line) for path in (tmp_path / "elastic" / "metrics").glob("rank-*.jsonl")
+             for line in path.read_text().splitlines() if '"checkpoint"' in line]
+    assert sorted(e["step"] for e in saved) == [4, 8]  # one writer group per checkpoint: its event, its shard
+    assert all(e["bytes"] == (tmp_path / e["path"]).stat().st_size for e in saved)
     (directory / "latest").write_text("step-000004\n")  # device west-0 is lost after step 4 for good
 
     out = tmp_path / "replan.json"
@@ -64,8 +68,12 @@ def test_an_elastic_run_that_loses_a_device_for_good_resumes_on_the_replan_from_
     assert "global batch is 4 sequences (1 replicas x 4), this plan's is 2 (1 x 2)" in refused.stderr
     assert "pass --batch-size 4" in refused.stderr and "Traceback" not in refused.stderr
 
-    resumed = _train(tmp_path, plan_r1, "--resume", "--batch-size", "4")
+    resumed = _train(tmp_path, plan_r1, "--resume", "--batch-size", "4", "--run-dir", "replan")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    events = [json.loads(line) for line in (tmp_path / "replan" / "metrics" / "rank-0.jsonl").read_text().splitlines()]
+    replanned = [e for e in events if e.get("event") == "replan"]  # the 2 elastic groups' state on 1 replica
+    assert [(e["step"], e["from_replicas"], e["to_replicas"], e["to_assignment"]) for e in replanned] == [
+        (4, 2, 1, plan_r1["assignment"])]
     losses = json.loads(resumed.stdout)["losses"]
     # step t's global batch is the same 4 windows, in one slice instead of two: the same mean gradient up
     # to float summation order (measured: within 3e-7)

@@ -46,7 +46,7 @@ def _signal_one_rank(args: list[str], pick, sig: int) -> tuple[int, str]:
 def test_sigint_to_one_train_worker_ends_the_run_with_one_line_per_process(tmp_path):
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    args = ["train", "--cluster", str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"),
+    args = ["train", "--run-dir", "none", "--cluster", str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"),
             "--steps", "200", "--time-scale", "0.05", "--heartbeat-timeout", "5", "--json"]
 
     def rank1(launcher: int) -> int | None:

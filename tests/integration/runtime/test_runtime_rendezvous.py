@@ -32,7 +32,7 @@ def test_rank0_under_torchrun_without_peers_says_who_is_missing_in_one_line(file
     port = _free_port()
     env = {**os.environ, "TORCHELASTIC_RUN_ID": "t", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "4",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    done = subprocess.run([sys.executable, "-m", "geotrain", "train", *files, "--steps", "2", "--time-scale", "0",
+    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--run-dir", "none", *files, "--steps", "2", "--time-scale", "0",
                            "--comm-timeout", "3"], env=env, capture_output=True, text=True, timeout=150)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr

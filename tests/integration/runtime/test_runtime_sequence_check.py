@@ -53,7 +53,7 @@ def test_train_with_seq_len_100000_fails_fast_in_one_line(tmp_path):
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--cluster", str(tmp_path / "cluster.yaml"),
+    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--run-dir", "none", "--cluster", str(tmp_path / "cluster.yaml"),
                            "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--time-scale", "0",
                            "--seq-len", "100000"], capture_output=True, text=True, timeout=100)
     assert done.returncode == 2

@@ -21,7 +21,7 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 
 def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = 6) -> dict:
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
                            "--time-scale", time_scale, "--steps", str(steps), "--dp-codec", "int8-block", "--json",
                            *extra],
                           capture_output=True, text=True, timeout=300)
@@ -88,7 +88,7 @@ def test_streaming_settings_are_refused_in_one_line_naming_the_key(options, mess
 
 
 def test_streaming_flags_without_sync_every_are_refused_by_train(files):
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
                            "--time-scale", "0", "--steps", "2", "--sync-mix", "0.5"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0  # (--sync-delay alone is delayed gradients: geotrain.sync.delayed)

@@ -22,7 +22,7 @@ def files(tmp_path_factory) -> dict[str, str]:
 
 
 def _train(files: dict[str, str], *extra: str, steps: int = 8) -> dict:
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
                            "--time-scale", "0", "--steps", str(steps), "--dp-codec", "int8-block", "--json",
                            "--sync-every", "4", "--outer-lr", "1", "--outer-momentum", "0", *extra],
                           capture_output=True, text=True, timeout=300)
@@ -62,7 +62,7 @@ def test_moment_sync_bytes_replicas_and_resume(files, tmp_path):
 
 
 def test_moment_syncs_without_sync_moments_is_refused_in_one_line(files):
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
                            "--time-scale", "0", "--steps", "2", "--sync-every", "2", "--moment-syncs", "1"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
@@ -71,7 +71,7 @@ def test_moment_syncs_without_sync_moments_is_refused_in_one_line(files):
 
 
 def test_moment_sync_without_sync_every_is_refused_in_one_line(files):
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
                            "--time-scale", "0", "--steps", "2", "--sync-moments"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0

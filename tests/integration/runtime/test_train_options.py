@@ -22,7 +22,7 @@ from runtime_2x2 import CLUSTER_YAML, PLAN
 def base(tmp_path: Path) -> list[str]:
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
-    return ["train", "--cluster", str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"),
+    return ["train", "--run-dir", "none", "--cluster", str(tmp_path / "cluster.yaml"), "--plan", str(tmp_path / "plan.json"),
             "--time-scale", "0", "--steps", "1", "--json"]
 
 

@@ -20,7 +20,7 @@ def test_train_lands_each_gradient_exchange_one_step_late_and_keeps_replicas_equ
     step lands two (its predecessor's and its own); each landing step records the posted collective's bytes
     and its emulated link time as DP communication; the replicas agree on every step."""
     files = write_job_files(tmp_path)
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"],
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
                            "--time-scale", "1e-3", "--steps", "5", "--dp-codec", "int8-block", "--sync-delay", "1",
                            "--json"], capture_output=True, text=True, timeout=280)
     assert done.returncode == 0, done.stderr[-2000:]

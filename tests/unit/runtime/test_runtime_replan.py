@@ -11,7 +11,7 @@ from geotrain.cluster import make_network
 from geotrain.data import replica_batch
 from geotrain.runtime import RuntimeConfig
 from geotrain.runtime.checkpoint import CheckpointError
-from geotrain.runtime.replan import check_resume_identity, is_replan, layout_free, source_slot
+from geotrain.runtime.replan import check_resume_identity, is_replan, layout_change, layout_free, source_slot
 
 CLUSTER = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0, name="test-2x2")
 
@@ -79,3 +79,16 @@ def test_the_global_batch_of_a_step_is_the_same_windows_cut_in_r_slices():
         quarters = torch.cat([replica_batch(tokens, 3, step, r, 4, 8, 16)[0] for r in range(4)])
         assert torch.equal(whole, halves) and torch.equal(whole, quarters)
     assert not torch.equal(replica_batch(tokens, 3, 0, 0, 1, 8, 16)[0], replica_batch(tokens, 3, 1, 0, 1, 8, 16)[0])
+
+
+def test_layout_change_names_a_resume_on_other_devices_or_replicas_and_nothing_on_the_same_layout():
+    manifest = {"identity": {"replicas": 2}}
+    same = [[0, 2], [1, 3]]
+    assert layout_change(manifest, {"assignment": same}, same) is None
+    assert layout_change(manifest, {"assignment": same}, [[0], [1]]) == {
+        "from_replicas": 2, "to_replicas": 1, "from_assignment": same, "to_assignment": [[0], [1]]}
+    assert layout_change(manifest, {"assignment": same}, [[0, 3], [1, 2]])["from_replicas"] == 2  # devices moved
+    # an elastic run's checkpoint (one copy, replicas 1): its groups are the replicas it ran with
+    elastic = {"identity": {"replicas": 1}, "written_by": {"elastic_groups": 2}}
+    assert layout_change(elastic, {"assignment": [[2]]}, [[0]])["from_replicas"] == 2
+    assert layout_change(elastic, {"assignment": [[2]]}, [[0, 2]]) is None  # --elastic --resume on its plan

@@ -24,6 +24,7 @@ records are not carried (another format): the resumed run's report covers its ow
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -54,10 +55,12 @@ def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool) -> bool:
 
 
 def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, completed: int, module: torch.nn.Module,
-                          sync: Any, boundaries: Sequence[int]) -> None:
+                          sync: Any, boundaries: Sequence[int]) -> dict[str, Any]:
     """Stage `stage` of writer group `group`: its shard of the checkpoint after `completed` steps; stage 0
     then the manifest and `latest` (S > 1: once every stage of the group has written its shard, a
-    barrier on the group's pipeline group, the process's default group)."""
+    barrier on the group's pipeline group, the process's default group). Returns what its checkpoint event
+    records: the shard's `path`, its `bytes` and the save's wall `seconds`."""
+    started = time.perf_counter()
     directory = config.checkpoint.checkpoint_dir
     assert directory is not None
     identity = checkpoint_identity(config)
@@ -68,7 +71,7 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, complet
     devices = [[int(config.assignment[s][group])] for s in range(config.stages)]
     state = ckpt.shard_state(slot, devices, torch.nn.ModuleList([module]).state_dict(), boundaries, dp,
                              completed, [])
-    ckpt.save_shard(directory, completed, stage, state, identity)
+    path = ckpt.save_shard(directory, completed, stage, state, identity)
     if config.stages > 1:
         import torch.distributed as dist
 
@@ -77,6 +80,7 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, complet
         written_by = {"elastic_groups": config.replicas, "group": group,
                       "group_batch_size": config.schedule.batch_size}
         ckpt.write_manifest(directory, completed, identity, config.stages, written_by)
+    return {"path": str(path), "bytes": path.stat().st_size, "seconds": time.perf_counter() - started}
 
 
 def load_group_checkpoint(config: RuntimeConfig, stage: int) -> dict[str, Any]:

@@ -58,6 +58,7 @@ from typing import Any
 import torch
 
 from geotrain.data import WorldTokens
+from geotrain.emulate.schedule import inter_region_traffic
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.errors import GeotrainError
 from geotrain.models import lr_at
@@ -163,10 +164,12 @@ class ElasticGroup:
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
         self.sync = make_elastic_sync(config.sync_options(stage), self.params, self.exchange,
                                       world_sum_over_replicas(1) if config.stages > 1 else None)
+        self.sync.listener = self.observer
         if config.checkpoint.resume:  # every group starts at the checkpoint's step; a restarted one heals past it
             assert config.checkpoint.checkpoint_dir is not None
             self.state.step = restore_group_state(load_group_checkpoint(config, stage), self.module, self.sync,
                                                   config.checkpoint.checkpoint_dir)
+            self.observer.event("resume", self.state.step)
 
     def _group_store(self) -> Any:
         """The group's own TCPStore: stage 0 hosts a new one and posts its port under this start of the
@@ -308,17 +311,28 @@ class ElasticGroup:
         return every is None or (step + 1) % every == 0 or step + 1 == self.config.run.steps
 
     def train_step(self, step: int) -> dict[str, Any]:
+        """One step; the record adds `compute_s` (forward, backward, optimizer: wall seconds), `comm_s` (the
+        exchange's all-reduces and commits), `dp_bytes` and, with emulated links, the payload bytes this
+        group sent and those between regions (`sent_bytes`, `inter_region_bytes`; None without)."""
         cfg = self.config
+        self.timer.seconds = 0.0
+        comm_before = self.exchange.comm_s
+        mark = None if self.links is None else self.links.transfer_mark()
         x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
                                self.seq_len)
         self.sync.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
         self.sync.optimizer.zero_grad(set_to_none=True)
         loss = self.model.train_step(x, y)
-        self.sync.step(step, self.timer)
+        dp_bytes = self.sync.step(step, self.timer).dp_bytes
         synced = self.due(step)
+        sent = None if mark is None else self.links.transfers_since(mark)
         return {"step": step, "loss": loss, "synced": synced, "batch_sum": int(x.sum()),
                 "contributors": self.exchange.contributors if synced else None,
-                "params_sha256": params_digest(self.params) if synced else None, "emulated_s": self.emulated_s()}
+                "params_sha256": params_digest(self.params) if synced else None, "emulated_s": self.emulated_s(),
+                "compute_s": self.timer.seconds, "comm_s": self.exchange.comm_s - comm_before, "dp_bytes": dp_bytes,
+                "sent_bytes": None if sent is None else float(sum(t.nbytes for t in sent)),
+                "inter_region_bytes": None if sent is None else
+                inter_region_traffic(sent, self.config.cluster.region_of)["inter_region_bytes"]}
 
     def run(self) -> None:
         self.start()
@@ -342,8 +356,8 @@ class ElasticGroup:
             self.state.step = step + 1
             if checkpoint_due(self.config, step + 1, record["synced"]) and \
                     writes_checkpoint(self.manager.participating_rank()):
-                save_group_checkpoint(self.config, self.group, self.stage, step + 1, self.module, self.sync,
-                                      self.model.boundaries)
+                self.observer.event("checkpoint", step + 1, **save_group_checkpoint(
+                    self.config, self.group, self.stage, step + 1, self.module, self.sync, self.model.boundaries))
             if self.stage != 0:
                 continue  # stage 0 reports the group's progress and commits (the stages commit together)
             self.store.set(f"step/{self.group}", str(step + 1))

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from geotrain.errors import GeotrainError
+from geotrain.observe.observer import launcher_event
 from geotrain.procs import Supervisor, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.launcher import check_before_launch
@@ -197,7 +198,10 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
                 watch.failures += 1
                 watch.ever_failed.add(g)
                 watch.failed_at.setdefault(g, []).append(time.time())
-                if watch.restarts[g] < rel.max_restarts and watch.first_done_at is None:
+                restarts = watch.restarts[g] < rel.max_restarts and watch.first_done_at is None
+                _record_failure(config, g, _int(store, f"step/{g}"), describe_exit(code),
+                                watch.restarts[g] + 1 if restarts else None)
+                if restarts:
                     watch.restarts[g] += 1
                     watch.say(g, f"failed ({describe_exit(code)}): restart {watch.restarts[g]} of {rel.max_restarts}")
                     store.set(incarnation_key(g), str(watch.restarts[g]))  # its stages meet in a new group store
@@ -258,6 +262,14 @@ def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
         changed = True
     if changed:
         links[1].set_cut(links[0], watch.cut)
+
+
+def _record_failure(config: RuntimeConfig, group: int, step: int, exit: str, restart: int | None) -> None:
+    """A "failure" event on each of `group`'s ranks in the run directory (its processes cannot write it):
+    at the step it was in (`step` committed before), with how it ended and the restart it gets (None: none)."""
+    for stage in range(config.stages):
+        launcher_event(config, config.layout.rank_of(stage, group), "failure", step,
+                       message=f"replica group {group} {exit}", exit=exit, restart=restart)
 
 
 def _say_rejoins(store: Any, watch: _Watch) -> None:
