@@ -391,9 +391,17 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
         observer.step(record)
         step += 1
         watchdog.publish_step(step)
-    sync.flush(worker.timer)  # lands the sync and the step times in flight (every rank has ended its last period)
-    if worker.records:
-        worker.records[-1].update(param_sum=sync.fingerprint(), syncs_landed=sync.outer_step)
+    mark = worker.transport.step_mark(worker.emulation)
+    nbytes = sync.flush(worker.timer)  # lands the sync and step times in flight (every rank ended its last period)
+    if worker.records:  # the last step's record takes the landing: its bytes, traffic and emulated end
+        last = worker.records[-1]
+        last.update(param_sum=sync.fingerprint(), syncs_landed=sync.outer_step, dp_bytes=last["dp_bytes"] + nbytes)
+        span = worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of)
+        if span is not None and last.get("emulated") is not None:
+            emulated = last["emulated"]
+            emulated.update(end_s=span["end_s"], bytes=emulated["bytes"] + span["bytes"],
+                            inter_region_bytes=emulated["inter_region_bytes"] + span["inter_region_bytes"],
+                            inter_region_wire=list(emulated["inter_region_wire"]) + list(span["inter_region_wire"]))
     if worker.config.checkpoint.checkpoint_dir is not None:
         observer.event("checkpoint", run.steps, **worker.save(run.steps))
 

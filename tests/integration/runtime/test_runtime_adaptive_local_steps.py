@@ -47,6 +47,10 @@ def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path, ove
         assert taken == [_last_of(records[rank], period + 1)["local_steps"] for rank in range(2)]
         assert len({_last_of(records[rank], period + 1)["param_sum"] for rank in range(2)}) == 1
     assert sum(len(records[rank]) for rank in range(2)) == periods * 2 * every
+    for rank in range(2):  # every sync's bytes are in a record, the last one's (landed at the end) too; a step
+        # may land one sync and the end another
+        sent = [r["dp_bytes"] for r in records[rank] if r["dp_bytes"]]
+        assert sum(sent) == periods * min(sent) and all(b % min(sent) == 0 for b in sent)
 
 
 def _periods(records: list[dict]) -> list[int]:
