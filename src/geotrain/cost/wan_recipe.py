@@ -243,6 +243,19 @@ def delayed_gradients_step_seconds(cluster: Cluster, job: Job, assignment: Any, 
     return recipe_step_seconds(fragment_sync_seconds(cluster, job, assignment, 1, codec), compute_s, pp_s, 1, 1, delay)
 
 
+def setting_step_seconds(sync_s: float, compute_s: float | Sequence[float], local_steps: Sequence[int],
+                         sync_every: int, fragments: int, delay: int, *, pp_s: float = 0.0, codec_cpu_s: float = 0.0,
+                         landing: str = "eager", total_steps: int | None = None, moments_s: float = 0.0) -> float:
+    """One setting's predicted seconds per step (module doc): the steady step over the replicas
+    (local_steps.period_step_seconds: `compute_s` and inner steps per period per replica), one sync's codec CPU
+    (`codec_cpu_s`, encoding and decoding the synchronised values) over H, eager landing's blocking warm-up and
+    the moment syncs' extra (`moments_s`, per step) spread over the run."""
+    pace = float(replica_compute_per_step(compute_s, local_steps, sync_every).max())
+    warmup = warmup_step_seconds(sync_s, pace, fragments, delay, total_steps) if landing == "eager" else 0.0
+    steady = period_step_seconds(sync_s, compute_s, local_steps, sync_every, fragments, delay, pp_s)
+    return steady + codec_cpu_s / sync_every + warmup + moments_s
+
+
 def staleness_factor(sync_every: int, delay: int, mix: float, landing: str = "mix") -> float:
     """Steps to a loss relative to blocking DiLoCo's (module doc): 1 / (1 - (1 - mix) tau / H) for the mix
     rule; 1 at tau = 0 and for eager landing (after its warm-up)."""
@@ -303,12 +316,12 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float 
         """Predicted seconds per step: the steady step, the codecs' CPU per step (each of the P fragment
         syncs of a period encodes and decodes values / P), plus the eager warm-up's blocking syncs and the
         moment syncs' extra, spread over the run."""
-        warmup = warmup_step_seconds(sync[p, c], pace[h], p, t, total_steps) if landing == "eager" else 0.0
-        codec_cpu = cpu_per_value.get(c, 0.0) * values / h
         moment_cpu = max(0.0, moment_cpu_per_value.get(c, 0.0) - cpu_per_value.get(c, 0.0)) * values / p
-        moments = moment_step_seconds(sync[p, c], moment_sync[p, c], moment_cpu, p, total_steps)
-        steady = period_step_seconds(sync[p, c], compute, steps[h], h, p, t, pp_s)
-        return steady + codec_cpu + warmup + moments
+        return setting_step_seconds(sync[p, c], compute, steps[h], h, p, t, pp_s=pp_s,
+                                    codec_cpu_s=cpu_per_value.get(c, 0.0) * values, landing=landing,
+                                    total_steps=total_steps,
+                                    moments_s=moment_step_seconds(sync[p, c], moment_sync[p, c], moment_cpu, p,
+                                                                  total_steps))
 
     def options(h: int) -> list[tuple[float, int, int, int, str]]:
         """(charged step_s, codec rank, tau, -P, codec) of every setting at H = h."""
