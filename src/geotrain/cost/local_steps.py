@@ -10,11 +10,13 @@ sync.adaptive.adaptive_local_steps applies at run time; the runtime's first peri
 
 Seconds per step, one period over H (`period_step_seconds`):
 
-    step_s = max(max_r (n_r c_r + P x max(0, T - tau c_r)) / H + pp_s,  P x T / H)
+    step_s = max(max_r (n_r c_r + P x max(0, T - d_r c_r)) / H + pp_s,  P x T / H)
+    d_r    = min(n_r, max(1, round(tau x n_r / H)))   (0 without a delay)
 
-replica r computes n_r c_r and each of the period's P syncs exposes what tau of its own inner steps do not hide
-(eager landing: the exchange overlaps the next steps); the next sync starts when the last replica posts it; and
-one exchange at a time per DP group. With every c_r = c and n_r = H this is the uniform formula
+replica r computes n_r c_r and each of the period's P syncs exposes what d_r of its own inner steps do not hide
+(the exchange overlaps the next steps; sync.adaptive lands it after the same share, tau / H, of every replica's
+period); the next sync starts when the last replica posts it; and one exchange at a time per DP group. With
+equal steps d_r = tau; with every c_r = c and n_r = H this is the uniform formula
 (wan_recipe.recipe_step_seconds). Adaptive steps make the period about R x H / sum_r (1 / c_r) + the exposed
 exchange, against H x max_r c_r + the exposed exchange with equal steps. Replica r's compute fraction:
 n_r c_r / (H x step_s) (`replica_compute_per_step` over step_s).
@@ -71,6 +73,8 @@ def period_step_seconds(sync_s: float, replica_compute_s: float | Sequence[float
     """step_s of the module doc: the slowest replica's compute and exposed exchanges of a period, over H, plus
     the pipeline; at least the DP group's occupancy (P exchanges of `sync_s` per H steps)."""
     seconds = replica_seconds(replica_compute_s)
-    exposed = np.maximum(0.0, sync_s - delay * seconds)
-    busiest = np.max(np.asarray(local_steps, dtype=np.float64) * seconds + fragments * exposed)
+    steps = np.asarray(local_steps, dtype=np.float64)
+    hiding = np.minimum(steps, np.maximum(1.0, np.round(delay * steps / sync_every))) if delay > 0 else 0.0
+    exposed = np.maximum(0.0, sync_s - hiding * seconds)
+    busiest = np.max(steps * seconds + fragments * exposed)
     return float(max(busiest / sync_every + pp_s, sync_s * fragments / sync_every))

@@ -27,8 +27,11 @@ def test_adaptive_steps_share_r_x_h_by_speed_and_the_busiest_replica_paces_the_p
     # busiest: 8 x 0.1 = 0.8 s of compute, then the 0.3 s exchange, per 4 steps
     assert period_step_seconds(0.3, compute, [8, 3, 1], 4, 1, 0) == pytest.approx((0.8 + 0.3) / 4)
     assert period_step_seconds(0.3, compute, [4, 4, 4], 4, 1, 0) == pytest.approx((2.0 + 0.3) / 4)
-    # tau 1: each replica hides one of its own steps (0.1, 0.25, 0.5 s): exposed 0.2, 0.05, 0
-    assert period_step_seconds(0.3, compute, [8, 3, 1], 4, 1, 1) == pytest.approx((0.8 + 0.2) / 4)
+    # tau 1 of H 4: each replica's exchange lands after a quarter of its period, at least one step: 2, 1, 1 steps
+    # (0.2, 0.25, 0.5 s) hide it; exposed 0.1, 0.05, 0
+    assert period_step_seconds(0.3, compute, [8, 3, 1], 4, 1, 1) == pytest.approx((0.8 + 0.1) / 4)
+    # tau 2: 4, 2 (round(1.5), to even), 1 steps (0.4, 0.5, 0.5 s) hide it all: the busiest compute alone
+    assert period_step_seconds(0.3, compute, [8, 3, 1], 4, 1, 2) == pytest.approx(0.8 / 4)
     assert list(replica_compute_per_step(compute, [8, 3, 1], 4)) == pytest.approx([0.2, 0.1875, 0.125])
     with pytest.raises(LocalStepsError, match="finite numbers > 0"):
         period_local_steps([0.1, 0.0], 4, "adaptive")
