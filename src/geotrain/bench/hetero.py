@@ -303,7 +303,8 @@ def _with_predictions(results: list[HeteroResult | HeteroRow], cluster: Cluster,
                                             predicted_site_compute_fraction=fractions, recipe=recipe.to_json()))
             continue
         prediction = None if item.row.limit else predict_row(dict(item.row.options), cluster, job, compute, codec_s,
-                                                             config.global_batch // cluster.n_devices)
+                                                             config.global_batch // cluster.n_devices,
+                                                             config.microbatches)
         done.append(item if prediction is None else dataclasses.replace(
             item, predicted_step_s=prediction.step_s, predicted_site_compute_fraction=prediction.site_compute_fraction))
     return done

@@ -71,8 +71,9 @@ def codec_seconds(cluster: Cluster) -> dict[str, float]:
 
 
 def predict_row(options: Mapping[str, Any], cluster: Cluster, job: Job, compute_s: Sequence[float],
-                codec_s_per_value: Mapping[str, float], batch_size: int) -> RowPrediction | None:
-    """The planner's prediction for a row of RuntimeConfig `options` (module doc); None where it prices none."""
+                codec_s_per_value: Mapping[str, float], batch_size: int, unit: int = 1) -> RowPrediction | None:
+    """The planner's prediction for a row of RuntimeConfig `options` (module doc), `batch_size` samples per replica
+    with equal shares, shares in whole micro-batches of `unit`; None where it prices none."""
     if options.get("outer_sync", "sync") != "sync" or options.get("sync_moments"):
         return None
     assignment, sites = one_per_site(cluster), site_names(cluster)
@@ -80,7 +81,7 @@ def predict_row(options: Mapping[str, Any], cluster: Cluster, job: Job, compute_
     sync_s = fragment_sync_seconds(cluster, job, assignment, fragments, codec)
     every = options.get("sync_every")
     if every is None:  # per-step DP: the whole model's exchange every step
-        samples = share_samples(options.get("batch_shares", "equal"), cluster, assignment, batch_size)
+        samples = share_samples(options.get("batch_shares", "equal"), cluster, assignment, batch_size, unit)
         shares = predict_shares_of(compute_s, samples, sync_s)
         return RowPrediction(shares.step_s, dict(zip(sites, shares.compute_fraction)))
     every = int(every)
