@@ -33,10 +33,10 @@ from geotrain.errors import GeotrainError, shown
 
 LOCAL_STEPS = ("equal", "adaptive")
 """The runtime's optim.local_steps choices (geotrain.sync.adaptive.LOCAL_STEPS)."""
-ADAPTIVE_MAX_DELAY: int | None = 0
-"""The largest delay tau the planner prices with adaptive local steps: 0 while the runtime refuses adaptive steps
-with a sync delay (sync.adaptive.check_adaptive_settings); None (up to H - 1, as with equal steps) once it runs
-them. tests/unit/cost/test_cost_local_steps.py holds it to the runtime."""
+ADAPTIVE_MAX_DELAY: int | None = None
+"""The largest delay tau the planner prices with adaptive local steps: None (up to H - 1, as with equal steps) as
+the runtime runs adaptive steps with a sync delay (sync.adaptive); 0 where a runtime refuses them.
+tests/unit/cost/test_cost_local_steps.py holds it to the runtime."""
 
 
 class LocalStepsError(GeotrainError, ValueError):

@@ -79,7 +79,8 @@ def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train
     out = tmp_path / "plan.json"
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
                            "--replicas", "3", "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe",
-                           "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out), *extra],
+                           "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out),
+                           *extra],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
@@ -117,7 +118,7 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp
                    "bytes_per_value: 4\nvocab: 44\n")
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1",
                            "--replicas", "2", "--wan-recipe", "auto", "--compute-s", "0.5", "--recipe-steps", "24",
-                           "--json", "--out", str(out)], capture_output=True, text=True, timeout=180)
+                           "--recipe-max-delay", "0", "--json", "--out", str(out)], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     recipe = plan["wan_recipe"]
