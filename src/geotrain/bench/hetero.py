@@ -15,7 +15,11 @@ runtime refuses them on this bench: asynchronous outer updates do not run over e
 - val_loss: replica 0's at the run's end (synchronised weights), the same samples seen by every row;
 - site_compute_fraction: per site (region), its compute seconds (the runtime's ComputeTimer, at the GPU's speed)
   over the row's emulated seconds;
-- inter_region_bytes: payload bytes the emulator carried between regions (bench wan's measure).
+- inter_region_bytes: payload bytes the emulator carried between regions (bench wan's measure);
+- predicted_step_s, predicted_site_compute_fraction: the planner's, for every row whose settings it prices, from
+  the limit row's measured compute per step (geotrain.bench.hetero_predict); the `recipe` row runs what the planner
+  chooses from that compute (`geotrain plan --wan-recipe auto`: equal or adaptive local steps, H, P, tau, codec),
+  after the limit row.
 The `limit` row: zero-cost links (bench.wan_metrics.zero_cost_links) and the work balanced perfectly by speed,
 which the emulator cannot run with fixed GPU types, so it is modelled from a DDP run on the free links (its bytes
 are that run's, carried at no cost): each step
@@ -26,6 +30,7 @@ then computes that same fraction of the time.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tempfile
 from collections import defaultdict
@@ -85,9 +90,11 @@ DEFAULT_ROWS: tuple[HeteroRow, ...] = (
               (*OUTER_AVERAGE, ("outer_sync", "async"))),
     HeteroRow("async-hierarchical", f"DiLoCo H={SYNC_EVERY}, asynchronous, merged per region first",
               (*OUTER_AVERAGE, ("outer_sync", "async-hierarchical"))),
+    HeteroRow("recipe", "planner's WAN recipe (auto: local steps, H, P, tau, outer codec)"),
     HeteroRow("limit", "limit: zero-cost links, work balanced by speed (modelled)", limit=True),
 )
-"""The rows run by default; those whose settings this geotrain lacks are skipped and listed (`recipe`: to come)."""
+"""The rows run by default; those whose settings this geotrain lacks are skipped and listed. The `recipe` row's
+settings are the planner's (bench.hetero_predict.plan_recipe), chosen after the limit row has run."""
 
 
 def hetero_config(**overrides: Any) -> WanBenchConfig:
@@ -110,6 +117,8 @@ class HeteroResult:
     elapsed_s: float
     inner_steps: dict[str, int]
     predicted_step_s: float | None = None
+    predicted_site_compute_fraction: dict[str, float] | None = None
+    recipe: dict[str, Any] | None = None  # the recipe row: the plan's "wan_recipe" (cost.wan_recipe.WanRecipe)
 
     def time_to_target(self, target: float) -> float | None:
         return next((t for t, loss in zip(self.eval_time_s, self.val_losses) if loss <= target), None)
@@ -126,6 +135,8 @@ class HeteroBench:
         rows = [{"kind": r.row.kind, "label": r.row.label, "time_to_target_s": r.time_to_target(self.config.target),
                  "val_loss": r.val_loss, "site_compute_fraction": r.site_compute_fraction,
                  "inter_region_bytes": r.inter_region_bytes, "predicted_step_s": r.predicted_step_s,
+                 "measured_step_s": r.elapsed_s / self.config.steps,
+                 "predicted_site_compute_fraction": r.predicted_site_compute_fraction, "recipe": r.recipe,
                  "elapsed_s": r.elapsed_s, "inner_steps": r.inner_steps, "options": dict(r.row.options),
                  "curve": {"time_s": r.eval_time_s, "val_loss": r.val_losses}} for r in self.results]
         config = {k: v for k, v in self.config.__dict__.items() if k != "rows"}
@@ -248,17 +259,61 @@ def run_hetero_bench(config: WanBenchConfig, rows: tuple[HeteroRow, ...] = DEFAU
         raise WanBenchError(f"bench hetero needs a global batch divisible by {cluster.n_devices} devices x "
                             f"{config.microbatches} micro-batches, got {config.global_batch}")
     tokens = world_tokens(0)
-    results, skipped = [], []
+    results: list[HeteroResult | HeteroRow] = []
+    skipped, limit_records = [], []
     for row in rows:
         reason = _unavailable(row, zero_cost_links(cluster) if row.limit else cluster, config)
         if reason is not None:
             skipped.append((row.kind, reason))
             continue
-        callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
-        records, loss = train_row(row, zero_cost_links(cluster) if row.limit else cluster, config, tokens, callback)
+        if row.kind == "recipe":  # planned and run after the limit row, whose compute the planner needs
+            results.append(row)
+            continue
+        records, loss = _train(row, zero_cost_links(cluster) if row.limit else cluster, config, tokens, progress)
+        if row.limit:
+            limit_records = records
         results.append(balanced_limit(row, cluster, records, loss, config.steps) if row.limit
                        else score(row, cluster, records, loss))
-    return HeteroBench(config, cluster, tuple(results), tuple(skipped))
+    if not limit_records:
+        return HeteroBench(config, cluster, tuple(r for r in results if isinstance(r, HeteroResult)), tuple(skipped))
+    return HeteroBench(config, cluster, tuple(_with_predictions(results, cluster, config, tokens, limit_records,
+                                                                progress)), tuple(skipped))
+
+
+def _train(row: HeteroRow, cluster: Cluster, config: WanBenchConfig, tokens: Any,
+           progress: Callable[[str, int, int], None] | None) -> tuple[list[dict[str, Any]], float]:
+    callback = None if progress is None else (lambda done, total, label=row.label: progress(label, done, total))
+    return train_row(row, cluster, config, tokens, callback)
+
+
+def _with_predictions(results: list[HeteroResult | HeteroRow], cluster: Cluster, config: WanBenchConfig, tokens: Any,
+                      limit_records: list[dict[str, Any]],
+                      progress: Callable[[str, int, int], None] | None) -> list[HeteroResult]:
+    """Run the recipe rows (planned from the limit row's measured compute) and attach the planner's predictions
+    to every row it prices (bench.hetero_predict)."""
+    from geotrain.bench.hetero_predict import codec_seconds, measured_compute_s, plan_recipe, predict_row, site_names
+    from geotrain.bench.wan import model_job
+
+    job = model_job(config.global_batch, config.model)
+    compute = measured_compute_s(limit_records, cluster.n_devices)
+    codec_s = codec_seconds(cluster)
+    done: list[HeteroResult] = []
+    for item in results:
+        if isinstance(item, HeteroRow):  # the recipe row: the plan's settings, its prediction
+            recipe = plan_recipe(cluster, job, compute, config.steps, codec_s)
+            row = dataclasses.replace(item, options=(*recipe.runtime_settings()["optim"].items(),
+                                                     ("dp_codec", recipe.codec)))
+            records, loss = _train(row, cluster, config, tokens, progress)
+            fractions = dict(zip(site_names(cluster), recipe.replica_compute_fraction or ()))
+            done.append(dataclasses.replace(score(row, cluster, records, loss), predicted_step_s=recipe.step_s,
+                                            predicted_site_compute_fraction=fractions, recipe=recipe.to_json()))
+            continue
+        prediction = None if item.row.limit else predict_row(dict(item.row.options), cluster, job, compute, codec_s,
+                                                             config.global_batch // cluster.n_devices,
+                                                             config.microbatches)
+        done.append(item if prediction is None else dataclasses.replace(
+            item, predicted_step_s=prediction.step_s, predicted_site_compute_fraction=prediction.site_compute_fraction))
+    return done
 
 
 def with_rows(kinds: str | None) -> tuple[HeteroRow, ...]:

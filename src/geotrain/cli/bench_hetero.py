@@ -1,7 +1,10 @@
 """`geotrain bench hetero`: time to a target validation loss on 4 sites whose GPUs differ 4.8x in speed, per way of
 sharing the work (geotrain.bench.hetero). --json: {"rows": [{"kind", "label", "time_to_target_s", "val_loss",
-"site_compute_fraction": {site: fraction}, "inter_region_bytes", "predicted_step_s", "elapsed_s", "inner_steps":
-{site: steps}, "curve"}...], "target", "cluster", "gpus", "skipped"}; the last row is the limit."""
+"site_compute_fraction": {site: fraction}, "inter_region_bytes", "predicted_step_s", "measured_step_s",
+"predicted_site_compute_fraction": {site: fraction}, "recipe", "elapsed_s", "inner_steps": {site: steps},
+"curve"}...], "target", "cluster", "gpus", "skipped"}; the last row is the limit. predicted_*: the planner's, from
+the limit row's measured compute per step (null where it prices nothing: async, the limit); measured_step_s: elapsed
+emulated seconds over the step budget; "recipe": the recipe row's plan ("wan_recipe" of `geotrain plan`)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ from geotrain.cli.arg_types import output_file, seed
 
 NAME = "hetero"
 HELP = ("time to a target validation loss on 4 WAN sites with a 4.8x GPU speed spread: DDP, DiLoCo with equal and "
-        "adaptive local steps, and the limit (free links, work balanced by speed)")
+        "adaptive local steps, the planner's recipe (predicted vs measured), and the limit (free links, work "
+        "balanced by speed)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,13 +67,21 @@ def run(args: Any) -> int:
     gpus = ", ".join(f"{site} {gpu}" for site, gpu in doc["gpus"].items())
     out.table(f"bench hetero: {config.model} GPT on {doc['cluster']} ({gpus}), "
               f"{config.steps} steps' samples each, target validation loss {config.target:g} (emulated seconds)",
-              ["kind", "row", "time to target", "elapsed", "val loss", "compute fraction (" + ", ".join(sites) + ")",
-               "inner steps", "inter-region MB"],
+              ["kind", "row", "time to target", "elapsed", "val loss", "step predicted / measured (s)",
+               "compute fraction (" + ", ".join(sites) + "), predicted / measured", "inner steps", "inter-region MB"],
               [[r["kind"], r["label"], format_or(r["time_to_target_s"], ".1f"), f"{r['elapsed_s']:.1f}",
-                f"{r['val_loss']:.4f}",
-                " ".join(f"{r['site_compute_fraction'][s]:.2f}" for s in sites),
+                f"{r['val_loss']:.4f}", f"{format_or(r['predicted_step_s'], '.3f')} / {r['measured_step_s']:.3f}",
+                (" ".join(f"{r['predicted_site_compute_fraction'][s]:.2f}" for s in sites) + " / "
+                 if r["predicted_site_compute_fraction"] else "- / ")
+                + " ".join(f"{r['site_compute_fraction'][s]:.2f}" for s in sites),
                 " ".join(str(r["inner_steps"][s]) for s in sites), f"{r['inter_region_bytes'] / 1e6:.1f}"]
                for r in doc["rows"]], right_align_from=2)
+    recipe = next((r["recipe"] for r in doc["rows"] if r["recipe"]), None)
+    if recipe is not None:
+        out.text(f"the planner's recipe: H {recipe['sync_every']}, {recipe['local_steps']} local steps "
+                 f"({' / '.join(map(str, recipe['replica_steps']))} per period at first), P {recipe['fragments']}, "
+                 f"tau {recipe['delay']}, outer codec {recipe['codec']} (equal / adaptive local steps predicted "
+                 + " / ".join(f"{v:.3f}" for v in recipe["local_steps_step_s"].values()) + " s per step)")
     for skipped in doc["skipped"]:
         out.text(f"skipped {skipped['kind']}: {skipped['reason']}")
     if args.plot:

@@ -8,7 +8,10 @@ when the method proves a bound). `geotrain cost --plan` reads that object as it 
 With --codecs auto it adds "codecs" (geotrain.cost.codec_choice: per-stage DP codecs, per-cut
 activation codecs, predicted cost with and without them; `geotrain train --plan` applies them).
 With --wan-recipe auto it adds "wan_recipe" (geotrain.cost.wan_recipe: sync period H, fragments P, delay tau,
-mix, outer codec and outer optimizer, with the predicted step; `geotrain train --plan` runs them). On a
+mix, outer codec and outer optimizer, with the predicted step; `geotrain train --plan` runs them), with
+"local_steps" ("equal", or "adaptive" where the replicas differ in speed and it predicts the lower step:
+cost.wan_recipe.choose_local_steps), "replica_steps", "replica_compute_s", "replica_compute_fraction" (per
+replica, predicted) and "local_steps_step_s" (each schedule's predicted step). On a
 cluster whose replicas differ in GPU speed it also adds "site_compute" (geotrain.cost.batch_shares: per-step
 data parallelism with speed-proportional batch shares against the recipe, by predicted step seconds, and
 each site's predicted compute fraction of the winner); when the shares win, the plan holds "batch_shares"
@@ -35,10 +38,11 @@ from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
 from geotrain.cluster import load_cluster
-from geotrain.cost.batch_shares import SharesChoice, choose_shares, heterogeneous, replica_labels
+from geotrain.cost.batch_shares import (SharesChoice, choose_shares, heterogeneous, replica_compute_seconds,
+                                        replica_labels)
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
-from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, WanRecipe, choose_recipe,
+from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, WanRecipe, choose_local_steps,
                                       estimated_compute_s, outer_ladder)
 from geotrain.errors import GeotrainError, shown
 from geotrain.plan import Plan, plan_codecs, plan_split
@@ -234,7 +238,7 @@ def run(args: Any) -> int:
     if choice is not None:
         plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
     recipe = None if args.wan_recipe == "none" else wan_recipe_of(args, cluster, job, result)
-    shares = None if recipe is None else shares_choice_of(cluster, job, result, recipe)
+    shares = None if recipe is None else shares_choice_of(args, cluster, job, result, recipe)
     if recipe is not None:
         plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result, recipe, shares)})
     if membership is not None:  # searched on the live devices; the file names the full cluster's
@@ -264,33 +268,54 @@ def run(args: Any) -> int:
         split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
         codec_tables(out, choice)
+    labels = replica_labels(cluster, result.assignment)
     if shares is not None:
-        labels = replica_labels(cluster, result.assignment)
+        fractions = [[f"compute fraction {name}", f"{f:.3f}"] for name, f in zip(labels, shares.compute_fraction)]
         out.table("per-step DP with speed batch shares vs the WAN recipe (predicted, yuan)", ["", "value"],
                   [["chosen", shares.chosen],
                    ["samples per replica (speed)", ", ".join(map(str, shares.shares.samples))],
                    ["step, speed shares (s)", f"{shares.shares.step_s:.4g}"],
                    ["step, equal shares (s)", f"{shares.equal.step_s:.4g}"],
                    ["step, WAN recipe (s)", f"{shares.recipe_step_s:.4g}"],
-                   *[[f"compute fraction {name}", f"{f:.3f}"] for name, f in zip(labels, shares.compute_fraction)]])
+                   *(fractions if shares.chosen == "batch_shares" else [])])
     if recipe is not None and (shares is None or shares.chosen == "wan_recipe"):
-        out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
-                  [["sync every H", str(recipe.sync_every)], ["fragments P", str(recipe.fragments)],
-                   ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"],
-                   ["landing / warm-up steps", f"{recipe.landing} / {recipe.warmup}"], ["outer codec", recipe.codec],
-                   ["moment sync", "off" if not recipe.sync_moments else "every sync" if recipe.moment_syncs is None
-                    else f"each fragment's first {recipe.moment_syncs} syncs"],
-                   ["outer lr / momentum", f"{recipe.outer_lr:g} / {recipe.outer_momentum:g}"],
-                   ["one fragment's exchange (s)", f"{recipe.sync_s:.3f}"], ["compute per step (s)", f"{recipe.compute_s:.4g}"],
-                   ["predicted step (s)", f"{recipe.step_s:.4g}"], ["compute fraction", f"{recipe.compute_fraction:.3f}"]])
+        recipe_table(out, recipe, labels)
     if args.out:
         out.text(f"plan written to {args.out}")
     return 0
 
 
+def recipe_table(out: Output, recipe: WanRecipe, labels: list[str]) -> None:
+    """The chosen WAN recipe, its local steps (and both schedules' predicted steps) and each site's predicted
+    compute fraction."""
+    steps = recipe.local_steps_step_s or {}
+    local = ("equal (H on every replica)" if recipe.local_steps == "equal" else
+             f"adaptive ({' / '.join(map(str, recipe.replica_steps or ()))} per period at first)")
+    fractions = recipe.replica_compute_fraction or ()
+    out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
+              [["sync every H", str(recipe.sync_every)], ["local steps", local],
+               *[[f"step, {name} local steps (s)", f"{step:.4g}"] for name, step in steps.items() if len(steps) > 1],
+               ["fragments P", str(recipe.fragments)],
+               ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"],
+               ["landing / warm-up steps", f"{recipe.landing} / {recipe.warmup}"], ["outer codec", recipe.codec],
+               ["moment sync", "off" if not recipe.sync_moments else "every sync" if recipe.moment_syncs is None
+                else f"each fragment's first {recipe.moment_syncs} syncs"],
+               ["outer lr / momentum", f"{recipe.outer_lr:g} / {recipe.outer_momentum:g}"],
+               ["one fragment's exchange (s)", f"{recipe.sync_s:.3f}"],
+               ["compute per step, busiest (s)", f"{recipe.compute_s:.4g}"],
+               ["predicted step (s)", f"{recipe.step_s:.4g}"],
+               *[[f"compute fraction {name}", f"{f:.3f}"] for name, f in zip(labels, fractions)]])
+
+
+def recipe_compute_s(args: Any, cluster: Any, job: Any, result: SearchResult) -> float:
+    """The slowest replica's compute seconds per step: --compute-s, else the yuan+compute estimate."""
+    return args.compute_s if args.compute_s is not None else estimated_compute_s(cluster, job, result.assignment)
+
+
 def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> WanRecipe:
-    """--wan-recipe auto: the recipe for the searched assignment (pipeline seconds per step: its pp term)."""
-    compute_s = args.compute_s if args.compute_s is not None else estimated_compute_s(cluster, job, result.assignment)
+    """--wan-recipe auto: the recipe for the searched assignment (pipeline seconds per step: its pp term), equal
+    or adaptive local steps (replica r computes --compute-s, the slowest replica's, x v_min / v_r by GPU peak)."""
+    compute_s = recipe_compute_s(args, cluster, job, result)
     codec_s = moment_codec_s = None
     if args.recipe_measure_codecs:
         from geotrain.cost.codec_cpu import sync_codec_seconds_by_codec
@@ -299,19 +324,21 @@ def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> Wa
         codec_s = sync_codec_seconds_by_codec(ladder, replicas)
         if args.recipe_sync_moments:
             moment_codec_s = sync_codec_seconds_by_codec(ladder, replicas, sync_moments=True)
-    return choose_recipe(cluster, job, result.assignment, compute_s, pp_s=result.cost.pp, total_steps=args.recipe_steps,
-                         max_delay=args.recipe_max_delay, floor=args.recipe_codec_floor,
-                         sync_moments=args.recipe_sync_moments, codec_s_per_value=codec_s,
-                         moment_codec_s_per_value=moment_codec_s)
+    return choose_local_steps(cluster, job, result.assignment, replica_compute_seconds(cluster, result.assignment,
+                                                                                       compute_s),
+                              pp_s=result.cost.pp, total_steps=args.recipe_steps, max_delay=args.recipe_max_delay,
+                              floor=args.recipe_codec_floor, sync_moments=args.recipe_sync_moments,
+                              codec_s_per_value=codec_s, moment_codec_s_per_value=moment_codec_s)
 
 
-def shares_choice_of(cluster: Any, job: Any, result: SearchResult, recipe: WanRecipe) -> SharesChoice | None:
+def shares_choice_of(args: Any, cluster: Any, job: Any, result: SearchResult,
+                     recipe: WanRecipe) -> SharesChoice | None:
     """On a cluster whose replicas differ in speed: speed batch shares with per-step DP (comm: the searched
     plan's dp + pp) against `recipe`; None when the replicas are alike."""
     if not heterogeneous(cluster, result.assignment):
         return None
-    return choose_shares(cluster, result.assignment, job.global_batch, recipe.compute_s,
-                         result.cost.dp + result.cost.pp, recipe.step_s)
+    return choose_shares(cluster, result.assignment, job.global_batch, recipe_compute_s(args, cluster, job, result),
+                         result.cost.dp + result.cost.pp, recipe.step_s, recipe.replica_compute_s)
 
 
 def recipe_documents(cluster: Any, result: SearchResult, recipe: WanRecipe,

@@ -40,6 +40,8 @@ def _sync(config: Any, recipe: bool) -> str:
         parts.append(f"delay {optim.sync_delay} ({optim.sync_landing} landing)")
     if optim.sync_moments:
         parts.append("moments synced" + (f" in the first {optim.moment_syncs}" if optim.moment_syncs else ""))
+    if optim.local_steps == "adaptive":
+        parts.append("adaptive local steps")
     return ", ".join(parts) + (" (the plan's WAN recipe)" if recipe else "")
 
 

@@ -99,14 +99,24 @@ class SharesPrediction:
                 "step_s": self.step_s, "site_compute_fraction": dict(zip(labels, self.compute_fraction))}
 
 
+def replica_compute_seconds(cluster: Cluster, assignment: Any, compute_s: float) -> np.ndarray:
+    """(R,) each replica's compute seconds per step with equal shares, c_r = `compute_s` (the slowest
+    replica's) x v_min / v_r."""
+    speeds = replica_speeds(cluster, assignment)
+    return compute_s * speeds.min() / speeds
+
+
 def predict_shares(cluster: Cluster, assignment: Any, samples: Sequence[int], compute_s: float,
                    comm_s: float) -> SharesPrediction:
     """The module doc's prediction: `compute_s` the slowest replica's compute per step with equal shares,
     `comm_s` the step's communication seconds (DP + pipeline)."""
-    speeds = replica_speeds(cluster, assignment)
+    return predict_shares_of(replica_compute_seconds(cluster, assignment, compute_s), samples, comm_s)
+
+
+def predict_shares_of(replica_compute_s: Sequence[float], samples: Sequence[int], comm_s: float) -> SharesPrediction:
+    """The prediction from each replica's compute seconds per step with equal shares (e.g. measured)."""
     per_replica = sum(samples) / len(samples)
-    equal = compute_s * speeds.min() / speeds
-    compute = tuple(float(c * n / per_replica) for c, n in zip(equal, samples))
+    compute = tuple(float(c * n / per_replica) for c, n in zip(replica_compute_s, samples, strict=True))
     return SharesPrediction(tuple(int(n) for n in samples), compute, float(comm_s), max(compute) + float(comm_s))
 
 
@@ -138,12 +148,13 @@ def heterogeneous(cluster: Cluster, assignment: Any) -> bool:
 @dataclass(frozen=True)
 class SharesChoice:
     """`plan --wan-recipe auto` on a heterogeneous cluster: per-step DP with speed shares against the WAN
-    recipe (equal shares, every H steps a sync), by predicted seconds per step; the lower wins."""
+    recipe (equal shares, every H steps a sync; equal or adaptive local steps), by predicted seconds per step;
+    the lower wins."""
 
     shares: SharesPrediction  # per-step DP, speed shares
     equal: SharesPrediction  # per-step DP, equal shares (for comparison)
     recipe_step_s: float
-    recipe_compute_s: tuple[float, ...]  # per replica, equal shares
+    recipe_compute_s: tuple[float, ...]  # per replica, per step of the recipe
 
     @property
     def chosen(self) -> str:
@@ -170,10 +181,11 @@ class SharesChoice:
 
 
 def choose_shares(cluster: Cluster, assignment: Any, global_batch: int, compute_s: float, comm_s: float,
-                  recipe_step_s: float) -> SharesChoice:
+                  recipe_step_s: float, recipe_compute_s: Sequence[float] | None = None) -> SharesChoice:
     """Speed shares of `global_batch` samples (unit 1) with per-step DP (`comm_s` per step: the DP exchange
-    and pipeline seconds) against a recipe of `recipe_step_s` (its compute: `compute_s`, the slowest replica's,
-    equal shares)."""
+    and pipeline seconds; `compute_s`: the slowest replica's compute per step with equal shares) against a
+    recipe of `recipe_step_s` whose replicas compute `recipe_compute_s` seconds per step (None: as with equal
+    shares; with adaptive local steps they differ)."""
     replicas = np.asarray(assignment).shape[1]
     if global_batch % replicas:
         raise BatchSharesError(f"batch_shares: global batch {global_batch} is not a multiple of {replicas} replicas")
@@ -181,4 +193,5 @@ def choose_shares(cluster: Cluster, assignment: Any, global_batch: int, compute_
     equal = predict_shares(cluster, assignment, (per_replica,) * replicas, compute_s, comm_s)
     speed = predict_shares(cluster, assignment, share_samples("speed", cluster, assignment, per_replica), compute_s,
                            comm_s)
-    return SharesChoice(speed, equal, float(recipe_step_s), equal.compute_s)
+    recipe = equal.compute_s if recipe_compute_s is None else tuple(float(c) for c in recipe_compute_s)
+    return SharesChoice(speed, equal, float(recipe_step_s), recipe)

@@ -29,6 +29,12 @@ as moments in every sync, docs/history/diloco.md), so the steady step is the pla
 spread over the run (with total_steps only; charged in full even where the sync overlaps compute). Delayed gradients (every step's gradient exchange landing tau steps
 later, geotrain.sync.delayed) are the case H = P = 1 (`delayed_gradients_step_seconds`).
 
+Replicas of different speeds (compute_s one per replica; geotrain.cost.local_steps): the period is paced by the
+busiest replica, step_s = max(max_r (n_r c_r + P x max(0, T_frag - tau c_r)) / H + pp_s, T_frag x P / H), with
+n_r = H ("equal" local steps) or R x H shared by speed ("adaptive": one fragment, tau up to
+local_steps.ADAPTIVE_MAX_DELAY); `compute_s` above is then the busiest replica's max_r n_r c_r / H.
+`choose_local_steps` runs the rule below for both schedules and keeps the lower charged step (ties: equal).
+
 Quality (the staleness charge): a sync that lands tau steps late, mixed in with alpha, drops (1 - alpha)
 x tau of the period's H steps of progress, so the run needs about 1 / (1 - (1 - alpha) tau / H) times
 the steps to a loss (`staleness_factor`); the rule ranks settings by step_s x that factor (measured on
@@ -75,6 +81,8 @@ import numpy as np
 
 from geotrain.cluster import Cluster
 from geotrain.cost.codec_choice import codec_link_bytes
+from geotrain.cost.local_steps import (ADAPTIVE_MAX_DELAY, period_local_steps, period_step_seconds,
+                                       replica_compute_per_step, replica_seconds)
 from geotrain.cost.traffic import traffic_of_job
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError, shown
@@ -121,22 +129,36 @@ class WanRecipe:
     warmup: int = 0  # syncs started before this step block (the overlap warm-up)
     sync_moments: bool = False  # the first syncs also average AdamW's moments (geotrain.sync.moments)
     moment_syncs: int | None = None  # with sync_moments: each fragment's first syncs that carry them (None: all)
+    local_steps: str = "equal"  # inner steps per period: H everywhere, or "adaptive" (cost.local_steps)
+    replica_steps: tuple[int, ...] | None = None  # n_r per replica per period, as priced (adaptive: re-measured)
+    replica_compute_s: tuple[float, ...] | None = None  # per replica, compute seconds per step (n_r c_r / H)
+    local_steps_step_s: dict[str, float] | None = None  # choose_local_steps: each schedule's predicted step_s
 
     @property
     def compute_fraction(self) -> float:
+        """The busiest replica's compute seconds over the step's."""
         return self.compute_s / self.step_s if self.step_s > 0 else 1.0
+
+    @property
+    def replica_compute_fraction(self) -> tuple[float, ...] | None:
+        """Per replica: its compute seconds over the step's (None: priced with one compute for all)."""
+        if self.replica_compute_s is None:
+            return None
+        return tuple(c / self.step_s if self.step_s > 0 else 1.0 for c in self.replica_compute_s)
 
     def to_json(self) -> dict[str, Any]:
         """The plan's "wan_recipe" object (`geotrain train --plan` runs it)."""
-        return {"version": 1, **dataclasses.asdict(self), "compute_fraction": self.compute_fraction}
+        fractions = self.replica_compute_fraction
+        return {"version": 1, **dataclasses.asdict(self), "compute_fraction": self.compute_fraction,
+                "replica_compute_fraction": None if fractions is None else list(fractions)}
 
     @classmethod
     def from_json(cls, doc: Any, source: str = "<plan>") -> WanRecipe:
         if not isinstance(doc, dict) or doc.get("version") != 1:
             raise WanRecipeError(f"{source}: wan_recipe must be an object with version 1, got {shown(doc)}")
         try:  # fields with a default (landing, warmup) may be absent: plans written before them
-            return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls)
-                          if f.name in doc or f.default is dataclasses.MISSING})
+            return cls(**{f.name: tuple(doc[f.name]) if isinstance(doc[f.name], list) else doc[f.name]
+                          for f in dataclasses.fields(cls) if f.name in doc or f.default is dataclasses.MISSING})
         except KeyError as missing:
             raise WanRecipeError(f"{source}: wan_recipe.{missing.args[0]} is missing") from None
 
@@ -149,7 +171,8 @@ class WanRecipe:
                           **({"sync_landing": self.landing, "sync_warmup": self.warmup}
                              if self.landing != "mix" else {}),
                           **({"sync_moments": True} if self.sync_moments else {}),
-                          **({"moment_syncs": self.moment_syncs} if self.moment_syncs is not None else {})},
+                          **({"moment_syncs": self.moment_syncs} if self.moment_syncs is not None else {}),
+                          **({"local_steps": self.local_steps} if self.local_steps != "equal" else {})},
                 "comm": {"dp_codec": self.codec}}
 
 
@@ -189,8 +212,7 @@ def recipe_step_seconds(sync_s: float, compute_s: float, pp_s: float, sync_every
                         delay: int) -> float:
     """step_s of the module doc: compute + pipeline + the exposed part of each sync, amortised, and at
     least the DP group's occupancy (one exchange at a time per group: P exchanges per H steps)."""
-    exposed = max(0.0, sync_s - delay * compute_s)
-    return max(compute_s + pp_s + exposed * fragments / sync_every, sync_s * fragments / sync_every)
+    return period_step_seconds(sync_s, compute_s, (sync_every,), sync_every, fragments, delay, pp_s)
 
 
 def warmup_step_seconds(sync_s: float, compute_s: float, fragments: int, delay: int, total_steps: int | None) -> float:
@@ -221,6 +243,19 @@ def delayed_gradients_step_seconds(cluster: Cluster, job: Job, assignment: Any, 
     return recipe_step_seconds(fragment_sync_seconds(cluster, job, assignment, 1, codec), compute_s, pp_s, 1, 1, delay)
 
 
+def setting_step_seconds(sync_s: float, compute_s: float | Sequence[float], local_steps: Sequence[int],
+                         sync_every: int, fragments: int, delay: int, *, pp_s: float = 0.0, codec_cpu_s: float = 0.0,
+                         landing: str = "eager", total_steps: int | None = None, moments_s: float = 0.0) -> float:
+    """One setting's predicted seconds per step (module doc): the steady step over the replicas
+    (local_steps.period_step_seconds: `compute_s` and inner steps per period per replica), one sync's codec CPU
+    (`codec_cpu_s`, encoding and decoding the synchronised values) over H, eager landing's blocking warm-up and
+    the moment syncs' extra (`moments_s`, per step) spread over the run."""
+    pace = float(replica_compute_per_step(compute_s, local_steps, sync_every).max())
+    warmup = warmup_step_seconds(sync_s, pace, fragments, delay, total_steps) if landing == "eager" else 0.0
+    steady = period_step_seconds(sync_s, compute_s, local_steps, sync_every, fragments, delay, pp_s)
+    return steady + codec_cpu_s / sync_every + warmup + moments_s
+
+
 def staleness_factor(sync_every: int, delay: int, mix: float, landing: str = "mix") -> float:
     """Steps to a loss relative to blocking DiLoCo's (module doc): 1 / (1 - (1 - mix) tau / H) for the mix
     rule; 1 at tau = 0 and for eager landing (after its warm-up)."""
@@ -229,27 +264,40 @@ def staleness_factor(sync_every: int, delay: int, mix: float, landing: str = "mi
     return 1.0 / (1.0 - (1.0 - mix) * delay / sync_every)
 
 
-def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float, *, pp_s: float = 0.0,
-                  total_steps: int | None = None, max_delay: int | None = None, max_fragments: int = 8,
-                  floor: str = DEFAULT_CODEC_FLOOR, tolerance: float = 0.02,
+def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float | Sequence[float], *,
+                  pp_s: float = 0.0, total_steps: int | None = None, max_delay: int | None = None,
+                  max_fragments: int = 8, floor: str = DEFAULT_CODEC_FLOOR, tolerance: float = 0.02,
                   target_compute_fraction: float = TARGET_COMPUTE_FRACTION,
                   sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES, landing: str = "eager",
                   sync_moments: bool = False, codec_s_per_value: Mapping[str, float] | None = None,
-                  moment_codec_s_per_value: Mapping[str, float] | None = None) -> WanRecipe:
-    """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0);
+                  moment_codec_s_per_value: Mapping[str, float] | None = None,
+                  local_steps: str = "equal") -> WanRecipe:
+    """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0): one for every
+    replica, or one per replica (replica order; cost.local_steps prices them);
     `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints); `landing`
     of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged); `sync_moments`: AdamW's
     moments in each fragment's first RECIPE_MOMENT_SYNCS syncs, priced (the user's choice: the rule does not weigh
     its quality); `codec_s_per_value`: CPU seconds per synchronised value of one sync's codec work, by outer
     codec (geotrain.cost.codec_cpu, measured; None or a codec missing: not priced);
-    `moment_codec_s_per_value`: the same for a sync that carries the moments."""
+    `moment_codec_s_per_value`: the same for a sync that carries the moments; `local_steps`: "equal" or
+    "adaptive" (one fragment; tau up to local_steps.ADAPTIVE_MAX_DELAY)."""
     if landing not in RECIPE_LANDINGS:
         raise WanRecipeError(f"recipe landing must be one of {', '.join(RECIPE_LANDINGS)}, got {shown(landing)}")
     if floor not in OUTER_LADDER:
         raise WanRecipeError(f"--recipe-codec-floor must be one of {', '.join(OUTER_LADDER)}, got {shown(floor)}")
-    if not compute_s > 0 or not np.isfinite(compute_s):
+    if np.ndim(compute_s) == 0 and (not compute_s > 0 or not np.isfinite(compute_s)):
         raise WanRecipeError(f"--compute-s: compute seconds per step must be a finite number > 0, got {shown(compute_s)}")
     assignment = np.asarray(assignment, dtype=np.int64)
+    replicas = int(assignment.shape[1])
+    compute = replica_seconds(compute_s)
+    compute = np.full(replicas, compute[0]) if compute.size == 1 else compute
+    if compute.size != replicas:
+        raise WanRecipeError(f"compute seconds per step: one, or one per replica ({replicas}), got {compute.size}")
+    adaptive = local_steps == "adaptive"
+    if adaptive:  # the runtime's adaptive steps: one fragment, tau as far as it runs them
+        max_fragments = 1
+        if ADAPTIVE_MAX_DELAY is not None:
+            max_delay = ADAPTIVE_MAX_DELAY if max_delay is None else min(max_delay, ADAPTIVE_MAX_DELAY)
     choices = sorted(h for h in sync_every_choices
                      if total_steps is None or h * MIN_OUTER_STEPS <= total_steps) or [min(sync_every_choices)]
     codecs = outer_ladder(floor)
@@ -260,16 +308,20 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     values = job.dp_bytes(assignment.shape[0]) / job.bytes_per_value  # one stage's, synchronised per period
     cpu_per_value = dict(codec_s_per_value or {})
     moment_cpu_per_value = dict(moment_codec_s_per_value or {}) if sync_moments else {}
+    steps = {h: period_local_steps(compute, h, local_steps) for h in choices}
+    per_step = {h: replica_compute_per_step(compute, steps[h], h) for h in choices}
+    pace = {h: float(per_step[h].max()) for h in choices}  # the busiest replica's compute per step
 
     def step_seconds(p: int, c: str, h: int, t: int) -> float:
         """Predicted seconds per step: the steady step, the codecs' CPU per step (each of the P fragment
         syncs of a period encodes and decodes values / P), plus the eager warm-up's blocking syncs and the
         moment syncs' extra, spread over the run."""
-        warmup = warmup_step_seconds(sync[p, c], compute_s, p, t, total_steps) if landing == "eager" else 0.0
-        codec_cpu = cpu_per_value.get(c, 0.0) * values / h
         moment_cpu = max(0.0, moment_cpu_per_value.get(c, 0.0) - cpu_per_value.get(c, 0.0)) * values / p
-        moments = moment_step_seconds(sync[p, c], moment_sync[p, c], moment_cpu, p, total_steps)
-        return recipe_step_seconds(sync[p, c], compute_s, pp_s, h, p, t) + codec_cpu + warmup + moments
+        return setting_step_seconds(sync[p, c], compute, steps[h], h, p, t, pp_s=pp_s,
+                                    codec_cpu_s=cpu_per_value.get(c, 0.0) * values, landing=landing,
+                                    total_steps=total_steps,
+                                    moments_s=moment_step_seconds(sync[p, c], moment_sync[p, c], moment_cpu, p,
+                                                                  total_steps))
 
     def options(h: int) -> list[tuple[float, int, int, int, str]]:
         """(charged step_s, codec rank, tau, -P, codec) of every setting at H = h."""
@@ -279,7 +331,7 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
                 for i, c in enumerate(codecs) for p in range(1, min(max_fragments, h) + 1) for t in taus]
 
     fastest = {h: min(options(h))[0] for h in choices}
-    meets = [h for h in choices if compute_s / fastest[h] >= target_compute_fraction]
+    meets = [h for h in choices if pace[h] / fastest[h] >= target_compute_fraction]
     h = meets[0] if meets else min(choices, key=lambda k: (fastest[k], k))
     limit = fastest[h] * (1 + tolerance) * (1 + 1e-12)
     within = [o for o in options(h) if o[0] <= limit]
@@ -291,9 +343,31 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float,
     outer = AVERAGING if total_steps is not None and total_steps // h < PAPER_OUTER_STEPS else DILOCO_PAPER
     eager = tau > 0 and landing == "eager"
     return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
-                     step_s, compute_s, sync[-neg_p, codec], "eager" if eager else "mix",
+                     step_s, pace[h], sync[-neg_p, codec], "eager" if eager else "mix",
                      WARMUP_PERIODS * h if eager else 0, sync_moments,
-                     RECIPE_MOMENT_SYNCS if sync_moments else None)
+                     RECIPE_MOMENT_SYNCS if sync_moments else None, local_steps,
+                     tuple(int(n) for n in steps[h]), tuple(float(c) for c in per_step[h]))
+
+
+def charged_step_seconds(recipe: WanRecipe) -> float:
+    """The recipe's predicted step times its staleness factor (what the rule ranks settings by)."""
+    return recipe.step_s * staleness_factor(recipe.sync_every, recipe.delay, recipe.mix, recipe.landing)
+
+
+def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float],
+                       **options: Any) -> WanRecipe:
+    """choose_recipe with equal local steps and, where the runtime can run them and the replicas differ in
+    compute (one pipeline stage, no moment sync), with adaptive ones; the lower charged step wins (ties:
+    equal). `replica_compute_s`: compute seconds per step of each replica with equal steps; `options`:
+    choose_recipe's. The winner records both schedules' predicted steps (`local_steps_step_s`)."""
+    assignment = np.asarray(assignment, dtype=np.int64)
+    compute = replica_seconds(replica_compute_s)
+    equal = choose_recipe(cluster, job, assignment, compute, **options)
+    if assignment.shape[0] > 1 or options.get("sync_moments") or np.all(compute == compute[0]):
+        return dataclasses.replace(equal, local_steps_step_s={"equal": equal.step_s})
+    adaptive = choose_recipe(cluster, job, assignment, compute, **options, local_steps="adaptive")
+    best = adaptive if charged_step_seconds(adaptive) < charged_step_seconds(equal) else equal
+    return dataclasses.replace(best, local_steps_step_s={"equal": equal.step_s, "adaptive": adaptive.step_s})
 
 
 def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:

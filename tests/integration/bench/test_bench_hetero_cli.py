@@ -1,5 +1,6 @@
 """`geotrain bench hetero --json`: the JSON contract (one row per kind with its fields), on a short run of the
-adaptive row and the limit; adaptive rows see the same samples as the others (R x H steps per period)."""
+adaptive row, the planner's recipe row and the limit; adaptive rows see the same samples as the others (R x H steps
+per period); the planner's predictions sit beside the measured step."""
 
 from __future__ import annotations
 
@@ -10,24 +11,38 @@ import sys
 import pytest
 
 ROW_KEYS = {"kind", "label", "time_to_target_s", "val_loss", "site_compute_fraction", "inter_region_bytes",
-            "predicted_step_s"}
+            "predicted_step_s", "measured_step_s", "predicted_site_compute_fraction"}
 
 
 @pytest.mark.timeout(400)
-def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_and_limit_rows(tmp_path):
+def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_recipe_and_limit_rows(tmp_path):
     done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "hetero", "--steps", "10",
-                           "--rows", "diloco-adaptive", "--json", "--run-dir", str(tmp_path / "runs")],
+                           "--rows", "diloco-adaptive,recipe", "--json", "--run-dir", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=380)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
-    assert [row["kind"] for row in doc["rows"]] == ["diloco-adaptive", "limit"]
+    assert [row["kind"] for row in doc["rows"]] == ["diloco-adaptive", "recipe", "limit"]
     sites = {"oregon", "virginia", "frankfurt", "tokyo"}
     for row in doc["rows"]:
         assert ROW_KEYS <= set(row)
         assert set(row["site_compute_fraction"]) == sites
         assert all(0 < f <= 1 for f in row["site_compute_fraction"].values())
         assert row["time_to_target_s"] is None or row["time_to_target_s"] > 0
-    adaptive, limit = doc["rows"]
+    adaptive, recipe, limit = doc["rows"]
+    # the planner prices the adaptive and recipe rows from the limit's measured compute; the limit is not priced
+    assert limit["predicted_step_s"] is None and limit["predicted_site_compute_fraction"] is None
+    for row in (adaptive, recipe):
+        assert row["predicted_step_s"] > 0 and set(row["predicted_site_compute_fraction"]) == sites
+        assert row["measured_step_s"] == pytest.approx(row["elapsed_s"] / 10)
+        # within 2x: a loose bound that still fails on a unit slip (the measured spread is in the results page)
+        assert 0.5 < row["predicted_step_s"] / row["measured_step_s"] < 2.0
+    # the recipe row ran the plan: on these GPUs adaptive local steps, the planner's H_r at first, R x H a period
+    plan = recipe["recipe"]
+    assert plan["local_steps"] == "adaptive" and recipe["options"]["local_steps"] == "adaptive"
+    assert plan["local_steps_step_s"]["adaptive"] < plan["local_steps_step_s"]["equal"]
+    assert sum(recipe["inner_steps"].values()) == 10 * 4
+    assert recipe["predicted_site_compute_fraction"] == pytest.approx(
+        dict(zip(["oregon", "virginia", "frankfurt", "tokyo"], plan["replica_compute_fraction"])))
     assert sum(adaptive["inner_steps"].values()) == sum(limit["inner_steps"].values()) == 10 * 4
     # DDP (the limit's run) sends the model every step, DiLoCo int8 outer deltas every 5
     assert limit["inter_region_bytes"] > adaptive["inter_region_bytes"] > 0
@@ -35,7 +50,7 @@ def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_and_limit_ro
     # --run-dir: each row's run directory, one metrics line per rank per inner step, read back by `geotrain report`
     from geotrain.observe.metrics import read_metrics, steps_of
 
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["diloco-adaptive", "limit"]
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["diloco-adaptive", "limit", "recipe"]
     steps = steps_of(read_metrics(tmp_path / "runs" / "diloco-adaptive"))
     assert sorted(adaptive["inner_steps"].values()) == sorted(
         sum(1 for s in steps if s["rank"] == rank) for rank in range(4))

@@ -66,16 +66,21 @@ MIXED = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "mixed-g
 
 @pytest.mark.slow  # three CLI launches
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("compute_s, chosen", [(2.0, "batch_shares"), (0.1, "wan_recipe")])
+# compute-bound with moment sync (adaptive local steps do not run with it, and equal ones wait for the T4): the
+# shares win; link-bound: the recipe. (Compute-bound without moment sync, adaptive local steps beat the shares:
+# the test below.)
+@pytest.mark.parametrize("compute_s, extra, chosen", [(2.0, ["--recipe-sync-moments"], "batch_shares"),
+                                                      (0.1, [], "wan_recipe")])
 def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train_runs_it(tmp_path: Path, compute_s,
-                                                                                          chosen):
+                                                                                          extra, chosen):
     job = tmp_path / "job.yaml"
     job.write_text("name: tiny-24\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: 24\n"
                    "bytes_per_value: 4\nvocab: 44\n")
     out = tmp_path / "plan.json"
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
                            "--replicas", "3", "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe",
-                           "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out)],
+                           "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out),
+                           *extra],
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
@@ -93,3 +98,47 @@ def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train
         assert settings["batch_shares"] == '"speed"' and "sync_every" not in settings  # per-step DP
     else:
         assert settings["batch_shares"] == '"equal"' and settings["sync_every"] == str(plan["wan_recipe"]["sync_every"])
+
+
+TWO_GPUS = """name: two-gpus
+regions:
+  - {name: fast, devices: 1, gpu: A100}
+  - {name: slow, devices: 1, gpu: T4}
+links:
+  - {between: [fast, slow], gbps: 1.0, ms: 20}
+"""
+
+
+@pytest.mark.slow  # a plan and a 2-rank launch
+@pytest.mark.timeout(300)
+def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp_path: Path):
+    cluster, job, out = tmp_path / "cluster.yaml", tmp_path / "job.yaml", tmp_path / "plan.json"
+    cluster.write_text(TWO_GPUS)
+    job.write_text("name: tiny-4\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: 4\n"
+                   "bytes_per_value: 4\nvocab: 44\n")
+    done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1",
+                           "--replicas", "2", "--wan-recipe", "auto", "--compute-s", "0.5", "--recipe-steps", "24",
+                           "--recipe-max-delay", "0", "--json", "--out", str(out)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    recipe = plan["wan_recipe"]
+    assert recipe["local_steps"] == "adaptive" and recipe["sync_every"] == 2 and recipe["fragments"] == 1
+    assert recipe["local_steps_step_s"]["adaptive"] == recipe["step_s"] < recipe["local_steps_step_s"]["equal"]
+    # by hand: 4 steps a period by speed (312 : 65 -> 3.31, 0.69 -> 3, 1); the T4's 1 x 0.5 s paces it
+    compute = [0.5 * 65 / 312, 0.5]
+    assert recipe["replica_steps"] == [3, 1]
+    period = max(3 * compute[0], 1 * compute[1]) + recipe["sync_s"]
+    assert recipe["step_s"] == pytest.approx(period / 2)
+    expected = {"fast-0": 3 * compute[0] / period, "slow-0": 1 * compute[1] / period}
+    assert plan["site_compute"]["site_compute_fraction"] == pytest.approx(expected)
+    assert recipe["replica_compute_fraction"] == pytest.approx(list(expected.values()))
+    runs = tmp_path / "runs"
+    done = subprocess.run([*GEOTRAIN, "train", "--cluster", str(cluster), "--plan", str(out), "--steps", "4",
+                           "--batch-size", "2", "--microbatches", "1", "--emulate-gpu-speed", "--time-scale", "1e-3",
+                           "--run-dir", str(runs), "--json"], capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from geotrain.observe.metrics import read_metrics, steps_of
+
+    steps = steps_of(read_metrics(runs))
+    inner = [sum(1 for s in steps if s["rank"] == rank) for rank in range(2)]
+    assert inner[0] > inner[1] and sum(inner) == 2 * 2 * 2  # 2 periods of R x H = 4 inner steps, by speed
