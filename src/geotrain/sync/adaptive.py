@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from geotrain.cost.batch_shares import split_by_weights
 from geotrain.optim.outer import OuterStep
 from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, SyncResult, set_grads
 from geotrain.sync.streaming import check_landing_settings
@@ -72,16 +73,7 @@ def adaptive_local_steps(step_seconds: Sequence[float], sync_every: int) -> list
                         f"{sync_every!r} and {replicas}")
     if not np.all(np.isfinite(seconds)) or np.any(seconds <= 0):
         return [sync_every] * replicas
-    total = replicas * sync_every
-    speed = 1.0 / seconds
-    ideal = total * speed / speed.sum()
-    steps = np.maximum(1, np.floor(ideal)).astype(np.int64)
-    while steps.sum() < total:  # the largest remainders get one more (argmax: the lowest rank on ties)
-        steps[int(np.argmax(ideal - steps))] += 1
-    while steps.sum() > total:  # (only when the floor of 1 lifted a very slow replica)
-        over = np.where(steps > 1, steps - ideal, -np.inf)
-        steps[int(np.argmax(over))] -= 1
-    return [int(h) for h in steps]
+    return list(split_by_weights(1.0 / seconds, replicas * sync_every))  # the planner's rounding (largest remainder)
 
 
 def check_adaptive_settings(local_steps: str, *, fragments: int = 1, sync_moments: bool = False,
