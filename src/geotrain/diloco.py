@@ -146,7 +146,7 @@ class DiLoCo:
         self.exchanges: list[DPExchange] = []
         self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay)
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
-        self.sync: StreamingOuterSync | AdaptiveOuterSync
+        self.sync: StreamingOuterSync | AdaptiveOuterSync | None = None  # None: asynchronous (its own exchanges)
         if local_steps == "adaptive":
             replicas = dist.get_world_size(group)
             self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
@@ -154,7 +154,7 @@ class DiLoCo:
                                           dist.get_rank(group), replicas, step_time=step_time,
                                           prior_step_s=prior_step_s, delay=delay, landing=landing, mix=mix,
                                           warmup=warmup)
-        else:
+        elif self.asynchronous is None:
             self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                            mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
                                            warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs,
@@ -249,6 +249,7 @@ class DiLoCo:
             self.inner_steps = self.asynchronous.inner_steps
             self.bytes_sent = self.asynchronous.bytes_sent
             return
+        assert self.sync is not None
         if isinstance(self.sync, AdaptiveOuterSync):
             self.bytes_sent += self.sync.after_inner_step(self._step_seconds(), self.timer)
         else:
@@ -274,6 +275,7 @@ class DiLoCo:
         if isinstance(self.sync, AdaptiveOuterSync):
             self.bytes_sent += self.sync.flush(self.timer)
             return
+        assert self.sync is not None
         self.bytes_sent += self.sync.flush(max(self.inner_steps - 1, 0), self.timer)
 
     def __exit__(self, exc_type: Any, *rest: object) -> None:
@@ -291,13 +293,18 @@ class DiLoCo:
     def fingerprint(self) -> float:
         """A float64 sum of the anchors: the same on every rank when no sync is in flight (asynchronous: of
         the global model this rank last received, the same on every rank after the block)."""
-        return self.sync.fingerprint() if self.asynchronous is None else self.asynchronous.fingerprint()
+        if self.asynchronous is not None:
+            return self.asynchronous.fingerprint()
+        assert self.sync is not None
+        return self.sync.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
-        if self.asynchronous is not None:
+        if self.sync is None:
             raise SyncError("DiLoCo(asynchronous=True) does not checkpoint: the global model lives in rank 0's server")
         return {"sync": self.sync.state_dict(), "inner_steps": self.inner_steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.sync is None:
+            raise SyncError("DiLoCo(asynchronous=True) does not checkpoint: the global model lives in rank 0's server")
         self.sync.load_state_dict(state["sync"])
         self.inner_steps = int(state["inner_steps"])

@@ -40,6 +40,7 @@ def _async_loop(rank: int, world: int, target: int, slow: dict, bound: int, regi
     stats = diloco.asynchronous.stats()  # after the final exchange: the servers' counts are complete
     stats["params"] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     stats["loop_outer_step"] = loop_outer_step
+    stats["built_a_sync"] = diloco.sync is not None or bool(diloco.exchanges)  # the servers hold the exchange
     return stats
 
 
@@ -51,6 +52,7 @@ def test_a_slow_rank_does_not_hold_the_fast_ones_and_all_end_with_the_same_model
     results = _run(4, 30, {3: 0.1}, bound=16)
     for r in results[1:]:
         assert torch.equal(r["params"], results[0]["params"])
+    assert not any(r["built_a_sync"] for r in results)  # no synchronous outer sync's shadows beside the servers
     fast, slow = [r["pushes"] for r in results[:3]], results[3]["pushes"]
     # lock-step, each rank would send as many updates as the slow one (0.1 s per inner step, 3 per
     # update): the three fast ranks together send 3x its count; unheld, at least twice that
