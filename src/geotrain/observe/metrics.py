@@ -23,8 +23,10 @@ The step time splits three ways, every part measured by the worker (geotrain.run
   step_s    - the step's span: on the emulated clock with link emulation (emulated seconds: compute at the
               emulated device's speed, links as emulated), else wall seconds;
   compute_s - forward, backward, codecs and optimizer (the worker's ComputeTimer, same clock);
-  comm_s    - the data-parallel collectives, from the latest member's start to the end (the transport's
-              records; emulated seconds / time scale under emulation);
+  comm_s    - exposed communication: the data-parallel collectives, from the latest member's start to the end
+              (the transport's records; emulated seconds / time scale under emulation), at most the step's
+              time outside compute (a sync posted in one step and landed steps later overlaps their compute:
+              only what the steps did not cover is exposed);
   wait_s    - step_s - compute_s - comm_s (>= 0): blocked on pipeline messages and on slower peers (a DP
               collective starts when its last member arrives), plus untimed host work (batch slicing).
 bytes_intra / bytes_inter: payload bytes this rank sent inside its region / to other regions (the emulator's
@@ -111,6 +113,7 @@ def step_metrics(record: dict[str, Any], *, site: str, device: int, lr: float, t
         step_s, comm_s = float(record["iteration_s"]), float(record["dp_s"])
         bytes_intra = bytes_inter = None
     compute_s = float(record["compute_s"])
+    comm_s = min(comm_s, max(0.0, step_s - compute_s))
     return {"kind": "step", "step": record["step"], "rank": record["rank"], "stage": record["stage"],
             "replica": record["replica"], "device": device, "site": site, "t_wall": t_wall,
             "loss": _finite(record["loss"]), "lr": lr, "tokens": tokens, "step_s": step_s,

@@ -33,6 +33,14 @@ def test_step_split_under_emulation_is_emulated_span_less_compute_and_scaled_col
     assert line["site"] == "a" and line["device"] == 3 and line["tokens"] == 64
 
 
+def test_an_overlapped_sync_exposes_only_the_step_time_compute_did_not_cover():
+    # a sync posted steps ago lands here: its collective spans 0.9 emulated s, the step 1.0 s with 0.8 s compute
+    line = step_metrics(worker_record(compute=0.8, dp=0.9, span=(1.0, 2.0)), site="a", device=0, lr=0.1,
+                        tokens=8, time_scale=1.0, t_wall=10.0)
+    assert line["comm_s"] == pytest.approx(0.2) and line["wait_s"] == 0.0
+    assert line["compute_s"] + line["comm_s"] + line["wait_s"] == pytest.approx(line["step_s"])
+
+
 def test_step_split_without_emulation_uses_wall_seconds_and_leaves_link_classes_unknown():
     line = step_metrics(worker_record(compute=0.3, dp=0.4, span=None), site="a", device=0, lr=0.1, tokens=8,
                         time_scale=0.0, t_wall=10.0)
