@@ -27,16 +27,15 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
                     strict: bool = True, cluster: Cluster | None = None) -> tuple[Cluster, Job, CostModel]:
     """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
     (with `args.uneven_split`, where the command has it: scored with the speed layer split; else
-    with `layer_shares` where given, see cost.registry.build_cost_model). Planning (`strict`): a global
-    batch that is not a multiple of the replicas is rounded to the nearest one, said in one note on
-    stderr (batch_for_replicas); any other layout the job does not fit (Job.check_layout_fits) is
-    refused. Scoring a given plan: said in one note (per-replica batch global_batch // R, as in the seed).
+    with `layer_shares` where given, see cost.registry.build_cost_model). A global batch that is not a
+    multiple of the replicas is rounded to the nearest one, said in one note on stderr (batch_for_replicas),
+    as `plan` rounded it. Planning (`strict`): any other layout the job does not fit (Job.check_layout_fits)
+    is refused; scoring a given plan: said in one note.
     `cluster`: plan on this one (e.g. the live devices of a re-plan) instead of loading `args.cluster`."""
     cluster = load_cluster(args.cluster) if cluster is None else cluster
     job = load_job(args.job)
     job.check_every_replica_has_a_sample(replicas)  # refused even where an uneven layout is only noted
-    if strict:
-        job = batch_for_replicas(job, replicas)
+    job = batch_for_replicas(job, replicas)
     try:
         job.check_layout_fits(stages, replicas)
     except JobError as exc:

@@ -82,7 +82,9 @@ def test_cost_uses_the_plans_replicas_and_the_default_job(tmp_path, capsys):
     (tmp_path / "hand.json").write_text(json.dumps(plan))
     code, out, err = run_cli(capsys, "cost", "--cluster", "seed-geo", "--plan", str(tmp_path / "hand.json"), "--json")
     assert code == 0
-    assert err.startswith("geotrain: note: job 'gpt-1.3b-seed': global_batch 1024 is not a multiple of the 3 replicas")
+    # rounded as `plan` rounds it (341 samples per replica, as the seed's floor gives): no edit asked of the user
+    assert err == ("geotrain: note: job 'gpt-1.3b-seed': global_batch 1024 rounded to 1023, the nearest multiple of "
+                   "the 3 replicas (341 samples each)\n")
     reference = yuan_cost_reference(seed_geo(), traffic_of_job(GPT_13B_SEED, 2, 3), plan["assignment"])
     assert json.loads(out)["cost"]["total"] == pytest.approx(reference["total"], rel=1e-12)
 
