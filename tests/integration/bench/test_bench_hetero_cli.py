@@ -34,8 +34,7 @@ def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_recipe_and_l
     for row in (adaptive, recipe):
         assert row["predicted_step_s"] > 0 and set(row["predicted_site_compute_fraction"]) == sites
         assert row["measured_step_s"] == pytest.approx(row["elapsed_s"] / 10)
-        # within 2x: a loose bound that still fails on a unit slip (the measured spread is in the results page)
-        assert 0.5 < row["predicted_step_s"] / row["measured_step_s"] < 2.0
+        # (predicted against measured is a benchmark number, docs/results/bench-hetero.md: no timed assertion here)
     # the recipe row ran the plan: on these GPUs adaptive local steps, the planner's H_r at first, R x H a period
     plan = recipe["recipe"]
     assert plan["local_steps"] == "adaptive" and recipe["options"]["local_steps"] == "adaptive"

@@ -53,15 +53,18 @@ def test_torchft_groups_are_emulated_across_reconfiguration_with_ring_time_and_b
     script.write_text(textwrap.dedent(WORKER))
     from geotrain.emulate.launch import free_port
 
-    port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    # rank 0 emulates device 1 and rank 1 device 0: quorum ranks are not devices
-    procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(1 - rank)], cwd=tmp_path,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in range(2)]
+    for attempt in range(3):  # the free port can be taken by a parallel test before the store binds it
+        port = free_port()
+        # rank 0 emulates device 1 and rank 1 device 0: quorum ranks are not devices
+        procs = [subprocess.Popen([sys.executable, str(script), str(rank), str(port), str(1 - rank)], cwd=tmp_path,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for rank in range(2)]
+        done = [proc.communicate(timeout=90) for proc in procs]
+        if not any("EADDRINUSE" in stderr for _, stderr in done):
+            break
     outs = []
-    for proc in procs:
-        stdout, stderr = proc.communicate(timeout=90)
+    for proc, (stdout, stderr) in zip(procs, done, strict=True):
         assert proc.returncode == 0, stderr[-2000:]
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     ring_s = 2 * (0.050 + 8 * 0.5e6 / 0.1e9)  # n = 2: 2 rounds of b/2 over 100 Mbit/s, 50 ms

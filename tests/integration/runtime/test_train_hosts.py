@@ -126,7 +126,8 @@ def test_cli_prints_one_torchrun_command_per_host(files, capsys):
     (["--node", "A", "--rdzv", "h"], "--rdzv: must be HOST:PORT"),
 ])
 def test_cli_refuses_bad_host_options_on_one_line_with_exit_2(files, capsys, extra, message):
-    code = main(["train", "--plan", str(files / "p.json"), "--cluster", str(files / "c.yaml"), *extra])
+    code = main(["train", "--plan", str(files / "p.json"), "--cluster", str(files / "c.yaml"), "--run-dir", "none",
+                 *extra])
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
@@ -137,7 +138,7 @@ def test_a_host_whose_peer_never_comes_fails_on_one_line_in_bounded_time(files, 
         port = probe.getsockname()[1]
     started = time.monotonic()
     code = main(["train", "--plan", str(files / "p.json"), "--cluster", str(files / "c.yaml"), "--node", "A",
-                 "--rdzv", f"127.0.0.1:{port}", "--comm-timeout", "2"])
+                 "--rdzv", f"127.0.0.1:{port}", "--comm-timeout", "2", "--run-dir", "none"])
     err = capsys.readouterr().err
     assert code == 2 and "--rdzv: node 'B' did not join 127.0.0.1:" in err and len(err.strip().splitlines()) == 1
     assert time.monotonic() - started < 60
@@ -202,7 +203,7 @@ def test_host_pair_carries_tcp_and_is_removed_with_its_processes_on_failure():
 
 def _train_argv(files: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "geotrain", "train", "--plan", str(files / "p.json"), "--cluster",
-            str(files / "c.yaml"), "--steps", "3", "--time-scale", "0", "--json", *extra]
+            str(files / "c.yaml"), "--steps", "3", "--time-scale", "0", "--json", "--run-dir", "none", *extra]
 
 
 @pytest.mark.slow
@@ -249,7 +250,7 @@ def test_a_killed_host_ends_the_other_hosts_run_in_bounded_time_with_no_orphans(
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     argv = [sys.executable, "-m", "geotrain", "train", "--plan", str(files / "p.json"), "--cluster",
             str(files / "c.yaml"), "--steps", "500", "--time-scale", "0", "--heartbeat-timeout", "3",
-            "--rdzv", f"127.0.0.1:{port}", "--node"]
+            "--rdzv", f"127.0.0.1:{port}", "--run-dir", "none", "--node"]
     a, b = (subprocess.Popen(argv + [node], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for node in ("A", "B"))
     try:
