@@ -92,7 +92,8 @@ def test_a_train_run_leaves_no_torchinductor_folder_in_the_temp_dir(tmp_path, sy
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(PLAN))
     done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--cluster", str(tmp_path / "cluster.yaml"),
-                           "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--time-scale", "0", "--json"],
+                           "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--time-scale", "0", "--json",
+                           "--run-dir", "none"],
                           capture_output=True, text=True, timeout=200,
                           env={**os.environ, "PYTHONPATH": SRC, "TMPDIR": str(system_tmp)})
     assert done.returncode == 0, done.stderr
