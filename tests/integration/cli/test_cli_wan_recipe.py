@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.bench.wan import bench_cluster
+from two_gpus import TWO_GPUS_YAML
 
 GEOTRAIN = (sys.executable, "-m", "geotrain")
 
@@ -100,20 +101,11 @@ def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train
         assert settings["batch_shares"] == '"equal"' and settings["sync_every"] == str(plan["wan_recipe"]["sync_every"])
 
 
-TWO_GPUS = """name: two-gpus
-regions:
-  - {name: fast, devices: 1, gpu: A100}
-  - {name: slow, devices: 1, gpu: T4}
-links:
-  - {between: [fast, slow], gbps: 1.0, ms: 20}
-"""
-
-
 @pytest.mark.slow  # a plan and a 2-rank launch
 @pytest.mark.timeout(300)
 def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp_path: Path):
     cluster, job, out = tmp_path / "cluster.yaml", tmp_path / "job.yaml", tmp_path / "plan.json"
-    cluster.write_text(TWO_GPUS)
+    cluster.write_text(TWO_GPUS_YAML)
     job.write_text("name: tiny-4\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: 4\n"
                    "bytes_per_value: 4\nvocab: 44\n")
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1",

@@ -11,20 +11,13 @@ import pytest
 from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig, launch
 from geotrain.runtime import checkpoint as ckpt
-
-CLUSTER = """name: two-gpus
-regions:
-  - {name: fast, devices: 1, gpu: A100}
-  - {name: slow, devices: 1, gpu: T4}
-links:
-  - {between: [fast, slow], gbps: 1.0, ms: 20}
-"""
+from two_gpus import TWO_GPUS_YAML
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("overlap", [{}, {"sync_delay": 1, "sync_landing": "eager"}], ids=["blocking", "delay-1-eager"])
 def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path, overlap):
-    (tmp_path / "cluster.yaml").write_text(CLUSTER)
+    (tmp_path / "cluster.yaml").write_text(TWO_GPUS_YAML)
     cluster = load_cluster(str(tmp_path / "cluster.yaml"))
     steps, every = 9, 3
     config = RuntimeConfig.of(cluster, np.array([[0, 1]]), steps=steps, sync_every=every, local_steps="adaptive",
