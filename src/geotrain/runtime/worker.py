@@ -331,6 +331,15 @@ class Worker:
         return {"rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica}
 
 
+def start_line(worker: Worker) -> None:
+    """Every rank starts its first step together: a barrier once the ranks have built their models. Emulated,
+    it also sets every rank's clock to the last one ready; without it, set-up time (model build, data), which
+    the clock counts at the emulated GPU's speed, would make a slow-GPU rank start seconds after the others and
+    charge the run's first period with it. The barrier's own time is not a step's (its record is dropped)."""
+    dist.barrier()
+    worker.transport.take_records()
+
+
 def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: list[Worker], device: torch.device,
            emulation: Emulation | None, world: WorldTokens | None,
            observer: NullObserver) -> list[dict[str, Any]] | None:
@@ -343,6 +352,7 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         if worker.replanned is not None:
             observer.event("replan", worker.start_step, **worker.replanned)
     watchdog.publish_step(worker.start_step)
+    start_line(worker)
     run, data, checkpoint = config.run, config.data, config.checkpoint
     if isinstance(worker.dp, AdaptiveOuterSync):
         _train_periods(worker, worker.dp, watchdog, observer)

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from geotrain.comm.gather import GatherLinks
 from geotrain.cost.batch_shares import split_by_weights
 from geotrain.optim.outer import OuterStep
 from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, SyncResult, set_grads
@@ -111,17 +112,23 @@ class AdaptiveOuterSync(GradientSync):
     `step_time`: replaces the measured step seconds (tests, or a caller that knows its speed); `prior_step_s`:
     relative seconds per step of each replica known before anything is measured (the runtime's: 1 / its GPU's
     peak FLOP/s), which sets the first period's H_r (None: H on every replica); `delay`, `landing`, `mix`,
-    `warmup`: the overlap (module doc; 0: every sync blocks)."""
+    `warmup`: the overlap (module doc; 0: every sync blocks); `periods`: the run's outer periods where the caller
+    stops every rank at that sync (the runtime's loop; None: not known): the last sync then posts no step times
+    (no period follows to share out) and `flush` gathers no step counts (no replica stepped since), which spares
+    the run's end two latency-bound collectives."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
                  make_exchange: Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange], sync_every: int,
                  outer_lr: float, outer_momentum: float, gather: Gather, rank: int, replicas: int,
                  adaptive: bool = True, step_time: Callable[[], float] | None = None,
                  prior_step_s: Sequence[float] | None = None, delay: int = 0, landing: str = "mix",
-                 mix: float = 0.0, warmup: int = 0) -> None:
+                 mix: float = 0.0, warmup: int = 0, periods: int | None = None) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < replicas:
             raise SyncError(f"AdaptiveOuterSync: rank must be an integer in 0..{replicas - 1}, got {rank!r}")
         check_landing_settings(sync_every, delay, mix, landing, warmup)
+        if periods is not None and (isinstance(periods, bool) or not isinstance(periods, int) or periods < 1):
+            raise SyncError(f"AdaptiveOuterSync: periods must be an integer >= 1 or None, got {periods!r}")
+        self.periods = periods
         self.delay, self.landing, self.mix, self.warmup = delay, landing, float(mix), warmup
         self._flight: _InFlight | None = None
         named_params = list(named_params)
@@ -193,6 +200,13 @@ class AdaptiveOuterSync(GradientSync):
         the posted gather of step times; the schedule is left as it is."""
         dp_bytes = 0 if self._flight is None else self._land(timer)
         self._land_times()
+        if self.periods is not None and self.outer_step >= self.periods:
+            if self.period_steps:
+                raise SyncError(f"AdaptiveOuterSync: {self.period_steps} inner steps after the run's last outer "
+                                f"period ({self.periods}): a caller that gives periods stops every rank there")
+            with timer:
+                self.outer.reset_params()
+            return dp_bytes
         mine = torch.tensor([float(self.period_steps)], dtype=torch.float64)
         steps = self.gather(mine)().reshape(-1).tolist()
         if sum(steps):
@@ -252,7 +266,8 @@ class AdaptiveOuterSync(GradientSync):
         if self._flight is not None:
             following = self.my_local_steps
             self._flight.lands_after = min(following, max(1, round(self.delay * following / self.sync_every)))
-        if rebalance:  # this period's mean step seconds travel while the next period computes
+        if rebalance and (self.periods is None or self.outer_step + 1 < self.periods):
+            # this period's mean step seconds travel while the next period computes
             self._posted = self.gather(torch.tensor([self._period_seconds / self.period_steps], dtype=torch.float64))
         self.history.append({"steps": [int(s) for s in steps], "weights": [s / total for s in steps],
                              "step_s": measured, "next_local_steps": list(self.local_steps)})
@@ -284,13 +299,28 @@ class AdaptiveOuterSync(GradientSync):
         self.outer_step, self.inner_steps = int(state["outer_step"]), int(state["inner_steps"])
 
 
-def gather_floats(group: Any, replicas: int, run: Callable[[Callable[[], Any]], Any]) -> Gather:
+def gather_floats(group: Any, replicas: int, run: Callable[[Callable[[], Any]], Any],
+                  links: GatherLinks | None = None) -> Gather:
     """A Gather over process group `group` (None: the default one) of `replicas` members: posts the all-gather
     (async work) and returns the function that waits for it through `run(wait)` (a transport that times and
-    counts it as a posted collective, or directly: `lambda wait: wait()`)."""
+    counts it as a posted collective, or directly: `lambda wait: wait()`). `links`: the members' links, whose rule
+    (geotrain.comm.gather) picks the algorithm: on latency-bound links one all-to-all round ("direct") instead of
+    the ring's R - 1 (the few bytes of step times would otherwise take three WAN latencies on four sites and
+    could hold up the next sync); None: the ring."""
     import torch.distributed as dist
 
     def gather(mine: torch.Tensor) -> Callable[[], torch.Tensor]:
+        mine = mine.reshape(-1).contiguous()
+        if links is not None and replicas > 1 and links.algorithm(mine.numel() * mine.element_size()) == "direct":
+            received = torch.empty(replicas * mine.numel(), dtype=mine.dtype)
+            send = mine.repeat(replicas)
+            work = dist.all_to_all_single(received, send, group=group, async_op=True)
+
+            def wait_direct(_send: torch.Tensor = send) -> torch.Tensor:  # the send buffer lives until the wait
+                run(work.wait)
+                return received.reshape(replicas, -1)
+
+            return wait_direct
         parts = [torch.zeros_like(mine) for _ in range(replicas)]
         work = dist.all_gather(parts, mine, group=group, async_op=True)
 

@@ -71,13 +71,14 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
     if options.local_steps == "adaptive":  # (flat, one fragment: SyncOptions refused the rest)
         replicas = len(group.ranks)
         gather = gather_floats(group.handle, replicas,
-                               lambda wait: transport.collective(group.handle, devices, 8, wait, posted=True))
+                               lambda wait: transport.collective(group.handle, devices, 8, wait, posted=True),
+                               group.links)
         return AdaptiveOuterSync(named_params, adamw,
                                  lambda shadows: _exchange(options, shadows, transport, group, rank),
                                  options.sync_every, options.outer_lr, options.outer_momentum, gather,
                                  group.ranks.index(rank), replicas, prior_step_s=options.local_steps_prior_s,
                                  delay=options.delay, landing=options.landing, mix=options.mix,
-                                 warmup=options.warmup)
+                                 warmup=options.warmup, periods=-(-options.total_steps // options.sync_every))
     if options.fragments > 1 or options.delay > 0 or options.sync_moments:  # (warmup only matters with a delay)
         return StreamingOuterSync(named_params, adamw,
                                   lambda shadows, moments=None: _exchange(options, shadows, transport, group,

@@ -1,7 +1,7 @@
 """`train --sync-every H --local-steps adaptive` in the runtime: real processes over the emulating backend on two
 sites of different GPUs (compute at each GPU's speed), one launch; every period shares R x H steps, the ranks end
 together after the run's periods, and they agree on the anchor between the same syncs, blocking or with each sync
-overlapped with the next period (a delay, eager landing)."""
+overlapped with the next period (a delay, eager landing); their first steps start together (worker.start_line)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path, ove
     manifest = ckpt.read_manifest(tmp_path / "ckpt", steps)
     records = {rank: ckpt.load_shard(tmp_path / "ckpt", steps, rank, manifest,
                                      {"rank": rank, "stage": 0, "replica": rank})["records"] for rank in range(2)}
+    # the start line: the T4 rank's set-up, counted at its GPU's speed, does not start its first step late (without
+    # it: ~0.4 s late); what it runs between the barrier and its first step counts at that speed too (a loaded
+    # machine: ~10 ms)
+    first = [records[rank][0]["emulated"]["start_s"] for rank in range(2)]
+    assert first[1] == pytest.approx(first[0], abs=0.1)
     periods = steps // every
     for rank in range(2):
         assert records[rank][-1]["outer_step"] == periods
