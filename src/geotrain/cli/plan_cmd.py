@@ -11,7 +11,9 @@ With --wan-recipe auto it adds "wan_recipe" (geotrain.cost.wan_recipe: sync peri
 mix, outer codec and outer optimizer, with the predicted step; `geotrain train --plan` runs them), with
 "local_steps" ("equal", or "adaptive" where the replicas differ in speed and it predicts the lower step:
 cost.wan_recipe.choose_local_steps), "replica_steps", "replica_compute_s", "replica_compute_fraction" (per
-replica, predicted) and "local_steps_step_s" (each schedule's predicted step). On a
+replica, predicted) and "local_steps_step_s" (each schedule's predicted step), "outer_sync" ("sync", or "async"
+where asynchronous outer updates are charged the lower step: cost.async_outer; `--recipe-outer-sync sync` leaves
+them out), "async_staleness_factor" and "outer_sync_step_s" (sync's and async's predicted step). On a
 cluster whose replicas differ in GPU speed it also adds "site_compute" (geotrain.cost.batch_shares: per-step
 data parallelism with speed-proportional batch shares against the recipe, by predicted step seconds, and
 each site's predicted compute fraction of the winner); when the shares win, the plan holds "batch_shares"
@@ -122,6 +124,10 @@ def register(subparsers: Any) -> None:
                              "outer optimizer averages (lr 1, momentum 0) instead of DiLoCo's 0.7 / 0.9")
     recipe.add_argument("--recipe-max-delay", type=int, default=None, metavar="TAU",
                         help="largest delay tau (default H - 1; 0 where syncs may not be in flight at checkpoints)")
+    recipe.add_argument("--recipe-outer-sync", default="auto", choices=("auto", "sync"),
+                        help="auto: also price asynchronous outer updates (one stage per replica, fp32 updates; "
+                             "cost.async_outer) and choose them where their step, charged for staleness, is lower "
+                             "(train runs them on real links only: --time-scale 0); sync: synchronous only")
     recipe.add_argument("--recipe-codec-floor", default=DEFAULT_CODEC_FLOOR, choices=OUTER_LADDER,
                         help=f"lowest outer codec allowed on the ladder {' > '.join(OUTER_LADDER)}")
     recipe.add_argument("--recipe-measure-codecs", action="store_true",
@@ -292,8 +298,12 @@ def recipe_table(out: Output, recipe: WanRecipe, labels: list[str]) -> None:
     local = ("equal (H on every replica)" if recipe.local_steps == "equal" else
              f"adaptive ({' / '.join(map(str, recipe.replica_steps or ()))} per period at first)")
     fractions = recipe.replica_compute_fraction or ()
+    outer_sync = ("synchronous" if recipe.outer_sync == "sync" else
+                  f"asynchronous (staleness x{recipe.async_staleness_factor:.3g}; train: --time-scale 0, real links)")
     out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
-              [["sync every H", str(recipe.sync_every)], ["local steps", local],
+              [["outer sync", outer_sync],
+               *[[f"step, {name} (s)", f"{step:.4g}"] for name, step in (recipe.outer_sync_step_s or {}).items()],
+               ["sync every H", str(recipe.sync_every)], ["local steps", local],
                *[[f"step, {name} local steps (s)", f"{step:.4g}"] for name, step in steps.items() if len(steps) > 1],
                ["fragments P", str(recipe.fragments)],
                ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"],
@@ -328,7 +338,8 @@ def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> Wa
                                                                                        compute_s),
                               pp_s=result.cost.pp, total_steps=args.recipe_steps, max_delay=args.recipe_max_delay,
                               floor=args.recipe_codec_floor, sync_moments=args.recipe_sync_moments,
-                              codec_s_per_value=codec_s, moment_codec_s_per_value=moment_codec_s)
+                              codec_s_per_value=codec_s, moment_codec_s_per_value=moment_codec_s,
+                              asynchronous=args.recipe_outer_sync == "auto")
 
 
 def shares_choice_of(args: Any, cluster: Any, job: Any, result: SearchResult,

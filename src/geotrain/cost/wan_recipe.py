@@ -80,6 +80,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster import Cluster
+from geotrain.cost.async_outer import STALENESS_BOUND, async_outer_price
 from geotrain.cost.codec_choice import codec_link_bytes
 from geotrain.cost.local_steps import (ADAPTIVE_MAX_DELAY, period_local_steps, period_step_seconds,
                                        replica_compute_per_step, replica_seconds)
@@ -133,6 +134,9 @@ class WanRecipe:
     replica_steps: tuple[int, ...] | None = None  # n_r per replica per period, as priced (adaptive: re-measured)
     replica_compute_s: tuple[float, ...] | None = None  # per replica, compute seconds per step (n_r c_r / H)
     local_steps_step_s: dict[str, float] | None = None  # choose_local_steps: each schedule's predicted step_s
+    outer_sync: str = "sync"  # "async": asynchronous outer updates (cost.async_outer; fp32, one replica's model each)
+    async_staleness_factor: float | None = None  # async: time to a loss against fresh updates (cost.async_outer)
+    outer_sync_step_s: dict[str, float] | None = None  # choose_local_steps with async: each one's predicted step_s
 
     @property
     def compute_fraction(self) -> float:
@@ -172,7 +176,8 @@ class WanRecipe:
                              if self.landing != "mix" else {}),
                           **({"sync_moments": True} if self.sync_moments else {}),
                           **({"moment_syncs": self.moment_syncs} if self.moment_syncs is not None else {}),
-                          **({"local_steps": self.local_steps} if self.local_steps != "equal" else {})},
+                          **({"local_steps": self.local_steps} if self.local_steps != "equal" else {}),
+                          **({"outer_sync": self.outer_sync} if self.outer_sync != "sync" else {})},
                 "comm": {"dp_codec": self.codec}}
 
 
@@ -350,24 +355,54 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float 
 
 
 def charged_step_seconds(recipe: WanRecipe) -> float:
-    """The recipe's predicted step times its staleness factor (what the rule ranks settings by)."""
+    """The recipe's predicted step times its staleness factor (what the rule ranks settings by; asynchronous:
+    cost.async_outer's)."""
+    if recipe.outer_sync != "sync":
+        return recipe.step_s * (recipe.async_staleness_factor or 1.0)
     return recipe.step_s * staleness_factor(recipe.sync_every, recipe.delay, recipe.mix, recipe.landing)
 
 
+def async_recipe(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float], sync_every: int,
+                 total_steps: int | None = None) -> WanRecipe:
+    """Asynchronous DiLoCo (flat, one stage) with H = `sync_every` inner steps per update, priced by
+    cost.async_outer. Its updates carry the fp32 model: no codec, no fragments, no delay."""
+    from geotrain.comm.gather import GatherLinks
+
+    assignment = np.asarray(assignment, dtype=np.int64)
+    compute = replica_seconds(replica_compute_s)
+    links = GatherLinks.of_cluster(cluster, assignment[0])
+    model_bytes = job.dp_bytes(1) / job.bytes_per_value * 4.0  # the runtime's wire: flat fp32
+    price = async_outer_price(compute, sync_every, model_bytes, links, STALENESS_BOUND)
+    per_step = tuple(f * price.step_s for f in price.compute_fraction)
+    h = sync_every
+    outer = AVERAGING if total_steps is not None and total_steps // h < PAPER_OUTER_STEPS else DILOCO_PAPER
+    return WanRecipe(h, 1, 0, 0.0, "none", outer[0], outer[1], price.step_s, max(per_step), max(price.round_trip_s),
+                     replica_compute_s=per_step, outer_sync="async", async_staleness_factor=price.staleness_factor)
+
+
 def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float],
-                       **options: Any) -> WanRecipe:
+                       asynchronous: bool = False, **options: Any) -> WanRecipe:
     """choose_recipe with equal local steps and, where the runtime can run them and the replicas differ in
     compute (one pipeline stage, no moment sync), with adaptive ones; the lower charged step wins (ties:
-    equal). `replica_compute_s`: compute seconds per step of each replica with equal steps; `options`:
-    choose_recipe's. The winner records both schedules' predicted steps (`local_steps_step_s`)."""
+    equal). `asynchronous`: also price asynchronous outer updates at the chosen H (async_recipe; one pipeline
+    stage, as the runtime runs them): they replace the synchronous recipe only if their charged step is lower. `replica_compute_s`: compute seconds
+    per step of each replica with equal steps; `options`: choose_recipe's. The winner records both schedules'
+    predicted steps (`local_steps_step_s`) and, priced, sync's and async's (`outer_sync_step_s`)."""
     assignment = np.asarray(assignment, dtype=np.int64)
     compute = replica_seconds(replica_compute_s)
     equal = choose_recipe(cluster, job, assignment, compute, **options)
-    if assignment.shape[0] > 1 or options.get("sync_moments") or np.all(compute == compute[0]):
-        return dataclasses.replace(equal, local_steps_step_s={"equal": equal.step_s})
-    adaptive = choose_recipe(cluster, job, assignment, compute, **options, local_steps="adaptive")
-    best = adaptive if charged_step_seconds(adaptive) < charged_step_seconds(equal) else equal
-    return dataclasses.replace(best, local_steps_step_s={"equal": equal.step_s, "adaptive": adaptive.step_s})
+    best, steps = equal, {"equal": equal.step_s}
+    if not (assignment.shape[0] > 1 or options.get("sync_moments") or np.all(compute == compute[0])):
+        adaptive = choose_recipe(cluster, job, assignment, compute, **options, local_steps="adaptive")
+        best = adaptive if charged_step_seconds(adaptive) < charged_step_seconds(equal) else equal
+        steps["adaptive"] = adaptive.step_s
+    best = dataclasses.replace(best, local_steps_step_s=steps)
+    if not asynchronous or assignment.shape[0] > 1 or assignment.shape[1] < 2:
+        return best
+    candidate = async_recipe(cluster, job, assignment, compute, best.sync_every, options.get("total_steps"))
+    chosen = candidate if charged_step_seconds(candidate) < charged_step_seconds(best) else best
+    return dataclasses.replace(chosen, local_steps_step_s=steps,
+                               outer_sync_step_s={"sync": best.step_s, "async": candidate.step_s})
 
 
 def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:

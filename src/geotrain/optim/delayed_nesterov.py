@@ -29,10 +29,11 @@ from typing import Any
 
 import torch
 
+from geotrain.cost.async_outer import STALENESS_POWER
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError
 
-STALENESS_POWER = 0.5
-"""Default staleness weight (1 + s) ** -0.5: a gradient 3 updates stale counts half."""
+# STALENESS_POWER: the default staleness weight (1 + s) ** -0.5, a gradient 3 updates stale counts half; its home is
+# the cost model that prices it (geotrain.cost.async_outer)
 
 
 def staleness_weight(staleness: int, power: float) -> float:

@@ -37,15 +37,14 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from geotrain.comm.regions import Regions
-from geotrain.optim.delayed_nesterov import STALENESS_POWER, DelayedNesterov
+from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
+from geotrain.optim.delayed_nesterov import DelayedNesterov
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.sync.async_wire import Mailbox, ServerThread
 from geotrain.sync.base import SyncError
 
 OUTER_SYNCS = ("sync", "async", "async-hierarchical")
 """`train --outer-sync`: synchronous DiLoCo, asynchronous (flat), asynchronous with region servers."""
-STALENESS_BOUND = 8
-"""Default bound on an update's staleness (global updates applied since its replica took its model)."""
 EMULATE_BACKEND = "geotrain_emulate"
 
 

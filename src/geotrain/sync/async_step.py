@@ -66,7 +66,8 @@ def check_async_run(outer_sync: str, *, pipeline_stages: int, time_scale: float,
         return None
     refusals = ((pipeline_stages > 1, f"needs one stage per replica (the whole model), the plan has {pipeline_stages}"),
                 (time_scale > 0, "does not run on emulated links (the server threads would advance a rank's one "
-                                 "emulated clock); pass --time-scale 0"),
+                                 "emulated clock); pass --time-scale 0 (a plan's recipe: or plan with "
+                                 "--recipe-outer-sync sync)"),
                 (elastic, "does not combine with --elastic: the global model lives once, in rank 0's server, and "
                           "a torchft recovery copies a peer's state at a synchronous step"),
                 (checkpoint_dir is not None, "does not checkpoint (the global model lives in rank 0's server)"),

@@ -40,7 +40,7 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Pa
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("extra,why", [
     ([], "--outer-sync async does not run on emulated links (the server threads would advance a rank's one "
-         "emulated clock); pass --time-scale 0"),
+         "emulated clock); pass --time-scale 0 (a plan's recipe: or plan with --recipe-outer-sync sync)"),
     (["--time-scale", "0", "--elastic"], "--outer-sync async does not combine with --elastic: the global model "
                                          "lives once, in rank 0's server, and a torchft recovery copies a peer's "
                                          "state at a synchronous step")])

@@ -81,7 +81,7 @@ def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
                            "--replicas", "3", "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe",
                            "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out),
-                           *extra],
+                           "--recipe-outer-sync", "sync", *extra],  # train emulates the links: no async
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
@@ -110,7 +110,8 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp
                    "bytes_per_value: 4\nvocab: 44\n")
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1",
                            "--replicas", "2", "--wan-recipe", "auto", "--compute-s", "0.5", "--recipe-steps", "24",
-                           "--recipe-max-delay", "0", "--json", "--out", str(out)], capture_output=True, text=True, timeout=180)
+                           "--recipe-max-delay", "0", "--recipe-outer-sync", "sync", "--json", "--out", str(out)],
+                          capture_output=True, text=True, timeout=180)  # train emulates the links: no async
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     recipe = plan["wan_recipe"]
@@ -134,3 +135,39 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp
     steps = steps_of(read_metrics(runs))
     inner = [sum(1 for s in steps if s["rank"] == rank) for rank in range(2)]
     assert inner[0] > inner[1] and sum(inner) == 2 * 2 * 2  # 2 periods of R x H = 4 inner steps, by speed
+
+
+LAN_MIXED_YAML = """name: lan-mixed
+regions:
+  - {name: a, devices: 1, gpu: A100}
+  - {name: b, devices: 1, gpu: T4}
+links:
+  - {between: [a, b], gbps: 100.0, ms: 0.1}
+"""
+
+
+@pytest.mark.slow  # four CLI launches
+@pytest.mark.timeout(300)
+def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_real_links_only(tmp_path: Path):
+    (tmp_path / "lan.yaml").write_text(LAN_MIXED_YAML)
+    cluster, out = str(tmp_path / "lan.yaml"), tmp_path / "plan.json"
+    plan = [*GEOTRAIN, "plan", "--cluster", cluster, "--stages", "1", "--replicas", "2", "--wan-recipe", "auto",
+            "--compute-s", "0.5", "--recipe-steps", "600", "--recipe-sync-moments", "--json"]
+    # moment sync runs with equal steps only: the synchronous recipe waits for the T4; asynchronous updates do not
+    done = subprocess.run([*plan, "--out", str(out)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    recipe = json.loads(done.stdout)["wan_recipe"]
+    assert recipe["outer_sync"] == "async" and recipe["codec"] == "none"
+    assert recipe["step_s"] == recipe["outer_sync_step_s"]["async"] < recipe["outer_sync_step_s"]["sync"]
+    only_sync = subprocess.run([*plan, "--recipe-outer-sync", "sync"], capture_output=True, text=True, timeout=180)
+    assert only_sync.returncode == 0, only_sync.stderr
+    # synchronous only: the recipe waits for the T4, and per-step DP with speed batch shares beats it
+    assert "wan_recipe" not in json.loads(only_sync.stdout) and "batch_shares" in json.loads(only_sync.stdout)
+    trained = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "6",
+                              "--time-scale", "0", "--run-dir", "none", "--json"],
+                             capture_output=True, text=True, timeout=240)
+    assert trained.returncode == 0, trained.stderr
+    refused = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "6",
+                              "--run-dir", "none"], capture_output=True, text=True, timeout=180)
+    assert refused.returncode != 0 and "does not run on emulated links" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
