@@ -124,6 +124,15 @@ class OuterStep:
             for p, anchor, old, change in zip(self.params, self.anchor, before, proxy, strict=True):
                 p.add_((anchor.detach() - old - change).to(p.dtype))
 
+    def land(self, means: Sequence[torch.Tensor], proxy: Sequence[torch.Tensor] | None, mix: float = 0.0) -> None:
+        """A late sync lands: eagerly (`proxy`: the change applied when it started; land_eager), else the anchor
+        steps with the replicas' mean and the local parameters mix toward it (Streaming DiLoCo's mix)."""
+        if proxy is not None:
+            self.land_eager(means, proxy)
+            return
+        self.step_anchor(means)
+        self.reset_params(mix)
+
     def reset_params(self, mix: float = 0.0) -> None:
         """Local parameters = mix x local + (1 - mix) x anchor (mix 0: the anchor; Streaming DiLoCo's
         mixing of the local and the global fragment when the sync lands some steps late)."""

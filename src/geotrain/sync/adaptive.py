@@ -222,11 +222,7 @@ class AdaptiveOuterSync(GradientSync):
         dp_bytes = flight.land(timer)
         means = [s.grad for s in self.shadows]
         with timer:
-            if flight.proxy is None:
-                self.outer.step_anchor(means)  # type: ignore[arg-type]
-                self.outer.reset_params(self.mix)
-            else:
-                self.outer.land_eager(means, flight.proxy)  # type: ignore[arg-type]
+            self.outer.land(means, flight.proxy, self.mix)  # type: ignore[arg-type]
         self._sync_landed(self.inner_steps - 1, dp_bytes, started=flight.started)
         return dp_bytes
 

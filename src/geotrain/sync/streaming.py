@@ -339,13 +339,7 @@ class StreamingOuterSync(OuterSync):
             nbytes = flight.land(timer)
             dp_bytes += nbytes
             fragment = self.fragments[flight.fragment]
-            if flight.proxy is None:
-                self._apply(fragment, timer, self.mix, flight.moments)
-            else:
-                with timer:
-                    fragment.outer.land_eager([s.grad for s in fragment.shadows], flight.proxy)
-                    if flight.moments:
-                        fragment.moments.land_eager()  # type: ignore[union-attr]
+            self._apply(fragment, timer, self.mix, flight.moments, flight.proxy)
             self._in_flight.remove(flight)
             self._sync_landed(step, nbytes, flight.fragment, flight.started)
         return dp_bytes
@@ -359,12 +353,16 @@ class StreamingOuterSync(OuterSync):
                                 f"sync was built: build it (DiLoCo) after model.to(device), or cut by layers")
 
     @staticmethod
-    def _apply(fragment: Fragment, timer: StepTimer, mix: float, moments: bool) -> None:
+    def _apply(fragment: Fragment, timer: StepTimer, mix: float, moments: bool,
+               proxy: list[torch.Tensor] | None = None) -> None:
+        """Apply a fragment's landed mean (OuterStep.land: eagerly with `proxy`, else mixed by `mix`), and the
+        moments that travelled with it."""
         with timer:
-            fragment.outer.step_anchor([s.grad for s in fragment.shadows])
-            fragment.outer.reset_params(mix)
-            if moments:
+            fragment.outer.land([s.grad for s in fragment.shadows], proxy, mix)  # type: ignore[misc]
+            if moments and proxy is None:
                 fragment.moments.land(mix)  # type: ignore[union-attr]
+            elif moments:
+                fragment.moments.land_eager()  # type: ignore[union-attr]
 
     @property
     def in_flight(self) -> int:
