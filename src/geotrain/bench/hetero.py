@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from geotrain.bench.hetero_predict import site_names
 from geotrain.bench.wan_metrics import step_bounds, zero_cost_links
 from geotrain.bench.wan_rows import BENCH_CLUSTERS, WanBenchConfig, WanBenchError
 from geotrain.cluster import Cluster, load_cluster
@@ -141,8 +142,7 @@ class HeteroBench:
                  "curve": {"time_s": r.eval_time_s, "val_loss": r.val_losses}} for r in self.results]
         config = {k: v for k, v in self.config.__dict__.items() if k != "rows"}
         return {"rows": rows, "target": self.config.target, "cluster": self.cluster.name, "config": config,
-                "gpus": {self.cluster.region_names[int(self.cluster.region_of[d])]: self.cluster.gpus[d]
-                         for d in range(self.cluster.n_devices)},
+                "gpus": dict(zip(site_names(self.cluster), self.cluster.gpus, strict=True)),
                 "skipped": [{"kind": kind, "reason": reason} for kind, reason in self.skipped]}
 
 
@@ -220,7 +220,7 @@ def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final
     for record in records:
         compute[record["rank"]] += record["compute_s"]
         steps[record["rank"]] += 1
-    site = {rank: cluster.region_names[int(cluster.region_of[rank])] for rank in compute}  # one device per rank
+    site = {rank: cluster.site_of(rank) for rank in compute}  # one device per rank
     keys = sorted(losses)
     return HeteroResult(row, [ends[k] for k in keys], [losses[k] for k in keys], final_loss,
                         float(sum(r["emulated"]["inter_region_bytes"] for r in records)),
@@ -242,7 +242,7 @@ def balanced_limit(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any
     points = sorted({r["step"]: float(r["val_loss"]) for r in records
                      if r["rank"] == 0 and r.get("val_loss") is not None}.items())
     fraction = float(balanced_compute.sum() / elapsed[-1])
-    sites = [cluster.region_names[int(cluster.region_of[d])] for d in range(cluster.n_devices)]
+    sites = site_names(cluster)
     nbytes = float(sum(r["emulated"]["inter_region_bytes"] for r in records))  # carried, at no cost
     return HeteroResult(row, [float(elapsed[s]) for s, _ in points], [loss for _, loss in points], final_loss, nbytes,
                         {name: fraction for name in sites}, float(elapsed[-1]), {name: steps for name in sites})
@@ -291,7 +291,7 @@ def _with_predictions(results: list[HeteroResult | HeteroRow], cluster: Cluster,
                       progress: Callable[[str, int, int], None] | None) -> list[HeteroResult]:
     """Run the recipe rows (planned from the limit row's measured compute) and attach the planner's predictions
     to every row it prices (bench.hetero_predict)."""
-    from geotrain.bench.hetero_predict import codec_seconds, measured_compute_s, plan_recipe, predict_row, site_names
+    from geotrain.bench.hetero_predict import codec_seconds, measured_compute_s, plan_recipe, predict_row
     from geotrain.bench.wan import model_job
 
     job = model_job(config.global_batch, config.model)

@@ -48,7 +48,7 @@ def measured_compute_s(records: Sequence[Mapping[str, Any]], ranks: int) -> np.n
 
 def site_names(cluster: Cluster) -> list[str]:
     """The site (region) of each device: one replica per device, as bench hetero runs."""
-    return [cluster.region_names[int(cluster.region_of[d])] for d in range(cluster.n_devices)]
+    return [cluster.site_of(d) for d in range(cluster.n_devices)]
 
 
 def one_per_site(cluster: Cluster) -> np.ndarray:

@@ -152,6 +152,10 @@ class Cluster:
         """One-way latency in seconds (diagonal 0)."""
         return self.latency_ms * 1e-3
 
+    def site_of(self, device: int) -> str:
+        """The name of `device`'s region (its site)."""
+        return str(self.region_names[int(self.region_of[int(device)])])
+
     def devices_in_region(self, region: int) -> np.ndarray:
         """Device indices of region `region`, ascending."""
         return np.flatnonzero(self.region_of == region)

@@ -50,8 +50,7 @@ class RunObserver(NullObserver):
         self.run_dir = run_dir
         slot = config.layout.slot(rank)
         self.device = slot.device
-        cluster = config.cluster
-        self.site = str(cluster.region_names[cluster.region_of[slot.device]])
+        self.site = config.cluster.site_of(slot.device)
         self.tokens = config.schedule.batch_size * config.sequence_length
         self.writer = MetricsWriter(metrics_path(run_dir, rank))
         self.cost_s = 0.0  # wall seconds this rank spent in step() and event(): the observer's own cost
@@ -175,8 +174,7 @@ def launcher_event(config: Any, rank: int, name: str, step: int, **fields: Any) 
     write: the rank's restarted process appends to the same file only after this returns."""
     if config.run.run_dir is None:
         return
-    cluster = config.cluster
-    site = str(cluster.region_names[cluster.region_of[config.layout.slot(rank).device]])
+    site = config.cluster.site_of(config.layout.slot(rank).device)
     writer = MetricsWriter(metrics_path(config.run.run_dir, rank))
     writer.write({"kind": "event", "event": name, "step": step, "rank": rank, "site": site, "t_wall": time.time(),
                   "emulated_s": None, **fields})

@@ -35,7 +35,7 @@ def describe_ranks(config: Any) -> list[dict[str, Any]]:
         slot = layout.slot(rank)
         ranks.append({"rank": rank, "stage": slot.stage, "replica": slot.replica, "device": slot.device,
                       "device_name": cluster.device_names[slot.device],
-                      "site": cluster.region_names[cluster.region_of[slot.device]],
+                      "site": cluster.site_of(slot.device),
                       "gpu": cluster.gpus[slot.device]})
     return ranks
 

@@ -129,8 +129,7 @@ def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = No
 
 def group_sites(config: RuntimeConfig) -> tuple[str, ...]:
     """Each replica group's site: the region of the device that runs its stage 0."""
-    cluster = config.cluster
-    return tuple(cluster.region_names[int(cluster.region_of[int(d)])] for d in config.assignment[0])
+    return tuple(config.cluster.site_of(d) for d in config.assignment[0])
 
 
 def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, tokens: Any,
