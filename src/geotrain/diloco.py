@@ -149,7 +149,7 @@ class DiLoCo:
         self.sync: StreamingOuterSync | AdaptiveOuterSync | None = None  # None: asynchronous (its own exchanges)
         if local_steps == "adaptive":
             replicas = dist.get_world_size(group)
-            gather = gather_floats(group, replicas, self._gather_floats, gather_links)
+            gather = gather_floats(group, self._gather_floats, gather_links)
             self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
                                           outer_momentum, gather, dist.get_rank(group), replicas, step_time=step_time,
                                           prior_step_s=prior_step_s, delay=delay, landing=landing, mix=mix,

@@ -295,34 +295,25 @@ class AdaptiveOuterSync(GradientSync):
         self.outer_step, self.inner_steps = int(state["outer_step"]), int(state["inner_steps"])
 
 
-def gather_floats(group: Any, replicas: int, run: Callable[[Callable[[], Any]], Any],
-                  links: GatherLinks | None = None) -> Gather:
-    """A Gather over process group `group` (None: the default one) of `replicas` members: posts the all-gather
-    (async work) and returns the function that waits for it through `run(wait)` (a transport that times and
-    counts it as a posted collective, or directly: `lambda wait: wait()`). `links`: the members' links, whose rule
-    (geotrain.comm.gather) picks the algorithm: on latency-bound links one all-to-all round ("direct") instead of
-    the ring's R - 1 (the few bytes of step times would otherwise take three WAN latencies on four sites and
-    could hold up the next sync); None: the ring."""
-    import torch.distributed as dist
+def gather_floats(group: Any, run: Callable[[Callable[[], Any]], Any], links: GatherLinks | None = None) -> Gather:
+    """A Gather over process group `group` (None: the default one): posts the all-gather (async work,
+    geotrain.comm.TorchCollective.start_all_gather) and returns the function that waits for it through `run(wait)`
+    (a transport that times and counts it as a posted collective, or directly: `lambda wait: wait()`). `links`:
+    the members' links, whose rule (geotrain.comm.gather) picks the algorithm: on latency-bound links one
+    all-to-all round ("direct") instead of the ring's R - 1 (the few bytes of step times would otherwise take
+    three WAN latencies on four sites and could hold up the next sync); None: the ring."""
+    from geotrain.comm import TorchCollective
+
+    collective = TorchCollective(group)
 
     def gather(mine: torch.Tensor) -> Callable[[], torch.Tensor]:
-        mine = mine.reshape(-1).contiguous()
-        if links is not None and replicas > 1 and links.algorithm(mine.numel() * mine.element_size()) == "direct":
-            received = torch.empty(replicas * mine.numel(), dtype=mine.dtype)
-            send = mine.repeat(replicas)
-            work = dist.all_to_all_single(received, send, group=group, async_op=True)
-
-            def wait_direct(_send: torch.Tensor = send) -> torch.Tensor:  # the send buffer lives until the wait
-                run(work.wait)
-                return received.reshape(replicas, -1)
-
-            return wait_direct
-        parts = [torch.zeros_like(mine) for _ in range(replicas)]
-        work = dist.all_gather(parts, mine, group=group, async_op=True)
+        mine = mine.reshape(-1)
+        algorithm = "ring" if links is None else links.algorithm(mine.numel() * mine.element_size())
+        started = collective.start_all_gather([mine], algorithm)
 
         def wait() -> torch.Tensor:
-            run(work.wait)
-            return torch.stack(parts)
+            run(started.wait)
+            return started.wait().reshape(collective.world_size, -1)
 
         return wait
 

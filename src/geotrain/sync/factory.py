@@ -70,9 +70,8 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
     if options.local_steps == "adaptive":  # (flat, one fragment: SyncOptions refused the rest)
         replicas = len(group.ranks)
-        gather = gather_floats(group.handle, replicas,
-                               lambda wait: transport.collective(group.handle, devices, 8, wait, posted=True),
-                               group.links)
+        gather = gather_floats(group.handle, lambda wait: transport.collective(group.handle, devices, 8, wait,
+                                                                               posted=True), group.links)
         return AdaptiveOuterSync(named_params, adamw,
                                  lambda shadows: _exchange(options, shadows, transport, group, rank),
                                  options.sync_every, options.outer_lr, options.outer_momentum, gather,

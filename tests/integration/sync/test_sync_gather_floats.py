@@ -25,7 +25,7 @@ def _gather(rank: int, world: int) -> dict:
     mine = torch.tensor([float(rank), 10.0 + rank], dtype=torch.float64)
     results = {}
     for name, links in (("ring", None), ("direct", _links())):
-        wait = gather_floats(None, world, lambda w, name=name: (waited.append(name), w())[1], links)(mine)
+        wait = gather_floats(None, lambda w, name=name: (waited.append(name), w())[1], links)(mine)
         results[name] = wait().tolist()
     return {**results, "waited": waited}
 
