@@ -388,8 +388,8 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
     Records add `outer_step` (syncs started after the step), `syncs_landed` (of those, landed: fewer with a sync
     delay) and `local_steps` (H_r of the step's period)."""
     run, data = worker.config.run, worker.config.data
-    every = sync.sync_every
-    periods = -(-run.steps // every)
+    every, periods = sync.sync_every, sync.periods  # ceil(steps / H): the factory gives it (sync.factory)
+    assert periods is not None
     step = 0
     while sync.outer_step < periods:
         before, local = sync.outer_step, sync.my_local_steps

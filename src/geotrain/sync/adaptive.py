@@ -200,15 +200,12 @@ class AdaptiveOuterSync(GradientSync):
         the posted gather of step times; the schedule is left as it is."""
         dp_bytes = 0 if self._flight is None else self._land(timer)
         self._land_times()
-        if self.periods is not None and self.outer_step >= self.periods:
-            if self.period_steps:
-                raise SyncError(f"AdaptiveOuterSync: {self.period_steps} inner steps after the run's last outer "
-                                f"period ({self.periods}): a caller that gives periods stops every rank there")
-            with timer:
-                self.outer.reset_params()
-            return dp_bytes
+        ended = self.periods is not None and self.outer_step >= self.periods  # no replica stepped since: no gather
+        if ended and self.period_steps:
+            raise SyncError(f"AdaptiveOuterSync: {self.period_steps} inner steps after the run's last outer "
+                            f"period ({self.periods}): a caller that gives periods stops every rank there")
         mine = torch.tensor([float(self.period_steps)], dtype=torch.float64)
-        steps = self.gather(mine)().reshape(-1).tolist()
+        steps = [] if ended else self.gather(mine)().reshape(-1).tolist()
         if sum(steps):
             return dp_bytes + self._sync(timer, steps, rebalance=False, blocking=True)
         with timer:
