@@ -345,13 +345,18 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float 
     _, _, _, neg_p, codec = min((o for o in within if o[1] == codec_rank and o[2] == tau),
                                 key=lambda o: o[3])  # 4. most fragments
     step_s = step_seconds(-neg_p, codec, h, tau)  # predicted, uncharged
-    outer = AVERAGING if total_steps is not None and total_steps // h < PAPER_OUTER_STEPS else DILOCO_PAPER
+    outer = outer_optimizer(h, total_steps)
     eager = tau > 0 and landing == "eager"
     return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
                      step_s, pace[h], sync[-neg_p, codec], "eager" if eager else "mix",
                      WARMUP_PERIODS * h if eager else 0, sync_moments,
                      RECIPE_MOMENT_SYNCS if sync_moments else None, local_steps,
                      tuple(int(n) for n in steps[h]), tuple(float(c) for c in per_step[h]))
+
+
+def outer_optimizer(sync_every: int, total_steps: int | None) -> tuple[float, float]:
+    """(outer lr, momentum) of the rule's step 6: averaging under PAPER_OUTER_STEPS outer steps, else DiLoCo's."""
+    return AVERAGING if total_steps is not None and total_steps // sync_every < PAPER_OUTER_STEPS else DILOCO_PAPER
 
 
 def charged_step_seconds(recipe: WanRecipe) -> float:
@@ -374,9 +379,8 @@ def async_recipe(cluster: Cluster, job: Job, assignment: Any, replica_compute_s:
     model_bytes = job.dp_bytes(1) / job.bytes_per_value * 4.0  # the runtime's wire: flat fp32
     price = async_outer_price(compute, sync_every, model_bytes, links, STALENESS_BOUND)
     per_step = tuple(f * price.step_s for f in price.compute_fraction)
-    h = sync_every
-    outer = AVERAGING if total_steps is not None and total_steps // h < PAPER_OUTER_STEPS else DILOCO_PAPER
-    return WanRecipe(h, 1, 0, 0.0, "none", outer[0], outer[1], price.step_s, max(per_step), max(price.round_trip_s),
+    outer = outer_optimizer(sync_every, total_steps)
+    return WanRecipe(sync_every, 1, 0, 0.0, "none", outer[0], outer[1], price.step_s, max(per_step), max(price.round_trip_s),
                      replica_compute_s=per_step, outer_sync="async", async_staleness_factor=price.staleness_factor)
 
 
@@ -385,9 +389,10 @@ def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_comp
     """choose_recipe with equal local steps and, where the runtime can run them and the replicas differ in
     compute (one pipeline stage, no moment sync), with adaptive ones; the lower charged step wins (ties:
     equal). `asynchronous`: also price asynchronous outer updates at the chosen H (async_recipe; one pipeline
-    stage, as the runtime runs them): they replace the synchronous recipe only if their charged step is lower. `replica_compute_s`: compute seconds
-    per step of each replica with equal steps; `options`: choose_recipe's. The winner records both schedules'
-    predicted steps (`local_steps_step_s`) and, priced, sync's and async's (`outer_sync_step_s`)."""
+    stage, as the runtime runs them): they replace the synchronous recipe only if their charged step is lower.
+    `replica_compute_s`: compute seconds per step of each replica with equal steps; `options`: choose_recipe's.
+    The winner records both schedules' predicted steps (`local_steps_step_s`) and, priced, sync's and async's
+    (`outer_sync_step_s`)."""
     assignment = np.asarray(assignment, dtype=np.int64)
     compute = replica_seconds(replica_compute_s)
     equal = choose_recipe(cluster, job, assignment, compute, **options)
