@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.bench.wan import bench_cluster
-from two_gpus import TWO_GPUS_YAML
+from two_gpus import LAN_GPUS_YAML, TWO_GPUS_YAML
 
 GEOTRAIN = (sys.executable, "-m", "geotrain")
 
@@ -137,19 +137,10 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp
     assert inner[0] > inner[1] and sum(inner) == 2 * 2 * 2  # 2 periods of R x H = 4 inner steps, by speed
 
 
-LAN_MIXED_YAML = """name: lan-mixed
-regions:
-  - {name: a, devices: 1, gpu: A100}
-  - {name: b, devices: 1, gpu: T4}
-links:
-  - {between: [a, b], gbps: 100.0, ms: 0.1}
-"""
-
-
 @pytest.mark.slow  # four CLI launches
 @pytest.mark.timeout(300)
 def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_real_links_only(tmp_path: Path):
-    (tmp_path / "lan.yaml").write_text(LAN_MIXED_YAML)
+    (tmp_path / "lan.yaml").write_text(LAN_GPUS_YAML)
     cluster, out = str(tmp_path / "lan.yaml"), tmp_path / "plan.json"
     plan = [*GEOTRAIN, "plan", "--cluster", cluster, "--stages", "1", "--replicas", "2", "--wan-recipe", "auto",
             "--compute-s", "0.5", "--recipe-steps", "600", "--recipe-sync-moments", "--json"]

@@ -13,6 +13,7 @@ from geotrain.cost.async_outer import AsyncPriceError, async_outer_price
 from geotrain.cost.wan_recipe import WanRecipe, charged_step_seconds, choose_local_steps
 from geotrain.job import Job
 from paths import ROOT
+from two_gpus import LAN_GPUS_YAML
 
 HETERO = load_cluster(str(ROOT / "src" / "geotrain" / "bench" / "data" / "hetero-4x1.yaml"))  # A100 V100 L4 T4
 TINY = Job(name="tiny", params=816896.0, seq_len=96, hidden=128, global_batch=32, layers=4, bytes_per_value=4)
@@ -84,13 +85,7 @@ def test_on_the_wan_bench_cluster_the_planner_keeps_synchronous_adaptive_steps()
 
 
 def test_where_only_equal_steps_run_and_links_are_fast_async_wins_and_train_gets_it(tmp_path):
-    (tmp_path / "c.yaml").write_text("""name: lan-mixed
-regions:
-  - {name: a, devices: 1, gpu: A100}
-  - {name: b, devices: 1, gpu: T4}
-links:
-  - {between: [a, b], gbps: 100.0, ms: 0.1}
-""")
+    (tmp_path / "c.yaml").write_text(LAN_GPUS_YAML)
     cluster = load_cluster(str(tmp_path / "c.yaml"))
     compute = [0.1, 0.1 * 312 / 65]
     # moment sync: the runtime has no adaptive steps with it, so the synchronous recipe waits for the T4
