@@ -7,11 +7,13 @@ Rows (`DEFAULT_ROWS`, one `HeteroRow` each, by `kind`): the same model, seed, da
 (`steps` x global batch samples: with adaptive local steps the periods, ceil(steps / H), share R x H inner steps
 each), trained through the runtime as bench wan trains (geotrain.bench.wan: its settings, `WanBenchConfig`, and its
 checkpoint reader); a row is RuntimeConfig settings, skipped (and listed, with the runtime's reason) where the
-runtime refuses them on this bench: asynchronous outer updates do not run over emulated links. Measured:
+runtime refuses them on this bench. Measured:
 - time to target: emulated seconds from step 0 to the first evaluation at or below the target. Every row scores
   each replica's own weights after each outer period (every step's DP rows at the same cadence), with no
   collective and outside emulated time (`eval_local`); a point's time is the slowest rank's emulated clock at the
-  step the point follows (for adaptive rows the step that completed the sync: ranks differ in step counts);
+  step the point follows (for adaptive rows the step that completed the sync: ranks differ in step counts). The
+  asynchronous rows have no common point: each rank scores the global model it gets back after each of its outer
+  updates, at its clock when the reply arrived (sync.async_timing times the replies on the emulated links);
 - val_loss: replica 0's at the run's end (synchronised weights), the same samples seen by every row;
 - site_compute_fraction: per site (region), its compute seconds (the runtime's ComputeTimer, at the GPU's speed)
   over the row's emulated seconds;
@@ -147,8 +149,8 @@ class HeteroBench:
 
 
 def _unavailable(row: HeteroRow, cluster: Cluster, config: WanBenchConfig) -> str | None:
-    """Why `row` cannot run here (a setting this geotrain lacks, or one its runtime refuses on this bench, such as
-    asynchronous updates over emulated links), else None."""
+    """Why `row` cannot run here (a setting this geotrain lacks, or one its runtime refuses on this bench), else
+    None."""
     from geotrain.runtime import RuntimeConfigError
     from geotrain.runtime.config import setting_keys
 
@@ -214,6 +216,11 @@ def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final
             ends[key] = max(ends[key], record["emulated"]["end_s"] - start)
             if record["rank"] == 0:
                 losses[key] = float(record["val_loss"])
+    if any("global_updates" in r for r in records):  # asynchronous: each point is one rank's received model
+        points = sorted((r["emulated"]["end_s"] - start, float(r["val_loss"])) for r in records
+                        if r.get("val_loss") is not None)
+        ends = dict(enumerate(t for t, _ in points))
+        losses = dict(enumerate(loss for _, loss in points))
     elapsed = max(r["emulated"]["end_s"] for r in records) - start
     compute: dict[int, float] = defaultdict(float)
     steps: dict[int, int] = defaultdict(int)

@@ -9,8 +9,9 @@ costs there), as bench wan's recipe row takes its compute from its limit row. Wi
 - `predict_row`: the planner's step seconds and per-site compute fractions for a row's own settings: per-step DP
   (`batch_shares` equal or speed) by cost.batch_shares with the DP exchange of `dp_codec` every step; DiLoCo
   (`sync_every`, equal or adaptive `local_steps`, `fragments`, `sync_delay`, `dp_codec`) by
-  cost.wan_recipe.setting_step_seconds. Not priced: asynchronous outer updates, and the limit (modelled from the
-  same measurement).
+  cost.wan_recipe.setting_step_seconds; flat asynchronous outer updates (`outer_sync` async) by cost.async_outer
+  (cost.wan_recipe.async_recipe). Not priced: the hierarchical asynchronous variant, moment sync, and the limit
+  (modelled from the same measurement).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost.batch_shares import predict_shares_of, share_samples
 from geotrain.cost.local_steps import period_local_steps, replica_compute_per_step
-from geotrain.cost.wan_recipe import (WanRecipe, choose_local_steps, fragment_sync_seconds, outer_ladder,
-                                      setting_step_seconds)
+from geotrain.cost.wan_recipe import (WanRecipe, async_recipe, choose_local_steps, fragment_sync_seconds,
+                                      outer_ladder, setting_step_seconds)
 from geotrain.job import Job
 
 
@@ -58,9 +59,10 @@ def one_per_site(cluster: Cluster) -> np.ndarray:
 
 def plan_recipe(cluster: Cluster, job: Job, compute_s: Sequence[float], total_steps: int,
                 codec_s_per_value: Mapping[str, float]) -> WanRecipe:
-    """The planner's recipe for one replica per site, `compute_s` per replica, a run of `total_steps`."""
-    return choose_local_steps(cluster, job, one_per_site(cluster), compute_s, total_steps=total_steps,
-                              codec_s_per_value=codec_s_per_value)
+    """The planner's recipe for one replica per site, `compute_s` per replica, a run of `total_steps`
+    (asynchronous outer updates priced too, as `plan --recipe-outer-sync auto`)."""
+    return choose_local_steps(cluster, job, one_per_site(cluster), compute_s, asynchronous=True,
+                              total_steps=total_steps, codec_s_per_value=codec_s_per_value)
 
 
 def codec_seconds(cluster: Cluster) -> dict[str, float]:
@@ -74,9 +76,14 @@ def predict_row(options: Mapping[str, Any], cluster: Cluster, job: Job, compute_
                 codec_s_per_value: Mapping[str, float], batch_size: int, unit: int = 1) -> RowPrediction | None:
     """The planner's prediction for a row of RuntimeConfig `options` (module doc), `batch_size` samples per replica
     with equal shares, shares in whole micro-batches of `unit`; None where it prices none."""
-    if options.get("outer_sync", "sync") != "sync" or options.get("sync_moments"):
-        return None
     assignment, sites = one_per_site(cluster), site_names(cluster)
+    outer_sync = options.get("outer_sync", "sync")
+    if outer_sync == "async":
+        priced = async_recipe(cluster, job, assignment, compute_s, int(options["sync_every"]))
+        return RowPrediction(priced.step_s, {site: float(c / priced.step_s)
+                                             for site, c in zip(sites, priced.replica_compute_s or ())})
+    if outer_sync != "sync" or options.get("sync_moments"):
+        return None
     codec, fragments = str(options.get("dp_codec", "none")), int(options.get("fragments", 1))
     sync_s = fragment_sync_seconds(cluster, job, assignment, fragments, codec)
     every = options.get("sync_every")

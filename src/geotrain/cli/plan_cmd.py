@@ -126,8 +126,8 @@ def register(subparsers: Any) -> None:
                         help="largest delay tau (default H - 1; 0 where syncs may not be in flight at checkpoints)")
     recipe.add_argument("--recipe-outer-sync", default="auto", choices=("auto", "sync"),
                         help="auto: also price asynchronous outer updates (one stage per replica, fp32 updates; "
-                             "cost.async_outer) and choose them where their step, charged for staleness, is lower "
-                             "(train runs them on real links only: --time-scale 0); sync: synchronous only")
+                             "cost.async_outer) and choose them where their step, charged for staleness, is lower; "
+                             "sync: synchronous only")
     recipe.add_argument("--recipe-codec-floor", default=DEFAULT_CODEC_FLOOR, choices=OUTER_LADDER,
                         help=f"lowest outer codec allowed on the ladder {' > '.join(OUTER_LADDER)}")
     recipe.add_argument("--recipe-measure-codecs", action="store_true",
@@ -299,7 +299,7 @@ def recipe_table(out: Output, recipe: WanRecipe, labels: list[str]) -> None:
              f"adaptive ({' / '.join(map(str, recipe.replica_steps or ()))} per period at first)")
     fractions = recipe.replica_compute_fraction or ()
     outer_sync = ("synchronous" if recipe.outer_sync == "sync" else
-                  f"asynchronous (staleness x{recipe.async_staleness_factor:.3g}; train: --time-scale 0, real links)")
+                  f"asynchronous (staleness x{recipe.async_staleness_factor:.3g})")
     out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
               [["outer sync", outer_sync],
                *[[f"step, {name} (s)", f"{step:.4g}"] for name, step in (recipe.outer_sync_step_s or {}).items()],

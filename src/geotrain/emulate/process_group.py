@@ -106,6 +106,17 @@ class EmulatedProcessGroup(dist.ProcessGroup):
         """The cluster device of each group rank."""
         return list(self._group_devices)
 
+    @property
+    def inner(self) -> Any:
+        """The plain gloo group under this one: its exchanges take no emulated time (a caller that times its
+        messages itself, as asynchronous DiLoCo's wire does: geotrain.sync.async_timing)."""
+        return self._inner
+
+    @property
+    def state(self) -> EmulationState:
+        """This process's emulation: network, devices, clock and records."""
+        return self._state
+
     def now_s(self) -> float:
         """This process's emulated clock, seconds (every group of the process shares it)."""
         with self._state.lock:

@@ -18,17 +18,24 @@ import torch.distributed.distributed_c10d as c10d
 from geotrain.emulate.process_group import EmulatedProcessGroup
 
 
-def emulated_clock(group: Any = None) -> Callable[[], float] | None:
-    """The function that reads this rank's emulated clock (seconds) when `group` (None: the default group) runs
-    on the emulating backend (`geotrain emulate`, or `install` before `init_process_group`); None otherwise (no
-    process group, plain gloo, NCCL)."""
+def emulating_group(group: Any = None) -> EmulatedProcessGroup | None:
+    """The emulating process group behind `group` (None: the default group) when it runs on the emulating backend
+    (`geotrain emulate`, or `install` before `init_process_group`); None otherwise (no process group, plain gloo,
+    NCCL)."""
     if not dist.is_initialized():
         return None
     target = group if group is not None else c10d._get_default_group()
     if isinstance(target, EmulatedProcessGroup):  # "gloo" or no backend: the group is the emulating one
-        return target.now_s
+        return target
     try:  # a per-device backend string ("cpu:gloo,cuda:nccl"): the cpu entry may be the emulating one
         cpu = target._get_backend(torch.device("cpu"))
     except (RuntimeError, AttributeError):
         return None
-    return cpu.now_s if isinstance(cpu, EmulatedProcessGroup) else None
+    return cpu if isinstance(cpu, EmulatedProcessGroup) else None
+
+
+def emulated_clock(group: Any = None) -> Callable[[], float] | None:
+    """The function that reads this rank's emulated clock (seconds) when `group` (None: the default group) runs
+    on the emulating backend; None otherwise (emulating_group)."""
+    emulating = emulating_group(group)
+    return None if emulating is None else emulating.now_s

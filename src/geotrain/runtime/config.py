@@ -121,8 +121,8 @@ class RuntimeConfig:
         check_elastic(self)
         self._check_adaptive_local_steps()
         refusal = check_async_run(self.optim.outer_sync, pipeline_stages=self.pipeline_stages,
-                                  time_scale=self.emulation.time_scale, elastic=self.reliability.elastic,
-                                  checkpoint_dir=self.checkpoint.checkpoint_dir, dp_hierarchical=comm.dp_hierarchical)
+                                  elastic=self.reliability.elastic, checkpoint_every=self.checkpoint.checkpoint_every,
+                                  resume=self.checkpoint.resume, dp_hierarchical=comm.dp_hierarchical)
         if refusal is not None:
             raise RuntimeConfigError(refusal)
         for stage in range(stages):  # last, after the specific messages: any sync no implementation runs

@@ -64,7 +64,7 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
     """--outer-sync async*: one stage, so the DP group is the world; async-hierarchical's regions are the
     cluster's (the region holding rank 0 first, so that its first rank hosts the global server)."""
     from geotrain.sync.async_outer import AsyncOuterSync
-    from geotrain.sync.async_step import AsyncOuterGradientSync
+    from geotrain.sync.async_step import AsyncOuterGradientSync, run_budget
     from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 
     params = [p for p in stage.parameters() if p.requires_grad]
@@ -75,7 +75,8 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
         ranks = layout.dp_group_ranks(0)
         found = regions_of_devices(ranks, layout.dp_group_devices(0), cluster.region_of)
         regions = sorted((sorted(region) for region in found.members), key=lambda region: region[0])
+    budget = run_budget(options.total_steps, options.sync_every, replicas)  # type: ignore[arg-type]
     outer = AsyncOuterSync(params, options.sync_every, outer_lr=options.outer_lr,  # type: ignore[arg-type]
-                           outer_momentum=options.outer_momentum, regions=regions)
+                           outer_momentum=options.outer_momentum, regions=regions, budget=budget)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     return AsyncOuterGradientSync(params, adamw, outer, options.total_steps, replicas)

@@ -16,6 +16,8 @@ with a single iteration, that one.
 
 from __future__ import annotations
 
+import math
+
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -280,7 +282,11 @@ def step_seconds(step_records: Sequence[dict[str, Any]]) -> float:
 
 def slot_compute_fraction(config: RuntimeConfig, by_step: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
     """Device name -> mean compute_s of its slot over the mean step seconds (step_seconds), over the steps
-    after the first (all of them with one step)."""
+    after the first (all of them with one step). Ranks not in lock-step (adaptive local steps, asynchronous
+    outer updates: their step indices do not line up) by their own pace instead (own_pace_compute_fraction)."""
+    records = [record for step_records in by_step.values() for record in step_records]
+    if any("outer_step" in r or "global_updates" in r for r in records):
+        return own_pace_compute_fraction(config, records)
     steps = steady_steps(by_step)
     iteration = float(np.mean([step_seconds(by_step[step]) for step in steps]))
     names = config.cluster.device_names
@@ -289,3 +295,23 @@ def slot_compute_fraction(config: RuntimeConfig, by_step: dict[int, list[dict[st
         for record in by_step[step]:
             compute[names[config.assignment[record["stage"], record["replica"]]]].append(record["compute_s"])
     return {name: float(np.mean(values)) / iteration if iteration > 0 else 0.0 for name, values in compute.items()}
+
+
+def own_pace_compute_fraction(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Device name -> its slot's compute seconds over its own run: under emulation its clock from its first
+    step's start to its last step's end (the end's exchange included), else the sum of its iterations' wall
+    seconds."""
+    names = config.cluster.device_names
+    compute: dict[str, float] = defaultdict(float)
+    first: dict[str, float] = {}
+    last: dict[str, float] = defaultdict(float)
+    wall: dict[str, float] = defaultdict(float)
+    for record in records:
+        name = names[config.assignment[record["stage"], record["replica"]]]
+        compute[name] += record["compute_s"]
+        wall[name] += record["iteration_s"]
+        if record.get("emulated"):
+            first[name] = min(first.get(name, math.inf), record["emulated"]["start_s"])
+            last[name] = max(last[name], record["emulated"]["end_s"])
+    span = {name: (last[name] - first[name]) if name in first else wall[name] for name in compute}
+    return {name: compute[name] / span[name] if span[name] > 0 else 0.0 for name in compute}

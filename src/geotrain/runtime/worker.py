@@ -362,8 +362,13 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     steps = itertools.takewhile(lambda _: not worker.dp.done, itertools.count()) if asynchronous else range(
         worker.start_step, end)
     for step in steps:
+        pushes = worker.dp.outer.pushes if asynchronous else 0
         record = worker.train_step(step)
-        if data.evaluates_after(step, run.steps) and not asynchronous:
+        if asynchronous:
+            record["global_updates"] = worker.dp.outer.outer_step
+            if worker.dp.evaluates_now(pushes, data.eval_every if data.eval_local else 0):
+                record["val_loss"] = worker.evaluate()
+        elif data.evaluates_after(step, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         observer.step(record)
@@ -373,11 +378,34 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         if checkpoint.due(step + 1, end) and not asynchronous:
             observer.event("checkpoint", step + 1, **worker.save(step + 1))
     if asynchronous:
-        worker.records[-1]["dp_bytes"] += worker.dp.finish()  # every rank now holds the final global model
-        worker.records[-1]["param_sum"] = worker.dp.fingerprint()
-        if data.eval_every:
-            worker.records[-1]["val_loss"] = worker.evaluate()
+        _finish_async(worker, worker.dp, observer)
     return _gather_records(config, rank, worker)
+
+
+def _finish_async(worker: Worker, sync: AsyncOuterGradientSync, observer: NullObserver) -> None:
+    """The asynchronous run's end (sync/async_step.py): the final exchange (every rank then holds the final global
+    model), whose bytes and emulated end the last step's record takes, its validation, and the checkpoint."""
+    mark = worker.transport.step_mark(worker.emulation)
+    last = worker.records[-1]
+    last["dp_bytes"] += sync.finish()
+    last["param_sum"] = sync.fingerprint()
+    last["global_updates"] = sync.outer.outer_step
+    span = worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of)
+    _extend_span(last, span)
+    if worker.config.data.eval_every:
+        last["val_loss"] = worker.evaluate()
+    if worker.config.checkpoint.checkpoint_dir is not None:
+        observer.event("checkpoint", worker.config.run.steps, **worker.save(worker.config.run.steps))
+
+
+def _extend_span(record: dict[str, Any], span: dict[str, Any] | None) -> None:
+    """A step's record takes what ran after it (an end's exchange): its bytes, traffic and emulated end."""
+    if span is None or record.get("emulated") is None:
+        return
+    emulated = record["emulated"]
+    emulated.update(end_s=span["end_s"], bytes=emulated["bytes"] + span["bytes"],
+                    inter_region_bytes=emulated["inter_region_bytes"] + span["inter_region_bytes"],
+                    inter_region_wire=list(emulated["inter_region_wire"]) + list(span["inter_region_wire"]))
 
 
 def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, observer: NullObserver) -> None:
@@ -406,12 +434,7 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
     if worker.records:  # the last step's record takes the landing: its bytes, traffic and emulated end
         last = worker.records[-1]
         last.update(param_sum=sync.fingerprint(), syncs_landed=sync.outer_step, dp_bytes=last["dp_bytes"] + nbytes)
-        span = worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of)
-        if span is not None and last.get("emulated") is not None:
-            emulated = last["emulated"]
-            emulated.update(end_s=span["end_s"], bytes=emulated["bytes"] + span["bytes"],
-                            inter_region_bytes=emulated["inter_region_bytes"] + span["inter_region_bytes"],
-                            inter_region_wire=list(emulated["inter_region_wire"]) + list(span["inter_region_wire"]))
+        _extend_span(last, worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of))
     if worker.config.checkpoint.checkpoint_dir is not None:
         observer.event("checkpoint", run.steps, **worker.save(run.steps))
 

@@ -7,7 +7,10 @@ merged over the fast links) plus a global server in rank 0's process (first rank
 that merges the regions' deltas. A region server sends its delta (region model - the global model it
 last got) every `merge_every` region updates and adopts the global model it gets back. Both levels use
 delayed Nesterov (geotrain.optim.delayed_nesterov) and the staleness bound of
-geotrain.sync.async_server; the wire is geotrain.sync.async_wire.
+geotrain.sync.async_server; the wire is geotrain.sync.async_wire. On emulated links (`geotrain emulate`,
+train's --time-scale) each message is timed by the cluster's links and every server has its own emulated
+clock and serves requests in emulated-time order (geotrain.sync.async_timing), so a replica on a slow GPU
+sends as rarely as its speed says, though every rank computes on this one machine.
 
 Costs on the links, per replica update of a model of M fp32 bytes: flat, M up and M down between the
 replica and rank 0 (across the WAN for every replica outside rank 0's region); hierarchical, the same
@@ -27,6 +30,7 @@ and returns when every rank has finished: all hold the same final global model.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Sequence
@@ -40,12 +44,13 @@ from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.optim.delayed_nesterov import DelayedNesterov
 from geotrain.sync.async_server import OuterServer, Reply, Request
-from geotrain.sync.async_wire import Mailbox, ServerThread
+from geotrain.emulate.rank_clock import emulating_group
+from geotrain.sync.async_timing import LinkTimer
+from geotrain.sync.async_wire import Mailbox, MailboxTiming, ServerThread
 from geotrain.sync.base import SyncError
 
 OUTER_SYNCS = ("sync", "async", "async-hierarchical")
 """`train --outer-sync`: synchronous DiLoCo, asynchronous (flat), asynchronous with region servers."""
-EMULATE_BACKEND = "geotrain_emulate"
 
 
 def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -54,13 +59,16 @@ def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
 
 class RegionServer:
     """A region's server: an OuterServer for its replicas whose model merges with the global one every
-    `merge_every` updates (and at the end) through `upstream` (module doc)."""
+    `merge_every` updates (and at the end) through `upstream` (module doc). On emulated links its upstream
+    requests leave at `timer`'s clock, through its uplink."""
 
-    def __init__(self, server: OuterServer, upstream: Mailbox, leader: int, merge_every: int) -> None:
+    def __init__(self, server: OuterServer, upstream: Mailbox, leader: int, merge_every: int,
+                 timer: LinkTimer | None = None) -> None:
         self.server = server
         self.upstream = upstream
         self.leader = leader
         self.merge_every = merge_every
+        self.timer = timer
         self.anchor = server.model.clone()
         self.global_version = 0
         self.global_updates = 0
@@ -81,7 +89,12 @@ class RegionServer:
     def _merge(self, final: bool) -> Reply:
         count = self.server.updates - self.global_updates
         delta = None if count == 0 else self.anchor - self.server.model
-        reply = self.upstream.request(self.leader, Request(self.leader, self.global_version, delta, count, final))
+        request = Request(self.leader, self.global_version, delta, count, final)
+        if self.timer is None:
+            reply, _ = self.upstream.request(self.leader, request)
+        else:  # the region's replies then leave when the global model is back
+            reply, arrival = self.upstream.request(self.leader, request, self.timer.now_s, self.timer)
+            self.timer.now_s = max(self.timer.now_s, arrival)
         self.server.model.copy_(reply.model)
         self.anchor = reply.model.clone()
         self.global_version = reply.version
@@ -92,19 +105,17 @@ class RegionServer:
 
 class AsyncOuterSync:
     """This rank's side of asynchronous DiLoCo (module doc): `after_inner_step()` after each inner step,
-    `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical)."""
+    `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical). `budget`: the
+    replica outer gradients the global model takes at most (async_server; None: no cap)."""
 
     _instances = itertools.count()
 
     def __init__(self, params: Sequence[torch.nn.Parameter], sync_every: int, *, outer_lr: float,
                  outer_momentum: float, staleness_bound: int = STALENESS_BOUND,
                  staleness_power: float = STALENESS_POWER, regions: Sequence[Sequence[int]] | None = None,
-                 merge_every: int | None = None) -> None:
+                 merge_every: int | None = None, budget: int | None = None) -> None:
         if not dist.is_initialized():
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
-        if dist.get_backend() == EMULATE_BACKEND:
-            raise SyncError("asynchronous DiLoCo does not run on the emulating backend: its server threads would "
-                            "advance the rank's one emulated clock; use plain gloo (sleep-skewed ranks to try it)")
         self.params = list(params)
         self.sync_every = sync_every
         self.rank = dist.get_rank()
@@ -129,28 +140,48 @@ class AsyncOuterSync:
         numel = self.anchor.numel()
         my_group = next(g for g in groups if self.rank in g)
         self.leader = my_group[0]
+        emulating = emulating_group(replica_group)
+        self.emulation = None if emulating is None else emulating.state
+        """This process's emulation (emulated links: messages timed, served in emulated order), else None."""
+        server_timer = None
+        if self.emulation is not None:
+            server_timer = LinkTimer.for_server(self.emulation) if self.rank == self.leader else None
+            timing = MailboxTiming(emulating.inner, LinkTimer.of_rank(self.emulation), server_timer)
         self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, replica_group, numel,
-                               self.sent_to)
+                               self.sent_to, None if self.emulation is None else timing)
+        self._publish_clock()
         self.threads: list[ServerThread] = []
         self.servers: list[OuterServer] = []
         lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound
         if self.rank == self.leader:
-            region_server = OuterServer(self.anchor, DelayedNesterov(len(my_group), lr, beta, power), my_group, bound)
+            region_server = OuterServer(self.anchor, DelayedNesterov(len(my_group), lr, beta, power), my_group, bound,
+                                        budget if self.regions is None else None)
             self.servers.append(region_server)
             handle = region_server.submit
+            publish = None
             if self.regions is not None:
-                upstream = Mailbox(store, f"{instance}/global", 0, global_group, numel, self.sent_to)
+                upstream_timing = None
+                if self.emulation is not None and server_timer is not None:
+                    upstream_timing = MailboxTiming(emulating_group(global_group).inner, server_timer,
+                                                    LinkTimer.for_server(self.emulation) if self.rank == 0 else None)
+                upstream = Mailbox(store, f"{instance}/global", 0, global_group, numel, self.sent_to, upstream_timing)
                 if self.rank == 0:
                     leaders = [g[0] for g in groups]
                     # the regions already applied the outer optimizer: the global server averages their
                     # deltas (lr 1, no momentum, 1/R each), so a replica's update weighs as in the flat run
-                    top = OuterServer(self.anchor, DelayedNesterov(len(leaders), 1.0, 0.0, power), leaders, bound)
+                    top = OuterServer(self.anchor, DelayedNesterov(len(leaders), 1.0, 0.0, power), leaders, bound,
+                                      budget)
                     self.servers.append(top)
-                    self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done))
-                region = RegionServer(region_server, upstream, self.rank, merge_every or len(my_group))
+                    self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done,
+                                                     top.senders))
+                region = RegionServer(region_server, upstream, self.rank, merge_every or len(my_group), server_timer)
                 handle = region.handle
+                if upstream_timing is not None:  # the global server's bound on this region's next request
+                    upstream.client_board.publish(self.rank, 0.0)
+                    publish = functools.partial(upstream.client_board.publish, self.rank)
             self.threads.insert(0, ServerThread(self.mailbox, handle,
-                                                lambda: not region_server.base and not region_server.done))
+                                                lambda: not region_server.base and not region_server.done,
+                                                region_server.senders, publish))
         for thread in self.threads:
             thread.start()
         self.version = 0
@@ -167,15 +198,37 @@ class AsyncOuterSync:
         """Bytes this process put on links (requests and, on a server's rank, replies)."""
         return sum(self.sent_to.values())
 
+    def _publish_clock(self) -> None:
+        """On emulated links: tell this rank's server how far its clock is (async_timing: the serving order)."""
+        if self.emulation is not None:
+            with self.emulation.lock:
+                now = self.emulation.clock.now()
+            self.mailbox.client_board.publish(self.rank, now)
+
     def after_inner_step(self) -> None:
         self.inner_steps += 1
         self.period_steps += 1
         if self.period_steps >= self.sync_every:
             self._push(final=False)
+        else:
+            self._publish_clock()
+
+    def _exchange(self, request: Request) -> Reply:
+        """Send `request`, block for the reply; on emulated links this rank's clock becomes the reply's arrival."""
+        if self.emulation is None:
+            return self.mailbox.request(self.rank, request)[0]
+        state = self.emulation
+        with state.lock:
+            held = state.clock.hold()
+        reply, arrival = self.mailbox.request(self.rank, request, held[0])
+        with state.lock:
+            state.clock.finish(held, arrival)
+        self._publish_clock()
+        return reply
 
     def _push(self, final: bool) -> None:
         gradient = None if self.period_steps == 0 else self.anchor - _flat(self.params)
-        reply = self.mailbox.request(self.rank, Request(self.rank, self.version, gradient, 1, final))
+        reply = self._exchange(Request(self.rank, self.version, gradient, 1, final))
         self.pushes += gradient is not None
         self.period_steps = 0
         self.version, self.outer_step = reply.version, reply.updates
@@ -209,7 +262,9 @@ class AsyncOuterSync:
         """Counters of this rank (and of the servers it hosts)."""
         return {"outer_step": self.outer_step, "pushes": self.pushes, "inner_steps": self.inner_steps,
                 "bytes_sent": self.bytes_sent, "sent_to": dict(self.sent_to),
-                "max_staleness": [s.max_staleness for s in self.servers]}
+                "max_staleness": [s.max_staleness for s in self.servers],
+                "discarded": [s.discarded for s in self.servers],
+                "served_s": [thread.served_s for thread in self.threads]}
 
 
 def check_async_settings(*, fragments: int, delay: int, mix: float, landing: str, group: Any, sync_moments: bool,

@@ -15,7 +15,10 @@ request is applied like any other; its reply waits until every client has sent i
 them get the same final model.
 
 `updates` counts the replicas' outer gradients folded into the model (a hierarchical region's request
-carries how many it merged): the `outer_step` the replicas see.
+carries how many it merged): the `outer_step` the replicas see. A `budget` (a run's: replicas x its
+periods) caps them: a gradient that arrives once `updates` reached it is not applied (`discarded`), so
+the replicas still mid-period when the budget was spent do not add tokens to the final model; its
+replica stops at the reply. A batch (or a region's delta) that starts below the budget is applied whole.
 """
 
 from __future__ import annotations
@@ -55,9 +58,15 @@ class OuterServer:
     """The global model (flat fp32), its outer optimizer and the staleness rule (module doc)."""
 
     def __init__(self, model: torch.Tensor, optimizer: DelayedNesterov, clients: list[int],
-                 staleness_bound: int) -> None:
+                 staleness_bound: int, budget: int | None = None) -> None:
         if not isinstance(staleness_bound, int) or isinstance(staleness_bound, bool) or staleness_bound < 0:
             raise SyncError(f"asynchronous DiLoCo: staleness_bound must be an integer >= 0, got {staleness_bound!r}")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+            raise SyncError(f"asynchronous DiLoCo: budget must be an integer >= 1 or None, got {budget!r}")
+        self.budget = budget
+        """Replica outer gradients the model takes at most (a run's budget): later ones are not applied."""
+        self.discarded = 0
+        """Replica outer gradients that arrived once the budget was spent (their replicas stop at the reply)."""
         self.model = model.detach().to(torch.float32).clone()
         self.optimizer = optimizer
         self.staleness_bound = staleness_bound
@@ -69,6 +78,11 @@ class OuterServer:
         self.done: list[int] = []
         self.applied: dict[int, int] = {client: 0 for client in clients}
         self.max_staleness = 0
+
+    def senders(self) -> list[int]:
+        """The clients that can still send a request: running, and not held by the staleness bound."""
+        held = {r.client for r in self.waiting}
+        return [c for c in self.base if c not in held]
 
     def submit(self, request: Request) -> list[Reply]:
         """Take one request; apply every request the bound lets through; the replies due now."""
@@ -102,6 +116,9 @@ class OuterServer:
 
     def _apply(self, batch: list[Request]) -> list[Reply]:
         gradients = [r.gradient for r in batch if r.gradient is not None]
+        if gradients and self.budget is not None and self.updates >= self.budget:
+            self.discarded += sum(r.count for r in batch if r.gradient is not None)
+            gradients = []
         if gradients:
             staleness = self.version - min(r.base for r in batch)
             self.max_staleness = max(self.max_staleness, staleness)
@@ -111,7 +128,7 @@ class OuterServer:
         replies = []
         for request in batch:
             self.waiting.remove(request)
-            self.applied[request.client] += request.gradient is not None
+            self.applied[request.client] += request.gradient is not None and bool(gradients)
             if request.final:
                 del self.base[request.client]
                 self.done.append(request.client)

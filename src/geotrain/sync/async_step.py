@@ -5,7 +5,10 @@ Each rank steps AdamW on its own gradients; every H inner steps it sends its out
 model's server and goes on from the model it gets back. Ranks therefore run different numbers of steps:
 the run ends when the global model holds `target_updates` outer gradients (ceil(steps / H) per replica:
 the synchronous run's budget of inner steps, whichever replicas took them), and `finish()` leaves every
-rank with the final global model. Validation runs once, after it (before, ranks are at different steps).
+rank with the final global model. Validation runs after it; with `eval_local` also after each of this rank's
+updates at the evaluation cadence, on the global model just received (ranks are at different steps: a
+validation that needs a collective can only run at the end). The checkpoint is written once, at the end (the
+final global model on every rank); a run does not resume from it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,11 @@ from geotrain.sync.async_outer import AsyncOuterSync
 from geotrain.sync.base import GradientSync, StepTimer, SyncError, SyncResult
 
 
+def run_budget(total_steps: int, sync_every: int, replicas: int) -> int:
+    """The replica outer gradients of a run of `total_steps` (the synchronous run's: ceil(steps / H) per replica)."""
+    return replicas * math.ceil(total_steps / sync_every)
+
+
 class AsyncOuterGradientSync(GradientSync):
     """Inner AdamW steps; every H of them an asynchronous outer update (module doc)."""
 
@@ -28,12 +36,19 @@ class AsyncOuterGradientSync(GradientSync):
         self.params = list(params)
         self.optimizer = optimizer
         self.outer = outer
-        self.target_updates = replicas * math.ceil(total_steps / outer.sync_every)
+        self.target_updates = run_budget(total_steps, outer.sync_every, replicas)
 
     @property
     def done(self) -> bool:
         """The global model holds the run's budget of outer gradients: stop taking inner steps."""
         return self.outer.outer_step >= self.target_updates
+
+    def evaluates_now(self, pushes_before: int, eval_every: int) -> bool:
+        """Whether this rank scores the global model it just received: the last step sent its outer gradient
+        (`pushes_before`: the count before it) and this rank's inner steps so far are a multiple of `eval_every`
+        (0: never mid-run)."""
+        pushes = self.outer.pushes
+        return bool(eval_every) and pushes > pushes_before and (pushes * self.outer.sync_every) % eval_every == 0
 
     def step(self, step: int, timer: StepTimer) -> SyncResult:
         with timer:
@@ -53,24 +68,28 @@ class AsyncOuterGradientSync(GradientSync):
         return self.outer.fingerprint()
 
     def state_dict(self) -> dict[str, Any]:
-        raise SyncError("asynchronous outer updates do not checkpoint: the global model lives in rank 0's server")
+        """The end's checkpoint: the final global model is the stage's weights; the counts say how it was made."""
+        if not self.outer.finished:
+            raise SyncError("asynchronous outer updates checkpoint at the end only: the global model lives in rank "
+                            "0's server until then")
+        return {"asynchronous": {"outer_step": self.outer.outer_step, "pushes": self.outer.pushes,
+                                 "inner_steps": self.outer.inner_steps}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise SyncError("asynchronous outer updates do not resume from a checkpoint")
 
 
-def check_async_run(outer_sync: str, *, pipeline_stages: int, time_scale: float, elastic: bool,
-                    checkpoint_dir: str | None, dp_hierarchical: bool) -> str | None:
+def check_async_run(outer_sync: str, *, pipeline_stages: int, elastic: bool, checkpoint_every: int,
+                    resume: bool, dp_hierarchical: bool) -> str | None:
     """Why (one line) a run setting does not combine with `--outer-sync async*`; None if all do."""
     if outer_sync == "sync":
         return None
     refusals = ((pipeline_stages > 1, f"needs one stage per replica (the whole model), the plan has {pipeline_stages}"),
-                (time_scale > 0, "does not run on emulated links (the server threads would advance a rank's one "
-                                 "emulated clock); pass --time-scale 0 (a plan's recipe: or plan with "
-                                 "--recipe-outer-sync sync)"),
                 (elastic, "does not combine with --elastic: the global model lives once, in rank 0's server, and "
                           "a torchft recovery copies a peer's state at a synchronous step"),
-                (checkpoint_dir is not None, "does not checkpoint (the global model lives in rank 0's server)"),
+                (checkpoint_every > 0, "checkpoints at the end only (the global model lives in rank 0's server "
+                                       "until then, and ranks are at different steps); drop --checkpoint-every"),
+                (resume, "does not resume from a checkpoint (the global model's server state is not in it)"),
                 (dp_hierarchical, "takes its regions from the cluster itself (async-hierarchical); drop "
                                   "--dp-hierarchical"))
     return next((f"--outer-sync {outer_sync} {why}" for refused, why in refusals if refused), None)

@@ -6,12 +6,17 @@ needs a receive from any source, which gloo's emulating backend does not have), 
 point-to-point on a process group of their own; the reply comes back the same way. A client in the
 server's own process hands its request over an in-process queue instead (no bytes on a link).
 
-Deadlock-freedom: each client has at most one request out and blocks on its reply; the server takes
-requests one at a time in the store's order and never waits on a client that has a request out. Per
-process each process group is used by one thread only (gloo's pairs are not shared between threads).
+On emulated links (`MailboxTiming`, geotrain.sync.async_timing) the messages go over the emulating group's plain
+gloo group, each carries its emulated arrival, and the server serves in emulated-time order; elsewhere it serves
+in the store's order.
 
-Wire format, per request: int64 header [base, count, final, has_gradient], then the flat float32
-gradient if any; per reply: int64 header [version, updates, final], then the flat float32 model.
+Deadlock-freedom: each client has at most one request out and blocks on its reply; the server takes
+requests one at a time and never waits on a client that has a request out. Per process each process
+group is used by one thread only (gloo's pairs are not shared between threads).
+
+Wire format, per request: float64 header [base, count, final, has_gradient, arrival_s], then the flat float32
+gradient if any; per reply: float64 header [version, updates, final, arrival_s], then the flat float32 model
+(arrival_s: emulated seconds, 0 off emulated links; counts are exact in float64 below 2^53).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import queue
 import threading
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.sync.async_server import Reply, Request
+from geotrain.sync.async_timing import POLL_S, ClockBoard, LinkTimer, next_due
 
 REQUEST_TAG = 41
 REPLY_TAG = 42
@@ -46,11 +53,23 @@ def flat_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+@dataclass(frozen=True)
+class MailboxTiming:
+    """A mailbox on emulated links: the emulating group's plain gloo group (`raw_group`), the timer of this
+    process's client side and, on the server's rank, the server's (geotrain.sync.async_timing)."""
+
+    raw_group: Any
+    client_timer: LinkTimer
+    server_timer: LinkTimer | None = None
+
+
 class Mailbox:
     """The announcements of requests to one server (`name`) in the store, in arrival order, plus the
-    in-process queues of the server's own rank. `sent_to`: bytes this process put on links, by peer rank."""
+    in-process queues of the server's own rank. `sent_to`: bytes this process put on links, by peer rank;
+    `timing`: on emulated links (module doc), else None."""
 
-    def __init__(self, store: Any, name: str, host: int, group: Any, numel: int, sent_to: Counter) -> None:
+    def __init__(self, store: Any, name: str, host: int, group: Any, numel: int, sent_to: Counter,
+                 timing: MailboxTiming | None = None) -> None:
         # a store client per side: a TCPStore client serialises its calls, so a server blocked in `wait` would
         # hold the announcements of its own rank's client until the wait timed out
         self.client_store, self.server_store = _own_client(store), _own_client(store)
@@ -59,45 +78,66 @@ class Mailbox:
         self.group = group
         self.numel = numel
         self.sent_to = sent_to
-        self.local_requests: queue.Queue[Request] = queue.Queue()
-        self.local_replies: queue.Queue[Reply | BaseException] = queue.Queue()
+        self.timing = timing
+        self.client_board = ClockBoard(self.client_store, name)
+        self.server_board = ClockBoard(self.server_store, name)
+        self.local_requests: queue.Queue[tuple[float, Request]] = queue.Queue()
+        self.local_replies: queue.Queue[tuple[Reply, float] | BaseException] = queue.Queue()
         self.lock = threading.Lock()
 
     def _count(self, peer: int, nbytes: int) -> None:
         with self.lock:
             self.sent_to[peer] += nbytes
 
-    def request(self, client: int, request: Request) -> Reply:
-        """Send `request` from `client` (this process's rank) and block until its reply."""
+    def _send(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        if self.timing is None:
+            dist.send(tensor, peer, group=self.group, tag=tag)
+        else:
+            self.timing.raw_group.send([tensor], peer, tag).wait()
+
+    def _recv(self, tensor: torch.Tensor, peer: int, tag: int) -> None:
+        if self.timing is None:
+            dist.recv(tensor, peer, group=self.group, tag=tag)
+        else:
+            self.timing.raw_group.recv([tensor], peer, tag).wait()
+
+    def request(self, client: int, request: Request, send_s: float = 0.0,
+                timer: LinkTimer | None = None) -> tuple[Reply, float]:
+        """Send `request` from `client` (this process's rank, or its region server) handed to the links at emulated
+        `send_s`, and block until its reply; the reply and its emulated arrival (0 off emulated links). `timer`:
+        the sender's uplink (None: this process's client timer)."""
         if client == self.host:
-            self.local_requests.put(request)
+            self.local_requests.put((send_s, request))
             self._announce(client)
-            reply = self.local_replies.get()
-            if isinstance(reply, BaseException):
-                raise reply
-            return reply
-        self._announce(client)
+            got = self.local_replies.get()
+            if isinstance(got, BaseException):
+                raise got
+            return got
         has_gradient = request.gradient is not None
-        header = torch.tensor([request.base, request.count, int(request.final), int(has_gradient)], dtype=torch.int64)
-        dist.send(header, self.host, group=self.group, tag=REQUEST_TAG)
-        self._count(self.host, flat_bytes(header))
+        nbytes = 5 * 8 + (self.numel * 4 if has_gradient else 0)
+        arrival = 0.0
+        if self.timing is not None:
+            arrival = (timer or self.timing.client_timer).send(client, self.host, nbytes, send_s)
+        self._announce(client)
+        header = torch.tensor([request.base, request.count, int(request.final), int(has_gradient), arrival],
+                              dtype=torch.float64)
+        self._send(header, self.host, REQUEST_TAG)
         if has_gradient:
-            gradient = request.gradient.to(torch.float32).contiguous()
-            dist.send(gradient, self.host, group=self.group, tag=REQUEST_TAG)
-            self._count(self.host, flat_bytes(gradient))
-        reply_header = torch.zeros(3, dtype=torch.int64)
-        dist.recv(reply_header, self.host, group=self.group, tag=REPLY_TAG)
+            self._send(request.gradient.to(torch.float32).contiguous(), self.host, REQUEST_TAG)
+        self._count(self.host, nbytes)
+        reply_header = torch.zeros(4, dtype=torch.float64)
+        self._recv(reply_header, self.host, REPLY_TAG)
         model = torch.empty(self.numel, dtype=torch.float32)
-        dist.recv(model, self.host, group=self.group, tag=REPLY_TAG)
-        version, updates, final = (int(v) for v in reply_header)
-        return Reply(client, version, updates, model, bool(final))
+        self._recv(model, self.host, REPLY_TAG)
+        version, updates, final = (int(v) for v in reply_header[:3])
+        return Reply(client, version, updates, model, bool(final)), float(reply_header[3])
 
     def _announce(self, client: int) -> None:
         index = self.client_store.add(f"{self.name}/n", 1) - 1
         self.client_store.set(f"{self.name}/req/{index}", str(client))
 
-    def next_request(self, index: int, stopped: threading.Event) -> Request | None:
-        """The `index`-th request announced (blocks; None once `stopped` is set)."""
+    def next_request(self, index: int, stopped: threading.Event) -> tuple[float, Request] | None:
+        """The `index`-th request announced and its emulated arrival (blocks; None once `stopped` is set)."""
         key = f"{self.name}/req/{index}"
         while not stopped.is_set():
             try:
@@ -107,26 +147,38 @@ class Mailbox:
                 continue
         else:
             return None
+        return self._receive(key)
+
+    def poll_request(self, index: int) -> tuple[float, Request] | None:
+        """The `index`-th request and its emulated arrival if it has been announced, else None (no wait)."""
+        key = f"{self.name}/req/{index}"
+        return self._receive(key) if self.server_store.check([key]) else None
+
+    def _receive(self, key: str) -> tuple[float, Request]:
         client = int(self.server_store.get(key))
         if client == self.host:
             return self.local_requests.get()
-        header = torch.zeros(4, dtype=torch.int64)
-        dist.recv(header, client, group=self.group, tag=REQUEST_TAG)
-        base, count, final, has_gradient = (int(v) for v in header)
+        header = torch.zeros(5, dtype=torch.float64)
+        self._recv(header, client, REQUEST_TAG)
+        base, count, final, has_gradient = (int(v) for v in header[:4])
         gradient = None
         if has_gradient:
             gradient = torch.empty(self.numel, dtype=torch.float32)
-            dist.recv(gradient, client, group=self.group, tag=REQUEST_TAG)
-        return Request(client, base, gradient, count, bool(final))
+            self._recv(gradient, client, REQUEST_TAG)
+        return float(header[4]), Request(client, base, gradient, count, bool(final))
 
     def reply(self, reply: Reply) -> None:
+        """Send `reply`; on emulated links it leaves at the server's clock."""
+        timer = None if self.timing is None else self.timing.server_timer
         if reply.client == self.host:
-            self.local_replies.put(reply)
+            self.local_replies.put((reply, 0.0 if timer is None else timer.now_s))
             return
-        header = torch.tensor([reply.version, reply.updates, int(reply.final)], dtype=torch.int64)
-        dist.send(header, reply.client, group=self.group, tag=REPLY_TAG)
-        dist.send(reply.model.contiguous(), reply.client, group=self.group, tag=REPLY_TAG)
-        self._count(reply.client, flat_bytes(header) + flat_bytes(reply.model))
+        nbytes = 4 * 8 + flat_bytes(reply.model)
+        arrival = 0.0 if timer is None else timer.send(self.host, reply.client, nbytes, timer.now_s)
+        header = torch.tensor([reply.version, reply.updates, int(reply.final), arrival], dtype=torch.float64)
+        self._send(header, reply.client, REPLY_TAG)
+        self._send(reply.model.contiguous(), reply.client, REPLY_TAG)
+        self._count(reply.client, nbytes)
 
     def fail(self, error: BaseException) -> None:
         """Hand a server's failure to the client in its own process (remote clients time out)."""
@@ -135,27 +187,69 @@ class Mailbox:
 
 class ServerThread(threading.Thread):
     """Serve `mailbox`'s requests with `handle(request) -> replies` until `finished()`; a failure is kept
-    in `error` and handed to the local client."""
+    in `error` and handed to the local client. On emulated links: in emulated-time order (async_timing), with
+    `senders()` the clients that can still send a request, and `publish(horizon_s)` (a region server's) told the
+    earliest emulated time this server can still send anything upstream."""
 
     def __init__(self, mailbox: Mailbox, handle: Callable[[Request], list[Reply]],
-                 finished: Callable[[], bool]) -> None:
+                 finished: Callable[[], bool], senders: Callable[[], list[int]] | None = None,
+                 publish: Callable[[float], None] | None = None) -> None:
         super().__init__(name=f"geotrain-async-{mailbox.name}", daemon=True)
         self.mailbox = mailbox
         self.handle = handle
         self.finished = finished
+        self.senders = senders
+        self.publish = publish
         self.stopped = threading.Event()
         self.error: BaseException | None = None
+        self.served_s: list[float] = []
+        """On emulated links: the arrival (emulated s) of each request served, in the order served."""
 
     def run(self) -> None:
-        index = 0
         try:
-            while not self.finished():
-                request = self.mailbox.next_request(index, self.stopped)
-                if request is None:
-                    return
-                index += 1
-                for reply in self.handle(request):
-                    self.mailbox.reply(reply)
+            if self.mailbox.timing is None:
+                self._serve_in_store_order()
+            else:
+                self._serve_in_emulated_order()
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised in the training thread
             self.error = exc
             self.mailbox.fail(exc)
+
+    def _serve(self, request: Request) -> None:
+        for reply in self.handle(request):
+            self.mailbox.reply(reply)
+
+    def _serve_in_store_order(self) -> None:
+        index = 0
+        while not self.finished():
+            got = self.mailbox.next_request(index, self.stopped)
+            if got is None:
+                return
+            index += 1
+            self._serve(got[1])
+
+    def _serve_in_emulated_order(self) -> None:
+        timing, board = self.mailbox.timing, self.mailbox.server_board
+        assert timing is not None and timing.server_timer is not None and self.senders is not None
+        timer = timing.server_timer
+        index, pending = 0, []
+        while not self.finished():
+            while (got := self.mailbox.poll_request(index)) is not None:
+                index += 1
+                pending.append(got)
+            waiting = {request.client for _, request in pending}
+            senders = [c for c in self.senders() if c not in waiting]
+            clocks = board.read(senders)
+            horizons = [clocks[c] + timer.latency_s(c, self.mailbox.host) for c in senders]
+            if self.publish is not None:
+                earliest = min([arrival for arrival, _ in pending] + horizons, default=timer.now_s)
+                self.publish(max(timer.now_s, earliest))
+            due = next_due(pending, horizons)
+            if due is None:
+                if self.stopped.wait(POLL_S):
+                    return
+                continue
+            arrival, request = pending.pop(due)
+            timer.now_s = max(timer.now_s, arrival)
+            self.served_s.append(arrival)
+            self._serve(request)

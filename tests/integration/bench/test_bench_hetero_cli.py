@@ -57,3 +57,25 @@ def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_recipe_and_l
                             capture_output=True, text=True, timeout=120)
     assert report.returncode == 0, report.stderr[-2000:]
     assert {rank["site"] for rank in json.loads(report.stdout)["split"]["ranks"]} == sites
+
+
+@pytest.mark.slow  # the async row and the limit
+@pytest.mark.timeout(400)
+def test_bench_hetero_runs_the_async_row_on_emulated_links(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "hetero", "--steps", "10", "--rows", "async",
+                           "--json"], capture_output=True, text=True, timeout=380)
+    assert done.returncode == 0, done.stderr[-2000:]
+    doc = json.loads(done.stdout)
+    assert doc["skipped"] == [] and [row["kind"] for row in doc["rows"]] == ["async", "limit"]
+    row = doc["rows"][0]
+    assert ROW_KEYS <= set(row) and all(0 < f <= 1 for f in row["site_compute_fraction"].values())
+    # the server serves in emulated time: the A100 site (oregon) takes more inner steps than the T4 (tokyo), and the
+    # run's 2 x 4 outer gradients of H = 5 steps hold at least the equal rows' 10 x 4 inner steps
+    steps = row["inner_steps"]
+    assert steps["oregon"] > steps["tokyo"] and sum(steps.values()) >= 10 * 4
+    # fp32 models cross the WAN: every outer gradient of the three sites outside oregon goes up and a model comes back
+    assert row["inter_region_bytes"] > 0
+    # every rank scores the global model it gets back: the points are in time order and end at the run's end
+    curve = row["curve"]
+    assert curve["time_s"] == sorted(curve["time_s"]) and curve["time_s"][-1] == pytest.approx(row["elapsed_s"])
+    assert row["val_loss"] == pytest.approx(curve["val_loss"][-1], abs=1e-6)

@@ -39,12 +39,14 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Pa
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("extra,why", [
-    ([], "--outer-sync async does not run on emulated links (the server threads would advance a rank's one "
-         "emulated clock); pass --time-scale 0 (a plan's recipe: or plan with --recipe-outer-sync sync)"),
+    (["--checkpoint-dir", "CKPT", "--checkpoint-every", "5"],
+     "--outer-sync async checkpoints at the end only (the global model lives in rank 0's server until then, and "
+     "ranks are at different steps); drop --checkpoint-every"),
     (["--time-scale", "0", "--elastic"], "--outer-sync async does not combine with --elastic: the global model "
                                          "lives once, in rank 0's server, and a torchft recovery copies a peer's "
                                          "state at a synchronous step")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(tmp_path: Path, extra, why):
+    extra = [str(tmp_path / "ckpt") if arg == "CKPT" else arg for arg in extra]
     done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
                            "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,
                           timeout=180)

@@ -81,7 +81,7 @@ def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
                            "--replicas", "3", "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe",
                            "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out),
-                           "--recipe-outer-sync", "sync", *extra],  # train emulates the links: no async
+                           "--recipe-outer-sync", "sync", *extra],  # the synchronous recipes are checked here
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
@@ -111,7 +111,7 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1",
                            "--replicas", "2", "--wan-recipe", "auto", "--compute-s", "0.5", "--recipe-steps", "24",
                            "--recipe-max-delay", "0", "--recipe-outer-sync", "sync", "--json", "--out", str(out)],
-                          capture_output=True, text=True, timeout=180)  # train emulates the links: no async
+                          capture_output=True, text=True, timeout=180)  # the synchronous recipe is checked here
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     recipe = plan["wan_recipe"]
@@ -137,9 +137,9 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp
     assert inner[0] > inner[1] and sum(inner) == 2 * 2 * 2  # 2 periods of R x H = 4 inner steps, by speed
 
 
-@pytest.mark.slow  # four CLI launches
+@pytest.mark.slow  # three CLI launches
 @pytest.mark.timeout(300)
-def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_real_links_only(tmp_path: Path):
+def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_emulated_links(tmp_path: Path):
     (tmp_path / "lan.yaml").write_text(LAN_GPUS_YAML)
     cluster, out = str(tmp_path / "lan.yaml"), tmp_path / "plan.json"
     plan = [*GEOTRAIN, "plan", "--cluster", cluster, "--stages", "1", "--replicas", "2", "--wan-recipe", "auto",
@@ -154,11 +154,14 @@ def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_real_links_
     assert only_sync.returncode == 0, only_sync.stderr
     # synchronous only: the recipe waits for the T4, and per-step DP with speed batch shares beats it
     assert "wan_recipe" not in json.loads(only_sync.stdout) and "batch_shares" in json.loads(only_sync.stdout)
-    trained = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "6",
-                              "--time-scale", "0", "--run-dir", "none", "--json"],
-                             capture_output=True, text=True, timeout=240)
-    assert trained.returncode == 0, trained.stderr
-    refused = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "6",
-                              "--run-dir", "none"], capture_output=True, text=True, timeout=180)
-    assert refused.returncode != 0 and "does not run on emulated links" in refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1
+    runs = tmp_path / "runs"
+    trained = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "24",
+                              "--batch-size", "2", "--microbatches", "1", "--emulate-gpu-speed", "--time-scale", "1e-3",
+                              "--run-dir", str(runs), "--json"], capture_output=True, text=True, timeout=240)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    from geotrain.observe.metrics import read_metrics, steps_of
+
+    steps = steps_of(read_metrics(runs))
+    inner = [sum(1 for s in steps if s["rank"] == rank) for rank in range(2)]
+    # emulated links: the server serves in emulated time, so the A100 sends more outer gradients than the T4
+    assert inner[0] > inner[1], inner

@@ -35,6 +35,16 @@ def test_adaptive_points_are_timed_at_the_sync_each_rank_reached_after_its_own_s
     assert result.time_to_target(2.5) == pytest.approx(3.2) and result.time_to_target(2.0) is None
 
 
+def test_async_points_are_each_ranks_received_model_at_its_own_clock_in_time_order():
+    # rank 0 (fast) scores the model it gets back after each update at 1.0 and 2.0 s, rank 1 (slow) once at 1.5 s
+    records = [_record(0, 0, 0.0, 1.0, 0.9, 2.6, global_updates=1), _record(0, 1, 1.0, 2.0, 0.9, 2.4, global_updates=3),
+               _record(1, 0, 0.0, 1.5, 1.4, 2.5, global_updates=2)]
+    result = score(HeteroRow("async", "x"), _cluster(), records, 2.4)
+    assert result.eval_time_s == [1.0, 1.5, 2.0] and result.val_losses == [2.6, 2.5, 2.4]
+    assert result.time_to_target(2.5) == 1.5  # the slow rank's point counts: it scored the global model
+    assert result.inner_steps == {"fast": 2, "slow": 1}
+
+
 def test_limit_row_takes_the_harmonic_mean_of_the_ranks_compute_per_step():
     # compute 1 s and 3 s per step; balanced by speed both finish in 2 / (1 + 1/3) = 1.5 s; 0.1 s outside compute
     records = [_record(r, s, 3.1 * s, 3.1 * s + 3.1, 1.0 if r == 0 else 3.0, 2.0 if r == 0 and s == 1 else None)

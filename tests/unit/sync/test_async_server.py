@@ -64,3 +64,15 @@ def test_a_request_from_a_wrong_base_is_refused():
     server = _server(2, 4)
     with pytest.raises(SyncError, match="client 1 sent base 3, but was given version 0"):
         server.submit(Request(1, 3, _g(1.0)))
+
+
+def test_gradients_past_the_budget_are_not_applied_and_their_clients_see_it_spent():
+    server = OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0, 1], 8, budget=2)
+    server.submit(Request(0, 0, _g(1.0)))
+    server.submit(Request(0, 1, _g(1.0)))  # the budget is spent: 2 replica outer gradients
+    late = server.submit(Request(1, 0, _g(5.0)))  # client 1 was mid-period: its gradient comes too late
+    assert [(r.client, r.updates) for r in late] == [(1, 2)]  # it sees the budget spent, and stops
+    torch.testing.assert_close(server.model, _g(-2.0))
+    assert server.discarded == 1 and server.applied == {0: 2, 1: 0} and server.version == 2
+    with pytest.raises(SyncError, match="budget must be an integer >= 1"):
+        OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0], 8, budget=0)
