@@ -4,11 +4,14 @@ Run it on a mixed cluster, one rank per site, each computing at its GPU's speed 
     geotrain emulate --cluster examples/clusters/mixed-gpus-3x2.yaml --devices 0,2,4 --emulate-gpu-speed \
         --compute-clock cpu -- examples/adaptive_diloco.py
     ... -- examples/adaptive_diloco.py --local-steps equal      # H on every site: the T4 sets the pace
+    ... -- examples/adaptive_diloco.py --outer-sync async       # H each, no waiting: the global model's server
 (--compute-clock cpu: each rank's compute counted in its CPU seconds, so other load on this machine does not
 skew the emulated GPU speeds.)
 Under `geotrain emulate` DiLoCo times the inner steps by the rank's emulated clock (geotrain.emulate.emulated_clock),
 so the A100 rank counts as an A100 though every rank runs on this machine's CPU. The loop is the ordinary one
-(zero_grad, backward, step) and ends after --periods outer syncs on every rank (`while diloco.outer_step < N`).
+(zero_grad, backward, step) and ends after --periods outer syncs on every rank (`while diloco.outer_step < N`;
+asynchronous, `outer_step` counts the replicas' outer gradients in the global model: N = periods x replicas, the
+synchronous run's budget, whichever replicas send them).
 An MLP from its config learns a fixed random teacher on synthetic data (no downloads). Each rank prints one line
 at the end: its inner steps, the mean training loss of its first and last periods, the validation loss of the
 shared model before and after the last sync, and its compute fraction (seconds between inner steps over the
@@ -62,7 +65,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--periods", type=int, default=8, help="outer syncs (N in `while outer_step < N`)")
     parser.add_argument("--sync-every", type=int, default=16, help="H: the mean inner steps per replica per period")
-    parser.add_argument("--local-steps", choices=("adaptive", "equal"), default="adaptive")
+    parser.add_argument("--local-steps", choices=("adaptive", "equal"), default="adaptive",
+                        help="synchronous outer syncs only (asynchronous: H on every replica)")
+    parser.add_argument("--outer-lr", type=float, default=1.0,
+                        help="outer learning rate (with --outer-momentum 0: the replicas' models averaged, what "
+                             "`geotrain plan --wan-recipe auto` chooses under 100 outer steps; DiLoCo's 0.7 and 0.9 "
+                             "are made for 100+)")
+    parser.add_argument("--outer-momentum", type=float, default=0.0, help="outer Nesterov momentum")
+    parser.add_argument("--outer-sync", choices=("sync", "async"), default="sync",
+                        help="async: a replica that ends its H steps sends its outer gradient to the global model's "
+                             "server and goes on from the model it gets back, without waiting for the others")
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--batch", type=int, default=256)
     args = parser.parse_args()
@@ -78,34 +90,40 @@ def main() -> None:
     val_before = validation_loss(model, val_x, w)
     data = torch.Generator().manual_seed(1000 + rank)  # each replica its own samples
     losses_by_period: list[list[float]] = [[]]
-    diloco = DiLoCo(model, inner, sync_every=args.sync_every, local_steps=args.local_steps, codec="int8-block",
-                    outer_lr=0.7, outer_momentum=0.9)
+    asynchronous = args.outer_sync == "async"
+    local_steps = "equal" if asynchronous else args.local_steps
+    diloco = DiLoCo(model, inner, sync_every=args.sync_every, local_steps=local_steps, codec="int8-block",
+                    outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, asynchronous=asynchronous)
+    target = args.periods * (dist.get_world_size() if asynchronous else 1)
     dist.barrier()  # the sites start together: set-up (imports at a T4's speed, too) is not the loop's time
     with diloco:
         start_s = diloco.clock()
         warm = (0.0, start_s)
-        while diloco.outer_step < args.periods:
+        while diloco.outer_step < target:
             x = torch.randn(args.batch, config.inputs, generator=data)
             loss = nn.functional.mse_loss(model(x), torch.tanh(x @ w))
             inner.zero_grad()
             loss.backward()
             inner.step()  # the outer sync runs from this step's post hook when this replica's H_r is reached
             losses_by_period[-1].append(loss.item())
-            if len(losses_by_period) <= diloco.outer_step:
+            if len(losses_by_period) <= (diloco.asynchronous.pushes if asynchronous else diloco.outer_step):
                 losses_by_period.append([])
                 if diloco.outer_step == WARMUP_PERIODS:
                     warm = (diloco.step_s, diloco.clock())
-        val_after = validation_loss(model, val_x, w)  # after the last sync: the model every rank holds
+    # after the block: the last sync (asynchronous: the final exchange, sent on leaving it) is done, and every rank
+    # holds the same model
+    val_after = validation_loss(model, val_x, w)
     end_s = diloco.clock()
     run_s = end_s - start_s
     # the first periods share the steps equally (no step time measured yet): the fraction after them as well
     steady = (diloco.step_s - warm[0]) / max(end_s - warm[1], 1e-9)
     first, last = losses_by_period[0], [period for period in losses_by_period if period][-1]
-    per_period = [h["steps"][rank] for h in diloco.sync.history] if args.local_steps == "adaptive" else []
+    per_period = [h["steps"][rank] for h in diloco.sync.history] if local_steps == "adaptive" else []
+    periods = diloco.outer_step // dist.get_world_size() if asynchronous else diloco.outer_step
     # one write of the whole line, newline included: the ranks share one stdout, and unbuffered (PYTHONUNBUFFERED)
     # print writes its `end` separately, after which another rank's line could land
-    print(f"rank {rank} local_steps {args.local_steps} inner_steps {diloco.inner_steps} "
-          f"periods {diloco.outer_step} steps_per_period {per_period} "
+    print(f"rank {rank} outer_sync {args.outer_sync} local_steps {local_steps} inner_steps {diloco.inner_steps} "
+          f"periods {periods} outer_updates {diloco.outer_step} steps_per_period {per_period} "
           f"train_loss_first_period {sum(first) / len(first):.4f} train_loss_last_period {sum(last) / len(last):.4f} "
           f"val_loss_before {val_before:.4f} val_loss_after {val_after:.4f} "
           f"compute_s {diloco.step_s:.3f} run_s {run_s:.3f} compute_fraction {diloco.step_s / run_s:.3f} "
