@@ -13,7 +13,8 @@ runtime refuses them on this bench. Measured:
   collective and outside emulated time (`eval_local`); a point's time is the slowest rank's emulated clock at the
   step the point follows (for adaptive rows the step that completed the sync: ranks differ in step counts). The
   asynchronous rows have no common point: each rank scores the global model it gets back after each of its outer
-  updates, at its clock when the reply arrived (sync.async_timing times the replies on the emulated links);
+  updates, and the point's time is that model's: when its server sent it (sync.async_timing's emulated clock;
+  the rank receiving it holds it one link later);
 - val_loss: replica 0's at the run's end (synchronised weights), the same samples seen by every row;
 - site_compute_fraction: per site (region), its compute seconds (the runtime's ComputeTimer, at the GPU's speed)
   over the row's emulated seconds;
@@ -216,8 +217,8 @@ def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final
             ends[key] = max(ends[key], record["emulated"]["end_s"] - start)
             if record["rank"] == 0:
                 losses[key] = float(record["val_loss"])
-    if any("global_updates" in r for r in records):  # asynchronous: each point is one rank's received model
-        points = sorted((r["emulated"]["end_s"] - start, float(r["val_loss"])) for r in records
+    if any("global_updates" in r for r in records):  # asynchronous: each point is a global model a rank received
+        points = sorted((r["global_time_s"] - start, float(r["val_loss"])) for r in records
                         if r.get("val_loss") is not None)
         ends = dict(enumerate(t for t, _ in points))
         losses = dict(enumerate(loss for _, loss in points))

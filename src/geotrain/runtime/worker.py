@@ -364,8 +364,8 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     for step in steps:
         pushes = worker.dp.outer.pushes if asynchronous else 0
         record = worker.train_step(step)
-        if asynchronous:
-            record["global_updates"] = worker.dp.outer.outer_step
+        if asynchronous:  # the global model this rank holds: its updates and its time (when its server sent it)
+            record.update(global_updates=worker.dp.outer.outer_step, global_time_s=worker.dp.outer.model_time_s)
             if worker.dp.evaluates_now(pushes, data.eval_every if data.eval_local else 0):
                 record["val_loss"] = worker.evaluate()
         elif data.evaluates_after(step, run.steps):
@@ -389,7 +389,7 @@ def _finish_async(worker: Worker, sync: AsyncOuterGradientSync, observer: NullOb
     last = worker.records[-1]
     last["dp_bytes"] += sync.finish()
     last["param_sum"] = sync.fingerprint()
-    last["global_updates"] = sync.outer.outer_step
+    last.update(global_updates=sync.outer.outer_step, global_time_s=sync.outer.model_time_s)
     span = worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of)
     _extend_span(last, span)
     if worker.config.data.eval_every:

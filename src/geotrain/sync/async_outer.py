@@ -189,6 +189,9 @@ class AsyncOuterSync:
         """Replica outer gradients in the global model this rank last received (its own and the others')."""
         self.pushes = 0
         """Outer gradients this rank sent."""
+        self.model_time_s = 0.0
+        """On emulated links: the emulated second the model this rank last received left its server (its time as
+        the global model; the rank holds it one link later)."""
         self.inner_steps = 0
         self.period_steps = 0
         self.finished = False
@@ -232,6 +235,7 @@ class AsyncOuterSync:
         self.pushes += gradient is not None
         self.period_steps = 0
         self.version, self.outer_step = reply.version, reply.updates
+        self.model_time_s = reply.sent_s
         self.anchor = reply.model
         with torch.no_grad():
             offset = 0

@@ -45,13 +45,15 @@ class Request:
 
 @dataclass(frozen=True)
 class Reply:
-    """What a client gets back: the model after `version` applied updates holding `updates` replica outer gradients."""
+    """What a client gets back: the model after `version` applied updates holding `updates` replica outer gradients;
+    `sent_s`: the emulated second its server sent it (the model's time; 0 off emulated links)."""
 
     client: int
     version: int
     updates: int
     model: torch.Tensor
     final: bool
+    sent_s: float = 0.0
 
 
 class OuterServer:

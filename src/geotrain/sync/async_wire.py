@@ -15,12 +15,13 @@ requests one at a time and never waits on a client that has a request out. Per p
 group is used by one thread only (gloo's pairs are not shared between threads).
 
 Wire format, per request: float64 header [base, count, final, has_gradient, arrival_s], then the flat float32
-gradient if any; per reply: float64 header [version, updates, final, arrival_s], then the flat float32 model
-(arrival_s: emulated seconds, 0 off emulated links; counts are exact in float64 below 2^53).
+gradient if any; per reply: float64 header [version, updates, final, arrival_s, sent_s], then the flat float32
+model (arrival_s, sent_s: emulated seconds, 0 off emulated links; counts are exact in float64 below 2^53).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from collections import Counter
@@ -125,12 +126,12 @@ class Mailbox:
         if has_gradient:
             self._send(request.gradient.to(torch.float32).contiguous(), self.host, REQUEST_TAG)
         self._count(self.host, nbytes)
-        reply_header = torch.zeros(4, dtype=torch.float64)
+        reply_header = torch.zeros(5, dtype=torch.float64)
         self._recv(reply_header, self.host, REPLY_TAG)
         model = torch.empty(self.numel, dtype=torch.float32)
         self._recv(model, self.host, REPLY_TAG)
         version, updates, final = (int(v) for v in reply_header[:3])
-        return Reply(client, version, updates, model, bool(final)), float(reply_header[3])
+        return Reply(client, version, updates, model, bool(final), float(reply_header[4])), float(reply_header[3])
 
     def _announce(self, client: int) -> None:
         index = self.client_store.add(f"{self.name}/n", 1) - 1
@@ -170,12 +171,13 @@ class Mailbox:
     def reply(self, reply: Reply) -> None:
         """Send `reply`; on emulated links it leaves at the server's clock."""
         timer = None if self.timing is None else self.timing.server_timer
+        sent_s = 0.0 if timer is None else timer.now_s
         if reply.client == self.host:
-            self.local_replies.put((reply, 0.0 if timer is None else timer.now_s))
+            self.local_replies.put((dataclasses.replace(reply, sent_s=sent_s), sent_s))
             return
-        nbytes = 4 * 8 + flat_bytes(reply.model)
-        arrival = 0.0 if timer is None else timer.send(self.host, reply.client, nbytes, timer.now_s)
-        header = torch.tensor([reply.version, reply.updates, int(reply.final), arrival], dtype=torch.float64)
+        nbytes = 5 * 8 + flat_bytes(reply.model)
+        arrival = 0.0 if timer is None else timer.send(self.host, reply.client, nbytes, sent_s)
+        header = torch.tensor([reply.version, reply.updates, int(reply.final), arrival, sent_s], dtype=torch.float64)
         self._send(header, reply.client, REPLY_TAG)
         self._send(reply.model.contiguous(), reply.client, REPLY_TAG)
         self._count(reply.client, nbytes)

@@ -75,7 +75,8 @@ def test_bench_hetero_runs_the_async_row_on_emulated_links(tmp_path):
     assert steps["oregon"] > steps["tokyo"] and sum(steps.values()) >= 10 * 4
     # fp32 models cross the WAN: every outer gradient of the three sites outside oregon goes up and a model comes back
     assert row["inter_region_bytes"] > 0
-    # every rank scores the global model it gets back: the points are in time order and end at the run's end
+    # every rank scores the global model it gets back, timed when its server sent it: the last is the final model,
+    # sent before the run's end (its arrival at the farthest rank)
     curve = row["curve"]
-    assert curve["time_s"] == sorted(curve["time_s"]) and curve["time_s"][-1] == pytest.approx(row["elapsed_s"])
+    assert curve["time_s"] == sorted(curve["time_s"]) and 0 < curve["time_s"][-1] < row["elapsed_s"]
     assert row["val_loss"] == pytest.approx(curve["val_loss"][-1], abs=1e-6)

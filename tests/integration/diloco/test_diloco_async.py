@@ -91,13 +91,13 @@ def test_hierarchical_merges_inside_a_region_before_crossing():
             assert torch.equal(r["params"], results[0]["params"])
     assert [r["pushes"] for r in flat] == [4, 4, 4, 4]
     # flat: ranks 2 and 3 send 4 updates each (40-byte header + M) to rank 0 and get 4 models back
-    # (32-byte header + M), then a final header and the final model
-    assert _cross_region_bytes(flat, regions) == 2 * (4 * (40 + m + 32 + m) + 40 + 32 + m)
+    # (40-byte header + M), then a final header and the final model
+    assert _cross_region_bytes(flat, regions) == 2 * (4 * (40 + m + 40 + m) + 40 + 40 + m)
     # hierarchical: inside region 1, every 2 region updates (4 replica updates) its server crosses once
     # with the region's delta and gets the global model back
     region_updates = sum(r["pushes"] for r in hier[2:]) // 2
     merges = region_updates // 2 + 1  # and the final merge
-    assert _cross_region_bytes(hier, regions) <= merges * (40 + m + 32 + m)
+    assert _cross_region_bytes(hier, regions) <= merges * (40 + m + 40 + m)
     assert 2 * _cross_region_bytes(hier, regions) < _cross_region_bytes(flat, regions)
 
 

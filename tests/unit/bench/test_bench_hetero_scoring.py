@@ -35,13 +35,15 @@ def test_adaptive_points_are_timed_at_the_sync_each_rank_reached_after_its_own_s
     assert result.time_to_target(2.5) == pytest.approx(3.2) and result.time_to_target(2.0) is None
 
 
-def test_async_points_are_each_ranks_received_model_at_its_own_clock_in_time_order():
-    # rank 0 (fast) scores the model it gets back after each update at 1.0 and 2.0 s, rank 1 (slow) once at 1.5 s
-    records = [_record(0, 0, 0.0, 1.0, 0.9, 2.6, global_updates=1), _record(0, 1, 1.0, 2.0, 0.9, 2.4, global_updates=3),
-               _record(1, 0, 0.0, 1.5, 1.4, 2.5, global_updates=2)]
+def test_async_points_are_the_global_models_the_ranks_received_at_the_models_own_time():
+    # rank 0 (fast) scores the models its server sent at 0.9 and 1.9 s; rank 1 (slow, one 0.4 s link away) the model
+    # sent at 1.1 s, which reached it at 1.5 s
+    records = [_record(0, 0, 0.0, 1.0, 0.9, 2.6, global_updates=1, global_time_s=0.9),
+               _record(0, 1, 1.0, 2.0, 0.9, 2.4, global_updates=3, global_time_s=1.9),
+               _record(1, 0, 0.0, 1.5, 1.4, 2.5, global_updates=2, global_time_s=1.1)]
     result = score(HeteroRow("async", "x"), _cluster(), records, 2.4)
-    assert result.eval_time_s == [1.0, 1.5, 2.0] and result.val_losses == [2.6, 2.5, 2.4]
-    assert result.time_to_target(2.5) == 1.5  # the slow rank's point counts: it scored the global model
+    assert result.eval_time_s == [0.9, 1.1, 1.9] and result.val_losses == [2.6, 2.5, 2.4]
+    assert result.time_to_target(2.5) == 1.1  # the slow rank's point counts: it scored the global model
     assert result.inner_steps == {"fast": 2, "slow": 1}
 
 
