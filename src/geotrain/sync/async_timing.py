@@ -31,8 +31,10 @@ from geotrain.emulate.network import EmulatedNetwork
 from geotrain.emulate.schedule import SenderQueues, Transfer
 from geotrain.emulate.state import EmulationState
 
-POLL_S = 0.002
-"""Wall seconds a server waits before it reads the clients' clocks again when no request may be served yet."""
+POLL_S = (0.001, 0.032)
+"""Wall seconds a server waits before it reads the clients' clocks again when no request may be served yet: the
+first, doubled while nothing arrives or is served, up to the second. The wait decides no emulated time (the
+order does); it only spends CPU, which `--compute-clock cpu` would count as the hosting rank's compute."""
 ASYNC_OP = "async"
 """The Transfer op of asynchronous DiLoCo's messages in an emulating process's records."""
 

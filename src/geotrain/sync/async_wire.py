@@ -234,11 +234,12 @@ class ServerThread(threading.Thread):
         timing, board = self.mailbox.timing, self.mailbox.server_board
         assert timing is not None and timing.server_timer is not None and self.senders is not None
         timer = timing.server_timer
-        index, pending = 0, []
+        index, pending, wait_s = 0, [], POLL_S[0]
         while not self.finished():
             while (got := self.mailbox.poll_request(index)) is not None:
                 index += 1
                 pending.append(got)
+                wait_s = POLL_S[0]
             waiting = {request.client for _, request in pending}
             senders = [c for c in self.senders() if c not in waiting]
             clocks = board.read(senders)
@@ -248,9 +249,11 @@ class ServerThread(threading.Thread):
                 self.publish(max(timer.now_s, earliest))
             due = next_due(pending, horizons)
             if due is None:
-                if self.stopped.wait(POLL_S):
+                if self.stopped.wait(wait_s):
                     return
+                wait_s = min(2 * wait_s, POLL_S[1])
                 continue
+            wait_s = POLL_S[0]
             arrival, request = pending.pop(due)
             timer.now_s = max(timer.now_s, arrival)
             self.served_s.append(arrival)
