@@ -13,8 +13,9 @@ runtime refuses them on this bench. Measured:
   collective and outside emulated time (`eval_local`); a point's time is the slowest rank's emulated clock at the
   step the point follows (for adaptive rows the step that completed the sync: ranks differ in step counts). The
   asynchronous rows have no common point: each rank scores the global model it gets back after each of its outer
-  updates, and the point's time is that model's: when its server sent it (sync.async_timing's emulated clock;
-  the rank receiving it holds it one link later);
+  updates, and a row's points are, as one per period, the first global model holding each multiple of R updates
+  (`async_points`), at that model's time: when its server sent it (sync.async_timing's emulated clock; the rank
+  receiving it holds it one link later);
 - val_loss: replica 0's at the run's end (synchronised weights), the same samples seen by every row;
 - site_compute_fraction: per site (region), its compute seconds (the runtime's ComputeTimer, at the GPU's speed)
   over the row's emulated seconds;
@@ -217,9 +218,8 @@ def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final
             ends[key] = max(ends[key], record["emulated"]["end_s"] - start)
             if record["rank"] == 0:
                 losses[key] = float(record["val_loss"])
-    if any("global_updates" in r for r in records):  # asynchronous: each point is a global model a rank received
-        points = sorted((r["global_time_s"] - start, float(r["val_loss"])) for r in records
-                        if r.get("val_loss") is not None)
+    if any("global_updates" in r for r in records):  # asynchronous: the global model after each R updates
+        points = async_points(records, cluster.n_devices, start)
         ends = dict(enumerate(t for t, _ in points))
         losses = dict(enumerate(loss for _, loss in points))
     elapsed = max(r["emulated"]["end_s"] for r in records) - start
@@ -234,6 +234,24 @@ def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final
                         float(sum(r["emulated"]["inter_region_bytes"] for r in records)),
                         {site[rank]: min(1.0, c / elapsed) for rank, c in sorted(compute.items())}, elapsed,
                         {site[rank]: n for rank, n in sorted(steps.items())})
+
+
+def async_points(records: list[dict[str, Any]], replicas: int, start: float) -> list[tuple[float, float]]:
+    """An asynchronous row's evaluation points (time since `start`, loss), one per R replica updates as a synchronous
+    row has one per period: for k = 1, 2, ... the first global model holding at least k x R updates that a rank
+    scored (each rank scores the model it gets back after each of its updates), at that model's time (when its
+    server sent it), then the final model."""
+    scored = sorted((int(r["global_updates"]), float(r["global_time_s"]) - start, float(r["val_loss"]))
+                    for r in records if r.get("val_loss") is not None)
+    points: list[tuple[float, float]] = []
+    due = replicas
+    for updates, time_s, loss in scored:
+        if updates >= due:
+            points.append((time_s, loss))
+            due = (updates // replicas + 1) * replicas
+    if scored and (not points or points[-1] != (scored[-1][1], scored[-1][2])):
+        points.append((scored[-1][1], scored[-1][2]))  # the final model (the last version: every rank scores it)
+    return sorted(points)
 
 
 def balanced_limit(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final_loss: float,
@@ -336,5 +354,5 @@ def with_rows(kinds: str | None) -> tuple[HeteroRow, ...]:
 
 
 __all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "HETERO_CLUSTER_NAME", "KINDS", "HeteroBench", "HeteroResult",
-           "HeteroRow", "balanced_limit", "hetero_config", "row_config", "run_hetero_bench", "score", "train_row",
+           "HeteroRow", "async_points", "balanced_limit", "hetero_config", "row_config", "run_hetero_bench", "score", "train_row",
            "with_rows"]

@@ -35,16 +35,19 @@ def test_adaptive_points_are_timed_at_the_sync_each_rank_reached_after_its_own_s
     assert result.time_to_target(2.5) == pytest.approx(3.2) and result.time_to_target(2.0) is None
 
 
-def test_async_points_are_the_global_models_the_ranks_received_at_the_models_own_time():
-    # rank 0 (fast) scores the models its server sent at 0.9 and 1.9 s; rank 1 (slow, one 0.4 s link away) the model
-    # sent at 1.1 s, which reached it at 1.5 s
+def test_async_points_are_the_first_global_model_of_each_period_s_worth_of_updates_at_the_model_s_time():
+    # two replicas: a point per 2 updates. rank 0 (fast) scores the models its server sent at 0.9 s (1 update),
+    # 1.9 s (3) and 2.5 s (4); rank 1 (slow, a 0.4 s link away) the model sent at 1.1 s (2), which reached it at 1.5 s
     records = [_record(0, 0, 0.0, 1.0, 0.9, 2.6, global_updates=1, global_time_s=0.9),
                _record(0, 1, 1.0, 2.0, 0.9, 2.4, global_updates=3, global_time_s=1.9),
+               _record(0, 2, 2.0, 2.6, 0.5, 2.45, global_updates=4, global_time_s=2.5),
                _record(1, 0, 0.0, 1.5, 1.4, 2.5, global_updates=2, global_time_s=1.1)]
-    result = score(HeteroRow("async", "x"), _cluster(), records, 2.4)
-    assert result.eval_time_s == [0.9, 1.1, 1.9] and result.val_losses == [2.6, 2.5, 2.4]
-    assert result.time_to_target(2.5) == 1.1  # the slow rank's point counts: it scored the global model
-    assert result.inner_steps == {"fast": 2, "slow": 1}
+    result = score(HeteroRow("async", "x"), _cluster(), records, 2.45)
+    # 2 updates: rank 1's point (the slow rank's counts: it scored the global model); 3 updates skipped (the model
+    # with 2 already stood for that period); 4 updates: rank 0's last, also the final model
+    assert result.eval_time_s == [1.1, 2.5] and result.val_losses == [2.5, 2.45]
+    assert result.time_to_target(2.5) == 1.1
+    assert result.inner_steps == {"fast": 3, "slow": 1}
 
 
 def test_limit_row_takes_the_harmonic_mean_of_the_ranks_compute_per_step():
