@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,8 +36,12 @@ import torch
 import torch.distributed as dist
 
 from geotrain.sync.async_server import Reply, Request
-from geotrain.sync.async_timing import POLL_S, ClockBoard, LinkTimer, next_due
+from geotrain.procs.exit import exit_without_teardown
+from geotrain.sync import async_timing
+from geotrain.sync.async_timing import POLL_S, AsyncStall, ClockBoard, LinkTimer, next_due, stall_message
 
+EXIT_STALLED = 1
+"""Exit status of a process whose server stalled on emulated links (async_timing.AsyncStall)."""
 REQUEST_TAG = 41
 REPLY_TAG = 42
 WAIT_SLICE = timedelta(seconds=300)
@@ -189,7 +195,8 @@ class Mailbox:
 
 class ServerThread(threading.Thread):
     """Serve `mailbox`'s requests with `handle(request) -> replies` until `finished()`; a failure is kept
-    in `error` and handed to the local client. On emulated links: in emulated-time order (async_timing), with
+    in `error` and handed to the local client, but a stall on emulated links (async_timing.AsyncStall) ends the
+    process with its message: the training threads it holds are in a collective of their own. On emulated links: in emulated-time order (async_timing), with
     `senders()` the clients that can still send a request, and `publish(horizon_s)` (a region server's) told the
     earliest emulated time this server can still send anything upstream."""
 
@@ -213,6 +220,9 @@ class ServerThread(threading.Thread):
                 self._serve_in_store_order()
             else:
                 self._serve_in_emulated_order()
+        except AsyncStall as exc:  # the training threads are held in a collective of their own: nothing can end it
+            print(f"geotrain: error: {exc}", file=sys.stderr, flush=True)
+            exit_without_teardown(EXIT_STALLED, join_threads=False)
         except BaseException as exc:  # noqa: BLE001 - kept and re-raised in the training thread
             self.error = exc
             self.mailbox.fail(exc)
@@ -235,14 +245,19 @@ class ServerThread(threading.Thread):
         assert timing is not None and timing.server_timer is not None and self.senders is not None
         timer = timing.server_timer
         index, pending, wait_s = 0, [], POLL_S[0]
+        progress_s, last_clocks = time.monotonic(), {}
         while not self.finished():
             while (got := self.mailbox.poll_request(index)) is not None:
                 index += 1
                 pending.append(got)
-                wait_s = POLL_S[0]
+                wait_s, progress_s = POLL_S[0], time.monotonic()
             waiting = {request.client for _, request in pending}
             senders = [c for c in self.senders() if c not in waiting]
             clocks = board.read(senders)
+            if clocks != last_clocks:
+                progress_s, last_clocks = time.monotonic(), clocks
+            elif pending and time.monotonic() - progress_s > async_timing.STALL_S:
+                raise AsyncStall(stall_message(pending, clocks, time.monotonic() - progress_s))
             horizons = [clocks[c] + timer.latency_s(c, self.mailbox.host) for c in senders]
             if self.publish is not None:
                 earliest = min([arrival for arrival, _ in pending] + horizons, default=timer.now_s)
@@ -253,7 +268,7 @@ class ServerThread(threading.Thread):
                     return
                 wait_s = min(2 * wait_s, POLL_S[1])
                 continue
-            wait_s = POLL_S[0]
+            wait_s, progress_s = POLL_S[0], time.monotonic()
             arrival, request = pending.pop(due)
             timer.now_s = max(timer.now_s, arrival)
             self.served_s.append(arrival)

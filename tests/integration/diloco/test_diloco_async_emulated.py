@@ -101,3 +101,39 @@ def test_async_hierarchical_serves_each_level_in_emulated_order(tmp_path):
     # the T4's replica talks to its own region's server in its process: only that server's merges cross to oregon
     merges = ranks[2]["sent"]
     assert merges and all(dst == 0 for dst, *_ in merges) and len(merges) <= t4_pushes + 1
+
+
+_COLLECTIVE_LOOP = """
+import sys
+import torch
+import torch.distributed as dist
+from geotrain.diloco import DiLoCo
+from geotrain.sync import async_timing
+
+async_timing.STALL_S = 2.0
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Linear(64, 1)
+inner = torch.optim.SGD(model.parameters(), lr=0.01)
+with DiLoCo(model, inner, sync_every=2, asynchronous=True) as diloco:
+    while diloco.outer_step < 20:
+        loss = model(torch.randn(32, 64)).pow(2).mean()
+        inner.zero_grad()
+        loss.backward()
+        inner.step()
+        dist.all_reduce(loss.detach())  # a global loss every step: the ranks wait for each other
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_loop_with_its_own_collective_every_step_ends_with_one_line_instead_of_hanging(tmp_path):
+    script = tmp_path / "collective_loop.py"
+    script.write_text(_COLLECTIVE_LOOP)
+    done = subprocess.run([sys.executable, "-m", "geotrain", "emulate", "--cluster", str(MIXED), "--devices", "0,4",
+                           "--time-scale", "0", "--timeout", "90", "--", str(script)], capture_output=True, text=True,
+                          timeout=110, cwd=ROOT)
+    assert done.returncode != 0
+    assert "no request could be served" in done.stderr and "collective across ranks every step" in done.stderr, \
+        done.stderr[-3000:]
