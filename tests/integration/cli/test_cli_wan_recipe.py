@@ -155,7 +155,7 @@ def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_emulated_li
     # synchronous only: the recipe waits for the T4, and per-step DP with speed batch shares beats it
     assert "wan_recipe" not in json.loads(only_sync.stdout) and "batch_shares" in json.loads(only_sync.stdout)
     runs = tmp_path / "runs"
-    trained = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "24",
+    trained = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "12",
                               "--batch-size", "2", "--microbatches", "1", "--emulate-gpu-speed", "--time-scale", "1e-3",
                               "--run-dir", str(runs), "--json"], capture_output=True, text=True, timeout=240)
     assert trained.returncode == 0, trained.stderr[-2000:]
