@@ -210,6 +210,24 @@ def _point(record: dict[str, Any]) -> int:
 def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final_loss: float) -> HeteroResult:
     """Times of the evaluation points, site compute fractions and traffic of a trained row (module doc)."""
     start = min(r["emulated"]["start_s"] for r in records if r["step"] == 0)
+    asynchronous = any("global_updates" in r for r in records)  # the global model after each R updates
+    points = async_points(records, cluster.n_devices, start) if asynchronous else sync_points(records, start)
+    elapsed = max(r["emulated"]["end_s"] for r in records) - start
+    compute: dict[int, float] = defaultdict(float)
+    steps: dict[int, int] = defaultdict(int)
+    for record in records:
+        compute[record["rank"]] += record["compute_s"]
+        steps[record["rank"]] += 1
+    site = {rank: cluster.site_of(rank) for rank in compute}  # one device per rank
+    return HeteroResult(row, [t for t, _ in points], [loss for _, loss in points], final_loss,
+                        float(sum(r["emulated"]["inter_region_bytes"] for r in records)),
+                        {site[rank]: min(1.0, c / elapsed) for rank, c in sorted(compute.items())}, elapsed,
+                        {site[rank]: n for rank, n in sorted(steps.items())})
+
+
+def sync_points(records: list[dict[str, Any]], start: float) -> list[tuple[float, float]]:
+    """A synchronous row's evaluation points (time since `start`, replica 0's loss), one per step or outer sync
+    scored: at the slowest rank's clock at the end of the step the point follows (module doc)."""
     ends: dict[int, float] = defaultdict(float)
     losses: dict[int, float] = {}
     for record in records:
@@ -218,22 +236,7 @@ def score(row: HeteroRow, cluster: Cluster, records: list[dict[str, Any]], final
             ends[key] = max(ends[key], record["emulated"]["end_s"] - start)
             if record["rank"] == 0:
                 losses[key] = float(record["val_loss"])
-    if any("global_updates" in r for r in records):  # asynchronous: the global model after each R updates
-        points = async_points(records, cluster.n_devices, start)
-        ends = dict(enumerate(t for t, _ in points))
-        losses = dict(enumerate(loss for _, loss in points))
-    elapsed = max(r["emulated"]["end_s"] for r in records) - start
-    compute: dict[int, float] = defaultdict(float)
-    steps: dict[int, int] = defaultdict(int)
-    for record in records:
-        compute[record["rank"]] += record["compute_s"]
-        steps[record["rank"]] += 1
-    site = {rank: cluster.site_of(rank) for rank in compute}  # one device per rank
-    keys = sorted(losses)
-    return HeteroResult(row, [ends[k] for k in keys], [losses[k] for k in keys], final_loss,
-                        float(sum(r["emulated"]["inter_region_bytes"] for r in records)),
-                        {site[rank]: min(1.0, c / elapsed) for rank, c in sorted(compute.items())}, elapsed,
-                        {site[rank]: n for rank, n in sorted(steps.items())})
+    return [(ends[key], losses[key]) for key in sorted(losses)]
 
 
 def async_points(records: list[dict[str, Any]], replicas: int, start: float) -> list[tuple[float, float]]:
@@ -354,5 +357,5 @@ def with_rows(kinds: str | None) -> tuple[HeteroRow, ...]:
 
 
 __all__ = ["DEFAULT_ROWS", "HETERO_CLUSTER", "HETERO_CLUSTER_NAME", "KINDS", "HeteroBench", "HeteroResult",
-           "HeteroRow", "async_points", "balanced_limit", "hetero_config", "row_config", "run_hetero_bench", "score", "train_row",
-           "with_rows"]
+           "HeteroRow", "async_points", "balanced_limit", "hetero_config", "row_config", "run_hetero_bench", "score",
+           "train_row", "with_rows"]

@@ -79,4 +79,4 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
     outer = AsyncOuterSync(params, options.sync_every, outer_lr=options.outer_lr,  # type: ignore[arg-type]
                            outer_momentum=options.outer_momentum, regions=regions, budget=budget)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    return AsyncOuterGradientSync(params, adamw, outer, options.total_steps, replicas)
+    return AsyncOuterGradientSync(params, adamw, outer)

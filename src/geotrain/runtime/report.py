@@ -17,7 +17,6 @@ with a single iteration, that one.
 from __future__ import annotations
 
 import math
-
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field

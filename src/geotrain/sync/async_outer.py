@@ -118,6 +118,7 @@ class AsyncOuterSync:
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
         self.params = list(params)
         self.sync_every = sync_every
+        self.budget = budget
         self.rank = dist.get_rank()
         world = dist.get_world_size()
         self.regions = None if regions is None else Regions.of(regions, "asynchronous DiLoCo regions")
@@ -161,7 +162,7 @@ class AsyncOuterSync:
             publish = None
             if self.regions is not None:
                 upstream_timing = None
-                if self.emulation is not None and server_timer is not None:
+                if server_timer is not None:  # emulated links
                     upstream_timing = MailboxTiming(emulating_group(global_group).inner, server_timer,
                                                     LinkTimer.for_server(self.emulation) if self.rank == 0 else None)
                 upstream = Mailbox(store, f"{instance}/global", 0, global_group, numel, self.sent_to, upstream_timing)

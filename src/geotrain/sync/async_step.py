@@ -32,11 +32,14 @@ class AsyncOuterGradientSync(GradientSync):
     """Inner AdamW steps; every H of them an asynchronous outer update (module doc)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-                 outer: AsyncOuterSync, total_steps: int, replicas: int) -> None:
+                 outer: AsyncOuterSync) -> None:
+        if outer.budget is None:
+            raise SyncError("asynchronous outer updates in a run need the run's budget (AsyncOuterSync(budget=))")
         self.params = list(params)
         self.optimizer = optimizer
         self.outer = outer
-        self.target_updates = run_budget(total_steps, outer.sync_every, replicas)
+        self.target_updates = outer.budget
+        """The run's budget (run_budget), which the global model's server also caps its updates at."""
 
     @property
     def done(self) -> bool:

@@ -30,6 +30,7 @@ from typing import Any
 from geotrain.emulate.network import EmulatedNetwork
 from geotrain.emulate.schedule import SenderQueues, Transfer
 from geotrain.emulate.state import EmulationState
+from geotrain.sync.async_server import Request
 from geotrain.sync.base import SyncError
 
 POLL_S = (0.001, 0.032)
@@ -47,12 +48,12 @@ class AsyncStall(SyncError):
     """A server on emulated links can serve nothing: the clocks it waits for have stopped (module doc)."""
 
 
-def stall_message(pending: Sequence[tuple[float, Any]], clocks: dict[int, float], waited_s: float) -> str:
+def stall_message(pending: Sequence[tuple[float, Request]], clocks: dict[int, float], waited_s: float) -> str:
     """What a stalled server says: the earliest pending request, and the clients whose clocks it waits for."""
     arrival, request = min(pending, key=lambda item: item[0])
     behind = {c: t for c, t in clocks.items() if t < arrival}
     return (f"asynchronous DiLoCo on emulated links: for {waited_s:.0f} s no request could be served: the earliest "
-            f"(client {getattr(request, 'client', '?')}'s, arriving at emulated {arrival:.3f} s) waits for the clocks "
+            f"(client {request.client}'s, arriving at emulated {arrival:.3f} s) waits for the clocks "
             f"of client(s) {sorted(behind)} (at {', '.join(f'{t:.3f}' for _, t in sorted(behind.items()))} s), which "
             f"have not moved. A loop that runs its own collective across ranks every step (a global loss all-reduce) "
             f"holds them on the rank waiting for its reply: log each rank's own values instead")

@@ -42,6 +42,9 @@ from geotrain.sync.async_timing import POLL_S, AsyncStall, ClockBoard, LinkTimer
 
 EXIT_STALLED = 1
 """Exit status of a process whose server stalled on emulated links (async_timing.AsyncStall)."""
+HEADER_VALUES = 5
+"""float64 values in a request's header and in a reply's (module doc)."""
+HEADER_BYTES = HEADER_VALUES * 8
 REQUEST_TAG = 41
 REPLY_TAG = 42
 WAIT_SLICE = timedelta(seconds=300)
@@ -121,7 +124,7 @@ class Mailbox:
                 raise got
             return got
         has_gradient = request.gradient is not None
-        nbytes = 5 * 8 + (self.numel * 4 if has_gradient else 0)
+        nbytes = HEADER_BYTES + (self.numel * 4 if has_gradient else 0)
         arrival = 0.0
         if self.timing is not None:
             arrival = (timer or self.timing.client_timer).send(client, self.host, nbytes, send_s)
@@ -132,7 +135,7 @@ class Mailbox:
         if has_gradient:
             self._send(request.gradient.to(torch.float32).contiguous(), self.host, REQUEST_TAG)
         self._count(self.host, nbytes)
-        reply_header = torch.zeros(5, dtype=torch.float64)
+        reply_header = torch.zeros(HEADER_VALUES, dtype=torch.float64)
         self._recv(reply_header, self.host, REPLY_TAG)
         model = torch.empty(self.numel, dtype=torch.float32)
         self._recv(model, self.host, REPLY_TAG)
@@ -165,7 +168,7 @@ class Mailbox:
         client = int(self.server_store.get(key))
         if client == self.host:
             return self.local_requests.get()
-        header = torch.zeros(5, dtype=torch.float64)
+        header = torch.zeros(HEADER_VALUES, dtype=torch.float64)
         self._recv(header, client, REQUEST_TAG)
         base, count, final, has_gradient = (int(v) for v in header[:4])
         gradient = None
@@ -181,7 +184,7 @@ class Mailbox:
         if reply.client == self.host:
             self.local_replies.put((dataclasses.replace(reply, sent_s=sent_s), sent_s))
             return
-        nbytes = 5 * 8 + flat_bytes(reply.model)
+        nbytes = HEADER_BYTES + flat_bytes(reply.model)
         arrival = 0.0 if timer is None else timer.send(self.host, reply.client, nbytes, sent_s)
         header = torch.tensor([reply.version, reply.updates, int(reply.final), arrival, sent_s], dtype=torch.float64)
         self._send(header, reply.client, REPLY_TAG)
@@ -195,10 +198,10 @@ class Mailbox:
 
 class ServerThread(threading.Thread):
     """Serve `mailbox`'s requests with `handle(request) -> replies` until `finished()`; a failure is kept
-    in `error` and handed to the local client, but a stall on emulated links (async_timing.AsyncStall) ends the
-    process with its message: the training threads it holds are in a collective of their own. On emulated links: in emulated-time order (async_timing), with
+    in `error` and handed to the local client. On emulated links: in emulated-time order (async_timing), with
     `senders()` the clients that can still send a request, and `publish(horizon_s)` (a region server's) told the
-    earliest emulated time this server can still send anything upstream."""
+    earliest emulated time this server can still send anything upstream; a stall there (async_timing.AsyncStall)
+    ends the process with its message, as the training threads it holds are in a collective of their own."""
 
     def __init__(self, mailbox: Mailbox, handle: Callable[[Request], list[Reply]],
                  finished: Callable[[], bool], senders: Callable[[], list[int]] | None = None,
