@@ -6,11 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo demo-schedule demo-compress test test-fast venv docs docs-serve clean
 
-$(STAMP): pyproject.toml
+# pyproject.toml declares the ranges geotrain supports; constraints.txt pins this repository's tested
+# environment (torch 2.13.0 CPU, transformers 5.24.0, torchft 0.2.0, ...), so demo and test are reproducible.
+CONSTRAINTS := constraints.txt
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,hf,ft,docs,tensorboard]'
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) torch
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e '.[test,hf,ft,docs,tensorboard]'
 	touch $(STAMP)
 
 venv: $(STAMP)
