@@ -26,6 +26,7 @@ def test_clock_counts_compute_scale_times_the_real_compute_and_links_as_given():
         slept.append(seconds)
         wall[0] += seconds
     clock = RankClock(1.0, wall=lambda: wall[0], sleep=sleep, compute_scale=3.0)
+    clock.start_loop()  # the loop's compute (set-up before it counts at this machine's speed: startup rule tests)
     wall[0] += 0.5  # half a second of real compute on a device 3x slower: 1.5 emulated seconds
     assert clock.now() == pytest.approx(1.5)
     held = clock.hold()
@@ -140,6 +141,7 @@ import json, os, sys, time
 import torch.distributed as dist
 from geotrain.emulate import emulated_clock
 dist.init_process_group("gloo")
+dist.barrier()  # the loop starts: compute counts at the device's speed from here (emulate/clock.py)
 clock = emulated_clock()
 before = clock()
 time.sleep(0.5)  # no compute: half a second of wall time, next to no CPU time
@@ -166,3 +168,55 @@ def test_emulate_compute_clock_counts_wall_or_cpu_seconds(tmp_path, compute_cloc
         assert a100 >= 0.5 and t4 >= 312 / 65 * 0.5
     else:  # a sleeping rank spends no CPU seconds: its emulated clock hardly moves
         assert a100 < 0.25 and t4 < 0.25
+
+
+_SET_UP_SCRIPT = """
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+from geotrain.emulate import emulated_clock
+dist.init_process_group("gloo")
+clock = emulated_clock()
+started = time.process_time()
+while time.process_time() - started < 1.0:  # about a CPU second of set-up before the loop
+    sum(i * i for i in range(10_000))
+set_up = time.process_time() - started
+before_loop = clock()
+t = torch.ones(1000)
+for _ in range(3):  # the loop
+    dist.all_reduce(t)
+a = clock()
+started = time.process_time()
+sum(i * i for i in range(1_000_000))
+busy = time.process_time() - started
+b = clock()
+dist.barrier()
+with open(os.path.join(sys.argv[1], f"set_up{dist.get_rank()}.json"), "w") as handle:
+    json.dump({"set_up": set_up, "before_loop": before_loop, "busy": busy, "busy_emulated": b - a}, handle)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_emulate_counts_set_up_before_the_loop_at_this_machines_speed_and_the_loop_at_the_gpus(tmp_path):
+    import subprocess
+    import sys
+
+    from two_gpus import TWO_GPUS_YAML
+
+    (tmp_path / "cluster.yaml").write_text(TWO_GPUS_YAML)
+    script = tmp_path / "set_up.py"
+    script.write_text(_SET_UP_SCRIPT)
+    subprocess.run([sys.executable, "-m", "geotrain", "emulate", "--cluster", str(tmp_path / "cluster.yaml"),
+                    "--devices", "0,1", "--time-scale", "0", "--emulate-gpu-speed", "--compute-clock", "cpu", "--",
+                    str(script), str(tmp_path)], check=True, timeout=180)
+    a100, t4 = (json.loads((tmp_path / f"set_up{r}.json").read_text()) for r in (0, 1))
+    # CPU seconds since init_process_group, x 1 on both: the T4 rank's set-up is not 4.8 x (the old rule: 4.80 s
+    # emulated for 1.00 s of CPU); the clock also counts the few ms between init and the burn
+    for rank in (a100, t4):
+        assert rank["set_up"] <= rank["before_loop"] < rank["set_up"] + 0.3, rank
+    # in the loop the T4 computes at 312/65 of this machine's time, the A100 at 1 (clock identities: the clock
+    # reads CPU seconds around the measured block)
+    assert t4["busy_emulated"] >= 312 / 65 * t4["busy"] * (1 - 1e-9)
+    assert a100["busy"] <= a100["busy_emulated"] < 2 * a100["busy"]

@@ -85,6 +85,7 @@ class _Emulation:
 def test_under_emulation_the_clock_and_timer_count_the_factor_from_then_on():
     wall = [0.0]
     clock = RankClock(1.0, wall=lambda: wall[0], sleep=lambda s: None, compute_scale=2.0)
+    clock.start_loop()  # in the loop: the device's factor applies (emulate/clock.py)
     timer = ComputeTimer(scale=2.0)
     slow = SlowDown((Slow(0, 3.0, 0.0),), timer, _Emulation(clock))
     wall[0] = 1.0  # one real second at the device's factor 2 before the fault is applied
