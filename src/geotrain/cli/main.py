@@ -74,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     words = sys.argv[1:] if argv is None else argv
     args = build_parser(words).parse_args(words)
+    args.words = tuple(words)  # as typed: `train` repeats them in its resume command after a Ctrl-C
     try:
         code = int(args.handler(args) or 0)
         with writing_stdout():  # what print() left buffered fails here, not in the interpreter's exit

@@ -252,9 +252,12 @@ def run(args: Any) -> int:
             return 0
         report, wall_s = build_report(config, records), None
     else:
-        with out.progress("training", config.run.steps) as progress, watching(config):
-            result = launch(config, progress=progress, rendezvous=rendezvous,
-                            on_start=lambda: open_run_dir(config))
+        try:
+            with out.progress("training", config.run.steps) as progress, watching(config):
+                result = launch(config, progress=progress, rendezvous=rendezvous,
+                                on_start=lambda: open_run_dir(config))
+        except KeyboardInterrupt:
+            return interrupted(args, config)
         report, wall_s = result.report, result.wall_s
         if report is None:  # another host runs rank 0 and prints the results
             node = rendezvous.hosts.node(rendezvous.node)
@@ -284,17 +287,32 @@ def run(args: Any) -> int:
     return 0
 
 
+def interrupted(args: Any, config: Any) -> int:
+    """After a Ctrl-C has stopped the workers: the last checkpoint and the command that resumes from it
+    (stderr); exit status 130, as the shell's for SIGINT."""
+    from geotrain.cli.resume_hint import interrupted_lines
+    from geotrain.procs.supervisor import EXIT_INTERRUPTED
+
+    for line in interrupted_lines(config, getattr(args, "words", ())):
+        print(line, file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
 def say_what_runs(args: Any, config: Any, out: Output) -> None:
     """Before the run: the outer-settings note of a short --sync-every run (stderr), and in text mode one line
     of what runs (sync, codecs, recipe, batch per replica against the plan's job)."""
+    from geotrain.cli.resume_hint import resume_banner
     from geotrain.cli.run_line import outer_settings_note, what_runs
     from geotrain.plan import Plan
 
     note = outer_settings_note(config)
     if note:
         print(note, file=sys.stderr)
+    resumed = resume_banner(config)  # (before any process starts: no checkpoint to resume is one line)
     if not args.json:
         out.text(what_runs(config, Plan.load(args.plan)))
+        if resumed is not None:
+            out.text(resumed)
 
 
 def run_elastic(args: Any, config: Any, out: Output) -> int:
@@ -315,8 +333,11 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
         events.append(line)
         out.stderr.print(f"geotrain: {plain_markup(line)}", soft_wrap=True, highlight=False)
 
-    with out.progress("training (elastic)", config.run.steps) as progress, watching(config):
-        summary = launch_elastic(config, progress=progress, on_event=on_event)
+    try:
+        with out.progress("training (elastic)", config.run.steps) as progress, watching(config):
+            summary = launch_elastic(config, progress=progress, on_event=on_event)
+    except KeyboardInterrupt:
+        return interrupted(args, config)
     if args.json:
         out.emit_json({**summary.to_json(), "config": config.to_json(), "events": events, **run_dir_json(config)})
         return 0

@@ -317,6 +317,39 @@ def prepare_directory(root: str | Path, resume: bool, overwrite: bool, clear: bo
                 entry.unlink(missing_ok=True)
 
 
+def _manifest_format(directory: Path) -> Any:
+    """The "format" of `directory`'s manifest; None when it has none or it cannot be read."""
+    try:
+        with _open_regular(directory / MANIFEST) as handle:
+            raw = handle.read(MAX_MANIFEST_BYTES + 1)
+        manifest = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_MANIFEST_BYTES else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    return manifest.get("format") if isinstance(manifest, dict) else None
+
+
+def prune_checkpoints(root: str | Path, keep: int, protect: tuple[int, ...] = ()) -> list[str]:
+    """Delete the complete checkpoints of `root` (step directories with a manifest of this FORMAT) but the
+    newest `keep` by step; the one `latest` names and the steps in `protect` (the checkpoint a resumed run
+    started from) always stay, and so do incomplete directories and those of another format. Returns the
+    names deleted, oldest first. Rank 0 calls it after each manifest (`keep` >= 1)."""
+    if keep < 1:
+        raise CheckpointError(f"{root}: keep_checkpoints must be at least 1, got {keep}")
+    path = Path(root)
+    complete = sorted(int(match.group(1)) for entry in path.iterdir()
+                      for match in [STEP_NAME.fullmatch(entry.name)]
+                      if match and entry.is_dir() and not entry.is_symlink() and _manifest_format(entry) == FORMAT)
+    try:
+        newest = latest_step(path)
+    except CheckpointError:
+        return []  # no trustworthy pointer: delete nothing
+    kept = set(complete[-keep:]) | set(protect) | {newest}
+    gone = [step for step in complete if step not in kept]
+    for step in gone:
+        shutil.rmtree(step_dir(path, step), ignore_errors=True)
+    return [step_dir(path, step).name for step in gone]
+
+
 def capture_rng() -> dict[str, Any]:
     """Every RNG a worker draws from (torch's default generator; python and numpy for completeness),
     as tensors and primitives (so that a weights_only load restores them)."""

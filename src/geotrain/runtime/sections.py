@@ -307,12 +307,16 @@ class CheckpointSection(Section):
     resume: bool = setting(False, "continue from the newest checkpoint in --checkpoint-dir")
     overwrite: bool = setting(False, "start a new run in a --checkpoint-dir that holds another run's checkpoints, "
                                      "deleting them (its latest pointer and step-* directories)")
+    keep_checkpoints: int = setting(3, "keep the newest N complete checkpoints in --checkpoint-dir: after each new "
+                                       "one, older step-* directories this checkpoint format wrote are deleted "
+                                       "(never the latest one, nor the one a --resume started from)", metavar="N")
 
     def __post_init__(self) -> None:
         self._text("checkpoint_dir", optional=True)
         self._integer("checkpoint_every", 0)
         self._flag("resume")
         self._flag("overwrite")
+        self._integer("keep_checkpoints", 1)
         for key in ("resume", "overwrite"):
             if getattr(self, key) and not self.checkpoint_dir:
                 raise RuntimeConfigError(f"checkpoint.{key}: {key} needs a checkpoint directory")

@@ -289,6 +289,8 @@ class Worker:
         dist.barrier()
         if self.rank == 0:
             ckpt.write_manifest(cfg.checkpoint.checkpoint_dir, completed, cfg.identity(), cfg.world_size)
+            ckpt.prune_checkpoints(cfg.checkpoint.checkpoint_dir, cfg.checkpoint.keep_checkpoints,
+                                   protect=(self.start_step,) if cfg.checkpoint.resume else ())
         return {"path": str(path), "bytes": path.stat().st_size, "seconds": time.perf_counter() - started}
 
     def _load_resume_state(self) -> dict[str, Any]:

@@ -242,7 +242,7 @@ def test_checkpoint_and_resume_events_name_their_steps(tmp_path):
     """A run stopped after 2 of 4 steps (checkpoint every step), then resumed into a second run directory."""
     files = write_job_files(tmp_path)
     common = ["train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0",
-              "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--json"]
+              "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--keep-checkpoints", "4", "--json"]
     geotrain(*common, "--stop-after", "2", "--run-dir", "first", cwd=tmp_path)
     geotrain(*common, "--resume", "--run-dir", "second", cwd=tmp_path)
     first, second = read_lines(tmp_path / "first"), read_lines(tmp_path / "second")

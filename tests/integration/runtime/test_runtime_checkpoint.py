@@ -10,7 +10,9 @@ import errno
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -166,3 +168,45 @@ def test_a_full_disk_during_a_checkpoint_says_no_space_left_and_leaves_no_temp_f
         ckpt.save_shard(tmp_path, 3, 1, {"slot": {"rank": 1}, "x": torch.ones(1000)}, {"seed": 0})
     assert str(info.value).startswith(f"no space left on {ckpt.step_dir(tmp_path, 3)} (writing rank-0001.pt, ")
     assert list(ckpt.step_dir(tmp_path, 3).iterdir()) == []
+
+
+def _complete_steps(directory: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in directory.glob("step-*") if (p / ckpt.MANIFEST).is_file())
+
+
+def test_ctrl_c_names_the_last_checkpoint_and_its_resume_command_which_resumes_saying_so(files, tmp_path):
+    """Ctrl-C of a run checkpointing every step (--keep-checkpoints 2): two lines naming the latest checkpoint
+    and the command that resumes it; that command, run, says in its banner where it resumed, and pruning
+    keeps the checkpoint it resumed from."""
+    from proctree import default_signals
+
+    directory = tmp_path / "ck"
+    words = ["train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"], "--time-scale", "0",
+             "--steps", "5000", "--checkpoint-dir", str(directory), "--checkpoint-every", "1", "--keep-checkpoints", "2"]
+    launcher = subprocess.Popen([*GEOTRAIN, *words], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=default_signals)
+    try:
+        deadline = time.monotonic() + 150
+        while len(_complete_steps(directory)) < 2 or _complete_steps(directory)[-1] < 4:
+            assert launcher.poll() is None and time.monotonic() < deadline, "no 4th checkpoint"
+            time.sleep(0.1)
+        os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C in a terminal
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 130 and "Traceback" not in err, err
+    step = ckpt.latest_step(directory)
+    assert err.strip().splitlines() == [
+        f"geotrain: interrupted; last checkpoint: {ckpt.step_dir(directory, step)} (step {step} of 5000)",
+        f"geotrain: resume with: geotrain {shlex.join(words)} --resume"]
+    kept = _complete_steps(directory)  # the newest 2 (a third when the Ctrl-C fell between a manifest and its pruning)
+    assert step >= 4 and kept[-2:] == [step - 1, step] and len(kept) <= 3, kept
+    resume = shlex.split(err.strip().splitlines()[-1].split(": ", 2)[2])
+    assert resume[0] == "geotrain"
+    resumed = subprocess.run([*GEOTRAIN, *resume[1:], "--stop-after", "2"], capture_output=True, text=True,
+                             timeout=240)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumes from checkpoint {ckpt.step_dir(directory, step)}: step {step} of 5000" in resumed.stdout
+    assert _complete_steps(directory) == [step, step + 1, step + 2]  # the resumed-from one stays

@@ -55,7 +55,7 @@ def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool) -> bool:
 
 
 def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, completed: int, module: torch.nn.Module,
-                          sync: Any, boundaries: Sequence[int]) -> dict[str, Any]:
+                          sync: Any, boundaries: Sequence[int], protect: tuple[int, ...] = ()) -> dict[str, Any]:
     """Stage `stage` of writer group `group`: its shard of the checkpoint after `completed` steps; stage 0
     then the manifest and `latest` (S > 1: once every stage of the group has written its shard, a
     barrier on the group's pipeline group, the process's default group). Returns what its checkpoint event
@@ -80,6 +80,7 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, complet
         written_by = {"elastic_groups": config.replicas, "group": group,
                       "group_batch_size": config.schedule.batch_size}
         ckpt.write_manifest(directory, completed, identity, config.stages, written_by)
+        ckpt.prune_checkpoints(directory, config.checkpoint.keep_checkpoints, protect)  # `protect`: resumed from
     return {"path": str(path), "bytes": path.stat().st_size, "seconds": time.perf_counter() - started}
 
 

@@ -165,11 +165,13 @@ class ElasticGroup:
         self.sync = make_elastic_sync(config.sync_options(stage), self.params, self.exchange,
                                       world_sum_over_replicas(1) if config.stages > 1 else None)
         self.sync.listener = self.observer
+        self.resumed_from: tuple[int, ...] = ()
         if config.checkpoint.resume:  # every group starts at the checkpoint's step; a restarted one heals past it
             assert config.checkpoint.checkpoint_dir is not None
             self.state.step = restore_group_state(load_group_checkpoint(config, stage), self.module, self.sync,
                                                   config.checkpoint.checkpoint_dir)
             self.observer.event("resume", self.state.step)
+            self.resumed_from = (self.state.step,)  # kept on disk by --keep-checkpoints
 
     def _group_store(self) -> Any:
         """The group's own TCPStore: stage 0 hosts a new one and posts its port under this start of the
@@ -357,7 +359,8 @@ class ElasticGroup:
             if checkpoint_due(self.config, step + 1, record["synced"]) and \
                     writes_checkpoint(self.manager.participating_rank()):
                 self.observer.event("checkpoint", step + 1, **save_group_checkpoint(
-                    self.config, self.group, self.stage, step + 1, self.module, self.sync, self.model.boundaries))
+                    self.config, self.group, self.stage, step + 1, self.module, self.sync, self.model.boundaries,
+                    self.resumed_from))
             if self.stage != 0:
                 continue  # stage 0 reports the group's progress and commits (the stages commit together)
             self.store.set(f"step/{self.group}", str(step + 1))
