@@ -26,19 +26,23 @@ from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommS
                                        EmulationSection, ModelSection, OptimSection, ReliabilitySection, RunSection,
                                        RuntimeConfigError, ScheduleSection, Section)
 from geotrain.runtime.training_data import data_identity
-from geotrain.sync import SyncError, SyncOptions
+from geotrain.sync import (ExchangeOptions, HeterogeneityOptions, OuterOptions, StreamingOptions, SyncError,
+                           SyncOptions)
 
 __all__ = ["RuntimeConfig", "RuntimeConfigError", "ModelSection", "OptimSection", "DEFAULT_SEQ_LEN"]
 
 SYNC_OPTION_KEYS = {
-    "codec": "comm.dp_codec", "hierarchical": "comm.dp_hierarchical", "optimizer": "optim.optimizer",
-    "onebit_warmup_steps": "optim.onebit_warmup_steps", "clip_grad_norm": "optim.clip_grad_norm",
-    "sync_every": "optim.sync_every", "fragments": "optim.fragments", "delay": "optim.sync_delay",
-    "mix": "optim.sync_mix", "landing": "optim.sync_landing", "warmup": "optim.sync_warmup",
-    "sync_moments": "optim.sync_moments", "moment_syncs": "optim.moment_syncs", "local_steps": "optim.local_steps",
-    "outer_sync": "optim.outer_sync",
+    "exchange.codec": "comm.dp_codec", "exchange.hierarchical": "comm.dp_hierarchical",
+    "optimizer": "optim.optimizer", "onebit_warmup_steps": "optim.onebit_warmup_steps",
+    "clip_grad_norm": "optim.clip_grad_norm", "outer.sync_every": "optim.sync_every",
+    "outer.sync_moments": "optim.sync_moments", "outer.moment_syncs": "optim.moment_syncs",
+    "streaming.fragments": "optim.fragments", "streaming.fragment_split": "optim.fragment_split",
+    "streaming.delay": "optim.sync_delay", "streaming.mix": "optim.sync_mix", "streaming.landing": "optim.sync_landing",
+    "streaming.warmup": "optim.sync_warmup", "heterogeneity.local_steps": "optim.local_steps",
+    "heterogeneity.outer_sync": "optim.outer_sync",
 }
-"""SyncOptions field -> the config key it comes from (RuntimeConfig.sync_options), to name it in errors."""
+"""SyncOptions field (dotted through its section, SyncError.fields) -> the config key it comes from
+(RuntimeConfig.sync_options), to name it in errors."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,16 +171,20 @@ class RuntimeConfig:
         """`stage`'s gradient-sync options (geotrain.sync): the one place that maps the run's settings
         onto them. SyncError for a combination no sync implements."""
         optim, comm = self.optim, self.comm
-        return SyncOptions(codec=comm.stage_dp_codec(stage), optimizer=optim.optimizer, lr=optim.lr,
-                           total_steps=self.run.steps, error_feedback=comm.error_feedback,
-                           onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
-                           sync_every=optim.sync_every, outer_lr=optim.outer_lr, outer_momentum=optim.outer_momentum,
-                           hierarchical=comm.dp_hierarchical, fragments=optim.fragments,
-                           fragment_split=optim.fragment_split, delay=optim.sync_delay,
-                           mix=optim.sync_mix, landing=optim.sync_landing, warmup=optim.sync_warmup,
-                           sync_moments=optim.sync_moments, moment_syncs=optim.moment_syncs,
-                           local_steps=optim.local_steps, local_steps_prior_s=self._step_prior_s(stage),
-                           outer_sync=optim.outer_sync)
+        return SyncOptions(
+            ExchangeOptions(codec=comm.stage_dp_codec(stage), error_feedback=comm.error_feedback,
+                            hierarchical=comm.dp_hierarchical),
+            optimizer=optim.optimizer, lr=optim.lr, total_steps=self.run.steps,
+            onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
+            outer=OuterOptions(sync_every=optim.sync_every, outer_lr=optim.outer_lr,
+                               outer_momentum=optim.outer_momentum, sync_moments=optim.sync_moments,
+                               moment_syncs=optim.moment_syncs),
+            streaming=StreamingOptions(fragments=optim.fragments, fragment_split=optim.fragment_split,
+                                       delay=optim.sync_delay, mix=optim.sync_mix, landing=optim.sync_landing,
+                                       warmup=optim.sync_warmup),
+            heterogeneity=HeterogeneityOptions(local_steps=optim.local_steps,
+                                               local_steps_prior_s=self._step_prior_s(stage),
+                                               outer_sync=optim.outer_sync))
 
     def _step_prior_s(self, stage: int) -> tuple[float, ...] | None:
         """Adaptive local steps: 1 / peak FLOP/s of each replica's device at `stage` (replica order), the first

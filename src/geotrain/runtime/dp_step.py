@@ -50,7 +50,7 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
     `cluster`: its links choose the gathered exchanges' algorithm (geotrain.comm.gather; None: ring)."""
     layout = transport.layout
     s = layout.slot(rank).stage
-    if options.outer_sync != "sync":
+    if options.heterogeneity.outer_sync != "sync":
         return _async_gradient_sync(options, stage, layout, cluster, replicas)
     devices = tuple(layout.dp_group_devices(s))
     links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
@@ -69,14 +69,14 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
 
     params = [p for p in stage.parameters() if p.requires_grad]
     regions = None
-    if options.outer_sync == "async-hierarchical":
+    if options.heterogeneity.outer_sync == "async-hierarchical":
         if cluster is None:
             raise SyncError("--outer-sync async-hierarchical needs the cluster's regions")
         ranks = layout.dp_group_ranks(0)
         found = regions_of_devices(ranks, layout.dp_group_devices(0), cluster.region_of)
         regions = sorted((sorted(region) for region in found.members), key=lambda region: region[0])
-    budget = run_budget(options.total_steps, options.sync_every, replicas)  # type: ignore[arg-type]
-    outer = AsyncOuterSync(params, options.sync_every, outer_lr=options.outer_lr,  # type: ignore[arg-type]
-                           outer_momentum=options.outer_momentum, regions=regions, budget=budget)
+    budget = run_budget(options.total_steps, options.outer.sync_every, replicas)  # type: ignore[arg-type]
+    outer = AsyncOuterSync(params, options.outer.sync_every, outer_lr=options.outer.outer_lr,  # type: ignore[arg-type]
+                           outer_momentum=options.outer.outer_momentum, regions=regions, budget=budget)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     return AsyncOuterGradientSync(params, adamw, outer)

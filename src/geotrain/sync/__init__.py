@@ -8,7 +8,8 @@ from geotrain.sync.exchange import DirectTransport, StageExchange, timed_collect
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY, make_gradient_sync
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.onebit import OneBitAdamSync
-from geotrain.sync.options import DPGroup, SyncOptions
+from geotrain.sync.options import (DPGroup, ExchangeOptions, HeterogeneityOptions, OuterOptions, StreamingOptions,
+                                   SyncOptions)
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
 from geotrain.sync.streaming import StreamingOuterSync, fragment_due, split_fragments
@@ -19,12 +20,16 @@ __all__ = [
     "DPGroup",
     "DelayedPerStepSync",
     "DirectTransport",
+    "ExchangeOptions",
     "GradientSync",
+    "HeterogeneityOptions",
     "HierarchicalGradientExchange",
     "OneBitAdamSync",
+    "OuterOptions",
     "OuterSync",
     "PerStepSync",
     "StageExchange",
+    "StreamingOptions",
     "StreamingOuterSync",
     "SyncError",
     "SyncOptions",

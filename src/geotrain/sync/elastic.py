@@ -117,7 +117,7 @@ def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter]
     local (the process holds the whole model)."""
     params = list(params)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    if options.sync_every is None:
+    if options.outer.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
-    outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
+    outer = OuterStep(params, options.outer.sync_every, options.outer.outer_lr, options.outer.outer_momentum)
     return OuterSync(params, adamw, outer, exchange, options.total_steps)

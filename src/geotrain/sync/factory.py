@@ -33,7 +33,7 @@ from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.moments import MomentTensors, moment_parts
 from geotrain.sync.onebit import OneBitAdamSync
-from geotrain.sync.options import DPGroup, SyncOptions
+from geotrain.sync.options import DPGroup, ExchangeOptions, SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
 from geotrain.sync.streaming import StreamingOuterSync
@@ -48,9 +48,9 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                        sum_squares: Callable[[float], float] | None = None) -> GradientSync:
     """The sync of the module doc for the parameters `named_params` of this rank (global `rank`) in `group`.
     `sum_squares`: this rank's sum of squared gradients -> the global one (for clipping; None: local)."""
-    if options.hierarchical != (group.hierarchy is not None):
-        raise SyncError(f"make_gradient_sync: options.hierarchical is {options.hierarchical} but the DP group "
-                        f"{'has' if group.hierarchy is not None else 'has no'} region hierarchy")
+    if options.exchange.hierarchical != (group.hierarchy is not None):
+        raise SyncError(f"make_gradient_sync: options.exchange.hierarchical is {options.exchange.hierarchical} but "
+                        f"the DP group {'has' if group.hierarchy is not None else 'has no'} region hierarchy")
     named_params = list(named_params)
     params = [p for _, p in named_params]
     devices = list(group.devices)
@@ -61,37 +61,39 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                warmup_steps=options.onebit_warmup_steps, collective=collective,
                                max_grad_norm=options.clip_grad_norm, norm_sum_squares=sum_squares)
         return OneBitAdamSync(params, optimizer, collective, options.clip_grad_norm, pause)
-    exchange = _exchange(options, named_params, transport, group, rank)
+    codec = options.exchange
+    exchange = _exchange(codec, named_params, transport, group, rank)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    if options.sync_every is None and options.delay > 0:
-        return DelayedPerStepSync(params, exchange, adamw, options.delay, options.total_steps,  # type: ignore[arg-type]
+    outer, streaming = options.outer, options.streaming
+    if outer.sync_every is None and streaming.delay > 0:
+        return DelayedPerStepSync(params, exchange, adamw, streaming.delay, options.total_steps,
                                   options.clip_grad_norm, sum_squares)
-    if options.sync_every is None:
+    if outer.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
-    if options.local_steps == "adaptive":  # (flat, one fragment: SyncOptions refused the rest)
+    if options.heterogeneity.local_steps == "adaptive":  # (flat, one fragment: SyncOptions refused the rest)
         replicas = len(group.ranks)
         gather = gather_floats(group.handle, lambda wait: transport.collective(group.handle, devices, 8, wait,
                                                                                posted=True), group.links)
-        return AdaptiveOuterSync(named_params, adamw,
-                                 lambda shadows: _exchange(options, shadows, transport, group, rank),
-                                 options.sync_every, options.outer_lr, options.outer_momentum, gather,
-                                 group.ranks.index(rank), replicas, prior_step_s=options.local_steps_prior_s,
-                                 delay=options.delay, landing=options.landing, mix=options.mix,
-                                 warmup=options.warmup, periods=-(-options.total_steps // options.sync_every))
-    if options.fragments > 1 or options.delay > 0 or options.sync_moments:  # (warmup only matters with a delay)
+        return AdaptiveOuterSync(named_params, adamw, lambda shadows: _exchange(codec, shadows, transport, group, rank),
+                                 outer.sync_every, outer.outer_lr, outer.outer_momentum, gather,
+                                 group.ranks.index(rank), replicas,
+                                 prior_step_s=options.heterogeneity.local_steps_prior_s, delay=streaming.delay,
+                                 landing=streaming.landing, mix=streaming.mix, warmup=streaming.warmup,
+                                 periods=-(-options.total_steps // outer.sync_every))
+    if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments:  # (warmup only matters with a delay)
         return StreamingOuterSync(named_params, adamw,
-                                  lambda shadows, moments=None: _exchange(options, shadows, transport, group,
+                                  lambda shadows, moments=None: _exchange(codec, shadows, transport, group,
                                                                           rank, moments),
-                                  options.sync_every, options.fragments, options.delay, options.mix,
-                                  options.outer_lr, options.outer_momentum, options.total_steps,
-                                  _region_exchange(named_params, transport, group, rank), options.landing,
-                                  options.warmup, options.sync_moments, options.moment_syncs, options.fragment_split)
-    outer = OuterStep(params, options.sync_every, options.outer_lr, options.outer_momentum)
-    return OuterSync(params, adamw, outer, exchange, options.total_steps,
+                                  outer.sync_every, streaming.fragments, streaming.delay, streaming.mix,
+                                  outer.outer_lr, outer.outer_momentum, options.total_steps,
+                                  _region_exchange(named_params, transport, group, rank), streaming.landing,
+                                  streaming.warmup, outer.sync_moments, outer.moment_syncs, streaming.fragment_split)
+    step = OuterStep(params, outer.sync_every, outer.outer_lr, outer.outer_momentum)
+    return OuterSync(params, adamw, step, exchange, options.total_steps,
                      _region_exchange(named_params, transport, group, rank))
 
 
-def _exchange(options: SyncOptions, named_params: list[tuple[str, torch.nn.Parameter]],
+def _exchange(options: ExchangeOptions, named_params: list[tuple[str, torch.nn.Parameter]],
               transport: CollectiveTransport, group: DPGroup, rank: int,
               moments: MomentTensors | None = None) -> DPExchange:
     """The DP exchange of `named_params` through the options' codec; `moments` (moment sync) travel beside

@@ -1,10 +1,18 @@
 """What picks and configures a gradient sync: `SyncOptions` (typed, checked where built) and the DP
-group it runs on (`DPGroup`). Each bad value or combination is refused in one line naming it."""
+group it runs on (`DPGroup`). Each bad value or combination is refused in one line naming it.
+
+`SyncOptions` holds the optimizer and the run's steps, and composes four sections, each checking its own
+fields: `ExchangeOptions` (the DP exchange's codec), `OuterOptions` (the outer step: DiLoCo's period H),
+`StreamingOptions` (Streaming DiLoCo's fragments and overlap) and `HeterogeneityOptions` (per-replica local
+steps, asynchronous outer updates). The rules between sections live in `SyncOptions`; a combination error
+carries the dotted fields it is about (`SyncError.fields`, e.g. "outer.sync_every"), which the runtime
+config maps to its keys. `SyncOptions.of(codec=..., sync_every=..., ...)` builds one from flat names.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from geotrain.codecs import CodecError, CodecSpec
@@ -13,184 +21,298 @@ from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
-from geotrain.sync.adaptive import check_adaptive_settings
+from geotrain.sync.adaptive import LOCAL_STEPS, check_adaptive_settings
+from geotrain.sync.async_outer import OUTER_SYNCS
 from geotrain.sync.base import SyncError
 from geotrain.sync.streaming import FRAGMENT_SPLITS
 
 
 @dataclass(frozen=True)
-class SyncOptions:
-    """The options of one stage's gradient synchronisation.
+class ExchangeOptions:
+    """What travels between the replicas of a stage.
 
     codec: the DP exchange's codec / reducer spec (a string is parsed once, here).
     error_feedback: keep the residuals of what the codec dropped.
-    optimizer: "adamw" or "onebit-adam" (1-bit Adam does its own DP communication: codec none).
-    lr: the optimizer's learning rate (the schedule's peak; set per step with GradientSync.set_lr).
-    total_steps: the run's steps (an outer period also ends at the last step).
-    onebit_warmup_steps: 1-bit Adam's full-precision warm-up, in steps (onebit-adam only).
-    clip_grad_norm: the global gradient norm clip (None: no clipping; not with sync_every).
-    sync_every: H, the local-SGD / DiLoCo outer period in steps (None: every step's gradients).
-    delay: tau, steps an exchange travels while compute goes on: without sync_every every step's gradients
-        are applied tau steps after they were computed (geotrain.sync.delayed; 0: blocking, PerStepSync);
-        with it, Streaming DiLoCo's delay (below).
-    outer_lr, outer_momentum: the outer Nesterov SGD's (sync_every only).
     hierarchical: full precision inside regions, the codec between them (geotrain.comm.hierarchical).
-    fragments, delay, mix: Streaming DiLoCo (sync_every; geotrain.sync.streaming): P fragments
-        synced at staggered offsets, each landing `delay` steps after it starts, mixed in with `mix`.
-    fragment_split: how the fragments are cut (geotrain.sync.streaming.FRAGMENT_SPLITS): "layers" between
-        tensors, "bytes" at equal bytes (splitting the tensors the cuts fall in).
-    landing: how a late sync lands (geotrain.optim.outer.LANDINGS): "mix" (with `mix`) or "eager" (the local
-        outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
-    warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
-    sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
-    local_steps: "equal" (H inner steps per outer period on every replica) or "adaptive" (H_r by measured
-        speed, the outer mean weighted by steps: geotrain.sync.adaptive; one fragment, flat DiLoCo only).
-    local_steps_prior_s: adaptive: relative seconds per step of each DP member (group order) before any is
-        measured, which share out the first period (None: H each).
-    moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
-        the later ones send the outer gradients alone (None: every sync).
-    outer_sync: "sync", or "async" / "async-hierarchical" (sync_every; geotrain.sync.async_outer).
     """
 
     codec: CodecSpec
-    optimizer: str
-    lr: float
-    total_steps: int
     error_feedback: bool = True
-    onebit_warmup_steps: int | None = None
-    clip_grad_norm: float | None = None
-    sync_every: int | None = None
-    outer_lr: float = DILOCO_LR
-    outer_momentum: float = DILOCO_MOMENTUM
     hierarchical: bool = False
-    fragments: int = 1
-    fragment_split: str = "layers"
-    delay: int = 0
-    mix: float = 0.0
-    landing: str = "mix"
-    warmup: int = 0
-    sync_moments: bool = False
-    moment_syncs: int | None = None
-    local_steps: str = "equal"
-    local_steps_prior_s: tuple[float, ...] | None = None
-    outer_sync: str = "sync"
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "codec", CodecSpec.parse(self.codec))
             check_reducer_spec(self.codec)
         except CodecError as exc:
-            raise SyncError(f"SyncOptions.codec {str(self.codec)!r}: {exc}") from None
+            raise SyncError(f"ExchangeOptions.codec {str(self.codec)!r}: {exc}") from None
+        _booleans(self, "error_feedback", "hierarchical")
+
+
+@dataclass(frozen=True)
+class OuterOptions:
+    """The outer step (local SGD / DiLoCo); all unset: every step's gradients are exchanged.
+
+    sync_every: H, the outer period in steps (None: no outer step).
+    outer_lr, outer_momentum: the outer Nesterov SGD's (checked with sync_every).
+    sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
+    moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
+        the later ones send the outer gradients alone (None: every sync).
+    """
+
+    sync_every: int | None = None
+    outer_lr: float = DILOCO_LR
+    outer_momentum: float = DILOCO_MOMENTUM
+    sync_moments: bool = False
+    moment_syncs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.sync_every is not None:
+            try:
+                check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "OuterOptions")
+            except OuterStepError as exc:
+                raise SyncError(str(exc)) from None
+        _booleans(self, "sync_moments")
+        if self.moment_syncs is not None:
+            if not _integer(self.moment_syncs) or self.moment_syncs < 1:
+                raise SyncError(f"OuterOptions.moment_syncs must be an integer >= 1 (None: every outer sync), got "
+                                f"{self.moment_syncs!r}")
+            if not self.sync_moments:
+                raise SyncError("OuterOptions: moment_syncs says how many outer syncs carry the moments: it needs "
+                                "sync_moments", ("outer.moment_syncs", "outer.sync_moments"))
+
+
+@dataclass(frozen=True)
+class StreamingOptions:
+    """Streaming DiLoCo (with sync_every; geotrain.sync.streaming), and the delay of delayed gradients.
+
+    fragments: P fragments synced at staggered offsets within the outer period.
+    fragment_split: how the fragments are cut (FRAGMENT_SPLITS): "layers" between tensors, "bytes" at equal
+        bytes (splitting the tensors the cuts fall in).
+    delay: tau, steps an exchange travels while compute goes on: with sync_every each fragment's sync lands
+        `delay` steps after it starts; without it every step's gradients are applied tau steps after they were
+        computed (geotrain.sync.delayed; 0: blocking).
+    mix: the mix landing's alpha in [0, 1] (a late sync's mean mixed with the local progress).
+    landing: how a late sync lands (geotrain.optim.outer.LANDINGS): "mix" (with `mix`) or "eager" (the local
+        outer gradient applied at the start as the mean's proxy, the correction when the mean lands).
+    warmup: syncs started before this step block (tau 0): the overlap starts after the outer warm-up.
+    The bounds that depend on H or the run's steps (fragments <= H, delay < H) are SyncOptions'.
+    """
+
+    fragments: int = 1
+    fragment_split: str = "layers"
+    delay: int = 0
+    mix: float = 0.0
+    landing: str = "mix"
+    warmup: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("fragments", "delay"):
+            if not _integer(getattr(self, name)):
+                raise SyncError(f"StreamingOptions.{name} must be an integer, got {getattr(self, name)!r}")
+        if isinstance(self.mix, bool) or not isinstance(self.mix, int | float) or not 0.0 <= self.mix <= 1.0:
+            raise SyncError(f"StreamingOptions.mix must be a number in [0, 1], got {self.mix!r}")
+        if not _integer(self.warmup) or self.warmup < 0:
+            raise SyncError(f"StreamingOptions.warmup must be an integer >= 0, got {self.warmup!r}")
+        if self.fragment_split not in FRAGMENT_SPLITS:
+            raise SyncError(f"StreamingOptions.fragment_split must be one of {', '.join(FRAGMENT_SPLITS)}, got "
+                            f"{self.fragment_split!r}")
+        if self.landing not in LANDINGS:
+            raise SyncError(f"StreamingOptions.landing must be one of {', '.join(LANDINGS)}, got {self.landing!r}")
+        if self.landing == "eager" and self.mix != 0:
+            raise SyncError(f"StreamingOptions: mix {self.mix!r} is the mix landing's alpha; eager landing keeps the "
+                            f"local progress itself: leave mix 0", ("streaming.landing", "streaming.mix"))
+
+    @property
+    def is_blocking_diloco(self) -> bool:
+        """Whether every setting but the delay is the default (plain DiLoCo's one blocking fragment)."""
+        return (self.fragments, self.fragment_split, self.mix, self.landing, self.warmup) == (1, "layers", 0.0,
+                                                                                              "mix", 0)
+
+
+@dataclass(frozen=True)
+class HeterogeneityOptions:
+    """Replicas of different speeds (with sync_every).
+
+    local_steps: "equal" (H inner steps per outer period on every replica) or "adaptive" (H_r by measured
+        speed, the outer mean weighted by steps: geotrain.sync.adaptive; one fragment, flat DiLoCo only).
+    local_steps_prior_s: adaptive: relative seconds per step of each DP member (group order) before any is
+        measured, which share out the first period (None: H each).
+    outer_sync: "sync", or "async" / "async-hierarchical" (geotrain.sync.async_outer; OUTER_SYNCS).
+    """
+
+    local_steps: str = "equal"
+    local_steps_prior_s: tuple[float, ...] | None = None
+    outer_sync: str = "sync"
+
+    def __post_init__(self) -> None:
+        if self.local_steps not in LOCAL_STEPS:
+            raise SyncError(f"HeterogeneityOptions.local_steps must be one of {', '.join(LOCAL_STEPS)}, got "
+                            f"{self.local_steps!r}")
+        prior = self.local_steps_prior_s
+        if prior is not None and (not isinstance(prior, tuple) or not all(
+                not isinstance(s, bool) and isinstance(s, int | float) and math.isfinite(s) and s > 0 for s in prior)):
+            raise SyncError(f"HeterogeneityOptions.local_steps_prior_s must be a tuple of finite seconds > 0 "
+                            f"(or None), got {prior!r}")
+        if self.outer_sync not in OUTER_SYNCS:
+            raise SyncError(f"HeterogeneityOptions.outer_sync must be one of {', '.join(OUTER_SYNCS)}, got "
+                            f"{self.outer_sync!r}")
+
+
+SECTIONS = {"exchange": ExchangeOptions, "outer": OuterOptions, "streaming": StreamingOptions,
+            "heterogeneity": HeterogeneityOptions}
+"""SyncOptions' section attributes and their types (their field names are unique across sections)."""
+
+
+@dataclass(frozen=True)
+class SyncOptions:
+    """The options of one stage's gradient synchronisation: the optimizer, the run's steps and the sections.
+
+    exchange: the DP exchange (ExchangeOptions: codec, error feedback, hierarchical).
+    optimizer: "adamw" or "onebit-adam" (1-bit Adam does its own DP communication: codec none).
+    lr: the optimizer's learning rate (the schedule's peak; set per step with GradientSync.set_lr).
+    total_steps: the run's steps (an outer period also ends at the last step).
+    onebit_warmup_steps: 1-bit Adam's full-precision warm-up, in steps (onebit-adam only).
+    clip_grad_norm: the global gradient norm clip (None: no clipping; not with sync_every).
+    outer, streaming, heterogeneity: OuterOptions, StreamingOptions, HeterogeneityOptions (defaults: none of
+        them in use, every step's gradients exchanged).
+    """
+
+    exchange: ExchangeOptions
+    optimizer: str
+    lr: float
+    total_steps: int
+    onebit_warmup_steps: int | None = None
+    clip_grad_norm: float | None = None
+    outer: OuterOptions = field(default_factory=OuterOptions)
+    streaming: StreamingOptions = field(default_factory=StreamingOptions)
+    heterogeneity: HeterogeneityOptions = field(default_factory=HeterogeneityOptions)
+
+    @classmethod
+    def of(cls, *, codec: Any, optimizer: str, lr: float, total_steps: int, **settings: Any) -> SyncOptions:
+        """Options from flat names: `codec` and each section field by its own name (sync_every=4, fragments=2,
+        delay=1, ...), the rest defaulted. SyncError for a name no section has."""
+        top = {name: settings.pop(name) for name in ("onebit_warmup_steps", "clip_grad_norm") if name in settings}
+        sections = {}
+        for attribute, section in SECTIONS.items():
+            own = {f.name: settings.pop(f.name) for f in fields(section) if f.name in settings}
+            sections[attribute] = section(codec, **own) if section is ExchangeOptions else section(**own)
+        if settings:
+            raise SyncError(f"SyncOptions.of: unknown option(s) {', '.join(sorted(settings))}")
+        return cls(optimizer=optimizer, lr=lr, total_steps=total_steps, **top, **sections)
+
+    def __post_init__(self) -> None:
+        for attribute, section in SECTIONS.items():
+            if not isinstance(getattr(self, attribute), section):
+                raise SyncError(f"SyncOptions.{attribute} must be an instance of {section.__name__}, got "
+                                f"{getattr(self, attribute)!r}")
         if self.optimizer not in RUNTIME_OPTIMIZERS:
             raise SyncError(f"SyncOptions.optimizer must be one of {', '.join(RUNTIME_OPTIMIZERS)}, "
                             f"got {self.optimizer!r}")
         _positive("lr", self.lr)
-        if isinstance(self.total_steps, bool) or not isinstance(self.total_steps, int) or self.total_steps < 1:
+        if not _integer(self.total_steps) or self.total_steps < 1:
             raise SyncError(f"SyncOptions.total_steps must be an integer >= 1, got {self.total_steps!r}")
-        for name in ("error_feedback", "hierarchical", "sync_moments"):
-            if not isinstance(getattr(self, name), bool):
-                raise SyncError(f"SyncOptions.{name} must be true or false, got {getattr(self, name)!r}")
         if self.clip_grad_norm is not None:
             _positive("clip_grad_norm", self.clip_grad_norm)
-        self._check_combinations()
+        self._check_optimizer()
+        self._check_moments()
+        if self.outer.sync_every is None:
+            self._check_per_step()
+        else:
+            self._check_outer()
 
-    def _check_combinations(self) -> None:
+    def _check_optimizer(self) -> None:
+        exchange = self.exchange
         if self.optimizer == "onebit-adam":
-            if not self.codec.is_uncompressed:
+            if not exchange.codec.is_uncompressed:
                 raise SyncError(f"SyncOptions: optimizer onebit-adam does its own data-parallel communication; "
-                                f"codec must be none, got {str(self.codec)!r}", ("optimizer", "codec"))
-            if self.hierarchical:
+                                f"codec must be none, got {str(exchange.codec)!r}", ("optimizer", "exchange.codec"))
+            if exchange.hierarchical:
                 raise SyncError("SyncOptions: hierarchical with onebit-adam is not supported (1-bit Adam between "
-                                "regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)", ("hierarchical", "optimizer"))
+                                "regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)",
+                                ("exchange.hierarchical", "optimizer"))
             if self.onebit_warmup_steps is None:
                 raise SyncError("SyncOptions: optimizer onebit-adam needs onebit_warmup_steps (an integer >= 1)",
                                 ("optimizer", "onebit_warmup_steps"))
-        if self.hierarchical and not reducer_traits(self.codec).hierarchical:
-            raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {self.codec.name} is "
-                            f"its own exchange", ("hierarchical", "codec"))
-        streaming = (self.fragments, self.fragment_split, self.mix, self.landing, self.warmup)
-        if self.sync_every is None and streaming != (1, "layers", 0.0, "mix", 0):
-            raise SyncError(f"SyncOptions: fragments {self.fragments!r}, fragment_split {self.fragment_split!r}, mix "
-                            f"{self.mix!r}, landing {self.landing!r} and warmup {self.warmup!r} are Streaming "
-                            f"DiLoCo's: they need sync_every",
-                            ("fragments", "fragment_split", "mix", "landing", "warmup", "sync_every"))
-        if self.moment_syncs is not None:
-            if isinstance(self.moment_syncs, bool) or not isinstance(self.moment_syncs, int) or self.moment_syncs < 1:
-                raise SyncError(f"SyncOptions.moment_syncs must be an integer >= 1 (None: every outer sync), got "
-                                f"{self.moment_syncs!r}")
-            if not self.sync_moments:
-                raise SyncError("SyncOptions: moment_syncs says how many outer syncs carry the moments: it needs "
-                                "sync_moments", ("moment_syncs", "sync_moments"))
-        if self.local_steps != "equal" and self.sync_every is None:
-            raise SyncError(f"SyncOptions: local_steps {self.local_steps!r} shares an outer period's inner steps: it "
-                            f"needs sync_every", ("local_steps", "sync_every"))
-        if self.sync_moments and self.sync_every is None:
+        if exchange.hierarchical and not reducer_traits(exchange.codec).hierarchical:
+            raise SyncError(f"SyncOptions: hierarchical takes a codec of geotrain.codecs; {exchange.codec.name} is "
+                            f"its own exchange", ("exchange.hierarchical", "exchange.codec"))
+
+    def _check_moments(self) -> None:
+        if not self.outer.sync_moments:
+            return
+        if self.outer.sync_every is None:
             raise SyncError("SyncOptions: sync_moments averages the inner optimizer's moments at each outer sync: "
-                            "it needs sync_every", ("sync_moments", "sync_every"))
-        if self.sync_moments and self.hierarchical:
+                            "it needs sync_every", ("outer.sync_moments", "outer.sync_every"))
+        if self.exchange.hierarchical:
             raise SyncError("SyncOptions: sync_moments with hierarchical is not supported (the moments travel in "
-                            "the flat exchange's collective)", ("sync_moments", "hierarchical"))
-        if self.sync_moments and not reducer_traits(self.codec).hierarchical:
+                            "the flat exchange's collective)", ("outer.sync_moments", "exchange.hierarchical"))
+        if not reducer_traits(self.exchange.codec).hierarchical:
             raise SyncError(f"SyncOptions: sync_moments sends the moments beside the outer gradients through a codec "
-                            f"of geotrain.codecs; {self.codec.name} is its own exchange", ("sync_moments", "codec"))
-        if self.sync_every is None:
-            self._check_delayed_gradients()
-        if self.sync_every is not None:
-            try:
-                check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "SyncOptions")
-            except OuterStepError as exc:
-                raise SyncError(str(exc)) from None
-            if self.optimizer != "adamw":
-                raise SyncError(f"SyncOptions: sync_every (local SGD) runs AdamW inside each replica; optimizer "
-                                f"must be adamw, got {self.optimizer!r}", ("sync_every", "optimizer"))
-            self._check_streaming()
-            try:
-                check_adaptive_settings(self.local_steps, fragments=self.fragments,
-                                        sync_moments=self.sync_moments, hierarchical=self.hierarchical,
-                                        who="SyncOptions: local_steps")
-            except SyncError as exc:
-                raise SyncError(str(exc), ("local_steps",)) from None
-            if self.clip_grad_norm is not None:
-                raise SyncError(f"SyncOptions: sync_every (local SGD): replicas do not exchange gradients, so the "
-                                f"global clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset",
-                                ("sync_every", "clip_grad_norm"))
+                            f"of geotrain.codecs; {self.exchange.codec.name} is its own exchange",
+                            ("outer.sync_moments", "exchange.codec"))
 
+    def _check_per_step(self) -> None:
+        """No sync_every: the streaming and heterogeneity settings but the delay are refused; a delay is delayed
+        gradients (every step's gradients applied `delay` steps later, geotrain.sync.delayed)."""
+        streaming = self.streaming
+        if not streaming.is_blocking_diloco:
+            raise SyncError(f"SyncOptions: fragments {streaming.fragments!r}, fragment_split "
+                            f"{streaming.fragment_split!r}, mix {streaming.mix!r}, landing {streaming.landing!r} and "
+                            f"warmup {streaming.warmup!r} are Streaming DiLoCo's: they need sync_every",
+                            ("streaming.fragments", "streaming.fragment_split", "streaming.mix", "streaming.landing",
+                             "streaming.warmup", "outer.sync_every"))
+        if self.heterogeneity.local_steps != "equal":
+            raise SyncError(f"SyncOptions: local_steps {self.heterogeneity.local_steps!r} shares an outer period's "
+                            f"inner steps: it needs sync_every", ("heterogeneity.local_steps", "outer.sync_every"))
+        if not 0 <= streaming.delay < self.total_steps:
+            raise SyncError(f"StreamingOptions.delay (steps between a gradient and its update) must be an integer in "
+                            f"0..{self.total_steps - 1} (below total_steps), got {streaming.delay!r}",
+                            ("streaming.delay",))
+        if streaming.delay > 0 and self.optimizer != "adamw":
+            raise SyncError(f"SyncOptions: delay {streaming.delay} (delayed gradients) steps AdamW on the landed "
+                            f"mean; {self.optimizer} does its own exchange: use delay 0",
+                            ("streaming.delay", "optimizer"))
+        self._check_overlap()
 
-    def _check_streaming(self) -> None:
-        h = self.sync_every
-        for name, value, low, high in (("fragments", self.fragments, 1, h), ("delay", self.delay, 0, h - 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise SyncError(f"SyncOptions.{name} must be an integer in {low}..{high} (sync_every {h}), "
+    def _check_outer(self) -> None:
+        """sync_every H: AdamW inside each replica, Streaming DiLoCo's bounds, adaptive local steps."""
+        h, streaming = self.outer.sync_every, self.streaming
+        if self.optimizer != "adamw":
+            raise SyncError(f"SyncOptions: sync_every (local SGD) runs AdamW inside each replica; optimizer "
+                            f"must be adamw, got {self.optimizer!r}", ("outer.sync_every", "optimizer"))
+        for name, value, low, high in (("fragments", streaming.fragments, 1, h), ("delay", streaming.delay, 0, h - 1)):
+            if not low <= value <= high:  # type: ignore[operator]
+                raise SyncError(f"StreamingOptions.{name} must be an integer in {low}..{high} (sync_every {h}), "
                                 f"got {value!r}")
-        if isinstance(self.mix, bool) or not isinstance(self.mix, int | float) or not 0.0 <= self.mix <= 1.0:
-            raise SyncError(f"SyncOptions.mix must be a number in [0, 1], got {self.mix!r}")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise SyncError(f"SyncOptions.warmup must be an integer >= 0, got {self.warmup!r}")
-        if self.fragment_split not in FRAGMENT_SPLITS:
-            raise SyncError(f"SyncOptions.fragment_split must be one of {', '.join(FRAGMENT_SPLITS)}, got "
-                            f"{self.fragment_split!r}")
-        if self.landing not in LANDINGS:
-            raise SyncError(f"SyncOptions.landing must be one of {', '.join(LANDINGS)}, got {self.landing!r}")
-        if self.landing == "eager" and self.mix != 0:
-            raise SyncError(f"SyncOptions: mix {self.mix!r} is the mix landing's alpha; eager landing keeps the local "
-                            f"progress itself: leave mix 0", ("landing", "mix"))
         self._check_overlap()
-
-    def _check_delayed_gradients(self) -> None:
-        """delay without sync_every: every step's gradients applied `delay` steps later (geotrain.sync.delayed)."""
-        if isinstance(self.delay, bool) or not isinstance(self.delay, int) or not 0 <= self.delay < self.total_steps:
-            raise SyncError(f"SyncOptions.delay (steps between a gradient and its update) must be an integer in "
-                            f"0..{self.total_steps - 1} (below total_steps), got {self.delay!r}", ("delay",))
-        if self.delay > 0 and self.optimizer != "adamw":
-            raise SyncError(f"SyncOptions: delay {self.delay} (delayed gradients) steps AdamW on the landed mean; "
-                            f"{self.optimizer} does its own exchange: use delay 0", ("delay", "optimizer"))
-        self._check_overlap()
+        try:
+            check_adaptive_settings(self.heterogeneity.local_steps, fragments=streaming.fragments,
+                                    sync_moments=self.outer.sync_moments, hierarchical=self.exchange.hierarchical,
+                                    who="SyncOptions: local_steps")
+        except SyncError as exc:
+            raise SyncError(str(exc), ("heterogeneity.local_steps",)) from None
+        if self.clip_grad_norm is not None:
+            raise SyncError(f"SyncOptions: sync_every (local SGD): replicas do not exchange gradients, so the "
+                            f"global clip_grad_norm {self.clip_grad_norm!r} cannot be computed; leave it unset",
+                            ("outer.sync_every", "clip_grad_norm"))
 
     def _check_overlap(self) -> None:
-        if self.delay > 0 and (self.hierarchical or not reducer_traits(self.codec).hierarchical):
-            raise SyncError(f"SyncOptions: delay {self.delay} overlaps the exchange, which only a flat codec "
-                            f"reducer can (codec {str(self.codec)!r}, hierarchical {self.hierarchical}); use delay 0",
-                            ("delay", "codec", "hierarchical"))
+        delay, exchange = self.streaming.delay, self.exchange
+        if delay > 0 and (exchange.hierarchical or not reducer_traits(exchange.codec).hierarchical):
+            raise SyncError(f"SyncOptions: delay {delay} overlaps the exchange, which only a flat codec "
+                            f"reducer can (codec {str(exchange.codec)!r}, hierarchical {exchange.hierarchical}); "
+                            f"use delay 0", ("streaming.delay", "exchange.codec", "exchange.hierarchical"))
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _booleans(options: Any, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(options, name), bool):
+            raise SyncError(f"{type(options).__name__}.{name} must be true or false, got {getattr(options, name)!r}")
 
 
 def _positive(name: str, value: Any) -> None:

@@ -154,8 +154,8 @@ def _from_options(rank: int, world: int) -> tuple[str, int, list[int], str]:
     from geotrain.sync import DPGroup, SyncOptions, make_gradient_sync
 
     model = _model()
-    options = SyncOptions(codec="fp4-block", optimizer="adamw", lr=0.01, total_steps=9, sync_every=4, fragments=2,
-                          delay=1, mix=0.5)
+    options = SyncOptions.of(codec="fp4-block", optimizer="adamw", lr=0.01, total_steps=9, sync_every=4, fragments=2,
+                             delay=1, mix=0.5)
     sync = make_gradient_sync(options, list(model.named_parameters()), DirectTransport(),
                               DPGroup(None, (0, 1), (0, 1)), rank)
     sent = _train(sync, model, rank, 9)
@@ -170,4 +170,4 @@ def test_sync_options_with_fragments_and_delay_build_the_streaming_sync():
     # fragment 0 starts at steps 3, 7 and lands at 4, 8 (8 is the last step: flush); fragment 1 starts at 1, 5
     assert [s for s, b in enumerate(sent) if b] == [2, 4, 6, 8]
     with pytest.raises(SyncError, match="they need sync_every"):
-        SyncOptions(codec="none", optimizer="adamw", lr=0.01, total_steps=9, fragments=2)
+        SyncOptions.of(codec="none", optimizer="adamw", lr=0.01, total_steps=9, fragments=2)

@@ -16,8 +16,8 @@ def _config(assignment=((0, 1, 2, 3),), **keys) -> RuntimeConfig:
 
 
 def test_adaptive_local_steps_reach_the_sync_options():
-    assert _config(sync_every=4, local_steps="adaptive").sync_options(0).local_steps == "adaptive"
-    assert _config(sync_every=4).sync_options(0).local_steps == "equal"
+    assert _config(sync_every=4, local_steps="adaptive").sync_options(0).heterogeneity.local_steps == "adaptive"
+    assert _config(sync_every=4).sync_options(0).heterogeneity.local_steps == "equal"
 
 
 def test_adaptive_without_sync_every_is_refused():
@@ -44,6 +44,6 @@ def test_adaptive_with_fragments_is_refused_naming_local_steps():
 def test_the_first_periods_are_shared_by_the_gpus_peaks():
     mixed = load_cluster("examples/clusters/mixed-gpus-3x2.yaml")  # A100 312, V100 125, T4 65 TFLOP/s
     prior = RuntimeConfig.of(mixed, np.array([[0, 2, 4]]), steps=8, sync_every=4,
-                             local_steps="adaptive").sync_options(0).local_steps_prior_s
+                             local_steps="adaptive").sync_options(0).heterogeneity.local_steps_prior_s
     assert prior == pytest.approx((1 / 312e12, 1 / 125e12, 1 / 65e12), rel=1e-9)
-    assert _config(sync_every=4).sync_options(0).local_steps_prior_s is None
+    assert _config(sync_every=4).sync_options(0).heterogeneity.local_steps_prior_s is None

@@ -19,8 +19,9 @@ def _config(**keys) -> RuntimeConfig:
 def test_sync_options_carry_each_stages_codec_and_the_streaming_settings():
     config = _config(sync_every=4, fragments=2, sync_delay=1, sync_mix=0.5, dp_codecs=("int8-block", "fp16"))
     first, second = config.sync_options(0), config.sync_options(1)
-    assert (str(first.codec), str(second.codec)) == ("int8-block", "fp16")
-    assert (first.fragments, first.delay, first.mix, first.sync_every) == (2, 1, 0.5, 4)
+    assert (str(first.exchange.codec), str(second.exchange.codec)) == ("int8-block", "fp16")
+    assert (first.streaming.fragments, first.streaming.delay, first.streaming.mix) == (2, 1, 0.5)
+    assert first.outer.sync_every == 4
 
 
 def test_an_overlapped_sync_with_checkpoints_is_refused_in_one_line(tmp_path):

@@ -205,13 +205,13 @@ def test_flush_lands_everything_in_flight_without_a_total_step_count():
      "delay 1 (delayed gradients) steps AdamW on the landed mean; onebit-adam does its own exchange"),
     ({"delay": 1, "codec": "powersgd"}, "delay 1 overlaps the exchange, which only a flat codec reducer can"),
     ({"delay": 1, "codec": "int8-block", "hierarchical": True}, "hierarchical True); use delay 0"),
-    ({"delay": 4}, "SyncOptions.delay (steps between a gradient and its update) must be an integer in 0..3"),
+    ({"delay": 4}, "StreamingOptions.delay (steps between a gradient and its update) must be an integer in 0..3"),
     ({"delay": -1}, "must be an integer in 0..3 (below total_steps), got -1"),
     ({"delay": 1, "fragments": 2}, "are Streaming DiLoCo's: they need sync_every"),
 ])
 def test_combinations_delayed_gradients_cannot_run_are_refused_in_one_line(options, message):
     with pytest.raises(SyncError) as info:
-        SyncOptions(**{"codec": "int8-block", "optimizer": "adamw", "lr": 1e-2, "total_steps": 4, **options})
+        SyncOptions.of(**{"codec": "int8-block", "optimizer": "adamw", "lr": 1e-2, "total_steps": 4, **options})
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
@@ -232,7 +232,7 @@ def test_the_factory_runs_adamw_on_the_previous_steps_gradient_through_the_real_
     reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     reference.load_state_dict(model.state_dict())
     steps = 5
-    options = SyncOptions(codec="none", optimizer="adamw", lr=1e-2, total_steps=steps, error_feedback=False, delay=1)
+    options = SyncOptions.of(codec="none", optimizer="adamw", lr=1e-2, total_steps=steps, error_feedback=False, delay=1)
     sync = make_gradient_sync(options, list(model.named_parameters()), Transport(),
                               DPGroup(dist.group.WORLD, (0,), (0,)))
     assert type(sync) is DelayedPerStepSync

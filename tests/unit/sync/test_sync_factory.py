@@ -40,7 +40,7 @@ def _group(hierarchical: bool) -> DPGroup:
 
 
 def _options(**kwargs) -> SyncOptions:
-    return SyncOptions(**{"codec": "none", "optimizer": "adamw", "lr": 1e-2, "total_steps": 4, **kwargs})
+    return SyncOptions.of(**{"codec": "none", "optimizer": "adamw", "lr": 1e-2, "total_steps": 4, **kwargs})
 
 
 def _backward(model: torch.nn.Module, seed: int) -> None:
@@ -61,7 +61,7 @@ def test_factory_picks_the_implementation_of_each_option_combination(world_of_on
                                                                      reducer_type):
     options = _options(**options)
     sync = make_gradient_sync(options, list(_model().named_parameters()), RecordingTransport(),
-                              _group(options.hierarchical))
+                              _group(options.exchange.hierarchical))
     assert type(sync) is sync_type
     if exchange_type is None:
         assert isinstance(sync.optimizer, OneBitAdam)
@@ -74,7 +74,7 @@ def test_factory_picks_the_implementation_of_each_option_combination(world_of_on
 
 @pytest.mark.parametrize("options, message", [
     ({"optimizer": "sgd"}, "SyncOptions.optimizer must be one of adamw, onebit-adam, got 'sgd'"),
-    ({"codec": "nope"}, "SyncOptions.codec 'nope': unknown codec 'nope'"),
+    ({"codec": "nope"}, "ExchangeOptions.codec 'nope': unknown codec 'nope'"),
     ({"codec": "topk:fraction=2"}, "fraction must be a number in (0, 1], got 2"),
     ({"lr": 0.0}, "SyncOptions.lr must be a finite number > 0, got 0.0"),
     ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2, "codec": "int8"},
@@ -96,12 +96,12 @@ def test_bad_options_are_refused_in_one_line_naming_the_value(options, message):
 
 
 def test_codec_is_parsed_once_into_a_spec():
-    assert _options(codec="topk:fraction=0.1").codec == CodecSpec("topk", (("fraction", 0.1),))
-    assert _options(codec=CodecSpec.parse("fp16")).codec == CodecSpec("fp16")
+    assert _options(codec="topk:fraction=0.1").exchange.codec == CodecSpec("topk", (("fraction", 0.1),))
+    assert _options(codec=CodecSpec.parse("fp16")).exchange.codec == CodecSpec("fp16")
 
 
 def test_a_hierarchy_the_options_do_not_ask_for_is_refused(world_of_one):
-    with pytest.raises(SyncError, match="options.hierarchical is False but the DP group has region hierarchy"):
+    with pytest.raises(SyncError, match="options.exchange.hierarchical is False but the DP group has region hierarchy"):
         make_gradient_sync(_options(), list(_model().named_parameters()), RecordingTransport(), _group(True))
 
 

@@ -77,9 +77,9 @@ def test_bad_splits_are_refused_in_one_line():
     with pytest.raises(SyncError, match=r"fragments must be an integer in 1..5 \(the parameters' rows\), got 6"):
         split_fragments_by_bytes([2, 3], [4, 4], 6)
     with pytest.raises(SyncError, match="fragment_split must be one of layers, bytes"):
-        SyncOptions(codec="none", optimizer="adamw", lr=0.01, total_steps=9, sync_every=4, fragment_split="even")
+        SyncOptions.of(codec="none", optimizer="adamw", lr=0.01, total_steps=9, sync_every=4, fragment_split="even")
     with pytest.raises(SyncError, match="they need sync_every"):
-        SyncOptions(codec="none", optimizer="adamw", lr=0.01, total_steps=9, fragment_split="bytes")
+        SyncOptions.of(codec="none", optimizer="adamw", lr=0.01, total_steps=9, fragment_split="bytes")
 
 
 def test_a_split_parameter_moved_to_new_memory_is_refused_at_its_next_sync():

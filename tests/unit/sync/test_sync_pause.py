@@ -71,7 +71,7 @@ def test_stage_exchange_leaves_blocking_and_posted_collectives_out_of_compute(wo
 def test_onebit_adam_leaves_its_collectives_out_of_compute(world_of_one):
     clock = ManualClock()
     named = _params()
-    options = SyncOptions(codec="none", optimizer="onebit-adam", lr=1e-2, total_steps=4, onebit_warmup_steps=1)
+    options = SyncOptions.of(codec="none", optimizer="onebit-adam", lr=1e-2, total_steps=4, onebit_warmup_steps=1)
     sync = make_gradient_sync(options, named, SlowTransport(clock), DPGroup(dist.group.WORLD, (0,), (0,), None), 0)
     timer = ComputeTimer(clock=clock)
     for step in range(3):  # the warm-up step (fp32 all-reduce) and two compressed ones

@@ -119,10 +119,10 @@ def test_eager_refuses_a_mix_and_unknown_landings():
         StreamingOuterSync([("w", param)], inner, LoopbackExchange, 3, 1, 1, 0.5, landing="eager")
     with pytest.raises(SyncError, match=r"landing must be one of mix, eager, got 'lazy'"):
         StreamingOuterSync([("w", param)], inner, LoopbackExchange, 3, 1, 1, landing="lazy")
-    with pytest.raises(SyncError, match=r"SyncOptions: mix 0.5 is the mix landing's alpha"):
-        SyncOptions(codec="int8-block", optimizer="adamw", lr=0.01, total_steps=9, sync_every=3, delay=1, mix=0.5,
-                    landing="eager")
+    with pytest.raises(SyncError, match=r"StreamingOptions: mix 0.5 is the mix landing's alpha"):
+        SyncOptions.of(codec="int8-block", optimizer="adamw", lr=0.01, total_steps=9, sync_every=3, delay=1, mix=0.5,
+                       landing="eager")
     with pytest.raises(SyncError, match=r"warmup \(steps whose syncs block\) must be an integer >= 0, got -1"):
         StreamingOuterSync([("w", param)], inner, LoopbackExchange, 3, 1, 1, warmup=-1)
     with pytest.raises(SyncError, match=r"landing 'eager' and warmup 0 are Streaming DiLoCo's: they need sync_every"):
-        SyncOptions(codec="none", optimizer="adamw", lr=0.01, total_steps=9, landing="eager")
+        SyncOptions.of(codec="none", optimizer="adamw", lr=0.01, total_steps=9, landing="eager")
