@@ -65,7 +65,7 @@ from geotrain.codecs import CodecSpec
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
-from geotrain.emulate.rank_clock import emulated_clock
+from geotrain.emulate.rank_clock import emulated_clock, start_loop
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
 from geotrain.sync.async_outer import STALENESS_BOUND, AsyncOuterSync, check_async_settings
@@ -231,6 +231,7 @@ class DiLoCo:
         return self.transport.collective(self.group, [], 8, wait, posted=True)
 
     def __enter__(self) -> DiLoCo:
+        start_loop(self.group)  # emulated: the loop's compute counts at the GPU's speed from here (no collective yet)
         self._mark = self.clock()
         self._hook = self.inner_optimizer.register_step_post_hook(self._after_inner_step)
         if self.region_exchange is not None:
