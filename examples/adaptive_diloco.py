@@ -95,7 +95,7 @@ def main() -> None:
     diloco = DiLoCo(model, inner, sync_every=args.sync_every, local_steps=local_steps, codec="int8-block",
                     outer_lr=args.outer_lr, outer_momentum=args.outer_momentum, asynchronous=asynchronous)
     target = args.periods * (dist.get_world_size() if asynchronous else 1)
-    dist.barrier()  # the sites start together: set-up (imports at a T4's speed, too) is not the loop's time
+    dist.barrier()  # the sites start together (set-up counts at this machine's speed, the loop at each GPU's)
     with diloco:
         start_s = diloco.clock()
         warm = (0.0, start_s)
