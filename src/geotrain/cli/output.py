@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import select
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -45,6 +46,38 @@ def writing_stdout() -> Iterator[None]:
         raise OutputError(f"cannot write to standard output: {exc.strerror or exc}") from None
 
 
+def write_whole(fd: int, data: bytes) -> None:
+    """Write every byte of `data` to file descriptor `fd`, in blocking mode, looping on partial writes.
+
+    O_NONBLOCK lives on the open file description, which a pipe's writers share: a process that set it
+    (or a partial write, e.g. one cut by a signal) makes one write(2) return short, and Python's text
+    layer over an unbuffered stdout (PYTHONUNBUFFERED, -u) drops the rest silently (CPython gh-85393): a
+    large JSON arrived cut at 131,072 bytes with exit 0. Here blocking mode is restored first, and a
+    write that would still block (the flag set again meanwhile) waits until `fd` is writable."""
+    if not os.get_blocking(fd):
+        os.set_blocking(fd, True)
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            select.select([], [fd], [])
+
+
+def write_stdout_whole(text: str) -> None:
+    """`text` on stdout, whole (`write_whole` on its descriptor; a stdout without one, e.g. a test's capture,
+    gets an ordinary write); a failed write is one OutputError line (`writing_stdout`)."""
+    with writing_stdout():
+        sys.stdout.flush()  # what was written before goes first
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        write_whole(fd, text.encode(sys.stdout.encoding or "utf-8"))
+
+
 class Output:
     """Tables and text go to stdout unless `json_mode`; progress always goes to stderr."""
 
@@ -74,11 +107,8 @@ class Output:
             self.stdout.print(table)
 
     def emit_json(self, obj: Any) -> None:
-        """Write exactly one JSON object on stdout."""
-        text = strict_json_text(obj) + "\n"
-        with writing_stdout():
-            sys.stdout.write(text)
-            sys.stdout.flush()
+        """Write exactly one JSON object on stdout, whole at any size (`write_stdout_whole`)."""
+        write_stdout_whole(strict_json_text(obj) + "\n")
 
     @contextmanager
     def progress(self, description: str, total: float, show_after_s: float = 1.0) -> Iterator[Any]:

@@ -1,10 +1,13 @@
 """`geotrain train`: run a plan as S x R worker processes over emulated links, and compare the cost
 model's prediction with the measured communication.
 
-With --json, stdout is ONE JSON object: {"plan", "stages", "replicas", "assignment", "losses",
-"summary": {"iteration_s", "compute_s", "comm_measured_s", "comm_predicted_s", "error_pct", ...},
-"prediction", "bytes", "iterations": [...], "validation": [{"step", "loss"}...], "config", "wall_s"};
-seconds are wall seconds of the emulated run (already multiplied by --time-scale).
+With --json, stdout is ONE JSON object: {"elastic", "plan", "stages", "replicas", "assignment", "losses",
+"summary": {"first_loss", "final_loss", "replicas_in_sync", "iteration_s", "compute_s", "comm_measured_s",
+"comm_predicted_s", "error_pct", ...}, "prediction", "bytes", "iterations": [...], "validation": [{"step",
+"loss"}...], "config", "wall_s"}; seconds are wall seconds of the emulated run (already multiplied by
+--time-scale). An --elastic run has the same layout (TRAIN_JSON_KEYS; its summary holds the elastic facts:
+replica_failures, rejoins, global_restarts, recovery_s, ...) with "group_records" and "events" in place of
+"prediction", "bytes" and "iterations".
 
 Under torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TORCHELASTIC_RUN_ID set), this process is
 one worker: nothing is launched, and rank 0 prints the results (see docs/history/runtime.md for several
@@ -120,6 +123,12 @@ def print_config(args: Any) -> None:
     else:
         sections = build_sections(given_settings(args))
     sys.stdout.write(config_toml(sections))
+
+
+TRAIN_JSON_KEYS = ("elastic", "plan", "stages", "replicas", "assignment", "losses", "summary", "validation", "config",
+                   "wall_s")
+"""The top-level keys of every `train --json` object, elastic or not (the summary: SUMMARY_JSON_KEYS at least)."""
+SUMMARY_JSON_KEYS = ("first_loss", "final_loss", "replicas_in_sync")
 
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -268,7 +277,7 @@ def run(args: Any) -> int:
                          f"{rendezvous.hosts.nodes[0].name} (rank 0)")
             return 0
     if args.json:
-        out.emit_json({**report.to_json(), "wall_s": wall_s, **run_dir_json(config)})
+        out.emit_json({**report.to_json(), "elastic": False, "wall_s": wall_s, **run_dir_json(config)})
         return 0
     iteration_table(out, report)
     if report.validation:
@@ -339,7 +348,7 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
     except KeyboardInterrupt:
         return interrupted(args, config)
     if args.json:
-        out.emit_json({**summary.to_json(), "config": config.to_json(), "events": events, **run_dir_json(config)})
+        out.emit_json({**summary.to_json(config), "events": events, **run_dir_json(config)})
         return 0
     out.table("elastic run", ["steps", "final loss", "val loss", "replica failures", "partitions", "rejoins",
                               "global restarts", "max param diff", "recovery s", "stall s", "emulated s", "wall s"],

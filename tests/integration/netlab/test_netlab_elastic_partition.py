@@ -50,10 +50,11 @@ def lab_run(tmp_path_factory):
 
 @pytest.mark.timeout(200)
 def test_a_group_cut_off_in_the_lab_drops_out_the_others_go_on_and_it_rejoins_identical(lab_run):
-    run, launcher_pid = lab_run
+    doc, launcher_pid = lab_run
+    run = doc["summary"]  # train --json's layout: the elastic facts in its summary
     assert (run["steps"], run["partitions"], run["global_restarts"], run["replica_failures"]) == (STEPS, 1, 0, 0)
     assert run["restarts"] == [0, 0, 0] and run["groups_finished"] == [0, 1, 2]  # the cut restarted nothing
-    records = {int(g): {r["step"]: r for r in rs} for g, rs in run["group_records"].items()}
+    records = {int(g): {r["step"]: r for r in rs} for g, rs in doc["group_records"].items()}
     assert sorted(records[0]) == sorted(records[2]) == list(range(STEPS))  # the others never stopped
     missed = sorted(set(range(STEPS)) - set(records[1]))
     assert missed and missed == list(range(missed[0], missed[-1] + 1)) and missed[-1] < STEPS - 1

@@ -284,7 +284,7 @@ def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_re
                     "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout", "30",
                     "--run-dir", "run", "--json", cwd=tmp_path)
     result = json.loads(done.stdout)
-    assert result["run_dir"] == "run" and result["replica_failures"] == 1 and result["rejoins"] == 1
+    assert result["run_dir"] == "run" and result["summary"]["replica_failures"] == 1 and result["summary"]["rejoins"] == 1
     lines = read_lines(tmp_path / "run")
     steps = [r for r in lines if r["kind"] == "step"]
     assert sorted({r["step"] for r in steps if r["rank"] == 0}) == list(range(150))  # the survivor: every step

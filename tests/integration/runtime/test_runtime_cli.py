@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from proctree import alive, comm, descendants
 
+from geotrain.cli.train_cmd import SUMMARY_JSON_KEYS, TRAIN_JSON_KEYS
+
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
 from runtime_2x2 import CLUSTER_YAML, PLAN
 
@@ -37,6 +39,8 @@ def test_train_cli_runs_a_2x2_plan_and_prints_one_json_object(job_files):
     assert len(result["losses"]) == 3 and result["losses"][-1] < result["losses"][0]
     summary = result["summary"]
     assert summary["replicas_in_sync"] is True
+    assert set(TRAIN_JSON_KEYS) <= set(result) and set(SUMMARY_JSON_KEYS) <= set(summary)  # as --elastic's
+    assert result["elastic"] is False and summary["final_loss"] == result["losses"][-1]
     assert summary["comm_predicted_s"] == pytest.approx(result["prediction"]["total"])
     assert summary["comm_measured_s"] >= 0.95 * summary["comm_predicted_s"] > 0  # emulation never runs fast
     assert summary["error_pct"] == pytest.approx(

@@ -25,6 +25,7 @@ CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
 TINY = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "1", "--time-scale", "0", "--heartbeat-timeout",
         "1.5", "--eval-windows", "4"]
 KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
+STEPS = {"per-step": 320, "diloco": 150}
 
 
 def _env() -> dict[str, str]:
@@ -43,35 +44,80 @@ def _train(tmp: Path, *flags: str, timeout_s: float = 150) -> subprocess.Complet
                           cwd=tmp)
 
 
+def _train_into_slow_pipe(tmp: Path, *flags: str, timeout_s: float = 240) -> tuple[int, bytes, str]:
+    """`_train` with stdout a pipe whose open file description is non-blocking (as a child sharing it may
+    leave it), read 4 KiB at a time with a pause after each, while a busy process holds a CPU; PYTHONUNBUFFERED,
+    under which Python's text layer drops what a short write(2) left (CPython gh-85393). (exit, stdout, stderr)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        with (tmp / "stderr.txt").open("w") as err:
+            launcher = subprocess.Popen([sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan",
+                                         _plan(tmp), "--elastic", *TINY, *flags], stdout=write_end, stderr=err,
+                                        env={**_env(), "PYTHONUNBUFFERED": "1"}, cwd=tmp)
+        os.close(write_end)
+        chunks = []
+        while chunk := os.read(read_end, 4096):
+            chunks.append(chunk)
+            time.sleep(0.002)
+        code = launcher.wait(timeout=timeout_s)
+    finally:
+        os.close(read_end)
+        busy.kill()
+        busy.wait()
+    return code, b"".join(chunks), (tmp / "stderr.txt").read_text()
+
+
 @pytest.fixture(scope="module", params=["per-step", "diloco"])
 def killed_run(request, tmp_path_factory):
     """A 2-group run whose group 1 is SIGKILLed once, 1 s into training (JSON summary, sync flags). A kill
     that lands while the groups still meet can leave the survivor waiting out --comm-timeout (120.0 s
-    with the default, in 2 of ~10 loaded CI runs; docs/history/fault_tolerance.md): 30 s keeps it under the bound."""
+    with the default, in 2 of ~10 loaded CI runs; docs/history/fault_tolerance.md): 30 s keeps it under the bound.
+    The per-step run trains 320 steps (a JSON over 200 KB) into a slow non-blocking pipe on a busy machine."""
     sync = [] if request.param == "per-step" else ["--sync-every", "3"]
     tmp = tmp_path_factory.mktemp(request.param)
-    done = _train(tmp, "--steps", "150", "--chaos", KILL_GROUP_1, "--json", "--comm-timeout", "30", *sync)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout), sync
+    flags = ("--chaos", KILL_GROUP_1, "--json", "--comm-timeout", "30", *sync)
+    if sync:
+        done = _train(tmp, "--steps", str(STEPS["diloco"]), *flags)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout), sync
+    code, out, err = _train_into_slow_pipe(tmp, "--steps", str(STEPS["per-step"]), *flags)
+    assert code == 0 and len(out) > 200_000, (code, len(out), err[-2000:])
+    return json.loads(out), sync  # whole: it parses
 
 
 @pytest.mark.timeout(300)
 def test_a_killed_group_is_restarted_and_the_run_never_restarts_globally(killed_run):
-    summary, _ = killed_run
-    assert summary["steps"] == 150
+    run, sync = killed_run
+    summary, steps = run["summary"], STEPS["diloco" if sync else "per-step"]
+    assert summary["steps"] == steps and len(run["losses"]) == steps
     assert summary["replica_failures"] == 1 and summary["kills"] == 1 and summary["restarts"] == [0, 1]
     assert summary["rejoins"] == 1 and summary["global_restarts"] == 0
     assert summary["groups_finished"] == [0, 1]
     assert len(summary["recovery_s"]) == 1 and 0 < summary["recovery_s"][0] < 60
-    assert summary["max_param_diff_across_replicas"] == 0.0
+    assert summary["max_param_diff_across_replicas"] == 0.0 and summary["replicas_in_sync"] is True
+
+
+@pytest.mark.timeout(300)
+def test_elastic_json_has_the_layout_of_every_train_json(killed_run):
+    from geotrain.cli.train_cmd import SUMMARY_JSON_KEYS, TRAIN_JSON_KEYS
+
+    run, _ = killed_run
+    assert set(TRAIN_JSON_KEYS) <= set(run) and set(SUMMARY_JSON_KEYS) <= set(run["summary"])
+    assert run["elastic"] is True and run["plan"] == "plan-2" and run["assignment"] == [[0, 1]]
+    assert "replica_failures" not in run and "group_records" not in run["summary"]  # facts in the summary only
+    (validation,) = run["validation"]
+    assert validation == {"step": run["summary"]["steps"], "loss": run["summary"]["val_loss"]}
+    assert run["summary"]["final_loss"] == run["losses"][-1] and run["config"]["plan"] == "plan-2"
 
 
 @pytest.mark.timeout(300)
 def test_the_rejoined_group_equals_its_peer_bit_for_bit_from_its_first_sync(killed_run):
-    summary, sync = killed_run
-    survivor, rejoined = summary["group_records"]["0"], summary["group_records"]["1"]
+    run, sync = killed_run
+    survivor, rejoined = run["group_records"]["0"], run["group_records"]["1"]
     first = rejoined[0]["step"]
-    assert 0 < first < 150
+    assert 0 < first < STEPS["diloco" if sync else "per-step"]
     digest = {r["step"]: r["params_sha256"] for r in survivor if r["synced"]}
     synced = [r for r in rejoined if r["synced"]]
     assert synced and all(r["params_sha256"] == digest[r["step"]] for r in synced)
@@ -82,14 +128,14 @@ def test_the_rejoined_group_equals_its_peer_bit_for_bit_from_its_first_sync(kill
 
 @pytest.mark.timeout(300)
 def test_data_position_each_group_trains_its_slice_of_every_step_once_and_the_rejoiner_continues(killed_run):
-    summary, sync = killed_run
+    run, sync = killed_run
     from geotrain.runtime.training_data import load_training_data
 
-    data = load_training_data(None, 0, 0.1)
-    survivor, rejoined = summary["group_records"]["0"], summary["group_records"]["1"]
-    assert [r["step"] for r in survivor] == list(range(150))
+    data, steps = load_training_data(None, 0, 0.1), STEPS["diloco" if sync else "per-step"]
+    survivor, rejoined = run["group_records"]["0"], run["group_records"]["1"]
+    assert [r["step"] for r in survivor] == list(range(steps))
     first = rejoined[0]["step"]
-    assert [r["step"] for r in rejoined] == list(range(first, 150))  # no step repeated, none skipped
+    assert [r["step"] for r in rejoined] == list(range(first, steps))  # no step repeated, none skipped
     if not sync:  # per step: it rejoins at the step the survivor was running
         assert first in [r["step"] for r in survivor]
     for group, records in ((0, survivor), (1, rejoined)):

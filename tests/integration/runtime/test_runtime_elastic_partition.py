@@ -40,11 +40,12 @@ def partitioned_run(tmp_path_factory):
 
 @pytest.mark.timeout(200)
 def test_a_partitioned_group_drops_out_the_others_keep_stepping_and_it_rejoins_identical(partitioned_run):
-    run = partitioned_run
+    doc = partitioned_run
+    run = doc["summary"]  # train --json's layout: the elastic facts in its summary
     assert (run["steps"], run["partitions"], run["global_restarts"]) == (STEPS, 1, 0)
     assert (run["kills"], run["replica_failures"], run["restarts"]) == (1, 1, [0, 0, 1])  # the partition restarted nothing
     assert run["groups_finished"] == [0, 1, 2]
-    records = {int(g): {r["step"]: r for r in rs} for g, rs in run["group_records"].items()}
+    records = {int(g): {r["step"]: r for r in rs} for g, rs in doc["group_records"].items()}
     # the others never stopped: every step, committed by group 0; the partitioned group missed a stretch
     assert sorted(records[0]) == list(range(STEPS))
     missed = sorted(set(range(STEPS)) - set(records[1]))

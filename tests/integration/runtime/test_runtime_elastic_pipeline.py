@@ -68,8 +68,9 @@ def killed_pipeline_run(tmp_path_factory):
 
 @pytest.mark.timeout(240)
 def test_a_failed_group_of_two_stages_restarts_as_one_and_rejoins_without_a_global_restart(killed_pipeline_run):
-    run, seen = killed_pipeline_run
-    assert run["config"]["stages"] == 2 and run["steps"] == STEPS
+    doc, seen = killed_pipeline_run
+    run = doc["summary"]  # train --json's layout: the elastic facts in its summary
+    assert doc["config"]["stages"] == doc["stages"] == 2 and run["steps"] == STEPS
     # two failures of group 1 (the chaos kill, then its stage 1 alone), each counted once, each a restart
     # of both its stages; group 0's processes never changed
     assert run["kills"] == 1 and run["replica_failures"] == 2 and run["restarts"] == [0, 2]
@@ -78,8 +79,8 @@ def test_a_failed_group_of_two_stages_restarts_as_one_and_rejoins_without_a_glob
     assert run["rejoins"] == 2 and run["global_restarts"] == 0 and run["groups_finished"] == [0, 1]
     assert len(run["recovery_s"]) == 2 and all(0 < s < 60 for s in run["recovery_s"])
     assert run["max_param_diff_across_replicas"] == 0.0  # stage s against stage s, both stages
-    assert len(run["losses"]) == STEPS and all(math.isfinite(loss) for loss in run["losses"])
-    assert math.isfinite(run["val_loss"]) and run["val_loss"] < run["losses"][0]
+    assert len(doc["losses"]) == STEPS and all(math.isfinite(loss) for loss in doc["losses"])
+    assert math.isfinite(run["val_loss"]) and run["val_loss"] < doc["losses"][0]
 
 
 @pytest.mark.timeout(240)

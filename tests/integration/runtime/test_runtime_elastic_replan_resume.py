@@ -40,7 +40,7 @@ def test_an_elastic_run_that_loses_a_device_for_good_resumes_on_the_replan_from_
     done = _train(tmp_path, plan, "--elastic", "--batch-size", "2", "--heartbeat-timeout", "1.5", "--run-dir", "elastic")
     assert done.returncode == 0, done.stderr[-2000:]
     elastic = json.loads(done.stdout)
-    assert elastic["steps"] == 8 and elastic["groups_finished"] == [0, 1]
+    assert elastic["summary"]["steps"] == 8 and elastic["summary"]["groups_finished"] == [0, 1]
     directory = tmp_path / "ckpt"
     assert (directory / "latest").read_text() == "step-000008\n"
     for step in (4, 8):
@@ -87,5 +87,5 @@ def test_an_elastic_run_that_loses_a_device_for_good_resumes_on_the_replan_from_
     again = _train(tmp_path, plan, "--elastic", "--resume", "--batch-size", "2", "--heartbeat-timeout", "1.5")
     assert again.returncode == 0, again.stderr[-2000:]
     rerun = json.loads(again.stdout)
-    assert rerun["steps"] == 8 and rerun["losses"][:4] == [None] * 4
+    assert rerun["summary"]["steps"] == 8 and rerun["losses"][:4] == [None] * 4
     assert rerun["losses"][4:] == elastic["losses"][4:]  # the same groups on the same state: bit for bit

@@ -35,11 +35,18 @@ def local_address(address: str, host: str) -> str:
 
 def quiet_torchft(log: Path) -> None:
     """torchft logs every quorum and commit (Rust and Python) and its checkpoint server every request on
-    stderr: this process's stderr goes to `log` instead (its own error line reaches the launcher by file)."""
+    stderr: this process's stdout and stderr go to `log` instead (its own error line reaches the launcher
+    by file), its stdin comes from /dev/null. Nothing it does to its standard streams (a write, O_NONBLOCK
+    on the open file description) then reaches the launcher's stdout, where the run's JSON goes."""
     os.environ.setdefault("RUST_LOG", "warn")
+    sys.stdout.flush()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    for source, target in ((null, 0), (fd, 1), (fd, 2)):
+        os.dup2(source, target)
     os.close(fd)
+    os.close(null)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's stdout
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115 - the process's stderr
 
 

@@ -1,12 +1,14 @@
-"""What an elastic run reports (`geotrain train --elastic --json`): steps, losses, validation loss,
-failures, rejoins, recovery times and how far apart the replica groups' final parameters are (per
-pipeline stage, across the groups). Each stage process of a group writes its own result files
-(`params_path`, `summary_path`); the launcher merges a group's stages here."""
+"""What an elastic run reports (`geotrain train --elastic --json`, in the `summary` object of the layout
+every `train --json` has): steps, losses, validation loss, failures, rejoins, recovery times and how far
+apart the replica groups' final parameters are (per pipeline stage, across the groups). Each stage
+process of a group writes its own result files (`params_path`, `summary_path`); the launcher merges a
+group's stages here."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,8 +63,19 @@ class ElasticSummary:
     train_emulated_s: float | None = None
     """Emulated seconds of training (the groups' emulated clock at their last step; None: links not emulated)."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"elastic": True, **asdict(self), "group_records": {str(g): r for g, r in self.group_records.items()}}
+    def to_json(self, config: Any) -> dict[str, Any]:
+        """`train --json`'s layout (as a run that is not elastic: plan, shape, losses, a `summary` object,
+        validation, config, wall_s) for this run of `config` (a RuntimeConfig); the summary holds the
+        elastic facts (failures, rejoins, restarts, recoveries, ...), `group_records` each group's records."""
+        facts = {k: v for k, v in asdict(self).items() if k not in ("losses", "group_records")}
+        finite = [loss for loss in self.losses if math.isfinite(loss)]
+        summary = {**facts, "first_loss": finite[0] if finite else None, "final_loss": finite[-1] if finite else None,
+                   "replicas_in_sync": self.max_param_diff_across_replicas == 0.0}
+        return {"elastic": True, "plan": config.plan_name, "stages": config.stages, "replicas": config.replicas,
+                "assignment": config.assignment.tolist(), "losses": self.losses, "summary": summary,
+                "validation": [] if self.val_loss is None else [{"step": self.steps, "loss": self.val_loss}],
+                "config": config.to_json(), "wall_s": self.wall_s,
+                "group_records": {str(g): r for g, r in self.group_records.items()}}
 
 
 def params_path(result_dir: Path, group: int, stage: int) -> Path:
