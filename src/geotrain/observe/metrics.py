@@ -3,7 +3,7 @@
     <run dir>/metrics/rank-<r>.jsonl
     {"kind": "step", "step", "rank", "stage", "replica", "device", "site", "t_wall", "loss", "lr", "tokens",
      "step_s", "compute_s", "comm_s", "wait_s", "bytes_intra", "bytes_inter", "bytes_dp", "bytes_pp",
-     "grad_norm", "val_loss", "emulated_start_s", "emulated_end_s"}
+     "grad_norm", "val_loss", "emulated_start_s", "emulated_end_s", "progress_step", "global_updates"}
     {"kind": "event", "event", "step", "rank", "site", "t_wall", "emulated_s", ...more by event}
 
 Events ("step": the 0-based step after which it happened, or the step a run starts or resumes at):
@@ -24,15 +24,22 @@ The step time splits three ways, every part measured by the worker (geotrain.run
               emulated device's speed, links as emulated), else wall seconds;
   compute_s - forward, backward, codecs and optimizer (the worker's ComputeTimer, same clock);
   comm_s    - exposed communication: the data-parallel collectives, from the latest member's start to the end
-              (the transport's records; emulated seconds / time scale under emulation), at most the step's
-              time outside compute (a sync posted in one step and landed steps later overlaps their compute:
-              only what the steps did not cover is exposed);
+              (the transport's records; emulated seconds / time scale under emulation), and an asynchronous
+              outer sync's exchange with its server (request out to reply in: `exchange_s` of the worker's
+              record), at most the step's time outside compute (a sync posted in one step and landed steps
+              later overlaps their compute: only what the steps did not cover is exposed);
   wait_s    - step_s - compute_s - comm_s (>= 0): blocked on pipeline messages and on slower peers (a DP
               collective starts when its last member arrives), plus untimed host work (batch slicing).
 bytes_intra / bytes_inter: payload bytes this rank sent inside its region / to other regions (the emulator's
 records of every message it sent: pipeline and collectives; None without emulation). bytes_dp / bytes_pp: the
 payload handed to DP collectives and the activations sent down the pipeline (known with or without emulation).
 tokens: the tokens of this replica's batch (batch_size x sequence length); `t_wall`: Unix seconds at the end.
+lr: the learning rate the worker set for the step. progress_step: the run's progress at the step, a 0-based step of
+the equal schedule (R replicas x one inner step each): the rank's own step in lock-step runs; with adaptive local
+steps the rank's place in its period; with asynchronous outer updates the global model's replica updates it
+started from x H / R. global_updates: asynchronous runs only (else null), the updates of the global model the rank
+holds after the step. The last step's line of an adaptive or asynchronous run includes the run's end (the last
+landing, the final exchange: on rank 0 the server's replies to the others).
 
 Lines are buffered and written whole (`MetricsWriter`), flushed every FLUSH_EVERY_S or FLUSH_RECORDS
 records, at the end and on failure: a killed run leaves complete lines up to its last flush.
@@ -104,13 +111,14 @@ def step_metrics(record: dict[str, Any], *, site: str, device: int, lr: float, t
     """A metrics line from one worker step record (geotrain.runtime.worker.Worker.train_step)."""
     span = record.get("emulated")
     collective_s = float(record["dp_emulated_s"])
+    exchange_s = float(record.get("exchange_s", 0.0))  # an asynchronous outer sync's, on the step's own clock
     if span is not None:
         step_s = span["end_s"] - span["start_s"]
-        comm_s = collective_s / time_scale if time_scale > 0 else collective_s
+        comm_s = (collective_s / time_scale if time_scale > 0 else collective_s) + exchange_s
         inter = float(span["inter_region_bytes"])
         bytes_intra, bytes_inter = float(span["bytes"]) - inter, inter
     else:
-        step_s, comm_s = float(record["iteration_s"]), float(record["dp_s"])
+        step_s, comm_s = float(record["iteration_s"]), float(record["dp_s"]) + exchange_s
         bytes_intra = bytes_inter = None
     compute_s = float(record["compute_s"])
     comm_s = min(comm_s, max(0.0, step_s - compute_s))
@@ -122,7 +130,9 @@ def step_metrics(record: dict[str, Any], *, site: str, device: int, lr: float, t
             "bytes_pp": int(record.get("pp_bytes", 0)), "grad_norm": _finite(record.get("grad_norm")),
             "val_loss": _finite(record.get("val_loss")),
             "emulated_start_s": None if span is None else span["start_s"],
-            "emulated_end_s": None if span is None else span["end_s"]}
+            "emulated_end_s": None if span is None else span["end_s"],
+            "progress_step": int(record.get("progress_step", record["step"])),
+            "global_updates": record.get("global_updates")}
 
 
 def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:

@@ -73,10 +73,9 @@ class RunObserver(NullObserver):
         self.cost_s += time.perf_counter() - started
 
     def _step(self, record: dict[str, Any]) -> None:
-        cfg = self.config
-        line = step_metrics(record, site=self.site, device=self.device, lr=lr_at(record["step"], cfg.run.steps,
-                                                                                   cfg.optim.lr),
-                            tokens=self.tokens, time_scale=cfg.emulation.time_scale, t_wall=time.time())
+        # the learning rate the worker set (adaptive local steps: by the run's progress, not the rank's own step)
+        line = step_metrics(record, site=self.site, device=self.device, lr=record["lr"], tokens=self.tokens,
+                            time_scale=self.config.emulation.time_scale, t_wall=time.time())
         self.writer.write(line)
 
     def event(self, name: str, step: int, **fields: Any) -> None:

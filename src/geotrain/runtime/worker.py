@@ -47,7 +47,7 @@ from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog
 from geotrain.sync.adaptive import AdaptiveOuterSync
-from geotrain.sync.async_step import AsyncOuterGradientSync
+from geotrain.sync.async_step import AsyncOuterGradientSync, progress_steps
 from geotrain.sync.base import ComputeTimer
 
 EXIT_WORKER_ERROR = 1
@@ -192,7 +192,9 @@ class Worker:
         self.slowdown.before_step()
         mark = self.transport.step_mark(self.emulation)
         inputs, targets = self._batch(step)
-        self.dp.set_lr(lr_at(step if lr_step is None else lr_step, cfg.run.steps, cfg.optim.lr))
+        progress = step if lr_step is None else lr_step
+        lr = lr_at(progress, cfg.run.steps, cfg.optim.lr)
+        self.dp.set_lr(lr)
         self.dp.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss = self.pipeline.step(inputs, targets)
@@ -206,7 +208,7 @@ class Worker:
         transfers = self.transport.p2p_since(self.emulation, mark)
         collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
-                "loss": loss, "samples": self.share,
+                "loss": loss, "samples": self.share, "lr": lr, "progress_step": progress,
                 "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
@@ -366,12 +368,11 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
     steps = itertools.takewhile(lambda _: not worker.dp.done, itertools.count()) if asynchronous else range(
         worker.start_step, end)
     for step in steps:
-        pushes = worker.dp.outer.pushes if asynchronous else 0
+        outer = worker.dp.outer if asynchronous else None
+        before = (outer.pushes, outer.outer_step, outer.exchange_s) if outer is not None else None
         record = worker.train_step(step)
         if asynchronous:  # the global model this rank holds: its updates and its time (when its server sent it)
-            record.update(global_updates=worker.dp.outer.outer_step, global_time_s=worker.dp.outer.model_time_s)
-            if worker.dp.evaluates_now(pushes, data.eval_every if data.eval_local else 0):
-                record["val_loss"] = worker.evaluate()
+            _async_record(worker, worker.dp, record, before)
         elif data.evaluates_after(step, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
@@ -381,25 +382,41 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
         watchdog.publish_step(step + 1)
         if checkpoint.due(step + 1, end) and not asynchronous:
             observer.event("checkpoint", step + 1, **worker.save(step + 1))
-    if asynchronous:
-        _finish_async(worker, worker.dp, observer)
+    if asynchronous and checkpoint.checkpoint_dir is not None:
+        observer.event("checkpoint", run.steps, **worker.save(run.steps))
     return _gather_records(config, rank, worker)
 
 
-def _finish_async(worker: Worker, sync: AsyncOuterGradientSync, observer: NullObserver) -> None:
+def _async_record(worker: Worker, sync: AsyncOuterGradientSync, record: dict[str, Any],
+                  before: tuple[int, int, float]) -> None:
+    """An asynchronous step's record (before its line is written): the global model this rank holds after it, the
+    run's progress (`progress_step`: the equal schedule's step of the global model the step started from),
+    `exchange_s` (its blocking exchange, the step's clock); its validation; after the last step, the end."""
+    cfg = worker.config
+    pushes, updates, exchanged = before
+    record.update(global_updates=sync.outer.outer_step, global_time_s=sync.outer.model_time_s,
+                  progress_step=min(cfg.run.steps - 1, progress_steps(updates, sync.outer.sync_every, cfg.replicas)),
+                  exchange_s=sync.outer.exchange_s - exchanged)
+    if not sync.done and sync.evaluates_now(pushes, cfg.data.eval_every if cfg.data.eval_local else 0):
+        record["val_loss"] = worker.evaluate()
+    if sync.done:
+        _finish_async(worker, sync, record)
+
+
+def _finish_async(worker: Worker, sync: AsyncOuterGradientSync, last: dict[str, Any]) -> None:
     """The asynchronous run's end (sync/async_step.py): the final exchange (every rank then holds the final global
-    model), whose bytes and emulated end the last step's record takes, its validation, and the checkpoint."""
+    model; rank 0 serves the others' last replies), whose bytes, seconds and emulated end the last step's record
+    takes, and its validation."""
     mark = worker.transport.step_mark(worker.emulation)
-    last = worker.records[-1]
+    exchanged = sync.outer.exchange_s
     last["dp_bytes"] += sync.finish()
     last["param_sum"] = sync.fingerprint()
-    last.update(global_updates=sync.outer.outer_step, global_time_s=sync.outer.model_time_s)
+    last.update(global_updates=sync.outer.outer_step, global_time_s=sync.outer.model_time_s,
+                exchange_s=last["exchange_s"] + sync.outer.exchange_s - exchanged)
     span = worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of)
     _extend_span(last, span)
     if worker.config.data.eval_every:
         last["val_loss"] = worker.evaluate()
-    if worker.config.checkpoint.checkpoint_dir is not None:
-        observer.event("checkpoint", worker.config.run.steps, **worker.save(worker.config.run.steps))
 
 
 def _extend_span(record: dict[str, Any], span: dict[str, Any] | None) -> None:
@@ -427,18 +444,18 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
         before, local = sync.outer_step, sync.my_local_steps
         record = worker.train_step(step, min(sync.progress_step(), run.steps - 1))
         record.update(outer_step=sync.outer_step, local_steps=local, syncs_landed=sync.outer_step - sync.in_flight)
+        if sync.outer_step >= periods:  # the last step: the end's landing before its validation and its line
+            mark = worker.transport.step_mark(worker.emulation)
+            nbytes = sync.flush(worker.timer)  # the sync and step times in flight (every rank ended its last period)
+            record.update(param_sum=sync.fingerprint(), syncs_landed=sync.outer_step,
+                          dp_bytes=record["dp_bytes"] + nbytes)
+            _extend_span(record, worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of))
         if sync.outer_step > before and data.evaluates_after(min(sync.outer_step * every, run.steps) - 1, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         observer.step(record)
         step += 1
         watchdog.publish_step(step)
-    mark = worker.transport.step_mark(worker.emulation)
-    nbytes = sync.flush(worker.timer)  # lands the sync and step times in flight (every rank ended its last period)
-    if worker.records:  # the last step's record takes the landing: its bytes, traffic and emulated end
-        last = worker.records[-1]
-        last.update(param_sum=sync.fingerprint(), syncs_landed=sync.outer_step, dp_bytes=last["dp_bytes"] + nbytes)
-        _extend_span(last, worker.transport.step_span(worker.emulation, mark, worker.config.cluster.region_of))
     if worker.config.checkpoint.checkpoint_dir is not None:
         observer.event("checkpoint", run.steps, **worker.save(run.steps))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -196,6 +197,9 @@ class AsyncOuterSync:
         self.inner_steps = 0
         self.period_steps = 0
         self.finished = False
+        self.exchange_s = 0.0
+        """Seconds this rank spent blocked in its exchanges with its server (request out to reply in): emulated
+        seconds on emulated links (the reply's arrival less the request's hand-off), else wall seconds."""
 
     @property
     def bytes_sent(self) -> int:
@@ -218,15 +222,20 @@ class AsyncOuterSync:
             self._publish_clock()
 
     def _exchange(self, request: Request) -> Reply:
-        """Send `request`, block for the reply; on emulated links this rank's clock becomes the reply's arrival."""
+        """Send `request`, block for the reply; on emulated links this rank's clock becomes the reply's arrival.
+        Adds the exchange's seconds to `exchange_s`."""
         if self.emulation is None:
-            return self.mailbox.request(self.rank, request)[0]
+            started = time.perf_counter()
+            reply = self.mailbox.request(self.rank, request)[0]
+            self.exchange_s += time.perf_counter() - started
+            return reply
         state = self.emulation
         with state.lock:
             held = state.clock.hold()
         reply, arrival = self.mailbox.request(self.rank, request, held[0])
         with state.lock:
             state.clock.finish(held, arrival)
+        self.exchange_s += max(0.0, arrival - held[0])
         self._publish_clock()
         return reply
 

@@ -28,6 +28,12 @@ def run_budget(total_steps: int, sync_every: int, replicas: int) -> int:
     return replicas * math.ceil(total_steps / sync_every)
 
 
+def progress_steps(updates: int, sync_every: int, replicas: int) -> int:
+    """The run's progress in steps of the equal schedule (R replicas x 1 inner step each) of a global model holding
+    `updates` replica outer gradients (H inner steps each): updates x H // R (run_budget's inverse)."""
+    return updates * sync_every // replicas
+
+
 class AsyncOuterGradientSync(GradientSync):
     """Inner AdamW steps; every H of them an asynchronous outer update (module doc)."""
 
