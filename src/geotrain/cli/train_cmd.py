@@ -152,10 +152,26 @@ def stray_torchrun_variables() -> list[str]:
 def iteration_table(out: Output, report: Any) -> None:
     rows = [[row.step, f"{row.loss:.4f}", f"{row.iteration_s:.3f}", f"{row.compute_s:.3f}",
              f"{row.comm_predicted_s:.3f}", f"{row.comm_measured_s:.3f}",
-             f"{row.dp_measured_s:.3f}", f"{row.pp_measured_s:.3f}", f"{row.error_pct:+.1f}"] for row in report.rows]
-    out.table(f"iterations of plan {report.plan} (seconds; comm = dp + pp)",
+             f"{row.dp_measured_s:.3f}", f"{row.pp_measured_s:.3f}",
+             "-" if row.error_pct is None else f"{row.error_pct:+.1f}"] for row in report.rows]
+    how = ("by the run's progress (ranks took different numbers of steps: a row holds each rank's steps at that "
+           "step of the equal schedule, the slowest rank's seconds; comm = dp + pp, compared over the run only)"
+           if report.uneven else "(seconds; comm = dp + pp)")
+    out.table(f"iterations of plan {report.plan} {how}",
               ["step", "loss", "iteration", "compute", "comm predicted", "comm measured", "dp meas.", "pp meas.",
                "error %"], rows)
+
+
+def validation_tables(out: Output, report: Any) -> None:
+    """The global model's evaluations by the run's completed steps; a replica's own evaluations (asynchronous
+    --eval-local) apart, labelled by replica."""
+    if report.validation:
+        out.table("validation (held-out loss, nats)", ["after step", "loss"],
+                  [[step, f"{loss:.4f}"] for step, loss in report.validation])
+    if report.replica_validation:
+        out.table("validation by each replica of the global model it held (held-out loss, nats)",
+                  ["replica", "after step (the global model's)", "loss"],
+                  [[replica, step, f"{loss:.4f}"] for replica, step, loss in report.replica_validation])
 
 
 def summary_rows(reports: list[Any]) -> list[list[Any]]:
@@ -280,9 +296,7 @@ def run(args: Any) -> int:
         out.emit_json({**report.to_json(), "elastic": False, "wall_s": wall_s, **run_dir_json(config)})
         return 0
     iteration_table(out, report)
-    if report.validation:
-        out.table("validation (held-out loss, nats)", ["after step", "loss"],
-                  [[step, f"{loss:.4f}"] for step, loss in report.validation])
+    validation_tables(out, report)
     out.table("summary (means over iterations after the first)", SUMMARY_COLUMNS, summary_rows([report]))
     schedule = config.schedule
     out.text(f"stage boundaries {list(report.boundaries)} (split {schedule.split}"

@@ -12,6 +12,11 @@ slot's measured compute of that iteration; "yuan"/"ring": their comm + the slowe
 `replicas_in_sync`: every step, all replicas of each stage had bit-identical weights (a checksum).
 Summary figures are means over iterations after the first (the first pays one-off set-up costs);
 with a single iteration, that one.
+Uneven runs (adaptive local steps, asynchronous outer updates: ranks take different numbers of steps) have one
+row per step of the run's progress (runtime.report_progress), each from the records of the ranks' steps at that
+point (per rank summed, the slowest rank's), at most `--steps` rows; a row's comm is compared with the prediction
+only over the run (a sync falls in some rows, not in others: one row's error says nothing). An asynchronous
+rank's exchange with the global model's server counts as its DP communication.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from geotrain.runtime import report_progress as progress
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
 from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s, sync_rate
@@ -51,6 +57,8 @@ class IterationRow:
     iteration_predicted_links_s: dict[str, float] = field(default_factory=dict)
     dp_bytes: int = 0
     """The most payload bytes one rank handed to its DP collectives this step (posted ones when they land)."""
+    compared: bool = True
+    """Whether this row's comm is compared with the prediction (error_pct; False in an uneven run's rows)."""
 
     @property
     def comm_measured_s(self) -> float:
@@ -61,8 +69,8 @@ class IterationRow:
         return self.dp_predicted_s + self.pp_predicted_s
 
     @property
-    def error_pct(self) -> float:
-        return relative_error_pct(self.comm_measured_s, self.comm_predicted_s)
+    def error_pct(self) -> float | None:
+        return relative_error_pct(self.comm_measured_s, self.comm_predicted_s) if self.compared else None
 
     def to_json(self) -> dict[str, Any]:
         return {"step": self.step, "loss": self.loss, "iteration_s": self.iteration_s, "compute_s": self.compute_s,
@@ -89,7 +97,12 @@ class RunReport:
     config: dict[str, Any]
     replicas_in_sync: bool
     validation: tuple[tuple[int, float], ...] = ()
-    """(completed steps, mean validation loss in nats) per evaluation."""
+    """(completed steps of the run, mean validation loss in nats) per evaluation of the global model."""
+    replica_validation: tuple[tuple[int, int, float], ...] = ()
+    """(replica, completed steps of the global model it scored, loss in nats): asynchronous --eval-local, each
+    replica's own evaluations mid-run (report_progress.validations)."""
+    uneven: bool = False
+    """Ranks took different numbers of steps (adaptive local steps, asynchronous): rows by the run's progress."""
     boundaries: tuple[int, ...] = ()
     """The run's stage cut: layers [b_v, b_{v+1}) form pipeline stage v (runtime.stages)."""
     compute_fraction: dict[str, float] = field(default_factory=dict)
@@ -151,6 +164,9 @@ class RunReport:
                 "bytes": {"dp_per_stage": list(self.dp_bytes_per_stage), "pp_per_cut": self.pp_bytes_per_cut},
                 "iterations": [row.to_json() for row in self.rows], "config": self.config,
                 "validation": [{"step": step, "loss": loss} for step, loss in self.validation],
+                "replica_validation": [{"replica": replica, "step": step, "loss": loss}
+                                       for replica, step, loss in self.replica_validation],
+                "rows_by": "progress" if self.uneven else "step",
                 "boundaries": list(self.boundaries)}
 
 
@@ -194,11 +210,30 @@ def emulated_periods_s(by_step: dict[int, list[dict[str, Any]]], time_scale: flo
     return periods
 
 
+def dp_seconds(record: dict[str, Any], time_scale: float) -> float:
+    """A record's DP communication seconds (wall, emulated links time-scaled): its collectives and an asynchronous
+    exchange (`exchange_s`: emulated seconds under emulation, else wall)."""
+    exchange = float(record.get("exchange_s", 0.0))
+    return record["dp_s"] + (exchange * time_scale if record.get("emulated") else exchange)
+
+
+def _busiest(step_records: Sequence[dict[str, Any]], seconds: Any) -> float:
+    """The most seconds(record) one rank summed over its records of a row (one record each in lock-step)."""
+    per_rank: dict[tuple[int, int], float] = defaultdict(float)
+    for record in step_records:
+        per_rank[(record["stage"], record["replica"])] += seconds(record)
+    return max(per_rank.values())
+
+
 def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> RunReport:
     """Aggregate the gathered records of all ranks (any order) into a RunReport."""
     by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        by_step[record["step"]].append(record)
+    uneven = progress.uneven(records)
+    if uneven:
+        by_step.update(progress.progress_groups(records, config.run.steps))
+    else:
+        for record in records:
+            by_step[record["step"]].append(record)
     stages, replicas = config.stages, config.replicas
     dp_bytes = [0] * stages
     pp_bytes = 0
@@ -214,7 +249,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
         compute = np.zeros((stages, replicas))
         for record in step_records:
-            compute[record["stage"], record["replica"]] = record["compute_s"]
+            compute[record["stage"], record["replica"]] += record["compute_s"]
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
                                            config.schedule.microbatches, config.schedule.schedule, time_scale, model,
                                            virtual, rate)
@@ -226,18 +261,20 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     for step in sorted(by_step):
         step_records = by_step[step]
         dp_by_stage = np.zeros(stages)
-        for record in step_records:
-            dp_by_stage[record["stage"]] = max(dp_by_stage[record["stage"]], record["dp_s"])
+        for stage in range(stages):
+            of_stage = [r for r in step_records if r["stage"] == stage]
+            if of_stage:
+                dp_by_stage[stage] = _busiest(of_stage, lambda r: dp_seconds(r, config.emulation.time_scale))
         # the mean over the replicas' sequences (--batch-shares: replicas hold different numbers of them)
         losses = [r["loss"] for r in step_records if r["loss"] is not None]
         weights = [r.get("samples", 1) for r in step_records if r["loss"] is not None]
-        if not any("outer_step" in r for r in step_records):
+        if not uneven:
             for stage in range(stages):
                 in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
         rows.append(IterationRow(
             step=step, loss=float(np.average(losses, weights=weights)),
-            iteration_s=max(r["iteration_s"] for r in step_records),
-            compute_s=max(r["compute_s"] for r in step_records),
+            iteration_s=_busiest(step_records, lambda r: r["iteration_s"]),
+            compute_s=_busiest(step_records, lambda r: r["compute_s"]),
             dp_measured_s=float(dp_by_stage.max()),
             pp_measured_s=float(_pp_seconds(step_records, stages, replicas).max()),
             dp_predicted_s=prediction.dp_s, pp_predicted_s=prediction.pp_s,
@@ -246,7 +283,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             iteration_predicted_emulated_s=iteration_predictions(step_records, 1.0) if step in periods else {},
             iteration_predicted_links_s=(iteration_predictions(step_records, 1.0) if config.emulation.time_scale <= 0
                                          else {}),
-            dp_bytes=max(int(r["dp_bytes"]) for r in step_records)))
+            dp_bytes=max(int(r["dp_bytes"]) for r in step_records), compared=not uneven))
     # adaptive local steps (records with outer_step): ranks agree on the anchor between the same landed syncs, not
     # at a step index
     by_period: dict[tuple[int, int], set[float]] = defaultdict(set)
@@ -254,16 +291,20 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         if "outer_step" in record:
             by_period[(record.get("syncs_landed", record["outer_step"]), record["stage"])].add(record["param_sum"])
     in_sync &= all(len(sums) == 1 for sums in by_period.values())
-    validation = sorted({(r["step"] + 1, r["val_loss"]) for r in records if r.get("val_loss") is not None})
+    if progress.asynchronous(records):  # replicas hold different global models until the end's exchange
+        in_sync = progress.final_models_agree(records)
+    validation, replica_validation = progress.validations(records, config.run.steps, config.optim.sync_every,
+                                                          replicas)
     per_replica = {r["replica"]: int(r.get("samples", config.schedule.batch_size)) for r in records}
     samples = tuple(per_replica.get(replica, config.schedule.batch_size) for replica in range(replicas))
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
-                     validation=tuple(validation),
+                     validation=tuple(validation), replica_validation=tuple(replica_validation), uneven=uneven,
                      boundaries=tuple(records[0].get("boundaries", ())) if records else (),
                      compute_fraction=slot_compute_fraction(config, by_step), samples=samples,
-                     step_s=float(np.mean([step_seconds(by_step[k]) for k in steady_steps(by_step)])))
+                     step_s=(progress.progress_step_s(records, config.run.steps) if uneven else
+                             float(np.mean([step_seconds(by_step[k]) for k in steady_steps(by_step)]))))
 
 
 def steady_steps(by_step: dict[int, Any]) -> list[int]:

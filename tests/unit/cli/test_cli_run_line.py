@@ -29,6 +29,16 @@ def test_local_sgd_and_a_recipe_are_named():
     assert "(the plan's WAN recipe)" in what_runs(config(sync_every=5), recipe)
 
 
+def test_an_asynchronous_outer_sync_is_named_as_such():
+    line = what_runs(config(sync_every=4, outer_sync="async"), PLAN)
+    assert ("sync: asynchronous DiLoCo (async: each replica sends its outer gradient to the global model's server "
+            "every 4 of its steps and goes on without waiting; outer lr 0.7, momentum 0.9), the whole model in fp32 "
+            "both ways (no codec);") in line
+    assert "local SGD" not in line
+    assert "asynchronous DiLoCo (async-hierarchical:" in what_runs(config(sync_every=4,
+                                                                          outer_sync="async-hierarchical"), PLAN)
+
+
 def test_sync_every_alone_on_a_short_run_says_its_outer_settings_and_why():
     note = outer_settings_note(config(sync_every=5, steps=30))
     assert note.startswith("geotrain: note: --sync-every 5: outer Nesterov lr 0.7, momentum 0.9")
