@@ -4,7 +4,11 @@
 collectives) and waiting, their shares of the step, and the payload bytes sent inside and between regions
 (totals). Means are over the steps after the first (the first pays one-off set-up costs; all steps when there
 is one). A site's figures are the means over its ranks. `holding_back(split)` names the site whose ranks
-wait least while the others wait: the one the rest wait for. `plot_run` draws the report's four panels.
+wait least while the others wait: the one the rest wait for (never in an asynchronous run: no rank waits for
+another's step). `loss_lines` gives the loss panel's points, `plot_run` draws the report's four panels.
+
+Time on the plots is measured from the loop's start (the earliest step's start: the processes' start-up is not
+on the axis), emulated seconds when the lines carry them, else wall seconds.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from geotrain.observe.rank_spread import MAX_RANK_BARS, rank_spread
 
 PARTS = ("compute_s", "comm_s", "wait_s")
 MARGIN_PCT = 5.0
@@ -66,15 +72,17 @@ def time_split(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
             entry[key] = float(sum(known)) if known else None
         sites.append(entry)
     used = sorted({s["step"] for s in steady})
-    return {"ranks": ranks, "sites": sites, "steps_used": [used[0], used[-1]] if used else []}
+    return {"ranks": ranks, "sites": sites, "steps_used": [used[0], used[-1]] if used else [],
+            "asynchronous": any(s.get("global_updates") is not None for s in steps)}
 
 
 def holding_back(split: dict[str, Any]) -> dict[str, Any] | None:
     """The site the others wait for: the least waiting share among sites, when another site waits more
     (None with one site, or when the others wait less than MARGIN_PCT points more).
-    Returns {site, wait_pct, others_wait_pct, compute_s, others_compute_s}."""
+    Returns {site, wait_pct, others_wait_pct, compute_s, others_compute_s}. None in an asynchronous run: there a
+    rank's wait is host work, not a peer (its exchange with the server is comm)."""
     sites = split["sites"]
-    if len(sites) < 2:
+    if len(sites) < 2 or split.get("asynchronous"):
         return None
     slow = min(sites, key=lambda s: (s["wait_pct"], -s["compute_s"]))
     others = [s for s in sites if s is not slow]
@@ -85,12 +93,46 @@ def holding_back(split: dict[str, Any]) -> dict[str, Any] | None:
             "compute_s": slow["compute_s"], "others_compute_s": sum(s["compute_s"] for s in others) / len(others)}
 
 
-def _time_of(record: dict[str, Any], origin_wall: float) -> float:
-    """A record's time for the plots: its emulated end when emulated, else wall seconds since the origin."""
+def loop_origin(steps: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """(emulated, wall) seconds of the loop's start: the earliest step's start (emulated_start_s; wall: t_wall less
+    step_s, the step's own span when it was measured in wall seconds)."""
+    emulated = [float(s["emulated_start_s"]) for s in steps if s.get("emulated_start_s") is not None]
+    wall = min((float(s["t_wall"]) - (0.0 if s.get("emulated_start_s") is not None else float(s["step_s"]))
+                for s in steps), default=0.0)
+    return (min(emulated) if emulated else 0.0), wall
+
+
+def _time_of(record: dict[str, Any], origin: tuple[float, float]) -> float:
+    """A record's time for the plots since the loop's start (loop_origin): its emulated end when emulated, else
+    wall seconds."""
     for key in ("emulated_end_s", "emulated_s"):
         if record.get(key) is not None:
-            return float(record[key])
-    return float(record["t_wall"]) - origin_wall
+            return float(record[key]) - origin[0]
+    return float(record["t_wall"]) - origin[1]
+
+
+MAX_LOSS_LINES = 8
+"""Up to this many replicas the loss panel draws one line per replica; above it, one per site."""
+
+
+def loss_lines(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The loss panel's points, each list in time order (seconds since loop_origin): {"lines": {label: [(t, loss)]}
+    one per replica ("replica r (site)"; per site above MAX_LOSS_LINES replicas), "validation": [(t, loss)] the
+    validation losses (the global model's: every replica scores the same one, or a replica its copy of it)}.
+    Ranks that take different numbers of steps (adaptive, asynchronous) keep their own line, so no line runs back
+    in time."""
+    origin = loop_origin(steps)
+    many = len({s["replica"] for s in steps}) > MAX_LOSS_LINES
+    lines: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    validation: set[tuple[float, float]] = set()
+    for s in steps:
+        t = _time_of(s, origin)
+        if s.get("loss") is not None:
+            lines[s["site"] if many else f"replica {s['replica']} ({s['site']})"].append((t, float(s["loss"])))
+        if s.get("val_loss") is not None:
+            validation.add((round(t, 9), float(s["val_loss"])))
+    return {"lines": {label: sorted(points) for label, points in sorted(lines.items())},
+            "validation": sorted(validation)}
 
 
 def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], path: Path | str,
@@ -103,19 +145,19 @@ def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], 
     import matplotlib.pyplot as plt
 
     split = time_split(steps)
-    origin = min(float(s["t_wall"]) for s in steps)
+    origin = loop_origin(steps)
     emulated = any(s.get("emulated_end_s") is not None for s in steps)
     unit = "emulated s" if emulated else "wall s"
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     (loss_ax, site_ax), (bytes_ax, rank_ax) = axes
 
-    by_step: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for s in steps:
-        if s["loss"] is not None:
-            by_step[s["step"]].append(s)
-    xs = [max(_time_of(r, origin) for r in by_step[k]) for k in sorted(by_step)]
-    ys = [sum(r["loss"] for r in by_step[k]) / len(by_step[k]) for k in sorted(by_step)]
-    loss_ax.plot(xs, ys, marker=".", color="tab:blue", label="loss (mean over replicas)")
+    points = loss_lines(steps)
+    for label, line in points["lines"].items():
+        loss_ax.plot([t for t, _ in line], [v for _, v in line], marker=".", markersize=3, linewidth=1,
+                     label=f"loss, {label}")
+    if points["validation"]:
+        loss_ax.plot([t for t, _ in points["validation"]], [v for _, v in points["validation"]], "o", color="black",
+                     markersize=5, label="validation (global model)")
     marked: set[str] = set()
     for e in events:
         style = {"outer_sync": ("tab:green", "--"), "failure": ("tab:red", "-"), "checkpoint": ("grey", ":"),
@@ -126,11 +168,14 @@ def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], 
         loss_ax.axvline(_time_of(e, origin), color=color, linestyle=line, linewidth=0.8,
                         label=e["event"] if e["event"] not in marked else None)
         marked.add(e["event"])
-    loss_ax.set(xlabel=f"time ({unit})", ylabel="loss (nats)", title="loss against time")
+    loss_ax.set(xlabel=f"time since the loop's start ({unit})", ylabel="loss (nats)", title="loss against time")
     loss_ax.legend(fontsize=8)
 
     colors = {"compute_s": "tab:blue", "comm_s": "tab:orange", "wait_s": "tab:red"}
     for ax, rows, label in ((site_ax, split["sites"], "site"), (rank_ax, split["ranks"], "rank")):
+        if label == "rank" and len(rows) > MAX_RANK_BARS:  # 3,000 bars are unreadable: each site's spread
+            rank_spread(ax, rows, unit)
+            continue
         names = [r["site"] if label == "site" else f"r{r['rank']}\n{r['site']}" for r in rows]
         bottom = [0.0] * len(rows)
         for key in PARTS:
@@ -152,7 +197,7 @@ def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], 
             xs_b.append(t)
             ys_b.append(total / 1e6)
         bytes_ax.step(xs_b, ys_b, where="post", label=site)
-    bytes_ax.set(xlabel=f"time ({unit})", ylabel="MB sent to other regions (cumulative)",
+    bytes_ax.set(xlabel=f"time since the loop's start ({unit})", ylabel="MB sent to other regions (cumulative)",
                  title="inter-region bytes over time, by sending site")
     if per_site:
         bytes_ax.legend(fontsize=8)
