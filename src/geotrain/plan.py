@@ -10,6 +10,11 @@ Only "stages", "replicas" and "assignment" are required when reading; "method" (
 object of seconds), "seconds" (a number) and "microbatches" (an integer >= 1, `plan` auto-configuration)
 are typed when present; other fields (seed, cluster, job, cost_model, options, details, lower bound,
 candidates...) are kept as they are in `Plan.extra`.
+Which cluster and job a plan was made for (`geotrain plan` records them): "cluster" (its name) and
+"cluster_fingerprint" (`Cluster.fingerprint()`: what placement depends on), "job" (its name) and "job_spec"
+(the job's fields). `train --plan` and `cost --plan` refuse a plan whose fingerprint is another cluster's
+(`Plan.check_cluster`; a plan with a cluster name but no fingerprint, from an older geotrain, is noted and
+taken); `cost --plan` scores the recorded job (`Plan.recorded_job`).
 An optional "codecs" object (`geotrain plan --codecs auto`) records the codec choice:
     {"version": 1, "policy": "dp=sign,pp=int8-block", "tolerance": 0.02,
      "dp": [S codec specs, one per stage's DP group], "pp": [S-1 codec specs, one per stage cut],
@@ -35,9 +40,10 @@ from typing import Any
 
 import numpy as np
 
-from geotrain.cluster.model import MAX_DEVICES
+from geotrain.cluster.model import MAX_DEVICES, Cluster
 from geotrain.cost.assignment import AssignmentError, as_assignment
 from geotrain.errors import GeotrainError, shown
+from geotrain.job import JOB_PRESETS, Job, JobError, job_from_dict, job_to_dict
 from geotrain.yaml_text import document_errors_as, parse_document, read_text_file
 
 
@@ -163,6 +169,46 @@ class Plan:
             return as_assignment(self.assignment, self.stages, self.replicas, n_devices)
         except AssignmentError as exc:
             raise PlanError(f"{source}: {exc}") from None
+
+
+    def check_cluster(self, cluster: Cluster, source: str = "<plan>", cluster_source: str = "<cluster>") -> str | None:
+        """PlanError when the plan was made for another cluster (its recorded fingerprint is not `cluster`'s),
+        naming both; a note (one line) when it names a cluster but records no fingerprint (an older plan,
+        taken unchecked); None when it fits or records no cluster (a hand-written plan)."""
+        recorded = self.extra.get("cluster_fingerprint")
+        name = self.extra.get("cluster")
+        if recorded is None:
+            if name is None:
+                return None
+            return (f"{source} records cluster {shown(name)} but no cluster fingerprint (a plan of an older "
+                    f"geotrain): not checked against {cluster_source}")
+        if recorded != cluster.fingerprint():
+            raise PlanError(f"{source} is a plan for cluster {shown(name)} (fingerprint {recorded}), not for "
+                            f"{cluster_source}: cluster {shown(cluster.name)} (fingerprint {cluster.fingerprint()}); "
+                            f"plan again with --cluster {cluster_source}")
+        return None
+
+    def recorded_job(self, source: str = "<plan>") -> Job | None:
+        """The job the plan was made for: its recorded fields ("job_spec"), else the preset its "job" names;
+        None when it records neither."""
+        spec = self.extra.get("job_spec")
+        if spec is not None:
+            try:
+                return job_from_dict(spec, f"{source}: job_spec")
+            except JobError as exc:
+                raise PlanError(str(exc)) from None
+        name = self.extra.get("job")
+        return JOB_PRESETS.get(name) if isinstance(name, str) else None
+
+
+def cluster_record(cluster: Cluster) -> dict[str, str]:
+    """What a plan records of the cluster it was made for: its name and fingerprint."""
+    return {"cluster": cluster.name, "cluster_fingerprint": cluster.fingerprint()}
+
+
+def job_record(job: Job) -> dict[str, Any]:
+    """What a plan records of the job it was made for: its name and fields."""
+    return {"job": job.name, "job_spec": job_to_dict(job)}
 
 
 def _layout(doc: dict[str, Any], source: str) -> tuple[int, int, np.ndarray]:

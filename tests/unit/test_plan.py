@@ -83,3 +83,41 @@ def test_document_errors_as_passes_other_errors_through():
     with pytest.raises(PlanError, match="^f.json: line 2: broken$"):
         with document_errors_as(PlanError):
             raise DocumentError("f.json", "line 2", "broken")
+
+
+def test_a_plan_records_its_cluster_and_is_refused_on_another_naming_both():
+    from geotrain.cluster import parse_cluster_text
+    from geotrain.plan import cluster_record
+
+    text = "name: {name}\nregions:\n  - {{name: a, devices: 2, gpu: T4, intra: {{gbps: {gbps}, ms: 1}}}}\n"
+    ours = parse_cluster_text(text.format(name="ours", gbps=10), "ours.yaml")
+    plan = Plan.from_json({"stages": 1, "replicas": 2, "assignment": [[0, 1]], **cluster_record(ours)}, "p.json")
+    assert plan.check_cluster(ours, "p.json", "ours.yaml") is None
+    assert plan.check_cluster(parse_cluster_text(text.format(name="renamed", gbps=10), "r.yaml")) is None
+    other = parse_cluster_text(text.format(name="ours", gbps=5), "other.yaml")
+    with pytest.raises(PlanError) as caught:
+        plan.check_cluster(other, "p.json", "other.yaml")
+    assert str(caught.value) == (f"p.json is a plan for cluster 'ours' (fingerprint {ours.fingerprint()}), not for "
+                                 f"other.yaml: cluster 'ours' (fingerprint {other.fingerprint()}); plan again with "
+                                 f"--cluster other.yaml")
+    old = Plan.from_json({"stages": 1, "replicas": 2, "assignment": [[0, 1]], "cluster": "ours"}, "old.json")
+    assert old.check_cluster(other, "old.json", "other.yaml") == (
+        "old.json records cluster 'ours' but no cluster fingerprint (a plan of an older geotrain): not checked "
+        "against other.yaml")
+    assert Plan.from_json({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}).check_cluster(other) is None
+
+
+def test_a_plan_records_its_job_whole_and_a_preset_by_name():
+    from geotrain.job import JOB_PRESETS, Job
+    from geotrain.plan import job_record
+
+    mine = Job(name="mine", params=1e8, seq_len=512, hidden=768, global_batch=64, layers=12)
+    plan = Plan.from_json({"stages": 1, "replicas": 1, "assignment": [[0]], **job_record(mine)})
+    assert plan.recorded_job() == mine
+    preset = next(iter(JOB_PRESETS))
+    assert Plan.from_json({"stages": 1, "replicas": 1, "assignment": [[0]], "job": preset}).recorded_job() == \
+        JOB_PRESETS[preset]
+    assert Plan.from_json({"stages": 1, "replicas": 1, "assignment": [[0]], "job": "gone"}).recorded_job() is None
+    bad = Plan.from_json({"stages": 1, "replicas": 1, "assignment": [[0]], "job_spec": {"name": "x"}})
+    with pytest.raises(PlanError, match=r"^p.json: job_spec"):
+        bad.recorded_job("p.json")

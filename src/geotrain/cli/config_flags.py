@@ -4,6 +4,7 @@ setting, its help and default read from the field, so each default is written on
     add_config_flags(parser)              # --steps, --dp-codec, --no-error-feedback, ...
     given = flag_settings(args)           # {section: {key: value}} of the flags actually given
     words = config_argv(config.sections())  # the flags that reproduce non-default settings
+    with errors_name_flags(args): ...     # "--steps must be ...", not "run.steps must be ...", for flags given
 
 Flags default to "not given" (argparse.SUPPRESS), so a flag overrides a --config file only when it
 is on the command line; the help shows the field's default.
@@ -12,15 +13,18 @@ is on the command line; the help shows the field's default.
 from __future__ import annotations
 
 import argparse
+import re
 import types
 import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import MISSING, Field, fields
 from typing import Any
 
 from geotrain.cli.help_format import help_with_default
 from geotrain.codecs import CodecSpec
 from geotrain.runtime.config import section_types
-from geotrain.runtime.sections import NO_FLAG, Section
+from geotrain.runtime.sections import NO_FLAG, RuntimeConfigError, Section
 
 
 def flag_of(f: Field) -> str | None:
@@ -81,3 +85,26 @@ def config_argv(sections: dict[str, Section]) -> list[str]:
                 continue
             words += [flag] if isinstance(value, bool) else [flag, str(value)]
     return words
+
+
+def given_flags(args: argparse.Namespace) -> dict[str, str]:
+    """{"section.key": "--flag"} of the config flags given on the command line."""
+    return {f"{section.SECTION}.{f.name}": flag for section in section_types() for f in fields(section)
+            for flag in [flag_of(f)] if flag is not None and hasattr(args, f.name)}
+
+
+def name_flags(message: str, flags: dict[str, str]) -> str:
+    """`message` with each `section.key` of `flags` written as the flag the user typed ("run.steps must be"
+    -> "--steps must be"); keys of a --config file's values stay as they are."""
+    for key, flag in flags.items():
+        message = re.sub(rf"(?<![\w.-]){re.escape(key)}(?![\w])", flag, message)
+    return re.sub(r"^(--[\w-]+): \1 ", r"\1 ", message)  # "--model: --model 'x': ..." says the flag once
+
+
+@contextmanager
+def errors_name_flags(args: argparse.Namespace) -> Iterator[None]:
+    """A RuntimeConfigError raised inside names the flags given on the command line, not their keys."""
+    try:
+        yield
+    except RuntimeConfigError as exc:
+        raise RuntimeConfigError(name_flags(str(exc), given_flags(args))) from None

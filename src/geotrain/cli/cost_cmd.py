@@ -1,18 +1,23 @@
 """`geotrain cost`: score a plan file with a cost model.
 
 With --json, stdout is ONE JSON object: {"cost": {"dp", "pp", "total"}, "stages", "replicas",
-"dp_per_stage", "pp_per_replica", "cost_model", "layer_shares"}; times in seconds per iteration. The plan's
-R sets c_pp. A plan with a recorded layer split (`plan --uneven-split`) is scored with its stage shares by
-the cost models that see compute ("layer_shares" in the JSON; null otherwise).
+"dp_per_stage", "pp_per_replica", "cost_model", "layer_shares", "job", "job_from"}; times in seconds per
+iteration. The plan's R sets c_pp. A plan with a recorded layer split (`plan --uneven-split`) is scored with
+its stage shares by the cost models that see compute ("layer_shares" in the JSON; null otherwise).
+The job scored ("job_from"): --job when given, else the job the plan records ("plan"), else the default
+("default"). A plan made for another cluster (its recorded fingerprint) is refused in one line.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from geotrain.cli.help_format import DefaultsHelpFormatter
 from geotrain.cli.output import Output
-from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
+from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, assignment_rows, build_placement,
+                                         region_legend)
+from geotrain.cluster import load_cluster
 from geotrain.cost.registry import UNEVEN_SPLIT_MODELS
 from geotrain.plan import Plan
 
@@ -25,25 +30,34 @@ def register(subparsers: Any) -> None:
     add_placement_arguments(parser)
     parser.add_argument("--plan", required=True, metavar="PLAN.json",
                         help='plan file: {"stages", "replicas", "assignment", ...}')
-    parser.set_defaults(handler=run)
+    parser.set_defaults(handler=run, job=None)  # not given: the plan's job, else DEFAULT_JOB
 
 
 def run(args: Any) -> int:
     out = Output(json_mode=args.json)
     plan = Plan.load(args.plan)
+    cluster = load_cluster(args.cluster)
+    note = plan.check_cluster(cluster, args.plan, args.cluster)
+    if note:
+        print(f"geotrain: note: {note}", file=sys.stderr)
+    recorded = None if args.job is not None else plan.recorded_job(args.plan)
+    job_from = "--job" if args.job is not None else "plan" if recorded is not None else "default"
+    if job_from == "default":
+        args.job = DEFAULT_JOB
     shares = None if plan.split is None else plan.split.layer_shares
     used = shares is not None and args.cost_model in UNEVEN_SPLIT_MODELS
     cluster, job, model = build_placement(args, plan.stages, plan.replicas, layer_shares=shares if used else None,
-                                          strict=False)
+                                          strict=False, cluster=cluster, job=recorded)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
     cost = model.evaluate(assignment)
     if args.json:
         out.emit_json({"cost": cost.to_json(), "stages": plan.stages, "replicas": plan.replicas,
                        "dp_per_stage": cost.dp_per_stage, "pp_per_replica": cost.pp_per_replica,
                        "cost_model": model.name,
-                       "layer_shares": shares if used else None})
+                       "layer_shares": shares if used else None, "job": job.name, "job_from": job_from})
         return 0
-    out.table(f"cost of {args.plan} on {cluster.name} ({job.name}, {model.name})", ["term", "seconds"],
+    whose = {"plan": "the plan's job", "--job": "--job", "default": "the default job; the plan records none"}[job_from]
+    out.table(f"cost of {args.plan} on {cluster.name} (job {job.name}: {whose}; {model.name})", ["term", "seconds"],
               [["dp (slowest stage all-reduce)", f"{cost.dp:.3f}"], ["pp (slowest pipeline)", f"{cost.pp:.3f}"],
                *([k, f"{v:.3f}"] for k, v in cost.extra.items()), ["total", f"{cost.total:.3f}"]])
     dp, pp = cost.dp_per_stage, cost.pp_per_replica

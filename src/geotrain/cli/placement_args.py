@@ -24,16 +24,18 @@ def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_placement(args: Any, stages: int, replicas: int, layer_shares: object = None,
-                    strict: bool = True, cluster: Cluster | None = None) -> tuple[Cluster, Job, CostModel]:
+                    strict: bool = True, cluster: Cluster | None = None,
+                    job: Job | None = None) -> tuple[Cluster, Job, CostModel]:
     """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
     (with `args.uneven_split`, where the command has it: scored with the speed layer split; else
     with `layer_shares` where given, see cost.registry.build_cost_model). A global batch that is not a
     multiple of the replicas is rounded to the nearest one, said in one note on stderr (batch_for_replicas),
     as `plan` rounded it. Planning (`strict`): any other layout the job does not fit (Job.check_layout_fits)
     is refused; scoring a given plan: said in one note.
-    `cluster`: plan on this one (e.g. the live devices of a re-plan) instead of loading `args.cluster`."""
+    `cluster`: plan on this one (e.g. the live devices of a re-plan) instead of loading `args.cluster`;
+    `job`: this one (e.g. the job a plan records) instead of loading `args.job`."""
     cluster = load_cluster(args.cluster) if cluster is None else cluster
-    job = load_job(args.job)
+    job = load_job(args.job) if job is None else job
     job.check_every_replica_has_a_sample(replicas)  # refused even where an uneven layout is only noted
     job = batch_for_replicas(job, replicas)
     try:

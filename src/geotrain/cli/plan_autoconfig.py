@@ -20,7 +20,7 @@ from geotrain.cluster import load_cluster
 from geotrain.cost.memory import MODELLED_SCHEDULES, MemoryConfig
 from geotrain.errors import GeotrainError
 from geotrain.job import load_job
-from geotrain.plan import Plan
+from geotrain.plan import Plan, cluster_record, job_record
 from geotrain.search.autoconfig import AutoConfigOptions, auto_configure
 
 
@@ -54,7 +54,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
            "seconds": result.seconds, "placement": chosen["placement"], "candidates": rows,
            "layouts_scored": result.layouts_scored, "layouts_pruned": result.layouts_pruned,
            "memory": {"zero": args.zero, "recompute": args.recompute, "schedule": args.schedule},
-           "seed": args.seed, "cluster": cluster.name, "job": job.name, "cost_model": rank_model}
+           "seed": args.seed, **cluster_record(cluster), **job_record(job), "cost_model": rank_model}
     plan = Plan.from_json(doc, "auto-config")  # the chosen layout, with every candidate recorded in plan.extra
     if args.out:
         write_json_file(plan.to_json(), args.out)

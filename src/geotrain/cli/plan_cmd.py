@@ -47,7 +47,7 @@ from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LA
 from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, WanRecipe, choose_local_steps,
                                       estimated_compute_s, outer_ladder)
 from geotrain.errors import GeotrainError, shown
-from geotrain.plan import Plan, plan_codecs, plan_split
+from geotrain.plan import Plan, cluster_record, job_record, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.search.bound_beside import BoundBeside, usable_cores
 from geotrain.search.bounds import gap
@@ -233,8 +233,8 @@ def run(args: Any) -> int:
             bound_limit = max(0.0, args.time_limit - (time.perf_counter() - started))
         with out.progress("lower bound", 1):
             result = with_lower_bound(problem, result, time_limit_s=bound_limit)
-    plan = search_plan(result, {"options": options, "seed": args.seed, "cluster": cluster.name,
-                                "job": job.name, "global_batch": job.global_batch, "cost_model": model.name,
+    plan = search_plan(result, {"options": options, "seed": args.seed, **cluster_record(full_cluster),
+                                **job_record(job), "global_batch": job.global_batch, "cost_model": model.name,
                                 "time_limit_s": args.time_limit,
                                 "wall_seconds": time.perf_counter() - started})
     if args.uneven_split:

@@ -64,6 +64,7 @@ def run(args: Any) -> int:
 
     from geotrain.cli.output import Output
     from geotrain.cluster import cluster_from_dict
+    from geotrain.cluster.gpus import UNKNOWN_GPU, gpu_type_of
     from geotrain.probe import (ProbeConfig, cluster_document, cluster_yaml, device_names, measure_all,
                                 probe_record, region_summary, regions_from_measurements)
 
@@ -72,7 +73,7 @@ def run(args: Any) -> int:
     try:
         measured = measure_all(config)
         local_ranks: list[Any] = [None] * dist.get_world_size()
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "unknown"
+        gpu = gpu_type_of(torch.cuda.get_device_name()) if torch.cuda.is_available() else UNKNOWN_GPU  # a file's type
         dist.all_gather_object(local_ranks, (int(os.environ.get("LOCAL_RANK", 0)), gpu))
     finally:
         dist.destroy_process_group()

@@ -126,7 +126,8 @@ CLUSTER_KEYS = {
                "compact form: the region's device count",
     "bandwidth_gbps": "dense form: N x N matrix of Gbit/s between devices",
     "latency_ms": "dense form: N x N matrix of one-way latency in ms",
-    "gpu": "GPU type (V100, A100, H100, T4, ...: the compute models' peak table); default `unknown`",
+    "gpu": "GPU type (V100, A100, H100, T4, ...: the compute models' peak table, checked when the file loads); "
+           "default `unknown`; a compact region's may be a list, one type per device",
     "intra": "`{gbps, ms}` between two devices of the region",
     "link": "`{gbps, ms}` of region pairs the `links` list omits",
     "host": "the host a device (or each device of a region) lives on: ranks on one host share it",

@@ -93,6 +93,7 @@ def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
 def config_from_args(args: Any) -> Any:
     """The RuntimeConfig the arguments describe (cluster, plan and --config file loaded and checked):
     the plan's settings, then the file's, then the flags'."""
+    from geotrain.cli.config_flags import errors_name_flags
     from geotrain.cluster import load_cluster
     from geotrain.plan import Plan
     from geotrain.runtime import RuntimeConfig, RuntimeConfigError
@@ -106,22 +107,28 @@ def config_from_args(args: Any) -> Any:
     cluster = load_cluster(args.cluster)
     plan = Plan.load(args.plan)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
+    note = plan.check_cluster(cluster, args.plan, args.cluster)  # a plan of another cluster: refused
+    if note:
+        print(f"geotrain: note: {note}", file=sys.stderr)
     settings = merge_settings(plan_settings(plan), settings)
     if plan.split is not None:  # a plan's cut always weights the split by speed (it is cut by speed)
         settings["schedule"]["split_by_speed"] = True
-    return RuntimeConfig(cluster, assignment, plan.method if plan.method is not None else Path(args.plan).stem,
-                         **build_sections(settings))
+    with errors_name_flags(args):
+        return RuntimeConfig(cluster, assignment, plan.method if plan.method is not None else Path(args.plan).stem,
+                             **build_sections(settings))
 
 
 def print_config(args: Any) -> None:
     """--print-config: the effective settings as TOML (with --cluster and --plan: the plan's too)."""
+    from geotrain.cli.config_flags import errors_name_flags
     from geotrain.runtime.config import build_sections
     from geotrain.runtime.config_file import config_toml
 
     if args.cluster is not None and args.plan is not None:
         sections = config_from_args(args).sections()
     else:
-        sections = build_sections(given_settings(args))
+        with errors_name_flags(args):
+            sections = build_sections(given_settings(args))
     sys.stdout.write(config_toml(sections))
 
 
@@ -247,6 +254,7 @@ def run(args: Any) -> int:
     from geotrain.runtime import build_report, launch
     from geotrain.runtime.launcher import check_before_launch
     from geotrain.runtime.sequence_check import check_sequence_fits
+    from geotrain.runtime.training_data import check_training_data
 
     if args.print_config:
         print_config(args)
@@ -257,6 +265,8 @@ def run(args: Any) -> int:
         print_torchrun(args, config, out)
         return 0
     check_sequence_fits(config)  # before any process starts: a sequence too long for memory fails in one line
+    check_training_data(config.data.data, config.data.val_fraction, config.sequence_length,
+                        evaluates=bool(config.data.eval_every))  # and a missing, empty or too short --data
     if not under_torchrun():
         say_what_runs(args, config, out)
     if config.reliability.elastic:

@@ -6,9 +6,14 @@ Compact form (every region pair appears exactly once in `links`)::
     regions:
       - {name: oregon, devices: 8, gpu: V100, intra: {gbps: 10, ms: 0.1}}
       - {name: virginia, devices: 8, host: gpu-box-7, nic_gbps: 25}
+      - {name: ohio, devices: 4, gpu: [A100, A100, T4, T4]}
     links:
       - {between: [oregon, virginia], gbps: 1.12, ms: 67}
     defaults: {intra: {gbps: 10, ms: 0.1}, link: {ms: 50}, gpu: V100, nic_gbps: 100}
+
+A region's `gpu` is one type for all its devices, or a list of one type per device (its length the
+region's `devices`). GPU types are checked against the table of geotrain.cluster.gpus when the file is
+loaded (`unknown`, the default, names none).
 
 Dense form: `devices: [{name, region, gpu, host, gpu_index, nic_gbps}]`, `bandwidth_gbps: NxN`,
 `latency_ms: NxN` (diagonal ignored).
@@ -33,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from geotrain.cluster.errors import ClusterFileError
+from geotrain.cluster.gpus import UNKNOWN_GPU, UnknownGpuError, check_gpu_type
 from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MS, MIN_GBPS, Cluster
 from geotrain.errors import shown
 from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, document_errors_as, dump_yaml_text, located,
@@ -46,7 +52,7 @@ _LINK_KEYS = {"between", "gbps", "ms"}
 _DEFAULT_KEYS = {"intra", "link", "gpu", "nic_gbps"}
 MAX_GPU_INDEX = 4095
 _FIGURE_KEYS = {"gbps", "ms"}
-DEFAULT_GPU = "unknown"
+DEFAULT_GPU = UNKNOWN_GPU
 
 
 class _Reader:
@@ -117,6 +123,24 @@ class _Reader:
             raise self.fail(path, f"must be a non-empty string, got {shown(value)}")
         return value
 
+    def gpu(self, value: Any, path: str) -> str:
+        """A GPU type of the table (geotrain.cluster.gpus) or `unknown`."""
+        name = self.text(value, path)
+        try:
+            check_gpu_type(name)
+        except UnknownGpuError as exc:
+            raise self.fail(path, str(exc)) from None
+        return name
+
+    def region_gpus(self, value: Any, path: str, size: int) -> list[str]:
+        """A region's `gpu`: one type for its `size` devices, or a list of exactly one type per device."""
+        if not isinstance(value, list):
+            return [self.gpu(value, path)] * size
+        if len(value) != size:
+            raise self.fail(path, f"must list one GPU type per device: {size} (the region's devices), "
+                                  f"got {len(value)}")
+        return [self.gpu(entry, f"{path}[{k}]") for k, entry in enumerate(value)]
+
     def figure(self, value: Any, path: str, fallback: dict, fallback_path: str) -> tuple[float, float]:
         """A {gbps, ms} mapping; missing fields come from `fallback` (the defaults)."""
         given = self.mapping(value if value is not None else {}, path, _FIGURE_KEYS)
@@ -148,7 +172,7 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
     defaults = reader.mapping(doc.get("defaults", {}), "defaults", _DEFAULT_KEYS)
     intra_default = reader.mapping(defaults.get("intra", {}), "defaults.intra", _FIGURE_KEYS)
     link_default = reader.mapping(defaults.get("link", {}), "defaults.link", _FIGURE_KEYS)
-    default_gpu = reader.text(defaults.get("gpu", DEFAULT_GPU), "defaults.gpu")
+    default_gpu = reader.gpu(defaults.get("gpu", DEFAULT_GPU), "defaults.gpu")
     default_nic = reader.optional(defaults, "nic_gbps", "defaults", reader.nic, math.inf)
 
     regions = reader.sequence(doc["regions"], "regions", min_len=1)
@@ -172,7 +196,7 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
         if sum(sizes) + size > MAX_DEVICES:
             raise reader.fail(f"{path}.devices", f"the regions so far hold {sum(sizes) + size:,} devices, "
                                                  f"more than the limit of {MAX_DEVICES:,}")
-        gpus.append(reader.text(entry.get("gpu", default_gpu), f"{path}.gpu"))
+        gpus.extend(reader.region_gpus(entry.get("gpu", default_gpu), f"{path}.gpu", size))
         hosts.append(reader.optional(entry, "host", path, reader.text))
         nics.append(reader.optional(entry, "nic_gbps", path, reader.nic, default_nic))
         if size > 1 or entry.get("intra") is not None:
@@ -225,7 +249,7 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
         device_names=device_names,
         region_names=tuple(names),
         region_of=region_of,
-        gpus=tuple(np.repeat(np.array(gpus, dtype=object), sizes)),
+        gpus=tuple(gpus),
         bandwidth_gbps=bandwidth[np.ix_(region_of, region_of)],
         latency_ms=latency[np.ix_(region_of, region_of)],
         hosts=tuple(hosts[r] for r in region_of.tolist()),
@@ -257,7 +281,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
             region_names.append(region)
         device_names.append(device)
         region_of.append(region_names.index(region))
-        gpus.append(reader.text(entry.get("gpu", DEFAULT_GPU), f"{path}.gpu"))
+        gpus.append(reader.gpu(entry.get("gpu", DEFAULT_GPU), f"{path}.gpu"))
         hosts.append(reader.optional(entry, "host", path, reader.text))
         gpu_index.append(reader.optional(entry, "gpu_index", path, reader.gpu_index))
         nics.append(reader.optional(entry, "nic_gbps", path, reader.nic, math.inf))
@@ -319,7 +343,6 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
     """Serialise to the compact form when links depend only on regions ("auto"), else the dense form."""
     if form not in ("auto", "compact", "dense"):
         raise ValueError(f"form must be 'auto', 'compact' or 'dense', got {form!r}")
-    same_gpu = all(len({cluster.gpus[d] for d in cluster.devices_in_region(r)}) == 1 for r in range(cluster.n_regions))
     # hosts and NICs can be given per region only when uniform inside each region; GPU indices never
     per_region = all(len({cluster.hosts[d] for d in cluster.devices_in_region(r)}) == 1
                      and len({float(cluster.nic_gbps[d]) for d in cluster.devices_in_region(r)}) == 1
@@ -327,9 +350,9 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
     # the compact form regenerates device names as "<region>-<k>": only use it when that is lossless
     generated = tuple(f"{cluster.region_names[r]}-{k}" for r, size in enumerate(cluster.region_sizes()) for k in range(size))
     in_region_order = bool(np.all(np.diff(cluster.region_of) >= 0))
-    compact_ok = cluster.is_region_uniform() and same_gpu and per_region and in_region_order and cluster.device_names == generated
+    compact_ok = cluster.is_region_uniform() and per_region and in_region_order and cluster.device_names == generated
     if form == "compact" and not compact_ok:
-        raise ValueError(f"cluster {shown(cluster.name)} has per-device links, GPUs, hosts or NICs: use the dense form")
+        raise ValueError(f"cluster {shown(cluster.name)} has per-device links, hosts or NICs: use the dense form")
     if form == "dense" or not compact_ok:
         return {
             "name": cluster.name,
@@ -340,8 +363,9 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
         }
     regions = []
     for r, name in enumerate(cluster.region_names):
+        region_gpus = [cluster.gpus[int(d)] for d in cluster.devices_in_region(r)]
         entry: dict[str, Any] = {"name": name, "devices": int(cluster.region_sizes()[r]),
-                                 "gpu": cluster.gpus[int(cluster.devices_in_region(r)[0])],
+                                 "gpu": region_gpus[0] if len(set(region_gpus)) == 1 else region_gpus,
                                  **_placement(cluster, int(cluster.devices_in_region(r)[0]))}
         link = cluster.region_link(r, r)
         if link is not None:

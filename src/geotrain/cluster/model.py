@@ -16,6 +16,8 @@ one peaks near 3 GB), bandwidth in MIN_GBPS..MAX_GBPS (1 kbit/s .. 1 Pbit/s) and
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -179,6 +181,15 @@ class Cluster:
         if np.ptp(block_bw) > 0 or np.ptp(block_ms) > 0:
             return None
         return Link(gbps=float(block_bw.flat[0]), ms=float(block_ms.flat[0]))
+
+    def fingerprint(self) -> str:
+        """A hash of what a placement depends on: the device count, each device's region and GPU type, the
+        bandwidth and latency matrices and the NICs (not the names of devices, regions or hosts): 16 hex
+        digits of a sha256. A plan records its cluster's (geotrain.plan)."""
+        nic = [None if not np.isfinite(x) else float(x) for x in self.nic_gbps]
+        doc = {"devices": self.n_devices, "region_of": self.region_of.tolist(), "gpus": list(self.gpus),
+               "bandwidth_gbps": self.bandwidth_gbps.tolist(), "latency_ms": self.latency_ms.tolist(), "nic_gbps": nic}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def is_region_uniform(self) -> bool:
         """True when every device pair's link depends only on the two devices' regions."""

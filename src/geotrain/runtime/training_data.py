@@ -2,7 +2,8 @@
 
 Batches are a pure function of (data seed, step, replica) (geotrain.data.replica_batch), so a
 resumed or re-planned run trains on the same windows. `data_identity` fingerprints the data files
-(size and sha256 of every file, without tokenizing) for the checkpoint identity.
+(size and sha256 of every file, without tokenizing) for the checkpoint identity. `check_training_data`
+loads --data once before any worker starts, so that a missing, empty or too short corpus is one line.
 """
 
 from __future__ import annotations
@@ -51,6 +52,20 @@ def load_training_data(data: str | None, data_seed: int, val_fraction: float,
         return TrainingData(world.train.numpy(), world.val.numpy(), world.vocab_size, f"world:{data_seed}")
     corpus = load_corpus(data, val_fraction=val_fraction)
     return TrainingData(corpus.train, corpus.val, corpus.vocab_size, corpus.source)
+
+
+def check_training_data(data: str | None, val_fraction: float, seq_len: int, evaluates: bool) -> None:
+    """Before any process starts: the corpus at `data` loads (DataError for a missing, unreadable or empty
+    file) and its train split holds one training sequence of `seq_len` + 1 tokens, its validation split too
+    when the run `evaluates`. No data (the synthetic world): nothing to check."""
+    if data is None:
+        return
+    corpus = load_corpus(data, val_fraction=val_fraction)
+    need = seq_len + 1
+    for split, ids in (("train", corpus.train), ("validation", corpus.val))[:2 if evaluates else 1]:
+        if len(ids) < need:
+            raise DataError(f"data {data!r}: its {split} split holds {len(ids)} tokens ({corpus.tokenizer}), fewer "
+                            f"than one sequence of seq_len + 1 = {need}: give more text or a shorter --seq-len")
 
 
 def data_files(data: str) -> list[Path]:

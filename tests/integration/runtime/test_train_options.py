@@ -27,40 +27,42 @@ def base(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("options, message", [
-    (["--microbatches", "0"], "microbatches must be an integer >= 1, got 0"),
-    (["--microbatches", "-2"], "microbatches must be an integer >= 1, got -2"),
-    (["--steps", "-5"], "steps must be an integer >= 1, got -5"),
-    (["--steps", "0"], "steps must be an integer >= 1, got 0"),
-    (["--batch-size", "0"], "batch_size must be an integer >= 1, got 0"),
-    (["--batch-size", "6"], r"batch_size must be a positive multiple of microbatches \(4\), got 6"),
-    (["--threads", "0"], "threads must be an integer >= 1, got 0"),
-    (["--seed", "-1"], "seed must be an integer >= 0, got -1"),
-    (["--data-seed", "-1"], "data_seed must be an integer >= 0, got -1"),
-    (["--checkpoint-every", "-1"], "checkpoint_every must be an integer >= 0, got -1"),
-    (["--stop-after", "0"], "stop_after must be an integer >= 1, got 0"),
-    (["--lr", "nan"], "lr must be a finite number > 0, got nan"),
-    (["--lr", "inf"], "lr must be a finite number > 0, got inf"),
-    (["--lr", "0"], "lr must be a finite number > 0, got 0.0"),
-    (["--time-scale", "inf"], "time_scale must be a finite number >= 0, got inf"),
-    (["--time-scale", "-1"], "time_scale must be a finite number >= 0, got -1.0"),
-    (["--heartbeat-timeout", "inf"], "heartbeat_timeout_s must be a finite number > 0, got inf"),
-    (["--heartbeat-timeout", "0.5"], "heartbeat_timeout_s must be more than twice heartbeat_interval_s"),
-    (["--comm-timeout", "inf"], "comm_timeout_s must be a finite number > 0, got inf"),
-    (["--comm-timeout", "nan"], "comm_timeout_s must be a finite number > 0, got nan"),
-    (["--comm-timeout", "-1"], "comm_timeout_s must be a finite number > 0, got -1.0"),
-    (["--comm-timeout", "0"], "comm_timeout_s must be a finite number > 0, got 0.0"),
-    (["--comm-timeout", "0.001"], "comm_timeout_s must be at least 1 s"),
+    (["--microbatches", "0"], "^--microbatches must be an integer >= 1, got 0"),
+    (["--microbatches", "-2"], "^--microbatches must be an integer >= 1, got -2"),
+    (["--steps", "-5"], "^--steps must be an integer >= 1, got -5"),
+    (["--steps", "0"], "^--steps must be an integer >= 1, got 0"),
+    (["--batch-size", "0"], "^--batch-size must be an integer >= 1, got 0"),
+    (["--batch-size", "6"], r"^--batch-size must be a positive multiple of microbatches \(4\), got 6"),
+    (["--threads", "0"], "^--threads must be an integer >= 1, got 0"),
+    (["--seed", "-1"], "^--seed must be an integer >= 0, got -1"),
+    (["--data-seed", "-1"], "^--data-seed must be an integer >= 0, got -1"),
+    (["--checkpoint-every", "-1"], "^--checkpoint-every must be an integer >= 0, got -1"),
+    (["--checkpoint-dir", "CK", "--keep-checkpoints", "0"], "^--keep-checkpoints must be an integer >= 1, got 0"),
+    (["--keep-checkpoints", "-3"], "^--keep-checkpoints must be an integer >= 1, got -3"),
+    (["--stop-after", "0"], "^--stop-after must be an integer >= 1, got 0"),
+    (["--lr", "nan"], "^--lr must be a finite number > 0, got nan"),
+    (["--lr", "inf"], "^--lr must be a finite number > 0, got inf"),
+    (["--lr", "0"], "^--lr must be a finite number > 0, got 0.0"),
+    (["--time-scale", "inf"], "^--time-scale must be a finite number >= 0, got inf"),
+    (["--time-scale", "-1"], "^--time-scale must be a finite number >= 0, got -1.0"),
+    (["--heartbeat-timeout", "inf"], "^--heartbeat-timeout must be a finite number > 0, got inf"),
+    (["--heartbeat-timeout", "0.5"], "^--heartbeat-timeout must be more than twice heartbeat_interval_s"),
+    (["--comm-timeout", "inf"], "^--comm-timeout must be a finite number > 0, got inf"),
+    (["--comm-timeout", "nan"], "^--comm-timeout must be a finite number > 0, got nan"),
+    (["--comm-timeout", "-1"], "^--comm-timeout must be a finite number > 0, got -1.0"),
+    (["--comm-timeout", "0"], "^--comm-timeout must be a finite number > 0, got 0.0"),
+    (["--comm-timeout", "0.001"], "^--comm-timeout must be at least 1 s"),
     (["--resume"], "resume needs a checkpoint directory"),
     (["--overwrite"], "overwrite needs a checkpoint directory"),
     (["--pp-codec", "int8-block"], "pipeline codec must be one of none, fp16, bf16, got 'int8-block': torch"),
     (["--schedule", "interleaved-1f1b", "--microbatches", "3", "--batch-size", "6"],
      "microbatches must be a multiple of the 2 stages with schedule 'interleaved-1f1b', got 3"),
-    (["--schedule", "1f1b", "--virtual-stages", "2"], "virtual_stages must be 1 with schedule '1f1b', got 2"),
-    (["--val-fraction", "1.5"], r"val_fraction must be in \[0, 1\), got 1.5"),
-    (["--eval-every", "-1"], "eval_every must be an integer >= 0, got -1"),
-    (["--seq-len", "0"], "seq_len must be an integer >= 1, got 0"),
-    (["--data", "/no/such/corpus.txt"], "data '/no/such/corpus.txt': no such file or directory"),
-    (["--model", "gpt7"], "--model 'gpt7': not a preset"),
+    (["--schedule", "1f1b", "--virtual-stages", "2"], "^--virtual-stages must be 1 with schedule '1f1b', got 2"),
+    (["--val-fraction", "1.5"], r"^--val-fraction must be in \[0, 1\), got 1.5"),
+    (["--eval-every", "-1"], "^--eval-every must be an integer >= 0, got -1"),
+    (["--seq-len", "0"], "^--seq-len must be an integer >= 1, got 0"),
+    (["--data", "/no/such/corpus.txt"], "^--data '/no/such/corpus.txt': no such file or directory"),
+    (["--model", "gpt7"], "^--model 'gpt7': not a preset"),
     (["--dp-hierarchical", "--dp-codec", "powersgd"], "--dp-hierarchical takes a codec of geotrain.codecs"),
 ])
 def test_impossible_train_options_give_one_line_and_exit_2(base, capsys, options, message):
@@ -69,7 +71,32 @@ def test_impossible_train_options_give_one_line_and_exit_2(base, capsys, options
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("geotrain: error: "), captured.err
-    assert re.search(message, lines[0]), lines[0]
+    assert re.search(message, lines[0].removeprefix("geotrain: error: ")), lines[0]
+
+
+def test_a_value_from_a_config_file_is_named_by_its_key_and_a_flag_by_the_flag(base, tmp_path, capsys):
+    (tmp_path / "run.toml").write_text("[run]\nsteps = 0\n\n[schedule]\nmicrobatches = 0\n")
+    assert main([*base, "--config", str(tmp_path / "run.toml")]) == 2  # base gives --steps 1: microbatches fails
+    assert capsys.readouterr().err == "geotrain: error: schedule.microbatches must be an integer >= 1, got 0\n"
+    assert main([*base, "--config", str(tmp_path / "run.toml"), "--microbatches", "-1"]) == 2  # the flag wins
+    assert capsys.readouterr().err == "geotrain: error: --microbatches must be an integer >= 1, got -1\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "data '{path}': file is empty"),
+    ("a short text.\n", "data '{path}': its train split holds 13 tokens (bytes), fewer than one sequence of "
+                         "seq_len + 1 = 97: give more text or a shorter --seq-len"),
+])
+def test_an_empty_or_too_short_data_file_is_one_line_before_any_process_starts(base, tmp_path, capsys, text,
+                                                                                  message):
+    from proctree import descendants
+
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    before = descendants(os.getpid())
+    assert main([*base, "--data", str(path)]) == 2
+    assert capsys.readouterr().err == f"geotrain: error: {message.format(path=path)}\n"
+    assert descendants(os.getpid()) <= before  # no worker, no fork server was started
 
 
 def test_env_variables_count_as_torchrun_only_with_its_marker(monkeypatch):

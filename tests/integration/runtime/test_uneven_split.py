@@ -236,10 +236,11 @@ def test_speed_split_trains_and_resumes_with_the_checkpoints_cut_on_other_gpus(t
     assert planned.boundaries == (0, 3, 4, 6)  # the plan's cut of the 4 blocks, embedding and head added
 
 
-def test_split_by_speed_on_an_unknown_gpu_exits_2_naming_it(tmp_path, capsys):
+def test_an_unknown_gpu_exits_2_naming_it_when_the_cluster_file_loads(tmp_path, capsys):
     cluster = tmp_path / "c.yaml"
     cluster.write_text("name: odd\nregions:\n  - {name: a, devices: 2, gpu: B200X}\ndefaults: {intra: {gbps: 10, ms: 0.1}}\n")
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps({"stages": 2, "replicas": 1, "assignment": [[0], [1]]}))
     assert main(["train", "--cluster", str(cluster), "--plan", str(plan), "--split-by-speed"]) == 2
-    assert "split by speed on cluster 'odd': unknown GPU type 'B200X'" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"geotrain: error: {cluster}: regions[0].gpu: unknown GPU type 'B200X' "
+                                              f"(known: A10, A100, ")
