@@ -34,7 +34,25 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{shown(text)}: directory {shown(str(parent))} {what}")
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"{shown(text)}: not writable")
+    if not path.exists():  # access() says yes to root under /proc and /sys: make the file once, and remove it
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            path.unlink()
+        except OSError as exc:
+            raise argparse.ArgumentTypeError(f"{shown(text)}: not writable ({exc.strerror or exc})") from None
     return text
+
+
+def plot_file(text: str) -> str:
+    """An `output_file` whose extension matplotlib can write (.png, .pdf, .svg...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(text).suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: a plot file ends in one of "
+                                         f"{', '.join('.' + f for f in sorted(formats))}")
+    return output_file(text)
 
 
 MAX_SEED = 2**32 - 1  # numpy's legacy seeding takes 0..2^32-1

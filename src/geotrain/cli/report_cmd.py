@@ -3,19 +3,21 @@
     geotrain report geotrain-runs/20261205-160102-plan [--json] [--plot FILE.png] [--tensorboard]
 
 Tables (or one JSON object with --json: {"run_dir", "about", "split": {"ranks", "sites", "steps_used"},
-"holding_back", "events", "observer_cost", "plot", "tensorboard"}) of the mean seconds per step of compute,
-communication and waiting, their shares, and the bytes sent inside and between regions (geotrain.observe.report);
-"observer_cost": what writing the metrics cost each rank per step (seconds, share of the step, bytes).
---plot draws the four panels; --tensorboard (re)writes the TensorBoard scalars from the metrics.
+"holding_back", "events", "observer_cost", "skipped_lines", "notes", "incomplete", "steps", "ranks", "plot",
+"tensorboard"}: geotrain.observe.run_report) of the mean seconds per step of compute, communication and waiting,
+their shares, and the bytes sent inside and between regions (geotrain.observe.report); "observer_cost": what
+writing the metrics cost each rank per step (seconds, share of the step, bytes). A line that cannot be read is
+skipped and counted ("skipped_lines", "notes"); a run whose ranks did not all end normally (killed, failed) is
+marked "incomplete" with each such rank and why. --plot draws the four panels; --tensorboard (re)writes the
+TensorBoard scalars from the metrics. An unwritable --plot path or run directory is refused before any work.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from geotrain.cli.arg_types import output_file
+from geotrain.cli.arg_types import plot_file
 from geotrain.cli.output import Output
 from geotrain.observe.rundir import RunDirError
 
@@ -26,7 +28,7 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (`geotrain train` prints it at start)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
-    parser.add_argument("--plot", type=output_file, metavar="FILE.png",
+    parser.add_argument("--plot", type=plot_file, metavar="FILE.png",
                         help="loss against time, per-site compute/comm/wait bars, inter-region bytes over time")
     parser.add_argument("--tensorboard", action="store_true",
                         help="(re)write the TensorBoard scalars under RUN_DIR/tensorboard from the metrics")
@@ -43,29 +45,37 @@ def _rows(entries: list[dict[str, Any]], first: list[str]) -> list[list[Any]]:
              _mb(e["bytes_intra"]), _mb(e["bytes_inter"])] for e in entries]
 
 
+MAX_RANKS_SHOWN = 8
+"""An incomplete run's line names this many ranks, then counts the rest."""
 COLUMNS = ["step s", "compute s", "comm s", "wait s", "% c/m/w", "MB intra", "MB inter"]
 
 
 def run(args: Any) -> int:
-    from geotrain.observe.metrics import events_of, read_metrics, steps_of
-    from geotrain.observe.report import holding_back, observer_cost, plot_run, time_split
-    from geotrain.observe.rundir import read_about
+    from geotrain.observe.lines import load_lines
+    from geotrain.observe.run_report import run_report
 
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise RunDirError(f"report: {run_dir}: no such directory")
-    records = read_metrics(run_dir)
-    steps, events = steps_of(records), events_of(records)
-    if not steps:
-        raise RunDirError(f"report: {run_dir}: no step records under metrics/ (did the run reach a step?)")
-    about = read_about(run_dir)
-    split = time_split(steps)
-    slow = holding_back(split)
-    cost = observer_cost(steps, events)
-    # an outer sync is counted once, where it lands
-    counts = dict(Counter(e["event"] for e in events if e["event"] not in ("start", "end") and e.get("phase") != "start"))
+    if args.tensorboard:  # checked before the work: the package, and a folder it can write
+        from geotrain.observe.tensorboard import check_writable
+
+        check_writable(run_dir)
+    lines = load_lines(run_dir)
+    report = run_report(run_dir, lines)
+    if report["split"] is None:
+        skipped = f"; {report['skipped_lines']} unreadable lines skipped" if report["skipped_lines"] else ""
+        raise RunDirError(f"report: {run_dir}: no step records under metrics/ (did the run reach a step?){skipped}")
+    steps, events = lines.steps, lines.events
+    about = report["about"]
     if args.plot:
-        plot_run(steps, events, args.plot, title=f"{about.get('plan', run_dir.name)} on {about.get('cluster', '?')}")
+        from geotrain.observe.report import plot_run
+
+        try:
+            title = f"{about.get('plan', run_dir.name)} on {about.get('cluster', '?')}"
+            plot_run(steps, events, args.plot, title=title)
+        except OSError as exc:
+            raise RunDirError(f"report --plot {args.plot}: cannot write: {exc.strerror or exc}") from None
     board = None
     if args.tensorboard:
         from geotrain.observe.tensorboard import write_scalars
@@ -73,20 +83,34 @@ def run(args: Any) -> int:
         board = write_scalars(run_dir, steps)
     out = Output(json_mode=args.json)
     if args.json:
-        out.emit_json({"run_dir": str(run_dir), "about": about, "split": split, "holding_back": slow,
-                       "events": counts, "observer_cost": cost, "plot": args.plot,
-                       "tensorboard": None if board is None else str(board)})
+        out.emit_json({**report, "plot": args.plot, "tensorboard": None if board is None else str(board)})
         return 0
-    used = split["steps_used"]
-    unit = "emulated" if any(s.get("emulated_end_s") is not None for s in steps) else "wall"
-    if not used:  # an elastic run's lines: loss and step seconds, no compute / comm / wait split
+    split, unit = report["split"], "emulated" if any(s.get("emulated_end_s") is not None for s in steps) else "wall"
+    if not split["steps_used"]:  # an elastic run's lines: loss and step seconds, no compute / comm / wait split
         mean = sum(s["step_s"] for s in steps) / len(steps)
-        out.text(f"{len(steps)} step lines of {len({s['rank'] for s in steps})} ranks, mean {mean:.3f} s a step; "
+        out.text(f"{len(steps)} step lines of {report['ranks']} ranks, mean {mean:.3f} s a step; "
                  "no compute / comm / wait split in this run's lines (elastic groups do not measure it)")
     else:
         _split_tables(out, split, unit)
-    _closing_lines(out, slow, counts, cost, args.plot, board)
+    if split["steps_used"] and split.get("asynchronous"):
+        out.text("asynchronous outer updates: no rank waits for another's step (its exchange with the global "
+                 "model's server is its comm), so no site holds the others back")
+    _closing_lines(out, report["holding_back"], report["events"], report["observer_cost"], args.plot, board)
+    _health_lines(out, report)
     return 0
+
+
+def _health_lines(out: Output, report: dict[str, Any]) -> None:
+    """Whether the run is whole: ranks that did not end normally, lines that could not be read."""
+    missing = report["incomplete"]
+    if missing is not None:
+        ranks = list(missing["ranks"].items())
+        shown = "; ".join(f"rank {rank}: {why}" for rank, why in ranks[:MAX_RANKS_SHOWN])
+        more = f"; and {len(ranks) - MAX_RANKS_SHOWN} more ranks" if len(ranks) > MAX_RANKS_SHOWN else ""
+        out.text(f"incomplete: {len(ranks)} rank{'s' if len(ranks) != 1 else ''} did not end normally ({shown}{more})")
+    if report["skipped_lines"] or report["notes"]:
+        out.text(f"skipped {report['skipped_lines']} unreadable line{'s' if report['skipped_lines'] != 1 else ''}"
+                 + (": " + "; ".join(report["notes"]) if report["notes"] else ""))
 
 
 def _split_tables(out: Output, split: dict[str, Any], unit: str) -> None:

@@ -276,7 +276,8 @@ def run(args: Any) -> int:
     if stray:
         print(f"geotrain: note: ignoring {', '.join(stray)} in the environment: this process was not started "
               f"by torchrun ({TORCHRUN_MARKER} is unset), so it launches its own workers", file=sys.stderr)
-    config = settle_run_dir(config, local=rendezvous is None and not under_torchrun())
+    # run_lock: a default run directory's, held for the launch's life (retention elsewhere leaves it alone)
+    config, run_lock = settle_run_dir(config, local=rendezvous is None and not under_torchrun())  # noqa: F841
     if under_torchrun():
         # Imported here: torch.distributed.pipelining and dynamo (~1.3 s) that a launcher does not need.
         from geotrain.runtime import run_worker
@@ -358,7 +359,7 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
                                  "drop --node/--rdzv and do not start it under torchrun")
     from geotrain.cli.run_dir_args import open_run_dir, run_dir_json, settle_run_dir, watching
 
-    config = settle_run_dir(config, local=True, default=False)  # only when --run-dir is given
+    config, _ = settle_run_dir(config, local=True, default=False)  # only when --run-dir is given
     open_run_dir(config)
     events: list[str] = []
 

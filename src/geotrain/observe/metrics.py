@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -136,16 +136,11 @@ def step_metrics(record: dict[str, Any], *, site: str, device: int, lr: float, t
 
 
 def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
-    """Every record of a run directory's metrics files (all ranks; a torn last line is skipped)."""
-    return list(iter_metrics(run_dir))
+    """Every readable record of a run directory's metrics files (all ranks; unreadable lines skipped:
+    geotrain.observe.lines, which also counts them)."""
+    from geotrain.observe.lines import load_lines  # it reads this module's METRICS_DIR
 
-
-def iter_metrics(run_dir: Path | str) -> Iterator[dict[str, Any]]:
-    for path in sorted((Path(run_dir) / METRICS_DIR).glob("rank-*.jsonl")):
-        with path.open(encoding="utf-8") as handle:
-            for line in handle:
-                if line.endswith("\n"):
-                    yield json.loads(line)
+    return list(load_lines(run_dir).records)
 
 
 def steps_of(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

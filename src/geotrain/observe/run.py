@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from geotrain.emulate.report import merge_report
-from geotrain.observe.metrics import events_of, read_metrics, steps_of
+from geotrain.observe.lines import load_lines
 from geotrain.observe.observer import EMULATOR_DIR
 from geotrain.observe.rundir import prepare_run_dir, read_about
 from geotrain.observe.tensorboard import TensorBoardMissing, write_scalars
@@ -48,26 +48,47 @@ def start_run(config: Any) -> Path:
     return prepare_run_dir(config.run.run_dir, about)
 
 
-def finish_run(run_dir: Path | str, config: Any) -> dict[str, Any]:
-    """Write trace.json (and TensorBoard files when the package is installed) from what the ranks left;
-    returns {"trace": path, "tensorboard": path or None, "steps": records, "events": records}."""
-    run_dir = Path(run_dir)
-    records = read_metrics(run_dir)
-    steps, events = steps_of(records), events_of(records)
+def rank_labels(about: dict[str, Any]) -> dict[int, str]:
+    """Trace process names from run.json's ranks ("rank 3 tokyo (stage 1, replica 1, tokyo-0)"); an entry it
+    cannot read is left out (the trace then names that rank by number)."""
+    labels = {}
+    for r in about.get("ranks", []) if isinstance(about.get("ranks"), list) else []:
+        try:
+            labels[int(r["rank"])] = (f"rank {r['rank']} {r['site']} (stage {r['stage']}, replica {r['replica']}, "
+                                      f"{r['device_name']})")
+        except (TypeError, KeyError, ValueError):
+            continue
+    return labels
+
+
+def _emulator_report(run_dir: Path, config: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """The merged emulator records of the run (None without emulation), and a note where they are unreadable."""
     parts = run_dir / EMULATOR_DIR
-    report = None
-    if parts.is_dir() and any(parts.glob("rank-*.json")):
-        devices = [config.layout.slot(r).device for r in range(config.world_size)]
-        report = merge_report(parts, config.cluster, devices, config.emulation.time_scale)
-    about = read_about(run_dir)
-    names = {r["rank"]: f"rank {r['rank']} {r['site']} (stage {r['stage']}, replica {r['replica']}, "
-                        f"{r['device_name']})" for r in about.get("ranks", [])}
-    trace = write_trace(run_dir / TRACE_FILE, build_trace(report, steps, events, names))
+    if not parts.is_dir() or not any(parts.glob("rank-*.json")):
+        return None, None
+    devices = [config.layout.slot(r).device for r in range(config.world_size)]
+    try:
+        return merge_report(parts, config.cluster, devices, config.emulation.time_scale), None
+    except Exception as exc:  # noqa: BLE001 - a damaged part costs the trace its transfers, not the trace
+        return None, f"{EMULATOR_DIR}/: unreadable ({type(exc).__name__}), the trace has no transfers"
+
+
+def finish_run(run_dir: Path | str, config: Any) -> dict[str, Any]:
+    """Write trace.json (and TensorBoard files when the package is installed) from what the ranks left, their
+    unreadable lines skipped (geotrain.observe.lines); returns {"trace": path, "tensorboard": path or None,
+    "steps": records, "events": records, "skipped_lines": count, "notes": [what was skipped or left out]}."""
+    run_dir = Path(run_dir)
+    lines = load_lines(run_dir)
+    steps, events = lines.steps, lines.events
+    report, emulator_note = _emulator_report(run_dir, config)
+    about, _ = read_about(run_dir)
+    trace = write_trace(run_dir / TRACE_FILE, build_trace(report, steps, events, rank_labels(about)))
     try:
         board = write_scalars(run_dir, steps) if steps else None
     except TensorBoardMissing:
         board = None
-    return {"trace": trace, "tensorboard": board, "steps": len(steps), "events": len(events)}
+    return {"trace": trace, "tensorboard": board, "steps": len(steps), "events": len(events),
+            "skipped_lines": lines.skipped, "notes": [*lines.notes, *([emulator_note] if emulator_note else [])]}
 
 
 def row_run_dir(parent: Path | str, label: str) -> str:

@@ -8,6 +8,7 @@ package (the extra `geotrain[tensorboard]`); without it `write_scalars` raises T
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,15 +34,48 @@ def site_means(steps: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[st
     return {where: {k: sum(v) / len(v) for k, v in by_key.items()} for where, by_key in values.items()}
 
 
-def write_scalars(run_dir: Path | str, steps: Sequence[dict[str, Any]]) -> Path:
-    """Write the scalars of `steps` (metrics step records) under run_dir/tensorboard; returns that folder."""
+class TensorBoardUnwritable(GeotrainError, OSError):
+    """The run directory's tensorboard folder cannot be made or written."""
+
+
+def _summary_writer() -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
         raise TensorBoardMissing("TensorBoard files need the tensorboard package: pip install "
                                  "'geotrain[tensorboard]'") from exc
+    return SummaryWriter
+
+
+def check_writable(run_dir: Path | str) -> Path:
+    """Before any work: the package is there (TensorBoardMissing) and run_dir/tensorboard can be made and
+    written (TensorBoardUnwritable: a read-only run directory, a file in the folder's place); the folder."""
+    _summary_writer()
     folder = Path(run_dir) / TENSORBOARD_DIR
-    writer = SummaryWriter(log_dir=str(folder))
+    probe = folder / f".geotrain-write-test-{os.getpid()}"
+    try:
+        folder.mkdir(exist_ok=True)
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        probe.unlink()
+    except OSError as exc:
+        why = "is not a directory" if isinstance(exc, (FileExistsError, NotADirectoryError)) else exc.strerror
+        raise TensorBoardUnwritable(f"{folder}: cannot write TensorBoard files there: {why or exc}") from None
+    return folder
+
+
+def write_scalars(run_dir: Path | str, steps: Sequence[dict[str, Any]]) -> Path:
+    """Write the scalars of `steps` (metrics step records, as geotrain.observe.lines reads them) under
+    run_dir/tensorboard; returns that folder. TensorBoardUnwritable where the files cannot be written."""
+    summary_writer = _summary_writer()
+    folder = Path(run_dir) / TENSORBOARD_DIR
+    try:
+        _write(summary_writer(log_dir=str(folder)), steps)
+    except OSError as exc:
+        raise TensorBoardUnwritable(f"{folder}: cannot write TensorBoard files there: {exc.strerror or exc}") from None
+    return folder
+
+
+def _write(writer: Any, steps: Sequence[dict[str, Any]]) -> None:
     try:
         for s in sorted(steps, key=lambda s: (s["step"], s["rank"])):
             for key in SCALARS:
@@ -52,4 +86,3 @@ def write_scalars(run_dir: Path | str, steps: Sequence[dict[str, Any]]) -> Path:
                 writer.add_scalar(f"site/{site}/{key}", value, step)
     finally:
         writer.close()
-    return folder

@@ -173,9 +173,11 @@ def test_outer_syncs_are_events_from_start_to_landing_and_spans_in_the_trace(tmp
 def test_default_run_dir_is_printed_and_old_ones_are_swept(tmp_path):
     files = write_job_files(tmp_path)
     root = tmp_path / "geotrain-runs"
-    for i in range(3):
+    for i in range(3):  # finished default runs (marker unlocked), made on three days of 2000
         (root / f"2000010{i}-000000-old").mkdir(parents=True)
         (root / f"2000010{i}-000000-old" / "run.json").write_text("{}")
+        (root / f"2000010{i}-000000-old" / ".geotrain-default-run").write_text("")
+        os.utime(root / f"2000010{i}-000000-old" / ".geotrain-default-run", (946684800 + i * 86400,) * 2)
     done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "1",
                            "--time-scale", "0", "--json"], capture_output=True, text=True, timeout=280, cwd=tmp_path,
                           env={**ENV, "GEOTRAIN_KEEP_RUNS": "2"})

@@ -9,8 +9,7 @@ import pytest
 
 from geotrain.observe.metrics import MetricsWriter, metrics_path, read_metrics, step_metrics
 from geotrain.observe.report import holding_back, observer_cost, time_split
-from geotrain.observe.rundir import (RUN_MARKER, RunDirError, check_run_dir, default_run_dir, prepare_run_dir,
-                                     sweep_old_runs)
+from geotrain.observe.rundir import RunDirError, check_run_dir, prepare_run_dir
 from geotrain.observe.trace import build_trace
 
 
@@ -60,33 +59,16 @@ def test_a_nan_loss_is_written_as_null_and_the_line_stays_strict_json(tmp_path):
 def test_writer_buffers_lines_until_a_flush_and_a_torn_last_line_is_skipped(tmp_path):
     now = [0.0]
     writer = MetricsWriter(metrics_path(tmp_path, 1), clock=lambda: now[0])
-    writer.write({"kind": "event", "n": 1})
+    event = {"kind": "event", "event": "note", "step": 0, "rank": 1, "t_wall": 1.0}
+    writer.write({**event, "n": 1})
     assert read_metrics(tmp_path) == []  # buffered: nothing on disk before a flush
     now[0] = 10.0  # past FLUSH_EVERY_S: the next write flushes both
-    writer.write({"kind": "event", "n": 2})
+    writer.write({**event, "n": 2})
     assert [r["n"] for r in read_metrics(tmp_path)] == [1, 2]
     with metrics_path(tmp_path, 1).open("a") as handle:
         handle.write('{"kind": "event", "n": 3')  # a process killed mid-write
     assert [r["n"] for r in read_metrics(tmp_path)] == [1, 2]
     writer.close()
-
-
-def test_retention_keeps_the_newest_runs_and_touches_nothing_else(tmp_path):
-    for i in range(5):
-        run = tmp_path / f"2026120{i}-000000-p"
-        run.mkdir()
-        (run / RUN_MARKER).write_text("{}")
-    (tmp_path / "notes").mkdir()  # not a run directory: no marker
-    removed = sweep_old_runs(tmp_path, keep=3)
-    assert [p.name for p in removed] == ["20261200-000000-p", "20261201-000000-p", "20261202-000000-p"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["20261203-000000-p", "20261204-000000-p", "notes"]
-
-
-def test_default_run_dir_is_time_then_plan_and_never_reuses_a_name(tmp_path):
-    first = default_run_dir("my plan/x", tmp_path, now=0.0)
-    assert first.name == "19700101-000000-my_plan_x"
-    prepare_run_dir(first, {"plan": "p"})
-    assert default_run_dir("my plan/x", tmp_path, now=0.0).name == "19700101-000000-my_plan_x-2"
 
 
 def test_a_run_dir_that_holds_metrics_is_refused(tmp_path):
