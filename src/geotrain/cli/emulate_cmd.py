@@ -13,6 +13,7 @@ rank's (124 on --timeout, 900 s by default).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from geotrain.cli.arg_types import bandwidth_gbps, output_file, positive_float
 from geotrain.cli.help_format import DefaultsHelpFormatter
 from geotrain.cluster import load_cluster
+from geotrain.errors import shown
 from geotrain.cli.device_args import rank_devices
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -64,12 +66,43 @@ def target_of(args: Any) -> tuple[str, ...]:
     if rest and rest[0] == "--":
         rest = rest[1:]
     if args.module:
+        if not module_found(args.module):
+            raise EmulationError(f"emulate -m {shown(args.module)}: no such module (as `python -m` would look for it "
+                                 "from this directory and PYTHONPATH)")
         return ("-m", args.module, *rest)
     if not rest:
         raise EmulationError("emulate: name the script to run after `--` (or give -m MODULE)")
     if not Path(rest[0]).is_file():
         raise EmulationError(f"emulate: script {rest[0]!r:.80}: no such file")
     return tuple(rest)
+
+
+def module_found(name: str) -> bool:
+    """Whether `python -m name` started here finds the module, without running any of it: the top-level name
+    on this directory + sys.path, each further part in its package's folders (no __init__ is executed)."""
+    import importlib.util
+    from importlib.machinery import PathFinder
+
+    parts = name.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return False
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path.pop(0)
+    for part in parts[1:]:
+        if spec is None or spec.submodule_search_locations is None:
+            return False
+        spec = PathFinder.find_spec(part, list(spec.submodule_search_locations))
+    return spec is not None
+
+
+def same_file(first: str, second: str) -> bool:
+    """Whether two output paths name one file (through links and relative parts too)."""
+    return os.path.realpath(first) == os.path.realpath(second)
 
 
 def gpu_compute_scale(cluster: Any) -> tuple[float, ...]:
@@ -87,6 +120,11 @@ def run(args: Any) -> int:
     from geotrain.emulate.launch import LaunchConfig, launch  # torch: imported only when emulating
     from geotrain.cluster.devices import check_device_list
 
+    if args.trace and args.report and same_file(args.trace, args.report):
+        from geotrain.emulate.network import EmulationError
+
+        raise EmulationError(f"emulate: --trace and --report name the same file {shown(args.report)}: the trace "
+                             "would overwrite the report; give two paths")
     cluster = load_cluster(args.cluster)
     ranks = rank_devices(args.plan, args.devices, cluster.n_devices)  # one of the two is required
     devices = check_device_list(ranks, cluster.n_devices)
