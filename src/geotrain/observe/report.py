@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from geotrain.observe.rank_spread import MAX_RANK_BARS, rank_spread
+
 PARTS = ("compute_s", "comm_s", "wait_s")
 MARGIN_PCT = 5.0
 """`holding_back` names a site only when the others wait at least this many points of the step more."""
@@ -171,6 +173,9 @@ def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], 
 
     colors = {"compute_s": "tab:blue", "comm_s": "tab:orange", "wait_s": "tab:red"}
     for ax, rows, label in ((site_ax, split["sites"], "site"), (rank_ax, split["ranks"], "rank")):
+        if label == "rank" and len(rows) > MAX_RANK_BARS:  # 3,000 bars are unreadable: each site's spread
+            rank_spread(ax, rows, unit, colors)
+            continue
         names = [r["site"] if label == "site" else f"r{r['rank']}\n{r['site']}" for r in rows]
         bottom = [0.0] * len(rows)
         for key in PARTS:
