@@ -14,12 +14,14 @@ from geotrain.job import Job, JobError, load_job
 DEFAULT_JOB = "gpt-1.3b-seed"
 
 
-def add_placement_arguments(parser: argparse.ArgumentParser) -> None:
+def add_placement_arguments(parser: argparse.ArgumentParser, cost_model_help: str | None = None) -> None:
+    """--cluster, --job, --cost-model (default DEFAULT_COST_MODEL; with `cost_model_help`, None: the command
+    resolves it and says how in that text) and --json."""
     parser.add_argument("--cluster", required=True, metavar="FILE|PRESET",
                         help="cluster preset (seed-geo, seed-datacenter, ...) or YAML/JSON cluster file")
     parser.add_argument("--job", default=DEFAULT_JOB, metavar="PRESET|FILE", help="job preset or YAML/JSON job file")
-    parser.add_argument("--cost-model", default=DEFAULT_COST_MODEL, choices=sorted(COST_MODELS),
-                        help="communication cost model")
+    parser.add_argument("--cost-model", default=DEFAULT_COST_MODEL if cost_model_help is None else None,
+                        choices=sorted(COST_MODELS), help=cost_model_help or "communication cost model")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of tables")
 
 

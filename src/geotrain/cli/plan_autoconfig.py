@@ -8,6 +8,14 @@ With --json, stdout is ONE JSON object: the chosen plan in the `plan --json` for
 finalists ranked with the event-simulated "schedule" model, unless --cost-model yuan+compute; each
 with the better of the equal and the speed layer split (then the JSON has the plan's "split" object,
 which `geotrain train --plan` cuts the model at).
+
+With --wan-recipe auto the layout and the recipe are chosen together: layouts are screened with the DP exchange
+every H steps (H the largest the recipe may choose: search.autoconfig's sync_period), each device holding the outer
+optimizer's state too (cost.memory.OUTER_STATE_BYTES_PER_PARAM), then every candidate is given its recipe
+(cli/plan_recipe.py: the same rule as a fixed layout's) and they are ranked by the recipe's step charged for
+staleness; each candidate row adds "recipe": {"scheme", "step_s", "charged_s"}, and the plan the chosen one's
+"wan_recipe" (or "batch_shares") as a fixed layout's does. Every plan adds "explanation": sentences naming the
+choice, the next options with their predicted times, and the binding constraint (cli/plan_explain.py).
 """
 
 from __future__ import annotations
@@ -16,12 +24,19 @@ import argparse
 from typing import Any
 
 from geotrain.cli.output import Output, write_json_file
-from geotrain.cluster import load_cluster
-from geotrain.cost.memory import MODELLED_SCHEDULES, MemoryConfig
+from geotrain.cli.plan_explain import Option, explain_choice
+from geotrain.cli.plan_recipe import PricedRecipe, largest_sync_every, price_recipe, recipe_documents, recipe_tables
+from geotrain.cluster import Cluster, load_cluster
+from geotrain.cost.memory import MODELLED_SCHEDULES, OUTER_STATE_BYTES_PER_PARAM, MemoryConfig
+from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
-from geotrain.job import load_job
+from geotrain.job import Job, load_job
 from geotrain.plan import Plan, cluster_record, job_record
-from geotrain.search.autoconfig import AutoConfigOptions, auto_configure
+from geotrain.search.autoconfig import AutoConfigOptions, Candidate, auto_configure
+
+RECIPE_CANDIDATES = 40
+"""With --wan-recipe auto: configurations the screen passes on (at least --top); the best micro-batching of each
+(S, R) among them is given a recipe and ranked by it."""
 
 
 def add_autoconfig_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,17 +59,44 @@ def run_autoconfig(args: Any, out: Output) -> int:
         raise GeotrainError("--method and --lower-bound apply to a fixed layout: give --stages and --replicas "
                             "(auto-configuration places with its own heuristics and reports each layout's bound)")
     limit = {} if args.time_limit is None else {"refine_time_limit_s": max(0.0, float(args.time_limit))}
-    options = AutoConfigOptions(memory=MemoryConfig(zero=args.zero, recompute=args.recompute, schedule=args.schedule),
-                                top=args.top, rank_model=rank_model, **limit)
+    recipe = args.wan_recipe == "auto"
+    if recipe and args.zero:
+        raise GeotrainError("--zero shards the optimizer state across each DP group, which a WAN recipe "
+                            "synchronises only every H steps: use --zero 0 with --wan-recipe auto")
+    state = MemoryConfig().state_bytes_per_param + (OUTER_STATE_BYTES_PER_PARAM if recipe else 0.0)
+    memory = MemoryConfig(state_bytes_per_param=state, zero=args.zero, recompute=args.recompute, schedule=args.schedule)
+    options = AutoConfigOptions(memory=memory, top=max(args.top, RECIPE_CANDIDATES) if recipe else args.top,
+                                rank_model=rank_model, sync_period=largest_sync_every(args.recipe_steps) if recipe else 1,
+                                **limit)
     with out.progress(f"auto-configuring {job.name} on {cluster.name}", 1):
         result = auto_configure(cluster, job, options, seed=args.seed)
-    rows = [candidate.to_json(job) for candidate in result.candidates]
+    candidates = result.candidates
+    priced: list[PricedRecipe | None] = []
+    if recipe:  # one row per layout: the micro-batching changes memory and the pipeline, not the recipe
+        layouts = {(c.stages, c.replicas) for c in candidates}
+        candidates = [next(c for c in candidates if (c.stages, c.replicas) == key) for key in sorted(
+            layouts, key=lambda key: min(c.iteration_s for c in candidates if (c.stages, c.replicas) == key))]
+        with out.progress("pricing a WAN recipe for each layout", len(candidates)) as progress:
+            for done, candidate in enumerate(candidates, start=1):
+                priced.append(candidate_recipe(args, cluster, job, candidate))
+                progress(done, len(candidates))
+        order = sorted(range(len(candidates)), key=lambda i: rank_seconds(candidates[i], priced[i]))[: args.top]
+        candidates, priced = [candidates[i] for i in order], [priced[i] for i in order]
+    rows = [candidate.to_json(job) for candidate in candidates]
+    for row, candidate, p in zip(rows, candidates, priced):
+        row["recipe"] = ({"scheme": "one replica", "step_s": candidate.iteration_s, "charged_s": candidate.iteration_s}
+                         if p is None else {"scheme": p.chosen, "step_s": p.step_s, "charged_s": p.charged_s})
+    explanation = explain_choice(cluster, [option_of(c, p) for c, p in
+                                           zip(candidates, priced or [None] * len(candidates))])
     chosen = rows[0]
     doc = {"method": "auto-config", **{k: v for k, v in chosen.items() if k != "placement"},
            "seconds": result.seconds, "placement": chosen["placement"], "candidates": rows,
            "layouts_scored": result.layouts_scored, "layouts_pruned": result.layouts_pruned,
            "memory": {"zero": args.zero, "recompute": args.recompute, "schedule": args.schedule},
-           "seed": args.seed, **cluster_record(cluster), **job_record(job), "cost_model": rank_model}
+           "seed": args.seed, **cluster_record(cluster), **job_record(job), "cost_model": rank_model,
+           **({"sync_period_screened": options.sync_period} if recipe else {}),
+           **(recipe_documents(cluster, candidates[0].assignment, priced[0]) if recipe and priced[0] else {}),
+           "explanation": explanation}
     plan = Plan.from_json(doc, "auto-config")  # the chosen layout, with every candidate recorded in plan.extra
     if args.out:
         write_json_file(plan.to_json(), args.out)
@@ -63,14 +105,52 @@ def run_autoconfig(args: Any, out: Output) -> int:
         return 0
     table = [[str(r["stages"]), str(r["replicas"]), str(r["microbatches"]), f"{r['devices_used']}/{cluster.n_devices}",
               f"{r['iteration_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['memory_per_device_bytes'] / 1e9:.1f}",
-              f"{r['lower_bound']:.3f}", f"{100 * r['gap']:.1f}%"] for r in rows]
-    out.table(f"auto-configuration: {job.name} on {cluster.name} ({rank_model}, {args.schedule}, zero={args.zero})",
-              ["S", "R", "M", "devices", "iteration s", "tokens/s", "peak GB/device", "bound s", "gap"],
+              f"{r['lower_bound']:.3f}", f"{100 * r['gap']:.1f}%",
+              *([r["recipe"]["scheme"], f"{r['recipe']['step_s']:.3f}", f"{r['recipe']['charged_s']:.3f}"]
+                if recipe else [])] for r in rows]
+    screened = f", DP every {options.sync_period} steps" if recipe else ""
+    out.table(f"auto-configuration: {job.name} on {cluster.name} ({rank_model}{screened}, {args.schedule}, "
+              f"zero={args.zero})",
+              ["S", "R", "M", "devices", "iteration s", "tokens/s", "peak GB/device", "bound s", "gap",
+               *(["scheme", "recipe step s", "charged s"] if recipe else [])],
               table, right_align_from=0)
+    if recipe and priced[0] is not None:
+        recipe_tables(out, cluster, candidates[0].assignment, priced[0])
     out.text(f"chosen: {chosen['stages']} stages x {chosen['replicas']} replicas, {chosen['microbatches']} micro-batches "
              f"on {chosen['devices_used']} of {cluster.n_devices} devices ({chosen['placement']} placement); "
              f"{result.layouts_scored} layouts scored, {result.layouts_pruned} pruned by their bound, "
              f"{result.seconds:.1f} s")
+    for line in explanation:
+        out.text(line)
     if args.out:
         out.text(f"plan written to {args.out}")
     return 0
+
+
+def candidate_recipe(args: Any, cluster: Cluster, job: Job, candidate: Candidate) -> PricedRecipe | None:
+    """The WAN recipe of an auto-configured layout (plan_recipe.price_recipe; None for one replica: nothing to
+    synchronise): its per-step DP seconds by "yuan" (the recipe's own pricing model), its compute the ranking
+    model's (with "schedule", the simulated pipeline, transfers included: pipeline seconds 0 beside it)."""
+    if candidate.replicas < 2:
+        return None
+    cost = YuanCostModel.for_job(cluster, job, candidate.stages, candidate.replicas).evaluate(candidate.assignment)
+    pp_s = 0.0 if candidate.model == "schedule" else cost.pp
+    return price_recipe(args, cluster, job, candidate.assignment, cost.dp, pp_s, compute_s=candidate.compute_s)
+
+
+def rank_seconds(candidate: Candidate, priced: PricedRecipe | None) -> float:
+    """What layouts rank by with --wan-recipe auto: the recipe's charged step, or the iteration (one replica)."""
+    return candidate.iteration_s if priced is None else priced.charged_s
+
+
+def option_of(candidate: Candidate, priced: PricedRecipe | None) -> Option:
+    """The explanation's view of a candidate: ranked by its recipe's charged step, or by its iteration."""
+    label = f"{candidate.stages} x {candidate.replicas}"
+    if priced is None:
+        scheme = "one replica" if candidate.replicas < 2 else "per-step data parallelism"
+        return Option(label, candidate.assignment, candidate.iteration_s, candidate.compute_s,
+                      candidate.memory_per_device_bytes, scheme)
+    compute = (priced.recipe.compute_s if priced.chosen == "wan_recipe"
+               else max(priced.shares.shares.compute_s))
+    scheme = "WAN recipe" if priced.chosen == "wan_recipe" else "speed batch shares"
+    return Option(label, candidate.assignment, priced.step_s, compute, candidate.memory_per_device_bytes, scheme)

@@ -29,24 +29,29 @@ the full cluster file, and the JSON adds "membership": {"excluded_devices", "exc
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import fields, replace
 from typing import Any
+
+import numpy as np
 
 from geotrain.cli.arg_types import output_file, positive_float, seed
 from geotrain.cli.help_format import DefaultsRawDescriptionHelpFormatter
 from geotrain.cli.membership_args import add_membership_arguments, membership_of
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
-from geotrain.cli.placement_args import add_placement_arguments, assignment_rows, build_placement, region_legend
-from geotrain.cluster import load_cluster
-from geotrain.cost.batch_shares import (SharesChoice, choose_shares, heterogeneous, replica_compute_seconds,
-                                        replica_labels)
+from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, assignment_rows, build_placement,
+                                         region_legend)
+from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, add_recipe_arguments, devices_that_fit, price_recipe,
+                                      recipe_documents, recipe_memory_bytes, recipe_tables, too_few_devices)
+from geotrain.cluster import Cluster, load_cluster
+from geotrain.cluster.membership import restrict_cluster
+from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
-from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, WanRecipe, choose_local_steps,
-                                      estimated_compute_s, outer_ladder)
 from geotrain.errors import GeotrainError, shown
+from geotrain.job import Job
 from geotrain.plan import Plan, cluster_record, job_record, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.search.bound_beside import BoundBeside, usable_cores
@@ -74,7 +79,9 @@ def register(subparsers: Any) -> None:
         "plan", help="search a placement of stages x replicas onto devices",
         description="Search a placement of S stages x R replicas; --json prints one JSON object.",
         epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=DefaultsRawDescriptionHelpFormatter)
-    add_placement_arguments(parser)
+    add_placement_arguments(parser, cost_model_help="cost model of the placement search (default: yuan; with "
+                                                    "--wan-recipe auto, yuan+compute; auto-configuration ranks "
+                                                    "with schedule unless yuan+compute is given)")
     parser.add_argument("--stages", type=int, default=None,
                         help="pipeline stages S (with --replicas; give neither to auto-configure S, R, M and devices)")
     parser.add_argument("--replicas", type=int, default=None, help="data-parallel replicas R")
@@ -113,30 +120,7 @@ def register(subparsers: Any) -> None:
     group.add_argument("--codec-tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="FRACTION",
                        help="keep better-quality codecs while the predicted time stays within this fraction "
                             "of the fastest allowed choice")
-    recipe = parser.add_argument_group("WAN recipe: Streaming DiLoCo settings chosen by cost (docs/history/wan.md)")
-    recipe.add_argument("--wan-recipe", default="none", choices=("none", "auto"),
-                        help="auto: choose sync period H, fragments P, delay tau and the outer codec (recorded in "
-                             "the plan as \"wan_recipe\"; `geotrain train --plan` runs them)")
-    recipe.add_argument("--compute-s", type=positive_float, default=None, metavar="SEC",
-                        help="compute seconds per step (default: the yuan+compute model's estimate from the GPUs)")
-    recipe.add_argument("--recipe-steps", type=int, default=None, metavar="N",
-                        help="the run's steps: H leaves at least 12 outer steps, and under 100 outer steps the "
-                             "outer optimizer averages (lr 1, momentum 0) instead of DiLoCo's 0.7 / 0.9")
-    recipe.add_argument("--recipe-max-delay", type=int, default=None, metavar="TAU",
-                        help="largest delay tau (default H - 1; 0 where syncs may not be in flight at checkpoints)")
-    recipe.add_argument("--recipe-outer-sync", default="auto", choices=("auto", "sync"),
-                        help="auto: also price asynchronous outer updates (one stage per replica, fp32 updates; "
-                             "cost.async_outer) and choose them where their step, charged for staleness, is lower; "
-                             "sync: synchronous only")
-    recipe.add_argument("--recipe-codec-floor", default=DEFAULT_CODEC_FLOOR, choices=OUTER_LADDER,
-                        help=f"lowest outer codec allowed on the ladder {' > '.join(OUTER_LADDER)}")
-    recipe.add_argument("--recipe-measure-codecs", action="store_true",
-                        help="time the outer codecs on this machine and price their CPU per sync (use when this "
-                             "machine's CPUs are like the training hosts'; default: links only)")
-    recipe.add_argument("--recipe-sync-moments", action="store_true",
-                        help="each fragment's first outer sync also averages the inner AdamW's moments (train "
-                             "--sync-moments --moment-syncs 1: on bench wan local SGD's +0.033 nats against DDP become "
-                             "+0.015, for about 3x that sync's bytes); the recipe is priced with them")
+    add_recipe_arguments(parser)
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
@@ -206,8 +190,13 @@ def run(args: Any) -> int:
         raise SearchError("give both --stages and --replicas, or neither (auto-configuration)")
     full_cluster = load_cluster(args.cluster)
     membership = membership_of(args, full_cluster)
+    if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
+        args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" else DEFAULT_COST_MODEL
     cluster, job, model = build_placement(args, args.stages, args.replicas,
                                           cluster=full_cluster if membership is None else membership.live_cluster())
+    fit = None
+    if args.wan_recipe == "auto":
+        cluster, model, fit = recipe_devices(args, cluster, job, model)
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
@@ -243,10 +232,12 @@ def run(args: Any) -> int:
     choice = None if policy is None else choose_codecs(cluster, job, result.assignment, policy)
     if choice is not None:
         plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
-    recipe = None if args.wan_recipe == "none" else wan_recipe_of(args, cluster, job, result)
-    shares = None if recipe is None else shares_choice_of(args, cluster, job, result, recipe)
-    if recipe is not None:
-        plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result, recipe, shares)})
+    priced = None
+    if args.wan_recipe == "auto":
+        priced = price_recipe(args, cluster, job, result.assignment, result.cost.dp, result.cost.pp)
+        plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result.assignment, priced)})
+    if fit is not None:  # searched on the devices that hold the recipe's memory
+        plan = replace(plan, assignment=fit[plan.assignment])
     if membership is not None:  # searched on the live devices; the file names the full cluster's
         plan = replace(plan, assignment=membership.lift(plan.assignment),
                        extra={**plan.extra, "membership": membership.to_json()})
@@ -274,95 +265,38 @@ def run(args: Any) -> int:
         split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
         codec_tables(out, choice)
-    labels = replica_labels(cluster, result.assignment)
-    if shares is not None:
-        fractions = [[f"compute fraction {name}", f"{f:.3f}"] for name, f in zip(labels, shares.compute_fraction)]
-        out.table("per-step DP with speed batch shares vs the WAN recipe (predicted, yuan)", ["", "value"],
-                  [["chosen", shares.chosen],
-                   ["samples per replica (speed)", ", ".join(map(str, shares.shares.samples))],
-                   ["step, speed shares (s)", f"{shares.shares.step_s:.4g}"],
-                   ["step, equal shares (s)", f"{shares.equal.step_s:.4g}"],
-                   ["step, WAN recipe (s)", f"{shares.recipe_step_s:.4g}"],
-                   *(fractions if shares.chosen == "batch_shares" else [])])
-    if recipe is not None and (shares is None or shares.chosen == "wan_recipe"):
-        recipe_table(out, recipe, labels)
+    if priced is not None:
+        recipe_tables(out, cluster, result.assignment, priced)
     if args.out:
         out.text(f"plan written to {args.out}")
     return 0
 
 
-def recipe_table(out: Output, recipe: WanRecipe, labels: list[str]) -> None:
-    """The chosen WAN recipe, its local steps (and both schedules' predicted steps) and each site's predicted
-    compute fraction."""
-    steps = recipe.local_steps_step_s or {}
-    local = ("equal (H on every replica)" if recipe.local_steps == "equal" else
-             f"adaptive ({' / '.join(map(str, recipe.replica_steps or ()))} per period at first)")
-    fractions = recipe.replica_compute_fraction or ()
-    outer_sync = ("synchronous" if recipe.outer_sync == "sync" else
-                  f"asynchronous (staleness x{recipe.async_staleness_factor:.3g})")
-    out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
-              [["outer sync", outer_sync],
-               *[[f"step, {name} (s)", f"{step:.4g}"] for name, step in (recipe.outer_sync_step_s or {}).items()],
-               ["sync every H", str(recipe.sync_every)], ["local steps", local],
-               *[[f"step, {name} local steps (s)", f"{step:.4g}"] for name, step in steps.items() if len(steps) > 1],
-               ["fragments P", str(recipe.fragments)],
-               ["delay tau", str(recipe.delay)], ["mix alpha", f"{recipe.mix:g}"],
-               ["landing / warm-up steps", f"{recipe.landing} / {recipe.warmup}"], ["outer codec", recipe.codec],
-               ["moment sync", "off" if not recipe.sync_moments else "every sync" if recipe.moment_syncs is None
-                else f"each fragment's first {recipe.moment_syncs} syncs"],
-               ["outer lr / momentum", f"{recipe.outer_lr:g} / {recipe.outer_momentum:g}"],
-               ["one fragment's exchange (s)", f"{recipe.sync_s:.3f}"],
-               ["compute per step, busiest (s)", f"{recipe.compute_s:.4g}"],
-               ["predicted step (s)", f"{recipe.step_s:.4g}"],
-               *[[f"compute fraction {name}", f"{f:.3f}"] for name, f in zip(labels, fractions)]])
-
-
-def recipe_compute_s(args: Any, cluster: Any, job: Any, result: SearchResult) -> float:
-    """The slowest replica's compute seconds per step: --compute-s, else the yuan+compute estimate."""
-    return args.compute_s if args.compute_s is not None else estimated_compute_s(cluster, job, result.assignment)
-
-
-def wan_recipe_of(args: Any, cluster: Any, job: Any, result: SearchResult) -> WanRecipe:
-    """--wan-recipe auto: the recipe for the searched assignment (pipeline seconds per step: its pp term), equal
-    or adaptive local steps (replica r computes --compute-s, the slowest replica's, x v_min / v_r by GPU peak)."""
-    compute_s = recipe_compute_s(args, cluster, job, result)
-    codec_s = moment_codec_s = None
-    if args.recipe_measure_codecs:
-        from geotrain.cost.codec_cpu import sync_codec_seconds_by_codec
-
-        ladder, replicas = outer_ladder(args.recipe_codec_floor), int(result.assignment.shape[1])
-        codec_s = sync_codec_seconds_by_codec(ladder, replicas)
-        if args.recipe_sync_moments:
-            moment_codec_s = sync_codec_seconds_by_codec(ladder, replicas, sync_moments=True)
-    return choose_local_steps(cluster, job, result.assignment, replica_compute_seconds(cluster, result.assignment,
-                                                                                       compute_s),
-                              pp_s=result.cost.pp, total_steps=args.recipe_steps, max_delay=args.recipe_max_delay,
-                              floor=args.recipe_codec_floor, sync_moments=args.recipe_sync_moments,
-                              codec_s_per_value=codec_s, moment_codec_s_per_value=moment_codec_s,
-                              asynchronous=args.recipe_outer_sync == "auto")
-
-
-def shares_choice_of(args: Any, cluster: Any, job: Any, result: SearchResult,
-                     recipe: WanRecipe) -> SharesChoice | None:
-    """On a cluster whose replicas differ in speed: speed batch shares with per-step DP (comm: the searched
-    plan's dp + pp) against `recipe`; None when the replicas are alike."""
-    if not heterogeneous(cluster, result.assignment):
-        return None
-    return choose_shares(cluster, result.assignment, job.global_batch, recipe_compute_s(args, cluster, job, result),
-                         result.cost.dp + result.cost.pp, recipe.step_s, recipe.replica_compute_s)
-
-
-def recipe_documents(cluster: Any, result: SearchResult, recipe: WanRecipe,
-                     shares: SharesChoice | None) -> dict[str, Any]:
-    """The plan's "wan_recipe", or "batch_shares" when they win; "site_compute" with either on a
-    heterogeneous cluster."""
-    if shares is None:
-        return {"wan_recipe": recipe.to_json()}
-    labels = replica_labels(cluster, result.assignment)
-    site = {"site_compute": shares.to_json(labels)}
-    if shares.chosen == "wan_recipe":
-        return {"wan_recipe": recipe.to_json(), **site}
-    return {"batch_shares": {"version": 1, "rule": "speed", **shares.shares.to_json(labels)}, **site}
+def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel) -> tuple[Cluster, CostModel, np.ndarray | None]:
+    """--wan-recipe auto on a fixed layout: the devices whose memory holds a stage under the recipe
+    (plan_recipe.recipe_memory_bytes). All of them: `cluster` and `model` as they were and no index map; some:
+    the cluster of those devices, its cost model and their indices (a note on stderr names the devices left out);
+    fewer than S x R: refused in one line, except for the seed's default job (DEFAULT_JOB: a stand-in, not the
+    user's model), where one note says so and the plan goes on."""
+    need = recipe_memory_bytes(job, args.stages, args.replicas)
+    fit = devices_that_fit(cluster, need)
+    if fit.size == cluster.n_devices:
+        return cluster, model, None
+    if fit.size < args.stages * args.replicas:
+        line = too_few_devices(cluster, need, fit, f"--stages {args.stages} --replicas {args.replicas} with "
+                                                   f"--wan-recipe auto")
+        if args.job != DEFAULT_JOB:
+            raise GeotrainError(f"{line}. Use more stages (--stages), or let the planner choose the layout (no "
+                                f"--stages/--replicas)")
+        print(f"geotrain: note: job {job.name!r} (the default; give --job for your model's): {line}", file=sys.stderr)
+        return cluster, model, None
+    left_out = sorted(set(range(cluster.n_devices)) - set(fit.tolist()))
+    print(f"geotrain: note: --wan-recipe auto: {len(left_out)} devices cannot hold {need / 1e9:.1f} GB per device "
+          f"and are left out: {', '.join(f'{cluster.device_names[d]} ({cluster.gpus[d]})' for d in left_out)}",
+          file=sys.stderr)
+    sub = restrict_cluster(cluster, fit)
+    shares = "speed" if args.uneven_split else None
+    return sub, build_cost_model(args.cost_model, sub, job, args.stages, args.replicas, layer_shares=shares), fit
 
 
 def codec_tables(out: Output, choice: CodecChoice) -> None:

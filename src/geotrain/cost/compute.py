@@ -57,10 +57,12 @@ class YuanComputeCostModel:
 
     @classmethod
     def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int, utilisation: float = DEFAULT_UTILISATION,
-                micro_batches: int | None = None, layer_shares: object = None) -> YuanComputeCostModel:
+                micro_batches: int | None = None, layer_shares: object = None,
+                sync_period: int = 1) -> YuanComputeCostModel:
         """`job`'s traffic and FLOPs at `utilisation` of each GPU's peak; `layer_shares`: None / "equal"
-        (1/S), "speed" (per assignment) or S fractions summing to 1."""
-        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices)
+        (1/S), "speed" (per assignment) or S fractions summing to 1; `sync_period` H: the DP exchange every H
+        steps (local SGD / DiLoCo: its seconds per iteration / H)."""
+        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices, sync_period=sync_period)
         peak = device_peak_flops(cluster)
         slot_flops = job.flops_per_iteration() / (stages * replicas)
         return cls(cluster, traffic, slot_flops / (peak * utilisation),

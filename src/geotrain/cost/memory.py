@@ -34,6 +34,9 @@ from geotrain.job import Job
 MODELLED_SCHEDULES = ("1f1b", "gpipe")
 """The pipeline schedules the cost models know (micro-batches in flight here, the event simulation
 of cost/schedule.py): a subset of the ones geotrain train runs (runtime.pipeline.PIPELINE_SCHEDULES)."""
+OUTER_STATE_BYTES_PER_PARAM = 8.0
+"""DiLoCo / local SGD's outer optimizer state per parameter: the fp32 anchor (the last synchronised model) and the
+fp32 outer momentum (geotrain.optim.outer), beside the inner optimizer's state."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34.0
 """Korthikanti et al. 2023: bytes of stored activations per layer per token per hidden unit (fp16)."""
 

@@ -232,10 +232,11 @@ class ScheduleCostModel:
     @classmethod
     def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int, *, micro_batches: int | None = None,
                 schedule: str = "1f1b", utilisation: float = DEFAULT_UTILISATION,
-                layer_shares: object = None) -> ScheduleCostModel:
+                layer_shares: object = None, sync_period: int = 1) -> ScheduleCostModel:
         """`job`'s traffic and FLOPs (forward 1/3 of 6 x params x tokens) at `utilisation` of each
-        GPU's peak; `layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions."""
-        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices)
+        GPU's peak; `layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions;
+        `sync_period` H: the DP exchange every H steps (its seconds per iteration / H)."""
+        traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices, sync_period=sync_period)
         m = micro_batches or max(1, job.global_batch // replicas)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ScheduleError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")

@@ -137,6 +137,7 @@ class WanRecipe:
     outer_sync: str = "sync"  # "async": asynchronous outer updates (cost.async_outer; fp32, one replica's model each)
     async_staleness_factor: float | None = None  # async: time to a loss against fresh updates (cost.async_outer)
     outer_sync_step_s: dict[str, float] | None = None  # choose_local_steps with async: each one's predicted step_s
+    outer_sync_charged_s: dict[str, float] | None = None  # the same, times each one's staleness charge (the rule's)
 
     @property
     def compute_fraction(self) -> float:
@@ -392,7 +393,7 @@ def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_comp
     stage, as the runtime runs them): they replace the synchronous recipe only if their charged step is lower.
     `replica_compute_s`: compute seconds per step of each replica with equal steps; `options`: choose_recipe's.
     The winner records both schedules' predicted steps (`local_steps_step_s`) and, priced, sync's and async's
-    (`outer_sync_step_s`)."""
+    (`outer_sync_step_s`) and their steps charged for staleness, which decide (`outer_sync_charged_s`)."""
     assignment = np.asarray(assignment, dtype=np.int64)
     compute = replica_seconds(replica_compute_s)
     equal = choose_recipe(cluster, job, assignment, compute, **options)
@@ -405,8 +406,9 @@ def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_comp
     if not asynchronous or assignment.shape[0] > 1 or assignment.shape[1] < 2:
         return best
     candidate = async_recipe(cluster, job, assignment, compute, best.sync_every, options.get("total_steps"))
-    chosen = candidate if charged_step_seconds(candidate) < charged_step_seconds(best) else best
-    return dataclasses.replace(chosen, local_steps_step_s=steps,
+    charged = {"sync": charged_step_seconds(best), "async": charged_step_seconds(candidate)}
+    chosen = candidate if charged["async"] < charged["sync"] else best
+    return dataclasses.replace(chosen, local_steps_step_s=steps, outer_sync_charged_s=charged,
                                outer_sync_step_s={"sync": best.step_s, "async": candidate.step_s})
 
 

@@ -79,9 +79,10 @@ class YuanCostModel:
             if self._uniform_dp and self._uniform_pp else None
 
     @classmethod
-    def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int) -> YuanCostModel:
-        """The model of `job`'s traffic (traffic_of_job) on `stages` x `replicas`."""
-        return cls(cluster, traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices))
+    def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int, sync_period: int = 1) -> YuanCostModel:
+        """The model of `job`'s traffic (traffic_of_job) on `stages` x `replicas`; `sync_period` H: the DP
+        exchange runs every H steps (its seconds per iteration / H)."""
+        return cls(cluster, traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices, sync_period=sync_period))
 
     def pairwise_terms(self) -> PairwiseTerms | None:
         return self._terms

@@ -52,7 +52,9 @@ class AutoConfigOptions:
     hierarchical; utilisation: fraction of peak FLOP/s sustained; max_stages: cap on S (0: none);
     rank_model: "schedule" (finalists re-ranked by the event simulation) or "yuan+compute";
     finalists: configurations the screen passes to the "schedule" ranking (at least `top`);
-    refine_time_limit_s: the `hierarchical` re-placement's limit per finalist."""
+    refine_time_limit_s: the `hierarchical` re-placement's limit per finalist; sync_period: H, the DP
+    exchange's period in steps (1: every step; H > 1 screens layouts for a WAN recipe, whose outer sync
+    amortises the exchange over H steps: every model and bound charges dp / H)."""
 
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     top: int = 5
@@ -62,8 +64,11 @@ class AutoConfigOptions:
     rank_model: str = "schedule"
     finalists: int = 20
     refine_time_limit_s: float = 10.0
+    sync_period: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.sync_period, bool) or not isinstance(self.sync_period, int) or self.sync_period < 1:
+            raise SearchError(f"auto-config: the sync period must be an integer >= 1, got {self.sync_period!r}")
         if self.top < 1 or self.refine < 0 or self.finalists < 1:
             raise SearchError(f"auto-config: top, finalists must be >= 1 and refine >= 0, got {self.top}, "
                               f"{self.finalists}, {self.refine}")
@@ -197,11 +202,12 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
             sub = restrict_cluster(cluster, pool)
             pool_cache[key] = sub
         sub = pool_cache[key]
-        bound = compute_lb + comm_lower_bound_s(sub, job, S, R)
+        bound = compute_lb + comm_lower_bound_s(sub, job, S, R, options.sync_period)
         if len(found) >= keep and bound >= found[keep - 1].iteration_s:
             pruned += 1
             continue
-        model = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+        model = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M,
+                                             sync_period=options.sync_period)
         problem = PlacementProblem(sub, model)
         heuristic = RegionHeuristicConfig(max_candidates=200)
         results = [method(problem, heuristic) for method in (pipeline_local, dp_local)]
@@ -226,12 +232,12 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
     return AutoConfigResult(found[: options.top], len(layouts) - pruned, pruned, time.perf_counter() - start)
 
 
-def comm_lower_bound_s(pool: Cluster, job: Job, stages: int, replicas: int) -> float:
-    """yuan's dp + pp of any placement on `pool` (seconds) is at least R - 1 pair exchanges and S - 1
-    cuts, each on the pool's least latency and fastest link."""
+def comm_lower_bound_s(pool: Cluster, job: Job, stages: int, replicas: int, sync_period: int = 1) -> float:
+    """yuan's dp / H + pp of any placement on `pool` (seconds) is at least R - 1 pair exchanges (every
+    `sync_period` H steps) and S - 1 cuts, each on the pool's least latency and fastest link."""
     off = ~np.eye(pool.n_devices, dtype=bool)
     latency, bandwidth = pool.latency_s[off].min(initial=0.0), pool.bandwidth_bps[off].max(initial=1.0)
-    return (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth) + \
+    return (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth) / sync_period + \
         (stages - 1) * 2.0 * (latency + 8.0 * job.pp_bytes(replicas) / bandwidth)
 
 
@@ -244,10 +250,11 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
     used = candidate.assignment.ravel()
     devices = np.flatnonzero((peak >= peak[used].min()) & (capacity >= candidate.memory_per_device_bytes))
     sub = restrict_cluster(cluster, devices)
-    comm = YuanCostModel.for_job(sub, job, S, R)
+    comm = YuanCostModel.for_job(sub, job, S, R, options.sync_period)
     result = hierarchical_search(PlacementProblem(sub, comm), HierarchicalConfig(starts=2, rounds=4, swaps=1000),
                                  seed=seed, time_limit_s=options.refine_time_limit_s)
-    full = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M)
+    full = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M,
+                                        sync_period=options.sync_period)
     cost = full.evaluate(result.assignment)
     if cost.total >= candidate.iteration_s * (1 - 1e-12):
         return candidate
@@ -256,7 +263,7 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
 
 
 def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, replicas: int, microbatches: int,
-                     utilisation: float, any_split: bool = False) -> float:
+                     utilisation: float, any_split: bool = False, sync_period: int = 1) -> float:
     """Lower bound on the "schedule" model's iteration seconds of any placement of the layout on
     `pool`, f = one micro-batch forward on the pool's fastest GPU, hop = one micro-batch's
     activations (pp_bytes / M) over the pool's fastest link plus its least latency: every stage ends
@@ -268,7 +275,8 @@ def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, 
     stage 0 all-reduces, >= R - 1 scatter-gather pair exchanges on the pool's cheapest link.
     any_split: valid for every layer split (the first chain term, which needs stage 0 to hold 1/S of
     the layers, is dropped; the others only use sums over stages and max >= mean), and the busiest
-    stage's all-reduce is the cheapest one, not the combinatorial DP bound."""
+    stage's all-reduce is the cheapest one, not the combinatorial DP bound. sync_period: H, every DP term / H
+    (the exchange every H steps)."""
     peak = max(gpu_peak_flops(cluster.gpus[d]) for d in pool) * utilisation
     forward = job.flops_per_iteration() / 3.0 / (stages * replicas * microbatches) / peak
     block = np.ix_(pool, pool)
@@ -283,11 +291,11 @@ def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, 
     busy_compute = forward * 3.0 * microbatches
     if replicas < 2:
         return max(chain, busy_compute)
-    cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth)
+    cheapest_dp = (replicas - 1) * 2.0 * (latency + 8.0 * job.dp_bytes(stages) / replicas / bandwidth) / sync_period
     if any_split:  # the busiest stage need not be the one with the dearest DP group
         return max(chain, busy_compute) + cheapest_dp
     dp_pair = YuanCostModel.for_job(restrict_cluster(cluster, pool), job, stages, replicas).pairwise_terms().dp_pair_s
-    return max(chain + cheapest_dp, busy_compute + combinatorial_dp_bound(dp_pair, stages, replicas))
+    return max(chain + cheapest_dp, busy_compute + combinatorial_dp_bound(dp_pair, stages, replicas) / sync_period)
 
 
 def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfigOptions,
@@ -304,9 +312,10 @@ def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: Auto
     def model(shares: str | None):
         if rank_model == "schedule":
             return ScheduleCostModel.for_job(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
-                                             utilisation=options.utilisation, layer_shares=shares)
+                                             utilisation=options.utilisation, layer_shares=shares,
+                                             sync_period=options.sync_period)
         return YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M,
-                                    layer_shares=shares)
+                                            layer_shares=shares, sync_period=options.sync_period)
 
     equal = model(None).evaluate(local)
     best = (equal, None, float(stage_memory_bytes(job, S, R, M, options.memory).max()))
@@ -323,7 +332,8 @@ def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: Auto
         # the screen's bound assumed 1/S of the layers per stage; any split, any pool: every slot at the
         # cluster's fastest peak and links, max_s >= mean_s for the bubble (GPipe: (1/M) sum + ((M-1)/M) max)
         slot = job.flops_per_iteration() / (R * options.utilisation * max(gpu_peak_flops(g) for g in cluster.gpus))
-        bound = min(bound, slot * (1.0 / M + (M - 1.0) / (M * S)) + comm_lower_bound_s(cluster, job, S, R))
+        bound = min(bound, slot * (1.0 / M + (M - 1.0) / (M * S))
+                    + comm_lower_bound_s(cluster, job, S, R, options.sync_period))
     return replace(candidate, iteration_s=cost.total, dp_s=cost.dp, pp_s=cost.pp, compute_s=compute,
                    memory_per_device_bytes=memory, split=split, model=rank_model, bound_s=bound,
                    screen_s=candidate.screen_s if rank_model == "schedule" else cost.total)
@@ -338,5 +348,6 @@ def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options:
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
     capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
     pool = np.flatnonzero((peak >= peak[devices].min()) & (capacity >= candidate.memory_per_device_bytes))
-    bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation, any_split=True)
+    bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation, any_split=True,
+                             sync_period=options.sync_period)
     return replace(candidate, bound_s=bound)

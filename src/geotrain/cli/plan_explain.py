@@ -1,0 +1,91 @@
+"""Why the planner chose a layout, in words: the plan's "explanation".
+
+`explain_choice` turns ranked options (the chosen first) into a few sentences: the choice and its predicted step,
+the next best options with their times against it, and the binding constraint of the choice:
+- memory, where devices that are faster than the slowest one used stay idle because their memory cannot hold a
+  stage of the layout (or slower ones are left out for memory: the need against their capacity);
+- a link, where the step's exposed communication (the step less the busiest replica's compute) is at least
+  LINK_BOUND_SHARE of it: the slowest link between the sites the plan uses;
+- else a site's compute: the busiest replica's site.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from geotrain.cluster import Cluster
+from geotrain.cost.gpus import gpu_memory_bytes, gpu_peak_flops
+
+LINK_BOUND_SHARE = 0.2
+"""A step whose exposed communication is this share of it or more is called link-bound."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One ranked layout: `label` ("1 x 3"), its assignment (S, R) of device indices, predicted `step_s` (what it is
+    ranked by), `compute_s` the busiest replica's compute per step, `memory_bytes` per device, and the scheme."""
+
+    label: str
+    assignment: np.ndarray
+    step_s: float
+    compute_s: float
+    memory_bytes: float
+    scheme: str
+
+
+def sites_of(cluster: Cluster, assignment: np.ndarray) -> list[str]:
+    """The sites (regions) an assignment uses, in the cluster's order."""
+    used = sorted({int(cluster.region_of[int(d)]) for d in np.asarray(assignment).ravel()})
+    return [cluster.region_names[g] for g in used]
+
+
+def binding_constraint(cluster: Cluster, option: Option) -> str:
+    """One sentence naming what limits `option` (see the module doc)."""
+    used = np.unique(np.asarray(option.assignment).ravel())
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    idle = np.setdiff1d(np.arange(cluster.n_devices), used)
+    small = [d for d in idle if capacity[d] < option.memory_bytes]
+    faster_small = [d for d in small if peak[d] > peak[used].min()]
+    if faster_small or small:
+        gpus = sorted({cluster.gpus[d] for d in (faster_small or small)})
+        named = ", ".join(f"{g} ({gpu_memory_bytes(g) / 1e9:.0f} GB)" for g in gpus)
+        return (f"Memory: {len(faster_small or small)} idle devices ({named}) cannot hold the "
+                f"{option.memory_bytes / 1e9:.1f} GB a device of this layout needs.")
+    exposed = max(0.0, option.step_s - option.compute_s)
+    sites = sites_of(cluster, option.assignment)
+    if option.step_s > 0 and exposed >= LINK_BOUND_SHARE * option.step_s and len(sites) > 1:
+        region = {name: g for g, name in enumerate(cluster.region_names)}
+        pairs = [(a, b) for i, a in enumerate(sites) for b in sites[i + 1:]]
+        slowest = min(pairs, key=lambda p: _region_gbps(cluster, region[p[0]], region[p[1]]))
+        gbps = _region_gbps(cluster, region[slowest[0]], region[slowest[1]])
+        return (f"A link: {exposed:.3g} s of each {option.step_s:.3g} s step is communication not hidden by compute; "
+                f"the slowest link used is {slowest[0]}-{slowest[1]} ({gbps:g} Gbit/s).")
+    busiest = used[np.argmin(peak[used])]
+    return (f"Compute: the slowest GPU used ({cluster.gpus[busiest]} in {cluster.region_names[cluster.region_of[busiest]]}) "
+            f"paces the step; {option.compute_s:.3g} s of its {option.step_s:.3g} s is compute.")
+
+
+def _region_gbps(cluster: Cluster, a: int, b: int) -> float:
+    rows, cols = np.flatnonzero(cluster.region_of == a), np.flatnonzero(cluster.region_of == b)
+    return float(cluster.bandwidth_gbps[np.ix_(rows, cols)].min())
+
+
+def explain_choice(cluster: Cluster, options: Sequence[Option], alternatives: int = 3) -> list[str]:
+    """Sentences: the chosen option (the first), up to `alternatives` next ones against it, and its binding
+    constraint."""
+    chosen = options[0]
+    sites = sites_of(cluster, chosen.assignment)
+    used = int(np.unique(np.asarray(chosen.assignment).ravel()).size)
+    lines = [f"Chosen: {chosen.label} ({chosen.scheme}) on {used} of {cluster.n_devices} devices in "
+             f"{', '.join(sites)}: {chosen.step_s:.4g} s per step predicted."]
+    others = [o for o in options[1:] if o.label != chosen.label or o.scheme != chosen.scheme][:alternatives]
+    if others:
+        lines.append("Next: " + "; ".join(
+            f"{o.label} ({o.scheme}) in {', '.join(sites_of(cluster, o.assignment))}: {o.step_s:.4g} s "
+            f"({o.step_s / chosen.step_s:.2f}x)" for o in others) + ".")
+    lines.append(binding_constraint(cluster, chosen))
+    return lines

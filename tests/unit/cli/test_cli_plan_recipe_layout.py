@@ -1,0 +1,84 @@
+"""`geotrain plan --wan-recipe auto`: the layout and the recipe chosen together, memory checked, the choice explained.
+
+The cluster is a new user's three sites (docs' walkthrough): tokyo 4 H100, frankfurt 2 A100 + 2 T4, saopaulo 4 L4,
+100 Gbit/s inside a site, 0.2-1 Gbit/s between; the job a 1B GPT.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from geotrain.cli.main import main
+
+SITES = (("tokyo", ["H100"] * 4), ("frankfurt", ["A100", "A100", "T4", "T4"]), ("saopaulo", ["L4"] * 4))
+WAN = {("tokyo", "frankfurt"): (0.5, 230), ("tokyo", "saopaulo"): (0.2, 260), ("frankfurt", "saopaulo"): (1.0, 190)}
+JOB = "name: gpt-1b\nparams: 1.0e9\nlayers: 24\nhidden: 2048\nseq_len: 2048\nglobal_batch: 512\n"
+
+
+def link(a: str, b: str) -> tuple[float, float]:
+    if a == b:
+        return 100.0, 0.1
+    return WAN.get((a, b)) or WAN[(b, a)]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> tuple[Path, Path]:
+    """The three sites in the dense form (one GPU type per device) and the job."""
+    root = tmp_path_factory.mktemp("geo3")
+    devices = [(f"{site}{i}", site, gpu) for site, gpus in SITES for i, gpu in enumerate(gpus)]
+    rows = [[link(a[1], b[1]) for b in devices] for a in devices]
+    doc = {"name": "geo3", "devices": [{"name": n, "region": r, "gpu": g} for n, r, g in devices],
+           "bandwidth_gbps": [[gbps for gbps, _ in row] for row in rows],
+           "latency_ms": [[0.0 if i == j else ms for j, (_, ms) in enumerate(row)] for i, row in enumerate(rows)]}
+    (root / "geo3.json").write_text(json.dumps(doc))
+    (root / "gpt1b.yaml").write_text(JOB)
+    return root / "geo3.json", root / "gpt1b.yaml"
+
+
+def plan_json(capsys, *args: str) -> tuple[dict, str]:
+    """`plan ARGS --json`: the plan and what it wrote on stderr."""
+    assert main(["plan", *args, "--json"]) == 0
+    captured = capsys.readouterr()
+    return json.loads(captured.out), captured.err
+
+
+def test_the_natural_call_chooses_a_layout_with_its_recipe_and_explains_it(files, capsys):
+    cluster, job = files
+    plan, _ = plan_json(capsys, "--cluster", str(cluster), "--job", str(job), "--wan-recipe", "auto")
+    assert "wan_recipe" in plan or "batch_shares" in plan  # the flag is no longer ignored without --stages/--replicas
+    rows = plan["candidates"]
+    charged = [row["recipe"]["charged_s"] for row in rows]
+    assert charged == sorted(charged)  # ranked by the recipe's charged step, the chosen first
+    assert len({(row["stages"], row["replicas"]) for row in rows}) == len(rows)  # one row per layout
+    if plan["replicas"] > 1:
+        assert plan["wan_recipe"]["step_s"] == pytest.approx(rows[0]["recipe"]["step_s"])
+    # every device it uses holds a stage with the outer optimizer's state: AdamW 16 + outer 8 bytes per parameter
+    assert plan["memory_per_device_bytes"] >= 24 * 1e9 / plan["stages"]
+    chosen, *rest = plan["explanation"]
+    assert chosen.startswith(f"Chosen: {plan['stages']} x {plan['replicas']}")
+    assert rest[0].startswith("Next: ") and rest[-1].split(":")[0] in ("Memory", "A link", "Compute")
+    # without the recipe the same call prices per-step data parallelism and says so
+    plain, _ = plan_json(capsys, "--cluster", str(cluster), "--job", str(job))
+    assert "wan_recipe" not in plain and "per-step data parallelism" in plain["explanation"][0]
+
+
+def test_a_fixed_layout_with_a_recipe_is_placed_by_compute_and_memory(files, capsys):
+    cluster, job = files
+    plan, notes = plan_json(capsys, "--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas", "3",
+                            "--wan-recipe", "auto")
+    assert plan["cost_model"] == "yuan+compute"  # "yuan" has no compute: it put all three replicas on the L4s
+    assert sorted(plan["assignment"][0]) in ([0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3])  # tokyo's H100s
+    # the T4s and L4s cannot hold a replica: left out, said in one note
+    assert "6 devices cannot hold" in notes and "frankfurt2 (T4)" in notes and "saopaulo0 (L4)" in notes
+    assert main(["plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas", "12",
+                 "--wan-recipe", "auto"]) == 2
+    error = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("geotrain: note:")]
+    assert len(error) == 1 and error[0].startswith("geotrain: error: --stages 1 --replicas 12 with --wan-recipe auto")
+    assert "L4 (26 GB) x4" in error[0] and "T4 (17 GB) x2" in error[0] and "only 6 of 12 devices" in error[0]
+
+
+def test_a_recipe_with_zero_sharding_is_refused(files, capsys):
+    cluster, job = files
+    assert main(["plan", "--cluster", str(cluster), "--job", str(job), "--wan-recipe", "auto", "--zero", "1"]) == 2
+    assert "--zero" in capsys.readouterr().err
