@@ -18,6 +18,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.runtime.batch_shares import BatchSharesError, batch_shares, parse_batch_shares
+from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, parse_chaos
 from geotrain.runtime.elastic.rules import check_elastic
 from geotrain.sync.async_step import check_async_run
 from geotrain.runtime.layout import Layout
@@ -122,6 +123,11 @@ class RuntimeConfig:
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:
             raise RuntimeConfigError(f"model {self.model.model_name!r}: cannot cut {self.model.gpt.n_layer + 2} layers "
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")
+        if self.reliability.chaos is not None:  # every run: a fixed site must be one of the plan's replicas
+            try:
+                check_sites(parse_chaos(self.reliability.chaos), self.replicas)
+            except ChaosSpecError as exc:
+                raise RuntimeConfigError(f"reliability.chaos: {exc}") from None
         check_elastic(self)
         self._check_adaptive_local_steps()
         refusal = check_async_run(self.optim.outer_sync, pipeline_stages=self.pipeline_stages,

@@ -27,9 +27,13 @@ def test_slow_specs_parse_to_their_numbers():
 @pytest.mark.parametrize("spec, words", [
     ("slow:site=1", "needs site=K and factor=F"),
     ("slow:factor=2", "needs site=K and factor=F"),
-    ("slow:site=1,factor=0.5", "slow factor: must be a number >= 1"),
-    ("slow:site=1,factor=x", "slow factor: must be a number >= 1"),
-    ("slow:site=1,factor=inf", "slow factor: must be a number >= 1"),
+    ("slow:site=1,factor=0.5", "slow factor: must be a number in 1..1e+06"),
+    ("slow:site=1,factor=x", "slow factor: must be a number in 1..1e+06"),
+    ("slow:site=1,factor=inf", "slow factor: must be a number in 1..1e+06"),
+    ("slow:site=1,factor=nan", "slow factor: must be a number in 1..1e+06"),
+    ("slow:site=1,factor=1e300", "slow factor: must be a number in 1..1e+06 (how many times slower), got '1e300'"),
+    ("slow:site=1,factor=1000001", "slow factor: must be a number in 1..1e+06"),
+    ("slow:site=1,factor=1000;slow:site=1,factor=2000", "the factors of site 1 multiply to 2e+06, more than 1e+06"),
     ("slow:site=-1,factor=2", "slow site: must be an integer >= 0"),
     ("slow:site=1,factor=2,at=-3s", "slow at: duration must be a number > 0"),
     ("slow:site=1,factor=2,for=3s", "is not one of site=, factor=, at="),
@@ -43,7 +47,8 @@ def test_bad_slow_specs_are_one_line_naming_the_part(spec, words):
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(["site=1", "site=0", "site=x", "factor=2", "factor=0.9", "factor=1e3", "factor=",
-                                 "at=3s", "at=0", "at=-1", "at=2m", "every=1s", "x=1", ""]), max_size=5))
+                                 "factor=1e300", "factor=1e6", "at=3s", "at=0", "at=-1", "at=2m", "every=1s", "x=1",
+                                 ""]), max_size=5))
 def test_any_slow_spec_parses_or_is_one_line(parts):
     try:
         faults = parse_chaos("slow:" + ",".join(parts))
@@ -51,7 +56,17 @@ def test_any_slow_spec_parses_or_is_one_line(parts):
         assert "\n" not in str(exc)
         return
     (fault,) = faults
-    assert fault.site >= 0 and fault.factor >= 1 and fault.at_s >= 0
+    assert fault.site >= 0 and 1 <= fault.factor <= 1e6 and fault.at_s >= 0
+
+
+def test_every_run_refuses_a_slow_site_beyond_its_replicas_in_one_line():
+    """Not only elastic runs: a site the plan does not have would inject nothing."""
+    assert RuntimeConfig.of(MIXED, [[0, 2, 4]], chaos="slow:site=2,factor=3").reliability.chaos is not None
+    for assignment, words in (([[0, 2, 4]], "in 0..2, got 3"), ([[0, 2]], "in 0..1, got 3"),
+                              ([[0], [2]], "in 0..0, got 3")):
+        with pytest.raises(RuntimeConfigError) as caught:
+            RuntimeConfig.of(MIXED, assignment, chaos="slow:site=3,factor=3")
+        assert f"reliability.chaos: chaos slow: site must be a replica group {words}" == str(caught.value)
 
 
 def test_slow_faults_run_without_elastic_and_are_refused_with_it():

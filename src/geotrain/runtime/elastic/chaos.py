@@ -9,7 +9,8 @@ pure function of (spec, replica groups, seed).
     partition:at=5s,for=3s,every=20s,count=2   a partition every 20 s from 5 s, twice, the group drawn
     kill-site:every=30s;kill-site:every=45s,site=0   several faults: ';' (or a new 'name:' after ',')
     slow:site=2,factor=3,at=10s         from 10 s of training on, replica 2 computes 3x slower (a run without
-                                        --elastic: runtime/slowdown.py; `at` defaults to 0)
+                                        --elastic: runtime/slowdown.py; `at` defaults to 0; the factors of
+                                        one site, multiplied, at most MAX_SLOW_FACTOR)
 
 Durations: a number with unit ms, s, m or h (a bare number is seconds);
 a slow-down's `at` may be 0. A partition is a link state
@@ -36,6 +37,9 @@ PARTITION_KEYS = ("site", "at", "for", "every", "count")
 SLOW_KEYS = ("site", "factor", "at")
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+MAX_SLOW_FACTOR = 1e6
+"""The largest slow-down (all of a site's slow faults multiplied): a 10 ms step becomes almost 3 hours. Beyond it
+a fault tests nothing more, and the emulated clock's arithmetic would overflow (1e300 did, blaming another rank)."""
 
 
 class ChaosSpecError(GeotrainError, ValueError):
@@ -200,9 +204,9 @@ def _slow(pairs: list[str]) -> Slow:
         factor = float(values["factor"])
     except ValueError:
         factor = math.nan
-    if not (math.isfinite(factor) and factor >= 1):
-        raise ChaosSpecError(f"chaos slow factor: must be a number >= 1 (how many times slower), "
-                             f"got {shown(values['factor'])}")
+    if not (math.isfinite(factor) and 1 <= factor <= MAX_SLOW_FACTOR):
+        raise ChaosSpecError(f"chaos slow factor: must be a number in 1..{MAX_SLOW_FACTOR:g} (how many times "
+                             f"slower), got {shown(values['factor'])}")
     return Slow(_count(values["site"], "slow site", 0), factor,
                 _at_s(values["at"], "slow at") if "at" in values else 0.0)
 
@@ -219,7 +223,21 @@ def parse_chaos(spec: str) -> tuple[Fault, ...]:
         if name not in FAULTS:
             raise ChaosSpecError(f"chaos: unknown fault {shown(name)} (known: {', '.join(FAULTS)})")
         faults.append(_PARSERS[name](pairs))
+    _check_slow_product(faults)
     return tuple(faults)
+
+
+def _check_slow_product(faults: list[Fault]) -> None:
+    """The slow faults of one site multiply once due (runtime/slowdown.py): their product is at most
+    MAX_SLOW_FACTOR too."""
+    product: dict[int, float] = {}
+    for fault in faults:
+        if isinstance(fault, Slow):
+            product[fault.site] = product.get(fault.site, 1.0) * fault.factor
+    for site, factor in sorted(product.items()):
+        if factor > MAX_SLOW_FACTOR:
+            raise ChaosSpecError(f"chaos slow factor: the factors of site {site} multiply to {factor:g}, more than "
+                                 f"{MAX_SLOW_FACTOR:g}")
 
 
 def slow_only(spec: str) -> bool:

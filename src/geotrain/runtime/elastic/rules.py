@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, has_partition, parse_chaos
+from geotrain.runtime.elastic.chaos import has_partition
 from geotrain.runtime.sections import RuntimeConfigError
 
 PIPELINE_SCHEDULE = "gpipe"
@@ -92,8 +92,3 @@ def check_elastic(config: Any) -> None:
     reason = elastic_refusal(config)
     if reason is not None:
         raise RuntimeConfigError(f"--elastic: {reason}")
-    if config.reliability.chaos is not None:
-        try:
-            check_sites(parse_chaos(config.reliability.chaos), config.replicas)
-        except ChaosSpecError as exc:
-            raise RuntimeConfigError(f"reliability.chaos: {exc}") from None
