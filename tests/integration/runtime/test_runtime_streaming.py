@@ -92,5 +92,5 @@ def test_streaming_flags_without_sync_every_are_refused_by_train(files):
                            "--time-scale", "0", "--steps", "2", "--sync-mix", "0.5"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0  # (--sync-delay alone is delayed gradients: geotrain.sync.delayed)
-    assert "optim.sync_mix is Streaming DiLoCo's: it needs optim.sync_every" in done.stderr
+    assert "--sync-mix is Streaming DiLoCo's: it needs optim.sync_every" in done.stderr  # the flag typed, named
     assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1

@@ -66,7 +66,7 @@ def test_moment_syncs_without_sync_moments_is_refused_in_one_line(files):
                            "--time-scale", "0", "--steps", "2", "--sync-every", "2", "--moment-syncs", "1"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    assert "optim.moment_syncs says how many outer syncs carry the moments: it needs optim.sync_moments" in done.stderr
+    assert "--moment-syncs says how many outer syncs carry the moments: it needs optim.sync_moments" in done.stderr
     assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
 
 
@@ -75,5 +75,5 @@ def test_moment_sync_without_sync_every_is_refused_in_one_line(files):
                            "--time-scale", "0", "--steps", "2", "--sync-moments"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    assert "optim.sync_moments is Streaming DiLoCo's: it needs optim.sync_every" in done.stderr
+    assert "--sync-moments is Streaming DiLoCo's: it needs optim.sync_every" in done.stderr
     assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
