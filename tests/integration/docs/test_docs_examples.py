@@ -25,7 +25,8 @@ import pytest
 from paths import ROOT
 
 PAGES = ("README.md", "docs/index.md", "docs/guide/quick-start.md", "docs/guide/placing-a-job.md",
-         "docs/guide/training-a-plan.md", "docs/guide/slow-links.md", "docs/guide/surviving-failures.md",
+         "docs/guide/training-a-plan.md", "docs/guide/running-across-real-sites.md", "docs/guide/slow-links.md",
+         "docs/guide/surviving-failures.md",
          "docs/guide/emulating-any-script.md", "docs/guide/heterogeneous-sites.md",
          "docs/guide/heterogeneous-sites-diloco.md", "docs/guide/heterogeneous-sites-async.md",
          "docs/guide/watching-a-run.md")
