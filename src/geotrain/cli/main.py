@@ -27,6 +27,7 @@ COMMAND_MODULES: dict[str, str] = {
     "netlab": "geotrain.cli.netlab_cmd",
     "probe": "geotrain.cli.probe_cmd",
     "report": "geotrain.cli.report_cmd",
+    "calibrate": "geotrain.cli.calibrate_cmd",
 }
 
 

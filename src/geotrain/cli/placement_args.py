@@ -47,7 +47,8 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
             raise
         print(f"geotrain: note: {exc}", file=sys.stderr)
     shares = "speed" if getattr(args, "uneven_split", False) else layer_shares
-    return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares)
+    return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares,
+                                          utilisation=getattr(args, "utilisation", None))
 
 
 def batch_for_replicas(job: Job, replicas: int) -> Job:

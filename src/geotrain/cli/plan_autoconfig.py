@@ -25,7 +25,8 @@ from typing import Any
 
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_explain import Option, explain_choice
-from geotrain.cli.plan_recipe import PricedRecipe, largest_sync_every, price_recipe, recipe_documents, recipe_tables
+from geotrain.cli.plan_recipe import (PricedRecipe, calibration_of, largest_sync_every, price_recipe, recipe_documents,
+                                      recipe_tables)
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost.memory import MODELLED_SCHEDULES, OUTER_STATE_BYTES_PER_PARAM, MemoryConfig
 from geotrain.cost.yuan import YuanCostModel
@@ -52,6 +53,7 @@ def add_autoconfig_arguments(parser: argparse.ArgumentParser) -> None:
 def run_autoconfig(args: Any, out: Output) -> int:
     cluster = load_cluster(args.cluster)
     job = load_job(args.job)
+    calibration = calibration_of(args, job)
     if args.top < 1:
         raise GeotrainError(f"--top must be >= 1, got {args.top}")
     rank_model = "yuan+compute" if args.cost_model == "yuan+compute" else "schedule"
@@ -67,7 +69,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
     memory = MemoryConfig(state_bytes_per_param=state, zero=args.zero, recompute=args.recompute, schedule=args.schedule)
     options = AutoConfigOptions(memory=memory, top=max(args.top, RECIPE_CANDIDATES) if recipe else args.top,
                                 rank_model=rank_model, sync_period=largest_sync_every(args.recipe_steps) if recipe else 1,
-                                **limit)
+                                **({"utilisation": args.utilisation} if args.utilisation is not None else {}), **limit)
     with out.progress(f"auto-configuring {job.name} on {cluster.name}", 1):
         result = auto_configure(cluster, job, options, seed=args.seed)
     candidates = result.candidates
@@ -95,6 +97,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
            "memory": {"zero": args.zero, "recompute": args.recompute, "schedule": args.schedule},
            "seed": args.seed, **cluster_record(cluster), **job_record(job), "cost_model": rank_model,
            **({"sync_period_screened": options.sync_period} if recipe else {}),
+           **({"calibration": calibration} if calibration else {}),
            **(recipe_documents(cluster, candidates[0].assignment, priced[0]) if recipe and priced[0] else {}),
            "explanation": explanation}
     plan = Plan.from_json(doc, "auto-config")  # the chosen layout, with every candidate recorded in plan.extra
@@ -135,7 +138,8 @@ def candidate_recipe(args: Any, cluster: Cluster, job: Job, candidate: Candidate
         return None
     cost = YuanCostModel.for_job(cluster, job, candidate.stages, candidate.replicas).evaluate(candidate.assignment)
     pp_s = 0.0 if candidate.model == "schedule" else cost.pp
-    return price_recipe(args, cluster, job, candidate.assignment, cost.dp, pp_s, compute_s=candidate.compute_s)
+    return price_recipe(args, cluster, job, candidate.assignment, cost.dp, pp_s, compute_s=candidate.compute_s,
+                        utilisation=args.utilisation)
 
 
 def rank_seconds(candidate: Candidate, priced: PricedRecipe | None) -> float:

@@ -43,15 +43,16 @@ from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, assignment_rows, build_placement,
                                          region_legend)
-from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, add_recipe_arguments, devices_that_fit, price_recipe,
-                                      recipe_documents, recipe_memory_bytes, recipe_tables, too_few_devices)
+from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, add_calibration_argument, add_recipe_arguments,
+                                      calibration_of, devices_that_fit, price_recipe, recipe_documents,
+                                      recipe_memory_bytes, recipe_tables, too_few_devices)
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.errors import GeotrainError, shown
-from geotrain.job import Job
+from geotrain.job import Job, load_job
 from geotrain.plan import Plan, cluster_record, job_record, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.search.bound_beside import BoundBeside, usable_cores
@@ -121,6 +122,7 @@ def register(subparsers: Any) -> None:
                        help="keep better-quality codecs while the predicted time stays within this fraction "
                             "of the fastest allowed choice")
     add_recipe_arguments(parser)
+    add_calibration_argument(parser)
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
@@ -192,6 +194,7 @@ def run(args: Any) -> int:
     membership = membership_of(args, full_cluster)
     if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
         args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" else DEFAULT_COST_MODEL
+    calibration = calibration_of(args, load_job(args.job))
     cluster, job, model = build_placement(args, args.stages, args.replicas,
                                           cluster=full_cluster if membership is None else membership.live_cluster())
     fit = None
@@ -225,16 +228,18 @@ def run(args: Any) -> int:
     plan = search_plan(result, {"options": options, "seed": args.seed, **cluster_record(full_cluster),
                                 **job_record(job), "global_batch": job.global_batch, "cost_model": model.name,
                                 "time_limit_s": args.time_limit,
+                                **({"calibration": calibration} if calibration else {}),
                                 "wall_seconds": time.perf_counter() - started})
     if args.uneven_split:
-        split = uneven_split_document(cluster, job, model, result.assignment)
+        split = uneven_split_document(cluster, job, model, result.assignment, args.utilisation)
         plan = replace(plan, split=plan_split(split, plan.stages))
     choice = None if policy is None else choose_codecs(cluster, job, result.assignment, policy)
     if choice is not None:
         plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
     priced = None
     if args.wan_recipe == "auto":
-        priced = price_recipe(args, cluster, job, result.assignment, result.cost.dp, result.cost.pp)
+        priced = price_recipe(args, cluster, job, result.assignment, result.cost.dp, result.cost.pp,
+                              utilisation=args.utilisation)
         plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result.assignment, priced)})
     if fit is not None:  # searched on the devices that hold the recipe's memory
         plan = replace(plan, assignment=fit[plan.assignment])
@@ -296,7 +301,8 @@ def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel) -> t
           file=sys.stderr)
     sub = restrict_cluster(cluster, fit)
     shares = "speed" if args.uneven_split else None
-    return sub, build_cost_model(args.cost_model, sub, job, args.stages, args.replicas, layer_shares=shares), fit
+    return sub, build_cost_model(args.cost_model, sub, job, args.stages, args.replicas, layer_shares=shares,
+                                 utilisation=args.utilisation), fit
 
 
 def codec_tables(out: Output, choice: CodecChoice) -> None:
@@ -310,13 +316,13 @@ def codec_tables(out: Output, choice: CodecChoice) -> None:
                for key in ("dp", "pp", "total")])
 
 
-def uneven_split_document(cluster: Any, job: Any, model: Any, assignment: Any) -> dict[str, Any]:
+def uneven_split_document(cluster: Any, job: Any, model: Any, assignment: Any,
+                          utilisation: float | None = None) -> dict[str, Any]:
     """The plan's "split" object: the speed split of `assignment` (StageShares.describe) and the cost the
     same cost model predicts with the equal split (1/S per stage)."""
-    from geotrain.cost import build_cost_model
 
     stages, replicas = assignment.shape
-    equal = build_cost_model(model.name, cluster, job, int(stages), int(replicas))
+    equal = build_cost_model(model.name, cluster, job, int(stages), int(replicas), utilisation=utilisation)
     return {**model.shares.describe(assignment), "cost_equal_split": equal.evaluate(assignment).to_json()}
 
 

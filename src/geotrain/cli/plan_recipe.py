@@ -15,6 +15,7 @@ One home for the recipe's planning, used by a fixed layout (cli/plan_cmd.py) and
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,8 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                              "the plan as \"wan_recipe\"; `geotrain train --plan` runs them); without --stages/"
                              "--replicas the layout is chosen with the recipe, by the recipe's predicted step")
     recipe.add_argument("--compute-s", type=positive_float, default=None, metavar="SEC",
-                        help="compute seconds per step (default: the yuan+compute model's estimate from the GPUs)")
+                        help="compute seconds per step (default: the yuan+compute model's estimate from the GPUs, "
+                             "at --calibration's measured utilisation where given)")
     recipe.add_argument("--recipe-steps", type=int, default=None, metavar="N",
                         help="the run's steps: H leaves at least 12 outer steps, and under 100 outer steps the "
                              "outer optimizer averages (lr 1, momentum 0) instead of DiLoCo's 0.7 / 0.9")
@@ -88,26 +90,54 @@ class PricedRecipe:
         return charged_step_seconds(self.recipe) if self.chosen == "wan_recipe" else self.shares.step_s
 
 
+def add_calibration_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--calibration", default=None, metavar="FILE",
+                        help="a `geotrain calibrate` file: every model with compute (yuan+compute, schedule, the "
+                             "recipe's) charges each GPU at its measured utilisation instead of the default 0.4 of peak")
+
+
+def calibration_of(args: Any, job: Job) -> dict[str, Any] | None:
+    """--calibration: sets `args.utilisation` (what every compute model charges) and returns the plan's
+    "calibration" record; one note when the calibrated model's parameters differ from the job's by over 10%.
+    None without it (args.utilisation None: the default)."""
+    args.utilisation = None
+    if getattr(args, "calibration", None) is None:
+        return None
+    from geotrain.cost.calibration import load_calibration
+
+    calibration = load_calibration(args.calibration)
+    args.utilisation = calibration.utilisation
+    if abs(calibration.params - job.params) > 0.1 * job.params:
+        print(f"geotrain: note: --calibration {args.calibration} measured {calibration.model} ({calibration.params:,} "
+              f"parameters), the job {job.name!r} has {job.params:,.0f}: its FLOPs are charged at that model's "
+              f"utilisation", file=sys.stderr)
+    return {"file": str(args.calibration), "model": calibration.model, "stands_for": calibration.stands_for,
+            "seconds_per_step": calibration.seconds_per_step, "utilisation": calibration.utilisation}
+
+
 def largest_sync_every(total_steps: int | None) -> int:
     """The largest H the recipe may choose (SYNC_EVERY_CHOICES, capped to leave MIN_OUTER_STEPS outer steps)."""
     allowed = [h for h in SYNC_EVERY_CHOICES if total_steps is None or h * MIN_OUTER_STEPS <= total_steps]
     return max(allowed or [min(SYNC_EVERY_CHOICES)])
 
 
-def recipe_compute_s(args: Any, cluster: Cluster, job: Job, assignment: Any) -> float:
-    """The slowest replica's compute seconds per step: --compute-s, else the yuan+compute estimate."""
-    return args.compute_s if args.compute_s is not None else estimated_compute_s(cluster, job, assignment)
+def recipe_compute_s(args: Any, cluster: Cluster, job: Job, assignment: Any, utilisation: float | None = None) -> float:
+    """The slowest replica's compute seconds per step: --compute-s, else the yuan+compute estimate at `utilisation`
+    of each GPU's peak (None: the default; plan --calibration gives a measured one)."""
+    if args.compute_s is not None:
+        return args.compute_s
+    return estimated_compute_s(cluster, job, assignment, utilisation)
 
 
 def price_recipe(args: Any, cluster: Cluster, job: Job, assignment: Any, dp_s: float, pp_s: float,
-                 compute_s: float | None = None) -> PricedRecipe:
+                 compute_s: float | None = None, utilisation: float | None = None) -> PricedRecipe:
     """The recipe of `assignment` (pipeline seconds per step `pp_s`; equal or adaptive local steps, replica r
     computing the slowest replica's seconds x v_min / v_r by GPU peak) and, on mixed GPUs, speed batch shares with
     per-step DP (communication `dp_s` + `pp_s` seconds per step) against it. The slowest replica's compute per
-    step: --compute-s, else `compute_s` (a model's own), else the yuan+compute estimate."""
+    step: --compute-s, else `compute_s` (a model's own), else the yuan+compute estimate at `utilisation`."""
     assignment = np.asarray(assignment, dtype=np.int64)
     if args.compute_s is not None or compute_s is None:
-        compute_s = recipe_compute_s(args, cluster, job, assignment)
+        compute_s = recipe_compute_s(args, cluster, job, assignment, utilisation)
     codec_s = moment_codec_s = None
     if args.recipe_measure_codecs:
         from geotrain.cost.codec_cpu import sync_codec_seconds_by_codec

@@ -42,17 +42,20 @@ TRAFFIC_MODELS = ("yuan", "ring", "dtfm")
 
 
 def build_cost_model(name: str, cluster: Cluster, job: Job, stages: int, replicas: int,
-                     layer_shares: object = None) -> CostModel:
+                     layer_shares: object = None, utilisation: float | None = None) -> CostModel:
     """Instantiate the cost model `name` for this cluster, job and (stages, replicas) layout;
-    `layer_shares` (None: 1/S per stage; "speed"; S fractions) for the UNEVEN_SPLIT_MODELS only."""
+    `layer_shares` (None: 1/S per stage; "speed"; S fractions) for the UNEVEN_SPLIT_MODELS only;
+    `utilisation`: the fraction of each GPU's peak a step sustains, for the models that see compute (the
+    UNEVEN_SPLIT_MODELS; None: DEFAULT_UTILISATION, or a calibration's: cost.calibration)."""
     if name not in COST_MODELS:
         raise CostModelError(f"unknown cost model {name!r} (known: {', '.join(sorted(COST_MODELS))})")
+    compute = {} if utilisation is None or name not in UNEVEN_SPLIT_MODELS else {"utilisation": utilisation}
     if layer_shares is None:
-        return COST_MODELS[name].for_job(cluster, job, stages, replicas)
+        return COST_MODELS[name].for_job(cluster, job, stages, replicas, **compute)
     if name not in UNEVEN_SPLIT_MODELS:
         raise CostModelError(f"cost model {name!r} sees communication only, so a layer split does not change it; "
                              f"an uneven split needs one of {', '.join(UNEVEN_SPLIT_MODELS)}")
-    return COST_MODELS[name].for_job(cluster, job, stages, replicas, layer_shares=layer_shares)
+    return COST_MODELS[name].for_job(cluster, job, stages, replicas, layer_shares=layer_shares, **compute)
 
 
 def build_traffic_model(name: str, cluster: Cluster, traffic: Traffic) -> CostModel:

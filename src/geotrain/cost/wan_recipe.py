@@ -412,11 +412,13 @@ def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_comp
                                outer_sync_step_s={"sync": best.step_s, "async": candidate.step_s})
 
 
-def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any) -> float:
-    """Compute seconds per step of the slowest replica by the "yuan+compute" model (GPU peak x utilisation)."""
+def estimated_compute_s(cluster: Cluster, job: Job, assignment: Any, utilisation: float | None = None) -> float:
+    """Compute seconds per step of the slowest replica by the "yuan+compute" model (GPU peak x `utilisation`; None:
+    DEFAULT_UTILISATION, or a calibration's, cost.calibration)."""
     from geotrain.cost.compute import YuanComputeCostModel
 
     assignment = np.asarray(assignment, dtype=np.int64)
     stages, replicas = assignment.shape
-    model = YuanComputeCostModel.for_job(cluster, job, int(stages), int(replicas))
+    model = YuanComputeCostModel.for_job(cluster, job, int(stages), int(replicas),
+                                         **({} if utilisation is None else {"utilisation": utilisation}))
     return float(model.replica_compute_seconds(assignment[None]).max())
