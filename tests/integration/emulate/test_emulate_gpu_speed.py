@@ -217,10 +217,10 @@ def test_emulate_counts_set_up_before_the_loop_at_this_machines_speed_and_the_lo
                     str(script), str(tmp_path)], check=True, timeout=180)
     a100, t4 = (json.loads((tmp_path / f"set_up{r}.json").read_text()) for r in (0, 1))
     # CPU seconds since init_process_group, x 1 on both: the T4 rank's set-up is not 4.8 x (the old rule: 4.80 s
-    # emulated for 1.00 s of CPU); the clock also counts the few ms between init and the burn, and the barrier
-    # inside host_work may end at the A100's clock
+    # emulated for 1.00 s of CPU); the clock also counts the few ms between init and the burn and the barrier's
+    # link time, not the CPU gloo's threads spend while it blocks (a few ms at most)
     for rank in (a100, t4):
-        assert rank["set_up"] <= rank["before_loop"] < rank["set_up"] + 0.3, rank
+        assert rank["set_up"] - 0.05 <= rank["before_loop"] < rank["set_up"] + 0.3, rank
     # in the loop the T4 computes at 312/65 of this machine's time, the A100 at 1 (clock identities: the clock
     # reads CPU seconds around the measured block)
     assert t4["busy_emulated"] >= 312 / 65 * t4["busy"] * (1 - 1e-9)
