@@ -113,11 +113,13 @@ def normal(record: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class RunLines:
     """The readable records of a run's metrics files (file order: rank files sorted, lines in order), how many
-    lines were skipped, and notes on what was skipped (at most MAX_NOTES, then a count of the rest)."""
+    lines were skipped, notes on what was skipped (at most MAX_NOTES, then a count of the rest), and the ranks
+    whose files there are (by their names, readable or not)."""
 
     records: tuple[dict[str, Any], ...]
     skipped: int
     notes: tuple[str, ...]
+    file_ranks: tuple[int, ...] = ()
 
     @property
     def steps(self) -> list[dict[str, Any]]:
@@ -166,8 +168,12 @@ def load_lines(run_dir: Path | str) -> RunLines:
     records: list[dict[str, Any]] = []
     notes: list[str] = []
     skipped = 0
+    file_ranks = []
     for path in sorted((Path(run_dir) / METRICS_DIR).glob("rank-*.jsonl")):
         name = f"{METRICS_DIR}/{path.name}"
+        rank = path.name[len("rank-"):-len(".jsonl")]
+        if rank.isascii() and rank.isdigit():
+            file_ranks.append(int(rank))
         if not path.is_file():
             notes.append(f"{name}: not a regular file, skipped")
             continue
@@ -187,4 +193,4 @@ def load_lines(run_dir: Path | str) -> RunLines:
         except OSError as exc:
             notes.append(f"{name}: unreadable ({exc.strerror or exc}), skipped from there")
     shown = notes[:MAX_NOTES] + ([f"... and {len(notes) - MAX_NOTES} more"] if len(notes) > MAX_NOTES else [])
-    return RunLines(tuple(records), skipped, tuple(shown))
+    return RunLines(tuple(records), skipped, tuple(shown), tuple(sorted(file_ranks)))

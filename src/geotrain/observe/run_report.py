@@ -6,7 +6,8 @@ and summed up (geotrain.observe.report), as one JSON-ready dict that the CLI pri
 
 `incomplete` is None for a run whose every rank ended normally, else {"ranks": {rank: why}}: a rank whose
 last start (or restart) is followed by a `failure` event, or by no `end` record (a killed process), and a rank
-that run.json lists but that left no readable line. `split` is None without a readable step line.
+that run.json lists, or whose metrics file is there, but that left no readable line. `split` is None without
+a readable step line.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def incomplete_ranks(lines: RunLines, about: dict[str, Any]) -> dict[int, str]:
         elif record["event"] == "failure":
             reason = record.get("reason", record.get("message"))
             status[rank] = cut(f"failure: {reason}" if reason is not None else "failure", MAX_REASON_CHARS)
-    for rank in _listed_ranks(about) - set(status):
+    for rank in (_listed_ranks(about) | set(lines.file_ranks)) - set(status):
         status[rank] = "no readable metrics line"
     return {rank: why for rank, why in sorted(status.items()) if why is not None}
 

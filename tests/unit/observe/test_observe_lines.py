@@ -104,6 +104,7 @@ def test_a_rank_file_that_is_a_directory_and_a_corrupt_run_json_are_notes(tmp_pa
     assert report["notes"] == ["run.json: not valid JSON (ignored)",
                                "metrics/rank-1.jsonl: not a regular file, skipped"]
     assert report["about"] == {} and report["steps"] == 1 and report["skipped_lines"] == 0
+    assert report["incomplete"] == {"ranks": {1: "no readable metrics line"}}  # named by its file alone
     (tmp_path / "run.json").write_text("[1, 2]")
     assert run_report(tmp_path)["notes"][0] == "run.json: not a JSON object (ignored)"
 
