@@ -76,10 +76,11 @@ def test_stale_run_dirs_of_dead_pids_are_swept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stale, live = tmp_path / f"{dead.pid}-abcd", tmp_path / f"{os.getppid()}-abcd"
-    for path in (stale, live):
+    other = tmp_path / "\u00b2-abcd"  # a digit to str.isdigit, not to int(): not a run directory
+    for path in (stale, live, other):
         (path / "pymp-x").mkdir(parents=True)
     assert sweep_stale_run_dirs(tmp_path) == [stale]
-    assert not stale.exists() and live.exists()
+    assert not stale.exists() and live.exists() and other.exists()
 
 
 @pytest.mark.slow
