@@ -45,7 +45,8 @@ def sweep_stale_run_dirs(root: Path) -> list[Path]:
         return removed
     for entry in entries:
         pid = entry.name.split("-", 1)[0]
-        if pid.isascii() and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):  # isdigit alone takes '²'
+        # isdigit alone takes '²', which int() refuses
+        if pid.isascii() and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             for path in run_paths(entry):
                 shutil.rmtree(path, ignore_errors=True)
             removed.append(entry)
