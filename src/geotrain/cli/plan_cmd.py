@@ -43,12 +43,14 @@ from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfig
 from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, assignment_rows, build_placement,
                                          region_legend)
-from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, add_calibration_argument, add_recipe_arguments,
+from geotrain.cli.plan_explain import Option, explain_choice
+from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calibration_argument, add_recipe_arguments,
                                       calibration_of, devices_that_fit, price_recipe, recipe_documents,
                                       recipe_memory_bytes, recipe_tables, too_few_devices)
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
+from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.errors import GeotrainError, shown
@@ -197,7 +199,7 @@ def run(args: Any) -> int:
     calibration = calibration_of(args, load_job(args.job))
     cluster, job, model = build_placement(args, args.stages, args.replicas,
                                           cluster=full_cluster if membership is None else membership.live_cluster())
-    fit = None
+    fit, live = None, cluster
     if args.wan_recipe == "auto":
         cluster, model, fit = recipe_devices(args, cluster, job, model)
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
@@ -241,6 +243,10 @@ def run(args: Any) -> int:
         priced = price_recipe(args, cluster, job, result.assignment, result.cost.dp, result.cost.pp,
                               utilisation=args.utilisation)
         plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result.assignment, priced)})
+    option = fixed_option(args, cluster, job, result, priced)  # explained on the live devices, memory's exclusions too
+    explanation = explain_choice(live, [replace(option, assignment=option.assignment if fit is None
+                                                else fit[option.assignment])])
+    plan = replace(plan, extra={**plan.extra, "explanation": explanation})
     if fit is not None:  # searched on the devices that hold the recipe's memory
         plan = replace(plan, assignment=fit[plan.assignment])
     if membership is not None:  # searched on the live devices; the file names the full cluster's
@@ -272,9 +278,30 @@ def run(args: Any) -> int:
         codec_tables(out, choice)
     if priced is not None:
         recipe_tables(out, cluster, result.assignment, priced)
+    for line in explanation:
+        out.text(line)
     if args.out:
         out.text(f"plan written to {args.out}")
     return 0
+
+
+def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, priced: PricedRecipe | None) -> Option:
+    """The explanation's view of a fixed layout's plan: its recipe's step (or the chosen shares'), else the cost
+    model's total; compute as its model counts it (none for the communication-only models); memory per device
+    as cost.memory gives it for one sequence per micro-batch (with the outer optimizer's state under a recipe)."""
+    label = f"{args.stages} x {args.replicas}"
+    if priced is not None:
+        compute = (priced.recipe.compute_s if priced.chosen == "wan_recipe"
+                   else max(priced.shares.shares.compute_s))
+        scheme = "WAN recipe" if priced.chosen == "wan_recipe" else "speed batch shares"
+        return Option(label, result.assignment, priced.step_s, compute,
+                      recipe_memory_bytes(job, args.stages, args.replicas), scheme)
+    extra = result.cost.extra or {}
+    compute = float(extra.get("pipeline", extra.get("compute", 0.0)))
+    memory = float(stage_memory_bytes(job, args.stages, args.replicas, max(1, job.global_batch // args.replicas),
+                                      MemoryConfig()).max())
+    scheme = "per-step data parallelism" if args.replicas > 1 else "one replica"
+    return Option(label, result.assignment, result.cost.total, compute, memory, scheme)
 
 
 def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel) -> tuple[Cluster, CostModel, np.ndarray | None]:

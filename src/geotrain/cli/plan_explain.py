@@ -5,7 +5,8 @@ the next best options with their times against it, and the binding constraint of
 - memory, where devices that are faster than the slowest one used stay idle because their memory cannot hold a
   stage of the layout (or slower ones are left out for memory: the need against their capacity);
 - a link, where the step's exposed communication (the step less the busiest replica's compute) is at least
-  LINK_BOUND_SHARE of it: the slowest link between the sites the plan uses;
+  LINK_BOUND_SHARE of it: the slowest link between the sites the plan uses (with a communication-only cost
+  model, always: it says so, and how to weigh compute);
 - else a site's compute: the busiest replica's site.
 """
 
@@ -57,16 +58,27 @@ def binding_constraint(cluster: Cluster, option: Option) -> str:
                 f"{option.memory_bytes / 1e9:.1f} GB a device of this layout needs.")
     exposed = max(0.0, option.step_s - option.compute_s)
     sites = sites_of(cluster, option.assignment)
-    if option.step_s > 0 and exposed >= LINK_BOUND_SHARE * option.step_s and len(sites) > 1:
-        region = {name: g for g, name in enumerate(cluster.region_names)}
-        pairs = [(a, b) for i, a in enumerate(sites) for b in sites[i + 1:]]
-        slowest = min(pairs, key=lambda p: _region_gbps(cluster, region[p[0]], region[p[1]]))
-        gbps = _region_gbps(cluster, region[slowest[0]], region[slowest[1]])
+    slowest = _slowest_link(cluster, sites)
+    if option.compute_s <= 0:  # a communication-only model ("yuan", "ring", "dtfm")
+        where = f"; the slowest link used is {slowest}" if slowest else ""
+        return (f"Links: the cost model prices communication only ({option.step_s:.3g} s per iteration){where}. "
+                f"Give --cost-model yuan+compute or schedule to weigh each GPU's speed.")
+    if option.step_s > 0 and exposed >= LINK_BOUND_SHARE * option.step_s and slowest:
         return (f"A link: {exposed:.3g} s of each {option.step_s:.3g} s step is communication not hidden by compute; "
-                f"the slowest link used is {slowest[0]}-{slowest[1]} ({gbps:g} Gbit/s).")
+                f"the slowest link used is {slowest}.")
     busiest = used[np.argmin(peak[used])]
     return (f"Compute: the slowest GPU used ({cluster.gpus[busiest]} in {cluster.region_names[cluster.region_of[busiest]]}) "
             f"paces the step; {option.compute_s:.3g} s of its {option.step_s:.3g} s is compute.")
+
+
+def _slowest_link(cluster: Cluster, sites: list[str]) -> str | None:
+    """"a-b (x Gbit/s)": the slowest link between two of `sites`; None for one site."""
+    region = {name: g for g, name in enumerate(cluster.region_names)}
+    pairs = [(a, b) for i, a in enumerate(sites) for b in sites[i + 1:]]
+    if not pairs:
+        return None
+    a, b = min(pairs, key=lambda p: _region_gbps(cluster, region[p[0]], region[p[1]]))
+    return f"{a}-{b} ({_region_gbps(cluster, region[a], region[b]):.3g} Gbit/s)"
 
 
 def _region_gbps(cluster: Cluster, a: int, b: int) -> float:

@@ -69,7 +69,9 @@ def test_a_fixed_layout_with_a_recipe_is_placed_by_compute_and_memory(files, cap
                             "--wan-recipe", "auto")
     assert plan["cost_model"] == "yuan+compute"  # "yuan" has no compute: it put all three replicas on the L4s
     assert sorted(plan["assignment"][0]) in ([0, 1, 2], [0, 1, 3], [0, 2, 3], [1, 2, 3])  # tokyo's H100s
-    # the T4s and L4s cannot hold a replica: left out, said in one note
+    # the T4s and L4s cannot hold a replica: left out, said in one note, and in the plan's explanation
+    assert plan["explanation"][0].startswith("Chosen: 1 x 3 (WAN recipe) on 3 of 12 devices in tokyo")
+    assert plan["explanation"][-1].startswith("Memory: 6 idle devices (L4 (26 GB), T4 (17 GB))")
     assert "6 devices cannot hold" in notes and "frankfurt2 (T4)" in notes and "saopaulo0 (L4)" in notes
     assert main(["plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas", "12",
                  "--wan-recipe", "auto"]) == 2
@@ -82,3 +84,12 @@ def test_a_recipe_with_zero_sharding_is_refused(files, capsys):
     cluster, job = files
     assert main(["plan", "--cluster", str(cluster), "--job", str(job), "--wan-recipe", "auto", "--zero", "1"]) == 2
     assert "--zero" in capsys.readouterr().err
+
+
+def test_a_plan_by_a_communication_only_model_says_so(files, capsys):
+    cluster, job = files
+    plan, _ = plan_json(capsys, "--cluster", str(cluster), "--job", str(job), "--stages", "2", "--replicas", "2",
+                        "--method", "pipeline-local")
+    assert plan["cost_model"] == "yuan"
+    assert plan["explanation"][-1].startswith("Links: the cost model prices communication only")
+    assert "--cost-model yuan+compute or schedule" in plan["explanation"][-1]
