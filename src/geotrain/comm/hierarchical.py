@@ -41,6 +41,7 @@ from geotrain.codecs.dtypes import float_dtype, itemsize
 from geotrain.codecs.feedback import ErrorFeedbackBank
 from geotrain.codecs.wire import pack_payload, unpack_payload
 from geotrain.comm.collectives import all_gather_single
+from geotrain.comm.groups import new_group
 from geotrain.comm.regions import Regions, RegionsError
 
 
@@ -89,16 +90,17 @@ class HierarchicalGroups:
     inter: dict[tuple[int, ...], Any]
 
     @classmethod
-    def create(cls, regions: Regions, sharded: bool = True) -> HierarchicalGroups:
-        """Create the groups; every process of the default group must call this, in the same order."""
+    def create(cls, regions: Regions, sharded: bool = True, timeout_s: float | None = None) -> HierarchicalGroups:
+        """Create the groups, each collective on them bounded by `timeout_s` seconds (None: torch's default);
+        every process of the default group must call this, in the same order."""
         shards = regions.shards if sharded else 1
-        intra = tuple(dist.new_group(list(region)) if len(region) > 1 else None for region in regions.members)
+        intra = tuple(new_group(region, timeout_s) if len(region) > 1 else None for region in regions.members)
         inter: dict[tuple[int, ...], Any] = {}
         if regions.count > 1:
             for shard in range(shards):
                 owners = regions.inter_group(shard)
                 if owners not in inter:
-                    inter[owners] = dist.new_group(list(owners))
+                    inter[owners] = new_group(owners, timeout_s)
         return cls(regions, shards, intra, inter)
 
 

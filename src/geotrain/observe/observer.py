@@ -5,7 +5,7 @@ end, its emulator records (every message it sent and every collective it started
     observer.step(record)          # after each training step (the worker's step record)
     observer.event("checkpoint", step, path=..., bytes=..., seconds=...)
     sync.listener = observer       # outer syncs: an "outer_sync" event when each starts and lands
-    observer.fail(message, step)   # on failure: an event line, flush, the emulator records so far
+    observer.fail(reason, step)    # on failure: a "failure" event (its "reason"), flush, the emulator records so far
     observer.close()               # at the end: flush, write <run dir>/emulator/rank-<r>.json
 
 The emulator part has the format of `geotrain emulate --report`'s per-rank parts (EmulationState.to_json),
@@ -14,6 +14,7 @@ so the trace of a run and of `geotrain emulate --trace` are built by one functio
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ class NullObserver:
 
     def sync_landed(self, step: int, fragment: int, nbytes: int, started: int) -> None: ...
 
-    def fail(self, message: str, step: int) -> None: ...
+    def fail(self, reason: str, step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -55,6 +56,8 @@ class RunObserver(NullObserver):
         self.writer = MetricsWriter(metrics_path(run_dir, rank))
         self.cost_s = 0.0  # wall seconds this rank spent in step() and event(): the observer's own cost
         self.steps = 0
+        # fail() may come from the watchdog's thread or a signal handler while the main thread writes
+        self._lock = threading.RLock()
         self.event("start", 0)
         self.writer.flush()  # on disk at once: a process killed early still shows that it started
 
@@ -68,8 +71,9 @@ class RunObserver(NullObserver):
 
     def step(self, record: dict[str, Any]) -> None:
         started = time.perf_counter()
-        self._step(record)
-        self.steps += 1
+        with self._lock:
+            self._step(record)
+            self.steps += 1
         self.cost_s += time.perf_counter() - started
 
     def _step(self, record: dict[str, Any]) -> None:
@@ -80,8 +84,9 @@ class RunObserver(NullObserver):
 
     def event(self, name: str, step: int, **fields: Any) -> None:
         started = time.perf_counter()
-        self.writer.write({"kind": "event", "event": name, "step": step, "rank": self.rank, "site": self.site,
-                           "t_wall": time.time(), "emulated_s": self._emulated_now(), **fields})
+        with self._lock:
+            self.writer.write({"kind": "event", "event": name, "step": step, "rank": self.rank, "site": self.site,
+                               "t_wall": time.time(), "emulated_s": self._emulated_now(), **fields})
         self.cost_s += time.perf_counter() - started
 
     def sync_started(self, step: int, fragment: int) -> None:
@@ -92,10 +97,12 @@ class RunObserver(NullObserver):
         """The sync of `fragment` started after step `started` lands after `step`, `nbytes` handed."""
         self.event("outer_sync", step, phase="land", fragment=fragment, bytes=nbytes, started=started)
 
-    def fail(self, message: str, step: int) -> None:
-        """A failure event, flushed with every buffered line, and the emulator records so far (the trace)."""
-        self.event("failure", step, message=message)
-        self.writer.flush()
+    def fail(self, reason: str, step: int) -> None:
+        """A "failure" event at `step` (0-based: the step the rank was in) with `reason` (why the rank ended, one
+        line), flushed with every buffered line, and the emulator records so far (the trace). Any thread."""
+        with self._lock:
+            self.event("failure", step, reason=reason)
+            self.writer.flush()
         self._write_emulator_part()
 
     def _write_emulator_part(self) -> None:
@@ -114,10 +121,11 @@ class RunObserver(NullObserver):
         """The "end" event carries this rank's cost: `observer_s` (wall seconds in step/event, the final
         flush included) and `bytes_written` (metrics bytes, this line excluded) over `steps` steps."""
         started = time.perf_counter()
-        self.writer.flush()
-        self.cost_s += time.perf_counter() - started
-        self.event("end", -1, steps=self.steps, observer_s=self.cost_s, bytes_written=self.writer.bytes_written)
-        self.writer.close()
+        with self._lock:
+            self.writer.flush()
+            self.cost_s += time.perf_counter() - started
+            self.event("end", -1, steps=self.steps, observer_s=self.cost_s, bytes_written=self.writer.bytes_written)
+            self.writer.close()
         self._write_emulator_part()
 
 

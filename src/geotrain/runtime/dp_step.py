@@ -35,23 +35,26 @@ def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
     return sum_squares
 
 
-def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int]) -> list[HierarchicalGroups]:
-    """The hierarchy of every stage's DP group, created on every rank in stage order (torch's new_group rule)."""
+def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int],
+                             timeout_s: float) -> list[HierarchicalGroups]:
+    """The hierarchy of every stage's DP group, created on every rank in stage order (torch's new_group rule),
+    its collectives bounded by `timeout_s` seconds (the run's --comm-timeout)."""
     return [HierarchicalGroups.create(regions_of_devices(layout.dp_group_ranks(s), layout.dp_group_devices(s),
-                                                         region_of_device))
+                                                         region_of_device), timeout_s=timeout_s)
             for s in range(layout.stages)]
 
 
 def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport: Transport, group: object,
                         hierarchy: HierarchicalGroups | None, rank: int, replicas: int,
-                        cluster: Cluster | None = None) -> GradientSync:
+                        cluster: Cluster | None = None, timeout_s: float | None = None) -> GradientSync:
     """The gradient sync of global `rank`'s stage module over its stage's DP group `group` (the process
     group), the hierarchy of that group with --dp-hierarchical (else None); `replicas` R for clipping;
-    `cluster`: its links choose the gathered exchanges' algorithm (geotrain.comm.gather; None: ring)."""
+    `cluster`: its links choose the gathered exchanges' algorithm (geotrain.comm.gather; None: ring);
+    `timeout_s`: the collective timeout of the groups it creates (the run's --comm-timeout)."""
     layout = transport.layout
     s = layout.slot(rank).stage
     if options.heterogeneity.outer_sync != "sync":
-        return _async_gradient_sync(options, stage, layout, cluster, replicas)
+        return _async_gradient_sync(options, stage, layout, cluster, replicas, timeout_s)
     devices = tuple(layout.dp_group_devices(s))
     links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
     dp_group = DPGroup(group, tuple(layout.dp_group_ranks(s)), devices, hierarchy, links)
@@ -60,7 +63,7 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
 
 
 def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: Layout, cluster: Cluster | None,
-                         replicas: int) -> GradientSync:
+                         replicas: int, timeout_s: float | None) -> GradientSync:
     """--outer-sync async*: one stage, so the DP group is the world; async-hierarchical's regions are the
     cluster's (the region holding rank 0 first, so that its first rank hosts the global server)."""
     from geotrain.sync.async_outer import AsyncOuterSync
@@ -77,6 +80,7 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
         regions = sorted((sorted(region) for region in found.members), key=lambda region: region[0])
     budget = run_budget(options.total_steps, options.outer.sync_every, replicas)  # type: ignore[arg-type]
     outer = AsyncOuterSync(params, options.outer.sync_every, outer_lr=options.outer.outer_lr,  # type: ignore[arg-type]
-                           outer_momentum=options.outer.outer_momentum, regions=regions, budget=budget)
+                           outer_momentum=options.outer.outer_momentum, regions=regions, budget=budget,
+                           timeout_s=timeout_s)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     return AsyncOuterGradientSync(params, adamw, outer)

@@ -1,7 +1,8 @@
 """Failure detection: heartbeats in the rendezvous store, a watchdog thread, and a shared abort notice.
 
 Every worker runs one daemon thread that, every `interval_s`:
-  1. bumps its heartbeat `hb/<rank>` = "<counter> <last completed step>";
+  1. bumps its heartbeat `hb/<rank>` = "<counter> <phase>" (phase: "waiting" while the main thread is blocked
+     in a data-parallel collective, else "working", for the timeout message: `suspects`);
   2. reads the abort notice `abort`: if some worker posted one, this worker exits with it;
   3. reads every other live rank's heartbeat: a counter that has not changed for `timeout_s` (on this
      worker's own monotonic clock, so clocks of different machines never matter) means that rank died
@@ -10,16 +11,19 @@ The main thread publishes `step/<rank>` = completed steps as soon as a step ends
 store connection), for failure messages and the launcher's progress. A rank that finished posts
 `done/<rank>` and is no longer watched. Losing the store itself (its host,
 the launcher or torchrun's agent, is gone) for `timeout_s` is also fatal. Exits use os._exit, which
-works even while the main thread is blocked inside a gloo call.
+works even while the main thread is blocked inside a gloo call; before it, `last_words(why, step)` (the
+run directory's observer: its buffered step lines and a "failure" event) runs on the watchdog thread.
+`end_on_sigterm` does the same for the launcher's SIGTERM (a rank stopped after another one failed).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from geotrain.procs import EXIT_PEER_LOST
@@ -30,9 +34,12 @@ class Watchdog:
 
     def __init__(self, store: Any, step_store: Any, rank: int, world_size: int, describe: Callable[[int], str],
                  interval_s: float = 0.5, timeout_s: float = 10.0,
-                 exit_fn: Callable[[int], None] = os._exit) -> None:
+                 exit_fn: Callable[[int], None] = os._exit,
+                 last_words: Callable[[str, int], None] | None = None,
+                 waiting: Callable[[], bool] = lambda: False) -> None:
         """`store` is used by the watchdog thread only, `step_store` (another client of the same
-        store) by the main thread only."""
+        store) by the main thread only; `last_words(why, step)` runs before `exit_fn` (step: 0-based, the
+        step this rank was in); `waiting()`: whether the main thread is blocked in a collective now."""
         self.store = store
         self.step_store = step_store
         self.rank = rank
@@ -41,8 +48,11 @@ class Watchdog:
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.exit_fn = exit_fn
+        self.last_words = last_words
+        self.waiting = waiting
         self.completed_steps = 0  # steps this rank has finished (its optimizer step done)
         self.failure: str | None = None
+        self._posted: str | None = None  # the abort notice this rank posted (its main thread ends it itself)
         self._counter = 0
         self._seen: dict[int, tuple[str, float]] = {}
         self._store_ok_at = time.monotonic()
@@ -67,6 +77,7 @@ class Watchdog:
 
     def post_abort(self, message: str) -> None:
         """Tell every worker to stop, with `message` (first notice wins in practice: all read it)."""
+        self._posted = message
         try:
             if not self.store.check(["abort"]):
                 self.store.set("abort", message)
@@ -80,14 +91,41 @@ class Watchdog:
 
     def _beat(self) -> None:
         self._counter += 1
-        self.store.set(f"hb/{self.rank}", str(self._counter))
+        self.store.set(f"hb/{self.rank}", f"{self._counter} {'waiting' if self.waiting() else 'working'}")
 
     def _fail(self, message: str, post: bool) -> None:
         self.failure = message
         if post:
             self.post_abort(message)
         print(f"geotrain worker {self.describe(self.rank)}: {message}", file=sys.stderr, flush=True)
+        self.say_last_words(f"ended by the watchdog: {message}")
         self.exit_fn(EXIT_PEER_LOST)
+
+    def say_last_words(self, why: str) -> None:
+        """`last_words(why, the step this rank is in)`, if any; an error in them never stops the exit."""
+        if self.last_words is None:
+            return
+        try:
+            self.last_words(why, self.completed_steps)
+        except Exception:  # noqa: BLE001 - the rank ends all the same (a full disk, a closed file)
+            pass
+
+    def suspects(self, ranks: Iterable[int]) -> list[tuple[int, int]]:
+        """Main thread, after a collective timed out: (rank, completed steps) of those of `ranks` that most
+        likely held it up (alive: their heartbeat goes on): fewer completed steps than this rank, or as many and
+        not waiting in a collective themselves; fewest steps first; [] if none or the store cannot tell."""
+        found = []
+        for rank in ranks:
+            if rank == self.rank:
+                continue
+            try:
+                done = int(self.step_store.get(f"step/{rank}").decode())
+                phase = self.step_store.get(f"hb/{rank}").decode().partition(" ")[2]
+            except Exception:  # noqa: BLE001 - a diagnostic only
+                return []
+            if done < self.completed_steps or (done == self.completed_steps and phase != "waiting"):
+                found.append((done, rank))
+        return [(rank, done) for done, rank in sorted(found)]
 
     def check_once(self) -> str | None:
         """One round of heartbeat + checks; returns the failure message if one is found."""
@@ -95,7 +133,9 @@ class Watchdog:
         try:
             self._beat()
             if self.store.check(["abort"]):
-                return "abort: " + self.store.get("abort").decode()
+                notice = self.store.get("abort").decode()
+                if notice != self._posted:
+                    return "abort: " + notice
             stale = []
             for rank in list(self._seen):
                 if self.store.check([f"done/{rank}"]):
@@ -129,3 +169,17 @@ class Watchdog:
             if message is not None and not self._stop.is_set():
                 self._fail(message, post=not message.startswith("abort: "))
                 return
+
+
+def end_on_sigterm(watchdog: Watchdog) -> None:
+    """Main thread: on SIGTERM (the launcher stopping this rank after another one failed), say the watchdog's
+    last words, then die of SIGTERM as without the handler. The handler runs between Python bytecodes: a
+    rank blocked inside a gloo call is SIGKILLed by the launcher first, with no last words."""
+    def handler(signum: int, _frame: object) -> None:
+        watchdog.say_last_words(f"stopped by the launcher (SIGTERM) after {watchdog.completed_steps} "
+                                f"completed steps")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from geotrain.comm.groups import collective_timeout, new_group
 from geotrain.data import WorldTokens
 from geotrain.emulate.install import COMPUTE_CLOCKS, Emulation
 from geotrain.emulate.rank_clock import host_work
@@ -45,7 +46,7 @@ from geotrain.runtime.slowdown import SlowDown, site_slowdowns
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
-from geotrain.runtime.watchdog import Watchdog
+from geotrain.runtime.watchdog import Watchdog, end_on_sigterm
 from geotrain.sync.adaptive import AdaptiveOuterSync
 from geotrain.sync.async_step import AsyncOuterGradientSync, progress_steps
 from geotrain.sync.base import ComputeTimer
@@ -92,8 +93,9 @@ class Worker:
         self.layout = config.layout
         self.slot = self.layout.slot(rank)
         S, R, V = config.stages, config.replicas, config.stages_per_rank
-        self.groups = [dist.new_group(self.layout.dp_group_ranks(s)) for s in range(S)]
-        pp_groups = [dist.new_group([self.layout.rank_of(s, r) for s in range(S)]) for r in range(R)]
+        self.timeout_s = config.reliability.comm_timeout_s  # every group's collective timeout (comm/groups.py)
+        self.groups = [new_group(self.layout.dp_group_ranks(s), self.timeout_s) for s in range(S)]
+        pp_groups = [new_group([self.layout.rank_of(s, r) for s in range(S)], self.timeout_s) for r in range(R)]
         self.pp_ranks = [self.layout.rank_of(s, self.slot.replica) for s in range(S)]
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
@@ -128,11 +130,11 @@ class Worker:
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss, self.pp_group, device, self.timer)
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
-        hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of)[self.slot.stage]
+        hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of, self.timeout_s)[self.slot.stage]
                      if config.comm.dp_hierarchical else None)
         self.dp = stage_gradient_sync(config.sync_options(self.slot.stage), self.stage, self.transport,
                                       self.groups[self.slot.stage], hierarchy, rank, config.replicas,
-                                      config.cluster)
+                                      config.cluster, self.timeout_s)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
 
@@ -159,7 +161,8 @@ class Worker:
             holders = sorted({owner_of(v, S) for v in tie.stages})
             if len(holders) < 2:
                 continue  # one rank holds every copy: it is one parameter there
-            groups = [dist.new_group([self.layout.rank_of(s, r) for s in holders]) for r in range(self.config.replicas)]
+            groups = [new_group([self.layout.rank_of(s, r) for s in holders], self.timeout_s)
+                      for r in range(self.config.replicas)]
             mine = next((v for v in tie.stages if v in self.modules), None)
             result.append((tie, groups[self.slot.replica], mine))
         return result
@@ -466,6 +469,14 @@ def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[di
     return None if gathered is None else [record for records in gathered for record in records]
 
 
+def _timed_out(exc: Exception, timeout_s: float, suspects: list[tuple[int, int]], layout: Any) -> str:
+    """A gloo timeout in words: the --comm-timeout that ran out and the ranks that most likely held it up
+    (Watchdog.suspects: a rank stuck but alive keeps its heartbeat, so only the timeout ends the wait)."""
+    peers = "; ".join(f"{layout.describe(r)} after {done} completed steps" for r, done in suspects[:3])
+    return (f"no reply within --comm-timeout {timeout_s:g} s" + (f"; held up by {peers}" if peers else "")
+            + f" ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120]})")
+
+
 def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[dict[str, Any]] | None:
     """Run this process's rank (from the env:// variables) to the end. `world`: the synthetic world
     `config.data.data_seed` if the caller has it and no --data is given (else built here). Returns every rank's
@@ -495,32 +506,40 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         # buffers, the clipping norm's scalar)
         dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", init_method="env://",
                                 rank=rank,
-                                world_size=world_size, timeout=timedelta(seconds=config.reliability.comm_timeout_s))
+                                world_size=world_size, timeout=collective_timeout(config.reliability.comm_timeout_s))
     except (dist.DistStoreError, dist.DistNetworkError) as exc:  # peers never came: one line, not a traceback
         raise rendezvous_failure(exc, rank, world_size, config.reliability.comm_timeout_s) from None
     layout = config.layout
     reliability = config.reliability
+    observer = open_observer(config, rank, emulation)
+    worker_box: list[Worker] = []
+    # however this rank ends (the watchdog's os._exit, SIGTERM, an error), its lines and why are on disk first
     watchdog = Watchdog(_store_client(reliability.heartbeat_timeout_s), _store_client(reliability.heartbeat_timeout_s),
                         rank, world_size,
                         lambda r: layout.describe(r, config.cluster.device_names),
-                        reliability.heartbeat_interval_s, reliability.heartbeat_timeout_s)
+                        reliability.heartbeat_interval_s, reliability.heartbeat_timeout_s, last_words=observer.fail,
+                        waiting=lambda: bool(worker_box and worker_box[0].transport.waiting_on))
     watchdog.start()
-    worker_box: list[Worker] = []
-    observer = open_observer(config, rank, emulation)
+    end_on_sigterm(watchdog)
     try:
         records = _train(config, rank, watchdog, worker_box, device, emulation, world, observer)
         observer.close()
     except Exception as exc:
         waiting = worker_box[0].transport.waiting_on if worker_box else None
         where = f"at step {watchdog.completed_steps + 1}" + (f" while waiting for {waiting}" if waiting else "")
-        message = f"{layout.describe(rank)} failed {where}: {type(exc).__name__}: {exc}"
+        timed_out = "Timed out" in str(exc)  # gloo's words for a collective or transfer past its timeout
+        group = layout.dp_group_ranks(layout.slot(rank).stage) if waiting else range(world_size)
+        why = _timed_out(exc, reliability.comm_timeout_s, watchdog.suspects(group), layout) if timed_out else (
+            f"{type(exc).__name__}: {exc}")
+        message = f"{layout.describe(rank)} failed {where}: {why}"
         observer.fail(message, watchdog.completed_steps)  # 0-based: the step it was in
         if isinstance(exc, GeotrainError):  # a user-level error (bad checkpoint...): every rank sees it
             watchdog.post_abort(message)
             raise
         # Most likely a peer died and gloo noticed first: give the watchdog the time it needs to name
-        # the lost rank (it exits this process itself); only then blame ourselves.
-        deadline = time.monotonic() + reliability.heartbeat_timeout_s + 4 * reliability.heartbeat_interval_s
+        # the lost rank (it exits this process itself); only then blame ourselves. A timeout has had that time.
+        deadline = time.monotonic() + (0.0 if timed_out else reliability.heartbeat_timeout_s
+                                       + 4 * reliability.heartbeat_interval_s)
         while time.monotonic() < deadline:
             time.sleep(reliability.heartbeat_interval_s)
         watchdog.post_abort(message)

@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from geotrain.comm.groups import new_group
 from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.optim.delayed_nesterov import DelayedNesterov
@@ -107,14 +108,16 @@ class RegionServer:
 class AsyncOuterSync:
     """This rank's side of asynchronous DiLoCo (module doc): `after_inner_step()` after each inner step,
     `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical). `budget`: the
-    replica outer gradients the global model takes at most (async_server; None: no cap)."""
+    replica outer gradients the global model takes at most (async_server; None: no cap). `timeout_s`: the
+    collective timeout of the groups it creates (None: torch's default; a run gives its --comm-timeout)."""
 
     _instances = itertools.count()
 
     def __init__(self, params: Sequence[torch.nn.Parameter], sync_every: int, *, outer_lr: float,
                  outer_momentum: float, staleness_bound: int = STALENESS_BOUND,
                  staleness_power: float = STALENESS_POWER, regions: Sequence[Sequence[int]] | None = None,
-                 merge_every: int | None = None, budget: int | None = None) -> None:
+                 merge_every: int | None = None, budget: int | None = None,
+                 timeout_s: float | None = None) -> None:
         if not dist.is_initialized():
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
         self.params = list(params)
@@ -134,8 +137,8 @@ class AsyncOuterSync:
                 dist.broadcast(p.data, 0)
         store = c10d._get_default_store()
         # one group per direction of traffic: replicas <-> their server, region servers <-> the global one
-        replica_group = dist.new_group(backend="gloo")
-        global_group = dist.new_group(backend="gloo")
+        replica_group = new_group(None, timeout_s, backend="gloo")
+        global_group = new_group(None, timeout_s, backend="gloo")
         instance = f"geotrain/async/{next(self._instances)}"
         self.anchor = _flat(self.params)
         self.sent_to: Counter = Counter()

@@ -232,7 +232,7 @@ def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
     failure = [r for r in lines if r.get("event") == "failure"]
     assert steps == list(range(len(steps))) and len(steps) >= 1
     assert len(failure) == 1 and failure[0]["step"] == len(steps)  # the step it was in (0-based)
-    assert "rank 1" in failure[0]["message"] and "RuntimeError" in failure[0]["message"]
+    assert "rank 1" in failure[0]["reason"] and "RuntimeError" in failure[0]["reason"]
     # the failing rank's emulator records reach the trace, which the launcher writes although the run failed
     sent = json.loads((run_dir / "emulator" / "rank-1.json").read_text())["transfers"]
     trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]

@@ -157,6 +157,35 @@ def test_watchdog_names_the_silent_rank_and_its_last_completed_step():
     assert silent.check_once().startswith("abort: lost rank 1")
 
 
+def test_watchdog_says_its_last_words_before_it_exits_and_names_who_holds_a_collective_up():
+    master = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+
+    def client() -> Any:
+        return dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=10))
+
+    happened: list[Any] = []
+    names = lambda r: f"rank {r}"  # noqa: E731
+    in_collective = [True, False, True]
+    dogs = [Watchdog(client(), client(), r, 3, names, interval_s=0.05, timeout_s=5.0, exit_fn=happened.append,
+                     last_words=lambda why, step: happened.append((why, step)), waiting=lambda r=r: in_collective[r])
+            for r in range(3)]
+    for dog, steps in zip(dogs, (3, 3, 2), strict=True):
+        dog.publish_step(steps)
+        dog.check_once()  # a heartbeat with its phase
+    # rank 0 waits in a collective: rank 2 is a step behind, rank 1 as far but not waiting; rank 0 is not behind
+    assert dogs[0].suspects(range(3)) == [(2, 2), (1, 3)]
+    assert dogs[2].suspects(range(3)) == []
+    in_collective[1] = True
+    dogs[1].check_once()
+    assert dogs[0].suspects([0, 1]) == []
+    # a rank's own abort notice is its main thread's to act on; a peer's ends it, last words first
+    dogs[1].post_abort("rank 1 failed at step 4")
+    assert dogs[1].check_once() is None
+    dogs[0].start()
+    threading.Event().wait(1.0)
+    assert happened == [("ended by the watchdog: abort: rank 1 failed at step 4", 3), EXIT_PEER_LOST]
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 def test_codec_specs_parse_names_and_typed_parameters():

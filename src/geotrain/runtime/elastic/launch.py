@@ -268,7 +268,7 @@ def _record_failure(config: RuntimeConfig, group: int, step: int, exit: str, res
     at the step it was in (`step` committed before), with how it ended and the restart it gets (None: none)."""
     for stage in range(config.stages):
         launcher_event(config, config.layout.rank_of(stage, group), "failure", step,
-                       message=f"replica group {group} {exit}", exit=exit, restart=restart)
+                       reason=f"replica group {group} {exit}", exit=exit, restart=restart)
 
 
 def _say_rejoins(store: Any, watch: _Watch) -> None:

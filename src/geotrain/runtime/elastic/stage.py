@@ -17,12 +17,12 @@ so the stages of every group start identical, and a restarted group's stages are
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
 
+from geotrain.comm.groups import collective_timeout, new_group
 from geotrain.models import MODEL_PRESETS, all_reduce_tied_gradients, lm_loss, stage_ties, validation_starts
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.pipeline import Pipeline, pipeline_forward
@@ -39,7 +39,7 @@ def pipeline_group(store: Any, stage: int, stages: int, timeout_s: float) -> Non
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.PrefixStore(PIPELINE_PREFIX, store), rank=stage, world_size=stages,
-                            timeout=timedelta(seconds=timeout_s))
+                            timeout=collective_timeout(timeout_s))
 
 
 class GroupStageModel:
@@ -48,6 +48,7 @@ class GroupStageModel:
 
     def __init__(self, config: RuntimeConfig, stage: int, vocab_size: int, seq_len: int, timer: ComputeTimer) -> None:
         self.stage, self.stages, self.timer = stage, config.stages, timer
+        self.timeout_s = config.reliability.comm_timeout_s
         model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, vocab_size, seq_len)
         if self.stages == 1:
             self.boundaries: tuple[int, ...] = (0, model.n_layers)
@@ -80,9 +81,7 @@ class GroupStageModel:
     def _tie_groups(self, ties: Any) -> list[tuple[Any, Any]]:
         """(tie, gloo group of the stages holding it) per weight tied across stages; every stage process
         creates every group, in the same order (torch's new_group rule)."""
-        import torch.distributed as dist
-
-        return [(tie, dist.new_group(sorted(tie.stages))) for tie in ties]
+        return [(tie, new_group(sorted(tie.stages), self.timeout_s)) for tie in ties]
 
     def train_step(self, inputs: torch.Tensor, targets: torch.Tensor) -> float | None:
         """Forward and backward of this group's batch (gradients in the stage's parameters, as for the
