@@ -34,7 +34,8 @@ def on_config(config):
 def on_files(files, config):
     pages = {"reference/cli.md": reference.cli_markdown(),
              "reference/config.md": reference.config_markdown(),
-             "reference/files.md": reference.files_markdown()}
+             "reference/files.md": reference.files_markdown(),
+             "reference/composition.md": reference.composition_markdown()}
     pages.update({f"reference/api/{name}": text for name, text in reference.api_pages().items()})
     for path, text in pages.items():
         files.append(File.generated(config, path, content=text))

@@ -3,6 +3,7 @@
     cli_markdown()      every command and flag, from the argparse parsers (as `--help` prints them)
     config_markdown()   every `geotrain train` config section and key, from geotrain.runtime.sections
     files_markdown()    the keys of cluster, job and plan files, from the sets their loaders accept
+    composition_markdown()  which `geotrain train` settings run together, from geotrain.runtime.composition
     api_pages()         {page: markdown} of the public Python API (mkdocstrings `:::` directives)
 
 Nothing here is a copy of a flag list or a default: the only text written here is one line per file
@@ -207,6 +208,47 @@ def files_markdown() -> str:
         lines += ["", "| key | meaning |", "|---|---|"]
         lines += [f"| `{key}` | {_cell(text)} |"
                   for key, text in sorted(sets[kind][1].items())]
+    return "\n".join(lines) + "\n"
+
+
+def composition_markdown() -> str:
+    """For every pair of `geotrain train` settings whether it runs, and each refusal's reason, from the rules
+    that config validation reads (geotrain.runtime.composition)."""
+    from geotrain.runtime import composition as table
+
+    settings, rules = table.SETTINGS, table.RULES
+    number = {rule: i for i, rule in enumerate(rules, 1)}
+    refused = {frozenset((a.name, b.name)): table.pair_refusal(a.name, b.name) for a, b in table.pairs()}
+    lines = ["# Composition (which `geotrain train` settings run together)", "",
+             "Generated from `geotrain.runtime.composition` when the site is built: the same rules refuse a run "
+             "when its configuration is checked, each in one `geotrain: error:` line naming both flags. A rule "
+             "either holds by design or says *not built yet* (a later change can lift it). A setting brings what "
+             "it needs (`--fragments` is DiLoCo's: `--sync-every`), so a pair is refused when any rule holds "
+             "between the two settings and what they need. Each cell is checked by building its configuration (tests/unit/"
+             "runtime/test_runtime_composition.py) on plain links (`--time-scale 0`, itself setting `links`); "
+             "conditions of one setting or of three (values, ranges; elastic groups of S > 1 stages: GPipe, a plain "
+             "split, plain links, kill chaos only) are checked beside the table by the section or module that "
+             "owns them.", "",
+             "| # | setting | flags | needs |", "|---|---|---|---|"]
+    lines += [f"| {i} | `{s.name}` | {_code(s.flags)} | {', '.join(f'`{n}`' for n in s.needs)} |"
+              for i, s in enumerate(settings, 1)]
+    header = "| | " + " | ".join(str(i) for i in range(1, len(settings) + 1)) + " |"
+    lines += ["", f"## Every pair ({len(refused)} pairs, {sum(r is not None for r in refused.values())} refused)", "",
+              "A cell holds the number of the rule that refuses the pair (below), **·** where the pair runs, "
+              "— where the two are values of one setting.", "", header,
+              "|---|" + "---|" * len(settings)]
+    for i, a in enumerate(settings, 1):
+        cells = []
+        for b in settings:
+            pair = frozenset((a.name, b.name))
+            cells.append("" if a is b else "—" if pair not in refused else
+                         "·" if refused[pair] is None else f"**{number[refused[pair]]}**")
+        lines.append(f"| {i} `{a.name}` | " + " | ".join(cells) + " |")
+    lines += ["", "## The rules", "", "| # | settings | by design | reason | instead | refuses |", "|---|---|---|---|---|---|"]
+    for rule in rules:
+        count = sum(r is rule for r in refused.values())
+        lines.append(f"| {number[rule]} | `{rule.first}` + `{rule.second}` | {'yes' if rule.built else 'not built yet'} "
+                     f"| {_cell(rule.reason)} | {_cell(rule.instead)} | {count} pairs |")
     return "\n".join(lines) + "\n"
 
 

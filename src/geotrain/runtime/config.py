@@ -2,7 +2,8 @@
 
 One frozen `RuntimeConfig` travels to every worker (pickled by the launcher, or rebuilt from the same
 command line by every torchrun worker). Each section validates itself; the rules that span sections
-live in `RuntimeConfig.__post_init__`. Validated here, trusted inside the workers.
+live in `RuntimeConfig.__post_init__`; the pairs of settings that do not run together are one table
+(runtime/composition.py). Validated here, trusted inside the workers.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.runtime.batch_shares import BatchSharesError, batch_shares, parse_batch_shares
+from geotrain.runtime.composition import composition_refusal
 from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, parse_chaos
 from geotrain.runtime.elastic.rules import check_elastic
-from geotrain.sync.async_step import check_async_run
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
 from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommSection, DataSection,
@@ -86,13 +87,9 @@ class RuntimeConfig:
     def _check_across(self) -> None:
         """The rules that span sections (or need the plan's shape or the cluster)."""
         comm, stages = self.comm, self.stages
-        if self.data.eval_local and self.pipeline_stages > 1:
-            raise RuntimeConfigError(f"data.eval_local: one pipeline stage only (a replica's weights on one rank), "
-                                     f"got {self.pipeline_stages} stages")
-        if self.optim.sync_delay and self.checkpoint.checkpoint_every:
-            raise RuntimeConfigError(f"optim.sync_delay {self.optim.sync_delay}: an exchange may be in flight when "
-                                     f"a checkpoint falls, and in-flight exchanges are not checkpointed; set "
-                                     f"checkpoint.checkpoint_every to 0 or optim.sync_delay to 0")
+        refusal = composition_refusal(self)  # the pairs of settings that do not run together (one table)
+        if refusal is not None:
+            raise RuntimeConfigError(refusal)
         for key, specs, length in (("dp_codecs", comm.dp_codecs, stages), ("pp_codecs", comm.pp_codecs, stages - 1)):
             if specs and len(specs) != length:
                 raise RuntimeConfigError(f"comm.{key} must be {length} codec specs (or empty), "
@@ -108,16 +105,7 @@ class RuntimeConfig:
         if self.schedule.schedule in LOOPED_SCHEDULES and self.schedule.microbatches % stages:
             raise RuntimeConfigError(f"schedule.microbatches must be a multiple of the {stages} stages with schedule "
                                      f"{self.schedule.schedule!r}, got {self.schedule.microbatches}")
-        if self.run.device == "cuda" and self.emulation.time_scale > 0:
-            raise RuntimeConfigError("run.device cuda: link emulation runs on CPU (gloo) only; pass --time-scale 0 to "
-                                     f"train over NCCL without emulation, got time_scale {self.emulation.time_scale!r}")
-        if self.run.device == "cuda" and self.optim.optimizer == "onebit-adam":
-            raise RuntimeConfigError("run.device cuda: optim.optimizer 'onebit-adam' keeps its state in host memory "
-                                     "(CPU only); use --optimizer adamw (any --dp-codec) or --device cpu")
         self.batch_shares()
-        if self.schedule.batch_shares != "equal" and (self.optim.sync_every is not None or self.reliability.elastic):
-            raise RuntimeConfigError(f"schedule.batch_shares {self.schedule.batch_shares!r}: per-step data "
-                                     "parallelism only (not with optim.sync_every or reliability.elastic); use equal")
         self.split_weights()  # every device's gpu type must be known (UnknownGpuError names it) before launch
         self.compute_scale()
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:
@@ -129,12 +117,6 @@ class RuntimeConfig:
             except ChaosSpecError as exc:
                 raise RuntimeConfigError(f"reliability.chaos: {exc}") from None
         check_elastic(self)
-        self._check_adaptive_local_steps()
-        refusal = check_async_run(self.optim.outer_sync, pipeline_stages=self.pipeline_stages,
-                                  elastic=self.reliability.elastic, checkpoint_every=self.checkpoint.checkpoint_every,
-                                  resume=self.checkpoint.resume, dp_hierarchical=comm.dp_hierarchical)
-        if refusal is not None:
-            raise RuntimeConfigError(refusal)
         for stage in range(stages):  # last, after the specific messages: any sync no implementation runs
             try:
                 self.sync_options(stage)
@@ -142,20 +124,6 @@ class RuntimeConfig:
                 keys = ", ".join(SYNC_OPTION_KEYS[field] for field in exc.fields) or f"stage {stage}'s gradient sync"
                 where = f" (stage {stage})" if comm.dp_codecs and exc.fields else ""
                 raise RuntimeConfigError(f"{keys}{where}: {str(exc).removeprefix('SyncOptions: ')}") from None
-
-    def _check_adaptive_local_steps(self) -> None:
-        """optim.local_steps adaptive: ranks take different step counts, so whatever meets at a step index
-        other than an outer sync is refused (a pipeline's stages, elastic quorums, mid-run checkpoints)."""
-        if self.optim.local_steps != "adaptive":
-            return
-        clashes = [text for text, on in (
-            (f"{self.pipeline_stages} pipeline stages (one stage only)", self.pipeline_stages > 1),
-            ("reliability.elastic", self.reliability.elastic),
-            ("checkpoint.checkpoint_every (a checkpoint at the end only)", bool(self.checkpoint.checkpoint_every)),
-            ("checkpoint.resume", self.checkpoint.resume)) if on]
-        if clashes:
-            raise RuntimeConfigError(f"optim.local_steps adaptive: replicas take different step counts between "
-                                     f"outer syncs; not with {', '.join(clashes)}")
 
     @classmethod
     def of(cls, cluster: Cluster, assignment: Any, plan_name: str = "plan", **settings: Any) -> RuntimeConfig:

@@ -522,14 +522,8 @@ class OptimSection(Section):
                                        "(--sync-moments)")
         self._choice("sync_landing", LANDINGS)
         self._choice("outer_sync", OUTER_SYNCS)
-        if self.outer_sync != "sync":
-            if self.sync_every is None:
-                self._fail("outer_sync", "is DiLoCo's: it needs optim.sync_every (--sync-every H)")
-            for key in ("fragments", "sync_delay", "sync_moments", "local_steps"):
-                default = self.__dataclass_fields__[key].default
-                if getattr(self, key) != default:
-                    self._fail(key, f"must be {default!r} with optim.outer_sync {self.outer_sync} (whole-model "
-                                    "outer updates)")
+        if self.outer_sync != "sync" and self.sync_every is None:  # its pairs: runtime/composition.py
+            self._fail("outer_sync", "is DiLoCo's: it needs optim.sync_every (--sync-every H)")
         self._integer("sync_warmup", 0)
         self._number("lr", zero_ok=False)
         self._integer("onebit_warmup_steps", 1)
@@ -558,9 +552,4 @@ class OptimSection(Section):
             self._fail("sync_delay", f"must be an integer in 0..{self.sync_every - 1} (below optim.sync_every)")
         if self.sync_landing == "eager" and self.sync_mix != 0:
             self._fail("sync_mix", "is the mix landing's alpha; with optim.sync_landing eager it must be 0")
-        if self.optimizer != "adamw":
-            self._fail("optimizer", "sync_every (local SGD) runs AdamW inside each replica; optimizer must be adamw")
-        if self.clip_grad_norm is not None:
-            raise RuntimeConfigError(f"optim.clip_grad_norm: sync_every (local SGD): replicas do not exchange "
-                                     f"gradients, so the global clip_grad_norm {self.clip_grad_norm!r} cannot be "
-                                     "computed; leave it unset")
+        # --sync-every with 1-bit Adam or --clip-grad-norm: rules of the composition table (runtime/composition.py)

@@ -1,5 +1,5 @@
 """Asynchronous DiLoCo in `geotrain train` (`--outer-sync async|async-hierarchical`): the GradientSync
-around geotrain.sync.async_outer, and the run settings it refuses (one line each, with the reason).
+around geotrain.sync.async_outer (the run settings it does not combine with: runtime/composition.py).
 
 Each rank steps AdamW on its own gradients; every H inner steps it sends its outer gradient to the global
 model's server and goes on from the model it gets back. Ranks therefore run different numbers of steps:
@@ -86,19 +86,3 @@ class AsyncOuterGradientSync(GradientSync):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         raise SyncError("asynchronous outer updates do not resume from a checkpoint")
-
-
-def check_async_run(outer_sync: str, *, pipeline_stages: int, elastic: bool, checkpoint_every: int,
-                    resume: bool, dp_hierarchical: bool) -> str | None:
-    """Why (one line) a run setting does not combine with `--outer-sync async*`; None if all do."""
-    if outer_sync == "sync":
-        return None
-    refusals = ((pipeline_stages > 1, f"needs one stage per replica (the whole model), the plan has {pipeline_stages}"),
-                (elastic, "does not combine with --elastic: the global model lives once, in rank 0's server, and "
-                          "a torchft recovery copies a peer's state at a synchronous step"),
-                (checkpoint_every > 0, "checkpoints at the end only (the global model lives in rank 0's server "
-                                       "until then, and ranks are at different steps); drop --checkpoint-every"),
-                (resume, "does not resume from a checkpoint (the global model's server state is not in it)"),
-                (dp_hierarchical, "takes its regions from the cluster itself (async-hierarchical); drop "
-                                  "--dp-hierarchical"))
-    return next((f"--outer-sync {outer_sync} {why}" for refused, why in refusals if refused), None)

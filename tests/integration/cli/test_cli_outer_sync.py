@@ -40,11 +40,11 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Pa
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("extra,why", [
     (["--checkpoint-dir", "CKPT", "--checkpoint-every", "5"],
-     "--outer-sync async checkpoints at the end only (the global model lives in rank 0's server until then, and "
-     "ranks are at different steps); drop --checkpoint-every"),
-    (["--time-scale", "0", "--elastic"], "--outer-sync async does not combine with --elastic: the global model "
-                                         "lives once, in rank 0's server, and a torchft recovery copies a peer's "
-                                         "state at a synchronous step")])
+     "--outer-sync async with --checkpoint-every 5: not built yet: the global model lives in rank 0's server until "
+     "the end and ranks are at different steps: checkpoints at the end only"),
+    (["--time-scale", "0", "--elastic"], "--outer-sync async with --elastic: not built yet: the global model lives "
+                                         "once, in rank 0's server, and a torchft recovery copies a peer's state at "
+                                         "a synchronous step")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(tmp_path: Path, extra, why):
     extra = [str(tmp_path / "ckpt") if arg == "CKPT" else arg for arg in extra]
     done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",

@@ -159,8 +159,10 @@ def test_compressed_outer_exchange_with_error_feedback_still_trains_and_replicas
     ({"sync_every": 0}, "sync_every must be an integer >= 1, got 0"),
     ({"sync_every": 2, "outer_lr": 0.0}, "outer_lr must be a finite number > 0, got 0.0"),
     ({"sync_every": 2, "outer_momentum": 1.0}, "outer_momentum must be a finite number in \\[0, 1\\), got 1.0"),
-    ({"sync_every": 2, "clip_grad_norm": 1.0}, "global clip_grad_norm 1.0 cannot be computed"),
-    ({"sync_every": 2, "optimizer": "onebit-adam"}, "optimizer must be adamw, got 'onebit-adam'"),
+    ({"sync_every": 2, "clip_grad_norm": 1.0}, "^--clip-grad-norm 1 with --sync-every 2: replicas do not exchange "
+                                               "gradients, so the global gradient norm cannot be computed"),
+    ({"sync_every": 2, "optimizer": "onebit-adam"}, "^--optimizer onebit-adam with --sync-every 2: local SGD runs AdamW "
+                                                    "inside each replica; use --optimizer adamw$"),
 ])
 def test_runtime_config_refuses_bad_outer_settings(options, message):
     with pytest.raises(RuntimeConfigError, match=message):

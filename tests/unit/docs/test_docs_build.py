@@ -36,7 +36,7 @@ def test_the_site_builds_strict_with_the_generated_reference(tmp_path):
     done = mkdocs_build(ROOT, tmp_path / "site")
     assert done.returncode == 0, done.stderr[-3000:]
     for page in ("index.html", "guide/quick-start/index.html", "reference/cli/index.html",
-                 "reference/config/index.html", "reference/files/index.html",
+                 "reference/config/index.html", "reference/files/index.html", "reference/composition/index.html",
                  "reference/api/geotrain.diloco/index.html", "history/wan/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
     cli = (tmp_path / "site" / "reference/cli/index.html").read_text()
@@ -65,6 +65,17 @@ def test_every_command_and_flag_is_in_the_cli_reference():
             for flag in action.option_strings:
                 assert f"<code>{flag}" in text or f", {flag}" in text, (path, flag)
     assert len(commands) >= 20
+
+
+def test_the_composition_page_lists_every_setting_pair_and_rule_of_the_table():
+    from geotrain.runtime.composition import RULES, SETTINGS, pair_refusal, pairs
+
+    text = reference.composition_markdown()
+    assert all(f"| `{setting.name}` |" in text for setting in SETTINGS)
+    assert all(reference._cell(rule.reason) in text for rule in RULES)
+    cells = list(pairs())
+    refused = sum(pair_refusal(a.name, b.name) is not None for a, b in cells)
+    assert f"## Every pair ({len(cells)} pairs, {refused} refused)" in text and 0 < refused < len(cells)
 
 
 def test_every_config_key_is_in_the_config_reference():

@@ -51,7 +51,7 @@ def test_config_checks_batch_shares_against_the_plan():
     assert sum(config.batch_shares()) == 12
     with pytest.raises(RuntimeConfigError, match="schedule.batch_shares: 2 weights for 3 replicas"):
         RuntimeConfig.of(cluster, [[0, 2, 4]], batch_shares="1,2")
-    with pytest.raises(RuntimeConfigError, match="per-step data parallelism only"):
+    with pytest.raises(RuntimeConfigError, match=r"^--batch-shares speed with --sync-every 4: shares of the batch balance per-step data parallelism"):
         RuntimeConfig.of(cluster, [[0, 2, 4]], batch_shares="speed", sync_every=4)
     with pytest.raises(RuntimeConfigError, match="schedule.batch_shares"):
         RuntimeConfig.of(cluster, [[0, 2, 4]], batch_shares="quick")

@@ -27,17 +27,20 @@ def test_adaptive_without_sync_every_is_refused():
 
 
 def test_adaptive_with_a_pipeline_or_mid_run_checkpoints_is_refused_in_one_line(tmp_path):
-    with pytest.raises(RuntimeConfigError, match=r"^optim.local_steps adaptive: replicas take different step counts "
-                                                 r"between outer syncs; not with 2 pipeline stages \(one stage only\)$"):
+    with pytest.raises(RuntimeConfigError, match=r"^--local-steps adaptive with a plan of 2 pipeline stages: not built "
+                                                 r"yet: replicas take different step counts between outer syncs; a "
+                                                 r"replica is one stage \(the whole model\)$"):
         _config(((0, 1), (2, 3)), sync_every=4, local_steps="adaptive")
-    with pytest.raises(RuntimeConfigError, match=r"not with checkpoint.checkpoint_every \(a checkpoint at the end"):
+    with pytest.raises(RuntimeConfigError, match=r"^--local-steps adaptive with --checkpoint-every 4: not built yet: "
+                                                 r"replicas take different step counts between outer syncs: a "
+                                                 r"checkpoint at the end only$"):
         _config(sync_every=4, local_steps="adaptive", checkpoint_dir=str(tmp_path), checkpoint_every=4)
     _config(sync_every=4, local_steps="adaptive", checkpoint_dir=str(tmp_path), checkpoint_every=0)
 
 
 def test_adaptive_with_fragments_is_refused_naming_local_steps():
-    with pytest.raises(RuntimeConfigError, match=r"^optim.local_steps: local_steps adaptive runs the flat outer sync "
-                                                 r"of one fragment only; not with fragments > 1"):
+    with pytest.raises(RuntimeConfigError, match=r"^--local-steps adaptive with --fragments 2: fragments sync at "
+                                                 r"fixed step offsets, which per-replica step counts break$"):
         _config(sync_every=4, fragments=2, local_steps="adaptive")
 
 

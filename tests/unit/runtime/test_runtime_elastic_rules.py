@@ -72,8 +72,10 @@ def test_a_groups_records_merge_its_stages_with_the_last_stages_loss_and_one_dig
 
 def test_a_plans_codecs_are_refused_naming_the_plan_not_dp_codec_none():
     """A plan with codecs (plan --codecs auto / --wan-recipe) sets comm.dp_codecs: the refusal names them
-    (it used to say "comm.dp_codec 'none' ... use --dp-codec none", which the run already had)."""
+    (it used to say "comm.dp_codec 'none' ... use --dp-codec none", which the run already had): the
+    composition table's setting "plan-codecs"."""
     with pytest.raises(RuntimeConfigError) as refused:
         RuntimeConfig.of(load_cluster("seed-geo"), [[0, 8]], elastic=True, dp_codecs=("int4-block",))
-    assert str(refused.value).startswith("--elastic: comm.dp_codecs ['int4-block'] (the plan's codecs)")
+    assert str(refused.value).startswith("--elastic with the plan's codecs ['int4-block']: not built yet: elastic DP "
+                                         "synchronisation is uncompressed")
     assert "plan without --codecs / --wan-recipe" in str(refused.value)

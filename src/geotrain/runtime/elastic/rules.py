@@ -1,5 +1,6 @@
 """Which runs can be elastic: the (stages, sync) combinations and settings the elastic runtime supports,
-checked when the config is built, each refusal one line naming the setting and its value.
+checked when the config is built, each refusal one line naming the setting and its value. The pairs of
+--elastic and one other setting are rules of the composition table (runtime/composition.py).
 
 Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per
 stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partition, no --netlab), any
@@ -51,31 +52,19 @@ def pipeline_refusal(config: Any) -> str | None:
 
 
 def elastic_refusal(config: Any) -> str | None:
-    """Why `config` (a RuntimeConfig with reliability.elastic) cannot run elastic, or None."""
-    comm, optim = config.comm, config.optim
+    """Why `config` (a RuntimeConfig with reliability.elastic) cannot run elastic, or None. The pairs of
+    --elastic and another setting (codecs, streaming, 1-bit Adam, --device cuda, ...) are rules of the
+    composition table (runtime/composition.py); these are the conditions beside them."""
+    optim = config.optim
     reasons = (
         (config.stages_per_rank != 1,
          f"schedule {config.schedule.schedule!r}: elastic runs have one stage per group (no looped schedules)"),
         (config.reliability.min_replicas > config.replicas,
          f"reliability.min_replicas {config.reliability.min_replicas} is more than the plan's {config.replicas} "
          f"replica groups"),
-        (config.run.device == "cuda", "run.device cuda: elastic runs use torchft's gloo process groups on CPU"),
-        (not comm.dp_codec.is_uncompressed,
-         f"comm.dp_codec {str(comm.dp_codec)!r}: elastic DP synchronisation is uncompressed (torchft's allreduce); "
-         f"use --dp-codec none"),
-        (bool(comm.dp_codecs),  # a plan's per-stage choice (plan --codecs auto, or --wan-recipe's outer codec)
-         f"comm.dp_codecs {[str(c) for c in comm.dp_codecs]} (the plan's codecs): elastic DP synchronisation is "
-         f"uncompressed (torchft's allreduce); plan without --codecs / --wan-recipe for an elastic run"),
-        (comm.dp_hierarchical, "comm.dp_hierarchical: not supported in elastic runs"),
-        (optim.optimizer != "adamw", f"optim.optimizer {optim.optimizer!r}: elastic runs step AdamW"),
-        ((optim.fragments, optim.sync_delay) != (1, 0),
-         f"optim.fragments {optim.fragments} / sync_delay {optim.sync_delay}: elastic runs synchronise blocking "
-         f"(every step, or blocking DiLoCo) only"),
-        (optim.sync_moments, "optim.sync_moments: elastic runs average parameters only (torchft's allreduce)"),
         (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0,
          f"checkpoint.checkpoint_every {config.checkpoint.checkpoint_every}: elastic runs with --sync-every "
          f"{optim.sync_every} checkpoint at outer-round ends only; use a multiple of {optim.sync_every}"),
-        (config.run.stop_after is not None, "run.stop_after: not supported in elastic runs"),
         (config.reliability.netlab and config.emulation.time_scale > 0,
          f"reliability.netlab: the lab shapes the links itself; emulation.time_scale {config.emulation.time_scale!r} "
          f"would add the emulated link times on top: pass --time-scale 0"),
