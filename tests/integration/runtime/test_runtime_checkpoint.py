@@ -174,6 +174,7 @@ def _complete_steps(directory: Path) -> list[int]:
     return sorted(int(p.name[5:]) for p in directory.glob("step-*") if (p / ckpt.MANIFEST).is_file())
 
 
+@pytest.mark.slow
 def test_ctrl_c_names_the_last_checkpoint_and_its_resume_command_which_resumes_saying_so(files, tmp_path):
     """Ctrl-C of a run checkpointing every step (--keep-checkpoints 2): two lines naming the latest checkpoint
     and the command that resumes it; that command, run, says in its banner where it resumed, and pruning
