@@ -1,0 +1,43 @@
+"""The composition table's running cells end to end, in one launch: the largest set of settings the table lets
+run together (8 settings: 28 of its running pairs at once). The refused cells and every running cell at config
+validation: tests/unit/runtime/test_runtime_composition.py. Other running cells launched by existing tests
+(their launches are reused, not repeated): --elastic alone and with --sync-every
+(integration/runtime/test_runtime_elastic.py), with a plan of 2 stages (test_runtime_elastic_pipeline.py), with
+emulated links (integration/observe/test_observe_runs.py); --sync-every with --local-steps adaptive
+(test_runtime_adaptive_local_steps.py) and with --outer-sync async-hierarchical (integration/cli/
+test_cli_outer_sync.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from itertools import combinations
+
+import pytest
+
+from geotrain.cli.main import build_parser
+from geotrain.cli.train_cmd import config_from_args
+from geotrain.runtime.composition import SETTING, pair_refusal
+from runtime_2x2 import write_job_files
+
+TOGETHER = ("pipeline", "diloco", "fragments", "delay", "moments", "codec", "stop-after", "links")
+FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "2", "--steps", "8",
+         "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-moments", "--dp-codec", "int8-block",
+         "--stop-after", "6", "--time-scale", "0.05"]  # on the 2 x 2 plan (pipeline)
+
+
+@pytest.mark.timeout(300)
+def test_eight_settings_the_table_lets_run_together_run_in_one_launch(tmp_path):
+    assert all(pair_refusal(a, b) is None for a, b in combinations(TOGETHER, 2))
+    files = write_job_files(tmp_path)
+    args = ["train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"], *FLAGS, "--json"]
+    config = config_from_args(build_parser(args).parse_args(args))
+    assert [name for name in TOGETHER if not SETTING[name].on(config)] == []  # the launch holds every one
+    done = subprocess.run([sys.executable, "-m", "geotrain", *args], capture_output=True, text=True, timeout=280,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(done.stdout)
+    assert len(run["losses"]) == 6 and all(math.isfinite(loss) for loss in run["losses"])  # stopped after 6 of 8
+    assert run["summary"]["replicas_in_sync"] is True and run["stages"] == 2
