@@ -38,6 +38,8 @@ class NullObserver:
 
     def fail(self, reason: str, step: int) -> None: ...
 
+    def flush(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -104,6 +106,11 @@ class RunObserver(NullObserver):
             self.event("failure", step, reason=reason)
             self.writer.flush()
         self._write_emulator_part()
+
+    def flush(self) -> None:
+        """Write every buffered line now (a process about to end whose "failure" event someone else writes)."""
+        with self._lock:
+            self.writer.flush()
 
     def _write_emulator_part(self) -> None:
         if self.emulation is None:

@@ -524,6 +524,10 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
     try:
         records = _train(config, rank, watchdog, worker_box, device, emulation, world, observer)
         observer.close()
+    except KeyboardInterrupt:  # SIGINT sent to the rank itself (the launcher's Ctrl-C stops ranks with SIGTERM)
+        steps = watchdog.completed_steps
+        observer.fail(f"interrupted (SIGINT) after {steps} completed steps", steps)
+        raise
     except Exception as exc:
         waiting = worker_box[0].transport.waiting_on if worker_box else None
         where = f"at step {watchdog.completed_steps + 1}" + (f" while waiting for {waiting}" if waiting else "")

@@ -418,6 +418,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     set_process_name(f"geotrain-g{group}" + (f"s{stage}" if config.stages > 1 else ""))
     quiet_torchft(Path(result_dir) / (f"group-{group}.log" if config.stages == 1 else f"group-{group}-{stage}.log"))
     torch.set_num_threads(config.run.threads)
+    worker: ElasticGroup | None = None
     try:
         address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
         store = TCPStore(net.store_host, store_port, is_master=False,
@@ -432,8 +433,17 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
         line = str(exc).splitlines()[0][:400] if str(exc) else type(exc).__name__
         (Path(result_dir) / f"error-{group}.txt").write_text(line)
         print(f"geotrain replica group {group}: error: {line}", file=sys.stderr, flush=True)
+        _flush_lines(worker)
         os._exit(EXIT_GROUP_ERROR)
     except QuorumLost as exc:  # transient: the launcher restarts this group, which recovers from a peer
         print(f"geotrain replica group {group}: {exc}", file=sys.stderr, flush=True)
+        _flush_lines(worker)
         os._exit(1)
     os._exit(0)  # torchft's server threads need no orderly shutdown: the launcher has the results
+
+
+def _flush_lines(worker: ElasticGroup | None) -> None:
+    """The step lines `worker`'s observer still buffers, on disk before the process ends (the launcher then
+    appends the group's "failure" event, with how it ended)."""
+    if worker is not None:
+        worker.observer.flush()
