@@ -24,7 +24,7 @@ regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exc
 
 Adaptive local steps (`local_steps="adaptive"`, geotrain.sync.adaptive): each replica takes H_r inner steps
 per outer period in proportion to its measured speed (H = sync_every is the mean H_r), and the outer mean is
-weighted by the steps each took; re-balanced at every sync. Ranks then differ in inner steps, so the loop ends
+the plain one (every inner step counts alike: geotrain.sync.adaptive); re-balanced at every sync. Ranks then differ in inner steps, so the loop ends
 on the outer syncs every rank agrees on:
 
     with DiLoCo(model, inner_optimizer, sync_every=H, local_steps="adaptive", codec="none") as diloco:
@@ -88,7 +88,7 @@ class DiLoCo:
     `sync_moments`: each outer sync also averages the inner optimizer's moments (torch's Adam or AdamW;
     geotrain.sync.moments), in the same collective; `moment_syncs` N: only each fragment's first N outer
     syncs carry them (None: every sync); `local_steps` "equal" (H on every replica) or "adaptive" (H_r by
-    measured speed, outer mean weighted by steps: module doc); `step_time` (adaptive): replaces the measured
+    measured speed: module doc); `step_time` (adaptive): replaces the measured
     seconds per inner step (by `clock`: wall seconds, or the rank's emulated ones under `geotrain emulate`;
     the syncs left out) by what it returns; `prior_step_s` (adaptive): relative
     seconds per step of each rank (group order) that share the first two periods before any time is measured

@@ -8,9 +8,15 @@ the *mean* of the H_r, not the fastest's: an outer period does R x H inner steps
 does, so a run of N periods sees the same samples (the same token budget) with either schedule, and only who
 computes them changes. The period then takes about R x H / sum_q v_q seconds, against H / min_q v_q.
 
-Outer mean weighted by work: replica r's outer gradient delta_r (anchor - local parameters) travels scaled by
-R x n_r / N (n_r its inner steps this period, N = sum n_r), so the exchange's mean is sum_r (n_r / N) delta_r;
-with equal steps every weight is exactly 1 (the plain DiLoCo mean, bit for bit).
+Outer mean: the plain mean (1 / R) sum_r delta_r of the replicas' outer gradients delta_r (anchor - local
+parameters), as with equal steps. Every inner step then counts 1 / R, on every replica (delta_r already sums
+replica r's n_r steps), and a period's mean moves the anchor by the H steps' scale the outer optimizer is tuned
+for, whatever the split: if every step moves the parameters by v, sum_r n_r v / R = H v. A mean weighted by
+steps (n_r / N, N = sum n_r) would count each of replica r's steps n_r times over: its scale is
+R sum n_r^2 / N^2 >= 1 times that (1.5 at 4 / 1 / 1 steps), and the fast replica's batches weigh n_r / n_q times
+a slow one's. DiLoCo's outer Nesterov momentum (lr 0.7, momentum 0.9; up to 7x the pseudo-gradient)
+amplified that into loss spikes (issue 50: hf:gpt2-tiny, 4 / 1 / 1 steps of H 2: one replica at 9.9-11 nats
+from 3.3, then every replica after the next sync).
 
 Agreement: at each outer sync the replicas all-gather two floats each (inner steps this period, mean step
 seconds), before the outer exchange; every rank computes the weights and the next period's H_r from the same
@@ -104,11 +110,11 @@ class _InFlight:
 
 
 class AdaptiveOuterSync(GradientSync):
-    """DiLoCo whose replicas each take H_r inner steps per outer period and average their outer gradients
-    weighted by the steps they took (module doc). `make_exchange`: builds the DP exchange of (name, fp32
+    """DiLoCo whose replicas each take H_r inner steps per outer period and average their outer gradients, every
+    inner step counting alike (module doc). `make_exchange`: builds the DP exchange of (name, fp32
     shadow) pairs, the tensors the outer gradients travel in (the model's gradients are left alone);
     `gather`: the posted all-gather of a float over the DP group (Gather); `rank`: this replica's index in the
-    group of `replicas`; `adaptive` False keeps H_r = H (the weighted mean is then the plain one, weights 1);
+    group of `replicas`; `adaptive` False keeps H_r = H;
     `step_time`: replaces the measured step seconds (tests, or a caller that knows its speed); `prior_step_s`:
     relative seconds per step of each replica known before anything is measured (the runtime's: 1 / its GPU's
     peak FLOP/s), which sets the first period's H_r (None: H on every replica); `delay`, `landing`, `mix`,
@@ -156,7 +162,7 @@ class AdaptiveOuterSync(GradientSync):
         self._period_seconds = 0.0
         self._posted: Callable[[], torch.Tensor] | None = None
         self.history: list[dict[str, Any]] = []
-        """Per sync: the steps each replica took, their mean step seconds, the weights of the mean and H_r next."""
+        """Per sync: the steps each replica took (and their shares of the period's), their mean step seconds, H_r next."""
 
     @property
     def my_local_steps(self) -> int:
@@ -235,11 +241,10 @@ class AdaptiveOuterSync(GradientSync):
         """The outer sync of a period in which replica r took steps[r] inner steps (module doc): blocking, or
         started here and landed in the next period."""
         total = sum(steps)
-        weight = self.replicas * self.period_steps / total  # x R: the exchange's mean divides by R
         self._sync_started(self.inner_steps - 1)
         with timer:
             local = self.outer.outer_gradients()
-            set_grads(self.shadows, local if weight == 1.0 else [g * weight for g in local])
+            set_grads(self.shadows, local)  # the plain mean (module doc): no weight by steps
         dp_bytes = 0
         if blocking or self.delay == 0 or (self.outer_step + 1) * self.sync_every <= self.warmup:
             dp_bytes = self.exchange.exchange(self.outer_step, timer)
@@ -262,7 +267,7 @@ class AdaptiveOuterSync(GradientSync):
         if rebalance and (self.periods is None or self.outer_step + 1 < self.periods):
             # this period's mean step seconds travel while the next period computes
             self._posted = self.gather(torch.tensor([self._period_seconds / self.period_steps], dtype=torch.float64))
-        self.history.append({"steps": [int(s) for s in steps], "weights": [s / total for s in steps],
+        self.history.append({"steps": [int(s) for s in steps], "step_shares": [s / total for s in steps],
                              "step_s": measured, "next_local_steps": list(self.local_steps)})
         self.outer_step += 1
         self.period_steps, self._period_seconds = 0, 0.0

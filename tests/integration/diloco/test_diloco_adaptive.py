@@ -1,6 +1,7 @@
 """`DiLoCo(local_steps="adaptive")` on real gloo processes: uneven H_r (forced through an injected step time),
-replicas equal after every sync, the outer mean weighted by steps exactly as by hand, `while outer_step < N`
-ending on every rank, and a slowed-down replica re-balanced within two periods."""
+replicas equal after every sync, the outer mean (the plain one) exactly as by hand, an outer step of the equal
+schedule's scale whatever the split, `while outer_step < N` ending on every rank, and a slowed-down replica
+re-balanced within two periods."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def test_a_prior_shares_the_first_periods_before_any_time_is_measured():
 
 def _by_hand(periods_steps: list[list[int]]) -> torch.Tensor:
     """Both replicas in this process: each takes its steps from the common parameters, and the new parameters
-    are the step-weighted mean (outer lr 1, momentum 0: anchor - sum_r w_r (anchor - theta_r))."""
+    are their plain mean (outer lr 1, momentum 0: anchor - sum_r (anchor - theta_r) / R)."""
     model = _model()
     anchor = _flat(model)
     done = [0, 0]
@@ -96,14 +97,13 @@ def _by_hand(periods_steps: list[list[int]]) -> torch.Tensor:
                 _inner_step(model, inner, rank, done[rank])
                 done[rank] += 1
             finals.append(_flat(model))
-        total = sum(steps)
-        anchor = anchor - sum(steps[r] / total * (anchor - finals[r]) for r in range(2))
+        anchor = anchor - sum((anchor - finals[r]) / 2 for r in range(2))
     return anchor
 
 
-def test_outer_mean_weighted_by_steps_equals_the_hand_computation_with_codec_none():
+def test_outer_mean_equals_the_hand_computation_with_codec_none():
     results = run_workers(_adaptive_loop, 2, (3, None, "none"), timeout_s=120)
-    assert results[1]["history"][2]["weights"] == [5 / 8, 3 / 8]
+    assert results[1]["history"][2]["step_shares"] == [5 / 8, 3 / 8]
     expected = _by_hand([[4, 4], [4, 4], [5, 3]])
     assert torch.allclose(results[0]["final"], expected, rtol=0, atol=1e-6)
     assert torch.equal(results[0]["final"], results[1]["final"])
@@ -129,9 +129,8 @@ def _by_hand_overlapped(periods_steps: list[list[int]], lands_after: list[list[i
             theta[rank] = _flat(model)
         if new_anchor is not None:
             anchor = new_anchor
-        total = sum(steps)
         posted = list(theta)
-        new_anchor = anchor - sum(steps[r] / total * (anchor - theta[r]) for r in range(2))
+        new_anchor = anchor - sum((anchor - theta[r]) / 2 for r in range(2))
     return new_anchor
 
 
@@ -150,6 +149,52 @@ def test_an_overlapped_sync_with_the_mix_landing_ends_with_equal_replicas():
     results = run_workers(_adaptive_loop, 2, (3, None, "int8-block", None, 2, "mix"), timeout_s=120)
     assert torch.equal(results[0]["final"], results[1]["final"])
     assert [r["inner_steps"] for r in results] == [13, 11]
+
+
+GRADIENT = torch.tensor([1.0, -2.0, 0.5])
+"""The constant gradient of _constant_loop's loss: every inner SGD step moves the weights by -lr x GRADIENT."""
+
+
+def _constant_loop(rank: int, world: int, periods: int) -> dict:
+    """A loss with a constant gradient, SGD inside, DiLoCo's outer Nesterov (0.7, 0.9) outside: adaptive local
+    steps of 5 : 3 per period of H 4 (a prior), then the same periods with equal steps, from the same weights."""
+    finals = {}
+    for local_steps, prior in (("adaptive", [1.0, 2.0]), ("equal", None)):
+        weight = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+        inner = torch.optim.SGD([weight], lr=0.1)
+        with DiLoCo(torch.nn.ParameterList([weight]), inner, sync_every=H, local_steps=local_steps, codec="none",
+                    prior_step_s=prior, step_time=lambda: 0.01 * (rank + 1)) as diloco:
+            while diloco.outer_step < periods:
+                inner.zero_grad()
+                (weight * GRADIENT.double()).sum().backward()
+                inner.step()
+        finals[local_steps] = weight.detach().clone()
+        finals[f"{local_steps}_steps"] = diloco.inner_steps
+    return finals
+
+
+def _nesterov_anchor(steps_worth: float, periods: int) -> torch.Tensor:
+    """The anchor after `periods` outer steps (Nesterov 0.7, 0.9) on a mean outer gradient of `steps_worth`
+    inner steps of _constant_loop."""
+    anchor = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    outer = torch.optim.SGD([anchor], lr=0.7, momentum=0.9, nesterov=True)
+    for _ in range(periods):
+        anchor.grad = steps_worth * 0.1 * GRADIENT.double()  # anchor - theta after that many steps of lr 0.1
+        outer.step()
+    return anchor.detach()
+
+
+def test_an_adaptive_period_moves_the_anchor_as_h_equal_steps_do():
+    """Issue 50's spike: a mean weighted by steps (5/8 and 3/8 of deltas of 5 and 3 steps) was (25 + 9) / 8 =
+    4.25 steps' worth where the equal schedule's is H = 4, and the outer momentum amplified it. The plain mean
+    is (5 + 3) / 2 = 4 steps: each period moves the anchor as H equal steps do, so both runs end alike."""
+    results = run_workers(_constant_loop, 2, (3,), timeout_s=120)
+    assert [r["adaptive_steps"] for r in results] == [15, 9] and [r["equal_steps"] for r in results] == [12, 12]
+    expected, weighted = _nesterov_anchor(H, 3), _nesterov_anchor(4.25, 3)
+    for r in results:  # fp32 anchors: a few ulps of |anchor| <= 7
+        assert torch.allclose(r["adaptive"], expected, rtol=0, atol=1e-5)
+        assert torch.allclose(r["equal"], expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(weighted, expected, rtol=0, atol=1e-2)  # the old mean ends 6% further: can fail
 
 
 def _measured_loop(rank: int, world: int, periods: int) -> dict:
