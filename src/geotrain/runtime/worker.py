@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import itertools
 import os
+import re
 import sys
 import time
 import traceback
@@ -473,8 +474,9 @@ def _timed_out(exc: Exception, timeout_s: float, suspects: list[tuple[int, int]]
     """A gloo timeout in words: the --comm-timeout that ran out and the ranks that most likely held it up
     (Watchdog.suspects: a rank stuck but alive keeps its heartbeat, so only the timeout ends the wait)."""
     peers = "; ".join(f"{layout.describe(r)} after {done} completed steps" for r, done in suspects[:3])
+    gloo = re.sub(r"^\[[^]]*\]\s*", "", str(exc).strip().splitlines()[0])[:160]  # less gloo's source file
     return (f"no reply within --comm-timeout {timeout_s:g} s" + (f"; held up by {peers}" if peers else "")
-            + f" ({type(exc).__name__}: {str(exc).strip().splitlines()[0][:120]})")
+            + f" ({type(exc).__name__}: {gloo})")
 
 
 def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[dict[str, Any]] | None:
