@@ -21,10 +21,12 @@ choice, the next options with their predicted times, and the binding constraint 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_explain import Option, explain_choice
+from geotrain.cli.plan_money import check_objective, money_line, plan_money
 from geotrain.cli.plan_recipe import (PricedRecipe, calibration_of, largest_sync_every, price_recipe, recipe_documents,
                                       recipe_tables)
 from geotrain.cluster import Cluster, load_cluster
@@ -52,6 +54,7 @@ def add_autoconfig_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_autoconfig(args: Any, out: Output) -> int:
     cluster = load_cluster(args.cluster)
+    check_objective(args, cluster, fixed_layout=False)
     job = load_job(args.job)
     calibration = calibration_of(args, job)
     if args.top < 1:
@@ -73,23 +76,42 @@ def run_autoconfig(args: Any, out: Output) -> int:
     with out.progress(f"auto-configuring {job.name} on {cluster.name}", 1):
         result = auto_configure(cluster, job, options, seed=args.seed)
     candidates = result.candidates
-    priced: list[PricedRecipe | None] = []
+    priced: list[PricedRecipe | None] = [None] * len(candidates)
     if recipe:  # one row per layout: the micro-batching changes memory and the pipeline, not the recipe
         layouts = {(c.stages, c.replicas) for c in candidates}
         candidates = [next(c for c in candidates if (c.stages, c.replicas) == key) for key in sorted(
             layouts, key=lambda key: min(c.iteration_s for c in candidates if (c.stages, c.replicas) == key))]
         with out.progress("pricing a WAN recipe for each layout", len(candidates)) as progress:
+            priced = []
             for done, candidate in enumerate(candidates, start=1):
                 priced.append(candidate_recipe(args, cluster, job, candidate))
                 progress(done, len(candidates))
-        order = sorted(range(len(candidates)), key=lambda i: rank_seconds(candidates[i], priced[i]))[: args.top]
-        candidates, priced = [candidates[i] for i in order], [priced[i] for i in order]
+    money = [None if cluster.prices is None else
+             plan_money(cluster, job, c.assignment, rank_seconds(c, p) if p is None else p.step_s, p)
+             for c, p in zip(candidates, priced)]
+    if recipe or args.objective == "cost":
+        def key(i: int) -> float:
+            seconds = rank_seconds(candidates[i], priced[i])
+            if args.objective == "time":
+                return seconds
+            step = candidates[i].iteration_s if priced[i] is None else priced[i].step_s
+            return money[i].usd * seconds / step  # USD for the same progress: the staleness charge counts
+        order = sorted(range(len(candidates)), key=key)[: args.top]
+        candidates, priced, money = ([items[i] for i in order] for items in (candidates, priced, money))
     rows = [candidate.to_json(job) for candidate in candidates]
+    for row, m in zip(rows, money):
+        if m is not None:
+            row["money"] = m.to_json(cluster.region_names, args.recipe_steps)
     for row, candidate, p in zip(rows, candidates, priced):
         row["recipe"] = ({"scheme": "one replica", "step_s": candidate.iteration_s, "charged_s": candidate.iteration_s}
                          if p is None else {"scheme": p.chosen, "step_s": p.step_s, "charged_s": p.charged_s})
-    explanation = explain_choice(cluster, [option_of(c, p) for c, p in
-                                           zip(candidates, priced or [None] * len(candidates))])
+    options_ = [option_of(c, p) for c, p in zip(candidates, priced)]
+    if money[0] is not None:  # USD for a step's progress: per step x the recipe's staleness charge
+        options_ = [replace(o, usd=m.usd * rank_seconds(c, p) / o.step_s)
+                    for o, m, c, p in zip(options_, money, candidates, priced)]
+    explanation = explain_choice(cluster, options_, by_cost=args.objective == "cost")
+    if money[0] is not None:
+        explanation.append(money_line(money[0], args.recipe_steps))
     chosen = rows[0]
     doc = {"method": "auto-config", **{k: v for k, v in chosen.items() if k != "placement"},
            "seconds": result.seconds, "placement": chosen["placement"], "candidates": rows,
@@ -98,6 +120,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
            "seed": args.seed, **cluster_record(cluster), **job_record(job), "cost_model": rank_model,
            **({"sync_period_screened": options.sync_period} if recipe else {}),
            **({"calibration": calibration} if calibration else {}),
+           "objective": args.objective,
            **(recipe_documents(cluster, candidates[0].assignment, priced[0]) if recipe and priced[0] else {}),
            "explanation": explanation}
     plan = Plan.from_json(doc, "auto-config")  # the chosen layout, with every candidate recorded in plan.extra
@@ -110,12 +133,14 @@ def run_autoconfig(args: Any, out: Output) -> int:
               f"{r['iteration_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['memory_per_device_bytes'] / 1e9:.1f}",
               f"{r['lower_bound']:.3f}", f"{100 * r['gap']:.1f}%",
               *([r["recipe"]["scheme"], f"{r['recipe']['step_s']:.3f}", f"{r['recipe']['charged_s']:.3f}"]
-                if recipe else [])] for r in rows]
+                if recipe else []),
+              *([f"{r['money']['usd_per_step']:.4g}"] if "money" in r else [])] for r in rows]
     screened = f", DP every {options.sync_period} steps" if recipe else ""
     out.table(f"auto-configuration: {job.name} on {cluster.name} ({rank_model}{screened}, {args.schedule}, "
               f"zero={args.zero})",
               ["S", "R", "M", "devices", "iteration s", "tokens/s", "peak GB/device", "bound s", "gap",
-               *(["scheme", "recipe step s", "charged s"] if recipe else [])],
+               *(["scheme", "recipe step s", "charged s"] if recipe else []),
+               *(["USD/step"] if money[0] is not None else [])],
               table, right_align_from=0)
     if recipe and priced[0] is not None:
         recipe_tables(out, cluster, candidates[0].assignment, priced[0])

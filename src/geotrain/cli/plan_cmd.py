@@ -44,6 +44,7 @@ from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfi
 from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, assignment_rows, build_placement,
                                          region_legend)
 from geotrain.cli.plan_explain import Option, explain_choice
+from geotrain.cli.plan_money import add_objective_argument, check_objective, money_line, plan_money
 from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calibration_argument, add_recipe_arguments,
                                       calibration_of, devices_that_fit, price_recipe, recipe_documents,
                                       recipe_memory_bytes, recipe_tables, too_few_devices)
@@ -125,6 +126,7 @@ def register(subparsers: Any) -> None:
                             "of the fastest allowed choice")
     add_recipe_arguments(parser)
     add_calibration_argument(parser)
+    add_objective_argument(parser)
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
@@ -193,6 +195,7 @@ def run(args: Any) -> int:
     if args.stages is None or args.replicas is None:
         raise SearchError("give both --stages and --replicas, or neither (auto-configuration)")
     full_cluster = load_cluster(args.cluster)
+    check_objective(args, full_cluster, fixed_layout=True)
     membership = membership_of(args, full_cluster)
     if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
         args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" else DEFAULT_COST_MODEL
@@ -246,6 +249,10 @@ def run(args: Any) -> int:
     option = fixed_option(args, cluster, job, result, priced)  # explained on the live devices, memory's exclusions too
     explanation = explain_choice(live, [replace(option, assignment=option.assignment if fit is None
                                                 else fit[option.assignment])])
+    money = None if cluster.prices is None else plan_money(cluster, job, result.assignment, option.step_s, priced)
+    if money is not None:
+        explanation.append(money_line(money, args.recipe_steps))
+        plan = replace(plan, extra={**plan.extra, "money": money.to_json(cluster.region_names, args.recipe_steps)})
     plan = replace(plan, extra={**plan.extra, "explanation": explanation})
     if fit is not None:  # searched on the devices that hold the recipe's memory
         plan = replace(plan, assignment=fit[plan.assignment])

@@ -35,6 +35,8 @@ class Option:
     compute_s: float
     memory_bytes: float
     scheme: str
+    usd: float | None = None
+    """USD for a step's progress (--objective cost: what it is ranked by), None when not priced."""
 
 
 def sites_of(cluster: Cluster, assignment: np.ndarray) -> list[str]:
@@ -86,18 +88,25 @@ def _region_gbps(cluster: Cluster, a: int, b: int) -> float:
     return float(cluster.bandwidth_gbps[np.ix_(rows, cols)].min())
 
 
-def explain_choice(cluster: Cluster, options: Sequence[Option], alternatives: int = 3) -> list[str]:
-    """Sentences: the chosen option (the first), up to `alternatives` next ones against it, and its binding
-    constraint."""
+def explain_choice(cluster: Cluster, options: Sequence[Option], alternatives: int = 3, by_cost: bool = False) -> list[str]:
+    """Sentences: the chosen option (the first), up to `alternatives` next ones against it (by their USD for a
+    step's progress with `by_cost`, else by their step), and its binding constraint."""
     chosen = options[0]
     sites = sites_of(cluster, chosen.assignment)
     used = int(np.unique(np.asarray(chosen.assignment).ravel()).size)
+    cost = f", ${chosen.usd:.4g} per step's progress" if by_cost and chosen.usd is not None else ""
     lines = [f"Chosen: {chosen.label} ({chosen.scheme}) on {used} of {cluster.n_devices} devices in "
-             f"{', '.join(sites)}: {chosen.step_s:.4g} s per step predicted."]
+             f"{', '.join(sites)}: {chosen.step_s:.4g} s per step predicted{cost}."]
     others = [o for o in options[1:] if o.label != chosen.label or o.scheme != chosen.scheme][:alternatives]
+
+    def against(o: Option) -> str:
+        if by_cost and o.usd is not None and chosen.usd:
+            return f"${o.usd:.4g} ({o.usd / chosen.usd:.2f}x), {o.step_s:.4g} s"
+        return f"{o.step_s:.4g} s ({o.step_s / chosen.step_s:.2f}x)"
+
     if others:
         lines.append("Next: " + "; ".join(
-            f"{o.label} ({o.scheme}) in {', '.join(sites_of(cluster, o.assignment))}: {o.step_s:.4g} s "
-            f"({o.step_s / chosen.step_s:.2f}x)" for o in others) + ".")
+            f"{o.label} ({o.scheme}) in {', '.join(sites_of(cluster, o.assignment))}: {against(o)}" for o in others)
+                     + ".")
     lines.append(binding_constraint(cluster, chosen))
     return lines

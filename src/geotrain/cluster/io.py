@@ -23,6 +23,9 @@ devices), `gpu_index` (dense form) its GPU on that machine (`gpu` stays the GPU 
 NIC in Gbit/s, one per device, shared by all it sends at once (a region's or the default's: each of
 its devices has one that fast). Left out: no host (one machine), no GPU index, unlimited NIC.
 
+Prices (both forms, optional; cluster/prices.py): `prices: {gpu_hour: {TYPE: USD, ...}, egress_per_gb: USD or
+{REGION: USD, default: USD}}`, a price per GPU-hour for every GPU type and per GB leaving each region.
+
 Every error names the source, the key path and the offending value (cut to 80 characters). Files
 are read by geotrain.yaml_text (size cap, UTF-8, YAML 1.2 numbers, no aliases, no duplicate keys);
 values must lie within the limits of cluster/model.py (devices, bandwidth, latency).
@@ -30,6 +33,7 @@ values must lie within the limits of cluster/model.py (devices, bandwidth, laten
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -40,12 +44,14 @@ import numpy as np
 from geotrain.cluster.errors import ClusterFileError
 from geotrain.cluster.gpus import UNKNOWN_GPU, UnknownGpuError, check_gpu_type
 from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MS, MIN_GBPS, Cluster
+from geotrain.cluster.prices import MAX_USD, Prices
 from geotrain.errors import shown
 from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, document_errors_as, dump_yaml_text, located,
                                 parse_document, read_text_file)
 
-_COMPACT_KEYS = {"name", "regions", "links", "defaults"}
-_DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms"}
+_COMPACT_KEYS = {"name", "regions", "links", "defaults", "prices"}
+_DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms", "prices"}
+_PRICE_KEYS = {"gpu_hour", "egress_per_gb"}
 _REGION_KEYS = {"name", "devices", "gpu", "intra", "host", "nic_gbps"}
 _DEVICE_KEYS = {"name", "region", "gpu", "host", "gpu_index", "nic_gbps"}
 _LINK_KEYS = {"between", "gbps", "ms"}
@@ -161,10 +167,45 @@ def cluster_from_dict(doc: Any, source: str = "<cluster>") -> Cluster:
     if "regions" in doc and "devices" in doc:
         raise reader.fail("", "give either 'regions' (compact form) or 'devices' (dense form), not both")
     if "regions" in doc:
-        return _compact(reader, reader.mapping(doc, "", _COMPACT_KEYS))
-    if "devices" in doc:
-        return _dense(reader, reader.mapping(doc, "", _DENSE_KEYS))
-    raise reader.fail("", "missing 'regions' (compact form) or 'devices' (dense form)")
+        cluster = _compact(reader, reader.mapping(doc, "", _COMPACT_KEYS))
+    elif "devices" in doc:
+        cluster = _dense(reader, reader.mapping(doc, "", _DENSE_KEYS))
+    else:
+        raise reader.fail("", "missing 'regions' (compact form) or 'devices' (dense form)")
+    if doc.get("prices") is None:
+        return cluster
+    return dataclasses.replace(cluster, prices=_prices(reader, doc["prices"], cluster))
+
+
+def _prices(reader: _Reader, value: Any, cluster: Cluster) -> Prices:
+    """The file's `prices` (cluster/prices.py): a price per GPU-hour for every GPU type, and per GB leaving each
+    region (one number for all, or by region name with an optional `default`)."""
+    doc = reader.mapping(value, "prices", _PRICE_KEYS)
+    hours = reader.mapping(doc.get("gpu_hour", {}), "prices.gpu_hour", set(cluster.gpus))
+    gpu_hour = {gpu: _usd(reader, price, f"prices.gpu_hour.{gpu}") for gpu, price in hours.items()}
+    missing = sorted(set(cluster.gpus) - set(gpu_hour))
+    if missing:
+        raise reader.fail("prices.gpu_hour", f"needs a price for every GPU type of the cluster; missing: "
+                                             f"{', '.join(missing)}")
+    egress = doc.get("egress_per_gb", 0.0)
+    if isinstance(egress, dict):
+        names = set(cluster.region_names) | {"default"}
+        egress = reader.mapping(egress, "prices.egress_per_gb", names)
+        prices = {name: _usd(reader, price, f"prices.egress_per_gb.{name}") for name, price in egress.items()}
+        unpriced = [name for name in cluster.region_names if name not in prices and "default" not in prices]
+        if unpriced:
+            raise reader.fail("prices.egress_per_gb", f"no price for {', '.join(unpriced)} (give them, or a default)")
+        per_region = tuple(prices.get(name, prices.get("default", 0.0)) for name in cluster.region_names)
+    else:
+        per_region = (_usd(reader, egress, "prices.egress_per_gb"),) * cluster.n_regions
+    return Prices(gpu_hour, per_region)
+
+
+def _usd(reader: _Reader, value: Any, path: str) -> float:
+    """A price in USD: a finite number in 0..MAX_USD."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= float(value) <= MAX_USD:
+        raise reader.fail(path, f"must be a number of USD in 0..{MAX_USD:g}, got {shown(value)}")
+    return float(value)
 
 
 def _compact(reader: _Reader, doc: dict) -> Cluster:
@@ -360,6 +401,7 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
                         for i, (d, r, g) in enumerate(zip(cluster.device_names, cluster.region_of.tolist(), cluster.gpus))],
             "bandwidth_gbps": cluster.bandwidth_gbps.tolist(),
             "latency_ms": cluster.latency_ms.tolist(),
+            **_prices_entry(cluster),
         }
     regions = []
     for r, name in enumerate(cluster.region_names):
@@ -376,7 +418,12 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
         for b in range(a + 1, cluster.n_regions):
             link = cluster.region_link(a, b)
             links.append({"between": [cluster.region_names[a], cluster.region_names[b]], "gbps": link.gbps, "ms": link.ms})
-    return {"name": cluster.name, "regions": regions, "links": links}
+    return {"name": cluster.name, "regions": regions, "links": links, **_prices_entry(cluster)}
+
+
+def _prices_entry(cluster: Cluster) -> dict[str, Any]:
+    """{"prices": ...} when the cluster has prices, else nothing."""
+    return {} if cluster.prices is None else {"prices": cluster.prices.to_dict(cluster.region_names)}
 
 
 def _placement(cluster: Cluster, device: int) -> dict[str, Any]:

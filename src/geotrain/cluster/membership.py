@@ -65,7 +65,8 @@ def restrict_cluster(cluster: Cluster, devices: Sequence[int]) -> Cluster:
                    bandwidth_gbps=cluster.bandwidth_gbps[np.ix_(keep, keep)],
                    latency_ms=cluster.latency_ms[np.ix_(keep, keep)],
                    hosts=tuple(cluster.hosts[d] for d in keep), gpu_index=tuple(cluster.gpu_index[d] for d in keep),
-                   nic_gbps=cluster.nic_gbps[keep])
+                   nic_gbps=cluster.nic_gbps[keep],
+                   prices=None if cluster.prices is None else cluster.prices.of_regions(regions))
 
 
 @dataclass(frozen=True, eq=False)

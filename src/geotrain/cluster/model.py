@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.cluster.errors import ClusterError
+from geotrain.cluster.prices import Prices
 from geotrain.errors import shown
 
 MAX_DEVICES = 8192
@@ -52,7 +53,8 @@ class Cluster:
 
     `region_of[d]` is the index into `region_names` of device d. Matrices are read-only numpy arrays.
     `hosts`, `gpu_index` (None entries: not given) and `nic_gbps` (inf: unlimited) have one entry
-    per device; left out (None), nothing is given and every NIC is unlimited.
+    per device; left out (None), nothing is given and every NIC is unlimited. `prices` (cluster/prices.py):
+    USD per GPU-hour by GPU type and per GB leaving each region, or None (not given).
     """
 
     name: str
@@ -65,6 +67,7 @@ class Cluster:
     hosts: tuple[str | None, ...] | None = None
     gpu_index: tuple[int | None, ...] | None = None
     nic_gbps: np.ndarray | None = None
+    prices: Prices | None = None
 
     def __post_init__(self) -> None:
         n = len(self.device_names)
@@ -97,6 +100,8 @@ class Cluster:
         np.fill_diagonal(bandwidth, 0.0)
         np.fill_diagonal(latency, 0.0)
         self._set_placement(n)
+        if self.prices is not None:
+            self.prices.check(self.gpus, len(self.region_names), self.name)
         for array in (region_of, bandwidth, latency):
             array.setflags(write=False)
         object.__setattr__(self, "region_of", region_of)
