@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from geotrain.codecs import CODECS, CodecError, CodecSpec
+from geotrain.codecs.carrier import CARRIED_CODECS
 from geotrain.comm import check_reducer_spec, reducer_traits
 from geotrain.emulate.install import COMPUTE_CLOCKS as EMULATED_CLOCKS
 from geotrain.errors import GeotrainError
@@ -51,9 +52,10 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 MIN_COMM_TIMEOUT_S = 1.0
 """Shortest accepted gloo timeout (seconds): the rendezvous of freshly started workers takes a few."""
-PP_CODECS = tuple(name for name, codec in CODECS.items() if codec.wire_float_dtype is not None)
-"""Codecs allowed for pipeline activations: torch's pipelining sends the tensors a stage outputs, so an
-activation codec must be a float cast (a codec whose wire form is not a float tensor is refused)."""
+PP_CODECS = (*(name for name, codec in CODECS.items() if codec.wire_float_dtype is not None), *CARRIED_CODECS)
+"""Codecs allowed for pipeline activations: torch's pipelining sends the float tensors a stage outputs, so
+an activation codec is a float cast, or a codec whose packed bytes ride in a float32 carrier
+(geotrain.codecs.carrier: its payload layout depends on the shape alone; top-k, rand-k, PowerSGD are refused)."""
 
 
 @dataclass(frozen=True)
@@ -239,8 +241,10 @@ class CommSection(Section):
     dp_codec: CodecSpec = setting(CodecSpec("none"), "gradient codec of the data-parallel exchange, e.g. fp16, "
                                   "topk:fraction=0.01 (default: the plan's per-stage choice, else none)",
                                   metavar="CODEC[:k=v,...]")
-    pp_codec: CodecSpec = setting(CodecSpec("none"), "activation dtype on the wire: none (fp32), fp16, bf16 "
-                                  "(default: the plan's per-cut choice, else none)")
+    pp_codec: CodecSpec = setting(CodecSpec("none"), "activation (and activation gradient) codec of the pipeline "
+                                  "cuts: none (fp32), fp16, bf16, or packed: int8-block, int4-block, int2-block, "
+                                  "sign-block... (default: the plan's per-cut choice, else none)",
+                                  metavar="CODEC[:k=v,...]")
     dp_codecs: tuple[CodecSpec, ...] = setting((), "one gradient codec per stage (a plan's choice; empty: dp_codec "
                                                "everywhere)", flag=NO_FLAG)
     pp_codecs: tuple[CodecSpec, ...] = setting((), "one activation codec per pipeline cut (a plan's choice; empty: "
@@ -259,7 +263,8 @@ class CommSection(Section):
             for spec in (self.pp_codec,) if key == "pp_codec" else self.pp_codecs:
                 if spec.name not in PP_CODECS:
                     why = (": torch.distributed.pipelining sends the float tensors a stage outputs, and this codec's "
-                           "wire form is not one") if spec.name in CODECS else ""
+                           "payload layout depends on the data (or on its state), so it cannot ride in one"
+                           ) if spec.name in CODECS else ""
                     raise RuntimeConfigError(f"comm.{key}: pipeline codec must be one of {', '.join(PP_CODECS)}, "
                                              f"got {str(spec)!r}{why}")
         self._flag("dp_hierarchical")
@@ -291,10 +296,17 @@ class CommSection(Section):
         return self.pp_codecs[cut] if self.pp_codecs else self.pp_codec
 
     def wire_dtypes(self) -> Any:
-        """The activation dtype on the wire: one torch dtype (every cut alike), or one per pipeline cut."""
+        """The activation wire (runtime.stages.Wire: a torch dtype, or a PackedWire for a quantising codec):
+        one for every cut alike, or one per pipeline cut."""
+        from geotrain.runtime.cut_wire import PackedWire
+
+        def wire(spec: CodecSpec) -> Any:
+            dtype = spec.build().wire_float_dtype
+            return dtype if dtype is not None else PackedWire(spec)
+
         if len(set(self.pp_codecs)) > 1:
-            return [spec.build().wire_float_dtype for spec in self.pp_codecs]
-        return self.cut_pp_codec(0).build().wire_float_dtype
+            return [wire(spec) for spec in self.pp_codecs]
+        return wire(self.cut_pp_codec(0))
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,16 @@ with per-stage speeds (--split-by-speed) the same costs are balanced as cost / s
 faster devices takes more layers (models.split.split_layers); a plan's own cut (`geotrain plan
 --uneven-split`) is used as it is when it counts this model's layers (see `plan_cut`).
 A stage module casts its output to the wire dtype (fp32, or fp16/bf16 with --pp-codec), so that is
-what torch's pipelining sends; the next stage computes in fp32 again.
+what torch's pipelining sends; the next stage computes in fp32 again. With a quantising --pp-codec
+(int8-block, int4-block, sign-block...: a `PackedWire`, runtime/cut_wire.py) the stage outputs a
+float32 carrier of the codec's packed bytes instead and the next stage decodes it first.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Union
 
 import numpy as np
 import torch
@@ -30,6 +33,10 @@ from geotrain.models import (
     make_model,
     split_layers,
 )
+from geotrain.runtime.cut_wire import PackedWire
+
+Wire = Union[torch.dtype, PackedWire]
+"""What crosses one cut: activations cast to a float dtype, or a codec's bytes in a float32 carrier."""
 
 SPLIT_RULES = ("layers", "params", "time")
 
@@ -54,19 +61,27 @@ class StageShapes:
 
 class StageModule(nn.Module):
     """Layers [a, b) of a model as one pipeline stage: float inputs computed in fp32, the output cast
-    to `wire_dtype` unless this is the last stage (logits go to the loss, not to a link)."""
+    to `wire_dtype` unless this is the last stage (logits go to the loss, not to a link). A PackedWire
+    `wire_dtype` sends the output as its carrier; a PackedWire `receive` decodes the input carrier into
+    activations of `receive_shape` per sample."""
 
-    def __init__(self, layers: Sequence[nn.Module], is_last: bool, wire_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, layers: Sequence[nn.Module], is_last: bool, wire_dtype: Wire = torch.float32,
+                 receive: PackedWire | None = None, receive_shape: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.layers = nn.Sequential(*layers)
         self.is_last = is_last
         self.wire_dtype = wire_dtype
+        self.receive, self.receive_shape = receive, tuple(receive_shape)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.receive is not None:
+            inputs = self.receive.receive(inputs, self.receive_shape)
         hidden = inputs.float() if inputs.is_floating_point() else inputs
         hidden = self.layers(hidden)
         if self.is_last:  # fp32 logits under autocast too: what the stage declared to torch's pipelining
             return hidden.float() if hidden.is_floating_point() else hidden
+        if isinstance(self.wire_dtype, PackedWire):
+            return self.wire_dtype.send(hidden)
         return hidden.to(self.wire_dtype)
 
 
@@ -123,32 +138,53 @@ def stage_boundaries(model: LayerModel, n_stages: int, rule: str, seq_len: int,
     return split_layers(costs, n_stages, None if uniform else weights)
 
 
-def cut_dtype(wire_dtype: torch.dtype | Sequence[torch.dtype], cut: int) -> torch.dtype:
-    """The wire dtype of cut `cut` (after pipeline stage `cut`): one dtype for all cuts, or one per cut."""
-    return wire_dtype if isinstance(wire_dtype, torch.dtype) else wire_dtype[cut]
+def cut_dtype(wire_dtype: Wire | Sequence[Wire], cut: int) -> Wire:
+    """The wire of cut `cut` (after pipeline stage `cut`): one wire for all cuts, or one per cut."""
+    return wire_dtype if isinstance(wire_dtype, (torch.dtype, PackedWire)) else wire_dtype[cut]
 
 
 def stage_modules(model: LayerModel, boundaries: Sequence[int], wanted: Sequence[int],
-                  wire_dtype: torch.dtype | Sequence[torch.dtype] = torch.float32) -> dict[int, StageModule]:
+                  wire_dtype: Wire | Sequence[Wire] = torch.float32, seq_len: int | None = None
+                  ) -> dict[int, StageModule]:
     """Stage index -> StageModule for the stages in `wanted` (sharing the model's parameters);
-    `wire_dtype`: one activation dtype, or one per cut (stage s sends in wire_dtype[s])."""
+    `wire_dtype`: one activation wire, or one per cut (stage s sends in wire_dtype[s]). A stage that
+    receives a PackedWire decodes samples of the shape the model gives for `seq_len` tokens (needed then)."""
     last = len(boundaries) - 2
-    return {s: StageModule(model.stage_module(boundaries, s), s == last,
-                           torch.float32 if s == last else cut_dtype(wire_dtype, s)) for s in wanted}
+    packed_in = [s for s in wanted if s > 0 and isinstance(cut_dtype(wire_dtype, s - 1), PackedWire)]
+    if packed_in and seq_len is None:
+        raise ValueError("stage_modules: a packed activation wire needs seq_len (the shape the receiver decodes)")
+    inputs = ({s: found[0][1:] for s, found in enumerate(model.stage_io_shapes(boundaries, 1, seq_len))}
+              if packed_in else {})
+    modules = {}
+    for s in wanted:
+        receive = cut_dtype(wire_dtype, s - 1) if s in packed_in else None
+        modules[s] = StageModule(model.stage_module(boundaries, s), s == last,
+                                 torch.float32 if s == last else cut_dtype(wire_dtype, s), receive,
+                                 inputs.get(s, ()))
+    return modules
 
 
 def stage_shapes(model: LayerModel, boundaries: Sequence[int], microbatch: int, seq_len: int,
-                 wire_dtype: torch.dtype | Sequence[torch.dtype] = torch.float32) -> list[StageShapes]:
+                 wire_dtype: Wire | Sequence[Wire] = torch.float32) -> list[StageShapes]:
     """Per-micro-batch input/output shapes and dtypes of every stage (activations in `wire_dtype`: one
-    dtype, or one per cut)."""
+    wire, or one per cut; a PackedWire cut crosses as its float32 carrier)."""
     found = model.stage_io_shapes(boundaries, microbatch, seq_len)
+
+    def crossing(shape: tuple[int, ...], cut: int) -> tuple[tuple[int, ...], torch.dtype]:
+        wire = cut_dtype(wire_dtype, cut)
+        return (wire.carrier_shape(shape), torch.float32) if isinstance(wire, PackedWire) else (shape, wire)
+
     shapes = []
     for stage, (in_shape, out_shape, out_dtype) in enumerate(found):
-        in_dtype = torch.long if stage == 0 else cut_dtype(wire_dtype, stage - 1)
+        in_dtype = torch.long
+        if stage > 0:
+            in_shape, in_dtype = crossing(in_shape, stage - 1)
         last = stage == len(found) - 1
         if last:  # the last stage hands floating outputs to the loss in fp32 (StageModule)
             out_dtype = torch.float32 if out_dtype.is_floating_point else out_dtype
-        shapes.append(StageShapes(in_shape, in_dtype, out_shape, out_dtype if last else cut_dtype(wire_dtype, stage)))
+        else:
+            out_shape, out_dtype = crossing(out_shape, stage)
+        shapes.append(StageShapes(in_shape, in_dtype, out_shape, out_dtype))
     return shapes
 
 

@@ -111,7 +111,8 @@ class Worker:
         self.resume_state = self._load_resume_state() if config.checkpoint.resume else None
         self.boundaries = self._boundaries(model)
         wire = config.comm.wire_dtypes()
-        self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire)
+        self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire,
+                                     self.seq_len)
         # the shapes run the whole model on CPU: before this rank's stages move to the device
         self.shapes = stage_shapes(model, self.boundaries, self.share // config.schedule.microbatches,
                                   self.seq_len, wire)

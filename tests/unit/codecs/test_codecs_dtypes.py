@@ -38,7 +38,10 @@ def test_wire_float_dtype_is_set_exactly_for_the_cast_codecs():
     assert floats == {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
     from geotrain.runtime.sections import PP_CODECS
 
-    assert PP_CODECS == tuple(floats)  # the pipeline's activation codecs are derived from the fact
+    from geotrain.codecs.carrier import CARRIED_CODECS
+
+    # the pipeline's activation codecs: the casts (derived from the fact), then those a float32 carrier takes
+    assert PP_CODECS == (*floats, *CARRIED_CODECS)
 
 
 @pytest.mark.parametrize("name, trained, expected", [

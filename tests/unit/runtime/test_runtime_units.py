@@ -203,7 +203,7 @@ def test_codec_specs_parse_names_and_typed_parameters():
     ({"assignment": np.array([[0, 0], [1, 3]])}, "device 0 is used more than once"),
     ({"assignment": np.array([[0, 2], [1, 4]])}, "device index must be in 0..3"),
     ({"assignment": np.array([[0], [1], [2], [3]]), "gpt": GPTConfig(n_layer=1)}, "cannot cut 3 layers into 4"),
-    ({"pp_codec": "int8-block"}, "wire form is not one"),
+    ({"pp_codec": "randk"}, "payload layout depends on the data"),
     ({"schedule": "interleaved-1f1b", "microbatches": 3, "batch_size": 6}, "multiple of the 2 stages"),
     ({"schedule": "gpipe", "virtual_stages": 2}, "virtual_stages must be 1"),
     ({"device": "cuda"}, "device cuda: "),  # no CUDA here, or CUDA with emulation on: refused either way

@@ -62,7 +62,7 @@ class GroupStageModel:
                                           plan_boundaries=config.schedule.split_boundaries)
             self.boundaries = tuple(boundaries)
             wire = config.comm.wire_dtypes()
-            self.modules = stage_modules(model, boundaries, [stage], wire)
+            self.modules = stage_modules(model, boundaries, [stage], wire, seq_len)
             self.shapes = stage_shapes(model, boundaries, config.microbatch_size, seq_len, wire)
             self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                      lm_loss, None, torch.device("cpu"), timer)
