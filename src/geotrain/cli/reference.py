@@ -224,11 +224,11 @@ def composition_markdown() -> str:
              "when its configuration is checked, each in one `geotrain: error:` line naming both flags. A rule "
              "either holds by design or says *not built yet* (a later change can lift it). A setting brings what "
              "it needs (`--fragments` is DiLoCo's: `--sync-every`), so a pair is refused when any rule holds "
-             "between the two settings and what they need. Each cell is checked by building its configuration (tests/unit/"
-             "runtime/test_runtime_composition.py) on plain links (`--time-scale 0`, itself setting `links`); "
-             "conditions of one setting or of three (values, ranges; elastic groups of S > 1 stages: GPipe, a plain "
-             "split, plain links, kill chaos only) are checked beside the table by the section or module that "
-             "owns them.", "",
+             "between the two settings and what they need. Each cell is checked by building its configuration "
+             "(tests/unit/runtime/test_runtime_composition.py) on plain links (`--time-scale 0`, itself setting "
+             "`links`); conditions of one setting or of three (values, ranges; elastic groups of S > 1 stages: GPipe, "
+             "a plain split, plain links, kill chaos only) are checked beside the table by the section or module "
+             "that owns them.", "",
              "| # | setting | flags | needs |", "|---|---|---|---|"]
     lines += [f"| {i} | `{s.name}` | {_code(s.flags)} | {', '.join(f'`{n}`' for n in s.needs)} |"
               for i, s in enumerate(settings, 1)]
@@ -244,11 +244,13 @@ def composition_markdown() -> str:
             cells.append("" if a is b else "—" if pair not in refused else
                          "·" if refused[pair] is None else f"**{number[refused[pair]]}**")
         lines.append(f"| {i} `{a.name}` | " + " | ".join(cells) + " |")
-    lines += ["", "## The rules", "", "| # | settings | by design | reason | instead | refuses |", "|---|---|---|---|---|---|"]
+    lines += ["", "## The rules", "", "| # | settings | by design | reason | instead | refuses |",
+              "|---|---|---|---|---|---|"]
     for rule in rules:
         count = sum(r is rule for r in refused.values())
-        lines.append(f"| {number[rule]} | `{rule.first}` + `{rule.second}` | {'yes' if rule.built else 'not built yet'} "
-                     f"| {_cell(rule.reason)} | {_cell(rule.instead)} | {count} pairs |")
+        design = "yes" if rule.built else "not built yet"
+        lines.append(f"| {number[rule]} | `{rule.first}` + `{rule.second}` | {design} | {_cell(rule.reason)} "
+                     f"| {_cell(rule.instead)} | {count} pairs |")
     return "\n".join(lines) + "\n"
 
 
