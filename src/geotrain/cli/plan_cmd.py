@@ -49,6 +49,7 @@ from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calib
                                       calibration_of, devices_that_fit, price_recipe, recipe_documents,
                                       recipe_memory_bytes, recipe_tables, too_few_devices)
 from geotrain.cluster import Cluster, load_cluster
+from geotrain.cluster.gpus import UNKNOWN_GPU
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
@@ -197,13 +198,14 @@ def run(args: Any) -> int:
     full_cluster = load_cluster(args.cluster)
     check_objective(args, full_cluster, fixed_layout=True)
     membership = membership_of(args, full_cluster)
+    typed = UNKNOWN_GPU not in full_cluster.gpus  # GPU types given: speeds and memory are known
     if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
-        args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" else DEFAULT_COST_MODEL
+        args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" and typed else DEFAULT_COST_MODEL
     calibration = calibration_of(args, load_job(args.job))
     cluster, job, model = build_placement(args, args.stages, args.replicas,
                                           cluster=full_cluster if membership is None else membership.live_cluster())
     fit, live = None, cluster
-    if args.wan_recipe == "auto":
+    if args.wan_recipe == "auto" and typed:  # without GPU types, no memory to check (nor speed to place by)
         cluster, model, fit = recipe_devices(args, cluster, job, model)
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)

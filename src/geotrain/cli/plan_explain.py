@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.cluster import Cluster
+from geotrain.cluster.gpus import UNKNOWN_GPU
 from geotrain.cost.gpus import gpu_memory_bytes, gpu_peak_flops
 
 LINK_BOUND_SHARE = 0.2
@@ -48,8 +49,9 @@ def sites_of(cluster: Cluster, assignment: np.ndarray) -> list[str]:
 def binding_constraint(cluster: Cluster, option: Option) -> str:
     """One sentence naming what limits `option` (see the module doc)."""
     used = np.unique(np.asarray(option.assignment).ravel())
-    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
-    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    known = UNKNOWN_GPU not in cluster.gpus  # a file without GPU types: no speed or memory to reason with
+    peak = np.array([gpu_peak_flops(g) for g in cluster.gpus]) if known else np.ones(cluster.n_devices)
+    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus]) if known else np.full(cluster.n_devices, np.inf)
     idle = np.setdiff1d(np.arange(cluster.n_devices), used)
     small = [d for d in idle if capacity[d] < option.memory_bytes]
     faster_small = [d for d in small if peak[d] > peak[used].min()]
@@ -68,6 +70,8 @@ def binding_constraint(cluster: Cluster, option: Option) -> str:
     if option.step_s > 0 and exposed >= LINK_BOUND_SHARE * option.step_s and slowest:
         return (f"A link: {exposed:.3g} s of each {option.step_s:.3g} s step is communication not hidden by compute; "
                 f"the slowest link used is {slowest}.")
+    if not known:
+        return f"Compute: {option.compute_s:.3g} s of the {option.step_s:.3g} s step is compute (GPU types not given)."
     busiest = used[np.argmin(peak[used])]
     return (f"Compute: the slowest GPU used ({cluster.gpus[busiest]} in {cluster.region_names[cluster.region_of[busiest]]}) "
             f"paces the step; {option.compute_s:.3g} s of its {option.step_s:.3g} s is compute.")
@@ -97,7 +101,11 @@ def explain_choice(cluster: Cluster, options: Sequence[Option], alternatives: in
     cost = f", ${chosen.usd:.4g} per step's progress" if by_cost and chosen.usd is not None else ""
     lines = [f"Chosen: {chosen.label} ({chosen.scheme}) on {used} of {cluster.n_devices} devices in "
              f"{', '.join(sites)}: {chosen.step_s:.4g} s per step predicted{cost}."]
-    others = [o for o in options[1:] if o.label != chosen.label or o.scheme != chosen.scheme][:alternatives]
+    seen, others = {(chosen.label, chosen.scheme)}, []
+    for o in options[1:]:  # one per layout and scheme (auto-configuration lists micro-batchings apart)
+        if (o.label, o.scheme) not in seen and len(others) < alternatives:
+            seen.add((o.label, o.scheme))
+            others.append(o)
 
     def against(o: Option) -> str:
         if by_cost and o.usd is not None and chosen.usd:
