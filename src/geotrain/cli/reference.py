@@ -134,6 +134,11 @@ CLUSTER_KEYS = {
     "host": "the host a device (or each device of a region) lives on: ranks on one host share it",
     "nic_gbps": "the device's uplink in Gbit/s, shared by its concurrent sends (absent: unlimited)",
     "gpu_index": "the GPU's number on its host (integer 0..4095, unique per host)",
+    "prices": "optional, both forms: `{gpu_hour: {TYPE: USD per GPU-hour, for every GPU type}, egress_per_gb: USD "
+              "per GB leaving a region, one number or `{REGION: USD, default: USD}`}`; plans then say what a step "
+              "costs (`plan --objective cost`)",
+    "gpu_hour": "prices: USD per GPU-hour, by GPU type (every type of the cluster)",
+    "egress_per_gb": "prices: USD per GB that leaves a region (traffic inside one is free)",
     "region": "the region a device belongs to",
     "between": "the two region names a link joins",
     "gbps": "bandwidth in Gbit/s (1e-6..1e6)",
@@ -171,7 +176,7 @@ def _key_sets() -> dict[str, tuple[set[str], dict[str, str]]]:
 
     cluster = set().union(cluster_io._COMPACT_KEYS, cluster_io._DENSE_KEYS, cluster_io._REGION_KEYS,
                           cluster_io._DEVICE_KEYS, cluster_io._LINK_KEYS, cluster_io._DEFAULT_KEYS,
-                          cluster_io._FIGURE_KEYS)
+                          cluster_io._FIGURE_KEYS, cluster_io._PRICE_KEYS)
     plan_keys = {"stages", "replicas", "assignment"} | {f.name for f in fields(plan.Plan)} - {"extra", "key_order"}
     return {"cluster": (cluster, CLUSTER_KEYS), "job": (set(job._JOB_KEYS), JOB_KEYS),
             "plan": (plan_keys, PLAN_KEYS)}
