@@ -47,6 +47,15 @@ step counts: loop `while diloco.outer_step < N` (replica outer gradients in the 
 holds); leaving the block waits until every rank has left: all hold the final global model.
 See docs/guide/heterogeneous-sites-async.md.
 
+Sharded replicas (FSDP2 / DTensor parameters, e.g. a site's devices sharding the model with `fully_shard(model,
+mesh=mesh["shard"])`): give `group=mesh["replicate"].get_group()`, the same shard's peers at the other sites. Each
+rank's outer sync then runs on its local shards (geotrain.optim.shards): anchors, outer momentum and codec
+residuals are shard-sized, nothing gathers the model, and each shard averages with its peers. Blocking, fragments
+cut by layers (the same on every shard: by the parameters' global sizes), delay and either landing, any codec with
+error feedback, adaptive local steps (the site's shards agree on each period's step time: its slowest shard's,
+an all-reduce over the parameters' mesh). Refused in one line: regions, moment sync, fragments cut by bytes,
+asynchronous updates, and a group that holds two shards of one parameter (geotrain.sync.sharded).
+
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
 same group between them.
@@ -73,6 +82,7 @@ from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_b
 from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
 from geotrain.sync.moments import MomentTensors, moment_parts
+from geotrain.sync.sharded import check_sharded_settings, site_agreed
 from geotrain.sync.streaming import StreamingOuterSync
 
 
@@ -121,6 +131,9 @@ class DiLoCo:
                             "exchange's collective)")
         check_adaptive_settings(local_steps, fragments=fragments, sync_moments=sync_moments,
                                 hierarchical=regions is not None, who="DiLoCo: local_steps")
+        shard_group = check_sharded_settings([(name, p) for name, p in model.named_parameters() if p.requires_grad],
+                                             group, regions=regions, sync_moments=sync_moments, fragments=fragments,
+                                             fragment_split=fragment_split, asynchronous=asynchronous)
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every
@@ -149,7 +162,7 @@ class DiLoCo:
         self.sync: StreamingOuterSync | AdaptiveOuterSync | None = None  # None: asynchronous (its own exchanges)
         if local_steps == "adaptive":
             replicas = dist.get_world_size(group)
-            gather = gather_floats(group, self._gather_floats, gather_links)
+            gather = site_agreed(gather_floats(group, self._gather_floats, gather_links), shard_group)
             self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
                                           outer_momentum, gather, dist.get_rank(group), replicas, step_time=step_time,
                                           prior_step_s=prior_step_s, delay=delay, landing=landing, mix=mix,

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from geotrain.errors import GeotrainError
+from geotrain.optim.shards import local_shard
 
 DILOCO_LR = 0.7
 DILOCO_MOMENTUM = 0.9
@@ -58,7 +59,8 @@ class OuterStep:
 
     `due(step, total_steps)`: whether 0-based `step` ends an outer period (every `sync_every` steps,
     and the run's last step). Per synchronisation: `outer_gradients()` -> exchange their mean over the
-    DP group -> `apply(means)`.
+    DP group -> `apply(means)`. Sharded parameters (DTensor: FSDP2): the anchor, its momentum and the outer
+    gradients are the local shard's (geotrain.optim.shards.local_shard, read at each use).
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], sync_every: int, lr: float = DILOCO_LR,
@@ -66,7 +68,7 @@ class OuterStep:
         check_outer_settings(sync_every, lr, momentum)
         self.params = list(params)
         self.sync_every = sync_every
-        self.anchor = [torch.nn.Parameter(p.detach().clone().float()) for p in self.params]
+        self.anchor = [torch.nn.Parameter(local_shard(p).clone().float()) for p in self.params]
         self.optimizer = torch.optim.SGD(self.anchor, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
     def due(self, step: int, total_steps: int) -> bool:
@@ -75,7 +77,7 @@ class OuterStep:
 
     def outer_gradients(self) -> list[torch.Tensor]:
         """This replica's outer gradient per parameter: anchor - local parameters (fp32)."""
-        return [(a.detach() - p.detach().float()) for a, p in zip(self.anchor, self.params, strict=True)]
+        return [(a.detach() - local_shard(p).float()) for a, p in zip(self.anchor, self.params, strict=True)]
 
     def apply(self, means: Sequence[torch.Tensor]) -> None:
         """Step the anchor with the replicas' mean outer gradient and reset the local parameters to it."""
@@ -111,7 +113,7 @@ class OuterStep:
         proxy = self.proxy_change(gradients)
         with torch.no_grad():
             for p, anchor, change in zip(self.params, self.anchor, proxy, strict=True):
-                p.copy_((anchor + change).to(p.dtype))
+                local_shard(p).copy_((anchor + change).to(p.dtype))
         return proxy
 
     def land_eager(self, means: Sequence[torch.Tensor], proxy: Sequence[torch.Tensor]) -> None:
@@ -122,7 +124,7 @@ class OuterStep:
         self.step_anchor(means)
         with torch.no_grad():
             for p, anchor, old, change in zip(self.params, self.anchor, before, proxy, strict=True):
-                p.add_((anchor.detach() - old - change).to(p.dtype))
+                local_shard(p).add_((anchor.detach() - old - change).to(p.dtype))
 
     def land(self, means: Sequence[torch.Tensor], proxy: Sequence[torch.Tensor] | None, mix: float = 0.0) -> None:
         """A late sync lands: eagerly (`proxy`: the change applied when it started; land_eager), else the anchor
@@ -138,10 +140,11 @@ class OuterStep:
         mixing of the local and the global fragment when the sync lands some steps late)."""
         with torch.no_grad():
             for p, anchor in zip(self.params, self.anchor, strict=True):
+                local = local_shard(p)
                 if mix == 0.0:
-                    p.copy_(anchor.to(p.dtype))
+                    local.copy_(anchor.to(p.dtype))
                 else:
-                    p.copy_(torch.lerp(anchor, p.detach().float(), mix).to(p.dtype))
+                    local.copy_(torch.lerp(anchor, local.float(), mix).to(p.dtype))
 
     def anchor_sum(self) -> float:
         """A fingerprint of the anchor (float64 sum): every replica's is the same after each synchronisation."""

@@ -59,6 +59,7 @@ import torch
 from geotrain.comm.gather import GatherLinks
 from geotrain.cost.batch_shares import split_by_weights
 from geotrain.optim.outer import OuterStep
+from geotrain.optim.shards import local_shard
 from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, SyncResult, set_grads
 from geotrain.sync.streaming import check_landing_settings
 
@@ -141,7 +142,7 @@ class AdaptiveOuterSync(GradientSync):
         self.params = [p for _, p in named_params]
         self.optimizer = optimizer
         self.outer = OuterStep(self.params, sync_every, outer_lr, outer_momentum)
-        self.shadows = [torch.nn.Parameter(torch.zeros(p.shape, dtype=torch.float32, device=p.device),
+        self.shadows = [torch.nn.Parameter(torch.zeros(local_shard(p).shape, dtype=torch.float32, device=p.device),
                                            requires_grad=False) for p in self.params]
         self.exchange = make_exchange([(name, s) for (name, _), s in zip(named_params, self.shadows, strict=True)])
         self.gather = gather

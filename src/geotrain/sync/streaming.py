@@ -62,6 +62,7 @@ from typing import Any, Protocol
 import torch
 
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
+from geotrain.optim.shards import is_sharded, local_shard
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
 from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer
 from geotrain.sync.outer import OuterSync
@@ -239,6 +240,9 @@ class StreamingOuterSync(OuterSync):
             raise SyncError(f"fragments must be at most sync_every ({sync_every}) so their offsets differ, "
                             f"got {fragments}")
         self.params = [p for _, p in named_params]
+        if any(is_sharded(p) for p in self.params) and (sync_moments or (fragment_split == "bytes" and fragments > 1)):
+            raise SyncError("StreamingOuterSync: sharded parameters (DTensor) sync per local shard; not with "
+                            f"{'sync_moments' if sync_moments else 'fragment_split bytes'} (cut by layers)")
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.inner_exchange = inner_exchange
@@ -249,7 +253,7 @@ class StreamingOuterSync(OuterSync):
         for pieces in fragment_pieces(self.params, fragments, fragment_split):
             named = [(_piece_name(named_params[piece.index][0], piece), piece_view(self.params[piece.index], piece))
                      for piece in pieces]
-            shadows = [torch.nn.Parameter(torch.zeros(t.shape, dtype=torch.float32, device=t.device),
+            shadows = [torch.nn.Parameter(torch.zeros(local_shard(t).shape, dtype=torch.float32, device=t.device),
                                           requires_grad=False)
                        for _, t in named]
             outer = OuterStep([t for _, t in named], sync_every, outer_lr, outer_momentum)
