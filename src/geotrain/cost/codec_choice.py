@@ -2,11 +2,13 @@
 
 The quality ladders, best quality first (each step down sends fewer bytes and risks more quality):
     DP exchange:  none > fp16 > int8-block > powersgd > sign        (sign: 1 bit per value + error feedback)
-    activations:  none > fp16                                       (the runtime's pipeline codecs: torch's
-                  pipelining sends the float tensors a stage outputs, so a cast is the only wire form)
+    activations:  none > fp16 > int8-block > int4-block > int2-block > sign-block
+                  (the runtime's pipeline codecs, activations and their gradients alike: a cast, or a codec's
+                  packed bytes in a float32 carrier, runtime/cut_wire.py; 4, 2, 1.06, 0.53, 0.28, 0.16 bytes
+                  per value)
 A policy (`dp=sign,pp=fp16`) names the lowest rung each may use; the default stops at
 int8-block for DP and fp16 for activations (measured: sign+EF under AdamW costs ~0.5 nats on the tiny GPT,
-docs/history/wan.md).
+docs/history/wan.md; the activation codecs' losses: docs/results/bench-pipeline.md).
 
 Wire bytes per value come from the codecs' own documented sizes (`Codec.bytes_per_value`): none = the
 job's bytes_per_value, fp16 = min(2, that), int8-block = 1 + 4/256, sign = 1/8, powersgd (rank r) on the
@@ -40,7 +42,7 @@ from geotrain.errors import GeotrainError, shown
 from geotrain.job import Job
 
 DP_LADDER = ("none", "fp16", "int8-block", "powersgd", "sign")
-PP_LADDER = ("none", "fp16")
+PP_LADDER = ("none", "fp16", "int8-block", "int4-block", "int2-block", "sign-block")
 DEFAULT_POLICY = "dp=int8-block,pp=fp16"  # sign+EF with AdamW lost 0.5 nats in bench wan (docs/history/wan.md)
 DEFAULT_TOLERANCE = 0.02
 

@@ -81,6 +81,7 @@ def test_policy_parsing_and_ladders():
     policy = parse_codec_policy("dp=powersgd,pp=fp16", tolerance=0.1)
     assert policy.dp_allowed == ("none", "fp16", "int8-block", "powersgd")
     assert policy.pp_allowed == ("none", "fp16")
+    assert parse_codec_policy("pp=int4-block").pp_allowed == ("none", "fp16", "int8-block", "int4-block")
     assert parse_codec_policy("pp=none").dp == "int8-block"  # the default rung
     with pytest.raises(CodecPolicyError, match="--codec-policy dp: must be one of"):
         parse_codec_policy("dp=topk")
@@ -118,6 +119,19 @@ def test_choice_compresses_only_the_slow_links():
     assert mixed.cost["dp"] < mixed.uncompressed["dp"] - 0.1  # saves most of the 0.16 s of transfer (0.4 s is latency)
     fp32_only = choose_codecs(cluster, job, assignment_mixed, CodecPolicy(dp="none", pp="none"))
     assert fp32_only.dp == ("none", "none") and fp32_only.cost == fp32_only.uncompressed
+
+
+def test_packed_activation_codecs_are_priced_per_cut_and_chosen_on_the_slow_ones():
+    # 3 stages x 2 replicas on two regions: cut 0 inside region a for both replicas, cut 1 across for both
+    cluster = two_regions(inter_gbps=0.1, inter_ms=20.0, per_region=4)
+    job = Job("t", params=1e6, seq_len=96, hidden=128, global_batch=32, bytes_per_value=4)
+    assert codec_link_bytes("int4-block", job, "pp").pp_inter == pytest.approx(0.5 + 4 / 128)
+    assert codec_link_bytes("sign-block", job, "pp").pp_inter == pytest.approx(1 / 8 + 4 / 128)
+    assignment = np.array([[0, 1], [2, 3], [4, 5]])
+    choice = choose_codecs(cluster, job, assignment, CodecPolicy(dp="none", pp="int4-block", tolerance=0.02))
+    assert choice.pp == ("none", "int4-block")  # the fast cut keeps fp32, the slow one takes the fewest bytes
+    fp16 = choose_codecs(cluster, job, assignment, CodecPolicy(dp="none", pp="fp16", tolerance=0.0))
+    assert choice.cost["pp"] < fp16.cost["pp"] < fp16.uncompressed["pp"]
 
 
 def test_choice_stays_within_the_tolerance_of_the_fastest_allowed_choice():
