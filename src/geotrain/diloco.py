@@ -24,8 +24,8 @@ regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exc
 
 Adaptive local steps (`local_steps="adaptive"`, geotrain.sync.adaptive): each replica takes H_r inner steps
 per outer period in proportion to its measured speed (H = sync_every is the mean H_r), and the outer mean is
-the plain one (every inner step counts alike: geotrain.sync.adaptive); re-balanced at every sync. Ranks then differ in inner steps, so the loop ends
-on the outer syncs every rank agrees on:
+the plain one (every inner step counts alike: geotrain.sync.adaptive); re-balanced at every sync. Ranks then
+differ in inner steps, so the loop ends on the outer syncs every rank agrees on:
 
     with DiLoCo(model, inner_optimizer, sync_every=H, local_steps="adaptive", codec="none") as diloco:
         while diloco.outer_step < N:           # N periods on every rank, the same parameters at the end

@@ -163,7 +163,8 @@ class AdaptiveOuterSync(GradientSync):
         self._period_seconds = 0.0
         self._posted: Callable[[], torch.Tensor] | None = None
         self.history: list[dict[str, Any]] = []
-        """Per sync: the steps each replica took (and their shares of the period's), their mean step seconds, H_r next."""
+        """Per sync: the steps each replica took (and their shares of the period's), their mean step seconds, and
+        H_r next."""
 
     @property
     def my_local_steps(self) -> int:

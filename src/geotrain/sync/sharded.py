@@ -42,7 +42,8 @@ def check_sharded_settings(named_params: Sequence[tuple[str, torch.Tensor]], gro
     problem = shard_peer_problem(named_params, group)
     if problem is not None:
         raise SyncError(f"DiLoCo: {problem}")
-    meshes = {tuple(p.device_mesh.mesh.flatten().tolist()): p.device_mesh for p in sharded}  # type: ignore[attr-defined]
+    meshes = {tuple(p.device_mesh.mesh.flatten().tolist()): p.device_mesh  # type: ignore[attr-defined]
+              for p in sharded}
     if len(meshes) != 1 or next(iter(meshes.values())).ndim != 1:
         raise SyncError("DiLoCo on sharded parameters needs them all on one 1-D mesh (the site's shard dimension), "
                         f"got {len(meshes)} meshes of {sorted({m.ndim for m in meshes.values()})} dimensions")
