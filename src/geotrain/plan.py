@@ -25,6 +25,13 @@ An optional "split" object (`geotrain plan --uneven-split`) records the layer sp
 predicted with: {"rule": "speed", "layers": L, "counts": [S ints], "boundaries": [0, b_1, ..., L],
 "shares": [S fractions], "stage_tflops": [S], "cost_equal_split": {...}}; "boundaries" is checked here
 (`Plan.split.boundaries`), and `geotrain train --plan` cuts the model there (runtime.stages.plan_cut).
+An optional "shards" object (`geotrain plan --shards K`, sharded replicas: cost/shards.py) makes every (stage,
+replica) slot K devices of one site holding FSDP2 shards of its stage:
+    {"k": K, "devices": [[[K device indices] x R] x S], "gathers_per_step": 2, ...}
+"assignment" keeps one device per slot, the slot's first (devices[s][r][0]), so a reader that knows nothing
+of shards still sees the layout; "devices" names the rest. Plans without it (older ones included) have one
+device per slot (`Plan.shards` is None, K = 1). Shape, types and the first devices are checked here; that a
+slot's devices are one site's, distinct and used once, against the cluster (`Plan.check_shard_devices`).
 Plan files are read by geotrain.yaml_text (JSON, or YAML under the same rules). Every assignment entry
 must be an integer device index (true/false are refused, not read as 1/0) in 0..MAX_DEVICES-1 when read,
 and below the cluster's device count when fitted to a cluster (Plan.check_fits).
@@ -42,6 +49,7 @@ import numpy as np
 
 from geotrain.cluster.model import MAX_DEVICES, Cluster
 from geotrain.cost.assignment import AssignmentError, as_assignment
+from geotrain.cost.shards import ShardError, check_shards, check_slots
 from geotrain.errors import GeotrainError, shown
 from geotrain.job import JOB_PRESETS, Job, JobError, job_from_dict, job_to_dict
 from geotrain.yaml_text import document_errors_as, parse_document, read_text_file
@@ -98,6 +106,24 @@ class PlanSplit:
 
 
 @dataclass(frozen=True, eq=False)
+class PlanShards:
+    """A plan's sharded slots: `devices` (S, R, K) device indices, slot (s, r) being devices[s, r, :];
+    `extra`: the other keys of the "shards" object, `key_order` its key order as read (kept for `to_json`)."""
+
+    devices: np.ndarray
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    key_order: tuple[str, ...] = field(default=(), compare=False)
+
+    @property
+    def k(self) -> int:
+        return int(self.devices.shape[-1])
+
+    def to_json(self) -> dict[str, Any]:
+        return _in_order({"k": self.k, **self.extra, "devices": np.asarray(self.devices).tolist()},
+                         self.key_order or ("k", "devices"))
+
+
+@dataclass(frozen=True, eq=False)
 class Plan:
     """A placement plan: `assignment[s][r]` is the device of stage s in replica r, shape (stages, replicas).
 
@@ -117,6 +143,7 @@ class Plan:
     microbatches: int | None = None
     codecs: PlanCodecs | None = None
     split: PlanSplit | None = None
+    shards: PlanShards | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     key_order: tuple[str, ...] = ()
 
@@ -140,7 +167,8 @@ class Plan:
         if not isinstance(doc, dict):
             raise PlanError(f"{source}: top level must be a JSON object, got {type(doc).__name__}")
         stages, replicas, assignment = _layout(doc, source)
-        known = ("stages", "replicas", "assignment", "method", "cost", "seconds", "microbatches", "codecs", "split")
+        known = ("stages", "replicas", "assignment", "method", "cost", "seconds", "microbatches", "codecs", "split",
+                 "shards")
         return cls(stages=stages, replicas=replicas, assignment=assignment,
                    method=_optional(doc, "method", source, _string),
                    cost=_optional(doc, "cost", source, _seconds_by_term),
@@ -148,7 +176,9 @@ class Plan:
                    microbatches=_optional(doc, "microbatches", source, _count),
                    codecs=plan_codecs(doc.get("codecs"), stages, source),
                    split=plan_split(doc.get("split"), stages, source),
-                   extra={k: v for k, v in doc.items() if k not in known or v is None and k in ("codecs", "split")},
+                   shards=plan_shards(doc.get("shards"), assignment, source),
+                   extra={k: v for k, v in doc.items()
+                          if k not in known or v is None and k in ("codecs", "split", "shards")},
                    key_order=tuple(doc))  # a null codecs / split (nothing recorded) is written back as read
 
     def to_json(self) -> dict[str, Any]:
@@ -161,14 +191,35 @@ class Plan:
             values["split"] = self.split.to_json()
         if self.codecs is not None:
             values["codecs"] = self.codecs.to_json()
+        if self.shards is not None:
+            values["shards"] = self.shards.to_json()
         return _in_order(values, self.key_order)
+
+    @property
+    def k(self) -> int:
+        """Devices per (stage, replica) slot: the shards' K, 1 without shards."""
+        return 1 if self.shards is None else self.shards.k
+
+    def check_shard_devices(self, cluster: Cluster, source: str = "<plan>") -> np.ndarray:
+        """(S, R, K) devices of every slot (K = 1 without shards), checked against `cluster`: in range, each
+        slot in one site, no device used twice; PlanError names the source."""
+        devices = (np.asarray(self.assignment)[..., None] if self.shards is None else self.shards.devices)
+        try:
+            check_slots(cluster, devices, f"{source}: shards.devices")
+        except ShardError as exc:
+            raise PlanError(str(exc)) from None
+        return devices
 
     def check_fits(self, n_devices: int, source: str = "<plan>") -> np.ndarray:
         """The validated assignment for a cluster of `n_devices`; PlanError names the source."""
         try:
-            return as_assignment(self.assignment, self.stages, self.replicas, n_devices)
+            assignment = as_assignment(self.assignment, self.stages, self.replicas, n_devices)
         except AssignmentError as exc:
             raise PlanError(f"{source}: {exc}") from None
+        if self.shards is not None and int(self.shards.devices.max()) >= n_devices:
+            raise PlanError(f"{source}: shards.devices names device {int(self.shards.devices.max())}, but the cluster "
+                            f"has {n_devices} devices (0..{n_devices - 1})")
+        return assignment
 
 
     def check_cluster(self, cluster: Cluster, source: str = "<plan>", cluster_source: str = "<cluster>") -> str | None:
@@ -309,6 +360,42 @@ def plan_split(doc: Any, stages: int, source: str = "<plan>") -> PlanSplit | Non
                         f"(one stage per pair), got {shown(cuts)}")
     return PlanSplit(boundaries=tuple(cuts), extra={k: v for k, v in doc.items() if k != "boundaries"},
                      key_order=tuple(doc))
+
+
+def plan_shards(doc: Any, assignment: np.ndarray, source: str = "<plan>") -> PlanShards | None:
+    """The "shards" object of a plan whose assignment is `assignment` (S, R) (None if absent); PlanError names the
+    key. devices[s][r] must list K device indices starting with assignment[s][r]."""
+    if doc is None:
+        return None
+    if not isinstance(doc, dict):
+        raise PlanError(f"{source}: shards must be an object {{\"k\": K, \"devices\": [...]}}, got {shown(doc)}")
+    try:
+        k = check_shards(doc.get("k"), f"{source}: shards.k")
+    except ShardError as exc:
+        raise PlanError(str(exc)) from None
+    stages, replicas = assignment.shape
+    rows = doc.get("devices")
+    shape = f"({stages} stages, {replicas} replicas, {k} devices)"
+    if not isinstance(rows, list) or len(rows) != stages or any(
+            not isinstance(row, list) or len(row) != replicas or any(
+                not isinstance(slot, list) or len(slot) != k for slot in row) for row in rows):
+        raise PlanError(f"{source}: shards.devices must have shape {shape}: per stage, per replica, the slot's "
+                        f"{k} devices, got {shown(rows)}")
+    for s, row in enumerate(rows):
+        for r, slot in enumerate(row):
+            for i, value in enumerate(slot):
+                _check_device_index(value, f"{source}: shards.devices[{s}][{r}][{i}]")
+            if int(slot[0]) != int(assignment[s, r]):
+                raise PlanError(f"{source}: shards.devices[{s}][{r}] must start with the slot's device in the "
+                                f"assignment ({int(assignment[s, r])}), got {shown(slot)}")
+    devices = np.array(rows, dtype=np.int64)
+    flat = devices.ravel()
+    if len(set(flat.tolist())) != flat.size:
+        twice = next(d for d in flat.tolist() if (flat == d).sum() > 1)
+        raise PlanError(f"{source}: shards.devices uses device {twice} more than once (each device holds one shard)")
+    devices.setflags(write=False)
+    return PlanShards(devices=devices, extra={key: v for key, v in doc.items() if key not in ("k", "devices")},
+                      key_order=tuple(doc))
 
 
 def _check_device_index(value: Any, where: str) -> None:

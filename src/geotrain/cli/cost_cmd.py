@@ -5,7 +5,9 @@ With --json, stdout is ONE JSON object: {"cost": {"dp", "pp", "total"}, "stages"
 iteration. The plan's R sets c_pp. A plan with a recorded layer split (`plan --uneven-split`) is scored with
 its stage shares by the cost models that see compute ("layer_shares" in the JSON; null otherwise).
 The job scored ("job_from"): --job when given, else the job the plan records ("plan"), else the default
-("default"). A plan made for another cluster (its recorded fingerprint) is refused in one line.
+("default"). A sharded plan (its "shards": K devices per slot) is scored on its slots (cost/shards.py: K
+parallel same-shard exchanges, compute over K devices and FSDP's traffic inside a slot for the models that see
+compute); "shards" in the JSON is K (1 without). A plan made for another cluster (its recorded fingerprint) is refused in one line.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, a
                                          region_legend)
 from geotrain.cluster import load_cluster
 from geotrain.cost.registry import UNEVEN_SPLIT_MODELS
+from geotrain.cost.shards import slot_view
 from geotrain.plan import Plan
 
 
@@ -46,14 +49,17 @@ def run(args: Any) -> int:
         args.job = DEFAULT_JOB
     shares = None if plan.split is None else plan.split.layer_shares
     used = shares is not None and args.cost_model in UNEVEN_SPLIT_MODELS
-    cluster, job, model = build_placement(args, plan.stages, plan.replicas, layer_shares=shares if used else None,
-                                          strict=False, cluster=cluster, job=recorded)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
-    cost = model.evaluate(assignment)
+    slots, sharding, scored = cluster, None, assignment
+    if plan.shards is not None:  # scored on the slot cluster: K devices per slot (cost.shards)
+        slots, sharding, scored = slot_view(cluster, plan.check_shard_devices(cluster, args.plan))
+    _, job, model = build_placement(args, plan.stages, plan.replicas, layer_shares=shares if used else None,
+                                    strict=False, cluster=slots, job=recorded, sharding=sharding)
+    cost = model.evaluate(scored)
     if args.json:
         out.emit_json({"cost": cost.to_json(), "stages": plan.stages, "replicas": plan.replicas,
                        "dp_per_stage": cost.dp_per_stage, "pp_per_replica": cost.pp_per_replica,
-                       "cost_model": model.name,
+                       "cost_model": model.name, "shards": plan.k,
                        "layer_shares": shares if used else None, "job": job.name, "job_from": job_from})
         return 0
     whose = {"plan": "the plan's job", "--job": "--job", "default": "the default job; the plan records none"}[job_from]

@@ -1,7 +1,8 @@
 """Which cluster device each rank plays, from `--devices d0,d1,...` or `--plan PLAN.json`.
 
 Shared by `geotrain emulate`, `geotrain netlab` and `bench netlab`: with a plan, rank s*R + r plays
-assignment[s][r] (stage-major, as torch.distributed.pipelining numbers ranks). Range and uniqueness
+assignment[s][r] (stage-major, as torch.distributed.pipelining numbers ranks); with a sharded plan (`plan --shards K`)
+rank (s*R + r)*K + k plays shards.devices[s][r][k], the K shards of a slot side by side. Range and uniqueness
 against the cluster are checked by the caller's own model of the devices.
 """
 
@@ -24,7 +25,9 @@ def rank_devices(plan_path: str | None, devices_text: str | None, n_devices: int
     """The device of each rank from the plan file (stage-major) or the --devices text; None if neither."""
     if plan_path:
         plan = Plan.load(plan_path)
-        return [int(d) for d in plan.check_fits(n_devices, plan_path).reshape(-1)]
+        assignment = plan.check_fits(n_devices, plan_path)
+        devices = assignment if plan.shards is None else plan.shards.devices
+        return [int(d) for d in devices.reshape(-1)]
     if devices_text is None:
         return None
     return parse_device_list(devices_text)

@@ -9,6 +9,7 @@ from typing import Any
 
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost import COST_MODELS, DEFAULT_COST_MODEL, CostModel, build_cost_model
+from geotrain.cost.shards import Sharding
 from geotrain.job import Job, JobError, load_job
 
 DEFAULT_JOB = "gpt-1.3b-seed"
@@ -27,7 +28,7 @@ def add_placement_arguments(parser: argparse.ArgumentParser, cost_model_help: st
 
 def build_placement(args: Any, stages: int, replicas: int, layer_shares: object = None,
                     strict: bool = True, cluster: Cluster | None = None,
-                    job: Job | None = None) -> tuple[Cluster, Job, CostModel]:
+                    job: Job | None = None, sharding: Sharding | None = None) -> tuple[Cluster, Job, CostModel]:
     """Load the cluster and job named in `args` and build the cost model for (stages, replicas)
     (with `args.uneven_split`, where the command has it: scored with the speed layer split; else
     with `layer_shares` where given, see cost.registry.build_cost_model). A global batch that is not a
@@ -35,7 +36,8 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
     as `plan` rounded it. Planning (`strict`): any other layout the job does not fit (Job.check_layout_fits)
     is refused; scoring a given plan: said in one note.
     `cluster`: plan on this one (e.g. the live devices of a re-plan) instead of loading `args.cluster`;
-    `job`: this one (e.g. the job a plan records) instead of loading `args.job`."""
+    `job`: this one (e.g. the job a plan records) instead of loading `args.job`; `sharding`: `cluster` is a slot
+    cluster of K devices per slot (cost/shards.py)."""
     cluster = load_cluster(args.cluster) if cluster is None else cluster
     job = load_job(args.job) if job is None else job
     job.check_every_replica_has_a_sample(replicas)  # refused even where an uneven layout is only noted
@@ -48,7 +50,7 @@ def build_placement(args: Any, stages: int, replicas: int, layer_shares: object 
         print(f"geotrain: note: {exc}", file=sys.stderr)
     shares = "speed" if getattr(args, "uneven_split", False) else layer_shares
     return cluster, job, build_cost_model(args.cost_model, cluster, job, stages, replicas, layer_shares=shares,
-                                          utilisation=getattr(args, "utilisation", None))
+                                          utilisation=getattr(args, "utilisation", None), sharding=sharding)
 
 
 def batch_for_replicas(job: Job, replicas: int) -> Job:

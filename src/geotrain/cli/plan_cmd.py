@@ -29,6 +29,7 @@ the full cluster file, and the JSON adds "membership": {"excluded_devices", "exc
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from dataclasses import fields, replace
@@ -52,12 +53,14 @@ from geotrain.cluster import Cluster, load_cluster
 from geotrain.cluster.gpus import UNKNOWN_GPU
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
+from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.errors import GeotrainError, shown
 from geotrain.job import Job, load_job
-from geotrain.plan import Plan, cluster_record, job_record, plan_codecs, plan_split
+from geotrain.cost.shards import ShardError, Sharding, check_shards, group_slots, lift_slots, slot_cluster
+from geotrain.plan import Plan, PlanShards, cluster_record, job_record, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.search.bound_beside import BoundBeside, usable_cores
 from geotrain.search.bounds import gap
@@ -131,6 +134,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
+    parser.add_argument("--shards", type=shard_count, default=None, metavar="K",
+                        help="sharded replicas: each (stage, replica) slot is K devices of one site holding FSDP2 "
+                             "shards of its stage (the plan's \"shards\" object); not given: 1 for a fixed layout, "
+                             "chosen by auto-configuration (1 where a stage fits one device)")
     add_membership_arguments(parser)
     add_autoconfig_arguments(parser)
     parser.set_defaults(handler=run)
@@ -202,11 +209,15 @@ def run(args: Any) -> int:
     if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
         args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" and typed else DEFAULT_COST_MODEL
     calibration = calibration_of(args, load_job(args.job))
-    cluster, job, model = build_placement(args, args.stages, args.replicas,
-                                          cluster=full_cluster if membership is None else membership.live_cluster())
+    base = full_cluster if membership is None else membership.live_cluster()
+    slots = sharding = None
+    if (args.shards or 1) > 1:  # placed slot by slot: the search sees one device per slot (cost.shards)
+        slots, sharding = shard_slots(args, base)
+        base = slot_cluster(base, slots)
+    cluster, job, model = build_placement(args, args.stages, args.replicas, cluster=base, sharding=sharding)
     fit, live = None, cluster
     if args.wan_recipe == "auto" and typed:  # without GPU types, no memory to check (nor speed to place by)
-        cluster, model, fit = recipe_devices(args, cluster, job, model)
+        cluster, model, fit = recipe_devices(args, cluster, job, model, sharding)
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
@@ -245,8 +256,10 @@ def run(args: Any) -> int:
         plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
     priced = None
     if args.wan_recipe == "auto":
+        compute = None if sharding is None else sharded_compute_s(cluster, job, result.assignment, sharding,
+                                                                  args.utilisation)
         priced = price_recipe(args, cluster, job, result.assignment, result.cost.dp, result.cost.pp,
-                              utilisation=args.utilisation)
+                              compute_s=compute, utilisation=args.utilisation)
         plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result.assignment, priced)})
     option = fixed_option(args, cluster, job, result, priced)  # explained on the live devices, memory's exclusions too
     explanation = explain_choice(live, [replace(option, assignment=option.assignment if fit is None
@@ -258,8 +271,13 @@ def run(args: Any) -> int:
     plan = replace(plan, extra={**plan.extra, "explanation": explanation})
     if fit is not None:  # searched on the devices that hold the recipe's memory
         plan = replace(plan, assignment=fit[plan.assignment])
+    if slots is not None:  # slot-cluster devices -> each slot's K devices (its first in "assignment")
+        devices = lift_slots(slots, plan.assignment)
+        plan = replace(plan, assignment=devices[..., 0], shards=PlanShards(devices, extra=sharding.to_json()))
     if membership is not None:  # searched on the live devices; the file names the full cluster's
         plan = replace(plan, assignment=membership.lift(plan.assignment),
+                       shards=None if plan.shards is None else replace(plan.shards,
+                                                                       devices=membership.lift(plan.shards.devices)),
                        extra={**plan.extra, "membership": membership.to_json()})
     if args.out:
         write_json_file(plan.to_json(), args.out)
@@ -268,7 +286,8 @@ def run(args: Any) -> int:
         return 0
     cost = result.cost
     rows = [["method", result.method], ["layout", f"{args.stages} stages x {args.replicas} replicas"],
-            ["cluster", f"{cluster.name} ({cluster.n_devices} devices, {cluster.n_regions} regions)"],
+            ["cluster", f"{cluster.name} ({cluster.n_devices} "
+                        f"{f'slots of {plan.k} devices' if plan.k > 1 else 'devices'}, {cluster.n_regions} regions)"],
             *([["excluded devices", ", ".join(full_cluster.device_names[d] for d in membership.excluded) or "-"]]
               if membership is not None else []),
             ["job / cost model", f"{job.name} / {model.name}"],
@@ -281,6 +300,11 @@ def run(args: Any) -> int:
     out.table("assignment (device per stage x replica)", ["", *(f"r{r}" for r in range(args.replicas))],
               assignment_rows(full_cluster, plan.assignment), right_align_from=1)
     out.text(region_legend(full_cluster))
+    if plan.shards is not None:
+        out.table(f"shards: {plan.k} devices of one site per slot (FSDP2), the first as in the assignment",
+                  ["", *(f"r{r}" for r in range(args.replicas))],
+                  [[f"stage {s}", *("+".join(str(d) for d in slot) for slot in row)]
+                   for s, row in enumerate(plan.shards.devices.tolist())])
     if plan.split is not None:
         split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
@@ -304,22 +328,23 @@ def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, pr
                    else max(priced.shares.shares.compute_s))
         scheme = "WAN recipe" if priced.chosen == "wan_recipe" else "speed batch shares"
         return Option(label, result.assignment, priced.step_s, compute,
-                      recipe_memory_bytes(job, args.stages, args.replicas), scheme)
+                      recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1), scheme)
     extra = result.cost.extra or {}
     compute = float(extra.get("pipeline", extra.get("compute", 0.0)))
     memory = float(stage_memory_bytes(job, args.stages, args.replicas, max(1, job.global_batch // args.replicas),
-                                      MemoryConfig()).max())
+                                      MemoryConfig(), shards=args.shards or 1).max())
     scheme = "per-step data parallelism" if args.replicas > 1 else "one replica"
     return Option(label, result.assignment, result.cost.total, compute, memory, scheme)
 
 
-def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel) -> tuple[Cluster, CostModel, np.ndarray | None]:
+def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel,
+                   sharding: Sharding | None = None) -> tuple[Cluster, CostModel, np.ndarray | None]:
     """--wan-recipe auto on a fixed layout: the devices whose memory holds a stage under the recipe
     (plan_recipe.recipe_memory_bytes). All of them: `cluster` and `model` as they were and no index map; some:
     the cluster of those devices, its cost model and their indices (a note on stderr names the devices left out);
     fewer than S x R: refused in one line, except for the seed's default job (DEFAULT_JOB: a stand-in, not the
     user's model), where one note says so and the plan goes on."""
-    need = recipe_memory_bytes(job, args.stages, args.replicas)
+    need = recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1)
     fit = devices_that_fit(cluster, need)
     if fit.size == cluster.n_devices:
         return cluster, model, None
@@ -338,7 +363,41 @@ def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel) -> t
     sub = restrict_cluster(cluster, fit)
     shares = "speed" if args.uneven_split else None
     return sub, build_cost_model(args.cost_model, sub, job, args.stages, args.replicas, layer_shares=shares,
-                                 utilisation=args.utilisation), fit
+                                 utilisation=args.utilisation, sharding=sharding), fit
+
+
+def sharded_compute_s(slots: Cluster, job: Job, assignment: np.ndarray, sharding: Sharding,
+                      utilisation: float | None) -> float:
+    """The slowest replica's compute seconds per step on the slot cluster `slots` by "yuan+compute" (each slot's
+    compute over its K devices plus FSDP's traffic inside it): a sharded layout's recipe is priced with it."""
+    stages, replicas = (int(n) for n in np.shape(assignment))
+    model = YuanComputeCostModel.for_job(slots, job, stages, replicas, sharding=sharding,
+                                         **({} if utilisation is None else {"utilisation": utilisation}))
+    return float(model.replica_compute_seconds(np.asarray(assignment)[None]).max())
+
+
+def shard_count(text: str) -> int:
+    """--shards K: an integer in 1..MAX_SHARDS (argparse type)."""
+    try:
+        return check_shards(int(text))
+    except (ValueError, ShardError):
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..1024 (devices of one site per slot), "
+                                         f"got {text!r}") from None
+
+
+def shard_slots(args: Any, cluster: Cluster) -> tuple[np.ndarray, Sharding]:
+    """The slots of --shards K on `cluster` (cost.shards.group_slots: each site's devices K at a time, fastest
+    first) and their Sharding; one line when the sites hold fewer than S x R slots, or with --uneven-split."""
+    if args.uneven_split:
+        raise GeotrainError("--uneven-split with --shards: not yet (the speed split of sharded slots is not priced)")
+    slots = group_slots(cluster, args.shards)
+    need = args.stages * args.replicas
+    if len(slots) < need:
+        sites = ", ".join(f"{name} {size}" for name, size in zip(cluster.region_names, cluster.region_sizes))
+        raise GeotrainError(f"--shards {args.shards}: --stages {args.stages} x --replicas {args.replicas} need {need} "
+                            f"slots of {args.shards} devices of one site, and the sites hold {len(slots)} "
+                            f"(devices per site: {sites}); use fewer shards, stages or replicas")
+    return slots, Sharding.of_slots(cluster, slots)
 
 
 def codec_tables(out: Output, choice: CodecChoice) -> None:

@@ -170,13 +170,14 @@ def recipe_documents(cluster: Cluster, assignment: Any, priced: PricedRecipe) ->
     return {"batch_shares": {"version": 1, "rule": "speed", **priced.shares.shares.to_json(labels)}, **site}
 
 
-def recipe_memory_bytes(job: Job, stages: int, replicas: int) -> float:
+def recipe_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1) -> float:
     """Bytes the busiest device of an S x R layout holds under a recipe: mixed-precision AdamW state plus the outer
     optimizer's fp32 anchor and momentum for its stage's parameters, and one sequence's activations per
-    micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch needs)."""
+    micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch needs); `shards`: K
+    devices per slot sharing it (FSDP2, cost.memory's sharded states)."""
     per_replica = max(1, job.global_batch // replicas)
     config = MemoryConfig(state_bytes_per_param=MemoryConfig().state_bytes_per_param + OUTER_STATE_BYTES_PER_PARAM)
-    return float(stage_memory_bytes(job, stages, replicas, per_replica, config).max())
+    return float(stage_memory_bytes(job, stages, replicas, per_replica, config, shards=shards).max())
 
 
 def devices_that_fit(cluster: Cluster, need_bytes: float) -> np.ndarray:

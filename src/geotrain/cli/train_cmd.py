@@ -107,6 +107,10 @@ def config_from_args(args: Any) -> Any:
     cluster = load_cluster(args.cluster)
     plan = Plan.load(args.plan)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
+    if plan.k > 1:  # one process per slot today; the FSDP2 slots need the runtime's sharded path
+        raise RuntimeConfigError(f"{args.plan} is a sharded plan ({plan.k} devices per slot, plan --shards): sharded "
+                                 f"plans run with train --plan (not yet); run FSDP2 + geotrain.diloco.DiLoCo in your "
+                                 f"own loop meanwhile (examples/hsdp_diloco_train.py), or plan without --shards")
     note = plan.check_cluster(cluster, args.plan, args.cluster)  # a plan of another cluster: refused
     if note:
         print(f"geotrain: note: {note}", file=sys.stderr)

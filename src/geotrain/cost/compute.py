@@ -19,6 +19,8 @@ instead of 1/S, so t(d_s,r) = 6 x params x seq x global_batch x f_s / R / (peak 
 stage s's gradient is f_s x the model's gradient bytes (sum of traffic.dp_bytes; dp_s by the same scatter-gather formula with that size).
 "speed" gives every assignment the speed-optimal integer split of the job's layers (faster stages
 take more); None (default) or equal fractions give the numbers above.
+Sharded replicas (`sharding`, cost/shards.py: the cluster is a slot cluster, each device a slot of K devices):
+t(d) = the slot's compute / K + its FSDP all-gathers and reduce-scatter inside the slot (Sharding.fsdp_seconds).
 Not pairwise: searches that need pairwise terms refuse it; `genetic` and `random` work.
 """
 
@@ -31,6 +33,7 @@ from geotrain.cost.base import CostBreakdown
 from geotrain.cost.gpus import DEFAULT_UTILISATION
 from geotrain.cost.layer_split import StageShares, device_peak_flops
 from geotrain.cost.schedule import stage_allreduce_seconds
+from geotrain.cost.shards import NO_SHARDING, Sharding, largest_stage_param_bytes
 from geotrain.cost.traffic import Traffic, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.job import Job
@@ -58,14 +61,16 @@ class YuanComputeCostModel:
     @classmethod
     def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int, utilisation: float = DEFAULT_UTILISATION,
                 micro_batches: int | None = None, layer_shares: object = None,
-                sync_period: int = 1) -> YuanComputeCostModel:
+                sync_period: int = 1, sharding: Sharding = NO_SHARDING) -> YuanComputeCostModel:
         """`job`'s traffic and FLOPs at `utilisation` of each GPU's peak; `layer_shares`: None / "equal"
         (1/S), "speed" (per assignment) or S fractions summing to 1; `sync_period` H: the DP exchange every H
-        steps (local SGD / DiLoCo: its seconds per iteration / H)."""
+        steps (local SGD / DiLoCo: its seconds per iteration / H); `sharding`: `cluster` is a slot cluster of
+        sharding.k devices per slot (cost/shards.py)."""
         traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices, sync_period=sync_period)
         peak = device_peak_flops(cluster)
-        slot_flops = job.flops_per_iteration() / (stages * replicas)
-        return cls(cluster, traffic, slot_flops / (peak * utilisation),
+        slot_flops = job.flops_per_iteration() / (stages * replicas * sharding.k)
+        fsdp = sharding.fsdp_seconds(cluster, largest_stage_param_bytes(job, stages))
+        return cls(cluster, traffic, slot_flops / (peak * utilisation) + fsdp,
                    micro_batches or max(1, job.global_batch // replicas),
                    StageShares.build(layer_shares, stages, job.layers, peak))
 

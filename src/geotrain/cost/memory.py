@@ -20,6 +20,14 @@ uneven split with shares f_s, `cost.layer_split`):
               / Megatron-LM 2021), GPipe all M (Huang et al. 2019).
   logits    = 4 x seq x b x vocab bytes on stage S-1 (fp32 logits of one micro-batch).
   total_s   = states_s + acts_s (+ logits on the last stage).
+Sharded replicas (`shards` K > 1, cost/shards.py: each (stage, replica) slot is K devices of one site running
+FSDP2, ZeRO-3 style inside the slot): weights, gradients, optimizer state and the DiLoCo outer state (all in
+state bytes/param) are split over the K devices, states_s / K (Rajbhandari et al. Sec. 5.3, "P_os+g+p": memory
+/ N_d; Zhao et al., "PyTorch FSDP", VLDB 2023, Sec. 3.2), plus the units FSDP holds gathered at once:
+FSDP_GATHERED_UNITS x the largest unit (a layer; the embedding on the stages that hold it) in 16-bit weights
+and 16-bit gradients, 4 bytes/param (the unit being computed and the one prefetched). Activations are not
+sharded by FSDP, but a slot's K devices split its micro-batch (FSDP is data parallel inside the slot): each
+device holds the activations and logits of b / K sequences.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ of cost/schedule.py): a subset of the ones geotrain train runs (runtime.pipeline
 OUTER_STATE_BYTES_PER_PARAM = 8.0
 """DiLoCo / local SGD's outer optimizer state per parameter: the fp32 anchor (the last synchronised model) and the
 fp32 outer momentum (geotrain.optim.outer), beside the inner optimizer's state."""
+FSDP_GATHERED_UNITS = 2
+"""Units (layers) FSDP holds unsharded at once on a device: the one computing and the one prefetched."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34.0
 """Korthikanti et al. 2023: bytes of stored activations per layer per token per hidden unit (fp16)."""
 
@@ -109,11 +119,11 @@ def in_flight_microbatches(stages: int, microbatches: int, schedule: str) -> np.
 
 
 def stage_memory_bytes(job: Job, stages: int, replicas: int, microbatches: int, config: MemoryConfig,
-                       layer_shares: np.ndarray | None = None) -> np.ndarray:
-    """(S,) peak bytes on one device of each stage for S stages, R replicas, M micro-batches.
-    Micro-batch b = global_batch / (R M) sequences (fractional when it does not divide).
+                       layer_shares: np.ndarray | None = None, shards: int = 1) -> np.ndarray:
+    """(S,) peak bytes on one device of each stage for S stages, R replicas, M micro-batches, K `shards`.
+    Micro-batch b = global_batch / (R M) sequences (fractional when it does not divide), b / K per device.
     layer_shares: each stage's fraction of the layers (an uneven split); default 1/S each."""
-    sequences = job.global_batch / (replicas * microbatches)
+    sequences = job.global_batch / (replicas * microbatches * shards)
     tokens_hidden = job.seq_len * sequences * job.hidden
     layer_full = ACT_BYTES_PER_TOKEN_HIDDEN * tokens_hidden
     layers_per_stage = stage_layers(job, stages, layer_shares)
@@ -122,6 +132,19 @@ def stage_memory_bytes(job: Job, stages: int, replicas: int, microbatches: int, 
         acts = flight * layers_per_stage * 2.0 * tokens_hidden + layer_full
     else:
         acts = flight * layers_per_stage * layer_full
-    memory = stage_params(job, stages, layer_shares) * state_bytes_per_param(config, replicas) + acts
+    params = stage_params(job, stages, layer_shares)
+    memory = params * state_bytes_per_param(config, replicas) / shards + acts
+    if shards > 1:
+        memory += FSDP_GATHERED_UNITS * 4.0 * fsdp_unit_params(job, stages)
     memory[-1] += 4.0 * job.seq_len * sequences * job.vocab
     return memory
+
+
+def fsdp_unit_params(job: Job, stages: int) -> np.ndarray:
+    """(S,) parameters of the largest FSDP unit of each stage: a layer, or the embedding (vocab x hidden) on
+    stage 0 and, when S > 1, on stage S-1."""
+    embedding = float(job.vocab * job.hidden)
+    units = np.full(stages, max(job.params - embedding, 0.0) / job.layers)
+    units[0] = max(units[0], embedding)
+    units[-1] = max(units[-1], embedding)
+    return units

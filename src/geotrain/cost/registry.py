@@ -13,6 +13,7 @@ from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.dtfm import DtfmCostModel
 from geotrain.cost.ring import RingCostModel
 from geotrain.cost.schedule import ScheduleCostModel
+from geotrain.cost.shards import Sharding
 from geotrain.cost.traffic import Traffic
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
@@ -42,14 +43,19 @@ TRAFFIC_MODELS = ("yuan", "ring", "dtfm")
 
 
 def build_cost_model(name: str, cluster: Cluster, job: Job, stages: int, replicas: int,
-                     layer_shares: object = None, utilisation: float | None = None) -> CostModel:
+                     layer_shares: object = None, utilisation: float | None = None,
+                     sharding: Sharding | None = None) -> CostModel:
     """Instantiate the cost model `name` for this cluster, job and (stages, replicas) layout;
     `layer_shares` (None: 1/S per stage; "speed"; S fractions) for the UNEVEN_SPLIT_MODELS only;
     `utilisation`: the fraction of each GPU's peak a step sustains, for the models that see compute (the
-    UNEVEN_SPLIT_MODELS; None: DEFAULT_UTILISATION, or a calibration's: cost.calibration)."""
+    UNEVEN_SPLIT_MODELS; None: DEFAULT_UTILISATION, or a calibration's: cost.calibration); `sharding`: `cluster`
+    is a slot cluster of K devices per slot (cost/shards.py), whose compute and FSDP traffic the UNEVEN_SPLIT_MODELS
+    price (the communication-only models see the slot cluster's links alone)."""
     if name not in COST_MODELS:
         raise CostModelError(f"unknown cost model {name!r} (known: {', '.join(sorted(COST_MODELS))})")
     compute = {} if utilisation is None or name not in UNEVEN_SPLIT_MODELS else {"utilisation": utilisation}
+    if sharding is not None and sharding.k > 1 and name in UNEVEN_SPLIT_MODELS:
+        compute["sharding"] = sharding
     if layer_shares is None:
         return COST_MODELS[name].for_job(cluster, job, stages, replicas, **compute)
     if name not in UNEVEN_SPLIT_MODELS:

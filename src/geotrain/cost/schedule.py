@@ -30,6 +30,9 @@ d_{v mod S}; V > 1 for the looped schedules), M micro-batches:
 - uneven split (`shares`, cost/layer_split.py): stage s holds a fraction f_s of the layers, so
   its forward is f_s x S times the 1/S figure above and its gradient f_s x the model's gradient
   bytes; "speed" gives every assignment the speed-optimal integer split of the job's layers.
+- sharded replicas (`sharding`, cost/shards.py: the cluster is a slot cluster of K devices per slot): forward_s
+  is the slot's micro-batch forward / K, plus its FSDP seconds per step (Sharding.fsdp_seconds) spread over the
+  step's 3 M forward-units (not overlapped).
 Simplifications: all-reduce traffic does not share links with activations; compute does not slow
 down communication; wire bytes (codecs) are not applied; without shares each stage's gradient is
 traffic.dp_bytes[s]. Vectorised over replicas (and over a batch of assignments); the loop runs over
@@ -47,6 +50,7 @@ from geotrain.cost.actions import Action, ScheduleError, schedule_actions
 from geotrain.cost.base import CostBreakdown
 from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_peak_flops
 from geotrain.cost.layer_split import StageShares, device_peak_flops
+from geotrain.cost.shards import NO_SHARDING, Sharding, largest_stage_param_bytes
 from geotrain.cost.traffic import Traffic, traffic_of_job
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.job import Job
@@ -232,17 +236,20 @@ class ScheduleCostModel:
     @classmethod
     def for_job(cls, cluster: Cluster, job: Job, stages: int, replicas: int, *, micro_batches: int | None = None,
                 schedule: str = "1f1b", utilisation: float = DEFAULT_UTILISATION,
-                layer_shares: object = None, sync_period: int = 1) -> ScheduleCostModel:
+                layer_shares: object = None, sync_period: int = 1,
+                sharding: Sharding = NO_SHARDING) -> ScheduleCostModel:
         """`job`'s traffic and FLOPs (forward 1/3 of 6 x params x tokens) at `utilisation` of each
         GPU's peak; `layer_shares`: None / "equal" (1/S), "speed" (per assignment) or S fractions;
-        `sync_period` H: the DP exchange every H steps (its seconds per iteration / H)."""
+        `sync_period` H: the DP exchange every H steps (its seconds per iteration / H); `sharding`: `cluster`
+        is a slot cluster of sharding.k devices per slot (cost/shards.py)."""
         traffic = traffic_of_job(job, stages, replicas, n_devices=cluster.n_devices, sync_period=sync_period)
         m = micro_batches or max(1, job.global_batch // replicas)
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ScheduleError(f"micro-batches must be an integer >= 1, got {micro_batches!r}")
         peak = np.array([gpu_peak_flops(gpu) for gpu in cluster.gpus]) * utilisation
-        forward_flops = job.flops_per_iteration() / 3.0 / (stages * replicas * m)
-        return cls(cluster, traffic, forward_flops / peak, m, schedule=schedule,
+        forward_flops = job.flops_per_iteration() / 3.0 / (stages * replicas * m * sharding.k)
+        fsdp = sharding.fsdp_seconds(cluster, largest_stage_param_bytes(job, stages)) / (3.0 * m)
+        return cls(cluster, traffic, forward_flops / peak + fsdp, m, schedule=schedule,
                    shares=StageShares.build(layer_shares, stages, job.layers, device_peak_flops(cluster)))
 
     def pairwise_terms(self) -> None:
