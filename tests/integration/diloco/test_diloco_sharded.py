@@ -58,8 +58,20 @@ def _run(model: torch.nn.Module, site: int, rows: slice, group, mode: str) -> di
             grad_max = max(grad_max, max(float(_local(p.grad).abs().max()) for p in model.parameters()
                                          if _local(p.grad).numel()))
             inner.step()
+    outers = [f.outer for f in diloco.sync.fragments] if mode != "adaptive" else [diloco.sync.outer]
+    state = [e.state_dict() for e in diloco.exchanges]
     return {"params": [_local(p).clone() for p in model.parameters()], "losses": losses,
-            "inner_steps": diloco.inner_steps, "grad_max": grad_max}
+            "inner_steps": diloco.inner_steps, "grad_max": grad_max,
+            "anchor_elements": sum(a.numel() for o in outers for a in o.anchor),
+            "residual_elements": sum(t.numel() for s in state for t in _tensors(s))}
+
+
+def _tensors(state) -> list[torch.Tensor]:
+    """Every tensor in a (nested) state dict: the codec's residuals."""
+    if isinstance(state, torch.Tensor):
+        return [state]
+    values = state.values() if isinstance(state, dict) else state if isinstance(state, list | tuple) else []
+    return [t for v in values for t in _tensors(v)]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -135,6 +147,11 @@ def test_a_sharded_run_equals_the_unsharded_run_in_float64(runs, mode):
 
 def test_int8_fragments_and_delay_end_with_every_shard_equal_to_its_peer_and_the_loss_down(runs):
     sharded, _ = runs
+    full = sum(p.numel() for p in _model().parameters())
+    for r in sharded:  # anchors and error-feedback residuals hold this rank's shard, not the model
+        local = sum(p.numel() for p in r["streaming"]["params"])
+        assert local < 0.6 * full and r["streaming"]["anchor_elements"] == local
+        assert 0 < r["streaming"]["residual_elements"] <= local
     by_shard = {s: [r for r in sharded if r["shard"] == s] for s in (0, 1)}
     for peers in by_shard.values():
         for a, b in zip(peers[0]["streaming"]["params"], peers[1]["streaming"]["params"], strict=True):
