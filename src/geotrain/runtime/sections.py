@@ -519,7 +519,7 @@ class OptimSection(Section):
                                              "sync with N = 1 or 2; default: every sync)", metavar="N")
     local_steps: str = setting("equal", "--sync-every: inner steps per outer period: equal (H on every replica) or "
                                         "adaptive (H_r by each replica's measured compute speed, H the mean, so "
-                                        "sites reach the sync together; the outer mean weighted by steps; "
+                                        "sites reach the sync together; the plain outer mean; "
                                         "re-balanced at every sync; one fragment (--sync-delay overlaps the "
                                         "exchange with the next period), one pipeline stage: "
                                         "geotrain.sync.adaptive)", choices=LOCAL_STEPS)

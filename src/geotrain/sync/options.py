@@ -135,7 +135,7 @@ class HeterogeneityOptions:
     """Replicas of different speeds (with sync_every).
 
     local_steps: "equal" (H inner steps per outer period on every replica) or "adaptive" (H_r by measured
-        speed, the outer mean weighted by steps: geotrain.sync.adaptive; one fragment, flat DiLoCo only).
+        speed, the plain outer mean: geotrain.sync.adaptive; one fragment, flat DiLoCo only).
     local_steps_prior_s: adaptive: relative seconds per step of each DP member (group order) before any is
         measured, which share out the first period (None: H each).
     outer_sync: "sync", or "async" / "async-hierarchical" (geotrain.sync.async_outer; OUTER_SYNCS).
