@@ -27,6 +27,7 @@ BENCH_MODULES: tuple[str, ...] = (
     "geotrain.cli.bench_wan",
     "geotrain.cli.bench_chaos",
     "geotrain.cli.bench_hetero",
+    "geotrain.cli.bench_pipeline",
 )
 
 
