@@ -109,7 +109,6 @@ SETTING = {setting.name: setting for setting in SETTINGS}
 
 _ASYNC_WHOLE = "asynchronous outer updates send the whole model's outer gradient at a replica's own pace"
 _ELASTIC_BLOCKING = "elastic runs synchronise blocking (every step, or blocking DiLoCo) only"
-_ELASTIC_PLAIN = "elastic DP synchronisation is uncompressed (torchft's allreduce)"
 _ADAPTIVE_STEPS = "replicas take different step counts between outer syncs"
 _ASYNC_CHECKPOINT = ("the global model lives in rank 0's server until the end and ranks are at different steps: "
                      "checkpoints at the end only")
@@ -155,14 +154,9 @@ RULES: tuple[Rule, ...] = (
          instead="use --outer-sync async-hierarchical"),
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",
          built=True, instead="drop --dp-hierarchical"),
-    # checkpoints
-    Rule("delay", "checkpoint-every", "an exchange may be in flight when a checkpoint falls, and in-flight "
-         "exchanges are not checkpointed", instead="use --checkpoint-every 0 or --sync-delay 0"),
     # elastic replica groups
     Rule("elastic", "fragments", _ELASTIC_BLOCKING),
     Rule("elastic", "delay", _ELASTIC_BLOCKING),
-    Rule("elastic", "codec", _ELASTIC_PLAIN, instead="use --dp-codec none"),
-    Rule("elastic", "plan-codecs", _ELASTIC_PLAIN, instead="plan without --codecs / --wan-recipe for an elastic run"),
     Rule("elastic", "hierarchical", "elastic groups exchange flat (one torchft group, no regions)"),
     Rule("elastic", "onebit", "elastic runs step AdamW"),
     Rule("elastic", "moments", "elastic runs average parameters only (torchft's allreduce)"),

@@ -291,6 +291,7 @@ class Worker:
         and the wall `seconds` of the whole save (the barrier included)."""
         cfg = self.config
         started = time.perf_counter()
+        self.dp.settle(self.timer)  # the exchanges in flight, waited for and kept (sync/settle.py)
         state = ckpt.shard_state(self.slot_header(), cfg.assignment.tolist(), self.stage.state_dict(), self.boundaries,
                                  self.dp.state_dict(), completed, self.records)
         path = ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())

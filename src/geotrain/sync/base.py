@@ -5,7 +5,7 @@
     ... forward, backward ...
     dp_bytes, grad_norm = sync.step(step, timer)     # exchange (or not, this step), clip, optimizer step
     sync.fingerprint()                               # a float every replica agrees on after a sync
-    sync.state_dict() / sync.load_state_dict(state)  # checkpoint
+    sync.settle(timer); sync.state_dict() / sync.load_state_dict(state)  # checkpoint
 
 An implementation decides what travels and when: every step the gradients (PerStepSync: a flat
 codec reducer, PowerSGD, the hierarchical all-reduce), the optimizer's own momenta (OneBitAdamSync),
@@ -168,9 +168,14 @@ class GradientSync(ABC):
         """A float64 sum of the weights the replicas agree on (here: the parameters)."""
         return float(sum(p.detach().double().sum() for p in self.params))
 
+    def settle(self, timer: StepTimer) -> None:
+        """Before a checkpoint (every rank of the group calls it at the same point of the schedule): wait for
+        the exchanges in flight and keep what they delivered, applied later when each is due (sync/settle.py),
+        so that `state_dict()` holds them. No number changes; only the wait is exposed. Nothing by default."""
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Everything a resumed run needs (optimizer state, residuals, anchors)."""
+        """Everything a resumed run needs (optimizer state, residuals, anchors, settled exchanges in flight)."""
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:

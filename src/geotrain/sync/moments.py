@@ -158,7 +158,9 @@ class MomentSync:
         return means
 
     def state_dict(self) -> dict[str, Any]:
-        return {"first_moment_anchor": [a.clone() for a in self.anchor]}
+        """The first moment's anchor, and the moments sent by an eager sync still in flight."""
+        sent = {} if self._sent is None else {"sent": [[m.clone(), v.clone()] for m, v in self._sent]}
+        return {"first_moment_anchor": [a.clone() for a in self.anchor], **sent}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         saved = state.get("first_moment_anchor")
@@ -167,3 +169,4 @@ class MomentSync:
             raise ValueError("checkpoint's moment-sync anchor does not match this fragment's parameters")
         for anchor, value in zip(self.anchor, saved, strict=True):
             anchor.copy_(value)
+        self._sent = None if "sent" not in state else [(m, v) for m, v in state["sent"]]

@@ -48,6 +48,11 @@ flight lands and then every fragment syncs at once, blocking and without mixing,
 on the same parameters. Every collective is posted from the training thread, so all ranks issue
 them in one order and the loop may run its own collectives on the same group meanwhile; under
 `geotrain emulate` the posted work's link time overlaps the compute until it is waited for.
+
+Checkpoints: one that falls while syncs are in flight settles them (`settle`, geotrain.sync.settle): the posted
+collectives are waited for at the checkpoint and what they delivered is kept in the state and applied at each
+sync's own landing step, so a run resumed from it continues the uninterrupted run bit for bit (tested in
+tests/integration/runtime/test_runtime_resume_outer_syncs.py); the price is one exposed wait per checkpoint.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from geotrain.optim.shards import is_sharded, local_shard
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
 from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer
 from geotrain.sync.outer import OuterSync
+from geotrain.sync.settle import Delivered, redeliver, settle
 
 FRAGMENT_SPLITS = ("layers", "bytes")
 """How the parameters are cut into fragments (module doc): between tensors only, or at equal bytes."""
@@ -206,6 +212,7 @@ class _InFlight:
     proxy: list[torch.Tensor] | None = None  # eager landing: the anchor change applied at the start
     moments: bool = False  # the inner optimizer's moments travel in this sync
     started: int = 0  # the step it started after
+    delivered: Delivered | None = None  # settled at a checkpoint (sync/settle.py): what it delivered, kept
 
 
 class ExchangeFactory(Protocol):
@@ -377,14 +384,33 @@ class StreamingOuterSync(OuterSync):
         """The anchors' float64 sum (every replica's is the same once no sync is in flight)."""
         return sum(f.outer.anchor_sum() for f in self.fragments)
 
+    def _groups(self, p: int, moments: bool) -> list[list[torch.nn.Parameter]]:
+        """The shadow parameters whose gradients fragment p's exchange writes (its moments' when they travel)."""
+        fragment = self.fragments[p]
+        extra = [] if not moments or fragment.moments is None else [fragment.moments.first, fragment.moments.second]
+        return [fragment.shadows, *extra]
+
+    def settle(self, timer: StepTimer) -> None:
+        """Wait for every sync in flight and keep what it delivered; each still lands when due (sync/settle.py)."""
+        for flight in self._in_flight:
+            if flight.delivered is None:
+                groups = self._groups(flight.fragment, flight.moments)
+                flight.delivered = settle(flight.land, timer, groups)
+                flight.land = redeliver(flight.delivered, groups)
+
     def state_dict(self) -> dict[str, Any]:
-        """Inner optimizer, per fragment its anchor, outer optimizer and exchange; no sync may be in flight."""
-        if self._in_flight:
-            raise SyncError(f"state_dict with {len(self._in_flight)} outer sync(s) in flight: flush() first")
+        """Inner optimizer, per fragment its anchor, outer optimizer and exchange, the syncs in flight (settled:
+        `settle` first) and the fragments' last landings."""
+        if any(flight.delivered is None for flight in self._in_flight):
+            raise SyncError(f"state_dict with {len(self._in_flight)} outer sync(s) in flight: settle() first")
+        flights = [{"fragment": f.fragment, "lands_after": f.lands_after, "started": f.started, "moments": f.moments,
+                    **({} if f.proxy is None else {"proxy": [t.clone() for t in f.proxy]}),
+                    "delivered": f.delivered.state_dict()} for f in self._in_flight]  # type: ignore[union-attr]
         return {"optimizer": self.optimizer.state_dict(),
                 "fragments": [{"outer": f.outer.state_dict(), "exchange": f.exchange.state_dict(),
                                **({} if f.moments is None else {"moments": f.moments.state_dict()})}
-                              for f in self.fragments]}
+                              for f in self.fragments],
+                "in_flight": flights, "landed_at": [[p, step] for p, step in sorted(self._landed_at.items())]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "fragments" not in state or len(state["fragments"]) != len(self.fragments):
@@ -397,3 +423,10 @@ class StreamingOuterSync(OuterSync):
                 raise ValueError("checkpoint and run disagree on sync_moments (on in one, off in the other)")
             if fragment.moments is not None:
                 fragment.moments.load_state_dict(saved["moments"])
+        self._in_flight = []
+        for saved in state.get("in_flight", []):
+            p, moments = int(saved["fragment"]), bool(saved["moments"])
+            delivered = Delivered.of(saved["delivered"])
+            self._in_flight.append(_InFlight(p, int(saved["lands_after"]), redeliver(delivered, self._groups(p, moments)),
+                                             saved.get("proxy"), moments, int(saved["started"]), delivered))
+        self._landed_at = {int(p): int(step) for p, step in state.get("landed_at", [])}

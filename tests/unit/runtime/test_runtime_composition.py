@@ -75,13 +75,12 @@ def test_every_rule_names_two_known_settings_once_and_speaks_for_some_cell():
 
 
 def test_the_message_names_the_flags_and_their_values(tmp_path):
-    with pytest.raises(RuntimeConfigError, match=r"^--elastic with --dp-codec int8-block: not built yet: elastic DP "
-                                                 r"synchronisation is uncompressed \(torchft's allreduce\); use "
-                                                 r"--dp-codec none$"):
-        _config("codec", "elastic", tmp_path)
-    with pytest.raises(RuntimeConfigError, match=r"^--sync-delay 1 with --checkpoint-every 2: not built yet: an "
-                                                 r"exchange may be in flight"):
-        _config("delay", "checkpoint-every", tmp_path)
+    with pytest.raises(RuntimeConfigError, match=r"^--elastic with --optimizer onebit-adam: not built yet: elastic "
+                                                 r"runs step AdamW$"):
+        _config("onebit", "elastic", tmp_path)
+    with pytest.raises(RuntimeConfigError, match=r"^--elastic with --fragments 2: not built yet: elastic runs "
+                                                 r"synchronise blocking"):
+        _config("elastic", "fragments", tmp_path)
 
 
 def test_needs_bring_diloco_with_streaming_adaptive_and_async():
