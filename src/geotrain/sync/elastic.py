@@ -12,6 +12,20 @@ at most `retries` times. A retry's quorum may hand this group a newer state (it 
 that committed): the step is then superseded (`StepSuperseded`) and the worker goes on from the
 recovered step.
 
+Codecs (`codec`, e.g. int8-block): the same codec reducer as a non-elastic run's exchange
+(geotrain.comm.codec_reducer, the flat stage gradient as one tensor, error feedback), run on the quorum's
+process group through `QuorumCollective`: summable codecs all-reduce their wire buffers (the weight summed
+after them in the wire's dtype), the others all-gather their packed payloads (each group's float32 weight
+after its bytes) and every member decodes and sums them in quorum rank order, so every member gets
+bit-identical means. The reducer averages over the quorum's n members; a group of weight 0 sends the
+encoding of zeros (the codecs decode it to zeros), and the mean is rescaled by n / contributors. A try
+that does not commit leaves the residuals as they were: the retry encodes the same gradient again.
+The residuals are each group's own and are never handed on: `state_dict` holds none, so a peer's or a
+checkpoint's state starts a group from zero residuals (a restarted group, every group of a resumed run).
+That is sound: a residual is what its own group's codec has not yet delivered of its own gradients, at
+most one encoding's error; dropping it loses that much once (as one exchange without error feedback
+would), while copying a peer's would deliver the peer's undelivered part twice.
+
     exchange = ManagerExchange(params, manager, healed=lambda: state.healed)
     sync = make_elastic_sync(options, params, exchange)      # PerStepSync or OuterSync around it
 """
@@ -24,8 +38,12 @@ from typing import Any
 
 import torch
 
+from geotrain.codecs import CodecSpec
+from geotrain.comm.codec_reducer import CodecReducer
+from geotrain.comm.ledger import CommLedger, tensor_bytes
+from geotrain.comm.registry import reducer_traits
 from geotrain.optim.outer import OuterStep
-from geotrain.sync.base import GradientSync, StepTimer
+from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.sync.options import SyncOptions
 from geotrain.sync.outer import OuterSync
@@ -44,17 +62,77 @@ class QuorumLost(RuntimeError):
     """The exchange failed `retries` quorums in a row (transient: the group's launcher may restart it)."""
 
 
+class QuorumCollective:
+    """The Collective (geotrain.comm.collectives) of one try of an exchange over the current torchft quorum:
+    this group's rank among the quorum's `num_participants()` groups, over the Manager's process group
+    `pg`. Every collective carries, after the payload, this group's `weight` (1, or 0 for a group that
+    contributes nothing in this quorum); `contributors` is their sum once a collective has run. A collective
+    that fails (a peer died, links cut) reports the error to the Manager, whose `should_commit` then says
+    no, and returns what its buffers hold. `pause()` is entered around each collective; `seconds` adds up
+    their wall time."""
+
+    def __init__(self, manager: Any, pg: Any, weight: float, pause: CollectivePause) -> None:
+        self.manager, self.pg, self.weight, self.pause = manager, pg, float(weight), pause
+        self.world_size = int(manager.num_participants())
+        self.local_ranks = (int(manager.participating_rank() or 0),)
+        self.ledger = CommLedger()
+        self.contributors = 0.0
+        self.seconds = 0.0
+
+    def _run(self, post: Callable[[], Any]) -> None:
+        if self.manager.errored() is not None:
+            return  # this try already failed: should_commit says no
+        started = time.perf_counter()
+        with self.pause():
+            try:
+                post().wait()
+            except Exception as exc:  # noqa: BLE001 - any transport error: the quorum's try fails, not the process
+                self.manager.report_error(exc)
+        self.seconds += time.perf_counter() - started
+
+    def all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The sum over the quorum of one wire buffer per group (its own dtype), the weight summed beside it."""
+        from torch.distributed.distributed_c10d import AllreduceOptions, ReduceOp
+
+        (wire,) = tensors
+        buffer = torch.cat([wire.reshape(-1), torch.tensor([self.weight], dtype=wire.dtype)])
+        self.ledger.record("all_reduce", tensor_bytes(buffer), self.world_size)
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.SUM
+        self._run(lambda: self.pg.allreduce([buffer], opts))
+        self.contributors = float(buffer[-1])
+        return buffer[:-1].view_as(wire)
+
+    def all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> torch.Tensor:
+        """Every group's packed bytes in quorum rank order (the ring: `algorithm` is the ring's only), each
+        group's float32 weight gathered after its bytes."""
+        from torch.distributed.distributed_c10d import AllgatherOptions
+
+        (packed,) = tensors
+        weight = torch.tensor([self.weight], dtype=torch.float32).view(torch.uint8)
+        mine = torch.cat([packed.reshape(-1), weight])
+        self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
+        rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
+        self._run(lambda: self.pg.allgather([rows], [mine], AllgatherOptions()))
+        gathered = torch.stack(rows)
+        self.contributors = float(gathered[:, -weight.numel():].contiguous().view(torch.float32).sum())
+        return gathered[:, :-weight.numel()].reshape(-1)
+
+
 class ManagerExchange:
     """DPExchange over a torchft Manager's quorum (see the module doc). `manager`: a torchft Manager whose
     quorum for this step was started; `healed()`: True when this group loaded a peer's state in the
     quorum just started; `weight_on_heal`: this group's weight in such a quorum (0 with --sync-every);
     `start_quorum`: how a retry starts a new quorum (default: the manager's); `abort`: aborts the
-    process group after a failed exchange (its next quorum configures a new one). `comm_s`: wall seconds
-    spent in the all-reduces and commits so far (retries and their quorums included)."""
+    process group after a failed exchange (its next quorum configures a new one). `codec` (with
+    `error_feedback`, and `pg`: the Manager's process group): a compressed exchange through the codec
+    reducer of geotrain.comm (module doc "Codecs"); None or an uncompressed one: the fp32 all-reduce.
+    `comm_s`: wall seconds spent in the collectives and commits so far (retries and their quorums included)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], manager: Any, healed: Callable[[], bool],
                  weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES,
-                 start_quorum: Callable[[], None] | None = None, abort: Callable[[], None] | None = None) -> None:
+                 start_quorum: Callable[[], None] | None = None, abort: Callable[[], None] | None = None,
+                 codec: CodecSpec | str | None = None, error_feedback: bool = True, pg: Any = None) -> None:
         self.params = list(params)
         self.abort = abort
         self.manager = manager
@@ -65,48 +143,90 @@ class ManagerExchange:
         self.failed_quorums = 0
         self.contributors = 0.0
         self.comm_s = 0.0
+        spec = None if codec is None else CodecSpec.parse(codec)
+        self.reducer: CodecReducer | None = None
+        if spec is not None and not spec.is_uncompressed:
+            if not reducer_traits(spec).hierarchical:  # its own exchange (powersgd): rules.py refuses it
+                raise SyncError(f"codec {str(spec)!r} is its own exchange; elastic groups take a codec of "
+                                f"geotrain.codecs")
+            self.reducer = CodecReducer(spec.build(), [(str(i), p.shape) for i, p in enumerate(self.params)], 1,
+                                        error_feedback=error_feedback)
+            self.pg = pg
+            self.pause = CollectivePause()
 
     def exchange(self, step: int, timer: StepTimer) -> int:
-        """Average the gradients over the quorum's contributing groups, in place; bytes handed to the all-reduce."""
-        from torch.distributed import ReduceOp
-
+        """Average the gradients over the quorum's contributing groups, in place; bytes handed to the collectives."""
         with timer:
             grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
             weight = self.weight_on_heal if self.healed() else 1.0
-            local = torch.cat([g.detach().reshape(-1).float() * weight for g in grads] +
-                              [torch.tensor([weight], dtype=torch.float32)])
         started = time.perf_counter()
         for attempt in range(self.retries + 1):
             if attempt:
                 self.start_quorum()
                 if self.healed():
                     raise StepSuperseded(f"step {step}: recovered a newer state from a peer")
-            buffer = local.clone()
-            self.manager.allreduce(buffer, reduce_op=ReduceOp.SUM).wait()
+            residuals = None if self.reducer is None else [dict(w) for w in self.reducer.residuals]
+            means, nbytes = self._try(grads, weight, step, timer)
             if self.manager.should_commit():
                 break
-            self.failed_quorums += 1
-            if self.abort is not None:
-                self.abort()  # close our links now: members blocked on us in the ring fail at once, not at their timeout
+            if self.reducer is not None:
+                self.reducer.residuals = residuals  # the next try encodes the same gradient with the same residuals
+            self._failed()
         else:
             raise QuorumLost(f"elastic exchange at step {step}: {self.retries + 1} quorums in a row failed to commit")
         self.comm_s += time.perf_counter() - started
-        self.contributors = float(buffer[-1])
         if self.contributors <= 0:
             raise QuorumLost(f"elastic exchange at step {step}: no contributing replica group in the quorum")
+        for p, mean in zip(self.params, means, strict=True):
+            p.grad = mean
+        return nbytes
+
+    def _failed(self) -> None:
+        self.failed_quorums += 1
+        if self.abort is not None:
+            self.abort()  # close our links now: members blocked on us in the ring fail at once, not at their timeout
+
+    def _try(self, grads: list[torch.Tensor], weight: float, step: int,
+             timer: StepTimer) -> tuple[list[torch.Tensor], int]:
+        """One try over the quorum: (the means over its contributors, bytes handed); `contributors` set."""
+        if self.reducer is None:
+            return self._try_plain(grads, weight, timer)
+        collective = QuorumCollective(self.manager, self.pg, weight, self.pause)
+        with self.pause.timing(timer):
+            self.reducer.world_size = collective.world_size
+            sent = [g.detach() * weight if weight != 1.0 else g.detach() for g in grads]
+            means = self.reducer.reduce([sent], collective, step)
+            self.contributors = collective.contributors
+            if 0 < self.contributors != collective.world_size:  # the reducer averaged over every member
+                means = [m * (collective.world_size / self.contributors) for m in means]
+        return [m.to(g.dtype) for m, g in zip(means, grads, strict=True)], collective.ledger.handed_bytes
+
+    def _try_plain(self, grads: list[torch.Tensor], weight: float,
+                   timer: StepTimer) -> tuple[list[torch.Tensor], int]:
+        """One flat float32 all-reduce (SUM) of every gradient x weight, the weight last (module doc)."""
+        from torch.distributed import ReduceOp
+
         with timer:
-            offset = 0
-            for p, g in zip(self.params, grads, strict=True):
-                mean = (buffer[offset:offset + g.numel()] / self.contributors).view_as(g).to(g.dtype)
-                p.grad = mean
+            buffer = torch.cat([g.detach().reshape(-1).float() * weight for g in grads] +
+                               [torch.tensor([weight], dtype=torch.float32)])
+        self.manager.allreduce(buffer, reduce_op=ReduceOp.SUM).wait()
+        self.contributors = float(buffer[-1])
+        means, offset = [], 0
+        with timer:
+            for g in grads:
+                divisor = self.contributors if self.contributors > 0 else 1.0
+                means.append((buffer[offset:offset + g.numel()] / divisor).view_as(g).to(g.dtype))
                 offset += g.numel()
-        return local.numel() * local.element_size()
+        return means, buffer.numel() * buffer.element_size()
 
     def state_dict(self) -> dict[str, Any]:
+        """Nothing: the error-feedback residuals are this group's own (module doc "Codecs"), never handed on."""
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """A state from elsewhere (a peer's, a checkpoint's): this group starts from zero residuals."""
+        if self.reducer is not None:
+            self.reducer.residuals = [{}]
 
 
 def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter], exchange: ManagerExchange,

@@ -70,12 +70,13 @@ def test_a_groups_records_merge_its_stages_with_the_last_stages_loss_and_one_dig
     assert merge_stage_records([stage0]) is stage0  # S = 1: as they are
 
 
-def test_a_plans_codecs_are_refused_naming_the_plan_not_dp_codec_none():
-    """A plan with codecs (plan --codecs auto / --wan-recipe) sets comm.dp_codecs: the refusal names them
-    (it used to say "comm.dp_codec 'none' ... use --dp-codec none", which the run already had): the
-    composition table's setting "plan-codecs"."""
+def test_elastic_runs_take_a_codec_or_a_plans_codecs_but_not_an_exchange_of_its_own():
+    """A codec of geotrain.codecs (--dp-codec, or a plan's per-stage codecs) runs on torchft's group
+    (geotrain.sync.elastic); PowerSGD, its own exchange, is refused in one line naming it."""
+    config = RuntimeConfig.of(load_cluster("seed-geo"), [[0, 8]], elastic=True, dp_codecs=("int4-block",))
+    assert str(config.sync_options(0).exchange.codec) == "int4-block"
+    assert str(RuntimeConfig.of(CLUSTER, [[0, 1]], **ELASTIC, dp_codec="int8-block").comm.dp_codec) == "int8-block"
     with pytest.raises(RuntimeConfigError) as refused:
-        RuntimeConfig.of(load_cluster("seed-geo"), [[0, 8]], elastic=True, dp_codecs=("int4-block",))
-    assert str(refused.value).startswith("--elastic with the plan's codecs ['int4-block']: not built yet: elastic DP "
-                                         "synchronisation is uncompressed")
-    assert "plan without --codecs / --wan-recipe" in str(refused.value)
+        RuntimeConfig.of(CLUSTER, [[0, 1]], **ELASTIC, dp_codec="powersgd")
+    assert str(refused.value) == ("--elastic: codec 'powersgd' is its own exchange (not a codec of geotrain.codecs): "
+                                  "elastic groups run a codec reducer on torchft's group; use a codec such as int8-block")

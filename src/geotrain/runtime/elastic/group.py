@@ -158,11 +158,13 @@ class ElasticGroup:
             raise ElasticGroupError(f"replica group {group}: cannot reach the torchft lighthouse {lighthouse}: "
                                     f"{_first_line(exc)}") from None
         outer = config.optim.sync_every is not None
+        options = config.sync_options(stage)
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
                                         weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum,
-                                        abort=lambda: self.process_group.abort())
+                                        abort=lambda: self.process_group.abort(), codec=options.exchange.codec,
+                                        error_feedback=options.exchange.error_feedback, pg=self.process_group)
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
-        self.sync = make_elastic_sync(config.sync_options(stage), self.params, self.exchange,
+        self.sync = make_elastic_sync(options, self.params, self.exchange,
                                       world_sum_over_replicas(1) if config.stages > 1 else None)
         self.sync.listener = self.observer
         self.resumed_from: tuple[int, ...] = ()
@@ -243,7 +245,7 @@ class ElasticGroup:
             time.sleep(OFFLINE_POLL_S)
         self.group_store = self._group_store()  # S = 1 only (rules.py): a fresh store for the new Manager
         self.manager = self._manager(self.lighthouse)
-        self.exchange.manager = self.manager
+        self.exchange.manager, self.exchange.pg = self.manager, self.process_group
 
     def quorum(self) -> None:
         """Start this step's quorum (recovering from a peer if behind); one line if none forms in time."""

@@ -7,7 +7,8 @@ stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partiti
 replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulating backend with
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every) or blocking DiLoCo (--sync-every H, one fragment, no
-delay); uncompressed (--dp-codec none), flat (no --dp-hierarchical), AdamW. With --netlab: --time-scale 0
+delay); any codec of geotrain.codecs with or without error feedback (the codec reducer on torchft's
+group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical), AdamW. With --netlab: --time-scale 0
 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from geotrain.comm.registry import reducer_traits
 from geotrain.runtime.elastic.chaos import has_partition
 from geotrain.runtime.sections import RuntimeConfigError
 
@@ -56,7 +58,10 @@ def elastic_refusal(config: Any) -> str | None:
     --elastic and another setting (codecs, streaming, 1-bit Adam, --device cuda, ...) are rules of the
     composition table (runtime/composition.py); these are the conditions beside them."""
     optim = config.optim
+    own = [str(spec) for spec in (config.comm.dp_codec, *config.comm.dp_codecs) if not reducer_traits(spec).hierarchical]
     reasons = (
+        (bool(own), f"codec {own[0] if own else ''!r} is its own exchange (not a codec of geotrain.codecs): elastic "
+                    f"groups run a codec reducer on torchft's group; use a codec such as int8-block"),
         (config.stages_per_rank != 1,
          f"schedule {config.schedule.schedule!r}: elastic runs have one stage per group (no looped schedules)"),
         (config.reliability.min_replicas > config.replicas,
