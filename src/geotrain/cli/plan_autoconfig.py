@@ -16,6 +16,11 @@ optimizer's state too (cost.memory.OUTER_STATE_BYTES_PER_PARAM), then every cand
 staleness; each candidate row adds "recipe": {"scheme", "step_s", "charged_s"}, and the plan the chosen one's
 "wan_recipe" (or "batch_shares") as a fixed layout's does. Every plan adds "explanation": sentences naming the
 choice, the next options with their predicted times, and the binding constraint (cli/plan_explain.py).
+
+Sharded replicas: where no layout fits one device per (stage, replica) slot (or with --shards K), slots of K
+devices of one site holding FSDP2 shards are searched (search.autoconfig, cost.shards); the plan and each
+candidate row then hold "shards" {"k", "gathers_per_step", "devices"}, "devices_used" counts every device, the
+table's "K" column says K, and the peak memory is per device of a slot.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from geotrain.cli.plan_recipe import (PricedRecipe, calibration_of, largest_sync
                                       recipe_tables)
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost.memory import MODELLED_SCHEDULES, OUTER_STATE_BYTES_PER_PARAM, MemoryConfig
+from geotrain.cost.shards import slot_view
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
 from geotrain.job import Job, load_job
@@ -71,6 +77,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
     state = MemoryConfig().state_bytes_per_param + (OUTER_STATE_BYTES_PER_PARAM if recipe else 0.0)
     memory = MemoryConfig(state_bytes_per_param=state, zero=args.zero, recompute=args.recompute, schedule=args.schedule)
     options = AutoConfigOptions(memory=memory, top=max(args.top, RECIPE_CANDIDATES) if recipe else args.top,
+                                shards=args.shards or 0,
                                 rank_model=rank_model, sync_period=largest_sync_every(args.recipe_steps) if recipe else 1,
                                 **({"utilisation": args.utilisation} if args.utilisation is not None else {}), **limit)
     with out.progress(f"auto-configuring {job.name} on {cluster.name}", 1):
@@ -86,7 +93,10 @@ def run_autoconfig(args: Any, out: Output) -> int:
             for done, candidate in enumerate(candidates, start=1):
                 priced.append(candidate_recipe(args, cluster, job, candidate))
                 progress(done, len(candidates))
-    money = [None if cluster.prices is None else
+    if args.objective == "cost" and candidates[0].k > 1:
+        raise GeotrainError(f"--objective cost with sharded replicas ({candidates[0].k} devices per slot): not yet "
+                            f"(money is priced per device of a slot-less plan); use --objective time")
+    money = [None if cluster.prices is None or c.k > 1 else
              plan_money(cluster, job, c.assignment, rank_seconds(c, p) if p is None else p.step_s, p)
              for c, p in zip(candidates, priced)]
     if recipe or args.objective == "cost":
@@ -129,7 +139,8 @@ def run_autoconfig(args: Any, out: Output) -> int:
     if args.json:
         out.emit_json(plan.to_json())
         return 0
-    table = [[str(r["stages"]), str(r["replicas"]), str(r["microbatches"]), f"{r['devices_used']}/{cluster.n_devices}",
+    table = [[str(r["stages"]), str(r["replicas"]), str(r.get("shards", {}).get("k", 1)), str(r["microbatches"]),
+              f"{r['devices_used']}/{cluster.n_devices}",
               f"{r['iteration_s']:.3f}", f"{r['tokens_per_s']:,.0f}", f"{r['memory_per_device_bytes'] / 1e9:.1f}",
               f"{r['lower_bound']:.3f}", f"{100 * r['gap']:.1f}%",
               *([r["recipe"]["scheme"], f"{r['recipe']['step_s']:.3f}", f"{r['recipe']['charged_s']:.3f}"]
@@ -138,13 +149,15 @@ def run_autoconfig(args: Any, out: Output) -> int:
     screened = f", DP every {options.sync_period} steps" if recipe else ""
     out.table(f"auto-configuration: {job.name} on {cluster.name} ({rank_model}{screened}, {args.schedule}, "
               f"zero={args.zero})",
-              ["S", "R", "M", "devices", "iteration s", "tokens/s", "peak GB/device", "bound s", "gap",
+              ["S", "R", "K", "M", "devices", "iteration s", "tokens/s", "peak GB/device", "bound s", "gap",
                *(["scheme", "recipe step s", "charged s"] if recipe else []),
                *(["USD/step"] if money[0] is not None else [])],
               table, right_align_from=0)
     if recipe and priced[0] is not None:
         recipe_tables(out, cluster, candidates[0].assignment, priced[0])
-    out.text(f"chosen: {chosen['stages']} stages x {chosen['replicas']} replicas, {chosen['microbatches']} micro-batches "
+    shards = f" x {candidates[0].k} shards (FSDP2 in a site)" if candidates[0].k > 1 else ""
+    out.text(f"chosen: {chosen['stages']} stages x {chosen['replicas']} replicas{shards}, "
+             f"{chosen['microbatches']} micro-batches "
              f"on {chosen['devices_used']} of {cluster.n_devices} devices ({chosen['placement']} placement); "
              f"{result.layouts_scored} layouts scored, {result.layouts_pruned} pruned by their bound, "
              f"{result.seconds:.1f} s")
@@ -161,9 +174,12 @@ def candidate_recipe(args: Any, cluster: Cluster, job: Job, candidate: Candidate
     model's (with "schedule", the simulated pipeline, transfers included: pipeline seconds 0 beside it)."""
     if candidate.replicas < 2:
         return None
-    cost = YuanCostModel.for_job(cluster, job, candidate.stages, candidate.replicas).evaluate(candidate.assignment)
+    assignment = candidate.assignment
+    if candidate.shard_devices is not None:  # priced on its slots: K parallel same-shard exchanges (cost.shards)
+        cluster, _, assignment = slot_view(cluster, candidate.shard_devices)
+    cost = YuanCostModel.for_job(cluster, job, candidate.stages, candidate.replicas).evaluate(assignment)
     pp_s = 0.0 if candidate.model == "schedule" else cost.pp
-    return price_recipe(args, cluster, job, candidate.assignment, cost.dp, pp_s, compute_s=candidate.compute_s,
+    return price_recipe(args, cluster, job, assignment, cost.dp, pp_s, compute_s=candidate.compute_s,
                         utilisation=args.utilisation)
 
 

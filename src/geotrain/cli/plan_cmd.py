@@ -63,6 +63,7 @@ from geotrain.cost.shards import ShardError, Sharding, check_shards, group_slots
 from geotrain.plan import Plan, PlanShards, cluster_record, job_record, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.search.bound_beside import BoundBeside, usable_cores
+from geotrain.search.autoconfig import SHARDS_ALWAYS
 from geotrain.search.bounds import gap
 from geotrain.yaml_text import parse_document
 
@@ -134,10 +135,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
-    parser.add_argument("--shards", type=shard_count, default=None, metavar="K",
+    parser.add_argument("--shards", type=shard_count, default=None, metavar="K|auto",
                         help="sharded replicas: each (stage, replica) slot is K devices of one site holding FSDP2 "
                              "shards of its stage (the plan's \"shards\" object); not given: 1 for a fixed layout, "
-                             "chosen by auto-configuration (1 where a stage fits one device)")
+                             "and for auto-configuration 1 where a layout fits one device per slot, else the fastest "
+                             "K; auto (auto-configuration only): K = 1 and every power of two up to the largest "
+                             "site weighed together")
     add_membership_arguments(parser)
     add_autoconfig_arguments(parser)
     parser.set_defaults(handler=run)
@@ -211,6 +214,9 @@ def run(args: Any) -> int:
     calibration = calibration_of(args, load_job(args.job))
     base = full_cluster if membership is None else membership.live_cluster()
     slots = sharding = None
+    if args.shards == SHARDS_ALWAYS:
+        raise GeotrainError("--shards auto applies to auto-configuration: give --shards K with --stages/--replicas, "
+                            "or neither --stages nor --replicas")
     if (args.shards or 1) > 1:  # placed slot by slot: the search sees one device per slot (cost.shards)
         slots, sharding = shard_slots(args, base)
         base = slot_cluster(base, slots)
@@ -377,11 +383,13 @@ def sharded_compute_s(slots: Cluster, job: Job, assignment: np.ndarray, sharding
 
 
 def shard_count(text: str) -> int:
-    """--shards K: an integer in 1..MAX_SHARDS (argparse type)."""
+    """--shards K: an integer in 1..MAX_SHARDS, or "auto" (SHARDS_ALWAYS: auto-configuration weighs every K)."""
+    if text == "auto":
+        return SHARDS_ALWAYS
     try:
         return check_shards(int(text))
     except (ValueError, ShardError):
-        raise argparse.ArgumentTypeError(f"must be an integer in 1..1024 (devices of one site per slot), "
+        raise argparse.ArgumentTypeError(f"must be an integer in 1..1024 (devices of one site per slot) or auto, "
                                          f"got {text!r}") from None
 
 
@@ -393,7 +401,7 @@ def shard_slots(args: Any, cluster: Cluster) -> tuple[np.ndarray, Sharding]:
     slots = group_slots(cluster, args.shards)
     need = args.stages * args.replicas
     if len(slots) < need:
-        sites = ", ".join(f"{name} {size}" for name, size in zip(cluster.region_names, cluster.region_sizes))
+        sites = ", ".join(f"{name} {size}" for name, size in zip(cluster.region_names, cluster.region_sizes()))
         raise GeotrainError(f"--shards {args.shards}: --stages {args.stages} x --replicas {args.replicas} need {need} "
                             f"slots of {args.shards} devices of one site, and the sites hold {len(slots)} "
                             f"(devices per site: {sites}); use fewer shards, stages or replicas")

@@ -16,6 +16,13 @@ are then re-scored by the event-simulated "schedule" model and ranked by it. Eve
 candidate carries a lower bound, valid for its ranking model, over every placement of its layout
 on its pool ("schedule": stage 0 computes M forwards and backwards and waits for the last
 micro-batch to cross the pipeline and back, then the cheapest possible all-reduce).
+Sharded replicas (cost/shards.py): each (stage, replica) slot may be K devices of one site holding FSDP2 shards.
+With `shards` 0 (the default) K = 1 is searched, and only when nothing fits one device per slot every K in
+`shard_choices` (powers of two up to the largest site), each on its slot cluster (a site's devices K at a time,
+fastest first), the fastest configurations over all K reported; with SHARDS_ALWAYS, K = 1 and every K of
+`shard_choices` together; with `shards` K, that K alone. The same search
+runs on a slot cluster as on devices (a slot computes over its K devices, pays FSDP's traffic inside the site,
+holds states / K: cost.memory), and the candidates name the full cluster's devices (`shard_devices`).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_memory_bytes, gpu_peak_flops
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.schedule import ScheduleCostModel
+from geotrain.cost.shards import NO_SHARDING, Sharding, group_slots, lift_slots, slot_cluster
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.job import Job
 from geotrain.search.base import PlacementProblem, SearchError
@@ -54,7 +62,9 @@ class AutoConfigOptions:
     finalists: configurations the screen passes to the "schedule" ranking (at least `top`);
     refine_time_limit_s: the `hierarchical` re-placement's limit per finalist; sync_period: H, the DP
     exchange's period in steps (1: every step; H > 1 screens layouts for a WAN recipe, whose outer sync
-    amortises the exchange over H steps: every model and bound charges dp / H)."""
+    amortises the exchange over H steps: every model and bound charges dp / H); shards: K devices per slot
+    (0: 1, or the K's of `shard_choices` when nothing fits one device; SHARDS_ALWAYS: 1 and those K's together);
+    sharding: set by the search per K."""
 
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     top: int = 5
@@ -65,6 +75,8 @@ class AutoConfigOptions:
     finalists: int = 20
     refine_time_limit_s: float = 10.0
     sync_period: int = 1
+    shards: int = 0
+    sharding: Sharding = NO_SHARDING
 
     def __post_init__(self) -> None:
         if isinstance(self.sync_period, bool) or not isinstance(self.sync_period, int) or self.sync_period < 1:
@@ -100,10 +112,16 @@ class Candidate:
     model: str = "yuan+compute"
     split: dict | None = None
     """The speed split's `StageShares.describe` when it beat the equal split (None: equal split)."""
+    shard_devices: np.ndarray | None = None
+    """(S, R, K) devices of each slot with K > 1 shards (`assignment` is then each slot's first); None: K = 1."""
+
+    @property
+    def k(self) -> int:
+        return 1 if self.shard_devices is None else int(self.shard_devices.shape[-1])
 
     @property
     def devices_used(self) -> int:
-        return self.stages * self.replicas
+        return self.stages * self.replicas * self.k
 
     def tokens_per_s(self, job: Job) -> float:
         return job.global_batch * job.seq_len / self.iteration_s
@@ -115,7 +133,9 @@ class Candidate:
                 "memory_per_device_bytes": self.memory_per_device_bytes, "lower_bound": self.bound_s,
                 "gap": max(0.0, 1.0 - self.bound_s / self.iteration_s), "pool_size": self.pool_size,
                 "placement": self.placement, "cost_model": self.model, "yuan_compute_s": self.screen_s,
-                "assignment": self.assignment.tolist(), **({"split": self.split} if self.split else {})}
+                "assignment": self.assignment.tolist(), **({"split": self.split} if self.split else {}),
+                **({} if self.shard_devices is None else
+                   {"shards": {"k": self.k, "gathers_per_step": 2, "devices": self.shard_devices.tolist()}})}
 
 
 @dataclass(frozen=True)
@@ -140,8 +160,9 @@ def _gb(nbytes: float) -> str:
     return f"{nbytes / 1e9:.1f} GB"
 
 
-def _no_fit_error(cluster: Cluster, job: Job, memory: MemoryConfig, capacity: np.ndarray) -> NoFeasibleConfigError:
-    """Name the binding constraint: the least memory any layout needs vs the largest GPU."""
+def _no_fit_error(cluster: Cluster, job: Job, memory: MemoryConfig, capacity: np.ndarray,
+                  shards: int = 1) -> NoFeasibleConfigError:
+    """Name the binding constraint: the least memory any layout needs vs the largest GPU (K `shards` per slot)."""
     best = None
     for S in divisors(job.layers):
         if S > cluster.n_devices:
@@ -150,7 +171,7 @@ def _no_fit_error(cluster: Cluster, job: Job, memory: MemoryConfig, capacity: np
             if S * R > cluster.n_devices:
                 break
             M = job.global_batch // R
-            need = stage_memory_bytes(job, S, R, M, memory)
+            need = stage_memory_bytes(job, S, R, M, memory, shards=shards)
             if best is None or need.max() < best[0].max():
                 best = (need, S, R, M)
     big = int(np.argmax(capacity))
@@ -160,14 +181,64 @@ def _no_fit_error(cluster: Cluster, job: Job, memory: MemoryConfig, capacity: np
     s = int(np.argmax(need))
     return NoFeasibleConfigError(
         f"auto-config: nothing fits: stage {s} needs {_gb(need[s])} even at S={S}, R={R}, M={M} "
-        f"(zero={memory.zero}, recompute={memory.recompute}), largest GPU has {_gb(capacity[big])} "
-        f"({cluster.gpus[big]}); try --zero 3, --recompute or larger GPUs")
+        f"(zero={memory.zero}, recompute={memory.recompute}, shards={shards}), largest GPU has "
+        f"{_gb(capacity[big])} ({cluster.gpus[big]}); try --zero 3, --recompute, more devices per site "
+        f"(--shards) or larger GPUs")
+
+
+SHARDS_ALWAYS = -1
+"""`AutoConfigOptions.shards` for "search K = 1 and every K of shard_choices together" (plan --shards auto)."""
+
+
+def shard_choices(cluster: Cluster) -> list[int]:
+    """The K > 1 auto-configuration tries when nothing fits one device: powers of two up to the largest site."""
+    largest = int(cluster.region_sizes().max())
+    return [1 << i for i in range(1, largest.bit_length()) if (1 << i) <= largest]
 
 
 def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = AutoConfigOptions(),
                    *, seed: int = 0) -> AutoConfigResult:
-    """The `options.top` best configurations, fastest first (see the module docstring)."""
+    """The `options.top` best configurations, fastest first (see the module docstring): K = 1, or the fastest over
+    the sharded K's when nothing fits one device per slot, or `options.shards` alone."""
+    if options.shards > 1:
+        return _sharded(cluster, job, options, options.shards, seed)
+    if options.shards == 1:
+        return _auto_configure_on(cluster, job, options, seed)
+    results, unsharded = [], None
+    try:
+        results.append(_auto_configure_on(cluster, job, replace(options, shards=1), seed))
+    except NoFeasibleConfigError as exc:
+        unsharded = exc
+    if results and options.shards != SHARDS_ALWAYS:
+        return results[0]
+    for k in shard_choices(cluster):
+        try:
+            results.append(_sharded(cluster, job, options, k, seed))
+        except NoFeasibleConfigError:
+            continue
+    if not results:
+        raise unsharded
+    found = sorted((c for r in results for c in r.candidates), key=lambda c: c.iteration_s)
+    return AutoConfigResult(found[: options.top], sum(r.layouts_scored for r in results),
+                            sum(r.layouts_pruned for r in results), sum(r.seconds for r in results))
+
+
+def _sharded(cluster: Cluster, job: Job, options: AutoConfigOptions, k: int, seed: int) -> AutoConfigResult:
+    """Auto-configuration on the slot cluster of K devices per slot, its candidates on the full cluster's devices."""
+    slots = group_slots(cluster, k)
+    if len(slots) == 0:
+        raise NoFeasibleConfigError(f"auto-config: no site has {k} devices for a slot of {k} shards")
+    result = _auto_configure_on(slot_cluster(cluster, slots), job,
+                                replace(options, shards=k, sharding=Sharding.of_slots(cluster, slots)), seed)
+    lifted = [replace(c, assignment=lift_slots(slots, c.assignment)[..., 0],
+                      shard_devices=lift_slots(slots, c.assignment)) for c in result.candidates]
+    return replace(result, candidates=lifted)
+
+
+def _auto_configure_on(cluster: Cluster, job: Job, options: AutoConfigOptions, seed: int) -> AutoConfigResult:
+    """The search on `cluster` (a slot cluster of options.sharding.k devices per slot when K > 1)."""
     start = time.perf_counter()
+    k = options.sharding.k
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus]) * options.utilisation
     capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
     speeds = np.unique(peak)
@@ -180,17 +251,17 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
             if S * R > cluster.n_devices:
                 break
             for M in microbatch_choices(job.global_batch // R):
-                need = stage_memory_bytes(job, S, R, M, options.memory)
+                need = stage_memory_bytes(job, S, R, M, options.memory, shards=k)
                 for speed in speeds:
                     pool = np.flatnonzero((peak >= speed) & (capacity >= need.max()))
                     if pool.size < S * R or (pool.size and peak[pool].min() > speed):
                         continue  # too small, or the same pool as a faster threshold's
                     fastest = np.sort(1.0 / peak[pool])[: S * R]
-                    slot = fastest * flops / (S * R)
+                    slot = fastest * flops / (S * R * k)
                     compute_lb = slot.sum() / R * (1.0 / M + (M - 1.0) / (M * S))
                     layouts.append((compute_lb, S, R, M, pool, float(need.max())))
     if not layouts:
-        raise _no_fit_error(cluster, job, options.memory, capacity)
+        raise _no_fit_error(cluster, job, options.memory, capacity, k)
     layouts.sort(key=lambda item: (item[0], item[1], item[2], item[3]))
     found: list[Candidate] = []
     keep = max(options.top, options.finalists if options.rank_model == "schedule" else 0)
@@ -207,7 +278,7 @@ def auto_configure(cluster: Cluster, job: Job, options: AutoConfigOptions = Auto
             pruned += 1
             continue
         model = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M,
-                                             sync_period=options.sync_period)
+                                             sync_period=options.sync_period, sharding=options.sharding)
         problem = PlacementProblem(sub, model)
         heuristic = RegionHeuristicConfig(max_candidates=200)
         results = [method(problem, heuristic) for method in (pipeline_local, dp_local)]
@@ -254,7 +325,7 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
     result = hierarchical_search(PlacementProblem(sub, comm), HierarchicalConfig(starts=2, rounds=4, swaps=1000),
                                  seed=seed, time_limit_s=options.refine_time_limit_s)
     full = YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M,
-                                        sync_period=options.sync_period)
+                                        sync_period=options.sync_period, sharding=options.sharding)
     cost = full.evaluate(result.assignment)
     if cost.total >= candidate.iteration_s * (1 - 1e-12):
         return candidate
@@ -263,7 +334,7 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
 
 
 def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, replicas: int, microbatches: int,
-                     utilisation: float, any_split: bool = False, sync_period: int = 1) -> float:
+                     utilisation: float, any_split: bool = False, sync_period: int = 1, shards: int = 1) -> float:
     """Lower bound on the "schedule" model's iteration seconds of any placement of the layout on
     `pool`, f = one micro-batch forward on the pool's fastest GPU, hop = one micro-batch's
     activations (pp_bytes / M) over the pool's fastest link plus its least latency: every stage ends
@@ -276,9 +347,10 @@ def schedule_bound_s(cluster: Cluster, job: Job, pool: np.ndarray, stages: int, 
     any_split: valid for every layer split (the first chain term, which needs stage 0 to hold 1/S of
     the layers, is dropped; the others only use sums over stages and max >= mean), and the busiest
     stage's all-reduce is the cheapest one, not the combinatorial DP bound. sync_period: H, every DP term / H
-    (the exchange every H steps)."""
+    (the exchange every H steps); shards: K devices per slot of a slot cluster (each slot's forward / K; FSDP's
+    traffic inside a slot only adds)."""
     peak = max(gpu_peak_flops(cluster.gpus[d]) for d in pool) * utilisation
-    forward = job.flops_per_iteration() / 3.0 / (stages * replicas * microbatches) / peak
+    forward = job.flops_per_iteration() / 3.0 / (stages * replicas * microbatches * shards) / peak
     block = np.ix_(pool, pool)
     off = ~np.eye(len(pool), dtype=bool)
     latency = float(cluster.latency_s[block][off].min()) if len(pool) > 1 else 0.0
@@ -313,14 +385,16 @@ def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: Auto
         if rank_model == "schedule":
             return ScheduleCostModel.for_job(sub, job, S, R, micro_batches=M, schedule=options.memory.schedule,
                                              utilisation=options.utilisation, layer_shares=shares,
-                                             sync_period=options.sync_period)
+                                             sync_period=options.sync_period, sharding=options.sharding)
         return YuanComputeCostModel.for_job(sub, job, S, R, utilisation=options.utilisation, micro_batches=M,
-                                            layer_shares=shares, sync_period=options.sync_period)
+                                            layer_shares=shares, sync_period=options.sync_period,
+                                            sharding=options.sharding)
 
     equal = model(None).evaluate(local)
-    best = (equal, None, float(stage_memory_bytes(job, S, R, M, options.memory).max()))
+    k = options.sharding.k
+    best = (equal, None, float(stage_memory_bytes(job, S, R, M, options.memory, shards=k).max()))
     speed_model = model("speed")
-    need = stage_memory_bytes(job, S, R, M, options.memory, speed_model.shares.of(local))
+    need = stage_memory_bytes(job, S, R, M, options.memory, speed_model.shares.of(local), shards=k)
     if np.all(capacity >= need):
         speed = speed_model.evaluate(local)
         if speed.total < equal.total * (1 - 1e-12):
@@ -331,7 +405,7 @@ def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: Auto
     if split is not None and rank_model != "schedule":
         # the screen's bound assumed 1/S of the layers per stage; any split, any pool: every slot at the
         # cluster's fastest peak and links, max_s >= mean_s for the bubble (GPipe: (1/M) sum + ((M-1)/M) max)
-        slot = job.flops_per_iteration() / (R * options.utilisation * max(gpu_peak_flops(g) for g in cluster.gpus))
+        slot = job.flops_per_iteration() / (R * k * options.utilisation * max(gpu_peak_flops(g) for g in cluster.gpus))
         bound = min(bound, slot * (1.0 / M + (M - 1.0) / (M * S))
                     + comm_lower_bound_s(cluster, job, S, R, options.sync_period))
     return replace(candidate, iteration_s=cost.total, dp_s=cost.dp, pp_s=cost.pp, compute_s=compute,
@@ -349,5 +423,5 @@ def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options:
     capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
     pool = np.flatnonzero((peak >= peak[devices].min()) & (capacity >= candidate.memory_per_device_bytes))
     bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation, any_split=True,
-                             sync_period=options.sync_period)
+                             sync_period=options.sync_period, shards=options.sharding.k)
     return replace(candidate, bound_s=bound)

@@ -1,0 +1,92 @@
+"""`geotrain plan --shards K`: sharded slots in the plan file, read back by cost / emulate, refused by train."""
+
+import json
+
+import pytest
+
+from geotrain.cli.device_args import rank_devices
+from geotrain.cli.main import main
+from geotrain.plan import Plan, PlanError
+
+CLUSTER = """name: a100-2x4
+regions:
+  - {name: oregon, devices: 4, gpu: A100, intra: {gbps: 100, ms: 0.05}}
+  - {name: virginia, devices: 4, gpu: A100, intra: {gbps: 100, ms: 0.05}}
+links:
+  - {between: [oregon, virginia], gbps: 1, ms: 35}
+"""
+JOB_7B = "name: gpt-7b\nparams: 6.7e9\nlayers: 32\nhidden: 4096\nseq_len: 2048\nglobal_batch: 64\n"
+JOB_7B_2_LAYERS = "name: gpt-7b-2\nparams: 6.7e9\nlayers: 2\nhidden: 4096\nseq_len: 2048\nglobal_batch: 64\n"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    for name, text in (("c.yaml", CLUSTER), ("j.yaml", JOB_7B), ("j2.yaml", JOB_7B_2_LAYERS)):
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_fixed_layout_places_slots_site_by_site_and_cost_reads_them(files, capsys):
+    c, j, out = str(files / "c.yaml"), str(files / "j.yaml"), str(files / "p.json")
+    assert main(["plan", "--cluster", c, "--job", j, "--stages", "1", "--replicas", "2", "--shards", "4",
+                 "--cost-model", "yuan+compute", "--json", "--out", out]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["shards"]["k"] == 4
+    assert sorted(map(sorted, plan["shards"]["devices"][0])) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [slot[0] for slot in plan["shards"]["devices"][0]] == plan["assignment"][0]
+    # the stage's 13.4 GB of gradients as 4 exchanges of 3.35 GB at once over 1 Gbit/s links
+    assert plan["cost"]["dp"] == pytest.approx(2 * (0.035 + 8 * 13.4e9 / 2 / 4e9))
+    assert main(["cost", "--cluster", c, "--plan", out, "--cost-model", "yuan+compute", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["shards"] == 4 and scored["cost"]["total"] == pytest.approx(plan["cost"]["total"])
+    assert rank_devices(out, None, 8) == [d for slot in Plan.load(out).shards.devices[0] for d in slot]
+
+
+def test_train_refuses_a_sharded_plan_in_one_line(files, capsys):
+    c, out = str(files / "c.yaml"), str(files / "p.json")
+    if not (files / "p.json").exists():
+        pytest.skip("made by the test above")
+    assert main(["train", "--cluster", c, "--plan", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sharded plans run with train --plan (not yet)" in err and len(err.splitlines()) == 1
+
+
+def test_too_few_slots_are_refused_in_one_line(files, capsys):
+    c, j = str(files / "c.yaml"), str(files / "j.yaml")
+    assert main(["plan", "--cluster", c, "--job", j, "--stages", "2", "--replicas", "2", "--shards", "4"]) == 2
+    assert "need 4 slots of 4 devices of one site, and the sites hold 2" in capsys.readouterr().err
+
+
+def test_auto_configuration_shards_a_model_no_device_holds(files, capsys):
+    """2 layers of a 7B model: a stage's AdamW state (53.6 GB) fits no 40 GiB A100, so K is chosen."""
+    c, j = str(files / "c.yaml"), str(files / "j2.yaml")
+    assert main(["plan", "--cluster", c, "--job", j, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["shards"]["k"] > 1
+    assert plan["memory_per_device_bytes"] <= 40 * 2**30
+    assert plan["devices_used"] == plan["stages"] * plan["replicas"] * plan["shards"]["k"]
+    assert Plan.from_json(plan).k == plan["shards"]["k"]
+
+
+def test_shards_auto_weighs_k_with_the_layout(files, capsys):
+    c, j = str(files / "c.yaml"), str(files / "j.yaml")
+    assert main(["plan", "--cluster", c, "--job", j, "--json"]) == 0
+    unsharded = json.loads(capsys.readouterr().out)
+    assert "shards" not in unsharded  # K = 1 suffices: the plan of before
+    assert main(["plan", "--cluster", c, "--job", j, "--shards", "auto", "--json"]) == 0
+    weighed = json.loads(capsys.readouterr().out)
+    assert weighed["iteration_s"] <= unsharded["iteration_s"]
+    assert {row.get("shards", {"k": 1})["k"] for row in weighed["candidates"]} - {1}
+
+
+def test_old_plans_load_with_one_device_per_slot_and_bad_shards_are_refused():
+    assert Plan.from_json({"stages": 1, "replicas": 2, "assignment": [[0, 4]]}).k == 1
+    good = {"stages": 1, "replicas": 2, "assignment": [[0, 4]], "shards": {"k": 2, "devices": [[[0, 1], [4, 5]]]}}
+    assert Plan.from_json(good).to_json() == good
+    for shards, message in (({"k": 2, "devices": [[[0, 1], [4, 1]]]}, "more than once"),
+                            ({"k": 2, "devices": [[[1, 0], [4, 5]]]}, "must start with"),
+                            ({"k": 0, "devices": []}, "shards.k must be"),
+                            ({"k": 2, "devices": [[[0], [4, 5]]]}, "must have shape")):
+        with pytest.raises(PlanError, match=message):
+            Plan.from_json({**good, "shards": shards})
