@@ -22,8 +22,9 @@ runtime refuses them on this bench. Measured:
 - inter_region_bytes: payload bytes the emulator carried between regions (bench wan's measure);
 - predicted_step_s, predicted_site_compute_fraction: the planner's, for every row whose settings it prices, from
   the limit row's measured compute per step (geotrain.bench.hetero_predict); the `recipe` row runs what the planner
-  chooses from that compute (`geotrain plan --wan-recipe auto`: equal or adaptive local steps, H, P, tau, codec),
-  after the limit row.
+  chooses from that compute (`geotrain plan --wan-recipe auto`: equal or adaptive local steps, H, P, tau, codec, by
+  predicted time to target with the limit row's steps to the target as T0), after the limit row;
+  predicted_time_to_target_s: the recipe row's (cost.convergence).
 The `limit` row: zero-cost links (bench.wan_metrics.zero_cost_links) and the work balanced perfectly by speed,
 which the emulator cannot run with fixed GPU types, so it is modelled from a DDP run on the free links (its bytes
 are that run's, carried at no cost): each step
@@ -142,6 +143,7 @@ class HeteroBench:
                  "inter_region_bytes": r.inter_region_bytes, "predicted_step_s": r.predicted_step_s,
                  "measured_step_s": r.elapsed_s / self.config.steps,
                  "predicted_site_compute_fraction": r.predicted_site_compute_fraction, "recipe": r.recipe,
+                 "predicted_time_to_target_s": (r.recipe or {}).get("convergence", {}).get("time_to_target_s"),
                  "elapsed_s": r.elapsed_s, "inner_steps": r.inner_steps, "options": dict(r.row.options),
                  "curve": {"time_s": r.eval_time_s, "val_loss": r.val_losses}} for r in self.results]
         config = {k: v for k, v in self.config.__dict__.items() if k != "rows"}
@@ -320,7 +322,8 @@ def _with_predictions(results: list[HeteroResult | HeteroRow], cluster: Cluster,
                       progress: Callable[[str, int, int], None] | None) -> list[HeteroResult]:
     """Run the recipe rows (planned from the limit row's measured compute) and attach the planner's predictions
     to every row it prices (bench.hetero_predict)."""
-    from geotrain.bench.hetero_predict import codec_seconds, measured_compute_s, plan_recipe, predict_row
+    from geotrain.bench.hetero_predict import (codec_seconds, measured_compute_s, plan_recipe, predict_row,
+                                               target_steps_of)
     from geotrain.bench.wan import model_job
 
     job = model_job(config.global_batch, config.model)
@@ -329,7 +332,8 @@ def _with_predictions(results: list[HeteroResult | HeteroRow], cluster: Cluster,
     done: list[HeteroResult] = []
     for item in results:
         if isinstance(item, HeteroRow):  # the recipe row: the plan's settings, its prediction
-            recipe = plan_recipe(cluster, job, compute, config.steps, codec_s)
+            recipe = plan_recipe(cluster, job, compute, config.steps, codec_s,
+                                 target_steps_of(limit_records, config.target))
             row = dataclasses.replace(item, options=(*recipe.runtime_settings()["optim"].items(),
                                                      ("dp_codec", recipe.codec)))
             records, loss = _train(row, cluster, config, tokens, progress)

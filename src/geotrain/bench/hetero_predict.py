@@ -3,7 +3,8 @@
 The compute (`measured_compute_s`): each rank's median compute seconds per step in the limit row's run (DDP with
 equal batches on free links, each rank at its GPU's speed: what one inner step of the same per-replica batch
 costs there), as bench wan's recipe row takes its compute from its limit row. With it:
-- `plan_recipe`: what `geotrain plan --wan-recipe auto` chooses for one replica per site
+- `plan_recipe`: what `geotrain plan --wan-recipe auto` chooses for one replica per site, by predicted time to
+  target (T0: the limit row's steps to the target, `target_steps_of`)
   (cost.wan_recipe.choose_local_steps: equal or adaptive local steps, H, P, tau, codec), with the outer codecs'
   CPU per sync timed on this machine, where the ranks run (cost.codec_cpu, as `plan --recipe-measure-codecs`);
 - `predict_row`: the planner's step seconds and per-site compute fractions for a row's own settings: per-step DP
@@ -58,11 +59,20 @@ def one_per_site(cluster: Cluster) -> np.ndarray:
 
 
 def plan_recipe(cluster: Cluster, job: Job, compute_s: Sequence[float], total_steps: int,
-                codec_s_per_value: Mapping[str, float]) -> WanRecipe:
-    """The planner's recipe for one replica per site, `compute_s` per replica, a run of `total_steps`
-    (asynchronous outer updates priced too, as `plan --recipe-outer-sync auto`)."""
+                codec_s_per_value: Mapping[str, float], target_steps: float | None = None) -> WanRecipe:
+    """The planner's recipe for one replica per site, `compute_s` per replica, a run of `total_steps`, per-step
+    fp32 DP's `target_steps` to the target (cost.convergence's T0; None: the run's length); asynchronous outer
+    updates priced too, as `plan --recipe-outer-sync auto`."""
     return choose_local_steps(cluster, job, one_per_site(cluster), compute_s, asynchronous=True,
-                              total_steps=total_steps, codec_s_per_value=codec_s_per_value)
+                              total_steps=total_steps, codec_s_per_value=codec_s_per_value, target_steps=target_steps)
+
+
+def target_steps_of(records: Sequence[Mapping[str, Any]], target: float) -> int | None:
+    """Steps to the first of rank 0's evaluations at or below `target` in a run's records (the limit row's: per-step
+    fp32 DP, cost.convergence's T0); None if none is."""
+    reached = [int(r["step"]) + 1 for r in records
+               if r["rank"] == 0 and r.get("val_loss") is not None and float(r["val_loss"]) <= target]
+    return min(reached) if reached else None
 
 
 def codec_seconds(cluster: Cluster) -> dict[str, float]:

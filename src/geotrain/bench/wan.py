@@ -81,6 +81,7 @@ class WanBench:
                          "compute_fraction": r.compute_fraction, "peak_inter_region_gbps": r.peak_inter_region_gbps,
                          "peak_inter_region_gbps_by_window": profile_json(r.peak_profile),
                          "predicted_step_s": r.predicted_step_s, "recipe": r.recipe,
+                         "predicted_time_to_target_s": (r.recipe or {}).get("convergence", {}).get("time_to_target_s"),
                          "curve": {"step": r.eval_steps, "time_s": r.eval_time_s, "val_loss": r.val_losses}})
         config = {k: v for k, v in asdict(self.config).items() if k != "rows"}
         return {"rows": rows, "target": self.config.target, "cluster": self.cluster.name, "config": config,
@@ -233,7 +234,7 @@ def run_row(row: WanRow, cluster: Cluster, assignment: np.ndarray, choice: Codec
     eval_steps = eval_steps_of(config, row.sync_every, offset)
     scoring = ({"checkpoint_every": 0, "eval_every": math.lcm(config.eval_every, row.sync_every),
                 "eval_offset": offset, "eval_windows": config.val_windows, "eval_local": True} if in_flight
-               else {"checkpoint_every": config.eval_every})
+               else {"checkpoint_every": config.eval_every, "keep_checkpoints": config.steps // config.eval_every + 1})
     with tempfile.TemporaryDirectory(prefix="geotrain-wan-") as directory:
         run = RuntimeConfig.of(cluster, assignment, row.label, steps=config.steps,
                                microbatches=config.microbatches, batch_size=config.global_batch // replicas,
@@ -307,7 +308,8 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         limit = next((r for r in results if isinstance(r, RowResult) and r.row.free_links), None)
         if limit is None:
             raise WanBenchError("the recipe row needs the limit row (free links): its step time is the compute per step")
-        results = [run_recipe_row(r, cluster, job, layouts, config, tokens, limit.step_time_s, progress)
+        target_steps = next((s for s, loss in zip(limit.eval_steps, limit.val_losses) if loss <= config.target), None)
+        results = [run_recipe_row(r, cluster, job, layouts, config, tokens, limit.step_time_s, progress, target_steps)
                    if isinstance(r, WanRow) else r for r in results]
     results = _predict_delayed_gradients(results, cluster, job, layouts)
     summary = {name: {"uncompressed_s": layout.cost_s, "with_codecs_s": layout.choice.cost["total"],

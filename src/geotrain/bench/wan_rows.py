@@ -90,7 +90,8 @@ DEFAULT_ROWS: tuple[WanRow, ...] = (
            options=(*LOCAL_SGD_5, ("fragments", 4))),
     # DiLoCo's paper settings overshoot over 12 outer steps (effective step lr/(1-m) = 7); 0.7/0.5 (1.4) works
     WanRow("planned + DiLoCo H=5 (Nesterov 0.7/0.5)", options=(("sync_every", 5), ("outer_momentum", 0.5))),
-    WanRow("planned + planner's WAN recipe (auto: H, P, tau, outer codec)", recipe=True),
+    # moment sync "auto": priced with and without, the sooner to the target (cost.wan_recipe.choose_recipe)
+    WanRow("planned + planner's WAN recipe (auto: H, P, tau, outer codec, moment sync)", recipe=True),
     # torchft's DiLoCo run as its users run it (geotrain.bench.wan_torchft), set as the local SGD H=5 rows
     WanRow("torchft DiLoCo H=5 (outer avg, should_quantize)", engine="torchft",
            options=(*LOCAL_SGD_5, ("should_quantize", True))),

@@ -33,37 +33,47 @@ Replicas of different speeds (compute_s one per replica; geotrain.cost.local_ste
 busiest replica, step_s = max(max_r (n_r c_r + P x max(0, T_frag - tau c_r)) / H + pp_s, T_frag x P / H), with
 n_r = H ("equal" local steps) or R x H shared by speed ("adaptive": one fragment, tau up to
 local_steps.ADAPTIVE_MAX_DELAY); `compute_s` above is then the busiest replica's max_r n_r c_r / H.
-`choose_local_steps` runs the rule below for both schedules and keeps the lower charged step (ties: equal).
+`choose_local_steps` runs the rule below for both schedules and keeps the sooner to the target (ties: equal).
 
-Quality (the staleness charge): a sync that lands tau steps late, mixed in with alpha, drops (1 - alpha)
-x tau of the period's H steps of progress, so the run needs about 1 / (1 - (1 - alpha) tau / H) times
-the steps to a loss (`staleness_factor`); the rule ranks settings by step_s x that factor (measured on
-bench wan, wan-4x1, H=5, P=4, tau=2, alpha 0.5: the target at step 37 against the blocking row's 30,
-1.23x; the factor says 1.25; docs/history/wan.md). Without it an overlapped sync looks free, and the rule chose
-tau = 2 rows that reached the target later than the blocking one. With few outer steps (a run of fewer
-than PAPER_OUTER_STEPS of them) the factor is not enough: every delayed sync measured on bench wan without
-an overlap warm-up (12 outer steps; mix 0, 0.5 and eager landing, P = 1 and 4, tau = 1 and 2) needed
-1.2x-1.7x the blocking row's steps to the target, so there the rule keeps every mixed sync blocking.
+Quality (cost.convergence): a setting is charged for the steps it needs to the target against per-step fp32
+data parallelism's, `convergence.factor`: f_sync (H, replicas), f_codec, f_local (adaptive steps), f_stale (a
+sync that lands tau steps late, mixed in with alpha, drops (1 - alpha) x tau of the period's H steps of
+progress: 1 / (1 - (1 - alpha) tau / H); measured on bench wan, wan-4x1, H=5, P=4, tau=2, alpha 0.5: the target
+at step 37 against the blocking row's 30, 1.23x, the formula says 1.25; docs/history/wan.md), moment sync,
+async staleness, and eager landing's tau steps (the sync that first holds the target lands tau steps after its
+period). The rule ranks settings by predicted time to target: step_s x steps_to_target, i.e. step_s x factor per
+step of T0 (`target_steps`: per-step DP's steps to the target, measured; default the run's length). Without
+the charge an overlapped sync looks free, and the rule chose tau = 2 rows that reached the target later than the
+blocking one. With few outer steps (a run of fewer than PAPER_OUTER_STEPS of them) the mix factor is not enough:
+every delayed sync measured on bench wan without an overlap warm-up (12 outer steps; mix 0, 0.5 and eager
+landing, P = 1 and 4, tau = 1 and 2) needed 1.2x-1.7x the blocking row's steps to the target, so there the rule
+keeps every mixed sync blocking.
 
 Eager landing with an overlap warm-up (geotrain.sync.streaming: the first WARMUP_PERIODS outer syncs
-block, later ones land eagerly) costs no steps: measured on bench wan it reaches the target in the
-blocking row's outer period (tau steps later: when the sync lands) and ends within 0.01 nats of it, so its
-factor is 1 and it may overlap with few outer steps too. It is the rule's default (`landing="eager"`);
-`landing="mix"` gives the mix rule with its charge.
+block, later ones land eagerly) costs no steps but its landing: measured on bench wan it reaches the target in
+the blocking row's outer period (tau steps later: when the sync lands) and ends within 0.01 nats of it. It is
+the rule's default (`landing="eager"`); `landing="mix"` gives the mix rule with its charge. Without the warm-up
+(`warmup` 0) eager landing is charged cost.convergence's COLD_EAGER_FACTOR (equal steps on bench wan: 1.2x-1.6x
+the steps; adaptive steps on bench hetero: none), and saves the warm-up's blocking syncs; the rule prices both.
 
-The rule (`choose_recipe`), tolerance e (default 0.02), "fastest" by the charged step time:
-1. H: the smallest H in `sync_every_choices` (fewest local steps: best quality) whose fastest recipe
-   reaches `target_compute_fraction` (compute_s / step_s, default 0.95); none does: the fastest H.
-   With `total_steps`, H is capped so that the run has at least MIN_OUTER_STEPS outer steps (fewer
-   outer steps lost quality in bench wan: docs/history/wan.md).
-2. tau: the smallest delay (a landed sync is staler with each step) whose fastest codec/P is within
-   (1 + e) x the fastest step at that H; with the mix rule, 0 with fewer than PAPER_OUTER_STEPS outer
-   steps (above);
+Time to target (cost.convergence): steps_to_target x the steady step (compute, the exposed exchange and the codec
+CPU) + the one-offs, which come early in the run, before the target: the warm-up's blocking syncs and the moment
+syncs' extra, in full (`step_s` spreads them over the run instead).
+
+The rule (`choose_recipe`), tolerance e (default 0.02); "time to target" is step_s x factor (cost.convergence),
+the smallest over every H, tau, codec and P the rule may choose:
+1. H: the smallest H in `sync_every_choices` (fewest local steps: the lowest loss past the target) with a
+   setting within (1 + e) of the least time to target. With `total_steps`, H is capped so that the run has at
+   least MIN_OUTER_STEPS outer steps (fewer outer steps lost quality in bench wan: docs/history/wan.md). (Until
+   2026-12-06 the rule took the smallest H whose fastest step computed 95% of the time, by step time: on bench
+   hetero it chose H 2, whose step was 21% longer than H 5's for no fewer steps to the target.)
+2. tau: the smallest delay (a landed sync is staler with each step) within (1 + e) at that H; with the mix rule,
+   0 with fewer than PAPER_OUTER_STEPS outer steps (above);
 3. codec: the best-quality rung of OUTER_LADDER (down to `floor`) within (1 + e) at that tau. Delay
    before codec (until 2026-12-05 the codec came first): on bench wan a step of delay cost more than
    int4 against int8 (eager int8: +0.041 nats at tau 2, +0.046 at 3; with moment sync, int4-block at tau 2
    +0.016, int8-block at tau 4 +0.039; int4-block and exact means end within 0.001).
-4. P: the largest fragment count within (1 + e) of it (lowest peak bandwidth).
+4. P: the largest fragment count within (1 + e) of it (lowest peak bandwidth); then the warm-up if within.
 5. tau > 0: eager landing after WARMUP_PERIODS blocking periods (landing "eager"), or mix alpha 0.5
    (landing "mix"; Streaming DiLoCo's; alpha 0 drops the overlapped steps' progress).
 6. outer optimizer: averaging (lr 1, momentum 0) under PAPER_OUTER_STEPS outer steps, else DiLoCo's
@@ -82,6 +92,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cost.async_outer import STALENESS_BOUND, async_outer_price
 from geotrain.cost.codec_choice import codec_link_bytes
+from geotrain.cost.convergence import Convergence, convergence, staleness_factor
 from geotrain.cost.local_steps import (ADAPTIVE_MAX_DELAY, period_local_steps, period_step_seconds,
                                        replica_compute_per_step, replica_seconds)
 from geotrain.cost.traffic import traffic_of_job
@@ -96,7 +107,6 @@ DEFAULT_CODEC_FLOOR = "int4-block"
 SYNC_EVERY_CHOICES = (2, 5, 10, 20, 50, 100)
 MIN_OUTER_STEPS = 12
 PAPER_OUTER_STEPS = 100
-TARGET_COMPUTE_FRACTION = 0.95
 AVERAGING = (1.0, 0.0)
 DILOCO_PAPER = (0.7, 0.9)
 OVERLAP_MIX = 0.5
@@ -135,14 +145,24 @@ class WanRecipe:
     replica_compute_s: tuple[float, ...] | None = None  # per replica, compute seconds per step (n_r c_r / H)
     local_steps_step_s: dict[str, float] | None = None  # choose_local_steps: each schedule's predicted step_s
     outer_sync: str = "sync"  # "async": asynchronous outer updates (cost.async_outer; fp32, one replica's model each)
-    async_staleness_factor: float | None = None  # async: time to a loss against fresh updates (cost.async_outer)
+    convergence: dict[str, Any] | None = None  # cost.convergence's record: steps and seconds to the target, factors
     outer_sync_step_s: dict[str, float] | None = None  # choose_local_steps with async: each one's predicted step_s
-    outer_sync_charged_s: dict[str, float] | None = None  # the same, times each one's staleness charge (the rule's)
+    outer_sync_charged_s: dict[str, float] | None = None  # the same, times each one's convergence factor (the rule's)
 
     @property
     def compute_fraction(self) -> float:
         """The busiest replica's compute seconds over the step's."""
         return self.compute_s / self.step_s if self.step_s > 0 else 1.0
+
+    @property
+    def async_staleness_factor(self) -> float | None:
+        """Asynchronous updates: their time to a loss against fresh updates (cost.async_outer), as charged."""
+        return None if self.outer_sync == "sync" or self.convergence is None else self.convergence["async"]
+
+    @property
+    def time_to_target_s(self) -> float | None:
+        """Predicted seconds to the target (cost.convergence; None where T0 is unknown)."""
+        return None if self.convergence is None else self.convergence["time_to_target_s"]
 
     @property
     def replica_compute_fraction(self) -> tuple[float, ...] | None:
@@ -221,23 +241,28 @@ def recipe_step_seconds(sync_s: float, compute_s: float, pp_s: float, sync_every
     return period_step_seconds(sync_s, compute_s, (sync_every,), sync_every, fragments, delay, pp_s)
 
 
+def warmup_seconds(sync_s: float, compute_s: float, fragments: int, delay: int) -> float:
+    """Seconds eager landing's blocking warm-up adds to a run (module doc): its WARMUP_PERIODS x P fragment syncs
+    block, each paying the part of T_frag that tau steps would have hidden. 0 without a delay."""
+    return WARMUP_PERIODS * fragments * min(sync_s, delay * compute_s) if delay > 0 else 0.0
+
+
 def warmup_step_seconds(sync_s: float, compute_s: float, fragments: int, delay: int, total_steps: int | None) -> float:
-    """Seconds per step, over a run of `total_steps`, that eager landing's blocking warm-up adds to the
-    steady step (module doc): its WARMUP_PERIODS x P fragment syncs block, each paying the part of T_frag
-    that tau steps would have hidden. 0 without a delay or a known run length."""
-    if delay == 0 or not total_steps:
-        return 0.0
-    return WARMUP_PERIODS * fragments * min(sync_s, delay * compute_s) / total_steps
+    """warmup_seconds spread over a run of `total_steps` (0 without a known run length)."""
+    return warmup_seconds(sync_s, compute_s, fragments, delay) / total_steps if total_steps else 0.0
+
+
+def moment_seconds(sync_s: float, moment_sync_s: float, moment_cpu_s: float, fragments: int) -> float:
+    """Seconds moment sync in each fragment's first RECIPE_MOMENT_SYNCS syncs adds to a run (module doc): each of
+    those P x RECIPE_MOMENT_SYNCS syncs takes `moment_sync_s` instead of `sync_s` of link time plus `moment_cpu_s`
+    of codec CPU for the moments."""
+    return RECIPE_MOMENT_SYNCS * fragments * (max(0.0, moment_sync_s - sync_s) + moment_cpu_s)
 
 
 def moment_step_seconds(sync_s: float, moment_sync_s: float, moment_cpu_s: float, fragments: int,
                         total_steps: int | None) -> float:
-    """Seconds per step, over a run of `total_steps`, that moment sync in each fragment's first RECIPE_MOMENT_SYNCS
-    syncs adds (module doc): each of those P x RECIPE_MOMENT_SYNCS syncs takes `moment_sync_s` instead of
-    `sync_s` of link time plus `moment_cpu_s` of codec CPU for the moments. 0 without a known run length."""
-    if not total_steps:
-        return 0.0
-    return RECIPE_MOMENT_SYNCS * fragments * (max(0.0, moment_sync_s - sync_s) + moment_cpu_s) / total_steps
+    """moment_seconds spread over a run of `total_steps` (0 without a known run length)."""
+    return moment_seconds(sync_s, moment_sync_s, moment_cpu_s, fragments) / total_steps if total_steps else 0.0
 
 
 def delayed_gradients_step_seconds(cluster: Cluster, job: Job, assignment: Any, compute_s: float, codec: str,
@@ -262,39 +287,42 @@ def setting_step_seconds(sync_s: float, compute_s: float | Sequence[float], loca
     return steady + codec_cpu_s / sync_every + warmup + moments_s
 
 
-def staleness_factor(sync_every: int, delay: int, mix: float, landing: str = "mix") -> float:
-    """Steps to a loss relative to blocking DiLoCo's (module doc): 1 / (1 - (1 - mix) tau / H) for the mix
-    rule; 1 at tau = 0 and for eager landing (after its warm-up)."""
-    if landing == "eager":
-        return 1.0
-    return 1.0 / (1.0 - (1.0 - mix) * delay / sync_every)
-
-
 def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float | Sequence[float], *,
                   pp_s: float = 0.0, total_steps: int | None = None, max_delay: int | None = None,
                   max_fragments: int = 8, floor: str = DEFAULT_CODEC_FLOOR, tolerance: float = 0.02,
-                  target_compute_fraction: float = TARGET_COMPUTE_FRACTION,
                   sync_every_choices: Sequence[int] = SYNC_EVERY_CHOICES, landing: str = "eager",
-                  sync_moments: bool = False, codec_s_per_value: Mapping[str, float] | None = None,
+                  sync_moments: bool | str = False, codec_s_per_value: Mapping[str, float] | None = None,
                   moment_codec_s_per_value: Mapping[str, float] | None = None,
-                  local_steps: str = "equal") -> WanRecipe:
+                  local_steps: str = "equal", target_steps: float | None = None) -> WanRecipe:
     """The recipe of the module doc's rule for `assignment[s][r]`; `compute_s` per step (s, > 0): one for every
     replica, or one per replica (replica order; cost.local_steps prices them);
     `max_delay` caps tau (None: H - 1; 0 where a sync may not be in flight, e.g. at checkpoints); `landing`
     of a late sync: "eager" (after a blocking warm-up) or "mix" (alpha 0.5, charged); `sync_moments`: AdamW's
-    moments in each fragment's first RECIPE_MOMENT_SYNCS syncs, priced (the user's choice: the rule does not weigh
-    its quality); `codec_s_per_value`: CPU seconds per synchronised value of one sync's codec work, by outer
+    moments in each fragment's first RECIPE_MOMENT_SYNCS syncs, priced (True), not (False), or "auto": the recipe
+    with and the one without, the sooner to the target (ties: without);
+    `codec_s_per_value`: CPU seconds per synchronised value of one sync's codec work, by outer
     codec (geotrain.cost.codec_cpu, measured; None or a codec missing: not priced);
     `moment_codec_s_per_value`: the same for a sync that carries the moments; `local_steps`: "equal" or
-    "adaptive" (one fragment; tau up to local_steps.ADAPTIVE_MAX_DELAY)."""
+    "adaptive" (one fragment; tau up to local_steps.ADAPTIVE_MAX_DELAY); `target_steps`: per-step fp32 data
+    parallelism's steps to the target (cost.convergence's T0; None: `total_steps`)."""
     if landing not in RECIPE_LANDINGS:
         raise WanRecipeError(f"recipe landing must be one of {', '.join(RECIPE_LANDINGS)}, got {shown(landing)}")
     if floor not in OUTER_LADDER:
         raise WanRecipeError(f"--recipe-codec-floor must be one of {', '.join(OUTER_LADDER)}, got {shown(floor)}")
     if np.ndim(compute_s) == 0 and (not compute_s > 0 or not np.isfinite(compute_s)):
         raise WanRecipeError(f"--compute-s: compute seconds per step must be a finite number > 0, got {shown(compute_s)}")
+    if sync_moments == "auto":
+        both = [choose_recipe(cluster, job, assignment, compute_s, pp_s=pp_s, total_steps=total_steps,
+                              max_delay=max_delay, max_fragments=max_fragments, floor=floor, tolerance=tolerance,
+                              sync_every_choices=sync_every_choices, landing=landing, sync_moments=moments,
+                              codec_s_per_value=codec_s_per_value, moment_codec_s_per_value=moment_codec_s_per_value,
+                              local_steps=local_steps, target_steps=target_steps) for moments in (False, True)]
+        return min(both, key=charged_step_seconds)
+    if not isinstance(sync_moments, bool):
+        raise WanRecipeError(f"recipe moment sync must be true, false or auto, got {shown(sync_moments)}")
     assignment = np.asarray(assignment, dtype=np.int64)
     replicas = int(assignment.shape[1])
+    target_steps = total_steps if target_steps is None else target_steps
     compute = replica_seconds(compute_s)
     compute = np.full(replicas, compute[0]) if compute.size == 1 else compute
     if compute.size != replicas:
@@ -318,41 +346,55 @@ def choose_recipe(cluster: Cluster, job: Job, assignment: Any, compute_s: float 
     per_step = {h: replica_compute_per_step(compute, steps[h], h) for h in choices}
     pace = {h: float(per_step[h].max()) for h in choices}  # the busiest replica's compute per step
 
-    def step_seconds(p: int, c: str, h: int, t: int) -> float:
-        """Predicted seconds per step: the steady step, the codecs' CPU per step (each of the P fragment
-        syncs of a period encodes and decodes values / P), plus the eager warm-up's blocking syncs and the
-        moment syncs' extra, spread over the run."""
+    def step_seconds(p: int, c: str, h: int, t: int, warm: bool) -> tuple[float, float]:
+        """(steady seconds per step, one-off seconds of the run): the steady step with the codecs' CPU per step
+        (each of the P fragment syncs of a period encodes and decodes values / P); the eager warm-up's blocking
+        syncs (`warm`) and the moment syncs' extra, which come early in the run, before any target."""
         moment_cpu = max(0.0, moment_cpu_per_value.get(c, 0.0) - cpu_per_value.get(c, 0.0)) * values / p
-        return setting_step_seconds(sync[p, c], compute, steps[h], h, p, t, pp_s=pp_s,
-                                    codec_cpu_s=cpu_per_value.get(c, 0.0) * values, landing=landing,
-                                    total_steps=total_steps,
-                                    moments_s=moment_step_seconds(sync[p, c], moment_sync[p, c], moment_cpu, p,
-                                                                  total_steps))
+        steady = setting_step_seconds(sync[p, c], compute, steps[h], h, p, t, pp_s=pp_s,
+                                      codec_cpu_s=cpu_per_value.get(c, 0.0) * values)
+        once = warmup_seconds(sync[p, c], pace[h], p, t) if warm and landing == "eager" else 0.0
+        if sync_moments:
+            once += moment_seconds(sync[p, c], moment_sync[p, c], moment_cpu, p)
+        return steady, once if total_steps else 0.0
 
-    def options(h: int) -> list[tuple[float, int, int, int, str]]:
-        """(charged step_s, codec rank, tau, -P, codec) of every setting at H = h."""
+    def quality(c: str, h: int, t: int, warm: bool) -> Convergence:
+        """cost.convergence's factors of a setting."""
+        return convergence(h, replicas, codec=c, delay=t, mix=OVERLAP_MIX if t > 0 else 0.0, landing=landing,
+                           warmup=warm, local_steps=steps[h] if adaptive else None, sync_moments=sync_moments,
+                           target_steps=target_steps)
+
+    def charged(p: int, c: str, h: int, t: int, warm: bool) -> float:
+        """Predicted time to target per step of T0: steady step x convergence factor + the one-offs over T0."""
+        steady, once = step_seconds(p, c, h, t, warm)
+        return steady * quality(c, h, t, warm).factor + (once / target_steps if target_steps else 0.0)
+
+    def options(h: int) -> list[tuple[float, int, int, int, int, bool, str]]:
+        """(time to target per step of T0, H, tau, codec rank, -P, no warm-up, codec) of every setting at H = h."""
         blocking_only = landing == "mix" and total_steps is not None and total_steps // h < PAPER_OUTER_STEPS
         taus = range(0, (0 if blocking_only else h - 1 if max_delay is None else min(max_delay, h - 1)) + 1)
-        return [(step_seconds(p, c, h, t) * staleness_factor(h, t, OVERLAP_MIX if t > 0 else 0.0, landing), i, t, -p, c)
-                for i, c in enumerate(codecs) for p in range(1, min(max_fragments, h) + 1) for t in taus]
+        warmups = (True, False) if landing == "eager" else (True,)
+        return [(charged(p, c, h, t, w), h, t, i, -p, not w, c) for i, c in enumerate(codecs)
+                for p in range(1, min(max_fragments, h) + 1) for t in taus for w in (warmups if t > 0 else (True,))]
 
-    fastest = {h: min(options(h))[0] for h in choices}
-    meets = [h for h in choices if pace[h] / fastest[h] >= target_compute_fraction]
-    h = meets[0] if meets else min(choices, key=lambda k: (fastest[k], k))
-    limit = fastest[h] * (1 + tolerance) * (1 + 1e-12)
-    within = [o for o in options(h) if o[0] <= limit]
-    tau = min(o[2] for o in within)  # 2. least delay
-    codec_rank = min(o[1] for o in within if o[2] == tau)  # 3. best-quality codec
-    _, _, _, neg_p, codec = min((o for o in within if o[1] == codec_rank and o[2] == tau),
-                                key=lambda o: o[3])  # 4. most fragments
-    step_s = step_seconds(-neg_p, codec, h, tau)  # predicted, uncharged
+    every = [o for h in choices for o in options(h)]
+    limit = min(o[0] for o in every) * (1 + tolerance) * (1 + 1e-12)
+    within = [o for o in every if o[0] <= limit]
+    h = min(o[1] for o in within)  # 1. fewest local steps
+    tau = min(o[2] for o in within if o[1] == h)  # 2. least delay
+    codec_rank = min(o[3] for o in within if o[1] == h and o[2] == tau)  # 3. best-quality codec
+    _, _, _, _, neg_p, cold, codec = min((o for o in within if o[1] == h and o[2] == tau and o[3] == codec_rank),
+                                         key=lambda o: (o[4], o[5]))  # 4. most fragments, 5. with the warm-up
+    steady, once = step_seconds(-neg_p, codec, h, tau, not cold)
+    step_s = steady + (once / total_steps if total_steps else 0.0)  # predicted over the run, uncharged
     outer = outer_optimizer(h, total_steps)
     eager = tau > 0 and landing == "eager"
     return WanRecipe(h, -neg_p, tau, OVERLAP_MIX if tau > 0 and not eager else 0.0, codec, outer[0], outer[1],
                      step_s, pace[h], sync[-neg_p, codec], "eager" if eager else "mix",
-                     WARMUP_PERIODS * h if eager else 0, sync_moments,
+                     WARMUP_PERIODS * h if eager and not cold else 0, sync_moments,
                      RECIPE_MOMENT_SYNCS if sync_moments else None, local_steps,
-                     tuple(int(n) for n in steps[h]), tuple(float(c) for c in per_step[h]))
+                     tuple(int(n) for n in steps[h]), tuple(float(c) for c in per_step[h]),
+                     convergence=quality(codec, h, tau, not cold).to_json(steady, once))
 
 
 def outer_optimizer(sync_every: int, total_steps: int | None) -> tuple[float, float]:
@@ -361,17 +403,23 @@ def outer_optimizer(sync_every: int, total_steps: int | None) -> tuple[float, fl
 
 
 def charged_step_seconds(recipe: WanRecipe) -> float:
-    """The recipe's predicted step times its staleness factor (what the rule ranks settings by; asynchronous:
-    cost.async_outer's)."""
+    """The recipe's predicted step times its convergence factor (cost.convergence: steps to the target over
+    per-step DP's): predicted time to target per step of T0, what the rule and layouts rank by."""
+    record = recipe.convergence
+    if record is not None:
+        if record["time_to_target_s"] is not None:
+            return record["time_to_target_s"] / record["target_steps"]
+        return record["steady_step_s"] * record["factor"]
     if recipe.outer_sync != "sync":
-        return recipe.step_s * (recipe.async_staleness_factor or 1.0)
+        return recipe.step_s
     return recipe.step_s * staleness_factor(recipe.sync_every, recipe.delay, recipe.mix, recipe.landing)
 
 
 def async_recipe(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float], sync_every: int,
-                 total_steps: int | None = None) -> WanRecipe:
+                 total_steps: int | None = None, target_steps: float | None = None) -> WanRecipe:
     """Asynchronous DiLoCo (flat, one stage) with H = `sync_every` inner steps per update, priced by
-    cost.async_outer. Its updates carry the fp32 model: no codec, no fragments, no delay."""
+    cost.async_outer, its steps to the target by cost.convergence (T0 `target_steps`, None: `total_steps`).
+    Its updates carry the fp32 model: no codec, no fragments, no delay."""
     from geotrain.comm.gather import GatherLinks
 
     assignment = np.asarray(assignment, dtype=np.int64)
@@ -381,31 +429,37 @@ def async_recipe(cluster: Cluster, job: Job, assignment: Any, replica_compute_s:
     price = async_outer_price(compute, sync_every, model_bytes, links, STALENESS_BOUND)
     per_step = tuple(f * price.step_s for f in price.compute_fraction)
     outer = outer_optimizer(sync_every, total_steps)
+    rate = 1.0 / np.asarray(price.period_s)  # each replica's share of the inner steps, as adaptive steps share them
+    quality = convergence(sync_every, int(assignment.shape[1]), async_staleness=price.staleness_factor,
+                          local_steps=list(rate.size * sync_every * rate / rate.sum()),
+                          target_steps=total_steps if target_steps is None else target_steps)
     return WanRecipe(sync_every, 1, 0, 0.0, "none", outer[0], outer[1], price.step_s, max(per_step), max(price.round_trip_s),
-                     replica_compute_s=per_step, outer_sync="async", async_staleness_factor=price.staleness_factor)
+                     replica_compute_s=per_step, outer_sync="async", convergence=quality.to_json(price.step_s, 0.0))
 
 
 def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float],
                        asynchronous: bool = False, **options: Any) -> WanRecipe:
     """choose_recipe with equal local steps and, where the runtime can run them and the replicas differ in
-    compute (one pipeline stage, no moment sync), with adaptive ones; the lower charged step wins (ties:
+    compute (one pipeline stage, no moment sync), with adaptive ones; the sooner to the target wins (ties:
     equal). `asynchronous`: also price asynchronous outer updates at the chosen H (async_recipe; one pipeline
-    stage, as the runtime runs them): they replace the synchronous recipe only if their charged step is lower.
+    stage, as the runtime runs them): they replace the synchronous recipe only if they reach the target sooner.
     `replica_compute_s`: compute seconds per step of each replica with equal steps; `options`: choose_recipe's.
     The winner records both schedules' predicted steps (`local_steps_step_s`) and, priced, sync's and async's
-    (`outer_sync_step_s`) and their steps charged for staleness, which decide (`outer_sync_charged_s`)."""
+    (`outer_sync_step_s`) and their steps times their convergence factors, which decide (`outer_sync_charged_s`)."""
     assignment = np.asarray(assignment, dtype=np.int64)
     compute = replica_seconds(replica_compute_s)
     equal = choose_recipe(cluster, job, assignment, compute, **options)
     best, steps = equal, {"equal": equal.step_s}
-    if not (assignment.shape[0] > 1 or options.get("sync_moments") or np.all(compute == compute[0])):
-        adaptive = choose_recipe(cluster, job, assignment, compute, **options, local_steps="adaptive")
+    if not (assignment.shape[0] > 1 or options.get("sync_moments") is True or np.all(compute == compute[0])):
+        adaptive = choose_recipe(cluster, job, assignment, compute, **{**options, "sync_moments": False},
+                                 local_steps="adaptive")  # the runtime runs adaptive steps without moment sync
         best = adaptive if charged_step_seconds(adaptive) < charged_step_seconds(equal) else equal
         steps["adaptive"] = adaptive.step_s
     best = dataclasses.replace(best, local_steps_step_s=steps)
     if not asynchronous or assignment.shape[0] > 1 or assignment.shape[1] < 2:
         return best
-    candidate = async_recipe(cluster, job, assignment, compute, best.sync_every, options.get("total_steps"))
+    candidate = async_recipe(cluster, job, assignment, compute, best.sync_every, options.get("total_steps"),
+                             options.get("target_steps"))
     charged = {"sync": charged_step_seconds(best), "async": charged_step_seconds(candidate)}
     chosen = candidate if charged["async"] < charged["sync"] else best
     return dataclasses.replace(chosen, local_steps_step_s=steps, outer_sync_charged_s=charged,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from geotrain.cluster import cluster_from_dict
+from geotrain.cost.convergence import sync_factor
 from geotrain.cost.wan_recipe import (RECIPE_MOMENT_SYNCS, WanRecipe, WanRecipeError, choose_recipe,
                                       fragment_sync_seconds, recipe_step_seconds, staleness_factor,
                                       warmup_step_seconds)
@@ -58,8 +59,12 @@ def test_the_smallest_h_that_hides_the_sync_then_the_best_codec_least_delay_and_
 def test_the_mix_rule_is_charged_for_staleness_and_blocks_with_few_outer_steps():
     mixed = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=1200, landing="mix")
     # H = 2 hides the sync, but landing 1 of 2 steps late with alpha 0.5 is charged 1 / (1 - 0.5 x 1/2) =
-    # 1.33x, H = 5 1.11x; H = 10 reaches a charged compute fraction of 0.95 (1 / (1 - 0.05)), 8 fragments
-    assert (mixed.sync_every, mixed.fragments, mixed.delay, mixed.mix, mixed.landing) == (10, 8, 1, 0.5, "mix")
+    # 1.33x, H = 5 1.11x, H = 10 1.05x; the steps a longer period costs (cost.convergence's f_sync: 1.09x at
+    # H = 5, 1.20x at H = 10 for 2 replicas) make H = 5 the sooner to the target (until 2026-12-06 the rule
+    # ranked by step time and took H = 10)
+    assert (mixed.sync_every, mixed.fragments, mixed.delay, mixed.mix, mixed.landing) == (5, 5, 1, 0.5, "mix")
+    assert mixed.convergence["stale"] == pytest.approx(1 / 0.9)
+    assert mixed.convergence["sync"] == pytest.approx(sync_factor(5, 2))
     assert staleness_factor(10, 1, 0.5) == pytest.approx(1 / 0.95) and staleness_factor(5, 2, 0.0, "eager") == 1.0
     # 60 steps: H <= 5 (12 outer steps), where every mixed delayed sync measured on bench wan cost steps
     blocking = choose_recipe(TWO, JOB, PAIR, 0.1, total_steps=60, landing="mix")
