@@ -9,9 +9,8 @@ from typing import Any
 import torch
 
 from geotrain.optim.shards import is_sharded, shard_peer_problem
+from geotrain.sync.adaptive import Gather
 from geotrain.sync.base import SyncError
-
-Gather = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
 
 SHARDED_REFUSALS: tuple[tuple[str, str, str], ...] = (
     ("regions", "regions", "the region hierarchy averages whole gradients over a site's ranks, which hold "
