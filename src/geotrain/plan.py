@@ -28,7 +28,7 @@ predicted with: {"rule": "speed", "layers": L, "counts": [S ints], "boundaries":
 An optional "shards" object (`geotrain plan --shards K`, sharded replicas: cost/shards.py) makes every (stage,
 replica) slot K devices of one site holding FSDP2 shards of its stage:
     {"k": K, "devices": [[[K device indices] x R] x S], "gathers_per_step": 2, ...}
-"assignment" keeps one device per slot, the slot's first (devices[s][r][0]), so a reader that knows nothing
+"assignment" keeps one device per slot, the slot's first (`devices[s][r][0]`), so a reader that knows nothing
 of shards still sees the layout; "devices" names the rest. Plans without it (older ones included) have one
 device per slot (`Plan.shards` is None, K = 1). Shape, types and the first devices are checked here; that a
 slot's devices are one site's, distinct and used once, against the cluster (`Plan.check_shard_devices`).
@@ -364,7 +364,7 @@ def plan_split(doc: Any, stages: int, source: str = "<plan>") -> PlanSplit | Non
 
 def plan_shards(doc: Any, assignment: np.ndarray, source: str = "<plan>") -> PlanShards | None:
     """The "shards" object of a plan whose assignment is `assignment` (S, R) (None if absent); PlanError names the
-    key. devices[s][r] must list K device indices starting with assignment[s][r]."""
+    key. `devices[s][r]` must list K device indices starting with `assignment[s][r]`."""
     if doc is None:
         return None
     if not isinstance(doc, dict):

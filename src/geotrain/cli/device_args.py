@@ -2,7 +2,7 @@
 
 Shared by `geotrain emulate`, `geotrain netlab` and `bench netlab`: with a plan, rank s*R + r plays
 assignment[s][r] (stage-major, as torch.distributed.pipelining numbers ranks); with a sharded plan (`plan --shards K`)
-rank (s*R + r)*K + k plays shards.devices[s][r][k], the K shards of a slot side by side. Range and uniqueness
+rank (s*R + r)*K + k plays `shards.devices[s][r][k]`, the K shards of a slot side by side. Range and uniqueness
 against the cluster are checked by the caller's own model of the devices.
 """
 

@@ -166,6 +166,8 @@ PLAN_KEYS = {
     "microbatches": "pipeline micro-batches per iteration",
     "codecs": "the planner's codec choice per DP group and per pipeline cut (`plan --codecs auto`)",
     "split": "the layer split per stage (`plan --uneven-split`)",
+    "shards": "sharded slots (`plan --shards K`): `{k: K, devices: [[[K device indices] x R] x S]}`, each (stage, "
+              "replica) slot K devices of one site holding FSDP2 shards, `assignment` its first; absent: K = 1",
 }
 
 

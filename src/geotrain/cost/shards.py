@@ -170,7 +170,7 @@ def lift_slots(slots: np.ndarray, assignment: np.ndarray) -> np.ndarray:
 
 def slot_view(cluster: Cluster, devices: np.ndarray, gathers: int = 2) -> tuple[Cluster, Sharding, np.ndarray]:
     """A sharded layout `devices` (S, R, K) as the cost models see it: the slot cluster of its S x R slots (slot
-    s*R + r is devices[s, r]), their Sharding, and the (S, R) assignment of slot-cluster devices."""
+    s*R + r is `devices[s, r]`), their Sharding, and the (S, R) assignment of slot-cluster devices."""
     devices = np.asarray(devices, dtype=np.int64)
     stages, replicas, k = devices.shape
     slots = devices.reshape(-1, k)
