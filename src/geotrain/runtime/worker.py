@@ -439,14 +439,26 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
     """optim.local_steps adaptive: this rank steps until the outer syncs reach the run's periods, ceil(steps / H)
     (ranks take different step counts between syncs; geotrain.sync.adaptive). The learning rate follows the
     rank's place on the equal schedule; evaluation runs after the syncs where the equal schedule's step count
-    is due (every rank is there at once); the checkpoint is written at the end, named by the run's steps.
+    is due (every rank is there at once). Checkpoints and --stop-after count the equal schedule's steps: the one
+    of step c is taken by each rank at its own share of the period c falls in (AdaptiveOuterSync.
+    checkpoint_position), and the end's after the last sync, named by the run's steps.
     Records add `outer_step` (syncs started after the step), `syncs_landed` (of those, landed: fewer with a sync
     delay) and `local_steps` (H_r of the step's period)."""
-    run, data = worker.config.run, worker.config.data
+    run, data, checkpoint = worker.config.run, worker.config.data, worker.config.checkpoint
     every, periods = sync.sync_every, sync.periods  # ceil(steps / H): the factory gives it (sync.factory)
     assert periods is not None
-    step = 0
+    stop = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
+    points = [c for c in range(worker.start_step + 1, stop + 1)  # the checkpoints' equal-schedule steps, and a stop
+              if c < run.steps and (c == stop or checkpoint.due(c, stop))]
+    step = sync.inner_steps  # this rank's steps so far (a resumed run's: the checkpoint's)
     while sync.outer_step < periods:
+        if points and sync.checkpoint_position(points[0]) == sync.period_steps:
+            completed = points.pop(0)
+            if checkpoint.checkpoint_dir is not None:
+                observer.event("checkpoint", completed, **worker.save(completed))
+            if completed == stop:
+                return
+            continue
         before, local = sync.outer_step, sync.my_local_steps
         record = worker.train_step(step, min(sync.progress_step(), run.steps - 1))
         record.update(outer_step=sync.outer_step, local_steps=local, syncs_landed=sync.outer_step - sync.in_flight)
@@ -462,7 +474,7 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
         observer.step(record)
         step += 1
         watchdog.publish_step(step)
-    if worker.config.checkpoint.checkpoint_dir is not None:
+    if checkpoint.checkpoint_dir is not None:
         observer.event("checkpoint", run.steps, **worker.save(run.steps))
 
 

@@ -42,6 +42,19 @@ the correction when the mean lands: the d_r steps' progress is kept). `warmup` W
 before step W of the equal schedule block. `outer_step` counts the syncs started (periods completed); the
 end (`flush`) lands the last one, and every replica ends on the anchor, the same parameters on every rank.
 
+Checkpoints (`checkpoint_position`): the replicas are at different inner steps, so a checkpoint of the equal
+schedule's step c (c in the period [c0, c0 + H)) is taken by replica r after floor(H_r x (c - c0) / H) of its
+H_r steps: the same share of every replica's period, before its sync, so every replica gets there without
+waiting for another. The sync in flight and the posted step times are settled (waited for and kept, applied when
+due: geotrain.sync.settle); the state holds each replica's position in its period (steps and measured seconds so
+far), its step count, the schedule (H_r), the gathered speeds of the last period, anchors, outer momentum and the
+exchange's residuals. A resumed run then shares its periods as the uninterrupted one does and computes the same
+numbers, except where a split differs: splits come from measured seconds, which differ from run to run (the
+uninterrupted run's own repeat included) by measurement noise only. The split of the period in which the run
+resumed is the saved one; a later period's differs only if the replicas' measured speed ratio falls on the other
+side of a rounding boundary of R x H x v_r / sum v (largest remainders), and then by one step moved between two
+replicas per period.
+
 Supported: the flat exchange of one fragment, blocking or overlapped; fragments, moment sync and the
 region hierarchy are refused (`check_adaptive_settings`): their syncs fall at fixed step offsets, which
 uneven H_r would break.
@@ -61,6 +74,7 @@ from geotrain.cost.batch_shares import split_by_weights
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import local_shard
 from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, SyncResult, set_grads
+from geotrain.sync.settle import Delivered, redeliver, settle
 from geotrain.sync.streaming import check_landing_settings
 
 LOCAL_STEPS = ("equal", "adaptive")
@@ -108,6 +122,7 @@ class _InFlight:
     proxy: list[torch.Tensor] | None  # eager landing: the change applied at the start
     started: int  # this replica's 0-based inner step it started after
     lands_after: int = 1
+    delivered: Delivered | None = None  # settled at a checkpoint (sync/settle.py)
 
 
 class AdaptiveOuterSync(GradientSync):
@@ -279,15 +294,38 @@ class AdaptiveOuterSync(GradientSync):
         """The anchor's float64 sum (every replica's is the same after each sync)."""
         return self.outer.anchor_sum()
 
+    def checkpoint_position(self, progress: int) -> int | None:
+        """The inner steps of the current period after which this replica takes the checkpoint of the equal
+        schedule's step `progress` (module doc), or None when that step is not in the current period."""
+        start = self.outer_step * self.sync_every
+        if not start <= progress < start + self.sync_every:
+            return None
+        return self.my_local_steps * (progress - start) // self.sync_every
+
+    def settle(self, timer: StepTimer) -> None:
+        """Wait for the sync in flight and the posted step times, and keep them (module doc: checkpoints)."""
+        if self._flight is not None and self._flight.delivered is None:
+            self._flight.delivered = settle(self._flight.land, timer, [self.shadows])
+            self._flight.land = redeliver(self._flight.delivered, [self.shadows])
+        if self._posted is not None:
+            times = self._posted().clone()
+            self._posted = lambda: times
+
     def state_dict(self) -> dict[str, Any]:
-        """Refused inside a period (its steps would be lost); between syncs: inner and outer state, the schedule."""
-        if self.period_steps or self._flight is not None:
-            raise SyncError(f"AdaptiveOuterSync: state_dict inside an outer period ({self.period_steps} of "
-                            f"{self.my_local_steps} steps done, {self.in_flight} sync in flight): checkpoint "
-                            f"after flush()")
+        """Inner and outer state, the exchange's residuals, the schedule, this replica's position in its period and
+        what is in flight (settled: `settle` first)."""
+        flight = self._flight
+        if flight is not None and flight.delivered is None:
+            raise SyncError("AdaptiveOuterSync: state_dict with a sync in flight: settle() first")
+        in_flight = None if flight is None else {
+            "started": flight.started, "lands_after": flight.lands_after, "delivered": flight.delivered.state_dict(),
+            **({} if flight.proxy is None else {"proxy": [t.clone() for t in flight.proxy]})}
         return {"optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict(),
                 "outer": self.outer.state_dict(), "local_steps": list(self.local_steps),
-                "outer_step": self.outer_step, "inner_steps": self.inner_steps}
+                "outer_step": self.outer_step, "inner_steps": self.inner_steps, "period_steps": self.period_steps,
+                "period_seconds": self._period_seconds, "history": list(self.history),
+                **({} if in_flight is None else {"in_flight": in_flight}),
+                **({} if self._posted is None else {"posted_step_s": self._posted().clone()})}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "local_steps" not in state or len(state["local_steps"]) != self.replicas:
@@ -297,6 +335,16 @@ class AdaptiveOuterSync(GradientSync):
         self.exchange.load_state_dict(state["exchange"])
         self.local_steps = [int(h) for h in state["local_steps"]]
         self.outer_step, self.inner_steps = int(state["outer_step"]), int(state["inner_steps"])
+        self.period_steps, self._period_seconds = int(state["period_steps"]), float(state["period_seconds"])
+        self.history = list(state["history"])
+        self._flight = None
+        if "in_flight" in state:
+            saved = state["in_flight"]
+            delivered = Delivered.of(saved["delivered"])
+            self._flight = _InFlight(redeliver(delivered, [self.shadows]), saved.get("proxy"), int(saved["started"]),
+                                     int(saved["lands_after"]), delivered)
+        times = state.get("posted_step_s")
+        self._posted = None if times is None else (lambda: times)
 
 
 def gather_floats(group: Any, run: Callable[[Callable[[], Any]], Any], links: GatherLinks | None = None) -> Gather:
