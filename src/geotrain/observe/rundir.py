@@ -26,11 +26,12 @@ import re
 import shutil
 import socket
 import time
-from dataclasses import dataclass, field
+
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from geotrain.errors import GeotrainError, shown
+from geotrain.procs.held_lock import HeldLock
 
 DEFAULT_ROOT = "geotrain-runs"
 KEEP_RUNS = 20
@@ -45,24 +46,9 @@ class RunDirError(GeotrainError, ValueError):
     """A run directory that cannot be used (not writable, or another run's)."""
 
 
-@dataclass
-class RunLock:
-    """The launcher's hold on a default run directory (a context manager; `release` is idempotent): while it
-    is held, `sweep_old_runs` of any process leaves the directory alone."""
-
-    path: Path
-    _handle: IO[bytes] | None = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()  # closing the file drops the flock
-            self._handle = None
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
+class RunLock(HeldLock):
+    """The launcher's hold on a default run directory: while it is held, `sweep_old_runs` of any process leaves
+    the directory alone."""
 
 
 def keep_runs() -> int:
@@ -83,7 +69,7 @@ def _locked_marker(path: Path) -> RunLock:
     handle.write(f"{os.getpid()} {socket.gethostname()}\n".encode())
     handle.flush()
     os.rename(temporary, path / CREATED_MARKER)
-    return RunLock(path, handle)
+    return RunLock(path, _handle=handle)
 
 
 def default_run_dir(plan_name: str, root: Path | str = DEFAULT_ROOT, now: float | None = None) -> RunLock:

@@ -18,10 +18,10 @@ import fcntl
 import os
 import re
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
+from geotrain.procs.held_lock import HeldLock
 from geotrain.runtime.checkpoint import STEP_NAME, CheckpointError
 
 LOCK_FILE = ".geotrain-lock"
@@ -30,24 +30,10 @@ _PARTIAL = re.compile(r"\.(.+\.tmp-\d+|geotrain-write-test-\d+)")
 
 
 @dataclass
-class DirectoryLock:
-    """The held lock of a checkpoint directory (a context manager; `release` is idempotent) and the
-    partial files removed when it was taken."""
+class DirectoryLock(HeldLock):
+    """The held lock of a checkpoint directory and the partial files removed when it was taken."""
 
-    path: Path
     removed: tuple[str, ...] = ()
-    _handle: IO[bytes] | None = field(default=None, repr=False)
-
-    def release(self) -> None:
-        if self._handle is not None:
-            self._handle.close()  # closing the file drops the flock
-            self._handle = None
-
-    def __enter__(self) -> DirectoryLock:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.release()
 
 
 def _holder(lock_path: Path) -> str:
