@@ -4,8 +4,9 @@ Each rank holds V virtual stages of a replica's pipeline of S x V stages: pp-ran
 s, s + S, ..., s + (V-1) S (the placement torch's looped schedules expect). GPipe and 1F1B use V = 1;
 Interleaved1F1B and LoopedBFS use V >= 2. Stage input/output shapes are given up front (example
 tensors, requires_grad=True for activations), so no shape inference runs over the links. torch
-moves whatever tensors the stages output: the activation "codec" is the dtype a stage casts its
-output to (fp32, fp16 or bf16), and the bytes on the wire are exactly those of that dtype.
+moves whatever float tensors the stages output: the activation codec is the dtype a stage casts its
+output to (fp32, fp16 or bf16), or a quantising codec's packed bytes in a float32 carrier
+(runtime/cut_wire.py); the bytes on the wire are exactly those of that tensor.
 
 `ComputeTimer` (geotrain.sync.base) accumulates the compute seconds of forward and backward chunks (`TimedStage` times
 torch's forward_one_chunk / backward_one_chunk, which contain no communication), codecs and the
