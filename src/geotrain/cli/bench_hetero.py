@@ -82,6 +82,10 @@ def run(args: Any) -> int:
                  f"({' / '.join(map(str, recipe['replica_steps']))} per period at first), P {recipe['fragments']}, "
                  f"tau {recipe['delay']}, outer codec {recipe['codec']} (equal / adaptive local steps predicted "
                  + " / ".join(f"{v:.3f}" for v in recipe["local_steps_step_s"].values()) + " s per step)")
+        row = next(r for r in doc["rows"] if r["recipe"])
+        out.text(f"its predicted time to target: {format_or(row['predicted_time_to_target_s'], '.2f', '-')} s "
+                 f"(measured {format_or(row['time_to_target_s'], '.2f')} s; cost.convergence, the limit row's steps to "
+                 f"the target {format_or((recipe.get('convergence') or {}).get('target_steps'), 'g', '-')})")
     for skipped in doc["skipped"]:
         out.text(f"skipped {skipped['kind']}: {skipped['reason']}")
     if args.plot:

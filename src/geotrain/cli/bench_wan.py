@@ -89,6 +89,11 @@ def run(args: Any) -> int:
               ["layout", "uncompressed", "with codecs", "dp codecs", "pp codecs"],
               [[name, f"{v['uncompressed_s']:.3f}", f"{v['with_codecs_s']:.3f}", ",".join(v["dp_codecs"]),
                 ",".join(v["pp_codecs"]) or "-"] for name, v in doc["planned_layouts"].items()], right_align_from=1)
+    for r in doc["rows"]:
+        if r["recipe"]:
+            predicted = format_or(r["predicted_time_to_target_s"], ".2f", "-")
+            out.text(f"{r['label']}: predicted time to target {predicted} s, "
+                     f"measured {format_or(r['time_to_target_s'], '.2f')} s (cost.convergence)")
     for skipped in doc["skipped"]:
         out.text(f"skipped {skipped['label']}: {skipped['reason']}")
     if args.plot:
