@@ -31,7 +31,7 @@ from typing import Any
 
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_explain import Option, explain_choice
-from geotrain.cli.plan_money import check_objective, money_line, plan_money
+from geotrain.cli.plan_money import check_objective, money_line, plan_money, sharded_plan_money
 from geotrain.cli.plan_recipe import (PricedRecipe, calibration_of, largest_sync_every, price_recipe, recipe_documents,
                                       recipe_tables)
 from geotrain.cluster import Cluster, load_cluster
@@ -93,11 +93,10 @@ def run_autoconfig(args: Any, out: Output) -> int:
             for done, candidate in enumerate(candidates, start=1):
                 priced.append(candidate_recipe(args, cluster, job, candidate))
                 progress(done, len(candidates))
-    if args.objective == "cost" and candidates[0].k > 1:
-        raise GeotrainError(f"--objective cost with sharded replicas ({candidates[0].k} devices per slot): not yet "
-                            f"(money is priced per device of a slot-less plan); use --objective time")
-    money = [None if cluster.prices is None or c.k > 1 else
-             plan_money(cluster, job, c.assignment, rank_seconds(c, p) if p is None else p.step_s, p)
+    money = [None if cluster.prices is None else
+             (plan_money if c.shard_devices is None else sharded_plan_money)(
+                 cluster, job, c.assignment if c.shard_devices is None else c.shard_devices,
+                 rank_seconds(c, p) if p is None else p.step_s, p)
              for c, p in zip(candidates, priced)]
     if recipe or args.objective == "cost":
         def key(i: int) -> float:
@@ -190,12 +189,13 @@ def rank_seconds(candidate: Candidate, priced: PricedRecipe | None) -> float:
 
 def option_of(candidate: Candidate, priced: PricedRecipe | None) -> Option:
     """The explanation's view of a candidate: ranked by its recipe's charged step, or by its iteration."""
-    label = f"{candidate.stages} x {candidate.replicas}"
+    label = f"{candidate.stages} x {candidate.replicas}" + (f" x {candidate.k} shards" if candidate.k > 1 else "")
+    devices = candidate.assignment if candidate.shard_devices is None else candidate.shard_devices
     if priced is None:
         scheme = "one replica" if candidate.replicas < 2 else "per-step data parallelism"
-        return Option(label, candidate.assignment, candidate.iteration_s, candidate.compute_s,
+        return Option(label, devices, candidate.iteration_s, candidate.compute_s,
                       candidate.memory_per_device_bytes, scheme)
     compute = (priced.recipe.compute_s if priced.chosen == "wan_recipe"
                else max(priced.shares.shares.compute_s))
     scheme = "WAN recipe" if priced.chosen == "wan_recipe" else "speed batch shares"
-    return Option(label, candidate.assignment, priced.step_s, compute, candidate.memory_per_device_bytes, scheme)
+    return Option(label, devices, priced.step_s, compute, candidate.memory_per_device_bytes, scheme)

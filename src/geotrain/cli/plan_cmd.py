@@ -45,7 +45,8 @@ from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfi
 from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, assignment_rows, build_placement,
                                          region_legend)
 from geotrain.cli.plan_explain import Option, explain_choice
-from geotrain.cli.plan_money import add_objective_argument, check_objective, money_line, plan_money
+from geotrain.cli.plan_money import (add_objective_argument, check_objective, money_line, plan_money,
+                                    sharded_plan_money)
 from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calibration_argument, add_recipe_arguments,
                                       calibration_of, devices_that_fit, price_recipe, recipe_documents,
                                       recipe_memory_bytes, recipe_tables, too_few_devices)
@@ -212,7 +213,7 @@ def run(args: Any) -> int:
     if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
         args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" and typed else DEFAULT_COST_MODEL
     calibration = calibration_of(args, load_job(args.job))
-    base = full_cluster if membership is None else membership.live_cluster()
+    base = real = full_cluster if membership is None else membership.live_cluster()
     slots = sharding = None
     if args.shards == SHARDS_ALWAYS:
         raise GeotrainError("--shards auto applies to auto-configuration: give --shards K with --stages/--replicas, "
@@ -268,9 +269,13 @@ def run(args: Any) -> int:
                               compute_s=compute, utilisation=args.utilisation)
         plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result.assignment, priced)})
     option = fixed_option(args, cluster, job, result, priced)  # explained on the live devices, memory's exclusions too
-    explanation = explain_choice(live, [replace(option, assignment=option.assignment if fit is None
-                                                else fit[option.assignment])])
-    money = None if cluster.prices is None else plan_money(cluster, job, result.assignment, option.step_s, priced)
+    placed = option.assignment if fit is None else fit[option.assignment]
+    if slots is not None:  # explained on the devices: every device of every slot
+        live, placed = real, lift_slots(slots, placed)
+    explanation = explain_choice(live, [replace(option, assignment=placed)])
+    money = None if cluster.prices is None else (
+        plan_money(cluster, job, result.assignment, option.step_s, priced) if slots is None
+        else sharded_plan_money(real, job, placed, option.step_s, priced))
     if money is not None:
         explanation.append(money_line(money, args.recipe_steps))
         plan = replace(plan, extra={**plan.extra, "money": money.to_json(cluster.region_names, args.recipe_steps)})
@@ -328,7 +333,7 @@ def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, pr
     """The explanation's view of a fixed layout's plan: its recipe's step (or the chosen shares'), else the cost
     model's total; compute as its model counts it (none for the communication-only models); memory per device
     as cost.memory gives it for one sequence per micro-batch (with the outer optimizer's state under a recipe)."""
-    label = f"{args.stages} x {args.replicas}"
+    label = f"{args.stages} x {args.replicas}" + (f" x {args.shards} shards" if (args.shards or 1) > 1 else "")
     if priced is not None:
         compute = (priced.recipe.compute_s if priced.chosen == "wan_recipe"
                    else max(priced.shares.shares.compute_s))

@@ -10,13 +10,16 @@ to make the same progress: USD per step times the recipe's staleness charge (cha
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from geotrain.cli.plan_recipe import PricedRecipe
 from geotrain.cluster import Cluster
-from geotrain.cost.money import StepMoney, egress_bytes, exchange_pair_bytes, star_bytes, step_money
+from geotrain.cost.money import (SECONDS_PER_HOUR, StepMoney, egress_bytes, exchange_pair_bytes, star_bytes,
+                                 step_money)
+from geotrain.cost.shards import slot_view
 from geotrain.errors import GeotrainError
 from geotrain.job import Job
 
@@ -62,6 +65,16 @@ def plan_money(cluster: Cluster, job: Job, assignment: Any, step_s: float, price
     payload = values * spec.build().bytes_per_value(job.hidden, job.bytes_per_value)
     pair = exchange_pair_bytes(payload, replicas, gathered=reducer_traits(spec).gathered, period=recipe.sync_every)
     return step_money(cluster, assignment, step_s, egress_bytes(cluster, assignment, pair, pp_bytes))
+
+
+def sharded_plan_money(cluster: Cluster, job: Job, devices: Any, step_s: float,
+                       priced: PricedRecipe | None) -> StepMoney:
+    """`plan_money` of a sharded layout `devices` (S, R, K): egress as its slots move it (K same-shard exchanges of
+    1/K: the bytes of one device per slot), GPU-hours of every device of every slot."""
+    slots, _, assignment = slot_view(cluster, devices)
+    money = plan_money(slots, job, assignment, step_s, priced)
+    per_hour = sum(cluster.prices.gpu_hour_usd[cluster.gpus[d]] for d in np.unique(np.asarray(devices)))
+    return replace(money, gpu_usd=per_hour * step_s / SECONDS_PER_HOUR)
 
 
 def money_line(money: StepMoney, steps: int | None = None) -> str:

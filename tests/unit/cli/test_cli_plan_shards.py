@@ -1,4 +1,4 @@
-"""`geotrain plan --shards K`: sharded slots in the plan file, read back by cost / emulate, refused by train."""
+"""`geotrain plan --shards K`: sharded slots in the plan file, read back by cost and emulate."""
 
 import json
 
@@ -30,26 +30,17 @@ def files(tmp_path_factory):
 def test_a_fixed_layout_places_slots_site_by_site_and_cost_reads_them(files, capsys):
     c, j, out = str(files / "c.yaml"), str(files / "j.yaml"), str(files / "p.json")
     assert main(["plan", "--cluster", c, "--job", j, "--stages", "1", "--replicas", "2", "--shards", "4",
-                 "--cost-model", "yuan+compute", "--json", "--out", out]) == 0
+                 "--cost-model", "schedule", "--json", "--out", out]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["shards"]["k"] == 4
     assert sorted(map(sorted, plan["shards"]["devices"][0])) == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert [slot[0] for slot in plan["shards"]["devices"][0]] == plan["assignment"][0]
     # the stage's 13.4 GB of gradients as 4 exchanges of 3.35 GB at once over 1 Gbit/s links
     assert plan["cost"]["dp"] == pytest.approx(2 * (0.035 + 8 * 13.4e9 / 2 / 4e9))
-    assert main(["cost", "--cluster", c, "--plan", out, "--cost-model", "yuan+compute", "--json"]) == 0
+    assert main(["cost", "--cluster", c, "--plan", out, "--cost-model", "schedule", "--json"]) == 0
     scored = json.loads(capsys.readouterr().out)
     assert scored["shards"] == 4 and scored["cost"]["total"] == pytest.approx(plan["cost"]["total"])
     assert rank_devices(out, None, 8) == [d for slot in Plan.load(out).shards.devices[0] for d in slot]
-
-
-def test_train_refuses_a_sharded_plan_in_one_line(files, capsys):
-    c, out = str(files / "c.yaml"), str(files / "p.json")
-    if not (files / "p.json").exists():
-        pytest.skip("made by the test above")
-    assert main(["train", "--cluster", c, "--plan", out]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "sharded plans run with train --plan (not yet)" in err and len(err.splitlines()) == 1
 
 
 def test_too_few_slots_are_refused_in_one_line(files, capsys):
@@ -90,3 +81,16 @@ def test_old_plans_load_with_one_device_per_slot_and_bad_shards_are_refused():
                             ({"k": 2, "devices": [[[0], [4, 5]]]}, "must have shape")):
         with pytest.raises(PlanError, match=message):
             Plan.from_json({**good, "shards": shards})
+
+
+def test_a_sharded_plan_pays_for_every_device_of_every_slot(files, capsys):
+    priced = files / "priced.yaml"
+    priced.write_text(CLUSTER + "prices:\n  gpu_hour: {A100: 2.0}\n  egress_per_gb: {default: 0.1}\n")
+    assert main(["plan", "--cluster", str(priced), "--job", str(files / "j.yaml"), "--stages", "1", "--replicas", "2",
+                 "--shards", "4", "--cost-model", "schedule", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    money = plan["money"]
+    assert money["gpu_usd_per_step"] == pytest.approx(8 * 2.0 * plan["cost"]["total"] / 3600)
+    # the bytes leaving each site are those of one device per slot (4 shards' exchanges of 1/4 of the stage each):
+    # the 13.4 GB stage's reduce-scatter and all-gather halves
+    assert money["egress_gb_per_step"] == pytest.approx({"oregon": 13.4, "virginia": 13.4})
