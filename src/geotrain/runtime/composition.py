@@ -108,7 +108,6 @@ directory, a cluster of known GPU types."""
 SETTING = {setting.name: setting for setting in SETTINGS}
 
 _ASYNC_WHOLE = "asynchronous outer updates send the whole model's outer gradient at a replica's own pace"
-_ELASTIC_BLOCKING = "elastic runs synchronise blocking (every step, or blocking DiLoCo) only"
 _ADAPTIVE_STEPS = "replicas take different step counts between outer syncs"
 _ASYNC_CHECKPOINT = ("the global model lives in rank 0's server until the end and ranks are at different steps: "
                      "checkpoints at the end only")
@@ -153,8 +152,6 @@ RULES: tuple[Rule, ...] = (
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",
          built=True, instead="drop --dp-hierarchical"),
     # elastic replica groups
-    Rule("elastic", "fragments", _ELASTIC_BLOCKING),
-    Rule("elastic", "delay", _ELASTIC_BLOCKING),
     Rule("elastic", "hierarchical", "elastic groups exchange flat (one torchft group, no regions)"),
     Rule("elastic", "onebit", "elastic runs step AdamW"),
     Rule("elastic", "moments", "elastic runs average parameters only (torchft's allreduce)"),

@@ -26,8 +26,19 @@ That is sound: a residual is what its own group's codec has not yet delivered of
 most one encoding's error; dropping it loses that much once (as one exchange without error feedback
 would), while copying a peer's would deliver the peer's undelivered part twice.
 
+Streaming (--fragments P, --sync-delay tau; `make_elastic_sync` builds a StreamingOuterSync whose fragment
+exchanges are `exchange.over(fragment)`, each with its own residuals): the rule for a quorum that changes
+while a sync would be in flight is that no sync is ever in flight across a quorum. A fragment's exchange
+runs whole, and is committed (`should_commit`, retried on a new quorum as above), in the quorum started
+before the step that posts it; what it delivered is kept (geotrain.sync.settle) and lands tau steps later,
+with the mix or eager rule, exactly as a non-elastic run lands it: the same numbers, only the overlap of
+the exchange with the tau inner steps is not there. So every member that committed holds the same
+delivered mean; a member that failed the exchange retries it or is superseded (it heals from a peer);
+a group that heals between a sync and its landing receives the peer's kept mean in the peer's state
+(`settle` before `state_dict`) and lands it at the same step.
+
     exchange = ManagerExchange(params, manager, healed=lambda: state.healed)
-    sync = make_elastic_sync(options, params, exchange)      # PerStepSync or OuterSync around it
+    sync = make_elastic_sync(options, params, exchange)      # PerStepSync, OuterSync or StreamingOuterSync
 """
 
 from __future__ import annotations
@@ -48,6 +59,8 @@ from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.sync.options import SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
+from geotrain.sync.settle import redeliver, settle
+from geotrain.sync.streaming import StreamingOuterSync, fragment_due
 
 EXCHANGE_RETRIES = 5
 """New quorums an exchange tries after a failed one before it gives up (each waits for the lost peer's
@@ -143,21 +156,35 @@ class ManagerExchange:
         self.failed_quorums = 0
         self.contributors = 0.0
         self.comm_s = 0.0
-        spec = None if codec is None else CodecSpec.parse(codec)
-        self.reducer: CodecReducer | None = None
-        if spec is not None and not spec.is_uncompressed:
-            if not reducer_traits(spec).hierarchical:  # its own exchange (powersgd): rules.py refuses it
-                raise SyncError(f"codec {str(spec)!r} is its own exchange; elastic groups take a codec of "
-                                f"geotrain.codecs")
-            self.reducer = CodecReducer(spec.build(), [(str(i), p.shape) for i, p in enumerate(self.params)], 1,
-                                        error_feedback=error_feedback)
-            self.pg = pg
-            self.pause = CollectivePause()
+        self.spec = None if codec is None else CodecSpec.parse(codec)
+        if self.spec is not None and not self.spec.is_uncompressed and not reducer_traits(self.spec).hierarchical:
+            raise SyncError(f"codec {str(self.spec)!r} is its own exchange; elastic groups take a codec of "
+                            f"geotrain.codecs")  # (powersgd: rules.py refuses it)
+        self.error_feedback = error_feedback
+        self.pg = pg
+        self.pause = CollectivePause()
+        self.reducer = self.reducer_for(self.params)
+
+    def reducer_for(self, params: Sequence[torch.Tensor]) -> CodecReducer | None:
+        """A codec reducer of `params` (residuals under their indices), None when the exchange is uncompressed."""
+        if self.spec is None or self.spec.is_uncompressed:
+            return None
+        return CodecReducer(self.spec.build(), [(str(i), p.shape) for i, p in enumerate(params)], 1,
+                            error_feedback=self.error_feedback)
+
+    def over(self, params: Sequence[torch.nn.Parameter]) -> FragmentExchange:
+        """The exchange of other parameters (a fragment's outer gradients) through this one's quorum."""
+        return FragmentExchange(self, params)
 
     def exchange(self, step: int, timer: StepTimer) -> int:
         """Average the gradients over the quorum's contributing groups, in place; bytes handed to the collectives."""
+        return self.average(self.params, self.reducer, step, timer)
+
+    def average(self, params: list[torch.nn.Parameter], reducer: CodecReducer | None, step: int,
+                timer: StepTimer) -> int:
+        """`exchange` of `params` through `reducer` (None: the fp32 all-reduce)."""
         with timer:
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in self.params]
+            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
             weight = self.weight_on_heal if self.healed() else 1.0
         started = time.perf_counter()
         for attempt in range(self.retries + 1):
@@ -165,19 +192,19 @@ class ManagerExchange:
                 self.start_quorum()
                 if self.healed():
                     raise StepSuperseded(f"step {step}: recovered a newer state from a peer")
-            residuals = None if self.reducer is None else [dict(w) for w in self.reducer.residuals]
-            means, nbytes = self._try(grads, weight, step, timer)
+            residuals = None if reducer is None else [dict(w) for w in reducer.residuals]
+            means, nbytes = self._try(reducer, grads, weight, step, timer)
             if self.manager.should_commit():
                 break
-            if self.reducer is not None:
-                self.reducer.residuals = residuals  # the next try encodes the same gradient with the same residuals
+            if reducer is not None:
+                reducer.residuals = residuals  # the next try encodes the same gradient with the same residuals
             self._failed()
         else:
             raise QuorumLost(f"elastic exchange at step {step}: {self.retries + 1} quorums in a row failed to commit")
         self.comm_s += time.perf_counter() - started
         if self.contributors <= 0:
             raise QuorumLost(f"elastic exchange at step {step}: no contributing replica group in the quorum")
-        for p, mean in zip(self.params, means, strict=True):
+        for p, mean in zip(params, means, strict=True):
             p.grad = mean
         return nbytes
 
@@ -186,16 +213,16 @@ class ManagerExchange:
         if self.abort is not None:
             self.abort()  # close our links now: members blocked on us in the ring fail at once, not at their timeout
 
-    def _try(self, grads: list[torch.Tensor], weight: float, step: int,
+    def _try(self, reducer: CodecReducer | None, grads: list[torch.Tensor], weight: float, step: int,
              timer: StepTimer) -> tuple[list[torch.Tensor], int]:
         """One try over the quorum: (the means over its contributors, bytes handed); `contributors` set."""
-        if self.reducer is None:
+        if reducer is None:
             return self._try_plain(grads, weight, timer)
         collective = QuorumCollective(self.manager, self.pg, weight, self.pause)
         with self.pause.timing(timer):
-            self.reducer.world_size = collective.world_size
+            reducer.world_size = collective.world_size
             sent = [g.detach() * weight if weight != 1.0 else g.detach() for g in grads]
-            means = self.reducer.reduce([sent], collective, step)
+            means = reducer.reduce([sent], collective, step)
             self.contributors = collective.contributors
             if 0 < self.contributors != collective.world_size:  # the reducer averaged over every member
                 means = [m * (collective.world_size / self.contributors) for m in means]
@@ -229,15 +256,60 @@ class ManagerExchange:
             self.reducer.residuals = [{}]
 
 
+class FragmentExchange:
+    """The DPExchange of `params` (a Streaming DiLoCo fragment's outer gradients) through `hub`'s quorum, with
+    residuals of its own. `start` runs the whole exchange, committed, when the sync is posted, and returns the
+    landing of what it delivered (geotrain.sync.settle): nothing is in flight across a quorum (module doc
+    "Streaming")."""
+
+    def __init__(self, hub: ManagerExchange, params: Sequence[torch.nn.Parameter]) -> None:
+        self.hub, self.params = hub, list(params)
+        self.reducer = hub.reducer_for(self.params)
+
+    def exchange(self, step: int, timer: StepTimer, parts: int | None = None) -> int:
+        if parts not in (None, 1):
+            raise SyncError("elastic fragments send their outer gradients alone (no moment sync)")
+        return self.hub.average(self.params, self.reducer, step, timer)
+
+    def start(self, step: int, timer: StepTimer, parts: int | None = None) -> Callable[[StepTimer], int]:
+        delivered = settle(lambda now: self.exchange(step, now, parts), timer, [self.params])
+        return redeliver(delivered, [self.params])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.reducer is not None:
+            self.reducer.residuals = [{}]
+
+
 def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter], exchange: ManagerExchange,
                       sum_squares: Callable[[float], float] | None = None) -> GradientSync:
-    """PerStepSync (no sync_every) or blocking OuterSync (sync_every H) around `exchange`, with AdamW as
+    """PerStepSync (no sync_every), blocking OuterSync (sync_every H) or StreamingOuterSync (fragments > 1 or
+    delay > 0: one `exchange.over(...)` per fragment) around `exchange`, with AdamW as
     geotrain.sync.make_gradient_sync builds it. Clipping: `sum_squares` turns this process's sum of squared
     (averaged) gradients into the whole model's (a pipeline stage: summed over the group's stages); None:
     local (the process holds the whole model)."""
     params = list(params)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    if options.outer.sync_every is None:
+    outer, streaming = options.outer, options.streaming
+    if outer.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
-    outer = OuterStep(params, options.outer.sync_every, options.outer.outer_lr, options.outer.outer_momentum)
-    return OuterSync(params, adamw, outer, exchange, options.total_steps)
+    if streaming.fragments > 1 or streaming.delay > 0:
+        return StreamingOuterSync([(str(i), p) for i, p in enumerate(params)], adamw,
+                                  lambda shadows, moments=None: exchange.over([p for _, p in shadows]),
+                                  outer.sync_every, streaming.fragments, streaming.delay, streaming.mix,
+                                  outer.outer_lr, outer.outer_momentum, options.total_steps, None, streaming.landing,
+                                  streaming.warmup, False, None, streaming.fragment_split)
+    step = OuterStep(params, outer.sync_every, outer.outer_lr, outer.outer_momentum)
+    return OuterSync(params, adamw, step, exchange, options.total_steps)
+
+
+def exchanges_after(options: SyncOptions, step: int) -> bool:
+    """Whether the sync of `options` exchanges (needs a quorum) after 0-based `step`: every step, the end of
+    an outer period, or (fragments) a step after which some fragment starts a sync; and the last step."""
+    every = options.outer.sync_every
+    if every is None or step + 1 == options.total_steps:
+        return True
+    fragments = options.streaming.fragments
+    return any(fragment_due(step, p, fragments, every) for p in range(fragments))

@@ -33,6 +33,7 @@ import torch
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime import replan
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.sync.base import ComputeTimer
 from geotrain.sync.exchange import StageExchange
 
 
@@ -66,6 +67,7 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, complet
     identity = checkpoint_identity(config)
     exchange = StageExchange.fresh_state(list(module.named_parameters()), config.comm.dp_codec,
                                          config.comm.error_feedback)
+    sync.settle(ComputeTimer())  # streaming: the syncs in flight, committed when posted (geotrain.sync.elastic)
     dp = {**sync.state_dict(), "exchange": exchange}
     slot = {"rank": stage, "stage": stage, "replica": 0}
     devices = [[int(config.assignment[s][group])] for s in range(config.stages)]

@@ -74,7 +74,8 @@ from geotrain.runtime.elastic.stage import GroupStageModel, pipeline_group
 from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.sync.base import ComputeTimer
 from geotrain.runtime.training_data import load_training_data
-from geotrain.sync.elastic import EXCHANGE_RETRIES, ManagerExchange, QuorumLost, StepSuperseded, make_elastic_sync
+from geotrain.sync.elastic import (EXCHANGE_RETRIES, ManagerExchange, QuorumLost, StepSuperseded, exchanges_after,
+                                   make_elastic_sync)
 
 EXIT_GROUP_ERROR = 2
 """A group's own, non-transient error (bad input, no quorum, refused state): the launcher ends the run
@@ -158,7 +159,7 @@ class ElasticGroup:
             raise ElasticGroupError(f"replica group {group}: cannot reach the torchft lighthouse {lighthouse}: "
                                     f"{_first_line(exc)}") from None
         outer = config.optim.sync_every is not None
-        options = config.sync_options(stage)
+        self.options = options = config.sync_options(stage)
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
                                         weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum,
                                         abort=lambda: self.process_group.abort(), codec=options.exchange.codec,
@@ -209,7 +210,9 @@ class ElasticGroup:
                        checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
 
     def _state(self) -> dict[str, Any]:
-        """What a recovering peer loads (cloned now: this group keeps training while it is fetched)."""
+        """What a recovering peer loads (cloned now: this group keeps training while it is fetched); the syncs
+        in flight settled first (each was committed when posted: nothing to wait for, geotrain.sync.elastic)."""
+        self.sync.settle(self.timer)
         return copy.deepcopy({"identity": self.identity, "group": self.group, "stage": self.stage,
                               "step": self.state.step,
                               "module": self.module.state_dict(), "sync": self.sync.state_dict(),
@@ -310,9 +313,8 @@ class ElasticGroup:
         self.quorum_for = self.state.step
 
     def due(self, step: int) -> bool:
-        """Whether `step` synchronises (every step, or the end of an outer period)."""
-        every = self.config.optim.sync_every
-        return every is None or (step + 1) % every == 0 or step + 1 == self.config.run.steps
+        """Whether `step` synchronises (every step, the end of an outer period, a fragment's sync)."""
+        return exchanges_after(self.options, step)
 
     def train_step(self, step: int) -> dict[str, Any]:
         """One step; the record adds `compute_s` (forward, backward, optimizer: wall seconds), `comm_s` (the

@@ -6,8 +6,9 @@ Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is
 stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partition, no --netlab), any
 replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulating backend with
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
-every step (gradient mean, no --sync-every) or blocking DiLoCo (--sync-every H, one fragment, no
-delay); any codec of geotrain.codecs with or without error feedback (the codec reducer on torchft's
+every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
+DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
+later; geotrain.sync.elastic); any codec of geotrain.codecs with or without error feedback (the codec reducer on torchft's
 group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical), AdamW. With --netlab: --time-scale 0
 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
@@ -46,6 +47,9 @@ def pipeline_refusal(config: Any) -> str | None:
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: partitions of elastic groups of {s} stages are not supported; "
          f"use kill-site"),
+        (config.optim.fragments > 1 or config.optim.sync_delay > 0,
+         f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}): elastic "
+         f"groups of {s} stages run blocking DiLoCo or every-step sync"),
         (config.emulation.time_scale > 0,
          f"emulation.time_scale {config.emulation.time_scale!r}: elastic groups of {s} stages run on plain "
          f"links (no link emulation); pass --time-scale 0"),
@@ -67,6 +71,9 @@ def elastic_refusal(config: Any) -> str | None:
         (config.reliability.min_replicas > config.replicas,
          f"reliability.min_replicas {config.reliability.min_replicas} is more than the plan's {config.replicas} "
          f"replica groups"),
+        (optim.sync_every is None and optim.sync_delay > 0,
+         f"optim.sync_delay {optim.sync_delay} without --sync-every (delayed gradients): elastic runs overlap "
+         f"nothing per step; use --sync-every H for streaming DiLoCo"),
         (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0,
          f"checkpoint.checkpoint_every {config.checkpoint.checkpoint_every}: elastic runs with --sync-every "
          f"{optim.sync_every} checkpoint at outer-round ends only; use a multiple of {optim.sync_every}"),
