@@ -29,7 +29,6 @@ the full cluster file, and the JSON adds "membership": {"excluded_devices", "exc
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import fields, replace
@@ -45,6 +44,7 @@ from geotrain.cli.plan_autoconfig import add_autoconfig_arguments, run_autoconfi
 from geotrain.cli.placement_args import (DEFAULT_JOB, add_placement_arguments, assignment_rows, build_placement,
                                          region_legend)
 from geotrain.cli.plan_explain import Option, explain_choice
+from geotrain.cli.plan_shards import add_shards_argument, shard_slots, sharded_compute_s
 from geotrain.cli.plan_money import (add_objective_argument, check_objective, money_line, plan_money,
                                     sharded_plan_money)
 from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calibration_argument, add_recipe_arguments,
@@ -54,13 +54,12 @@ from geotrain.cluster import Cluster, load_cluster
 from geotrain.cluster.gpus import UNKNOWN_GPU
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
-from geotrain.cost.compute import YuanComputeCostModel
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.errors import GeotrainError, shown
 from geotrain.job import Job, load_job
-from geotrain.cost.shards import ShardError, Sharding, check_shards, group_slots, lift_slots, slot_cluster
+from geotrain.cost.shards import Sharding, lift_slots, slot_cluster
 from geotrain.plan import Plan, PlanShards, cluster_record, job_record, plan_codecs, plan_split
 from geotrain.search import SEARCH_METHODS, PlacementProblem, SearchError, SearchResult, run_search
 from geotrain.search.bound_beside import BoundBeside, usable_cores
@@ -136,12 +135,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--uneven-split", action="store_true",
                         help="score each placement with the speed-optimal uneven layer split (faster stages take "
                              "more layers; yuan+compute and schedule cost models); the plan records the cut")
-    parser.add_argument("--shards", type=shard_count, default=None, metavar="K|auto",
-                        help="sharded replicas: each (stage, replica) slot is K devices of one site holding FSDP2 "
-                             "shards of its stage (the plan's \"shards\" object); not given: 1 for a fixed layout, "
-                             "and for auto-configuration 1 where a layout fits one device per slot, else the fastest "
-                             "K; auto (auto-configuration only): K = 1 and every power of two up to the largest "
-                             "site weighed together")
+    add_shards_argument(parser)
     add_membership_arguments(parser)
     add_autoconfig_arguments(parser)
     parser.set_defaults(handler=run)
@@ -375,42 +369,6 @@ def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel,
     shares = "speed" if args.uneven_split else None
     return sub, build_cost_model(args.cost_model, sub, job, args.stages, args.replicas, layer_shares=shares,
                                  utilisation=args.utilisation, sharding=sharding), fit
-
-
-def sharded_compute_s(slots: Cluster, job: Job, assignment: np.ndarray, sharding: Sharding,
-                      utilisation: float | None) -> float:
-    """The slowest replica's compute seconds per step on the slot cluster `slots` by "yuan+compute" (each slot's
-    compute over its K devices plus FSDP's traffic inside it): a sharded layout's recipe is priced with it."""
-    stages, replicas = (int(n) for n in np.shape(assignment))
-    model = YuanComputeCostModel.for_job(slots, job, stages, replicas, sharding=sharding,
-                                         **({} if utilisation is None else {"utilisation": utilisation}))
-    return float(model.replica_compute_seconds(np.asarray(assignment)[None]).max())
-
-
-def shard_count(text: str) -> int:
-    """--shards K: an integer in 1..MAX_SHARDS, or "auto" (SHARDS_ALWAYS: auto-configuration weighs every K)."""
-    if text == "auto":
-        return SHARDS_ALWAYS
-    try:
-        return check_shards(int(text))
-    except (ValueError, ShardError):
-        raise argparse.ArgumentTypeError(f"must be an integer in 1..1024 (devices of one site per slot) or auto, "
-                                         f"got {text!r}") from None
-
-
-def shard_slots(args: Any, cluster: Cluster) -> tuple[np.ndarray, Sharding]:
-    """The slots of --shards K on `cluster` (cost.shards.group_slots: each site's devices K at a time, fastest
-    first) and their Sharding; one line when the sites hold fewer than S x R slots, or with --uneven-split."""
-    if args.uneven_split:
-        raise GeotrainError("--uneven-split with --shards: not yet (the speed split of sharded slots is not priced)")
-    slots = group_slots(cluster, args.shards)
-    need = args.stages * args.replicas
-    if len(slots) < need:
-        sites = ", ".join(f"{name} {size}" for name, size in zip(cluster.region_names, cluster.region_sizes()))
-        raise GeotrainError(f"--shards {args.shards}: --stages {args.stages} x --replicas {args.replicas} need {need} "
-                            f"slots of {args.shards} devices of one site, and the sites hold {len(slots)} "
-                            f"(devices per site: {sites}); use fewer shards, stages or replicas")
-    return slots, Sharding.of_slots(cluster, slots)
 
 
 def codec_tables(out: Output, choice: CodecChoice) -> None:

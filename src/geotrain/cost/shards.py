@@ -49,7 +49,8 @@ MAX_SHARDS = 1024
 def check_shards(k: object, where: str = "--shards") -> int:
     """K as an integer in 1..MAX_SHARDS; ShardError naming `where` otherwise."""
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SHARDS:
-        raise ShardError(f"{where} must be an integer in 1..{MAX_SHARDS} (devices of one site per slot), got {shown(k)}")
+        raise ShardError(f"{where} must be an integer in 1..{MAX_SHARDS} (devices of one site per slot), "
+                         f"got {shown(k)}")
     return k
 
 
