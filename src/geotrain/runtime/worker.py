@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import os
 import re
 import sys
@@ -363,41 +362,89 @@ def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: lis
             observer.event("resume", worker.start_step)
             if worker.replanned is not None:
                 observer.event("replan", worker.start_step, **worker.replanned)
+        if isinstance(worker.dp, AsyncOuterGradientSync):  # before any rank sends its first request
+            worker.dp.outer.plan_checkpoints(_async_pauses(worker, worker.dp))
     watchdog.publish_step(worker.start_step)
     start_line(worker)
     run, data, checkpoint = config.run, config.data, config.checkpoint
     if isinstance(worker.dp, AdaptiveOuterSync):
         _train_periods(worker, worker.dp, watchdog, observer)
         return _gather_records(config, rank, worker)
+    if isinstance(worker.dp, AsyncOuterGradientSync):  # ranks end at different steps: sync/async_step.py
+        _train_async(worker, worker.dp, watchdog, observer)
+        return _gather_records(config, rank, worker)
     end = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
-    asynchronous = isinstance(worker.dp, AsyncOuterGradientSync)  # ranks end at different steps: sync/async_step.py
-    steps = itertools.takewhile(lambda _: not worker.dp.done, itertools.count()) if asynchronous else range(
-        worker.start_step, end)
-    for step in steps:
-        outer = worker.dp.outer if asynchronous else None
-        before = (outer.pushes, outer.outer_step, outer.exchange_s) if outer is not None else None
+    for step in range(worker.start_step, end):
         record = worker.train_step(step)
-        if asynchronous:  # the global model this rank holds: its updates and its time (when its server sent it)
-            _async_record(worker, worker.dp, record, before)
-        elif data.evaluates_after(step, run.steps):
+        if data.evaluates_after(step, run.steps):
             record["val_loss"] = worker.evaluate()
         worker.records.append(record)
         observer.step(record)
         if rebalance_due(config.schedule.batch_shares, step):
             worker.rebalance_shares()
         watchdog.publish_step(step + 1)
-        if checkpoint.due(step + 1, end) and not asynchronous:
+        if checkpoint.due(step + 1, end):
             observer.event("checkpoint", step + 1, **worker.save(step + 1))
-    if asynchronous and checkpoint.checkpoint_dir is not None:
-        observer.event("checkpoint", run.steps, **worker.save(run.steps))
     return _gather_records(config, rank, worker)
+
+
+def _stop_step(worker: Worker) -> int:
+    """The equal schedule's step this launch ends at (--stop-after counts from the resumed step)."""
+    run = worker.config.run
+    return run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
+
+
+def _checkpoint_points(worker: Worker) -> list[int]:
+    """The equal schedule's steps before the run's end at which a rank of uneven steps (adaptive, asynchronous)
+    writes a checkpoint, and this launch's stop."""
+    stop, checkpoint = _stop_step(worker), worker.config.checkpoint
+    return [c for c in range(worker.start_step + 1, stop + 1)
+            if c < worker.config.run.steps and (c == stop or checkpoint.due(c, stop))]
+
+
+def _async_pauses(worker: Worker, sync: AsyncOuterGradientSync) -> list[tuple[int, int]]:
+    """The checkpoint rounds of the global model's server (sync/async_server.py): (updates, step) for each of
+    `_checkpoint_points`, opened once the global model holds the step's replica updates, ceil(c x R / H)."""
+    every, replicas = sync.outer.sync_every, worker.config.replicas
+    pauses = [(-(-c * replicas // every), c) for c in _checkpoint_points(worker)]
+    return [(updates, c) for updates, c in pauses if updates < sync.target_updates]
+
+
+def _train_async(worker: Worker, sync: AsyncOuterGradientSync, watchdog: Watchdog, observer: NullObserver) -> None:
+    """--outer-sync async: this rank steps until the global model holds the run's budget, then the final exchange.
+    A checkpoint (and a --stop-after) is a checkpoint round of the global model's server (sync/async_server.py):
+    every rank pauses at the start of a period, and writes the checkpoint when all are paused, named by the equal
+    schedule's step the round was planned for; the end's checkpoint is named by the run's steps."""
+    stop, checkpoint = _stop_step(worker), worker.config.checkpoint
+    step = sync.outer.inner_steps  # this rank's steps so far (a resumed run's: the checkpoint's)
+    while not sync.done:
+        before = (sync.outer.pushes, sync.outer.outer_step, sync.outer.exchange_s)
+        record = worker.train_step(step)
+        _async_record(worker, sync, record, before)  # the global model this rank holds: its updates and its time
+        paused = sync.paused_for()
+        if sync.done and paused is None:
+            _finish_async(worker, sync, record)
+        worker.records.append(record)
+        observer.step(record)
+        step += 1
+        watchdog.publish_step(step)
+        if paused is not None:
+            if checkpoint.checkpoint_dir is not None:
+                observer.event("checkpoint", paused, **worker.save(paused))
+            if paused == stop:
+                sync.outer.close()
+                return
+            if sync.done:
+                _finish_async(worker, sync, record)
+    if checkpoint.checkpoint_dir is not None:
+        observer.event("checkpoint", worker.config.run.steps, **worker.save(worker.config.run.steps))
 
 
 def _async_record(worker: Worker, sync: AsyncOuterGradientSync, record: dict[str, Any],
                   before: tuple[int, int, float]) -> None:
     """An asynchronous step's record (before its line is written): the global model this rank holds after it, the
     run's progress (`progress_step`: the equal schedule's step of the global model the step started from),
-    `exchange_s` (its blocking exchange, the step's clock); its validation; after the last step, the end."""
+    `exchange_s` (its blocking exchange, the step's clock); its validation (the end: _finish_async)."""
     cfg = worker.config
     pushes, updates, exchanged = before
     record.update(global_updates=sync.outer.outer_step, global_time_s=sync.outer.model_time_s,
@@ -405,8 +452,6 @@ def _async_record(worker: Worker, sync: AsyncOuterGradientSync, record: dict[str
                   exchange_s=sync.outer.exchange_s - exchanged)
     if not sync.done and sync.evaluates_now(pushes, cfg.data.eval_every if cfg.data.eval_local else 0):
         record["val_loss"] = worker.evaluate()
-    if sync.done:
-        _finish_async(worker, sync, record)
 
 
 def _finish_async(worker: Worker, sync: AsyncOuterGradientSync, last: dict[str, Any]) -> None:
@@ -447,9 +492,7 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
     run, data, checkpoint = worker.config.run, worker.config.data, worker.config.checkpoint
     every, periods = sync.sync_every, sync.periods  # ceil(steps / H): the factory gives it (sync.factory)
     assert periods is not None
-    stop = run.steps if run.stop_after is None else min(run.steps, worker.start_step + run.stop_after)
-    points = [c for c in range(worker.start_step + 1, stop + 1)  # the checkpoints' equal-schedule steps, and a stop
-              if c < run.steps and (c == stop or checkpoint.due(c, stop))]
+    stop, points = _stop_step(worker), _checkpoint_points(worker)
     step = sync.inner_steps  # this rank's steps so far (a resumed run's: the checkpoint's)
     while sync.outer_step < periods:
         if points and sync.checkpoint_position(points[0]) == sync.period_steps:

@@ -203,6 +203,10 @@ class AsyncOuterSync:
         self.exchange_s = 0.0
         """Seconds this rank spent blocked in its exchanges with its server (request out to reply in): emulated
         seconds on emulated links (the reply's arrival less the request's hand-off), else wall seconds."""
+        self.checkpointed = 0
+        """The step of the last checkpoint round this rank paused for (async_server: checkpoint rounds)."""
+        self.paused_for: int | None = None
+        """The checkpoint round's step this rank was just told to go on from: it writes the checkpoint now."""
 
     @property
     def bytes_sent(self) -> int:
@@ -255,6 +259,40 @@ class AsyncOuterSync:
             for p in self.params:
                 p.copy_(reply.model[offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
+        if not final and reply.checkpoint > self.checkpointed:  # a checkpoint round is open: pause for it
+            self._exchange(Request(self.rank, self.version, None, 0, pause=True))
+            self.checkpointed = self.paused_for = reply.checkpoint
+
+    def plan_checkpoints(self, pauses: Sequence[tuple[int, int]]) -> None:
+        """The run's checkpoint rounds, (updates, step) pairs (async_server), on the rank hosting the flat server
+        (a hierarchical run's region servers take none)."""
+        if self.servers and self.regions is None:
+            self.servers[0].plan_pauses(pauses)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This client's place (the model it holds and its version, its counts; its period's start: a checkpoint
+        round pauses it there) and, on rank 0, the flat server's state."""
+        if self.period_steps:
+            raise SyncError(f"asynchronous DiLoCo: state_dict {self.period_steps} steps into a period (checkpoints "
+                            f"are taken in a checkpoint round, at a period's start)")
+        server = {} if not self.servers or self.regions is not None else {"server": self.servers[0].state_dict()}
+        return {"anchor": self.anchor.clone(), "version": self.version, "outer_step": self.outer_step,
+                "pushes": self.pushes, "inner_steps": self.inner_steps, "model_time_s": self.model_time_s,
+                "exchange_s": self.exchange_s, "checkpointed": self.checkpointed, **server}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["anchor"].shape != self.anchor.shape:
+            raise ValueError(f"checkpoint's global model has {state['anchor'].numel()} values, this one "
+                             f"{self.anchor.numel()}")
+        self.anchor = state["anchor"].clone()
+        self.version, self.outer_step = int(state["version"]), int(state["outer_step"])
+        self.pushes = int(state["pushes"])
+        self.inner_steps, self.checkpointed = int(state["inner_steps"]), int(state["checkpointed"])
+        self.model_time_s, self.exchange_s = float(state["model_time_s"]), float(state["exchange_s"])
+        if ("server" in state) != bool(self.servers and self.regions is None):
+            raise ValueError("checkpoint and run disagree on which rank hosts the global model's server")
+        if "server" in state:
+            self.servers[0].load_state_dict(state["server"])
 
     def finish(self) -> None:
         """Send what is left (final) and wait until every rank has: all hold the final global model."""

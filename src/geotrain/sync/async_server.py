@@ -19,11 +19,21 @@ carries how many it merged): the `outer_step` the replicas see. A `budget` (a ru
 periods) caps them: a gradient that arrives once `updates` reached it is not applied (`discarded`), so
 the replicas still mid-period when the budget was spent do not add tokens to the final model; its
 replica stops at the reply. A batch (or a region's delta) that starts below the budget is applied whole.
+
+Checkpoint rounds (`pauses`: (updates, step) pairs, a run's checkpoints): once `updates` reaches a pair's count
+a round opens, and every reply says so (`checkpoint`: the step it is named by). A client told so sends a pause
+request (no gradient) right after that reply, at the start of a period; while it is paused it does not count
+for the staleness bound (it computes nothing from its base meanwhile), so the others' requests go on being
+applied, and when every running client is paused they are all told to go on at once (the reply to the pause:
+model and version unchanged for the client). Between that go and their next requests the server holds no
+request: the clients write their checkpoint then, and the server's `state_dict` with it (rank 0's).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,6 +51,7 @@ class Request:
     gradient: torch.Tensor | None
     count: int = 1
     final: bool = False
+    pause: bool = False  # a checkpoint round's pause (module doc): no gradient, base unchanged
 
 
 @dataclass(frozen=True)
@@ -54,13 +65,15 @@ class Reply:
     model: torch.Tensor
     final: bool
     sent_s: float = 0.0
+    checkpoint: int = 0
+    """The open checkpoint round's step (module doc); 0: none. On the reply to a pause: the round that closed."""
 
 
 class OuterServer:
     """The global model (flat fp32), its outer optimizer and the staleness rule (module doc)."""
 
     def __init__(self, model: torch.Tensor, optimizer: DelayedNesterov, clients: list[int],
-                 staleness_bound: int, budget: int | None = None) -> None:
+                 staleness_bound: int, budget: int | None = None, pauses: Sequence[tuple[int, int]] = ()) -> None:
         if not isinstance(staleness_bound, int) or isinstance(staleness_bound, bool) or staleness_bound < 0:
             raise SyncError(f"asynchronous DiLoCo: staleness_bound must be an integer >= 0, got {staleness_bound!r}")
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
@@ -80,6 +93,11 @@ class OuterServer:
         self.done: list[int] = []
         self.applied: dict[int, int] = {client: 0 for client in clients}
         self.max_staleness = 0
+        self.pauses = sorted(pauses)
+        """(updates, step) of the checkpoint rounds still to open (module doc)."""
+        self.round = 0
+        self.paused: list[Request] = []
+        self._open_round()
 
     def senders(self) -> list[int]:
         """The clients that can still send a request: running, and not held by the staleness bound."""
@@ -94,13 +112,19 @@ class OuterServer:
         if request.base != self.base[request.client]:
             raise SyncError(f"asynchronous DiLoCo: client {request.client} sent base {request.base}, "
                             f"but was given version {self.base[request.client]}")
-        self.waiting.append(request)
+        (self.paused if request.pause else self.waiting).append(request)
         replies: list[Reply] = []
         while self.waiting:
             batch = self._next_batch()
             if not batch:
                 break
             replies.extend(self._apply(batch))
+        if self.paused and {r.client for r in self.paused} == set(self.base):  # every running client paused: go
+            closed, self.round = self.round, 0
+            replies.extend(Reply(r.client, self.version, self.updates, self.model.clone(), False, checkpoint=closed)
+                           for r in self.paused)
+            self.paused = []
+            self._open_round()
         if not self.base and self.done:  # every client has finished: all get the final model
             replies.extend(self._reply(client, final=True) for client in self.done)
             self.done = []
@@ -108,11 +132,15 @@ class OuterServer:
 
     def _next_batch(self) -> list[Request]:
         """The requests to apply next as one update (empty: wait for a client still computing)."""
-        oldest = min(self.base.values())
+        paused = {r.client for r in self.paused}
+        running = [b for c, b in self.base.items() if c not in paused]
+        if not running:
+            return [self.waiting[0]]
+        oldest = min(running)
         if self.version - oldest < self.staleness_bound:
             return [self.waiting[0]]  # one more update keeps every client within the bound
         waiting_clients = {r.client for r in self.waiting}
-        if any(b == oldest and c not in waiting_clients for c, b in self.base.items()):
+        if any(b == oldest and c not in waiting_clients and c not in paused for c, b in self.base.items()):
             return []  # a client computing since `oldest` would go past the bound
         return [r for r in self.waiting if r.base == oldest]
 
@@ -127,6 +155,7 @@ class OuterServer:
             self.optimizer.step(self.model, torch.stack(gradients).mean(dim=0), staleness)
             self.version += 1
             self.updates += sum(r.count for r in batch if r.gradient is not None)
+            self._open_round()
         replies = []
         for request in batch:
             self.waiting.remove(request)
@@ -140,4 +169,39 @@ class OuterServer:
         return replies
 
     def _reply(self, client: int, final: bool) -> Reply:
-        return Reply(client, self.version, self.updates, self.model.clone(), final)
+        return Reply(client, self.version, self.updates, self.model.clone(), final, checkpoint=self.round)
+
+    def plan_pauses(self, pauses: Sequence[tuple[int, int]]) -> None:
+        """Set the checkpoint rounds still to open ((updates, step) pairs; those at or before an open round's
+        step are dropped); before any client sends its first request."""
+        self.pauses = sorted(pair for pair in pauses if pair[1] > self.round)
+        self._open_round()
+
+    def _open_round(self) -> None:
+        """Open the checkpoint round of the last pause whose updates are reached (none while one is open)."""
+        while not self.round and self.pauses and self.updates >= self.pauses[0][0]:
+            crossed = [step for updates, step in self.pauses if self.updates >= updates]
+            self.pauses = [pair for pair in self.pauses if self.updates < pair[0]]
+            self.round = crossed[-1]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The global model, its version, updates and outer momentum, and every client's base (between a
+        checkpoint round's go and the next request: nothing waiting)."""
+        if self.waiting or self.paused:
+            raise SyncError("asynchronous DiLoCo: the server's state with requests waiting (outside a checkpoint)")
+        return {"model": self.model.clone(), "version": self.version, "updates": self.updates,
+                "base": [[c, b] for c, b in sorted(self.base.items())],
+                "applied": [[c, n] for c, n in sorted(self.applied.items())], "max_staleness": self.max_staleness,
+                "discarded": self.discarded, "round": self.round, "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.copy_(state["model"])
+        self.version, self.updates = int(state["version"]), int(state["updates"])
+        base = {int(c): int(b) for c, b in state["base"]}
+        if set(base) != set(self.base):
+            raise ValueError(f"checkpoint's asynchronous clients {sorted(base)} are not this run's {sorted(self.base)}")
+        self.base = base
+        self.applied = {int(c): int(n) for c, n in state["applied"]}
+        self.max_staleness, self.discarded = int(state["max_staleness"]), int(state["discarded"])
+        self.round = int(state["round"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -7,8 +7,9 @@ the run ends when the global model holds `target_updates` outer gradients (ceil(
 the synchronous run's budget of inner steps, whichever replicas took them), and `finish()` leaves every
 rank with the final global model. Validation runs after it; with `eval_local` also after each of this rank's
 updates at the evaluation cadence, on the global model just received (ranks are at different steps: a
-validation that needs a collective can only run at the end). The checkpoint is written once, at the end (the
-final global model on every rank); a run does not resume from it.
+validation that needs a collective can only run at the end). Checkpoints are written in checkpoint rounds
+(sync/async_server.py: every rank paused at a period's start, none waiting) named by the equal schedule's step
+the global model reached, and at the end (the final global model on every rank, not resumed from).
 """
 
 from __future__ import annotations
@@ -76,13 +77,21 @@ class AsyncOuterGradientSync(GradientSync):
         """The global model this rank last received (ranks differ until the end: asynchronous)."""
         return self.outer.fingerprint()
 
+    def paused_for(self) -> int | None:
+        """The checkpoint this rank was paused for and must write now (the equal schedule's step), once; else None."""
+        step, self.outer.paused_for = self.outer.paused_for, None
+        return step
+
     def state_dict(self) -> dict[str, Any]:
-        """The end's checkpoint: the final global model is the stage's weights; the counts say how it was made."""
-        if not self.outer.finished:
-            raise SyncError("asynchronous outer updates checkpoint at the end only: the global model lives in rank "
-                            "0's server until then")
-        return {"asynchronous": {"outer_step": self.outer.outer_step, "pushes": self.outer.pushes,
-                                 "inner_steps": self.outer.inner_steps}}
+        """The inner optimizer and this rank's side of the global model (rank 0: the server's state too); written at
+        a checkpoint round (sync/async_server.py) or at the end (the final global model on every rank)."""
+        return {"optimizer": self.optimizer.state_dict(), "finished": self.outer.finished,
+                "asynchronous": self.outer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise SyncError("asynchronous outer updates do not resume from a checkpoint")
+        if "asynchronous" not in state or "anchor" not in state["asynchronous"]:
+            raise ValueError("checkpoint holds no asynchronous outer updates")
+        if state["finished"]:
+            raise ValueError("the asynchronous run ended in this checkpoint (its final exchange is done)")
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.outer.load_state_dict(state["asynchronous"])

@@ -14,9 +14,10 @@ Deadlock-freedom: each client has at most one request out and blocks on its repl
 requests one at a time and never waits on a client that has a request out. Per process each process
 group is used by one thread only (gloo's pairs are not shared between threads).
 
-Wire format, per request: float64 header [base, count, final, has_gradient, arrival_s], then the flat float32
-gradient if any; per reply: float64 header [version, updates, final, arrival_s, sent_s], then the flat float32
-model (arrival_s, sent_s: emulated seconds, 0 off emulated links; counts are exact in float64 below 2^53).
+Wire format, per request: float64 header [base, count, final + 2 x pause, has_gradient, arrival_s], then the flat
+float32 gradient if any; per reply: float64 header [version, updates, final + 2 x checkpoint, arrival_s, sent_s]
+(a checkpoint round's pause and step: async_server), then the flat float32 model (arrival_s, sent_s: emulated
+seconds, 0 off emulated links; counts are exact in float64 below 2^53).
 """
 
 from __future__ import annotations
@@ -129,7 +130,8 @@ class Mailbox:
         if self.timing is not None:
             arrival = (timer or self.timing.client_timer).send(client, self.host, nbytes, send_s)
         self._announce(client)
-        header = torch.tensor([request.base, request.count, int(request.final), int(has_gradient), arrival],
+        header = torch.tensor([request.base, request.count, int(request.final) + 2 * int(request.pause),
+                               int(has_gradient), arrival],
                               dtype=torch.float64)
         self._send(header, self.host, REQUEST_TAG)
         if has_gradient:
@@ -139,8 +141,9 @@ class Mailbox:
         self._recv(reply_header, self.host, REPLY_TAG)
         model = torch.empty(self.numel, dtype=torch.float32)
         self._recv(model, self.host, REPLY_TAG)
-        version, updates, final = (int(v) for v in reply_header[:3])
-        return Reply(client, version, updates, model, bool(final), float(reply_header[4])), float(reply_header[3])
+        version, updates, flags = (int(v) for v in reply_header[:3])
+        return (Reply(client, version, updates, model, bool(flags % 2), float(reply_header[4]), flags // 2),
+                float(reply_header[3]))
 
     def _announce(self, client: int) -> None:
         index = self.client_store.add(f"{self.name}/n", 1) - 1
@@ -170,12 +173,12 @@ class Mailbox:
             return self.local_requests.get()
         header = torch.zeros(HEADER_VALUES, dtype=torch.float64)
         self._recv(header, client, REQUEST_TAG)
-        base, count, final, has_gradient = (int(v) for v in header[:4])
+        base, count, flags, has_gradient = (int(v) for v in header[:4])
         gradient = None
         if has_gradient:
             gradient = torch.empty(self.numel, dtype=torch.float32)
             self._recv(gradient, client, REQUEST_TAG)
-        return float(header[4]), Request(client, base, gradient, count, bool(final))
+        return float(header[4]), Request(client, base, gradient, count, bool(flags % 2), bool(flags // 2))
 
     def reply(self, reply: Reply) -> None:
         """Send `reply`; on emulated links it leaves at the server's clock."""
@@ -186,7 +189,8 @@ class Mailbox:
             return
         nbytes = HEADER_BYTES + flat_bytes(reply.model)
         arrival = 0.0 if timer is None else timer.send(self.host, reply.client, nbytes, sent_s)
-        header = torch.tensor([reply.version, reply.updates, int(reply.final), arrival, sent_s], dtype=torch.float64)
+        header = torch.tensor([reply.version, reply.updates, int(reply.final) + 2 * reply.checkpoint, arrival, sent_s],
+                              dtype=torch.float64)
         self._send(header, reply.client, REPLY_TAG)
         self._send(reply.model.contiguous(), reply.client, REPLY_TAG)
         self._count(reply.client, nbytes)

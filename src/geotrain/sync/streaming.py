@@ -427,6 +427,7 @@ class StreamingOuterSync(OuterSync):
         for saved in state.get("in_flight", []):
             p, moments = int(saved["fragment"]), bool(saved["moments"])
             delivered = Delivered.of(saved["delivered"])
-            self._in_flight.append(_InFlight(p, int(saved["lands_after"]), redeliver(delivered, self._groups(p, moments)),
-                                             saved.get("proxy"), moments, int(saved["started"]), delivered))
+            land = redeliver(delivered, self._groups(p, moments))
+            self._in_flight.append(_InFlight(p, int(saved["lands_after"]), land, saved.get("proxy"), moments,
+                                             int(saved["started"]), delivered))
         self._landed_at = {int(p): int(step) for p, step in state.get("landed_at", [])}
