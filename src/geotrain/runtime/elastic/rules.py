@@ -8,9 +8,9 @@ replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulat
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
-later; geotrain.sync.elastic); any codec of geotrain.codecs with or without error feedback (the codec reducer on torchft's
-group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical), AdamW. With --netlab: --time-scale 0
-(the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+later); any codec of geotrain.codecs with or without error feedback (the codec reducer on torchft's group:
+geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical), AdamW. With --netlab:
+--time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
@@ -62,7 +62,8 @@ def elastic_refusal(config: Any) -> str | None:
     --elastic and another setting (codecs, streaming, 1-bit Adam, --device cuda, ...) are rules of the
     composition table (runtime/composition.py); these are the conditions beside them."""
     optim = config.optim
-    own = [str(spec) for spec in (config.comm.dp_codec, *config.comm.dp_codecs) if not reducer_traits(spec).hierarchical]
+    own = [str(spec) for spec in (config.comm.dp_codec, *config.comm.dp_codecs)
+           if not reducer_traits(spec).hierarchical]
     reasons = (
         (bool(own), f"codec {own[0] if own else ''!r} is its own exchange (not a codec of geotrain.codecs): elastic "
                     f"groups run a codec reducer on torchft's group; use a codec such as int8-block"),
