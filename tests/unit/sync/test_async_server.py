@@ -76,3 +76,30 @@ def test_gradients_past_the_budget_are_not_applied_and_their_clients_see_it_spen
     assert server.discarded == 1 and server.applied == {0: 2, 1: 0} and server.version == 2
     with pytest.raises(SyncError, match="budget must be an integer >= 1"):
         OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0], 8, budget=0)
+
+
+def test_a_checkpoint_round_pauses_each_client_at_its_next_reply_and_lets_all_go_together():
+    """pauses (2 updates, step 5): the reply that makes the second update says checkpoint 5; a paused client does
+    not hold the bound (client 1 at base 0 would otherwise hold client 0's third arrival), and once both are
+    paused both are told to go on, with their models unchanged; the next round opens at its own count."""
+    server = OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0, 1], 1, pauses=[(2, 5), (4, 7)])
+    assert [r.checkpoint for r in server.submit(Request(0, 0, _g(1.0)))] == [0]
+    assert [(r.client, r.checkpoint) for r in server.submit(Request(1, 0, _g(1.0)))] == [(1, 5)]
+    assert server.submit(Request(1, 2, None, 0, pause=True)) == []     # client 0 still computing from version 1
+    replies = server.submit(Request(0, 1, _g(1.0)))                    # staleness 2 > 1, but client 1 is paused
+    assert [(r.client, r.version, r.checkpoint) for r in replies] == [(0, 3, 5)]
+    go = server.submit(Request(0, 3, None, 0, pause=True))
+    assert sorted((r.client, r.version, r.checkpoint) for r in go) == [(0, 3, 5), (1, 3, 5)]
+    assert server.round == 0 and server.base == {0: 3, 1: 2}          # a pause leaves a client's base as it was
+    saved = server.state_dict()
+    again = OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0, 1], 1)
+    again.load_state_dict(saved)
+    again.plan_pauses([(4, 7)])
+    for one in (server, again):                                        # the restored server continues alike
+        replies = one.submit(Request(1, 2, _g(2.0)))
+        assert [(r.client, r.version, r.updates, r.checkpoint) for r in replies] == [(1, 4, 4, 7)]
+    torch.testing.assert_close(again.model, server.model)
+    with pytest.raises(SyncError, match="requests waiting"):
+        one = OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0, 1], 0)
+        assert one.submit(Request(0, 0, _g(1.0))) == []  # held (bound 0): client 1 has not arrived
+        one.state_dict()
