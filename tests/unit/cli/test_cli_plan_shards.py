@@ -94,3 +94,12 @@ def test_a_sharded_plan_pays_for_every_device_of_every_slot(files, capsys):
     # the bytes leaving each site are those of one device per slot (4 shards' exchanges of 1/4 of the stage each):
     # the 13.4 GB stage's reduce-scatter and all-gather halves
     assert money["egress_gb_per_step"] == pytest.approx({"oregon": 13.4, "virginia": 13.4})
+
+
+def test_a_re_plan_on_the_live_devices_names_the_full_clusters_devices(files, capsys):
+    c, j = str(files / "c.yaml"), str(files / "j.yaml")
+    assert main(["plan", "--cluster", c, "--job", j, "--stages", "1", "--replicas", "2", "--shards", "2",
+                 "--exclude-devices", "oregon-0,virginia-1", "--cost-model", "schedule", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    used = [d for row in plan["shards"]["devices"] for slot in row for d in slot]
+    assert not {0, 5} & set(used) and len(set(used)) == 4
