@@ -69,6 +69,8 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, complet
                                          config.comm.error_feedback)
     sync.settle(ComputeTimer())  # streaming: the syncs in flight, committed when posted (geotrain.sync.elastic)
     dp = {**sync.state_dict(), "exchange": exchange}
+    for fragment in dp.get("fragments", []):  # streaming: each fragment's exchange too (no residuals: a group's own)
+        fragment["exchange"] = exchange
     slot = {"rank": stage, "stage": stage, "replica": 0}
     devices = [[int(config.assignment[s][group])] for s in range(config.stages)]
     state = ckpt.shard_state(slot, devices, torch.nn.ModuleList([module]).state_dict(), boundaries, dp,
