@@ -107,10 +107,7 @@ def config_from_args(args: Any) -> Any:
     cluster = load_cluster(args.cluster)
     plan = Plan.load(args.plan)
     assignment = plan.check_fits(cluster.n_devices, args.plan)
-    if plan.k > 1:  # one process per slot today; the FSDP2 slots need the runtime's sharded path
-        raise RuntimeConfigError(f"{args.plan} is a sharded plan ({plan.k} devices per slot, plan --shards): sharded "
-                                 f"plans run with train --plan (not yet); run FSDP2 + geotrain.diloco.DiLoCo in your "
-                                 f"own loop meanwhile (examples/hsdp_diloco_train.py), or plan without --shards")
+    shards = plan.check_shard_devices(cluster, args.plan) if plan.k > 1 else None  # FSDP2 slots: runtime/sharded.py
     note = plan.check_cluster(cluster, args.plan, args.cluster)  # a plan of another cluster: refused
     if note:
         print(f"geotrain: note: {note}", file=sys.stderr)
@@ -119,7 +116,7 @@ def config_from_args(args: Any) -> Any:
         settings["schedule"]["split_by_speed"] = True
     with errors_name_flags(args):
         return RuntimeConfig(cluster, assignment, plan.method if plan.method is not None else Path(args.plan).stem,
-                             **build_sections(settings))
+                             **build_sections(settings), shards=shards)
 
 
 def print_config(args: Any) -> None:

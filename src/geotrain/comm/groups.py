@@ -29,3 +29,29 @@ def new_group(ranks: Sequence[int] | None, timeout_s: float | None, backend: str
     Every rank of the default group calls it, in the same order (torch's new_group rule)."""
     return dist.new_group(None if ranks is None else list(ranks), timeout=collective_timeout(timeout_s),
                           backend=backend)
+
+
+PER_DEVICE_BACKEND = "cpu:gloo,cuda:nccl"
+"""torch's per-device backend string: host tensors on gloo, GPU tensors on NCCL."""
+
+GROUP_DIMENSIONS = ("world", "replicate", "shard", "pipeline")
+"""What a group of a run spans: every rank; the same slot (or shard) of each replica (the data-parallel / outer
+sync group, across sites); the K shards of one slot (FSDP2); one replica's stages (and its tied weights)."""
+
+
+def group_backend(device_type: str, dimension: str, sites: int) -> str | None:
+    """The torch.distributed backend of a group of `dimension` (GROUP_DIMENSIONS) whose ranks' devices are in
+    `sites` sites, for a run on `device_type` ("cpu" or "cuda"): the one rule every group of a run follows.
+
+    CPU: None, the world's backend (gloo, or the link emulator's). CUDA: the world is the per-device string; a
+    shard or pipeline group inside one site is NCCL alone (GPU tensors only: FSDP2's all-gathers and
+    reduce-scatters, activations); the replicate dimension, and any group across sites, is the per-device string
+    (the outer sync's exchanges encode host copies on gloo: geotrain.sync.base.host_gradients; a pipeline's GPU
+    activations across sites ride NCCL)."""
+    if dimension not in GROUP_DIMENSIONS:
+        raise ValueError(f"group dimension must be one of {', '.join(GROUP_DIMENSIONS)}, got {dimension!r}")
+    if device_type != "cuda":
+        return "gloo" if dimension == "world" else None
+    if dimension in ("shard", "pipeline") and sites == 1:
+        return "nccl"
+    return PER_DEVICE_BACKEND

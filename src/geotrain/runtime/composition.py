@@ -20,13 +20,16 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
+from geotrain.sync.sharded import SHARDED_REFUSALS
+
 
 @dataclass(frozen=True)
 class Setting:
     """A lever of `geotrain train`. name: its id in RULES; flags: what a user writes; needs: the settings it
     comes with (ids); on(config): whether a RuntimeConfig uses it; shown(config): the flag with the config's
     value, for a refusal; values: the RuntimeConfig.of keys that turn it on (the table's walk, with its needs'
-    values); stages: the plan's pipeline stages it needs (1: any)."""
+    values; "shards": K devices per slot, which the walk lays out on its cluster); stages: the plan's pipeline
+    stages it needs (1: any)."""
 
     name: str
     flags: str
@@ -101,6 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
             lambda c: f"--time-scale {c.emulation.time_scale:g}", {"time_scale": 1.0}),
     Setting("cuda", "--device cuda", lambda c: c.run.device == "cuda", lambda c: "--device cuda",
             {"device": "cuda"}),
+    Setting("shards", "a plan of K > 1 devices per slot (plan --shards K)", lambda c: c.layout.k > 1,
+            lambda c: f"a plan of {c.layout.k} devices per slot (plan --shards)", {"shards": 2}, ("diloco",)),
 )
 """The levers of the composition table, in its order. The walk's base: --time-scale 0, checkpoints in a
 directory, a cluster of known GPU types."""
@@ -109,6 +114,8 @@ SETTING = {setting.name: setting for setting in SETTINGS}
 
 _ASYNC_WHOLE = "asynchronous outer updates send the whole model's outer gradient at a replica's own pace"
 _ADAPTIVE_STEPS = "replicas take different step counts between outer syncs"
+_SHARDED = {key: why for key, _, why in SHARDED_REFUSALS}
+_SHARDED_CHECKPOINT = "a checkpoint holds a rank's whole stage, not its FSDP2 shard (DTensor state)"
 _ASYNC_CHECKPOINT = ("the region servers take no part in the global server's checkpoint rounds (a flat --outer-sync "
                      "async run checkpoints): checkpoints at the end only")
 
@@ -164,6 +171,16 @@ RULES: tuple[Rule, ...] = (
     Rule("cuda", "links", "link emulation runs on CPU (gloo) only", built=True,
          instead="pass --time-scale 0 to train over NCCL without emulation"),
     Rule("cuda", "onebit", "1-bit Adam keeps its state in host memory (CPU only)", instead="use --optimizer adamw"),
+    # sharded replicas (FSDP2 inside a slot, DiLoCo per shard across slots: runtime/sharded.py)
+    Rule("shards", "pipeline", "sharded slots run one stage per replica (S = 1)"),
+    Rule("shards", "hierarchical", _SHARDED["regions"]),
+    Rule("shards", "moments", _SHARDED["sync_moments"]),
+    Rule("shards", "adaptive", "a site's K shards would agree on their step times (geotrain.diloco does)"),
+    *(Rule("shards", mode, _SHARDED["asynchronous"]) for mode in ("async", "async-hierarchical")),
+    Rule("shards", "elastic", "an elastic group is one process per site; a site's K shards are not one torchft "
+         "replica"),
+    *(Rule("shards", lever, _SHARDED_CHECKPOINT) for lever in ("checkpoint-every", "resume", "stop-after")),
+    Rule("shards", "eval-local", "a replica scores its own weights on one rank, not a slot of K shards"),
 )
 """The pairs that do not run together, in the order validation checks them (the first that applies speaks)."""
 

@@ -22,8 +22,9 @@ from geotrain.runtime.batch_shares import BatchSharesError, batch_shares, parse_
 from geotrain.runtime.composition import composition_refusal
 from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, parse_chaos
 from geotrain.runtime.elastic.rules import check_elastic
-from geotrain.runtime.layout import Layout
+from geotrain.runtime.layout import Layout, LayoutError
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
+from geotrain.runtime.sharded import check_sharded
 from geotrain.runtime.sections import (DEFAULT_SEQ_LEN, CheckpointSection, CommSection, DataSection,
                                        EmulationSection, ModelSection, OptimSection, ReliabilitySection, RunSection,
                                        RuntimeConfigError, ScheduleSection, Section)
@@ -68,6 +69,9 @@ class RuntimeConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     reliability: ReliabilitySection = field(default_factory=ReliabilitySection)
     emulation: EmulationSection = field(default_factory=EmulationSection)
+    shards: np.ndarray | None = None
+    """A sharded plan's (stages, replicas, K) devices (`plan --shards K`; runtime/layout.py numbers their ranks),
+    None: one device per slot."""
 
     def __post_init__(self) -> None:
         shape = np.shape(self.assignment)
@@ -77,7 +81,12 @@ class RuntimeConfig:
             assignment = as_assignment(self.assignment, shape[0], shape[1], self.cluster.n_devices)
         except AssignmentError as exc:
             raise RuntimeConfigError(f"plan does not fit cluster {self.cluster.name!r}: {exc}") from None
-        object.__setattr__(self, "assignment", Layout(assignment).assignment)
+        try:
+            layout = Layout(assignment, self.shards)
+        except LayoutError as exc:
+            raise RuntimeConfigError(f"plan does not fit cluster {self.cluster.name!r}: {exc}") from None
+        object.__setattr__(self, "assignment", layout.assignment)
+        object.__setattr__(self, "shards", layout.shards)
         for section in section_types():
             if not isinstance(getattr(self, section.SECTION), section):
                 raise RuntimeConfigError(f"{section.SECTION} must be a {section.__name__}, "
@@ -90,6 +99,7 @@ class RuntimeConfig:
         refusal = composition_refusal(self)  # the pairs of settings that do not run together (one table)
         if refusal is not None:
             raise RuntimeConfigError(refusal)
+        check_sharded(self)  # a sharded plan's own conditions (after the table: its pairs speak first)
         for key, specs, length in (("dp_codecs", comm.dp_codecs, stages), ("pp_codecs", comm.pp_codecs, stages - 1)):
             if specs and len(specs) != length:
                 raise RuntimeConfigError(f"comm.{key} must be {length} codec specs (or empty), "
@@ -126,9 +136,11 @@ class RuntimeConfig:
                 raise RuntimeConfigError(f"{keys}{where}: {str(exc).removeprefix('SyncOptions: ')}") from None
 
     @classmethod
-    def of(cls, cluster: Cluster, assignment: Any, plan_name: str = "plan", **settings: Any) -> RuntimeConfig:
-        """A config with each setting given by its key (e.g. steps=3, dp_codec="fp16"); the rest default."""
-        return cls(cluster, assignment, plan_name, **build_sections(nest_settings(settings)))
+    def of(cls, cluster: Cluster, assignment: Any, plan_name: str = "plan", shards: Any = None,
+           **settings: Any) -> RuntimeConfig:
+        """A config with each setting given by its key (e.g. steps=3, dp_codec="fp16"); the rest default.
+        `shards`: a sharded plan's (stages, replicas, K) devices."""
+        return cls(cluster, assignment, plan_name, **build_sections(nest_settings(settings)), shards=shards)
 
     def sections(self) -> dict[str, Section]:
         """The sections by name, in file order."""
@@ -212,7 +224,7 @@ class RuntimeConfig:
 
     @cached_property
     def layout(self) -> Layout:
-        return Layout(self.assignment)
+        return Layout(self.assignment, self.shards)
 
     @property
     def stages(self) -> int:
@@ -269,7 +281,8 @@ class RuntimeConfig:
         comm, schedule, optim = self.comm, self.schedule, self.optim
         per_link = {key: [str(s) for s in value] for key, value in (("dp_codecs", comm.dp_codecs),
                                                                      ("pp_codecs", comm.pp_codecs)) if value}
-        return {"stages": self.stages, "replicas": self.replicas, "model": self.model_identity(),
+        shards = {"shards": self.layout.k} if self.shards is not None else {}
+        return {"stages": self.stages, "replicas": self.replicas, **shards, "model": self.model_identity(),
                 "data": self.data_identity,
                 "steps": self.run.steps, "microbatches": schedule.microbatches, "batch_size": schedule.batch_size,
                 "seq_len": self.sequence_length, "split": schedule.split, "virtual_stages": self.stages_per_rank,
@@ -295,13 +308,14 @@ class RuntimeConfig:
     def to_json(self) -> dict[str, Any]:
         return {**self.identity(), "model_name": self.model.model_name, "device": self.run.device,
                 "cluster": self.cluster.name, "assignment": self.assignment.tolist(),
+                **({"shards_devices": self.shards.tolist()} if self.shards is not None else {}),
                 "time_scale": self.emulation.time_scale, "plan": self.plan_name}
 
 
 def section_types() -> tuple[type[Section], ...]:
     """The section classes of RuntimeConfig, in file order."""
     return tuple(f.default_factory for f in fields(RuntimeConfig) if f.name not in ("cluster", "assignment",
-                                                                                       "plan_name"))
+                                                                                       "plan_name", "shards"))
 
 
 def setting_keys() -> dict[str, str]:

@@ -23,6 +23,7 @@ from geotrain.comm.regions import regions_of_devices
 from geotrain.runtime.layout import Layout
 from geotrain.runtime.transport import Transport
 from geotrain.sync import DPGroup, GradientSync, SyncError, SyncOptions, make_gradient_sync
+from geotrain.sync.sharded import check_sharded_settings
 
 
 def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
@@ -46,20 +47,28 @@ def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int],
 
 def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport: Transport, group: object,
                         hierarchy: HierarchicalGroups | None, rank: int, replicas: int,
-                        cluster: Cluster | None = None, timeout_s: float | None = None) -> GradientSync:
+                        cluster: Cluster | None = None, timeout_s: float | None = None,
+                        shard_group: object = None) -> GradientSync:
     """The gradient sync of global `rank`'s stage module over its stage's DP group `group` (the process
-    group), the hierarchy of that group with --dp-hierarchical (else None); `replicas` R for clipping;
-    `cluster`: its links choose the gathered exchanges' algorithm (geotrain.comm.gather; None: ring);
-    `timeout_s`: the collective timeout of the groups it creates (the run's --comm-timeout)."""
+    group; a sharded slot's: the same shard's peers), the hierarchy of that group with --dp-hierarchical (else
+    None); `replicas` R for clipping; `cluster`: its links choose the gathered exchanges' algorithm
+    (geotrain.comm.gather; None: ring); `timeout_s`: the collective timeout of the groups it creates (the run's
+    --comm-timeout); `shard_group`: a sharded slot's FSDP2 group (its parameters are DTensors: what the outer
+    sync cannot serve on them is refused in one line, geotrain.sync.sharded)."""
     layout = transport.layout
-    s = layout.slot(rank).stage
+    slot = layout.slot(rank)
+    named = list(stage.named_parameters())
+    if shard_group is not None:
+        outer, streaming = options.outer, options.streaming
+        check_sharded_settings(named, group, regions=hierarchy, sync_moments=outer.sync_moments,
+                               fragments=streaming.fragments, fragment_split=streaming.fragment_split,
+                               asynchronous=options.heterogeneity.outer_sync != "sync")
     if options.heterogeneity.outer_sync != "sync":
         return _async_gradient_sync(options, stage, layout, cluster, replicas, timeout_s)
-    devices = tuple(layout.dp_group_devices(s))
+    devices = tuple(layout.dp_group_devices(slot.stage, slot.shard))
     links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
-    dp_group = DPGroup(group, tuple(layout.dp_group_ranks(s)), devices, hierarchy, links)
-    return make_gradient_sync(options, list(stage.named_parameters()), transport, dp_group, rank,
-                              world_sum_over_replicas(replicas))
+    dp_group = DPGroup(group, tuple(layout.dp_group_ranks(slot.stage, slot.shard)), devices, hierarchy, links)
+    return make_gradient_sync(options, named, transport, dp_group, rank, world_sum_over_replicas(replicas))
 
 
 def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: Layout, cluster: Cluster | None,

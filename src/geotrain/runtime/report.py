@@ -219,9 +219,9 @@ def dp_seconds(record: dict[str, Any], time_scale: float) -> float:
 
 def _busiest(step_records: Sequence[dict[str, Any]], seconds: Any) -> float:
     """The most seconds(record) one rank summed over its records of a row (one record each in lock-step)."""
-    per_rank: dict[tuple[int, int], float] = defaultdict(float)
+    per_rank: dict[tuple[int, int, int], float] = defaultdict(float)
     for record in step_records:
-        per_rank[(record["stage"], record["replica"])] += seconds(record)
+        per_rank[(record["stage"], record["replica"], record.get("shard", 0))] += seconds(record)
     return max(per_rank.values())
 
 
@@ -249,7 +249,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
         compute = np.zeros((stages, replicas))
         for record in step_records:
-            compute[record["stage"], record["replica"]] += record["compute_s"]
+            compute[record["stage"], record["replica"]] += record["compute_s"] / config.layout.k  # a slot's mean
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
                                            config.schedule.microbatches, config.schedule.schedule, time_scale, model,
                                            virtual, rate)
@@ -269,8 +269,9 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
         losses = [r["loss"] for r in step_records if r["loss"] is not None]
         weights = [r.get("samples", 1) for r in step_records if r["loss"] is not None]
         if not uneven:
-            for stage in range(stages):
-                in_sync &= len({r["param_sum"] for r in step_records if r["stage"] == stage}) == 1
+            for stage, shard in np.ndindex(stages, config.layout.k):  # each shard of a sharded slot with its peers
+                in_sync &= len({r["param_sum"] for r in step_records
+                                if r["stage"] == stage and r.get("shard", 0) == shard}) == 1
         rows.append(IterationRow(
             step=step, loss=float(np.average(losses, weights=weights)),
             iteration_s=_busiest(step_records, lambda r: r["iteration_s"]),

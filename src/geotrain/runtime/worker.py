@@ -6,7 +6,10 @@ does (TORCHELASTIC_USE_AGENT_STORE=True). Per iteration: draw this replica's bat
 step, replica), run torch's pipeline schedule over the replica's pipeline group (runtime/pipeline.py),
 sum tied gradients between the stages holding copies, exchange gradients in the stage's DP group,
 clip and step the optimizer (the stage's geotrain.sync GradientSync, runtime/dp_step.py), record timings; evaluate and checkpoint when due. At the end rank 0 gathers every
-rank's records. Ranks are numbered stage x R + replica; pipeline groups and DP groups by new_group.
+rank's records. Ranks are numbered by runtime/layout.py (stage x R + replica; a sharded plan's K shards of a slot
+side by side); pipeline groups, DP groups and a sharded slot's shard group by new_group, each with the backend
+comm/groups.group_backend gives its dimension. A sharded slot's ranks hold FSDP2 shards of the stage and compute
+on their 1/K of the replica's batch (runtime/sharded.py); the outer sync runs per shard.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from geotrain.comm.groups import collective_timeout, new_group
+from geotrain.comm.groups import collective_timeout, group_backend, new_group
 from geotrain.data import WorldTokens
 from geotrain.emulate.install import COMPUTE_CLOCKS, Emulation
 from geotrain.emulate.rank_clock import host_work
@@ -43,6 +46,7 @@ from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sy
 from geotrain.runtime.hosts import rendezvous_failure
 from geotrain.runtime.pipeline import Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.slowdown import SlowDown, site_slowdowns
+from geotrain.runtime.sharded import fully_shard_stage, shard_rows
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
@@ -92,15 +96,23 @@ class Worker:
         self.emulation = emulation
         self.layout = config.layout
         self.slot = self.layout.slot(rank)
-        S, R, V = config.stages, config.replicas, config.stages_per_rank
+        S, R, V, K = config.stages, config.replicas, config.stages_per_rank, self.layout.k
         self.timeout_s = config.reliability.comm_timeout_s  # every group's collective timeout (comm/groups.py)
-        self.groups = [new_group(self.layout.dp_group_ranks(s), self.timeout_s) for s in range(S)]
-        pp_groups = [new_group([self.layout.rank_of(s, r) for s in range(S)], self.timeout_s) for r in range(R)]
-        self.pp_ranks = [self.layout.rank_of(s, self.slot.replica) for s in range(S)]
+        shard = self.slot.shard
+        # every rank creates every group, in one order (torch's new_group rule), and keeps its own
+        self.groups = [[self._group(self.layout.dp_group_ranks(s, k), "replicate") for k in range(K)][shard]
+                       for s in range(S)]
+        pp_groups = [[self._group([self.layout.rank_of(s, r, k) for s in range(S)], "pipeline") for k in range(K)]
+                     for r in range(R)]
+        shard_groups = [[self._group(self.layout.shard_group_ranks(s, r), "shard") for r in range(R)]
+                        for s in range(S)] if K > 1 else None
+        self.shard_group = None if shard_groups is None else shard_groups[self.slot.stage][self.slot.replica]
+        self.pp_ranks = [self.layout.rank_of(s, self.slot.replica, shard) for s in range(S)]
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         self.shares = config.batch_shares()  # sequences per replica (--batch-shares)
         self.share = self.shares[self.slot.replica]
+        self.rows = shard_rows(self.share, K, shard)  # the part of the replica's batch this rank computes on
         model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, self.data.vocab_size,
                                   self.seq_len)
         if model.vocab_size is not None and self.data.vocab_size > model.vocab_size:
@@ -113,10 +125,12 @@ class Worker:
         self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire,
                                      self.seq_len)
         # the shapes run the whole model on CPU: before this rank's stages move to the device
-        self.shapes = stage_shapes(model, self.boundaries, self.share // config.schedule.microbatches,
+        self.shapes = stage_shapes(model, self.boundaries, (self.share // K) // config.schedule.microbatches,
                                   self.seq_len, wire)
         for module in self.modules.values():
             module.to(device)
+        if self.shard_group is not None:
+            fully_shard_stage([self.modules[v] for v in sorted(self.modules)], self.shard_group, device)
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
         self.ties = self._tie_groups(stage_ties(model.tied_weights, self.boundaries, model.n_layers))
         scale = config.compute_scale()
@@ -127,7 +141,7 @@ class Worker:
                                   device_sync=torch.cuda.synchronize if device.type == "cuda" else None)
         self.slowdown = SlowDown(site_slowdowns(config.reliability.chaos, self.slot.replica), self.timer, emulation)
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
-        self.pp_group = pp_groups[self.slot.replica]
+        self.pp_group = pp_groups[self.slot.replica][shard]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss, self.pp_group, device, self.timer)
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
@@ -135,9 +149,15 @@ class Worker:
                      if config.comm.dp_hierarchical else None)
         self.dp = stage_gradient_sync(config.sync_options(self.slot.stage), self.stage, self.transport,
                                       self.groups[self.slot.stage], hierarchy, rank, config.replicas,
-                                      config.cluster, self.timeout_s)
+                                      config.cluster, self.timeout_s, self.shard_group)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
+
+    def _group(self, ranks: list[int], dimension: str) -> Any:
+        """A process group of `ranks` (every rank calls it, in one order) with the run's collective timeout and the
+        backend of its `dimension` on this run's device (comm/groups.group_backend: NCCL inside a site on CUDA)."""
+        sites = {self.config.cluster.site_of(self.layout.slot(r).device) for r in ranks}
+        return new_group(ranks, self.timeout_s, group_backend(self.device.type, dimension, len(sites)))
 
     def _boundaries(self, model: Any) -> tuple[int, ...]:
         """The stage cut of the run: a resumed checkpoint's, else by the split rule (a measured "time"
@@ -162,10 +182,10 @@ class Worker:
             holders = sorted({owner_of(v, S) for v in tie.stages})
             if len(holders) < 2:
                 continue  # one rank holds every copy: it is one parameter there
-            groups = [new_group([self.layout.rank_of(s, r) for s in holders], self.timeout_s)
-                      for r in range(self.config.replicas)]
+            groups = [[self._group([self.layout.rank_of(s, r, k) for s in holders], "pipeline")
+                       for k in range(self.layout.k)] for r in range(self.config.replicas)]
             mine = next((v for v in tie.stages if v in self.modules), None)
-            result.append((tie, groups[self.slot.replica], mine))
+            result.append((tie, groups[self.slot.replica][self.slot.shard], mine))
         return result
 
     def _sum_tied_gradients(self) -> None:
@@ -184,6 +204,7 @@ class Worker:
             return None, None
         x, y = self.data.share(cfg.data.data_seed, step, share_offset(self.shares, self.slot.replica), self.share,
                                sum(self.shares), self.seq_len)
+        x, y = x[self.rows], y[self.rows]  # a sharded slot: this shard's part (all of it otherwise)
         # contiguous: the windows' views have the stride of a longer row, which torch's stage checks refuse
         return x.to(self.device).contiguous(), y.to(self.device).contiguous()
 
@@ -207,11 +228,13 @@ class Worker:
         # weighted by samples: the DP mean of unequal shares is then the full batch's gradient
         weight_gradients(self.dp.params, gradient_factor(self.shares, self.slot.replica))
         dp_bytes, grad_norm = self.dp.step(step, self.timer)
-        # A fingerprint of this stage's weights: replicas of a stage must stay bit-identical.
+        # A fingerprint of this stage's weights (a sharded slot: this rank's shard): replicas must stay bit-identical.
         param_sum = self.dp.fingerprint()
+        loss = loss if loss is None or self.shard_group is None else self._slot_mean(loss)
         transfers = self.transport.p2p_since(self.emulation, mark)
         collectives = self.transport.take_records()
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
+                **({"shard": self.slot.shard} if self.shard_group is not None else {}),
                 "loss": loss, "samples": self.share, "lr": lr, "progress_step": progress,
                 "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
@@ -219,6 +242,13 @@ class Worker:
                 "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
                 "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+
+    def _slot_mean(self, value: float) -> float:
+        """`value` averaged over a sharded slot's K ranks in float64 (each shard's loss on its 1/K of the replica's
+        batch: their mean is the replica's loss)."""
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(total, group=self.shard_group)
+        return float(total.item()) / self.layout.k
 
     def rebalance_shares(self) -> None:
         """--batch-shares measured: new shares from the last REBALANCE_EVERY steps' compute of every replica

@@ -26,6 +26,7 @@ import torch
 from geotrain.codecs import CodecSpec
 from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
+from geotrain.optim.shards import is_sharded
 from geotrain.sync.adaptive import AdaptiveOuterSync, gather_floats
 from geotrain.sync.base import CollectivePause, CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.delayed import DelayedPerStepSync
@@ -80,7 +81,9 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                  prior_step_s=options.heterogeneity.local_steps_prior_s, delay=streaming.delay,
                                  landing=streaming.landing, mix=streaming.mix, warmup=streaming.warmup,
                                  periods=-(-options.total_steps // outer.sync_every))
-    if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments:  # (warmup only matters with a delay)
+    # (warmup only matters with a delay); sharded parameters (DTensor): OuterSync writes whole-shape gradients into
+    # them, the streaming sync keeps shard-sized shadows (geotrain.optim.shards), as geotrain.diloco does
+    if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments or any(is_sharded(p) for p in params):
         return StreamingOuterSync(named_params, adamw,
                                   lambda shadows, moments=None: _exchange(codec, shadows, transport, group,
                                                                           rank, moments),

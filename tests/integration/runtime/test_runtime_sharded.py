@@ -1,0 +1,75 @@
+"""`geotrain train --plan` with sharded replicas (plan --shards 2): 2 sites x 2 shards, each site's slot two
+processes holding FSDP2 shards of the tiny model, DiLoCo per shard across the sites, on emulated links.
+
+Runs (module fixture, 8 steps each): the sharded plan and the unsharded one (one process per site, the same
+replicas) with --sync-every 4 --fragments 2 --sync-delay 1 and no codec, then the sharded plan with int8-block.
+Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
+(FSDP reduce-scatters the mean of the two shards' gradients of 4 sequences each; the unsharded rank sums the 8 at
+once), so their losses first differ in the last bits (2.4e-7 = 1 ulp of a loss near 3.8) and AdamW's normalised
+steps carry that through 8 steps without growth: measured at most 9.2e-6 (the last step, after two outer syncs);
+the bound 1e-4 is 10x that and 2000x below the loss's fall over the run, so a run that did not equal the unsharded
+one (a shard on the wrong rows, a gradient not averaged over the slot) fails it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from runtime_2x2 import CLUSTER_YAML
+
+GEOTRAIN = [sys.executable, "-m", "geotrain"]
+SHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]],
+           "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
+UNSHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]]}
+STREAMING = ("--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--outer-lr", "1", "--outer-momentum", "0")
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+def _train(root, plan: dict, *flags: str) -> dict:
+    (root / "cluster.yaml").write_text(CLUSTER_YAML)
+    (root / "plan.json").write_text(json.dumps(plan))
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", str(root / "cluster.yaml"), "--plan",
+                           str(root / "plan.json"), "--steps", "8", "--json", *flags],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    emulated = ("--time-scale", "1e-3")
+    return {"sharded": _train(tmp_path_factory.mktemp("sharded"), SHARDED, *STREAMING, *emulated),
+            "unsharded": _train(tmp_path_factory.mktemp("unsharded"), UNSHARDED, *STREAMING, *emulated),
+            "int8": _train(tmp_path_factory.mktemp("int8"), SHARDED, *STREAMING, "--dp-codec", "int8-block",
+                           "--time-scale", "0")}
+
+
+def test_a_sharded_run_equals_the_unsharded_run_of_the_same_sites(runs):
+    sharded, unsharded = runs["sharded"]["losses"], runs["unsharded"]["losses"]
+    assert len(sharded) == len(unsharded) == 8
+    worst = max(abs(a - b) for a, b in zip(sharded, unsharded, strict=True))
+    assert worst <= 1e-4, (sharded, unsharded)
+    assert sharded[0] - min(sharded) > 2000 * 1e-4  # the check can fail: the loss moved far beyond it
+
+
+def test_every_shard_ends_equal_to_its_peer_and_the_loss_falls(runs):
+    for name in ("sharded", "int8"):
+        report = runs[name]
+        # replicas_in_sync: at every step each shard's float64 weight sum equals its peer's at the other site
+        assert report["summary"]["replicas_in_sync"], name
+        losses = report["losses"]
+        assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.1, (name, losses)
+
+
+def test_each_shard_sends_its_half_of_the_outer_sync_between_the_sites(runs):
+    """Per outer sync the two shards' exchanges carry what the unsharded replica's carries (fp32, no codec)."""
+    sharded = [row["dp_bytes"] for row in runs["sharded"]["iterations"]]
+    unsharded = [row["dp_bytes"] for row in runs["unsharded"]["iterations"]]
+    assert [b > 0 for b in sharded] == [b > 0 for b in unsharded] == [False, False, True, False, True, False, True,
+                                                                       True]
+    for one_shard, whole in zip(sharded, unsharded, strict=True):  # rows cut in half: FSDP2's dim-0 chunks
+        assert one_shard == pytest.approx(whole / 2, rel=0.01)
