@@ -80,7 +80,8 @@ def test_elastic_settings_need_elastic_and_unsupported_runs_are_refused_in_one_l
         RuntimeConfig.of(CLUSTER, [[0, 1]], min_replicas=2)
     cases = [
         ({"min_replicas": 3}, "min_replicas 3 is more than the plan's 2 replica groups"),
-        ({"dp_codec": "fp16"}, "use --dp-codec none"),
+        ({"dp_codec": "powersgd"}, "codec 'powersgd' is its own exchange"),
+        ({"sync_delay": 1}, "sync_delay 1 without --sync-every"),
         ({"chaos": "kill-site:every=5s,site=2"}, "site must be a replica group in 0..1"),
         ({"checkpoint_dir": "ckpt", "checkpoint_every": 3, "sync_every": 2}, "checkpoint_every 3: .* use a multiple of 2"),
     ]
@@ -91,6 +92,11 @@ def test_elastic_settings_need_elastic_and_unsupported_runs_are_refused_in_one_l
     config = RuntimeConfig.of(CLUSTER, [[0, 1]], **ELASTIC, sync_every=4, min_replicas=2, chaos="kill-site:every=9s")
     assert config.reliability.elastic and config.reliability.max_restarts == 3
     assert RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, "time_scale": 1.0}).emulation.time_scale == 1.0
+    streaming = RuntimeConfig.of(CLUSTER, [[0, 1]], **ELASTIC, sync_every=4, fragments=2, sync_delay=1,
+                                 dp_codec="int8-block")  # codecs and streaming DiLoCo run elastic (S = 1)
+    assert streaming.optim.fragments == 2 and str(streaming.comm.dp_codec) == "int8-block"
+    with pytest.raises(RuntimeConfigError, match="elastic groups of S = 2 stages run blocking DiLoCo"):
+        RuntimeConfig.of(CLUSTER, [[0, 1], [2, 3]], **ELASTIC, sync_every=4, fragments=2)
 
 
 def test_a_peer_state_of_another_run_is_refused_naming_the_group():
