@@ -7,6 +7,11 @@ late: a new group's all_reduce waited the 14 s without `timeout=`, and raised af
 timeout; the same for broadcast, recv and barrier, on gloo and on the emulating backend (geotrain.emulate,
 whose groups wrap a gloo group made with the options' timeout). Every group geotrain creates goes through
 here, so the run's `--comm-timeout` (reliability.comm_timeout_s) bounds every collective and p2p transfer.
+
+Which backend a run's group uses is decided here too (`group_backend`): on CUDA, NCCL alone for the dimensions
+inside one site (a sharded slot's FSDP2 group, a pipeline inside a site), the per-device string (gloo for host
+tensors, NCCL for GPU ones) for the world and for what crosses sites. Not yet run on a GPU (benchmarks/cuda/check.sh
+is the check to run there).
 """
 
 from __future__ import annotations

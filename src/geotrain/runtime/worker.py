@@ -574,7 +574,8 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
     watchdog one heartbeat timeout to name a lost peer, then posts the error and exits with status 1."""
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if world_size != config.world_size:
-        raise RuntimeConfigError(f"the plan has {config.stages} stages x {config.replicas} replicas = "
+        shards = f" x {config.layout.k} shards" if config.layout.k > 1 else ""
+        raise RuntimeConfigError(f"the plan has {config.stages} stages x {config.replicas} replicas{shards} = "
                                  f"{config.world_size} workers, but WORLD_SIZE is {world_size}")
     torch.set_num_threads(config.run.threads)
     device = resolve_device(config.run.device, int(os.environ.get("LOCAL_RANK", rank)))
@@ -593,7 +594,8 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
     try:
         # on CUDA, NCCL moves the GPU tensors (activations, gradients) and gloo the host ones (the codecs'
         # buffers, the clipping norm's scalar)
-        dist.init_process_group("cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo", init_method="env://",
+        dist.init_process_group(group_backend(device.type, "world", len(config.cluster.region_names)),
+                                init_method="env://",
                                 rank=rank,
                                 world_size=world_size, timeout=collective_timeout(config.reliability.comm_timeout_s))
     except (dist.DistStoreError, dist.DistNetworkError) as exc:  # peers never came: one line, not a traceback
