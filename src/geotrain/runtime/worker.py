@@ -461,7 +461,7 @@ def _train_async(worker: Worker, sync: AsyncOuterGradientSync, watchdog: Watchdo
         if paused is not None:
             if checkpoint.checkpoint_dir is not None:
                 observer.event("checkpoint", paused, **worker.save(paused))
-            if paused == stop:
+            if paused >= stop:
                 sync.outer.close()
                 return
             if sync.done:

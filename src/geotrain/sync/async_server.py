@@ -25,8 +25,9 @@ a round opens, and every reply says so (`checkpoint`: the step it is named by). 
 request (no gradient) right after that reply, at the start of a period; while it is paused it does not count
 for the staleness bound (it computes nothing from its base meanwhile), so the others' requests go on being
 applied, and when every running client is paused they are all told to go on at once (the reply to the pause:
-model and version unchanged for the client). Between that go and their next requests the server holds no
-request: the clients write their checkpoint then, and the server's `state_dict` with it (rank 0's).
+model and version unchanged for the client), with the step of the last pause the model has reached by then. Between
+that go and their next requests the server holds no request: the clients write their checkpoint then, and the
+server's `state_dict` with it (rank 0's).
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ class OuterServer:
                 break
             replies.extend(self._apply(batch))
         if self.paused and {r.client for r in self.paused} == set(self.base):  # every running client paused: go
-            closed, self.round = self.round, 0
+            # named by the last pause the model has reached meanwhile (the others' updates went on)
+            closed = max([self.round] + [step for updates, step in self.pauses if self.updates >= updates])
+            self.round, self.pauses = 0, [pair for pair in self.pauses if self.updates < pair[0]]
             replies.extend(Reply(r.client, self.version, self.updates, self.model.clone(), False, checkpoint=closed)
                            for r in self.paused)
             self.paused = []
@@ -178,7 +181,10 @@ class OuterServer:
         self._open_round()
 
     def _open_round(self) -> None:
-        """Open the checkpoint round of the last pause whose updates are reached (none while one is open)."""
+        """Open the checkpoint round of the last pause whose updates are reached (none while one is open, and none
+        once the budget is spent: a client may then have sent its final request, and could not pause)."""
+        if self.budget is not None and self.updates >= self.budget:
+            self.pauses = []
         while not self.round and self.pauses and self.updates >= self.pauses[0][0]:
             crossed = [step for updates, step in self.pauses if self.updates >= updates]
             self.pauses = [pair for pair in self.pauses if self.updates < pair[0]]
