@@ -161,7 +161,8 @@ RULES: tuple[Rule, ...] = (
     # elastic replica groups
     Rule("elastic", "hierarchical", "elastic groups exchange flat (one torchft group, no regions)"),
     Rule("elastic", "onebit", "elastic runs step AdamW"),
-    Rule("elastic", "moments", "elastic runs average parameters only (torchft's allreduce)"),
+    Rule("elastic", "moments", "elastic exchanges send the outer gradients alone (the moments' codec parts are "
+         "not built on the quorum exchange)"),
     Rule("elastic", "batch-shares", "elastic quorums average equal shares"),
     Rule("elastic", "stop-after", "an elastic run stops at its end only"),
     Rule("elastic", "cuda", "elastic runs use torchft's gloo process groups on CPU"),
