@@ -18,8 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", type=positive_float, default=2.6, metavar="NATS",
                         help="target training loss (mean of the last 5 steps) for the time-to-target column")
     parser.add_argument("--codecs", default=None, metavar="CODEC,...",
-                        help="the codecs of the 'across' rows (default: none, int8-block, int4-block, int2-block, "
-                             "sign-block); the local fp32 row always runs")
+                        help="the codecs of the 'across' rows (default: none, int8-block, int4-block:block_size=32, "
+                             "int4-block, int2-block, sign-block); the local fp32 row always runs")
     parser.add_argument("--time-scale", type=positive_float, default=1.0, help="multiply every emulated link time")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 

@@ -2,10 +2,10 @@
 
 The quality ladders, best quality first (each step down sends fewer bytes and risks more quality):
     DP exchange:  none > fp16 > int8-block > powersgd > sign        (sign: 1 bit per value + error feedback)
-    activations:  none > fp16 > int8-block > int4-block > int2-block > sign-block
+    activations:  none > fp16 > int8-block > int4-block
                   (the runtime's pipeline codecs, activations and their gradients alike: a cast, or a codec's
-                  packed bytes in a float32 carrier, runtime/cut_wire.py; 4, 2, 1.06, 0.53, 0.28, 0.16 bytes
-                  per value)
+                  packed bytes in a float32 carrier, runtime/cut_wire.py; 4, 2, 1.02, 0.53 bytes per value.
+                  int2-block and sign-block run too, but stalled the tiny GPT in bench pipeline: not a rung)
 A policy (`dp=sign,pp=fp16`) names the lowest rung each may use; the default stops at
 int8-block for DP and fp16 for activations (measured: sign+EF under AdamW costs ~0.5 nats on the tiny GPT,
 docs/history/wan.md; the activation codecs' losses: docs/results/bench-pipeline.md).
@@ -42,7 +42,7 @@ from geotrain.errors import GeotrainError, shown
 from geotrain.job import Job
 
 DP_LADDER = ("none", "fp16", "int8-block", "powersgd", "sign")
-PP_LADDER = ("none", "fp16", "int8-block", "int4-block", "int2-block", "sign-block")
+PP_LADDER = ("none", "fp16", "int8-block", "int4-block")
 DEFAULT_POLICY = "dp=int8-block,pp=fp16"  # sign+EF with AdamW lost 0.5 nats in bench wan (docs/history/wan.md)
 DEFAULT_TOLERANCE = 0.02
 
