@@ -169,7 +169,7 @@ def test_runtime_config_takes_the_plans_codecs_and_flags_override():
     assert [str(flagged.comm.stage_dp_codec(s)) for s in (0, 1)] == ["fp16", "fp16"]
     assert str(flagged.comm.cut_pp_codec(0)) == "fp16"
     with pytest.raises(RuntimeConfigError, match="pipeline codec must be one of"):
-        RuntimeConfig.of(cluster=cluster, assignment=plan.assignment, pp_codecs=("sign",))
+        RuntimeConfig.of(cluster=cluster, assignment=plan.assignment, pp_codecs=("topk",))
     with pytest.raises(RuntimeConfigError, match="gradient codec 'nope'"):
         RuntimeConfig.of(cluster=cluster, assignment=plan.assignment, dp_codecs=("none", "nope"))
 
