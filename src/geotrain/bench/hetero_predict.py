@@ -67,12 +67,15 @@ def plan_recipe(cluster: Cluster, job: Job, compute_s: Sequence[float], total_st
                               total_steps=total_steps, codec_s_per_value=codec_s_per_value, target_steps=target_steps)
 
 
-def target_steps_of(records: Sequence[Mapping[str, Any]], target: float) -> int | None:
-    """Steps to the first of rank 0's evaluations at or below `target` in a run's records (the limit row's: per-step
-    fp32 DP, cost.convergence's T0); None if none is."""
-    reached = [int(r["step"]) + 1 for r in records
-               if r["rank"] == 0 and r.get("val_loss") is not None and float(r["val_loss"]) <= target]
-    return min(reached) if reached else None
+def target_steps_of(records: Sequence[Mapping[str, Any]], target: float) -> float | None:
+    """Steps at which rank 0's evaluations in a run's records (the limit row's: per-step fp32 DP, cost.convergence's
+    T0) reach `target`, interpolated between the two around it as the model's constants were fitted
+    (convergence.crossing_step); None if none does."""
+    from geotrain.cost.convergence import crossing_step
+
+    points = sorted((int(r["step"]) + 1, float(r["val_loss"])) for r in records
+                    if r["rank"] == 0 and r.get("val_loss") is not None)
+    return crossing_step([s for s, _ in points], [loss for _, loss in points], target)
 
 
 def codec_seconds(cluster: Cluster) -> dict[str, float]:

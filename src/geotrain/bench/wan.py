@@ -304,11 +304,12 @@ def run_wan_bench(config: WanBenchConfig, progress: Callable[[str, int, int], No
         results.append(run_row(row, row_cluster, assignment, planned.choice, config, tokens, callback))
     if any(isinstance(r, WanRow) for r in results):
         from geotrain.bench.wan_recipe import run_recipe_row
+        from geotrain.cost.convergence import crossing_step
 
         limit = next((r for r in results if isinstance(r, RowResult) and r.row.free_links), None)
         if limit is None:
             raise WanBenchError("the recipe row needs the limit row (free links): its step time is the compute per step")
-        target_steps = next((s for s, loss in zip(limit.eval_steps, limit.val_losses) if loss <= config.target), None)
+        target_steps = crossing_step(limit.eval_steps, limit.val_losses, config.target)  # T0, as the model was fitted
         results = [run_recipe_row(r, cluster, job, layouts, config, tokens, limit.step_time_s, progress, target_steps)
                    if isinstance(r, WanRow) else r for r in results]
     results = _predict_delayed_gradients(results, cluster, job, layouts)

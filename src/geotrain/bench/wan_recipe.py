@@ -3,8 +3,8 @@
 The planner's inputs are the cluster's links, the job's bytes, the compute seconds per step and the steps
 per-step fp32 DP takes to the target (cost.convergence's T0), which the bench takes from the limit row (the
 fp32 training on free links: its emulated step time is the compute of one step of the same per-replica batch on
-this CPU, measured as every row's time is; its first evaluation at or below the target is T0; the recipe row
-runs after it). For every planned layout the recipe is chosen (that layout's pipeline seconds added per
+this CPU, measured as every row's time is; its crossing of the target, interpolated between evaluations, is
+T0; the recipe row runs after it). For every planned layout the recipe is chosen (that layout's pipeline seconds added per
 step, and the outer codecs' CPU per sync timed here, where the bench's ranks run: geotrain.cost.codec_cpu,
 as `plan --recipe-measure-codecs`); the layout with the least predicted time to target runs, with the recipe's H, P, tau, mix, codec and
 outer optimizer as RuntimeConfig options (tau > 0 is scored by the runtime's in-run evaluation:
