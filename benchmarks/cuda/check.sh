@@ -17,10 +17,12 @@ export PYTHONUNBUFFERED=1 GEOTRAIN_TRACEBACK=1  # a failed rank prints its trace
 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else '-', 'gpus', torch.cuda.device_count(),
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-')"; nproc; } | tee "$RES/env.txt"
 cd "$RES"
-cp "$HERE/one-gpu.yaml" "$HERE/two-ranks.yaml" .
+cp "$HERE/one-gpu.yaml" "$HERE/two-ranks.yaml" "$HERE/two-sites.yaml" .
 geotrain plan --cluster one-gpu.yaml --stages 1 --replicas 1 --json >plan-1x1.json
 geotrain plan --cluster two-ranks.yaml --stages 2 --replicas 1 --json >plan-2x1.json
 geotrain plan --cluster two-ranks.yaml --stages 1 --replicas 2 --json >plan-1x2.json
+geotrain plan --cluster two-ranks.yaml --stages 1 --replicas 1 --shards 2 --json >plan-1x1x2.json
+geotrain plan --cluster two-sites.yaml --stages 1 --replicas 2 --shards 2 --json >plan-1x2x2.json
 MEDIUM="$HERE/gpt_medium.py:gpt_medium"
 # name timeout cluster plan flags...
 run() {
@@ -60,5 +62,13 @@ PY
 echo "raw NCCL, 2 ranks on one GPU: rc=$?"; grep -m3 "all_reduce on one GPU\|Duplicate\|Error" nccl_two_ranks.out
 wait
 run v-checkpoint-resume 150 $V --checkpoint-dir ck --resume
+# Sharded replicas (plan --shards 2): each slot's 2 ranks hold FSDP2 shards over NCCL (the shard group inside a
+# site), DiLoCo per shard across the sites over gloo; the same runs on CPU give the losses to compare. NCCL needs a
+# GPU per rank: 1 x 1 x 2 needs 2 GPUs, 1 x 2 x 2 needs 4; with fewer each is refused in one line (that line is
+# what the run shows then).
+S="--precision fp32 --steps 20 --sync-every 5 --outer-lr 1 --outer-momentum 0"
+run sharded-1x1x2-$DEVICE 150 two-ranks.yaml plan-1x1x2.json --device $DEVICE $S
+run sharded-1x2x2-$DEVICE 150 two-sites.yaml plan-1x2x2.json --device $DEVICE $S --dp-codec int8-block
+run sharded-1x2x2-cpu 150 two-sites.yaml plan-1x2x2.json --device cpu $S --dp-codec int8-block
 python3 "$HERE/summarise.py" . | tee summary.txt
 tar czf "$OUT/cuda_check.tar.gz" -C "$RES" .

@@ -37,11 +37,13 @@ def main(folder: str) -> None:
         print(f"{r['run']:<22} {r['steps']:>5} {r['first_loss']:>7.4f} {r['final_loss']:>7.4f} {val:>7} "
               f"{r['median_step_ms']:>8.1f} {tps:>9} {r['wall_s']:>7.1f}")
     by_name = {r["run"]: r for r in rows}
-    reference = by_name.get("tiny-cpu-fp32")
-    for name in ("tiny-cuda-fp32", "tiny-cuda-bf16", "tiny-cpu-bf16"):
+    pairs = [(name, "tiny-cpu-fp32") for name in ("tiny-cuda-fp32", "tiny-cuda-bf16", "tiny-cpu-bf16")]
+    pairs.append(("sharded-1x2x2-cuda", "sharded-1x2x2-cpu"))  # FSDP2 over NCCL inside a site against gloo
+    for name, base in pairs:
+        reference = by_name.get(base)
         if reference and name in by_name:
             gaps = [abs(a - b) for a, b in zip(by_name[name]["losses"], reference["losses"])]
-            print(f"{name} vs tiny-cpu-fp32: |loss gap| step 0 {gaps[0]:.2e}, max {max(gaps):.2e}, "
+            print(f"{name} vs {base}: |loss gap| step 0 {gaps[0]:.2e}, max {max(gaps):.2e}, "
                   f"last {gaps[-1]:.2e}")
     json.dump(rows, open(Path(folder) / "summary.json", "w"), indent=1)
 
