@@ -2,36 +2,48 @@
 
 Units: steps (one step = the global batch's samples, as per-step data parallelism takes them; with local SGD R
 replicas take H inner steps of their share between syncs). `target_steps` T0: steps per-step fp32 data parallelism
-(DDP) takes to the target loss; a measured number (the benches take it from their limit row: fp32 DDP on free
+(DDP) takes to the target loss; a measured number (the benches take their limit row's crossing: fp32 DDP on free
 links), else the run's length (the target is then the loss DDP reaches at the end of the token budget).
 
-    steps_to_target = T0 x f_sync x f_codec x f_local x f_stale x f_async + landing
+    steps_to_target = T0 x f_sync x f_codec x f_local x f_stale x f_cold x f_moments x f_async + landing
     f_sync   = 1 + SYNC_PERIOD_COST x (H - 1) x (R - 1) / R      (H = 1 or one replica: DDP's own updates)
     f_codec  = CODEC_FACTOR[outer codec]                          (with error feedback)
     f_local  = 1 - ADAPTIVE_GAIN x (1 - H / max_r n_r)             (adaptive local steps: n_r inner steps per period,
                                                                    the fastest replica's share; equal steps: 1)
     f_stale  = 1 / (1 - (1 - alpha) tau / H)                      (a sync mixed in alpha, tau steps late; eager
                                                                    landing and tau = 0: 1)
+    f_cold   = COLD_EAGER_FACTOR[equal or adaptive steps] for eager landing without its blocking warm-up, else 1
     f_async  = (the asynchronous updates' staleness factor, cost.async_outer) ** ASYNC_STALENESS_WEIGHT
+               (f_local then takes each replica's share of the inner steps, by its update period)
     f_moments = MOMENT_SYNC_FACTOR with moment sync, else 1 (a factor of f_sync's: the moments mend local steps)
     landing  = tau with eager landing: the sync that first holds the target lands tau steps after its period
 
-time_to_target_s = steps_to_target x the predicted seconds per step (cost.wan_recipe). The rule compares settings
-by `factor` = steps_to_target / T0 (x step_s: seconds charged per base step), which needs no T0 but the landing's
-tau / T0 (dropped where neither T0 nor the run's length is known).
+time_to_target_s = steps_to_target x the predicted steady seconds per step + the one-offs that come before the
+target (cost.wan_recipe: the warm-up's blocking syncs, the moment syncs' extra). The rule compares settings by
+time_to_target_s / T0, which needs no T0 but for the landing's tau / T0 and the one-offs (dropped where neither T0
+nor the run's length is known).
 
-Where the constants come from (fitted from measured runs; data, commands and the fit: docs/history/convergence.md):
-- SYNC_PERIOD_COST, CODEC_FACTOR: `bench wan` rows at H = 2, 5, 10 (int8-block, blocking) and int8/int4/int2-block
-  at H = 5, every row scored at every outer period, each row's crossing of 2.4 nats interpolated, against the
-  limit row's (wan-4x1, tiny GPT, 60 steps, R = 4; 2026-12-06);
-- MOMENT_SYNC_FACTOR: `bench wan` rows 20-23 against 24 and 18 (moments in the first sync, blocking and eager;
-  docs/results/bench-wan.md, 2026-12-05): step 25 against 30;
-- ADAPTIVE_GAIN: `bench hetero` (hetero-4x1, 4.8x spread, H = 5, 10 / 4 / 4 / 2 inner steps): the diloco-adaptive
-  row's steps to 2.5 against the limit row's (2026-12-06); the milder spread (1.36x) measured no gain;
-- ASYNC_STALENESS_WEIGHT: `bench hetero`'s async row (H = 5, bound 8) against cost.async_outer's factor;
+Where the constants come from (fitted 2026-12-06 from the steps at which each row's validation loss crosses the
+target, interpolated between evaluations (`crossing_step`), over the limit row's; data, commands and the fit:
+docs/history/convergence.md):
+- SYNC_PERIOD_COST: `bench hetero` (hetero-4x1, R = 4, target 2.5), every row scored every period: equal H 5,
+  blocking, int8-block 19.31 steps against DDP's 17.04: f_sync(5, 4) = 1.13; `bench wan` (wan-4x1, target 2.4,
+  `--rows 12,16,18,20,21,22,23,24`): H 5 blocking 28.45 against 25.08, 1.13 again;
+- CODEC_FACTOR: `bench wan` rows 12 and 24 (int8-block, int4-block, H 5) cross at 28.45 and 28.43 and end at the
+  same loss to 4 digits; int2-block is not measured (its factor 1 is a guess the default floor, int4-block,
+  keeps the rule from using);
+- MOMENT_SYNC_FACTOR: `bench wan` rows 20-23 against 24 and 18 (moments in the first sync, blocking and eager):
+  the target at step 25 against 30 (docs/results/bench-wan.md, 2026-12-05 and 12-06);
+- ADAPTIVE_GAIN: `bench hetero`, adaptive H 5 tau 2 (10 / 4 / 4 / 2 inner steps) and H 2 tau 1 (4 / 2 / 1 / 1):
+  0.61 and 0.68 of the equal steps' count (A 0.78 and 0.64); the milder spread (1.36x,
+  examples/clusters/mild-gpus-4x1.yaml) measured no gain, so the factor is this bench's;
+- ASYNC_STALENESS_WEIGHT: `bench hetero`'s async row (H 5, bound 8) crossed at 16.6 and 15.0 steps (two runs),
+  against cost.async_outer's factor 1.63: W 0.71 and 0.5;
+- COLD_EAGER_FACTOR: equal steps, bench wan without the warm-up (docs/history/wan.md, "Run 1": steps 41-47 less
+  tau against 30); adaptive steps, bench hetero: the same period with and without it;
 - f_stale: bench wan, H = 5, P = 4, tau = 2, alpha 0.5: 1.23x measured, 1.25 by the formula (docs/history/wan.md).
-Measured on one tiny GPT at one target each: the factors are its, and near 1; for a different model a short
-run of the user's (`target_steps`, and these constants refitted the same way) replaces them.
+Measured on one tiny GPT at one target each: the factors are its. For another model, a short run of the user's
+gives T0 (`target_steps`), and these constants can be refitted the same way.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ from typing import Any
 from geotrain.errors import GeotrainError, shown
 
 SYNC_PERIOD_COST = 0.044
-"""f_sync's slope per local step between syncs, at R -> infinity (bench wan, H = 2 / 5 / 10; module doc)."""
+"""f_sync's slope per local step between syncs, at R -> infinity (bench hetero and bench wan, H = 5; module doc)."""
 CODEC_FACTOR = {"none": 1.0, "int8-block": 1.0, "int4-block": 1.0, "int2-block": 1.0}
 """Steps to the target through each outer codec (error feedback on) against exact outer gradients (module doc)."""
 ADAPTIVE_GAIN = 0.7
