@@ -50,13 +50,21 @@ def shard_rows(share: int, k: int, shard: int) -> slice:
 
 def fully_shard_stage(modules: Sequence[torch.nn.Module], group: Any, device: torch.device) -> None:
     """FSDP2 on a slot's stage modules over process group `group` (the slot's K ranks, runtime/layout.py): each
-    layer is its own unit (its parameters all-gathered just before it runs), then each stage module."""
+    layer is its own unit (its parameters all-gathered just before it runs), then each stage module, which holds
+    the rest: layers without trainable parameters, and layers sharing a parameter with another layer (tied
+    embeddings: one parameter belongs to one FSDP2 unit)."""
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = DeviceMesh.from_group(group, device.type)
+    layers = [layer for module in modules for layer in module.layers]  # type: ignore[attr-defined]
+    holders: dict[int, int] = {}
+    for layer in layers:
+        for p in set(layer.parameters()):
+            holders[id(p)] = holders.get(id(p), 0) + 1
+    for layer in layers:
+        params = list(layer.parameters())
+        if any(p.requires_grad for p in params) and all(holders[id(p)] == 1 for p in params):
+            fully_shard(layer, mesh=mesh)
     for module in modules:
-        for layer in module.layers:  # type: ignore[attr-defined]
-            if any(p.requires_grad for p in layer.parameters()):
-                fully_shard(layer, mesh=mesh)
         fully_shard(module, mesh=mesh)
