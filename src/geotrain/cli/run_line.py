@@ -71,8 +71,9 @@ def what_runs(config: Any, plan: Any = None) -> str:
     """One line: the layout, the synchronisation (and codecs, recipe), the batch per replica against the plan's."""
     schedule = config.schedule
     recipe = plan is not None and plan.extra.get("wan_recipe") is not None
+    shards = f" x {config.layout.k} shards (FSDP2 in a site)" if config.layout.k > 1 else ""
     layout = (f"{config.stages} stage{'s' if config.stages > 1 else ''} x {config.replicas} "
-              f"replica{'s' if config.replicas > 1 else ''} on {config.cluster.name}")
+              f"replica{'s' if config.replicas > 1 else ''}{shards} on {config.cluster.name}")
     batch = (f"{schedule.batch_size} sequences per replica (--batch-size) x {config.replicas} = "
              f"{schedule.batch_size * config.replicas} per step, {schedule.microbatches} micro-batches"
              f"{_plan_batch(plan)}")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from geotrain.cli.run_line import what_runs
 from geotrain.cluster.io import parse_cluster_text
 from geotrain.comm.groups import PER_DEVICE_BACKEND, group_backend
 from geotrain.runtime import worker as worker_module
@@ -43,6 +44,7 @@ def test_a_sharded_plan_builds_and_counts_its_ranks():
     config = RuntimeConfig.of(CLUSTER, ASSIGNMENT, shards=SHARDS, **DILOCO)
     assert config.world_size == 4 and config.layout.k == 2 and config.identity()["shards"] == 2
     assert config.to_json()["shards_devices"] == SHARDS.tolist()
+    assert what_runs(config).startswith("runs: 1 stage x 2 replicas x 2 shards (FSDP2 in a site) on test-2x2; ")
 
 
 @pytest.mark.parametrize("shards, settings, message", [
