@@ -2,7 +2,8 @@
 processes holding FSDP2 shards of the tiny model, DiLoCo per shard across the sites, on emulated links.
 
 Runs (module fixture, 8 steps each): the sharded plan and the unsharded one (one process per site, the same
-replicas) with --sync-every 4 --fragments 2 --sync-delay 1 and no codec, then the sharded plan with int8-block.
+replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a validation every 4 steps, then the
+sharded plan with int8-block.
 Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
 (FSDP reduce-scatters the mean of the two shards' gradients of 4 sequences each; the unsharded rank sums the 8 at
 once), so their losses first differ in the last bits (2.4e-7 = 1 ulp of a loss near 3.8) and AdamW's normalised
@@ -41,7 +42,7 @@ def _train(root, plan: dict, *flags: str) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
-    emulated = ("--time-scale", "1e-3")
+    emulated = ("--time-scale", "1e-3", "--eval-every", "4")
     return {"sharded": _train(tmp_path_factory.mktemp("sharded"), SHARDED, *STREAMING, *emulated),
             "unsharded": _train(tmp_path_factory.mktemp("unsharded"), UNSHARDED, *STREAMING, *emulated),
             "int8": _train(tmp_path_factory.mktemp("int8"), SHARDED, *STREAMING, "--dp-codec", "int8-block",
@@ -54,6 +55,11 @@ def test_a_sharded_run_equals_the_unsharded_run_of_the_same_sites(runs):
     worst = max(abs(a - b) for a, b in zip(sharded, unsharded, strict=True))
     assert worst <= 1e-4, (sharded, unsharded)
     assert sharded[0] - min(sharded) > 2000 * 1e-4  # the check can fail: the loss moved far beyond it
+    # validation: every shard of a slot scores the replica's windows through FSDP2's forward
+    validation = [(v["step"], v["loss"]) for v in runs["sharded"]["validation"]]
+    expected = [(v["step"], v["loss"]) for v in runs["unsharded"]["validation"]]
+    assert [step for step, _ in validation] == [step for step, _ in expected] == [4, 8]
+    assert max(abs(a[1] - b[1]) for a, b in zip(validation, expected)) <= 1e-4, (validation, expected)
 
 
 def test_every_shard_ends_equal_to_its_peer_and_the_loss_falls(runs):
