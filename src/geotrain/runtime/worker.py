@@ -623,7 +623,8 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         waiting = worker_box[0].transport.waiting_on if worker_box else None
         where = f"at step {watchdog.completed_steps + 1}" + (f" while waiting for {waiting}" if waiting else "")
         timed_out = "Timed out" in str(exc)  # gloo's words for a collective or transfer past its timeout
-        group = layout.dp_group_ranks(layout.slot(rank).stage) if waiting else range(world_size)
+        slot = layout.slot(rank)
+        group = layout.dp_group_ranks(slot.stage, slot.shard) if waiting else range(world_size)
         why = _timed_out(exc, reliability.comm_timeout_s, watchdog.suspects(group), layout) if timed_out else (
             f"{type(exc).__name__}: {exc}")
         message = f"{layout.describe(rank)} failed {where}: {why}"
