@@ -54,7 +54,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                         help="largest delay tau (default H - 1; 0 where syncs may not be in flight at checkpoints)")
     recipe.add_argument("--recipe-outer-sync", default="auto", choices=("auto", "sync"),
                         help="auto: also price asynchronous outer updates (one stage per replica, fp32 updates; "
-                             "cost.async_outer) and choose them where their step, charged for staleness, is lower; "
+                             "cost.async_outer) and choose them where their predicted time to target is sooner; "
                              "sync: synchronous only")
     recipe.add_argument("--recipe-codec-floor", default=DEFAULT_CODEC_FLOOR, choices=OUTER_LADDER,
                         help=f"lowest outer codec allowed on the ladder {' > '.join(OUTER_LADDER)}")
@@ -86,7 +86,8 @@ class PricedRecipe:
 
     @property
     def charged_s(self) -> float:
-        """Seconds per step charged for staleness (cost.wan_recipe.charged_step_seconds): what layouts rank by."""
+        """Predicted time to target per step of per-step DP's (cost.wan_recipe.charged_step_seconds: the step times
+        the convergence factor, cost.convergence): what layouts rank by."""
         return charged_step_seconds(self.recipe) if self.chosen == "wan_recipe" else self.shares.step_s
 
 
@@ -217,7 +218,8 @@ def recipe_tables(out: Output, cluster: Cluster, assignment: Any, priced: Priced
 
 def recipe_table(out: Output, recipe: WanRecipe, labels: list[str]) -> None:
     """The chosen WAN recipe, its local steps (and both schedules' predicted steps), each outer sync's step and
-    the step charged for staleness (what the rule compares), and each site's predicted compute fraction."""
+    the step charged by the convergence model (time to target per step of per-step DP: what the rule compares), and
+    each site's predicted compute fraction."""
     steps = recipe.local_steps_step_s or {}
     local = ("equal (H on every replica)" if recipe.local_steps == "equal" else
              f"adaptive ({' / '.join(map(str, recipe.replica_steps or ()))} per period at first)")
@@ -225,7 +227,7 @@ def recipe_table(out: Output, recipe: WanRecipe, labels: list[str]) -> None:
     outer_sync = ("synchronous" if recipe.outer_sync == "sync" else
                   f"asynchronous (staleness x{recipe.async_staleness_factor:.3g})")
     charged = recipe.outer_sync_charged_s or {}
-    outer_rows = [[f"step, {name} (s): predicted / charged for staleness",
+    outer_rows = [[f"step, {name} (s): predicted / charged (to target)",
                    f"{step:.4g} / {charged[name]:.4g}" if name in charged else f"{step:.4g}"]
                   for name, step in (recipe.outer_sync_step_s or {}).items()]
     out.table("WAN recipe (Streaming DiLoCo, yuan)", ["", "value"],
