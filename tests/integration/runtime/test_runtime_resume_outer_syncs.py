@@ -1,0 +1,188 @@
+"""A run of an overlapped, uneven or asynchronous outer sync, stopped mid-period (--stop-after) or by Ctrl-C and
+resumed from its checkpoint, ends on the uninterrupted run's parameters and losses: Streaming DiLoCo with P 2, tau 1
+and int8-block (an exchange in flight at the checkpoint, settled: sync/settle.py) and adaptive local steps on an
+A100 + T4 pair with a delay and eager landing (each replica checkpoints at its own share of the period:
+AdaptiveOuterSync.checkpoint_position) to the bit (the computation is deterministic, and the adaptive splits come
+from speeds about 6x apart, far from a rounding boundary); asynchronous outer updates (a checkpoint round of the
+global model's server: sync/async_server.py) to within 0.02 nats of the final global model's validation loss (the
+round's pause lets the other replica run ahead, so the server applies arrivals in another order than the run without
+it: measured 0.0004 nats, parameters within 2e-4). Launches run side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from geotrain.runtime import checkpoint as ckpt
+from runtime_2x2 import write_job_files
+from two_gpus import TWO_GPUS_YAML
+
+pytestmark = pytest.mark.timeout(600)
+
+GEOTRAIN = [sys.executable, "-m", "geotrain"]
+ONE_BY_TWO = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 1]]}
+MODES = {
+    "streaming": ["--time-scale", "0", "--steps", "8", "--sync-every", "4", "--fragments", "2", "--sync-delay", "1",
+                  "--dp-codec", "int8-block"],
+    "adaptive": ["--time-scale", "1e-3", "--emulate-gpu-speed", "--steps", "9", "--sync-every", "3",
+                 "--local-steps", "adaptive", "--sync-delay", "1", "--sync-landing", "eager", "--dp-codec",
+                 "int8-block"],
+    "async": ["--time-scale", "0", "--steps", "8", "--sync-every", "2", "--outer-sync", "async", "--eval-every", "8"],
+}
+STOP = {"streaming": 2, "adaptive": 4, "async": 3}
+EXACT = ("streaming", "adaptive")
+"""--stop-after: streaming's fragment 1 started after step 1 and lands after step 2 (in flight at the checkpoint);
+adaptive's step 4 is inside the second period (the A100 replica 1 of its 5 steps in, the T4 one 0 of 1); async's step 3
+is inside a period of the equal schedule (the global model holds 3 of the run's 8 replica updates)."""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, dict[str, str]]:
+    root = tmp_path_factory.mktemp("job")
+    streaming = write_job_files(root)
+    (root / "plan12.json").write_text(json.dumps({**ONE_BY_TWO, "assignment": [[0, 2]]}))
+    (root / "two.yaml").write_text(TWO_GPUS_YAML)
+    (root / "plan2.json").write_text(json.dumps(ONE_BY_TWO))
+    return {"streaming": {"cluster": streaming["cluster"], "plan": str(root / "plan12.json")},
+            "async": {"cluster": streaming["cluster"], "plan": str(root / "plan12.json")},
+            "adaptive": {"cluster": str(root / "two.yaml"), "plan": str(root / "plan2.json")}}
+
+
+def _words(files: dict[str, dict[str, str]], mode: str, directory: Path, *extra: str) -> list[str]:
+    return ["train", "--run-dir", "none", "--cluster", files[mode]["cluster"], "--plan", files[mode]["plan"],
+            *MODES[mode], "--checkpoint-dir", str(directory), *extra]
+
+
+def _run_all(commands: list[list[str]]) -> list[subprocess.CompletedProcess]:
+    """Run `geotrain` commands side by side; each must exit 0."""
+    procs = [subprocess.Popen([*GEOTRAIN, *words, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for words in commands]
+    done = []
+    for words, proc in zip(commands, procs):
+        out, err = proc.communicate(timeout=500)
+        assert proc.returncode == 0, f"{shlex.join(words)}:\n{err[-2000:]}"
+        done.append(subprocess.CompletedProcess(words, 0, out, err))
+    return done
+
+
+def final_weights(directory: Path, steps: int, ranks: int = 2) -> list[dict[str, torch.Tensor]]:
+    """Each rank's stage weights in the checkpoint at the run's end."""
+    manifest = ckpt.read_manifest(directory, steps)
+    return [ckpt.load_shard(directory, steps, rank, manifest, {"rank": rank, "stage": 0, "replica": rank})["stage"]
+            for rank in range(ranks)]
+
+
+def largest_difference(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch.Tensor]]) -> float:
+    return max(float((x[k].double() - y[k].double()).abs().max()) for x, y in zip(a, b, strict=True) for k in x)
+
+
+def _validation(report: dict) -> float:
+    """The final global model's validation loss (every rank scores the same model after the final exchange)."""
+    losses = {entry["loss"] for entry in report["validation"]}
+    assert len(losses) == 1
+    return losses.pop()
+
+
+def _steps(mode: str) -> int:
+    return int(MODES[mode][MODES[mode].index("--steps") + 1])
+
+
+@pytest.fixture(scope="module")
+def runs(files, tmp_path_factory) -> dict[str, dict]:
+    """Per mode: the uninterrupted run (a checkpoint at its end), and the run stopped at STOP (checkpointing every
+    step) then resumed; both ends' weights and the losses."""
+    root = tmp_path_factory.mktemp("runs")
+    out: dict[str, dict] = {}
+    reference = _run_all([_words(files, mode, root / f"{mode}-ref") for mode in MODES])
+    stopped = _run_all([_words(files, mode, root / f"{mode}-cut", "--checkpoint-every", "1", "--stop-after",
+                               str(STOP[mode])) for mode in MODES])
+    resumed = _run_all([_words(files, mode, root / f"{mode}-cut", "--checkpoint-every", "1", "--resume")
+                        for mode in MODES])
+    for i, mode in enumerate(MODES):
+        out[mode] = {"ref": json.loads(reference[i].stdout), "stopped": json.loads(stopped[i].stdout),
+                     "resumed": json.loads(resumed[i].stdout), "ref_dir": root / f"{mode}-ref",
+                     "cut_dir": root / f"{mode}-cut"}
+    return out
+
+
+@pytest.mark.parametrize("mode", EXACT)
+def test_a_run_stopped_mid_period_and_resumed_ends_on_the_uninterrupted_runs_weights(runs, mode):
+    run = runs[mode]
+    steps = _steps(mode)
+    assert largest_difference(final_weights(run["ref_dir"], steps), final_weights(run["cut_dir"], steps)) == 0.0
+    assert run["resumed"]["losses"] == run["ref"]["losses"]  # the records of the steps before the stop, restored
+    assert run["ref"]["summary"]["replicas_in_sync"] and run["resumed"]["summary"]["replicas_in_sync"]
+
+
+def test_an_asynchronous_run_stopped_and_resumed_ends_as_the_uninterrupted_one(runs):
+    run = runs["async"]
+    assert len(run["resumed"]["losses"]) == len(run["ref"]["losses"])
+    assert abs(_validation(run["resumed"]) - _validation(run["ref"])) < 0.02
+    assert run["resumed"]["summary"]["replicas_in_sync"]  # every rank holds the final global model
+    server = torch.load(ckpt.shard_path(run["cut_dir"], STOP["async"], 0), weights_only=True)["dp"]["asynchronous"]
+    client = torch.load(ckpt.shard_path(run["cut_dir"], STOP["async"], 1), weights_only=True)["dp"]["asynchronous"]
+    # the round opened at 3 of the 8 updates; the other rank went on until both were paused
+    assert 3 <= server["server"]["updates"] < 8 and "server" not in client
+    assert server["outer_step"] + client["outer_step"] >= 3 and server["server"]["optimizer"]["arrivals"] >= 1
+
+
+def test_the_checkpoint_holds_what_was_in_flight_and_each_replicas_place_in_its_period(runs):
+    streaming = torch.load(ckpt.shard_path(runs["streaming"]["cut_dir"], STOP["streaming"], 0), weights_only=True)
+    assert [flight["fragment"] for flight in streaming["dp"]["in_flight"]] == [1]
+    assert streaming["dp"]["in_flight"][0]["delivered"]["bytes"] > 0  # its bytes, counted when it lands
+    adaptive = [torch.load(ckpt.shard_path(runs["adaptive"]["cut_dir"], STOP["adaptive"], rank),
+                           weights_only=True)["dp"] for rank in range(2)]
+    assert [dp["local_steps"] for dp in adaptive] == [[5, 1], [5, 1]]  # the A100 replica 5 of the period's 6 steps
+    assert [dp["period_steps"] for dp in adaptive] == [1, 0] and [dp["outer_step"] for dp in adaptive] == [1, 1]
+    assert all(dp["posted_step_s"].shape == (2, 1) for dp in adaptive)  # the speeds of the period just ended
+
+
+@pytest.mark.slow
+def test_ctrl_c_then_the_printed_resume_command_ends_on_the_uninterrupted_runs_weights(files, runs, tmp_path):
+    """Ctrl-C after the second checkpoint (every step), each mode side by side; the command the launcher prints
+    resumes it, and the end is the uninterrupted run's."""
+    from proctree import default_signals
+
+    launchers = {}
+    for mode in MODES:
+        words = _words(files, mode, tmp_path / mode, "--checkpoint-every", "1")
+        launchers[mode] = subprocess.Popen([*GEOTRAIN, *words], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                           text=True, start_new_session=True, preexec_fn=default_signals)
+    commands = []
+    try:
+        waiting, deadline = dict(launchers), time.monotonic() + 300
+        while waiting:  # each run gets its Ctrl-C as soon as its second checkpoint is complete
+            for mode, launcher in list(waiting.items()):
+                if (tmp_path / mode).is_dir() and (ckpt.latest_step(tmp_path / mode) or 0) >= 2:
+                    os.killpg(launcher.pid, signal.SIGINT)  # Ctrl-C in a terminal
+                    del waiting[mode]
+                else:
+                    assert launcher.poll() is None and time.monotonic() < deadline, f"{mode}: no 2nd checkpoint"
+            time.sleep(0.02)
+        for mode, launcher in launchers.items():
+            _, err = launcher.communicate(timeout=120)
+            assert launcher.returncode == 130, err
+            assert ckpt.latest_step(tmp_path / mode) < _steps(mode)
+            commands.append(shlex.split(err.strip().splitlines()[-1].split(": ", 2)[2])[1:])
+    finally:
+        for launcher in launchers.values():
+            if launcher.poll() is None:
+                os.killpg(launcher.pid, signal.SIGKILL)
+                launcher.wait()
+    resumed = _run_all(commands)
+    for mode, done in zip(MODES, resumed, strict=True):
+        steps = _steps(mode)
+        if mode in EXACT:
+            assert largest_difference(final_weights(runs[mode]["ref_dir"], steps),
+                                      final_weights(tmp_path / mode, steps)) == 0.0
+        else:
+            assert abs(_validation(json.loads(done.stdout)) - _validation(runs[mode]["ref"])) < 0.02
