@@ -198,4 +198,5 @@ def option_of(candidate: Candidate, priced: PricedRecipe | None) -> Option:
     compute = (priced.recipe.compute_s if priced.chosen == "wan_recipe"
                else max(priced.shares.shares.compute_s))
     scheme = "WAN recipe" if priced.chosen == "wan_recipe" else "speed batch shares"
-    return Option(label, devices, priced.step_s, compute, candidate.memory_per_device_bytes, scheme)
+    return Option(label, devices, priced.step_s, compute, candidate.memory_per_device_bytes, scheme,
+                  rank_s=priced.charged_s)

@@ -38,6 +38,13 @@ class Option:
     scheme: str
     usd: float | None = None
     """USD for a step's progress (--objective cost: what it is ranked by), None when not priced."""
+    rank_s: float | None = None
+    """Seconds it is ranked by where not its step: a recipe's predicted time to target per step of per-step DP
+    (cost.wan_recipe.charged_step_seconds)."""
+
+    @property
+    def ranked_s(self) -> float:
+        return self.step_s if self.rank_s is None else self.rank_s
 
 
 def sites_of(cluster: Cluster, assignment: np.ndarray) -> list[str]:
@@ -99,8 +106,10 @@ def explain_choice(cluster: Cluster, options: Sequence[Option], alternatives: in
     sites = sites_of(cluster, chosen.assignment)
     used = int(np.unique(np.asarray(chosen.assignment).ravel()).size)
     cost = f", ${chosen.usd:.4g} per step's progress" if by_cost and chosen.usd is not None else ""
+    to_target = (f" ({chosen.rank_s:.4g} s per step's progress to the target, convergence model included)"
+                 if chosen.rank_s is not None and abs(chosen.rank_s - chosen.step_s) > 1e-9 * chosen.step_s else "")
     lines = [f"Chosen: {chosen.label} ({chosen.scheme}) on {used} of {cluster.n_devices} devices in "
-             f"{', '.join(sites)}: {chosen.step_s:.4g} s per step predicted{cost}."]
+             f"{', '.join(sites)}: {chosen.step_s:.4g} s per step predicted{to_target}{cost}."]
     seen, others = {(chosen.label, chosen.scheme)}, []
     for o in options[1:]:  # one per layout and scheme (auto-configuration lists micro-batchings apart)
         if (o.label, o.scheme) not in seen and len(others) < alternatives:
@@ -110,6 +119,8 @@ def explain_choice(cluster: Cluster, options: Sequence[Option], alternatives: in
     def against(o: Option) -> str:
         if by_cost and o.usd is not None and chosen.usd:
             return f"${o.usd:.4g} ({o.usd / chosen.usd:.2f}x), {o.step_s:.4g} s"
+        if o.rank_s is not None or chosen.rank_s is not None:  # ranked by time to target: say both
+            return f"{o.ranked_s:.4g} s to the target per step ({o.ranked_s / chosen.ranked_s:.2f}x), step {o.step_s:.4g} s"
         return f"{o.step_s:.4g} s ({o.step_s / chosen.step_s:.2f}x)"
 
     if others:
