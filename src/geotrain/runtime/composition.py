@@ -176,7 +176,6 @@ RULES: tuple[Rule, ...] = (
     Rule("shards", "pipeline", "sharded slots run one stage per replica (S = 1)"),
     Rule("shards", "hierarchical", _SHARDED["regions"]),
     Rule("shards", "moments", _SHARDED["sync_moments"]),
-    Rule("shards", "adaptive", "a site's K shards would agree on their step times (geotrain.diloco does)"),
     *(Rule("shards", mode, _SHARDED["asynchronous"]) for mode in ("async", "async-hierarchical")),
     Rule("shards", "elastic", "an elastic group is one process per site; a site's K shards are not one torchft "
          "replica"),

@@ -67,7 +67,8 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
         return _async_gradient_sync(options, stage, layout, cluster, replicas, timeout_s)
     devices = tuple(layout.dp_group_devices(slot.stage, slot.shard))
     links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
-    dp_group = DPGroup(group, tuple(layout.dp_group_ranks(slot.stage, slot.shard)), devices, hierarchy, links)
+    dp_group = DPGroup(group, tuple(layout.dp_group_ranks(slot.stage, slot.shard)), devices, hierarchy, links,
+                       shard_group)
     return make_gradient_sync(options, named, transport, dp_group, rank, world_sum_over_replicas(replicas))
 
 

@@ -287,10 +287,11 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             dp_bytes=max(int(r["dp_bytes"]) for r in step_records), compared=not uneven))
     # adaptive local steps (records with outer_step): ranks agree on the anchor between the same landed syncs, not
     # at a step index
-    by_period: dict[tuple[int, int], set[float]] = defaultdict(set)
+    by_period: dict[tuple[int, int, int], set[float]] = defaultdict(set)
     for record in records:
         if "outer_step" in record:
-            by_period[(record.get("syncs_landed", record["outer_step"]), record["stage"])].add(record["param_sum"])
+            by_period[(record.get("syncs_landed", record["outer_step"]), record["stage"],
+                       record.get("shard", 0))].add(record["param_sum"])
     in_sync &= all(len(sums) == 1 for sums in by_period.values())
     if progress.asynchronous(records):  # replicas hold different global models until the end's exchange
         in_sync = progress.final_models_agree(records)

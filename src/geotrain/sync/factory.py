@@ -37,6 +37,7 @@ from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, ExchangeOptions, SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
+from geotrain.sync.sharded import site_agreed
 from geotrain.sync.streaming import StreamingOuterSync
 
 BETAS = (0.9, 0.95)
@@ -73,8 +74,8 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
     if options.heterogeneity.local_steps == "adaptive":  # (flat, one fragment: SyncOptions refused the rest)
         replicas = len(group.ranks)
-        gather = gather_floats(group.handle, lambda wait: transport.collective(group.handle, devices, 8, wait,
-                                                                               posted=True), group.links)
+        gather = site_agreed(gather_floats(group.handle, lambda wait: transport.collective(
+            group.handle, devices, 8, wait, posted=True), group.links), group.site)  # a site's shards agree first
         return AdaptiveOuterSync(named_params, adamw, lambda shadows: _exchange(codec, shadows, transport, group, rank),
                                  outer.sync_every, outer.outer_lr, outer.outer_momentum, gather,
                                  group.ranks.index(rank), replicas,

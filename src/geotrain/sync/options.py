@@ -331,6 +331,9 @@ class DPGroup:
     devices: tuple[int, ...]
     hierarchy: HierarchicalGroups | None = None
     links: GatherLinks | None = None
+    site: Any = None
+    """A sharded slot's process group (its K shards), where adaptive local steps' step times are agreed first
+    (geotrain.sync.sharded.site_agreed); None: one rank per slot."""
 
     def __post_init__(self) -> None:
         if len(self.ranks) != len(self.devices):

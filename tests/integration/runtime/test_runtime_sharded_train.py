@@ -3,7 +3,7 @@ processes holding FSDP2 shards of the tiny model, DiLoCo per shard across the si
 
 Runs (module fixture, 8 steps each): the sharded plan and the unsharded one (one process per site, the same
 replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a validation every 4 steps, then the
-sharded plan with int8-block.
+sharded plan with int8-block, and with adaptive local steps.
 Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
 (FSDP reduce-scatters the mean of the two shards' gradients of 4 sequences each; the unsharded rank sums the 8 at
 once), so their losses first differ in the last bits (2.4e-7 = 1 ulp of a loss near 3.8) and AdamW's normalised
@@ -46,7 +46,9 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     return {"sharded": _train(tmp_path_factory.mktemp("sharded"), SHARDED, *STREAMING, *emulated),
             "unsharded": _train(tmp_path_factory.mktemp("unsharded"), UNSHARDED, *STREAMING, *emulated),
             "int8": _train(tmp_path_factory.mktemp("int8"), SHARDED, *STREAMING, "--dp-codec", "int8-block",
-                           "--time-scale", "0")}
+                           "--time-scale", "0"),
+            "adaptive": _train(tmp_path_factory.mktemp("adaptive"), SHARDED, "--sync-every", "4", "--local-steps",
+                               "adaptive", "--outer-lr", "1", "--outer-momentum", "0", "--time-scale", "0")}
 
 
 def test_a_sharded_run_equals_the_unsharded_run_of_the_same_sites(runs):
@@ -69,6 +71,15 @@ def test_every_shard_ends_equal_to_its_peer_and_the_loss_falls(runs):
         assert report["summary"]["replicas_in_sync"], name
         losses = report["losses"]
         assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.1, (name, losses)
+
+
+def test_adaptive_local_steps_keep_each_shard_with_its_peer_between_syncs(runs):
+    """--local-steps adaptive: a site's two shards agree on their step time (the slower's), so they take the same
+    steps and meet their peers at each sync: the report compares each shard's anchor between the same landed
+    syncs (a shard that stepped alone would hang FSDP2's collectives or leave its peer's anchor)."""
+    report = runs["adaptive"]
+    assert report["rows_by"] == "progress" and report["summary"]["replicas_in_sync"]
+    assert all(loss == loss for loss in report["losses"]) and report["losses"][-1] < report["losses"][0] - 0.3
 
 
 def test_each_shard_sends_its_half_of_the_outer_sync_between_the_sites(runs):
