@@ -38,6 +38,6 @@ def test_every_config_dataclass_has_at_most_20_fields():
     # the scan finds the configs it is about (a renamed folder must not make this pass on nothing)
     assert {"sync/options.py:SyncOptions", "runtime/config.py:RuntimeConfig",
             "runtime/sections.py:OptimSection"} <= counts.keys()
-    assert counts["runtime/config.py:RuntimeConfig"] == 12
+    assert counts["runtime/config.py:RuntimeConfig"] == 13
     wide = {name: n for name, n in counts.items() if n > MAX_FIELDS}
     assert wide == {}, f"config dataclasses over {MAX_FIELDS} fields (split them into sections): {wide}"

@@ -79,20 +79,19 @@ def target_of(args: Any) -> tuple[str, ...]:
 
 def module_found(name: str) -> bool:
     """Whether `python -m name` started here finds the module, without running any of it: the top-level name
-    on this directory + sys.path, each further part in its package's folders (no __init__ is executed)."""
+    on this directory, the ranks' PYTHONPATH (the environment they inherit) and sys.path, or a built-in one; each
+    further part in its package's folders (no __init__ is executed)."""
     import importlib.util
     from importlib.machinery import PathFinder
 
     parts = name.split(".")
     if not all(part.isidentifier() for part in parts):
         return False
-    sys.path.insert(0, os.getcwd())
+    extra = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
     try:
-        spec = importlib.util.find_spec(parts[0])
+        spec = PathFinder.find_spec(parts[0], [os.getcwd(), *extra, *sys.path]) or importlib.util.find_spec(parts[0])
     except (ImportError, ValueError):
         spec = None
-    finally:
-        sys.path.pop(0)
     for part in parts[1:]:
         if spec is None or spec.submodule_search_locations is None:
             return False

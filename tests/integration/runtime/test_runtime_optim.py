@@ -54,8 +54,8 @@ def _shards(directory, step: int, world_size: int) -> list[dict]:
 def test_onebit_adam_and_clipping_are_validated_and_part_of_the_checkpoint_identity():
     with pytest.raises(RuntimeConfigError, match="optimizer must be one of adamw, onebit-adam, got 'lamb'"):
         _config(optimizer="lamb")
-    with pytest.raises(RuntimeConfigError, match="^optim.optimizer, comm.dp_codec: optimizer onebit-adam does its "
-                                                 "own data-parallel communication; codec must be none, got 'fp16'$"):
+    with pytest.raises(RuntimeConfigError, match="^--optimizer onebit-adam with --dp-codec fp16: 1-bit Adam does its "
+                                                 "own data-parallel communication; use --dp-codec none$"):
         _config(optimizer="onebit-adam", dp_codec="fp16")
     with pytest.raises(RuntimeConfigError, match="clip_grad_norm must be a finite number > 0, got -1.0"):
         _config(clip_grad_norm=-1.0)
