@@ -260,7 +260,8 @@ class Worker:
         if shares == self.shares:
             return
         self.shares, self.share = shares, shares[self.slot.replica]
-        micro = self.share // cfg.schedule.microbatches
+        self.rows = shard_rows(self.share, self.layout.k, self.slot.shard)  # this rank's rows of the new share
+        micro = (self.share // self.layout.k) // cfg.schedule.microbatches
         self.shapes = [dataclasses.replace(s, input_shape=(micro, *s.input_shape[1:]),
                                            output_shape=(micro, *s.output_shape[1:])) for s in self.shapes]
         self.pipeline = Pipeline(cfg.schedule.schedule, self.modules, self.shapes, cfg.schedule.microbatches, lm_loss,
