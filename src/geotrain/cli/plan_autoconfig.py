@@ -36,6 +36,7 @@ from geotrain.cli.plan_recipe import (PricedRecipe, calibration_of, largest_sync
                                       recipe_tables)
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cost.memory import MODELLED_SCHEDULES, OUTER_STATE_BYTES_PER_PARAM, MemoryConfig
+from geotrain.cost.money import StepMoney
 from geotrain.cost.shards import slot_view
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.errors import GeotrainError
@@ -100,11 +101,9 @@ def run_autoconfig(args: Any, out: Output) -> int:
              for c, p in zip(candidates, priced)]
     if recipe or args.objective == "cost":
         def key(i: int) -> float:
-            seconds = rank_seconds(candidates[i], priced[i])
             if args.objective == "time":
-                return seconds
-            step = candidates[i].iteration_s if priced[i] is None else priced[i].step_s
-            return money[i].usd * seconds / step  # USD for the same progress: the staleness charge counts
+                return rank_seconds(candidates[i], priced[i])
+            return progress_usd(money[i], candidates[i], priced[i])
         order = sorted(range(len(candidates)), key=key)[: args.top]
         candidates, priced, money = ([items[i] for i in order] for items in (candidates, priced, money))
     rows = [candidate.to_json(job) for candidate in candidates]
@@ -116,8 +115,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
                          if p is None else {"scheme": p.chosen, "step_s": p.step_s, "charged_s": p.charged_s})
     options_ = [option_of(c, p) for c, p in zip(candidates, priced)]
     if money[0] is not None:  # USD for a step's progress: per step x the recipe's staleness charge
-        options_ = [replace(o, usd=m.usd * rank_seconds(c, p) / o.step_s)
-                    for o, m, c, p in zip(options_, money, candidates, priced)]
+        options_ = [replace(o, usd=progress_usd(m, c, p)) for o, m, c, p in zip(options_, money, candidates, priced)]
     explanation = explain_choice(cluster, options_, by_cost=args.objective == "cost")
     if money[0] is not None:
         explanation.append(money_line(money[0], args.recipe_steps))
@@ -187,6 +185,13 @@ def rank_seconds(candidate: Candidate, priced: PricedRecipe | None) -> float:
     return candidate.iteration_s if priced is None else priced.charged_s
 
 
+def progress_usd(money: StepMoney, candidate: Candidate, priced: PricedRecipe | None) -> float:
+    """USD for a step's progress (what --objective cost ranks by): USD per step x the recipe's charge (its time to
+    target per step over its step; 1 without a recipe)."""
+    step = candidate.iteration_s if priced is None else priced.step_s
+    return money.usd * rank_seconds(candidate, priced) / step
+
+
 def option_of(candidate: Candidate, priced: PricedRecipe | None) -> Option:
     """The explanation's view of a candidate: ranked by its recipe's charged step, or by its iteration."""
     label = f"{candidate.stages} x {candidate.replicas}" + (f" x {candidate.k} shards" if candidate.k > 1 else "")
@@ -195,8 +200,5 @@ def option_of(candidate: Candidate, priced: PricedRecipe | None) -> Option:
         scheme = "one replica" if candidate.replicas < 2 else "per-step data parallelism"
         return Option(label, devices, candidate.iteration_s, candidate.compute_s,
                       candidate.memory_per_device_bytes, scheme)
-    compute = (priced.recipe.compute_s if priced.chosen == "wan_recipe"
-               else max(priced.shares.shares.compute_s))
-    scheme = "WAN recipe" if priced.chosen == "wan_recipe" else "speed batch shares"
-    return Option(label, devices, priced.step_s, compute, candidate.memory_per_device_bytes, scheme,
-                  rank_s=priced.charged_s)
+    return Option(label, devices, priced.step_s, priced.busiest_compute_s, candidate.memory_per_device_bytes,
+                  priced.scheme, rank_s=priced.charged_s)

@@ -329,11 +329,8 @@ def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, pr
     as cost.memory gives it for one sequence per micro-batch (with the outer optimizer's state under a recipe)."""
     label = f"{args.stages} x {args.replicas}" + (f" x {args.shards} shards" if (args.shards or 1) > 1 else "")
     if priced is not None:
-        compute = (priced.recipe.compute_s if priced.chosen == "wan_recipe"
-                   else max(priced.shares.shares.compute_s))
-        scheme = "WAN recipe" if priced.chosen == "wan_recipe" else "speed batch shares"
-        return Option(label, result.assignment, priced.step_s, compute,
-                      recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1), scheme)
+        return Option(label, result.assignment, priced.step_s, priced.busiest_compute_s,
+                      recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1), priced.scheme)
     extra = result.cost.extra or {}
     compute = float(extra.get("pipeline", extra.get("compute", 0.0)))
     memory = float(stage_memory_bytes(job, args.stages, args.replicas, max(1, job.global_batch // args.replicas),

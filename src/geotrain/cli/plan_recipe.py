@@ -85,6 +85,16 @@ class PricedRecipe:
         return self.recipe.step_s if self.chosen == "wan_recipe" else self.shares.step_s
 
     @property
+    def scheme(self) -> str:
+        """The chosen scheme in words, for tables and explanations."""
+        return "WAN recipe" if self.chosen == "wan_recipe" else "speed batch shares"
+
+    @property
+    def busiest_compute_s(self) -> float:
+        """The busiest replica's compute seconds per step under the chosen scheme."""
+        return self.recipe.compute_s if self.chosen == "wan_recipe" else max(self.shares.shares.compute_s)
+
+    @property
     def charged_s(self) -> float:
         """Predicted time to target per step of per-step DP's (cost.wan_recipe.charged_step_seconds: the step times
         the convergence factor, cost.convergence): what layouts rank by."""
