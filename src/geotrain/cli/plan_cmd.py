@@ -206,7 +206,8 @@ def run(args: Any) -> int:
     typed = UNKNOWN_GPU not in full_cluster.gpus  # GPU types given: speeds and memory are known
     if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
         args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" and typed else DEFAULT_COST_MODEL
-    calibration = calibration_of(args, load_job(args.job))
+    job = load_job(args.job)  # read once: the calibration's note and the placement take it
+    calibration = calibration_of(args, job)
     base = real = full_cluster if membership is None else membership.live_cluster()
     slots = sharding = None
     if args.shards == SHARDS_ALWAYS:
@@ -215,7 +216,7 @@ def run(args: Any) -> int:
     if (args.shards or 1) > 1:  # placed slot by slot: the search sees one device per slot (cost.shards)
         slots, sharding = shard_slots(args, base)
         base = slot_cluster(base, slots)
-    cluster, job, model = build_placement(args, args.stages, args.replicas, cluster=base, sharding=sharding)
+    cluster, job, model = build_placement(args, args.stages, args.replicas, cluster=base, sharding=sharding, job=job)
     fit, live = None, cluster
     if args.wan_recipe == "auto" and typed:  # without GPU types, no memory to check (nor speed to place by)
         cluster, model, fit = recipe_devices(args, cluster, job, model, sharding)
