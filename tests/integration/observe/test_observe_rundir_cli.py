@@ -18,6 +18,9 @@ from runtime_2x2 import write_job_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
+FIRST_STEPS = 150
+"""The first run's steps: long enough that it still trains after the second one's start-up on a loaded machine (with
+30, the second run's launcher once started after the first's last step under a suite's load)."""
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "GEOTRAIN_KEEP_RUNS": "1"}
 
 
@@ -39,7 +42,7 @@ def whole(run_dir: Path, steps: int) -> bool:
 
 def test_two_runs_started_in_one_directory_with_keep_one_both_stay_whole(tmp_path):
     files = write_job_files(tmp_path)
-    first = train(files, 30, tmp_path)
+    first = train(files, FIRST_STEPS, tmp_path)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("geotrain-runs/*/metrics/rank-0.jsonl")):  # the first one trains
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-2000:]
@@ -54,7 +57,7 @@ def test_two_runs_started_in_one_directory_with_keep_one_both_stay_whole(tmp_pat
     started_2 = json.loads((dir_2 / "run.json").read_text())["started_unix_s"]
     last_1 = max(json.loads(line)["t_wall"] for line in (dir_1 / "metrics" / "rank-0.jsonl").read_text().splitlines())
     assert started_2 < last_1
-    assert whole(dir_1, 30) and whole(dir_2, 2)
+    assert whole(dir_1, FIRST_STEPS) and whole(dir_2, 2)
 
 
 def test_paths_and_settings_that_give_no_run_directory_are_one_line(tmp_path):
