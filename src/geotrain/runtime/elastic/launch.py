@@ -37,7 +37,7 @@ from geotrain.runtime.launcher import check_before_launch
 from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
-from geotrain.runtime.elastic.lighthouse import LighthouseSettings, lighthouse_main
+from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
 from geotrain.runtime.elastic.summary import (ElasticSummary, max_stage_param_diff, mean_losses, read_groups,
                                               stall_seconds)
 
@@ -156,7 +156,8 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
                               f"geotrain-group-{g}" + (f"-stage-{s}" if config.stages > 1 else ""))
                  for g in range(groups) for s in range(config.stages)]
         if rel.lighthouse is None:
-            settings = LighthouseSettings(f"{hosts.control}:0", rel.min_replicas, join_timeout_s=rel.comm_timeout_s,
+            settings = LighthouseSettings(f"{hosts.control}:0", rel.min_replicas,
+                                          join_timeout_s=join_timeout_s(rel.comm_timeout_s),
                                           heartbeat_timeout_s=rel.heartbeat_timeout_s)
             address_file = str(Path(tmp) / "lighthouse")
             specs.insert(0, hosts.target(context, None, lighthouse_main, (settings, address_file, hosts.control),

@@ -28,6 +28,14 @@ class LighthouseSettings:
     quorum_tick_s: float = 0.05
 
 
+def join_timeout_s(comm_timeout_s: float) -> float:
+    """How long the lighthouse waits for a healthy group that has not asked for this quorum (seconds): half the
+    groups' quorum timeout (`--comm-timeout`), so a late group (a restarted one still loading, one held by a
+    slow step) is left for the next quorum before the groups that asked give up waiting (with the two equal, a
+    loaded machine once saw the groups that asked time out)."""
+    return comm_timeout_s / 2
+
+
 def local_address(address: str, host: str) -> str:
     """torchft's advertised 'http://<hostname>:<port>' with `host` instead of the hostname."""
     return f"http://{host}:{urlparse(address).port}"
