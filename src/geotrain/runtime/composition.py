@@ -115,7 +115,6 @@ SETTING = {setting.name: setting for setting in SETTINGS}
 _ASYNC_WHOLE = "asynchronous outer updates send the whole model's outer gradient at a replica's own pace"
 _ADAPTIVE_STEPS = "replicas take different step counts between outer syncs"
 _SHARDED = {key: why for key, _, why in SHARDED_REFUSALS}
-_SHARDED_CHECKPOINT = "a checkpoint holds a rank's whole stage, not its FSDP2 shard (DTensor state)"
 _ASYNC_CHECKPOINT = ("the region servers take no part in the global server's checkpoint rounds (a flat --outer-sync "
                      "async run checkpoints): checkpoints at the end only")
 
@@ -179,7 +178,6 @@ RULES: tuple[Rule, ...] = (
     *(Rule("shards", mode, _SHARDED["asynchronous"]) for mode in ("async", "async-hierarchical")),
     Rule("shards", "elastic", "an elastic group is one process per site; a site's K shards are not one torchft "
          "replica"),
-    *(Rule("shards", lever, _SHARDED_CHECKPOINT) for lever in ("checkpoint-every", "resume", "stop-after")),
     Rule("shards", "eval-local", "a replica scores its own weights on one rank, not a slot of K shards"),
 )
 """The pairs that do not run together, in the order validation checks them (the first that applies speaks)."""

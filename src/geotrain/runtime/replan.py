@@ -40,12 +40,17 @@ def layout_free(identity: dict[str, Any]) -> dict[str, Any]:
 
 def check_resume_identity(manifest: dict[str, Any], identity: dict[str, Any], source: str) -> None:
     """Refuse a checkpoint this run (`identity`, the same plan or a re-plan) cannot continue:
-    another S, another global batch (naming the --batch-size that keeps it) or another run."""
+    another S, another K (devices per slot of a sharded plan), another global batch (naming the --batch-size
+    that keeps it) or another run."""
     saved = manifest.get("identity", {})
     if saved.get("stages") != identity.get("stages"):
         raise CheckpointError(f"{source}: the checkpoint has S = {saved.get('stages')} pipeline stages, this plan "
                               f"S = {identity.get('stages')}: a re-plan must keep S (re-splitting the layers from a "
                               f"checkpoint is not supported; re-plan with --stages {saved.get('stages')})")
+    if saved.get("shards", 1) != identity.get("shards", 1):
+        raise CheckpointError(f"{source}: the checkpoint has K = {saved.get('shards', 1)} devices per slot (FSDP2 "
+                              f"shards), this plan K = {identity.get('shards', 1)}: its shards are cut for its K "
+                              f"(resume with a plan of K = {saved.get('shards', 1)}, plan --shards)")
     before, now = global_batch(saved), global_batch(identity)
     if before != now and before is not None and now is not None:
         replicas = identity["replicas"]
@@ -57,12 +62,14 @@ def check_resume_identity(manifest: dict[str, Any], identity: dict[str, Any], so
     check_identity({"identity": layout_free(saved)}, layout_free(identity), source)
 
 
-def source_slot(manifest: dict[str, Any], stage: int, replica: int) -> dict[str, int]:
-    """The slot header ({"rank", "stage", "replica"}, ranks stage-major) of the checkpoint shard that
-    slot (stage, replica) of this run loads: replica mod the checkpoint's R."""
-    old_replicas = int(manifest["identity"]["replicas"])
+def source_slot(manifest: dict[str, Any], stage: int, replica: int, shard: int = 0) -> dict[str, int]:
+    """The slot header ({"rank", "stage", "replica"}, plus "shard" for a sharded checkpoint; ranks numbered as
+    runtime/layout.py does) of the checkpoint shard that `shard` of slot (stage, replica) of this run loads: replica
+    mod the checkpoint's R, the same shard (check_resume_identity keeps K)."""
+    old_replicas, k = int(manifest["identity"]["replicas"]), int(manifest["identity"].get("shards", 1))
     old_replica = replica % old_replicas
-    return {"rank": stage * old_replicas + old_replica, "stage": stage, "replica": old_replica}
+    header = {"rank": (stage * old_replicas + old_replica) * k + shard, "stage": stage, "replica": old_replica}
+    return {**header, "shard": shard} if k > 1 else header
 
 
 def is_replan(manifest: dict[str, Any], shard: dict[str, Any], assignment: list[list[int]]) -> bool:

@@ -41,12 +41,14 @@ from geotrain.cost.batch_shares import rebalanced_samples
 from geotrain.runtime.batch_shares import (REBALANCE_EVERY, gradient_factor, rebalance_due, replica_compute_s,
                                            share_offset, weight_gradients)
 from geotrain.observe.observer import NullObserver, open_observer
+from geotrain.optim.shards import is_sharded
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
 from geotrain.runtime.pipeline import Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.slowdown import SlowDown, site_slowdowns
 from geotrain.runtime.sharded import fully_shard_stage, shard_rows
+from geotrain.runtime.shard_state import local_state, sharded_state
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
@@ -322,8 +324,9 @@ class Worker:
         cfg = self.config
         started = time.perf_counter()
         self.dp.settle(self.timer)  # the exchanges in flight, waited for and kept (sync/settle.py)
-        state = ckpt.shard_state(self.slot_header(), cfg.assignment.tolist(), self.stage.state_dict(), self.boundaries,
-                                 self.dp.state_dict(), completed, self.records)
+        # a sharded slot's DTensors (its weights, the inner optimizer's moments) as this rank's local shards
+        state = ckpt.shard_state(self.slot_header(), cfg.assignment.tolist(), local_state(self.stage.state_dict()),
+                                 self.boundaries, local_state(self.dp.state_dict()), completed, self.records)
         path = ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())
         dist.barrier()
         if self.rank == 0:
@@ -339,7 +342,8 @@ class Worker:
             raise ckpt.CheckpointError(f"{cfg.checkpoint.checkpoint_dir}: no complete checkpoint to resume from")
         manifest = ckpt.read_manifest(cfg.checkpoint.checkpoint_dir, step)
         replan.check_resume_identity(manifest, cfg.identity(), str(ckpt.step_dir(cfg.checkpoint.checkpoint_dir, step)))
-        source = replan.source_slot(manifest, self.slot.stage, self.slot.replica)  # a re-plan may change R
+        # a re-plan may change R
+        source = replan.source_slot(manifest, self.slot.stage, self.slot.replica, self.slot.shard)
         state = ckpt.load_shard(cfg.checkpoint.checkpoint_dir, step, source["rank"], manifest, source)
         self.replanned = replan.layout_change(manifest, state, cfg.assignment.tolist())
         if replan.is_replan(manifest, state, cfg.assignment.tolist()):
@@ -353,8 +357,8 @@ class Worker:
         state = self.resume_state
         step, shard = state["_step"], ckpt.shard_path(cfg.checkpoint.checkpoint_dir, state["_step"], state["_rank"])
         try:
-            self.stage.load_state_dict(state["stage"])
-            self.dp.load_state_dict(state["dp"])
+            self.stage.load_state_dict(sharded_state(state["stage"], self._mesh()))
+            self.dp.load_state_dict(sharded_state(state["dp"], self._mesh()))
             ckpt.restore_rng(state["rng"])
             self.records = list(state["records"])
             self.start_step = int(state["completed"])
@@ -367,9 +371,14 @@ class Worker:
                                        f"{self.start_step}, its directory says {step}")
         self.resume_state = None
 
+    def _mesh(self) -> Any:
+        """The device mesh of a sharded slot's parameters (FSDP2: the slot's K ranks); None when not sharded."""
+        return next((p.device_mesh for p in self.stage.parameters() if is_sharded(p)), None)  # type: ignore[attr-defined]
+
     def slot_header(self) -> dict[str, int]:
-        """What a shard says about whose it is; checked when it is loaded."""
-        return {"rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica}
+        """What a shard says about whose it is; checked when it is loaded (a sharded slot's names its shard)."""
+        shard = {"shard": self.slot.shard} if self.layout.k > 1 else {}
+        return {"rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica, **shard}
 
 
 def start_line(worker: Worker) -> None:

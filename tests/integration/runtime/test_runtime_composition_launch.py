@@ -6,7 +6,8 @@ validation: tests/unit/runtime/test_runtime_composition.py. Other running cells 
 --fragments, --sync-delay and --dp-codec (test_runtime_elastic_streaming.py), with
 emulated links (integration/observe/test_observe_runs.py); --sync-every with --local-steps adaptive
 (test_runtime_adaptive_local_steps.py) and with --outer-sync async-hierarchical (integration/cli/
-test_cli_outer_sync.py)."""
+test_cli_outer_sync.py); a sharded plan with --checkpoint-every, --stop-after and --resume
+(test_runtime_sharded_resume.py)."""
 
 from __future__ import annotations
 

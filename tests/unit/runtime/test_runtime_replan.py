@@ -92,3 +92,19 @@ def test_layout_change_names_a_resume_on_other_devices_or_replicas_and_nothing_o
     elastic = {"identity": {"replicas": 1}, "written_by": {"elastic_groups": 2}}
     assert layout_change(elastic, {"assignment": [[2]]}, [[0]])["from_replicas"] == 2
     assert layout_change(elastic, {"assignment": [[2]]}, [[0, 2]]) is None  # --elastic --resume on its plan
+
+
+def test_a_sharded_checkpoint_resumes_on_its_k_alone_and_each_shard_loads_its_own_file():
+    settings = {"batch_size": 4, "microbatches": 2, "sync_every": 4}
+    sharded = _manifest([[0, 2]], shards=[[[0, 1], [2, 3]]], **settings)  # 1 x 2 x 2 shards, a site each
+    check_resume_identity(sharded, sharded["identity"], "ckpt")
+    with pytest.raises(CheckpointError, match=r"^ckpt: the checkpoint has K = 2 devices per slot \(FSDP2 shards\), "
+                                              r"this plan K = 1: its shards are cut for its K \(resume with a plan of "
+                                              r"K = 2, plan --shards\)$"):
+        check_resume_identity(sharded, _identity([[0, 2]], **settings), "ckpt")
+    with pytest.raises(CheckpointError, match=r"^ckpt: the checkpoint has K = 1 devices per slot .* this plan K = 2"):
+        check_resume_identity(_manifest([[0, 2]], **settings), sharded["identity"], "ckpt")
+    # ranks (s R + r) K + k: shard 1 of replica 1 is rank 3; a re-plan to R = 1 loads replica 0's same shard
+    assert source_slot(sharded, 0, 1, 1) == {"rank": 3, "stage": 0, "replica": 1, "shard": 1}
+    assert source_slot({"identity": {**sharded["identity"], "replicas": 1}}, 0, 1, 1) == {
+        "rank": 1, "stage": 0, "replica": 0, "shard": 1}

@@ -60,8 +60,6 @@ def test_a_sharded_plan_builds_and_counts_its_ranks():
                                      r"yet: the inner optimizer's moments of a DTensor parameter"),
     (SHARDS, {"outer_sync": "async"}, r"^a plan of 2 devices per slot \(plan --shards\) with --outer-sync async: not "
                                       r"built yet: the global model's server in rank 0 holds whole parameters$"),
-    (SHARDS, {"checkpoint_every": 2, "checkpoint_dir": "ck"}, r"^a plan of 2 devices per slot \(plan --shards\) with "
-                                                              r"--checkpoint-every 2: not built yet"),
 ])
 def test_what_a_sharded_plan_cannot_run_is_refused_in_one_line(shards, settings, message):
     assignment = shards[..., 0]
