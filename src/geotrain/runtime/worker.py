@@ -459,7 +459,11 @@ def _train_async(worker: Worker, sync: AsyncOuterGradientSync, watchdog: Watchdo
     step = sync.outer.inner_steps  # this rank's steps so far (a resumed run's: the checkpoint's)
     while not sync.done:
         before = (sync.outer.pushes, sync.outer.outer_step, sync.outer.exchange_s)
-        record = worker.train_step(step)
+        # the learning rate at the run's progress (the global model's), not this rank's own steps: a fast rank
+        # takes more steps than the run's and would sit at the schedule's floor, a slow one at its peak
+        lr_step = min(worker.config.run.steps - 1,
+                      progress_steps(sync.outer.outer_step, sync.outer.sync_every, worker.config.replicas))
+        record = worker.train_step(step, lr_step)
         _async_record(worker, sync, record, before)  # the global model this rank holds: its updates and its time
         paused = sync.paused_for()
         if sync.done and paused is None:
