@@ -26,6 +26,11 @@ That is sound: a residual is what its own group's codec has not yet delivered of
 most one encoding's error; dropping it loses that much once (as one exchange without error feedback
 would), while copying a peer's would deliver the peer's undelivered part twice.
 
+Side sums (`exchange(step, timer, side)`): a small float64 tensor all-reduced (SUM) over the same quorum
+in the same try, before the gradients, and kept (`side_sum`) only if that try commits: a retry sums it again
+over the new quorum. Adaptive local steps (geotrain.sync.elastic_adaptive) send each group's presence and
+measured step seconds this way, so the next period's split is over exactly the quorum that committed.
+
 Streaming (--fragments P, --sync-delay tau; `make_elastic_sync` builds a StreamingOuterSync whose fragment
 exchanges are `exchange.over(fragment)`, each with its own residuals): the rule for a quorum that changes
 while a sync would be in flight is that no sync is ever in flight across a quorum. A fragment's exchange
@@ -38,7 +43,8 @@ a group that heals between a sync and its landing receives the peer's kept mean 
 (`settle` before `state_dict`) and lands it at the same step.
 
     exchange = ManagerExchange(params, manager, healed=lambda: state.healed)
-    sync = make_elastic_sync(options, params, exchange)      # PerStepSync, OuterSync or StreamingOuterSync
+    sync = make_elastic_sync(options, params, exchange)      # PerStepSync, OuterSync, StreamingOuterSync or
+                                                             # ElasticAdaptiveSync (geotrain.sync.elastic_adaptive)
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.comm.registry import reducer_traits
 from geotrain.optim.outer import OuterStep
 from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError
+from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.sync.options import SyncOptions
 from geotrain.sync.outer import OuterSync
@@ -155,6 +162,7 @@ class ManagerExchange:
         self.retries = retries
         self.failed_quorums = 0
         self.contributors = 0.0
+        self.side_sum: torch.Tensor | None = None
         self.comm_s = 0.0
         self.spec = None if codec is None else CodecSpec.parse(codec)
         if self.spec is not None and not self.spec.is_uncompressed and not reducer_traits(self.spec).hierarchical:
@@ -176,13 +184,16 @@ class ManagerExchange:
         """The exchange of other parameters (a fragment's outer gradients) through this one's quorum."""
         return FragmentExchange(self, params)
 
-    def exchange(self, step: int, timer: StepTimer) -> int:
-        """Average the gradients over the quorum's contributing groups, in place; bytes handed to the collectives."""
-        return self.average(self.params, self.reducer, step, timer)
+    def exchange(self, step: int, timer: StepTimer, side: torch.Tensor | None = None) -> int:
+        """Average the gradients over the quorum's contributing groups, in place; bytes handed to the collectives.
+        `side`: a small float64 tensor summed over the same quorum in the same try (module doc "Side sums")."""
+        return self.average(self.params, self.reducer, step, timer, side)
 
     def average(self, params: list[torch.nn.Parameter], reducer: CodecReducer | None, step: int,
-                timer: StepTimer) -> int:
-        """`exchange` of `params` through `reducer` (None: the fp32 all-reduce)."""
+                timer: StepTimer, side: torch.Tensor | None = None) -> int:
+        """`exchange` of `params` through `reducer` (None: the fp32 all-reduce); `side`'s sum over the committed
+        quorum in `side_sum` (None without `side`)."""
+        self.side_sum = None
         with timer:
             grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
             weight = self.weight_on_heal if self.healed() else 1.0
@@ -193,8 +204,10 @@ class ManagerExchange:
                 if self.healed():
                     raise StepSuperseded(f"step {step}: recovered a newer state from a peer")
             residuals = None if reducer is None else [dict(w) for w in reducer.residuals]
+            summed = None if side is None else self._side_try(side)
             means, nbytes = self._try(reducer, grads, weight, step, timer)
             if self.manager.should_commit():
+                self.side_sum = summed
                 break
             if reducer is not None:
                 reducer.residuals = residuals  # the next try encodes the same gradient with the same residuals
@@ -207,6 +220,14 @@ class ManagerExchange:
         for p, mean in zip(params, means, strict=True):
             p.grad = mean
         return nbytes
+
+    def _side_try(self, side: torch.Tensor) -> torch.Tensor:
+        """`side` summed over this try's quorum (float64; meaningful only if the try commits)."""
+        from torch.distributed import ReduceOp
+
+        summed = side.detach().to(torch.float64).clone()
+        self.manager.allreduce(summed, reduce_op=ReduceOp.SUM).wait()
+        return summed
 
     def _failed(self) -> None:
         self.failed_quorums += 1
@@ -284,17 +305,23 @@ class FragmentExchange:
 
 
 def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter], exchange: ManagerExchange,
-                      sum_squares: Callable[[float], float] | None = None) -> GradientSync:
-    """PerStepSync (no sync_every), blocking OuterSync (sync_every H) or StreamingOuterSync (fragments > 1 or
-    delay > 0: one `exchange.over(...)` per fragment) around `exchange`, with AdamW as
-    geotrain.sync.make_gradient_sync builds it. Clipping: `sum_squares` turns this process's sum of squared
-    (averaged) gradients into the whole model's (a pipeline stage: summed over the group's stages); None:
-    local (the process holds the whole model)."""
+                      sum_squares: Callable[[float], float] | None = None, group: int = 0,
+                      replicas: int = 1) -> GradientSync:
+    """PerStepSync (no sync_every), blocking OuterSync (sync_every H), ElasticAdaptiveSync (adaptive local steps:
+    replica group `group` of `replicas`) or StreamingOuterSync (fragments > 1 or delay > 0: one
+    `exchange.over(...)` per fragment) around `exchange`, with AdamW as geotrain.sync.make_gradient_sync builds
+    it. Clipping: `sum_squares` turns this process's sum of squared (averaged) gradients into the whole model's
+    (a pipeline stage: summed over the group's stages); None: local (the process holds the whole model)."""
     params = list(params)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     outer, streaming = options.outer, options.streaming
     if outer.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
+    if options.heterogeneity.local_steps == "adaptive":  # blocking, one fragment (rules.py refuses the rest)
+        step = OuterStep(params, outer.sync_every, outer.outer_lr, outer.outer_momentum)
+        return ElasticAdaptiveSync(params, adamw, step, exchange, group, replicas, outer.sync_every,
+                                   -(-options.total_steps // outer.sync_every),
+                                   options.heterogeneity.local_steps_prior_s)
     if streaming.fragments > 1 or streaming.delay > 0:
         return StreamingOuterSync([(str(i), p) for i, p in enumerate(params)], adamw,
                                   lambda shadows, moments=None: exchange.over([p for _, p in shadows]),

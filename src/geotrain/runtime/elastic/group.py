@@ -74,6 +74,9 @@ from geotrain.runtime.elastic.stage import GroupStageModel, pipeline_group
 from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.sync.base import ComputeTimer
 from geotrain.runtime.training_data import load_training_data
+from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
+from geotrain.emulate.install import COMPUTE_CLOCKS
+from geotrain.runtime.elastic.periods import run_periods
 from geotrain.sync.elastic import (EXCHANGE_RETRIES, ManagerExchange, QuorumLost, StepSuperseded, exchanges_after,
                                    make_elastic_sync)
 
@@ -145,7 +148,12 @@ class ElasticGroup:
         self.group_store = self._group_store()
         if config.stages > 1:
             pipeline_group(self.group_store, stage, config.stages, config.reliability.comm_timeout_s)
-        self.timer = ComputeTimer()
+        # compute at the group's GPU speed under --emulate-gpu-speed (what adaptive local steps share by), counted
+        # by the emulated clock's own clock, as the runtime's workers count it
+        scale = config.compute_scale()
+        self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.device],
+                                  clock=COMPUTE_CLOCKS[config.emulation.compute_clock] if links is not None
+                                  else time.perf_counter)
         self.model = GroupStageModel(config, stage, self.data.vocab_size, self.seq_len, self.timer)
         self.module, self.params = self.model.module, self.model.params
         self.state = GroupState()
@@ -166,7 +174,7 @@ class ElasticGroup:
                                         error_feedback=options.exchange.error_feedback, pg=self.process_group)
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
         self.sync = make_elastic_sync(options, self.params, self.exchange,
-                                      world_sum_over_replicas(1) if config.stages > 1 else None)
+                                      world_sum_over_replicas(1) if config.stages > 1 else None, group, config.replicas)
         self.sync.listener = self.observer
         self.resumed_from: tuple[int, ...] = ()
         if config.checkpoint.resume:  # every group starts at the checkpoint's step; a restarted one heals past it
@@ -316,21 +324,24 @@ class ElasticGroup:
         """Whether `step` synchronises (every step, the end of an outer period, a fragment's sync)."""
         return exchanges_after(self.options, step)
 
-    def train_step(self, step: int) -> dict[str, Any]:
+    def train_step(self, step: int, batch_slice: int | None = None, lr_step: int | None = None) -> dict[str, Any]:
         """One step; the record adds `compute_s` (forward, backward, optimizer: wall seconds), `comm_s` (the
         exchange's all-reduces and commits), `dp_bytes` and, with emulated links, the payload bytes this
-        group sent and those between regions (`sent_bytes`, `inter_region_bytes`; None without)."""
+        group sent and those between regions (`sent_bytes`, `inter_region_bytes`; None without).
+        `batch_slice`: which slice of step `step`'s global batch it trains (None: this group's); `lr_step`: the
+        step the learning rate is read at (None: `step`). Adaptive local steps (runtime/elastic/periods.py): an
+        inner step, whose record is not `synced` (the period's sync marks it)."""
         cfg = self.config
         self.timer.seconds = 0.0
         comm_before = self.exchange.comm_s
         mark = None if self.links is None else self.links.transfer_mark()
-        x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
-                               self.seq_len)
-        self.sync.set_lr(lr_at(step, cfg.run.steps, cfg.optim.lr))
+        x, y = self.data.batch(cfg.data.data_seed, step, self.group if batch_slice is None else batch_slice,
+                               cfg.replicas, cfg.schedule.batch_size, self.seq_len)
+        self.sync.set_lr(lr_at(step if lr_step is None else lr_step, cfg.run.steps, cfg.optim.lr))
         self.sync.optimizer.zero_grad(set_to_none=True)
         loss = self.model.train_step(x, y)
         dp_bytes = self.sync.step(step, self.timer).dp_bytes
-        synced = self.due(step)
+        synced = self.due(step) and not isinstance(self.sync, ElasticAdaptiveSync)
         sent = None if mark is None else self.links.transfers_since(mark)
         return {"step": step, "loss": loss, "synced": synced, "batch_sum": int(x.sum()),
                 "contributors": self.exchange.contributors if synced else None,
@@ -341,6 +352,9 @@ class ElasticGroup:
                 inter_region_traffic(sent, self.config.cluster.region_of)["inter_region_bytes"]}
 
     def run(self) -> None:
+        if isinstance(self.sync, ElasticAdaptiveSync):
+            run_periods(self)  # adaptive local steps: the quorum meets at outer-sync indices
+            return
         self.start()
         total = self.config.run.steps
         last = time.perf_counter()

@@ -8,8 +8,9 @@ replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulat
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
-later); any codec of geotrain.codecs with or without error feedback (the codec reducer on torchft's group:
-geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical), AdamW. With --netlab:
+later) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
+geotrain.sync.elastic_adaptive); any codec of geotrain.codecs with or without error feedback (the codec
+reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical), AdamW. With --netlab:
 --time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
@@ -83,6 +84,12 @@ def elastic_refusal(config: Any) -> str | None:
          f"would add the emulated link times on top: pass --time-scale 0"),
         (config.reliability.netlab and config.reliability.lighthouse is not None,
          "reliability.netlab: the Lighthouse runs inside the lab; drop --lighthouse"),
+        (optim.local_steps == "adaptive" and optim.sync_delay > 0,
+         f"optim.sync_delay {optim.sync_delay} with --local-steps adaptive: elastic adaptive syncs block (not built "
+         f"yet: a sync in flight across a quorum that changes its split); drop --sync-delay"),
+        (optim.local_steps == "adaptive" and config.checkpoint.resume,
+         "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
+         "starts from scratch)"),
     )
     return next((text for failed, text in reasons if failed), pipeline_refusal(config))
 
