@@ -29,6 +29,7 @@ from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, sl
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
 from geotrain.sync.adaptive import LOCAL_STEPS
+from geotrain.sync.async_merge import ASYNC_MERGES
 from geotrain.sync.async_outer import OUTER_SYNCS
 from geotrain.sync.streaming import FRAGMENT_SPLITS
 
@@ -485,6 +486,11 @@ class OptimSection(Section):
                                       "replica's budget) or async-hierarchical (each region's first rank merges its "
                                       "replicas first); docs/guide/heterogeneous-sites-async.md",
                               choices=OUTER_SYNCS)
+    async_merge: str = setting("staleness", "--outer-sync async*: what the global model's server does to an arriving "
+                                            "outer gradient: staleness (applies it as it came, weighed (1 + s) ** "
+                                            "-0.5 by its staleness s) or heloco (a stale one first loses its "
+                                            "component opposing the server's recent updates; "
+                                            "geotrain.sync.async_merge)", choices=ASYNC_MERGES)
     fragments: int = setting(1, "--sync-every: Streaming DiLoCo: cut the model into P fragments (contiguous layers, "
                                 "balanced by bytes), fragment p synced every H steps at offset p*H/P, so the WAN "
                                 "carries 1/P of the model at a time (1..H)", metavar="P")
@@ -536,6 +542,10 @@ class OptimSection(Section):
         self._choice("outer_sync", OUTER_SYNCS)
         if self.outer_sync != "sync" and self.sync_every is None:  # its pairs: runtime/composition.py
             self._fail("outer_sync", "is DiLoCo's: it needs optim.sync_every (--sync-every H)")
+        self._choice("async_merge", ASYNC_MERGES)
+        if self.async_merge != "staleness" and self.outer_sync == "sync":
+            self._fail("async_merge", "is the asynchronous server's: it needs optim.outer_sync async or "
+                                      "async-hierarchical (--outer-sync)")
         self._integer("sync_warmup", 0)
         self._number("lr", zero_ok=False)
         self._integer("onebit_warmup_steps", 1)

@@ -44,7 +44,7 @@ import torch.distributed.distributed_c10d as c10d
 from geotrain.comm.groups import new_group
 from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
-from geotrain.optim.delayed_nesterov import DelayedNesterov
+from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
 from geotrain.sync.async_timing import LinkTimer
@@ -109,7 +109,8 @@ class AsyncOuterSync:
     """This rank's side of asynchronous DiLoCo (module doc): `after_inner_step()` after each inner step,
     `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical). `budget`: the
     replica outer gradients the global model takes at most (async_server; None: no cap). `timeout_s`: the
-    collective timeout of the groups it creates (None: torch's default; a run gives its --comm-timeout)."""
+    collective timeout of the groups it creates (None: torch's default; a run gives its --comm-timeout). `merge`:
+    what each server does to an arriving outer gradient before its outer optimizer (geotrain.sync.async_merge)."""
 
     _instances = itertools.count()
 
@@ -117,7 +118,7 @@ class AsyncOuterSync:
                  outer_momentum: float, staleness_bound: int = STALENESS_BOUND,
                  staleness_power: float = STALENESS_POWER, regions: Sequence[Sequence[int]] | None = None,
                  merge_every: int | None = None, budget: int | None = None,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, merge: str = "staleness") -> None:
         if not dist.is_initialized():
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
         self.params = list(params)
@@ -159,8 +160,8 @@ class AsyncOuterSync:
         self.servers: list[OuterServer] = []
         lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound
         if self.rank == self.leader:
-            region_server = OuterServer(self.anchor, DelayedNesterov(len(my_group), lr, beta, power), my_group, bound,
-                                        budget if self.regions is None else None)
+            region_server = OuterServer(self.anchor, outer_optimizer(merge, len(my_group), lr, beta, power), my_group,
+                                        bound, budget if self.regions is None else None)
             self.servers.append(region_server)
             handle = region_server.submit
             publish = None
@@ -174,8 +175,8 @@ class AsyncOuterSync:
                     leaders = [g[0] for g in groups]
                     # the regions already applied the outer optimizer: the global server averages their
                     # deltas (lr 1, no momentum, 1/R each), so a replica's update weighs as in the flat run
-                    top = OuterServer(self.anchor, DelayedNesterov(len(leaders), 1.0, 0.0, power), leaders, bound,
-                                      budget)
+                    top = OuterServer(self.anchor, outer_optimizer(merge, len(leaders), 1.0, 0.0, power), leaders,
+                                      bound, budget)
                     self.servers.append(top)
                     self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done,
                                                      top.senders))

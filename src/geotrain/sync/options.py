@@ -22,6 +22,7 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.sync.adaptive import LOCAL_STEPS, check_adaptive_settings
+from geotrain.sync.async_merge import ASYNC_MERGES
 from geotrain.sync.async_outer import OUTER_SYNCS
 from geotrain.sync.base import SyncError
 from geotrain.sync.streaming import FRAGMENT_SPLITS
@@ -139,11 +140,15 @@ class HeterogeneityOptions:
     local_steps_prior_s: adaptive: relative seconds per step of each DP member (group order) before any is
         measured, which share out the first period (None: H each).
     outer_sync: "sync", or "async" / "async-hierarchical" (geotrain.sync.async_outer; OUTER_SYNCS).
+    async_merge: what the asynchronous server does to an arriving outer gradient: "staleness" (as it came, weighed
+        by delayed Nesterov) or "heloco" (its component opposing the server's recent updates removed when stale;
+        geotrain.sync.async_merge; ASYNC_MERGES).
     """
 
     local_steps: str = "equal"
     local_steps_prior_s: tuple[float, ...] | None = None
     outer_sync: str = "sync"
+    async_merge: str = "staleness"
 
     def __post_init__(self) -> None:
         if self.local_steps not in LOCAL_STEPS:
@@ -157,6 +162,9 @@ class HeterogeneityOptions:
         if self.outer_sync not in OUTER_SYNCS:
             raise SyncError(f"HeterogeneityOptions.outer_sync must be one of {', '.join(OUTER_SYNCS)}, got "
                             f"{self.outer_sync!r}")
+        if self.async_merge not in ASYNC_MERGES:
+            raise SyncError(f"HeterogeneityOptions.async_merge must be one of {', '.join(ASYNC_MERGES)}, got "
+                            f"{self.async_merge!r}")
 
 
 SECTIONS = {"exchange": ExchangeOptions, "outer": OuterOptions, "streaming": StreamingOptions,
