@@ -115,8 +115,6 @@ SETTING = {setting.name: setting for setting in SETTINGS}
 _ASYNC_WHOLE = "asynchronous outer updates send the whole model's outer gradient at a replica's own pace"
 _ADAPTIVE_STEPS = "replicas take different step counts between outer syncs"
 _SHARDED = {key: why for key, _, why in SHARDED_REFUSALS}
-_ASYNC_CHECKPOINT = ("the region servers take no part in the global server's checkpoint rounds (a flat --outer-sync "
-                     "async run checkpoints): checkpoints at the end only")
 
 RULES: tuple[Rule, ...] = (
     # the optimizer and the outer step
@@ -150,8 +148,6 @@ RULES: tuple[Rule, ...] = (
         Rule(mode, "pipeline", "the global model's server needs one stage per replica (the whole model)"),
         Rule(mode, "elastic", "the global model lives once, in rank 0's server, and a torchft recovery copies a "
              "peer's state at a synchronous step"))),
-    *(Rule("async-hierarchical", setting, _ASYNC_CHECKPOINT)
-      for setting in ("checkpoint-every", "resume", "stop-after")),
     Rule("async", "hierarchical", "asynchronous updates take their regions from the cluster itself", built=True,
          instead="use --outer-sync async-hierarchical"),
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",

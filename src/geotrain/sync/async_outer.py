@@ -45,6 +45,7 @@ from geotrain.comm.groups import new_group
 from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.sync.async_merge import outer_optimizer
+from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
 from geotrain.sync.async_timing import LinkTimer
@@ -57,52 +58,6 @@ OUTER_SYNCS = ("sync", "async", "async-hierarchical")
 
 def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
-
-
-class RegionServer:
-    """A region's server: an OuterServer for its replicas whose model merges with the global one every
-    `merge_every` updates (and at the end) through `upstream` (module doc). On emulated links its upstream
-    requests leave at `timer`'s clock, through its uplink."""
-
-    def __init__(self, server: OuterServer, upstream: Mailbox, leader: int, merge_every: int,
-                 timer: LinkTimer | None = None) -> None:
-        self.server = server
-        self.upstream = upstream
-        self.leader = leader
-        self.merge_every = merge_every
-        self.timer = timer
-        self.anchor = server.model.clone()
-        self.global_version = 0
-        self.global_updates = 0
-        self.merged_version = 0
-
-    def handle(self, request: Request) -> list[Reply]:
-        replies = self.server.submit(request)
-        finals = [r for r in replies if r.final]
-        if finals:
-            final = self._merge(final=True)
-            ended = [Reply(r.client, final.version, final.updates, final.model, True) for r in finals]
-            return [r for r in replies if not r.final] + ended
-        if replies and self.server.version - self.merged_version >= self.merge_every:
-            merged = self._merge(final=False)  # the replicas answered now go on from the merged model
-            replies = [Reply(r.client, r.version, merged.updates, merged.model.clone(), False) for r in replies]
-        return replies
-
-    def _merge(self, final: bool) -> Reply:
-        count = self.server.updates - self.global_updates
-        delta = None if count == 0 else self.anchor - self.server.model
-        request = Request(self.leader, self.global_version, delta, count, final)
-        if self.timer is None:
-            reply, _ = self.upstream.request(self.leader, request)
-        else:  # the region's replies then leave when the global model is back
-            reply, arrival = self.upstream.request(self.leader, request, self.timer.now_s, self.timer)
-            self.timer.now_s = max(self.timer.now_s, arrival)
-        self.server.model.copy_(reply.model)
-        self.anchor = reply.model.clone()
-        self.global_version = reply.version
-        self.global_updates = self.server.updates = reply.updates
-        self.merged_version = self.server.version
-        return reply
 
 
 class AsyncOuterSync:
@@ -158,10 +113,12 @@ class AsyncOuterSync:
         self._publish_clock()
         self.threads: list[ServerThread] = []
         self.servers: list[OuterServer] = []
+        self.region: RegionServer | None = None
+        """This rank's region server (hierarchical, on a region's first rank), else None."""
         lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound
         if self.rank == self.leader:
             region_server = OuterServer(self.anchor, outer_optimizer(merge, len(my_group), lr, beta, power), my_group,
-                                        bound, budget if self.regions is None else None)
+                                        bound, budget if self.regions is None else None, relay=self.regions is not None)
             self.servers.append(region_server)
             handle = region_server.submit
             publish = None
@@ -181,7 +138,7 @@ class AsyncOuterSync:
                     self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done,
                                                      top.senders))
                 region = RegionServer(region_server, upstream, self.rank, merge_every or len(my_group), server_timer)
-                handle = region.handle
+                self.region, handle = region, region.handle
                 if upstream_timing is not None:  # the global server's bound on this region's next request
                     upstream.client_board.publish(self.rank, 0.0)
                     publish = functools.partial(upstream.client_board.publish, self.rank)
@@ -261,22 +218,29 @@ class AsyncOuterSync:
                 p.copy_(reply.model[offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
         if not final and reply.checkpoint > self.checkpointed:  # a checkpoint round is open: pause for it
-            self._exchange(Request(self.rank, self.version, None, 0, pause=True))
-            self.checkpointed = self.paused_for = reply.checkpoint
+            went = self._exchange(Request(self.rank, self.version, None, 0, pause=True, round=reply.checkpoint))
+            self.checkpointed = self.paused_for = went.checkpoint  # the step the round closed at
 
     def plan_checkpoints(self, pauses: Sequence[tuple[int, int]]) -> None:
-        """The run's checkpoint rounds, (updates, step) pairs (async_server), on the rank hosting the flat server
-        (a hierarchical run's region servers take none)."""
-        if self.servers and self.regions is None:
+        """The run's checkpoint rounds, (updates, step) pairs (async_server), on the rank hosting the flat server or
+        a region's server (hierarchical: the regions open the rounds, async_region)."""
+        if self.servers:
             self.servers[0].plan_pauses(pauses)
+
+    @property
+    def global_server(self) -> OuterServer | None:
+        """The global model's server if this rank hosts it (rank 0), else None."""
+        return self.servers[-1] if self.rank == 0 else None
 
     def state_dict(self) -> dict[str, Any]:
         """This client's place (the model it holds and its version, its counts; its period's start: a checkpoint
-        round pauses it there) and, on rank 0, the flat server's state."""
+        round pauses it there), on rank 0 the global server's state, on a region's first rank its region server's."""
         if self.period_steps:
             raise SyncError(f"asynchronous DiLoCo: state_dict {self.period_steps} steps into a period (checkpoints "
                             f"are taken in a checkpoint round, at a period's start)")
-        server = {} if not self.servers or self.regions is not None else {"server": self.servers[0].state_dict()}
+        server = {} if self.global_server is None else {"server": self.global_server.state_dict()}
+        if self.region is not None:
+            server["region"] = self.region.state_dict()
         return {"anchor": self.anchor.clone(), "version": self.version, "outer_step": self.outer_step,
                 "pushes": self.pushes, "inner_steps": self.inner_steps, "model_time_s": self.model_time_s,
                 "exchange_s": self.exchange_s, "checkpointed": self.checkpointed, **server}
@@ -290,10 +254,12 @@ class AsyncOuterSync:
         self.pushes = int(state["pushes"])
         self.inner_steps, self.checkpointed = int(state["inner_steps"]), int(state["checkpointed"])
         self.model_time_s, self.exchange_s = float(state["model_time_s"]), float(state["exchange_s"])
-        if ("server" in state) != bool(self.servers and self.regions is None):
-            raise ValueError("checkpoint and run disagree on which rank hosts the global model's server")
-        if "server" in state:
-            self.servers[0].load_state_dict(state["server"])
+        if ("server" in state) != (self.global_server is not None) or ("region" in state) != (self.region is not None):
+            raise ValueError("checkpoint and run disagree on which rank hosts the global model's or a region's server")
+        if self.global_server is not None:
+            self.global_server.load_state_dict(state["server"])
+        if self.region is not None:
+            self.region.load_state_dict(state["region"])
 
     def finish(self) -> None:
         """Send what is left (final) and wait until every rank has: all hold the final global model."""

@@ -28,6 +28,12 @@ applied, and when every running client is paused they are all told to go on at o
 model and version unchanged for the client), with the step of the last pause the model has reached by then. Between
 that go and their next requests the server holds no request: the clients write their checkpoint then, and the
 server's `state_dict` with it (rank 0's).
+
+Regions (a `relay` server: a region's, geotrain.sync.async_region): its round opens when its own count reaches a pause
+or when the global server's reply names one (`join_round`); once all its clients are paused it does not let them go
+itself: the region pauses at the global server (a pause request naming its round), and `release` lets them go with
+the step the global server's go names. A pause request's `round` opens that round at the server it reaches, so the
+other clients (regions) are told at their next reply; the go names the largest round any paused client paused for.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class Request:
     count: int = 1
     final: bool = False
     pause: bool = False  # a checkpoint round's pause (module doc): no gradient, base unchanged
+    round: int = 0  # a pause's round: the step of the checkpoint it pauses for (module doc)
 
 
 @dataclass(frozen=True)
@@ -74,7 +81,8 @@ class OuterServer:
     """The global model (flat fp32), its outer optimizer and the staleness rule (module doc)."""
 
     def __init__(self, model: torch.Tensor, optimizer: DelayedNesterov, clients: list[int],
-                 staleness_bound: int, budget: int | None = None, pauses: Sequence[tuple[int, int]] = ()) -> None:
+                 staleness_bound: int, budget: int | None = None, pauses: Sequence[tuple[int, int]] = (),
+                 relay: bool = False) -> None:
         if not isinstance(staleness_bound, int) or isinstance(staleness_bound, bool) or staleness_bound < 0:
             raise SyncError(f"asynchronous DiLoCo: staleness_bound must be an integer >= 0, got {staleness_bound!r}")
         if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
@@ -97,12 +105,16 @@ class OuterServer:
         self.pauses = sorted(pauses)
         """(updates, step) of the checkpoint rounds still to open (module doc)."""
         self.round = 0
+        self.closed = 0
+        """The step of the last round that let its clients go (a later request naming it opens nothing)."""
+        self.relay = relay
+        """A region's server (module doc): all its clients paused, it waits for `release`."""
         self.paused: list[Request] = []
         self._open_round()
 
     def senders(self) -> list[int]:
-        """The clients that can still send a request: running, and not held by the staleness bound."""
-        held = {r.client for r in self.waiting}
+        """The clients that can still send a request: running, not held by the staleness bound, not paused."""
+        held = {r.client for r in self.waiting + self.paused}
         return [c for c in self.base if c not in held]
 
     def submit(self, request: Request) -> list[Reply]:
@@ -113,25 +125,52 @@ class OuterServer:
         if request.base != self.base[request.client]:
             raise SyncError(f"asynchronous DiLoCo: client {request.client} sent base {request.base}, "
                             f"but was given version {self.base[request.client]}")
-        (self.paused if request.pause else self.waiting).append(request)
+        if request.pause:
+            self.paused.append(request)
+            self.join_round(request.round)
+        else:
+            self.waiting.append(request)
         replies: list[Reply] = []
         while self.waiting:
             batch = self._next_batch()
             if not batch:
                 break
             replies.extend(self._apply(batch))
-        if self.paused and {r.client for r in self.paused} == set(self.base):  # every running client paused: go
-            # named by the last pause the model has reached meanwhile (the others' updates went on)
-            closed = max([self.round] + [step for updates, step in self.pauses if self.updates >= updates])
-            self.round, self.pauses = 0, [pair for pair in self.pauses if self.updates < pair[0]]
-            replies.extend(Reply(r.client, self.version, self.updates, self.model.clone(), False, checkpoint=closed)
-                           for r in self.paused)
-            self.paused = []
-            self._open_round()
+        if self.all_paused() and not self.relay:  # every running client paused: go
+            replies.extend(self.release(self.closing_round()))
         if not self.base and self.done:  # every client has finished: all get the final model
             replies.extend(self._reply(client, final=True) for client in self.done)
             self.done = []
         return replies
+
+    def all_paused(self) -> bool:
+        """Every running client waits at a checkpoint round (module doc)."""
+        return bool(self.paused) and {r.client for r in self.paused} == set(self.base)
+
+    def closing_round(self) -> int:
+        """The step a round closing now is named by: the last pause the model has reached meanwhile (the others'
+        updates went on), or the largest round a client paused for."""
+        reached = [step for updates, step in self.pauses if self.updates >= updates]
+        return max([self.round, *reached, *(r.round for r in self.paused)])
+
+    def release(self, step: int) -> list[Reply]:
+        """Let every paused client go (model and version unchanged for it), the round named `step`; the rounds up to
+        it are closed, and one the count has already passed opens at once."""
+        self.round, self.closed = 0, max(self.closed, step)
+        self.pauses = [pair for pair in self.pauses if pair[1] > step]
+        go = [Reply(r.client, self.version, self.updates, self.model.clone(), False, checkpoint=step)
+              for r in self.paused]
+        self.paused = []
+        self._open_round()
+        return go
+
+    def join_round(self, step: int) -> None:
+        """Open the round of `step` (a pause's, or the global server's reply to a region: module doc) unless it
+        has closed, and then the round of any pause the count has reached."""
+        if step > max(self.round, self.closed):
+            self.round = step
+            self.pauses = [pair for pair in self.pauses if pair[1] > step]
+        self._open_round()
 
     def _next_batch(self) -> list[Request]:
         """The requests to apply next as one update (empty: wait for a client still computing)."""
@@ -177,7 +216,7 @@ class OuterServer:
     def plan_pauses(self, pauses: Sequence[tuple[int, int]]) -> None:
         """Set the checkpoint rounds still to open ((updates, step) pairs; those at or before an open round's
         step are dropped); before any client sends its first request."""
-        self.pauses = sorted(pair for pair in pauses if pair[1] > self.round)
+        self.pauses = sorted(pair for pair in pauses if pair[1] > max(self.round, self.closed))
         self._open_round()
 
     def _open_round(self) -> None:
@@ -198,7 +237,8 @@ class OuterServer:
         return {"model": self.model.clone(), "version": self.version, "updates": self.updates,
                 "base": [[c, b] for c, b in sorted(self.base.items())],
                 "applied": [[c, n] for c, n in sorted(self.applied.items())], "max_staleness": self.max_staleness,
-                "discarded": self.discarded, "round": self.round, "optimizer": self.optimizer.state_dict()}
+                "discarded": self.discarded, "round": self.round, "closed": self.closed,
+                "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.copy_(state["model"])
@@ -209,5 +249,5 @@ class OuterServer:
         self.base = base
         self.applied = {int(c): int(n) for c, n in state["applied"]}
         self.max_staleness, self.discarded = int(state["max_staleness"]), int(state["discarded"])
-        self.round = int(state["round"])
+        self.round, self.closed = int(state["round"]), int(state.get("closed", 0))
         self.optimizer.load_state_dict(state["optimizer"])

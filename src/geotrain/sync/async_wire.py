@@ -14,9 +14,9 @@ Deadlock-freedom: each client has at most one request out and blocks on its repl
 requests one at a time and never waits on a client that has a request out. Per process each process
 group is used by one thread only (gloo's pairs are not shared between threads).
 
-Wire format, per request: float64 header [base, count, final + 2 x pause, has_gradient, arrival_s], then the flat
-float32 gradient if any; per reply: float64 header [version, updates, final + 2 x checkpoint, arrival_s, sent_s]
-(a checkpoint round's pause and step: async_server), then the flat float32 model (arrival_s, sent_s: emulated
+Wire format, per request: float64 header [base, count, final + 2 x pause + 4 x round, has_gradient, arrival_s], then
+the flat float32 gradient if any; per reply: float64 header [version, updates, final + 2 x checkpoint, arrival_s,
+sent_s] (a checkpoint round's pause and step: async_server), then the flat float32 model (arrival_s, sent_s: emulated
 seconds, 0 off emulated links; counts are exact in float64 below 2^53).
 """
 
@@ -130,8 +130,8 @@ class Mailbox:
         if self.timing is not None:
             arrival = (timer or self.timing.client_timer).send(client, self.host, nbytes, send_s)
         self._announce(client)
-        header = torch.tensor([request.base, request.count, int(request.final) + 2 * int(request.pause),
-                               int(has_gradient), arrival],
+        flags = int(request.final) + 2 * int(request.pause) + 4 * request.round
+        header = torch.tensor([request.base, request.count, flags, int(has_gradient), arrival],
                               dtype=torch.float64)
         self._send(header, self.host, REQUEST_TAG)
         if has_gradient:
@@ -178,7 +178,8 @@ class Mailbox:
         if has_gradient:
             gradient = torch.empty(self.numel, dtype=torch.float32)
             self._recv(gradient, client, REQUEST_TAG)
-        return float(header[4]), Request(client, base, gradient, count, bool(flags % 2), bool(flags // 2))
+        return float(header[4]), Request(client, base, gradient, count, bool(flags % 2), bool(flags // 2 % 2),
+                                         flags // 4)
 
     def reply(self, reply: Reply) -> None:
         """Send `reply`; on emulated links it leaves at the server's clock."""

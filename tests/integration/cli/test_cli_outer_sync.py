@@ -39,14 +39,13 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Pa
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("extra,why", [
-    (["--outer-sync", "async-hierarchical", "--checkpoint-dir", "CKPT", "--checkpoint-every", "5"],
-     "--outer-sync async-hierarchical with --checkpoint-every 5: not built yet: the region servers take no part in "
-     "the global server's checkpoint rounds (a flat --outer-sync async run checkpoints): checkpoints at the end only"),
+    (["--outer-sync", "async-hierarchical", "--fragments", "5"],
+     "--outer-sync async-hierarchical with --fragments 5: not built yet: asynchronous outer updates send the whole "
+     "model's outer gradient at a replica's own pace (no fragments)"),
     (["--time-scale", "0", "--elastic"], "--outer-sync async with --elastic: not built yet: the global model lives "
                                          "once, in rank 0's server, and a torchft recovery copies a peer's state at "
                                          "a synchronous step")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(tmp_path: Path, extra, why):
-    extra = [str(tmp_path / "ckpt") if arg == "CKPT" else arg for arg in extra]
     done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
                            "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,
                           timeout=180)

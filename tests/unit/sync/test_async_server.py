@@ -103,3 +103,34 @@ def test_a_checkpoint_round_pauses_each_client_at_its_next_reply_and_lets_all_go
         one = OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0, 1], 0)
         assert one.submit(Request(0, 0, _g(1.0))) == []  # held (bound 0): client 1 has not arrived
         one.state_dict()
+
+
+def test_a_region_server_waits_for_its_release_and_its_clients_go_with_the_step_it_names():
+    """A relay server (a region's: sync/async_region.py): its count reaching a pause opens the round; with every
+    client paused it answers nothing until `release`, whose step (the global server's go) the clients go with."""
+    region = OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0, 1], 4, pauses=[(2, 3), (6, 9)],
+                         relay=True)
+    assert [r.checkpoint for r in region.submit(Request(0, 0, _g(1.0)))] == [0]
+    assert [r.checkpoint for r in region.submit(Request(1, 0, _g(1.0)))] == [3]     # 2 updates: the round of step 3
+    assert region.submit(Request(1, 2, None, 0, pause=True, round=3)) == [] and not region.all_paused()
+    assert [r.checkpoint for r in region.submit(Request(0, 1, _g(1.0)))] == [3]
+    assert region.submit(Request(0, 3, None, 0, pause=True, round=3)) == []        # held for the region's pause
+    assert region.all_paused() and region.closing_round() == 3 and region.senders() == []
+    go = region.release(5)                                                           # the global server closed 5
+    assert sorted((r.client, r.checkpoint) for r in go) == [(0, 5), (1, 5)]
+    assert region.round == 0 and region.closed == 5 and region.pauses == [(6, 9)]
+
+
+def test_a_pause_naming_a_round_opens_it_for_the_other_clients_and_the_go_names_the_largest():
+    """The global server of regions: a region's pause names its round (7), so the other region's next reply says 7;
+    a merge answer naming a round (join_round) opens it likewise; a closed round opens nothing again."""
+    top = OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [0, 2], 4)
+    assert top.submit(Request(0, 0, None, 0, pause=True, round=7)) == []
+    assert top.round == 7 and top.senders() == [2]                                  # a paused region sends nothing
+    assert [(r.client, r.checkpoint) for r in top.submit(Request(2, 0, _g(1.0), 2))] == [(2, 7)]
+    go = top.submit(Request(2, 1, None, 0, pause=True, round=8))
+    assert sorted((r.client, r.checkpoint) for r in go) == [(0, 8), (2, 8)]
+    top.join_round(8)
+    assert top.round == 0                                                           # 8 has closed
+    top.join_round(9)
+    assert top.round == 9 and top.state_dict()["closed"] == 8
