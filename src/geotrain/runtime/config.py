@@ -43,6 +43,7 @@ SYNC_OPTION_KEYS = {
     "streaming.delay": "optim.sync_delay", "streaming.mix": "optim.sync_mix", "streaming.landing": "optim.sync_landing",
     "streaming.warmup": "optim.sync_warmup", "heterogeneity.local_steps": "optim.local_steps",
     "heterogeneity.outer_sync": "optim.outer_sync", "heterogeneity.async_merge": "optim.async_merge",
+    "heterogeneity.async_staleness_power": "optim.async_staleness_power",
 }
 """SyncOptions field (dotted through its section, SyncError.fields) -> the config key it comes from
 (RuntimeConfig.sync_options), to name it in errors."""
@@ -170,7 +171,8 @@ class RuntimeConfig:
                                        warmup=optim.sync_warmup),
             heterogeneity=HeterogeneityOptions(local_steps=optim.local_steps,
                                                local_steps_prior_s=self._step_prior_s(stage),
-                                               outer_sync=optim.outer_sync, async_merge=optim.async_merge))
+                                               outer_sync=optim.outer_sync, async_merge=optim.async_merge,
+                                               async_staleness_power=optim.async_staleness_power))
 
     def _step_prior_s(self, stage: int) -> tuple[float, ...] | None:
         """Adaptive local steps: 1 / peak FLOP/s of each replica's device at `stage` (replica order), the first

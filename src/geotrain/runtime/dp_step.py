@@ -91,6 +91,7 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
     budget = run_budget(options.total_steps, options.outer.sync_every, replicas)  # type: ignore[arg-type]
     outer = AsyncOuterSync(params, options.outer.sync_every, outer_lr=options.outer.outer_lr,  # type: ignore[arg-type]
                            outer_momentum=options.outer.outer_momentum, regions=regions, budget=budget,
-                           timeout_s=timeout_s, merge=options.heterogeneity.async_merge)
+                           timeout_s=timeout_s, merge=options.heterogeneity.async_merge,
+                           staleness_power=options.heterogeneity.async_staleness_power)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     return AsyncOuterGradientSync(params, adamw, outer)

@@ -29,6 +29,7 @@ from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, sl
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES, PIPELINE_SCHEDULES
 from geotrain.runtime.stages import SPLIT_RULES
 from geotrain.sync.adaptive import LOCAL_STEPS
+from geotrain.cost.async_outer import STALENESS_POWER
 from geotrain.sync.async_merge import ASYNC_MERGES
 from geotrain.sync.async_outer import OUTER_SYNCS
 from geotrain.sync.streaming import FRAGMENT_SPLITS
@@ -491,6 +492,9 @@ class OptimSection(Section):
                                             "-0.5 by its staleness s) or heloco (a stale one first loses its "
                                             "component opposing the server's recent updates; "
                                             "geotrain.sync.async_merge)", choices=ASYNC_MERGES)
+    async_staleness_power: float = setting(STALENESS_POWER, "--outer-sync async*: the server weighs an outer gradient "
+                                                            "s versions stale (1 + s) ** -P (0: full weight, as the "
+                                                            "inner steps it carries)", metavar="P")
     fragments: int = setting(1, "--sync-every: Streaming DiLoCo: cut the model into P fragments (contiguous layers, "
                                 "balanced by bytes), fragment p synced every H steps at offset p*H/P, so the WAN "
                                 "carries 1/P of the model at a time (1..H)", metavar="P")
@@ -543,6 +547,7 @@ class OptimSection(Section):
         if self.outer_sync != "sync" and self.sync_every is None:  # its pairs: runtime/composition.py
             self._fail("outer_sync", "is DiLoCo's: it needs optim.sync_every (--sync-every H)")
         self._choice("async_merge", ASYNC_MERGES)
+        self._number("async_staleness_power", zero_ok=True)
         if self.async_merge != "staleness" and self.outer_sync == "sync":
             self._fail("async_merge", "is the asynchronous server's: it needs optim.outer_sync async or "
                                       "async-hierarchical (--outer-sync)")

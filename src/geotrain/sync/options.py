@@ -22,6 +22,7 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.sync.adaptive import LOCAL_STEPS, check_adaptive_settings
+from geotrain.cost.async_outer import STALENESS_POWER
 from geotrain.sync.async_merge import ASYNC_MERGES
 from geotrain.sync.async_outer import OUTER_SYNCS
 from geotrain.sync.base import SyncError
@@ -143,12 +144,15 @@ class HeterogeneityOptions:
     async_merge: what the asynchronous server does to an arriving outer gradient: "staleness" (as it came, weighed
         by delayed Nesterov) or "heloco" (its component opposing the server's recent updates removed when stale;
         geotrain.sync.async_merge; ASYNC_MERGES).
+    async_staleness_power: p >= 0 of the asynchronous server's staleness weight (1 + s) ** -p (0: every update at full
+        weight, as the inner steps it carries; geotrain.optim.delayed_nesterov).
     """
 
     local_steps: str = "equal"
     local_steps_prior_s: tuple[float, ...] | None = None
     outer_sync: str = "sync"
     async_merge: str = "staleness"
+    async_staleness_power: float = STALENESS_POWER
 
     def __post_init__(self) -> None:
         if self.local_steps not in LOCAL_STEPS:
@@ -165,6 +169,9 @@ class HeterogeneityOptions:
         if self.async_merge not in ASYNC_MERGES:
             raise SyncError(f"HeterogeneityOptions.async_merge must be one of {', '.join(ASYNC_MERGES)}, got "
                             f"{self.async_merge!r}")
+        power = self.async_staleness_power
+        if isinstance(power, bool) or not isinstance(power, int | float) or not math.isfinite(power) or power < 0:
+            raise SyncError(f"HeterogeneityOptions.async_staleness_power must be a finite number >= 0, got {power!r}")
 
 
 SECTIONS = {"exchange": ExchangeOptions, "outer": OuterOptions, "streaming": StreamingOptions,

@@ -58,3 +58,14 @@ def test_local_evaluation_is_for_one_stage_and_lets_an_overlapped_sync_run_with_
     one_stage = RuntimeConfig.of(CLUSTER, np.array([[0, 1, 2, 3]]), steps=8, sync_every=4, sync_delay=2,
                                  eval_every=4, eval_local=True, checkpoint_dir=str(tmp_path), checkpoint_every=0)
     assert one_stage.data.eval_local and one_stage.checkpoint.checkpoint_every == 0
+
+
+def test_the_asynchronous_servers_merge_and_staleness_power_reach_the_sync_options_and_need_async():
+    one_stage = dict(sync_every=4, outer_sync="async", async_merge="heloco", async_staleness_power=0)
+    config = RuntimeConfig.of(CLUSTER, np.array([[0, 1, 2, 3]]), steps=8, **one_stage)
+    heterogeneity = config.sync_options(0).heterogeneity
+    assert (heterogeneity.async_merge, heterogeneity.async_staleness_power) == ("heloco", 0.0)
+    with pytest.raises(RuntimeConfigError, match="async_merge"):
+        _config(sync_every=4, async_merge="heloco")
+    with pytest.raises(RuntimeConfigError, match="async_staleness_power"):
+        _config(sync_every=4, outer_sync="async", async_staleness_power=-1)

@@ -27,7 +27,7 @@ def test_flat_names_land_in_their_sections():
 def test_section_field_names_are_unique_so_flat_names_are_unambiguous():
     names = [f.name for section in SECTIONS.values() for f in fields(section)]
     names += [f.name for f in fields(SyncOptions) if f.name not in SECTIONS]
-    assert len(names) == len(set(names)) == 3 + 5 + 6 + 4 + 5
+    assert len(names) == len(set(names)) == 3 + 5 + 6 + 5 + 5
 
 
 @pytest.mark.parametrize("build, message", [
@@ -42,6 +42,8 @@ def test_section_field_names_are_unique_so_flat_names_are_unambiguous():
      "HeterogeneityOptions.outer_sync must be one of sync, async, async-hierarchical, got 'later'"),
     (lambda: HeterogeneityOptions(async_merge="median"),
      "HeterogeneityOptions.async_merge must be one of staleness, heloco, got 'median'"),
+    (lambda: HeterogeneityOptions(async_staleness_power=-0.5),
+     "HeterogeneityOptions.async_staleness_power must be a finite number >= 0, got -0.5"),
     (lambda: HeterogeneityOptions(local_steps_prior_s=(1.0, 0.0)),
      "HeterogeneityOptions.local_steps_prior_s must be a tuple of finite seconds > 0"),
     (lambda: SyncOptions(ExchangeOptions("none"), "adamw", 0.01, 9, outer={"sync_every": 4}),
