@@ -77,7 +77,7 @@ from geotrain.comm.regions import Regions
 from geotrain.emulate.rank_clock import emulated_clock, start_loop
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
 from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
-from geotrain.sync.async_outer import STALENESS_BOUND, AsyncOuterSync, check_async_settings
+from geotrain.sync.async_outer import STALENESS_BOUND, STALENESS_POWER, AsyncOuterSync, check_async_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
 from geotrain.sync.exchange import DirectTransport, StageExchange
 from geotrain.sync.hierarchical import HierarchicalGradientExchange
@@ -105,7 +105,9 @@ class DiLoCo:
     (e.g. 1 / each GPU's peak FLOP/s; None: H everywhere). `asynchronous`: outer updates through a global
     model's server without lock-step (module doc), `staleness_bound` S (no update applied more than S versions
     stale: fast replicas wait), `merge_every` (with regions: region updates per merge into the global model;
-    None: the region's size); not with adaptive local steps."""
+    None: the region's size), `async_merge` (what the server does to an arriving outer gradient first:
+    geotrain.sync.async_merge), `staleness_power` P (an update s versions stale weighs (1 + s) ** -P); not with
+    adaptive local steps."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
@@ -116,7 +118,8 @@ class DiLoCo:
                  moment_syncs: int | None = None, fragment_split: str = "layers", local_steps: str = "equal",
                  step_time: Callable[[], float] | None = None, prior_step_s: Sequence[float] | None = None,
                  asynchronous: bool = False, staleness_bound: int = STALENESS_BOUND,
-                 merge_every: int | None = None) -> None:
+                 merge_every: int | None = None, async_merge: str = "staleness",
+                 staleness_power: float = STALENESS_POWER) -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
         except OuterStepError as exc:
@@ -148,7 +151,8 @@ class DiLoCo:
             named = [p for p in model.parameters() if p.requires_grad]
             self.asynchronous = AsyncOuterSync(named, sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
                                                staleness_bound=staleness_bound, regions=regions,
-                                               merge_every=merge_every)
+                                               merge_every=merge_every, merge=async_merge,
+                                               staleness_power=staleness_power)
             regions = None  # the regions are the asynchronous servers', not the every-step gradient mean's
         self.codec = CodecSpec.parse(codec)
         self.transport = DirectTransport()
