@@ -54,6 +54,7 @@ from geotrain.cluster import Cluster, load_cluster
 from geotrain.cluster.gpus import UNKNOWN_GPU
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
+from geotrain.cost.registry import MIXED_GPUS_COST_MODEL
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
@@ -88,9 +89,12 @@ def register(subparsers: Any) -> None:
         "plan", help="search a placement of stages x replicas onto devices",
         description="Search a placement of S stages x R replicas; --json prints one JSON object.",
         epilog=f"methods and their options (-o KEY=VALUE):\n{methods}", formatter_class=DefaultsRawDescriptionHelpFormatter)
-    add_placement_arguments(parser, cost_model_help="cost model of the placement search (default: yuan; with "
-                                                    "--wan-recipe auto, yuan+compute; auto-configuration ranks "
-                                                    "with schedule unless yuan+compute is given)")
+    add_placement_arguments(parser, cost_model_help="cost model of the placement search (default: "
+                                                    "yuan; schedule on a cluster of GPUs of more than one type "
+                                                    "with --method auto and no --lower-bound; "
+                                                    "with --wan-recipe auto, yuan+compute; "
+                                                    "auto-configuration ranks with schedule unless yuan+compute "
+                                                    "is given)")
     parser.add_argument("--stages", type=int, default=None,
                         help="pipeline stages S (with --replicas; give neither to auto-configure S, R, M and devices)")
     parser.add_argument("--replicas", type=int, default=None, help="data-parallel replicas R")
@@ -204,8 +208,10 @@ def run(args: Any) -> int:
     check_objective(args, full_cluster, fixed_layout=True)
     membership = membership_of(args, full_cluster)
     typed = UNKNOWN_GPU not in full_cluster.gpus  # GPU types given: speeds and memory are known
-    if args.cost_model is None:  # a recipe weighs compute against links: its placement must know compute
-        args.cost_model = RECIPE_COST_MODEL if args.wan_recipe == "auto" and typed else DEFAULT_COST_MODEL
+    if args.cost_model is None:  # a recipe weighs compute against links, as GPUs of mixed speeds do
+        mixed = typed and len(set(full_cluster.gpus)) > 1 and args.method == "auto" and not args.lower_bound
+        args.cost_model = (RECIPE_COST_MODEL if args.wan_recipe == "auto" and typed
+                           else MIXED_GPUS_COST_MODEL if mixed else DEFAULT_COST_MODEL)
     job = load_job(args.job)  # read once: the calibration's note and the placement take it
     calibration = calibration_of(args, job)
     base = real = full_cluster if membership is None else membership.live_cluster()

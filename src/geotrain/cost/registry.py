@@ -1,4 +1,5 @@
-"""Cost models by name. "yuan" is the default and the one the seed's tables use.
+"""Cost models by name. "yuan" is the default and the one the seed's tables use; "schedule" is `geotrain plan`'s
+default on a cluster of mixed GPU types (MIXED_GPUS_COST_MODEL).
 
 Every model is built from the cluster and a Traffic (cost/traffic.py), the compute-aware ones also
 from per-device compute seconds; `build_cost_model` derives both from a Job (planning),
@@ -34,6 +35,15 @@ COST_MODELS: dict[str, type] = {
 """Name -> model class; each has `for_job(cluster, job, stages, replicas)`."""
 
 DEFAULT_COST_MODEL = "yuan"
+
+MIXED_GPUS_COST_MODEL = "schedule"
+"""`geotrain plan`'s default on a cluster of GPUs of more than one type, where a device's speed decides as much
+as its links ("yuan" sees links only: it put a 1 x 3 layout on a site of L4s beside a site of H100s): the
+event-simulated schedule (compute at each device's speed, links, overlap), the model auto-configuration ranks
+with. With its default method (auto) the exact "yuan" search runs first and its finalists, some placed on the
+fastest devices alone, are ranked by this model; other methods and --lower-bound keep DEFAULT_COST_MODEL (they
+need its pairwise terms, or evaluate it fast). On GPUs of one type (the seed's clusters) and on a cluster
+without GPU types, DEFAULT_COST_MODEL: every device computes alike there, and the exact search certifies."""
 
 UNEVEN_SPLIT_MODELS = ("yuan+compute", "schedule")
 """Cost models that see compute, so take `layer_shares` (cost/layer_split.py: an uneven layer split)."""

@@ -21,6 +21,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
+from geotrain.cluster.membership import restrict_cluster
+from geotrain.cost.yuan import YuanCostModel
 from geotrain.search.anytime import Trajectory, improve_until
 from geotrain.search.base import (PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchResult,
                                   certifies)
@@ -78,17 +82,41 @@ def _rank_on_surrogate(problem: PlacementProblem, config: AutoConfig, *, seed: i
     surrogate = PlacementProblem(problem.cluster, problem.cost_model.surrogate)
     first = auto_search(surrogate, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
     finalists = [("auto(" + first.details["chosen"] + ")", first.assignment)]
+    fastest = _fastest_devices(problem)
+    on_fastest = None
+    if fastest is not None:  # the region heuristics again on the fastest devices alone, mapped back
+        sub = restrict_cluster(problem.cluster, fastest)
+        on_fastest = PlacementProblem(sub, YuanCostModel(sub, surrogate.cost_model.traffic))
     for name, run in (("pipeline-local", pipeline_local), ("dp-local", dp_local)):
-        try:
-            finalists.append((name, run(surrogate, RegionHeuristicConfig(max_candidates=200)).assignment))
-        except SearchError:
-            continue
+        for label, searched, devices in ((name, surrogate, None), (f"{name}(fastest)", on_fastest, fastest)):
+            if searched is None:
+                continue
+            try:
+                assignment = run(searched, RegionHeuristicConfig(max_candidates=200)).assignment
+            except SearchError:
+                continue
+            finalists.append((label, assignment if devices is None else devices[assignment]))
     scored = [(problem.cost_model.evaluate(a), name, a) for name, a in finalists]
     cost, name, assignment = min(scored, key=lambda item: item[0].total)
     details = {"chosen": name, "surrogate": problem.cost_model.surrogate.name, "tried": first.details["tried"],
                "finalists": {n: c.total for c, n, _ in scored}}
     return SearchResult(method="auto", assignment=assignment, cost=cost, seconds=time.perf_counter() - start,
                         evaluations=first.evaluations + len(scored), details=details)
+
+
+def _fastest_devices(problem: PlacementProblem) -> np.ndarray | None:
+    """The devices at least as fast as the (S x R)-th fastest by the real model's per-device compute seconds
+    (`forward_s`, the models with compute), ascending; None where every device qualifies (one speed) or the
+    model has no compute. The surrogate sees links only, so its plans may put a layout on slow GPUs beside
+    idle fast ones (a 1 x 3 layout on L4s next to a site of H100s): its heuristics on these devices alone
+    give the ranking a finalist that uses the fast ones."""
+    forward_s = getattr(problem.cost_model, "forward_s", None)
+    if forward_s is None or np.ndim(forward_s) != 1 or len(forward_s) != problem.cluster.n_devices:
+        return None
+    slots = problem.stages * problem.replicas
+    threshold = np.sort(forward_s)[slots - 1]
+    keep = np.flatnonzero(forward_s <= threshold)
+    return None if len(keep) == problem.cluster.n_devices else keep
 
 
 def _remaining(deadline: float | None) -> float | None:

@@ -206,9 +206,13 @@ def test_cost_scores_a_plan_with_its_recorded_split(tmp_path, capsys):
 
 
 def test_plan_uneven_split_with_a_communication_only_model_exits_2(capsys):
-    code = main(["plan", "--cluster", str(MIXED), "--stages", "3", "--replicas", "2", "--uneven-split"])
+    code = main(["plan", "--cluster", str(MIXED), "--stages", "3", "--replicas", "2", "--uneven-split",
+                 "--cost-model", "yuan"])
     assert code == 2
     assert "needs one of yuan+compute, schedule" in capsys.readouterr().err
+    # without --cost-model, GPUs of several types plan with "schedule", which splits the layers by speed
+    assert main(["plan", "--cluster", str(MIXED), "--stages", "3", "--replicas", "2", "--uneven-split"]) == 0
+    assert "schedule" in capsys.readouterr().out
 
 
 def _tiny_run(cluster, **options):

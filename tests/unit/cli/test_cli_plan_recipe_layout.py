@@ -93,3 +93,18 @@ def test_a_plan_by_a_communication_only_model_says_so(files, capsys):
     assert plan["cost_model"] == "yuan"
     assert plan["explanation"][-1].startswith("Links: the cost model prices communication only")
     assert "--cost-model yuan+compute or schedule" in plan["explanation"][-1]
+
+
+def test_a_fixed_layout_on_mixed_gpus_is_placed_by_speed_by_default(files, capsys):
+    """No --cost-model on GPUs of several types: "schedule" (compute at each GPU's speed), so 1 x 3 lands on
+    tokyo's H100s; "yuan" (links only) puts it on saopaulo's L4s, which the same model prices ~8x slower."""
+    cluster, job = files
+    chosen, _ = plan_json(capsys, "--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas", "3")
+    links_only, _ = plan_json(capsys, "--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas",
+                              "3", "--cost-model", "yuan")
+    devices = {d: i for i, d in enumerate(f"{site}{i}" for site, gpus in SITES for i in range(len(gpus)))}
+    assert chosen["cost_model"] == "schedule" and links_only["cost_model"] == "yuan"
+    assert sorted(chosen["assignment"][0]) == [devices["tokyo0"], devices["tokyo1"], devices["tokyo2"]]
+    assert all(d >= devices["saopaulo0"] for d in links_only["assignment"][0])
+    assert chosen["details"]["finalists"]["auto(exact)"] > 5 * chosen["cost"]["total"]  # yuan's plan, by schedule
+    assert "tokyo" in chosen["explanation"][0]

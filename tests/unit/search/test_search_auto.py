@@ -66,3 +66,18 @@ def test_on_plan_hears_autos_improvements_as_found_and_another_methods_result_on
     heard.clear()
     hierarchical = run_search("hierarchical", problem, seed=0, on_plan=heard.append)
     assert heard == [hierarchical]
+
+
+def test_auto_on_a_model_with_compute_ranks_a_plan_on_the_fastest_devices():
+    """"schedule" is searched on its links-only surrogate, which prefers the T4 sites' better links; the region
+    heuristics rerun on the fastest devices alone give the ranking the H100 plan, which computes ~8x faster."""
+    bandwidth = np.array([[10.0, 1.0, 0.5], [1.0, 10.0, 0.5], [0.5, 0.5, 5.0]])
+    latency = np.array([[0.1, 20.0, 80.0], [20.0, 0.1, 80.0], [80.0, 80.0, 0.1]])
+    cluster = region_cluster("speeds", ["t4a", "t4b", "h100"], [4, 4, 4], bandwidth, latency, gpus=["T4", "T4", "H100"])
+    problem = _problem(cluster, 2, 2, model="schedule")
+    surrogate = run_search("auto", PlacementProblem(cluster, problem.cost_model.surrogate), seed=0)
+    assert set(np.ravel(surrogate.assignment)) <= set(range(8))  # links only: the T4 sites
+    auto = run_search("auto", problem, seed=0)
+    assert auto.details["chosen"].endswith("(fastest)") and set(np.ravel(auto.assignment)) == set(range(8, 12))
+    assert auto.cost.total < problem.cost_model.evaluate(surrogate.assignment).total / 3
+    assert auto.cost.total == pytest.approx(problem.cost_model.evaluate(auto.assignment).total, rel=1e-12)
