@@ -229,6 +229,8 @@ def run(args: Any) -> int:
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
+    if args.lower_bound and model.pairwise_terms() is None:  # before the search, not after it
+        raise SearchError(f"--lower-bound needs a pairwise cost model (like 'yuan'); {model.name!r} is not pairwise")
     left = None if args.time_limit is None else max(0.1, args.time_limit - (time.perf_counter() - started))
     exact_certifies = args.method == "auto" and cluster.is_region_uniform() and model.pairwise_terms() is not None
     beside = None

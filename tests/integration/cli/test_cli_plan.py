@@ -140,3 +140,10 @@ def test_a_method_that_reports_its_plan_only_at_the_end_keeps_the_bound_after_th
     doc = json.loads(out)
     assert code == 0 and "lower_bound_beside" not in doc["details"]
     assert 0.0 < doc["lower_bound"] <= doc["cost"]["total"] and doc["details"]["lower_bound_seconds"] > 0.0
+
+
+def test_a_lower_bound_on_a_model_without_pairwise_terms_is_refused_before_the_search(capsys):
+    """Before: genetic on 1024 devices by "schedule" ran a minute (past --time-limit 6) and then refused."""
+    code, _, err = run_cli(capsys, "plan", "--cluster", "multicloud-1024", "--stages", "8", "--replicas", "16",
+                           "--method", "genetic", "--cost-model", "schedule", "--time-limit", "6", "--lower-bound")
+    assert code == 2 and "--lower-bound needs a pairwise cost model" in err and "'schedule'" in err
