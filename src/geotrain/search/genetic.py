@@ -147,6 +147,7 @@ def genetic_search(
     """Steady-state GA with DP-group crossover, mutation and a local search per child; `initial`: an
     (S, R) plan that joins the population first (`auto` seeds later runs with its best so far)."""
     start = time.perf_counter()
+    deadline = None if time_limit_s is None else start + time_limit_s
     S, R, N = problem.stages, problem.replicas, problem.n_devices
     if N < 2:
         raise SearchError("genetic needs at least 2 devices")
@@ -163,7 +164,7 @@ def genetic_search(
     for assignment in starts[: config.population]:
         if members and time_limit_s is not None and time.perf_counter() - start > time_limit_s:
             break  # a smaller population, but the time limit holds
-        assignment = scorer.rewire(improve(model, scorer.rewire(assignment), config.improve_swaps, rng=rng).assignment)
+        assignment = scorer.rewire(improve(model, scorer.rewire(assignment), config.improve_swaps, rng=rng, deadline=deadline).assignment)
         members.append(assignment)
         totals.append(scorer.total(assignment))
         evaluations += config.improve_swaps + 1
@@ -181,7 +182,7 @@ def genetic_search(
         if rng.random() < config.mutation_rate:
             child = mutate(child, N, config.mutation_swaps, rng)
         child = scorer.rewire(child)
-        child = scorer.rewire(improve(model, child, config.improve_swaps, rng=rng).assignment)
+        child = scorer.rewire(improve(model, child, config.improve_swaps, rng=rng, deadline=deadline).assignment)
         total = scorer.total(child)
         evaluations += config.improve_swaps + 1
         worst = int(np.argmax(totals))

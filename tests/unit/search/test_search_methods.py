@@ -262,3 +262,16 @@ def test_region_heuristics_keep_whole_units_inside_regions(sizes, stages, replic
     groups = run_search("dp-local", problem)
     whole_groups = sum(len(set(row)) == 1 for row in regions_of(groups).tolist())
     assert whole_groups >= min(stages, int(np.sum(cluster.region_sizes() // replicas)))
+
+
+def test_improve_on_a_model_without_pairwise_terms_stops_at_its_deadline():
+    """A walk of full evaluations (here "schedule") reads the clock between chunks of swaps: past its deadline it
+    makes none; without a deadline it makes them all (genetic passes its time limit as the deadline)."""
+    import time
+
+    from geotrain.search.local_search import improve
+
+    model = build_cost_model("schedule", seed_geo(), GPT_13B_SEED, 2, 4)
+    start = np.arange(8).reshape(2, 4)
+    assert improve(model, start, 100, rng=0, deadline=time.perf_counter() - 1.0).evaluations == 0
+    assert improve(model, start, 100, rng=0).evaluations == 100
