@@ -46,7 +46,8 @@ def _train(tmp: Path, *flags: str) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     found = {}
-    for name, flags in (("plain", ["--steps", str(STEPS)]), ("killed", ["--steps", str(STEPS), "--chaos", KILL_GROUP_1]),
+    for name, flags in (("plain", ["--steps", str(STEPS)]),
+                        ("killed", ["--steps", str(STEPS), "--chaos", KILL_GROUP_1]),
                         ("cut", ["--steps", str(2 * STEPS), "--chaos", CUT_GROUP_1])):
         found[name] = _train(tmp_path_factory.mktemp(name), *flags)
     return found

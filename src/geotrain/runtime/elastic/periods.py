@@ -12,7 +12,8 @@ After each committed sync the group's position is the equal schedule's steps don
 reports as its step, commits under (the period's last step) and checkpoints at. Records: one per inner step, with
 `step` = t (the last period's steps past the run's under its last step), `slice` and `outer_step` (syncs before
 it); the period's last record is marked `synced` after the sync (contributors, parameter digest, the groups in its
-`quorum` and the `next_local_steps` of every group), as a step that synchronises is in a run of equal steps. A group that recovered at a sync has no record of that sync.
+`quorum` and the `next_local_steps` of every group), as a step that synchronises is in a run of equal steps. A
+group that recovered at a sync has no record of that sync.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def run_periods(group: Any) -> None:
     sync, config = group.sync, group.config
     steps, every = config.run.steps, sync.sync_every
     group.start()  # a restarted group recovers here: at its peer's sync point, this quorum's exchange to join
-    quorum_open = group.state.healed
+    # a group that recovered a peer's start-up state (the start-up quorum formed without it) trains its period first
+    quorum_open = group.state.healed and sync.at_sync
     last_record: dict[str, Any] | None = None
     last = time.perf_counter()
     while sync.outer_step < sync.periods:
@@ -51,7 +53,7 @@ def run_periods(group: Any) -> None:
         try:
             nbytes = sync.outer_sync(group.timer)
         except StepSuperseded:
-            quorum_open, last_record = True, None  # recovered in a retry's quorum: sync again in it
+            quorum_open, last_record = sync.at_sync, None  # recovered in a retry's quorum: sync again in it
             continue
         quorum_open = False
         group.state.step = completed = min(sync.outer_step * every, steps)

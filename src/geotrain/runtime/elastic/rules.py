@@ -10,8 +10,8 @@ every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
 later) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
 geotrain.sync.elastic_adaptive); any codec of geotrain.codecs with or without error feedback (the codec
-reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical), AdamW. With --netlab:
---time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical),
+AdamW. With --netlab: --time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
