@@ -23,9 +23,16 @@ With `netlab` (opt-in: root, and minutes more), two rows after those, on real sh
 NETLAB_COMM_TIMEOUT_S, since a port down raises nothing and the survivors wait out their collective):
   elastic (netlab), no failures    the reference of the next row
   elastic (netlab), partition ...  the same partitions, each the group's lab port down, then up
+Then, last (after the netlab rows, if any), two rows of adaptive local steps:
+  elastic adaptive (hetero-4x1), no failures   the adaptive recipe on mixed GPUs (ADAPTIVE_RECIPE: bench
+                                   hetero's 4 sites of 4 GPU generations, DiLoCo H = 5 with outer averaging and
+                                   int8-block, --local-steps adaptive, compute at each GPU's speed counted in CPU
+                                   seconds, links ~free as the partition rows'): the reference of the next row
+  elastic adaptive (hetero-4x1), kill a site every T'   the same kills (T' a quarter of its own reference's
+                                   training time): a restarted group rejoins at an outer sync and is re-balanced
 goodput = useful samples per second of training, relative to the row's failure-free reference (the
 kill row to the first row, the partition row to the third, the sync rows to the fifth, the netlab
-partition row to the eighth). Useful
+partition row to the eighth, the adaptive kill row to the adaptive reference). Useful
 samples: every committed step's contributing groups' batches (a step redone after a restart counts
 once). Seconds: from the first step's start to the last commit (elastic), or from the first launch's
 first completed step to the last launch's end (sync, restarts included). recovery_s: from a failure to
@@ -45,6 +52,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from geotrain.bench.hetero import HETERO_CLUSTER_NAME, OUTER_AVERAGE
 from geotrain.bench.wan_rows import WAN_CLUSTER_NAME, bench_cluster
 from geotrain.errors import GeotrainError
 
@@ -57,6 +65,13 @@ partition cuts), with link times shrunk to microseconds of wall time (wan-4x1's 
 NETLAB_COMM_TIMEOUT_S = 5.0
 """--comm-timeout of the netlab rows: the survivors of a real partition stall this long (their collective
 with the silent group times out), instead of the default 120 s."""
+
+
+ADAPTIVE_CLUSTER = HETERO_CLUSTER_NAME
+ADAPTIVE_RECIPE: dict[str, Any] = {**dict(OUTER_AVERAGE), "local_steps": "adaptive", "emulate_gpu_speed": True,
+                                   "compute_clock": "cpu"}
+"""The adaptive rows' settings (bench hetero's diloco-adaptive recipe, blocking: an elastic adaptive sync does not
+overlap). CPU seconds: this machine's load (the other runs of a loaded CI host) does not move the split."""
 
 
 class ChaosBenchError(GeotrainError, ValueError):
@@ -116,27 +131,30 @@ def _settings(config: ChaosBenchConfig, elastic: bool, **more: Any) -> dict[str,
     return {**common, **({"elastic": True} if elastic else {}), **more}
 
 
-def _runtime_config(config: ChaosBenchConfig, elastic: bool, label: str, **more: Any) -> Any:
-    """The row `label`'s run (its run directory under config.run_dir, if any)."""
+def _runtime_config(config: ChaosBenchConfig, elastic: bool, label: str, cluster_name: str | None = None,
+                    **more: Any) -> Any:
+    """The row `label`'s run (its run directory under config.run_dir, if any) on `cluster_name` (None: the
+    config's cluster)."""
     from geotrain.cluster import load_cluster
     from geotrain.observe.run import row_run_dir
     from geotrain.runtime import RuntimeConfig
 
-    cluster = load_cluster(bench_cluster(config.cluster))
+    cluster = load_cluster(bench_cluster(cluster_name or config.cluster))
     run_dir = None if config.run_dir is None else row_run_dir(config.run_dir, label)
     return RuntimeConfig.of(cluster, [list(range(cluster.n_devices))], "chaos", run_dir=run_dir,
                             **_settings(config, elastic, **more))
 
 
 def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any,
-                time_scale: float = 0.0, netlab: bool = False) -> tuple[ChaosRow, Any]:
-    """An elastic run with `chaos` (None: no failures), in a netlab if `netlab`; the row's failures are kills
-    plus partitions."""
+                time_scale: float = 0.0, netlab: bool = False, adaptive: bool = False) -> tuple[ChaosRow, Any]:
+    """An elastic run with `chaos` (None: no failures), in a netlab if `netlab`, the adaptive recipe on mixed GPUs
+    if `adaptive` (ADAPTIVE_RECIPE on ADAPTIVE_CLUSTER); the row's failures are kills plus partitions."""
     from geotrain.observe.run import recording
     from geotrain.runtime.elastic.launch import launch_elastic
 
     lab = {"netlab": True, "comm_timeout_s": NETLAB_COMM_TIMEOUT_S} if netlab else {}
-    run = _runtime_config(config, True, label, chaos=chaos, time_scale=time_scale, **lab)
+    recipe = {"cluster_name": ADAPTIVE_CLUSTER, **ADAPTIVE_RECIPE} if adaptive else {}
+    run = _runtime_config(config, True, label, chaos=chaos, time_scale=time_scale, **lab, **recipe)
     with recording(run):
         summary = launch_elastic(run, tokens=tokens)
     return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s + summary.partition_recovery_s,
@@ -216,7 +234,8 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
 
 
 def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[ChaosRow]:
-    """The seven rows of the module doc (nine with `config.netlab`), in order; `progress(label)` before each."""
+    """The nine rows of the module doc (eleven with `config.netlab`: the netlab rows before the adaptive ones), in
+    order; `progress(label)` before each."""
     from geotrain.data import world_tokens
 
     tokens = world_tokens(0)
@@ -251,6 +270,15 @@ def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[Chao
         note("elastic (netlab), partition a site every T for T/2")
         lab_cut, _ = elastic_row(f"elastic (netlab), {cut_label}", config, cut_spec, tokens, netlab=True)
         pairs += [(lab_reference, lab_reference), (lab_cut, lab_reference)]
+    note("elastic adaptive (mixed GPUs), no failures")
+    mixed, _ = elastic_row(f"elastic adaptive ({ADAPTIVE_CLUSTER}), no failures", config, None, tokens,
+                           LINK_STATE_TIME_SCALE, adaptive=True)
+    mixed_every_s = max(mixed.train_s / 4, 1.0)
+    note("elastic adaptive (mixed GPUs), kill a site every T")
+    mixed_killed, _ = elastic_row(f"elastic adaptive ({ADAPTIVE_CLUSTER}), kill a site every {mixed_every_s:.1f} s",
+                                  config, f"kill-site:every={mixed_every_s:.3f}s,count={config.kills}", tokens,
+                                  LINK_STATE_TIME_SCALE, adaptive=True)
+    pairs += [(mixed, mixed), (mixed_killed, mixed)]
     rows = []
     for row, ref in pairs:
         rows.append(replace(row, goodput=goodput(row.samples, row.train_s, ref.samples, ref.train_s)))

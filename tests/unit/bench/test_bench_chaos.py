@@ -20,15 +20,16 @@ def test_counts_below_one_are_refused_naming_the_option(key):
 
 
 def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every_quarter(monkeypatch):
-    """The seven rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
-    kill every T = a quarter of the reference's training seconds; goodput uses each row's reference."""
+    """The nine rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
+    kill every T = a quarter of the reference's training seconds; goodput uses each row's reference; the last two
+    are the adaptive recipe on mixed GPUs (its own reference and kill rate)."""
     import geotrain.bench.chaos as chaos
     import geotrain.data
 
     asked = []
 
-    def elastic_row(label, config, spec, tokens, time_scale=0.0):
-        asked.append(("elastic", spec, time_scale))
+    def elastic_row(label, config, spec, tokens, time_scale=0.0, adaptive=False):
+        asked.append(("elastic", spec, time_scale) + (("adaptive",) if adaptive else ()))
         seconds = 80.0 if spec is None else 100.0
         return chaos.ChaosRow(label, 1.0, config.steps, 0, 0 if spec is None else 3, [], 2.0, seconds, 6400, 0), None
 
@@ -49,18 +50,22 @@ def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every
     assert asked[3] == ("elastic", "partition:every=20.000s,for=10.000s,count=3", chaos.LINK_STATE_TIME_SCALE)
     assert asked[5] == ("sync", [20.0, 40.0, 60.0], 0.0)
     assert asked[6] == ("sync", [20.0, 40.0, 60.0], 10.0)  # relaunched once the partition heals
-    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6])
-    assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3]
+    assert asked[7:] == [("elastic", None, chaos.LINK_STATE_TIME_SCALE, "adaptive"),
+                         ("elastic", "kill-site:every=20.000s,count=3", chaos.LINK_STATE_TIME_SCALE, "adaptive")]
+    assert rows[7].label == "elastic adaptive (hetero-4x1), no failures"
+    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6, 1.0, 0.8])
+    assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3, 0, 0]
 
 
 def test_netlab_adds_two_rows_on_real_links_with_goodput_against_the_netlab_reference(monkeypatch):
-    """With netlab the seven rows are followed by the netlab reference and the same partitions in the lab."""
+    """With netlab the seven rows are followed by the netlab reference and the same partitions in the lab (then
+    the two adaptive rows)."""
     import geotrain.bench.chaos as chaos
     import geotrain.data
 
     asked = []
 
-    def elastic_row(label, config, spec, tokens, time_scale=0.0, netlab=False):
+    def elastic_row(label, config, spec, tokens, time_scale=0.0, netlab=False, adaptive=False):
         asked.append((spec, netlab))
         seconds = {(None, False): 80.0, (None, True): 120.0}.get((spec, netlab), 150.0)
         return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, seconds, 6400, 0), None
@@ -72,8 +77,8 @@ def test_netlab_adds_two_rows_on_real_links_with_goodput_against_the_netlab_refe
     monkeypatch.setattr(chaos, "sync_row", sync_row)
     monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
     rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=2, netlab=True))
-    assert len(rows) == 9 and rows[0].label == "elastic, no failures"
-    assert asked[-2:] == [(None, True), ("partition:every=20.000s,for=10.000s,count=2", True)]
+    assert len(rows) == 11 and rows[0].label == "elastic, no failures"
+    assert asked[4:6] == [(None, True), ("partition:every=20.000s,for=10.000s,count=2", True)]
     assert rows[7].label == "elastic (netlab), no failures" and rows[8].label.startswith("elastic (netlab), partition")
-    assert [r.goodput for r in rows[7:]] == pytest.approx([1.0, 0.8])
-    assert len(chaos.run_chaos_bench(ChaosBenchConfig(kills=2))) == 7  # opt-in
+    assert [r.goodput for r in rows[7:9]] == pytest.approx([1.0, 0.8])
+    assert len(chaos.run_chaos_bench(ChaosBenchConfig(kills=2))) == 9  # opt-in
