@@ -92,15 +92,17 @@ DEFAULT_ROWS: tuple[HeteroRow, ...] = (
     HeteroRow("diloco-equal", f"DiLoCo H={SYNC_EVERY} (outer avg, int8-block+EF), equal local steps", OUTER_AVERAGE),
     HeteroRow("diloco-adaptive", f"DiLoCo H={SYNC_EVERY} (outer avg, int8-block+EF), adaptive local steps, "
               f"overlapped (tau {ADAPTIVE_DELAY}, eager)", (*OUTER_AVERAGE, *ADAPTIVE_OVERLAP)),
-    HeteroRow("async", f"DiLoCo H={SYNC_EVERY}, asynchronous outer updates",
+    HeteroRow("async", f"DiLoCo H={SYNC_EVERY}, asynchronous outer updates (full weight when stale)",
               (*OUTER_AVERAGE, ("outer_sync", "async"))),
-    HeteroRow("async-hierarchical", f"DiLoCo H={SYNC_EVERY}, asynchronous, merged per region first",
-              (*OUTER_AVERAGE, ("outer_sync", "async-hierarchical"))),
+    HeteroRow("async-hierarchical", f"DiLoCo H={SYNC_EVERY}, asynchronous, merged per region first (full weight "
+              f"when stale)", (*OUTER_AVERAGE, ("outer_sync", "async-hierarchical"))),
     HeteroRow("recipe", "planner's WAN recipe (auto: local steps, H, P, tau, outer codec)"),
     HeteroRow("limit", "limit: zero-cost links, work balanced by speed (modelled)", limit=True),
 )
 """The rows run by default; those whose settings this geotrain lacks are skipped and listed. The `recipe` row's
-settings are the planner's (bench.hetero_predict.plan_recipe), chosen after the limit row has run."""
+settings are the planner's (bench.hetero_predict.plan_recipe), chosen after the limit row has run. The asynchronous
+rows run the runtime's defaults: a stale update at full weight (--async-staleness-power 0) and each rank's learning
+rate at the run's progress (docs/history/async-staleness.md: 0.87 -> 0.63 nats at 1000 steps)."""
 
 
 def hetero_config(**overrides: Any) -> WanBenchConfig:

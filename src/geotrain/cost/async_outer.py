@@ -16,12 +16,14 @@ process (member 0 of `links`), so its own round trip costs nothing.
     step_s = R / sum_r (H / p_r)             (seconds per R inner steps, one step of the equal schedule)
     fraction_r = H c_r / p_r
     s_r = p_r x sum_{j != r} 1 / p_j         (updates applied by the others while r computes: its staleness)
-    staleness factor = sum_r (1 / p_r) / sum_r ((1 + s_r) ** -0.5 / p_r)
+    staleness factor = sum_r (1 / p_r) / sum_r ((1 + s_r) ** -P / p_r)      (P: the staleness power)
 
 The factor is what the outer optimizer itself discounts: delayed Nesterov scales an update s stale by
-(1 + s) ** -0.5 (geotrain.optim.delayed_nesterov), so per second the model takes that share of the fresh updates'
-progress. It is a model of the optimizer's arithmetic, not a measured loss curve (measured async quality varies
-run to run: docs/history/heterogeneous-and-observability.md). The hierarchical variant is not priced.
+(1 + s) ** -P (geotrain.optim.delayed_nesterov), so per second the model takes that share of the fresh updates'
+progress. It is a model of the optimizer's arithmetic, not a measured loss curve. With the default P = 0 (every
+update at full weight) it is 1: on bench hetero at 1000 steps that run reached 0.7 nats sooner than adaptive
+synchronous steps and ended 0.003 below equal ones (docs/history/async-staleness.md), so no discount is charged.
+The hierarchical variant is not priced.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ from geotrain.errors import GeotrainError, shown
 if TYPE_CHECKING:
     from geotrain.comm.gather import GatherLinks
 
-STALENESS_POWER = 0.5
-"""Delayed Nesterov's default staleness weight (1 + s) ** -0.5: a gradient 3 updates stale counts half
-(geotrain.optim.delayed_nesterov applies it; its home is here, where it is priced)."""
+STALENESS_POWER = 0.0
+"""Delayed Nesterov's default staleness weight (1 + s) ** -P, P = 0: every update at full weight, as the inner steps
+it carries (geotrain.optim.delayed_nesterov applies it; its home is here, where it is priced). P = 0.5 (a gradient 3
+updates stale counts half) was the default until bench hetero measured it: 0.05 nats worse at 1000 steps and 0.16
+at 300 (docs/history/async-staleness.md)."""
 STALENESS_BOUND = 8
 """Asynchronous DiLoCo's default bound on an update's staleness (global updates applied since its replica took
 its model; geotrain.sync.async_server holds it, geotrain.sync.async_outer and DiLoCo default to it)."""
@@ -67,9 +71,10 @@ class AsyncPrice:
 
 
 def async_outer_price(replica_compute_s: float | Sequence[float], sync_every: int, model_bytes: float,
-                      links: GatherLinks, staleness_bound: int) -> AsyncPrice:
+                      links: GatherLinks, staleness_bound: int, staleness_power: float = STALENESS_POWER
+                      ) -> AsyncPrice:
     """The module doc's price for replicas computing `replica_compute_s` per inner step (member order of `links`,
-    the server at member 0), H = `sync_every`, an fp32 model of `model_bytes`."""
+    the server at member 0), H = `sync_every`, an fp32 model of `model_bytes`, the server's `staleness_power` P."""
     compute = replica_seconds(replica_compute_s)
     replicas = compute.size
     if links.members != replicas:
@@ -100,7 +105,7 @@ def async_outer_price(replica_compute_s: float | Sequence[float], sync_every: in
             period[others] *= during / staleness_bound
     rate = 1.0 / period
     staleness = period * (rate.sum() - rate) if staleness_bound > 0 else np.zeros(replicas)
-    weight = (1.0 + staleness) ** -STALENESS_POWER
+    weight = (1.0 + staleness) ** -staleness_power
     step_s = replicas / float(np.sum(sync_every * rate))
     return AsyncPrice(step_s, tuple(float(p) for p in period), tuple(float(x) for x in trip),
                       tuple(float(f) for f in sync_every * compute / period), tuple(float(s) for s in staleness),

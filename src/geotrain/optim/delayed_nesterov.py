@@ -16,7 +16,8 @@ So N fresh arrivals from one anchor move theta by exactly one synchronous Nester
 (torch.optim.SGD, nesterov=True; N = 1 is that step itself): the asynchronous run spreads a DiLoCo
 outer step over the arrivals that make it (tests/unit/optim/test_delayed_nesterov.py holds it to a
 hand computation). N defaults to the number of replicas (the paper's choice). Staleness weighting
-(power 0: off; 0.5: 1/sqrt(1 + s)) damps the gradient of a slow replica that started many updates ago.
+(power 0, the default: off; 0.5: 1/sqrt(1 + s)) damps the gradient of a slow replica that started many updates
+ago; measured on bench hetero it cost more than it saved (geotrain.cost.async_outer.STALENESS_POWER).
 
 All tensors are flat float32 (the global model as one buffer); the state is explicit and saved whole.
 """
@@ -32,8 +33,8 @@ import torch
 from geotrain.cost.async_outer import STALENESS_POWER
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError
 
-# STALENESS_POWER: the default staleness weight (1 + s) ** -0.5, a gradient 3 updates stale counts half; its home is
-# the cost model that prices it (geotrain.cost.async_outer)
+# STALENESS_POWER: the default staleness weight's power, 0 (every update at full weight; 0.5 counted a gradient 3
+# updates stale half); its home is the cost model that prices it (geotrain.cost.async_outer)
 
 
 def staleness_weight(staleness: int, power: float) -> float:

@@ -1,7 +1,8 @@
 """How asynchronous DiLoCo's server treats an arriving outer gradient before its outer optimizer applies it
 (`--async-merge`; geotrain.sync.async_server calls it once per applied update).
 
-- "staleness" (the default before): the gradient as it came; delayed Nesterov weighs it (1 + s) ** -0.5.
+- "staleness" (the default): the gradient as it came; delayed Nesterov weighs it (1 + s) ** -P
+  (`--async-staleness-power`, default 0: full weight, as the inner steps it carries).
 - "heloco" (after HeLoCo, Al Asif et al. 2026): a stale gradient (s > 0) loses its component that opposes
   the server's recent update direction r, and is kept whole where it is aligned:
 

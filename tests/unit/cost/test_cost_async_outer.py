@@ -25,7 +25,7 @@ def _links(latency_s: float, bps: float, nic_bps: float = np.inf, n: int = 2) ->
 
 
 def test_a_period_is_h_steps_and_the_blocking_round_trip_and_the_step_shares_the_rates():
-    price = async_outer_price([1.0, 4.0], 2, 1e6, _links(0.05, 1e9), staleness_bound=8)
+    price = async_outer_price([1.0, 4.0], 2, 1e6, _links(0.05, 1e9), staleness_bound=8, staleness_power=0.5)
     # replica 0 holds the server (no link); replica 1: 2 x 50 ms + 8e6 bit up and down at 1 Gbit/s
     trip = 0.1 + 2 * 8e6 / 1e9
     p0, p1 = 2.0, 8.0 + trip
@@ -97,3 +97,8 @@ def test_where_only_equal_steps_run_and_links_are_fast_async_wins_and_train_gets
     settings = recipe.runtime_settings()
     assert settings["optim"]["outer_sync"] == "async" and settings["comm"]["dp_codec"] == "none"
     assert WanRecipe.from_json(recipe.to_json()) == recipe
+
+
+def test_the_default_full_weight_charges_no_staleness():
+    price = async_outer_price([1.0, 4.0], 2, 1e6, _links(0.05, 1e9), staleness_bound=8)
+    assert min(price.staleness) > 0 and price.staleness_factor == 1.0 and price.charged_step_s == price.step_s
