@@ -47,6 +47,7 @@ from geotrain.cli.plan_explain import Option, explain_choice
 from geotrain.cli.plan_shards import add_shards_argument, shard_slots, sharded_compute_s
 from geotrain.cli.plan_money import (add_objective_argument, check_objective, money_line, plan_money,
                                     sharded_plan_money)
+from geotrain.cli.plan_codec_placement import place_with_codecs
 from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calibration_argument, add_recipe_arguments,
                                       calibration_of, devices_that_fit, price_recipe, recipe_documents,
                                       recipe_memory_bytes, recipe_tables, too_few_devices)
@@ -253,6 +254,13 @@ def run(args: Any) -> int:
             bound_limit = max(0.0, args.time_limit - (time.perf_counter() - started))
         with out.progress("lower bound", 1):
             result = with_lower_bound(problem, result, time_limit_s=bound_limit)
+    placed_codecs = None
+    if policy is not None and model.name == "yuan" and args.time_limit is None and not args.lower_bound:
+        with out.progress(f"{args.method} for compressed activations", 1):  # placement and codecs together
+            placed_codecs = place_with_codecs(
+                cluster, job, result, policy, evaluate=model.evaluate,
+                search=lambda m: run_search(args.method, PlacementProblem(cluster, m), seed=args.seed, options=options))
+        result = placed_codecs.result
     plan = search_plan(result, {"options": options, "seed": args.seed, **cluster_record(full_cluster),
                                 **job_record(job), "global_batch": job.global_batch, "cost_model": model.name,
                                 "time_limit_s": args.time_limit,
@@ -261,9 +269,11 @@ def run(args: Any) -> int:
     if args.uneven_split:
         split = uneven_split_document(cluster, job, model, result.assignment, args.utilisation)
         plan = replace(plan, split=plan_split(split, plan.stages))
-    choice = None if policy is None else choose_codecs(cluster, job, result.assignment, policy)
+    choice = placed_codecs.choice if placed_codecs is not None else (
+        None if policy is None else choose_codecs(cluster, job, result.assignment, policy))
     if choice is not None:
-        plan = replace(plan, codecs=plan_codecs(choice.to_json(), plan.stages))
+        placement = {} if placed_codecs is None else {"placement": placed_codecs.to_json()}
+        plan = replace(plan, codecs=plan_codecs({**choice.to_json(), **placement}, plan.stages))
     priced = None
     if args.wan_recipe == "auto":
         compute = None if sharding is None else sharded_compute_s(cluster, job, result.assignment, sharding,
@@ -276,6 +286,8 @@ def run(args: Any) -> int:
     if slots is not None:  # explained on the devices: every device of every slot
         live, placed = real, lift_slots(slots, placed)
     explanation = explain_choice(live, [replace(option, assignment=placed)])
+    if placed_codecs is not None and len(placed_codecs.tried) > 1:
+        explanation.append(placed_codecs.line())
     money = None if cluster.prices is None else (
         plan_money(cluster, job, result.assignment, option.step_s, priced) if slots is None
         else sharded_plan_money(real, job, placed, option.step_s, priced))
@@ -323,6 +335,9 @@ def run(args: Any) -> int:
         split_table(out, plan.split.to_json(), cost.total)
     if choice is not None:
         codec_tables(out, choice)
+        if placed_codecs is not None and len(placed_codecs.tried) > 1:
+            out.table("placement for the codecs (s per iteration with codecs, yuan)", ["placement searched", "total"],
+                      [[name, f"{total:.3f}"] for name, total in placed_codecs.tried.items()])
     if priced is not None:
         recipe_tables(out, cluster, result.assignment, priced)
     for line in explanation:
