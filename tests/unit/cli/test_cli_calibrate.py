@@ -28,9 +28,11 @@ def test_the_plan_charges_the_measured_step_on_the_gpu_it_stands_for(tmp_path, c
     assert measured["stands_for"] == "H100" and measured["params"] == 816_896 and measured["tokens_per_step"] == 768
     assert json.loads(calibration.read_text()) == measured
     assert main(["plan", "--cluster", str(tmp_path / "c.yaml"), "--job", str(tmp_path / "job.yaml"), "--stages", "1",
-                 "--replicas", "2", "--wan-recipe", "auto", "--calibration", str(calibration), "--json"]) == 0
+                 "--replicas", "2", "--wan-recipe", "auto", "--recipe-outer-sync", "sync", "--calibration",
+                 str(calibration), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["calibration"]["utilisation"] == pytest.approx(measured["utilisation"])
+    # synchronous recipes only: an asynchronous one's compute_s is its step, the server's round trips in it
     # the job's step is the calibrated one (same parameters and tokens): on an H100, the measured seconds; on an
     # A100, those x the peaks' ratio (as the emulator runs the cluster's fastest GPU at this machine's speed)
     slowest = max(gpu_peak_flops("H100") / gpu_peak_flops(gpu) for gpu in
