@@ -113,6 +113,11 @@ def _collect(supervisor: Supervisor, results_queue: Any, deadline: float, timeou
             # and the message should name the root cause (the dead one) first.
             time.sleep(0.5)
             messages += _drain(results_queue)
+        codes = supervisor.poll()
+        exited = {rank for rank in range(world_size) if codes[rank] is not None and rank not in results}
+        # a worker that exited after the drain above may have put its report first: it is still in the queue's
+        # pipe (a loaded CI host saw two ranks that exited with status 0 counted as silent)
+        messages += _await_reports(results_queue, exited - {rank for rank, _, _ in messages}, EXITED_REPORT_GRACE_S)
         errors = []
         for rank, status, value in messages:
             if status == "error":
@@ -120,7 +125,6 @@ def _collect(supervisor: Supervisor, results_queue: Any, deadline: float, timeou
             else:
                 results[rank] = pickle.loads(value)
         reported = set(results) | {rank for rank, _ in errors}
-        codes = supervisor.poll()
         silent = [(rank, codes[rank]) for rank in range(world_size) if rank not in reported and codes[rank] is not None]
         if silent or errors:
             parts = [f"worker rank {rank} died without reporting ({describe_exit(code)})" for rank, code in silent]
@@ -142,6 +146,19 @@ def _next_message(results_queue: Any, deadline: float) -> tuple[int, str, Any] |
         return results_queue.get(timeout=wait_s)
     except queue_module.Empty:
         return None
+
+
+EXITED_REPORT_GRACE_S = 2.0
+"""How long the launcher still reads the results queue for a worker it saw exit without a report (seconds)."""
+
+
+def _await_reports(results_queue: Any, ranks: set[int], grace_s: float) -> list[tuple[int, str, Any]]:
+    """The messages that arrive until each of `ranks` has reported or `grace_s` seconds have passed."""
+    messages: list[tuple[int, str, Any]] = []
+    end = time.monotonic() + grace_s
+    while ranks - {rank for rank, _, _ in messages} and time.monotonic() < end:
+        messages += _drain(results_queue)
+    return messages
 
 
 def _drain(results_queue: Any) -> list[tuple[int, str, Any]]:
