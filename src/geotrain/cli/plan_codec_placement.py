@@ -17,7 +17,7 @@ from typing import Any
 
 from geotrain.cluster import Cluster
 from geotrain.cost.codec_choice import CodecChoice, CodecPolicy, choose_codecs, codec_link_bytes
-from geotrain.cost.traffic import WireBytes, traffic_of_job
+from geotrain.cost.traffic import traffic_of_job
 from geotrain.cost.yuan import YuanCostModel
 from geotrain.job import Job
 from geotrain.search import SearchResult
@@ -32,22 +32,26 @@ class CodecPlacement:
     choice: CodecChoice
     tried: dict[str, float]
 
+    @property
+    def kept(self) -> str:
+        """The name of the placement kept: the fastest with its codecs (ties: the first tried)."""
+        return min(self.tried, key=self.tried.__getitem__)
+
     def line(self) -> str:
         """One sentence for the plan's explanation: which placement was kept, with codecs, against the other."""
-        kept = min(self.tried, key=self.tried.__getitem__)
+        kept = self.kept
         others = "; ".join(f"{name}: {total:.4g} s" for name, total in self.tried.items() if name != kept)
         return (f"Codecs: the placement {kept} is kept, {self.tried[kept]:.4g} s per iteration with its codecs "
                 f"({others} with its own; the seconds above are without codecs).")
 
     def to_json(self) -> dict[str, Any]:
         """The plan's codecs object's "placement" entry."""
-        return {"tried": self.tried, "kept": min(self.tried, key=self.tried.__getitem__)}
+        return {"tried": self.tried, "kept": self.kept}
 
 
 def activation_codec_model(cluster: Cluster, job: Job, stages: int, replicas: int, pp_codec: str) -> YuanCostModel:
     """The "yuan" model of `job` whose pipeline cuts carry `pp_codec`'s bytes (the DP exchange native)."""
-    wire = WireBytes(pp_intra=codec_link_bytes(pp_codec, job, "pp").pp_intra,
-                     pp_inter=codec_link_bytes(pp_codec, job, "pp").pp_inter)
+    wire = codec_link_bytes(pp_codec, job, "pp")  # the pipeline's bytes per value; the DP fields unset (native)
     return YuanCostModel(cluster, traffic_of_job(job, stages, replicas, wire=wire))
 
 
