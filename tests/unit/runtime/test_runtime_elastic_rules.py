@@ -51,6 +51,9 @@ def test_a_group_of_stages_fails_when_one_stage_fails_and_finishes_when_all_have
     assert group_code([None, None, None, 0, None], ranks) is None  # stage 0 done, stage 1 still writing
     assert group_code([None, None, None, None, -9], ranks) == -9  # one stage killed: the group failed
     assert group_code([None, None, None, 1, EXIT_GROUP_ERROR], ranks) == EXIT_GROUP_ERROR
+    # a stage SIGKILLed and its sibling's "no quorum" that followed (seen in one poll): a failure, restarted
+    assert group_code([None, None, None, -9, EXIT_GROUP_ERROR], ranks) == -9
+    assert group_code([None, None, None, EXIT_GROUP_ERROR, -15], ranks) == -15
     assert group_code([None, 1, 1, 0, 0], ranks) == 0
 
 

@@ -73,9 +73,14 @@ def check_reachable(endpoint: str, timeout_s: float) -> None:
 
 
 def group_code(codes: tuple[int | None, ...] | list[int | None], ranks: list[int]) -> int | None:
-    """A replica group's exit from its stages' (`ranks`): EXIT_GROUP_ERROR when a stage ended with its own
-    error, else the first failed stage's status, else 0 when every stage finished, else None (running)."""
+    """A replica group's exit from its stages' (`ranks`): a signal's status when a stage was killed (its
+    siblings' own errors follow from it: a stage 1 loses its group's torchft server with its stage 0, and
+    exits with "no quorum" before the launcher sees the kill), else EXIT_GROUP_ERROR when a stage ended with
+    its own error, else the first failed stage's status, else 0 when every stage finished, else None."""
     mine = [codes[r] for r in ranks]
+    killed = [code for code in mine if code is not None and code < 0]
+    if killed:
+        return killed[0]
     if EXIT_GROUP_ERROR in mine:
         return EXIT_GROUP_ERROR
     failed = [code for code in mine if code not in (None, 0)]
