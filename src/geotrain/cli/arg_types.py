@@ -37,7 +37,10 @@ def output_file(text: str) -> str:
     if not path.exists():  # access() says yes to root under /proc and /sys: make the file once, and remove it
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            path.unlink()
+            path.unlink(missing_ok=True)
+        except FileExistsError:  # made meanwhile, e.g. by another rank of a torchrun job checking the same path
+            if not os.access(path, os.W_OK):
+                raise argparse.ArgumentTypeError(f"{shown(text)}: not writable") from None
         except OSError as exc:
             raise argparse.ArgumentTypeError(f"{shown(text)}: not writable ({exc.strerror or exc})") from None
     return text

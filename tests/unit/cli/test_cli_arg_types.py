@@ -56,3 +56,22 @@ def test_bench_wan_refuses_numbers_it_could_never_finish_with(option, value, mes
     assert main(["bench", "wan", option, value]) == 2
     assert capsys.readouterr().err == f"geotrain: error: {message}\n"
     assert time.monotonic() - started < 30
+
+
+def test_an_output_file_made_by_another_process_while_checked_is_accepted(tmp_path, monkeypatch):
+    """Two ranks of a torchrun job check the same `--out` at once: the one whose trial file finds the other's is
+    not refused (a loaded CI host saw rank 1 exit with 'not writable (File exists)')."""
+    import os
+
+    from geotrain.cli.arg_types import output_file
+
+    target = tmp_path / "probed.yaml"
+    real_open = os.open
+
+    def other_rank_first(path, flags, mode=0o777):
+        real_open(path, os.O_WRONLY | os.O_CREAT, 0o644)  # the other rank's trial file, made first
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", other_rank_first)
+    assert output_file(str(target)) == str(target)
+    assert target.exists()  # the other rank's file is left to it
