@@ -1,7 +1,8 @@
 """An elastic run that loses a device for good continues on a re-plan from its checkpoint: the elastic
 S = 1, R = 2 run writes one copy of its state (one writer group) every 4 steps; `plan --exclude-devices`
 re-plans the live devices as R = 1; `train --resume` (not elastic) continues at the checkpoint's step with
-the same global batch, and `train --elastic --resume` on the old plan does too. Three launches."""
+the same global batch, and `train --elastic --resume` on the old plan does too, stopped by --stop-after 2 and resumed
+again. Four launches."""
 
 from __future__ import annotations
 
@@ -84,8 +85,14 @@ def test_an_elastic_run_that_loses_a_device_for_good_resumes_on_the_replan_from_
     assert "written_by" not in manifest and manifest["identity"]["replicas"] == 1
 
     (directory / "latest").write_text("step-000004\n")
-    again = _train(tmp_path, plan, "--elastic", "--resume", "--batch-size", "2", "--heartbeat-timeout", "1.5")
+    elastic_again = ("--elastic", "--resume", "--batch-size", "2", "--heartbeat-timeout", "1.5")
+    stopped = _train(tmp_path, plan, *elastic_again, "--stop-after", "2")  # steps 4 and 5, a checkpoint after 6
+    assert stopped.returncode == 0, stopped.stderr[-2000:]
+    first = json.loads(stopped.stdout)
+    assert first["summary"]["steps"] == 6 and (directory / "latest").read_text() == "step-000006\n"
+    again = _train(tmp_path, plan, *elastic_again)
     assert again.returncode == 0, again.stderr[-2000:]
     rerun = json.loads(again.stdout)
-    assert rerun["summary"]["steps"] == 8 and rerun["losses"][:4] == [None] * 4
-    assert rerun["losses"][4:] == elastic["losses"][4:]  # the same groups on the same state: bit for bit
+    assert rerun["summary"]["steps"] == 8 and rerun["losses"][:6] == [None] * 6
+    # the same groups on the same state, stopped and resumed once more: bit for bit
+    assert first["losses"][4:] + rerun["losses"][6:] == elastic["losses"][4:]

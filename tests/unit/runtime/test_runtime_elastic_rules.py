@@ -42,6 +42,19 @@ def test_the_same_settings_stay_accepted_with_one_stage():
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, **settings})) is None
 
 
+def test_stop_after_is_accepted_where_a_checkpoint_can_be_written_and_refused_in_one_line_elsewhere():
+    ok = [{"stop_after": 3}, {"stop_after": 4, "sync_every": 2, "checkpoint_dir": "ckpt"}]
+    for extra in ok:
+        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **extra)) is None
+    refused = [({"stop_after": 3, "sync_every": 2}, "--sync-every 2 stop at outer-round ends only"),
+               ({"stop_after": 3, "sync_every": 3, "local_steps": "adaptive"}, "run.stop_after 3 with --local-steps "
+                                                                               "adaptive: not built yet")]
+    for extra, words in refused:
+        with pytest.raises(RuntimeConfigError) as caught:
+            RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **extra)
+        assert str(caught.value).startswith("--elastic: ") and words in str(caught.value)
+
+
 def test_a_group_of_stages_fails_when_one_stage_fails_and_finishes_when_all_have():
     from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR
     from geotrain.runtime.elastic.launch import group_code

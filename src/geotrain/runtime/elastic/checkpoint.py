@@ -49,10 +49,11 @@ def writes_checkpoint(participating_rank: int | None) -> bool:
     return participating_rank == 0
 
 
-def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool) -> bool:
-    """Whether a checkpoint is due after `completed` steps: by the checkpoint settings, and only after a
-    step that synchronised (every step; with --sync-every the end of an outer round)."""
-    return synced and config.checkpoint.due(completed, config.run.steps)
+def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool, end: int | None = None) -> bool:
+    """Whether a checkpoint is due after `completed` steps of a launch ending at `end` (default: the run's end;
+    --stop-after's step otherwise): by the checkpoint settings, and only after a step that synchronised (every
+    step; with --sync-every the end of an outer round)."""
+    return synced and config.checkpoint.due(completed, config.run.steps if end is None else end)
 
 
 def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, completed: int, module: torch.nn.Module,

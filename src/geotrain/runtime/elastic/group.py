@@ -183,6 +183,11 @@ class ElasticGroup:
                                                   config.checkpoint.checkpoint_dir)
             self.observer.event("resume", self.state.step)
             self.resumed_from = (self.state.step,)  # kept on disk by --keep-checkpoints
+        # the step this launch ends at: the run's end, or --stop-after steps after the launch's start (the resumed
+        # checkpoint's step, whatever step a restarted group heals to): every group stops there, and the checkpoint
+        # written there is the next --resume's
+        run, start = config.run, self.resumed_from[0] if self.resumed_from else 0
+        self.end = run.steps if run.stop_after is None else min(run.steps, start + run.stop_after)
 
     def _group_store(self) -> Any:
         """The group's own TCPStore: stage 0 hosts a new one and posts its port under this start of the
@@ -356,9 +361,8 @@ class ElasticGroup:
             run_periods(self)  # adaptive local steps: the quorum meets at outer-sync indices
             return
         self.start()
-        total = self.config.run.steps
         last = time.perf_counter()
-        while self.state.step < total:
+        while self.state.step < self.end:
             step = self.state.step
             if self.due(step) and self.quorum_for != step:
                 self.quorum()
@@ -374,7 +378,7 @@ class ElasticGroup:
             self.state.records.append(record)
             self.observer.step(record)
             self.state.step = step + 1
-            if checkpoint_due(self.config, step + 1, record["synced"]) and \
+            if checkpoint_due(self.config, step + 1, record["synced"], self.end) and \
                     writes_checkpoint(self.manager.participating_rank()):
                 self.observer.event("checkpoint", step + 1, **save_group_checkpoint(
                     self.config, self.group, self.stage, step + 1, self.module, self.sync, self.model.boundaries,

@@ -18,7 +18,8 @@ peer, not from disk; the checkpoint is for the run's end or for a device lost fo
 resumed by `train --resume`, elastic or not). After a committed step that is due, the group with rank 0
 in that step's torchft quorum writes one copy of the state in the non-elastic format (one shard per
 stage); with --sync-every only at outer-round ends, so --checkpoint-every must be a multiple of H.
-`--elastic --resume` starts every group at the checkpoint's step.
+`--elastic --resume` starts every group at the checkpoint's step; `--stop-after K` stops every group K steps after
+the launch's start (with --sync-every: K a multiple of H), with a checkpoint there.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.local_steps == "adaptive" and config.checkpoint.resume,
          "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
          "starts from scratch)"),
+        (optim.local_steps == "adaptive" and config.run.stop_after is not None,
+         f"run.stop_after {config.run.stop_after} with --local-steps adaptive: not built yet (an elastic adaptive run "
+         f"does not resume, so it runs to its end)"),
+        (optim.sync_every is not None and config.run.stop_after is not None
+         and config.run.stop_after % optim.sync_every != 0,
+         f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
+         f"outer-round ends only (their checkpoints are written there); use a multiple of {optim.sync_every}"),
     )
     return next((text for failed, text in reasons if failed), pipeline_refusal(config))
 
