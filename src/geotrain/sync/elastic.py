@@ -142,7 +142,9 @@ class QuorumCollective:
 class ManagerExchange:
     """DPExchange over a torchft Manager's quorum (see the module doc). `manager`: a torchft Manager whose
     quorum for this step was started; `healed()`: True when this group loaded a peer's state in the
-    quorum just started; `weight_on_heal`: this group's weight in such a quorum (0 with --sync-every);
+    quorum just started; `weight`: this group's weight in a quorum (its share of the global batch in
+    replica-equivalents, n_g / batch_size: 1 with equal shares, runtime/batch_shares.py); `weight_on_heal`: its
+    weight in a quorum it just healed into (0 with --sync-every);
     `start_quorum`: how a retry starts a new quorum (default: the manager's); `abort`: aborts the
     process group after a failed exchange (its next quorum configures a new one). `codec` (with
     `error_feedback`, and `pg`: the Manager's process group): a compressed exchange through the codec
@@ -150,7 +152,7 @@ class ManagerExchange:
     `comm_s`: wall seconds spent in the collectives and commits so far (retries and their quorums included)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], manager: Any, healed: Callable[[], bool],
-                 weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES,
+                 weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES, weight: float = 1.0,
                  start_quorum: Callable[[], None] | None = None, abort: Callable[[], None] | None = None,
                  codec: CodecSpec | str | None = None, error_feedback: bool = True, pg: Any = None) -> None:
         self.params = list(params)
@@ -159,6 +161,7 @@ class ManagerExchange:
         self.start_quorum = manager.start_quorum if start_quorum is None else start_quorum
         self.healed = healed
         self.weight_on_heal = weight_on_heal
+        self.weight = weight
         self.retries = retries
         self.failed_quorums = 0
         self.contributors = 0.0
@@ -196,7 +199,7 @@ class ManagerExchange:
         self.side_sum = None
         with timer:
             grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-            weight = self.weight_on_heal if self.healed() else 1.0
+            weight = self.weight_on_heal if self.healed() else self.weight
         started = time.perf_counter()
         for attempt in range(self.retries + 1):
             if attempt:

@@ -9,6 +9,7 @@ from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.elastic.rules import elastic_refusal
 from paths import ROOT
+from two_gpus import TWO_GPUS_YAML
 
 CLUSTER = load_cluster(str(ROOT / "tests" / "data" / "wan-2x2.yaml"))
 ELASTIC = {"elastic": True, "time_scale": 0.0}
@@ -42,16 +43,19 @@ def test_the_same_settings_stay_accepted_with_one_stage():
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, **settings})) is None
 
 
-def test_stop_after_is_accepted_where_a_checkpoint_can_be_written_and_refused_in_one_line_elsewhere():
-    ok = [{"stop_after": 3}, {"stop_after": 4, "sync_every": 2, "checkpoint_dir": "ckpt"}]
+def test_stop_after_and_batch_shares_are_accepted_where_built_and_refused_in_one_line_elsewhere(tmp_path):
+    ok = [{"stop_after": 3}, {"stop_after": 4, "sync_every": 2, "checkpoint_dir": "ckpt"}, {"batch_shares": "1,3"}]
     for extra in ok:
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **extra)) is None
     refused = [({"stop_after": 3, "sync_every": 2}, "--sync-every 2 stop at outer-round ends only"),
                ({"stop_after": 3, "sync_every": 3, "local_steps": "adaptive"}, "run.stop_after 3 with --local-steps "
-                                                                               "adaptive: not built yet")]
+                                                                               "adaptive: not built yet"),
+               ({"batch_shares": "measured"}, "schedule.batch_shares 'measured': not built yet for elastic groups")]
+    gpus = tmp_path / "two.yaml"  # 'measured' starts from the GPUs' speeds
+    gpus.write_text(TWO_GPUS_YAML)
     for extra, words in refused:
         with pytest.raises(RuntimeConfigError) as caught:
-            RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **extra)
+            RuntimeConfig.of(load_cluster(str(gpus)), [[0, 1]], **ELASTIC, **extra)
         assert str(caught.value).startswith("--elastic: ") and words in str(caught.value)
 
 

@@ -63,6 +63,7 @@ from geotrain.observe.observer import open_elastic_observer
 from geotrain.errors import GeotrainError
 from geotrain.models import lr_at
 from geotrain.procs import set_process_name
+from geotrain.runtime.batch_shares import share_offset
 from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_checkpoint, restore_group_state,
@@ -168,8 +169,12 @@ class ElasticGroup:
                                     f"{_first_line(exc)}") from None
         outer = config.optim.sync_every is not None
         self.options = options = config.sync_options(stage)
-        self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed,
-                                        weight_on_heal=0.0 if outer else 1.0, start_quorum=self.quorum,
+        # --batch-shares: this group's windows of each step's global batch; its gradient weighs by them in the
+        # quorum's mean (the full-batch gradient over the quorum's windows: runtime/batch_shares.py)
+        self.shares = config.batch_shares()
+        weight = self.shares[group] / config.schedule.batch_size
+        self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed, weight=weight,
+                                        weight_on_heal=0.0 if outer else weight, start_quorum=self.quorum,
                                         abort=lambda: self.process_group.abort(), codec=options.exchange.codec,
                                         error_feedback=options.exchange.error_feedback, pg=self.process_group)
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
@@ -340,15 +345,19 @@ class ElasticGroup:
         self.timer.seconds = 0.0
         comm_before = self.exchange.comm_s
         mark = None if self.links is None else self.links.transfer_mark()
-        x, y = self.data.batch(cfg.data.data_seed, step, self.group if batch_slice is None else batch_slice,
-                               cfg.replicas, cfg.schedule.batch_size, self.seq_len)
+        if batch_slice is None and cfg.schedule.batch_shares != "equal":
+            x, y = self.data.share(cfg.data.data_seed, step, share_offset(self.shares, self.group),
+                                   self.shares[self.group], sum(self.shares), self.seq_len)
+        else:
+            x, y = self.data.batch(cfg.data.data_seed, step, self.group if batch_slice is None else batch_slice,
+                                   cfg.replicas, cfg.schedule.batch_size, self.seq_len)
         self.sync.set_lr(lr_at(step if lr_step is None else lr_step, cfg.run.steps, cfg.optim.lr))
         self.sync.optimizer.zero_grad(set_to_none=True)
         loss = self.model.train_step(x, y)
         dp_bytes = self.sync.step(step, self.timer).dp_bytes
         synced = self.due(step) and not isinstance(self.sync, ElasticAdaptiveSync)
         sent = None if mark is None else self.links.transfers_since(mark)
-        return {"step": step, "loss": loss, "synced": synced, "batch_sum": int(x.sum()),
+        return {"step": step, "loss": loss, "synced": synced, "batch_sum": int(x.sum()), "samples": int(x.shape[0]),
                 "contributors": self.exchange.contributors if synced else None,
                 "params_sha256": params_digest(self.params) if synced else None, "emulated_s": self.emulated_s(),
                 "compute_s": self.timer.seconds, "comm_s": self.exchange.comm_s - comm_before, "dp_bytes": dp_bytes,

@@ -9,7 +9,8 @@ replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulat
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
 later) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
-geotrain.sync.elastic_adaptive); any codec of geotrain.codecs with or without error feedback (the codec
+geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group
+its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or without error feedback (the codec
 reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical),
 AdamW. With --netlab: --time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
@@ -91,6 +92,9 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.local_steps == "adaptive" and config.checkpoint.resume,
          "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
          "starts from scratch)"),
+        (config.schedule.batch_shares == "measured",
+         "schedule.batch_shares 'measured': not built yet for elastic groups (re-balancing needs every group of a "
+         "changing quorum to agree on the measured speeds); use speed or explicit weights"),
         (optim.local_steps == "adaptive" and config.run.stop_after is not None,
          f"run.stop_after {config.run.stop_after} with --local-steps adaptive: not built yet (an elastic adaptive run "
          f"does not resume, so it runs to its end)"),

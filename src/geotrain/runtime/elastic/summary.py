@@ -136,12 +136,14 @@ def read_groups(result_dir: Path, groups: int, stages: int = 1) -> dict[int, dic
 
 
 def mean_losses(finished: dict[int, dict[str, Any]], steps: int) -> list[float]:
-    """Per step, the mean loss over the finished groups that ran it (a rejoined group lacks early steps)."""
-    per_step: list[list[float]] = [[] for _ in range(steps)]
+    """Per step, the mean loss over the sequences of the finished groups that ran it (a rejoined group lacks early
+    steps; with --batch-shares each group's loss weighs by its `samples`)."""
+    per_step: list[list[tuple[float, int]]] = [[] for _ in range(steps)]
     for summary in finished.values():
         for record in summary["records"]:
-            per_step[record["step"]].append(record["loss"])
-    return [sum(values) / len(values) if values else float("nan") for values in per_step]
+            per_step[record["step"]].append((record["loss"], record.get("samples", 1)))
+    return [sum(loss * n for loss, n in values) / sum(n for _, n in values) if values else float("nan")
+            for values in per_step]
 
 
 def stall_seconds(finished: dict[int, dict[str, Any]], never_failed: set[int]) -> float:
