@@ -1,6 +1,9 @@
 """`geotrain train --sync-every H --sync-moments` on the 2x2 test plan, real processes over gloo: the syncs
 carry the moments beside the outer gradients (bytes as the codecs declare), replicas agree, a checkpoint
-holds the first moment's anchor (stop and resume = one run), and the flag's misuse is refused."""
+holds the first moment's anchor (stop and resume = one run), and the flag's misuse is refused.
+
+A launch costs seconds of start-up and its steps a fraction of one: every run is 12 steps (three syncs),
+and the runs that do not wait on another start side by side."""
 
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ import sys
 
 import pytest
 
+from geotrain.cli.main import main as cli_main
 from geotrain.codecs import get_codec
 from runtime_2x2 import write_job_files
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
+STEPS = 12
 
 
 @pytest.fixture(scope="module")
@@ -21,20 +26,36 @@ def files(tmp_path_factory) -> dict[str, str]:
     return write_job_files(tmp_path_factory.mktemp("job"))
 
 
-def _train(files: dict[str, str], *extra: str, steps: int = 8) -> dict:
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
-                           "--time-scale", "0", "--steps", str(steps), "--dp-codec", "int8-block", "--json",
-                           "--sync-every", "4", "--outer-lr", "1", "--outer-momentum", "0", *extra],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+def _start(files: dict[str, str], *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan",
+                             files["plan"], "--time-scale", "0", "--steps", str(STEPS), "--dp-codec", "int8-block",
+                             "--json", "--sync-every", "4", "--outer-lr", "1", "--outer-momentum", "0", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _report(proc: subprocess.Popen) -> dict:
+    try:
+        out, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    return json.loads(out)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_moment_sync_bytes_replicas_and_resume(files, tmp_path):
-    plain = _train(files)
-    report = _train(files, "--sync-moments", "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "4")
+    checkpoints = ("--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "4")
+    procs = [_start(files), _start(files, "--sync-moments", "--checkpoint-dir", str(tmp_path / "a"),
+                                   "--checkpoint-every", "4"),
+             _start(files, "--sync-moments", "--moment-syncs", "1"),
+             _start(files, "--sync-moments", *checkpoints, "--stop-after", "4")]
+    plain, report, first_only, stopped = [_report(proc) for proc in procs]
+    # 12 steps, stopped after 4: the sync after step 7 needs the first moment's anchor and the residuals
+    # the checkpoint restored, and steps 8-11 show it
+    resumed = _report(_start(files, "--sync-moments", *checkpoints, "--resume"))
     assert report["summary"]["replicas_in_sync"]
     assert report["losses"][:4] == plain["losses"][:4]  # the same until the first sync lands
     assert report["losses"][4:] != plain["losses"][4:]  # the moments changed the next period
@@ -45,35 +66,30 @@ def test_moment_sync_bytes_replicas_and_resume(files, tmp_path):
     int8 = get_codec("int8-block")
     numel = next(n for n in range(plain_bytes // 2, plain_bytes + 1) if int8.wire_nbytes((n,)) == plain_bytes)
     assert sync_bytes == 2 * int8.wire_nbytes((numel,)) + get_codec("log-block").wire_nbytes((numel,))
-    # --moment-syncs 1: the first sync carries the moments, the second the outer gradients alone
-    first_only = _train(files, "--sync-moments", "--moment-syncs", "1")
+    # --moment-syncs 1: the first sync carries the moments, the second and third the outer gradients alone
     assert first_only["summary"]["replicas_in_sync"]
     assert first_only["losses"][:8] == report["losses"][:8]  # the same until the second sync lands
-    assert [row["dp_bytes"] for row in first_only["iterations"]][3::4] == [sync_bytes, plain_bytes]
-    # 12 steps, stopped after 4: the sync after step 7 needs the first moment's anchor and the residuals
-    # the checkpoint restored, and steps 8-11 show it
-    whole = _train(files, "--sync-moments", steps=12)
-    stopped = _train(files, "--sync-moments", "--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "4",
-                     "--stop-after", "4", steps=12)
-    resumed = _train(files, "--sync-moments", "--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "4",
-                     "--resume", steps=12)
-    assert stopped["losses"] == whole["losses"][:4]
-    assert resumed["losses"] == whole["losses"]  # the resumed report holds the checkpoint's steps too
+    assert [row["dp_bytes"] for row in first_only["iterations"]][3::4] == [sync_bytes, plain_bytes, plain_bytes]
+    assert stopped["losses"] == report["losses"][:4]
+    assert resumed["losses"] == report["losses"]  # the resumed report holds the checkpoint's steps too
 
 
-def test_moment_syncs_without_sync_moments_is_refused_in_one_line(files):
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
-                           "--time-scale", "0", "--steps", "2", "--sync-every", "2", "--moment-syncs", "1"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0
-    assert "--moment-syncs says how many outer syncs carry the moments: it needs optim.sync_moments" in done.stderr
-    assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
+def _refusal(files: dict[str, str], capsys, *extra: str) -> str:
+    """`geotrain train` in this process (the refusal comes before any launch): its stderr, after exit 2."""
+    code = cli_main(["train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
+                     "--time-scale", "0", "--steps", "2", *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    return err
 
 
-def test_moment_sync_without_sync_every_is_refused_in_one_line(files):
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
-                           "--time-scale", "0", "--steps", "2", "--sync-moments"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0
-    assert "--sync-moments is Streaming DiLoCo's: it needs optim.sync_every" in done.stderr
-    assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
+def test_moment_syncs_without_sync_moments_is_refused_in_one_line(files, capsys):
+    err = _refusal(files, capsys, "--sync-every", "2", "--moment-syncs", "1")
+    assert "--moment-syncs says how many outer syncs carry the moments: it needs optim.sync_moments" in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
+
+
+def test_moment_sync_without_sync_every_is_refused_in_one_line(files, capsys):
+    err = _refusal(files, capsys, "--sync-moments")
+    assert "--sync-moments is Streaming DiLoCo's: it needs optim.sync_every" in err
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
