@@ -1,5 +1,7 @@
 """`geotrain train --sync-every H --fragments P --sync-delay TAU --sync-mix ALPHA` (Streaming DiLoCo in the
-runtime) on the 2x2 test plan, real processes over gloo (--time-scale 0), and the flags' validation."""
+runtime) on the 2x2 test plan, real processes over gloo (--time-scale 0), and the flags' validation.
+
+The four runs the first two tests read start side by side, once (a launch costs seconds of start-up)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 
 import pytest
 
+from geotrain.cli.main import main as cli_main
 from geotrain.runtime.sections import OptimSection, RuntimeConfigError
 from runtime_2x2 import write_job_files
 
@@ -20,25 +23,45 @@ def files(tmp_path_factory) -> dict[str, str]:
     return write_job_files(tmp_path_factory.mktemp("job"))
 
 
-def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = 6) -> dict:
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
-                           "--time-scale", time_scale, "--steps", str(steps), "--dp-codec", "int8-block", "--json",
-                           *extra],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+def _start(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = 8) -> subprocess.Popen:
+    return subprocess.Popen([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan",
+                             files["plan"], "--time-scale", time_scale, "--steps", str(steps), "--dp-codec",
+                             "int8-block", "--json", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def reports(files) -> dict[str, dict]:
+    """8-step runs with H=4: blocking, streamed (P=2, tau=1, alpha=0.5 on emulated links), and fragments
+    cut by layers and by bytes (tau=0)."""
+    procs = {
+        "blocking": _start(files, "--sync-every", "4"),
+        "streamed": _start(files, "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5",
+                           time_scale="1e-3"),
+        **{split: _start(files, "--sync-every", "4", "--fragments", "2", "--fragment-split", split)
+           for split in ("layers", "bytes")}}
+    done = {}
+    try:
+        for name, proc in procs.items():
+            out, err = proc.communicate(timeout=400)
+            assert proc.returncode == 0, f"{name}: {err[-2000:]}"
+            done[name] = json.loads(out)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return done
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_streaming_sends_one_fragment_per_sync_posted_when_it_lands_and_keeps_replicas_equal(files):
+def test_streaming_sends_one_fragment_per_sync_posted_when_it_lands_and_keeps_replicas_equal(reports):
     """H=4, P=2, tau=1 on emulated links against blocking H=4 (tau = 0 equal to blocking is
     tests/unit/sync's): fragment 1 starts after step 1 and lands after step 2, fragment 0 after
     steps 3 -> 4 and fragment 1 again 5 -> 6; the last step syncs both, blocking. Each landing step
     records the posted collective's bytes and its emulated link time as DP communication."""
-    blocking = _train(files, "--sync-every", "4", steps=8)
-    report = _train(files, "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5",
-                    time_scale="1e-3", steps=8)
+    blocking, report = reports["blocking"], reports["streamed"]
     nbytes = [row["dp_bytes"] for row in report["iterations"]]
     seconds = [row["comm_measured"]["dp"] for row in report["iterations"]]
     assert [b > 0 for b in nbytes] == [False, False, True, False, True, False, True, True]
@@ -55,12 +78,13 @@ def test_streaming_sends_one_fragment_per_sync_posted_when_it_lands_and_keeps_re
     assert max(report["bytes"]["dp_per_stage"]) == max(nbytes)
 
 
-def test_fragments_cut_at_equal_bytes_carry_equal_shares_and_keep_replicas_equal(files):
+@pytest.mark.timeout(600)
+def test_fragments_cut_at_equal_bytes_carry_equal_shares_and_keep_replicas_equal(reports):
     """--fragment-split bytes: the two fragments' syncs (steps 1 and 3; the last step syncs both) carry the same
     bytes to within a row of each stage's cut; cut between tensors they differ by a tensor's worth."""
     shares = {}
     for split in ("layers", "bytes"):
-        report = _train(files, "--sync-every", "4", "--fragments", "2", "--fragment-split", split, steps=8)
+        report = reports[split]
         nbytes = [row["dp_bytes"] for row in report["iterations"]]
         assert [b > 0 for b in nbytes] == [False, True, False, True, False, True, False, True]
         assert max(nbytes[1], nbytes[3]) < 0.6 * nbytes[7] and report["summary"]["replicas_in_sync"]
@@ -87,10 +111,11 @@ def test_streaming_settings_are_refused_in_one_line_naming_the_key(options, mess
         OptimSection(**options)
 
 
-def test_streaming_flags_without_sync_every_are_refused_by_train(files):
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
-                           "--time-scale", "0", "--steps", "2", "--sync-mix", "0.5"],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0  # (--sync-delay alone is delayed gradients: geotrain.sync.delayed)
-    assert "--sync-mix is Streaming DiLoCo's: it needs optim.sync_every" in done.stderr  # the flag typed, named
-    assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1
+def test_streaming_flags_without_sync_every_are_refused_by_train(files, capsys):
+    # `geotrain train` in this process: the refusal comes before any launch
+    code = cli_main(["train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"],
+                     "--time-scale", "0", "--steps", "2", "--sync-mix", "0.5"])
+    err = capsys.readouterr().err
+    assert code == 2, err  # (--sync-delay alone is delayed gradients: geotrain.sync.delayed)
+    assert "--sync-mix is Streaming DiLoCo's: it needs optim.sync_every" in err  # the flag typed, named
+    assert len([line for line in err.splitlines() if line.strip()]) == 1
