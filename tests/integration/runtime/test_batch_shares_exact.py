@@ -48,7 +48,9 @@ def _flat_grad(model: torch.nn.Module) -> np.ndarray:
     return torch.cat([p.grad.flatten() for p in model.parameters()]).numpy().copy()
 
 
-def _replica(rank: int, port: int, weighted: bool, queue) -> None:
+def _replica(rank: int, port: int, queue) -> None:
+    """One replica's gradient of its share, averaged as the DP exchanges do: weighted by its share, and as the
+    plain mean (both from the same local gradient, one process group)."""
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -59,25 +61,37 @@ def _replica(rank: int, port: int, weighted: bool, queue) -> None:
         model = _model(data.vocab_size)
         x, y = data.share(SEED, STEP, share_offset(SHARES, rank), SHARES[rank], sum(SHARES), SEQ)
         _gradient(model, x, y)
-        if weighted:
-            weight_gradients(list(model.parameters()), gradient_factor(SHARES, rank))
-        for p in model.parameters():  # the DP exchanges' mean
-            dist.all_reduce(p.grad)
-            p.grad /= len(SHARES)
-        queue.put((rank, _flat_grad(model)))
+        params = list(model.parameters())
+        local = [p.grad.clone() for p in params]
+        averaged = {}
+        for weighted in (True, False):
+            for p, g in zip(params, local):
+                p.grad = g.clone()
+            if weighted:
+                weight_gradients(params, gradient_factor(SHARES, rank))
+            for p in params:  # the DP exchanges' mean
+                dist.all_reduce(p.grad)
+                p.grad /= len(SHARES)
+            averaged[weighted] = _flat_grad(model)
+        queue.put((rank, averaged))
     finally:
         dist.destroy_process_group()
 
 
-def _sharded_gradient(weighted: bool) -> np.ndarray:
+def _start_replicas() -> tuple[list, object]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_replica, args=(rank, port, weighted, queue)) for rank in range(len(SHARES))]
+    procs = [ctx.Process(target=_replica, args=(rank, port, queue)) for rank in range(len(SHARES))]
     for proc in procs:
         proc.start()
+    return procs, queue
+
+
+def _sharded_gradients(procs: list, queue) -> dict[bool, np.ndarray]:
+    """{weighted: the mean gradient} from the replicas `_start_replicas` started."""
     try:
         grads = dict(queue.get(timeout=120) for _ in procs)
     finally:
@@ -85,8 +99,11 @@ def _sharded_gradient(weighted: bool) -> np.ndarray:
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
-    assert all(np.array_equal(grads[0], grads[r]) for r in grads)  # every replica holds the same mean
-    return grads[0]
+    means = {}
+    for weighted in (True, False):  # every replica holds the same mean
+        assert all(np.array_equal(grads[0][weighted], grads[r][weighted]) for r in grads)
+        means[weighted] = grads[0][weighted]
+    return means
 
 
 def _full_batch() -> tuple[np.ndarray, float]:
@@ -113,9 +130,15 @@ def _tolerance(scale: float) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_weighted_shares_give_the_full_batch_gradient_and_the_unweighted_mean_does_not():
-    full, scale = _full_batch()
+    procs, queue = _start_replicas()  # (they start while this process computes the full batch)
+    try:
+        full, scale = _full_batch()
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+        raise
     tolerance = _tolerance(scale)
-    weighted = _sharded_gradient(weighted=True)
-    assert np.abs(weighted - full).max() <= tolerance
-    unweighted = _sharded_gradient(weighted=False)  # the bug: a plain mean of unequal shares
+    sharded = _sharded_gradients(procs, queue)
+    assert np.abs(sharded[True] - full).max() <= tolerance
+    unweighted = sharded[False]  # the bug: a plain mean of unequal shares
     assert np.abs(unweighted - full).max() > 1000 * tolerance
