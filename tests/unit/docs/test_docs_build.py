@@ -3,12 +3,12 @@ without its page, a page outside the nav, a docstring cross-reference that resol
 generated reference covers the code it is generated from."""
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from geotrain.cli import reference
 from geotrain.cli.main import build_parser
@@ -24,11 +24,18 @@ def mkdocs_build(root: Path, site: Path) -> subprocess.CompletedProcess:
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
-def site_copy(tmp_path: Path) -> Path:
-    """mkdocs.yml and docs/ in a temporary folder (the hook imports geotrain, installed)."""
+def minimal_site(tmp_path: Path, pages: dict[str, str]) -> Path:
+    """A two-page site in a temporary folder under the repository's mkdocs.yml settings (strict, validation,
+    theme, markdown extensions), without the hook and mkdocstrings: a build of seconds, not of the whole docs."""
     root = tmp_path / "repo"
-    shutil.copytree(ROOT / "docs", root / "docs", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "mkdocs.yml", root / "mkdocs.yml")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert config["strict"] is True and config["validation"]["unrecognized_links"] == "warn"
+    config.pop("hooks")
+    config.update(plugins=["search"], nav=[{"Home": "index.md"}, {"Guide": [{"Quick start": "guide/quick-start.md"}]}])
+    for name, text in pages.items():
+        (root / "docs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "docs" / name).write_text(text)
+    (root / "mkdocs.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     return root
 
 
@@ -44,12 +51,14 @@ def test_the_site_builds_strict_with_the_generated_reference(tmp_path):
 
 
 def test_a_broken_link_fails_the_strict_build(tmp_path):
-    root = site_copy(tmp_path)
+    root = minimal_site(tmp_path, {"index.md": "# geotrain\n\nStart with [the quick start](guide/quick-start.md).\n",
+                                   "guide/quick-start.md": "# Quick start\n\nBack [home](../index.md).\n"})
     page = root / "docs" / "guide" / "quick-start.md"
     page.write_text(page.read_text() + "\nSee [the missing page](no-such-page.md).\n")
     done = mkdocs_build(root, tmp_path / "site")
     said = done.stdout + done.stderr
     assert done.returncode != 0
+    # one warning: the broken link, the only one on the site
     assert "'guide/no-such-page.md' is not found" in said and "Aborted with 1 warnings in strict mode" in said
 
 
