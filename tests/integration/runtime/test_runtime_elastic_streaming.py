@@ -2,18 +2,19 @@
 --sync-delay 1 --dp-codec int8-block, the codec reducer on torchft's group: geotrain.sync.elastic).
 Without a fault it trains the non-elastic run's numbers bit for bit; with group 1 SIGKILLed it finishes
 without a global restart, the restarted group recovers from its peer and the replicas end equal. Three
-launches, shared by the assertions."""
+launches, shared by the assertions, one after another in one process (tests/one_interpreter.py: the second and
+third launches skip the seconds of imports of the first; none runs beside another, so the elastic timings are as
+alone)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from one_interpreter import OneInterpreter
 from paths import ROOT
 
 pytest.importorskip("torchft")
@@ -27,21 +28,22 @@ KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
 KILLED_STEPS = 150
 
 
-def _train(tmp: Path, *flags: str) -> dict:
-    plan = tmp / "plan.json"
-    plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
-    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan", str(plan), *TINY,
-                           *flags], capture_output=True, text=True, timeout=240, cwd=tmp,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return {**json.loads(done.stdout), "stderr": done.stderr}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic-streaming")
-    return {"plain": _train(tmp, "--steps", "24"), "elastic": _train(tmp, "--steps", "24", *ELASTIC),
-            "killed": _train(tmp, "--steps", str(KILLED_STEPS), *ELASTIC, "--chaos", KILL_GROUP_1)}
+    plan = tmp / "plan.json"
+    plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
+    flags = {"elastic": ["--steps", "24", *ELASTIC],  # elastic first: its fork server imports torchft for all
+             "killed": ["--steps", str(KILLED_STEPS), *ELASTIC, "--chaos", KILL_GROUP_1],
+             "plain": ["--steps", "24"]}
+    process = OneInterpreter([["train", "--cluster", CLUSTER, "--plan", str(plan), *TINY, *words]
+                              for words in flags.values()], tmp, "runs",
+                             env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
+    found = {}
+    for name, done in zip(flags, process.results()):
+        assert done.returncode == 0, (name, done.stderr)
+        found[name] = json.loads(done.stdout)
+    return found
 
 
 @pytest.mark.timeout(600)

@@ -11,8 +11,10 @@ weight, the default since, a loaded CI host saw 0.028); asynchronous hierarchica
 rounds reach the replicas through their region's server, whose region model, momentum and unmerged updates the
 checkpoint holds: sync/async_region.py) to within 0.1 nats and 0.02 in any parameter (arrival order is a race at
 --time-scale 0: three uninterrupted runs differed by up to 0.020 nats and 3.5e-3, resumed vs uninterrupted by 0.012 to
-0.049 nats and 3.0e-3 to 4.2e-3; the run moves its parameters by about 1e-2 after step 3). Launches run side by
-side."""
+0.049 nats and 3.0e-3 to 4.2e-3; the run moves its parameters by about 1e-2 after step 3).
+The fixture's twelve runs (not about the launch itself) go through two processes side by side, six command lines each
+(tests/one_interpreter.py: a launch's seconds of imports paid once per process); the Ctrl-C test's launches are
+`geotrain` processes, and the printed resume commands run in two processes likewise."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import pytest
 import torch
 
 from geotrain.runtime import checkpoint as ckpt
+from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import write_job_files
 from two_gpus import TWO_GPUS_YAML
 
@@ -78,16 +81,16 @@ def _words(files: dict[str, dict[str, str]], mode: str, directory: Path, *extra:
             *MODES[mode], "--checkpoint-dir", str(directory), *extra]
 
 
-def _run_all(commands: list[list[str]]) -> list[subprocess.CompletedProcess]:
-    """Run `geotrain` commands side by side; each must exit 0."""
-    procs = [subprocess.Popen([*GEOTRAIN, *words, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for words in commands]
-    done = []
-    for words, proc in zip(commands, procs):
-        out, err = proc.communicate(timeout=500)
-        assert proc.returncode == 0, f"{shlex.join(words)}:\n{err[-2000:]}"
-        done.append(subprocess.CompletedProcess(words, 0, out, err))
-    return done
+def _run_all(commands: list[list[str]], directory: Path) -> list[subprocess.CompletedProcess]:
+    """Run `geotrain` commands (with --json) in two processes side by side, the even-numbered ones in order in one and
+    the odd-numbered in the other (so commands i and i + 2 run one after the other); each must exit 0."""
+    halves = [OneInterpreter([[*words, "--json"] for words in commands[part::2]], directory, f"part{part}")
+              for part in range(2)]
+    done = results_of(halves)
+    ordered = [done[i % 2][i // 2] for i in range(len(commands))]
+    for run in ordered:
+        assert run.returncode == 0, f"{shlex.join(run.args)}:\n{run.stderr}"
+    return ordered
 
 
 def final_weights(directory: Path, steps: int, ranks: int = 2) -> list[dict[str, torch.Tensor]]:
@@ -117,12 +120,14 @@ def runs(files, tmp_path_factory) -> dict[str, dict]:
     """Per mode: the uninterrupted run (a checkpoint at its end), and the run stopped at STOP (checkpointing every
     step) then resumed; both ends' weights and the losses."""
     root = tmp_path_factory.mktemp("runs")
+    n = len(MODES)  # a mode's stopped run and its resumption are n (even) apart: the same process, in order
+    done = _run_all([*(_words(files, mode, root / f"{mode}-cut", "--checkpoint-every", "1", "--stop-after",
+                              str(STOP[mode])) for mode in MODES),
+                     *(_words(files, mode, root / f"{mode}-cut", "--checkpoint-every", "1", "--resume")
+                       for mode in MODES),
+                     *(_words(files, mode, root / f"{mode}-ref") for mode in MODES)], root)
+    stopped, resumed, reference = done[:n], done[n:2 * n], done[2 * n:]
     out: dict[str, dict] = {}
-    reference = _run_all([_words(files, mode, root / f"{mode}-ref") for mode in MODES])
-    stopped = _run_all([_words(files, mode, root / f"{mode}-cut", "--checkpoint-every", "1", "--stop-after",
-                               str(STOP[mode])) for mode in MODES])
-    resumed = _run_all([_words(files, mode, root / f"{mode}-cut", "--checkpoint-every", "1", "--resume")
-                        for mode in MODES])
     for i, mode in enumerate(MODES):
         out[mode] = {"ref": json.loads(reference[i].stdout), "stopped": json.loads(stopped[i].stdout),
                      "resumed": json.loads(resumed[i].stdout), "ref_dir": root / f"{mode}-ref",
@@ -217,7 +222,7 @@ def test_ctrl_c_then_the_printed_resume_command_ends_on_the_uninterrupted_runs_w
             if launcher.poll() is None:
                 os.killpg(launcher.pid, signal.SIGKILL)
                 launcher.wait()
-    resumed = _run_all(commands)
+    resumed = _run_all(commands, tmp_path)
     for mode, done in zip(MODES, resumed, strict=True):
         steps = _steps(mode)
         if mode in EXACT:

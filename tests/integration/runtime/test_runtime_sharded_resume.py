@@ -4,26 +4,26 @@ losses and on its weights and sync state, to the bit (the same plan, K and proce
 floats in the same order; each rank saves its own shard: runtime/shard_state.py). Streaming DiLoCo (P 2, tau 1) with
 int8-block and DiLoCo's outer Nesterov (momentum 0.9): at step 2 fragment 1's exchange is in flight (settled into the
 checkpoint), the inner AdamW's moments are DTensors, the outer momentum and the codec's residuals per-shard tensors.
-Launches: the uninterrupted run and the stopped one side by side, then the resumed one; a resume on the unsharded plan
-is refused before any worker starts."""
+Launches: the stopped run then the resumed one in one process, the uninterrupted run in another beside it
+(tests/one_interpreter.py: the second launch of a process skips its seconds of imports); a resume on the unsharded
+plan is refused before any worker starts (`geotrain train` in the test's process)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from geotrain.cli.main import main as cli_main
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.shard_state import LOCAL
+from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import CLUSTER_YAML
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-GEOTRAIN = [sys.executable, "-m", "geotrain"]
 SHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]],
            "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
 UNSHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]]}
@@ -33,19 +33,16 @@ STOP, STEPS, RANKS = 2, 8, 4
 
 
 def _words(root: Path, plan: str, directory: str, *extra: str) -> list[str]:
-    return [*GEOTRAIN, "train", "--cluster", str(root / "cluster.yaml"), "--plan", str(root / plan), *FLAGS,
+    return ["train", "--cluster", str(root / "cluster.yaml"), "--plan", str(root / plan), *FLAGS,
             "--checkpoint-dir", str(root / directory), *extra]
 
 
-def _run_all(commands: list[list[str]]) -> list[dict]:
-    """Run the commands side by side; each must exit 0; their --json reports."""
-    procs = [subprocess.Popen(words, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for words in commands]
-    reports = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=500)
-        assert proc.returncode == 0, err[-2000:]
-        reports.append(json.loads(out))
-    return reports
+def _reports(processes: list[OneInterpreter]) -> list[dict]:
+    """The --json reports of the processes' command lines, in order; each must exit 0."""
+    done = [run for results in results_of(processes) for run in results]
+    for run in done:
+        assert run.returncode == 0, run.stderr
+    return [json.loads(run.stdout) for run in done]
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +51,10 @@ def runs(tmp_path_factory) -> dict:
     (root / "cluster.yaml").write_text(CLUSTER_YAML)
     (root / "sharded.json").write_text(json.dumps(SHARDED))
     (root / "unsharded.json").write_text(json.dumps(UNSHARDED))
-    ref, stopped = _run_all([_words(root, "sharded.json", "ref"),
-                             _words(root, "sharded.json", "cut", "--checkpoint-every", "1", "--stop-after", str(STOP))])
-    [resumed] = _run_all([_words(root, "sharded.json", "cut", "--checkpoint-every", "1", "--resume")])
+    cut = OneInterpreter([_words(root, "sharded.json", "cut", "--checkpoint-every", "1", "--stop-after", str(STOP)),
+                          _words(root, "sharded.json", "cut", "--checkpoint-every", "1", "--resume")], root, "cut")
+    uninterrupted = OneInterpreter([_words(root, "sharded.json", "ref")], root, "ref")
+    stopped, resumed, ref = _reports([cut, uninterrupted])
     return {"root": root, "ref": ref, "stopped": stopped, "resumed": resumed}
 
 
@@ -116,11 +114,11 @@ def test_each_rank_saves_its_own_shard_of_the_weights_moments_and_sync_state(run
     assert not torch.equal(halves[0], halves[1])  # a slot's two shards hold different rows
 
 
-def test_resuming_a_sharded_checkpoint_on_another_k_is_refused_in_one_line(runs):
+def test_resuming_a_sharded_checkpoint_on_another_k_is_refused_in_one_line(runs, capsys):
     root = runs["root"]
-    done = subprocess.run(_words(root, "unsharded.json", "ref", "--resume"), capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip().splitlines()[-1] == (
+    code = cli_main(_words(root, "unsharded.json", "ref", "--resume"))  # in this process: refused before any launch
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1] == (
         f"geotrain: error: {root / 'ref' / 'step-000008'}: the checkpoint has K = 2 devices per slot (FSDP2 shards), "
         "this plan K = 1: its shards are cut for its K (resume with a plan of K = 2, plan --shards)")

@@ -3,7 +3,8 @@ processes holding FSDP2 shards of the tiny model, DiLoCo per shard across the si
 
 Runs (module fixture, 8 steps each): the sharded plan and the unsharded one (one process per site, the same
 replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a validation every 4 steps, then the
-sharded plan with int8-block, and with adaptive local steps.
+sharded plan with int8-block, and with adaptive local steps; two runs after one another in each of two processes
+side by side (tests/one_interpreter.py: a process's second launch skips its seconds of imports).
 Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
 (FSDP reduce-scatters the mean of the two shards' gradients of 4 sequences each; the unsharded rank sums the 8 at
 once), so their losses first differ in the last bits (2.4e-7 = 1 ulp of a loss near 3.8) and AdamW's normalised
@@ -14,14 +15,13 @@ one (a shard on the wrong rows, a gradient not averaged over the slot) fails it.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
+from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import CLUSTER_YAML
 
-GEOTRAIN = [sys.executable, "-m", "geotrain"]
 SHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]],
            "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
 UNSHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]]}
@@ -30,25 +30,31 @@ STREAMING = ("--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--ou
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def _train(root, plan: dict, *flags: str) -> dict:
-    (root / "cluster.yaml").write_text(CLUSTER_YAML)
-    (root / "plan.json").write_text(json.dumps(plan))
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", str(root / "cluster.yaml"), "--plan",
-                           str(root / "plan.json"), "--steps", "8", "--json", *flags],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+def _train(root: Path, name: str, plan: dict, *flags: str) -> list[str]:
+    """The words of `geotrain train` for `plan` (written into `root` as NAME.json) and `flags`."""
+    (root / f"{name}.json").write_text(json.dumps(plan))
+    return ["train", "--run-dir", "none", "--cluster", str(root / "cluster.yaml"), "--plan", str(root / f"{name}.json"),
+            "--steps", "8", "--json", *flags]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("sharded-train")
+    (root / "cluster.yaml").write_text(CLUSTER_YAML)
     emulated = ("--time-scale", "1e-3", "--eval-every", "4")
-    return {"sharded": _train(tmp_path_factory.mktemp("sharded"), SHARDED, *STREAMING, *emulated),
-            "unsharded": _train(tmp_path_factory.mktemp("unsharded"), UNSHARDED, *STREAMING, *emulated),
-            "int8": _train(tmp_path_factory.mktemp("int8"), SHARDED, *STREAMING, "--dp-codec", "int8-block",
-                           "--time-scale", "0"),
-            "adaptive": _train(tmp_path_factory.mktemp("adaptive"), SHARDED, "--sync-every", "4", "--local-steps",
-                               "adaptive", "--outer-lr", "1", "--outer-momentum", "0", "--time-scale", "0")}
+    commands = {"sharded": _train(root, "sharded", SHARDED, *STREAMING, *emulated),
+                "unsharded": _train(root, "unsharded", UNSHARDED, *STREAMING, *emulated),
+                "int8": _train(root, "int8", SHARDED, *STREAMING, "--dp-codec", "int8-block", "--time-scale", "0"),
+                "adaptive": _train(root, "adaptive", SHARDED, "--sync-every", "4", "--local-steps", "adaptive",
+                                   "--outer-lr", "1", "--outer-momentum", "0", "--time-scale", "0")}
+    parts = [("sharded", "adaptive"), ("unsharded", "int8")]
+    processes = [OneInterpreter([commands[name] for name in names], root, f"part{i}") for i, names in enumerate(parts)]
+    reports = {}
+    for names, results in zip(parts, results_of(processes)):
+        for name, done in zip(names, results):
+            assert done.returncode == 0, (name, done.stderr)
+            reports[name] = json.loads(done.stdout)
+    return reports
 
 
 def test_a_sharded_run_equals_the_unsharded_run_of_the_same_sites(runs):
