@@ -39,9 +39,10 @@ def new_group(ranks: Sequence[int] | None, timeout_s: float | None, backend: str
 PER_DEVICE_BACKEND = "cpu:gloo,cuda:nccl"
 """torch's per-device backend string: host tensors on gloo, GPU tensors on NCCL."""
 
-GROUP_DIMENSIONS = ("world", "replicate", "shard", "pipeline")
+GROUP_DIMENSIONS = ("world", "replicate", "shard", "pipeline", "replica")
 """What a group of a run spans: every rank; the same slot (or shard) of each replica (the data-parallel / outer
-sync group, across sites); the K shards of one slot (FSDP2); one replica's stages (and its tied weights)."""
+sync group, across sites); the K shards of one slot (FSDP2); one replica's stages (and its tied weights); every rank
+of one replica, its stages and shards (where adaptive local steps agree on host tensors)."""
 
 
 def group_backend(device_type: str, dimension: str, sites: int) -> str | None:

@@ -138,7 +138,6 @@ RULES: tuple[Rule, ...] = (
          built=True),
     Rule("adaptive", "moments", f"{_ADAPTIVE_STEPS}: the flat outer sync of one fragment only"),
     Rule("adaptive", "hierarchical", f"{_ADAPTIVE_STEPS}: the flat outer sync of one fragment only"),
-    Rule("adaptive", "pipeline", f"{_ADAPTIVE_STEPS}; a replica is one stage (the whole model)"),
     # asynchronous outer updates
     *(rule for mode in ("async", "async-hierarchical") for rule in (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),

@@ -170,20 +170,21 @@ class RuntimeConfig:
                                        delay=optim.sync_delay, mix=optim.sync_mix, landing=optim.sync_landing,
                                        warmup=optim.sync_warmup),
             heterogeneity=HeterogeneityOptions(local_steps=optim.local_steps,
-                                               local_steps_prior_s=self._step_prior_s(stage),
+                                               local_steps_prior_s=self._step_prior_s(),
                                                outer_sync=optim.outer_sync, async_merge=optim.async_merge,
                                                async_staleness_power=optim.async_staleness_power))
 
-    def _step_prior_s(self, stage: int) -> tuple[float, ...] | None:
-        """Adaptive local steps: 1 / peak FLOP/s of each replica's device at `stage` (replica order), the first
-        period's speeds before any step is measured; None otherwise or when a GPU type is unknown."""
+    def _step_prior_s(self) -> tuple[float, ...] | None:
+        """Adaptive local steps: 1 / peak FLOP/s of each replica's slowest device over its stages (replica order; the
+        same on every stage, so that a replica's stages share the first period alike), the first period's speeds
+        before any step is measured; None otherwise or when a GPU type is unknown."""
         if self.optim.local_steps != "adaptive":
             return None
         try:
             peaks = device_peak_flops(self.cluster)
         except UnknownGpuError:
             return None
-        return tuple(float(1.0 / peaks[d]) for d in self.assignment[stage])
+        return tuple(float(max(1.0 / peaks[d] for d in self.assignment[:, r])) for r in range(self.replicas))
 
     def split_weights(self) -> tuple[float, ...] | None:
         """Relative speed of each of the S x V pipeline stages for split_by_speed (virtual stage v runs on

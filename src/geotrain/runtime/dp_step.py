@@ -48,13 +48,14 @@ def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int],
 def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport: Transport, group: object,
                         hierarchy: HierarchicalGroups | None, rank: int, replicas: int,
                         cluster: Cluster | None = None, timeout_s: float | None = None,
-                        shard_group: object = None) -> GradientSync:
+                        shard_group: object = None, replica_group: object = None) -> GradientSync:
     """The gradient sync of global `rank`'s stage module over its stage's DP group `group` (the process
     group; a sharded slot's: the same shard's peers), the hierarchy of that group with --dp-hierarchical (else
     None); `replicas` R for clipping; `cluster`: its links choose the gathered exchanges' algorithm
     (geotrain.comm.gather; None: ring); `timeout_s`: the collective timeout of the groups it creates (the run's
     --comm-timeout); `shard_group`: a sharded slot's FSDP2 group (its parameters are DTensors: what the outer
-    sync cannot serve on them is refused in one line, geotrain.sync.sharded)."""
+    sync cannot serve on them is refused in one line, geotrain.sync.sharded); `replica_group`: the process group of
+    the replica's ranks (stages and shards) when it has more than one, where adaptive local steps agree."""
     layout = transport.layout
     slot = layout.slot(rank)
     named = list(stage.named_parameters())
@@ -68,7 +69,7 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
     devices = tuple(layout.dp_group_devices(slot.stage, slot.shard))
     links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
     dp_group = DPGroup(group, tuple(layout.dp_group_ranks(slot.stage, slot.shard)), devices, hierarchy, links,
-                       shard_group)
+                       replica_group)
     return make_gradient_sync(options, named, transport, dp_group, rank, world_sum_over_replicas(replicas))
 
 

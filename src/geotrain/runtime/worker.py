@@ -144,6 +144,11 @@ class Worker:
         self.slowdown = SlowDown(site_slowdowns(config.reliability.chaos, self.slot.replica), self.timer, emulation)
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
         self.pp_group = pp_groups[self.slot.replica][shard]
+        # adaptive local steps of a replica of several ranks (S stages x K shards): they agree on their step times in
+        # a group of the replica's ranks (host tensors: the per-device backend, not a site's NCCL group)
+        replica_groups = ([self._group([self.layout.rank_of(s, r, k) for s in range(S) for k in range(K)], "replica")
+                           for r in range(R)] if S * K > 1 and config.optim.local_steps == "adaptive" else None)
+        replica_group = None if replica_groups is None else replica_groups[self.slot.replica]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss, self.pp_group, device, self.timer)
         # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
@@ -151,7 +156,7 @@ class Worker:
                      if config.comm.dp_hierarchical else None)
         self.dp = stage_gradient_sync(config.sync_options(self.slot.stage), self.stage, self.transport,
                                       self.groups[self.slot.stage], hierarchy, rank, config.replicas,
-                                      config.cluster, self.timeout_s, self.shard_group)
+                                      config.cluster, self.timeout_s, self.shard_group, replica_group)
         self.records: list[dict[str, Any]] = []
         self.start_step = 0
 

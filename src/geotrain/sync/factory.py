@@ -75,7 +75,7 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
     if options.heterogeneity.local_steps == "adaptive":  # (flat, one fragment: SyncOptions refused the rest)
         replicas = len(group.ranks)
         gather = site_agreed(gather_floats(group.handle, lambda wait: transport.collective(
-            group.handle, devices, 8, wait, posted=True), group.links), group.site)  # a site's shards agree first
+            group.handle, devices, 8, wait, posted=True), group.links), group.replica_group)  # a replica's ranks agree first
         return AdaptiveOuterSync(named_params, adamw, lambda shadows: _exchange(codec, shadows, transport, group, rank),
                                  outer.sync_every, outer.outer_lr, outer.outer_momentum, gather,
                                  group.ranks.index(rank), replicas,

@@ -346,9 +346,11 @@ class DPGroup:
     devices: tuple[int, ...]
     hierarchy: HierarchicalGroups | None = None
     links: GatherLinks | None = None
-    site: Any = None
-    """A sharded slot's process group (its K shards), where adaptive local steps' step times are agreed first
-    (geotrain.sync.sharded.site_agreed); None: one rank per slot."""
+    replica_group: Any = None
+    """The process group of this rank's whole replica when it is more than one rank (its S stages and K shards),
+    where adaptive local steps' step times are agreed first, so that every rank of a replica takes the same inner
+    steps (geotrain.sync.sharded.site_agreed: the largest, the slowest stage or shard paces the replica); None:
+    one rank per replica."""
 
     def __post_init__(self) -> None:
         if len(self.ranks) != len(self.devices):

@@ -26,11 +26,8 @@ def test_adaptive_without_sync_every_is_refused():
         _config(local_steps="adaptive")
 
 
-def test_adaptive_with_a_pipeline_is_refused_in_one_line_and_mid_run_checkpoints_are_taken(tmp_path):
-    with pytest.raises(RuntimeConfigError, match=r"^--local-steps adaptive with a plan of 2 pipeline stages: not built "
-                                                 r"yet: replicas take different step counts between outer syncs; a "
-                                                 r"replica is one stage \(the whole model\)$"):
-        _config(((0, 1), (2, 3)), sync_every=4, local_steps="adaptive")
+def test_adaptive_with_a_pipeline_is_accepted_and_mid_run_checkpoints_are_taken(tmp_path):
+    _config(((0, 1), (2, 3)), sync_every=4, local_steps="adaptive")  # a replica is its whole group of stages
     # each replica's position in its period is checkpointed (sync/adaptive.py): mid-run checkpoints combine
     _config(sync_every=4, local_steps="adaptive", checkpoint_dir=str(tmp_path), checkpoint_every=4)
     _config(sync_every=4, local_steps="adaptive", checkpoint_dir=str(tmp_path), checkpoint_every=0)
@@ -48,3 +45,8 @@ def test_the_first_periods_are_shared_by_the_gpus_peaks():
                              local_steps="adaptive").sync_options(0).heterogeneity.local_steps_prior_s
     assert prior == pytest.approx((1 / 312e12, 1 / 125e12, 1 / 65e12), rel=1e-9)
     assert _config(sync_every=4).sync_options(0).heterogeneity.local_steps_prior_s is None
+    # a replica of 2 stages (A100 then T4; V100 then V100): its slowest device, the same on both stages
+    staged = RuntimeConfig.of(mixed, np.array([[0, 2], [4, 3]]), steps=8, sync_every=4, local_steps="adaptive")
+    for stage in range(2):
+        assert staged.sync_options(stage).heterogeneity.local_steps_prior_s == pytest.approx(
+            (1 / 65e12, 1 / 125e12), rel=1e-9)

@@ -72,7 +72,8 @@ def test_what_a_sharded_plan_cannot_run_is_refused_in_one_line(shards, settings,
     ("cpu", "world", 2, "gloo"), ("cpu", "shard", 1, None), ("cpu", "replicate", 2, None),
     ("cuda", "world", 2, PER_DEVICE_BACKEND), ("cuda", "shard", 1, "nccl"), ("cuda", "pipeline", 1, "nccl"),
     ("cuda", "pipeline", 2, PER_DEVICE_BACKEND), ("cuda", "replicate", 1, PER_DEVICE_BACKEND),
-    ("cuda", "replicate", 2, PER_DEVICE_BACKEND)])
+    ("cuda", "replicate", 2, PER_DEVICE_BACKEND),
+    ("cuda", "replica", 1, PER_DEVICE_BACKEND)])  # a replica's ranks agree on host tensors: not NCCL alone
 def test_the_backend_of_each_group_dimension(device, dimension, sites, backend):
     assert group_backend(device, dimension, sites) == backend
 

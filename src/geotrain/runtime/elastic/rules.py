@@ -50,6 +50,9 @@ def pipeline_refusal(config: Any) -> str | None:
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: partitions of elastic groups of {s} stages are not supported; "
          f"use kill-site"),
+        (config.optim.local_steps == "adaptive",
+         f"--local-steps adaptive: elastic groups of {s} stages run equal steps (not built yet: a group's stages "
+         f"agreeing on one step count per period across a changing quorum)"),
         (config.optim.fragments > 1 or config.optim.sync_delay > 0,
          f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}): elastic "
          f"groups of {s} stages run blocking DiLoCo or every-step sync"),
