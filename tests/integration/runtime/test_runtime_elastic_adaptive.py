@@ -3,18 +3,19 @@ speed, counted in CPU seconds so that a loaded machine does not move the split):
 indices, a SIGKILLed group restarts, recovers from its live peer at a sync and is re-balanced with its last measured
 speed; the run finishes without a global restart, the replicas equal, its validation loss within 0.02 nats of the
 same run without the fault. A partitioned group leaves the split (the survivor takes the whole period) and is
-re-balanced when it rejoins. Three launches, shared by the assertions."""
+re-balanced when it rejoins. Three launches, shared by the assertions, one after another in one process
+(tests/one_interpreter.py: the second and third launches skip the seconds of imports of the first; none runs beside
+another, so the elastic timings are as alone)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from one_interpreter import OneInterpreter
 from paths import ROOT
 from two_gpus import TWO_GPUS_YAML
 
@@ -34,25 +35,21 @@ asserted). A recovery that hands over a wrong state fails the digest checks (eve
 survivor's) before this one."""
 
 
-def _train(tmp: Path, *flags: str) -> dict:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("elastic-adaptive")
     (tmp / "cluster.yaml").write_text(TWO_GPUS_YAML)
     (tmp / "plan.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     (tmp / "cpu.toml").write_text('[emulation]\ncompute_clock = "cpu"\n')
-    done = subprocess.run([sys.executable, "-m", "geotrain", "train", "--config", "cpu.toml", "--cluster",
-                           "cluster.yaml", "--plan", "plan.json", *FLAGS, *flags], capture_output=True, text=True,
-                          timeout=240, cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT / "src"),
-                                                     "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+    flags = {"plain": ["--steps", str(STEPS)], "killed": ["--steps", str(STEPS), "--chaos", KILL_GROUP_1],
+             "cut": ["--steps", str(2 * STEPS), "--chaos", CUT_GROUP_1]}
+    process = OneInterpreter([["train", "--config", str(tmp / "cpu.toml"), "--cluster", str(tmp / "cluster.yaml"),
+                               "--plan", str(tmp / "plan.json"), *FLAGS, *words] for words in flags.values()],
+                             tmp, "runs", env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
     found = {}
-    for name, flags in (("plain", ["--steps", str(STEPS)]),
-                        ("killed", ["--steps", str(STEPS), "--chaos", KILL_GROUP_1]),
-                        ("cut", ["--steps", str(2 * STEPS), "--chaos", CUT_GROUP_1])):
-        found[name] = _train(tmp_path_factory.mktemp(name), *flags)
+    for name, done in zip(flags, process.results()):
+        assert done.returncode == 0, (name, done.stderr)
+        found[name] = json.loads(done.stdout)
     return found
 
 
