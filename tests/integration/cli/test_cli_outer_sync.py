@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,10 @@ GEOTRAIN = (sys.executable, "-m", "geotrain")
 CLUSTER = str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml")
 
 
-def _plan(tmp_path: Path) -> str:
-    out = tmp_path / "plan.json"
+@pytest.fixture(scope="module")
+def plan(tmp_path_factory) -> str:
+    """One plan for the module's launches (a read-only input: the same file for every test)."""
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
     done = subprocess.run([*GEOTRAIN, "plan", "--cluster", CLUSTER, "--stages", "1", "--replicas", "4", "--out",
                            str(out)], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
@@ -26,9 +27,9 @@ def _plan(tmp_path: Path) -> str:
 
 @pytest.mark.slow  # a plan and a 4-rank launch
 @pytest.mark.timeout(400)
-def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Path):
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
-                           "--sync-every", "5", "--time-scale", "0", "--outer-sync", "async-hierarchical",
+def test_async_hierarchical_train_ends_with_one_model_on_every_rank(plan: str):
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", plan, "--steps",
+                           "10", "--sync-every", "5", "--time-scale", "0", "--outer-sync", "async-hierarchical",
                            "--eval-every", "10", "--json"], capture_output=True, text=True, timeout=360)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -45,9 +46,9 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(tmp_path: Pa
     (["--time-scale", "0", "--elastic"], "--outer-sync async with --elastic: not built yet: the global model lives "
                                          "once, in rank 0's server, and a torchft recovery copies a peer's state at "
                                          "a synchronous step")])
-def test_settings_async_does_not_combine_with_are_refused_in_one_line(tmp_path: Path, extra, why):
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", _plan(tmp_path), "--steps", "10",
-                           "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,
+def test_settings_async_does_not_combine_with_are_refused_in_one_line(plan: str, extra, why):
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", plan, "--steps",
+                           "10", "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,
                           timeout=180)
     assert done.returncode != 0
     assert done.stderr.strip().splitlines()[-1] == f"geotrain: error: {why}"
