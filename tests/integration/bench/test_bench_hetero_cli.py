@@ -17,7 +17,9 @@ ROW_KEYS = {"kind", "label", "time_to_target_s", "val_loss", "site_compute_fract
 
 @pytest.mark.timeout(400)
 def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_async_recipe_and_limit_rows(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "hetero", "--steps", "10",
+    # 10 steps (2 outer periods of H = 5) of 16 sequences (the default 32 only doubles the workers' compute: no
+    # assertion depends on the batch; 4 per replica, one per micro-batch)
+    done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "hetero", "--steps", "10", "--global-batch", "16",
                            "--rows", "diloco-adaptive,async,recipe", "--json", "--run-dir", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=380)
     assert done.returncode == 0, done.stderr[-2000:]
