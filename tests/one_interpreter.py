@@ -3,8 +3,10 @@
 A `geotrain train` launch pays about 5 s of CPU before its first step: the launcher's imports (torch, numba) and its
 fork server's (torch, dynamo; runtime/launcher.py). The second and later command lines of one process reuse both, so
 a test that needs several runs which are not about the launch itself (the reference runs of a resume test, say) runs
-them here: the same command lines and code, the workers forks of one fork server. Each command line's stdout goes to
-its own file; stderr (with a line naming each command line as it starts) to one log file.
+them here: the same command lines and code, the workers forks of one fork server (started by the first launch, with
+its preload: put an elastic run first, whose adds torchft). Each command line's stdout goes to its own file; stderr
+(with a line naming each command line as it starts) to one log file. Runs that are about the launch itself (Ctrl-C,
+exit codes of a launcher, signals) stay `geotrain` processes.
 
     python one_interpreter.py COMMANDS.json   # [[words, stdout_path], ...]; writes COMMANDS.json.codes
 """
