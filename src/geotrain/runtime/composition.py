@@ -154,8 +154,6 @@ RULES: tuple[Rule, ...] = (
     # elastic replica groups
     Rule("elastic", "hierarchical", "elastic groups exchange flat (one torchft group, no regions)"),
     Rule("elastic", "onebit", "elastic runs step AdamW"),
-    Rule("elastic", "moments", "elastic exchanges send the outer gradients alone (the moments' codec parts are "
-         "not built on the quorum exchange)"),
     Rule("elastic", "cuda", "elastic runs use torchft's gloo process groups on CPU"),
     # the rest
     Rule("eval-local", "pipeline", "a replica scores its own weights on one rank: one pipeline stage only",

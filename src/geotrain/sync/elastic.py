@@ -42,6 +42,12 @@ delivered mean; a member that failed the exchange retries it or is superseded (i
 a group that heals between a sync and its landing receives the peer's kept mean in the peer's state
 (`settle` before `state_dict`) and lands it at the same step.
 
+Moment sync (--sync-moments, geotrain.sync.moments; through the same StreamingOuterSync): the inner AdamW's moments
+travel in the outer sync's try as two more parts (`over(params, extra)`), the first moment through the outer codec
+with its error feedback, the second through log-block without it (both uncompressed with an uncompressed outer
+codec: then one fp32 all-reduce carries every part); all parts are averaged over the same contributors and committed
+together. A group that heals takes its peer's AdamW state and moment anchors with the rest of its state.
+
     exchange = ManagerExchange(params, manager, healed=lambda: state.healed)
     sync = make_elastic_sync(options, params, exchange)      # PerStepSync, OuterSync, StreamingOuterSync or
                                                              # ElasticAdaptiveSync (geotrain.sync.elastic_adaptive)
@@ -62,12 +68,17 @@ from geotrain.comm.registry import reducer_traits
 from geotrain.optim.outer import OuterStep
 from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError
 from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
+from geotrain.sync.exchange import ExtraTensors
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
+from geotrain.sync.moments import moment_parts
 from geotrain.sync.options import SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
 from geotrain.sync.settle import redeliver, settle
 from geotrain.sync.streaming import StreamingOuterSync, fragment_due
+
+Part = tuple[list[torch.nn.Parameter], CodecReducer | None]
+"""Parameters whose gradients one exchange averages, and their codec reducer (None: uncompressed)."""
 
 EXCHANGE_RETRIES = 5
 """New quorums an exchange tries after a failed one before it gives up (each waits for the lost peer's
@@ -176,29 +187,33 @@ class ManagerExchange:
         self.pause = CollectivePause()
         self.reducer = self.reducer_for(self.params)
 
-    def reducer_for(self, params: Sequence[torch.Tensor]) -> CodecReducer | None:
-        """A codec reducer of `params` (residuals under their indices), None when the exchange is uncompressed."""
-        if self.spec is None or self.spec.is_uncompressed:
+    def reducer_for(self, params: Sequence[torch.Tensor], spec: CodecSpec | None = None,
+                    error_feedback: bool | None = None) -> CodecReducer | None:
+        """A codec reducer of `params` (residuals under their indices) through `spec` with `error_feedback` (None:
+        this exchange's), None when that codec is uncompressed."""
+        spec = self.spec if spec is None else spec
+        if spec is None or spec.is_uncompressed:
             return None
-        return CodecReducer(self.spec.build(), [(str(i), p.shape) for i, p in enumerate(params)], 1,
-                            error_feedback=self.error_feedback)
+        return CodecReducer(spec.build(), [(str(i), p.shape) for i, p in enumerate(params)], 1,
+                            error_feedback=self.error_feedback if error_feedback is None else error_feedback)
 
-    def over(self, params: Sequence[torch.nn.Parameter]) -> FragmentExchange:
-        """The exchange of other parameters (a fragment's outer gradients) through this one's quorum."""
-        return FragmentExchange(self, params)
+    def over(self, params: Sequence[torch.nn.Parameter], extra: Sequence[ExtraTensors] = ()) -> FragmentExchange:
+        """The exchange of other parameters (a fragment's outer gradients) through this one's quorum; `extra`: more
+        tensors that travel in the same try, each part through its own codec (moment sync's moments)."""
+        return FragmentExchange(self, params, extra)
 
     def exchange(self, step: int, timer: StepTimer, side: torch.Tensor | None = None) -> int:
         """Average the gradients over the quorum's contributing groups, in place; bytes handed to the collectives.
         `side`: a small float64 tensor summed over the same quorum in the same try (module doc "Side sums")."""
-        return self.average(self.params, self.reducer, step, timer, side)
+        return self.average([(self.params, self.reducer)], step, timer, side)
 
-    def average(self, params: list[torch.nn.Parameter], reducer: CodecReducer | None, step: int,
-                timer: StepTimer, side: torch.Tensor | None = None) -> int:
-        """`exchange` of `params` through `reducer` (None: the fp32 all-reduce); `side`'s sum over the committed
-        quorum in `side_sum` (None without `side`)."""
+    def average(self, parts: Sequence[Part], step: int, timer: StepTimer, side: torch.Tensor | None = None) -> int:
+        """`exchange` of each part's parameters through its reducer (None: the fp32 all-reduce), every part in the
+        same try and committed together; `side`'s sum over the committed quorum in `side_sum` (None without
+        `side`)."""
         self.side_sum = None
         with timer:
-            grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+            grads = [[torch.zeros_like(p) if p.grad is None else p.grad for p in params] for params, _ in parts]
             weight = self.weight_on_heal if self.healed() else self.weight
         started = time.perf_counter()
         for attempt in range(self.retries + 1):
@@ -206,22 +221,24 @@ class ManagerExchange:
                 self.start_quorum()
                 if self.healed():
                     raise StepSuperseded(f"step {step}: recovered a newer state from a peer")
-            residuals = None if reducer is None else [dict(w) for w in reducer.residuals]
+            residuals = [None if reducer is None else [dict(w) for w in reducer.residuals] for _, reducer in parts]
             summed = None if side is None else self._side_try(side)
-            means, nbytes = self._try(reducer, grads, weight, step, timer)
+            means, nbytes = self._try(parts, grads, weight, step, timer)
             if self.manager.should_commit():
                 self.side_sum = summed
                 break
-            if reducer is not None:
-                reducer.residuals = residuals  # the next try encodes the same gradient with the same residuals
+            for (_, reducer), kept in zip(parts, residuals, strict=True):
+                if reducer is not None:
+                    reducer.residuals = kept  # the next try encodes the same gradient with the same residuals
             self._failed()
         else:
             raise QuorumLost(f"elastic exchange at step {step}: {self.retries + 1} quorums in a row failed to commit")
         self.comm_s += time.perf_counter() - started
         if self.contributors <= 0:
             raise QuorumLost(f"elastic exchange at step {step}: no contributing replica group in the quorum")
-        for p, mean in zip(params, means, strict=True):
-            p.grad = mean
+        for (params, _), part_means in zip(parts, means, strict=True):
+            for p, mean in zip(params, part_means, strict=True):
+                p.grad = mean
         return nbytes
 
     def _side_try(self, side: torch.Tensor) -> torch.Tensor:
@@ -237,20 +254,31 @@ class ManagerExchange:
         if self.abort is not None:
             self.abort()  # close our links now: members blocked on us in the ring fail at once, not at their timeout
 
-    def _try(self, reducer: CodecReducer | None, grads: list[torch.Tensor], weight: float, step: int,
-             timer: StepTimer) -> tuple[list[torch.Tensor], int]:
-        """One try over the quorum: (the means over its contributors, bytes handed); `contributors` set."""
-        if reducer is None:
-            return self._try_plain(grads, weight, timer)
+    def _try(self, parts: Sequence[Part], grads: list[list[torch.Tensor]], weight: float, step: int,
+             timer: StepTimer) -> tuple[list[list[torch.Tensor]], int]:
+        """One try over the quorum: (per part, the means over its contributors; bytes handed); `contributors` set.
+        Every part uncompressed: one fp32 all-reduce of them all; else each part through its reducer, in order."""
+        if all(reducer is None for _, reducer in parts):
+            flat, nbytes = self._try_plain([g for part in grads for g in part], weight, timer)
+            means, offset = [], 0
+            for part in grads:
+                means.append(flat[offset:offset + len(part)])
+                offset += len(part)
+            return means, nbytes
+        if any(reducer is None for _, reducer in parts):
+            raise SyncError("an elastic exchange sends its parts all compressed or all uncompressed")
         collective = QuorumCollective(self.manager, self.pg, weight, self.pause)
+        means = []
         with self.pause.timing(timer):
-            reducer.world_size = collective.world_size
-            sent = [g.detach() * weight if weight != 1.0 else g.detach() for g in grads]
-            means = reducer.reduce([sent], collective, step)
-            self.contributors = collective.contributors
-            if 0 < self.contributors != collective.world_size:  # the reducer averaged over every member
-                means = [m * (collective.world_size / self.contributors) for m in means]
-        return [m.to(g.dtype) for m, g in zip(means, grads, strict=True)], collective.ledger.handed_bytes
+            for (_, reducer), part in zip(parts, grads, strict=True):
+                reducer.world_size = collective.world_size
+                sent = [g.detach() * weight if weight != 1.0 else g.detach() for g in part]
+                mean = reducer.reduce([sent], collective, step)
+                self.contributors = collective.contributors
+                if 0 < self.contributors != collective.world_size:  # the reducer averaged over every member
+                    mean = [m * (collective.world_size / self.contributors) for m in mean]
+                means.append([m.to(g.dtype) for m, g in zip(mean, part, strict=True)])
+        return means, collective.ledger.handed_bytes
 
     def _try_plain(self, grads: list[torch.Tensor], weight: float,
                    timer: StepTimer) -> tuple[list[torch.Tensor], int]:
@@ -286,25 +314,36 @@ class FragmentExchange:
     landing of what it delivered (geotrain.sync.settle): nothing is in flight across a quorum (module doc
     "Streaming")."""
 
-    def __init__(self, hub: ManagerExchange, params: Sequence[torch.nn.Parameter]) -> None:
+    def __init__(self, hub: ManagerExchange, params: Sequence[torch.nn.Parameter],
+                 extra: Sequence[ExtraTensors] = ()) -> None:
         self.hub, self.params = hub, list(params)
-        self.reducer = hub.reducer_for(self.params)
+        self.parts: list[Part] = [(self.params, hub.reducer_for(self.params))] + [
+            ([p for _, p in part.named_params], hub.reducer_for([p for _, p in part.named_params], part.codec,
+                                                                part.error_feedback)) for part in extra]
+
+    def _travelling(self, parts: int | None) -> list[Part]:
+        """The first `parts` parts (None: all): a moment sync after its first ones sends the outer gradients alone."""
+        if parts is None:
+            return self.parts
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= len(self.parts):
+            raise SyncError(f"elastic exchange: parts must be an integer in 1..{len(self.parts)}, got {parts!r}")
+        return self.parts[:parts]
 
     def exchange(self, step: int, timer: StepTimer, parts: int | None = None) -> int:
-        if parts not in (None, 1):
-            raise SyncError("elastic fragments send their outer gradients alone (no moment sync)")
-        return self.hub.average(self.params, self.reducer, step, timer)
+        return self.hub.average(self._travelling(parts), step, timer)
 
     def start(self, step: int, timer: StepTimer, parts: int | None = None) -> Callable[[StepTimer], int]:
-        delivered = settle(lambda now: self.exchange(step, now, parts), timer, [self.params])
-        return redeliver(delivered, [self.params])
+        groups = [params for params, _ in self._travelling(parts)]
+        delivered = settle(lambda now: self.exchange(step, now, parts), timer, groups)
+        return redeliver(delivered, groups)
 
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.reducer is not None:
-            self.reducer.residuals = [{}]
+        for _, reducer in self.parts:
+            if reducer is not None:
+                reducer.residuals = [{}]
 
 
 def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter], exchange: ManagerExchange,
@@ -325,12 +364,16 @@ def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter]
         return ElasticAdaptiveSync(params, adamw, step, exchange, group, replicas, outer.sync_every,
                                    -(-options.total_steps // outer.sync_every),
                                    options.heterogeneity.local_steps_prior_s)
-    if streaming.fragments > 1 or streaming.delay > 0:
+    if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments:
+        codec = options.exchange
         return StreamingOuterSync([(str(i), p) for i, p in enumerate(params)], adamw,
-                                  lambda shadows, moments=None: exchange.over([p for _, p in shadows]),
+                                  lambda shadows, moments=None: exchange.over(
+                                      [p for _, p in shadows],
+                                      () if moments is None else moment_parts(moments, codec.codec,
+                                                                              codec.error_feedback)),
                                   outer.sync_every, streaming.fragments, streaming.delay, streaming.mix,
                                   outer.outer_lr, outer.outer_momentum, options.total_steps, None, streaming.landing,
-                                  streaming.warmup, False, None, streaming.fragment_split)
+                                  streaming.warmup, outer.sync_moments, outer.moment_syncs, streaming.fragment_split)
     step = OuterStep(params, outer.sync_every, outer.outer_lr, outer.outer_momentum)
     return OuterSync(params, adamw, step, exchange, options.total_steps)
 

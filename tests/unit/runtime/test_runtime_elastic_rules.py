@@ -31,6 +31,7 @@ def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill
     ({"netlab": True}, "reliability.netlab: elastic groups of S = 2 stages run on this host's loopback only"),
     ({"schedule": "interleaved-1f1b"}, "elastic runs have one stage per group"),
     ({"sync_every": 3, "local_steps": "adaptive"}, "--local-steps adaptive: elastic groups of S = 2 stages run equal"),
+    ({"sync_every": 3, "sync_moments": True}, "--sync-delay 0, --sync-moments): elastic groups of S = 2 stages run"),
 ])
 def test_what_stays_unsupported_with_two_stages_is_refused_in_one_line(settings, words):
     with pytest.raises(RuntimeConfigError) as caught:

@@ -134,4 +134,5 @@ def test_residuals_are_never_handed_on_and_a_loaded_state_starts_from_zero():
     exchange.load_state_dict({})
     assert exchange.reducer.residuals == [{}]
     fragment = exchange.over(params[:1])
-    assert fragment.reducer is not exchange.reducer and fragment.state_dict() == {}
+    (_, reducer), = fragment.parts
+    assert reducer is not exchange.reducer and fragment.state_dict() == {}

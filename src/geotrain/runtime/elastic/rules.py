@@ -8,7 +8,7 @@ replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulat
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
-later) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
+later; --sync-moments: the inner AdamW's moments in the same try) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
 geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group
 its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or without error feedback (the codec
 reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical),
@@ -53,9 +53,10 @@ def pipeline_refusal(config: Any) -> str | None:
         (config.optim.local_steps == "adaptive",
          f"--local-steps adaptive: elastic groups of {s} stages run equal steps (not built yet: a group's stages "
          f"agreeing on one step count per period across a changing quorum)"),
-        (config.optim.fragments > 1 or config.optim.sync_delay > 0,
-         f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}): elastic "
-         f"groups of {s} stages run blocking DiLoCo or every-step sync"),
+        (config.optim.fragments > 1 or config.optim.sync_delay > 0 or config.optim.sync_moments,
+         f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}"
+         f"{', --sync-moments' if config.optim.sync_moments else ''}): elastic groups of {s} stages run blocking "
+         f"DiLoCo or every-step sync"),
         (config.emulation.time_scale > 0,
          f"emulation.time_scale {config.emulation.time_scale!r}: elastic groups of {s} stages run on plain "
          f"links (no link emulation); pass --time-scale 0"),
