@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import torch
 
+from geotrain.cli.main import build_parser
+from geotrain.cli.main import main as cli_main
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.checkpoint import CheckpointError
 from geotrain.runtime.checkpoint_lock import LOCK_FILE, hold_directory
@@ -87,31 +89,35 @@ def test_a_shard_names_its_run_and_step_in_its_header(two_runs):
     assert headers[0]["identity_sha256"] != headers[1]["identity_sha256"]  # seeds 0 and 1
 
 
-def test_a_second_run_on_a_held_checkpoint_dir_is_refused_naming_the_holder(files, tmp_path):
+def test_a_second_run_on_a_held_checkpoint_dir_is_refused_naming_the_holder(files, tmp_path, capsys):
+    """The second `geotrain train` runs in this process (its refusal comes before any launch), within
+    moments of the first's lock: the first, still starting its workers, outlives it even with a few steps."""
+    build_parser(["train"])  # imports the command's modules now, not between the lock and the refusal
     directory = tmp_path / "ck"
-    first = subprocess.Popen(_train(files, directory, "--steps", "40", "--seed", "0"),
+    steps = 10
+    first = subprocess.Popen(_train(files, directory, "--steps", str(steps), "--seed", "0"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lock = directory / LOCK_FILE
         deadline = time.monotonic() + 120
         while not (lock.is_file() and lock.read_text().startswith(f"{first.pid} ")):
             assert first.poll() is None and time.monotonic() < deadline, first.stderr.read() if first.poll() else "slow"
-            time.sleep(0.1)
+            time.sleep(0.05)
         # --overwrite would delete the first run's checkpoints if the second got past the lock
-        second = subprocess.run(_train(files, directory, "--steps", "4", "--seed", "1", "--overwrite"),
-                                capture_output=True, text=True, timeout=240)
+        code = cli_main(_train(files, directory, "--steps", "4", "--seed", "1", "--overwrite")[len(GEOTRAIN):])
+        err = capsys.readouterr().err
         assert first.poll() is None, "the first run ended before the second was refused: test inconclusive"
-        assert second.returncode == 2, second.stderr
-        assert second.stderr.strip() == (f"geotrain: error: {directory}: --checkpoint-dir is in use by another run "
-                                         f"(pid {first.pid} on host {socket.gethostname()}); wait for it to end or "
-                                         f"choose another directory")
+        assert code == 2, err
+        assert err.strip() == (f"geotrain: error: {directory}: --checkpoint-dir is in use by another run "
+                               f"(pid {first.pid} on host {socket.gethostname()}); wait for it to end or "
+                               f"choose another directory")
         _, err = first.communicate(timeout=300)
         assert first.returncode == 0, err
     finally:
         first.kill()
         first.wait()
-    manifest = ckpt.read_manifest(directory, 40)
-    assert manifest["identity"]["seed"] == 0 and ckpt.has_checkpoints(directory) == ["latest", "step-000040"]
+    manifest = ckpt.read_manifest(directory, steps)
+    assert manifest["identity"]["seed"] == 0 and ckpt.has_checkpoints(directory) == ["latest", f"step-{steps:06d}"]
     with hold_directory(directory) as held:  # the lock went with the first run
         assert held.removed == ()
 
