@@ -18,9 +18,13 @@ from runtime_2x2 import write_job_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
-FIRST_STEPS = 150
-"""The first run's steps: long enough that it still trains after the second one's start-up on a loaded machine (with
-30, the second run's launcher once started after the first's last step under a suite's load)."""
+FIRST_STEPS = 24
+SLOW = ("--chaos", "slow:site=0,factor=5")
+"""The first run: 24 steps with replica 0 computing 5x slower (`--chaos slow`: without link emulation its ranks sleep
+4x the compute they measured, and replica 1 waits for them in the all-reduce). It still trains after the second
+run's start-up on a loaded machine, mostly asleep, so the second run's start-up has the cores: the sleep grows with
+the measured compute, so with the load (150 plain steps kept 4 ranks computing on the cores the second run needed;
+30 plain steps once ended before the second run's launcher started under a suite's load)."""
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "GEOTRAIN_KEEP_RUNS": "1"}
 
 
@@ -42,7 +46,7 @@ def whole(run_dir: Path, steps: int) -> bool:
 
 def test_two_runs_started_in_one_directory_with_keep_one_both_stay_whole(tmp_path):
     files = write_job_files(tmp_path)
-    first = train(files, FIRST_STEPS, tmp_path)
+    first = train(files, FIRST_STEPS, tmp_path, *SLOW)
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob("geotrain-runs/*/metrics/rank-0.jsonl")):  # the first one trains
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-2000:]
@@ -56,7 +60,7 @@ def test_two_runs_started_in_one_directory_with_keep_one_both_stay_whole(tmp_pat
     # the second one's sweep (before its run.json) happened while the first one still had steps to write
     started_2 = json.loads((dir_2 / "run.json").read_text())["started_unix_s"]
     last_1 = max(json.loads(line)["t_wall"] for line in (dir_1 / "metrics" / "rank-0.jsonl").read_text().splitlines())
-    assert started_2 < last_1
+    assert started_2 < last_1, (started_2, last_1)
     assert whole(dir_1, FIRST_STEPS) and whole(dir_2, 2)
 
 
