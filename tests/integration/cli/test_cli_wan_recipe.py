@@ -15,15 +15,43 @@ from two_gpus import LAN_GPUS_YAML, TWO_GPUS_YAML
 GEOTRAIN = (sys.executable, "-m", "geotrain")
 
 
-@pytest.mark.slow  # two CLI launches
-@pytest.mark.timeout(200)
-def test_plan_writes_the_wan_recipe_and_train_takes_its_settings(tmp_path: Path):
-    out = tmp_path / "plan.json"
+def _side_by_side(commands: list[list[str]], timeout_s: float) -> list[subprocess.CompletedProcess]:
+    """The commands run at once, each to its end (all killed if one overruns `timeout_s`), as
+    subprocess.run returns them."""
+    launches = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for command in commands]
+    try:
+        outputs = [launch.communicate(timeout=timeout_s) for launch in launches]
+        return [subprocess.CompletedProcess(launch.args, launch.returncode, stdout, stderr)
+                for launch, (stdout, stderr) in zip(launches, outputs)]
+    finally:
+        for launch in launches:
+            if launch.poll() is None:
+                launch.kill()
+                launch.communicate()
+
+
+WAN_4X1_PLAN = [*GEOTRAIN, "plan", "--cluster", bench_cluster("wan-4x1"), "--stages", "1", "--replicas", "4",
+                "--wan-recipe", "auto", "--compute-s", "0.125", "--recipe-steps", "60", "--recipe-max-delay", "0",
+                "--json"]
+
+
+@pytest.fixture(scope="module")
+def wan_4x1_plans(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """The two tests' plans on wan-4x1, side by side: "recipe" (the recipe alone) and "moments" (with moment sync
+    and measured codec CPU), each with the file it wrote."""
+    folder = tmp_path_factory.mktemp("wan-4x1")
+    extra = {"recipe": [], "moments": ["--recipe-sync-moments", "--recipe-measure-codecs"]}
+    done = _side_by_side([[*WAN_4X1_PLAN, *options, "--out", str(folder / f"{name}.json")]
+                          for name, options in extra.items()], 180)
+    return {name: (result, folder / f"{name}.json") for name, result in zip(extra, done)}
+
+
+@pytest.mark.slow  # two CLI launches (the plan beside the next test's)
+@pytest.mark.timeout(300)
+def test_plan_writes_the_wan_recipe_and_train_takes_its_settings(wan_4x1_plans):
+    done, out = wan_4x1_plans["recipe"]
     cluster = bench_cluster("wan-4x1")
-    done = subprocess.run([*GEOTRAIN, "plan", "--cluster", cluster, "--stages", "1", "--replicas", "4",
-                           "--wan-recipe", "auto", "--compute-s", "0.125", "--recipe-steps", "60",
-                           "--recipe-max-delay", "0", "--json", "--out", str(out)],
-                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
     assert recipe["version"] == 1 and recipe["compute_s"] == 0.125
@@ -38,15 +66,11 @@ def test_plan_writes_the_wan_recipe_and_train_takes_its_settings(tmp_path: Path)
     assert settings["dp_codecs"] == f'["{recipe["codec"]}"]'
 
 
-@pytest.mark.slow  # two CLI launches
-@pytest.mark.timeout(200)
-def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(tmp_path: Path):
-    out = tmp_path / "plan.json"
+@pytest.mark.slow  # two CLI launches (the plan beside the previous test's)
+@pytest.mark.timeout(300)
+def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(wan_4x1_plans):
+    done, out = wan_4x1_plans["moments"]
     cluster = bench_cluster("wan-4x1")
-    base = [*GEOTRAIN, "plan", "--cluster", cluster, "--stages", "1", "--replicas", "4", "--wan-recipe", "auto",
-            "--compute-s", "0.125", "--recipe-steps", "60", "--recipe-max-delay", "0", "--json"]
-    done = subprocess.run([*base, "--recipe-sync-moments", "--recipe-measure-codecs", "--out", str(out)],
-                          capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
     assert recipe["sync_moments"] is True and recipe["moment_syncs"] == 1 and recipe["delay"] == 0
@@ -65,24 +89,34 @@ def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(tmp_path
 MIXED = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "mixed-gpus-3x2.yaml"
 
 
-@pytest.mark.slow  # three CLI launches
-@pytest.mark.timeout(300)
 # compute-bound with moment sync (adaptive local steps do not run with it, and equal ones wait for the T4): the
 # shares win; link-bound: the recipe. (Compute-bound without moment sync, adaptive local steps beat the shares:
 # the test below.)
-@pytest.mark.parametrize("compute_s, extra, chosen", [(2.0, ["--recipe-sync-moments"], "batch_shares"),
-                                                      (0.1, [], "wan_recipe")])
-def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train_runs_it(tmp_path: Path, compute_s,
-                                                                                          extra, chosen):
-    job = tmp_path / "job.yaml"
+MIXED_CASES = [(2.0, ["--recipe-sync-moments"], "batch_shares"), (0.1, [], "wan_recipe")]
+
+
+@pytest.fixture(scope="module")
+def mixed_plans(tmp_path_factory) -> dict[float, tuple[subprocess.CompletedProcess, Path]]:
+    """The plan of each MIXED_CASES case (by compute_s), side by side, with the file it wrote."""
+    folder = tmp_path_factory.mktemp("mixed")
+    job = folder / "job.yaml"
     job.write_text("name: tiny-24\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: 24\n"
                    "bytes_per_value: 4\nvocab: 44\n")
-    out = tmp_path / "plan.json"
-    done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
+    outs = [folder / f"plan-{compute_s}.json" for compute_s, _, _ in MIXED_CASES]
+    done = _side_by_side([[*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
                            "--replicas", "3", "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe",
                            "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out),
-                           "--recipe-outer-sync", "sync", *extra],  # the synchronous recipes are checked here
-                          capture_output=True, text=True, timeout=180)
+                           "--recipe-outer-sync", "sync", *extra]  # the synchronous recipes are checked here
+                          for (compute_s, extra, _), out in zip(MIXED_CASES, outs)], 180)
+    return {compute_s: (result, out) for (compute_s, _, _), result, out in zip(MIXED_CASES, done, outs)}
+
+
+@pytest.mark.slow  # two CLI launches (the plan beside the other case's)
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("compute_s, extra, chosen", MIXED_CASES)
+def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train_runs_it(mixed_plans, compute_s,
+                                                                                          extra, chosen):
+    done, out = mixed_plans[compute_s]
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     site = plan["site_compute"]
@@ -145,13 +179,13 @@ def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_emulated_li
     cluster, out = str(tmp_path / "lan.yaml"), tmp_path / "plan.json"
     plan = [*GEOTRAIN, "plan", "--cluster", cluster, "--stages", "1", "--replicas", "2", "--wan-recipe", "auto",
             "--compute-s", "0.5", "--recipe-steps", "600", "--recipe-sync-moments", "--json"]
+    # the two plans are independent: side by side
+    done, only_sync = _side_by_side([[*plan, "--out", str(out)], [*plan, "--recipe-outer-sync", "sync"]], 180)
     # moment sync runs with equal steps only: the synchronous recipe waits for the T4; asynchronous updates do not
-    done = subprocess.run([*plan, "--out", str(out)], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
     assert recipe["outer_sync"] == "async" and recipe["codec"] == "none"
     assert recipe["step_s"] == recipe["outer_sync_step_s"]["async"] < recipe["outer_sync_step_s"]["sync"]
-    only_sync = subprocess.run([*plan, "--recipe-outer-sync", "sync"], capture_output=True, text=True, timeout=180)
     assert only_sync.returncode == 0, only_sync.stderr
     # synchronous only: the recipe waits for the T4, and per-step DP with speed batch shares beats it
     assert "wan_recipe" not in json.loads(only_sync.stdout) and "batch_shares" in json.loads(only_sync.stdout)
