@@ -31,7 +31,9 @@ def mean_pp_of_every_plan(model, n_devices):
     return model.replica_pp_seconds(plans).mean(axis=-1)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# 10 examples (each runs two refined staircases and six MILPs, ~1 s): every run draws new ones, so the suite
+# still covers the five layouts over time; test_capped_pieces_never_claim_more_than_brute_force draws more.
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts, st.floats(0.0, 0.3), st.integers(0, 10_000))
 def test_staircase_and_each_dp_bound_stay_below_brute_force(layout, jitter, seed):
     sizes, stages, replicas = layout
@@ -93,7 +95,9 @@ def test_lower_bound_with_staircase_is_below_the_best_plan_on_uneven_256():
     model = build_cost_model("yuan", cluster, load_job("gpt-1.3b-seed"), 8, 32)
     problem = PlacementProblem(cluster, model)
     plan = run_search("pipeline-local", problem)
-    bound = lower_bound(problem, upper_bound_s=plan.cost.total, time_limit_s=8.0)
+    # 4 s: both staircase parts reach the same 12.37 s with 3 s as with 8 s (the plan: 34.35 s); only the
+    # path staircase and the flow relaxation climb further with 8 s (12.37 -> 13.03 s, 9.05 -> 11.79 s)
+    bound = lower_bound(problem, upper_bound_s=plan.cost.total, time_limit_s=4.0)
     assert {"staircase-pp", "staircase-dp"} <= set(bound.parts)
     assert max(bound.parts["staircase-pp"], bound.parts["staircase-dp"]) <= plan.cost.total
     assert bound.value_s <= plan.cost.total
@@ -148,9 +152,7 @@ def test_capped_staircase_proves_the_exact_optimum_of_a_small_multicloud():
     exact = run_search("exact", PlacementProblem(cluster, model))
     assert exact.details["proven_optimal"]
     terms = region_terms(cluster, model)
-    for axis in ("pp", "dp"):
-        bound = staircase_bound(terms, 4, 6, exact.cost.total, axis=axis, time_limit_s=20.0)
-        assert bound.bound_s <= exact.cost.total * (1 + 1e-9)
-    best = max(staircase_bound(terms, 4, 6, exact.cost.total, axis=axis, time_limit_s=20.0).bound_s
-               for axis in ("pp", "dp"))
-    assert best >= exact.cost.total * (1 - 0.003)
+    bounds = [staircase_bound(terms, 4, 6, exact.cost.total, axis=axis, time_limit_s=20.0).bound_s
+              for axis in ("pp", "dp")]
+    assert all(bound <= exact.cost.total * (1 + 1e-9) for bound in bounds)
+    assert max(bounds) >= exact.cost.total * (1 - 0.003)
