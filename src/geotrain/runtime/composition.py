@@ -168,7 +168,6 @@ RULES: tuple[Rule, ...] = (
     *(Rule("shards", mode, _SHARDED["asynchronous"]) for mode in ("async", "async-hierarchical")),
     Rule("shards", "elastic", "an elastic group is one process per site; a site's K shards are not one torchft "
          "replica"),
-    Rule("shards", "eval-local", "a replica scores its own weights on one rank, not a slot of K shards"),
 )
 """The pairs that do not run together, in the order validation checks them (the first that applies speaks)."""
 

@@ -310,7 +310,8 @@ class Worker:
         return float(totals[0] / totals[1])
 
     def _evaluate_local(self) -> float:
-        """data.eval_local: this replica's weights (one stage) on the evaluation windows, no collective; the
+        """data.eval_local: this replica's weights (one stage) on the evaluation windows, no collective outside its
+        slot (a sharded slot's K ranks all score every window: FSDP2 gathers the weights inside the site); the
         emulated clock is set back afterwards, so no sync in flight travels during the evaluation."""
         from geotrain.models.evaluate import validation_loss
 
