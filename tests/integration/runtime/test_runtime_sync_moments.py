@@ -3,7 +3,7 @@ carry the moments beside the outer gradients (bytes as the codecs declare), repl
 holds the first moment's anchor (stop and resume = one run), and the flag's misuse is refused.
 
 A launch costs seconds of start-up and its steps a fraction of one: every run is 12 steps (three syncs),
-and the runs that do not wait on another start side by side."""
+and the runs go side by side (the resumed one from when the stopped one has ended)."""
 
 from __future__ import annotations
 
@@ -48,14 +48,21 @@ def _report(proc: subprocess.Popen) -> dict:
 @pytest.mark.timeout(600)
 def test_moment_sync_bytes_replicas_and_resume(files, tmp_path):
     checkpoints = ("--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "4")
+    stopping = _start(files, "--sync-moments", *checkpoints, "--stop-after", "4")
     procs = [_start(files), _start(files, "--sync-moments", "--checkpoint-dir", str(tmp_path / "a"),
                                    "--checkpoint-every", "4"),
-             _start(files, "--sync-moments", "--moment-syncs", "1"),
-             _start(files, "--sync-moments", *checkpoints, "--stop-after", "4")]
-    plain, report, first_only, stopped = [_report(proc) for proc in procs]
-    # 12 steps, stopped after 4: the sync after step 7 needs the first moment's anchor and the residuals
-    # the checkpoint restored, and steps 8-11 show it
-    resumed = _report(_start(files, "--sync-moments", *checkpoints, "--resume"))
+             _start(files, "--sync-moments", "--moment-syncs", "1")]
+    try:
+        stopped = _report(stopping)
+        # 12 steps, stopped after 4: the sync after step 7 needs the first moment's anchor and the residuals
+        # the checkpoint restored, and steps 8-11 show it (resumed while the others still run)
+        procs.append(_start(files, "--sync-moments", *checkpoints, "--resume"))
+        plain, report, first_only, resumed = [_report(proc) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
     assert report["summary"]["replicas_in_sync"]
     assert report["losses"][:4] == plain["losses"][:4]  # the same until the first sync lands
     assert report["losses"][4:] != plain["losses"][4:]  # the moments changed the next period
