@@ -1,6 +1,6 @@
 """`geotrain train` on your model and your data: a tiny HF GPT-2 and a user-file model (both with tied
 embeddings), 2 stages x 2 replicas on a local text file, under torch.distributed.pipelining schedules.
-Real worker processes (the launcher's fork server), gloo, hard timeouts."""
+Real worker processes (the launcher's fork server, here with transformers imported once), gloo, hard timeouts."""
 
 from __future__ import annotations
 
@@ -26,6 +26,27 @@ pytestmark = pytest.mark.timeout(300)
 CLUSTER = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0, name="test-2x2")
 ASSIGNMENT = np.array([[0, 1], [2, 3]])  # each pipeline across the regions
 WORDS = "the cat dog sat ran on under a mat tree and slept quickly over big small red blue".split()
+
+
+HF_IMPORTS = ("transformers", "transformers.models.auto.modeling_auto", "transformers.models.gpt2.modeling_gpt2",
+              "transformers.masking_utils")
+"""What a worker building hf:gpt2-tiny imports (about 2.5 s of CPU each, 4 workers a launch, 8 launches here)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fork_server_with_transformers():
+    """This module's workers fork from a server that has imported transformers as well as the launcher's list
+    (which counts only for the first server of a process, so any running server is stopped first and after):
+    the same workers and code, without each one importing transformers again."""
+    from multiprocessing import forkserver
+
+    from geotrain.comm.launch import FORKSERVER_PRELOAD
+    from geotrain.procs import forkserver_context
+
+    forkserver._forkserver._stop()  # noqa: SLF001 - the stdlib's own way for tests to stop the server
+    forkserver_context([*FORKSERVER_PRELOAD, *HF_IMPORTS])
+    yield
+    forkserver._forkserver._stop()  # noqa: SLF001 - the next launch starts one with its own list
 
 
 @pytest.fixture(scope="module")
