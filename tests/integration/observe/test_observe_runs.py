@@ -170,24 +170,40 @@ def test_outer_syncs_are_events_from_start_to_landing_and_spans_in_the_trace(tmp
     assert not [e for e in trace if e.get("cat") == "event" and e["name"] == "outer_sync"]
 
 
-def test_default_run_dir_is_printed_and_old_ones_are_swept(tmp_path):
-    files = write_job_files(tmp_path)
-    root = tmp_path / "geotrain-runs"
-    for i in range(3):  # finished default runs (marker unlocked), made on three days of 2000
+def checkpoint_args(files: dict[str, str]) -> list[str]:
+    """The checkpoint test's two runs: 4 steps of the 2x2 plan, a checkpoint after every step."""
+    return ["train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0",
+            "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--keep-checkpoints", "4", "--json"]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory) -> tuple[Path, dict[str, str], subprocess.CompletedProcess]:
+    """One launch for two tests: the checkpoint test's first run (stopped after 2 of 4 steps) in the default run
+    directory, beside three finished default runs made on three days of 2000 (marker unlocked), with
+    GEOTRAIN_KEEP_RUNS=2. (folder, job files, the finished process)"""
+    where = tmp_path_factory.mktemp("stopped")
+    files = write_job_files(where)
+    root = where / "geotrain-runs"
+    for i in range(3):
         (root / f"2000010{i}-000000-old").mkdir(parents=True)
         (root / f"2000010{i}-000000-old" / "run.json").write_text("{}")
         (root / f"2000010{i}-000000-old" / ".geotrain-default-run").write_text("")
         os.utime(root / f"2000010{i}-000000-old" / ".geotrain-default-run", (946684800 + i * 86400,) * 2)
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "1",
-                           "--time-scale", "0", "--json"], capture_output=True, text=True, timeout=280, cwd=tmp_path,
-                          env={**ENV, "GEOTRAIN_KEEP_RUNS": "2"})
+    done = subprocess.run([*GEOTRAIN, *checkpoint_args(files), "--stop-after", "2"], capture_output=True, text=True,
+                          timeout=280, cwd=where, env={**ENV, "GEOTRAIN_KEEP_RUNS": "2"})
     assert done.returncode == 0, done.stderr[-3000:]
+    return where, files, done
+
+
+def test_default_run_dir_is_printed_and_old_ones_are_swept(stopped_run):
+    tmp_path, _, done = stopped_run
+    root = tmp_path / "geotrain-runs"
     run_dir = Path(json.loads(done.stdout)["run_dir"])
     assert run_dir.parent.name == "geotrain-runs" and run_dir.name.endswith("-manual")
     assert "removed 2 old run directories" in done.stderr
     assert sorted(p.name for p in root.iterdir()) == ["20000102-000000-old", run_dir.name]
-    steps = [r for r in read_lines(tmp_path / run_dir) if r["kind"] == "step"]
-    assert len(steps) == 4 and all(r["bytes_inter"] is None and r["emulated_end_s"] is None for r in steps)
+    steps = [r for r in read_lines(tmp_path / run_dir) if r["kind"] == "step"]  # 2 steps x 4 ranks, no emulation
+    assert len(steps) == 8 and all(r["bytes_inter"] is None and r["emulated_end_s"] is None for r in steps)
 
 
 FAILING_MODEL = '''
@@ -240,14 +256,13 @@ def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
     assert [e["args"]["step"] for e in trace if e.get("cat") == "event" and e["pid"] == 1] == [len(steps)]
 
 
-def test_checkpoint_and_resume_events_name_their_steps(tmp_path):
-    """A run stopped after 2 of 4 steps (checkpoint every step), then resumed into a second run directory."""
-    files = write_job_files(tmp_path)
-    common = ["train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0",
-              "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--keep-checkpoints", "4", "--json"]
-    geotrain(*common, "--stop-after", "2", "--run-dir", "first", cwd=tmp_path)
-    geotrain(*common, "--resume", "--run-dir", "second", cwd=tmp_path)
-    first, second = read_lines(tmp_path / "first"), read_lines(tmp_path / "second")
+def test_checkpoint_and_resume_events_name_their_steps(stopped_run):
+    """A run stopped after 2 of 4 steps (checkpoint every step; `stopped_run`), then resumed into a second run
+    directory."""
+    tmp_path, files, done = stopped_run
+    geotrain(*checkpoint_args(files), "--resume", "--run-dir", "second", cwd=tmp_path)
+    first_dir = tmp_path / json.loads(done.stdout)["run_dir"]
+    first, second = read_lines(first_dir), read_lines(tmp_path / "second")
     assert sorted((r["rank"], r["step"]) for r in first if r.get("event") == "checkpoint") == [
         (rank, step) for rank in range(4) for step in (1, 2)]  # completed steps, as the checkpoint names them
     assert sorted((r["rank"], r["step"]) for r in second if r.get("event") == "resume") == [(r, 2) for r in range(4)]
