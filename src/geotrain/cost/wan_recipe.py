@@ -440,7 +440,8 @@ def async_recipe(cluster: Cluster, job: Job, assignment: Any, replica_compute_s:
 def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float],
                        asynchronous: bool = False, **options: Any) -> WanRecipe:
     """choose_recipe with equal local steps and, where the runtime can run them and the replicas differ in
-    compute (one pipeline stage, no moment sync), with adaptive ones; the sooner to the target wins (ties:
+    compute (no moment sync; a replica of S > 1 stages takes one step count, paced by its slowest stage), with
+    adaptive ones; the sooner to the target wins (ties:
     equal). `asynchronous`: also price asynchronous outer updates at the chosen H (async_recipe; one pipeline
     stage, as the runtime runs them): they replace the synchronous recipe only if they reach the target sooner.
     `replica_compute_s`: compute seconds per step of each replica with equal steps; `options`: choose_recipe's.
@@ -450,7 +451,7 @@ def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_comp
     compute = replica_seconds(replica_compute_s)
     equal = choose_recipe(cluster, job, assignment, compute, **options)
     best, steps = equal, {"equal": equal.step_s}
-    if not (assignment.shape[0] > 1 or options.get("sync_moments") is True or np.all(compute == compute[0])):
+    if not (options.get("sync_moments") is True or np.all(compute == compute[0])):
         adaptive = choose_recipe(cluster, job, assignment, compute, **{**options, "sync_moments": False},
                                  local_steps="adaptive")  # the runtime runs adaptive steps without moment sync
         best = adaptive if charged_step_seconds(adaptive) < charged_step_seconds(equal) else equal

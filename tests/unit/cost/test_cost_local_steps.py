@@ -93,3 +93,14 @@ def test_adaptive_max_delay_matches_what_the_runtime_runs():
     except RuntimeConfigError:
         runs = False
     assert runs == (ADAPTIVE_MAX_DELAY != 0)
+
+
+def test_the_planner_prices_adaptive_steps_for_replicas_of_two_stages_by_their_slowest_stage():
+    # stage 0 on the A100 and the L4, stage 1 on the V100 and the T4: replica 0 is paced by the V100, replica 1 by the
+    # T4 (the runtime agrees a replica's step time over its stages: the slowest paces it)
+    two_stages = np.array([[0, 2], [1, 3]])
+    compute = replica_compute_seconds(HETERO, two_stages, 0.5)
+    assert compute == pytest.approx(0.5 * 65 / np.array([125, 65]))
+    recipe = choose_local_steps(HETERO, TINY, two_stages, compute, total_steps=60, max_delay=0)
+    assert recipe.local_steps == "adaptive" and set(recipe.local_steps_step_s) == {"equal", "adaptive"}
+    assert recipe.replica_steps[0] > recipe.replica_steps[1] and sum(recipe.replica_steps) == 2 * recipe.sync_every
