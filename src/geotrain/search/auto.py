@@ -29,6 +29,7 @@ from geotrain.search.anytime import Trajectory, improve_until
 from geotrain.search.base import (PlacementProblem, PlanCallback, ProgressCallback, SearchError, SearchResult,
                                   certifies)
 from geotrain.search.exact import ExactConfig, exact_search
+from geotrain.search.every_placement import enumerable, every_placement_search
 from geotrain.search.genetic import GeneticConfig, genetic_search
 from geotrain.search.hierarchical import HierarchicalConfig, hierarchical_search
 from geotrain.search.local_search import LocalSearchConfig, local_search
@@ -134,7 +135,21 @@ def auto_search(
 ) -> SearchResult:
     """Exact when it applies and proves optimality, else the best of the fallback heuristics; with a
     time limit (and config.anytime) the time they leave goes to `anytime.improve_until`. `on_plan` is
-    told every new best plan as it is found (on the pairwise path; the surrogate path's final plan only)."""
+    told every new best plan as it is found (on the pairwise path; the surrogate path's final plan only). A problem
+    with few placements (search/every_placement.py) of a model that is not pairwise (exact does not apply) is solved
+    by scoring them all: optimal by enumeration."""
+    if problem.cost_model.pairwise_terms() is None and enumerable(problem):
+        result = every_placement_search(problem)
+        result = SearchResult(method="auto", assignment=result.assignment, cost=result.cost, seconds=result.seconds,
+                              evaluations=result.evaluations, lower_bound=result.lower_bound,
+                              details={"chosen": "every-placement", "found_by": "every-placement",
+                                       "tried": [{"method": "every-placement", "total": result.cost.total,
+                                                  "seconds": result.seconds, **result.details}],
+                                       "trajectory": [[result.seconds, result.cost.total, "every-placement"]],
+                                       "anytime_rounds": {}, "lower_bound_source": "every-placement"})
+        if on_plan is not None:
+            on_plan(result)
+        return result
     if problem.cost_model.pairwise_terms() is None and getattr(problem.cost_model, "surrogate", None) is not None:
         ranked = _rank_on_surrogate(problem, config, seed=seed, time_limit_s=time_limit_s, progress=progress)
         if on_plan is not None:
