@@ -19,7 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
 STEPS = 6
 FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--microbatches", "1", "--batch-size", "2", "--time-scale", "0",
-         "--eval-windows", "4", "--steps", str(STEPS), "--batch-shares", "1,3", "--run-dir", "none", "--json"]
+         "--eval-windows", "4", "--eval-every", str(STEPS), "--steps", str(STEPS), "--batch-shares", "1,3",
+         "--run-dir", "none", "--json"]
 
 
 def test_an_elastic_run_with_batch_shares_trains_the_non_elastic_runs_numbers(tmp_path):
