@@ -2,8 +2,10 @@
 resumed from its checkpoint, ends on the uninterrupted run's parameters and losses: Streaming DiLoCo with P 2, tau 1
 and int8-block (an exchange in flight at the checkpoint, settled: sync/settle.py) and adaptive local steps on an
 A100 + T4 pair with a delay and eager landing (each replica checkpoints at its own share of the period:
-AdaptiveOuterSync.checkpoint_position) to the bit (the computation is deterministic, and the adaptive splits come
-from speeds about 6x apart, far from a rounding boundary); asynchronous outer updates (a checkpoint round of the
+AdaptiveOuterSync.checkpoint_position), streaming to the bit (the computation is deterministic), adaptive to within
+2e-3 in any parameter (its splits come from measured step times: alone it ends on the bit, but with the file's
+launches side by side on a loaded host the resumed run ended 4.7e-4 away, in three runs out of about ten; the run
+moves its parameters by about 1e-2); asynchronous outer updates (a checkpoint round of the
 global model's server: sync/async_server.py; outer lr 1, no momentum) to within 0.05 nats of the final global
 model's validation loss (the round's pause lets the other replica run ahead, so the server applies arrivals in
 another order than the run without it: measured 0.0004 nats once; with DiLoCo's Nesterov and a stale update at full
@@ -27,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -54,6 +57,8 @@ MODES = {
 }
 STOP = {"streaming": 2, "adaptive": 4, "async": 3, "async-hierarchical": 3}
 EXACT = ("streaming", "adaptive")
+PARAMETERS = {"streaming": 0.0, "adaptive": 2e-3}
+"""The largest parameter difference allowed, resumed against uninterrupted (module doc)."""
 NATS = {"async": 0.05, "async-hierarchical": 0.1}
 """The resumed asynchronous run's final validation loss within this of the uninterrupted one's (module doc)."""
 """--stop-after: streaming's fragment 1 started after step 1 and lands after step 2 (in flight at the checkpoint);
@@ -139,8 +144,12 @@ def runs(files, tmp_path_factory) -> dict[str, dict]:
 def test_a_run_stopped_mid_period_and_resumed_ends_on_the_uninterrupted_runs_weights(runs, mode):
     run = runs[mode]
     steps = _steps(mode)
-    assert largest_difference(final_weights(run["ref_dir"], steps), final_weights(run["cut_dir"], steps)) == 0.0
-    assert run["resumed"]["losses"] == run["ref"]["losses"]  # the records of the steps before the stop, restored
+    assert largest_difference(final_weights(run["ref_dir"], steps), final_weights(run["cut_dir"], steps)) <= \
+        PARAMETERS[mode]
+    if PARAMETERS[mode] == 0.0:
+        assert run["resumed"]["losses"] == run["ref"]["losses"]  # the records of the steps before the stop, restored
+    else:
+        np.testing.assert_allclose(run["resumed"]["losses"], run["ref"]["losses"], rtol=0, atol=0.01)
     assert run["ref"]["summary"]["replicas_in_sync"] and run["resumed"]["summary"]["replicas_in_sync"]
 
 
@@ -227,6 +236,6 @@ def test_ctrl_c_then_the_printed_resume_command_ends_on_the_uninterrupted_runs_w
         steps = _steps(mode)
         if mode in EXACT:
             assert largest_difference(final_weights(runs[mode]["ref_dir"], steps),
-                                      final_weights(tmp_path / mode, steps)) == 0.0
+                                      final_weights(tmp_path / mode, steps)) <= PARAMETERS[mode]
         else:
             assert abs(_validation(json.loads(done.stdout)) - _validation(runs[mode]["ref"])) < NATS[mode]
