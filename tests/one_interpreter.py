@@ -61,6 +61,18 @@ def results_of(processes: Sequence[OneInterpreter]) -> list[list[subprocess.Comp
     return [process.results() for process in processes]
 
 
+def run_side_by_side(commands: Mapping[str, Sequence[str]], directory: Path,
+                     env: Mapping[str, str] | None = None) -> dict[str, dict]:
+    """Each named `geotrain` command line (with --json) in a process of its own, all side by side; their parsed
+    JSON reports by name, once each has exited 0."""
+    processes = {name: OneInterpreter([words], directory, name, env) for name, words in commands.items()}
+    reports = {}
+    for name, (done,) in zip(processes, results_of(list(processes.values())), strict=True):
+        assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr}"
+        reports[name] = json.loads(done.stdout)
+    return reports
+
+
 def _run(spec: Path) -> None:
     from geotrain.cli.main import main
     from geotrain.procs.exit import exit_without_teardown

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from one_interpreter import run_side_by_side
 from paths import ROOT
 
 pytest.importorskip("torchft")
@@ -27,22 +26,16 @@ def test_an_elastic_run_with_batch_shares_trains_the_non_elastic_runs_numbers(tm
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
-    runs = {name: subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                   cwd=tmp_path)
-            for name, extra in (("elastic", ["--elastic", "--heartbeat-timeout", "1.5"]), ("plain", []))}
-    out = {}
-    for name, process in runs.items():
-        stdout, stderr = process.communicate(timeout=240)
-        assert process.returncode == 0, f"{name}: {stderr[-2000:]}"
-        out[name] = json.loads(stdout)
+    base = ["train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
+    out = run_side_by_side({"elastic": [*base, "--elastic", "--heartbeat-timeout", "1.5"], "plain": base}, tmp_path,
+                           env)
     elastic, plain = out["elastic"], out["plain"]
     assert elastic["summary"]["steps"] == STEPS and elastic["summary"]["contributors"] == [2.0] * STEPS
     assert elastic["summary"]["samples"] == STEPS * 4  # group 0: 1 window a step, group 1: 3
     # the same full-batch gradient each step, summed in another order (group-weighted fp32 all-reduce against
     # per-replica factors R n_r / N): float32 rounding (measured: equal to the bit here). An exchange that
-    # averaged the two groups equally (the 1 window's gradient as heavy as the 3's) moved the loss by 0.008 to 0.057 nats from
-    # the second step on.
+    # averaged the two groups equally (the 1 window's gradient as heavy as the 3's) moved the loss by 0.008 to
+    # 0.057 nats from the second step on.
     print("elastic - plain losses:", np.subtract(elastic["losses"], plain["losses"]))
     np.testing.assert_allclose(elastic["losses"], plain["losses"], rtol=0, atol=2e-6)
     assert abs(elastic["validation"][-1]["loss"] - plain["validation"][-1]["loss"]) < 2e-6

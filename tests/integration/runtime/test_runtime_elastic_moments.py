@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from one_interpreter import run_side_by_side
 from paths import ROOT
 
 pytest.importorskip("torchft")
@@ -28,15 +27,9 @@ def test_an_elastic_moment_sync_run_trains_the_non_elastic_runs_numbers(tmp_path
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
-    runs = {name: subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                   cwd=tmp_path)
-            for name, extra in (("elastic", ["--elastic", "--heartbeat-timeout", "1.5"]), ("plain", []))}
-    out = {}
-    for name, process in runs.items():
-        stdout, stderr = process.communicate(timeout=240)
-        assert process.returncode == 0, f"{name}: {stderr[-2000:]}"
-        out[name] = json.loads(stdout)
+    base = ["train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
+    out = run_side_by_side({"elastic": [*base, "--elastic", "--heartbeat-timeout", "1.5"], "plain": base}, tmp_path,
+                           env)
     elastic, plain = out["elastic"], out["plain"]
     assert elastic["summary"]["steps"] == STEPS and elastic["summary"]["max_param_diff_across_replicas"] == 0.0
     # the same exchanges of the same numbers on the same codecs, summed in the same order: bit for bit

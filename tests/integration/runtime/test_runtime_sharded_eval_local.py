@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from one_interpreter import run_side_by_side
 from paths import ROOT
 from runtime_2x2 import CLUSTER_YAML
 
@@ -24,17 +23,11 @@ SHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]
 def test_a_sharded_slot_scores_its_replica_locally_as_the_shared_evaluation_does(tmp_path):
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
     (tmp_path / "plan.json").write_text(json.dumps(SHARDED))
-    base = [sys.executable, "-m", "geotrain", "train", "--run-dir", "none", "--cluster", str(tmp_path / "cluster.yaml"),
+    base = ["train", "--run-dir", "none", "--cluster", str(tmp_path / "cluster.yaml"),
             "--plan", str(tmp_path / "plan.json"), "--steps", "8", "--sync-every", "4", "--dp-codec", "int8-block",
             "--time-scale", "0", "--eval-every", "8", "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    runs = {name: subprocess.Popen(base + extra, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                   cwd=tmp_path) for name, extra in (("local", ["--eval-local"]), ("shared", []))}
-    out = {}
-    for name, process in runs.items():
-        stdout, stderr = process.communicate(timeout=240)
-        assert process.returncode == 0, f"{name}: {stderr[-2000:]}"
-        out[name] = json.loads(stdout)
+    out = run_side_by_side({"local": [*base, "--eval-local"], "shared": base}, tmp_path, env)
     local, shared = out["local"], out["shared"]
     assert local["losses"] == shared["losses"]  # the evaluation changes no training
     (last_local,), (last_shared,) = local["validation"], shared["validation"]
