@@ -61,7 +61,8 @@ def main() -> None:
             if rank == 0:
                 print(f"step {step} loss {mean_loss.item() / dist.get_world_size():.8f}", flush=True)
     total = sum(float(p.detach().double().sum()) for p in model.parameters())
-    print(f"rank {rank} final {total!r} bytes {diloco.bytes_sent} declared {diloco.declared_bytes}", flush=True)
+    # one write of the whole line, newline included: the ranks share one stdout (see adaptive_diloco.py)
+    print(f"rank {rank} final {total!r} bytes {diloco.bytes_sent} declared {diloco.declared_bytes}\n", end="", flush=True)
     dist.destroy_process_group()
 
 

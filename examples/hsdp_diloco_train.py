@@ -64,10 +64,11 @@ def main() -> None:
             losses.append(loss.item())
     local = [p.to_local().detach() for p in model.parameters()]
     every = args.sync_every
+    # one write of the whole line, newline included: the ranks share one stdout (see adaptive_diloco.py)
     print(f"site {site} shard {shard}: holds {sum(t.numel() for t in local)} of "
           f"{sum(p.numel() for p in model.parameters())} elements; loss {sum(losses[:every]) / every:.4f} -> "
           f"{sum(losses[-every:]) / every:.4f} (first -> last period); shard sum "
-          f"{sum(float(t.double().sum()) for t in local):.10f}", flush=True)
+          f"{sum(float(t.double().sum()) for t in local):.10f}\n", end="", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
