@@ -117,22 +117,24 @@ MAX_LOSS_LINES = 8
 
 def loss_lines(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The loss panel's points, each list in time order (seconds since loop_origin): {"lines": {label: [(t, loss)]}
-    one per replica ("replica r (site)"; per site above MAX_LOSS_LINES replicas), "validation": [(t, loss)] the
-    validation losses (the global model's: every replica scores the same one, or a replica its copy of it)}.
-    Ranks that take different numbers of steps (adaptive, asynchronous) keep their own line, so no line runs back
-    in time."""
+    one per replica ("replica r (site)"; per site above MAX_LOSS_LINES replicas), "validation": [(t, loss)] one
+    point per evaluation}. Ranks that take different numbers of steps (adaptive, asynchronous) keep their own line,
+    so no line runs back in time. The ranks of one evaluation all record its loss (an all-reduce: the same float),
+    each on a step that ends at its own time; the point sits at the latest of them, when the last rank joined it.
+    A replica's own evaluation (asynchronous --eval-local) has a loss of its own, so a point of its own."""
     origin = loop_origin(steps)
     many = len({s["replica"] for s in steps}) > MAX_LOSS_LINES
     lines: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    validation: set[tuple[float, float]] = set()
+    evaluations: dict[float, float] = {}  # loss -> the latest time a rank recorded it
     for s in steps:
         t = _time_of(s, origin)
         if s.get("loss") is not None:
             lines[s["site"] if many else f"replica {s['replica']} ({s['site']})"].append((t, float(s["loss"])))
         if s.get("val_loss") is not None:
-            validation.add((round(t, 9), float(s["val_loss"])))
+            loss = float(s["val_loss"])
+            evaluations[loss] = max(t, evaluations.get(loss, t))
     return {"lines": {label: sorted(points) for label, points in sorted(lines.items())},
-            "validation": sorted(validation)}
+            "validation": sorted((t, loss) for loss, t in evaluations.items())}
 
 
 def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], path: Path | str,

@@ -75,3 +75,16 @@ def test_the_loss_panel_has_one_line_per_replica_in_time_order_from_the_loops_st
                               "replica 1 (b)": [(2.0, 2.0), (4.0, 1.0)]}
     assert panel["validation"] == [(4.0, 2.5)]
     # averaged by step index (the old panel), step 1 would sit at 4.0 s (replica 1's) and step 2 at 3.0 s
+
+
+
+def test_the_loss_panel_draws_one_validation_point_per_evaluation_where_the_last_rank_joined_it():
+    """Every rank of an evaluation records its all-reduced loss (the same float) on a step that ends at its own
+    time: one point, at the latest; the old panel drew one point per rank (4 ranks x 4 evaluations: 16 dots)."""
+    lines = uneven_lines(asynchronous=False)  # replica 0: steps end at 51..54 s; replica 1: at 52 and 54 s
+    lines[1] = {**lines[1], "val_loss": 2.75, "emulated_end_s": 51.5}  # the fast rank is there first
+    lines[4] = {**lines[4], "val_loss": 2.75}  # the slow rank joins at 52 s
+    lines[3] = {**lines[3], "val_loss": 2.5}
+    lines[5] = {**lines[5], "val_loss": 2.5}  # the end's evaluation: both at 54 s
+    lines[2] = {**lines[2], "val_loss": 2.625}  # a replica's own evaluation (--eval-local): a point of its own
+    assert loss_lines(lines)["validation"] == [(2.0, 2.75), (3.0, 2.625), (4.0, 2.5)]
