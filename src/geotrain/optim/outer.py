@@ -43,15 +43,21 @@ class OuterStepError(GeotrainError, ValueError):
     """An invalid outer-step setting (named with its value)."""
 
 
-def check_outer_settings(sync_every: Any, lr: Any, momentum: Any, source: str = "OuterStep") -> None:
-    """Raise OuterStepError unless sync_every is an integer >= 1, lr finite > 0, momentum in [0, 1)."""
+def check_outer_settings(sync_every: Any, lr: Any, momentum: Any, source: str = "OuterStep",
+                         section: str | None = None) -> None:
+    """Raise OuterStepError unless sync_every is an integer >= 1, lr finite > 0, momentum in [0, 1). The message
+    names the setting as `source: key`, or as `section.key` with a config `section` (the CLI writes such a key
+    as the flag the user typed)."""
+    def where(key: str) -> str:
+        return f"{source}: {key}" if section is None else f"{section}.{key}"
+
     if not isinstance(sync_every, int) or isinstance(sync_every, bool) or sync_every < 1:
-        raise OuterStepError(f"{source}: sync_every must be an integer >= 1, got {sync_every!r}")
+        raise OuterStepError(f"{where('sync_every')} must be an integer >= 1, got {sync_every!r}")
     for name, value, ok in (("outer_lr", lr, lambda v: v > 0), ("outer_momentum", momentum, lambda v: 0 <= v < 1)):
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or not math.isfinite(value) or not ok(value):
             bound = "> 0" if name == "outer_lr" else "in [0, 1)"
-            raise OuterStepError(f"{source}: {name} must be a finite number {bound}, got {value!r}")
+            raise OuterStepError(f"{where(name)} must be a finite number {bound}, got {value!r}")
 
 
 class OuterStep:

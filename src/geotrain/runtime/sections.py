@@ -422,8 +422,9 @@ class EmulationSection(Section):
             self._fail("compute_clock", "must be wall or cpu")
         self._flag("emulate_gpu_speed")
         if self.emulate_gpu_speed and not self.time_scale > 0:
-            raise RuntimeConfigError(f"emulation.emulate_gpu_speed scales the emulated compute, but time_scale "
-                                     f"{self.time_scale!r} runs without emulation; give a time scale > 0")
+            raise RuntimeConfigError(f"emulation.emulate_gpu_speed scales the emulated compute, but "
+                                     f"emulation.time_scale {self.time_scale!r} runs without emulation; give a time "
+                                     f"scale > 0")
 
 
 DEFAULT_SEQ_LEN = 128
@@ -571,7 +572,7 @@ class OptimSection(Section):
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
             return
         try:
-            check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "optim")
+            check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, section=self.SECTION)
         except OuterStepError as exc:
             raise RuntimeConfigError(str(exc)) from None
         if self.fragments > self.sync_every:

@@ -65,6 +65,11 @@ def base(tmp_path: Path) -> list[str]:
     (["--data", "/no/such/corpus.txt"], "^--data '/no/such/corpus.txt': no such file or directory"),
     (["--model", "gpt7"], "^--model 'gpt7': not a preset"),
     (["--dp-hierarchical", "--dp-codec", "powersgd"], "--dp-hierarchical takes a codec of geotrain.codecs"),
+    (["--sync-every", "0"], "^--sync-every must be an integer >= 1, got 0$"),
+    (["--sync-every", "2", "--outer-lr", "0"], "^--outer-lr must be a finite number > 0, got 0.0$"),
+    (["--sync-every", "2", "--outer-momentum", "1"], r"^--outer-momentum must be a finite number in \[0, 1\), got 1.0$"),
+    (["--emulate-gpu-speed"], "^--emulate-gpu-speed scales the emulated compute, but --time-scale 0.0 runs without "
+                              "emulation"),
 ])
 def test_impossible_train_options_give_one_line_and_exit_2(base, capsys, options, message):
     assert main([*base, *options]) == 2
