@@ -42,6 +42,8 @@ def test_every_requirement_is_pinned_inside_its_declared_range():
 
 def test_the_core_libraries_are_declared_as_ranges_not_pins():
     declared = {canonicalize_name(r.name): r.specifier for r in _requirements()}
+    pinned = [name for name, specifier in declared.items() if any(s.operator == "==" for s in specifier)]
+    assert pinned == [], f"pyproject pins {pinned} (exact versions belong in constraints.txt)"
     for name in ("torch", "transformers", "torchft"):
         operators = {spec.operator for spec in declared[name]}
         assert "==" not in operators and ">=" in operators and "<" in operators, (name, str(declared[name]))
