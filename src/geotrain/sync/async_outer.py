@@ -64,7 +64,8 @@ class AsyncOuterSync:
     """This rank's side of asynchronous DiLoCo (module doc): `after_inner_step()` after each inner step,
     `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical). `budget`: the
     replica outer gradients the global model takes at most (async_server; None: no cap). `timeout_s`: the
-    collective timeout of the groups it creates (None: torch's default; a run gives its --comm-timeout). `merge`:
+    collective timeout of the groups it creates and the server's own rank's wait for its reply (async_wire; None:
+    torch's default, no bound in process; a run gives its --comm-timeout). `merge`:
     what each server does to an arriving outer gradient before its outer optimizer (geotrain.sync.async_merge)."""
 
     _instances = itertools.count()
@@ -109,7 +110,7 @@ class AsyncOuterSync:
             server_timer = LinkTimer.for_server(self.emulation) if self.rank == self.leader else None
             timing = MailboxTiming(emulating.inner, LinkTimer.of_rank(self.emulation), server_timer)
         self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, replica_group, numel,
-                               self.sent_to, None if self.emulation is None else timing)
+                               self.sent_to, None if self.emulation is None else timing, timeout_s)
         self._publish_clock()
         self.threads: list[ServerThread] = []
         self.servers: list[OuterServer] = []
@@ -127,7 +128,8 @@ class AsyncOuterSync:
                 if server_timer is not None:  # emulated links
                     upstream_timing = MailboxTiming(emulating_group(global_group).inner, server_timer,
                                                     LinkTimer.for_server(self.emulation) if self.rank == 0 else None)
-                upstream = Mailbox(store, f"{instance}/global", 0, global_group, numel, self.sent_to, upstream_timing)
+                upstream = Mailbox(store, f"{instance}/global", 0, global_group, numel, self.sent_to, upstream_timing,
+                                   timeout_s)
                 if self.rank == 0:
                     leaders = [g[0] for g in groups]
                     # the regions already applied the outer optimizer: the global server averages their

@@ -14,6 +14,11 @@ Deadlock-freedom: each client has at most one request out and blocks on its repl
 requests one at a time and never waits on a client that has a request out. Per process each process
 group is used by one thread only (gloo's pairs are not shared between threads).
 
+Bounded waits: a remote client's wait for its reply is a gloo receive, bounded by its group's timeout (a run's
+--comm-timeout); the server's own rank waits on an in-process queue, bounded by the same `timeout_s`
+(ReplyTimeout), so a replica held by a peer that is slow but alive (a staleness bound, the final exchange) ends
+the run at --comm-timeout on every rank, the server's included.
+
 Wire format, per request: float64 header [base, count, final + 2 x pause + 4 x round, has_gradient, arrival_s], then
 the flat float32 gradient if any; per reply: float64 header [version, updates, final + 2 x checkpoint, arrival_s,
 sent_s] (a checkpoint round's pause and step: async_server), then the flat float32 model (arrival_s, sent_s: emulated
@@ -74,13 +79,19 @@ class MailboxTiming:
     server_timer: LinkTimer | None = None
 
 
+class ReplyTimeout(RuntimeError):
+    """The server's own rank waited longer than its timeout for its reply (worded as gloo's timeouts are, so a run
+    names the ranks that held it up as for any collective past --comm-timeout)."""
+
+
 class Mailbox:
     """The announcements of requests to one server (`name`) in the store, in arrival order, plus the
     in-process queues of the server's own rank. `sent_to`: bytes this process put on links, by peer rank;
-    `timing`: on emulated links (module doc), else None."""
+    `timing`: on emulated links (module doc), else None; `timeout_s`: how long the server's own rank waits for a
+    reply (seconds; None: no bound), as its group bounds a remote client's."""
 
     def __init__(self, store: Any, name: str, host: int, group: Any, numel: int, sent_to: Counter,
-                 timing: MailboxTiming | None = None) -> None:
+                 timing: MailboxTiming | None = None, timeout_s: float | None = None) -> None:
         # a store client per side: a TCPStore client serialises its calls, so a server blocked in `wait` would
         # hold the announcements of its own rank's client until the wait timed out
         self.client_store, self.server_store = _own_client(store), _own_client(store)
@@ -90,6 +101,7 @@ class Mailbox:
         self.numel = numel
         self.sent_to = sent_to
         self.timing = timing
+        self.timeout_s = timeout_s
         self.client_board = ClockBoard(self.client_store, name)
         self.server_board = ClockBoard(self.server_store, name)
         self.local_requests: queue.Queue[tuple[float, Request]] = queue.Queue()
@@ -120,7 +132,11 @@ class Mailbox:
         if client == self.host:
             self.local_requests.put((send_s, request))
             self._announce(client)
-            got = self.local_replies.get()
+            try:
+                got = self.local_replies.get(timeout=self.timeout_s)
+            except queue.Empty:
+                raise ReplyTimeout(f"Timed out waiting {self.timeout_s * 1000:.0f}ms for the reply of the outer "
+                                   "updates' server in this process (it waits for other replicas)") from None
             if isinstance(got, BaseException):
                 raise got
             return got

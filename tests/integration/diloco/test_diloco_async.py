@@ -1,6 +1,7 @@
 """Asynchronous DiLoCo (`DiLoCo(asynchronous=True)`, geotrain.sync.async_outer) in real gloo processes: a
 slow rank does not hold the fast ones, every rank ends with the same final global model, the staleness
-bound holds, and the hierarchical variant merges inside a region before it crosses to another."""
+bound holds, the hierarchical variant merges inside a region before it crosses to another, and the server's own
+rank waits for its reply no longer than the timeout (a run's --comm-timeout)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch.distributed as dist
 from geotrain.comm import run_workers
 from geotrain.diloco import DiLoCo
 from geotrain.sync import SyncError
+from geotrain.sync.async_outer import AsyncOuterSync
+from geotrain.sync.async_wire import ReplyTimeout
 
 
 def _model() -> torch.nn.Module:
@@ -114,3 +117,32 @@ def test_unsupported_settings_are_refused_in_one_line():
     message = run_workers(_refused, 1, timeout_s=60)[0]
     assert message == ("DiLoCo(asynchronous=True): fragments must be 1 (whole-model updates through the global "
                        "model's server, on the default group), got 2")
+
+
+HELD_TIMEOUT_S = 1.5
+
+
+def _held_by_a_live_peer(rank: int, world: int) -> tuple[float, str] | None:
+    """Rank 1 stays alive and never sends (a site slowed 1000x); rank 0, the server's rank, sends its final update:
+    its reply waits for rank 1's, in process."""
+    model = _model()
+    outer = AsyncOuterSync(list(model.parameters()), 2, outer_lr=1.0, outer_momentum=0.0, timeout_s=HELD_TIMEOUT_S)
+    if rank == 1:
+        time.sleep(2 * HELD_TIMEOUT_S + 1)
+        return None
+    started = time.monotonic()
+    try:
+        outer.finish()
+    except ReplyTimeout as exc:
+        return time.monotonic() - started, str(exc)
+    finally:
+        outer.close()
+    return None
+
+
+def test_the_servers_own_rank_waits_for_its_reply_at_most_the_timeout():
+    # a remote client's wait is a gloo receive on a group with the timeout; the server's rank waited on a queue
+    # without one, so a run with a slow but live site never ended (--comm-timeout 30: 200 s and counting)
+    held_s, message = run_workers(_held_by_a_live_peer, 2, timeout_s=60)[0]
+    assert HELD_TIMEOUT_S <= held_s < HELD_TIMEOUT_S + 1.5
+    assert message.startswith("Timed out waiting 1500ms for the reply of the outer updates' server in this process")
