@@ -56,7 +56,7 @@ def rank_labels(about: dict[str, Any]) -> dict[int, str]:
         try:
             labels[int(r["rank"])] = (f"rank {r['rank']} {r['site']} (stage {r['stage']}, replica {r['replica']}, "
                                       f"{r['device_name']})")
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: a rank of Infinity
             continue
     return labels
 

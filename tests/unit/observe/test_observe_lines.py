@@ -109,6 +109,17 @@ def test_a_rank_file_that_is_a_directory_and_a_corrupt_run_json_are_notes(tmp_pa
     assert run_report(tmp_path)["notes"][0] == "run.json: not a JSON object (ignored)"
 
 
+def test_finish_run_writes_the_trace_whatever_run_json_says_of_the_ranks(tmp_path):
+    write_rank(tmp_path, 0, line(step(0, 0)) + line(end(0, 1)))
+    names = '"site": "east", "stage": 0, "replica": 0, "device_name": "east-0"'
+    for rank in ("Infinity", "NaN", "1e400", '"x"', "[0]", "null", "1.5"):  # Infinity: int() raised OverflowError
+        (tmp_path / "run.json").write_text(f'{{"ranks": [{{"rank": {rank}, {names}}}, 7, {{"rank": 0, {names}}}]}}')
+        done = finish_run(tmp_path, config=None)
+        trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+        labels = {e["pid"]: e["args"]["name"] for e in trace if e["name"] == "process_name"}
+        assert done["steps"] == 1 and labels[0] == "rank 0 east (stage 0, replica 0, east-0)", rank
+
+
 def test_a_failed_a_killed_and_a_silent_rank_make_the_run_incomplete(tmp_path):
     write_rank(tmp_path, 0, line(event("start")) + line(step(0, 0)) + line(end(0, 1)))
     write_rank(tmp_path, 1, line(event("start", 1)) + line(step(1, 0)) + line(event("failure", 1, 1, reason="watchdog: "
