@@ -100,8 +100,13 @@ def module_found(name: str) -> bool:
 
 
 def same_file(first: str, second: str) -> bool:
-    """Whether two output paths name one file (through links and relative parts too)."""
-    return os.path.realpath(first) == os.path.realpath(second)
+    """Whether two output paths name one file (through symbolic links, hard links and relative parts too)."""
+    if os.path.realpath(first) == os.path.realpath(second):
+        return True
+    try:
+        return os.path.samefile(first, second)  # two names of one existing file (a hard link)
+    except OSError:  # one of them does not exist yet: two files
+        return False
 
 
 def gpu_compute_scale(cluster: Any) -> tuple[float, ...]:

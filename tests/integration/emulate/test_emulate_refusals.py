@@ -1,7 +1,9 @@
 """`geotrain emulate` refuses, in one line and before any rank starts, a module `python -m` would not find and
-one file named by both --trace and --report (the trace would overwrite the report)."""
+one file named by both --trace and --report (the trace would overwrite the report), whatever links name it."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 from runtime_2x2 import write_job_files
@@ -40,3 +42,14 @@ def test_one_file_for_trace_and_report_is_refused(tmp_path, capsys, monkeypatch)
         "geotrain: error: emulate: --trace and --report name the same file './out.json': the trace would overwrite "
         "the report; give two paths"]
     assert not (tmp_path / "out.json").exists()
+
+
+def test_two_names_of_one_file_are_one_file_for_trace_and_report(tmp_path):
+    from geotrain.cli.emulate_cmd import same_file
+
+    (tmp_path / "out.json").write_text("{}")
+    os.link(tmp_path / "out.json", tmp_path / "hard.json")  # the trace would overwrite the report through it
+    (tmp_path / "soft.json").symlink_to("out.json")
+    for other in ("hard.json", "soft.json", "./out.json"):
+        assert same_file(str(tmp_path / "out.json"), str(tmp_path / other)), other
+    assert not same_file(str(tmp_path / "out.json"), str(tmp_path / "new.json"))
