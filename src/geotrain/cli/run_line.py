@@ -2,6 +2,7 @@
 
     what_runs(config, plan)        "runs: 1 stage x 3 replicas of plan auto on three-sites; sync: ...; batch: ..."
     outer_settings_note(config)    a note when --sync-every keeps DiLoCo's 0.7 / 0.9 on a short run, else None
+    async_validation_note(config)  a note when --eval-every meets asynchronous outer updates without --eval-local
 
 The table of a run reports times and losses; this line says which synchronisation, codecs and batch made them
 (the JSON has them all in its "config").
@@ -94,3 +95,15 @@ def outer_settings_note(config: Any) -> str | None:
             f"where they overshoot (bench wan, 12 outer steps: +0.25 nats). --outer-lr 1 --outer-momentum 0 "
             f"averages the replicas instead, as `plan --wan-recipe auto --recipe-steps N` chooses under "
             f"{PAPER_OUTER_STEPS} outer steps")
+
+
+def async_validation_note(config: Any) -> str | None:
+    """`--eval-every N` with asynchronous outer updates and no --eval-local: the ranks are at different steps, so
+    the global model is scored at the end only (no mid-run collective); say so rather than give one row of N's."""
+    data, optim = config.data, config.optim
+    if optim.outer_sync == "sync" or not data.eval_every or data.eval_local or data.eval_every >= config.run.steps:
+        return None
+    return (f"geotrain: note: --eval-every {data.eval_every} with --outer-sync {optim.outer_sync}: the global model "
+            f"is validated at the end only (the ranks are at different steps: no mid-run collective); --eval-local "
+            f"also has each replica score the global model it gets back, every {data.eval_every} of its steps")
+

@@ -337,12 +337,12 @@ def say_what_runs(args: Any, config: Any, out: Output) -> None:
     """Before the run: the outer-settings note of a short --sync-every run (stderr), and in text mode one line
     of what runs (sync, codecs, recipe, batch per replica against the plan's job)."""
     from geotrain.cli.resume_hint import resume_banner
-    from geotrain.cli.run_line import outer_settings_note, what_runs
+    from geotrain.cli.run_line import async_validation_note, outer_settings_note, what_runs
     from geotrain.plan import Plan
 
-    note = outer_settings_note(config)
-    if note:
-        print(note, file=sys.stderr)
+    for note in (outer_settings_note(config), async_validation_note(config)):
+        if note:
+            print(note, file=sys.stderr)
     resumed = resume_banner(config)  # (before any process starts: no checkpoint to resume is one line)
     if not args.json:
         out.text(what_runs(config, Plan.load(args.plan)))

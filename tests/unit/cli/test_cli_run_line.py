@@ -1,7 +1,7 @@
 """`geotrain train` says what it runs (sync, codecs, recipe, batch per replica against the plan's job), and a
 short `--sync-every` run with DiLoCo's outer settings says what they are and why they may hurt it."""
 
-from geotrain.cli.run_line import outer_settings_note, what_runs
+from geotrain.cli.run_line import async_validation_note, outer_settings_note, what_runs
 from geotrain.cluster import load_cluster
 from geotrain.plan import Plan
 from geotrain.runtime import RuntimeConfig
@@ -46,3 +46,15 @@ def test_sync_every_alone_on_a_short_run_says_its_outer_settings_and_why():
     assert outer_settings_note(config(sync_every=5, steps=30, outer_lr=1.0, outer_momentum=0.0)) is None
     assert outer_settings_note(config(sync_every=2, steps=400)) is None  # 200 outer steps: DiLoCo's regime
     assert outer_settings_note(config(steps=30)) is None
+
+
+def test_eval_every_with_asynchronous_updates_says_the_global_model_is_scored_at_the_end_only():
+    note = async_validation_note(config(sync_every=2, outer_sync="async", eval_every=4, steps=16))
+    assert note == ("geotrain: note: --eval-every 4 with --outer-sync async: the global model is validated at the end "
+                    "only (the ranks are at different steps: no mid-run collective); --eval-local also has each "
+                    "replica score the global model it gets back, every 4 of its steps")
+    for quiet in (config(sync_every=2, eval_every=4, steps=16),  # synchronous: every 4 steps, as asked
+                  config(sync_every=2, outer_sync="async", eval_every=4, eval_local=True, steps=16),
+                  config(sync_every=2, outer_sync="async", eval_every=16, steps=16),  # the end is all it asked
+                  config(sync_every=2, outer_sync="async", steps=16)):
+        assert async_validation_note(quiet) is None
