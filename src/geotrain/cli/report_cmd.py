@@ -115,7 +115,9 @@ def _health_lines(out: Output, report: dict[str, Any]) -> None:
 
 def _split_tables(out: Output, split: dict[str, Any], unit: str) -> None:
     used = split["steps_used"]
-    out.table(f"per site: mean {unit} seconds per step over steps {used[0]}..{used[1]}; bytes summed",
+    steps = (f"each rank's own steps after its first ({used[0]}..{used[1]}: ranks took different numbers of steps)"
+             if split.get("uneven") else f"steps {used[0]}..{used[1]}")
+    out.table(f"per site: mean {unit} seconds per step over {steps}; bytes summed",
               ["site", "ranks", *COLUMNS],
               [[e["site"], " ".join(map(str, e["ranks"])), *row[1:]]
                for e, row in zip(split["sites"], _rows(split["sites"], ["site"]), strict=True)])

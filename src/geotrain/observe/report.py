@@ -47,8 +47,9 @@ def _row(group: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def time_split(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """{"ranks": [{rank, site, stage, replica, steps, step_s, compute_s, comm_s, wait_s, *_pct, bytes_*}],
-    "sites": [{site, ranks, ...same means...}], "steps_used": first..last}. Seconds are means per step
-    (steps after the first); bytes are sums over those steps."""
+    "sites": [{site, ranks, ...same means...}], "steps_used": first..last, "asynchronous", "uneven"}. Seconds are
+    means per step (steps after the first); bytes are sums over those steps. `uneven`: ranks took different numbers
+    of steps (a step's run progress is not its index), so `steps_used` spans the ranks' own counts."""
     steady = _steady([s for s in steps if s.get("compute_s") is not None])  # elastic groups' lines: no split
     by_rank: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for s in steady:
@@ -73,7 +74,8 @@ def time_split(steps: Sequence[dict[str, Any]]) -> dict[str, Any]:
         sites.append(entry)
     used = sorted({s["step"] for s in steady})
     return {"ranks": ranks, "sites": sites, "steps_used": [used[0], used[-1]] if used else [],
-            "asynchronous": any(s.get("global_updates") is not None for s in steps)}
+            "asynchronous": any(s.get("global_updates") is not None for s in steps),
+            "uneven": any(s.get("progress_step") not in (None, s["step"]) for s in steps)}
 
 
 def holding_back(split: dict[str, Any]) -> dict[str, Any] | None:

@@ -88,3 +88,13 @@ def test_the_loss_panel_draws_one_validation_point_per_evaluation_where_the_last
     lines[5] = {**lines[5], "val_loss": 2.5}  # the end's evaluation: both at 54 s
     lines[2] = {**lines[2], "val_loss": 2.625}  # a replica's own evaluation (--eval-local): a point of its own
     assert loss_lines(lines)["validation"] == [(2.0, 2.75), (3.0, 2.625), (4.0, 2.5)]
+
+
+def test_the_split_says_when_its_steps_are_the_ranks_own_counts():
+    """An adaptive run of 2 steps where the fast rank took 4: its steps 1..3 are not the run's."""
+    lines = uneven_lines(asynchronous=False)
+    assert not time_split(lines)["uneven"]  # every step at its own progress: lock-step
+    for line in lines[:4]:
+        line["progress_step"] = line["step"] // 2  # the fast replica: 2 of its steps per step of the run
+    split = time_split(lines)
+    assert split["uneven"] and split["steps_used"] == [1, 3]
