@@ -1,8 +1,11 @@
 """TensorBoard scalars of a run directory, written from its metrics lines (after the run, or on demand by
 `geotrain report --tensorboard`): one event file under <run dir>/tensorboard/.
 
-Tags, with the training step as the step: `rank<r>/<metric>` for every rank and `site/<name>/<metric>` per
-site (the mean over the site's ranks of that step), for the metrics of SCALARS. Needs the `tensorboard`
+Tags, with the training step as the step: `rank<r>/<metric>` for every rank (its own steps) and
+`site/<name>/<metric>` per site (the mean over the site's ranks of that step of the run's progress: where ranks
+take different numbers of steps, adaptive or asynchronous, a fast rank's steps 8 and 9 and a slow rank's step 2
+can be the run's step 4, and a site's mean by step index would mix the run's step 4 with its step 14), for the
+metrics of SCALARS. Needs the `tensorboard`
 package (the extra `geotrain[tensorboard]`); without it `write_scalars` raises TensorBoardMissing.
 """
 
@@ -25,12 +28,14 @@ class TensorBoardMissing(GeotrainError, ImportError):
 
 
 def site_means(steps: Sequence[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
-    """{(site, step): {metric: mean over the site's ranks}} of the SCALARS present (not None)."""
+    """{(site, step of the run's progress): {metric: mean over the site's ranks' steps there}} of the SCALARS
+    present (not None); a line without `progress_step` (an elastic group's) by its own step."""
     values: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in steps:
+        progress = s.get("progress_step")
         for key in SCALARS:
             if s.get(key) is not None:
-                values[(s["site"], s["step"])][key].append(float(s[key]))
+                values[(s["site"], int(s["step"] if progress is None else progress))][key].append(float(s[key]))
     return {where: {k: sum(v) / len(v) for k, v in by_key.items()} for where, by_key in values.items()}
 
 
@@ -63,13 +68,22 @@ def check_writable(run_dir: Path | str) -> Path:
     return folder
 
 
+EVENT_FILES = "events.out.tfevents.*"
+
+
 def write_scalars(run_dir: Path | str, steps: Sequence[dict[str, Any]]) -> Path:
     """Write the scalars of `steps` (metrics step records, as geotrain.observe.lines reads them) under
-    run_dir/tensorboard; returns that folder. TensorBoardUnwritable where the files cannot be written."""
+    run_dir/tensorboard, in place of the event files there (TensorBoard reads every file of a folder: a rewrite
+    beside the old ones would show each point twice); returns that folder. TensorBoardUnwritable where the files
+    cannot be written (the old ones are then kept)."""
     summary_writer = _summary_writer()
     folder = Path(run_dir) / TENSORBOARD_DIR
+    old = {path: path.stat().st_mtime_ns for path in folder.glob(EVENT_FILES)} if folder.is_dir() else {}
     try:
         _write(summary_writer(log_dir=str(folder)), steps)
+        for path, written in old.items():  # (a name the new file took again has a newer time: kept)
+            if path.exists() and path.stat().st_mtime_ns == written:
+                path.unlink()
     except OSError as exc:
         raise TensorBoardUnwritable(f"{folder}: cannot write TensorBoard files there: {exc.strerror or exc}") from None
     return folder

@@ -12,6 +12,7 @@ from geotrain.models import lr_at
 from geotrain.observe.metrics import read_metrics, step_metrics
 from geotrain.observe.observer import RunObserver
 from geotrain.observe.report import holding_back, loss_lines, loop_origin, time_split
+from geotrain.observe.tensorboard import site_means
 from geotrain.runtime import RuntimeConfig
 
 
@@ -98,3 +99,35 @@ def test_the_split_says_when_its_steps_are_the_ranks_own_counts():
         line["progress_step"] = line["step"] // 2  # the fast replica: 2 of its steps per step of the run
     split = time_split(lines)
     assert split["uneven"] and split["steps_used"] == [1, 3]
+
+
+def test_a_sites_tensorboard_means_are_by_the_runs_progress_not_the_ranks_step_index():
+    """One site of an A100 (2 steps per step of the run) and a T4 (one step per 2), as in a compact
+    `gpu: [A100, T4]` region: the T4's step 1 is the run's step 2, beside the A100's steps 4 and 5."""
+    lines = []
+    for rank, steps, per_progress in ((0, 6, 0.5), (1, 2, 2.0)):
+        for step in range(steps):
+            progress = int(step * per_progress)
+            lines.append({"step": step, "rank": rank, "site": "a", "progress_step": progress,
+                          "lr": lr_at(progress, 4, 3e-3), "loss": None})
+    means = site_means(lines)
+    assert sorted(means) == [("a", 0), ("a", 1), ("a", 2)]
+    assert means[("a", 2)]["lr"] == pytest.approx(lr_at(2, 4, 3e-3))  # every rank's lr there is the run's step 2
+    # by step index, step 1 would average the A100's run step 0 with the T4's run step 2
+    assert means[("a", 1)]["lr"] == pytest.approx(lr_at(1, 4, 3e-3))
+
+
+def test_rewriting_the_tensorboard_files_replaces_them(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from geotrain.observe.tensorboard import write_scalars
+
+    lines = [{**line, "rank": line["replica"], "lr": 1e-3, "grad_norm": None, "t_wall": 1000.0 + i}
+             for i, line in enumerate(uneven_lines(asynchronous=False))]
+    write_scalars(tmp_path, lines)
+    folder = write_scalars(tmp_path, lines)  # `geotrain report --tensorboard` on a finished run
+    assert len(list(folder.glob("events.out.tfevents.*"))) == 1
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    assert [s.step for s in events.Scalars("rank0/loss")] == [0, 1, 2, 3]  # once each, not twice
