@@ -1,11 +1,14 @@
 """A run of an overlapped, uneven or asynchronous outer sync, stopped mid-period (--stop-after) or by Ctrl-C and
 resumed from its checkpoint, ends on the uninterrupted run's parameters and losses: Streaming DiLoCo with P 2, tau 1
 and int8-block (an exchange in flight at the checkpoint, settled: sync/settle.py) and adaptive local steps on an
-A100 + T4 pair with a delay and eager landing (each replica checkpoints at its own share of the period:
-AdaptiveOuterSync.checkpoint_position), streaming to the bit (the computation is deterministic), adaptive to within
-2e-3 in any parameter (its splits come from measured step times: alone it ends on the bit, but with the file's
-launches side by side on a loaded host the resumed run ended 4.7e-4 away, in three runs out of about ten; the run
-moves its parameters by about 1e-2); asynchronous outer updates (a checkpoint round of the
+H100 + P100 pair with a delay and eager landing (each replica checkpoints at its own share of the period:
+AdaptiveOuterSync.checkpoint_position), both to the bit. Adaptive splits come from measured step times, so a period
+of the resumed run shares its steps as the uninterrupted run's did only while the measured speed ratio stays on the
+same side of a rounding boundary (sync/adaptive.py): with an A100 + T4 pair (4.8x apart, the 5 / 1 split flips below
+3x) a loaded host moved one, and the resumed run ended up to 4.7e-4 away; 46.6x apart, the fast rank's steps must
+measure 15x slow for that. The test reads each period's split from both runs' records and compares the parameters
+to the bit where every split agrees (within 5e-3 otherwise: one step moved; the run moves its parameters by about
+1e-2); asynchronous outer updates (a checkpoint round of the
 global model's server: sync/async_server.py; outer lr 1, no momentum) to within 0.05 nats of the final global
 model's validation loss (the round's pause lets the other replica run ahead, so the server applies arrivals in
 another order than the run without it: measured 0.0004 nats once; with DiLoCo's Nesterov and a stale update at full
@@ -36,7 +39,7 @@ import torch
 from geotrain.runtime import checkpoint as ckpt
 from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import write_job_files
-from two_gpus import TWO_GPUS_YAML
+from two_gpus import two_gpus_yaml
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -57,12 +60,13 @@ MODES = {
 }
 STOP = {"streaming": 2, "adaptive": 4, "async": 3, "async-hierarchical": 3}
 EXACT = ("streaming", "adaptive")
-PARAMETERS = {"streaming": 0.0, "adaptive": 2e-3}
-"""The largest parameter difference allowed, resumed against uninterrupted (module doc)."""
+SPLIT_MOVED = 5e-3
+"""The largest parameter difference allowed, resumed against uninterrupted, where a period's adaptive split differs
+between the two (module doc); where every split agrees, none."""
 NATS = {"async": 0.05, "async-hierarchical": 0.1}
 """The resumed asynchronous run's final validation loss within this of the uninterrupted one's (module doc)."""
 """--stop-after: streaming's fragment 1 started after step 1 and lands after step 2 (in flight at the checkpoint);
-adaptive's step 4 is inside the second period (the A100 replica 1 of its 5 steps in, the T4 one 0 of 1); async's step 3
+adaptive's step 4 is inside the second period (the H100 replica 1 of its 5 steps in, the P100 one 0 of 1); async's step 3
 is inside a period of the equal schedule (the global model holds 3 of the run's 8 replica updates); async-hierarchical's
 likewise (6 of 16)."""
 
@@ -72,7 +76,7 @@ def files(tmp_path_factory) -> dict[str, dict[str, str]]:
     root = tmp_path_factory.mktemp("job")
     streaming = write_job_files(root)
     (root / "plan12.json").write_text(json.dumps({**ONE_BY_TWO, "assignment": [[0, 2]]}))
-    (root / "two.yaml").write_text(TWO_GPUS_YAML)
+    (root / "two.yaml").write_text(two_gpus_yaml("far-apart", 1.0, 20).replace("A100", "H100").replace("T4", "P100"))
     (root / "plan2.json").write_text(json.dumps(ONE_BY_TWO))
     (root / "plan4.json").write_text(json.dumps({**ONE_BY_TWO, "replicas": 4, "assignment": [[0, 1, 2, 3]]}))
     return {"streaming": {"cluster": streaming["cluster"], "plan": str(root / "plan12.json")},
@@ -109,6 +113,35 @@ def largest_difference(a: list[dict[str, torch.Tensor]], b: list[dict[str, torch
     return max(float((x[k].double() - y[k].double()).abs().max()) for x, y in zip(a, b, strict=True) for k in x)
 
 
+def _assert_ends_alike(ref_dir: Path, cut_dir: Path, steps: int, ref_losses: list, resumed_losses: list) -> None:
+    """The resumed run (checkpoints in `cut_dir`) ends on the uninterrupted one's weights and losses: to the bit where
+    every period was split alike, within SPLIT_MOVED where a measured split moved a step (module doc)."""
+    splits = [_splits(ref_dir, steps), _splits(cut_dir, steps)]
+    difference = largest_difference(final_weights(ref_dir, steps), final_weights(cut_dir, steps))
+    if splits[0] == splits[1]:
+        assert difference == 0.0, f"every period's split agreed ({splits[0]}), yet the weights differ by {difference}"
+        assert resumed_losses == ref_losses  # the records of the steps before the stop, restored
+    else:
+        assert difference <= SPLIT_MOVED, f"splits {splits[0]} (uninterrupted) and {splits[1]} (resumed)"
+        np.testing.assert_allclose(resumed_losses, ref_losses, rtol=0, atol=0.01)
+
+
+def _splits(directory: Path, steps: int, ranks: int = 2) -> list[list[int]]:
+    """Per rank, the inner steps it took in each outer period, from the records in the run's final checkpoint (a
+    step's period: the syncs done before it, the previous record's outer_step; none for a run of equal steps, whose
+    records carry no outer_step)."""
+    manifest = ckpt.read_manifest(directory, steps)
+    out = []
+    for rank in range(ranks):
+        records = ckpt.load_shard(directory, steps, rank, manifest, {"rank": rank, "stage": 0, "replica": rank})[
+            "records"]
+        if "outer_step" not in records[0]:
+            return []
+        periods = [0] + [record["outer_step"] for record in records[:-1]]
+        out.append([periods.count(period) for period in range(max(periods) + 1)])
+    return out
+
+
 def _validation(report: dict) -> float:
     """The final global model's validation loss (every rank scores the same model after the final exchange)."""
     losses = {entry["loss"] for entry in report["validation"]}
@@ -143,13 +176,7 @@ def runs(files, tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.parametrize("mode", EXACT)
 def test_a_run_stopped_mid_period_and_resumed_ends_on_the_uninterrupted_runs_weights(runs, mode):
     run = runs[mode]
-    steps = _steps(mode)
-    assert largest_difference(final_weights(run["ref_dir"], steps), final_weights(run["cut_dir"], steps)) <= \
-        PARAMETERS[mode]
-    if PARAMETERS[mode] == 0.0:
-        assert run["resumed"]["losses"] == run["ref"]["losses"]  # the records of the steps before the stop, restored
-    else:
-        np.testing.assert_allclose(run["resumed"]["losses"], run["ref"]["losses"], rtol=0, atol=0.01)
+    _assert_ends_alike(run["ref_dir"], run["cut_dir"], _steps(mode), run["ref"]["losses"], run["resumed"]["losses"])
     assert run["ref"]["summary"]["replicas_in_sync"] and run["resumed"]["summary"]["replicas_in_sync"]
 
 
@@ -194,7 +221,7 @@ def test_the_checkpoint_holds_what_was_in_flight_and_each_replicas_place_in_its_
     assert streaming["dp"]["in_flight"][0]["delivered"]["bytes"] > 0  # its bytes, counted when it lands
     adaptive = [torch.load(ckpt.shard_path(runs["adaptive"]["cut_dir"], STOP["adaptive"], rank),
                            weights_only=True)["dp"] for rank in range(2)]
-    assert [dp["local_steps"] for dp in adaptive] == [[5, 1], [5, 1]]  # the A100 replica 5 of the period's 6 steps
+    assert [dp["local_steps"] for dp in adaptive] == [[5, 1], [5, 1]]  # the H100 replica 5 of the period's 6 steps
     assert [dp["period_steps"] for dp in adaptive] == [1, 0] and [dp["outer_step"] for dp in adaptive] == [1, 1]
     assert all(dp["posted_step_s"].shape == (2, 1) for dp in adaptive)  # the speeds of the period just ended
 
@@ -235,7 +262,7 @@ def test_ctrl_c_then_the_printed_resume_command_ends_on_the_uninterrupted_runs_w
     for mode, done in zip(MODES, resumed, strict=True):
         steps = _steps(mode)
         if mode in EXACT:
-            assert largest_difference(final_weights(runs[mode]["ref_dir"], steps),
-                                      final_weights(tmp_path / mode, steps)) <= PARAMETERS[mode]
+            _assert_ends_alike(runs[mode]["ref_dir"], tmp_path / mode, steps, runs[mode]["ref"]["losses"],
+                               json.loads(done.stdout)["losses"])
         else:
             assert abs(_validation(json.loads(done.stdout)) - _validation(runs[mode]["ref"])) < NATS[mode]
