@@ -157,14 +157,25 @@ def stray_torchrun_variables() -> list[str]:
     return [key for key in TORCHRUN_VARIABLES if key in os.environ]
 
 
-def iteration_table(out: Output, report: Any) -> None:
+def table_units(time_scale: float, emulate_gpu_speed: bool) -> str:
+    """What the iteration table's seconds are: wall seconds (links emulated at the time scale, if any), and the
+    compute column's, which under --emulate-gpu-speed are emulated seconds at each device's GPU speed."""
+    if not time_scale > 0:
+        return "seconds"
+    links = f"wall seconds, links emulated at --time-scale {time_scale:g}"
+    return f"{links}; compute: emulated seconds at each GPU's speed" if emulate_gpu_speed else links
+
+
+def iteration_table(out: Output, report: Any, units: str = "seconds") -> None:
+    """The per-step table; `units` (table_units) says what its seconds are."""
     rows = [[row.step, f"{row.loss:.4f}", f"{row.iteration_s:.3f}", f"{row.compute_s:.3f}",
              f"{row.comm_predicted_s:.3f}", f"{row.comm_measured_s:.3f}",
              f"{row.dp_measured_s:.3f}", f"{row.pp_measured_s:.3f}",
              "-" if row.error_pct is None else f"{row.error_pct:+.1f}"] for row in report.rows]
     how = ("by the run's progress (ranks took different numbers of steps: a row holds each rank's steps at that "
            "step of the equal schedule, the slowest rank's seconds; comm = dp + pp, compared over the run only)"
-           if report.uneven else "(seconds; comm = dp + pp)")
+           if report.uneven else "(comm = dp + pp)")
+    how = f"{how[:-1]}; {units})"
     out.table(f"iterations of plan {report.plan} {how}",
               ["step", "loss", "iteration", "compute", "comm predicted", "comm measured", "dp meas.", "pp meas.",
                "error %"], rows)
@@ -307,7 +318,7 @@ def run(args: Any) -> int:
     if args.json:
         out.emit_json({**report.to_json(), "elastic": False, "wall_s": wall_s, **run_dir_json(config)})
         return 0
-    iteration_table(out, report)
+    iteration_table(out, report, table_units(config.emulation.time_scale, config.emulation.emulate_gpu_speed))
     validation_tables(out, report)
     out.table("summary (means over iterations after the first)", SUMMARY_COLUMNS, summary_rows([report]))
     schedule = config.schedule
