@@ -101,10 +101,37 @@ def name_flags(message: str, flags: dict[str, str]) -> str:
     return re.sub(r"^(--[\w-]+): \1 ", r"\1 ", message)  # "--model: --model 'x': ..." says the flag once
 
 
+def setting_flags(settings: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """{"section.key": "--flag value"} of the flag-settable values of `settings` ({section: {key: value}}; a
+    true switch as its flag alone)."""
+    out: dict[str, str] = {}
+    for section in section_types():
+        for f in fields(section):
+            flag = flag_of(f)
+            if flag is None or f.name not in settings.get(section.SECTION, {}):
+                continue
+            value = settings[section.SECTION][f.name]
+            shown = ",".join(str(v) for v in value) if isinstance(value, tuple) else str(value)
+            out[f"{section.SECTION}.{f.name}"] = flag if value is True else f"{flag} {shown}"
+    return out
+
+
 @contextmanager
-def errors_name_flags(args: argparse.Namespace) -> Iterator[None]:
-    """A RuntimeConfigError raised inside names the flags given on the command line, not their keys."""
+def errors_name_flags(args: argparse.Namespace, plan: tuple[str, dict[str, dict[str, Any]]] | None = None
+                      ) -> Iterator[None]:
+    """A RuntimeConfigError raised inside names the flags given on the command line, not their keys; with
+    `plan` (its path and the settings it brought that no flag or --config file overrode), the settings of the
+    plan's the message names are said to be the plan's, as their flags ("--local-steps adaptive ... (set by the
+    plan plan.json: --local-steps adaptive)"): the user typed neither."""
     try:
         yield
     except RuntimeConfigError as exc:
-        raise RuntimeConfigError(name_flags(str(exc), given_flags(args))) from None
+        flags = given_flags(args)
+        brought = setting_flags(plan[1]) if plan is not None else {}
+        message = name_flags(str(exc), {**flags, **{key: shown.split(" ")[0] for key, shown in brought.items()
+                                                    if key not in flags}})
+        named = [shown for key, shown in brought.items() if key not in flags and
+                 re.search(rf"(?<![\w-]){re.escape(shown.split(' ')[0])}(?![\w-])", message)]
+        if named and plan is not None:
+            message += f" (set by the plan {plan[0]}: {', '.join(named)})"
+        raise RuntimeConfigError(message) from None

@@ -111,10 +111,13 @@ def config_from_args(args: Any) -> Any:
     note = plan.check_cluster(cluster, args.plan, args.cluster)  # a plan of another cluster: refused
     if note:
         print(f"geotrain: note: {note}", file=sys.stderr)
-    settings = merge_settings(plan_settings(plan), settings)
+    from_plan = plan_settings(plan)
+    unset = {section: {key: value for key, value in values.items() if key not in settings.get(section, {})}
+             for section, values in from_plan.items()}  # the plan's, where neither a flag nor the file set them
+    settings = merge_settings(from_plan, settings)
     if plan.split is not None:  # a plan's cut always weights the split by speed (it is cut by speed)
         settings["schedule"]["split_by_speed"] = True
-    with errors_name_flags(args):
+    with errors_name_flags(args, (args.plan, unset)):
         return RuntimeConfig(cluster, assignment, plan.method if plan.method is not None else Path(args.plan).stem,
                              **build_sections(settings), shards=shards)
 
