@@ -95,7 +95,8 @@ def run(args: Any) -> int:
     if split["steps_used"] and split.get("asynchronous"):
         out.text("asynchronous outer updates: no rank waits for another's step (its exchange with the global "
                  "model's server is its comm), so no site holds the others back")
-    _closing_lines(out, report["holding_back"], report["events"], report["observer_cost"], args.plot, board)
+    _closing_lines(out, report["holding_back"], report["events"], report["observer_cost"], args.plot, board,
+                   ended_early=report["incomplete"] is not None)
     _health_lines(out, report)
     return 0
 
@@ -125,9 +126,13 @@ def _split_tables(out: Output, split: dict[str, Any], unit: str) -> None:
               _rows(split["ranks"], ["rank", "site", "stage", "replica"]))
 
 
-def _closing_lines(out: Output, slow: Any, counts: dict[str, int], cost: Any, plot: str | None, board: Any) -> None:
+def _closing_lines(out: Output, slow: Any, counts: dict[str, int], cost: Any, plot: str | None, board: Any,
+                   ended_early: bool = False) -> None:
+    """The site holding the others back (in a run that ended early: over the steps its ranks completed, which say
+    nothing of the step it ended in: the `incomplete` line says why), events, the metrics' cost, the plot."""
     if slow is not None:
-        out.text(f"{slow['site']} holds the others back: its ranks wait {slow['wait_pct']:.0f}% of the step and "
+        when = "in the steps completed before the run ended (see 'incomplete' below), " if ended_early else ""
+        out.text(f"{when}{slow['site']} holds the others back: its ranks wait {slow['wait_pct']:.0f}% of the step and "
                  f"compute {slow['compute_s']:.3f} s, the other sites wait {slow['others_wait_pct']:.0f}% "
                  f"(compute {slow['others_compute_s']:.3f} s)")
     if counts:

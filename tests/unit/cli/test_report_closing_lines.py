@@ -1,0 +1,20 @@
+"""The site named as holding the others back is qualified in a run that ended early: its waits come from the steps
+completed before the end, not from the step the run ended in (issue 49's audit: a site slowed 100000x after 1 s
+ended the run at --comm-timeout, and the report named the other site, by the noise of the steps before)."""
+
+from geotrain.cli.output import Output
+from geotrain.cli.report_cmd import _closing_lines
+
+SLOW = {"site": "fast", "wait_pct": 3.0, "compute_s": 0.2, "others_wait_pct": 40.0, "others_compute_s": 0.1}
+
+
+def test_a_run_that_ended_early_says_the_site_is_named_from_the_steps_before(capsys):
+    _closing_lines(Output(), SLOW, {}, None, None, None, ended_early=True)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("in the steps completed before the run ended (see 'incomplete' below), fast holds the "
+                           "others back: its ranks wait 3% of the step")
+
+
+def test_a_whole_run_names_the_site_plainly(capsys):
+    _closing_lines(Output(), SLOW, {}, None, None, None)
+    assert capsys.readouterr().out.startswith("fast holds the others back: its ranks wait 3% of the step")
