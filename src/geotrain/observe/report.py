@@ -161,7 +161,7 @@ def plot_run(steps: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], 
                      label=f"loss, {label}")
     if points["validation"]:
         loss_ax.plot([t for t, _ in points["validation"]], [v for _, v in points["validation"]], "o", color="black",
-                     markersize=5, label="validation (global model)")
+                     markersize=5, label="validation (every replica's weights on its share of the windows)")
     marked: set[str] = set()
     for e in events:
         style = {"outer_sync": ("tab:green", "--"), "failure": ("tab:red", "-"), "checkpoint": ("grey", ":"),
