@@ -5,8 +5,9 @@ fork server's (torch, dynamo; runtime/launcher.py). The second and later command
 a test that needs several runs which are not about the launch itself (the reference runs of a resume test, say) runs
 them here: the same command lines and code, the workers forks of one fork server (started by the first launch, with
 its preload: put an elastic run first, whose adds torchft). Each command line's stdout goes to its own file; stderr
-(with a line naming each command line as it starts) to one log file. Runs that are about the launch itself (Ctrl-C,
-exit codes of a launcher, signals) stay `geotrain` processes.
+(with a line naming each command line as it starts) to one log file, whose part after that line is the command
+line's stderr in `results`. Runs that are about the launch itself (Ctrl-C, exit codes of a launcher, signals) stay
+`geotrain` processes.
 
     python one_interpreter.py COMMANDS.json   # [[words, stdout_path], ...]; writes COMMANDS.json.codes
 """
@@ -14,6 +15,7 @@ exit codes of a launcher, signals) stay `geotrain` processes.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -22,10 +24,11 @@ from pathlib import Path
 
 
 class OneInterpreter:
-    """Start `commands` (geotrain's words, without `geotrain`) in one process, in order; `results` waits for them."""
+    """Start `commands` (geotrain's words, without `geotrain`) in one process, in order, in folder `cwd` (this
+    process's where None); `results` waits for them."""
 
     def __init__(self, commands: Sequence[Sequence[str]], directory: Path, name: str,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, cwd: Path | None = None) -> None:
         self.commands = [list(words) for words in commands]
         self.spec = directory / f"{name}.json"
         self.outs = [directory / f"{name}-{i}.out" for i in range(len(commands))]
@@ -33,7 +36,7 @@ class OneInterpreter:
         self.spec.write_text(json.dumps([[words, str(out)] for words, out in zip(self.commands, self.outs)]))
         with self.log.open("w") as log:
             self.process = subprocess.Popen([sys.executable, __file__, str(self.spec)], stdout=subprocess.DEVNULL,
-                                            stderr=log, env=None if env is None else dict(env))
+                                            stderr=log, env=None if env is None else dict(env), cwd=cwd)
 
     def wait(self, timeout_s: float = 500) -> None:
         """Wait for the process to end; killed after `timeout_s`."""
@@ -45,13 +48,15 @@ class OneInterpreter:
                 self.process.wait()
 
     def results(self, timeout_s: float = 500) -> list[subprocess.CompletedProcess]:
-        """Each command line's exit code and stdout (stderr: the log's tail, shared by all); the process must end."""
+        """Each command line's exit code, stdout and stderr (the log from its start line to the next one's); the
+        process must end."""
         self.wait(timeout_s)
         log = self.log.read_text()
         assert self.process.returncode == 0, f"{self.spec}: exit {self.process.returncode}\n{log[-3000:]}"
         codes = json.loads(Path(f"{self.spec}.codes").read_text())
-        return [subprocess.CompletedProcess(words, code, out.read_text(), log[-3000:])
-                for words, code, out in zip(self.commands, codes, self.outs, strict=True)]
+        errs = re.split(r"^one_interpreter: geotrain .*\n", log, flags=re.MULTILINE)[1:]
+        return [subprocess.CompletedProcess(words, code, out.read_text(), err)
+                for words, code, out, err in zip(self.commands, codes, self.outs, errs, strict=True)]
 
 
 def results_of(processes: Sequence[OneInterpreter]) -> list[list[subprocess.CompletedProcess]]:

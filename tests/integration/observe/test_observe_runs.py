@@ -1,8 +1,14 @@
 """Watching real runs: `geotrain emulate --trace` against its own report, and `geotrain train --run-dir`
-(plain and --sync-every) read back as metrics, trace, TensorBoard scalars and `geotrain report`."""
+(plain and --sync-every) read back as metrics, trace, TensorBoard scalars and `geotrain report`.
+
+The `geotrain train` and `geotrain report` command lines run in the module fixture `runs`: in one folder, one after
+another in two processes side by side (tests/one_interpreter.py: a process's later launches skip its seconds of
+imports and fork server start-up); the elastic run first in its process (its fork server preloads torchft), the
+failing run last."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from one_interpreter import OneInterpreter, results_of
 from paths import ROOT
 from runtime_2x2 import write_job_files
 
@@ -74,16 +81,108 @@ def test_emulate_trace_of_a_two_site_run_matches_its_report_transfer_for_transfe
     assert names[1] == "rank 1 (tokyo-0)"
 
 
+def checkpoint_args() -> list[str]:
+    """The checkpoint test's two runs: 4 steps of the 2x2 plan, a checkpoint after every step."""
+    return ["train", "--cluster", "cluster.yaml", "--plan", "plan.json", "--steps", "4", "--time-scale", "0",
+            "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--keep-checkpoints", "4", "--json"]
+
+
+FAILING_MODEL = '''
+import os
+import torch
+from torch import nn
+
+calls = [0]
+
+
+class Mixer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x):
+        calls[0] += 1
+        if os.environ.get("RANK") == "1" and calls[0] == 8:
+            raise RuntimeError("injected fault in the user's layer")
+        return x + self.lin(x)
+
+
+def build():
+    return [nn.Embedding(256, 32), Mixer(), nn.Linear(32, 256)]
+'''
+# --sync-every 2 over 4 steps, blocking and streamed: the outer-sync test's runs by id
+SYNC_FLAGS = {"blocking": (), "streaming-delay": ("--fragments", "2", "--sync-delay", "1")}
+
+
+def _commands(root: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The command lines of the two processes, by name, in order (relative paths are under `root`)."""
+    files = write_job_files(root)
+    plan = ["--cluster", files["cluster"], "--plan", files["plan"]]
+    (root / "fail.py").write_text(FAILING_MODEL)
+    (root / "dp2-manual.json").write_text(json.dumps({"method": "manual", "stages": 1, "replicas": 2,
+                                                      "assignment": [[0, 2]]}))
+    (root / "dp2.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))
+    (root / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
+    elastic = {
+        "elastic": ["train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
+                    "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
+                    "--microbatches", "1", "--time-scale", "0.01", "--heartbeat-timeout", "1.5", "--eval-windows", "4",
+                    "--steps", "150", "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout",
+                    "30", "--run-dir", "elastic-run", "--json"],
+        "elastic-report": ["report", "elastic-run", "--json"]} if importlib.util.find_spec("torchft") else {}
+    first = {
+        **elastic,
+        "adaptive": ["train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "4", "--time-scale",
+                     "0.1", "--microbatches", "1", "--sync-every", "2", "--local-steps", "adaptive", "--checkpoint-dir",
+                     "adaptive-ckpt", "--run-dir", "adaptive-run", "--json"],
+        "failing": ["train", "--cluster", files["cluster"], "--plan", "dp2-manual.json", "--steps", "30", "--model",
+                    "fail.py:build", "--microbatches", "1", "--time-scale", "0.1", "--heartbeat-timeout", "3",
+                    "--run-dir", "failing-run"]}
+    second = {
+        "run-dir": ["train", *plan, "--steps", "3", "--time-scale", "0.1", "--run-dir", str(root / "run"), "--json"],
+        "run-dir-report": ["report", str(root / "run"), "--json", "--plot", "p.png"],
+        **{name: ["train", *plan, "--steps", "4", "--time-scale", "0.1", "--sync-every", "2", *flags, "--run-dir",
+                  f"{name}-run", "--json"] for name, flags in SYNC_FLAGS.items()},
+        "stopped": [*checkpoint_args(), "--stop-after", "2"],  # in the default run directory
+        "resumed": [*checkpoint_args(), "--resume", "--run-dir", "second"]}
+    return first, second
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
+    """(the folder, each command line's outcome by name). Beside the stopped run's default run directory, three
+    finished default runs made on three days of 2000 (marker unlocked), with GEOTRAIN_KEEP_RUNS=2."""
+    root = tmp_path_factory.mktemp("runs")
+    for i in range(3):
+        old = root / "geotrain-runs" / f"2000010{i}-000000-old"
+        old.mkdir(parents=True)
+        (old / "run.json").write_text("{}")
+        (old / ".geotrain-default-run").write_text("")
+        os.utime(old / ".geotrain-default-run", (946684800 + i * 86400,) * 2)
+    parts = _commands(root)
+    processes = [OneInterpreter(list(part.values()), root, f"part{i}", {**ENV, "GEOTRAIN_KEEP_RUNS": "2"}, cwd=root)
+                 for i, part in enumerate(parts)]
+    done = {name: result for part, results in zip(parts, results_of(processes))
+            for name, result in zip(part, results, strict=True)}
+    return root, done
+
+
+def ran(runs: tuple[Path, dict[str, subprocess.CompletedProcess]], name: str) -> subprocess.CompletedProcess:
+    """The command line `name` of `runs`, which exited 0."""
+    done = runs[1][name]
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def read_lines(run_dir: Path) -> list[dict]:
     return [json.loads(line) for path in sorted((run_dir / "metrics").glob("rank-*.jsonl"))
             for line in path.read_text().splitlines()]
 
 
-def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(tmp_path):
-    files = write_job_files(tmp_path)
+def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(runs):
+    tmp_path = runs[0]
     run_dir = tmp_path / "run"
-    done = geotrain("train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "3",
-                    "--time-scale", "0.1", "--run-dir", str(run_dir), "--json", cwd=tmp_path)
+    done = ran(runs, "run-dir")
     assert json.loads(done.stdout)["run_dir"] == str(run_dir)
     assert f"run directory {run_dir}" in done.stderr
     lines = read_lines(run_dir)
@@ -119,7 +218,7 @@ def test_train_run_dir_holds_every_rank_step_a_trace_tensorboard_and_a_report(tm
         [r["wait_s"] for r in sorted(steps, key=lambda r: r["step"]) if r["rank"] == 2])
     assert len(board.Scalars("site/west/comm_s")) == 3
 
-    report = json.loads(geotrain("report", str(run_dir), "--json", "--plot", "p.png", cwd=tmp_path).stdout)
+    report = json.loads(ran(runs, "run-dir-report").stdout)
     assert [s["site"] for s in report["split"]["sites"]] == ["east", "west"]
     assert report["split"]["steps_used"] == [1, 2] and (tmp_path / "p.png").stat().st_size > 10_000
     cost = report["observer_cost"]
@@ -134,17 +233,15 @@ def sync_events(lines: list[dict]) -> tuple[set, set]:
             {(e["rank"], e["fragment"], e["started"], e["step"]) for e in syncs if e["phase"] == "land"})
 
 
-@pytest.mark.parametrize("flags, landings", [
-    ((), {(0, 1, 1), (0, 3, 3)}),  # blocking DiLoCo: each sync lands after the step it started after
+@pytest.mark.parametrize("name, landings", [
+    ("blocking", {(0, 1, 1), (0, 3, 3)}),  # blocking DiLoCo: each sync lands after the step it started after
     # Streaming, 2 fragments, delay 1: fragment 1 (offset 1) starts after steps 0 and 2, lands a step later (the
     # last step lands everything, then syncs every fragment at once, blocking); fragment 0 after step 1 and 3
-    (("--fragments", "2", "--sync-delay", "1"), {(1, 0, 1), (0, 1, 2), (1, 2, 3), (0, 3, 3), (1, 3, 3)}),
-], ids=["blocking", "streaming-delay"])
-def test_outer_syncs_are_events_from_start_to_landing_and_spans_in_the_trace(tmp_path, flags, landings):
-    files = write_job_files(tmp_path)
-    run_dir = tmp_path / "run"
-    geotrain("train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0.1",
-             "--sync-every", "2", *flags, "--run-dir", str(run_dir), "--json", cwd=tmp_path)
+    ("streaming-delay", {(1, 0, 1), (0, 1, 2), (1, 2, 3), (0, 3, 3), (1, 3, 3)}),
+], ids=list(SYNC_FLAGS))
+def test_outer_syncs_are_events_from_start_to_landing_and_spans_in_the_trace(runs, name, landings):
+    ran(runs, name)
+    run_dir = runs[0] / f"{name}-run"
     lines = read_lines(run_dir)
     starts, lands = sync_events(lines)
     assert lands == {(rank, *landing) for rank in range(4) for landing in landings}
@@ -170,33 +267,8 @@ def test_outer_syncs_are_events_from_start_to_landing_and_spans_in_the_trace(tmp
     assert not [e for e in trace if e.get("cat") == "event" and e["name"] == "outer_sync"]
 
 
-def checkpoint_args(files: dict[str, str]) -> list[str]:
-    """The checkpoint test's two runs: 4 steps of the 2x2 plan, a checkpoint after every step."""
-    return ["train", "--cluster", files["cluster"], "--plan", files["plan"], "--steps", "4", "--time-scale", "0",
-            "--checkpoint-dir", "ckpt", "--checkpoint-every", "1", "--keep-checkpoints", "4", "--json"]
-
-
-@pytest.fixture(scope="module")
-def stopped_run(tmp_path_factory) -> tuple[Path, dict[str, str], subprocess.CompletedProcess]:
-    """One launch for two tests: the checkpoint test's first run (stopped after 2 of 4 steps) in the default run
-    directory, beside three finished default runs made on three days of 2000 (marker unlocked), with
-    GEOTRAIN_KEEP_RUNS=2. (folder, job files, the finished process)"""
-    where = tmp_path_factory.mktemp("stopped")
-    files = write_job_files(where)
-    root = where / "geotrain-runs"
-    for i in range(3):
-        (root / f"2000010{i}-000000-old").mkdir(parents=True)
-        (root / f"2000010{i}-000000-old" / "run.json").write_text("{}")
-        (root / f"2000010{i}-000000-old" / ".geotrain-default-run").write_text("")
-        os.utime(root / f"2000010{i}-000000-old" / ".geotrain-default-run", (946684800 + i * 86400,) * 2)
-    done = subprocess.run([*GEOTRAIN, *checkpoint_args(files), "--stop-after", "2"], capture_output=True, text=True,
-                          timeout=280, cwd=where, env={**ENV, "GEOTRAIN_KEEP_RUNS": "2"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return where, files, done
-
-
-def test_default_run_dir_is_printed_and_old_ones_are_swept(stopped_run):
-    tmp_path, _, done = stopped_run
+def test_default_run_dir_is_printed_and_old_ones_are_swept(runs):
+    tmp_path, done = runs[0], ran(runs, "stopped")
     root = tmp_path / "geotrain-runs"
     run_dir = Path(json.loads(done.stdout)["run_dir"])
     assert run_dir.parent.name == "geotrain-runs" and run_dir.name.endswith("-manual")
@@ -206,42 +278,9 @@ def test_default_run_dir_is_printed_and_old_ones_are_swept(stopped_run):
     assert len(steps) == 8 and all(r["bytes_inter"] is None and r["emulated_end_s"] is None for r in steps)
 
 
-FAILING_MODEL = '''
-import os
-import torch
-from torch import nn
-
-calls = [0]
-
-
-class Mixer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(32, 32)
-
-    def forward(self, x):
-        calls[0] += 1
-        if os.environ.get("RANK") == "1" and calls[0] == 8:
-            raise RuntimeError("injected fault in the user's layer")
-        return x + self.lin(x)
-
-
-def build():
-    return [nn.Embedding(256, 32), Mixer(), nn.Linear(32, 256)]
-'''
-
-
-def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
+def test_a_failing_rank_flushes_its_steps_and_a_failure_event(runs):
     """A rank whose model raises mid-run: its lines up to the failure are on disk, the failure named."""
-    files = write_job_files(tmp_path)
-    (tmp_path / "fail.py").write_text(FAILING_MODEL)
-    (tmp_path / "dp2.json").write_text(json.dumps({"method": "manual", "stages": 1, "replicas": 2,
-                                                   "assignment": [[0, 2]]}))
-    run_dir = tmp_path / "run"
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "30",
-                           "--model", "fail.py:build", "--microbatches", "1", "--time-scale", "0.1",
-                           "--heartbeat-timeout", "3", "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=280, cwd=tmp_path, env=ENV)
+    done, run_dir = runs[1]["failing"], runs[0] / "failing-run"
     assert done.returncode != 0 and "failed at step" in done.stderr  # (torch's stage error hides our text)
     lines = [json.loads(line) for line in (run_dir / "metrics" / "rank-1.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in lines if r["kind"] == "step"]
@@ -256,11 +295,11 @@ def test_a_failing_rank_flushes_its_steps_and_a_failure_event(tmp_path):
     assert [e["args"]["step"] for e in trace if e.get("cat") == "event" and e["pid"] == 1] == [len(steps)]
 
 
-def test_checkpoint_and_resume_events_name_their_steps(stopped_run):
-    """A run stopped after 2 of 4 steps (checkpoint every step; `stopped_run`), then resumed into a second run
-    directory."""
-    tmp_path, files, done = stopped_run
-    geotrain(*checkpoint_args(files), "--resume", "--run-dir", "second", cwd=tmp_path)
+def test_checkpoint_and_resume_events_name_their_steps(runs):
+    """A run stopped after 2 of 4 steps (checkpoint every step; `runs`'s "stopped", in the default run directory),
+    then resumed into a second run directory."""
+    tmp_path, done = runs[0], ran(runs, "stopped")
+    ran(runs, "resumed")
     first_dir = tmp_path / json.loads(done.stdout)["run_dir"]
     first, second = read_lines(first_dir), read_lines(tmp_path / "second")
     assert sorted((r["rank"], r["step"]) for r in first if r.get("event") == "checkpoint") == [
@@ -272,14 +311,11 @@ def test_checkpoint_and_resume_events_name_their_steps(stopped_run):
         assert e["bytes"] == (tmp_path / e["path"]).stat().st_size > 1000 and 0 < e["seconds"] < 30
 
 
-def test_adaptive_local_steps_record_each_sync_and_the_final_checkpoint(tmp_path):
+def test_adaptive_local_steps_record_each_sync_and_the_final_checkpoint(runs):
     """--local-steps adaptive: a rank's syncs fall where its own H_r ends; each starts and lands after one step."""
-    files = write_job_files(tmp_path)
-    (tmp_path / "dp2.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))
-    geotrain("train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "4", "--time-scale", "0.1",
-             "--microbatches", "1", "--sync-every", "2", "--local-steps", "adaptive", "--checkpoint-dir", "ckpt", "--run-dir", "run",
-             "--json", cwd=tmp_path)
-    lines = read_lines(tmp_path / "run")
+    tmp_path = runs[0]
+    ran(runs, "adaptive")
+    lines = read_lines(tmp_path / "adaptive-run")
     starts, lands = sync_events(lines)
     assert {(rank, fragment, step) for rank, fragment, step, _ in lands} == starts
     assert all(started == landed for _, _, started, landed in lands)
@@ -291,18 +327,13 @@ def test_adaptive_local_steps_record_each_sync_and_the_final_checkpoint(tmp_path
     assert all(e["bytes"] == (tmp_path / e["path"]).stat().st_size for e in checkpoints)
 
 
-def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_rejoin(tmp_path):
+def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_rejoin(runs):
     pytest.importorskip("torchft")
-    (tmp_path / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
-    done = geotrain("train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
-                    "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
-                    "--microbatches", "1",
-                    "--time-scale", "0.01", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", "150",
-                    "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout", "30",
-                    "--run-dir", "run", "--json", cwd=tmp_path)
+    tmp_path, done = runs[0], ran(runs, "elastic")
     result = json.loads(done.stdout)
-    assert result["run_dir"] == "run" and result["summary"]["replica_failures"] == 1 and result["summary"]["rejoins"] == 1
-    lines = read_lines(tmp_path / "run")
+    assert result["run_dir"] == "elastic-run"
+    assert result["summary"]["replica_failures"] == 1 and result["summary"]["rejoins"] == 1
+    lines = read_lines(tmp_path / "elastic-run")
     steps = [r for r in lines if r["kind"] == "step"]
     assert sorted({r["step"] for r in steps if r["rank"] == 0}) == list(range(150))  # the survivor: every step
     assert all(r["loss"] is not None and r["step_s"] > 0 for r in steps)
@@ -321,9 +352,9 @@ def test_elastic_run_writes_each_groups_steps_and_a_killed_groups_restart_and_re
     assert min(r["step"] for r in steps if r["rank"] == 1 and r["t_wall"] > rejoin["t_wall"]) == rejoin["step"]
     # the step it was in: the launcher's count of its committed steps (killed about 1 s in), before its rejoin's
     assert 0 < failure["step"] <= rejoin["step"] and failure["t_wall"] < rejoin["t_wall"]
-    trace = json.loads((tmp_path / "run" / "trace.json").read_text())["traceEvents"]
+    trace = json.loads((tmp_path / "elastic-run" / "trace.json").read_text())["traceEvents"]
     assert sorted((e["pid"], e["name"]) for e in trace if e.get("cat") == "event") == [
         (1, "failure"), (1, "rejoin"), (1, "restart")]
-    report = json.loads(geotrain("report", "run", "--json", cwd=tmp_path).stdout)
+    report = json.loads(ran(runs, "elastic-report").stdout)
     assert report["events"] == {"failure": 1, "restart": 1, "rejoin": 1}
     assert [s["site"] for s in report["split"]["sites"]] == ["east", "west"]
