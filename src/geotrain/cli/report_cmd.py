@@ -109,9 +109,11 @@ def _health_lines(out: Output, report: dict[str, Any]) -> None:
         shown = "; ".join(f"rank {rank}: {why}" for rank, why in ranks[:MAX_RANKS_SHOWN])
         more = f"; and {len(ranks) - MAX_RANKS_SHOWN} more ranks" if len(ranks) > MAX_RANKS_SHOWN else ""
         out.text(f"incomplete: {len(ranks)} rank{'s' if len(ranks) != 1 else ''} did not end normally ({shown}{more})")
-    if report["skipped_lines"] or report["notes"]:
+    if report["skipped_lines"]:
         out.text(f"skipped {report['skipped_lines']} unreadable line{'s' if report['skipped_lines'] != 1 else ''}"
                  + (": " + "; ".join(report["notes"]) if report["notes"] else ""))
+    elif report["notes"]:  # no line skipped: only notes on the run's files (run.json missing, ...)
+        out.text("note: " + "; ".join(report["notes"]))
 
 
 def _split_tables(out: Output, split: dict[str, Any], unit: str) -> None:

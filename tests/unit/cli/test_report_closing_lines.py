@@ -1,6 +1,7 @@
-"""The site named as holding the others back is qualified in a run that ended early: its waits come from the steps
-completed before the end, not from the step the run ended in (issue 49's audit: a site slowed 100000x after 1 s
-ended the run at --comm-timeout, and the report named the other site, by the noise of the steps before)."""
+"""What geotrain report says at its end. The site named as holding the others back is qualified in a run that ended
+early: its waits come from the steps completed before the end, not from the step the run ended in (issue 49's audit:
+a site slowed 100000x after 1 s ended the run at --comm-timeout, and the report named the other site, by the noise of
+the steps before). Notes on the run's files without a skipped line are notes, not "skipped 0 unreadable lines"."""
 
 from geotrain.cli.output import Output
 from geotrain.cli.report_cmd import _closing_lines
@@ -18,3 +19,12 @@ def test_a_run_that_ended_early_says_the_site_is_named_from_the_steps_before(cap
 def test_a_whole_run_names_the_site_plainly(capsys):
     _closing_lines(Output(), SLOW, {}, None, None, None)
     assert capsys.readouterr().out.startswith("fast holds the others back: its ranks wait 3% of the step")
+
+
+def test_notes_without_a_skipped_line_are_notes_not_zero_skipped_lines(capsys):
+    from geotrain.cli.report_cmd import _health_lines
+
+    _health_lines(Output(), {"incomplete": None, "skipped_lines": 0, "notes": ["run.json: missing"]})
+    assert capsys.readouterr().out == "note: run.json: missing\n"
+    _health_lines(Output(), {"incomplete": None, "skipped_lines": 2, "notes": ["rank-0.jsonl line 3: not JSON"]})
+    assert capsys.readouterr().out == "skipped 2 unreadable lines: rank-0.jsonl line 3: not JSON\n"
