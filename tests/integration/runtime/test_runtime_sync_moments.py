@@ -2,22 +2,21 @@
 carry the moments beside the outer gradients (bytes as the codecs declare), replicas agree, a checkpoint
 holds the first moment's anchor (stop and resume = one run), and the flag's misuse is refused.
 
-A launch costs seconds of start-up and its steps a fraction of one: every run is 12 steps (three syncs),
-and the runs go side by side (the resumed one from when the stopped one has ended)."""
+A launch costs seconds of start-up and its steps a fraction of one: every run is 12 steps (three syncs), in two
+processes side by side (tests/one_interpreter.py: a process's later launches skip its seconds of imports and fork
+server start-up), the resumed run after the stopped one in the same process."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from geotrain.cli.main import main as cli_main
 from geotrain.codecs import get_codec
+from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import write_job_files
 
-GEOTRAIN = [sys.executable, "-m", "geotrain"]
 STEPS = 12
 
 
@@ -26,43 +25,28 @@ def files(tmp_path_factory) -> dict[str, str]:
     return write_job_files(tmp_path_factory.mktemp("job"))
 
 
-def _start(files: dict[str, str], *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan",
-                             files["plan"], "--time-scale", "0", "--steps", str(STEPS), "--dp-codec", "int8-block",
-                             "--json", "--sync-every", "4", "--outer-lr", "1", "--outer-momentum", "0", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _report(proc: subprocess.Popen) -> dict:
-    try:
-        out, err = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-2000:]
-    return json.loads(out)
+def _train(files: dict[str, str], *extra: str) -> list[str]:
+    """The words of a 12-step `geotrain train` of the 2x2 plan with H=4 and int8-block, plus `extra`."""
+    return ["train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"], "--time-scale", "0",
+            "--steps", str(STEPS), "--dp-codec", "int8-block", "--json", "--sync-every", "4", "--outer-lr", "1",
+            "--outer-momentum", "0", *extra]
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_moment_sync_bytes_replicas_and_resume(files, tmp_path):
     checkpoints = ("--checkpoint-dir", str(tmp_path / "b"), "--checkpoint-every", "4")
-    stopping = _start(files, "--sync-moments", *checkpoints, "--stop-after", "4")
-    procs = [_start(files), _start(files, "--sync-moments", "--checkpoint-dir", str(tmp_path / "a"),
-                                   "--checkpoint-every", "4"),
-             _start(files, "--sync-moments", "--moment-syncs", "1")]
-    try:
-        stopped = _report(stopping)
-        # 12 steps, stopped after 4: the sync after step 7 needs the first moment's anchor and the residuals
-        # the checkpoint restored, and steps 8-11 show it (resumed while the others still run)
-        procs.append(_start(files, "--sync-moments", *checkpoints, "--resume"))
-        plain, report, first_only, resumed = [_report(proc) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    # 12 steps, stopped after 4: the sync after step 7 needs the first moment's anchor and the residuals the
+    # checkpoint restored, and steps 8-11 show it
+    parts = [[_train(files, "--sync-moments", *checkpoints, "--stop-after", "4"),
+              _train(files, "--sync-moments", *checkpoints, "--resume"), _train(files)],
+             [_train(files, "--sync-moments", "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "4"),
+              _train(files, "--sync-moments", "--moment-syncs", "1")]]
+    processes = [OneInterpreter(words, tmp_path, f"part{i}") for i, words in enumerate(parts)]
+    done = [run for results in results_of(processes) for run in results]
+    for run in done:
+        assert run.returncode == 0, run.stderr[-2000:]
+    stopped, resumed, plain, report, first_only = [json.loads(run.stdout) for run in done]
     assert report["summary"]["replicas_in_sync"]
     assert report["losses"][:4] == plain["losses"][:4]  # the same until the first sync lands
     assert report["losses"][4:] != plain["losses"][4:]  # the moments changed the next period
