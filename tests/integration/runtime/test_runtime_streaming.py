@@ -1,21 +1,19 @@
 """`geotrain train --sync-every H --fragments P --sync-delay TAU --sync-mix ALPHA` (Streaming DiLoCo in the
 runtime) on the 2x2 test plan, real processes over gloo (--time-scale 0), and the flags' validation.
 
-The four runs the first two tests read start side by side, once (a launch costs seconds of start-up)."""
+The four runs the first two tests read run once, two after another in each of two processes side by side
+(tests/one_interpreter.py: a process's second launch skips its seconds of imports and fork server start-up)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from geotrain.cli.main import main as cli_main
 from geotrain.runtime.sections import OptimSection, RuntimeConfigError
+from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import write_job_files
-
-GEOTRAIN = [sys.executable, "-m", "geotrain"]
 
 
 @pytest.fixture(scope="module")
@@ -23,34 +21,31 @@ def files(tmp_path_factory) -> dict[str, str]:
     return write_job_files(tmp_path_factory.mktemp("job"))
 
 
-def _start(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = 8) -> subprocess.Popen:
-    return subprocess.Popen([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan",
-                             files["plan"], "--time-scale", time_scale, "--steps", str(steps), "--dp-codec",
-                             "int8-block", "--json", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _train(files: dict[str, str], *extra: str, time_scale: str = "0", steps: int = 8) -> list[str]:
+    """The words of `geotrain train` of the 2x2 plan with int8-block, plus `extra`."""
+    return ["train", "--run-dir", "none", "--cluster", files["cluster"], "--plan", files["plan"], "--time-scale",
+            time_scale, "--steps", str(steps), "--dp-codec", "int8-block", "--json", *extra]
 
 
 @pytest.fixture(scope="module")
-def reports(files) -> dict[str, dict]:
+def reports(files, tmp_path_factory) -> dict[str, dict]:
     """8-step runs with H=4: blocking, streamed (P=2, tau=1, alpha=0.5 on emulated links), and fragments
     cut by layers and by bytes (tau=0)."""
-    procs = {
-        "blocking": _start(files, "--sync-every", "4"),
-        "streamed": _start(files, "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5",
+    commands = {
+        "blocking": _train(files, "--sync-every", "4"),
+        "streamed": _train(files, "--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--sync-mix", "0.5",
                            time_scale="1e-3"),
-        **{split: _start(files, "--sync-every", "4", "--fragments", "2", "--fragment-split", split)
+        **{split: _train(files, "--sync-every", "4", "--fragments", "2", "--fragment-split", split)
            for split in ("layers", "bytes")}}
+    parts = [("streamed", "layers"), ("blocking", "bytes")]
+    folder = tmp_path_factory.mktemp("streaming")
+    processes = [OneInterpreter([commands[name] for name in names], folder, f"part{i}")
+                 for i, names in enumerate(parts)]
     done = {}
-    try:
-        for name, proc in procs.items():
-            out, err = proc.communicate(timeout=400)
-            assert proc.returncode == 0, f"{name}: {err[-2000:]}"
-            done[name] = json.loads(out)
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    for names, results in zip(parts, results_of(processes)):
+        for name, run in zip(names, results):
+            assert run.returncode == 0, f"{name}: {run.stderr[-2000:]}"
+            done[name] = json.loads(run.stdout)
     return done
 
 
