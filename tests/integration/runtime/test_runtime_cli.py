@@ -1,4 +1,7 @@
-"""`geotrain train` end to end, as a user runs it: the CLI with --json, a worker killed mid-run, torchrun."""
+"""`geotrain train` end to end, as a user runs it: the CLI with --json, a worker killed mid-run, torchrun.
+
+The two runs that are not about the launch (--json; a user's model file) run one after the other in one process
+(tests/one_interpreter.py: the second launch skips the first's seconds of imports and fork server start-up)."""
 
 from __future__ import annotations
 
@@ -11,12 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from one_interpreter import OneInterpreter
 from proctree import alive, comm, descendants
+from runtime_2x2 import CLUSTER_YAML, PLAN
 
 from geotrain.cli.train_cmd import SUMMARY_JSON_KEYS, TRAIN_JSON_KEYS
 
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
-from runtime_2x2 import CLUSTER_YAML, PLAN
 
 
 @pytest.fixture
@@ -27,12 +31,27 @@ def job_files(tmp_path: Path) -> tuple[str, str]:
     return str(cluster), str(plan)
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """The 2x2 plan's --json run ("json") and its run of a user's model file on a text file ("user-model")."""
+    from user_models import USER_GPT
+
+    folder = tmp_path_factory.mktemp("runs")
+    (folder / "cluster.yaml").write_text(CLUSTER_YAML)
+    (folder / "plan.json").write_text(json.dumps(PLAN))
+    (folder / "my_model.py").write_text(USER_GPT)
+    (folder / "corpus.txt").write_text("the cat sat on the mat. the dog ran under a tree.\n" * 200)
+    job = ["--run-dir", "none", "--cluster", str(folder / "cluster.yaml"), "--plan", str(folder / "plan.json")]
+    commands = {"json": ["train", *job, "--steps", "3", "--time-scale", "0.2", "--dp-codec", "fp16", "--json"],
+                "user-model": ["train", *job, "--steps", "2", "--time-scale", "0", "--model",
+                               f"{folder / 'my_model.py'}:build", "--data", str(folder / "corpus.txt"), "--seq-len",
+                               "16", "--eval-every", "1", "--eval-windows", "8", "--schedule", "1f1b"]}
+    return dict(zip(commands, OneInterpreter(list(commands.values()), folder, "runs").results(), strict=True))
+
+
 @pytest.mark.timeout(240)
-def test_train_cli_runs_a_2x2_plan_and_prints_one_json_object(job_files):
-    cluster, plan = job_files
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", cluster, "--plan", plan, "--steps", "3",
-                           "--time-scale", "0.2", "--dp-codec", "fp16", "--json"],
-                          capture_output=True, text=True, timeout=200)
+def test_train_cli_runs_a_2x2_plan_and_prints_one_json_object(runs):
+    done = runs["json"]
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)  # exactly one JSON object
     assert result["plan"] == "manual" and result["assignment"] == PLAN["assignment"]
@@ -103,16 +122,8 @@ def test_train_runs_unchanged_under_torchrun(job_files):
 
 
 @pytest.mark.timeout(240)
-def test_train_cli_trains_a_user_file_model_on_a_text_file_with_a_validation_table(job_files, tmp_path):
-    from user_models import USER_GPT
-
-    cluster, plan = job_files
-    (tmp_path / "my_model.py").write_text(USER_GPT)
-    (tmp_path / "corpus.txt").write_text("the cat sat on the mat. the dog ran under a tree.\n" * 200)
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", cluster, "--plan", plan, "--steps", "2", "--time-scale", "0",
-                           "--model", f"{tmp_path / 'my_model.py'}:build", "--data", str(tmp_path / "corpus.txt"),
-                           "--seq-len", "16", "--eval-every", "1", "--eval-windows", "8", "--schedule", "1f1b"],
-                          capture_output=True, text=True, timeout=200)
+def test_train_cli_trains_a_user_file_model_on_a_text_file_with_a_validation_table(runs):
+    done = runs["user-model"]
     assert done.returncode == 0, done.stderr
     table = done.stdout[done.stdout.index("validation (held-out loss, nats)"):done.stdout.index("summary")]
     rows = [line.split("│")[1:3] for line in table.splitlines() if line.startswith("│")]
