@@ -1,76 +1,117 @@
-"""`geotrain plan --wan-recipe auto` records the recipe in the plan; `geotrain train --plan` runs it."""
+"""`geotrain plan --wan-recipe auto` records the recipe in the plan; `geotrain train --plan` runs it.
+
+Every command line of the file (seven plans, four `train --print-config`, two trainings) runs in the module fixture
+`runs`, in two processes side by side (tests/one_interpreter.py: a process's later command lines skip its seconds
+of imports, its second training the fork server's start-up): the two trainings with their three plans in one, the
+other plans each followed by the `--print-config` of what it wrote in the other."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from geotrain.bench.wan import bench_cluster
+from one_interpreter import OneInterpreter, results_of
 from two_gpus import LAN_GPUS_YAML, TWO_GPUS_YAML
 
-GEOTRAIN = (sys.executable, "-m", "geotrain")
+WAN_4X1_PLAN = ["plan", "--cluster", bench_cluster("wan-4x1"), "--stages", "1", "--replicas", "4", "--wan-recipe",
+                "auto", "--compute-s", "0.125", "--recipe-steps", "60", "--recipe-max-delay", "0", "--json"]
+MIXED = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "mixed-gpus-3x2.yaml"
+# compute-bound with moment sync (adaptive local steps do not run with it, and equal ones wait for the T4): the
+# shares win; link-bound: the recipe. (Compute-bound without moment sync, adaptive local steps beat the shares:
+# the test below.)
+MIXED_CASES = [(2.0, ["--recipe-sync-moments"], "batch_shares"), (0.1, [], "wan_recipe")]
+TINY_JOB = ("name: tiny-{batch}\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: {batch}\n"
+            "bytes_per_value: 4\nvocab: 44\n")
+Runs = tuple[Path, dict[str, subprocess.CompletedProcess]]
 
 
-def _side_by_side(commands: list[list[str]], timeout_s: float) -> list[subprocess.CompletedProcess]:
-    """The commands run at once, each to its end (all killed if one overruns `timeout_s`), as
-    subprocess.run returns them."""
-    launches = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                for command in commands]
-    try:
-        outputs = [launch.communicate(timeout=timeout_s) for launch in launches]
-        return [subprocess.CompletedProcess(launch.args, launch.returncode, stdout, stderr)
-                for launch, (stdout, stderr) in zip(launches, outputs)]
-    finally:
-        for launch in launches:
-            if launch.poll() is None:
-                launch.kill()
-                launch.communicate()
+def _print_config(cluster: str | Path, plan: Path) -> list[str]:
+    """The words of `geotrain train --print-config` of `plan` on `cluster`."""
+    return ["train", "--cluster", str(cluster), "--plan", str(plan), "--print-config"]
 
 
-WAN_4X1_PLAN = [*GEOTRAIN, "plan", "--cluster", bench_cluster("wan-4x1"), "--stages", "1", "--replicas", "4",
-                "--wan-recipe", "auto", "--compute-s", "0.125", "--recipe-steps", "60", "--recipe-max-delay", "0",
-                "--json"]
+def _trainings(folder: Path) -> dict[str, list[str]]:
+    """The adaptive test's plan, the async test's two plans, then the two tests' trainings (by name, in order)."""
+    (folder / "two-gpus.yaml").write_text(TWO_GPUS_YAML)
+    (folder / "job-4.yaml").write_text(TINY_JOB.format(batch=4))
+    (folder / "lan.yaml").write_text(LAN_GPUS_YAML)
+    run = ["--batch-size", "2", "--microbatches", "1", "--emulate-gpu-speed", "--time-scale", "1e-3", "--json"]
+    lan = ["plan", "--cluster", str(folder / "lan.yaml"), "--stages", "1", "--replicas", "2", "--wan-recipe", "auto",
+           "--compute-s", "0.5", "--recipe-steps", "600", "--recipe-sync-moments", "--json"]
+    return {
+        # the synchronous recipe is checked here
+        "adaptive-plan": ["plan", "--cluster", str(folder / "two-gpus.yaml"), "--job", str(folder / "job-4.yaml"),
+                          "--stages", "1", "--replicas", "2", "--wan-recipe", "auto", "--compute-s", "0.5",
+                          "--recipe-steps", "24", "--recipe-max-delay", "0", "--recipe-outer-sync", "sync", "--json",
+                          "--out", str(folder / "adaptive-plan.json")],
+        "async-plan": [*lan, "--out", str(folder / "async-plan.json")],
+        "async-only-sync": [*lan, "--recipe-outer-sync", "sync"],
+        "adaptive-train": ["train", "--cluster", str(folder / "two-gpus.yaml"), "--plan",
+                           str(folder / "adaptive-plan.json"), "--steps", "4", *run, "--run-dir",
+                           str(folder / "adaptive-runs")],
+        "async-train": ["train", "--cluster", str(folder / "lan.yaml"), "--plan", str(folder / "async-plan.json"),
+                        "--steps", "12", *run, "--run-dir", str(folder / "async-runs")]}
+
+
+def _plans(folder: Path) -> dict[str, list[str]]:
+    """The wan-4x1 plans ("recipe": the recipe alone; "moments": with moment sync and measured codec CPU) and the
+    mixed-GPU cases' ("mixed-COMPUTE_S"), each followed by the `--print-config` of the plan it wrote (NAME-config)."""
+    (folder / "job-24.yaml").write_text(TINY_JOB.format(batch=24))
+    commands = {}
+    for name, options in {"recipe": [], "moments": ["--recipe-sync-moments", "--recipe-measure-codecs"]}.items():
+        commands[name] = [*WAN_4X1_PLAN, *options, "--out", str(folder / f"{name}.json")]
+        commands[f"{name}-config"] = _print_config(bench_cluster("wan-4x1"), folder / f"{name}.json")
+    for compute_s, extra, _ in MIXED_CASES:
+        out = folder / f"mixed-{compute_s}.json"
+        commands[f"mixed-{compute_s}"] = [
+            "plan", "--cluster", str(MIXED), "--job", str(folder / "job-24.yaml"), "--stages", "1", "--replicas", "3",
+            "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe", "auto", "--compute-s",
+            str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out),
+            "--recipe-outer-sync", "sync", *extra]  # the synchronous recipes are checked here
+        commands[f"mixed-{compute_s}-config"] = _print_config(MIXED, out)
+    return commands
 
 
 @pytest.fixture(scope="module")
-def wan_4x1_plans(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """The two tests' plans on wan-4x1, side by side: "recipe" (the recipe alone) and "moments" (with moment sync
-    and measured codec CPU), each with the file it wrote."""
-    folder = tmp_path_factory.mktemp("wan-4x1")
-    extra = {"recipe": [], "moments": ["--recipe-sync-moments", "--recipe-measure-codecs"]}
-    done = _side_by_side([[*WAN_4X1_PLAN, *options, "--out", str(folder / f"{name}.json")]
-                          for name, options in extra.items()], 180)
-    return {name: (result, folder / f"{name}.json") for name, result in zip(extra, done)}
+def runs(tmp_path_factory) -> Runs:
+    """(the folder, each command line's outcome by name)."""
+    folder = tmp_path_factory.mktemp("wan-recipe")
+    parts = [_trainings(folder), _plans(folder)]
+    processes = [OneInterpreter(list(part.values()), folder, f"part{i}") for i, part in enumerate(parts)]
+    done = {name: result for part, results in zip(parts, results_of(processes))
+            for name, result in zip(part, results, strict=True)}
+    return folder, done
 
 
-@pytest.mark.slow  # two CLI launches (the plan beside the next test's)
+def _settings(done: subprocess.CompletedProcess) -> dict[str, str]:
+    """The `key = value` lines of a `train --print-config` that exited 0."""
+    assert done.returncode == 0, done.stderr
+    return dict(line.split(" = ", 1) for line in done.stdout.splitlines() if " = " in line)
+
+
+@pytest.mark.slow  # a plan and its --print-config (the module's fixture)
 @pytest.mark.timeout(300)
-def test_plan_writes_the_wan_recipe_and_train_takes_its_settings(wan_4x1_plans):
-    done, out = wan_4x1_plans["recipe"]
-    cluster = bench_cluster("wan-4x1")
+def test_plan_writes_the_wan_recipe_and_train_takes_its_settings(runs):
+    done = runs[1]["recipe"]
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
     assert recipe["version"] == 1 and recipe["compute_s"] == 0.125
     assert (recipe["sync_every"], recipe["delay"], recipe["outer_lr"], recipe["outer_momentum"]) == (5, 0, 1.0, 0.0)
     assert recipe["step_s"] == pytest.approx(0.125 + recipe["sync_s"] * recipe["fragments"] / 5)
-    shown = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--print-config"],
-                           capture_output=True, text=True, timeout=180)
-    assert shown.returncode == 0, shown.stderr
-    settings = dict(line.split(" = ", 1) for line in shown.stdout.splitlines() if " = " in line)
+    settings = _settings(runs[1]["recipe-config"])
     assert settings["sync_every"] == "5" and settings["sync_delay"] == "0"
     assert settings["fragments"] == str(recipe["fragments"])
     assert settings["dp_codecs"] == f'["{recipe["codec"]}"]'
 
 
-@pytest.mark.slow  # two CLI launches (the plan beside the previous test's)
+@pytest.mark.slow  # a plan and its --print-config (the module's fixture)
 @pytest.mark.timeout(300)
-def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(wan_4x1_plans):
-    done, out = wan_4x1_plans["moments"]
-    cluster = bench_cluster("wan-4x1")
+def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(runs):
+    done = runs[1]["moments"]
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
     assert recipe["sync_moments"] is True and recipe["moment_syncs"] == 1 and recipe["delay"] == 0
@@ -78,45 +119,17 @@ def test_plan_prices_moment_sync_and_the_codecs_cpu_and_train_runs_them(wan_4x1_
     # seconds per sync on this machine's CPU: what a planner should see before choosing host-side codecs)
     extra = recipe["step_s"] - (0.125 + recipe["sync_s"] * recipe["fragments"] / recipe["sync_every"])
     assert extra > 0
-    shown = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--print-config"],
-                           capture_output=True, text=True, timeout=180)
-    assert shown.returncode == 0, shown.stderr
-    settings = dict(line.split(" = ", 1) for line in shown.stdout.splitlines() if " = " in line)
+    settings = _settings(runs[1]["moments-config"])
     assert settings["sync_moments"] == "true" and settings["sync_every"] == str(recipe["sync_every"])
     assert settings["moment_syncs"] == "1"
 
 
-MIXED = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "mixed-gpus-3x2.yaml"
-
-
-# compute-bound with moment sync (adaptive local steps do not run with it, and equal ones wait for the T4): the
-# shares win; link-bound: the recipe. (Compute-bound without moment sync, adaptive local steps beat the shares:
-# the test below.)
-MIXED_CASES = [(2.0, ["--recipe-sync-moments"], "batch_shares"), (0.1, [], "wan_recipe")]
-
-
-@pytest.fixture(scope="module")
-def mixed_plans(tmp_path_factory) -> dict[float, tuple[subprocess.CompletedProcess, Path]]:
-    """The plan of each MIXED_CASES case (by compute_s), side by side, with the file it wrote."""
-    folder = tmp_path_factory.mktemp("mixed")
-    job = folder / "job.yaml"
-    job.write_text("name: tiny-24\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: 24\n"
-                   "bytes_per_value: 4\nvocab: 44\n")
-    outs = [folder / f"plan-{compute_s}.json" for compute_s, _, _ in MIXED_CASES]
-    done = _side_by_side([[*GEOTRAIN, "plan", "--cluster", str(MIXED), "--job", str(job), "--stages", "1",
-                           "--replicas", "3", "--exclude-devices", "oregon-1,virginia-1,frankfurt-1", "--wan-recipe",
-                           "auto", "--compute-s", str(compute_s), "--recipe-steps", "60", "--json", "--out", str(out),
-                           "--recipe-outer-sync", "sync", *extra]  # the synchronous recipes are checked here
-                          for (compute_s, extra, _), out in zip(MIXED_CASES, outs)], 180)
-    return {compute_s: (result, out) for (compute_s, _, _), result, out in zip(MIXED_CASES, done, outs)}
-
-
-@pytest.mark.slow  # two CLI launches (the plan beside the other case's)
+@pytest.mark.slow  # a plan and its --print-config (the module's fixture)
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("compute_s, extra, chosen", MIXED_CASES)
-def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train_runs_it(mixed_plans, compute_s,
-                                                                                          extra, chosen):
-    done, out = mixed_plans[compute_s]
+def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train_runs_it(runs, compute_s, extra,
+                                                                                          chosen):
+    done = runs[1][f"mixed-{compute_s}"]
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     site = plan["site_compute"]
@@ -124,10 +137,7 @@ def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train
                                                               site["candidates_step_s"]["wan_recipe"])
     assert set(site["site_compute_fraction"]) == {"oregon-0", "virginia-0", "frankfurt-0"}
     assert (chosen in plan) and ({"batch_shares", "wan_recipe"} - {chosen}).isdisjoint(plan)
-    shown = subprocess.run([*GEOTRAIN, "train", "--cluster", str(MIXED), "--plan", str(out), "--print-config"],
-                           capture_output=True, text=True, timeout=180)
-    assert shown.returncode == 0, shown.stderr
-    settings = dict(line.split(" = ", 1) for line in shown.stdout.splitlines() if " = " in line)
+    settings = _settings(runs[1][f"mixed-{compute_s}-config"])
     if chosen == "batch_shares":
         # by speed (replica order is the placement's: with a recipe it is searched with compute, yuan+compute)
         assert sorted(plan["batch_shares"]["samples"]) == [3, 6, 15]
@@ -136,17 +146,10 @@ def test_plan_on_mixed_gpus_chooses_speed_shares_or_the_recipe_by_cost_and_train
         assert settings["batch_shares"] == '"equal"' and settings["sync_every"] == str(plan["wan_recipe"]["sync_every"])
 
 
-@pytest.mark.slow  # a plan and a 2-rank launch
+@pytest.mark.slow  # a plan and a 2-rank launch (the module's fixture)
 @pytest.mark.timeout(300)
-def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp_path: Path):
-    cluster, job, out = tmp_path / "cluster.yaml", tmp_path / "job.yaml", tmp_path / "plan.json"
-    cluster.write_text(TWO_GPUS_YAML)
-    job.write_text("name: tiny-4\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: 4\n"
-                   "bytes_per_value: 4\nvocab: 44\n")
-    done = subprocess.run([*GEOTRAIN, "plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1",
-                           "--replicas", "2", "--wan-recipe", "auto", "--compute-s", "0.5", "--recipe-steps", "24",
-                           "--recipe-max-delay", "0", "--recipe-outer-sync", "sync", "--json", "--out", str(out)],
-                          capture_output=True, text=True, timeout=180)  # the synchronous recipe is checked here
+def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(runs):
+    done = runs[1]["adaptive-plan"]
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     recipe = plan["wan_recipe"]
@@ -160,27 +163,19 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(tmp
     expected = {"fast-0": 3 * compute[0] / period, "slow-0": 1 * compute[1] / period}
     assert plan["site_compute"]["site_compute_fraction"] == pytest.approx(expected)
     assert recipe["replica_compute_fraction"] == pytest.approx(list(expected.values()))
-    runs = tmp_path / "runs"
-    done = subprocess.run([*GEOTRAIN, "train", "--cluster", str(cluster), "--plan", str(out), "--steps", "4",
-                           "--batch-size", "2", "--microbatches", "1", "--emulate-gpu-speed", "--time-scale", "1e-3",
-                           "--run-dir", str(runs), "--json"], capture_output=True, text=True, timeout=240)
+    done = runs[1]["adaptive-train"]
     assert done.returncode == 0, done.stderr[-2000:]
     from geotrain.observe.metrics import read_metrics, steps_of
 
-    steps = steps_of(read_metrics(runs))
+    steps = steps_of(read_metrics(runs[0] / "adaptive-runs"))
     inner = [sum(1 for s in steps if s["rank"] == rank) for rank in range(2)]
     assert inner[0] > inner[1] and sum(inner) == 2 * 2 * 2  # 2 periods of R x H = 4 inner steps, by speed
 
 
-@pytest.mark.slow  # three CLI launches
+@pytest.mark.slow  # two plans and a 2-rank launch (the module's fixture)
 @pytest.mark.timeout(300)
-def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_emulated_links(tmp_path: Path):
-    (tmp_path / "lan.yaml").write_text(LAN_GPUS_YAML)
-    cluster, out = str(tmp_path / "lan.yaml"), tmp_path / "plan.json"
-    plan = [*GEOTRAIN, "plan", "--cluster", cluster, "--stages", "1", "--replicas", "2", "--wan-recipe", "auto",
-            "--compute-s", "0.5", "--recipe-steps", "600", "--recipe-sync-moments", "--json"]
-    # the two plans are independent: side by side
-    done, only_sync = _side_by_side([[*plan, "--out", str(out)], [*plan, "--recipe-outer-sync", "sync"]], 180)
+def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_emulated_links(runs):
+    done, only_sync = runs[1]["async-plan"], runs[1]["async-only-sync"]
     # moment sync runs with equal steps only: the synchronous recipe waits for the T4; asynchronous updates do not
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
@@ -189,21 +184,18 @@ def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_emulated_li
     assert only_sync.returncode == 0, only_sync.stderr
     # synchronous only: the recipe waits for the T4, and per-step DP with speed batch shares beats it
     assert "wan_recipe" not in json.loads(only_sync.stdout) and "batch_shares" in json.loads(only_sync.stdout)
-    runs = tmp_path / "runs"
-    trained = subprocess.run([*GEOTRAIN, "train", "--cluster", cluster, "--plan", str(out), "--steps", "12",
-                              "--batch-size", "2", "--microbatches", "1", "--emulate-gpu-speed", "--time-scale", "1e-3",
-                              "--run-dir", str(runs), "--json"], capture_output=True, text=True, timeout=240)
+    trained, run_dir = runs[1]["async-train"], runs[0] / "async-runs"
     assert trained.returncode == 0, trained.stderr[-2000:]
     from geotrain.observe.metrics import read_metrics, steps_of
 
-    steps = steps_of(read_metrics(runs))
+    steps = steps_of(read_metrics(run_dir))
     inner = [sum(1 for s in steps if s["rank"] == rank) for rank in range(2)]
     # emulated links: the server serves in emulated time, so the A100 sends more outer gradients than the T4
     assert inner[0] > inner[1], inner
     for rank in range(2):  # every exchange's bytes are in a step line (rank 0's server replies after its last step
         # too) and its seconds in comm_s
         mine = [s for s in steps if s["rank"] == rank]
-        sent = json.loads((runs / "emulator" / f"rank-{rank}.json").read_text())["transfers"]
+        sent = json.loads((run_dir / "emulator" / f"rank-{rank}.json").read_text())["transfers"]
         exchanged = sum(t["nbytes"] for t in sent if t["op"] == "async" and t["src_device"] != t["dst_device"])
         assert sum(s["bytes_inter"] for s in mine) == pytest.approx(exchanged) and exchanged > 0
         # rank 1's exchanges cross the link; rank 0 hosts the server, whose own round trip costs nothing, so its
