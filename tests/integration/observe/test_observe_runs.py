@@ -2,9 +2,9 @@
 (plain and --sync-every) read back as metrics, trace, TensorBoard scalars and `geotrain report`.
 
 The `geotrain train` and `geotrain report` command lines run in the module fixture `runs`: in one folder, one after
-another in two processes side by side (tests/one_interpreter.py: a process's later launches skip its seconds of
-imports and fork server start-up); the elastic run first in its process (its fork server preloads torchft), the
-failing run last."""
+another in one process (tests/one_interpreter.py: its later launches skip the seconds of imports and fork server
+start-up; two processes side by side took 48 s on one core against one process's 34 s), the elastic run first (its
+fork server preloads torchft), the failing run last."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from one_interpreter import OneInterpreter, results_of
+from one_interpreter import OneInterpreter
 from paths import ROOT
 from runtime_2x2 import write_job_files
 
@@ -114,8 +114,8 @@ def build():
 SYNC_FLAGS = {"blocking": (), "streaming-delay": ("--fragments", "2", "--sync-delay", "1")}
 
 
-def _commands(root: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
-    """The command lines of the two processes, by name, in order (relative paths are under `root`)."""
+def _commands(root: Path) -> dict[str, list[str]]:
+    """The command lines by name, in order (relative paths are under `root`)."""
     files = write_job_files(root)
     plan = ["--cluster", files["cluster"], "--plan", files["plan"]]
     (root / "fail.py").write_text(FAILING_MODEL)
@@ -130,22 +130,20 @@ def _commands(root: Path) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
                     "--steps", "150", "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout",
                     "30", "--run-dir", "elastic-run", "--json"],
         "elastic-report": ["report", "elastic-run", "--json"]} if importlib.util.find_spec("torchft") else {}
-    first = {
+    return {
         **elastic,
+        "run-dir": ["train", *plan, "--steps", "3", "--time-scale", "0.1", "--run-dir", str(root / "run"), "--json"],
+        "run-dir-report": ["report", str(root / "run"), "--json", "--plot", "p.png"],
+        **{name: ["train", *plan, "--steps", "4", "--time-scale", "0.1", "--sync-every", "2", *flags, "--run-dir",
+                  f"{name}-run", "--json"] for name, flags in SYNC_FLAGS.items()},
+        "stopped": [*checkpoint_args(), "--stop-after", "2"],  # in the default run directory
+        "resumed": [*checkpoint_args(), "--resume", "--run-dir", "second"],
         "adaptive": ["train", "--cluster", files["cluster"], "--plan", "dp2.json", "--steps", "4", "--time-scale",
                      "0.1", "--microbatches", "1", "--sync-every", "2", "--local-steps", "adaptive", "--checkpoint-dir",
                      "adaptive-ckpt", "--run-dir", "adaptive-run", "--json"],
         "failing": ["train", "--cluster", files["cluster"], "--plan", "dp2-manual.json", "--steps", "30", "--model",
                     "fail.py:build", "--microbatches", "1", "--time-scale", "0.1", "--heartbeat-timeout", "3",
                     "--run-dir", "failing-run"]}
-    second = {
-        "run-dir": ["train", *plan, "--steps", "3", "--time-scale", "0.1", "--run-dir", str(root / "run"), "--json"],
-        "run-dir-report": ["report", str(root / "run"), "--json", "--plot", "p.png"],
-        **{name: ["train", *plan, "--steps", "4", "--time-scale", "0.1", "--sync-every", "2", *flags, "--run-dir",
-                  f"{name}-run", "--json"] for name, flags in SYNC_FLAGS.items()},
-        "stopped": [*checkpoint_args(), "--stop-after", "2"],  # in the default run directory
-        "resumed": [*checkpoint_args(), "--resume", "--run-dir", "second"]}
-    return first, second
 
 
 @pytest.fixture(scope="module")
@@ -159,12 +157,9 @@ def runs(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]
         (old / "run.json").write_text("{}")
         (old / ".geotrain-default-run").write_text("")
         os.utime(old / ".geotrain-default-run", (946684800 + i * 86400,) * 2)
-    parts = _commands(root)
-    processes = [OneInterpreter(list(part.values()), root, f"part{i}", {**ENV, "GEOTRAIN_KEEP_RUNS": "2"}, cwd=root)
-                 for i, part in enumerate(parts)]
-    done = {name: result for part, results in zip(parts, results_of(processes))
-            for name, result in zip(part, results, strict=True)}
-    return root, done
+    commands = _commands(root)
+    process = OneInterpreter(list(commands.values()), root, "runs", {**ENV, "GEOTRAIN_KEEP_RUNS": "2"}, cwd=root)
+    return root, dict(zip(commands, process.results(), strict=True))
 
 
 def ran(runs: tuple[Path, dict[str, subprocess.CompletedProcess]], name: str) -> subprocess.CompletedProcess:
