@@ -47,6 +47,9 @@ def _rows(entries: list[dict[str, Any]], first: list[str]) -> list[list[Any]]:
 
 MAX_RANKS_SHOWN = 8
 """An incomplete run's line names this many ranks, then counts the rest."""
+MAX_RANK_ROWS = 64
+"""The per-rank table lists every rank up to this many; above, the ranks that wait most, this many of them (--json
+and the plot's per-site spread have every rank)."""
 COLUMNS = ["step s", "compute s", "comm s", "wait s", "% c/m/w", "MB intra", "MB inter"]
 
 
@@ -124,8 +127,12 @@ def _split_tables(out: Output, split: dict[str, Any], unit: str) -> None:
               ["site", "ranks", *COLUMNS],
               [[e["site"], " ".join(map(str, e["ranks"])), *row[1:]]
                for e, row in zip(split["sites"], _rows(split["sites"], ["site"]), strict=True)])
-    out.table("per rank", ["rank", "site", "stage", "replica", *COLUMNS],
-              _rows(split["ranks"], ["rank", "site", "stage", "replica"]))
+    ranks, title = split["ranks"], "per rank"
+    if len(ranks) > MAX_RANK_ROWS:
+        ranks = sorted(ranks, key=lambda e: -e["wait_s"])[:MAX_RANK_ROWS]
+        title = (f"per rank: the {MAX_RANK_ROWS} of {len(split['ranks'])} ranks that wait most (--json lists "
+                 "every rank)")
+    out.table(title, ["rank", "site", "stage", "replica", *COLUMNS], _rows(ranks, ["rank", "site", "stage", "replica"]))
 
 
 def _closing_lines(out: Output, slow: Any, counts: dict[str, int], cost: Any, plot: str | None, board: Any,

@@ -28,3 +28,19 @@ def test_notes_without_a_skipped_line_are_notes_not_zero_skipped_lines(capsys):
     assert capsys.readouterr().out == "note: run.json: missing\n"
     _health_lines(Output(), {"incomplete": None, "skipped_lines": 2, "notes": ["rank-0.jsonl line 3: not JSON"]})
     assert capsys.readouterr().out == "skipped 2 unreadable lines: rank-0.jsonl line 3: not JSON\n"
+
+
+def test_the_per_rank_table_of_many_ranks_lists_those_that_wait_most(capsys):
+    from geotrain.cli.report_cmd import MAX_RANK_ROWS, _split_tables
+
+    def entry(rank: int, wait: float) -> dict:
+        return {"rank": rank, "site": "s", "stage": 0, "replica": rank, "ranks": [rank], "step_s": 1.0,
+                "compute_s": 0.5, "comm_s": 0.1, "wait_s": wait, "compute_pct": 50, "comm_pct": 10, "wait_pct": 40,
+                "bytes_intra": 0, "bytes_inter": 0}
+
+    ranks = [entry(rank, 0.4 if rank != 2999 else 0.9) for rank in range(3000)]
+    split = {"steps_used": [1, 5], "sites": [{**entry(0, 0.4), "site": "s"}], "ranks": ranks}
+    _split_tables(Output(), split, "wall")
+    printed = capsys.readouterr().out
+    assert f"the {MAX_RANK_ROWS} of 3000 ranks that wait most" in printed
+    assert "2999" in printed and printed.count("\n") < 3 * MAX_RANK_ROWS
