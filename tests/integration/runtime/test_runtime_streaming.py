@@ -1,8 +1,8 @@
 """`geotrain train --sync-every H --fragments P --sync-delay TAU --sync-mix ALPHA` (Streaming DiLoCo in the
 runtime) on the 2x2 test plan, real processes over gloo (--time-scale 0), and the flags' validation.
 
-The four runs the first two tests read run once, two after another in each of two processes side by side
-(tests/one_interpreter.py: a process's second launch skips its seconds of imports and fork server start-up)."""
+The four runs the first two tests read run once, one after another in one process (tests/one_interpreter.py: its
+later launches skip the seconds of imports and fork server start-up)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from geotrain.cli.main import main as cli_main
 from geotrain.runtime.sections import OptimSection, RuntimeConfigError
-from one_interpreter import OneInterpreter, results_of
+from one_interpreter import OneInterpreter
 from runtime_2x2 import write_job_files
 
 
@@ -37,15 +37,11 @@ def reports(files, tmp_path_factory) -> dict[str, dict]:
                            time_scale="1e-3"),
         **{split: _train(files, "--sync-every", "4", "--fragments", "2", "--fragment-split", split)
            for split in ("layers", "bytes")}}
-    parts = [("streamed", "layers"), ("blocking", "bytes")]
-    folder = tmp_path_factory.mktemp("streaming")
-    processes = [OneInterpreter([commands[name] for name in names], folder, f"part{i}")
-                 for i, names in enumerate(parts)]
+    runs = OneInterpreter(list(commands.values()), tmp_path_factory.mktemp("streaming"), "runs").results()
     done = {}
-    for names, results in zip(parts, results_of(processes)):
-        for name, run in zip(names, results):
-            assert run.returncode == 0, f"{name}: {run.stderr[-2000:]}"
-            done[name] = json.loads(run.stdout)
+    for name, run in zip(commands, runs, strict=True):
+        assert run.returncode == 0, f"{name}: {run.stderr[-2000:]}"
+        done[name] = json.loads(run.stdout)
     return done
 
 
