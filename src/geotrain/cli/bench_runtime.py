@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=seed, default=0, help="seed of the cluster, the random plan, the search and the model")
     parser.add_argument("--cost-model", default="schedule", choices=["schedule", "ring", "yuan"],
                         help="the model whose predicted iteration time heads the table (schedule: event simulation "
-                             "with the measured compute; ring/yuan: their comm + compute, no overlap)")
+                             "with each slot's measured work, the optimizer's after its all-reduce; ring/yuan: "
+                             "their comm + work, no overlap)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     from geotrain.cli.run_dir_args import add_bench_run_dir
 

@@ -24,7 +24,14 @@ d_{v mod S}; V > 1 for the looped schedules), M micro-batches:
   last message has left the device (a stage waits for its sends before the all-reduce), and takes
   "yuan"'s dp_s (scatter-gather formula) or, with allreduce="ring", the ring all-reduce in replica
   order (gloo's; cost/ring.ring_allreduce_seconds); it overlaps whatever other stages still do.
-  iteration = max_s (max_r ready at s + dp_s / H), H = traffic.sync_period (the exchange amortised).
+  iteration = max_s (max_r ready at s + dp_s / H + after_s), H = traffic.sync_period (the exchange
+  amortised).
+- after (optional, `after_s` per device): what a device works after its stage's all-reduce before its
+  next iteration starts: the optimizer step, and the runtime's host work outside the schedule (drawing
+  the batch, the step's bookkeeping); after_s at stage s = the slowest of its replicas. It sits after
+  the exchange, in series, where it delays the next iteration's first forward: spread over the
+  micro-batches' compute instead, most of it would hide behind the links (2026-12-07,
+  docs/history/runtime.md: the runtime's optimizer and host work, ~40 ms of a 0.35 s iteration).
 - NIC (optional, `nic_bps` per device): caps every message's rate; a device's messages to both
   neighbours also queue FIFO on its NIC, each busy 8 bytes / nic.
 - uneven split (`shares`, cost/layer_split.py): stage s holds a fraction f_s of the layers, so
@@ -212,9 +219,10 @@ class ScheduleCostModel:
 
     def __init__(self, cluster: Cluster, traffic: Traffic, forward_s: np.ndarray, micro_batches: int, *,
                  schedule: str = "1f1b", allreduce: str = "scatter-gather", nic_bps: np.ndarray | None = None,
-                 shares: StageShares | None = None) -> None:
+                 shares: StageShares | None = None, after_s: np.ndarray | None = None) -> None:
         """`forward_s` (N,): each device's seconds of one micro-batch forward of its 1/S of the layers;
-        `micro_batches` M per replica and iteration; `shares`: an uneven layer split (None: 1/S)."""
+        `micro_batches` M per replica and iteration; `shares`: an uneven layer split (None: 1/S);
+        `after_s` (N,): each device's seconds after its stage's all-reduce (None: 0; module doc)."""
         self.comm = YuanCostModel(cluster, traffic)
         self.stages, self.replicas, self.n_devices = traffic.stages, traffic.replicas, cluster.n_devices
         if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
@@ -231,6 +239,7 @@ class ScheduleCostModel:
         self.dp_bytes = np.asarray(traffic.dp_bytes, dtype=float)
         self.allreduce, self.nic_bps = allreduce, nic_bps
         self.shares = shares
+        self.after_s = np.zeros(cluster.n_devices) if after_s is None else np.asarray(after_s, dtype=float)
         self.model_grad_bytes = float(self.dp_bytes.sum())
 
     @classmethod
@@ -260,7 +269,9 @@ class ScheduleCostModel:
         """The pairwise "yuan" model of the same layout: what search optimises before this model ranks."""
         return self.comm
 
-    def _simulate(self, assignments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _simulate(self, assignments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(..., S) three times: when each stage's all-reduce may start, its all-reduce seconds (per
+        iteration), and the slowest of its replicas' `after_s` (what follows the exchange, in series)."""
         common = dict(allreduce=self.allreduce, nic_bps=self.nic_bps, actions=self.actions)
         if self.shares is None:
             ready, dp = schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes, self.dp_bytes,
@@ -270,18 +281,21 @@ class ScheduleCostModel:
             ready, dp = schedule_seconds(self.cluster, assignments, self.forward_s, self.message_bytes,
                                          self.model_grad_bytes * shares, self.micro_batches, self.schedule,
                                          stage_scale=self.stages * shares, **common)
-        return ready, (dp if self.traffic.sync_period == 1 else dp / self.traffic.sync_period)
+        dp = dp if self.traffic.sync_period == 1 else dp / self.traffic.sync_period
+        return ready, dp, self.after_s[np.asarray(assignments, dtype=np.int64)].max(axis=-1)
 
     def evaluate(self, assignment: np.ndarray) -> CostBreakdown:
         assignment = np.asarray(assignment, dtype=np.int64)
-        ends, dp_per_stage = self._simulate(assignment)
+        ends, dp_per_stage, after = self._simulate(assignment)
         pp_per_replica = self.comm.replica_pp_seconds(assignment)
-        total = float((ends + dp_per_stage).max())
+        total = float((ends + dp_per_stage + after).max())
         pipeline = float(ends.max())
+        exposed_dp = float((ends + dp_per_stage).max()) - pipeline
         return CostBreakdown(dp=float(dp_per_stage.max()), pp=float(pp_per_replica.max()), total=total,
                              dp_per_stage=dp_per_stage, pp_per_replica=pp_per_replica,
-                             extra={"pipeline": pipeline, "exposed_dp": total - pipeline})
+                             extra={"pipeline": pipeline, "exposed_dp": exposed_dp,
+                                    **({"after": total - pipeline - exposed_dp} if self.after_s.any() else {})})
 
     def evaluate_many(self, assignments: np.ndarray) -> np.ndarray:
-        ends, dp = self._simulate(np.asarray(assignments, dtype=np.int64))
-        return (ends + dp).max(axis=-1)
+        ends, dp, after = self._simulate(np.asarray(assignments, dtype=np.int64))
+        return (ends + dp + after).max(axis=-1)

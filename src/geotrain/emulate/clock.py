@@ -11,6 +11,8 @@ exchange and `finish(held, t)` after it, where t is the emulated end the schedul
   not sleep that time again, so wall time tracks emulated time (x time_scale);
 - wall time spent beyond what the links required (sleep overshoot, real overheads on a loaded machine)
   is kept as a debt and taken off the next sleeps, so it does not pile up along a pipeline.
+`waited_s` sums the jumps (max(0, t - held clock)): over any interval, the clock's advance less the
+growth of `waited_s` is what the rank's own work cost (compute and host work; the runtime's `busy_s`).
 `compute_scale` k emulates a device k times slower than this machine: between operations the clock
 advances k x the real time (k = 1: real speed). With k != 1 wall time no longer tracks emulated time
 during compute; emulated times stay exact, since waiting is decided by the emulated schedule.
@@ -48,6 +50,7 @@ class RankClock:
         self._base_s = 0.0
         self._wall_base = wall()
         self.slept_s = 0.0  # wall seconds slept for emulated link time
+        self.waited_s = 0.0  # emulated seconds the clock jumped ahead to operations' ends: time blocked on links
         self._debt_s = 0.0  # wall seconds this rank is behind its emulated clock (x time_scale)
 
     @property
@@ -87,6 +90,7 @@ class RankClock:
     def finish(self, held: Held, t_s: float) -> None:
         """End an operation that the links finish at emulated `t_s` (see the module docstring)."""
         emulated, wall_then = held
+        self.waited_s += max(0.0, t_s - emulated)
         blocked = self._wall() - wall_then
         need = max(0.0, t_s - emulated) * self.time_scale
         have = blocked + self._debt_s

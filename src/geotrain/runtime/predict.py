@@ -86,38 +86,45 @@ ITERATION_MODELS = ("schedule", "ring", "yuan")
 def predict_iteration_s(cluster: Cluster, assignment: np.ndarray, slot_compute_s: np.ndarray,
                         dp_bytes_per_stage: Sequence[float], pp_bytes_per_cut: int, microbatches: int,
                         schedule: str, time_scale: float, cost_model: str = ITERATION_MODELS[0],
-                        virtual_stages: int = 1, syncs_per_step: float = 1.0) -> float:
+                        virtual_stages: int = 1, syncs_per_step: float = 1.0,
+                        slot_after_s: np.ndarray | None = None) -> float:
     """Seconds of one iteration (wall: compute at real speed, link time x time_scale).
 
-    `slot_compute_s[s, r]`: the measured compute seconds of slot (s, r) in the iteration (the runtime's
-    record: forward, backward, codecs, optimizer). "schedule": the event simulation of cost/schedule.py
-    of `schedule`'s actions with that compute split into M forwards and M backwards (1 : 2) per
-    virtual stage, M messages of pp_bytes / (V M) per cut and direction, and the ring all-reduce in
-    replica order (gloo's); "yuan" / "ring": the no-overlap view, that model's dp + pp plus the
-    slowest slot's compute. `syncs_per_step` < 1 (sync_rate): the DP exchange's share of the iteration
-    (with it less without it) is charged that often."""
+    `slot_compute_s[s, r]`: the measured seconds slot (s, r) works inside the pipeline schedule in the
+    iteration (forward and backward chunks, and the host work between them); `slot_after_s[s, r]` (None:
+    0): what it works after the schedule (the gradient sync's compute: codecs, clipping, optimizer; the
+    step's other host work). "schedule": the event simulation of cost/schedule.py of `schedule`'s actions
+    with the compute split into M forwards and M backwards (1 : 2) per virtual stage, M messages of
+    pp_bytes / (V M) per cut and direction, the ring all-reduce in replica order (gloo's), and the
+    after-seconds after each stage's all-reduce, in series (ScheduleCostModel's `after_s`); "yuan" /
+    "ring": the no-overlap view, that model's dp + pp plus the slowest slot's compute and after-seconds.
+    `syncs_per_step` < 1 (sync_rate): the DP exchange's share of the iteration (with it less without it)
+    is charged that often."""
     assignment = np.asarray(assignment, dtype=np.int64)
     slot_compute_s = np.asarray(slot_compute_s, dtype=float)
+    slot_after_s = np.zeros(slot_compute_s.shape) if slot_after_s is None else np.asarray(slot_after_s, dtype=float)
     if cost_model in ("yuan", "ring"):
         comm = predict_comm(cluster, assignment, dp_bytes_per_stage, pp_bytes_per_cut, time_scale, cost_model,
                             virtual_stages, syncs_per_step)
-        return comm.total_s + float(slot_compute_s.max())
+        return comm.total_s + float((slot_compute_s + slot_after_s).max())
     if cost_model != "schedule":
         raise ValueError(f"--cost-model: one of {', '.join(ITERATION_MODELS)}, got {cost_model!r}")
-    forward_s = np.zeros(cluster.n_devices)
+    forward_s, after_s = np.zeros(cluster.n_devices), np.zeros(cluster.n_devices)
     forward_s[assignment] = slot_compute_s / (3.0 * microbatches)
+    after_s[assignment] = slot_after_s
     if time_scale <= 0:  # plain gloo: only compute is modelled
         actions = schedule_actions(schedule, assignment.shape[0], microbatches, virtual_stages)
         forward = np.tile(forward_s[assignment.T] / virtual_stages, virtual_stages)  # stage v on device v mod S
         no_link = np.zeros(forward.shape[:-1] + (forward.shape[-1] - 1,))
-        return float(simulate_actions(actions, forward, no_link, no_link)[0].max())
+        last_backward = simulate_actions(actions, forward, no_link, no_link)[0]  # (R, S)
+        return float((last_backward.max(axis=0) + slot_after_s.max(axis=1)).max())
 
     def simulated_s(dp_bytes: Sequence[float]) -> float:
         traffic = measured_traffic(dp_bytes, pp_bytes_per_cut, assignment.shape[1], virtual_stages)
         # The simulation is homogeneous in time: with compute / F as input, F x its result is
         # compute at real speed plus link time x F.
         model = ScheduleCostModel(cluster, traffic, forward_s / time_scale, microbatches, schedule=schedule,
-                                  allreduce="ring")
+                                  allreduce="ring", after_s=after_s / time_scale)
         return model.evaluate(assignment).total * time_scale
 
     with_sync = simulated_s(dp_bytes_per_stage)

@@ -8,7 +8,9 @@ Measured communication of one iteration, aggregated exactly as the cost model ag
 Predicted communication: the yuan model with this run's real payload bytes, time-scaled, the DP
 exchange charged once per `--sync-every` H steps (predict.py).
 Predicted iteration, per model of predict.ITERATION_MODELS ("schedule": the event simulation with each
-slot's measured compute of that iteration; "yuan"/"ring": their comm + the slowest slot's compute).
+slot's measured work of that iteration, inside the pipeline schedule and after it (slot_work_s: under
+emulation all the rank's own seconds on its clock, host work included); "yuan"/"ring": their comm + the
+slowest slot's work).
 `replicas_in_sync`: every step, all replicas of each stage had bit-identical weights (a checksum).
 Summary figures are means over iterations after the first (the first pays one-off set-up costs);
 with a single iteration, that one.
@@ -210,6 +212,20 @@ def emulated_periods_s(by_step: dict[int, list[dict[str, Any]]], time_scale: flo
     return periods
 
 
+def slot_work_s(record: dict[str, Any]) -> tuple[float, float]:
+    """(seconds inside the pipeline schedule, seconds after it) a rank worked in a step record, what the
+    iteration models take per slot. Under emulation its own work on its clock, not blocked on links
+    (`busy_s`: timed compute and the host work around it, which the emulated clock counts alike), split
+    where torch's schedule returns (`pipeline_busy_s`); else the timed compute, its gradient sync's part
+    (`sync_compute_s`: codecs, clipping, optimizer) after the schedule."""
+    span = record.get("emulated") or {}
+    inside = record.get("pipeline_busy_s")
+    if inside is not None and span.get("busy_s") is not None:
+        return float(inside), float(span["busy_s"]) - float(inside)
+    after = float(record.get("sync_compute_s", 0.0))
+    return float(record["compute_s"]) - after, after
+
+
 def dp_seconds(record: dict[str, Any], time_scale: float) -> float:
     """A record's DP communication seconds (wall, emulated links time-scaled): its collectives and an asynchronous
     exchange (`exchange_s`: emulated seconds under emulation, else wall)."""
@@ -247,12 +263,14 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                               virtual_stages=virtual, syncs_per_step=rate)
 
     def iteration_predictions(step_records: Sequence[dict[str, Any]], time_scale: float) -> dict[str, float]:
-        compute = np.zeros((stages, replicas))
+        compute, after = np.zeros((stages, replicas)), np.zeros((stages, replicas))
         for record in step_records:
-            compute[record["stage"], record["replica"]] += record["compute_s"] / config.layout.k  # a slot's mean
+            inside, outside = slot_work_s(record)
+            compute[record["stage"], record["replica"]] += inside / config.layout.k  # a slot's mean
+            after[record["stage"], record["replica"]] += outside / config.layout.k
         return {model: predict_iteration_s(config.cluster, config.assignment, compute, dp_bytes, pp_bytes,
                                            config.schedule.microbatches, config.schedule.schedule, time_scale, model,
-                                           virtual, rate)
+                                           virtual, rate, after)
                 for model in ITERATION_MODELS}
 
     periods = emulated_periods_s(by_step, config.emulation.time_scale)

@@ -37,7 +37,7 @@ from geotrain.emulate.schedule import inter_region_traffic
 from geotrain.runtime.layout import Layout
 
 T = TypeVar("T")
-StepMark = tuple[float, int]  # (this rank's emulated clock s, transfers it has sent so far)
+StepMark = tuple[float, int, float]  # (this rank's emulated clock s, transfers it has sent so far, its waited_s)
 
 
 @dataclass(frozen=True)
@@ -92,26 +92,37 @@ class Transport:
         self.waiting_on: str | None = None  # what a blocked call waits for, for failure messages
 
     def step_mark(self, emulation: Emulation | None) -> StepMark | None:
-        """This rank's emulated clock (s) and count of transfers sent, now (None without emulation)."""
+        """This rank's emulated clock (s), count of transfers sent and seconds blocked on links so far
+        (RankClock.waited_s), now (None without emulation)."""
         if emulation is None:
             return None
         state = emulation.state()
         with state.lock:
-            return state.clock.now(), len(state.transfers)
+            return state.clock.now(), len(state.transfers), state.clock.waited_s
 
-    def step_span(self, emulation: Emulation | None, mark: StepMark | None,
-                  region_of: Sequence[int]) -> dict[str, Any] | None:
-        """Since `mark`: the emulated start/end seconds of this rank's clock (compute at real speed,
-        links as emulated) and the payload bytes it sent, all and between devices of different regions
-        (`region_of[device]`), and when those left: `inter_region_wire` (schedule.inter_region_traffic);
-        None without emulation."""
+    def busy_since(self, emulation: Emulation | None, mark: StepMark | None) -> float | None:
+        """Emulated seconds this rank's clock advanced since `mark` by its own work, not blocked on links:
+        timed compute and the host work around it (torch's schedule between chunks, the step's bookkeeping),
+        which the emulated clock counts alike (None without emulation)."""
         if emulation is None or mark is None:
             return None
         state = emulation.state()
         with state.lock:
-            end_s, sent = state.clock.now(), state.transfers[mark[1]:]
-        return {"start_s": mark[0], "end_s": end_s, "bytes": float(sum(t.nbytes for t in sent)),
-                **inter_region_traffic(sent, region_of)}
+            return (state.clock.now() - mark[0]) - (state.clock.waited_s - mark[2])
+
+    def step_span(self, emulation: Emulation | None, mark: StepMark | None,
+                  region_of: Sequence[int]) -> dict[str, Any] | None:
+        """Since `mark`: the emulated start/end seconds of this rank's clock (compute at real speed,
+        links as emulated), `busy_s` (busy_since), the payload bytes it sent, all and between devices of
+        different regions (`region_of[device]`), and when those left: `inter_region_wire`
+        (schedule.inter_region_traffic); None without emulation."""
+        if emulation is None or mark is None:
+            return None
+        state = emulation.state()
+        with state.lock:
+            end_s, sent, waited_s = state.clock.now(), state.transfers[mark[1]:], state.clock.waited_s
+        return {"start_s": mark[0], "end_s": end_s, "busy_s": (end_s - mark[0]) - (waited_s - mark[2]),
+                "bytes": float(sum(t.nbytes for t in sent)), **inter_region_traffic(sent, region_of)}
 
     def p2p_since(self, emulation: Emulation | None, mark: StepMark | None) -> list[TransferRecord]:
         """The point-to-point messages this rank sent since `mark` (the emulator's stamps; none without

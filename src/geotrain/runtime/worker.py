@@ -228,13 +228,17 @@ class Worker:
         lr = lr_at(progress, cfg.run.steps, cfg.optim.lr)
         self.dp.set_lr(lr)
         self.dp.optimizer.zero_grad(set_to_none=True)
+        pipeline_mark = self.transport.step_mark(self.emulation)
         with self._autocast():
             loss = self.pipeline.step(inputs, targets)
+        pipeline_busy = self.transport.busy_since(self.emulation, pipeline_mark)
         self.slowdown.after_compute(self.timer.seconds)
         self._sum_tied_gradients()
         # weighted by samples: the DP mean of unequal shares is then the full batch's gradient
         weight_gradients(self.dp.params, gradient_factor(self.shares, self.slot.replica))
+        before_sync = self.timer.seconds
         dp_bytes, grad_norm = self.dp.step(step, self.timer)
+        sync_compute = self.timer.seconds - before_sync
         # A fingerprint of this stage's weights (a sharded slot: this rank's shard): replicas must stay bit-identical.
         param_sum = self.dp.fingerprint()
         loss = loss if loss is None or self.shard_group is None else self._slot_mean(loss)
@@ -243,7 +247,8 @@ class Worker:
         return {"step": step, "rank": self.rank, "stage": self.slot.stage, "replica": self.slot.replica,
                 **({"shard": self.slot.shard} if self.shard_group is not None else {}),
                 "loss": loss, "samples": self.share, "lr": lr, "progress_step": progress,
-                "compute_s": self.timer.seconds, "iteration_s": time.perf_counter() - started,
+                "compute_s": self.timer.seconds, "sync_compute_s": sync_compute, "pipeline_busy_s": pipeline_busy,
+                "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
                 "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
                 "boundaries": list(self.boundaries),
@@ -525,7 +530,8 @@ def _extend_span(record: dict[str, Any], span: dict[str, Any] | None) -> None:
     if span is None or record.get("emulated") is None:
         return
     emulated = record["emulated"]
-    emulated.update(end_s=span["end_s"], bytes=emulated["bytes"] + span["bytes"],
+    emulated.update(end_s=span["end_s"], busy_s=emulated.get("busy_s", 0.0) + span["busy_s"],
+                    bytes=emulated["bytes"] + span["bytes"],
                     inter_region_bytes=emulated["inter_region_bytes"] + span["inter_region_bytes"],
                     inter_region_wire=list(emulated["inter_region_wire"]) + list(span["inter_region_wire"]))
 

@@ -57,6 +57,25 @@ def test_model_adds_each_stages_all_reduce_after_its_last_backward():
     assert many[1] == pytest.approx(model.evaluate(assignment[::-1]).total)
 
 
+def test_after_seconds_follow_each_stages_all_reduce_in_series():
+    """The hand timeline above (stage 0's last backward ends at 10.5; stage 1's at 7.75, its last gradient
+    message leaves at 8.25), after_s per device 3, 1 | 0.5, 6: each stage's all-reduce ends, then its
+    slowest replica works 3 s (stage 0) and 6 s (stage 1) before the next iteration: stage 1 decides."""
+    cluster = hand_cluster()
+    base = ScheduleCostModel.for_job(cluster, HAND_JOB, 2, 2, micro_batches=2, schedule="gpipe")
+    model = ScheduleCostModel(cluster, base.traffic, base.forward_s, 2, schedule="gpipe",
+                              after_s=np.array([3.0, 1.0, 0.5, 6.0]))
+    assignment = np.array([[0, 1], [2, 3]])
+    dp = YuanCostModel.for_job(cluster, HAND_JOB, 2, 2).stage_dp_seconds(assignment)
+    cost = model.evaluate(assignment)
+    assert cost.total == pytest.approx(max(10.5 + dp[0] + 3.0, 8.25 + dp[1] + 6.0)) == pytest.approx(14.25 + dp[1])
+    assert cost.extra["pipeline"] == pytest.approx(10.5)
+    assert cost.extra["exposed_dp"] == pytest.approx(dp[0])
+    assert cost.extra["after"] == pytest.approx(14.25 + dp[1] - 10.5 - dp[0])
+    assert model.evaluate_many(assignment[None])[0] == pytest.approx(cost.total)
+    assert "after" not in base.evaluate(assignment).extra
+
+
 def test_registered_and_ranks_seed_plans_like_yuan_compute():
     """On seed-geo the schedule model scores pipeline-local below dp-local as the seed says, and is
     at least the ideal compute time (the bubble-free 10.2 s)."""

@@ -134,6 +134,10 @@ def test_rank_clock_freezes_while_blocked_and_sleeps_scaled_link_time():
     assert len(slept) == 1 and clock.now() == pytest.approx(3.5)
     clock.wait_until(4.5)  # 0.5 s of wall, less the 0.25 s it is behind
     assert slept[-1] == pytest.approx(0.25) and clock.now() == pytest.approx(4.5)
+    # waited_s: the jumps 1 -> 3, 3 -> 3.5 and 3.5 -> 4.5 (3.5 s blocked); the rest of the clock is compute
+    assert clock.waited_s == pytest.approx(3.5)
+    wall[0] += 0.2  # computing again
+    assert clock.now() - clock.waited_s == pytest.approx(1.2)
 
 
 def test_bad_inputs_name_the_option():

@@ -70,6 +70,38 @@ def test_schedule_prediction_with_compute_only_is_the_bubble_formula():
     assert got == pytest.approx((M + 4 - 1) * 3 * f)
 
 
+def test_work_after_the_schedule_follows_the_all_reduce_where_it_does_not_hide_behind_links():
+    """One replica over the 5 Mbit/s / 40 ms link, M = 2, GPipe; messages of 62.5 kB: 0.1 s busy. Each slot
+    works 0.3 s in the schedule (f = 0.05 s). Stage 0 hands over at 0.05 and 0.10; the link delivers at
+    0.19 and 0.29; stage 1: F 0.19-0.24, 0.29-0.34, B 0.34-0.44, 0.44-0.54; gradients leave 0.44 and 0.54
+    and arrive 0.58 and 0.68; stage 0: B 0.58-0.68, 0.68-0.78. Stage 0's 0.3 s after the schedule (its
+    optimizer) follows: 1.08. Spread over its micro-batches as compute (f = 0.1 s), its second forward's
+    share hides behind the busy link: 1.03, 0.05 s short. ring / yuan: comm + the slowest slot's 0.6 s."""
+    assignment = np.array([[0], [4]])
+    inside, after = np.array([[0.3], [0.3]]), np.array([[0.3], [0.0]])
+    args = ([0, 0], 125_000, 2, "gpipe", 1.0)
+    assert predict_iteration_s(CLUSTER, assignment, inside, *args, slot_after_s=np.zeros((2, 1))) == pytest.approx(0.78)
+    assert predict_iteration_s(CLUSTER, assignment, inside, *args, slot_after_s=after) == pytest.approx(1.08)
+    assert predict_iteration_s(CLUSTER, assignment, inside + after, *args) == pytest.approx(1.03)
+    comm = predict_comm(CLUSTER, assignment, [0, 0], 125_000, 1.0, "ring")
+    assert predict_iteration_s(CLUSTER, assignment, inside, *args, "ring", slot_after_s=after) == pytest.approx(
+        comm.total_s + 0.6)
+    # plain gloo (compute only): stage 0 ends its backward at 9 f = 0.45 (F 0-0.1, B 0.25-0.45), then 0.3 s
+    assert predict_iteration_s(CLUSTER, assignment, inside, [0, 0], 125_000, 2, "gpipe", 0.0,
+                               slot_after_s=after) == pytest.approx(0.75)
+
+
+def test_a_records_work_splits_where_the_schedule_returns():
+    from geotrain.runtime.report import slot_work_s
+
+    emulated = {"compute_s": 0.20, "sync_compute_s": 0.03, "pipeline_busy_s": 0.21,
+                "emulated": {"start_s": 1.0, "end_s": 1.5, "busy_s": 0.26}}
+    assert slot_work_s(emulated) == pytest.approx((0.21, 0.05))  # the rank's own seconds on its clock
+    plain = {"compute_s": 0.20, "sync_compute_s": 0.03, "pipeline_busy_s": None, "emulated": None}
+    assert slot_work_s(plain) == pytest.approx((0.17, 0.03))  # the timed compute, the sync's part after
+    assert slot_work_s({"compute_s": 0.2}) == pytest.approx((0.2, 0.0))  # an older record
+
+
 def test_time_scale_scales_link_time_and_not_compute():
     assignment = np.array([[0, 4, 1, 5], [6, 2, 7, 3]])
     compute = np.full((2, 4), 0.2)
