@@ -1,9 +1,8 @@
 """`geotrain plan --wan-recipe auto` records the recipe in the plan; `geotrain train --plan` runs it.
 
 Every command line of the file (seven plans, four `train --print-config`, two trainings) runs in the module fixture
-`runs`, in two processes side by side (tests/one_interpreter.py: a process's later command lines skip its seconds
-of imports, its second training the fork server's start-up): the two trainings with their three plans in one, the
-other plans each followed by the `--print-config` of what it wrote in the other."""
+`runs`, one after another in one process (tests/one_interpreter.py: its later command lines skip the seconds of
+imports, its second training the fork server's start-up)."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from geotrain.bench.wan import bench_cluster
-from one_interpreter import OneInterpreter, results_of
+from one_interpreter import OneInterpreter
 from two_gpus import LAN_GPUS_YAML, TWO_GPUS_YAML
 
 WAN_4X1_PLAN = ["plan", "--cluster", bench_cluster("wan-4x1"), "--stages", "1", "--replicas", "4", "--wan-recipe",
@@ -78,13 +77,11 @@ def _plans(folder: Path) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Runs:
-    """(the folder, each command line's outcome by name)."""
+    """(the folder, each command line's outcome by name): the trainings' plans and trainings, then the other plans
+    each followed by the `--print-config` of what it wrote."""
     folder = tmp_path_factory.mktemp("wan-recipe")
-    parts = [_trainings(folder), _plans(folder)]
-    processes = [OneInterpreter(list(part.values()), folder, f"part{i}") for i, part in enumerate(parts)]
-    done = {name: result for part, results in zip(parts, results_of(processes))
-            for name, result in zip(part, results, strict=True)}
-    return folder, done
+    commands = {**_trainings(folder), **_plans(folder)}
+    return folder, dict(zip(commands, OneInterpreter(list(commands.values()), folder, "runs").results(), strict=True))
 
 
 def _settings(done: subprocess.CompletedProcess) -> dict[str, str]:
