@@ -54,7 +54,7 @@ class OneInterpreter:
         log = self.log.read_text()
         assert self.process.returncode == 0, f"{self.spec}: exit {self.process.returncode}\n{log[-3000:]}"
         codes = json.loads(Path(f"{self.spec}.codes").read_text())
-        errs = re.split(r"^one_interpreter: geotrain .*\n", log, flags=re.MULTILINE)[1:]
+        errs = re.split(r"one_interpreter: geotrain .*\n", log)[1:]  # (a start line may follow a worker's half line)
         return [subprocess.CompletedProcess(words, code, out.read_text(), err)
                 for words, code, out, err in zip(self.commands, codes, self.outs, errs, strict=True)]
 
