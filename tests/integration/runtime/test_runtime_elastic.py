@@ -46,11 +46,12 @@ def _train(tmp: Path, *flags: str, timeout_s: float = 150) -> subprocess.Complet
 
 def _train_into_slow_pipe(tmp: Path, *flags: str, timeout_s: float = 240) -> tuple[int, bytes, str]:
     """`_train` with stdout a pipe whose open file description is non-blocking (as a child sharing it may
-    leave it), read 4 KiB at a time with a pause after each, while a busy process holds a CPU; PYTHONUNBUFFERED,
-    under which Python's text layer drops what a short write(2) left (CPython gh-85393). (exit, stdout, stderr)."""
+    leave it), read 4 KiB at a time with a pause after each, so that the 64 KiB pipe fills and a write(2) returns
+    short; PYTHONUNBUFFERED, under which Python's text layer drops what a short write left (CPython gh-85393): with
+    cli/output.py's write_whole replaced by a plain write, 65,536 bytes arrive and the launcher exits 0 (no other
+    load needed). (exit, stdout, stderr)."""
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         with (tmp / "stderr.txt").open("w") as err:
             launcher = subprocess.Popen([sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan",
@@ -64,8 +65,6 @@ def _train_into_slow_pipe(tmp: Path, *flags: str, timeout_s: float = 240) -> tup
         code = launcher.wait(timeout=timeout_s)
     finally:
         os.close(read_end)
-        busy.kill()
-        busy.wait()
     return code, b"".join(chunks), (tmp / "stderr.txt").read_text()
 
 
@@ -74,7 +73,7 @@ def killed_run(request, tmp_path_factory):
     """A 2-group run whose group 1 is SIGKILLed once, 1 s into training (JSON summary, sync flags). A kill
     that lands while the groups still meet can leave the survivor waiting out --comm-timeout (120.0 s
     with the default, in 2 of ~10 loaded CI runs; docs/history/fault_tolerance.md): 30 s keeps it under the bound.
-    The per-step run trains 320 steps (a JSON over 200 KB) into a slow non-blocking pipe on a busy machine."""
+    The per-step run trains 320 steps (a JSON over 200 KB) into a slow non-blocking pipe."""
     sync = [] if request.param == "per-step" else ["--sync-every", "3"]
     tmp = tmp_path_factory.mktemp(request.param)
     flags = ("--chaos", KILL_GROUP_1, "--json", "--comm-timeout", "30", *sync)
