@@ -1,7 +1,7 @@
 """Watching real runs: `geotrain emulate --trace` against its own report, and `geotrain train --run-dir`
 (plain and --sync-every) read back as metrics, trace, TensorBoard scalars and `geotrain report`.
 
-The `geotrain train` and `geotrain report` command lines run in the module fixture `runs`: in one folder, one after
+The `geotrain emulate`, `train` and `report` command lines run in the module fixture `runs`: in one folder, one after
 another in one process (tests/one_interpreter.py: its later launches skip the seconds of imports and fork server
 start-up; two processes side by side took 48 s on one core against one process's 34 s), the elastic run first (its
 fork server preloads torchft), the failing run last."""
@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from paths import ROOT
 from runtime_2x2 import write_job_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-GEOTRAIN = [sys.executable, "-m", "geotrain"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 TWO_SITES = """\
@@ -49,17 +47,9 @@ dist.destroy_process_group()
 """
 
 
-def geotrain(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([*GEOTRAIN, *args], capture_output=True, text=True, timeout=280, cwd=cwd, env=ENV)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def test_emulate_trace_of_a_two_site_run_matches_its_report_transfer_for_transfer(tmp_path):
-    (tmp_path / "c.yaml").write_text(TWO_SITES)
-    (tmp_path / "s.py").write_text(SCRIPT)
-    geotrain("emulate", "--cluster", "c.yaml", "--devices", "0,2,1,3", "--time-scale", "0", "--report", "r.json",
-             "--trace", "t.json", "--", "s.py", cwd=tmp_path)
+def test_emulate_trace_of_a_two_site_run_matches_its_report_transfer_for_transfer(runs):
+    tmp_path = runs[0]
+    ran(runs, "emulate")
     report = json.loads((tmp_path / "r.json").read_text())
     trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
     transfers = [e for e in trace if e.get("cat") == "transfer"]
@@ -123,6 +113,8 @@ def _commands(root: Path) -> dict[str, list[str]]:
                                                       "assignment": [[0, 2]]}))
     (root / "dp2.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))
     (root / "p.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
+    (root / "c.yaml").write_text(TWO_SITES)
+    (root / "s.py").write_text(SCRIPT)
     elastic = {
         "elastic": ["train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
                     "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
@@ -132,6 +124,8 @@ def _commands(root: Path) -> dict[str, list[str]]:
         "elastic-report": ["report", "elastic-run", "--json"]} if importlib.util.find_spec("torchft") else {}
     return {
         **elastic,
+        "emulate": ["emulate", "--cluster", "c.yaml", "--devices", "0,2,1,3", "--time-scale", "0", "--report", "r.json",
+                    "--trace", "t.json", "--", "s.py"],
         "run-dir": ["train", *plan, "--steps", "3", "--time-scale", "0.1", "--run-dir", str(root / "run"), "--json"],
         "run-dir-report": ["report", str(root / "run"), "--json", "--plot", "p.png"],
         **{name: ["train", *plan, "--steps", "4", "--time-scale", "0.1", "--sync-every", "2", *flags, "--run-dir",
