@@ -56,7 +56,6 @@ from geotrain.cluster.gpus import UNKNOWN_GPU
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost import DEFAULT_COST_MODEL, CostModel, build_cost_model
 from geotrain.cost.registry import MIXED_GPUS_COST_MODEL
-from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.codec_choice import (DEFAULT_POLICY, DEFAULT_TOLERANCE, DP_LADDER, PP_LADDER, CodecChoice,
                                         choose_codecs, parse_codec_policy)
 from geotrain.errors import GeotrainError, shown
@@ -225,8 +224,8 @@ def run(args: Any) -> int:
         base = slot_cluster(base, slots)
     cluster, job, model = build_placement(args, args.stages, args.replicas, cluster=base, sharding=sharding, job=job)
     fit, live = None, cluster
-    if args.wan_recipe == "auto" and typed:  # without GPU types, no memory to check (nor speed to place by)
-        cluster, model, fit = recipe_devices(args, cluster, job, model, sharding)
+    if typed:  # without GPU types, no memory to check (nor speed to place by)
+        cluster, model, fit = devices_by_memory(args, cluster, job, model, sharding)
     policy = parse_codec_policy(args.codec_policy, args.codec_tolerance) if args.codecs == "auto" else None
     options = parse_options(args)
     problem = PlacementProblem(cluster, model)
@@ -357,33 +356,33 @@ def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, pr
                       recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1), priced.scheme)
     extra = result.cost.extra or {}
     compute = float(extra.get("pipeline", extra.get("compute", 0.0)))
-    memory = float(stage_memory_bytes(job, args.stages, args.replicas, max(1, job.global_batch // args.replicas),
-                                      MemoryConfig(), shards=args.shards or 1).max())
+    memory = recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=False)
     scheme = "per-step data parallelism" if args.replicas > 1 else "one replica"
     return Option(label, result.assignment, result.cost.total, compute, memory, scheme)
 
 
-def recipe_devices(args: Any, cluster: Cluster, job: Job, model: CostModel,
-                   sharding: Sharding | None = None) -> tuple[Cluster, CostModel, np.ndarray | None]:
-    """--wan-recipe auto on a fixed layout: the devices whose memory holds a stage under the recipe
-    (plan_recipe.recipe_memory_bytes). All of them: `cluster` and `model` as they were and no index map; some:
-    the cluster of those devices, its cost model and their indices (a note on stderr names the devices left out);
-    fewer than S x R: refused in one line, except for the seed's default job (DEFAULT_JOB: a stand-in, not the
-    user's model), where one note says so and the plan goes on."""
-    need = recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1)
+def devices_by_memory(args: Any, cluster: Cluster, job: Job, model: CostModel,
+                      sharding: Sharding | None = None) -> tuple[Cluster, CostModel, np.ndarray | None]:
+    """A fixed layout: the devices whose memory holds a stage (plan_recipe.recipe_memory_bytes; with
+    --wan-recipe auto the outer optimizer's state too). All of them: `cluster` and `model` as they were and no
+    index map; some: the cluster of those devices, its cost model and their indices (a note on stderr names the
+    devices left out); fewer than S x R: refused in one line, except for the seed's default job (DEFAULT_JOB: a
+    stand-in, not the user's model), where one note says so and the plan goes on."""
+    recipe = args.wan_recipe == "auto"
+    need = recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=recipe)
     fit = devices_that_fit(cluster, need)
     if fit.size == cluster.n_devices:
         return cluster, model, None
+    layout = f"--stages {args.stages} --replicas {args.replicas}" + (" with --wan-recipe auto" if recipe else "")
     if fit.size < args.stages * args.replicas:
-        line = too_few_devices(cluster, need, fit, f"--stages {args.stages} --replicas {args.replicas} with "
-                                                   f"--wan-recipe auto")
+        line = too_few_devices(cluster, need, fit, layout, recipe=recipe)
         if args.job != DEFAULT_JOB:
             raise GeotrainError(f"{line}. Use more stages (--stages), or let the planner choose the layout (no "
                                 f"--stages/--replicas)")
         print(f"geotrain: note: job {job.name!r} (the default; give --job for your model's): {line}", file=sys.stderr)
         return cluster, model, None
     left_out = sorted(set(range(cluster.n_devices)) - set(fit.tolist()))
-    print(f"geotrain: note: --wan-recipe auto: {len(left_out)} devices cannot hold {need / 1e9:.1f} GB per device "
+    print(f"geotrain: note: {layout}: {len(left_out)} devices cannot hold {need / 1e9:.1f} GB per device "
           f"and are left out: {', '.join(f'{cluster.device_names[d]} ({cluster.gpus[d]})' for d in left_out)}",
           file=sys.stderr)
     sub = restrict_cluster(cluster, fit)

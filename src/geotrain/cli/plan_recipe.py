@@ -181,13 +181,14 @@ def recipe_documents(cluster: Cluster, assignment: Any, priced: PricedRecipe) ->
     return {"batch_shares": {"version": 1, "rule": "speed", **priced.shares.shares.to_json(labels)}, **site}
 
 
-def recipe_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1) -> float:
-    """Bytes the busiest device of an S x R layout holds under a recipe: mixed-precision AdamW state plus the outer
-    optimizer's fp32 anchor and momentum for its stage's parameters, and one sequence's activations per
-    micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch needs); `shards`: K
-    devices per slot sharing it (FSDP2, cost.memory's sharded states)."""
+def recipe_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, recipe: bool = True) -> float:
+    """Bytes the busiest device of an S x R layout holds: mixed-precision AdamW state (under a recipe, `recipe`,
+    plus the outer optimizer's fp32 anchor and momentum) for its stage's parameters, and one sequence's
+    activations per micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch
+    needs); `shards`: K devices per slot sharing it (FSDP2, cost.memory's sharded states)."""
     per_replica = max(1, job.global_batch // replicas)
-    config = MemoryConfig(state_bytes_per_param=MemoryConfig().state_bytes_per_param + OUTER_STATE_BYTES_PER_PARAM)
+    outer = OUTER_STATE_BYTES_PER_PARAM if recipe else 0.0
+    config = MemoryConfig(state_bytes_per_param=MemoryConfig().state_bytes_per_param + outer)
     return float(stage_memory_bytes(job, stages, replicas, per_replica, config, shards=shards).max())
 
 
@@ -197,16 +198,16 @@ def devices_that_fit(cluster: Cluster, need_bytes: float) -> np.ndarray:
     return np.flatnonzero(capacity >= need_bytes)
 
 
-def too_few_devices(cluster: Cluster, need_bytes: float, fit: np.ndarray, what: str) -> str:
+def too_few_devices(cluster: Cluster, need_bytes: float, fit: np.ndarray, what: str, recipe: bool = True) -> str:
     """The one line saying that only `fit` of the devices hold `need_bytes`, naming the others' GPUs and memory.
-    `what`: the layout, for the message."""
+    `what`: the layout, for the message; `recipe`: the need counts the outer optimizer's state."""
     capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus], dtype=float)
     short = sorted({cluster.gpus[d] for d in np.flatnonzero(capacity < need_bytes)}, key=gpu_memory_bytes, reverse=True)
     named = ", ".join(f"{gpu} ({gpu_memory_bytes(gpu) / 1e9:.0f} GB) x{sum(1 for g in cluster.gpus if g == gpu)}"
                       for gpu in short)
-    return (f"{what} needs {need_bytes / 1e9:.1f} GB on every device (weights, gradients, AdamW and the outer "
-            f"optimizer's state of its stage, one sequence's activations), and only {fit.size} of {cluster.n_devices} "
-            f"devices hold it; too small: {named}")
+    state = "AdamW and the outer optimizer's state" if recipe else "AdamW state"
+    return (f"{what} needs {need_bytes / 1e9:.1f} GB on every device (weights, gradients, {state} of its stage, one "
+            f"sequence's activations), and only {fit.size} of {cluster.n_devices} devices hold it; too small: {named}")
 
 
 def recipe_tables(out: Output, cluster: Cluster, assignment: Any, priced: PricedRecipe) -> None:

@@ -106,7 +106,24 @@ def test_a_fixed_layout_on_mixed_gpus_is_placed_by_speed_by_default(files, capsy
     assert chosen["cost_model"] == "schedule" and links_only["cost_model"] == "yuan"
     assert sorted(chosen["assignment"][0]) == [devices["tokyo0"], devices["tokyo1"], devices["tokyo2"]]
     assert all(d >= devices["saopaulo0"] for d in links_only["assignment"][0])
-    # 1320 placements of 3 slots on 12 devices: scored them all (search/every_placement.py), the optimum proven
-    assert chosen["details"]["found_by"] == "every-placement" and chosen["details"]["tried"][0]["placements"] == 1320
+    # 720 placements of 3 slots on the 10 devices that hold a replica (the T4s do not: below): scored them all
+    # (search/every_placement.py), the optimum proven
+    assert chosen["details"]["found_by"] == "every-placement" and chosen["details"]["tried"][0]["placements"] == 720
     assert chosen["lower_bound"] == chosen["cost"]["total"] and chosen["gap"] == 0
     assert "tokyo" in chosen["explanation"][0]
+
+
+def test_a_fixed_layout_without_a_recipe_is_memory_checked_too(files, capsys):
+    """Per-step data parallelism of the 1B job needs 19.8 GB a device (AdamW, no outer state): the 16 GB T4s are
+    left out of a layout the others can hold, and 1 x 12, which needs them, is refused in one line naming them."""
+    cluster, job = files
+    plan, notes = plan_json(capsys, "--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas", "8")
+    assert "--stages 1 --replicas 8: 2 devices cannot hold 19.8 GB" in notes and "frankfurt2 (T4)" in notes
+    devices = [f"{site}{i}" for site, gpus in SITES for i in range(len(gpus))]
+    assert not {"frankfurt2", "frankfurt3"} & {devices[d] for d in plan["assignment"][0]}
+    assert main(["plan", "--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas", "12"]) == 2
+    error = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("geotrain: note:")]
+    assert error == ["geotrain: error: --stages 1 --replicas 12 needs 19.8 GB on every device (weights, gradients, "
+                     "AdamW state of its stage, one sequence's activations), and only 10 of 12 devices hold it; too "
+                     "small: T4 (17 GB) x2. Use more stages (--stages), or let the planner choose the layout (no "
+                     "--stages/--replicas)"]

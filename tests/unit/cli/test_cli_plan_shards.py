@@ -17,12 +17,13 @@ links:
 """
 JOB_7B = "name: gpt-7b\nparams: 6.7e9\nlayers: 32\nhidden: 4096\nseq_len: 2048\nglobal_batch: 64\n"
 JOB_7B_2_LAYERS = "name: gpt-7b-2\nparams: 6.7e9\nlayers: 2\nhidden: 4096\nseq_len: 2048\nglobal_batch: 64\n"
+JOB_1B = "name: gpt-1b\nparams: 1.0e9\nlayers: 24\nhidden: 2048\nseq_len: 2048\nglobal_batch: 64\n"
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("shards")
-    for name, text in (("c.yaml", CLUSTER), ("j.yaml", JOB_7B), ("j2.yaml", JOB_7B_2_LAYERS)):
+    for name, text in (("c.yaml", CLUSTER), ("j.yaml", JOB_7B), ("j2.yaml", JOB_7B_2_LAYERS), ("j1b.yaml", JOB_1B)):
         (root / name).write_text(text)
     return root
 
@@ -97,7 +98,8 @@ def test_a_sharded_plan_pays_for_every_device_of_every_slot(files, capsys):
 
 
 def test_a_re_plan_on_the_live_devices_names_the_full_clusters_devices(files, capsys):
-    c, j = str(files / "c.yaml"), str(files / "j.yaml")
+    """(A 1B job: two shards of the 7B job's 107 GB of AdamW state do not fit a 40 GB A100, which plan refuses.)"""
+    c, j = str(files / "c.yaml"), str(files / "j1b.yaml")
     assert main(["plan", "--cluster", c, "--job", j, "--stages", "1", "--replicas", "2", "--shards", "2",
                  "--exclude-devices", "oregon-0,virginia-1", "--cost-model", "schedule", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
