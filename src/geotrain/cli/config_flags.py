@@ -127,11 +127,12 @@ def errors_name_flags(args: argparse.Namespace, plan: tuple[str, dict[str, dict[
         yield
     except RuntimeConfigError as exc:
         flags = given_flags(args)
-        brought = setting_flags(plan[1]) if plan is not None else {}
-        message = name_flags(str(exc), {**flags, **{key: shown.split(" ")[0] for key, shown in brought.items()
-                                                    if key not in flags}})
-        named = [shown for key, shown in brought.items() if key not in flags and
-                 re.search(rf"(?<![\w-]){re.escape(shown.split(' ')[0])}(?![\w-])", message)]
+        brought = {} if plan is None else {key: shown for key, shown in setting_flags(plan[1]).items()
+                                           if key not in flags}
+        plan_flags = {key: shown.split(" ")[0] for key, shown in brought.items()}
+        message = name_flags(str(exc), {**flags, **plan_flags})
+        named = [brought[key] for key, flag in plan_flags.items()
+                 if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", message)]
         if named and plan is not None:
             message += f" (set by the plan {plan[0]}: {', '.join(named)})"
         raise RuntimeConfigError(message) from None

@@ -50,7 +50,7 @@ from geotrain.cli.plan_money import (add_objective_argument, check_objective, mo
 from geotrain.cli.plan_codec_placement import place_with_codecs
 from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calibration_argument, add_recipe_arguments,
                                       calibration_of, devices_that_fit, price_recipe, recipe_documents,
-                                      recipe_memory_bytes, recipe_tables, too_few_devices)
+                                      layout_memory_bytes, recipe_tables, too_few_devices)
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cluster.gpus import UNKNOWN_GPU
 from geotrain.cluster.membership import restrict_cluster
@@ -353,23 +353,23 @@ def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, pr
     label = f"{args.stages} x {args.replicas}" + (f" x {args.shards} shards" if (args.shards or 1) > 1 else "")
     if priced is not None:
         return Option(label, result.assignment, priced.step_s, priced.busiest_compute_s,
-                      recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1), priced.scheme)
+                      layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1), priced.scheme)
     extra = result.cost.extra or {}
     compute = float(extra.get("pipeline", extra.get("compute", 0.0)))
-    memory = recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=False)
+    memory = layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=False)
     scheme = "per-step data parallelism" if args.replicas > 1 else "one replica"
     return Option(label, result.assignment, result.cost.total, compute, memory, scheme)
 
 
 def devices_by_memory(args: Any, cluster: Cluster, job: Job, model: CostModel,
                       sharding: Sharding | None = None) -> tuple[Cluster, CostModel, np.ndarray | None]:
-    """A fixed layout: the devices whose memory holds a stage (plan_recipe.recipe_memory_bytes; with
+    """A fixed layout: the devices whose memory holds a stage (plan_recipe.layout_memory_bytes; with
     --wan-recipe auto the outer optimizer's state too). All of them: `cluster` and `model` as they were and no
     index map; some: the cluster of those devices, its cost model and their indices (a note on stderr names the
     devices left out); fewer than S x R: refused in one line, except for the seed's default job (DEFAULT_JOB: a
     stand-in, not the user's model), where one note says so and the plan goes on."""
     recipe = args.wan_recipe == "auto"
-    need = recipe_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=recipe)
+    need = layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=recipe)
     fit = devices_that_fit(cluster, need)
     if fit.size == cluster.n_devices:
         return cluster, model, None

@@ -6,7 +6,7 @@ One home for the recipe's planning, used by a fixed layout (cli/plan_cmd.py) and
   adaptive local steps, sync or async outer updates) and, where the replicas differ in GPU speed, per-step data
   parallelism with speed batch shares against it (cost.batch_shares); `PricedRecipe.charged_s` is what layouts
   are ranked by (the recipe's step times its staleness charge, or the shares' step where they win).
-- `recipe_memory_bytes`: what one device of a stage holds under a recipe (weights, gradients, AdamW state and
+- `layout_memory_bytes`: what one device of a stage holds (weights, gradients, AdamW state, under a recipe also
   the outer optimizer's anchor and momentum, cost.memory.OUTER_STATE_BYTES_PER_PARAM, plus one sequence's
   activations: the least any micro-batching needs), `devices_that_fit` and `too_few_devices` (the one line
   naming the devices that fall short and their memory).
@@ -181,7 +181,7 @@ def recipe_documents(cluster: Cluster, assignment: Any, priced: PricedRecipe) ->
     return {"batch_shares": {"version": 1, "rule": "speed", **priced.shares.shares.to_json(labels)}, **site}
 
 
-def recipe_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, recipe: bool = True) -> float:
+def layout_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, recipe: bool = True) -> float:
     """Bytes the busiest device of an S x R layout holds: mixed-precision AdamW state (under a recipe, `recipe`,
     plus the outer optimizer's fp32 anchor and momentum) for its stage's parameters, and one sequence's
     activations per micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch

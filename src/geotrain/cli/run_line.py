@@ -106,4 +106,3 @@ def async_validation_note(config: Any) -> str | None:
     return (f"geotrain: note: --eval-every {data.eval_every} with --outer-sync {optim.outer_sync}: the global model "
             f"is validated at the end only (the ranks are at different steps: no mid-run collective); --eval-local "
             f"also has each replica score the global model it gets back, every {data.eval_every} of its steps")
-

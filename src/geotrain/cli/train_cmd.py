@@ -176,9 +176,8 @@ def iteration_table(out: Output, report: Any, units: str = "seconds") -> None:
              f"{row.dp_measured_s:.3f}", f"{row.pp_measured_s:.3f}",
              "-" if row.error_pct is None else f"{row.error_pct:+.1f}"] for row in report.rows]
     how = ("by the run's progress (ranks took different numbers of steps: a row holds each rank's steps at that "
-           "step of the equal schedule, the slowest rank's seconds; comm = dp + pp, compared over the run only)"
-           if report.uneven else "(comm = dp + pp)")
-    how = f"{how[:-1]}; {units})"
+           "step of the equal schedule, the slowest rank's seconds; comm = dp + pp, compared over the run only; "
+           f"{units})" if report.uneven else f"(comm = dp + pp; {units})")
     out.table(f"iterations of plan {report.plan} {how}",
               ["step", "loss", "iteration", "compute", "comm predicted", "comm measured", "dp meas.", "pp meas.",
                "error %"], rows)
