@@ -23,9 +23,16 @@ def positive_float(text: str) -> float:
 
 def output_file(text: str) -> str:
     """A file path that a command can write at the end of its work, checked before the work starts:
-    not a directory, in an existing writable directory (nothing is created). argparse reports
-    anything else as a usage error naming the option."""
+    not a directory, in an existing writable directory (nothing is created; a symbolic link to a file not yet
+    written is checked as its target, which the write creates). argparse reports anything else as a usage error
+    naming the option."""
     path = Path(text)
+    if text and path.is_symlink() and not path.exists():  # a dangling link: the write creates its target
+        target = os.path.realpath(path)
+        if Path(target).is_symlink():  # realpath stops where the links go round in a circle
+            raise argparse.ArgumentTypeError(f"{shown(text)}: a symbolic link that loops")
+        output_file(target)
+        return text
     if not text or path.is_dir():
         raise argparse.ArgumentTypeError(f"must be a file path, got the directory {shown(text)}")
     parent = path.parent

@@ -48,22 +48,37 @@ def test_a_partitioned_group_drops_out_the_others_keep_stepping_and_it_rejoins_i
     records = {int(g): {r["step"]: r for r in rs} for g, rs in doc["group_records"].items()}
     # the others never stopped: every step, committed by group 0; the partitioned group missed a stretch
     assert sorted(records[0]) == list(range(STEPS))
-    missed = sorted(set(range(STEPS)) - set(records[1]))
-    assert missed and missed == list(range(missed[0], missed[-1] + 1)) and missed[-1] < STEPS - 1
+    stretches = missed_stretches(set(records[1]))
+    missed = stretches[0]
+    assert missed[0] > 0 and missed[-1] < STEPS - 1
     contributors = run["contributors"]
     assert contributors[0] == 3.0 and contributors[-1] == 3.0
     assert all(contributors[t] == 2.0 for t in missed)  # the quorum dropped it while its links were down
+    # on a loaded machine a survivor can miss the quorum that follows group 2's kill and come back by live
+    # recovery as well (a rejoin each); that is elastic behaviour, not the partition's, and is checked alike
+    assert run["rejoins"] >= len(stretches) + 1
     # group 2's records start at its restart (after the partition): its first step's emulated clock
     # continues its peer's, not 0 (else it would sleep the run's emulated time at its first collective)
     restarted = min(records[2])
     assert missed[-1] < restarted < STEPS - 1
     assert records[2][restarted]["emulated_s"] >= records[0][restarted - 1]["emulated_s"] > 1.0
     # it came back by live recovery, and from its first sync on it equals its peers bit for bit
-    assert run["rejoins"] >= 1 and len(run["partition_recovery_s"]) == 1 and 0 <= run["partition_recovery_s"][0] < 10
-    for step in range(missed[-1] + 1, STEPS):
+    assert len(run["partition_recovery_s"]) == 1 and 0 <= run["partition_recovery_s"][0] < 10
+    for step in (step for step in range(missed[-1] + 1, STEPS) if step in records[1]):
         assert records[1][step]["params_sha256"] == records[0][step]["params_sha256"]
     for step in range(restarted, STEPS):
         assert records[2][step]["params_sha256"] == records[0][step]["params_sha256"]
     assert run["max_param_diff_across_replicas"] == 0.0
     # emulated: the groups' clock ran on the cluster's links (device 2 is 80 ms away: > 80 ms a step)
     assert run["train_emulated_s"] > 0.08 * STEPS
+
+
+def missed_stretches(recorded: set[int]) -> list[list[int]]:
+    """The runs of consecutive steps of 0..STEPS-1 missing from `recorded`, in order."""
+    stretches: list[list[int]] = []
+    for step in sorted(set(range(STEPS)) - recorded):
+        if stretches and stretches[-1][-1] == step - 1:
+            stretches[-1].append(step)
+        else:
+            stretches.append([step])
+    return stretches

@@ -75,3 +75,22 @@ def test_an_output_file_made_by_another_process_while_checked_is_accepted(tmp_pa
     monkeypatch.setattr(os, "open", other_rank_first)
     assert output_file(str(target)) == str(target)
     assert target.exists()  # the other rank's file is left to it
+
+
+def test_a_link_to_a_file_not_yet_written_is_checked_as_its_target(tmp_path):
+    """`--plot latest.png` where latest.png links to a file the run will write: its target's directory is what
+    must be writable (the write follows the link); a link into a missing directory, or a loop, is refused."""
+    import argparse
+
+    from geotrain.cli.arg_types import output_file, plot_file
+
+    (tmp_path / "plots").mkdir()
+    (tmp_path / "latest.png").symlink_to(tmp_path / "plots" / "run-7.png")
+    assert plot_file(str(tmp_path / "latest.png")) == str(tmp_path / "latest.png")
+    assert not (tmp_path / "plots" / "run-7.png").exists()
+    (tmp_path / "lost.png").symlink_to(tmp_path / "gone" / "run-7.png")
+    with pytest.raises(argparse.ArgumentTypeError, match="gone.*does not exist"):
+        output_file(str(tmp_path / "lost.png"))
+    (tmp_path / "loop.png").symlink_to(tmp_path / "loop.png")
+    with pytest.raises(argparse.ArgumentTypeError, match="a symbolic link that loops"):
+        output_file(str(tmp_path / "loop.png"))
