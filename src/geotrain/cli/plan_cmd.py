@@ -373,12 +373,15 @@ def devices_by_memory(args: Any, cluster: Cluster, job: Job, model: CostModel,
     fit = devices_that_fit(cluster, need)
     if fit.size == cluster.n_devices:
         return cluster, model, None
-    layout = f"--stages {args.stages} --replicas {args.replicas}" + (" with --wan-recipe auto" if recipe else "")
+    layout = (f"--stages {args.stages} --replicas {args.replicas}" + (f" --shards {args.shards}" if (args.shards or 1) > 1
+                                                                       else "")
+              + (" with --wan-recipe auto" if recipe else ""))
     if fit.size < args.stages * args.replicas:
         line = too_few_devices(cluster, need, fit, layout, recipe=recipe)
         if args.job != DEFAULT_JOB:
-            raise GeotrainError(f"{line}. Use more stages (--stages), or let the planner choose the layout (no "
-                                f"--stages/--replicas)")
+            shards = "" if (args.shards or 1) > 1 else ", shard each slot over a site's devices (--shards K)"
+            raise GeotrainError(f"{line}. Use more stages (--stages){shards}, or let the planner choose the layout "
+                                f"(no --stages/--replicas)")
         print(f"geotrain: note: job {job.name!r} (the default; give --job for your model's): {line}", file=sys.stderr)
         return cluster, model, None
     left_out = sorted(set(range(cluster.n_devices)) - set(fit.tolist()))

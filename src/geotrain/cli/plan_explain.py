@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from geotrain.cluster import Cluster
-from geotrain.cluster.gpus import UNKNOWN_GPU
-from geotrain.cost.gpus import gpu_memory_bytes, gpu_peak_flops
+from geotrain.cluster.gpus import UNKNOWN_GPU, memory_text
+from geotrain.cost.gpus import gpu_peak_flops
 
 LINK_BOUND_SHARE = 0.2
 """A step whose exposed communication is this share of it or more is called link-bound."""
@@ -58,13 +58,13 @@ def binding_constraint(cluster: Cluster, option: Option) -> str:
     used = np.unique(np.asarray(option.assignment).ravel())
     known = UNKNOWN_GPU not in cluster.gpus  # a file without GPU types: no speed or memory to reason with
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus]) if known else np.ones(cluster.n_devices)
-    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus]) if known else np.full(cluster.n_devices, np.inf)
+    capacity = cluster.memory_bytes if known else np.full(cluster.n_devices, np.inf)
     idle = np.setdiff1d(np.arange(cluster.n_devices), used)
     small = [d for d in idle if capacity[d] < option.memory_bytes]
     faster_small = [d for d in small if peak[d] > peak[used].min()]
     if faster_small or small:
-        gpus = sorted({cluster.gpus[d] for d in (faster_small or small)})
-        named = ", ".join(f"{g} ({gpu_memory_bytes(g) / 1e9:.0f} GB)" for g in gpus)
+        kinds = sorted({(cluster.gpus[d], float(capacity[d])) for d in (faster_small or small)})
+        named = ", ".join(f"{g} ({memory_text(memory)})" for g, memory in kinds)
         return (f"Memory: {len(faster_small or small)} idle devices ({named}) cannot hold the "
                 f"{option.memory_bytes / 1e9:.1f} GB a device of this layout needs.")
     exposed = max(0.0, option.step_s - option.compute_s)

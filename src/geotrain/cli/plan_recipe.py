@@ -14,6 +14,8 @@ One home for the recipe's planning, used by a fixed layout (cli/plan_cmd.py) and
 
 from __future__ import annotations
 
+from collections import Counter
+
 import argparse
 import sys
 from dataclasses import dataclass
@@ -24,8 +26,8 @@ import numpy as np
 from geotrain.cli.arg_types import positive_float
 from geotrain.cli.output import Output
 from geotrain.cluster import Cluster
+from geotrain.cluster.gpus import memory_text
 from geotrain.cost.batch_shares import SharesChoice, choose_shares, heterogeneous, replica_compute_seconds, replica_labels
-from geotrain.cost.gpus import gpu_memory_bytes
 from geotrain.cost.memory import OUTER_STATE_BYTES_PER_PARAM, MemoryConfig, stage_memory_bytes
 from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, SYNC_EVERY_CHOICES, MIN_OUTER_STEPS,
                                       WanRecipe, charged_step_seconds, choose_local_steps, estimated_compute_s,
@@ -194,17 +196,16 @@ def layout_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, r
 
 def devices_that_fit(cluster: Cluster, need_bytes: float) -> np.ndarray:
     """Indices of the devices whose GPU memory holds `need_bytes`."""
-    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus], dtype=float)
-    return np.flatnonzero(capacity >= need_bytes)
+    return np.flatnonzero(cluster.memory_bytes >= need_bytes)
 
 
 def too_few_devices(cluster: Cluster, need_bytes: float, fit: np.ndarray, what: str, recipe: bool = True) -> str:
     """The one line saying that only `fit` of the devices hold `need_bytes`, naming the others' GPUs and memory.
     `what`: the layout, for the message; `recipe`: the need counts the outer optimizer's state."""
-    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus], dtype=float)
-    short = sorted({cluster.gpus[d] for d in np.flatnonzero(capacity < need_bytes)}, key=gpu_memory_bytes, reverse=True)
-    named = ", ".join(f"{gpu} ({gpu_memory_bytes(gpu) / 1e9:.0f} GB) x{sum(1 for g in cluster.gpus if g == gpu)}"
-                      for gpu in short)
+    capacity = cluster.memory_bytes
+    kinds = Counter((cluster.gpus[d], float(capacity[d])) for d in np.flatnonzero(capacity < need_bytes))
+    named = ", ".join(f"{gpu} ({memory_text(memory)}) x{count}"
+                      for (gpu, memory), count in sorted(kinds.items(), key=lambda kind: -kind[0][1]))
     state = "AdamW and the outer optimizer's state" if recipe else "AdamW state"
     return (f"{what} needs {need_bytes / 1e9:.1f} GB on every device (weights, gradients, {state} of its stage, one "
             f"sequence's activations), and only {fit.size} of {cluster.n_devices} devices hold it; too small: {named}")

@@ -105,3 +105,8 @@ def gpu_type_of(device_name: str) -> str:
     key = _key(device_name)
     found = [name for name in GPU_PEAK_TFLOPS if _key(name) in key]
     return max(found, key=lambda name: len(_key(name))) if found else UNKNOWN_GPU
+
+
+def memory_text(nbytes: float) -> str:
+    """GPU memory for people: whole GB from 10 GB up (a datasheet's "17 GB"), else 3 significant digits."""
+    return f"{nbytes / 1e9:.0f} GB" if nbytes >= 1e10 else f"{nbytes / 1e9:.3g} GB"

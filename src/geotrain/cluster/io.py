@@ -15,13 +15,16 @@ A region's `gpu` is one type for all its devices, or a list of one type per devi
 region's `devices`). GPU types are checked against the table of geotrain.cluster.gpus when the file is
 loaded (`unknown`, the default, names none).
 
-Dense form: `devices: [{name, region, gpu, host, gpu_index, nic_gbps}]`, `bandwidth_gbps: NxN`,
+Dense form: `devices: [{name, region, gpu, host, gpu_index, nic_gbps, memory_gib}]`, `bandwidth_gbps: NxN`,
 `latency_ms: NxN` (diagonal ignored).
 
 Where devices run (both forms optional): `host` names a device's machine (a region's `host`: all its
 devices), `gpu_index` (dense form) its GPU on that machine (`gpu` stays the GPU type), `nic_gbps` its
 NIC in Gbit/s, one per device, shared by all it sends at once (a region's or the default's: each of
 its devices has one that fast). Left out: no host (one machine), no GPU index, unlimited NIC.
+`memory_gib` (a region's, a device's or the default's) caps the GPU memory a job may use on each device, in GiB,
+where it is less than the GPU type's datasheet (a MIG slice, a GPU shared with other jobs); the planner's memory
+checks use it instead of the datasheet's.
 
 Prices (both forms, optional; cluster/prices.py): `prices: {gpu_hour: {TYPE: USD, ...}, egress_per_gb: USD or
 {REGION: USD, default: USD}}`, a price per GPU-hour for every GPU type and per GB leaving each region.
@@ -43,7 +46,7 @@ import numpy as np
 
 from geotrain.cluster.errors import ClusterFileError
 from geotrain.cluster.gpus import UNKNOWN_GPU, UnknownGpuError, check_gpu_type
-from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MS, MIN_GBPS, Cluster
+from geotrain.cluster.model import MAX_DEVICES, MAX_GBPS, MAX_MEMORY_GIB, MAX_MS, MIN_GBPS, Cluster
 from geotrain.cluster.prices import MAX_USD, Prices
 from geotrain.errors import shown
 from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, document_errors_as, dump_yaml_text, located,
@@ -52,10 +55,10 @@ from geotrain.yaml_text import (MAX_YAML_BYTES, MAX_YAML_NODES, document_errors_
 _COMPACT_KEYS = {"name", "regions", "links", "defaults", "prices"}
 _DENSE_KEYS = {"name", "devices", "bandwidth_gbps", "latency_ms", "prices"}
 _PRICE_KEYS = {"gpu_hour", "egress_per_gb"}
-_REGION_KEYS = {"name", "devices", "gpu", "intra", "host", "nic_gbps"}
-_DEVICE_KEYS = {"name", "region", "gpu", "host", "gpu_index", "nic_gbps"}
+_REGION_KEYS = {"name", "devices", "gpu", "intra", "host", "nic_gbps", "memory_gib"}
+_DEVICE_KEYS = {"name", "region", "gpu", "host", "gpu_index", "nic_gbps", "memory_gib"}
 _LINK_KEYS = {"between", "gbps", "ms"}
-_DEFAULT_KEYS = {"intra", "link", "gpu", "nic_gbps"}
+_DEFAULT_KEYS = {"intra", "link", "gpu", "nic_gbps", "memory_gib"}
 MAX_GPU_INDEX = 4095
 _FIGURE_KEYS = {"gbps", "ms"}
 DEFAULT_GPU = UNKNOWN_GPU
@@ -123,6 +126,12 @@ class _Reader:
     def nic(self, value: Any, path: str) -> float:
         """A NIC in Gbit/s (MIN_GBPS..MAX_GBPS)."""
         return self.number(value, path, positive=True)
+
+    def memory(self, value: Any, path: str) -> float:
+        """GPU memory a job may use, in GiB: a number in (0, MAX_MEMORY_GIB]."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_MEMORY_GIB:
+            raise self.fail(path, f"must be a number of GiB in (0, {MAX_MEMORY_GIB:g}], got {shown(value)}")
+        return float(value)
 
     def text(self, value: Any, path: str) -> str:
         if not isinstance(value, str) or not value.strip():
@@ -215,6 +224,7 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
     link_default = reader.mapping(defaults.get("link", {}), "defaults.link", _FIGURE_KEYS)
     default_gpu = reader.gpu(defaults.get("gpu", DEFAULT_GPU), "defaults.gpu")
     default_nic = reader.optional(defaults, "nic_gbps", "defaults", reader.nic, math.inf)
+    default_memory = reader.optional(defaults, "memory_gib", "defaults", reader.memory, math.nan)
 
     regions = reader.sequence(doc["regions"], "regions", min_len=1)
     names: list[str] = []
@@ -223,6 +233,7 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
     intra: list[tuple[float, float]] = []
     hosts: list[str | None] = []
     nics: list[float] = []
+    memory: list[float] = []
     for i, entry in enumerate(regions):
         path = f"regions[{i}]"
         entry = reader.mapping(entry, path, _REGION_KEYS)
@@ -240,6 +251,7 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
         gpus.extend(reader.region_gpus(entry.get("gpu", default_gpu), f"{path}.gpu", size))
         hosts.append(reader.optional(entry, "host", path, reader.text))
         nics.append(reader.optional(entry, "nic_gbps", path, reader.nic, default_nic))
+        memory.append(reader.optional(entry, "memory_gib", path, reader.memory, default_memory))
         if size > 1 or entry.get("intra") is not None:
             # a one-device region has no internal pair, but a figure given for it is checked all the same
             intra.append(reader.figure(entry.get("intra"), f"{path}.intra", intra_default, "defaults.intra"))
@@ -295,6 +307,7 @@ def _compact(reader: _Reader, doc: dict) -> Cluster:
         latency_ms=latency[np.ix_(region_of, region_of)],
         hosts=tuple(hosts[r] for r in region_of.tolist()),
         nic_gbps=np.repeat(np.array(nics), sizes),
+        memory_gib=np.repeat(np.array(memory), sizes),
     )
 
 
@@ -310,6 +323,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
     hosts: list[str | None] = []
     gpu_index: list[int | None] = []
     nics: list[float] = []
+    memory: list[float] = []
     placed: dict[tuple[str | None, int | None], str] = {}
     for i, entry in enumerate(devices):
         path = f"devices[{i}]"
@@ -326,6 +340,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
         hosts.append(reader.optional(entry, "host", path, reader.text))
         gpu_index.append(reader.optional(entry, "gpu_index", path, reader.gpu_index))
         nics.append(reader.optional(entry, "nic_gbps", path, reader.nic, math.inf))
+        memory.append(reader.optional(entry, "memory_gib", path, reader.memory, math.nan))
         place = (hosts[-1], gpu_index[-1])
         if None not in place and place in placed:
             raise reader.fail(f"{path}.gpu_index", f"GPU {place[1]} of host {shown(place[0])} is already device "
@@ -363,6 +378,7 @@ def _dense(reader: _Reader, doc: dict) -> Cluster:
         hosts=tuple(hosts),
         gpu_index=tuple(gpu_index),
         nic_gbps=np.array(nics),
+        memory_gib=np.array(memory),
     )
 
 
@@ -387,6 +403,7 @@ def cluster_to_dict(cluster: Cluster, form: str = "auto") -> dict:
     # hosts and NICs can be given per region only when uniform inside each region; GPU indices never
     per_region = all(len({cluster.hosts[d] for d in cluster.devices_in_region(r)}) == 1
                      and len({float(cluster.nic_gbps[d]) for d in cluster.devices_in_region(r)}) == 1
+                     and len({str(float(cluster.memory_gib[d])) for d in cluster.devices_in_region(r)}) == 1
                      for r in range(cluster.n_regions)) and all(g is None for g in cluster.gpu_index)
     # the compact form regenerates device names as "<region>-<k>": only use it when that is lossless
     generated = tuple(f"{cluster.region_names[r]}-{k}" for r, size in enumerate(cluster.region_sizes()) for k in range(size))
@@ -427,7 +444,7 @@ def _prices_entry(cluster: Cluster) -> dict[str, Any]:
 
 
 def _placement(cluster: Cluster, device: int) -> dict[str, Any]:
-    """The host, GPU index and NIC keys of a device entry, only those given (finite NIC)."""
+    """The host, GPU index, NIC and memory keys of a device entry, only those given (finite NIC, memory limit)."""
     entry: dict[str, Any] = {}
     if cluster.hosts[device] is not None:
         entry["host"] = cluster.hosts[device]
@@ -435,6 +452,8 @@ def _placement(cluster: Cluster, device: int) -> dict[str, Any]:
         entry["gpu_index"] = cluster.gpu_index[device]
     if math.isfinite(cluster.nic_gbps[device]):
         entry["nic_gbps"] = float(cluster.nic_gbps[device])
+    if not math.isnan(cluster.memory_gib[device]):
+        entry["memory_gib"] = float(cluster.memory_gib[device])
     return entry
 
 

@@ -56,7 +56,7 @@ def read_membership_file(path: str | Path) -> list[Any]:
 
 def restrict_cluster(cluster: Cluster, devices: Sequence[int]) -> Cluster:
     """`cluster` with only `devices` (ascending indices), in that order; regions left empty are dropped;
-    names, GPUs, hosts, GPU indices, NICs and links of the kept devices as they were."""
+    names, GPUs, hosts, GPU indices, NICs, memory limits and links of the kept devices as they were."""
     keep = np.asarray(devices, dtype=np.int64)
     regions, region_of = np.unique(cluster.region_of[keep], return_inverse=True)
     return Cluster(name=cluster.name, device_names=tuple(cluster.device_names[d] for d in keep),
@@ -65,7 +65,7 @@ def restrict_cluster(cluster: Cluster, devices: Sequence[int]) -> Cluster:
                    bandwidth_gbps=cluster.bandwidth_gbps[np.ix_(keep, keep)],
                    latency_ms=cluster.latency_ms[np.ix_(keep, keep)],
                    hosts=tuple(cluster.hosts[d] for d in keep), gpu_index=tuple(cluster.gpu_index[d] for d in keep),
-                   nic_gbps=cluster.nic_gbps[keep],
+                   nic_gbps=cluster.nic_gbps[keep], memory_gib=cluster.memory_gib[keep],
                    prices=None if cluster.prices is None else cluster.prices.of_regions(regions))
 
 

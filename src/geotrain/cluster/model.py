@@ -6,7 +6,8 @@ meaningless (a device does not talk to itself) and is stored as 0.
 
 Where devices run: `hosts[d]` names device d's machine and `gpu_index[d]` its GPU on that machine
 (None: not given; no host anywhere means one machine). `nic_gbps[d]` is device d's NIC, shared by
-everything d sends at once, in Gbit/s (inf: unlimited, only the links limit it).
+everything d sends at once, in Gbit/s (inf: unlimited, only the links limit it). `memory_gib[d]` caps the
+GPU memory a job may use on d, in GiB (NaN: the GPU type's datasheet).
 
 Limits (so that every cost stays a finite number and the N x N matrices fit in memory):
 at most MAX_DEVICES devices (two dense float64 N x N matrices of 512 MiB each at the cap; loading
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from geotrain.cluster.errors import ClusterError
+from geotrain.cluster.gpus import gpu_memory_bytes
 from geotrain.cluster.prices import Prices
 from geotrain.errors import shown
 
@@ -30,6 +33,8 @@ MAX_DEVICES = 8192
 MIN_GBPS = 1e-6
 MAX_GBPS = 1e6
 MAX_MS = 1e6
+MAX_MEMORY_GIB = 65536.0
+"""The largest `memory_gib` a device may give (64 TiB)."""
 
 
 def check_device_count(n_devices: int, where: str) -> None:
@@ -53,8 +58,10 @@ class Cluster:
 
     `region_of[d]` is the index into `region_names` of device d. Matrices are read-only numpy arrays.
     `hosts`, `gpu_index` (None entries: not given) and `nic_gbps` (inf: unlimited) have one entry
-    per device; left out (None), nothing is given and every NIC is unlimited. `prices` (cluster/prices.py):
-    USD per GPU-hour by GPU type and per GB leaving each region, or None (not given).
+    per device; left out (None), nothing is given and every NIC is unlimited. `memory_gib` (one entry per device,
+    NaN: not given): the GPU memory a job may use, in GiB, where it is less than the GPU type's datasheet (a MIG
+    slice, a GPU shared with other jobs); `memory_bytes` is each device's, the datasheet's where not given.
+    `prices` (cluster/prices.py): USD per GPU-hour by GPU type and per GB leaving each region, or None (not given).
     """
 
     name: str
@@ -68,6 +75,7 @@ class Cluster:
     gpu_index: tuple[int | None, ...] | None = None
     nic_gbps: np.ndarray | None = None
     prices: Prices | None = None
+    memory_gib: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.device_names)
@@ -132,9 +140,23 @@ class Cluster:
             raise ClusterError(f"{where}: nic_gbps must be in {MIN_GBPS:g}..{MAX_GBPS:g} (or inf: unlimited), "
                                f"got {nic.min():g}..{nic.max():g}")
         nic.setflags(write=False)
+        memory = np.full(n, np.nan) if self.memory_gib is None else np.array(self.memory_gib, dtype=np.float64)
+        given = memory[~np.isnan(memory)]
+        if memory.shape != (n,) or np.any(~np.isfinite(given)) or np.any(given <= 0) or np.any(given > MAX_MEMORY_GIB):
+            raise ClusterError(f"{where}: memory_gib needs one entry per device ({n}), each in (0, {MAX_MEMORY_GIB:g}] "
+                               f"GiB or not given")
+        memory.setflags(write=False)
+        object.__setattr__(self, "memory_gib", memory)
         object.__setattr__(self, "hosts", hosts)
         object.__setattr__(self, "gpu_index", gpu_index)
         object.__setattr__(self, "nic_gbps", nic)
+
+    @property
+    def memory_bytes(self) -> np.ndarray:
+        """(N,) GPU memory per device in bytes: the file's `memory_gib` x 2**30 where given, else the GPU type's
+        (geotrain.cluster.gpus.gpu_memory_bytes; UnknownGpuError for a device of unknown type without one)."""
+        return np.array([gib * 2.0**30 if not math.isnan(gib) else gpu_memory_bytes(gpu)
+                         for gib, gpu in zip(self.memory_gib.tolist(), self.gpus)])
 
     @property
     def has_hosts(self) -> bool:
@@ -190,10 +212,12 @@ class Cluster:
     def fingerprint(self) -> str:
         """A hash of what a placement depends on: the device count, each device's region and GPU type, the
         bandwidth and latency matrices and the NICs (not the names of devices, regions or hosts): 16 hex
-        digits of a sha256. A plan records its cluster's (geotrain.plan)."""
+        digits of a sha256 (the memory limits too, where the file gives them). A plan records its cluster's (geotrain.plan)."""
         nic = [None if not np.isfinite(x) else float(x) for x in self.nic_gbps]
         doc = {"devices": self.n_devices, "region_of": self.region_of.tolist(), "gpus": list(self.gpus),
                "bandwidth_gbps": self.bandwidth_gbps.tolist(), "latency_ms": self.latency_ms.tolist(), "nic_gbps": nic}
+        if not np.all(np.isnan(self.memory_gib)):  # only where given: the fingerprints of files without it stay
+            doc["memory_gib"] = [None if math.isnan(x) else float(x) for x in self.memory_gib]
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
     def is_region_uniform(self) -> bool:

@@ -53,7 +53,7 @@ def multicloud(n_regions: int = 8, devices_per_region: int = 128, seed: int = 0,
     noise = np.triu(noise, 1) + np.triu(noise, 1).T
     return Cluster(name=label, device_names=cluster.device_names, region_names=cluster.region_names,
                    region_of=cluster.region_of, gpus=cluster.gpus, bandwidth_gbps=cluster.bandwidth_gbps * noise,
-                   latency_ms=cluster.latency_ms, prices=cluster.prices)
+                   latency_ms=cluster.latency_ms, prices=cluster.prices, memory_gib=cluster.memory_gib)
 
 
 def multicloud_1024() -> Cluster:

@@ -93,7 +93,8 @@ def check_slots(cluster: Cluster, devices: np.ndarray, where: str = "shards.devi
 
 def slot_cluster(cluster: Cluster, slots: np.ndarray) -> Cluster:
     """The cluster whose device i is slot `slots[i]` (see the module docstring): its weakest device's GPU type,
-    latency max_k and bandwidth K x min_k over the same-shard device pairs, NIC K x its smallest; no hosts."""
+    latency max_k and bandwidth K x min_k over the same-shard device pairs, NIC K x its smallest, memory its
+    smallest device's (each holds 1/K of the slot's state); no hosts."""
     slots = np.asarray(slots, dtype=np.int64)
     k = slots.shape[1]
     if k == 1 and np.all(np.diff(slots[:, 0]) > 0):
@@ -109,7 +110,20 @@ def slot_cluster(cluster: Cluster, slots: np.ndarray) -> Cluster:
                    bandwidth_gbps=np.where(np.eye(len(slots), dtype=bool), 0.0, bandwidth),
                    latency_ms=np.where(np.eye(len(slots), dtype=bool), 0.0, latency),
                    nic_gbps=k * cluster.nic_gbps[slots].min(axis=-1),
+                   memory_gib=_slot_memory_gib(cluster, slots),
                    prices=None if cluster.prices is None else cluster.prices.of_regions(regions))
+
+
+def _slot_memory_gib(cluster: Cluster, slots: np.ndarray) -> np.ndarray:
+    """(n,) per slot: the smallest memory of its devices in GiB where one of them gives `memory_gib`, else NaN (the
+    slot's GPU type's datasheet)."""
+    given = cluster.memory_gib[slots]
+    limited = ~np.isnan(given).all(axis=-1)
+    memory = np.full(len(slots), np.nan)
+    if limited.any():
+        memory[limited] = restrict_cluster(cluster, np.unique(slots[limited])).memory_bytes[
+            np.searchsorted(np.unique(slots[limited]), slots[limited])].min(axis=-1) / 2.0**30
+    return memory
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import numpy as np
 from geotrain.cluster import Cluster
 from geotrain.cluster.membership import restrict_cluster
 from geotrain.cost.compute import YuanComputeCostModel
-from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_memory_bytes, gpu_peak_flops
+from geotrain.cost.gpus import DEFAULT_UTILISATION, gpu_peak_flops
 from geotrain.cost.memory import MemoryConfig, stage_memory_bytes
 from geotrain.cost.schedule import ScheduleCostModel
 from geotrain.cost.shards import NO_SHARDING, Sharding, group_slots, lift_slots, slot_cluster
@@ -240,7 +240,7 @@ def _auto_configure_on(cluster: Cluster, job: Job, options: AutoConfigOptions, s
     start = time.perf_counter()
     k = options.sharding.k
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus]) * options.utilisation
-    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    capacity = cluster.memory_bytes
     speeds = np.unique(peak)
     flops = job.flops_per_iteration()
     layouts = []
@@ -317,7 +317,7 @@ def _refine(cluster: Cluster, job: Job, candidate: Candidate, options: AutoConfi
     pool (pool: the devices as fast as its slowest, with enough memory); keep the faster placement."""
     S, R, M = candidate.stages, candidate.replicas, candidate.microbatches
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
-    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    capacity = cluster.memory_bytes
     used = candidate.assignment.ravel()
     devices = np.flatnonzero((peak >= peak[used].min()) & (capacity >= candidate.memory_per_device_bytes))
     sub = restrict_cluster(cluster, devices)
@@ -379,7 +379,7 @@ def better_split(cluster: Cluster, job: Job, candidate: Candidate, options: Auto
     devices = np.unique(candidate.assignment)
     sub = restrict_cluster(cluster, devices)
     local = np.searchsorted(devices, candidate.assignment)
-    capacity = np.array([gpu_memory_bytes(g) for g in sub.gpus])[local].min(axis=1)  # (S,) per stage
+    capacity = sub.memory_bytes[local].min(axis=1)  # (S,) per stage
 
     def model(shares: str | None):
         if rank_model == "schedule":
@@ -420,7 +420,7 @@ def _schedule_rescore(cluster: Cluster, job: Job, candidate: Candidate, options:
     devices = np.unique(candidate.assignment)
     candidate = better_split(cluster, job, candidate, options, "schedule")
     peak = np.array([gpu_peak_flops(g) for g in cluster.gpus])
-    capacity = np.array([gpu_memory_bytes(g) for g in cluster.gpus])
+    capacity = cluster.memory_bytes
     pool = np.flatnonzero((peak >= peak[devices].min()) & (capacity >= candidate.memory_per_device_bytes))
     bound = schedule_bound_s(cluster, job, pool, S, R, M, options.utilisation, any_split=True,
                              sync_period=options.sync_period, shards=options.sharding.k)

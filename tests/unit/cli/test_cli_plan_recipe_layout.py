@@ -125,5 +125,5 @@ def test_a_fixed_layout_without_a_recipe_is_memory_checked_too(files, capsys):
     error = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("geotrain: note:")]
     assert error == ["geotrain: error: --stages 1 --replicas 12 needs 19.8 GB on every device (weights, gradients, "
                      "AdamW state of its stage, one sequence's activations), and only 10 of 12 devices hold it; too "
-                     "small: T4 (17 GB) x2. Use more stages (--stages), or let the planner choose the layout (no "
-                     "--stages/--replicas)"]
+                     "small: T4 (17 GB) x2. Use more stages (--stages), shard each slot over a site's devices "
+                     "(--shards K), or let the planner choose the layout (no --stages/--replicas)"]
