@@ -385,7 +385,7 @@ def devices_by_memory(args: Any, cluster: Cluster, job: Job, model: CostModel,
         print(f"geotrain: note: job {job.name!r} (the default; give --job for your model's): {line}", file=sys.stderr)
         return cluster, model, None
     left_out = sorted(set(range(cluster.n_devices)) - set(fit.tolist()))
-    print(f"geotrain: note: {layout}: {len(left_out)} devices cannot hold {need / 1e9:.1f} GB per device "
+    print(f"geotrain: note: {layout}: {len(left_out)} devices cannot hold {need / 1e9:.3g} GB per device "
           f"and are left out: {', '.join(f'{cluster.device_names[d]} ({cluster.gpus[d]})' for d in left_out)}",
           file=sys.stderr)
     sub = restrict_cluster(cluster, fit)

@@ -7,7 +7,8 @@ One home for the recipe's planning, used by a fixed layout (cli/plan_cmd.py) and
   parallelism with speed batch shares against it (cost.batch_shares); `PricedRecipe.charged_s` is what layouts
   are ranked by (the recipe's step times its staleness charge, or the shares' step where they win).
 - `layout_memory_bytes`: what one device of a stage holds (weights, gradients, AdamW state, under a recipe also
-  the outer optimizer's anchor and momentum, cost.memory.OUTER_STATE_BYTES_PER_PARAM, plus one sequence's
+  the outer sync's anchor, momentum and error-feedback residual, cost.memory.RECIPE_OUTER_BYTES_PER_PARAM, plus one
+  sequence's
   activations: the least any micro-batching needs), `devices_that_fit` and `too_few_devices` (the one line
   naming the devices that fall short and their memory).
 """
@@ -28,7 +29,7 @@ from geotrain.cli.output import Output
 from geotrain.cluster import Cluster
 from geotrain.cluster.gpus import memory_text
 from geotrain.cost.batch_shares import SharesChoice, choose_shares, heterogeneous, replica_compute_seconds, replica_labels
-from geotrain.cost.memory import OUTER_STATE_BYTES_PER_PARAM, MemoryConfig, stage_memory_bytes
+from geotrain.cost.memory import RECIPE_OUTER_BYTES_PER_PARAM, MemoryConfig, stage_memory_bytes
 from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, SYNC_EVERY_CHOICES, MIN_OUTER_STEPS,
                                       WanRecipe, charged_step_seconds, choose_local_steps, estimated_compute_s,
                                       outer_ladder)
@@ -185,11 +186,11 @@ def recipe_documents(cluster: Cluster, assignment: Any, priced: PricedRecipe) ->
 
 def layout_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, recipe: bool = True) -> float:
     """Bytes the busiest device of an S x R layout holds: mixed-precision AdamW state (under a recipe, `recipe`,
-    plus the outer optimizer's fp32 anchor and momentum) for its stage's parameters, and one sequence's
+    plus the outer sync's fp32 anchor, momentum and error-feedback residual) for its stage's parameters, and one sequence's
     activations per micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch
     needs); `shards`: K devices per slot sharing it (FSDP2, cost.memory's sharded states)."""
     per_replica = max(1, job.global_batch // replicas)
-    outer = OUTER_STATE_BYTES_PER_PARAM if recipe else 0.0
+    outer = RECIPE_OUTER_BYTES_PER_PARAM if recipe else 0.0
     config = MemoryConfig(state_bytes_per_param=MemoryConfig().state_bytes_per_param + outer)
     return float(stage_memory_bytes(job, stages, replicas, per_replica, config, shards=shards).max())
 
@@ -207,7 +208,7 @@ def too_few_devices(cluster: Cluster, need_bytes: float, fit: np.ndarray, what: 
     named = ", ".join(f"{gpu} ({memory_text(memory)}) x{count}"
                       for (gpu, memory), count in sorted(kinds.items(), key=lambda kind: -kind[0][1]))
     state = "AdamW and the outer optimizer's state" if recipe else "AdamW state"
-    return (f"{what} needs {need_bytes / 1e9:.1f} GB on every device (weights, gradients, {state} of its stage, one "
+    return (f"{what} needs {need_bytes / 1e9:.3g} GB on every device (weights, gradients, {state} of its stage, one "
             f"sequence's activations), and only {fit.size} of {cluster.n_devices} devices hold it; too small: {named}")
 
 

@@ -3,7 +3,8 @@ model's prediction with the measured communication.
 
 With --json, stdout is ONE JSON object: {"elastic", "plan", "stages", "replicas", "assignment", "losses",
 "summary": {"first_loss", "final_loss", "replicas_in_sync", "iteration_s", "compute_s", "comm_measured_s",
-"comm_predicted_s", "error_pct", ...}, "prediction", "bytes", "iterations": [...], "validation": [{"step",
+"comm_predicted_s", "error_pct", "memory": {"per_rank": [{"rank", "weights", "gradients", "optimizer", "sync", "state",
+"peak_rss", "predicted_state"}...] in bytes, "predicted_state_per_stage", "state_error_pct"}, ...}, "prediction", "bytes", "iterations": [...], "validation": [{"step",
 "loss"}...], "config", "wall_s"}; seconds are wall seconds of the emulated run (already multiplied by
 --time-scale). An --elastic run has the same layout (TRAIN_JSON_KEYS; its summary holds the elastic facts:
 replica_failures, rejoins, global_restarts, recovery_s, ...) with "group_records" and "events" in place of
@@ -83,7 +84,7 @@ def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
         from geotrain.cost.wan_recipe import WanRecipe
 
         recipe = WanRecipe.from_json(plan.extra["wan_recipe"], "plan")
-        settings["optim"] = recipe.runtime_settings()["optim"]
+        settings["optim"] = recipe.runtime_settings(plan.k)["optim"]
         settings.setdefault("comm", {})["dp_codecs"] = (recipe.codec,) * plan.stages
     if plan.extra.get("batch_shares") is not None:  # `geotrain plan --wan-recipe auto` chose speed shares
         settings.setdefault("schedule", {})["batch_shares"] = str(plan.extra["batch_shares"].get("rule", "speed"))
@@ -332,7 +333,21 @@ def run(args: Any) -> int:
     out.text(f"samples per replica {list(report.samples)} (--batch-shares {schedule.batch_shares}); step "
              f"{report.step_s:.3f} s; compute fraction per device: "
              + ", ".join(f"{name} {f:.2f}" for name, f in report.compute_fraction.items()))
+    if report.memory is not None:
+        out.text(memory_line(report.memory))
     return 0
+
+
+def memory_line(memory: dict[str, Any]) -> str:
+    """One line of what the busiest rank held at the end (runtime/memory_use.py) beside the planner's prediction."""
+    rank = max(memory["per_rank"], key=lambda row: row["state"])
+    parts = ", ".join(f"{key} {rank[key] / 1e6:.3g}" for key in ("weights", "gradients", "optimizer", "sync"))
+    predicted = rank["predicted_state"]
+    versus = "" if predicted is None else (f"; the planner's {predicted / 1e6:.4g} MB "
+                                           f"({(rank['state'] - predicted) / predicted * 100:+.2f}%)")
+    peaks = [row["peak_rss"] / 1e9 for row in memory["per_rank"]]
+    return (f"memory per rank at the end (rank {rank['rank']}, the most): state {rank['state'] / 1e6:.4g} MB ({parts})"
+            f"{versus}; peak resident {min(peaks):.2f}-{max(peaks):.2f} GB per process (torch's runtime included)")
 
 
 def interrupted(args: Any, config: Any) -> int:

@@ -150,6 +150,8 @@ class Codec(ABC):
 
     name: str = ""
     summable: bool = False
+    exact: bool = False
+    """decode(encode(x)) is x bit for bit: error feedback would keep a residual of zeros, so it keeps none."""
     wire_float_dtype: torch.dtype | None = None
     """The float dtype a tensor travels in when the wire form is the tensor itself, cast (none: fp32,
     fp16, bf16); None when the wire form is not a float tensor (quantized, sparse, sign, low rank), so

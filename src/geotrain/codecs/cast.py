@@ -42,6 +42,7 @@ class NoneCodec(CastCodec):
     """No compression: fp32 on the wire (4 bytes per value)."""
 
     name = "none"
+    exact = True
     wire_float_dtype = torch.float32
 
     def bytes_per_value(self, hidden: int, trained_bytes: float) -> float:

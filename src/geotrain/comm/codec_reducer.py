@@ -120,7 +120,7 @@ class CodecReducer:
         """Encode the unit (one tensor, or several flattened and concatenated) plus its residual; the
         residual (kept per name) becomes what the payload does not carry."""
         x = tensors[0].detach() if len(tensors) == 1 else torch.cat([t.detach().reshape(-1) for t in tensors])
-        if not self.error_feedback:
+        if not self.error_feedback or self.codec.exact:  # an exact codec leaves nothing behind
             return self.codec.encode(x)
         x = x.clone()
         residuals = self.residuals[worker]

@@ -45,6 +45,12 @@ of cost/schedule.py): a subset of the ones geotrain train runs (runtime.pipeline
 OUTER_STATE_BYTES_PER_PARAM = 8.0
 """DiLoCo / local SGD's outer optimizer state per parameter: the fp32 anchor (the last synchronised model) and the
 fp32 outer momentum (geotrain.optim.outer), beside the inner optimizer's state."""
+OUTER_RESIDUAL_BYTES_PER_PARAM = 4.0
+"""The fp32 error-feedback residual of a compressed outer gradient (a codec with error feedback, e.g. int8-block)."""
+RECIPE_OUTER_BYTES_PER_PARAM = OUTER_STATE_BYTES_PER_PARAM + OUTER_RESIDUAL_BYTES_PER_PARAM
+"""What a WAN recipe's outer sync holds per parameter at most (anchor, momentum, residual): the planner's memory checks
+count it before the recipe's codec is chosen (measured per rank by `train --json`'s summary.memory: 28 bytes per
+parameter with AdamW and int8-block, runtime/memory_use.py)."""
 FSDP_GATHERED_UNITS = 2
 """Units (layers) FSDP holds unsharded at once on a device: the one computing and the one prefetched."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34.0

@@ -187,11 +187,14 @@ class WanRecipe:
         except KeyError as missing:
             raise WanRecipeError(f"{source}: wan_recipe.{missing.args[0]} is missing") from None
 
-    def runtime_settings(self) -> dict[str, dict[str, Any]]:
+    def runtime_settings(self, shards: int = 1) -> dict[str, dict[str, Any]]:
         """RuntimeConfig sections (optim, comm) that run this recipe. With P > 1 the fragments are cut at equal
-        bytes (geotrain.sync.streaming), as the cost model prices them: 1/P of the model each."""
+        bytes (geotrain.sync.streaming), as the cost model prices them: 1/P of the model each; on a plan of K > 1
+        `shards` per slot between tensors ("layers": a row cut would fall inside another rank's shard), which is
+        1/P of the model up to one tensor."""
+        split = "bytes" if shards == 1 else "layers"
         return {"optim": {"sync_every": self.sync_every, "fragments": self.fragments,
-                          **({"fragment_split": "bytes"} if self.fragments > 1 else {}), "sync_delay": self.delay,
+                          **({"fragment_split": split} if self.fragments > 1 else {}), "sync_delay": self.delay,
                           "sync_mix": self.mix, "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
                           **({"sync_landing": self.landing, "sync_warmup": self.warmup}
                              if self.landing != "mix" else {}),

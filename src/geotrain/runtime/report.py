@@ -34,6 +34,7 @@ import numpy as np
 from geotrain.runtime import report_progress as progress
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
+from geotrain.runtime.memory_use import memory_summary, predicted_state_bytes
 from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s, sync_rate
 
 
@@ -114,6 +115,8 @@ class RunReport:
     """Mean step seconds (step_seconds) over the iterations after the first."""
     samples: tuple[int, ...] = ()
     """Sequences per replica per iteration (--batch-shares)."""
+    memory: dict[str, Any] | None = None
+    """What each rank held at the end beside the planner's state per device (runtime.memory_use.memory_summary)."""
 
     @property
     def losses(self) -> list[float]:
@@ -158,7 +161,7 @@ class RunReport:
                 "first_loss": self.rows[0].loss, "final_loss": self.rows[-1].loss,
                 "replicas_in_sync": self.replicas_in_sync, "site_compute_fraction": dict(self.compute_fraction),
                 "step_s": self.step_s,
-                "samples_per_replica": list(self.samples)}
+                "samples_per_replica": list(self.samples), "memory": self.memory}
 
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "stages": self.stages, "replicas": self.replicas, "assignment": self.assignment,
@@ -323,6 +326,12 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                      validation=tuple(validation), replica_validation=tuple(replica_validation), uneven=uneven,
                      boundaries=tuple(records[0].get("boundaries", ())) if records else (),
                      compute_fraction=slot_compute_fraction(config, by_step), samples=samples,
+                     memory=memory_summary(records, predicted_state_bytes(
+                         config.model.model_name, stages, config.layout.k, config.optim.sync_every is not None,
+                         config.optim.outer_momentum > 0,
+                         config.comm.error_feedback and any(str(codec) != "none" for codec in
+                                                            (*config.comm.dp_codecs, config.comm.dp_codec)),
+                         config.schedule.batch_size * replicas)),
                      step_s=(progress.progress_step_s(records, config.run.steps) if uneven else
                              float(np.mean([step_seconds(by_step[k]) for k in steady_steps(by_step)]))))
 

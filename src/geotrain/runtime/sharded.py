@@ -22,7 +22,8 @@ from geotrain.runtime.sections import RuntimeConfigError
 def check_sharded(config: Any) -> None:
     """RuntimeConfigError (one line) for a sharded plan `config` (a RuntimeConfig) cannot run: slots of more than
     one site or devices used twice, no --sync-every (per-step data parallelism across sharded slots is not built:
-    its gradients are DTensors the per-step exchanges do not take), a replica's batch that does not split into K
+    its gradients are DTensors the per-step exchanges do not take), fragments cut at equal bytes (a cut inside a
+    shard), a replica's batch that does not split into K
     equal shards of whole micro-batches. Nothing for an unsharded plan."""
     layout = config.layout
     k = layout.k
@@ -35,6 +36,10 @@ def check_sharded(config: Any) -> None:
     if config.optim.sync_every is None:
         raise RuntimeConfigError(f"a plan of {k} devices per slot (plan --shards) runs DiLoCo per shard: give "
                                  "--sync-every H (per-step data parallelism across sharded slots is not built yet)")
+    if config.optim.fragments > 1 and config.optim.fragment_split == "bytes":
+        raise RuntimeConfigError(f"optim.fragment_split 'bytes' with a plan of {k} devices per slot (plan --shards): "
+                                 f"a row cut of a tensor falls inside another rank's shard; cut the fragments by "
+                                 f"layers (--fragment-split layers)")
     unit = k * config.schedule.microbatches
     shares = config.batch_shares()
     if any(share % unit for share in shares):

@@ -45,6 +45,7 @@ from geotrain.optim.shards import is_sharded
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.dp_step import create_stage_hierarchies, stage_gradient_sync
 from geotrain.runtime.hosts import rendezvous_failure
+from geotrain.runtime.memory_use import rank_memory
 from geotrain.runtime.pipeline import Pipeline, owner_of, pipeline_forward, virtual_stages_of
 from geotrain.runtime.slowdown import SlowDown, site_slowdowns
 from geotrain.runtime.sharded import fully_shard_stage, shard_rows
@@ -55,7 +56,7 @@ from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog, end_on_sigterm
 from geotrain.sync.adaptive import AdaptiveOuterSync
 from geotrain.sync.async_step import AsyncOuterGradientSync, progress_steps
-from geotrain.sync.base import ComputeTimer
+from geotrain.sync.base import ComputeTimer, SyncError
 
 EXIT_WORKER_ERROR = 1
 
@@ -578,6 +579,9 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
 
 
 def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[dict[str, Any]] | None:
+    if worker.records:  # what this rank holds at the end, on its last record (runtime/memory_use.py)
+        with contextlib.suppress(SyncError):  # a sync still in flight (none is at a run's end): not measured
+            worker.records[-1]["memory"] = rank_memory(worker.stage, worker.dp.params, worker.dp.state_dict())
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
     return None if gathered is None else [record for records in gathered for record in records]

@@ -1,0 +1,121 @@
+"""What each rank holds, measured at the end of its run, beside what the planner predicts for its device.
+
+Measured per rank (bytes, `rank_memory`, called once after the last step):
+  weights    this rank's stage parameters and buffers (a sharded slot: its local shards; tied tensors once)
+  gradients  the last step's gradients (set to None only at the next step's start, so still held)
+  optimizer  the inner optimizer's state (AdamW's two moments and its step counters)
+  sync       the rest of the DP sync's checkpoint state: DiLoCo's anchor and outer momentum, error-feedback
+             residuals, an asynchronous server's global model
+  state      their sum
+  peak_rss   the process's peak resident set (getrusage): the interpreter, torch's libraries, activations and
+             buffers in flight included, so it is an upper bound of what the model's tensors need
+Predicted per stage (`predicted_state_bytes`, geotrain.cost.memory's state term with the run's model as a Job): the
+stage's parameters (cost.memory.stage_params: an even split of the layers, the embedding on the first and the last
+stage) x (16 bytes per parameter: fp32 weights, gradients and AdamW's two moments here, the same 16 as the
+planner's mixed-precision 2 + 2 + 12), with --sync-every + 4 for the fp32 anchor and + 4 for the outer momentum
+(none at --outer-momentum 0; cost.memory.OUTER_STATE_BYTES_PER_PARAM counts both), + 4 with a lossy DP codec and
+error feedback (cost.memory.OUTER_RESIDUAL_BYTES_PER_PARAM: its fp32 residual; an exact codec keeps none), over K
+shards. Activations are not in it (the planner prices them in fp16 for the
+job's sequence; here they pass through peak_rss only).
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from geotrain.runtime.shard_state import local_state
+
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "sync", "state", "peak_rss")
+"""The measured figures of a rank, in bytes (see the module doc)."""
+
+
+def _tensors(value: Any) -> Iterable[torch.Tensor]:
+    """Every tensor in a nested state (dicts, lists, tuples), depth first."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor], seen: set[int] | None = None) -> int:
+    """Bytes of the distinct storages among `tensors` (a DTensor: its local shard), each counted once across calls
+    that share `seen`."""
+    seen = set() if seen is None else seen
+    total = 0
+    for tensor in tensors:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        storage = local.untyped_storage()
+        key = storage.data_ptr()
+        if storage.nbytes() == 0 or key in seen:
+            continue
+        seen.add(key)
+        total += storage.nbytes()
+    return total
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set in bytes (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def rank_memory(stage: torch.nn.Module, params: Sequence[torch.Tensor], sync_state: dict[str, Any]) -> dict[str, int]:
+    """The measured figures of MEMORY_KEYS for a rank holding `stage`, whose DP sync's `state_dict()` is
+    `sync_state` (its "optimizer" entry: the inner optimizer's)."""
+    peak = peak_rss_bytes()  # before anything below allocates
+    seen: set[int] = set()
+    weights = tensor_bytes(_tensors(stage.state_dict()), seen)
+    gradients = tensor_bytes((p.grad for p in params if p.grad is not None), seen)
+    state = local_state(sync_state)
+    optimizer = tensor_bytes(_tensors(state.get("optimizer", {})), seen)
+    sync = tensor_bytes(_tensors({k: v for k, v in state.items() if k != "optimizer"}), seen)
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "sync": sync,
+            "state": weights + gradients + optimizer + sync, "peak_rss": peak}
+
+
+def predicted_state_bytes(model_name: str, stages: int, shards: int, outer: bool, momentum: bool, residual: bool,
+                          global_batch: int) -> list[float] | None:
+    """(S,) the planner's state bytes per device of each stage for the preset `model_name` (None: not a preset),
+    K `shards` per slot; `outer`: DiLoCo's anchor too, `momentum`: its outer momentum, `residual`: an error-feedback
+    residual (see the module doc)."""
+    from geotrain.bench.wan import model_job
+    from geotrain.cost.memory import (OUTER_RESIDUAL_BYTES_PER_PARAM, OUTER_STATE_BYTES_PER_PARAM, MemoryConfig,
+                                      stage_params)
+    from geotrain.models import MODEL_PRESETS
+
+    if model_name not in MODEL_PRESETS:
+        return None
+    fp32 = OUTER_STATE_BYTES_PER_PARAM / 2  # the anchor, or the momentum
+    per_param = (MemoryConfig().state_bytes_per_param + fp32 * (outer + (outer and momentum))
+                 + (OUTER_RESIDUAL_BYTES_PER_PARAM if residual else 0.0))
+    params = stage_params(model_job(global_batch, model_name), stages)
+    return [float(p) * per_param / shards for p in params]
+
+
+def memory_summary(records: Sequence[dict[str, Any]], predicted: list[float] | None) -> dict[str, Any] | None:
+    """{"per_rank": [{rank, stage, replica, shard, MEMORY_KEYS..., predicted_state}], "predicted_state_per_stage",
+    "state_error_pct": the largest |measured - predicted| / predicted over ranks} from the records that carry a
+    "memory" entry (each rank's last); None when none does."""
+    last = {r["rank"]: r for r in records if "memory" in r}
+    if not last:
+        return None
+    rows = []
+    for rank in sorted(last):
+        record = last[rank]
+        row = {"rank": rank, "stage": record["stage"], "replica": record["replica"], "shard": record.get("shard", 0),
+               **record["memory"]}
+        row["predicted_state"] = None if predicted is None else predicted[record["stage"]]
+        rows.append(row)
+    errors = [abs(r["state"] - r["predicted_state"]) / r["predicted_state"] * 100 for r in rows
+              if r["predicted_state"]]
+    return {"per_rank": rows, "predicted_state_per_stage": predicted,
+            "state_error_pct": max(errors) if errors else None}
