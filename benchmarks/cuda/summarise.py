@@ -24,7 +24,7 @@ def row(path: Path) -> dict | None:
     return {"run": path.stem, "steps": len(iterations), "first_loss": report["losses"][0],
             "final_loss": report["losses"][-1], "val_loss": validation, "median_step_ms": 1e3 * step_s,
             "tokens_per_s": tokens / step_s, "wall_s": report["wall_s"],
-            "losses": report["losses"]}
+            "losses": report["losses"], "memory": report["summary"].get("memory")}
 
 
 def main(folder: str) -> None:
@@ -45,6 +45,17 @@ def main(folder: str) -> None:
             gaps = [abs(a - b) for a, b in zip(by_name[name]["losses"], reference["losses"])]
             print(f"{name} vs {base}: |loss gap| step 0 {gaps[0]:.2e}, max {max(gaps):.2e}, "
                   f"last {gaps[-1]:.2e}")
+    # what each rank held (summary.memory): its state against the planner's, and the GPU's peak where there is one
+    print(f"{'run':<22} {'state MB':>9} {'planner MB':>10} {'peak GPU MB':>11} {'peak RSS GB':>11}")
+    for r in rows:
+        memory = r["memory"]
+        if not memory:
+            continue
+        top = max(memory["per_rank"], key=lambda rank: rank["state"])
+        planner = "-" if top["predicted_state"] is None else f"{top['predicted_state'] / 1e6:.2f}"
+        device = max((rank.get("peak_device") or 0) for rank in memory["per_rank"])
+        print(f"{r['run']:<22} {top['state'] / 1e6:>9.2f} {planner:>10} {device / 1e6 if device else 0:>11.1f} "
+              f"{max(rank['peak_rss'] for rank in memory['per_rank']) / 1e9:>11.2f}")
     json.dump(rows, open(Path(folder) / "summary.json", "w"), indent=1)
 
 

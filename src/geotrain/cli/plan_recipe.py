@@ -207,7 +207,7 @@ def too_few_devices(cluster: Cluster, need_bytes: float, fit: np.ndarray, what: 
     kinds = Counter((cluster.gpus[d], float(capacity[d])) for d in np.flatnonzero(capacity < need_bytes))
     named = ", ".join(f"{gpu} ({memory_text(memory)}) x{count}"
                       for (gpu, memory), count in sorted(kinds.items(), key=lambda kind: -kind[0][1]))
-    state = "AdamW and the outer optimizer's state" if recipe else "AdamW state"
+    state = "AdamW and the outer sync's state (anchor, momentum, residual)" if recipe else "AdamW state"
     return (f"{what} needs {need_bytes / 1e9:.3g} GB on every device (weights, gradients, {state} of its stage, one "
             f"sequence's activations), and only {fit.size} of {cluster.n_devices} devices hold it; too small: {named}")
 

@@ -120,10 +120,10 @@ def config_markdown() -> str:
 # One line per key that a loader accepts; the key sets themselves are the loaders' (checked below).
 CLUSTER_KEYS = {
     "name": "the cluster's name (shown in tables and plans)",
-    "regions": "compact form: a list of regions, each `{name, devices, gpu, intra, host, nic_gbps}`",
+    "regions": "compact form: a list of regions, each `{name, devices, gpu, intra, host, nic_gbps, memory_gib}`",
     "links": "compact form: `{between: [A, B], gbps, ms}` per region pair; every pair exactly once, symmetric",
-    "defaults": "compact form: `{intra, link, gpu, nic_gbps}` applied where a region or link omits them",
-    "devices": "dense form: a list of devices, each `{name, region, gpu, host, gpu_index, nic_gbps}`; "
+    "defaults": "compact form: `{intra, link, gpu, nic_gbps, memory_gib}` applied where a region or link omits them",
+    "devices": "dense form: a list of devices, each `{name, region, gpu, host, gpu_index, nic_gbps, memory_gib}`; "
                "compact form: the region's device count",
     "bandwidth_gbps": "dense form: N x N matrix of Gbit/s between devices",
     "latency_ms": "dense form: N x N matrix of one-way latency in ms",
@@ -133,6 +133,8 @@ CLUSTER_KEYS = {
     "link": "`{gbps, ms}` of region pairs the `links` list omits",
     "host": "the host a device (or each device of a region) lives on: ranks on one host share it",
     "nic_gbps": "the device's uplink in Gbit/s, shared by its concurrent sends (absent: unlimited)",
+    "memory_gib": "GPU memory a job may use on the device, in GiB, where less than the GPU type's datasheet (a MIG "
+                  "slice, a shared GPU; absent: the datasheet's); the planner's memory checks use it",
     "gpu_index": "the GPU's number on its host (integer 0..4095, unique per host)",
     "prices": "optional, both forms: `{gpu_hour: {TYPE: USD per GPU-hour, for every GPU type}, egress_per_gb: USD "
               "per GB leaving a region, one number or `{REGION: USD, default: USD}`}`; plans then say what a step "

@@ -346,8 +346,11 @@ def memory_line(memory: dict[str, Any]) -> str:
     versus = "" if predicted is None else (f"; the planner's {predicted / 1e6:.4g} MB "
                                            f"({(rank['state'] - predicted) / predicted * 100:+.2f}%)")
     peaks = [row["peak_rss"] / 1e9 for row in memory["per_rank"]]
+    device = [row["peak_device"] / 1e9 for row in memory["per_rank"] if row.get("peak_device") is not None]
+    on_device = f"; peak on the GPU {min(device):.3g}-{max(device):.3g} GB" if device else ""
     return (f"memory per rank at the end (rank {rank['rank']}, the most): state {rank['state'] / 1e6:.4g} MB ({parts})"
-            f"{versus}; peak resident {min(peaks):.2f}-{max(peaks):.2f} GB per process (torch's runtime included)")
+            f"{versus}{on_device}; peak resident {min(peaks):.2f}-{max(peaks):.2f} GB per process (torch's runtime "
+            f"included)")
 
 
 def interrupted(args: Any, config: Any) -> int:

@@ -7,8 +7,10 @@ Measured per rank (bytes, `rank_memory`, called once after the last step):
   sync       the rest of the DP sync's checkpoint state: DiLoCo's anchor and outer momentum, error-feedback
              residuals, an asynchronous server's global model
   state      their sum
-  peak_rss   the process's peak resident set (getrusage): the interpreter, torch's libraries, activations and
-             buffers in flight included, so it is an upper bound of what the model's tensors need
+  peak_rss   the process's peak resident set (getrusage): the interpreter, torch's libraries (about 0.36 GB
+             on CPU before any model), activations and buffers in flight included: an upper bound
+  peak_device  on a GPU, torch.cuda.max_memory_allocated: the device's peak, what the planner's peak per
+             device (state, FSDP's gathered units, activations) is to be compared with; None on CPU
 Predicted per stage (`predicted_state_bytes`, geotrain.cost.memory's state term with the run's model as a Job): the
 stage's parameters (cost.memory.stage_params: an even split of the layers, the embedding on the first and the last
 stage) x (16 bytes per parameter: fp32 weights, gradients and AdamW's two moments here, the same 16 as the
@@ -30,7 +32,7 @@ import torch
 
 from geotrain.runtime.shard_state import local_state
 
-MEMORY_KEYS = ("weights", "gradients", "optimizer", "sync", "state", "peak_rss")
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "sync", "state", "peak_rss", "peak_device")
 """The measured figures of a rank, in bytes (see the module doc)."""
 
 
@@ -68,10 +70,12 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def rank_memory(stage: torch.nn.Module, params: Sequence[torch.Tensor], sync_state: dict[str, Any]) -> dict[str, int]:
-    """The measured figures of MEMORY_KEYS for a rank holding `stage`, whose DP sync's `state_dict()` is
+def rank_memory(stage: torch.nn.Module, params: Sequence[torch.Tensor], sync_state: dict[str, Any],
+                device: torch.device) -> dict[str, int | None]:
+    """The measured figures of MEMORY_KEYS for a rank holding `stage` on `device`, whose DP sync's `state_dict()` is
     `sync_state` (its "optimizer" entry: the inner optimizer's)."""
     peak = peak_rss_bytes()  # before anything below allocates
+    peak_device = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     seen: set[int] = set()
     weights = tensor_bytes(_tensors(stage.state_dict()), seen)
     gradients = tensor_bytes((p.grad for p in params if p.grad is not None), seen)
@@ -79,7 +83,7 @@ def rank_memory(stage: torch.nn.Module, params: Sequence[torch.Tensor], sync_sta
     optimizer = tensor_bytes(_tensors(state.get("optimizer", {})), seen)
     sync = tensor_bytes(_tensors({k: v for k, v in state.items() if k != "optimizer"}), seen)
     return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "sync": sync,
-            "state": weights + gradients + optimizer + sync, "peak_rss": peak}
+            "state": weights + gradients + optimizer + sync, "peak_rss": peak, "peak_device": peak_device}
 
 
 def predicted_state_bytes(model_name: str, stages: int, shards: int, outer: bool, momentum: bool, residual: bool,

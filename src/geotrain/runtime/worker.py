@@ -581,7 +581,8 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
 def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[dict[str, Any]] | None:
     if worker.records:  # what this rank holds at the end, on its last record (runtime/memory_use.py)
         with contextlib.suppress(SyncError):  # a sync still in flight (none is at a run's end): not measured
-            worker.records[-1]["memory"] = rank_memory(worker.stage, worker.dp.params, worker.dp.state_dict())
+            worker.records[-1]["memory"] = rank_memory(worker.stage, worker.dp.params, worker.dp.state_dict(),
+                                                       worker.device)
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
     return None if gathered is None else [record for records in gathered for record in records]
