@@ -350,4 +350,6 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
         groups_finished=sorted(finished), wall_s=wall_s,
         group_records={g: summary["records"] for g, summary in sorted(finished.items())},
         partitions=watch.partitions, partition_recovery_s=_recoveries(watch.healed_at, rejoins),
-        train_emulated_s=max(emulated) if emulated and None not in emulated else None)
+        train_emulated_s=max(emulated) if emulated and None not in emulated else None,
+        elections=_int(store, "async/elections"), lost_updates=_int(store, "async/lost_updates"),
+        resent_updates=_int(store, "async/resent_updates"))
