@@ -1,6 +1,6 @@
 """`geotrain train --elastic --outer-sync async`: replica groups as TCP clients of the global model's server
 (runtime/elastic/async_group.py). A fault-free run ends equal on every group; a run whose non-host group is
-SIGKILLed at 1 s and whose host group is SIGKILLed at 3 s of training finishes without a global restart: the
+SIGKILLed at 1 s and whose host group is SIGKILLed at 2 s of training finishes without a global restart: the
 killed client rejoins, the survivor is elected the new host from its copy, and the killed host rejoins as a client.
 Two launches side by side in one fixture."""
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 
 import pytest
 
@@ -21,9 +20,10 @@ pytest.importorskip("torchft")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
 H = 3
-STEPS = {"plain": 30, "killed": 400}
-"""The killed run trains long enough (about 7 s on an idle core, 15 s on a loaded one) for both kills to land."""
-KILLS = "kill-site:every=100s,first=1s,site=1,count=1;kill-site:every=100s,first=3s,site=0,count=1"
+STEPS = {"plain": 30, "killed": 500}
+"""The killed run trains long enough for both kills to land (5-10 s of compute per group on this loaded 2-core machine;
+the restarted group 1 joins, holding a copy, about 0.3 s after its kill)."""
+KILLS = "kill-site:every=100s,first=1s,site=1,count=1;kill-site:every=100s,first=2s,site=0,count=1"
 FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--microbatches", "1", "--batch-size", "2", "--time-scale", "0",
          "--sync-every", str(H), "--outer-sync", "async", "--elastic", "--heartbeat-timeout", "1.5",
          "--comm-timeout", "30", "--eval-windows", "4", "--run-dir", "none", "--json"]
@@ -74,4 +74,4 @@ def test_a_killed_host_group_is_replaced_by_the_freshest_copy_and_the_run_ends_o
     budget = run_budget(STEPS["killed"], H, 2)
     updates = _final_updates(runs["killed"])
     assert updates[0] == updates[1] and budget <= updates[0] < budget + 2
-    assert re.fullmatch(r"\d+\.\d+", f"{summary['val_loss']:.3f}")
+    assert summary["val_loss"] < runs["plain"]["summary"]["val_loss"]  # 500 steps trained past 30

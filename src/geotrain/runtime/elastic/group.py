@@ -451,7 +451,6 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     torch.set_num_threads(config.run.threads)
     worker: Any = None  # an ElasticGroup, or an AsyncElasticGroup (--outer-sync async)
     try:
-        address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
         store = TCPStore(net.store_host, store_port, is_master=False,
                          timeout=timedelta(seconds=config.reliability.comm_timeout_s))
         if config.optim.outer_sync == "async":  # no torchft: the groups are clients of one server (async_group.py)
@@ -464,6 +463,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
             worker.run()
             worker.finish(Path(result_dir))
             os._exit(0)
+        address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
         links = group_links(config, group, store)
         with links if links is not None else contextlib.nullcontext():
             worker = ElasticGroup(config, group, store, address, world, links, net, stage)
