@@ -161,6 +161,10 @@ class OuterServer:
         self.applied.setdefault(client, 0)
         return replies
 
+    def current(self, client: int) -> Reply:
+        """The model as it is now, for a running `client` that sends nothing (a joining one)."""
+        return self._reply(client, final=False)
+
     def leave(self, client: int) -> list[Reply]:
         """A client that is gone (its process died): no longer waited for by the staleness bound, a checkpoint
         round or the final replies; the replies its absence lets through."""

@@ -11,15 +11,19 @@ multiprocessing.connection (HMAC with the run's key).
 A client whose process dies closes its connection (the kernel does, SIGKILL included): the server sees EOF and
 calls OuterServer.leave (geotrain.sync.async_server), so the staleness bound, checkpoint rounds and the final
 replies no longer wait for it. A server whose process dies does the same to its clients: `exchange` raises
-HostLost (EOF, a reset, a refused connection, or no reply within `timeout_s`), and the client elects a new
-host (geotrain.runtime.elastic.async_group). A rejoining client's `join` request carries its last base; its
+HostLost (EOF, a reset, a refused connection), and the client elects a new host
+(geotrain.runtime.elastic.async_group). No reply within `timeout_s` on an open connection is ServerSilent: the
+host is alive (its kernel keeps the connection), so electing another would leave two serving. A rejoining client's `join` request carries its last base; its
 outer gradient is dropped when the server's copy already holds it (`applied` > `acked`: the old server applied
 it, and the copy came from a reply sent after that), so no gradient is applied twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
+import socket
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
@@ -32,7 +36,12 @@ from geotrain.sync.async_server import OuterServer, Reply, Request
 
 
 class HostLost(RuntimeError):
-    """The global model's server cannot be reached (its process died, or it did not answer in time)."""
+    """The global model's server is gone: its connection closed or reset, or refused (its process died)."""
+
+
+class ServerSilent(RuntimeError):
+    """The server's connection is open but no reply came within the timeout: a host that is alive but slow or
+    stuck, or a peer that holds it at the staleness bound (not a reason to elect another host: two would serve)."""
 
 
 def pack(message: dict[str, Any]) -> bytes:
@@ -52,12 +61,15 @@ class SocketServer:
     def __init__(self, server: OuterServer, host: str, authkey: bytes,
                  on_update: Callable[[int], None] | None = None) -> None:
         self.server = server
+        self.stopping = False
         self.listener = Listener((host, 0), authkey=authkey)
         self.address: tuple[str, int] = self.listener.address
         self.on_update = on_update
         self.lock = threading.Lock()
         self.connections: dict[int, Connection] = {}
         self.open = 0
+        self.accepted: set[Connection] = set()
+        """Every open connection, joined or not (`close` shuts them)."""
         self.closed = threading.Condition(self.lock)
         threading.Thread(target=self._accept, name="geotrain-async-accept", daemon=True).start()
 
@@ -65,12 +77,16 @@ class SocketServer:
         while True:
             try:
                 connection = self.listener.accept()
-            except OSError:
-                return  # the listener closed
             except Exception:  # noqa: BLE001 - a peer that failed the handshake: not a client of this run
+                if self.stopping:
+                    return
                 continue
+            if self.stopping:
+                connection.close()
+                return
             with self.lock:
                 self.open += 1
+                self.accepted.add(connection)
             threading.Thread(target=self._serve, args=(connection,), name="geotrain-async-client", daemon=True).start()
 
     def _serve(self, connection: Connection) -> None:
@@ -90,6 +106,7 @@ class SocketServer:
                     del self.connections[client]
                     self._send(self.server.leave(client))
                 self.open -= 1
+                self.accepted.discard(connection)
                 self.closed.notify_all()
 
     def _take(self, connection: Connection, message: dict[str, Any]) -> list[Reply]:
@@ -103,6 +120,8 @@ class SocketServer:
             self.connections[client] = connection
             if gradient is not None and server.applied.get(client, 0) > message["acked"]:
                 gradient = None  # the copy already holds it
+            if gradient is None and not message["final"]:  # nothing to apply: the model now, not held by the bound
+                return [*replies, server.current(client)]
         before = server.updates
         replies += server.submit(Request(client, server.base[client], gradient, 1, bool(message["final"])))
         if self.on_update is not None and server.updates != before:
@@ -123,11 +142,25 @@ class SocketServer:
 
     def wait_closed(self, timeout_s: float) -> bool:
         """Wait until every client's connection is closed (they close after their final reply), at most
-        `timeout_s` seconds; whether they all did. Then stop listening."""
+        `timeout_s` seconds; whether they all did. Then `close`."""
         with self.lock:
             done = self.closed.wait_for(lambda: self.open == 0, timeout_s)
-        self.listener.close()
+        self.close()
         return done
+
+    def close(self) -> None:
+        """Stop serving: the listener and every connection closed, the server's threads ended."""
+        self.stopping = True
+        with contextlib.suppress(OSError):  # wake the accept thread: it sees `stopping` and returns
+            socket.create_connection(self.address, timeout=5).close()
+        self.listener.close()
+        with self.lock:
+            connections = list(self.accepted)
+        for connection in connections:  # a reader blocked in recv wakes with EOF
+            with contextlib.suppress(OSError):
+                peer = socket.socket(fileno=os.dup(connection.fileno()))
+                peer.shutdown(socket.SHUT_RDWR)
+                peer.close()
 
 
 class SocketClient:
@@ -145,7 +178,7 @@ class SocketClient:
         try:
             self.connection.send_bytes(pack(message))
             if not self.connection.poll(self.timeout_s):
-                raise HostLost(f"the global model's server did not reply within {self.timeout_s:g} s")
+                raise ServerSilent(f"no reply from the global model's server within --comm-timeout {self.timeout_s:g} s")
             return unpack(self.connection.recv_bytes())
         except (EOFError, OSError) as exc:
             raise HostLost(f"lost the global model's server: {exc or type(exc).__name__}") from None

@@ -4,7 +4,9 @@ the global model's server, and its host while elected. No torchft collective spa
 Why not torchft: a torchft recovery copies a live peer's state at a synchronous step; asynchronous DiLoCo has
 no such step, and every group only talks to the global model's server. So the groups talk over TCP
 (geotrain.sync.async_socket), which survives either end's death, and agree on who hosts the server through
-the launcher's store (keys under `async/`). The launcher's supervisor restarts a killed group as in every
+the launcher's store (keys under `async/`). Only a closed or refused connection (the host's process is gone) starts
+an election; a host that is alive but gives no reply within --comm-timeout ends the waiting group (exit 1: the
+launcher restarts it, and it joins the same host), never a second host. The launcher's supervisor restarts a killed group as in every
 elastic run (runtime/elastic/launch.py); a restarted group joins as a new client (a request with no gradient
 gets it the current model, and it trains on from the run's progress, with a fresh inner AdamW).
 
@@ -55,10 +57,11 @@ from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_server import OuterServer
-from geotrain.sync.async_socket import HostLost, SocketClient, SocketServer
+from geotrain.sync.async_socket import HostLost, ServerSilent, SocketClient, SocketServer
 from geotrain.sync.async_step import progress_steps, run_budget
 from geotrain.sync.async_wire import own_store_client
 from geotrain.sync.base import ComputeTimer
+from geotrain.sync.elastic import QuorumLost
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.cost.async_outer import STALENESS_BOUND
 
@@ -196,6 +199,8 @@ class AsyncElasticGroup:
                                               "final": final, "acked": self.acked, "join": not self.joined})
                 self.joined = True
                 return reply
+            except ServerSilent as exc:  # alive but silent: this group ends (the launcher restarts it), no election
+                raise QuorumLost(f"replica group {self.group}: {exc}") from None
             except HostLost:
                 if self.client is not None:
                     self.client.close()
