@@ -36,8 +36,9 @@ def runs(tmp_path_factory):
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     base = ["train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
-    return run_side_by_side({"plain": [*base, "--steps", str(STEPS["plain"])],
+    runs = run_side_by_side({"plain": [*base, "--steps", str(STEPS["plain"]), "--checkpoint-dir", str(tmp / "ckpt")],
                              "killed": [*base, "--steps", str(STEPS["killed"]), "--chaos", KILLS]}, tmp, env)
+    return {**runs, "checkpoints": sorted(p.relative_to(tmp).as_posix() for p in (tmp / "ckpt").glob("step-*/*"))}
 
 
 def _final_updates(run: dict) -> list[int]:
@@ -52,6 +53,8 @@ def test_a_fault_free_elastic_async_run_ends_on_one_model_holding_its_budget(run
     budget = run_budget(STEPS["plain"], H, 2)
     updates = _final_updates(runs["plain"])
     assert updates[0] == updates[1] and budget <= updates[0] < budget + 2  # a last request begun below it counts
+    # the end's checkpoint, once (by the host), named by the run's steps
+    assert runs["checkpoints"] == ["ckpt/step-000030/manifest.json", "ckpt/step-000030/rank-0000.pt"]
 
 
 def test_a_killed_client_group_rejoins_and_the_run_never_restarts_globally(runs):

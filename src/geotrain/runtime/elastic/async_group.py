@@ -206,9 +206,7 @@ class AsyncElasticGroup:
                     self.client.close()
                     if gradient is not None:
                         self.store.add("async/resent_updates", 1)
-                self.client = None
-                if self.epoch < 0:
-                    self.epoch = 0
+                self.client = None  # the next try connects to the next epoch's host (an election)
 
     def _adopt(self, reply: dict[str, Any]) -> None:
         self.held = HeldModel(reply["model"], int(reply["version"]), int(reply["updates"]), dict(reply["applied"]))
