@@ -32,7 +32,9 @@ clients resend those whose reply never came, so what is lost for good is at most
 Ending: a group trains while the global model it last received holds fewer than the run's budget of replica
 outer gradients (geotrain.sync.async_step.run_budget), then sends its final request; the server replies to the
 finals once every connected client has sent its own (a dead client's connection is gone: not waited for), so
-every group ends on the same model. The host then waits for its clients to close before it exits.
+every group ends on the same model. The host then marks the run ended in the store and waits for its clients to
+close before it exits; a group restarted so late that it finds the server gone and the run ended finishes with
+the final model if its join got it, else writes no results (not in the summary's finished groups).
 """
 
 from __future__ import annotations
@@ -84,6 +86,10 @@ def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
 
 
+class RunEnded(RuntimeError):
+    """The server is gone because the run ended (its host served every final reply and left)."""
+
+
 class ElectionError(GeotrainError, RuntimeError):
     """Fewer groups than --min-replicas voted for a new host within the grace window."""
 
@@ -117,6 +123,8 @@ class AsyncElasticGroup:
         self.host: SocketServer | None = None
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
+        self.missed_end = False
+        """Restarted after the run ended, before it held the final model: it writes no results."""
 
     # --- the host -----------------------------------------------------------------------------------------------
     def _serve(self, epoch: int) -> None:
@@ -207,6 +215,8 @@ class AsyncElasticGroup:
                     if gradient is not None:
                         self.store.add("async/resent_updates", 1)
                 self.client = None  # the next try connects to the next epoch's host (an election)
+                if self.store.check(["async/ended"]):
+                    raise RunEnded(f"replica group {self.group}: the run ended") from None
 
     def _adopt(self, reply: dict[str, Any]) -> None:
         self.held = HeldModel(reply["model"], int(reply["version"]), int(reply["updates"]), dict(reply["applied"]))
@@ -218,6 +228,14 @@ class AsyncElasticGroup:
 
     # --- training -----------------------------------------------------------------------------------------------
     def run(self) -> None:
+        """Train to the run's end; a group restarted so late that the run ended before it got the final model
+        writes no results (`missed_end`)."""
+        try:
+            self._train()
+        except RunEnded:
+            self.missed_end = self.held.model is None or self.held.updates < self.budget
+
+    def _train(self) -> None:
         cfg, started = self.config, time.monotonic()
         if self.incarnation == 0:
             self._barrier()
@@ -247,7 +265,8 @@ class AsyncElasticGroup:
         self._adopt(self._exchange(gradient, True))
         assert self.client is not None
         self.client.close()
-        if self.host is not None:
+        if self.host is not None:  # every final reply is out: a group that comes later finds the run ended
+            self.store.set("async/ended", "1")
             self.host.wait_closed(self.timeout_s)
             if self.config.checkpoint.checkpoint_dir is not None:  # the end's, once: by the last host
                 self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
@@ -292,8 +311,11 @@ class AsyncElasticGroup:
                                                        "t": time.time(), "seconds": seconds}))
 
     def finish(self, result_dir: Path) -> None:
-        """Write this group's final parameters and records (read by the launcher)."""
+        """Write this group's final parameters and records (read by the launcher; none if it missed the end)."""
         cfg = self.config
+        if self.missed_end:
+            self.observer.close()
+            return
         torch.save(_flat(self.params), params_path(result_dir, self.group, 0))
         val = self.model.validation_loss(self.data.val, self.seq_len, cfg.data.eval_windows, cfg.schedule.batch_size)
         steps = self.records[-1]["step"] + 1 if self.records else 0
