@@ -251,7 +251,10 @@ class AsyncElasticGroup:
             period += 1
             if period == self.sync_every:
                 gradient = self.held.model - _flat(self.params)  # type: ignore[operator]
+                exchanged = time.perf_counter()
                 self._adopt(self._exchange(gradient, False))
+                # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
+                record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
                 self.acked += 1
                 period = 0
             record.update(wall_s=time.perf_counter() - last, global_updates=self.held.updates,
