@@ -144,9 +144,9 @@ RULES: tuple[Rule, ...] = (
         Rule(mode, "fragments", f"{_ASYNC_WHOLE} (no fragments)"),
         Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True),
         Rule(mode, "moments", f"{_ASYNC_WHOLE} (no moments)"),
-        Rule(mode, "pipeline", "the global model's server needs one stage per replica (the whole model)"),
-        Rule(mode, "elastic", "the global model lives once, in rank 0's server, and a torchft recovery copies a "
-             "peer's state at a synchronous step"))),
+        Rule(mode, "pipeline", "the global model's server needs one stage per replica (the whole model)"))),
+    Rule("async-hierarchical", "elastic", "region servers hold their region's model once each (only flat "
+         "--outer-sync async elects a new host for the global model)", instead="use --outer-sync async"),
     Rule("async", "hierarchical", "asynchronous updates take their regions from the cluster itself", built=True,
          instead="use --outer-sync async-hierarchical"),
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",

@@ -19,9 +19,10 @@ and rank 0. The initial model is one broadcast from rank 0.
 
 Failures: the global model exists once, in rank 0's process; if that process or its site fails the run
 fails (the launcher tears every rank down, as for any failed rank). A failed replica holds the others
-only through the staleness bound (they wait for its update); there is no re-join. Elastic runs (torchft
-quorums) are refused: their recovery copies a peer's state at a synchronous step, which has no
-counterpart here.
+only through the staleness bound (they wait for its update); there is no re-join. Elastic runs
+(`--elastic --outer-sync async`) do not use this class: their groups are TCP clients of a server that a
+killed client leaves and that is re-elected from the freshest replica when its host dies
+(geotrain.runtime.elastic.async_group).
 
 Ending: `outer_step` is the number of replica outer gradients in the model this rank last received
 (its own and the others'), so `while outer_step < N` ends on every rank; `finish()` sends what is left

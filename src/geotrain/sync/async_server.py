@@ -130,6 +130,10 @@ class OuterServer:
             self.join_round(request.round)
         else:
             self.waiting.append(request)
+        return self._drain()
+
+    def _drain(self) -> list[Reply]:
+        """Apply every waiting request the bound lets through; the replies due now (checkpoint goes, finals)."""
         replies: list[Reply] = []
         while self.waiting:
             batch = self._next_batch()
@@ -142,6 +146,33 @@ class OuterServer:
             replies.extend(self._reply(client, final=True) for client in self.done)
             self.done = []
         return replies
+
+    def start_from(self, version: int, updates: int, applied: dict[int, int]) -> None:
+        """Take up a copy of the global model (elastic runs: the freshest replica's, elected): its `version`,
+        `updates` and per-client `applied` counts; before any client joins."""
+        self.version, self.updates, self.applied = version, updates, dict(applied)
+
+    def join(self, client: int, base: int) -> list[Reply]:
+        """A client that (re)connects (elastic runs): running from version `base` (at most this model's: a
+        copy elected after the client's last reply may be older); any earlier place of it is forgotten (the
+        replies that lets through are returned)."""
+        replies = self.leave(client)
+        self.base[client] = min(base, self.version)
+        self.applied.setdefault(client, 0)
+        return replies
+
+    def current(self, client: int) -> Reply:
+        """The model as it is now, for a running `client` that sends nothing (a joining one)."""
+        return self._reply(client, final=False)
+
+    def leave(self, client: int) -> list[Reply]:
+        """A client that is gone (its process died): no longer waited for by the staleness bound, a checkpoint
+        round or the final replies; the replies its absence lets through."""
+        self.base.pop(client, None)
+        self.waiting = [r for r in self.waiting if r.client != client]
+        self.paused = [r for r in self.paused if r.client != client]
+        self.done = [c for c in self.done if c != client]
+        return self._drain()
 
     def all_paused(self) -> bool:
         """Every running client waits at a checkpoint round (module doc)."""

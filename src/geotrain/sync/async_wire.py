@@ -57,7 +57,7 @@ WAIT_SLICE = timedelta(seconds=300)
 """How long a server waits in the store before it checks whether it was told to stop."""
 
 
-def _own_client(store: Any) -> Any:
+def own_store_client(store: Any) -> Any:
     """A client of `store` for one thread (torch's Store.clone); the store itself where it cannot clone."""
     try:
         return store.clone()
@@ -94,7 +94,7 @@ class Mailbox:
                  timing: MailboxTiming | None = None, timeout_s: float | None = None) -> None:
         # a store client per side: a TCPStore client serialises its calls, so a server blocked in `wait` would
         # hold the announcements of its own rank's client until the wait timed out
-        self.client_store, self.server_store = _own_client(store), _own_client(store)
+        self.client_store, self.server_store = own_store_client(store), own_store_client(store)
         self.name = name
         self.host = host
         self.group = group

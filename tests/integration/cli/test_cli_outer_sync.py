@@ -43,9 +43,8 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(plan: str):
     (["--outer-sync", "async-hierarchical", "--fragments", "5"],
      "--outer-sync async-hierarchical with --fragments 5: not built yet: asynchronous outer updates send the whole "
      "model's outer gradient at a replica's own pace (no fragments)"),
-    (["--time-scale", "0", "--elastic"], "--outer-sync async with --elastic: not built yet: the global model lives "
-                                         "once, in rank 0's server, and a torchft recovery copies a peer's state at "
-                                         "a synchronous step")])
+    (["--elastic"], "--elastic: emulation.time_scale 1.0: elastic asynchronous groups talk over plain TCP (no link "
+                    "emulation yet); pass --time-scale 0")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(plan: str, extra, why):
     done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", plan, "--steps",
                            "10", "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,

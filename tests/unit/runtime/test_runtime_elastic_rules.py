@@ -102,3 +102,24 @@ def test_elastic_runs_take_a_codec_or_a_plans_codecs_but_not_an_exchange_of_its_
         RuntimeConfig.of(CLUSTER, [[0, 1]], **ELASTIC, dp_codec="powersgd")
     assert str(refused.value) == ("--elastic: codec 'powersgd' is its own exchange (not a codec of geotrain.codecs): "
                                   "elastic groups run a codec reducer on torchft's group; use a codec such as int8-block")
+
+ASYNC = {**ELASTIC, "sync_every": 3, "outer_sync": "async"}
+
+
+def test_elastic_async_is_accepted_with_kill_chaos_and_the_end_checkpoint():
+    for extra in ({}, {"chaos": "kill-site:every=5s,site=0", "min_replicas": 2}, {"checkpoint_dir": "ckpt"}):
+        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **ASYNC, **extra)) is None
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"time_scale": 1.0}, "emulation.time_scale 1.0: elastic asynchronous groups talk over plain TCP"),
+    ({"chaos": "partition:site=1,at=5s,for=2s"}, "an emulated partition does not cut; use kill-site"),
+    ({"netlab": True}, "reliability.netlab: elastic asynchronous groups talk over plain TCP on this host's loopback"),
+    ({"checkpoint_dir": "ckpt", "checkpoint_every": 3}, "checkpoint rounds of an elastic asynchronous run are not "
+                                                        "built yet"),
+])
+def test_what_elastic_async_does_not_build_yet_is_refused_in_one_line(settings, words):
+    with pytest.raises(RuntimeConfigError) as caught:
+        RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **settings})
+    text = str(caught.value)
+    assert text.startswith("--elastic: ") and words in text and "\n" not in text

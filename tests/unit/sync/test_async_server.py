@@ -134,3 +134,23 @@ def test_a_pause_naming_a_round_opens_it_for_the_other_clients_and_the_go_names_
     assert top.round == 0                                                           # 8 has closed
     top.join_round(9)
     assert top.round == 9 and top.state_dict()["closed"] == 8
+
+
+def test_a_client_that_leaves_releases_the_one_it_held_and_the_finals():
+    server = _server(2, 1)  # client 1 dies while computing from version 0
+    assert len(server.submit(Request(0, 0, _g(1.0)))) == 1   # version 1: client 1 one behind
+    assert server.submit(Request(0, 1, _g(1.0))) == []       # held: client 1 would be 2 behind
+    replies = server.leave(1)                                # its connection is gone: not waited for
+    assert [(r.client, r.version) for r in replies] == [(0, 2)]
+    finals = server.submit(Request(0, 2, None, final=True))  # the last running client's final: answered at once
+    assert [(r.client, r.final) for r in finals] == [(0, True)]
+
+
+def test_a_joining_client_starts_at_its_base_and_an_elected_copy_goes_on_from_its_version():
+    server = _server(0, 8)
+    server.start_from(5, 9, {0: 4})                          # the freshest copy: version 5, 9 updates
+    assert server.join(1, 3) == [] and server.join(0, 7) == []
+    assert server.base == {1: 3, 0: 5}                        # a base past the copy's version is the copy's
+    replies = server.submit(Request(1, 3, _g(1.0)))           # its staleness counts against this server: 5 - 3
+    assert [(r.client, r.version, r.updates) for r in replies] == [(1, 6, 10)]
+    assert server.max_staleness == 2 and server.applied == {0: 4, 1: 1}

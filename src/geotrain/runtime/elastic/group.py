@@ -449,11 +449,21 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     set_process_name(f"geotrain-g{group}" + (f"s{stage}" if config.stages > 1 else ""))
     quiet_torchft(Path(result_dir) / (f"group-{group}.log" if config.stages == 1 else f"group-{group}-{stage}.log"))
     torch.set_num_threads(config.run.threads)
-    worker: ElasticGroup | None = None
+    worker: Any = None  # an ElasticGroup, or an AsyncElasticGroup (--outer-sync async)
     try:
-        address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
         store = TCPStore(net.store_host, store_port, is_master=False,
                          timeout=timedelta(seconds=config.reliability.comm_timeout_s))
+        if config.optim.outer_sync == "async":  # no torchft: the groups are clients of one server (async_group.py)
+            from geotrain.runtime.elastic.async_group import AsyncElasticGroup
+
+            key = incarnation_key(group)
+            incarnation = int(store.get(key).decode()) if store.check([key]) else 0
+            worker = AsyncElasticGroup(config, group, store, net, incarnation, run_identity_digest(config).encode(),
+                                       world)
+            worker.run()
+            worker.finish(Path(result_dir))
+            os._exit(0)
+        address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
         links = group_links(config, group, store)
         with links if links is not None else contextlib.nullcontext():
             worker = ElasticGroup(config, group, store, address, world, links, net, stage)
@@ -473,7 +483,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     os._exit(0)  # torchft's server threads need no orderly shutdown: the launcher has the results
 
 
-def _flush_lines(worker: ElasticGroup | None) -> None:
+def _flush_lines(worker: Any) -> None:
     """The step lines `worker`'s observer still buffers, on disk before the process ends (the launcher then
     appends the group's "failure" event, with how it ended)."""
     if worker is not None:

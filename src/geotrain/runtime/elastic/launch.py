@@ -3,7 +3,8 @@
 
     summary = launch_elastic(config)          # config.reliability.elastic
 
-Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one), ranks 1 + r S .. r S + S
+Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one, or --outer-sync async, whose groups
+use no torchft: runtime/elastic/async_group.py), ranks 1 + r S .. r S + S
 are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one). A group is the unit: the
 watch loop polls every rank and judges each group by its stages' exits:
   - a group that fails (a stage killed or crashed) is restarted as a whole (every stage stopped and
@@ -148,7 +149,9 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
     hosts = group_hosts(config)  # a lab that cannot be built fails here, before any process starts
     # torchft and the group's modules imported once by the fork server (when this launcher starts it):
     # a restarted group then rejoins without seconds of imports
-    context = forkserver_context([*FORKSERVER_PRELOAD, "torchft", "geotrain.runtime.elastic.group"])
+    asynchronous = config.optim.outer_sync == "async"
+    context = forkserver_context([*FORKSERVER_PRELOAD, *(["geotrain.runtime.elastic.async_group"] if asynchronous
+                                                         else ["torchft"]), "geotrain.runtime.elastic.group"])
     if tokens is None and config.data.data is None:
         from geotrain.data import world_tokens
 
@@ -160,14 +163,15 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
                               (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g), s),
                               f"geotrain-group-{g}" + (f"-stage-{s}" if config.stages > 1 else ""))
                  for g in range(groups) for s in range(config.stages)]
-        if rel.lighthouse is None:
+        needs_lighthouse = rel.lighthouse is None and not asynchronous
+        if needs_lighthouse:
             settings = LighthouseSettings(f"{hosts.control}:0", rel.min_replicas,
                                           join_timeout_s=join_timeout_s(rel.comm_timeout_s),
                                           heartbeat_timeout_s=rel.heartbeat_timeout_s)
             address_file = str(Path(tmp) / "lighthouse")
             specs.insert(0, hosts.target(context, None, lighthouse_main, (settings, address_file, hosts.control),
                                          "geotrain-lighthouse"))
-        first_group = 0 if rel.lighthouse is not None else 1
+        first_group = 1 if needs_lighthouse else 0
         faults = parse_chaos(rel.chaos) if rel.chaos else ()
         kills = kill_schedule(faults, groups, config.run.seed)
         cuts = partition_schedule(faults, groups, config.run.seed)
@@ -350,4 +354,6 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
         groups_finished=sorted(finished), wall_s=wall_s,
         group_records={g: summary["records"] for g, summary in sorted(finished.items())},
         partitions=watch.partitions, partition_recovery_s=_recoveries(watch.healed_at, rejoins),
-        train_emulated_s=max(emulated) if emulated and None not in emulated else None)
+        train_emulated_s=max(emulated) if emulated and None not in emulated else None,
+        elections=_int(store, "async/elections"), lost_updates=_int(store, "async/lost_updates"),
+        resent_updates=_int(store, "async/resent_updates"))

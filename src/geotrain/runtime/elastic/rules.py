@@ -107,7 +107,27 @@ def elastic_refusal(config: Any) -> str | None:
          f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
          f"outer-round ends only (their checkpoints are written there); use a multiple of {optim.sync_every}"),
     )
-    return next((text for failed, text in reasons if failed), pipeline_refusal(config))
+    return next((text for failed, text in reasons if failed), pipeline_refusal(config) or async_refusal(config))
+
+
+def async_refusal(config: Any) -> str | None:
+    """Why an elastic `--outer-sync async` run (runtime/elastic/async_group.py: groups as TCP clients of an elected
+    host) cannot run with `config`'s other settings, or None (not async: None)."""
+    if config.optim.outer_sync != "async":
+        return None
+    rel, ckpt = config.reliability, config.checkpoint
+    why = "elastic asynchronous groups talk over plain TCP"
+    reasons = (
+        (config.emulation.time_scale > 0,
+         f"emulation.time_scale {config.emulation.time_scale!r}: {why} (no link emulation yet); pass --time-scale 0"),
+        (rel.chaos is not None and has_partition(rel.chaos),
+         f"reliability.chaos {rel.chaos!r}: {why}, which an emulated partition does not cut; use kill-site"),
+        (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
+        (ckpt.checkpoint_every > 0 or ckpt.resume or config.run.stop_after is not None,
+         "checkpoint rounds of an elastic asynchronous run are not built yet (--checkpoint-every, --resume, "
+         "--stop-after); the end's checkpoint is written"),
+    )
+    return next((text for failed, text in reasons if failed), None)
 
 
 def check_elastic(config: Any) -> None:

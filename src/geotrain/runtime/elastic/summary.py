@@ -62,6 +62,13 @@ class ElasticSummary:
     """Per heal, seconds from the launcher healing the group's links to its rejoin (live recovery)."""
     train_emulated_s: float | None = None
     """Emulated seconds of training (the groups' emulated clock at their last step; None: links not emulated)."""
+    elections: int = 0
+    """--outer-sync async: new hosts of the global model elected after its host was lost (runtime/elastic/async_group.py)."""
+    lost_updates: int = 0
+    """--outer-sync async: replica outer gradients a lost host had applied beyond the elected copy (at most what was
+    lost for good: their senders resent those whose reply never came)."""
+    resent_updates: int = 0
+    """--outer-sync async: outer gradients resent to a new host (their reply lost with the old one)."""
 
     def to_json(self, config: Any) -> dict[str, Any]:
         """`train --json`'s layout (as a run that is not elastic: plan, shape, losses, a `summary` object,
