@@ -151,8 +151,9 @@ class Worker:
         replica_group = None if replica_groups is None else replica_groups[self.slot.replica]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss, self.pp_group, device, self.timer)
-        # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
-        hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of, self.timeout_s)[self.slot.stage]
+        # every rank creates every (stage, shard)'s region hierarchy, in one order (torch's new_group rule)
+        hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of,
+                                              self.timeout_s)[self.slot.stage][shard]
                      if config.comm.dp_hierarchical else None)
         self.dp = stage_gradient_sync(config.sync_options(self.slot.stage), self.stage, self.transport,
                                       self.groups[self.slot.stage], hierarchy, rank, config.replicas,
