@@ -4,8 +4,8 @@ processes holding FSDP2 shards of the tiny model, DiLoCo per shard across the si
 Runs (module fixture, 8 steps each): the sharded plan and the unsharded one (one process per site, the same
 replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a validation every 4 steps; the same pair
 with --sync-moments (the inner AdamW's moments averaged per shard); the sharded plan with int8-block, and with
-adaptive local steps; and a pair with --dp-hierarchical on examples/clusters/uneven6-64.yaml: 4 sites of 2 devices,
-two in region0 and two in region1 (8 ranks sharded, 4 unsharded), each region's same-shard ranks averaging their
+adaptive local steps; and a pair with --dp-hierarchical on examples/clusters/lab-2x4.yaml: 4 sites of 2 devices,
+two in region east and two in west (8 ranks sharded, 4 unsharded), each region's same-shard ranks averaging their
 gradients every step and the outer sync hierarchical per shard. Four runs after one another in each of two
 processes side by side (tests/one_interpreter.py: a process's later launches skip their seconds of imports).
 Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
@@ -31,11 +31,11 @@ SHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]
            "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
 UNSHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]]}
 STREAMING = ("--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--outer-lr", "1", "--outer-momentum", "0")
-REGIONS_CLUSTER = Path(__file__).parents[3] / "examples" / "clusters" / "uneven6-64.yaml"
-"""Devices 0-15 are region0, 16-27 region1: the plans below put two sites (slots) in each."""
-SHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment": [[0, 2, 16, 18]],
-                   "shards": {"k": 2, "devices": [[[0, 1], [2, 3], [16, 17], [18, 19]]]}}
-UNSHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment": [[0, 2, 16, 18]]}
+REGIONS_CLUSTER = Path(__file__).parents[3] / "examples" / "clusters" / "lab-2x4.yaml"
+"""Devices 0-3 are region east, 4-7 west: the plans below put two sites (slots) in each."""
+SHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment": [[0, 2, 4, 6]],
+                   "shards": {"k": 2, "devices": [[[0, 1], [2, 3], [4, 5], [6, 7]]]}}
+UNSHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment": [[0, 2, 4, 6]]}
 HIERARCHICAL = ("--sync-every", "4", "--fragments", "2", "--outer-lr", "1", "--outer-momentum", "0",
                 "--dp-hierarchical", "--time-scale", "0")
 TOLERANCE = 1e-4
