@@ -6,7 +6,8 @@ replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a valid
 with --sync-moments (the inner AdamW's moments averaged per shard); the sharded plan with int8-block, and with
 adaptive local steps; and a pair with --dp-hierarchical on examples/clusters/lab-2x4.yaml: 4 sites of 2 devices,
 two in region east and two in west (8 ranks sharded, 4 unsharded), each region's same-shard ranks averaging their
-gradients every step and the outer sync hierarchical per shard. Four runs after one another in each of two
+gradients every step and the outer sync hierarchical per shard; and a pair of 2 pipeline stages x 2 sites x 2 shards
+(8 ranks; unsharded 4) on the same cluster with --schedule 1f1b. Five runs after one another in each of two
 processes side by side (tests/one_interpreter.py: a process's later launches skip their seconds of imports).
 Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
 (FSDP reduce-scatters the mean of the two shards' gradients of 4 sequences each; the unsharded rank sums the 8 at
@@ -14,8 +15,9 @@ once), so their losses first differ in the last bits (2.4e-7 = 1 ulp of a loss n
 steps carry that through 8 steps without growth: measured at most 9.2e-6 (the last step, after two outer syncs);
 the bound 1e-4 is 10x that and 2000x below the loss's fall over the run, so a run that did not equal the unsharded
 one (a shard on the wrong rows, a gradient not averaged over the slot) fails it. The same argument holds with the
-moments (both runs send them in fp32 and average them alike; measured 3.0e-7) and with regions (the region's mean and
-the hierarchy's sums run in the same order on a shard as on the whole tensor; measured 1.2e-7)."""
+moments (both runs send them in fp32 and average them alike; measured 3.0e-7), with regions (the region's mean and
+the hierarchy's sums run in the same order on a shard as on the whole tensor; measured 1.2e-7) and with pipeline stages
+(each shard's micro-batches cross the cut to the same shard of the next stage; measured 1.5e-5)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,11 @@ SHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment":
 UNSHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment": [[0, 2, 4, 6]]}
 HIERARCHICAL = ("--sync-every", "4", "--fragments", "2", "--outer-lr", "1", "--outer-momentum", "0",
                 "--dp-hierarchical", "--time-scale", "0")
+SHARDED_PIPELINE = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 4], [2, 6]],
+                    "shards": {"k": 2, "devices": [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]}}
+UNSHARDED_PIPELINE = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 4], [2, 6]]}
+PIPELINE = ("--sync-every", "4", "--fragments", "2", "--outer-lr", "1", "--outer-momentum", "0", "--schedule", "1f1b",
+            "--time-scale", "0")
 TOLERANCE = 1e-4
 """How far a sharded run's loss may be from the unsharded run's (module doc)."""
 
@@ -68,9 +75,12 @@ def runs(tmp_path_factory) -> dict[str, dict]:
                                             "--time-scale", "0"),
                 "regions": _train(root, "regions", SHARDED_REGIONS, *HIERARCHICAL, cluster=REGIONS_CLUSTER),
                 "regions-unsharded": _train(root, "regions-unsharded", UNSHARDED_REGIONS, *HIERARCHICAL,
-                                            cluster=REGIONS_CLUSTER)}
-    parts = [("sharded", "adaptive", "moments-unsharded", "regions-unsharded"),
-             ("unsharded", "int8", "moments", "regions")]
+                                            cluster=REGIONS_CLUSTER),
+                "pipeline": _train(root, "pipeline", SHARDED_PIPELINE, *PIPELINE, cluster=REGIONS_CLUSTER),
+                "pipeline-unsharded": _train(root, "pipeline-unsharded", UNSHARDED_PIPELINE, *PIPELINE,
+                                             cluster=REGIONS_CLUSTER)}
+    parts = [("sharded", "adaptive", "moments-unsharded", "regions", "pipeline-unsharded"),
+             ("unsharded", "int8", "moments", "regions-unsharded", "pipeline")]
     processes = [OneInterpreter([commands[name] for name in names], root, f"part{i}") for i, names in enumerate(parts)]
     reports = {}
     for names, results in zip(parts, results_of(processes)):
@@ -148,3 +158,17 @@ def test_each_shard_sends_its_half_of_the_outer_sync_between_the_sites(runs):
                                                                        True]
     for one_shard, whole in zip(sharded, unsharded, strict=True):  # rows cut in half: FSDP2's dim-0 chunks
         assert one_shard == pytest.approx(whole / 2, rel=0.01)
+
+
+def test_with_pipeline_stages_a_sharded_run_equals_the_unsharded_run(runs):
+    """2 stages x 2 sites x 2 shards, 1F1B: each stage's slot holds FSDP2 shards, a shard's activations go to the
+    same shard of the next stage, and the outer sync runs per (stage, shard); the losses agree with the unsharded
+    pipeline's, and each shard sends half of what an unsharded rank does."""
+    sharded, unsharded = runs["pipeline"]["losses"], runs["pipeline-unsharded"]["losses"]
+    assert runs["pipeline"]["stages"] == 2 and runs["pipeline"]["summary"]["replicas_in_sync"]
+    assert len(sharded) == len(unsharded) == 8
+    assert max(abs(a - b) for a, b in zip(sharded, unsharded, strict=True)) <= TOLERANCE, (sharded, unsharded)
+    assert sharded[0] - min(sharded) > 2000 * TOLERANCE
+    halves = [row["dp_bytes"] for row in runs["pipeline"]["iterations"]]
+    wholes = [row["dp_bytes"] for row in runs["pipeline-unsharded"]["iterations"]]
+    assert any(halves) and all(half == pytest.approx(whole / 2, rel=0.01) for half, whole in zip(halves, wholes))
