@@ -7,7 +7,8 @@ with --sync-moments (the inner AdamW's moments averaged per shard); the sharded 
 adaptive local steps; and a pair with --dp-hierarchical on examples/clusters/lab-2x4.yaml: 4 sites of 2 devices,
 two in region east and two in west (8 ranks sharded, 4 unsharded), each region's same-shard ranks averaging their
 gradients every step and the outer sync hierarchical per shard; and a pair of 2 pipeline stages x 2 sites x 2 shards
-(8 ranks; unsharded 4) on the same cluster with --schedule 1f1b. Five runs after one another in each of two
+(8 ranks; unsharded 4) on the same cluster with --schedule 1f1b, of tests/user_models.py's model (its embedding
+tied to its output layer across the cut). Five runs after one another in each of two
 processes side by side (tests/one_interpreter.py: a process's later launches skip their seconds of imports).
 Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
 (FSDP reduce-scatters the mean of the two shards' gradients of 4 sequences each; the unsharded rank sums the 8 at
@@ -17,7 +18,8 @@ the bound 1e-4 is 10x that and 2000x below the loss's fall over the run, so a ru
 one (a shard on the wrong rows, a gradient not averaged over the slot) fails it. The same argument holds with the
 moments (both runs send them in fp32 and average them alike; measured 3.0e-7), with regions (the region's mean and
 the hierarchy's sums run in the same order on a shard as on the whole tensor; measured 1.2e-7) and with pipeline stages
-(each shard's micro-batches cross the cut to the same shard of the next stage; measured 1.5e-5)."""
+(each shard's micro-batches cross the cut to the same shard of the next stage, and the tied weight's shards are summed
+with the same shard's on the other stage; measured 4.8e-7)."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import pytest
 
 from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import CLUSTER_YAML
+from user_models import USER_GPT
 
 SHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]],
            "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
@@ -64,6 +67,8 @@ def _train(root: Path, name: str, plan: dict, *flags: str, cluster: Path | None 
 def runs(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("sharded-train")
     (root / "cluster.yaml").write_text(CLUSTER_YAML)
+    (root / "my_model.py").write_text(USER_GPT)
+    tied = ("--model", f"{root / 'my_model.py'}:build")
     emulated = ("--time-scale", "1e-3", "--eval-every", "4")
     commands = {"sharded": _train(root, "sharded", SHARDED, *STREAMING, *emulated),
                 "unsharded": _train(root, "unsharded", UNSHARDED, *STREAMING, *emulated),
@@ -76,8 +81,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
                 "regions": _train(root, "regions", SHARDED_REGIONS, *HIERARCHICAL, cluster=REGIONS_CLUSTER),
                 "regions-unsharded": _train(root, "regions-unsharded", UNSHARDED_REGIONS, *HIERARCHICAL,
                                             cluster=REGIONS_CLUSTER),
-                "pipeline": _train(root, "pipeline", SHARDED_PIPELINE, *PIPELINE, cluster=REGIONS_CLUSTER),
-                "pipeline-unsharded": _train(root, "pipeline-unsharded", UNSHARDED_PIPELINE, *PIPELINE,
+                "pipeline": _train(root, "pipeline", SHARDED_PIPELINE, *PIPELINE, *tied, cluster=REGIONS_CLUSTER),
+                "pipeline-unsharded": _train(root, "pipeline-unsharded", UNSHARDED_PIPELINE, *PIPELINE, *tied,
                                              cluster=REGIONS_CLUSTER)}
     parts = [("sharded", "adaptive", "moments-unsharded", "regions", "pipeline-unsharded"),
              ("unsharded", "int8", "moments", "regions-unsharded", "pipeline")]
@@ -162,8 +167,9 @@ def test_each_shard_sends_its_half_of_the_outer_sync_between_the_sites(runs):
 
 def test_with_pipeline_stages_a_sharded_run_equals_the_unsharded_run(runs):
     """2 stages x 2 sites x 2 shards, 1F1B: each stage's slot holds FSDP2 shards, a shard's activations go to the
-    same shard of the next stage, and the outer sync runs per (stage, shard); the losses agree with the unsharded
-    pipeline's, and each shard sends half of what an unsharded rank does."""
+    same shard of the next stage, the tied embedding's gradient shards are summed with the output layer's, and the
+    outer sync runs per (stage, shard); the losses agree with the unsharded pipeline's (a tie left unsummed: 4e-2
+    off), and each shard sends half of what an unsharded rank does."""
     sharded, unsharded = runs["pipeline"]["losses"], runs["pipeline-unsharded"]["losses"]
     assert runs["pipeline"]["stages"] == 2 and runs["pipeline"]["summary"]["replicas_in_sync"]
     assert len(sharded) == len(unsharded) == 8
