@@ -53,8 +53,9 @@ rank's outer sync then runs on its local shards (geotrain.optim.shards): anchors
 residuals are shard-sized, nothing gathers the model, and each shard averages with its peers. Blocking, fragments
 cut by layers (the same on every shard: by the parameters' global sizes), delay and either landing, any codec with
 error feedback, adaptive local steps (the site's shards agree on each period's step time: its slowest shard's,
-an all-reduce over the parameters' mesh). Refused in one line: regions, moment sync, fragments cut by bytes,
-asynchronous updates, and a group that holds two shards of one parameter (geotrain.sync.sharded).
+an all-reduce over the parameters' mesh). Moment sync averages the inner AdamW's moments per
+local shard too. Refused in one line: regions, fragments cut by bytes, asynchronous updates, and a group that holds
+two shards of one parameter (geotrain.sync.sharded).
 
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
@@ -76,6 +77,7 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.emulate.rank_clock import emulated_clock, start_loop
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.optim.shards import is_sharded
 from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
 from geotrain.sync.async_outer import STALENESS_BOUND, STALENESS_POWER, AsyncOuterSync, check_async_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
@@ -134,9 +136,13 @@ class DiLoCo:
                             "exchange's collective)")
         check_adaptive_settings(local_steps, fragments=fragments, sync_moments=sync_moments,
                                 hierarchical=regions is not None, who="DiLoCo: local_steps")
-        shard_group = check_sharded_settings([(name, p) for name, p in model.named_parameters() if p.requires_grad],
-                                             group, regions=regions, sync_moments=sync_moments, fragments=fragments,
-                                             fragment_split=fragment_split, asynchronous=asynchronous)
+        trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        if regions is not None and not asynchronous and any(is_sharded(p) for _, p in trained):
+            raise SyncError("DiLoCo on sharded parameters (DTensor): regions are not built here (they span the "
+                            "default group, which holds a site's shards); geotrain train --dp-hierarchical runs "
+                            "them per shard")
+        shard_group = check_sharded_settings(trained, group, fragments=fragments, fragment_split=fragment_split,
+                                             asynchronous=asynchronous)
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every

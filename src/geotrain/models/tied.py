@@ -79,10 +79,14 @@ def all_reduce_tied_gradients(module: nn.Module, stage: int, ties: Sequence[Stag
     """sum_tied_gradients across ranks: all-reduce (sum) this stage's copies over `group`.
 
     `group` is a torch.distributed process group of exactly the ranks holding the copies for this
-    replica (e.g. first and last stage of replica r); call it on each of them after backward.
+    replica (e.g. first and last stage of replica r); call it on each of them after backward. Sharded copies
+    (FSDP2 / DTensor, sharded alike on every stage): `group` holds the same shard's ranks, and each all-reduces
+    its local shard.
     """
     import torch.distributed as dist
 
+    from geotrain.optim.shards import local_shard
+
     for tie in ties:
         if stage in tie.stages:
-            dist.all_reduce(_grad_of(module, tie.name_in(stage)), op=dist.ReduceOp.SUM, group=group)
+            dist.all_reduce(local_shard(_grad_of(module, tie.name_in(stage))), op=dist.ReduceOp.SUM, group=group)

@@ -162,9 +162,6 @@ RULES: tuple[Rule, ...] = (
          instead="pass --time-scale 0 to train over NCCL without emulation"),
     Rule("cuda", "onebit", "1-bit Adam keeps its state in host memory (CPU only)", instead="use --optimizer adamw"),
     # sharded replicas (FSDP2 inside a slot, DiLoCo per shard across slots: runtime/sharded.py)
-    Rule("shards", "pipeline", "sharded slots run one stage per replica (S = 1)"),
-    Rule("shards", "hierarchical", _SHARDED["regions"]),
-    Rule("shards", "moments", _SHARDED["sync_moments"]),
     *(Rule("shards", mode, _SHARDED["asynchronous"]) for mode in ("async", "async-hierarchical")),
     Rule("shards", "elastic", "an elastic group is one process per site; a site's K shards are not one torchft "
          "replica"),

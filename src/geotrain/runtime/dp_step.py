@@ -37,12 +37,14 @@ def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
 
 
 def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int],
-                             timeout_s: float) -> list[HierarchicalGroups]:
-    """The hierarchy of every stage's DP group, created on every rank in stage order (torch's new_group rule),
-    its collectives bounded by `timeout_s` seconds (the run's --comm-timeout)."""
-    return [HierarchicalGroups.create(regions_of_devices(layout.dp_group_ranks(s), layout.dp_group_devices(s),
-                                                         region_of_device), timeout_s=timeout_s)
-            for s in range(layout.stages)]
+                             timeout_s: float) -> list[list[HierarchicalGroups]]:
+    """The hierarchy of every stage's DP group per shard ([stage][shard]; one shard without --shards: a sharded
+    plan's DP group of shard k is the same shard's peers, so its regions hold the region's same-shard ranks),
+    created on every rank in stage, then shard order (torch's new_group rule), its collectives bounded by
+    `timeout_s` seconds (the run's --comm-timeout)."""
+    return [[HierarchicalGroups.create(regions_of_devices(layout.dp_group_ranks(s, k), layout.dp_group_devices(s, k),
+                                                          region_of_device), timeout_s=timeout_s)
+             for k in range(layout.k)] for s in range(layout.stages)]
 
 
 def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport: Transport, group: object,
@@ -51,18 +53,18 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
                         shard_group: object = None, replica_group: object = None) -> GradientSync:
     """The gradient sync of global `rank`'s stage module over its stage's DP group `group` (the process
     group; a sharded slot's: the same shard's peers), the hierarchy of that group with --dp-hierarchical (else
-    None); `replicas` R for clipping; `cluster`: its links choose the gathered exchanges' algorithm
-    (geotrain.comm.gather; None: ring); `timeout_s`: the collective timeout of the groups it creates (the run's
-    --comm-timeout); `shard_group`: a sharded slot's FSDP2 group (its parameters are DTensors: what the outer
-    sync cannot serve on them is refused in one line, geotrain.sync.sharded); `replica_group`: the process group of
-    the replica's ranks (stages and shards) when it has more than one, where adaptive local steps agree."""
+    None; a sharded slot's: its shard's peers', create_stage_hierarchies); `replicas` R for clipping; `cluster`:
+    its links choose the gathered exchanges' algorithm (geotrain.comm.gather; None: ring); `timeout_s`: the
+    collective timeout of the groups it creates (the run's --comm-timeout); `shard_group`: a sharded slot's FSDP2
+    group (its parameters are DTensors: what the outer sync cannot serve on them is refused in one line,
+    geotrain.sync.sharded); `replica_group`: the process group of the replica's ranks (stages and shards) when it
+    has more than one, where adaptive local steps agree."""
     layout = transport.layout
     slot = layout.slot(rank)
     named = list(stage.named_parameters())
     if shard_group is not None:
-        outer, streaming = options.outer, options.streaming
-        check_sharded_settings(named, group, regions=hierarchy, sync_moments=outer.sync_moments,
-                               fragments=streaming.fragments, fragment_split=streaming.fragment_split,
+        streaming = options.streaming
+        check_sharded_settings(named, group, fragments=streaming.fragments, fragment_split=streaming.fragment_split,
                                asynchronous=options.heterogeneity.outer_sync != "sync")
     if options.heterogeneity.outer_sync != "sync":
         return _async_gradient_sync(options, stage, layout, cluster, replicas, timeout_s)

@@ -5,7 +5,9 @@ A sharded plan (`plan --shards K`) makes each (stage, replica) slot K devices of
 numbers them) that hold FSDP2 shards of the stage (`fully_shard` on a 1-D mesh of the slot's ranks: parameters
 all-gathered and gradients reduce-scattered inside the site, every step). Each shard computes on its 1/K of the
 replica's batch, so the slot's averaged gradient is the replica's; the outer sync (--sync-every H: DiLoCo, with
-codecs, fragments and delay) averages each shard with the same shard of the other replicas (geotrain.optim.shards).
+codecs, fragments, delay, moment sync and regions) averages each shard with the same shard of the other replicas
+(geotrain.optim.shards). With pipeline stages, shard k of a stage sends its micro-batches' activations to shard k of
+the next (runtime/layout.py), and each stage's slots shard that stage.
 """
 
 from __future__ import annotations

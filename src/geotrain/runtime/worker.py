@@ -124,6 +124,8 @@ class Worker:
         self.replanned: dict[str, Any] | None = None  # a resume on another layout: replan.layout_change
         self.resume_state = self._load_resume_state() if config.checkpoint.resume else None
         self.boundaries = self._boundaries(model)
+        # found by parameter identity, which fully_shard breaks (it gives a slot's layers new DTensor parameters)
+        ties = stage_ties(model.tied_weights, self.boundaries, model.n_layers)
         wire = config.comm.wire_dtypes()
         self.modules = stage_modules(model, self.boundaries, virtual_stages_of(self.slot.stage, S, V), wire,
                                      self.seq_len)
@@ -135,7 +137,7 @@ class Worker:
         if self.shard_group is not None:
             fully_shard_stage([self.modules[v] for v in sorted(self.modules)], self.shard_group, device)
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
-        self.ties = self._tie_groups(stage_ties(model.tied_weights, self.boundaries, model.n_layers))
+        self.ties = self._tie_groups(ties)
         scale = config.compute_scale()
         # compute counted by the emulated clock's own clock (wall or CPU seconds), so that it compares with
         # emulated time (compute fraction, predicted iteration); wall seconds without emulation
@@ -152,8 +154,9 @@ class Worker:
         replica_group = None if replica_groups is None else replica_groups[self.slot.replica]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss, self.pp_group, device, self.timer)
-        # every rank creates every stage's region hierarchy, in stage order (torch's new_group rule)
-        hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of, self.timeout_s)[self.slot.stage]
+        # every rank creates every (stage, shard)'s region hierarchy, in one order (torch's new_group rule)
+        hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of,
+                                              self.timeout_s)[self.slot.stage][shard]
                      if config.comm.dp_hierarchical else None)
         self.dp = stage_gradient_sync(config.sync_options(self.slot.stage), self.stage, self.transport,
                                       self.groups[self.slot.stage], hierarchy, rank, config.replicas,

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 import torch
 
 from geotrain.errors import GeotrainError
+from geotrain.optim.shards import is_sharded, local_shard
 
 T = TypeVar("T")
 
@@ -197,8 +198,10 @@ class DPExchange(Protocol):
 def host_gradients(params: Sequence[torch.nn.Parameter]) -> list[torch.Tensor]:
     """Each parameter's gradient (zeros where it has none) in host memory: what the exchanges encode and
     hand to their collectives. On a GPU this is a copy, so the codecs, their residuals and the DP
-    collectives (gloo beside NCCL) run on the CPU; a CPU gradient is returned as it is, not copied."""
-    return [(p.grad if p.grad is not None else torch.zeros_like(p)).to("cpu") for p in params]
+    collectives (gloo beside NCCL) run on the CPU; a CPU gradient is returned as it is, not copied. A sharded
+    parameter's (DTensor, geotrain.optim.shards): its local shard's."""
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    return [(local_shard(g) if is_sharded(g) else g).to("cpu") for g in grads]
 
 
 GPU_ONLY_BACKENDS = ("nccl",)
@@ -216,10 +219,12 @@ def check_host_backend(backend: str, who: str) -> None:
 
 
 def set_grads(params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor]) -> None:
-    """Write `values` (shaped like the parameters, on any device) into the gradients, creating missing ones
-    on the parameter's device."""
+    """Write `values` (shaped like the parameters, on any device; a sharded parameter's: like its local shard)
+    into the gradients, creating missing ones on the parameter's device."""
     for p, value in zip(params, values, strict=True):
-        if p.grad is None:
+        if p.grad is None and not is_sharded(p):
             p.grad = value.to(p.device, copy=True)
-        else:
-            p.grad.copy_(value)
+            continue
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)  # a DTensor sharded as the parameter
+        local_shard(p.grad).copy_(value)

@@ -24,6 +24,7 @@ from geotrain.comm import ReducerContext, TorchCollective, get_reducer, reducer_
 from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.grouped import GroupedCodecReducer
+from geotrain.optim.shards import local_shard
 from geotrain.sync.base import CollectivePause, CollectiveTransport, StepTimer, SyncError, host_gradients, set_grads
 
 T = TypeVar("T")
@@ -127,13 +128,14 @@ def grouped_reducer(parts: Sequence[ExtraTensors], world_size: int,
             raise SyncError(f"codec {str(part.codec)!r} is its own exchange; tensors sent beside others in one "
                             f"collective take a codec of geotrain.codecs")
     return GroupedCodecReducer(
-        [CodecReducer(part.codec.build(), [(name, p.shape) for name, p in part.named_params], world_size,
+        [CodecReducer(part.codec.build(), [(name, local_shard(p).shape) for name, p in part.named_params], world_size,
                       error_feedback=part.error_feedback, gather_links=gather_links) for part in parts],
         gather_links)
 
 
 class StageExchange:
-    """Averages the gradients of `named_params` over a DP group through the reducer of `spec`."""
+    """Averages the gradients of `named_params` over a DP group through the reducer of `spec` (a sharded
+    parameter's, DTensor: its local shard's, with the same shard's peers on the group)."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], spec: CodecSpec | str,
                  error_feedback: bool, transport: CollectiveTransport, group: Any, group_devices: list[int],
@@ -150,7 +152,7 @@ class StageExchange:
         self.posting = PostedThroughTransport(self.collective, transport, group, group_devices, self.pause)
         world = self.collective.world_size
         if not extra:
-            context = ReducerContext.of([(name, p.shape) for name, p in named_params], world,
+            context = ReducerContext.of([(name, local_shard(p).shape) for name, p in named_params], world,
                                         error_feedback=error_feedback,
                                         extra={} if gather_links is None else {"gather_links": gather_links})
             self.reducer = get_reducer(CodecSpec.parse(spec), context)
@@ -163,7 +165,8 @@ class StageExchange:
                     error_feedback: bool) -> dict[str, Any]:
         """`state_dict()` of a new exchange of `named_params` (no residuals yet): what a checkpoint written
         by an exchange that keeps no state of its own (an elastic run's) holds for a resumed StageExchange."""
-        context = ReducerContext.of([(name, p.shape) for name, p in named_params], 1, error_feedback=error_feedback)
+        context = ReducerContext.of([(name, local_shard(p).shape) for name, p in named_params], 1,
+                                    error_feedback=error_feedback)
         return {"reducer": get_reducer(CodecSpec.parse(spec), context).state_dict()}
 
     def _travelling(self, parts: int | None) -> tuple[list[torch.nn.Parameter], dict[str, int]]:

@@ -20,6 +20,10 @@ means; with the mix rule, mix x local + (1 - mix) x mean; eagerly, each moment m
 this replica sent), keeping the overlapped steps' own updates. The second moment is kept >= 0.
 AdamW's step count is the same on every replica and is not sent.
 
+Sharded parameters (FSDP2 / DTensor, geotrain.optim.shards): a DTensor parameter's moments are DTensors sharded
+as it is; the shadows, anchors and landings hold their local shards, so each shard's moments average with the same
+shard's peers on the sync's group, as its outer gradients do.
+
 Moments in the first syncs only (`moment_syncs` N): each fragment's first N outer syncs carry the moments,
 later ones the outer gradients alone (the exchange sends its first part only; the moments' residuals are
 kept). Measured in benchmarks/moment_sync_sim.py (3 seeds, docs/history/diloco.md): with N = 1 or 2 the run ends as
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 
 from geotrain.codecs import CodecSpec
+from geotrain.optim.shards import local_shard
 from geotrain.sync.base import SyncError
 from geotrain.sync.exchange import ExtraTensors
 
@@ -87,8 +92,9 @@ class MomentSync:
         self.slices = [None] * len(self.params) if slices is None else list(slices)
         if len(self.slices) != len(self.params):
             raise SyncError(f"MomentSync: {len(self.slices)} slices for {len(self.params)} parameters")
-        shapes = [p.shape if s is None else torch.Size([len(range(p.shape[0])[s]), *p.shape[1:]])
-                  for p, s in zip(self.params, self.slices, strict=True)]
+        local = [local_shard(p).shape for p in self.params]  # a DTensor's moments are its local shard's
+        shapes = [shape if s is None else torch.Size([len(range(shape[0])[s]), *shape[1:]])
+                  for shape, s in zip(local, self.slices, strict=True)]
 
         def shadows() -> list[torch.nn.Parameter]:
             return [torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32, device=p.device), requires_grad=False)
@@ -112,7 +118,7 @@ class MomentSync:
             raise SyncError(f"sync_moments: parameter {self.names[i]!r} has no AdamW moments at this outer sync (the "
                             f"inner optimizer has not stepped it: no gradient reached it yet); every synced parameter "
                             f"needs one, so freeze parameters that train on no data (requires_grad=False)")
-        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m, v = local_shard(state["exp_avg"]), local_shard(state["exp_avg_sq"])  # views: writes reach the state
         part = self.slices[i]
         return (m, v) if part is None else (m[part], v[part])
 

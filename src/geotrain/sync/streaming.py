@@ -247,9 +247,9 @@ class StreamingOuterSync(OuterSync):
             raise SyncError(f"fragments must be at most sync_every ({sync_every}) so their offsets differ, "
                             f"got {fragments}")
         self.params = [p for _, p in named_params]
-        if any(is_sharded(p) for p in self.params) and (sync_moments or (fragment_split == "bytes" and fragments > 1)):
+        if any(is_sharded(p) for p in self.params) and fragment_split == "bytes" and fragments > 1:
             raise SyncError("StreamingOuterSync: sharded parameters (DTensor) sync per local shard; not with "
-                            f"{'sync_moments' if sync_moments else 'fragment_split bytes'} (cut by layers)")
+                            "fragment_split bytes (cut by layers)")
         self.optimizer = optimizer
         self.total_steps = total_steps
         self.inner_exchange = inner_exchange

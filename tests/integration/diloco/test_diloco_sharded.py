@@ -1,7 +1,8 @@
 """`DiLoCo` on FSDP2 (DTensor) parameters in real gloo processes: 2 sites x 2 shards (a (replicate, shard) mesh,
 `fully_shard` on the shard dimension, DiLoCo on the replicate group) against the unsharded 2-site run of the same
-model and data in float64, blocking and with adaptive local steps; the same loop with int8-block, 2 fragments and
-delay 1 ends with every shard equal to its peer and the loss down; a group of one site's shards is refused.
+model and data in float64, blocking, with adaptive local steps and with moment sync (AdamW); the same loop with
+int8-block, 2 fragments and delay 1 ends with every shard equal to its peer and the loss down; a group of one site's
+shards, regions and fragments cut by bytes are refused.
 
 Tolerance (float64, machine epsilon eps = 2.2e-16). The runs differ only in how a step's gradient is summed: FSDP
 reduce-scatters the mean of the two shards' micro-batch gradients, the unsharded rank sums the concatenated batch
@@ -12,7 +13,13 @@ steps at most add them up; the MLP's gradient moves by at most L x the parameter
 lr x L < 1 here, and the outer Nesterov step (0.7, 0.9) scales an outer gradient by at most 0.7 x 1.9 / 0.1 =
 13.3 over the run: tol = 13.3 x 2 x T x 0.05 x 4B eps G (the factor 2 for the gradient's feedback). The anchors
 and the exchange are fp32 in both runs (OuterStep): equal inputs round equal, and an input 1e-15 apart flips a
-rounding with probability ~1e-8 per element per sync (2 ulp32 would then show)."""
+rounding with probability ~1e-8 per element per sync (2 ulp32 would then show).
+
+With moment sync the inner optimizer is AdamW (lr 0.01, eps 1e-8) and the moments travel (fp32) at every outer
+sync. A gradient element off by d moves the first moment m_hat by at most d (its weights sum to 1) and sqrt(v_hat)
+by at most d (a weighted 2-norm of the gradients: the triangle inequality), so the step m_hat / (sqrt(v_hat) + eps)
+moves by at most d (1 + U) / eps, U = ADAM_STEP_MAX: tol = 13.3 x 2 x T x 0.01 x (1 + U) x 4B eps G / 1e-8
+(8e-6 here; measured: 0, bit-identical weights, and the weights move 0.2)."""
 
 from __future__ import annotations
 
@@ -24,6 +31,12 @@ from geotrain.comm import run_workers
 from geotrain.diloco import DiLoCo
 
 H, PERIODS, B, LR = 4, 3, 8, 0.05
+ADAM_LR, ADAM_EPS = 0.01, 1e-8
+"""The inner AdamW's lr and epsilon with moment sync (its betas: torch's, 0.9 and 0.999)."""
+ADAM_STEP_MAX = 1.07
+"""A bound on |m_hat| / sqrt(v_hat) over 12 AdamW steps of betas (0.9, 0.999): by Cauchy-Schwarz on the two
+moments' weights, sqrt(sum_i a_i^2 / b_i) <= 1.062 (t = 12; 1 at t = 1); averaging replicas' moments keeps it
+(|mean m| <= mean(U sqrt v) <= U sqrt(mean v))."""
 """Inner steps per period, periods, a site's batch per inner step (each shard: B / 2), the inner SGD's lr."""
 SHARD_STEP_S = ((0.01, 0.01), (0.02, 0.04))
 """Adaptive: the step seconds each (site, shard) measures. Shard 0's peers alone would share 8 steps 5 : 3 (1 : 2),
@@ -47,8 +60,9 @@ def _loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _run(model: torch.nn.Module, site: int, rows: slice, group, mode: str, step_s: float) -> dict:
     """One DiLoCo loop of `mode` ("blocking", "adaptive", "streaming") on `rows` of each site batch; adaptive: each
     inner step 'takes' `step_s` (the first two periods are shared 5 : 3 by a prior)."""
-    inner = torch.optim.SGD(model.parameters(), lr=LR)
-    options = {"blocking": {"codec": "none"},
+    inner = (torch.optim.AdamW(model.parameters(), lr=ADAM_LR, eps=ADAM_EPS) if mode == "moments"
+             else torch.optim.SGD(model.parameters(), lr=LR))
+    options = {"blocking": {"codec": "none"}, "moments": {"codec": "none", "sync_moments": True},
                "adaptive": {"codec": "none", "local_steps": "adaptive", "prior_step_s": [1.0, 2.0],
                             "step_time": lambda: step_s},
                "streaming": {"codec": "int8-block", "fragments": 2, "delay": 1}}[mode]
@@ -64,11 +78,14 @@ def _run(model: torch.nn.Module, site: int, rows: slice, group, mode: str, step_
                                          if _local(p.grad).numel()))
             inner.step()
     outers = [f.outer for f in diloco.sync.fragments] if mode != "adaptive" else [diloco.sync.outer]
+    moments = [t for p in model.parameters() for t in (inner.state[p]["exp_avg"], inner.state[p]["exp_avg_sq"])
+               ] if mode == "moments" else []
     state = [e.state_dict() for e in diloco.exchanges]
     return {"params": [_local(p).clone() for p in model.parameters()], "losses": losses,
             "inner_steps": diloco.inner_steps, "grad_max": grad_max,
             "anchor_elements": sum(a.numel() for o in outers for a in o.anchor),
-            "residual_elements": sum(t.numel() for s in state for t in _tensors(s))}
+            "residual_elements": sum(t.numel() for s in state for t in _tensors(s)),
+            "moments": [_local(t).clone() for t in moments]}
 
 
 def _tensors(state) -> list[torch.Tensor]:
@@ -101,7 +118,7 @@ def _sharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
         out[mode] = _run(model, site, slice(shard * half, (shard + 1) * half), mesh["replicate"].get_group(), mode,
                          SHARD_STEP_S[site][shard])
     refused = {"group": {"group": mesh["shard"].get_group()},  # one site's shards, not same-shard peers
-               "sync_moments": {"sync_moments": True, "group": mesh["replicate"].get_group()},
+               "regions": {"regions": [[0, 1], [2, 3]]},
                "bytes": {"fragments": 2, "fragment_split": "bytes", "group": mesh["replicate"].get_group()},
                "asynchronous": {"asynchronous": True, "codec": "none", "group": mesh["replicate"].get_group()}}
     out["refusals"] = {}
@@ -127,8 +144,32 @@ def _shard_of(full: torch.Tensor, shard: int) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def runs():
-    modes = ("blocking", "adaptive", "streaming")
-    return run_workers(_sharded, 4, (modes,), timeout_s=240), run_workers(_unsharded, 2, (modes[:2],), timeout_s=120)
+    modes = ("blocking", "adaptive", "moments", "streaming")
+    return run_workers(_sharded, 4, (modes,), timeout_s=240), run_workers(_unsharded, 2, (modes[:3],), timeout_s=120)
+
+
+def test_with_moment_sync_a_sharded_run_equals_the_unsharded_run_in_float64(runs):
+    """AdamW inner steps with sync_moments: the moments of a DTensor parameter are DTensors, each shard's averaged
+    with its peer's at every outer sync (module doc: the tolerance)."""
+    sharded, unsharded = runs
+    grad_max = max(r["moments"]["grad_max"] for r in unsharded)
+    steps = max(r["moments"]["inner_steps"] for r in unsharded)
+    gradient_error = 4 * B * torch.finfo(torch.float64).eps * grad_max
+    tol = 13.3 * 2 * steps * ADAM_LR * (1 + ADAM_STEP_MAX) * gradient_error / ADAM_EPS
+    worst = 0.0
+    for r in sharded:
+        expected = [_shard_of(p, r["shard"]) for p in unsharded[r["site"]]["moments"]["params"]]
+        for got, want in zip(r["moments"]["params"], expected, strict=True):
+            worst = max(worst, float((got - want).abs().max()) if got.numel() else 0.0)
+        expected = [_shard_of(m, r["shard"]) for m in unsharded[r["site"]]["moments"]["moments"]]
+        assert [m.shape for m in r["moments"]["moments"]] == [m.shape for m in expected]  # local shards
+    assert worst <= tol, (worst, tol)
+    moved = max(float((a - b).abs().max()) for a, b in zip(unsharded[0]["moments"]["params"],
+                                                             [p.detach() for p in _model().parameters()]))
+    assert moved > 1e4 * tol  # the check can fail: training moved the weights far beyond it
+    for shard in (0, 1):  # the last sync (on leaving the block) averaged the moments: each shard's equal its peer's
+        first, second = (r["moments"]["moments"] for r in sharded if r["shard"] == shard)
+        assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
 @pytest.mark.parametrize("mode", ["blocking", "adaptive"])
@@ -172,6 +213,6 @@ def test_what_the_sync_cannot_serve_on_shards_is_refused_in_one_line(runs):
     refusals = sharded[0]["refusals"]
     assert all(m.startswith("SyncError: DiLoCo") and "\n" not in m for m in refusals.values()), refusals
     assert "mesh['replicate'].get_group()" in refusals["group"]
-    assert "not with moment sync" in refusals["sync_moments"]
+    assert "regions are not built here" in refusals["regions"] and "--dp-hierarchical" in refusals["regions"]
     assert "not with fragment_split 'bytes'" in refusals["bytes"]
     assert "not with asynchronous updates" in refusals["asynchronous"]

@@ -2,15 +2,24 @@
 processes holding FSDP2 shards of the tiny model, DiLoCo per shard across the sites, on emulated links.
 
 Runs (module fixture, 8 steps each): the sharded plan and the unsharded one (one process per site, the same
-replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a validation every 4 steps, then the
-sharded plan with int8-block, and with adaptive local steps; two runs after one another in each of two processes
-side by side (tests/one_interpreter.py: a process's second launch skips its seconds of imports).
+replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a validation every 4 steps; the same pair
+with --sync-moments (the inner AdamW's moments averaged per shard); the sharded plan with int8-block, and with
+adaptive local steps; and a pair with --dp-hierarchical on examples/clusters/lab-2x4.yaml: 4 sites of 2 devices,
+two in region east and two in west (8 ranks sharded, 4 unsharded), each region's same-shard ranks averaging their
+gradients every step and the outer sync hierarchical per shard; and a pair of 2 pipeline stages x 2 sites x 2 shards
+(8 ranks; unsharded 4) on the same cluster with --schedule 1f1b, of tests/user_models.py's model (its embedding
+tied to its output layer across the cut). Five runs after one another in each of two
+processes side by side (tests/one_interpreter.py: a process's later launches skip their seconds of imports).
 Tolerance of the float check: both runs compute in float32 and differ only in how a step's gradient is summed
 (FSDP reduce-scatters the mean of the two shards' gradients of 4 sequences each; the unsharded rank sums the 8 at
 once), so their losses first differ in the last bits (2.4e-7 = 1 ulp of a loss near 3.8) and AdamW's normalised
 steps carry that through 8 steps without growth: measured at most 9.2e-6 (the last step, after two outer syncs);
 the bound 1e-4 is 10x that and 2000x below the loss's fall over the run, so a run that did not equal the unsharded
-one (a shard on the wrong rows, a gradient not averaged over the slot) fails it."""
+one (a shard on the wrong rows, a gradient not averaged over the slot) fails it. The same argument holds with the
+moments (both runs send them in fp32 and average them alike; measured 3.0e-7), with regions (the region's mean and
+the hierarchy's sums run in the same order on a shard as on the whole tensor; measured 1.2e-7) and with pipeline stages
+(each shard's micro-batches cross the cut to the same shard of the next stage, and the tied weight's shards are summed
+with the same shard's on the other stage; measured 4.8e-7)."""
 
 from __future__ import annotations
 
@@ -21,19 +30,36 @@ import pytest
 
 from one_interpreter import OneInterpreter, results_of
 from runtime_2x2 import CLUSTER_YAML
+from user_models import USER_GPT
 
 SHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]],
            "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
 UNSHARDED = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]]}
 STREAMING = ("--sync-every", "4", "--fragments", "2", "--sync-delay", "1", "--outer-lr", "1", "--outer-momentum", "0")
+REGIONS_CLUSTER = Path(__file__).parents[3] / "examples" / "clusters" / "lab-2x4.yaml"
+"""Devices 0-3 are region east, 4-7 west: the plans below put two sites (slots) in each."""
+SHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment": [[0, 2, 4, 6]],
+                   "shards": {"k": 2, "devices": [[[0, 1], [2, 3], [4, 5], [6, 7]]]}}
+UNSHARDED_REGIONS = {"method": "manual", "stages": 1, "replicas": 4, "assignment": [[0, 2, 4, 6]]}
+HIERARCHICAL = ("--sync-every", "4", "--fragments", "2", "--outer-lr", "1", "--outer-momentum", "0",
+                "--dp-hierarchical", "--time-scale", "0")
+SHARDED_PIPELINE = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 4], [2, 6]],
+                    "shards": {"k": 2, "devices": [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]}}
+UNSHARDED_PIPELINE = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 4], [2, 6]]}
+PIPELINE = ("--sync-every", "4", "--fragments", "2", "--outer-lr", "1", "--outer-momentum", "0", "--schedule", "1f1b",
+            "--time-scale", "0")
+TOLERANCE = 1e-4
+"""How far a sharded run's loss may be from the unsharded run's (module doc)."""
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-def _train(root: Path, name: str, plan: dict, *flags: str) -> list[str]:
-    """The words of `geotrain train` for `plan` (written into `root` as NAME.json) and `flags`."""
+def _train(root: Path, name: str, plan: dict, *flags: str, cluster: Path | None = None) -> list[str]:
+    """The words of `geotrain train` for `plan` (written into `root` as NAME.json) and `flags` on `cluster`
+    (None: root's cluster.yaml)."""
     (root / f"{name}.json").write_text(json.dumps(plan))
-    return ["train", "--run-dir", "none", "--cluster", str(root / "cluster.yaml"), "--plan", str(root / f"{name}.json"),
+    cluster = root / "cluster.yaml" if cluster is None else cluster
+    return ["train", "--run-dir", "none", "--cluster", str(cluster), "--plan", str(root / f"{name}.json"),
             "--steps", "8", "--json", *flags]
 
 
@@ -41,13 +67,25 @@ def _train(root: Path, name: str, plan: dict, *flags: str) -> list[str]:
 def runs(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("sharded-train")
     (root / "cluster.yaml").write_text(CLUSTER_YAML)
+    (root / "my_model.py").write_text(USER_GPT)
+    tied = ("--model", f"{root / 'my_model.py'}:build")
     emulated = ("--time-scale", "1e-3", "--eval-every", "4")
     commands = {"sharded": _train(root, "sharded", SHARDED, *STREAMING, *emulated),
                 "unsharded": _train(root, "unsharded", UNSHARDED, *STREAMING, *emulated),
                 "int8": _train(root, "int8", SHARDED, *STREAMING, "--dp-codec", "int8-block", "--time-scale", "0"),
                 "adaptive": _train(root, "adaptive", SHARDED, "--sync-every", "4", "--local-steps", "adaptive",
-                                   "--outer-lr", "1", "--outer-momentum", "0", "--time-scale", "0")}
-    parts = [("sharded", "adaptive"), ("unsharded", "int8")]
+                                   "--outer-lr", "1", "--outer-momentum", "0", "--time-scale", "0"),
+                "moments": _train(root, "moments", SHARDED, *STREAMING, "--sync-moments", "--time-scale", "0"),
+                "moments-unsharded": _train(root, "moments-unsharded", UNSHARDED, *STREAMING, "--sync-moments",
+                                            "--time-scale", "0"),
+                "regions": _train(root, "regions", SHARDED_REGIONS, *HIERARCHICAL, cluster=REGIONS_CLUSTER),
+                "regions-unsharded": _train(root, "regions-unsharded", UNSHARDED_REGIONS, *HIERARCHICAL,
+                                            cluster=REGIONS_CLUSTER),
+                "pipeline": _train(root, "pipeline", SHARDED_PIPELINE, *PIPELINE, *tied, cluster=REGIONS_CLUSTER),
+                "pipeline-unsharded": _train(root, "pipeline-unsharded", UNSHARDED_PIPELINE, *PIPELINE, *tied,
+                                             cluster=REGIONS_CLUSTER)}
+    parts = [("sharded", "adaptive", "moments-unsharded", "regions", "pipeline-unsharded"),
+             ("unsharded", "int8", "moments", "regions-unsharded", "pipeline")]
     processes = [OneInterpreter([commands[name] for name in names], root, f"part{i}") for i, names in enumerate(parts)]
     reports = {}
     for names, results in zip(parts, results_of(processes)):
@@ -61,13 +99,42 @@ def test_a_sharded_run_equals_the_unsharded_run_of_the_same_sites(runs):
     sharded, unsharded = runs["sharded"]["losses"], runs["unsharded"]["losses"]
     assert len(sharded) == len(unsharded) == 8
     worst = max(abs(a - b) for a, b in zip(sharded, unsharded, strict=True))
-    assert worst <= 1e-4, (sharded, unsharded)
-    assert sharded[0] - min(sharded) > 2000 * 1e-4  # the check can fail: the loss moved far beyond it
+    assert worst <= TOLERANCE, (sharded, unsharded)
+    assert sharded[0] - min(sharded) > 2000 * TOLERANCE  # the check can fail: the loss moved far beyond it
     # validation: every shard of a slot scores the replica's windows through FSDP2's forward
     validation = [(v["step"], v["loss"]) for v in runs["sharded"]["validation"]]
     expected = [(v["step"], v["loss"]) for v in runs["unsharded"]["validation"]]
     assert [step for step, _ in validation] == [step for step, _ in expected] == [4, 8]
-    assert max(abs(a[1] - b[1]) for a, b in zip(validation, expected)) <= 1e-4, (validation, expected)
+    assert max(abs(a[1] - b[1]) for a, b in zip(validation, expected)) <= TOLERANCE, (validation, expected)
+
+
+def test_with_moment_sync_a_sharded_run_equals_the_unsharded_run(runs):
+    """Each shard's AdamW moments (DTensors) average with its peer's local shard, as the whole moments do unsharded:
+    the losses agree within the tolerance, and the moments moved them more than 100 x that (the pair without
+    moments, the same flags otherwise); each sync carries the outer gradient and both moments (fp32: 3 x)."""
+    sharded, unsharded = runs["moments"]["losses"], runs["moments-unsharded"]["losses"]
+    assert len(sharded) == len(unsharded) == 8 and runs["moments"]["summary"]["replicas_in_sync"]
+    assert max(abs(a - b) for a, b in zip(sharded, unsharded, strict=True)) <= TOLERANCE, (sharded, unsharded)
+    assert max(abs(a - b) for a, b in zip(sharded, runs["sharded"]["losses"], strict=True)) > 100 * TOLERANCE
+    with_moments = [row["dp_bytes"] for row in runs["moments"]["iterations"]]
+    without = [row["dp_bytes"] for row in runs["sharded"]["iterations"]]
+    assert with_moments == [3 * b for b in without], (with_moments, without)
+
+
+def test_with_regions_a_sharded_run_equals_the_unsharded_run(runs):
+    """--dp-hierarchical on 2 regions of 2 sites: a shard averages with its region's same-shard ranks every step
+    and hierarchically with the other region's at each outer sync; the losses agree with the unsharded run's, and
+    every step each shard sends half of what the unsharded rank does (the region mean every step, the outer syncs
+    on top)."""
+    sharded, unsharded = runs["regions"]["losses"], runs["regions-unsharded"]["losses"]
+    assert len(sharded) == len(unsharded) == 8 and runs["regions"]["summary"]["replicas_in_sync"]
+    assert max(abs(a - b) for a, b in zip(sharded, unsharded, strict=True)) <= TOLERANCE, (sharded, unsharded)
+    assert sharded[0] - min(sharded) > 2000 * TOLERANCE
+    halves = [row["dp_bytes"] for row in runs["regions"]["iterations"]]
+    wholes = [row["dp_bytes"] for row in runs["regions-unsharded"]["iterations"]]
+    assert all(b > 0 for b in halves) and halves[1] > halves[0]  # step 2: an outer sync on top of the region mean
+    for half, whole in zip(halves, wholes, strict=True):
+        assert half == pytest.approx(whole / 2, rel=0.01)
 
 
 def test_every_shard_ends_equal_to_its_peer_and_the_loss_falls(runs):
@@ -125,3 +192,18 @@ def test_the_shards_of_a_slot_send_what_the_unsharded_replica_sends(runs):
     opens: measured +8 bytes in 1,659,320 with int8-block, docs/guide/slow-links.md)."""
     sharded, unsharded = runs["sharded"]["bytes"]["dp_per_stage"][0], runs["unsharded"]["bytes"]["dp_per_stage"][0]
     assert sharded > 0 and 2 * sharded == unsharded
+
+
+def test_with_pipeline_stages_a_sharded_run_equals_the_unsharded_run(runs):
+    """2 stages x 2 sites x 2 shards, 1F1B: each stage's slot holds FSDP2 shards, a shard's activations go to the
+    same shard of the next stage, the tied embedding's gradient shards are summed with the output layer's, and the
+    outer sync runs per (stage, shard); the losses agree with the unsharded pipeline's (a tie left unsummed: 4e-2
+    off), and each shard sends half of what an unsharded rank does."""
+    sharded, unsharded = runs["pipeline"]["losses"], runs["pipeline-unsharded"]["losses"]
+    assert runs["pipeline"]["stages"] == 2 and runs["pipeline"]["summary"]["replicas_in_sync"]
+    assert len(sharded) == len(unsharded) == 8
+    assert max(abs(a - b) for a, b in zip(sharded, unsharded, strict=True)) <= TOLERANCE, (sharded, unsharded)
+    assert sharded[0] - min(sharded) > 2000 * TOLERANCE
+    halves = [row["dp_bytes"] for row in runs["pipeline"]["iterations"]]
+    wholes = [row["dp_bytes"] for row in runs["pipeline-unsharded"]["iterations"]]
+    assert any(halves) and all(half == pytest.approx(whole / 2, rel=0.01) for half, whole in zip(halves, wholes))

@@ -17,15 +17,22 @@ from runtime_2x2 import CLUSTER_YAML
 
 CLUSTER = parse_cluster_text(CLUSTER_YAML)  # 2 regions x 2 V100: speeds known, regions for async-hierarchical
 PLANS = {1: np.array([[0, 2]]), 2: np.array([[0, 2], [1, 3]])}  # 1 x 2 and 2 x 2, replicas across the regions
-SHARDS = {1: np.array([[[0, 1], [2, 3]]]), 2: np.array([[[0, 1], [2, 3]], [[1, 0], [3, 2]]])}
-"""The plans' 2 devices per slot ("shards"), each slot in one region; 2 stages reuse devices (refused before)."""
+SHARDS = {1: np.array([[[0, 1], [2, 3]]])}
+"""The 1 x 2 plan's 2 devices per slot ("shards"), each slot in one region."""
+SHARDED_PIPELINE = (parse_cluster_text(CLUSTER_YAML.replace("devices: 2", "devices: 4")),
+                    np.array([[0, 4], [2, 6]]), np.array([[[0, 1], [4, 5]], [[2, 3], [6, 7]]]))
+"""A sharded plan of 2 stages needs 8 devices: the same 2 regions of 4, each slot's 2 in one region."""
 CELLS = [(a.name, b.name) for a, b in pairs()]
 
 
 def _config(first: str, second: str, tmp_path) -> RuntimeConfig:
     stages, values = walk_values(SETTING[first], SETTING[second])
     base = {"time_scale": 0.0, "checkpoint_dir": str(tmp_path), "steps": 8}
-    shards = SHARDS[stages] if values.pop("shards", 1) > 1 else None
+    k = values.pop("shards", 1)
+    if k > 1 and stages > 1:
+        cluster, plan, shards = SHARDED_PIPELINE
+        return RuntimeConfig.of(cluster, plan, shards=shards, **{**base, **values})
+    shards = SHARDS[stages] if k > 1 else None
     return RuntimeConfig.of(CLUSTER, PLANS[stages], shards=shards, **{**base, **values})
 
 

@@ -16,6 +16,7 @@ from geotrain.cluster.io import parse_cluster_text
 from geotrain.comm.groups import PER_DEVICE_BACKEND, group_backend
 from geotrain.runtime import worker as worker_module
 from geotrain.runtime.config import RuntimeConfig, RuntimeConfigError
+from geotrain.runtime.dp_step import create_stage_hierarchies
 from geotrain.runtime.layout import Layout, LayoutError
 from runtime_2x2 import CLUSTER_YAML
 
@@ -56,8 +57,6 @@ def test_a_sharded_plan_builds_and_counts_its_ranks():
                                                    r"into 2 shards of 2 micro-batches \(a multiple of 4\)$"),
     (SHARDS, {"elastic": True}, r"^a plan of 2 devices per slot \(plan --shards\) with --elastic: not built yet: an "
                                 r"elastic group is one process per site"),
-    (SHARDS, {"sync_moments": True}, r"^a plan of 2 devices per slot \(plan --shards\) with --sync-moments: not built "
-                                     r"yet: the inner optimizer's moments of a DTensor parameter"),
     (SHARDS, {"outer_sync": "async"}, r"^a plan of 2 devices per slot \(plan --shards\) with --outer-sync async: not "
                                       r"built yet: the global model's server in rank 0 holds whole parameters$"),
 ])
@@ -66,6 +65,22 @@ def test_what_a_sharded_plan_cannot_run_is_refused_in_one_line(shards, settings,
     with pytest.raises(RuntimeConfigError, match=message) as refused:
         RuntimeConfig.of(CLUSTER, assignment, shards=shards, **{**DILOCO, **settings})
     assert "\n" not in str(refused.value)
+
+
+def test_a_sharded_plans_region_hierarchy_holds_each_regions_same_shard_ranks(monkeypatch):
+    """--dp-hierarchical on 4 sites x 2 shards, two sites per region: shard k's hierarchy is over shard k's peers
+    (its regions: the region's same-shard ranks; its inter-region groups: one rank of each), created for every
+    shard on every rank, in one order."""
+    import geotrain.comm.hierarchical as hierarchical
+
+    made = []
+    monkeypatch.setattr(hierarchical, "new_group", lambda ranks, timeout_s: made.append(tuple(ranks)) or len(made))
+    layout = Layout(np.array([[0, 2, 4, 6]]), np.array([[[0, 1], [2, 3], [4, 5], [6, 7]]]))  # rank 2 x site + shard
+    region_of_device = [0, 0, 0, 0, 1, 1, 1, 1]
+    hierarchies = create_stage_hierarchies(layout, region_of_device, timeout_s=7.0)
+    assert [[h.regions.members for h in stage] for stage in hierarchies] == [[((0, 2), (4, 6)), ((1, 3), (5, 7))]]
+    assert [sorted(h.inter) for h in hierarchies[0]] == [[(0, 4), (2, 6)], [(1, 5), (3, 7)]]
+    assert made == [(0, 2), (4, 6), (0, 4), (2, 6), (1, 3), (5, 7), (1, 5), (3, 7)]
 
 
 @pytest.mark.parametrize("device, dimension, sites, backend", [
