@@ -114,6 +114,8 @@ class RunReport:
     """Mean step seconds (step_seconds) over the iterations after the first."""
     samples: tuple[int, ...] = ()
     """Sequences per replica per iteration (--batch-shares)."""
+    global_updates: int | None = None
+    """Asynchronous outer updates: the replica outer gradients the final global model holds (None otherwise)."""
 
     @property
     def losses(self) -> list[float]:
@@ -323,6 +325,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                      validation=tuple(validation), replica_validation=tuple(replica_validation), uneven=uneven,
                      boundaries=tuple(records[0].get("boundaries", ())) if records else (),
                      compute_fraction=slot_compute_fraction(config, by_step), samples=samples,
+                     global_updates=max((int(r["global_updates"]) for r in records if "global_updates" in r),
+                                        default=None),
                      step_s=(progress.progress_step_s(records, config.run.steps) if uneven else
                              float(np.mean([step_seconds(by_step[k]) for k in steady_steps(by_step)]))))
 
