@@ -23,21 +23,27 @@ With `netlab` (opt-in: root, and minutes more), two rows after those, on real sh
 NETLAB_COMM_TIMEOUT_S, since a port down raises nothing and the survivors wait out their collective):
   elastic (netlab), no failures    the reference of the next row
   elastic (netlab), partition ...  the same partitions, each the group's lab port down, then up
-Then, last (after the netlab rows, if any), two rows of adaptive local steps:
-  elastic adaptive (hetero-4x1), no failures   the adaptive recipe on mixed GPUs (ADAPTIVE_RECIPE: bench
-                                   hetero's 4 sites of 4 GPU generations, DiLoCo H = 5 with outer averaging and
-                                   int8-block, --local-steps adaptive, compute at each GPU's speed counted in CPU
-                                   seconds, links ~free as the partition rows'): the reference of the next row
+Then, last (after the netlab rows, if any), a pair of rows per entry of MIXED_GPU_ROWS: the recipes a mixed-GPU user
+gets, on bench hetero's 4 sites of 4 GPU generations (hetero-4x1), compute at each GPU's speed counted in CPU
+seconds, links ~free as the partition rows' (LINK_STATE_TIME_SCALE):
+  elastic adaptive (hetero-4x1), no failures   ADAPTIVE_RECIPE: DiLoCo H = 5 with outer averaging and int8-block,
+                                   --local-steps adaptive: the reference of the next row
   elastic adaptive (hetero-4x1), kill a site every T'   the same kills (T' a quarter of its own reference's
                                    training time): a restarted group rejoins at an outer sync and is re-balanced
+  async+ckpt (hetero-4x1), no failures   ASYNC_RECIPE (bench hetero's async row: H = 5, --outer-sync async) with a
+                                   checkpoint every `checkpoint_every` steps: the reference of the next row
+  async+ckpt restart (hetero-4x1), kill a site every T'   a worker SIGKILLed at each T' (as the sync+ckpt rows):
+                                   the run ends and is launched again with --resume from its last checkpoint
 goodput = useful samples per second of training, relative to the row's failure-free reference (the
 kill row to the first row, the partition row to the third, the sync rows to the fifth, the netlab
-partition row to the eighth, the adaptive kill row to the adaptive reference). Useful
-samples: every committed step's contributing groups' batches (a step redone after a restart counts
-once). Seconds: from the first step's start to the last commit (elastic), or from the first launch's
-first completed step to the last launch's end (sync, restarts included). recovery_s: from a failure to
-the failed unit training again (the group's rejoin; the relaunched run's first new step); for the
-partition rows from the heal.
+partition row to the eighth, each mixed-GPU kill row to its own reference). Useful samples: every
+committed step's contributing groups' batches (a step redone after a restart counts once); asynchronous
+updates: the samples in the updates the final global model holds (async_useful_samples: its replica outer
+gradients x H x the batch; an update lost with a killed run, or discarded past the run's budget, is not in it).
+Seconds: from the first step's start to the last commit (elastic), or from the first launch's first
+completed step (asynchronous: every rank's) to the last launch's end (restart rows, restarts included).
+recovery_s: from a failure to the failed unit training again (the group's rejoin; the relaunched run's
+first new step); for the partition rows from the heal.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -72,6 +79,30 @@ ADAPTIVE_RECIPE: dict[str, Any] = {**dict(OUTER_AVERAGE), "local_steps": "adapti
                                    "compute_clock": "cpu"}
 """The adaptive rows' settings (bench hetero's diloco-adaptive recipe, blocking: an elastic adaptive sync does not
 overlap). CPU seconds: this machine's load (the other runs of a loaded CI host) does not move the split."""
+ASYNC_RECIPE: dict[str, Any] = {**dict(OUTER_AVERAGE), "outer_sync": "async", "emulate_gpu_speed": True,
+                                "compute_clock": "cpu"}
+"""The asynchronous rows' settings: bench hetero's async row (H = 5, outer averaging, int8-block, a stale update at
+full weight), compute at each GPU's speed in CPU seconds as the adaptive rows'."""
+
+
+@dataclass(frozen=True)
+class MixedGpuRows:
+    """A pair of rows of one recipe on ADAPTIVE_CLUSTER: `name` without failures (the reference), then `killed_name`
+    (default `name`) with a site killed every T' (a quarter of the reference's training seconds): an elastic run's
+    kill-site chaos if `elastic`, else a worker SIGKILLed and the run relaunched with --resume (sync_row)."""
+
+    name: str
+    recipe: Mapping[str, Any]
+    elastic: bool
+    killed_name: str | None = None
+
+
+MIXED_GPU_ROWS: tuple[MixedGpuRows, ...] = (
+    MixedGpuRows("elastic adaptive", ADAPTIVE_RECIPE, elastic=True),
+    MixedGpuRows("async+ckpt", ASYNC_RECIPE, elastic=False, killed_name="async+ckpt restart"),
+)
+"""The mixed-GPU row pairs, in order (an elastic asynchronous pair, once `train --elastic` runs --outer-sync async:
+MixedGpuRows("elastic async", ASYNC_RECIPE, elastic=True))."""
 
 
 class ChaosBenchError(GeotrainError, ValueError):
@@ -124,6 +155,12 @@ def goodput(samples: int, seconds: float, reference_samples: int, reference_seco
     return (samples / seconds) / (reference_samples / reference_seconds)
 
 
+def async_useful_samples(global_updates: int, sync_every: int, batch_size: int) -> int:
+    """Samples in an asynchronous run's final global model: `global_updates` replica outer gradients, each `sync_every`
+    inner steps of `batch_size` sequences."""
+    return global_updates * sync_every * batch_size
+
+
 def _settings(config: ChaosBenchConfig, elastic: bool, **more: Any) -> dict[str, Any]:
     common = {"steps": config.steps, "batch_size": config.batch_size, "microbatches": 1, "seq_len": config.seq_len,
               "model_name": config.model, "seed": config.seed, "time_scale": 0.0, "eval_every": config.steps,
@@ -145,16 +182,16 @@ def _runtime_config(config: ChaosBenchConfig, elastic: bool, label: str, cluster
                             **_settings(config, elastic, **more))
 
 
-def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any,
-                time_scale: float = 0.0, netlab: bool = False, adaptive: bool = False) -> tuple[ChaosRow, Any]:
-    """An elastic run with `chaos` (None: no failures), in a netlab if `netlab`, the adaptive recipe on mixed GPUs
-    if `adaptive` (ADAPTIVE_RECIPE on ADAPTIVE_CLUSTER); the row's failures are kills plus partitions."""
+def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens: Any, time_scale: float = 0.0,
+                netlab: bool = False, recipe: Mapping[str, Any] | None = None) -> tuple[ChaosRow, Any]:
+    """An elastic run with `chaos` (None: no failures), in a netlab if `netlab`, the settings `recipe` on mixed GPUs
+    (ADAPTIVE_CLUSTER) if given; the row's failures are kills plus partitions."""
     from geotrain.observe.run import recording
     from geotrain.runtime.elastic.launch import launch_elastic
 
     lab = {"netlab": True, "comm_timeout_s": NETLAB_COMM_TIMEOUT_S} if netlab else {}
-    recipe = {"cluster_name": ADAPTIVE_CLUSTER, **ADAPTIVE_RECIPE} if adaptive else {}
-    run = _runtime_config(config, True, label, chaos=chaos, time_scale=time_scale, **lab, **recipe)
+    mixed = {} if recipe is None else {"cluster_name": ADAPTIVE_CLUSTER, **recipe}
+    run = _runtime_config(config, True, label, chaos=chaos, time_scale=time_scale, **lab, **mixed)
     with recording(run):
         summary = launch_elastic(run, tokens=tokens)
     return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s + summary.partition_recovery_s,
@@ -170,29 +207,40 @@ def _worker_pid(rank: int) -> int | None:
 
 
 def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], tokens: Any,
-             ckpt_dir: Path, hold_s: float = 0.0) -> ChaosRow:
-    """The synchronous runtime with checkpoints; a worker SIGKILLed at each of `kill_times_s` (seconds after
+             ckpt_dir: Path, hold_s: float = 0.0, recipe: Mapping[str, Any] | None = None) -> ChaosRow:
+    """The runtime (not elastic) with checkpoints; a worker SIGKILLed at each of `kill_times_s` (seconds after
     the first completed step), the run then launched again with --resume (from scratch if no checkpoint),
     `hold_s` seconds after the kill at the earliest (a partition: the site is unreachable until it heals).
-    With config.run_dir every launch of the row writes its one run directory (a relaunch adds its "resume")."""
+    `recipe`: its settings on mixed GPUs (ADAPTIVE_CLUSTER, links ~free: LINK_STATE_TIME_SCALE), else the
+    config's synchronous run. With config.run_dir every launch of the row writes its one run directory (a
+    relaunch adds its "resume")."""
     from geotrain.observe.run import recording
     from geotrain.procs import WorkerFailure
     from geotrain.runtime import latest_step, launch
     from geotrain.runtime.elastic.chaos import kill_schedule, parse_chaos
 
+    mixed = {} if recipe is None else {"cluster_name": ADAPTIVE_CLUSTER, "time_scale": LINK_STATE_TIME_SCALE,
+                                       **recipe}
     base = _runtime_config(config, False, label, checkpoint_dir=str(ckpt_dir), checkpoint_every=config.checkpoint_every,
-                           overwrite=True)
+                           overwrite=True, **mixed)
     kills = kill_schedule(parse_chaos(f"kill-site:every=1s,count={max(1, len(kill_times_s))}"), base.replicas,
                           config.seed)
-    state: dict[str, Any] = {"t0": None, "resumed_at": 0, "killed_at": None, "recovery": [], "launches": 0}
+    state: dict[str, Any] = {"t0": None, "resumed_at": 0, "killed_at": None, "recovery": [], "launches": 0,
+                             "started_at": None}
 
     def progress(done: int, total: int) -> None:
         now = time.monotonic()
         if state["t0"] is None and done > 0:
             state["t0"] = now
         killed = state["killed_at"]
-        if killed is not None and state["launches"] > killed[1] and done > state["resumed_at"]:
-            state["recovery"].append(now - killed[0])  # the relaunched run's first new step
+        if killed is None or state["launches"] <= killed[1] or done == 0:
+            return
+        # the relaunched run's first new step: its least rank's count moves off where every rank started (the
+        # checkpoint's step; an asynchronous rank's own steps), or a run from scratch steps once
+        if state["started_at"] is None and state["resumed_at"]:
+            state["started_at"] = done
+        elif state["started_at"] is None or done != state["started_at"]:
+            state["recovery"].append(now - killed[0])
             state["killed_at"] = None
 
     stop = threading.Event()
@@ -224,18 +272,44 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
                 failures += 1
                 restarts += 1
                 resumed = latest_step(str(ckpt_dir))
-                state["resumed_at"] = resumed or 0
+                state["resumed_at"], state["started_at"] = resumed or 0, None
                 checkpoint = replace(base.checkpoint, resume=resumed is not None, overwrite=resumed is None)
                 run = replace(base, checkpoint=checkpoint)
     seconds = time.monotonic() - state["t0"]
     val = report.validation[-1][1] if report.validation else None
-    samples = config.steps * config.batch_size * base.replicas
+    samples = (config.steps * config.batch_size * base.replicas if report.global_updates is None
+               else async_useful_samples(report.global_updates, base.optim.sync_every or 1, config.batch_size))
     return ChaosRow(label, 1.0, config.steps, restarts, restarts, state["recovery"], val, seconds, samples, failures)
 
 
+def mixed_gpu_pair(rows: MixedGpuRows, config: ChaosBenchConfig, tokens: Any, ckpt_dir: Path,
+                   note: Callable[[str], None]) -> list[tuple[ChaosRow, ChaosRow]]:
+    """The (row, reference) pairs of `rows` (MixedGpuRows): its failure-free reference, then `config.kills` sites
+    killed every T' (a quarter of the reference's training seconds); restart rows checkpoint under `ckpt_dir`."""
+    where = f"({ADAPTIVE_CLUSTER})"
+    killed_name = rows.killed_name or rows.name
+    note(f"{rows.name} (mixed GPUs), no failures")
+    if rows.elastic:
+        reference, _ = elastic_row(f"{rows.name} {where}, no failures", config, None, tokens, LINK_STATE_TIME_SCALE,
+                                   recipe=rows.recipe)
+    else:
+        reference = sync_row(f"{rows.name} {where}, no failures", config, [], tokens, ckpt_dir / "reference",
+                             recipe=rows.recipe)
+    every_s = max(reference.train_s / 4, 1.0)
+    label = f"{killed_name} {where}, kill a site every {every_s:.1f} s"
+    note(f"{killed_name} (mixed GPUs), kill a site every T")
+    if rows.elastic:
+        killed, _ = elastic_row(label, config, f"kill-site:every={every_s:.3f}s,count={config.kills}", tokens,
+                                LINK_STATE_TIME_SCALE, recipe=rows.recipe)
+    else:
+        killed = sync_row(label, config, [every_s * (k + 1) for k in range(config.kills)], tokens, ckpt_dir / "killed",
+                          recipe=rows.recipe)
+    return [(reference, reference), (killed, reference)]
+
+
 def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[ChaosRow]:
-    """The nine rows of the module doc (eleven with `config.netlab`: the netlab rows before the adaptive ones), in
-    order; `progress(label)` before each."""
+    """The rows of the module doc (the netlab rows with `config.netlab`, before the mixed-GPU ones), in order;
+    `progress(label)` before each."""
     from geotrain.data import world_tokens
 
     tokens = world_tokens(0)
@@ -270,15 +344,9 @@ def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[Chao
         note("elastic (netlab), partition a site every T for T/2")
         lab_cut, _ = elastic_row(f"elastic (netlab), {cut_label}", config, cut_spec, tokens, netlab=True)
         pairs += [(lab_reference, lab_reference), (lab_cut, lab_reference)]
-    note("elastic adaptive (mixed GPUs), no failures")
-    mixed, _ = elastic_row(f"elastic adaptive ({ADAPTIVE_CLUSTER}), no failures", config, None, tokens,
-                           LINK_STATE_TIME_SCALE, adaptive=True)
-    mixed_every_s = max(mixed.train_s / 4, 1.0)
-    note("elastic adaptive (mixed GPUs), kill a site every T")
-    mixed_killed, _ = elastic_row(f"elastic adaptive ({ADAPTIVE_CLUSTER}), kill a site every {mixed_every_s:.1f} s",
-                                  config, f"kill-site:every={mixed_every_s:.3f}s,count={config.kills}", tokens,
-                                  LINK_STATE_TIME_SCALE, adaptive=True)
-    pairs += [(mixed, mixed), (mixed_killed, mixed)]
+    with tempfile.TemporaryDirectory(prefix="geotrain-bench-chaos-") as tmp:
+        for index, rows in enumerate(MIXED_GPU_ROWS):
+            pairs += mixed_gpu_pair(rows, config, tokens, Path(tmp) / str(index), note)
     rows = []
     for row, ref in pairs:
         rows.append(replace(row, goodput=goodput(row.samples, row.train_s, ref.samples, ref.train_s)))

@@ -24,9 +24,15 @@ from geotrain.observe.rundir import (CREATED_MARKER, DEFAULT_ROOT, NO_RUN_DIR, R
 
 def add_bench_run_dir(parser: Any) -> None:
     """A bench's --run-dir: one run directory per row under DIR (geotrain.observe.run.row_run_dir)."""
-    parser.add_argument("--run-dir", default=None, metavar="DIR", type=_directory_text,
+    parser.add_argument("--run-dir", default=None, metavar="DIR", type=_bench_directory,
                         help="write each row's run directory (per-rank metrics, trace.json, TensorBoard; read one with "
-                             "`geotrain report DIR/<row>`) under DIR, named by the row (default: none)")
+                             f"`geotrain report DIR/<row>`) under DIR, named by the row ('{NO_RUN_DIR}', the default: "
+                             "none, as train's --run-dir none)")
+
+
+def _bench_directory(text: str) -> str | None:
+    """A bench's --run-dir: None for 'none' (no run directory, as `train --run-dir none`), else a directory path."""
+    return None if text == NO_RUN_DIR else _directory_text(text)
 
 
 def _directory_text(text: str) -> str:

@@ -38,14 +38,34 @@ DEVICE_KEY = "geotrain-emulate/device/"
 """Store key prefix under which each quorum member posts the cluster device it emulates."""
 
 
+class _Released:
+    """What a TorchftEmulatedGroup holds once aborted or shut down: any use is an error."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise EmulationError(f"TorchftEmulatedGroup: {name} on a group torchft aborted or shut down (a new "
+                             f"quorum's group replaces it)")
+
+
 class TorchftEmulatedGroup(EmulatedProcessGroup):
-    """An emulated group torchft can reconfigure: `abort` / `shutdown` reach the real gloo group."""
+    """An emulated group torchft can reconfigure: `abort` / `shutdown` reach the real gloo group and release it.
+
+    Released, because gloo's abort leaves the group's connections open: torchft drops its group there and plain
+    gloo closes them when it is freed, which is how a member still blocked in a collective with this process (its
+    ring neighbour alive, the dead member elsewhere) learns at once that the collective failed. Held on (the
+    TorchftGroups keeps this group for its records), that member waited out its --comm-timeout (120 s by default;
+    4 groups, one SIGKILLed: 20.0 s at a 20 s timeout held, 0.08 s released)."""
 
     def abort(self) -> None:
-        getattr(self._inner, "abort", lambda: None)()
+        self._release("abort")
 
     def shutdown(self) -> None:
-        getattr(self._inner, "shutdown", lambda: None)()
+        self._release("shutdown")
+
+    def _release(self, how: str) -> None:
+        inner, self._inner = self._inner, _Released()
+        self._pending.clear()  # their works hold the gloo context too
+        if not isinstance(inner, _Released):
+            getattr(inner, how, lambda: None)()
 
 
 class TorchftGroups:

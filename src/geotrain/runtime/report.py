@@ -117,6 +117,8 @@ class RunReport:
     """Sequences per replica per iteration (--batch-shares)."""
     memory: dict[str, Any] | None = None
     """What each rank held at the end beside the planner's state per device (runtime.memory_use.memory_summary)."""
+    global_updates: int | None = None
+    """Asynchronous outer updates: the replica outer gradients the final global model holds (None otherwise)."""
 
     @property
     def losses(self) -> list[float]:
@@ -332,6 +334,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                          config.comm.error_feedback and any(str(codec) != "none" for codec in
                                                             (*config.comm.dp_codecs, config.comm.dp_codec)),
                          config.schedule.batch_size * replicas)),
+                     global_updates=max((int(r["global_updates"]) for r in records if "global_updates" in r),
+                                        default=None),
                      step_s=(progress.progress_step_s(records, config.run.steps) if uneven else
                              float(np.mean([step_seconds(by_step[k]) for k in steady_steps(by_step)]))))
 

@@ -405,6 +405,17 @@ def start_line(worker: Worker) -> None:
     worker.transport.take_records()
 
 
+def warm_codecs(config: RuntimeConfig) -> None:
+    """Load the compiled kernels of every codec the run uses now, before the rendezvous (and so before the watchdog
+    starts): numba's loading holds the GIL (~0.5 s of CPU per process, seconds on a loaded host), and done later, in
+    set-up, it kept this rank's heartbeat thread from beating past a short --heartbeat-timeout (bench chaos's 1.5 s:
+    peers ended the run, "lost rank r ... its last completed step: none"). Set-up's own warm_up is then a no-op."""
+    comm = config.comm
+    specs = {str(spec): spec for spec in (*(comm.dp_codecs or (comm.dp_codec,)), *(comm.pp_codecs or (comm.pp_codec,)))}
+    for spec in specs.values():
+        spec.build().warm_up()
+
+
 def _train(config: RuntimeConfig, rank: int, watchdog: Watchdog, worker_box: list[Worker], device: torch.device,
            emulation: Emulation | None, world: WorldTokens | None,
            observer: NullObserver) -> list[dict[str, Any]] | None:
@@ -625,6 +636,7 @@ def run_worker(config: RuntimeConfig, world: WorldTokens | None = None) -> list[
         emulation = use_emulated_links(config.cluster, config.layout, config.emulation.time_scale,
                                        config.emulation.compute_clock,
                                        config.compute_scale())
+    warm_codecs(config)
     try:
         # on CUDA, NCCL moves the GPU tensors (activations, gradients) and gloo the host ones (the codecs'
         # buffers, the clipping norm's scalar)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from geotrain.bench.chaos import ChaosBenchConfig, ChaosBenchError, goodput
+from geotrain.bench.chaos import ChaosBenchConfig, ChaosBenchError, async_useful_samples, goodput
 
 
 def test_goodput_is_samples_per_second_relative_to_the_reference():
@@ -20,22 +20,23 @@ def test_counts_below_one_are_refused_naming_the_option(key):
 
 
 def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every_quarter(monkeypatch):
-    """The nine rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
-    kill every T = a quarter of the reference's training seconds; goodput uses each row's reference; the last two
-    are the adaptive recipe on mixed GPUs (its own reference and kill rate)."""
+    """The eleven rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
+    kill every T = a quarter of the reference's training seconds; goodput uses each row's reference; the last four
+    are the adaptive recipe (elastic) and asynchronous updates (checkpoint restarts) on mixed GPUs, each pair with its
+    own reference and kill rate."""
     import geotrain.bench.chaos as chaos
     import geotrain.data
 
     asked = []
 
-    def elastic_row(label, config, spec, tokens, time_scale=0.0, adaptive=False):
-        asked.append(("elastic", spec, time_scale) + (("adaptive",) if adaptive else ()))
+    def elastic_row(label, config, spec, tokens, time_scale=0.0, recipe=None):
+        asked.append(("elastic", spec, time_scale) + ((recipe["local_steps"],) if recipe else ()))
         seconds = 80.0 if spec is None else 100.0
         return chaos.ChaosRow(label, 1.0, config.steps, 0, 0 if spec is None else 3, [], 2.0, seconds, 6400, 0), None
 
-    def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0):
-        asked.append(("sync", kill_times_s, hold_s))
-        seconds = 90.0 if not kill_times_s else 150.0
+    def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0, recipe=None):
+        asked.append(("sync", kill_times_s, hold_s) + ((recipe["outer_sync"],) if recipe else ()))
+        seconds = (90.0 if not kill_times_s else 150.0) if recipe is None else (40.0 if not kill_times_s else 50.0)
         return chaos.ChaosRow(label, 1.0, config.steps, len(kill_times_s), len(kill_times_s), [], 2.0, seconds, 6400,
                               len(kill_times_s))
 
@@ -51,10 +52,13 @@ def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every
     assert asked[5] == ("sync", [20.0, 40.0, 60.0], 0.0)
     assert asked[6] == ("sync", [20.0, 40.0, 60.0], 10.0)  # relaunched once the partition heals
     assert asked[7:] == [("elastic", None, chaos.LINK_STATE_TIME_SCALE, "adaptive"),
-                         ("elastic", "kill-site:every=20.000s,count=3", chaos.LINK_STATE_TIME_SCALE, "adaptive")]
+                         ("elastic", "kill-site:every=20.000s,count=3", chaos.LINK_STATE_TIME_SCALE, "adaptive"),
+                         ("sync", [], 0.0, "async"), ("sync", [10.0, 20.0, 30.0], 0.0, "async")]
     assert rows[7].label == "elastic adaptive (hetero-4x1), no failures"
-    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6, 1.0, 0.8])
-    assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3, 0, 0]
+    assert rows[9].label == "async+ckpt (hetero-4x1), no failures"
+    assert rows[10].label == "async+ckpt restart (hetero-4x1), kill a site every 10.0 s"
+    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6, 1.0, 0.8, 1.0, 0.8])
+    assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 3]
 
 
 def test_netlab_adds_two_rows_on_real_links_with_goodput_against_the_netlab_reference(monkeypatch):
@@ -65,20 +69,83 @@ def test_netlab_adds_two_rows_on_real_links_with_goodput_against_the_netlab_refe
 
     asked = []
 
-    def elastic_row(label, config, spec, tokens, time_scale=0.0, netlab=False, adaptive=False):
+    def elastic_row(label, config, spec, tokens, time_scale=0.0, netlab=False, recipe=None):
         asked.append((spec, netlab))
         seconds = {(None, False): 80.0, (None, True): 120.0}.get((spec, netlab), 150.0)
         return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, seconds, 6400, 0), None
 
-    def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0):
+    def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0, recipe=None):
         return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, 90.0, 6400, 0)
 
     monkeypatch.setattr(chaos, "elastic_row", elastic_row)
     monkeypatch.setattr(chaos, "sync_row", sync_row)
     monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
     rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=2, netlab=True))
-    assert len(rows) == 11 and rows[0].label == "elastic, no failures"
+    assert len(rows) == 13 and rows[0].label == "elastic, no failures"
     assert asked[4:6] == [(None, True), ("partition:every=20.000s,for=10.000s,count=2", True)]
     assert rows[7].label == "elastic (netlab), no failures" and rows[8].label.startswith("elastic (netlab), partition")
     assert [r.goodput for r in rows[7:9]] == pytest.approx([1.0, 0.8])
-    assert len(chaos.run_chaos_bench(ChaosBenchConfig(kills=2))) == 9  # opt-in
+    assert len(chaos.run_chaos_bench(ChaosBenchConfig(kills=2))) == 11  # opt-in
+
+
+def test_async_useful_samples_are_the_final_global_models_updates_times_h_times_the_batch():
+    # 4 replicas, 60 steps at H = 5: the budget's 48 outer gradients of 5 steps x 4 sequences
+    assert async_useful_samples(48, 5, 4) == 960 == 60 * 4 * 4
+    # a run restarted from a checkpoint whose final model holds fewer updates counts only those
+    assert async_useful_samples(47, 5, 4) == 940
+
+
+def test_a_mixed_gpu_entry_adds_its_pair_of_rows_against_its_own_reference(monkeypatch):
+    """One more MixedGpuRows entry (e.g. elastic async) is one more pair of rows: its reference, then kills every T'
+    (a quarter of that reference's seconds), goodput against it."""
+    import geotrain.bench.chaos as chaos
+    import geotrain.data
+
+    asked = []
+
+    def elastic_row(label, config, spec, tokens, time_scale=0.0, netlab=False, recipe=None):
+        asked.append((label, spec, recipe and recipe.get("outer_sync")))
+        seconds = 80.0 if spec is None else 100.0
+        return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, seconds, 6400 if spec is None else 6000, 0), None
+
+    def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0, recipe=None):
+        return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, 90.0, 6400, 0)
+
+    monkeypatch.setattr(chaos, "elastic_row", elastic_row)
+    monkeypatch.setattr(chaos, "sync_row", sync_row)
+    monkeypatch.setattr(chaos, "MIXED_GPU_ROWS", (*chaos.MIXED_GPU_ROWS,
+                                                  chaos.MixedGpuRows("elastic async", chaos.ASYNC_RECIPE, True)))
+    monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
+    rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=2))
+    assert len(rows) == 13
+    assert asked[-2:] == [("elastic async (hetero-4x1), no failures", None, "async"),
+                          ("elastic async (hetero-4x1), kill a site every 20.0 s", "kill-site:every=20.000s,count=2",
+                           "async")]
+    assert rows[-1].goodput == pytest.approx((6000 / 100.0) / (6400 / 80.0))
+
+
+def test_an_asynchronous_restart_row_counts_the_final_global_models_samples(monkeypatch, tmp_path):
+    """sync_row with ASYNC_RECIPE: useful samples are the final global model's updates x H x the batch (the run's
+    report), not steps x batch x replicas; a synchronous row's are the latter."""
+    from types import SimpleNamespace
+
+    import geotrain.bench.chaos as chaos
+    import geotrain.runtime
+
+    updates = {"value": 47}
+    launched = []
+
+    def launch(run, progress=None, tokens=None):
+        launched.append(run)
+        progress(0, run.run.steps)
+        progress(1, run.run.steps)
+        return SimpleNamespace(report=SimpleNamespace(global_updates=updates["value"], validation=((60, 2.5),)))
+
+    monkeypatch.setattr(geotrain.runtime, "launch", launch)
+    config = ChaosBenchConfig(steps=60)
+    row = chaos.sync_row("async", config, [], None, tmp_path / "a", recipe=chaos.ASYNC_RECIPE)
+    assert launched[0].optim.outer_sync == "async" and launched[0].optim.sync_every == 5
+    assert launched[0].cluster.name == "hetero-4x1"
+    assert row.samples == 47 * 5 * config.batch_size and row.val_loss == 2.5
+    updates["value"] = None
+    assert chaos.sync_row("sync", config, [], None, tmp_path / "b").samples == 60 * config.batch_size * 4
