@@ -101,8 +101,10 @@ MIXED_GPU_ROWS: tuple[MixedGpuRows, ...] = (
     MixedGpuRows("elastic adaptive", ADAPTIVE_RECIPE, elastic=True),
     MixedGpuRows("async+ckpt", ASYNC_RECIPE, elastic=False, killed_name="async+ckpt restart"),
 )
-"""The mixed-GPU row pairs, in order (an elastic asynchronous pair, once `train --elastic` runs --outer-sync async:
-MixedGpuRows("elastic async", ASYNC_RECIPE, elastic=True))."""
+"""The mixed-GPU row pairs, in order. An elastic asynchronous pair would be MixedGpuRows("elastic async", ASYNC_RECIPE,
+elastic=True), once elastic async runs on emulated links: these rows run each GPU's speed on the emulating backend
+(LINK_STATE_TIME_SCALE), and `train --elastic --outer-sync async` refuses link emulation (its groups talk over TCP,
+runtime/elastic/async_group.py)."""
 
 
 class ChaosBenchError(GeotrainError, ValueError):
