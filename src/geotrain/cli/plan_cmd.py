@@ -364,7 +364,7 @@ def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, pr
 def devices_by_memory(args: Any, cluster: Cluster, job: Job, model: CostModel,
                       sharding: Sharding | None = None) -> tuple[Cluster, CostModel, np.ndarray | None]:
     """A fixed layout: the devices whose memory holds a stage (plan_recipe.layout_memory_bytes; with
-    --wan-recipe auto the outer optimizer's state too). All of them: `cluster` and `model` as they were and no
+    --wan-recipe auto the outer sync's state too). All of them: `cluster` and `model` as they were and no
     index map; some: the cluster of those devices, its cost model and their indices (a note on stderr names the
     devices left out); fewer than S x R: refused in one line, except for the seed's default job (DEFAULT_JOB: a
     stand-in, not the user's model), where one note says so and the plan goes on."""

@@ -8,17 +8,15 @@ One home for the recipe's planning, used by a fixed layout (cli/plan_cmd.py) and
   are ranked by (the recipe's step times its staleness charge, or the shares' step where they win).
 - `layout_memory_bytes`: what one device of a stage holds (weights, gradients, AdamW state, under a recipe also
   the outer sync's anchor, momentum and error-feedback residual, cost.memory.RECIPE_OUTER_BYTES_PER_PARAM, plus one
-  sequence's
-  activations: the least any micro-batching needs), `devices_that_fit` and `too_few_devices` (the one line
-  naming the devices that fall short and their memory).
+  sequence's activations: the least any micro-batching needs), `devices_that_fit` and `too_few_devices` (the one
+  line naming the devices that fall short and their memory).
 """
 
 from __future__ import annotations
 
-from collections import Counter
-
 import argparse
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,8 +184,8 @@ def recipe_documents(cluster: Cluster, assignment: Any, priced: PricedRecipe) ->
 
 def layout_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, recipe: bool = True) -> float:
     """Bytes the busiest device of an S x R layout holds: mixed-precision AdamW state (under a recipe, `recipe`,
-    plus the outer sync's fp32 anchor, momentum and error-feedback residual) for its stage's parameters, and one sequence's
-    activations per micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch
+    plus the outer sync's fp32 anchor, momentum and error-feedback residual) for its stage's parameters, and one
+    sequence's activations per micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch
     needs); `shards`: K devices per slot sharing it (FSDP2, cost.memory's sharded states)."""
     per_replica = max(1, job.global_batch // replicas)
     outer = RECIPE_OUTER_BYTES_PER_PARAM if recipe else 0.0
@@ -202,7 +200,7 @@ def devices_that_fit(cluster: Cluster, need_bytes: float) -> np.ndarray:
 
 def too_few_devices(cluster: Cluster, need_bytes: float, fit: np.ndarray, what: str, recipe: bool = True) -> str:
     """The one line saying that only `fit` of the devices hold `need_bytes`, naming the others' GPUs and memory.
-    `what`: the layout, for the message; `recipe`: the need counts the outer optimizer's state."""
+    `what`: the layout, for the message; `recipe`: the need counts the outer sync's state."""
     capacity = cluster.memory_bytes
     kinds = Counter((cluster.gpus[d], float(capacity[d])) for d in np.flatnonzero(capacity < need_bytes))
     named = ", ".join(f"{gpu} ({memory_text(memory)}) x{count}"

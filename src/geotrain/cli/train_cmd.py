@@ -3,9 +3,9 @@ model's prediction with the measured communication.
 
 With --json, stdout is ONE JSON object: {"elastic", "plan", "stages", "replicas", "assignment", "losses",
 "summary": {"first_loss", "final_loss", "replicas_in_sync", "iteration_s", "compute_s", "comm_measured_s",
-"comm_predicted_s", "error_pct", "memory": {"per_rank": [{"rank", "weights", "gradients", "optimizer", "sync", "state",
-"peak_rss", "predicted_state"}...] in bytes, "predicted_state_per_stage", "state_error_pct"}, ...}, "prediction", "bytes", "iterations": [...], "validation": [{"step",
-"loss"}...], "config", "wall_s"}; seconds are wall seconds of the emulated run (already multiplied by
+"comm_predicted_s", "error_pct", "memory": {"per_rank": [{"rank", "weights", "gradients", "optimizer", "sync",
+"state", "peak_rss", "peak_device", "predicted_state"}...] in bytes, "predicted_state_per_stage", "state_error_pct"},
+...}, "prediction", "bytes", "iterations": [...], "validation": [{"step", "loss"}...], "config", "wall_s"}; seconds are wall seconds of the emulated run (already multiplied by
 --time-scale). An --elastic run has the same layout (TRAIN_JSON_KEYS; its summary holds the elastic facts:
 replica_failures, rejoins, global_restarts, recovery_s, ...) with "group_records" and "events" in place of
 "prediction", "bytes" and "iterations".

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -153,10 +154,15 @@ class Cluster:
 
     @property
     def memory_bytes(self) -> np.ndarray:
-        """(N,) GPU memory per device in bytes: the file's `memory_gib` x 2**30 where given, else the GPU type's
-        (geotrain.cluster.gpus.gpu_memory_bytes; UnknownGpuError for a device of unknown type without one)."""
-        return np.array([gib * 2.0**30 if not math.isnan(gib) else gpu_memory_bytes(gpu)
-                         for gib, gpu in zip(self.memory_gib.tolist(), self.gpus)])
+        """(N,) GPU memory per device in bytes (memory_bytes_of every device)."""
+        return self.memory_bytes_of(range(self.n_devices))
+
+    def memory_bytes_of(self, devices: Iterable[int]) -> np.ndarray:
+        """GPU memory of `devices` in bytes, in their order: the file's `memory_gib` x 2**30 where given, else the
+        GPU type's (geotrain.cluster.gpus.gpu_memory_bytes; UnknownGpuError for a device of unknown type without
+        one)."""
+        return np.array([self.memory_gib[d] * 2.0**30 if not math.isnan(self.memory_gib[d])
+                         else gpu_memory_bytes(self.gpus[d]) for d in map(int, devices)], dtype=np.float64)
 
     @property
     def has_hosts(self) -> bool:

@@ -117,12 +117,11 @@ def slot_cluster(cluster: Cluster, slots: np.ndarray) -> Cluster:
 def _slot_memory_gib(cluster: Cluster, slots: np.ndarray) -> np.ndarray:
     """(n,) per slot: the smallest memory of its devices in GiB where one of them gives `memory_gib`, else NaN (the
     slot's GPU type's datasheet)."""
-    given = cluster.memory_gib[slots]
-    limited = ~np.isnan(given).all(axis=-1)
+    limited = ~np.isnan(cluster.memory_gib[slots]).all(axis=-1)
     memory = np.full(len(slots), np.nan)
     if limited.any():
-        memory[limited] = restrict_cluster(cluster, np.unique(slots[limited])).memory_bytes[
-            np.searchsorted(np.unique(slots[limited]), slots[limited])].min(axis=-1) / 2.0**30
+        each = cluster.memory_bytes_of(slots[limited].ravel()).reshape(-1, slots.shape[1])
+        memory[limited] = each.min(axis=-1) / 2.0**30
     return memory
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from geotrain.optim.shards import local_shard
 from geotrain.runtime.shard_state import local_state
 
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "sync", "state", "peak_rss", "peak_device")
@@ -54,8 +55,7 @@ def tensor_bytes(tensors: Iterable[torch.Tensor], seen: set[int] | None = None) 
     seen = set() if seen is None else seen
     total = 0
     for tensor in tensors:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        storage = local.untyped_storage()
+        storage = local_shard(tensor).untyped_storage()
         key = storage.data_ptr()
         if storage.nbytes() == 0 or key in seen:
             continue
@@ -103,6 +103,24 @@ def predicted_state_bytes(model_name: str, stages: int, shards: int, outer: bool
                  + (OUTER_RESIDUAL_BYTES_PER_PARAM if residual else 0.0))
     params = stage_params(model_job(global_batch, model_name), stages)
     return [float(p) * per_param / shards for p in params]
+
+
+def config_state_bytes(config: Any) -> list[float] | None:
+    """predicted_state_bytes for the run of RuntimeConfig `config`: its model, stages and shards, DiLoCo's anchor with
+    --sync-every and its momentum where --outer-momentum > 0, and per stage a residual where its DP codec is lossy
+    and error feedback is on (geotrain.codecs.Codec.exact: an exact codec keeps none)."""
+    optim, comm = config.optim, config.comm
+    outer = optim.sync_every is not None
+    per_stage = []
+    for stage in range(config.stages):
+        residual = comm.error_feedback and not comm.stage_dp_codec(stage).build().exact
+        predicted = predicted_state_bytes(config.model.model_name, config.stages, config.layout.k, outer,
+                                          outer and optim.outer_momentum > 0, residual,
+                                          config.schedule.batch_size * config.replicas)
+        if predicted is None:
+            return None
+        per_stage.append(predicted[stage])
+    return per_stage
 
 
 def memory_summary(records: Sequence[dict[str, Any]], predicted: list[float] | None) -> dict[str, Any] | None:

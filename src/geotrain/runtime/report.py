@@ -34,7 +34,7 @@ import numpy as np
 from geotrain.runtime import report_progress as progress
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.links import busy_seconds
-from geotrain.runtime.memory_use import memory_summary, predicted_state_bytes
+from geotrain.runtime.memory_use import config_state_bytes, memory_summary
 from geotrain.runtime.predict import ITERATION_MODELS, CommPrediction, predict_comm, predict_iteration_s, sync_rate
 
 
@@ -328,12 +328,7 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
                      validation=tuple(validation), replica_validation=tuple(replica_validation), uneven=uneven,
                      boundaries=tuple(records[0].get("boundaries", ())) if records else (),
                      compute_fraction=slot_compute_fraction(config, by_step), samples=samples,
-                     memory=memory_summary(records, predicted_state_bytes(
-                         config.model.model_name, stages, config.layout.k, config.optim.sync_every is not None,
-                         config.optim.outer_momentum > 0,
-                         config.comm.error_feedback and any(str(codec) != "none" for codec in
-                                                            (*config.comm.dp_codecs, config.comm.dp_codec)),
-                         config.schedule.batch_size * replicas)),
+                     memory=memory_summary(records, config_state_bytes(config)),
                      global_updates=max((int(r["global_updates"]) for r in records if "global_updates" in r),
                                         default=None),
                      step_s=(progress.progress_step_s(records, config.run.steps) if uneven else
