@@ -52,8 +52,10 @@ def _worker_entry(fn: Callable[..., Any], rank: int, world_size: int, store_path
 
     torch.set_num_threads(1)  # the workers share the machine's cores; one thread each is deterministic too
     try:
+        timeout = datetime.timedelta(seconds=collective_timeout_s)
         dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=collective_timeout_s))
+                                timeout=timeout)
+        _wait_for_every_rank(f"{store_path}.ready", world_size, timeout)
         value = fn(rank, world_size, *args)
         results.put((rank, "ok", pickle.dumps(value)))
     except BaseException:  # noqa: BLE001 - report everything, including SystemExit, to the launcher
@@ -66,6 +68,20 @@ def _worker_entry(fn: Callable[..., Any], rank: int, world_size: int, store_path
             dist.destroy_process_group()
     results.close()
     results.join_thread()
+
+
+def _wait_for_every_rank(path: str, world_size: int, timeout: datetime.timedelta) -> None:
+    """Return once every rank has come out of init_process_group. gloo's full mesh is connected when a rank's
+    own init returns, not yet its peers': a rank whose function returns at once would otherwise destroy its group
+    while a peer still connects ("Connection closed by peer"). Through a store of its own, not a collective, so
+    that no emulated link's clock counts it."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(path, world_size)
+    store.set_timeout(timeout)
+    if store.add("arrived", 1) == world_size:
+        store.set("everyone", "1")
+    store.wait(["everyone"])
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (), *, timeout_s: float = 120.0,
