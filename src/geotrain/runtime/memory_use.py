@@ -4,8 +4,8 @@ Measured per rank (bytes, `rank_memory`, called once after the last step):
   weights    this rank's stage parameters and buffers (a sharded slot: its local shards; tied tensors once)
   gradients  the last step's gradients (set to None only at the next step's start, so still held)
   optimizer  the inner optimizer's state (AdamW's two moments and its step counters)
-  sync       the rest of the DP sync's checkpoint state: DiLoCo's anchor and outer momentum, error-feedback
-             residuals, an asynchronous server's global model
+  sync       every other tensor the DP sync holds (`held_tensors`: a walk, no copy): DiLoCo's anchor and outer
+             momentum, error-feedback residuals, exchanges in flight, an asynchronous server's global model
   state      their sum
   peak_rss   the process's peak resident set (getrusage): the interpreter, torch's libraries (about 0.36 GB
              on CPU before any model), activations and buffers in flight included: an upper bound
@@ -23,15 +23,17 @@ job's sequence; here they pass through peak_rss only).
 
 from __future__ import annotations
 
+import collections
+import functools
 import resource
 import sys
-from collections.abc import Iterable, Sequence
+import types
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 
 from geotrain.optim.shards import local_shard
-from geotrain.runtime.shard_state import local_state
 
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "sync", "state", "peak_rss", "peak_device")
 """The measured figures of a rank, in bytes (see the module doc)."""
@@ -70,20 +72,65 @@ def peak_rss_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def rank_memory(stage: torch.nn.Module, params: Sequence[torch.Tensor], sync_state: dict[str, Any],
-                device: torch.device) -> dict[str, int | None]:
-    """The measured figures of MEMORY_KEYS for a rank holding `stage` on `device`, whose DP sync's `state_dict()` is
-    `sync_state` (its "optimizer" entry: the inner optimizer's)."""
+HELD_BY = ("geotrain.sync.", "geotrain.comm.", "geotrain.optim.", "geotrain.codecs.", "torch.optim.")
+"""The modules whose objects `held_tensors` walks into: a DP sync's own machinery (exchanges, reducers, codecs and
+their residuals, outer steps, servers, the inner optimizer), not what it points back at (the worker, its data)."""
+
+
+def held_tensors(root: Any, within: tuple[str, ...] = HELD_BY) -> Iterator[torch.Tensor]:
+    """Every tensor reachable from `root` without copying any: through containers (dict keys and values, lists,
+    tuples, sets, deques), the attributes of objects whose class is defined in a module of `within`, and the
+    closures of functions and bound methods defined there (an exchange in flight holds its tensors in the
+    closure that lands it); a leaf tensor's `.grad` too. Each object once."""
+    stack, visited = [root], set()
+    while stack:
+        value = stack.pop()
+        if id(value) in visited or value is None or isinstance(value, str | bytes | int | float | bool):
+            continue
+        visited.add(id(value))
+        if isinstance(value, torch.Tensor):
+            yield value
+            if value.is_leaf and value.grad is not None:
+                stack.append(value.grad)
+        elif isinstance(value, dict):
+            stack.extend([*value.keys(), *value.values()])
+        elif isinstance(value, list | tuple | set | frozenset | collections.deque):
+            stack.extend(value)
+        elif isinstance(value, types.MethodType):
+            stack.extend([value.__self__, value.__func__])
+        elif isinstance(value, types.FunctionType | functools.partial):
+            function = value.func if isinstance(value, functools.partial) else value
+            if getattr(function, "__module__", "").startswith(within):
+                stack.extend(cell.cell_contents for cell in (function.__closure__ or ()) if _filled(cell))
+            if isinstance(value, functools.partial):
+                stack.extend([*value.args, *value.keywords.values()])
+        elif type(value).__module__.startswith(within):
+            stack.extend(vars(value).values() if hasattr(value, "__dict__") else [])
+            stack.extend(getattr(value, name) for cls in type(value).__mro__
+                         for name in getattr(cls, "__slots__", ()) if hasattr(value, name))
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
+
+
+def rank_memory(stage: torch.nn.Module, sync: Any, device: torch.device) -> dict[str, int | None]:
+    """The measured figures of MEMORY_KEYS for a rank holding `stage` on `device` with DP sync `sync` (a
+    geotrain.sync GradientSync: its `params`, its inner `optimizer`, and everything else it holds, found by
+    `held_tensors` without a copy: a rank at its memory limit can measure itself)."""
     peak = peak_rss_bytes()  # before anything below allocates
     peak_device = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     seen: set[int] = set()
     weights = tensor_bytes(_tensors(stage.state_dict()), seen)
-    gradients = tensor_bytes((p.grad for p in params if p.grad is not None), seen)
-    state = local_state(sync_state)
-    optimizer = tensor_bytes(_tensors(state.get("optimizer", {})), seen)
-    sync = tensor_bytes(_tensors({k: v for k, v in state.items() if k != "optimizer"}), seen)
-    return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "sync": sync,
-            "state": weights + gradients + optimizer + sync, "peak_rss": peak, "peak_device": peak_device}
+    gradients = tensor_bytes((p.grad for p in sync.params if p.grad is not None), seen)
+    optimizer = tensor_bytes(held_tensors(sync.optimizer.state), seen)
+    sync_bytes = tensor_bytes(held_tensors(sync), seen)
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "sync": sync_bytes,
+            "state": weights + gradients + optimizer + sync_bytes, "peak_rss": peak, "peak_device": peak_device}
 
 
 def predicted_state_bytes(model_name: str, stages: int, shards: int, outer: bool, momentum: bool, residual: bool,

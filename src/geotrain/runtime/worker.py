@@ -56,7 +56,7 @@ from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog, end_on_sigterm
 from geotrain.sync.adaptive import AdaptiveOuterSync
 from geotrain.sync.async_step import AsyncOuterGradientSync, progress_steps
-from geotrain.sync.base import ComputeTimer, SyncError
+from geotrain.sync.base import ComputeTimer
 
 EXIT_WORKER_ERROR = 1
 
@@ -594,9 +594,7 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
 
 def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[dict[str, Any]] | None:
     if worker.records:  # what this rank holds at the end, on its last record (runtime/memory_use.py)
-        with contextlib.suppress(SyncError):  # a sync still in flight (none is at a run's end): not measured
-            worker.records[-1]["memory"] = rank_memory(worker.stage, worker.dp.params, worker.dp.state_dict(),
-                                                       worker.device)
+        worker.records[-1]["memory"] = rank_memory(worker.stage, worker.dp, worker.device)
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
     return None if gathered is None else [record for records in gathered for record in records]

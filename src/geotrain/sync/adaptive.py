@@ -73,7 +73,8 @@ from geotrain.comm.gather import GatherLinks
 from geotrain.cost.batch_shares import split_by_weights
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import local_shard
-from geotrain.sync.base import DPExchange, GradientSync, StepTimer, SyncError, SyncResult, set_grads
+from geotrain.sync.base import (DPExchange, GradientSync, StepTimer, SyncError, SyncResult, free_grads, grad_carrier,
+                                 set_grads)
 from geotrain.sync.settle import Delivered, redeliver, settle
 from geotrain.sync.streaming import check_landing_settings
 
@@ -157,8 +158,7 @@ class AdaptiveOuterSync(GradientSync):
         self.params = [p for _, p in named_params]
         self.optimizer = optimizer
         self.outer = OuterStep(self.params, sync_every, outer_lr, outer_momentum)
-        self.shadows = [torch.nn.Parameter(torch.zeros(local_shard(p).shape, dtype=torch.float32, device=p.device),
-                                           requires_grad=False) for p in self.params]
+        self.shadows = [grad_carrier(local_shard(p).shape, p.device) for p in self.params]
         self.exchange = make_exchange([(name, s) for (name, _), s in zip(named_params, self.shadows, strict=True)])
         self.gather = gather
         self.rank, self.replicas, self.adaptive = rank, replicas, adaptive
@@ -243,6 +243,7 @@ class AdaptiveOuterSync(GradientSync):
         means = [s.grad for s in self.shadows]
         with timer:
             self.outer.land(means, flight.proxy, self.mix)  # type: ignore[arg-type]
+            free_grads(self.shadows)
         self._sync_landed(self.inner_steps - 1, dp_bytes, started=flight.started)
         return dp_bytes
 
@@ -267,6 +268,7 @@ class AdaptiveOuterSync(GradientSync):
             dp_bytes = self.exchange.exchange(self.outer_step, timer)
             with timer:
                 self.outer.apply([s.grad for s in self.shadows])  # type: ignore[misc]
+                free_grads(self.shadows)
             self._sync_landed(self.inner_steps - 1, dp_bytes)
         else:
             land = self.exchange.start(self.outer_step, timer)  # type: ignore[attr-defined]

@@ -218,6 +218,20 @@ def check_host_backend(backend: str, who: str) -> None:
                         "'cpu:gloo,cuda:nccl') or give no backend (torch then creates both)")
 
 
+def grad_carrier(shape: torch.Size, device: torch.device | str) -> torch.nn.Parameter:
+    """An fp32 parameter of `shape` that holds no values (one element, expanded: 4 bytes): an outer sync's
+    stand-in whose `.grad` alone carries data (the outer gradient an exchange reads, the mean it writes back),
+    so that the inner loop's own gradients stay untouched while an exchange is in flight."""
+    return torch.nn.Parameter(torch.zeros(1, dtype=torch.float32, device=device).expand(shape), requires_grad=False)
+
+
+def free_grads(params: Sequence[torch.nn.Parameter]) -> None:
+    """Drop the gradients of `params` (grad carriers after their exchange landed: nothing reads them until the
+    next sync writes them anew)."""
+    for p in params:
+        p.grad = None
+
+
 def set_grads(params: Sequence[torch.nn.Parameter], values: Sequence[torch.Tensor]) -> None:
     """Write `values` (shaped like the parameters, on any device; a sharded parameter's: like its local shard)
     into the gradients, creating missing ones on the parameter's device."""

@@ -40,7 +40,7 @@ import torch
 
 from geotrain.codecs import CodecSpec
 from geotrain.optim.shards import local_shard
-from geotrain.sync.base import SyncError
+from geotrain.sync.base import SyncError, grad_carrier
 from geotrain.sync.exchange import ExtraTensors
 
 SECOND_MOMENT_CODEC = "log-block"
@@ -97,8 +97,7 @@ class MomentSync:
                   for shape, s in zip(local, self.slices, strict=True)]
 
         def shadows() -> list[torch.nn.Parameter]:
-            return [torch.nn.Parameter(torch.zeros(shape, dtype=torch.float32, device=p.device), requires_grad=False)
-                    for p, shape in zip(self.params, shapes, strict=True)]
+            return [grad_carrier(shape, p.device) for p, shape in zip(self.params, shapes, strict=True)]
 
         self.first, self.second = shadows(), shadows()
         self.anchor = [torch.zeros(shape, dtype=torch.float32, device=p.device)

@@ -68,7 +68,7 @@ import torch
 
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
 from geotrain.optim.shards import is_sharded, local_shard
-from geotrain.sync.base import DPExchange, StepTimer, SyncError, set_grads
+from geotrain.sync.base import DPExchange, StepTimer, SyncError, free_grads, grad_carrier, set_grads
 from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.settle import Delivered, redeliver, settle
@@ -260,9 +260,7 @@ class StreamingOuterSync(OuterSync):
         for pieces in fragment_pieces(self.params, fragments, fragment_split):
             named = [(_piece_name(named_params[piece.index][0], piece), piece_view(self.params[piece.index], piece))
                      for piece in pieces]
-            shadows = [torch.nn.Parameter(torch.zeros(local_shard(t).shape, dtype=torch.float32, device=t.device),
-                                          requires_grad=False)
-                       for _, t in named]
+            shadows = [grad_carrier(local_shard(t).shape, t.device) for _, t in named]
             outer = OuterStep([t for _, t in named], sync_every, outer_lr, outer_momentum)
             moments = None
             if sync_moments:
@@ -374,6 +372,9 @@ class StreamingOuterSync(OuterSync):
                 fragment.moments.land(mix)  # type: ignore[union-attr]
             elif moments:
                 fragment.moments.land_eager()  # type: ignore[union-attr]
+            free_grads(fragment.shadows)
+            if moments:
+                free_grads([*fragment.moments.first, *fragment.moments.second])  # type: ignore[union-attr]
 
     @property
     def in_flight(self) -> int:

@@ -169,21 +169,26 @@ def test_each_rank_holds_the_planners_state_per_device_half_the_unsharded_ranks(
     """summary.memory (runtime/memory_use.py): the tensors a rank holds at the end, counted from their storages,
     against cost.memory's state per device (16 bytes per parameter for weights, gradients and AdamW's moments, 4 for
     DiLoCo's anchor (no outer momentum at --outer-momentum 0), 4 for int8-block's residual, none for no codec; over
-    K). They differ by AdamW's step counters only (one 4-byte scalar per parameter tensor); a shard holding the
-    whole model, or a residual counted or kept where it should not be, would be off by a megabyte."""
-    counters = {}
+    K). They differ by AdamW's step counters (one 4-byte scalar per parameter tensor) and the outer sync's gradient
+    carriers (sync/base.grad_carrier: one 4-byte element per tensor, their gradients freed once an exchange landed);
+    a shard holding the whole model, a carrier holding values or gradients kept between syncs, or a residual counted
+    or kept where it should not be, would be off by a megabyte."""
+    shard_weights = {}
     for name, k, residual in (("sharded", 2, 0), ("unsharded", 1, 0), ("int8", 2, 4)):
         memory = runs[name]["summary"]["memory"]
         ranks = memory["per_rank"]
         assert len(ranks) == 2 * k
         for rank in ranks:
             assert rank["predicted_state"] == memory["predicted_state_per_stage"][0]
-            assert 0 <= rank["state"] - rank["predicted_state"] <= 4 * 64, (name, rank)  # tiny: < 64 tensors
             assert rank["weights"] == rank["gradients"] and rank["optimizer"] >= 2 * rank["weights"]
-            assert rank["sync"] == (4 + residual) * rank["weights"] / 4, (name, rank)  # the anchor (and residual)
+            counters = rank["optimizer"] - 2 * rank["weights"]  # AdamW's step counters: 4 bytes per tensor
+            assert 0 < counters <= 4 * 64, (name, rank)  # the tiny model: fewer than 64 tensors
+            assert rank["state"] - rank["predicted_state"] == 2 * counters, (name, rank)
+            # the anchor (and residual), and one 4-byte gradient carrier per tensor
+            assert rank["sync"] == (4 + residual) * rank["weights"] / 4 + counters, (name, rank)
             assert rank["peak_rss"] > rank["state"]
-        counters[name] = ranks[0]["weights"]
-    assert counters["sharded"] * 2 == counters["unsharded"]  # each shard: half the model (the tiny one splits evenly)
+        shard_weights[name] = ranks[0]["weights"]
+    assert shard_weights["sharded"] * 2 == shard_weights["unsharded"]  # each shard: half the model (the tiny one splits evenly)
 
 
 def test_the_shards_of_a_slot_send_what_the_unsharded_replica_sends(runs):

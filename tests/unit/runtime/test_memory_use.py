@@ -36,3 +36,33 @@ def test_the_summary_keeps_each_ranks_last_record_and_the_worst_error():
     assert summary["state_error_pct"] == pytest.approx(10.0)
     assert memory_summary(records[:1], [100.0]) is None
     assert memory_summary(records, None)["state_error_pct"] is None
+
+
+class _Holder:
+    """Stands for a sync's own object (its class's module is put in `within`)."""
+
+
+def test_the_walk_finds_what_a_sync_holds_once_without_copies_and_not_what_it_points_back_at():
+    from geotrain.runtime.memory_use import held_tensors
+    from geotrain.sync.base import grad_carrier
+
+    anchor, residual, mean = torch.zeros(100), torch.zeros(50), torch.zeros(25)
+    carrier = grad_carrier(torch.Size([10, 10]), "cpu")
+    carrier.grad = torch.zeros(10, 10)
+
+    def land() -> torch.Tensor:  # an exchange in flight: its tensors live in the closure
+        return mean
+
+    land.__module__ = __name__
+    holder, foreign = _Holder(), type("Worker", (), {"__module__": "geotrain.runtime.worker"})()
+    foreign.data = torch.zeros(1000)  # what the sync points back at (the worker's data): not the sync's
+    holder.state = {"anchor": anchor, "again": [anchor, (anchor[10:],)], "carrier": carrier}
+    holder.flight = land
+    holder.worker, holder.me = foreign, holder  # a cycle too
+    found = list(held_tensors(holder, within=(__name__,)))
+    assert tensor_bytes(found) == 4 * (100 + 1 + 100 + 25)  # anchor, the carrier's one element, its grad, the mean
+    holder.residuals = {residual: residual}  # dict keys are walked (an optimizer's state is keyed by parameters)
+    assert tensor_bytes(held_tensors(holder, within=(__name__,))) == 4 * (100 + 1 + 100 + 25 + 50)
+    carrier.grad = None  # freed after the landing
+    assert tensor_bytes(held_tensors(holder, within=(__name__,))) == 4 * (100 + 1 + 25 + 50)
+    assert tensor_bytes(held_tensors(holder, within=("elsewhere.",))) == 0  # not a class of `within`: not entered
