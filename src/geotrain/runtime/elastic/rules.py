@@ -4,9 +4,9 @@ checked when the config is built, each refusal one line naming the setting and i
 
 Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per
 stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partition, no --netlab), any
-replicas R >= min_replicas, sharded plans (K > 1 devices per slot: S = 1, blocking DiLoCo,
-kill chaos, plain links; a group is K processes with FSDP2 among them, the outer sync per shard between the
-same shard of every group), on CPU (torchft's reconfigurable gloo, on the emulating backend with
+replicas R >= min_replicas, sharded plans (K > 1 devices per slot: blocking DiLoCo, kill chaos,
+plain links; a group is S x K processes, FSDP2 among each stage's K, the outer sync per (stage, shard) between
+the same position of every group), on CPU (torchft's reconfigurable gloo, on the emulating backend with
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
@@ -45,7 +45,6 @@ def sharded_refusal(config: Any) -> str | None:
         return None
     rel, what = config.reliability, f"elastic groups of {k} shards per slot (plan --shards {k})"
     reasons = (
-        (config.stages > 1, f"{what} run one pipeline stage (not built yet: S x K groups)"),
         (rel.netlab, f"reliability.netlab: {what} run on this host's loopback only"),
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: partitions of {what} are not supported (a cut group's K ranks would "

@@ -106,7 +106,7 @@ class GroupStageModel:
             self.boundaries = tuple(boundaries)
             wire = config.comm.wire_dtypes()
             self.modules = stage_modules(model, boundaries, [stage], wire, seq_len)
-            self.shapes = stage_shapes(model, boundaries, config.microbatch_size, seq_len, wire)
+            self.shapes = stage_shapes(model, boundaries, config.microbatch_size // k, seq_len, wire)  # a shard's rows
             self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                      lm_loss, None if pp_groups is None else pp_groups[position.shard],
                                      torch.device("cpu"), timer)
