@@ -88,10 +88,11 @@ class GroupStageModel:
         self.timeout_s = config.reliability.comm_timeout_s
         # every process creates every group of the group's S x K ranks, in one order (torch's new_group rule)
         k, stages = position.k, range(config.stages)
-        shard_groups = [new_group([s * k + j for j in range(k)], self.timeout_s) for s in stages] if k > 1 else None
-        pp_groups = [new_group([s * k + j for s in stages], self.timeout_s) for j in range(k)] \
-            if k > 1 and config.stages > 1 else None
-        self.pp_ranks = [GroupPosition(s, position.shard, k).rank for s in stages]
+        shard_groups = [new_group([GroupPosition(s, j, k).rank for j in range(k)], self.timeout_s)
+                        for s in stages] if k > 1 else None
+        pp_groups = [new_group([GroupPosition(s, j, k).rank for s in stages], self.timeout_s)
+                     for j in range(k)] if k > 1 and config.stages > 1 else None
+        self.pp_ranks = [GroupPosition(s, position.shard, k).rank for s in stages]  # this shard's pipeline
         model = build_layer_model(config.model.model_name, MODEL_PRESETS, config.run.seed, vocab_size, seq_len)
         if self.stages == 1:
             self.boundaries: tuple[int, ...] = (0, model.n_layers)
