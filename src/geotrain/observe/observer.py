@@ -143,8 +143,9 @@ def open_observer(config: Any, rank: int, emulation: Any) -> NullObserver:
 
 
 class ElasticObserver(RunObserver):
-    """One process of an elastic replica group (geotrain.runtime.elastic.group): stage `stage` of group
-    `group` writes as rank stage x R + group. Its step lines carry the split in wall seconds: `step_s` from the
+    """One process of an elastic replica group (geotrain.runtime.elastic.group): stage `stage` (shard `shard` of a
+    sharded plan) of group `group` writes as the layout's rank of that slot and shard (stage x R + group; x K +
+    shard). Its step lines carry the split in wall seconds: `step_s` from the
     previous step's end (quorums, recoveries and retries included), `compute_s` (forward, backward, optimizer),
     `comm_s` (the exchange's all-reduces and commits), `wait_s` the rest (>= 0: mostly quorums); `bytes_dp`;
     with emulated links `bytes_intra` / `bytes_inter` (what the group sent inside / between regions, else
@@ -152,9 +153,9 @@ class ElasticObserver(RunObserver):
     incarnation), `resume`, `rejoin` (a live recovery, its seconds), `outer_sync`, `checkpoint`, `end`; a
     killed group's `failure` is written by the launcher (`launcher_event`)."""
 
-    def __init__(self, config: Any, group: int, stage: int, incarnation: int, run_dir: Path) -> None:
+    def __init__(self, config: Any, group: int, stage: int, incarnation: int, run_dir: Path, shard: int = 0) -> None:
         self.incarnation = incarnation
-        super().__init__(config, config.layout.rank_of(stage, group), None, run_dir)
+        super().__init__(config, config.layout.rank_of(stage, group, shard), None, run_dir)
 
     def event(self, name: str, step: int, **fields: Any) -> None:
         if name == "start" and self.incarnation:
@@ -176,10 +177,11 @@ class ElasticObserver(RunObserver):
             "emulated_start_s": None, "emulated_end_s": record.get("emulated_s")})
 
 
-def open_elastic_observer(config: Any, group: int, stage: int, incarnation: int) -> NullObserver:
+def open_elastic_observer(config: Any, group: int, stage: int, incarnation: int, shard: int = 0) -> NullObserver:
     """The observer of an elastic group's process for config.run.run_dir (a NullObserver when it is None)."""
     run_dir = config.run.run_dir
-    return NullObserver() if run_dir is None else ElasticObserver(config, group, stage, incarnation, Path(run_dir))
+    return NullObserver() if run_dir is None else ElasticObserver(config, group, stage, incarnation, Path(run_dir),
+                                                                  shard)
 
 
 def launcher_event(config: Any, rank: int, name: str, step: int, **fields: Any) -> None:

@@ -163,8 +163,6 @@ RULES: tuple[Rule, ...] = (
     Rule("cuda", "onebit", "1-bit Adam keeps its state in host memory (CPU only)", instead="use --optimizer adamw"),
     # sharded replicas (FSDP2 inside a slot, DiLoCo per shard across slots: runtime/sharded.py)
     *(Rule("shards", mode, _SHARDED["asynchronous"]) for mode in ("async", "async-hierarchical")),
-    Rule("shards", "elastic", "an elastic group is one process per site; a site's K shards are not one torchft "
-         "replica"),
 )
 """The pairs that do not run together, in the order validation checks them (the first that applies speaks)."""
 

@@ -66,6 +66,7 @@ from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.comm.registry import reducer_traits
 from geotrain.optim.outer import OuterStep
+from geotrain.optim.shards import is_sharded
 from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError
 from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
 from geotrain.sync.exchange import ExtraTensors
@@ -350,7 +351,7 @@ def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter]
                       sum_squares: Callable[[float], float] | None = None, group: int = 0,
                       replicas: int = 1) -> GradientSync:
     """PerStepSync (no sync_every), blocking OuterSync (sync_every H), ElasticAdaptiveSync (adaptive local steps:
-    replica group `group` of `replicas`) or StreamingOuterSync (fragments > 1 or delay > 0: one
+    replica group `group` of `replicas`) or StreamingOuterSync (fragments > 1, delay > 0 or sharded parameters: one
     `exchange.over(...)` per fragment) around `exchange`, with AdamW as geotrain.sync.make_gradient_sync builds
     it. Clipping: `sum_squares` turns this process's sum of squared (averaged) gradients into the whole model's
     (a pipeline stage: summed over the group's stages); None: local (the process holds the whole model)."""
@@ -364,7 +365,8 @@ def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter]
         return ElasticAdaptiveSync(params, adamw, step, exchange, group, replicas, outer.sync_every,
                                    -(-options.total_steps // outer.sync_every),
                                    options.heterogeneity.local_steps_prior_s)
-    if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments:
+    # sharded parameters (DTensor, FSDP2): the streaming sync keeps shard-sized shadows (geotrain.optim.shards)
+    if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments or any(is_sharded(p) for p in params):
         codec = options.exchange
         return StreamingOuterSync([(str(i), p) for i, p in enumerate(params)], adamw,
                                   lambda shadows, moments=None: exchange.over(

@@ -3,6 +3,7 @@ how the launcher judges a replica group of S stage processes by their exits."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from geotrain.cluster import load_cluster
@@ -43,6 +44,29 @@ def test_what_stays_unsupported_with_two_stages_is_refused_in_one_line(settings,
 def test_the_same_settings_stay_accepted_with_one_stage():
     for settings in ({"schedule": "1f1b"}, {"time_scale": 1.0}, {"chaos": "partition:site=1,at=5s,for=2s"}):
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, **settings})) is None
+
+
+SHARDED = {"shards": np.array([[[0, 1], [2, 3]]]), "sync_every": 4}
+"""A 1 x 2 plan of 2 devices per slot (plan --shards 2), each slot one region's 2 devices."""
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"time_scale": 1.0}, "emulation.time_scale 1.0: elastic groups of 2 shards per slot (plan --shards 2) run on "
+                          "plain links"),
+    ({"chaos": "partition:site=1,at=5s,for=2s"}, "partitions of elastic groups of 2 shards per slot"),
+    ({"netlab": True}, "reliability.netlab: elastic groups of 2 shards per slot (plan --shards 2) run on this host"),
+    ({"local_steps": "adaptive"}, "--local-steps adaptive: elastic groups of 2 shards per slot (plan --shards 2) run "
+                                  "equal steps"),
+    ({"fragments": 2}, "streaming DiLoCo (--fragments 2, --sync-delay 0): elastic groups of 2 shards per slot"),
+])
+def test_an_elastic_sharded_plan_runs_blocking_diloco_with_kill_chaos_and_refuses_the_rest_in_one_line(settings,
+                                                                                                        words):
+    accepted = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, chaos="kill-site:every=5s,site=1")
+    assert accepted.layout.k == 2 and elastic_refusal(accepted) is None
+    with pytest.raises(RuntimeConfigError) as caught:
+        RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, **settings})
+    text = str(caught.value)
+    assert text.startswith("--elastic: ") and words in text and "\n" not in text
 
 
 def test_stop_after_and_batch_shares_are_accepted_where_built_and_refused_in_one_line_elsewhere(tmp_path):

@@ -55,8 +55,8 @@ def test_a_sharded_plan_builds_and_counts_its_ranks():
                                        r"devices must be in one site"),
     (SHARDS, {"batch_size": 6, "microbatches": 2}, r"^schedule.batch_size: each replica's 6 sequences must split "
                                                    r"into 2 shards of 2 micro-batches \(a multiple of 4\)$"),
-    (SHARDS, {"elastic": True}, r"^a plan of 2 devices per slot \(plan --shards\) with --elastic: not built yet: an "
-                                r"elastic group is one process per site"),
+    (SHARDS, {"elastic": True, "time_scale": 1.0}, r"^--elastic: emulation.time_scale 1.0: elastic groups of 2 shards "
+                                                   r"per slot \(plan --shards 2\) run on plain links"),
     (SHARDS, {"outer_sync": "async"}, r"^a plan of 2 devices per slot \(plan --shards\) with --outer-sync async: not "
                                       r"built yet: the global model's server in rank 0 holds whole parameters$"),
 ])

@@ -54,7 +54,7 @@ from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.links import GroupNet
-from geotrain.runtime.elastic.stage import GroupStageModel
+from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.async_merge import outer_optimizer
@@ -105,7 +105,7 @@ class AsyncElasticGroup:
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         self.timer = ComputeTimer()
-        self.model = GroupStageModel(config, 0, self.data.vocab_size, self.seq_len, self.timer)
+        self.model = GroupStageModel(config, GroupPosition(0), self.data.vocab_size, self.seq_len, self.timer)
         self.params = self.model.params
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         self.options = config.sync_options(0)

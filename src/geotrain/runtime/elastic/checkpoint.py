@@ -16,7 +16,8 @@ same weights and optimizer state (per step: AdamW moments from the same averaged
 the writer's are written, as live recovery hands a recovering group its peer's). The checkpoint is
 therefore the layout of ONE replica carrying the whole global batch: the run's identity with
 `replicas` 1 and `batch_size` R x b (the global batch and the numerics are the run's), S shards
-(rank s = stage s of the writer group), and the manifest (stage 0, once its stages' shards are in
+(rank s = stage s of the writer group; a sharded plan: S x K, rank s x K + k = that group rank's FSDP2 shards
+as plain local tensors, runtime/shard_state.py), and the manifest (stage 0, once its stages' shards are in
 place) records under `written_by` the elastic groups, the writer and the per-group batch. A resume
 with R' replicas is then a re-plan from R = 1: every replica loads the one copy. The elastic per-step
 records are not carried (another format): the resumed run's report covers its own steps.
@@ -33,6 +34,8 @@ import torch
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime import replan
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.stage import group_position, group_size
+from geotrain.runtime.shard_state import local_state, sharded_state
 from geotrain.sync.base import ComputeTimer
 from geotrain.sync.exchange import StageExchange
 
@@ -56,12 +59,12 @@ def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool, end: int
     return synced and config.checkpoint.due(completed, config.run.steps if end is None else end)
 
 
-def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, completed: int, module: torch.nn.Module,
+def save_group_checkpoint(config: RuntimeConfig, group: int, rank: int, completed: int, module: torch.nn.Module,
                           sync: Any, boundaries: Sequence[int], protect: tuple[int, ...] = ()) -> dict[str, Any]:
-    """Stage `stage` of writer group `group`: its shard of the checkpoint after `completed` steps; stage 0
-    then the manifest and `latest` (S > 1: once every stage of the group has written its shard, a
-    barrier on the group's pipeline group, the process's default group). Returns what its checkpoint event
-    records: the shard's `path`, its `bytes` and the save's wall `seconds`."""
+    """Group rank `rank` (its stage; a sharded plan: stage x K + shard) of writer group `group`: its shard of the
+    checkpoint after `completed` steps; rank 0 then the manifest and `latest` (S x K > 1: once every rank of the
+    group has written its shard, a barrier on the group's own gloo group, the process's default group). Returns
+    what its checkpoint event records: the shard's `path`, its `bytes` and the save's wall `seconds`."""
     started = time.perf_counter()
     directory = config.checkpoint.checkpoint_dir
     assert directory is not None
@@ -72,26 +75,29 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, stage: int, complet
     dp = {**sync.state_dict(), "exchange": exchange}
     for fragment in dp.get("fragments", []):  # streaming: each fragment's exchange too (no residuals: a group's own)
         fragment["exchange"] = exchange
-    slot = {"rank": stage, "stage": stage, "replica": 0}
+    position = group_position(config, rank)
+    slot = {"rank": rank, "stage": position.stage, "replica": 0,
+            **({"shard": position.shard} if position.k > 1 else {})}
     devices = [[int(config.assignment[s][group])] for s in range(config.stages)]
-    state = ckpt.shard_state(slot, devices, torch.nn.ModuleList([module]).state_dict(), boundaries, dp,
-                             completed, [])
-    path = ckpt.save_shard(directory, completed, stage, state, identity)
-    if config.stages > 1:
+    state = ckpt.shard_state(slot, devices, local_state(torch.nn.ModuleList([module]).state_dict()), boundaries,
+                             local_state(dp), completed, [])
+    path = ckpt.save_shard(directory, completed, rank, state, identity)
+    if group_size(config) > 1:
         import torch.distributed as dist
 
         dist.barrier()
-    if stage == 0:
+    if rank == 0:
         written_by = {"elastic_groups": config.replicas, "group": group,
                       "group_batch_size": config.schedule.batch_size}
-        ckpt.write_manifest(directory, completed, identity, config.stages, written_by)
+        ckpt.write_manifest(directory, completed, identity, group_size(config), written_by)
         ckpt.prune_checkpoints(directory, config.checkpoint.keep_checkpoints, protect)  # `protect`: resumed from
     return {"path": str(path), "bytes": path.stat().st_size, "seconds": time.perf_counter() - started}
 
 
-def load_group_checkpoint(config: RuntimeConfig, stage: int) -> dict[str, Any]:
-    """`--elastic --resume`: stage `stage`'s verified state from the newest checkpoint of this run (an
-    elastic run's, or a non-elastic one's of the same S and global batch: replica 0's shard)."""
+def load_group_checkpoint(config: RuntimeConfig, stage: int, shard: int = 0) -> dict[str, Any]:
+    """`--elastic --resume`: the verified state of stage `stage` (shard `shard` of a sharded plan) from the newest
+    checkpoint of this run (an elastic run's, or a non-elastic one's of the same S, K and global batch: replica
+    0's shard)."""
     directory = config.checkpoint.checkpoint_dir
     assert directory is not None
     step = ckpt.latest_step(directory)
@@ -99,20 +105,21 @@ def load_group_checkpoint(config: RuntimeConfig, stage: int) -> dict[str, Any]:
         raise ckpt.CheckpointError(f"{directory}: no complete checkpoint to resume from")
     manifest = ckpt.read_manifest(directory, step)
     replan.check_resume_identity(manifest, config.identity(), str(ckpt.step_dir(directory, step)))
-    source = replan.source_slot(manifest, stage, 0)
+    source = replan.source_slot(manifest, stage, 0, shard)
     state = ckpt.load_shard(directory, step, source["rank"], manifest, source)
     state["_step"], state["_rank"] = step, source["rank"]
     return state
 
 
-def restore_group_state(state: dict[str, Any], module: torch.nn.Module, sync: Any, directory: str) -> int:
+def restore_group_state(state: dict[str, Any], module: torch.nn.Module, sync: Any, directory: str,
+                        mesh: Any = None) -> int:
     """Load a checkpoint shard's weights and sync state (the exchange's own state, if any, is not the
-    elastic exchange's: skipped) into a group's stage; the step it continues at. CheckpointError naming
-    the shard when it does not fit."""
+    elastic exchange's: skipped) into a group's stage (`mesh`: its FSDP2 shards' device mesh, None when not
+    sharded); the step it continues at. CheckpointError naming the shard when it does not fit."""
     shard = ckpt.shard_path(directory, state["_step"], state["_rank"])
     try:
-        torch.nn.ModuleList([module]).load_state_dict(state["stage"])
-        dp = dict(state["dp"])
+        torch.nn.ModuleList([module]).load_state_dict(sharded_state(state["stage"], mesh))
+        dp = sharded_state(dict(state["dp"]), mesh)
         dp["exchange"] = {}
         sync.load_state_dict(dp)
         completed = int(state["completed"])

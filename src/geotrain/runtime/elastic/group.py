@@ -11,6 +11,12 @@ exchange failed makes the whole group retry. Stage s's DP exchange goes over sta
 groups, stage s to stage s); a recovering group's stage s loads stage s of a healthy peer (torchft's
 checkpoint transport fetches per group rank).
 
+A sharded plan (K > 1 devices per slot: runtime/elastic/stage.py) makes a group S x K processes, group rank
+s x K + k, one Manager each: the replicate dimension of fault-tolerant HSDP. Position (s, k)'s outer sync goes
+between the same position of every group over its Manager's group; FSDP2 inside the group cannot go on without
+any of its ranks, so a killed rank takes its whole group out (the launcher restarts it as one), and each
+position of the restarted group loads the same position of a live peer.
+
 Per step t (blocking DiLoCo: per outer period):
     quorum   manager.start_quorum() before the step's forward (with --sync-every: before the step that
              ends an outer period); a group behind the quorum's newest step (a restarted one) loads a
@@ -71,7 +77,10 @@ from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_chec
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, group_links
 from geotrain.runtime.dp_step import world_sum_over_replicas
-from geotrain.runtime.elastic.stage import GroupStageModel, pipeline_group
+from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
+from geotrain.runtime.shard_state import local_state, sharded_state
+from geotrain.runtime.sharded import shard_rows
+from geotrain.optim.shards import is_sharded, local_shard
 from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.sync.base import ComputeTimer
 from geotrain.runtime.training_data import load_training_data
@@ -102,10 +111,10 @@ def _first_line(exc: BaseException) -> str:
 
 
 def params_digest(params: list[torch.nn.Parameter]) -> str:
-    """sha256 of the parameters' bytes (equal digests: bit-identical parameters)."""
+    """sha256 of the parameters' bytes (equal digests: bit-identical parameters; sharded: this rank's shards)."""
     digest = hashlib.sha256()
     for p in params:
-        digest.update(p.detach().contiguous().numpy().tobytes())
+        digest.update(local_shard(p).contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -132,7 +141,8 @@ def incarnation_key(group: int) -> str:
 
 
 class ElasticGroup:
-    """Stage `stage` (0 when S = 1) of replica group `group` of `config` (see the module doc); `store`: the
+    """Group rank `stage` (its pipeline stage, 0 when S = 1; a sharded plan: stage x K + shard,
+    runtime/elastic/stage.py) of replica group `group` of `config` (see the module doc); `store`: the
     launcher's store (barrier, progress, commits, rejoins, link state, the group store's port); `links`: its
     entered TorchftGroups (None: plain gloo); `net`: the addresses it advertises and its lab interface
     (runtime/elastic/links.py)."""
@@ -140,35 +150,36 @@ class ElasticGroup:
     def __init__(self, config: RuntimeConfig, group: int, store: Any, lighthouse: str,
                  world: WorldTokens | None, links: Any = None, net: GroupNet = GroupNet(), stage: int = 0) -> None:
         self.config, self.group, self.store, self.links, self.net = config, group, store, links, net
-        self.stage = stage
+        self.position = group_position(config, stage)
+        self.rank, self.stage, self.shard = stage, self.position.stage, self.position.shard  # rank: in the group
         self.device = group_device(config, group)
         key = incarnation_key(group)
         self.incarnation = int(store.get(key).decode()) if store.check([key]) else 0  # this start of the group
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         self.group_store = self._group_store()
-        if config.stages > 1:
-            pipeline_group(self.group_store, stage, config.stages, config.reliability.comm_timeout_s)
+        if group_size(config) > 1:
+            pipeline_group(self.group_store, self.rank, group_size(config), config.reliability.comm_timeout_s)
         # compute at the group's GPU speed under --emulate-gpu-speed (what adaptive local steps share by), counted
         # by the emulated clock's own clock, as the runtime's workers count it
         scale = config.compute_scale()
         self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.device],
                                   clock=COMPUTE_CLOCKS[config.emulation.compute_clock] if links is not None
                                   else time.perf_counter)
-        self.model = GroupStageModel(config, stage, self.data.vocab_size, self.seq_len, self.timer)
+        self.model = GroupStageModel(config, self.position, self.data.vocab_size, self.seq_len, self.timer)
         self.module, self.params = self.model.module, self.model.params
         self.state = GroupState()
         self.identity = run_identity_digest(config)
         self.lighthouse = lighthouse
         self.quorum_for = -1  # the step whose quorum this group has started: the next one is for a later step
-        self.observer = open_elastic_observer(config, group, stage, self.incarnation)
+        self.observer = open_elastic_observer(config, group, self.stage, self.incarnation, self.shard)
         try:
             self.manager = self._manager(lighthouse)
         except Exception as exc:  # noqa: BLE001 - torchft's connection errors: one line
             raise ElasticGroupError(f"replica group {group}: cannot reach the torchft lighthouse {lighthouse}: "
                                     f"{_first_line(exc)}") from None
         outer = config.optim.sync_every is not None
-        self.options = options = config.sync_options(stage)
+        self.options = options = config.sync_options(self.stage)
         # --batch-shares: this group's windows of each step's global batch; its gradient weighs by them in the
         # quorum's mean (the full-batch gradient over the quorum's windows: runtime/batch_shares.py)
         self.shares = config.batch_shares()
@@ -184,8 +195,8 @@ class ElasticGroup:
         self.resumed_from: tuple[int, ...] = ()
         if config.checkpoint.resume:  # every group starts at the checkpoint's step; a restarted one heals past it
             assert config.checkpoint.checkpoint_dir is not None
-            self.state.step = restore_group_state(load_group_checkpoint(config, stage), self.module, self.sync,
-                                                  config.checkpoint.checkpoint_dir)
+            self.state.step = restore_group_state(load_group_checkpoint(config, self.stage, self.shard), self.module,
+                                                  self.sync, config.checkpoint.checkpoint_dir, self.mesh())
             self.observer.event("resume", self.state.step)
             self.resumed_from = (self.state.step,)  # kept on disk by --keep-checkpoints
         # the step this launch ends at: the run's end, or --stop-after steps after the launch's start (the resumed
@@ -195,20 +206,20 @@ class ElasticGroup:
         self.end = run.steps if run.stop_after is None else min(run.steps, start + run.stop_after)
 
     def _group_store(self) -> Any:
-        """The group's own TCPStore: stage 0 hosts a new one and posts its port under this start of the
-        group; the other stages connect to it (a restarted group's stages meet in the new one)."""
+        """The group's own TCPStore: group rank 0 hosts a new one and posts its port under this start of the
+        group; the other ranks connect to it (a restarted group's ranks meet in the new one)."""
         from torch.distributed import TCPStore
 
         timeout = timedelta(seconds=self.config.reliability.comm_timeout_s)
         key = f"group-store/{self.group}/{self.incarnation}"
-        if self.stage == 0:
+        if self.rank == 0:
             own = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
             self.store.set(key, str(own.port))
             return own
         try:
             self.store.wait([key], timeout)
         except Exception:  # noqa: BLE001 - a timeout: one line
-            raise ElasticGroupError(f"replica group {self.group} stage {self.stage}: its stage 0 did not start within "
+            raise ElasticGroupError(f"replica group {self.group} rank {self.rank}: its rank 0 did not start within "
                                     f"{self.config.reliability.comm_timeout_s:g} s") from None
         return TCPStore(self.net.advertise, int(self.store.get(key).decode()), None, False, timeout=timeout)
 
@@ -220,8 +231,8 @@ class ElasticGroup:
         self.process_group = ProcessGroupGloo(timeout=timeout)
         return Manager(pg=self.process_group, load_state_dict=self._load_state,
                        state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
-                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.stage,
-                       world_size=self.config.stages, store_addr=self.net.advertise,
+                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.rank,
+                       world_size=group_size(self.config), store_addr=self.net.advertise,
                        store_port=self.group_store.port, lighthouse_addr=lighthouse,
                        replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
                        heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
@@ -231,19 +242,24 @@ class ElasticGroup:
         """What a recovering peer loads (cloned now: this group keeps training while it is fetched); the syncs
         in flight settled first (each was committed when posted: nothing to wait for, geotrain.sync.elastic)."""
         self.sync.settle(self.timer)
-        return copy.deepcopy({"identity": self.identity, "group": self.group, "stage": self.stage,
-                              "step": self.state.step,
-                              "module": self.module.state_dict(), "sync": self.sync.state_dict(),
-                              "clock_s": self.emulated_s()})
+        # a sharded position's DTensors as plain local shards (runtime/shard_state.py): what the transport carries
+        return copy.deepcopy({"identity": self.identity, "group": self.group, "stage": self.stage, "rank": self.rank,
+                              "step": self.state.step, "module": local_state(self.module.state_dict()),
+                              "sync": local_state(self.sync.state_dict()), "clock_s": self.emulated_s()})
 
     def _load_state(self, state: dict[str, Any]) -> None:
         check_peer_state(state, self.identity, self.group)
-        self.module.load_state_dict(state["module"])
-        self.sync.load_state_dict(state["sync"])
+        mesh = self.mesh()
+        self.module.load_state_dict(sharded_state(state["module"], mesh))
+        self.sync.load_state_dict(sharded_state(state["sync"], mesh))
         self.state.step = int(state["step"])
         self.state.healed = True
         if self.links is not None and state.get("clock_s") is not None:
             self.links.clock.restart(state["clock_s"])  # the run's emulated time, not this process's own
+
+    def mesh(self) -> Any:
+        """The device mesh of this position's FSDP2 shards (the stage's K ranks); None when not sharded."""
+        return next((p.device_mesh for p in self.params if is_sharded(p)), None)  # type: ignore[attr-defined]
 
     def emulated_s(self) -> float | None:
         """This group's emulated clock (seconds since the start-up quorum), None without emulated links."""
@@ -285,7 +301,7 @@ class ElasticGroup:
                     self.offline()
                     continue
                 raise self._no_quorum(exc) from None
-        if self.state.healed and self.stage == 0:  # the group rejoins once, whatever its stage count
+        if self.state.healed and self.rank == 0:  # the group rejoins once, whatever its process count
             self._note_rejoin(time.monotonic() - started)
 
     def _no_quorum(self, exc: Exception) -> ElasticGroupError:
@@ -300,10 +316,10 @@ class ElasticGroup:
                                                        "t": time.time(), "seconds": seconds}))
 
     def barrier(self) -> None:
-        """Wait until every group (every stage of it) has started once (a quorum of the first arrivals would
+        """Wait until every group (every process of it) has started once (a quorum of the first arrivals would
         train without the rest)."""
-        self.store.set(f"ready/{self.group}/{self.stage}", "1")
-        stages = range(self.config.stages)
+        self.store.set(f"ready/{self.group}/{self.rank}", "1")
+        stages = range(group_size(self.config))
         keys = [f"ready/{g}/{s}" for g in range(self.config.replicas) for s in stages]
         try:
             self.store.wait(keys, timedelta(seconds=self.config.reliability.comm_timeout_s))
@@ -353,7 +369,8 @@ class ElasticGroup:
                                    cfg.replicas, cfg.schedule.batch_size, self.seq_len)
         self.sync.set_lr(lr_at(step if lr_step is None else lr_step, cfg.run.steps, cfg.optim.lr))
         self.sync.optimizer.zero_grad(set_to_none=True)
-        loss = self.model.train_step(x, y)
+        rows = shard_rows(int(x.shape[0]), self.position.k, self.shard)  # K > 1: this shard's part of the batch
+        loss = self.model.train_step(x[rows], y[rows])
         dp_bytes = self.sync.step(step, self.timer).dp_bytes
         synced = self.due(step) and not isinstance(self.sync, ElasticAdaptiveSync)
         sent = None if mark is None else self.links.transfers_since(mark)
@@ -390,10 +407,10 @@ class ElasticGroup:
             if checkpoint_due(self.config, step + 1, record["synced"], self.end) and \
                     writes_checkpoint(self.manager.participating_rank()):
                 self.observer.event("checkpoint", step + 1, **save_group_checkpoint(
-                    self.config, self.group, self.stage, step + 1, self.module, self.sync, self.model.boundaries,
+                    self.config, self.group, self.rank, step + 1, self.module, self.sync, self.model.boundaries,
                     self.resumed_from))
-            if self.stage != 0:
-                continue  # stage 0 reports the group's progress and commits (the stages commit together)
+            if self.rank != 0:
+                continue  # rank 0 reports the group's progress and commits (the group's ranks commit together)
             self.store.set(f"step/{self.group}", str(step + 1))
             if record["synced"]:
                 self.store.set(f"commit/{step}", json.dumps([record["contributors"], time.time()]))
@@ -404,12 +421,13 @@ class ElasticGroup:
         return self.model.validation_loss(self.data.val, self.seq_len, cfg.data.eval_windows, cfg.schedule.batch_size)
 
     def finish(self, result_dir: Path) -> None:
-        """Write this stage's final parameters and records (read by the launcher)."""
-        flat = torch.cat([p.detach().reshape(-1) for p in self.params])
-        torch.save(flat, params_path(result_dir, self.group, self.stage))
-        summary = {"group": self.group, "stage": self.stage, "steps": self.state.step, "val_loss": self.evaluate(),
-                   "records": self.state.records, "failed_quorums": self.exchange.failed_quorums}
-        path = summary_path(result_dir, self.group, self.stage)
+        """Write this process's final parameters (a sharded plan: its shards) and records (read by the launcher)."""
+        flat = torch.cat([local_shard(p).reshape(-1) for p in self.params])
+        torch.save(flat, params_path(result_dir, self.group, self.rank))
+        summary = {"group": self.group, "stage": self.stage, "rank": self.rank, "steps": self.state.step,
+                   "val_loss": self.evaluate(), "records": self.state.records,
+                   "failed_quorums": self.exchange.failed_quorums}
+        path = summary_path(result_dir, self.group, self.rank)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary))
         os.replace(tmp, path)
@@ -440,14 +458,18 @@ def wait_for_lighthouse(address_file: Path, timeout_s: float) -> str:
 
 def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: int, lighthouse: str | None,
                world: WorldTokens | None, net: GroupNet = GroupNet(), stage: int = 0) -> None:
-    """Entry point of a replica group's process, stage `stage` of it (a supervisor Target): `lighthouse`
+    """Entry point of a replica group's process, group rank `stage` of it (its stage; a sharded plan: stage x K +
+    shard) (a supervisor Target): `lighthouse`
     None = read the address the launcher's lighthouse wrote in `result_dir`; `net`: where the launcher's
     store is and what to advertise. Exit status 2 for its own errors (written to error-<group>.txt), 1 for
     anything else (the launcher restarts the group)."""
     from torch.distributed import TCPStore
 
-    set_process_name(f"geotrain-g{group}" + (f"s{stage}" if config.stages > 1 else ""))
-    quiet_torchft(Path(result_dir) / (f"group-{group}.log" if config.stages == 1 else f"group-{group}-{stage}.log"))
+    position = group_position(config, stage)
+    set_process_name(f"geotrain-g{group}" + (f"s{position.stage}" if config.stages > 1 else "") +
+                     (f"k{position.shard}" if position.k > 1 else ""))
+    log = f"group-{group}.log" if group_size(config) == 1 else f"group-{group}-{stage}.log"
+    quiet_torchft(Path(result_dir) / log)
     torch.set_num_threads(config.run.threads)
     worker: Any = None  # an ElasticGroup, or an AsyncElasticGroup (--outer-sync async)
     try:

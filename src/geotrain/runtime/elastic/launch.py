@@ -5,7 +5,8 @@
 
 Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one, or --outer-sync async, whose groups
 use no torchft: runtime/elastic/async_group.py), ranks 1 + r S .. r S + S
-are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one). A group is the unit: the
+are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one; a sharded plan: S x K, ranks
+1 + r S K .. in group-rank order). A group is the unit: the
 watch loop polls every rank and judges each group by its stages' exits:
   - a group that fails (a stage killed or crashed) is restarted as a whole (every stage stopped and
     started again, `Supervisor.restart`, counted once) up to --max-restarts times and recovers from a live
@@ -39,6 +40,7 @@ from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
+from geotrain.runtime.elastic.stage import group_position, group_size
 from geotrain.runtime.elastic.summary import (ElasticSummary, max_stage_param_diff, mean_losses, read_groups,
                                               stall_seconds)
 
@@ -92,10 +94,11 @@ def group_code(codes: tuple[int | None, ...] | list[int | None], ranks: list[int
 
 @dataclass
 class _Watch:
-    """The launcher's bookkeeping of one run (`first`: the supervisor rank of group 0's stage 0)."""
+    """The launcher's bookkeeping of one run (`size`: the processes of a group, S x K; `first`: the supervisor
+    rank of group 0's rank 0)."""
 
     groups: int
-    stages: int = 1
+    size: int = 1
     first: int = 1
     restarts: list[int] = field(default_factory=list)
     failures: int = 0
@@ -118,8 +121,8 @@ class _Watch:
             self.on_event(f"replica group {group}{site} {what}")
 
     def ranks(self, group: int) -> list[int]:
-        """The supervisor ranks of `group`'s stage processes."""
-        return [self.first + group * self.stages + s for s in range(self.stages)]
+        """The supervisor ranks of `group`'s processes."""
+        return [self.first + group * self.size + s for s in range(self.size)]
 
 
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
@@ -161,8 +164,8 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
         lighthouse = rel.lighthouse and f"http://{rel.lighthouse}"
         specs = [hosts.target(context, g, group_main,
                               (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g), s),
-                              f"geotrain-group-{g}" + (f"-stage-{s}" if config.stages > 1 else ""))
-                 for g in range(groups) for s in range(config.stages)]
+                              f"geotrain-group-{g}" + (f"-rank-{s}" if group_size(config) > 1 else ""))
+                 for g in range(groups) for s in range(group_size(config))]
         needs_lighthouse = rel.lighthouse is None and not asynchronous
         if needs_lighthouse:
             settings = LighthouseSettings(f"{hosts.control}:0", rel.min_replicas,
@@ -175,7 +178,8 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
         faults = parse_chaos(rel.chaos) if rel.chaos else ()
         kills = kill_schedule(faults, groups, config.run.seed)
         cuts = partition_schedule(faults, groups, config.run.seed)
-        watch = _Watch(groups, config.stages, first_group, [0] * groups, sites=group_sites(config), on_event=on_event)
+        watch = _Watch(groups, group_size(config), first_group, [0] * groups, sites=group_sites(config),
+                       on_event=on_event)
         with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
             _watch(supervisor, config, watch, (kills, cuts), Path(tmp), (store, hosts), progress, poll_s)
         return _summary(config, watch, Path(tmp), store, time.perf_counter() - started)
@@ -276,8 +280,8 @@ def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
 def _record_failure(config: RuntimeConfig, group: int, step: int, exit: str, restart: int | None) -> None:
     """A "failure" event on each of `group`'s ranks in the run directory (its processes cannot write it):
     at the step it was in (`step` committed before), with how it ended and the restart it gets (None: none)."""
-    for stage in range(config.stages):
-        launcher_event(config, config.layout.rank_of(stage, group), "failure", step,
+    for position in map(lambda rank: group_position(config, rank), range(group_size(config))):
+        launcher_event(config, config.layout.rank_of(position.stage, group, position.shard), "failure", step,
                        reason=f"replica group {group} {exit}", exit=exit, restart=restart)
 
 
@@ -331,7 +335,7 @@ def _recoveries(since: dict[int, list[float]], rejoins: list[dict[str, Any]]) ->
 
 
 def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any, wall_s: float) -> ElasticSummary:
-    finished = read_groups(result_dir, watch.groups, config.stages)
+    finished = read_groups(result_dir, watch.groups, group_size(config))
     steps = max((s["steps"] for s in finished.values()), default=0)
     rejoin_count = _int(store, "rejoins")
     rejoins = [json.loads(store.get(f"rejoin/{n}").decode()) for n in range(1, rejoin_count + 1)]
@@ -346,7 +350,7 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
     return ElasticSummary(
         steps=steps, losses=mean_losses(finished, steps), val_loss=val[0] if val else None,
         replica_failures=watch.failures, rejoins=rejoin_count, global_restarts=0,
-        max_param_diff_across_replicas=max_stage_param_diff(result_dir, sorted(finished), config.stages),
+        max_param_diff_across_replicas=max_stage_param_diff(result_dir, sorted(finished), group_size(config)),
         recovery_s=_recoveries(watch.failed_at, rejoins),
         stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed - set(watch.healed_at)),
         train_s=last - t0, samples=int(sum(contributors) * every * config.schedule.batch_size),

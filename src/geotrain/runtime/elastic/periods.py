@@ -64,7 +64,7 @@ def run_periods(group: Any) -> None:
         last_record = None
         if checkpoint_due(config, completed, True) and writes_checkpoint(group.manager.participating_rank()):
             group.observer.event("checkpoint", completed, **save_group_checkpoint(
-                config, group.group, group.stage, completed, group.module, sync, group.model.boundaries,
+                config, group.group, group.rank, completed, group.module, sync, group.model.boundaries,
                 group.resumed_from))
         group.store.set(f"step/{group.group}", str(completed))
         group.store.set(f"commit/{completed - 1}", json.dumps([group.exchange.contributors, time.time()]))

@@ -4,7 +4,9 @@ checked when the config is built, each refusal one line naming the setting and i
 
 Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per
 stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partition, no --netlab), any
-replicas R >= min_replicas, on CPU (torchft's reconfigurable gloo, on the emulating backend with
+replicas R >= min_replicas, sharded plans (K > 1 devices per slot: blocking DiLoCo, kill chaos,
+plain links; a group is S x K processes, FSDP2 among each stage's K, the outer sync per (stage, shard) between
+the same position of every group), on CPU (torchft's reconfigurable gloo, on the emulating backend with
 --time-scale > 0 or a partition, S = 1); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
@@ -33,6 +35,31 @@ from geotrain.runtime.sections import RuntimeConfigError
 
 PIPELINE_SCHEDULE = "gpipe"
 """The pipeline schedule of elastic groups of S > 1 stages (the one tested across a group's restarts)."""
+
+
+def sharded_refusal(config: Any) -> str | None:
+    """Why an elastic sharded plan (K > 1 devices per slot: a group of S x K processes, FSDP2 inside each stage's
+    slot) cannot run with `config`'s other settings, or None (K = 1: None)."""
+    k = config.layout.k
+    if k == 1:
+        return None
+    rel, what = config.reliability, f"elastic groups of {k} shards per slot (plan --shards {k})"
+    reasons = (
+        (rel.netlab, f"reliability.netlab: {what} run on this host's loopback only"),
+        (rel.chaos is not None and has_partition(rel.chaos),
+         f"reliability.chaos {rel.chaos!r}: partitions of {what} are not supported (a cut group's K ranks would "
+         f"go offline together: not built yet); use kill-site"),
+        (config.optim.local_steps == "adaptive",
+         f"--local-steps adaptive: {what} run equal steps (not built yet: a site's shards agreeing on one step "
+         f"count per period across a changing quorum)"),
+        (config.optim.fragments > 1 or config.optim.sync_delay > 0 or config.optim.sync_moments,
+         f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}"
+         f"{', --sync-moments' if config.optim.sync_moments else ''}): {what} run blocking DiLoCo (not built yet)"),
+        (config.emulation.time_scale > 0,
+         f"emulation.time_scale {config.emulation.time_scale!r}: {what} run on plain links (no link emulation "
+         f"yet); pass --time-scale 0"),
+    )
+    return next((text for failed, text in reasons if failed), None)
 
 
 def pipeline_refusal(config: Any) -> str | None:
@@ -107,7 +134,8 @@ def elastic_refusal(config: Any) -> str | None:
          f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
          f"outer-round ends only (their checkpoints are written there); use a multiple of {optim.sync_every}"),
     )
-    return next((text for failed, text in reasons if failed), pipeline_refusal(config) or async_refusal(config))
+    return next((text for failed, text in reasons if failed),
+                sharded_refusal(config) or pipeline_refusal(config) or async_refusal(config))
 
 
 def async_refusal(config: Any) -> str | None:

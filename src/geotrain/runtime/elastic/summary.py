@@ -86,12 +86,13 @@ class ElasticSummary:
 
 
 def params_path(result_dir: Path, group: int, stage: int) -> Path:
-    """Where stage `stage` of replica group `group` writes its final parameters (flat float32)."""
+    """Where group rank `stage` (its stage; a sharded plan: stage x K + shard) of replica group `group` writes its
+    final parameters (flat float32; a sharded plan: its shards)."""
     return result_dir / f"params-{group}-{stage}.pt"
 
 
 def summary_path(result_dir: Path, group: int, stage: int) -> Path:
-    """Where stage `stage` of replica group `group` writes its summary (steps, val_loss, records)."""
+    """Where group rank `stage` of replica group `group` writes its summary (steps, val_loss, records)."""
     return result_dir / f"group-{group}-{stage}.json"
 
 
@@ -102,7 +103,8 @@ def max_param_diff(paths: list[Path]) -> float:
 
 
 def max_stage_param_diff(result_dir: Path, groups: list[int], stages: int) -> float:
-    """`max_param_diff` of each pipeline stage across the finished `groups` (stage s against stage s), the largest."""
+    """`max_param_diff` of each group rank across the finished `groups` (stage s against stage s; a sharded plan:
+    each (stage, shard) against the same), the largest."""
     return max(max_param_diff([params_path(result_dir, g, s) for g in groups]) for s in range(stages))
 
 
