@@ -199,12 +199,13 @@ def test_the_shards_of_a_slot_send_what_the_unsharded_replica_sends(runs):
 def test_asynchronous_updates_run_a_global_models_server_per_shard(runs):
     """--outer-sync async on the sharded plan: a server per shard position (on site 0's rank of that shard), each
     rank its client: a push carries the rank's shard (half the model; fp32 and a 40-byte header; the final step's
-    record also holds the final request's header), every rank scores one final model, and the loss falls."""
+    record also holds the final request's header), every rank scores one final model, and the loss falls. Without
+    the per-shard server the run is refused (geotrain.sync.sharded); a push of the whole model is 2 x 1.6 MB."""
     report = runs["async"]
     shard = report["summary"]["memory"]["per_rank"][0]["weights"]
     assert 2 * shard == runs["unsharded"]["summary"]["memory"]["per_rank"][0]["weights"]
-    pushes = {row["dp_bytes"] for row in report["iterations"]} - {0}
-    assert 40 + shard in pushes and pushes <= {40 + shard, 80 + shard}, (pushes, shard)
+    pushes = {row["dp_bytes"] for row in report["iterations"]} - {0}  # a row of the run's progress: 1 or more pushes
+    assert 40 + shard in pushes and all(b % (40 + shard) in (0, 40) for b in pushes), (pushes, shard)
     validation = {entry["loss"] for entry in report["validation"]}
     assert len(validation) == 1 and validation.pop() < report["losses"][0] - 0.3, report["validation"]
 
