@@ -71,6 +71,21 @@ def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
 
 
+def _largest(values: torch.Tensor, group: Any) -> torch.Tensor:
+    """`values`, each the largest over process group `group` (None: the default one). On emulated links over the
+    emulating group's plain gloo group: an emulated collective holds its process's emulation lock while it waits,
+    which would stop the server thread in the same process from replying to the peer it waits for (a deadlock);
+    these few bytes of agreement take no emulated time."""
+    emulating = emulating_group(group)
+    if emulating is None:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+    else:
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MAX
+        emulating.inner.allreduce([values], options).wait()
+    return values
+
+
 class AsyncOuterSync:
     """This rank's side of asynchronous DiLoCo (module doc): `after_inner_step()` after each inner step,
     `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical). `budget`: the
@@ -257,17 +272,14 @@ class AsyncOuterSync:
         """(the least `updates`, the largest `round_step`) over this rank's replica (its own without one)."""
         if self.replica_group is None:
             return updates, round_step
-        both = torch.tensor([-updates, round_step], dtype=torch.int64)
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.replica_group)
+        both = _largest(torch.tensor([-updates, round_step], dtype=torch.int64), self.replica_group)
         return -int(both[0]), int(both[1])
 
     def _world_step(self, step: int) -> int:
         """The step a checkpoint round closed at, agreed by every rank (each position's server closes its own
         round, and may reach a later pause than another's meanwhile): the largest; the rounds through it are
         closed on this rank's server. Every rank is paused in the round when it calls this (no request out)."""
-        agreed = torch.tensor([step], dtype=torch.int64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        step = int(agreed[0])
+        step = int(_largest(torch.tensor([step], dtype=torch.int64), None)[0])
         for server in self.servers:
             server.close_through(step)
         return step
