@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from geotrain.sync.sharded import SHARDED_REFUSALS
-
 
 @dataclass(frozen=True)
 class Setting:
@@ -112,9 +110,9 @@ directory, a cluster of known GPU types."""
 
 SETTING = {setting.name: setting for setting in SETTINGS}
 
-_ASYNC_WHOLE = "asynchronous outer updates send the whole model's outer gradient at a replica's own pace"
+_ASYNC_WHOLE = ("asynchronous outer updates send a replica's whole outer gradient (per stage and shard) at its own "
+                "pace")
 _ADAPTIVE_STEPS = "replicas take different step counts between outer syncs"
-_SHARDED = {key: why for key, _, why in SHARDED_REFUSALS}
 
 RULES: tuple[Rule, ...] = (
     # the optimizer and the outer step
@@ -143,8 +141,7 @@ RULES: tuple[Rule, ...] = (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),
         Rule(mode, "fragments", f"{_ASYNC_WHOLE} (no fragments)"),
         Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True),
-        Rule(mode, "moments", f"{_ASYNC_WHOLE} (no moments)"),
-        Rule(mode, "pipeline", "the global model's server needs one stage per replica (the whole model)"))),
+        Rule(mode, "moments", f"{_ASYNC_WHOLE} (no moments)"))),
     Rule("async-hierarchical", "elastic", "region servers hold their region's model once each (only flat "
          "--outer-sync async elects a new host for the global model)", instead="use --outer-sync async"),
     Rule("async", "hierarchical", "asynchronous updates take their regions from the cluster itself", built=True,
@@ -161,8 +158,6 @@ RULES: tuple[Rule, ...] = (
     Rule("cuda", "links", "link emulation runs on CPU (gloo) only", built=True,
          instead="pass --time-scale 0 to train over NCCL without emulation"),
     Rule("cuda", "onebit", "1-bit Adam keeps its state in host memory (CPU only)", instead="use --optimizer adamw"),
-    # sharded replicas (FSDP2 inside a slot, DiLoCo per shard across slots: runtime/sharded.py)
-    *(Rule("shards", mode, _SHARDED["asynchronous"]) for mode in ("async", "async-hierarchical")),
 )
 """The pairs that do not run together, in the order validation checks them (the first that applies speaks)."""
 

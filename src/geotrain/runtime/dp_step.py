@@ -20,7 +20,7 @@ from geotrain.cluster import Cluster
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import regions_of_devices
-from geotrain.runtime.layout import Layout
+from geotrain.runtime.layout import Layout, Slot
 from geotrain.runtime.transport import Transport
 from geotrain.sync import DPGroup, GradientSync, SyncError, SyncOptions, make_gradient_sync
 from geotrain.sync.sharded import check_sharded_settings
@@ -65,9 +65,10 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
     if shard_group is not None:
         streaming = options.streaming
         check_sharded_settings(named, group, fragments=streaming.fragments, fragment_split=streaming.fragment_split,
-                               asynchronous=options.heterogeneity.outer_sync != "sync")
+                               asynchronous=False)  # asynchronous updates: a server per shard position, below
     if options.heterogeneity.outer_sync != "sync":
-        return _async_gradient_sync(options, stage, layout, cluster, replicas, timeout_s)
+        return _async_gradient_sync(options, stage, layout, slot, cluster, replicas, timeout_s, group,
+                                    replica_group)
     devices = tuple(layout.dp_group_devices(slot.stage, slot.shard))
     links = None if cluster is None else GatherLinks.of_cluster(cluster, devices)
     dp_group = DPGroup(group, tuple(layout.dp_group_ranks(slot.stage, slot.shard)), devices, hierarchy, links,
@@ -75,26 +76,30 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
     return make_gradient_sync(options, named, transport, dp_group, rank, world_sum_over_replicas(replicas))
 
 
-def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: Layout, cluster: Cluster | None,
-                         replicas: int, timeout_s: float | None) -> GradientSync:
-    """--outer-sync async*: one stage, so the DP group is the world; async-hierarchical's regions are the
-    cluster's (the region holding rank 0 first, so that its first rank hosts the global server)."""
+def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: Layout, slot: Slot,
+                         cluster: Cluster | None, replicas: int, timeout_s: float | None, group: object,
+                         replica_group: object) -> GradientSync:
+    """--outer-sync async*: a global model's server per position (`slot`'s stage and shard), on replica 0's rank of
+    it, whose clients are the position's DP group `group`; a replica of several ranks agrees in `replica_group` on
+    its count and checkpoint rounds (geotrain.sync.async_outer). async-hierarchical's regions are the cluster's,
+    of the position's ranks (the region holding replica 0's first, so that its first rank hosts the global server)."""
     from geotrain.sync.async_outer import AsyncOuterSync
     from geotrain.sync.async_step import AsyncOuterGradientSync, run_budget
     from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 
     params = [p for p in stage.parameters() if p.requires_grad]
+    position = layout.dp_group_ranks(slot.stage, slot.shard)
     regions = None
     if options.heterogeneity.outer_sync == "async-hierarchical":
         if cluster is None:
             raise SyncError("--outer-sync async-hierarchical needs the cluster's regions")
-        ranks = layout.dp_group_ranks(0)
-        found = regions_of_devices(ranks, layout.dp_group_devices(0), cluster.region_of)
+        found = regions_of_devices(position, layout.dp_group_devices(slot.stage, slot.shard), cluster.region_of)
         regions = sorted((sorted(region) for region in found.members), key=lambda region: region[0])
     budget = run_budget(options.total_steps, options.outer.sync_every, replicas)  # type: ignore[arg-type]
     outer = AsyncOuterSync(params, options.outer.sync_every, outer_lr=options.outer.outer_lr,  # type: ignore[arg-type]
                            outer_momentum=options.outer.outer_momentum, regions=regions, budget=budget,
                            timeout_s=timeout_s, merge=options.heterogeneity.async_merge,
-                           staleness_power=options.heterogeneity.async_staleness_power)
+                           staleness_power=options.heterogeneity.async_staleness_power, position=position,
+                           position_group=group, replica_group=replica_group)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     return AsyncOuterGradientSync(params, adamw, outer)

@@ -138,6 +138,10 @@ class Worker:
             fully_shard_stage([self.modules[v] for v in sorted(self.modules)], self.shard_group, device)
         self.stage = torch.nn.ModuleList(self.modules[v] for v in sorted(self.modules))  # this rank's weights
         self.ties = self._tie_groups(ties)
+        if self.ties and config.optim.outer_sync != "sync":
+            raise RuntimeConfigError(f"--outer-sync {config.optim.outer_sync} with model {config.model.model_name!r}, "
+                                     "whose weight is tied across pipeline stages: not built yet: each stage's global "
+                                     "model has its own server, which would update the tied copies apart")
         scale = config.compute_scale()
         # compute counted by the emulated clock's own clock (wall or CPU seconds), so that it compares with
         # emulated time (compute fraction, predicted iteration); wall seconds without emulation
@@ -148,9 +152,11 @@ class Worker:
         self.transport = Transport(self.layout, rank, config.emulation.time_scale)
         self.pp_group = pp_groups[self.slot.replica][shard]
         # adaptive local steps of a replica of several ranks (S stages x K shards): they agree on their step times in
-        # a group of the replica's ranks (host tensors: the per-device backend, not a site's NCCL group)
+        # a group of the replica's ranks (host tensors: the per-device backend, not a site's NCCL group); asynchronous
+        # outer updates on their count and checkpoint rounds
+        agree = config.optim.local_steps == "adaptive" or config.optim.outer_sync != "sync"
         replica_groups = ([self._group([self.layout.rank_of(s, r, k) for s in range(S) for k in range(K)], "replica")
-                           for r in range(R)] if S * K > 1 and config.optim.local_steps == "adaptive" else None)
+                           for r in range(R)] if S * K > 1 and agree else None)
         replica_group = None if replica_groups is None else replica_groups[self.slot.replica]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss, self.pp_group, device, self.timer)

@@ -12,6 +12,15 @@ train's --time-scale) each message is timed by the cluster's links and every ser
 clock and serves requests in emulated-time order (geotrain.sync.async_timing), so a replica on a slow GPU
 sends as rarely as its speed says, though every rank computes on this one machine.
 
+Positions (a run of S > 1 pipeline stages or K > 1 shards per slot: `position`, the ranks of one (stage, shard)
+by replica): the global model is split by position, a server per position on its first rank (replica 0's;
+"rank 0" above), every rank the client of its position's server only, as a parameter server sharded by position
+(DistBelief's Downpour SGD). Each server keeps its own version, staleness bound and weights. A replica's ranks
+push at the same inner step (they step in lock-step) and, after each reply, agree in `replica_group` on the least
+update count of their positions (`outer_step`: the replica stops as one) and on the largest checkpoint round any
+names (it pauses as one); the step a round closes at is agreed by every rank (the largest). The outer optimizer is
+elementwise, so with one arrival order at every position the servers are exactly one whole-model server.
+
 Costs on the links, per replica update of a model of M fp32 bytes: flat, M up and M down between the
 replica and rank 0 (across the WAN for every replica outside rank 0's region); hierarchical, the same
 inside the region, and per `merge_every` region updates M up and M down between the region's first rank
@@ -45,6 +54,7 @@ import torch.distributed.distributed_c10d as c10d
 from geotrain.comm.groups import new_group
 from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
+from geotrain.optim.shards import local_shard
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
@@ -61,13 +71,31 @@ def _flat(params: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
 
 
+def _largest(values: torch.Tensor, group: Any) -> torch.Tensor:
+    """`values`, each the largest over process group `group` (None: the default one). On emulated links over the
+    emulating group's plain gloo group: an emulated collective holds its process's emulation lock while it waits,
+    which would stop the server thread in the same process from replying to the peer it waits for (a deadlock);
+    these few bytes of agreement take no emulated time."""
+    emulating = emulating_group(group)
+    if emulating is None:
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+    else:
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MAX
+        emulating.inner.allreduce([values], options).wait()
+    return values
+
+
 class AsyncOuterSync:
     """This rank's side of asynchronous DiLoCo (module doc): `after_inner_step()` after each inner step,
     `finish()` at the end. `regions` None: flat; else global ranks per region (hierarchical). `budget`: the
     replica outer gradients the global model takes at most (async_server; None: no cap). `timeout_s`: the
     collective timeout of the groups it creates and the server's own rank's wait for its reply (async_wire; None:
     torch's default, no bound in process; a run gives its --comm-timeout). `merge`:
-    what each server does to an arriving outer gradient before its outer optimizer (geotrain.sync.async_merge)."""
+    what each server does to an arriving outer gradient before its outer optimizer (geotrain.sync.async_merge).
+    `position`: the ranks of this rank's position by replica (module doc; None: the world, one position),
+    `position_group` their process group (None: the default one), `replica_group` the group of this rank's replica's
+    ranks where they agree (None: a replica of one rank)."""
 
     _instances = itertools.count()
 
@@ -75,42 +103,50 @@ class AsyncOuterSync:
                  outer_momentum: float, staleness_bound: int = STALENESS_BOUND,
                  staleness_power: float = STALENESS_POWER, regions: Sequence[Sequence[int]] | None = None,
                  merge_every: int | None = None, budget: int | None = None,
-                 timeout_s: float | None = None, merge: str = "staleness") -> None:
+                 timeout_s: float | None = None, merge: str = "staleness", position: Sequence[int] | None = None,
+                 position_group: Any = None, replica_group: Any = None) -> None:
         if not dist.is_initialized():
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
         self.params = list(params)
+        self.local = [local_shard(p) for p in self.params]  # a sharded slot's parameters: this rank's shards
         self.sync_every = sync_every
         self.budget = budget
         self.rank = dist.get_rank()
-        world = dist.get_world_size()
+        ranks = list(range(dist.get_world_size())) if position is None else list(position)
+        if self.rank not in ranks:
+            raise SyncError(f"asynchronous DiLoCo: rank {self.rank} is not in its position's ranks {ranks}")
+        self.host = ranks[0]
+        """The rank hosting this position's global model (its first: replica 0's)."""
+        self.replica_group = replica_group
         self.regions = None if regions is None else Regions.of(regions, "asynchronous DiLoCo regions")
-        if self.regions is not None and sorted(self.regions.ranks) != list(range(world)):
-            raise SyncError(f"asynchronous DiLoCo regions must hold every rank 0..{world - 1} once, got {regions!r}")
-        groups = [list(range(world))] if self.regions is None else [list(r) for r in self.regions.members]
-        if self.regions is not None and groups[0][0] != 0:
-            raise SyncError(f"asynchronous DiLoCo: the first region must start with rank 0 (the global server), "
-                            f"got {regions!r}")
-        with torch.no_grad():  # every replica and server starts from rank 0's model
-            for p in self.params:
-                dist.broadcast(p.data, 0)
+        if self.regions is not None and sorted(self.regions.ranks) != sorted(ranks):
+            raise SyncError(f"asynchronous DiLoCo regions must hold every rank of {ranks} once, got {regions!r}")
+        groups = [ranks] if self.regions is None else [list(r) for r in self.regions.members]
+        if self.regions is not None and groups[0][0] != self.host:
+            raise SyncError(f"asynchronous DiLoCo: the first region must start with rank {self.host} (the global "
+                            f"server), got {regions!r}")
+        with torch.no_grad():  # every replica and server of the position starts from its host's model
+            for p in self.local:
+                dist.broadcast(p, self.host, group=position_group)
         store = c10d._get_default_store()
-        # one group per direction of traffic: replicas <-> their server, region servers <-> the global one
-        replica_group = new_group(None, timeout_s, backend="gloo")
+        # one group per direction of traffic: replicas <-> their server, region servers <-> the global one (every
+        # position's servers share them: per process each is used by one thread, module async_wire)
+        client_group = new_group(None, timeout_s, backend="gloo")
         global_group = new_group(None, timeout_s, backend="gloo")
         instance = f"geotrain/async/{next(self._instances)}"
-        self.anchor = _flat(self.params)
+        self.anchor = _flat(self.local)
         self.sent_to: Counter = Counter()
         numel = self.anchor.numel()
         my_group = next(g for g in groups if self.rank in g)
         self.leader = my_group[0]
-        emulating = emulating_group(replica_group)
+        emulating = emulating_group(client_group)
         self.emulation = None if emulating is None else emulating.state
         """This process's emulation (emulated links: messages timed, served in emulated order), else None."""
         server_timer = None
         if self.emulation is not None:
             server_timer = LinkTimer.for_server(self.emulation) if self.rank == self.leader else None
             timing = MailboxTiming(emulating.inner, LinkTimer.of_rank(self.emulation), server_timer)
-        self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, replica_group, numel,
+        self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, client_group, numel,
                                self.sent_to, None if self.emulation is None else timing, timeout_s)
         self._publish_clock()
         self.threads: list[ServerThread] = []
@@ -128,10 +164,11 @@ class AsyncOuterSync:
                 upstream_timing = None
                 if server_timer is not None:  # emulated links
                     upstream_timing = MailboxTiming(emulating_group(global_group).inner, server_timer,
-                                                    LinkTimer.for_server(self.emulation) if self.rank == 0 else None)
-                upstream = Mailbox(store, f"{instance}/global", 0, global_group, numel, self.sent_to, upstream_timing,
-                                   timeout_s)
-                if self.rank == 0:
+                                                    LinkTimer.for_server(self.emulation)
+                                                    if self.rank == self.host else None)
+                upstream = Mailbox(store, f"{instance}/global{self.host}", self.host, global_group, numel,
+                                   self.sent_to, upstream_timing, timeout_s)
+                if self.rank == self.host:
                     leaders = [g[0] for g in groups]
                     # the regions already applied the outer optimizer: the global server averages their
                     # deltas (lr 1, no momentum, 1/R each), so a replica's update weighs as in the flat run
@@ -208,21 +245,44 @@ class AsyncOuterSync:
         return reply
 
     def _push(self, final: bool) -> None:
-        gradient = None if self.period_steps == 0 else self.anchor - _flat(self.params)
+        gradient = None if self.period_steps == 0 else self.anchor - _flat(self.local)
         reply = self._exchange(Request(self.rank, self.version, gradient, 1, final))
         self.pushes += gradient is not None
         self.period_steps = 0
-        self.version, self.outer_step = reply.version, reply.updates
+        self.version = reply.version
         self.model_time_s = reply.sent_s
         self.anchor = reply.model
         with torch.no_grad():
             offset = 0
-            for p in self.params:
+            for p in self.local:
                 p.copy_(reply.model[offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
-        if not final and reply.checkpoint > self.checkpointed:  # a checkpoint round is open: pause for it
-            went = self._exchange(Request(self.rank, self.version, None, 0, pause=True, round=reply.checkpoint))
-            self.checkpointed = self.paused_for = went.checkpoint  # the step the round closed at
+        if final:
+            self.outer_step = reply.updates
+            return
+        # a replica of several positions agrees on its count (it stops as one) and on a checkpoint round (it
+        # pauses as one): the smallest count and the largest round of its positions' servers
+        self.outer_step, round_step = self._agreed(reply.updates, reply.checkpoint)
+        if round_step > self.checkpointed:  # a checkpoint round is open: pause for it
+            went = self._exchange(Request(self.rank, self.version, None, 0, pause=True, round=round_step))
+            step = went.checkpoint if self.replica_group is None else self._world_step(went.checkpoint)
+            self.checkpointed = self.paused_for = step  # the step the round closed at
+
+    def _agreed(self, updates: int, round_step: int) -> tuple[int, int]:
+        """(the least `updates`, the largest `round_step`) over this rank's replica (its own without one)."""
+        if self.replica_group is None:
+            return updates, round_step
+        both = _largest(torch.tensor([-updates, round_step], dtype=torch.int64), self.replica_group)
+        return -int(both[0]), int(both[1])
+
+    def _world_step(self, step: int) -> int:
+        """The step a checkpoint round closed at, agreed by every rank (each position's server closes its own
+        round, and may reach a later pause than another's meanwhile): the largest; the rounds through it are
+        closed on this rank's server. Every rank is paused in the round when it calls this (no request out)."""
+        step = int(_largest(torch.tensor([step], dtype=torch.int64), None)[0])
+        for server in self.servers:
+            server.close_through(step)
+        return step
 
     def plan_checkpoints(self, pauses: Sequence[tuple[int, int]]) -> None:
         """The run's checkpoint rounds, (updates, step) pairs (async_server), on the rank hosting the flat server or
@@ -232,8 +292,8 @@ class AsyncOuterSync:
 
     @property
     def global_server(self) -> OuterServer | None:
-        """The global model's server if this rank hosts it (rank 0), else None."""
-        return self.servers[-1] if self.rank == 0 else None
+        """The global model's server (of this rank's position) if this rank hosts it, else None."""
+        return self.servers[-1] if self.rank == self.host else None
 
     def state_dict(self) -> dict[str, Any]:
         """This client's place (the model it holds and its version, its counts; its period's start: a checkpoint

@@ -195,6 +195,12 @@ class OuterServer:
         self._open_round()
         return go
 
+    def close_through(self, step: int) -> None:
+        """The rounds through `step` are closed (a round named `step` by its clients' agreement, after it let them
+        go): none of them opens again."""
+        self.closed = max(self.closed, step)
+        self.pauses = [pair for pair in self.pauses if pair[1] > step]
+
     def join_round(self, step: int) -> None:
         """Open the round of `step` (a pause's, or the global server's reply to a region: module doc) unless it
         has closed, and then the round of any pause the count has reached."""

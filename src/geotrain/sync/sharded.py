@@ -15,7 +15,8 @@ from geotrain.sync.base import SyncError
 SHARDED_REFUSALS: tuple[tuple[str, str, str], ...] = (
     ("fragment_bytes", "fragment_split 'bytes'", "a row cut of the global tensor falls inside another rank's "
                                                  "shard; cut by layers"),
-    ("asynchronous", "asynchronous updates", "the global model's server in rank 0 holds whole parameters"),
+    ("asynchronous", "asynchronous updates", "the DiLoCo class's global model server in rank 0 holds whole "
+                                             "parameters (geotrain train serves each shard position by its own)"),
 )
 """(setting, what the user set, why the sync cannot serve it with sharded parameters)."""
 

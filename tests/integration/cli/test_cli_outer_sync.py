@@ -25,14 +25,20 @@ def plan(tmp_path_factory) -> str:
     return str(out)
 
 
-@pytest.mark.slow  # a plan and a 4-rank launch
+@pytest.mark.slow  # a 4-rank launch
 @pytest.mark.timeout(400)
-def test_async_hierarchical_train_ends_with_one_model_on_every_rank(plan: str):
-    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", plan, "--steps",
-                           "10", "--sync-every", "5", "--time-scale", "0", "--outer-sync", "async-hierarchical",
-                           "--eval-every", "10", "--json"], capture_output=True, text=True, timeout=360)
+def test_async_hierarchical_train_of_two_stages_ends_with_one_model_on_every_rank(tmp_path):
+    """2 stages x 2 replicas (replica 0 in oregon, replica 1 in virginia): each stage's global model has its servers
+    (a region server per region of that stage's ranks, the global one on replica 0's rank of it)."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}))
+    done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", str(plan),
+                           "--steps", "10", "--sync-every", "5", "--time-scale", "0", "--outer-sync",
+                           "async-hierarchical", "--eval-every", "10", "--json"], capture_output=True, text=True,
+                          timeout=360)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
+    assert report["stages"] == 2
     # each rank evaluates once, after the final exchange, at whatever step it ended: one loss for all
     assert len({entry["loss"] for entry in report["validation"]}) == 1
     assert report["validation"][0]["step"] >= 5
@@ -41,8 +47,8 @@ def test_async_hierarchical_train_ends_with_one_model_on_every_rank(plan: str):
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("extra,why", [
     (["--outer-sync", "async-hierarchical", "--fragments", "5"],
-     "--outer-sync async-hierarchical with --fragments 5: not built yet: asynchronous outer updates send the whole "
-     "model's outer gradient at a replica's own pace (no fragments)"),
+     "--outer-sync async-hierarchical with --fragments 5: not built yet: asynchronous outer updates send a "
+     "replica's whole outer gradient (per stage and shard) at its own pace (no fragments)"),
     (["--elastic"], "--elastic: emulation.time_scale 1.0: elastic asynchronous groups talk over plain TCP (no link "
                     "emulation yet); pass --time-scale 0")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(plan: str, extra, why):

@@ -13,8 +13,10 @@ emulated links (integration/observe/test_observe_runs.py); --sync-every with --l
 test_cli_outer_sync.py); a sharded plan with --checkpoint-every, --stop-after and --resume
 (test_runtime_sharded_resume.py), with --eval-local (test_runtime_sharded_eval_local.py), with --sync-moments, with
 --dp-hierarchical, with a plan of 2 stages, with --local-steps adaptive, with --fragments, --sync-delay, --dp-codec
-and emulated links (test_runtime_sharded_train.py); --outer-sync async-hierarchical with --checkpoint-every, --stop-after and --resume
-(test_runtime_resume_outer_syncs.py)."""
+and emulated links (test_runtime_sharded_train.py), with --outer-sync async (test_runtime_sharded_train.py);
+--outer-sync async-hierarchical with --checkpoint-every, --stop-after and --resume (test_runtime_resume_outer_syncs.py),
+with a plan of 2 stages (integration/cli/test_cli_outer_sync.py); --outer-sync async with a plan of 2 stages,
+--checkpoint-every, --stop-after and --resume (test_runtime_resume_outer_syncs.py)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ same side of a rounding boundary (sync/adaptive.py): with an A100 + T4 pair (4.8
 3x) a loaded host moved one, and the resumed run ended up to 4.7e-4 away; 46.6x apart, the fast rank's steps must
 measure 15x slow for that. The test reads each period's split from both runs' records and compares the parameters
 to the bit where every split agrees (within 5e-3 otherwise: one step moved; the run moves its parameters by about
-1e-2); asynchronous outer updates (a checkpoint round of the
-global model's server: sync/async_server.py; outer lr 1, no momentum) to within 0.05 nats of the final global
-model's validation loss (the round's pause lets the other replica run ahead, so the server applies arrivals in
+1e-2); asynchronous outer updates on a plan of 2 pipeline stages (a global model's server per stage, on replica 0's
+rank of it; a checkpoint round of each stage's server, every replica pausing all its stages at once:
+sync/async_outer.py; outer lr 1, no momentum) to within 0.05 nats of the final global model's validation loss (the round's pause lets the other replica run ahead, so the server applies arrivals in
 another order than the run without it: measured 0.0004 nats once; with DiLoCo's Nesterov and a stale update at full
 weight, the default since, a loaded CI host saw 0.028); asynchronous hierarchical updates (4 replicas in 2 regions: the
 rounds reach the replicas through their region's server, whose region model, momentum and unmerged updates the
@@ -67,8 +67,8 @@ NATS = {"async": 0.05, "async-hierarchical": 0.1}
 """The resumed asynchronous run's final validation loss within this of the uninterrupted one's (module doc)."""
 """--stop-after: streaming's fragment 1 started after step 1 and lands after step 2 (in flight at the checkpoint);
 adaptive's step 4 is inside the second period (the H100 replica 1 of its 5 steps in, the P100 one 0 of 1); async's step 3
-is inside a period of the equal schedule (the global model holds 3 of the run's 8 replica updates); async-hierarchical's
-likewise (6 of 16)."""
+is inside a period of the equal schedule (each stage's global model holds 3 of the run's 8 replica updates);
+async-hierarchical's likewise (6 of 16)."""
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def files(tmp_path_factory) -> dict[str, dict[str, str]]:
     (root / "plan2.json").write_text(json.dumps(ONE_BY_TWO))
     (root / "plan4.json").write_text(json.dumps({**ONE_BY_TWO, "replicas": 4, "assignment": [[0, 1, 2, 3]]}))
     return {"streaming": {"cluster": streaming["cluster"], "plan": str(root / "plan12.json")},
-            "async": {"cluster": streaming["cluster"], "plan": str(root / "plan12.json")},
+            "async": streaming,  # 2 stages x 2 replicas
             "async-hierarchical": {"cluster": streaming["cluster"], "plan": str(root / "plan4.json")},
             "adaptive": {"cluster": str(root / "two.yaml"), "plan": str(root / "plan2.json")}}
 
@@ -182,14 +182,43 @@ def test_a_run_stopped_mid_period_and_resumed_ends_on_the_uninterrupted_runs_wei
 
 def test_an_asynchronous_run_stopped_and_resumed_ends_as_the_uninterrupted_one(runs):
     run = runs["async"]
-    assert len(run["resumed"]["losses"]) == len(run["ref"]["losses"])
     assert abs(_validation(run["resumed"]) - _validation(run["ref"])) < NATS["async"]
     assert run["resumed"]["summary"]["replicas_in_sync"]  # every rank holds the final global model
-    server = torch.load(ckpt.shard_path(run["cut_dir"], STOP["async"], 0), weights_only=True)["dp"]["asynchronous"]
-    client = torch.load(ckpt.shard_path(run["cut_dir"], STOP["async"], 1), weights_only=True)["dp"]["asynchronous"]
-    # the round opened at 3 of the 8 updates; the other rank went on until both were paused
-    assert 3 <= server["server"]["updates"] < 8 and "server" not in client
-    assert server["outer_step"] + client["outer_step"] >= 3 and server["server"]["optimizer"]["arrivals"] >= 1
+    shards = [torch.load(ckpt.shard_path(run["cut_dir"], STOP["async"], rank), weights_only=True) for rank in range(4)]
+    states = [shard["dp"]["asynchronous"] for shard in shards]
+    for rank, shard in enumerate(shards):  # the resumed run goes on from each rank's records at the stop
+        ended = torch.load(ckpt.shard_path(run["cut_dir"], _steps("async"), rank), weights_only=True)["records"]
+        steps = [(r["step"], r["loss"]) for r in shard["records"]]
+        assert len(steps) >= 2 and [(r["step"], r["loss"]) for r in ended][:len(steps)] == steps
+    for host, client in ((0, 1), (2, 3)):  # ranks 0 and 2 (replica 0 of stages 0 and 1) host their stage's server
+        server, client = states[host], states[client]
+        # the round opened at 3 of the 8 updates; the other rank went on until both were paused
+        assert 3 <= server["server"]["updates"] < 8 and "server" not in client
+        assert server["outer_step"] + client["outer_step"] >= 3 and server["server"]["optimizer"]["arrivals"] >= 1
+    assert {state["checkpointed"] for state in states} == {STOP["async"]}  # every rank paused in one round
+
+
+def test_each_stages_server_ends_holding_the_model_every_client_of_that_stage_pulled(runs):
+    """The 2-stage asynchronous run's end: a server per stage, on replica 0's rank of it; its global model is the
+    stage's weights on every rank of that stage (the clients' final pull), bit for bit; both stages' servers hold the
+    run's 8 replica updates; each push carries its stage's parameters (fp32, a 40-byte header), not the model's."""
+    run = runs["async"]
+    shards = [torch.load(ckpt.shard_path(run["ref_dir"], _steps("async"), rank), weights_only=True) for rank in range(4)]
+    states = [shard["dp"]["asynchronous"] for shard in shards]
+    assert ["server" in state for state in states] == [True, False, True, False]
+    sizes = []
+    for host, ranks in ((0, (0, 1)), (2, (2, 3))):
+        server = states[host]["server"]
+        assert server["updates"] == 8  # the budget (a replica whose other stage is short sends more: discarded)
+        for rank in ranks:
+            weights = torch.cat([w.reshape(-1) for w in shards[rank]["stage"].values()])
+            assert torch.equal(states[rank]["anchor"], server["model"]) and torch.equal(weights, server["model"])
+            assert states[rank]["outer_step"] == 8
+        pushes = {r["dp_bytes"] for r in shards[ranks[1]]["records"][:-1]} - {0}  # the client's, before its final one
+        assert pushes == {40 + 4 * server["model"].numel()}
+        sizes.append(server["model"].numel())
+    assert sizes[0] != sizes[1] and min(sizes) > 0.4 * sum(sizes)  # each server holds its stage, not the model
+    assert _validation(run["ref"]) < run["ref"]["losses"][0] - 0.3  # the loss falls
 
 
 def test_an_asynchronous_hierarchical_run_stopped_and_resumed_ends_as_the_uninterrupted_one(runs):

@@ -83,9 +83,11 @@ def runs(tmp_path_factory) -> dict[str, dict]:
                                             cluster=REGIONS_CLUSTER),
                 "pipeline": _train(root, "pipeline", SHARDED_PIPELINE, *PIPELINE, *tied, cluster=REGIONS_CLUSTER),
                 "pipeline-unsharded": _train(root, "pipeline-unsharded", UNSHARDED_PIPELINE, *PIPELINE, *tied,
-                                             cluster=REGIONS_CLUSTER)}
+                                             cluster=REGIONS_CLUSTER),
+                "async": _train(root, "async", SHARDED, "--sync-every", "2", "--outer-sync", "async", "--outer-lr", "1",
+                                "--outer-momentum", "0", "--eval-every", "8", "--time-scale", "0")}
     parts = [("sharded", "adaptive", "moments-unsharded", "regions", "pipeline-unsharded"),
-             ("unsharded", "int8", "moments", "regions-unsharded", "pipeline")]
+             ("unsharded", "int8", "moments", "regions-unsharded", "pipeline", "async")]
     processes = [OneInterpreter([commands[name] for name in names], root, f"part{i}") for i, names in enumerate(parts)]
     reports = {}
     for names, results in zip(parts, results_of(processes)):
@@ -197,6 +199,20 @@ def test_the_shards_of_a_slot_send_what_the_unsharded_replica_sends(runs):
     opens: measured +8 bytes in 1,659,320 with int8-block, docs/guide/slow-links.md)."""
     sharded, unsharded = runs["sharded"]["bytes"]["dp_per_stage"][0], runs["unsharded"]["bytes"]["dp_per_stage"][0]
     assert sharded > 0 and 2 * sharded == unsharded
+
+
+def test_asynchronous_updates_run_a_global_models_server_per_shard(runs):
+    """--outer-sync async on the sharded plan: a server per shard position (on site 0's rank of that shard), each
+    rank its client: a push carries the rank's shard (half the model; fp32 and a 40-byte header; the final step's
+    record also holds the final request's header), every rank scores one final model, and the loss falls. Without
+    the per-shard server the run is refused (geotrain.sync.sharded); a push of the whole model is 2 x 1.6 MB."""
+    report = runs["async"]
+    shard = report["summary"]["memory"]["per_rank"][0]["weights"]
+    assert 2 * shard == runs["unsharded"]["summary"]["memory"]["per_rank"][0]["weights"]
+    pushes = {row["dp_bytes"] for row in report["iterations"]} - {0}  # a row of the run's progress: 1 or more pushes
+    assert 40 + shard in pushes and all(b % (40 + shard) in (0, 40) for b in pushes), (pushes, shard)
+    validation = {entry["loss"] for entry in report["validation"]}
+    assert len(validation) == 1 and validation.pop() < report["losses"][0] - 0.3, report["validation"]
 
 
 def test_with_pipeline_stages_a_sharded_run_equals_the_unsharded_run(runs):
