@@ -54,8 +54,9 @@ residuals are shard-sized, nothing gathers the model, and each shard averages wi
 cut by layers (the same on every shard: by the parameters' global sizes), delay and either landing, any codec with
 error feedback, adaptive local steps (the site's shards agree on each period's step time: its slowest shard's,
 an all-reduce over the parameters' mesh). Moment sync averages the inner AdamW's moments per
-local shard too. Refused in one line: regions, fragments cut by bytes, asynchronous updates, and a group that holds
-two shards of one parameter (geotrain.sync.sharded).
+local shard too. Asynchronous updates run a global model's server per shard position (on the first rank of
+`group`; a site's shards agree on their update count: geotrain.sync.async_outer). Refused in one line: regions,
+fragments cut by bytes, and a group that holds two shards of one parameter (geotrain.sync.sharded).
 
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
@@ -141,8 +142,7 @@ class DiLoCo:
             raise SyncError("DiLoCo on sharded parameters (DTensor): regions are not built here (they span the "
                             "default group, which holds a site's shards); geotrain train --dp-hierarchical runs "
                             "them per shard")
-        shard_group = check_sharded_settings(trained, group, fragments=fragments, fragment_split=fragment_split,
-                                             asynchronous=asynchronous)
+        shard_group = check_sharded_settings(trained, group, fragments=fragments, fragment_split=fragment_split)
         self.model = model
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every
@@ -152,13 +152,22 @@ class DiLoCo:
             if local_steps != "equal":
                 raise SyncError(f"DiLoCo: asynchronous outer updates take H inner steps per push on every replica; "
                                 f"local_steps must be 'equal', got {local_steps!r}")
-            check_async_settings(fragments=fragments, delay=delay, mix=mix, landing=landing, group=group,
-                                 sync_moments=sync_moments, gather_links=gather_links)
+            # sharded: `group` is the same shard's peers, a position with its own global model's server
+            check_async_settings(fragments=fragments, delay=delay, mix=mix, landing=landing,
+                                 group=None if shard_group is not None else group, sync_moments=sync_moments,
+                                 gather_links=gather_links)
+            if shard_group is not None and regions is not None:
+                raise SyncError("DiLoCo on sharded parameters (DTensor): asynchronous regions are not built here "
+                                "(each shard position would need its own regions); geotrain train "
+                                "--outer-sync async-hierarchical runs them")
             named = [p for p in model.parameters() if p.requires_grad]
+            position = None if shard_group is None else dist.get_process_group_ranks(group)
             self.asynchronous = AsyncOuterSync(named, sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
                                                staleness_bound=staleness_bound, regions=regions,
                                                merge_every=merge_every, merge=async_merge,
-                                               staleness_power=staleness_power)
+                                               staleness_power=staleness_power, position=position,
+                                               position_group=None if shard_group is None else group,
+                                               replica_group=shard_group)
             regions = None  # the regions are the asynchronous servers', not the every-step gradient mean's
         self.codec = CodecSpec.parse(codec)
         self.transport = DirectTransport()

@@ -64,8 +64,7 @@ def stage_gradient_sync(options: SyncOptions, stage: torch.nn.Module, transport:
     named = list(stage.named_parameters())
     if shard_group is not None:
         streaming = options.streaming
-        check_sharded_settings(named, group, fragments=streaming.fragments, fragment_split=streaming.fragment_split,
-                               asynchronous=False)  # asynchronous updates: a server per shard position, below
+        check_sharded_settings(named, group, fragments=streaming.fragments, fragment_split=streaming.fragment_split)
     if options.heterogeneity.outer_sync != "sync":
         return _async_gradient_sync(options, stage, layout, slot, cluster, replicas, timeout_s, group,
                                     replica_group)

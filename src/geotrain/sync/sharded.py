@@ -15,21 +15,19 @@ from geotrain.sync.base import SyncError
 SHARDED_REFUSALS: tuple[tuple[str, str, str], ...] = (
     ("fragment_bytes", "fragment_split 'bytes'", "a row cut of the global tensor falls inside another rank's "
                                                  "shard; cut by layers"),
-    ("asynchronous", "asynchronous updates", "the DiLoCo class's global model server in rank 0 holds whole "
-                                             "parameters (geotrain train serves each shard position by its own)"),
 )
 """(setting, what the user set, why the sync cannot serve it with sharded parameters)."""
 
 
 def check_sharded_settings(named_params: Sequence[tuple[str, torch.Tensor]], group: Any, *, fragments: int,
-                           fragment_split: str, asynchronous: bool) -> Any:
+                           fragment_split: str) -> Any:
     """None if no parameter is sharded; else SyncError (one line) for a setting of SHARDED_REFUSALS or a group
     that is not of same-shard peers (geotrain.optim.shards.shard_peer_problem), and the process group of the
     parameters' mesh (a site's shards: where adaptive local steps agree on step times)."""
     sharded = [p for _, p in named_params if is_sharded(p)]
     if not sharded:
         return None
-    on = {"fragment_bytes": fragment_split == "bytes" and fragments != 1, "asynchronous": bool(asynchronous)}
+    on = {"fragment_bytes": fragment_split == "bytes" and fragments != 1}
     for key, what, why in SHARDED_REFUSALS:
         if on[key]:
             raise SyncError(f"DiLoCo on sharded parameters (DTensor) runs per shard; not with {what}: {why}")

@@ -1,8 +1,9 @@
 """`DiLoCo` on FSDP2 (DTensor) parameters in real gloo processes: 2 sites x 2 shards (a (replicate, shard) mesh,
 `fully_shard` on the shard dimension, DiLoCo on the replicate group) against the unsharded 2-site run of the same
 model and data in float64, blocking, with adaptive local steps and with moment sync (AdamW); the same loop with
-int8-block, 2 fragments and delay 1 ends with every shard equal to its peer and the loss down; a group of one site's
-shards, regions and fragments cut by bytes are refused.
+int8-block, 2 fragments and delay 1 ends with every shard equal to its peer and the loss down, and so does the loop
+with asynchronous updates (a server per shard position); a group of one site's shards, regions and fragments cut by
+bytes are refused.
 
 Tolerance (float64, machine epsilon eps = 2.2e-16). The runs differ only in how a step's gradient is summed: FSDP
 reduce-scatters the mean of the two shards' micro-batch gradients, the unsharded rank sums the concatenated batch
@@ -117,10 +118,12 @@ def _sharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
         half = B // 2
         out[mode] = _run(model, site, slice(shard * half, (shard + 1) * half), mesh["replicate"].get_group(), mode,
                          SHARD_STEP_S[site][shard])
+    out["asynchronous"] = _run_async(site, shard, mesh)
     refused = {"group": {"group": mesh["shard"].get_group()},  # one site's shards, not same-shard peers
                "regions": {"regions": [[0, 1], [2, 3]]},
                "bytes": {"fragments": 2, "fragment_split": "bytes", "group": mesh["replicate"].get_group()},
-               "asynchronous": {"asynchronous": True, "codec": "none", "group": mesh["replicate"].get_group()}}
+               "async-regions": {"asynchronous": True, "codec": "none", "group": mesh["replicate"].get_group(),
+                                 "regions": [[0, 1], [2, 3]]}}
     out["refusals"] = {}
     for key, options in refused.items():
         try:
@@ -129,6 +132,31 @@ def _sharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
         except Exception as exc:  # noqa: BLE001 - the test reads the type and message
             out["refusals"][key] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def _run_async(site: int, shard: int, mesh) -> dict:
+    """Asynchronous outer updates (outer lr 1, no momentum) on the shards: a global model's server per shard
+    position (on site 0's rank of it); each site's shards step as one and agree on their update count."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    inner = torch.optim.SGD(model.parameters(), lr=LR)
+    half, losses = B // 2, []
+    with DiLoCo(model, inner, sync_every=H, group=mesh["replicate"].get_group(), asynchronous=True, codec="none",
+                outer_lr=1.0, outer_momentum=0.0) as diloco:
+        while diloco.outer_step < 2 * PERIODS:  # replica outer gradients in the global model this rank holds
+            x = _batch(site, diloco.inner_steps)[slice(shard * half, (shard + 1) * half)]
+            inner.zero_grad()
+            loss = _loss(model, x)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            inner.step()
+    return {"params": [_local(p).clone() for p in model.parameters()], "losses": losses,
+            "anchor_elements": diloco.asynchronous.anchor.numel()}
 
 
 def _unsharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
@@ -215,4 +243,19 @@ def test_what_the_sync_cannot_serve_on_shards_is_refused_in_one_line(runs):
     assert "mesh['replicate'].get_group()" in refusals["group"]
     assert "regions are not built here" in refusals["regions"] and "--dp-hierarchical" in refusals["regions"]
     assert "not with fragment_split 'bytes'" in refusals["bytes"]
-    assert "not with asynchronous updates" in refusals["asynchronous"]
+    assert "asynchronous regions are not built here" in refusals["async-regions"]
+
+
+def test_asynchronous_updates_serve_each_shard_position_and_every_rank_ends_on_its_positions_global_model(runs):
+    """Each shard position's server (site 0's rank of it) holds its shard of the global model; on leaving the block
+    every rank holds its position's final model (a shard equals its peer), the anchor is the local shard's size, and
+    the loss falls."""
+    sharded, _ = runs
+    full = sum(p.numel() for p in _model().parameters())
+    for shard in (0, 1):
+        first, second = (r["asynchronous"] for r in sharded if r["shard"] == shard)
+        assert all(torch.equal(a, b) for a, b in zip(first["params"], second["params"], strict=True))
+    for r in sharded:
+        run = r["asynchronous"]
+        assert run["anchor_elements"] == sum(p.numel() for p in run["params"]) < 0.6 * full
+        assert sum(run["losses"][-H:]) / H < 0.8 * sum(run["losses"][:H]) / H, run["losses"]
