@@ -20,7 +20,8 @@ Regions (`regions=[[0, 1], [2, 3]]`, global ranks per site): each region is one 
 `geotrain train --dp-hierarchical --sync-every`: before every inner step its members average their
 gradients at full precision over the region's group (an optimizer step pre-hook), and the outer
 gradients go through the hierarchical exchange (full precision inside a region, the codec between
-regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exchange is not posted).
+regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exchange is not posted). On sharded
+parameters (below) the regions are ranks of `group` (site indices) and apply to every shard position.
 
 Adaptive local steps (`local_steps="adaptive"`, geotrain.sync.adaptive): each replica takes H_r inner steps
 per outer period in proportion to its measured speed (H = sync_every is the mean H_r), and the outer mean is
@@ -55,8 +56,10 @@ cut by layers (the same on every shard: by the parameters' global sizes), delay 
 error feedback, adaptive local steps (the site's shards agree on each period's step time: its slowest shard's,
 an all-reduce over the parameters' mesh). Moment sync averages the inner AdamW's moments per
 local shard too. Asynchronous updates run a global model's server per shard position (on the first rank of
-`group`; a site's shards agree on their update count: geotrain.sync.async_outer). Refused in one line: regions,
-fragments cut by bytes, and a group that holds two shards of one parameter (geotrain.sync.sharded).
+`group`; a site's shards agree on their update count: geotrain.sync.async_outer). Regions are ranks of `group` (site
+indices): each shard position averages over its own region groups, the same shard of the region's sites. Refused in
+one line: fragments cut by bytes, asynchronous regions, and a group that holds two shards of one parameter
+(geotrain.sync.sharded).
 
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
@@ -78,7 +81,6 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.emulate.rank_clock import emulated_clock, start_loop
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
-from geotrain.optim.shards import is_sharded
 from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
 from geotrain.sync.async_outer import STALENESS_BOUND, STALENESS_POWER, AsyncOuterSync, check_async_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
@@ -138,10 +140,6 @@ class DiLoCo:
         check_adaptive_settings(local_steps, fragments=fragments, sync_moments=sync_moments,
                                 hierarchical=regions is not None, who="DiLoCo: local_steps")
         trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        if regions is not None and not asynchronous and any(is_sharded(p) for _, p in trained):
-            raise SyncError("DiLoCo on sharded parameters (DTensor): regions are not built here (they span the "
-                            "default group, which holds a site's shards); geotrain train --dp-hierarchical runs "
-                            "them per shard")
         shard_group = check_sharded_settings(trained, group, fragments=fragments, fragment_split=fragment_split)
         self.model = model
         self.inner_optimizer = inner_optimizer
@@ -176,7 +174,7 @@ class DiLoCo:
         self.gather_links = gather_links
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.exchanges: list[DPExchange] = []
-        self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay)
+        self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay, shard_group is not None)
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
         self.sync: StreamingOuterSync | AdaptiveOuterSync | None = None  # None: asynchronous (its own exchanges)
         if local_steps == "adaptive":
@@ -208,16 +206,28 @@ class DiLoCo:
         self._pre_hook: Any = None
 
     @staticmethod
-    def _hierarchy(regions: Sequence[Sequence[int]], group: Any, delay: int) -> HierarchicalGroups:
-        if group is not None:
+    def _hierarchy(regions: Sequence[Sequence[int]], group: Any, delay: int, sharded: bool) -> HierarchicalGroups:
+        """The region groups (every rank creates every one, in one order). Unsharded: `regions` are global ranks.
+        Sharded (module doc): they are ranks of `group`, the same shard's peers (site indices), and every shard
+        position gets its own regions, over its peers' global ranks."""
+        if group is not None and not sharded:
             raise SyncError("DiLoCo: give regions or group, not both (regions span the default group)")
         if delay != 0:
             raise SyncError(f"DiLoCo: with regions the delay must be 0 (the hierarchical exchange is not posted), "
                             f"got {delay!r}")
         parsed = Regions.of(regions, "DiLoCo regions")
-        if sorted(parsed.ranks) != list(range(dist.get_world_size())):
-            raise SyncError(f"DiLoCo regions must hold every rank 0..{dist.get_world_size() - 1} once, got {regions!r}")
-        return HierarchicalGroups.create(parsed)  # every rank, same order
+        size = dist.get_world_size(group)
+        if sorted(parsed.ranks) != list(range(size)):
+            whose = "of group (the same shard's peers)" if sharded else "rank"
+            raise SyncError(f"DiLoCo regions must hold every {whose} 0..{size - 1} once, got {regions!r}")
+        if not sharded:
+            return HierarchicalGroups.create(parsed)
+        positions: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(positions, tuple(dist.get_process_group_ranks(group)))
+        made = {peers: HierarchicalGroups.create(Regions.of([[peers[i] for i in region] for region in parsed.members],
+                                                            "DiLoCo regions"))
+                for peers in sorted(set(positions))}
+        return made[tuple(dist.get_process_group_ranks(group))]
 
     def _region_exchange(self, named: list[tuple[str, torch.nn.Parameter]]) -> StageExchange | None:
         assert self.hierarchy is not None

@@ -3,7 +3,7 @@
 model and data in float64, blocking, with adaptive local steps and with moment sync (AdamW); the same loop with
 int8-block, 2 fragments and delay 1 ends with every shard equal to its peer and the loss down, and so does the loop
 with asynchronous updates (a server per shard position); a group of one site's shards, regions and fragments cut by
-bytes are refused.
+bytes are refused. With regions (4 sites x 2 shards in 2 regions), the sharded run equals the unsharded one too.
 
 Tolerance (float64, machine epsilon eps = 2.2e-16). The runs differ only in how a step's gradient is summed: FSDP
 reduce-scatters the mean of the two shards' micro-batch gradients, the unsharded rank sums the concatenated batch
@@ -120,7 +120,6 @@ def _sharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
                          SHARD_STEP_S[site][shard])
     out["asynchronous"] = _run_async(site, shard, mesh)
     refused = {"group": {"group": mesh["shard"].get_group()},  # one site's shards, not same-shard peers
-               "regions": {"regions": [[0, 1], [2, 3]]},
                "bytes": {"fragments": 2, "fragment_split": "bytes", "group": mesh["replicate"].get_group()},
                "async-regions": {"asynchronous": True, "codec": "none", "group": mesh["replicate"].get_group(),
                                  "regions": [[0, 1], [2, 3]]}}
@@ -157,6 +156,49 @@ def _run_async(site: int, shard: int, mesh) -> dict:
             inner.step()
     return {"params": [_local(p).clone() for p in model.parameters()], "losses": losses,
             "anchor_elements": diloco.asynchronous.anchor.numel()}
+
+
+REGIONS = [[0, 1], [2, 3]]
+"""4 sites in 2 regions (site indices: ranks of the replicate group)."""
+
+
+def _regions_run(model: torch.nn.Module, site: int, rows: slice, group) -> dict:
+    """Blocking DiLoCo with REGIONS: the region's sites average each inner step's gradient, the outer sync goes
+    through the hierarchical exchange (fp32: codec none)."""
+    inner = torch.optim.SGD(model.parameters(), lr=LR)
+    grad_max = 0.0
+    with DiLoCo(model, inner, sync_every=H, group=group, regions=REGIONS, codec="none") as diloco:
+        while diloco.outer_step < PERIODS:
+            x = _batch(site, diloco.inner_steps)[rows]
+            inner.zero_grad()
+            _loss(model, x).backward()
+            grad_max = max(grad_max, max(float(_local(p.grad).abs().max()) for p in model.parameters()
+                                         if _local(p.grad).numel()))
+            inner.step()
+    return {"params": [_local(p).clone() for p in model.parameters()], "grad_max": grad_max,
+            "inner_steps": diloco.inner_steps, "region_bytes": diloco.region_bytes}
+
+
+def _sharded_regions(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (4, 2), mesh_dim_names=("replicate", "shard"))
+    site, shard = mesh["replicate"].get_local_rank(), mesh["shard"].get_local_rank()
+    model = _model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    half = B // 2
+    return {"site": site, "shard": shard,
+            **_regions_run(model, site, slice(shard * half, (shard + 1) * half), mesh["replicate"].get_group())}
+
+
+def _unsharded_regions(rank: int, world: int) -> dict:
+    torch.set_num_threads(1)
+    return _regions_run(_model(), rank, slice(0, B), None)
 
 
 def _unsharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
@@ -241,7 +283,6 @@ def test_what_the_sync_cannot_serve_on_shards_is_refused_in_one_line(runs):
     refusals = sharded[0]["refusals"]
     assert all(m.startswith("SyncError: DiLoCo") and "\n" not in m for m in refusals.values()), refusals
     assert "mesh['replicate'].get_group()" in refusals["group"]
-    assert "regions are not built here" in refusals["regions"] and "--dp-hierarchical" in refusals["regions"]
     assert "not with fragment_split 'bytes'" in refusals["bytes"]
     assert "asynchronous regions are not built here" in refusals["async-regions"]
 
@@ -259,3 +300,30 @@ def test_asynchronous_updates_serve_each_shard_position_and_every_rank_ends_on_i
         run = r["asynchronous"]
         assert run["anchor_elements"] == sum(p.numel() for p in run["params"]) < 0.6 * full
         assert sum(run["losses"][-H:]) / H < 0.8 * sum(run["losses"][:H]) / H, run["losses"]
+
+
+def test_with_regions_a_sharded_run_equals_the_unsharded_run_in_float64():
+    """4 sites x 2 shards, REGIONS as ranks of the replicate group: each shard position averages its gradients over
+    the same shard of its region's sites every inner step and syncs through the hierarchical exchange per shard; the
+    weights are the unsharded 4-site run's within the blocking tolerance (module doc), with one more rounding of the
+    region's mean per step (+ 2 eps G)."""
+    sharded = run_workers(_sharded_regions, 8, (), timeout_s=240)
+    unsharded = run_workers(_unsharded_regions, 4, (), timeout_s=120)
+    grad_max = max(r["grad_max"] for r in unsharded)
+    steps = max(r["inner_steps"] for r in unsharded)
+    tol = 13.3 * 2 * steps * LR * (4 * B + 2) * torch.finfo(torch.float64).eps * grad_max
+    worst = 0.0
+    for r in sharded:
+        expected = [_shard_of(p, r["shard"]) for p in unsharded[r["site"]]["params"]]
+        for got, want in zip(r["params"], expected, strict=True):
+            assert got.shape == want.shape
+            worst = max(worst, float((got - want).abs().max()) if got.numel() else 0.0)
+        assert r["region_bytes"] > 0  # the region's every-step mean ran on this shard
+    assert worst <= tol, (worst, tol)
+    moved = max(float((a - b).abs().max()) for a, b in zip(unsharded[0]["params"],
+                                                             [p.detach() for p in _model().parameters()]))
+    assert moved > 1e6 * tol  # the check can fail: training moved the weights far beyond it
+    # sites of one region end equal, the regions' too after the last outer sync (each shard against its peers)
+    for shard in (0, 1):
+        peers = [r["params"] for r in sharded if r["shard"] == shard]
+        assert all(torch.equal(a, b) for other in peers[1:] for a, b in zip(peers[0], other, strict=True))
