@@ -392,10 +392,13 @@ class Supervisor:
         chosen = [self._ranks[r] for r in (range(len(self._ranks)) if ranks is None else ranks)]
         _stop_all(chosen, self.term_s if term_s is None else term_s)
 
-    def restart(self, ranks: Sequence[int]) -> None:
-        """Stop the trees of `ranks` (a rank or a group of ranks) and start them again from their specs."""
+    def restart(self, ranks: Sequence[int], spec: Command | Target | None = None) -> None:
+        """Stop the trees of `ranks` (a rank or a group of ranks) and start them again from their specs (from
+        `spec`, which becomes theirs, if given)."""
         self.stop(ranks)
         for r in ranks:
+            if spec is not None:
+                self._specs[r] = spec
             self._ranks[r] = self._start_one(self._specs[r])
 
     def close(self) -> None:
