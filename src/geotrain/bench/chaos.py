@@ -107,15 +107,19 @@ elastic=True), once elastic async runs on emulated links: these rows run each GP
 runtime/elastic/async_group.py)."""
 
 
+HEARTBEATS_PER_TIMEOUT = 5
+"""Heartbeats per heartbeat timeout in every row: a group (worker) counts as lost after missing about five."""
+
+
 class ChaosBenchError(GeotrainError, ValueError):
     """A bench chaos option that cannot make a run."""
 
 
 @dataclass(frozen=True)
 class ChaosBenchConfig:
-    """The runs: steps, per-replica batch, sequence length, model, seed, heartbeat timeout (s), the sync
-    baseline's checkpoint cadence (steps), kills per failing row, DiLoCo's H (None: every step), and
-    whether to add the netlab rows (root)."""
+    """The runs: steps, per-replica batch, sequence length, model, seed, heartbeat timeouts (s: the elastic rows'
+    groups', the restart rows' workers'), the sync baseline's checkpoint cadence (steps), kills per failing row,
+    DiLoCo's H (None: every step), and whether to add the netlab rows (root)."""
 
     cluster: str = WAN_CLUSTER_NAME
     steps: int = 400
@@ -123,7 +127,8 @@ class ChaosBenchConfig:
     seq_len: int = 32
     model: str = "tiny"
     seed: int = 0
-    heartbeat_timeout_s: float = 1.5
+    heartbeat_timeout_s: float = 0.5
+    worker_heartbeat_timeout_s: float = 1.5
     checkpoint_every: int = 40
     kills: int = 3
     sync_every: int | None = None
@@ -163,10 +168,18 @@ def async_useful_samples(global_updates: int, sync_every: int, batch_size: int) 
     return global_updates * sync_every * batch_size
 
 
+def heartbeat_settings(config: ChaosBenchConfig, elastic: bool) -> dict[str, float]:
+    """A row's heartbeat timeout and interval (seconds): an elastic row's groups' (their torchft Managers beat from
+    Rust threads, which no Python work holds up: the lighthouse drops a killed group after this, the stall of the
+    survivors' quorum), a restart row's workers' (Python threads); HEARTBEATS_PER_TIMEOUT beats per timeout."""
+    timeout_s = config.heartbeat_timeout_s if elastic else config.worker_heartbeat_timeout_s
+    return {"heartbeat_timeout_s": timeout_s, "heartbeat_interval_s": timeout_s / HEARTBEATS_PER_TIMEOUT}
+
+
 def _settings(config: ChaosBenchConfig, elastic: bool, **more: Any) -> dict[str, Any]:
     common = {"steps": config.steps, "batch_size": config.batch_size, "microbatches": 1, "seq_len": config.seq_len,
               "model_name": config.model, "seed": config.seed, "time_scale": 0.0, "eval_every": config.steps,
-              "heartbeat_timeout_s": config.heartbeat_timeout_s, "sync_every": config.sync_every, "eval_windows": 64}
+              **heartbeat_settings(config, elastic), "sync_every": config.sync_every, "eval_windows": 64}
     return {**common, **({"elastic": True} if elastic else {}), **more}
 
 

@@ -32,7 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=count, default=d.checkpoint_every,
                         help="the synchronous baseline's checkpoint cadence (steps)")
     parser.add_argument("--heartbeat-timeout", type=positive_float, default=d.heartbeat_timeout_s,
-                        help="seconds without a heartbeat before a group (or worker) counts as lost")
+                        help="elastic rows: seconds without a heartbeat before the lighthouse drops a replica group "
+                             "(the survivors' stall per kill)")
+    parser.add_argument("--worker-heartbeat-timeout", type=positive_float, default=d.worker_heartbeat_timeout_s,
+                        help="restart rows: seconds without a heartbeat before a worker counts as lost")
     parser.add_argument("--sync-every", type=count, default=None, metavar="H",
                         help="DiLoCo: synchronise every H steps (default: gradients every step)")
     parser.add_argument("--netlab", action="store_true",
@@ -51,6 +54,7 @@ def run(args: Any) -> int:
 
     config = ChaosBenchConfig(cluster=args.cluster, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                               model=args.model, seed=args.seed, heartbeat_timeout_s=args.heartbeat_timeout,
+                              worker_heartbeat_timeout_s=args.worker_heartbeat_timeout,
                               checkpoint_every=args.checkpoint_every, kills=args.kills, sync_every=args.sync_every,
                               netlab=args.netlab, run_dir=args.run_dir)
     out = Output(json_mode=args.json)

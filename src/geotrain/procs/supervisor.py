@@ -9,8 +9,9 @@ A rank is a program (`Command`, a subprocess) or a function in a multiprocessing
 e.g. the fork server of geotrain.procs.lifeline.forkserver_context). Guarantees:
   - Every tick polls every rank, so a dead rank's exit is read even while others run.
   - After the first failure (a non-zero exit or a signal) the others get `grace_s` to notice and end
-    on their own, then their process groups get SIGTERM, `term_s` later SIGKILL; the same at
-    `timeout_s` (the verdict says timed out).
+    on their own (`signal_grace_s` when that rank was killed by a signal: it wrote nothing, and its
+    peers can only say they lost it), then their process groups get SIGTERM, `term_s` later SIGKILL;
+    the same at `timeout_s` (the verdict says timed out).
   - Each rank leads its own session, so its whole tree (whatever the rank starts) is stopped with it;
     each rank dies with the launcher (PR_SET_PDEATHSIG and the lifeline thread), and a guardian
     process (geotrain.procs.guardian) SIGKILLs every rank's group and removes the registered folders
@@ -285,12 +286,15 @@ class Supervisor:
     manager (or call `start` and `close`): leaving it stops every rank's tree."""
 
     def __init__(self, specs: Sequence[Command | Target], *, grace_s: float = 5.0, term_s: float = 2.0,
-                 timeout_s: float | None = None, poll_s: float = 0.05, cleanup_paths: Sequence[Path] = ()) -> None:
-        """grace_s: seconds the others get after the first failure; term_s: seconds between SIGTERM
-        and SIGKILL (0: SIGKILL at once); timeout_s: wall limit of `wait` (None: none);
-        cleanup_paths: folders the guardian removes should this launcher be SIGKILLed."""
+                 timeout_s: float | None = None, poll_s: float = 0.05, cleanup_paths: Sequence[Path] = (),
+                 signal_grace_s: float | None = None) -> None:
+        """grace_s: seconds the others get after the first failure (signal_grace_s, None: grace_s, when
+        that rank was killed by a signal); term_s: seconds between SIGTERM and SIGKILL (0: SIGKILL at
+        once); timeout_s: wall limit of `wait` (None: none); cleanup_paths: folders the guardian
+        removes should this launcher be SIGKILLed."""
         self._specs = list(specs)
         self.grace_s, self.term_s, self.timeout_s, self.poll_s = grace_s, term_s, timeout_s, poll_s
+        self.signal_grace_s = grace_s if signal_grace_s is None else signal_grace_s
         self._cleanup_paths = [Path(p) for p in cleanup_paths]
         self._ranks: list[_Rank] = []
         self._guardian: Guardian | None = None
@@ -357,7 +361,7 @@ class Supervisor:
             if not running:
                 break
             timed_out = deadline is not None and now >= deadline
-            if timed_out or (first is not None and now - failed_at >= self.grace_s):
+            if timed_out or (first is not None and now - failed_at >= self._grace_after(codes[first])):
                 stopped = running
                 self.stop(sorted(running))
                 break
@@ -368,6 +372,10 @@ class Supervisor:
         return Verdict(returncodes, first, stopped, timed_out, self.pids, time.monotonic() - self._started,
                        self._message(returncodes, first, stopped, timed_out))
 
+    def _grace_after(self, code: int | None) -> float:
+        """Seconds the others get after a rank's failure with return code `code` (negative: a signal)."""
+        return self.signal_grace_s if code is not None and code < 0 else self.grace_s
+
     def _message(self, codes: tuple[int, ...], first: int | None, stopped: frozenset[int], timed_out: bool) -> str:
         if timed_out:
             return f"timed out after {self.timeout_s:g} s; ranks {sorted(stopped)} of {len(codes)} stopped"
@@ -375,7 +383,7 @@ class Supervisor:
             return f"all {len(codes)} ranks exited with status 0"
         message = f"rank {first} {describe_exit(codes[first])}"
         if stopped:
-            message += f"; ranks {sorted(stopped)} stopped after the {self.grace_s:g} s grace period"
+            message += f"; ranks {sorted(stopped)} stopped after the {self._grace_after(codes[first]):g} s grace period"
         return message
 
     def stop(self, ranks: Sequence[int] | None = None, term_s: float | None = None) -> None:
@@ -384,10 +392,13 @@ class Supervisor:
         chosen = [self._ranks[r] for r in (range(len(self._ranks)) if ranks is None else ranks)]
         _stop_all(chosen, self.term_s if term_s is None else term_s)
 
-    def restart(self, ranks: Sequence[int]) -> None:
-        """Stop the trees of `ranks` (a rank or a group of ranks) and start them again from their specs."""
+    def restart(self, ranks: Sequence[int], spec: Command | Target | None = None) -> None:
+        """Stop the trees of `ranks` (a rank or a group of ranks) and start them again from their specs (from
+        `spec`, which becomes theirs, if given)."""
         self.stop(ranks)
         for r in ranks:
+            if spec is not None:
+                self._specs[r] = spec
             self._ranks[r] = self._start_one(self._specs[r])
 
     def close(self) -> None:

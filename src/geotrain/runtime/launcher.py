@@ -168,9 +168,12 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, po
     with tempfile.TemporaryDirectory(prefix="geotrain-run-") as tmp:
         specs = [Target(context, _child, (rank, config, store.port, tmp, tokens, addr, ranks), f"geotrain-rank-{rank}")
                  for rank in ranks]
-        # Peers notice a lost rank within one heartbeat timeout plus a check interval; allow a few more.
+        # Peers notice a lost rank within one heartbeat timeout plus a check interval; allow a few more. A rank
+        # killed by a signal is the culprit already (its peers could only say they lost it): they stop at once,
+        # without waiting out their heartbeat timeout (a --chaos kill's restart starts sooner).
         grace_s = config.reliability.heartbeat_timeout_s + 4 * config.reliability.heartbeat_interval_s + 2.0
-        with Supervisor(specs, grace_s=grace_s, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
+        with Supervisor(specs, grace_s=grace_s, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)],
+                        signal_grace_s=0.0) as supervisor:
             verdict = supervisor.wait(_progress_reporter(ranks, prefixed, config, progress))
         if not verdict.ok:
             culprit = verdict.culprit()

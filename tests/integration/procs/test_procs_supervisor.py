@@ -66,6 +66,22 @@ def test_a_killed_rank_is_seen_while_rank_0_runs_and_rank_0_is_termed_after_the_
     assert 1.5 <= elapsed < 10.0
 
 
+def test_after_a_rank_killed_by_a_signal_the_others_get_the_signal_grace_and_after_its_own_error_the_grace():
+    """signal_grace_s 0 (the training launcher's): a SIGKILLed rank is the culprit already, its peers are stopped at
+    once instead of after the 60 s grace; a rank that exits with its own error still leaves the others the grace."""
+    killed = Command(py("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"))
+    with Supervisor([Command(py("import time; time.sleep(60)")), killed], grace_s=60.0, signal_grace_s=0.0,
+                    term_s=0.0) as supervisor:
+        verdict = supervisor.wait()
+    assert verdict.first_failed == 1 and verdict.stopped == frozenset({0})
+    assert verdict.returncodes == (-signal.SIGKILL, -signal.SIGKILL)
+    assert verdict.message == "rank 1 killed by SIGKILL; ranks [0] stopped after the 0 s grace period"
+    ends = Command(py("import sys, time; time.sleep(0.5); sys.exit(0)"))
+    with Supervisor([ends, Command(py("import sys; sys.exit(3)"))], grace_s=60.0, signal_grace_s=0.0) as supervisor:
+        verdict = supervisor.wait()
+    assert verdict.returncodes == (0, 3) and not verdict.stopped  # rank 0 ended on its own within the grace
+
+
 def test_a_rank_that_ignores_sigterm_is_killed_term_s_later(tmp_path):
     ignore = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     specs = [Command(py(ignore)), Command(py("import sys, time; time.sleep(0.3); sys.exit(3)"))]

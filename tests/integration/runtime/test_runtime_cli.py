@@ -100,7 +100,9 @@ def test_killed_worker_ends_the_run_in_bounded_time_naming_it_with_no_orphans(jo
     assert elapsed < 30, f"took {elapsed:.1f} s to notice a dead worker"
     error = stderr.strip().splitlines()[-1]
     assert error.startswith("geotrain: error: rank 1 (stage 0, replica 1, device 2 west-0) killed by SIGKILL after ")
-    assert "lost rank 1 (stage 0, replica 1, device 2 west-0): no heartbeat for 3 s; its last completed step:" in error
+    # killed by a signal, the worker is the culprit at once: its peers are stopped without waiting out their
+    # 3 s heartbeat timeout to report it lost
+    assert "workers reported" not in error and "no heartbeat" not in error
     time.sleep(1.0)
     leftovers = [pid for pid in family if alive(pid)]
     assert not leftovers, f"processes left behind: {[(pid, comm(pid)) for pid in leftovers]}"

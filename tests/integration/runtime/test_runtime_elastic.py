@@ -188,7 +188,7 @@ def test_a_sigkilled_launcher_leaves_no_lighthouse_and_no_group(tmp_path):
                                 start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        wanted = {"geotrain-lighth", "geotrain-g0", "geotrain-g1"}  # comm is cut at 15 characters
+        wanted = {"geotrain-lighth", "geotrain-g0", "geotrain-g1", "geotrain-spare"}  # comm: 15 characters at most
         while not wanted <= {comm(pid) for pid in descendants(launcher.pid)}:
             assert launcher.poll() is None and time.monotonic() < deadline, "lighthouse and groups never appeared"
             time.sleep(0.2)

@@ -146,6 +146,10 @@ def test_an_asynchronous_restart_row_counts_the_final_global_models_samples(monk
     row = chaos.sync_row("async", config, [], None, tmp_path / "a", recipe=chaos.ASYNC_RECIPE)
     assert launched[0].optim.outer_sync == "async" and launched[0].optim.sync_every == 5
     assert launched[0].cluster.name == "hetero-4x1"
+    # a restart row's workers beat from Python threads: 1.5 s; an elastic row's groups (Rust threads): 0.5 s
+    assert (launched[0].reliability.heartbeat_timeout_s, launched[0].reliability.heartbeat_interval_s) == (1.5, 0.3)
+    elastic = chaos._runtime_config(config, True, "elastic").reliability
+    assert (elastic.heartbeat_timeout_s, elastic.heartbeat_interval_s) == (0.5, 0.1)
     assert row.samples == 47 * 5 * config.batch_size and row.val_loss == 2.5
     updates["value"] = None
     assert chaos.sync_row("sync", config, [], None, tmp_path / "b").samples == 60 * config.batch_size * 4

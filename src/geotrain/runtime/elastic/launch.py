@@ -6,11 +6,12 @@
 Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one, or --outer-sync async, whose groups
 use no torchft: runtime/elastic/async_group.py), ranks 1 + r S .. r S + S
 are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one; a sharded plan: S x K, ranks
-1 + r S K .. in group-rank order). A group is the unit: the
-watch loop polls every rank and judges each group by its stages' exits:
+1 + r S K .. in group-rank order), then the spares (runtime/elastic/spares.py: groups of one process, no
+--netlab). A group is the unit: the watch loop polls every rank and judges each group by its stages' exits:
   - a group that fails (a stage killed or crashed) is restarted as a whole (every stage stopped and
-    started again, `Supervisor.restart`, counted once) up to --max-restarts times and recovers from a live
-    peer; the others never stop (they go on with the smaller quorum);
+    started again, `Supervisor.restart`, counted once; S = 1: in a waiting spare, its old slot then starting the
+    next spare) up to --max-restarts times and recovers from a live peer; the others never stop (they go on with
+    the smaller quorum);
   - a group that exits with its own error (status 2: no quorum, unreachable lighthouse, refused state)
     ends the run with its one line, as does a lost lighthouse or every group down;
   - once a group has finished, no group is restarted; the others get `finish_grace_s` to finish.
@@ -22,6 +23,7 @@ group still cut when the first group finishes missed the end: stopped).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import tempfile
@@ -40,6 +42,7 @@ from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
+from geotrain.runtime.elastic.spares import spare_count, spare_key, spare_main
 from geotrain.runtime.elastic.stage import group_position, group_size
 from geotrain.runtime.elastic.summary import (ElasticSummary, max_stage_param_diff, mean_losses, read_groups,
                                               stall_seconds)
@@ -114,6 +117,9 @@ class _Watch:
     sites: tuple[str, ...] = ()  # each group's site: the region of its stage-0 device
     on_event: EventCallback | None = None
     rejoins_seen: int = 0
+    slots: dict[int, int] = field(default_factory=dict)  # group -> the supervisor rank now running it (S = 1)
+    spares: list[int] = field(default_factory=list)  # supervisor ranks of the spares waiting for a group
+    spare_spec: Callable[[int], Any] | None = None  # a spare's spec, by its supervisor rank
 
     def say(self, group: int, what: str) -> None:
         if self.on_event is not None:
@@ -122,7 +128,22 @@ class _Watch:
 
     def ranks(self, group: int) -> list[int]:
         """The supervisor ranks of `group`'s processes."""
+        if group in self.slots:
+            return [self.slots[group]]
         return [self.first + group * self.size + s for s in range(self.size)]
+
+    def restart(self, supervisor: Supervisor, store: Any, group: int) -> None:
+        """Start `group` again: in a waiting spare (its old slot then starts a new spare), else anew."""
+        if not self.spares or self.spare_spec is None:
+            supervisor.restart(self.ranks(group))
+            return
+        spare, (old,) = self.spares.pop(0), self.ranks(group)
+        store.set(spare_key(spare), str(group))
+        self.slots[group] = spare
+        with contextlib.suppress(Exception):  # absent unless the old slot once held a spare
+            store.delete_key(spare_key(old))
+        supervisor.restart([old], self.spare_spec(old))
+        self.spares.append(old)
 
 
 def launch_elastic(config: RuntimeConfig, progress: ProgressCallback | None = None, tokens: Any = None,
@@ -175,11 +196,18 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
             specs.insert(0, hosts.target(context, None, lighthouse_main, (settings, address_file, hosts.control),
                                          "geotrain-lighthouse"))
         first_group = 1 if needs_lighthouse else 0
+        spares = range(len(specs), len(specs) + spare_count(config))  # after the lighthouse and the groups
+
+        def spare_spec(rank: int) -> Any:
+            return hosts.target(context, None, spare_main, (config, tmp, store.port, lighthouse, tokens, rank),
+                                "geotrain-spare")
+
+        specs += [spare_spec(rank) for rank in spares]
         faults = parse_chaos(rel.chaos) if rel.chaos else ()
         kills = kill_schedule(faults, groups, config.run.seed)
         cuts = partition_schedule(faults, groups, config.run.seed)
         watch = _Watch(groups, group_size(config), first_group, [0] * groups, sites=group_sites(config),
-                       on_event=on_event)
+                       on_event=on_event, spares=list(spares), spare_spec=spare_spec)
         with Supervisor(specs, grace_s=0.0, term_s=0.0, poll_s=poll_s, cleanup_paths=[Path(tmp)]) as supervisor:
             _watch(supervisor, config, watch, (kills, cuts), Path(tmp), (store, hosts), progress, poll_s)
         return _summary(config, watch, Path(tmp), store, time.perf_counter() - started)
@@ -196,6 +224,7 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
     while True:
         codes = supervisor.poll()
         now = time.monotonic()
+        watch.spares = [rank for rank in watch.spares if codes[rank] is None]  # a spare that died is not used
         if watch.first and codes[0] is not None:
             raise ElasticRunError(f"the torchft lighthouse {describe_exit(codes[0])}")
         for g in range(watch.groups):
@@ -218,7 +247,7 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
                     watch.restarts[g] += 1
                     watch.say(g, f"failed ({describe_exit(code)}): restart {watch.restarts[g]} of {rel.max_restarts}")
                     store.set(incarnation_key(g), str(watch.restarts[g]))  # its stages meet in a new group store
-                    supervisor.restart(watch.ranks(g))
+                    watch.restart(supervisor, store, g)
                 else:
                     supervisor.stop(watch.ranks(g), term_s=0.0)  # its stages still running
                     watch.down.add(g)
