@@ -104,8 +104,8 @@ class RuntimeConfig:
         positions = stages * self.layout.k
         if self.optim.outer_sync != "sync" and positions > 1 and self.emulation.time_scale > 0:
             raise RuntimeConfigError(
-                f"--outer-sync {self.optim.outer_sync} with {stages} stages x {self.layout.k} shards per replica on "
-                f"emulated links (--time-scale {self.emulation.time_scale:g}): not built yet: each stage's (shard's) "
+                f"--outer-sync {self.optim.outer_sync} with {positions} positions per replica ({stages} x "
+                f"{self.layout.k}: stages x shards) on emulated links (--time-scale {self.emulation.time_scale:g}): not built yet: each stage's (shard's) "
                 "server serves in emulated-time order and waits for the clocks of clients that wait for their "
                 "replica's other positions (measured: 1 run in 5 stalled); pass --time-scale 0")
         for key, specs, length in (("dp_codecs", comm.dp_codecs, stages), ("pp_codecs", comm.pp_codecs, stages - 1)):

@@ -102,7 +102,7 @@ def test_needs_bring_diloco_with_streaming_adaptive_and_async():
 def test_async_with_stages_or_shards_on_emulated_links_is_refused_in_one_line(stages, shards, tmp_path):
     """A third setting beside the lifted cells (async x pipeline, shards x async run at --time-scale 0): on emulated
     links a position's server could wait for a client held by its replica's other positions (runtime/config.py)."""
-    with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with \d stages x \d shards per replica on "
+    with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with \d positions per replica \(\d x \d: stages x shards\) on "
                                                  r"emulated links \(--time-scale 1\): not built yet: .*; pass "
                                                  r"--time-scale 0$"):
         RuntimeConfig.of(CLUSTER, PLANS[stages], shards=shards, steps=8, sync_every=4, outer_sync="async",

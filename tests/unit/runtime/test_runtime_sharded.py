@@ -57,8 +57,8 @@ def test_a_sharded_plan_builds_and_counts_its_ranks():
                                                    r"into 2 shards of 2 micro-batches \(a multiple of 4\)$"),
     (SHARDS, {"elastic": True, "time_scale": 1.0}, r"^--elastic: emulation.time_scale 1.0: elastic groups of 2 shards "
                                                    r"per slot \(plan --shards 2\) run on plain links"),
-    (SHARDS, {"outer_sync": "async"}, r"^a plan of 2 devices per slot \(plan --shards\) with --outer-sync async: not "
-                                      r"built yet: the global model's server in rank 0 holds whole parameters$"),
+    (SHARDS, {"outer_sync": "async", "time_scale": 1.0}, r"^--outer-sync async with 2 positions per replica \(1 x 2: "
+                                                         r"stages x shards\) on emulated links \(--time-scale 1\): not built yet: "),
 ])
 def test_what_a_sharded_plan_cannot_run_is_refused_in_one_line(shards, settings, message):
     assignment = shards[..., 0]
