@@ -1,7 +1,8 @@
 """Start one process per emulated device, as `torchrun --standalone` would, and wait for them.
 
 Each child gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, ROLE_RANK, MASTER_ADDR,
-MASTER_PORT (and OMP_NUM_THREADS=1 unless set, as torchrun) and runs geotrain.emulate.bootstrap, which
+MASTER_PORT (the rendezvous store, hosted by the launcher as torchrun's agent hosts it), OMP_NUM_THREADS=1 unless
+set (as torchrun), and runs geotrain.emulate.bootstrap, which
 installs the emulation and runs the script. If a child fails the others get `grace_s` to finish, then
 SIGTERM, then SIGKILL; the same on timeout (exit 124) and Ctrl-C (exit 130). Children, with whatever
 they start, die with the launcher (geotrain.procs.Supervisor). Exit code: the worst child's (a
@@ -56,8 +57,19 @@ def free_port() -> int:
 
 
 def rank_env(rank: int, world: int, port: int, config_path: Path) -> dict[str, str]:
+    """A rank's environment: torchrun's variables, the store at `port` hosted by the launcher (torchrun's agent
+    store: TORCHELASTIC_USE_AGENT_STORE, so every rank is its client), and the emulation's config."""
     return torchrun_env(rank, world, "127.0.0.1", port, TORCHELASTIC_RUN_ID="geotrain-emulate",
+                        TORCHELASTIC_USE_AGENT_STORE="True",
                         **{CONFIG_ENV: str(config_path), "GEOTRAIN_EMULATE_LAUNCHER_PID": str(os.getpid())})
+
+
+def launcher_store(world: int) -> Any:
+    """The rendezvous store of the ranks, hosted in the launcher as torchrun's agent hosts it: a script whose rank 0
+    ends right after init_process_group does not take the store away from a peer still connecting."""
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False)
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -86,10 +98,10 @@ def launch(cluster: Cluster, devices: Sequence[int], config: LaunchConfig) -> La
             "nic_gbps": config.nic_gbps, "report_dir": str(parts) if config.report_path else None,
             "compute_scale": None if config.compute_scale is None else list(config.compute_scale),
             "compute_clock": config.compute_clock}))
-        port = free_port()
         command = (sys.executable, "-m", "geotrain.emulate.bootstrap", *config.target)
         world = len(device_list)
-        specs = [Command(command, rank_env(rank, world, port, config_path),
+        store = launcher_store(world)  # held until the ranks have ended
+        specs = [Command(command, rank_env(rank, world, store.port, config_path),
                          None if config.log_dir is None else config.log_dir / f"rank{rank}.log")
                  for rank in range(world)]
         previous = _install_stop_handlers()
