@@ -50,7 +50,9 @@ def test_each_replica_of_two_stages_takes_one_step_count_per_period_by_its_slowe
         assert [r["local_steps"] for r in records[0, replica]] == [r["local_steps"] for r in records[1, replica]]
     for period in range(periods):
         taken = [_periods(records[0, replica]).count(period) for replica in range(2)]
-        assert sum(taken) == 2 * EVERY and taken[1] > taken[0]  # R x H steps, more on the L4s than the T4-paced
+        assert sum(taken) == 2 * EVERY  # R x H steps
+        if period == 0:  # the prior (each replica's slowest GPU): more on the L4s than the T4-paced replica; later
+            assert taken[1] > taken[0]  # periods share by measured step times, which a loaded host can even out
         for stage in range(2):  # each stage's replicas hold the same anchor after the sync
             assert len({_last_of(records[stage, replica], period + 1)["param_sum"] for replica in range(2)}) == 1
     losses = [r["loss"] for r in records[1, 1]]  # the last stage's, on the L4 replica
