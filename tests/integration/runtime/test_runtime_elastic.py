@@ -92,7 +92,9 @@ def test_a_killed_group_is_restarted_and_the_run_never_restarts_globally(killed_
     summary, steps = run["summary"], STEPS["diloco" if sync else "per-step"]
     assert summary["steps"] == steps and len(run["losses"]) == steps
     assert summary["replica_failures"] == 1 and summary["kills"] == 1 and summary["restarts"] == [0, 1]
-    assert summary["rejoins"] == 1 and summary["global_restarts"] == 0
+    # the killed group rejoins; on a loaded host a live group whose commit failed (a late collective) heals from its
+    # peer too, which torchft counts as one more rejoin without a failure (seen once at three pytest workers: 2)
+    assert summary["rejoins"] >= 1 and summary["global_restarts"] == 0
     assert summary["groups_finished"] == [0, 1]
     assert len(summary["recovery_s"]) == 1 and 0 < summary["recovery_s"][0] < 60
     assert summary["max_param_diff_across_replicas"] == 0.0 and summary["replicas_in_sync"] is True
