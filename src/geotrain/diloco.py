@@ -222,12 +222,13 @@ class DiLoCo:
             raise SyncError(f"DiLoCo regions must hold every {whose} 0..{size - 1} once, got {regions!r}")
         if not sharded:
             return HierarchicalGroups.create(parsed)
+        mine = tuple(dist.get_process_group_ranks(group))
         positions: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(positions, tuple(dist.get_process_group_ranks(group)))
+        dist.all_gather_object(positions, mine)
         made = {peers: HierarchicalGroups.create(Regions.of([[peers[i] for i in region] for region in parsed.members],
                                                             "DiLoCo regions"))
                 for peers in sorted(set(positions))}
-        return made[tuple(dist.get_process_group_ranks(group))]
+        return made[mine]
 
     def _region_exchange(self, named: list[tuple[str, torch.nn.Parameter]]) -> StageExchange | None:
         assert self.hierarchy is not None

@@ -101,20 +101,27 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local().detach() if hasattr(t, "to_local") else t.detach()
 
 
+def _sharded_model(mesh) -> torch.nn.Module:
+    """_model() with each Linear and the whole model fully_shard-ed on the mesh's shard dimension (FSDP2)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    return model
+
+
 def _sharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     site, shard = mesh["replicate"].get_local_rank(), mesh["shard"].get_local_rank()
     out = {"site": site, "shard": shard}
     for mode in modes:
-        model = _model()
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh["shard"])
-        fully_shard(model, mesh=mesh["shard"])
+        model = _sharded_model(mesh)
         half = B // 2
         out[mode] = _run(model, site, slice(shard * half, (shard + 1) * half), mesh["replicate"].get_group(), mode,
                          SHARD_STEP_S[site][shard])
@@ -136,13 +143,7 @@ def _sharded(rank: int, world: int, modes: tuple[str, ...]) -> dict:
 def _run_async(site: int, shard: int, mesh) -> dict:
     """Asynchronous outer updates (outer lr 1, no momentum) on the shards: a global model's server per shard
     position (on site 0's rank of it); each site's shards step as one and agree on their update count."""
-    from torch.distributed.fsdp import fully_shard
-
-    model = _model()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh["shard"])
-    fully_shard(model, mesh=mesh["shard"])
+    model = _sharded_model(mesh)
     inner = torch.optim.SGD(model.parameters(), lr=LR)
     half, losses = B // 2, []
     with DiLoCo(model, inner, sync_every=H, group=mesh["replicate"].get_group(), asynchronous=True, codec="none",
@@ -181,16 +182,11 @@ def _regions_run(model: torch.nn.Module, site: int, rows: slice, group) -> dict:
 
 def _sharded_regions(rank: int, world: int) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
 
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (4, 2), mesh_dim_names=("replicate", "shard"))
     site, shard = mesh["replicate"].get_local_rank(), mesh["shard"].get_local_rank()
-    model = _model()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer, mesh=mesh["shard"])
-    fully_shard(model, mesh=mesh["shard"])
+    model = _sharded_model(mesh)
     half = B // 2
     return {"site": site, "shard": shard,
             **_regions_run(model, site, slice(shard * half, (shard + 1) * half), mesh["replicate"].get_group())}
