@@ -47,6 +47,8 @@ V="one-gpu.yaml plan-1x1.json --device $DEVICE --precision bf16 --steps 20"
 run v-int8-block 150 $V --dp-codec int8-block &
 run v-sync-every 150 $V --sync-every 5 &
 run v-streaming 150 $V --sync-every 4 --fragments 2 --sync-delay 1 &
+# --outer-state host: the same run with the outer state pinned in host memory (its losses against v-streaming's)
+run v-streaming-host 150 $V --sync-every 4 --fragments 2 --sync-delay 1 --outer-state host &
 run v-onebit-adam 150 $V --optimizer onebit-adam &
 run v-clip-1f1b 150 $V --clip-grad-norm 1.0 --schedule 1f1b --eval-every 10 &
 run v-checkpoint 150 $V --checkpoint-dir ck --checkpoint-every 10 --stop-after 10 &

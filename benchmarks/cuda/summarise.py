@@ -39,6 +39,7 @@ def main(folder: str) -> None:
     by_name = {r["run"]: r for r in rows}
     pairs = [(name, "tiny-cpu-fp32") for name in ("tiny-cuda-fp32", "tiny-cuda-bf16", "tiny-cpu-bf16")]
     pairs.append(("sharded-1x2x2-cuda", "sharded-1x2x2-cpu"))  # FSDP2 over NCCL inside a site against gloo
+    pairs.append(("v-streaming-host", "v-streaming"))  # --outer-state host (pinned host anchors) against device
     for name, base in pairs:
         reference = by_name.get(base)
         if reference and name in by_name:
@@ -46,7 +47,7 @@ def main(folder: str) -> None:
             print(f"{name} vs {base}: |loss gap| step 0 {gaps[0]:.2e}, max {max(gaps):.2e}, "
                   f"last {gaps[-1]:.2e}")
     # what each rank held (summary.memory): its state against the planner's, and the GPU's peak where there is one
-    print(f"{'run':<22} {'state MB':>9} {'planner MB':>10} {'peak GPU MB':>11} {'peak RSS GB':>11}")
+    print(f"{'run':<22} {'state MB':>9} {'on host MB':>10} {'planner MB':>10} {'peak GPU MB':>11} {'peak RSS GB':>11}")
     for r in rows:
         memory = r["memory"]
         if not memory:
@@ -54,7 +55,8 @@ def main(folder: str) -> None:
         top = max(memory["per_rank"], key=lambda rank: rank["state"])
         planner = "-" if top["predicted_state"] is None else f"{top['predicted_state'] / 1e6:.2f}"
         device = max((rank.get("peak_device") or 0) for rank in memory["per_rank"])
-        print(f"{r['run']:<22} {top['state'] / 1e6:>9.2f} {planner:>10} {device / 1e6 if device else 0:>11.1f} "
+        print(f"{r['run']:<22} {top['state'] / 1e6:>9.2f} {top.get('host', 0) / 1e6:>10.2f} {planner:>10} "
+              f"{device / 1e6 if device else 0:>11.1f} "
               f"{max(rank['peak_rss'] for rank in memory['per_rank']) / 1e9:>11.2f}")
     json.dump(rows, open(Path(folder) / "summary.json", "w"), indent=1)
 

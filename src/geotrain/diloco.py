@@ -61,6 +61,14 @@ indices): each shard position averages over its own region groups, the same shar
 one line: fragments cut by bytes, asynchronous regions, and a group that holds two shards of one parameter
 (geotrain.sync.sharded).
 
+Outer state in host memory (`outer_state="host"`, geotrain.optim.outer_state; INTELLECT-1's offload): the anchors,
+outer momentum, the exchanged outer gradients and means and moment sync's anchors live on the CPU (pinned when the
+parameters are on CUDA), and each sync copies the parameters over one tensor at a time: the device holds the model,
+its gradients and the inner optimizer's state only. Every synchronous mode above runs so (sharded: per local shard),
+with the same numbers as "device" (bit for bit on the CPU). Asynchronous: its state is a flat tensor beside the
+parameters, host by construction when they are on the CPU; "host" with parameters off the CPU is refused. The CUDA
+path has not run on a GPU.
+
 Groups: `group=None` is the default process group. Every exchange is posted from the training
 thread (async work when tau > 0), so the loop may run its own collectives (a loss all-reduce) on the
 same group between them.
@@ -81,6 +89,8 @@ from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
 from geotrain.emulate.rank_clock import emulated_clock, start_loop
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, OuterStepError, check_outer_settings
+from geotrain.optim.outer_state import check_outer_state
+from geotrain.optim.shards import local_shard
 from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, gather_floats
 from geotrain.sync.async_outer import STALENESS_BOUND, STALENESS_POWER, AsyncOuterSync, check_async_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
@@ -112,7 +122,8 @@ class DiLoCo:
     stale: fast replicas wait), `merge_every` (with regions: region updates per merge into the global model;
     None: the region's size), `async_merge` (what the server does to an arriving outer gradient first:
     geotrain.sync.async_merge), `staleness_power` P (an update s versions stale weighs (1 + s) ** -P); not with
-    adaptive local steps."""
+    adaptive local steps. `outer_state`: where the outer state (anchors, outer momentum, the exchanged outer gradients,
+    moment anchors) lives: "device" (the parameters') or "host" (module doc)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer, *, sync_every: int,
                  fragments: int = 1, delay: int = 0, mix: float = 0.0, landing: str = "mix", warmup: int = 0,
@@ -124,10 +135,11 @@ class DiLoCo:
                  step_time: Callable[[], float] | None = None, prior_step_s: Sequence[float] | None = None,
                  asynchronous: bool = False, staleness_bound: int = STALENESS_BOUND,
                  merge_every: int | None = None, async_merge: str = "staleness",
-                 staleness_power: float = STALENESS_POWER) -> None:
+                 staleness_power: float = STALENESS_POWER, outer_state: str = "device") -> None:
         try:
             check_outer_settings(sync_every, outer_lr, outer_momentum, "DiLoCo")
-        except OuterStepError as exc:
+            check_outer_state(outer_state, "DiLoCo: outer_state")
+        except (OuterStepError, ValueError) as exc:
             raise SyncError(str(exc)) from None
         if not dist.is_initialized():
             raise SyncError("DiLoCo needs torch.distributed.init_process_group() first (one process per replica)")
@@ -142,6 +154,7 @@ class DiLoCo:
         trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         shard_group = check_sharded_settings(trained, group, fragments=fragments, fragment_split=fragment_split)
         self.model = model
+        self.outer_state = outer_state
         self.inner_optimizer = inner_optimizer
         self.sync_every = sync_every
         self.local_steps = local_steps
@@ -159,6 +172,9 @@ class DiLoCo:
                                 "(each shard position would need its own regions); geotrain train "
                                 "--outer-sync async-hierarchical runs them")
             named = [p for p in model.parameters() if p.requires_grad]
+            if outer_state == "host" and any(local_shard(p).device.type != "cpu" for p in named):
+                raise SyncError("DiLoCo(asynchronous=True): outer_state 'host' is not built for parameters off the CPU "
+                                "(the asynchronous sync keeps its flat anchor beside them); use outer_state 'device'")
             position = None if shard_group is None else dist.get_process_group_ranks(group)
             self.asynchronous = AsyncOuterSync(named, sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum,
                                                staleness_bound=staleness_bound, regions=regions,
@@ -183,12 +199,12 @@ class DiLoCo:
             self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
                                           outer_momentum, gather, dist.get_rank(group), replicas, step_time=step_time,
                                           prior_step_s=prior_step_s, delay=delay, landing=landing, mix=mix,
-                                          warmup=warmup)
+                                          warmup=warmup, outer_state=outer_state)
         elif self.asynchronous is None:
             self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                            mix, outer_lr, outer_momentum, total_steps=None, landing=landing,
                                            warmup=warmup, sync_moments=sync_moments, moment_syncs=moment_syncs,
-                                           fragment_split=fragment_split)
+                                           fragment_split=fragment_split, outer_state=outer_state)
         self.clock: Callable[[], float] = emulated_clock(group) or time.perf_counter
         """What inner steps are timed by: wall seconds, or under the emulating backend (`geotrain emulate`) this
         rank's emulated clock (compute at its device's speed with --emulate-gpu-speed; geotrain.emulate)."""

@@ -11,7 +11,8 @@ which `geotrain train --plan` cuts the model at).
 
 With --wan-recipe auto the layout and the recipe are chosen together: layouts are screened with the DP exchange
 every H steps (H the largest the recipe may choose: search.autoconfig's sync_period), each device holding the outer
-sync's state too (anchor, momentum, residual: cost.memory.RECIPE_OUTER_BYTES_PER_PARAM), then every candidate is given its recipe
+sync's state too (anchor, momentum, residual: cost.memory.RECIPE_OUTER_BYTES_PER_PARAM; none with --outer-state host:
+host memory holds it), then every candidate is given its recipe
 (cli/plan_recipe.py: the same rule as a fixed layout's) and they are ranked by the recipe's step charged for
 staleness; each candidate row adds "recipe": {"scheme", "step_s", "charged_s"}, and the plan the chosen one's
 "wan_recipe" (or "batch_shares") as a fixed layout's does. Every plan adds "explanation": sentences naming the
@@ -32,10 +33,10 @@ from typing import Any
 from geotrain.cli.output import Output, write_json_file
 from geotrain.cli.plan_explain import Option, explain_choice
 from geotrain.cli.plan_money import check_objective, money_line, plan_money, sharded_plan_money
-from geotrain.cli.plan_recipe import (PricedRecipe, calibration_of, largest_sync_every, price_recipe, recipe_documents,
-                                      recipe_tables)
+from geotrain.cli.plan_recipe import (PricedRecipe, calibration_of, device_outer_bytes_per_param, largest_sync_every,
+                                      outer_state_document, price_recipe, recipe_documents, recipe_tables)
 from geotrain.cluster import Cluster, load_cluster
-from geotrain.cost.memory import MODELLED_SCHEDULES, RECIPE_OUTER_BYTES_PER_PARAM, MemoryConfig
+from geotrain.cost.memory import MODELLED_SCHEDULES, MemoryConfig
 from geotrain.cost.money import StepMoney
 from geotrain.cost.shards import slot_view
 from geotrain.cost.yuan import YuanCostModel
@@ -75,7 +76,8 @@ def run_autoconfig(args: Any, out: Output) -> int:
     if recipe and args.zero:
         raise GeotrainError("--zero shards the optimizer state across each DP group, which a WAN recipe "
                             "synchronises only every H steps: use --zero 0 with --wan-recipe auto")
-    state = MemoryConfig().state_bytes_per_param + (RECIPE_OUTER_BYTES_PER_PARAM if recipe else 0.0)
+    outer_state = outer_state_document(args)  # host: the outer sync's state is not the devices' (plan_recipe)
+    state = MemoryConfig().state_bytes_per_param + device_outer_bytes_per_param(recipe, args.outer_state)
     memory = MemoryConfig(state_bytes_per_param=state, zero=args.zero, recompute=args.recompute, schedule=args.schedule)
     options = AutoConfigOptions(memory=memory, top=max(args.top, RECIPE_CANDIDATES) if recipe else args.top,
                                 shards=args.shards or 0,
@@ -129,6 +131,7 @@ def run_autoconfig(args: Any, out: Output) -> int:
            **({"calibration": calibration} if calibration else {}),
            "objective": args.objective,
            **(recipe_documents(cluster, candidates[0].assignment, priced[0]) if recipe and priced[0] else {}),
+           **outer_state,
            "explanation": explanation}
     plan = Plan.from_json(doc, "auto-config")  # the chosen layout, with every candidate recorded in plan.extra
     if args.out:

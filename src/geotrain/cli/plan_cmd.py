@@ -49,7 +49,8 @@ from geotrain.cli.plan_money import (add_objective_argument, check_objective, mo
                                     sharded_plan_money)
 from geotrain.cli.plan_codec_placement import place_with_codecs
 from geotrain.cli.plan_recipe import (RECIPE_COST_MODEL, PricedRecipe, add_calibration_argument, add_recipe_arguments,
-                                      calibration_of, devices_that_fit, price_recipe, recipe_documents,
+                                      calibration_of, devices_that_fit, outer_state_document, price_recipe,
+                                      recipe_documents,
                                       layout_memory_bytes, recipe_tables, too_few_devices)
 from geotrain.cluster import Cluster, load_cluster
 from geotrain.cluster.gpus import UNKNOWN_GPU
@@ -202,6 +203,7 @@ def run(args: Any) -> int:
         if args.uneven_split:
             raise GeotrainError("--uneven-split applies to a fixed layout: give --stages and --replicas")
         return run_autoconfig(args, out)
+    outer_state = outer_state_document(args)
     if args.stages is None or args.replicas is None:
         raise SearchError("give both --stages and --replicas, or neither (auto-configuration)")
     full_cluster = load_cluster(args.cluster)
@@ -279,7 +281,8 @@ def run(args: Any) -> int:
                                                                   args.utilisation)
         priced = price_recipe(args, cluster, job, result.assignment, result.cost.dp, result.cost.pp,
                               compute_s=compute, utilisation=args.utilisation)
-        plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result.assignment, priced)})
+        plan = replace(plan, extra={**plan.extra, **recipe_documents(cluster, result.assignment, priced),
+                                    **outer_state})
     option = fixed_option(args, cluster, job, result, priced)  # explained on the live devices, memory's exclusions too
     placed = option.assignment if fit is None else fit[option.assignment]
     if slots is not None:  # explained on the devices: every device of every slot
@@ -353,7 +356,8 @@ def fixed_option(args: Any, cluster: Cluster, job: Job, result: SearchResult, pr
     label = f"{args.stages} x {args.replicas}" + (f" x {args.shards} shards" if (args.shards or 1) > 1 else "")
     if priced is not None:
         return Option(label, result.assignment, priced.step_s, priced.busiest_compute_s,
-                      layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1), priced.scheme)
+                      layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1,
+                                          outer_state=args.outer_state), priced.scheme)
     extra = result.cost.extra or {}
     compute = float(extra.get("pipeline", extra.get("compute", 0.0)))
     memory = layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=False)
@@ -369,7 +373,8 @@ def devices_by_memory(args: Any, cluster: Cluster, job: Job, model: CostModel,
     devices left out); fewer than S x R: refused in one line, except for the seed's default job (DEFAULT_JOB: a
     stand-in, not the user's model), where one note says so and the plan goes on."""
     recipe = args.wan_recipe == "auto"
-    need = layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=recipe)
+    need = layout_memory_bytes(job, args.stages, args.replicas, args.shards or 1, recipe=recipe,
+                               outer_state=args.outer_state)
     fit = devices_that_fit(cluster, need)
     if fit.size == cluster.n_devices:
         return cluster, model, None
@@ -377,7 +382,7 @@ def devices_by_memory(args: Any, cluster: Cluster, job: Job, model: CostModel,
                                                                        else "")
               + (" with --wan-recipe auto" if recipe else ""))
     if fit.size < args.stages * args.replicas:
-        line = too_few_devices(cluster, need, fit, layout, recipe=recipe)
+        line = too_few_devices(cluster, need, fit, layout, recipe=recipe and args.outer_state == "device")
         if args.job != DEFAULT_JOB:
             shards = "" if (args.shards or 1) > 1 else ", shard each slot over a site's devices (--shards K)"
             raise GeotrainError(f"{line}. Use more stages (--stages){shards}, or let the planner choose the layout "

@@ -10,6 +10,10 @@ One home for the recipe's planning, used by a fixed layout (cli/plan_cmd.py) and
   the outer sync's anchor, momentum and error-feedback residual, cost.memory.RECIPE_OUTER_BYTES_PER_PARAM, plus one
   sequence's activations: the least any micro-batching needs), `devices_that_fit` and `too_few_devices` (the one
   line naming the devices that fall short and their memory).
+- `--outer-state host` (`device_outer_bytes_per_param`, `outer_state_document`): `train` keeps the outer sync's state
+  in host memory (train --outer-state host, geotrain.optim.outer_state), so the devices' memory checks leave it out
+  and a model fits devices it did not; the plan records "outer_state": "host", which `train --plan` runs with.
+  Synchronous recipes only (the asynchronous sync keeps its anchor beside the parameters).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from geotrain.cluster import Cluster
 from geotrain.cluster.gpus import memory_text
 from geotrain.cost.batch_shares import SharesChoice, choose_shares, heterogeneous, replica_compute_seconds, replica_labels
 from geotrain.cost.memory import RECIPE_OUTER_BYTES_PER_PARAM, MemoryConfig, stage_memory_bytes
+from geotrain.errors import GeotrainError
+from geotrain.optim.outer_state import OUTER_STATES
 from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, SYNC_EVERY_CHOICES, MIN_OUTER_STEPS,
                                       WanRecipe, charged_step_seconds, choose_local_steps, estimated_compute_s,
                                       outer_ladder)
@@ -66,6 +72,28 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                         help="each fragment's first outer sync also averages the inner AdamW's moments (train "
                              "--sync-moments --moment-syncs 1: on bench wan local SGD's +0.033 nats against DDP become "
                              "+0.015, for about 3x that sync's bytes); the recipe is priced with them")
+    recipe.add_argument("--outer-state", default="device", choices=OUTER_STATES,
+                        help="where train keeps the outer sync's state (anchor, outer momentum, error-feedback "
+                             "residual: 12 bytes per parameter): device (counted in every device's memory) or host "
+                             "(host memory, not counted: a model fits devices it did not; recorded in the plan, "
+                             "which train --plan runs with --outer-state host; synchronous recipes only)")
+
+
+def device_outer_bytes_per_param(recipe: bool, outer_state: str) -> float:
+    """Bytes per parameter of the outer sync's state that a device holds: under a recipe with the state on the
+    device, its anchor, momentum and residual (cost.memory.RECIPE_OUTER_BYTES_PER_PARAM); else none."""
+    return RECIPE_OUTER_BYTES_PER_PARAM if recipe and outer_state == "device" else 0.0
+
+
+def outer_state_document(args: Any) -> dict[str, Any]:
+    """What a plan records of --outer-state ({"outer_state": "host"}, or nothing for the default); GeotrainError
+    (one line) for host without --wan-recipe auto: only a recipe plans the outer sync's state."""
+    if args.outer_state == "device":
+        return {}
+    if args.wan_recipe != "auto":
+        raise GeotrainError(f"--outer-state {args.outer_state} says where the outer sync's state lives, which the "
+                            f"planner counts under a WAN recipe only: add --wan-recipe auto")
+    return {"outer_state": args.outer_state}
 
 
 @dataclass(frozen=True)
@@ -162,7 +190,7 @@ def price_recipe(args: Any, cluster: Cluster, job: Job, assignment: Any, dp_s: f
                                 pp_s=pp_s, total_steps=args.recipe_steps, max_delay=args.recipe_max_delay,
                                 floor=args.recipe_codec_floor, sync_moments=args.recipe_sync_moments,
                                 codec_s_per_value=codec_s, moment_codec_s_per_value=moment_codec_s,
-                                asynchronous=args.recipe_outer_sync == "auto")
+                                asynchronous=args.recipe_outer_sync == "auto" and args.outer_state == "device")
     shares = None
     if heterogeneous(cluster, assignment):
         shares = choose_shares(cluster, assignment, job.global_batch, compute_s, dp_s + pp_s, recipe.step_s,
@@ -182,13 +210,15 @@ def recipe_documents(cluster: Cluster, assignment: Any, priced: PricedRecipe) ->
     return {"batch_shares": {"version": 1, "rule": "speed", **priced.shares.shares.to_json(labels)}, **site}
 
 
-def layout_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, recipe: bool = True) -> float:
+def layout_memory_bytes(job: Job, stages: int, replicas: int, shards: int = 1, recipe: bool = True,
+                        outer_state: str = "device") -> float:
     """Bytes the busiest device of an S x R layout holds: mixed-precision AdamW state (under a recipe, `recipe`,
     plus the outer sync's fp32 anchor, momentum and error-feedback residual) for its stage's parameters, and one
     sequence's activations per micro-batch in flight (cost.memory; the least any micro-batching of the replica's batch
-    needs); `shards`: K devices per slot sharing it (FSDP2, cost.memory's sharded states)."""
+    needs); `shards`: K devices per slot sharing it (FSDP2, cost.memory's sharded states); `outer_state` "host": the
+    outer sync's state is in host memory, not counted."""
     per_replica = max(1, job.global_batch // replicas)
-    outer = RECIPE_OUTER_BYTES_PER_PARAM if recipe else 0.0
+    outer = device_outer_bytes_per_param(recipe, outer_state)
     config = MemoryConfig(state_bytes_per_param=MemoryConfig().state_bytes_per_param + outer)
     return float(stage_memory_bytes(job, stages, replicas, per_replica, config, shards=shards).max())
 

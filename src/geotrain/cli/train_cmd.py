@@ -4,7 +4,8 @@ model's prediction with the measured communication.
 With --json, stdout is ONE JSON object: {"elastic", "plan", "stages", "replicas", "assignment", "losses",
 "summary": {"first_loss", "final_loss", "replicas_in_sync", "iteration_s", "compute_s", "comm_measured_s",
 "comm_predicted_s", "error_pct", "memory": {"per_rank": [{"rank", "weights", "gradients", "optimizer", "sync",
-"state", "peak_rss", "peak_device", "predicted_state"}...] in bytes, "predicted_state_per_stage", "state_error_pct"},
+"state", "device", "host", "peak_rss", "peak_device", "predicted_state"}...] in bytes, "predicted_state_per_stage",
+"state_error_pct"},
 ...}, "prediction", "bytes", "iterations": [...], "validation": [{"step", "loss"}...], "config", "wall_s"}; seconds are wall seconds of the emulated run (already multiplied by
 --time-scale). An --elastic run has the same layout (TRAIN_JSON_KEYS; its summary holds the elastic facts:
 replica_failures, rejoins, global_restarts, recovery_s, ...) with "group_records" and "events" in place of
@@ -86,6 +87,8 @@ def plan_settings(plan: Any) -> dict[str, dict[str, Any]]:
         recipe = WanRecipe.from_json(plan.extra["wan_recipe"], "plan")
         settings["optim"] = recipe.runtime_settings(plan.k)["optim"]
         settings.setdefault("comm", {})["dp_codecs"] = (recipe.codec,) * plan.stages
+    if plan.extra.get("outer_state") is not None:  # `geotrain plan --outer-state host`: planned without it on devices
+        settings.setdefault("optim", {})["outer_state"] = str(plan.extra["outer_state"])
     if plan.extra.get("batch_shares") is not None:  # `geotrain plan --wan-recipe auto` chose speed shares
         settings.setdefault("schedule", {})["batch_shares"] = str(plan.extra["batch_shares"].get("rule", "speed"))
     return settings
@@ -342,6 +345,7 @@ def memory_line(memory: dict[str, Any]) -> str:
     """One line of what the busiest rank held at the end (runtime/memory_use.py) beside the planner's prediction."""
     rank = max(memory["per_rank"], key=lambda row: row["state"])
     parts = ", ".join(f"{key} {rank[key] / 1e6:.3g}" for key in ("weights", "gradients", "optimizer", "sync"))
+    parts += f"; on the device {rank['device'] / 1e6:.4g} MB, in host memory {rank['host'] / 1e6:.4g} MB"
     predicted = rank["predicted_state"]
     versus = "" if predicted is None else (f"; the planner's {predicted / 1e6:.4g} MB "
                                            f"({(rank['state'] - predicted) / predicted * 100:+.2f}%)")

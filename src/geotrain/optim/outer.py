@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from geotrain.errors import GeotrainError
+from geotrain.optim.outer_state import check_outer_state, on_state, state_copy
 from geotrain.optim.shards import local_shard
 
 DILOCO_LR = 0.7
@@ -66,15 +67,21 @@ class OuterStep:
     `due(step, total_steps)`: whether 0-based `step` ends an outer period (every `sync_every` steps,
     and the run's last step). Per synchronisation: `outer_gradients()` -> exchange their mean over the
     DP group -> `apply(means)`. Sharded parameters (DTensor: FSDP2): the anchor, its momentum and the outer
-    gradients are the local shard's (geotrain.optim.shards.local_shard, read at each use).
+    gradients are the local shard's (geotrain.optim.shards.local_shard, read at each use). `outer_state`: where the
+    anchor, its momentum and the outer gradients live, "device" (the parameters') or "host" (geotrain.optim.outer_state:
+    each parameter copied to the host on its own when read, the new values written back tensor by tensor).
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], sync_every: int, lr: float = DILOCO_LR,
-                 momentum: float = DILOCO_MOMENTUM) -> None:
+                 momentum: float = DILOCO_MOMENTUM, outer_state: str = "device") -> None:
         check_outer_settings(sync_every, lr, momentum)
+        try:
+            self.outer_state = check_outer_state(outer_state, "OuterStep: outer_state")
+        except ValueError as exc:
+            raise OuterStepError(str(exc)) from None
         self.params = list(params)
         self.sync_every = sync_every
-        self.anchor = [torch.nn.Parameter(local_shard(p).clone().float()) for p in self.params]
+        self.anchor = [torch.nn.Parameter(state_copy(p, outer_state)) for p in self.params]
         self.optimizer = torch.optim.SGD(self.anchor, lr=lr, momentum=momentum, nesterov=momentum > 0)
 
     def due(self, step: int, total_steps: int) -> bool:
@@ -82,8 +89,9 @@ class OuterStep:
         return (step + 1) % self.sync_every == 0 or step + 1 == total_steps
 
     def outer_gradients(self) -> list[torch.Tensor]:
-        """This replica's outer gradient per parameter: anchor - local parameters (fp32)."""
-        return [(a.detach() - local_shard(p).float()) for a, p in zip(self.anchor, self.params, strict=True)]
+        """This replica's outer gradient per parameter: anchor - local parameters (fp32, where the anchor lives)."""
+        return [(a.detach() - on_state(p, self.outer_state).float()) for a, p in zip(self.anchor, self.params,
+                                                                                      strict=True)]
 
     def apply(self, means: Sequence[torch.Tensor]) -> None:
         """Step the anchor with the replicas' mean outer gradient and reset the local parameters to it."""
@@ -130,7 +138,8 @@ class OuterStep:
         self.step_anchor(means)
         with torch.no_grad():
             for p, anchor, old, change in zip(self.params, self.anchor, before, proxy, strict=True):
-                local_shard(p).add_((anchor.detach() - old - change).to(p.dtype))
+                local = local_shard(p)
+                local.add_((anchor.detach() - old - change).to(local.device, p.dtype))
 
     def land(self, means: Sequence[torch.Tensor], proxy: Sequence[torch.Tensor] | None, mix: float = 0.0) -> None:
         """A late sync lands: eagerly (`proxy`: the change applied when it started; land_eager), else the anchor
@@ -150,7 +159,7 @@ class OuterStep:
                 if mix == 0.0:
                     local.copy_(anchor.to(p.dtype))
                 else:
-                    local.copy_(torch.lerp(anchor, local.float(), mix).to(p.dtype))
+                    local.copy_(torch.lerp(anchor, on_state(p, self.outer_state).float(), mix).to(p.dtype))
 
     def anchor_sum(self) -> float:
         """A fingerprint of the anchor (float64 sum): every replica's is the same after each synchronisation."""

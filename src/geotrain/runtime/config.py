@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
@@ -39,6 +40,7 @@ SYNC_OPTION_KEYS = {
     "optimizer": "optim.optimizer", "onebit_warmup_steps": "optim.onebit_warmup_steps",
     "clip_grad_norm": "optim.clip_grad_norm", "outer.sync_every": "optim.sync_every",
     "outer.sync_moments": "optim.sync_moments", "outer.moment_syncs": "optim.moment_syncs",
+    "outer.outer_state": "optim.outer_state",
     "streaming.fragments": "optim.fragments", "streaming.fragment_split": "optim.fragment_split",
     "streaming.delay": "optim.sync_delay", "streaming.mix": "optim.sync_mix", "streaming.landing": "optim.sync_landing",
     "streaming.warmup": "optim.sync_warmup", "heterogeneity.local_steps": "optim.local_steps",
@@ -108,6 +110,12 @@ class RuntimeConfig:
                 f"{self.layout.k}: stages x shards) on emulated links (--time-scale {self.emulation.time_scale:g}): not built yet: each stage's (shard's) "
                 "server serves in emulated-time order and waits for the clocks of clients that wait for their "
                 "replica's other positions (measured: 1 run in 5 stalled); pass --time-scale 0")
+        on_gpu = self.run.device == "cuda" or (self.run.device == "auto" and torch.cuda.is_available())
+        if self.optim.outer_sync != "sync" and self.optim.outer_state == "host" and on_gpu:
+            raise RuntimeConfigError(f"--outer-state host with --outer-sync {self.optim.outer_sync} on --device "
+                                     f"{self.run.device}: not built: the asynchronous sync keeps its flat anchor "
+                                     "beside the parameters (on the CPU it is host memory already); use --outer-state "
+                                     "device")
         for key, specs, length in (("dp_codecs", comm.dp_codecs, stages), ("pp_codecs", comm.pp_codecs, stages - 1)):
             if specs and len(specs) != length:
                 raise RuntimeConfigError(f"comm.{key} must be {length} codec specs (or empty), "
@@ -172,7 +180,7 @@ class RuntimeConfig:
             onebit_warmup_steps=optim.onebit_warmup_steps, clip_grad_norm=optim.clip_grad_norm,
             outer=OuterOptions(sync_every=optim.sync_every, outer_lr=optim.outer_lr,
                                outer_momentum=optim.outer_momentum, sync_moments=optim.sync_moments,
-                               moment_syncs=optim.moment_syncs),
+                               moment_syncs=optim.moment_syncs, outer_state=optim.outer_state),
             streaming=StreamingOptions(fragments=optim.fragments, fragment_split=optim.fragment_split,
                                        delay=optim.sync_delay, mix=optim.sync_mix, landing=optim.sync_landing,
                                        warmup=optim.sync_warmup),

@@ -7,6 +7,11 @@ Measured per rank (bytes, `rank_memory`, called once after the last step):
   sync       every other tensor the DP sync holds (`held_tensors`: a walk, no copy): DiLoCo's anchor and outer
              momentum, error-feedback residuals, exchanges in flight, an asynchronous server's global model
   state      their sum
+  device     the part of `state` in the device's memory: weights, gradients, the inner optimizer's state and what the
+             sync keeps beside them
+  host       the part of `state` in host memory: the sync's tensors on the CPU of a GPU run (the codecs' residuals
+             are host copies there in either case), and, with --outer-state host, everything the sync holds (on a CPU
+             run, where device and host are one memory, the sync's tensors count where --outer-state puts them)
   peak_rss   the process's peak resident set (getrusage): the interpreter, torch's libraries (about 0.36 GB
              on CPU before any model), activations and buffers in flight included: an upper bound
   peak_device  on a GPU, torch.cuda.max_memory_allocated: the device's peak, what the planner's peak per
@@ -35,7 +40,7 @@ import torch
 
 from geotrain.optim.shards import local_shard
 
-MEMORY_KEYS = ("weights", "gradients", "optimizer", "sync", "state", "peak_rss", "peak_device")
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "sync", "state", "device", "host", "peak_rss", "peak_device")
 """The measured figures of a rank, in bytes (see the module doc)."""
 
 
@@ -118,19 +123,30 @@ def _filled(cell: Any) -> bool:
     return True
 
 
-def rank_memory(stage: torch.nn.Module, sync: Any, device: torch.device) -> dict[str, int | None]:
+def rank_memory(stage: torch.nn.Module, sync: Any, device: torch.device,
+                outer_state: str = "device") -> dict[str, int | None]:
     """The measured figures of MEMORY_KEYS for a rank holding `stage` on `device` with DP sync `sync` (a
     geotrain.sync GradientSync: its `params`, its inner `optimizer`, and everything else it holds, found by
-    `held_tensors` without a copy: a rank at its memory limit can measure itself)."""
+    `held_tensors` without a copy: a rank at its memory limit can measure itself); `outer_state`: where the sync's
+    outer state lives (--outer-state: "device" or "host"), which says where its tensors count on a CPU run."""
     peak = peak_rss_bytes()  # before anything below allocates
     peak_device = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
     seen: set[int] = set()
     weights = tensor_bytes(_tensors(stage.state_dict()), seen)
     gradients = tensor_bytes((p.grad for p in sync.params if p.grad is not None), seen)
     optimizer = tensor_bytes(held_tensors(sync.optimizer.state), seen)
-    sync_bytes = tensor_bytes(held_tensors(sync), seen)
-    return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "sync": sync_bytes,
-            "state": weights + gradients + optimizer + sync_bytes, "peak_rss": peak, "peak_device": peak_device}
+    held = list(held_tensors(sync))
+    if device.type == "cpu" and outer_state != "host":
+        on_host: list[torch.Tensor] = []
+    elif device.type == "cpu":
+        on_host = held
+    else:
+        on_host = [t for t in held if local_shard(t).device.type == "cpu"]
+    host = tensor_bytes(on_host, seen)
+    sync_bytes = host + tensor_bytes(held, seen)
+    state = weights + gradients + optimizer + sync_bytes
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer, "sync": sync_bytes, "state": state,
+            "device": state - host, "host": host, "peak_rss": peak, "peak_device": peak_device}
 
 
 def predicted_state_bytes(model_name: str, stages: int, shards: int, outer: bool, momentum: bool, residual: bool,

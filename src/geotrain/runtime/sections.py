@@ -23,6 +23,7 @@ from geotrain.emulate.install import COMPUTE_CLOCKS as EMULATED_CLOCKS
 from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
+from geotrain.optim.outer_state import OUTER_STATES
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.runtime.batch_shares import BatchSharesError, parse_batch_shares
 from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, slow_only
@@ -535,10 +536,16 @@ class OptimSection(Section):
                                         "re-balanced at every sync; one fragment (--sync-delay overlaps the "
                                         "exchange with the next period), one pipeline stage: "
                                         "geotrain.sync.adaptive)", choices=LOCAL_STEPS)
+    outer_state: str = setting("device", "--sync-every: where the outer state (anchors, outer momentum, the exchanged "
+                                         "outer gradients, moment anchors) lives: device (beside the parameters) or "
+                                         "host (CPU memory, pinned on CUDA, copied over one tensor at a time at each "
+                                         "sync: the device holds the model, its gradients and AdamW only; the same "
+                                         "numbers; the CUDA path has not run on a GPU)", choices=OUTER_STATES)
 
     def __post_init__(self) -> None:
         self._choice("optimizer", RUNTIME_OPTIMIZERS)
         self._choice("local_steps", LOCAL_STEPS)
+        self._choice("outer_state", OUTER_STATES)
         self._flag("sync_moments")
         self._integer("moment_syncs", 1, optional=True)
         if self.moment_syncs is not None and not self.sync_moments:
@@ -570,6 +577,8 @@ class OptimSection(Section):
             for key in ("fragments", "fragment_split", "sync_mix", "sync_landing", "sync_warmup", "sync_moments"):
                 if getattr(self, key) != self.__dataclass_fields__[key].default:
                     self._fail(key, "is Streaming DiLoCo's: it needs optim.sync_every (--sync-every H)")
+            if self.outer_state != "device":
+                self._fail("outer_state", "is DiLoCo's outer state: it needs optim.sync_every (--sync-every H)")
             return
         try:
             check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, section=self.SECTION)

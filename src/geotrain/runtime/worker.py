@@ -600,7 +600,7 @@ def _train_periods(worker: Worker, sync: AdaptiveOuterSync, watchdog: Watchdog, 
 
 def _gather_records(config: RuntimeConfig, rank: int, worker: Worker) -> list[dict[str, Any]] | None:
     if worker.records:  # what this rank holds at the end, on its last record (runtime/memory_use.py)
-        worker.records[-1]["memory"] = rank_memory(worker.stage, worker.dp, worker.device)
+        worker.records[-1]["memory"] = rank_memory(worker.stage, worker.dp, worker.device, config.optim.outer_state)
     gathered: list[Any] | None = [None] * config.world_size if rank == 0 else None
     dist.gather_object(worker.records, gathered, dst=0)
     return None if gathered is None else [record for records in gathered for record in records]

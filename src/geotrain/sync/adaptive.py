@@ -72,6 +72,7 @@ import torch
 from geotrain.comm.gather import GatherLinks
 from geotrain.cost.batch_shares import split_by_weights
 from geotrain.optim.outer import OuterStep
+from geotrain.optim.outer_state import state_device
 from geotrain.optim.shards import local_shard
 from geotrain.sync.base import (DPExchange, GradientSync, StepTimer, SyncError, SyncResult, free_grads, grad_carrier,
                                  set_grads)
@@ -138,14 +139,15 @@ class AdaptiveOuterSync(GradientSync):
     `warmup`: the overlap (module doc; 0: every sync blocks); `periods`: the run's outer periods where the caller
     stops every rank at that sync (the runtime's loop; None: not known): the last sync then posts no step times
     (no period follows to share out) and `flush` gathers no step counts (no replica stepped since), which spares
-    the run's end two latency-bound collectives."""
+    the run's end two latency-bound collectives; `outer_state`: where the anchor, outer momentum and shadows live,
+    "device" or "host" (geotrain.optim.outer_state)."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
                  make_exchange: Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange], sync_every: int,
                  outer_lr: float, outer_momentum: float, gather: Gather, rank: int, replicas: int,
                  adaptive: bool = True, step_time: Callable[[], float] | None = None,
                  prior_step_s: Sequence[float] | None = None, delay: int = 0, landing: str = "mix",
-                 mix: float = 0.0, warmup: int = 0, periods: int | None = None) -> None:
+                 mix: float = 0.0, warmup: int = 0, periods: int | None = None, outer_state: str = "device") -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < replicas:
             raise SyncError(f"AdaptiveOuterSync: rank must be an integer in 0..{replicas - 1}, got {rank!r}")
         check_landing_settings(sync_every, delay, mix, landing, warmup)
@@ -157,8 +159,8 @@ class AdaptiveOuterSync(GradientSync):
         named_params = list(named_params)
         self.params = [p for _, p in named_params]
         self.optimizer = optimizer
-        self.outer = OuterStep(self.params, sync_every, outer_lr, outer_momentum)
-        self.shadows = [grad_carrier(local_shard(p).shape, p.device) for p in self.params]
+        self.outer = OuterStep(self.params, sync_every, outer_lr, outer_momentum, outer_state)
+        self.shadows = [grad_carrier(local_shard(p).shape, state_device(p, outer_state)) for p in self.params]
         self.exchange = make_exchange([(name, s) for (name, _), s in zip(named_params, self.shadows, strict=True)])
         self.gather = gather
         self.rank, self.replicas, self.adaptive = rank, replicas, adaptive

@@ -81,17 +81,20 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                  group.ranks.index(rank), replicas,
                                  prior_step_s=options.heterogeneity.local_steps_prior_s, delay=streaming.delay,
                                  landing=streaming.landing, mix=streaming.mix, warmup=streaming.warmup,
-                                 periods=-(-options.total_steps // outer.sync_every))
+                                 periods=-(-options.total_steps // outer.sync_every), outer_state=outer.outer_state)
     # (warmup only matters with a delay); sharded parameters (DTensor): OuterSync writes whole-shape gradients into
-    # them, the streaming sync keeps shard-sized shadows (geotrain.optim.shards), as geotrain.diloco does
-    if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments or any(is_sharded(p) for p in params):
+    # them, the streaming sync keeps shard-sized shadows (geotrain.optim.shards), as geotrain.diloco does; so does the
+    # outer state in host memory (the outer gradients travel in host shadows, not in the parameters' gradients)
+    if (streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments or outer.outer_state == "host"
+            or any(is_sharded(p) for p in params)):
         return StreamingOuterSync(named_params, adamw,
                                   lambda shadows, moments=None: _exchange(codec, shadows, transport, group,
                                                                           rank, moments),
                                   outer.sync_every, streaming.fragments, streaming.delay, streaming.mix,
                                   outer.outer_lr, outer.outer_momentum, options.total_steps,
                                   _region_exchange(named_params, transport, group, rank), streaming.landing,
-                                  streaming.warmup, outer.sync_moments, outer.moment_syncs, streaming.fragment_split)
+                                  streaming.warmup, outer.sync_moments, outer.moment_syncs, streaming.fragment_split,
+                                  outer.outer_state)
     step = OuterStep(params, outer.sync_every, outer.outer_lr, outer.outer_momentum)
     return OuterSync(params, adamw, step, exchange, options.total_steps,
                      _region_exchange(named_params, transport, group, rank))

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from geotrain.codecs import CodecSpec
+from geotrain.optim.outer_state import on_state, state_device
 from geotrain.optim.shards import local_shard
 from geotrain.sync.base import SyncError, grad_carrier
 from geotrain.sync.exchange import ExtraTensors
@@ -83,10 +84,13 @@ class MomentSync:
     and second moment into the exchange, and the means out of it."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, named_params: Sequence[tuple[str, torch.nn.Parameter]],
-                 slices: Sequence[slice | None] | None = None) -> None:
+                 slices: Sequence[slice | None] | None = None, outer_state: str = "device") -> None:
         """`slices`: per parameter, the rows (first-dimension indices) this sync covers (a fragment cut inside the
-        tensor, geotrain.sync.streaming) or None for all of it (default: None for each)."""
+        tensor, geotrain.sync.streaming) or None for all of it (default: None for each). `outer_state`: where the
+        shadows, the first moment's anchor and an eager sync's sent moments live (geotrain.optim.outer_state; the
+        moments themselves are the inner optimizer's, on its device)."""
         self.optimizer = optimizer
+        self.outer_state = outer_state
         self.params = [p for _, p in named_params]
         self.names = [name for name, _ in named_params]
         self.slices = [None] * len(self.params) if slices is None else list(slices)
@@ -97,10 +101,11 @@ class MomentSync:
                   for shape, s in zip(local, self.slices, strict=True)]
 
         def shadows() -> list[torch.nn.Parameter]:
-            return [grad_carrier(shape, p.device) for p, shape in zip(self.params, shapes, strict=True)]
+            return [grad_carrier(shape, state_device(p, outer_state)) for p, shape in zip(self.params, shapes,
+                                                                                          strict=True)]
 
         self.first, self.second = shadows(), shadows()
-        self.anchor = [torch.zeros(shape, dtype=torch.float32, device=p.device)
+        self.anchor = [torch.zeros(shape, dtype=torch.float32, device=state_device(p, outer_state))
                        for p, shape in zip(self.params, shapes, strict=True)]
         self._sent: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -126,11 +131,11 @@ class MomentSync:
         `keep_sent`: remember them for an eager landing."""
         sent = []
         for i, (first, second, anchor) in enumerate(zip(self.first, self.second, self.anchor, strict=True)):
-            m, v = self._state(i)
-            first.grad = m.detach().float() - anchor
-            second.grad = v.detach().float().clone()
+            m, v = (on_state(t, self.outer_state) for t in self._state(i))
+            first.grad = m.float() - anchor
+            second.grad = v.float().clone()
             if keep_sent:
-                sent.append((m.detach().float().clone(), second.grad.clone()))
+                sent.append((m.float().clone(), second.grad.clone()))
         self._sent = sent if keep_sent else None
 
     def land(self, mix: float = 0.0) -> None:
@@ -139,8 +144,8 @@ class MomentSync:
         for i, (m_mean, v_mean) in enumerate(self._means()):
             m, v = self._state(i)
             with torch.no_grad():
-                m.copy_(torch.lerp(m_mean, m.float(), mix).to(m.dtype))
-                v.copy_(torch.lerp(v_mean, v.float(), mix).clamp_min(0).to(v.dtype))
+                m.copy_(torch.lerp(m_mean, on_state(m, self.outer_state).float(), mix).to(m.dtype))
+                v.copy_(torch.lerp(v_mean, on_state(v, self.outer_state).float(), mix).clamp_min(0).to(v.dtype))
 
     def land_eager(self) -> None:
         """Eager landing: each moment moves by (mean - what this replica sent at the start)."""
@@ -149,8 +154,8 @@ class MomentSync:
         for i, ((m_mean, v_mean), (m_sent, v_sent)) in enumerate(zip(self._means(), self._sent, strict=True)):
             m, v = self._state(i)
             with torch.no_grad():
-                m.add_((m_mean - m_sent).to(m.dtype))
-                v.add_((v_mean - v_sent).to(v.dtype)).clamp_(min=0)
+                m.add_((m_mean - m_sent).to(m.device, m.dtype))
+                v.add_((v_mean - v_sent).to(v.device, v.dtype)).clamp_(min=0)
         self._sent = None
 
     def _means(self) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -20,6 +20,7 @@ from geotrain.comm import check_reducer_spec, reducer_traits
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
+from geotrain.optim.outer_state import OUTER_STATES
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.sync.adaptive import LOCAL_STEPS, check_adaptive_settings
 from geotrain.cost.async_outer import STALENESS_POWER
@@ -60,6 +61,8 @@ class OuterOptions:
     sync_moments: each outer sync also averages the inner AdamW's moments (geotrain.sync.moments).
     moment_syncs: with sync_moments, only each fragment's first `moment_syncs` outer syncs carry the moments;
         the later ones send the outer gradients alone (None: every sync).
+    outer_state: where the outer state (anchors, outer momentum, exchanged outer gradients) lives: "device" (the
+        parameters') or "host" (geotrain.optim.outer_state).
     """
 
     sync_every: int | None = None
@@ -67,8 +70,15 @@ class OuterOptions:
     outer_momentum: float = DILOCO_MOMENTUM
     sync_moments: bool = False
     moment_syncs: int | None = None
+    outer_state: str = "device"
 
     def __post_init__(self) -> None:
+        if self.outer_state not in OUTER_STATES:
+            raise SyncError(f"OuterOptions.outer_state must be one of {', '.join(OUTER_STATES)}, got "
+                            f"{self.outer_state!r}")
+        if self.outer_state != "device" and self.sync_every is None:
+            raise SyncError("OuterOptions: outer_state says where DiLoCo's outer state lives: it needs sync_every",
+                            ("outer.outer_state", "outer.sync_every"))
         if self.sync_every is not None:
             try:
                 check_outer_settings(self.sync_every, self.outer_lr, self.outer_momentum, "OuterOptions")

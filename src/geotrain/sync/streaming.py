@@ -67,6 +67,7 @@ from typing import Any, Protocol
 import torch
 
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
+from geotrain.optim.outer_state import check_outer_state, state_device
 from geotrain.optim.shards import is_sharded, local_shard
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, free_grads, grad_carrier, set_grads
 from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer
@@ -233,8 +234,14 @@ class StreamingOuterSync(OuterSync):
                  mix: float = 0.0, outer_lr: float = DILOCO_LR, outer_momentum: float = DILOCO_MOMENTUM,
                  total_steps: int | None = None, inner_exchange: DPExchange | None = None,
                  landing: str = "mix", warmup: int = 0, sync_moments: bool = False,
-                 moment_syncs: int | None = None, fragment_split: str = "layers") -> None:
+                 moment_syncs: int | None = None, fragment_split: str = "layers", outer_state: str = "device") -> None:
+        """`outer_state`: where every fragment's anchor, outer momentum, shadows and moment anchors live, "device"
+        or "host" (geotrain.optim.outer_state)."""
         named_params = list(named_params)
+        try:
+            check_outer_state(outer_state, "StreamingOuterSync: outer_state")
+        except ValueError as exc:
+            raise SyncError(str(exc)) from None
         if sync_moments:
             check_moment_optimizer(optimizer, "StreamingOuterSync")
         if moment_syncs is not None and (isinstance(moment_syncs, bool) or not isinstance(moment_syncs, int)
@@ -260,13 +267,13 @@ class StreamingOuterSync(OuterSync):
         for pieces in fragment_pieces(self.params, fragments, fragment_split):
             named = [(_piece_name(named_params[piece.index][0], piece), piece_view(self.params[piece.index], piece))
                      for piece in pieces]
-            shadows = [grad_carrier(local_shard(t).shape, t.device) for _, t in named]
-            outer = OuterStep([t for _, t in named], sync_every, outer_lr, outer_momentum)
+            shadows = [grad_carrier(local_shard(t).shape, state_device(t, outer_state)) for _, t in named]
+            outer = OuterStep([t for _, t in named], sync_every, outer_lr, outer_momentum, outer_state)
             moments = None
             if sync_moments:
                 owners = [(name, self.params[piece.index]) for (name, _), piece in zip(named, pieces, strict=True)]
                 moments = MomentSync(optimizer, owners, [None if piece.whole else slice(piece.start, piece.stop)
-                                                         for piece in pieces])
+                                                         for piece in pieces], outer_state)
             outer_named = [(name, s) for (name, _), s in zip(named, shadows, strict=True)]
             exchange = (make_exchange(outer_named) if moments is None
                         else make_exchange(outer_named, (moments.named_first(), moments.named_second())))

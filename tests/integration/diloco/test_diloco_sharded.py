@@ -59,14 +59,18 @@ def _loss(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _run(model: torch.nn.Module, site: int, rows: slice, group, mode: str, step_s: float) -> dict:
-    """One DiLoCo loop of `mode` ("blocking", "adaptive", "streaming") on `rows` of each site batch; adaptive: each
-    inner step 'takes' `step_s` (the first two periods are shared 5 : 3 by a prior)."""
+    """One DiLoCo loop of `mode` ("blocking", "adaptive", "streaming"; "<mode>-host": with outer_state "host") on
+    `rows` of each site batch; adaptive: each inner step 'takes' `step_s` (the first two periods are shared 5 : 3 by a
+    prior)."""
+    mode, _, host = mode.partition("-")
     inner = (torch.optim.AdamW(model.parameters(), lr=ADAM_LR, eps=ADAM_EPS) if mode == "moments"
              else torch.optim.SGD(model.parameters(), lr=LR))
     options = {"blocking": {"codec": "none"}, "moments": {"codec": "none", "sync_moments": True},
                "adaptive": {"codec": "none", "local_steps": "adaptive", "prior_step_s": [1.0, 2.0],
                             "step_time": lambda: step_s},
-               "streaming": {"codec": "int8-block", "fragments": 2, "delay": 1}}[mode]
+               "streaming": {"codec": "int8-block", "fragments": 2, "delay": 1},
+               "eager": {"codec": "int8-block", "fragments": 2, "delay": 1, "landing": "eager"}}[mode]
+    options = {**options, **({"outer_state": "host"} if host else {})}
     losses, grad_max = [], 0.0
     with DiLoCo(model, inner, sync_every=H, group=group, **options) as diloco:
         while diloco.outer_step < PERIODS:
@@ -83,7 +87,7 @@ def _run(model: torch.nn.Module, site: int, rows: slice, group, mode: str, step_
                ] if mode == "moments" else []
     state = [e.state_dict() for e in diloco.exchanges]
     return {"params": [_local(p).clone() for p in model.parameters()], "losses": losses,
-            "inner_steps": diloco.inner_steps, "grad_max": grad_max,
+            "inner_steps": diloco.inner_steps, "grad_max": grad_max, "fingerprint": diloco.fingerprint(),
             "anchor_elements": sum(a.numel() for o in outers for a in o.anchor),
             "residual_elements": sum(t.numel() for s in state for t in _tensors(s)),
             "moments": [_local(t).clone() for t in moments]}
@@ -211,7 +215,9 @@ def _shard_of(full: torch.Tensor, shard: int) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def runs():
     modes = ("blocking", "adaptive", "moments", "streaming")
-    return run_workers(_sharded, 4, (modes,), timeout_s=240), run_workers(_unsharded, 2, (modes[:3],), timeout_s=120)
+    hosted = tuple(f"{mode}-host" for mode in (*modes, "eager")) + ("eager",)
+    return (run_workers(_sharded, 4, (modes + hosted,), timeout_s=240),
+            run_workers(_unsharded, 2, (modes[:3] + hosted[:3],), timeout_s=120))
 
 
 def test_with_moment_sync_a_sharded_run_equals_the_unsharded_run_in_float64(runs):
@@ -323,3 +329,23 @@ def test_with_regions_a_sharded_run_equals_the_unsharded_run_in_float64():
     for shard in (0, 1):
         peers = [r["params"] for r in sharded if r["shard"] == shard]
         assert all(torch.equal(a, b) for other in peers[1:] for a, b in zip(peers[0], other, strict=True))
+
+
+def test_outer_state_in_host_memory_gives_bit_identical_parameters_in_every_mode(runs):
+    """outer_state "host" (geotrain.optim.outer_state) moves where the anchors, outer momentum and exchanged outer
+    gradients live, not what is computed: after every mode's outer syncs (blocking, adaptive, moment sync with
+    AdamW, int8-block with 2 fragments and delay 1 under the mix and the eager landing; on FSDP2 shards and on plain
+    parameters) the parameters, the moments and the anchors' fingerprint are bit for bit those of "device"."""
+    sharded, unsharded = runs
+    compared = 0
+    for r in [*sharded, *unsharded]:
+        for mode in ("blocking", "adaptive", "moments", "streaming", "eager"):
+            if f"{mode}-host" not in r:
+                continue
+            device, host = r[mode], r[f"{mode}-host"]
+            assert host["inner_steps"] == device["inner_steps"] and host["losses"] == device["losses"]
+            assert all(torch.equal(a, b) for a, b in zip(host["params"], device["params"], strict=True)), mode
+            assert all(torch.equal(a, b) for a, b in zip(host["moments"], device["moments"], strict=True)), mode
+            assert host["fingerprint"] == device["fingerprint"]
+            compared += 1
+    assert compared == 4 * 5 + 2 * 3

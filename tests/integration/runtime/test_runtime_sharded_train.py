@@ -3,7 +3,8 @@ processes holding FSDP2 shards of the tiny model, DiLoCo per shard across the si
 
 Runs (module fixture, 8 steps each): the sharded plan and the unsharded one (one process per site, the same
 replicas) with --sync-every 4 --fragments 2 --sync-delay 1, no codec and a validation every 4 steps; the same pair
-with --sync-moments (the inner AdamW's moments averaged per shard); the sharded plan with int8-block, and with
+with --sync-moments (the inner AdamW's moments averaged per shard); the sharded plan with int8-block (and the outer
+state in host memory, --outer-state host), and with
 adaptive local steps; and a pair with --dp-hierarchical on examples/clusters/lab-2x4.yaml: 4 sites of 2 devices,
 two in region east and two in west (8 ranks sharded, 4 unsharded), each region's same-shard ranks averaging their
 gradients every step and the outer sync hierarchical per shard; and a pair of 2 pipeline stages x 2 sites x 2 shards
@@ -72,7 +73,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     emulated = ("--time-scale", "1e-3", "--eval-every", "4")
     commands = {"sharded": _train(root, "sharded", SHARDED, *STREAMING, *emulated),
                 "unsharded": _train(root, "unsharded", UNSHARDED, *STREAMING, *emulated),
-                "int8": _train(root, "int8", SHARDED, *STREAMING, "--dp-codec", "int8-block", "--time-scale", "0"),
+                "int8": _train(root, "int8", SHARDED, *STREAMING, "--dp-codec", "int8-block", "--outer-state", "host",
+                               "--time-scale", "0"),
                 "adaptive": _train(root, "adaptive", SHARDED, "--sync-every", "4", "--local-steps", "adaptive",
                                    "--outer-lr", "1", "--outer-momentum", "0", "--time-scale", "0"),
                 "moments": _train(root, "moments", SHARDED, *STREAMING, "--sync-moments", "--time-scale", "0"),
@@ -174,7 +176,9 @@ def test_each_rank_holds_the_planners_state_per_device_half_the_unsharded_ranks(
     K). They differ by AdamW's step counters (one 4-byte scalar per parameter tensor) and the outer sync's gradient
     carriers (sync/base.grad_carrier: one 4-byte element per tensor, their gradients freed once an exchange landed);
     a shard holding the whole model, a carrier holding values or gradients kept between syncs, or a residual counted
-    or kept where it should not be, would be off by a megabyte."""
+    or kept where it should not be, would be off by a megabyte. With --outer-state host (the int8 run) everything
+    the sync holds is in host memory and the device holds weights, gradients and AdamW only; otherwise (a CPU run,
+    the outer state on the emulated device) nothing is in host memory."""
     shard_weights = {}
     for name, k, residual in (("sharded", 2, 0), ("unsharded", 1, 0), ("int8", 2, 4)):
         memory = runs[name]["summary"]["memory"]
@@ -189,6 +193,8 @@ def test_each_rank_holds_the_planners_state_per_device_half_the_unsharded_ranks(
             # the anchor (and residual), and one 4-byte gradient carrier per tensor
             assert rank["sync"] == (4 + residual) * rank["weights"] / 4 + counters, (name, rank)
             assert rank["peak_rss"] > rank["state"]
+            host = rank["sync"] if name == "int8" else 0
+            assert (rank["host"], rank["device"]) == (host, rank["state"] - host), (name, rank)
         shard_weights[name] = ranks[0]["weights"]
     assert shard_weights["sharded"] * 2 == shard_weights["unsharded"]  # each shard: half the model (the tiny one splits evenly)
 

@@ -127,3 +127,22 @@ def test_a_fixed_layout_without_a_recipe_is_memory_checked_too(files, capsys):
                      "AdamW state of its stage, one sequence's activations), and only 10 of 12 devices hold it; too "
                      "small: T4 (17 GB) x2. Use more stages (--stages), shard each slot over a site's devices "
                      "(--shards K), or let the planner choose the layout (no --stages/--replicas)"]
+
+
+def test_with_the_outer_state_in_host_memory_the_l4s_hold_a_replica_and_the_layout_is_planned(files, capsys):
+    """--outer-state host: the outer sync's anchor, momentum and residual (12 bytes per parameter) live in host
+    memory (train --outer-state host), so a device holds 16 bytes per parameter, one sequence's activations and its
+    fp32 logits (1e9 x 16 + 3.42e9 + 0.41e9 = 19.8 GB): the L4s (26 GB) now hold a replica and 1 x 10 is planned
+    where it was refused (1e9 x 28 + 3.83e9 = 31.8 GB: only the 6 H100s and A100s); the T4s (17 GB) still cannot.
+    The plan records the option for `train --plan`, and its recipe is synchronous."""
+    cluster, job = files
+    layout = ["--cluster", str(cluster), "--job", str(job), "--stages", "1", "--replicas", "10", "--wan-recipe", "auto",
+              "--method", "local-search"]  # (placed by a quick method: what is tested is which devices hold a replica)
+    assert main(["plan", *layout]) == 2
+    assert "only 6 of 12 devices" in capsys.readouterr().err
+    plan, notes = plan_json(capsys, *layout, "--outer-state", "host")
+    assert plan["outer_state"] == "host" and plan["wan_recipe"]["outer_sync"] == "sync"
+    assert "2 devices cannot hold 19.8 GB" in notes and "frankfurt2 (T4)" in notes and "saopaulo0" not in notes
+    assert len(set(plan["assignment"][0])) == 10
+    assert main(["plan", "--cluster", str(cluster), "--job", str(job), "--outer-state", "host"]) == 2
+    assert capsys.readouterr().err.strip().endswith("add --wan-recipe auto")

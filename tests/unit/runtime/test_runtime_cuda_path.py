@@ -45,3 +45,22 @@ def test_onebit_adam_on_cuda_is_refused_with_the_setting(monkeypatch):
     RuntimeConfig.of(**base)  # AdamW on CUDA is accepted
     with pytest.raises(RuntimeConfigError, match="^--device cuda with --optimizer onebit-adam: not built yet: 1-bit Adam keeps its state in host memory"):
         RuntimeConfig.of(**base, optimizer="onebit-adam")
+
+
+def test_the_outer_state_in_host_memory_is_accepted_on_cuda_and_refused_with_asynchronous_updates(monkeypatch):
+    """--outer-state host on a GPU (geotrain.optim.outer_state): every synchronous outer sync takes it; the
+    asynchronous one keeps its flat anchor beside the parameters, so the pair is refused in one line naming both
+    flags (on the CPU its anchor is host memory already: accepted)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the refusal, not a GPU, is tested
+    geo = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0)
+    base = {"cluster": geo, "assignment": np.array([[0, 2]]), "time_scale": 0.0, "sync_every": 2,
+            "outer_state": "host", "dp_codec": "none"}
+    for device in ("cuda", "auto"):
+        config = RuntimeConfig.of(**base, device=device)
+        assert config.sync_options(0).outer.outer_state == "host"
+        with pytest.raises(RuntimeConfigError, match=f"^--outer-state host with --outer-sync async on --device "
+                                                     f"{device}: not built"):
+            RuntimeConfig.of(**base, device=device, outer_sync="async")
+    RuntimeConfig.of(**base, device="cpu", outer_sync="async")
+    with pytest.raises(RuntimeConfigError, match="outer_state.*needs optim.sync_every"):
+        RuntimeConfig.of(**{k: v for k, v in base.items() if k != "sync_every"}, device="cpu")

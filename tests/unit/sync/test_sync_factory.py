@@ -173,3 +173,25 @@ def test_onebit_adam_sync_reports_the_clipped_norm_only_in_its_warm_up(world_of_
         assert result.dp_bytes > 0
     assert norms[0] is not None and norms[0] > 1e-3 and norms[1:] == [None, None]
     assert sum(transport.nbytes) > 0
+
+
+def test_the_outer_state_in_host_memory_syncs_through_host_shadows_with_outer_syncs_numbers(world_of_one):
+    """outer_state "host": the outer gradients travel in host shadows (StreamingOuterSync of one fragment, not the
+    parameters' own gradients), the anchor and its momentum are host tensors, and after 3 outer syncs (int8-block
+    with error feedback, DiLoCo's lr 0.7 and momentum 0.9) the parameters are OuterSync's bit for bit."""
+    from geotrain.sync import StreamingOuterSync
+
+    syncs, models = [], [_model(), _model()]
+    for model, state in zip(models, ("device", "host"), strict=True):
+        syncs.append(make_gradient_sync(_options(sync_every=2, codec="int8-block", total_steps=6, outer_state=state),
+                                        list(model.named_parameters()), RecordingTransport(), _group(False)))
+    device, host = syncs
+    assert type(device) is OuterSync and type(host) is StreamingOuterSync
+    for step in range(6):
+        for model, sync in zip(models, syncs, strict=True):
+            _backward(model, step)
+            sync.step(step, ComputeTimer())
+    assert all(torch.equal(p, q) for p, q in zip(*(m.parameters() for m in models), strict=True))
+    outer = host.fragments[0].outer
+    momentum = [outer.optimizer.state[a]["momentum_buffer"] for a in outer.anchor]
+    assert {t.device.type for t in [*outer.anchor, *momentum, *host.fragments[0].shadows]} == {"cpu"}

@@ -27,13 +27,16 @@ def test_flat_names_land_in_their_sections():
 def test_section_field_names_are_unique_so_flat_names_are_unambiguous():
     names = [f.name for section in SECTIONS.values() for f in fields(section)]
     names += [f.name for f in fields(SyncOptions) if f.name not in SECTIONS]
-    assert len(names) == len(set(names)) == 3 + 5 + 6 + 5 + 5
+    assert len(names) == len(set(names)) == 3 + 6 + 6 + 5 + 5
 
 
 @pytest.mark.parametrize("build, message", [
     (lambda: ExchangeOptions("none", hierarchical=1), "ExchangeOptions.hierarchical must be true or false, got 1"),
     (lambda: OuterOptions(sync_every=0), "OuterOptions: sync_every must be an integer >= 1, got 0"),
     (lambda: OuterOptions(sync_every=4, moment_syncs=2), "OuterOptions: moment_syncs says how many outer syncs"),
+    (lambda: OuterOptions(sync_every=4, outer_state="disk"),
+     "OuterOptions.outer_state must be one of device, host, got 'disk'"),
+    (lambda: OuterOptions(outer_state="host"), "OuterOptions: outer_state says where DiLoCo's outer state lives"),
     (lambda: StreamingOptions(mix=1.5), "StreamingOptions.mix must be a number in [0, 1], got 1.5"),
     (lambda: StreamingOptions(fragments=2.0), "StreamingOptions.fragments must be an integer, got 2.0"),
     (lambda: HeterogeneityOptions(local_steps="fast"),
