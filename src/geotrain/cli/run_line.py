@@ -43,6 +43,8 @@ def _sync(config: Any, recipe: bool) -> str:
         parts.append("moments synced" + (f" in the first {optim.moment_syncs}" if optim.moment_syncs else ""))
     if optim.local_steps == "adaptive":
         parts.append("adaptive local steps")
+    if optim.outer_state == "host":
+        parts.append("outer state in host memory")
     if optim.outer_sync != "sync":
         parts[0] = (f"asynchronous DiLoCo ({optim.outer_sync}: each replica sends its outer gradient to the global "
                     f"model's server every {optim.sync_every} of its steps and goes on without waiting; outer lr "

@@ -27,6 +27,8 @@ def test_local_sgd_and_a_recipe_are_named():
     assert "local SGD / DiLoCo every 5 steps (outer lr 1, momentum 0), outer deltas through fp32, 2 fragments" in line
     recipe = Plan.from_json({**PLAN.to_json(), "wan_recipe": {"sync_every": 5}})
     assert "(the plan's WAN recipe)" in what_runs(config(sync_every=5), recipe)
+    assert "outer state in host memory" in what_runs(config(sync_every=5, outer_state="host"), PLAN)
+    assert "host memory" not in line
 
 
 def test_an_asynchronous_outer_sync_is_named_as_such():
