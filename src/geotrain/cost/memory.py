@@ -50,7 +50,8 @@ OUTER_RESIDUAL_BYTES_PER_PARAM = 4.0
 RECIPE_OUTER_BYTES_PER_PARAM = OUTER_STATE_BYTES_PER_PARAM + OUTER_RESIDUAL_BYTES_PER_PARAM
 """What a WAN recipe's outer sync holds per parameter at most (anchor, momentum, residual): the planner's memory checks
 count it before the recipe's codec is chosen (measured per rank by `train --json`'s summary.memory: 28 bytes per
-parameter with AdamW and int8-block, runtime/memory_use.py)."""
+parameter with AdamW and int8-block, runtime/memory_use.py). A device holds none of it when the run keeps its outer
+state in host memory (`plan --outer-state host`, `train --outer-state host`: summary.memory's `host`)."""
 FSDP_GATHERED_UNITS = 2
 """Units (layers) FSDP holds unsharded at once on a device: the one computing and the one prefetched."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34.0
