@@ -187,7 +187,9 @@ class ElasticGroup:
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed, weight=weight,
                                         weight_on_heal=0.0 if outer else weight, start_quorum=self.quorum,
                                         abort=lambda: self.process_group.abort(), codec=options.exchange.codec,
-                                        error_feedback=options.exchange.error_feedback, pg=self.process_group)
+                                        error_feedback=options.exchange.error_feedback, pg=self.process_group,
+                                        hierarchy=self.region_of_group if config.comm.dp_hierarchical else None,
+                                        group_world_size=group_size(config))
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
         self.sync = make_elastic_sync(options, self.params, self.exchange,
                                       world_sum_over_replicas(1) if config.stages > 1 else None, group, config.replicas)
@@ -256,6 +258,11 @@ class ElasticGroup:
         self.state.healed = True
         if self.links is not None and state.get("clock_s") is not None:
             self.links.clock.restart(state["clock_s"])  # the run's emulated time, not this process's own
+
+    def region_of_group(self, group: int) -> int:
+        """The cluster region of replica group `group`'s process at this one's position (--dp-hierarchical)."""
+        device = self.config.layout.devices[self.stage, group, self.shard]
+        return int(self.config.cluster.region_of[int(device)])
 
     def mesh(self) -> Any:
         """The device mesh of this position's FSDP2 shards (the stage's K ranks); None when not sharded."""

@@ -13,7 +13,7 @@ DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when
 later; --sync-moments: the inner AdamW's moments in the same try) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
 geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group
 its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or without error feedback (the codec
-reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical),
+reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat or --dp-hierarchical,
 AdamW. With --netlab: --time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
