@@ -150,7 +150,6 @@ RULES: tuple[Rule, ...] = (
          built=True, instead="drop --dp-hierarchical"),
     # elastic replica groups
     Rule("elastic", "onebit", "elastic runs step AdamW"),
-    Rule("elastic", "cuda", "elastic runs use torchft's gloo process groups on CPU"),
     # the rest
     Rule("eval-local", "pipeline", "a replica scores its own weights on one rank: one pipeline stage only",
          built=True),

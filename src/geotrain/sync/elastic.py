@@ -31,6 +31,10 @@ Hierarchical (--dp-hierarchical, `hierarchy`: a replica group's region): every p
 (fp32 when uncompressed) between them, point to point on the quorum's group, with the same weights, commit and
 retries as above; its residuals follow the shards' owners as the quorum changes, and are never handed on either.
 
+CUDA (--device cuda): the exchange takes the gradients' host copies (geotrain.sync.base.host_gradients) over
+torchft's gloo group (geotrain.comm.groups.torchft_backend, the non-elastic run's rule for the replicate
+dimension) and writes the means back on each parameter's device. Not yet run on a GPU (benchmarks/cuda/check.sh).
+
 Side sums (`exchange(step, timer, side)`): a small float64 tensor all-reduced (SUM) over the same quorum
 in the same try, before the gradients, and kept (`side_sum`) only if that try commits: a retry sums it again
 over the new quorum. Adaptive local steps (geotrain.sync.elastic_adaptive) send each group's presence and
@@ -72,7 +76,7 @@ from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.comm.registry import reducer_traits
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import is_sharded
-from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError
+from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError, host_gradients
 from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
 from geotrain.sync.elastic_hierarchical import QuorumHierarchy, QuorumWire
 from geotrain.sync.exchange import ExtraTensors
@@ -232,7 +236,7 @@ class ManagerExchange:
         `side`)."""
         self.side_sum = None
         with timer:
-            grads = [[torch.zeros_like(p) if p.grad is None else p.grad for p in params] for params, _ in parts]
+            grads = [host_gradients(params) for params, _ in parts]  # on a GPU: host copies, gloo carries them
             weight = self.weight_on_heal if self.healed() else self.weight
         started = time.perf_counter()
         for attempt in range(self.retries + 1):
@@ -257,7 +261,7 @@ class ManagerExchange:
             raise QuorumLost(f"elastic exchange at step {step}: no contributing replica group in the quorum")
         for (params, _), part_means in zip(parts, means, strict=True):
             for p, mean in zip(params, part_means, strict=True):
-                p.grad = mean
+                p.grad = mean.to(p.device)
         return nbytes
 
     def _side_try(self, side: torch.Tensor) -> torch.Tensor:
