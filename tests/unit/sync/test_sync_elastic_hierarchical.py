@@ -62,8 +62,8 @@ class _PG:
 
 
 class _Manager:
-    def __init__(self, rank: int, size: int) -> None:
-        self.rank, self.size, self.error = rank, size, None
+    def __init__(self, rank: int, size: int, refused_commits: int = 0) -> None:
+        self.rank, self.size, self.error, self.refused = rank, size, None, refused_commits
 
     def num_participants(self) -> int:
         return self.size
@@ -78,7 +78,8 @@ class _Manager:
         self.error = exc
 
     def should_commit(self) -> bool:
-        return self.error is None
+        self.refused -= 1
+        return self.error is None and self.refused < 0
 
 
 def _exchanges(groups, codec: str) -> dict[int, ManagerExchange]:
@@ -88,15 +89,17 @@ def _exchanges(groups, codec: str) -> dict[int, ManagerExchange]:
 
 
 def _sync(exchanges: dict[int, ManagerExchange], quorum: tuple[int, ...], grads: dict[int, list[torch.Tensor]],
-          step: int, weights: dict[int, float] | None = None) -> dict[int, list[torch.Tensor]]:
-    """One exchange of the groups of `quorum` (quorum rank order), each in its thread: every group's mean."""
+          step: int, weights: dict[int, float] | None = None,
+          refused_commits: int = 0) -> dict[int, list[torch.Tensor]]:
+    """One exchange of the groups of `quorum` (quorum rank order), each in its thread: every group's mean
+    (`refused_commits`: tries whose commit the quorum refuses first, each retried)."""
     mail = _Mail()
     means, errors = {}, []
 
     def member(rank: int, group: int) -> None:
         try:
             exchange = exchanges[group]
-            exchange.manager, exchange.pg = _Manager(rank, len(quorum)), _PG(mail, rank, quorum)
+            exchange.manager, exchange.pg = _Manager(rank, len(quorum), refused_commits), _PG(mail, rank, quorum)
             exchange.weight = 1.0 if weights is None else weights[group]
             for p, g in zip(exchange.params, grads[group], strict=True):
                 p.grad = g.clone()
@@ -158,6 +161,19 @@ def test_residuals_follow_the_owners_when_the_quorum_changes_and_nothing_is_lost
     held = sum(ex.reducer.residuals[0]["carry"].double() for ex in exchanges.values() if ex.reducer.residuals[0])
     assert float((sent - delivered).abs().max()) > 1e-3  # the codec's error is real ...
     assert float((sent - delivered - held).abs().max()) < 1e-5  # ... and every bit of it is still held once
+
+
+def test_a_try_that_does_not_commit_leaves_the_residuals_and_the_retry_delivers_the_same_bits():
+    quorum = (0, 1, 2)
+    once, retried = _exchanges(quorum, "int8-block"), _exchanges(quorum, "int8-block")
+    for step in range(2):
+        grads = _grads(quorum, step)
+        expected = _sync(once, quorum, grads, step)
+        means = _sync(retried, quorum, grads, step, refused_commits=1)
+        assert all(torch.equal(_flat(means[g]), _flat(expected[g])) for g in quorum)
+    assert all(retried[g].failed_quorums == 2 for g in quorum)
+    assert all(torch.equal(retried[g].reducer.residuals[0]["carry"], once[g].reducer.residuals[0]["carry"])
+               for g in quorum)
 
 
 def test_a_loaded_state_starts_a_group_from_zero_residuals():
