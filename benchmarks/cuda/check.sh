@@ -72,5 +72,11 @@ S="--precision fp32 --steps 20 --sync-every 5 --outer-lr 1 --outer-momentum 0"
 run sharded-1x1x2-$DEVICE 150 two-ranks.yaml plan-1x1x2.json --device $DEVICE $S
 run sharded-1x2x2-$DEVICE 150 two-sites.yaml plan-1x2x2.json --device $DEVICE $S --dp-codec int8-block
 run sharded-1x2x2-cpu 150 two-sites.yaml plan-1x2x2.json --device cpu $S --dp-codec int8-block
+# Elastic replica groups on CUDA (torchft; each group one process on GPU group mod the GPU count, the outer
+# exchange's host copies on torchft's gloo group): against the same elastic run on CPU (the losses must agree).
+E="two-sites.yaml plan-elastic.json --precision fp32 --steps 20 --elastic --sync-every 5 --dp-codec int8-block --dp-hierarchical"
+geotrain plan --cluster two-sites.yaml --stages 1 --replicas 3 --json >plan-elastic.json
+run elastic-$DEVICE 150 $E --device $DEVICE
+run elastic-cpu 150 $E --device cpu
 python3 "$HERE/summarise.py" . | tee summary.txt
 tar czf "$OUT/cuda_check.tar.gz" -C "$RES" .

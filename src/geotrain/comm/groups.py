@@ -11,7 +11,7 @@ here, so the run's `--comm-timeout` (reliability.comm_timeout_s) bounds every co
 Which backend a run's group uses is decided here too (`group_backend`): on CUDA, NCCL alone for the dimensions
 inside one site (a sharded slot's FSDP2 group, a pipeline inside a site), the per-device string (gloo for host
 tensors, NCCL for GPU ones) for the world and for what crosses sites. Not yet run on a GPU (benchmarks/cuda/check.sh
-is the check to run there).
+is the check to run there). An elastic run's torchft group follows the same rule (`torchft_backend`).
 """
 
 from __future__ import annotations
@@ -61,3 +61,12 @@ def group_backend(device_type: str, dimension: str, sites: int) -> str | None:
     if dimension in ("shard", "pipeline") and sites == 1:
         return "nccl"
     return PER_DEVICE_BACKEND
+
+
+def torchft_backend(device_type: str, sites: int) -> str:
+    """The backend of an elastic run's torchft process group (torchft's ProcessGroupGloo or ProcessGroupNCCL: one
+    backend per group), which carries the replicate dimension between replica groups in `sites` sites: what
+    `group_backend` gives that dimension, where the per-device string (a run on CUDA) means the exchanges' host
+    copies on gloo (geotrain.sync.base.host_gradients), as in a non-elastic run."""
+    backend = group_backend(device_type, "replicate", sites)
+    return "gloo" if backend in (None, PER_DEVICE_BACKEND) else backend

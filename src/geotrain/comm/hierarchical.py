@@ -25,6 +25,10 @@ Bytes this rank sends per call (`expected_link_bytes`, held equal to `bytes` by 
   inter = sum over its owned shards of (R - 1) x payload bytes of the shard (ring all-gather).
 So all ranks together put R (R - 1) x payload(n) on inter-region links per call, against
 R (W - 1) x payload(n) for a flat ring all-gather of the same codec over W ranks in R blocks.
+
+The reducer's three exchanges go through a `wire`: `GroupWire` (the default) runs them as collectives on the
+groups of `HierarchicalGroups.create`; an elastic run's quorum has one flat group and carries them point to
+point on it (geotrain.sync.elastic_hierarchical), with a `HierarchicalGroups.plan` that creates no group.
 """
 
 from __future__ import annotations
@@ -103,15 +107,40 @@ class HierarchicalGroups:
                     inter[owners] = new_group(owners, timeout_s)
         return cls(regions, shards, intra, inter)
 
+    @classmethod
+    def plan(cls, regions: Regions, sharded: bool = True) -> HierarchicalGroups:
+        """The hierarchy's layout without process groups (a wire that carries the exchanges itself)."""
+        return cls(regions, regions.shards if sharded else 1, (None,) * regions.count, {})
+
+
+class GroupWire:
+    """The reducer's exchanges as collectives on the process groups of `groups` (HierarchicalGroups.create).
+    `region_scatter` (step 1) and `region_gather` (step 3): an all-to-all in region `region` (torch's
+    all_to_all_single arguments); `owners_gather` (step 2): the all-gather of `packed` among `owners`."""
+
+    def __init__(self, groups: HierarchicalGroups) -> None:
+        self.groups = groups
+
+    def region_scatter(self, region: int, received: torch.Tensor, send: torch.Tensor, output_splits: list[int],
+                       input_splits: list[int]) -> None:
+        dist.all_to_all_single(received, send, output_splits, input_splits, group=self.groups.intra[region])
+
+    region_gather = region_scatter
+
+    def owners_gather(self, owners: tuple[int, ...], gathered: torch.Tensor, packed: torch.Tensor) -> None:
+        all_gather_single(gathered, packed, group=self.groups.inter[owners])
+
 
 class HierarchicalReducer:
     """Averages one flat float vector over the regions' ranks (see the module doc). Holds this rank's
     error-feedback residuals (one per owned shard and segment piece) and byte counters."""
 
     def __init__(self, codec: Codec, groups: HierarchicalGroups, *, error_feedback: bool = True,
-                 intra_dtype: str = "fp32", segments: Sequence[int] | None = None, rank: int | None = None) -> None:
+                 intra_dtype: str = "fp32", segments: Sequence[int] | None = None, rank: int | None = None,
+                 wire: Any = None) -> None:
         self.codec = codec
         self.groups = groups
+        self.wire = GroupWire(groups) if wire is None else wire
         self.regions = groups.regions
         self.rank = dist.get_rank() if rank is None else rank
         self.region = self.regions.region_of(self.rank)
@@ -159,8 +188,8 @@ class HierarchicalReducer:
         send = torch.cat(send_parts).to(self.intra_dtype)
         my_numel = sum(bounds[s][1] - bounds[s][0] for s in mine)
         received = torch.empty(my_numel * len(self.members), dtype=self.intra_dtype)
-        dist.all_to_all_single(received, send, [my_numel] * len(self.members), [p.numel() for p in send_parts],
-                               group=self.groups.intra[self.region])
+        self.wire.region_scatter(self.region, received, send, [my_numel] * len(self.members),
+                                 [p.numel() for p in send_parts])
         self.last_bytes.intra_bytes += sum(p.numel() for m, p in zip(self.members, send_parts, strict=True)
                                            if m != self.rank) * send.element_size()
         total = torch.zeros(my_numel, dtype=torch.float32)
@@ -193,12 +222,22 @@ class HierarchicalReducer:
         packed = torch.cat([pack_payload(payload) for payload in payloads])
         owners = self.regions.inter_group(shard)
         gathered = torch.empty(len(owners) * packed.numel(), dtype=torch.uint8)
-        all_gather_single(gathered, packed, group=self.groups.inter[owners])
+        self.wire.owners_gather(owners, gathered, packed)
         self.last_bytes.inter_bytes += (len(owners) - 1) * packed.numel()
         total = torch.zeros(value.numel(), dtype=torch.float32)
         for region_bytes in gathered.view(len(owners), -1):  # region order: a fixed sum
             total += self._decode_pieces(region_bytes, specs, value.numel(), lo)
         return total
+
+    def owned_pieces(self, numel: int) -> dict[tuple[int, int], tuple[int, int]]:
+        """{error-feedback key (shard, piece): its [lo, hi) in a vector of `numel` values} of the shards this rank
+        owns (where its residuals are: every key `all_reduce_mean` on `numel` values encodes)."""
+        if self.regions.count == 1:
+            return {}
+        bounds = shard_bounds(numel, self.groups.shards)
+        return {(shard, index): (bounds[shard][0] + a, bounds[shard][0] + b)
+                for shard in self._owned(self.rank)
+                for index, (a, b) in enumerate(self._pieces(bounds[shard][1] - bounds[shard][0], bounds[shard][0]))}
 
     def _encode(self, key: tuple[int, int], piece: torch.Tensor) -> Payload:
         if self.feedback is None:
@@ -225,8 +264,7 @@ class HierarchicalReducer:
         k = len(self.members)
         sizes = [sum(bounds[s][1] - bounds[s][0] for s in self._owned(m)) for m in self.members]
         received = torch.empty(sum(sizes), dtype=self.intra_dtype)
-        dist.all_to_all_single(received, mine.repeat(k), sizes, [mine.numel()] * k,
-                               group=self.groups.intra[self.region])
+        self.wire.region_gather(self.region, received, mine.repeat(k), sizes, [mine.numel()] * k)
         self.last_bytes.intra_bytes += (k - 1) * mine.numel() * mine.element_size()
         offset = 0
         for member, size in zip(self.members, sizes, strict=True):

@@ -149,9 +149,7 @@ RULES: tuple[Rule, ...] = (
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",
          built=True, instead="drop --dp-hierarchical"),
     # elastic replica groups
-    Rule("elastic", "hierarchical", "elastic groups exchange flat (one torchft group, no regions)"),
     Rule("elastic", "onebit", "elastic runs step AdamW"),
-    Rule("elastic", "cuda", "elastic runs use torchft's gloo process groups on CPU"),
     # the rest
     Rule("eval-local", "pipeline", "a replica scores its own weights on one rank: one pipeline stage only",
          built=True),

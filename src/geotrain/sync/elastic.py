@@ -26,6 +26,15 @@ That is sound: a residual is what its own group's codec has not yet delivered of
 most one encoding's error; dropping it loses that much once (as one exchange without error feedback
 would), while copying a peer's would deliver the peer's undelivered part twice.
 
+Hierarchical (--dp-hierarchical, `hierarchy`: a replica group's region): every part goes through a
+`QuorumHierarchy` (geotrain.sync.elastic_hierarchical): full precision inside the quorum's regions, the codec
+(fp32 when uncompressed) between them, point to point on the quorum's group, with the same weights, commit and
+retries as above; its residuals follow the shards' owners as the quorum changes, and are never handed on either.
+
+CUDA (--device cuda): the exchange takes the gradients' host copies (geotrain.sync.base.host_gradients) over
+torchft's gloo group (geotrain.comm.groups.torchft_backend, the non-elastic run's rule for the replicate
+dimension) and writes the means back on each parameter's device. Not yet run on a GPU (benchmarks/cuda/check.sh).
+
 Side sums (`exchange(step, timer, side)`): a small float64 tensor all-reduced (SUM) over the same quorum
 in the same try, before the gradients, and kept (`side_sum`) only if that try commits: a retry sums it again
 over the new quorum. Adaptive local steps (geotrain.sync.elastic_adaptive) send each group's presence and
@@ -67,8 +76,9 @@ from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.comm.registry import reducer_traits
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import is_sharded
-from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError
+from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError, host_gradients
 from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
+from geotrain.sync.elastic_hierarchical import QuorumHierarchy, QuorumWire
 from geotrain.sync.exchange import ExtraTensors
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.sync.moments import moment_parts
@@ -78,8 +88,9 @@ from geotrain.sync.per_step import PerStepSync
 from geotrain.sync.settle import redeliver, settle
 from geotrain.sync.streaming import StreamingOuterSync, fragment_due
 
-Part = tuple[list[torch.nn.Parameter], CodecReducer | None]
-"""Parameters whose gradients one exchange averages, and their codec reducer (None: uncompressed)."""
+Part = tuple[list[torch.nn.Parameter], CodecReducer | QuorumHierarchy | None]
+"""Parameters whose gradients one exchange averages, and their codec reducer (None: uncompressed; a QuorumHierarchy:
+hierarchical)."""
 
 EXCHANGE_RETRIES = 5
 """New quorums an exchange tries after a failed one before it gives up (each waits for the lost peer's
@@ -111,7 +122,8 @@ class QuorumCollective:
         self.contributors = 0.0
         self.seconds = 0.0
 
-    def _run(self, post: Callable[[], Any]) -> None:
+    def run(self, post: Callable[[], Any]) -> None:
+        """Wait for what `post()` posts (pause entered, wall time added); a failure goes to the Manager."""
         if self.manager.errored() is not None:
             return  # this try already failed: should_commit says no
         started = time.perf_counter()
@@ -131,7 +143,7 @@ class QuorumCollective:
         self.ledger.record("all_reduce", tensor_bytes(buffer), self.world_size)
         opts = AllreduceOptions()
         opts.reduceOp = ReduceOp.SUM
-        self._run(lambda: self.pg.allreduce([buffer], opts))
+        self.run(lambda: self.pg.allreduce([buffer], opts))
         self.contributors = float(buffer[-1])
         return buffer[:-1].view_as(wire)
 
@@ -145,7 +157,7 @@ class QuorumCollective:
         mine = torch.cat([packed.reshape(-1), weight])
         self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
         rows = [torch.zeros_like(mine) for _ in range(self.world_size)]
-        self._run(lambda: self.pg.allgather([rows], [mine], AllgatherOptions()))
+        self.run(lambda: self.pg.allgather([rows], [mine], AllgatherOptions()))
         gathered = torch.stack(rows)
         self.contributors = float(gathered[:, -weight.numel():].contiguous().view(torch.float32).sum())
         return gathered[:, :-weight.numel()].reshape(-1)
@@ -161,12 +173,15 @@ class ManagerExchange:
     process group after a failed exchange (its next quorum configures a new one). `codec` (with
     `error_feedback`, and `pg`: the Manager's process group): a compressed exchange through the codec
     reducer of geotrain.comm (module doc "Codecs"); None or an uncompressed one: the fp32 all-reduce.
+    `hierarchy` (a replica group -> its region; `group_world_size`: processes per group): the hierarchical exchange
+    (module doc "Hierarchical"), the codec (None: fp32) between regions.
     `comm_s`: wall seconds spent in the collectives and commits so far (retries and their quorums included)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], manager: Any, healed: Callable[[], bool],
                  weight_on_heal: float = 1.0, retries: int = EXCHANGE_RETRIES, weight: float = 1.0,
                  start_quorum: Callable[[], None] | None = None, abort: Callable[[], None] | None = None,
-                 codec: CodecSpec | str | None = None, error_feedback: bool = True, pg: Any = None) -> None:
+                 codec: CodecSpec | str | None = None, error_feedback: bool = True, pg: Any = None,
+                 hierarchy: Callable[[int], int] | None = None, group_world_size: int = 1) -> None:
         self.params = list(params)
         self.abort = abort
         self.manager = manager
@@ -185,14 +200,21 @@ class ManagerExchange:
                             f"geotrain.codecs")  # (powersgd: rules.py refuses it)
         self.error_feedback = error_feedback
         self.pg = pg
+        self.hierarchy, self.group_world_size = hierarchy, group_world_size
+        self.inter_region_bytes = 0
         self.pause = CollectivePause()
         self.reducer = self.reducer_for(self.params)
 
     def reducer_for(self, params: Sequence[torch.Tensor], spec: CodecSpec | None = None,
-                    error_feedback: bool | None = None) -> CodecReducer | None:
+                    error_feedback: bool | None = None) -> CodecReducer | QuorumHierarchy | None:
         """A codec reducer of `params` (residuals under their indices) through `spec` with `error_feedback` (None:
-        this exchange's), None when that codec is uncompressed."""
+        this exchange's), None when that codec is uncompressed; hierarchical: a QuorumHierarchy (fp32 between
+        regions when uncompressed)."""
         spec = self.spec if spec is None else spec
+        if self.hierarchy is not None:
+            return QuorumHierarchy(CodecSpec.uncompressed() if spec is None else spec,
+                                   self.error_feedback if error_feedback is None else error_feedback,
+                                   [p.shape for p in params], self.hierarchy, self.group_world_size)
         if spec is None or spec.is_uncompressed:
             return None
         return CodecReducer(spec.build(), [(str(i), p.shape) for i, p in enumerate(params)], 1,
@@ -214,7 +236,7 @@ class ManagerExchange:
         `side`)."""
         self.side_sum = None
         with timer:
-            grads = [[torch.zeros_like(p) if p.grad is None else p.grad for p in params] for params, _ in parts]
+            grads = [host_gradients(params) for params, _ in parts]  # on a GPU: host copies, gloo carries them
             weight = self.weight_on_heal if self.healed() else self.weight
         started = time.perf_counter()
         for attempt in range(self.retries + 1):
@@ -239,7 +261,7 @@ class ManagerExchange:
             raise QuorumLost(f"elastic exchange at step {step}: no contributing replica group in the quorum")
         for (params, _), part_means in zip(parts, means, strict=True):
             for p, mean in zip(params, part_means, strict=True):
-                p.grad = mean
+                p.grad = mean.to(p.device)
         return nbytes
 
     def _side_try(self, side: torch.Tensor) -> torch.Tensor:
@@ -268,6 +290,8 @@ class ManagerExchange:
             return means, nbytes
         if any(reducer is None for _, reducer in parts):
             raise SyncError("an elastic exchange sends its parts all compressed or all uncompressed")
+        if isinstance(parts[0][1], QuorumHierarchy):
+            return self._try_hierarchical(parts, grads, weight, step, timer)
         collective = QuorumCollective(self.manager, self.pg, weight, self.pause)
         means = []
         with self.pause.timing(timer):
@@ -280,6 +304,33 @@ class ManagerExchange:
                     mean = [m * (collective.world_size / self.contributors) for m in mean]
                 means.append([m.to(g.dtype) for m, g in zip(mean, part, strict=True)])
         return means, collective.ledger.handed_bytes
+
+    def _try_hierarchical(self, parts: Sequence[Part], grads: list[list[torch.Tensor]], weight: float, step: int,
+                          timer: StepTimer) -> tuple[list[list[torch.Tensor]], int]:
+        """One try of every part through its QuorumHierarchy (module doc "Hierarchical"); `inter_region_bytes`
+        adds what this group sent to other regions."""
+        collective = QuorumCollective(self.manager, self.pg, weight, self.pause)
+        means, nbytes = [], 0
+        with self.pause.timing(timer):
+            for (_, hierarchy), part in zip(parts, grads, strict=True):
+                assert isinstance(hierarchy, QuorumHierarchy)
+                regions = hierarchy.regions(self.pg)
+                wire = QuorumWire(self.pg, regions, collective.local_ranks[0], weight, self.manager.report_error,
+                                  self.pause)
+                flat = torch.cat([g.detach().reshape(-1).float() * weight for g in part])
+                mean = hierarchy.reduce(flat, wire, step)
+                self.contributors = wire.contributors
+                if 0 < self.contributors != regions.world_size:  # the reducer averaged over every member
+                    mean = mean * (regions.world_size / self.contributors)
+                intra, inter = hierarchy.last_bytes
+                nbytes += intra + inter
+                self.inter_region_bytes += inter
+                chunks, offset = [], 0
+                for g in part:
+                    chunks.append(mean[offset:offset + g.numel()].view_as(g).to(g.dtype))
+                    offset += g.numel()
+                means.append(chunks)
+        return means, nbytes
 
     def _try_plain(self, grads: list[torch.Tensor], weight: float,
                    timer: StepTimer) -> tuple[list[torch.Tensor], int]:

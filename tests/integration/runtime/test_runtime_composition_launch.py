@@ -7,7 +7,8 @@ validation: tests/unit/runtime/test_runtime_composition.py. Other running cells 
 (test_runtime_elastic_adaptive.py), with
 --checkpoint-every, --resume and --stop-after (test_runtime_elastic_replan_resume.py), with --batch-shares
 (test_runtime_elastic_batch_shares.py), with --sync-moments (test_runtime_elastic_moments.py), with --outer-sync async
-(test_runtime_elastic_async.py), with a sharded plan (test_runtime_elastic_sharded.py), with
+(test_runtime_elastic_async.py), with a sharded plan (test_runtime_elastic_sharded.py), with --dp-hierarchical
+(test_runtime_elastic_hierarchical.py), with
 emulated links (integration/observe/test_observe_runs.py); --sync-every with --local-steps adaptive
 (test_runtime_adaptive_local_steps.py), also on a plan of 2 stages (test_runtime_adaptive_pipeline.py), and with --outer-sync async-hierarchical (integration/cli/
 test_cli_outer_sync.py); a sharded plan with --checkpoint-every, --stop-after and --resume

@@ -64,3 +64,26 @@ def test_the_outer_state_in_host_memory_is_accepted_on_cuda_and_refused_with_asy
     RuntimeConfig.of(**base, device="cpu", outer_sync="async")
     with pytest.raises(RuntimeConfigError, match="outer_state.*needs optim.sync_every"):
         RuntimeConfig.of(**{k: v for k, v in base.items() if k != "sync_every"}, device="cpu")
+
+
+def test_elastic_groups_on_cuda_take_a_gpu_each_and_exchange_host_copies_on_gloo(monkeypatch):
+    """--elastic --device cuda, checked without a GPU (benchmarks/cuda/check.sh runs it on one): one process per
+    group on GPU group mod the GPU count; torchft's group is gloo, carrying the exchange's host copies as the
+    non-elastic replicate dimension does; a plan of 2 stages and emulated links are refused in one line."""
+    from geotrain.comm.groups import PER_DEVICE_BACKEND, group_backend, torchft_backend
+    from geotrain.runtime.elastic.group import group_torch_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    geo = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0)
+    base = {"cluster": geo, "device": "cuda", "time_scale": 0.0, "elastic": True, "sync_every": 4}
+    config = RuntimeConfig.of(**base, assignment=np.array([[0, 1, 2]]))
+    assert [group_torch_device(config, g) for g in range(3)] == [torch.device("cuda", g % 2) for g in range(3)]
+    assert group_backend("cuda", "replicate", 2) == PER_DEVICE_BACKEND and torchft_backend("cuda", 2) == "gloo"
+    assert torchft_backend("cpu", 1) == "gloo"
+    auto = RuntimeConfig.of(**{**base, "device": "auto"}, assignment=np.array([[0, 1, 2]]))
+    assert group_torch_device(auto, 0) == torch.device("cpu")  # an elastic run takes a GPU only when told
+    with pytest.raises(RuntimeConfigError, match="^--elastic: run.device cuda with a plan of 2 stages x 1 devices"):
+        RuntimeConfig.of(**base, assignment=np.array([[0, 2], [1, 3]]))
+    with pytest.raises(RuntimeConfigError, match="^--device cuda with --time-scale 0.5: link emulation"):
+        RuntimeConfig.of(**{**base, "time_scale": 0.5}, assignment=np.array([[0, 1, 2]]))

@@ -63,6 +63,7 @@ from typing import Any
 
 import torch
 
+from geotrain.comm.groups import torchft_backend
 from geotrain.data import WorldTokens
 from geotrain.emulate.schedule import inter_region_traffic
 from geotrain.observe.observer import open_elastic_observer
@@ -101,6 +102,17 @@ class ElasticGroupError(GeotrainError, RuntimeError):
     """A replica group that cannot go on (no quorum, unreachable lighthouse, another run's state)."""
 
 
+def group_torch_device(config: RuntimeConfig, group: int) -> torch.device:
+    """Where replica group `group` computes: with --device cuda, GPU group mod the host's GPU count (its torchft
+    exchange is host copies on gloo, comm/groups.torchft_backend, so groups may share a GPU); else the CPU (auto
+    included: an elastic run takes a GPU only when told)."""
+    if config.run.device != "cuda":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ElasticGroupError("device cuda: torch sees no CUDA device here (use --device cpu)")
+    return torch.device("cuda", group % torch.cuda.device_count())
+
+
 def run_identity_digest(config: RuntimeConfig) -> str:
     """sha256 of what must match between groups of one run: the numerics' identity and the plan's shape."""
     return identity_digest({**config.identity(), "elastic": True, "min_replicas": config.reliability.min_replicas})
@@ -114,7 +126,7 @@ def params_digest(params: list[torch.nn.Parameter]) -> str:
     """sha256 of the parameters' bytes (equal digests: bit-identical parameters; sharded: this rank's shards)."""
     digest = hashlib.sha256()
     for p in params:
-        digest.update(local_shard(p).contiguous().numpy().tobytes())
+        digest.update(local_shard(p).detach().contiguous().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -167,6 +179,8 @@ class ElasticGroup:
                                   clock=COMPUTE_CLOCKS[config.emulation.compute_clock] if links is not None
                                   else time.perf_counter)
         self.model = GroupStageModel(config, self.position, self.data.vocab_size, self.seq_len, self.timer)
+        self.torch_device = group_torch_device(config, group)
+        self.model.module.to(self.torch_device)  # in place: the parameters stay the objects the syncs hold
         self.module, self.params = self.model.module, self.model.params
         self.state = GroupState()
         self.identity = run_identity_digest(config)
@@ -187,7 +201,9 @@ class ElasticGroup:
         self.exchange = ManagerExchange(self.params, self.manager, lambda: self.state.healed, weight=weight,
                                         weight_on_heal=0.0 if outer else weight, start_quorum=self.quorum,
                                         abort=lambda: self.process_group.abort(), codec=options.exchange.codec,
-                                        error_feedback=options.exchange.error_feedback, pg=self.process_group)
+                                        error_feedback=options.exchange.error_feedback, pg=self.process_group,
+                                        hierarchy=self.region_of_group if config.comm.dp_hierarchical else None,
+                                        group_world_size=group_size(config))
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
         self.sync = make_elastic_sync(options, self.params, self.exchange,
                                       world_sum_over_replicas(1) if config.stages > 1 else None, group, config.replicas)
@@ -224,11 +240,12 @@ class ElasticGroup:
         return TCPStore(self.net.advertise, int(self.store.get(key).decode()), None, False, timeout=timeout)
 
     def _manager(self, lighthouse: str) -> Any:
-        from torchft import Manager, ProcessGroupGloo
+        from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 
         rel = self.config.reliability
         timeout = timedelta(seconds=rel.comm_timeout_s)
-        self.process_group = ProcessGroupGloo(timeout=timeout)
+        backend = torchft_backend(self.torch_device.type, len(self.config.cluster.region_names))
+        self.process_group = (ProcessGroupGloo if backend == "gloo" else ProcessGroupNCCL)(timeout=timeout)
         return Manager(pg=self.process_group, load_state_dict=self._load_state,
                        state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
                        timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.rank,
@@ -256,6 +273,11 @@ class ElasticGroup:
         self.state.healed = True
         if self.links is not None and state.get("clock_s") is not None:
             self.links.clock.restart(state["clock_s"])  # the run's emulated time, not this process's own
+
+    def region_of_group(self, group: int) -> int:
+        """The cluster region of replica group `group`'s process at this one's position (--dp-hierarchical)."""
+        device = self.config.layout.devices[self.stage, group, self.shard]
+        return int(self.config.cluster.region_of[int(device)])
 
     def mesh(self) -> Any:
         """The device mesh of this position's FSDP2 shards (the stage's K ranks); None when not sharded."""
@@ -370,7 +392,7 @@ class ElasticGroup:
         self.sync.set_lr(lr_at(step if lr_step is None else lr_step, cfg.run.steps, cfg.optim.lr))
         self.sync.optimizer.zero_grad(set_to_none=True)
         rows = shard_rows(int(x.shape[0]), self.position.k, self.shard)  # K > 1: this shard's part of the batch
-        loss = self.model.train_step(x[rows], y[rows])
+        loss = self.model.train_step(x[rows].to(self.torch_device), y[rows].to(self.torch_device))
         dp_bytes = self.sync.step(step, self.timer).dp_bytes
         synced = self.due(step) and not isinstance(self.sync, ElasticAdaptiveSync)
         sent = None if mark is None else self.links.transfers_since(mark)
@@ -422,7 +444,7 @@ class ElasticGroup:
 
     def finish(self, result_dir: Path) -> None:
         """Write this process's final parameters (a sharded plan: its shards) and records (read by the launcher)."""
-        flat = torch.cat([local_shard(p).reshape(-1) for p in self.params])
+        flat = torch.cat([local_shard(p).detach().reshape(-1).cpu() for p in self.params])  # the launcher's host
         torch.save(flat, params_path(result_dir, self.group, self.rank))
         summary = {"group": self.group, "stage": self.stage, "rank": self.rank, "steps": self.state.step,
                    "val_loss": self.evaluate(), "records": self.state.records,

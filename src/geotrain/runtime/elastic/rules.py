@@ -7,13 +7,14 @@ stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partiti
 replicas R >= min_replicas, sharded plans (K > 1 devices per slot: blocking DiLoCo, kill chaos,
 plain links; a group is S x K processes, FSDP2 among each stage's K, the outer sync per (stage, shard) between
 the same position of every group), on CPU (torchft's reconfigurable gloo, on the emulating backend with
---time-scale > 0 or a partition, S = 1); DP synchronisation either
+--time-scale > 0 or a partition, S = 1) or, S = 1 and K = 1, on CUDA (the exchange's host copies on gloo; not yet
+run on a GPU); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
 later; --sync-moments: the inner AdamW's moments in the same try) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
 geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group
 its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or without error feedback (the codec
-reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat (no --dp-hierarchical),
+reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat or --dp-hierarchical,
 AdamW. With --netlab: --time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
@@ -123,6 +124,10 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.local_steps == "adaptive" and config.checkpoint.resume,
          "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
          "starts from scratch)"),
+        (config.run.device == "cuda" and (config.stages > 1 or config.layout.k > 1),
+         f"run.device cuda with a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic groups "
+         f"on CUDA are one process each (not built yet: a group's pipeline or FSDP2 group over NCCL); use S = 1, "
+         f"K = 1 or --device cpu"),
         (config.schedule.batch_shares == "measured",
          "schedule.batch_shares 'measured': not built yet for elastic groups (re-balancing needs every group of a "
          "changing quorum to agree on the measured speeds); use speed or explicit weights"),

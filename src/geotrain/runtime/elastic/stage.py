@@ -168,7 +168,7 @@ class GroupStageModel:
         with torch.no_grad():
             for i in range(0, len(starts), batch):
                 offsets = starts[i:i + batch, None] + np.arange(seq_len + 1)
-                tokens = torch.from_numpy(np.asarray(val)[offsets].astype(np.int64))
+                tokens = torch.from_numpy(np.asarray(val)[offsets].astype(np.int64)).to(self.params[0].device)
                 if self.pipeline is None:
                     logits: torch.Tensor | None = self.module(tokens[:, :-1])
                 else:
