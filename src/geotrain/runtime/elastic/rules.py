@@ -3,11 +3,11 @@ checked when the config is built, each refusal one line naming the setting and i
 --elastic and one other setting are rules of the composition table (runtime/composition.py).
 
 Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per
-stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partition, no --netlab), any
-replicas R >= min_replicas, sharded plans (K > 1 devices per slot: blocking DiLoCo, kill chaos,
-plain links; a group is S x K processes, FSDP2 among each stage's K, the outer sync per (stage, shard) between
-the same position of every group), on CPU (torchft's reconfigurable gloo, on the emulating backend with
---time-scale > 0 or a partition, S = 1); DP synchronisation either
+stage; GPipe, a plain split, kill chaos, no partition, no --netlab), any replicas R >= min_replicas, sharded
+plans (K > 1 devices per slot: blocking DiLoCo, kill chaos; a group is S x K processes, FSDP2 among each
+stage's K, the outer sync per (stage, shard) between the same position of every group), on CPU (torchft's
+reconfigurable gloo; on the emulating backend with --time-scale > 0, every process of a group on its own
+device's links, runtime/elastic/links.py, or with a partition, S x K = 1); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
 DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
 later; --sync-moments: the inner AdamW's moments in the same try) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
@@ -55,9 +55,6 @@ def sharded_refusal(config: Any) -> str | None:
         (config.optim.fragments > 1 or config.optim.sync_delay > 0 or config.optim.sync_moments,
          f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}"
          f"{', --sync-moments' if config.optim.sync_moments else ''}): {what} run blocking DiLoCo (not built yet)"),
-        (config.emulation.time_scale > 0,
-         f"emulation.time_scale {config.emulation.time_scale!r}: {what} run on plain links (no link emulation "
-         f"yet); pass --time-scale 0"),
     )
     return next((text for failed, text in reasons if failed), None)
 
@@ -84,9 +81,6 @@ def pipeline_refusal(config: Any) -> str | None:
          f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}"
          f"{', --sync-moments' if config.optim.sync_moments else ''}): elastic groups of {s} stages run blocking "
          f"DiLoCo or every-step sync"),
-        (config.emulation.time_scale > 0,
-         f"emulation.time_scale {config.emulation.time_scale!r}: elastic groups of {s} stages run on plain "
-         f"links (no link emulation); pass --time-scale 0"),
     )
     return next((text for failed, text in reasons if failed), None)
 
