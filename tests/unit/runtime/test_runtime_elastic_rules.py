@@ -19,7 +19,8 @@ S2R2 = [[0, 2], [1, 3]]
 
 def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill_chaos():
     for extra in ({}, {"sync_every": 3}, {"chaos": "kill-site:every=5s,site=1", "min_replicas": 2},
-                  {"split": "params"}, {"time_scale": 1.0}):  # emulated links: each stage process on its device
+                  {"split": "params"}, {"time_scale": 1.0},  # emulated links: each stage process on its device
+                  {"sync_every": 4, "fragments": 2, "sync_delay": 1, "sync_moments": True, "dp_codec": "int8-block"}):
         config = RuntimeConfig.of(CLUSTER, S2R2, **{**ELASTIC, **extra})
         assert (config.stages, config.replicas) == (2, 2) and elastic_refusal(config) is None
 
@@ -31,7 +32,6 @@ def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill
     ({"netlab": True}, "reliability.netlab: elastic groups of S = 2 stages run on this host's loopback only"),
     ({"schedule": "interleaved-1f1b"}, "elastic runs have one stage per group"),
     ({"sync_every": 3, "local_steps": "adaptive"}, "--local-steps adaptive: elastic groups of S = 2 stages run equal"),
-    ({"sync_every": 3, "sync_moments": True}, "--sync-delay 0, --sync-moments): elastic groups of S = 2 stages run"),
 ])
 def test_what_stays_unsupported_with_two_stages_is_refused_in_one_line(settings, words):
     with pytest.raises(RuntimeConfigError) as caught:
@@ -54,13 +54,14 @@ SHARDED = {"shards": np.array([[[0, 1], [2, 3]]]), "sync_every": 4}
     ({"netlab": True}, "reliability.netlab: elastic groups of 2 shards per slot (plan --shards 2) run on this host"),
     ({"local_steps": "adaptive"}, "--local-steps adaptive: elastic groups of 2 shards per slot (plan --shards 2) run "
                                   "equal steps"),
-    ({"fragments": 2}, "streaming DiLoCo (--fragments 2, --sync-delay 0): elastic groups of 2 shards per slot"),
 ])
-def test_an_elastic_sharded_plan_runs_blocking_diloco_with_kill_chaos_and_refuses_the_rest_in_one_line(settings,
-                                                                                                        words):
+def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_rest_in_one_line(settings, words):
     accepted = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, chaos="kill-site:every=5s,site=1")
     emulated = RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, "time_scale": 1.0})
+    streaming = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, fragments=2, sync_delay=1, sync_moments=True,
+                                 dp_codec="int8-block")
     assert accepted.layout.k == 2 and elastic_refusal(accepted) is None and elastic_refusal(emulated) is None
+    assert elastic_refusal(streaming) is None
     with pytest.raises(RuntimeConfigError) as caught:
         RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, **settings})
     text = str(caught.value)
