@@ -236,7 +236,7 @@ def composition_markdown() -> str:
              "between the two settings and what they need. Each cell is checked by building its configuration "
              "(tests/unit/runtime/test_runtime_composition.py) on plain links (`--time-scale 0`, itself setting "
              "`links`); conditions of one setting or of three (values, ranges; elastic groups of S > 1 stages: GPipe, "
-             "a plain split, plain links, kill chaos only) are checked beside the table by the section or module "
+             "a plain split, kill chaos only) are checked beside the table by the section or module "
              "that owns them.", "",
              "| # | setting | flags | needs |", "|---|---|---|---|"]
     lines += [f"| {i} | `{s.name}` | {_code(s.flags)} | {', '.join(f'`{n}`' for n in s.needs)} |"

@@ -110,11 +110,14 @@ def _check_compute_scale(compute_scale: Sequence[float] | None, n_devices: int) 
 
 def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
             nic_gbps: float | Sequence[float] | None = None, report_dir: str | Path | None = None,
-            compute_clock: str = "wall", compute_scale: Sequence[float] | None = None) -> Emulation:
+            compute_clock: str = "wall", compute_scale: Sequence[float] | None = None,
+            clock: RankClock | None = None) -> Emulation:
     """Emulate `cluster` in this process: global rank r is device `devices[r]`; `time_scale` F sleeps F x
     the emulated link time (0: none); `report_dir` receives `rank-<r>.json` at exit; `compute_clock` one
     of COMPUTE_CLOCKS; `compute_scale` (one factor per cluster device, None: all 1): the rank on device d
-    counts compute_scale[d] x its measured compute (a device that many times slower than this machine)."""
+    counts compute_scale[d] x its measured compute (a device that many times slower than this machine);
+    `clock`: the process's emulated clock, shared with its other emulated groups (torchft's:
+    geotrain.emulate.TorchftGroups; None: a new one from `time_scale`, `compute_clock` and `compute_scale`)."""
     if compute_clock not in COMPUTE_CLOCKS:
         raise EmulationError(f"geotrain.emulate: compute clock must be one of {', '.join(COMPUTE_CLOCKS)}, "
                              f"got {compute_clock!r}")
@@ -131,9 +134,9 @@ def install(cluster: Cluster, devices: Sequence[int], time_scale: float = 1.0,
                                  f"{max(global_ranks) + 1} ranks")
         if not states:  # the default group: this process's rank, clock and records
             rank = global_ranks[options.group_rank]
-            states.append(EmulationState(network, device_list, rank,
-                                         RankClock(time_scale, wall=COMPUTE_CLOCKS[compute_clock],
-                                                   compute_scale=scales[device_list[rank]])))
+            own = clock if clock is not None else RankClock(time_scale, wall=COMPUTE_CLOCKS[compute_clock],
+                                                            compute_scale=scales[device_list[rank]])
+            states.append(EmulationState(network, device_list, rank, own))
             if emulation.report_dir is not None:
                 atexit.register(states[0].write_part, emulation.report_dir)
         store = dist.PrefixStore("geotrain-emulate-inner/", options.store)

@@ -3,7 +3,8 @@ run together (8 settings: 28 of its running pairs at once). The refused cells an
 validation: tests/unit/runtime/test_runtime_composition.py. Other running cells launched by existing tests
 (their launches are reused, not repeated): --elastic alone and with --sync-every
 (integration/runtime/test_runtime_elastic.py), with a plan of 2 stages (test_runtime_elastic_pipeline.py), with
---fragments, --sync-delay and --dp-codec (test_runtime_elastic_streaming.py), with --local-steps adaptive
+--fragments, --sync-delay and --dp-codec (test_runtime_elastic_streaming.py, also on a sharded plan), with
+--local-steps adaptive
 (test_runtime_elastic_adaptive.py), with
 --checkpoint-every, --resume and --stop-after (test_runtime_elastic_replan_resume.py), with --batch-shares
 (test_runtime_elastic_batch_shares.py), with --sync-moments (test_runtime_elastic_moments.py), with --outer-sync async

@@ -3,7 +3,9 @@
 dimension: position (stage s, shard k)'s outer sync goes to the same position of the other group). A shard process
 killed alone takes its group with it: the launcher restarts the group as a whole, counted once, and each of its
 positions rejoins by live recovery from the same position of group 0, while group 0 commits every outer sync.
-One launch, shared by the assertions; it is also the composition table's cell "shards" x "elastic"
+On emulated links (the default --time-scale): each process on its own device, the FSDP2 collectives inside a
+site, the stage-to-stage sends inside the region, the outer sync between the regions. One launch, shared by the
+assertions; it is also the composition table's cell "shards" x "elastic"
 (tests/integration/runtime/test_runtime_composition_launch.py)."""
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ CLUSTER = str(ROOT / "examples" / "clusters" / "lab-2x4.yaml")
 PLAN = {"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 4], [2, 6]],
         "shards": {"k": 2, "devices": [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]}}
 """Group 0 at region east's two sites (stage 0 on devices 0-1, stage 1 on 2-3), group 1 at west's (4-5, 6-7)."""
+MODEL_FP32_BYTES = 4 * 288_768
+"""tiny-2layer's parameters (models/presets.py, tests/unit/models/test_models_presets.py) in fp32: what a run that
+is not elastic of this plan sends per outer sync between the regions per replica (measured: 1,155,072 B)."""
 STEPS, EVERY, CHECKPOINT_EVERY = 48, 4, 4
 SHARD_PROCESSES = tuple(f"geotrain-g{g}s{s}k{k}" for g in range(2) for s in range(2) for k in range(2))
 KILLED = "geotrain-g1s1k1"
@@ -48,7 +53,7 @@ def killed_shard_run(tmp_path_factory):
          "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "4", "--microbatches", "2",
          "--sync-every", str(EVERY), "--outer-lr", "1", "--outer-momentum", "0", "--checkpoint-dir", str(tmp / "ckpt"),
          "--checkpoint-every", str(CHECKPOINT_EVERY),
-         "--time-scale", "0", "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", str(STEPS), "--json"],
+         "--heartbeat-timeout", "1.5", "--eval-windows", "4", "--steps", str(STEPS), "--json"],
         stdout=out, stderr=err, cwd=tmp,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
     seen: dict[str, list[int]] = {name: [] for name in SHARD_PROCESSES}
@@ -112,3 +117,24 @@ def test_the_end_checkpoint_holds_one_group_s_four_shards_as_plain_local_tensors
     slots = [torch.load(directory / f"step-{STEPS:06d}" / shard["file"], weights_only=True)["slot"]
              for shard in manifest["shards"]]
     assert slots == [{"rank": 2 * s + k, "stage": s, "replica": 0, "shard": k} for s in range(2) for k in range(2)]
+
+
+@pytest.mark.timeout(240)
+def test_between_regions_each_group_sends_its_model_once_per_outer_sync_as_a_run_that_is_not_elastic(
+        killed_shard_run):
+    """A run that is not elastic sends, per replica and outer sync of 2 replicas (a ring all-reduce of 2 members:
+    each sends its buffer once), the model's fp32 bytes between the regions: each (stage, shard) its shard. An
+    elastic group sends the same, plus its 4 positions' one fp32 weight each (the quorum's weight sum rides in the
+    all-reduce, geotrain.sync.elastic); nothing between the regions otherwise: the
+    pipeline's sends and the FSDP2 collectives stay inside the region. A sync whose first try died with its peer
+    also sent that try's part (at most one such sync per failure)."""
+    records = {g: killed_shard_run[0]["group_records"][g] for g in ("0", "1")}
+    per_sync = MODEL_FP32_BYTES + 4 * 4
+    assert all(r["inter_region_bytes"] == 0 and r["sent_bytes"] > 0 for rs in records.values() for r in rs
+               if not r["synced"])
+    both = [r["inter_region_bytes"] for rs in records.values() for r in rs if r["synced"] and r["contributors"] == 2.0]
+    retried = [b for b in both if b != per_sync]
+    assert len(both) >= STEPS // EVERY and len(retried) <= killed_shard_run[0]["summary"]["replica_failures"]
+    assert all(b > per_sync for b in retried)
+    emulated = [r["emulated_s"] for r in records["0"]]
+    assert killed_shard_run[0]["summary"]["train_emulated_s"] >= emulated[-1] > 0 and emulated == sorted(emulated)

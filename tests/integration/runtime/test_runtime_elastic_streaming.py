@@ -1,7 +1,9 @@
 """`geotrain train --elastic` with Streaming DiLoCo and a compressed outer exchange (--fragments 2
 --sync-delay 1 --dp-codec int8-block, the codec reducer on torchft's group: geotrain.sync.elastic).
-Without a fault it trains the non-elastic run's numbers bit for bit; with group 1 SIGKILLed it finishes
-without a global restart, the restarted group recovers from its peer and the replicas end equal. Three
+Without a fault, on a sharded plan (a replica group is a site's 2 processes holding FSDP2 shards, the outer sync per
+shard, runtime/elastic/stage.py), it trains the non-elastic sharded run's numbers bit for bit; with group 1 (one
+process, S = K = 1) SIGKILLed it finishes without a global restart, the restarted group recovers from its peer and
+the replicas end equal. Three
 launches, shared by the assertions, one after another in one process (tests/one_interpreter.py: the second and
 third launches skip the seconds of imports of the first; none runs beside another, so the elastic timings are as
 alone)."""
@@ -26,18 +28,22 @@ TINY = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--mic
 ELASTIC = ["--elastic", "--heartbeat-timeout", "1.5", "--comm-timeout", "30"]
 KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
 KILLED_STEPS = 150
+PLAN = {"stages": 1, "replicas": 2, "assignment": [[0, 1]]}
+SHARDED = {"stages": 1, "replicas": 2, "assignment": [[0, 2]], "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
+"""Each replica one region's 2 devices (east: 0-1, west: 2-3), FSDP2 shards of the model."""
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic-streaming")
-    plan = tmp / "plan.json"
-    plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
-    flags = {"elastic": ["--steps", "24", *ELASTIC],  # elastic first: its fork server imports torchft for all
-             "killed": ["--steps", str(KILLED_STEPS), *ELASTIC, "--chaos", KILL_GROUP_1],
-             "plain": ["--steps", "24"]}
-    process = OneInterpreter([["train", "--cluster", CLUSTER, "--plan", str(plan), *TINY, *words]
-                              for words in flags.values()], tmp, "runs",
+    plans = {name: tmp / f"{name}.json" for name in ("plan", "sharded")}
+    for name, layout in (("plan", PLAN), ("sharded", SHARDED)):
+        plans[name].write_text(json.dumps(layout))
+    flags = {"elastic": ["--plan", str(plans["sharded"]), "--steps", "24", *ELASTIC],  # first: its fork server
+             "killed": ["--plan", str(plans["plan"]), "--steps", str(KILLED_STEPS), *ELASTIC,  # imports torchft
+                        "--chaos", KILL_GROUP_1],
+             "plain": ["--plan", str(plans["sharded"]), "--steps", "24"]}
+    process = OneInterpreter([["train", "--cluster", CLUSTER, *TINY, *words] for words in flags.values()], tmp, "runs",
                              env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
     found = {}
     for name, done in zip(flags, process.results()):
@@ -47,8 +53,9 @@ def runs(tmp_path_factory):
 
 
 @pytest.mark.timeout(600)
-def test_without_a_fault_an_elastic_streaming_int8_run_trains_the_non_elastic_numbers(runs):
+def test_without_a_fault_an_elastic_streaming_int8_sharded_run_trains_the_non_elastic_numbers(runs):
     plain, elastic = runs["plain"], runs["elastic"]
+    assert elastic["config"]["shards"] == plain["config"]["shards"] == 2
     assert len(elastic["losses"]) == 24 and elastic["losses"] == plain["losses"]
     assert elastic["summary"]["max_param_diff_across_replicas"] == 0.0  # the flush at the end: equal replicas
     # every sync step is a quorum: fragment 0 after steps 3, 7, ..., fragment 1 after 1, 5, ...; both at the end

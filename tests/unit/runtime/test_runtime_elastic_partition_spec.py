@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.elastic import ChaosSpecError, Cut, Kill, Partition, kill_schedule, parse_chaos, partition_schedule
-from geotrain.runtime.elastic.links import emulates_links, read_cut, set_cut
+from geotrain.runtime.elastic.links import emulates_links, process_device, read_cut, set_cut
 from paths import ROOT
 
 CLUSTER = load_cluster(str(ROOT / "tests" / "data" / "wan-2x2.yaml"))
@@ -71,6 +71,17 @@ def test_a_partition_needs_the_emulating_backend_which_elastic_runs_then_use_at_
     assert (emulates_links(plain), emulates_links(cut), emulates_links(scaled)) == (False, True, True)
     with pytest.raises(RuntimeConfigError, match="chaos partition: site must be a replica group in 0..1, got 2"):
         RuntimeConfig.of(CLUSTER, [[0, 2]], elastic=True, chaos="partition:site=2,at=1s,for=1s")
+
+
+def test_each_process_of_a_group_emulates_its_own_slot_position_s_device():
+    import numpy as np
+
+    shards = np.array([[[0, 1], [4, 5]], [[2, 3], [6, 7]]])  # 2 stages x 2 replicas x 2 shards on lab-2x4
+    config = RuntimeConfig.of(load_cluster(str(ROOT / "examples" / "clusters" / "lab-2x4.yaml")), shards[..., 0],
+                              elastic=True, shards=shards, sync_every=4)
+    # group rank s x K + k of group g: device shards[s, g, k]
+    assert [[process_device(config, g, r) for r in range(4)] for g in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [process_device(RuntimeConfig.of(CLUSTER, [[0, 2]], elastic=True), g, 0) for g in range(2)] == [0, 2]
 
 
 class _Store:

@@ -31,8 +31,9 @@ A group's first quorum is at start-up. The state a peer hands over is cloned whe
 computed, so the sender's next optimizer step cannot change it in flight, and carries the run's
 identity: a group built from another model, data or plan is refused by name.
 
-Links (runtime/elastic/links.py; S = 1 only, rules.py): with link emulation or a partition to inject,
-the Manager's process groups run on the emulating backend. A group whose links are cut (a partition)
+Links (runtime/elastic/links.py): with link emulation or a partition to inject, the Manager's process
+groups run on the emulating backend, and (S x K > 1) the group's own groups too (pipeline, FSDP2), each process
+on its own device and one emulated clock. A group whose links are cut (a partition; S x K = 1, rules.py)
 finds out at its next collective (it raises, as do its peers') or quorum; it then goes offline: its
 Manager stops, so its heartbeats stop and the Lighthouse drops it; the others go on with the smaller
 quorum. When the launcher heals the links, the group starts a new Manager and rejoins by live recovery,
@@ -76,7 +77,7 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_checkpoint, restore_group_state,
                                                  save_group_checkpoint, writes_checkpoint)
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
-from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, group_links
+from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_links, process_device
 from geotrain.runtime.dp_step import world_sum_over_replicas
 from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
 from geotrain.runtime.shard_state import local_state, sharded_state
@@ -164,7 +165,7 @@ class ElasticGroup:
         self.config, self.group, self.store, self.links, self.net = config, group, store, links, net
         self.position = group_position(config, stage)
         self.rank, self.stage, self.shard = stage, self.position.stage, self.position.shard  # rank: in the group
-        self.device = group_device(config, group)
+        self.device = process_device(config, group, stage)  # this process's
         key = incarnation_key(group)
         self.incarnation = int(store.get(key).decode()) if store.check([key]) else 0  # this start of the group
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
@@ -508,7 +509,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
             worker.finish(Path(result_dir))
             os._exit(0)
         address = lighthouse or wait_for_lighthouse(Path(result_dir) / "lighthouse", config.reliability.comm_timeout_s)
-        links = group_links(config, group, store)
+        links = group_links(config, group, store, stage)
         with links if links is not None else contextlib.nullcontext():
             worker = ElasticGroup(config, group, store, address, world, links, net, stage)
             worker.run()

@@ -2,20 +2,22 @@
 checked when the config is built, each refusal one line naming the setting and its value. The pairs of
 --elastic and one other setting are rules of the composition table (runtime/composition.py).
 
-Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per
-stage; GPipe, a plain split, kill chaos, plain links: --time-scale 0, no partition, no --netlab), any
-replicas R >= min_replicas, sharded plans (K > 1 devices per slot: blocking DiLoCo, kill chaos,
-plain links; a group is S x K processes, FSDP2 among each stage's K, the outer sync per (stage, shard) between
-the same position of every group), on CPU (torchft's reconfigurable gloo, on the emulating backend with
---time-scale > 0 or a partition, S = 1) or, S = 1 and K = 1, on CUDA (the exchange's host copies on gloo; not yet
-run on a GPU); DP synchronisation either
-every step (gradient mean, no --sync-every), blocking DiLoCo (--sync-every H) or, S = 1, streaming
-DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when posted, landed tau steps
-later; --sync-moments: the inner AdamW's moments in the same try) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
-geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group
-its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or without error feedback (the codec
-reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own exchange), flat or --dp-hierarchical,
-AdamW. With --netlab: --time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per stage; GPipe,
+a plain split, kill chaos, no partition, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices
+per slot: DiLoCo, blocking or streaming, kill chaos; a group is S x K processes, FSDP2 among each stage's K, the
+outer sync per (stage, shard) between the same position of every group), on CPU (torchft's reconfigurable gloo; on
+the emulating backend with --time-scale > 0, every process of a group on its own device's links,
+runtime/elastic/links.py, or with a partition, S x K = 1) or, S = 1 and K = 1, on CUDA (the exchange's host copies on
+gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean, no
+--sync-every), blocking DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's
+exchange committed when posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try;
+S x K > 1: each position's fragments of its own parameters, every position of a group meeting the group's quorum at
+the same steps) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
+geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group its
+windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or
+without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own
+exchange), flat or --dp-hierarchical, AdamW. With --netlab: --time-scale 0 (the lab shapes the links) and no
+--lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
@@ -53,12 +55,6 @@ def sharded_refusal(config: Any) -> str | None:
         (config.optim.local_steps == "adaptive",
          f"--local-steps adaptive: {what} run equal steps (not built yet: a site's shards agreeing on one step "
          f"count per period across a changing quorum)"),
-        (config.optim.fragments > 1 or config.optim.sync_delay > 0 or config.optim.sync_moments,
-         f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}"
-         f"{', --sync-moments' if config.optim.sync_moments else ''}): {what} run blocking DiLoCo (not built yet)"),
-        (config.emulation.time_scale > 0,
-         f"emulation.time_scale {config.emulation.time_scale!r}: {what} run on plain links (no link emulation "
-         f"yet); pass --time-scale 0"),
     )
     return next((text for failed, text in reasons if failed), None)
 
@@ -81,13 +77,6 @@ def pipeline_refusal(config: Any) -> str | None:
         (config.optim.local_steps == "adaptive",
          f"--local-steps adaptive: elastic groups of {s} stages run equal steps (not built yet: a group's stages "
          f"agreeing on one step count per period across a changing quorum)"),
-        (config.optim.fragments > 1 or config.optim.sync_delay > 0 or config.optim.sync_moments,
-         f"streaming DiLoCo (--fragments {config.optim.fragments}, --sync-delay {config.optim.sync_delay}"
-         f"{', --sync-moments' if config.optim.sync_moments else ''}): elastic groups of {s} stages run blocking "
-         f"DiLoCo or every-step sync"),
-        (config.emulation.time_scale > 0,
-         f"emulation.time_scale {config.emulation.time_scale!r}: elastic groups of {s} stages run on plain "
-         f"links (no link emulation); pass --time-scale 0"),
     )
     return next((text for failed, text in reasons if failed), None)
 

@@ -108,10 +108,16 @@ def max_stage_param_diff(result_dir: Path, groups: list[int], stages: int) -> fl
     return max(max_param_diff([params_path(result_dir, g, s) for g in groups]) for s in range(stages))
 
 
+LINK_BYTES = ("sent_bytes", "inter_region_bytes")
+"""Record fields a group's processes each count for what they sent (emulated links): the group's is their sum."""
+
+
 def merge_stage_records(per_stage: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One group's records from its stages' (S = 1: as they are): the steps every stage ran, stage 0's
-    record with the last stage's loss; after a synchronisation `params_sha256` is the sha256 of the
-    stages' digests in stage order (equal: every stage bit-identical) and `stage_params_sha256` lists them."""
+    record with the last stage's loss and, with emulated links, the bytes every process of the group sent
+    (LINK_BYTES summed) and the latest of their emulated clocks (`emulated_s`: each process has its own);
+    after a synchronisation `params_sha256` is the sha256 of the stages' digests in stage order (equal: every
+    stage bit-identical) and `stage_params_sha256` lists them."""
     if len(per_stage) == 1:
         return per_stage[0]
     by_step = [{r["step"]: r for r in records} for records in per_stage]
@@ -121,6 +127,11 @@ def merge_stage_records(per_stage: list[list[dict[str, Any]]]) -> list[dict[str,
         if any(r is None for r in found):
             continue
         record = {**first, "loss": found[-1]["loss"]}
+        for key in LINK_BYTES:
+            if first.get(key) is not None:
+                record[key] = sum(r[key] for r in found)
+        if first.get("emulated_s") is not None:
+            record["emulated_s"] = max(r["emulated_s"] for r in found)
         if first["synced"]:
             digests = [r["params_sha256"] for r in found]
             record["params_sha256"] = hashlib.sha256("".join(digests).encode()).hexdigest()
