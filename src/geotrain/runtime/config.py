@@ -103,13 +103,6 @@ class RuntimeConfig:
         if refusal is not None:
             raise RuntimeConfigError(refusal)
         check_sharded(self)  # a sharded plan's own conditions (after the table: its pairs speak first)
-        positions = stages * self.layout.k
-        if self.optim.outer_sync != "sync" and positions > 1 and self.emulation.time_scale > 0:
-            raise RuntimeConfigError(
-                f"--outer-sync {self.optim.outer_sync} with {positions} positions per replica ({stages} x "
-                f"{self.layout.k}: stages x shards) on emulated links (--time-scale {self.emulation.time_scale:g}): not built yet: each stage's (shard's) "
-                "server serves in emulated-time order and waits for the clocks of clients that wait for their "
-                "replica's other positions (measured: 1 run in 5 stalled); pass --time-scale 0")
         on_gpu = self.run.device == "cuda" or (self.run.device == "auto" and torch.cuda.is_available())
         if self.optim.outer_sync != "sync" and self.optim.outer_state == "host" and on_gpu:
             raise RuntimeConfigError(f"--outer-state host with --outer-sync {self.optim.outer_sync} on --device "

@@ -18,8 +18,10 @@ by replica): the global model is split by position, a server per position on its
 (DistBelief's Downpour SGD). Each server keeps its own version, staleness bound and weights. A replica's ranks
 push at the same inner step (they step in lock-step) and, after each reply, agree in `replica_group` on the least
 update count of their positions (`outer_step`: the replica stops as one) and on the largest checkpoint round any
-names (it pauses as one); the step a round closes at is agreed by every rank (the largest). The outer optimizer is
-elementwise, so with one arrival order at every position the servers are exactly one whole-model server.
+names (it pauses as one); the step a round closes at is agreed by every rank (the largest). On emulated links the
+agreements also set each rank's clock to the latest of its group's, and every position's server serves in the order
+the first position's decides (async_timing: replicas of several positions). The outer optimizer is elementwise, so
+with one arrival order at every position the servers are exactly one whole-model server.
 
 Costs on the links, per replica update of a model of M fp32 bytes: flat, M up and M down between the
 replica and rank 0 (across the WAN for every replica outside rank 0's region); hierarchical, the same
@@ -59,8 +61,8 @@ from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
-from geotrain.sync.async_timing import LinkTimer
-from geotrain.sync.async_wire import Mailbox, MailboxTiming, ServerThread
+from geotrain.sync.async_timing import LinkTimer, ServeOrder
+from geotrain.sync.async_wire import Mailbox, MailboxTiming, ServerThread, own_store_client
 from geotrain.sync.base import SyncError
 
 OUTER_SYNCS = ("sync", "async", "async-hierarchical")
@@ -149,6 +151,13 @@ class AsyncOuterSync:
         self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, client_group, numel,
                                self.sent_to, None if self.emulation is None else timing, timeout_s)
         self._publish_clock()
+        # on emulated links with several positions, every position's server serves in the order the first
+        # position's decides (async_timing.ServeOrder); the first position holds rank 0 (replica 0's first rank)
+        ordered = self.emulation is not None and replica_group is not None
+        lead = 0 in ranks
+
+        def order(name: str, clients: list[int]) -> ServeOrder | None:
+            return ServeOrder(own_store_client(store), f"{instance}/order/{name}", clients, lead) if ordered else None
         self.threads: list[ServerThread] = []
         self.servers: list[OuterServer] = []
         self.region: RegionServer | None = None
@@ -176,7 +185,7 @@ class AsyncOuterSync:
                                       bound, budget)
                     self.servers.append(top)
                     self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done,
-                                                     top.senders))
+                                                     top.senders, order=order("global", leaders)))
                 region = RegionServer(region_server, upstream, self.rank, merge_every or len(my_group), server_timer)
                 self.region, handle = region, region.handle
                 if upstream_timing is not None:  # the global server's bound on this region's next request
@@ -184,7 +193,8 @@ class AsyncOuterSync:
                     publish = functools.partial(upstream.client_board.publish, self.rank)
             self.threads.insert(0, ServerThread(self.mailbox, handle,
                                                 lambda: not region_server.base and not region_server.done,
-                                                region_server.senders, publish))
+                                                region_server.senders, publish,
+                                                order(f"region{groups.index(my_group)}", my_group)))
         for thread in self.threads:
             thread.start()
         self.version = 0
@@ -272,14 +282,28 @@ class AsyncOuterSync:
         """(the least `updates`, the largest `round_step`) over this rank's replica (its own without one)."""
         if self.replica_group is None:
             return updates, round_step
-        both = _largest(torch.tensor([-updates, round_step], dtype=torch.int64), self.replica_group)
+        both = self._largest_with_clock([-updates, round_step], self.replica_group)
         return -int(both[0]), int(both[1])
+
+    def _largest_with_clock(self, values: list[int], group: Any) -> list[float]:
+        """`values`, each the largest over `group` (exact integers below 2^53); on emulated links the ranks also
+        agree on the time: each clock becomes the latest of the group's (a rank waits for its partners' replies)."""
+        state = self.emulation
+        if state is None:
+            return [float(v) for v in _largest(torch.tensor(values, dtype=torch.float64), group)]
+        with state.lock:
+            held = state.clock.hold()
+        agreed = _largest(torch.tensor([*values, held[0]], dtype=torch.float64), group)
+        with state.lock:
+            state.clock.finish(held, float(agreed[-1]))
+        self._publish_clock()
+        return [float(v) for v in agreed[:-1]]
 
     def _world_step(self, step: int) -> int:
         """The step a checkpoint round closed at, agreed by every rank (each position's server closes its own
         round, and may reach a later pause than another's meanwhile): the largest; the rounds through it are
         closed on this rank's server. Every rank is paused in the round when it calls this (no request out)."""
-        step = int(_largest(torch.tensor([step], dtype=torch.int64), None)[0])
+        step = int(self._largest_with_clock([step], None)[0])
         for server in self.servers:
             server.close_through(step)
         return step

@@ -44,7 +44,8 @@ import torch.distributed as dist
 from geotrain.sync.async_server import Reply, Request
 from geotrain.procs.exit import exit_without_teardown
 from geotrain.sync import async_timing
-from geotrain.sync.async_timing import POLL_S, AsyncStall, ClockBoard, LinkTimer, next_due, stall_message
+from geotrain.sync.async_timing import (POLL_S, AsyncStall, ClockBoard, LinkTimer, ServeOrder, next_due,
+                                        stall_message)
 
 EXIT_STALLED = 1
 """Exit status of a process whose server stalled on emulated links (async_timing.AsyncStall)."""
@@ -221,18 +222,21 @@ class ServerThread(threading.Thread):
     """Serve `mailbox`'s requests with `handle(request) -> replies` until `finished()`; a failure is kept
     in `error` and handed to the local client. On emulated links: in emulated-time order (async_timing), with
     `senders()` the clients that can still send a request, and `publish(horizon_s)` (a region server's) told the
-    earliest emulated time this server can still send anything upstream; a stall there (async_timing.AsyncStall)
-    ends the process with its message, as the training threads it holds are in a collective of their own."""
+    earliest emulated time this server can still send anything upstream; `order` (a replica of several
+    positions) the order every position's server serves in (async_timing.ServeOrder: the first position's server
+    writes it, the others follow it); a stall there (async_timing.AsyncStall) ends the process with its message, as
+    the training threads it holds are in a collective of their own."""
 
     def __init__(self, mailbox: Mailbox, handle: Callable[[Request], list[Reply]],
                  finished: Callable[[], bool], senders: Callable[[], list[int]] | None = None,
-                 publish: Callable[[float], None] | None = None) -> None:
+                 publish: Callable[[float], None] | None = None, order: ServeOrder | None = None) -> None:
         super().__init__(name=f"geotrain-async-{mailbox.name}", daemon=True)
         self.mailbox = mailbox
         self.handle = handle
         self.finished = finished
         self.senders = senders
         self.publish = publish
+        self.order = order
         self.stopped = threading.Event()
         self.error: BaseException | None = None
         self.served_s: list[float] = []
@@ -242,6 +246,8 @@ class ServerThread(threading.Thread):
         try:
             if self.mailbox.timing is None:
                 self._serve_in_store_order()
+            elif self.order is not None and not self.order.lead:
+                self._serve_in_leaders_order()
             else:
                 self._serve_in_emulated_order()
         except AsyncStall as exc:  # the training threads are held in a collective of their own: nothing can end it
@@ -294,6 +300,36 @@ class ServerThread(threading.Thread):
                 continue
             wait_s, progress_s = POLL_S[0], time.monotonic()
             arrival, request = pending.pop(due)
+            timer.now_s = max(timer.now_s, arrival)
+            self.served_s.append(arrival)
+            if self.order is not None:
+                self.order.record(request.client)
+            self._serve(request)
+
+    def _serve_in_leaders_order(self) -> None:
+        """Serve each request in the order the first position's server wrote (async_timing.ServeOrder), once it has
+        arrived; its reply leaves at the later of its arrival and this server's clock."""
+        timing, order = self.mailbox.timing, self.order
+        assert timing is not None and timing.server_timer is not None and order is not None
+        timer = timing.server_timer
+        index, pending, wait_s, progress_s = 0, {}, POLL_S[0], time.monotonic()
+        while not self.finished():
+            while (got := self.mailbox.poll_request(index)) is not None:
+                index += 1
+                pending[got[1].client] = got
+            client = order.next_client()
+            if client is None or client not in pending:
+                if client is not None and time.monotonic() - progress_s > async_timing.STALL_S:
+                    raise AsyncStall(f"asynchronous DiLoCo on emulated links: for {async_timing.STALL_S:.0f} s the "
+                                     f"server of {self.mailbox.name} waited for client {client}'s request, which the "
+                                     f"first position's server has served")
+                if self.stopped.wait(wait_s):
+                    return
+                wait_s = min(2 * wait_s, POLL_S[1])
+                continue
+            wait_s, progress_s = POLL_S[0], time.monotonic()
+            arrival, request = pending.pop(client)
+            order.took()
             timer.now_s = max(timer.now_s, arrival)
             self.served_s.append(arrival)
             self._serve(request)

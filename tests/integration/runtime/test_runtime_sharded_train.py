@@ -87,7 +87,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
                 "pipeline-unsharded": _train(root, "pipeline-unsharded", UNSHARDED_PIPELINE, *PIPELINE, *tied,
                                              cluster=REGIONS_CLUSTER),
                 "async": _train(root, "async", SHARDED, "--sync-every", "2", "--outer-sync", "async", "--outer-lr", "1",
-                                "--outer-momentum", "0", "--eval-every", "8", "--time-scale", "0")}
+                                "--outer-momentum", "0", "--eval-every", "8", "--time-scale", "1e-3")}
     parts = [("sharded", "adaptive", "moments-unsharded", "regions", "pipeline-unsharded"),
              ("unsharded", "int8", "moments", "regions-unsharded", "pipeline", "async")]
     processes = [OneInterpreter([commands[name] for name in names], root, f"part{i}") for i, names in enumerate(parts)]
@@ -208,8 +208,8 @@ def test_the_shards_of_a_slot_send_what_the_unsharded_replica_sends(runs):
 
 
 def test_asynchronous_updates_run_a_global_models_server_per_shard(runs):
-    """--outer-sync async on the sharded plan: a server per shard position (on site 0's rank of that shard), each
-    rank its client: a push carries the rank's shard (half the model; fp32 and a 40-byte header; the final step's
+    """--outer-sync async on the sharded plan, on emulated links: a server per shard position (on site 0's rank of that
+    shard; shard 1's serving in shard 0's order, sync/async_timing.py), each rank its client: a push carries the rank's shard (half the model; fp32 and a 40-byte header; the final step's
     record also holds the final request's header), every rank scores one final model, and the loss falls. Without
     the per-shard server the run is refused (geotrain.sync.sharded); a push of the whole model is 2 x 1.6 MB."""
     report = runs["async"]

@@ -99,13 +99,10 @@ def test_needs_bring_diloco_with_streaming_adaptive_and_async():
 
 
 @pytest.mark.parametrize("stages, shards", [(2, None), (1, SHARDS[1])])
-def test_async_with_stages_or_shards_on_emulated_links_is_refused_in_one_line(stages, shards, tmp_path):
-    """A third setting beside the lifted cells (async x pipeline, shards x async run at --time-scale 0): on emulated
-    links a position's server could wait for a client held by its replica's other positions (runtime/config.py)."""
-    with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with \d positions per replica \(\d x \d: stages x shards\) on "
-                                                 r"emulated links \(--time-scale 1\): not built yet: .*; pass "
-                                                 r"--time-scale 0$"):
-        RuntimeConfig.of(CLUSTER, PLANS[stages], shards=shards, steps=8, sync_every=4, outer_sync="async",
-                         time_scale=1.0, checkpoint_dir=str(tmp_path))
-    RuntimeConfig.of(CLUSTER, PLANS[stages], shards=shards, steps=8, sync_every=4, outer_sync="async", time_scale=0.0,
-                     checkpoint_dir=str(tmp_path))
+def test_async_with_stages_or_shards_runs_on_emulated_links_and_plain_ones(stages, shards, tmp_path):
+    """Beside the lifted cells (async x pipeline, shards x async): on emulated links too, every position's server
+    serving in the order the first position's decides (sync/async_timing.py: replicas of several positions)."""
+    for time_scale in (1.0, 0.0):
+        config = RuntimeConfig.of(CLUSTER, PLANS[stages], shards=shards, steps=8, sync_every=4, outer_sync="async",
+                                  time_scale=time_scale, checkpoint_dir=str(tmp_path))
+        assert config.emulation.time_scale == time_scale

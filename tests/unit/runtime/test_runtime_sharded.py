@@ -55,8 +55,6 @@ def test_a_sharded_plan_builds_and_counts_its_ranks():
                                        r"devices must be in one site"),
     (SHARDS, {"batch_size": 6, "microbatches": 2}, r"^schedule.batch_size: each replica's 6 sequences must split "
                                                    r"into 2 shards of 2 micro-batches \(a multiple of 4\)$"),
-    (SHARDS, {"outer_sync": "async", "time_scale": 1.0}, r"^--outer-sync async with 2 positions per replica \(1 x 2: "
-                                                         r"stages x shards\) on emulated links \(--time-scale 1\): not built yet: "),
 ])
 def test_what_a_sharded_plan_cannot_run_is_refused_in_one_line(shards, settings, message):
     assignment = shards[..., 0]
