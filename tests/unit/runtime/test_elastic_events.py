@@ -4,7 +4,8 @@ import json
 
 from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig
-from geotrain.runtime.elastic.launch import _say_rejoins, _Watch, group_sites
+from geotrain.runtime.elastic.group import failure_file
+from geotrain.runtime.elastic.launch import _failure_reason, _say_rejoins, _Watch, group_sites
 
 
 class FakeStore:
@@ -32,3 +33,14 @@ def test_rejoins_are_reported_once_each_as_they_appear():
     _say_rejoins(store, watch)  # nothing new
     assert lines == ["replica group 1 (virginia) failed (killed by SIGKILL): restart 1 of 3",
                      "replica group 1 (virginia) rejoined at step 11 (recovered from a live peer in 9.3 s)"]
+
+
+def test_a_failed_groups_line_names_the_error_its_process_wrote_once(tmp_path):
+    """A group process that ends with an unexpected error writes it in one line (group.failure_file); the launcher's
+    "failed (...)" line names it (before: only "exited with status 1", the log being in a temporary directory), and
+    a restarted group's own failure is not named by the old one's."""
+    (tmp_path / failure_file(1, 1)).write_text("ValueError: Default process group has not been initialized\n")
+    assert _failure_reason(tmp_path, 1, 1) == ("exited with status 1: ValueError: Default process group has not "
+                                               "been initialized")
+    assert _failure_reason(tmp_path, 1, 1) == "exited with status 1"
+    assert _failure_reason(tmp_path, 0, -9) == _failure_reason(tmp_path, 0, -9) != ""

@@ -150,3 +150,14 @@ def test_what_elastic_async_does_not_build_yet_is_refused_in_one_line(settings, 
         RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **settings})
     text = str(caught.value)
     assert text.startswith("--elastic: ") and words in text and "\n" not in text
+
+
+def test_elastic_async_on_stages_or_shards_is_refused_in_one_line():
+    """Elastic asynchronous groups are one process each (runtime/elastic/async_group.py): a plan of 2 stages, or of
+    2 shards per slot, was accepted and every group then failed inside torch (no default process group)."""
+    for assignment, extra, shape in (([[0, 2], [1, 3]], {}, "2 stages x 1 devices"),
+                                     ([[0, 2]], {"shards": SHARDED["shards"]}, "1 stages x 2 devices")):
+        with pytest.raises(RuntimeConfigError) as caught:
+            RuntimeConfig.of(CLUSTER, assignment if not extra else extra["shards"][..., 0], **{**ASYNC, **extra})
+        assert str(caught.value).startswith(f"--elastic: a plan of {shape} per slot: elastic asynchronous groups are "
+                                            f"one process each"), str(caught.value)

@@ -525,7 +525,17 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
         print(f"geotrain replica group {group}: {exc}", file=sys.stderr, flush=True)
         _flush_lines(worker)
         os._exit(1)
+    except Exception as exc:  # the launcher restarts the group, and names why in its line (launch._failure_reason)
+        line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        (Path(result_dir) / failure_file(group, stage)).write_text(line)
+        raise
     os._exit(0)  # torchft's server threads need no orderly shutdown: the launcher has the results
+
+
+def failure_file(group: int, stage: int) -> str:
+    """The file in the run's result directory where process `stage` of replica group `group` writes, in one line,
+    the unexpected error it exits with (status 1: the launcher restarts the group)."""
+    return f"failure-{group}-{stage}.txt"
 
 
 def _flush_lines(worker: Any) -> None:

@@ -39,7 +39,7 @@ from geotrain.procs import Supervisor, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.launcher import check_before_launch
 from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
-from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, group_main, incarnation_key
+from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, failure_file, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
 from geotrain.runtime.elastic.spares import spare_count, spare_key, spare_main
@@ -241,18 +241,19 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
                 watch.ever_failed.add(g)
                 watch.failed_at.setdefault(g, []).append(time.time())
                 restarts = watch.restarts[g] < rel.max_restarts and watch.first_done_at is None
+                why = _failure_reason(result_dir, g, code)
                 _record_failure(config, g, _int(store, f"step/{g}"), describe_exit(code),
                                 watch.restarts[g] + 1 if restarts else None)
                 if restarts:
                     watch.restarts[g] += 1
-                    watch.say(g, f"failed ({describe_exit(code)}): restart {watch.restarts[g]} of {rel.max_restarts}")
+                    watch.say(g, f"failed ({why}): restart {watch.restarts[g]} of {rel.max_restarts}")
                     store.set(incarnation_key(g), str(watch.restarts[g]))  # its stages meet in a new group store
                     watch.restart(supervisor, store, g)
                 else:
                     supervisor.stop(watch.ranks(g), term_s=0.0)  # its stages still running
                     watch.down.add(g)
                     if watch.first_done_at is None:
-                        watch.say(g, f"failed ({describe_exit(code)}): down for good after "
+                        watch.say(g, f"failed ({why}): down for good after "
                                      f"{watch.restarts[g]} restarts")
         if len(watch.done) + len(watch.down) == watch.groups:
             break
@@ -342,6 +343,21 @@ def _int(store: Any, key: str) -> int:
         return int(store.get(key).decode()) if store.check([key]) else 0
     except Exception:  # noqa: BLE001 - progress only
         return 0
+
+
+def _failure_reason(result_dir: Path, group: int, code: int) -> str:
+    """How replica group `group` ended (exit `code`), with the error a process of it wrote, if any (group.failure_file;
+    read once: a restarted group writes its own)."""
+    exited = describe_exit(code)
+    for path in sorted(result_dir.glob(failure_file(group, 0).replace("-0.txt", "-*.txt"))):
+        try:
+            line = path.read_text().strip()
+            path.unlink()
+        except OSError:
+            continue
+        if line:
+            return f"{exited}: {line}"
+    return exited
 
 
 def _group_error(result_dir: Path, group: int, code: int) -> str:

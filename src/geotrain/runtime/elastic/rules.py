@@ -140,6 +140,10 @@ def async_refusal(config: Any) -> str | None:
     rel, ckpt = config.reliability, config.checkpoint
     why = "elastic asynchronous groups talk over plain TCP"
     reasons = (
+        (config.stages > 1 or config.layout.k > 1,
+         f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
+         f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
+         f"without --elastic asynchronous updates run on it"),
         (config.emulation.time_scale > 0,
          f"emulation.time_scale {config.emulation.time_scale!r}: {why} (no link emulation yet); pass --time-scale 0"),
         (rel.chaos is not None and has_partition(rel.chaos),
