@@ -324,10 +324,10 @@ class SyncOptions:
 
     def _check_overlap(self) -> None:
         delay, exchange = self.streaming.delay, self.exchange
-        if delay > 0 and (exchange.hierarchical or not reducer_traits(exchange.codec).hierarchical):
-            raise SyncError(f"SyncOptions: delay {delay} overlaps the exchange, which only a flat codec "
-                            f"reducer can (codec {str(exchange.codec)!r}, hierarchical {exchange.hierarchical}); "
-                            f"use delay 0", ("streaming.delay", "exchange.codec", "exchange.hierarchical"))
+        if delay > 0 and not reducer_traits(exchange.codec).hierarchical:
+            raise SyncError(f"SyncOptions: delay {delay} overlaps the exchange, which only a codec of "
+                            f"geotrain.codecs can (codec {str(exchange.codec)!r}); use delay 0",
+                            ("streaming.delay", "exchange.codec"))
 
 
 def _integer(value: Any) -> bool:
