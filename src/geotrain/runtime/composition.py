@@ -129,7 +129,6 @@ RULES: tuple[Rule, ...] = (
     Rule("batch-shares", "diloco", "shares of the batch balance per-step data parallelism; with --sync-every the "
          "replicas' shares of work are --local-steps adaptive", built=True, instead="use --batch-shares equal"),
     # streaming DiLoCo, moments, regions
-    Rule("moments", "hierarchical", "the moments travel in the flat exchange's collective"),
     # adaptive local steps
     Rule("adaptive", "fragments", "fragments sync at fixed step offsets, which per-replica step counts break",
          built=True),

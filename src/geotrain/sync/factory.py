@@ -11,7 +11,8 @@
     delay tau > 0 (no sync_every)      -> DelayedPerStepSync (the exchange below every step, overlapped
                                           with the next tau steps: delayed gradients)
     otherwise                          -> PerStepSync (the exchange below, every step)
-    the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions);
+    the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions; with moment sync
+                                  one per part: HierarchicalPartsExchange);
                   flat         -> StageExchange (the codec reducer, or a registered reducer: PowerSGD)
 With a hierarchy and sync_every, each region is one worker: its members average their gradients every
 step at full precision (a StageExchange "none" on the region's group) before the inner step.
@@ -31,7 +32,7 @@ from geotrain.sync.adaptive import AdaptiveOuterSync, gather_floats
 from geotrain.sync.base import CollectivePause, CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.delayed import DelayedPerStepSync
 from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
-from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.hierarchical import HierarchicalGradientExchange, HierarchicalPartsExchange
 from geotrain.sync.moments import MomentTensors, moment_parts
 from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, ExchangeOptions, SyncOptions
@@ -105,6 +106,12 @@ def _exchange(options: ExchangeOptions, named_params: list[tuple[str, torch.nn.P
               moments: MomentTensors | None = None) -> DPExchange:
     """The DP exchange of `named_params` through the options' codec; `moments` (moment sync) travel beside
     them in the same collective (geotrain.sync.moments)."""
+    if moments is not None and group.hierarchy is not None:
+        return HierarchicalPartsExchange([
+            HierarchicalGradientExchange([p for _, p in part.named_params], part.codec.build(), part.error_feedback,
+                                         transport, group.hierarchy, rank, list(group.devices))
+            for part in [ExtraTensors(named_params, options.codec, options.error_feedback),
+                         *moment_parts(moments, options.codec, options.error_feedback)]])
     if moments is not None:
         return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
                              list(group.devices), group.links, moment_parts(moments, options.codec,

@@ -96,3 +96,38 @@ class HierarchicalGradientExchange:
         if "hierarchical" not in state:
             raise ValueError("checkpoint was written without --dp-hierarchical")
         self.reducer.load_state_dict(state["hierarchical"])
+
+
+class HierarchicalPartsExchange:
+    """Several HierarchicalGradientExchanges, one per part (moment sync, geotrain.sync.moments: the outer gradients,
+    then the moments, each through its own codec and residuals), run back to back on the same groups; `parts` k
+    sends the first k only (StageExchange's contract)."""
+
+    def __init__(self, parts: Sequence[HierarchicalGradientExchange]) -> None:
+        self.parts = list(parts)
+
+    def _first(self, parts: int | None) -> list[HierarchicalGradientExchange]:
+        if parts is None:
+            return self.parts
+        if isinstance(parts, bool) or not isinstance(parts, int) or not 1 <= parts <= len(self.parts):
+            raise SyncError(f"HierarchicalPartsExchange: parts must be an integer in 1..{len(self.parts)}, "
+                            f"got {parts!r}")
+        return self.parts[:parts]
+
+    def exchange(self, step: int, timer: StepTimer, parts: int | None = None) -> int:
+        """Each of the first `parts` parts' exchange (None: all); the bytes this rank sent."""
+        return sum(part.exchange(step, timer) for part in self._first(parts))
+
+    def start(self, step: int, timer: StepTimer, parts: int | None = None) -> Callable[[StepTimer], int]:
+        """Each of the first `parts` parts posted; the returned function lands them all (in order)."""
+        lands = [part.start(step, timer) for part in self._first(parts)]
+        return lambda landing_timer=timer: sum(land(landing_timer) for land in lands)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if len(state.get("parts", ())) != len(self.parts):
+            raise ValueError(f"checkpoint holds no hierarchical exchange of {len(self.parts)} parts")
+        for part, saved in zip(self.parts, state["parts"], strict=True):
+            part.load_state_dict(saved)

@@ -269,9 +269,6 @@ class SyncOptions:
         if self.outer.sync_every is None:
             raise SyncError("SyncOptions: sync_moments averages the inner optimizer's moments at each outer sync: "
                             "it needs sync_every", ("outer.sync_moments", "outer.sync_every"))
-        if self.exchange.hierarchical:
-            raise SyncError("SyncOptions: sync_moments with hierarchical is not supported (the moments travel in "
-                            "the flat exchange's collective)", ("outer.sync_moments", "exchange.hierarchical"))
         if not reducer_traits(self.exchange.codec).hierarchical:
             raise SyncError(f"SyncOptions: sync_moments sends the moments beside the outer gradients through a codec "
                             f"of geotrain.codecs; {self.exchange.codec.name} is its own exchange",

@@ -14,6 +14,7 @@ from geotrain.comm.regions import Regions
 from geotrain.models import MODEL_PRESETS
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError, launch
 from geotrain.runtime.stages import build_stage
+from geotrain.sync.moments import SECOND_MOMENT_CODEC
 from geotrain.sync.streaming import fragment_pieces
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
@@ -56,20 +57,22 @@ def test_hierarchical_refuses_powersgd():
         RuntimeConfig.of(cluster=CLUSTER, assignment=ONE_STAGE, dp_codec="powersgd", dp_hierarchical=True)
 
 
-def test_hierarchical_exchange_posted_with_a_sync_delay_lands_tau_steps_later_with_the_blocking_bytes(tokens):
-    """--sync-delay 1 --fragments 2: each fragment's hierarchical exchange is posted after its sync step and lands
-    one step later; the bytes of a landing step are the every-step region mean's plus the blocking hierarchical
-    exchange's of that fragment (expected_link_bytes, the formula the blocking run is held to)."""
+def test_hierarchical_exchange_posted_with_a_sync_delay_carries_the_moments_with_the_blocking_bytes(tokens):
+    """--sync-delay 1 --fragments 2 --sync-moments: each fragment's hierarchical exchanges (outer gradients, first
+    and second moments, each through its own codec) are posted after its sync step and land one step later; the
+    bytes of a landing step are the every-step region mean's plus the blocking hierarchical exchange's of each part
+    (expected_link_bytes, the formula the blocking run is held to)."""
     report = _run(tokens, dp_codec="int8-block", dp_hierarchical=True, sync_every=4, fragments=2, sync_delay=1,
-                  steps=8)
+                  sync_moments=True, steps=8)
     assert report.replicas_in_sync and report.losses[-1] < report.losses[0]
     params = list(build_stage(MODEL_PRESETS["tiny-2layer"], 0, 0, 1).parameters())
     groups = HierarchicalGroups(Regions.of([[0, 1], [2, 3]]), 2, (), {})
 
     def hier_bytes(fragment: list) -> int:
         sizes = [params[piece.index].numel() for piece in fragment]
-        return max(sum(vars(expected_link_bytes(get_codec("int8-block"), groups, rank, sum(sizes),
-                                                segments=sizes)).values()) for rank in range(4))
+        return max(sum(sum(vars(expected_link_bytes(get_codec(codec), groups, rank, sum(sizes),
+                                                    segments=sizes)).values())
+                       for codec in ("int8-block", "int8-block", SECOND_MOMENT_CODEC)) for rank in range(4))
 
     first, second = (hier_bytes(f) for f in fragment_pieces(params, 2))
     region = report.rows[0].dp_bytes  # the region's every-step mean (step 0: no outer sync)
