@@ -133,7 +133,6 @@ RULES: tuple[Rule, ...] = (
     Rule("adaptive", "fragments", "fragments sync at fixed step offsets, which per-replica step counts break",
          built=True),
     Rule("adaptive", "moments", f"{_ADAPTIVE_STEPS}: the flat outer sync of one fragment only"),
-    Rule("adaptive", "hierarchical", f"{_ADAPTIVE_STEPS}: the flat outer sync of one fragment only"),
     # asynchronous outer updates
     *(rule for mode in ("async", "async-hierarchical") for rule in (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),
