@@ -67,7 +67,8 @@ def test_adaptive_by_regions_each_region_one_replica_with_the_hierarchical_excha
     steps and hold the same parameters at every step (their gradients averaged every step), the regions share each
     period's R x H steps by speed (the A100s more), and every rank holds the same anchor after each sync; each sync
     posted (the hierarchical exchange overlapped with a step of the next period, eager landing)."""
-    (tmp_path / "cluster.yaml").write_text(TWO_GPUS_YAML.replace("devices: 1", "devices: 2, intra: {gbps: 100, ms: 0.1}"))
+    two_each = TWO_GPUS_YAML.replace("devices: 1", "devices: 2, intra: {gbps: 100, ms: 0.1}")
+    (tmp_path / "cluster.yaml").write_text(two_each)
     cluster = load_cluster(str(tmp_path / "cluster.yaml"))
     steps, every = 6, 3
     config = RuntimeConfig.of(cluster, np.array([[0, 1, 2, 3]]), steps=steps, sync_every=every, local_steps="adaptive",
