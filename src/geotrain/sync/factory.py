@@ -31,8 +31,8 @@ from geotrain.optim.shards import is_sharded
 from geotrain.sync.adaptive import AdaptiveOuterSync, Gather, gather_floats
 from geotrain.sync.base import CollectivePause, CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.delayed import DelayedPerStepSync
-from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
-from geotrain.sync.hierarchical import HierarchicalGradientExchange, HierarchicalPartsExchange
+from geotrain.sync.exchange import StageExchange, timed_collective
+from geotrain.sync.hierarchical import hierarchical_exchange
 from geotrain.sync.moments import MomentTensors, moment_parts
 from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, ExchangeOptions, SyncOptions
@@ -108,20 +108,13 @@ def _exchange(options: ExchangeOptions, named_params: list[tuple[str, torch.nn.P
               moments: MomentTensors | None = None) -> DPExchange:
     """The DP exchange of `named_params` through the options' codec; `moments` (moment sync) travel beside
     them in the same collective (geotrain.sync.moments)."""
-    if moments is not None and group.hierarchy is not None:
-        return HierarchicalPartsExchange([
-            HierarchicalGradientExchange([p for _, p in part.named_params], part.codec.build(), part.error_feedback,
-                                         transport, group.hierarchy, rank, list(group.devices))
-            for part in [ExtraTensors(named_params, options.codec, options.error_feedback),
-                         *moment_parts(moments, options.codec, options.error_feedback)]])
+    if group.hierarchy is not None:
+        return hierarchical_exchange(named_params, options.codec, options.error_feedback, transport, group.hierarchy,
+                                     rank, list(group.devices), moments)
     if moments is not None:
         return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
                              list(group.devices), group.links, moment_parts(moments, options.codec,
                                                                             options.error_feedback))
-    if group.hierarchy is not None:
-        return HierarchicalGradientExchange([p for _, p in named_params], options.codec.build(),
-                                            options.error_feedback, transport, group.hierarchy, rank,
-                                            list(group.devices))
     return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
                          list(group.devices), group.links)
 

@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
-from geotrain.codecs import Codec
+from geotrain.codecs import Codec, CodecSpec
 from geotrain.comm.hierarchical import HierarchicalGroups, HierarchicalReducer
-from geotrain.sync.base import CollectiveTransport, StepTimer, SyncError, host_gradients, set_grads
+from geotrain.sync.base import CollectiveTransport, DPExchange, StepTimer, SyncError, host_gradients, set_grads
+from geotrain.sync.exchange import ExtraTensors
+from geotrain.sync.moments import MomentTensors, moment_parts
 
 
 class HierarchicalGradientExchange:
@@ -131,3 +133,17 @@ class HierarchicalPartsExchange:
             raise ValueError(f"checkpoint holds no hierarchical exchange of {len(self.parts)} parts")
         for part, saved in zip(self.parts, state["parts"], strict=True):
             part.load_state_dict(saved)
+
+
+def hierarchical_exchange(named_params: Sequence[tuple[str, torch.nn.Parameter]], codec: CodecSpec,
+                          error_feedback: bool, transport: CollectiveTransport, groups: HierarchicalGroups, rank: int,
+                          group_devices: list[int], moments: MomentTensors | None = None) -> DPExchange:
+    """The hierarchical exchange of `named_params` through `codec`; with `moments` (moment sync) one per part, the
+    moments' parts after them (geotrain.sync.moments.moment_parts)."""
+    parts = [ExtraTensors(list(named_params), codec, error_feedback)]
+    if moments is not None:
+        parts += moment_parts(moments, codec, error_feedback)
+    exchanges = [HierarchicalGradientExchange([p for _, p in part.named_params], part.codec.build(),
+                                              part.error_feedback, transport, groups, rank, group_devices)
+                 for part in parts]
+    return exchanges[0] if moments is None else HierarchicalPartsExchange(exchanges)
