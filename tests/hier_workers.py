@@ -26,6 +26,11 @@ def reduce_steps(rank: int, world_size: int, lists: list[list[int]], codec: str,
     reducer = HierarchicalReducer(get_codec(codec, **params), groups, error_feedback=error_feedback,
                                   intra_dtype=intra_dtype, segments=segments)
     means = [reducer.all_reduce_mean(local_vector(rank, step, numel), step) for step in range(steps)]
+    # the same reductions posted (start_all_reduce_mean), every step's in flight before the first is finished
+    posting = HierarchicalReducer(get_codec(codec, **params), groups, error_feedback=error_feedback,
+                                  intra_dtype=intra_dtype, segments=segments)
+    finishes = [posting.start_all_reduce_mean(local_vector(rank, step, numel), step) for step in range(steps)]
+    posted = [finish() for finish in finishes]
     residual = torch.zeros(numel)
     if reducer.feedback is not None:
         from geotrain.comm.hierarchical import shard_bounds, shard_pieces
@@ -39,7 +44,9 @@ def reduce_steps(rank: int, world_size: int, lists: list[list[int]], codec: str,
     plain = local_vector(rank, 0, numel)
     dist.all_reduce(plain)
     expected = expected_link_bytes(reducer.codec, groups, rank, numel, intra_dtype, segments)
-    return {"means": means, "residual": residual, "intra": reducer.bytes.intra_bytes,
+    return {"means": means, "posted_means": posted,
+            "posted_bytes": (posting.bytes.intra_bytes, posting.bytes.inter_bytes),
+            "residual": residual, "intra": reducer.bytes.intra_bytes,
             "inter": reducer.bytes.inter_bytes, "expected_intra": expected.intra_bytes * steps,
             "expected_inter": expected.inter_bytes * steps, "plain_mean": plain / world_size}
 

@@ -20,7 +20,7 @@ Regions (`regions=[[0, 1], [2, 3]]`, global ranks per site): each region is one 
 `geotrain train --dp-hierarchical --sync-every`: before every inner step its members average their
 gradients at full precision over the region's group (an optimizer step pre-hook), and the outer
 gradients go through the hierarchical exchange (full precision inside a region, the codec between
-regions; geotrain.comm.hierarchical). With regions the delay must be 0 (that exchange is not posted). On sharded
+regions; geotrain.comm.hierarchical), posted with a delay, and with moment sync the moments through it too. On sharded
 parameters (below) the regions are ranks of `group` (site indices) and apply to every shard position.
 
 Adaptive local steps (`local_steps="adaptive"`, geotrain.sync.adaptive): each replica takes H_r inner steps
@@ -95,7 +95,7 @@ from geotrain.sync.adaptive import AdaptiveOuterSync, check_adaptive_settings, g
 from geotrain.sync.async_outer import STALENESS_BOUND, STALENESS_POWER, AsyncOuterSync, check_async_settings
 from geotrain.sync.base import ComputeTimer, DPExchange, SyncError, check_host_backend
 from geotrain.sync.exchange import DirectTransport, StageExchange
-from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.hierarchical import hierarchical_exchange
 from geotrain.sync.moments import MomentTensors, moment_parts
 from geotrain.sync.sharded import check_sharded_settings, site_agreed
 from geotrain.sync.streaming import StreamingOuterSync
@@ -146,9 +146,6 @@ class DiLoCo:
         check_host_backend(dist.get_backend(group), "DiLoCo")
         if not isinstance(sync_moments, bool):
             raise SyncError(f"DiLoCo: sync_moments must be true or false, got {sync_moments!r}")
-        if sync_moments and regions is not None:
-            raise SyncError("DiLoCo: sync_moments with regions is not supported (the moments travel in the flat "
-                            "exchange's collective)")
         check_adaptive_settings(local_steps, fragments=fragments, sync_moments=sync_moments,
                                 hierarchical=regions is not None, who="DiLoCo: local_steps")
         trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -190,7 +187,7 @@ class DiLoCo:
         self.gather_links = gather_links
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.exchanges: list[DPExchange] = []
-        self.hierarchy = None if regions is None else self._hierarchy(regions, group, delay, shard_group is not None)
+        self.hierarchy = None if regions is None else self._hierarchy(regions, group, shard_group is not None)
         self.region_exchange = None if self.hierarchy is None else self._region_exchange(named)
         self.sync: StreamingOuterSync | AdaptiveOuterSync | None = None  # None: asynchronous (its own exchanges)
         if local_steps == "adaptive":
@@ -222,15 +219,12 @@ class DiLoCo:
         self._pre_hook: Any = None
 
     @staticmethod
-    def _hierarchy(regions: Sequence[Sequence[int]], group: Any, delay: int, sharded: bool) -> HierarchicalGroups:
+    def _hierarchy(regions: Sequence[Sequence[int]], group: Any, sharded: bool) -> HierarchicalGroups:
         """The region groups (every rank creates every one, in one order). Unsharded: `regions` are global ranks.
         Sharded (module doc): they are ranks of `group`, the same shard's peers (site indices), and every shard
         position gets its own regions, over its peers' global ranks."""
         if group is not None and not sharded:
             raise SyncError("DiLoCo: give regions or group, not both (regions span the default group)")
-        if delay != 0:
-            raise SyncError(f"DiLoCo: with regions the delay must be 0 (the hierarchical exchange is not posted), "
-                            f"got {delay!r}")
         parsed = Regions.of(regions, "DiLoCo regions")
         size = dist.get_world_size(group)
         if sorted(parsed.ranks) != list(range(size)):
@@ -261,9 +255,8 @@ class DiLoCo:
             exchange = StageExchange(named_shadows, self.codec, self.error_feedback, self.transport, self.group, [],
                                      self.gather_links, extra)
         else:
-            exchange = HierarchicalGradientExchange([p for _, p in named_shadows], self.codec.build(),
-                                                    self.error_feedback, self.transport, self.hierarchy,
-                                                    dist.get_rank(), [])
+            exchange = hierarchical_exchange(named_shadows, self.codec, self.error_feedback, self.transport,
+                                             self.hierarchy, dist.get_rank(), [], moments)
         self.exchanges.append(exchange)
         return exchange
 

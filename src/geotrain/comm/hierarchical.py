@@ -26,6 +26,11 @@ Bytes this rank sends per call (`expected_link_bytes`, held equal to `bytes` by 
 So all ranks together put R (R - 1) x payload(n) on inter-region links per call, against
 R (W - 1) x payload(n) for a flat ring all-gather of the same codec over W ranks in R blocks.
 
+Posted (`start_all_reduce_mean`, to overlap the exchange with compute): steps 1 and the encoding of 2 run at
+once, the inter-region all-gathers are posted (async work of the owners' groups, where the wire can post:
+`post_owners_gather`) and the returned function waits for them, decodes and runs step 3; `all_reduce_mean` is
+the two halves back to back, so both give the same bits.
+
 The reducer's three exchanges go through a `wire`: `GroupWire` (the default) runs them as collectives on the
 groups of `HierarchicalGroups.create`; an elastic run's quorum has one flat group and carries them point to
 point on it (geotrain.sync.elastic_hierarchical), with a `HierarchicalGroups.plan` that creates no group.
@@ -33,7 +38,7 @@ point on it (geotrain.sync.elastic_hierarchical), with a `HierarchicalGroups.pla
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +135,10 @@ class GroupWire:
     def owners_gather(self, owners: tuple[int, ...], gathered: torch.Tensor, packed: torch.Tensor) -> None:
         all_gather_single(gathered, packed, group=self.groups.inter[owners])
 
+    def post_owners_gather(self, owners: tuple[int, ...], gathered: torch.Tensor, packed: torch.Tensor) -> Any:
+        """`owners_gather` posted (async work of the owners' group); `.wait()` completes it."""
+        return all_gather_single(gathered, packed, group=self.groups.inter[owners], async_op=True)
+
 
 class HierarchicalReducer:
     """Averages one flat float vector over the regions' ranks (see the module doc). Holds this rank's
@@ -165,20 +174,33 @@ class HierarchicalReducer:
     def all_reduce_mean(self, flat: torch.Tensor, step: int) -> torch.Tensor:
         """The element-wise mean over every rank's `flat` (1-D float, same size everywhere), as float32;
         `step` seeds codecs that draw (randk) and is the same on every rank."""
+        return self.start_all_reduce_mean(flat, step)()
+
+    def start_all_reduce_mean(self, flat: torch.Tensor, step: int) -> Callable[[], torch.Tensor]:
+        """`all_reduce_mean` in two halves (module doc): steps 1 and 2's encoding now, the inter-region
+        all-gathers posted; the returned function (call it once) waits, decodes, runs step 3 and returns the
+        mean. Calls may overlap (each keeps its own buffers); they finish in the order they started."""
         flat = flat.detach().reshape(-1).to(torch.float32)
         if self.segments is not None and sum(self.segments) != flat.numel():
             raise RegionsError(f"segments sum to {sum(self.segments)} values, the vector has {flat.numel()}")
-        self.last_bytes = LinkBytes()
+        sent = LinkBytes()
         bounds = shard_bounds(flat.numel(), self.groups.shards)
-        sums = self._reduce_scatter(flat, bounds)
-        means = {shard: self._inter_mean(shard, bounds[shard][0], sums[shard] / self.world_size, step)
-                 for shard in sums}
-        result = self._all_gather(means, bounds, flat.numel())
-        self.bytes.add(self.last_bytes)
-        self.calls += 1
-        return result
+        sums = self._reduce_scatter(flat, bounds, sent)
+        posted = {shard: self._post_inter(shard, bounds[shard][0], sums[shard] / self.world_size, step, sent)
+                  for shard in sums}
 
-    def _reduce_scatter(self, flat: torch.Tensor, bounds: list[tuple[int, int]]) -> dict[int, torch.Tensor]:
+        def finish() -> torch.Tensor:
+            means = {shard: wait() for shard, wait in posted.items()}
+            result = self._all_gather(means, bounds, flat.numel(), sent)
+            self.last_bytes = sent
+            self.bytes.add(sent)
+            self.calls += 1
+            return result
+
+        return finish
+
+    def _reduce_scatter(self, flat: torch.Tensor, bounds: list[tuple[int, int]],
+                        sent: LinkBytes) -> dict[int, torch.Tensor]:
         """{owned shard: sum over the region's members (member order), float32}."""
         mine = self._owned(self.rank)
         if len(self.members) == 1:
@@ -190,7 +212,7 @@ class HierarchicalReducer:
         received = torch.empty(my_numel * len(self.members), dtype=self.intra_dtype)
         self.wire.region_scatter(self.region, received, send, [my_numel] * len(self.members),
                                  [p.numel() for p in send_parts])
-        self.last_bytes.intra_bytes += sum(p.numel() for m, p in zip(self.members, send_parts, strict=True)
+        sent.intra_bytes += sum(p.numel() for m, p in zip(self.members, send_parts, strict=True)
                                            if m != self.rank) * send.element_size()
         total = torch.zeros(my_numel, dtype=torch.float32)
         for copy in received.view(len(self.members), my_numel):  # member order: a fixed sum
@@ -208,26 +230,40 @@ class HierarchicalReducer:
             return [(0, shard_numel)] if shard_numel else []
         return [(a - lo, b - lo) for a, b in shard_pieces(lo, lo + shard_numel, self.segments)]
 
-    def _inter_mean(self, shard: int, lo: int, value: torch.Tensor, step: int) -> torch.Tensor:
-        """Mean of `shard` (starting at flat offset `lo`) over regions: encode with error feedback,
-        all-gather among the shard's owners, decode and sum in region order."""
+    def _post_inter(self, shard: int, lo: int, value: torch.Tensor, step: int,
+                    sent: LinkBytes) -> Callable[[], torch.Tensor]:
+        """Step 2 for `shard` (starting at flat offset `lo`): encode with error feedback and post the all-gather
+        among the shard's owners; the returned function waits, decodes and sums in region order: the mean over
+        regions."""
         if self.regions.count == 1:
-            return value
+            return lambda: value
         self.codec.set_step(step)
         payloads = [self._encode((shard, index), value[a:b])
                     for index, (a, b) in enumerate(self._pieces(value.numel(), lo))]
         if not payloads:
-            return value
+            return lambda: value
         specs = [payload.spec() for payload in payloads]
         packed = torch.cat([pack_payload(payload) for payload in payloads])
         owners = self.regions.inter_group(shard)
         gathered = torch.empty(len(owners) * packed.numel(), dtype=torch.uint8)
-        self.wire.owners_gather(owners, gathered, packed)
-        self.last_bytes.inter_bytes += (len(owners) - 1) * packed.numel()
-        total = torch.zeros(value.numel(), dtype=torch.float32)
-        for region_bytes in gathered.view(len(owners), -1):  # region order: a fixed sum
-            total += self._decode_pieces(region_bytes, specs, value.numel(), lo)
-        return total
+        post = getattr(self.wire, "post_owners_gather", None)
+        work = None
+        if post is None:
+            self.wire.owners_gather(owners, gathered, packed)
+        else:
+            work = post(owners, gathered, packed)
+        sent.inter_bytes += (len(owners) - 1) * packed.numel()
+
+        def mean() -> torch.Tensor:
+            if work is not None:
+                work.wait()
+            self.codec.set_step(step)  # another call may have set it since (codecs that draw decode by it)
+            total = torch.zeros(value.numel(), dtype=torch.float32)
+            for region_bytes in gathered.view(len(owners), -1):  # region order: a fixed sum
+                total += self._decode_pieces(region_bytes, specs, value.numel(), lo)
+            return total
+
+        return mean
 
     def owned_pieces(self, numel: int) -> dict[tuple[int, int], tuple[int, int]]:
         """{error-feedback key (shard, piece): its [lo, hi) in a vector of `numel` values} of the shards this rank
@@ -253,7 +289,8 @@ class HierarchicalReducer:
             offset += spec.nbytes
         return out
 
-    def _all_gather(self, means: dict[int, torch.Tensor], bounds: list[tuple[int, int]], numel: int) -> torch.Tensor:
+    def _all_gather(self, means: dict[int, torch.Tensor], bounds: list[tuple[int, int]], numel: int,
+                    sent: LinkBytes) -> torch.Tensor:
         """The full mean vector on every member: owners send their shards' means to the region."""
         result = torch.empty(numel, dtype=torch.float32)
         if len(self.members) == 1:
@@ -265,7 +302,7 @@ class HierarchicalReducer:
         sizes = [sum(bounds[s][1] - bounds[s][0] for s in self._owned(m)) for m in self.members]
         received = torch.empty(sum(sizes), dtype=self.intra_dtype)
         self.wire.region_gather(self.region, received, mine.repeat(k), sizes, [mine.numel()] * k)
-        self.last_bytes.intra_bytes += (k - 1) * mine.numel() * mine.element_size()
+        sent.intra_bytes += (k - 1) * mine.numel() * mine.element_size()
         offset = 0
         for member, size in zip(self.members, sizes, strict=True):
             piece = received[offset:offset + size].to(torch.float32)

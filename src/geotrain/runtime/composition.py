@@ -129,13 +129,10 @@ RULES: tuple[Rule, ...] = (
     Rule("batch-shares", "diloco", "shares of the batch balance per-step data parallelism; with --sync-every the "
          "replicas' shares of work are --local-steps adaptive", built=True, instead="use --batch-shares equal"),
     # streaming DiLoCo, moments, regions
-    Rule("delay", "hierarchical", "only a flat codec reducer overlaps the exchange with compute"),
-    Rule("moments", "hierarchical", "the moments travel in the flat exchange's collective"),
     # adaptive local steps
     Rule("adaptive", "fragments", "fragments sync at fixed step offsets, which per-replica step counts break",
          built=True),
     Rule("adaptive", "moments", f"{_ADAPTIVE_STEPS}: the flat outer sync of one fragment only"),
-    Rule("adaptive", "hierarchical", f"{_ADAPTIVE_STEPS}: the flat outer sync of one fragment only"),
     # asynchronous outer updates
     *(rule for mode in ("async", "async-hierarchical") for rule in (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),

@@ -55,9 +55,15 @@ resumed is the saved one; a later period's differs only if the replicas' measure
 side of a rounding boundary of R x H x v_r / sum v (largest remainders), and then by one step moved between two
 replicas per period.
 
-Supported: the flat exchange of one fragment, blocking or overlapped; fragments, moment sync and the
-region hierarchy are refused (`check_adaptive_settings`): their syncs fall at fixed step offsets, which
-uneven H_r would break.
+Regions (the runtime's `--dp-hierarchical`; `inner_exchange`): each region is one replica, as with equal steps:
+its members average their gradients every step at full precision and take the same H_r (the region's agreed
+speed: its slowest member's, geotrain.sync.factory), and the outer gradients travel through the hierarchical
+exchange, whose mean over the group's ranks weighs each region by its member count (its share of the batch; with
+regions of one size, the plain mean over regions above).
+
+Supported: one fragment, blocking or overlapped, flat or by regions (geotrain.diloco's DiLoCo: flat only); fragments
+and moment sync are refused (`check_adaptive_settings`): their syncs fall at fixed step offsets, which uneven H_r
+would break.
 """
 
 from __future__ import annotations
@@ -103,7 +109,8 @@ def adaptive_local_steps(step_seconds: Sequence[float], sync_every: int) -> list
 def check_adaptive_settings(local_steps: str, *, fragments: int = 1, sync_moments: bool = False,
                             hierarchical: bool = False, who: str = "local_steps") -> None:
     """SyncError (one line) unless `local_steps` is one of LOCAL_STEPS and, when adaptive, the outer sync is the
-    flat one of one fragment (module doc; a delay is fine)."""
+    flat one of one fragment (module doc; a delay is fine). `hierarchical`: refuse regions (geotrain.diloco's
+    DiLoCo; the runtime runs them through `inner_exchange`, module doc)."""
     if local_steps not in LOCAL_STEPS:
         raise SyncError(f"{who} must be one of {', '.join(LOCAL_STEPS)}, got {local_steps!r}")
     if local_steps == "equal":
@@ -147,7 +154,8 @@ class AdaptiveOuterSync(GradientSync):
                  outer_lr: float, outer_momentum: float, gather: Gather, rank: int, replicas: int,
                  adaptive: bool = True, step_time: Callable[[], float] | None = None,
                  prior_step_s: Sequence[float] | None = None, delay: int = 0, landing: str = "mix",
-                 mix: float = 0.0, warmup: int = 0, periods: int | None = None, outer_state: str = "device") -> None:
+                 mix: float = 0.0, warmup: int = 0, periods: int | None = None, outer_state: str = "device",
+                 inner_exchange: DPExchange | None = None) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < replicas:
             raise SyncError(f"AdaptiveOuterSync: rank must be an integer in 0..{replicas - 1}, got {rank!r}")
         check_landing_settings(sync_every, delay, mix, landing, warmup)
@@ -162,6 +170,7 @@ class AdaptiveOuterSync(GradientSync):
         self.outer = OuterStep(self.params, sync_every, outer_lr, outer_momentum, outer_state)
         self.shadows = [grad_carrier(local_shard(p).shape, state_device(p, outer_state)) for p in self.params]
         self.exchange = make_exchange([(name, s) for (name, _), s in zip(named_params, self.shadows, strict=True)])
+        self.inner_exchange = inner_exchange
         self.gather = gather
         self.rank, self.replicas, self.adaptive = rank, replicas, adaptive
         self.step_time = step_time
@@ -196,9 +205,10 @@ class AdaptiveOuterSync(GradientSync):
     def step(self, step: int, timer: StepTimer) -> SyncResult:
         """The runtime's call after backward: the inner step, then the outer sync if this replica's H_r is reached.
         The step's seconds are `timer.seconds` (the runtime zeroes it at each step's start)."""
+        inner_bytes = 0 if self.inner_exchange is None else self.inner_exchange.exchange(step, timer)
         with timer:
             self.optimizer.step()
-        return SyncResult(self.after_inner_step(timer.seconds, timer), None)
+        return SyncResult(inner_bytes + self.after_inner_step(timer.seconds, timer), None)
 
     def after_inner_step(self, seconds: float, timer: StepTimer) -> int:
         """Count one inner step that took `seconds` (the injected `step_time` if given); sync when this

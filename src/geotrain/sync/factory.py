@@ -7,11 +7,12 @@
                                           per fragment; landing "mix" or "eager"; Adam's moments
                                           averaged in the same collective); with local_steps
                                           adaptive: AdaptiveOuterSync (H_r per replica by speed,
-                                          geotrain.sync.adaptive)
+                                          geotrain.sync.adaptive; with a hierarchy per region)
     delay tau > 0 (no sync_every)      -> DelayedPerStepSync (the exchange below every step, overlapped
                                           with the next tau steps: delayed gradients)
     otherwise                          -> PerStepSync (the exchange below, every step)
-    the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions);
+    the exchange: hierarchical -> HierarchicalGradientExchange (the codec between regions; with moment sync
+                                  one per part: HierarchicalPartsExchange);
                   flat         -> StageExchange (the codec reducer, or a registered reducer: PowerSGD)
 With a hierarchy and sync_every, each region is one worker: its members average their gradients every
 step at full precision (a StageExchange "none" on the region's group) before the inner step.
@@ -27,11 +28,11 @@ from geotrain.codecs import CodecSpec
 from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import is_sharded
-from geotrain.sync.adaptive import AdaptiveOuterSync, gather_floats
+from geotrain.sync.adaptive import AdaptiveOuterSync, Gather, gather_floats
 from geotrain.sync.base import CollectivePause, CollectiveTransport, DPExchange, GradientSync, SyncError
 from geotrain.sync.delayed import DelayedPerStepSync
-from geotrain.sync.exchange import ExtraTensors, StageExchange, timed_collective
-from geotrain.sync.hierarchical import HierarchicalGradientExchange
+from geotrain.sync.exchange import StageExchange, timed_collective
+from geotrain.sync.hierarchical import hierarchical_exchange
 from geotrain.sync.moments import MomentTensors, moment_parts
 from geotrain.sync.onebit import OneBitAdamSync
 from geotrain.sync.options import DPGroup, ExchangeOptions, SyncOptions
@@ -72,16 +73,18 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                   options.clip_grad_norm, sum_squares)
     if outer.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
-    if options.heterogeneity.local_steps == "adaptive":  # (flat, one fragment: SyncOptions refused the rest)
-        replicas = len(group.ranks)
+    if options.heterogeneity.local_steps == "adaptive":  # (one fragment, no moments: SyncOptions refused the rest)
         gather = site_agreed(gather_floats(group.handle, lambda wait: transport.collective(
             group.handle, devices, 8, wait, posted=True), group.links), group.replica_group)  # a replica's ranks agree first
+        replica, replicas, prior = group.ranks.index(rank), len(group.ranks), options.heterogeneity.local_steps_prior_s
+        if group.hierarchy is not None:  # each region is one replica (geotrain.sync.adaptive's module doc)
+            gather, replica, replicas, prior = _regions_as_replicas(gather, group, rank, prior)
         return AdaptiveOuterSync(named_params, adamw, lambda shadows: _exchange(codec, shadows, transport, group, rank),
-                                 outer.sync_every, outer.outer_lr, outer.outer_momentum, gather,
-                                 group.ranks.index(rank), replicas,
-                                 prior_step_s=options.heterogeneity.local_steps_prior_s, delay=streaming.delay,
+                                 outer.sync_every, outer.outer_lr, outer.outer_momentum, gather, replica, replicas,
+                                 prior_step_s=prior, delay=streaming.delay,
                                  landing=streaming.landing, mix=streaming.mix, warmup=streaming.warmup,
-                                 periods=-(-options.total_steps // outer.sync_every), outer_state=outer.outer_state)
+                                 periods=-(-options.total_steps // outer.sync_every), outer_state=outer.outer_state,
+                                 inner_exchange=_region_exchange(named_params, transport, group, rank))
     # (warmup only matters with a delay); sharded parameters (DTensor): OuterSync writes whole-shape gradients into
     # them, the streaming sync keeps shard-sized shadows (geotrain.optim.shards), as geotrain.diloco does; so does the
     # outer state in host memory (the outer gradients travel in host shadows, not in the parameters' gradients)
@@ -105,16 +108,34 @@ def _exchange(options: ExchangeOptions, named_params: list[tuple[str, torch.nn.P
               moments: MomentTensors | None = None) -> DPExchange:
     """The DP exchange of `named_params` through the options' codec; `moments` (moment sync) travel beside
     them in the same collective (geotrain.sync.moments)."""
+    if group.hierarchy is not None:
+        return hierarchical_exchange(named_params, options.codec, options.error_feedback, transport, group.hierarchy,
+                                     rank, list(group.devices), moments)
     if moments is not None:
         return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
                              list(group.devices), group.links, moment_parts(moments, options.codec,
                                                                             options.error_feedback))
-    if group.hierarchy is not None:
-        return HierarchicalGradientExchange([p for _, p in named_params], options.codec.build(),
-                                            options.error_feedback, transport, group.hierarchy, rank,
-                                            list(group.devices))
     return StageExchange(named_params, options.codec, options.error_feedback, transport, group.handle,
                          list(group.devices), group.links)
+
+
+def _regions_as_replicas(gather: Gather, group: DPGroup, rank: int, prior: Sequence[float] | None
+                         ) -> tuple[Gather, int, int, list[float] | None]:
+    """Adaptive local steps by regions: (the gather whose rows are the regions', after the members agree on the
+    largest value, i.e. the slowest member's seconds; this rank's region; the region count; the prior per region,
+    its members' largest)."""
+    regions = group.hierarchy.regions  # type: ignore[union-attr]
+    region = regions.region_of(rank)
+    agreed = site_agreed(gather, group.hierarchy.intra[region])  # type: ignore[union-attr]
+    leaders = [group.ranks.index(members[0]) for members in regions.members]  # a region's row: its first member's
+
+    def by_region(mine: torch.Tensor) -> Callable[[], torch.Tensor]:
+        wait = agreed(mine)
+        return lambda: wait()[leaders]
+
+    per_region = None if prior is None else [max(prior[group.ranks.index(m)] for m in members)
+                                             for members in regions.members]
+    return by_region, region, regions.count, per_region
 
 
 def _region_exchange(named_params: list[tuple[str, torch.nn.Parameter]], transport: CollectiveTransport,

@@ -269,9 +269,6 @@ class SyncOptions:
         if self.outer.sync_every is None:
             raise SyncError("SyncOptions: sync_moments averages the inner optimizer's moments at each outer sync: "
                             "it needs sync_every", ("outer.sync_moments", "outer.sync_every"))
-        if self.exchange.hierarchical:
-            raise SyncError("SyncOptions: sync_moments with hierarchical is not supported (the moments travel in "
-                            "the flat exchange's collective)", ("outer.sync_moments", "exchange.hierarchical"))
         if not reducer_traits(self.exchange.codec).hierarchical:
             raise SyncError(f"SyncOptions: sync_moments sends the moments beside the outer gradients through a codec "
                             f"of geotrain.codecs; {self.exchange.codec.name} is its own exchange",
@@ -313,7 +310,7 @@ class SyncOptions:
         self._check_overlap()
         try:
             check_adaptive_settings(self.heterogeneity.local_steps, fragments=streaming.fragments,
-                                    sync_moments=self.outer.sync_moments, hierarchical=self.exchange.hierarchical,
+                                    sync_moments=self.outer.sync_moments,
                                     who="SyncOptions: local_steps")
         except SyncError as exc:
             raise SyncError(str(exc), ("heterogeneity.local_steps",)) from None
@@ -324,10 +321,10 @@ class SyncOptions:
 
     def _check_overlap(self) -> None:
         delay, exchange = self.streaming.delay, self.exchange
-        if delay > 0 and (exchange.hierarchical or not reducer_traits(exchange.codec).hierarchical):
-            raise SyncError(f"SyncOptions: delay {delay} overlaps the exchange, which only a flat codec "
-                            f"reducer can (codec {str(exchange.codec)!r}, hierarchical {exchange.hierarchical}); "
-                            f"use delay 0", ("streaming.delay", "exchange.codec", "exchange.hierarchical"))
+        if delay > 0 and not reducer_traits(exchange.codec).hierarchical:
+            raise SyncError(f"SyncOptions: delay {delay} overlaps the exchange, which only a codec of "
+                            f"geotrain.codecs can (codec {str(exchange.codec)!r}); use delay 0",
+                            ("streaming.delay", "exchange.codec"))
 
 
 def _integer(value: Any) -> bool:

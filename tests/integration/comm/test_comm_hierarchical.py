@@ -53,6 +53,9 @@ def test_error_feedback_residuals_account_for_everything_not_sent(codec, params)
     for o in out:
         assert all(torch.equal(m, n) for m, n in zip(o["means"], out[0]["means"], strict=True))
         assert (o["intra"], o["inter"]) == (o["expected_intra"], o["expected_inter"])
+        # posted (every step in flight at once, finished in order): the blocking means, bit for bit, same bytes
+        assert all(torch.equal(m, n) for m, n in zip(o["posted_means"], o["means"], strict=True))
+        assert o["posted_bytes"] == (o["intra"], o["inter"])
 
 
 def test_fp16_inside_regions_halves_intra_bytes_and_stays_identical_on_every_rank():

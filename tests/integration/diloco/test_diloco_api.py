@@ -160,13 +160,13 @@ def test_example_runs_unmodified_under_torchrun_and_emulate_with_equal_replicas_
     assert LOSS.findall(moments) != LOSS.findall(plain)
 
 
-def _regions_loop(rank: int, world: int) -> dict:
+def _regions_loop(rank: int, world: int, options: dict) -> dict:
     model = _model()
     inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
     data = torch.Generator().manual_seed(50 + rank)
     snapshots = []
     with DiLoCo(model, inner, sync_every=3, fragments=1, codec="int8-block", regions=[[0, 1], [2, 3]],
-                outer_lr=0.7, outer_momentum=0.9) as diloco:
+                outer_lr=0.7, outer_momentum=0.9, **options) as diloco:
         for _ in range(4):
             x = torch.randn(8, 8, generator=data)
             inner.zero_grad()
@@ -178,8 +178,11 @@ def _regions_loop(rank: int, world: int) -> dict:
             "transport_bytes": diloco.transport.nbytes}
 
 
-def test_regions_average_every_step_inside_a_site_and_sync_between_sites():
-    results = run_workers(_regions_loop, 4, (), timeout_s=240)
+@pytest.mark.parametrize("options", [{}, {"delay": 1, "sync_moments": True}], ids=["blocking", "delay-1-moments"])
+def test_regions_average_every_step_inside_a_site_and_sync_between_sites(options):
+    """Also with the hierarchical exchange posted (delay 1: the sync after step 2 lands after step 3) carrying the
+    moments (outer gradients, first and second moments: three hierarchical exchanges)."""
+    results = run_workers(_regions_loop, 4, (options,), timeout_s=240)
     for a, b in ((0, 1), (2, 3)):  # members of a site take identical steps (full-precision gradient mean)
         assert all(torch.equal(x, y) for x, y in zip(results[a]["snapshots"], results[b]["snapshots"]))
     assert not torch.equal(results[0]["snapshots"][1], results[2]["snapshots"][1])  # sites differ between syncs

@@ -59,3 +59,32 @@ def _periods(records: list[dict]) -> list[int]:
 def _last_of(records: list[dict], outer_step: int) -> dict:
     """The record of the step that completed sync `outer_step` (the first record at that outer step)."""
     return next(r for r in records if r["outer_step"] == outer_step)
+
+
+@pytest.mark.timeout(300)
+def test_adaptive_by_regions_each_region_one_replica_with_the_hierarchical_exchange(tmp_path):
+    """--dp-hierarchical: two regions of two GPUs (A100s, T4s); each region is one replica: its members take the same
+    steps and hold the same parameters at every step (their gradients averaged every step), the regions share each
+    period's R x H steps by speed (the A100s more), and every rank holds the same anchor after each sync; each sync
+    posted (the hierarchical exchange overlapped with a step of the next period, eager landing)."""
+    two_each = TWO_GPUS_YAML.replace("devices: 1", "devices: 2, intra: {gbps: 100, ms: 0.1}")
+    (tmp_path / "cluster.yaml").write_text(two_each)
+    cluster = load_cluster(str(tmp_path / "cluster.yaml"))
+    steps, every = 6, 3
+    config = RuntimeConfig.of(cluster, np.array([[0, 1, 2, 3]]), steps=steps, sync_every=every, local_steps="adaptive",
+                              outer_lr=1.0, outer_momentum=0.0, emulate_gpu_speed=True, time_scale=1e-3,
+                              dp_hierarchical=True, dp_codec="int8-block", sync_delay=1, sync_landing="eager",
+                              checkpoint_dir=str(tmp_path / "ckpt"), batch_size=2, microbatches=1)
+    result = launch(config)
+    assert result.exit_code == 0 and result.report.replicas_in_sync
+    manifest = ckpt.read_manifest(tmp_path / "ckpt", steps)
+    records = {rank: ckpt.load_shard(tmp_path / "ckpt", steps, rank, manifest,
+                                     {"rank": rank, "stage": 0, "replica": rank})["records"] for rank in range(4)}
+    for a, b in ((0, 1), (2, 3)):  # a region's members: one replica
+        assert [r["param_sum"] for r in records[a]] == [r["param_sum"] for r in records[b]]
+    periods = steps // every
+    for period in range(periods):
+        taken = [_periods(records[rank]).count(period) for rank in (0, 2)]
+        assert sum(taken) == 2 * every
+        assert len({_last_of(records[rank], period + 1)["param_sum"] for rank in range(4)}) == 1
+    assert _periods(records[0]).count(periods - 1) > _periods(records[2]).count(periods - 1)  # A100s: more steps
