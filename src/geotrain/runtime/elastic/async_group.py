@@ -10,8 +10,9 @@ launcher restarts it, and it joins the same host), never a second host. The laun
 elastic run (runtime/elastic/launch.py); a restarted group joins as a new client (a request with no gradient
 gets it the current model, and it trains on from the run's progress, with a fresh inner AdamW).
 
-The host survives its own loss by re-election from the freshest replica (a standby copy would cost a
-second model's traffic per update; every client already holds the last model it received). Every client
+The host survives its own loss by re-election from the freshest replica (a standby copy would cost a second
+model's traffic per update; every client already holds the last model it received; the election and a client's
+link: runtime/elastic/elected.py, shared with the two tiers of `async-hierarchical`, async_regions.py). Every client
 keeps that model, its version and update count. Epoch 0's host is group 0. A client that loses the server of
 epoch e (HostLost) votes for epoch e + 1 in the store: its copy's (version, updates) (a restarted group with no
 copy votes too, without a copy: it counts for the quorum and cannot win). Once max(--min-replicas, R - 1) votes

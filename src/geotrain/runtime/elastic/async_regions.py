@@ -40,6 +40,7 @@ from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.sync.async_socket import SocketServer
+from geotrain.sync.async_wire import own_store_client
 from geotrain.cost.async_outer import STALENESS_BOUND
 
 
@@ -109,8 +110,9 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         self.regions = group_regions(config)
         self.region = self.regions[group]
         members = tuple(g for g, r in enumerate(self.regions) if r == self.region)
-        self.link = ElectedLink(store, self.tier(f"async/region{self.region}/", members, members[0]), group,
-                                self.link.held, self._serve, incarnation == 0)
+        # any one live group of the region elects its server, even with no copy (it starts from the global model)
+        tier = replace(self.tier(f"async/region{self.region}/", members, members[0]), min_votes=1, seedless=True)
+        self.link = ElectedLink(store, tier, group, self.link.held, self._serve, incarnation == 0)
         self.upstream: ElectedLink | None = None
         """The region server's link to the global model's server (while this group hosts its region's)."""
 
@@ -118,18 +120,20 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         """Host this region's server from this group's copy for `epoch` (module doc): join the global model's
         server first."""
         held, outer, members = self.held, self.options.outer, len(self.link.tier.electorate)
-        assert held.model is not None
+        fresh = self.incarnation == 0 and epoch == 0  # the run's first region servers: the seed's global model
+        regions = tuple(sorted(set(self.regions)))
+        tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
+        # its requests leave from the region server's threads: a store client of their own
+        copy = HeldModel(held.model.clone() if fresh and held.model is not None else None)
+        self.upstream = ElectedLink(own_store_client(self.store), tier, self.region, copy, self._serve_global, fresh)
+        joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
+        if held.model is None:  # no group of the region held a copy: the region starts from the global model
+            held = HeldModel(joined["model"], 0, int(joined["updates"]))
         heterogeneity = self.options.heterogeneity
         optimizer = outer_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
                                     heterogeneity.async_staleness_power)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
         server.start_from(held.version, held.updates, held.applied)
-        fresh = self.incarnation == 0 and epoch == 0  # the run's first region servers: the seed's global model
-        regions = tuple(sorted(set(self.regions)))
-        tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
-        self.upstream = ElectedLink(self.store, tier, self.region, HeldModel(held.model.clone() if fresh else None),
-                                    self._serve_global, fresh)
-        joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
         region.global_version, region.global_updates, region.merged_version = \
             int(joined["version"]), held.updates, held.version

@@ -4,12 +4,15 @@ its `prefix` (`async/`: the global model's; `async/region<r>/`: region r's); the
 `async/lost_updates` and `async/resent_updates` are the run's, over every tier.
 
 Epoch 0's host is the tier's `first_host`. A client that loses the server of epoch e (HostLost) votes for epoch
-e + 1: its copy's (version, updates), or no copy (it counts for the quorum and cannot win). Once
-max(min_votes, electorate - 1) votes are in, or the grace window (--heartbeat-timeout seconds) has passed with at
-least min_votes, the first voter to decide writes the winner (highest version; ties: the lowest client) with
-compare_set, so all read one answer; the winner serves from its copy (the link's `serve` callback) and publishes
-its address. A closed or refused connection starts an election; a host alive but silent for --comm-timeout
-(ServerSilent) ends the group instead (QuorumLost: the launcher restarts it), never a second host.
+e + 1: its copy's (version, updates), or no copy (it counts for the quorum and cannot win, unless the tier is
+`seedless` and no vote holds one). Once max(min_votes, electorate - 1) votes are in and one holds a copy, or the
+grace window (--heartbeat-timeout seconds) has passed with at least min_votes, the first voter to decide writes the
+winner (highest version; ties: the lowest client) with compare_set, so all read one answer; the winner serves from
+its copy (the link's `serve` callback) and publishes its address. A voter without a copy whose window passed with
+no copy voted does not decide: it waits up to the timeout for a voter with a copy that has not yet seen the loss
+(a region server that merges rarely), then ends in one line. A closed or refused connection starts an election; a
+host alive but silent for --comm-timeout (ServerSilent) ends the group instead (QuorumLost: the launcher restarts
+it), never a second host.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ class ElectionError(GeotrainError, RuntimeError):
 class Tier:
     """Who serves one tier: key `prefix`, the client ids that vote (`electorate`), epoch 0's host `first_host`,
     `min_votes` (the quorum), `grace_s` (the election's window), `timeout_s` (a reply's or an address's wait),
-    `authkey` (the run's)."""
+    `authkey` (the run's); `seedless`: a voter without a copy may win when no voter holds one (its server starts
+    from the tier above: a region's, from the global model)."""
 
     prefix: str
     electorate: tuple[int, ...]
@@ -64,6 +68,7 @@ class Tier:
     grace_s: float
     timeout_s: float
     authkey: bytes
+    seedless: bool = False
 
 
 def publish_host(store: Any, tier: Tier, epoch: int, host: SocketServer) -> None:
@@ -100,10 +105,14 @@ def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> in
         enough = max(tier.min_votes, len(tier.electorate) - 1)
         deadline = time.monotonic() + tier.grace_s
         votes = _votes(store, tier, epoch)
-        while not store.check([key]) and len(votes) < enough and time.monotonic() < deadline:
+        # votes without a copy count for the quorum, but the window stays open for one with a copy
+        while not store.check([key]) and (len(votes) < enough or not _copies(votes)) \
+                and time.monotonic() < deadline:
             time.sleep(POLL_S)
             votes = _votes(store, tier, epoch)
-        candidates = [(v[0], -c) for c, v in votes.items() if v is not None]
+        candidates = _copies(votes) or ([(-1, -min(votes))] if tier.seedless and votes else [])
+        if not store.check([key]) and not candidates and held.model is None:
+            _await_decision(store, key, tier)  # a voter with a copy that has not lost its server yet decides
         if not store.check([key]):
             if len(votes) < tier.min_votes or not candidates:
                 raise ElectionError(f"client {voter}: {len(votes)} clients voted for a new host of "
@@ -111,6 +120,19 @@ def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> in
                                     f"fewer than --min-replicas {tier.min_votes} or none holding a copy")
             store.compare_set(key, "", str(-max(candidates)[1]))
     return int(store.get(key).decode())
+
+
+def _await_decision(store: Any, key: str, tier: Tier) -> None:
+    """Wait for another voter to decide `key`, at most the tier's timeout (then the caller's ElectionError)."""
+    try:
+        store.wait([key], timedelta(seconds=tier.timeout_s))
+    except Exception:  # noqa: BLE001 - the store's timeout: no voter holding a copy decided
+        pass
+
+
+def _copies(votes: dict[int, Any]) -> list[tuple[int, int]]:
+    """(version, -client) of every vote that holds a copy: the highest wins (ties: the lowest client)."""
+    return [(v[0], -c) for c, v in votes.items() if v is not None]
 
 
 def _votes(store: Any, tier: Tier, epoch: int) -> dict[int, Any]:
@@ -138,7 +160,8 @@ class ElectedLink:
         """Connect to `epoch`'s host (hosting it if elected); HostLost when it is gone already."""
         self.epoch, tier = epoch, self.tier
         host = tier.first_host if epoch == 0 else elect(self.store, tier, epoch, self.client, self.held)
-        if host == self.client and self.held.model is not None:
+        # a restarted epoch-0 host without a copy is a client (it must not serve epoch 0 again)
+        if host == self.client and (self.held.model is not None or (tier.seedless and epoch > 0)):
             self.host = self.serve(epoch)
             publish_host(self.store, tier, epoch, self.host)
         address_key = f"{tier.prefix}address/{epoch}"
