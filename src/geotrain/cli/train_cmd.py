@@ -420,7 +420,7 @@ def run_elastic(args: Any, config: Any, out: Output) -> int:
                 " ".join(f"{s:.1f}" for s in summary.recovery_s + summary.partition_recovery_s) or "-",
                 f"{summary.stall_s:.1f}", "-" if summary.train_emulated_s is None else f"{summary.train_emulated_s:.1f}",
                 f"{summary.wall_s:.1f}"]])
-    if config.optim.outer_sync == "async":  # the global model's host: runtime/elastic/async_group.py
+    if config.optim.outer_sync != "sync":  # the servers' hosts: runtime/elastic/async_group.py, async_regions.py
         out.table("global model", ["elections", "lost updates", "resent updates"],
                   [[summary.elections, summary.lost_updates, summary.resent_updates]])
     for line in events:

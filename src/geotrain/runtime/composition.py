@@ -139,8 +139,6 @@ RULES: tuple[Rule, ...] = (
         Rule(mode, "fragments", f"{_ASYNC_WHOLE} (no fragments)"),
         Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True),
         Rule(mode, "moments", f"{_ASYNC_WHOLE} (no moments)"))),
-    Rule("async-hierarchical", "elastic", "region servers hold their region's model once each (only flat "
-         "--outer-sync async elects a new host for the global model)", instead="use --outer-sync async"),
     Rule("async", "hierarchical", "asynchronous updates take their regions from the cluster itself", built=True,
          instead="use --outer-sync async-hierarchical"),
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",

@@ -45,7 +45,10 @@ class RegionServer:
         self.merged_version = 0
 
     def handle(self, request: Request) -> list[Reply]:
-        replies = self.server.submit(request)
+        return self.settle(self.server.submit(request))
+
+    def settle(self, replies: list[Reply]) -> list[Reply]:
+        """The replies due after the region's server gave `replies` (to a request, or to a client's leave)."""
         finals = [r for r in replies if r.final]
         if finals:
             final = self._merge(final=True)

@@ -123,7 +123,8 @@ class SocketServer:
             if gradient is None and not message["final"]:  # nothing to apply: the model now, not held by the bound
                 return [*replies, server.current(client)]
         before = server.updates
-        replies += server.submit(Request(client, server.base[client], gradient, 1, bool(message["final"])))
+        count = int(message.get("count", 1))  # a region's delta carries its replicas' outer gradients
+        replies += server.submit(Request(client, server.base[client], gradient, count, bool(message["final"])))
         if self.on_update is not None and server.updates != before:
             self.on_update(server.updates)
         return replies

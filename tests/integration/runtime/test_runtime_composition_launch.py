@@ -7,7 +7,7 @@ validation: tests/unit/runtime/test_runtime_composition.py. Other running cells 
 --local-steps adaptive
 (test_runtime_elastic_adaptive.py), with
 --checkpoint-every, --resume and --stop-after (test_runtime_elastic_replan_resume.py), with --batch-shares
-(test_runtime_elastic_batch_shares.py), with --sync-moments (test_runtime_elastic_moments.py), with --outer-sync async
+(test_runtime_elastic_batch_shares.py), with --sync-moments (test_runtime_elastic_moments.py), with --outer-sync async and async-hierarchical
 (test_runtime_elastic_async.py), with a sharded plan (test_runtime_elastic_sharded.py), with --dp-hierarchical
 (test_runtime_elastic_hierarchical.py), with
 emulated links (integration/observe/test_observe_runs.py); --dp-hierarchical with --sync-delay and --sync-moments (and

@@ -10,8 +10,9 @@ launcher restarts it, and it joins the same host), never a second host. The laun
 elastic run (runtime/elastic/launch.py); a restarted group joins as a new client (a request with no gradient
 gets it the current model, and it trains on from the run's progress, with a fresh inner AdamW).
 
-The host survives its own loss by re-election from the freshest replica (a standby copy would cost a
-second model's traffic per update; every client already holds the last model it received). Every client
+The host survives its own loss by re-election from the freshest replica (a standby copy would cost a second
+model's traffic per update; every client already holds the last model it received; the election and a client's
+link: runtime/elastic/elected.py, shared with the two tiers of `async-hierarchical`, async_regions.py). Every client
 keeps that model, its version and update count. Epoch 0's host is group 0. A client that loses the server of
 epoch e (HostLost) votes for epoch e + 1 in the store: its copy's (version, updates) (a restarted group with no
 copy votes too, without a copy: it counts for the quorum and cannot win). Once max(--min-replicas, R - 1) votes
@@ -41,57 +42,34 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from geotrain.errors import GeotrainError
 from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
+from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting
 from geotrain.runtime.elastic.links import GroupNet
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_server import OuterServer
-from geotrain.sync.async_socket import HostLost, ServerSilent, SocketClient, SocketServer
+from geotrain.sync.async_socket import SocketServer
 from geotrain.sync.async_step import progress_steps, run_budget
-from geotrain.sync.async_wire import own_store_client
 from geotrain.sync.base import ComputeTimer
-from geotrain.sync.elastic import QuorumLost
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.cost.async_outer import STALENESS_BOUND
 
-POLL_S = 0.05
-"""How often an election looks at the votes (seconds)."""
-
-
-@dataclass
-class HeldModel:
-    """The last global model this group received: flat fp32 `model`, its `version`, `updates` and the server's
-    per-client `applied` counts (None model: a restarted group that has received none yet)."""
-
-    model: torch.Tensor | None
-    version: int = 0
-    updates: int = 0
-    applied: dict[int, int] = field(default_factory=dict)
+__all__ = ["AsyncElasticGroup", "RunEnded"]
 
 
 def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
-
-
-class RunEnded(RuntimeError):
-    """The server is gone because the run ended (its host served every final reply and left)."""
-
-
-class ElectionError(GeotrainError, RuntimeError):
-    """Fewer groups than --min-replicas voted for a new host within the grace window."""
 
 
 class AsyncElasticGroup:
@@ -114,112 +92,43 @@ class AsyncElasticGroup:
         self.authkey = authkey
         self.timeout_s = config.reliability.comm_timeout_s
         # a fresh run's groups all start from the seed's model (version 0); a restarted one holds nothing yet
-        self.held = HeldModel(_flat(self.params) if incarnation == 0 else None)
-        self.acked = 0
-        """This group's outer gradients the server answered."""
-        self.epoch = -1
-        self.joined = False
-        self.client: SocketClient | None = None
-        self.host: SocketServer | None = None
+        held = HeldModel(_flat(self.params) if incarnation == 0 else None)
+        self.link = ElectedLink(store, self.tier("async/", tuple(range(config.replicas)), 0), group, held,
+                                self._serve, incarnation == 0)
+        """This group's link to its server (the global model's; with regions, its region's)."""
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
         self.missed_end = False
         """Restarted after the run ended, before it held the final model: it writes no results."""
 
+    @property
+    def held(self) -> HeldModel:
+        return self.link.held
+
+    def tier(self, prefix: str, electorate: tuple[int, ...], first_host: int) -> Tier:
+        """A tier of this run's servers (runtime/elastic/elected.py) with its reliability settings."""
+        rel = self.config.reliability
+        return Tier(prefix, electorate, first_host, rel.min_replicas, rel.heartbeat_timeout_s, self.timeout_s,
+                    self.authkey)
+
     # --- the host -----------------------------------------------------------------------------------------------
-    def _serve(self, epoch: int) -> None:
-        """Host the global model from this group's copy for `epoch`; publish its address and the lost updates."""
-        held, options = self.held, self.options
+    def _serve(self, epoch: int) -> SocketServer:
+        """Host the global model from this group's copy for `epoch`, publishing the lost updates."""
+        outer = self.options.outer
+        return self.serve_global(epoch, self.held, self.config.replicas, outer.outer_lr, outer.outer_momentum)
+
+    def serve_global(self, epoch: int, held: HeldModel, period: int, lr: float, momentum: float) -> SocketServer:
+        """Host the global model from copy `held` for `epoch` (outer optimizer: `period` arrivals per momentum
+        update, `lr`, `momentum`), publishing the lost updates."""
         assert held.model is not None
-        optimizer = outer_optimizer(options.heterogeneity.async_merge, self.config.replicas, options.outer.outer_lr,
-                                    options.outer.outer_momentum, options.heterogeneity.async_staleness_power)
+        options = self.options.heterogeneity
+        optimizer = outer_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
         server.start_from(held.version, held.updates, held.applied)
-        store = own_store_client(self.store)
-        store.set(f"async/updates/{epoch}", str(held.updates))
-        self.host = SocketServer(server, self.net.advertise, self.authkey,
-                                 lambda updates: store.set(f"async/updates/{epoch}", str(updates)))
-        if epoch > 0:
-            previous = f"async/updates/{epoch - 1}"
-            reached = int(self.store.get(previous).decode()) if self.store.check([previous]) else held.updates
-            self.store.add("async/elections", 1)
-            self.store.add("async/lost_updates", max(0, reached - held.updates))
-        self.store.set(f"async/address/{epoch}", json.dumps(list(self.host.address)))
-        self.store.set("async/epoch", str(epoch))
-
-    # --- elections ----------------------------------------------------------------------------------------------
-    def _elect(self, epoch: int) -> int:
-        """The group that hosts `epoch` (module doc: votes, quorum, grace window); ElectionError without quorum."""
-        key, rel, replicas = f"async/host/{epoch}", self.config.reliability, self.config.replicas
-        if not self.store.check([key]):
-            held = self.held
-            vote = [held.version, held.updates] if held.model is not None else None
-            self.store.set(f"async/vote/{epoch}/{self.group}", json.dumps(vote))
-            enough = max(rel.min_replicas, replicas - 1)
-            deadline = time.monotonic() + rel.heartbeat_timeout_s
-            votes = self._votes(epoch)
-            while not self.store.check([key]) and len(votes) < enough and time.monotonic() < deadline:
-                time.sleep(POLL_S)
-                votes = self._votes(epoch)
-            candidates = [(v[0], -g) for g, v in votes.items() if v is not None]
-            if not self.store.check([key]):
-                if len(votes) < rel.min_replicas or not candidates:
-                    raise ElectionError(f"replica group {self.group}: {len(votes)} replica groups voted for the global "
-                                        f"model's new host within {rel.heartbeat_timeout_s:g} s (--heartbeat-timeout), "
-                                        f"fewer than --min-replicas {rel.min_replicas} or none holding a copy")
-                self.store.compare_set(key, "", str(-max(candidates)[1]))
-        return int(self.store.get(key).decode())
-
-    def _votes(self, epoch: int) -> dict[int, Any]:
-        keys = {g: f"async/vote/{epoch}/{g}" for g in range(self.config.replicas)}
-        return {g: json.loads(self.store.get(k).decode()) for g, k in keys.items() if self.store.check([k])}
-
-    def _connect(self, epoch: int) -> None:
-        """Connect to `epoch`'s host (hosting it if elected); HostLost when it is gone already."""
-        self.epoch = epoch
-        host = 0 if epoch == 0 else self._elect(epoch)  # epoch 0: group 0 hosts
-        if host == self.group and self.held.model is not None:
-            self._serve(epoch)
-        address_key = f"async/address/{epoch}"
-        try:
-            self.store.wait([address_key], timedelta(seconds=self.timeout_s))
-        except Exception:  # noqa: BLE001 - the store's timeout: the host died before it served
-            raise HostLost(f"replica group {host} did not serve epoch {epoch} within {self.timeout_s:g} s") from None
-        self.client = SocketClient(tuple(json.loads(self.store.get(address_key).decode())), self.authkey,
-                                   self.timeout_s)
-        self.joined = False
-
-    def _current_epoch(self) -> int:
-        """The epoch to connect to first: 0 at a fresh start; a restarted group's, the last published."""
-        if self.incarnation == 0:
-            return 0
-        self.store.wait(["async/epoch"], timedelta(seconds=self.timeout_s))
-        return int(self.store.get("async/epoch").decode())
-
-    def _exchange(self, gradient: torch.Tensor | None, final: bool) -> dict[str, Any]:
-        """One request to the server, through host losses and elections; the reply."""
-        while True:
-            try:
-                if self.client is None:
-                    self._connect(self.epoch + 1 if self.epoch >= 0 else self._current_epoch())
-                assert self.client is not None
-                reply = self.client.exchange({"client": self.group, "base": self.held.version, "gradient": gradient,
-                                              "final": final, "acked": self.acked, "join": not self.joined})
-                self.joined = True
-                return reply
-            except ServerSilent as exc:  # alive but silent: this group ends (the launcher restarts it), no election
-                raise QuorumLost(f"replica group {self.group}: {exc}") from None
-            except HostLost:
-                if self.client is not None:
-                    self.client.close()
-                    if gradient is not None:
-                        self.store.add("async/resent_updates", 1)
-                self.client = None  # the next try connects to the next epoch's host (an election)
-                if self.store.check(["async/ended"]):
-                    raise RunEnded(f"replica group {self.group}: the run ended") from None
+        return serve_counting(self.store, "async/", epoch, server, held.updates, self.net.advertise, self.authkey)
 
     def _adopt(self, reply: dict[str, Any]) -> None:
-        self.held = HeldModel(reply["model"], int(reply["version"]), int(reply["updates"]), dict(reply["applied"]))
+        """Take the reply's model as this group's parameters."""
         with torch.no_grad():
             offset = 0
             for p in self.params:
@@ -239,7 +148,7 @@ class AsyncElasticGroup:
         cfg, started = self.config, time.monotonic()
         if self.incarnation == 0:
             self._barrier()
-        self._adopt(self._exchange(None, False))  # join: the current global model
+        self._adopt(self.link.exchange(None, False))  # join: the current global model
         self.store.compare_set("t0", "", repr(time.time()))
         if self.incarnation > 0:
             self._note_rejoin(time.monotonic() - started)
@@ -252,10 +161,9 @@ class AsyncElasticGroup:
             if period == self.sync_every:
                 gradient = self.held.model - _flat(self.params)  # type: ignore[operator]
                 exchanged = time.perf_counter()
-                self._adopt(self._exchange(gradient, False))
+                self._adopt(self.link.exchange(gradient, False))
                 # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
                 record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
-                self.acked += 1
                 period = 0
             record.update(wall_s=time.perf_counter() - last, global_updates=self.held.updates,
                           synced=period == 0)
@@ -265,15 +173,15 @@ class AsyncElasticGroup:
             step += 1
             self.store.set(f"step/{self.group}", str(step))
         gradient = None if period == 0 else self.held.model - _flat(self.params)  # type: ignore[operator]
-        self._adopt(self._exchange(gradient, True))
-        assert self.client is not None
-        self.client.close()
-        if self.host is not None:  # every final reply is out: a group that comes later finds the run ended
-            self.store.set("async/ended", "1")
-            self.host.wait_closed(self.timeout_s)
-            if self.config.checkpoint.checkpoint_dir is not None:  # the end's, once: by the last host
-                self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
-                    cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries))
+        self._adopt(self.link.exchange(gradient, True))
+        self.link.close()
+        if self.end_hosting() and self.config.checkpoint.checkpoint_dir is not None:  # the end's, once: by the last
+            self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(  # host of the global model
+                cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries))
+
+    def end_hosting(self) -> bool:
+        """Every final reply is out: end the server this group hosts (if any); whether it hosted the global model."""
+        return self.link.end_hosting()
 
     def settle(self, timer: Any) -> None:
         """Nothing in flight at the end (save_group_checkpoint settles its sync first)."""
@@ -284,7 +192,7 @@ class AsyncElasticGroup:
         held = self.held
         return {"optimizer": self.optimizer.state_dict(), "finished": True,
                 "asynchronous": {"anchor": held.model, "version": held.version, "outer_step": held.updates,
-                                 "pushes": self.acked, "inner_steps": len(self.records)}}
+                                 "pushes": self.link.acked, "inner_steps": len(self.records)}}
 
     def _train_step(self, step: int, lr_step: int) -> dict[str, Any]:
         cfg = self.config

@@ -494,16 +494,18 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     log = f"group-{group}.log" if group_size(config) == 1 else f"group-{group}-{stage}.log"
     quiet_torchft(Path(result_dir) / log)
     torch.set_num_threads(config.run.threads)
-    worker: Any = None  # an ElasticGroup, or an AsyncElasticGroup (--outer-sync async)
+    worker: Any = None  # an ElasticGroup, or an AsyncElasticGroup (--outer-sync async*)
     try:
         store = TCPStore(net.store_host, store_port, is_master=False,
                          timeout=timedelta(seconds=config.reliability.comm_timeout_s))
-        if config.optim.outer_sync == "async":  # no torchft: the groups are clients of one server (async_group.py)
+        if config.optim.outer_sync != "sync":  # no torchft: the groups are clients of servers (async_group.py)
             from geotrain.runtime.elastic.async_group import AsyncElasticGroup
+            from geotrain.runtime.elastic.async_regions import RegionalAsyncGroup
 
             key = incarnation_key(group)
             incarnation = int(store.get(key).decode()) if store.check([key]) else 0
-            worker = AsyncElasticGroup(config, group, store, net, incarnation, run_identity_digest(config).encode(),
+            kind = AsyncElasticGroup if config.optim.outer_sync == "async" else RegionalAsyncGroup
+            worker = kind(config, group, store, net, incarnation, run_identity_digest(config).encode(),
                                        world)
             worker.run()
             worker.finish(Path(result_dir))

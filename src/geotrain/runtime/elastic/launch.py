@@ -3,7 +3,7 @@
 
     summary = launch_elastic(config)          # config.reliability.elastic
 
-Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one, or --outer-sync async, whose groups
+Supervisor rank 0 is the lighthouse (unless --lighthouse names a running one, or --outer-sync async*, whose groups
 use no torchft: runtime/elastic/async_group.py), ranks 1 + r S .. r S + S
 are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one; a sharded plan: S x K, ranks
 1 + r S K .. in group-rank order), then the spares (runtime/elastic/spares.py: groups of one process, no
@@ -173,8 +173,8 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
     hosts = group_hosts(config)  # a lab that cannot be built fails here, before any process starts
     # torchft and the group's modules imported once by the fork server (when this launcher starts it):
     # a restarted group then rejoins without seconds of imports
-    asynchronous = config.optim.outer_sync == "async"
-    context = forkserver_context([*FORKSERVER_PRELOAD, *(["geotrain.runtime.elastic.async_group"] if asynchronous
+    asynchronous = config.optim.outer_sync != "sync"
+    context = forkserver_context([*FORKSERVER_PRELOAD, *(["geotrain.runtime.elastic.async_regions"] if asynchronous
                                                          else ["torchft"]), "geotrain.runtime.elastic.group"])
     if tokens is None and config.data.data is None:
         from geotrain.data import world_tokens

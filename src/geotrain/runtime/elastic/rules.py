@@ -133,9 +133,9 @@ def elastic_refusal(config: Any) -> str | None:
 
 
 def async_refusal(config: Any) -> str | None:
-    """Why an elastic `--outer-sync async` run (runtime/elastic/async_group.py: groups as TCP clients of an elected
-    host) cannot run with `config`'s other settings, or None (not async: None)."""
-    if config.optim.outer_sync != "async":
+    """Why an elastic `--outer-sync async*` run (runtime/elastic/async_group.py, async_regions.py: groups as TCP
+    clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
+    if config.optim.outer_sync not in ("async", "async-hierarchical"):
         return None
     rel, ckpt = config.reliability, config.checkpoint
     why = "elastic asynchronous groups talk over plain TCP"

@@ -1,0 +1,155 @@
+"""One replica group of an elastic hierarchical asynchronous run (`train --elastic --outer-sync
+async-hierarchical`, S = 1): a client of its region's server, and while elected that server's host (and maybe
+the global model's).
+
+Two tiers of elected servers (runtime/elastic/elected.py), over TCP as in the flat elastic run
+(runtime/elastic/async_group.py):
+- a region server per cluster region (geotrain.sync.async_region.RegionServer, unchanged: the region's model, its
+  groups' outer gradients merged over the fast links, its delta sent to the global server every merge_every = the
+  region's group count region updates). Its clients are the region's groups; it is hosted by one of them, epoch 0
+  by the region's first group, and re-elected inside the region (keys `async/region<r>/`) from the freshest copy a
+  group of the region holds (the last region model it received) when its host dies;
+- the global model's server, whose clients are the region servers (client id: the region). Epoch 0's host is
+  region 0's server host; when it dies the region servers elect the host of the region holding the freshest copy
+  of the global model (the last one its region server got back). It averages the regions' deltas (lr 1, no
+  momentum), as the non-elastic hierarchical run.
+
+A region server's host that dies closes its connection to the global server: its region leaves the global
+server's staleness bound until its new host joins. A region server elected from a copy starts from that region
+model and merges from it (its anchor): the region's updates its lost host had not yet merged are lost (counted in
+`lost_updates`; at most merge_every region updates), its groups resend the request the lost server did not
+answer. A killed group that hosted nothing is a client that left its region (the region goes on); a region
+whose every group is gone has no server, so the global server stops waiting for it (its connection closed).
+
+Ending: as the flat run, one tier up: a region server sends its final delta once all its groups sent their final
+requests, and the global server replies to the regions' finals once every connected region sent its own; each
+host then marks its tier ended and waits for its clients to close (the global model's host writes the end's
+checkpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.async_group import AsyncElasticGroup
+from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting
+from geotrain.runtime.elastic.links import GroupNet
+from geotrain.sync.async_merge import outer_optimizer
+from geotrain.sync.async_region import RegionServer
+from geotrain.sync.async_server import OuterServer, Reply, Request
+from geotrain.sync.async_socket import SocketServer
+from geotrain.sync.async_wire import own_store_client
+from geotrain.cost.async_outer import STALENESS_BOUND
+
+
+def group_regions(config: RuntimeConfig) -> tuple[int, ...]:
+    """Each replica group's region: its stage-0 device's cluster region, numbered in the order of the groups (the
+    region of group 0 is 0)."""
+    found = [int(config.cluster.region_of[int(device)]) for device in config.assignment[0]]
+    order = list(dict.fromkeys(found))
+    return tuple(order.index(region) for region in found)
+
+
+class ServedRegion:
+    """A RegionServer behind the interface of the OuterServer that a SocketServer serves (its request's, join's
+    and leave's replies go through the region's merges)."""
+
+    def __init__(self, region: RegionServer) -> None:
+        self.region = region
+
+    @property
+    def applied(self) -> dict[int, int]:
+        return self.region.server.applied
+
+    @property
+    def base(self) -> dict[int, int]:
+        return self.region.server.base
+
+    @property
+    def version(self) -> int:
+        return self.region.server.version
+
+    @property
+    def updates(self) -> int:
+        return self.region.server.updates
+
+    def submit(self, request: Request) -> list[Reply]:
+        return self.region.handle(request)
+
+    def join(self, client: int, base: int) -> list[Reply]:
+        return self.region.settle(self.region.server.join(client, base))
+
+    def leave(self, client: int) -> list[Reply]:
+        return self.region.settle(self.region.server.leave(client))
+
+    def current(self, client: int) -> Reply:
+        return self.region.server.current(client)
+
+
+class Upstream:
+    """A region server's requests to the global model's server, through its elected link (the mailbox interface
+    RegionServer sends through)."""
+
+    def __init__(self, link: ElectedLink) -> None:
+        self.link = link
+
+    def request(self, client: int, request: Request) -> list[Reply]:
+        reply = self.link.exchange(request.gradient, request.final, request.count)
+        return [Reply(client, int(reply["version"]), int(reply["updates"]), reply["model"], bool(reply["final"]))]
+
+
+class RegionalAsyncGroup(AsyncElasticGroup):
+    """Replica group `group` of an elastic hierarchical asynchronous run (module doc; arguments as
+    AsyncElasticGroup's)."""
+
+    def __init__(self, config: RuntimeConfig, group: int, store: Any, net: GroupNet, incarnation: int,
+                 authkey: bytes, world: Any = None) -> None:
+        super().__init__(config, group, store, net, incarnation, authkey, world)
+        self.regions = group_regions(config)
+        self.region = self.regions[group]
+        members = tuple(g for g, r in enumerate(self.regions) if r == self.region)
+        # any one live group of the region elects its server, even with no copy (it starts from the global model)
+        tier = replace(self.tier(f"async/region{self.region}/", members, members[0]), min_votes=1, seedless=True)
+        self.link = ElectedLink(store, tier, group, self.link.held, self._serve, incarnation == 0)
+        self.upstream: ElectedLink | None = None
+        """The region server's link to the global model's server (while this group hosts its region's)."""
+
+    def _serve(self, epoch: int) -> SocketServer:
+        """Host this region's server from this group's copy for `epoch` (module doc): join the global model's
+        server first."""
+        held, outer, members = self.held, self.options.outer, len(self.link.tier.electorate)
+        fresh = self.incarnation == 0 and epoch == 0  # the run's first region servers: the seed's global model
+        regions = tuple(sorted(set(self.regions)))
+        tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
+        # its requests leave from the region server's threads: a store client of their own
+        copy = HeldModel(held.model.clone() if fresh and held.model is not None else None)
+        self.upstream = ElectedLink(own_store_client(self.store), tier, self.region, copy, self._serve_global, fresh)
+        joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
+        if held.model is None:  # no group of the region held a copy: the region starts from the global model
+            held = HeldModel(joined["model"], 0, int(joined["updates"]))
+        heterogeneity = self.options.heterogeneity
+        optimizer = outer_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
+                                    heterogeneity.async_staleness_power)
+        server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
+        server.start_from(held.version, held.updates, held.applied)
+        region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
+        region.global_version, region.global_updates, region.merged_version = \
+            int(joined["version"]), held.updates, held.version
+        return serve_counting(self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0,
+                              self.net.advertise, self.authkey, lambda updates: updates - region.global_updates)
+
+    def _serve_global(self, epoch: int) -> SocketServer:
+        """Host the global model from this region server's copy: the mean of the regions' deltas."""
+        assert self.upstream is not None
+        return self.serve_global(epoch, self.upstream.held, len(set(self.regions)), 1.0, 0.0)
+
+    def end_hosting(self) -> bool:
+        """End the region's server if this group hosts it (its groups closed), then its link to the global model's
+        server, and that server if hosted here; whether the global model's was."""
+        self.link.end_hosting()
+        if self.upstream is None:
+            return False
+        self.upstream.close()
+        return self.upstream.end_hosting()

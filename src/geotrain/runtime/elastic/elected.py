@@ -1,0 +1,221 @@
+"""A client's link to an asynchronous server whose host is elected (elastic `--outer-sync async*`): the global
+model's server, or a region's (runtime/elastic/async_regions.py). One tier's keys in the launcher's store sit under
+its `prefix` (`async/`: the global model's; `async/region<r>/`: region r's); the counters `async/elections`,
+`async/lost_updates` and `async/resent_updates` are the run's, over every tier.
+
+Epoch 0's host is the tier's `first_host`. A client that loses the server of epoch e (HostLost) votes for epoch
+e + 1: its copy's (version, updates), or no copy (it counts for the quorum and cannot win, unless the tier is
+`seedless` and no vote holds one). Once max(min_votes, electorate - 1) votes are in and one holds a copy, or the
+grace window (--heartbeat-timeout seconds) has passed with at least min_votes, the first voter to decide writes the
+winner (highest version; ties: the lowest client) with compare_set, so all read one answer; the winner serves from
+its copy (the link's `serve` callback) and publishes its address. A voter without a copy whose window passed with
+no copy voted does not decide: it waits up to the timeout for a voter with a copy that has not yet seen the loss
+(a region server that merges rarely), then ends in one line. A closed or refused connection starts an election; a
+host alive but silent for --comm-timeout (ServerSilent) ends the group instead (QuorumLost: the launcher restarts
+it), never a second host.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from geotrain.errors import GeotrainError
+from geotrain.sync.async_socket import HostLost, ServerSilent, SocketClient, SocketServer
+from geotrain.sync.async_wire import own_store_client
+from geotrain.sync.elastic import QuorumLost
+
+POLL_S = 0.05
+"""How often an election looks at the votes (seconds)."""
+
+
+@dataclass
+class HeldModel:
+    """The last model a client received from its tier's server: flat fp32 `model`, its `version`, `updates` and
+    the server's per-client `applied` counts (None model: a client that has received none yet)."""
+
+    model: torch.Tensor | None
+    version: int = 0
+    updates: int = 0
+    applied: dict[int, int] = field(default_factory=dict)
+
+
+class RunEnded(RuntimeError):
+    """The server is gone because the run ended (its host served every final reply and left)."""
+
+
+class ElectionError(GeotrainError, RuntimeError):
+    """Fewer clients than the quorum voted for a new host within the grace window."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    """Who serves one tier: key `prefix`, the client ids that vote (`electorate`), epoch 0's host `first_host`,
+    `min_votes` (the quorum), `grace_s` (the election's window), `timeout_s` (a reply's or an address's wait),
+    `authkey` (the run's); `seedless`: a voter without a copy may win when no voter holds one (its server starts
+    from the tier above: a region's, from the global model)."""
+
+    prefix: str
+    electorate: tuple[int, ...]
+    first_host: int
+    min_votes: int
+    grace_s: float
+    timeout_s: float
+    authkey: bytes
+    seedless: bool = False
+
+
+def publish_host(store: Any, tier: Tier, epoch: int, host: SocketServer) -> None:
+    """Make `host` the server of `tier`'s `epoch`: its address and the tier's epoch (an election's: counted)."""
+    if epoch > 0:
+        store.add("async/elections", 1)
+    store.set(f"{tier.prefix}address/{epoch}", json.dumps(list(host.address)))
+    store.set(f"{tier.prefix}epoch", str(epoch))
+
+
+def serve_counting(store: Any, prefix: str, epoch: int, server: Any, kept: int, host: str, authkey: bytes,
+                   at_risk: Callable[[int], int] | None = None) -> SocketServer:
+    """Serve `server` (an OuterServer, or one with its interface) on `host` for `prefix`'s `epoch`, publishing after
+    each update the replica outer gradients a loss of this host would lose (`at_risk(updates)`; default: the
+    model's count); an elected epoch adds to `async/lost_updates` what its predecessor last published beyond
+    `kept` (the copy's count)."""
+    risk = at_risk or (lambda updates: updates)
+    own = own_store_client(store)  # the server's threads publish: a store client of their own
+    store.set(f"{prefix}updates/{epoch}", str(risk(server.updates)))
+    if epoch > 0:
+        previous = f"{prefix}updates/{epoch - 1}"
+        reached = int(store.get(previous).decode()) if store.check([previous]) else kept
+        store.add("async/lost_updates", max(0, reached - kept))
+    return SocketServer(server, host, authkey, lambda updates: own.set(f"{prefix}updates/{epoch}", str(risk(updates))))
+
+
+def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> int:
+    """The client that hosts `tier`'s `epoch` (module doc: votes, quorum, grace window); ElectionError without
+    quorum."""
+    key = f"{tier.prefix}host/{epoch}"
+    if not store.check([key]):
+        vote = [held.version, held.updates] if held.model is not None else None
+        store.set(f"{tier.prefix}vote/{epoch}/{voter}", json.dumps(vote))
+        enough = max(tier.min_votes, len(tier.electorate) - 1)
+        deadline = time.monotonic() + tier.grace_s
+        votes = _votes(store, tier, epoch)
+        # votes without a copy count for the quorum, but the window stays open for one with a copy
+        while not store.check([key]) and (len(votes) < enough or not _copies(votes)) \
+                and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            votes = _votes(store, tier, epoch)
+        candidates = _copies(votes) or ([(-1, -min(votes))] if tier.seedless and votes else [])
+        if not store.check([key]) and not candidates and held.model is None:
+            _await_decision(store, key, tier)  # a voter with a copy that has not lost its server yet decides
+        if not store.check([key]):
+            if len(votes) < tier.min_votes or not candidates:
+                raise ElectionError(f"client {voter}: {len(votes)} clients voted for a new host of "
+                                    f"{tier.prefix.rstrip('/')} within {tier.grace_s:g} s (--heartbeat-timeout), "
+                                    f"fewer than --min-replicas {tier.min_votes} or none holding a copy")
+            store.compare_set(key, "", str(-max(candidates)[1]))
+    return int(store.get(key).decode())
+
+
+def _await_decision(store: Any, key: str, tier: Tier) -> None:
+    """Wait for another voter to decide `key`, at most the tier's timeout (then the caller's ElectionError)."""
+    try:
+        store.wait([key], timedelta(seconds=tier.timeout_s))
+    except Exception:  # noqa: BLE001 - the store's timeout: no voter holding a copy decided
+        pass
+
+
+def _copies(votes: dict[int, Any]) -> list[tuple[int, int]]:
+    """(version, -client) of every vote that holds a copy: the highest wins (ties: the lowest client)."""
+    return [(v[0], -c) for c, v in votes.items() if v is not None]
+
+
+def _votes(store: Any, tier: Tier, epoch: int) -> dict[int, Any]:
+    keys = {c: f"{tier.prefix}vote/{epoch}/{c}" for c in tier.electorate}
+    return {c: json.loads(store.get(k).decode()) for c, k in keys.items() if store.check([k])}
+
+
+class ElectedLink:
+    """Client `client`'s link to `tier`'s server (module doc). `held`: its copy; `serve(epoch)`: host the tier
+    from `held` and return the SocketServer (called when this client is elected); `fresh`: start at epoch 0 (else
+    at the last published). `exchange` adopts every reply into `held`."""
+
+    def __init__(self, store: Any, tier: Tier, client: int, held: HeldModel,
+                 serve: Callable[[int], SocketServer], fresh: bool) -> None:
+        self.store, self.tier, self.client, self.held, self.serve, self.fresh = store, tier, client, held, serve, fresh
+        self.acked = 0
+        """This client's outer gradients the server answered."""
+        self.epoch = -1
+        self.joined = False
+        self.connection: SocketClient | None = None
+        self.host: SocketServer | None = None
+        """The server this client hosts (elected), else None."""
+
+    def _connect(self, epoch: int) -> None:
+        """Connect to `epoch`'s host (hosting it if elected); HostLost when it is gone already."""
+        self.epoch, tier = epoch, self.tier
+        host = tier.first_host if epoch == 0 else elect(self.store, tier, epoch, self.client, self.held)
+        # a restarted epoch-0 host without a copy is a client (it must not serve epoch 0 again)
+        if host == self.client and (self.held.model is not None or (tier.seedless and epoch > 0)):
+            self.host = self.serve(epoch)
+            publish_host(self.store, tier, epoch, self.host)
+        address_key = f"{tier.prefix}address/{epoch}"
+        try:
+            self.store.wait([address_key], timedelta(seconds=tier.timeout_s))
+        except Exception:  # noqa: BLE001 - the store's timeout: the host died before it served
+            raise HostLost(f"client {host} did not serve epoch {epoch} within {tier.timeout_s:g} s") from None
+        self.connection = SocketClient(tuple(json.loads(self.store.get(address_key).decode())), tier.authkey,
+                                       tier.timeout_s)
+        self.joined = False
+
+    def _first_epoch(self) -> int:
+        if self.fresh:
+            return 0
+        self.store.wait([f"{self.tier.prefix}epoch"], timedelta(seconds=self.tier.timeout_s))
+        return int(self.store.get(f"{self.tier.prefix}epoch").decode())
+
+    def exchange(self, gradient: torch.Tensor | None, final: bool, count: int = 1) -> dict[str, Any]:
+        """One request (`count` replica outer gradients in `gradient`), through host losses and elections; the
+        reply (adopted into `held`; a gradient's reply counts in `acked`)."""
+        while True:
+            try:
+                if self.connection is None:
+                    self._connect(self.epoch + 1 if self.epoch >= 0 else self._first_epoch())
+                assert self.connection is not None
+                reply = self.connection.exchange({"client": self.client, "base": self.held.version,
+                                                  "gradient": gradient, "count": count, "final": final,
+                                                  "acked": self.acked, "join": not self.joined})
+                self.joined = True
+                break
+            except ServerSilent as exc:  # alive but silent: this group ends (the launcher restarts it), no election
+                raise QuorumLost(f"client {self.client} of {self.tier.prefix.rstrip('/')}: {exc}") from None
+            except HostLost:
+                if self.connection is not None:
+                    self.connection.close()
+                    if gradient is not None:
+                        self.store.add("async/resent_updates", 1)
+                self.connection = None  # the next try connects to the next epoch's host (an election)
+                if self.store.check([f"{self.tier.prefix}ended"]):
+                    raise RunEnded(f"client {self.client}: the run ended") from None
+        self.held = HeldModel(reply["model"], int(reply["version"]), int(reply["updates"]), dict(reply["applied"]))
+        self.acked += gradient is not None
+        return reply
+
+    def close(self) -> None:
+        """Close the connection (after the final reply)."""
+        if self.connection is not None:
+            self.connection.close()
+
+    def end_hosting(self) -> bool:
+        """If this client hosts the tier: mark it ended (a client that comes later finds the run ended), wait for
+        its clients to close (at most the timeout); whether it hosted."""
+        if self.host is None:
+            return False
+        self.store.set(f"{self.tier.prefix}ended", "1")
+        self.host.wait_closed(self.tier.timeout_s)
+        return True

@@ -1,0 +1,83 @@
+"""Elections of an asynchronous tier's host (runtime/elastic/elected.py) on a real TCPStore, and the regions of an
+elastic hierarchical run's groups (runtime/elastic/async_regions.py)."""
+
+from __future__ import annotations
+
+import json
+import json
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from geotrain.runtime.elastic.async_regions import group_regions
+from geotrain.runtime.elastic.elected import ElectedLink, ElectionError, HeldModel, Tier, elect
+from geotrain.cluster.io import parse_cluster_text
+from geotrain.runtime.config import RuntimeConfig
+from runtime_2x2 import CLUSTER_YAML
+
+COPY = HeldModel(torch.zeros(2), version=7, updates=9)
+NONE = HeldModel(None)
+
+
+def _tier(seedless: bool = False, grace_s: float = 0.1, timeout_s: float = 10.0) -> Tier:
+    return Tier("async/region1/", (2, 3), 2, 1, grace_s, timeout_s, b"key", seedless)
+
+
+@pytest.fixture
+def store():
+    master = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=10), wait_for_workers=False)
+    yield master
+
+
+def test_a_voter_without_a_copy_waits_for_one_with_a_copy_that_sees_the_loss_later(store):
+    won = []
+    other = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))  # its own client
+    waiting = threading.Thread(target=lambda: won.append(elect(other, _tier(), 1, 3, NONE)))
+    waiting.start()
+    waiting.join(0.5)  # past its 0.1 s window: it has not decided (it holds no copy)
+    assert waiting.is_alive() and not store.check(["async/region1/host/1"])
+    assert elect(store, _tier(), 1, 2, COPY) == 2
+    waiting.join(10)
+    assert won == [2]
+
+
+def test_a_seedless_tier_elects_its_lowest_voter_when_no_voter_holds_a_copy(store):
+    assert elect(store, _tier(seedless=True), 1, 3, NONE) == 3  # the only voter: the window passes, it serves
+    assert elect(store, _tier(seedless=True), 1, 2, NONE) == 3  # decided once: a later voter reads the answer
+
+
+def test_a_tier_that_needs_a_copy_ends_in_one_line_when_none_voted(store):
+    with pytest.raises(ElectionError) as caught:
+        elect(store, _tier(timeout_s=0.2), 1, 3, NONE)
+    assert "none holding a copy" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_groups_are_numbered_by_the_region_of_their_device_in_group_order():
+    config = RuntimeConfig.of(parse_cluster_text(CLUSTER_YAML), [[2, 0, 3, 1]])  # devices 0, 1 east; 2, 3 west
+    assert group_regions(config) == (0, 1, 0, 1)
+
+
+class Served(Exception):
+    """The link's serve callback was called (the test stops there)."""
+
+
+def test_a_restarted_first_host_without_a_copy_does_not_serve_epoch_0_again_but_is_elected_for_epoch_1(store):
+    with socket.socket() as probe:  # a port nothing listens on: epoch 0's dead host
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()
+    store.set("async/region1/address/0", json.dumps(list(dead)))
+    store.set("async/region1/epoch", "0")
+    served = []
+
+    def serve(epoch: int):
+        served.append(epoch)
+        raise Served
+
+    link = ElectedLink(store, _tier(seedless=True), 2, NONE, serve, fresh=False)  # group 2: epoch 0's host
+    with pytest.raises(Served):
+        link.exchange(None, False)
+    assert served == [1]
