@@ -36,6 +36,13 @@ def world_sum_over_replicas(replicas: int) -> Callable[[float], float]:
     return sum_squares
 
 
+def world_max(value: float) -> float:
+    """`value`'s max over this process's world (an elastic group's S x K processes)."""
+    total = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.MAX)
+    return float(total.item())
+
+
 def create_stage_hierarchies(layout: Layout, region_of_device: Sequence[int],
                              timeout_s: float) -> list[list[HierarchicalGroups]]:
     """The hierarchy of every stage's DP group per shard ([stage][shard]; one shard without --shards: a sharded

@@ -400,12 +400,13 @@ class FragmentExchange:
 
 def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter], exchange: ManagerExchange,
                       sum_squares: Callable[[float], float] | None = None, group: int = 0,
-                      replicas: int = 1) -> GradientSync:
+                      replicas: int = 1, group_max: Callable[[float], float] | None = None) -> GradientSync:
     """PerStepSync (no sync_every), blocking OuterSync (sync_every H), ElasticAdaptiveSync (adaptive local steps:
     replica group `group` of `replicas`) or StreamingOuterSync (fragments > 1, delay > 0 or sharded parameters: one
     `exchange.over(...)` per fragment) around `exchange`, with AdamW as geotrain.sync.make_gradient_sync builds
     it. Clipping: `sum_squares` turns this process's sum of squared (averaged) gradients into the whole model's
-    (a pipeline stage: summed over the group's stages); None: local (the process holds the whole model)."""
+    (a pipeline stage: summed over the group's stages); None: local (the process holds the whole model).
+    `group_max`: a float's max over the group's S x K processes (adaptive local steps: one split per group)."""
     params = list(params)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     outer, streaming = options.outer, options.streaming
@@ -415,7 +416,7 @@ def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter]
         step = OuterStep(params, outer.sync_every, outer.outer_lr, outer.outer_momentum)
         return ElasticAdaptiveSync(params, adamw, step, exchange, group, replicas, outer.sync_every,
                                    -(-options.total_steps // outer.sync_every),
-                                   options.heterogeneity.local_steps_prior_s)
+                                   options.heterogeneity.local_steps_prior_s, group_max)
     # sharded parameters (DTensor, FSDP2): the streaming sync keeps shard-sized shadows (geotrain.optim.shards)
     if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments or any(is_sharded(p) for p in params):
         codec = options.exchange

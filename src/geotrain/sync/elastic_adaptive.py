@@ -46,7 +46,7 @@ after the syncs that are due (one copy by the quorum's rank 0, as every elastic 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -87,11 +87,13 @@ class ElasticAdaptiveSync(GradientSync):
     """DiLoCo with adaptive local steps over a torchft quorum (module doc). `exchange`: a ManagerExchange of
     `params` (its side sums carry presence and step seconds); `group`: this replica group (0..`replicas` - 1);
     `periods`: the run's outer periods; `prior_step_s`: relative seconds per step of each group before any is
-    measured (None: the first period equal)."""
+    measured (None: the first period equal); `agree`: the group's one value of a float over its processes (a group of
+    S x K > 1 processes: their max, so that every position sends the same seconds and computes the same split;
+    None: this process's own)."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer, outer: OuterStep,
                  exchange: Any, group: int, replicas: int, sync_every: int, periods: int,
-                 prior_step_s: Sequence[float] | None = None) -> None:
+                 prior_step_s: Sequence[float] | None = None, agree: Callable[[float], float] | None = None) -> None:
         if not 0 <= group < replicas:
             raise SyncError(f"ElasticAdaptiveSync: group must be in 0..{replicas - 1}, got {group!r}")
         if prior_step_s is not None and len(prior_step_s) != replicas:
@@ -100,6 +102,7 @@ class ElasticAdaptiveSync(GradientSync):
         self.params, self.optimizer, self.outer, self.exchange = list(params), optimizer, outer, exchange
         self.group, self.replicas, self.sync_every, self.periods = group, replicas, sync_every, periods
         self.prior_s = None if prior_step_s is None else [float(s) for s in prior_step_s]
+        self.agree = agree
         self.step_s = [math.nan] * replicas
         """Last measured mean seconds per inner step of each group (NaN: never measured); shared state."""
         self.local_steps = quorum_split(estimated_step_s(self.step_s, self.prior_s), list(range(replicas)),
@@ -151,8 +154,9 @@ class ElasticAdaptiveSync(GradientSync):
                 p.grad = outer_gradient.to(p.dtype)
             side = torch.zeros(2 * self.replicas, dtype=torch.float64)
             side[self.group] = 1.0
-            if self.period_steps:
-                side[self.replicas + self.group] = self.period_seconds / self.period_steps
+            if self.period_steps:  # the group's processes step together: all with steps, or all without
+                seconds = self.period_seconds / self.period_steps
+                side[self.replicas + self.group] = seconds if self.agree is None else self.agree(seconds)
         dp_bytes = self.exchange.exchange(self.outer_step, timer, side)
         with timer:
             self.outer.apply([p.grad for p in self.params])

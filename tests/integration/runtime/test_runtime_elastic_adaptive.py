@@ -3,8 +3,9 @@ speed, counted in CPU seconds so that a loaded machine does not move the split):
 indices, a SIGKILLed group restarts, recovers from its live peer at a sync and is re-balanced with its last measured
 speed; the run finishes without a global restart, the replicas equal, its validation loss within 0.02 nats of the
 same run without the fault. A partitioned group leaves the split (the survivor takes the whole period) and is
-re-balanced when it rejoins. Three launches, shared by the assertions, one after another in one process
-(tests/one_interpreter.py: the second and third launches skip the seconds of imports of the first; none runs beside
+re-balanced when it rejoins. A group of 2 pipeline stages (an A100 and a T4 against two L4s) takes one split, by its
+stages' slowest, and a killed one rejoins there. Four launches, shared by the assertions, one after another in one
+process (tests/one_interpreter.py: the later launches skip the seconds of imports of the first; none runs beside
 another, so the elastic timings are as alone)."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 from one_interpreter import OneInterpreter
 from paths import ROOT
 from two_gpus import TWO_GPUS_YAML
+from test_runtime_adaptive_pipeline import CLUSTER_YAML as STAGES_YAML
 
 pytest.importorskip("torchft")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")]
@@ -25,6 +27,7 @@ EVERY, STEPS = 3, 150
 FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "1", "--time-scale",
          "1e-3", "--emulate-gpu-speed", "--sync-every", str(EVERY), "--local-steps", "adaptive", "--eval-windows", "64",
          "--elastic", "--heartbeat-timeout", "1.5", "--comm-timeout", "30", "--json", "--run-dir", "none"]
+STAGE_STEPS = 60
 KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
 CUT_GROUP_1 = "partition:site=1,at=1s,for=3s"
 LOSS_TOLERANCE = 0.1
@@ -41,10 +44,14 @@ def runs(tmp_path_factory):
     (tmp / "cluster.yaml").write_text(TWO_GPUS_YAML)
     (tmp / "plan.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     (tmp / "cpu.toml").write_text('[emulation]\ncompute_clock = "cpu"\n')
-    flags = {"plain": ["--steps", str(STEPS)], "killed": ["--steps", str(STEPS), "--chaos", KILL_GROUP_1],
-             "cut": ["--steps", str(2 * STEPS), "--chaos", CUT_GROUP_1]}
-    process = OneInterpreter([["train", "--config", str(tmp / "cpu.toml"), "--cluster", str(tmp / "cluster.yaml"),
-                               "--plan", str(tmp / "plan.json"), *FLAGS, *words] for words in flags.values()],
+    (tmp / "stages.yaml").write_text(STAGES_YAML)  # stage s of group g on device [s][g]: group 0 A100 + T4, 1 L4s
+    (tmp / "stages.json").write_text(json.dumps({"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}))
+    two, stages = ["--cluster", str(tmp / "cluster.yaml"), "--plan", str(tmp / "plan.json")], [
+        "--cluster", str(tmp / "stages.yaml"), "--plan", str(tmp / "stages.json"), "--microbatches", "2"]
+    flags = {"plain": [*two, "--steps", str(STEPS)], "killed": [*two, "--steps", str(STEPS), "--chaos", KILL_GROUP_1],
+             "cut": [*two, "--steps", str(2 * STEPS), "--chaos", CUT_GROUP_1],
+             "stages": [*stages, "--steps", str(STAGE_STEPS), "--chaos", KILL_GROUP_1]}
+    process = OneInterpreter([["train", "--config", str(tmp / "cpu.toml"), *FLAGS, *words] for words in flags.values()],
                              tmp, "runs", env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
     found = {}
     for name, done in zip(flags, process.results()):
@@ -105,3 +112,16 @@ def test_a_partitioned_group_leaves_the_split_and_is_rebalanced_when_it_rejoins(
     first_alone = next(i for i, (quorum, _) in enumerate(quorums) if quorum == (0,))
     after = [split for quorum, split in quorums[first_alone:] if quorum == (0, 1)]
     assert after and after[0][0] > EVERY > after[0][1] >= 1  # re-balanced by the T4's speed kept meanwhile
+
+
+@pytest.mark.timeout(600)
+def test_a_group_of_two_stages_takes_one_split_by_its_slowest_stage_and_rejoins_after_a_kill(runs):
+    run = runs["stages"]
+    summary = run["summary"]
+    assert summary["steps"] == STAGE_STEPS and summary["global_restarts"] == 0 and summary["rejoins"] >= 1
+    assert summary["replica_failures"] == 1 and summary["max_param_diff_across_replicas"] == 0.0
+    both = [r["next_local_steps"] for r in _syncs(run) if r["quorum"] == [0, 1]]
+    # the L4 group takes more than the T4-paced one (its stages agree on their slowest: else the pipeline deadlocks)
+    assert both and all(split[1] > EVERY > split[0] >= 1 for split in both)
+    survivor = {r["outer_step"]: r["params_sha256"] for r in _syncs(run)}  # the sha256 of both stages' digests
+    assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in _syncs(run, "1"))

@@ -64,6 +64,32 @@ def test_the_partition_schedule_is_a_function_of_the_seed_and_fixed_sites_stay()
     assert kill_schedule(mixed, 2, 0) == [Kill(10.0, 0)] and partition_schedule(mixed, 2, 0) == [Cut(4.0, 1, 7.0)]
 
 
+
+class _Hosts:
+    """The launcher's hosts, keeping the groups each `set_cut` left cut."""
+
+    def __init__(self) -> None:
+        self.states: list[set[int]] = []
+
+    def set_cut(self, store: object, groups: dict[int, float]) -> None:
+        self.states.append(set(groups))
+
+
+@pytest.mark.parametrize("first_look_s", [4.0, 7.5, 12.0])
+def test_a_cut_lasts_its_duration_from_when_the_launcher_makes_it_however_late(first_look_s):
+    # a launcher held up past the heal time (a loaded machine starting processes) once cut and healed in one look:
+    # a partition of one poll, which the group never noticed (no rejoin); now it heals `for` seconds after the cut
+    from geotrain.runtime.elastic.launch import _partitions, _Watch
+
+    watch, hosts, codes = _Watch(2, first=1, restarts=[0, 0]), _Hosts(), (None, None, None)
+    cuts = partition_schedule(parse_chaos("partition:site=1,at=4s,for=3s"), 2, 0)
+    cut = []
+    for now in (first_look_s, first_look_s + 2.9, first_look_s + 3.0, first_look_s + 9.0):
+        _partitions(None, watch, cuts, (None, hosts), now, codes)  # type: ignore[arg-type]
+        cut.append(set(watch.cut))
+    assert cut == [{1}, {1}, set(), set()] and hosts.states == [{1}, set()]  # 3 s cut, from the first look on
+    assert watch.partitions == 1 and len(watch.healed_at[1]) == 1
+
 def test_a_partition_needs_the_emulating_backend_which_elastic_runs_then_use_at_any_time_scale():
     plain = RuntimeConfig.of(CLUSTER, [[0, 2]], elastic=True, time_scale=0.0, chaos="kill-site:every=5s")
     cut = RuntimeConfig.of(CLUSTER, [[0, 2]], elastic=True, time_scale=0.0, chaos="partition:site=1,at=1s,for=1s")

@@ -20,7 +20,8 @@ S2R2 = [[0, 2], [1, 3]]
 def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill_chaos():
     for extra in ({}, {"sync_every": 3}, {"chaos": "kill-site:every=5s,site=1", "min_replicas": 2},
                   {"split": "params"}, {"time_scale": 1.0},  # emulated links: each stage process on its device
-                  {"sync_every": 4, "fragments": 2, "sync_delay": 1, "sync_moments": True, "dp_codec": "int8-block"}):
+                  {"sync_every": 4, "fragments": 2, "sync_delay": 1, "sync_moments": True, "dp_codec": "int8-block"},
+                  {"sync_every": 3, "local_steps": "adaptive"}):  # the group's stages take one split
         config = RuntimeConfig.of(CLUSTER, S2R2, **{**ELASTIC, **extra})
         assert (config.stages, config.replicas) == (2, 2) and elastic_refusal(config) is None
 
@@ -31,7 +32,6 @@ def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill
     ({"chaos": "partition:site=1,at=5s,for=2s"}, "partitions of elastic groups of S = 2 stages are not supported"),
     ({"netlab": True}, "reliability.netlab: elastic groups of S = 2 stages run on this host's loopback only"),
     ({"schedule": "interleaved-1f1b"}, "elastic runs have one stage per group"),
-    ({"sync_every": 3, "local_steps": "adaptive"}, "--local-steps adaptive: elastic groups of S = 2 stages run equal"),
 ])
 def test_what_stays_unsupported_with_two_stages_is_refused_in_one_line(settings, words):
     with pytest.raises(RuntimeConfigError) as caught:

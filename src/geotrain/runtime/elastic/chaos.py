@@ -15,8 +15,8 @@ pure function of (spec, replica groups, seed).
 Durations: a number with unit ms, s, m or h (a bare number is seconds);
 a slow-down's `at` may be 0. A partition is a link state
 of the emulating backend (runtime/elastic/links.py): the launcher cuts the group's links and heals them;
-the group stays up. The launcher (runtime/elastic/launch.py) kills the group due at each time if it is
-running; a group that is down at that moment is not killed twice (the kill is skipped), nor is a
+the group stays up; a cut lasts its `for` from when the launcher makes it, however late (`cut_heal_s`).
+The launcher (runtime/elastic/launch.py) kills the group due at each time if it is running; a group that is down at that moment is not killed twice (the kill is skipped), nor is a
 group partitioned twice at once.
 """
 
@@ -114,6 +114,13 @@ class Cut:
     at_s: float
     group: int
     heal_s: float
+
+
+def cut_heal_s(cut: Cut, cut_at_s: float) -> float:
+    """When the links of `cut`, cut at `cut_at_s` seconds after the start, heal (seconds after the start): its
+    whole duration after the cut, however late the launcher made it (a launcher held up past `heal_s`, e.g. a
+    loaded machine starting processes, would otherwise cut and heal at once: a partition no group notices)."""
+    return max(cut.heal_s, cut_at_s + (cut.heal_s - cut.at_s))
 
 
 def parse_duration_s(text: str, where: str) -> float:

@@ -78,7 +78,7 @@ from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_chec
                                                  save_group_checkpoint, writes_checkpoint)
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_links, process_device
-from geotrain.runtime.dp_step import world_sum_over_replicas
+from geotrain.runtime.dp_step import world_max, world_sum_over_replicas
 from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
 from geotrain.runtime.shard_state import local_state, sharded_state
 from geotrain.runtime.sharded import shard_rows
@@ -207,7 +207,8 @@ class ElasticGroup:
                                         group_world_size=group_size(config))
         # a pipeline stage clips by the whole model's norm: its sum of squares summed over the group's stages
         self.sync = make_elastic_sync(options, self.params, self.exchange,
-                                      world_sum_over_replicas(1) if config.stages > 1 else None, group, config.replicas)
+                                      world_sum_over_replicas(1) if config.stages > 1 else None, group, config.replicas,
+                                      world_max if group_size(config) > 1 else None)
         self.sync.listener = self.observer
         self.resumed_from: tuple[int, ...] = ()
         if config.checkpoint.resume:  # every group starts at the checkpoint's step; a restarted one heals past it

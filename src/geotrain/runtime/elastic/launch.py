@@ -38,7 +38,8 @@ from geotrain.observe.observer import launcher_event
 from geotrain.procs import Supervisor, describe_exit, forkserver_context
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.launcher import check_before_launch
-from geotrain.runtime.elastic.chaos import Cut, Kill, kill_schedule, parse_chaos, partition_schedule
+from geotrain.runtime.elastic.chaos import (Cut, Kill, cut_heal_s, kill_schedule, parse_chaos,
+                                            partition_schedule)
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, failure_file, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
@@ -294,9 +295,9 @@ def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
         cut = cuts.pop(0)
         if group_code(codes, watch.ranks(cut.group)) is None and cut.group not in watch.cut \
                 and watch.first_done_at is None:
-            watch.cut[cut.group] = cut.heal_s
+            watch.cut[cut.group] = heal_s = cut_heal_s(cut, trained_s)
             watch.partitions += 1
-            watch.say(cut.group, f"cut off by --chaos at {trained_s:.1f} s until {cut.heal_s:.1f} s")
+            watch.say(cut.group, f"cut off by --chaos at {trained_s:.1f} s until {heal_s:.1f} s")
             changed = True
     if watch.first_done_at is not None and watch.cut:
         supervisor.stop([rank for g in watch.cut for rank in watch.ranks(g)], term_s=0.0)

@@ -13,7 +13,9 @@ reports as its step, commits under (the period's last step) and checkpoints at. 
 `step` = t (the last period's steps past the run's under its last step), `slice` and `outer_step` (syncs before
 it); the period's last record is marked `synced` after the sync (contributors, parameter digest, the groups in its
 `quorum` and the `next_local_steps` of every group), as a step that synchronises is in a run of equal steps. A
-group that recovered at a sync has no record of that sync.
+group that recovered at a sync has no record of that sync. A group of S x K > 1 processes (stages, shards) runs this
+loop in each of them, the same inner steps in lockstep (pipeline sends, FSDP2 collectives): every position sends the
+group's max of its processes' step seconds (ElasticAdaptiveSync's `agree`), so all compute the same split.
 """
 
 from __future__ import annotations
@@ -66,5 +68,7 @@ def run_periods(group: Any) -> None:
             group.observer.event("checkpoint", completed, **save_group_checkpoint(
                 config, group.group, group.rank, completed, group.module, sync, group.model.boundaries,
                 group.resumed_from))
+        if group.rank != 0:
+            continue  # rank 0 reports the group's progress and commits (the group's processes commit together)
         group.store.set(f"step/{group.group}", str(completed))
         group.store.set(f"commit/{completed - 1}", json.dumps([group.exchange.contributors, time.time()]))

@@ -12,7 +12,8 @@ gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean
 --sync-every), blocking DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's
 exchange committed when posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try;
 S x K > 1: each position's fragments of its own parameters, every position of a group meeting the group's quorum at
-the same steps) or, S = 1, adaptive local steps (--local-steps adaptive, blocking, no --resume:
+the same steps) or adaptive local steps (--local-steps adaptive, blocking, no --resume, K = 1; a group of S > 1 stages takes one
+split, its stages' max step seconds:
 geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group its
 windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or
 without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own
@@ -53,8 +54,7 @@ def sharded_refusal(config: Any) -> str | None:
          f"reliability.chaos {rel.chaos!r}: partitions of {what} are not supported (a cut group's K ranks would "
          f"go offline together: not built yet); use kill-site"),
         (config.optim.local_steps == "adaptive",
-         f"--local-steps adaptive: {what} run equal steps (not built yet: a site's shards agreeing on one step "
-         f"count per period across a changing quorum)"),
+         f"--local-steps adaptive: {what} run equal steps (not built yet: the adaptive outer step on FSDP2 shards)"),
     )
     return next((text for failed, text in reasons if failed), None)
 
@@ -74,9 +74,6 @@ def pipeline_refusal(config: Any) -> str | None:
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: partitions of elastic groups of {s} stages are not supported; "
          f"use kill-site"),
-        (config.optim.local_steps == "adaptive",
-         f"--local-steps adaptive: elastic groups of {s} stages run equal steps (not built yet: a group's stages "
-         f"agreeing on one step count per period across a changing quorum)"),
     )
     return next((text for failed, text in reasons if failed), None)
 

@@ -120,10 +120,11 @@ def merge_stage_records(per_stage: list[list[dict[str, Any]]]) -> list[dict[str,
     stage bit-identical) and `stage_params_sha256` lists them."""
     if len(per_stage) == 1:
         return per_stage[0]
-    by_step = [{r["step"]: r for r in records} for records in per_stage]
+    # adaptive local steps: a group may train two slices of one step in a period (`slice` tells them apart)
+    by_step = [{(r["step"], r.get("slice")): r for r in records} for records in per_stage]
     merged = []
     for first in per_stage[0]:
-        found = [stage.get(first["step"]) for stage in by_step]
+        found = [stage.get((first["step"], first.get("slice"))) for stage in by_step]
         if any(r is None for r in found):
             continue
         record = {**first, "loss": found[-1]["loss"]}
