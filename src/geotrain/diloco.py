@@ -146,8 +146,8 @@ class DiLoCo:
         check_host_backend(dist.get_backend(group), "DiLoCo")
         if not isinstance(sync_moments, bool):
             raise SyncError(f"DiLoCo: sync_moments must be true or false, got {sync_moments!r}")
-        check_adaptive_settings(local_steps, fragments=fragments, sync_moments=sync_moments,
-                                hierarchical=regions is not None, who="DiLoCo: local_steps")
+        check_adaptive_settings(local_steps, fragments=fragments, hierarchical=regions is not None,
+                                who="DiLoCo: local_steps")
         trained = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         shard_group = check_sharded_settings(trained, group, fragments=fragments, fragment_split=fragment_split)
         self.model = model
@@ -196,7 +196,8 @@ class DiLoCo:
             self.sync = AdaptiveOuterSync(named, inner_optimizer, self._exchange_of, sync_every, outer_lr,
                                           outer_momentum, gather, dist.get_rank(group), replicas, step_time=step_time,
                                           prior_step_s=prior_step_s, delay=delay, landing=landing, mix=mix,
-                                          warmup=warmup, outer_state=outer_state)
+                                          warmup=warmup, outer_state=outer_state, sync_moments=sync_moments,
+                                          moment_syncs=moment_syncs)
         elif self.asynchronous is None:
             self.sync = StreamingOuterSync(named, inner_optimizer, self._exchange_of, sync_every, fragments, delay,
                                            mix, outer_lr, outer_momentum, total_steps=None, landing=landing,

@@ -112,7 +112,6 @@ SETTING = {setting.name: setting for setting in SETTINGS}
 
 _ASYNC_WHOLE = ("asynchronous outer updates send a replica's whole outer gradient (per stage and shard) at its own "
                 "pace")
-_ADAPTIVE_STEPS = "replicas take different step counts between outer syncs"
 
 RULES: tuple[Rule, ...] = (
     # the optimizer and the outer step
@@ -132,7 +131,6 @@ RULES: tuple[Rule, ...] = (
     # adaptive local steps
     Rule("adaptive", "fragments", "fragments sync at fixed step offsets, which per-replica step counts break",
          built=True),
-    Rule("adaptive", "moments", f"{_ADAPTIVE_STEPS}: the flat outer sync of one fragment only"),
     # asynchronous outer updates
     *(rule for mode in ("async", "async-hierarchical") for rule in (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),

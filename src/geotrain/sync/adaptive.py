@@ -61,9 +61,14 @@ speed: its slowest member's, geotrain.sync.factory), and the outer gradients tra
 exchange, whose mean over the group's ranks weighs each region by its member count (its share of the batch; with
 regions of one size, the plain mean over regions above).
 
-Supported: one fragment, blocking or overlapped, flat or by regions (geotrain.diloco's DiLoCo: flat only); fragments
-and moment sync are refused (`check_adaptive_settings`): their syncs fall at fixed step offsets, which uneven H_r
-would break.
+Moment sync (`sync_moments`, geotrain.sync.moments): each outer sync (with `moment_syncs` N, the first N) also
+averages the inner AdamW's moments, in the same exchange as the outer gradients (`moment_parts`), and they land as
+the outer gradients' mean does (blocking: the means; overlapped: mixed by `mix`, or eagerly). Each replica keeps its
+own AdamW step count (its bias correction), which differs between replicas after uneven periods.
+
+Supported: one fragment, blocking or overlapped, flat or by regions (geotrain.diloco's DiLoCo: flat only), with or
+without moment sync; fragments are refused (`check_adaptive_settings`): their syncs fall at fixed step offsets,
+which uneven H_r would break.
 """
 
 from __future__ import annotations
@@ -82,8 +87,10 @@ from geotrain.optim.outer_state import state_device
 from geotrain.optim.shards import local_shard
 from geotrain.sync.base import (DPExchange, GradientSync, StepTimer, SyncError, SyncResult, free_grads, grad_carrier,
                                  set_grads)
+from geotrain.sync.moments import (PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer,
+                                   check_moment_syncs)
 from geotrain.sync.settle import Delivered, redeliver, settle
-from geotrain.sync.streaming import check_landing_settings
+from geotrain.sync.streaming import ExchangeFactory, check_landing_settings
 
 LOCAL_STEPS = ("equal", "adaptive")
 """How many inner steps each replica takes per outer period: H everywhere, or in proportion to its speed."""
@@ -106,17 +113,17 @@ def adaptive_local_steps(step_seconds: Sequence[float], sync_every: int) -> list
     return list(split_by_weights(1.0 / seconds, replicas * sync_every))  # the planner's rounding (largest remainder)
 
 
-def check_adaptive_settings(local_steps: str, *, fragments: int = 1, sync_moments: bool = False,
-                            hierarchical: bool = False, who: str = "local_steps") -> None:
+def check_adaptive_settings(local_steps: str, *, fragments: int = 1, hierarchical: bool = False,
+                            who: str = "local_steps") -> None:
     """SyncError (one line) unless `local_steps` is one of LOCAL_STEPS and, when adaptive, the outer sync is the
-    flat one of one fragment (module doc; a delay is fine). `hierarchical`: refuse regions (geotrain.diloco's
-    DiLoCo; the runtime runs them through `inner_exchange`, module doc)."""
+    flat one of one fragment (module doc; a delay and moment sync are fine). `hierarchical`: refuse regions
+    (geotrain.diloco's DiLoCo; the runtime runs them through `inner_exchange`, module doc)."""
     if local_steps not in LOCAL_STEPS:
         raise SyncError(f"{who} must be one of {', '.join(LOCAL_STEPS)}, got {local_steps!r}")
     if local_steps == "equal":
         return
-    unsupported = [name for name, on in (("fragments > 1", fragments != 1), ("moment sync", sync_moments),
-                                         ("regions (hierarchical)", hierarchical)) if on]
+    unsupported = [name for name, on in (("fragments > 1", fragments != 1), ("regions (hierarchical)", hierarchical))
+                   if on]
     if unsupported:
         raise SyncError(f"{who} adaptive runs the flat outer sync of one fragment only; not with "
                         f"{', '.join(unsupported)} (their syncs fall at fixed step offsets, which per-replica step "
@@ -131,6 +138,7 @@ class _InFlight:
     proxy: list[torch.Tensor] | None  # eager landing: the change applied at the start
     started: int  # this replica's 0-based inner step it started after
     lands_after: int = 1
+    moments: bool = False  # the inner optimizer's moments travel in this sync
     delivered: Delivered | None = None  # settled at a checkpoint (sync/settle.py)
 
 
@@ -147,18 +155,24 @@ class AdaptiveOuterSync(GradientSync):
     stops every rank at that sync (the runtime's loop; None: not known): the last sync then posts no step times
     (no period follows to share out) and `flush` gathers no step counts (no replica stepped since), which spares
     the run's end two latency-bound collectives; `outer_state`: where the anchor, outer momentum and shadows live,
-    "device" or "host" (geotrain.optim.outer_state)."""
+    "device" or "host" (geotrain.optim.outer_state); `sync_moments`, `moment_syncs`: moment sync (module doc;
+    `make_exchange` then takes the moments' shadows as its second argument, geotrain.sync.streaming's
+    ExchangeFactory)."""
 
     def __init__(self, named_params: Sequence[tuple[str, torch.nn.Parameter]], optimizer: torch.optim.Optimizer,
-                 make_exchange: Callable[[list[tuple[str, torch.nn.Parameter]]], DPExchange], sync_every: int,
+                 make_exchange: ExchangeFactory, sync_every: int,
                  outer_lr: float, outer_momentum: float, gather: Gather, rank: int, replicas: int,
                  adaptive: bool = True, step_time: Callable[[], float] | None = None,
                  prior_step_s: Sequence[float] | None = None, delay: int = 0, landing: str = "mix",
                  mix: float = 0.0, warmup: int = 0, periods: int | None = None, outer_state: str = "device",
-                 inner_exchange: DPExchange | None = None) -> None:
+                 inner_exchange: DPExchange | None = None, sync_moments: bool = False,
+                 moment_syncs: int | None = None) -> None:
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < replicas:
             raise SyncError(f"AdaptiveOuterSync: rank must be an integer in 0..{replicas - 1}, got {rank!r}")
         check_landing_settings(sync_every, delay, mix, landing, warmup)
+        if sync_moments:
+            check_moment_optimizer(optimizer, "AdaptiveOuterSync")
+        check_moment_syncs(moment_syncs, sync_moments)
         if periods is not None and (isinstance(periods, bool) or not isinstance(periods, int) or periods < 1):
             raise SyncError(f"AdaptiveOuterSync: periods must be an integer >= 1 or None, got {periods!r}")
         self.periods = periods
@@ -169,7 +183,11 @@ class AdaptiveOuterSync(GradientSync):
         self.optimizer = optimizer
         self.outer = OuterStep(self.params, sync_every, outer_lr, outer_momentum, outer_state)
         self.shadows = [grad_carrier(local_shard(p).shape, state_device(p, outer_state)) for p in self.params]
-        self.exchange = make_exchange([(name, s) for (name, _), s in zip(named_params, self.shadows, strict=True)])
+        self.moments = MomentSync(optimizer, named_params, None, outer_state) if sync_moments else None
+        self.moment_syncs = moment_syncs
+        named_shadows = [(name, s) for (name, _), s in zip(named_params, self.shadows, strict=True)]
+        self.exchange = (make_exchange(named_shadows) if self.moments is None
+                         else make_exchange(named_shadows, self._moment_tensors()))
         self.inner_exchange = inner_exchange
         self.gather = gather
         self.rank, self.replicas, self.adaptive = rank, replicas, adaptive
@@ -191,6 +209,29 @@ class AdaptiveOuterSync(GradientSync):
         self.history: list[dict[str, Any]] = []
         """Per sync: the steps each replica took (and their shares of the period's), their mean step seconds, and
         H_r next."""
+
+    def _moment_tensors(self) -> MomentTensors:
+        assert self.moments is not None
+        return self.moments.named_first(), self.moments.named_second()
+
+    def moments_travel(self) -> bool:
+        """True if the sync started now (after `outer_step` syncs) carries the moments (module doc)."""
+        return self.moments is not None and (self.moment_syncs is None or self.outer_step < self.moment_syncs)
+
+    def _groups(self, moments: bool) -> list[list[torch.nn.Parameter]]:
+        """The shadow parameters whose gradients the exchange writes (the moments' too when they travel)."""
+        extra = [] if not moments or self.moments is None else [self.moments.first, self.moments.second]
+        return [self.shadows, *extra]
+
+    def _land_moments(self, moments: bool, mix: float, eager: bool) -> None:
+        """The moments' means that travelled with a sync land (module doc), and their shadows are freed."""
+        if not moments or self.moments is None:
+            return
+        if eager:
+            self.moments.land_eager()
+        else:
+            self.moments.land(mix)
+        free_grads([*self.moments.first, *self.moments.second])
 
     @property
     def my_local_steps(self) -> int:
@@ -256,6 +297,7 @@ class AdaptiveOuterSync(GradientSync):
         with timer:
             self.outer.land(means, flight.proxy, self.mix)  # type: ignore[arg-type]
             free_grads(self.shadows)
+            self._land_moments(flight.moments, self.mix, eager=flight.proxy is not None)
         self._sync_landed(self.inner_steps - 1, dp_bytes, started=flight.started)
         return dp_bytes
 
@@ -272,23 +314,29 @@ class AdaptiveOuterSync(GradientSync):
         started here and landed in the next period."""
         total = sum(steps)
         self._sync_started(self.inner_steps - 1)
+        blocking = blocking or self.delay == 0 or (self.outer_step + 1) * self.sync_every <= self.warmup
+        moments = self.moments_travel()
+        parts = {} if self.moments is None else {"parts": PARTS_WITH_MOMENTS if moments else 1}
         with timer:
             local = self.outer.outer_gradients()
             set_grads(self.shadows, local)  # the plain mean (module doc): no weight by steps
+            if moments:
+                self.moments.load(keep_sent=not blocking and self.landing == "eager")  # type: ignore[union-attr]
         dp_bytes = 0
-        if blocking or self.delay == 0 or (self.outer_step + 1) * self.sync_every <= self.warmup:
-            dp_bytes = self.exchange.exchange(self.outer_step, timer)
+        if blocking:
+            dp_bytes = self.exchange.exchange(self.outer_step, timer, **parts)
             with timer:
                 self.outer.apply([s.grad for s in self.shadows])  # type: ignore[misc]
                 free_grads(self.shadows)
+                self._land_moments(moments, 0.0, eager=False)
             self._sync_landed(self.inner_steps - 1, dp_bytes)
         else:
-            land = self.exchange.start(self.outer_step, timer)  # type: ignore[attr-defined]
+            land = self.exchange.start(self.outer_step, timer, **parts)  # type: ignore[attr-defined]
             proxy = None
             if self.landing == "eager":
                 with timer:
                     proxy = self.outer.start_eager(local)
-            self._flight = _InFlight(land, proxy, self.inner_steps - 1)
+            self._flight = _InFlight(land, proxy, self.inner_steps - 1, moments=moments)
         measured = self._land_times()
         if rebalance and self.adaptive and measured is not None:
             self.local_steps = adaptive_local_steps(measured, self.sync_every)
@@ -319,8 +367,9 @@ class AdaptiveOuterSync(GradientSync):
     def settle(self, timer: StepTimer) -> None:
         """Wait for the sync in flight and the posted step times, and keep them (module doc: checkpoints)."""
         if self._flight is not None and self._flight.delivered is None:
-            self._flight.delivered = settle(self._flight.land, timer, [self.shadows])
-            self._flight.land = redeliver(self._flight.delivered, [self.shadows])
+            groups = self._groups(self._flight.moments)
+            self._flight.delivered = settle(self._flight.land, timer, groups)
+            self._flight.land = redeliver(self._flight.delivered, groups)
         if self._posted is not None:
             times = self._posted().clone()
             self._posted = lambda: times
@@ -333,11 +382,13 @@ class AdaptiveOuterSync(GradientSync):
             raise SyncError("AdaptiveOuterSync: state_dict with a sync in flight: settle() first")
         in_flight = None if flight is None else {
             "started": flight.started, "lands_after": flight.lands_after, "delivered": flight.delivered.state_dict(),
+            "moments": flight.moments,
             **({} if flight.proxy is None else {"proxy": [t.clone() for t in flight.proxy]})}
         return {"optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict(),
                 "outer": self.outer.state_dict(), "local_steps": list(self.local_steps),
                 "outer_step": self.outer_step, "inner_steps": self.inner_steps, "period_steps": self.period_steps,
                 "period_seconds": self._period_seconds, "history": list(self.history),
+                **({} if self.moments is None else {"moments": self.moments.state_dict()}),
                 **({} if in_flight is None else {"in_flight": in_flight}),
                 **({} if self._posted is None else {"posted_step_s": self._posted().clone()})}
 
@@ -351,12 +402,17 @@ class AdaptiveOuterSync(GradientSync):
         self.outer_step, self.inner_steps = int(state["outer_step"]), int(state["inner_steps"])
         self.period_steps, self._period_seconds = int(state["period_steps"]), float(state["period_seconds"])
         self.history = list(state["history"])
+        if (self.moments is None) != ("moments" not in state):
+            raise ValueError("checkpoint and run disagree on sync_moments (on in one, off in the other)")
+        if self.moments is not None:
+            self.moments.load_state_dict(state["moments"])
         self._flight = None
         if "in_flight" in state:
             saved = state["in_flight"]
             delivered = Delivered.of(saved["delivered"])
-            self._flight = _InFlight(redeliver(delivered, [self.shadows]), saved.get("proxy"), int(saved["started"]),
-                                     int(saved["lands_after"]), delivered)
+            moments = bool(saved.get("moments", False))
+            self._flight = _InFlight(redeliver(delivered, self._groups(moments)), saved.get("proxy"),
+                                     int(saved["started"]), int(saved["lands_after"]), moments, delivered)
         times = state.get("posted_step_s")
         self._posted = None if times is None else (lambda: times)
 

@@ -73,18 +73,21 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
                                   options.clip_grad_norm, sum_squares)
     if outer.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
-    if options.heterogeneity.local_steps == "adaptive":  # (one fragment, no moments: SyncOptions refused the rest)
+    if options.heterogeneity.local_steps == "adaptive":  # (one fragment: SyncOptions refused the rest)
         gather = site_agreed(gather_floats(group.handle, lambda wait: transport.collective(
             group.handle, devices, 8, wait, posted=True), group.links), group.replica_group)  # a replica's ranks agree first
         replica, replicas, prior = group.ranks.index(rank), len(group.ranks), options.heterogeneity.local_steps_prior_s
         if group.hierarchy is not None:  # each region is one replica (geotrain.sync.adaptive's module doc)
             gather, replica, replicas, prior = _regions_as_replicas(gather, group, rank, prior)
-        return AdaptiveOuterSync(named_params, adamw, lambda shadows: _exchange(codec, shadows, transport, group, rank),
+        return AdaptiveOuterSync(named_params, adamw,
+                                 lambda shadows, moments=None: _exchange(codec, shadows, transport, group, rank,
+                                                                         moments),
                                  outer.sync_every, outer.outer_lr, outer.outer_momentum, gather, replica, replicas,
                                  prior_step_s=prior, delay=streaming.delay,
                                  landing=streaming.landing, mix=streaming.mix, warmup=streaming.warmup,
                                  periods=-(-options.total_steps // outer.sync_every), outer_state=outer.outer_state,
-                                 inner_exchange=_region_exchange(named_params, transport, group, rank))
+                                 inner_exchange=_region_exchange(named_params, transport, group, rank),
+                                 sync_moments=outer.sync_moments, moment_syncs=outer.moment_syncs)
     # (warmup only matters with a delay); sharded parameters (DTensor): OuterSync writes whole-shape gradients into
     # them, the streaming sync keeps shard-sized shadows (geotrain.optim.shards), as geotrain.diloco does; so does the
     # outer state in host memory (the outer gradients travel in host shadows, not in the parameters' gradients)

@@ -77,6 +77,15 @@ def check_moment_optimizer(optimizer: torch.optim.Optimizer, where: str) -> None
         raise SyncError(f"{where}: sync_moments with amsgrad is not supported (its running maximum stays local)")
 
 
+def check_moment_syncs(moment_syncs: int | None, sync_moments: bool) -> None:
+    """SyncError (one line) unless `moment_syncs` is None or an integer >= 1 with `sync_moments` (module doc)."""
+    if moment_syncs is not None and (isinstance(moment_syncs, bool) or not isinstance(moment_syncs, int)
+                                     or moment_syncs < 1 or not sync_moments):
+        raise SyncError(f"moment_syncs (how many of each fragment's first outer syncs carry the moments) must be "
+                        f"an integer >= 1 with sync_moments, or None, got {moment_syncs!r}"
+                        f"{'' if sync_moments else ' without sync_moments'}")
+
+
 class MomentSync:
     """The inner optimizer's moments of one fragment's parameters, averaged with its outer sync (module doc).
 

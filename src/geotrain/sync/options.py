@@ -310,7 +310,6 @@ class SyncOptions:
         self._check_overlap()
         try:
             check_adaptive_settings(self.heterogeneity.local_steps, fragments=streaming.fragments,
-                                    sync_moments=self.outer.sync_moments,
                                     who="SyncOptions: local_steps")
         except SyncError as exc:
             raise SyncError(str(exc), ("heterogeneity.local_steps",)) from None

@@ -70,7 +70,8 @@ from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStep
 from geotrain.optim.outer_state import check_outer_state, state_device
 from geotrain.optim.shards import is_sharded, local_shard
 from geotrain.sync.base import DPExchange, StepTimer, SyncError, free_grads, grad_carrier, set_grads
-from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer
+from geotrain.sync.moments import (PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_optimizer,
+                                   check_moment_syncs)
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.settle import Delivered, redeliver, settle
 
@@ -244,11 +245,7 @@ class StreamingOuterSync(OuterSync):
             raise SyncError(str(exc)) from None
         if sync_moments:
             check_moment_optimizer(optimizer, "StreamingOuterSync")
-        if moment_syncs is not None and (isinstance(moment_syncs, bool) or not isinstance(moment_syncs, int)
-                                         or moment_syncs < 1 or not sync_moments):
-            raise SyncError(f"moment_syncs (how many of each fragment's first outer syncs carry the moments) must be "
-                            f"an integer >= 1 with sync_moments, or None, got {moment_syncs!r}"
-                            f"{'' if sync_moments else ' without sync_moments'}")
+        check_moment_syncs(moment_syncs, sync_moments)
         check_landing_settings(sync_every, delay, mix, landing, warmup)
         if isinstance(fragments, int) and not isinstance(fragments, bool) and fragments > sync_every:
             raise SyncError(f"fragments must be at most sync_every ({sync_every}) so their offsets differ, "

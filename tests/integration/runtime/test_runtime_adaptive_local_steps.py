@@ -1,12 +1,15 @@
 """`train --sync-every H --local-steps adaptive` in the runtime: real processes over the emulating backend on two
 sites of different GPUs (compute at each GPU's speed), one launch; every period shares R x H steps, the ranks end
 together after the run's periods, and they agree on the anchor between the same syncs, blocking or with each sync
-overlapped with the next period (a delay, eager landing); their first steps start together (worker.start_line)."""
+overlapped with the next period (a delay, eager landing); their first steps start together (worker.start_line).
+With --sync-moments the inner AdamW's moments travel in the outer syncs (every one; with a delay the first only:
+--moment-syncs 1), which carry three tensors per parameter instead of one."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig, launch
@@ -15,7 +18,9 @@ from two_gpus import TWO_GPUS_YAML
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("overlap", [{}, {"sync_delay": 1, "sync_landing": "eager"}], ids=["blocking", "delay-1-eager"])
+@pytest.mark.parametrize("overlap", [
+    {"sync_moments": True}, {"sync_delay": 1, "sync_landing": "eager", "sync_moments": True, "moment_syncs": 1}],
+                         ids=["blocking-moments", "delay-1-eager-first-moments"])
 def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path, overlap):
     (tmp_path / "cluster.yaml").write_text(TWO_GPUS_YAML)
     cluster = load_cluster(str(tmp_path / "cluster.yaml"))
@@ -45,10 +50,20 @@ def test_adaptive_ranks_share_each_period_and_end_together_in_sync(tmp_path, ove
         assert taken == [_last_of(records[rank], period + 1)["local_steps"] for rank in range(2)]
         assert len({_last_of(records[rank], period + 1)["param_sum"] for rank in range(2)}) == 1
     assert sum(len(records[rank]) for rank in range(2)) == periods * 2 * every
-    for rank in range(2):  # every sync's bytes are in a record, the last one's (landed at the end) too; a step
-        # may land one sync and the end another
-        sent = [r["dp_bytes"] for r in records[rank] if r["dp_bytes"]]
-        assert sum(sent) == periods * min(sent) and all(b % min(sent) == 0 for b in sent)
+    # every sync's bytes are in a record, the last one's (landed at the end) too: codec none, 4 bytes per value, and
+    # a sync with the moments sends three values per parameter (outer gradient, first and second moment)
+    shards = {rank: ckpt.load_shard(tmp_path / "ckpt", steps, rank, manifest,
+                                    {"rank": rank, "stage": 0, "replica": rank}) for rank in range(2)}
+    values = sum(t.numel() for t in shards[0]["stage"].values())
+    with_moments = periods if overlap.get("moment_syncs") is None else overlap["moment_syncs"]
+    for rank in range(2):
+        assert sum(r["dp_bytes"] for r in records[rank]) == 4 * values * (3 * with_moments + periods - with_moments)
+    if overlap.get("moment_syncs") is None:  # the last sync carried the moments and landed them: equal on both
+        states = [shards[rank]["dp"]["optimizer"]["state"] for rank in range(2)]
+        assert states[0].keys() == states[1].keys() and states[0]
+        for key in states[0]:
+            for moment in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(states[0][key][moment], states[1][key][moment])
 
 
 def _periods(records: list[dict]) -> list[int]:

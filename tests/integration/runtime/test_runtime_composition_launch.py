@@ -12,7 +12,8 @@ validation: tests/unit/runtime/test_runtime_composition.py. Other running cells 
 (test_runtime_elastic_hierarchical.py), with
 emulated links (integration/observe/test_observe_runs.py); --dp-hierarchical with --sync-delay and --sync-moments (and
 --sync-every, --fragments, --dp-codec: test_runtime_hierarchical.py); --sync-every with --local-steps adaptive
-(test_runtime_adaptive_local_steps.py, also with --dp-hierarchical and --sync-delay), also on a plan of 2 stages (test_runtime_adaptive_pipeline.py), and with --outer-sync async-hierarchical (integration/cli/
+(test_runtime_adaptive_local_steps.py, also with --dp-hierarchical, --sync-delay and --sync-moments), also on a plan
+of 2 stages (test_runtime_adaptive_pipeline.py), and with --outer-sync async-hierarchical (integration/cli/
 test_cli_outer_sync.py); a sharded plan with --checkpoint-every, --stop-after and --resume
 (test_runtime_sharded_resume.py), with --eval-local (test_runtime_sharded_eval_local.py), with --sync-moments, with
 --dp-hierarchical, with a plan of 2 stages, with --local-steps adaptive, with --fragments, --sync-delay, --dp-codec

@@ -75,6 +75,8 @@ def test_stop_after_and_batch_shares_are_accepted_where_built_and_refused_in_one
     refused = [({"stop_after": 3, "sync_every": 2}, "--sync-every 2 stop at outer-round ends only"),
                ({"stop_after": 3, "sync_every": 3, "local_steps": "adaptive"}, "run.stop_after 3 with --local-steps "
                                                                                "adaptive: not built yet"),
+               ({"sync_every": 3, "local_steps": "adaptive", "sync_moments": True},
+                "optim.sync_moments with --local-steps adaptive: elastic adaptive syncs send the outer gradients only"),
                ({"batch_shares": "measured"}, "schedule.batch_shares 'measured': not built yet for elastic groups")]
     gpus = tmp_path / "two.yaml"  # 'measured' starts from the GPUs' speeds
     gpus.write_text(TWO_GPUS_YAML)

@@ -40,9 +40,9 @@ def test_steps_are_at_least_one_and_sum_to_r_times_h(seconds, h):
 
 def test_adaptive_with_a_streaming_setting_is_refused_in_one_line():
     with pytest.raises(SyncError, match=r"^local_steps adaptive runs the flat outer sync of one fragment only; not "
-                                        r"with fragments > 1, moment sync \(") as error:
-        check_adaptive_settings("adaptive", fragments=2, sync_moments=True)
+                                        r"with fragments > 1 \(") as error:
+        check_adaptive_settings("adaptive", fragments=2)
     assert "\n" not in str(error.value)
     with pytest.raises(SyncError, match="must be one of equal, adaptive, got 'fast'"):
         check_adaptive_settings("fast")
-    check_adaptive_settings("equal", fragments=4, sync_moments=True)
+    check_adaptive_settings("equal", fragments=4)

@@ -107,6 +107,9 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.local_steps == "adaptive" and optim.sync_delay > 0,
          f"optim.sync_delay {optim.sync_delay} with --local-steps adaptive: elastic adaptive syncs block (not built "
          f"yet: a sync in flight across a quorum that changes its split); drop --sync-delay"),
+        (optim.local_steps == "adaptive" and optim.sync_moments,
+         "optim.sync_moments with --local-steps adaptive: elastic adaptive syncs send the outer gradients only (not "
+         "built yet: the moments in an elastic adaptive sync); drop --sync-moments"),
         (optim.local_steps == "adaptive" and config.checkpoint.resume,
          "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
          "starts from scratch)"),
