@@ -2,9 +2,9 @@
 speed, counted in CPU seconds so that a loaded machine does not move the split): the groups meet at outer-sync
 indices, a SIGKILLed group restarts, recovers from its live peer at a sync and is re-balanced with its last measured
 speed; the run finishes without a global restart, the replicas equal, its validation loss within 0.02 nats of the
-same run without the fault. A partitioned group leaves the split (the survivor takes the whole period) and is
-re-balanced when it rejoins. A group of 2 pipeline stages (an A100 and a T4 against two L4s) takes one split, by its
-stages' slowest, and a killed one rejoins there. Four launches, shared by the assertions, one after another in one
+same run without the fault. A group of 2 pipeline stages (an A100 and a T4 against two L4s) takes one split, by its
+stages' slowest, and a killed one rejoins there. (A partition is refused with adaptive local steps: after the heal
+the cut group could form a quorum of its own, runtime/elastic/rules.py.) Three launches, shared by the assertions, one after another in one
 process (tests/one_interpreter.py: the later launches skip the seconds of imports of the first; none runs beside
 another, so the elastic timings are as alone)."""
 
@@ -29,7 +29,6 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--mi
          "--elastic", "--heartbeat-timeout", "1.5", "--comm-timeout", "30", "--json", "--run-dir", "none"]
 STAGE_STEPS = 60
 KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
-CUT_GROUP_1 = "partition:site=1,at=1s,for=3s"
 LOSS_TOLERANCE = 0.1
 """Nats the killed run's validation loss may exceed the unfaulted one's. Both runs are chaotic after the one sync
 that misses the killed group's contribution (and the periods of its restart, longer on a loaded machine): ten
@@ -49,7 +48,6 @@ def runs(tmp_path_factory):
     two, stages = ["--cluster", str(tmp / "cluster.yaml"), "--plan", str(tmp / "plan.json")], [
         "--cluster", str(tmp / "stages.yaml"), "--plan", str(tmp / "stages.json"), "--microbatches", "2"]
     flags = {"plain": [*two, "--steps", str(STEPS)], "killed": [*two, "--steps", str(STEPS), "--chaos", KILL_GROUP_1],
-             "cut": [*two, "--steps", str(2 * STEPS), "--chaos", CUT_GROUP_1],
              "stages": [*stages, "--steps", str(STAGE_STEPS), "--chaos", KILL_GROUP_1]}
     process = OneInterpreter([["train", "--config", str(tmp / "cpu.toml"), *FLAGS, *words] for words in flags.values()],
                              tmp, "runs", env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
@@ -97,21 +95,7 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
           f"{summary['val_loss']:.4f} with group 1 killed")
     assert summary["val_loss"] <= plain["summary"]["val_loss"] + LOSS_TOLERANCE, (
         {name: {key: run["summary"][key] for key in ("rejoins", "contributors", "replica_failures")}
-         for name, run in runs.items() if name != "cut"})
-
-
-@pytest.mark.timeout(600)
-def test_a_partitioned_group_leaves_the_split_and_is_rebalanced_when_it_rejoins(runs):
-    run = runs["cut"]
-    summary = run["summary"]
-    assert summary["partitions"] == 1 and summary["global_restarts"] == 0 and summary["rejoins"] >= 1
-    assert summary["max_param_diff_across_replicas"] == 0.0
-    quorums = [(tuple(r["quorum"]), tuple(r["next_local_steps"])) for r in _syncs(run)]
-    alone = [split for quorum, split in quorums if quorum == (0,)]
-    assert alone and all(split == (EVERY, 0) for split in alone)  # the survivor takes the whole period
-    first_alone = next(i for i, (quorum, _) in enumerate(quorums) if quorum == (0,))
-    after = [split for quorum, split in quorums[first_alone:] if quorum == (0, 1)]
-    assert after and after[0][0] > EVERY > after[0][1] >= 1  # re-balanced by the T4's speed kept meanwhile
+         for name, run in runs.items()})
 
 
 @pytest.mark.timeout(600)

@@ -110,6 +110,11 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.local_steps == "adaptive" and optim.sync_moments,
          "optim.sync_moments with --local-steps adaptive: elastic adaptive syncs send the outer gradients only (not "
          "built yet: the moments in an elastic adaptive sync); drop --sync-moments"),
+        (optim.local_steps == "adaptive" and config.reliability.chaos is not None
+         and has_partition(config.reliability.chaos),
+         f"reliability.chaos {config.reliability.chaos!r} with --local-steps adaptive: not built yet: after the heal "
+         f"the cut group can form a torchft quorum of its own beside the survivor's (a split brain: the groups train "
+         f"apart to the end; 3 of 4 runs of a 2-group partition on a quiet machine); use kill-site"),
         (optim.local_steps == "adaptive" and config.checkpoint.resume,
          "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
          "starts from scratch)"),
