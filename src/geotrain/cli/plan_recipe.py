@@ -31,9 +31,8 @@ from geotrain.cli.output import Output
 from geotrain.cluster import Cluster
 from geotrain.cluster.gpus import memory_text
 from geotrain.cost.batch_shares import SharesChoice, choose_shares, heterogeneous, replica_compute_seconds, replica_labels
-from geotrain.cost.memory import RECIPE_OUTER_BYTES_PER_PARAM, MemoryConfig, stage_memory_bytes
+from geotrain.cost.memory import OUTER_STATES, RECIPE_OUTER_BYTES_PER_PARAM, MemoryConfig, stage_memory_bytes
 from geotrain.errors import GeotrainError
-from geotrain.optim.outer_state import OUTER_STATES
 from geotrain.cost.wan_recipe import (DEFAULT_CODEC_FLOOR, OUTER_LADDER, SYNC_EVERY_CHOICES, MIN_OUTER_STEPS,
                                       WanRecipe, charged_step_seconds, choose_local_steps, estimated_compute_s,
                                       outer_ladder)

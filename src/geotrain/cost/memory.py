@@ -56,6 +56,10 @@ FSDP_GATHERED_UNITS = 2
 """Units (layers) FSDP holds unsharded at once on a device: the one computing and the one prefetched."""
 ACT_BYTES_PER_TOKEN_HIDDEN = 34.0
 """Korthikanti et al. 2023: bytes of stored activations per layer per token per hidden unit (fp16)."""
+OUTER_STATES = ("device", "host")
+"""Where a run keeps DiLoCo's outer state (train/plan --outer-state): beside the parameters, counted in each
+device's memory, or in host memory, not counted (geotrain.optim.outer_state moves it; here, torch-free, for the
+planner and the command line)."""
 
 
 class MemoryConfigError(GeotrainError, ValueError):

@@ -21,14 +21,12 @@ from typing import Any
 
 import torch
 
+from geotrain.cost.memory import OUTER_STATES
 from geotrain.optim.shards import local_shard
-
-OUTER_STATES = ("device", "host")
-"""Where the outer state lives (module doc)."""
 
 
 def check_outer_state(value: Any, who: str) -> str:
-    """`value` if it is one of OUTER_STATES, else ValueError naming `who` (the caller's setting)."""
+    """`value` if it is one of OUTER_STATES (geotrain.cost.memory), else ValueError naming `who` (the caller's setting)."""
     if value not in OUTER_STATES:
         raise ValueError(f"{who} must be one of {', '.join(OUTER_STATES)}, got {value!r}")
     return value

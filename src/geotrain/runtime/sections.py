@@ -23,7 +23,7 @@ from geotrain.emulate.install import COMPUTE_CLOCKS as EMULATED_CLOCKS
 from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
-from geotrain.optim.outer_state import OUTER_STATES
+from geotrain.cost.memory import OUTER_STATES
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.runtime.batch_shares import BatchSharesError, parse_batch_shares
 from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, slow_only

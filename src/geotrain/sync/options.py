@@ -20,7 +20,7 @@ from geotrain.comm import check_reducer_spec, reducer_traits
 from geotrain.comm.gather import GatherLinks
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
-from geotrain.optim.outer_state import OUTER_STATES
+from geotrain.cost.memory import OUTER_STATES
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.sync.adaptive import LOCAL_STEPS, check_adaptive_settings
 from geotrain.cost.async_outer import STALENESS_POWER
