@@ -5,6 +5,7 @@ import json
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -43,12 +44,30 @@ def test_watchdog_returns_a_finished_childs_items_and_value():
     assert run.seconds < 30.0
 
 
-def test_watchdog_cancelled_from_another_thread_ends_the_child_early_and_keeps_what_it_reported():
-    cancel = threading.Event()
-    threading.Timer(1.5, cancel.set).start()  # the child has started and reported by then
-    run = run_with_deadline(report_then_hang, (7,), 60.0, cancel=cancel)
+def report_mark_then_hang(report, value, mark):
+    report(value)
+    Path(mark).write_text("reported")
+    time.sleep(120)
+
+
+def test_watchdog_cancelled_from_another_thread_ends_the_child_early_and_keeps_what_it_reported(tmp_path):
+    """Cancelled once the child has reported (its mark on disk; a fixed 1.5 s was too short for a child's start-up
+    on a loaded machine): the run ends within a cancel poll of it, far before its 60 s limit, with the item."""
+    cancel, mark = threading.Event(), tmp_path / "reported"
+    cancelled: list[float] = []
+
+    def cancel_after_the_report() -> None:
+        while not mark.exists():
+            time.sleep(0.01)
+        time.sleep(0.2)  # the item went into the pipe before the mark: the parent has read it by then
+        cancelled.append(time.monotonic())
+        cancel.set()
+
+    threading.Thread(target=cancel_after_the_report, daemon=True).start()
+    run = run_with_deadline(report_mark_then_hang, (7, str(mark)), 60.0, cancel=cancel)
+    ended = time.monotonic()
     assert run.items == (7,) and run.killed and not run.finished
-    assert 1.5 <= run.seconds < 1.5 + CANCEL_POLL_S + 1.5
+    assert cancelled and ended - cancelled[0] < CANCEL_POLL_S + 1.5 and run.seconds < 30.0
 
 
 def _jittered(devices_per_region: int, stages: int) -> PlacementProblem:
