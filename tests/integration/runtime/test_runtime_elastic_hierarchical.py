@@ -47,13 +47,18 @@ def run(tmp_path_factory):
 def test_only_the_owners_int8_payloads_cross_regions_as_in_the_non_elastic_hierarchy(run):
     sizes = [p.numel() for p in build_stage(MODEL_PRESETS["tiny-2layer"], 0, 0, 1).parameters()]
     regions = Regions.of([[0, 1], [2]])  # quorum ranks of groups 0, 1, 2 (torchft orders them by replica id)
+    checked = 0
     for rank in range(3):
         expected = expected_link_bytes(get_codec("int8-block"), HierarchicalGroups.plan(regions), rank, sum(sizes),
                                        segments=sizes).inter_bytes + 4 * len(regions.owned_shards(rank))
         records = run["group_records"][str(rank)]
+        # a sync of the full quorum (the killed group 1 may have none on a loaded host: killed before its first,
+        # back after the last)
         whole = [r for r in records if r["synced"] and r["contributors"] == 3.0]
-        assert whole and all(r["inter_region_bytes"] == expected for r in whole), (rank, expected, whole[:1])
+        assert all(r["inter_region_bytes"] == expected for r in whole), (rank, expected, whole[:1])
         assert all(r["inter_region_bytes"] == 0 for r in records if not r["synced"])  # local steps stay home
+        checked += len(whole)
+    assert checked > 0  # at least one full-quorum sync was measured
 
 
 @pytest.mark.timeout(300)
