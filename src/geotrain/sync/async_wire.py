@@ -294,17 +294,14 @@ class ServerThread(threading.Thread):
                 self.publish(max(timer.now_s, earliest))
             due = next_due(pending, horizons)
             if due is None:
-                if self.stopped.wait(wait_s):
+                if (wait_s := self._idle(wait_s)) is None:
                     return
-                wait_s = min(2 * wait_s, POLL_S[1])
                 continue
             wait_s, progress_s = POLL_S[0], time.monotonic()
             arrival, request = pending.pop(due)
-            timer.now_s = max(timer.now_s, arrival)
-            self.served_s.append(arrival)
             if self.order is not None:
                 self.order.record(request.client)
-            self._serve(request)
+            self._serve_at(timer, arrival, request)
 
     def _serve_in_leaders_order(self) -> None:
         """Serve each request in the order the first position's server wrote (async_timing.ServeOrder), once it has
@@ -323,13 +320,23 @@ class ServerThread(threading.Thread):
                     raise AsyncStall(f"asynchronous DiLoCo on emulated links: for {async_timing.STALL_S:.0f} s the "
                                      f"server of {self.mailbox.name} waited for client {client}'s request, which the "
                                      f"first position's server has served")
-                if self.stopped.wait(wait_s):
+                if (wait_s := self._idle(wait_s)) is None:
                     return
-                wait_s = min(2 * wait_s, POLL_S[1])
                 continue
             wait_s, progress_s = POLL_S[0], time.monotonic()
             arrival, request = pending.pop(client)
             order.took()
-            timer.now_s = max(timer.now_s, arrival)
-            self.served_s.append(arrival)
-            self._serve(request)
+            self._serve_at(timer, arrival, request)
+
+    def _idle(self, wait_s: float) -> float | None:
+        """Wait `wait_s` wall seconds with nothing to serve yet: the next wait (doubled, up to POLL_S[1]), or None once
+        told to stop."""
+        if self.stopped.wait(wait_s):
+            return None
+        return min(2 * wait_s, POLL_S[1])
+
+    def _serve_at(self, timer: LinkTimer, arrival: float, request: Request) -> None:
+        """Serve `request`, which arrived at emulated `arrival`: this server's clock moves to it (never back)."""
+        timer.now_s = max(timer.now_s, arrival)
+        self.served_s.append(arrival)
+        self._serve(request)

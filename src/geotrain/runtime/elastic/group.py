@@ -535,9 +535,10 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
     os._exit(0)  # torchft's server threads need no orderly shutdown: the launcher has the results
 
 
-def failure_file(group: int, stage: int) -> str:
+def failure_file(group: int, stage: int | str) -> str:
     """The file in the run's result directory where process `stage` of replica group `group` writes, in one line,
-    the unexpected error it exits with (status 1: the launcher restarts the group)."""
+    the unexpected error it exits with (status 1: the launcher restarts the group); `stage` "*": every process's,
+    as a glob pattern."""
     return f"failure-{group}-{stage}.txt"
 
 

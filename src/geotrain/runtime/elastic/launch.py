@@ -350,7 +350,7 @@ def _failure_reason(result_dir: Path, group: int, code: int) -> str:
     """How replica group `group` ended (exit `code`), with the error a process of it wrote, if any (group.failure_file;
     read once: a restarted group writes its own)."""
     exited = describe_exit(code)
-    for path in sorted(result_dir.glob(failure_file(group, 0).replace("-0.txt", "-*.txt"))):
+    for path in sorted(result_dir.glob(failure_file(group, "*"))):
         try:
             line = path.read_text().strip()
             path.unlink()
