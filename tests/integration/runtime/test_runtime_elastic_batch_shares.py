@@ -27,8 +27,9 @@ def test_an_elastic_run_with_batch_shares_trains_the_non_elastic_runs_numbers(tm
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     base = ["train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
-    out = run_side_by_side({"elastic": [*base, "--elastic", "--heartbeat-timeout", "1.5"], "plain": base}, tmp_path,
-                           env)
+    # the default heartbeat timeout (10 s): nothing is killed here, and a loaded CI host once paused a group's
+    # heartbeats past 1.5 s, so step 0's quorum formed without it (contributors 0.5, not 2)
+    out = run_side_by_side({"elastic": [*base, "--elastic"], "plain": base}, tmp_path, env)
     elastic, plain = out["elastic"], out["plain"]
     assert elastic["summary"]["steps"] == STEPS and elastic["summary"]["contributors"] == [2.0] * STEPS
     assert elastic["summary"]["samples"] == STEPS * 4  # group 0: 1 window a step, group 1: 3
