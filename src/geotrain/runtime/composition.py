@@ -147,7 +147,6 @@ RULES: tuple[Rule, ...] = (
          built=True),
     Rule("cuda", "links", "link emulation runs on CPU (gloo) only", built=True,
          instead="pass --time-scale 0 to train over NCCL without emulation"),
-    Rule("cuda", "onebit", "1-bit Adam keeps its state in host memory (CPU only)", instead="use --optimizer adamw"),
 )
 """The pairs that do not run together, in the order validation checks them (the first that applies speaks)."""
 

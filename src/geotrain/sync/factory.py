@@ -62,7 +62,8 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
     if options.optimizer == "onebit-adam":
         pause = CollectivePause()
         if group.hierarchy is None:
-            collective, kind = timed_collective(transport, group.handle, devices, pause), OneBitAdam
+            on_gpu = any(p.device.type != "cpu" for p in params)  # state there, messages through host copies
+            collective, kind = timed_collective(transport, group.handle, devices, pause, on_gpu), OneBitAdam
         else:
             collective = timed_region_collective(transport, group.hierarchy, rank, devices, pause)
             kind = RegionOneBitAdam
