@@ -105,12 +105,13 @@ def _onebit_model() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
 
 
-def region_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps: int) -> dict[str, Any]:
+def region_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps: int,
+                       rank_weighted: bool = False) -> dict[str, Any]:
     """RegionOneBitAdam over RegionCollective: final parameters and bytes by link class."""
     from geotrain.optim.region_collective import RegionCollective, RegionOneBitAdam
 
     model = _onebit_model()
-    collective = RegionCollective(HierarchicalGroups.create(Regions.of(lists)))
+    collective = RegionCollective(HierarchicalGroups.create(Regions.of(lists)), rank_weighted=rank_weighted)
     optimizer = RegionOneBitAdam(model.parameters(), lr=1e-2, warmup_steps=2, collective=collective)
     inter = []
     for step in range(steps):
@@ -122,8 +123,10 @@ def region_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps
             "message_bytes": optimizer.layout.message_bytes, "numel": optimizer.layout.numel}
 
 
-def simulated_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps: int) -> torch.Tensor:
-    """OneBitAdam over SimulatedCollective(R) fed with each region's mean gradient (member-order sum)."""
+def simulated_onebit_adam(rank: int, world_size: int, lists: list[list[int]], steps: int,
+                          rank_weighted: bool = False) -> torch.Tensor:
+    """OneBitAdam over SimulatedCollective(R) fed with each region's mean gradient (member-order sum; rank_weighted:
+    its sum x R / W, so that the mean over regions is the mean over the W ranks)."""
     from geotrain.comm import SimulatedCollective
     from geotrain.optim import OneBitAdam
 
@@ -139,6 +142,7 @@ def simulated_onebit_adam(rank: int, world_size: int, lists: list[list[int]], st
             total = grads[0].clone()
             for grad in grads[1:]:
                 total += grad
-            means.append(total.div_(len(region)))
+            ranks = sum(len(members) for members in lists)
+            means.append(total.div_(ranks / len(lists) if rank_weighted else len(region)))
         optimizer.step_workers(means)
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])

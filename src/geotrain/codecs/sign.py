@@ -49,7 +49,10 @@ class SignCodec(Codec):
 
 
 def pack_sign_bits(flat: torch.Tensor) -> torch.Tensor:
-    """uint8 tensor of ceil(n / 8) bytes: bit i of byte j is set iff flat[8j + i] < 0."""
+    """uint8 tensor of ceil(n / 8) bytes: bit i of byte j is set iff flat[8j + i] < 0. On the tensor's device
+    (a GPU tensor's bits are packed there: `pack_sign_bits_torch`)."""
+    if flat.device.type != "cpu":
+        return pack_sign_bits_torch(flat)
     values = flat.detach().reshape(-1).to(torch.float32).contiguous().numpy()
     packed = new_buffer(-(-values.size // 8), torch.uint8)
     _pack_signs(values, packed.numpy())
@@ -57,8 +60,29 @@ def pack_sign_bits(flat: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_sign_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
-    """Bool tensor of n values: True where the packed bit is set (the inverse of pack_sign_bits)."""
+    """Bool tensor of n values: True where the packed bit is set (the inverse of pack_sign_bits), on the bits'
+    device."""
+    if bits.device.type != "cpu":
+        return unpack_sign_bits_torch(bits, n)
     return torch.from_numpy(np.unpackbits(bits.contiguous().numpy(), count=n, bitorder="little").astype(bool))
+
+
+def _bit_shifts(device: torch.device) -> torch.Tensor:
+    return torch.arange(8, dtype=torch.uint8, device=device)
+
+
+def pack_sign_bits_torch(flat: torch.Tensor) -> torch.Tensor:
+    """pack_sign_bits in torch operations on `flat`'s device (the same bytes; the numba kernel is host-only)."""
+    negative = flat.detach().reshape(-1) < 0
+    padded = torch.zeros(-(-negative.numel() // 8) * 8, dtype=torch.uint8, device=flat.device)
+    padded[: negative.numel()] = negative.to(torch.uint8)
+    return (padded.view(-1, 8) << _bit_shifts(flat.device)).sum(dim=1, dtype=torch.int32).to(torch.uint8)
+
+
+def unpack_sign_bits_torch(bits: torch.Tensor, n: int) -> torch.Tensor:
+    """unpack_sign_bits in torch operations on `bits`' device."""
+    expanded = (bits.reshape(-1, 1) >> _bit_shifts(bits.device)) & 1
+    return expanded.reshape(-1)[:n].bool()
 
 
 # The kernels spell out the 8 bits of a byte: LLVM vectorises that form (a loop over i did not).

@@ -59,18 +59,20 @@ class Collective(Protocol):
 
 class Started:
     """A collective posted and not yet waited for: `wait()` returns its result (what the blocking call
-    returns). Keeps the posted buffers alive until then."""
+    returns), on `device` (None: where it is). Keeps the posted buffers alive until then."""
 
-    def __init__(self, result: torch.Tensor, work: Any = None, keep: Any = None) -> None:
+    def __init__(self, result: torch.Tensor, work: Any = None, keep: Any = None,
+                 device: torch.device | None = None) -> None:
         self._result = result
         self._work = work
         self._keep = keep
+        self._device = device
 
     def wait(self) -> torch.Tensor:
         if self._work is not None:
             self._work.wait()
             self._work = self._keep = None
-        return self._result
+        return self._result if self._device is None else self._result.to(self._device)
 
 
 def _check_local(tensors: Sequence[torch.Tensor], count: int, what: str) -> None:
@@ -140,9 +142,12 @@ class TorchCollective:
     """This process's rank in a torch.distributed process group (default: the world group).
 
     `wrap(nbytes, run)`: every collective call goes through it (default: `run()`), so that a caller can
-    time or emulate it (the runtime's Transport). A group of one rank makes no call at all."""
+    time or emulate it (the runtime's Transport). A group of one rank makes no call at all.
+    `host_copies`: hand the group host copies of GPU tensors (gloo beside NCCL, as the runtime's exchanges do on
+    CUDA: geotrain.sync.base.host_gradients) and return each result on its input's device."""
 
-    def __init__(self, group: Any = None, wrap: Callable[[int, Callable[[], Any]], Any] | None = None) -> None:
+    def __init__(self, group: Any = None, wrap: Callable[[int, Callable[[], Any]], Any] | None = None,
+                 host_copies: bool = False) -> None:
         import torch.distributed as dist
 
         if not dist.is_initialized():
@@ -152,6 +157,11 @@ class TorchCollective:
         self.local_ranks = (dist.get_rank(group),)
         self.ledger = CommLedger()
         self._wrap = wrap
+        self.host_copies = host_copies
+
+    def _wire(self, tensor: torch.Tensor) -> torch.device:
+        """Where `tensor` travels: host memory with host_copies, else its own device."""
+        return torch.device("cpu") if self.host_copies else tensor.device
 
     def _call(self, nbytes: int, run: Callable[[], Any]) -> None:
         call = run if self.world_size > 1 else (lambda: None)
@@ -164,25 +174,25 @@ class TorchCollective:
         import torch.distributed as dist
 
         _check_local(tensors, 1, "all_reduce_mean")
-        total = tensors[0].clone()
+        total = tensors[0].to(self._wire(tensors[0]), copy=True)
         self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
         self._call(tensor_bytes(total), lambda: dist.all_reduce(total, group=self.group))
-        return total.div_(self.world_size)
+        return total.div_(self.world_size).to(tensors[0].device)
 
     def all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         import torch.distributed as dist
 
         _check_local(tensors, 1, "all_reduce_sum")
-        total = tensors[0]
+        total = tensors[0].to(self._wire(tensors[0]))
         self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
         self._call(tensor_bytes(total), lambda: dist.all_reduce(total, group=self.group))
-        return total
+        return total.to(tensors[0].device)
 
     def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         import torch.distributed as dist
 
         _check_local(sends, 1, "all_to_all")
-        send = sends[0].contiguous()
+        send = sends[0].to(self._wire(sends[0])).contiguous()
         if send.numel() % self.world_size:
             raise ValueError(f"all_to_all: send buffer of {send.numel()} elements is not "
                              f"{self.world_size} equal chunks")
@@ -192,13 +202,13 @@ class TorchCollective:
             received = torch.empty_like(send)
         self.ledger.record("all_to_all", tensor_bytes(send), self.world_size)
         self._call(tensor_bytes(send), lambda: dist.all_to_all_single(received, send, group=self.group))
-        return [received]
+        return [received.to(sends[0].device)]
 
     def all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> torch.Tensor:
         _check_local(tensors, 1, "all_gather")
-        keep, gathered, post = self._gather(tensors[0], algorithm)
+        keep, gathered, post = self._gather(tensors[0].to(self._wire(tensors[0])), algorithm)
         self._call(tensor_bytes(tensors[0]), lambda: post(False))
-        return gathered
+        return gathered.to(tensors[0].device)
 
     def _gather(self, tensor: torch.Tensor, algorithm: str) -> tuple[Any, torch.Tensor, Callable[[bool], Any]]:
         """(the buffers to keep alive while posted, the output buffer, post(async_op)) of an all-gather
@@ -225,16 +235,16 @@ class TorchCollective:
     def start_all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> Started:
         """all_gather posted with async_op; `wait()` gives the concatenation in rank order."""
         _check_local(tensors, 1, "start_all_gather")
-        keep, gathered, post = self._gather(tensors[0], algorithm)
-        return Started(gathered, post(True), keep)
+        keep, gathered, post = self._gather(tensors[0].to(self._wire(tensors[0])), algorithm)
+        return Started(gathered, post(True), keep, tensors[0].device)
 
     def start_all_reduce_sum(self, tensors: Sequence[torch.Tensor]) -> Started:
         """all_reduce_sum posted with async_op; `wait()` gives the sum (in the input buffer)."""
         import torch.distributed as dist
 
         _check_local(tensors, 1, "start_all_reduce_sum")
-        total = tensors[0]
+        total = tensors[0].to(self._wire(tensors[0]))
         self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
         if self.world_size == 1:
-            return Started(total)
-        return Started(total, dist.all_reduce(total, group=self.group, async_op=True))
+            return Started(total, device=tensors[0].device)
+        return Started(total, dist.all_reduce(total, group=self.group, async_op=True), device=tensors[0].device)

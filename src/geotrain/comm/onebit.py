@@ -9,6 +9,9 @@ per call: (p + 1) x message_bytes ~ n/8 (1 + 1/p) (one all-to-all, one all-gathe
 `average` computes the result and the new residuals without changing the reducer, `commit` stores
 the residuals: a caller that refuses a step (OneBitAdam on NaN/inf) leaves the state as it was.
 `reduce` (the reducer protocol, see geotrain.comm) does both. Registered as `onebit`.
+
+`device`: where the residuals live and the encoding runs (the layout's); the collective carries the messages
+(a TorchCollective with `host_copies` hands host copies to gloo).
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ class OneBitMomentumReducer:
     name = "onebit"
     whole_model = True
 
-    def __init__(self, param_numels: Sequence[int], world_size: int, local_workers: int = 1) -> None:
-        self.layout = OneBitLayout(param_numels, world_size)
+    def __init__(self, param_numels: Sequence[int], world_size: int, local_workers: int = 1,
+                 device: torch.device | str = "cpu") -> None:
+        self.layout = OneBitLayout(param_numels, world_size, device)
         self.local_workers = local_workers
-        self.worker_errors = [torch.zeros(self.layout.padded_numel) for _ in range(local_workers)]
-        self.server_errors = [torch.zeros(self.layout.chunk_numel) for _ in range(local_workers)]
+        self.worker_errors = [torch.zeros(self.layout.padded_numel, device=device) for _ in range(local_workers)]
+        self.server_errors = [torch.zeros(self.layout.chunk_numel, device=device) for _ in range(local_workers)]
         self.declared_bytes = 0
 
     def step_bytes(self) -> int:
@@ -55,7 +59,7 @@ class OneBitMomentumReducer:
         received = collective.all_to_all(sends)
         replies = []
         for i, (rank, inbox) in enumerate(zip(collective.local_ranks, received, strict=True)):
-            total = torch.zeros(layout.chunk_numel)
+            total = torch.zeros(layout.chunk_numel, device=layout.device)
             for message in inbox.view(p, -1):  # rank order, so the sum is deterministic
                 total += layout.decode_chunk(message, rank)
             y = total.div_(p) + self.server_errors[i]
@@ -89,5 +93,5 @@ class OneBitMomentumReducer:
                  for t in [*state.get("worker_errors", []), *state.get("server_errors", [])]]
         if found != expected:
             raise ValueError(f"1-bit residuals of sizes {found[:4]} do not fit this reducer ({expected[:4]})")
-        self.worker_errors = [e.clone() for e in state["worker_errors"]]
-        self.server_errors = [e.clone() for e in state["server_errors"]]
+        self.worker_errors = [e.to(self.layout.device, copy=True) for e in state["worker_errors"]]
+        self.server_errors = [e.to(self.layout.device, copy=True) for e in state["server_errors"]]

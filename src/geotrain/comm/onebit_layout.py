@@ -11,6 +11,9 @@ with scale = mean |x| over the segment (the scale that minimises ||x - scale * s
 the scale list zero-padded to the largest segment count of any chunk, so all messages have the same
 size (`message_bytes`). Padding values decode to 0. Per-segment scales keep a small-gradient tensor
 (a LayerNorm bias) from being rounded up to the scale of a large one in the same chunk.
+
+`device`: where the layout's index tensors live and where it pads, encodes and decodes (the parameters' device:
+1-bit Adam's state stays there; sign bits are packed on it, geotrain.codecs.sign).
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ _ALIGN = 32  # chunk_numel is a multiple of 32 so that the bit part is whole flo
 class OneBitLayout:
     """Chunks and segments of a flat vector of `sum(param_numels)` values among `world_size` ranks."""
 
-    def __init__(self, param_numels: Sequence[int], world_size: int) -> None:
+    def __init__(self, param_numels: Sequence[int], world_size: int, device: torch.device | str = "cpu") -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if not param_numels or min(param_numels) < 1:
             raise ValueError(f"need at least one non-empty parameter, got sizes {list(param_numels)}")
         self.numel = int(sum(param_numels))
         self.world_size = world_size
+        self.device = torch.device(device)
         per_chunk = -(-self.numel // world_size)
         self.chunk_numel = -(-per_chunk // _ALIGN) * _ALIGN
         self.padded_numel = self.chunk_numel * world_size
@@ -52,7 +56,8 @@ class OneBitLayout:
         for chunk, ids in enumerate(self._ids):
             ids.clamp_(max=self.max_segments)  # padding -> the dummy slot
             counts = torch.bincount(ids, minlength=self.max_segments + 1)[: self.max_segments]
-            self._counts.append(counts.to(torch.float32))
+            self._counts.append(counts.to(self.device, torch.float32))
+        self._ids = [ids.to(self.device) for ids in self._ids]
 
     def _segment_ids(self, cuts: list[int], lo: int) -> torch.Tensor:
         ids = torch.full((self.chunk_numel,), 1 << 30, dtype=torch.int64)
@@ -71,7 +76,7 @@ class OneBitLayout:
 
     def pad(self, flat: torch.Tensor) -> torch.Tensor:
         """The flat (n,) vector zero-padded to (padded_numel,)."""
-        out = torch.zeros(self.padded_numel, dtype=torch.float32)
+        out = torch.zeros(self.padded_numel, dtype=torch.float32, device=self.device)
         out[: self.numel] = flat
         return out
 
@@ -81,7 +86,8 @@ class OneBitLayout:
     def encode_chunk(self, values: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Compress chunk `index` (chunk_numel float32 values): (message uint8, what it decodes to)."""
         ids = self._ids[index]
-        sums = torch.zeros(self.max_segments + 1, dtype=torch.float32).index_add_(0, ids, values.abs())
+        sums = torch.zeros(self.max_segments + 1, dtype=torch.float32, device=self.device).index_add_(0, ids,
+                                                                                                   values.abs())
         scales = sums[: self.max_segments] / self._counts[index].clamp(min=1.0)
         message = torch.cat([pack_sign_bits(values), scales.view(torch.uint8)])
         return message, self._expand(values < 0, scales, ids)

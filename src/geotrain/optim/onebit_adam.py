@@ -28,6 +28,11 @@ Bytes per worker per step, handed to the process group: warm-up 4 n (one fp32 al
 compression (p + 1) x message_bytes ~ n/8 (1 + 1/p) (one all-to-all, one all-gather).
 `ledger` (the collective's) counts them; `declared_step_bytes()` states them.
 
+State (moments, frozen variance, worker and server residuals) lives on the parameters' device (one device for
+all); the 1-bit messages are encoded there and travel through the collective (a TorchCollective with
+`host_copies=True` hands host copies to gloo, as `geotrain train --device cuda` does; not yet run on a GPU).
+A loaded state dict is moved to that device.
+
 In one process with p simulated workers, call `step_workers([flat_grad_0, ..., flat_grad_p-1])`;
 across processes, each rank calls `step()` after `backward()` (do not wrap the model in DDP: the
 optimizer does the gradient communication itself).
@@ -109,12 +114,17 @@ class OneBitAdam(torch.optim.Optimizer):
         if any(p.numel() == 0 for p in self._params) or not self._params:
             raise OneBitAdamError(f"OneBitAdam: every parameter needs at least one value, got sizes "
                                   f"{[p.numel() for p in self._params][:10]}")
+        devices = sorted({str(p.device) for p in self._params})
+        if len(devices) > 1:
+            raise OneBitAdamError(f"OneBitAdam: every parameter must be on one device (its state lives there), "
+                                  f"got {devices}")
+        self.device = self._params[0].device
         self.reducer = OneBitMomentumReducer([p.numel() for p in self._params], self.collective.world_size,
-                                             len(self.collective.local_ranks))
+                                             len(self.collective.local_ranks), self.device)
         n = self.layout.numel
         self.step_count = 0
-        self.exp_avg = torch.zeros(n)
-        self.exp_avg_sq = torch.zeros(n)  # after the freeze: the frozen, bias-corrected variance
+        self.exp_avg = torch.zeros(n, device=self.device)
+        self.exp_avg_sq = torch.zeros(n, device=self.device)  # after the freeze: the frozen, bias-corrected variance
 
     @property
     def layout(self) -> OneBitLayout:
@@ -199,7 +209,7 @@ class OneBitAdam(torch.optim.Optimizer):
         holds NaN/inf, unless allow_nonfinite. Called before any state changes."""
         if self.allow_nonfinite or bool(torch.isfinite(averaged).all()):
             return
-        bad = (~torch.isfinite(averaged)).nonzero().reshape(-1)
+        bad = (~torch.isfinite(averaged)).nonzero().reshape(-1).cpu()
         ends = torch.tensor([p.numel() for p in self._params]).cumsum(0)
         params = torch.unique(torch.searchsorted(ends, bad, right=True)).tolist()
         names = [self._param_names[i] or f"#{i} {tuple(self._params[i].shape)}" for i in params]
@@ -272,7 +282,8 @@ class OneBitAdam(torch.optim.Optimizer):
         warmup_steps = parse_count(onebit["warmup_steps"], "OneBitAdam state: warmup_steps", 1, OneBitAdamError)
         super().load_state_dict({k: v for k, v in state_dict.items() if k != "onebit"})
         self.step_count, self.warmup_steps = step_count, warmup_steps
-        self.exp_avg, self.exp_avg_sq = onebit["exp_avg"].clone(), onebit["exp_avg_sq"].clone()
+        self.exp_avg = onebit["exp_avg"].to(self.device, copy=True)
+        self.exp_avg_sq = onebit["exp_avg_sq"].to(self.device, copy=True)
         self.reducer.load_state_dict(onebit)
 
 

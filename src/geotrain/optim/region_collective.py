@@ -13,7 +13,14 @@ the vector is cut into S = max region size pieces; piece i travels between the o
 (geotrain.comm.regions) and the members then share their pieces inside the region (one all-to-all).
 So every NIC carries a share of the inter-region traffic and the 1-bit messages cross regions once.
 Regions weigh equally in the mean (as 1-bit Adam's workers), whatever their sizes; results are
-bit-identical to OneBitAdam over SimulatedCollective(R) fed with the region means.
+bit-identical to OneBitAdam over SimulatedCollective(R) fed with the region means. With `rank_weighted=True`
+a region's share is its members' sum x R / W (W ranks), so that the mean over regions is the mean over ranks,
+as flat data parallelism (`geotrain train` uses it; with regions of equal size both are the same bits).
+
+`wrap(nbytes, run)`: every collective call (the region mean and the three between regions) goes through it,
+`nbytes()` telling the bytes this rank sent in the call once it ran, as TorchCollective's `wrap` (the runtime
+times them: geotrain.sync.onebit). The collectives carry host copies (the groups' gloo; on CUDA beside NCCL, as
+the runtime's other exchanges) and return each result on its input's device, where 1-bit Adam keeps its state.
 
 Bytes (`bytes`, this rank): intra-region (k - 1) x 4 n for the region mean plus the piece sharing;
 inter-region, per collective, the pieces of the shards it owns sent to the R - 1 other regions.
@@ -21,7 +28,7 @@ inter-region, per collective, the pieces of the shards it owns sent to the R - 1
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,8 +43,11 @@ from geotrain.optim.onebit_adam import OneBitAdam
 class RegionCollective:
     """A `Collective` whose ranks are the regions of `groups` (see the module doc)."""
 
-    def __init__(self, groups: HierarchicalGroups, rank: int | None = None) -> None:
+    def __init__(self, groups: HierarchicalGroups, rank: int | None = None, *, rank_weighted: bool = False,
+                 wrap: Callable[[Callable[[], int], Callable[[], Any]], Any] | None = None) -> None:
         self.groups = groups
+        self.rank_weighted = rank_weighted
+        self._wrap = wrap
         self.regions = groups.regions
         self.rank = dist.get_rank() if rank is None else rank
         self.region = self.regions.region_of(self.rank)
@@ -47,20 +57,37 @@ class RegionCollective:
         self.ledger = CommLedger()
         self.bytes = LinkBytes()
 
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank has sent so far, inside its region and between regions."""
+        return self.bytes.intra_bytes + self.bytes.inter_bytes
+
+    def _call(self, run: Callable[[], Any]) -> Any:
+        if self._wrap is None:
+            return run()
+        before = self.sent_bytes
+        return self._wrap(lambda: self.sent_bytes - before, run)
+
     def region_mean(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Mean of `tensor` over this region's members, the same bits on each (member-order sum)."""
-        tensor = tensor.detach().reshape(-1).contiguous()
+        """This region's share of the mean (module doc): the members' mean of `tensor` (`rank_weighted`: their sum
+        x R / W), the same bits on each (member-order sum)."""
+        device, tensor = tensor.device, tensor.detach().reshape(-1).to("cpu").contiguous()
         k = len(self.members)
+        divisor = self.regions.world_size / self.world_size if self.rank_weighted else k
         if k == 1:
-            return tensor.clone()
+            return (tensor.clone() if divisor == 1 else tensor / divisor).to(device)
         gathered = torch.empty(k * tensor.numel(), dtype=tensor.dtype)
-        all_gather_single(gathered, tensor, group=self.groups.intra[self.region])
-        self.bytes.intra_bytes += (k - 1) * tensor_bytes(tensor)
+
+        def gather() -> None:
+            all_gather_single(gathered, tensor, group=self.groups.intra[self.region])
+            self.bytes.intra_bytes += (k - 1) * tensor_bytes(tensor)
+
+        self._call(gather)
         copies = gathered.view(k, -1)
         total = copies[0].clone()
         for copy in copies[1:]:
             total += copy
-        return total.div_(k)
+        return total.div_(divisor).to(device)
 
     def _share(self, owned: dict[int, torch.Tensor], widths: list[int]) -> dict[int, torch.Tensor]:
         """Every shard's received pieces (R rows of widths[shard] each), from the owners' `owned`, on every member."""
@@ -106,21 +133,22 @@ class RegionCollective:
         return torch.cat([pieces[s] for s in range(self.groups.shards)], dim=1)
 
     def _check(self, tensors: Sequence[torch.Tensor], what: str) -> torch.Tensor:
+        """This region's one tensor, flat, in host memory."""
         if len(tensors) != 1:
             raise ValueError(f"{what}: expected one tensor (this region's), got {len(tensors)}")
-        return tensors[0].detach().reshape(-1).contiguous()
+        return tensors[0].detach().reshape(-1).to("cpu").contiguous()
 
     def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """Mean over regions of each region's tensor (region-order sum, as SimulatedCollective)."""
         mine = self._check(tensors, "all_reduce_mean")
         self.ledger.record("all_reduce", tensor_bytes(mine), self.world_size)
         if self.world_size == 1:
-            return mine.clone()
-        rows = self._exchange(mine.view(1, -1).expand(self.world_size, -1), all_to_all=False)
+            return mine.clone().view_as(tensors[0]).to(tensors[0].device)
+        rows = self._call(lambda: self._exchange(mine.view(1, -1).expand(self.world_size, -1), all_to_all=False))
         total = rows[0].clone()
         for row in rows[1:]:
             total += row
-        return total.div_(self.world_size).view_as(tensors[0])
+        return total.div_(self.world_size).view_as(tensors[0]).to(tensors[0].device)
 
     def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         send = self._check(sends, "all_to_all")
@@ -128,15 +156,17 @@ class RegionCollective:
             raise ValueError(f"all_to_all: send buffer of {send.numel()} elements is not {self.world_size} equal chunks")
         self.ledger.record("all_to_all", tensor_bytes(send), self.world_size)
         if self.world_size == 1:
-            return [send.clone()]
-        return [self._exchange(send.view(self.world_size, -1), all_to_all=True).reshape(-1)]
+            return [send.clone().to(sends[0].device)]
+        return [self._call(lambda: self._exchange(send.view(self.world_size, -1), all_to_all=True)).reshape(-1)
+                .to(sends[0].device)]
 
     def all_gather(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         mine = self._check(tensors, "all_gather")
         self.ledger.record("all_gather", tensor_bytes(mine), self.world_size)
         if self.world_size == 1:
-            return mine.clone()
-        return self._exchange(mine.view(1, -1).expand(self.world_size, -1), all_to_all=False).reshape(-1)
+            return mine.clone().to(tensors[0].device)
+        return self._call(lambda: self._exchange(mine.view(1, -1).expand(self.world_size, -1),
+                                                 all_to_all=False)).reshape(-1).to(tensors[0].device)
 
 
 class RegionOneBitAdam(OneBitAdam):

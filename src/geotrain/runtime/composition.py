@@ -122,7 +122,6 @@ RULES: tuple[Rule, ...] = (
          instead="use --dp-codec none"),
     Rule("onebit", "plan-codecs", "1-bit Adam does its own data-parallel communication", built=True,
          instead="plan without --codecs / --wan-recipe"),
-    Rule("onebit", "hierarchical", "1-bit Adam between regions is geotrain.optim.RegionOneBitAdam, for DDP scripts"),
     Rule("onebit", "delay", "delayed gradients step AdamW on the landed mean; 1-bit Adam does its own exchange",
          built=True),
     Rule("batch-shares", "diloco", "shares of the batch balance per-step data parallelism; with --sync-every the "
@@ -148,7 +147,6 @@ RULES: tuple[Rule, ...] = (
          built=True),
     Rule("cuda", "links", "link emulation runs on CPU (gloo) only", built=True,
          instead="pass --time-scale 0 to train over NCCL without emulation"),
-    Rule("cuda", "onebit", "1-bit Adam keeps its state in host memory (CPU only)", instead="use --optimizer adamw"),
 )
 """The pairs that do not run together, in the order validation checks them (the first that applies speaks)."""
 

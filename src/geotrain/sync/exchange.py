@@ -81,14 +81,15 @@ class _WaitedThroughTransport:
 
 
 def timed_collective(transport: CollectiveTransport, group: Any, group_devices: list[int],
-                     pause: CollectivePause | None = None) -> TorchCollective:
+                     pause: CollectivePause | None = None, host_copies: bool = False) -> TorchCollective:
     """A collective of the DP group `group` whose every call goes through `transport.collective`, inside
-    `pause()` (its time is not the sync's compute) when given."""
+    `pause()` (its time is not the sync's compute) when given; `host_copies`: TorchCollective's (GPU tensors
+    travel as host copies)."""
     def wrap(nbytes: int, run: Callable[[], Any]) -> Any:
         with nullcontext() if pause is None else pause():
             return transport.collective(group, group_devices, nbytes, run)
 
-    return TorchCollective(group, wrap)
+    return TorchCollective(group, wrap, host_copies)
 
 
 class DirectTransport:

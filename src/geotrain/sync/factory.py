@@ -1,6 +1,7 @@
 """`make_gradient_sync`: the one place that picks a GradientSync implementation from SyncOptions.
 
-    optimizer onebit-adam              -> OneBitAdamSync (1-bit Adam averages over the group itself)
+    optimizer onebit-adam              -> OneBitAdamSync (1-bit Adam averages over the group itself; with a
+                                          hierarchy RegionOneBitAdam: regions are its workers)
     sync_every H                       -> OuterSync (local SGD / DiLoCo; outer gradients through the
                                           exchange below, every H steps); with fragments > 1,
                                           delay > 0 or sync_moments: StreamingOuterSync (one exchange
@@ -26,6 +27,7 @@ import torch
 
 from geotrain.codecs import CodecSpec
 from geotrain.optim import OneBitAdam
+from geotrain.optim.region_collective import RegionOneBitAdam
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import is_sharded
 from geotrain.sync.adaptive import AdaptiveOuterSync, Gather, gather_floats
@@ -34,7 +36,7 @@ from geotrain.sync.delayed import DelayedPerStepSync
 from geotrain.sync.exchange import StageExchange, timed_collective
 from geotrain.sync.hierarchical import hierarchical_exchange
 from geotrain.sync.moments import MomentTensors, moment_parts
-from geotrain.sync.onebit import OneBitAdamSync
+from geotrain.sync.onebit import OneBitAdamSync, timed_region_collective
 from geotrain.sync.options import DPGroup, ExchangeOptions, SyncOptions
 from geotrain.sync.outer import OuterSync
 from geotrain.sync.per_step import PerStepSync
@@ -59,10 +61,15 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
     devices = list(group.devices)
     if options.optimizer == "onebit-adam":
         pause = CollectivePause()
-        collective = timed_collective(transport, group.handle, devices, pause)
-        optimizer = OneBitAdam(named_params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
-                               warmup_steps=options.onebit_warmup_steps, collective=collective,
-                               max_grad_norm=options.clip_grad_norm, norm_sum_squares=sum_squares)
+        if group.hierarchy is None:
+            on_gpu = any(p.device.type != "cpu" for p in params)  # state there, messages through host copies
+            collective, kind = timed_collective(transport, group.handle, devices, pause, on_gpu), OneBitAdam
+        else:
+            collective = timed_region_collective(transport, group.hierarchy, rank, devices, pause)
+            kind = RegionOneBitAdam
+        optimizer = kind(named_params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                         warmup_steps=options.onebit_warmup_steps, collective=collective,
+                         max_grad_norm=options.clip_grad_norm, norm_sum_squares=sum_squares)
         return OneBitAdamSync(params, optimizer, collective, options.clip_grad_norm, pause)
     codec = options.exchange
     exchange = _exchange(codec, named_params, transport, group, rank)

@@ -28,6 +28,12 @@ from geotrain.sync.exchange import ExtraTensors
 from geotrain.sync.moments import MomentTensors, moment_parts
 
 
+def region_process_groups(groups: HierarchicalGroups, region: int) -> list[Any]:
+    """The process groups an exchange of a member of `region` runs on: its region's group and the shard owners'
+    groups (none where a region has one member), which the transport times as one collective."""
+    return [g for g in (groups.intra[region], *groups.inter.values()) if g is not None]
+
+
 class HierarchicalGradientExchange:
     """Averages the gradients of `params` over the stage's DP group hierarchically; holds the residuals.
     `group_devices`: the devices of the whole DP group (what the transport's record names)."""
@@ -44,8 +50,7 @@ class HierarchicalGradientExchange:
         self.last_nbytes = 0
 
     def _process_groups(self) -> list[Any]:
-        """This rank's region group and the shard owners' groups (None where a region has one member)."""
-        return [g for g in (self.groups.intra[self.reducer.region], *self.groups.inter.values()) if g is not None]
+        return region_process_groups(self.groups, self.reducer.region)
 
     def _sent_bytes(self) -> int:
         self.last_nbytes = self.reducer.last_bytes.intra_bytes + self.reducer.last_bytes.inter_bytes

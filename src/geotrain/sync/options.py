@@ -252,10 +252,6 @@ class SyncOptions:
             if not exchange.codec.is_uncompressed:
                 raise SyncError(f"SyncOptions: optimizer onebit-adam does its own data-parallel communication; "
                                 f"codec must be none, got {str(exchange.codec)!r}", ("optimizer", "exchange.codec"))
-            if exchange.hierarchical:
-                raise SyncError("SyncOptions: hierarchical with onebit-adam is not supported (1-bit Adam between "
-                                "regions is geotrain.optim.RegionOneBitAdam, for DDP scripts)",
-                                ("exchange.hierarchical", "optimizer"))
             if self.onebit_warmup_steps is None:
                 raise SyncError("SyncOptions: optimizer onebit-adam needs onebit_warmup_steps (an integer >= 1)",
                                 ("optimizer", "onebit_warmup_steps"))

@@ -11,7 +11,7 @@ validation: tests/unit/runtime/test_runtime_composition.py. Other running cells 
 (test_runtime_elastic_async.py), with a sharded plan (test_runtime_elastic_sharded.py), with --dp-hierarchical
 (test_runtime_elastic_hierarchical.py), with
 emulated links (integration/observe/test_observe_runs.py); --dp-hierarchical with --sync-delay and --sync-moments (and
---sync-every, --fragments, --dp-codec: test_runtime_hierarchical.py); --sync-every with --local-steps adaptive
+--sync-every, --fragments, --dp-codec: test_runtime_hierarchical.py), with --optimizer onebit-adam (the same file); --sync-every with --local-steps adaptive
 (test_runtime_adaptive_local_steps.py, also with --dp-hierarchical, --sync-delay and --sync-moments), also on a plan
 of 2 stages (test_runtime_adaptive_pipeline.py), and with --outer-sync async-hierarchical (integration/cli/
 test_cli_outer_sync.py); a sharded plan with --checkpoint-every, --stop-after and --resume

@@ -25,6 +25,7 @@ from geotrain.codecs import (
     unpack_payload,
     unpack_sign_bits,
 )
+from geotrain.codecs.sign import pack_sign_bits_torch, unpack_sign_bits_torch
 
 PROPERTY = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -316,6 +317,9 @@ def test_sign_bit_packing_matches_a_plain_loop(bits):
                  for j in range(math.ceil(bits.size / 8))]
     assert packed.tolist() == reference
     assert unpack_sign_bits(packed, bits.size).numpy().tolist() == bits.tolist()
+    # the torch operations a GPU tensor is packed with (run here on the CPU): the same bytes and bits
+    assert pack_sign_bits_torch(flat).tolist() == reference
+    assert unpack_sign_bits_torch(packed, bits.size).tolist() == bits.tolist()
 
 
 @PROPERTY

@@ -88,9 +88,9 @@ def test_the_message_names_the_flags_and_their_values(tmp_path):
     with pytest.raises(RuntimeConfigError, match=r"^--elastic with --optimizer onebit-adam: not built yet: elastic "
                                                  r"runs step AdamW$"):
         _config("onebit", "elastic", tmp_path)
-    with pytest.raises(RuntimeConfigError, match=r"^--optimizer onebit-adam with --dp-hierarchical: not built yet: "
-                                                 r"1-bit Adam between regions"):
-        _config("onebit", "hierarchical", tmp_path)
+    with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with --fragments 2: not built yet: "
+                                                 r"asynchronous outer updates send"):
+        _config("async", "fragments", tmp_path)
 
 
 def test_needs_bring_diloco_with_streaming_adaptive_and_async():

@@ -38,13 +38,15 @@ def test_more_ranks_than_gpus_on_a_host_is_refused_in_one_line(ranks, gpus, refu
         check_gpus_per_rank(ranks, gpus)
 
 
-def test_onebit_adam_on_cuda_is_refused_with_the_setting(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the refusal, not a GPU, is tested
+def test_onebit_adam_on_cuda_is_accepted_flat_and_hierarchical(monkeypatch):
+    """1-bit Adam keeps its state on the parameters' device and hands host copies of its messages to gloo
+    (geotrain.sync.onebit); here the config, not a GPU, is tested."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     geo = make_network([2, 2], 10.0, (0.01, 0.01), (20.0, 20.0), seed=0)
     base = {"cluster": geo, "assignment": np.array([[0, 2], [1, 3]]), "device": "cuda", "time_scale": 0.0}
-    RuntimeConfig.of(**base)  # AdamW on CUDA is accepted
-    with pytest.raises(RuntimeConfigError, match="^--device cuda with --optimizer onebit-adam: not built yet: 1-bit Adam keeps its state in host memory"):
-        RuntimeConfig.of(**base, optimizer="onebit-adam")
+    for hierarchical in (False, True):
+        config = RuntimeConfig.of(**base, optimizer="onebit-adam", dp_hierarchical=hierarchical)
+        assert config.run.device == "cuda" and config.optim.optimizer == "onebit-adam"
 
 
 def test_the_outer_state_in_host_memory_is_accepted_on_cuda_and_refused_with_asynchronous_updates(monkeypatch):

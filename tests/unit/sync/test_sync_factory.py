@@ -12,7 +12,9 @@ from geotrain.codecs import CodecSpec
 from geotrain.comm import CodecReducer, PowerSGDReducer
 from geotrain.comm.hierarchical import HierarchicalGroups
 from geotrain.comm.regions import Regions
+from geotrain.comm import TorchCollective
 from geotrain.optim import OneBitAdam
+from geotrain.optim.region_collective import RegionCollective, RegionOneBitAdam
 from geotrain.sync import (BETAS, WEIGHT_DECAY, DPGroup, HierarchicalGradientExchange, OneBitAdamSync, OuterSync,
                            PerStepSync, StageExchange, SyncError, SyncOptions, make_gradient_sync)
 
@@ -54,17 +56,21 @@ def _backward(model: torch.nn.Module, seed: int) -> None:
     ({"codec": "powersgd:rank=2"}, PerStepSync, StageExchange, PowerSGDReducer),
     ({"codec": "sign", "hierarchical": True}, PerStepSync, HierarchicalGradientExchange, None),
     ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2}, OneBitAdamSync, None, None),
+    ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2, "hierarchical": True}, OneBitAdamSync, None,
+     RegionCollective),
     ({"sync_every": 2, "codec": "int8-block"}, OuterSync, StageExchange, CodecReducer),
     ({"sync_every": 2, "codec": "int8-block", "hierarchical": True}, OuterSync, HierarchicalGradientExchange, None),
-], ids=["flat", "powersgd", "hierarchical", "onebit-adam", "diloco", "diloco-hierarchical"])
+], ids=["flat", "powersgd", "hierarchical", "onebit-adam", "onebit-adam-hierarchical", "diloco",
+        "diloco-hierarchical"])
 def test_factory_picks_the_implementation_of_each_option_combination(world_of_one, options, sync_type, exchange_type,
                                                                      reducer_type):
     options = _options(**options)
     sync = make_gradient_sync(options, list(_model().named_parameters()), RecordingTransport(),
                               _group(options.exchange.hierarchical))
     assert type(sync) is sync_type
-    if exchange_type is None:
-        assert isinstance(sync.optimizer, OneBitAdam)
+    if exchange_type is None:  # 1-bit Adam: its collective (the regions' with a hierarchy) and optimizer
+        assert type(sync.optimizer) is (OneBitAdam if reducer_type is None else RegionOneBitAdam)
+        assert type(sync.collective) is (reducer_type or TorchCollective)
         return
     assert type(sync.exchange) is exchange_type
     if reducer_type is not None:
@@ -79,8 +85,6 @@ def test_factory_picks_the_implementation_of_each_option_combination(world_of_on
     ({"lr": 0.0}, "SyncOptions.lr must be a finite number > 0, got 0.0"),
     ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2, "codec": "int8"},
      "onebit-adam does its own data-parallel communication; codec must be none, got 'int8'"),
-    ({"optimizer": "onebit-adam", "onebit_warmup_steps": 2, "hierarchical": True},
-     "hierarchical with onebit-adam is not supported"),
     ({"optimizer": "onebit-adam"}, "onebit-adam needs onebit_warmup_steps"),
     ({"codec": "powersgd", "hierarchical": True}, "hierarchical takes a codec of geotrain.codecs; powersgd is its own"),
     ({"sync_every": 0}, "sync_every must be an integer >= 1, got 0"),
