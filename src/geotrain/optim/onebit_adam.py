@@ -35,7 +35,10 @@ A loaded state dict is moved to that device.
 
 In one process with p simulated workers, call `step_workers([flat_grad_0, ..., flat_grad_p-1])`;
 across processes, each rank calls `step()` after `backward()` (do not wrap the model in DDP: the
-optimizer does the gradient communication itself).
+optimizer does the gradient communication itself). A step is `exchange_step` (the collectives, on this
+optimizer's collective or a given one: no state changes) then `commit_step` (moments, residuals, step count,
+parameters): a caller whose exchange may fail to commit (an elastic quorum: geotrain.sync.elastic_onebit)
+drops the first and tries again.
 
 Non-finite gradients (the codecs' policy): NaN/inf in any worker's gradient reaches every rank
 through the collectives (the fp32 all-reduce; in the 1-bit stage through the poisoned segment's

@@ -152,10 +152,19 @@ class QuorumCollective:
         return buffer[:-1].view_as(wire)
 
     def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The mean over the quorum's members of one float32 tensor per group (every member weighs 1: 1-bit Adam's
-        warm-up, geotrain.sync.elastic_onebit; the sum's weight says whether every member did)."""
+        """The mean over the quorum's members of one float32 tensor per group, every member weighing 1 (1-bit Adam's
+        warm-up, geotrain.sync.elastic_onebit: `contributors` is the member count). No weight travels: the buffer is
+        the non-elastic all-reduce's, so gloo cuts it alike and sums every value in the same order."""
+        from torch.distributed.distributed_c10d import AllreduceOptions, ReduceOp
+
         (tensor,) = tensors
-        return self.all_reduce_sum([tensor.float().clone()]).div_(self.world_size)
+        total = tensor.float().clone()
+        self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.SUM
+        self.run(lambda: self.pg.allreduce([total], opts))
+        self.contributors = float(self.world_size)
+        return total.div_(self.world_size)
 
     def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Chunk j of this group's send buffer to quorum rank j; the chunks received, in quorum rank order (no
