@@ -74,6 +74,23 @@ class OneBitMomentumReducer:
     def commit(self, residuals: Residuals) -> None:
         self.worker_errors, self.server_errors = residuals
 
+    def relaid(self, world_size: int, rank: int, param_numels: Sequence[int]) -> OneBitMomentumReducer:
+        """A reducer of one local worker on the layout of `world_size` ranks (this one's worker was rank `rank` of
+        p = layout.world_size; an elastic quorum that changed: geotrain.sync.elastic_onebit), which has delivered the
+        same: what this worker and its chunk have not yet delivered to the mean, e / p + s (its worker residual e, its
+        chunk's server residual s), becomes its new worker residual's share e' / world_size, so
+        e' = e x world_size / p + s x world_size (the server residual starts at zero); the worker's next encoding
+        carries it to whoever owns those values now, with its error feedback."""
+        if self.local_workers != 1:
+            raise ValueError(f"relaid: one local worker only, this reducer has {self.local_workers}")
+        layout, numel = self.layout, self.layout.numel
+        carry = self.worker_errors[0] * (world_size / layout.world_size)
+        carry[rank * layout.chunk_numel: (rank + 1) * layout.chunk_numel] += world_size * self.server_errors[0]
+        relaid = OneBitMomentumReducer(param_numels, world_size, 1, layout.device)
+        relaid.worker_errors = [relaid.layout.pad(carry[:numel])]
+        relaid.declared_bytes = self.declared_bytes
+        return relaid
+
     def reduce(self, worker_grads: Sequence[Sequence[torch.Tensor]], collective: Collective,
                step: int | None = None) -> list[torch.Tensor]:
         """The reducer protocol: each local worker's tensors, flattened and concatenated, averaged in 1 bit."""

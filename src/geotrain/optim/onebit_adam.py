@@ -35,7 +35,10 @@ A loaded state dict is moved to that device.
 
 In one process with p simulated workers, call `step_workers([flat_grad_0, ..., flat_grad_p-1])`;
 across processes, each rank calls `step()` after `backward()` (do not wrap the model in DDP: the
-optimizer does the gradient communication itself).
+optimizer does the gradient communication itself). A step is `exchange_step` (the collectives, on this
+optimizer's collective or a given one: no state changes) then `commit_step` (moments, residuals, step count,
+parameters): a caller whose exchange may fail to commit (an elastic quorum: geotrain.sync.elastic_onebit)
+drops the first and tries again.
 
 Non-finite gradients (the codecs' policy): NaN/inf in any worker's gradient reaches every rank
 through the collectives (the fp32 all-reduce; in the 1-bit stage through the poisoned segment's
@@ -52,17 +55,31 @@ from typing import Any
 
 import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 
 from geotrain.codecs import NonFiniteGradientError, parse_count, parse_flag
 from geotrain.comm import CommLedger, Collective, OneBitLayout, OneBitMomentumReducer, SimulatedCollective
 from geotrain.comm.clip import clip_grad_norm_
+from geotrain.comm.onebit import Residuals
 from geotrain.errors import GeotrainError
 
 
 class OneBitAdamError(GeotrainError, ValueError):
     """Bad OneBitAdam argument or incompatible state."""
+
+
+@dataclass(frozen=True)
+class OneBitExchanged:
+    """What one step's exchange delivered (`OneBitAdam.exchange_step`): the averaged gradient (warm-up; `grad_norm`
+    its norm before clipping, None without clipping) or the averaged momentum with the `reducer` it ran on and its
+    new `residuals` (compression)."""
+
+    averaged: torch.Tensor
+    grad_norm: float | None = None
+    reducer: OneBitMomentumReducer | None = None
+    residuals: Residuals | None = None
 
 
 class OneBitAdam(torch.optim.Optimizer):
@@ -173,17 +190,44 @@ class OneBitAdam(torch.optim.Optimizer):
     @torch.no_grad()
     def step_workers(self, worker_grads: Sequence[torch.Tensor]) -> None:
         """One step from one flat (n,) gradient per local worker, in `collective.local_ranks` order."""
-        local = len(self.collective.local_ranks)
+        self.commit_step(self.exchange_step(worker_grads))
+
+    @torch.no_grad()
+    def exchange_step(self, worker_grads: Sequence[torch.Tensor], collective: Collective | None = None,
+                      reducer: OneBitMomentumReducer | None = None) -> OneBitExchanged:
+        """The communication of one step (warm-up: the averaged gradient; compression: the averaged momentum and
+        the new residuals) over `collective` with `reducer` (None: this optimizer's), changing no state; the step
+        happens at `commit_step`. A caller whose exchange may not commit (an elastic quorum) drops it instead."""
+        collective = self.collective if collective is None else collective
+        reducer = self.reducer if reducer is None else reducer
+        local = len(collective.local_ranks)
         if len(worker_grads) != local or any(not isinstance(g, torch.Tensor) or not g.is_floating_point()
                                              or g.numel() != self.layout.numel for g in worker_grads):
             got = [(g.numel(), str(g.dtype)) if isinstance(g, torch.Tensor) else type(g).__name__ for g in worker_grads]
             raise OneBitAdamError(f"need {local} flat float gradients of {self.layout.numel} values, got {got}")
-        beta1, beta2 = self.param_groups[0]["betas"]
+        beta1, _ = self.param_groups[0]["betas"]
         if not self.frozen:
-            grad = self.collective.all_reduce_mean([g.float() for g in worker_grads])
-            self._refuse_nonfinite(grad, worker_grads, "the averaged gradient")
+            grad = collective.all_reduce_mean([g.float() for g in worker_grads])
+            self._refuse_nonfinite(grad, worker_grads, "the averaged gradient", collective.local_ranks)
+            norm = None
             if self.max_grad_norm is not None:
-                self.last_grad_norm = clip_grad_norm_([grad], self.max_grad_norm, self.norm_sum_squares)
+                norm = clip_grad_norm_([grad], self.max_grad_norm, self.norm_sum_squares)
+            return OneBitExchanged(grad, norm)
+        local_norm = self.max_grad_norm if self.clip_local else None
+        momenta = [torch.lerp(self.exp_avg, _clipped(g, local_norm), 1 - beta1) for g in worker_grads]
+        averaged, residuals = reducer.average(momenta, collective)
+        self._refuse_nonfinite(averaged, worker_grads, "the 1-bit averaged momentum", collective.local_ranks)
+        return OneBitExchanged(averaged, None, reducer, residuals)
+
+    @torch.no_grad()
+    def commit_step(self, exchanged: OneBitExchanged) -> None:
+        """The step of an `exchange_step`: moments, residuals (and the reducer it ran with), step count and
+        parameters."""
+        beta1, beta2 = self.param_groups[0]["betas"]
+        if exchanged.reducer is None:
+            grad = exchanged.averaged
+            if self.max_grad_norm is not None:
+                self.last_grad_norm = exchanged.grad_norm
             self.exp_avg.lerp_(grad, 1 - beta1)  # the same operations as torch.optim.AdamW, bit for bit
             self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             self.step_count += 1
@@ -193,17 +237,15 @@ class OneBitAdam(torch.optim.Optimizer):
                 self._apply_variance_floor()
                 variance_correction = 1.0
         else:
-            local_norm = self.max_grad_norm if self.clip_local else None
-            momenta = [torch.lerp(self.exp_avg, _clipped(g, local_norm), 1 - beta1) for g in worker_grads]
-            averaged, residuals = self.reducer.average(momenta, self.collective)
-            self._refuse_nonfinite(averaged, worker_grads, "the 1-bit averaged momentum")
-            self.exp_avg = averaged
-            self.reducer.commit(residuals)
+            self.exp_avg = exchanged.averaged
+            self.reducer = exchanged.reducer
+            self.reducer.commit(exchanged.residuals)
             self.step_count += 1
             variance_correction = 1.0
         self._apply_update(1 - beta1 ** self.step_count, variance_correction)
 
-    def _refuse_nonfinite(self, averaged: torch.Tensor, worker_grads: Sequence[torch.Tensor], what: str) -> None:
+    def _refuse_nonfinite(self, averaged: torch.Tensor, worker_grads: Sequence[torch.Tensor], what: str,
+                          local_ranks: Sequence[int]) -> None:
         """NonFiniteGradientError naming the parameters if `averaged` (the same on every rank: one
         worker's NaN reaches everyone through the collectives, so every rank refuses the same step)
         holds NaN/inf, unless allow_nonfinite. Called before any state changes."""
@@ -213,7 +255,7 @@ class OneBitAdam(torch.optim.Optimizer):
         ends = torch.tensor([p.numel() for p in self._params]).cumsum(0)
         params = torch.unique(torch.searchsorted(ends, bad, right=True)).tolist()
         names = [self._param_names[i] or f"#{i} {tuple(self._params[i].shape)}" for i in params]
-        local = [rank for rank, g in zip(self.collective.local_ranks, worker_grads, strict=True)
+        local = [rank for rank, g in zip(local_ranks, worker_grads, strict=True)
                  if not bool(torch.isfinite(g).all())]
         source = f"non-finite gradient from local worker(s) {local}" if local else \
             "this process's gradients are finite (another rank sent NaN/inf, or the average overflowed)"

@@ -140,8 +140,6 @@ RULES: tuple[Rule, ...] = (
          instead="use --outer-sync async-hierarchical"),
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",
          built=True, instead="drop --dp-hierarchical"),
-    # elastic replica groups
-    Rule("elastic", "onebit", "elastic runs step AdamW"),
     # the rest
     Rule("eval-local", "pipeline", "a replica scores its own weights on one rank: one pipeline stage only",
          built=True),

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -74,10 +74,12 @@ from geotrain.codecs import CodecSpec
 from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.comm.registry import reducer_traits
+from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import is_sharded
 from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError, host_gradients
 from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
+from geotrain.sync.elastic_onebit import ElasticOneBitSync
 from geotrain.sync.elastic_hierarchical import QuorumHierarchy, QuorumWire
 from geotrain.sync.exchange import ExtraTensors
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
@@ -91,6 +93,8 @@ from geotrain.sync.streaming import StreamingOuterSync, fragment_due
 Part = tuple[list[torch.nn.Parameter], CodecReducer | QuorumHierarchy | None]
 """Parameters whose gradients one exchange averages, and their codec reducer (None: uncompressed; a QuorumHierarchy:
 hierarchical)."""
+
+T = TypeVar("T")
 
 EXCHANGE_RETRIES = 5
 """New quorums an exchange tries after a failed one before it gives up (each waits for the lost peer's
@@ -146,6 +150,35 @@ class QuorumCollective:
         self.run(lambda: self.pg.allreduce([buffer], opts))
         self.contributors = float(buffer[-1])
         return buffer[:-1].view_as(wire)
+
+    def all_reduce_mean(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The mean over the quorum's members of one float32 tensor per group, every member weighing 1 (1-bit Adam's
+        warm-up, geotrain.sync.elastic_onebit: `contributors` is the member count). No weight travels: the buffer is
+        the non-elastic all-reduce's, so gloo cuts it alike and sums every value in the same order."""
+        from torch.distributed.distributed_c10d import AllreduceOptions, ReduceOp
+
+        (tensor,) = tensors
+        total = tensor.float().clone()
+        self.ledger.record("all_reduce", tensor_bytes(total), self.world_size)
+        opts = AllreduceOptions()
+        opts.reduceOp = ReduceOp.SUM
+        self.run(lambda: self.pg.allreduce([total], opts))
+        self.contributors = float(self.world_size)
+        return total.div_(self.world_size)
+
+    def all_to_all(self, sends: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Chunk j of this group's send buffer to quorum rank j; the chunks received, in quorum rank order (no
+        weight travels: a caller that needs the contributors sums them in another collective of the try)."""
+        from torch.distributed.distributed_c10d import AllToAllOptions
+
+        (send,) = sends
+        send = send.contiguous()
+        self.ledger.record("all_to_all", tensor_bytes(send), self.world_size)
+        if self.world_size == 1:
+            return [send.clone()]
+        received = torch.zeros_like(send)
+        self.run(lambda: self.pg.alltoall_base(received, send, [], [], AllToAllOptions()))
+        return [received]
 
     def all_gather(self, tensors: Sequence[torch.Tensor], algorithm: str = "ring") -> torch.Tensor:
         """Every group's packed bytes in quorum rank order (the ring: `algorithm` is the ring's only), each
@@ -220,6 +253,10 @@ class ManagerExchange:
         return CodecReducer(spec.build(), [(str(i), p.shape) for i, p in enumerate(params)], 1,
                             error_feedback=self.error_feedback if error_feedback is None else error_feedback)
 
+    def quorum_collective(self, weight: float) -> QuorumCollective:
+        """The Collective of one try over the current quorum, this group weighing `weight`."""
+        return QuorumCollective(self.manager, self.pg, weight, self.pause)
+
     def over(self, params: Sequence[torch.nn.Parameter], extra: Sequence[ExtraTensors] = ()) -> FragmentExchange:
         """The exchange of other parameters (a fragment's outer gradients) through this one's quorum; `extra`: more
         tensors that travel in the same try, each part through its own codec (moment sync's moments)."""
@@ -238,31 +275,47 @@ class ManagerExchange:
         with timer:
             grads = [host_gradients(params) for params, _ in parts]  # on a GPU: host copies, gloo carries them
             weight = self.weight_on_heal if self.healed() else self.weight
-        started = time.perf_counter()
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self.start_quorum()
-                if self.healed():
-                    raise StepSuperseded(f"step {step}: recovered a newer state from a peer")
-            residuals = [None if reducer is None else [dict(w) for w in reducer.residuals] for _, reducer in parts]
+        kept: list[list[dict[str, torch.Tensor]] | None] = []
+
+        def attempt() -> tuple[torch.Tensor | None, list[list[torch.Tensor]], int]:
+            kept[:] = [None if reducer is None else [dict(w) for w in reducer.residuals] for _, reducer in parts]
             summed = None if side is None else self._side_try(side)
-            means, nbytes = self._try(parts, grads, weight, step, timer)
-            if self.manager.should_commit():
-                self.side_sum = summed
-                break
-            for (_, reducer), kept in zip(parts, residuals, strict=True):
+            return (summed, *self._try(parts, grads, weight, step, timer))
+
+        def rollback() -> None:
+            for (_, reducer), residuals in zip(parts, kept, strict=True):
                 if reducer is not None:
-                    reducer.residuals = kept  # the next try encodes the same gradient with the same residuals
-            self._failed()
-        else:
-            raise QuorumLost(f"elastic exchange at step {step}: {self.retries + 1} quorums in a row failed to commit")
-        self.comm_s += time.perf_counter() - started
+                    reducer.residuals = residuals  # the next try encodes the same gradient with the same residuals
+
+        self.side_sum, means, nbytes = self.committed(step, attempt, rollback)
         if self.contributors <= 0:
             raise QuorumLost(f"elastic exchange at step {step}: no contributing replica group in the quorum")
         for (params, _), part_means in zip(parts, means, strict=True):
             for p, mean in zip(params, part_means, strict=True):
                 p.grad = mean.to(p.device)
         return nbytes
+
+    def committed(self, step: int, attempt: Callable[[], T], rollback: Callable[[], None] | None = None) -> T:
+        """`attempt()` (one try of step `step`'s collectives over the current quorum) until the Manager commits it,
+        each failed try followed by `rollback()` and a new quorum, at most `retries` more (module doc); its
+        result. StepSuperseded when a retry's quorum handed this group a newer state, QuorumLost after the last
+        failed try. `comm_s` adds the wall time."""
+        started = time.perf_counter()
+        for tried in range(self.retries + 1):
+            if tried:
+                self.start_quorum()
+                if self.healed():
+                    raise StepSuperseded(f"step {step}: recovered a newer state from a peer")
+            result = attempt()
+            if self.manager.should_commit():
+                break
+            if rollback is not None:
+                rollback()
+            self._failed()
+        else:
+            raise QuorumLost(f"elastic exchange at step {step}: {self.retries + 1} quorums in a row failed to commit")
+        self.comm_s += time.perf_counter() - started
+        return result
 
     def _side_try(self, side: torch.Tensor) -> torch.Tensor:
         """`side` summed over this try's quorum (float64; meaningful only if the try commits)."""
@@ -292,7 +345,7 @@ class ManagerExchange:
             raise SyncError("an elastic exchange sends its parts all compressed or all uncompressed")
         if isinstance(parts[0][1], QuorumHierarchy):
             return self._try_hierarchical(parts, grads, weight, step, timer)
-        collective = QuorumCollective(self.manager, self.pg, weight, self.pause)
+        collective = self.quorum_collective(weight)
         means = []
         with self.pause.timing(timer):
             for (_, reducer), part in zip(parts, grads, strict=True):
@@ -309,7 +362,7 @@ class ManagerExchange:
                           timer: StepTimer) -> tuple[list[list[torch.Tensor]], int]:
         """One try of every part through its QuorumHierarchy (module doc "Hierarchical"); `inter_region_bytes`
         adds what this group sent to other regions."""
-        collective = QuorumCollective(self.manager, self.pg, weight, self.pause)
+        collective = self.quorum_collective(weight)
         means, nbytes = [], 0
         with self.pause.timing(timer):
             for (_, hierarchy), part in zip(parts, grads, strict=True):
@@ -401,13 +454,18 @@ class FragmentExchange:
 def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter], exchange: ManagerExchange,
                       sum_squares: Callable[[float], float] | None = None, group: int = 0,
                       replicas: int = 1, group_max: Callable[[float], float] | None = None) -> GradientSync:
-    """PerStepSync (no sync_every), blocking OuterSync (sync_every H), ElasticAdaptiveSync (adaptive local steps:
+    """ElasticOneBitSync (1-bit Adam, geotrain.sync.elastic_onebit), PerStepSync (no sync_every), blocking OuterSync
+    (sync_every H), ElasticAdaptiveSync (adaptive local steps:
     replica group `group` of `replicas`) or StreamingOuterSync (fragments > 1, delay > 0 or sharded parameters: one
     `exchange.over(...)` per fragment) around `exchange`, with AdamW as geotrain.sync.make_gradient_sync builds
     it. Clipping: `sum_squares` turns this process's sum of squared (averaged) gradients into the whole model's
     (a pipeline stage: summed over the group's stages); None: local (the process holds the whole model).
     `group_max`: a float's max over the group's S x K processes (adaptive local steps: one split per group)."""
     params = list(params)
+    if options.optimizer == "onebit-adam":  # per step, S = 1, equal weights (rules.py, the composition table)
+        onebit = OneBitAdam(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
+                            warmup_steps=options.onebit_warmup_steps, max_grad_norm=options.clip_grad_norm)
+        return ElasticOneBitSync(params, onebit, exchange)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     outer, streaming = options.outer, options.streaming
     if outer.sync_every is None:

@@ -1,13 +1,16 @@
 """The composition table's running cells end to end, in one launch: the largest set of settings the table lets
 run together (8 settings: 28 of its running pairs at once). The refused cells and every running cell at config
 validation: tests/unit/runtime/test_runtime_composition.py. Other running cells launched by existing tests
-(their launches are reused, not repeated): --elastic alone and with --sync-every
-(integration/runtime/test_runtime_elastic.py), with a plan of 2 stages (test_runtime_elastic_pipeline.py), with
+(their launches are reused, not repeated): --elastic alone (test_runtime_elastic_partition.py, with emulated links)
+and with --sync-every (integration/runtime/test_runtime_elastic.py), with a plan of 2 stages
+(test_runtime_elastic_pipeline.py), with
 --fragments, --sync-delay and --dp-codec (test_runtime_elastic_streaming.py, also on a sharded plan), with
 --local-steps adaptive
 (test_runtime_elastic_adaptive.py), with
 --checkpoint-every, --resume and --stop-after (test_runtime_elastic_replan_resume.py), with --batch-shares
-(test_runtime_elastic_batch_shares.py), with --sync-moments (test_runtime_elastic_moments.py), with --outer-sync async and async-hierarchical
+(test_runtime_elastic_batch_shares.py), with --sync-moments and with --optimizer onebit-adam
+(test_runtime_elastic_moments.py; 1-bit Adam with a killed group: test_runtime_elastic.py), with --outer-sync async
+and async-hierarchical
 (test_runtime_elastic_async.py), with a sharded plan (test_runtime_elastic_sharded.py), with --dp-hierarchical
 (test_runtime_elastic_hierarchical.py), with
 emulated links (integration/observe/test_observe_runs.py); --dp-hierarchical with --sync-delay and --sync-moments (and

@@ -1,6 +1,8 @@
 """`geotrain train --elastic`: replica groups on torchft survive a killed group, which the launcher
 restarts and which recovers from its live peer; bad input ends in one line, in bounded time, with
-nothing left running. One launch per sync mode, shared by several assertions."""
+nothing left running. One launch per sync mode, shared by several assertions: per step with 1-bit Adam (its
+exchange on the quorum, its state recovered from the peer: geotrain.sync.elastic_onebit; per-step AdamW with a killed
+group: test_runtime_elastic_partition.py) and DiLoCo with AdamW."""
 
 from __future__ import annotations
 
@@ -73,10 +75,12 @@ def killed_run(request, tmp_path_factory):
     """A 2-group run whose group 1 is SIGKILLed once, 1 s into training (JSON summary, sync flags). A kill
     that lands while the groups still meet can leave the survivor waiting out --comm-timeout (120.0 s
     with the default, in 2 of ~10 loaded CI runs; docs/history/fault_tolerance.md): 30 s keeps it under the bound.
-    The per-step run trains 320 steps (a JSON over 200 KB) into a slow non-blocking pipe."""
+    The per-step run (1-bit Adam, 2 warm-up steps: the kill lands after its variance froze) trains 320 steps (a JSON
+    over 200 KB) into a slow non-blocking pipe."""
     sync = [] if request.param == "per-step" else ["--sync-every", "3"]
+    optimizer = ["--optimizer", "onebit-adam", "--onebit-warmup-steps", "2"] if request.param == "per-step" else []
     tmp = tmp_path_factory.mktemp(request.param)
-    flags = ("--chaos", KILL_GROUP_1, "--json", "--comm-timeout", "30", *sync)
+    flags = ("--chaos", KILL_GROUP_1, "--json", "--comm-timeout", "30", *sync, *optimizer)
     if sync:
         done = _train(tmp, "--steps", str(STEPS["diloco"]), *flags)
         assert done.returncode == 0, done.stderr[-2000:]

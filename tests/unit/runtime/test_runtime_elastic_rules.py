@@ -174,3 +174,20 @@ def test_a_partition_with_adaptive_local_steps_is_refused_in_one_line():
     assert str(caught.value).startswith("--elastic: reliability.chaos 'partition:site=1,at=1s,for=3s' with "
                                         "--local-steps adaptive: not built yet: ") and "\n" not in str(caught.value)
     RuntimeConfig.of(CLUSTER, [[0, 1]], **adaptive, chaos="kill-site:every=100s,first=1s,site=1,count=1")
+
+
+@pytest.mark.parametrize("plan, settings, words", [
+    (S2R2, {}, "(not built yet: a plan of 2 stages); use S = 1"),
+    ([[0, 2]], {"batch_shares": "1,3"}, "(not built yet: batch shares '1,3'); use --batch-shares equal"),
+    ([[0, 2]], {"dp_hierarchical": True}, "(not built yet: --dp-hierarchical, regions as its workers on a quorum)"),
+])
+def test_elastic_onebit_adam_runs_groups_of_one_process_weighing_1_and_refuses_the_rest_in_one_line(plan, settings,
+                                                                                                    words):
+    onebit = {**ELASTIC, "optimizer": "onebit-adam"}
+    for extra in ({}, {"chaos": "kill-site:every=5s,site=1", "min_replicas": 1}, {"checkpoint_dir": "ckpt"}):
+        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 2]], **onebit, **extra)) is None
+    with pytest.raises(RuntimeConfigError) as caught:
+        RuntimeConfig.of(CLUSTER, plan, **onebit, **settings)
+    text = str(caught.value)
+    assert text.startswith("--elastic: --optimizer onebit-adam: elastic 1-bit Adam runs groups of one process on "
+                           "CPU, each weighing 1 ") and text.endswith(words) and "\n" not in text

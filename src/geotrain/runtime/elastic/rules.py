@@ -17,7 +17,8 @@ split, its stages' max step seconds:
 geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group its
 windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or
 without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own
-exchange), flat or --dp-hierarchical, AdamW. With --netlab: --time-scale 0 (the lab shapes the links) and no
+exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1, equal batch
+shares, flat, CPU; geotrain.sync.elastic_onebit). With --netlab: --time-scale 0 (the lab shapes the links) and no
 --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
@@ -134,7 +135,23 @@ def elastic_refusal(config: Any) -> str | None:
          f"outer-round ends only (their checkpoints are written there); use a multiple of {optim.sync_every}"),
     )
     return next((text for failed, text in reasons if failed),
-                sharded_refusal(config) or pipeline_refusal(config) or async_refusal(config))
+                sharded_refusal(config) or pipeline_refusal(config) or async_refusal(config) or onebit_refusal(config))
+
+
+def onebit_refusal(config: Any) -> str | None:
+    """Why an elastic `--optimizer onebit-adam` run (geotrain.sync.elastic_onebit: groups of one process, each
+    weighing 1) cannot run with `config`'s other settings, or None (not 1-bit Adam: None)."""
+    if config.optim.optimizer != "onebit-adam":
+        return None
+    why = "--optimizer onebit-adam: elastic 1-bit Adam runs groups of one process on CPU, each weighing 1"
+    reasons = (
+        (config.stages > 1, f"{why} (not built yet: a plan of {config.stages} stages); use S = 1"),
+        (config.schedule.batch_shares != "equal",
+         f"{why} (not built yet: batch shares {config.schedule.batch_shares!r}); use --batch-shares equal"),
+        (config.comm.dp_hierarchical, f"{why} (not built yet: --dp-hierarchical, regions as its workers on a quorum)"),
+        (config.run.device == "cuda", f"{why} (not built yet: --device cuda, its messages through host copies)"),
+    )
+    return next((text for failed, text in reasons if failed), None)
 
 
 def async_refusal(config: Any) -> str | None:
