@@ -36,9 +36,7 @@ def test_a_sync_no_implementation_runs_is_refused_at_config_time_naming_its_keys
                                                  r"delay 1 overlaps the exchange, which only a codec of "
                                                  r"geotrain.codecs can \(codec 'powersgd'"):
         _config(sync_every=4, sync_delay=1, dp_codecs=("none", "powersgd"))
-    with pytest.raises(RuntimeConfigError, match=r"^--optimizer onebit-adam with --dp-hierarchical: not built yet: "
-                                                 r"1-bit Adam between regions is geotrain.optim.RegionOneBitAdam"):
-        _config(optimizer="onebit-adam", dp_hierarchical=True)
+    _config(optimizer="onebit-adam", dp_hierarchical=True)  # 1-bit Adam between regions (built)
 
 
 def test_streaming_settings_are_part_of_the_checkpoint_identity_only_when_set():
