@@ -22,7 +22,10 @@ the global server carries the moment parts too, merged there over the regions li
 step is lr 1, no momentum: the same rule). The reply carries the global moments; the replica loads them into its
 AdamW (exp_avg, exp_avg_sq) once the global model holds at least R replica outer gradients (`loads_moments`:
 before that the server's moments still average zeros for the replicas not heard from). AdamW's step count stays
-each replica's own (its bias correction).
+each replica's own (its bias correction). The moments travel raw, as the synchronous sync sends them, though
+replicas here take different numbers of steps: a variant that sent them bias-corrected (m / (1 - beta1 ** t),
+v / (1 - beta2 ** t) at the replica's own t, loaded times its own correction) ended bench hetero 0.025 to 0.026
+nats worse than this one on both of two seeds (docs/history/async-staleness.md, "Moment sync").
 
 Cost: a push and a reply carry 3n fp32 values instead of n (asynchronous updates send fp32, no codec; the bytes on
 the links and the emulated link time count all three parts). Checkpoints and --resume: the server's buffer, each
