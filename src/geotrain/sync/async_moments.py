@@ -1,37 +1,40 @@
 """Moment sync for asynchronous DiLoCo (`--outer-sync async|async-hierarchical --sync-moments`): the global model's
-server also holds global AdamW moments, merged from the replicas' pushes as their outer gradients are.
+server also holds a global AdamW second moment, merged from the replicas' pushes as their outer gradients are.
 
-The synchronous sync (geotrain.sync.moments) gives every replica the mean of the R replicas' moments at each outer
-sync. Asynchronously there is no moment at which all R have theirs, so the server holds an estimate beside the model.
-Its flat buffer (and every push, reply and checkpoint of it) is three parts of the position's n parameters:
+The synchronous sync (geotrain.sync.moments) gives every replica the mean of the R replicas' two moments at each
+outer sync. Asynchronously there is no moment at which all R have theirs, so the server holds an estimate beside the
+model. It holds the second moment v (exp_avg_sq) only: each replica keeps its own first moment m. Merging m too
+(built and measured first, docs/history/async-staleness.md "Moment sync") ended bench hetero 0.013 to 0.023 nats
+worse than no moment sync at 60 steps and 0.12 worse at 300: a slow replica's m points along gradients of a model
+several versions old, which the fast replicas then step along. v is a per-coordinate scale, which a few versions'
+age does not turn. Its flat buffer (and every push, reply and checkpoint of it) is two parts of the position's n
+parameters:
 
-    [ parameters (n) | first moments m (n) | second moments v (n) ]    (flat fp32, this position's local shards)
+    [ parameters (n) | second moments v (n) ]    (flat fp32, this position's local shards)
 
-A replica builds its push as it builds the outer gradient: (what it last received - what it holds now), over all
-three parts, i.e. (m_base - m, v_base - v) beside (theta_base - theta). The server's outer optimizer
-(geotrain.optim.delayed_nesterov, behind the --async-merge rule) steps the parameter part; `MomentMerge` moves the
-moment parts by the same arrival's staleness weight w = (1 + s) ** -P over the server's N clients, with no outer lr
-and no momentum (the moments are averaged, not stepped):
+A replica builds its push as it builds the outer gradient: (what it last received - what it holds now), over both
+parts, i.e. (v_base - v) beside (theta_base - theta). The server's outer optimizer (geotrain.optim.delayed_nesterov,
+behind the --async-merge rule) steps the parameter part; `MomentMerge` moves the moment part by the same arrival's
+staleness weight w = (1 + s) ** -P over the server's N clients, with no outer lr and no momentum (the moments are
+averaged, not stepped):
 
-    m -= (w / N) (m_base - m_replica)        v -= (w / N) (v_base - v_replica),  then v >= 0
+    v -= (w / N) (v_base - v_replica),  then v >= 0
 
-so N fresh arrivals from one base leave the server holding exactly the mean of their moments (the synchronous
-sync's landing), and in between it is a running average of the replicas' latest moments, each arrival pulling it
-1/N of the way. With regions (async-hierarchical) the region server merges its replicas' moments so, and its delta to
-the global server carries the moment parts too, merged there over the regions likewise (the global server's outer
-step is lr 1, no momentum: the same rule). The reply carries the global moments; the replica loads them into its
-AdamW (exp_avg, exp_avg_sq) once the global model holds at least R replica outer gradients (`loads_moments`:
-before that the server's moments still average zeros for the replicas not heard from). AdamW's step count stays
-each replica's own (its bias correction). The moments travel raw, as the synchronous sync sends them, though
-replicas here take different numbers of steps: a variant that sent them bias-corrected (m / (1 - beta1 ** t),
-v / (1 - beta2 ** t) at the replica's own t, loaded times its own correction) ended bench hetero 0.025 to 0.026
-nats worse than this one on both of two seeds (docs/history/async-staleness.md, "Moment sync").
+so N fresh arrivals from one base leave the server holding exactly the mean of their v (the synchronous sync's
+landing), and in between it is a running average of the replicas' latest v, each arrival pulling it 1/N of the way.
+With regions (async-hierarchical) the region server merges its replicas' v so, and its delta to the global server
+carries the moment part too, merged there over the regions likewise (the global server's outer step is lr 1, no
+momentum: the same rule). The reply carries the global v; the replica loads it into its AdamW (exp_avg_sq) once the
+global model holds at least R replica outer gradients (`loads_moments`: before that the server's v still averages
+zeros for the replicas not heard from). AdamW's step count stays each replica's own (its bias correction), and v
+travels raw, as the synchronous sync sends it: a variant that sent both moments bias-corrected at each replica's own
+step count measured 0.025 nats worse than raw.
 
-Cost: a push and a reply carry 3n fp32 values instead of n (asynchronous updates send fp32, no codec; the bytes on
-the links and the emulated link time count all three parts). Checkpoints and --resume: the server's buffer, each
-client's copy of it and each replica's AdamW are saved already, so the moments travel with them. Elastic asynchronous
-groups (runtime/elastic/async_group.py: a server re-elected from a replica's copy of the model) are not built with
-moments (runtime/elastic/rules.py refuses the three together).
+Cost: a push and a reply carry 2n fp32 values instead of n (asynchronous updates send fp32, no codec; the bytes on
+the links and the emulated link time count both parts). Checkpoints and --resume: the server's buffer, each client's
+copy of it and each replica's AdamW are saved already, so the moments travel with them. Elastic asynchronous groups
+(runtime/elastic/async_group.py: a server re-elected from a replica's copy of the model) are not built with moments
+(runtime/elastic/rules.py refuses the three together).
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ import torch
 from geotrain.optim.shards import local_shard
 from geotrain.sync.base import SyncError
 
-MOMENT_PARTS = 2
-"""The moment parts after the parameters in a server's flat buffer: the first moment, the second."""
+MOMENT_PARTS = 1
+"""The moment parts after the parameters in a server's flat buffer: the second moment (module doc: not the first)."""
 
 
 class OuterStep(Protocol):
@@ -69,26 +72,22 @@ def _moments_of(optimizer: torch.optim.Optimizer, param: torch.nn.Parameter) -> 
 
 
 def flat_moments(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter]) -> torch.Tensor:
-    """[m | v] of `params` (module doc), flat fp32, in the order of `params`."""
-    pairs = [_moments_of(optimizer, p) for p in params]
-    return torch.cat([t.detach().reshape(-1).to(torch.float32) for part in (0, 1) for t in
-                      (pair[part] for pair in pairs)])
+    """The second moments v of `params` (module doc), flat fp32, in the order of `params`."""
+    return torch.cat([_moments_of(optimizer, p)[1].detach().reshape(-1).to(torch.float32) for p in params])
 
 
 def load_moments(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Parameter], flat: torch.Tensor) -> None:
-    """Write [m | v] (`flat`, as flat_moments lays it out) into `params`' AdamW moments; v kept >= 0."""
-    pairs = [_moments_of(optimizer, p) for p in params]
-    n = sum(m.numel() for m, _ in pairs)
+    """Write `flat` (as flat_moments lays it out) into `params`' AdamW second moments, kept >= 0; the first moments
+    stay this replica's own."""
+    seconds = [_moments_of(optimizer, p)[1] for p in params]
+    n = sum(v.numel() for v in seconds)
     if flat.numel() != MOMENT_PARTS * n:
-        raise SyncError(f"asynchronous moment sync: {flat.numel()} moment values for {n} parameters' two moments")
+        raise SyncError(f"asynchronous moment sync: {flat.numel()} second-moment values for {n} parameters")
     offset = 0
     with torch.no_grad():
-        for part in (0, 1):
-            for pair in pairs:
-                t = pair[part]
-                value = flat[offset:offset + t.numel()].view_as(t)
-                t.copy_((value.clamp_min(0) if part else value).to(t.device, t.dtype))
-                offset += t.numel()
+        for v in seconds:
+            v.copy_(flat[offset:offset + v.numel()].view_as(v).clamp_min(0).to(v.device, v.dtype))
+            offset += v.numel()
 
 
 def loads_moments(updates: int, replicas: int) -> bool:
@@ -113,10 +112,9 @@ class MomentMerge:
         n = self.numel
         if theta.numel() != (1 + MOMENT_PARTS) * n or gradient.shape != theta.shape:
             raise SyncError(f"MomentMerge: model of {theta.numel()} and gradient of {gradient.numel()} values, "
-                            f"expected {(1 + MOMENT_PARTS) * n} each ({n} parameters and their two moments)")
+                            f"expected {(1 + MOMENT_PARTS) * n} each ({n} parameters and their second moments)")
         weight = self.optimizer.step(theta[:n], gradient[:n], staleness)  # the parameters' staleness weight
-        theta[n:].sub_(gradient[n:].to(torch.float32), alpha=weight / self.period)
-        theta[2 * n:].clamp_min_(0)
+        theta[n:].sub_(gradient[n:].to(torch.float32), alpha=weight / self.period).clamp_min_(0)
         return weight
 
     def state_dict(self) -> dict[str, Any]:

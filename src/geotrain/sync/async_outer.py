@@ -98,8 +98,8 @@ class AsyncOuterSync:
     what each server does to an arriving outer gradient before its outer optimizer (geotrain.sync.async_merge).
     `position`: the ranks of this rank's position by replica (module doc; None: the world, one position),
     `position_group` their process group (None: the default one), `replica_group` the group of this rank's replica's
-    ranks where they agree (None: a replica of one rank). `moments`: the inner AdamW whose moments the servers also
-    merge and every reply sets (geotrain.sync.async_moments; None: each replica's moments stay its own)."""
+    ranks where they agree (None: a replica of one rank). `moments`: the inner AdamW whose second moments the
+    servers also merge and every reply sets (geotrain.sync.async_moments; None: each replica's stay its own)."""
 
     _instances = itertools.count()
 
@@ -142,7 +142,7 @@ class AsyncOuterSync:
         self.moments = moments
         self.replicas = len(ranks)
         self.numel = sum(p.numel() for p in self.local)
-        """This position's parameter values: the global model's first part (with moments, two more follow)."""
+        """This position's parameter values: the global model's first part (with moments, their v follows)."""
         self.anchor = _flat(self.local) if moments is None else torch.cat(
             [_flat(self.local), torch.zeros(MOMENT_PARTS * self.numel)])  # moments start at zero, as AdamW's do
         self.sent_to: Counter = Counter()
@@ -269,7 +269,7 @@ class AsyncOuterSync:
         return reply
 
     def _held(self) -> torch.Tensor:
-        """What this rank holds now, laid out as the global model: its parameters (and its AdamW's moments)."""
+        """What this rank holds now, laid out as the global model: its parameters (and its AdamW's second moments)."""
         if self.moments is None:
             return _flat(self.local)
         return torch.cat([_flat(self.local), flat_moments(self.moments, self.params)])
