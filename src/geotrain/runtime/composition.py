@@ -134,8 +134,7 @@ RULES: tuple[Rule, ...] = (
     *(rule for mode in ("async", "async-hierarchical") for rule in (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),
         Rule(mode, "fragments", f"{_ASYNC_WHOLE} (no fragments)"),
-        Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True),
-        Rule(mode, "moments", f"{_ASYNC_WHOLE} (no moments)"))),
+        Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True))),
     Rule("async", "hierarchical", "asynchronous updates take their regions from the cluster itself", built=True,
          instead="use --outer-sync async-hierarchical"),
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",

@@ -88,7 +88,8 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
     """--outer-sync async*: a global model's server per position (`slot`'s stage and shard), on replica 0's rank of
     it, whose clients are the position's DP group `group`; a replica of several ranks agrees in `replica_group` on
     its count and checkpoint rounds (geotrain.sync.async_outer). async-hierarchical's regions are the cluster's,
-    of the position's ranks (the region holding replica 0's first, so that its first rank hosts the global server)."""
+    of the position's ranks (the region holding replica 0's first, so that its first rank hosts the global server).
+    With --sync-moments the servers also merge the replicas' AdamW second moments (geotrain.sync.async_moments)."""
     from geotrain.sync.async_outer import AsyncOuterSync
     from geotrain.sync.async_step import AsyncOuterGradientSync, run_budget
     from geotrain.sync.factory import BETAS, WEIGHT_DECAY
@@ -102,10 +103,11 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
         found = regions_of_devices(position, layout.dp_group_devices(slot.stage, slot.shard), cluster.region_of)
         regions = sorted((sorted(region) for region in found.members), key=lambda region: region[0])
     budget = run_budget(options.total_steps, options.outer.sync_every, replicas)  # type: ignore[arg-type]
+    adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     outer = AsyncOuterSync(params, options.outer.sync_every, outer_lr=options.outer.outer_lr,  # type: ignore[arg-type]
                            outer_momentum=options.outer.outer_momentum, regions=regions, budget=budget,
                            timeout_s=timeout_s, merge=options.heterogeneity.async_merge,
                            staleness_power=options.heterogeneity.async_staleness_power, position=position,
-                           position_group=group, replica_group=replica_group)
-    adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
+                           position_group=group, replica_group=replica_group,
+                           moments=adamw if options.outer.sync_moments else None)
     return AsyncOuterGradientSync(params, adamw, outer)

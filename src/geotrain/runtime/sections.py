@@ -555,6 +555,9 @@ class OptimSection(Section):
         self._choice("outer_sync", OUTER_SYNCS)
         if self.outer_sync != "sync" and self.sync_every is None:  # its pairs: runtime/composition.py
             self._fail("outer_sync", "is DiLoCo's: it needs optim.sync_every (--sync-every H)")
+        if self.moment_syncs is not None and self.outer_sync != "sync":
+            self._fail("moment_syncs", f"counts synchronous outer syncs: with optim.outer_sync {self.outer_sync} "
+                                       f"every push carries the moments (geotrain.sync.async_moments)")
         self._choice("async_merge", ASYNC_MERGES)
         self._number("async_staleness_power", zero_ok=True)
         if self.async_merge != "staleness" and self.outer_sync == "sync":

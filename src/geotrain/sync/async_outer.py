@@ -58,6 +58,7 @@ from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.optim.shards import local_shard
 from geotrain.sync.async_merge import outer_optimizer
+from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
@@ -97,7 +98,8 @@ class AsyncOuterSync:
     what each server does to an arriving outer gradient before its outer optimizer (geotrain.sync.async_merge).
     `position`: the ranks of this rank's position by replica (module doc; None: the world, one position),
     `position_group` their process group (None: the default one), `replica_group` the group of this rank's replica's
-    ranks where they agree (None: a replica of one rank)."""
+    ranks where they agree (None: a replica of one rank). `moments`: the inner AdamW whose second moments the
+    servers also merge and every reply sets (geotrain.sync.async_moments; None: each replica's stay its own)."""
 
     _instances = itertools.count()
 
@@ -106,7 +108,8 @@ class AsyncOuterSync:
                  staleness_power: float = STALENESS_POWER, regions: Sequence[Sequence[int]] | None = None,
                  merge_every: int | None = None, budget: int | None = None,
                  timeout_s: float | None = None, merge: str = "staleness", position: Sequence[int] | None = None,
-                 position_group: Any = None, replica_group: Any = None) -> None:
+                 position_group: Any = None, replica_group: Any = None,
+                 moments: torch.optim.Optimizer | None = None) -> None:
         if not dist.is_initialized():
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
         self.params = list(params)
@@ -136,7 +139,12 @@ class AsyncOuterSync:
         client_group = new_group(None, timeout_s, backend="gloo")
         global_group = new_group(None, timeout_s, backend="gloo")
         instance = f"geotrain/async/{next(self._instances)}"
-        self.anchor = _flat(self.local)
+        self.moments = moments
+        self.replicas = len(ranks)
+        self.numel = sum(p.numel() for p in self.local)
+        """This position's parameter values: the global model's first part (with moments, their v follows)."""
+        self.anchor = _flat(self.local) if moments is None else torch.cat(
+            [_flat(self.local), torch.zeros(MOMENT_PARTS * self.numel)])  # moments start at zero, as AdamW's do
         self.sent_to: Counter = Counter()
         numel = self.anchor.numel()
         my_group = next(g for g in groups if self.rank in g)
@@ -163,8 +171,12 @@ class AsyncOuterSync:
         self.region: RegionServer | None = None
         """This rank's region server (hierarchical, on a region's first rank), else None."""
         lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound
+
+        def outer(clients: int, lr: float, beta: float) -> Any:
+            step = outer_optimizer(merge, clients, lr, beta, power)
+            return step if moments is None else MomentMerge(step, self.numel, clients)
         if self.rank == self.leader:
-            region_server = OuterServer(self.anchor, outer_optimizer(merge, len(my_group), lr, beta, power), my_group,
+            region_server = OuterServer(self.anchor, outer(len(my_group), lr, beta), my_group,
                                         bound, budget if self.regions is None else None, relay=self.regions is not None)
             self.servers.append(region_server)
             handle = region_server.submit
@@ -181,7 +193,7 @@ class AsyncOuterSync:
                     leaders = [g[0] for g in groups]
                     # the regions already applied the outer optimizer: the global server averages their
                     # deltas (lr 1, no momentum, 1/R each), so a replica's update weighs as in the flat run
-                    top = OuterServer(self.anchor, outer_optimizer(merge, len(leaders), 1.0, 0.0, power), leaders,
+                    top = OuterServer(self.anchor, outer(len(leaders), 1.0, 0.0), leaders,
                                       bound, budget)
                     self.servers.append(top)
                     self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done,
@@ -213,6 +225,8 @@ class AsyncOuterSync:
         seconds on emulated links (the reply's arrival less the request's hand-off), else wall seconds."""
         self.checkpointed = 0
         """The step of the last checkpoint round this rank paused for (async_server: checkpoint rounds)."""
+        self.moments_loaded = 0
+        """Replies whose global moments this rank loaded into its AdamW (async_moments.loads_moments)."""
         self.paused_for: int | None = None
         """The checkpoint round's step this rank was just told to go on from: it writes the checkpoint now."""
 
@@ -254,8 +268,14 @@ class AsyncOuterSync:
         self._publish_clock()
         return reply
 
+    def _held(self) -> torch.Tensor:
+        """What this rank holds now, laid out as the global model: its parameters (and its AdamW's second moments)."""
+        if self.moments is None:
+            return _flat(self.local)
+        return torch.cat([_flat(self.local), flat_moments(self.moments, self.params)])
+
     def _push(self, final: bool) -> None:
-        gradient = None if self.period_steps == 0 else self.anchor - _flat(self.local)
+        gradient = None if self.period_steps == 0 else self.anchor - self._held()
         reply = self._exchange(Request(self.rank, self.version, gradient, 1, final))
         self.pushes += gradient is not None
         self.period_steps = 0
@@ -267,6 +287,9 @@ class AsyncOuterSync:
             for p in self.local:
                 p.copy_(reply.model[offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
+        if self.moments is not None and self.inner_steps and loads_moments(reply.updates, self.replicas):
+            load_moments(self.moments, self.params, reply.model[self.numel:])
+            self.moments_loaded += 1
         if final:
             self.outer_step = reply.updates
             return
@@ -330,7 +353,8 @@ class AsyncOuterSync:
             server["region"] = self.region.state_dict()
         return {"anchor": self.anchor.clone(), "version": self.version, "outer_step": self.outer_step,
                 "pushes": self.pushes, "inner_steps": self.inner_steps, "model_time_s": self.model_time_s,
-                "exchange_s": self.exchange_s, "checkpointed": self.checkpointed, **server}
+                "exchange_s": self.exchange_s, "checkpointed": self.checkpointed,
+                "moments_loaded": self.moments_loaded, **server}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["anchor"].shape != self.anchor.shape:
@@ -340,6 +364,7 @@ class AsyncOuterSync:
         self.version, self.outer_step = int(state["version"]), int(state["outer_step"])
         self.pushes = int(state["pushes"])
         self.inner_steps, self.checkpointed = int(state["inner_steps"]), int(state["checkpointed"])
+        self.moments_loaded = int(state.get("moments_loaded", 0))
         self.model_time_s, self.exchange_s = float(state["model_time_s"]), float(state["exchange_s"])
         if ("server" in state) != (self.global_server is not None) or ("region" in state) != (self.region is not None):
             raise ValueError("checkpoint and run disagree on which rank hosts the global model's or a region's server")
@@ -365,11 +390,12 @@ class AsyncOuterSync:
             thread.stopped.set()
 
     def fingerprint(self) -> float:
-        return float(self.anchor.double().sum())
+        return float(self.anchor[:self.numel].double().sum())
 
     def stats(self) -> dict[str, Any]:
         """Counters of this rank (and of the servers it hosts)."""
         return {"outer_step": self.outer_step, "pushes": self.pushes, "inner_steps": self.inner_steps,
+                "moments_loaded": self.moments_loaded,
                 "bytes_sent": self.bytes_sent, "sent_to": dict(self.sent_to),
                 "max_staleness": [s.max_staleness for s in self.servers],
                 "discarded": [s.discarded for s in self.servers],

@@ -10,7 +10,8 @@ measure 15x slow for that. The test reads each period's split from both runs' re
 to the bit where every split agrees (within 5e-3 otherwise: one step moved; the run moves its parameters by about
 1e-2); asynchronous outer updates on a plan of 2 pipeline stages (a global model's server per stage, on replica 0's
 rank of it; a checkpoint round of each stage's server, every replica pausing all its stages at once:
-sync/async_outer.py; outer lr 1, no momentum) to within 0.05 nats of the final global model's validation loss (the round's pause lets the other replica run ahead, so the server applies arrivals in
+sync/async_outer.py; outer lr 1, no momentum; both asynchronous modes with --sync-moments, the servers holding
+global AdamW second moments beside the model: sync/async_moments.py) to within 0.05 nats of the final global model's validation loss (the round's pause lets the other replica run ahead, so the server applies arrivals in
 another order than the run without it: measured 0.0004 nats once; with DiLoCo's Nesterov and a stale update at full
 weight, the default since, a loaded CI host saw 0.028); asynchronous hierarchical updates (4 replicas in 2 regions: the
 rounds reach the replicas through their region's server, whose region model, momentum and unmerged updates the
@@ -52,11 +53,12 @@ MODES = {
                  "--local-steps", "adaptive", "--sync-delay", "1", "--sync-landing", "eager", "--dp-codec",
                  "int8-block"],
     "async": ["--time-scale", "0", "--steps", "8", "--sync-every", "2", "--outer-sync", "async", "--eval-every", "8",
-              "--outer-lr", "1", "--outer-momentum", "0"],
+              "--outer-lr", "1", "--outer-momentum", "0", "--sync-moments"],
     # averaged region deltas (outer lr 1, no momentum): DiLoCo's Nesterov over 4 outer steps per replica overshoots,
     # and its loss then moved by 0.32 nats between two uninterrupted runs of different arrival orders
     "async-hierarchical": ["--time-scale", "0", "--steps", "8", "--sync-every", "2", "--outer-sync",
-                           "async-hierarchical", "--eval-every", "8", "--outer-lr", "1", "--outer-momentum", "0"],
+                           "async-hierarchical", "--eval-every", "8", "--outer-lr", "1", "--outer-momentum", "0",
+                           "--sync-moments"],
 }
 STOP = {"streaming": 2, "adaptive": 4, "async": 3, "async-hierarchical": 3}
 EXACT = ("streaming", "adaptive")
@@ -201,7 +203,8 @@ def test_an_asynchronous_run_stopped_and_resumed_ends_as_the_uninterrupted_one(r
 def test_each_stages_server_ends_holding_the_model_every_client_of_that_stage_pulled(runs):
     """The 2-stage asynchronous run's end: a server per stage, on replica 0's rank of it; its global model is the
     stage's weights on every rank of that stage (the clients' final pull), bit for bit; both stages' servers hold the
-    run's 8 replica updates; each push carries its stage's parameters (fp32, a 40-byte header), not the model's."""
+    run's 8 replica updates; each push carries its stage's parameters and their AdamW second moments (fp32, a 40-byte
+    header), not the model's; every rank's AdamW ends holding its server's global second moments (the final reply's)."""
     run = runs["async"]
     shards = [torch.load(ckpt.shard_path(run["ref_dir"], _steps("async"), rank), weights_only=True) for rank in range(4)]
     states = [shard["dp"]["asynchronous"] for shard in shards]
@@ -212,11 +215,14 @@ def test_each_stages_server_ends_holding_the_model_every_client_of_that_stage_pu
         assert server["updates"] == 8  # the budget (a replica whose other stage is short sends more: discarded)
         for rank in ranks:
             weights = torch.cat([w.reshape(-1) for w in shards[rank]["stage"].values()])
-            assert torch.equal(states[rank]["anchor"], server["model"]) and torch.equal(weights, server["model"])
-            assert states[rank]["outer_step"] == 8
+            n, adamw = weights.numel(), shards[rank]["dp"]["optimizer"]["state"]
+            second = torch.cat([adamw[i]["exp_avg_sq"].reshape(-1) for i in range(len(adamw))])
+            assert torch.equal(states[rank]["anchor"], server["model"]) and torch.equal(weights, server["model"][:n])
+            assert torch.equal(second, server["model"][n:]) and second.min() >= 0 and second.max() > 0
+            assert states[rank]["outer_step"] == 8 and states[rank]["moments_loaded"] >= 1
         pushes = {r["dp_bytes"] for r in shards[ranks[1]]["records"][:-1]} - {0}  # the client's, before its final one
-        assert pushes == {40 + 4 * server["model"].numel()}
-        sizes.append(server["model"].numel())
+        assert pushes == {40 + 2 * 4 * n}  # [parameters | exp_avg_sq], fp32
+        sizes.append(n)
     assert sizes[0] != sizes[1] and min(sizes) > 0.4 * sum(sizes)  # each server holds its stage, not the model
     assert _validation(run["ref"]) < run["ref"]["losses"][0] - 0.3  # the loss falls
 
@@ -241,6 +247,9 @@ def test_the_hierarchical_checkpoint_holds_every_replica_update_at_the_global_se
     assert top["updates"] + sum(unmerged) == sum(state["pushes"] for state in states)
     assert 6 <= top["updates"] + sum(unmerged) < 16 and top["discarded"] == 0  # the round at 3 of 8 steps' 16
     assert [client for client, _ in top["base"]] == [0, 2]  # the regions' servers are the global server's clients
+    n = sum(w.numel() for w in final_weights(cut, STOP["async-hierarchical"], 1)[0].values())
+    assert top["model"].numel() == regions[0]["server"]["model"].numel() == 2 * n  # and the second moments
+    assert top["model"][n:].min() >= 0 and top["model"][n:].max() > 0
     assert all(state["checkpointed"] == STOP["async-hierarchical"] for state in states)
 
 

@@ -87,7 +87,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
                 "pipeline-unsharded": _train(root, "pipeline-unsharded", UNSHARDED_PIPELINE, *PIPELINE, *tied,
                                              cluster=REGIONS_CLUSTER),
                 "async": _train(root, "async", SHARDED, "--sync-every", "2", "--outer-sync", "async", "--outer-lr", "1",
-                                "--outer-momentum", "0", "--eval-every", "8", "--time-scale", "1e-3")}
+                                "--outer-momentum", "0", "--eval-every", "8", "--time-scale", "1e-3", "--sync-moments")}
     parts = [("sharded", "adaptive", "moments-unsharded", "regions", "pipeline-unsharded"),
              ("unsharded", "int8", "moments", "regions-unsharded", "pipeline", "async")]
     processes = [OneInterpreter([commands[name] for name in names], root, f"part{i}") for i, names in enumerate(parts)]
@@ -211,12 +211,14 @@ def test_asynchronous_updates_run_a_global_models_server_per_shard(runs):
     """--outer-sync async on the sharded plan, on emulated links: a server per shard position (on site 0's rank of that
     shard; shard 1's serving in shard 0's order, sync/async_timing.py), each rank its client: a push carries the rank's shard (half the model; fp32 and a 40-byte header; the final step's
     record also holds the final request's header), every rank scores one final model, and the loss falls. Without
-    the per-shard server the run is refused (geotrain.sync.sharded); a push of the whole model is 2 x 1.6 MB."""
+    the per-shard server the run is refused (geotrain.sync.sharded); a push of the whole model is 2 x 1.6 MB. With
+    --sync-moments each shard's push also carries its shard's AdamW second moments (sync/async_moments.py): 2 x."""
     report = runs["async"]
     shard = report["summary"]["memory"]["per_rank"][0]["weights"]
     assert 2 * shard == runs["unsharded"]["summary"]["memory"]["per_rank"][0]["weights"]
     pushes = {row["dp_bytes"] for row in report["iterations"]} - {0}  # a row of the run's progress: 1 or more pushes
-    assert 40 + shard in pushes and all(b % (40 + shard) in (0, 40) for b in pushes), (pushes, shard)
+    push = 40 + 2 * shard  # [shard | exp_avg_sq], fp32
+    assert any(b - push in (0, 40) for b in pushes) and all(b % push in (0, 40) for b in pushes), (pushes, shard)
     validation = {entry["loss"] for entry in report["validation"]}
     assert len(validation) == 1 and validation.pop() < report["losses"][0] - 0.3, report["validation"]
 

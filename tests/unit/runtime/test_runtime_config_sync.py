@@ -65,3 +65,13 @@ def test_the_asynchronous_servers_merge_and_staleness_power_reach_the_sync_optio
         _config(sync_every=4, async_merge="heloco")
     with pytest.raises(RuntimeConfigError, match="async_staleness_power"):
         _config(sync_every=4, outer_sync="async", async_staleness_power=-1)
+
+
+def test_asynchronous_moment_sync_reaches_the_sync_options_and_refuses_moment_syncs():
+    """Every asynchronous push carries the moments (geotrain.sync.async_moments): --moment-syncs N is refused."""
+    config = RuntimeConfig.of(CLUSTER, np.array([[0, 1, 2, 3]]), steps=8, sync_every=4, outer_sync="async",
+                              sync_moments=True)
+    assert config.sync_options(0).outer.sync_moments
+    with pytest.raises(RuntimeConfigError, match=r"^optim.moment_syncs counts synchronous outer syncs: with "
+                                                 r"optim.outer_sync async-hierarchical every push carries the moments"):
+        _config(sync_every=4, outer_sync="async-hierarchical", sync_moments=True, moment_syncs=1)

@@ -146,6 +146,8 @@ def test_elastic_async_is_accepted_with_kill_chaos_and_the_end_checkpoint():
     ({"netlab": True}, "reliability.netlab: elastic asynchronous groups talk over plain TCP on this host's loopback"),
     ({"checkpoint_dir": "ckpt", "checkpoint_every": 3}, "checkpoint rounds of an elastic asynchronous run are not "
                                                         "built yet"),
+    ({"sync_moments": True}, "not built yet for elastic asynchronous groups (a re-elected server starts from a "
+                             "replica's copy of the model, which holds no global moments)"),
 ])
 def test_what_elastic_async_does_not_build_yet_is_refused_in_one_line(settings, words):
     with pytest.raises(RuntimeConfigError) as caught:

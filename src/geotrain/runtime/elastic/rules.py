@@ -174,6 +174,9 @@ def async_refusal(config: Any) -> str | None:
         (ckpt.checkpoint_every > 0 or ckpt.resume or config.run.stop_after is not None,
          "checkpoint rounds of an elastic asynchronous run are not built yet (--checkpoint-every, --resume, "
          "--stop-after); the end's checkpoint is written"),
+        (config.optim.sync_moments,
+         "optim.sync_moments: not built yet for elastic asynchronous groups (a re-elected server starts from a "
+         "replica's copy of the model, which holds no global moments); drop --sync-moments or --elastic"),
     )
     return next((text for failed, text in reasons if failed), None)
 
