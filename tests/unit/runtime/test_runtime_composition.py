@@ -85,9 +85,6 @@ def test_every_rule_names_two_known_settings_once_and_speaks_for_some_cell():
 
 
 def test_the_message_names_the_flags_and_their_values(tmp_path):
-    with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with --sync-moments: not built yet: "
-                                                 r"asynchronous outer updates send .* \(no moments\)$"):
-        _config("async", "moments", tmp_path)
     with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with --fragments 2: not built yet: "
                                                  r"asynchronous outer updates send"):
         _config("async", "fragments", tmp_path)
