@@ -81,3 +81,23 @@ def test_a_restarted_first_host_without_a_copy_does_not_serve_epoch_0_again_but_
     with pytest.raises(Served):
         link.exchange(None, False)
     assert served == [1]
+
+
+def test_the_global_models_host_is_looked_up_through_each_tiers_last_published_epoch(store):
+    """kill-site site=host (the launcher's lookup, async_regions.global_model_host): epoch 0's host until an election
+    is published; with regions, the group hosting the server of the region that hosts the global model."""
+    from geotrain.runtime.elastic.async_regions import global_model_host
+
+    cluster = parse_cluster_text(CLUSTER_YAML)
+    flat = RuntimeConfig.of(cluster, [[2, 0, 3, 1]], elastic=True, time_scale=0.0, sync_every=3, outer_sync="async")
+    regions = RuntimeConfig.of(cluster, [[2, 0, 3, 1]], elastic=True, time_scale=0.0, sync_every=3,
+                               outer_sync="async-hierarchical")  # groups 0, 2: region 0; 1, 3: region 1
+    assert global_model_host(store, flat) == 0 and global_model_host(store, regions) == 0
+    store.set("async/host/1", "1")
+    assert global_model_host(store, flat) == 0  # elected, not yet published: the old host still serves
+    store.set("async/epoch", "1")
+    assert global_model_host(store, flat) == 1
+    assert global_model_host(store, regions) == 1  # region 1's epoch-0 host: its first group
+    store.set("async/region1/host/1", "3")
+    store.set("async/region1/epoch", "1")
+    assert global_model_host(store, regions) == 3

@@ -174,3 +174,31 @@ def test_a_partition_with_adaptive_local_steps_is_refused_in_one_line():
     assert str(caught.value).startswith("--elastic: reliability.chaos 'partition:site=1,at=1s,for=3s' with "
                                         "--local-steps adaptive: not built yet: ") and "\n" not in str(caught.value)
     RuntimeConfig.of(CLUSTER, [[0, 1]], **adaptive, chaos="kill-site:every=100s,first=1s,site=1,count=1")
+
+
+def test_emulate_gpu_speed_at_time_scale_zero_runs_on_elastic_async_groups_only():
+    """No emulated clock counts a GPU's slowness at --time-scale 0: elastic asynchronous groups sleep it out
+    (runtime/slowdown.py gpu_speed_faults); any other run there is refused in one line."""
+    mixed = load_cluster(str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"))
+    for outer_sync in ("async", "async-hierarchical"):
+        config = RuntimeConfig.of(mixed, [[0, 2, 4]], **{**ASYNC, "outer_sync": outer_sync}, emulate_gpu_speed=True)
+        assert config.compute_scale()[4] == pytest.approx(312 / 65)
+    for settings in ({"time_scale": 0.0}, ELASTIC, {**ELASTIC, "sync_every": 3}, {**ASYNC, "elastic": False}):
+        with pytest.raises(RuntimeConfigError) as caught:
+            RuntimeConfig.of(mixed, [[0, 2, 4]], **settings, emulate_gpu_speed=True)
+        assert "time_scale 0.0 runs without emulation" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_kill_of_the_global_models_host_needs_an_elastic_async_run():
+    """kill-site site=host names the group hosting the asynchronous server (moved by elections); a synchronous
+    elastic run has no such host: refused in one line."""
+    spec = "kill-site:every=5s,count=1,site=host;kill-site:every=5s,count=2"
+    for outer_sync in ("async", "async-hierarchical"):
+        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, "outer_sync": outer_sync},
+                                                chaos=spec)) is None
+    for settings in (ELASTIC, {**ELASTIC, "sync_every": 3}):
+        with pytest.raises(RuntimeConfigError) as caught:
+            RuntimeConfig.of(CLUSTER, [[0, 1]], **settings, chaos=spec)
+        assert str(caught.value).startswith(f"--elastic: reliability.chaos {spec!r}: site=host kills the host of the "
+                                            f"global model's server, which only --outer-sync async or "
+                                            f"async-hierarchical has")

@@ -53,9 +53,10 @@ from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting
-from geotrain.runtime.elastic.links import GroupNet
+from geotrain.runtime.elastic.links import GroupNet, process_device
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
-from geotrain.runtime.elastic.summary import params_path, summary_path
+from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
+from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_server import OuterServer
@@ -83,6 +84,10 @@ class AsyncElasticGroup:
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         self.timer = ComputeTimer()
+        # --emulate-gpu-speed (at --time-scale 0, these groups' only one): each step's compute slept out to the group's
+        # GPU speed in wall time (no emulated clock counts it here)
+        self.slowdown = SlowDown(gpu_speed_faults(config.compute_scale(), process_device(config, group, 0), group),
+                                 self.timer, None)
         self.model = GroupStageModel(config, GroupPosition(0), self.data.vocab_size, self.seq_len, self.timer)
         self.params = self.model.params
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
@@ -174,6 +179,8 @@ class AsyncElasticGroup:
             self.store.set(f"step/{self.group}", str(step))
         gradient = None if period == 0 else self.held.model - _flat(self.params)  # type: ignore[operator]
         self._adopt(self.link.exchange(gradient, True))
+        # the run's end for its summary (train_s, the final model's samples): the first group to hold the final model
+        self.store.compare_set(FINAL_KEY, "", json.dumps({"t": time.time(), "updates": self.held.updates}))
         self.link.close()
         if self.end_hosting() and self.config.checkpoint.checkpoint_dir is not None:  # the end's, once: by the last
             self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(  # host of the global model
@@ -197,6 +204,7 @@ class AsyncElasticGroup:
     def _train_step(self, step: int, lr_step: int) -> dict[str, Any]:
         cfg = self.config
         self.timer.seconds = 0.0
+        self.slowdown.before_step()
         x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
                                self.seq_len)
         for group in self.optimizer.param_groups:
@@ -205,6 +213,7 @@ class AsyncElasticGroup:
         loss = self.model.train_step(x, y)
         with self.timer:
             self.optimizer.step()
+        self.slowdown.after_compute(self.timer.seconds)
         return {"step": step, "loss": loss, "batch_sum": int(x.sum()), "samples": int(x.shape[0]),
                 "contributors": None, "params_sha256": None, "emulated_s": None, "compute_s": self.timer.seconds,
                 "comm_s": 0.0, "dp_bytes": 0, "sent_bytes": None, "inter_region_bytes": None}

@@ -34,7 +34,7 @@ from typing import Any
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_group import AsyncElasticGroup
-from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting
+from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting, tier_host
 from geotrain.runtime.elastic.links import GroupNet
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_region import RegionServer
@@ -50,6 +50,16 @@ def group_regions(config: RuntimeConfig) -> tuple[int, ...]:
     found = [int(config.cluster.region_of[int(device)]) for device in config.assignment[0]]
     order = list(dict.fromkeys(found))
     return tuple(order.index(region) for region in found)
+
+
+def global_model_host(store: Any, config: RuntimeConfig) -> int:
+    """The replica group hosting the global model's server now (`--chaos kill-site:...,site=host`): the flat run's
+    elected host; with regions, the host of the region server that hosts it."""
+    if config.optim.outer_sync != "async-hierarchical":
+        return tier_host(store, "async/", 0)
+    regions = group_regions(config)
+    region = tier_host(store, "async/", 0)
+    return tier_host(store, f"async/region{region}/", regions.index(region))
 
 
 class ServedRegion:

@@ -95,6 +95,13 @@ def serve_counting(store: Any, prefix: str, epoch: int, server: Any, kept: int, 
     return SocketServer(server, host, authkey, lambda updates: own.set(f"{prefix}updates/{epoch}", str(risk(updates))))
 
 
+def tier_host(store: Any, prefix: str, first_host: int) -> int:
+    """The client hosting the tier under `prefix` now: its last published epoch's host (`first_host` before any
+    election was published)."""
+    epoch = int(store.get(f"{prefix}epoch").decode()) if store.check([f"{prefix}epoch"]) else 0
+    return first_host if epoch == 0 else int(store.get(f"{prefix}host/{epoch}").decode())
+
+
 def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> int:
     """The client that hosts `tier`'s `epoch` (module doc: votes, quorum, grace window); ElectionError without
     quorum."""
