@@ -40,7 +40,7 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.launcher import check_before_launch
 from geotrain.runtime.elastic.chaos import (Cut, Kill, cut_heal_s, kill_schedule, parse_chaos,
                                             partition_schedule)
-from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, failure_file, group_main, incarnation_key
+from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, down_key, failure_file, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
 from geotrain.runtime.elastic.spares import spare_count, spare_key, spare_main
@@ -253,6 +253,7 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
                 else:
                     supervisor.stop(watch.ranks(g), term_s=0.0)  # its stages still running
                     watch.down.add(g)
+                    store.set(down_key(g), "1")  # an elected asynchronous server stops waiting for it
                     if watch.first_done_at is None:
                         watch.say(g, f"failed ({why}): down for good after "
                                      f"{watch.restarts[g]} restarts")
