@@ -34,14 +34,23 @@ seconds, links ~free as the partition rows' (LINK_STATE_TIME_SCALE):
                                    checkpoint every `checkpoint_every` steps: the reference of the next row
   async+ckpt restart (hetero-4x1), kill a site every T'   a worker SIGKILLed at each T' (as the sync+ckpt rows):
                                    the run ends and is launched again with --resume from its last checkpoint
+  elastic async (hetero-4x1), no failures   the same asynchronous updates on elastic groups (train --elastic
+                                   --outer-sync async: the global model's server hosted by one group, re-elected from
+                                   the freshest copy when its host dies), at --time-scale 0 (its groups talk over plain
+                                   TCP), each group sleeping out its GPU's slowness (ELASTIC_ASYNC_RECIPE)
+  elastic async (hetero-4x1), kill a site every T'   the first kill the global model's host's (kill-site site=host),
+                                   the others drawn; a killed group restarts and rejoins as a client
+  elastic async-hierarchical (hetero-4x1), ...   the same pair with a server per region too (--outer-sync
+                                   async-hierarchical; hetero-4x1's regions are one group each)
 goodput = useful samples per second of training, relative to the row's failure-free reference (the
 kill row to the first row, the partition row to the third, the sync rows to the fifth, the netlab
 partition row to the eighth, each mixed-GPU kill row to its own reference). Useful samples: every
 committed step's contributing groups' batches (a step redone after a restart counts once); asynchronous
 updates: the samples in the updates the final global model holds (async_useful_samples: its replica outer
 gradients x H x the batch; an update lost with a killed run, or discarded past the run's budget, is not in it).
-Seconds: from the first step's start to the last commit (elastic), or from the first launch's first
-completed step (asynchronous: every rank's) to the last launch's end (restart rows, restarts included).
+Seconds: from the first step's start to the last commit (elastic; asynchronous: from the first group's join to the
+first holder of the final global model), or from the first launch's first completed step (asynchronous: every rank's)
+to the last launch's end (restart rows, restarts included).
 recovery_s: from a failure to the failed unit training again (the group's rejoin; the relaunched run's
 first new step); for the partition rows from the heal.
 """
@@ -89,22 +98,35 @@ full weight), compute at each GPU's speed in CPU seconds as the adaptive rows'."
 class MixedGpuRows:
     """A pair of rows of one recipe on ADAPTIVE_CLUSTER: `name` without failures (the reference), then `killed_name`
     (default `name`) with a site killed every T' (a quarter of the reference's training seconds): an elastic run's
-    kill-site chaos if `elastic`, else a worker SIGKILLed and the run relaunched with --resume (sync_row)."""
+    kill-site chaos if `elastic`, else a worker SIGKILLed and the run relaunched with --resume (sync_row). Elastic
+    rows run at `time_scale`; `kill_host`: the first kill is the global model's host's (kill-site site=host), the
+    others drawn."""
 
     name: str
     recipe: Mapping[str, Any]
     elastic: bool
     killed_name: str | None = None
+    time_scale: float = LINK_STATE_TIME_SCALE
+    kill_host: bool = False
+
+
+ELASTIC_ASYNC_RECIPE: dict[str, Any] = {**ASYNC_RECIPE, "compute_clock": "wall"}
+"""The elastic asynchronous rows' settings: ASYNC_RECIPE at --time-scale 0 (its groups talk over plain TCP, no link
+emulation), where --emulate-gpu-speed sleeps out each group's GPU slowness in wall time (x its measured wall compute:
+no emulated clock counts CPU seconds)."""
 
 
 MIXED_GPU_ROWS: tuple[MixedGpuRows, ...] = (
     MixedGpuRows("elastic adaptive", ADAPTIVE_RECIPE, elastic=True),
     MixedGpuRows("async+ckpt", ASYNC_RECIPE, elastic=False, killed_name="async+ckpt restart"),
+    MixedGpuRows("elastic async", ELASTIC_ASYNC_RECIPE, elastic=True, time_scale=0.0, kill_host=True),
+    MixedGpuRows("elastic async-hierarchical", {**ELASTIC_ASYNC_RECIPE, "outer_sync": "async-hierarchical"},
+                 elastic=True, time_scale=0.0, kill_host=True),
 )
-"""The mixed-GPU row pairs, in order. An elastic asynchronous pair would be MixedGpuRows("elastic async", ASYNC_RECIPE,
-elastic=True), once elastic async runs on emulated links: these rows run each GPU's speed on the emulating backend
-(LINK_STATE_TIME_SCALE), and `train --elastic --outer-sync async` refuses link emulation (its groups talk over TCP,
-runtime/elastic/async_group.py)."""
+"""The mixed-GPU row pairs, in order: the asynchronous restart rows are the baseline of the elastic asynchronous ones
+(the global model's server hosted by one group, re-elected from the freshest copy when its host dies:
+runtime/elastic/async_group.py; hierarchical: a server per region as well, async_regions.py; on hetero-4x1 every
+site is a region of one group, so each region server relays one group's updates)."""
 
 
 HEARTBEATS_PER_TIMEOUT = 5
@@ -155,6 +177,7 @@ class ChaosRow:
     train_s: float
     samples: int
     failures: int
+    elections: int = 0
 
 
 def goodput(samples: int, seconds: float, reference_samples: int, reference_seconds: float) -> float:
@@ -203,15 +226,18 @@ def elastic_row(label: str, config: ChaosBenchConfig, chaos: str | None, tokens:
     (ADAPTIVE_CLUSTER) if given; the row's failures are kills plus partitions."""
     from geotrain.observe.run import recording
     from geotrain.runtime.elastic.launch import launch_elastic
+    from geotrain.sync.async_step import progress_steps
 
     lab = {"netlab": True, "comm_timeout_s": NETLAB_COMM_TIMEOUT_S} if netlab else {}
     mixed = {} if recipe is None else {"cluster_name": ADAPTIVE_CLUSTER, **recipe}
     run = _runtime_config(config, True, label, chaos=chaos, time_scale=time_scale, **lab, **mixed)
     with recording(run):
         summary = launch_elastic(run, tokens=tokens)
-    return ChaosRow(label, 1.0, summary.steps, 0, summary.rejoins, summary.recovery_s + summary.partition_recovery_s,
+    steps = summary.steps if summary.global_updates is None else \
+        progress_steps(summary.global_updates, run.optim.sync_every, run.replicas)  # asynchronous: the final model's
+    return ChaosRow(label, 1.0, steps, 0, summary.rejoins, summary.recovery_s + summary.partition_recovery_s,
                     summary.val_loss, summary.train_s, summary.samples,
-                    summary.replica_failures + summary.partitions), summary
+                    summary.replica_failures + summary.partitions, summary.elections), summary
 
 
 def _worker_pid(rank: int) -> int | None:
@@ -297,6 +323,15 @@ def sync_row(label: str, config: ChaosBenchConfig, kill_times_s: list[float], to
     return ChaosRow(label, 1.0, config.steps, restarts, restarts, state["recovery"], val, seconds, samples, failures)
 
 
+def kill_spec(every_s: float, kills: int, host: bool = False) -> str:
+    """--chaos for `kills` sites killed every `every_s` seconds, drawn from the seed; `host`: the first of them the
+    global model's host (site=host), the rest drawn."""
+    if not host:
+        return f"kill-site:every={every_s:.3f}s,count={kills}"
+    rest = f";kill-site:every={every_s:.3f}s,first={2 * every_s:.3f}s,count={kills - 1}" if kills > 1 else ""
+    return f"kill-site:every={every_s:.3f}s,count=1,site=host{rest}"
+
+
 def mixed_gpu_pair(rows: MixedGpuRows, config: ChaosBenchConfig, tokens: Any, ckpt_dir: Path,
                    note: Callable[[str], None]) -> list[tuple[ChaosRow, ChaosRow]]:
     """The (row, reference) pairs of `rows` (MixedGpuRows): its failure-free reference, then `config.kills` sites
@@ -305,7 +340,7 @@ def mixed_gpu_pair(rows: MixedGpuRows, config: ChaosBenchConfig, tokens: Any, ck
     killed_name = rows.killed_name or rows.name
     note(f"{rows.name} (mixed GPUs), no failures")
     if rows.elastic:
-        reference, _ = elastic_row(f"{rows.name} {where}, no failures", config, None, tokens, LINK_STATE_TIME_SCALE,
+        reference, _ = elastic_row(f"{rows.name} {where}, no failures", config, None, tokens, rows.time_scale,
                                    recipe=rows.recipe)
     else:
         reference = sync_row(f"{rows.name} {where}, no failures", config, [], tokens, ckpt_dir / "reference",
@@ -314,8 +349,8 @@ def mixed_gpu_pair(rows: MixedGpuRows, config: ChaosBenchConfig, tokens: Any, ck
     label = f"{killed_name} {where}, kill a site every {every_s:.1f} s"
     note(f"{killed_name} (mixed GPUs), kill a site every T")
     if rows.elastic:
-        killed, _ = elastic_row(label, config, f"kill-site:every={every_s:.3f}s,count={config.kills}", tokens,
-                                LINK_STATE_TIME_SCALE, recipe=rows.recipe)
+        killed, _ = elastic_row(label, config, kill_spec(every_s, config.kills, rows.kill_host), tokens,
+                                rows.time_scale, recipe=rows.recipe)
     else:
         killed = sync_row(label, config, [every_s * (k + 1) for k in range(config.kills)], tokens, ckpt_dir / "killed",
                           recipe=rows.recipe)
@@ -334,7 +369,7 @@ def run_chaos_bench(config: ChaosBenchConfig, progress: Any = None) -> list[Chao
     every_s = max(reference.train_s / 4, 1.0)
     note("elastic, kill a site every T")
     killed, _ = elastic_row(f"elastic, kill a site every {every_s:.1f} s", config,
-                            f"kill-site:every={every_s:.3f}s,count={config.kills}", tokens)
+                            kill_spec(every_s, config.kills), tokens)
     note("elastic (emulating backend), no failures")
     backend, _ = elastic_row("elastic (emulating backend), no failures", config, None, tokens, LINK_STATE_TIME_SCALE)
     cut_label = f"partition a site every {every_s:.1f} s for {every_s / 2:.1f} s"

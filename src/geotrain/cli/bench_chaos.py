@@ -1,6 +1,6 @@
 """`geotrain bench chaos`: goodput of elastic replica groups (torchft) with a site killed, or partitioned,
 every T, beside the synchronous runtime restarting from its last checkpoint (geotrain.bench.chaos). --json:
-{"rows": [{"label", "goodput", "steps", "global_restarts", "recoveries", "recovery_s", "val_loss", ...}],
+{"rows": [{"label", "goodput", "steps", "global_restarts", "recoveries", "recovery_s", "val_loss", "elections", ...}],
 "config"}; the first row is the elastic run without failures. --netlab adds the partition rows on real shaped TCP
 (root)."""
 
@@ -63,9 +63,9 @@ def run(args: Any) -> int:
         out.emit_json({"rows": [asdict(row) for row in rows], "config": asdict(config)})
         return 0
     out.table(f"bench chaos: {config.model} GPT, {config.steps} steps, {config.batch_size} x {config.seq_len} tokens "
-              f"per group", ["row", "goodput", "steps", "global restarts", "recoveries", "recovery s", "val loss",
-                             "train s"],
+              f"per group", ["row", "goodput", "steps", "global restarts", "recoveries", "recovery s", "elections",
+                             "val loss", "train s"],
               [[r.label, f"{r.goodput:.3f}", r.steps, r.global_restarts, r.recoveries,
-                " ".join(f"{s:.1f}" for s in r.recovery_s) or "-",
+                " ".join(f"{s:.1f}" for s in r.recovery_s) or "-", r.elections,
                 "-" if r.val_loss is None else f"{r.val_loss:.4f}", f"{r.train_s:.1f}"] for r in rows])
     return 0

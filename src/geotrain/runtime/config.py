@@ -22,7 +22,7 @@ from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, devic
 from geotrain.runtime.batch_shares import BatchSharesError, batch_shares, parse_batch_shares
 from geotrain.runtime.composition import composition_refusal
 from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, parse_chaos
-from geotrain.runtime.elastic.rules import check_elastic
+from geotrain.runtime.elastic.rules import check_elastic, sleeps_gpu_speed
 from geotrain.runtime.layout import Layout, LayoutError
 from geotrain.runtime.pipeline_schedules import LOOPED_SCHEDULES
 from geotrain.runtime.sharded import check_sharded
@@ -127,6 +127,12 @@ class RuntimeConfig:
         self.batch_shares()
         self.split_weights()  # every device's gpu type must be known (UnknownGpuError names it) before launch
         self.compute_scale()
+        emulation = self.emulation
+        if emulation.emulate_gpu_speed and not emulation.time_scale > 0 and not sleeps_gpu_speed(self):
+            raise RuntimeConfigError(f"emulation.emulate_gpu_speed scales the emulated compute, but "
+                                     f"emulation.time_scale {emulation.time_scale!r} runs without emulation; give a "
+                                     f"time scale > 0 (at 0 only elastic asynchronous groups run it: --elastic "
+                                     f"--outer-sync async*)")
         if self.model.preset and self.model.gpt.n_layer + 2 < self.pipeline_stages:
             raise RuntimeConfigError(f"model {self.model.model_name!r}: cannot cut {self.model.gpt.n_layer + 2} layers "
                                      f"into {self.pipeline_stages} stages ({stages} x {self.stages_per_rank} virtual)")

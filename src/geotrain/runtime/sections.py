@@ -415,17 +415,14 @@ class EmulationSection(Section):
                                          "(geotrain.emulate.install)", flag=NO_FLAG, choices=COMPUTE_CLOCKS)
     emulate_gpu_speed: bool = setting(False, "emulated compute runs at each device's GPU speed: measured compute x "
                                              "(the cluster's fastest GPU's peak FLOP/s / the device's); the fastest "
-                                             "computes at this machine's speed (needs --time-scale > 0)")
+                                             "computes at this machine's speed (needs --time-scale > 0; at 0 "
+                                             "elastic asynchronous groups sleep out their device's slowness)")
 
     def __post_init__(self) -> None:
         self._number("time_scale", zero_ok=True)
         if self.compute_clock not in COMPUTE_CLOCKS:
             self._fail("compute_clock", "must be wall or cpu")
         self._flag("emulate_gpu_speed")
-        if self.emulate_gpu_speed and not self.time_scale > 0:
-            raise RuntimeConfigError(f"emulation.emulate_gpu_speed scales the emulated compute, but "
-                                     f"emulation.time_scale {self.time_scale!r} runs without emulation; give a time "
-                                     f"scale > 0")
 
 
 DEFAULT_SEQ_LEN = 128

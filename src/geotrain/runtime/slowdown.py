@@ -24,6 +24,14 @@ def site_slowdowns(chaos: str | None, replica: int) -> tuple[Slow, ...]:
     return tuple(f for f in faults if isinstance(f, Slow) and f.site == replica)
 
 
+def gpu_speed_faults(compute_scale: Sequence[float] | None, device: int, replica: int) -> tuple[Slow, ...]:
+    """--emulate-gpu-speed where no emulated clock counts it (elastic asynchronous groups at --time-scale 0): device
+    `device`'s slowness (`compute_scale`, RuntimeConfig.compute_scale(); None: off) as a slow fault of `replica` from
+    the start, which SlowDown sleeps out; none for the fastest GPU."""
+    factor = 1.0 if compute_scale is None else float(compute_scale[device])
+    return (Slow(replica, factor),) if factor > 1.0 else ()
+
+
 def slow_factor(faults: Sequence[Slow], elapsed_s: float) -> float:
     """The product of the factors of the faults due at `elapsed_s` seconds of training (1: none)."""
     factor = 1.0

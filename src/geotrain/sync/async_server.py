@@ -38,7 +38,7 @@ other clients (regions) are told at their next reply; the go names the largest r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,19 +147,23 @@ class OuterServer:
             self.done = []
         return replies
 
-    def start_from(self, version: int, updates: int, applied: dict[int, int]) -> None:
+    def start_from(self, version: int, updates: int, applied: dict[int, int],
+                   bases: Mapping[int, int] | None = None) -> None:
         """Take up a copy of the global model (elastic runs: the freshest replica's, elected): its `version`,
-        `updates` and per-client `applied` counts; before any client joins."""
+        `updates` and per-client `applied` counts, and the `bases` of the clients still running (the copy's,
+        those alive: each holds the bound as it did at the lost server, from at most this version) before any
+        of them joins."""
         self.version, self.updates, self.applied = version, updates, dict(applied)
+        self.base = {client: min(base, version) for client, base in (bases or {}).items()}
 
     def join(self, client: int, base: int) -> list[Reply]:
         """A client that (re)connects (elastic runs): running from version `base` (at most this model's: a
         copy elected after the client's last reply may be older); any earlier place of it is forgotten (the
         replies that lets through are returned)."""
-        replies = self.leave(client)
-        self.base[client] = min(base, self.version)
+        self._forget(client)
+        self.base[client] = min(base, self.version)  # set before the drain: a restored base holds the bound meanwhile
         self.applied.setdefault(client, 0)
-        return replies
+        return self._drain()
 
     def current(self, client: int) -> Reply:
         """The model as it is now, for a running `client` that sends nothing (a joining one)."""
@@ -169,10 +173,14 @@ class OuterServer:
         """A client that is gone (its process died): no longer waited for by the staleness bound, a checkpoint
         round or the final replies; the replies its absence lets through."""
         self.base.pop(client, None)
+        self._forget(client)
+        return self._drain()
+
+    def _forget(self, client: int) -> None:
+        """Drop `client`'s waiting or paused request and its place among the finished."""
         self.waiting = [r for r in self.waiting if r.client != client]
         self.paused = [r for r in self.paused if r.client != client]
         self.done = [c for c in self.done if c != client]
-        return self._drain()
 
     def all_paused(self) -> bool:
         """Every running client waits at a checkpoint round (module doc)."""

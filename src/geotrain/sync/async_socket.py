@@ -4,7 +4,9 @@ a transport that survives the death of either end, where a gloo group spanning e
 The server (`SocketServer`) listens on one TCP port; each client holds one connection and has at most one
 request out. A request is (client, base, outer gradient or None, final, `acked`: the outer gradients of this
 client the global model already answered, `join`: the first request on this connection); a reply is the
-server's (version, updates, model, final) plus its per-client `applied` counts. Messages are pickled dicts of
+server's (version, updates, model, final) plus its per-client `applied` counts and every running client's base
+with its process (`bases`: client -> [base, [group, incarnation]]: a copy carries the staleness bound to an elected
+server; the join's `process` names it). Messages are pickled dicts of
 numpy arrays (no tensor pickling: torch's would go through shared memory), framed and authenticated by
 multiprocessing.connection (HMAC with the run's key).
 
@@ -71,6 +73,8 @@ class SocketServer:
         self.accepted: set[Connection] = set()
         """Every open connection, joined or not (`close` shuts them)."""
         self.closed = threading.Condition(self.lock)
+        self.processes: dict[int, Any] = {}
+        """Each client's process (its join's `process`: (group, incarnation)), sent with its base in every reply."""
         threading.Thread(target=self._accept, name="geotrain-async-accept", daemon=True).start()
 
     def _accept(self) -> None:
@@ -114,12 +118,13 @@ class SocketServer:
         client, gradient, server = message["client"], message["gradient"], self.server
         replies: list[Reply] = []
         if message["join"]:
-            # a newcomer that computed nothing starts at this model; a rejoining gradient keeps its base (its
-            # staleness counts against this server's versions)
-            replies += server.join(client, server.version if gradient is None else message["base"])
-            self.connections[client] = connection
             if gradient is not None and server.applied.get(client, 0) > message["acked"]:
                 gradient = None  # the copy already holds it
+            # a newcomer that computed nothing (or whose gradient the copy holds) starts at this model; a rejoining
+            # gradient keeps its base (its staleness counts against this server's versions)
+            replies += server.join(client, server.version if gradient is None else message["base"])
+            self.connections[client] = connection
+            self.processes[client] = message.get("process")
             if gradient is None and not message["final"]:  # nothing to apply: the model now, not held by the bound
                 return [*replies, server.current(client)]
         before = server.updates
@@ -129,15 +134,24 @@ class SocketServer:
             self.on_update(server.updates)
         return replies
 
+    def forget(self, client: int) -> None:
+        """A client restored from a copy (its base holds the bound) whose process died before it connected: it
+        leaves, as a closed connection's client."""
+        with self.lock:
+            if client not in self.connections and client in self.server.base:
+                self._send(self.server.leave(client))
+
     def _send(self, replies: list[Reply]) -> None:
         applied = dict(self.server.applied)
+        bases = {c: [b, self.processes.get(c)] for c, b in self.server.base.items()}
         for reply in replies:
             connection = self.connections.get(reply.client)
             if connection is None:
                 continue
             try:
                 connection.send_bytes(pack({"version": reply.version, "updates": reply.updates, "model": reply.model,
-                                            "final": reply.final, "applied": applied}))
+                                            "final": reply.final, "applied": applied,
+                                            "bases": bases}))
             except OSError:
                 pass  # its reader sees the loss and lets it leave
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from geotrain.bench.chaos import ChaosBenchConfig, ChaosBenchError, async_useful_samples, goodput
@@ -20,19 +22,22 @@ def test_counts_below_one_are_refused_naming_the_option(key):
 
 
 def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every_quarter(monkeypatch):
-    """The eleven rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
-    kill every T = a quarter of the reference's training seconds; goodput uses each row's reference; the last four
-    are the adaptive recipe (elastic) and asynchronous updates (checkpoint restarts) on mixed GPUs, each pair with its
-    own reference and kill rate."""
+    """The fifteen rows of run_chaos_bench, with the runs stubbed: the first is failure-free; the failing rows
+    kill every T = a quarter of the reference's training seconds; goodput uses each row's reference; the last eight
+    are the adaptive recipe (elastic), asynchronous updates restarted from checkpoints and asynchronous updates, flat
+    and hierarchical, on elastic groups (at time scale 0, the first kill the global model's host's) on mixed GPUs,
+    each pair with its own reference and kill rate."""
     import geotrain.bench.chaos as chaos
     import geotrain.data
 
     asked = []
 
     def elastic_row(label, config, spec, tokens, time_scale=0.0, recipe=None):
-        asked.append(("elastic", spec, time_scale) + ((recipe["local_steps"],) if recipe else ()))
+        asked.append(("elastic", spec, time_scale) + ((recipe.get("local_steps", recipe.get("outer_sync")),)
+                                                      if recipe else ()))
         seconds = 80.0 if spec is None else 100.0
-        return chaos.ChaosRow(label, 1.0, config.steps, 0, 0 if spec is None else 3, [], 2.0, seconds, 6400, 0), None
+        return chaos.ChaosRow(label, 1.0, config.steps, 0, 0 if spec is None else 3, [], 2.0, seconds, 6400, 0,
+                              0 if spec is None else 2), None
 
     def sync_row(label, config, kill_times_s, tokens, ckpt_dir, hold_s=0.0, recipe=None):
         asked.append(("sync", kill_times_s, hold_s) + ((recipe["outer_sync"],) if recipe else ()))
@@ -53,12 +58,23 @@ def test_rows_come_in_order_with_goodput_against_their_reference_and_kills_every
     assert asked[6] == ("sync", [20.0, 40.0, 60.0], 10.0)  # relaunched once the partition heals
     assert asked[7:] == [("elastic", None, chaos.LINK_STATE_TIME_SCALE, "adaptive"),
                          ("elastic", "kill-site:every=20.000s,count=3", chaos.LINK_STATE_TIME_SCALE, "adaptive"),
-                         ("sync", [], 0.0, "async"), ("sync", [10.0, 20.0, 30.0], 0.0, "async")]
+                         ("sync", [], 0.0, "async"), ("sync", [10.0, 20.0, 30.0], 0.0, "async"),
+                         *[step for outer in ("async", "async-hierarchical") for step in (
+                             ("elastic", None, 0.0, outer),
+                             ("elastic", "kill-site:every=20.000s,count=1,site=host;kill-site:every=20.000s,"
+                                         "first=40.000s,count=2", 0.0, outer))]]
     assert rows[7].label == "elastic adaptive (hetero-4x1), no failures"
     assert rows[9].label == "async+ckpt (hetero-4x1), no failures"
     assert rows[10].label == "async+ckpt restart (hetero-4x1), kill a site every 10.0 s"
-    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6, 1.0, 0.8, 1.0, 0.8])
-    assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 3]
+    assert rows[11].label == "elastic async (hetero-4x1), no failures"
+    assert rows[12].label == "elastic async (hetero-4x1), kill a site every 20.0 s"
+    assert rows[14].label == "elastic async-hierarchical (hetero-4x1), kill a site every 20.0 s"
+    assert [r.goodput for r in rows] == pytest.approx([1.0, 0.8, 1.0, 0.8, 1.0, 0.6, 0.6, 1.0, 0.8, 1.0, 0.8, 1.0, 0.8,
+                                                       1.0, 0.8])
+    assert [r.global_restarts for r in rows] == [0, 0, 0, 0, 0, 3, 3, 0, 0, 0, 3, 0, 0, 0, 0]
+    # --json's rows (asdict): the elections beside the restarts and recoveries
+    assert {"goodput", "global_restarts", "recoveries", "val_loss", "elections"} <= set(asdict(rows[12]))
+    assert rows[12].elections == 2
 
 
 def test_netlab_adds_two_rows_on_real_links_with_goodput_against_the_netlab_reference(monkeypatch):
@@ -81,11 +97,11 @@ def test_netlab_adds_two_rows_on_real_links_with_goodput_against_the_netlab_refe
     monkeypatch.setattr(chaos, "sync_row", sync_row)
     monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
     rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=2, netlab=True))
-    assert len(rows) == 13 and rows[0].label == "elastic, no failures"
+    assert len(rows) == 17 and rows[0].label == "elastic, no failures"
     assert asked[4:6] == [(None, True), ("partition:every=20.000s,for=10.000s,count=2", True)]
     assert rows[7].label == "elastic (netlab), no failures" and rows[8].label.startswith("elastic (netlab), partition")
     assert [r.goodput for r in rows[7:9]] == pytest.approx([1.0, 0.8])
-    assert len(chaos.run_chaos_bench(ChaosBenchConfig(kills=2))) == 11  # opt-in
+    assert len(chaos.run_chaos_bench(ChaosBenchConfig(kills=2))) == 15  # opt-in
 
 
 def test_async_useful_samples_are_the_final_global_models_updates_times_h_times_the_batch():
@@ -96,15 +112,15 @@ def test_async_useful_samples_are_the_final_global_models_updates_times_h_times_
 
 
 def test_a_mixed_gpu_entry_adds_its_pair_of_rows_against_its_own_reference(monkeypatch):
-    """One more MixedGpuRows entry (e.g. elastic async) is one more pair of rows: its reference, then kills every T'
-    (a quarter of that reference's seconds), goodput against it."""
+    """One more MixedGpuRows entry (here elastic streaming) is one more pair of rows: its reference, then kills every
+    T' (a quarter of that reference's seconds, drawn sites), goodput against it."""
     import geotrain.bench.chaos as chaos
     import geotrain.data
 
     asked = []
 
     def elastic_row(label, config, spec, tokens, time_scale=0.0, netlab=False, recipe=None):
-        asked.append((label, spec, recipe and recipe.get("outer_sync")))
+        asked.append((label, spec, recipe and recipe.get("fragments")))
         seconds = 80.0 if spec is None else 100.0
         return chaos.ChaosRow(label, 1.0, config.steps, 0, 0, [], 2.0, seconds, 6400 if spec is None else 6000, 0), None
 
@@ -114,13 +130,13 @@ def test_a_mixed_gpu_entry_adds_its_pair_of_rows_against_its_own_reference(monke
     monkeypatch.setattr(chaos, "elastic_row", elastic_row)
     monkeypatch.setattr(chaos, "sync_row", sync_row)
     monkeypatch.setattr(chaos, "MIXED_GPU_ROWS", (*chaos.MIXED_GPU_ROWS,
-                                                  chaos.MixedGpuRows("elastic async", chaos.ASYNC_RECIPE, True)))
+                                                  chaos.MixedGpuRows("elastic streaming", {"fragments": 5}, True)))
     monkeypatch.setattr(geotrain.data, "world_tokens", lambda seed: None)
     rows = chaos.run_chaos_bench(ChaosBenchConfig(kills=2))
-    assert len(rows) == 13
-    assert asked[-2:] == [("elastic async (hetero-4x1), no failures", None, "async"),
-                          ("elastic async (hetero-4x1), kill a site every 20.0 s", "kill-site:every=20.000s,count=2",
-                           "async")]
+    assert len(rows) == 17
+    assert asked[-2:] == [("elastic streaming (hetero-4x1), no failures", None, 5),
+                          ("elastic streaming (hetero-4x1), kill a site every 20.0 s",
+                           "kill-site:every=20.000s,count=2", 5)]
     assert rows[-1].goodput == pytest.approx((6000 / 100.0) / (6400 / 80.0))
 
 

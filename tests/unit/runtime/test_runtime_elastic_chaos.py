@@ -108,3 +108,31 @@ def test_a_peer_state_of_another_run_is_refused_naming_the_group():
     check_peer_state({"identity": ours, "group": 0}, ours, 1)
     with pytest.raises(ElasticGroupError, match="replica group 1: refused the state of replica group 0"):
         check_peer_state({"identity": theirs, "group": 0}, ours, 1)
+
+
+def test_site_host_kills_the_global_models_host_and_leaves_the_drawn_sites_as_they_were():
+    """kill-site site=host: a kill of no fixed group (None: the launcher looks the host up when it is due); it draws
+    nothing, so the other faults' seeded sites are the same with or without it."""
+    assert parse_chaos("kill-site:every=5s,count=1,site=host") == (KillSite(5.0, count=1, host=True),)
+    drawn = kill_schedule(parse_chaos("kill-site:every=5s,count=1;kill-site:every=5s,first=10s,count=2"), 4, 0)
+    with_host = kill_schedule(parse_chaos("kill-site:every=5s,count=1,site=host;kill-site:every=5s,first=10s,count=2"),
+                              4, 0)
+    assert with_host[0] == Kill(5.0, None) and with_host[1:] == drawn[1:]
+    with pytest.raises(ChaosSpecError, match=r"site: must be an integer >= 0, got 'hosts' \(or host"):
+        parse_chaos("kill-site:every=5s,site=hosts")
+    with pytest.raises(ChaosSpecError, match="partition site: must be an integer >= 0"):
+        parse_chaos("partition:site=host,at=5s,for=2s")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 4), st.sampled_from(["host", "1", None])),
+                min_size=1, max_size=4), st.integers(0, 2**16))
+def test_every_host_kill_is_scheduled_without_a_group_and_every_other_with_one(faults, seed):
+    spec = ";".join(f"kill-site:every={every}s,count={count}" + (f",site={site}" if site else "")
+                    for every, count, site in faults)
+    schedule = kill_schedule(parse_chaos(spec), 4, seed)
+    hosts = sum(count for _, count, site in faults if site == "host")
+    assert len(schedule) == sum(count for _, count, _ in faults)
+    assert sum(kill.group is None for kill in schedule) == hosts
+    assert all(kill.group is None or 0 <= kill.group < 4 for kill in schedule)
+    assert [kill.at_s for kill in schedule] == sorted(kill.at_s for kill in schedule)

@@ -7,6 +7,7 @@ import json
 import json
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -81,3 +82,72 @@ def test_a_restarted_first_host_without_a_copy_does_not_serve_epoch_0_again_but_
     with pytest.raises(Served):
         link.exchange(None, False)
     assert served == [1]
+
+
+def test_the_global_models_host_is_looked_up_through_each_tiers_last_published_epoch(store):
+    """kill-site site=host (the launcher's lookup, async_regions.global_model_host): epoch 0's host until an election
+    is published; with regions, the group hosting the server of the region that hosts the global model."""
+    from geotrain.runtime.elastic.async_regions import global_model_host
+
+    cluster = parse_cluster_text(CLUSTER_YAML)
+    flat = RuntimeConfig.of(cluster, [[2, 0, 3, 1]], elastic=True, time_scale=0.0, sync_every=3, outer_sync="async")
+    regions = RuntimeConfig.of(cluster, [[2, 0, 3, 1]], elastic=True, time_scale=0.0, sync_every=3,
+                               outer_sync="async-hierarchical")  # groups 0, 2: region 0; 1, 3: region 1
+    assert global_model_host(store, flat) == 0 and global_model_host(store, regions) == 0
+    store.set("async/host/1", "1")
+    assert global_model_host(store, flat) == 0  # elected, not yet published: the old host still serves
+    store.set("async/epoch", "1")
+    assert global_model_host(store, flat) == 1
+    assert global_model_host(store, regions) == 1  # region 1's epoch-0 host: its first group
+    store.set("async/region1/host/1", "3")
+    store.set("async/region1/epoch", "1")
+    assert global_model_host(store, regions) == 3
+
+
+def test_an_elected_server_holds_the_bound_with_the_live_clients_bases_and_lets_a_dead_ones_go(store):
+    """The lost server's replies carry every client's base and process; an elected server (epoch 1, the bound 2)
+    restores those of the live clients (not the lost host's, 0, nor client 3's: restarted), holds the fast client 1
+    at the bound for the slow client 2, and lets it through once the launcher marks client 2 down for good."""
+    from geotrain.optim.delayed_nesterov import DelayedNesterov
+    from geotrain.runtime.elastic.elected import live_bases, publish_host, watch_restored
+    from geotrain.sync.async_server import OuterServer
+    from geotrain.sync.async_socket import SocketClient, SocketServer
+
+    def serving(server: OuterServer) -> SocketServer:
+        return SocketServer(server, "127.0.0.1", b"key")
+
+    tier = Tier("async/", (0, 1, 2, 3), 0, 1, 0.1, 10.0, b"key")
+    old = serving(OuterServer(torch.zeros(2), DelayedNesterov(1, 1.0, 0.0, 0.0), [], 2))
+    publish_host(store, tier, 0, old)
+    links = {c: ElectedLink(store, tier, c, HeldModel(torch.zeros(2)), lambda epoch: old, True, (c, 0))
+             for c in range(4)}
+    for link in links.values():
+        link.exchange(None, False)                            # all join at version 0
+    links[1].exchange(torch.ones(2), False)
+    links[1].exchange(torch.ones(2), False)                   # version 2: clients 0, 2, 3 still at base 0
+    held = links[1].held
+    assert held.version == 2 and held.bases == {0: (0, (0, 0)), 1: (2, (1, 0)), 2: (0, (2, 0)), 3: (0, (3, 0))}
+    old.close()
+    store.set("incarnation/3", "1")                           # the launcher restarted client 3
+    restored = live_bases(store, tier, 1, held)
+    assert restored == {1: (2, (1, 0)), 2: (0, (2, 0))}
+    new = OuterServer(held.model, DelayedNesterov(1, 1.0, 0.0, 0.0), [], 2)
+    new.start_from(held.version, held.updates, held.applied, {c: base for c, (base, _) in restored.items()})
+    host = serving(new)
+    watch_restored(store, host, restored)
+    fast = SocketClient(host.address, b"key", 30.0)
+    got = {}
+    worker = threading.Thread(target=lambda: got.update(fast.exchange(
+        {"client": 1, "base": 2, "gradient": torch.ones(2), "count": 1, "final": False, "acked": 2, "join": True,
+         "process": (1, 0)})))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not new.waiting:                                    # held: version 2 - client 2's base 0 = the bound
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert new.version == 2 and not got
+    store.set("down/2", "1")                                  # client 2 is down for good: not waited for
+    worker.join(30)
+    assert got["version"] == 3 and got["bases"] == {1: [3, (1, 0)]}
+    fast.close()
+    host.close()

@@ -193,3 +193,31 @@ def test_elastic_onebit_adam_runs_groups_of_one_process_weighing_1_and_refuses_t
     text = str(caught.value)
     assert text.startswith("--elastic: --optimizer onebit-adam: elastic 1-bit Adam runs groups of one process on "
                            "CPU, each weighing 1 ") and text.endswith(words) and "\n" not in text
+
+
+def test_emulate_gpu_speed_at_time_scale_zero_runs_on_elastic_async_groups_only():
+    """No emulated clock counts a GPU's slowness at --time-scale 0: elastic asynchronous groups sleep it out
+    (runtime/slowdown.py gpu_speed_faults); any other run there is refused in one line."""
+    mixed = load_cluster(str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"))
+    for outer_sync in ("async", "async-hierarchical"):
+        config = RuntimeConfig.of(mixed, [[0, 2, 4]], **{**ASYNC, "outer_sync": outer_sync}, emulate_gpu_speed=True)
+        assert config.compute_scale()[4] == pytest.approx(312 / 65)
+    for settings in ({"time_scale": 0.0}, ELASTIC, {**ELASTIC, "sync_every": 3}, {**ASYNC, "elastic": False}):
+        with pytest.raises(RuntimeConfigError) as caught:
+            RuntimeConfig.of(mixed, [[0, 2, 4]], **settings, emulate_gpu_speed=True)
+        assert "time_scale 0.0 runs without emulation" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_kill_of_the_global_models_host_needs_an_elastic_async_run():
+    """kill-site site=host names the group hosting the asynchronous server (moved by elections); a synchronous
+    elastic run has no such host: refused in one line."""
+    spec = "kill-site:every=5s,count=1,site=host;kill-site:every=5s,count=2"
+    for outer_sync in ("async", "async-hierarchical"):
+        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, "outer_sync": outer_sync},
+                                                chaos=spec)) is None
+    for settings in (ELASTIC, {**ELASTIC, "sync_every": 3}):
+        with pytest.raises(RuntimeConfigError) as caught:
+            RuntimeConfig.of(CLUSTER, [[0, 1]], **settings, chaos=spec)
+        assert str(caught.value).startswith(f"--elastic: reliability.chaos {spec!r}: site=host kills the host of the "
+                                            f"global model's server, which only --outer-sync async or "
+                                            f"async-hierarchical has")

@@ -110,3 +110,21 @@ def test_under_emulation_the_clock_and_timer_count_the_factor_from_then_on():
     assert clock.now() == pytest.approx(2.0 + 3.0)
     slow.before_step()  # due again: nothing changes twice
     assert clock.compute_scale == 6.0 and timer.scale == 6.0
+
+
+def test_gpu_speed_without_emulation_is_each_devices_slowness_slept_out_after_its_compute(monkeypatch):
+    """--emulate-gpu-speed at --time-scale 0 (elastic asynchronous groups): a T4's group (312/65 x slower than the
+    A100) sleeps (312/65 - 1) x its measured compute, counted as compute; the A100's group sleeps nothing."""
+    import geotrain.runtime.slowdown as slowdown
+    from geotrain.runtime.slowdown import gpu_speed_faults
+
+    scale = RuntimeConfig.of(MIXED, [[0, 2, 4]], emulate_gpu_speed=True).compute_scale()
+    assert gpu_speed_faults(scale, 4, 2) == (Slow(2, pytest.approx(312 / 65)),)
+    assert gpu_speed_faults(scale, 0, 0) == () and gpu_speed_faults(None, 4, 2) == ()
+    slept = []
+    monkeypatch.setattr(slowdown.time, "sleep", slept.append)
+    timer = ComputeTimer(clock=lambda: 0.0)
+    slow = SlowDown(gpu_speed_faults(scale, 4, 2), timer, None)
+    slow.before_step()
+    slow.after_compute(0.5)
+    assert slept == [pytest.approx((312 / 65 - 1) * 0.5)]

@@ -154,3 +154,16 @@ def test_a_joining_client_starts_at_its_base_and_an_elected_copy_goes_on_from_it
     replies = server.submit(Request(1, 3, _g(1.0)))           # its staleness counts against this server: 5 - 3
     assert [(r.client, r.version, r.updates) for r in replies] == [(1, 6, 10)]
     assert server.max_staleness == 2 and server.applied == {0: 4, 1: 1}
+
+
+def test_a_server_started_from_a_copy_with_bases_holds_a_fast_client_at_the_bound():
+    """An elected server restores the copy's bases of the live clients: the fast client is held at S = 2 until the
+    slow restored one (computing since version 4) arrives; its join does not let the fast one through first."""
+    server = _server(0, 2)
+    server.start_from(5, 9, {0: 4, 1: 5}, {0: 4, 1: 5})        # the copy: version 5, client 0 still at base 4
+    assert [(r.client, r.version) for r in server.submit(Request(1, 5, _g(1.0)))] == [(1, 6)]  # 5 - 4 < 2
+    assert server.submit(Request(1, 6, _g(1.0))) == []       # held: one more update puts client 0 3 behind
+    assert server.join(0, 4) == [] and server.version == 6   # it (re)connects with its gradient from base 4
+    replies = server.submit(Request(0, 4, _g(1.0)))          # applied at staleness 2, then the fast one at 1
+    assert [(r.client, r.version) for r in replies] == [(0, 7), (1, 8)]
+    assert server.max_staleness == 2 and server.base == {0: 7, 1: 8}

@@ -19,8 +19,11 @@ copy votes too, without a copy: it counts for the quorum and cannot win). Once m
 are in, or the grace window (--heartbeat-timeout seconds: a group that did not vote by then counts as lost) has
 passed with at least --min-replicas votes, the first voter to decide writes the winner (highest version; ties:
 lowest group) with compare_set, so all read one answer. The winner serves from its copy (OuterServer.start_from:
-version, updates and per-client applied counts; the outer momentum restarts from zero: it is not carried in
-replies, which would double their size) and publishes its address; the others connect to it and resend the
+version, updates, per-client applied counts, and the bases of the clients still running, so the staleness bound
+holds as at the lost server: every reply carries each running client's base and process, and the winner restores
+those of the clients alive, not the lost host's nor one the launcher restarted or put down, and lets a restored
+one go if its process dies before it connects: elected.live_bases, watch_restored; the outer momentum restarts
+from zero: it is not carried in replies, which would double their size) and publishes its address; the others connect to it and resend the
 request the lost server did not answer: a gradient with its old base (its staleness counts against the new
 server's version), dropped if the copy already holds it (async_socket). Fewer votes than --min-replicas
 within the window end the group with its one line (exit 2).
@@ -52,10 +55,12 @@ from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
-from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting
-from geotrain.runtime.elastic.links import GroupNet
+from geotrain.runtime.elastic.elected import (ElectedLink, HeldModel, RunEnded, Tier, live_bases, serve_counting,
+                                              watch_restored)
+from geotrain.runtime.elastic.links import GroupNet, process_device
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
-from geotrain.runtime.elastic.summary import params_path, summary_path
+from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
+from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_server import OuterServer
@@ -83,6 +88,10 @@ class AsyncElasticGroup:
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         self.timer = ComputeTimer()
+        # --emulate-gpu-speed (at --time-scale 0, these groups' only one): each step's compute slept out to the group's
+        # GPU speed in wall time (no emulated clock counts it here)
+        self.slowdown = SlowDown(gpu_speed_faults(config.compute_scale(), process_device(config, group, 0), group),
+                                 self.timer, None)
         self.model = GroupStageModel(config, GroupPosition(0), self.data.vocab_size, self.seq_len, self.timer)
         self.params = self.model.params
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
@@ -94,7 +103,7 @@ class AsyncElasticGroup:
         # a fresh run's groups all start from the seed's model (version 0); a restarted one holds nothing yet
         held = HeldModel(_flat(self.params) if incarnation == 0 else None)
         self.link = ElectedLink(store, self.tier("async/", tuple(range(config.replicas)), 0), group, held,
-                                self._serve, incarnation == 0)
+                                self._serve, incarnation == 0, (group, incarnation))
         """This group's link to its server (the global model's; with regions, its region's)."""
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
@@ -115,17 +124,22 @@ class AsyncElasticGroup:
     def _serve(self, epoch: int) -> SocketServer:
         """Host the global model from this group's copy for `epoch`, publishing the lost updates."""
         outer = self.options.outer
-        return self.serve_global(epoch, self.held, self.config.replicas, outer.outer_lr, outer.outer_momentum)
+        return self.serve_global(self.link.tier, epoch, self.held, self.config.replicas, outer.outer_lr,
+                                 outer.outer_momentum)
 
-    def serve_global(self, epoch: int, held: HeldModel, period: int, lr: float, momentum: float) -> SocketServer:
-        """Host the global model from copy `held` for `epoch` (outer optimizer: `period` arrivals per momentum
-        update, `lr`, `momentum`), publishing the lost updates."""
+    def serve_global(self, tier: Tier, epoch: int, held: HeldModel, period: int, lr: float,
+                     momentum: float) -> SocketServer:
+        """Host the global model (`tier`) from copy `held` for `epoch` (outer optimizer: `period` arrivals per
+        momentum update, `lr`, `momentum`) with the bases of its live clients, publishing the lost updates."""
         assert held.model is not None
         options = self.options.heterogeneity
         optimizer = outer_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
-        server.start_from(held.version, held.updates, held.applied)
-        return serve_counting(self.store, "async/", epoch, server, held.updates, self.net.advertise, self.authkey)
+        restored = live_bases(self.store, tier, epoch, held) if epoch > 0 else {}
+        server.start_from(held.version, held.updates, held.applied, {c: base for c, (base, _) in restored.items()})
+        host = serve_counting(self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey)
+        watch_restored(self.store, host, restored)
+        return host
 
     def _adopt(self, reply: dict[str, Any]) -> None:
         """Take the reply's model as this group's parameters."""
@@ -174,6 +188,8 @@ class AsyncElasticGroup:
             self.store.set(f"step/{self.group}", str(step))
         gradient = None if period == 0 else self.held.model - _flat(self.params)  # type: ignore[operator]
         self._adopt(self.link.exchange(gradient, True))
+        # the run's end for its summary (train_s, the final model's samples): the first group to hold the final model
+        self.store.compare_set(FINAL_KEY, "", json.dumps({"t": time.time(), "updates": self.held.updates}))
         self.link.close()
         if self.end_hosting() and self.config.checkpoint.checkpoint_dir is not None:  # the end's, once: by the last
             self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(  # host of the global model
@@ -197,6 +213,7 @@ class AsyncElasticGroup:
     def _train_step(self, step: int, lr_step: int) -> dict[str, Any]:
         cfg = self.config
         self.timer.seconds = 0.0
+        self.slowdown.before_step()
         x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
                                self.seq_len)
         for group in self.optimizer.param_groups:
@@ -205,6 +222,7 @@ class AsyncElasticGroup:
         loss = self.model.train_step(x, y)
         with self.timer:
             self.optimizer.step()
+        self.slowdown.after_compute(self.timer.seconds)
         return {"step": step, "loss": loss, "batch_sum": int(x.sum()), "samples": int(x.shape[0]),
                 "contributors": None, "params_sha256": None, "emulated_s": None, "compute_s": self.timer.seconds,
                 "comm_s": 0.0, "dp_bytes": 0, "sent_bytes": None, "inter_region_bytes": None}

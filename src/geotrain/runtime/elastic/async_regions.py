@@ -15,7 +15,9 @@ Two tiers of elected servers (runtime/elastic/elected.py), over TCP as in the fl
   momentum), as the non-elastic hierarchical run.
 
 A region server's host that dies closes its connection to the global server: its region leaves the global
-server's staleness bound until its new host joins. A region server elected from a copy starts from that region
+server's staleness bound until its new host joins. An elected server of either tier restores the bases of its
+copy's live clients (the other regions', or the region's other groups'), so the bound holds as at the server it
+replaces (runtime/elastic/elected.py live_bases). A region server elected from a copy starts from that region
 model and merges from it (its anchor): the region's updates its lost host had not yet merged are lost (counted in
 `lost_updates`; at most merge_every region updates), its groups resend the request the lost server did not
 answer. A killed group that hosted nothing is a client that left its region (the region goes on); a region
@@ -34,7 +36,8 @@ from typing import Any
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_group import AsyncElasticGroup
-from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting
+from geotrain.runtime.elastic.elected import (ElectedLink, HeldModel, live_bases, serve_counting, tier_host,
+                                              watch_restored)
 from geotrain.runtime.elastic.links import GroupNet
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_region import RegionServer
@@ -50,6 +53,16 @@ def group_regions(config: RuntimeConfig) -> tuple[int, ...]:
     found = [int(config.cluster.region_of[int(device)]) for device in config.assignment[0]]
     order = list(dict.fromkeys(found))
     return tuple(order.index(region) for region in found)
+
+
+def global_model_host(store: Any, config: RuntimeConfig) -> int:
+    """The replica group hosting the global model's server now (`--chaos kill-site:...,site=host`): the flat run's
+    elected host; with regions, the host of the region server that hosts it."""
+    if config.optim.outer_sync != "async-hierarchical":
+        return tier_host(store, "async/", 0)
+    regions = group_regions(config)
+    region = tier_host(store, "async/", 0)
+    return tier_host(store, f"async/region{region}/", regions.index(region))
 
 
 class ServedRegion:
@@ -112,7 +125,7 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         members = tuple(g for g, r in enumerate(self.regions) if r == self.region)
         # any one live group of the region elects its server, even with no copy (it starts from the global model)
         tier = replace(self.tier(f"async/region{self.region}/", members, members[0]), min_votes=1, seedless=True)
-        self.link = ElectedLink(store, tier, group, self.link.held, self._serve, incarnation == 0)
+        self.link = ElectedLink(store, tier, group, self.link.held, self._serve, incarnation == 0, (group, incarnation))
         self.upstream: ElectedLink | None = None
         """The region server's link to the global model's server (while this group hosts its region's)."""
 
@@ -125,7 +138,8 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
         # its requests leave from the region server's threads: a store client of their own
         copy = HeldModel(held.model.clone() if fresh and held.model is not None else None)
-        self.upstream = ElectedLink(own_store_client(self.store), tier, self.region, copy, self._serve_global, fresh)
+        self.upstream = ElectedLink(own_store_client(self.store), tier, self.region, copy, self._serve_global, fresh,
+                                    (self.group, self.incarnation))
         joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
         if held.model is None:  # no group of the region held a copy: the region starts from the global model
             held = HeldModel(joined["model"], 0, int(joined["updates"]))
@@ -133,17 +147,20 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         optimizer = outer_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
                                     heterogeneity.async_staleness_power)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
-        server.start_from(held.version, held.updates, held.applied)
+        restored = live_bases(self.store, self.link.tier, epoch, held) if epoch > 0 else {}
+        server.start_from(held.version, held.updates, held.applied, {c: base for c, (base, _) in restored.items()})
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
         region.global_version, region.global_updates, region.merged_version = \
             int(joined["version"]), held.updates, held.version
-        return serve_counting(self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0,
+        host = serve_counting(self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0,
                               self.net.advertise, self.authkey, lambda updates: updates - region.global_updates)
+        watch_restored(self.store, host, restored)
+        return host
 
     def _serve_global(self, epoch: int) -> SocketServer:
         """Host the global model from this region server's copy: the mean of the regions' deltas."""
         assert self.upstream is not None
-        return self.serve_global(epoch, self.upstream.held, len(set(self.regions)), 1.0, 0.0)
+        return self.serve_global(self.upstream.tier, epoch, self.upstream.held, len(set(self.regions)), 1.0, 0.0)
 
     def end_hosting(self) -> bool:
         """End the region's server if this group hosts it (its groups closed), then its link to the global model's

@@ -4,6 +4,8 @@ pure function of (spec, replica groups, seed).
     kill-site:every=20s                 SIGKILL one replica group every 20 s (seconds of training since the
                                         first start-up quorum), the group drawn from a seeded RNG
     kill-site:every=20s,site=1          always group 1
+    kill-site:every=20s,site=host       always the group that hosts the global model's server when the kill is due
+                                        (elastic --outer-sync async*: its host moves by election)
     kill-site:every=20s,first=5s,count=2  the first kill at 5 s, at most 2 kills
     partition:site=1,at=5s,for=3s       cut group 1's links at 5 s, heal them at 8 s
     partition:at=5s,for=3s,every=20s,count=2   a partition every 20 s from 5 s, twice, the group drawn
@@ -33,6 +35,8 @@ from geotrain.errors import GeotrainError, shown
 
 FAULTS = ("kill-site", "partition", "slow")
 KILL_KEYS = ("every", "site", "first", "count")
+HOST_SITE = "host"
+"""kill-site's site=host: the group hosting the global model's server (elastic asynchronous runs)."""
 PARTITION_KEYS = ("site", "at", "for", "every", "count")
 SLOW_KEYS = ("site", "factor", "at")
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*$")
@@ -49,12 +53,14 @@ class ChaosSpecError(GeotrainError, ValueError):
 @dataclass(frozen=True)
 class KillSite:
     """SIGKILL a replica group every `every_s` seconds, the first at `first_s` (default `every_s`);
-    `site`: always this group (None: drawn from the seed); `count`: at most this many kills (None: no limit)."""
+    `site`: always this group (None: drawn from the seed); `count`: at most this many kills (None: no limit);
+    `host`: always the group hosting the global model's server when the kill is due (`site=host`; site None)."""
 
     every_s: float
     first_s: float | None = None
     site: int | None = None
     count: int | None = None
+    host: bool = False
 
     @property
     def start_s(self) -> float:
@@ -101,10 +107,11 @@ Fault = KillSite | Partition | Slow
 
 @dataclass(frozen=True)
 class Kill:
-    """One scheduled kill: at `at_s` seconds after the groups started, group `group`."""
+    """One scheduled kill: at `at_s` seconds after the groups started, group `group` (None: the group hosting the
+    global model's server then, which the launcher looks up: `site=host`)."""
 
     at_s: float
-    group: int
+    group: int | None
 
 
 @dataclass(frozen=True)
@@ -181,10 +188,18 @@ def _kill_site(pairs: list[str]) -> KillSite:
     values = _values("kill-site", pairs, KILL_KEYS)
     if "every" not in values:
         raise ChaosSpecError("chaos kill-site: needs every=DURATION (e.g. kill-site:every=20s)")
+    host = values.get("site") == HOST_SITE
     return KillSite(parse_duration_s(values["every"], "kill-site every"),
                     parse_duration_s(values["first"], "kill-site first") if "first" in values else None,
-                    _count(values["site"], "kill-site site", 0) if "site" in values else None,
-                    _count(values["count"], "kill-site count", 1) if "count" in values else None)
+                    _kill_site_number(values["site"]) if "site" in values and not host else None,
+                    _count(values["count"], "kill-site count", 1) if "count" in values else None, host)
+
+
+def _kill_site_number(text: str) -> int:
+    try:
+        return _count(text, "kill-site site", 0)
+    except ChaosSpecError as exc:
+        raise ChaosSpecError(f"{exc} (or {HOST_SITE}: the global model's host)") from None
 
 
 def _partition(pairs: list[str]) -> Partition:
@@ -252,6 +267,14 @@ def slow_only(spec: str) -> bool:
     return all(isinstance(fault, Slow) for fault in parse_chaos(spec))
 
 
+def kills_host(spec: str) -> bool:
+    """Whether a --chaos spec (valid or not: False if it does not parse) kills the global model's host (site=host)."""
+    try:
+        return any(isinstance(fault, KillSite) and fault.host for fault in parse_chaos(spec))
+    except ChaosSpecError:
+        return False
+
+
 def has_partition(spec: str) -> bool:
     """Whether a --chaos spec (valid or not: False if it does not parse) cuts links."""
     try:
@@ -273,10 +296,10 @@ MAX_KILLS_PER_FAULT = 10_000
 
 
 def _events(faults: tuple[Fault, ...], kind: type, groups: int, seed: int,
-            horizon_s: float) -> list[tuple[float, int, Fault]]:
+            horizon_s: float) -> list[tuple[float, int | None, Fault]]:
     """(time, group, fault) of every event of the faults of `kind` due before `horizon_s`: at most `count`
     (a partition without `every` and `count`: one) and MAX_KILLS_PER_FAULT per fault; the drawn groups come
-    from `seed` (numpy's default_rng), one stream per fault (its index in `faults`)."""
+    from `seed` (numpy's default_rng), one stream per fault (its index in `faults`); a kill of `site=host`: None."""
     events = []
     for index, fault in enumerate(faults):
         if not isinstance(fault, kind):
@@ -286,10 +309,11 @@ def _events(faults: tuple[Fault, ...], kind: type, groups: int, seed: int,
         limit = 1 if once else min(fault.count or MAX_KILLS_PER_FAULT, MAX_KILLS_PER_FAULT)
         at, done = fault.start_s, 0
         while at < horizon_s and done < limit:
-            group = fault.site if fault.site is not None else int(rng.integers(groups))
+            group = fault.site if fault.site is not None or getattr(fault, "host", False) \
+                else int(rng.integers(groups))
             events.append((at, group, fault))
             at, done = at + fault.period_s, done + 1
-    return sorted(events, key=lambda event: (event[0], event[1]))
+    return sorted(events, key=lambda event: (event[0], -1 if event[1] is None else event[1]))
 
 
 def kill_schedule(faults: tuple[Fault, ...], groups: int, seed: int, horizon_s: float = math.inf) -> list[Kill]:

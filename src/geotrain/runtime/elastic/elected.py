@@ -8,7 +8,10 @@ e + 1: its copy's (version, updates), or no copy (it counts for the quorum and c
 `seedless` and no vote holds one). Once max(min_votes, electorate - 1) votes are in and one holds a copy, or the
 grace window (--heartbeat-timeout seconds) has passed with at least min_votes, the first voter to decide writes the
 winner (highest version; ties: the lowest client) with compare_set, so all read one answer; the winner serves from
-its copy (the link's `serve` callback) and publishes its address. A voter without a copy whose window passed with
+its copy (the link's `serve` callback) and publishes its address; its server restores the bases of the copy's
+clients still alive (live_bases: every reply carries each running client's base and process, (group,
+incarnation)), so the staleness bound holds them as the lost server did, and lets one go if the launcher sees its
+process die before it connects (watch_restored; the launcher's incarnation and down keys). A voter without a copy whose window passed with
 no copy voted does not decide: it waits up to the timeout for a voter with a copy that has not yet seen the loss
 (a region server that merges rarely), then ends in one line. A closed or refused connection starts an election; a
 host alive but silent for --comm-timeout (ServerSilent) ends the group instead (QuorumLost: the launcher restarts
@@ -18,6 +21,7 @@ it), never a second host.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from typing import Any
 import torch
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.elastic.group import down_key, incarnation_key
 from geotrain.sync.async_socket import HostLost, ServerSilent, SocketClient, SocketServer
 from geotrain.sync.async_wire import own_store_client
 from geotrain.sync.elastic import QuorumLost
@@ -38,12 +43,14 @@ POLL_S = 0.05
 @dataclass
 class HeldModel:
     """The last model a client received from its tier's server: flat fp32 `model`, its `version`, `updates` and
-    the server's per-client `applied` counts (None model: a client that has received none yet)."""
+    the server's per-client `applied` counts and `bases` (every running client's base and process, (group,
+    incarnation): an elected server restores those alive) (None model: a client that has received none yet)."""
 
     model: torch.Tensor | None
     version: int = 0
     updates: int = 0
     applied: dict[int, int] = field(default_factory=dict)
+    bases: dict[int, tuple[int, Any]] = field(default_factory=dict)
 
 
 class RunEnded(RuntimeError):
@@ -93,6 +100,54 @@ def serve_counting(store: Any, prefix: str, epoch: int, server: Any, kept: int, 
         reached = int(store.get(previous).decode()) if store.check([previous]) else kept
         store.add("async/lost_updates", max(0, reached - kept))
     return SocketServer(server, host, authkey, lambda updates: own.set(f"{prefix}updates/{epoch}", str(risk(updates))))
+
+
+def live_bases(store: Any, tier: Tier, epoch: int, held: HeldModel) -> dict[int, tuple[int, Any]]:
+    """The clients' (base, process) an elected server of `tier`'s `epoch` restores from copy `held`: every running
+    client's but the lost host's (epoch - 1's: its process is gone) and those whose process the launcher has seen
+    die (restarted or down for good: a dead client is not waited for)."""
+    lost = tier.first_host if epoch == 1 else int(store.get(f"{tier.prefix}host/{epoch - 1}").decode())
+    return {c: (b, process) for c, (b, process) in held.bases.items()
+            if c != lost and process_alive(store, process)}
+
+
+def process_alive(store: Any, process: Any) -> bool:
+    """Whether `process` ((group, incarnation); None: unknown, not alive) still runs as far as the launcher knows:
+    its group not restarted since (runtime/elastic/group.py incarnation_key) nor down for good (down_key)."""
+    if process is None:
+        return False
+    group, incarnation = process
+    key = incarnation_key(group)
+    now = int(store.get(key).decode()) if store.check([key]) else 0
+    return now == incarnation and not store.check([down_key(group)])
+
+
+def watch_restored(store: Any, host: SocketServer, restored: dict[int, tuple[int, Any]]) -> None:
+    """Serve `host` with the `restored` clients' processes; a thread makes each of them whose process dies before
+    it connects leave (as a closed connection's client would); it ends once each has connected or left, or the
+    host stops."""
+    host.processes.update({client: process for client, (_, process) in restored.items()})
+    own = own_store_client(store)  # a store client of the thread's own
+
+    def run() -> None:
+        pending = {client: process for client, (_, process) in restored.items()}
+        while pending and not host.stopping:
+            for client, process in list(pending.items()):
+                if client in host.connections or client not in host.server.base:
+                    del pending[client]  # connected, or gone already
+                elif not process_alive(own, process):
+                    host.forget(client)
+                    del pending[client]
+            time.sleep(POLL_S)
+
+    threading.Thread(target=run, name="geotrain-async-restored", daemon=True).start()
+
+
+def tier_host(store: Any, prefix: str, first_host: int) -> int:
+    """The client hosting the tier under `prefix` now: its last published epoch's host (`first_host` before any
+    election was published)."""
+    epoch = int(store.get(f"{prefix}epoch").decode()) if store.check([f"{prefix}epoch"]) else 0
+    return first_host if epoch == 0 else int(store.get(f"{prefix}host/{epoch}").decode())
 
 
 def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> int:
@@ -146,8 +201,11 @@ class ElectedLink:
     at the last published). `exchange` adopts every reply into `held`."""
 
     def __init__(self, store: Any, tier: Tier, client: int, held: HeldModel,
-                 serve: Callable[[int], SocketServer], fresh: bool) -> None:
+                 serve: Callable[[int], SocketServer], fresh: bool, process: tuple[int, int] | None = None) -> None:
         self.store, self.tier, self.client, self.held, self.serve, self.fresh = store, tier, client, held, serve, fresh
+        self.process = process
+        """The (group, incarnation) running this client (sent with its join: an elected server restores its base
+        while it runs)."""
         self.acked = 0
         """This client's outer gradients the server answered."""
         self.epoch = -1
@@ -189,7 +247,8 @@ class ElectedLink:
                 assert self.connection is not None
                 reply = self.connection.exchange({"client": self.client, "base": self.held.version,
                                                   "gradient": gradient, "count": count, "final": final,
-                                                  "acked": self.acked, "join": not self.joined})
+                                                  "acked": self.acked, "join": not self.joined,
+                                                  "process": self.process})
                 self.joined = True
                 break
             except ServerSilent as exc:  # alive but silent: this group ends (the launcher restarts it), no election
@@ -202,7 +261,9 @@ class ElectedLink:
                 self.connection = None  # the next try connects to the next epoch's host (an election)
                 if self.store.check([f"{self.tier.prefix}ended"]):
                     raise RunEnded(f"client {self.client}: the run ended") from None
-        self.held = HeldModel(reply["model"], int(reply["version"]), int(reply["updates"]), dict(reply["applied"]))
+        bases = {int(c): (int(b), process) for c, (b, process) in reply.get("bases", {}).items()}
+        self.held = HeldModel(reply["model"], int(reply["version"]), int(reply["updates"]), dict(reply["applied"]),
+                              bases)
         self.acked += gradient is not None
         return reply
 

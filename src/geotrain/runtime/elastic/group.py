@@ -153,6 +153,11 @@ def incarnation_key(group: int) -> str:
     return f"incarnation/{group}"
 
 
+def down_key(group: int) -> str:
+    """Launcher store key: set once replica group `group` is down for good (no restart left)."""
+    return f"down/{group}"
+
+
 class ElasticGroup:
     """Group rank `stage` (its pipeline stage, 0 when S = 1; a sharded plan: stage x K + shard,
     runtime/elastic/stage.py) of replica group `group` of `config` (see the module doc); `store`: the

@@ -40,13 +40,13 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.launcher import check_before_launch
 from geotrain.runtime.elastic.chaos import (Cut, Kill, cut_heal_s, kill_schedule, parse_chaos,
                                             partition_schedule)
-from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, failure_file, group_main, incarnation_key
+from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, down_key, failure_file, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
 from geotrain.runtime.elastic.spares import spare_count, spare_key, spare_main
 from geotrain.runtime.elastic.stage import group_position, group_size
-from geotrain.runtime.elastic.summary import (ElasticSummary, max_stage_param_diff, mean_losses, read_groups,
-                                              stall_seconds)
+from geotrain.runtime.elastic.summary import (FINAL_KEY, ElasticSummary, max_stage_param_diff, mean_losses,
+                                              read_groups, stall_seconds)
 
 ProgressCallback = Callable[[int, int], None]
 EventCallback = Callable[[str], None]
@@ -253,6 +253,7 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
                 else:
                     supervisor.stop(watch.ranks(g), term_s=0.0)  # its stages still running
                     watch.down.add(g)
+                    store.set(down_key(g), "1")  # an elected asynchronous server stops waiting for it
                     if watch.first_done_at is None:
                         watch.say(g, f"failed ({why}): down for good after "
                                      f"{watch.restarts[g]} restarts")
@@ -262,11 +263,11 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
             break  # the rest is stopped by the supervisor; they missed the end
         trained_s = _trained_s(store)
         while pending and trained_s is not None and trained_s >= pending[0].at_s:
-            kill = pending.pop(0)
-            if group_code(codes, watch.ranks(kill.group)) is None and watch.first_done_at is None:
+            group = _kill_target(store, config, pending.pop(0))
+            if group_code(codes, watch.ranks(group)) is None and watch.first_done_at is None:
                 watch.kills += 1
-                watch.say(kill.group, f"killed by --chaos at {trained_s:.1f} s")
-                supervisor.stop(watch.ranks(kill.group), term_s=0.0)  # every stage of the group
+                watch.say(group, f"killed by --chaos at {trained_s:.1f} s")
+                supervisor.stop(watch.ranks(group), term_s=0.0)  # every stage of the group
         if trained_s is not None:
             _partitions(supervisor, watch, cuts, links, trained_s, codes)
         _say_rejoins(store, watch)
@@ -278,6 +279,15 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
         time.sleep(poll_s)
     if not watch.done:
         raise ElasticRunError(f"no replica group finished (down for good: {sorted(watch.down)})")
+
+
+def _kill_target(store: Any, config: RuntimeConfig, kill: Kill) -> int:
+    """The group `kill` hits: its own, or (site=host) the group hosting the global model's server now."""
+    if kill.group is not None:
+        return kill.group
+    from geotrain.runtime.elastic.async_regions import global_model_host
+
+    return global_model_host(store, config)
 
 
 def _partitions(supervisor: Supervisor, watch: _Watch, cuts: list[Cut],
@@ -390,7 +400,9 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
     contributors = [c[0] for c in commits if c is not None]
     every = config.optim.sync_every or 1
     t0 = float(store.get("t0").decode()) if store.check(["t0"]) else 0.0
-    last = max((c[1] for c in commits if c is not None), default=t0)
+    final = json.loads(store.get(FINAL_KEY).decode()) if store.check([FINAL_KEY]) else None  # asynchronous
+    last = final["t"] if final else max((c[1] for c in commits if c is not None), default=t0)
+    updates = None if final is None else int(final["updates"])
     val = [s["val_loss"] for s in finished.values()]
     emulated = [s["records"][-1]["emulated_s"] for s in finished.values() if s["records"]]
     return ElasticSummary(
@@ -399,11 +411,12 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
         max_param_diff_across_replicas=max_stage_param_diff(result_dir, sorted(finished), group_size(config)),
         recovery_s=_recoveries(watch.failed_at, rejoins),
         stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed - set(watch.healed_at)),
-        train_s=last - t0, samples=int(sum(contributors) * every * config.schedule.batch_size),
+        train_s=last - t0, samples=int((sum(contributors) if updates is None else updates) * every
+                                       * config.schedule.batch_size),
         contributors=contributors, kills=watch.kills, restarts=list(watch.restarts),
         groups_finished=sorted(finished), wall_s=wall_s,
         group_records={g: summary["records"] for g, summary in sorted(finished.items())},
         partitions=watch.partitions, partition_recovery_s=_recoveries(watch.healed_at, rejoins),
         train_emulated_s=max(emulated) if emulated and None not in emulated else None,
         elections=_int(store, "async/elections"), lost_updates=_int(store, "async/lost_updates"),
-        resent_updates=_int(store, "async/resent_updates"))
+        resent_updates=_int(store, "async/resent_updates"), global_updates=updates)

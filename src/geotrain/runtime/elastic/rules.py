@@ -35,10 +35,12 @@ from __future__ import annotations
 from typing import Any
 
 from geotrain.comm.registry import reducer_traits
-from geotrain.runtime.elastic.chaos import has_partition
+from geotrain.runtime.elastic.chaos import has_partition, kills_host
 from geotrain.runtime.sections import RuntimeConfigError
 
 PIPELINE_SCHEDULE = "gpipe"
+ASYNC_SYNCS = ("async", "async-hierarchical")
+"""The --outer-sync modes whose elastic groups are clients of an elected server (async_refusal)."""
 """The pipeline schedule of elastic groups of S > 1 stages (the one tested across a group's restarts)."""
 
 
@@ -133,6 +135,10 @@ def elastic_refusal(config: Any) -> str | None:
          and config.run.stop_after % optim.sync_every != 0,
          f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
          f"outer-round ends only (their checkpoints are written there); use a multiple of {optim.sync_every}"),
+        (config.reliability.chaos is not None and kills_host(config.reliability.chaos)
+         and optim.outer_sync not in ASYNC_SYNCS,
+         f"reliability.chaos {config.reliability.chaos!r}: site=host kills the host of the global model's server, "
+         f"which only --outer-sync {' or '.join(ASYNC_SYNCS)} has; name a site or leave it drawn"),
     )
     return next((text for failed, text in reasons if failed),
                 sharded_refusal(config) or pipeline_refusal(config) or async_refusal(config) or onebit_refusal(config))
@@ -154,10 +160,18 @@ def onebit_refusal(config: Any) -> str | None:
     return next((text for failed, text in reasons if failed), None)
 
 
+def sleeps_gpu_speed(config: Any) -> bool:
+    """Whether `config` runs --emulate-gpu-speed without emulated links (--time-scale 0): elastic asynchronous groups,
+    whose compute sleeps out its device's slowness in wall time (runtime/elastic/async_group.py; the others count
+    it on the emulated clock only)."""
+    return bool(config.reliability.elastic and config.optim.outer_sync in ASYNC_SYNCS
+                and config.emulation.emulate_gpu_speed and not config.emulation.time_scale > 0)
+
+
 def async_refusal(config: Any) -> str | None:
     """Why an elastic `--outer-sync async*` run (runtime/elastic/async_group.py, async_regions.py: groups as TCP
     clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
-    if config.optim.outer_sync not in ("async", "async-hierarchical"):
+    if config.optim.outer_sync not in ASYNC_SYNCS:
         return None
     rel, ckpt = config.reliability, config.checkpoint
     why = "elastic asynchronous groups talk over plain TCP"

@@ -16,6 +16,11 @@ from typing import Any
 import torch
 
 
+FINAL_KEY = "async/final"
+"""--outer-sync async*: the launcher's store key of the final global model, {"t": unix seconds its first holder got it,
+"updates": its replica outer gradients} (runtime/elastic/async_group.py)."""
+
+
 @dataclass(frozen=True)
 class Rejoin:
     """A group that loaded a live peer's state: at training step `step`, `t` (unix seconds), the quorum
@@ -34,7 +39,9 @@ class ElasticSummary:
     restart, seconds from the failure seen by the launcher to the restarted group's rejoin;
     `stall_s`: the longest step of a group that never failed (a survivor waiting for the lost peer);
     `train_s`: from the first start-up quorum to the last commit; `samples`: training sequences of the
-    committed steps' contributing groups."""
+    committed steps' contributing groups. --outer-sync async*: `train_s` from the first group's join to the first
+    holder of the final global model, `samples` those in the final global model (its `global_updates` x H x the
+    batch)."""
 
     steps: int
     losses: list[float]
@@ -69,6 +76,8 @@ class ElasticSummary:
     lost for good: their senders resent those whose reply never came)."""
     resent_updates: int = 0
     """--outer-sync async: outer gradients resent to a new host (their reply lost with the old one)."""
+    global_updates: int | None = None
+    """--outer-sync async*: replica outer gradients the final global model holds (None: not asynchronous)."""
 
     def to_json(self, config: Any) -> dict[str, Any]:
         """`train --json`'s layout (as a run that is not elastic: plan, shape, losses, a `summary` object,
