@@ -79,7 +79,8 @@ class Calibration:
 
     @classmethod
     def from_json(cls, doc: Any, source: str = "<calibration>") -> Calibration:
-        if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        version = doc.get("version") if isinstance(doc, dict) else None
+        if isinstance(version, bool) or version != VERSION:  # true == 1 in Python, not in the file format
             raise CalibrationError(f"{source}: a calibration is a JSON object with version {VERSION} "
                                    f"(geotrain calibrate --out), got {shown(doc)[:80]}")
         try:
@@ -88,7 +89,7 @@ class Calibration:
                        stands_for=str(doc["stands_for"]))
         except KeyError as missing:
             raise CalibrationError(f"{source}: {missing.args[0]} is missing") from None
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: int(inf)
             if isinstance(exc, GeotrainError):
                 raise CalibrationError(f"{source}: {exc}") from None
             raise CalibrationError(f"{source}: a value has the wrong type: {exc}") from None

@@ -12,21 +12,23 @@ parameters:
 
     [ parameters (n) | second moments v (n) ]    (flat fp32, this position's local shards)
 
-A replica builds its push as it builds the outer gradient: (what it last received - what it holds now), over both
-parts, i.e. (v_base - v) beside (theta_base - theta). The server's outer optimizer (geotrain.optim.delayed_nesterov,
-behind the --async-merge rule) steps the parameter part; `MomentMerge` moves the moment part by the same arrival's
-staleness weight w = (1 + s) ** -P over the server's N clients, with no outer lr and no momentum (the moments are
-averaged, not stepped):
+A push carries the parameter part as the outer gradient (what the replica last received - what it holds now,
+theta_base - theta) and the moment part as the replica's v itself (`push_of`). The server's outer optimizer
+(geotrain.optim.delayed_nesterov, behind the --async-merge rule) steps the parameter part; `MomentMerge` moves the
+server's v toward the arrival's by that arrival's staleness weight w = (1 + s) ** -P over the server's N clients,
+with no outer lr and no momentum (the moments are averaged, not stepped):
 
-    v -= (w / N) (v_base - v_replica),  then v >= 0
+    v <- v + (w / N) (v_replica - v)        (a convex step: v stays >= 0, between the two)
 
-so N fresh arrivals from one base leave the server holding exactly the mean of their v (the synchronous sync's
-landing), and in between it is a running average of the replicas' latest v, each arrival pulling it 1/N of the way.
-With regions (async-hierarchical) the region server merges its replicas' v so, and its delta to the global server
-carries the moment part too, merged there over the regions likewise (the global server's outer step is lr 1, no
-momentum: the same rule). The reply carries the global v; the replica loads it into its AdamW (exp_avg_sq) once the
-global model holds at least R replica outer gradients (`loads_moments`: before that the server's v still averages
-zeros for the replicas not heard from). AdamW's step count stays each replica's own (its bias correction), and v
+a running average of the replicas' latest v, each arrival pulling it at most 1/N of the way. A first build sent v as
+a delta from the replica's base (v_base - v_replica), which made N fresh arrivals land on the exact mean; but stale
+deltas add up: an arrival's delta is measured from a base the server has since moved away from, so under some arrival
+orders the server's v was driven to 0 on some coordinates (clamped), and a replica that loaded it stepped AdamW by
+m / eps there (a CI run's resumed 2-stage run diverged to 4.65 nats against 3.02). With regions (async-hierarchical)
+the region server merges its replicas' v so, and its push to the global server carries the region's v likewise
+(merged there over the regions by the same rule). The reply carries the global v; the replica loads it into its AdamW
+(exp_avg_sq) once the global model holds at least R replica outer gradients (`loads_moments`: before that the server's
+v is still mostly its zero start). AdamW's step count stays each replica's own (its bias correction), and v
 travels raw, as the synchronous sync sends it: a variant that sent both moments bias-corrected at each replica's own
 step count measured 0.025 nats worse than raw.
 
@@ -90,6 +92,12 @@ def load_moments(optimizer: torch.optim.Optimizer, params: Sequence[torch.nn.Par
             offset += v.numel()
 
 
+def push_of(anchor: torch.Tensor, held: torch.Tensor, numel: int) -> torch.Tensor:
+    """What a push carries (module doc) from `anchor` (the model last received) and `held` (what the sender holds now),
+    both laid out [parameters (numel) | v]: the parameters' outer gradient, then the sender's v itself."""
+    return torch.cat([anchor[:numel] - held[:numel], held[numel:]])
+
+
 def loads_moments(updates: int, replicas: int) -> bool:
     """Whether a replica loads the global moments of a reply whose model holds `updates` replica outer gradients, in
     a run of `replicas` (module doc: not before the server has merged R of them)."""
@@ -97,8 +105,8 @@ def loads_moments(updates: int, replicas: int) -> bool:
 
 
 class MomentMerge:
-    """A server's outer step over [parameters | m | v] (module doc): `optimizer` steps the first `numel` values (the
-    parameters); the moment parts move by the weight it gave the arrival / `period` (N, the server's clients)."""
+    """A server's outer step over [parameters | v] (module doc): `optimizer` steps the first `numel` values (the
+    parameters); v moves toward the arrival's by the weight it gave the arrival / `period` (N, the server's clients)."""
 
     def __init__(self, optimizer: OuterStep, numel: int, period: int) -> None:
         if numel < 1 or period < 1:
@@ -108,13 +116,13 @@ class MomentMerge:
         self.period = period
 
     def step(self, theta: torch.Tensor, gradient: torch.Tensor, staleness: int = 0) -> float:
-        """Apply one arrival's `gradient` (over all three parts) to `theta` in place; the staleness weight it got."""
+        """Apply one arrival (`gradient`: push_of's layout) to `theta` in place; the staleness weight it got."""
         n = self.numel
         if theta.numel() != (1 + MOMENT_PARTS) * n or gradient.shape != theta.shape:
             raise SyncError(f"MomentMerge: model of {theta.numel()} and gradient of {gradient.numel()} values, "
                             f"expected {(1 + MOMENT_PARTS) * n} each ({n} parameters and their second moments)")
         weight = self.optimizer.step(theta[:n], gradient[:n], staleness)  # the parameters' staleness weight
-        theta[n:].sub_(gradient[n:].to(torch.float32), alpha=weight / self.period).clamp_min_(0)
+        theta[n:].lerp_(gradient[n:].to(torch.float32), min(1.0, weight / self.period)).clamp_min_(0)
         return weight
 
     def state_dict(self) -> dict[str, Any]:

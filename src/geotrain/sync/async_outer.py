@@ -58,7 +58,7 @@ from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.optim.shards import local_shard
 from geotrain.sync.async_merge import outer_optimizer
-from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments
+from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments, push_of
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
@@ -275,7 +275,8 @@ class AsyncOuterSync:
         return torch.cat([_flat(self.local), flat_moments(self.moments, self.params)])
 
     def _push(self, final: bool) -> None:
-        gradient = None if self.period_steps == 0 else self.anchor - self._held()
+        gradient = None if self.period_steps == 0 else (
+            self.anchor - self._held() if self.moments is None else push_of(self.anchor, self._held(), self.numel))
         reply = self._exchange(Request(self.rank, self.version, gradient, 1, final))
         self.pushes += gradient is not None
         self.period_steps = 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from geotrain.sync.async_moments import MomentMerge, push_of
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.sync.async_timing import LinkTimer
 from geotrain.sync.async_wire import Mailbox
@@ -40,6 +41,8 @@ class RegionServer:
         self.merge_every = merge_every
         self.timer = timer
         self.anchor = server.model.clone()
+        self.moments_from = server.optimizer.numel if isinstance(server.optimizer, MomentMerge) else None
+        """Where the model's second moments start (async_moments: its push carries them as they are); None: none."""
         self.global_version = 0
         self.global_updates = 0
         self.merged_version = 0
@@ -75,7 +78,8 @@ class RegionServer:
 
     def _merge(self, final: bool) -> Reply:
         count = self.server.updates - self.global_updates
-        delta = None if count == 0 else self.anchor - self.server.model
+        delta = None if count == 0 else (self.anchor - self.server.model if self.moments_from is None
+                                         else push_of(self.anchor, self.server.model, self.moments_from))
         reply = self._upstream(Request(self.leader, self.global_version, delta, count, final))
         self.server.model.copy_(reply.model)
         self.anchor = reply.model.clone()

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from geotrain.cost.calibration import Calibration, CalibrationError, load_calibration
@@ -46,6 +46,9 @@ values = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(["version", "model", "params", "tokens_per_step", "seconds", "device",
                                         "stands_for"]), values))
+@example({"version": True, "model": None, "params": float("inf")})  # found by CI: True == 1, int(inf) overflowed
+@example({"version": 1, "model": "m", "params": float("inf"), "tokens_per_step": 1, "seconds": [1.0], "device": "d",
+          "stands_for": "x"})
 def test_any_object_is_read_or_refused_in_one_line(doc):
     try:
         Calibration.from_json(doc, "f.json")

@@ -1,14 +1,17 @@
-"""The asynchronous server's merge of AdamW second moments (geotrain.sync.async_moments): the moment part of a push
-moves the server's moments by the arrival's staleness weight / N, beside delayed Nesterov on the parameters; a
-replica's AdamW loads the second moments a reply carries and keeps its own first moments."""
+"""The asynchronous server's merge of AdamW second moments (geotrain.sync.async_moments): a push carries the
+replica's v, and the server's v moves toward it by the arrival's staleness weight / N (a convex step), beside delayed
+Nesterov on the parameters; a replica's AdamW loads the second moments a reply carries and keeps its own first
+moments."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 import torch
 
 from geotrain.optim.delayed_nesterov import DelayedNesterov
-from geotrain.sync.async_moments import MomentMerge, flat_moments, load_moments, loads_moments
+from geotrain.sync.async_moments import MomentMerge, flat_moments, load_moments, loads_moments, push_of
 from geotrain.sync.async_server import OuterServer, Request
 from geotrain.sync.base import SyncError
 
@@ -16,37 +19,46 @@ N = 2  # parameters
 
 
 def _push(model: torch.Tensor, theta: list[float], v: list[float]) -> torch.Tensor:
-    """A replica's push from base `model` (what it received) holding theta and v now: base - held, both parts."""
-    return model - torch.tensor([*theta, *v])
+    """A replica's push from base `model` (what it received) holding theta and v now."""
+    return push_of(model, torch.tensor([*theta, *v]), N)
 
 
-def test_two_fresh_arrivals_leave_the_mean_moments_and_a_stale_one_counts_by_its_weight():
+def test_a_fresh_arrival_pulls_v_half_way_with_two_clients_and_a_stale_one_by_its_weight():
     base = torch.tensor([1.0, 2.0, 0.0, 0.0])  # parameters, zero second moments (AdamW's start)
     server = OuterServer(base, MomentMerge(DelayedNesterov(2, lr=1.0, momentum=0.0, staleness_power=1.0), N, 2),
                          [0, 1], staleness_bound=4)
-    # replica 0: base 0, fresh (weight 1): v moves 1/2 of the way, parameters by 1/2 of its outer gradient
+    # replica 0: base 0, fresh (weight 1): v moves 1/2 of the way to its v, parameters by 1/2 of its outer gradient
     server.submit(Request(0, 0, _push(base, [0.8, 2.2], [0.04, 0.02])))
     torch.testing.assert_close(server.model, torch.tensor([0.9, 2.1, 0.02, 0.01]), rtol=0, atol=1e-7)
-    # replica 1: base 0, one update stale (weight (1 + 1) ** -1 = 1/2): 1/4 of its change from base 0
+    # replica 1: base 0, one update stale (weight (1 + 1) ** -1 = 1/2): v moves 1/4 of the way to its v
     server.submit(Request(1, 0, _push(base, [1.2, 1.8], [0.08, 0.0])))
-    torch.testing.assert_close(server.model, torch.tensor([0.9 + 0.05, 2.1 - 0.05, 0.02 + 0.02, 0.01]), rtol=0,
-                               atol=1e-7)
+    torch.testing.assert_close(server.model, torch.tensor([0.9 + 0.05, 2.1 - 0.05, 0.02 + 0.015, 0.01 - 0.0025]),
+                               rtol=0, atol=1e-7)
 
 
-def test_with_full_weight_n_arrivals_from_one_base_hold_the_synchronous_mean():
-    base = torch.tensor([0.0, 0.0, 0.5, 0.5])
-    server = OuterServer(base, MomentMerge(DelayedNesterov(3, lr=0.7, momentum=0.9), N, 3), [0, 1, 2], 4)
-    held = [([0.1, 0.2], [0.2, 0.9]), ([0.0, 0.1], [0.4, 0.3]), ([0.2, 0.0], [0.9, 0.0])]
-    for client, (theta, v) in enumerate(held):
-        server.submit(Request(client, 0, _push(base, theta, v)))
-    torch.testing.assert_close(server.model[N:], torch.tensor([h[1] for h in held]).mean(0), rtol=0, atol=1e-7)
+def test_stale_arrivals_in_any_order_keep_v_between_the_replicas_v():
+    """The first build sent v as a delta from the replica's base: stale deltas added up and drove the server's v to 0
+    under some arrival orders (a replica that loaded it then stepped AdamW by m / eps). A convex step cannot."""
+    rng = random.Random(0)
+    server = OuterServer(torch.tensor([0.0, 0.0, 0.5, 0.5]), MomentMerge(DelayedNesterov(4, lr=1.0, momentum=0.0), N, 4),
+                         [0, 1, 2, 3], staleness_bound=8)
+    bases = [0, 0, 0, 0]
+    for _ in range(200):
+        client = rng.randrange(4)
+        v = [rng.uniform(0.4, 0.6), rng.uniform(0.4, 0.6)]
+        base = torch.tensor([0.0, 0.0, 0.5, 0.5])  # a base the server has long left: the arrival is stale
+        replies = server.submit(Request(client, bases[client], _push(base, [0.0, 0.0], v)))
+        for reply in replies:
+            bases[reply.client] = reply.version
+        assert all(0.4 <= x <= 0.6 for x in server.model[N:].tolist()), server.model
+    assert server.updates == 200
 
 
-def test_the_second_moment_stays_non_negative_and_a_wrong_size_is_refused():
+def test_one_client_takes_the_arrivals_v_and_a_wrong_size_is_refused():
     merge = MomentMerge(DelayedNesterov(1, lr=1.0, momentum=0.0), N, 1)
     theta = torch.tensor([0.0, 0.0, 0.1, 0.2])
-    merge.step(theta, torch.tensor([0.0, 0.0, 0.3, 0.1]))  # v would be -0.2 and 0.1
-    assert theta[N:].tolist() == pytest.approx([0.0, 0.1])
+    merge.step(theta, torch.tensor([0.0, 0.0, 0.3, 0.1]))
+    assert theta[N:].tolist() == pytest.approx([0.3, 0.1])
     with pytest.raises(SyncError, match="expected 4"):
         merge.step(torch.zeros(6), torch.zeros(6))
 
