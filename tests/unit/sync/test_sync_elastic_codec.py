@@ -12,17 +12,9 @@ from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.collectives import SimulatedCollective
 from geotrain.sync.base import ComputeTimer
 from geotrain.sync.elastic import ManagerExchange
+from fake_torchft import Done, FakeManager
 
 SHAPES = [(6, 5), (7,)]
-
-
-class _Done:
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-
-    def wait(self) -> None:
-        if self.fail:
-            raise RuntimeError("peer gone (connection reset)")
 
 
 class _PeerPG:
@@ -38,32 +30,7 @@ class _PeerPG:
         outputs[0][1].copy_(self.peer_bytes())
         failing = self.failures > 0
         self.failures -= 1
-        return _Done(failing)
-
-
-class _Manager:
-    def __init__(self) -> None:
-        self.error: Exception | None = None
-        self.quorums = 0
-
-    def num_participants(self) -> int:
-        return 2
-
-    def participating_rank(self) -> int:
-        return 0
-
-    def errored(self):
-        return self.error
-
-    def report_error(self, exc: Exception) -> None:
-        self.error = exc
-
-    def should_commit(self) -> bool:
-        return self.error is None
-
-    def start_quorum(self) -> None:
-        self.quorums += 1
-        self.error = None
+        return Done(failing)
 
 
 def _grads(seed: int) -> list[torch.Tensor]:
@@ -95,7 +62,7 @@ def test_the_quorum_mean_is_the_non_elastic_reducers_bit_for_bit_and_a_weight_0_
     reference = CodecReducer(CodecSpec.parse("int8-block").build(), [(str(i), s) for i, s in enumerate(SHAPES)], 2,
                              local_workers=2)
     expected = reference.reduce([mine, theirs], SimulatedCollective(2), 3)
-    manager, params = _Manager(), _params(mine)
+    manager, params = FakeManager(2), _params(mine)
     exchange = _exchange(_PeerPG(_peer(theirs, 1.0, 3)), manager, params)
     nbytes = exchange.exchange(3, ComputeTimer())
     assert exchange.contributors == 2.0 and nbytes > 0
@@ -104,7 +71,7 @@ def test_the_quorum_mean_is_the_non_elastic_reducers_bit_for_bit_and_a_weight_0_
     alone = CodecReducer(CodecSpec.parse("int8-block").build(), [(str(i), s) for i, s in enumerate(SHAPES)], 1)
     own = alone.reduce([mine], SimulatedCollective(1), 3)
     params = _params(mine)
-    exchange = _exchange(_PeerPG(_peer(theirs, 0.0, 3)), _Manager(), params)
+    exchange = _exchange(_PeerPG(_peer(theirs, 0.0, 3)), FakeManager(2), params)
     exchange.exchange(3, ComputeTimer())
     assert exchange.contributors == 1.0
     assert all(torch.allclose(p.grad, o, rtol=0, atol=1e-6) for p, o in zip(params, own, strict=True))
@@ -113,9 +80,9 @@ def test_the_quorum_mean_is_the_non_elastic_reducers_bit_for_bit_and_a_weight_0_
 def test_a_try_that_does_not_commit_leaves_the_residuals_and_the_retry_delivers_the_same_mean():
     mine, theirs = _grads(2), _grads(3)
     clean_params, failing_params = _params(mine), _params(mine)
-    clean = _exchange(_PeerPG(_peer(theirs, 1.0, 0)), _Manager(), clean_params)
+    clean = _exchange(_PeerPG(_peer(theirs, 1.0, 0)), FakeManager(2), clean_params)
     clean.exchange(0, ComputeTimer())
-    manager = _Manager()
+    manager = FakeManager(2)
     failing = _exchange(_PeerPG(_peer(theirs, 1.0, 0), failures=1), manager, failing_params)
     failing.exchange(0, ComputeTimer())
     assert failing.failed_quorums == 1 and manager.quorums == 1  # one new quorum, then committed
@@ -128,7 +95,7 @@ def test_a_try_that_does_not_commit_leaves_the_residuals_and_the_retry_delivers_
 
 def test_residuals_are_never_handed_on_and_a_loaded_state_starts_from_zero():
     params = _params(_grads(4))
-    exchange = _exchange(_PeerPG(_peer(_grads(5), 1.0, 0)), _Manager(), params)
+    exchange = _exchange(_PeerPG(_peer(_grads(5), 1.0, 0)), FakeManager(2), params)
     exchange.exchange(0, ComputeTimer())
     assert exchange.reducer.residuals[0] and exchange.state_dict() == {}
     exchange.load_state_dict({})

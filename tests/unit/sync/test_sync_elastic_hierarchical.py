@@ -18,15 +18,11 @@ from geotrain.comm.hierarchical import HierarchicalGroups, expected_link_bytes
 from geotrain.sync.base import ComputeTimer
 from geotrain.sync.elastic import ManagerExchange
 from geotrain.sync.elastic_hierarchical import quorum_regions
+from fake_torchft import Done, FakeManager
 
 SHAPES = [(6, 5), (7,)]
 NUMEL = sum(torch.Size(s).numel() for s in SHAPES)
 REGION = {0: 0, 1: 0, 2: 1, 3: 1, 4: 0}  # replica group -> region
-
-
-class _Done:
-    def wait(self) -> None:
-        pass
 
 
 class _Received:
@@ -55,31 +51,10 @@ class _PG:
 
     def send(self, tensors, dst, tag):
         self.mail.box((self.rank, dst, tag)).put(tensors[0].clone())
-        return _Done()
+        return Done()
 
     def recv(self, tensors, src, tag):
         return _Received(self.mail.box((src, self.rank, tag)), tensors[0])
-
-
-class _Manager:
-    def __init__(self, rank: int, size: int, refused_commits: int = 0) -> None:
-        self.rank, self.size, self.error, self.refused = rank, size, None, refused_commits
-
-    def num_participants(self) -> int:
-        return self.size
-
-    def participating_rank(self) -> int:
-        return self.rank
-
-    def errored(self):
-        return self.error
-
-    def report_error(self, exc: Exception) -> None:
-        self.error = exc
-
-    def should_commit(self) -> bool:
-        self.refused -= 1
-        return self.error is None and self.refused < 0
 
 
 def _exchanges(groups, codec: str) -> dict[int, ManagerExchange]:
@@ -99,7 +74,7 @@ def _sync(exchanges: dict[int, ManagerExchange], quorum: tuple[int, ...], grads:
     def member(rank: int, group: int) -> None:
         try:
             exchange = exchanges[group]
-            exchange.manager, exchange.pg = _Manager(rank, len(quorum), refused_commits), _PG(mail, rank, quorum)
+            exchange.manager, exchange.pg = FakeManager(len(quorum), rank, refused_commits), _PG(mail, rank, quorum)
             exchange.weight = 1.0 if weights is None else weights[group]
             for p, g in zip(exchange.params, grads[group], strict=True):
                 p.grad = g.clone()

@@ -13,18 +13,10 @@ from geotrain.optim import OneBitAdam
 from geotrain.sync.base import ComputeTimer
 from geotrain.sync.elastic import ManagerExchange
 from geotrain.sync.elastic_onebit import ElasticOneBitSync
+from fake_torchft import Done, FakeManager
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: bit-reproducible
 SHAPES = [(6, 5), (40,), (3,)]
-
-
-class _Done:
-    def __init__(self, fail: bool) -> None:
-        self.fail = fail
-
-    def wait(self) -> None:
-        if self.fail:
-            raise RuntimeError("peer gone (connection reset)")
 
 
 class _AlonePG:
@@ -33,9 +25,9 @@ class _AlonePG:
     def __init__(self, failures: int = 0) -> None:
         self.failures = failures
 
-    def _done(self) -> _Done:
+    def _done(self) -> Done:
         self.failures -= 1
-        return _Done(self.failures >= 0)
+        return Done(self.failures >= 0)
 
     def allreduce(self, tensors, opts):
         return self._done()
@@ -45,34 +37,9 @@ class _AlonePG:
         return self._done()
 
 
-class _Manager:
-    def __init__(self) -> None:
-        self.error: Exception | None = None
-        self.quorums = 0
-
-    def num_participants(self) -> int:
-        return 1
-
-    def participating_rank(self) -> int:
-        return 0
-
-    def errored(self):
-        return self.error
-
-    def report_error(self, exc: Exception) -> None:
-        self.error = exc
-
-    def should_commit(self) -> bool:
-        return self.error is None
-
-    def start_quorum(self) -> None:
-        self.quorums += 1
-        self.error = None
-
-
-def _sync(pg: _AlonePG) -> tuple[ElasticOneBitSync, list[torch.nn.Parameter], _Manager]:
+def _sync(pg: _AlonePG) -> tuple[ElasticOneBitSync, list[torch.nn.Parameter], FakeManager]:
     params = [torch.nn.Parameter(torch.full(shape, 0.5)) for shape in SHAPES]
-    manager = _Manager()
+    manager = FakeManager()
     exchange = ManagerExchange(params, manager, healed=lambda: False, pg=pg, start_quorum=manager.start_quorum)
     return ElasticOneBitSync(params, OneBitAdam(params, lr=0.01, warmup_steps=1), exchange), params, manager
 
