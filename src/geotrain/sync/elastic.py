@@ -74,7 +74,6 @@ from geotrain.codecs import CodecSpec
 from geotrain.comm.codec_reducer import CodecReducer
 from geotrain.comm.ledger import CommLedger, tensor_bytes
 from geotrain.comm.registry import reducer_traits
-from geotrain.optim import OneBitAdam
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import is_sharded
 from geotrain.sync.base import CollectivePause, GradientSync, StepTimer, SyncError, host_gradients
@@ -82,7 +81,7 @@ from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync
 from geotrain.sync.elastic_onebit import ElasticOneBitSync
 from geotrain.sync.elastic_hierarchical import QuorumHierarchy, QuorumWire
 from geotrain.sync.exchange import ExtraTensors
-from geotrain.sync.factory import BETAS, WEIGHT_DECAY
+from geotrain.sync.factory import BETAS, WEIGHT_DECAY, onebit_adam
 from geotrain.sync.moments import moment_parts
 from geotrain.sync.options import SyncOptions
 from geotrain.sync.outer import OuterSync
@@ -463,9 +462,7 @@ def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter]
     `group_max`: a float's max over the group's S x K processes (adaptive local steps: one split per group)."""
     params = list(params)
     if options.optimizer == "onebit-adam":  # per step, S = 1, equal weights (rules.py, the composition table)
-        onebit = OneBitAdam(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
-                            warmup_steps=options.onebit_warmup_steps, max_grad_norm=options.clip_grad_norm)
-        return ElasticOneBitSync(params, onebit, exchange)
+        return ElasticOneBitSync(params, onebit_adam(options, params), exchange)
     adamw = torch.optim.AdamW(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
     outer, streaming = options.outer, options.streaming
     if outer.sync_every is None:

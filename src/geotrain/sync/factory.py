@@ -22,6 +22,7 @@ step at full precision (a StageExchange "none" on the region's group) before the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -48,6 +49,13 @@ WEIGHT_DECAY = 0.1
 """AdamW's (and 1-bit Adam's) betas and decoupled weight decay."""
 
 
+def onebit_adam(options: SyncOptions, params: Any, kind: type[OneBitAdam] = OneBitAdam, **extra: Any) -> OneBitAdam:
+    """1-bit Adam (`kind`: OneBitAdam or RegionOneBitAdam) of `params` with the run's settings (learning rate,
+    betas, weight decay, warm-up steps, clipping); `extra`: its collective and norm arguments."""
+    return kind(params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY, warmup_steps=options.onebit_warmup_steps,
+                max_grad_norm=options.clip_grad_norm, **extra)
+
+
 def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, torch.nn.Parameter]],
                        transport: CollectiveTransport, group: DPGroup, rank: int = 0,
                        sum_squares: Callable[[float], float] | None = None) -> GradientSync:
@@ -67,9 +75,7 @@ def make_gradient_sync(options: SyncOptions, named_params: Sequence[tuple[str, t
         else:
             collective = timed_region_collective(transport, group.hierarchy, rank, devices, pause)
             kind = RegionOneBitAdam
-        optimizer = kind(named_params, lr=options.lr, betas=BETAS, weight_decay=WEIGHT_DECAY,
-                         warmup_steps=options.onebit_warmup_steps, collective=collective,
-                         max_grad_norm=options.clip_grad_norm, norm_sum_squares=sum_squares)
+        optimizer = onebit_adam(options, named_params, kind, collective=collective, norm_sum_squares=sum_squares)
         return OneBitAdamSync(params, optimizer, collective, options.clip_grad_norm, pause)
     codec = options.exchange
     exchange = _exchange(codec, named_params, transport, group, rank)

@@ -19,11 +19,11 @@ copy votes too, without a copy: it counts for the quorum and cannot win). Once m
 are in, or the grace window (--heartbeat-timeout seconds: a group that did not vote by then counts as lost) has
 passed with at least --min-replicas votes, the first voter to decide writes the winner (highest version; ties:
 lowest group) with compare_set, so all read one answer. The winner serves from its copy (OuterServer.start_from:
-version, updates, per-client applied counts, and the bases of the clients still running, so the staleness bound
-holds as at the lost server: every reply carries each running client's base and process, and the winner restores
-those of the clients alive, not the lost host's nor one the launcher restarted or put down, and lets a restored
-one go if its process dies before it connects: elected.live_bases, watch_restored; the outer momentum restarts
-from zero: it is not carried in replies, which would double their size) and publishes its address; the others connect to it and resend the
+version, updates, per-client applied counts, and the bases of the clients still running, so the staleness bound holds as
+at the lost server: every reply carries each running client's base and process, and the winner restores those of the
+clients alive, not the lost host's nor one the launcher restarted or put down, and lets a restored one go if its process
+dies before it connects: elected.serve_restored; the outer momentum restarts from zero: it is not carried in replies,
+which would double their size) and publishes its address; the others connect to it and resend the
 request the lost server did not answer: a gradient with its old base (its staleness counts against the new
 server's version), dropped if the copy already holds it (async_socket). Fewer votes than --min-replicas
 within the window end the group with its one line (exit 2).
@@ -55,8 +55,7 @@ from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
-from geotrain.runtime.elastic.elected import (ElectedLink, HeldModel, RunEnded, Tier, live_bases, serve_counting,
-                                              watch_restored)
+from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
 from geotrain.runtime.elastic.links import GroupNet, process_device
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
@@ -135,11 +134,8 @@ class AsyncElasticGroup:
         options = self.options.heterogeneity
         optimizer = outer_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
-        restored = live_bases(self.store, tier, epoch, held) if epoch > 0 else {}
-        server.start_from(held.version, held.updates, held.applied, {c: base for c, (base, _) in restored.items()})
-        host = serve_counting(self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey)
-        watch_restored(self.store, host, restored)
-        return host
+        return serve_restored(self.store, tier, epoch, held, server, lambda: serve_counting(
+            self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey))
 
     def _adopt(self, reply: dict[str, Any]) -> None:
         """Take the reply's model as this group's parameters."""

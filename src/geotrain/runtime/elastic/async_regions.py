@@ -17,7 +17,7 @@ Two tiers of elected servers (runtime/elastic/elected.py), over TCP as in the fl
 A region server's host that dies closes its connection to the global server: its region leaves the global
 server's staleness bound until its new host joins. An elected server of either tier restores the bases of its
 copy's live clients (the other regions', or the region's other groups'), so the bound holds as at the server it
-replaces (runtime/elastic/elected.py live_bases). A region server elected from a copy starts from that region
+replaces (runtime/elastic/elected.py serve_restored). A region server elected from a copy starts from that region
 model and merges from it (its anchor): the region's updates its lost host had not yet merged are lost (counted in
 `lost_updates`; at most merge_every region updates), its groups resend the request the lost server did not
 answer. A killed group that hosted nothing is a client that left its region (the region goes on); a region
@@ -36,8 +36,7 @@ from typing import Any
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_group import AsyncElasticGroup
-from geotrain.runtime.elastic.elected import (ElectedLink, HeldModel, live_bases, serve_counting, tier_host,
-                                              watch_restored)
+from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting, serve_restored, tier_host
 from geotrain.runtime.elastic.links import GroupNet
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_region import RegionServer
@@ -147,15 +146,12 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         optimizer = outer_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
                                     heterogeneity.async_staleness_power)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
-        restored = live_bases(self.store, self.link.tier, epoch, held) if epoch > 0 else {}
-        server.start_from(held.version, held.updates, held.applied, {c: base for c, (base, _) in restored.items()})
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
         region.global_version, region.global_updates, region.merged_version = \
             int(joined["version"]), held.updates, held.version
-        host = serve_counting(self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0,
-                              self.net.advertise, self.authkey, lambda updates: updates - region.global_updates)
-        watch_restored(self.store, host, restored)
-        return host
+        return serve_restored(self.store, self.link.tier, epoch, held, server, lambda: serve_counting(
+            self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0, self.net.advertise, self.authkey,
+            lambda updates: updates - region.global_updates))
 
     def _serve_global(self, epoch: int) -> SocketServer:
         """Host the global model from this region server's copy: the mean of the regions' deltas."""

@@ -7,12 +7,12 @@ Epoch 0's host is the tier's `first_host`. A client that loses the server of epo
 e + 1: its copy's (version, updates), or no copy (it counts for the quorum and cannot win, unless the tier is
 `seedless` and no vote holds one). Once max(min_votes, electorate - 1) votes are in and one holds a copy, or the
 grace window (--heartbeat-timeout seconds) has passed with at least min_votes, the first voter to decide writes the
-winner (highest version; ties: the lowest client) with compare_set, so all read one answer; the winner serves from
-its copy (the link's `serve` callback) and publishes its address; its server restores the bases of the copy's
-clients still alive (live_bases: every reply carries each running client's base and process, (group,
-incarnation)), so the staleness bound holds them as the lost server did, and lets one go if the launcher sees its
-process die before it connects (watch_restored; the launcher's incarnation and down keys). A voter without a copy whose window passed with
-no copy voted does not decide: it waits up to the timeout for a voter with a copy that has not yet seen the loss
+winner (highest version; ties: the lowest client) with compare_set, so all read one answer; the winner serves from its
+copy (the link's `serve` callback) and publishes its address; its server restores the bases of the copy's clients still
+alive (live_bases: every reply carries each running client's base and process, (group, incarnation)), so the staleness
+bound holds them as the lost server did, and lets one go if the launcher sees its process die before it connects
+(watch_restored; the launcher's incarnation and down keys). A voter without a copy whose window passed with no copy
+voted does not decide: it waits up to the timeout for a voter with a copy that has not yet seen the loss
 (a region server that merges rarely), then ends in one line. A closed or refused connection starts an election; a
 host alive but silent for --comm-timeout (ServerSilent) ends the group instead (QuorumLost: the launcher restarts
 it), never a second host.
@@ -141,6 +141,17 @@ def watch_restored(store: Any, host: SocketServer, restored: dict[int, tuple[int
             time.sleep(POLL_S)
 
     threading.Thread(target=run, name="geotrain-async-restored", daemon=True).start()
+
+
+def serve_restored(store: Any, tier: Tier, epoch: int, held: HeldModel, server: Any,
+                   serve: Callable[[], SocketServer]) -> SocketServer:
+    """`server` (an OuterServer) started from copy `held` for `tier`'s `epoch`, with the bases of its live clients
+    after an election (live_bases), served by `serve()` and its restored clients watched (watch_restored)."""
+    restored = live_bases(store, tier, epoch, held) if epoch > 0 else {}
+    server.start_from(held.version, held.updates, held.applied, {c: base for c, (base, _) in restored.items()})
+    host = serve()
+    watch_restored(store, host, restored)
+    return host
 
 
 def tier_host(store: Any, prefix: str, first_host: int) -> int:
