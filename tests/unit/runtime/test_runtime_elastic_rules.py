@@ -8,7 +8,7 @@ import pytest
 
 from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
-from geotrain.runtime.elastic.rules import elastic_refusal
+from geotrain.runtime.elastic.rules import elastic_refusal, sleeps_gpu_speed
 from paths import ROOT
 from two_gpus import TWO_GPUS_YAML
 
@@ -135,13 +135,13 @@ def test_elastic_runs_take_a_codec_or_a_plans_codecs_but_not_an_exchange_of_its_
 ASYNC = {**ELASTIC, "sync_every": 3, "outer_sync": "async"}
 
 
-def test_elastic_async_is_accepted_with_kill_chaos_and_the_end_checkpoint():
-    for extra in ({}, {"chaos": "kill-site:every=5s,site=0", "min_replicas": 2}, {"checkpoint_dir": "ckpt"}):
-        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **ASYNC, **extra)) is None
+def test_elastic_async_is_accepted_with_kill_chaos_the_end_checkpoint_and_emulated_links():
+    for extra in ({}, {"chaos": "kill-site:every=5s,site=0", "min_replicas": 2}, {"checkpoint_dir": "ckpt"},
+                  {"time_scale": 1.0}, {"time_scale": 0.1, "outer_sync": "async-hierarchical"}):
+        assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **extra})) is None
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"time_scale": 1.0}, "emulation.time_scale 1.0: elastic asynchronous groups talk over plain TCP"),
     ({"chaos": "partition:site=1,at=5s,for=2s"}, "an emulated partition does not cut; use kill-site"),
     ({"netlab": True}, "reliability.netlab: elastic asynchronous groups talk over plain TCP on this host's loopback"),
     ({"checkpoint_dir": "ckpt", "checkpoint_every": 3}, "checkpoint rounds of an elastic asynchronous run are not "
@@ -196,12 +196,13 @@ def test_elastic_onebit_adam_runs_groups_of_one_process_weighing_1_and_refuses_t
 
 
 def test_emulate_gpu_speed_at_time_scale_zero_runs_on_elastic_async_groups_only():
-    """No emulated clock counts a GPU's slowness at --time-scale 0: elastic asynchronous groups sleep it out
-    (runtime/slowdown.py gpu_speed_faults); any other run there is refused in one line."""
+    """No emulated clock counts a GPU's slowness at --time-scale 0: elastic asynchronous groups sleep it out, at any
+    time scale (runtime/slowdown.py gpu_speed_faults); any other run at 0 is refused in one line."""
     mixed = load_cluster(str(ROOT / "examples" / "clusters" / "mixed-gpus-3x2.yaml"))
-    for outer_sync in ("async", "async-hierarchical"):
-        config = RuntimeConfig.of(mixed, [[0, 2, 4]], **{**ASYNC, "outer_sync": outer_sync}, emulate_gpu_speed=True)
-        assert config.compute_scale()[4] == pytest.approx(312 / 65)
+    for outer_sync, time_scale in (("async", 0.0), ("async-hierarchical", 0.0), ("async", 0.1)):
+        config = RuntimeConfig.of(mixed, [[0, 2, 4]], **{**ASYNC, "outer_sync": outer_sync, "time_scale": time_scale},
+                                  emulate_gpu_speed=True)
+        assert config.compute_scale()[4] == pytest.approx(312 / 65) and sleeps_gpu_speed(config)
     for settings in ({"time_scale": 0.0}, ELASTIC, {**ELASTIC, "sync_every": 3}, {**ASYNC, "elastic": False}):
         with pytest.raises(RuntimeConfigError) as caught:
             RuntimeConfig.of(mixed, [[0, 2, 4]], **settings, emulate_gpu_speed=True)

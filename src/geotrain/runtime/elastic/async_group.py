@@ -56,7 +56,7 @@ from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
-from geotrain.runtime.elastic.links import GroupNet, process_device
+from geotrain.runtime.elastic.links import GroupNet, process_device, socket_pacing
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
 from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
@@ -87,8 +87,8 @@ class AsyncElasticGroup:
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
         self.seq_len = config.sequence_length
         self.timer = ComputeTimer()
-        # --emulate-gpu-speed (at --time-scale 0, these groups' only one): each step's compute slept out to the group's
-        # GPU speed in wall time (no emulated clock counts it here)
+        # --emulate-gpu-speed: each step's compute slept out to the group's GPU speed in wall time, at any time scale
+        # (no emulated clock counts it here; the links' times are slept x the time scale: module doc)
         self.slowdown = SlowDown(gpu_speed_faults(config.compute_scale(), process_device(config, group, 0), group),
                                  self.timer, None)
         self.model = GroupStageModel(config, GroupPosition(0), self.data.vocab_size, self.seq_len, self.timer)
@@ -101,8 +101,10 @@ class AsyncElasticGroup:
         self.timeout_s = config.reliability.comm_timeout_s
         # a fresh run's groups all start from the seed's model (version 0); a restarted one holds nothing yet
         held = HeldModel(_flat(self.params) if incarnation == 0 else None)
+        self.pacing = socket_pacing(config, group)
+        """This process's emulated links (None: --time-scale 0)."""
         self.link = ElectedLink(store, self.tier("async/", tuple(range(config.replicas)), 0), group, held,
-                                self._serve, incarnation == 0, (group, incarnation))
+                                self._serve, incarnation == 0, (group, incarnation), self.pacing)
         """This group's link to its server (the global model's; with regions, its region's)."""
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
@@ -176,7 +178,7 @@ class AsyncElasticGroup:
                 record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
                 period = 0
             record.update(wall_s=time.perf_counter() - last, global_updates=self.held.updates,
-                          synced=period == 0)
+                          synced=period == 0, **self._carried())
             last = time.perf_counter()
             self.records.append(record)
             self.observer.step(record)
@@ -184,6 +186,9 @@ class AsyncElasticGroup:
             self.store.set(f"step/{self.group}", str(step))
         gradient = None if period == 0 else self.held.model - _flat(self.params)  # type: ignore[operator]
         self._adopt(self.link.exchange(gradient, True))
+        if self.records:  # the final exchange's messages count in the last step's record
+            last_record = self.records[-1]
+            last_record.update({k: (last_record[k] or 0.0) + v for k, v in self._carried().items()})
         # the run's end for its summary (train_s, the final model's samples): the first group to hold the final model
         self.store.compare_set(FINAL_KEY, "", json.dumps({"t": time.time(), "updates": self.held.updates}))
         self.link.close()
@@ -221,7 +226,13 @@ class AsyncElasticGroup:
         self.slowdown.after_compute(self.timer.seconds)
         return {"step": step, "loss": loss, "batch_sum": int(x.sum()), "samples": int(x.shape[0]),
                 "contributors": None, "params_sha256": None, "emulated_s": None, "compute_s": self.timer.seconds,
-                "comm_s": 0.0, "dp_bytes": 0, "sent_bytes": None, "inter_region_bytes": None}
+                "comm_s": 0.0, "dp_bytes": 0, "sent_bytes": None, "inter_region_bytes": None, "link_s": None}
+
+    def _carried(self) -> dict[str, float]:
+        """The bytes and emulated seconds of this process's messages since the last record (links.SocketPacing: a
+        request and its reply both count at the client; a region server's requests upstream and their replies at its
+        host); none without emulated links."""
+        return {} if self.pacing is None else self.pacing.take()
 
     def _barrier(self) -> None:
         """Every group has started once (a fresh run's server must not run ahead of groups still importing)."""

@@ -16,6 +16,11 @@ voted does not decide: it waits up to the timeout for a voter with a copy that h
 (a region server that merges rarely), then ends in one line. A closed or refused connection starts an election; a
 host alive but silent for --comm-timeout (ServerSilent) ends the group instead (QuorumLost: the launcher restarts
 it), never a second host.
+
+Emulated links (--time-scale > 0): the host publishes its process's cluster device with its address, and each client
+sleeps its request (before it leaves) and the reply (once it came) out on the links between its device and the
+host's, x the time scale (runtime/elastic/links.py SocketPacing); a region server's requests to the global model's
+host likewise, from its server's thread (which a request in flight holds already).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.elastic.group import down_key, incarnation_key
+from geotrain.runtime.elastic.links import SocketPacing
 from geotrain.sync.async_socket import HostLost, ServerSilent, SocketClient, SocketServer
 from geotrain.sync.async_wire import own_store_client
 from geotrain.sync.elastic import QuorumLost
@@ -78,11 +84,13 @@ class Tier:
     seedless: bool = False
 
 
-def publish_host(store: Any, tier: Tier, epoch: int, host: SocketServer) -> None:
-    """Make `host` the server of `tier`'s `epoch`: its address and the tier's epoch (an election's: counted)."""
+def publish_host(store: Any, tier: Tier, epoch: int, host: SocketServer, device: int = -1) -> None:
+    """Make `host` the server of `tier`'s `epoch`: its address, with the cluster `device` of its process (its clients'
+    messages take the emulated links to it: SocketPacing; -1: unknown), and the tier's epoch (an election's:
+    counted)."""
     if epoch > 0:
         store.add("async/elections", 1)
-    store.set(f"{tier.prefix}address/{epoch}", json.dumps(list(host.address)))
+    store.set(f"{tier.prefix}address/{epoch}", json.dumps([*host.address, device]))
     store.set(f"{tier.prefix}epoch", str(epoch))
 
 
@@ -212,9 +220,15 @@ class ElectedLink:
     at the last published). `exchange` adopts every reply into `held`."""
 
     def __init__(self, store: Any, tier: Tier, client: int, held: HeldModel,
-                 serve: Callable[[int], SocketServer], fresh: bool, process: tuple[int, int] | None = None) -> None:
+                 serve: Callable[[int], SocketServer], fresh: bool, process: tuple[int, int] | None = None,
+                 pacing: SocketPacing | None = None) -> None:
         self.store, self.tier, self.client, self.held, self.serve, self.fresh = store, tier, client, held, serve, fresh
         self.process = process
+        self.pacing = pacing
+        """This process's emulated links (None: --time-scale 0): each request and reply takes the links between its
+        device and the host's, slept here (links.SocketPacing)."""
+        self.host_device = -1
+        """The cluster device of the current epoch's host (published with its address)."""
         """The (group, incarnation) running this client (sent with its join: an elected server restores its base
         while it runs)."""
         self.acked = 0
@@ -232,14 +246,15 @@ class ElectedLink:
         # a restarted epoch-0 host without a copy is a client (it must not serve epoch 0 again)
         if host == self.client and (self.held.model is not None or (tier.seedless and epoch > 0)):
             self.host = self.serve(epoch)
-            publish_host(self.store, tier, epoch, self.host)
+            publish_host(self.store, tier, epoch, self.host, -1 if self.pacing is None else self.pacing.device)
         address_key = f"{tier.prefix}address/{epoch}"
         try:
             self.store.wait([address_key], timedelta(seconds=tier.timeout_s))
         except Exception:  # noqa: BLE001 - the store's timeout: the host died before it served
             raise HostLost(f"client {host} did not serve epoch {epoch} within {tier.timeout_s:g} s") from None
-        self.connection = SocketClient(tuple(json.loads(self.store.get(address_key).decode())), tier.authkey,
-                                       tier.timeout_s)
+        host_name, port, *device = json.loads(self.store.get(address_key).decode())
+        self.host_device = device[0] if device else -1
+        self.connection = SocketClient((host_name, port), tier.authkey, tier.timeout_s)
         self.joined = False
 
     def _first_epoch(self) -> int:
@@ -256,11 +271,13 @@ class ElectedLink:
                 if self.connection is None:
                     self._connect(self.epoch + 1 if self.epoch >= 0 else self._first_epoch())
                 assert self.connection is not None
+                self._carry(gradient, out=True)
                 reply = self.connection.exchange({"client": self.client, "base": self.held.version,
                                                   "gradient": gradient, "count": count, "final": final,
                                                   "acked": self.acked, "join": not self.joined,
                                                   "process": self.process})
                 self.joined = True
+                self._carry(reply["model"], out=False)
                 break
             except ServerSilent as exc:  # alive but silent: this group ends (the launcher restarts it), no election
                 raise QuorumLost(f"client {self.client} of {self.tier.prefix.rstrip('/')}: {exc}") from None
@@ -277,6 +294,12 @@ class ElectedLink:
                               bases)
         self.acked += gradient is not None
         return reply
+
+    def _carry(self, tensor: torch.Tensor | None, out: bool) -> None:
+        """Sleep a request carrying `tensor` (`out`) or a reply out on the emulated links to the host (module doc)."""
+        if self.pacing is not None and self.host_device >= 0:
+            ends = (self.pacing.device, self.host_device)
+            self.pacing.carry(*(ends if out else ends[::-1]), tensor)
 
     def close(self) -> None:
         """Close the connection (after the final reply)."""

@@ -18,18 +18,29 @@ needs the backend) but the links cost no wall time (the emulated clock sleeps 0 
 
 Under `--netlab` (runtime/elastic/lab.py) the links are real: nothing is emulated, each group reaches the
 others at its lab address (`GroupNet`), and a cut is its lab interface losing its carrier.
+
+Elastic asynchronous groups (`--outer-sync async*`, runtime/elastic/async_group.py) use no torchft group: their TCP
+requests and replies take their emulated link time through `SocketPacing` instead (the links between the client's
+device and its server's host's device), slept by the client.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from geotrain.emulate.network import EmulatedNetwork
+from geotrain.emulate.schedule import SenderQueues
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.chaos import has_partition
 from geotrain.runtime.elastic.stage import group_size
+from geotrain.sync.async_wire import HEADER_BYTES, flat_bytes
 
 LOCAL_HOST = "127.0.0.1"
 CUT_KEY = "links/cut"
@@ -118,7 +129,6 @@ def group_links(config: RuntimeConfig, group: int, store: Any, rank: int = 0) ->
         return None
     from geotrain.emulate.clock import RankClock
     from geotrain.emulate.install import COMPUTE_CLOCKS, install
-    from geotrain.emulate.network import EmulatedNetwork
     from geotrain.emulate.torchft_groups import TorchftGroups
 
     device, scale = process_device(config, group, rank), config.emulation.time_scale
@@ -134,3 +144,62 @@ def group_links(config: RuntimeConfig, group: int, store: Any, rank: int = 0) ->
     return GroupLinks(torchft, lambda: install(config.cluster, devices, scale,
                                                compute_clock=config.emulation.compute_clock,
                                                compute_scale=factors, clock=clock))
+
+
+def message_bytes(tensor: torch.Tensor | None) -> int:
+    """Payload bytes of an asynchronous request or reply carrying `tensor` (None: none), counted as the non-elastic
+    run's wire counts them (geotrain.sync.async_wire: a header of HEADER_BYTES, then the flat tensor)."""
+    return HEADER_BYTES + (0 if tensor is None else flat_bytes(tensor))
+
+
+class SocketPacing:
+    """The emulated links of one process's TCP messages in an elastic asynchronous run (runtime/elastic/async_group.py)
+    on cluster `device` of `network` (its time scale) with regions `region_of`. A message of b bytes between devices d
+    and e takes what it takes alone on its link: `message_s` = latency(d, e) + 8 b / min(bandwidth(d, e), nic(d)) (the
+    emulator's point-to-point time, emulate.schedule.SenderQueues, from an idle queue: a client has one request out);
+    `carry` sleeps it x the time scale in wall time and counts it (0 between one device's ends). The client sleeps
+    both of its exchange's messages, the request before it leaves (so it reaches the server when it would arrive) and
+    the reply once it came (a server thread never sleeps: one slow link does not hold the replies to the others);
+    queueing on the host's NIC across clients is not emulated. `take` hands over what was carried since the last
+    take (thread-safe: a region server's requests upstream leave from its server's threads)."""
+
+    def __init__(self, network: EmulatedNetwork, region_of: Any, device: int,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.network, self.region_of, self.device, self._sleep = network, region_of, int(device), sleep
+        self._lock = threading.Lock()
+        self._carried = {"sent_bytes": 0.0, "inter_region_bytes": 0.0, "link_s": 0.0}
+
+    def message_s(self, src: int, dst: int, nbytes: float) -> float:
+        """Emulated seconds (latency included) of `nbytes` from device `src` to `dst` alone on its link."""
+        return SenderQueues(self.network, src).send(dst, float(nbytes), 0.0)[2]
+
+    def carry(self, src: int, dst: int, tensor: torch.Tensor | None) -> float:
+        """Sleep one message carrying `tensor` from device `src` to `dst` out (x the time scale) and count it; its
+        emulated seconds."""
+        if src == dst:
+            return 0.0
+        nbytes = message_bytes(tensor)
+        seconds = self.message_s(src, dst, nbytes)
+        with self._lock:
+            self._carried["sent_bytes"] += nbytes
+            self._carried["link_s"] += seconds
+            if self.region_of[src] != self.region_of[dst]:
+                self._carried["inter_region_bytes"] += nbytes
+        self._sleep(seconds * self.network.time_scale)
+        return seconds
+
+    def take(self) -> dict[str, float]:
+        """The bytes (`sent_bytes`, `inter_region_bytes`) and emulated seconds (`link_s`) of the messages carried
+        since the last take."""
+        with self._lock:
+            carried, self._carried = self._carried, dict.fromkeys(self._carried, 0.0)
+        return carried
+
+
+def socket_pacing(config: RuntimeConfig, group: int) -> SocketPacing | None:
+    """The SocketPacing of replica group `group`'s process in an elastic asynchronous run, or None without link
+    emulation (--time-scale 0)."""
+    if not config.emulation.time_scale > 0:
+        return None
+    network = EmulatedNetwork.from_cluster(config.cluster, config.emulation.time_scale)
+    return SocketPacing(network, config.cluster.region_of, process_device(config, group, 0))

@@ -18,7 +18,11 @@ geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares
 windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or
 without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own
 exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1, equal batch
-shares, flat, CPU; geotrain.sync.elastic_onebit). With --netlab: --time-scale 0 (the lab shapes the links) and no
+shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
+async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
+> 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
+--emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; no partition, no --netlab, no
+checkpoint rounds, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the links) and no
 --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
@@ -161,11 +165,11 @@ def onebit_refusal(config: Any) -> str | None:
 
 
 def sleeps_gpu_speed(config: Any) -> bool:
-    """Whether `config` runs --emulate-gpu-speed without emulated links (--time-scale 0): elastic asynchronous groups,
-    whose compute sleeps out its device's slowness in wall time (runtime/elastic/async_group.py; the others count
-    it on the emulated clock only)."""
+    """Whether `config` runs --emulate-gpu-speed on elastic asynchronous groups, whose compute sleeps out its device's
+    slowness in wall time at any time scale (runtime/elastic/async_group.py: no emulated clock counts it there; the
+    other runs count it on the emulated clock, so they need --time-scale > 0)."""
     return bool(config.reliability.elastic and config.optim.outer_sync in ASYNC_SYNCS
-                and config.emulation.emulate_gpu_speed and not config.emulation.time_scale > 0)
+                and config.emulation.emulate_gpu_speed)
 
 
 def async_refusal(config: Any) -> str | None:
@@ -180,8 +184,6 @@ def async_refusal(config: Any) -> str | None:
          f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
          f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
          f"without --elastic asynchronous updates run on it"),
-        (config.emulation.time_scale > 0,
-         f"emulation.time_scale {config.emulation.time_scale!r}: {why} (no link emulation yet); pass --time-scale 0"),
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: {why}, which an emulated partition does not cut; use kill-site"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
