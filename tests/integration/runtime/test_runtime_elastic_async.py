@@ -5,7 +5,9 @@ killed client rejoins, the survivor is elected the new host from its copy, and t
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
 server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
 elections, no global restart, one final model. Two processes side by side in one fixture (the hierarchical run after
-the fault-free one, in its interpreter)."""
+the fault-free one, in its interpreter). The fault-free run and the hierarchical one emulate the links (--time-scale >
+0: runtime/elastic/links.py SocketPacing): the fault-free run's groups sit in two regions, and each of group 1's
+messages to the host (group 0) takes latency + bytes / bandwidth of the cluster file's link between them."""
 
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ REGIONS_FAULT_FREE_VAL = 2.890
 asynchronous runs are not reproducible run to run; docs/history/fault_tolerance.md)."""
 REGIONS_LOSS_BOUND = 0.35
 """The fault-free runs' own spread (max - min 0.34): a killed run lies among them."""
+TIME_SCALE = {"plain": 0.1, "regions": 0.05}
+"""The emulated links' time scales (a message across the regions: 80 ms + its 1.16 MB at 100 Mbit/s, 0.17 s)."""
+LATENCY_S, BANDWIDTH_BPS = 0.080, 0.1e9
+"""wan-2x2.yaml's link between its regions."""
 FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--microbatches", "1", "--batch-size", "2", "--time-scale", "0",
          "--sync-every", str(H), "--outer-sync", "async", "--elastic", "--heartbeat-timeout", "1.5",
          "--comm-timeout", "30", "--eval-windows", "4", "--run-dir", "none", "--json"]
@@ -43,16 +49,18 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--microbatches", "1", "--
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic-async")
-    plan, plan4 = tmp / "plan.json", tmp / "plan4.json"
+    plan, plan02, plan4 = tmp / "plan.json", tmp / "plan02.json", tmp / "plan4.json"
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
+    plan02.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
     plan4.write_text(json.dumps({"stages": 1, "replicas": 4, "assignment": [[0, 1, 2, 3]]}))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     base = ["train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
     hierarchical = [word if word != "async" else "async-hierarchical" for word in FLAGS]
     regions = ["train", "--cluster", CLUSTER, "--plan", str(plan4), *hierarchical, "--steps", str(STEPS["regions"]),
-               "--chaos", REGION_KILLS]
-    first = OneInterpreter([[*base, "--steps", str(STEPS["plain"]), "--checkpoint-dir", str(tmp / "ckpt")], regions],
-                           tmp, "first", env)
+               "--chaos", REGION_KILLS, "--time-scale", str(TIME_SCALE["regions"])]
+    plain = ["train", "--cluster", CLUSTER, "--plan", str(plan02), *FLAGS, "--steps", str(STEPS["plain"]),
+             "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
+    first = OneInterpreter([plain, regions], tmp, "first", env)
     second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", KILLS]], tmp, "second", env)
     (plain, regional), (killed,) = results_of([first, second])
     runs = {}
@@ -79,6 +87,27 @@ def test_a_fault_free_elastic_async_run_ends_on_one_model_holding_its_budget(run
     assert summary["samples"] == summary["global_updates"] * H * 2 and summary["train_s"] > 0
     # the end's checkpoint, once (by the host), named by the run's steps
     assert runs["checkpoints"] == ["ckpt/step-000030/manifest.json", "ckpt/step-000030/rank-0000.pt"]
+
+
+def test_each_message_of_a_group_to_the_host_takes_latency_plus_its_bytes_over_the_links_bandwidth(runs):
+    """Group 1 (west) is the host's (group 0, east) client across the regions; group 0's own messages stay in its
+    process. Every exchange of group 1 counts its request and the reply: the join (a header out, the model back) in
+    its first record, a request with an outer gradient and the model back in each synced record."""
+    records = runs["plain"]["group_records"]
+    assert all(r["sent_bytes"] == 0.0 and r["link_s"] == 0.0 for r in records["0"])
+    client = records["1"][:-1]  # the last also holds the final exchange
+    first, synced = client[0], [r for r in client if r["synced"]]
+    assert not first["synced"] and synced  # the host's own client, with no link to sleep, may send more of the budget
+    header = 40
+    model = first["sent_bytes"] - 2 * header
+    assert model > 0 and all(r["sent_bytes"] == 2 * (header + model) for r in synced)
+    assert all(r["sent_bytes"] == 0.0 for r in client[1:] if not r["synced"])
+    for r in [first, *synced]:
+        assert r["inter_region_bytes"] == r["sent_bytes"]
+        # two messages, each latency + its bytes over the bandwidth (emulated seconds)
+        assert r["link_s"] == pytest.approx(2 * LATENCY_S + 8 * r["sent_bytes"] / BANDWIDTH_BPS, rel=1e-9)
+    # slept by the client in wall time x the scale (a lower bound: sleeps never end early)
+    assert all(r["comm_s"] >= TIME_SCALE["plain"] * r["link_s"] for r in synced)
 
 
 def test_a_killed_client_group_rejoins_and_the_run_never_restarts_globally(runs):
@@ -120,3 +149,7 @@ def test_killed_hosts_of_region_servers_are_replaced_inside_their_regions_and_th
     assert all(budget <= updates < budget + 4 for updates in _final_updates(runs["regions"]))
     assert budget <= summary["global_updates"] < budget + 4 and summary["samples"] == summary["global_updates"] * H * 2
     assert summary["val_loss"] < REGIONS_FAULT_FREE_VAL + REGIONS_LOSS_BOUND
+    # between the regions: only the region servers' requests to the global model's host and its replies
+    records = [r for group in runs["regions"]["group_records"].values() for r in group]
+    assert sum(r["inter_region_bytes"] for r in records) > 0
+    assert all(0 <= r["inter_region_bytes"] <= r["sent_bytes"] for r in records)
