@@ -111,9 +111,9 @@ class MixedGpuRows:
 
 
 ELASTIC_ASYNC_RECIPE: dict[str, Any] = {**ASYNC_RECIPE, "compute_clock": "wall"}
-"""The elastic asynchronous rows' settings: ASYNC_RECIPE at --time-scale 0 (its groups talk over plain TCP, no link
-emulation), where --emulate-gpu-speed sleeps out each group's GPU slowness in wall time (x its measured wall compute:
-no emulated clock counts CPU seconds)."""
+"""The elastic asynchronous rows' settings: ASYNC_RECIPE at --time-scale 0 (free links, as the other rows': these rows
+measure GPU speed and failures), where --emulate-gpu-speed sleeps out each group's GPU slowness in wall time (x its
+measured wall compute: no emulated clock counts CPU seconds)."""
 
 
 MIXED_GPU_ROWS: tuple[MixedGpuRows, ...] = (

@@ -28,6 +28,15 @@ request the lost server did not answer: a gradient with its old base (its stalen
 server's version), dropped if the copy already holds it (async_socket). Fewer votes than --min-replicas
 within the window end the group with its one line (exit 2).
 
+Links (--time-scale F > 0; runtime/elastic/links.py SocketPacing): each request and reply takes the emulated time of
+one message alone on the links between this group's device and the current host's (latency + bytes / bandwidth, the
+emulator's point-to-point time), slept by this group, the client, in wall time x F: the request before it leaves (it
+reaches the server when it would arrive, so the server applies the updates of groups behind slow links later) and
+the reply once it came (the server's threads never sleep). The group's records count both messages' bytes
+(`sent_bytes`, `inter_region_bytes`) and emulated seconds (`link_s`); the final exchange's go into its last record.
+--emulate-gpu-speed at any F: each step's compute is slept out to the group's GPU speed in wall time (not x F: at
+F = 1 wall time is the emulated cluster's; below 1 the links shrink against the compute, as in every emulated run).
+
 Lost updates: the model's update count the lost server reached (published in the store after each update)
 less the copy's; outer gradients applied after the freshest copy left that no client received. Their own
 clients resend those whose reply never came, so what is lost for good is at most that count (the summary's
