@@ -61,8 +61,10 @@ class ElasticSummary:
     wall_s: float
     group_records: dict[int, list[dict[str, Any]]]
     """Per finished group, its records since its last start: step, loss, wall_s, batch_sum (sum of its
-    batch's token ids), contributors, params_sha256 (after each synchronisation) and emulated_s; S > 1:
-    merged from its stages (`merge_stage_records`), with stage_params_sha256."""
+    batch's token ids), contributors, params_sha256 (after each synchronisation) and emulated_s; with emulated
+    links sent_bytes and inter_region_bytes (--outer-sync async*: its exchanges' requests and replies, and link_s,
+    their emulated seconds: runtime/elastic/links.py SocketPacing); S > 1: merged from its stages
+    (`merge_stage_records`), with stage_params_sha256."""
     partitions: int = 0
     """Partitions the launcher cut (a group's links down, then healed)."""
     partition_recovery_s: list[float] = field(default_factory=list)
