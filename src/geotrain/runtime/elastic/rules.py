@@ -118,9 +118,6 @@ def elastic_refusal(config: Any) -> str | None:
          f"reliability.chaos {config.reliability.chaos!r} with --local-steps adaptive: not built yet: after the heal "
          f"the cut group can form a torchft quorum of its own beside the survivor's (a split brain: the groups train "
          f"apart to the end; 3 of 4 runs of a 2-group partition on a quiet machine); use kill-site"),
-        (optim.local_steps == "adaptive" and config.checkpoint.resume,
-         "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
-         "starts from scratch)"),
         (config.run.device == "cuda" and (config.stages > 1 or config.layout.k > 1),
          f"run.device cuda with a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic groups "
          f"on CUDA are one process each (not built yet: a group's pipeline or FSDP2 group over NCCL); use S = 1, "
@@ -128,9 +125,6 @@ def elastic_refusal(config: Any) -> str | None:
         (config.schedule.batch_shares == "measured",
          "schedule.batch_shares 'measured': not built yet for elastic groups (re-balancing needs every group of a "
          "changing quorum to agree on the measured speeds); use speed or explicit weights"),
-        (optim.local_steps == "adaptive" and config.run.stop_after is not None,
-         f"run.stop_after {config.run.stop_after} with --local-steps adaptive: not built yet (an elastic adaptive run "
-         f"does not resume, so it runs to its end)"),
         (optim.sync_every is not None and config.run.stop_after is not None
          and config.run.stop_after % optim.sync_every != 0,
          f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
