@@ -7,7 +7,8 @@ stages' slowest, and a killed one rejoins there. (A partition is refused with ad
 the cut group could form a quorum of its own, runtime/elastic/rules.py.) The plain run checkpoints at step
 RESUME_AT; a run resumed there with --stop-after STOP_AFTER, then resumed to the end, continues it: its first period
 is the plain run's bit for bit, the later ones within the tolerance of a group whose inner moments were replaced.
-Five launches, shared by the assertions, one after another in two processes (tests/one_interpreter.py: the later
+A sharded plan (2 devices per site, FSDP2 inside each group) takes the same splits (each group's, agreed by its
+shards) and trains the plain run's numbers up to fp32 summation order. Six launches, shared by the assertions, one after another in two processes (tests/one_interpreter.py: the later
 launches of a process skip the seconds of imports of the first; none runs beside another, so the elastic timings
 are as alone; the second process starts once the plain run's checkpoint at RESUME_AT is made `latest`)."""
 
@@ -23,7 +24,7 @@ import torch
 
 from one_interpreter import OneInterpreter
 from paths import ROOT
-from two_gpus import TWO_GPUS_YAML
+from two_gpus import TWO_GPUS_YAML, two_gpus_yaml
 from test_runtime_adaptive_pipeline import CLUSTER_YAML as STAGES_YAML
 
 pytest.importorskip("torchft")
@@ -34,6 +35,12 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--mi
          "--elastic", "--heartbeat-timeout", "1.5", "--comm-timeout", "30", "--json", "--run-dir", "none"]
 STAGE_STEPS = 60
 RESUME_AT, STOP_AFTER = 120, 15
+SHARDED_STEPS = 12
+"""The sharded run's steps (--stop-after: the plain run's learning-rate schedule, its first periods compared)."""
+SHARD_LOSS_TOLERANCE = 1e-4
+"""Nats a sharded run's step loss may differ from the plain run's: the same model, data, splits and updates, but
+each shard's half batch averaged by FSDP2's reduce-scatter (another fp32 summation order: ~1e-7 relative per step,
+grown by AdamW's division by small second moments over SHARDED_STEPS steps; measured up to 4e-7 over 30 steps)."""
 """The plain run's checkpoint the stop-and-resume pair starts from (--checkpoint-every RESUME_AT: there and at the
 end), and its --stop-after (multiples of EVERY: elastic outer-sync runs checkpoint at outer syncs only)."""
 KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
@@ -52,6 +59,9 @@ def runs(tmp_path_factory):
     (tmp / "plan.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     (tmp / "cpu.toml").write_text('[emulation]\ncompute_clock = "cpu"\n')
     (tmp / "stages.yaml").write_text(STAGES_YAML)  # stage s of group g on device [s][g]: group 0 A100 + T4, 1 L4s
+    (tmp / "sharded.yaml").write_text(two_gpus_yaml("two-gpus-x2", 1.0, 20, devices=2))
+    (tmp / "sharded.json").write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]],
+                                                  "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}))
     (tmp / "stages.json").write_text(json.dumps({"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}))
     two, stages = ["--cluster", str(tmp / "cluster.yaml"), "--plan", str(tmp / "plan.json")], [
         "--cluster", str(tmp / "stages.yaml"), "--plan", str(tmp / "stages.json"), "--microbatches", "2"]
@@ -59,6 +69,8 @@ def runs(tmp_path_factory):
                        str(RESUME_AT)] for directory in ("plain-ckpt", "ckpt"))
     launches = [{"plain": plain},
                 {"stopped": [*resumed, "--resume", "--stop-after", str(STOP_AFTER)], "resumed": [*resumed, "--resume"],
+                 "sharded": ["--cluster", str(tmp / "sharded.yaml"), "--plan", str(tmp / "sharded.json"), "--steps",
+                             str(STEPS), "--stop-after", str(SHARDED_STEPS)],
                  "killed": [*two, "--steps", str(STEPS), "--chaos", KILL_GROUP_1],
                  "stages": [*stages, "--steps", str(STAGE_STEPS), "--chaos", KILL_GROUP_1]}]
     found = {}
@@ -167,3 +179,20 @@ def test_a_stopped_run_resumes_at_its_outer_sync_with_the_checkpoint_s_table_and
           f"stopped at {RESUME_AT + STOP_AFTER} and resumed; largest parameter difference at the end {largest:.3g}")
     assert resumed["summary"]["max_param_diff_across_replicas"] == 0.0
     assert abs(resumed["summary"]["val_loss"] - plain["summary"]["val_loss"]) <= LOSS_TOLERANCE
+
+
+@pytest.mark.timeout(600)
+def test_a_group_of_two_fsdp2_shards_takes_one_split_and_trains_the_unsharded_run_s_numbers(runs):
+    plain, sharded = runs["plain"], runs["sharded"]
+    summary = sharded["summary"]
+    assert summary["steps"] == SHARDED_STEPS and summary["max_param_diff_across_replicas"] == 0.0
+    splits = {r["outer_step"]: r["next_local_steps"] for r in _syncs(plain)}
+    # the shards of a group run their inner steps in lockstep (FSDP2 collectives: a group whose shards took two
+    # splits would hang); its split is the unsharded group's: the same GPUs' speeds, each shard's the group's max
+    assert [r["next_local_steps"] for r in _syncs(sharded)] == [splits[p] for p in range(SHARDED_STEPS // EVERY)]
+    reference, mine = _by_slice(plain), _by_slice(sharded)
+    assert set(mine) == {(t, s) for t in range(SHARDED_STEPS) for s in range(2)}
+    largest = max(abs(r["loss"] - reference[key]["loss"]) for key, r in mine.items())
+    print(f"sharded (K = 2) against unsharded step losses over {SHARDED_STEPS} steps: largest difference {largest:.3g} "
+          f"nats; validation loss {summary['val_loss']:.6f} at step {SHARDED_STEPS}")
+    assert largest <= SHARD_LOSS_TOLERANCE

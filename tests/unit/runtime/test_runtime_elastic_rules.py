@@ -52,8 +52,6 @@ SHARDED = {"shards": np.array([[[0, 1], [2, 3]]]), "sync_every": 4}
 @pytest.mark.parametrize("settings, words", [
     ({"chaos": "partition:site=1,at=5s,for=2s"}, "partitions of elastic groups of 2 shards per slot"),
     ({"netlab": True}, "reliability.netlab: elastic groups of 2 shards per slot (plan --shards 2) run on this host"),
-    ({"local_steps": "adaptive"}, "--local-steps adaptive: elastic groups of 2 shards per slot (plan --shards 2) run "
-                                  "equal steps"),
 ])
 def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_rest_in_one_line(settings, words):
     accepted = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, chaos="kill-site:every=5s,site=1")
@@ -62,6 +60,9 @@ def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_res
                                  dp_codec="int8-block")
     assert accepted.layout.k == 2 and elastic_refusal(accepted) is None and elastic_refusal(emulated) is None
     assert elastic_refusal(streaming) is None
+    adaptive = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **{**SHARDED, "sync_every": 3}, local_steps="adaptive",
+                                chaos="kill-site:every=5s,site=1")  # each group's shards agree on one split
+    assert elastic_refusal(adaptive) is None
     with pytest.raises(RuntimeConfigError) as caught:
         RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, **settings})
     text = str(caught.value)
