@@ -8,9 +8,10 @@ the cut group could form a quorum of its own, runtime/elastic/rules.py.) The pla
 RESUME_AT; a run resumed there with --stop-after STOP_AFTER, then resumed to the end, continues it: its first period
 is the plain run's bit for bit, the later ones within the tolerance of a group whose inner moments were replaced.
 A sharded plan (2 devices per site, FSDP2 inside each group) takes the same splits (each group's, agreed by its
-shards) and trains the plain run's numbers up to fp32 summation order. Six launches, shared by the assertions, one after another in two processes (tests/one_interpreter.py: the later
-launches of a process skip the seconds of imports of the first; none runs beside another, so the elastic timings
-are as alone; the second process starts once the plain run's checkpoint at RESUME_AT is made `latest`)."""
+shards) and trains the plain run's numbers up to fp32 summation order. Six launches, shared by the assertions, one
+after another in two processes (tests/one_interpreter.py: the later launches of a process skip the seconds of imports
+of the first; none runs beside another, so the elastic timings are as alone; the second process starts once the plain
+run's checkpoint at RESUME_AT is made `latest`)."""
 
 from __future__ import annotations
 

@@ -2,24 +2,24 @@
 checked when the config is built, each refusal one line naming the setting and its value. The pairs of
 --elastic and one other setting are rules of the composition table (runtime/composition.py).
 
-Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per stage; GPipe,
-a plain split, kill chaos, no partition, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices
-per slot: DiLoCo, blocking, streaming or adaptive local steps, kill chaos; a group is S x K processes, FSDP2 among each stage's K, the
-outer sync per (stage, shard) between the same position of every group), on CPU (torchft's reconfigurable gloo; on
-the emulating backend with --time-scale > 0, every process of a group on its own device's links,
-runtime/elastic/links.py, or with a partition, S x K = 1) or, S = 1 and K = 1, on CUDA (the exchange's host copies on
-gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean, no
---sync-every), blocking DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's
-exchange committed when posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try;
-S x K > 1: each position's fragments of its own parameters, every position of a group meeting the group's quorum at
-the same steps) or adaptive local steps (--local-steps adaptive, blocking; a group of S x K > 1 processes takes one
-split, its processes' max step seconds; --resume and --stop-after at outer syncs, the checkpoint holding the
-outer-sync index, the measured step seconds and the split: geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group its
-windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or
-without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own
-exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1, equal batch
-shares, flat, CPU; geotrain.sync.elastic_onebit). With --netlab: --time-scale 0 (the lab shapes the links) and no
---lighthouse (the launcher starts one inside the lab).
+Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per stage; GPipe, a
+plain split, kill chaos, no partition, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices per
+slot: DiLoCo, blocking, streaming or adaptive local steps, kill chaos; a group is S x K processes, FSDP2 among each
+stage's K, the outer sync per (stage, shard) between the same position of every group), on CPU (torchft's
+reconfigurable gloo; on the emulating backend with --time-scale > 0, every process of a group on its own device's
+links, runtime/elastic/links.py, or with a partition, S x K = 1) or, S = 1 and K = 1, on CUDA (the exchange's host
+copies on gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean, no --sync-every), blocking
+DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when
+posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try; S x K > 1: each position's
+fragments of its own parameters, every position of a group meeting the group's quorum at the same steps) or adaptive
+local steps (--local-steps adaptive, blocking; a group of S x K > 1 processes takes one split, its processes' max step
+seconds; --resume and --stop-after at outer syncs, the checkpoint holding the outer-sync index, the measured step
+seconds and the split: geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or
+W1,W2,...: each group its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of
+geotrain.codecs with or without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not
+PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
+equal batch shares, flat, CPU; geotrain.sync.elastic_onebit). With --netlab: --time-scale 0 (the lab shapes the
+links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
