@@ -433,8 +433,9 @@ class FragmentExchange:
             raise SyncError(f"elastic exchange: parts must be an integer in 1..{len(self.parts)}, got {parts!r}")
         return self.parts[:parts]
 
-    def exchange(self, step: int, timer: StepTimer, parts: int | None = None) -> int:
-        return self.hub.average(self._travelling(parts), step, timer)
+    def exchange(self, step: int, timer: StepTimer, parts: int | None = None, side: torch.Tensor | None = None) -> int:
+        """The hub's `average` of the travelling parts; `side`: summed over the same quorum (the hub's `side_sum`)."""
+        return self.hub.average(self._travelling(parts), step, timer, side)
 
     def start(self, step: int, timer: StepTimer, parts: int | None = None) -> Callable[[StepTimer], int]:
         groups = [params for params, _ in self._travelling(parts)]

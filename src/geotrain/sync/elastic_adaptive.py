@@ -33,8 +33,19 @@ group order, take consecutive runs of H_g of them. With every group present that
 schedule's samples; a group's own H slices when the split is equal; with n < R groups present the slices of the
 last R - n groups' share are not trained (lost samples).
 
-Not built: a sync delay (overlap), resuming from a checkpoint (rules.py refuses both); checkpoints are written
-after the syncs that are due (one copy by the quorum's rank 0, as every elastic run).
+Checkpoints and resume: checkpoints are written after the syncs that are due (one copy by the quorum's rank 0, as
+every elastic run: runtime/elastic/checkpoint.py) and hold the shared state above (outer-sync index, measured step
+seconds, split) with the writer's inner AdamW. `--resume` starts every group at that sync with that table and split,
+so the resumed run's first period is the uninterrupted one's (the writer's inner steps bit for bit; the other groups'
+first steps from the same parameters, then their own moments replaced by the writer's, as a recovering group's
+are); later splits come from new measurements. A non-elastic adaptive run's checkpoint at an outer sync resumes too
+(`from_adaptive_state`). Not built: a sync delay (overlap, rules.py refuses it).
+
+Sharded groups (K > 1 devices per slot, FSDP2 inside a group): the parameters are DTensors; the outer state and the
+shadows the outer gradients travel in are this process's shards (geotrain.optim.shards), and position (s, k)'s
+exchange goes to the same position of every group over its own Manager. Every position sends the group's agreed
+step seconds (`agree`: their max, the slowest shard's), so all positions compute the same split, and take the same
+H_g in lockstep (FSDP2's collectives need every shard at each step).
 
     sync = ElasticAdaptiveSync(params, adamw, OuterStep(...), exchange, group=g, replicas=R, sync_every=H,
                                periods=ceil(steps / H), prior_step_s=...)
@@ -52,8 +63,9 @@ from typing import Any
 import torch
 
 from geotrain.optim.outer import OuterStep
+from geotrain.optim.shards import local_shard
 from geotrain.sync.adaptive import adaptive_local_steps
-from geotrain.sync.base import GradientSync, StepTimer, SyncError, SyncResult
+from geotrain.sync.base import GradientSync, StepTimer, SyncError, SyncResult, free_grads, grad_carrier, set_grads
 
 
 def estimated_step_s(measured: Sequence[float], prior_s: Sequence[float] | None) -> list[float]:
@@ -83,6 +95,27 @@ def period_position(period: int, index: int, sync_every: int) -> tuple[int, int]
     return period * sync_every + index % sync_every, index // sync_every
 
 
+def from_adaptive_state(state: dict[str, Any]) -> dict[str, Any]:
+    """A non-elastic adaptive run's sync state (geotrain.sync.adaptive.AdaptiveOuterSync, one replica's) as this
+    sync's: its outer-sync index, split (`local_steps`, this period's) and last measured step seconds per replica
+    (`posted_step_s`: the period before, which its next sync shares by; none posted: not measured). ValueError
+    (one line) for one this sync cannot continue: taken mid-period (a --checkpoint-every that is not a multiple of
+    H), with a sync in flight (--sync-delay) or with moments (--sync-moments)."""
+    if int(state["period_steps"]) != 0:
+        raise ValueError(f"an adaptive checkpoint taken {state['period_steps']} steps into a period: elastic adaptive "
+                         f"runs resume at outer syncs (resume a checkpoint of a step that ends an outer period)")
+    if "in_flight" in state or "moments" in state:
+        raise ValueError("an adaptive checkpoint with a sync in flight or moment sync: elastic adaptive syncs block "
+                         "and send the outer gradients only")
+    posted = state.get("posted_step_s")
+    replicas = len(state["local_steps"])
+    step_s = [math.nan] * replicas if posted is None else [float(s) for s in posted.reshape(-1).tolist()]
+    return {"optimizer": state["optimizer"], "exchange": {}, "outer": state["outer"],
+            "outer_step": int(state["outer_step"]), "group_step_s": step_s,
+            "group_local_steps": [int(h) for h in state["local_steps"]], "at_sync": False,
+            "history": list(state["history"])}
+
+
 class ElasticAdaptiveSync(GradientSync):
     """DiLoCo with adaptive local steps over a torchft quorum (module doc). `exchange`: a ManagerExchange of
     `params` (its side sums carry presence and step seconds); `group`: this replica group (0..`replicas` - 1);
@@ -100,6 +133,10 @@ class ElasticAdaptiveSync(GradientSync):
             raise SyncError(f"ElasticAdaptiveSync: prior_step_s needs one value per group ({replicas}), got "
                             f"{list(prior_step_s)!r}")
         self.params, self.optimizer, self.outer, self.exchange = list(params), optimizer, outer, exchange
+        # the outer gradients travel in shard-sized shadows (a sharded plan's DTensors: this process's shards only,
+        # geotrain.optim.shards), through the exchange's quorum with the side sums
+        self.shadows = [grad_carrier(local_shard(p).shape, local_shard(p).device) for p in self.params]
+        self.travel = exchange.over(self.shadows)
         self.group, self.replicas, self.sync_every, self.periods = group, replicas, sync_every, periods
         self.prior_s = None if prior_step_s is None else [float(s) for s in prior_step_s]
         self.agree = agree
@@ -150,16 +187,16 @@ class ElasticAdaptiveSync(GradientSync):
         exchange. StepSuperseded (geotrain.sync.elastic) if a retry's quorum handed this group a peer's state."""
         self._sync_started(self.inner_steps - 1)
         with timer:
-            for p, outer_gradient in zip(self.params, self.outer.outer_gradients(), strict=True):
-                p.grad = outer_gradient.to(p.dtype)
+            set_grads(self.shadows, self.outer.outer_gradients())
             side = torch.zeros(2 * self.replicas, dtype=torch.float64)
             side[self.group] = 1.0
             if self.period_steps:  # the group's processes step together: all with steps, or all without
                 seconds = self.period_seconds / self.period_steps
                 side[self.replicas + self.group] = seconds if self.agree is None else self.agree(seconds)
-        dp_bytes = self.exchange.exchange(self.outer_step, timer, side)
+        dp_bytes = self.travel.exchange(self.outer_step, timer, side=side)
         with timer:
-            self.outer.apply([p.grad for p in self.params])
+            self.outer.apply([s.grad for s in self.shadows])
+            free_grads(self.shadows)
         summed = self.exchange.side_sum.tolist()
         present = [g for g in range(self.replicas) if summed[g] > 0]
         measured = summed[self.replicas:]
@@ -185,11 +222,16 @@ class ElasticAdaptiveSync(GradientSync):
                 "at_sync": (self.period_steps > 0 and self.due) or self.at_sync, "history": list(self.history)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A peer's or a checkpoint's state: an elastic adaptive one, or a non-elastic adaptive run's (replica 0's
+        of geotrain.sync.adaptive, `from_adaptive_state`)."""
+        if "group_local_steps" not in state and "local_steps" in state:
+            state = from_adaptive_state(state)
         if len(state.get("group_local_steps", ())) != self.replicas:
             raise ValueError(f"state holds no elastic adaptive outer sync of {self.replicas} replica groups")
         self.optimizer.load_state_dict(state["optimizer"])
         self.outer.load_state_dict(state["outer"])
         self.exchange.load_state_dict(state["exchange"])
+        self.travel.load_state_dict(state["exchange"])  # zero residuals: a group's own
         self.outer_step = int(state["outer_step"])
         self.step_s = [float(s) for s in state["group_step_s"]]
         self.local_steps = [int(h) for h in state["group_local_steps"]]

@@ -52,8 +52,6 @@ SHARDED = {"shards": np.array([[[0, 1], [2, 3]]]), "sync_every": 4}
 @pytest.mark.parametrize("settings, words", [
     ({"chaos": "partition:site=1,at=5s,for=2s"}, "partitions of elastic groups of 2 shards per slot"),
     ({"netlab": True}, "reliability.netlab: elastic groups of 2 shards per slot (plan --shards 2) run on this host"),
-    ({"local_steps": "adaptive"}, "--local-steps adaptive: elastic groups of 2 shards per slot (plan --shards 2) run "
-                                  "equal steps"),
 ])
 def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_rest_in_one_line(settings, words):
     accepted = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, chaos="kill-site:every=5s,site=1")
@@ -62,6 +60,9 @@ def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_res
                                  dp_codec="int8-block")
     assert accepted.layout.k == 2 and elastic_refusal(accepted) is None and elastic_refusal(emulated) is None
     assert elastic_refusal(streaming) is None
+    adaptive = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **{**SHARDED, "sync_every": 3}, local_steps="adaptive",
+                                chaos="kill-site:every=5s,site=1")  # each group's shards agree on one split
+    assert elastic_refusal(adaptive) is None
     with pytest.raises(RuntimeConfigError) as caught:
         RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, **settings})
     text = str(caught.value)
@@ -69,12 +70,13 @@ def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_res
 
 
 def test_stop_after_and_batch_shares_are_accepted_where_built_and_refused_in_one_line_elsewhere(tmp_path):
-    ok = [{"stop_after": 3}, {"stop_after": 4, "sync_every": 2, "checkpoint_dir": "ckpt"}, {"batch_shares": "1,3"}]
+    ok = [{"stop_after": 3}, {"stop_after": 4, "sync_every": 2, "checkpoint_dir": "ckpt"}, {"batch_shares": "1,3"},
+          {"stop_after": 6, "sync_every": 3, "local_steps": "adaptive", "checkpoint_dir": "ckpt", "resume": True}]
     for extra in ok:
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **extra)) is None
     refused = [({"stop_after": 3, "sync_every": 2}, "--sync-every 2 stop at outer-round ends only"),
-               ({"stop_after": 3, "sync_every": 3, "local_steps": "adaptive"}, "run.stop_after 3 with --local-steps "
-                                                                               "adaptive: not built yet"),
+               ({"stop_after": 4, "sync_every": 3, "local_steps": "adaptive"}, "--sync-every 3 stop at outer-round "
+                                                                               "ends only"),
                ({"sync_every": 3, "local_steps": "adaptive", "sync_moments": True},
                 "optim.sync_moments with --local-steps adaptive: elastic adaptive syncs send the outer gradients only"),
                ({"batch_shares": "measured"}, "schedule.batch_shares 'measured': not built yet for elastic groups")]

@@ -1,6 +1,7 @@
 """The split of adaptive local steps over an elastic quorum (geotrain.sync.elastic_adaptive): the quorum's n x H
 steps by speed, absent groups at 0, a never-measured group's speed from its prior scaled to the measured ones,
-and the data position of each inner step of a period (each slice of the equal schedule's steps once)."""
+the data position of each inner step of a period (each slice of the equal schedule's steps once), and a non-elastic
+adaptive run's state at an outer sync as a resumed elastic group's (its index, table and split; mid-period: refused)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import math
 
 import pytest
 
-from geotrain.sync.base import SyncError
-from geotrain.sync.elastic_adaptive import estimated_step_s, period_position, quorum_split
+import torch
+
+from geotrain.optim.outer import OuterStep
+from geotrain.sync.adaptive import AdaptiveOuterSync
+from geotrain.sync.base import ComputeTimer, SyncError
+from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync, estimated_step_s, period_position, quorum_split
 
 
 def test_the_quorum_shares_its_n_x_h_steps_by_speed_and_absent_groups_take_none():
@@ -33,3 +38,45 @@ def test_a_period_s_inner_steps_train_each_slice_of_its_equal_steps_once():
     positions = [period_position(period, sum(split[:g]) + k, every) for g in range(2) for k in range(split[g])]
     assert sorted(positions) == [(t, s) for t in range(21, 24) for s in range(2)]
     assert [period_position(period, k, every) for k in range(3)] == [(21, 0), (22, 0), (23, 0)]  # equal: own slice
+
+
+class _Exchange:
+    """Replica 0 of 2 in process: its outer gradient stays as the mean; no state of its own."""
+
+    def exchange(self, step: int, timer: object, *args: object, **kwargs: object) -> int:
+        return 8
+
+    def over(self, params: object) -> _Exchange:
+        return self
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _adaptive(steps: int) -> tuple[AdaptiveOuterSync, torch.nn.Parameter]:
+    """Replica 0 (1 s per step) of 2 (the other's gathered 4.8 s: a T4 beside an A100), H 3, after `steps`."""
+    weight = torch.nn.Parameter(torch.ones(3))
+    sync = AdaptiveOuterSync([("w", weight)], torch.optim.SGD([weight], lr=0.1), lambda shadows: _Exchange(), 3,
+                             1.0, 0.0, lambda mine: lambda: torch.stack([mine, 4.8 * mine]), 0, 2,
+                             step_time=lambda: 1.0)
+    for _ in range(steps):
+        weight.grad = torch.ones(3)
+        sync.step(0, ComputeTimer())
+    return sync, weight
+
+
+def test_a_non_elastic_adaptive_state_at_an_outer_sync_resumes_an_elastic_group_with_its_table_and_split():
+    source, weight = _adaptive(3 + 3 + 5)  # periods of 3, 3 (the times of the first posted), then 5: at a sync
+    assert source.period_steps == 0 and source.local_steps == [5, 1]
+    fresh = torch.nn.Parameter(torch.zeros(3))  # the resumed group's own (its weights load beside: the module's)
+    elastic = ElasticAdaptiveSync([fresh], torch.optim.SGD([fresh], lr=0.1), OuterStep([fresh], 3, 1.0, 0.0),
+                                  _Exchange(), 0, 2, 3, 10)
+    elastic.load_state_dict(source.state_dict())
+    assert elastic.outer_step == 3 and elastic.local_steps == [5, 1] and not elastic.at_sync
+    assert elastic.step_s == [1.0, 4.8]  # the last period's measured seconds (posted, not yet shared by)
+    assert torch.equal(elastic.outer.anchor[0].detach(), weight.detach())  # at a sync: the anchor is the weights
+    with pytest.raises(ValueError, match="2 steps into a period: elastic adaptive runs resume at outer syncs"):
+        elastic.load_state_dict(_adaptive(3 + 2)[0].state_dict())

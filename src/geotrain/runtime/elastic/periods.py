@@ -9,10 +9,14 @@ at the group's place on the equal schedule), then `quorum()` (a restarted or lag
 here and is at that peer's sync point) and the outer sync, retried on new quorums inside the exchange (a retry's
 quorum that hands this group a peer's state: StepSuperseded, the sync again in that quorum, as the recovered peer).
 After each committed sync the group's position is the equal schedule's steps done, min((p + 1) x H, steps): what it
-reports as its step, commits under (the period's last step) and checkpoints at. Records: one per inner step, with
+reports as its step, commits under (the period's last step) and checkpoints at. The loop ends at the launch's end
+(`ElasticGroup.end`: the run's, or --stop-after steps after the resumed checkpoint's, a multiple of H, rules.py),
+with a checkpoint there; `--resume` starts it at the checkpoint's outer-sync index with the checkpoint's measured
+step seconds and split (ElasticAdaptiveSync.load_state_dict). Records: one per inner step, with
 `step` = t (the last period's steps past the run's under its last step), `slice` and `outer_step` (syncs before
 it); the period's last record is marked `synced` after the sync (contributors, parameter digest, the groups in its
-`quorum` and the `next_local_steps` of every group), as a step that synchronises is in a run of equal steps. A
+`quorum`, the `next_local_steps` of every group and the `step_s` table they came from, null: never measured), as a
+step that synchronises is in a run of equal steps. A
 group that recovered at a sync has no record of that sync. A group of S x K > 1 processes (stages, shards) runs this
 loop in each of them, the same inner steps in lockstep (pipeline sends, FSDP2 collectives): every position sends the
 group's max of its processes' step seconds (ElasticAdaptiveSync's `agree`), so all compute the same split.
@@ -21,6 +25,7 @@ group's max of its processes' step seconds (ElasticAdaptiveSync's `agree`), so a
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -39,7 +44,8 @@ def run_periods(group: Any) -> None:
     quorum_open = group.state.healed and sync.at_sync
     last_record: dict[str, Any] | None = None
     last = time.perf_counter()
-    while sync.outer_step < sync.periods:
+    last_period = min(sync.periods, -(-group.end // every))  # --stop-after: the launch's end (a multiple of H)
+    while sync.outer_step < last_period:
         if not sync.due:
             t, batch_slice = sync.position()
             record = group.train_step(t, batch_slice, sync.progress_step())
@@ -62,9 +68,10 @@ def run_periods(group: Any) -> None:
         if last_record is not None and last_record["outer_step"] == sync.outer_step - 1:
             last_record.update(synced=True, contributors=group.exchange.contributors,
                                params_sha256=params_digest(group.params), dp_bytes=nbytes,
-                               quorum=sync.history[-1]["present"], next_local_steps=sync.local_steps)
+                               quorum=sync.history[-1]["present"], next_local_steps=sync.local_steps,
+                               step_s=[s if math.isfinite(s) else None for s in sync.step_s])
         last_record = None
-        if checkpoint_due(config, completed, True) and writes_checkpoint(group.manager.participating_rank()):
+        if checkpoint_due(config, completed, True, group.end) and writes_checkpoint(group.manager.participating_rank()):
             group.observer.event("checkpoint", completed, **save_group_checkpoint(
                 config, group.group, group.rank, completed, group.module, sync, group.model.boundaries,
                 group.resumed_from))

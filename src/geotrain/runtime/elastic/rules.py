@@ -2,28 +2,28 @@
 checked when the config is built, each refusal one line naming the setting and its value. The pairs of
 --elastic and one other setting are rules of the composition table (runtime/composition.py).
 
-Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per stage; GPipe,
-a plain split, kill chaos, no partition, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices
-per slot: DiLoCo, blocking or streaming, kill chaos; a group is S x K processes, FSDP2 among each stage's K, the
-outer sync per (stage, shard) between the same position of every group), on CPU (torchft's reconfigurable gloo; on
-the emulating backend with --time-scale > 0, every process of a group on its own device's links,
-runtime/elastic/links.py, or with a partition, S x K = 1) or, S = 1 and K = 1, on CUDA (the exchange's host copies on
-gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean, no
---sync-every), blocking DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's
-exchange committed when posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try;
-S x K > 1: each position's fragments of its own parameters, every position of a group meeting the group's quorum at
-the same steps) or adaptive local steps (--local-steps adaptive, blocking, no --resume, K = 1; a group of S > 1 stages takes one
-split, its stages' max step seconds:
-geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or W1,W2,...: each group its
-windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of geotrain.codecs with or
-without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not PowerSGD, its own
-exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1, equal batch
-shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
+Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per stage; GPipe, a
+plain split, kill chaos, no partition, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices per
+slot: DiLoCo, blocking, streaming or adaptive local steps, kill chaos; a group is S x K processes, FSDP2 among each
+stage's K, the outer sync per (stage, shard) between the same position of every group), on CPU (torchft's
+reconfigurable gloo; on the emulating backend with --time-scale > 0, every process of a group on its own device's
+links, runtime/elastic/links.py, or with a partition, S x K = 1) or, S = 1 and K = 1, on CUDA (the exchange's host
+copies on gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean, no --sync-every), blocking
+DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when
+posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try; S x K > 1: each position's
+fragments of its own parameters, every position of a group meeting the group's quorum at the same steps) or adaptive
+local steps (--local-steps adaptive, blocking; a group of S x K > 1 processes takes one split, its processes' max step
+seconds; --resume and --stop-after at outer syncs, the checkpoint holding the outer-sync index, the measured step
+seconds and the split: geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or
+W1,W2,...: each group its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of
+geotrain.codecs with or without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not
+PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
+equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
 async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; no partition, no --netlab, no
-checkpoint rounds, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the links) and no
---lighthouse (the launcher starts one inside the lab).
+checkpoint rounds, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the
+links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
@@ -60,8 +60,6 @@ def sharded_refusal(config: Any) -> str | None:
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: partitions of {what} are not supported (a cut group's K ranks would "
          f"go offline together: not built yet); use kill-site"),
-        (config.optim.local_steps == "adaptive",
-         f"--local-steps adaptive: {what} run equal steps (not built yet: the adaptive outer step on FSDP2 shards)"),
     )
     return next((text for failed, text in reasons if failed), None)
 
@@ -122,9 +120,6 @@ def elastic_refusal(config: Any) -> str | None:
          f"reliability.chaos {config.reliability.chaos!r} with --local-steps adaptive: not built yet: after the heal "
          f"the cut group can form a torchft quorum of its own beside the survivor's (a split brain: the groups train "
          f"apart to the end; 3 of 4 runs of a 2-group partition on a quiet machine); use kill-site"),
-        (optim.local_steps == "adaptive" and config.checkpoint.resume,
-         "checkpoint.resume with --local-steps adaptive: not built yet (an elastic adaptive run checkpoints, and "
-         "starts from scratch)"),
         (config.run.device == "cuda" and (config.stages > 1 or config.layout.k > 1),
          f"run.device cuda with a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic groups "
          f"on CUDA are one process each (not built yet: a group's pipeline or FSDP2 group over NCCL); use S = 1, "
@@ -132,9 +127,6 @@ def elastic_refusal(config: Any) -> str | None:
         (config.schedule.batch_shares == "measured",
          "schedule.batch_shares 'measured': not built yet for elastic groups (re-balancing needs every group of a "
          "changing quorum to agree on the measured speeds); use speed or explicit weights"),
-        (optim.local_steps == "adaptive" and config.run.stop_after is not None,
-         f"run.stop_after {config.run.stop_after} with --local-steps adaptive: not built yet (an elastic adaptive run "
-         f"does not resume, so it runs to its end)"),
         (optim.sync_every is not None and config.run.stop_after is not None
          and config.run.stop_after % optim.sync_every != 0,
          f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
