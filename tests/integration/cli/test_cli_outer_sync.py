@@ -67,9 +67,9 @@ def _order_facts(server: dict) -> tuple:
     (["--outer-sync", "async-hierarchical", "--fragments", "5"],
      "--outer-sync async-hierarchical with --fragments 5: not built yet: asynchronous outer updates send a "
      "replica's whole outer gradient (per stage and shard) at its own pace (no fragments)"),
-    (["--elastic", "--chaos", "partition:site=1,at=5s,for=2s"],
-     "--elastic: --chaos 'partition:site=1,at=5s,for=2s': elastic asynchronous groups talk over plain TCP, "
-     "which an emulated partition does not cut; use kill-site")])
+    (["--elastic", "--netlab", "--time-scale", "0"],
+     "--elastic: --netlab: elastic asynchronous groups talk over plain TCP on this host's loopback only (not built "
+     "yet in a lab)")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(plan: str, extra, why):
     done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", plan, "--steps",
                            "10", "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,

@@ -137,14 +137,15 @@ def test_elastic_runs_take_a_codec_or_a_plans_codecs_but_not_an_exchange_of_its_
 ASYNC = {**ELASTIC, "sync_every": 3, "outer_sync": "async"}
 
 
-def test_elastic_async_is_accepted_with_kill_chaos_the_end_checkpoint_and_emulated_links():
+def test_elastic_async_is_accepted_with_kill_and_partition_chaos_the_end_checkpoint_and_emulated_links():
     for extra in ({}, {"chaos": "kill-site:every=5s,site=0", "min_replicas": 2}, {"checkpoint_dir": "ckpt"},
-                  {"time_scale": 1.0}, {"time_scale": 0.1, "outer_sync": "async-hierarchical"}):
+                  {"time_scale": 1.0}, {"time_scale": 0.1, "outer_sync": "async-hierarchical"},
+                  {"chaos": "partition:site=1,at=5s,for=2s"},
+                  {"chaos": "partition:at=1s,for=1s", "time_scale": 0.1, "outer_sync": "async-hierarchical"}):
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **extra})) is None
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"chaos": "partition:site=1,at=5s,for=2s"}, "an emulated partition does not cut; use kill-site"),
     ({"netlab": True}, "reliability.netlab: elastic asynchronous groups talk over plain TCP on this host's loopback"),
     ({"checkpoint_dir": "ckpt", "checkpoint_every": 3}, "checkpoint rounds of an elastic asynchronous run are not "
                                                         "built yet"),

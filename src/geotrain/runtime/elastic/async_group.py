@@ -65,7 +65,7 @@ from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
-from geotrain.runtime.elastic.links import GroupNet, process_device, socket_pacing
+from geotrain.runtime.elastic.links import GroupNet, cut_hold, process_device, socket_pacing
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
 from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
@@ -112,8 +112,11 @@ class AsyncElasticGroup:
         held = HeldModel(_flat(self.params) if incarnation == 0 else None)
         self.pacing = socket_pacing(config, group)
         """This process's emulated links (None: --time-scale 0)."""
-        self.link = ElectedLink(store, self.tier("async/", tuple(range(config.replicas)), 0), group, held,
-                                self._serve, incarnation == 0, (group, incarnation), self.pacing)
+        self.cuts = cut_hold(config)
+        """A partition's hold on this process's messages (None: no partition in --chaos)."""
+        self.device = process_device(config, group, 0)
+        self.link = self.elected_link(store, self.tier("async/", tuple(range(config.replicas)), 0), group, held,
+                                      self._serve, incarnation == 0)
         """This group's link to its server (the global model's; with regions, its region's)."""
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
@@ -129,6 +132,12 @@ class AsyncElasticGroup:
         rel = self.config.reliability
         return Tier(prefix, electorate, first_host, rel.min_replicas, rel.heartbeat_timeout_s, self.timeout_s,
                     self.authkey)
+
+    def elected_link(self, store: Any, tier: Tier, client: int, held: HeldModel, serve: Any,
+                     fresh: bool) -> ElectedLink:
+        """This process's link as `client` of `tier` (elected.ElectedLink), with its device's links and partitions."""
+        return ElectedLink(store, tier, client, held, serve, fresh, (self.group, self.incarnation), self.pacing,
+                           self.device, self.cuts)
 
     # --- the host -----------------------------------------------------------------------------------------------
     def _serve(self, epoch: int) -> SocketServer:
@@ -235,13 +244,16 @@ class AsyncElasticGroup:
         self.slowdown.after_compute(self.timer.seconds)
         return {"step": step, "loss": loss, "batch_sum": int(x.sum()), "samples": int(x.shape[0]),
                 "contributors": None, "params_sha256": None, "emulated_s": None, "compute_s": self.timer.seconds,
-                "comm_s": 0.0, "dp_bytes": 0, "sent_bytes": None, "inter_region_bytes": None, "link_s": None}
+                "comm_s": 0.0, "dp_bytes": 0, "sent_bytes": None, "inter_region_bytes": None, "link_s": None,
+                "cut_wait_s": None}
 
     def _carried(self) -> dict[str, float]:
         """The bytes and emulated seconds of this process's messages since the last record (links.SocketPacing: a
         request and its reply both count at the client; a region server's requests upstream and their replies at its
-        host); none without emulated links."""
-        return {} if self.pacing is None else self.pacing.take()
+        host; none without emulated links) and the wall seconds they waited for a partition's heal (links.CutHold;
+        none without a partition in --chaos)."""
+        carried = {} if self.pacing is None else self.pacing.take()
+        return carried if self.cuts is None else {**carried, **self.cuts.take()}
 
     def _barrier(self) -> None:
         """Every group has started once (a fresh run's server must not run ahead of groups still importing)."""

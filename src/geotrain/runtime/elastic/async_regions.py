@@ -124,8 +124,7 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         members = tuple(g for g, r in enumerate(self.regions) if r == self.region)
         # any one live group of the region elects its server, even with no copy (it starts from the global model)
         tier = replace(self.tier(f"async/region{self.region}/", members, members[0]), min_votes=1, seedless=True)
-        self.link = ElectedLink(store, tier, group, self.link.held, self._serve, incarnation == 0, (group, incarnation),
-                                self.pacing)
+        self.link = self.elected_link(store, tier, group, self.link.held, self._serve, incarnation == 0)
         self.upstream: ElectedLink | None = None
         """The region server's link to the global model's server (while this group hosts its region's)."""
 
@@ -138,8 +137,8 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
         # its requests leave from the region server's threads: a store client of their own
         copy = HeldModel(held.model.clone() if fresh and held.model is not None else None)
-        self.upstream = ElectedLink(own_store_client(self.store), tier, self.region, copy, self._serve_global, fresh,
-                                    (self.group, self.incarnation), self.pacing)
+        self.upstream = self.elected_link(own_store_client(self.store), tier, self.region, copy, self._serve_global,
+                                          fresh)
         joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
         if held.model is None:  # no group of the region held a copy: the region starts from the global model
             held = HeldModel(joined["model"], 0, int(joined["updates"]))

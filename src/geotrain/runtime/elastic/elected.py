@@ -37,7 +37,7 @@ import torch
 
 from geotrain.errors import GeotrainError
 from geotrain.runtime.elastic.group import down_key, incarnation_key
-from geotrain.runtime.elastic.links import SocketPacing
+from geotrain.runtime.elastic.links import CutHold, SocketPacing
 from geotrain.sync.async_socket import HostLost, ServerSilent, SocketClient, SocketServer
 from geotrain.sync.async_wire import own_store_client
 from geotrain.sync.elastic import QuorumLost
@@ -221,16 +221,20 @@ class ElectedLink:
 
     def __init__(self, store: Any, tier: Tier, client: int, held: HeldModel,
                  serve: Callable[[int], SocketServer], fresh: bool, process: tuple[int, int] | None = None,
-                 pacing: SocketPacing | None = None) -> None:
+                 pacing: SocketPacing | None = None, device: int = -1, cuts: CutHold | None = None) -> None:
         self.store, self.tier, self.client, self.held, self.serve, self.fresh = store, tier, client, held, serve, fresh
         self.process = process
+        """The (group, incarnation) running this client (sent with its join: an elected server restores its base
+        while it runs)."""
         self.pacing = pacing
         """This process's emulated links (None: --time-scale 0): each request and reply takes the links between its
         device and the host's, slept here (links.SocketPacing)."""
+        self.device = device
+        """The cluster device of this process (-1: unknown), published with its address when it hosts."""
+        self.cuts = cuts
+        """A partition's hold on this process's messages (None: no partition in --chaos; links.CutHold)."""
         self.host_device = -1
         """The cluster device of the current epoch's host (published with its address)."""
-        """The (group, incarnation) running this client (sent with its join: an elected server restores its base
-        while it runs)."""
         self.acked = 0
         """This client's outer gradients the server answered."""
         self.epoch = -1
@@ -246,7 +250,7 @@ class ElectedLink:
         # a restarted epoch-0 host without a copy is a client (it must not serve epoch 0 again)
         if host == self.client and (self.held.model is not None or (tier.seedless and epoch > 0)):
             self.host = self.serve(epoch)
-            publish_host(self.store, tier, epoch, self.host, -1 if self.pacing is None else self.pacing.device)
+            publish_host(self.store, tier, epoch, self.host, self.device)
         address_key = f"{tier.prefix}address/{epoch}"
         try:
             self.store.wait([address_key], timedelta(seconds=tier.timeout_s))
@@ -271,15 +275,18 @@ class ElectedLink:
                 if self.connection is None:
                     self._connect(self.epoch + 1 if self.epoch >= 0 else self._first_epoch())
                 assert self.connection is not None
+                self._hold()
                 self._carry(gradient, out=True)
                 reply = self.connection.exchange({"client": self.client, "base": self.held.version,
                                                   "gradient": gradient, "count": count, "final": final,
                                                   "acked": self.acked, "join": not self.joined,
                                                   "process": self.process})
                 self.joined = True
+                self._hold()
                 self._carry(reply["model"], out=False)
                 break
-            except ServerSilent as exc:  # alive but silent: this group ends (the launcher restarts it), no election
+            except ServerSilent as exc:  # alive but silent (or cut): this group ends (the launcher restarts it), no
+                # election
                 raise QuorumLost(f"client {self.client} of {self.tier.prefix.rstrip('/')}: {exc}") from None
             except HostLost:
                 if self.connection is not None:
@@ -294,6 +301,12 @@ class ElectedLink:
                               bases)
         self.acked += gradient is not None
         return reply
+
+    def _hold(self) -> None:
+        """Wait while a partition cuts this process's device or the host's (module doc); ServerSilent past the
+        timeout."""
+        if self.cuts is not None and self.host_device >= 0:
+            self.cuts.hold(self.store, self.device, self.host_device)
 
     def _carry(self, tensor: torch.Tensor | None, out: bool) -> None:
         """Sleep a request carrying `tensor` (`out`) or a reply out on the emulated links to the host (module doc)."""

@@ -21,7 +21,8 @@ others at its lab address (`GroupNet`), and a cut is its lab interface losing it
 
 Elastic asynchronous groups (`--outer-sync async*`, runtime/elastic/async_group.py) use no torchft group: their TCP
 requests and replies take their emulated link time through `SocketPacing` instead (the links between the client's
-device and its server's host's device), slept by the client.
+device and its server's host's device), slept by the client, and a partition holds them through `CutHold` (the same
+link state, read_cut): a message whose either end is cut waits, at its client, for the heal.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ from geotrain.emulate.schedule import SenderQueues
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.chaos import has_partition
 from geotrain.runtime.elastic.stage import group_size
+from geotrain.sync.async_socket import ServerSilent
 from geotrain.sync.async_wire import HEADER_BYTES, flat_bytes
 
 LOCAL_HOST = "127.0.0.1"
 CUT_KEY = "links/cut"
 """Launcher store key: the JSON list of the cluster devices whose links are cut now."""
+CUT_POLL_S = 0.05
+"""How often a message held by a partition looks at the link state (seconds)."""
 
 
 @dataclass(frozen=True)
@@ -203,3 +207,51 @@ def socket_pacing(config: RuntimeConfig, group: int) -> SocketPacing | None:
         return None
     network = EmulatedNetwork.from_cluster(config.cluster, config.emulation.time_scale)
     return SocketPacing(network, config.cluster.region_of, process_device(config, group, 0))
+
+
+class CutHold:
+    """A partition's hold on one process's TCP messages in an elastic asynchronous run (runtime/elastic/elected.py): a
+    message between cluster devices `src` and `dst` whose either end the launcher has cut (read_cut) does not pass
+    while the cut lasts, as TCP retransmits: `hold` waits for the heal in wall time (not x the time scale: a
+    partition's length is the launcher's wall time), polling every `poll_s`, at most `timeout_s` (--comm-timeout; then
+    ServerSilent, as from a host that gives no reply), and counts the wait. Nothing waits between one device's ends (a
+    host's own client). `take` hands over the seconds waited since the last take (`cut_wait_s`; thread-safe: a region
+    server's requests upstream leave from its server's threads)."""
+
+    def __init__(self, timeout_s: float, poll_s: float = CUT_POLL_S, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.timeout_s, self.poll_s, self._clock, self._sleep = timeout_s, poll_s, clock, sleep
+        self._lock = threading.Lock()
+        self._waited_s = 0.0
+
+    def hold(self, store: Any, src: int, dst: int) -> float:
+        """Wait while `src` or `dst` is cut in `store`'s link state; the wall seconds waited. ServerSilent past
+        `timeout_s`."""
+        if src == dst or not read_cut(store) & {src, dst}:
+            return 0.0
+        started = self._clock()
+        try:
+            while cut := read_cut(store) & {src, dst}:
+                if self._clock() - started > self.timeout_s:
+                    raise ServerSilent(f"the links of device {min(cut)} stayed cut (a partition) for more than "
+                                       f"--comm-timeout {self.timeout_s:g} s")
+                self._sleep(self.poll_s)
+        finally:
+            waited = self._clock() - started
+            with self._lock:
+                self._waited_s += waited
+        return waited
+
+    def take(self) -> dict[str, float]:
+        """The wall seconds (`cut_wait_s`) messages waited for a heal since the last take."""
+        with self._lock:
+            waited, self._waited_s = self._waited_s, 0.0
+        return {"cut_wait_s": waited}
+
+
+def cut_hold(config: RuntimeConfig) -> CutHold | None:
+    """The CutHold of an elastic asynchronous run's process, or None without a partition in --chaos."""
+    chaos = config.reliability.chaos
+    if chaos is None or not has_partition(chaos):
+        return None
+    return CutHold(config.reliability.comm_timeout_s)

@@ -21,8 +21,9 @@ PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per
 equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
 async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
---emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; no partition, no --netlab, no
-checkpoint rounds, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the
+--emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
+either end is cut until the heal, links.CutHold; no --netlab, no checkpoint rounds, no --sync-moments:
+async_refusal). With --netlab: --time-scale 0 (the lab shapes the
 links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
@@ -176,8 +177,6 @@ def async_refusal(config: Any) -> str | None:
          f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
          f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
          f"without --elastic asynchronous updates run on it"),
-        (rel.chaos is not None and has_partition(rel.chaos),
-         f"reliability.chaos {rel.chaos!r}: {why}, which an emulated partition does not cut; use kill-site"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
         (ckpt.checkpoint_every > 0 or ckpt.resume or config.run.stop_after is not None,
          "checkpoint rounds of an elastic asynchronous run are not built yet (--checkpoint-every, --resume, "
