@@ -1,6 +1,7 @@
 """The emulated links of elastic asynchronous groups' TCP messages (runtime/elastic/links.py SocketPacing): each message
 takes latency + 8 x bytes / bandwidth between its two devices, slept x the time scale, and counts in its process's
-bytes; a client's link (runtime/elastic/elected.py) paces its request and the reply to the host's published device."""
+bytes; a client's link (runtime/elastic/elected.py) paces its request and the reply to the host's published device.
+A partition (links.CutHold) holds a message whose either end is cut until the heal, at most --comm-timeout."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from geotrain.cluster.io import parse_cluster_text
 from geotrain.emulate.network import EmulatedNetwork
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, Tier, publish_host
-from geotrain.runtime.elastic.links import SocketPacing, message_bytes, socket_pacing
+from geotrain.runtime.elastic.links import CutHold, SocketPacing, cut_hold, message_bytes, set_cut, socket_pacing
+from geotrain.sync.async_socket import ServerSilent
+from geotrain.sync.elastic import QuorumLost
 from geotrain.sync.async_wire import HEADER_BYTES
 from runtime_2x2 import CLUSTER_YAML
 
@@ -65,8 +68,8 @@ def test_a_clients_request_and_reply_take_the_links_to_the_hosts_published_devic
     try:
         publish_host(store, tier, 0, host, 0)
         (own, own_slept), (far, far_slept) = _pacing(0), _pacing(2)
-        links = [ElectedLink(store, tier, c, HeldModel(torch.zeros(500)), lambda epoch: host, True, (c, 0), pacing)
-                 for c, pacing in ((0, own), (1, far))]
+        links = [ElectedLink(store, tier, c, HeldModel(torch.zeros(500)), lambda epoch: host, True, (c, 0), pacing,
+                             pacing.device) for c, pacing in ((0, own), (1, far))]
         for link in links:
             link.exchange(None, False)  # joins
         links[1].exchange(torch.ones(500), False)
@@ -77,3 +80,69 @@ def test_a_clients_request_and_reply_take_the_links_to_the_hosts_published_devic
         assert far.take()["inter_region_bytes"] == HEADER_BYTES + 3 * model
     finally:
         host.close()
+
+
+class _Store:
+    """The three calls of torch's TCPStore the link state uses."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+
+def _hold(store: _Store, heal_after: int | None, timeout_s: float = 10.0) -> tuple[CutHold, list[float]]:
+    """A CutHold on a fake clock that each poll's sleep advances; the store's cut healed after `heal_after` polls."""
+    now, polls = [0.0], []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        now[0] += seconds
+        if len(polls) == heal_after:
+            set_cut(store, [])
+
+    return CutHold(timeout_s, poll_s=0.5, clock=lambda: now[0], sleep=sleep), polls
+
+
+def test_a_message_whose_either_end_is_cut_waits_for_the_heal_and_counts_the_wait():
+    store = _Store()
+    hold, polls = _hold(store, heal_after=3)
+    assert hold.hold(store, 2, 0) == 0.0 and polls == []  # no link state yet: nothing is cut
+    set_cut(store, [0])
+    assert hold.hold(store, 1, 3) == 0.0 and hold.hold(store, 0, 0) == 0.0  # other devices; one device's own ends
+    assert polls == [] and hold.take() == {"cut_wait_s": 0.0}
+    assert hold.hold(store, 2, 0) == 1.5 and polls == [0.5] * 3  # the host's end cut: three polls to the heal
+    set_cut(store, [2])
+    hold2, _ = _hold(store, heal_after=1)
+    assert hold2.hold(store, 2, 0) == 0.5  # the client's own end cut
+    assert hold.take() == {"cut_wait_s": 1.5} and hold.take() == {"cut_wait_s": 0.0}
+
+
+def test_a_cut_past_the_comm_timeout_is_a_silent_host_and_ends_the_client_with_no_election():
+    store = _Store()
+    set_cut(store, [0])
+    hold, polls = _hold(store, heal_after=None, timeout_s=2.0)
+    with pytest.raises(ServerSilent, match="links of device 0 stayed cut .* --comm-timeout 2 s"):
+        hold.hold(store, 2, 0)
+    assert hold.take()["cut_wait_s"] == pytest.approx(2.5)
+    link = ElectedLink(store, Tier("async/", (0, 1), 0, 1, 0.1, 2.0, b"key"), 1, HeldModel(None), lambda e: None, True,
+                       device=2, cuts=hold)
+    link.host_device, link.connection = 0, object()  # connected to epoch 0's host, whose links stay cut
+    with pytest.raises(QuorumLost, match="client 1 of async: the links of device 0 stayed cut"):
+        link.exchange(torch.ones(4), False)
+    assert not store.check(["async/vote/1/1"])  # no vote: the host is alive, only cut
+
+
+def test_only_a_run_with_a_partition_holds_its_messages():
+    kwargs = {"elastic": True, "sync_every": 3, "outer_sync": "async", "comm_timeout_s": 7.0}
+    assert cut_hold(RuntimeConfig.of(CLUSTER, [[0, 2]], **kwargs)) is None
+    assert cut_hold(RuntimeConfig.of(CLUSTER, [[0, 2]], **kwargs, chaos="kill-site:every=5s,site=0")) is None
+    hold = cut_hold(RuntimeConfig.of(CLUSTER, [[0, 2]], **kwargs, chaos="partition:site=1,at=1s,for=1s"))
+    assert hold is not None and hold.timeout_s == 7.0

@@ -311,7 +311,7 @@ class ElectedLink:
     def _carry(self, tensor: torch.Tensor | None, out: bool) -> None:
         """Sleep a request carrying `tensor` (`out`) or a reply out on the emulated links to the host (module doc)."""
         if self.pacing is not None and self.host_device >= 0:
-            ends = (self.pacing.device, self.host_device)
+            ends = (self.device, self.host_device)
             self.pacing.carry(*(ends if out else ends[::-1]), tensor)
 
     def close(self) -> None:

@@ -63,12 +63,14 @@ class ElasticSummary:
     """Per finished group, its records since its last start: step, loss, wall_s, batch_sum (sum of its
     batch's token ids), contributors, params_sha256 (after each synchronisation) and emulated_s; with emulated
     links sent_bytes and inter_region_bytes (--outer-sync async*: its exchanges' requests and replies, and link_s,
-    their emulated seconds: runtime/elastic/links.py SocketPacing); S > 1: merged from its stages
+    their emulated seconds: runtime/elastic/links.py SocketPacing; with a partition in --chaos, cut_wait_s: the wall
+    seconds its messages waited for a heal, links.CutHold); S > 1: merged from its stages
     (`merge_stage_records`), with stage_params_sha256."""
     partitions: int = 0
     """Partitions the launcher cut (a group's links down, then healed)."""
     partition_recovery_s: list[float] = field(default_factory=list)
-    """Per heal, seconds from the launcher healing the group's links to its rejoin (live recovery)."""
+    """Per heal, seconds from the launcher healing the group's links to its rejoin (live recovery; --outer-sync
+    async*: only a group that waited past --comm-timeout, restarted, rejoins; a shorter cut only holds its messages)."""
     train_emulated_s: float | None = None
     """Emulated seconds of training (the groups' emulated clock at their last step; None: links not emulated)."""
     elections: int = 0
