@@ -1,7 +1,9 @@
 """`geotrain train --elastic --outer-sync async`: replica groups as TCP clients of the global model's server
 (runtime/elastic/async_group.py). A fault-free run ends equal on every group; a run whose non-host group is
 SIGKILLed at 1 s and whose host group is SIGKILLed at 2 s of training finishes without a global restart: the
-killed client rejoins, the survivor is elected the new host from its copy, and the killed host rejoins as a client.
+killed client rejoins, the survivor is elected the new host from its copy, and the killed host rejoins as a client;
+the same run then cuts the links of that client (group 0) at 3 s and of the new host (group 1) at 4.5 s, 1 s each: the
+client's messages wait for each heal (as TCP retransmits), no one is elected, and the run ends on one model.
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
 server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
 elections, no global restart, one final model. Two processes side by side in one fixture (the hierarchical run after
@@ -29,6 +31,9 @@ STEPS = {"plain": 30, "killed": 500, "regions": 200}
 """The killed run trains long enough for both kills to land (5-10 s of compute per group on this loaded 2-core machine;
 the restarted group 1 joins, holding a copy, about 0.3 s after its kill)."""
 KILLS = "kill-site:every=100s,first=1s,site=1,count=1;kill-site:every=100s,first=2s,site=host,count=1"
+CUTS = "partition:site=0,at=3s,for=1s;partition:site=1,at=4.5s,for=1s"
+"""After the kills (the killed run's 500 steps train 5-10 s on this machine, each cut holding the run ~1 s more):
+group 0, a client again, cut; then group 1, the elected host."""
 REGION_KILLS = "kill-site:every=100s,first=1s,site=2,count=1;kill-site:every=100s,first=2s,site=host,count=1"
 """Group 2 hosts region 1's server, group 0 region 0's and the global model's (each tier's epoch 0): site=host, which
 the launcher looks up when the kill is due (async_regions.global_model_host), is group 0 in both runs."""
@@ -61,7 +66,8 @@ def runs(tmp_path_factory):
     plain = ["train", "--cluster", CLUSTER, "--plan", str(plan02), *FLAGS, "--steps", str(STEPS["plain"]),
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     first = OneInterpreter([plain, regions], tmp, "first", env)
-    second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", KILLS]], tmp, "second", env)
+    second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}"]], tmp, "second",
+                            env)
     (plain, regional), (killed,) = results_of([first, second])
     runs = {}
     for name, done in (("plain", plain), ("regions", regional), ("killed", killed)):
@@ -153,3 +159,14 @@ def test_killed_hosts_of_region_servers_are_replaced_inside_their_regions_and_th
     records = [r for group in runs["regions"]["group_records"].values() for r in group]
     assert sum(r["inter_region_bytes"] for r in records) > 0
     assert all(0 <= r["inter_region_bytes"] <= r["sent_bytes"] for r in records)
+
+
+def test_a_cut_client_and_a_cut_host_hold_the_clients_messages_until_the_heal_and_elect_no_one(runs):
+    """Group 0 (a client after the host's kill) waits while its own links are cut and while the host's are; the
+    host's own client (group 1) crosses no link and never waits: it trains on to the staleness bound."""
+    summary = runs["killed"]["summary"]
+    assert summary["partitions"] == 2 and summary["elections"] == 1  # the host's kill only: a cut host is alive
+    assert summary["replica_failures"] == 2 and summary["rejoins"] == 2  # the kills' only: each cut < --comm-timeout
+    records = runs["killed"]["group_records"]
+    assert sum(r["cut_wait_s"] for r in records["0"]) > 0
+    assert all(r["cut_wait_s"] == 0.0 for r in records["1"])
