@@ -37,6 +37,14 @@ the reply once it came (the server's threads never sleep). The group's records c
 --emulate-gpu-speed at any F: each step's compute is slept out to the group's GPU speed in wall time (not x F: at
 F = 1 wall time is the emulated cluster's; below 1 the links shrink against the compute, as in every emulated run).
 
+Partitions (--chaos partition:..., any time scale; links.CutHold): the launcher cuts a group's device in the link state
+(links.CUT_KEY), and each message whose either end's device is cut waits, at its client, in wall time until the heal
+(before the request leaves, before the reply is taken), as TCP would retransmit; the records count the wait
+(`cut_wait_s`). A cut host is alive: no connection closes, so no one is elected and the run stays one model. Its own
+client crosses no link and trains on until the staleness bound holds it behind the cut clients. A wait past
+--comm-timeout ends the waiting group as a silent host does (exit 1: restarted, it joins again after the heal; its
+closed connection releases the bound); the host's own client, held at the bound that long first, ends too.
+
 Lost updates: the model's update count the lost server reached (published in the store after each update)
 less the copy's; outer gradients applied after the freshest copy left that no client received. Their own
 clients resend those whose reply never came, so what is lost for good is at most that count (the summary's

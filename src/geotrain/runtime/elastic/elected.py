@@ -20,7 +20,9 @@ it), never a second host.
 Emulated links (--time-scale > 0): the host publishes its process's cluster device with its address, and each client
 sleeps its request (before it leaves) and the reply (once it came) out on the links between its device and the
 host's, x the time scale (runtime/elastic/links.py SocketPacing); a region server's requests to the global model's
-host likewise, from its server's thread (which a request in flight holds already).
+host likewise, from its server's thread (which a request in flight holds already). A partition (links.CutHold, any time
+scale) holds the request and the reply likewise while either end's device is cut, until the heal; past the timeout
+it is ServerSilent (QuorumLost: no election, the host is alive).
 """
 
 from __future__ import annotations

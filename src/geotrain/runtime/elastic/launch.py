@@ -16,7 +16,8 @@ are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one; a
     ends the run with its one line, as does a lost lighthouse or every group down;
   - once a group has finished, no group is restarted; the others get `finish_grace_s` to finish.
 --chaos kills are SIGKILLs of a group's tree at the seeded times (runtime/elastic/chaos.py); partitions
-cut a group's links in the link state the groups' emulating backend reads (runtime/elastic/links.py), or
+cut a group's links in the link state the groups' emulating backend (asynchronous groups: their messages' CutHold)
+reads (runtime/elastic/links.py), or
 under --netlab set its lab port down (runtime/elastic/hosts.py), and heal them `for` seconds later (a
 group still cut when the first group finishes missed the end: stopped).
 """
