@@ -287,8 +287,7 @@ class ElectedLink:
                 self._hold()
                 self._carry(reply["model"], out=False)
                 break
-            except ServerSilent as exc:  # alive but silent (or cut): this group ends (the launcher restarts it), no
-                # election
+            except ServerSilent as exc:  # alive but silent or cut off: this group ends (restarted), no election
                 raise QuorumLost(f"client {self.client} of {self.tier.prefix.rstrip('/')}: {exc}") from None
             except HostLost:
                 if self.connection is not None:
