@@ -2,7 +2,7 @@
 (runtime/elastic/async_group.py). A fault-free run ends equal on every group; a run whose non-host group is
 SIGKILLed at 1 s and whose host group is SIGKILLed at 2 s of training finishes without a global restart: the
 killed client rejoins, the survivor is elected the new host from its copy, and the killed host rejoins as a client;
-the same run then cuts the links of that client (group 0) at 3 s and of the new host (group 1) at 4.5 s, 1 s each: the
+the same run then cuts the links of that client (group 0) at 2.5 s and of the new host (group 1) at 4 s, 1 s each: the
 client's messages wait for each heal (as TCP retransmits), no one is elected, and the run ends on one model.
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
 server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
@@ -31,7 +31,7 @@ STEPS = {"plain": 30, "killed": 500, "regions": 200}
 """The killed run trains long enough for both kills to land (5-10 s of compute per group on this loaded 2-core machine;
 the restarted group 1 joins, holding a copy, about 0.3 s after its kill)."""
 KILLS = "kill-site:every=100s,first=1s,site=1,count=1;kill-site:every=100s,first=2s,site=host,count=1"
-CUTS = "partition:site=0,at=3s,for=1s;partition:site=1,at=4.5s,for=1s"
+CUTS = "partition:site=0,at=2.5s,for=1s;partition:site=1,at=4s,for=1s"
 """After the kills (the killed run's 500 steps train 5-10 s on this machine, each cut holding the run ~1 s more):
 group 0, a client again, cut; then group 1, the elected host."""
 REGION_KILLS = "kill-site:every=100s,first=1s,site=2,count=1;kill-site:every=100s,first=2s,site=host,count=1"
