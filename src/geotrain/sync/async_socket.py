@@ -179,9 +179,10 @@ class SocketServer:
 
 
 class SocketClient:
-    """One client's connection to the server at `address`; HostLost when it cannot be opened."""
+    """One client's connection to the server at `address`; HostLost when it cannot be opened. `timeout_s` None:
+    wait for every reply however long (a host's own client: its server cannot be silent while its process runs)."""
 
-    def __init__(self, address: tuple[str, int], authkey: bytes, timeout_s: float) -> None:
+    def __init__(self, address: tuple[str, int], authkey: bytes, timeout_s: float | None) -> None:
         self.timeout_s = timeout_s
         try:
             self.connection = Client(address, authkey=authkey)

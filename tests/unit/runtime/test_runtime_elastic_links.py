@@ -78,6 +78,8 @@ def test_a_clients_request_and_reply_take_the_links_to_the_hosts_published_devic
         assert far_slept == pytest.approx([SCALE * far.message_s(2, 0, HEADER_BYTES), SCALE * far.message_s(0, 2, model),
                                            SCALE * far.message_s(2, 0, model), SCALE * far.message_s(0, 2, model)])
         assert far.take()["inter_region_bytes"] == HEADER_BYTES + 3 * model
+        # the host's own client waits out any hold on its own server; a remote one ends at the timeout
+        assert links[0].connection.timeout_s is None and links[1].connection.timeout_s == 10.0
     finally:
         host.close()
 

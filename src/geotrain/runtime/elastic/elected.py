@@ -22,7 +22,9 @@ sleeps its request (before it leaves) and the reply (once it came) out on the li
 host's, x the time scale (runtime/elastic/links.py SocketPacing); a region server's requests to the global model's
 host likewise, from its server's thread (which a request in flight holds already). A partition (links.CutHold, any time
 scale) holds the request and the reply likewise while either end's device is cut, until the heal; past the timeout
-it is ServerSilent (QuorumLost: no election, the host is alive).
+it is ServerSilent (QuorumLost: no election, the host is alive). The host's own client has no timeout: it is held
+at the staleness bound behind cut clients until they are back or have given up (their connections close), never
+ended itself (the run's freshest copy lives in its process).
 """
 
 from __future__ import annotations
@@ -260,7 +262,9 @@ class ElectedLink:
             raise HostLost(f"client {host} did not serve epoch {epoch} within {tier.timeout_s:g} s") from None
         host_name, port, *device = json.loads(self.store.get(address_key).decode())
         self.host_device = device[0] if device else -1
-        self.connection = SocketClient((host_name, port), tier.authkey, tier.timeout_s)
+        # the host's own client waits out any hold: its server, in this process, cannot be silent, and a host held at
+        # the staleness bound behind cut clients that gave up on it at the timeout would end the run's only copy
+        self.connection = SocketClient((host_name, port), tier.authkey, None if self.host is not None else tier.timeout_s)
         self.joined = False
 
     def _first_epoch(self) -> int:
