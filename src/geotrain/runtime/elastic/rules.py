@@ -101,7 +101,8 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.sync_every is None and optim.sync_delay > 0,
          f"optim.sync_delay {optim.sync_delay} without --sync-every (delayed gradients): elastic runs overlap "
          f"nothing per step; use --sync-every H for streaming DiLoCo"),
-        (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0,
+        (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0
+         and optim.outer_sync not in ASYNC_SYNCS,
          f"checkpoint.checkpoint_every {config.checkpoint.checkpoint_every}: elastic runs with --sync-every "
          f"{optim.sync_every} checkpoint at outer-round ends only; use a multiple of {optim.sync_every}"),
         (config.reliability.netlab and config.emulation.time_scale > 0,
@@ -128,7 +129,7 @@ def elastic_refusal(config: Any) -> str | None:
          "schedule.batch_shares 'measured': not built yet for elastic groups (re-balancing needs every group of a "
          "changing quorum to agree on the measured speeds); use speed or explicit weights"),
         (optim.sync_every is not None and config.run.stop_after is not None
-         and config.run.stop_after % optim.sync_every != 0,
+         and config.run.stop_after % optim.sync_every != 0 and optim.outer_sync not in ASYNC_SYNCS,
          f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
          f"outer-round ends only (their checkpoints are written there); use a multiple of {optim.sync_every}"),
         (config.reliability.chaos is not None and kills_host(config.reliability.chaos)
@@ -179,9 +180,11 @@ def async_refusal(config: Any) -> str | None:
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: {why}, which an emulated partition does not cut; use kill-site"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
-        (ckpt.checkpoint_every > 0 or ckpt.resume or config.run.stop_after is not None,
-         "checkpoint rounds of an elastic asynchronous run are not built yet (--checkpoint-every, --resume, "
-         "--stop-after); the end's checkpoint is written"),
+        (config.optim.outer_sync == "async-hierarchical"
+         and (ckpt.checkpoint_every > 0 or ckpt.resume or config.run.stop_after is not None),
+         "checkpoints of an elastic async-hierarchical run before its end are not built yet (--checkpoint-every, "
+         "--resume, --stop-after: its region servers' models are not in the global model's copy); the end's "
+         "checkpoint is written; use --outer-sync async"),
         (config.optim.sync_moments,
          "optim.sync_moments: not built yet for elastic asynchronous groups (a re-elected server starts from a "
          "replica's copy of the model, which holds no global moments); drop --sync-moments or --elastic"),
