@@ -4,8 +4,10 @@ SIGKILLed at 1 s and whose host group is SIGKILLed at 2 s of training finishes w
 killed client rejoins, the survivor is elected the new host from its copy, and the killed host rejoins as a client.
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
 server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
-elections, no global restart, one final model. Two processes side by side in one fixture (the hierarchical run after
-the fault-free one, in its interpreter). The fault-free run and the hierarchical one emulate the links (--time-scale >
+elections, no global restart, one final model. The fault-free run is two launches: one that stops at step 12
+(--stop-after, checkpoints at 6 and 12 by the global model's host) and its --resume to the end
+(runtime/elastic/async_checkpoint.py). Two processes side by side in one fixture (the hierarchical run after the
+fault-free launches, in their interpreter). The fault-free run and the hierarchical one emulate the links (--time-scale >
 0: runtime/elastic/links.py SocketPacing): the fault-free run's groups sit in two regions, and each of group 1's
 messages to the host (group 0) takes latency + bytes / bandwidth of the cluster file's link between them."""
 
@@ -15,9 +17,10 @@ import json
 import os
 
 import pytest
+import torch
 
 from geotrain.cost.async_outer import STALENESS_BOUND
-from geotrain.sync.async_step import run_budget
+from geotrain.sync.async_step import pause_updates, progress_steps, run_budget
 from one_interpreter import OneInterpreter, results_of
 from paths import ROOT
 
@@ -37,6 +40,9 @@ REGIONS_FAULT_FREE_VAL = 2.890
 asynchronous runs are not reproducible run to run; docs/history/fault_tolerance.md)."""
 REGIONS_LOSS_BOUND = 0.35
 """The fault-free runs' own spread (max - min 0.34): a killed run lies among them."""
+STOP, EVERY = 12, 6
+"""The fault-free run's first launch stops at step 12 (--stop-after) with checkpoints at 6 and 12."""
+PLAIN_VAL, PLAIN_LOSS_BOUND = None, None
 TIME_SCALE = {"plain": 0.1, "regions": 0.05}
 """The emulated links' time scales (a message across the regions: 80 ms + its 1.16 MB at 100 Mbit/s, 0.17 s)."""
 LATENCY_S, BANDWIDTH_BPS = 0.080, 0.1e9
@@ -60,14 +66,18 @@ def runs(tmp_path_factory):
                "--chaos", REGION_KILLS, "--time-scale", str(TIME_SCALE["regions"])]
     plain = ["train", "--cluster", CLUSTER, "--plan", str(plan02), *FLAGS, "--steps", str(STEPS["plain"]),
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
-    first = OneInterpreter([plain, regions], tmp, "first", env)
+    stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
+    first = OneInterpreter([stopped, [*plain, "--resume"], regions], tmp, "first", env)
     second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", KILLS]], tmp, "second", env)
-    (plain, regional), (killed,) = results_of([first, second])
+    (stopped, plain, regional), (killed,) = results_of([first, second])
     runs = {}
-    for name, done in (("plain", plain), ("regions", regional), ("killed", killed)):
+    for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed)):
         assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr}"
         runs[name] = json.loads(done.stdout)
-    return {**runs, "checkpoints": sorted(p.relative_to(tmp).as_posix() for p in (tmp / "ckpt").glob("step-*/*"))}
+    saved = {int(p.parent.name[5:]): torch.load(p, weights_only=False)["dp"]["asynchronous"]
+             for p in (tmp / "ckpt").glob("step-*/rank-0000.pt")}
+    return {**runs, "checkpoints": sorted(p.relative_to(tmp).as_posix() for p in (tmp / "ckpt").glob("step-*/*")),
+            "saved": saved}
 
 
 def _final_updates(run: dict) -> list[int]:
@@ -85,8 +95,26 @@ def test_a_fault_free_elastic_async_run_ends_on_one_model_holding_its_budget(run
     # the final global model's outer gradients, its samples (x H x the batch of 2) and the seconds to it (bench chaos)
     assert updates[0] <= summary["global_updates"] < budget + 2
     assert summary["samples"] == summary["global_updates"] * H * 2 and summary["train_s"] > 0
-    # the end's checkpoint, once (by the host), named by the run's steps
-    assert runs["checkpoints"] == ["ckpt/step-000030/manifest.json", "ckpt/step-000030/rank-0000.pt"]
+    # the stopped launch's checkpoints and the end's, each once (by the host), named by the equal schedule's steps
+    assert runs["checkpoints"] == [f"ckpt/step-{step:06d}/{name}" for step in (EVERY, STOP, STEPS["plain"])
+                                   for name in ("manifest.json", "rank-0000.pt")]
+
+
+def test_a_stopped_elastic_async_run_checkpoints_at_its_hosts_updates_and_resumes_every_group_from_it(runs):
+    """Step c's checkpoint holds the global model once its count reached ceil(c x R / H) (one update may bring a
+    merged batch of 2); the stopped launch ends both groups on that checkpoint's model, and the resumed launch
+    starts every group at its step and count, and ends at the run's budget."""
+    saved, budget = runs["saved"], run_budget(STEPS["plain"], H, 2)
+    for step in (EVERY, STOP):
+        assert not saved[step].get("finished") and saved[step]["elastic"]
+        assert pause_updates(step, H, 2) <= saved[step]["updates"] < pause_updates(step, H, 2) + 2
+    assert saved[EVERY]["version"] < saved[STOP]["version"]
+    assert _final_updates(runs["stopped"]) == [saved[STOP]["updates"]] * 2  # the stop's budget: later ones discarded
+    assert runs["stopped"]["summary"]["max_param_diff_across_replicas"] == 0.0
+    for records in runs["plain"]["group_records"].values():
+        assert records[0]["step"] == progress_steps(saved[STOP]["updates"], H, 2)
+        assert records[0]["global_updates"] >= saved[STOP]["updates"] and records[-1]["global_updates"] >= budget
+    assert abs(runs["plain"]["summary"]["val_loss"] - PLAIN_VAL) < PLAIN_LOSS_BOUND
 
 
 def test_each_message_of_a_group_to_the_host_takes_latency_plus_its_bytes_over_the_links_bandwidth(runs):

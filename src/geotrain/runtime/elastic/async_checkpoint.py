@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -43,6 +44,8 @@ from geotrain.sync.async_wire import own_store_client
 
 CHECKPOINTED_KEY = "async/checkpointed"
 """The step of the last checkpoint a host of the global model wrote (an elected host skips it and those before)."""
+START_KEY = "async/resumed"
+"""The step a resumed launch started at (a group restarted in it reads it: the newest checkpoint may be later)."""
 
 
 class ServerState:
@@ -64,6 +67,19 @@ class Resumed:
 
     def __init__(self, step: int = 0, held: HeldModel | None = None, optimizer: dict[str, Any] | None = None) -> None:
         self.step, self.held, self.optimizer = step, held, optimizer
+
+
+def launch_start(config: RuntimeConfig, store: Any, incarnation: int) -> Resumed:
+    """Where this launch started: a fresh run's seed (step 0); `--resume`'s checkpoint for a group's first start
+    (load_resumed: published in the store), and only its step for a restarted group (it joins for the model)."""
+    if not config.checkpoint.resume:
+        return Resumed()
+    if incarnation > 0:
+        store.wait([START_KEY], timedelta(seconds=config.reliability.comm_timeout_s))
+        return Resumed(int(store.get(START_KEY).decode()))
+    resumed = load_resumed(config)
+    store.compare_set(START_KEY, "", str(resumed.step))
+    return resumed
 
 
 def load_resumed(config: RuntimeConfig) -> Resumed:

@@ -48,6 +48,11 @@ finals once every connected client has sent its own (a dead client's connection 
 every group ends on the same model. The host then marks the run ended in the store and waits for its clients to
 close before it exits; a group restarted so late that it finds the server gone and the run ended finishes with
 the final model if its join got it, else writes no results (not in the summary's finished groups).
+
+Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
+writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
+checkpoint's model (group 0 serves it with the saved outer momentum), and --stop-after lowers the launch's budget
+to its step's count (the run's end above: the groups end there on one model).
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ import torch
 from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.elastic.async_checkpoint import Resumed, ServerCheckpoints, launch_budget, load_resumed
+from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
 from geotrain.runtime.elastic.links import GroupNet, process_device, socket_pacing
@@ -106,7 +111,7 @@ class AsyncElasticGroup:
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         self.options = config.sync_options(0)
         self.sync_every: int = config.optim.sync_every  # type: ignore[assignment]
-        self.resumed = load_resumed(config) if config.checkpoint.resume else Resumed()
+        self.resumed = launch_start(config, store, incarnation)
         """--resume: the checkpoint's step, model and server state (runtime/elastic/async_checkpoint.py)."""
         self.stop, self.budget = launch_budget(config, self.resumed.step)
         """The step this launch ends at (--stop-after) and the replica outer gradients the model takes by then."""

@@ -21,15 +21,17 @@ PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per
 equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
 async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
---emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; no partition, no --netlab, no
-checkpoint rounds, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the
+--emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; checkpoints, --resume and
+--stop-after at any step of the equal schedule, written by the global model's host: runtime/elastic/async_checkpoint.py,
+async-hierarchical at its end only; no partition, no --netlab, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the
 links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
 resumed by `train --resume`, elastic or not). After a committed step that is due, the group with rank 0
 in that step's torchft quorum writes one copy of the state in the non-elastic format (one shard per
-stage); with --sync-every only at outer-round ends, so --checkpoint-every must be a multiple of H.
+stage); with --sync-every only at outer-round ends, so --checkpoint-every must be a multiple of H (asynchronous runs:
+one copy by the global model's host, at any step).
 `--elastic --resume` starts every group at the checkpoint's step; `--stop-after K` stops every group K steps after
 the launch's start (with --sync-every: K a multiple of H), with a checkpoint there.
 """
