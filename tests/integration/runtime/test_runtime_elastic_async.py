@@ -40,11 +40,14 @@ REGIONS_FAULT_FREE_VAL = 2.890
 asynchronous runs are not reproducible run to run; docs/history/fault_tolerance.md)."""
 REGIONS_LOSS_BOUND = 0.35
 """The fault-free runs' own spread (max - min 0.34): a killed run lies among them."""
+REGIONS_EVERY = 50
+"""The hierarchical run's checkpoints (by the global model's host, re-elected at 2 s): 50, 100, 150 and the end's."""
 STOP, EVERY = 12, 6
 """The fault-free run's first launch stops at step 12 (--stop-after) with checkpoints at 6 and 12."""
 PLAIN_VAL = 3.130
 """Validation loss of the uninterrupted fault-free run (30 steps, one launch), mean of 6 (sd 0.055, max - min 0.147);
-7 runs stopped at 12 and resumed: mean 3.088 (sd 0.068), the farthest 0.170 from it (docs/guide/surviving-failures.md)."""
+7 runs stopped at 12 and resumed: mean 3.088 (sd 0.068), the farthest 0.170 from it
+(docs/guide/surviving-failures.md)."""
 PLAIN_LOSS_BOUND = 0.30
 """Twice the uninterrupted runs' own spread: a resumed run lies among them (asynchrony is not bit-exact)."""
 TIME_SCALE = {"plain": 0.1, "regions": 0.05}
@@ -67,7 +70,8 @@ def runs(tmp_path_factory):
     base = ["train", "--cluster", CLUSTER, "--plan", str(plan), *FLAGS]
     hierarchical = [word if word != "async" else "async-hierarchical" for word in FLAGS]
     regions = ["train", "--cluster", CLUSTER, "--plan", str(plan4), *hierarchical, "--steps", str(STEPS["regions"]),
-               "--chaos", REGION_KILLS, "--time-scale", str(TIME_SCALE["regions"])]
+               "--chaos", REGION_KILLS, "--time-scale", str(TIME_SCALE["regions"]),
+               "--checkpoint-dir", str(tmp / "ckpt-regions"), "--checkpoint-every", str(REGIONS_EVERY)]
     plain = ["train", "--cluster", CLUSTER, "--plan", str(plan02), *FLAGS, "--steps", str(STEPS["plain"]),
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
@@ -78,10 +82,10 @@ def runs(tmp_path_factory):
     for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed)):
         assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr}"
         runs[name] = json.loads(done.stdout)
-    saved = {int(p.parent.name[5:]): torch.load(p, weights_only=False)["dp"]["asynchronous"]
-             for p in (tmp / "ckpt").glob("step-*/rank-0000.pt")}
+    saved = {name: {int(p.parent.name[5:]): torch.load(p, weights_only=False)["dp"]["asynchronous"]
+                    for p in (tmp / name).glob("step-*/rank-0000.pt")} for name in ("ckpt", "ckpt-regions")}
     return {**runs, "checkpoints": sorted(p.relative_to(tmp).as_posix() for p in (tmp / "ckpt").glob("step-*/*")),
-            "saved": saved}
+            "saved": saved["ckpt"], "saved_regions": saved["ckpt-regions"]}
 
 
 def _final_updates(run: dict) -> list[int]:
@@ -185,3 +189,10 @@ def test_killed_hosts_of_region_servers_are_replaced_inside_their_regions_and_th
     records = [r for group in runs["regions"]["group_records"].values() for r in group]
     assert sum(r["inter_region_bytes"] for r in records) > 0
     assert all(0 <= r["inter_region_bytes"] <= r["sent_bytes"] for r in records)
+    # the global model's checkpoints, by whichever group hosts it (the newest 3 kept: --keep-checkpoints)
+    saved = runs["saved_regions"]
+    assert sorted(saved) == [100, 150, STEPS["regions"]]
+    for step in (100, 150):  # a region's delta carries up to 4; an elected host writes at its first update past it
+        need = pause_updates(step, H, 4)
+        assert saved[step]["elastic"] and need <= saved[step]["updates"] < need + 2 * 4
+    assert saved[100]["version"] < saved[150]["version"]

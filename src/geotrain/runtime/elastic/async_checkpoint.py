@@ -1,6 +1,7 @@
-"""Checkpoints of an elastic asynchronous run (`train --elastic --outer-sync async --checkpoint-every K`, `--resume`,
-`--stop-after K`): one copy, written by the global model's current host, in the format of every elastic checkpoint
-(runtime/elastic/checkpoint.py: one replica holding the global batch, `latest`, the manifest).
+"""Checkpoints of an elastic asynchronous run (`train --elastic --outer-sync async|async-hierarchical
+--checkpoint-every K`, `--resume`, `--stop-after K`): one copy, written by the global model's current host, in the
+format of every elastic checkpoint (runtime/elastic/checkpoint.py: one replica holding the global batch, `latest`,
+the manifest).
 
 Steps: an asynchronous run has no common step; a checkpoint is named by the equal schedule's step the global model
 reached, as a non-elastic asynchronous run's (geotrain.sync.async_step: step c once the model holds ceil(c x R / H)
@@ -14,8 +15,10 @@ writing at its own first update past it.
 
 What it holds: the global model (as the stage's weights, and flat with the server's state: version, updates,
 per-group applied counts, the outer optimizer's momentum and arrivals, the merge rule's reference), marked
-`elastic`. Not the groups' inner AdamW states nor the requests waiting at the server: a resumed run starts every
-group as the launcher restarts one (a fresh inner AdamW, the data at the model's progress), from this model.
+`elastic`. Not the groups' inner AdamW states nor the requests waiting at the server (with `async-hierarchical`: nor
+the region servers' updates not yet merged into the global model): a resumed run starts every group as the launcher
+restarts one (a fresh inner AdamW, the data at the model's progress), from this model, and every region server from
+it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its group's).
 
 `--resume` (elastic): every group starts holding the checkpoint's model, version and counts (a copy: it can win an
 election); epoch 0's host serves from it with the outer optimizer's state. `--stop-after K`: the run's budget
@@ -105,10 +108,11 @@ def load_resumed(config: RuntimeConfig) -> Resumed:
 def launch_budget(config: RuntimeConfig, start: int) -> tuple[int, int]:
     """(the step this launch stops at, the replica outer gradients the global model takes by then): the run's end
     and budget, or --stop-after K steps after `start` and that step's count (pause_updates)."""
-    steps, every, replicas = config.run.steps, config.optim.sync_every, config.replicas
-    budget = run_budget(steps, every, replicas)  # type: ignore[arg-type]
+    steps, replicas = config.run.steps, config.replicas
+    every: int = config.optim.sync_every  # type: ignore[assignment]
+    budget = run_budget(steps, every, replicas)
     stop = steps if config.run.stop_after is None else min(steps, start + config.run.stop_after)
-    return stop, budget if stop == steps else min(budget, pause_updates(stop, every, replicas))  # type: ignore[arg-type]
+    return stop, budget if stop == steps else min(budget, pause_updates(stop, every, replicas))
 
 
 class ServerCheckpoints:

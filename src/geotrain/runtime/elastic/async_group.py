@@ -243,7 +243,8 @@ class AsyncElasticGroup:
         finished asynchronous run: not resumed from, as a non-elastic one's end)."""
         held = self.held
         return {"optimizer": self.optimizer.state_dict(), "finished": True,
-                "asynchronous": {"elastic": True, "anchor": held.model, "version": held.version, "outer_step": held.updates,
+                "asynchronous": {"elastic": True, "anchor": held.model, "version": held.version,
+                                 "outer_step": held.updates,
                                  "pushes": self.link.acked, "inner_steps": len(self.records)}}
 
     def _train_step(self, step: int, lr_step: int) -> dict[str, Any]:

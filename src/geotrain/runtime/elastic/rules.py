@@ -22,8 +22,8 @@ equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous ou
 async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; checkpoints, --resume and
---stop-after at any step of the equal schedule, written by the global model's host: runtime/elastic/async_checkpoint.py,
-async-hierarchical at its end only; no partition, no --netlab, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the
+--stop-after at any step of the equal schedule, written by the global model's host: runtime/elastic/async_checkpoint.py;
+no partition, no --netlab, no --sync-moments: async_refusal). With --netlab: --time-scale 0 (the lab shapes the
 links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
@@ -172,7 +172,7 @@ def async_refusal(config: Any) -> str | None:
     clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
     if config.optim.outer_sync not in ASYNC_SYNCS:
         return None
-    rel, ckpt = config.reliability, config.checkpoint
+    rel = config.reliability
     why = "elastic asynchronous groups talk over plain TCP"
     reasons = (
         (config.stages > 1 or config.layout.k > 1,
@@ -182,11 +182,6 @@ def async_refusal(config: Any) -> str | None:
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: {why}, which an emulated partition does not cut; use kill-site"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
-        (config.optim.outer_sync == "async-hierarchical"
-         and (ckpt.checkpoint_every > 0 or ckpt.resume or config.run.stop_after is not None),
-         "checkpoints of an elastic async-hierarchical run before its end are not built yet (--checkpoint-every, "
-         "--resume, --stop-after: its region servers' models are not in the global model's copy); the end's "
-         "checkpoint is written; use --outer-sync async"),
         (config.optim.sync_moments,
          "optim.sync_moments: not built yet for elastic asynchronous groups (a re-elected server starts from a "
          "replica's copy of the model, which holds no global moments); drop --sync-moments or --elastic"),
