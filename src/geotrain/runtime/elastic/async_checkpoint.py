@@ -129,6 +129,8 @@ class ServerCheckpoints:
         self.module = copy.deepcopy(module) if self.points else None
         self.events: list[tuple[int, dict[str, Any]]] = []
         """(step, what its checkpoint event records) of each checkpoint written, for the group's observer."""
+        self.failure: str | None = None
+        """Why a write failed (the server's thread must not die of it: an OSError there reads as a lost client)."""
         self.lock = threading.Lock()
 
     def writer(self, store: Any, server: Any) -> Any:
@@ -156,12 +158,19 @@ class ServerCheckpoints:
             for p in self.module.parameters():
                 p.copy_(state["model"][offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
-            event = save_group_checkpoint(self.config, self.group, 0, step, self.module, ServerState(state),
-                                          self.boundaries, self.protect)
+            try:
+                event = save_group_checkpoint(self.config, self.group, 0, step, self.module, ServerState(state),
+                                              self.boundaries, self.protect)
+            except Exception as exc:  # noqa: BLE001 - raised in the group's main thread (take_events)
+                self.failure = f"step {step}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                return
             self.events.append((step, event))
 
     def take_events(self) -> list[tuple[int, dict[str, Any]]]:
-        """The checkpoints written since the last call."""
+        """The checkpoints written since the last call; CheckpointError (one line) if a write failed."""
+        if self.failure is not None:
+            raise ckpt.CheckpointError(f"{self.config.checkpoint.checkpoint_dir}: the global model's checkpoint of "
+                                       f"{self.failure}"[:400])
         with self.lock:
             events, self.events = self.events, []
         return events
