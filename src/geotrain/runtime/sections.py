@@ -345,6 +345,12 @@ class CheckpointSection(Section):
         every = self.checkpoint_every and completed % self.checkpoint_every == 0
         return self.checkpoint_dir is not None and bool(every or completed == end)
 
+    def points(self, start: int, stop: int, steps: int) -> list[int]:
+        """The steps in (start, stop] before the run's end (`steps`) at which a run of uneven ranks or groups
+        (adaptive, asynchronous) writes a checkpoint: the due ones and the launch's `stop` (the end's is written
+        apart)."""
+        return [c for c in range(start + 1, stop + 1) if c < steps and (c == stop or self.due(c, stop))]
+
 
 @dataclass(frozen=True)
 class ReliabilitySection(Section):

@@ -55,7 +55,7 @@ from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog, end_on_sigterm
 from geotrain.sync.adaptive import AdaptiveOuterSync
-from geotrain.sync.async_step import AsyncOuterGradientSync, progress_steps
+from geotrain.sync.async_step import AsyncOuterGradientSync, pause_updates, progress_steps
 from geotrain.sync.base import ComputeTimer
 
 EXIT_WORKER_ERROR = 1
@@ -469,16 +469,14 @@ def _stop_step(worker: Worker) -> int:
 def _checkpoint_points(worker: Worker) -> list[int]:
     """The equal schedule's steps before the run's end at which a rank of uneven steps (adaptive, asynchronous)
     writes a checkpoint, and this launch's stop."""
-    stop, checkpoint = _stop_step(worker), worker.config.checkpoint
-    return [c for c in range(worker.start_step + 1, stop + 1)
-            if c < worker.config.run.steps and (c == stop or checkpoint.due(c, stop))]
+    return worker.config.checkpoint.points(worker.start_step, _stop_step(worker), worker.config.run.steps)
 
 
 def _async_pauses(worker: Worker, sync: AsyncOuterGradientSync) -> list[tuple[int, int]]:
     """The checkpoint rounds of the global model's server (sync/async_server.py): (updates, step) for each of
     `_checkpoint_points`, opened once the global model holds the step's replica updates, ceil(c x R / H)."""
     every, replicas = sync.outer.sync_every, worker.config.replicas
-    pauses = [(-(-c * replicas // every), c) for c in _checkpoint_points(worker)]
+    pauses = [(pause_updates(c, every, replicas), c) for c in _checkpoint_points(worker)]
     return [(updates, c) for updates, c in pauses if updates < sync.target_updates]
 
 

@@ -279,11 +279,16 @@ class OuterServer:
         checkpoint round's go and the next request: nothing waiting)."""
         if self.waiting or self.paused:
             raise SyncError("asynchronous DiLoCo: the server's state with requests waiting (outside a checkpoint)")
+        return {**self.model_state(), "base": [[c, b] for c, b in sorted(self.base.items())],
+                "round": self.round, "closed": self.closed}
+
+    def model_state(self) -> dict[str, Any]:
+        """The global model's own state, whatever waits: the model, its version, updates, per-client applied counts
+        and outer optimizer (an elastic run's checkpoint: its clients start afresh from it, and the requests waiting
+        now are lost as those computing are)."""
         return {"model": self.model.clone(), "version": self.version, "updates": self.updates,
-                "base": [[c, b] for c, b in sorted(self.base.items())],
                 "applied": [[c, n] for c, n in sorted(self.applied.items())], "max_staleness": self.max_staleness,
-                "discarded": self.discarded, "round": self.round, "closed": self.closed,
-                "optimizer": self.optimizer.state_dict()}
+                "discarded": self.discarded, "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.copy_(state["model"])

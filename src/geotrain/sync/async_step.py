@@ -35,6 +35,12 @@ def progress_steps(updates: int, sync_every: int, replicas: int) -> int:
     return updates * sync_every // replicas
 
 
+def pause_updates(step: int, sync_every: int, replicas: int) -> int:
+    """The replica outer gradients at which the global model reaches the equal schedule's `step` (a checkpoint's, a
+    --stop-after's): ceil(step x R / H), the least count progress_steps maps to `step` or later."""
+    return -(-step * replicas // sync_every)
+
+
 class AsyncOuterGradientSync(GradientSync):
     """Inner AdamW steps; every H of them an asynchronous outer update (module doc)."""
 
@@ -89,7 +95,12 @@ class AsyncOuterGradientSync(GradientSync):
                 "asynchronous": self.outer.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "asynchronous" not in state or "anchor" not in state["asynchronous"]:
+        if "asynchronous" not in state:
+            raise ValueError("checkpoint holds no asynchronous outer updates")
+        if state["asynchronous"].get("elastic") and not state["finished"]:
+            raise ValueError("an elastic asynchronous run's checkpoint holds one copy of the global model, not each "
+                             "rank's place nor the server's clients; resume it with --elastic")
+        if "anchor" not in state["asynchronous"]:
             raise ValueError("checkpoint holds no asynchronous outer updates")
         if state["finished"]:
             raise ValueError("the asynchronous run ended in this checkpoint (its final exchange is done)")

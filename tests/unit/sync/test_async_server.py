@@ -167,3 +167,35 @@ def test_a_server_started_from_a_copy_with_bases_holds_a_fast_client_at_the_boun
     replies = server.submit(Request(0, 4, _g(1.0)))          # applied at staleness 2, then the fast one at 1
     assert [(r.client, r.version) for r in replies] == [(0, 7), (1, 8)]
     assert server.max_staleness == 2 and server.base == {0: 7, 1: 8}
+
+
+def test_the_models_state_is_taken_with_requests_waiting_and_a_server_started_from_it_keeps_its_momentum():
+    """An elastic run's checkpoint (runtime/elastic/async_checkpoint.py) takes `model_state` whatever waits (the
+    waiting request is lost, as a client's work in progress); a server started from it with its outer optimizer's
+    state goes on as the uninterrupted one: the same model after the next update (momentum 0.9 carried; from zero
+    momentum the model differs)."""
+    def nesterov() -> DelayedNesterov:
+        return DelayedNesterov(1, 0.5, 0.9, 0.0)
+
+    server = OuterServer(torch.zeros(2), nesterov(), [0, 1], 1)
+    assert len(server.submit(Request(0, 0, _g(1.0)))) == 1
+    assert server.submit(Request(0, 1, _g(5.0))) == []  # held by the bound: client 1 still at version 0
+    with pytest.raises(SyncError, match="requests waiting"):
+        server.state_dict()
+    state = server.model_state()
+    assert (state["version"], state["updates"]) == (1, 1)
+    reference = OuterServer(torch.zeros(2), nesterov(), [0], 8)
+    reference.submit(Request(0, 0, _g(1.0)))
+    reference.submit(Request(0, 1, _g(3.0)))
+    models = []
+    for carried in (True, False):
+        optimizer = nesterov()
+        if carried:
+            optimizer.load_state_dict(state["optimizer"])
+        resumed = OuterServer(state["model"], optimizer, [], 1)
+        resumed.start_from(state["version"], state["updates"], {})
+        resumed.join(0, state["version"])
+        assert [(r.version, r.updates) for r in resumed.submit(Request(0, 1, _g(3.0)))] == [(2, 2)]
+        models.append(resumed.model)
+    torch.testing.assert_close(models[0], reference.model)
+    assert not torch.allclose(models[1], reference.model)

@@ -56,6 +56,11 @@ finals once every connected client has sent its own (a dead client's connection 
 every group ends on the same model. The host then marks the run ended in the store and waits for its clients to
 close before it exits; a group restarted so late that it finds the server gone and the run ended finishes with
 the final model if its join got it, else writes no results (not in the summary's finished groups).
+
+Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
+writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
+checkpoint's model (group 0 serves it with the saved outer momentum), and --stop-after lowers the launch's budget
+to its step's count (the run's end above: the groups end there on one model).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ import torch
 from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
 from geotrain.runtime.elastic.links import GroupNet, cut_hold, process_device, socket_pacing
@@ -81,7 +87,7 @@ from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_server import OuterServer
 from geotrain.sync.async_socket import SocketServer
-from geotrain.sync.async_step import progress_steps, run_budget
+from geotrain.sync.async_step import progress_steps
 from geotrain.sync.base import ComputeTimer
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.cost.async_outer import STALENESS_BOUND
@@ -113,11 +119,18 @@ class AsyncElasticGroup:
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         self.options = config.sync_options(0)
         self.sync_every: int = config.optim.sync_every  # type: ignore[assignment]
-        self.budget = run_budget(config.run.steps, self.sync_every, config.replicas)
+        self.resumed = launch_start(config, store, incarnation)
+        """--resume: the checkpoint's step, model and server state (runtime/elastic/async_checkpoint.py)."""
+        self.stop, self.budget = launch_budget(config, self.resumed.step)
+        """The step this launch ends at (--stop-after) and the replica outer gradients the model takes by then."""
+        self.checkpoints = ServerCheckpoints(config, group, self.model.module, self.model.boundaries,
+                                             self.resumed.step, self.stop,
+                                             (self.resumed.step,) if config.checkpoint.resume else ())
         self.authkey = authkey
         self.timeout_s = config.reliability.comm_timeout_s
-        # a fresh run's groups all start from the seed's model (version 0); a restarted one holds nothing yet
-        held = HeldModel(_flat(self.params) if incarnation == 0 else None)
+        # a fresh run's groups all start from the seed's model (version 0), a resumed run's from the checkpoint's;
+        # a restarted one holds nothing yet
+        held = HeldModel(None) if incarnation > 0 else self.resumed.held or HeldModel(_flat(self.params))
         self.pacing = socket_pacing(config, group)
         """This process's emulated links (None: --time-scale 0)."""
         self.cuts = cut_hold(config)
@@ -161,9 +174,12 @@ class AsyncElasticGroup:
         assert held.model is not None
         options = self.options.heterogeneity
         optimizer = outer_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power)
+        if epoch == 0 and self.resumed.optimizer is not None:  # a resumed run's first host: the checkpoint's momentum
+            optimizer.load_state_dict(self.resumed.optimizer)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
         return serve_restored(self.store, tier, epoch, held, server, lambda: serve_counting(
-            self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey))
+            self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey,
+            after_update=self.checkpoints.writer(self.store, server)))
 
     def _adopt(self, reply: dict[str, Any]) -> None:
         """Take the reply's model as this group's parameters."""
@@ -208,6 +224,7 @@ class AsyncElasticGroup:
             last = time.perf_counter()
             self.records.append(record)
             self.observer.step(record)
+            self._note_checkpoints()
             step += 1
             self.store.set(f"step/{self.group}", str(step))
         gradient = None if period == 0 else self.held.model - _flat(self.params)  # type: ignore[operator]
@@ -218,9 +235,18 @@ class AsyncElasticGroup:
         # the run's end for its summary (train_s, the final model's samples): the first group to hold the final model
         self.store.compare_set(FINAL_KEY, "", json.dumps({"t": time.time(), "updates": self.held.updates}))
         self.link.close()
-        if self.end_hosting() and self.config.checkpoint.checkpoint_dir is not None:  # the end's, once: by the last
-            self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(  # host of the global model
-                cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries))
+        hosted = self.end_hosting()
+        self._note_checkpoints()
+        # the end's, once: by the last host of the global model (a --stop-after's was written at its update)
+        if hosted and self.config.checkpoint.checkpoint_dir is not None and self.stop == cfg.run.steps:
+            self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
+                cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries,
+                self.checkpoints.protect))
+
+    def _note_checkpoints(self) -> None:
+        """A checkpoint event for each checkpoint this group's server wrote since the last call."""
+        for step, event in self.checkpoints.take_events():
+            self.observer.event("checkpoint", step, **event)
 
     def end_hosting(self) -> bool:
         """Every final reply is out: end the server this group hosts (if any); whether it hosted the global model."""
@@ -234,7 +260,8 @@ class AsyncElasticGroup:
         finished asynchronous run: not resumed from, as a non-elastic one's end)."""
         held = self.held
         return {"optimizer": self.optimizer.state_dict(), "finished": True,
-                "asynchronous": {"anchor": held.model, "version": held.version, "outer_step": held.updates,
+                "asynchronous": {"elastic": True, "anchor": held.model, "version": held.version,
+                                 "outer_step": held.updates,
                                  "pushes": self.link.acked, "inner_steps": len(self.records)}}
 
     def _train_step(self, step: int, lr_step: int) -> dict[str, Any]:

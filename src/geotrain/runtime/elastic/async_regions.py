@@ -136,7 +136,9 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         regions = tuple(sorted(set(self.regions)))
         tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
         # its requests leave from the region server's threads: a store client of their own
-        copy = HeldModel(held.model.clone() if fresh and held.model is not None else None)
+        # (a resumed run's: the checkpoint's global model, version and count)
+        copy = HeldModel(held.model.clone(), held.version, held.updates) if fresh and held.model is not None \
+            else HeldModel(None)
         self.upstream = self.elected_link(own_store_client(self.store), tier, self.region, copy, self._serve_global,
                                           fresh)
         joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge

@@ -99,11 +99,13 @@ def publish_host(store: Any, tier: Tier, epoch: int, host: SocketServer, device:
 
 
 def serve_counting(store: Any, prefix: str, epoch: int, server: Any, kept: int, host: str, authkey: bytes,
-                   at_risk: Callable[[int], int] | None = None) -> SocketServer:
+                   at_risk: Callable[[int], int] | None = None,
+                   after_update: Callable[[int], None] | None = None) -> SocketServer:
     """Serve `server` (an OuterServer, or one with its interface) on `host` for `prefix`'s `epoch`, publishing after
     each update the replica outer gradients a loss of this host would lose (`at_risk(updates)`; default: the
-    model's count); an elected epoch adds to `async/lost_updates` what its predecessor last published beyond
-    `kept` (the copy's count)."""
+    model's count), then calling `after_update(updates)` (a checkpoint's writer: runtime/elastic/async_checkpoint.py);
+    an elected epoch adds to `async/lost_updates` what its predecessor last published beyond `kept` (the copy's
+    count)."""
     risk = at_risk or (lambda updates: updates)
     own = own_store_client(store)  # the server's threads publish: a store client of their own
     store.set(f"{prefix}updates/{epoch}", str(risk(server.updates)))
@@ -111,7 +113,12 @@ def serve_counting(store: Any, prefix: str, epoch: int, server: Any, kept: int, 
         previous = f"{prefix}updates/{epoch - 1}"
         reached = int(store.get(previous).decode()) if store.check([previous]) else kept
         store.add("async/lost_updates", max(0, reached - kept))
-    return SocketServer(server, host, authkey, lambda updates: own.set(f"{prefix}updates/{epoch}", str(risk(updates))))
+
+    def updated(updates: int) -> None:
+        own.set(f"{prefix}updates/{epoch}", str(risk(updates)))
+        if after_update is not None:
+            after_update(updates)
+    return SocketServer(server, host, authkey, updated)
 
 
 def live_bases(store: Any, tier: Tier, epoch: int, held: HeldModel) -> dict[int, tuple[int, Any]]:

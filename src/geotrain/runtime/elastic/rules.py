@@ -22,7 +22,8 @@ equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous ou
 async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
-either end is cut until the heal, links.CutHold; no --netlab, no checkpoint rounds, no --sync-moments:
+either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
+schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; no --netlab, no --sync-moments:
 async_refusal). With --netlab: --time-scale 0 (the lab shapes the
 links) and no --lighthouse (the launcher starts one inside the lab).
 
@@ -30,7 +31,8 @@ Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
 resumed by `train --resume`, elastic or not). After a committed step that is due, the group with rank 0
 in that step's torchft quorum writes one copy of the state in the non-elastic format (one shard per
-stage); with --sync-every only at outer-round ends, so --checkpoint-every must be a multiple of H.
+stage); with --sync-every only at outer-round ends, so --checkpoint-every must be a multiple of H (asynchronous runs:
+one copy by the global model's host, at any step).
 `--elastic --resume` starts every group at the checkpoint's step; `--stop-after K` stops every group K steps after
 the launch's start (with --sync-every: K a multiple of H), with a checkpoint there.
 """
@@ -102,7 +104,8 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.sync_every is None and optim.sync_delay > 0,
          f"optim.sync_delay {optim.sync_delay} without --sync-every (delayed gradients): elastic runs overlap "
          f"nothing per step; use --sync-every H for streaming DiLoCo"),
-        (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0,
+        (optim.sync_every is not None and config.checkpoint.checkpoint_every % optim.sync_every != 0
+         and optim.outer_sync not in ASYNC_SYNCS,
          f"checkpoint.checkpoint_every {config.checkpoint.checkpoint_every}: elastic runs with --sync-every "
          f"{optim.sync_every} checkpoint at outer-round ends only; use a multiple of {optim.sync_every}"),
         (config.reliability.netlab and config.emulation.time_scale > 0,
@@ -129,7 +132,7 @@ def elastic_refusal(config: Any) -> str | None:
          "schedule.batch_shares 'measured': not built yet for elastic groups (re-balancing needs every group of a "
          "changing quorum to agree on the measured speeds); use speed or explicit weights"),
         (optim.sync_every is not None and config.run.stop_after is not None
-         and config.run.stop_after % optim.sync_every != 0,
+         and config.run.stop_after % optim.sync_every != 0 and optim.outer_sync not in ASYNC_SYNCS,
          f"run.stop_after {config.run.stop_after}: elastic runs with --sync-every {optim.sync_every} stop at "
          f"outer-round ends only (their checkpoints are written there); use a multiple of {optim.sync_every}"),
         (config.reliability.chaos is not None and kills_host(config.reliability.chaos)
@@ -170,7 +173,7 @@ def async_refusal(config: Any) -> str | None:
     clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
     if config.optim.outer_sync not in ASYNC_SYNCS:
         return None
-    rel, ckpt = config.reliability, config.checkpoint
+    rel = config.reliability
     why = "elastic asynchronous groups talk over plain TCP"
     reasons = (
         (config.stages > 1 or config.layout.k > 1,
@@ -178,9 +181,6 @@ def async_refusal(config: Any) -> str | None:
          f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
          f"without --elastic asynchronous updates run on it"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
-        (ckpt.checkpoint_every > 0 or ckpt.resume or config.run.stop_after is not None,
-         "checkpoint rounds of an elastic asynchronous run are not built yet (--checkpoint-every, --resume, "
-         "--stop-after); the end's checkpoint is written"),
         (config.optim.sync_moments,
          "optim.sync_moments: not built yet for elastic asynchronous groups (a re-elected server starts from a "
          "replica's copy of the model, which holds no global moments); drop --sync-moments or --elastic"),

@@ -1,0 +1,176 @@
+"""Checkpoints of an elastic asynchronous run (`train --elastic --outer-sync async|async-hierarchical
+--checkpoint-every K`, `--resume`, `--stop-after K`): one copy, written by the global model's current host, in the
+format of every elastic checkpoint (runtime/elastic/checkpoint.py: one replica holding the global batch, `latest`,
+the manifest).
+
+Steps: an asynchronous run has no common step; a checkpoint is named by the equal schedule's step the global model
+reached, as a non-elastic asynchronous run's (geotrain.sync.async_step: step c once the model holds ceil(c x R / H)
+replica outer gradients, `pause_updates`). The due steps are the non-elastic run's (CheckpointSection.points).
+
+Who writes: the host's server, right after the update that brings the model's count to a due step's (the largest
+such step, if one update crossed several), from its server thread with the server's lock held: the clients'
+requests wait for the write (no pause protocol: a client's place is not in the checkpoint). An elected host skips
+the steps its predecessor wrote (`async/checkpointed` in the store); it writes a step its predecessor died before
+writing at its own first update past it.
+
+What it holds: the global model (as the stage's weights, and flat with the server's state: version, updates,
+per-group applied counts, the outer optimizer's momentum and arrivals, the merge rule's reference), marked
+`elastic`. Not the groups' inner AdamW states nor the requests waiting at the server (with `async-hierarchical`: nor
+the region servers' updates not yet merged into the global model): a resumed run starts every group as the launcher
+restarts one (a fresh inner AdamW, the data at the model's progress), from this model, and every region server from
+it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its group's).
+
+`--resume` (elastic): every group starts holding the checkpoint's model, version and counts (a copy: it can win an
+election); epoch 0's host serves from it with the outer optimizer's state. `--stop-after K`: the run's budget
+becomes the count of step start + K (start: the resumed checkpoint's step), the groups end there on one model as at
+the run's end, and the host writes the checkpoint of that step. A non-elastic `--resume` from it is refused (one
+line, geotrain.sync.async_step): a non-elastic asynchronous rank resumes its own place and rank 0 the server's
+clients, which this one copy does not hold.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from geotrain.runtime import checkpoint as ckpt
+from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.checkpoint import load_group_checkpoint, save_group_checkpoint
+from geotrain.runtime.elastic.elected import HeldModel
+from geotrain.sync.async_step import pause_updates, run_budget
+from geotrain.sync.async_wire import own_store_client
+
+CHECKPOINTED_KEY = "async/checkpointed"
+"""The step of the last checkpoint a host of the global model wrote (an elected host skips it and those before)."""
+START_KEY = "async/resumed"
+"""The step a resumed launch started at (a group restarted in it reads it: the newest checkpoint may be later)."""
+
+
+class ServerState:
+    """A server's model state as the sync state save_group_checkpoint writes (nothing in flight to settle)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def settle(self, timer: Any) -> None:
+        """Nothing in flight: the state was taken with the server's lock held."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"finished": False, "asynchronous": {"elastic": True, **self.state}}
+
+
+class Resumed:
+    """An elastic asynchronous run's place at its launch: the checkpoint's `step` (0: a fresh run), the model `held`
+    (None: the seed's) and the outer optimizer's `optimizer` state."""
+
+    def __init__(self, step: int = 0, held: HeldModel | None = None, optimizer: dict[str, Any] | None = None) -> None:
+        self.step, self.held, self.optimizer = step, held, optimizer
+
+
+def launch_start(config: RuntimeConfig, store: Any, incarnation: int) -> Resumed:
+    """Where this launch started: a fresh run's seed (step 0); `--resume`'s checkpoint for a group's first start
+    (load_resumed: published in the store), and only its step for a restarted group (it joins for the model)."""
+    if not config.checkpoint.resume:
+        return Resumed()
+    if incarnation > 0:
+        store.wait([START_KEY], timedelta(seconds=config.reliability.comm_timeout_s))
+        return Resumed(int(store.get(START_KEY).decode()))
+    resumed = load_resumed(config)
+    store.compare_set(START_KEY, "", str(resumed.step))
+    return resumed
+
+
+def load_resumed(config: RuntimeConfig) -> Resumed:
+    """`--resume`: the newest checkpoint's step, global model and server state; CheckpointError (one line) when it
+    is not a resumable elastic asynchronous checkpoint."""
+    state = load_group_checkpoint(config, 0)
+    directory, step = config.checkpoint.checkpoint_dir, state["_step"]
+    where = ckpt.shard_path(str(directory), step, state["_rank"])
+    dp = state["dp"]
+    asynchronous = dp.get("asynchronous", {})
+    if dp.get("finished"):
+        raise ckpt.CheckpointError(f"{where}: the asynchronous run ended in this checkpoint (its final exchange is "
+                                   f"done); nothing to resume")
+    if not asynchronous.get("elastic") or "model" not in asynchronous:
+        raise ckpt.CheckpointError(f"{where}: not an elastic asynchronous run's checkpoint (no global model's server "
+                                   f"state); resume it without --elastic")
+    # no per-group applied counts: a resumed group's acknowledged count starts at 0, as its server's count of it
+    held = HeldModel(asynchronous["model"].to(torch.float32).clone(), int(asynchronous["version"]),
+                     int(asynchronous["updates"]))
+    return Resumed(int(step), held, asynchronous["optimizer"])
+
+
+def launch_budget(config: RuntimeConfig, start: int) -> tuple[int, int]:
+    """(the step this launch stops at, the replica outer gradients the global model takes by then): the run's end
+    and budget, or --stop-after K steps after `start` and that step's count (pause_updates)."""
+    steps, replicas = config.run.steps, config.replicas
+    every: int = config.optim.sync_every  # type: ignore[assignment]
+    budget = run_budget(steps, every, replicas)
+    stop = steps if config.run.stop_after is None else min(steps, start + config.run.stop_after)
+    return stop, budget if stop == steps else min(budget, pause_updates(stop, every, replicas))
+
+
+class ServerCheckpoints:
+    """The checkpoints the host of the global model writes (module doc): group `group`'s, for a launch from step
+    `start` to `stop`; `module`: a model of the group's shape (a copy the global model is loaded into: the group
+    trains its own meanwhile), `boundaries` its stage's; `protect`: the step resumed from (kept on disk)."""
+
+    def __init__(self, config: RuntimeConfig, group: int, module: torch.nn.Module, boundaries: Sequence[int],
+                 start: int, stop: int, protect: tuple[int, ...]) -> None:
+        self.config, self.group, self.boundaries, self.protect = config, group, boundaries, protect
+        every, replicas = config.optim.sync_every, config.replicas
+        points = config.checkpoint.points(start, stop, config.run.steps) if config.checkpoint.checkpoint_dir else []
+        self.points = [(pause_updates(c, every, replicas), c) for c in points]  # type: ignore[arg-type]
+        self.module = copy.deepcopy(module) if self.points else None
+        self.events: list[tuple[int, dict[str, Any]]] = []
+        """(step, what its checkpoint event records) of each checkpoint written, for the group's observer."""
+        self.failure: str | None = None
+        """Why a write failed (the server's thread must not die of it: an OSError there reads as a lost client)."""
+        self.lock = threading.Lock()
+
+    def writer(self, store: Any, server: Any) -> Any:
+        """The callback a host's SocketServer calls after each update (the lock held): writes the due checkpoint of
+        `server` (an OuterServer); None when this launch writes none before its end."""
+        if not self.points:
+            return None
+        own = own_store_client(store)  # the server's threads write: a store client of their own
+        done = int(store.get(CHECKPOINTED_KEY).decode()) if store.check([CHECKPOINTED_KEY]) else 0
+
+        def write(updates: int) -> None:
+            nonlocal done
+            crossed = [c for need, c in self.points if updates >= need and c > done]
+            if crossed:
+                done = crossed[-1]
+                self.save(done, server.model_state())
+                own.set(CHECKPOINTED_KEY, str(done))
+        return write
+
+    def save(self, step: int, state: dict[str, Any]) -> None:
+        """Write the checkpoint of `step` from a server's model state (OuterServer.model_state)."""
+        assert self.module is not None
+        with self.lock, torch.no_grad():
+            offset = 0
+            for p in self.module.parameters():
+                p.copy_(state["model"][offset:offset + p.numel()].view_as(p).to(p.dtype))
+                offset += p.numel()
+            try:
+                event = save_group_checkpoint(self.config, self.group, 0, step, self.module, ServerState(state),
+                                              self.boundaries, self.protect)
+            except Exception as exc:  # noqa: BLE001 - raised in the group's main thread (take_events)
+                self.failure = f"step {step}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                return
+            self.events.append((step, event))
+
+    def take_events(self) -> list[tuple[int, dict[str, Any]]]:
+        """The checkpoints written since the last call; CheckpointError (one line) if a write failed."""
+        if self.failure is not None:
+            raise ckpt.CheckpointError(f"{self.config.checkpoint.checkpoint_dir}: the global model's checkpoint of "
+                                       f"{self.failure}"[:400])
+        with self.lock:
+            events, self.events = self.events, []
+        return events
