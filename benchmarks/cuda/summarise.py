@@ -39,11 +39,8 @@ def main(folder: str) -> None:
     by_name = {r["run"]: r for r in rows}
     pairs = [(name, "tiny-cpu-fp32") for name in ("tiny-cuda-fp32", "tiny-cuda-bf16", "tiny-cpu-bf16")]
     pairs.append(("sharded-1x2x2-cuda", "sharded-1x2x2-cpu"))  # FSDP2 over NCCL inside a site against gloo
-<<<<<<< HEAD
     pairs.append(("v-streaming-host", "v-streaming"))  # --outer-state host (pinned host anchors) against device
-=======
     pairs.append(("elastic-cuda", "elastic-cpu"))  # torchft groups on GPUs (host copies on gloo) against CPU
->>>>>>> helper-C
     for name, base in pairs:
         reference = by_name.get(base)
         if reference and name in by_name:
