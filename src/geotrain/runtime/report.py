@@ -122,8 +122,8 @@ class RunReport:
     """Activation bytes replica 0 sent out of stage 0 over the run (its gradients came back as many): differs from
     steps x pp_bytes_per_cut where steps differ in width (a delta cut's first sights, runtime/delta_wire.py)."""
     cut_state: tuple[dict[str, Any], ...] = ()
-    """A delta cut's per-sample state at the end, one entry per rank holding a side (rank, samples, state_bytes,
-    fingerprint: equal on both sides)."""
+    """A delta cut's per-sample state at the end, one entry per rank holding a side (rank, stage, replica, samples,
+    state_bytes, fingerprint: equal on both sides of a replica's cut)."""
     """Asynchronous outer updates: the replica outer gradients the final global model holds (None otherwise)."""
 
     @property
@@ -334,7 +334,8 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
                      pp_bytes_total=pp_total,
-                     cut_state=tuple({"rank": r["rank"], **r["cut_state"]} for r in records if "cut_state" in r),
+                     cut_state=tuple({"rank": r["rank"], "stage": r["stage"], "replica": r["replica"], **r["cut_state"]}
+                                     for r in records if "cut_state" in r),
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
                      validation=tuple(validation), replica_validation=tuple(replica_validation), uneven=uneven,
                      boundaries=tuple(records[0].get("boundaries", ())) if records else (),
