@@ -109,6 +109,11 @@ def test_a_delta_spec_is_checked_and_its_state_is_capped():
     assert spec.steady_bytes_per_value(128, 4) == get_codec("int2-block").bytes_per_value(128, 4)
     wide_grad = DeltaSpec.of(CodecSpec.parse("delta:grad=int4-block"))
     assert wide_grad.steady_bytes_per_value(128, 4) == get_codec("int4-block").bytes_per_value(128, 4)
+    from geotrain.cost.codec_choice import codec_link_bytes
+    from geotrain.job import JOB_PRESETS
+
+    job = JOB_PRESETS["gpt-1.3b-seed"]  # the planner's price of a cut: the steady state
+    assert codec_link_bytes("delta:codec=int2-block,grad=int2-block", job, "pp").pp_inter == pytest.approx(0.28125)
 
 
 def test_epoch_windows_visit_every_window_once_per_epoch():
