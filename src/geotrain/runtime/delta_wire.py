@@ -48,9 +48,9 @@ def delta_wire_refusal(config: Any) -> str | None:
     if not specs:
         return None
     shown = f"--pp-codec {specs[0]}"
-    if config.pipeline_stages != 2:
-        return (f"{shown} with {config.pipeline_stages} pipeline stages: not built yet: one cut (2 stages, one "
-                f"virtual stage per rank), each rank one side of it")
+    if config.stages != 2 or config.stages_per_rank != 1:
+        return (f"{shown} with {config.stages} stages of {config.stages_per_rank} virtual stages each: not built "
+                f"yet: one cut (2 stages, one virtual stage per rank), each rank one side of it")
     if config.data.windows == "random":
         return (f"{shown} with --windows random: every start offset is a sample, seen about once, so per-sample "
                 f"deltas never start; use --windows epochs")

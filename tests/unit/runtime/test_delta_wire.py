@@ -122,3 +122,23 @@ def test_epoch_windows_visit_every_window_once_per_epoch():
     assert not np.array_equal(ids[:20], ids[20:40])  # each epoch in its own order
     assert np.array_equal(ids[:8], window_ids(3, 0, 96 * 20 + 1, 96, 8, "epochs"))  # a pure function of the step
     assert sorted(window_ids(0, 0, 10_000, 96, 8, "epochs", limit=8)) == list(range(8))
+
+
+def test_settings_without_a_sample_identity_or_a_lasting_state_are_refused_in_one_line(tmp_path):
+    from geotrain.bench.pipeline import bench_cluster
+    from geotrain.runtime import RuntimeConfig, RuntimeConfigError
+
+    cut = {"cluster": bench_cluster(), "pp_codec": "delta", "steps": 2}
+    RuntimeConfig.of(assignment=[[0], [2]], windows="epochs", **cut)  # runs
+    refusals = [
+        ({"assignment": [[0], [2]]}, "--pp-codec delta with --windows random: every start offset is a sample, seen "
+                                     "about once, so per-sample deltas never start; use --windows epochs"),
+        ({"assignment": [[0], [1], [2]], "windows": "epochs"},
+         "--pp-codec delta with 3 stages of 1 virtual stages each: not built yet: one cut"),
+        ({"assignment": [[0], [2]], "windows": "epochs", "checkpoint_dir": str(tmp_path)},
+         "--pp-codec delta with --checkpoint-dir: not built yet: the per-sample state is not checkpointed"),
+    ]
+    for settings_, line in refusals:
+        with pytest.raises(RuntimeConfigError, match=line.replace("(", r"\(").replace(")", r"\)")) as found:
+            RuntimeConfig.of(**settings_, **cut)
+        assert "\n" not in str(found.value)
