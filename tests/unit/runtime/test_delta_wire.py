@@ -4,6 +4,8 @@ where sample identity or the state's life is unknown are refused in one line."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -139,6 +141,6 @@ def test_settings_without_a_sample_identity_or_a_lasting_state_are_refused_in_on
          "--pp-codec delta with --checkpoint-dir: not built yet: the per-sample state is not checkpointed"),
     ]
     for settings_, line in refusals:
-        with pytest.raises(RuntimeConfigError, match=line.replace("(", r"\(").replace(")", r"\)")) as found:
+        with pytest.raises(RuntimeConfigError, match=re.escape(line)) as found:
             RuntimeConfig.of(**settings_, **cut)
         assert "\n" not in str(found.value)
