@@ -70,5 +70,5 @@ def delta_memory_refusal(spec: DeltaSpec, samples: int, sample_shape: Sequence[i
     if need <= spec.max_state_mb * 1e6:
         return None
     return (f"per-sample activation state of {samples:,} samples x {state_bytes_per_sample(sample_shape):,} bytes = "
-            f"{need / 1e6:,.0f} MB per side exceeds max_state_mb={spec.max_state_mb:g} (fewer samples: --windows "
-            f"epochs, or a larger cap)")
+            f"{need / 1e6:,.0f} MB per side exceeds max_state_mb={spec.max_state_mb:g} (fewer samples: --epoch-windows "
+            f"N, or a larger max_state_mb)")

@@ -106,7 +106,7 @@ def test_a_delta_spec_is_checked_and_its_state_is_capped():
     assert delta_memory_refusal(spec, 2000, (96, 128)) is None  # 2,000 x 49,152 bytes = 98 MB
     assert delta_memory_refusal(spec, 3876, (96, 128)) == (
         "per-sample activation state of 3,876 samples x 49,152 bytes = 191 MB per side exceeds max_state_mb=100 "
-        "(fewer samples: --windows epochs, or a larger cap)")
+        "(fewer samples: --epoch-windows N, or a larger max_state_mb)")
     # priced by its steady state: the wider of the delta and gradient payloads, each way
     assert spec.steady_bytes_per_value(128, 4) == get_codec("int2-block").bytes_per_value(128, 4)
     wide_grad = DeltaSpec.of(CodecSpec.parse("delta:grad=int4-block"))
