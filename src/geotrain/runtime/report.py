@@ -118,13 +118,13 @@ class RunReport:
     memory: dict[str, Any] | None = None
     """What each rank held at the end beside the planner's state per device (runtime.memory_use.memory_summary)."""
     global_updates: int | None = None
+    """Asynchronous outer updates: the replica outer gradients the final global model holds (None otherwise)."""
     pp_bytes_total: int = 0
     """Activation bytes replica 0 sent out of stage 0 over the run (its gradients came back as many): differs from
     steps x pp_bytes_per_cut where steps differ in width (a delta cut's first sights, runtime/delta_wire.py)."""
     cut_state: tuple[dict[str, Any], ...] = ()
     """A delta cut's per-sample state at the end, one entry per rank holding a side (rank, stage, replica, samples,
     state_bytes, fingerprint: equal on both sides of a replica's cut)."""
-    """Asynchronous outer updates: the replica outer gradients the final global model holds (None otherwise)."""
 
     @property
     def losses(self) -> list[float]:
