@@ -71,9 +71,6 @@ class DeltaMemory:
     def __init__(self) -> None:
         self.values: dict[int, torch.Tensor] = {}
 
-    def __contains__(self, sample: int) -> bool:
-        return sample in self.values
-
     def all_seen(self, samples: Sequence[int]) -> bool:
         return all(int(i) in self.values for i in samples)
 
