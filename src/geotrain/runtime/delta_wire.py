@@ -188,10 +188,13 @@ class DeltaWire:
         return out.to(carrier.device)
 
     def encode_gradient(self, grad: torch.Tensor, width: int) -> torch.Tensor:
+        """The receiver's backward: the activation gradient at `grad`, in a carrier `width` floats wide (the
+        forward carrier's shape, as torch's schedule expects); no state."""
         body = encode_to_carrier(self.grad, grad.detach().float())
         return self._frame(torch.zeros(grad.shape[0], 1), body, width, grad.device)
 
     def decode_gradient(self, carrier: torch.Tensor, sample_shape: tuple[int, ...]) -> torch.Tensor:
+        """The sender's backward: the activation gradient (B, *sample_shape) a carrier of `encode_gradient` holds."""
         spec: PayloadSpec = carried_spec(self.grad, sample_shape)
         return decode_from_carrier(self.grad, carrier[:, 1:1 + carrier_numel(self.grad, sample_shape)], spec)
 
