@@ -6,7 +6,8 @@ emulated (geotrain.emulate). Every row trains the same model (seed), data and ba
 through the runtime (`geotrain train`'s launcher: one process per stage, one replica) and differs only
 in the cut's codec (`--pp-codec`) and placement: "across" puts stage 1 in the other site, "local" in
 the same site. Measured per row:
-- cut bytes per step: activations forward plus their gradients back (2 x the runtime's bytes per cut);
+- cut bytes per step: activations forward plus their gradients back (2 x the runtime's bytes per cut),
+  averaged over the run's steps (a delta cut's first sights travel wider: runtime/delta_wire.py);
 - step seconds: the mean emulated step (compute on this CPU, in each rank's CPU seconds, so rows do
   not depend on how loaded the machine is; links as emulated);
 - time to target: emulated seconds until the training loss, averaged over the last `smooth` steps,
@@ -66,6 +67,10 @@ class PipelineBenchConfig:
     eval_windows: int = 32
     seed: int = 0
     rows: tuple[PipelineRow, ...] = DEFAULT_ROWS
+    windows: str = "random"
+    """How every row draws its training windows (geotrain.data.WINDOW_MODES; a delta codec needs "epochs")."""
+    epoch_windows: int = 0
+    """windows "epochs": the first N aligned windows only (0: all)."""
 
 
 @dataclass(frozen=True)
@@ -122,9 +127,10 @@ def run_pipeline_bench(config: PipelineBenchConfig = PipelineBenchConfig(),
         run_config = RuntimeConfig.of(cluster=cluster, assignment=np.array(ACROSS if row.across else LOCAL),
                                       plan_name=row.label, steps=config.steps, pp_codec=row.pp_codec,
                                       time_scale=config.time_scale, compute_clock="cpu", seed=config.seed,
-                                      eval_every=config.steps, eval_windows=config.eval_windows)
+                                      eval_every=config.steps, eval_windows=config.eval_windows,
+                                      windows=config.windows, epoch_windows=config.epoch_windows)
         report = launch(run_config, tokens=tokens).report
-        cut_bytes = 2 * report.pp_bytes_per_cut
+        cut_bytes = round(2 * report.pp_bytes_total / config.steps)
         losses = report.losses
         reached = steps_to_target(losses, config.target, config.smooth)
         found.append(PipelineRowResult(

@@ -19,19 +19,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="target training loss (mean of the last 5 steps) for the time-to-target column")
     parser.add_argument("--codecs", default=None, metavar="CODEC,...",
                         help="the codecs of the 'across' rows (default: none, int8-block, int4-block:block_size=32, "
-                             "int4-block, int2-block, sign-block); the local fp32 row always runs")
+                             "int4-block, int2-block, sign-block; an item k=v continues the codec before it: "
+                             "delta:codec=int2-block,grad=int2-block); the local fp32 row runs unless --no-local")
+    parser.add_argument("--no-local", action="store_true", help="leave out the local fp32 row")
+    parser.add_argument("--windows", default="random", metavar="random|epochs",
+                        help="how every row draws training windows (a delta codec needs epochs: train's --windows)")
+    parser.add_argument("--epoch-windows", type=int, default=0, metavar="N",
+                        help="--windows epochs: the first N aligned windows only (0: all)")
     parser.add_argument("--time-scale", type=positive_float, default=1.0, help="multiply every emulated link time")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
-def rows_of(text: str | None) -> tuple[Any, ...]:
-    """The bench rows for `--codecs` (None: the default rows); each codec checked as --pp-codec checks it."""
+def rows_of(text: str | None, local: bool = True) -> tuple[Any, ...]:
+    """The bench rows for `--codecs` (None: the default rows), after the local fp32 row unless not `local`; each
+    codec checked as --pp-codec checks it."""
     from geotrain.bench.pipeline import DEFAULT_ROWS, PipelineBenchError, PipelineRow
     from geotrain.runtime.sections import CommSection, RuntimeConfigError
 
     if text is None:
-        return DEFAULT_ROWS
-    codecs = [item.strip() for item in text.split(",") if item.strip()]
+        return DEFAULT_ROWS if local else DEFAULT_ROWS[1:]
+    codecs: list[str] = []
+    for item in filter(None, (item.strip() for item in text.split(","))):
+        if "=" in item and ":" not in item and codecs:  # a further parameter of the codec before it
+            codecs[-1] += "," + item
+        else:
+            codecs.append(item)
     if not codecs:
         raise PipelineBenchError(f"--codecs: give one or more activation codecs, got {text!r}")
     for codec in codecs:
@@ -39,8 +51,8 @@ def rows_of(text: str | None) -> tuple[Any, ...]:
             CommSection(pp_codec=codec)
         except RuntimeConfigError as exc:
             raise PipelineBenchError(f"--codecs: {exc}") from None
-    return (PipelineRow("local, fp32", "none", across=False),
-            *(PipelineRow(f"across, {'fp32' if c == 'none' else c}", c) for c in codecs))
+    across = tuple(PipelineRow(f"across, {'fp32' if c == 'none' else c}", c) for c in codecs)
+    return ((PipelineRow("local, fp32", "none", across=False),) if local else ()) + across
 
 
 def run(args: Any) -> int:
@@ -49,7 +61,8 @@ def run(args: Any) -> int:
 
     out = Output(json_mode=args.json)
     config = PipelineBenchConfig(steps=args.steps, target=args.target, time_scale=args.time_scale,
-                                 rows=rows_of(args.codecs))
+                                 rows=rows_of(args.codecs, not args.no_local), windows=args.windows,
+                                 epoch_windows=args.epoch_windows)
     with out.progress("bench pipeline", len(config.rows)) as progress:
         bench = run_pipeline_bench(config, progress)
     if args.json:

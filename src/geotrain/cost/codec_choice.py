@@ -5,7 +5,9 @@ The quality ladders, best quality first (each step down sends fewer bytes and ri
     activations:  none > fp16 > int8-block > int4-block
                   (the runtime's pipeline codecs, activations and their gradients alike: a cast, or a codec's
                   packed bytes in a float32 carrier, runtime/cut_wire.py; 4, 2, 1.02, 0.53 bytes per value.
-                  int2-block and sign-block run too, but stalled the tiny GPT in bench pipeline: not a rung)
+                  int2-block and sign-block run too, but stalled the tiny GPT in bench pipeline: not a rung;
+                  per-sample deltas, `delta:...`, are priced by their steady-state bytes, codecs/delta.py, but
+                  are no rung either: they need revisited samples, --windows epochs, which a plan does not know)
 A policy (`dp=sign,pp=fp16`) names the lowest rung each may use; the default stops at
 int8-block for DP and fp16 for activations (measured: sign+EF under AdamW costs ~0.5 nats on the tiny GPT,
 docs/history/wan.md; the activation codecs' losses: docs/results/bench-pipeline.md).
@@ -99,9 +101,12 @@ def codec_link_bytes(name: str, job: Job, kind: str, group_size: int = 2) -> Wir
     """WireBytes of a flat codec spec `name` (both link classes alike) for `kind` "dp" or "pp" of `job`;
     `group_size` n: the DP group's members (all-gathered codecs count n / 2 times)."""
     from geotrain.codecs import CodecSpec  # torch-backed: imported only when codecs are priced
+    from geotrain.codecs.delta import DeltaSpec, is_delta
     from geotrain.comm import reducer_traits
 
     spec = CodecSpec.parse(name)
+    if kind == "pp" and is_delta(spec):  # per-sample deltas: priced by the steady state (every sample seen)
+        return WireBytes.uniform(pp=DeltaSpec.of(spec).steady_bytes_per_value(job.hidden, job.bytes_per_value))
     per_value = spec.build().bytes_per_value(job.hidden, job.bytes_per_value)
     if kind == "pp":
         return WireBytes.uniform(pp=per_value)

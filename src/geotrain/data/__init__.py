@@ -7,7 +7,7 @@ Real data: `load_corpus(PATH)` (text / jsonl / token file -> train and validatio
 
 from geotrain.data.batches import WorldTokens, get_batch, world_tokens
 from geotrain.data.corpus import Corpus, load_corpus, prepare_token_file, tokenize_documents, val_start_for
-from geotrain.data.sampling import replica_batch, window_starts
+from geotrain.data.sampling import WINDOW_MODES, batch_starts, replica_batch, window_count, window_ids, window_starts
 from geotrain.data.sources import DataError, Document, read_documents, source_files
 from geotrain.data.text_tokenizers import ByteTokenizer, HFTokenizer, TextTokenizer, load_text_tokenizer
 from geotrain.data.token_file import read_token_file, sidecar_path, write_token_file
@@ -27,7 +27,9 @@ __all__ = [
     "TokenizerError",
     "Town",
     "World",
+    "WINDOW_MODES",
     "WorldTokens",
+    "batch_starts",
     "build_world",
     "get_batch",
     "load_corpus",
@@ -40,6 +42,8 @@ __all__ = [
     "source_files",
     "tokenize_documents",
     "val_start_for",
+    "window_count",
+    "window_ids",
     "window_starts",
     "world_tokens",
 ]

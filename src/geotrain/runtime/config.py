@@ -20,6 +20,7 @@ import torch
 from geotrain.cluster import Cluster
 from geotrain.cost import AssignmentError, UnknownGpuError, as_assignment, device_peak_flops, stage_speeds
 from geotrain.runtime.batch_shares import BatchSharesError, batch_shares, parse_batch_shares
+from geotrain.runtime.delta_wire import delta_wire_refusal
 from geotrain.runtime.composition import composition_refusal
 from geotrain.runtime.elastic.chaos import ChaosSpecError, check_sites, parse_chaos
 from geotrain.runtime.elastic.rules import check_elastic, sleeps_gpu_speed
@@ -117,6 +118,9 @@ class RuntimeConfig:
             raise RuntimeConfigError(f"comm.pp_codecs: per-cut activation codecs {[str(s) for s in comm.pp_codecs]} "
                                      f"need one virtual stage per rank; schedule {self.schedule.schedule!r} loops "
                                      f"{self.stages_per_rank} (use --pp-codec)")
+        refusal = delta_wire_refusal(self)
+        if refusal is not None:
+            raise RuntimeConfigError(refusal)
         cuts = self.schedule.split_boundaries
         if cuts and len(cuts) != stages + 1:
             raise RuntimeConfigError(f"schedule.split_boundaries must be {stages + 1} increasing cut points from 0 "

@@ -10,9 +10,9 @@ activations). torch.distributed.pipelining moves the carrier both ways like any 
 So the activation gradients are compressed by the same codec on the way back, and the gradient the
 receiver returns has exactly the carrier's shape (what the schedule expects). Both functions are
 stateless: no error feedback, because a cut's activations and gradients belong to different samples
-every micro-batch (a residual carried from one sample into another's would be noise, not a correction);
-AQ-SGD-style per-sample deltas would need the last activation of every training sample on both sides
-of the cut (docs/guide/slow-links.md prices that memory) and are not built.
+every micro-batch (a residual carried from one sample into another's would be noise, not a correction).
+AQ-SGD-style per-sample deltas, whose state is each sample's last activation on both sides of the cut,
+are runtime/delta_wire.py.
 """
 
 from __future__ import annotations

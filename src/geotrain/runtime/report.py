@@ -119,6 +119,12 @@ class RunReport:
     """What each rank held at the end beside the planner's state per device (runtime.memory_use.memory_summary)."""
     global_updates: int | None = None
     """Asynchronous outer updates: the replica outer gradients the final global model holds (None otherwise)."""
+    pp_bytes_total: int = 0
+    """Activation bytes replica 0 sent out of stage 0 over the run (its gradients came back as many): differs from
+    steps x pp_bytes_per_cut where steps differ in width (a delta cut's first sights, runtime/delta_wire.py)."""
+    cut_state: tuple[dict[str, Any], ...] = ()
+    """A delta cut's per-sample state at the end, one entry per rank holding a side (rank, stage, replica, samples,
+    state_bytes, fingerprint: equal on both sides of a replica's cut)."""
 
     @property
     def losses(self) -> list[float]:
@@ -168,7 +174,9 @@ class RunReport:
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "stages": self.stages, "replicas": self.replicas, "assignment": self.assignment,
                 "losses": self.losses, "summary": self.summary(), "prediction": self.prediction.to_json(),
-                "bytes": {"dp_per_stage": list(self.dp_bytes_per_stage), "pp_per_cut": self.pp_bytes_per_cut},
+                "bytes": {"dp_per_stage": list(self.dp_bytes_per_stage), "pp_per_cut": self.pp_bytes_per_cut,
+                          "pp_total": self.pp_bytes_total},
+                "cut_state": list(self.cut_state),
                 "iterations": [row.to_json() for row in self.rows], "config": self.config,
                 "validation": [{"step": step, "loss": loss} for step, loss in self.validation],
                 "replica_validation": [{"replica": replica, "step": step, "loss": loss}
@@ -257,11 +265,12 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
             by_step[record["step"]].append(record)
     stages, replicas = config.stages, config.replicas
     dp_bytes = [0] * stages
-    pp_bytes = 0
+    pp_bytes = pp_total = 0
     for record in records:  # the largest exchange of a step (with --sync-every, most steps exchange nothing)
         dp_bytes[record["stage"]] = max(dp_bytes[record["stage"]], int(record["dp_bytes"]))
         if record["stage"] == 0 and record["replica"] == 0:  # activations replica 0 sends out of stage 0
             pp_bytes = int(record.get("pp_bytes", 0))
+            pp_total += pp_bytes
     virtual = config.stages_per_rank
     rate = sync_rate(config.optim.sync_every, config.optim.fragments)  # --sync-every H: one exchange per H steps
     prediction = predict_comm(config.cluster, config.assignment, dp_bytes, pp_bytes, config.emulation.time_scale,
@@ -324,6 +333,9 @@ def build_report(config: RuntimeConfig, records: Sequence[dict[str, Any]]) -> Ru
     samples = tuple(per_replica.get(replica, config.schedule.batch_size) for replica in range(replicas))
     return RunReport(plan=config.plan_name, stages=stages, replicas=replicas, assignment=config.assignment.tolist(),
                      rows=tuple(rows), dp_bytes_per_stage=tuple(dp_bytes), pp_bytes_per_cut=pp_bytes,
+                     pp_bytes_total=pp_total,
+                     cut_state=tuple({"rank": r["rank"], "stage": r["stage"], "replica": r["replica"], **r["cut_state"]}
+                                     for r in records if "cut_state" in r),
                      prediction=prediction, config=config.to_json(), replicas_in_sync=in_sync,
                      validation=tuple(validation), replica_validation=tuple(replica_validation), uneven=uneven,
                      boundaries=tuple(records[0].get("boundaries", ())) if records else (),

@@ -18,12 +18,14 @@ import torch
 
 from geotrain.codecs import CODECS, CodecError, CodecSpec
 from geotrain.codecs.carrier import CARRIED_CODECS
+from geotrain.codecs.delta import DELTA, DeltaSpec, is_delta
 from geotrain.comm import check_reducer_spec, reducer_traits
 from geotrain.emulate.install import COMPUTE_CLOCKS as EMULATED_CLOCKS
 from geotrain.errors import GeotrainError
 from geotrain.models import MODEL_PRESETS, TINY_GPT, GPTConfig
 from geotrain.optim.outer import DILOCO_LR, DILOCO_MOMENTUM, LANDINGS, OuterStepError, check_outer_settings
 from geotrain.cost.memory import OUTER_STATES
+from geotrain.data import WINDOW_MODES
 from geotrain.optim.registry import RUNTIME_OPTIMIZERS
 from geotrain.runtime.batch_shares import BatchSharesError, parse_batch_shares
 from geotrain.runtime.elastic.chaos import ChaosSpecError, Slow, parse_chaos, slow_only
@@ -55,10 +57,11 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 MIN_COMM_TIMEOUT_S = 1.0
 """Shortest accepted gloo timeout (seconds): the rendezvous of freshly started workers takes a few."""
-PP_CODECS = (*(name for name, codec in CODECS.items() if codec.wire_float_dtype is not None), *CARRIED_CODECS)
+PP_CODECS = (*(name for name, codec in CODECS.items() if codec.wire_float_dtype is not None), *CARRIED_CODECS, DELTA)
 """Codecs allowed for pipeline activations: torch's pipelining sends the float tensors a stage outputs, so
 an activation codec is a float cast, or a codec whose packed bytes ride in a float32 carrier
-(geotrain.codecs.carrier: its payload layout depends on the shape alone; top-k, rand-k, PowerSGD are refused)."""
+(geotrain.codecs.carrier: its payload layout depends on the shape alone; top-k, rand-k, PowerSGD are refused),
+or the per-sample delta wire (geotrain.codecs.delta, runtime/delta_wire.py)."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,11 @@ class DataSection(Section):
     data: str | None = setting(None, "text / jsonl / token file (or a directory of them); default: the synthetic "
                                      "world", metavar="FILE|DIR")
     data_seed: int = setting(0, "world text and batch seed")
+    windows: str = setting("random", "how training windows are drawn: random (any start offset) or epochs (aligned "
+                                     "windows, each once per epoch in a seeded order: the revisited samples that "
+                                     "a delta pipeline codec needs)", choices=WINDOW_MODES)
+    epoch_windows: int = setting(0, "--windows epochs: draw from the first N aligned windows only (0: all)",
+                                 metavar="N")
     val_fraction: float = setting(0.1, "fraction of --data held out for validation")
     eval_every: int = setting(0, "validation loss every N steps and at the end (0: never)", metavar="N")
     eval_windows: int = setting(32, "validation windows per evaluation (at most)")
@@ -155,6 +163,10 @@ class DataSection(Section):
 
     def __post_init__(self) -> None:
         self._text("data", optional=True)
+        self._choice("windows", WINDOW_MODES)
+        self._integer("epoch_windows", 0)
+        if self.epoch_windows and self.windows != "epochs":
+            self._fail("epoch_windows", f"needs data.windows epochs (data.windows is {self.windows!r})")
         self._flag("eval_local")
         self._integer("eval_offset", 0)
         if self.eval_offset and self.eval_offset >= max(self.eval_every, 1):
@@ -246,7 +258,8 @@ class CommSection(Section):
                                   metavar="CODEC[:k=v,...]")
     pp_codec: CodecSpec = setting(CodecSpec("none"), "activation (and activation gradient) codec of the pipeline "
                                   "cuts: none (fp32), fp16, bf16, or packed: int8-block, int4-block, int2-block, "
-                                  "sign-block... (default: the plan's per-cut choice, else none)",
+                                  "sign-block..., or per-sample deltas: delta:codec=int2-block,first=int8-block,"
+                                  "grad=int2-block (default: the plan's per-cut choice, else none)",
                                   metavar="CODEC[:k=v,...]")
     dp_codecs: tuple[CodecSpec, ...] = setting((), "one gradient codec per stage (a plan's choice; empty: dp_codec "
                                                "everywhere)", flag=NO_FLAG)
@@ -284,6 +297,8 @@ class CommSection(Section):
             parsed = CodecSpec.parse(spec)
             if label == "gradient":
                 check_reducer_spec(parsed)
+            elif is_delta(parsed):
+                DeltaSpec.of(parsed)
             else:
                 parsed.build()
         except (CodecError, TypeError) as exc:
@@ -302,8 +317,11 @@ class CommSection(Section):
         """The activation wire (runtime.stages.Wire: a torch dtype, or a PackedWire for a quantising codec):
         one for every cut alike, or one per pipeline cut."""
         from geotrain.runtime.cut_wire import PackedWire
+        from geotrain.runtime.delta_wire import DeltaWire
 
         def wire(spec: CodecSpec) -> Any:
+            if is_delta(spec):
+                return DeltaWire(spec)
             dtype = spec.build().wire_float_dtype
             return dtype if dtype is not None else PackedWire(spec)
 

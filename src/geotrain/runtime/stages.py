@@ -34,9 +34,12 @@ from geotrain.models import (
     split_layers,
 )
 from geotrain.runtime.cut_wire import PackedWire
+from geotrain.runtime.delta_wire import DeltaWire
 
-Wire = Union[torch.dtype, PackedWire]
-"""What crosses one cut: activations cast to a float dtype, or a codec's bytes in a float32 carrier."""
+Wire = Union[torch.dtype, PackedWire, DeltaWire]
+"""What crosses one cut: activations cast to a float dtype, or a codec's bytes in a float32 carrier (stateless,
+or per-sample deltas)."""
+CARRIER_WIRES = (PackedWire, DeltaWire)
 
 SPLIT_RULES = ("layers", "params", "time")
 
@@ -66,7 +69,7 @@ class StageModule(nn.Module):
     activations of `receive_shape` per sample."""
 
     def __init__(self, layers: Sequence[nn.Module], is_last: bool, wire_dtype: Wire = torch.float32,
-                 receive: PackedWire | None = None, receive_shape: tuple[int, ...] = ()) -> None:
+                 receive: PackedWire | DeltaWire | None = None, receive_shape: tuple[int, ...] = ()) -> None:
         super().__init__()
         self.layers = nn.Sequential(*layers)
         self.is_last = is_last
@@ -80,7 +83,7 @@ class StageModule(nn.Module):
         hidden = self.layers(hidden)
         if self.is_last:  # fp32 logits under autocast too: what the stage declared to torch's pipelining
             return hidden.float() if hidden.is_floating_point() else hidden
-        if isinstance(self.wire_dtype, PackedWire):
+        if isinstance(self.wire_dtype, CARRIER_WIRES):
             return self.wire_dtype.send(hidden)
         return hidden.to(self.wire_dtype)
 
@@ -140,7 +143,7 @@ def stage_boundaries(model: LayerModel, n_stages: int, rule: str, seq_len: int,
 
 def cut_dtype(wire_dtype: Wire | Sequence[Wire], cut: int) -> Wire:
     """The wire of cut `cut` (after pipeline stage `cut`): one wire for all cuts, or one per cut."""
-    return wire_dtype if isinstance(wire_dtype, (torch.dtype, PackedWire)) else wire_dtype[cut]
+    return wire_dtype if isinstance(wire_dtype, (torch.dtype, *CARRIER_WIRES)) else wire_dtype[cut]
 
 
 def stage_modules(model: LayerModel, boundaries: Sequence[int], wanted: Sequence[int],
@@ -150,7 +153,7 @@ def stage_modules(model: LayerModel, boundaries: Sequence[int], wanted: Sequence
     `wire_dtype`: one activation wire, or one per cut (stage s sends in wire_dtype[s]). A stage that
     receives a PackedWire decodes samples of the shape the model gives for `seq_len` tokens (needed then)."""
     last = len(boundaries) - 2
-    packed_in = [s for s in wanted if s > 0 and isinstance(cut_dtype(wire_dtype, s - 1), PackedWire)]
+    packed_in = [s for s in wanted if s > 0 and isinstance(cut_dtype(wire_dtype, s - 1), CARRIER_WIRES)]
     if packed_in and seq_len is None:
         raise ValueError("stage_modules: a packed activation wire needs seq_len (the shape the receiver decodes)")
     inputs = ({s: found[0][1:] for s, found in enumerate(model.stage_io_shapes(boundaries, 1, seq_len))}
@@ -165,13 +168,16 @@ def stage_modules(model: LayerModel, boundaries: Sequence[int], wanted: Sequence
 
 
 def stage_shapes(model: LayerModel, boundaries: Sequence[int], microbatch: int, seq_len: int,
-                 wire_dtype: Wire | Sequence[Wire] = torch.float32) -> list[StageShapes]:
+                 wire_dtype: Wire | Sequence[Wire] = torch.float32, wide: bool = False) -> list[StageShapes]:
     """Per-micro-batch input/output shapes and dtypes of every stage (activations in `wire_dtype`: one
-    wire, or one per cut; a PackedWire cut crosses as its float32 carrier)."""
+    wire, or one per cut; a PackedWire cut crosses as its float32 carrier; a DeltaWire's carrier is that of
+    a `wide` step (first sights) or a narrow one (deltas))."""
     found = model.stage_io_shapes(boundaries, microbatch, seq_len)
 
     def crossing(shape: tuple[int, ...], cut: int) -> tuple[tuple[int, ...], torch.dtype]:
         wire = cut_dtype(wire_dtype, cut)
+        if isinstance(wire, DeltaWire):
+            return wire.carrier_shape(shape, wide), torch.float32
         return (wire.carrier_shape(shape), torch.float32) if isinstance(wire, PackedWire) else (shape, wire)
 
     shapes = []

@@ -16,42 +16,58 @@ from typing import Any
 import numpy as np
 import torch
 
-from geotrain.data import (DataError, WorldTokens, load_corpus, replica_batch, sidecar_path, source_files,
-                           window_starts, world_tokens)
+from geotrain.data import (DataError, WorldTokens, batch_starts, load_corpus, replica_batch, sidecar_path,
+                           source_files, window_count, window_ids, world_tokens)
 
 
 @dataclass(frozen=True, eq=False)
 class TrainingData:
-    """Train and validation ids (1-D integer arrays) and the vocabulary size."""
+    """Train and validation ids (1-D integer arrays), the vocabulary size and how training windows are drawn
+    (`windows`: geotrain.data.WINDOW_MODES; `epoch_windows` > 0: "epochs" draws from the first that many)."""
 
     train: np.ndarray
     val: np.ndarray
     vocab_size: int
     source: str
+    windows: str = "random"
+    epoch_windows: int = 0
 
     def batch(self, seed: int, step: int, replica: int, replicas: int, per_replica: int,
               seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This replica's (inputs, targets) of `step`: int64 (per_replica, seq_len) each."""
-        return replica_batch(self.train, seed, step, replica, replicas, per_replica * replicas, seq_len)
+        return replica_batch(self.train, seed, step, replica, replicas, per_replica * replicas, seq_len, self.windows,
+                             self.epoch_windows)
 
     def share(self, seed: int, step: int, first: int, count: int, global_batch: int,
               seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Windows first..first + count - 1 of `step`'s global batch of `global_batch` windows (a replica's
         batch share, runtime/batch_shares.py): (inputs, targets), int64 (count, seq_len) each."""
-        starts = window_starts(seed, step, len(self.train), seq_len, global_batch)[first:first + count]
+        starts = batch_starts(seed, step, len(self.train), seq_len, global_batch, self.windows,
+                              self.epoch_windows)[first:first + count]
         windows = torch.from_numpy(np.asarray(self.train)[starts[:, None] + np.arange(seq_len + 1)].astype(np.int64))
         return windows[:, :-1], windows[:, 1:]
 
+    def share_ids(self, seed: int, step: int, first: int, count: int, global_batch: int, seq_len: int) -> np.ndarray:
+        """The identities (geotrain.data.window_ids) of the windows `share` returns, in its order."""
+        return window_ids(seed, step, len(self.train), seq_len, global_batch, self.windows,
+                          self.epoch_windows)[first:first + count]
+
+    def sample_count(self, seq_len: int) -> int:
+        """How many distinct training windows (samples) of `seq_len` tokens the run draws from."""
+        return window_count(len(self.train), seq_len, self.windows, self.epoch_windows)
+
 
 def load_training_data(data: str | None, data_seed: int, val_fraction: float,
-                       world: WorldTokens | None = None) -> TrainingData:
+                       world: WorldTokens | None = None, windows: str = "random",
+                       epoch_windows: int = 0) -> TrainingData:
     """The world of `data_seed` (data None; `world` if the caller built it) or the corpus at `data`
-    (text, jsonl, token file, directory)."""
+    (text, jsonl, token file, directory); training windows drawn as `windows` says."""
     if data is None:
         world = world if world is not None else world_tokens(data_seed)
-        return TrainingData(world.train.numpy(), world.val.numpy(), world.vocab_size, f"world:{data_seed}")
+        return TrainingData(world.train.numpy(), world.val.numpy(), world.vocab_size, f"world:{data_seed}", windows,
+                            epoch_windows)
     corpus = load_corpus(data, val_fraction=val_fraction)
-    return TrainingData(corpus.train, corpus.val, corpus.vocab_size, corpus.source)
+    return TrainingData(corpus.train, corpus.val, corpus.vocab_size, corpus.source, windows, epoch_windows)
 
 
 def check_training_data(data: str | None, val_fraction: float, seq_len: int, evaluates: bool) -> None:

@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,9 @@ from geotrain.runtime.slowdown import SlowDown, site_slowdowns
 from geotrain.runtime.sharded import fully_shard_stage, shard_rows
 from geotrain.runtime.shard_state import local_state, sharded_state
 from geotrain.runtime.stages import build_layer_model, stage_boundaries, stage_modules, stage_shapes
+from geotrain.runtime.delta_wire import DeltaWire
+from geotrain.codecs import CodecSpec
+from geotrain.codecs.delta import DeltaSpec, delta_memory_refusal, is_delta
 from geotrain.runtime.training_data import load_training_data
 from geotrain.runtime.transport import Transport, use_emulated_links
 from geotrain.runtime.watchdog import Watchdog, end_on_sigterm
@@ -111,7 +115,8 @@ class Worker:
                         for s in range(S)] if K > 1 else None
         self.shard_group = None if shard_groups is None else shard_groups[self.slot.stage][self.slot.replica]
         self.pp_ranks = [self.layout.rank_of(s, self.slot.replica, shard) for s in range(S)]
-        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
+        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world,
+                                       config.data.windows, config.data.epoch_windows)
         self.seq_len = config.sequence_length
         self.shares = config.batch_shares()  # sequences per replica (--batch-shares)
         self.share = self.shares[self.slot.replica]
@@ -132,6 +137,16 @@ class Worker:
         # the shapes run the whole model on CPU: before this rank's stages move to the device
         self.shapes = stage_shapes(model, self.boundaries, (self.share // K) // config.schedule.microbatches,
                                   self.seq_len, wire)
+        # a per-sample delta cut (runtime/delta_wire.py): a second pipeline of the wide carrier (first sights)
+        self.delta_wire = wire if isinstance(wire, DeltaWire) else None
+        self.wide_shapes = self.shapes
+        if self.delta_wire is not None:
+            refusal = delta_memory_refusal(self.delta_wire.delta, self.data.sample_count(self.seq_len),
+                                           model.stage_io_shapes(self.boundaries, 1, self.seq_len)[0][1][1:])
+            if refusal is not None:
+                raise RuntimeConfigError(f"--pp-codec {self.delta_wire}: {refusal}")
+            self.wide_shapes = stage_shapes(model, self.boundaries, (self.share // K) // config.schedule.microbatches,
+                                            self.seq_len, wire, wide=True)
         for module in self.modules.values():
             module.to(device)
         if self.shard_group is not None:
@@ -160,6 +175,9 @@ class Worker:
         replica_group = None if replica_groups is None else replica_groups[self.slot.replica]
         self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
                                  lm_loss, self.pp_group, device, self.timer)
+        self.wide_pipeline = self.pipeline if self.delta_wire is None else Pipeline(
+            config.schedule.schedule, self.modules, self.wide_shapes, config.schedule.microbatches, lm_loss,
+            self.pp_group, device, self.timer)
         # every rank creates every (stage, shard)'s region hierarchy, in one order (torch's new_group rule)
         hierarchy = (create_stage_hierarchies(self.layout, config.cluster.region_of,
                                               self.timeout_s)[self.slot.stage][shard]
@@ -238,9 +256,10 @@ class Worker:
         lr = lr_at(progress, cfg.run.steps, cfg.optim.lr)
         self.dp.set_lr(lr)
         self.dp.optimizer.zero_grad(set_to_none=True)
+        pipeline, shapes = self._step_pipeline(step)
         pipeline_mark = self.transport.step_mark(self.emulation)
         with self._autocast():
-            loss = self.pipeline.step(inputs, targets)
+            loss = pipeline.step(inputs, targets)
         pipeline_busy = self.transport.busy_since(self.emulation, pipeline_mark)
         self.slowdown.after_compute(self.timer.seconds)
         self._sum_tied_gradients()
@@ -260,10 +279,24 @@ class Worker:
                 "compute_s": self.timer.seconds, "sync_compute_s": sync_compute, "pipeline_busy_s": pipeline_busy,
                 "iteration_s": time.perf_counter() - started,
                 "dp_s": sum(c.seconds for c in collectives), "dp_emulated_s": sum(c.emulated_s for c in collectives),
-                "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(), "val_loss": None,
+                "dp_bytes": dp_bytes, "grad_norm": grad_norm, "param_sum": param_sum, "pp_bytes": self._pp_bytes_sent(shapes), "val_loss": None,
                 "boundaries": list(self.boundaries),
                 "emulated": self.transport.step_span(self.emulation, mark, cfg.cluster.region_of),
-                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers]}
+                "transfers": [[t.kind, t.cut, t.seq, t.nbytes, t.handoff_t, t.end_t] for t in transfers],
+                **({"cut_state": self.delta_wire.state_summary()}
+                   if self.delta_wire is not None and step + 1 == cfg.run.steps else {})}
+
+    def _step_pipeline(self, step: int) -> tuple[Pipeline, list[Any]]:
+        """The pipeline (and its shapes) of `step`: the wide one when a delta cut sees a sample for the first time
+        (both stages compute the step's windows, so both choose alike), else the run's."""
+        if self.delta_wire is None:
+            return self.pipeline, self.shapes
+        cfg = self.config
+        ids = self.data.share_ids(cfg.data.data_seed, step, share_offset(self.shares, self.slot.replica), self.share,
+                                  sum(self.shares), self.seq_len)
+        if self.delta_wire.begin_step(ids[self.rows]):
+            return self.wide_pipeline, self.wide_shapes
+        return self.pipeline, self.shapes
 
     def _slot_mean(self, value: float) -> float:
         """`value` averaged over a sharded slot's K ranks in float64 (each shard's loss on its 1/K of the replica's
@@ -289,11 +322,11 @@ class Worker:
         self.pipeline = Pipeline(cfg.schedule.schedule, self.modules, self.shapes, cfg.schedule.microbatches, lm_loss,
                                  self.pp_group, self.device, self.timer)
 
-    def _pp_bytes_sent(self) -> int:
+    def _pp_bytes_sent(self, shapes: Sequence[Any]) -> int:
         """Activation bytes this rank sends to later stages per iteration (all micro-batches, all its
-        virtual stages but the last of the pipeline); their gradients go back the same size."""
+        virtual stages but the last of the pipeline) in the step's `shapes`; their gradients go back the same size."""
         last = self.config.pipeline_stages - 1
-        per_micro = sum(int(np.prod(self.shapes[v].output_shape)) * self.shapes[v].output_dtype.itemsize
+        per_micro = sum(int(np.prod(shapes[v].output_shape)) * shapes[v].output_dtype.itemsize
                         for v in self.modules if v != last)
         return per_micro * self.config.schedule.microbatches
 
@@ -312,7 +345,7 @@ class Worker:
                 offsets = starts[i:i + cfg.schedule.batch_size, None] + np.arange(self.seq_len + 1)
                 windows = torch.from_numpy(np.asarray(self.data.val)[offsets].astype(np.int64)).to(self.device)
                 with self._autocast():
-                    logits = pipeline_forward(self.modules, self.shapes, self.slot.stage, self.pp_ranks,
+                    logits = pipeline_forward(self.modules, self.wide_shapes, self.slot.stage, self.pp_ranks,
                                               windows[:, :-1], len(windows))
                 if logits is not None:
                     totals[0] += lm_loss(logits, windows[:, 1:]).double() * windows[:, 1:].numel()
@@ -418,6 +451,11 @@ def warm_codecs(config: RuntimeConfig) -> None:
     peers ended the run, "lost rank r ... its last completed step: none"). Set-up's own warm_up is then a no-op."""
     comm = config.comm
     specs = {str(spec): spec for spec in (*(comm.dp_codecs or (comm.dp_codec,)), *(comm.pp_codecs or (comm.pp_codec,)))}
+    for text, spec in list(specs.items()):  # a delta cut's codecs, each by name
+        if is_delta(spec):
+            del specs[text]
+            delta = DeltaSpec.of(spec)
+            specs.update({name: CodecSpec(name) for name in (delta.codec, delta.first, delta.grad)})
     for spec in specs.values():
         spec.build().warm_up()
 

@@ -41,7 +41,7 @@ def test_wire_float_dtype_is_set_exactly_for_the_cast_codecs():
     from geotrain.codecs.carrier import CARRIED_CODECS
 
     # the pipeline's activation codecs: the casts (derived from the fact), then those a float32 carrier takes
-    assert PP_CODECS == (*floats, *CARRIED_CODECS)
+    assert PP_CODECS == (*floats, *CARRIED_CODECS, "delta")
 
 
 @pytest.mark.parametrize("name, trained, expected", [

@@ -107,7 +107,8 @@ class AsyncElasticGroup:
     def __init__(self, config: RuntimeConfig, group: int, store: Any, net: GroupNet, incarnation: int,
                  authkey: bytes, world: Any = None) -> None:
         self.config, self.group, self.store, self.net, self.incarnation = config, group, store, net, incarnation
-        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
+        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world,
+                                       config.data.windows, config.data.epoch_windows)
         self.seq_len = config.sequence_length
         self.timer = ComputeTimer()
         # --emulate-gpu-speed: each step's compute slept out to the group's GPU speed in wall time, at any time scale

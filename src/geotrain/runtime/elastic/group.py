@@ -173,7 +173,8 @@ class ElasticGroup:
         self.device = process_device(config, group, stage)  # this process's
         key = incarnation_key(group)
         self.incarnation = int(store.get(key).decode()) if store.check([key]) else 0  # this start of the group
-        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world)
+        self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world,
+                                       config.data.windows, config.data.epoch_windows)
         self.seq_len = config.sequence_length
         self.group_store = self._group_store()
         if group_size(config) > 1:

@@ -1,0 +1,146 @@
+"""The per-sample delta wire of a pipeline cut (runtime/delta_wire.py): both sides keep the same state after any
+sequence of samples, a first sight crosses at the `first` codec, evaluation touches no state, and the settings
+where sample identity or the state's life is unknown are refused in one line."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from geotrain.codecs import CodecError, CodecSpec, get_codec
+from geotrain.codecs.carrier import carrier_numel
+from geotrain.codecs.delta import DeltaSpec, delta_memory_refusal
+from geotrain.data import window_ids
+from geotrain.runtime.delta_wire import NO_SAMPLE, DeltaWire, fingerprint
+
+SAMPLE = (4, 64)  # tokens x hidden of one sample
+SPEC = CodecSpec.parse("delta:codec=int2-block,first=int8-block,grad=int4-block")
+
+
+def _cut() -> tuple[DeltaWire, DeltaWire]:
+    return DeltaWire(SPEC), DeltaWire(SPEC)
+
+
+def _cross(sender: DeltaWire, receiver: DeltaWire, ids: list[int], hidden: torch.Tensor,
+           training: bool = True) -> tuple[bool, torch.Tensor, torch.Tensor]:
+    """One step of one micro-batch across the cut: (wide, carrier, the receiver's activations)."""
+    wide = sender.begin_step(ids) if training else True
+    assert (receiver.begin_step(ids) if training else True) == wide
+    carrier = sender.encode_forward(hidden, training)
+    return wide, carrier, receiver.decode_forward(carrier, SAMPLE, training)
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=4), min_size=1, max_size=6),
+       seed=st.integers(0, 2**16))
+def test_both_sides_keep_the_same_state_after_any_sequence_of_samples(steps, seed):
+    sender, receiver = _cut()
+    generator = torch.Generator().manual_seed(seed)
+    for ids in steps:
+        hidden = torch.randn(len(ids), *SAMPLE, generator=generator)
+        _, _, received = _cross(sender, receiver, ids, hidden)
+        # what the receiver computes on is the sender's state of those samples, bit for bit
+        assert torch.equal(received, torch.stack([sender.memory.values[i] for i in ids]))
+    assert sender.memory.values.keys() == receiver.memory.values.keys() == {i for ids in steps for i in ids}
+    for key, value in sender.memory.values.items():
+        assert torch.equal(value, receiver.memory.values[key])
+    assert fingerprint(sender.memory) == fingerprint(receiver.memory)
+
+
+def test_a_first_sight_crosses_at_the_first_codec_and_a_second_as_a_delta():
+    sender, receiver = _cut()
+    hidden = torch.randn(2, *SAMPLE, generator=torch.Generator().manual_seed(0))
+    first, codec, grad = (get_codec(name) for name in ("int8-block", "int2-block", "int4-block"))
+    wide, carrier, received = _cross(sender, receiver, [3, 7], hidden)
+    assert wide and carrier.shape == (2, 1 + max(carrier_numel(first, SAMPLE), carrier_numel(grad, SAMPLE)))
+    assert torch.equal(received, torch.stack([first.roundtrip(row)[0] for row in hidden]))  # int8-block, absolute
+    assert carrier[:, 0].contiguous().view(torch.int32).tolist() == [3, 7]  # the ids ride along
+    moved = hidden + 0.01 * torch.randn(2, *SAMPLE, generator=torch.Generator().manual_seed(1))
+    wide, carrier, received = _cross(sender, receiver, [3, 7], moved)
+    assert not wide and carrier.shape == (2, 1 + max(carrier_numel(codec, SAMPLE), carrier_numel(grad, SAMPLE)))
+    step_error = (received - moved).abs().max()  # a 2-bit delta of a small change: closer than 2 bits of the value
+    assert step_error < (torch.stack([codec.roundtrip(row)[0] for row in moved]) - moved).abs().max() / 4
+    wide, _, _ = _cross(sender, receiver, [7, 9], moved)  # one unseen sample makes the whole step wide
+    assert wide
+
+
+def test_evaluation_sends_the_first_codec_and_touches_no_state():
+    sender, receiver = _cut()
+    _cross(sender, receiver, [1], torch.randn(1, *SAMPLE))
+    before = {k: v.clone() for k, v in sender.memory.values.items()}
+    hidden = torch.randn(3, *SAMPLE)
+    _, carrier, received = _cross(sender, receiver, [], hidden, training=False)
+    assert carrier[:, 0].contiguous().view(torch.int32).tolist() == [NO_SAMPLE] * 3
+    assert torch.equal(received, torch.stack([get_codec("int8-block").roundtrip(row)[0] for row in hidden]))
+    for memory in (sender.memory, receiver.memory):
+        assert memory.values.keys() == before.keys() and torch.equal(memory.values[1], before[1])
+
+
+def test_gradients_cross_at_the_grad_codec_in_the_carrier_shape():
+    sender, receiver = _cut()
+    hidden = torch.randn(2, *SAMPLE, requires_grad=True)
+    for side in (sender, receiver):
+        side.begin_step([0, 1])
+    carrier = sender.send(hidden)
+    carried = carrier.detach().requires_grad_()
+    received = receiver.receive(carried, SAMPLE)
+    upstream = torch.randn_like(received)
+    received.backward(upstream)
+    wire_grad = carried.grad
+    assert wire_grad.shape == carrier.shape  # what torch's schedule sends back: the carrier's shape
+    carrier.backward(wire_grad)
+    assert torch.equal(hidden.grad, torch.stack([get_codec("int4-block").roundtrip(row)[0] for row in upstream]))
+
+
+def test_a_delta_spec_is_checked_and_its_state_is_capped():
+    with pytest.raises(CodecError, match="grad must be one of"):
+        DeltaSpec.of(CodecSpec.parse("delta:grad=topk"))
+    with pytest.raises(CodecError, match="unknown parameter 'bits'"):
+        DeltaSpec.of(CodecSpec.parse("delta:bits=2"))
+    spec = DeltaSpec.of(CodecSpec.parse("delta:max_state_mb=100"))
+    assert delta_memory_refusal(spec, 2000, (96, 128)) is None  # 2,000 x 49,152 bytes = 98 MB
+    assert delta_memory_refusal(spec, 3876, (96, 128)) == (
+        "per-sample activation state of 3,876 samples x 49,152 bytes = 191 MB per side exceeds max_state_mb=100 "
+        "(fewer samples: --epoch-windows N, or a larger max_state_mb)")
+    # priced by its steady state: the wider of the delta and gradient payloads, each way
+    assert spec.steady_bytes_per_value(128, 4) == get_codec("int2-block").bytes_per_value(128, 4)
+    wide_grad = DeltaSpec.of(CodecSpec.parse("delta:grad=int4-block"))
+    assert wide_grad.steady_bytes_per_value(128, 4) == get_codec("int4-block").bytes_per_value(128, 4)
+    from geotrain.cost.codec_choice import codec_link_bytes
+    from geotrain.job import JOB_PRESETS
+
+    job = JOB_PRESETS["gpt-1.3b-seed"]  # the planner's price of a cut: the steady state
+    assert codec_link_bytes("delta:codec=int2-block,grad=int2-block", job, "pp").pp_inter == pytest.approx(0.28125)
+
+
+def test_epoch_windows_visit_every_window_once_per_epoch():
+    ids = np.concatenate([window_ids(3, step, 96 * 20 + 1, 96, 8, "epochs") for step in range(5)])  # 20 windows
+    assert sorted(ids[:20]) == list(range(20)) and sorted(ids[20:40]) == list(range(20))
+    assert not np.array_equal(ids[:20], ids[20:40])  # each epoch in its own order
+    assert np.array_equal(ids[:8], window_ids(3, 0, 96 * 20 + 1, 96, 8, "epochs"))  # a pure function of the step
+    assert sorted(window_ids(0, 0, 10_000, 96, 8, "epochs", limit=8)) == list(range(8))
+
+
+def test_settings_without_a_sample_identity_or_a_lasting_state_are_refused_in_one_line(tmp_path):
+    from geotrain.bench.pipeline import bench_cluster
+    from geotrain.runtime import RuntimeConfig, RuntimeConfigError
+
+    cut = {"cluster": bench_cluster(), "pp_codec": "delta", "steps": 2}
+    RuntimeConfig.of(assignment=[[0], [2]], windows="epochs", **cut)  # runs
+    refusals = [
+        ({"assignment": [[0], [2]]}, "--pp-codec delta with --windows random: every start offset is a sample, seen "
+                                     "about once, so per-sample deltas never start; use --windows epochs"),
+        ({"assignment": [[0], [1], [2]], "windows": "epochs"},
+         "--pp-codec delta with 3 stages of 1 virtual stages each: not built yet: one cut"),
+        ({"assignment": [[0], [2]], "windows": "epochs", "checkpoint_dir": str(tmp_path)},
+         "--pp-codec delta with --checkpoint-dir: not built yet: the per-sample state is not checkpointed"),
+    ]
+    for settings_, line in refusals:
+        with pytest.raises(RuntimeConfigError, match=re.escape(line)) as found:
+            RuntimeConfig.of(**settings_, **cut)
+        assert "\n" not in str(found.value)
