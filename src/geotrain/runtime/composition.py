@@ -131,9 +131,9 @@ RULES: tuple[Rule, ...] = (
     Rule("adaptive", "fragments", "fragments sync at fixed step offsets, which per-replica step counts break",
          built=True),
     # asynchronous outer updates
+    Rule("async-hierarchical", "fragments", "region servers merge whole region models (sync/async_fragments.py)"),
     *(rule for mode in ("async", "async-hierarchical") for rule in (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),
-        Rule(mode, "fragments", f"{_ASYNC_WHOLE} (no fragments)"),
         Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True))),
     Rule("async", "hierarchical", "asynchronous updates take their regions from the cluster itself", built=True,
          instead="use --outer-sync async-hierarchical"),

@@ -65,8 +65,8 @@ def _order_facts(server: dict) -> tuple:
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("extra,why", [
     (["--outer-sync", "async-hierarchical", "--fragments", "5"],
-     "--outer-sync async-hierarchical with --fragments 5: not built yet: asynchronous outer updates send a "
-     "replica's whole outer gradient (per stage and shard) at its own pace (no fragments)"),
+     "--outer-sync async-hierarchical with --fragments 5: not built yet: region servers merge whole region models "
+     "(sync/async_fragments.py)"),
     (["--elastic"], "--elastic: emulation.time_scale 1.0: elastic asynchronous groups talk over plain TCP (no link "
                     "emulation yet); pass --time-scale 0")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(plan: str, extra, why):

@@ -182,6 +182,10 @@ def async_refusal(config: Any) -> str | None:
          f"without --elastic asynchronous updates run on it"),
         (config.emulation.time_scale > 0,
          f"emulation.time_scale {config.emulation.time_scale!r}: {why} (no link emulation yet); pass --time-scale 0"),
+        (config.optim.fragments > 1,
+         f"optim.fragments {config.optim.fragments}: elastic asynchronous groups push the whole model (not built yet: "
+         f"a fragment server per elected host, sync/async_fragments.py); without --elastic asynchronous updates take "
+         f"fragments"),
         (rel.chaos is not None and has_partition(rel.chaos),
          f"reliability.chaos {rel.chaos!r}: {why}, which an emulated partition does not cut; use kill-site"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
