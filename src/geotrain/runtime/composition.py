@@ -110,7 +110,7 @@ directory, a cluster of known GPU types."""
 
 SETTING = {setting.name: setting for setting in SETTINGS}
 
-_ASYNC_WHOLE = ("asynchronous outer updates send a replica's whole outer gradient (per stage and shard) at its own "
+_ASYNC_WHOLE = ("asynchronous outer updates send a replica's outer gradient (per stage, shard and fragment) at its own "
                 "pace")
 
 RULES: tuple[Rule, ...] = (
