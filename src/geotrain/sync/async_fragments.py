@@ -27,7 +27,7 @@ order and ends at a client that computes or whose push can be applied. With P = 
 
 Ending: a finishing client sends a final push of every fragment, cyclically from the one after its last push. The
 fragment server takes each (a final gives up the client's place in that fragment's bound, OuterServer) and answers
-every one but the client's last at once with the fragment as it is (an acknowledgement, not adopted): a client held
+every one but the client's last at once with an acknowledgement (a header, no values): a client held
 on a final reply while its bases still held other fragments' bounds could deadlock the others. The reply to the
 last comes when every client has finished every fragment: the whole final global model, the same on every client.
 
@@ -161,7 +161,7 @@ class FragmentServer:
             server = self.fragments[q]
             if (self.finals_left[client] > 0 and client not in server.base
                     and all(r.client != client for r in server.waiting)):
-                replies.append(dataclasses.replace(server.current(client), fragment=q))
+                replies.append(dataclasses.replace(server.current(client), fragment=q, model=torch.empty(0)))
         if not self.ended and all(not server.base and not server.waiting for server in self.fragments):
             self.ended = True
             model = self.model

@@ -23,7 +23,7 @@ Wire format, per request: float64 header [base, count, final + 2 x pause + 4 x r
 arrival_s], then the flat float32 gradient if any (the fragment's values: geotrain.sync.async_fragments; fragment 0 of
 1 is the whole model); per reply: float64 header [version, updates, final + 2 x checkpoint, arrival_s,
 sent_s] (a checkpoint round's pause and step: async_server), then the flat float32 model, the request's fragment of
-it unless the reply is final (arrival_s, sent_s: emulated
+it unless the reply is final (none: a final push's acknowledgement) (arrival_s, sent_s: emulated
 seconds, 0 off emulated links; counts are exact in float64 below 2^53).
 """
 
@@ -163,8 +163,10 @@ class Mailbox:
         reply_header = torch.zeros(HEADER_VALUES, dtype=torch.float64)
         self._recv(reply_header, self.host, REPLY_TAG)
         version, updates, flags = (int(v) for v in reply_header[:3])
-        model = torch.empty(self.numel if flags % 2 else size, dtype=torch.float32)
-        self._recv(model, self.host, REPLY_TAG)
+        # a final reply holds the whole model, a final push's acknowledgement nothing (async_fragments)
+        model = torch.empty(self.numel if flags % 2 else 0 if request.final else size, dtype=torch.float32)
+        if model.numel():
+            self._recv(model, self.host, REPLY_TAG)
         return (Reply(client, version, updates, model, bool(flags % 2), float(reply_header[4]), flags // 2,
                       request.fragment),
                 float(reply_header[3]))
@@ -217,7 +219,8 @@ class Mailbox:
         header = torch.tensor([reply.version, reply.updates, int(reply.final) + 2 * reply.checkpoint, arrival, sent_s],
                               dtype=torch.float64)
         self._send(header, reply.client, REPLY_TAG)
-        self._send(reply.model.contiguous(), reply.client, REPLY_TAG)
+        if reply.model.numel():
+            self._send(reply.model.contiguous(), reply.client, REPLY_TAG)
         self._count(reply.client, nbytes)
 
     def fail(self, error: BaseException) -> None:

@@ -46,7 +46,7 @@ def test_fragments_are_streamings_as_flat_ranges():
 def test_finals_are_acknowledged_and_every_client_gets_the_whole_final_model():
     server = _server(2, 1)
     (ack,) = server.submit(Request(0, 0, torch.tensor([1.0, 1.0]), final=True, fragment=1))
-    assert not ack.final and ack.fragment == 1                                     # not its last: answered at once
+    assert not ack.final and ack.fragment == 1 and ack.model.numel() == 0          # not its last: answered at once
     assert server.submit(Request(0, 0, None, final=True, fragment=0)) == []        # its last: held for the end
     assert server.senders() == [1]
     assert len(server.submit(Request(1, 0, torch.tensor([2.0, 2.0]), final=True, fragment=0))) == 1
