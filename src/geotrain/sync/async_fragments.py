@@ -38,7 +38,12 @@ running client is paused, fragment 0 lets them go and every other fragment's rou
 clients' anchors (versions and steps since each fragment's push) and each fragment server's state a checkpoint
 holds the whole exchange: nothing is in flight in a round.
 
-Not built here: region servers (async-hierarchical) and moment merging (their settings refuse fragments).
+Moment sync (`--sync-moments`, geotrain.sync.async_moments): the client lays the global model out fragment by
+fragment, each fragment's parameters then their second moments ([params_0 | v_0 | params_1 | v_1 ...]), so a
+fragment's part is MomentMerge's layout over that fragment and its pushes and replies carry its v beside it.
+
+Not built: region servers (async-hierarchical: a region server merges its whole region model upstream; the
+composition table says so) and elastic asynchronous groups (runtime/elastic/rules.py).
 """
 
 from __future__ import annotations
