@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -69,6 +70,39 @@ def fragment_ranges(params: Sequence[torch.Tensor], fragments: int, split: str =
         return starts[piece.index] + row * params[piece.index].numel() // tensor_rows(params[piece.index])
     return [range(flat(pieces[0], pieces[0].start), flat(pieces[-1], pieces[-1].stop))
             for pieces in fragment_pieces(params, fragments, split)]
+
+
+@dataclass(frozen=True, eq=False)
+class FragmentLayout:
+    """A position's global model cut in fragments, as its clients lay it out: `ranges` each fragment's flat range of
+    the parameters, `wire` its range of the global model (with moments: its parameters, then their v), `order` the
+    global model's indices into [parameters | v] where the two differ (fragments and moments, module doc), else None."""
+
+    ranges: tuple[range, ...]
+    wire: tuple[range, ...]
+    order: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, params: Sequence[torch.Tensor], fragments: int, split: str, parts: int) -> FragmentLayout:
+        """The layout of `params` in `fragments` (cut by `split`) with `parts` values per parameter (2: its v too)."""
+        numel = sum(p.numel() for p in params)
+        ranges = [range(numel)] if fragments == 1 else fragment_ranges(params, fragments, split)
+        order = None
+        if fragments > 1 and parts > 1:
+            order = torch.cat([torch.arange(r.start, r.stop) + k * numel for r in ranges for k in range(parts)])
+        return cls(tuple(ranges), tuple(range(parts * r.start, parts * r.stop) for r in ranges), order)
+
+    def laid_out(self, flat: torch.Tensor) -> torch.Tensor:
+        """`flat` ([parameters | v]) in the global model's layout."""
+        return flat if self.order is None else flat[self.order]
+
+    def standard(self, model: torch.Tensor) -> torch.Tensor:
+        """`model` (the global model's layout) as [parameters | v]: `laid_out`'s inverse."""
+        if self.order is None:
+            return model
+        standard = torch.empty_like(model)
+        standard[self.order] = model
+        return standard
 
 
 class FragmentServer:

@@ -61,7 +61,7 @@ from geotrain.optim.shards import local_shard
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments, push_of
 from geotrain.sync.async_region import RegionServer
-from geotrain.sync.async_fragments import FragmentServer, fragment_ranges
+from geotrain.sync.async_fragments import FragmentLayout, FragmentServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
 from geotrain.sync.async_timing import LinkTimer, ServeOrder
@@ -152,20 +152,11 @@ class AsyncOuterSync:
         self.replicas = len(ranks)
         self.numel = sum(p.numel() for p in self.local)
         """This position's parameter values: the global model's first part (with moments, their v follows)."""
-        self.ranges = [range(self.numel)] if fragments == 1 else fragment_ranges(self.local, fragments, fragment_split)
-        """Each fragment's flat range of the model (one: the whole)."""
-        self.anchor = _flat(self.local) if moments is None else torch.cat(
-            [_flat(self.local), torch.zeros(MOMENT_PARTS * self.numel)])  # moments start at zero, as AdamW's do
-        parts = 1 if moments is None else 1 + MOMENT_PARTS
-        self.order: torch.Tensor | None = None
-        """With fragments and moments: the global model's layout, each fragment's parameters and their v together
-        ([params_0 | v_0 | params_1 | v_1 ...], async_fragments), as indices into [params | v]; else None."""
-        if fragments > 1 and moments is not None:
-            self.order = torch.cat([torch.arange(r.start, r.stop) + k * self.numel for r in self.ranges
-                                    for k in range(parts)])
-            self.anchor = self.anchor[self.order]
-        self.wire_ranges = [range(parts * r.start, parts * r.stop) for r in self.ranges]
-        """Each fragment's range of the global model (with moments: its parameters, then their v)."""
+        self.layout = FragmentLayout.of(self.local, fragments, fragment_split, 1 if moments is None else
+                                        1 + MOMENT_PARTS)
+        self.ranges, self.wire_ranges = self.layout.ranges, self.layout.wire
+        self.anchor = self.layout.laid_out(_flat(self.local) if moments is None else torch.cat(
+            [_flat(self.local), torch.zeros(MOMENT_PARTS * self.numel)]))  # moments start at zero, as AdamW's do
         self.sent_to: Counter = Counter()
         numel = self.anchor.numel()
         my_group = next(g for g in groups if self.rank in g)
@@ -320,7 +311,7 @@ class AsyncOuterSync:
             gradient = None
         else:
             held = self._held()
-            held = (held if self.order is None else held[self.order])[wire.start:wire.stop]
+            held = self.layout.laid_out(held)[wire.start:wire.stop]
             anchor = self.anchor[wire.start:wire.stop]
             gradient = anchor - held if self.moments is None else push_of(anchor, held, len(part))
         reply = self._exchange(Request(self.rank, self.versions[fragment], gradient, 1, final, fragment=fragment))
@@ -332,7 +323,7 @@ class AsyncOuterSync:
         self.model_time_s = reply.sent_s
         if reply.final or len(self.ranges) == 1:
             self.anchor = reply.model
-            values, moments = self._standard(reply.model), None
+            values, moments = self.layout.standard(reply.model), None
             if self.moments is not None:
                 moments = values[self.numel:]
             self._adopt(values, 0)
@@ -360,15 +351,6 @@ class AsyncOuterSync:
             went = self._exchange(Request(self.rank, self.version, None, 0, pause=True, round=round_step))
             step = went.checkpoint if self.replica_group is None else self._world_step(went.checkpoint)
             self.checkpointed = self.paused_for = step  # the step the round closed at
-
-    def _standard(self, model: torch.Tensor) -> torch.Tensor:
-        """`model` (the global model's layout) laid out [parameters | v] (the layouts differ with fragments and
-        moments only)."""
-        if self.order is None:
-            return model
-        standard = torch.empty_like(model)
-        standard[self.order] = model
-        return standard
 
     def _adopt(self, values: torch.Tensor, start: int) -> None:
         """Set this rank's parameters at flat positions start.. (its layout of the global model) to `values`."""
@@ -479,7 +461,7 @@ class AsyncOuterSync:
             thread.stopped.set()
 
     def fingerprint(self) -> float:
-        return float(self._standard(self.anchor)[:self.numel].double().sum())
+        return float(self.layout.standard(self.anchor)[:self.numel].double().sum())
 
     def stats(self) -> dict[str, Any]:
         """Counters of this rank (and of the servers it hosts)."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from geotrain.optim.delayed_nesterov import DelayedNesterov
-from geotrain.sync.async_fragments import FragmentServer, fragment_ranges
+from geotrain.sync.async_fragments import FragmentLayout, FragmentServer, fragment_ranges
 from geotrain.sync.async_server import Request
 from geotrain.sync.base import SyncError
 
@@ -95,3 +95,14 @@ def test_a_checkpoint_round_pauses_every_fragment_and_fragment_0_lets_the_client
     assert all(not s.paused and not s.round for s in server.fragments)               # every fragment's round closed
     state = server.state_dict()
     assert [part["version"] for part in state["fragments"]] == [2, 1]
+
+
+def test_with_moments_each_fragment_holds_its_parameters_then_their_v_and_the_layout_inverts():
+    params = [torch.zeros(2, 3), torch.zeros(4), torch.zeros(2, 4)]
+    layout = FragmentLayout.of(params, 2, "layers", 2)
+    assert layout.wire == (range(0, 20), range(20, 36))  # 10 parameters and their v, then 8 and theirs
+    flat = torch.arange(36.0)  # [parameters 0..17 | v 18..35]
+    laid = layout.laid_out(flat)
+    assert laid[:20].tolist() == [*range(10), *range(18, 28)] and laid[20:].tolist() == [*range(10, 18), *range(28, 36)]
+    assert torch.equal(layout.standard(laid), flat)
+    assert FragmentLayout.of(params, 1, "layers", 2).order is None
