@@ -66,7 +66,8 @@ def _order_facts(server: dict) -> tuple:
 @pytest.mark.parametrize("extra,why", [
     (["--outer-sync", "async-hierarchical", "--fragments", "5"],
      "--outer-sync async-hierarchical with --fragments 5: not built yet: region servers merge whole region models "
-     "(sync/async_fragments.py)"),
+     "(per-fragment merges need each region to merge its fragments in turn at the global server: "
+     "sync/async_fragments.py); use --outer-sync async with --fragments"),
     (["--elastic"], "--elastic: emulation.time_scale 1.0: elastic asynchronous groups talk over plain TCP (no link "
                     "emulation yet); pass --time-scale 0")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(plan: str, extra, why):
