@@ -131,9 +131,6 @@ RULES: tuple[Rule, ...] = (
     Rule("adaptive", "fragments", "fragments sync at fixed step offsets, which per-replica step counts break",
          built=True),
     # asynchronous outer updates
-    Rule("async-hierarchical", "fragments", "region servers merge whole region models (per-fragment merges need each "
-         "region to merge its fragments in turn at the global server: sync/async_fragments.py)",
-         instead="use --outer-sync async with --fragments"),
     *(rule for mode in ("async", "async-hierarchical") for rule in (
         Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),
         Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True))),

@@ -42,8 +42,14 @@ Moment sync (`--sync-moments`, geotrain.sync.async_moments): the client lays the
 fragment, each fragment's parameters then their second moments ([params_0 | v_0 | params_1 | v_1 ...]), so a
 fragment's part is MomentMerge's layout over that fragment and its pushes and replies carry its v beside it.
 
-Not built: region servers (async-hierarchical: a region server merges its whole region model upstream; the
-composition table says so) and elastic asynchronous groups (runtime/elastic/rules.py).
+Regions (async-hierarchical, geotrain.sync.async_region): a region's server is a relay FragmentServer for its
+replicas, and it merges each fragment upstream on its own, every `merge_every` updates of that fragment, to a global
+FragmentServer whose clients are the regions; a region merges its fragments in turn (cyclically, blocking on each
+merge as it does without fragments), so at the global server it is a client that pushes cyclically and the argument
+above holds there too; its final merges go in turn as a replica's final pushes do. A fragment p > 0's cap at the
+global server is B + R, R the replicas (not the regions).
+
+Not built: elastic asynchronous groups with fragments (runtime/elastic/rules.py).
 """
 
 from __future__ import annotations
@@ -107,11 +113,13 @@ class FragmentLayout:
 
 class FragmentServer:
     """A position's global model in fragments (module doc): `ranges` each fragment's flat range of `model`,
-    `optimizers` one outer optimizer per fragment; `clients`, `staleness_bound`, `budget`, `pauses` as OuterServer's
-    (the pauses: fragment 0's, module doc)."""
+    `optimizers` one outer optimizer per fragment; `clients`, `staleness_bound`, `budget`, `pauses`, `relay` as
+    OuterServer's (the pauses: fragment 0's, module doc; `relay`: a region's, its rounds let go by async_region);
+    `replicas` the replicas whose pushes reach it (through region servers: more than its clients; None: its clients)."""
 
     def __init__(self, model: torch.Tensor, ranges: Sequence[range], optimizers: Sequence[Any], clients: list[int],
-                 staleness_bound: int, budget: int | None = None, pauses: Sequence[tuple[int, int]] = ()) -> None:
+                 staleness_bound: int, budget: int | None = None, pauses: Sequence[tuple[int, int]] = (),
+                 relay: bool = False, replicas: int | None = None) -> None:
         if len(ranges) != len(optimizers) or not ranges:
             raise SyncError(f"asynchronous DiLoCo: {len(ranges)} fragments and {len(optimizers)} outer optimizers")
         self.ranges = list(ranges)
@@ -119,11 +127,13 @@ class FragmentServer:
             raise SyncError(f"asynchronous DiLoCo: fragments must be contiguous ranges from 0 in order, got {ranges}")
         # the other fragments relay their rounds: fragment 0 lets the paused clients go (module doc)
         # a fragment p > 0 is pushed once more per client than fragment 0 (module doc): its cap is one more each
-        caps = [budget if budget is None or p == 0 else budget + len(clients) for p in range(len(ranges))]
+        extra = len(clients) if replicas is None else replicas
+        caps = [budget if budget is None or p == 0 else budget + extra for p in range(len(ranges))]
         self.fragments = [OuterServer(model[r.start:r.stop], optimizer, clients, staleness_bound, caps[p],
-                                      pauses if p == 0 else (), relay=p > 0)
+                                      pauses if p == 0 else (), relay=relay or p > 0)
                           for p, (r, optimizer) in enumerate(zip(self.ranges, optimizers))]
         self.clients = list(clients)
+        self.relay = relay
         self.awaiting: dict[int, int] = {}
         """Client -> the fragment of its request the server holds (one each: a client blocks on its reply)."""
         self.finals_left = {client: len(self.ranges) for client in clients}
@@ -160,6 +170,30 @@ class FragmentServer:
     def plan_pauses(self, pauses: Sequence[tuple[int, int]]) -> None:
         """Set the checkpoint rounds (OuterServer.plan_pauses): fragment 0's (module doc)."""
         self.fragments[0].plan_pauses(pauses)
+
+    @property
+    def round(self) -> int:
+        """The open checkpoint round's step (fragment 0's, OuterServer.round); 0: none."""
+        return self.fragments[0].round
+
+    def all_paused(self) -> bool:
+        """Every running client waits at a checkpoint round (OuterServer.all_paused)."""
+        return self.fragments[0].all_paused()
+
+    def closing_round(self) -> int:
+        """The step a round closing now is named by (OuterServer.closing_round, fragment 0's)."""
+        return self.fragments[0].closing_round()
+
+    def join_round(self, step: int) -> None:
+        """Open the round of `step` (OuterServer.join_round): fragment 0's."""
+        self.fragments[0].join_round(step)
+
+    def release(self, step: int) -> list[Reply]:
+        """Let every paused client go (OuterServer.release), in every fragment: fragment 0's go replies."""
+        go = [dataclasses.replace(reply, fragment=0) for reply in self.fragments[0].release(step)]
+        for server in self.fragments[1:]:
+            server.release(step)
+        return self._settled(go)
 
     def close_through(self, step: int) -> None:
         """The rounds through `step` are closed (OuterServer.close_through), in every fragment."""

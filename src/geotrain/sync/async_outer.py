@@ -47,7 +47,7 @@ import functools
 import itertools
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -104,7 +104,7 @@ class AsyncOuterSync:
     ranks where they agree (None: a replica of one rank). `moments`: the inner AdamW whose second moments the
     servers also merge and every reply sets (geotrain.sync.async_moments; None: each replica's stay its own).
     `fragments` P > 1: streaming DiLoCo's fragments (cut by `fragment_split`), each pushed at its own step offset to a
-    fragment server (geotrain.sync.async_fragments; flat only: no regions)."""
+    fragment server (geotrain.sync.async_fragments; with regions, region servers of fragments too)."""
 
     _instances = itertools.count()
 
@@ -118,9 +118,9 @@ class AsyncOuterSync:
                  fragment_split: str = "layers") -> None:
         if not dist.is_initialized():
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
-        if fragments > 1 and (regions is not None or fragments > sync_every):
-            raise SyncError(f"asynchronous DiLoCo with fragments {fragments}: flat (no regions) and with fragments <= "
-                            f"sync_every ({sync_every}) only")
+        if fragments > sync_every:
+            raise SyncError(f"asynchronous DiLoCo: fragments {fragments} must be at most sync_every ({sync_every}) so "
+                            f"that their offsets differ")
         self.params = list(params)
         self.local = [local_shard(p) for p in self.params]  # a sharded slot's parameters: this rank's shards
         self.sync_every = sync_every
@@ -188,16 +188,22 @@ class AsyncOuterSync:
         def outer(clients: int, lr: float, beta: float, numel: int = self.numel) -> Any:
             step = outer_optimizer(merge, clients, lr, beta, power)
             return step if moments is None else MomentMerge(step, numel, clients)
-        if self.rank == self.leader and fragments > 1:
-            fragment_server = FragmentServer(self.anchor, self.wire_ranges,
-                                             [outer(len(my_group), lr, beta, len(r)) for r in self.ranges], my_group,
-                                             bound, budget)
-            self.servers.append(fragment_server)
-            self.threads.append(ServerThread(self.mailbox, fragment_server.submit, lambda: fragment_server.ended,
-                                             fragment_server.senders, order=order("region0", my_group)))
-        elif self.rank == self.leader:
-            region_server = OuterServer(self.anchor, outer(len(my_group), lr, beta), my_group,
-                                        bound, budget if self.regions is None else None, relay=self.regions is not None)
+        def server(clients: list[int], lr: float, beta: float, budget: int | None,
+                   relay: bool = False) -> OuterServer | FragmentServer:
+            """A global (or region) model's server: with fragments, one per fragment (async_fragments)."""
+            if fragments == 1:
+                return OuterServer(self.anchor, outer(len(clients), lr, beta), clients, bound, budget, relay=relay)
+            return FragmentServer(self.anchor, self.wire_ranges, [outer(len(clients), lr, beta, len(r))
+                                                                  for r in self.ranges],
+                                  clients, bound, budget, relay=relay, replicas=len(ranks))
+
+        def ended(server: OuterServer | FragmentServer) -> Callable[[], bool]:
+            if isinstance(server, FragmentServer):
+                return server.finished
+            return lambda: not server.base and not server.done
+        if self.rank == self.leader:
+            region_server = server(my_group, lr, beta, budget if self.regions is None else None,
+                                   relay=self.regions is not None)
             self.servers.append(region_server)
             handle = region_server.submit
             publish = None
@@ -208,23 +214,22 @@ class AsyncOuterSync:
                                                     LinkTimer.for_server(self.emulation)
                                                     if self.rank == self.host else None)
                 upstream = Mailbox(store, f"{instance}/global{self.host}", self.host, global_group, numel,
-                                   self.sent_to, upstream_timing, timeout_s)
+                                   self.sent_to, upstream_timing, timeout_s,
+                                   None if fragments == 1 else [len(r) for r in self.wire_ranges])
                 if self.rank == self.host:
                     leaders = [g[0] for g in groups]
                     # the regions already applied the outer optimizer: the global server averages their
                     # deltas (lr 1, no momentum, 1/R each), so a replica's update weighs as in the flat run
-                    top = OuterServer(self.anchor, outer(len(leaders), 1.0, 0.0), leaders,
-                                      bound, budget)
+                    top = server(leaders, 1.0, 0.0, budget)
                     self.servers.append(top)
-                    self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done,
-                                                     top.senders, order=order("global", leaders)))
+                    self.threads.append(ServerThread(upstream, top.submit, ended(top), top.senders,
+                                                     order=order("global", leaders)))
                 region = RegionServer(region_server, upstream, self.rank, merge_every or len(my_group), server_timer)
                 self.region, handle = region, region.handle
                 if upstream_timing is not None:  # the global server's bound on this region's next request
                     upstream.client_board.publish(self.rank, 0.0)
                     publish = functools.partial(upstream.client_board.publish, self.rank)
-            self.threads.insert(0, ServerThread(self.mailbox, handle,
-                                                lambda: not region_server.base and not region_server.done,
+            self.threads.insert(0, ServerThread(self.mailbox, handle, ended(region_server),
                                                 region_server.senders, publish,
                                                 order(f"region{groups.index(my_group)}", my_group)))
         for thread in self.threads:
