@@ -23,6 +23,10 @@ agreements also set each rank's clock to the latest of its group's, and every po
 the first position's decides (async_timing: replicas of several positions). The outer optimizer is elementwise, so
 with one arrival order at every position the servers are exactly one whole-model server.
 
+Fragments (`fragments` P > 1, geotrain.sync.async_fragments): each position's server (and region server) is a
+server per fragment, and a replica pushes fragment p at streaming DiLoCo's offset p x H // P of its period: each push
+and reply carry about M / P.
+
 Costs on the links, per replica update of a model of M fp32 bytes: flat, M up and M down between the
 replica and rank 0 (across the WAN for every replica outside rank 0's region); hierarchical, the same
 inside the region, and per `merge_every` region updates M up and M down between the region's first rank
