@@ -62,10 +62,10 @@ from geotrain.comm.groups import new_group
 from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.optim.shards import local_shard
+from geotrain.sync.async_fragments import FragmentLayout, FragmentServer
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments, push_of
 from geotrain.sync.async_region import RegionServer
-from geotrain.sync.async_fragments import FragmentLayout, FragmentServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
 from geotrain.sync.async_timing import LinkTimer, ServeOrder
@@ -192,6 +192,7 @@ class AsyncOuterSync:
         def outer(clients: int, lr: float, beta: float, numel: int = self.numel) -> Any:
             step = outer_optimizer(merge, clients, lr, beta, power)
             return step if moments is None else MomentMerge(step, numel, clients)
+
         def server(clients: list[int], lr: float, beta: float, budget: int | None,
                    relay: bool = False) -> OuterServer | FragmentServer:
             """A global (or region) model's server: with fragments, one per fragment (async_fragments)."""
@@ -281,10 +282,11 @@ class AsyncOuterSync:
         self.period_steps += 1
         self.since = [n + 1 for n in self.since]
         fragments = len(self.ranges)
-        due = [p for p in range(fragments) if fragment_due(self.inner_steps - 1, p, fragments, self.sync_every)]
-        if fragments == 1 and self.period_steps >= self.sync_every:
-            self._push(final=False)
-        elif fragments > 1 and due:
+        if fragments == 1:
+            due = [0] if self.period_steps >= self.sync_every else []
+        else:  # streaming's offsets (fragments <= sync_every: at most one is due)
+            due = [p for p in range(fragments) if fragment_due(self.inner_steps - 1, p, fragments, self.sync_every)]
+        if due:
             self._push(final=False, fragment=due[0])
         else:
             self._publish_clock()
@@ -330,9 +332,10 @@ class AsyncOuterSync:
         if final and not reply.final:  # a fragment's final push acknowledged (async_fragments): the end comes later
             return
         self.model_time_s = reply.sent_s
+        moments = None  # with moment sync: this rank's v as the reply sets it
         if reply.final or len(self.ranges) == 1:
             self.anchor = reply.model
-            values, moments = self.layout.standard(reply.model), None
+            values = self.layout.standard(reply.model)
             if self.moments is not None:
                 moments = values[self.numel:]
             self._adopt(values, 0)
@@ -345,7 +348,7 @@ class AsyncOuterSync:
         if not reply.final or len(self.ranges) == 1:
             self.versions[fragment] = reply.version
         self.version = self.versions[0]
-        if self.moments is not None and self.inner_steps and loads_moments(reply.updates, self.replicas):
+        if moments is not None and self.inner_steps and loads_moments(reply.updates, self.replicas):
             load_moments(self.moments, self.params, moments)
             self.moments_loaded += 1
         if final:
