@@ -110,7 +110,7 @@ directory, a cluster of known GPU types."""
 
 SETTING = {setting.name: setting for setting in SETTINGS}
 
-_ASYNC_WHOLE = ("asynchronous outer updates send a replica's whole outer gradient (per stage and shard) at its own "
+_ASYNC_PACE = ("asynchronous outer updates send a replica's outer gradient (per stage, shard and fragment) at its own "
                 "pace")
 
 RULES: tuple[Rule, ...] = (
@@ -132,9 +132,8 @@ RULES: tuple[Rule, ...] = (
          built=True),
     # asynchronous outer updates
     *(rule for mode in ("async", "async-hierarchical") for rule in (
-        Rule(mode, "adaptive", f"{_ASYNC_WHOLE}; adaptive local steps balance a synchronous period", built=True),
-        Rule(mode, "fragments", f"{_ASYNC_WHOLE} (no fragments)"),
-        Rule(mode, "delay", f"{_ASYNC_WHOLE}: a replica never waits for the exchange (no delay to set)", built=True))),
+        Rule(mode, "adaptive", f"{_ASYNC_PACE}; adaptive local steps balance a synchronous period", built=True),
+        Rule(mode, "delay", f"{_ASYNC_PACE}: a replica never waits for the exchange (no delay to set)", built=True))),
     Rule("async", "hierarchical", "asynchronous updates take their regions from the cluster itself", built=True,
          instead="use --outer-sync async-hierarchical"),
     Rule("async-hierarchical", "hierarchical", "asynchronous updates take their regions from the cluster itself",

@@ -89,7 +89,8 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
     it, whose clients are the position's DP group `group`; a replica of several ranks agrees in `replica_group` on
     its count and checkpoint rounds (geotrain.sync.async_outer). async-hierarchical's regions are the cluster's,
     of the position's ranks (the region holding replica 0's first, so that its first rank hosts the global server).
-    With --sync-moments the servers also merge the replicas' AdamW second moments (geotrain.sync.async_moments)."""
+    With --sync-moments the servers also merge the replicas' AdamW second moments (geotrain.sync.async_moments); with
+    --fragments P each position's server is P fragment servers (geotrain.sync.async_fragments)."""
     from geotrain.sync.async_outer import AsyncOuterSync
     from geotrain.sync.async_step import AsyncOuterGradientSync, run_budget
     from geotrain.sync.factory import BETAS, WEIGHT_DECAY
@@ -109,5 +110,6 @@ def _async_gradient_sync(options: SyncOptions, stage: torch.nn.Module, layout: L
                            timeout_s=timeout_s, merge=options.heterogeneity.async_merge,
                            staleness_power=options.heterogeneity.async_staleness_power, position=position,
                            position_group=group, replica_group=replica_group,
-                           moments=adamw if options.outer.sync_moments else None)
+                           moments=adamw if options.outer.sync_moments else None,
+                           fragments=options.streaming.fragments, fragment_split=options.streaming.fragment_split)
     return AsyncOuterGradientSync(params, adamw, outer)

@@ -23,6 +23,10 @@ agreements also set each rank's clock to the latest of its group's, and every po
 the first position's decides (async_timing: replicas of several positions). The outer optimizer is elementwise, so
 with one arrival order at every position the servers are exactly one whole-model server.
 
+Fragments (`fragments` P > 1, geotrain.sync.async_fragments): each position's server (and region server) is a
+server per fragment, and a replica pushes fragment p at streaming DiLoCo's offset p x H // P of its period: each push
+and reply carry about M / P.
+
 Costs on the links, per replica update of a model of M fp32 bytes: flat, M up and M down between the
 replica and rank 0 (across the WAN for every replica outside rank 0's region); hierarchical, the same
 inside the region, and per `merge_every` region updates M up and M down between the region's first rank
@@ -42,11 +46,12 @@ and returns when every rank has finished: all hold the same final global model.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -57,6 +62,7 @@ from geotrain.comm.groups import new_group
 from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.optim.shards import local_shard
+from geotrain.sync.async_fragments import FragmentLayout, FragmentServer
 from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments, push_of
 from geotrain.sync.async_region import RegionServer
@@ -65,6 +71,7 @@ from geotrain.emulate.rank_clock import emulating_group
 from geotrain.sync.async_timing import LinkTimer, ServeOrder
 from geotrain.sync.async_wire import Mailbox, MailboxTiming, ServerThread, own_store_client
 from geotrain.sync.base import SyncError
+from geotrain.sync.streaming import fragment_due
 
 OUTER_SYNCS = ("sync", "async", "async-hierarchical")
 """`train --outer-sync`: synchronous DiLoCo, asynchronous (flat), asynchronous with region servers."""
@@ -99,7 +106,9 @@ class AsyncOuterSync:
     `position`: the ranks of this rank's position by replica (module doc; None: the world, one position),
     `position_group` their process group (None: the default one), `replica_group` the group of this rank's replica's
     ranks where they agree (None: a replica of one rank). `moments`: the inner AdamW whose second moments the
-    servers also merge and every reply sets (geotrain.sync.async_moments; None: each replica's stay its own)."""
+    servers also merge and every reply sets (geotrain.sync.async_moments; None: each replica's stay its own).
+    `fragments` P > 1: streaming DiLoCo's fragments (cut by `fragment_split`), each pushed at its own step offset to a
+    fragment server (geotrain.sync.async_fragments; with regions, region servers of fragments too)."""
 
     _instances = itertools.count()
 
@@ -109,9 +118,13 @@ class AsyncOuterSync:
                  merge_every: int | None = None, budget: int | None = None,
                  timeout_s: float | None = None, merge: str = "staleness", position: Sequence[int] | None = None,
                  position_group: Any = None, replica_group: Any = None,
-                 moments: torch.optim.Optimizer | None = None) -> None:
+                 moments: torch.optim.Optimizer | None = None, fragments: int = 1,
+                 fragment_split: str = "layers") -> None:
         if not dist.is_initialized():
             raise SyncError("asynchronous DiLoCo needs torch.distributed.init_process_group() first")
+        if fragments > sync_every:
+            raise SyncError(f"asynchronous DiLoCo: fragments {fragments} must be at most sync_every ({sync_every}) so "
+                            f"that their offsets differ")
         self.params = list(params)
         self.local = [local_shard(p) for p in self.params]  # a sharded slot's parameters: this rank's shards
         self.sync_every = sync_every
@@ -143,8 +156,11 @@ class AsyncOuterSync:
         self.replicas = len(ranks)
         self.numel = sum(p.numel() for p in self.local)
         """This position's parameter values: the global model's first part (with moments, their v follows)."""
-        self.anchor = _flat(self.local) if moments is None else torch.cat(
-            [_flat(self.local), torch.zeros(MOMENT_PARTS * self.numel)])  # moments start at zero, as AdamW's do
+        self.layout = FragmentLayout.of(self.local, fragments, fragment_split, 1 if moments is None else
+                                        1 + MOMENT_PARTS)
+        self.ranges, self.wire_ranges = self.layout.ranges, self.layout.wire
+        self.anchor = self.layout.laid_out(_flat(self.local) if moments is None else torch.cat(
+            [_flat(self.local), torch.zeros(MOMENT_PARTS * self.numel)]))  # moments start at zero, as AdamW's do
         self.sent_to: Counter = Counter()
         numel = self.anchor.numel()
         my_group = next(g for g in groups if self.rank in g)
@@ -157,7 +173,8 @@ class AsyncOuterSync:
             server_timer = LinkTimer.for_server(self.emulation) if self.rank == self.leader else None
             timing = MailboxTiming(emulating.inner, LinkTimer.of_rank(self.emulation), server_timer)
         self.mailbox = Mailbox(store, f"{instance}/region{self.leader}", self.leader, client_group, numel,
-                               self.sent_to, None if self.emulation is None else timing, timeout_s)
+                               self.sent_to, None if self.emulation is None else timing, timeout_s,
+                               None if fragments == 1 else [len(r) for r in self.wire_ranges])
         self._publish_clock()
         # on emulated links with several positions, every position's server serves in the order the first
         # position's decides (async_timing.ServeOrder); the first position holds rank 0 (replica 0's first rank)
@@ -172,12 +189,26 @@ class AsyncOuterSync:
         """This rank's region server (hierarchical, on a region's first rank), else None."""
         lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound
 
-        def outer(clients: int, lr: float, beta: float) -> Any:
+        def outer(clients: int, lr: float, beta: float, numel: int = self.numel) -> Any:
             step = outer_optimizer(merge, clients, lr, beta, power)
-            return step if moments is None else MomentMerge(step, self.numel, clients)
+            return step if moments is None else MomentMerge(step, numel, clients)
+
+        def server(clients: list[int], lr: float, beta: float, budget: int | None,
+                   relay: bool = False) -> OuterServer | FragmentServer:
+            """A global (or region) model's server: with fragments, one per fragment (async_fragments)."""
+            if fragments == 1:
+                return OuterServer(self.anchor, outer(len(clients), lr, beta), clients, bound, budget, relay=relay)
+            return FragmentServer(self.anchor, self.wire_ranges, [outer(len(clients), lr, beta, len(r))
+                                                                  for r in self.ranges],
+                                  clients, bound, budget, relay=relay, replicas=len(ranks))
+
+        def ended(server: OuterServer | FragmentServer) -> Callable[[], bool]:
+            if isinstance(server, FragmentServer):
+                return server.finished
+            return lambda: not server.base and not server.done
         if self.rank == self.leader:
-            region_server = OuterServer(self.anchor, outer(len(my_group), lr, beta), my_group,
-                                        bound, budget if self.regions is None else None, relay=self.regions is not None)
+            region_server = server(my_group, lr, beta, budget if self.regions is None else None,
+                                   relay=self.regions is not None)
             self.servers.append(region_server)
             handle = region_server.submit
             publish = None
@@ -188,28 +219,32 @@ class AsyncOuterSync:
                                                     LinkTimer.for_server(self.emulation)
                                                     if self.rank == self.host else None)
                 upstream = Mailbox(store, f"{instance}/global{self.host}", self.host, global_group, numel,
-                                   self.sent_to, upstream_timing, timeout_s)
+                                   self.sent_to, upstream_timing, timeout_s,
+                                   None if fragments == 1 else [len(r) for r in self.wire_ranges])
                 if self.rank == self.host:
                     leaders = [g[0] for g in groups]
                     # the regions already applied the outer optimizer: the global server averages their
                     # deltas (lr 1, no momentum, 1/R each), so a replica's update weighs as in the flat run
-                    top = OuterServer(self.anchor, outer(len(leaders), 1.0, 0.0), leaders,
-                                      bound, budget)
+                    top = server(leaders, 1.0, 0.0, budget)
                     self.servers.append(top)
-                    self.threads.append(ServerThread(upstream, top.submit, lambda: not top.base and not top.done,
-                                                     top.senders, order=order("global", leaders)))
+                    self.threads.append(ServerThread(upstream, top.submit, ended(top), top.senders,
+                                                     order=order("global", leaders)))
                 region = RegionServer(region_server, upstream, self.rank, merge_every or len(my_group), server_timer)
                 self.region, handle = region, region.handle
                 if upstream_timing is not None:  # the global server's bound on this region's next request
                     upstream.client_board.publish(self.rank, 0.0)
                     publish = functools.partial(upstream.client_board.publish, self.rank)
-            self.threads.insert(0, ServerThread(self.mailbox, handle,
-                                                lambda: not region_server.base and not region_server.done,
+            self.threads.insert(0, ServerThread(self.mailbox, handle, ended(region_server),
                                                 region_server.senders, publish,
                                                 order(f"region{groups.index(my_group)}", my_group)))
         for thread in self.threads:
             thread.start()
         self.version = 0
+        self.versions = [0] * len(self.ranges)
+        """The version of each fragment this rank last received (its base for that fragment's next push)."""
+        self.since = [0] * len(self.ranges)
+        """Inner steps since each fragment's last push (0: nothing to send)."""
+        self.last_pushed = len(self.ranges) - 1
         self.outer_step = 0
         """Replica outer gradients in the global model this rank last received (its own and the others')."""
         self.pushes = 0
@@ -245,8 +280,14 @@ class AsyncOuterSync:
     def after_inner_step(self) -> None:
         self.inner_steps += 1
         self.period_steps += 1
-        if self.period_steps >= self.sync_every:
-            self._push(final=False)
+        self.since = [n + 1 for n in self.since]
+        fragments = len(self.ranges)
+        if fragments == 1:
+            due = [0] if self.period_steps >= self.sync_every else []
+        else:  # streaming's offsets (fragments <= sync_every: at most one is due)
+            due = [p for p in range(fragments) if fragment_due(self.inner_steps - 1, p, fragments, self.sync_every)]
+        if due:
+            self._push(final=False, fragment=due[0])
         else:
             self._publish_clock()
 
@@ -274,26 +315,47 @@ class AsyncOuterSync:
             return _flat(self.local)
         return torch.cat([_flat(self.local), flat_moments(self.moments, self.params)])
 
-    def _push(self, final: bool) -> None:
-        gradient = None if self.period_steps == 0 else (
-            self.anchor - self._held() if self.moments is None else push_of(self.anchor, self._held(), self.numel))
-        reply = self._exchange(Request(self.rank, self.version, gradient, 1, final))
+    def _push(self, final: bool, fragment: int = 0) -> None:
+        """Push `fragment`'s outer gradient (the whole model's with one fragment), adopt what comes back."""
+        part, wire = self.ranges[fragment], self.wire_ranges[fragment]
+        if (self.period_steps if len(self.ranges) == 1 else self.since[fragment]) == 0:
+            gradient = None
+        else:
+            held = self._held()
+            held = self.layout.laid_out(held)[wire.start:wire.stop]
+            anchor = self.anchor[wire.start:wire.stop]
+            gradient = anchor - held if self.moments is None else push_of(anchor, held, len(part))
+        reply = self._exchange(Request(self.rank, self.versions[fragment], gradient, 1, final, fragment=fragment))
         self.pushes += gradient is not None
         self.period_steps = 0
-        self.version = reply.version
+        self.since[fragment], self.last_pushed = 0, fragment
+        if final and not reply.final:  # a fragment's final push acknowledged (async_fragments): the end comes later
+            return
         self.model_time_s = reply.sent_s
-        self.anchor = reply.model
-        with torch.no_grad():
-            offset = 0
-            for p in self.local:
-                p.copy_(reply.model[offset:offset + p.numel()].view_as(p).to(p.dtype))
-                offset += p.numel()
-        if self.moments is not None and self.inner_steps and loads_moments(reply.updates, self.replicas):
-            load_moments(self.moments, self.params, reply.model[self.numel:])
+        moments = None  # with moment sync: this rank's v as the reply sets it
+        if reply.final or len(self.ranges) == 1:
+            self.anchor = reply.model
+            values = self.layout.standard(reply.model)
+            if self.moments is not None:
+                moments = values[self.numel:]
+            self._adopt(values, 0)
+        else:
+            self.anchor[wire.start:wire.stop] = reply.model
+            self._adopt(reply.model[:len(part)], part.start)
+            if self.moments is not None and self.inner_steps:  # this fragment's v in this rank's whole v
+                moments = flat_moments(self.moments, self.params)
+                moments[part.start:part.stop] = reply.model[len(part):]
+        if not reply.final or len(self.ranges) == 1:
+            self.versions[fragment] = reply.version
+        self.version = self.versions[0]
+        if moments is not None and self.inner_steps and loads_moments(reply.updates, self.replicas):
+            load_moments(self.moments, self.params, moments)
             self.moments_loaded += 1
         if final:
             self.outer_step = reply.updates
             return
+        if fragment:  # the count and the checkpoint rounds come with fragment 0's replies (the period's end)
+            reply = dataclasses.replace(reply, updates=self.outer_step, checkpoint=0)
         # a replica of several positions agrees on its count (it stops as one) and on a checkpoint round (it
         # pauses as one): the smallest count and the largest round of its positions' servers
         self.outer_step, round_step = self._agreed(reply.updates, reply.checkpoint)
@@ -301,6 +363,17 @@ class AsyncOuterSync:
             went = self._exchange(Request(self.rank, self.version, None, 0, pause=True, round=round_step))
             step = went.checkpoint if self.replica_group is None else self._world_step(went.checkpoint)
             self.checkpointed = self.paused_for = step  # the step the round closed at
+
+    def _adopt(self, values: torch.Tensor, start: int) -> None:
+        """Set this rank's parameters at flat positions start.. (its layout of the global model) to `values`."""
+        stop = start + min(values.numel(), self.numel - start)
+        with torch.no_grad():
+            offset = 0
+            for p in self.local:
+                lo, hi = max(start, offset), min(stop, offset + p.numel())
+                if lo < hi:
+                    p.data.view(-1)[lo - offset:hi - offset].copy_(values[lo - start:hi - start].to(p.dtype))
+                offset += p.numel()
 
     def _agreed(self, updates: int, round_step: int) -> tuple[int, int]:
         """(the least `updates`, the largest `round_step`) over this rank's replica (its own without one)."""
@@ -355,7 +428,8 @@ class AsyncOuterSync:
         return {"anchor": self.anchor.clone(), "version": self.version, "outer_step": self.outer_step,
                 "pushes": self.pushes, "inner_steps": self.inner_steps, "model_time_s": self.model_time_s,
                 "exchange_s": self.exchange_s, "checkpointed": self.checkpointed,
-                "moments_loaded": self.moments_loaded, **server}
+                "moments_loaded": self.moments_loaded, "versions": list(self.versions), "since": list(self.since),
+                "last_pushed": self.last_pushed, **server}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["anchor"].shape != self.anchor.shape:
@@ -366,6 +440,12 @@ class AsyncOuterSync:
         self.pushes = int(state["pushes"])
         self.inner_steps, self.checkpointed = int(state["inner_steps"]), int(state["checkpointed"])
         self.moments_loaded = int(state.get("moments_loaded", 0))
+        self.versions = [int(v) for v in state.get("versions", [self.version])]
+        self.since = [int(n) for n in state.get("since", [0] * len(self.ranges))]
+        self.last_pushed = int(state.get("last_pushed", len(self.ranges) - 1))
+        if len(self.versions) != len(self.ranges) or len(self.since) != len(self.ranges):
+            raise ValueError(f"checkpoint's asynchronous run has {len(self.versions)} fragments, this one "
+                             f"{len(self.ranges)}")
         self.model_time_s, self.exchange_s = float(state["model_time_s"]), float(state["exchange_s"])
         if ("server" in state) != (self.global_server is not None) or ("region" in state) != (self.region is not None):
             raise ValueError("checkpoint and run disagree on which rank hosts the global model's or a region's server")
@@ -379,7 +459,9 @@ class AsyncOuterSync:
         if self.finished:
             return
         self.finished = True
-        self._push(final=True)
+        fragments = len(self.ranges)
+        for _ in range(fragments):  # every fragment's final push, cyclically on from the last pushed
+            self._push(final=True, fragment=(self.last_pushed + 1) % fragments)
         for thread in self.threads:
             thread.join()
             if thread.error is not None:
@@ -391,7 +473,7 @@ class AsyncOuterSync:
             thread.stopped.set()
 
     def fingerprint(self) -> float:
-        return float(self.anchor[:self.numel].double().sum())
+        return float(self.layout.standard(self.anchor)[:self.numel].double().sum())
 
     def stats(self) -> dict[str, Any]:
         """Counters of this rank (and of the servers it hosts)."""

@@ -60,6 +60,7 @@ class Request:
     final: bool = False
     pause: bool = False  # a checkpoint round's pause (module doc): no gradient, base unchanged
     round: int = 0  # a pause's round: the step of the checkpoint it pauses for (module doc)
+    fragment: int = 0  # the fragment of the model it pushes (geotrain.sync.async_fragments; 0: the whole model)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class Reply:
     sent_s: float = 0.0
     checkpoint: int = 0
     """The open checkpoint round's step (module doc); 0: none. On the reply to a pause: the round that closed."""
+    fragment: int = 0
+    """The fragment `model` holds (geotrain.sync.async_fragments); a final reply holds the whole model."""
 
 
 class OuterServer:

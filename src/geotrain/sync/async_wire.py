@@ -19,9 +19,11 @@ Bounded waits: a remote client's wait for its reply is a gloo receive, bounded b
 (ReplyTimeout), so a replica held by a peer that is slow but alive (a staleness bound, the final exchange) ends
 the run at --comm-timeout on every rank, the server's included.
 
-Wire format, per request: float64 header [base, count, final + 2 x pause + 4 x round, has_gradient, arrival_s], then
-the flat float32 gradient if any; per reply: float64 header [version, updates, final + 2 x checkpoint, arrival_s,
-sent_s] (a checkpoint round's pause and step: async_server), then the flat float32 model (arrival_s, sent_s: emulated
+Wire format, per request: float64 header [base, count, final + 2 x pause + 4 x round, has_gradient + 2 x fragment,
+arrival_s], then the flat float32 gradient if any (the fragment's values: geotrain.sync.async_fragments; fragment 0 of
+1 is the whole model); per reply: float64 header [version, updates, final + 2 x checkpoint, arrival_s,
+sent_s] (a checkpoint round's pause and step: async_server), then the flat float32 model, the request's fragment of
+it unless the reply is final (none: a final push's acknowledgement) (arrival_s, sent_s: emulated
 seconds, 0 off emulated links; counts are exact in float64 below 2^53).
 """
 
@@ -89,10 +91,12 @@ class Mailbox:
     """The announcements of requests to one server (`name`) in the store, in arrival order, plus the
     in-process queues of the server's own rank. `sent_to`: bytes this process put on links, by peer rank;
     `timing`: on emulated links (module doc), else None; `timeout_s`: how long the server's own rank waits for a
-    reply (seconds; None: no bound), as its group bounds a remote client's."""
+    reply (seconds; None: no bound), as its group bounds a remote client's. `sizes`: the values of each fragment
+    (geotrain.sync.async_fragments; None: one, the whole model of `numel` values)."""
 
     def __init__(self, store: Any, name: str, host: int, group: Any, numel: int, sent_to: Counter,
-                 timing: MailboxTiming | None = None, timeout_s: float | None = None) -> None:
+                 timing: MailboxTiming | None = None, timeout_s: float | None = None,
+                 sizes: list[int] | None = None) -> None:
         # a store client per side: a TCPStore client serialises its calls, so a server blocked in `wait` would
         # hold the announcements of its own rank's client until the wait timed out
         self.client_store, self.server_store = own_store_client(store), own_store_client(store)
@@ -100,6 +104,7 @@ class Mailbox:
         self.host = host
         self.group = group
         self.numel = numel
+        self.sizes = [numel] if sizes is None else list(sizes)
         self.sent_to = sent_to
         self.timing = timing
         self.timeout_s = timeout_s
@@ -142,13 +147,14 @@ class Mailbox:
                 raise got
             return got
         has_gradient = request.gradient is not None
-        nbytes = HEADER_BYTES + (self.numel * 4 if has_gradient else 0)
+        size = self.sizes[request.fragment]
+        nbytes = HEADER_BYTES + (size * 4 if has_gradient else 0)
         arrival = 0.0
         if self.timing is not None:
             arrival = (timer or self.timing.client_timer).send(client, self.host, nbytes, send_s)
         self._announce(client)
         flags = int(request.final) + 2 * int(request.pause) + 4 * request.round
-        header = torch.tensor([request.base, request.count, flags, int(has_gradient), arrival],
+        header = torch.tensor([request.base, request.count, flags, int(has_gradient) + 2 * request.fragment, arrival],
                               dtype=torch.float64)
         self._send(header, self.host, REQUEST_TAG)
         if has_gradient:
@@ -156,10 +162,13 @@ class Mailbox:
         self._count(self.host, nbytes)
         reply_header = torch.zeros(HEADER_VALUES, dtype=torch.float64)
         self._recv(reply_header, self.host, REPLY_TAG)
-        model = torch.empty(self.numel, dtype=torch.float32)
-        self._recv(model, self.host, REPLY_TAG)
         version, updates, flags = (int(v) for v in reply_header[:3])
-        return (Reply(client, version, updates, model, bool(flags % 2), float(reply_header[4]), flags // 2),
+        # a final reply holds the whole model, a final push's acknowledgement nothing (async_fragments)
+        model = torch.empty(self.numel if flags % 2 else 0 if request.final else size, dtype=torch.float32)
+        if model.numel():
+            self._recv(model, self.host, REPLY_TAG)
+        return (Reply(client, version, updates, model, bool(flags % 2), float(reply_header[4]), flags // 2,
+                      request.fragment),
                 float(reply_header[3]))
 
     def _announce(self, client: int) -> None:
@@ -190,13 +199,13 @@ class Mailbox:
             return self.local_requests.get()
         header = torch.zeros(HEADER_VALUES, dtype=torch.float64)
         self._recv(header, client, REQUEST_TAG)
-        base, count, flags, has_gradient = (int(v) for v in header[:4])
+        base, count, flags, carried = (int(v) for v in header[:4])
         gradient = None
-        if has_gradient:
-            gradient = torch.empty(self.numel, dtype=torch.float32)
+        if carried % 2:
+            gradient = torch.empty(self.sizes[carried // 2], dtype=torch.float32)
             self._recv(gradient, client, REQUEST_TAG)
         return float(header[4]), Request(client, base, gradient, count, bool(flags % 2), bool(flags // 2 % 2),
-                                         flags // 4)
+                                         flags // 4, carried // 2)
 
     def reply(self, reply: Reply) -> None:
         """Send `reply`; on emulated links it leaves at the server's clock."""
@@ -210,7 +219,8 @@ class Mailbox:
         header = torch.tensor([reply.version, reply.updates, int(reply.final) + 2 * reply.checkpoint, arrival, sent_s],
                               dtype=torch.float64)
         self._send(header, reply.client, REPLY_TAG)
-        self._send(reply.model.contiguous(), reply.client, REPLY_TAG)
+        if reply.model.numel():
+            self._send(reply.model.contiguous(), reply.client, REPLY_TAG)
         self._count(reply.client, nbytes)
 
     def fail(self, error: BaseException) -> None:

@@ -33,12 +33,15 @@ def test_async_hierarchical_train_of_two_stages_ends_with_one_model_on_every_ran
     """2 stages x 2 replicas (replica 0 in oregon, replica 1 in virginia) on emulated links: each stage's global model
     has its servers (a region server per region of that stage's ranks, the global one on replica 0's rank of it), and
     stage 1's servers serve in the order stage 0's decide (sync/async_timing.py: replicas of several positions), so
-    both stages' servers end in one state: one whole-model server, split by stage."""
+    both stages' servers end in one state: one whole-model server, split by stage. In 2 fragments (each server a
+    server per fragment, each region merging its fragments in turn: sync/async_fragments.py), so every fragment's
+    server of a stage ends as the other stage's."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"method": "manual", "stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}))
     done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", str(plan),
                            "--steps", "10", "--sync-every", "5", "--time-scale", "0.05", "--outer-sync",
-                           "async-hierarchical", "--eval-every", "10", "--checkpoint-dir", str(tmp_path / "ckpt"),
+                           "async-hierarchical", "--fragments", "2", "--eval-every", "10", "--checkpoint-dir",
+                           str(tmp_path / "ckpt"),
                            "--json"], capture_output=True, text=True, timeout=360)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -54,19 +57,22 @@ def test_async_hierarchical_train_of_two_stages_ends_with_one_model_on_every_ran
                 mine, theirs = (_order_facts(s[key].get("server", s[key])) for s in (first, second))
                 assert mine == theirs, key
     assert "server" in states[0] and "server" in states[2] and "region" in states[1] and "region" in states[3]
+    assert len(states[0]["server"]["fragments"]) == 2 and all(len(state["versions"]) == 2 for state in states)
 
 
 def _order_facts(server: dict) -> tuple:
-    """What a server's state says of the requests it took, by its clients' order (not their ranks)."""
+    """What a server's state says of the requests it took, by its clients' order (not their ranks); per fragment."""
+    if "fragments" in server:
+        return tuple(_order_facts(part) for part in server["fragments"])
     return (server["version"], server["updates"], server["max_staleness"], server["discarded"],
             [n for _, n in server["applied"]], [b for _, b in server["base"]])
 
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("extra,why", [
-    (["--outer-sync", "async-hierarchical", "--fragments", "5"],
-     "--outer-sync async-hierarchical with --fragments 5: not built yet: asynchronous outer updates send a "
-     "replica's whole outer gradient (per stage and shard) at its own pace (no fragments)"),
+    (["--outer-sync", "async-hierarchical", "--sync-delay", "1"],
+     "--outer-sync async-hierarchical with --sync-delay 1: asynchronous outer updates send a replica's outer gradient "
+     "(per stage, shard and fragment) at its own pace: a replica never waits for the exchange (no delay to set)"),
     (["--elastic", "--netlab", "--time-scale", "0"],
      "--elastic: --netlab: elastic asynchronous groups talk over plain TCP on this host's loopback only (not built "
      "yet in a lab)")])

@@ -22,8 +22,9 @@ test_cli_outer_sync.py); a sharded plan with --checkpoint-every, --stop-after an
 --dp-hierarchical, with a plan of 2 stages, with --local-steps adaptive, with --fragments, --sync-delay, --dp-codec
 and emulated links (test_runtime_sharded_train.py), with --outer-sync async (test_runtime_sharded_train.py);
 --outer-sync async-hierarchical with --checkpoint-every, --stop-after and --resume (test_runtime_resume_outer_syncs.py),
-with a plan of 2 stages (integration/cli/test_cli_outer_sync.py); --outer-sync async with a plan of 2 stages,
---checkpoint-every, --stop-after and --resume (test_runtime_resume_outer_syncs.py); --outer-sync async and
+with a plan of 2 stages and --fragments (integration/cli/test_cli_outer_sync.py); --outer-sync async with a plan of 2
+stages,
+--checkpoint-every, --stop-after, --resume and --fragments (test_runtime_resume_outer_syncs.py); --outer-sync async and
 async-hierarchical with --sync-moments (test_runtime_resume_outer_syncs.py, with the settings above; --outer-sync
 async with --sync-moments on a sharded plan: test_runtime_sharded_train.py)."""
 

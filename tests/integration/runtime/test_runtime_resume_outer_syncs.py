@@ -10,10 +10,13 @@ measure 15x slow for that. The test reads each period's split from both runs' re
 to the bit where every split agrees (within 5e-3 otherwise: one step moved; the run moves its parameters by about
 1e-2); asynchronous outer updates on a plan of 2 pipeline stages (a global model's server per stage, on replica 0's
 rank of it; a checkpoint round of each stage's server, every replica pausing all its stages at once:
-sync/async_outer.py; outer lr 1, no momentum; both asynchronous modes with --sync-moments, the servers holding
-global AdamW second moments beside the model: sync/async_moments.py) to within 0.05 nats of the final global model's validation loss (the round's pause lets the other replica run ahead, so the server applies arrivals in
-another order than the run without it: measured 0.0004 nats once; with DiLoCo's Nesterov and a stale update at full
-weight, the default since, a loaded CI host saw 0.028); asynchronous hierarchical updates (4 replicas in 2 regions: the
+sync/async_outer.py; in 2 fragments, each stage's server a fragment server per fragment, each fragment pushed at its
+own step of the period: sync/async_fragments.py; outer lr 1, no momentum; both asynchronous modes with --sync-moments,
+the servers holding global AdamW second moments beside the model: sync/async_moments.py) to within 0.1 nats of the
+final global model's validation loss (the round's pause lets the other replica run ahead, so the server applies
+arrivals in another order than the run without it: measured 0.0004 nats once; with DiLoCo's Nesterov and a stale update
+at full weight, the default since, a loaded CI host saw 0.028; with 2 fragments, whose pushes at their own steps make
+more orders possible, three uninterrupted runs spread 0.014 and a resumed run under load ended 0.064 away); asynchronous hierarchical updates (4 replicas in 2 regions: the
 rounds reach the replicas through their region's server, whose region model, momentum and unmerged updates the
 checkpoint holds: sync/async_region.py) to within 0.1 nats and 0.02 in any parameter (arrival order is a race at
 --time-scale 0: three uninterrupted runs differed by up to 0.020 nats and 3.5e-3, resumed vs uninterrupted by 0.012 to
@@ -53,7 +56,7 @@ MODES = {
                  "--local-steps", "adaptive", "--sync-delay", "1", "--sync-landing", "eager", "--dp-codec",
                  "int8-block"],
     "async": ["--time-scale", "0", "--steps", "8", "--sync-every", "2", "--outer-sync", "async", "--eval-every", "8",
-              "--outer-lr", "1", "--outer-momentum", "0", "--sync-moments"],
+              "--outer-lr", "1", "--outer-momentum", "0", "--sync-moments", "--fragments", "2"],
     # averaged region deltas (outer lr 1, no momentum): DiLoCo's Nesterov over 4 outer steps per replica overshoots,
     # and its loss then moved by 0.32 nats between two uninterrupted runs of different arrival orders
     "async-hierarchical": ["--time-scale", "0", "--steps", "8", "--sync-every", "2", "--outer-sync",
@@ -65,7 +68,7 @@ EXACT = ("streaming", "adaptive")
 SPLIT_MOVED = 5e-3
 """The largest parameter difference allowed, resumed against uninterrupted, where a period's adaptive split differs
 between the two (module doc); where every split agrees, none."""
-NATS = {"async": 0.05, "async-hierarchical": 0.1}
+NATS = {"async": 0.1, "async-hierarchical": 0.1}
 """The resumed asynchronous run's final validation loss within this of the uninterrupted one's (module doc)."""
 """--stop-after: streaming's fragment 1 started after step 1 and lands after step 2 (in flight at the checkpoint);
 adaptive's step 4 is inside the second period (the H100 replica 1 of its 5 steps in, the P100 one 0 of 1); async's step 3
@@ -194,34 +197,40 @@ def test_an_asynchronous_run_stopped_and_resumed_ends_as_the_uninterrupted_one(r
         assert len(steps) >= 2 and [(r["step"], r["loss"]) for r in ended][:len(steps)] == steps
     for host, client in ((0, 1), (2, 3)):  # ranks 0 and 2 (replica 0 of stages 0 and 1) host their stage's server
         server, client = states[host], states[client]
-        # the round opened at 3 of the 8 updates; the other rank went on until both were paused
-        assert 3 <= server["server"]["updates"] < 8 and "server" not in client
-        assert server["outer_step"] + client["outer_step"] >= 3 and server["server"]["optimizer"]["arrivals"] >= 1
+        # the round opened at 3 of the 8 updates (fragment 0's: periods); the other rank went on until both were paused
+        first, second = server["server"]["fragments"]
+        assert 3 <= first["updates"] < 8 and second["updates"] >= 3 and "server" not in client
+        assert server["outer_step"] + client["outer_step"] >= 3 and first["optimizer"]["arrivals"] >= 1
+        assert len(server["versions"]) == 2 and server["versions"][0] == server["version"]
     assert {state["checkpointed"] for state in states} == {STOP["async"]}  # every rank paused in one round
 
 
 def test_each_stages_server_ends_holding_the_model_every_client_of_that_stage_pulled(runs):
     """The 2-stage asynchronous run's end: a server per stage, on replica 0's rank of it; its global model is the
     stage's weights on every rank of that stage (the clients' final pull), bit for bit; both stages' servers hold the
-    run's 8 replica updates; each push carries its stage's parameters and their AdamW second moments (fp32, a 40-byte
-    header), not the model's; every rank's AdamW ends holding its server's global second moments (the final reply's)."""
+    run's 8 replica updates; each push carries one fragment of its stage's parameters and their AdamW second moments
+    (fp32, a 40-byte header), not the stage's; every rank's AdamW ends holding its server's global second moments (the
+    final reply's)."""
     run = runs["async"]
     shards = [torch.load(ckpt.shard_path(run["ref_dir"], _steps("async"), rank), weights_only=True) for rank in range(4)]
     states = [shard["dp"]["asynchronous"] for shard in shards]
     assert ["server" in state for state in states] == [True, False, True, False]
     sizes = []
     for host, ranks in ((0, (0, 1)), (2, (2, 3))):
-        server = states[host]["server"]
-        assert server["updates"] == 8  # the budget (a replica whose other stage is short sends more: discarded)
+        fragments = [part["model"] for part in states[host]["server"]["fragments"]]  # each [parameters | v] of its own
+        assert states[host]["server"]["fragments"][0]["updates"] == 8  # the budget (a replica whose other stage is
+        # short sends more: discarded)
+        halves = [len(f) // 2 for f in fragments]
+        model = torch.cat([f[:h] for f, h in zip(fragments, halves)] + [f[h:] for f, h in zip(fragments, halves)])
         for rank in ranks:
             weights = torch.cat([w.reshape(-1) for w in shards[rank]["stage"].values()])
             n, adamw = weights.numel(), shards[rank]["dp"]["optimizer"]["state"]
             second = torch.cat([adamw[i]["exp_avg_sq"].reshape(-1) for i in range(len(adamw))])
-            assert torch.equal(states[rank]["anchor"], server["model"]) and torch.equal(weights, server["model"][:n])
-            assert torch.equal(second, server["model"][n:]) and second.min() >= 0 and second.max() > 0
+            assert torch.equal(states[rank]["anchor"], torch.cat(fragments)) and torch.equal(weights, model[:n])
+            assert torch.equal(second, model[n:]) and second.min() >= 0 and second.max() > 0
             assert states[rank]["outer_step"] == 8 and states[rank]["moments_loaded"] >= 1
-        pushes = {r["dp_bytes"] for r in shards[ranks[1]]["records"][:-1]} - {0}  # the client's, before its final one
-        assert pushes == {40 + 2 * 4 * n}  # [parameters | exp_avg_sq], fp32
+        pushes = {r["dp_bytes"] for r in shards[ranks[1]]["records"][:-1]} - {0}  # the client's, before its final ones
+        assert pushes == {40 + 2 * 4 * h for h in halves} and sum(halves) == n  # a fragment's [parameters | v] each
         sizes.append(n)
     assert sizes[0] != sizes[1] and min(sizes) > 0.4 * sum(sizes)  # each server holds its stage, not the model
     assert _validation(run["ref"]) < run["ref"]["losses"][0] - 0.3  # the loss falls

@@ -85,9 +85,9 @@ def test_every_rule_names_two_known_settings_once_and_speaks_for_some_cell():
 
 
 def test_the_message_names_the_flags_and_their_values(tmp_path):
-    with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with --fragments 2: not built yet: "
-                                                 r"asynchronous outer updates send"):
-        _config("async", "fragments", tmp_path)
+    with pytest.raises(RuntimeConfigError, match=r"^--outer-sync async with --sync-delay 1: asynchronous outer "
+                                                 r"updates send a replica's outer gradient"):
+        _config("async", "delay", tmp_path)
 
 
 def test_needs_bring_diloco_with_streaming_adaptive_and_async():

@@ -154,6 +154,7 @@ def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and
     ({"netlab": True}, "reliability.netlab: elastic asynchronous groups talk over plain TCP on this host's loopback"),
     ({"sync_moments": True}, "not built yet for elastic asynchronous groups (a re-elected server starts from a "
                              "replica's copy of the model, which holds no global moments)"),
+    ({"fragments": 2}, "optim.fragments 2: elastic asynchronous groups push the whole model (not built yet"),
 ])
 def test_what_elastic_async_does_not_build_yet_is_refused_in_one_line(settings, words):
     with pytest.raises(RuntimeConfigError) as caught:

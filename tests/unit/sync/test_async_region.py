@@ -149,3 +149,38 @@ def test_a_run_restored_from_a_hierarchical_checkpoint_round_ends_on_the_uninter
     assert _run(regions, replicas, stopped, arrivals) == arrivals
     for restored, reference in zip(_models(top, regions, replicas), uninterrupted, strict=True):
         assert torch.equal(restored, reference)
+
+
+class OneRegionUpstream:
+    """The global server called directly by the one region there is (its replies are due at once)."""
+
+    def __init__(self, top: object) -> None:
+        self.top = top
+
+    def request(self, client: int, request: Request, *_: object) -> tuple[Reply, float]:
+        (reply,) = self.top.submit(request)  # type: ignore[attr-defined]
+        return reply, 0.0
+
+
+def test_a_region_of_fragments_merges_each_fragment_upstream_in_turn():
+    """async-hierarchical with 2 fragments (sync/async_fragments.py): a fragment's region updates reach the global
+    server as that fragment's delta, fragment 0 then 1 then 0 (a fragment whose turn has not come waits)."""
+    from geotrain.sync.async_fragments import FragmentServer
+
+    ranges = [range(0, 2), range(2, 4)]
+
+    def server(clients: list[int], relay: bool) -> FragmentServer:  # theta -= g (lr 1, no momentum, full weight)
+        return FragmentServer(torch.zeros(4), ranges, [DelayedNesterov(1, 1.0, 0.0, 0.0) for _ in ranges], clients,
+                              8, relay=relay, replicas=2)
+    top = server([0], relay=False)
+    region = RegionServer(server([10, 11], relay=True), OneRegionUpstream(top), 0, 1)  # type: ignore[arg-type]
+    (reply,) = region.handle(Request(10, 0, torch.full((2,), 1.0), fragment=0))   # region 0: -1, merged: top -1
+    assert (reply.fragment, reply.updates) == (0, 1) and reply.model.tolist() == [-1.0, -1.0]
+    (reply,) = region.handle(Request(11, 0, torch.full((2,), 2.0), fragment=0))   # region 0: -3; fragment 1's turn
+    assert reply.model.tolist() == [-3.0, -3.0] and top.model.tolist() == [-1.0, -1.0, 0.0, 0.0]
+    region.handle(Request(10, 0, torch.full((2,), 4.0), fragment=1))               # fragment 1 merges: top -4
+    assert top.model.tolist() == [-1.0, -1.0, -4.0, -4.0] and region.next == 0
+    (reply,) = region.handle(Request(11, 0, torch.full((2,), 8.0), fragment=1))   # region 1: -12; fragment 0's turn
+    assert top.model.tolist() == [-3.0, -3.0, -4.0, -4.0]                           # fragment 0's delta: -1 - -3 = 2
+    assert reply.model.tolist() == [-12.0, -12.0] and region.next == 1
+    assert [part.updates for part in top.fragments] == [2, 1]                      # replica updates per fragment

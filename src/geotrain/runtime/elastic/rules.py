@@ -23,7 +23,8 @@ async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/e
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
-schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; no --netlab, no --sync-moments:
+schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; no --netlab, no --sync-moments, no
+--fragments:
 async_refusal). With --netlab: --time-scale 0 (the lab shapes the
 links) and no --lighthouse (the launcher starts one inside the lab).
 
@@ -180,6 +181,10 @@ def async_refusal(config: Any) -> str | None:
          f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
          f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
          f"without --elastic asynchronous updates run on it"),
+        (config.optim.fragments > 1,
+         f"optim.fragments {config.optim.fragments}: elastic asynchronous groups push the whole model (not built yet: "
+         f"a fragment server per elected host, sync/async_fragments.py); without --elastic asynchronous updates take "
+         f"fragments"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
         (config.optim.sync_moments,
          "optim.sync_moments: not built yet for elastic asynchronous groups (a re-elected server starts from a "
