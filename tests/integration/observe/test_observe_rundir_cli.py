@@ -48,7 +48,9 @@ def test_two_runs_started_in_one_directory_with_keep_one_both_stay_whole(tmp_pat
     files = write_job_files(tmp_path)
     first = train(files, FIRST_STEPS, tmp_path, *SLOW)
     deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("geotrain-runs/*/metrics/rank-0.jsonl")):  # the first one trains
+    # the first one's directory is made and locked (its ranks still start, then train: all of that is the second
+    # one's slack; waiting for its first metrics line left too little once under a suite's load)
+    while not list(tmp_path.glob("geotrain-runs/*/run.json")):
         assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()[-2000:]
         time.sleep(0.2)
     second = train(files, 2, tmp_path)
