@@ -35,8 +35,9 @@ step count measured 0.025 nats worse than raw.
 Cost: a push and a reply carry 2n fp32 values instead of n (asynchronous updates send fp32, no codec; the bytes on
 the links and the emulated link time count both parts). Checkpoints and --resume: the server's buffer, each client's
 copy of it and each replica's AdamW are saved already, so the moments travel with them. Elastic asynchronous groups
-(runtime/elastic/async_group.py: a server re-elected from a replica's copy of the model) are not built with moments
-(runtime/elastic/rules.py refuses the three together).
+(runtime/elastic/async_group.py: a server re-elected from a replica's copy of the model): every reply carries the
+global v, so every client's copy holds it and an elected server starts from [parameters | v] of its copy; the
+checkpoints its host writes hold the same buffer.
 """
 
 from __future__ import annotations

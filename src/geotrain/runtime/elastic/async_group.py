@@ -57,6 +57,11 @@ every group ends on the same model. The host then marks the run ended in the sto
 close before it exits; a group restarted so late that it finds the server gone and the run ended finishes with
 the final model if its join got it, else writes no results (not in the summary's finished groups).
 
+Moments (--sync-moments; sync/async_moments.py): every server's buffer, push, reply and copy is [parameters | AdamW's
+second moments v], as without --elastic: a push carries the outer gradient and the group's v, the server merges v
+(MomentMerge), a reply's v goes into the group's AdamW once the model holds R replica outer gradients (not at a
+restarted group's join: its AdamW has not stepped). So a host elected from its copy serves that copy's global v.
+
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
 checkpoint's model (group 0 serves it with the saved outer momentum), and --stop-after lowers the launch's budget
