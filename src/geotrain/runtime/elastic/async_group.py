@@ -81,7 +81,6 @@ import torch
 
 from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
-from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
@@ -161,12 +160,6 @@ class AsyncElasticGroup:
         # a restarted one holds nothing yet
         held = HeldModel(None) if incarnation > 0 else \
             self.resumed.held or HeldModel(self._laid_out(_flat(self.params)))
-        if held.model is not None and held.model.numel() != (self.numel if self.moments_after is None else
-                                                             (1 + MOMENT_PARTS) * self.numel):
-            raise ckpt.CheckpointError(
-                f"{config.checkpoint.checkpoint_dir}: the checkpoint's global model holds {held.model.numel()} values "
-                f"for {self.numel} parameters; resume it with --sync-moments as it was written "
-                f"({'with' if held.model.numel() > self.numel else 'without'})")
         self.pacing = socket_pacing(config, group)
         """This process's emulated links (None: --time-scale 0)."""
         self.cuts = cut_hold(config)
