@@ -147,7 +147,7 @@ class RegionalAsyncGroup(AsyncElasticGroup):
                                      self.moments_after)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
-        region.global_version, region.global_updates, region.merged_version = \
+        region.versions_got[0], region.updates_got[0], region.merged_at[0] = \
             int(joined["version"]), held.updates, held.version
         return serve_restored(self.store, self.link.tier, epoch, held, server, lambda: serve_counting(
             self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0, self.net.advertise, self.authkey,
