@@ -48,6 +48,7 @@ from typing import Any, Protocol
 import torch
 
 from geotrain.optim.shards import local_shard
+from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.base import SyncError
 
 MOMENT_PARTS = 1
@@ -103,6 +104,15 @@ def loads_moments(updates: int, replicas: int) -> bool:
     """Whether a replica loads the global moments of a reply whose model holds `updates` replica outer gradients, in
     a run of `replicas` (module doc: not before the server has merged R of them)."""
     return updates >= replicas
+
+
+def server_optimizer(merge: str, period: int, lr: float, momentum: float, staleness_power: float,
+                     moments_after: int | None) -> OuterStep:
+    """A global or region server's outer optimizer (async_merge.outer_optimizer: the `merge` rule, `period` arrivals
+    per momentum update, `lr`, `momentum`, `staleness_power`); with moment sync (`moments_after`: the parameters'
+    count, their v after them) behind MomentMerge; None: the parameters only."""
+    step = outer_optimizer(merge, period, lr, momentum, staleness_power)
+    return step if moments_after is None else MomentMerge(step, moments_after, period)
 
 
 class MomentMerge:

@@ -157,17 +157,13 @@ def test_an_elected_server_started_from_a_copy_with_second_moments_serves_them_a
     """--sync-moments (runtime/elastic/async_group.py): a copy is [parameters | AdamW's v] as every reply carries it,
     so a server elected from it (epoch 1) replies the copy's global v to a join, and moves v toward a push's by the
     push's weight / N (sync/async_moments.py MomentMerge: 2 clients, fresh: half way)."""
-    from types import SimpleNamespace
-
-    from geotrain.runtime.elastic.async_group import server_optimizer
     from geotrain.runtime.elastic.elected import serve_restored
-    from geotrain.sync.async_moments import push_of
+    from geotrain.sync.async_moments import push_of, server_optimizer
     from geotrain.sync.async_server import OuterServer
     from geotrain.sync.async_socket import SocketClient, SocketServer
 
     held = HeldModel(torch.tensor([1.0, 2.0, 0.04, 0.02]), version=5, updates=9)
-    heterogeneity = SimpleNamespace(async_merge="staleness", async_staleness_power=1.0)
-    server = OuterServer(held.model, server_optimizer(heterogeneity, 2, 1.0, 0.0, 2), [], 2)
+    server = OuterServer(held.model, server_optimizer("staleness", 2, 1.0, 0.0, 1.0, 2), [], 2)
     tier = Tier("async/", (0, 1), 0, 1, 0.1, 10.0, b"key")
     host = serve_restored(store, tier, 1, held, server, lambda: SocketServer(server, "127.0.0.1", b"key"))
     client = SocketClient(host.address, b"key", 30.0)

@@ -90,8 +90,8 @@ from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
 from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
 from geotrain.runtime.training_data import load_training_data
-from geotrain.sync.async_merge import outer_optimizer
-from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments, push_of
+from geotrain.sync.async_moments import (MOMENT_PARTS, flat_moments, load_moments, loads_moments, push_of,
+                                         server_optimizer)
 from geotrain.sync.async_server import OuterServer
 from geotrain.sync.async_socket import SocketServer
 from geotrain.sync.async_step import progress_steps
@@ -104,15 +104,6 @@ __all__ = ["AsyncElasticGroup", "RunEnded"]
 
 def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
-
-
-def server_optimizer(heterogeneity: Any, period: int, lr: float, momentum: float, moments_after: int | None) -> Any:
-    """A global or region server's outer optimizer (async_merge.outer_optimizer: `period` arrivals per momentum
-    update, `lr`, `momentum`, the run's merge rule and staleness power from `heterogeneity`); with --sync-moments
-    (`moments_after`: the parameters' count, the second moments after them) it also merges the replicas' v
-    (sync/async_moments.py MomentMerge), as the non-elastic run's servers do."""
-    step = outer_optimizer(heterogeneity.async_merge, period, lr, momentum, heterogeneity.async_staleness_power)
-    return step if moments_after is None else MomentMerge(step, moments_after, period)
 
 
 def digest(tensor: torch.Tensor) -> str:
@@ -201,7 +192,9 @@ class AsyncElasticGroup:
         """Host the global model (`tier`) from copy `held` for `epoch` (outer optimizer: `period` arrivals per
         momentum update, `lr`, `momentum`) with the bases of its live clients, publishing the lost updates."""
         assert held.model is not None
-        optimizer = server_optimizer(self.options.heterogeneity, period, lr, momentum, self.moments_after)
+        options = self.options.heterogeneity
+        optimizer = server_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power,
+                                     self.moments_after)
         if epoch == 0 and self.resumed.optimizer is not None:  # a resumed run's first host: the checkpoint's momentum
             optimizer.load_state_dict(self.resumed.optimizer)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)

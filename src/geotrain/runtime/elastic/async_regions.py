@@ -35,9 +35,10 @@ from dataclasses import replace
 from typing import Any
 
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.elastic.async_group import AsyncElasticGroup, server_optimizer
+from geotrain.runtime.elastic.async_group import AsyncElasticGroup
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting, serve_restored, tier_host
 from geotrain.runtime.elastic.links import GroupNet
+from geotrain.sync.async_moments import server_optimizer
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.sync.async_socket import SocketServer
@@ -143,8 +144,9 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
         if held.model is None:  # no group of the region held a copy: the region starts from the global model
             held = HeldModel(joined["model"], 0, int(joined["updates"]))
-        optimizer = server_optimizer(self.options.heterogeneity, members, outer.outer_lr, outer.outer_momentum,
-                                     self.moments_after)
+        heterogeneity = self.options.heterogeneity
+        optimizer = server_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
+                                     heterogeneity.async_staleness_power, self.moments_after)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
         region.versions_got[0], region.updates_got[0], region.merged_at[0] = \
