@@ -23,6 +23,10 @@ model and merges from it (its anchor): the region's updates its lost host had no
 answer. A killed group that hosted nothing is a client that left its region (the region goes on); a region
 whose every group is gone has no server, so the global server stops waiting for it (its connection closed).
 
+Moments (--sync-moments): every tier's server holds [parameters | v] and merges v (sync/async_moments.py
+MomentMerge; a region server's merge upstream carries its v: async_region), so a copy at either tier holds the v its
+server last replied.
+
 Ending: as the flat run, one tier up: a region server sends its final delta once all its groups sent their final
 requests, and the global server replies to the regions' finals once every connected region sent its own; each
 host then marks its tier ended and waits for its clients to close (the global model's host writes the end's
