@@ -70,7 +70,6 @@ to its step's count (the run's end above: the groups end there on one model).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from datetime import timedelta
@@ -85,6 +84,7 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
+from geotrain.runtime.elastic.group import params_digest
 from geotrain.runtime.elastic.links import GroupNet, cut_hold, process_device, socket_pacing
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
@@ -104,11 +104,6 @@ __all__ = ["AsyncElasticGroup", "RunEnded"]
 
 def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
-
-
-def digest(tensor: torch.Tensor) -> str:
-    """sha256 of a tensor's bytes (equal digests: bit-identical values)."""
-    return hashlib.sha256(tensor.detach().contiguous().cpu().numpy().tobytes()).hexdigest()
 
 
 class AsyncElasticGroup:
@@ -275,8 +270,8 @@ class AsyncElasticGroup:
             last_record.update({k: (last_record[k] or 0.0) + v for k, v in self._carried().items()})
             if self.moments_after is not None:  # the final model's v and this group's AdamW's (equal: loaded)
                 last_record.update(moments_loaded=self.moments_loaded,
-                                   moments_sha256=digest(flat_moments(self.optimizer, self.params)),
-                                   held_moments_sha256=digest(self.held.model[self.numel:]))  # type: ignore[index]
+                                   moments_sha256=params_digest([flat_moments(self.optimizer, self.params)]),
+                                   held_moments_sha256=params_digest([self.held.model[self.numel:]]))  # type: ignore
         # the run's end for its summary (train_s, the final model's samples): the first group to hold the final model
         self.store.compare_set(FINAL_KEY, "", json.dumps({"t": time.time(), "updates": self.held.updates}))
         self.link.close()
