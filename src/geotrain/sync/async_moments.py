@@ -35,8 +35,9 @@ step count measured 0.025 nats worse than raw.
 Cost: a push and a reply carry 2n fp32 values instead of n (asynchronous updates send fp32, no codec; the bytes on
 the links and the emulated link time count both parts). Checkpoints and --resume: the server's buffer, each client's
 copy of it and each replica's AdamW are saved already, so the moments travel with them. Elastic asynchronous groups
-(runtime/elastic/async_group.py: a server re-elected from a replica's copy of the model) are not built with moments
-(runtime/elastic/rules.py refuses the three together).
+(runtime/elastic/async_group.py: a server re-elected from a replica's copy of the model): every reply carries the
+global v, so every client's copy holds it and an elected server starts from [parameters | v] of its copy; the
+checkpoints its host writes hold the same buffer.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import Any, Protocol
 import torch
 
 from geotrain.optim.shards import local_shard
+from geotrain.sync.async_merge import outer_optimizer
 from geotrain.sync.base import SyncError
 
 MOMENT_PARTS = 1
@@ -102,6 +104,15 @@ def loads_moments(updates: int, replicas: int) -> bool:
     """Whether a replica loads the global moments of a reply whose model holds `updates` replica outer gradients, in
     a run of `replicas` (module doc: not before the server has merged R of them)."""
     return updates >= replicas
+
+
+def server_optimizer(merge: str, period: int, lr: float, momentum: float, staleness_power: float,
+                     moments_after: int | None) -> OuterStep:
+    """A global or region server's outer optimizer (async_merge.outer_optimizer: the `merge` rule, `period` arrivals
+    per momentum update, `lr`, `momentum`, `staleness_power`); with moment sync (`moments_after`: the parameters'
+    count, their v after them) behind MomentMerge; None: the parameters only."""
+    step = outer_optimizer(merge, period, lr, momentum, staleness_power)
+    return step if moments_after is None else MomentMerge(step, moments_after, period)
 
 
 class MomentMerge:

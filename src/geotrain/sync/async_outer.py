@@ -63,8 +63,8 @@ from geotrain.comm.regions import Regions
 from geotrain.cost.async_outer import STALENESS_BOUND, STALENESS_POWER
 from geotrain.optim.shards import local_shard
 from geotrain.sync.async_fragments import FragmentLayout, FragmentServer
-from geotrain.sync.async_merge import outer_optimizer
-from geotrain.sync.async_moments import MOMENT_PARTS, MomentMerge, flat_moments, load_moments, loads_moments, push_of
+from geotrain.sync.async_moments import (MOMENT_PARTS, flat_moments, load_moments, loads_moments, push_of,
+                                         server_optimizer)
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.emulate.rank_clock import emulating_group
@@ -190,8 +190,7 @@ class AsyncOuterSync:
         lr, beta, power, bound = outer_lr, outer_momentum, staleness_power, staleness_bound
 
         def outer(clients: int, lr: float, beta: float, numel: int = self.numel) -> Any:
-            step = outer_optimizer(merge, clients, lr, beta, power)
-            return step if moments is None else MomentMerge(step, numel, clients)
+            return server_optimizer(merge, clients, lr, beta, power, None if moments is None else numel)
 
         def server(clients: list[int], lr: float, beta: float, budget: int | None,
                    relay: bool = False) -> OuterServer | FragmentServer:

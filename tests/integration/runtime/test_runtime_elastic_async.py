@@ -3,7 +3,9 @@
 SIGKILLed at 1 s and whose host group is SIGKILLed at 2 s of training finishes without a global restart: the
 killed client rejoins, the survivor is elected the new host from its copy, and the killed host rejoins as a client;
 the same run then cuts the links of that client (group 0) at 2.5 s and of the new host (group 1) at 4 s, 1 s each: the
-client's messages wait for each heal (as TCP retransmits), no one is elected, and the run ends on one model.
+client's messages wait for each heal (as TCP retransmits), no one is elected, and the run ends on one model; it runs
+--sync-moments, so every push carries its group's AdamW second moments, the elected host serves its copy's global ones,
+and every group's AdamW ends holding the final model's.
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
 server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
 elections, no global restart, one final model. The fault-free run is two launches: one that stops at step 12
@@ -81,8 +83,8 @@ def runs(tmp_path_factory):
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
     first = OneInterpreter([stopped, [*plain, "--resume"], regions], tmp, "first", env)
-    second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}"]], tmp, "second",
-                            env)
+    second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}", "--sync-moments"]],
+                            tmp, "second", env)
     (stopped, plain, regional), (killed,) = results_of([first, second])
     runs = {}
     for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed)):
@@ -173,6 +175,13 @@ def test_a_killed_host_group_is_replaced_by_the_freshest_copy_and_the_run_ends_o
     updates = _final_updates(runs["killed"])
     assert updates[0] == updates[1] and budget <= updates[0] < budget + 2
     assert summary["val_loss"] < runs["plain"]["summary"]["val_loss"]  # 500 steps trained past 30
+    # --sync-moments: each push is [outer gradient | the group's AdamW v] (2 x the plain run's), and every group's AdamW
+    # ends holding the final model's v, which the elected host's server merged on from its copy's
+    pushes = {r["dp_bytes"] for records in runs["killed"]["group_records"].values() for r in records} - {0}
+    assert pushes == {2 * b for b in {r["dp_bytes"] for r in runs["plain"]["group_records"]["1"]} - {0}}
+    finals = [records[-1] for records in runs["killed"]["group_records"].values()]
+    assert all(r["moments_loaded"] >= 1 and r["moments_sha256"] == r["held_moments_sha256"] for r in finals)
+    assert len({r["moments_sha256"] for r in finals}) == 1
 
 
 def test_killed_hosts_of_region_servers_are_replaced_inside_their_regions_and_the_run_ends_on_one_model(runs):

@@ -151,3 +151,29 @@ def test_an_elected_server_holds_the_bound_with_the_live_clients_bases_and_lets_
     assert got["version"] == 3 and got["bases"] == {1: [3, (1, 0)]}
     fast.close()
     host.close()
+
+
+def test_an_elected_server_started_from_a_copy_with_second_moments_serves_them_and_merges_the_next_push(store):
+    """--sync-moments (runtime/elastic/async_group.py): a copy is [parameters | AdamW's v] as every reply carries it,
+    so a server elected from it (epoch 1) replies the copy's global v to a join, and moves v toward a push's by the
+    push's weight / N (sync/async_moments.py MomentMerge: 2 clients, fresh: half way)."""
+    from geotrain.runtime.elastic.elected import serve_restored
+    from geotrain.sync.async_moments import push_of, server_optimizer
+    from geotrain.sync.async_server import OuterServer
+    from geotrain.sync.async_socket import SocketClient, SocketServer
+
+    held = HeldModel(torch.tensor([1.0, 2.0, 0.04, 0.02]), version=5, updates=9)
+    server = OuterServer(held.model, server_optimizer("staleness", 2, 1.0, 0.0, 1.0, 2), [], 2)
+    tier = Tier("async/", (0, 1), 0, 1, 0.1, 10.0, b"key")
+    host = serve_restored(store, tier, 1, held, server, lambda: SocketServer(server, "127.0.0.1", b"key"))
+    client = SocketClient(host.address, b"key", 30.0)
+    request = {"client": 1, "base": 5, "gradient": None, "count": 1, "final": False, "acked": 0, "join": True,
+               "process": (1, 0)}
+    joined = client.exchange(request)
+    assert joined["version"] == 5 and joined["updates"] == 9 and torch.equal(joined["model"], held.model)
+    pushed = client.exchange({**request, "gradient": push_of(joined["model"], torch.tensor([1.0, 2.0, 0.08, 0.0]), 2),
+                              "join": False})
+    assert pushed["version"] == 6
+    torch.testing.assert_close(pushed["model"], torch.tensor([1.0, 2.0, 0.06, 0.01]), rtol=0, atol=1e-7)
+    client.close()
+    host.close()

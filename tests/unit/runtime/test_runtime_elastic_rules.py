@@ -139,21 +139,22 @@ ASYNC = {**ELASTIC, "sync_every": 3, "outer_sync": "async"}
 
 def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and_emulated_links():
     """Elastic async (flat or hierarchical) writes, resumes from and stops at checkpoints named by the equal
-    schedule's step, at any step (not only multiples of H: runtime/elastic/async_checkpoint.py)."""
+    schedule's step, at any step (not only multiples of H: runtime/elastic/async_checkpoint.py), and merges AdamW's
+    second moments with --sync-moments (an elected host serves its copy's: runtime/elastic/async_group.py)."""
     for extra in ({}, {"chaos": "kill-site:every=5s,site=0", "min_replicas": 2}, {"checkpoint_dir": "ckpt"},
                   {"checkpoint_dir": "ckpt", "checkpoint_every": 4, "resume": True, "stop_after": 7},
                   {"time_scale": 1.0}, {"time_scale": 0.1, "outer_sync": "async-hierarchical"},
                   {"checkpoint_dir": "ckpt", "checkpoint_every": 5, "stop_after": 7,
                    "outer_sync": "async-hierarchical"},
                   {"chaos": "partition:site=1,at=5s,for=2s"},
+                  {"sync_moments": True, "chaos": "kill-site:every=5s,site=host", "checkpoint_dir": "ckpt"},
+                  {"sync_moments": True, "outer_sync": "async-hierarchical"},
                   {"chaos": "partition:at=1s,for=1s", "time_scale": 0.1, "outer_sync": "async-hierarchical"}):
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **extra})) is None
 
 
 @pytest.mark.parametrize("settings, words", [
     ({"netlab": True}, "reliability.netlab: elastic asynchronous groups talk over plain TCP on this host's loopback"),
-    ({"sync_moments": True}, "not built yet for elastic asynchronous groups (a re-elected server starts from a "
-                             "replica's copy of the model, which holds no global moments)"),
     ({"fragments": 2}, "optim.fragments 2: elastic asynchronous groups push the whole model (not built yet"),
 ])
 def test_what_elastic_async_does_not_build_yet_is_refused_in_one_line(settings, words):

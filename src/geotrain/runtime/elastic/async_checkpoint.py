@@ -15,10 +15,13 @@ writing at its own first update past it.
 
 What it holds: the global model (as the stage's weights, and flat with the server's state: version, updates,
 per-group applied counts, the outer optimizer's momentum and arrivals, the merge rule's reference), marked
-`elastic`. Not the groups' inner AdamW states nor the requests waiting at the server (with `async-hierarchical`: nor
-the region servers' updates not yet merged into the global model): a resumed run starts every group as the launcher
-restarts one (a fresh inner AdamW, the data at the model's progress), from this model, and every region server from
-it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its group's).
+`elastic`; with --sync-moments the flat model is [parameters | v] (the server's buffer: sync/async_moments.py), and a
+resume with the other --sync-moments setting is refused in one line (the checkpoint's run identity:
+runtime/checkpoint.py). Not the groups' inner AdamW states nor the requests waiting at the server (with
+`async-hierarchical`: nor the region servers' updates not yet merged into the global model): a resumed run starts
+every group as the launcher restarts one (a fresh inner AdamW, the data at the model's progress), from this model, and
+every region server from it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its
+group's).
 
 `--resume` (elastic): every group starts holding the checkpoint's model, version and counts (a copy: it can win an
 election); epoch 0's host serves from it with the outer optimizer's state. `--stop-after K`: the run's budget

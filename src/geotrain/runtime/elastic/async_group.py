@@ -57,6 +57,11 @@ every group ends on the same model. The host then marks the run ended in the sto
 close before it exits; a group restarted so late that it finds the server gone and the run ended finishes with
 the final model if its join got it, else writes no results (not in the summary's finished groups).
 
+Moments (--sync-moments; sync/async_moments.py): every server's buffer, push, reply and copy is [parameters | AdamW's
+second moments v], as without --elastic: a push carries the outer gradient and the group's v, the server merges v
+(MomentMerge), a reply's v goes into the group's AdamW once the model holds R replica outer gradients (not at a
+restarted group's join: its AdamW has not stepped). So a host elected from its copy serves that copy's global v.
+
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
 checkpoint's model (group 0 serves it with the saved outer momentum), and --stop-after lowers the launch's budget
@@ -79,12 +84,14 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
+from geotrain.runtime.elastic.group import params_digest
 from geotrain.runtime.elastic.links import GroupNet, cut_hold, process_device, socket_pacing
 from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
 from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
 from geotrain.runtime.training_data import load_training_data
-from geotrain.sync.async_merge import outer_optimizer
+from geotrain.sync.async_moments import (MOMENT_PARTS, flat_moments, load_moments, loads_moments, push_of,
+                                         server_optimizer)
 from geotrain.sync.async_server import OuterServer
 from geotrain.sync.async_socket import SocketServer
 from geotrain.sync.async_step import progress_steps
@@ -120,6 +127,12 @@ class AsyncElasticGroup:
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         self.options = config.sync_options(0)
         self.sync_every: int = config.optim.sync_every  # type: ignore[assignment]
+        self.numel = sum(p.numel() for p in self.params)
+        self.moments_after = self.numel if config.optim.sync_moments else None
+        """--sync-moments: the model's values before its second moments (every server's buffer, push, reply and copy
+        is [parameters | v]: sync/async_moments.py); None: the parameters only."""
+        self.moments_loaded = 0
+        """Replies whose global second moments this group loaded into its AdamW (async_moments.loads_moments)."""
         self.resumed = launch_start(config, store, incarnation)
         """--resume: the checkpoint's step, model and server state (runtime/elastic/async_checkpoint.py)."""
         self.stop, self.budget = launch_budget(config, self.resumed.step)
@@ -131,7 +144,8 @@ class AsyncElasticGroup:
         self.timeout_s = config.reliability.comm_timeout_s
         # a fresh run's groups all start from the seed's model (version 0), a resumed run's from the checkpoint's;
         # a restarted one holds nothing yet
-        held = HeldModel(None) if incarnation > 0 else self.resumed.held or HeldModel(_flat(self.params))
+        held = HeldModel(None) if incarnation > 0 else \
+            self.resumed.held or HeldModel(self._laid_out(_flat(self.params)))
         self.pacing = socket_pacing(config, group)
         """This process's emulated links (None: --time-scale 0)."""
         self.cuts = cut_hold(config)
@@ -174,7 +188,8 @@ class AsyncElasticGroup:
         momentum update, `lr`, `momentum`) with the bases of its live clients, publishing the lost updates."""
         assert held.model is not None
         options = self.options.heterogeneity
-        optimizer = outer_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power)
+        optimizer = server_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power,
+                                     self.moments_after)
         if epoch == 0 and self.resumed.optimizer is not None:  # a resumed run's first host: the checkpoint's momentum
             optimizer.load_state_dict(self.resumed.optimizer)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
@@ -182,13 +197,33 @@ class AsyncElasticGroup:
             self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey,
             after_update=self.checkpoints.writer(self.store, server)))
 
+    def _laid_out(self, flat: torch.Tensor) -> torch.Tensor:
+        """A model of `flat` parameters as every server holds it: with --sync-moments, zero second moments after them
+        (as a fresh AdamW's)."""
+        return flat if self.moments_after is None else torch.cat([flat, torch.zeros(MOMENT_PARTS * self.numel)])
+
+    def _outer_gradient(self) -> torch.Tensor:
+        """This group's push since the model it holds (`held`): the outer gradient, and with --sync-moments its
+        AdamW's second moments themselves (async_moments.push_of)."""
+        anchor = self.held.model
+        assert anchor is not None
+        if self.moments_after is None:
+            return anchor - _flat(self.params)
+        return push_of(anchor, torch.cat([_flat(self.params), flat_moments(self.optimizer, self.params)]), self.numel)
+
     def _adopt(self, reply: dict[str, Any]) -> None:
-        """Take the reply's model as this group's parameters."""
+        """Take the reply's model as this group's parameters; with --sync-moments its second moments into this
+        group's AdamW once the model holds R replica outer gradients (async_moments.loads_moments; not before this
+        group's AdamW has stepped: a restarted group's join sets none)."""
         with torch.no_grad():
             offset = 0
             for p in self.params:
                 p.copy_(reply["model"][offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
+        if self.moments_after is not None and self.optimizer.state and \
+                loads_moments(int(reply["updates"]), self.config.replicas):
+            load_moments(self.optimizer, self.params, reply["model"][self.numel:])
+            self.moments_loaded += 1
 
     # --- training -----------------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -214,7 +249,7 @@ class AsyncElasticGroup:
             record = self._train_step(step, lr_step)
             period += 1
             if period == self.sync_every:
-                gradient = self.held.model - _flat(self.params)  # type: ignore[operator]
+                gradient = self._outer_gradient()
                 exchanged = time.perf_counter()
                 self._adopt(self.link.exchange(gradient, False))
                 # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
@@ -228,11 +263,15 @@ class AsyncElasticGroup:
             self._note_checkpoints()
             step += 1
             self.store.set(f"step/{self.group}", str(step))
-        gradient = None if period == 0 else self.held.model - _flat(self.params)  # type: ignore[operator]
+        gradient = None if period == 0 else self._outer_gradient()
         self._adopt(self.link.exchange(gradient, True))
         if self.records:  # the final exchange's messages count in the last step's record
             last_record = self.records[-1]
             last_record.update({k: (last_record[k] or 0.0) + v for k, v in self._carried().items()})
+            if self.moments_after is not None:  # the final model's v and this group's AdamW's (equal: loaded)
+                last_record.update(moments_loaded=self.moments_loaded,
+                                   moments_sha256=params_digest([flat_moments(self.optimizer, self.params)]),
+                                   held_moments_sha256=params_digest([self.held.model[self.numel:]]))  # type: ignore
         # the run's end for its summary (train_s, the final model's samples): the first group to hold the final model
         self.store.compare_set(FINAL_KEY, "", json.dumps({"t": time.time(), "updates": self.held.updates}))
         self.link.close()

@@ -23,6 +23,10 @@ model and merges from it (its anchor): the region's updates its lost host had no
 answer. A killed group that hosted nothing is a client that left its region (the region goes on); a region
 whose every group is gone has no server, so the global server stops waiting for it (its connection closed).
 
+Moments (--sync-moments): every tier's server holds [parameters | v] and merges v (sync/async_moments.py
+MomentMerge; a region server's merge upstream carries its v: async_region), so a copy at either tier holds the v its
+server last replied.
+
 Ending: as the flat run, one tier up: a region server sends its final delta once all its groups sent their final
 requests, and the global server replies to the regions' finals once every connected region sent its own; each
 host then marks its tier ended and waits for its clients to close (the global model's host writes the end's
@@ -38,7 +42,7 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_group import AsyncElasticGroup
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting, serve_restored, tier_host
 from geotrain.runtime.elastic.links import GroupNet
-from geotrain.sync.async_merge import outer_optimizer
+from geotrain.sync.async_moments import server_optimizer
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 from geotrain.sync.async_socket import SocketServer
@@ -145,11 +149,11 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         if held.model is None:  # no group of the region held a copy: the region starts from the global model
             held = HeldModel(joined["model"], 0, int(joined["updates"]))
         heterogeneity = self.options.heterogeneity
-        optimizer = outer_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
-                                    heterogeneity.async_staleness_power)
+        optimizer = server_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
+                                     heterogeneity.async_staleness_power, self.moments_after)
         server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
-        region.global_version, region.global_updates, region.merged_version = \
+        region.versions_got[0], region.updates_got[0], region.merged_at[0] = \
             int(joined["version"]), held.updates, held.version
         return serve_restored(self.store, self.link.tier, epoch, held, server, lambda: serve_counting(
             self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0, self.net.advertise, self.authkey,

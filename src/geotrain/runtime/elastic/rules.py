@@ -23,10 +23,10 @@ async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/e
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
-schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; no --netlab, no --sync-moments, no
---fragments:
-async_refusal). With --netlab: --time-scale 0 (the lab shapes the
-links) and no --lighthouse (the launcher starts one inside the lab).
+schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; --sync-moments: every server, push,
+reply, copy and checkpoint holds [parameters | AdamW's second moments], so an elected host serves the global moments
+of its copy: sync/async_moments.py; no --netlab, no --fragments: async_refusal). With --netlab: --time-scale 0 (the
+lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
@@ -186,9 +186,6 @@ def async_refusal(config: Any) -> str | None:
          f"a fragment server per elected host, sync/async_fragments.py); without --elastic asynchronous updates take "
          f"fragments"),
         (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
-        (config.optim.sync_moments,
-         "optim.sync_moments: not built yet for elastic asynchronous groups (a re-elected server starts from a "
-         "replica's copy of the model, which holds no global moments); drop --sync-moments or --elastic"),
     )
     return next((text for failed, text in reasons if failed), None)
 

@@ -64,8 +64,9 @@ class ElasticSummary:
     batch's token ids), contributors, params_sha256 (after each synchronisation) and emulated_s; with emulated
     links sent_bytes and inter_region_bytes (--outer-sync async*: its exchanges' requests and replies, and link_s,
     their emulated seconds: runtime/elastic/links.py SocketPacing; with a partition in --chaos, cut_wait_s: the wall
-    seconds its messages waited for a heal, links.CutHold); S > 1: merged from its stages
-    (`merge_stage_records`), with stage_params_sha256."""
+    seconds its messages waited for a heal, links.CutHold; with --sync-moments the last record's moments_loaded,
+    moments_sha256 of its AdamW's second moments and held_moments_sha256 of the final model's); S > 1: merged from its
+    stages (`merge_stage_records`), with stage_params_sha256."""
     partitions: int = 0
     """Partitions the launcher cut (a group's links down, then healed)."""
     partition_recovery_s: list[float] = field(default_factory=list)
