@@ -1,7 +1,8 @@
 """`geotrain bench hetero --json`: the JSON contract (one row per kind with its fields), on a short run of the
-adaptive row, the asynchronous row, the planner's recipe row and the limit; adaptive rows see the same samples as the
-others (R x H steps per period); the async row runs on the emulated links; the planner's predictions sit beside the
-measured step."""
+asynchronous row, the planner's recipe row and the limit; the recipe (adaptive local steps on these GPUs) sees the same
+samples as the others (R x H steps per period); the async row runs on the emulated links; the planner's predictions
+sit beside the measured step. (The diloco-adaptive row runs the recipe's code path with fixed settings: not launched
+here, to keep the suite's time.)"""
 
 from __future__ import annotations
 
@@ -20,25 +21,23 @@ def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_async_recipe
     # 10 steps (2 outer periods of H = 5) of 16 sequences (the default 32 only doubles the workers' compute: no
     # assertion depends on the batch; 4 per replica, one per micro-batch)
     done = subprocess.run([sys.executable, "-m", "geotrain", "bench", "hetero", "--steps", "10", "--global-batch", "16",
-                           "--rows", "diloco-adaptive,async,recipe", "--json", "--run-dir", str(tmp_path / "runs")],
+                           "--rows", "async,recipe", "--json", "--run-dir", str(tmp_path / "runs")],
                           capture_output=True, text=True, timeout=380)
     assert done.returncode == 0, done.stderr[-2000:]
     doc = json.loads(done.stdout)
-    assert doc["skipped"] == [] and [row["kind"] for row in doc["rows"]] == ["diloco-adaptive", "async", "recipe",
-                                                                              "limit"]
+    assert doc["skipped"] == [] and [row["kind"] for row in doc["rows"]] == ["async", "recipe", "limit"]
     sites = {"oregon", "virginia", "frankfurt", "tokyo"}
     for row in doc["rows"]:
         assert ROW_KEYS <= set(row)
         assert set(row["site_compute_fraction"]) == sites
         assert all(0 < f <= 1 for f in row["site_compute_fraction"].values())
         assert row["time_to_target_s"] is None or row["time_to_target_s"] > 0
-    adaptive, asynchronous, recipe, limit = doc["rows"]
+    asynchronous, recipe, limit = doc["rows"]
     _check_async_row(asynchronous)
     # the planner prices the adaptive and recipe rows from the limit's measured compute; the limit is not priced
     assert limit["predicted_step_s"] is None and limit["predicted_site_compute_fraction"] is None
-    for row in (adaptive, recipe):
-        assert row["predicted_step_s"] > 0 and set(row["predicted_site_compute_fraction"]) == sites
-        assert row["measured_step_s"] == pytest.approx(row["elapsed_s"] / 10)
+    assert recipe["predicted_step_s"] > 0 and set(recipe["predicted_site_compute_fraction"]) == sites
+    assert recipe["measured_step_s"] == pytest.approx(recipe["elapsed_s"] / 10)
         # (predicted against measured is a benchmark number, docs/results/bench-hetero.md: no timed assertion here)
     # the recipe row ran the plan: on these GPUs adaptive local steps, the planner's H_r at first, R x H a period
     plan = recipe["recipe"]
@@ -47,16 +46,16 @@ def test_bench_hetero_json_has_the_contract_fields_for_the_adaptive_async_recipe
     assert sum(recipe["inner_steps"].values()) == 10 * 4
     assert recipe["predicted_site_compute_fraction"] == pytest.approx(
         dict(zip(["oregon", "virginia", "frankfurt", "tokyo"], plan["replica_compute_fraction"])))
-    assert sum(adaptive["inner_steps"].values()) == sum(limit["inner_steps"].values()) == 10 * 4
-    # DDP (the limit's run) sends the model every step, DiLoCo int8 outer deltas every 5
-    assert limit["inter_region_bytes"] > adaptive["inter_region_bytes"] > 0
-    assert len(adaptive["curve"]["val_loss"]) == 2  # one score after each of the 2 outer periods
+    assert sum(limit["inner_steps"].values()) == 10 * 4
+    # DDP (the limit's run) sends the model every step, the recipe's DiLoCo its outer deltas every period
+    assert limit["inter_region_bytes"] > recipe["inter_region_bytes"] > 0
+    assert recipe["curve"]["val_loss"]  # scored on its way
     # --run-dir: each row's run directory, one metrics line per rank per inner step, read back by `geotrain report`
     from geotrain.observe.metrics import read_metrics, steps_of
 
-    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["async", "diloco-adaptive", "limit", "recipe"]
-    steps = steps_of(read_metrics(tmp_path / "runs" / "diloco-adaptive"))
-    assert sorted(adaptive["inner_steps"].values()) == sorted(
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["async", "limit", "recipe"]
+    steps = steps_of(read_metrics(tmp_path / "runs" / "recipe"))
+    assert sorted(recipe["inner_steps"].values()) == sorted(
         sum(1 for s in steps if s["rank"] == rank) for rank in range(4))
     report = subprocess.run([sys.executable, "-m", "geotrain", "report", str(tmp_path / "runs" / "limit"), "--json"],
                             capture_output=True, text=True, timeout=120)
