@@ -97,6 +97,36 @@ def test_gradients_cross_at_the_grad_codec_in_the_carrier_shape():
     assert torch.equal(hidden.grad, torch.stack([get_codec("int4-block").roundtrip(row)[0] for row in upstream]))
 
 
+def test_a_top_k_gradient_with_parameters_crosses_a_cut_and_is_priced_by_its_width():
+    text = "delta:codec=sign-block,first=int4-block,grad=topk-lowbit/fraction=0.0625/bits=4"
+    spec = CodecSpec.parse(text)
+    assert CodecSpec.parse(str(spec)) == spec  # the nested spec survives the printed form
+    sender, receiver = DeltaWire(spec), DeltaWire(spec)
+    grad_codec = get_codec("topk-lowbit", fraction=0.0625, bits=4)
+    sample = (96, 128)  # the bench's cut: 3 chunks of 4096, 256 values kept per chunk
+    for side in (sender, receiver):
+        side.memory.values.update({i: torch.zeros(sample) for i in (0, 1)})  # seen: a narrow step (sign-block deltas)
+        assert not side.begin_step([0, 1])
+    hidden = torch.randn(2, *sample, requires_grad=True)
+    carrier = sender.send(hidden)
+    assert carrier.shape == (2, 1 + carrier_numel(grad_codec, sample))  # the top-k payload is the wider one
+    carried = carrier.detach().requires_grad_()
+    upstream = torch.randn(2, *sample, generator=torch.Generator().manual_seed(3))
+    receiver.receive(carried, sample).backward(upstream)
+    carrier.backward(carried.grad)
+    expected = torch.stack([grad_codec.roundtrip(row)[0] for row in upstream])
+    assert torch.equal(hidden.grad, expected) and int((expected != 0).sum(dim=(1, 2))[0]) == 3 * 256
+    delta = DeltaSpec.of(spec)
+    assert delta.steady_bytes_per_value(128, 4) == grad_codec.bytes_per_value(128, 4)
+    from geotrain.cost.codec_choice import codec_link_bytes
+    from geotrain.job import JOB_PRESETS
+
+    priced = codec_link_bytes(text, JOB_PRESETS["gpt-1.3b-seed"], "pp").pp_inter
+    assert priced == pytest.approx(grad_codec.bytes_per_value(JOB_PRESETS["gpt-1.3b-seed"].hidden, 4))
+    with pytest.raises(CodecError, match="grad: topk-lowbit: bits must be one of"):
+        DeltaSpec.of(CodecSpec.parse("delta:grad=topk-lowbit/bits=3"))
+
+
 def test_a_delta_spec_is_checked_and_its_state_is_capped():
     with pytest.raises(CodecError, match="grad must be one of"):
         DeltaSpec.of(CodecSpec.parse("delta:grad=topk"))
