@@ -19,6 +19,7 @@ none). Plain topk/randk are left out (their fp32 or fp16 values make them no che
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -37,6 +38,14 @@ _CARRIER_DTYPE = torch.float32
 def carrier_numel(codec: Codec, sample_shape: Sequence[int]) -> int:
     """float32 values per sample that carry `codec`'s payload of one `sample_shape` tensor (bytes / 4, up)."""
     return -(-codec.wire_nbytes(tuple(sample_shape)) // 4)
+
+
+def cut_bytes_per_value(codec: Codec, sample_shape: Sequence[int], trained_bytes: float) -> float:
+    """Wire bytes per activation value of one `sample_shape` ([tokens, hidden]) sample on a cut, for cost models:
+    the codec's own size on that shape (a low-rank codec's factors are priced by the sample's matrix, not by
+    a weight's), never more than the `trained_bytes`-wide values themselves."""
+    shape = tuple(int(n) for n in sample_shape)
+    return min(float(trained_bytes), codec.wire_nbytes(shape) / max(1, math.prod(shape)))
 
 
 def encode_to_carrier(codec: Codec, tensor: torch.Tensor) -> torch.Tensor:

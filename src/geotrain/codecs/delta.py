@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from geotrain.codecs.base import CodecError
-from geotrain.codecs.carrier import CARRIED_CODECS
+from geotrain.codecs.carrier import CARRIED_CODECS, cut_bytes_per_value
 from geotrain.codecs.spec import CodecSpec
 
 DELTA = "delta"
@@ -58,11 +58,13 @@ class DeltaSpec:
         """The parsed spec of `key` ("codec", "first" or "grad"); CodecError names a bad one."""
         return CodecSpec.parse_nested(getattr(self, key))
 
-    def steady_bytes_per_value(self, hidden: int, trained_bytes: float) -> float:
+    def steady_bytes_per_value(self, sample_shape: Sequence[int], trained_bytes: float) -> float:
         """Wire bytes per activation value once every sample has been seen, each direction: the carrier is as
         wide as the larger of the delta and the gradient payloads (one shape both ways); the 4-byte sample id
-        per row is left out (4 / (seq x hidden) per value). First sights cost `first`'s bytes, once per sample."""
-        return max(self.codec_spec(key).build().bytes_per_value(hidden, trained_bytes) for key in ("codec", "grad"))
+        per row is left out (4 / (seq x hidden) per value). First sights cost `first`'s bytes, once per sample.
+        `sample_shape`: one sample's activations, [tokens, hidden] (a low-rank `grad` is priced by it)."""
+        return max(cut_bytes_per_value(self.codec_spec(key).build(), sample_shape, trained_bytes)
+                   for key in ("codec", "grad"))
 
 
 def is_delta(spec: CodecSpec) -> bool:

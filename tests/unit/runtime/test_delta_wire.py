@@ -117,12 +117,16 @@ def test_a_top_k_gradient_with_parameters_crosses_a_cut_and_is_priced_by_its_wid
     expected = torch.stack([grad_codec.roundtrip(row)[0] for row in upstream])
     assert torch.equal(hidden.grad, expected) and int((expected != 0).sum(dim=(1, 2))[0]) == 3 * 256
     delta = DeltaSpec.of(spec)
-    assert delta.steady_bytes_per_value(128, 4) == grad_codec.bytes_per_value(128, 4)
+    assert delta.steady_bytes_per_value(sample, 4) == grad_codec.wire_nbytes(sample) / (96 * 128)
     from geotrain.cost.codec_choice import codec_link_bytes
     from geotrain.job import JOB_PRESETS
 
-    priced = codec_link_bytes(text, JOB_PRESETS["gpt-1.3b-seed"], "pp").pp_inter
-    assert priced == pytest.approx(grad_codec.bytes_per_value(JOB_PRESETS["gpt-1.3b-seed"].hidden, 4))
+    job = JOB_PRESETS["gpt-1.3b-seed"]  # [2048, 2048] per sample
+    assert codec_link_bytes(text, job, "pp").pp_inter == pytest.approx(16 * 2.5 / 256 + 4 / 4096)
+    # a rank-2 gradient is priced by the sample's matrix: 4 x 2 x (2048 + 2048) bytes; the sign-block deltas are wider
+    low_rank = "delta:codec=sign-block,first=int4-block,grad=powersgd/rank=2"
+    assert codec_link_bytes(low_rank, job, "pp").pp_inter == pytest.approx(1 / 8 + 4 / 128)
+    assert codec_link_bytes("powersgd:rank=2", job, "pp").pp_inter == pytest.approx(8 * 4096 / 2048**2)
     with pytest.raises(CodecError, match="grad: topk-lowbit: bits must be one of"):
         DeltaSpec.of(CodecSpec.parse("delta:grad=topk-lowbit/bits=3"))
 
@@ -138,9 +142,9 @@ def test_a_delta_spec_is_checked_and_its_state_is_capped():
         "per-sample activation state of 3,876 samples x 49,152 bytes = 191 MB per side exceeds max_state_mb=100 "
         "(fewer samples: --epoch-windows N, or a larger max_state_mb)")
     # priced by its steady state: the wider of the delta and gradient payloads, each way
-    assert spec.steady_bytes_per_value(128, 4) == get_codec("int2-block").bytes_per_value(128, 4)
+    assert spec.steady_bytes_per_value((96, 128), 4) == get_codec("int2-block").bytes_per_value(128, 4)
     wide_grad = DeltaSpec.of(CodecSpec.parse("delta:grad=int4-block"))
-    assert wide_grad.steady_bytes_per_value(128, 4) == get_codec("int4-block").bytes_per_value(128, 4)
+    assert wide_grad.steady_bytes_per_value((96, 128), 4) == get_codec("int4-block").bytes_per_value(128, 4)
     from geotrain.cost.codec_choice import codec_link_bytes
     from geotrain.job import JOB_PRESETS
 
