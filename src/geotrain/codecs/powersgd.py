@@ -5,7 +5,8 @@ A tensor with ndim >= 2 is viewed as the matrix M (n x m, n = shape[0], m = the 
 With Q0 (m x r) drawn from a generator seeded by (seed, step, n, m):
     P = orthonormalise(M Q0)  (n x r),   Q = M^T P  (m x r),   decoded  M' = P Q^T.
 `power_iterations` > 1 repeats P = orthonormalise(M M^T P) first (closer to the best rank-r fit, more
-compute; a pipeline cut's per-sample gradients have no warm start). Wire: P and Q in fp32, 4 r (n + m) bytes, r = min(rank, n, m). Vectors and scalars, and matrices
+compute; a pipeline cut's per-sample gradients have no warm start; on bench pipeline's cut it trained worse).
+Wire: P and Q in fp32, 4 r (n + m) bytes, r = min(rank, n, m). Vectors and scalars, and matrices
 for which 4 r (n + m) >= 4 n m (low rank would not save bytes), are sent uncompressed in fp32.
 Everything random depends only on (seed, step, shape), so the payload spec is fixed by the shape.
 
