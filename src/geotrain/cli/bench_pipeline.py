@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codecs", default=None, metavar="CODEC,...",
                         help="the codecs of the 'across' rows (default: none, int8-block, int4-block:block_size=32, "
                              "int4-block, int2-block, sign-block; an item k=v continues the codec before it: "
-                             "delta:codec=int2-block,grad=int2-block); the local fp32 row runs unless --no-local")
+                             "delta:codec=int2-block,grad=sign-block:block_size=64); the local fp32 row runs "
+                             "unless --no-local")
     parser.add_argument("--no-local", action="store_true", help="leave out the local fp32 row")
     parser.add_argument("--windows", default="random", metavar="random|epochs",
                         help="how every row draws training windows (a delta codec needs epochs: train's --windows)")
@@ -40,7 +41,7 @@ def rows_of(text: str | None, local: bool = True) -> tuple[Any, ...]:
         return DEFAULT_ROWS if local else DEFAULT_ROWS[1:]
     codecs: list[str] = []
     for item in filter(None, (item.strip() for item in text.split(","))):
-        if "=" in item and ":" not in item and codecs:  # a further parameter of the codec before it
+        if "=" in item.partition(":")[0] and codecs:  # key=value (the value may be a nested spec): the codec before
             codecs[-1] += "," + item
         else:
             codecs.append(item)

@@ -9,13 +9,17 @@ only copied, never computed with, so every bit survives (NaN patterns included);
 it back as bytes and decodes. Wire bytes per sample: `codec.wire_nbytes(sample shape)` rounded up to
 a multiple of 4.
 
-A codec may ride only when its payload's layout depends on the shape alone (`CARRIED_CODECS`: not
-top-k/rand-k, whose sizes are fixed but whose positions are data, nor PowerSGD, which keeps state):
-both sides derive the payload spec from the sample shape and nothing travels but the bytes.
+A codec may ride only when its payload's layout depends on the shape alone (`CARRIED_CODECS`): both
+sides derive the payload spec from the sample shape and nothing travels but the bytes. topk-lowbit
+rides: k positions per chunk of a fixed chunk size, so its buffers' sizes are the shape's (the
+positions themselves travel as bytes); so does powersgd (a sample's [tokens, hidden] matrix as rank-r
+factors P, Q; its only state, the step that seeds Q0, is never advanced on a cut, and decoding needs
+none). Plain topk/randk are left out (their fp32 or fp16 values make them no cheaper than int8-block).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +27,8 @@ import torch
 from geotrain.codecs.base import Codec, PayloadSpec
 from geotrain.codecs.wire import pack_payload, unpack_payload
 
-CARRIED_CODECS = ("int8", "int8-block", "int4-block", "fp4-block", "int2-block", "log-block", "sign", "sign-block")
+CARRIED_CODECS = ("int8", "int8-block", "int4-block", "fp4-block", "int2-block", "log-block", "sign", "sign-block",
+                  "topk-lowbit", "powersgd")
 """Codecs whose payload layout is a function of the shape (and parameters) alone: the activation codecs
 a float32 carrier takes across a pipeline cut."""
 
@@ -33,6 +38,14 @@ _CARRIER_DTYPE = torch.float32
 def carrier_numel(codec: Codec, sample_shape: Sequence[int]) -> int:
     """float32 values per sample that carry `codec`'s payload of one `sample_shape` tensor (bytes / 4, up)."""
     return -(-codec.wire_nbytes(tuple(sample_shape)) // 4)
+
+
+def cut_bytes_per_value(codec: Codec, sample_shape: Sequence[int], trained_bytes: float) -> float:
+    """Wire bytes per activation value of one `sample_shape` ([tokens, hidden]) sample on a cut, for cost models:
+    the codec's own size on that shape (a low-rank codec's factors are priced by the sample's matrix, not by
+    a weight's), never more than the `trained_bytes`-wide values themselves."""
+    shape = tuple(int(n) for n in sample_shape)
+    return min(float(trained_bytes), codec.wire_nbytes(shape) / max(1, math.prod(shape)))
 
 
 def encode_to_carrier(codec: Codec, tensor: torch.Tensor) -> torch.Tensor:

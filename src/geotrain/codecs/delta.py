@@ -3,7 +3,9 @@ and what it costs on the wire in steady state.
 
 `delta:codec=int2-block,first=int8-block,grad=int2-block,max_state_mb=1024`: deltas against the state both
 sides of a pipeline cut keep per training sample in `codec`, a sample's first sight (and evaluation) in
-`first`, activation gradients in `grad` (each a name of CARRIED_CODECS), at most `max_state_mb` (1e6 bytes)
+`first`, activation gradients in `grad` (each a codec of CARRIED_CODECS, its parameters nested with `/`
+for `:` and `,`:
+`grad=topk-lowbit/fraction=0.0625/bits=4`, CodecSpec.parse_nested), at most `max_state_mb` (1e6 bytes)
 of per-sample state per side. Not a Codec of the registry: it keeps state per sample and crosses a cut only.
 """
 
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from geotrain.codecs.base import CodecError
-from geotrain.codecs.carrier import CARRIED_CODECS
+from geotrain.codecs.carrier import CARRIED_CODECS, cut_bytes_per_value
 from geotrain.codecs.spec import CodecSpec
 
 DELTA = "delta"
@@ -23,7 +25,7 @@ DELTA = "delta"
 
 @dataclass(frozen=True)
 class DeltaSpec:
-    """The codecs of a delta wire (names of CARRIED_CODECS) and its state cap (1e6 bytes per side)."""
+    """The codecs of a delta wire (nested specs of CARRIED_CODECS) and its state cap (1e6 bytes per side)."""
 
     codec: str = "int2-block"
     first: str = "int8-block"
@@ -39,7 +41,12 @@ class DeltaSpec:
                 raise CodecError(f"codec {str(spec)!r}: unknown parameter {key!r} (known: {', '.join(sorted(known))})")
         found = cls(**spec.kwargs())
         for key in ("codec", "first", "grad"):
-            if getattr(found, key) not in CARRIED_CODECS:
+            try:
+                nested = found.codec_spec(key)
+                nested.build()
+            except (CodecError, TypeError) as exc:
+                raise CodecError(f"codec {str(spec)!r}: {key}: {exc}") from None
+            if nested.name not in CARRIED_CODECS:
                 raise CodecError(f"codec {str(spec)!r}: {key} must be one of {', '.join(CARRIED_CODECS)}, "
                                  f"got {getattr(found, key)!r}")
         cap = found.max_state_mb
@@ -47,11 +54,17 @@ class DeltaSpec:
             raise CodecError(f"codec {str(spec)!r}: max_state_mb must be a number > 0, got {cap!r}")
         return found
 
-    def steady_bytes_per_value(self, hidden: int, trained_bytes: float) -> float:
+    def codec_spec(self, key: str) -> CodecSpec:
+        """The parsed spec of `key` ("codec", "first" or "grad"); CodecError names a bad one."""
+        return CodecSpec.parse_nested(getattr(self, key))
+
+    def steady_bytes_per_value(self, sample_shape: Sequence[int], trained_bytes: float) -> float:
         """Wire bytes per activation value once every sample has been seen, each direction: the carrier is as
         wide as the larger of the delta and the gradient payloads (one shape both ways); the 4-byte sample id
-        per row is left out (4 / (seq x hidden) per value). First sights cost `first`'s bytes, once per sample."""
-        return max(CodecSpec(name).build().bytes_per_value(hidden, trained_bytes) for name in (self.codec, self.grad))
+        per row is left out (4 / (seq x hidden) per value). First sights cost `first`'s bytes, once per sample.
+        `sample_shape`: one sample's activations, [tokens, hidden] (a low-rank `grad` is priced by it)."""
+        return max(cut_bytes_per_value(self.codec_spec(key).build(), sample_shape, trained_bytes)
+                   for key in ("codec", "grad"))
 
 
 def is_delta(spec: CodecSpec) -> bool:

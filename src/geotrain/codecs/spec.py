@@ -22,6 +22,9 @@ from geotrain.codecs.base import Codec, CodecError, parse_flag
 from geotrain.codecs.cast import NoneCodec
 from geotrain.codecs.registry import CODECS, codec_params
 
+NESTED_SEP = "/"
+"""Separates a nested spec's name and parameters (`CodecSpec.parse_nested`)."""
+
 MAX_SPEC_CHARS = 1000
 """Longer specs are refused (nothing needs more; keeps error messages and parsing bounded)."""
 
@@ -96,6 +99,20 @@ class CodecSpec:
         from geotrain.codecs.registry import get_codec
 
         return get_codec(self.name, **self.kwargs())
+
+    @classmethod
+    def parse_nested(cls, text: str) -> "CodecSpec":
+        """The spec of `text` written inside another spec's value, with `/` for both `:` and `,`
+        (`topk-lowbit/fraction=0.0625/bits=4`, a plain name alone, or a `:` before the first parameter):
+        neither splits the outer spec's items. CodecError names the text."""
+        if not isinstance(text, str) or "," in text:
+            raise CodecError(f"nested codec spec {text!r}: write name/key=value/... (no commas)")
+        name, _, rest = text.replace(":", NESTED_SEP, 1).partition(NESTED_SEP)
+        return cls.parse(name + (":" + ",".join(rest.split(NESTED_SEP)) if rest else ""))
+
+    def nested(self) -> str:
+        """This spec as text `parse_nested` reads back to an equal spec."""
+        return NESTED_SEP.join((self.name, *(f"{key}={_text(value)}" for key, value in self.params)))
 
     def __str__(self) -> str:
         if not self.params:

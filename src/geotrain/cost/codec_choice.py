@@ -101,15 +101,16 @@ def codec_link_bytes(name: str, job: Job, kind: str, group_size: int = 2) -> Wir
     """WireBytes of a flat codec spec `name` (both link classes alike) for `kind` "dp" or "pp" of `job`;
     `group_size` n: the DP group's members (all-gathered codecs count n / 2 times)."""
     from geotrain.codecs import CodecSpec  # torch-backed: imported only when codecs are priced
+    from geotrain.codecs.carrier import cut_bytes_per_value
     from geotrain.codecs.delta import DeltaSpec, is_delta
     from geotrain.comm import reducer_traits
 
-    spec = CodecSpec.parse(name)
+    spec, sample = CodecSpec.parse(name), (job.seq_len, job.hidden)
     if kind == "pp" and is_delta(spec):  # per-sample deltas: priced by the steady state (every sample seen)
-        return WireBytes.uniform(pp=DeltaSpec.of(spec).steady_bytes_per_value(job.hidden, job.bytes_per_value))
+        return WireBytes.uniform(pp=DeltaSpec.of(spec).steady_bytes_per_value(sample, job.bytes_per_value))
+    if kind == "pp":  # one sample's [seq, hidden] activations (a low-rank codec: by that matrix)
+        return WireBytes.uniform(pp=cut_bytes_per_value(spec.build(), sample, job.bytes_per_value))
     per_value = spec.build().bytes_per_value(job.hidden, job.bytes_per_value)
-    if kind == "pp":
-        return WireBytes.uniform(pp=per_value)
     traits = reducer_traits(spec)
     if traits.gathered:  # all-gather: n/2 times the bytes, half the latency rounds of an all-reduce
         return WireBytes.uniform(dp=per_value * max(1.0, group_size / 2), dp_latency_rounds=0.5 * traits.latency_rounds)

@@ -125,8 +125,7 @@ class DeltaWire:
     def __init__(self, spec: CodecSpec) -> None:
         self.spec = spec
         self.delta = DeltaSpec.of(spec)
-        self.codec, self.first, self.grad = (CodecSpec(name).build()
-                                             for name in (self.delta.codec, self.delta.first, self.delta.grad))
+        self.codec, self.first, self.grad = (self.delta.codec_spec(key).build() for key in ("codec", "first", "grad"))
         self.memory = DeltaMemory()
         self.wide = True
         self._ids: np.ndarray = np.zeros(0, dtype=np.int64)

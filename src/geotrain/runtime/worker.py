@@ -451,11 +451,11 @@ def warm_codecs(config: RuntimeConfig) -> None:
     peers ended the run, "lost rank r ... its last completed step: none"). Set-up's own warm_up is then a no-op."""
     comm = config.comm
     specs = {str(spec): spec for spec in (*(comm.dp_codecs or (comm.dp_codec,)), *(comm.pp_codecs or (comm.pp_codec,)))}
-    for text, spec in list(specs.items()):  # a delta cut's codecs, each by name
+    for text, spec in list(specs.items()):  # a delta cut's codecs, each by its spec
         if is_delta(spec):
             del specs[text]
             delta = DeltaSpec.of(spec)
-            specs.update({name: CodecSpec(name) for name in (delta.codec, delta.first, delta.grad)})
+            specs.update({str(delta.codec_spec(key)): delta.codec_spec(key) for key in ("codec", "first", "grad")})
     for spec in specs.values():
         spec.build().warm_up()
 

@@ -54,7 +54,7 @@ def base(tmp_path: Path) -> list[str]:
     (["--comm-timeout", "0.001"], "^--comm-timeout must be at least 1 s"),
     (["--resume"], "resume needs a checkpoint directory"),
     (["--overwrite"], "overwrite needs a checkpoint directory"),
-    (["--pp-codec", "topk"], "pipeline codec must be one of none, fp16, bf16, int8, .*sign-block, delta, got 'topk': "
+    (["--pp-codec", "topk"], "pipeline codec must be one of none, fp16, bf16, int8, .*powersgd, delta, got 'topk': "
                              "torch.*payload layout depends on the data"),
     (["--schedule", "interleaved-1f1b", "--microbatches", "3", "--batch-size", "6"],
      "microbatches must be a multiple of the 2 stages with schedule 'interleaved-1f1b', got 3"),

@@ -31,6 +31,9 @@ def test_codecs_choose_the_across_rows_and_refused_codecs_are_one_line(capsys):
     # an item k=v continues the codec before it (a delta spec's parameters); --no-local leaves the local row out
     assert [row.pp_codec for row in rows_of("int2-block,delta:codec=int2-block,grad=int4-block,fp16", local=False)] \
         == ["int2-block", "delta:codec=int2-block,grad=int4-block", "fp16"]
+    assert [row.pp_codec for row in rows_of("delta:grad=topk-lowbit:fraction=0.0625/bits=4,first=int4-block,fp16",
+                                            local=False)] == [
+        "delta:grad=topk-lowbit:fraction=0.0625/bits=4,first=int4-block", "fp16"]  # a nested spec's ':' too
     assert main(["bench", "pipeline", "--codecs", ",", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["geotrain: error: --codecs: give one or more activation codecs, got ','"]

@@ -162,6 +162,7 @@ def test_unknown_codec_lists_the_known_names():
     ("int8-block", {"block_size": 0}, r"block_size must be an integer >= 1, got 0"),
     ("int8-block", {"block_size": 2.5}, r"got 2.5"),
     ("powersgd", {"rank": 0}, r"rank must be an integer >= 1"),
+    ("powersgd", {"power_iterations": 0}, r"power_iterations must be an integer >= 1, got 0"),
     ("randk", {"seed": -1}, r"seed must be an integer >= 0"),
 ])
 def test_bad_parameters_raise_codec_error_naming_allowed_values(name, params, message):

@@ -367,6 +367,14 @@ def test_powersgd_reconstructs_matrices_of_low_rank(shape, rank):
     assert torch.allclose(p.T @ p, torch.eye(rank), atol=1e-5)
 
 
+def test_powersgd_power_iterations_approach_the_best_rank_r_fit():
+    matrix = torch.randn(96, 128, generator=torch.Generator().manual_seed(5))  # a flat spectrum: the hard case
+    best = torch.linalg.svdvals(matrix)[2:].square().sum().sqrt()  # the rank-2 truncated SVD's error
+    errors = [float((get_codec("powersgd", rank=2, power_iterations=k).roundtrip(matrix)[0] - matrix).norm())
+              for k in (1, 8)]
+    assert errors[1] < errors[0] and errors[1] < 1.01 * float(best)
+
+
 @PROPERTY
 @given(x=float_tensors(max_dims=1, max_side=50))
 def test_powersgd_sends_vectors_uncompressed(x):

@@ -19,6 +19,23 @@ def test_text_form_parses_back_to_an_equal_spec(name, params):
     assert CodecSpec.parse(str(spec)) == spec
 
 
+@given(names, st.dictionaries(keys, values, max_size=4))
+def test_a_nested_spec_survives_its_own_text_and_an_outer_specs(name, params):
+    spec = CodecSpec(name, tuple(params.items()))
+    assert CodecSpec.parse_nested(spec.nested()) == spec
+    outer = CodecSpec.parse(str(CodecSpec("delta", (("grad", spec.nested()), ("first", "int8-block")))))
+    assert len(outer.params) == 2 and CodecSpec.parse_nested(outer.kwargs()["grad"]) == spec  # no item split
+
+
+def test_a_nested_spec_reads_slashes_or_a_colon_and_refuses_commas():
+    want = CodecSpec("topk-lowbit", (("fraction", 0.0625), ("bits", 4)))
+    assert CodecSpec.parse_nested("topk-lowbit/fraction=0.0625/bits=4") == want
+    assert CodecSpec.parse_nested("topk-lowbit:fraction=0.0625/bits=4") == want
+    assert CodecSpec.parse_nested("int2-block") == CodecSpec("int2-block")
+    with pytest.raises(CodecError, match="no commas"):
+        CodecSpec.parse_nested("topk-lowbit:fraction=0.0625,bits=4")
+
+
 def test_parse_reads_names_and_typed_values():
     spec = CodecSpec.parse("topk:fraction=0.01,value_dtype=fp16")
     assert spec == CodecSpec("topk", (("fraction", 0.01), ("value_dtype", "fp16")))

@@ -60,6 +60,8 @@ def test_pp_codec_takes_packed_codecs_and_refuses_data_dependent_ones():
     wire = RuntimeConfig.of(**base, pp_codec="int4-block:block_size=64").comm.wire_dtypes()
     assert isinstance(wire, PackedWire) and wire.codec.block_size == 64
     assert RuntimeConfig.of(**base, pp_codec="fp16").comm.wire_dtypes() == torch.float16
-    for name in ("topk", "powersgd"):
+    for name in ("powersgd:rank=2", "topk-lowbit:fraction=0.0625"):  # fixed k per chunk, fixed rank: fixed sizes
+        assert isinstance(RuntimeConfig.of(**base, pp_codec=name).comm.wire_dtypes(), PackedWire)
+    for name in ("topk", "randk"):
         with pytest.raises(ValueError, match="payload layout depends on the data"):
             RuntimeConfig.of(**base, pp_codec=name)

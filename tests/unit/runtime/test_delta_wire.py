@@ -97,6 +97,40 @@ def test_gradients_cross_at_the_grad_codec_in_the_carrier_shape():
     assert torch.equal(hidden.grad, torch.stack([get_codec("int4-block").roundtrip(row)[0] for row in upstream]))
 
 
+def test_a_top_k_gradient_with_parameters_crosses_a_cut_and_is_priced_by_its_width():
+    text = "delta:codec=sign-block,first=int4-block,grad=topk-lowbit/fraction=0.0625/bits=4"
+    spec = CodecSpec.parse(text)
+    assert CodecSpec.parse(str(spec)) == spec  # the nested spec survives the printed form
+    sender, receiver = DeltaWire(spec), DeltaWire(spec)
+    grad_codec = get_codec("topk-lowbit", fraction=0.0625, bits=4)
+    sample = (96, 128)  # the bench's cut: 3 chunks of 4096, 256 values kept per chunk
+    for side in (sender, receiver):
+        side.memory.values.update({i: torch.zeros(sample) for i in (0, 1)})  # seen: a narrow step (sign-block deltas)
+        assert not side.begin_step([0, 1])
+    hidden = torch.randn(2, *sample, requires_grad=True)
+    carrier = sender.send(hidden)
+    assert carrier.shape == (2, 1 + carrier_numel(grad_codec, sample))  # the top-k payload is the wider one
+    carried = carrier.detach().requires_grad_()
+    upstream = torch.randn(2, *sample, generator=torch.Generator().manual_seed(3))
+    receiver.receive(carried, sample).backward(upstream)
+    carrier.backward(carried.grad)
+    expected = torch.stack([grad_codec.roundtrip(row)[0] for row in upstream])
+    assert torch.equal(hidden.grad, expected) and int((expected != 0).sum(dim=(1, 2))[0]) == 3 * 256
+    delta = DeltaSpec.of(spec)
+    assert delta.steady_bytes_per_value(sample, 4) == grad_codec.wire_nbytes(sample) / (96 * 128)
+    from geotrain.cost.codec_choice import codec_link_bytes
+    from geotrain.job import JOB_PRESETS
+
+    job = JOB_PRESETS["gpt-1.3b-seed"]  # [2048, 2048] per sample
+    assert codec_link_bytes(text, job, "pp").pp_inter == pytest.approx(16 * 2.5 / 256 + 4 / 4096)
+    # a rank-2 gradient is priced by the sample's matrix: 4 x 2 x (2048 + 2048) bytes; the sign-block deltas are wider
+    low_rank = "delta:codec=sign-block,first=int4-block,grad=powersgd/rank=2"
+    assert codec_link_bytes(low_rank, job, "pp").pp_inter == pytest.approx(1 / 8 + 4 / 128)
+    assert codec_link_bytes("powersgd:rank=2", job, "pp").pp_inter == pytest.approx(8 * 4096 / 2048**2)
+    with pytest.raises(CodecError, match="grad: topk-lowbit: bits must be one of"):
+        DeltaSpec.of(CodecSpec.parse("delta:grad=topk-lowbit/bits=3"))
+
+
 def test_a_delta_spec_is_checked_and_its_state_is_capped():
     with pytest.raises(CodecError, match="grad must be one of"):
         DeltaSpec.of(CodecSpec.parse("delta:grad=topk"))
@@ -108,9 +142,9 @@ def test_a_delta_spec_is_checked_and_its_state_is_capped():
         "per-sample activation state of 3,876 samples x 49,152 bytes = 191 MB per side exceeds max_state_mb=100 "
         "(fewer samples: --epoch-windows N, or a larger max_state_mb)")
     # priced by its steady state: the wider of the delta and gradient payloads, each way
-    assert spec.steady_bytes_per_value(128, 4) == get_codec("int2-block").bytes_per_value(128, 4)
+    assert spec.steady_bytes_per_value((96, 128), 4) == get_codec("int2-block").bytes_per_value(128, 4)
     wide_grad = DeltaSpec.of(CodecSpec.parse("delta:grad=int4-block"))
-    assert wide_grad.steady_bytes_per_value(128, 4) == get_codec("int4-block").bytes_per_value(128, 4)
+    assert wide_grad.steady_bytes_per_value((96, 128), 4) == get_codec("int4-block").bytes_per_value(128, 4)
     from geotrain.cost.codec_choice import codec_link_bytes
     from geotrain.job import JOB_PRESETS
 
