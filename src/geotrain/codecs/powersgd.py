@@ -51,7 +51,10 @@ class PowerSGDCodec(Codec):
         self.power_iterations = power_iterations
 
     def params(self) -> dict[str, Any]:
-        return {"rank": self.rank, "seed": self.seed, "power_iterations": self.power_iterations, **super().params()}
+        # power_iterations only when set: the data-parallel reducer (comm.powersgd, built from these params) runs one
+        # and refuses the name, so a default codec's params stay what that reducer takes
+        more = {"power_iterations": self.power_iterations} if self.power_iterations != 1 else {}
+        return {"rank": self.rank, "seed": self.seed, **more, **super().params()}
 
     def matrix_rank(self, shape: tuple[int, ...]) -> int:
         """The rank used for `shape`, or 0 when the tensor is sent uncompressed (P, Q would not be smaller)."""
