@@ -118,7 +118,7 @@ def _commands(root: Path) -> dict[str, list[str]]:
     elastic = {
         "elastic": ["train", "--cluster", str(ROOT / "tests" / "data" / "wan-2x2.yaml"), "--plan", "p.json",
                     "--elastic", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2",
-                    "--microbatches", "1", "--time-scale", "0.01", "--heartbeat-timeout", "1.5", "--eval-windows", "4",
+                    "--microbatches", "1", "--time-scale", "0.01", "--heartbeat-timeout", "3", "--eval-windows", "4",
                     "--steps", "150", "--chaos", "kill-site:every=100s,first=1s,site=1,count=1", "--comm-timeout",
                     "30", "--run-dir", "elastic-run", "--json"],
         "elastic-report": ["report", "elastic-run", "--json"]} if importlib.util.find_spec("torchft") else {}
