@@ -19,6 +19,7 @@ from geotrain.runtime.elastic.links import CutHold, SocketPacing, cut_hold, mess
 from geotrain.sync.async_socket import ServerSilent
 from geotrain.sync.elastic import QuorumLost
 from geotrain.sync.async_wire import HEADER_BYTES
+from fake_store import DictStore
 from runtime_2x2 import CLUSTER_YAML
 
 CLUSTER = parse_cluster_text(CLUSTER_YAML)  # devices 0, 1 east; 2, 3 west: 0.01 Gbit/s and 20 ms between, 10 / 0.1 in
@@ -84,23 +85,8 @@ def test_a_clients_request_and_reply_take_the_links_to_the_hosts_published_devic
         host.close()
 
 
-class _Store:
-    """The three calls of torch's TCPStore the link state uses."""
 
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.data[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.data for k in keys)
-
-
-def _hold(store: _Store, heal_after: int | None, timeout_s: float = 10.0) -> tuple[CutHold, list[float]]:
+def _hold(store: DictStore, heal_after: int | None, timeout_s: float = 10.0) -> tuple[CutHold, list[float]]:
     """A CutHold on a fake clock that each poll's sleep advances; the store's cut healed after `heal_after` polls."""
     now, polls = [0.0], []
 
@@ -114,7 +100,7 @@ def _hold(store: _Store, heal_after: int | None, timeout_s: float = 10.0) -> tup
 
 
 def test_a_message_whose_either_end_is_cut_waits_for_the_heal_and_counts_the_wait():
-    store = _Store()
+    store = DictStore()
     hold, polls = _hold(store, heal_after=3)
     assert hold.hold(store, 2, 0) == 0.0 and polls == []  # no link state yet: nothing is cut
     set_cut(store, [0])
@@ -128,7 +114,7 @@ def test_a_message_whose_either_end_is_cut_waits_for_the_heal_and_counts_the_wai
 
 
 def test_a_cut_past_the_comm_timeout_is_a_silent_host_and_ends_the_client_with_no_election():
-    store = _Store()
+    store = DictStore()
     set_cut(store, [0])
     hold, polls = _hold(store, heal_after=None, timeout_s=2.0)
     with pytest.raises(ServerSilent, match="links of device 0 stayed cut .* --comm-timeout 2 s"):

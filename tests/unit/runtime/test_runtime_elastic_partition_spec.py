@@ -12,6 +12,7 @@ from geotrain.cluster import load_cluster
 from geotrain.runtime import RuntimeConfig, RuntimeConfigError
 from geotrain.runtime.elastic import ChaosSpecError, Cut, Kill, Partition, kill_schedule, parse_chaos, partition_schedule
 from geotrain.runtime.elastic.links import emulates_links, process_device, read_cut, set_cut
+from fake_store import DictStore
 from paths import ROOT
 
 CLUSTER = load_cluster(str(ROOT / "tests" / "data" / "wan-2x2.yaml"))
@@ -110,28 +111,13 @@ def test_each_process_of_a_group_emulates_its_own_slot_position_s_device():
     assert [process_device(RuntimeConfig.of(CLUSTER, [[0, 2]], elastic=True), g, 0) for g in range(2)] == [0, 2]
 
 
-class _Store:
-    """The two calls of torch's TCPStore the link state uses."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.data[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.data for k in keys)
-
 
 def test_the_link_state_cuts_and_heals_devices_and_the_backend_refuses_a_cut_group():
     from geotrain.emulate.clock import RankClock
     from geotrain.emulate.network import EmulatedNetwork, LinkDown
     from geotrain.emulate.state import EmulationState
 
-    store = _Store()
+    store = DictStore()
     assert read_cut(store) == frozenset()
     set_cut(store, [2])
     assert read_cut(store) == frozenset({2})
