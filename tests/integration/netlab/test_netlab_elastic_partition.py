@@ -67,13 +67,16 @@ def test_a_group_cut_off_in_the_lab_drops_out_the_others_go_on_and_it_rejoins_id
     # every later step it missed was averaged over the two others only
     assert contributors[missed[0]] in (2.0, 3.0), (missed, contributors)
     assert all(contributors[t] == 2.0 for t in missed[1:]), (missed, contributors)
-    # a port down raises nothing: the survivors wait until the Lighthouse has dropped the silent group, at
-    # least its heartbeat timeout. When a collective with group 1 was in flight at the cut they wait out the
-    # collective timeout (COMM_TIMEOUT_S) first; when the cut fell between two collectives (the step in
-    # flight reached them whole, or group 1's slice was not yet posted) only the heartbeat timeout. The
-    # contributors cannot tell the two apart: fresh-clone CI runs saw 1.58 s stalls with 3 and with 2
-    # contributors at the first missed step, so the bound that always holds is the heartbeat timeout
-    assert HEARTBEAT_TIMEOUT_S <= run["stall_s"] < COMM_TIMEOUT_S + 10 * HEARTBEAT_TIMEOUT_S
+    # a port down raises nothing: the survivors wait until the Lighthouse has dropped the silent group, which it
+    # does a heartbeat timeout after group 1's last heartbeat, and (when a collective with group 1 was in flight
+    # at the cut) the collective timeout first. The heartbeat timeout is no lower bound of the stall: under a
+    # suite's load group 1's heartbeats can pause before the cut (fresh-clone CI saw a 1.69 s stall at a 3 s
+    # heartbeat timeout), and the wait can fall across two step records. What always holds: the longest
+    # survivor step is a stall, well above their 90th-percentile step (a quiet run: 0.17 s, stall 3.2 s), and it
+    # ends within the timeouts' sum
+    walls = sorted(r["wall_s"] for g in (0, 2) for r in records[g].values())
+    p90_wall_s = walls[int(0.9 * len(walls))]
+    assert 3 * p90_wall_s < run["stall_s"] < COMM_TIMEOUT_S + 10 * HEARTBEAT_TIMEOUT_S, (p90_wall_s, run["stall_s"])
     # it came back by live recovery over the lab and equals its peers from its first sync on
     assert run["rejoins"] >= 1 and len(run["partition_recovery_s"]) == 1 and 0 <= run["partition_recovery_s"][0] < 10
     for step in range(missed[-1] + 1, STEPS):
