@@ -419,17 +419,20 @@ def charged_step_seconds(recipe: WanRecipe) -> float:
 
 
 def async_recipe(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float], sync_every: int,
-                 total_steps: int | None = None, target_steps: float | None = None) -> WanRecipe:
-    """Asynchronous DiLoCo (flat, one stage) with H = `sync_every` inner steps per update, priced by
-    cost.async_outer, its steps to the target by cost.convergence (T0 `target_steps`, None: `total_steps`).
-    Its updates carry the fp32 model: no codec, no fragments, no delay."""
+                 total_steps: int | None = None, target_steps: float | None = None, sync_moments: bool = False
+                 ) -> WanRecipe:
+    """Asynchronous DiLoCo (flat) with H = `sync_every` inner steps per update, priced by cost.async_outer (a server
+    per stage, the stages' parameters split evenly; `sync_moments`: each update also carries AdamW's second
+    moments), its steps to the target by cost.convergence (T0 `target_steps`, None: `total_steps`). Its updates
+    carry the fp32 model: no codec, no fragments (they add latency and save no bytes: cost.async_outer), no delay."""
     from geotrain.comm.gather import GatherLinks
 
     assignment = np.asarray(assignment, dtype=np.int64)
     compute = replica_seconds(replica_compute_s)
-    links = GatherLinks.of_cluster(cluster, assignment[0])
-    model_bytes = job.dp_bytes(1) / job.bytes_per_value * 4.0  # the runtime's wire: flat fp32
-    price = async_outer_price(compute, sync_every, model_bytes, links, STALENESS_BOUND)
+    stages = int(assignment.shape[0])
+    links = [GatherLinks.of_cluster(cluster, row) for row in assignment]
+    stage_bytes = [job.dp_bytes(stages) / job.bytes_per_value * 4.0] * stages  # the runtime's wire: flat fp32
+    price = async_outer_price(compute, sync_every, stage_bytes, links, STALENESS_BOUND, moments=sync_moments)
     per_step = tuple(f * price.step_s for f in price.compute_fraction)
     outer = outer_optimizer(sync_every, total_steps)
     rate = 1.0 / np.asarray(price.period_s)  # each replica's share of the inner steps, as adaptive steps share them
@@ -437,16 +440,16 @@ def async_recipe(cluster: Cluster, job: Job, assignment: Any, replica_compute_s:
                           local_steps=list(rate.size * sync_every * rate / rate.sum()),
                           target_steps=total_steps if target_steps is None else target_steps)
     return WanRecipe(sync_every, 1, 0, 0.0, "none", outer[0], outer[1], price.step_s, max(per_step), max(price.round_trip_s),
-                     replica_compute_s=per_step, outer_sync="async", convergence=quality.to_json(price.step_s, 0.0))
+                     sync_moments=sync_moments, replica_compute_s=per_step, outer_sync="async",
+                     convergence=quality.to_json(price.step_s, 0.0))
 
 
 def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_compute_s: Sequence[float],
                        asynchronous: bool = False, **options: Any) -> WanRecipe:
-    """choose_recipe with equal local steps and, where the runtime can run them and the replicas differ in
-    compute (no moment sync; a replica of S > 1 stages takes one step count, paced by its slowest stage), with
-    adaptive ones; the sooner to the target wins (ties:
-    equal). `asynchronous`: also price asynchronous outer updates at the chosen H (async_recipe; one pipeline
-    stage, as the runtime runs them): they replace the synchronous recipe only if they reach the target sooner.
+    """choose_recipe with equal local steps and, where the replicas differ in compute (a replica of S > 1 stages
+    takes one step count, paced by its slowest stage), with adaptive ones; the sooner to the target wins (ties:
+    equal). `asynchronous`: also price asynchronous outer updates at the chosen H (async_recipe: a server per stage,
+    moment sync as `options` asks): they replace the synchronous recipe only if they reach the target sooner.
     `replica_compute_s`: compute seconds per step of each replica with equal steps; `options`: choose_recipe's.
     The winner records both schedules' predicted steps (`local_steps_step_s`) and, priced, sync's and async's
     (`outer_sync_step_s`) and their steps times their convergence factors, which decide (`outer_sync_charged_s`)."""
@@ -454,16 +457,15 @@ def choose_local_steps(cluster: Cluster, job: Job, assignment: Any, replica_comp
     compute = replica_seconds(replica_compute_s)
     equal = choose_recipe(cluster, job, assignment, compute, **options)
     best, steps = equal, {"equal": equal.step_s}
-    if not (options.get("sync_moments") is True or np.all(compute == compute[0])):
-        adaptive = choose_recipe(cluster, job, assignment, compute, **{**options, "sync_moments": False},
-                                 local_steps="adaptive")  # the runtime runs adaptive steps without moment sync
+    if not np.all(compute == compute[0]):
+        adaptive = choose_recipe(cluster, job, assignment, compute, **options, local_steps="adaptive")
         best = adaptive if charged_step_seconds(adaptive) < charged_step_seconds(equal) else equal
         steps["adaptive"] = adaptive.step_s
     best = dataclasses.replace(best, local_steps_step_s=steps)
-    if not asynchronous or assignment.shape[0] > 1 or assignment.shape[1] < 2:
+    if not asynchronous or assignment.shape[1] < 2:
         return best
     candidate = async_recipe(cluster, job, assignment, compute, best.sync_every, options.get("total_steps"),
-                             options.get("target_steps"))
+                             options.get("target_steps"), sync_moments=options.get("sync_moments") is True)
     charged = {"sync": charged_step_seconds(best), "async": charged_step_seconds(candidate)}
     chosen = candidate if charged["async"] < charged["sync"] else best
     return dataclasses.replace(chosen, local_steps_step_s=steps, outer_sync_charged_s=charged,

@@ -19,10 +19,10 @@ from two_gpus import LAN_GPUS_YAML, TWO_GPUS_YAML
 WAN_4X1_PLAN = ["plan", "--cluster", bench_cluster("wan-4x1"), "--stages", "1", "--replicas", "4", "--wan-recipe",
                 "auto", "--compute-s", "0.125", "--recipe-steps", "60", "--recipe-max-delay", "0", "--json"]
 MIXED = Path(__file__).resolve().parents[3] / "examples" / "clusters" / "mixed-gpus-3x2.yaml"
-# compute-bound with moment sync (adaptive local steps do not run with it, and equal ones wait for the T4): the
-# shares win; link-bound: the recipe. (Compute-bound without moment sync, adaptive local steps beat the shares:
-# the test below.)
-MIXED_CASES = [(2.0, ["--recipe-sync-moments"], "batch_shares"), (0.1, [], "wan_recipe")]
+# compute-bound (20 s a step; the fixture plans synchronous recipes only): adaptive local steps round each replica's
+# share of 5 steps a period to whole steps, which per-step DP with speed shares (its links a small part of a 20 s
+# step) does not: the shares win; link-bound: the recipe. (At 2 s a step adaptive local steps beat the shares: the test below.)
+MIXED_CASES = [(20.0, [], "batch_shares"), (0.1, [], "wan_recipe")]
 TINY_JOB = ("name: tiny-{batch}\nparams: 816896\nlayers: 4\nhidden: 128\nseq_len: 96\nglobal_batch: {batch}\n"
             "bytes_per_value: 4\nvocab: 44\n")
 Runs = tuple[Path, dict[str, subprocess.CompletedProcess]]
@@ -40,7 +40,7 @@ def _trainings(folder: Path) -> dict[str, list[str]]:
     (folder / "lan.yaml").write_text(LAN_GPUS_YAML)
     run = ["--batch-size", "2", "--microbatches", "1", "--emulate-gpu-speed", "--time-scale", "1e-3", "--json"]
     lan = ["plan", "--cluster", str(folder / "lan.yaml"), "--stages", "1", "--replicas", "2", "--wan-recipe", "auto",
-           "--compute-s", "0.5", "--recipe-steps", "600", "--recipe-sync-moments", "--json"]
+           "--compute-s", "0.5", "--recipe-steps", "600", "--json"]
     return {
         # the synchronous recipe is checked here
         "adaptive-plan": ["plan", "--cluster", str(folder / "two-gpus.yaml"), "--job", str(folder / "job-4.yaml"),
@@ -173,14 +173,18 @@ def test_plan_chooses_adaptive_local_steps_on_mixed_gpus_and_train_runs_them(run
 @pytest.mark.timeout(300)
 def test_plan_chooses_async_where_it_is_cheaper_and_train_runs_it_on_emulated_links(runs):
     done, only_sync = runs[1]["async-plan"], runs[1]["async-only-sync"]
-    # moment sync runs with equal steps only: the synchronous recipe waits for the T4; asynchronous updates do not
+    # on a fast link asynchronous updates reach the target sooner than adaptive local steps (whose blocking syncs
+    # wait on the link; both keep the A100 busy)
     assert done.returncode == 0, done.stderr
     recipe = json.loads(done.stdout)["wan_recipe"]
     assert recipe["outer_sync"] == "async" and recipe["codec"] == "none"
-    assert recipe["step_s"] == recipe["outer_sync_step_s"]["async"] < recipe["outer_sync_step_s"]["sync"]
+    charged = recipe["outer_sync_charged_s"]
+    assert recipe["step_s"] == recipe["outer_sync_step_s"]["async"] and charged["async"] < charged["sync"]
     assert only_sync.returncode == 0, only_sync.stderr
-    # synchronous only: the recipe waits for the T4, and per-step DP with speed batch shares beats it
-    assert "wan_recipe" not in json.loads(only_sync.stdout) and "batch_shares" in json.loads(only_sync.stdout)
+    # synchronous only: adaptive local steps, the step the async candidate was charged against
+    synchronous = json.loads(only_sync.stdout)["wan_recipe"]
+    assert synchronous["outer_sync"] == "sync" and synchronous["local_steps"] == "adaptive"
+    assert synchronous["step_s"] == recipe["outer_sync_step_s"]["sync"]
     trained, run_dir = runs[1]["async-train"], runs[0] / "async-runs"
     assert trained.returncode == 0, trained.stderr[-2000:]
     from geotrain.observe.metrics import read_metrics, steps_of

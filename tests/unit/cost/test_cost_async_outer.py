@@ -10,7 +10,7 @@ import pytest
 from geotrain.cluster import load_cluster
 from geotrain.comm.gather import GatherLinks
 from geotrain.cost.async_outer import AsyncPriceError, async_outer_price
-from geotrain.cost.wan_recipe import WanRecipe, charged_step_seconds, choose_local_steps
+from geotrain.cost.wan_recipe import WanRecipe, async_recipe, charged_step_seconds, choose_local_steps
 from geotrain.job import Job
 from paths import ROOT
 from two_gpus import LAN_GPUS_YAML
@@ -84,19 +84,51 @@ def test_on_the_wan_bench_cluster_the_planner_keeps_synchronous_adaptive_steps()
     assert plain.outer_sync_step_s is None and plain.sync_every == recipe.sync_every
 
 
-def test_where_only_equal_steps_run_and_links_are_fast_async_wins_and_train_gets_it(tmp_path):
+def test_where_links_are_fast_async_wins_and_train_gets_it(tmp_path):
     (tmp_path / "c.yaml").write_text(LAN_GPUS_YAML)
     cluster = load_cluster(str(tmp_path / "c.yaml"))
     compute = [0.1, 0.1 * 312 / 65]
-    # moment sync: the runtime has no adaptive steps with it, so the synchronous recipe waits for the T4
-    recipe = choose_local_steps(cluster, TINY, np.array([[0, 1]]), compute, total_steps=600, sync_moments=True,
-                                asynchronous=True)
-    assert recipe.outer_sync == "async"
-    assert charged_step_seconds(recipe) < recipe.outer_sync_step_s["sync"]
+    recipe = choose_local_steps(cluster, TINY, np.array([[0, 1]]), compute, total_steps=600, asynchronous=True)
+    assert recipe.outer_sync == "async" and recipe.local_steps_step_s["adaptive"] < recipe.local_steps_step_s["equal"]
+    assert charged_step_seconds(recipe) < recipe.outer_sync_charged_s["sync"]
     assert recipe.replica_compute_fraction[0] > 0.9  # the A100 no longer waits
     settings = recipe.runtime_settings()
     assert settings["optim"]["outer_sync"] == "async" and settings["comm"]["dp_codec"] == "none"
+    assert "sync_moments" not in settings["optim"]
     assert WanRecipe.from_json(recipe.to_json()) == recipe
+
+
+def test_moment_sync_is_priced_for_every_schedule_and_an_async_recipe_keeps_it(tmp_path):
+    (tmp_path / "c.yaml").write_text(LAN_GPUS_YAML)
+    cluster = load_cluster(str(tmp_path / "c.yaml"))
+    compute = [0.1, 0.1 * 312 / 65]
+    recipe = choose_local_steps(cluster, TINY, np.array([[0, 1]]), compute, total_steps=600, sync_moments=True,
+                                asynchronous=True)
+    assert recipe.sync_moments and set(recipe.local_steps_step_s) == {"equal", "adaptive"}  # adaptive takes moments
+    plain = async_recipe(cluster, TINY, np.array([[0, 1]]), compute, 10)
+    moments = async_recipe(cluster, TINY, np.array([[0, 1]]), compute, 10, sync_moments=True)
+    assert moments.sync_moments and moments.runtime_settings()["optim"]["sync_moments"] is True
+    # the round trip's bytes double (parameters and second moments), its latencies do not
+    latency = float(cluster.latency_s[0, 1] + cluster.latency_s[1, 0])
+    assert moments.sync_s - latency == pytest.approx(2 * (plain.sync_s - latency), rel=1e-9)
+
+
+def test_a_pipeline_waits_for_its_slowest_stages_round_trip_and_each_server_sends_its_stage():
+    near, far = _links(0.01, 1e9), _links(0.2, 1e9)
+    price = async_outer_price([1.0, 2.0], 2, [1e6, 1e6], [near, far], staleness_bound=8)
+    assert price.round_trip_s == pytest.approx((0.0, 0.4 + 2 * 8e6 / 1e9))  # the far stage's, not the sum
+    whole = async_outer_price([1.0, 2.0], 2, 2e6, far, staleness_bound=8)
+    assert whole.round_trip_s[1] - price.round_trip_s[1] == pytest.approx(2 * 8e6 / 1e9)  # half the bytes each
+    with pytest.raises(AsyncPriceError, match="2 stages' model bytes but 1 stages' links"):
+        async_outer_price([1.0, 2.0], 2, [1e6, 1e6], [near], staleness_bound=8)
+
+
+def test_fragments_add_a_latency_pair_each_and_save_no_bytes():
+    one = async_outer_price([1.0, 2.0], 2, 1e6, _links(0.05, 1e9), staleness_bound=8)
+    four = async_outer_price([1.0, 2.0], 2, 1e6, _links(0.05, 1e9), staleness_bound=8, fragments=4)
+    assert four.round_trip_s[1] - one.round_trip_s[1] == pytest.approx(3 * 0.1)
+    with pytest.raises(AsyncPriceError, match="fragments"):
+        async_outer_price([1.0, 2.0], 2, 1e6, _links(0.05, 1e9), staleness_bound=8, fragments=0)
 
 
 def test_the_default_full_weight_charges_no_staleness():
