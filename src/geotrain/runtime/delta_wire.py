@@ -22,6 +22,10 @@ in order); the carried id checks it (a mismatch is an error, not a silent drift)
 Memory: m_i is float32, prod(sample shape) x 4 bytes per sample on each side (the tiny GPT at context 96:
 96 x 128 x 4 = 49,152 bytes); a run of N samples may keep N times that per side, refused above
 `max_state_mb` (geotrain.codecs.delta: the spec, its steady-state bytes and the memory rule).
+
+Checkpoints: each side's memory is in its rank's shard (`cut`: the ids and their m_i; as many bytes again as the
+memory), and `--resume` loads it, so the resumed run sends what the uninterrupted one sends (deltas, not a second
+round of first sights). Both sides of a cut load their own replica's memories, which were equal when written.
 """
 
 from __future__ import annotations
@@ -56,8 +60,6 @@ def delta_wire_refusal(config: Any) -> str | None:
                 f"deltas never start; use --windows epochs")
     if config.reliability.elastic:
         return f"{shown} with --elastic: not built yet: a rejoining group has no per-sample state"
-    if config.checkpoint.checkpoint_dir is not None:
-        return f"{shown} with --checkpoint-dir: not built yet: the per-sample state is not checkpointed"
     if config.schedule.batch_shares == "measured":
         return f"{shown} with --batch-shares measured: not built yet: a rebalance rebuilds the pipeline of one width"
     if config.shards is not None:
@@ -76,6 +78,19 @@ class DeltaMemory:
 
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in self.values.values())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The memory for a checkpoint: `ids` (int64, ascending) and `values` (float32, one row per id)."""
+        ids = sorted(self.values)
+        values = torch.stack([self.values[i] for i in ids]) if ids else torch.zeros(0)
+        return {"ids": torch.tensor(ids, dtype=torch.int64), "values": values}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace the memory by a `state_dict`'s (ValueError when its ids and values do not pair up)."""
+        ids, values = state["ids"], state["values"]
+        if ids.dim() != 1 or (ids.numel() and values.shape[0] != ids.numel()):
+            raise ValueError(f"delta wire state: {ids.numel()} sample ids but {tuple(values.shape)} values")
+        self.values = {int(i): values[row].clone() for row, i in enumerate(ids.tolist())}
 
 
 def encode_rows(memory: DeltaMemory | None, ids: Sequence[int], hidden: torch.Tensor, codec: Codec,

@@ -5,6 +5,7 @@ per-sample delta wire (runtime/delta_wire.py) both stages end with the same stat
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -24,13 +25,21 @@ DELTA = "delta:codec=int2-block,first=int8-block,grad=int2-block"
 def runs(tmp_path_factory) -> dict[str, dict]:
     files = write_job_files(tmp_path_factory.mktemp("job"))
     found = {}
-    for codec, extra in (("int8-block", []), ("int4-block:block_size=64", []),
-                         (DELTA, ["--windows", "epochs", "--epoch-windows", "8"])):  # an epoch per replica a step
+    epochs = ["--windows", "epochs", "--epoch-windows", "8"]  # an epoch per replica a step
+    folder = tmp_path_factory.mktemp("ck")
+    checkpoints = ["--checkpoint-dir", str(folder), "--checkpoint-every", "3"]
+    for name, codec, extra in (("int8-block", "int8-block", []), ("int4-block:block_size=64", "int4-block:block_size=64",
+                                                                  []),
+                               (DELTA, DELTA, [*epochs, *checkpoints]),
+                               ("delta-resumed", DELTA, [*epochs, *checkpoints, "--resume"])):
+        if name == "delta-resumed":  # resume from the delta run's checkpoint after 3 steps
+            shutil.rmtree(folder / "step-000006")
+            (folder / "latest").write_text("step-000003")
         done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", files["cluster"], "--plan",
                                files["plan"], "--time-scale", "0", "--steps", "6", "--pp-codec", codec, *extra,
                                "--json"], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
-        found[codec] = json.loads(done.stdout)
+        found[name] = json.loads(done.stdout)
     return found
 
 
@@ -62,3 +71,12 @@ def test_a_delta_cut_keeps_the_same_state_on_both_stages_and_sends_first_sights_
     assert FP32_CUT_BYTES / narrow > 14
     losses = run["losses"]
     assert losses[-1] < losses[0] - 0.5, losses
+
+
+def test_a_delta_cut_resumed_from_a_checkpoint_sends_deltas_and_ends_as_the_uninterrupted_run(runs):
+    whole, resumed = runs[DELTA], runs["delta-resumed"]
+    # the per-sample state came back: the resumed steps sent deltas (no second round of first sights) and both
+    # sides of each cut end with the uninterrupted run's state, its losses and its bytes
+    assert resumed["cut_state"] == whole["cut_state"]
+    assert resumed["losses"] == whole["losses"]
+    assert resumed["bytes"]["pp_total"] == whole["bytes"]["pp_total"]

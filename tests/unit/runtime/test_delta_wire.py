@@ -69,6 +69,24 @@ def test_a_first_sight_crosses_at_the_first_codec_and_a_second_as_a_delta():
     assert wide
 
 
+def test_a_memory_saved_and_loaded_carries_on_as_the_one_that_was_not():
+    sender, receiver = _cut()
+    generator = torch.Generator().manual_seed(2)
+    _cross(sender, receiver, [5, 1, 3], torch.randn(3, *SAMPLE, generator=generator))
+    loaded = DeltaWire(SPEC)
+    loaded.memory.load_state_dict(receiver.memory.state_dict())
+    assert loaded.memory.state_dict()["ids"].tolist() == [1, 3, 5]
+    hidden = torch.randn(2, *SAMPLE, generator=generator)
+    _, carrier, kept = _cross(sender, receiver, [3, 5], hidden)
+    assert not loaded.begin_step([3, 5])  # the loaded side knows the samples: a narrow step
+    assert torch.equal(loaded.decode_forward(carrier, SAMPLE, True), kept)
+    empty = DeltaWire(SPEC)
+    empty.memory.load_state_dict(DeltaWire(SPEC).memory.state_dict())
+    assert empty.memory.values == {}
+    with pytest.raises(ValueError, match="2 sample ids but"):
+        empty.memory.load_state_dict({"ids": torch.tensor([1, 2]), "values": torch.zeros(3, *SAMPLE)})
+
+
 def test_evaluation_sends_the_first_codec_and_touches_no_state():
     sender, receiver = _cut()
     _cross(sender, receiver, [1], torch.randn(1, *SAMPLE))
@@ -166,13 +184,12 @@ def test_settings_without_a_sample_identity_or_a_lasting_state_are_refused_in_on
 
     cut = {"cluster": bench_cluster(), "pp_codec": "delta", "steps": 2}
     RuntimeConfig.of(assignment=[[0], [2]], windows="epochs", **cut)  # runs
+    RuntimeConfig.of(assignment=[[0], [2]], windows="epochs", checkpoint_dir=str(tmp_path), **cut)  # its state saved
     refusals = [
         ({"assignment": [[0], [2]]}, "--pp-codec delta with --windows random: every start offset is a sample, seen "
                                      "about once, so per-sample deltas never start; use --windows epochs"),
         ({"assignment": [[0], [1], [2]], "windows": "epochs"},
          "--pp-codec delta with 3 stages of 1 virtual stages each: not built yet: one cut"),
-        ({"assignment": [[0], [2]], "windows": "epochs", "checkpoint_dir": str(tmp_path)},
-         "--pp-codec delta with --checkpoint-dir: not built yet: the per-sample state is not checkpointed"),
     ]
     for settings_, line in refusals:
         with pytest.raises(RuntimeConfigError, match=re.escape(line)) as found:
