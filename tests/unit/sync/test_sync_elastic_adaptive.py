@@ -3,7 +3,7 @@ steps by speed, absent groups at 0, a never-measured group's speed from its prio
 the data position of each inner step of a period (each slice of the equal schedule's steps once), and a non-elastic
 adaptive run's state at an outer sync as a resumed elastic group's (its index, table and split; mid-period: refused);
 a delayed sync (--sync-delay, with --sync-moments) lands d steps into the next period, and a checkpoint taken with it
-in flight resumes to the same parameters and moments."""
+in flight (an elastic one, or a non-elastic adaptive run's) resumes to the same parameters and moments."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ class _Exchange:
     def over(self, params: object) -> _Exchange:
         return self
 
+    def start(self, step: int, timer: object, *args: object, **kwargs: object) -> object:
+        return lambda timer: 8
+
     def state_dict(self) -> dict:
         return {}
 
@@ -59,12 +62,12 @@ class _Exchange:
         pass
 
 
-def _adaptive(steps: int) -> tuple[AdaptiveOuterSync, torch.nn.Parameter]:
+def _adaptive(steps: int, delay: int = 0) -> tuple[AdaptiveOuterSync, torch.nn.Parameter]:
     """Replica 0 (1 s per step) of 2 (the other's gathered 4.8 s: a T4 beside an A100), H 3, after `steps`."""
     weight = torch.nn.Parameter(torch.ones(3))
     sync = AdaptiveOuterSync([("w", weight)], torch.optim.SGD([weight], lr=0.1), lambda shadows: _Exchange(), 3,
                              1.0, 0.0, lambda mine: lambda: torch.stack([mine, 4.8 * mine]), 0, 2,
-                             step_time=lambda: 1.0)
+                             step_time=lambda: 1.0, delay=delay)
     for _ in range(steps):
         weight.grad = torch.ones(3)
         sync.step(0, ComputeTimer())
@@ -143,3 +146,19 @@ def test_a_delayed_elastic_sync_lands_d_steps_later_and_a_checkpoint_with_it_in_
     assert torch.equal(sync.params[0].detach(), sync.outer.anchor[0].detach())  # the end: every group on the anchor
     assert torch.equal(sync.optimizer.state_dict()["state"][0]["exp_avg"],
                        resumed.optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_non_elastic_adaptive_checkpoint_with_a_sync_in_flight_lands_it_in_the_elastic_group_at_the_same_step():
+    source, weight = _adaptive(3 + 3 + 5, delay=1)  # the sync after the third period in flight: lands after 2 of 5
+    source.settle(ComputeTimer())
+    fresh = torch.nn.Parameter(weight.detach().clone())  # the checkpoint's weights
+    elastic = ElasticAdaptiveSync([fresh], torch.optim.SGD([fresh], lr=0.1), OuterStep([fresh], 3, 1.0, 0.0),
+                                  _Exchange(), 0, 2, 3, 10, delay=1)
+    elastic.load_state_dict(copy.deepcopy(source.state_dict()))
+    assert elastic.flight is not None and elastic.flight.lands_after == 2 and elastic.local_steps == [5, 1]
+    for run, param in ((source, weight), (elastic, fresh)):
+        for _ in range(2):
+            param.grad = torch.ones(3)
+            run.step(0, ComputeTimer())
+    assert elastic.flight is None and source.in_flight == 0
+    assert torch.equal(fresh.detach(), weight.detach()) and torch.equal(elastic.outer.anchor[0], source.outer.anchor[0])
