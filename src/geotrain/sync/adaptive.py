@@ -130,16 +130,62 @@ def check_adaptive_settings(local_steps: str, *, fragments: int = 1, hierarchica
                         f"counts would break)")
 
 
+def landing_steps(delay: int, following: int, sync_every: int) -> int:
+    """d_r: after how many of its next period's `following` (H_r') inner steps a sync started with `delay` tau lands
+    (module doc "Overlap": the same share tau / H of every replica's period, at least 1, at most H_r')."""
+    return min(following, max(1, round(delay * following / sync_every)))
+
+
 @dataclass
-class _InFlight:
-    """The sync this replica started and has not landed: after `lands_after` steps of the period that follows."""
+class InFlight:
+    """A sync this replica started and has not landed: after `lands_after` steps of the period that follows
+    (geotrain.sync.elastic_adaptive's too: there the exchange ran whole, `delivered` from the start)."""
 
     land: Callable[[StepTimer], int]
     proxy: list[torch.Tensor] | None  # eager landing: the change applied at the start
     started: int  # this replica's 0-based inner step it started after
     lands_after: int = 1
     moments: bool = False  # the inner optimizer's moments travel in this sync
-    delivered: Delivered | None = None  # settled at a checkpoint (sync/settle.py)
+    delivered: Delivered | None = None  # settled (sync/settle.py): at a checkpoint, or an elastic exchange's
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of it (settled first: SyncError otherwise)."""
+        if self.delivered is None:
+            raise SyncError("a sync in flight cannot be saved before it is settled: settle() first")
+        return {"started": self.started, "lands_after": self.lands_after, "delivered": self.delivered.state_dict(),
+                "moments": self.moments, **({} if self.proxy is None else {"proxy": [t.clone() for t in self.proxy]})}
+
+    @classmethod
+    def of(cls, saved: dict[str, Any], groups: Callable[[bool], list[list[torch.nn.Parameter]]]) -> InFlight:
+        """The flight `state_dict` saved, landing into `groups(moments)` (the shadows the exchange writes)."""
+        delivered = Delivered.of(saved["delivered"])
+        moments = bool(saved.get("moments", False))
+        return cls(redeliver(delivered, groups(moments)), saved.get("proxy"), int(saved["started"]),
+                   int(saved["lands_after"]), moments, delivered)
+
+
+def land_flight(flight: InFlight, outer: OuterStep, shadows: Sequence[torch.nn.Parameter],
+                moments: MomentSync | None, mix: float, timer: StepTimer) -> int:
+    """Land `flight` (module doc "Overlap": the mix or eager rule, the moments with it): the anchor steps with the
+    mean, the local parameters (and moments) move to it; the shadows freed. Bytes handed when it was posted."""
+    dp_bytes = flight.land(timer)
+    with timer:
+        outer.land([s.grad for s in shadows], flight.proxy, mix)  # type: ignore[misc]
+        free_grads(shadows)
+        land_moments(moments if flight.moments else None, mix, eager=flight.proxy is not None)
+    return dp_bytes
+
+
+def land_moments(moments: MomentSync | None, mix: float, eager: bool) -> None:
+    """The moments' means that travelled with a sync land (module doc "Moment sync"), their shadows freed; None:
+    none travelled."""
+    if moments is None:
+        return
+    if eager:
+        moments.land_eager()
+    else:
+        moments.land(mix)
+    free_grads([*moments.first, *moments.second])
 
 
 class AdaptiveOuterSync(GradientSync):
@@ -177,7 +223,7 @@ class AdaptiveOuterSync(GradientSync):
             raise SyncError(f"AdaptiveOuterSync: periods must be an integer >= 1 or None, got {periods!r}")
         self.periods = periods
         self.delay, self.landing, self.mix, self.warmup = delay, landing, float(mix), warmup
-        self._flight: _InFlight | None = None
+        self._flight: InFlight | None = None
         named_params = list(named_params)
         self.params = [p for _, p in named_params]
         self.optimizer = optimizer
@@ -222,16 +268,6 @@ class AdaptiveOuterSync(GradientSync):
         """The shadow parameters whose gradients the exchange writes (the moments' too when they travel)."""
         extra = [] if not moments or self.moments is None else [self.moments.first, self.moments.second]
         return [self.shadows, *extra]
-
-    def _land_moments(self, moments: bool, mix: float, eager: bool) -> None:
-        """The moments' means that travelled with a sync land (module doc), and their shadows are freed."""
-        if not moments or self.moments is None:
-            return
-        if eager:
-            self.moments.land_eager()
-        else:
-            self.moments.land(mix)
-        free_grads([*self.moments.first, *self.moments.second])
 
     @property
     def my_local_steps(self) -> int:
@@ -292,12 +328,7 @@ class AdaptiveOuterSync(GradientSync):
         """Wait for the sync in flight and apply the mean (module doc: mix or eager landing)."""
         assert self._flight is not None
         flight, self._flight = self._flight, None
-        dp_bytes = flight.land(timer)
-        means = [s.grad for s in self.shadows]
-        with timer:
-            self.outer.land(means, flight.proxy, self.mix)  # type: ignore[arg-type]
-            free_grads(self.shadows)
-            self._land_moments(flight.moments, self.mix, eager=flight.proxy is not None)
+        dp_bytes = land_flight(flight, self.outer, self.shadows, self.moments, self.mix, timer)
         self._sync_landed(self.inner_steps - 1, dp_bytes, started=flight.started)
         return dp_bytes
 
@@ -328,7 +359,7 @@ class AdaptiveOuterSync(GradientSync):
             with timer:
                 self.outer.apply([s.grad for s in self.shadows])  # type: ignore[misc]
                 free_grads(self.shadows)
-                self._land_moments(moments, 0.0, eager=False)
+                land_moments(self.moments if moments else None, 0.0, eager=False)
             self._sync_landed(self.inner_steps - 1, dp_bytes)
         else:
             land = self.exchange.start(self.outer_step, timer, **parts)  # type: ignore[attr-defined]
@@ -336,13 +367,13 @@ class AdaptiveOuterSync(GradientSync):
             if self.landing == "eager":
                 with timer:
                     proxy = self.outer.start_eager(local)
-            self._flight = _InFlight(land, proxy, self.inner_steps - 1, moments=moments)
+            self._flight = InFlight(land, proxy, self.inner_steps - 1, moments=moments)
         measured = self._land_times()
         if rebalance and self.adaptive and measured is not None:
             self.local_steps = adaptive_local_steps(measured, self.sync_every)
         if self._flight is not None:
             following = self.my_local_steps
-            self._flight.lands_after = min(following, max(1, round(self.delay * following / self.sync_every)))
+            self._flight.lands_after = landing_steps(self.delay, following, self.sync_every)
         if rebalance and (self.periods is None or self.outer_step + 1 < self.periods):
             # this period's mean step seconds travel while the next period computes
             self._posted = self.gather(torch.tensor([self._period_seconds / self.period_steps], dtype=torch.float64))
@@ -377,13 +408,7 @@ class AdaptiveOuterSync(GradientSync):
     def state_dict(self) -> dict[str, Any]:
         """Inner and outer state, the exchange's residuals, the schedule, this replica's position in its period and
         what is in flight (settled: `settle` first)."""
-        flight = self._flight
-        if flight is not None and flight.delivered is None:
-            raise SyncError("AdaptiveOuterSync: state_dict with a sync in flight: settle() first")
-        in_flight = None if flight is None else {
-            "started": flight.started, "lands_after": flight.lands_after, "delivered": flight.delivered.state_dict(),
-            "moments": flight.moments,
-            **({} if flight.proxy is None else {"proxy": [t.clone() for t in flight.proxy]})}
+        in_flight = None if self._flight is None else self._flight.state_dict()
         return {"optimizer": self.optimizer.state_dict(), "exchange": self.exchange.state_dict(),
                 "outer": self.outer.state_dict(), "local_steps": list(self.local_steps),
                 "outer_step": self.outer_step, "inner_steps": self.inner_steps, "period_steps": self.period_steps,
@@ -406,13 +431,7 @@ class AdaptiveOuterSync(GradientSync):
             raise ValueError("checkpoint and run disagree on sync_moments (on in one, off in the other)")
         if self.moments is not None:
             self.moments.load_state_dict(state["moments"])
-        self._flight = None
-        if "in_flight" in state:
-            saved = state["in_flight"]
-            delivered = Delivered.of(saved["delivered"])
-            moments = bool(saved.get("moments", False))
-            self._flight = _InFlight(redeliver(delivered, self._groups(moments)), saved.get("proxy"),
-                                     int(saved["started"]), int(saved["lands_after"]), moments, delivered)
+        self._flight = None if "in_flight" not in state else InFlight.of(state["in_flight"], self._groups)
         times = state.get("posted_step_s")
         self._posted = None if times is None else (lambda: times)
 

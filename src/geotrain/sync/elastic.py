@@ -468,11 +468,15 @@ def make_elastic_sync(options: SyncOptions, params: Sequence[torch.nn.Parameter]
     outer, streaming = options.outer, options.streaming
     if outer.sync_every is None:
         return PerStepSync(params, exchange, adamw, options.clip_grad_norm, sum_squares)
-    if options.heterogeneity.local_steps == "adaptive":  # blocking, one fragment (rules.py refuses the rest)
+    if options.heterogeneity.local_steps == "adaptive":  # one fragment (rules.py refuses the rest)
         step = OuterStep(params, outer.sync_every, outer.outer_lr, outer.outer_momentum)
+        codec = options.exchange
         return ElasticAdaptiveSync(params, adamw, step, exchange, group, replicas, outer.sync_every,
                                    -(-options.total_steps // outer.sync_every),
-                                   options.heterogeneity.local_steps_prior_s, group_max)
+                                   options.heterogeneity.local_steps_prior_s, group_max, streaming.delay,
+                                   streaming.landing, streaming.mix, streaming.warmup,
+                                   (lambda moments: moment_parts(moments, codec.codec, codec.error_feedback))
+                                   if outer.sync_moments else None, outer.moment_syncs)
     # sharded parameters (DTensor, FSDP2): the streaming sync keeps shard-sized shadows (geotrain.optim.shards)
     if streaming.fragments > 1 or streaming.delay > 0 or outer.sync_moments or any(is_sharded(p) for p in params):
         codec = options.exchange

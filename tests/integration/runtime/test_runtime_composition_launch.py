@@ -6,7 +6,7 @@ and with --sync-every (integration/runtime/test_runtime_elastic.py), with a plan
 (test_runtime_elastic_pipeline.py), with
 --fragments, --sync-delay and --dp-codec (test_runtime_elastic_streaming.py, also on a sharded plan), with
 --local-steps adaptive
-(test_runtime_elastic_adaptive.py), with
+(test_runtime_elastic_adaptive.py, also with --sync-delay and --sync-moments on a plan of 2 stages), with
 --checkpoint-every, --resume and --stop-after (test_runtime_elastic_replan_resume.py), with --batch-shares
 (test_runtime_elastic_batch_shares.py), with --sync-moments and with --optimizer onebit-adam
 (test_runtime_elastic_moments.py; 1-bit Adam with a killed group: test_runtime_elastic.py), with --outer-sync async

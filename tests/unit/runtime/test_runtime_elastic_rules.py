@@ -71,14 +71,13 @@ def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_res
 
 def test_stop_after_and_batch_shares_are_accepted_where_built_and_refused_in_one_line_elsewhere(tmp_path):
     ok = [{"stop_after": 3}, {"stop_after": 4, "sync_every": 2, "checkpoint_dir": "ckpt"}, {"batch_shares": "1,3"},
-          {"stop_after": 6, "sync_every": 3, "local_steps": "adaptive", "checkpoint_dir": "ckpt", "resume": True}]
+          {"stop_after": 6, "sync_every": 3, "local_steps": "adaptive", "checkpoint_dir": "ckpt", "resume": True},
+          {"sync_every": 3, "local_steps": "adaptive", "sync_delay": 1, "sync_moments": True}]
     for extra in ok:
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **extra)) is None
     refused = [({"stop_after": 3, "sync_every": 2}, "--sync-every 2 stop at outer-round ends only"),
                ({"stop_after": 4, "sync_every": 3, "local_steps": "adaptive"}, "--sync-every 3 stop at outer-round "
                                                                                "ends only"),
-               ({"sync_every": 3, "local_steps": "adaptive", "sync_moments": True},
-                "optim.sync_moments with --local-steps adaptive: elastic adaptive syncs send the outer gradients only"),
                ({"batch_shares": "measured"}, "schedule.batch_shares 'measured': not built yet for elastic groups")]
     gpus = tmp_path / "two.yaml"  # 'measured' starts from the GPUs' speeds
     gpus.write_text(TWO_GPUS_YAML)

@@ -1,10 +1,13 @@
 """The split of adaptive local steps over an elastic quorum (geotrain.sync.elastic_adaptive): the quorum's n x H
 steps by speed, absent groups at 0, a never-measured group's speed from its prior scaled to the measured ones,
 the data position of each inner step of a period (each slice of the equal schedule's steps once), and a non-elastic
-adaptive run's state at an outer sync as a resumed elastic group's (its index, table and split; mid-period: refused)."""
+adaptive run's state at an outer sync as a resumed elastic group's (its index, table and split; mid-period: refused);
+a delayed sync (--sync-delay, with --sync-moments) lands d steps into the next period, and a checkpoint taken with it
+in flight (an elastic one, or a non-elastic adaptive run's) resumes to the same parameters and moments."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -49,6 +52,9 @@ class _Exchange:
     def over(self, params: object) -> _Exchange:
         return self
 
+    def start(self, step: int, timer: object, *args: object, **kwargs: object) -> object:
+        return lambda timer: 8
+
     def state_dict(self) -> dict:
         return {}
 
@@ -56,12 +62,12 @@ class _Exchange:
         pass
 
 
-def _adaptive(steps: int) -> tuple[AdaptiveOuterSync, torch.nn.Parameter]:
+def _adaptive(steps: int, delay: int = 0) -> tuple[AdaptiveOuterSync, torch.nn.Parameter]:
     """Replica 0 (1 s per step) of 2 (the other's gathered 4.8 s: a T4 beside an A100), H 3, after `steps`."""
     weight = torch.nn.Parameter(torch.ones(3))
     sync = AdaptiveOuterSync([("w", weight)], torch.optim.SGD([weight], lr=0.1), lambda shadows: _Exchange(), 3,
                              1.0, 0.0, lambda mine: lambda: torch.stack([mine, 4.8 * mine]), 0, 2,
-                             step_time=lambda: 1.0)
+                             step_time=lambda: 1.0, delay=delay)
     for _ in range(steps):
         weight.grad = torch.ones(3)
         sync.step(0, ComputeTimer())
@@ -80,3 +86,79 @@ def test_a_non_elastic_adaptive_state_at_an_outer_sync_resumes_an_elastic_group_
     assert torch.equal(elastic.outer.anchor[0].detach(), weight.detach())  # at a sync: the anchor is the weights
     with pytest.raises(ValueError, match="2 steps into a period: elastic adaptive runs resume at outer syncs"):
         elastic.load_state_dict(_adaptive(3 + 2)[0].state_dict())
+
+
+class _Quorum:
+    """A quorum of one group in process (its mean is its own outer gradient) with ManagerExchange's side sum; its
+    fragment exchanges (`over`) take the moments' parts and leave every gradient as it is."""
+
+    side_sum: torch.Tensor | None = None
+
+    def over(self, params: object, extra: object = ()) -> _Quorum:
+        return self
+
+    def exchange(self, step: int, timer: object, parts: int | None = None, side: torch.Tensor | None = None) -> int:
+        self.side_sum = side
+        return 8
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _delayed(weight: torch.Tensor) -> ElasticAdaptiveSync:
+    """Group 0 of 1, H 3, --sync-delay 1 with --sync-moments, around a copy of `weight` (AdamW, outer lr 0.5)."""
+    param = torch.nn.Parameter(weight.clone())
+    adamw = torch.optim.AdamW([param], lr=0.1)
+    return ElasticAdaptiveSync([param], adamw, OuterStep([param], 3, 0.5, 0.0), _Quorum(), 0, 1, 3, 10, delay=1,
+                               moment_parts=lambda moments: [])
+
+
+def _inner_step(sync: ElasticAdaptiveSync, k: int) -> None:
+    sync.params[0].grad = torch.arange(3.0) + k
+    sync.step(k, ComputeTimer())
+
+
+def test_a_delayed_elastic_sync_lands_d_steps_later_and_a_checkpoint_with_it_in_flight_resumes_the_same_numbers():
+    sync = _delayed(torch.ones(3))
+    for k in range(3):
+        _inner_step(sync, k)
+    assert sync.due
+    sync.outer_sync(ComputeTimer())
+    anchor = sync.outer.anchor[0].detach().clone()  # the anchor steps when the mean lands
+    assert sync.flight is not None and sync.flight.lands_after == 1 and sync.history[-1]["moments"]
+    assert not torch.equal(sync.params[0].detach(), anchor)  # committed, not landed: the local progress goes on
+    state = copy.deepcopy(sync.state_dict())  # as a checkpoint's: the optimizer's tensors are not shared
+    assert "in_flight" in state and "moments" in state
+    resumed = _delayed(sync.params[0].detach())  # a checkpoint's model and sync state
+    resumed.load_state_dict(state)
+    for run in (sync, resumed):
+        _inner_step(run, 3)  # d = 1 step into the next period: the anchor steps, the mean lands (mix 0: on it)
+        assert run.flight is None and not torch.equal(run.outer.anchor[0].detach(), anchor)
+        assert torch.equal(run.params[0].detach(), run.outer.anchor[0].detach())
+        for k in range(4, 6):
+            _inner_step(run, k)
+        run.outer_sync(ComputeTimer())
+        run.flush(ComputeTimer())
+    assert torch.equal(sync.params[0].detach(), resumed.params[0].detach())
+    assert torch.equal(sync.params[0].detach(), sync.outer.anchor[0].detach())  # the end: every group on the anchor
+    assert torch.equal(sync.optimizer.state_dict()["state"][0]["exp_avg"],
+                       resumed.optimizer.state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_non_elastic_adaptive_checkpoint_with_a_sync_in_flight_lands_it_in_the_elastic_group_at_the_same_step():
+    source, weight = _adaptive(3 + 3 + 5, delay=1)  # the sync after the third period in flight: lands after 2 of 5
+    source.settle(ComputeTimer())
+    fresh = torch.nn.Parameter(weight.detach().clone())  # the checkpoint's weights
+    elastic = ElasticAdaptiveSync([fresh], torch.optim.SGD([fresh], lr=0.1), OuterStep([fresh], 3, 1.0, 0.0),
+                                  _Exchange(), 0, 2, 3, 10, delay=1)
+    elastic.load_state_dict(copy.deepcopy(source.state_dict()))
+    assert elastic.flight is not None and elastic.flight.lands_after == 2 and elastic.local_steps == [5, 1]
+    for run, param in ((source, weight), (elastic, fresh)):
+        for _ in range(2):
+            param.grad = torch.ones(3)
+            run.step(0, ComputeTimer())
+    assert elastic.flight is None and source.in_flight == 0
+    assert torch.equal(fresh.detach(), weight.detach()) and torch.equal(elastic.outer.anchor[0], source.outer.anchor[0])

@@ -14,9 +14,12 @@ reports as its step, commits under (the period's last step) and checkpoints at. 
 with a checkpoint there; `--resume` starts it at the checkpoint's outer-sync index with the checkpoint's measured
 step seconds and split (ElasticAdaptiveSync.load_state_dict). Records: one per inner step, with
 `step` = t (the last period's steps past the run's under its last step), `slice` and `outer_step` (syncs before
-it); the period's last record is marked `synced` after the sync (contributors, parameter digest, the groups in its
-`quorum`, the `next_local_steps` of every group and the `step_s` table they came from, null: never measured), as a
-step that synchronises is in a run of equal steps. A
+it); the period's last record is marked `synced` after the sync (contributors, the digest of the anchor it
+stepped, which every group holds after it, the groups in its `quorum`, the `next_local_steps` of every group and the
+`step_s` table they came from, null: never measured; with --sync-delay the steps after which its mean lands,
+`lands_after`, else null; `moments`: whether the inner AdamW's moments travelled), as a step that synchronises is in
+a run of equal steps. The run's last sync lands at once (before its checkpoint); a launch that stops earlier
+(--stop-after) checkpoints the sync in flight, then lands it for its own summary. A
 group that recovered at a sync has no record of that sync. A group of S x K > 1 processes (stages, shards) runs this
 loop in each of them, the same inner steps in lockstep (pipeline sends, FSDP2 collectives): every position sends the
 group's max of its processes' step seconds (ElasticAdaptiveSync's `agree`), so all compute the same split.
@@ -65,11 +68,15 @@ def run_periods(group: Any) -> None:
             continue
         quorum_open = False
         group.state.step = completed = min(sync.outer_step * every, steps)
+        if sync.outer_step >= sync.periods:
+            sync.flush(group.timer)  # the run's last sync lands now (a delay): its checkpoint holds the final model
         if last_record is not None and last_record["outer_step"] == sync.outer_step - 1:
+            synced = sync.history[-1]
             last_record.update(synced=True, contributors=group.exchange.contributors,
-                               params_sha256=params_digest(group.params), dp_bytes=nbytes,
-                               quorum=sync.history[-1]["present"], next_local_steps=sync.local_steps,
-                               step_s=[s if math.isfinite(s) else None for s in sync.step_s])
+                               params_sha256=params_digest(sync.outer.anchor), dp_bytes=nbytes,
+                               quorum=synced["present"], next_local_steps=sync.local_steps,
+                               step_s=[s if math.isfinite(s) else None for s in sync.step_s],
+                               lands_after=synced["lands_after"], moments=synced["moments"])
         last_record = None
         if checkpoint_due(config, completed, True, group.end) and writes_checkpoint(group.manager.participating_rank()):
             group.observer.event("checkpoint", completed, **save_group_checkpoint(
@@ -79,3 +86,4 @@ def run_periods(group: Any) -> None:
             continue  # rank 0 reports the group's progress and commits (the group's processes commit together)
         group.store.set(f"step/{group.group}", str(completed))
         group.store.set(f"commit/{completed - 1}", json.dumps([group.exchange.contributors, time.time()]))
+    sync.flush(group.timer)  # a launch that stops before the run's end (--stop-after): its checkpoint kept the flight

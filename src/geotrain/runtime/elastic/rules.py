@@ -114,12 +114,6 @@ def elastic_refusal(config: Any) -> str | None:
          f"would add the emulated link times on top: pass --time-scale 0"),
         (config.reliability.netlab and config.reliability.lighthouse is not None,
          "reliability.netlab: the Lighthouse runs inside the lab; drop --lighthouse"),
-        (optim.local_steps == "adaptive" and optim.sync_delay > 0,
-         f"optim.sync_delay {optim.sync_delay} with --local-steps adaptive: elastic adaptive syncs block (not built "
-         f"yet: a sync in flight across a quorum that changes its split); drop --sync-delay"),
-        (optim.local_steps == "adaptive" and optim.sync_moments,
-         "optim.sync_moments with --local-steps adaptive: elastic adaptive syncs send the outer gradients only (not "
-         "built yet: the moments in an elastic adaptive sync); drop --sync-moments"),
         (optim.local_steps == "adaptive" and config.reliability.chaos is not None
          and has_partition(config.reliability.chaos),
          f"reliability.chaos {config.reliability.chaos!r} with --local-steps adaptive: not built yet: after the heal "
