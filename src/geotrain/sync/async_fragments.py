@@ -291,9 +291,12 @@ class FragmentServer:
             replies += [dataclasses.replace(reply, fragment=p) for reply in server.leave(client) if not reply.final]
         return self._settled(self._ending(replies))
 
-    def current(self, client: int) -> Reply:
-        """The whole model now (fragment -1), for a joining client that sends nothing."""
-        return Reply(client, self.version, self.updates, self.model, False, fragment=-1)
+    def current(self, client: int, fragment: int = -1) -> Reply:
+        """The whole model now (fragment -1), for a joining client that sends nothing; or `fragment`'s, for one whose
+        push of it the server holds already (its other fragments' progress is its own)."""
+        if fragment < 0:
+            return Reply(client, self.version, self.updates, self.model, False, fragment=-1)
+        return dataclasses.replace(self.fragments[fragment].current(client), fragment=fragment)
 
     def start_from(self, versions: Sequence[int], counts: Sequence[int], applied: dict[int, Sequence[int]],
                    bases: dict[int, Sequence[int | None]]) -> None:
