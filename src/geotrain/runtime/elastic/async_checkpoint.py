@@ -15,13 +15,13 @@ writing at its own first update past it.
 
 What it holds: the global model (as the stage's weights, and flat with the server's state: version, updates,
 per-group applied counts, the outer optimizer's momentum and arrivals, the merge rule's reference), marked
-`elastic`; with --fragments P every fragment's version, count and outer optimizer (FragmentServer.model_state; a
-resume with another P is refused in one line); with --sync-moments the flat model is [parameters | v] (the server's buffer: sync/async_moments.py), and a
-resume with the other --sync-moments setting is refused in one line (the checkpoint's run identity:
-runtime/checkpoint.py). Not the groups' inner AdamW states nor the requests waiting at the server (with
-`async-hierarchical`: nor the region servers' updates not yet merged into the global model): a resumed run starts
-every group as the launcher restarts one (a fresh inner AdamW, the data at the model's progress), from this model, and
-every region server from it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its
+`elastic`; with --fragments P every fragment's version, count and outer optimizer (FragmentServer.model_state); with
+--sync-moments the flat model is [parameters | v] (the server's buffer: sync/async_moments.py; with fragments as
+[parameters | v], not the servers' fragment layout). A resume with another --fragments or --sync-moments setting is
+refused in one line (the checkpoint's run identity: runtime/checkpoint.py). Not the groups' inner AdamW states nor
+the requests waiting at the server (with `async-hierarchical`: nor the region servers' updates not yet merged into the
+global model): a resumed run starts every group as the launcher restarts one (a fresh inner AdamW, the data at the
+model's progress), from this model, and every region server from it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its
 group's).
 
 `--resume` (elastic): every group starts holding the checkpoint's model, version and counts (a copy: it can win an
@@ -103,10 +103,6 @@ def load_resumed(config: RuntimeConfig) -> Resumed:
     if not asynchronous.get("elastic") or "model" not in asynchronous:
         raise ckpt.CheckpointError(f"{where}: not an elastic asynchronous run's checkpoint (no global model's server "
                                    f"state); resume it without --elastic")
-    saved = len(asynchronous.get("versions") or [0])
-    if saved != config.optim.fragments:
-        raise ckpt.CheckpointError(f"{where}: the checkpoint's global model is in {saved} fragments, this run's "
-                                   f"--fragments {config.optim.fragments}; resume with --fragments {saved}")
     # no per-group applied counts: a resumed group's acknowledged count starts at 0, as its server's count of it
     held = HeldModel(asynchronous["model"].to(torch.float32).clone(), int(asynchronous["version"]),
                      int(asynchronous["updates"]), versions=[int(v) for v in asynchronous.get("versions", [])],
