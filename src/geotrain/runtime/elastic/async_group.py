@@ -248,11 +248,13 @@ class AsyncElasticGroup:
         gradient, and with --sync-moments its AdamW's second moments themselves (async_moments.push_of)."""
         anchor = self.held.model
         assert anchor is not None
-        now = _flat(self.params) if self.moments_after is None else \
-            torch.cat([_flat(self.params), flat_moments(self.optimizer, self.params)])
         wire, part = self.layout.wire[fragment], self.layout.ranges[fragment]
-        anchor, now = anchor[wire.start:wire.stop], self.layout.laid_out(now)[wire.start:wire.stop]
-        return anchor - now if self.moments_after is None else push_of(anchor, now, len(part))
+        anchor, now = anchor[wire.start:wire.stop], _flat(self.params)[part.start:part.stop]
+        if self.moments_after is None:
+            return anchor - now
+        # a fragment's wire is its parameters, then their v (FragmentLayout)
+        return push_of(anchor, torch.cat([now, flat_moments(self.optimizer, self.params)[part.start:part.stop]]),
+                       len(part))
 
     def _adopt(self, reply: dict[str, Any], final: bool = False) -> None:
         """Take the reply's model as this group's parameters (with fragments: the reply's fragment, or the whole model
@@ -267,12 +269,12 @@ class AsyncElasticGroup:
         else:
             part = self.layout.ranges[fragment]
             values = reply["model"]
-        with torch.no_grad():
-            flat = _flat(self.params)
-            flat[part.start:part.stop] = values[:len(part)]
+        with torch.no_grad():  # the parameters at flat positions part.start..part.stop
             offset = 0
             for p in self.params:
-                p.copy_(flat[offset:offset + p.numel()].view_as(p).to(p.dtype))
+                lo, hi = max(part.start, offset), min(part.stop, offset + p.numel())
+                if lo < hi:
+                    p.data.view(-1)[lo - offset:hi - offset].copy_(values[lo - part.start:hi - part.start].to(p.dtype))
                 offset += p.numel()
         if self.moments_after is not None and self.optimizer.state and \
                 loads_moments(int(reply["updates"]), self.config.replicas):
