@@ -49,7 +49,13 @@ merge as it does without fragments), so at the global server it is a client that
 above holds there too; its final merges go in turn as a replica's final pushes do. A fragment p > 0's cap at the
 global server is B + R, R the replicas (not the regions).
 
-Not built: elastic asynchronous groups with fragments (runtime/elastic/rules.py).
+Elastic groups (`--elastic --outer-sync async --fragments P`, runtime/elastic/async_group.py): clients come and go.
+`join(client, bases)` takes a client's base in each fragment (None: a fragment whose final push it has sent, so its
+place there is dropped), `leave(client)` drops it from every fragment, and both settle the end as `submit` does (a
+client gone is not waited for). `current` is the whole model (fragment -1: a joining client's). An elected host starts
+from its copy with `start_from`: each fragment's version, count, per-client applied counts and the live clients' bases,
+as of the copy's last reply of that fragment. `model_state` is the checkpoint's: every fragment's version, count and
+outer optimizer, the whole model flat.
 """
 
 from __future__ import annotations
@@ -152,6 +158,33 @@ class FragmentServer:
         return self.fragments[0].updates
 
     @property
+    def version(self) -> int:
+        """Fragment 0's version (an election's vote)."""
+        return self.fragments[0].version
+
+    @property
+    def versions(self) -> list[int]:
+        """Each fragment's version."""
+        return [server.version for server in self.fragments]
+
+    @property
+    def counts(self) -> list[int]:
+        """Each fragment's count of replica outer gradients."""
+        return [server.updates for server in self.fragments]
+
+    @property
+    def base(self) -> dict[int, list[int | None]]:
+        """Each running client's base in every fragment (None: not running there: its final push is in)."""
+        clients = sorted(set().union(*(server.base for server in self.fragments)))
+        return {c: [server.base.get(c) for server in self.fragments] for c in clients}
+
+    @property
+    def applied(self) -> dict[int, list[int]]:
+        """Each client's outer gradients applied, per fragment."""
+        clients = sorted(set().union(*(server.applied for server in self.fragments)))
+        return {c: [server.applied.get(c, 0) for server in self.fragments] for c in clients}
+
+    @property
     def max_staleness(self) -> int:
         return max(server.max_staleness for server in self.fragments)
 
@@ -230,6 +263,61 @@ class FragmentServer:
         else:  # each fragment's final replies are not sent: the whole model goes once every fragment has ended
             replies = [dataclasses.replace(reply, fragment=p)
                        for reply in self.fragments[p].submit(request) if not reply.final]
+        return self._settled(self._ending(replies))
+
+    def join(self, client: int, bases: Sequence[int | None]) -> list[Reply]:
+        """A client that (re)connects (elastic runs, module doc) with its base in each fragment (None: its final push of
+        that fragment is in); any earlier place of it is forgotten; the replies that lets through."""
+        if len(bases) != len(self.fragments):
+            raise SyncError(f"asynchronous DiLoCo: client {client} joined with {len(bases)} fragment bases, the "
+                            f"model has {len(self.fragments)} fragments")
+        self.awaiting.pop(client, None)
+        if client not in self.clients:
+            self.clients.append(client)
+        self.finals_left[client] = sum(base is not None for base in bases)
+        replies = []
+        for p, (server, base) in enumerate(zip(self.fragments, bases)):
+            moved = server.leave(client) if base is None else server.join(client, base)
+            replies += [dataclasses.replace(reply, fragment=p) for reply in moved if not reply.final]
+        return self._settled(self._ending(replies))
+
+    def leave(self, client: int) -> list[Reply]:
+        """A client that is gone (elastic runs): dropped from every fragment; the replies its absence lets through."""
+        self.awaiting.pop(client, None)
+        self.finals_left.pop(client, None)
+        self.clients = [c for c in self.clients if c != client]
+        replies = []
+        for p, server in enumerate(self.fragments):
+            replies += [dataclasses.replace(reply, fragment=p) for reply in server.leave(client) if not reply.final]
+        return self._settled(self._ending(replies))
+
+    def current(self, client: int, fragment: int = -1) -> Reply:
+        """The whole model now (fragment -1), for a joining client that sends nothing; or `fragment`'s, for one whose
+        push of it the server holds already (its other fragments' progress is its own)."""
+        if fragment < 0:
+            return Reply(client, self.version, self.updates, self.model, False, fragment=-1)
+        return dataclasses.replace(self.fragments[fragment].current(client), fragment=fragment)
+
+    def start_from(self, versions: Sequence[int], counts: Sequence[int], applied: dict[int, Sequence[int]],
+                   bases: dict[int, Sequence[int | None]]) -> None:
+        """Take up a copy of the global model (an elected host's, module doc): each fragment's version and count,
+        each client's applied counts per fragment and the bases of the live clients (None: not in that fragment)."""
+        for p, server in enumerate(self.fragments):
+            server.start_from(int(versions[p]), int(counts[p]), {c: int(n[p]) for c, n in applied.items()},
+                              {c: int(b[p]) for c, b in bases.items() if b[p] is not None})
+        self.clients = sorted(bases)
+        self.finals_left = {c: sum(b is not None for b in bases[c]) for c in self.clients}
+
+    def model_state(self) -> dict[str, Any]:
+        """The global model's state (OuterServer.model_state, an elastic checkpoint's): the whole model flat, fragment
+        0's version and count, and every fragment's version, count and outer optimizer."""
+        return {"model": self.model, "version": self.version, "updates": self.updates, "versions": self.versions,
+                "counts": self.counts, "max_staleness": self.max_staleness, "discarded": self.discarded,
+                "optimizer": {"fragments": [server.optimizer.state_dict() for server in self.fragments]}}
+
+    def _ending(self, replies: list[Reply]) -> list[Reply]:
+        """`replies`, and the acknowledgements of final pushes applied that are not their client's last, and once
+        every fragment has ended the whole final model for every client (module doc: Ending)."""
         for client, q in self.awaiting.items():  # a final push applied, not the client's last: acknowledged
             server = self.fragments[q]
             if (self.finals_left[client] > 0 and client not in server.base
@@ -240,7 +328,7 @@ class FragmentServer:
             model = self.model
             replies += [Reply(client, self.fragments[0].version, self.updates, model.clone(), True)
                         for client in self.clients]
-        return self._settled(replies)
+        return replies
 
     def _settled(self, replies: list[Reply]) -> list[Reply]:
         """`replies`, their clients no longer held."""

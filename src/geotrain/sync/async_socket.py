@@ -18,6 +18,11 @@ HostLost (EOF, a reset, a refused connection), and the client elects a new host
 host is alive (its kernel keeps the connection), so electing another would leave two serving. A rejoining client's `join` request carries its last base; its
 outer gradient is dropped when the server's copy already holds it (`applied` > `acked`: the old server applied
 it, and the copy came from a reply sent after that), so no gradient is applied twice.
+
+Fragments (a FragmentServer, geotrain.sync.async_fragments): a request names its `fragment`, its `base` and `acked`
+are lists (one per fragment; a base None: the fragment's final push is in), and a reply adds its `fragment` (-1: the
+whole model), every fragment's `versions` and `counts`, and per-fragment lists in `applied` and `bases`, so a
+client's copy holds each fragment as of its last reply of it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from geotrain.sync.async_fragments import FragmentServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
 
 
@@ -60,7 +66,7 @@ class SocketServer:
     """`server` served on a TCP port of `host` (`address`: (host, port)); `on_update(updates)` after each request
     that changed the model's count (called with the server's lock held)."""
 
-    def __init__(self, server: OuterServer, host: str, authkey: bytes,
+    def __init__(self, server: OuterServer | FragmentServer, host: str, authkey: bytes,
                  on_update: Callable[[int], None] | None = None) -> None:
         self.server = server
         self.stopping = False
@@ -116,20 +122,29 @@ class SocketServer:
     def _take(self, connection: Connection, message: dict[str, Any]) -> list[Reply]:
         """The replies due after `message` (the lock held)."""
         client, gradient, server = message["client"], message["gradient"], self.server
+        fragment = int(message.get("fragment", 0))
         replies: list[Reply] = []
         if message["join"]:
-            if gradient is not None and server.applied.get(client, 0) > message["acked"]:
+            if gradient is not None and _holds(server, client, message):
                 gradient = None  # the copy already holds it
             # a newcomer that computed nothing (or whose gradient the copy holds) starts at this model; a rejoining
             # gradient keeps its base (its staleness counts against this server's versions)
-            replies += server.join(client, server.version if gradient is None else message["base"])
+            base = message["base"]
+            if gradient is None and not isinstance(server, FragmentServer):
+                base = server.version
+            elif gradient is None:  # a newcomer takes every fragment as it is now, a held push that fragment only
+                now = [p in (fragment, -1) or message["gradient"] is None for p in range(len(base))]
+                base = [b if b is None or not new else v for b, v, new in zip(base, server.versions, now)]
+            replies += server.join(client, base)
             self.connections[client] = connection
             self.processes[client] = message.get("process")
             if gradient is None and not message["final"]:  # nothing to apply: the model now, not held by the bound
-                return [*replies, server.current(client)]
+                held = isinstance(server, FragmentServer) and message["gradient"] is not None
+                return [*replies, server.current(client, fragment) if held else server.current(client)]
         before = server.updates
         count = int(message.get("count", 1))  # a region's delta carries its replicas' outer gradients
-        replies += server.submit(Request(client, server.base[client], gradient, count, bool(message["final"])))
+        base = server.base[client] if not isinstance(server, FragmentServer) else server.base[client][fragment]
+        replies += server.submit(Request(client, base, gradient, count, bool(message["final"]), fragment=fragment))
         if self.on_update is not None and server.updates != before:
             self.on_update(server.updates)
         return replies
@@ -142,8 +157,13 @@ class SocketServer:
                 self._send(self.server.leave(client))
 
     def _send(self, replies: list[Reply]) -> None:
-        applied = dict(self.server.applied)
-        bases = {c: [b, self.processes.get(c)] for c, b in self.server.base.items()}
+        if not replies:
+            return
+        server = self.server
+        applied = dict(server.applied)
+        bases = {c: [b, self.processes.get(c)] for c, b in server.base.items()}
+        fragments = {} if not isinstance(server, FragmentServer) else \
+            {"versions": server.versions, "counts": server.counts}
         for reply in replies:
             connection = self.connections.get(reply.client)
             if connection is None:
@@ -151,7 +171,7 @@ class SocketServer:
             try:
                 connection.send_bytes(pack({"version": reply.version, "updates": reply.updates, "model": reply.model,
                                             "final": reply.final, "applied": applied,
-                                            "bases": bases}))
+                                            "bases": bases, "fragment": reply.fragment, **fragments}))
             except OSError:
                 pass  # its reader sees the loss and lets it leave
 
@@ -176,6 +196,16 @@ class SocketServer:
                 peer = socket.socket(fileno=os.dup(connection.fileno()))
                 peer.shutdown(socket.SHUT_RDWR)
                 peer.close()
+
+
+def _holds(server: OuterServer | FragmentServer, client: int, message: dict[str, Any]) -> bool:
+    """Whether `server`'s copy already holds the gradient of a rejoining `client`'s `message` (its applied count of
+    the client passed the client's `acked`; with fragments, the pushed fragment's)."""
+    applied, acked = server.applied.get(client, 0), message["acked"]
+    if isinstance(acked, list):
+        fragment = int(message["fragment"])
+        applied, acked = (applied[fragment] if applied else 0), acked[fragment]
+    return applied > acked
 
 
 class SocketClient:

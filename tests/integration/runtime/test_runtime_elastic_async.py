@@ -5,7 +5,9 @@ killed client rejoins, the survivor is elected the new host from its copy, and t
 the same run then cuts the links of that client (group 0) at 2.5 s and of the new host (group 1) at 4 s, 1 s each: the
 client's messages wait for each heal (as TCP retransmits), no one is elected, and the run ends on one model; it runs
 --sync-moments, so every push carries its group's AdamW second moments, the elected host serves its copy's global ones,
-and every group's AdamW ends holding the final model's.
+and every group's AdamW ends holding the final model's; and --fragments 2, so every push carries one fragment and the
+elected host serves a fragment server from its copy's fragments (sync/async_fragments.py, runtime/elastic/
+fragment_copy.py).
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
 server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
 elections, no global restart, one final model. The fault-free run is two launches: one that stops at step 12
@@ -83,7 +85,8 @@ def runs(tmp_path_factory):
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
     first = OneInterpreter([stopped, [*plain, "--resume"], regions], tmp, "first", env)
-    second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}", "--sync-moments"]],
+    second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}", "--sync-moments",
+                              "--fragments", "2"]],
                             tmp, "second", env)
     (stopped, plain, regional), (killed,) = results_of([first, second])
     runs = {}
@@ -175,10 +178,12 @@ def test_a_killed_host_group_is_replaced_by_the_freshest_copy_and_the_run_ends_o
     updates = _final_updates(runs["killed"])
     assert updates[0] == updates[1] and budget <= updates[0] < budget + 2
     assert summary["val_loss"] < runs["plain"]["summary"]["val_loss"]  # 500 steps trained past 30
-    # --sync-moments: each push is [outer gradient | the group's AdamW v] (2 x the plain run's), and every group's AdamW
-    # ends holding the final model's v, which the elected host's server merged on from its copy's
+    # --sync-moments and --fragments 2: each push is one fragment's [outer gradient | the group's AdamW v] (the two
+    # fragments' pushes together 2 x the plain run's whole-model push), and every group's AdamW ends holding the final
+    # model's v, which the elected host's fragment server merged on from its copy's
     pushes = {r["dp_bytes"] for records in runs["killed"]["group_records"].values() for r in records} - {0}
-    assert pushes == {2 * b for b in {r["dp_bytes"] for r in runs["plain"]["group_records"]["1"]} - {0}}
+    (whole,) = {r["dp_bytes"] for r in runs["plain"]["group_records"]["1"]} - {0}
+    assert len(pushes) == 2 and sum(pushes) == 2 * whole
     finals = [records[-1] for records in runs["killed"]["group_records"].values()]
     assert all(r["moments_loaded"] >= 1 and r["moments_sha256"] == r["held_moments_sha256"] for r in finals)
     assert len({r["moments_sha256"] for r in finals}) == 1

@@ -106,3 +106,42 @@ def test_with_moments_each_fragment_holds_its_parameters_then_their_v_and_the_la
     assert laid[:20].tolist() == [*range(10), *range(18, 28)] and laid[20:].tolist() == [*range(10, 18), *range(28, 36)]
     assert torch.equal(layout.standard(laid), flat)
     assert FragmentLayout.of(params, 1, "layers", 2).order is None
+
+
+def test_elastic_clients_join_and_leave_every_fragment_and_a_gone_client_holds_no_bound():
+    server = _server(0, 0)  # an elastic host starts with no clients; bound 0: every update waits for all running
+    assert server.join(0, [0, 0]) == [] and server.join(1, [0, 0]) == []
+    assert server.base == {0: [0, 0], 1: [0, 0]}
+    whole = server.current(1)
+    assert whole.fragment == -1 and whole.model.numel() == 4 and not whole.final
+    assert server.submit(Request(0, 0, torch.tensor([1.0, 1.0]), fragment=0)) == []  # held: client 1 computes
+    (reply,) = server.leave(1)  # client 1 died: the bound no longer waits for it
+    assert (reply.client, reply.fragment, reply.version) == (0, 0, 1)
+    assert server.base == {0: [1, 0]} and server.clients == [0]
+    # client 1 restarted: a newcomer at each fragment's current version; its finals count every fragment again
+    assert server.join(1, server.versions) == [] and server.base[1] == [1, 0] and server.finals_left[1] == 2
+
+
+def test_a_client_rejoining_after_some_final_pushes_is_waited_for_in_the_other_fragments_only():
+    server = _server(0, 4)
+    server.join(0, [0, 0])
+    server.join(1, [0, 0])
+    (ack,) = server.submit(Request(0, 0, torch.tensor([1.0, 1.0]), final=True, fragment=1))
+    assert ack.model.numel() == 0
+    # client 0's host was lost; at the elected host it joins with fragment 1 done: only fragment 0 waits for it
+    assert server.join(0, [0, None]) == [] and server.base[0] == [0, None] and server.finals_left[0] == 1
+    assert server.submit(Request(0, 0, None, final=True, fragment=0)) == []  # its last: held for the end
+    (ack,) = server.submit(Request(1, 0, None, final=True, fragment=0))  # not client 1's last: acknowledged
+    assert ack.client == 1 and ack.model.numel() == 0
+    replies = server.submit(Request(1, 0, None, final=True, fragment=1))
+    assert sorted(r.client for r in replies) == [0, 1] and all(r.final and r.model.numel() == 4 for r in replies)
+
+
+def test_an_elected_fragment_server_takes_up_each_fragments_version_count_and_live_bases():
+    server = _server(0, 2)
+    server.start_from([5, 3], [9, 4], {0: [5, 3], 1: [4, 2]}, {1: [4, None]})
+    assert server.versions == [5, 3] and server.counts == [9, 4] and server.updates == 9
+    assert server.base == {1: [4, None]} and server.applied == {0: [5, 3], 1: [4, 2]}
+    assert server.finals_left == {1: 1} and server.senders() == [1]
+    state = server.model_state()
+    assert state["versions"] == [5, 3] and len(state["optimizer"]["fragments"]) == 2

@@ -85,3 +85,36 @@ def test_a_silent_server_is_not_a_lost_one_and_a_closed_one_is(serving):
     host.wait_closed(30)
     with pytest.raises(HostLost):  # nothing listens any more
         SocketClient(host.address, KEY, 0.5)
+
+
+def test_a_fragment_servers_rejoining_push_is_checked_against_its_fragments_applied_count_and_copies_follow():
+    """With fragments (async_fragments.FragmentServer behind the socket) the join's bases and acked counts are per
+    fragment: the elected copy holds client 0's fragment-1 push (applied 1 > acked 0), not its fragment-0 push; a
+    client's copy (runtime/elastic/fragment_copy.py) takes each reply's fragment only."""
+    from geotrain.runtime.elastic.elected import HeldModel
+    from geotrain.runtime.elastic.fragment_copy import adopted, fragment_request
+    from geotrain.sync.async_fragments import FragmentServer
+
+    wires = (range(0, 2), range(2, 4))
+    server = FragmentServer(torch.zeros(4), wires, [DelayedNesterov(1, 1.0, 0.0, 0.0) for _ in wires], [], 8)
+    server.start_from([2, 1], [2, 1], {0: [1, 1]}, {})
+    host = SocketServer(server, "127.0.0.1", KEY)
+    try:
+        client = SocketClient(host.address, KEY, 30.0)
+        held = HeldModel(torch.zeros(4), 1, 1, versions=[1, 0], counts=[1, 0])
+        message = {"client": 0, **fragment_request(held, 2, set(), [0, 0]), "fragment": 1, "final": False,
+                   "gradient": torch.ones(2), "join": True}
+        reply = client.exchange(message)  # the copy holds it: not applied again, the fragment as it is
+        assert (reply["fragment"], reply["version"], reply["versions"]) == (1, 1, [2, 1])
+        held = adopted(held, reply, wires)
+        assert held.versions == [1, 1] and held.version == 1 and held.applied == {0: [0, 1]}
+        assert server.base == {0: [1, 1]}  # fragment 0 still from the version the client holds
+        reply = client.exchange({**message, **fragment_request(held, 2, set(), [0, 1]), "fragment": 0,
+                                 "gradient": torch.ones(2), "join": False})  # fragment 0's push is new
+        held = adopted(held, reply, wires)
+        assert held.versions == [3, 1] and held.counts == [3, 1] and held.bases == {0: ([3, 1], None)}
+        assert reply["updates"] == 3 and server.max_staleness == 1  # pushed from version 1 of fragment 0, at 2
+        torch.testing.assert_close(held.model, torch.tensor([-1.0, -1.0, 0.0, 0.0]))
+        client.close()
+    finally:
+        host.close()

@@ -15,12 +15,13 @@ writing at its own first update past it.
 
 What it holds: the global model (as the stage's weights, and flat with the server's state: version, updates,
 per-group applied counts, the outer optimizer's momentum and arrivals, the merge rule's reference), marked
-`elastic`; with --sync-moments the flat model is [parameters | v] (the server's buffer: sync/async_moments.py), and a
-resume with the other --sync-moments setting is refused in one line (the checkpoint's run identity:
-runtime/checkpoint.py). Not the groups' inner AdamW states nor the requests waiting at the server (with
-`async-hierarchical`: nor the region servers' updates not yet merged into the global model): a resumed run starts
-every group as the launcher restarts one (a fresh inner AdamW, the data at the model's progress), from this model, and
-every region server from it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its
+`elastic`; with --fragments P every fragment's version, count and outer optimizer (FragmentServer.model_state); with
+--sync-moments the flat model is [parameters | v] (the server's buffer: sync/async_moments.py; with fragments as
+[parameters | v], not the servers' fragment layout). A resume with another --fragments or --sync-moments setting is
+refused in one line (the checkpoint's run identity: runtime/checkpoint.py). Not the groups' inner AdamW states nor
+the requests waiting at the server (with `async-hierarchical`: nor the region servers' updates not yet merged into the
+global model): a resumed run starts every group as the launcher restarts one (a fresh inner AdamW, the data at the
+model's progress), from this model, and every region server from it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its
 group's).
 
 `--resume` (elastic): every group starts holding the checkpoint's model, version and counts (a copy: it can win an
@@ -104,7 +105,8 @@ def load_resumed(config: RuntimeConfig) -> Resumed:
                                    f"state); resume it without --elastic")
     # no per-group applied counts: a resumed group's acknowledged count starts at 0, as its server's count of it
     held = HeldModel(asynchronous["model"].to(torch.float32).clone(), int(asynchronous["version"]),
-                     int(asynchronous["updates"]))
+                     int(asynchronous["updates"]), versions=[int(v) for v in asynchronous.get("versions", [])],
+                     counts=[int(n) for n in asynchronous.get("counts", [])])
     return Resumed(int(step), held, asynchronous["optimizer"])
 
 
@@ -136,9 +138,10 @@ class ServerCheckpoints:
         """Why a write failed (the server's thread must not die of it: an OSError there reads as a lost client)."""
         self.lock = threading.Lock()
 
-    def writer(self, store: Any, server: Any) -> Any:
+    def writer(self, store: Any, server: Any, standard: Any = None) -> Any:
         """The callback a host's SocketServer calls after each update (the lock held): writes the due checkpoint of
-        `server` (an OuterServer); None when this launch writes none before its end."""
+        `server` (an OuterServer or a FragmentServer; `standard`: its model as [parameters | v], FragmentLayout's);
+        None when this launch writes none before its end."""
         if not self.points:
             return None
         own = own_store_client(store)  # the server's threads write: a store client of their own
@@ -149,7 +152,8 @@ class ServerCheckpoints:
             crossed = [c for need, c in self.points if updates >= need and c > done]
             if crossed:
                 done = crossed[-1]
-                self.save(done, server.model_state())
+                state = server.model_state()
+                self.save(done, state if standard is None else {**state, "model": standard(state["model"])})
                 own.set(CHECKPOINTED_KEY, str(done))
         return write
 

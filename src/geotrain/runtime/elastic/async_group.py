@@ -62,6 +62,20 @@ second moments v], as without --elastic: a push carries the outer gradient and t
 (MomentMerge), a reply's v goes into the group's AdamW once the model holds R replica outer gradients (not at a
 restarted group's join: its AdamW has not stepped). So a host elected from its copy serves that copy's global v.
 
+Fragments (--fragments P > 1, `async` only; sync/async_fragments.py): the host serves a FragmentServer (one outer
+server per fragment behind its one lock, so one serving order: the non-elastic deadlock argument holds) and a group
+pushes fragment p's outer gradient at streaming's offset p x H // P of its period (streaming.fragment_due) and adopts
+that fragment only; its finals go cyclically from the fragment after its last push. Clients come and go as without
+fragments: a join carries the client's base in every fragment (None where its final push is in), a closed connection
+leaves every fragment. The copy (runtime/elastic/fragment_copy.py) holds each fragment as of the group's last reply of
+it (values, version, count, applied counts, the running clients' bases there); an election votes on fragment 0's
+version and the winner starts each fragment's server from that fragment's part of its copy, so no fragment is older
+than the winner's last reply of it, and a resent push is dropped when its fragment's applied count shows the copy
+holds it (the reply is then that fragment now: the group's other fragments keep their progress). Lost for good: what
+the lost host applied beyond the copy, per fragment (`lost_updates` counts fragment 0's). With --sync-moments each
+fragment is its parameters then their v (FragmentLayout). Each fragment's outer momentum restarts at an election, as
+the whole model's does.
+
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
 checkpoint's model (group 0 serves it with the saved outer momentum), and --stop-after lowers the launch's budget
@@ -70,6 +84,7 @@ to its step's count (the run's end above: the groups end there on one model).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from datetime import timedelta
@@ -92,9 +107,11 @@ from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
 from geotrain.runtime.training_data import load_training_data
 from geotrain.sync.async_moments import (MOMENT_PARTS, flat_moments, load_moments, loads_moments, push_of,
                                          server_optimizer)
+from geotrain.sync.async_fragments import FragmentLayout, FragmentServer
 from geotrain.sync.async_server import OuterServer
 from geotrain.sync.async_socket import SocketServer
 from geotrain.sync.async_step import progress_steps
+from geotrain.sync.streaming import fragment_due
 from geotrain.sync.base import ComputeTimer
 from geotrain.sync.factory import BETAS, WEIGHT_DECAY
 from geotrain.cost.async_outer import STALENESS_BOUND
@@ -131,6 +148,10 @@ class AsyncElasticGroup:
         self.moments_after = self.numel if config.optim.sync_moments else None
         """--sync-moments: the model's values before its second moments (every server's buffer, push, reply and copy
         is [parameters | v]: sync/async_moments.py); None: the parameters only."""
+        self.layout = FragmentLayout.of(self.params, config.optim.fragments, config.optim.fragment_split,
+                                        1 if self.moments_after is None else 1 + MOMENT_PARTS)
+        """--fragments P: the global model's fragments as every server and copy lays them out (module doc:
+        Fragments); one fragment: the whole model, as [parameters | v]."""
         self.moments_loaded = 0
         """Replies whose global second moments this group loaded into its AdamW (async_moments.loads_moments)."""
         self.resumed = launch_start(config, store, incarnation)
@@ -146,6 +167,8 @@ class AsyncElasticGroup:
         # a restarted one holds nothing yet
         held = HeldModel(None) if incarnation > 0 else \
             self.resumed.held or HeldModel(self._laid_out(_flat(self.params)))
+        if held is self.resumed.held:  # the checkpoint's model is [parameters | v]: as this run lays it out
+            held = dataclasses.replace(held, model=self.layout.laid_out(held.model))
         self.pacing = socket_pacing(config, group)
         """This process's emulated links (None: --time-scale 0)."""
         self.cuts = cut_hold(config)
@@ -173,7 +196,12 @@ class AsyncElasticGroup:
                      fresh: bool) -> ElectedLink:
         """This process's link as `client` of `tier` (elected.ElectedLink), with its device's links and partitions."""
         return ElectedLink(store, tier, client, held, serve, fresh, (self.group, self.incarnation), self.pacing,
-                           self.device, self.cuts)
+                           self.device, self.cuts, self.layout.wire if self.fragmented else ())
+
+    @property
+    def fragmented(self) -> bool:
+        """--fragments P > 1: the global model's server is a FragmentServer (module doc: Fragments)."""
+        return len(self.layout.ranges) > 1
 
     # --- the host -----------------------------------------------------------------------------------------------
     def _serve(self, epoch: int) -> SocketServer:
@@ -188,41 +216,71 @@ class AsyncElasticGroup:
         momentum update, `lr`, `momentum`) with the bases of its live clients, publishing the lost updates."""
         assert held.model is not None
         options = self.options.heterogeneity
-        optimizer = server_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power,
-                                     self.moments_after)
-        if epoch == 0 and self.resumed.optimizer is not None:  # a resumed run's first host: the checkpoint's momentum
-            optimizer.load_state_dict(self.resumed.optimizer)
-        server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
+
+        def outer(numel: int) -> Any:
+            return server_optimizer(options.async_merge, period, lr, momentum, options.async_staleness_power,
+                                    None if self.moments_after is None else numel)
+        saved = self.resumed.optimizer if epoch == 0 else None  # a resumed run's first host: the checkpoint's momentum
+        server: OuterServer | FragmentServer
+        if self.fragmented and tier.prefix == "async/":
+            optimizers = [outer(len(r)) for r in self.layout.ranges]
+            for optimizer, state in zip(optimizers, (saved or {}).get("fragments", ())):
+                optimizer.load_state_dict(state)
+            server = FragmentServer(held.model, self.layout.wire, optimizers, [], STALENESS_BOUND, self.budget,
+                                    replicas=self.config.replicas)
+        else:
+            optimizer = outer(self.numel)
+            if saved is not None:
+                optimizer.load_state_dict(saved)
+            server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
         return serve_restored(self.store, tier, epoch, held, server, lambda: serve_counting(
             self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey,
-            after_update=self.checkpoints.writer(self.store, server)))
+            after_update=self.checkpoints.writer(self.store, server, self.layout.standard)))
 
     def _laid_out(self, flat: torch.Tensor) -> torch.Tensor:
         """A model of `flat` parameters as every server holds it: with --sync-moments, zero second moments after them
-        (as a fresh AdamW's)."""
-        return flat if self.moments_after is None else torch.cat([flat, torch.zeros(MOMENT_PARTS * self.numel)])
+        (as a fresh AdamW's); with fragments, laid out fragment by fragment (FragmentLayout)."""
+        return self.layout.laid_out(flat if self.moments_after is None else
+                                    torch.cat([flat, torch.zeros(MOMENT_PARTS * self.numel)]))
 
-    def _outer_gradient(self) -> torch.Tensor:
-        """This group's push since the model it holds (`held`): the outer gradient, and with --sync-moments its
-        AdamW's second moments themselves (async_moments.push_of)."""
+    def _outer_gradient(self, fragment: int = 0) -> torch.Tensor:
+        """This group's push of `fragment` (the whole model's with one) since the model it holds (`held`): the outer
+        gradient, and with --sync-moments its AdamW's second moments themselves (async_moments.push_of)."""
         anchor = self.held.model
         assert anchor is not None
+        wire, part = self.layout.wire[fragment], self.layout.ranges[fragment]
+        anchor, now = anchor[wire.start:wire.stop], _flat(self.params)[part.start:part.stop]
         if self.moments_after is None:
-            return anchor - _flat(self.params)
-        return push_of(anchor, torch.cat([_flat(self.params), flat_moments(self.optimizer, self.params)]), self.numel)
+            return anchor - now
+        # a fragment's wire is its parameters, then their v (FragmentLayout)
+        return push_of(anchor, torch.cat([now, flat_moments(self.optimizer, self.params)[part.start:part.stop]]),
+                       len(part))
 
-    def _adopt(self, reply: dict[str, Any]) -> None:
-        """Take the reply's model as this group's parameters; with --sync-moments its second moments into this
-        group's AdamW once the model holds R replica outer gradients (async_moments.loads_moments; not before this
-        group's AdamW has stepped: a restarted group's join sets none)."""
-        with torch.no_grad():
+    def _adopt(self, reply: dict[str, Any], final: bool = False) -> None:
+        """Take the reply's model as this group's parameters (with fragments: the reply's fragment, or the whole model
+        of a join's or the final reply; an acknowledged final push holds none); with --sync-moments its second moments
+        into this group's AdamW once the model holds R replica outer gradients (async_moments.loads_moments; not
+        before this group's AdamW has stepped: a restarted group's join sets none)."""
+        fragment = int(reply.get("fragment", 0))
+        if final and not reply["final"]:  # a fragment's final push acknowledged: the final model comes later
+            return
+        if reply["final"] or fragment < 0 or not self.fragmented:
+            part, values = range(self.numel), self.layout.standard(reply["model"])
+        else:
+            part = self.layout.ranges[fragment]
+            values = reply["model"]
+        with torch.no_grad():  # the parameters at flat positions part.start..part.stop
             offset = 0
             for p in self.params:
-                p.copy_(reply["model"][offset:offset + p.numel()].view_as(p).to(p.dtype))
+                lo, hi = max(part.start, offset), min(part.stop, offset + p.numel())
+                if lo < hi:
+                    p.data.view(-1)[lo - offset:hi - offset].copy_(values[lo - part.start:hi - part.start].to(p.dtype))
                 offset += p.numel()
         if self.moments_after is not None and self.optimizer.state and \
                 loads_moments(int(reply["updates"]), self.config.replicas):
-            load_moments(self.optimizer, self.params, reply["model"][self.numel:])
+            moments = flat_moments(self.optimizer, self.params)
+            moments[part.start:part.stop] = values[len(part):]
+            load_moments(self.optimizer, self.params, moments)
             self.moments_loaded += 1
 
     # --- training -----------------------------------------------------------------------------------------------
@@ -243,35 +301,41 @@ class AsyncElasticGroup:
         if self.incarnation > 0:
             self._note_rejoin(time.monotonic() - started)
         step = progress_steps(self.held.updates, self.sync_every, cfg.replicas)  # a restarted group: the run's place
-        period, last = 0, time.perf_counter()
+        fragments = len(self.layout.ranges)
+        since, last_pushed, inner, last = [0] * fragments, fragments - 1, 0, time.perf_counter()
         while self.held.updates < self.budget:
             lr_step = min(cfg.run.steps - 1, progress_steps(self.held.updates, self.sync_every, cfg.replicas))
             record = self._train_step(step, lr_step)
-            period += 1
-            if period == self.sync_every:
-                gradient = self._outer_gradient()
+            inner += 1
+            since = [n + 1 for n in since]
+            # the whole model each H steps; fragment p at streaming's offset p x H // P of its period (module doc)
+            due = [p for p in range(fragments) if fragment_due(inner - 1, p, fragments, self.sync_every)]
+            if due:
+                gradient = self._outer_gradient(due[0])
                 exchanged = time.perf_counter()
-                self._adopt(self.link.exchange(gradient, False))
+                self._adopt(self.link.exchange(gradient, False, fragment=due[0]))
                 # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
                 record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
-                period = 0
+                since[due[0]], last_pushed = 0, due[0]
             record.update(wall_s=time.perf_counter() - last, global_updates=self.held.updates,
-                          synced=period == 0, **self._carried())
+                          synced=bool(due), **self._carried())
             last = time.perf_counter()
             self.records.append(record)
             self.observer.step(record)
             self._note_checkpoints()
             step += 1
             self.store.set(f"step/{self.group}", str(step))
-        gradient = None if period == 0 else self._outer_gradient()
-        self._adopt(self.link.exchange(gradient, True))
+        for k in range(fragments):  # every fragment's final push, cyclically on from the last pushed
+            p = (last_pushed + 1 + k) % fragments
+            self._adopt(self.link.exchange(self._outer_gradient(p) if since[p] else None, True, fragment=p), True)
         if self.records:  # the final exchange's messages count in the last step's record
             last_record = self.records[-1]
             last_record.update({k: (last_record[k] or 0.0) + v for k, v in self._carried().items()})
             if self.moments_after is not None:  # the final model's v and this group's AdamW's (equal: loaded)
                 last_record.update(moments_loaded=self.moments_loaded,
                                    moments_sha256=params_digest([flat_moments(self.optimizer, self.params)]),
-                                   held_moments_sha256=params_digest([self.held.model[self.numel:]]))  # type: ignore
+                                   held_moments_sha256=params_digest(
+                                       [self.layout.standard(self.held.model)[self.numel:]]))  # type: ignore
         # the run's end for its summary (train_s, the final model's samples): the first group to hold the final model
         self.store.compare_set(FINAL_KEY, "", json.dumps({"t": time.time(), "updates": self.held.updates}))
         self.link.close()

@@ -29,10 +29,11 @@ ended itself (the run's freshest copy lives in its process).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from geotrain.errors import GeotrainError
+from geotrain.runtime.elastic.fragment_copy import adopted, fragment_request
 from geotrain.runtime.elastic.group import down_key, incarnation_key
 from geotrain.runtime.elastic.links import CutHold, SocketPacing
 from geotrain.sync.async_socket import HostLost, ServerSilent, SocketClient, SocketServer
@@ -54,13 +56,17 @@ POLL_S = 0.05
 class HeldModel:
     """The last model a client received from its tier's server: flat fp32 `model`, its `version`, `updates` and
     the server's per-client `applied` counts and `bases` (every running client's base and process, (group,
-    incarnation): an elected server restores those alive) (None model: a client that has received none yet)."""
+    incarnation): an elected server restores those alive) (None model: a client that has received none yet). With
+    fragments (runtime/elastic/fragment_copy.py): each fragment's `versions` and `counts`, and `applied` and `bases`
+    per fragment (lists); `version` and `updates` fragment 0's."""
 
     model: torch.Tensor | None
     version: int = 0
     updates: int = 0
-    applied: dict[int, int] = field(default_factory=dict)
-    bases: dict[int, tuple[int, Any]] = field(default_factory=dict)
+    applied: dict[int, Any] = field(default_factory=dict)
+    bases: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    versions: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
 
 
 class RunEnded(RuntimeError):
@@ -167,7 +173,11 @@ def serve_restored(store: Any, tier: Tier, epoch: int, held: HeldModel, server: 
     """`server` (an OuterServer) started from copy `held` for `tier`'s `epoch`, with the bases of its live clients
     after an election (live_bases), served by `serve()` and its restored clients watched (watch_restored)."""
     restored = live_bases(store, tier, epoch, held) if epoch > 0 else {}
-    server.start_from(held.version, held.updates, held.applied, {c: base for c, (base, _) in restored.items()})
+    bases = {c: base for c, (base, _) in restored.items()}
+    if held.versions:  # a FragmentServer: each fragment from its part of the copy (fragment_copy)
+        server.start_from(held.versions, held.counts, held.applied, bases)
+    else:
+        server.start_from(held.version, held.updates, held.applied, bases)
     host = serve()
     watch_restored(store, host, restored)
     return host
@@ -232,8 +242,18 @@ class ElectedLink:
 
     def __init__(self, store: Any, tier: Tier, client: int, held: HeldModel,
                  serve: Callable[[int], SocketServer], fresh: bool, process: tuple[int, int] | None = None,
-                 pacing: SocketPacing | None = None, device: int = -1, cuts: CutHold | None = None) -> None:
+                 pacing: SocketPacing | None = None, device: int = -1, cuts: CutHold | None = None,
+                 wires: Sequence[range] = ()) -> None:
         self.store, self.tier, self.client, self.held, self.serve, self.fresh = store, tier, client, held, serve, fresh
+        self.wires = tuple(wires)
+        """Each fragment's range of the model (runtime/elastic/fragment_copy.py); empty: the whole model's server."""
+        if self.wires and not held.versions:  # a fresh or resumed copy: every fragment at its version and count
+            self.held = dataclasses.replace(held, versions=[held.version] * len(self.wires),
+                                            counts=[held.updates] * len(self.wires))
+        self.finished: set[int] = set()
+        """The fragments whose final push the server acknowledged (fragment_copy)."""
+        self.acked_by = [0] * len(self.wires)
+        """This client's outer gradients the server answered, per fragment."""
         self.process = process
         """The (group, incarnation) running this client (sent with its join: an elected server restores its base
         while it runs)."""
@@ -280,9 +300,9 @@ class ElectedLink:
         self.store.wait([f"{self.tier.prefix}epoch"], timedelta(seconds=self.tier.timeout_s))
         return int(self.store.get(f"{self.tier.prefix}epoch").decode())
 
-    def exchange(self, gradient: torch.Tensor | None, final: bool, count: int = 1) -> dict[str, Any]:
-        """One request (`count` replica outer gradients in `gradient`), through host losses and elections; the
-        reply (adopted into `held`; a gradient's reply counts in `acked`)."""
+    def exchange(self, gradient: torch.Tensor | None, final: bool, count: int = 1, fragment: int = 0) -> dict[str, Any]:
+        """One request (`count` replica outer gradients in `gradient`; with fragments, `fragment`'s), through host
+        losses and elections; the reply (adopted into `held`; a gradient's reply counts in `acked`)."""
         while True:
             try:
                 if self.connection is None:
@@ -290,10 +310,11 @@ class ElectedLink:
                 assert self.connection is not None
                 self._hold()
                 self._carry(gradient, out=True)
-                reply = self.connection.exchange({"client": self.client, "base": self.held.version,
+                place = {"base": self.held.version, "acked": self.acked} if not self.wires else \
+                    fragment_request(self.held, len(self.wires), self.finished, self.acked_by)
+                reply = self.connection.exchange({"client": self.client, **place, "fragment": fragment,
                                                   "gradient": gradient, "count": count, "final": final,
-                                                  "acked": self.acked, "join": not self.joined,
-                                                  "process": self.process})
+                                                  "join": not self.joined, "process": self.process})
                 self.joined = True
                 self._hold()
                 self._carry(reply["model"], out=False)
@@ -308,10 +329,17 @@ class ElectedLink:
                 self.connection = None  # the next try connects to the next epoch's host (an election)
                 if self.store.check([f"{self.tier.prefix}ended"]):
                     raise RunEnded(f"client {self.client}: the run ended") from None
+        self.acked += gradient is not None
+        if self.wires:
+            self.acked_by[fragment] += gradient is not None
+            if final and not reply["final"]:  # a final push acknowledged: a header, no values (fragment_copy)
+                self.finished.add(fragment)
+            else:
+                self.held = adopted(self.held, reply, self.wires)
+            return reply
         bases = {int(c): (int(b), process) for c, (b, process) in reply.get("bases", {}).items()}
         self.held = HeldModel(reply["model"], int(reply["version"]), int(reply["updates"]), dict(reply["applied"]),
                               bases)
-        self.acked += gradient is not None
         return reply
 
     def _hold(self) -> None:
