@@ -13,8 +13,9 @@ DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each
 posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try; S x K > 1: each position's
 fragments of its own parameters, every position of a group meeting the group's quorum at the same steps) or adaptive
 local steps (--local-steps adaptive, blocking; a group of S x K > 1 processes takes one split, its processes' max step
-seconds; --resume and --stop-after at outer syncs, the checkpoint holding the outer-sync index, the measured step
-seconds and the split: geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or
+seconds; a partition's cut group, S x K = 1, rejoins at a sync by live recovery, or after the launch's last sync takes
+a finished peer's final parameters: runtime/elastic/late.py; --resume and --stop-after at outer syncs, the checkpoint
+holding the outer-sync index, the measured step seconds and the split: geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or
 W1,W2,...: each group its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of
 geotrain.codecs with or without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not
 PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
@@ -120,11 +121,6 @@ def elastic_refusal(config: Any) -> str | None:
         (optim.local_steps == "adaptive" and optim.sync_moments,
          "optim.sync_moments with --local-steps adaptive: elastic adaptive syncs send the outer gradients only (not "
          "built yet: the moments in an elastic adaptive sync); drop --sync-moments"),
-        (optim.local_steps == "adaptive" and config.reliability.chaos is not None
-         and has_partition(config.reliability.chaos),
-         f"reliability.chaos {config.reliability.chaos!r} with --local-steps adaptive: not built yet: after the heal "
-         f"the cut group can form a torchft quorum of its own beside the survivor's (a split brain: the groups train "
-         f"apart to the end; 3 of 4 runs of a 2-group partition on a quiet machine); use kill-site"),
         (config.run.device == "cuda" and (config.stages > 1 or config.layout.k > 1),
          f"run.device cuda with a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic groups "
          f"on CUDA are one process each (not built yet: a group's pipeline or FSDP2 group over NCCL); use S = 1, "
