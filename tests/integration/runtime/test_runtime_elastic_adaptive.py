@@ -3,12 +3,13 @@ speed, counted in CPU seconds so that a loaded machine does not move the split):
 indices, a SIGKILLed group restarts, recovers from its live peer at a sync and is re-balanced with its last measured
 speed; the run finishes without a global restart, the replicas equal, its validation loss within 0.02 nats of the
 same run without the fault. A group of 2 pipeline stages (an A100 and a T4 against two L4s) takes one split, by its
-stages' slowest, and a killed one rejoins there. (A partition is refused with adaptive local steps: after the heal
-the cut group could form a quorum of its own, runtime/elastic/rules.py.) The plain run checkpoints at step
-RESUME_AT; a run resumed there with --stop-after STOP_AFTER, then resumed to the end, continues it: its first period
+stages' slowest, and a killed one rejoins there. A partition whose survivor finishes the run before the heal (it takes
+the periods alone at the A100's pace) leaves no quorum to rejoin: the healed group takes the survivor's final
+parameters (runtime/elastic/late.py) instead of training the rest alone (a split brain before). The plain run
+checkpoints at step RESUME_AT; a run resumed there with --stop-after STOP_AFTER, then resumed to the end, continues it: its first period
 is the plain run's bit for bit, the later ones within the tolerance of a group whose inner moments were replaced.
 A sharded plan (2 devices per site, FSDP2 inside each group) takes the same splits (each group's, agreed by its
-shards) and trains the plain run's numbers up to fp32 summation order. Six launches, shared by the assertions, one
+shards) and trains the plain run's numbers up to fp32 summation order. Seven launches, shared by the assertions, one
 after another in two processes (tests/one_interpreter.py: the later launches of a process skip the seconds of imports
 of the first; none runs beside another, so the elastic timings are as alone; the second process starts once the plain
 run's checkpoint at RESUME_AT is made `latest`)."""
@@ -36,6 +37,11 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--mi
          "--elastic", "--heartbeat-timeout", "1.5", "--comm-timeout", "30", "--json", "--run-dir", "none"]
 STAGE_STEPS = 60
 RESUME_AT, STOP_AFTER = 120, 15
+PARTITION_STEPS = 60
+PARTITION = "partition:site=1,at=0.5s,for=3s"
+"""The survivor waits the 1.5 s heartbeat timeout after the cut, then runs the periods left alone and evaluates 2000
+windows (seconds): the heal at 3.5 s lands after its last sync (7 of 7 runs at load 9-10: 3 of 3 split before
+late.py) or, on a slower machine, before it (the cut group rejoins by live recovery); either way one model."""
 SHARDED_STEPS = 12
 """The sharded run's steps (--stop-after: the plain run's learning-rate schedule, its first periods compared)."""
 SHARD_LOSS_TOLERANCE = 1e-4
@@ -73,6 +79,7 @@ def runs(tmp_path_factory):
                  "sharded": ["--cluster", str(tmp / "sharded.yaml"), "--plan", str(tmp / "sharded.json"), "--steps",
                              str(STEPS), "--stop-after", str(SHARDED_STEPS)],
                  "killed": [*two, "--steps", str(STEPS), "--chaos", KILL_GROUP_1],
+                 "partitioned": [*two, "--steps", str(PARTITION_STEPS), "--eval-windows", "2000", "--chaos", PARTITION],
                  "stages": [*stages, "--steps", str(STAGE_STEPS), "--chaos", KILL_GROUP_1]}]
     found = {}
     for flags in launches:
@@ -127,6 +134,23 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
     assert summary["val_loss"] <= plain["summary"]["val_loss"] + LOSS_TOLERANCE, (
         {name: {key: run["summary"][key] for key in ("rejoins", "contributors", "replica_failures")}
          for name, run in runs.items()})
+
+
+@pytest.mark.timeout(600)
+def test_a_partitioned_group_never_trains_apart_and_ends_with_the_survivor_s_model(runs):
+    run = runs["partitioned"]
+    summary = run["summary"]
+    assert (summary["steps"], summary["partitions"], summary["global_restarts"]) == (PARTITION_STEPS, 1, 0)
+    assert summary["restarts"] == [0, 0] and summary["groups_finished"] == [0, 1]
+    assert summary["max_param_diff_across_replicas"] == 0.0  # one model at the end (the split ended 0.26-0.34 apart)
+    survivor = {r["outer_step"]: r["params_sha256"] for r in _syncs(run)}
+    assert sorted(survivor) == list(range(PARTITION_STEPS // EVERY))  # it synced every period, alone while cut
+    cut = _syncs(run, "1")
+    # the cut group missed periods and never committed a sync in a quorum of its own, nor one the survivor did not
+    assert len(cut) < len(survivor) and all(r["quorum"] == [0, 1] for r in cut)
+    assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in cut)
+    print(f"partitioned: validation loss {summary['val_loss']:.4f}, rejoins {summary['rejoins']}, the cut group's "
+          f"syncs {len(cut)} of {len(survivor)}")
 
 
 @pytest.mark.timeout(600)

@@ -13,9 +13,8 @@ DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each
 posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try; S x K > 1: each position's
 fragments of its own parameters, every position of a group meeting the group's quorum at the same steps) or adaptive
 local steps (--local-steps adaptive, blocking; a group of S x K > 1 processes takes one split, its processes' max step
-seconds; a partition's cut group, S x K = 1, rejoins at a sync by live recovery, or after the launch's last sync takes
-a finished peer's final parameters: runtime/elastic/late.py; --resume and --stop-after at outer syncs, the checkpoint
-holding the outer-sync index, the measured step seconds and the split: geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or
+seconds; --resume and --stop-after at outer syncs, the checkpoint holding the outer-sync index, the measured step
+seconds and the split: geotrain.sync.elastic_adaptive); per-step sync with batch shares (--batch-shares speed or
 W1,W2,...: each group its windows, its gradient weighted by them in the quorum's mean; not 'measured'); any codec of
 geotrain.codecs with or without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not
 PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
@@ -28,6 +27,8 @@ schedule, written by the global model's host: runtime/elastic/async_checkpoint.p
 reply, copy and checkpoint holds [parameters | AdamW's second moments], so an elected host serves the global moments
 of its copy: sync/async_moments.py; no --netlab, no --fragments: async_refusal). With --netlab: --time-scale 0 (the
 lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+Partitions (S x K = 1): a cut group rejoins by live recovery; one that heals after the launch's last committed sync (a
+fast survivor finished first) takes a finished peer's final parameters instead (runtime/elastic/late.py).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
