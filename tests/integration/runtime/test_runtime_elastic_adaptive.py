@@ -38,10 +38,12 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--mi
 STAGE_STEPS = 60
 RESUME_AT, STOP_AFTER = 120, 15
 PARTITION_STEPS = 60
-PARTITION = "partition:site=1,at=0.5s,for=3s"
-"""The survivor waits the 1.5 s heartbeat timeout after the cut, then runs the periods left alone and evaluates 2000
-windows (seconds): the heal at 3.5 s lands after its last sync (7 of 7 runs at load 9-10: 3 of 3 split before
-late.py) or, on a slower machine, before it (the cut group rejoins by live recovery); either way one model."""
+PARTITION, PARTITION_EVAL_WINDOWS = "partition:site=1,at=0.5s,for=2.5s", "3000"
+"""The survivor waits the 1.5 s heartbeat timeout after the cut, runs the periods left alone, then evaluates 3000
+windows (seconds): the heal at 3 s mostly lands between its last sync and its exit (measured: 2 of 2 runs at load
+3.6, both split before late.py; at 3.5 s, 5 of 5 at load 9-13, 4 of them split before). On a slower machine it lands
+before the last sync (the cut group rejoins by live recovery), on a much faster one after the exit (the launcher
+stops the group still cut: it missed the end); every way, one model."""
 SHARDED_STEPS = 12
 """The sharded run's steps (--stop-after: the plain run's learning-rate schedule, its first periods compared)."""
 SHARD_LOSS_TOLERANCE = 1e-4
@@ -79,7 +81,8 @@ def runs(tmp_path_factory):
                  "sharded": ["--cluster", str(tmp / "sharded.yaml"), "--plan", str(tmp / "sharded.json"), "--steps",
                              str(STEPS), "--stop-after", str(SHARDED_STEPS)],
                  "killed": [*two, "--steps", str(STEPS), "--chaos", KILL_GROUP_1],
-                 "partitioned": [*two, "--steps", str(PARTITION_STEPS), "--eval-windows", "2000", "--chaos", PARTITION],
+                 "partitioned": [*two, "--steps", str(PARTITION_STEPS), "--eval-windows", PARTITION_EVAL_WINDOWS,
+                                 "--chaos", PARTITION],
                  "stages": [*stages, "--steps", str(STAGE_STEPS), "--chaos", KILL_GROUP_1]}]
     found = {}
     for flags in launches:
@@ -141,11 +144,11 @@ def test_a_partitioned_group_never_trains_apart_and_ends_with_the_survivor_s_mod
     run = runs["partitioned"]
     summary = run["summary"]
     assert (summary["steps"], summary["partitions"], summary["global_restarts"]) == (PARTITION_STEPS, 1, 0)
-    assert summary["restarts"] == [0, 0] and summary["groups_finished"] == [0, 1]
-    assert summary["max_param_diff_across_replicas"] == 0.0  # one model at the end (the split ended 0.26-0.34 apart)
+    assert summary["restarts"] == [0, 0] and summary["groups_finished"] in ([0, 1], [0])  # [0]: group 1 missed the end
+    assert summary["max_param_diff_across_replicas"] == 0.0  # one model at the end (the split ended 0.09-0.38 apart)
     survivor = {r["outer_step"]: r["params_sha256"] for r in _syncs(run)}
     assert sorted(survivor) == list(range(PARTITION_STEPS // EVERY))  # it synced every period, alone while cut
-    cut = _syncs(run, "1")
+    cut = _syncs(run, "1") if "1" in run["group_records"] else []
     # the cut group missed periods and never committed a sync in a quorum of its own, nor one the survivor did not
     assert len(cut) < len(survivor) and all(r["quorum"] == [0, 1] for r in cut)
     assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in cut)

@@ -53,8 +53,8 @@ def test_a_late_group_takes_the_first_finished_peer_s_final_parameters(tmp_path)
     assert take_final(params, tmp_path, 1, 0, 3, timeout_s=0.0) is None  # nobody finished: untouched
     assert float(params[0].detach().reshape(-1)[0]) != 0.0
     torch.save(final, params_path(tmp_path, 2, 0))  # group 2 finished (its summary is written after its parameters)
-    summary_path(tmp_path, 2, 0).write_text(json.dumps({"steps": END}))
-    assert take_final(params, tmp_path, 1, 0, 3, timeout_s=0.0) == END
+    summary_path(tmp_path, 2, 0).write_text(json.dumps({"steps": END, "val_loss": 2.5}))
+    assert take_final(params, tmp_path, 1, 0, 3, timeout_s=0.0) == {"steps": END, "val_loss": 2.5}
     assert torch.equal(torch.cat([p.detach().reshape(-1) for p in params]), final)
     with pytest.raises(ValueError, match="final parameters of 3 values for a model of 11"):
         load_flat(params, final[:3])

@@ -194,6 +194,7 @@ class ElasticGroup:
         self.identity = run_identity_digest(config)
         self.lighthouse = lighthouse
         self.ended_late = False  # came back after the launch's last step was committed (runtime/elastic/late.py)
+        self.taken_val_loss: float | None = None  # then: the finished peer's, whose parameters it took
         self.quorum_for = -1  # the step whose quorum this group has started: the next one is for a later step
         self.observer = open_elastic_observer(config, group, self.stage, self.incarnation, self.shard)
         try:
@@ -430,11 +431,11 @@ class ElasticGroup:
     def take_final(self, result_dir: Path) -> bool:
         """After `run` ended late: a finished peer's final parameters and step (runtime/elastic/late.py); False
         when none finished within --comm-timeout."""
-        steps = take_final(self.params, result_dir, self.group, self.rank, self.config.replicas,
-                           self.config.reliability.comm_timeout_s)
-        if steps is not None:
-            self.state.step = steps
-        return steps is not None
+        peer = take_final(self.params, result_dir, self.group, self.rank, self.config.replicas,
+                          self.config.reliability.comm_timeout_s)
+        if peer is not None:  # its validation loss is of these parameters: not evaluated again
+            self.state.step, self.taken_val_loss = int(peer["steps"]), peer["val_loss"]
+        return peer is not None
 
     def _run_steps(self) -> None:
         self.start()
@@ -476,7 +477,8 @@ class ElasticGroup:
         flat = torch.cat([local_shard(p).detach().reshape(-1).cpu() for p in self.params])  # the launcher's host
         torch.save(flat, params_path(result_dir, self.group, self.rank))
         summary = {"group": self.group, "stage": self.stage, "rank": self.rank, "steps": self.state.step,
-                   "val_loss": self.evaluate(), "records": self.state.records,
+                   "val_loss": self.evaluate() if self.taken_val_loss is None else self.taken_val_loss,
+                   "records": self.state.records,
                    "failed_quorums": self.exchange.failed_quorums}
         path = summary_path(result_dir, self.group, self.rank)
         tmp = path.with_name(path.name + ".tmp")

@@ -13,7 +13,7 @@ the wait: it ends without a summary (it missed the end, as a group still cut whe
 the launcher stops).
 
     if not healed and run_ended(store, end): raise RunEnded(...)      # in the group's quorum
-    steps = take_final(params, result_dir, group, rank, replicas, timeout_s)
+    peer = take_final(params, result_dir, group, rank, replicas, timeout_s)   # its summary: steps, val_loss
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,17 +43,17 @@ def run_ended(store: object, end: int) -> bool:
 
 
 def take_final(params: Sequence[torch.nn.Parameter], result_dir: Path, group: int, rank: int, replicas: int,
-               timeout_s: float) -> int | None:
+               timeout_s: float) -> dict[str, Any] | None:
     """Load into `params` the final parameters of the first other group whose group rank `rank` has finished in
-    `result_dir` (its summary written after its parameters), waiting at most `timeout_s` seconds; its steps, or
-    None when none finished in time (`params` untouched)."""
+    `result_dir` (its summary written after its parameters), waiting at most `timeout_s` seconds; its summary (steps,
+    val_loss: of these same parameters), or None when none finished in time (`params` untouched)."""
     deadline = time.monotonic() + timeout_s
     while True:
         for peer in (g for g in range(replicas) if g != group):
             summary = summary_path(result_dir, peer, rank)
             if summary.is_file():
                 load_flat(params, torch.load(params_path(result_dir, peer, rank), weights_only=True))
-                return int(json.loads(summary.read_text())["steps"])
+                return json.loads(summary.read_text())
         if time.monotonic() >= deadline:
             return None
         time.sleep(POLL_S)

@@ -171,8 +171,6 @@ def async_refusal(config: Any) -> str | None:
     clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
     if config.optim.outer_sync not in ASYNC_SYNCS:
         return None
-    rel = config.reliability
-    why = "elastic asynchronous groups talk over plain TCP"
     reasons = (
         (config.stages > 1 or config.layout.k > 1,
          f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
@@ -182,7 +180,6 @@ def async_refusal(config: Any) -> str | None:
          f"optim.fragments {config.optim.fragments}: elastic asynchronous groups push the whole model (not built yet: "
          f"a fragment server per elected host, sync/async_fragments.py); without --elastic asynchronous updates take "
          f"fragments"),
-        (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
     )
     return next((text for failed, text in reasons if failed), None)
 
