@@ -149,12 +149,12 @@ def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and
                   {"chaos": "partition:site=1,at=5s,for=2s"},
                   {"sync_moments": True, "chaos": "kill-site:every=5s,site=host", "checkpoint_dir": "ckpt"},
                   {"sync_moments": True, "outer_sync": "async-hierarchical"},
-                  {"chaos": "partition:at=1s,for=1s", "time_scale": 0.1, "outer_sync": "async-hierarchical"}):
+                  {"chaos": "partition:at=1s,for=1s", "time_scale": 0.1, "outer_sync": "async-hierarchical"},
+                  {"netlab": True, "time_scale": 0.0, "chaos": "kill-site:every=5s,site=host"}):
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **extra})) is None
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"netlab": True}, "reliability.netlab: elastic asynchronous groups talk over plain TCP on this host's loopback"),
     ({"fragments": 2}, "optim.fragments 2: elastic asynchronous groups push the whole model (not built yet"),
 ])
 def test_what_elastic_async_does_not_build_yet_is_refused_in_one_line(settings, words):

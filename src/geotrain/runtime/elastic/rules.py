@@ -25,8 +25,8 @@ async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/e
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
 schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; --sync-moments: every server, push,
 reply, copy and checkpoint holds [parameters | AdamW's second moments], so an elected host serves the global moments
-of its copy: sync/async_moments.py; no --netlab, no --fragments: async_refusal). With --netlab: --time-scale 0 (the
-lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+of its copy: sync/async_moments.py; no --fragments: async_refusal; with --netlab a host serves on its lab address).
+With --netlab: --time-scale 0 (the lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 Partitions (S x K = 1): a cut group rejoins by live recovery; one that heals after the launch's last committed sync (a
 fast survivor finished first) takes a finished peer's final parameters instead (runtime/elastic/late.py).
 
