@@ -72,10 +72,7 @@ def _order_facts(server: dict) -> tuple:
 @pytest.mark.parametrize("extra,why", [
     (["--outer-sync", "async-hierarchical", "--sync-delay", "1"],
      "--outer-sync async-hierarchical with --sync-delay 1: asynchronous outer updates send a replica's outer gradient "
-     "(per stage, shard and fragment) at its own pace: a replica never waits for the exchange (no delay to set)"),
-    (["--elastic", "--netlab", "--time-scale", "0"],
-     "--elastic: --netlab: elastic asynchronous groups talk over plain TCP on this host's loopback only (not built "
-     "yet in a lab)")])
+     "(per stage, shard and fragment) at its own pace: a replica never waits for the exchange (no delay to set)")])
 def test_settings_async_does_not_combine_with_are_refused_in_one_line(plan: str, extra, why):
     done = subprocess.run([*GEOTRAIN, "train", "--run-dir", "none", "--cluster", CLUSTER, "--plan", plan, "--steps",
                            "10", "--sync-every", "5", "--outer-sync", "async", *extra], capture_output=True, text=True,

@@ -4,12 +4,13 @@ indices, a SIGKILLed group restarts, recovers from its live peer at a sync and i
 speed; the run finishes without a global restart, the replicas equal, its validation loss within 0.02 nats of the
 same run without the fault. A group of 2 pipeline stages (an A100 and a T4 against two L4s) takes one split, by its
 stages' slowest, and a killed one rejoins there; its syncs are delayed (--sync-delay 1) and carry the inner moments
-(--sync-moments). (A partition is refused with adaptive local steps: after the heal
-the cut group could form a quorum of its own, runtime/elastic/rules.py.) The plain run checkpoints at step
+(--sync-moments). A partition whose survivor finishes the run before the heal (it takes the periods alone at the
+A100's pace) leaves no quorum to rejoin: the healed group takes the survivor's final parameters
+(runtime/elastic/late.py) instead of training the rest alone (a split brain before). The plain run checkpoints at step
 RESUME_AT; a run resumed there with --stop-after STOP_AFTER, then resumed to the end, continues it: its first period
 is the plain run's bit for bit, the later ones within the tolerance of a group whose inner moments were replaced.
 A sharded plan (2 devices per site, FSDP2 inside each group) takes the same splits (each group's, agreed by its
-shards) and trains the plain run's numbers up to fp32 summation order. Six launches, shared by the assertions, one
+shards) and trains the plain run's numbers up to fp32 summation order. Seven launches, shared by the assertions, one
 after another in two processes (tests/one_interpreter.py: the later launches of a process skip the seconds of imports
 of the first; none runs beside another, so the elastic timings are as alone; the second process starts once the plain
 run's checkpoint at RESUME_AT is made `latest`)."""
@@ -39,6 +40,13 @@ STAGE_STEPS = 60
 DELAYED = ["--sync-delay", "1", "--sync-moments"]
 """The 2-stage run's syncs: each lands 1 / H of the next period late, the inner AdamW's moments averaged with it."""
 RESUME_AT, STOP_AFTER = 120, 15
+PARTITION_STEPS = 60
+PARTITION, PARTITION_EVAL_WINDOWS = "partition:site=1,at=0.5s,for=2.5s", "3000"
+"""The survivor waits the 1.5 s heartbeat timeout after the cut, runs the periods left alone, then evaluates 3000
+windows (seconds): the heal at 3 s mostly lands between its last sync and its exit (measured: 2 of 2 runs at load
+3.6, both split before late.py; at 3.5 s, 5 of 5 at load 9-13, 4 of them split before). On a slower machine it lands
+before the last sync (the cut group rejoins by live recovery), on a much faster one after the exit (the launcher
+stops the group still cut: it missed the end); every way, one model."""
 SHARDED_STEPS = 12
 """The sharded run's steps (--stop-after: the plain run's learning-rate schedule, its first periods compared)."""
 SHARD_LOSS_TOLERANCE = 1e-4
@@ -76,6 +84,8 @@ def runs(tmp_path_factory):
                  "sharded": ["--cluster", str(tmp / "sharded.yaml"), "--plan", str(tmp / "sharded.json"), "--steps",
                              str(STEPS), "--stop-after", str(SHARDED_STEPS)],
                  "killed": [*two, "--steps", str(STEPS), "--chaos", KILL_GROUP_1],
+                 "partitioned": [*two, "--steps", str(PARTITION_STEPS), "--eval-windows", PARTITION_EVAL_WINDOWS,
+                                 "--chaos", PARTITION],
                  "stages": [*stages, "--steps", str(STAGE_STEPS), "--chaos", KILL_GROUP_1, *DELAYED]}]
     found = {}
     for flags in launches:
@@ -130,6 +140,23 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
     assert summary["val_loss"] <= plain["summary"]["val_loss"] + LOSS_TOLERANCE, (
         {name: {key: run["summary"][key] for key in ("rejoins", "contributors", "replica_failures")}
          for name, run in runs.items()})
+
+
+@pytest.mark.timeout(600)
+def test_a_partitioned_group_never_trains_apart_and_ends_with_the_survivor_s_model(runs):
+    run = runs["partitioned"]
+    summary = run["summary"]
+    assert (summary["steps"], summary["partitions"], summary["global_restarts"]) == (PARTITION_STEPS, 1, 0)
+    assert summary["restarts"] == [0, 0] and summary["groups_finished"] in ([0, 1], [0])  # [0]: group 1 missed the end
+    assert summary["max_param_diff_across_replicas"] == 0.0  # one model at the end (the split ended 0.09-0.38 apart)
+    survivor = {r["outer_step"]: r["params_sha256"] for r in _syncs(run)}
+    assert sorted(survivor) == list(range(PARTITION_STEPS // EVERY))  # it synced every period, alone while cut
+    cut = _syncs(run, "1") if "1" in run["group_records"] else []
+    # the cut group missed periods and never committed a sync in a quorum of its own, nor one the survivor did not
+    assert len(cut) < len(survivor) and all(r["quorum"] == [0, 1] for r in cut)
+    assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in cut)
+    print(f"partitioned: validation loss {summary['val_loss']:.4f}, rejoins {summary['rejoins']}, the cut group's "
+          f"syncs {len(cut)} of {len(survivor)}")
 
 
 @pytest.mark.timeout(600)

@@ -76,6 +76,7 @@ from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_checkpoint, restore_group_state,
                                                  save_group_checkpoint, writes_checkpoint)
+from geotrain.runtime.elastic.late import RunEnded, run_ended, take_final
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_links, process_device
 from geotrain.runtime.dp_step import world_max, world_sum_over_replicas
@@ -192,6 +193,8 @@ class ElasticGroup:
         self.state = GroupState()
         self.identity = run_identity_digest(config)
         self.lighthouse = lighthouse
+        self.ended_late = False  # came back after the launch's last step was committed (runtime/elastic/late.py)
+        self.taken_val_loss: float | None = None  # then: the finished peer's, whose parameters it took
         self.quorum_for = -1  # the step whose quorum this group has started: the next one is for a later step
         self.observer = open_elastic_observer(config, group, self.stage, self.incarnation, self.shard)
         try:
@@ -333,6 +336,8 @@ class ElasticGroup:
                 raise self._no_quorum(exc) from None
         if self.state.healed and self.rank == 0:  # the group rejoins once, whatever its process count
             self._note_rejoin(time.monotonic() - started)
+        if not self.state.healed and run_ended(self.store, self.end):  # no live peer: the others finished
+            raise RunEnded(f"replica group {self.group}: a quorum after the launch's last step {self.end - 1}")
 
     def _no_quorum(self, exc: Exception) -> ElasticGroupError:
         rel = self.config.reliability
@@ -413,9 +418,26 @@ class ElasticGroup:
                 inter_region_traffic(sent, self.config.cluster.region_of)["inter_region_bytes"]}
 
     def run(self) -> None:
-        if isinstance(self.sync, ElasticAdaptiveSync):
-            run_periods(self)  # adaptive local steps: the quorum meets at outer-sync indices
-            return
+        """Train to the launch's end; `ended_late` True if this group came back after it (runtime/elastic/late.py)."""
+        try:
+            if isinstance(self.sync, ElasticAdaptiveSync):
+                run_periods(self)  # adaptive local steps: the quorum meets at outer-sync indices
+            else:
+                self._run_steps()
+        except RunEnded:
+            self.ended_late = True
+            self.observer.event("ended_late", self.state.step)
+
+    def take_final(self, result_dir: Path) -> bool:
+        """After `run` ended late: a finished peer's final parameters and step (runtime/elastic/late.py); False
+        when none finished within --comm-timeout."""
+        peer = take_final(self.params, result_dir, self.group, self.rank, self.config.replicas,
+                          self.config.reliability.comm_timeout_s)
+        if peer is not None:  # its validation loss is of these parameters: not evaluated again
+            self.state.step, self.taken_val_loss = int(peer["steps"]), peer["val_loss"]
+        return peer is not None
+
+    def _run_steps(self) -> None:
         self.start()
         last = time.perf_counter()
         while self.state.step < self.end:
@@ -455,7 +477,8 @@ class ElasticGroup:
         flat = torch.cat([local_shard(p).detach().reshape(-1).cpu() for p in self.params])  # the launcher's host
         torch.save(flat, params_path(result_dir, self.group, self.rank))
         summary = {"group": self.group, "stage": self.stage, "rank": self.rank, "steps": self.state.step,
-                   "val_loss": self.evaluate(), "records": self.state.records,
+                   "val_loss": self.evaluate() if self.taken_val_loss is None else self.taken_val_loss,
+                   "records": self.state.records,
                    "failed_quorums": self.exchange.failed_quorums}
         path = summary_path(result_dir, self.group, self.rank)
         tmp = path.with_name(path.name + ".tmp")
@@ -522,6 +545,9 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
         with links if links is not None else contextlib.nullcontext():
             worker = ElasticGroup(config, group, store, address, world, links, net, stage)
             worker.run()
+            if worker.ended_late and not worker.take_final(Path(result_dir)):
+                worker.manager.shutdown(wait=False)
+                os._exit(0)  # missed the end, no finished peer's parameters to take: no summary (late.py)
             worker.finish(Path(result_dir))
             worker.manager.shutdown(wait=False)
     except GeotrainError as exc:

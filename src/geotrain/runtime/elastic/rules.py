@@ -26,9 +26,11 @@ either end is cut until the heal, links.CutHold; checkpoints, --resume and --sto
 schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; --sync-moments: every server, push,
 reply, copy and checkpoint holds [parameters | AdamW's second moments], so an elected host serves the global moments
 of its copy: sync/async_moments.py; --fragments P with async: a FragmentServer per elected host, pushes at
-streaming's offsets, the copy held per fragment: runtime/elastic/fragment_copy.py; no --netlab, no --fragments with
-async-hierarchical: async_refusal). With --netlab: --time-scale 0 (the
+streaming's offsets, the copy held per fragment: runtime/elastic/fragment_copy.py; no --fragments with
+async-hierarchical: async_refusal; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
 lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+Partitions (S x K = 1): a cut group rejoins by live recovery; one that heals after the launch's last committed sync (a
+fast survivor finished first) takes a finished peer's final parameters instead (runtime/elastic/late.py).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
@@ -116,11 +118,6 @@ def elastic_refusal(config: Any) -> str | None:
          f"would add the emulated link times on top: pass --time-scale 0"),
         (config.reliability.netlab and config.reliability.lighthouse is not None,
          "reliability.netlab: the Lighthouse runs inside the lab; drop --lighthouse"),
-        (optim.local_steps == "adaptive" and config.reliability.chaos is not None
-         and has_partition(config.reliability.chaos),
-         f"reliability.chaos {config.reliability.chaos!r} with --local-steps adaptive: not built yet: after the heal "
-         f"the cut group can form a torchft quorum of its own beside the survivor's (a split brain: the groups train "
-         f"apart to the end; 3 of 4 runs of a 2-group partition on a quiet machine); use kill-site"),
         (config.run.device == "cuda" and (config.stages > 1 or config.layout.k > 1),
          f"run.device cuda with a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic groups "
          f"on CUDA are one process each (not built yet: a group's pipeline or FSDP2 group over NCCL); use S = 1, "
@@ -170,8 +167,6 @@ def async_refusal(config: Any) -> str | None:
     clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
     if config.optim.outer_sync not in ASYNC_SYNCS:
         return None
-    rel = config.reliability
-    why = "elastic asynchronous groups talk over plain TCP"
     reasons = (
         (config.stages > 1 or config.layout.k > 1,
          f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
@@ -180,7 +175,6 @@ def async_refusal(config: Any) -> str | None:
         (config.optim.fragments > 1 and config.optim.outer_sync != "async",
          f"optim.fragments {config.optim.fragments} with outer_sync {config.optim.outer_sync}: elastic region servers "
          f"push whole models (not built yet: fragment servers per region host); --outer-sync async takes fragments"),
-        (rel.netlab, f"reliability.netlab: {why} on this host's loopback only (not built yet in a lab)"),
     )
     return next((text for failed, text in reasons if failed), None)
 
