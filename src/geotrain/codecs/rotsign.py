@@ -42,7 +42,7 @@ class RotatedSignCodec(Codec):
 
     name = "rotated-sign"
 
-    def __init__(self, *, block_size: int = 128, seed: int = 0, stochastic: bool = False,
+    def __init__(self, *, block_size: int = 128, seed: int = 0, stochastic: bool = False, clip: float = 0.0,
                  allow_nonfinite: bool = False) -> None:
         super().__init__(allow_nonfinite=allow_nonfinite)
         block = parse_count(block_size, "rotated-sign: block_size", minimum=1)
@@ -51,9 +51,16 @@ class RotatedSignCodec(Codec):
         self.block_size = block
         self.seed = parse_count(seed, "rotated-sign: seed")
         self.stochastic = parse_flag(stochastic, "rotated-sign: stochastic")
+        if isinstance(clip, bool) or not isinstance(clip, (int, float)) or not 0 <= clip < math.inf:
+            raise CodecError(f"rotated-sign: clip must be a number >= 0, got {clip!r}")
+        if clip and not self.stochastic:
+            raise CodecError(f"rotated-sign: clip={clip!r} needs stochastic=true (it caps the stochastic scale)")
+        self.clip = float(clip)
 
     def params(self) -> dict[str, Any]:
-        return {"block_size": self.block_size, "seed": self.seed, "stochastic": self.stochastic, **super().params()}
+        more = {"clip": self.clip} if self.clip else {}
+        return {"block_size": self.block_size, "seed": self.seed, "stochastic": self.stochastic, **more,
+                **super().params()}
 
     def encode(self, tensor: torch.Tensor) -> Payload:
         x = self._check_input(tensor)
@@ -64,7 +71,7 @@ class RotatedSignCodec(Codec):
         # whole blocks rotated; a shorter last block not (no padding crosses)
         parts = [(0, rotate(flat[:whole].double().reshape(-1, block), key)), (whole, flat[whole:].double().reshape(1, -1))]
         up = torch.rand(n, generator=seeded_generator(key, 1), dtype=torch.float64) if self.stochastic else None
-        coded = [_sign_code(rows, None if up is None else up[start:start + rows.numel()].reshape(rows.shape))
+        coded = [_sign_code(rows, None if up is None else up[start:start + rows.numel()].reshape(rows.shape), self.clip)
                  for start, rows in parts if rows.numel()]
         wire = torch.cat([scale for _, scale in coded]).to(torch.float32) if coded else torch.zeros(0)
         probe = sum(float(rows.abs().sum()) for _, rows in parts) + wire.double().sum()
@@ -98,14 +105,17 @@ class RotatedSignCodec(Codec):
         return -(-n // 8) + 4 * (-(-n // self.block_size)) + 8
 
 
-def _sign_code(rows: torch.Tensor, draws: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _sign_code(rows: torch.Tensor, draws: torch.Tensor | None, clip: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(negative, scale per row) of float64 `rows`: sign(y) with |y|^2 / |y|_1 (draws None), or signs drawn with
-    P(+) = (1 + y / max|y|) / 2 with max|y| (`draws`: uniform [0, 1) per value). NaN stays in the scale."""
+    P(+) = (1 + y / s) / 2, s = max|y| or, with `clip` > 0, min(max|y|, clip x rms(y)) (values beyond s count as
+    +-s) (`draws`: uniform [0, 1) per value). NaN stays in the scale."""
     if draws is None:
         norm1 = rows.abs().sum(dim=1)
         return rows < 0, torch.where(norm1 == 0, torch.zeros_like(norm1), (rows * rows).sum(dim=1) / norm1)
     scales = rows.abs().amax(dim=1)
-    ratio = torch.where(scales[:, None] == 0, torch.zeros_like(rows), rows / scales[:, None])
+    if clip:
+        scales = torch.minimum(scales, clip * rows.pow(2).mean(dim=1).sqrt())
+    ratio = torch.where(scales[:, None] == 0, torch.zeros_like(rows), rows / scales[:, None]).clamp(-1.0, 1.0)
     return draws >= (1 + ratio) / 2, scales
 
 

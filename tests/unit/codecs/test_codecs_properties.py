@@ -45,6 +45,7 @@ VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
     ("sign-block", {"block_size": 5}),
     ("rotated-sign", {"block_size": 4, "seed": 3}),
     ("rotated-sign", {"block_size": 8, "stochastic": True}),
+    ("rotated-sign", {"block_size": 16, "stochastic": True, "clip": 1.5}),
 ]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in VARIANTS]
 

@@ -71,3 +71,12 @@ def test_every_call_rotates_anew_but_the_same_input_gives_the_same_payload():
 def test_a_block_size_that_is_not_a_power_of_two_is_refused():
     with pytest.raises(CodecError, match="block_size must be a power of two, got 96"):
         get_codec("rotated-sign", block_size=96)
+
+
+def test_clip_caps_the_stochastic_scale_and_needs_stochastic():
+    x = torch.randn(8, 128, generator=torch.Generator().manual_seed(2))
+    capped = get_codec("rotated-sign", stochastic=True, clip=2.0).encode(x).buffers["scales"]
+    full = get_codec("rotated-sign", stochastic=True).encode(x).buffers["scales"]
+    assert bool((capped < full).all()) and bool((capped <= 2.0 * x.norm(dim=1) / math.sqrt(128) + 1e-5).all())
+    with pytest.raises(CodecError, match="clip=2.0 needs stochastic=true"):
+        get_codec("rotated-sign", clip=2.0)
