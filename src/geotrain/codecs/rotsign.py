@@ -1,27 +1,30 @@
 """`rotated-sign`: a random rotation, then one sign bit per value and one fp32 scale per block.
 
-Each whole block of `block_size` (a power of two) consecutive values of the flattened tensor is rotated by a randomised Hadamard transform, y = H D x / sqrt(b) (D: random +-1 per value,
-H: the b x b Sylvester Hadamard matrix), sent as sign(y) with one scale s per block, and decoded as
-x' = D H (s sign(y)) / sqrt(b) (H D / sqrt(b) is orthogonal: its inverse is its transpose).
+Each whole block of `block_size` (a power of two) consecutive values of the flattened tensor is rotated by
+a randomised Hadamard transform, y = H D x / sqrt(b) (D: random +-1 per value, H: the b x b Sylvester
+Hadamard matrix), sent as signs with one scale s per block, and decoded as x' = D H (s signs) / sqrt(b)
+(H D / sqrt(b) is orthogonal: its inverse is its transpose). Three ways to pick the signs and s:
+- `stochastic=false` (default): sign(y), s = sum(y^2) / sum|y|: the error is orthogonal to the block,
+  <x', x> = |x|^2 exactly, its energy about (pi/2 - 1) |x|^2 for Gaussian-like y; a fixed code of the rotated
+  values, so what is left of its bias depends on the rotation.
+- `stochastic=true` (QSGD-style): s = max|y|, each sign drawn with P(+) = (1 + y/s) / 2: exactly unbiased,
+  E[x'] = x, at a larger variance (s^2 - y^2 per rotated value: ~10 |x|^2 at b = 1024).
+- `stochastic=true, clip=c`: s = min(max|y|, c rms(y)), values beyond +-s drawn as +-s: unbiased for all but
+  the few rotated values past c rms (a small shrink of those), ~3x (c = 2) less variance.
 
-Why rotate: a fixed 1-bit code (sign-block) errs the same way every time it meets the same values, so
-activation gradients coded by it pull training off course step after step (bench pipeline: +1.4 nats at
-600 steps). After a fresh random rotation the error points somewhere new on every call. With
-`stochastic=false` (default) s = sum(y^2) / sum|y|: the error is orthogonal to the block,
-<x', x> = |x|^2 exactly, and its mean over rotations is the input up to what a Hadamard (not a uniformly
-random) rotation leaves; the error's energy is about (pi/2 - 1) |x|^2 for Gaussian-like y. With
-`stochastic=true` (QSGD-style) s = max|y| and each sign is drawn with P(+) = (1 + y/s) / 2: exactly
-unbiased, E[x'] = x, at a larger variance (s^2 - y^2 per rotated value).
+Why rotate: a fixed 1-bit code (sign-block) errs the same way every time it meets the same values, so activation
+gradients coded by it pull training off course step after step (bench pipeline: +1.4 nats at 600 steps); after a
+fresh rotation the error points somewhere new on every call, and the rotated values are near Gaussian (max|y| a
+few rms), which is what keeps a stochastic sign's variance bounded.
 
-The rotation's key (a 64-bit seed for D and the stochastic draws) is drawn from (seed, step, the input's
-bits), so the same input gives the same payload (bit-reproducible) while every different tensor gets a
-different rotation; the key travels as a buffer, so decoding needs no state (it rides a pipeline cut,
-geotrain.codecs.carrier).
+The rotation's key (a 64-bit seed for D and the stochastic draws) is drawn from (seed, step, the input's bits):
+the same input gives the same payload (bit-reproducible), every different tensor a different rotation; the key
+travels as a buffer, so decoding needs no state (it rides a pipeline cut, geotrain.codecs.carrier).
 
 A last, shorter block is coded the same way without the rotation (no padding crosses). Wire bytes:
-ceil(n / 8) + 4 ceil(n / b) + 8: sign-block's bytes (1.25 bits a value at the default block of 128) plus
-8 per tensor. Zeros: an all-zero block decodes to zeros.
-NaN/inf are refused unless allow_nonfinite (then their block decodes to NaN).
+ceil(n / 8) + 4 ceil(n / b) + 8: sign-block's bytes (1.25 bits a value at b = 128, 1.03 at b = 1024) plus 8
+per tensor. Zeros: an all-zero block decodes to zeros. NaN/inf are refused unless allow_nonfinite (then their
+block decodes to NaN).
 """
 
 from __future__ import annotations
@@ -69,7 +72,8 @@ class RotatedSignCodec(Codec):
         n, block = flat.numel(), self.block_size
         whole = n // block * block
         # whole blocks rotated; a shorter last block not (no padding crosses)
-        parts = [(0, rotate(flat[:whole].double().reshape(-1, block), key)), (whole, flat[whole:].double().reshape(1, -1))]
+        parts = [(0, rotate(flat[:whole].double().reshape(-1, block), key)),
+                 (whole, flat[whole:].double().reshape(1, -1))]
         up = torch.rand(n, generator=seeded_generator(key, 1), dtype=torch.float64) if self.stochastic else None
         coded = [_sign_code(rows, None if up is None else up[start:start + rows.numel()].reshape(rows.shape), self.clip)
                  for start, rows in parts if rows.numel()]
@@ -87,7 +91,8 @@ class RotatedSignCodec(Codec):
         if block & (block - 1):
             raise CodecError(f"'rotated-sign' payload meta 'block_size' must be a power of two, got {block}")
         return (BufferSpec("bits", torch.uint8, (-(-payload.numel // 8),)),
-                BufferSpec("scales", torch.float32, (-(-payload.numel // block),)), BufferSpec("key", torch.int64, (1,)))
+                BufferSpec("scales", torch.float32, (-(-payload.numel // block),)),
+                BufferSpec("key", torch.int64, (1,)))
 
     def _decode(self, payload: Payload) -> torch.Tensor:
         block = self._meta_count(payload, "block_size", self.block_size, minimum=1)
