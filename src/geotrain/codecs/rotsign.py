@@ -75,8 +75,8 @@ class RotatedSignCodec(Codec):
         parts = [(0, rotate(flat[:whole].double().reshape(-1, block), key)),
                  (whole, flat[whole:].double().reshape(1, -1))]
         up = torch.rand(n, generator=seeded_generator(key, 1), dtype=torch.float64) if self.stochastic else None
-        coded = [_sign_code(rows, None if up is None else up[start:start + rows.numel()].reshape(rows.shape), self.clip)
-                 for start, rows in parts if rows.numel()]
+        coded = [_sign_code(rows, None if up is None else up[start:start + rows.numel()].reshape(rows.shape),
+                            self.clip) for start, rows in parts if rows.numel()]
         wire = torch.cat([scale for _, scale in coded]).to(torch.float32) if coded else torch.zeros(0)
         probe = sum(float(rows.abs().sum()) for _, rows in parts) + wire.double().sum()
         self._raise_if_nonfinite(x, probe, wire=wire)
@@ -110,7 +110,8 @@ class RotatedSignCodec(Codec):
         return -(-n // 8) + 4 * (-(-n // self.block_size)) + 8
 
 
-def _sign_code(rows: torch.Tensor, draws: torch.Tensor | None, clip: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def _sign_code(rows: torch.Tensor, draws: torch.Tensor | None,
+               clip: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(negative, scale per row) of float64 `rows`: sign(y) with |y|^2 / |y|_1 (draws None), or signs drawn with
     P(+) = (1 + y / s) / 2, s = max|y| or, with `clip` > 0, min(max|y|, clip x rms(y)) (values beyond s count as
     +-s) (`draws`: uniform [0, 1) per value). NaN stays in the scale."""
