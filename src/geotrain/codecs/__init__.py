@@ -17,6 +17,7 @@ from geotrain.codecs.logblock import LogBlockCodec
 from geotrain.codecs.lowbit import Fp4BlockCodec, Int2BlockCodec, Int4BlockCodec, pack_codes, unpack_codes
 from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
+from geotrain.codecs.rotsign import RotatedSignCodec
 from geotrain.codecs.registry import CODECS, codec_params, get_codec
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
 from geotrain.codecs.spec import CodecSpec, parse_codec_spec
@@ -48,6 +49,7 @@ __all__ = [
     "PayloadSpec",
     "PowerSGDCodec",
     "RandKCodec",
+    "RotatedSignCodec",
     "SignCodec",
     "TopKCodec",
     "TopKLowBitCodec",

@@ -43,6 +43,9 @@ VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
     ("topk-lowbit", {"fraction": 0.25, "chunk_size": 16, "bits": 4}),
     ("log-block", {"bits": 8, "block_size": 6}),
     ("sign-block", {"block_size": 5}),
+    ("rotated-sign", {"block_size": 4, "seed": 3}),
+    ("rotated-sign", {"block_size": 8, "stochastic": True}),
+    ("rotated-sign", {"block_size": 16, "stochastic": True, "clip": 1.5}),
 ]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in VARIANTS]
 
@@ -50,7 +53,8 @@ VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, 
 def test_every_registered_codec_is_in_the_shared_suite():
     assert set(CODECS) == {name for name, _ in VARIANTS}
     assert set(CODECS) == {"none", "fp16", "bf16", "int8", "int8-block", "topk", "randk", "sign", "powersgd",
-                          "int4-block", "fp4-block", "int2-block", "topk-lowbit", "log-block", "sign-block"}
+                          "int4-block", "fp4-block", "int2-block", "topk-lowbit", "log-block", "sign-block",
+                          "rotated-sign"}
 
 
 def float_tensors(max_abs: float = 1e4, max_side: int = 12, min_dims: int = 1, max_dims: int = 3):
@@ -83,6 +87,8 @@ def documented_nbytes(name: str, params: dict, shape: tuple[int, ...]) -> int:
         return math.ceil(n / 8) + 4
     if name == "sign-block":
         return math.ceil(n / 8) + 4 * math.ceil(n / params.get("block_size", 128))
+    if name == "rotated-sign":  # sign-block's bytes and the 8-byte rotation key
+        return math.ceil(n / 8) + 4 * math.ceil(n / params.get("block_size", 128)) + 8
     if name in ("int4-block", "fp4-block", "int2-block"):
         bits = 2 if name == "int2-block" else 4
         return math.ceil(n * bits / 8) + 4 * math.ceil(n / params.get("block_size", 128))

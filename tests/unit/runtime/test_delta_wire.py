@@ -149,6 +149,30 @@ def test_a_top_k_gradient_with_parameters_crosses_a_cut_and_is_priced_by_its_wid
         DeltaSpec.of(CodecSpec.parse("delta:grad=topk-lowbit/bits=3"))
 
 
+def test_a_rotated_sign_gradient_crosses_a_cut_rotated_per_row_and_is_priced_by_its_width():
+    """1-bit gradients after a random rotation (issue #48's gradient at 1.25 bits): each row its own rotation key,
+    the carrier as wide as the rotated-sign payload (sign-block's bytes and the 8-byte key)."""
+    text = "delta:codec=sign-block,first=int4-block,grad=rotated-sign/stochastic=true"
+    spec = CodecSpec.parse(text)
+    sender, receiver = DeltaWire(spec), DeltaWire(spec)
+    grad_codec = get_codec("rotated-sign", stochastic=True)
+    sample = (96, 128)
+    for side in (sender, receiver):
+        side.memory.values.update({i: torch.zeros(sample) for i in (0, 1)})
+        assert not side.begin_step([0, 1])
+    hidden = torch.randn(2, *sample, requires_grad=True)
+    carrier = sender.send(hidden)
+    assert carrier.shape == (2, 1 + (96 * 128 // 8 + 4 * 96 + 8) // 4)
+    carried = carrier.detach().requires_grad_()
+    upstream = torch.randn(2, *sample, generator=torch.Generator().manual_seed(4))
+    receiver.receive(carried, sample).backward(upstream)
+    carrier.backward(carried.grad)
+    assert torch.equal(hidden.grad, torch.stack([grad_codec.roundtrip(row)[0] for row in upstream]))
+    keys = [int(grad_codec.encode(row).buffers["key"][0]) for row in upstream]
+    assert keys[0] != keys[1]
+    assert DeltaSpec.of(spec).steady_bytes_per_value(sample, 4) == (1536 + 384 + 8) / (96 * 128)
+
+
 def test_a_delta_spec_is_checked_and_its_state_is_capped():
     with pytest.raises(CodecError, match="grad must be one of"):
         DeltaSpec.of(CodecSpec.parse("delta:grad=topk"))
