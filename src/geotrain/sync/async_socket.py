@@ -130,7 +130,7 @@ class SocketServer:
             # a newcomer that computed nothing (or whose gradient the copy holds) starts at this model; a rejoining
             # gradient keeps its base (its staleness counts against this server's versions)
             base = message["base"]
-            if gradient is None and not isinstance(server, FragmentServer):
+            if gradient is None and not _fragmented(server):
                 base = server.version
             elif gradient is None:  # a newcomer takes every fragment as it is now, a held push that fragment only
                 now = [p in (fragment, -1) or message["gradient"] is None for p in range(len(base))]
@@ -139,11 +139,11 @@ class SocketServer:
             self.connections[client] = connection
             self.processes[client] = message.get("process")
             if gradient is None and not message["final"]:  # nothing to apply: the model now, not held by the bound
-                held = isinstance(server, FragmentServer) and message["gradient"] is not None
+                held = _fragmented(server) and message["gradient"] is not None
                 return [*replies, server.current(client, fragment) if held else server.current(client)]
         before = server.updates
         count = int(message.get("count", 1))  # a region's delta carries its replicas' outer gradients
-        base = server.base[client] if not isinstance(server, FragmentServer) else server.base[client][fragment]
+        base = server.base[client] if not _fragmented(server) else server.base[client][fragment]
         replies += server.submit(Request(client, base, gradient, count, bool(message["final"]), fragment=fragment))
         if self.on_update is not None and server.updates != before:
             self.on_update(server.updates)
@@ -162,7 +162,7 @@ class SocketServer:
         server = self.server
         applied = dict(server.applied)
         bases = {c: [b, self.processes.get(c)] for c, b in server.base.items()}
-        fragments = {} if not isinstance(server, FragmentServer) else \
+        fragments = {} if not _fragmented(server) else \
             {"versions": server.versions, "counts": server.counts}
         for reply in replies:
             connection = self.connections.get(reply.client)
@@ -196,6 +196,11 @@ class SocketServer:
                 peer = socket.socket(fileno=os.dup(connection.fileno()))
                 peer.shutdown(socket.SHUT_RDWR)
                 peer.close()
+
+
+def _fragmented(server: Any) -> bool:
+    """Whether `server` serves fragments: a FragmentServer, or one behind its interface (an elastic region's)."""
+    return isinstance(server, FragmentServer) or bool(getattr(server, "fragmented", False))
 
 
 def _holds(server: OuterServer | FragmentServer, client: int, message: dict[str, Any]) -> bool:

@@ -10,7 +10,8 @@ elected host serves a fragment server from its copy's fragments (sync/async_frag
 fragment_copy.py).
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
 server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
-elections, no global restart, one final model. The fault-free run is two launches: one that stops at step 12
+elections, no global restart, one final model; it runs --fragments 2, so every region's server and the global model's
+are fragment servers, each region merging its fragments upstream in turn (sync/async_region.py). The fault-free run is two launches: one that stops at step 12
 (--stop-after, checkpoints at 6 and 12 by the global model's host) and its --resume to the end
 (runtime/elastic/async_checkpoint.py). Two processes side by side in one fixture (the hierarchical run after the
 fault-free launches, in their interpreter). The fault-free run and the hierarchical one emulate the links (--time-scale >
@@ -80,7 +81,8 @@ def runs(tmp_path_factory):
     hierarchical = [word if word != "async" else "async-hierarchical" for word in FLAGS]
     regions = ["train", "--cluster", CLUSTER, "--plan", str(plan4), *hierarchical, "--steps", str(STEPS["regions"]),
                "--chaos", REGION_KILLS, "--time-scale", str(TIME_SCALE["regions"]),
-               "--checkpoint-dir", str(tmp / "ckpt-regions"), "--checkpoint-every", str(REGIONS_EVERY)]
+               "--checkpoint-dir", str(tmp / "ckpt-regions"), "--checkpoint-every", str(REGIONS_EVERY),
+               "--fragments", "2"]
     plain = ["train", "--cluster", CLUSTER, "--plan", str(plan02), *FLAGS, "--steps", str(STEPS["plain"]),
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
@@ -209,6 +211,11 @@ def test_killed_hosts_of_region_servers_are_replaced_inside_their_regions_and_th
     records = [r for group in runs["regions"]["group_records"].values() for r in group]
     assert sum(r["inter_region_bytes"] for r in records) > 0
     assert all(0 <= r["inter_region_bytes"] <= r["sent_bytes"] for r in records)
+    # --fragments 2: a group's push to its region's server is one fragment's outer gradient (the two together the
+    # plain run's whole-model push)
+    pushes = {r["dp_bytes"] for r in records} - {0}
+    (whole,) = {r["dp_bytes"] for r in runs["plain"]["group_records"]["1"]} - {0}
+    assert len(pushes) == 2 and sum(pushes) == whole
     # the global model's checkpoints, by whichever group hosts it (the newest 3 kept: --keep-checkpoints)
     saved = runs["saved_regions"]
     assert sorted(saved) == [100, 150, STEPS["regions"]]

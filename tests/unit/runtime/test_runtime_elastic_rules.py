@@ -139,7 +139,8 @@ ASYNC = {**ELASTIC, "sync_every": 3, "outer_sync": "async"}
 def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and_emulated_links():
     """Elastic async (flat or hierarchical) writes, resumes from and stops at checkpoints named by the equal
     schedule's step, at any step (not only multiples of H: runtime/elastic/async_checkpoint.py), and merges AdamW's
-    second moments with --sync-moments (an elected host serves its copy's: runtime/elastic/async_group.py)."""
+    second moments with --sync-moments (an elected host serves its copy's: runtime/elastic/async_group.py), and takes
+    --fragments flat or hierarchical (a region's server in fragments: runtime/elastic/async_regions.py)."""
     for extra in ({}, {"chaos": "kill-site:every=5s,site=0", "min_replicas": 2}, {"checkpoint_dir": "ckpt"},
                   {"checkpoint_dir": "ckpt", "checkpoint_every": 4, "resume": True, "stop_after": 7},
                   {"time_scale": 1.0}, {"time_scale": 0.1, "outer_sync": "async-hierarchical"},
@@ -150,19 +151,9 @@ def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and
                   {"sync_moments": True, "outer_sync": "async-hierarchical"},
                   {"chaos": "partition:at=1s,for=1s", "time_scale": 0.1, "outer_sync": "async-hierarchical"},
                   {"fragments": 2, "sync_moments": True, "chaos": "kill-site:every=5s,site=host"},
+                  {"fragments": 2, "outer_sync": "async-hierarchical", "chaos": "kill-site:every=5s,site=host"},
                   {"netlab": True, "time_scale": 0.0, "chaos": "kill-site:every=5s,site=host"}):
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **extra})) is None
-
-
-@pytest.mark.parametrize("settings, words", [
-    ({"fragments": 2, "outer_sync": "async-hierarchical"},
-     "optim.fragments 2 with outer_sync async-hierarchical: elastic region servers push whole models (not built yet"),
-])
-def test_what_elastic_async_does_not_build_yet_is_refused_in_one_line(settings, words):
-    with pytest.raises(RuntimeConfigError) as caught:
-        RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **settings})
-    text = str(caught.value)
-    assert text.startswith("--elastic: ") and words in text and "\n" not in text
 
 
 def test_elastic_async_on_stages_or_shards_is_refused_in_one_line():

@@ -42,6 +42,7 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_group import AsyncElasticGroup
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting, serve_restored, tier_host
 from geotrain.runtime.elastic.links import GroupNet
+from geotrain.sync.async_fragments import FragmentServer
 from geotrain.sync.async_moments import server_optimizer
 from geotrain.sync.async_region import RegionServer
 from geotrain.sync.async_server import OuterServer, Reply, Request
@@ -69,11 +70,24 @@ def global_model_host(store: Any, config: RuntimeConfig) -> int:
 
 
 class ServedRegion:
-    """A RegionServer behind the interface of the OuterServer that a SocketServer serves (its request's, join's
-    and leave's replies go through the region's merges)."""
+    """A RegionServer behind the interface of the OuterServer (or, with fragments, the FragmentServer) that a
+    SocketServer serves (its request's, join's and leave's replies go through the region's merges)."""
 
     def __init__(self, region: RegionServer) -> None:
         self.region = region
+
+    @property
+    def fragmented(self) -> bool:
+        """The region's server is a FragmentServer (--fragments P > 1): requests and replies name fragments."""
+        return isinstance(self.region.server, FragmentServer)
+
+    @property
+    def versions(self) -> list[int]:
+        return self.region.server.versions  # type: ignore[union-attr]
+
+    @property
+    def counts(self) -> list[int]:
+        return self.region.server.counts  # type: ignore[union-attr]
 
     @property
     def applied(self) -> dict[int, int]:
@@ -94,14 +108,15 @@ class ServedRegion:
     def submit(self, request: Request) -> list[Reply]:
         return self.region.handle(request)
 
-    def join(self, client: int, base: int) -> list[Reply]:
+    def join(self, client: int, base: Any) -> list[Reply]:
         return self.region.settle(self.region.server.join(client, base))
 
     def leave(self, client: int) -> list[Reply]:
         return self.region.settle(self.region.server.leave(client))
 
-    def current(self, client: int) -> Reply:
-        return self.region.server.current(client)
+    def current(self, client: int, fragment: int = -1) -> Reply:
+        server = self.region.server
+        return server.current(client, fragment) if isinstance(server, FragmentServer) else server.current(client)
 
 
 class Upstream:
@@ -112,8 +127,9 @@ class Upstream:
         self.link = link
 
     def request(self, client: int, request: Request) -> list[Reply]:
-        reply = self.link.exchange(request.gradient, request.final, request.count)
-        return [Reply(client, int(reply["version"]), int(reply["updates"]), reply["model"], bool(reply["final"]))]
+        reply = self.link.exchange(request.gradient, request.final, request.count, request.fragment)
+        return [Reply(client, int(reply["version"]), int(reply["updates"]), reply["model"], bool(reply["final"]),
+                      fragment=int(reply.get("fragment", 0)))]
 
 
 class RegionalAsyncGroup(AsyncElasticGroup):
@@ -141,20 +157,35 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
         # its requests leave from the region server's threads: a store client of their own
         # (a resumed run's: the checkpoint's global model, version and count)
-        copy = HeldModel(held.model.clone(), held.version, held.updates) if fresh and held.model is not None \
-            else HeldModel(None)
+        copy = HeldModel(held.model.clone(), held.version, held.updates, versions=list(held.versions),
+                         counts=list(held.counts)) if fresh and held.model is not None else HeldModel(None)
         self.upstream = self.elected_link(own_store_client(self.store), tier, self.region, copy, self._serve_global,
                                           fresh)
         joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
+        fragments = len(self.layout.ranges)
         if held.model is None:  # no group of the region held a copy: the region starts from the global model
-            held = HeldModel(joined["model"], 0, int(joined["updates"]))
+            counts = [int(n) for n in joined.get("counts", [joined["updates"]])]
+            held = HeldModel(joined["model"], 0, int(joined["updates"]),
+                             versions=[0] * fragments if self.fragmented else [], counts=counts if self.fragmented
+                             else [])
         heterogeneity = self.options.heterogeneity
-        optimizer = server_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
-                                     heterogeneity.async_staleness_power, self.moments_after)
-        server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, None, relay=True)
+
+        def optimizer(numel: int | None) -> Any:
+            return server_optimizer(heterogeneity.async_merge, members, outer.outer_lr, outer.outer_momentum,
+                                    heterogeneity.async_staleness_power, numel)
+        server: OuterServer | FragmentServer
+        if self.fragmented:  # a region of P fragments, each merged upstream on its own (sync/async_region.py)
+            server = FragmentServer(held.model, self.layout.wire,
+                                    [optimizer(None if self.moments_after is None else len(r))
+                                     for r in self.layout.ranges], [], STALENESS_BOUND, None, relay=True,
+                                    replicas=self.config.replicas)
+        else:
+            server = OuterServer(held.model, optimizer(self.moments_after), [], STALENESS_BOUND, None, relay=True)
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
-        region.versions_got[0], region.updates_got[0], region.merged_at[0] = \
-            int(joined["version"]), held.updates, held.version
+        got = [int(v) for v in joined.get("versions", [joined["version"]])]
+        for p in range(fragments):  # each fragment merges from the copy's values of it, based at the global version now
+            region.versions_got[p], region.updates_got[p], region.merged_at[p] = got[p], \
+                (held.counts[p] if held.counts else held.updates), (held.versions[p] if held.versions else held.version)
         return serve_restored(self.store, self.link.tier, epoch, held, server, lambda: serve_counting(
             self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0, self.net.advertise, self.authkey,
             lambda updates: updates - region.global_updates))

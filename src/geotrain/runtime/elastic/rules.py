@@ -25,9 +25,9 @@ async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/e
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
 schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; --sync-moments: every server, push,
 reply, copy and checkpoint holds [parameters | AdamW's second moments], so an elected host serves the global moments
-of its copy: sync/async_moments.py; --fragments P with async: a FragmentServer per elected host, pushes at
-streaming's offsets, the copy held per fragment: runtime/elastic/fragment_copy.py; no --fragments with
-async-hierarchical: async_refusal; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
+of its copy: sync/async_moments.py; --fragments P: a FragmentServer per elected host (with
+async-hierarchical each region's too, merging upstream per fragment), pushes at streaming's offsets, the copy held per
+fragment: runtime/elastic/fragment_copy.py; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
 lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 Partitions (S x K = 1): a cut group rejoins by live recovery; one that heals after the launch's last committed sync (a
 fast survivor finished first) takes a finished peer's final parameters instead (runtime/elastic/late.py).
@@ -172,9 +172,6 @@ def async_refusal(config: Any) -> str | None:
          f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
          f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
          f"without --elastic asynchronous updates run on it"),
-        (config.optim.fragments > 1 and config.optim.outer_sync != "async",
-         f"optim.fragments {config.optim.fragments} with outer_sync {config.optim.outer_sync}: elastic region servers "
-         f"push whole models (not built yet: fragment servers per region host); --outer-sync async takes fragments"),
     )
     return next((text for failed, text in reasons if failed), None)
 
