@@ -9,10 +9,10 @@ and every group's AdamW ends holding the final model's; and --fragments 2, so ev
 elected host serves a fragment server from its copy's fragments (sync/async_fragments.py, runtime/elastic/
 fragment_copy.py).
 `--outer-sync async-hierarchical` (runtime/elastic/async_regions.py), 2 regions x 2 groups: the host of region 1's
-server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three
-elections, no global restart, one final model; it runs --fragments 2, so every region's server and the global model's
-are fragment servers, each region merging its fragments upstream in turn (sync/async_region.py). The fault-free run is two launches: one that stops at step 12
-(--stop-after, checkpoints at 6 and 12 by the global model's host) and its --resume to the end
+server (group 2) SIGKILLed at 1 s and the host of region 0's and the global model's (group 0) at 2 s: three elections,
+no global restart, one final model; it runs --fragments 2, so every region's server and the global model's are fragment
+servers, each region merging its fragments upstream in turn (sync/async_region.py). The fault-free run is two launches:
+one that stops at step 12 (--stop-after, checkpoints at 6 and 12 by the global model's host) and its --resume to the end
 (runtime/elastic/async_checkpoint.py). Two processes side by side in one fixture (the hierarchical run after the
 fault-free launches, in their interpreter). The fault-free run and the hierarchical one emulate the links (--time-scale >
 0: runtime/elastic/links.py SocketPacing): the fault-free run's groups sit in two regions, and each of group 1's

@@ -62,19 +62,19 @@ second moments v], as without --elastic: a push carries the outer gradient and t
 (MomentMerge), a reply's v goes into the group's AdamW once the model holds R replica outer gradients (not at a
 restarted group's join: its AdamW has not stepped). So a host elected from its copy serves that copy's global v.
 
-Fragments (--fragments P > 1, `async` only; sync/async_fragments.py): the host serves a FragmentServer (one outer
-server per fragment behind its one lock, so one serving order: the non-elastic deadlock argument holds) and a group
-pushes fragment p's outer gradient at streaming's offset p x H // P of its period (streaming.fragment_due) and adopts
-that fragment only; its finals go cyclically from the fragment after its last push. Clients come and go as without
-fragments: a join carries the client's base in every fragment (None where its final push is in), a closed connection
-leaves every fragment. The copy (runtime/elastic/fragment_copy.py) holds each fragment as of the group's last reply of
-it (values, version, count, applied counts, the running clients' bases there); an election votes on fragment 0's
-version and the winner starts each fragment's server from that fragment's part of its copy, so no fragment is older
-than the winner's last reply of it, and a resent push is dropped when its fragment's applied count shows the copy
-holds it (the reply is then that fragment now: the group's other fragments keep their progress). Lost for good: what
-the lost host applied beyond the copy, per fragment (`lost_updates` counts fragment 0's). With --sync-moments each
-fragment is its parameters then their v (FragmentLayout). Each fragment's outer momentum restarts at an election, as
-the whole model's does.
+Fragments (--fragments P > 1; sync/async_fragments.py; async-hierarchical's region servers: async_regions.py): the host
+serves a FragmentServer (one outer server per fragment behind its one lock, so one serving order: the non-elastic
+deadlock argument holds) and a group pushes fragment p's outer gradient at streaming's offset p x H // P of its period
+(streaming.fragment_due) and adopts that fragment only; its finals go cyclically from the fragment after its last push.
+Clients come and go as without fragments: a join carries the client's base in every fragment (None where its final push
+is in), a closed connection leaves every fragment. The copy (runtime/elastic/fragment_copy.py) holds each fragment as of
+the group's last reply of it (values, version, count, applied counts, the running clients' bases there); an election
+votes on fragment 0's version and the winner starts each fragment's server from that fragment's part of its copy, so no
+fragment is older than the winner's last reply of it, and a resent push is dropped when its fragment's applied count
+shows the copy holds it (the reply is then that fragment now: the group's other fragments keep their progress). Lost for
+good: what the lost host applied beyond the copy, per fragment (`lost_updates` counts fragment 0's). With --sync-moments
+each fragment is its parameters then their v (FragmentLayout). Each fragment's outer momentum restarts at an election,
+as the whole model's does.
 
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the

@@ -27,6 +27,14 @@ Moments (--sync-moments): every tier's server holds [parameters | v] and merges 
 MomentMerge; a region server's merge upstream carries its v: async_region), so a copy at either tier holds the v its
 server last replied.
 
+Fragments (--fragments P): every tier's server is a FragmentServer (geotrain.sync.async_fragments). A region's is a
+relaying one in a RegionServer, as without --elastic: each fragment merges upstream on its own, every merge_every of
+its updates, the region merging its fragments in turn, through its link to the global model's server, whose clients
+are the regions (each pushing its fragments cyclically: the deadlock argument of async_fragments holds there). Its
+groups push fragments as in the flat run (async_group.py); a region server elected from a copy starts each fragment
+from that fragment's part of it (fragment_copy.py) and merges it from there, based at the global version of that
+fragment its link's join got.
+
 Ending: as the flat run, one tier up: a region server sends its final delta once all its groups sent their final
 requests, and the global server replies to the regions' finals once every connected region sent its own; each
 host then marks its tier ended and waits for its clients to close (the global model's host writes the end's

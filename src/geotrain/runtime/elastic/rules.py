@@ -24,10 +24,10 @@ async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/e
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
 schedule, written by the global model's host: runtime/elastic/async_checkpoint.py; --sync-moments: every server, push,
-reply, copy and checkpoint holds [parameters | AdamW's second moments], so an elected host serves the global moments
-of its copy: sync/async_moments.py; --fragments P: a FragmentServer per elected host (with
-async-hierarchical each region's too, merging upstream per fragment), pushes at streaming's offsets, the copy held per
-fragment: runtime/elastic/fragment_copy.py; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
+reply, copy and checkpoint holds [parameters | AdamW's second moments], so an elected host serves the global moments of
+its copy: sync/async_moments.py; --fragments P: a FragmentServer per elected host (with async-hierarchical each region's
+too, merging upstream per fragment), pushes at streaming's offsets, the copy held per fragment:
+runtime/elastic/fragment_copy.py; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
 lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
 Partitions (S x K = 1): a cut group rejoins by live recovery; one that heals after the launch's last committed sync (a
 fast survivor finished first) takes a finished peer's final parameters instead (runtime/elastic/late.py).
