@@ -170,12 +170,9 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         self.upstream = self.elected_link(own_store_client(self.store), tier, self.region, copy, self._serve_global,
                                           fresh)
         joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
-        fragments = len(self.layout.ranges)
         if held.model is None:  # no group of the region held a copy: the region starts from the global model
-            counts = [int(n) for n in joined.get("counts", [joined["updates"]])]
-            held = HeldModel(joined["model"], 0, int(joined["updates"]),
-                             versions=[0] * fragments if self.fragmented else [], counts=counts if self.fragmented
-                             else [])
+            counts = [int(n) for n in joined["counts"]] if self.fragmented else []  # (with fragments: each one's)
+            held = HeldModel(joined["model"], 0, int(joined["updates"]), versions=[0] * len(counts), counts=counts)
         heterogeneity = self.options.heterogeneity
 
         def optimizer(numel: int | None) -> Any:
@@ -190,10 +187,10 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         else:
             server = OuterServer(held.model, optimizer(self.moments_after), [], STALENESS_BOUND, None, relay=True)
         region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
-        got = [int(v) for v in joined.get("versions", [joined["version"]])]
-        for p in range(fragments):  # each fragment merges from the copy's values of it, based at the global version now
-            region.versions_got[p], region.updates_got[p], region.merged_at[p] = got[p], \
-                (held.counts[p] if held.counts else held.updates), (held.versions[p] if held.versions else held.version)
+        # each fragment merges from the copy's values of it (its anchor), based at the global version of it now
+        got = [int(v) for v in joined["versions"]] if self.fragmented else [int(joined["version"])]
+        region.versions_got, region.updates_got = got, list(held.counts or [held.updates])
+        region.merged_at = list(held.versions or [held.version])
         return serve_restored(self.store, self.link.tier, epoch, held, server, lambda: serve_counting(
             self.store, self.link.tier.prefix, epoch, ServedRegion(region), 0, self.net.advertise, self.authkey,
             lambda updates: updates - region.global_updates))
