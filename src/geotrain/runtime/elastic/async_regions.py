@@ -124,7 +124,7 @@ class ServedRegion:
 
     def current(self, client: int, fragment: int = -1) -> Reply:
         server = self.region.server
-        return server.current(client, fragment) if isinstance(server, FragmentServer) else server.current(client)
+        return server.current(client, fragment) if self.fragmented else server.current(client)  # type: ignore[call-arg]
 
 
 class Upstream:
