@@ -74,6 +74,7 @@ from geotrain.procs import set_process_name
 from geotrain.runtime.batch_shares import share_offset
 from geotrain.runtime.checkpoint import identity_digest
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.chaos import has_partition
 from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_checkpoint, restore_group_state,
                                                  save_group_checkpoint, writes_checkpoint)
 from geotrain.runtime.elastic.late import RunEnded, run_ended, take_final
@@ -154,6 +155,12 @@ def incarnation_key(group: int) -> str:
     return f"incarnation/{group}"
 
 
+def offline_key(group: int, incarnation: int) -> str:
+    """Launcher store key: how many times start `incarnation` of replica group `group` went offline (a partition;
+    set by its group rank 0, whose other ranks follow)."""
+    return f"offline/{group}/{incarnation}"
+
+
 def down_key(group: int) -> str:
     """Launcher store key: set once replica group `group` is down for good (no restart left)."""
     return f"down/{group}"
@@ -177,6 +184,7 @@ class ElasticGroup:
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world,
                                        config.data.windows, config.data.epoch_windows)
         self.seq_len = config.sequence_length
+        self.offlines = 0  # how many times this start of the group went offline (a partition): its store's number
         self.group_store = self._group_store()
         if group_size(config) > 1:
             pipeline_group(self.group_store, self.rank, group_size(config), config.reliability.comm_timeout_s)
@@ -194,7 +202,7 @@ class ElasticGroup:
         self.identity = run_identity_digest(config)
         self.lighthouse = lighthouse
         self.ended_late = False  # came back after the launch's last step was committed (runtime/elastic/late.py)
-        self.taken_val_loss: float | None = None  # then: the finished peer's, whose parameters it took
+        self.taken: dict[str, Any] | None = None  # then: the summary of the finished peer whose parameters it took
         self.quorum_for = -1  # the step whose quorum this group has started: the next one is for a later step
         self.observer = open_elastic_observer(config, group, self.stage, self.incarnation, self.shard)
         try:
@@ -238,7 +246,7 @@ class ElasticGroup:
         from torch.distributed import TCPStore
 
         timeout = timedelta(seconds=self.config.reliability.comm_timeout_s)
-        key = f"group-store/{self.group}/{self.incarnation}"
+        key = self.group_store_key()
         if self.rank == 0:
             own = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
             self.store.set(key, str(own.port))
@@ -249,6 +257,10 @@ class ElasticGroup:
             raise ElasticGroupError(f"replica group {self.group} rank {self.rank}: its rank 0 did not start within "
                                     f"{self.config.reliability.comm_timeout_s:g} s") from None
         return TCPStore(self.net.advertise, int(self.store.get(key).decode()), None, False, timeout=timeout)
+
+    def group_store_key(self) -> str:
+        """Launcher store key: the port of this start of the group's store, a new one after each time offline."""
+        return f"group-store/{self.group}/{self.incarnation}/{self.offlines}"
 
     def _manager(self, lighthouse: str) -> Any:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
@@ -299,21 +311,45 @@ class ElasticGroup:
         return None if self.links is None else self.links.clock.now()
 
     def cut_off(self) -> bool:
-        """Whether the launcher has cut this group's links (a partition): its lab interface has no carrier,
-        or the emulated link state says so."""
+        """Whether this process goes offline (a partition): the launcher has cut its links (`links_cut`; it cuts
+        every device of the group at once), or another process of its group went offline (`offline_key`), so a
+        group of S x K > 1 processes drops out, and comes back in one new group store, together."""
+        if self.links_cut():
+            return True
+        if group_size(self.config) == 1 or not self.can_be_cut():
+            return False
+        key = offline_key(self.group, self.incarnation)
+        return bool(self.store.check([key])) and int(self.store.get(key)) > self.offlines
+
+    def links_cut(self) -> bool:
+        """Whether this process's links are cut now: its lab interface has no carrier, or the emulated link state
+        says so."""
         if self.net.ifname is not None:
             from geotrain.netlab.ports import has_carrier
 
             return not has_carrier(self.net.ifname)
         return self.links is not None and self.device in self.links.cut_devices()
 
+    def can_be_cut(self) -> bool:
+        """Whether --chaos cuts links (a partition) in this run."""
+        chaos = self.config.reliability.chaos
+        return chaos is not None and has_partition(chaos)
+
     def offline(self) -> None:
         """Cut off: stop the Manager (no heartbeats: the Lighthouse drops this group), wait for the links
-        to heal, then start a new Manager, whose first quorum recovers the peers' newer state."""
+        to heal (group rank 0; the others for its new group store), then start a new Manager in the group's new
+        store, whose first quorum recovers the peers' newer state. The group's other processes follow
+        (`cut_off`): told before this one's Manager stops, so that a quorum it leaves them in fails into it."""
+        self.store.set(offline_key(self.group, self.incarnation), str(self.offlines + 1))
         self.manager.shutdown(wait=False)
-        while self.cut_off():
-            time.sleep(OFFLINE_POLL_S)
-        self.group_store = self._group_store()  # S = 1 only (rules.py): a fresh store for the new Manager
+        self.offlines += 1
+        if self.rank == 0:
+            while self.links_cut():
+                time.sleep(OFFLINE_POLL_S)
+        else:  # rank 0 hosts the new store once healed
+            while not self.store.check([self.group_store_key()]):
+                time.sleep(OFFLINE_POLL_S)
+        self.group_store = self._group_store()  # a fresh store: the old one holds the old Manager's address
         self.manager = self._manager(self.lighthouse)
         self.exchange.manager, self.exchange.pg = self.manager, self.process_group
 
@@ -434,7 +470,7 @@ class ElasticGroup:
         peer = take_final(self.params, result_dir, self.group, self.rank, self.config.replicas,
                           self.config.reliability.comm_timeout_s)
         if peer is not None:  # its validation loss is of these parameters: not evaluated again
-            self.state.step, self.taken_val_loss = int(peer["steps"]), peer["val_loss"]
+            self.state.step, self.taken = int(peer["steps"]), peer
         return peer is not None
 
     def _run_steps(self) -> None:
@@ -477,7 +513,8 @@ class ElasticGroup:
         flat = torch.cat([local_shard(p).detach().reshape(-1).cpu() for p in self.params])  # the launcher's host
         torch.save(flat, params_path(result_dir, self.group, self.rank))
         summary = {"group": self.group, "stage": self.stage, "rank": self.rank, "steps": self.state.step,
-                   "val_loss": self.evaluate() if self.taken_val_loss is None else self.taken_val_loss,
+                   # a peer's taken: its loss (None on a stage before the last: its next stage's peer is gone)
+                   "val_loss": self.evaluate() if self.taken is None else self.taken["val_loss"],
                    "records": self.state.records,
                    "failed_quorums": self.exchange.failed_quorums}
         path = summary_path(result_dir, self.group, self.rank)

@@ -22,7 +22,7 @@ from typing import Any
 
 from geotrain.procs import Target
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, set_cut
+from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, group_devices, set_cut
 
 
 class LocalHosts:
@@ -55,7 +55,7 @@ class LocalHosts:
 
     def set_cut(self, store: Any, groups: Collection[int]) -> None:
         """Cut the links of `groups`, heal every other group's."""
-        set_cut(store, [group_device(self.config, g) for g in groups])
+        set_cut(store, [device for g in groups for device in group_devices(self.config, g)])
 
 
 class LabHosts(LocalHosts):

@@ -11,7 +11,8 @@ position r. One emulated clock per process, shared by both kinds of groups, as a
 has one per rank (a rejoining group's processes take their peer positions' clocks with their state). The
 launcher owns the link state: the devices whose links are cut, one JSON list under CUT_KEY in its store;
 every emulated operation reads it at issue, so a cut device's collectives (and its peers' with it) raise
-`LinkDown` until the launcher heals it (partitions: S x K = 1, rules.py).
+`LinkDown` until the launcher heals it. A partition cuts every device of a group at once (`group_devices`): the
+group's own links (pipeline, FSDP2) stay up, its links to the other groups go down.
 
 With `--time-scale 0` and a partition in `--chaos`, the groups are wrapped all the same (the link state
 needs the backend) but the links cost no wall time (the emulated clock sleeps 0 x the link time).
@@ -63,9 +64,14 @@ class GroupNet:
 
 
 def group_device(config: RuntimeConfig, group: int) -> int:
-    """The cluster device of replica group `group`'s first process (stage 0, shard 0): the device a partition
-    cuts (S x K = 1 only, rules.py)."""
+    """The cluster device of replica group `group`'s first process (stage 0, shard 0): its lab namespace's."""
     return int(config.assignment[0, group])
+
+
+def group_devices(config: RuntimeConfig, group: int) -> list[int]:
+    """The cluster devices of replica group `group`'s S x K processes, by group rank: the devices a partition of
+    the group cuts, all at once."""
+    return [process_device(config, group, rank) for rank in range(group_size(config))]
 
 
 def process_device(config: RuntimeConfig, group: int, rank: int) -> int:
@@ -144,7 +150,7 @@ def group_links(config: RuntimeConfig, group: int, store: Any, rank: int = 0) ->
     size = group_size(config)
     if size == 1:
         return GroupLinks(torchft)
-    devices = [process_device(config, group, r) for r in range(size)]
+    devices = group_devices(config, group)
     return GroupLinks(torchft, lambda: install(config.cluster, devices, scale,
                                                compute_clock=config.emulation.compute_clock,
                                                compute_scale=factors, clock=clock))

@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import Any
 
 from geotrain.comm.registry import reducer_traits
-from geotrain.runtime.elastic.chaos import has_partition, kills_host
+from geotrain.runtime.elastic.chaos import kills_host
 from geotrain.runtime.sections import RuntimeConfigError
 
 PIPELINE_SCHEDULE = "gpipe"
@@ -65,9 +65,6 @@ def sharded_refusal(config: Any) -> str | None:
     rel, what = config.reliability, f"elastic groups of {k} shards per slot (plan --shards {k})"
     reasons = (
         (rel.netlab, f"reliability.netlab: {what} run on this host's loopback only"),
-        (rel.chaos is not None and has_partition(rel.chaos),
-         f"reliability.chaos {rel.chaos!r}: partitions of {what} are not supported (a cut group's K ranks would "
-         f"go offline together: not built yet); use kill-site"),
     )
     return next((text for failed, text in reasons if failed), None)
 
@@ -84,9 +81,6 @@ def pipeline_refusal(config: Any) -> str | None:
          f"schedule.split 'time': elastic groups of {s} stages need a split that a restarted group repeats "
          f"exactly; use 'layers' or 'params'"),
         (rel.netlab, f"reliability.netlab: elastic groups of {s} stages run on this host's loopback only"),
-        (rel.chaos is not None and has_partition(rel.chaos),
-         f"reliability.chaos {rel.chaos!r}: partitions of elastic groups of {s} stages are not supported; "
-         f"use kill-site"),
     )
     return next((text for failed, text in reasons if failed), None)
 
