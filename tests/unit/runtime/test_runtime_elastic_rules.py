@@ -21,7 +21,8 @@ def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill
     for extra in ({}, {"sync_every": 3}, {"chaos": "kill-site:every=5s,site=1", "min_replicas": 2},
                   {"split": "params"}, {"time_scale": 1.0},  # emulated links: each stage process on its device
                   {"sync_every": 4, "fragments": 2, "sync_delay": 1, "sync_moments": True, "dp_codec": "int8-block"},
-                  {"sync_every": 3, "local_steps": "adaptive"}):  # the group's stages take one split
+                  {"sync_every": 3, "local_steps": "adaptive"},  # the group's stages take one split
+                  {"chaos": "partition:site=1,at=5s,for=2s"}):  # its stages cut, offline and back together
         config = RuntimeConfig.of(CLUSTER, S2R2, **{**ELASTIC, **extra})
         assert (config.stages, config.replicas) == (2, 2) and elastic_refusal(config) is None
 
@@ -29,7 +30,6 @@ def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill
 @pytest.mark.parametrize("settings, words", [
     ({"schedule": "1f1b"}, "schedule '1f1b': elastic groups of S = 2 stages run 'gpipe' only"),
     ({"split": "time"}, "schedule.split 'time': elastic groups of S = 2 stages need a split"),
-    ({"chaos": "partition:site=1,at=5s,for=2s"}, "partitions of elastic groups of S = 2 stages are not supported"),
     ({"netlab": True}, "reliability.netlab: elastic groups of S = 2 stages run on this host's loopback only"),
     ({"schedule": "interleaved-1f1b"}, "elastic runs have one stage per group"),
 ])
@@ -41,7 +41,7 @@ def test_what_stays_unsupported_with_two_stages_is_refused_in_one_line(settings,
 
 
 def test_the_same_settings_stay_accepted_with_one_stage():
-    for settings in ({"schedule": "1f1b"}, {"chaos": "partition:site=1,at=5s,for=2s"}):
+    for settings in ({"schedule": "1f1b"}, {"netlab": True}):
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ELASTIC, **settings})) is None
 
 
@@ -50,10 +50,10 @@ SHARDED = {"shards": np.array([[[0, 1], [2, 3]]]), "sync_every": 4}
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"chaos": "partition:site=1,at=5s,for=2s"}, "partitions of elastic groups of 2 shards per slot"),
     ({"netlab": True}, "reliability.netlab: elastic groups of 2 shards per slot (plan --shards 2) run on this host"),
 ])
-def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_rest_in_one_line(settings, words):
+def test_an_elastic_sharded_plan_runs_diloco_with_kill_and_partition_chaos_and_refuses_the_rest_in_one_line(
+        settings, words):
     accepted = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, chaos="kill-site:every=5s,site=1")
     emulated = RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, "time_scale": 1.0})
     streaming = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, fragments=2, sync_delay=1, sync_moments=True,
@@ -63,6 +63,8 @@ def test_an_elastic_sharded_plan_runs_diloco_with_kill_chaos_and_refuses_the_res
     adaptive = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **{**SHARDED, "sync_every": 3}, local_steps="adaptive",
                                 chaos="kill-site:every=5s,site=1")  # each group's shards agree on one split
     assert elastic_refusal(adaptive) is None
+    cut = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, chaos="partition:site=1,at=5s,for=2s")
+    assert elastic_refusal(cut) is None  # the group's K processes cut, offline and back together
     with pytest.raises(RuntimeConfigError) as caught:
         RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, **settings})
     text = str(caught.value)

@@ -33,14 +33,16 @@ identity: a group built from another model, data or plan is refused by name.
 
 Links (runtime/elastic/links.py): with link emulation or a partition to inject, the Manager's process
 groups run on the emulating backend, and (S x K > 1) the group's own groups too (pipeline, FSDP2), each process
-on its own device and one emulated clock. A group whose links are cut (a partition; S x K = 1, rules.py)
-finds out at its next collective (it raises, as do its peers') or quorum; it then goes offline: its
-Manager stops, so its heartbeats stop and the Lighthouse drops it; the others go on with the smaller
-quorum. When the launcher heals the links, the group starts a new Manager and rejoins by live recovery,
-as a restarted group does, without having lost its process. Under --netlab the cut is real (its lab port
-is down): the group learns of it by failures (its collective times out, its quorum fails) and by its
-interface's lost carrier; it waits for the carrier offline, as above, instead of ending with "no
-quorum".
+on its own device and one emulated clock. A group whose links are cut (a partition: the launcher cuts every
+device of the group at once) finds out at its next collective (it raises, as do its peers') or quorum; it then
+goes offline: its Managers stop, so its heartbeats stop and the Lighthouse drops it; the others go on with the
+smaller quorum. A group of S x K > 1 processes goes offline together: the first of its processes to go tells the
+others (`offline_key`) before its Manager stops (a quorum it leaves them waiting in then fails), and they follow.
+When the launcher heals the links, group rank 0 hosts a new group store, every process starts a new Manager in it
+and the group rejoins by live recovery, as a restarted group does, without having lost its processes. Under
+--netlab the cut is real (its lab port is down): the group learns of it by failures (its collective times out, its
+quorum fails) and by its interface's lost carrier; it waits for the carrier offline, as above, instead of ending with
+"no quorum".
 
 Data-position guarantee: step t's global batch is the one of a non-elastic run (offsets a function of
 data seed and t); group r always trains on slice r of it. A rejoined group continues at the quorum's

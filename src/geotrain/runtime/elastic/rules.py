@@ -3,11 +3,11 @@ checked when the config is built, each refusal one line naming the setting and i
 --elastic and one other setting are rules of the composition table (runtime/composition.py).
 
 Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per stage; GPipe, a
-plain split, kill chaos, no partition, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices per
-slot: DiLoCo, blocking, streaming or adaptive local steps, kill chaos; a group is S x K processes, FSDP2 among each
-stage's K, the outer sync per (stage, shard) between the same position of every group), on CPU (torchft's
+plain split, kill and partition chaos, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices
+per slot: DiLoCo, blocking, streaming or adaptive local steps, kill and partition chaos; a group is S x K processes,
+FSDP2 among each stage's K, the outer sync per (stage, shard) between the same position of every group), on CPU (torchft's
 reconfigurable gloo; on the emulating backend with --time-scale > 0, every process of a group on its own device's
-links, runtime/elastic/links.py, or with a partition, S x K = 1) or, S = 1 and K = 1, on CUDA (the exchange's host
+links, runtime/elastic/links.py, or with a partition) or, S = 1 and K = 1, on CUDA (the exchange's host
 copies on gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean, no --sync-every), blocking
 DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when
 posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try; S x K > 1: each position's
@@ -29,8 +29,9 @@ its copy: sync/async_moments.py; --fragments P: a FragmentServer per elected hos
 too, merging upstream per fragment), pushes at streaming's offsets, the copy held per fragment:
 runtime/elastic/fragment_copy.py; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
 lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
-Partitions (S x K = 1): a cut group rejoins by live recovery; one that heals after the launch's last committed sync (a
-fast survivor finished first) takes a finished peer's final parameters instead (runtime/elastic/late.py).
+Partitions: a cut group (all its S x K processes, together) rejoins by live recovery; one that heals after the
+launch's last committed sync (a fast survivor finished first) takes a finished peer's final parameters instead
+(runtime/elastic/late.py).
 
 Checkpoints (--checkpoint-dir, runtime/elastic/checkpoint.py): a restarted group recovers from a live
 peer, not from disk; the checkpoint is for the run's end or for a device lost for good (a re-plan
