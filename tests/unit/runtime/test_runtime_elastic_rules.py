@@ -22,7 +22,8 @@ def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill
                   {"split": "params"}, {"time_scale": 1.0},  # emulated links: each stage process on its device
                   {"sync_every": 4, "fragments": 2, "sync_delay": 1, "sync_moments": True, "dp_codec": "int8-block"},
                   {"sync_every": 3, "local_steps": "adaptive"},  # the group's stages take one split
-                  {"chaos": "partition:site=1,at=5s,for=2s"}):  # its stages cut, offline and back together
+                  {"chaos": "partition:site=1,at=5s,for=2s"},  # its stages cut, offline and back together
+                  {"netlab": True, "chaos": "kill-site:every=5s,site=1"}):  # each stage in its device's namespace
         config = RuntimeConfig.of(CLUSTER, S2R2, **{**ELASTIC, **extra})
         assert (config.stages, config.replicas) == (2, 2) and elastic_refusal(config) is None
 
@@ -30,7 +31,8 @@ def test_an_elastic_plan_of_two_stages_is_accepted_with_both_sync_modes_and_kill
 @pytest.mark.parametrize("settings, words", [
     ({"schedule": "1f1b"}, "schedule '1f1b': elastic groups of S = 2 stages run 'gpipe' only"),
     ({"split": "time"}, "schedule.split 'time': elastic groups of S = 2 stages need a split"),
-    ({"netlab": True}, "reliability.netlab: elastic groups of S = 2 stages run on this host's loopback only"),
+    ({"netlab": True, "chaos": "partition:site=1,at=5s,for=2s"}, "with --netlab: a cut sets the lab ports of a group's "
+                                                                 "2 processes down"),
     ({"schedule": "interleaved-1f1b"}, "elastic runs have one stage per group"),
 ])
 def test_what_stays_unsupported_with_two_stages_is_refused_in_one_line(settings, words):
@@ -50,7 +52,8 @@ SHARDED = {"shards": np.array([[[0, 1], [2, 3]]]), "sync_every": 4}
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"netlab": True}, "reliability.netlab: elastic groups of 2 shards per slot (plan --shards 2) run on this host"),
+    ({"netlab": True, "chaos": "partition:at=1s,for=1s"}, "with --netlab: a cut sets the lab ports of a group's 2 "
+                                                          "processes down"),
 ])
 def test_an_elastic_sharded_plan_runs_diloco_with_kill_and_partition_chaos_and_refuses_the_rest_in_one_line(
         settings, words):
@@ -65,6 +68,8 @@ def test_an_elastic_sharded_plan_runs_diloco_with_kill_and_partition_chaos_and_r
     assert elastic_refusal(adaptive) is None
     cut = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, chaos="partition:site=1,at=5s,for=2s")
     assert elastic_refusal(cut) is None  # the group's K processes cut, offline and back together
+    lab = RuntimeConfig.of(CLUSTER, [[0, 2]], **ELASTIC, **SHARDED, netlab=True)  # each shard in its own namespace
+    assert elastic_refusal(lab) is None
     with pytest.raises(RuntimeConfigError) as caught:
         RuntimeConfig.of(CLUSTER, [[0, 2]], **{**ELASTIC, **SHARDED, **settings})
     text = str(caught.value)

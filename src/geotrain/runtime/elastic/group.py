@@ -258,7 +258,7 @@ class ElasticGroup:
         except Exception:  # noqa: BLE001 - a timeout: one line
             raise ElasticGroupError(f"replica group {self.group} rank {self.rank}: its rank 0 did not start within "
                                     f"{self.config.reliability.comm_timeout_s:g} s") from None
-        return TCPStore(self.net.advertise, int(self.store.get(key).decode()), None, False, timeout=timeout)
+        return TCPStore(self.net.group_host, int(self.store.get(key).decode()), None, False, timeout=timeout)
 
     def group_store_key(self) -> str:
         """Launcher store key: the port of this start of the group's store, a new one after each time offline."""
@@ -274,7 +274,7 @@ class ElasticGroup:
         return Manager(pg=self.process_group, load_state_dict=self._load_state,
                        state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
                        timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.rank,
-                       world_size=group_size(self.config), store_addr=self.net.advertise,
+                       world_size=group_size(self.config), store_addr=self.net.group_host,
                        store_port=self.group_store.port, lighthouse_addr=lighthouse,
                        replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
                        heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
@@ -341,16 +341,16 @@ class ElasticGroup:
         """Cut off: stop the Manager (no heartbeats: the Lighthouse drops this group), wait for the links
         to heal (group rank 0; the others for its new group store), then start a new Manager in the group's new
         store, whose first quorum recovers the peers' newer state. The group's other processes follow
-        (`cut_off`): told before this one's Manager stops, so that a quorum it leaves them in fails into it."""
-        self.store.set(offline_key(self.group, self.incarnation), str(self.offlines + 1))
+        (`cut_off`): told before this one's Manager stops, so that a quorum it leaves them in fails into it (in a lab
+        each sees its own carrier go, and the launcher's store is out of reach until the heal)."""
+        if group_size(self.config) > 1 and self.net.ifname is None:
+            self.store.set(offline_key(self.group, self.incarnation), str(self.offlines + 1))
         self.manager.shutdown(wait=False)
         self.offlines += 1
-        if self.rank == 0:
-            while self.links_cut():
-                time.sleep(OFFLINE_POLL_S)
-        else:  # rank 0 hosts the new store once healed
-            while not self.store.check([self.group_store_key()]):
-                time.sleep(OFFLINE_POLL_S)
+        while self.links_cut():
+            time.sleep(OFFLINE_POLL_S)
+        while self.rank != 0 and not self.store.check([self.group_store_key()]):  # rank 0 hosts it once healed
+            time.sleep(OFFLINE_POLL_S)
         self.group_store = self._group_store()  # a fresh store: the old one holds the old Manager's address
         self.manager = self._manager(self.lighthouse)
         self.exchange.manager, self.exchange.pg = self.manager, self.process_group

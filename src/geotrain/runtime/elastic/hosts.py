@@ -3,15 +3,17 @@ in the netlab namespace of its plan device, over really shaped TCP (`LabHosts`, 
 
     with group_hosts(config) as hosts:                      # builds the lab (--netlab), removes it at exit
         store = hosts.store(timeout)                       # the launcher's bookkeeping store
-        spec = hosts.target(context, g, group_main, args, name)   # a supervisor rank placed for group g
+        spec = hosts.target(context, g, group_main, args, name, r)   # a supervisor rank for group g's rank r
         hosts.set_cut(store, {1})                          # a partition: group 1's links cut, the others' healed
 
-In a lab, replica group r runs in lab device r's namespace (cluster device assignment[0][r]) with
-GLOO_SOCKET_IFNAME set to its lab interface, advertising its lab address 10.77.<region>.<k+1> to torchft
-(Manager, its TCPStore, the checkpoint server). The Lighthouse and the launcher's store live in the lab
+In a lab, group rank r of replica group g (S x K processes: r = stage x K + shard) runs in the namespace of lab
+rank g x S x K + r, its own plan device (links.process_device), with GLOO_SOCKET_IFNAME set to its lab interface,
+advertising its lab address 10.77.<region>.<k+1> to torchft (Manager, TCPStore, the checkpoint server); the group's
+own store is on its rank 0's address (the group's pipeline and FSDP2 traffic on the site's lab links, each
+position's outer sync on the links between the sites). The Lighthouse and the launcher's store live in the lab
 namespace itself, on its control address (netlab.topology): every group reaches them unshaped, as in the
-emulation, where the quorum RPCs are not on emulated links. A cut sets the group's bridge port down: its
-traffic to its peers, the Lighthouse and the store stops, with no error (TCP retransmits), until the heal.
+emulation, where the quorum RPCs are not on emulated links. A cut sets the bridge ports of every process of the group
+down: its traffic to its peers, the Lighthouse and the store stops, with no error (TCP retransmits), until the heal.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 
 from geotrain.procs import Target
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_device, group_devices, set_cut
+from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_devices, set_cut
+from geotrain.runtime.elastic.stage import group_size
 
 
 class LocalHosts:
@@ -46,11 +49,12 @@ class LocalHosts:
         return TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
 
     def target(self, context: Any, group: int | None, fn: Callable[..., Any], args: tuple[Any, ...],
-               name: str) -> Target:
-        """The supervisor rank running `fn(*args)` for replica group `group` (None: the Lighthouse)."""
+               name: str, rank: int = 0) -> Target:
+        """The supervisor rank running `fn(*args)` for group rank `rank` of replica group `group` (None: the
+        Lighthouse)."""
         return Target(context, fn, args, name)
 
-    def net(self, group: int) -> GroupNet:
+    def net(self, group: int, rank: int = 0) -> GroupNet:
         return GroupNet()
 
     def set_cut(self, store: Any, groups: Collection[int]) -> None:
@@ -68,7 +72,8 @@ class LabHosts(LocalHosts):
 
         check_can_build()
         super().__init__(config)
-        self.lab = NetLab(config.cluster, [group_device(config, g) for g in range(config.replicas)])
+        self.size = group_size(config)  # lab rank g x size + r: group g's rank r, on its own device
+        self.lab = NetLab(config.cluster, [d for g in range(config.replicas) for d in group_devices(config, g)])
         self.control = self.lab.control_address
         self._cut: set[int] = set()
 
@@ -88,25 +93,28 @@ class LabHosts(LocalHosts):
             return super().store(timeout)
 
     def target(self, context: Any, group: int | None, fn: Callable[..., Any], args: tuple[Any, ...],
-               name: str) -> Target:
+               name: str, rank: int = 0) -> Target:
         from geotrain.netlab.processes import run_in_namespace
 
         if group is None:
             return Target(context, run_in_namespace, (self.lab.topology.lab_namespace, {}, fn, *args), name)
-        device = self.lab.devices[group]
+        device = self.lab.devices[group * self.size + rank]
         return Target(context, run_in_namespace,
                       (device.namespace, {"GLOO_SOCKET_IFNAME": device.ifname}, fn, *args), name)
 
-    def net(self, group: int) -> GroupNet:
-        device = self.lab.devices[group]
-        return GroupNet(store_host=self.control, advertise=device.address, ifname=device.ifname)
+    def net(self, group: int, rank: int = 0) -> GroupNet:
+        device, head = self.lab.devices[group * self.size + rank], self.lab.devices[group * self.size]
+        return GroupNet(store_host=self.control, advertise=device.address, ifname=device.ifname,
+                        group_host=head.address)
 
     def set_cut(self, store: Any, groups: Collection[int]) -> None:
-        """Set the ports of `groups` down and every other group's up (only those that change)."""
+        """Set the ports of every process of `groups` down and every other group's up (only those that change)."""
         for group in sorted(self._cut - set(groups)):
-            self.lab.set_port(group, up=True)
+            for rank in range(self.size):
+                self.lab.set_port(group * self.size + rank, up=True)
         for group in sorted(set(groups) - self._cut):
-            self.lab.set_port(group, up=False)
+            for rank in range(self.size):
+                self.lab.set_port(group * self.size + rank, up=False)
         self._cut = set(groups)
 
 

@@ -186,8 +186,8 @@ def _launch_checked(config: RuntimeConfig, progress: ProgressCallback | None, to
         store = hosts.store(timedelta(seconds=30))
         lighthouse = rel.lighthouse and f"http://{rel.lighthouse}"
         specs = [hosts.target(context, g, group_main,
-                              (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g), s),
-                              f"geotrain-group-{g}" + (f"-rank-{s}" if group_size(config) > 1 else ""))
+                              (config, g, tmp, store.port, lighthouse, tokens, hosts.net(g, s), s),
+                              f"geotrain-group-{g}" + (f"-rank-{s}" if group_size(config) > 1 else ""), s)
                  for g in range(groups) for s in range(group_size(config))]
         needs_lighthouse = rel.lighthouse is None and not asynchronous
         if needs_lighthouse:

@@ -17,8 +17,9 @@ group's own links (pipeline, FSDP2) stay up, its links to the other groups go do
 With `--time-scale 0` and a partition in `--chaos`, the groups are wrapped all the same (the link state
 needs the backend) but the links cost no wall time (the emulated clock sleeps 0 x the link time).
 
-Under `--netlab` (runtime/elastic/lab.py) the links are real: nothing is emulated, each group reaches the
-others at its lab address (`GroupNet`), and a cut is its lab interface losing its carrier.
+Under `--netlab` (runtime/elastic/hosts.py) the links are real: nothing is emulated, each process of a group in its
+own device's namespace reaches the others at its lab address (`GroupNet`; the group's own traffic on its site's
+links, the outer sync on the links between the sites), and a cut is its lab interface losing its carrier.
 
 Elastic asynchronous groups (`--outer-sync async*`, runtime/elastic/async_group.py) use no torchft group: their TCP
 requests and replies take their emulated link time through `SocketPacing` instead (the links between the client's
@@ -54,13 +55,15 @@ CUT_POLL_S = 0.05
 
 @dataclass(frozen=True)
 class GroupNet:
-    """Where a replica group talks: `store_host`, the launcher's bookkeeping store; `advertise`, the address
-    its torchft Manager, TCPStore and checkpoint server give their peers; `ifname`, its lab interface,
-    whose carrier says whether its links are cut (None: not in a lab; the emulated link state says)."""
+    """Where a replica group's process talks: `store_host`, the launcher's bookkeeping store; `advertise`, the
+    address its torchft Manager, TCPStore and checkpoint server give their peers; `ifname`, its lab interface,
+    whose carrier says whether its links are cut (None: not in a lab; the emulated link state says); `group_host`,
+    the address of its group rank 0, which hosts the group's own store (its `advertise`)."""
 
     store_host: str = LOCAL_HOST
     advertise: str = LOCAL_HOST
     ifname: str | None = None
+    group_host: str = LOCAL_HOST
 
 
 def group_device(config: RuntimeConfig, group: int) -> int:

@@ -3,9 +3,9 @@ checked when the config is built, each refusal one line naming the setting and i
 --elastic and one other setting are rules of the composition table (runtime/composition.py).
 
 Supported: pipeline S = 1 (a replica group is one process) and S > 1 (a group is S processes, one per stage; GPipe, a
-plain split, kill and partition chaos, no --netlab), any replicas R >= min_replicas, sharded plans (K > 1 devices
-per slot: DiLoCo, blocking, streaming or adaptive local steps, kill and partition chaos; a group is S x K processes,
-FSDP2 among each stage's K, the outer sync per (stage, shard) between the same position of every group), on CPU (torchft's
+plain split, kill and partition chaos), any replicas R >= min_replicas, sharded plans (K > 1 devices per slot:
+DiLoCo, blocking, streaming or adaptive local steps, kill and partition chaos; a group is S x K processes, FSDP2
+among each stage's K, the outer sync per (stage, shard) between the same position of every group), on CPU (torchft's
 reconfigurable gloo; on the emulating backend with --time-scale > 0, every process of a group on its own device's
 links, runtime/elastic/links.py, or with a partition) or, S = 1 and K = 1, on CUDA (the exchange's host
 copies on gloo; not yet run on a GPU); DP synchronisation either every step (gradient mean, no --sync-every), blocking
@@ -28,7 +28,8 @@ reply, copy and checkpoint holds [parameters | AdamW's second moments], so an el
 its copy: sync/async_moments.py; --fragments P: a FragmentServer per elected host (with async-hierarchical each region's
 too, merging upstream per fragment), pushes at streaming's offsets, the copy held per fragment:
 runtime/elastic/fragment_copy.py; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
-lab shapes the links) and no --lighthouse (the launcher starts one inside the lab).
+lab shapes the links) and no --lighthouse (the launcher starts one inside the lab); a group of S x K > 1 processes has
+each in its own device's namespace (runtime/elastic/hosts.py), and no partition there (lab_refusal).
 Partitions: a cut group (all its S x K processes, together) rejoins by live recovery; one that heals after the
 launch's last committed sync (a fast survivor finished first) takes a finished peer's final parameters instead
 (runtime/elastic/late.py).
@@ -48,7 +49,7 @@ from __future__ import annotations
 from typing import Any
 
 from geotrain.comm.registry import reducer_traits
-from geotrain.runtime.elastic.chaos import kills_host
+from geotrain.runtime.elastic.chaos import has_partition, kills_host
 from geotrain.runtime.sections import RuntimeConfigError
 
 PIPELINE_SCHEDULE = "gpipe"
@@ -57,15 +58,18 @@ ASYNC_SYNCS = ("async", "async-hierarchical")
 """The pipeline schedule of elastic groups of S > 1 stages (the one tested across a group's restarts)."""
 
 
-def sharded_refusal(config: Any) -> str | None:
-    """Why an elastic sharded plan (K > 1 devices per slot: a group of S x K processes, FSDP2 inside each stage's
-    slot) cannot run with `config`'s other settings, or None (K = 1: None)."""
-    k = config.layout.k
-    if k == 1:
+def lab_refusal(config: Any) -> str | None:
+    """Why an elastic --netlab run of groups of S x K > 1 processes (each in its own device's lab namespace) cannot
+    run with `config`'s other settings, or None (not in a lab, or groups of one process: None)."""
+    size = config.stages * config.layout.k
+    if not config.reliability.netlab or size == 1:
         return None
-    rel, what = config.reliability, f"elastic groups of {k} shards per slot (plan --shards {k})"
+    chaos = config.reliability.chaos
     reasons = (
-        (rel.netlab, f"reliability.netlab: {what} run on this host's loopback only"),
+        (chaos is not None and has_partition(chaos),
+         f"reliability.chaos {chaos!r} with --netlab: a cut sets the lab ports of a group's {size} processes down, "
+         f"its own pipeline and FSDP2 traffic with them (not built yet: a cut of the links between the sites only); "
+         f"use kill-site, or the partition without --netlab"),
     )
     return next((text for failed, text in reasons if failed), None)
 
@@ -81,7 +85,6 @@ def pipeline_refusal(config: Any) -> str | None:
         (config.schedule.split == "time",
          f"schedule.split 'time': elastic groups of {s} stages need a split that a restarted group repeats "
          f"exactly; use 'layers' or 'params'"),
-        (rel.netlab, f"reliability.netlab: elastic groups of {s} stages run on this host's loopback only"),
     )
     return next((text for failed, text in reasons if failed), None)
 
@@ -130,7 +133,7 @@ def elastic_refusal(config: Any) -> str | None:
          f"which only --outer-sync {' or '.join(ASYNC_SYNCS)} has; name a site or leave it drawn"),
     )
     return next((text for failed, text in reasons if failed),
-                sharded_refusal(config) or pipeline_refusal(config) or async_refusal(config) or onebit_refusal(config))
+                lab_refusal(config) or pipeline_refusal(config) or async_refusal(config) or onebit_refusal(config))
 
 
 def onebit_refusal(config: Any) -> str | None:
