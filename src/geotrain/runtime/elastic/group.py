@@ -159,7 +159,7 @@ def incarnation_key(group: int) -> str:
 
 def offline_key(group: int, incarnation: int) -> str:
     """Launcher store key: how many times start `incarnation` of replica group `group` went offline (a partition;
-    set by its group rank 0, whose other ranks follow)."""
+    set by the first of its processes to go, whose others follow: emulated links only, a lab cut hides the store)."""
     return f"offline/{group}/{incarnation}"
 
 
