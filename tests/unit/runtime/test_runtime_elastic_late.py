@@ -31,7 +31,7 @@ def late_group(store: DictStore, healed: bool = False) -> SimpleNamespace:
     if healed:
         manager.start_quorum = lambda: setattr(state, "healed", True)  # a peer's state loaded in the quorum
     return SimpleNamespace(state=state, manager=manager, store=store, end=END, rank=1, group=1,
-                           cut_off=lambda: False, _note_rejoin=lambda seconds: None)
+                           cut_off=lambda: False, group_cut_off=lambda: False, _note_rejoin=lambda seconds: None)
 
 
 def test_a_quorum_that_heals_nothing_after_the_launch_s_last_commit_ends_the_group_s_loop():

@@ -323,6 +323,18 @@ class ElasticGroup:
         key = offline_key(self.group, self.incarnation)
         return bool(self.store.check([key])) and int(self.store.get(key)) > self.offlines
 
+    def group_cut_off(self) -> bool:
+        """`cut_off` as group rank 0 finds it, the same answer in every process of the group at the same quorum (S x K
+        > 1 on emulated links: a broadcast over the group's own links, which a partition leaves up), so that none of
+        them asks for a quorum the others left (it would wait out --comm-timeout)."""
+        if group_size(self.config) == 1 or not self.can_be_cut() or self.net.ifname is not None:
+            return self.cut_off()
+        import torch.distributed as dist
+
+        flag = torch.tensor([float(self.rank == 0 and self.cut_off())])
+        dist.broadcast(flag, src=0)  # the group's default group (runtime/elastic/stage.py pipeline_group)
+        return bool(flag.item())
+
     def links_cut(self) -> bool:
         """Whether this process's links are cut now: its lab interface has no carrier, or the emulated link state
         says so."""
@@ -358,7 +370,7 @@ class ElasticGroup:
     def quorum(self) -> None:
         """Start this step's quorum (recovering from a peer if behind); one line if none forms in time."""
         self.state.healed = False
-        if self.cut_off():
+        if self.group_cut_off():
             self.offline()
         started = time.monotonic()
         while True:
