@@ -36,8 +36,8 @@ groups run on the emulating backend, and (S x K > 1) the group's own groups too 
 on its own device and one emulated clock. A group whose links are cut (a partition: the launcher cuts every
 device of the group at once) finds out at its next collective (it raises, as do its peers') or quorum; it then
 goes offline: its Managers stop, so its heartbeats stop and the Lighthouse drops it; the others go on with the
-smaller quorum. A group of S x K > 1 processes goes offline together: the first of its processes to go tells the
-others (`offline_key`) before its Manager stops (a quorum it leaves them waiting in then fails), and they follow.
+smaller quorum. A group of S x K > 1 processes goes offline together: at each quorum its processes take group rank
+0's finding (`group_cut_off`), and one that goes offline after a failed quorum tells the others (`offline_key`).
 When the launcher heals the links, group rank 0 hosts a new group store, every process starts a new Manager in it
 and the group rejoins by live recovery, as a restarted group does, without having lost its processes. Under
 --netlab the cut is real (its lab port is down): the group learns of it by failures (its collective times out, its
