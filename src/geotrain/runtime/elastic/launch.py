@@ -44,6 +44,7 @@ from geotrain.runtime.elastic.chaos import (Cut, Kill, cut_heal_s, kill_schedule
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, down_key, failure_file, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
+from geotrain.runtime.elastic.peers import note_dead
 from geotrain.runtime.elastic.spares import spare_count, spare_key, spare_main
 from geotrain.runtime.elastic.stage import group_position, group_size
 from geotrain.runtime.elastic.summary import (FINAL_KEY, ElasticSummary, max_stage_param_diff, mean_losses,
@@ -239,6 +240,7 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
             elif code == EXIT_GROUP_ERROR:
                 raise ElasticRunError(_group_error(result_dir, g, code))
             else:
+                note_dead(store, g)  # its peers stop waiting for it in a quorum it had joined (peers.py)
                 watch.failures += 1
                 watch.ever_failed.add(g)
                 watch.failed_at.setdefault(g, []).append(time.time())
