@@ -79,7 +79,7 @@ from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_chec
 from geotrain.runtime.elastic.late import RunEnded, run_ended, take_final
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_links, process_device
-from geotrain.runtime.elastic.peers import DeadPeers, QuorumMembers, RollCall, announce
+from geotrain.runtime.elastic.peers import watch_quorums
 from geotrain.runtime.dp_step import world_max, world_sum_over_replicas
 from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
 from geotrain.runtime.shard_state import local_state, sharded_state
@@ -253,7 +253,6 @@ class ElasticGroup:
 
     def _manager(self, lighthouse: str) -> Any:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
-        from torchft.manager import REPLICA_ID_KEY
 
         rel = self.config.reliability
         timeout = timedelta(seconds=rel.comm_timeout_s)
@@ -269,11 +268,7 @@ class ElasticGroup:
                        checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
         # a quorum member that dies before its process group forms fails the configuration at once
         # (runtime/elastic/peers.py), instead of leaving this group in the rendezvous for --comm-timeout
-        members = QuorumMembers.install(manager)
-        self.process_group._create_pg = RollCall(self.process_group, members, DeadPeers(self.store).first_dead,
-                                                 rel.comm_timeout_s)
-        if self.rank == 0:
-            announce(self.store, self.group, self.group_store.get(REPLICA_ID_KEY).decode())
+        watch_quorums(manager, self.process_group, self.store, self.group, self.rank, rel.comm_timeout_s)
         return manager
 
     def _state(self) -> dict[str, Any]:

@@ -7,10 +7,8 @@ whose rendezvous (in the quorum's store) waits for every member: a dead one neve
 out --comm-timeout there (120 s by default; a member that dies inside a collective is seen at once instead: its
 sockets close with it).
 
-    note_dead(store, group)                             # the launcher, as it sees the group's process end
-    announce(store, group, replica_id)                  # a group, once its torchft Manager exists
-    members = QuorumMembers.install(manager)            # the replica ids of each quorum the Manager gets
-    pg._create_pg = RollCall(pg, members, DeadPeers(store).first_dead)
+    note_dead(store, group)                                  # the launcher, as it sees the group's process end
+    watch_quorums(manager, pg, store, group, rank, timeout_s)  # each process of a group, once its Manager exists
 
 A Manager's replica id is its process's own (torchft appends a uuid to the group's name) and a quorum names its
 members' ids, so "a member of this quorum is dead" is exact, whatever the group's restarts. Before the real
@@ -129,3 +127,16 @@ class RollCall:
         ids = self.members.ids
         roll_call(store, rank, world_size, lambda: self.first_dead(ids), self.timeout_s, self.poll_s)
         return type(self.pg)._create_pg(self.pg, store, rank, world_size)
+
+
+def watch_quorums(manager: Any, pg: Any, store: Any, group: int, rank: int, timeout_s: float) -> QuorumMembers:
+    """Make group rank `rank` of replica group `group` (its torchft `manager` over process group `pg`; `store`: the
+    launcher's) fail a quorum's configuration at once when a member is dead (the module doc), and (rank 0) announce
+    the group's replica id; the members' recorder."""
+    from torchft.manager import REPLICA_ID_KEY
+
+    members = QuorumMembers.install(manager)
+    pg._create_pg = RollCall(pg, members, DeadPeers(store).first_dead, timeout_s)
+    if rank == 0:
+        announce(store, group, manager._store.get(REPLICA_ID_KEY).decode())
+    return members
