@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from geotrain.runtime.elastic.peers import (DeadPeers, PeerDied, QuorumMembers, RollCall, announce, note_dead,
+from geotrain.runtime.elastic.peers import (DeadPeers, PeerDied, QuorumGuard, QuorumMembers, announce, note_dead,
                                             roll_call)
 
 
@@ -56,7 +56,7 @@ def test_a_roll_call_of_live_members_returns_once_all_posted_and_a_missing_live_
         roll_call(store, 0, 4, lambda: None, timeout_s=0.2, poll_s=0.05)  # rank 3 never posts
 
 
-def test_the_manager_client_keeps_each_quorum_s_replica_ids_and_the_roll_call_then_builds_the_class_group(store):
+def test_the_manager_client_keeps_each_quorum_s_replica_ids_and_the_guard_checks_them_around_the_class_group(store):
     class Client:
         def _quorum(self, **kwargs):
             return SimpleNamespace(replica_ids=["geotrain_group_0:a", "geotrain_group_1:b"], **kwargs)
@@ -70,12 +70,21 @@ def test_the_manager_client_keeps_each_quorum_s_replica_ids_and_the_roll_call_th
     assert manager._client.should_commit(0, 3, True) is True  # the rest goes to torchft's client
 
     class Group:
+        def configure(self, *args):
+            self.configured = args
+
         def _create_pg(self, store, rank, world_size):
             return ("built", rank, world_size)
 
     group, asked = Group(), []
-    group._create_pg = RollCall(group, members, lambda ids: asked.append(ids), timeout_s=5.0)
+    QuorumGuard(group, members, lambda ids: asked.append(ids), timeout_s=5.0).install()
     store.set("geotrain-roll-call/1", "1")
-    assert group._create_pg(store, 0, 2) == ("built", 0, 2) and asked == []  # all there: the dead list not read
-    with pytest.raises(PeerDied):
-        RollCall(group, members, lambda ids: ids[1], timeout_s=5.0, poll_s=0.05)(store, 0, 3)
+    group.configure("addr", "geotrain_group_0", 0, 2)
+    assert group.configured == ("addr", "geotrain_group_0", 0, 2)  # the class's configure, after one look
+    assert asked == [members.ids]
+    assert group._create_pg(store, 0, 2) == ("built", 0, 2) and len(asked) == 1  # all there: no second look
+    dead = QuorumGuard(Group(), members, lambda ids: ids[1], timeout_s=5.0, poll_s=0.05).install()
+    with pytest.raises(PeerDied, match="geotrain_group_1:b"):  # already marked: before connecting to its store
+        dead.pg.configure("addr", "geotrain_group_0", 0, 2)
+    with pytest.raises(PeerDied):  # marked while the survivor waits at the roll call
+        dead.pg._create_pg(store, 0, 3)

@@ -11,12 +11,14 @@ sockets close with it).
     watch_quorums(manager, pg, store, group, rank, timeout_s)  # each process of a group, once its Manager exists
 
 A Manager's replica id is its process's own (torchft appends a uuid to the group's name) and a quorum names its
-members' ids, so "a member of this quorum is dead" is exact, whatever the group's restarts. Before the real
+members' ids, so "a member of this quorum is dead" is exact, whatever the group's restarts. A configuration first
+looks at the launcher's dead list (the quorum's store is one member's, maybe a dead one's); then, before the real
 rendezvous, every member posts its presence in the quorum's store (the roll call) and waits for the others', and
-while one is missing looks every `poll_s` at the launcher's dead list: a dead member fails the configuration at
-once (PeerDied; torchft reports it, the try does not commit, the group's next quorum forms without the dead one once
-its heartbeats time out, or with its restarted process). With no member dead the roll call is one wait for keys
-that come.
+while one is missing looks at the dead list every `poll_s`: a dead member fails the configuration at once (PeerDied;
+torchft reports it, the try does not commit, the group's next quorum forms without the dead one once its heartbeats
+time out, or with its restarted process). With no member dead that is one look and one wait for keys that come.
+Left open: a member that dies between the roll call and gloo's own rendezvous (milliseconds; the survivors then
+wait --comm-timeout there).
 """
 
 from __future__ import annotations
@@ -95,35 +97,52 @@ class QuorumMembers:
 
 
 def roll_call(store: Any, rank: int, world_size: int, dead: Callable[[], str | None], timeout_s: float,
-              poll_s: float = ROLL_CALL_POLL_S, clock: Callable[[], float] = time.monotonic) -> None:
+              poll_s: float = ROLL_CALL_POLL_S, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> None:
     """Post quorum rank `rank`'s presence in `store` and wait for the other `world_size - 1` members'; PeerDied as
-    soon as `dead()` names a dead member (looked at every `poll_s` while one is missing), TimeoutError past
-    `timeout_s` (--comm-timeout, as the rendezvous it precedes)."""
+    soon as `dead()` names a dead member (looked at every `poll_s` while one is missing, or the store fails: its
+    host may be the dead one), TimeoutError past `timeout_s` (--comm-timeout, as the rendezvous it precedes)."""
     store.set(f"{ROLL_CALL_KEY}{rank}", "1")
     keys = [f"{ROLL_CALL_KEY}{r}" for r in range(world_size) if r != rank]
     started = clock()
     while keys:
+        asked = clock()
         try:
             store.wait(keys, timedelta(seconds=poll_s))
             return
-        except Exception:  # noqa: BLE001 - the store's timeout: someone is missing
+        except Exception:  # noqa: BLE001 - the store's timeout (someone is missing) or its host gone
             who = dead()
             if who is not None:
                 raise PeerDied(f"quorum member {who} died before the quorum's process group formed") from None
             if clock() - started > timeout_s:
                 raise TimeoutError(f"quorum members missing after --comm-timeout {timeout_s:g} s") from None
+            sleep(max(0.0, poll_s - (clock() - asked)))  # a store that fails at once is not asked in a spin
 
 
-class RollCall:
-    """What a torchft process group `pg` builds each quorum's group with (`pg._create_pg = RollCall(...)`): the roll
-    call among the quorum's members (`members.ids`; `first_dead` picks the dead among them), then the group its class
-    builds (looked up at each call: the emulating backend may replace it, geotrain.emulate.torchft_groups)."""
+class QuorumGuard:
+    """What a torchft process group `pg` configures each quorum with (`install`): its members (`members.ids`) are
+    looked at first (`first_dead` picks the dead among them: its store may be a dead member's, which a connection
+    would wait for until --comm-timeout), then the roll call among them before the group its class builds (looked up
+    at each call: the emulating backend may replace it, geotrain.emulate.torchft_groups)."""
 
     def __init__(self, pg: Any, members: QuorumMembers, first_dead: Callable[[Sequence[str]], str | None],
                  timeout_s: float, poll_s: float = ROLL_CALL_POLL_S) -> None:
         self.pg, self.members, self.first_dead, self.timeout_s, self.poll_s = pg, members, first_dead, timeout_s, poll_s
 
-    def __call__(self, store: Any, rank: int, world_size: int) -> Any:
+    def install(self) -> QuorumGuard:
+        self.pg.configure, self.pg._create_pg = self.configure, self.create_pg
+        return self
+
+    def _check(self, ids: Sequence[str]) -> None:
+        who = self.first_dead(ids)
+        if who is not None:
+            raise PeerDied(f"quorum member {who} died before the quorum's process group formed")
+
+    def configure(self, *args: Any, **kwargs: Any) -> None:
+        self._check(self.members.ids)
+        type(self.pg).configure(self.pg, *args, **kwargs)
+
+    def create_pg(self, store: Any, rank: int, world_size: int) -> Any:
         ids = self.members.ids
         roll_call(store, rank, world_size, lambda: self.first_dead(ids), self.timeout_s, self.poll_s)
         return type(self.pg)._create_pg(self.pg, store, rank, world_size)
@@ -136,7 +155,7 @@ def watch_quorums(manager: Any, pg: Any, store: Any, group: int, rank: int, time
     from torchft.manager import REPLICA_ID_KEY
 
     members = QuorumMembers.install(manager)
-    pg._create_pg = RollCall(pg, members, DeadPeers(store).first_dead, timeout_s)
+    QuorumGuard(pg, members, DeadPeers(store).first_dead, timeout_s).install()
     if rank == 0:
         announce(store, group, manager._store.get(REPLICA_ID_KEY).decode())
     return members
