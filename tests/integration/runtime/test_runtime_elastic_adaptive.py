@@ -142,7 +142,7 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
           f"{summary['val_loss']:.4f} with group 1 killed")
     assert summary["val_loss"] <= plain["summary"]["val_loss"] + LOSS_TOLERANCE, (
         {name: {key: run["summary"][key] for key in ("rejoins", "contributors", "replica_failures")}
-         for name, run in runs.items()})
+         for name, run in runs.items() if name != "checkpoints"})
 
 
 @pytest.mark.timeout(600)
