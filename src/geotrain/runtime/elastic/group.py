@@ -259,13 +259,13 @@ class ElasticGroup:
         backend = torchft_backend(self.torch_device.type, len(self.config.cluster.region_names))
         self.process_group = (ProcessGroupGloo if backend == "gloo" else ProcessGroupNCCL)(timeout=timeout)
         manager = Manager(pg=self.process_group, load_state_dict=self._load_state,
-                       state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
-                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.rank,
-                       world_size=group_size(self.config), store_addr=self.net.advertise,
-                       store_port=self.group_store.port, lighthouse_addr=lighthouse,
-                       replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
-                       heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
-                       checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
+                          state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
+                          timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.rank,
+                          world_size=group_size(self.config), store_addr=self.net.advertise,
+                          store_port=self.group_store.port, lighthouse_addr=lighthouse,
+                          replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
+                          heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
+                          checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
         # a quorum member that dies before its process group forms fails the configuration at once
         # (runtime/elastic/peers.py), instead of leaving this group in the rendezvous for --comm-timeout
         watch_quorums(manager, self.process_group, self.store, self.group, self.rank, rel.comm_timeout_s)

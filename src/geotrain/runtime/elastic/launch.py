@@ -8,7 +8,8 @@ use no torchft: runtime/elastic/async_group.py), ranks 1 + r S .. r S + S
 are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one; a sharded plan: S x K, ranks
 1 + r S K .. in group-rank order), then the spares (runtime/elastic/spares.py: groups of one process, no
 --netlab). A group is the unit: the watch loop polls every rank and judges each group by its stages' exits:
-  - a group that fails (a stage killed or crashed) is restarted as a whole (every stage stopped and
+  - a group that fails (a stage killed or crashed) is marked dead for its peers (runtime/elastic/peers.py: one
+    waiting for it in a quorum stops at once) and restarted as a whole (every stage stopped and
     started again, `Supervisor.restart`, counted once; S = 1: in a waiting spare, its old slot then starting the
     next spare) up to --max-restarts times and recovers from a live peer; the others never stop (they go on with
     the smaller quorum);
