@@ -130,6 +130,9 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
     assert summary["steps"] == STEPS and summary["global_restarts"] == 0
     assert summary["replica_failures"] == 1 and summary["rejoins"] >= 1 and summary["restarts"] == [0, 1]
     assert summary["max_param_diff_across_replicas"] == 0.0 and summary["replicas_in_sync"] is True
+    # the survivor waits about the 1.5 s heartbeat timeout, never --comm-timeout (30 s): a kill between a quorum and
+    # its rendezvous fails the survivor's configuration at once (runtime/elastic/peers.py)
+    assert summary["stall_s"] < float(FLAGS[FLAGS.index("--comm-timeout") + 1])
     rejoined = killed["group_records"]["1"]
     # it recovered at its peer's sync point and starts with the T4's last measured speed, not an equal share
     assert 0 < rejoined[0]["outer_step"] and rejoined[0]["local_steps"] < EVERY
@@ -139,7 +142,7 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
           f"{summary['val_loss']:.4f} with group 1 killed")
     assert summary["val_loss"] <= plain["summary"]["val_loss"] + LOSS_TOLERANCE, (
         {name: {key: run["summary"][key] for key in ("rejoins", "contributors", "replica_failures")}
-         for name, run in runs.items()})
+         for name, run in runs.items() if name != "checkpoints"})
 
 
 @pytest.mark.timeout(600)

@@ -82,6 +82,7 @@ from geotrain.runtime.elastic.checkpoint import (checkpoint_due, load_group_chec
 from geotrain.runtime.elastic.late import RunEnded, run_ended, take_final
 from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_links, process_device
+from geotrain.runtime.elastic.peers import watch_quorums
 from geotrain.runtime.dp_step import world_max, world_sum_over_replicas
 from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
 from geotrain.runtime.shard_state import local_state, sharded_state
@@ -271,14 +272,18 @@ class ElasticGroup:
         timeout = timedelta(seconds=rel.comm_timeout_s)
         backend = torchft_backend(self.torch_device.type, len(self.config.cluster.region_names))
         self.process_group = (ProcessGroupGloo if backend == "gloo" else ProcessGroupNCCL)(timeout=timeout)
-        return Manager(pg=self.process_group, load_state_dict=self._load_state,
-                       state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
-                       timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.rank,
-                       world_size=group_size(self.config), store_addr=self.net.group_host,
-                       store_port=self.group_store.port, lighthouse_addr=lighthouse,
-                       replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
-                       heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
-                       checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
+        manager = Manager(pg=self.process_group, load_state_dict=self._load_state,
+                          state_dict=self._state, min_replica_size=rel.min_replicas, use_async_quorum=False,
+                          timeout=timeout, quorum_timeout=timeout, connect_timeout=timeout, rank=self.rank,
+                          world_size=group_size(self.config), store_addr=self.net.group_host,
+                          store_port=self.group_store.port, lighthouse_addr=lighthouse,
+                          replica_id=f"geotrain_group_{self.group}", hostname=self.net.advertise,
+                          heartbeat_interval=timedelta(seconds=rel.heartbeat_interval_s),
+                          checkpoint_transport=advertised_transport(timeout, self.net.advertise), init_sync=False)
+        # a quorum member that dies before its process group forms fails the configuration at once
+        # (runtime/elastic/peers.py), instead of leaving this group in the rendezvous for --comm-timeout
+        watch_quorums(manager, self.process_group, self.store, self.group, self.rank, rel.comm_timeout_s)
+        return manager
 
     def _state(self) -> dict[str, Any]:
         """What a recovering peer loads (cloned now: this group keeps training while it is fetched); the syncs

@@ -8,7 +8,8 @@ use no torchft: runtime/elastic/async_group.py), ranks 1 + r S .. r S + S
 are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one; a sharded plan: S x K, ranks
 1 + r S K .. in group-rank order), then the spares (runtime/elastic/spares.py: groups of one process, no
 --netlab). A group is the unit: the watch loop polls every rank and judges each group by its stages' exits:
-  - a group that fails (a stage killed or crashed) is restarted as a whole (every stage stopped and
+  - a group that fails (a stage killed or crashed) is marked dead for its peers (runtime/elastic/peers.py: one
+    waiting for it in a quorum stops at once) and restarted as a whole (every stage stopped and
     started again, `Supervisor.restart`, counted once; S = 1: in a waiting spare, its old slot then starting the
     next spare) up to --max-restarts times and recovers from a live peer; the others never stop (they go on with
     the smaller quorum);
@@ -44,6 +45,7 @@ from geotrain.runtime.elastic.chaos import (Cut, Kill, cut_heal_s, kill_schedule
 from geotrain.runtime.elastic.group import EXIT_GROUP_ERROR, down_key, failure_file, group_main, incarnation_key
 from geotrain.runtime.elastic.hosts import LocalHosts, group_hosts
 from geotrain.runtime.elastic.lighthouse import LighthouseSettings, join_timeout_s, lighthouse_main
+from geotrain.runtime.elastic.peers import note_dead
 from geotrain.runtime.elastic.spares import spare_count, spare_key, spare_main
 from geotrain.runtime.elastic.stage import group_position, group_size
 from geotrain.runtime.elastic.summary import (FINAL_KEY, ElasticSummary, max_stage_param_diff, mean_losses,
@@ -239,6 +241,7 @@ def _watch(supervisor: Supervisor, config: RuntimeConfig, watch: _Watch,
             elif code == EXIT_GROUP_ERROR:
                 raise ElasticRunError(_group_error(result_dir, g, code))
             else:
+                note_dead(store, g)  # its peers stop waiting for it in a quorum it had joined (peers.py)
                 watch.failures += 1
                 watch.ever_failed.add(g)
                 watch.failed_at.setdefault(g, []).append(time.time())
