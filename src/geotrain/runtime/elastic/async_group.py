@@ -92,6 +92,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
@@ -99,9 +100,11 @@ from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
-from geotrain.runtime.elastic.group import params_digest
+from geotrain.runtime.elastic.group import open_group_store, params_digest
 from geotrain.runtime.elastic.links import GroupNet, cut_hold, process_device, socket_pacing
-from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
+from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
+from geotrain.runtime.sharded import shard_rows
+from geotrain.optim.shards import local_shard
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
 from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
 from geotrain.runtime.training_data import load_training_data
@@ -120,35 +123,48 @@ __all__ = ["AsyncElasticGroup", "RunEnded"]
 
 
 def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
+    """The parameters this process holds (a sharded slot's: its shards), flat fp32."""
+    return torch.cat([local_shard(p).reshape(-1).to(torch.float32) for p in params])
+
+
+def position_prefix(rank: int) -> str:
+    """The store prefix of the global model's tier of group rank `rank`'s position (module doc: Positions): `async/`
+    for position (0, 0), whose elections pick every position's host."""
+    return "async/" if rank == 0 else f"async/position{rank}/"
 
 
 class AsyncElasticGroup:
     """Replica group `group` of an elastic asynchronous run (module doc); `store`: the launcher's store;
     `incarnation`: this start of the group (0: the first); `authkey`: the run's (its identity digest: a process of
-    another run cannot talk to its server)."""
+    another run cannot talk to its server); `rank`: this process's group rank, stage x K + shard (module doc:
+    Positions)."""
 
     def __init__(self, config: RuntimeConfig, group: int, store: Any, net: GroupNet, incarnation: int,
-                 authkey: bytes, world: Any = None) -> None:
+                 authkey: bytes, world: Any = None, rank: int = 0) -> None:
         self.config, self.group, self.store, self.net, self.incarnation = config, group, store, net, incarnation
+        self.rank, self.position, self.size = rank, group_position(config, rank), group_size(config)
+        self.group_store = None
+        if self.size > 1:  # the group's own gloo group: its pipeline, FSDP2 and where its positions agree
+            self.group_store = open_group_store(config, store, net, group, rank, incarnation)
+            pipeline_group(self.group_store, rank, self.size, config.reliability.comm_timeout_s)
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world,
                                        config.data.windows, config.data.epoch_windows)
         self.seq_len = config.sequence_length
         self.timer = ComputeTimer()
         # --emulate-gpu-speed: each step's compute slept out to the group's GPU speed in wall time, at any time scale
         # (no emulated clock counts it here; the links' times are slept x the time scale: module doc)
-        self.slowdown = SlowDown(gpu_speed_faults(config.compute_scale(), process_device(config, group, 0), group),
+        self.slowdown = SlowDown(gpu_speed_faults(config.compute_scale(), process_device(config, group, rank), group),
                                  self.timer, None)
-        self.model = GroupStageModel(config, GroupPosition(0), self.data.vocab_size, self.seq_len, self.timer)
+        self.model = GroupStageModel(config, self.position, self.data.vocab_size, self.seq_len, self.timer)
         self.params = self.model.params
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         self.options = config.sync_options(0)
         self.sync_every: int = config.optim.sync_every  # type: ignore[assignment]
-        self.numel = sum(p.numel() for p in self.params)
+        self.numel = sum(local_shard(p).numel() for p in self.params)
         self.moments_after = self.numel if config.optim.sync_moments else None
         """--sync-moments: the model's values before its second moments (every server's buffer, push, reply and copy
         is [parameters | v]: sync/async_moments.py); None: the parameters only."""
-        self.layout = FragmentLayout.of(self.params, config.optim.fragments, config.optim.fragment_split,
+        self.layout = FragmentLayout.of([local_shard(p) for p in self.params], config.optim.fragments, config.optim.fragment_split,
                                         1 if self.moments_after is None else 1 + MOMENT_PARTS)
         """--fragments P: the global model's fragments as every server and copy lays them out (module doc:
         Fragments); one fragment: the whole model, as [parameters | v]."""
@@ -169,14 +185,17 @@ class AsyncElasticGroup:
             self.resumed.held or HeldModel(self._laid_out(_flat(self.params)))
         if held is self.resumed.held:  # the checkpoint's model is [parameters | v]: as this run lays it out
             held = dataclasses.replace(held, model=self.layout.laid_out(held.model))
-        self.pacing = socket_pacing(config, group)
+        self.pacing = socket_pacing(config, group, rank)
         """This process's emulated links (None: --time-scale 0)."""
         self.cuts = cut_hold(config)
         """A partition's hold on this process's messages (None: no partition in --chaos)."""
-        self.device = process_device(config, group, 0)
-        self.link = self.elected_link(store, self.tier("async/", tuple(range(config.replicas)), 0), group, held,
-                                      self._serve, incarnation == 0)
-        """This group's link to its server (the global model's; with regions, its region's)."""
+        self.device = process_device(config, group, rank)
+        tier = dataclasses.replace(self.tier(position_prefix(rank), tuple(range(config.replicas)), 0),
+                                   follows=None if rank == 0 else position_prefix(0))
+        self.link = self.elected_link(store, tier, group, held, self._serve, incarnation == 0)
+        """This process's link to its server (its position's global model's; with regions, its region's)."""
+        # a restarted group of several processes: its copy wins no election until every position holds one
+        self.link.votes_copy = self.size == 1 or incarnation == 0
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
         self.missed_end = False
@@ -271,11 +290,11 @@ class AsyncElasticGroup:
             values = reply["model"]
         with torch.no_grad():  # the parameters at flat positions part.start..part.stop
             offset = 0
-            for p in self.params:
-                lo, hi = max(part.start, offset), min(part.stop, offset + p.numel())
+            for local in map(local_shard, self.params):  # a sharded slot's: this process's shards (in place)
+                lo, hi = max(part.start, offset), min(part.stop, offset + local.numel())
                 if lo < hi:
-                    p.data.view(-1)[lo - offset:hi - offset].copy_(values[lo - part.start:hi - part.start].to(p.dtype))
-                offset += p.numel()
+                    local.view(-1)[lo - offset:hi - offset].copy_(values[lo - part.start:hi - part.start].to(local.dtype))
+                offset += local.numel()
         if self.moments_after is not None and self.optimizer.state and \
                 loads_moments(int(reply["updates"]), self.config.replicas):
             moments = flat_moments(self.optimizer, self.params)
@@ -297,14 +316,16 @@ class AsyncElasticGroup:
         if self.incarnation == 0:
             self._barrier()
         self._adopt(self.link.exchange(None, False))  # join: the current global model
+        updates = self._least(self.held.updates)  # every position holds a copy now
+        self.link.votes_copy = True
         self.store.compare_set("t0", "", repr(time.time()))
-        if self.incarnation > 0:
+        if self.incarnation > 0 and self.rank == 0:
             self._note_rejoin(time.monotonic() - started)
-        step = progress_steps(self.held.updates, self.sync_every, cfg.replicas)  # a restarted group: the run's place
+        step = progress_steps(updates, self.sync_every, cfg.replicas)  # a restarted group: the run's place
         fragments = len(self.layout.ranges)
         since, last_pushed, inner, last = [0] * fragments, fragments - 1, 0, time.perf_counter()
-        while self.held.updates < self.budget:
-            lr_step = min(cfg.run.steps - 1, progress_steps(self.held.updates, self.sync_every, cfg.replicas))
+        while updates < self.budget:
+            lr_step = min(cfg.run.steps - 1, progress_steps(updates, self.sync_every, cfg.replicas))
             record = self._train_step(step, lr_step)
             inner += 1
             since = [n + 1 for n in since]
@@ -314,8 +335,11 @@ class AsyncElasticGroup:
                 gradient = self._outer_gradient(due[0])
                 exchanged = time.perf_counter()
                 self._adopt(self.link.exchange(gradient, False, fragment=due[0]))
+                updates = self._least(self.held.updates)
                 # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
                 record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
+                if self.size > 1:  # the group's record digests its positions' parameters (summary.merge_stage_records)
+                    record.update(params_sha256=params_digest(self.params))
                 since[due[0]], last_pushed = 0, due[0]
             record.update(wall_s=time.perf_counter() - last, global_updates=self.held.updates,
                           synced=bool(due), **self._carried())
@@ -324,7 +348,8 @@ class AsyncElasticGroup:
             self.observer.step(record)
             self._note_checkpoints()
             step += 1
-            self.store.set(f"step/{self.group}", str(step))
+            if self.rank == 0:
+                self.store.set(f"step/{self.group}", str(step))
         for k in range(fragments):  # every fragment's final push, cyclically on from the last pushed
             p = (last_pushed + 1 + k) % fragments
             self._adopt(self.link.exchange(self._outer_gradient(p) if since[p] else None, True, fragment=p), True)
@@ -346,6 +371,16 @@ class AsyncElasticGroup:
             self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
                 cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries,
                 self.checkpoints.protect))
+
+    def _least(self, updates: int) -> int:
+        """The least of `updates` over this group's processes (S x K > 1: agreed in the group's own gloo group, so its
+        positions train the same steps, push at the same ones and stop as one: module doc, Positions); `updates` for a
+        group of one process."""
+        if self.size == 1:
+            return updates
+        least = torch.tensor([updates], dtype=torch.int64)
+        dist.all_reduce(least, op=dist.ReduceOp.MIN)
+        return int(least)
 
     def _note_checkpoints(self) -> None:
         """A checkpoint event for each checkpoint this group's server wrote since the last call."""
@@ -374,10 +409,11 @@ class AsyncElasticGroup:
         self.slowdown.before_step()
         x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
                                self.seq_len)
+        rows = shard_rows(int(x.shape[0]), self.position.k, self.position.shard)  # K > 1: this shard's part
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(lr_step, cfg.run.steps, cfg.optim.lr)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model.train_step(x, y)
+        loss = self.model.train_step(x[rows], y[rows])
         with self.timer:
             self.optimizer.step()
         self.slowdown.after_compute(self.timer.seconds)
@@ -412,12 +448,12 @@ class AsyncElasticGroup:
         if self.missed_end:
             self.observer.close()
             return
-        torch.save(_flat(self.params), params_path(result_dir, self.group, 0))
+        torch.save(_flat(self.params), params_path(result_dir, self.group, self.rank))
         val = self.model.validation_loss(self.data.val, self.seq_len, cfg.data.eval_windows, cfg.schedule.batch_size)
         steps = self.records[-1]["step"] + 1 if self.records else 0
-        summary = {"group": self.group, "stage": 0, "steps": steps, "val_loss": val, "records": self.records,
-                   "failed_quorums": 0}
-        path = summary_path(result_dir, self.group, 0)
+        summary = {"group": self.group, "stage": self.position.stage, "rank": self.rank, "steps": steps,
+                   "val_loss": val, "records": self.records, "failed_quorums": 0}
+        path = summary_path(result_dir, self.group, self.rank)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary))
         tmp.replace(path)

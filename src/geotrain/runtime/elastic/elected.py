@@ -92,13 +92,21 @@ class Tier:
     timeout_s: float
     authkey: bytes
     seedless: bool = False
+    follows: str | None = None
+    """The prefix of the tier whose elections pick this tier's hosts (None: its own): position (s, k) > (0, 0) of groups
+    of several processes follows position (0, 0)'s, so one group hosts every position (module doc: Positions)."""
+
+    @property
+    def host_prefix(self) -> str:
+        """The prefix under which this tier's elected hosts are written (`host/<epoch>`)."""
+        return self.follows or self.prefix
 
 
 def publish_host(store: Any, tier: Tier, epoch: int, host: SocketServer, device: int = -1) -> None:
     """Make `host` the server of `tier`'s `epoch`: its address, with the cluster `device` of its process (its clients'
     messages take the emulated links to it: SocketPacing; -1: unknown), and the tier's epoch (an election's:
     counted)."""
-    if epoch > 0:
+    if epoch > 0 and tier.follows is None:  # a following tier's election is its leader's: counted there
         store.add("async/elections", 1)
     store.set(f"{tier.prefix}address/{epoch}", json.dumps([*host.address, device]))
     store.set(f"{tier.prefix}epoch", str(epoch))
@@ -131,7 +139,7 @@ def live_bases(store: Any, tier: Tier, epoch: int, held: HeldModel) -> dict[int,
     """The clients' (base, process) an elected server of `tier`'s `epoch` restores from copy `held`: every running
     client's but the lost host's (epoch - 1's: its process is gone) and those whose process the launcher has seen
     die (restarted or down for good: a dead client is not waited for)."""
-    lost = tier.first_host if epoch == 1 else int(store.get(f"{tier.prefix}host/{epoch - 1}").decode())
+    lost = tier.first_host if epoch == 1 else int(store.get(f"{tier.host_prefix}host/{epoch - 1}").decode())
     return {c: (b, process) for c, (b, process) in held.bases.items()
             if c != lost and process_alive(store, process)}
 
@@ -192,8 +200,14 @@ def tier_host(store: Any, prefix: str, first_host: int) -> int:
 
 def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> int:
     """The client that hosts `tier`'s `epoch` (module doc: votes, quorum, grace window); ElectionError without
-    quorum."""
-    key = f"{tier.prefix}host/{epoch}"
+    quorum. A following tier's (Tier.follows): its leader's, awaited within the grace window and the timeout."""
+    key = f"{tier.host_prefix}host/{epoch}"
+    if tier.follows is not None:
+        try:
+            store.wait([key], timedelta(seconds=tier.grace_s + tier.timeout_s))
+        except Exception:  # noqa: BLE001 - the store's timeout: no host decided
+            raise ElectionError(f"client {voter}: no host of {tier.follows.rstrip('/')} was elected within "
+                                f"{tier.grace_s + tier.timeout_s:g} s for {tier.prefix.rstrip('/')}") from None
     if not store.check([key]):
         vote = [held.version, held.updates] if held.model is not None else None
         store.set(f"{tier.prefix}vote/{epoch}/{voter}", json.dumps(vote))
@@ -268,6 +282,9 @@ class ElectedLink:
         """The cluster device of the current epoch's host (published with its address)."""
         self.acked = 0
         """This client's outer gradients the server answered."""
+        self.votes_copy = True
+        """Whether this client's copy counts in an election (False: it votes without one, so cannot win; a group of
+        several processes until every position of it holds a copy: runtime/elastic/async_group.py)."""
         self.epoch = -1
         self.joined = False
         self.connection: SocketClient | None = None
@@ -277,7 +294,8 @@ class ElectedLink:
     def _connect(self, epoch: int) -> None:
         """Connect to `epoch`'s host (hosting it if elected); HostLost when it is gone already."""
         self.epoch, tier = epoch, self.tier
-        host = tier.first_host if epoch == 0 else elect(self.store, tier, epoch, self.client, self.held)
+        host = tier.first_host if epoch == 0 else \
+            elect(self.store, tier, epoch, self.client, self.held if self.votes_copy else HeldModel(None))
         # a restarted epoch-0 host without a copy is a client (it must not serve epoch 0 again)
         if host == self.client and (self.held.model is not None or (tier.seedless and epoch > 0)):
             self.host = self.serve(epoch)

@@ -159,6 +159,26 @@ def down_key(group: int) -> str:
     return f"down/{group}"
 
 
+def open_group_store(config: RuntimeConfig, store: Any, net: GroupNet, group: int, rank: int,
+                     incarnation: int) -> Any:
+    """Replica group `group`'s own TCPStore for its start `incarnation`: group rank 0 hosts a new one and posts its port
+    in the launcher's `store`; the other ranks connect to it (a restarted group's ranks meet in the new one)."""
+    from torch.distributed import TCPStore
+
+    timeout = timedelta(seconds=config.reliability.comm_timeout_s)
+    key = f"group-store/{group}/{incarnation}"
+    if rank == 0:
+        own = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
+        store.set(key, str(own.port))
+        return own
+    try:
+        store.wait([key], timeout)
+    except Exception:  # noqa: BLE001 - a timeout: one line
+        raise ElasticGroupError(f"replica group {group} rank {rank}: its rank 0 did not start within "
+                                f"{config.reliability.comm_timeout_s:g} s") from None
+    return TCPStore(net.advertise, int(store.get(key).decode()), None, False, timeout=timeout)
+
+
 class ElasticGroup:
     """Group rank `stage` (its pipeline stage, 0 when S = 1; a sharded plan: stage x K + shard,
     runtime/elastic/stage.py) of replica group `group` of `config` (see the module doc); `store`: the
@@ -233,22 +253,7 @@ class ElasticGroup:
         self.end = run.steps if run.stop_after is None else min(run.steps, start + run.stop_after)
 
     def _group_store(self) -> Any:
-        """The group's own TCPStore: group rank 0 hosts a new one and posts its port under this start of the
-        group; the other ranks connect to it (a restarted group's ranks meet in the new one)."""
-        from torch.distributed import TCPStore
-
-        timeout = timedelta(seconds=self.config.reliability.comm_timeout_s)
-        key = f"group-store/{self.group}/{self.incarnation}"
-        if self.rank == 0:
-            own = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
-            self.store.set(key, str(own.port))
-            return own
-        try:
-            self.store.wait([key], timeout)
-        except Exception:  # noqa: BLE001 - a timeout: one line
-            raise ElasticGroupError(f"replica group {self.group} rank {self.rank}: its rank 0 did not start within "
-                                    f"{self.config.reliability.comm_timeout_s:g} s") from None
-        return TCPStore(self.net.advertise, int(self.store.get(key).decode()), None, False, timeout=timeout)
+        return open_group_store(self.config, self.store, self.net, self.group, self.rank, self.incarnation)
 
     def _manager(self, lighthouse: str) -> Any:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
@@ -535,8 +540,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
             key = incarnation_key(group)
             incarnation = int(store.get(key).decode()) if store.check([key]) else 0
             kind = AsyncElasticGroup if config.optim.outer_sync == "async" else RegionalAsyncGroup
-            worker = kind(config, group, store, net, incarnation, run_identity_digest(config).encode(),
-                                       world)
+            worker = kind(config, group, store, net, incarnation, run_identity_digest(config).encode(), world, stage)
             worker.run()
             worker.finish(Path(result_dir))
             os._exit(0)

@@ -200,13 +200,13 @@ class SocketPacing:
         return carried
 
 
-def socket_pacing(config: RuntimeConfig, group: int) -> SocketPacing | None:
-    """The SocketPacing of replica group `group`'s process in an elastic asynchronous run, or None without link
-    emulation (--time-scale 0)."""
+def socket_pacing(config: RuntimeConfig, group: int, rank: int = 0) -> SocketPacing | None:
+    """The SocketPacing of group rank `rank` of replica group `group` in an elastic asynchronous run, or None without
+    link emulation (--time-scale 0)."""
     if not config.emulation.time_scale > 0:
         return None
     network = EmulatedNetwork.from_cluster(config.cluster, config.emulation.time_scale)
-    return SocketPacing(network, config.cluster.region_of, process_device(config, group, 0))
+    return SocketPacing(network, config.cluster.region_of, process_device(config, group, rank))
 
 
 class CutHold:

@@ -164,14 +164,24 @@ def sleeps_gpu_speed(config: Any) -> bool:
 
 def async_refusal(config: Any) -> str | None:
     """Why an elastic `--outer-sync async*` run (runtime/elastic/async_group.py, async_regions.py: groups as TCP
-    clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
-    if config.optim.outer_sync not in ASYNC_SYNCS:
+    clients of elected hosts; S x K > 1: each position the client of its position's server) cannot run with `config`'s
+    other settings, or None (not async, or groups of one process: None)."""
+    if config.optim.outer_sync not in ASYNC_SYNCS or config.stages * config.layout.k == 1:
         return None
+    optim, ck = config.optim, config.checkpoint
+    what = f"elastic asynchronous groups of {config.stages} stages x {config.layout.k} devices per slot"
     reasons = (
-        (config.stages > 1 or config.layout.k > 1,
-         f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
-         f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
-         f"without --elastic asynchronous updates run on it"),
+        (optim.outer_sync != "async", f"optim.outer_sync {optim.outer_sync!r}: {what} run 'async' only (not built "
+                                      f"yet: region servers per position)"),
+        (optim.fragments > 1 or optim.sync_moments,
+         f"optim.fragments {optim.fragments}, sync_moments {optim.sync_moments}: {what} push the whole model's "
+         f"parameters (not built yet: fragments or moments per position)"),
+        (ck.checkpoint_dir is not None or ck.resume or config.run.stop_after is not None,
+         f"checkpoint.checkpoint_dir {ck.checkpoint_dir!r}: {what} write no checkpoints (not built yet: one per "
+         f"position by the host group); drop --checkpoint-dir, --resume and --stop-after"),
+        (config.emulation.time_scale > 0 or config.emulation.emulate_gpu_speed,
+         f"emulation.time_scale {config.emulation.time_scale!r}: {what} run on this host's unshaped links (not built "
+         f"yet: the group's pipeline and FSDP2 groups on the emulated links); pass --time-scale 0"),
     )
     return next((text for failed, text in reasons if failed), None)
 
