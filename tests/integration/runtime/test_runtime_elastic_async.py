@@ -16,7 +16,10 @@ one that stops at step 12 (--stop-after, checkpoints at 6 and 12 by the global m
 (runtime/elastic/async_checkpoint.py). Two processes side by side in one fixture (the hierarchical run after the
 fault-free launches, in their interpreter). The fault-free run and the hierarchical one emulate the links (--time-scale >
 0: runtime/elastic/links.py SocketPacing): the fault-free run's groups sit in two regions, and each of group 1's
-messages to the host (group 0) takes latency + bytes / bandwidth of the cluster file's link between them."""
+messages to the host (group 0) takes latency + bytes / bandwidth of the cluster file's link between them.
+A sharded plan (K = 2 devices per slot: a group is 2 processes holding FSDP2 shards, each the client of its position's
+server; runtime/elastic/async_group.py, Positions), its host group SIGKILLed at 0.5 s: one election picks the survivor
+for both positions, each serving from its own copy; it runs after the hierarchical run, in its interpreter."""
 
 from __future__ import annotations
 
@@ -35,13 +38,19 @@ pytest.importorskip("torchft")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
 H = 3
-STEPS = {"plain": 30, "killed": 500, "regions": 200}
+STEPS = {"plain": 30, "killed": 500, "regions": 200, "sharded": 60}
 """The killed run trains long enough for both kills to land (5-10 s of compute per group on this loaded 2-core machine;
 the restarted group 1 joins, holding a copy, about 0.3 s after its kill)."""
 KILLS = "kill-site:every=100s,first=1s,site=1,count=1;kill-site:every=100s,first=2s,site=host,count=1"
 CUTS = "partition:site=0,at=2.5s,for=1s;partition:site=1,at=4s,for=1s"
 """After the kills (the killed run's 500 steps train 5-10 s on this machine, each cut holding the run ~1 s more):
 group 0, a client again, cut; then group 1, the elected host."""
+SHARDED_PLAN = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]],
+                "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
+"""Group 0 on east's two devices, group 1 on west's: a group is its slot's 2 shard processes."""
+SHARDED_KILL = "kill-site:every=100s,first=0.5s,site=host,count=1"
+"""The host group (0) killed once 0.5 s of training passed (the 60 steps train about 17 s on this loaded 2-core
+machine; the killed group is back about 3.6 s after its kill, while the survivor trains on alone)."""
 REGION_KILLS = "kill-site:every=100s,first=1s,site=2,count=1;kill-site:every=100s,first=2s,site=host,count=1"
 """Group 2 hosts region 1's server, group 0 region 0's and the global model's (each tier's epoch 0): site=host, which
 the launcher looks up when the kill is due (async_regions.global_model_host), is group 0 in both runs."""
@@ -73,6 +82,8 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--microbatches", "1", "--
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic-async")
     plan, plan02, plan4 = tmp / "plan.json", tmp / "plan02.json", tmp / "plan4.json"
+    sharded_plan = tmp / "sharded.json"
+    sharded_plan.write_text(json.dumps(SHARDED_PLAN))
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     plan02.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
     plan4.write_text(json.dumps({"stages": 1, "replicas": 4, "assignment": [[0, 1, 2, 3]]}))
@@ -86,13 +97,16 @@ def runs(tmp_path_factory):
     plain = ["train", "--cluster", CLUSTER, "--plan", str(plan02), *FLAGS, "--steps", str(STEPS["plain"]),
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
-    first = OneInterpreter([stopped, [*plain, "--resume"], regions], tmp, "first", env)
+    sharded = ["train", "--cluster", CLUSTER, "--plan", str(sharded_plan), *FLAGS,
+               "--steps", str(STEPS["sharded"]), "--chaos", SHARDED_KILL]
+    first = OneInterpreter([stopped, [*plain, "--resume"], regions, sharded], tmp, "first", env)
     second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}", "--sync-moments",
                               "--fragments", "2"]],
                             tmp, "second", env)
-    (stopped, plain, regional), (killed,) = results_of([first, second])
+    (stopped, plain, regional, shards), (killed,) = results_of([first, second])
     runs = {}
-    for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed)):
+    for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed),
+                       ("sharded", shards)):
         assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr}"
         runs[name] = json.loads(done.stdout)
     saved = {name: {int(p.parent.name[5:]): torch.load(p, weights_only=False)["dp"]["asynchronous"]
@@ -234,3 +248,18 @@ def test_a_cut_client_and_a_cut_host_hold_the_clients_messages_until_the_heal_an
     records = runs["killed"]["group_records"]
     assert sum(r["cut_wait_s"] for r in records["0"]) > 0
     assert all(r["cut_wait_s"] == 0.0 for r in records["1"])
+
+
+def test_a_killed_host_group_of_two_shard_processes_is_replaced_by_one_election_for_both_positions(runs):
+    """Each position (shard) of the survivor serves its part of the global model from its own copy; the groups end on
+    one model at every position (each shard against the same shard of the other group)."""
+    summary = runs["sharded"]["summary"]
+    assert summary["kills"] == 1 and summary["replica_failures"] == 1 and summary["restarts"] == [1, 0]
+    assert summary["elections"] == 1 and summary["global_restarts"] == 0 and summary["rejoins"] == 1
+    assert summary["groups_finished"] == [0, 1]
+    assert summary["max_param_diff_across_replicas"] == 0.0 and summary["replicas_in_sync"] is True
+    budget = run_budget(STEPS["sharded"], H, 2)
+    updates = _final_updates(runs["sharded"])
+    assert updates[0] == updates[1] and budget <= updates[0] < budget + 2
+    for records in runs["sharded"]["group_records"].values():  # both positions digested at each push
+        assert all(len(r["stage_params_sha256"]) == 2 for r in records if r["synced"])
