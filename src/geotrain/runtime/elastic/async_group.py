@@ -1,5 +1,6 @@
-"""One replica group of an elastic asynchronous run (`train --elastic --outer-sync async`, S = 1): a client of
-the global model's server, and its host while elected. No torchft collective spans the groups.
+"""One process of a replica group of an elastic asynchronous run (`train --elastic --outer-sync async`): a client of
+the global model's server (S x K > 1: of its position's: Positions below), and its host while elected. No torchft
+collective spans the groups.
 
 Why not torchft: a torchft recovery copies a live peer's state at a synchronous step; asynchronous DiLoCo has
 no such step, and every group only talks to the global model's server. So the groups talk over TCP
@@ -75,6 +76,20 @@ shows the copy holds it (the reply is then that fragment now: the group's other 
 good: what the lost host applied beyond the copy, per fragment (`lost_updates` counts fragment 0's). With --sync-moments
 each fragment is its parameters then their v (FragmentLayout). Each fragment's outer momentum restarts at an election,
 as the whole model's does.
+
+Positions (a plan of S > 1 stages or K > 1 shards per slot: a group is S x K processes, runtime/elastic/stage.py, the
+launcher killing and restarting them as one): the global model is split by position (s, k), as without --elastic
+(sync/async_outer.py, Positions): every position of the host group serves its position's part from its own copy, and
+position (s, k) of every group is a client of that server only (its tier's keys under `async/position<rank>/`, position
+(0, 0)'s under `async/`). The group's processes train the same step on their rows of the group's batch (FSDP2 shards:
+runtime/sharded.py shard_rows; stages: the pipeline), push at the same inner step, and after the join and each
+exchange agree in the group's own gloo group (over its own TCPStore, as the synchronous groups of S x K processes
+have) on the least update count of their positions: they take one learning rate and stop as one. One election picks
+the host group for every position: position (0, 0) votes with its copy's version, the other positions' tiers follow
+its decision (elected.Tier.follows: counted once, in `elections`), so a lost host group is replaced by one group whose
+every position serves from its own copy (`lost_updates` and `resent_updates` sum over the positions). A restarted
+group's copy wins no election until every position of it has joined (ElectedLink.votes_copy). Not built yet with
+positions (rules.py, one line): async-hierarchical, --fragments, --sync-moments, checkpoints, emulated links.
 
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the

@@ -15,7 +15,10 @@ bound holds them as the lost server did, and lets one go if the launcher sees it
 voted does not decide: it waits up to the timeout for a voter with a copy that has not yet seen the loss
 (a region server that merges rarely), then ends in one line. A closed or refused connection starts an election; a
 host alive but silent for --comm-timeout (ServerSilent) ends the group instead (QuorumLost: the launcher restarts
-it), never a second host.
+it), never a second host. A tier may follow another's elections (Tier.follows: positions (s, k) > (0, 0) of groups of
+several processes, runtime/elastic/async_group.py Positions): its clients cast no vote and take the leader tier's
+winner of the same epoch (its hosts die as whole groups, so the epochs run together); its host publishes its own
+address, counting no election.
 
 Emulated links (--time-scale > 0): the host publishes its process's cluster device with its address, and each client
 sleeps its request (before it leaves) and the reply (once it came) out on the links between its device and the

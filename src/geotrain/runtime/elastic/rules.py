@@ -19,7 +19,8 @@ W1,W2,...: each group its windows, its gradient weighted by them in the quorum's
 geotrain.codecs with or without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not
 PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
 equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
-async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
+async-hierarchical: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; S x K > 1: --outer-sync
+async with kill chaos at --time-scale 0, each position the client of its position's server, one election for all; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
