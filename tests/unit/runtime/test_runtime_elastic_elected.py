@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.runtime.elastic.async_regions import group_regions
-from geotrain.runtime.elastic.elected import ElectedLink, ElectionError, HeldModel, Tier, elect
+from geotrain.runtime.elastic.elected import ElectedLink, ElectionError, HeldModel, Tier, elect, group_vote
 from geotrain.cluster.io import parse_cluster_text
 from geotrain.runtime.config import RuntimeConfig
 from runtime_2x2 import CLUSTER_YAML
@@ -75,6 +75,14 @@ def test_a_following_tiers_host_is_its_leaders_elected_group_whatever_its_own_co
     with pytest.raises(ElectionError) as caught:  # no leader decided within grace + timeout: one line
         elect(store, Tier("async/position1/", (0, 1), 0, 1, 0.1, 0.1, b"key", follows="async/"), 2, 0, COPY)
     assert "no host of async was elected" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_group_of_several_positions_votes_with_its_stalest_positions_copy_version():
+    """Its host serves every position from that position's own copy: the freshest stalest copy loses the least."""
+    assert group_vote(COPY, [9, 5]).version == 5 and group_vote(COPY, [8]).version == 7
+    assert group_vote(COPY, [5]).updates == 9 and group_vote(COPY, []) is COPY and group_vote(NONE, [1]) is NONE
+    fresher, staler = group_vote(COPY, [6]), group_vote(HeldModel(torch.zeros(2), version=9, updates=9), [4])
+    assert fresher.version > staler.version  # group of versions (7, 6) wins over (9, 4)
 
 
 def test_groups_are_numbered_by_the_region_of_their_device_in_group_order():

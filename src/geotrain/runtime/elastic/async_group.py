@@ -85,7 +85,8 @@ position (s, k) of every group is a client of that server only (its tier's keys 
 runtime/sharded.py shard_rows; stages: the pipeline), push at the same inner step, and after the join and each
 exchange agree in the group's own gloo group (over its own TCPStore, as the synchronous groups of S x K processes
 have) on the least update count of their positions: they take one learning rate and stop as one. One election picks
-the host group for every position: position (0, 0) votes with its copy's version, the other positions' tiers follow
+the host group for every position: position (0, 0) votes for the group with the least of its positions' copy versions
+(each other position publishes its copy's after every reply; elected.group_vote), the other positions' tiers follow
 its decision (elected.Tier.follows: counted once, in `elections`), so a lost host group is replaced by one group whose
 every position serves from its own copy (`lost_updates` and `resent_updates` sum over the positions). A restarted
 group's copy wins no election until every position of it has joined (ElectedLink.votes_copy). Not built yet with
@@ -209,8 +210,11 @@ class AsyncElasticGroup:
                                    follows=None if rank == 0 else position_prefix(0))
         self.link = self.elected_link(store, tier, group, held, self._serve, incarnation == 0)
         """This process's link to its server (its position's global model's; with regions, its region's)."""
-        # a restarted group of several processes: its copy wins no election until every position holds one
+        # a restarted group of several processes: its copy wins no election until every position holds one; the group
+        # votes with its stalest position's copy
         self.link.votes_copy = self.size == 1 or incarnation == 0
+        if rank == 0 and self.size > 1:
+            self.link.group_versions = self._position_versions
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
         self.missed_end = False
@@ -331,6 +335,7 @@ class AsyncElasticGroup:
         if self.incarnation == 0:
             self._barrier()
         self._adopt(self.link.exchange(None, False))  # join: the current global model
+        self._publish_copy()
         updates = self._least(self.held.updates)  # every position holds a copy now
         self.link.votes_copy = True
         self.store.compare_set("t0", "", repr(time.time()))
@@ -350,6 +355,7 @@ class AsyncElasticGroup:
                 gradient = self._outer_gradient(due[0])
                 exchanged = time.perf_counter()
                 self._adopt(self.link.exchange(gradient, False, fragment=due[0]))
+                self._publish_copy()
                 updates = self._least(self.held.updates)
                 # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
                 record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
@@ -386,6 +392,20 @@ class AsyncElasticGroup:
             self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
                 cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries,
                 self.checkpoints.protect))
+
+    def _copy_key(self, rank: int) -> str:
+        """Where group rank `rank` of this start of the group publishes its copy's version (module doc: Positions)."""
+        return f"{position_prefix(rank)}copy/{self.group}/{self.incarnation}"
+
+    def _publish_copy(self) -> None:
+        """Position (s, k) > (0, 0): its copy's version, for its group's vote (elected.group_vote)."""
+        if self.rank > 0:
+            self.store.set(self._copy_key(self.rank), str(self.held.version))
+
+    def _position_versions(self) -> list[int]:
+        """The copy versions the group's other positions last published (those that did)."""
+        keys = [self._copy_key(rank) for rank in range(1, self.size)]
+        return [int(self.store.get(key).decode()) for key in keys if self.store.check([key])]
 
     def _least(self, updates: int) -> int:
         """The least of `updates` over this group's processes (S x K > 1: agreed in the group's own gloo group, so its

@@ -234,6 +234,15 @@ def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> in
     return int(store.get(key).decode())
 
 
+def group_vote(held: HeldModel, versions: Sequence[int]) -> HeldModel:
+    """What a group votes with: copy `held` (position (0, 0)'s) at the least of its version and the other positions'
+    copy `versions` (a host group serves every position from its own copy: the group whose stalest position is
+    freshest loses the least); no copy: none."""
+    if held.model is None or not versions:
+        return held
+    return dataclasses.replace(held, version=min(held.version, *versions))
+
+
 def _await_decision(store: Any, key: str, tier: Tier) -> None:
     """Wait for another voter to decide `key`, at most the tier's timeout (then the caller's ElectionError)."""
     try:
@@ -288,6 +297,9 @@ class ElectedLink:
         self.votes_copy = True
         """Whether this client's copy counts in an election (False: it votes without one, so cannot win; a group of
         several processes until every position of it holds a copy: runtime/elastic/async_group.py)."""
+        self.group_versions: Callable[[], list[int]] = list
+        """The copy versions of the other positions of this client's group (a group of several processes votes with
+        its stalest position's: group_vote); none: its own copy's."""
         self.epoch = -1
         self.joined = False
         self.connection: SocketClient | None = None
@@ -297,8 +309,8 @@ class ElectedLink:
     def _connect(self, epoch: int) -> None:
         """Connect to `epoch`'s host (hosting it if elected); HostLost when it is gone already."""
         self.epoch, tier = epoch, self.tier
-        host = tier.first_host if epoch == 0 else \
-            elect(self.store, tier, epoch, self.client, self.held if self.votes_copy else HeldModel(None))
+        host = tier.first_host if epoch == 0 else elect(self.store, tier, epoch, self.client, group_vote(
+            self.held if self.votes_copy else HeldModel(None), self.group_versions()))
         # a restarted epoch-0 host without a copy is a client (it must not serve epoch 0 again)
         if host == self.client and (self.held.model is not None or (tier.seedless and epoch > 0)):
             self.host = self.serve(epoch)
