@@ -84,7 +84,7 @@ position (s, k) of every group is a client of that server only (its tier's keys 
 (0, 0)'s under `async/`). The group's processes train the same step on their rows of the group's batch (FSDP2 shards:
 runtime/sharded.py shard_rows; stages: the pipeline), push at the same inner step, and after the join and each
 exchange agree in the group's own gloo group (over its own TCPStore, as the synchronous groups of S x K processes
-have) on the least update count of their positions: they take one learning rate and stop as one. One election picks
+have) on the least update count of their positions (runtime/elastic/async_positions.py): they take one learning rate and stop as one. One election picks
 the host group for every position: position (0, 0) votes for the group with the least of its positions' copy versions
 (each other position publishes its copy's after every reply; elected.group_vote), the other positions' tiers follow
 its decision (elected.Tier.follows: counted once, in `elections`), so a lost host group is replaced by one group whose
@@ -108,11 +108,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.async_positions import GroupPositions, position_prefix
 from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
@@ -143,11 +143,6 @@ def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return torch.cat([local_shard(p).reshape(-1).to(torch.float32) for p in params])
 
 
-def position_prefix(rank: int) -> str:
-    """The store prefix of the global model's tier of group rank `rank`'s position (module doc: Positions): `async/`
-    for position (0, 0), whose elections pick every position's host."""
-    return "async/" if rank == 0 else f"async/position{rank}/"
-
 
 class AsyncElasticGroup:
     """Replica group `group` of an elastic asynchronous run (module doc); `store`: the launcher's store;
@@ -159,6 +154,7 @@ class AsyncElasticGroup:
                  authkey: bytes, world: Any = None, rank: int = 0) -> None:
         self.config, self.group, self.store, self.net, self.incarnation = config, group, store, net, incarnation
         self.rank, self.position, self.size = rank, group_position(config, rank), group_size(config)
+        self.positions = GroupPositions(store, group, incarnation, rank, self.size)
         self.group_store = None
         if self.size > 1:  # the group's own gloo group: its pipeline, FSDP2 and where its positions agree
             self.group_store = open_group_store(config, store, net, group, rank, incarnation)
@@ -214,7 +210,7 @@ class AsyncElasticGroup:
         # votes with its stalest position's copy
         self.link.votes_copy = self.size == 1 or incarnation == 0
         if rank == 0 and self.size > 1:
-            self.link.group_versions = self._position_versions
+            self.link.group_versions = self.positions.versions
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
         self.missed_end = False
@@ -335,8 +331,8 @@ class AsyncElasticGroup:
         if self.incarnation == 0:
             self._barrier()
         self._adopt(self.link.exchange(None, False))  # join: the current global model
-        self._publish_copy()
-        updates = self._least(self.held.updates)  # every position holds a copy now
+        self.positions.publish(self.held.version)
+        updates = self.positions.least(self.held.updates)  # every position holds a copy now
         self.link.votes_copy = True
         self.store.compare_set("t0", "", repr(time.time()))
         if self.incarnation > 0 and self.rank == 0:
@@ -355,8 +351,8 @@ class AsyncElasticGroup:
                 gradient = self._outer_gradient(due[0])
                 exchanged = time.perf_counter()
                 self._adopt(self.link.exchange(gradient, False, fragment=due[0]))
-                self._publish_copy()
-                updates = self._least(self.held.updates)
+                self.positions.publish(self.held.version)
+                updates = self.positions.least(self.held.updates)
                 # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
                 record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
                 if self.size > 1:  # the group's record digests its positions' parameters (summary.merge_stage_records)
@@ -392,30 +388,6 @@ class AsyncElasticGroup:
             self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
                 cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries,
                 self.checkpoints.protect))
-
-    def _copy_key(self, rank: int) -> str:
-        """Where group rank `rank` of this start of the group publishes its copy's version (module doc: Positions)."""
-        return f"{position_prefix(rank)}copy/{self.group}/{self.incarnation}"
-
-    def _publish_copy(self) -> None:
-        """Position (s, k) > (0, 0): its copy's version, for its group's vote (elected.group_vote)."""
-        if self.rank > 0:
-            self.store.set(self._copy_key(self.rank), str(self.held.version))
-
-    def _position_versions(self) -> list[int]:
-        """The copy versions the group's other positions last published (those that did)."""
-        keys = [self._copy_key(rank) for rank in range(1, self.size)]
-        return [int(self.store.get(key).decode()) for key in keys if self.store.check([key])]
-
-    def _least(self, updates: int) -> int:
-        """The least of `updates` over this group's processes (S x K > 1: agreed in the group's own gloo group, so its
-        positions train the same steps, push at the same ones and stop as one: module doc, Positions); `updates` for a
-        group of one process."""
-        if self.size == 1:
-            return updates
-        least = torch.tensor([updates], dtype=torch.int64)
-        dist.all_reduce(least, op=dist.ReduceOp.MIN)
-        return int(least)
 
     def _note_checkpoints(self) -> None:
         """A checkpoint event for each checkpoint this group's server wrote since the last call."""
