@@ -34,7 +34,7 @@ clients, which this one copy does not hold.
 
 from __future__ import annotations
 
-import copy
+import itertools
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -45,7 +45,9 @@ import torch
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.checkpoint import load_group_checkpoint, save_group_checkpoint
+from geotrain.optim.shards import local_shard
 from geotrain.runtime.elastic.elected import HeldModel
+from geotrain.runtime.shard_state import LOCAL, local_state
 from geotrain.sync.async_step import pause_updates, run_budget
 from geotrain.sync.async_wire import own_store_client
 
@@ -76,23 +78,26 @@ class Resumed:
         self.step, self.held, self.optimizer = step, held, optimizer
 
 
-def launch_start(config: RuntimeConfig, store: Any, incarnation: int) -> Resumed:
+def launch_start(config: RuntimeConfig, store: Any, incarnation: int, position: Any = None) -> Resumed:
     """Where this launch started: a fresh run's seed (step 0); `--resume`'s checkpoint for a group's first start
-    (load_resumed: published in the store), and only its step for a restarted group (it joins for the model)."""
+    (load_resumed of its `position`, a GroupPosition, None: (0, 0); its step published in the store), and only its
+    step for a restarted group (it joins for the model)."""
     if not config.checkpoint.resume:
         return Resumed()
     if incarnation > 0:
         store.wait([START_KEY], timedelta(seconds=config.reliability.comm_timeout_s))
         return Resumed(int(store.get(START_KEY).decode()))
-    resumed = load_resumed(config)
+    resumed = load_resumed(config, position)
     store.compare_set(START_KEY, "", str(resumed.step))
     return resumed
 
 
-def load_resumed(config: RuntimeConfig) -> Resumed:
-    """`--resume`: the newest checkpoint's step, global model and server state; CheckpointError (one line) when it
-    is not a resumable elastic asynchronous checkpoint."""
-    state = load_group_checkpoint(config, 0)
+def load_resumed(config: RuntimeConfig, position: Any = None) -> Resumed:
+    """`--resume`: the newest checkpoint's step, global model and server state of `position` (a GroupPosition: its
+    part of the global model; None: (0, 0)); CheckpointError (one line) when it is not a resumable elastic
+    asynchronous checkpoint."""
+    state = load_group_checkpoint(config, 0, 0) if position is None else \
+        load_group_checkpoint(config, position.stage, position.shard)
     directory, step = config.checkpoint.checkpoint_dir, state["_step"]
     where = ckpt.shard_path(str(directory), step, state["_rank"])
     dp = state["dp"]
@@ -121,31 +126,42 @@ def launch_budget(config: RuntimeConfig, start: int) -> tuple[int, int]:
 
 
 class ServerCheckpoints:
-    """The checkpoints the host of the global model writes (module doc): group `group`'s, for a launch from step
-    `start` to `stop`; `module`: a model of the group's shape (a copy the global model is loaded into: the group
-    trains its own meanwhile), `boundaries` its stage's; `protect`: the step resumed from (kept on disk)."""
+    """The checkpoints the host of the global model writes (module doc): group rank `rank` of the `size` processes
+    of group `group` (S x K > 1: its position's shard, module doc: Positions), for a launch from step `start` to
+    `stop`; `module`: the process's stage (its weights' names and shapes: the global model's values are written in
+    their place, the group trains its own meanwhile), `boundaries` its stage's; `protect`: the step resumed from
+    (kept on disk)."""
 
     def __init__(self, config: RuntimeConfig, group: int, module: torch.nn.Module, boundaries: Sequence[int],
-                 start: int, stop: int, protect: tuple[int, ...]) -> None:
+                 start: int, stop: int, protect: tuple[int, ...], rank: int = 0, size: int = 1) -> None:
         self.config, self.group, self.boundaries, self.protect = config, group, boundaries, protect
+        self.rank, self.size = rank, size
         every, replicas = config.optim.sync_every, config.replicas
         points = config.checkpoint.points(start, stop, config.run.steps) if config.checkpoint.checkpoint_dir else []
         self.points = [(pause_updates(c, every, replicas), c) for c in points]  # type: ignore[arg-type]
-        self.module = copy.deepcopy(module) if self.points else None
+        self.module = module
+        self.template = local_state(torch.nn.ModuleList([module]).state_dict()) if self.points else {}
+        """The stage's weights as a checkpoint holds them (FSDP2 shards as local records: shard_state.py), taken
+        before training: each write puts the global model's values in its parameters' places."""
+        named = torch.nn.ModuleList([module]).state_dict(keep_vars=True)
+        index = {id(p): i for i, p in enumerate(module.parameters())}
+        self.param_of = {key: index[id(value)] for key, value in named.items() if id(value) in index}
+        """Each weight's parameter (its place in the flat model: module.parameters()' order; tied names share one)."""
         self.events: list[tuple[int, dict[str, Any]]] = []
         """(step, what its checkpoint event records) of each checkpoint written, for the group's observer."""
         self.failure: str | None = None
         """Why a write failed (the server's thread must not die of it: an OSError there reads as a lost client)."""
         self.lock = threading.Lock()
 
-    def writer(self, store: Any, server: Any, standard: Any = None) -> Any:
+    def writer(self, store: Any, server: Any, standard: Any = None, prefix: str = "async/") -> Any:
         """The callback a host's SocketServer calls after each update (the lock held): writes the due checkpoint of
-        `server` (an OuterServer or a FragmentServer; `standard`: its model as [parameters | v], FragmentLayout's);
-        None when this launch writes none before its end."""
+        `server` (an OuterServer or a FragmentServer; `standard`: its model as [parameters | v], FragmentLayout's;
+        `prefix`: its tier's store keys, each position's own); None when this launch writes none before its end."""
         if not self.points:
             return None
         own = own_store_client(store)  # the server's threads write: a store client of their own
-        done = int(store.get(CHECKPOINTED_KEY).decode()) if store.check([CHECKPOINTED_KEY]) else 0
+        key = CHECKPOINTED_KEY if prefix == "async/" else f"{prefix}checkpointed"
+        done = int(store.get(key).decode()) if store.check([key]) else 0
 
         def write(updates: int) -> None:
             nonlocal done
@@ -153,25 +169,44 @@ class ServerCheckpoints:
             if crossed:
                 done = crossed[-1]
                 state = server.model_state()
-                self.save(done, state if standard is None else {**state, "model": standard(state["model"])})
-                own.set(CHECKPOINTED_KEY, str(done))
+                self.save(done, state if standard is None else {**state, "model": standard(state["model"])},
+                          None if self.size == 1 else lambda step: self.last_shard(own, step))
+                own.set(key, str(done))
         return write
 
-    def save(self, step: int, state: dict[str, Any]) -> None:
-        """Write the checkpoint of `step` from a server's model state (OuterServer.model_state)."""
-        assert self.module is not None
+    def last_shard(self, store: Any, step: int) -> bool:
+        """S x K > 1: this position's shard of `step` is written; whether it completes the step's shards and this
+        position writes the manifest (the first to see every shard in, by compare_set: one writer). A host group lost
+        between its positions' writes leaves the rest to the next host's positions (each skips what its own tier's
+        `checkpointed` key says it wrote)."""
+        keys = [f"async/shards/{step}/{rank}" for rank in range(self.size)]
+        store.set(keys[self.rank], "1")
+        return store.check(keys) and \
+            store.compare_set(f"async/shards/{step}/manifest", "", str(self.rank)) == str(self.rank).encode()
+
+    def save(self, step: int, state: dict[str, Any], last_shard: Any = None) -> None:
+        """Write the checkpoint of `step` from a server's model state (OuterServer.model_state); `last_shard`:
+        save_group_checkpoint's (None: one process per group)."""
         with self.lock, torch.no_grad():
-            offset = 0
-            for p in self.module.parameters():
-                p.copy_(state["model"][offset:offset + p.numel()].view_as(p).to(p.dtype))
-                offset += p.numel()
             try:
-                event = save_group_checkpoint(self.config, self.group, 0, step, self.module, ServerState(state),
-                                              self.boundaries, self.protect)
+                event = save_group_checkpoint(self.config, self.group, self.rank, step, self.module,
+                                              ServerState(state), self.boundaries, self.protect,
+                                              self.weights(state["model"]), last_shard)
             except Exception as exc:  # noqa: BLE001 - raised in the group's main thread (take_events)
                 self.failure = f"step {step}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 return
             self.events.append((step, event))
+
+    def weights(self, model: torch.Tensor) -> dict[str, Any]:
+        """The stage's weights (`template`) holding the flat global `model`'s values (its parameters first)."""
+        params = [local_shard(p) for p in self.module.parameters()]
+        offsets = [0, *itertools.accumulate(p.numel() for p in params)]
+        weights = dict(self.template)
+        for key, i in self.param_of.items():
+            values = model[offsets[i]:offsets[i + 1]].view(params[i].shape).to(params[i].dtype).clone()
+            record = weights[key]
+            weights[key] = {**record, LOCAL: values} if isinstance(record, dict) else values
+        return weights
 
     def take_events(self) -> list[tuple[int, dict[str, Any]]]:
         """The checkpoints written since the last call; CheckpointError (one line) if a write failed."""

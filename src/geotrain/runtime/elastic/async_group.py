@@ -182,13 +182,13 @@ class AsyncElasticGroup:
         Fragments); one fragment: the whole model, as [parameters | v]."""
         self.moments_loaded = 0
         """Replies whose global second moments this group loaded into its AdamW (async_moments.loads_moments)."""
-        self.resumed = launch_start(config, store, incarnation)
+        self.resumed = launch_start(config, store, incarnation, self.position)
         """--resume: the checkpoint's step, model and server state (runtime/elastic/async_checkpoint.py)."""
         self.stop, self.budget = launch_budget(config, self.resumed.step)
         """The step this launch ends at (--stop-after) and the replica outer gradients the model takes by then."""
         self.checkpoints = ServerCheckpoints(config, group, self.model.module, self.model.boundaries,
                                              self.resumed.step, self.stop,
-                                             (self.resumed.step,) if config.checkpoint.resume else ())
+                                             (self.resumed.step,) if config.checkpoint.resume else (), rank, self.size)
         self.authkey = authkey
         self.timeout_s = config.reliability.comm_timeout_s
         # a fresh run's groups all start from the seed's model (version 0), a resumed run's from the checkpoint's;
@@ -269,7 +269,7 @@ class AsyncElasticGroup:
             server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
         return serve_restored(self.store, tier, epoch, held, server, lambda: serve_counting(
             self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey,
-            after_update=self.checkpoints.writer(self.store, server, self.layout.standard)))
+            after_update=self.checkpoints.writer(self.store, server, self.layout.standard, tier.prefix)))
 
     def _laid_out(self, flat: torch.Tensor) -> torch.Tensor:
         """A model of `flat` parameters as every server holds it: with --sync-moments, zero second moments after them
@@ -386,7 +386,7 @@ class AsyncElasticGroup:
         # the end's, once: by the last host of the global model (a --stop-after's was written at its update)
         if hosted and self.config.checkpoint.checkpoint_dir is not None and self.stop == cfg.run.steps:
             self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
-                cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries,
+                cfg, self.group, self.rank, cfg.run.steps, self.model.module, self, self.model.boundaries,
                 self.checkpoints.protect))
 
     def _note_checkpoints(self) -> None:

@@ -169,7 +169,7 @@ def async_refusal(config: Any) -> str | None:
     other settings, or None (not async, or groups of one process: None)."""
     if config.optim.outer_sync not in ASYNC_SYNCS or config.stages * config.layout.k == 1:
         return None
-    optim, ck = config.optim, config.checkpoint
+    optim = config.optim
     what = f"elastic asynchronous groups of {config.stages} stages x {config.layout.k} devices per slot"
     reasons = (
         (optim.outer_sync != "async", f"optim.outer_sync {optim.outer_sync!r}: {what} run 'async' only (not built "
@@ -177,9 +177,6 @@ def async_refusal(config: Any) -> str | None:
         (optim.fragments > 1 or optim.sync_moments,
          f"optim.fragments {optim.fragments}, sync_moments {optim.sync_moments}: {what} push the whole model's "
          f"parameters (not built yet: fragments or moments per position)"),
-        (ck.checkpoint_dir is not None or ck.resume or config.run.stop_after is not None,
-         f"checkpoint.checkpoint_dir {ck.checkpoint_dir!r}: {what} write no checkpoints (not built yet: one per "
-         f"position by the host group); drop --checkpoint-dir, --resume and --stop-after"),
         (config.emulation.time_scale > 0 or config.emulation.emulate_gpu_speed,
          f"emulation.time_scale {config.emulation.time_scale!r}: {what} run on this host's unshaped links (not built "
          f"yet: the group's pipeline and FSDP2 groups on the emulated links); pass --time-scale 0"),
