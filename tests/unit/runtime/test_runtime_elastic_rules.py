@@ -158,8 +158,9 @@ def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and
 
 def test_elastic_async_on_stages_or_shards_runs_flat_and_refuses_what_is_not_built_in_one_line():
     """Elastic asynchronous groups of S x K > 1 processes (runtime/elastic/async_group.py, Positions): a plan of 2
-    stages, or of 2 shards per slot, runs --outer-sync async with kill chaos and checkpoints (one shard per position)
-    on unshaped links; regions, fragments, moments and emulated links are refused by name."""
+    stages, or of 2 shards per slot, runs --outer-sync async with kill chaos, checkpoints (one shard per position) and
+    emulated links (the group's own groups on its devices' links); regions, fragments and moments are refused by
+    name."""
     for assignment, extra, shape in (([[0, 2], [1, 3]], {}, "2 stages x 1 devices"),
                                      ([[0, 2]], {"shards": SHARDED["shards"]}, "1 stages x 2 devices")):
         plan = assignment if not extra else extra["shards"][..., 0]
@@ -168,10 +169,11 @@ def test_elastic_async_on_stages_or_shards_runs_flat_and_refuses_what_is_not_bui
         resumed = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "checkpoint_dir": "ckpt", "checkpoint_every": 4,
                                                      "resume": True, "stop_after": 7})
         assert elastic_refusal(resumed) is None
+        emulated = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "time_scale": 0.1})
+        assert elastic_refusal(emulated) is None
         for settings, setting in (({"outer_sync": "async-hierarchical"}, "optim.outer_sync 'async-hierarchical'"),
                                   ({"fragments": 2, "fragment_split": "layers"}, "optim.fragments 2"),
-                                  ({"sync_moments": True}, "sync_moments True"),
-                                  ({"time_scale": 0.1}, "emulation.time_scale 0.1")):
+                                  ({"sync_moments": True}, "sync_moments True")):
             with pytest.raises(RuntimeConfigError) as caught:
                 RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, **settings})
             text = str(caught.value)
@@ -212,6 +214,9 @@ def test_emulate_gpu_speed_at_time_scale_zero_runs_on_elastic_async_groups_only(
         config = RuntimeConfig.of(mixed, [[0, 2, 4]], **{**ASYNC, "outer_sync": outer_sync, "time_scale": time_scale},
                                   emulate_gpu_speed=True)
         assert config.compute_scale()[4] == pytest.approx(312 / 65) and sleeps_gpu_speed(config)
+    # a group of 2 FSDP2 shard processes: each sleeps out its own device's speed
+    sharded = RuntimeConfig.of(mixed, [[0, 2]], **{**ASYNC, **SHARDED, "time_scale": 0.0}, emulate_gpu_speed=True)
+    assert sharded.layout.k == 2 and elastic_refusal(sharded) is None and sleeps_gpu_speed(sharded)
     for settings in ({"time_scale": 0.0}, ELASTIC, {**ELASTIC, "sync_every": 3}, {**ASYNC, "elastic": False}):
         with pytest.raises(RuntimeConfigError) as caught:
             RuntimeConfig.of(mixed, [[0, 2, 4]], **settings, emulate_gpu_speed=True)

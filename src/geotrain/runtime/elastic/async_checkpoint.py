@@ -24,6 +24,15 @@ global model): a resumed run starts every group as the launcher restarts one (a 
 model's progress), from this model, and every region server from it (runtime/elastic/async_regions.py: a fresh region server's copy of the global model is its
 group's).
 
+Positions (S x K > 1: runtime/elastic/async_group.py): each position of the host group writes the shard of its
+rank (stage x K + shard: its part of the global model, its server's state; FSDP2 shards as local records,
+runtime/shard_state.py, as a synchronous sharded group's) after its own server's update that reaches the step's count,
+from its template of the stage's weights (its server's thread never reads the module the group trains: FSDP2 swaps in
+unsharded parameters during a forward); the position that finds every shard of the step in writes the manifest (one,
+by compare_set: `async/shards/<step>/`), and each position skips the steps its own tier's `checkpointed` key holds, so
+a host group lost between its positions' writes leaves the rest to the next host group. `--resume`: each position
+loads its own shard.
+
 `--resume` (elastic): every group starts holding the checkpoint's model, version and counts (a copy: it can win an
 election); epoch 0's host serves from it with the outer optimizer's state. `--stop-after K`: the run's budget
 becomes the count of step start + K (start: the resumed checkpoint's step), the groups end there on one model as at
@@ -44,7 +53,7 @@ import torch
 
 from geotrain.runtime import checkpoint as ckpt
 from geotrain.runtime.config import RuntimeConfig
-from geotrain.runtime.elastic.checkpoint import load_group_checkpoint, save_group_checkpoint
+from geotrain.runtime.elastic.checkpoint import fresh_exchange, load_group_checkpoint, save_group_checkpoint
 from geotrain.optim.shards import local_shard
 from geotrain.runtime.elastic.elected import HeldModel
 from geotrain.runtime.shard_state import LOCAL, local_state
@@ -139,14 +148,19 @@ class ServerCheckpoints:
         every, replicas = config.optim.sync_every, config.replicas
         points = config.checkpoint.points(start, stop, config.run.steps) if config.checkpoint.checkpoint_dir else []
         self.points = [(pause_updates(c, every, replicas), c) for c in points]  # type: ignore[arg-type]
+        # taken before training: the server's thread must not read the module (FSDP2 swaps in unsharded parameters
+        # while the group's thread runs a forward or backward)
         self.module = module
         self.template = local_state(torch.nn.ModuleList([module]).state_dict()) if self.points else {}
-        """The stage's weights as a checkpoint holds them (FSDP2 shards as local records: shard_state.py), taken
-        before training: each write puts the global model's values in its parameters' places."""
+        """The stage's weights as a checkpoint holds them (FSDP2 shards as local records: shard_state.py): each write
+        puts the global model's values in its parameters' places."""
+        self.exchange = fresh_exchange(config, module) if self.points else {}
         named = torch.nn.ModuleList([module]).state_dict(keep_vars=True)
         index = {id(p): i for i, p in enumerate(module.parameters())}
         self.param_of = {key: index[id(value)] for key, value in named.items() if id(value) in index}
         """Each weight's parameter (its place in the flat model: module.parameters()' order; tied names share one)."""
+        self.shapes = [local_shard(p).shape for p in module.parameters()]
+        """The parameters' local shapes (a sharded slot's: this process's shards)."""
         self.events: list[tuple[int, dict[str, Any]]] = []
         """(step, what its checkpoint event records) of each checkpoint written, for the group's observer."""
         self.failure: str | None = None
@@ -191,7 +205,7 @@ class ServerCheckpoints:
             try:
                 event = save_group_checkpoint(self.config, self.group, self.rank, step, self.module,
                                               ServerState(state), self.boundaries, self.protect,
-                                              self.weights(state["model"]), last_shard)
+                                              self.weights(state["model"]), self.exchange, last_shard)
             except Exception as exc:  # noqa: BLE001 - raised in the group's main thread (take_events)
                 self.failure = f"step {step}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 return
@@ -199,12 +213,12 @@ class ServerCheckpoints:
 
     def weights(self, model: torch.Tensor) -> dict[str, Any]:
         """The stage's weights (`template`) holding the flat global `model`'s values (its parameters first)."""
-        params = [local_shard(p) for p in self.module.parameters()]
-        offsets = [0, *itertools.accumulate(p.numel() for p in params)]
+        offsets = [0, *itertools.accumulate(shape.numel() for shape in self.shapes)]
         weights = dict(self.template)
         for key, i in self.param_of.items():
-            values = model[offsets[i]:offsets[i + 1]].view(params[i].shape).to(params[i].dtype).clone()
             record = weights[key]
+            like = record[LOCAL] if isinstance(record, dict) else record
+            values = model[offsets[i]:offsets[i + 1]].view(self.shapes[i]).to(like.dtype).clone()
             weights[key] = {**record, LOCAL: values} if isinstance(record, dict) else values
         return weights
 

@@ -89,8 +89,10 @@ the host group for every position: position (0, 0) votes for the group with the 
 (each other position publishes its copy's after every reply; elected.group_vote), the other positions' tiers follow
 its decision (elected.Tier.follows: counted once, in `elections`), so a lost host group is replaced by one group whose
 every position serves from its own copy (`lost_updates` and `resent_updates` sum over the positions). A restarted
-group's copy wins no election until every position of it has joined (ElectedLink.votes_copy). Not built yet with
-positions (rules.py, one line): async-hierarchical, --fragments, --sync-moments, checkpoints, emulated links.
+group's copy wins no election until every position of it has joined (ElectedLink.votes_copy). Checkpoints: each
+position's server writes its shard (async_checkpoint.py). Emulated links: each position paces its own messages, and
+the group's own groups run on the emulating backend (links.install_group_links). Not built yet with positions
+(rules.py, one line): async-hierarchical, --fragments, --sync-moments.
 
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
@@ -117,7 +119,7 @@ from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
 from geotrain.runtime.elastic.group import open_group_store, params_digest
-from geotrain.runtime.elastic.links import GroupNet, cut_hold, process_device, socket_pacing
+from geotrain.runtime.elastic.links import GroupNet, cut_hold, install_group_links, process_device, socket_pacing
 from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
 from geotrain.runtime.sharded import shard_rows
 from geotrain.optim.shards import local_shard
@@ -158,6 +160,7 @@ class AsyncElasticGroup:
         self.group_store = None
         if self.size > 1:  # the group's own gloo group: its pipeline, FSDP2 and where its positions agree
             self.group_store = open_group_store(config, store, net, group, rank, incarnation)
+            self.inside = install_group_links(config, group)  # --time-scale > 0: on its devices' emulated links
             pipeline_group(self.group_store, rank, self.size, config.reliability.comm_timeout_s)
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world,
                                        config.data.windows, config.data.epoch_windows)

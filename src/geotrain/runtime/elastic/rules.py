@@ -20,7 +20,8 @@ geotrain.codecs with or without error feedback (the codec reducer on torchft's g
 PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
 equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
 async-hierarchical: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; S x K > 1: --outer-sync
-async with kill chaos at --time-scale 0, each position the client of its position's server, one election for all; at --time-scale
+async with kill chaos, checkpoints and emulated links, each position the client of its position's server, one election
+for all; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
@@ -177,9 +178,6 @@ def async_refusal(config: Any) -> str | None:
         (optim.fragments > 1 or optim.sync_moments,
          f"optim.fragments {optim.fragments}, sync_moments {optim.sync_moments}: {what} push the whole model's "
          f"parameters (not built yet: fragments or moments per position)"),
-        (config.emulation.time_scale > 0 or config.emulation.emulate_gpu_speed,
-         f"emulation.time_scale {config.emulation.time_scale!r}: {what} run on this host's unshaped links (not built "
-         f"yet: the group's pipeline and FSDP2 groups on the emulated links); pass --time-scale 0"),
     )
     return next((text for failed, text in reasons if failed), None)
 
