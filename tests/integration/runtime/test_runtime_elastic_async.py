@@ -20,7 +20,8 @@ messages to the host (group 0) takes latency + bytes / bandwidth of the cluster 
 A sharded plan (K = 2 devices per slot: a group is 2 processes holding FSDP2 shards, each the client of its position's
 server; runtime/elastic/async_group.py, Positions), its host group SIGKILLed at 0.5 s: one election picks the survivor
 for both positions, each serving from its own copy; that launch stops at step 30 (--stop-after, each position's server
-writing its shard of the checkpoint) and a fault-free --resume continues it to the end on emulated links (each
+writing its shard of the checkpoint; both launches with --sync-moments, each position's server holding [its parameters
+| v]) and a fault-free --resume continues it to the end on emulated links (each
 position's messages paced, the group's FSDP2 collectives on its devices' links); both run after the hierarchical run,
 in its interpreter."""
 
@@ -103,7 +104,7 @@ def runs(tmp_path_factory):
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
     sharded = ["train", "--cluster", CLUSTER, "--plan", str(sharded_plan), *FLAGS,
-               "--steps", str(STEPS["sharded"]), "--checkpoint-dir", str(tmp / "ckpt-sharded")]
+               "--steps", str(STEPS["sharded"]), "--checkpoint-dir", str(tmp / "ckpt-sharded"), "--sync-moments"]
     first = OneInterpreter([stopped, [*plain, "--resume"], regions,
                             [*sharded, "--chaos", SHARDED_KILL, "--checkpoint-every", str(SHARDED_STOP),
                              "--stop-after", str(SHARDED_STOP)],
@@ -292,7 +293,8 @@ def test_a_stopped_launch_of_two_shard_processes_checkpoints_every_position_and_
         assert stop <= held["updates"] < stop + 2
         # the stage's weights are the global model's part, as the shard's FSDP2 records
         weights = torch.cat([v["dtensor_local"].reshape(-1) for v in state["stage"].values() if isinstance(v, dict)])
-        assert torch.equal(weights[:held["model"].numel()], held["model"].to(weights.dtype))
+        assert held["model"].numel() == 2 * weights.numel()  # --sync-moments: [parameters | v]
+        assert torch.equal(weights, held["model"][:weights.numel()].to(weights.dtype))
         assert saved[(STEPS["sharded"], rank)]["dp"]["finished"]
     resumed = runs["sharded_resumed"]
     summary = resumed["summary"]
@@ -310,3 +312,5 @@ def test_a_stopped_launch_of_two_shard_processes_checkpoints_every_position_and_
     part_bytes = saved[(SHARDED_STOP, 0)]["dp"]["asynchronous"]["model"].numel() * 4
     assert all(r["link_s"] >= 2 * LATENCY_S and r["sent_bytes"] >= 2 * 2 * part_bytes
                for r in records["1"] if r["synced"])
+    for group in records.values():  # --sync-moments: each group's AdamW holds the final model's v
+        assert group[-1]["moments_loaded"] > 0 and group[-1]["moments_sha256"] == group[-1]["held_moments_sha256"]

@@ -91,8 +91,9 @@ its decision (elected.Tier.follows: counted once, in `elections`), so a lost hos
 every position serves from its own copy (`lost_updates` and `resent_updates` sum over the positions). A restarted
 group's copy wins no election until every position of it has joined (ElectedLink.votes_copy). Checkpoints: each
 position's server writes its shard (async_checkpoint.py). Emulated links: each position paces its own messages, and
-the group's own groups run on the emulating backend (links.install_group_links). Not built yet with positions
-(rules.py, one line): async-hierarchical, --fragments, --sync-moments.
+the group's own groups run on the emulating backend (links.install_group_links). --sync-moments: each position's
+server, push, reply, copy and shard is [its parameters | their v] (AdamW's state of its FSDP2 shards: their local
+part). Not built yet with positions (rules.py, one line): async-hierarchical, --fragments.
 
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
