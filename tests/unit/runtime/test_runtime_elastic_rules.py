@@ -159,8 +159,8 @@ def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and
 def test_elastic_async_on_stages_or_shards_runs_flat_and_refuses_what_is_not_built_in_one_line():
     """Elastic asynchronous groups of S x K > 1 processes (runtime/elastic/async_group.py, Positions): a plan of 2
     stages, or of 2 shards per slot, runs --outer-sync async with kill chaos, checkpoints (one shard per position) and
-    emulated links (the group's own groups on its devices' links) and moment sync (each position's [parameters | v]);
-    regions and fragments are refused by name."""
+    emulated links (the group's own groups on its devices' links), moment sync (each position's [parameters | v])
+    and fragments (each position's own); regions are refused by name."""
     for assignment, extra, shape in (([[0, 2], [1, 3]], {}, "2 stages x 1 devices"),
                                      ([[0, 2]], {"shards": SHARDED["shards"]}, "1 stages x 2 devices")):
         plan = assignment if not extra else extra["shards"][..., 0]
@@ -169,10 +169,10 @@ def test_elastic_async_on_stages_or_shards_runs_flat_and_refuses_what_is_not_bui
         resumed = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "checkpoint_dir": "ckpt", "checkpoint_every": 4,
                                                      "resume": True, "stop_after": 7})
         assert elastic_refusal(resumed) is None
-        emulated = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "time_scale": 0.1, "sync_moments": True})
+        emulated = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "time_scale": 0.1, "sync_moments": True,
+                                                      "fragments": 2, "fragment_split": "layers"})
         assert elastic_refusal(emulated) is None
-        for settings, setting in (({"outer_sync": "async-hierarchical"}, "optim.outer_sync 'async-hierarchical'"),
-                                  ({"fragments": 2, "fragment_split": "layers"}, "optim.fragments 2")):
+        for settings, setting in (({"outer_sync": "async-hierarchical"}, "optim.outer_sync 'async-hierarchical'"),):
             with pytest.raises(RuntimeConfigError) as caught:
                 RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, **settings})
             text = str(caught.value)

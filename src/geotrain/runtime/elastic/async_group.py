@@ -93,7 +93,9 @@ group's copy wins no election until every position of it has joined (ElectedLink
 position's server writes its shard (async_checkpoint.py). Emulated links: each position paces its own messages, and
 the group's own groups run on the emulating backend (links.install_group_links). --sync-moments: each position's
 server, push, reply, copy and shard is [its parameters | their v] (AdamW's state of its FSDP2 shards: their local
-part). Not built yet with positions (rules.py, one line): async-hierarchical, --fragments.
+part). --fragments P: each position's server is a FragmentServer of its own part's P fragments (FragmentLayout of its
+local shards), every position pushing fragment p at the same offsets. Not built yet with positions (rules.py, one
+line): async-hierarchical.
 
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
@@ -260,7 +262,7 @@ class AsyncElasticGroup:
                                     None if self.moments_after is None else numel)
         saved = self.resumed.optimizer if epoch == 0 else None  # a resumed run's first host: the checkpoint's momentum
         server: OuterServer | FragmentServer
-        if self.fragmented and tier.prefix == "async/":
+        if self.fragmented:
             optimizers = [outer(len(r)) for r in self.layout.ranges]
             for optimizer, state in zip(optimizers, (saved or {}).get("fragments", ())):
                 optimizer.load_state_dict(state)

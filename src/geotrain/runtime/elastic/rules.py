@@ -20,7 +20,7 @@ geotrain.codecs with or without error feedback (the codec reducer on torchft's g
 PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
 equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
 async-hierarchical: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; S x K > 1: --outer-sync
-async with kill chaos, checkpoints, emulated links and --sync-moments, each position the client of its position's
+async with kill chaos, checkpoints, emulated links, --sync-moments and --fragments, each position the client of its position's
 server, one election for all; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
@@ -175,9 +175,6 @@ def async_refusal(config: Any) -> str | None:
     reasons = (
         (optim.outer_sync != "async", f"optim.outer_sync {optim.outer_sync!r}: {what} run 'async' only (not built "
                                       f"yet: region servers per position)"),
-        (optim.fragments > 1,
-         f"optim.fragments {optim.fragments}: {what} push their positions' whole parts (not built yet: fragments per "
-         f"position)"),
     )
     return next((text for failed, text in reasons if failed), None)
 
