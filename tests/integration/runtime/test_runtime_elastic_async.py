@@ -16,7 +16,14 @@ one that stops at step 12 (--stop-after, checkpoints at 6 and 12 by the global m
 (runtime/elastic/async_checkpoint.py). Two processes side by side in one fixture (the hierarchical run after the
 fault-free launches, in their interpreter). The fault-free run and the hierarchical one emulate the links (--time-scale >
 0: runtime/elastic/links.py SocketPacing): the fault-free run's groups sit in two regions, and each of group 1's
-messages to the host (group 0) takes latency + bytes / bandwidth of the cluster file's link between them."""
+messages to the host (group 0) takes latency + bytes / bandwidth of the cluster file's link between them.
+A sharded plan (K = 2 devices per slot: a group is 2 processes holding FSDP2 shards, each the client of its position's
+server; runtime/elastic/async_group.py, Positions), its host group SIGKILLed at 0.5 s: one election picks the survivor
+for both positions, each serving from its own copy; that launch stops at step 30 (--stop-after, each position's server
+writing its shard of the checkpoint; both launches with --sync-moments and --fragments 2, each position's server a
+fragment server of [its parameters | v]) and a fault-free --resume continues it to the end on emulated links (each
+position's messages paced, the group's FSDP2 collectives on its devices' links); both run after the hierarchical run,
+in its interpreter."""
 
 from __future__ import annotations
 
@@ -35,13 +42,21 @@ pytest.importorskip("torchft")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
 H = 3
-STEPS = {"plain": 30, "killed": 500, "regions": 200}
+STEPS = {"plain": 30, "killed": 500, "regions": 200, "sharded": 60}
 """The killed run trains long enough for both kills to land (5-10 s of compute per group on this loaded 2-core machine;
 the restarted group 1 joins, holding a copy, about 0.3 s after its kill)."""
 KILLS = "kill-site:every=100s,first=1s,site=1,count=1;kill-site:every=100s,first=2s,site=host,count=1"
 CUTS = "partition:site=0,at=2.5s,for=1s;partition:site=1,at=4s,for=1s"
 """After the kills (the killed run's 500 steps train 5-10 s on this machine, each cut holding the run ~1 s more):
 group 0, a client again, cut; then group 1, the elected host."""
+SHARDED_PLAN = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[0, 2]],
+                "shards": {"k": 2, "devices": [[[0, 1], [2, 3]]]}}
+"""Group 0 on east's two devices, group 1 on west's: a group is its slot's 2 shard processes."""
+SHARDED_KILL = "kill-site:every=100s,first=0.5s,site=host,count=1"
+"""The host group (0) killed once 0.5 s of training passed (the 60 steps train about 17 s on this loaded 2-core
+machine; the killed group is back about 3.6 s after its kill, while the survivor trains on alone)."""
+SHARDED_STOP = 30
+"""The sharded plan's killed launch stops at step 30 with a checkpoint there; its --resume trains on to 60."""
 REGION_KILLS = "kill-site:every=100s,first=1s,site=2,count=1;kill-site:every=100s,first=2s,site=host,count=1"
 """Group 2 hosts region 1's server, group 0 region 0's and the global model's (each tier's epoch 0): site=host, which
 the launcher looks up when the kill is due (async_regions.global_model_host), is group 0 in both runs."""
@@ -73,6 +88,8 @@ FLAGS = ["--model", "tiny-2layer", "--seq-len", "16", "--microbatches", "1", "--
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic-async")
     plan, plan02, plan4 = tmp / "plan.json", tmp / "plan02.json", tmp / "plan4.json"
+    sharded_plan = tmp / "sharded.json"
+    sharded_plan.write_text(json.dumps(SHARDED_PLAN))
     plan.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 1]]}))
     plan02.write_text(json.dumps({"stages": 1, "replicas": 2, "assignment": [[0, 2]]}))  # east, west
     plan4.write_text(json.dumps({"stages": 1, "replicas": 4, "assignment": [[0, 1, 2, 3]]}))
@@ -86,19 +103,29 @@ def runs(tmp_path_factory):
     plain = ["train", "--cluster", CLUSTER, "--plan", str(plan02), *FLAGS, "--steps", str(STEPS["plain"]),
              "--checkpoint-dir", str(tmp / "ckpt"), "--time-scale", str(TIME_SCALE["plain"])]
     stopped = [*plain, "--checkpoint-every", str(EVERY), "--stop-after", str(STOP)]
-    first = OneInterpreter([stopped, [*plain, "--resume"], regions], tmp, "first", env)
+    sharded = ["train", "--cluster", CLUSTER, "--plan", str(sharded_plan), *FLAGS,
+               "--steps", str(STEPS["sharded"]), "--checkpoint-dir", str(tmp / "ckpt-sharded"), "--sync-moments",
+               "--fragments", "2"]
+    first = OneInterpreter([stopped, [*plain, "--resume"], regions,
+                            [*sharded, "--chaos", SHARDED_KILL, "--checkpoint-every", str(SHARDED_STOP),
+                             "--stop-after", str(SHARDED_STOP)],
+                            [*sharded, "--resume", "--time-scale", str(TIME_SCALE["plain"])]], tmp, "first", env)
     second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}", "--sync-moments",
                               "--fragments", "2"]],
                             tmp, "second", env)
-    (stopped, plain, regional), (killed,) = results_of([first, second])
+    (stopped, plain, regional, shards, resharded), (killed,) = results_of([first, second])
     runs = {}
-    for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed)):
+    for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed),
+                       ("sharded", shards), ("sharded_resumed", resharded)):
         assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr}"
         runs[name] = json.loads(done.stdout)
     saved = {name: {int(p.parent.name[5:]): torch.load(p, weights_only=False)["dp"]["asynchronous"]
                     for p in (tmp / name).glob("step-*/rank-0000.pt")} for name in ("ckpt", "ckpt-regions")}
+    shards = {(int(p.parent.name[5:]), int(p.name[5:9])): torch.load(p, weights_only=False)
+              for p in (tmp / "ckpt-sharded").glob("step-*/rank-*.pt")}
     return {**runs, "checkpoints": sorted(p.relative_to(tmp).as_posix() for p in (tmp / "ckpt").glob("step-*/*")),
-            "saved": saved["ckpt"], "saved_regions": saved["ckpt-regions"]}
+            "saved": saved["ckpt"], "saved_regions": saved["ckpt-regions"], "saved_shards": shards,
+            "sharded_checkpoints": sorted(p.relative_to(tmp).as_posix() for p in (tmp / "ckpt-sharded").glob("step-*/*"))}
 
 
 def _final_updates(run: dict) -> list[int]:
@@ -234,3 +261,59 @@ def test_a_cut_client_and_a_cut_host_hold_the_clients_messages_until_the_heal_an
     records = runs["killed"]["group_records"]
     assert sum(r["cut_wait_s"] for r in records["0"]) > 0
     assert all(r["cut_wait_s"] == 0.0 for r in records["1"])
+
+
+def test_a_killed_host_group_of_two_shard_processes_is_replaced_by_one_election_for_both_positions(runs):
+    """Each position (shard) of the survivor serves its part of the global model from its own copy; the groups end on
+    one model at every position (each shard against the same shard of the other group)."""
+    summary = runs["sharded"]["summary"]
+    assert summary["kills"] == 1 and summary["replica_failures"] == 1 and summary["restarts"] == [1, 0]
+    assert summary["elections"] == 1 and summary["global_restarts"] == 0 and summary["rejoins"] == 1
+    assert summary["groups_finished"] == [0, 1]
+    assert summary["max_param_diff_across_replicas"] == 0.0 and summary["replicas_in_sync"] is True
+    stop = pause_updates(SHARDED_STOP, H, 2)  # the launch stops at step 30's count
+    updates = _final_updates(runs["sharded"])
+    assert updates[0] == updates[1] and stop <= updates[0] < stop + 2
+    for records in runs["sharded"]["group_records"].values():  # both positions digested at each push
+        assert all(len(r["stage_params_sha256"]) == 2 for r in records if r["synced"])
+
+
+def test_a_stopped_launch_of_two_shard_processes_checkpoints_every_position_and_its_resume_continues_it(runs):
+    """Each position's server writes its shard of step 30 (the last one in, the manifest) holding its part of the
+    global model at step 30's count; the resumed launch starts every group at that step from each position's part,
+    ends at the run's budget on one model at every position, and its host group writes the end's shards. On emulated
+    links group 1's positions (west) each pace their messages to the host (group 0, east); the host's stay local."""
+    assert runs["sharded_checkpoints"] == [f"ckpt-sharded/step-{step:06d}/{name}" for step in (SHARDED_STOP, 60)
+                                           for name in ("manifest.json", "rank-0000.pt", "rank-0001.pt")]
+    saved = runs["saved_shards"]
+    stop, budget = pause_updates(SHARDED_STOP, H, 2), run_budget(STEPS["sharded"], H, 2)
+    for rank in (0, 1):
+        state = saved[(SHARDED_STOP, rank)]
+        held = state["dp"]["asynchronous"]
+        assert state["slot"]["shard"] == rank and not held.get("finished") and held["elastic"]
+        assert stop <= held["updates"] < stop + 2
+        # the stage's weights are the global model's part, as the shard's FSDP2 records
+        weights = torch.cat([v["dtensor_local"].reshape(-1) for v in state["stage"].values() if isinstance(v, dict)])
+        assert held["model"].numel() == 2 * weights.numel()  # --sync-moments: [parameters | v]
+        assert torch.equal(weights, held["model"][:weights.numel()].to(weights.dtype))
+        assert saved[(STEPS["sharded"], rank)]["dp"]["finished"]
+    resumed = runs["sharded_resumed"]
+    summary = resumed["summary"]
+    assert summary["groups_finished"] == [0, 1] and summary["replica_failures"] == 0 and summary["elections"] == 0
+    assert summary["max_param_diff_across_replicas"] == 0.0 and summary["replicas_in_sync"] is True
+    start = min(saved[(SHARDED_STOP, rank)]["dp"]["asynchronous"]["updates"] for rank in (0, 1))
+    for records in resumed["group_records"].values():
+        assert records[0]["step"] == progress_steps(start, H, 2)
+        assert records[0]["global_updates"] >= start and records[-1]["global_updates"] >= budget
+    updates = _final_updates(resumed)
+    assert updates[0] == updates[1] and budget <= updates[0] < budget + 2
+    records = resumed["group_records"]
+    assert all(r["sent_bytes"] == 0.0 and r["link_s"] == 0.0 for r in records["0"])
+    # each push: a request and a reply across the regions, each carrying one fragment of a position's part, for both
+    # positions; the pushes alternate the 2 fragments, so every 2 pushes carry each position's part twice each way
+    part_bytes = saved[(SHARDED_STOP, 0)]["dp"]["asynchronous"]["model"].numel() * 4
+    pushes = [r for r in records["1"] if r["synced"]]
+    assert all(r["link_s"] >= 2 * LATENCY_S for r in pushes)
+    assert sum(r["sent_bytes"] for r in pushes) >= 2 * (len(pushes) - 1) * part_bytes
+    for group in records.values():  # --sync-moments: each group's AdamW holds the final model's v
+        assert group[-1]["moments_loaded"] > 0 and group[-1]["moments_sha256"] == group[-1]["held_moments_sha256"]

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from geotrain.runtime.elastic.async_regions import group_regions
-from geotrain.runtime.elastic.elected import ElectedLink, ElectionError, HeldModel, Tier, elect
+from geotrain.runtime.elastic.elected import ElectedLink, ElectionError, HeldModel, Tier, elect, group_vote
 from geotrain.cluster.io import parse_cluster_text
 from geotrain.runtime.config import RuntimeConfig
 from runtime_2x2 import CLUSTER_YAML
@@ -55,6 +55,34 @@ def test_a_tier_that_needs_a_copy_ends_in_one_line_when_none_voted(store):
     with pytest.raises(ElectionError) as caught:
         elect(store, _tier(timeout_s=0.2), 1, 3, NONE)
     assert "none holding a copy" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_following_tiers_host_is_its_leaders_elected_group_whatever_its_own_copy_holds(store):
+    """Position (0, 0) of groups of several processes elects the host group; every other position's tier follows it
+    (one group hosts every position, each from its own copy), counting no election of its own."""
+    leader = Tier("async/", (0, 1, 2), 0, 1, 0.1, 10.0, b"key")
+    follower = Tier("async/position1/", (0, 1, 2), 0, 1, 0.1, 10.0, b"key", follows="async/")
+    decided = []
+    waiting = threading.Thread(target=lambda: decided.append(elect(
+        dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10)), follower, 1, 2,
+        HeldModel(torch.zeros(2), version=99, updates=99))))  # fresher at its position: still not its own vote
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and not store.check(["async/position1/vote/1/2", "async/position1/host/1"])
+    assert elect(store, leader, 1, 1, COPY) == 1
+    waiting.join(10)
+    assert decided == [1]
+    with pytest.raises(ElectionError) as caught:  # no leader decided within grace + timeout: one line
+        elect(store, Tier("async/position1/", (0, 1), 0, 1, 0.1, 0.1, b"key", follows="async/"), 2, 0, COPY)
+    assert "no host of async was elected" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_group_of_several_positions_votes_with_its_stalest_positions_copy_version():
+    """Its host serves every position from that position's own copy: the freshest stalest copy loses the least."""
+    assert group_vote(COPY, [9, 5]).version == 5 and group_vote(COPY, [8]).version == 7
+    assert group_vote(COPY, [5]).updates == 9 and group_vote(COPY, []) is COPY and group_vote(NONE, [1]) is NONE
+    fresher, staler = group_vote(COPY, [6]), group_vote(HeldModel(torch.zeros(2), version=9, updates=9), [4])
+    assert fresher.version > staler.version  # group of versions (7, 6) wins over (9, 4)
 
 
 def test_groups_are_numbered_by_the_region_of_their_device_in_group_order():

@@ -163,15 +163,28 @@ def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **extra})) is None
 
 
-def test_elastic_async_on_stages_or_shards_is_refused_in_one_line():
-    """Elastic asynchronous groups are one process each (runtime/elastic/async_group.py): a plan of 2 stages, or of
-    2 shards per slot, was accepted and every group then failed inside torch (no default process group)."""
+def test_elastic_async_on_stages_or_shards_runs_flat_and_refuses_what_is_not_built_in_one_line():
+    """Elastic asynchronous groups of S x K > 1 processes (runtime/elastic/async_group.py, Positions): a plan of 2
+    stages, or of 2 shards per slot, runs --outer-sync async with kill chaos, checkpoints (one shard per position) and
+    emulated links (the group's own groups on its devices' links), moment sync (each position's [parameters | v])
+    and fragments (each position's own); regions are refused by name."""
     for assignment, extra, shape in (([[0, 2], [1, 3]], {}, "2 stages x 1 devices"),
                                      ([[0, 2]], {"shards": SHARDED["shards"]}, "1 stages x 2 devices")):
-        with pytest.raises(RuntimeConfigError) as caught:
-            RuntimeConfig.of(CLUSTER, assignment if not extra else extra["shards"][..., 0], **{**ASYNC, **extra})
-        assert str(caught.value).startswith(f"--elastic: a plan of {shape} per slot: elastic asynchronous groups are "
-                                            f"one process each"), str(caught.value)
+        plan = assignment if not extra else extra["shards"][..., 0]
+        config = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "chaos": "kill-site:every=5s,site=host"})
+        assert elastic_refusal(config) is None
+        resumed = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "checkpoint_dir": "ckpt", "checkpoint_every": 4,
+                                                     "resume": True, "stop_after": 7})
+        assert elastic_refusal(resumed) is None
+        emulated = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "time_scale": 0.1, "sync_moments": True,
+                                                      "fragments": 2, "fragment_split": "layers"})
+        assert elastic_refusal(emulated) is None
+        for settings, setting in (({"outer_sync": "async-hierarchical"}, "optim.outer_sync 'async-hierarchical'"),):
+            with pytest.raises(RuntimeConfigError) as caught:
+                RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, **settings})
+            text = str(caught.value)
+            assert text.startswith("--elastic: ") and setting in text and "\n" not in text, text
+            assert f"elastic asynchronous groups of {shape} per slot" in text and "not built yet" in text, text
 
 
 def test_a_partition_with_adaptive_local_steps_runs():
@@ -207,6 +220,9 @@ def test_emulate_gpu_speed_at_time_scale_zero_runs_on_elastic_async_groups_only(
         config = RuntimeConfig.of(mixed, [[0, 2, 4]], **{**ASYNC, "outer_sync": outer_sync, "time_scale": time_scale},
                                   emulate_gpu_speed=True)
         assert config.compute_scale()[4] == pytest.approx(312 / 65) and sleeps_gpu_speed(config)
+    # a group of 2 FSDP2 shard processes: each sleeps out its own device's speed
+    sharded = RuntimeConfig.of(mixed, [[0, 2]], **{**ASYNC, **SHARDED, "time_scale": 0.0}, emulate_gpu_speed=True)
+    assert sharded.layout.k == 2 and elastic_refusal(sharded) is None and sleeps_gpu_speed(sharded)
     for settings in ({"time_scale": 0.0}, ELASTIC, {**ELASTIC, "sync_every": 3}, {**ASYNC, "elastic": False}):
         with pytest.raises(RuntimeConfigError) as caught:
             RuntimeConfig.of(mixed, [[0, 2, 4]], **settings, emulate_gpu_speed=True)

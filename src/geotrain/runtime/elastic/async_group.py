@@ -1,5 +1,6 @@
-"""One replica group of an elastic asynchronous run (`train --elastic --outer-sync async`, S = 1): a client of
-the global model's server, and its host while elected. No torchft collective spans the groups.
+"""One process of a replica group of an elastic asynchronous run (`train --elastic --outer-sync async`): a client of
+the global model's server (S x K > 1: of its position's: Positions below), and its host while elected. No torchft
+collective spans the groups.
 
 Why not torchft: a torchft recovery copies a live peer's state at a synchronous step; asynchronous DiLoCo has
 no such step, and every group only talks to the global model's server. So the groups talk over TCP
@@ -76,6 +77,26 @@ good: what the lost host applied beyond the copy, per fragment (`lost_updates` c
 each fragment is its parameters then their v (FragmentLayout). Each fragment's outer momentum restarts at an election,
 as the whole model's does.
 
+Positions (a plan of S > 1 stages or K > 1 shards per slot: a group is S x K processes, runtime/elastic/stage.py, the
+launcher killing and restarting them as one): the global model is split by position (s, k), as without --elastic
+(sync/async_outer.py, Positions): every position of the host group serves its position's part from its own copy, and
+position (s, k) of every group is a client of that server only (its tier's keys under `async/position<rank>/`, position
+(0, 0)'s under `async/`). The group's processes train the same step on their rows of the group's batch (FSDP2 shards:
+runtime/sharded.py shard_rows; stages: the pipeline), push at the same inner step, and after the join and each
+exchange agree in the group's own gloo group (over its own TCPStore, as the synchronous groups of S x K processes
+have) on the least update count of their positions (runtime/elastic/async_positions.py): they take one learning rate and stop as one. One election picks
+the host group for every position: position (0, 0) votes for the group with the least of its positions' copy versions
+(each other position publishes its copy's after every reply; elected.group_vote), the other positions' tiers follow
+its decision (elected.Tier.follows: counted once, in `elections`), so a lost host group is replaced by one group whose
+every position serves from its own copy (`lost_updates` and `resent_updates` sum over the positions). A restarted
+group's copy wins no election until every position of it has joined (ElectedLink.votes_copy). Checkpoints: each
+position's server writes its shard (async_checkpoint.py). Emulated links: each position paces its own messages, and
+the group's own groups run on the emulating backend (links.install_group_links). --sync-moments: each position's
+server, push, reply, copy and shard is [its parameters | their v] (AdamW's state of its FSDP2 shards: their local
+part). --fragments P: each position's server is a FragmentServer of its own part's P fragments (FragmentLayout of its
+local shards), every position pushing fragment p at the same offsets. Not built yet with positions (rules.py, one
+line): async-hierarchical.
+
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
 checkpoint's model (group 0 serves it with the saved outer momentum), and --stop-after lowers the launch's budget
@@ -96,12 +117,15 @@ import torch
 from geotrain.models import lr_at
 from geotrain.observe.observer import open_elastic_observer
 from geotrain.runtime.config import RuntimeConfig
+from geotrain.runtime.elastic.async_positions import GroupPositions, position_prefix
 from geotrain.runtime.elastic.async_checkpoint import ServerCheckpoints, launch_budget, launch_start
 from geotrain.runtime.elastic.checkpoint import save_group_checkpoint
 from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, RunEnded, Tier, serve_counting, serve_restored
-from geotrain.runtime.elastic.group import params_digest
-from geotrain.runtime.elastic.links import GroupNet, cut_hold, process_device, socket_pacing
-from geotrain.runtime.elastic.stage import GroupPosition, GroupStageModel
+from geotrain.runtime.elastic.group import open_group_store, params_digest
+from geotrain.runtime.elastic.links import GroupNet, cut_hold, install_group_links, process_device, socket_pacing
+from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
+from geotrain.runtime.sharded import shard_rows
+from geotrain.optim.shards import local_shard
 from geotrain.runtime.elastic.summary import FINAL_KEY, params_path, summary_path
 from geotrain.runtime.slowdown import SlowDown, gpu_speed_faults
 from geotrain.runtime.training_data import load_training_data
@@ -120,47 +144,57 @@ __all__ = ["AsyncElasticGroup", "RunEnded"]
 
 
 def _flat(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([p.detach().reshape(-1).to(torch.float32) for p in params])
+    """The parameters this process holds (a sharded slot's: its shards), flat fp32."""
+    return torch.cat([local_shard(p).reshape(-1).to(torch.float32) for p in params])
+
 
 
 class AsyncElasticGroup:
     """Replica group `group` of an elastic asynchronous run (module doc); `store`: the launcher's store;
     `incarnation`: this start of the group (0: the first); `authkey`: the run's (its identity digest: a process of
-    another run cannot talk to its server)."""
+    another run cannot talk to its server); `rank`: this process's group rank, stage x K + shard (module doc:
+    Positions)."""
 
     def __init__(self, config: RuntimeConfig, group: int, store: Any, net: GroupNet, incarnation: int,
-                 authkey: bytes, world: Any = None) -> None:
+                 authkey: bytes, world: Any = None, rank: int = 0) -> None:
         self.config, self.group, self.store, self.net, self.incarnation = config, group, store, net, incarnation
+        self.rank, self.position, self.size = rank, group_position(config, rank), group_size(config)
+        self.positions = GroupPositions(store, group, incarnation, rank, self.size)
+        self.group_store = None
+        if self.size > 1:  # the group's own gloo group: its pipeline, FSDP2 and where its positions agree
+            self.group_store = open_group_store(config, store, net, group, rank, incarnation)
+            self.inside = install_group_links(config, group)  # --time-scale > 0: on its devices' emulated links
+            pipeline_group(self.group_store, rank, self.size, config.reliability.comm_timeout_s)
         self.data = load_training_data(config.data.data, config.data.data_seed, config.data.val_fraction, world,
                                        config.data.windows, config.data.epoch_windows)
         self.seq_len = config.sequence_length
         self.timer = ComputeTimer()
         # --emulate-gpu-speed: each step's compute slept out to the group's GPU speed in wall time, at any time scale
         # (no emulated clock counts it here; the links' times are slept x the time scale: module doc)
-        self.slowdown = SlowDown(gpu_speed_faults(config.compute_scale(), process_device(config, group, 0), group),
+        self.slowdown = SlowDown(gpu_speed_faults(config.compute_scale(), process_device(config, group, rank), group),
                                  self.timer, None)
-        self.model = GroupStageModel(config, GroupPosition(0), self.data.vocab_size, self.seq_len, self.timer)
+        self.model = GroupStageModel(config, self.position, self.data.vocab_size, self.seq_len, self.timer)
         self.params = self.model.params
         self.optimizer = torch.optim.AdamW(self.params, lr=config.optim.lr, betas=BETAS, weight_decay=WEIGHT_DECAY)
         self.options = config.sync_options(0)
         self.sync_every: int = config.optim.sync_every  # type: ignore[assignment]
-        self.numel = sum(p.numel() for p in self.params)
+        self.numel = sum(local_shard(p).numel() for p in self.params)
         self.moments_after = self.numel if config.optim.sync_moments else None
         """--sync-moments: the model's values before its second moments (every server's buffer, push, reply and copy
         is [parameters | v]: sync/async_moments.py); None: the parameters only."""
-        self.layout = FragmentLayout.of(self.params, config.optim.fragments, config.optim.fragment_split,
+        self.layout = FragmentLayout.of([local_shard(p) for p in self.params], config.optim.fragments, config.optim.fragment_split,
                                         1 if self.moments_after is None else 1 + MOMENT_PARTS)
         """--fragments P: the global model's fragments as every server and copy lays them out (module doc:
         Fragments); one fragment: the whole model, as [parameters | v]."""
         self.moments_loaded = 0
         """Replies whose global second moments this group loaded into its AdamW (async_moments.loads_moments)."""
-        self.resumed = launch_start(config, store, incarnation)
+        self.resumed = launch_start(config, store, incarnation, self.position)
         """--resume: the checkpoint's step, model and server state (runtime/elastic/async_checkpoint.py)."""
         self.stop, self.budget = launch_budget(config, self.resumed.step)
         """The step this launch ends at (--stop-after) and the replica outer gradients the model takes by then."""
         self.checkpoints = ServerCheckpoints(config, group, self.model.module, self.model.boundaries,
                                              self.resumed.step, self.stop,
-                                             (self.resumed.step,) if config.checkpoint.resume else ())
+                                             (self.resumed.step,) if config.checkpoint.resume else (), rank, self.size)
         self.authkey = authkey
         self.timeout_s = config.reliability.comm_timeout_s
         # a fresh run's groups all start from the seed's model (version 0), a resumed run's from the checkpoint's;
@@ -169,14 +203,20 @@ class AsyncElasticGroup:
             self.resumed.held or HeldModel(self._laid_out(_flat(self.params)))
         if held is self.resumed.held:  # the checkpoint's model is [parameters | v]: as this run lays it out
             held = dataclasses.replace(held, model=self.layout.laid_out(held.model))
-        self.pacing = socket_pacing(config, group)
+        self.pacing = socket_pacing(config, group, rank)
         """This process's emulated links (None: --time-scale 0)."""
         self.cuts = cut_hold(config)
         """A partition's hold on this process's messages (None: no partition in --chaos)."""
-        self.device = process_device(config, group, 0)
-        self.link = self.elected_link(store, self.tier("async/", tuple(range(config.replicas)), 0), group, held,
-                                      self._serve, incarnation == 0)
-        """This group's link to its server (the global model's; with regions, its region's)."""
+        self.device = process_device(config, group, rank)
+        tier = dataclasses.replace(self.tier(position_prefix(rank), tuple(range(config.replicas)), 0),
+                                   follows=None if rank == 0 else position_prefix(0))
+        self.link = self.elected_link(store, tier, group, held, self._serve, incarnation == 0)
+        """This process's link to its server (its position's global model's; with regions, its region's)."""
+        # a restarted group of several processes: its copy wins no election until every position holds one; the group
+        # votes with its stalest position's copy
+        self.link.votes_copy = self.size == 1 or incarnation == 0
+        if rank == 0 and self.size > 1:
+            self.link.group_versions = self.positions.versions
         self.observer = open_elastic_observer(config, group, 0, incarnation)
         self.records: list[dict[str, Any]] = []
         self.missed_end = False
@@ -222,7 +262,7 @@ class AsyncElasticGroup:
                                     None if self.moments_after is None else numel)
         saved = self.resumed.optimizer if epoch == 0 else None  # a resumed run's first host: the checkpoint's momentum
         server: OuterServer | FragmentServer
-        if self.fragmented and tier.prefix == "async/":
+        if self.fragmented:
             optimizers = [outer(len(r)) for r in self.layout.ranges]
             for optimizer, state in zip(optimizers, (saved or {}).get("fragments", ())):
                 optimizer.load_state_dict(state)
@@ -235,7 +275,7 @@ class AsyncElasticGroup:
             server = OuterServer(held.model, optimizer, [], STALENESS_BOUND, self.budget)
         return serve_restored(self.store, tier, epoch, held, server, lambda: serve_counting(
             self.store, tier.prefix, epoch, server, held.updates, self.net.advertise, self.authkey,
-            after_update=self.checkpoints.writer(self.store, server, self.layout.standard)))
+            after_update=self.checkpoints.writer(self.store, server, self.layout.standard, tier.prefix)))
 
     def _laid_out(self, flat: torch.Tensor) -> torch.Tensor:
         """A model of `flat` parameters as every server holds it: with --sync-moments, zero second moments after them
@@ -271,11 +311,11 @@ class AsyncElasticGroup:
             values = reply["model"]
         with torch.no_grad():  # the parameters at flat positions part.start..part.stop
             offset = 0
-            for p in self.params:
-                lo, hi = max(part.start, offset), min(part.stop, offset + p.numel())
+            for local in map(local_shard, self.params):  # a sharded slot's: this process's shards (in place)
+                lo, hi = max(part.start, offset), min(part.stop, offset + local.numel())
                 if lo < hi:
-                    p.data.view(-1)[lo - offset:hi - offset].copy_(values[lo - part.start:hi - part.start].to(p.dtype))
-                offset += p.numel()
+                    local.view(-1)[lo - offset:hi - offset].copy_(values[lo - part.start:hi - part.start].to(local.dtype))
+                offset += local.numel()
         if self.moments_after is not None and self.optimizer.state and \
                 loads_moments(int(reply["updates"]), self.config.replicas):
             moments = flat_moments(self.optimizer, self.params)
@@ -297,14 +337,17 @@ class AsyncElasticGroup:
         if self.incarnation == 0:
             self._barrier()
         self._adopt(self.link.exchange(None, False))  # join: the current global model
+        self.positions.publish(self.held.version)
+        updates = self.positions.least(self.held.updates)  # every position holds a copy now
+        self.link.votes_copy = True
         self.store.compare_set("t0", "", repr(time.time()))
-        if self.incarnation > 0:
+        if self.incarnation > 0 and self.rank == 0:
             self._note_rejoin(time.monotonic() - started)
-        step = progress_steps(self.held.updates, self.sync_every, cfg.replicas)  # a restarted group: the run's place
+        step = progress_steps(updates, self.sync_every, cfg.replicas)  # a restarted group: the run's place
         fragments = len(self.layout.ranges)
         since, last_pushed, inner, last = [0] * fragments, fragments - 1, 0, time.perf_counter()
-        while self.held.updates < self.budget:
-            lr_step = min(cfg.run.steps - 1, progress_steps(self.held.updates, self.sync_every, cfg.replicas))
+        while updates < self.budget:
+            lr_step = min(cfg.run.steps - 1, progress_steps(updates, self.sync_every, cfg.replicas))
             record = self._train_step(step, lr_step)
             inner += 1
             since = [n + 1 for n in since]
@@ -314,8 +357,12 @@ class AsyncElasticGroup:
                 gradient = self._outer_gradient(due[0])
                 exchanged = time.perf_counter()
                 self._adopt(self.link.exchange(gradient, False, fragment=due[0]))
+                self.positions.publish(self.held.version)
+                updates = self.positions.least(self.held.updates)
                 # the exchange's wall seconds (elections included) and the outer gradient's bytes this group sent
                 record.update(comm_s=time.perf_counter() - exchanged, dp_bytes=gradient.numel() * 4)
+                if self.size > 1:  # the group's record digests its positions' parameters (summary.merge_stage_records)
+                    record.update(params_sha256=params_digest(self.params))
                 since[due[0]], last_pushed = 0, due[0]
             record.update(wall_s=time.perf_counter() - last, global_updates=self.held.updates,
                           synced=bool(due), **self._carried())
@@ -324,7 +371,8 @@ class AsyncElasticGroup:
             self.observer.step(record)
             self._note_checkpoints()
             step += 1
-            self.store.set(f"step/{self.group}", str(step))
+            if self.rank == 0:
+                self.store.set(f"step/{self.group}", str(step))
         for k in range(fragments):  # every fragment's final push, cyclically on from the last pushed
             p = (last_pushed + 1 + k) % fragments
             self._adopt(self.link.exchange(self._outer_gradient(p) if since[p] else None, True, fragment=p), True)
@@ -344,7 +392,7 @@ class AsyncElasticGroup:
         # the end's, once: by the last host of the global model (a --stop-after's was written at its update)
         if hosted and self.config.checkpoint.checkpoint_dir is not None and self.stop == cfg.run.steps:
             self.observer.event("checkpoint", cfg.run.steps, **save_group_checkpoint(
-                cfg, self.group, 0, cfg.run.steps, self.model.module, self, self.model.boundaries,
+                cfg, self.group, self.rank, cfg.run.steps, self.model.module, self, self.model.boundaries,
                 self.checkpoints.protect))
 
     def _note_checkpoints(self) -> None:
@@ -374,10 +422,11 @@ class AsyncElasticGroup:
         self.slowdown.before_step()
         x, y = self.data.batch(cfg.data.data_seed, step, self.group, cfg.replicas, cfg.schedule.batch_size,
                                self.seq_len)
+        rows = shard_rows(int(x.shape[0]), self.position.k, self.position.shard)  # K > 1: this shard's part
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(lr_step, cfg.run.steps, cfg.optim.lr)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model.train_step(x, y)
+        loss = self.model.train_step(x[rows], y[rows])
         with self.timer:
             self.optimizer.step()
         self.slowdown.after_compute(self.timer.seconds)
@@ -412,12 +461,12 @@ class AsyncElasticGroup:
         if self.missed_end:
             self.observer.close()
             return
-        torch.save(_flat(self.params), params_path(result_dir, self.group, 0))
+        torch.save(_flat(self.params), params_path(result_dir, self.group, self.rank))
         val = self.model.validation_loss(self.data.val, self.seq_len, cfg.data.eval_windows, cfg.schedule.batch_size)
         steps = self.records[-1]["step"] + 1 if self.records else 0
-        summary = {"group": self.group, "stage": 0, "steps": steps, "val_loss": val, "records": self.records,
-                   "failed_quorums": 0}
-        path = summary_path(result_dir, self.group, 0)
+        summary = {"group": self.group, "stage": self.position.stage, "rank": self.rank, "steps": steps,
+                   "val_loss": val, "records": self.records, "failed_quorums": 0}
+        path = summary_path(result_dir, self.group, self.rank)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text(json.dumps(summary))
         tmp.replace(path)

@@ -145,8 +145,8 @@ class RegionalAsyncGroup(AsyncElasticGroup):
     AsyncElasticGroup's)."""
 
     def __init__(self, config: RuntimeConfig, group: int, store: Any, net: GroupNet, incarnation: int,
-                 authkey: bytes, world: Any = None) -> None:
-        super().__init__(config, group, store, net, incarnation, authkey, world)
+                 authkey: bytes, world: Any = None, rank: int = 0) -> None:
+        super().__init__(config, group, store, net, incarnation, authkey, world, rank)
         self.regions = group_regions(config)
         self.region = self.regions[group]
         members = tuple(g for g, r in enumerate(self.regions) if r == self.region)

@@ -26,7 +26,7 @@ records are not carried (another format): the resumed run's report covers its ow
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -60,17 +60,23 @@ def checkpoint_due(config: RuntimeConfig, completed: int, synced: bool, end: int
 
 
 def save_group_checkpoint(config: RuntimeConfig, group: int, rank: int, completed: int, module: torch.nn.Module,
-                          sync: Any, boundaries: Sequence[int], protect: tuple[int, ...] = ()) -> dict[str, Any]:
+                          sync: Any, boundaries: Sequence[int], protect: tuple[int, ...] = (),
+                          weights: dict[str, Any] | None = None, exchange: dict[str, Any] | None = None,
+                          last_shard: Callable[[int], bool] | None = None) -> dict[str, Any]:
     """Group rank `rank` (its stage; a sharded plan: stage x K + shard) of writer group `group`: its shard of the
     checkpoint after `completed` steps; rank 0 then the manifest and `latest` (S x K > 1: once every rank of the
-    group has written its shard, a barrier on the group's own gloo group, the process's default group). Returns
-    what its checkpoint event records: the shard's `path`, its `bytes` and the save's wall `seconds`."""
+    group has written its shard, a barrier on the group's own gloo group, the process's default group). `weights`,
+    `exchange`: the stage's weights as local_state records and a fresh exchange's state of them (None: `module`'s own;
+    given, `module` is not read: another thread may be training it); `last_shard(completed)`: whether this rank's
+    shard completes the step (it then writes the manifest), in place of the barrier and rank 0 (an asynchronous run's
+    positions write from their servers' threads: async_checkpoint.py). Returns what its checkpoint event records:
+    the shard's `path`, its `bytes` and the save's wall `seconds`."""
     started = time.perf_counter()
     directory = config.checkpoint.checkpoint_dir
     assert directory is not None
     identity = checkpoint_identity(config)
-    exchange = StageExchange.fresh_state(list(module.named_parameters()), config.comm.dp_codec,
-                                         config.comm.error_feedback)
+    if exchange is None:
+        exchange = fresh_exchange(config, module)
     sync.settle(ComputeTimer())  # streaming: the syncs in flight, committed when posted (geotrain.sync.elastic)
     dp = {**sync.state_dict(), "exchange": exchange}
     for fragment in dp.get("fragments", []):  # streaming: each fragment's exchange too (no residuals: a group's own)
@@ -79,19 +85,26 @@ def save_group_checkpoint(config: RuntimeConfig, group: int, rank: int, complete
     slot = {"rank": rank, "stage": position.stage, "replica": 0,
             **({"shard": position.shard} if position.k > 1 else {})}
     devices = [[int(config.assignment[s][group])] for s in range(config.stages)]
-    state = ckpt.shard_state(slot, devices, local_state(torch.nn.ModuleList([module]).state_dict()), boundaries,
-                             local_state(dp), completed, [])
+    if weights is None:
+        weights = local_state(torch.nn.ModuleList([module]).state_dict())
+    state = ckpt.shard_state(slot, devices, weights, boundaries, local_state(dp), completed, [])
     path = ckpt.save_shard(directory, completed, rank, state, identity)
-    if group_size(config) > 1:
+    if last_shard is None and group_size(config) > 1:
         import torch.distributed as dist
 
         dist.barrier()
-    if rank == 0:
+    if rank == 0 if last_shard is None else last_shard(completed):
         written_by = {"elastic_groups": config.replicas, "group": group,
                       "group_batch_size": config.schedule.batch_size}
         ckpt.write_manifest(directory, completed, identity, group_size(config), written_by)
         ckpt.prune_checkpoints(directory, config.checkpoint.keep_checkpoints, protect)  # `protect`: resumed from
     return {"path": str(path), "bytes": path.stat().st_size, "seconds": time.perf_counter() - started}
+
+
+def fresh_exchange(config: RuntimeConfig, module: torch.nn.Module) -> dict[str, Any]:
+    """What a checkpoint holds as the exchange of `module`'s parameters: a fresh one's state (an elastic run's exchange
+    keeps none of its own)."""
+    return StageExchange.fresh_state(list(module.named_parameters()), config.comm.dp_codec, config.comm.error_feedback)
 
 
 def load_group_checkpoint(config: RuntimeConfig, stage: int, shard: int = 0) -> dict[str, Any]:

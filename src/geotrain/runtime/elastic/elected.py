@@ -15,7 +15,10 @@ bound holds them as the lost server did, and lets one go if the launcher sees it
 voted does not decide: it waits up to the timeout for a voter with a copy that has not yet seen the loss
 (a region server that merges rarely), then ends in one line. A closed or refused connection starts an election; a
 host alive but silent for --comm-timeout (ServerSilent) ends the group instead (QuorumLost: the launcher restarts
-it), never a second host.
+it), never a second host. A tier may follow another's elections (Tier.follows: positions (s, k) > (0, 0) of groups of
+several processes, runtime/elastic/async_group.py Positions): its clients cast no vote and take the leader tier's
+winner of the same epoch (its hosts die as whole groups, so the epochs run together); its host publishes its own
+address, counting no election.
 
 Emulated links (--time-scale > 0): the host publishes its process's cluster device with its address, and each client
 sleeps its request (before it leaves) and the reply (once it came) out on the links between its device and the
@@ -92,13 +95,21 @@ class Tier:
     timeout_s: float
     authkey: bytes
     seedless: bool = False
+    follows: str | None = None
+    """The prefix of the tier whose elections pick this tier's hosts (None: its own): position (s, k) > (0, 0) of groups
+    of several processes follows position (0, 0)'s, so one group hosts every position (module doc: Positions)."""
+
+    @property
+    def host_prefix(self) -> str:
+        """The prefix under which this tier's elected hosts are written (`host/<epoch>`)."""
+        return self.follows or self.prefix
 
 
 def publish_host(store: Any, tier: Tier, epoch: int, host: SocketServer, device: int = -1) -> None:
     """Make `host` the server of `tier`'s `epoch`: its address, with the cluster `device` of its process (its clients'
     messages take the emulated links to it: SocketPacing; -1: unknown), and the tier's epoch (an election's:
     counted)."""
-    if epoch > 0:
+    if epoch > 0 and tier.follows is None:  # a following tier's election is its leader's: counted there
         store.add("async/elections", 1)
     store.set(f"{tier.prefix}address/{epoch}", json.dumps([*host.address, device]))
     store.set(f"{tier.prefix}epoch", str(epoch))
@@ -131,7 +142,7 @@ def live_bases(store: Any, tier: Tier, epoch: int, held: HeldModel) -> dict[int,
     """The clients' (base, process) an elected server of `tier`'s `epoch` restores from copy `held`: every running
     client's but the lost host's (epoch - 1's: its process is gone) and those whose process the launcher has seen
     die (restarted or down for good: a dead client is not waited for)."""
-    lost = tier.first_host if epoch == 1 else int(store.get(f"{tier.prefix}host/{epoch - 1}").decode())
+    lost = tier.first_host if epoch == 1 else int(store.get(f"{tier.host_prefix}host/{epoch - 1}").decode())
     return {c: (b, process) for c, (b, process) in held.bases.items()
             if c != lost and process_alive(store, process)}
 
@@ -192,8 +203,14 @@ def tier_host(store: Any, prefix: str, first_host: int) -> int:
 
 def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> int:
     """The client that hosts `tier`'s `epoch` (module doc: votes, quorum, grace window); ElectionError without
-    quorum."""
-    key = f"{tier.prefix}host/{epoch}"
+    quorum. A following tier's (Tier.follows): its leader's, awaited within the grace window and the timeout."""
+    key = f"{tier.host_prefix}host/{epoch}"
+    if tier.follows is not None:
+        try:
+            store.wait([key], timedelta(seconds=tier.grace_s + tier.timeout_s))
+        except Exception:  # noqa: BLE001 - the store's timeout: no host decided
+            raise ElectionError(f"client {voter}: no host of {tier.follows.rstrip('/')} was elected within "
+                                f"{tier.grace_s + tier.timeout_s:g} s for {tier.prefix.rstrip('/')}") from None
     if not store.check([key]):
         vote = [held.version, held.updates] if held.model is not None else None
         store.set(f"{tier.prefix}vote/{epoch}/{voter}", json.dumps(vote))
@@ -215,6 +232,15 @@ def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> in
                                     f"fewer than --min-replicas {tier.min_votes} or none holding a copy")
             store.compare_set(key, "", str(-max(candidates)[1]))
     return int(store.get(key).decode())
+
+
+def group_vote(held: HeldModel, versions: Sequence[int]) -> HeldModel:
+    """What a group votes with: copy `held` (position (0, 0)'s) at the least of its version and the other positions'
+    copy `versions` (a host group serves every position from its own copy: the group whose stalest position is
+    freshest loses the least); no copy: none."""
+    if held.model is None or not versions:
+        return held
+    return dataclasses.replace(held, version=min(held.version, *versions))
 
 
 def _await_decision(store: Any, key: str, tier: Tier) -> None:
@@ -268,6 +294,12 @@ class ElectedLink:
         """The cluster device of the current epoch's host (published with its address)."""
         self.acked = 0
         """This client's outer gradients the server answered."""
+        self.votes_copy = True
+        """Whether this client's copy counts in an election (False: it votes without one, so cannot win; a group of
+        several processes until every position of it holds a copy: runtime/elastic/async_group.py)."""
+        self.group_versions: Callable[[], list[int]] = list
+        """The copy versions of the other positions of this client's group (a group of several processes votes with
+        its stalest position's: group_vote); none: its own copy's."""
         self.epoch = -1
         self.joined = False
         self.connection: SocketClient | None = None
@@ -277,7 +309,8 @@ class ElectedLink:
     def _connect(self, epoch: int) -> None:
         """Connect to `epoch`'s host (hosting it if elected); HostLost when it is gone already."""
         self.epoch, tier = epoch, self.tier
-        host = tier.first_host if epoch == 0 else elect(self.store, tier, epoch, self.client, self.held)
+        host = tier.first_host if epoch == 0 else elect(self.store, tier, epoch, self.client, group_vote(
+            self.held if self.votes_copy else HeldModel(None), self.group_versions()))
         # a restarted epoch-0 host without a copy is a client (it must not serve epoch 0 again)
         if host == self.client and (self.held.model is not None or (tier.seedless and epoch > 0)):
             self.host = self.serve(epoch)

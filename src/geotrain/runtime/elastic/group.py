@@ -169,6 +169,33 @@ def down_key(group: int) -> str:
     return f"down/{group}"
 
 
+def group_store_key(group: int, incarnation: int, offlines: int = 0) -> str:
+    """Launcher store key of the port of replica group `group`'s own store at its start `incarnation`, a new one
+    after each of its `offlines` times offline (a partition: runtime/elastic/chaos.py)."""
+    return f"group-store/{group}/{incarnation}/{offlines}"
+
+
+def open_group_store(config: RuntimeConfig, store: Any, net: GroupNet, group: int, rank: int,
+                     incarnation: int, offlines: int = 0) -> Any:
+    """Replica group `group`'s own TCPStore for its start `incarnation` (and time offline `offlines`): group rank 0
+    hosts a new one and posts its port in the launcher's `store`; the other ranks connect to it at rank 0's address
+    (a restarted group's ranks meet in the new one)."""
+    from torch.distributed import TCPStore
+
+    timeout = timedelta(seconds=config.reliability.comm_timeout_s)
+    key = group_store_key(group, incarnation, offlines)
+    if rank == 0:
+        own = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
+        store.set(key, str(own.port))
+        return own
+    try:
+        store.wait([key], timeout)
+    except Exception:  # noqa: BLE001 - a timeout: one line
+        raise ElasticGroupError(f"replica group {group} rank {rank}: its rank 0 did not start within "
+                                f"{config.reliability.comm_timeout_s:g} s") from None
+    return TCPStore(net.group_host, int(store.get(key).decode()), None, False, timeout=timeout)
+
+
 class ElasticGroup:
     """Group rank `stage` (its pipeline stage, 0 when S = 1; a sharded plan: stage x K + shard,
     runtime/elastic/stage.py) of replica group `group` of `config` (see the module doc); `store`: the
@@ -244,26 +271,12 @@ class ElasticGroup:
         self.end = run.steps if run.stop_after is None else min(run.steps, start + run.stop_after)
 
     def _group_store(self) -> Any:
-        """The group's own TCPStore: group rank 0 hosts a new one and posts its port under this start of the
-        group; the other ranks connect to it (a restarted group's ranks meet in the new one)."""
-        from torch.distributed import TCPStore
-
-        timeout = timedelta(seconds=self.config.reliability.comm_timeout_s)
-        key = self.group_store_key()
-        if self.rank == 0:
-            own = TCPStore(LOCAL_HOST, 0, None, True, timeout=timeout, wait_for_workers=False)
-            self.store.set(key, str(own.port))
-            return own
-        try:
-            self.store.wait([key], timeout)
-        except Exception:  # noqa: BLE001 - a timeout: one line
-            raise ElasticGroupError(f"replica group {self.group} rank {self.rank}: its rank 0 did not start within "
-                                    f"{self.config.reliability.comm_timeout_s:g} s") from None
-        return TCPStore(self.net.group_host, int(self.store.get(key).decode()), None, False, timeout=timeout)
+        return open_group_store(self.config, self.store, self.net, self.group, self.rank, self.incarnation,
+                                self.offlines)
 
     def group_store_key(self) -> str:
         """Launcher store key: the port of this start of the group's store, a new one after each time offline."""
-        return f"group-store/{self.group}/{self.incarnation}/{self.offlines}"
+        return group_store_key(self.group, self.incarnation, self.offlines)
 
     def _manager(self, lighthouse: str) -> Any:
         from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
@@ -591,8 +604,7 @@ def group_main(config: RuntimeConfig, group: int, result_dir: str, store_port: i
             key = incarnation_key(group)
             incarnation = int(store.get(key).decode()) if store.check([key]) else 0
             kind = AsyncElasticGroup if config.optim.outer_sync == "async" else RegionalAsyncGroup
-            worker = kind(config, group, store, net, incarnation, run_identity_digest(config).encode(),
-                                       world)
+            worker = kind(config, group, store, net, incarnation, run_identity_digest(config).encode(), world, stage)
             worker.run()
             worker.finish(Path(result_dir))
             os._exit(0)

@@ -209,13 +209,28 @@ class SocketPacing:
         return carried
 
 
-def socket_pacing(config: RuntimeConfig, group: int) -> SocketPacing | None:
-    """The SocketPacing of replica group `group`'s process in an elastic asynchronous run, or None without link
-    emulation (--time-scale 0)."""
+def socket_pacing(config: RuntimeConfig, group: int, rank: int = 0) -> SocketPacing | None:
+    """The SocketPacing of group rank `rank` of replica group `group` in an elastic asynchronous run, or None without
+    link emulation (--time-scale 0)."""
     if not config.emulation.time_scale > 0:
         return None
     network = EmulatedNetwork.from_cluster(config.cluster, config.emulation.time_scale)
-    return SocketPacing(network, config.cluster.region_of, process_device(config, group, 0))
+    return SocketPacing(network, config.cluster.region_of, process_device(config, group, rank))
+
+
+def install_group_links(config: RuntimeConfig, group: int) -> Any:
+    """The emulating backend for the own groups (pipeline, FSDP2, where its positions agree) of replica group `group`
+    of an elastic asynchronous run of S x K > 1 processes at --time-scale F > 0: group rank r on its device's links
+    (geotrain.emulate.install; call it before the group's default group exists), each transfer slept F x its emulated
+    time, as the TCP messages are (SocketPacing). No compute scale: --emulate-gpu-speed sleeps the compute out itself
+    (runtime/slowdown.py). None for a group of one process or at --time-scale 0."""
+    size = group_size(config)
+    if size == 1 or not config.emulation.time_scale > 0:
+        return None
+    from geotrain.emulate.install import install
+
+    return install(config.cluster, [process_device(config, group, r) for r in range(size)],
+                   config.emulation.time_scale, compute_clock=config.emulation.compute_clock)
 
 
 class CutHold:

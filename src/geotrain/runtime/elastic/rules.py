@@ -19,7 +19,9 @@ W1,W2,...: each group its windows, its gradient weighted by them in the quorum's
 geotrain.codecs with or without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not
 PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
 equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
-async-hierarchical, S = K = 1: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; at --time-scale
+async-hierarchical: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; S x K > 1: --outer-sync
+async with kill chaos, checkpoints, emulated links, --sync-moments and --fragments, each position the client of its position's
+server, one election for all; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
@@ -162,14 +164,15 @@ def sleeps_gpu_speed(config: Any) -> bool:
 
 def async_refusal(config: Any) -> str | None:
     """Why an elastic `--outer-sync async*` run (runtime/elastic/async_group.py, async_regions.py: groups as TCP
-    clients of elected hosts) cannot run with `config`'s other settings, or None (not async: None)."""
-    if config.optim.outer_sync not in ASYNC_SYNCS:
+    clients of elected hosts; S x K > 1: each position the client of its position's server) cannot run with `config`'s
+    other settings, or None (not async, or groups of one process: None)."""
+    if config.optim.outer_sync not in ASYNC_SYNCS or config.stages * config.layout.k == 1:
         return None
+    optim = config.optim
+    what = f"elastic asynchronous groups of {config.stages} stages x {config.layout.k} devices per slot"
     reasons = (
-        (config.stages > 1 or config.layout.k > 1,
-         f"a plan of {config.stages} stages x {config.layout.k} devices per slot: elastic asynchronous groups are one "
-         f"process each (not built yet: a group of several processes as clients of a server per stage and shard); "
-         f"without --elastic asynchronous updates run on it"),
+        (optim.outer_sync != "async", f"optim.outer_sync {optim.outer_sync!r}: {what} run 'async' only (not built "
+                                      f"yet: region servers per position)"),
     )
     return next((text for failed, text in reasons if failed), None)
 
