@@ -253,9 +253,12 @@ class DeltaWire:
             self.residuals.load_state_dict({"ids": state["residual_ids"], "values": state["residual_values"]})
 
     def state_summary(self) -> dict[str, Any]:
-        """What this side keeps: samples, bytes and a digest (equal on both sides of the cut)."""
+        """What this side keeps: samples, bytes and a digest (equal on both sides of the cut); with `feedback`, the
+        gradient residuals' samples and digest too (the receiver's; none on the sender)."""
+        residuals = {"residual_samples": len(self.residuals.values),
+                     "residual_fingerprint": fingerprint(self.residuals)} if self.delta.feedback else {}
         return {"samples": len(self.memory.values), "state_bytes": self.memory.nbytes(),
-                "fingerprint": fingerprint(self.memory)}
+                "fingerprint": fingerprint(self.memory), **residuals}
 
 
 def fingerprint(memory: DeltaMemory) -> float:
