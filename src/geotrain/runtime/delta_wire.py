@@ -29,8 +29,9 @@ shape). The ids come from the deterministic rule both stages compute (the step's
 in order); the carried id checks it (a mismatch is an error, not a silent drift).
 
 Memory: m_i is float32, prod(sample shape) x 4 bytes per sample on each side (the tiny GPT at context 96:
-96 x 128 x 4 = 49,152 bytes); a run of N samples may keep N times that per side, refused above
-`max_state_mb` (geotrain.codecs.delta: the spec, its steady-state bytes and the memory rule).
+96 x 128 x 4 = 49,152 bytes), twice that on the receiver with `feedback` (e_i); a run of N samples may keep N
+times that per side, refused above `max_state_mb` (geotrain.codecs.delta: the spec, its steady-state bytes and the
+memory rule).
 
 Checkpoints: each side's memory is in its rank's shard (`cut`: the ids and their m_i; as many bytes again as the
 memory), and `--resume` loads it, so the resumed run sends what the uninterrupted one sends (deltas, not a second
