@@ -171,6 +171,9 @@ def test_a_rotated_sign_gradient_crosses_a_cut_rotated_per_row_and_is_priced_by_
     keys = [int(grad_codec.encode(row).buffers["key"][0]) for row in upstream]
     assert keys[0] != keys[1]
     assert DeltaSpec.of(spec).steady_bytes_per_value(sample, 4) == (1536 + 384 + 8) / (96 * 128)
+    # bf16 scales: a scale per 64 values at the bytes of one per 128 in fp32
+    half = DeltaSpec.of(CodecSpec.parse(text.replace("stochastic=true", "block_size=64/scale_dtype=bf16")))
+    assert half.steady_bytes_per_value(sample, 4) == (1536 + 2 * 192 + 8) / (96 * 128)
 
 
 def test_a_delta_spec_is_checked_and_its_state_is_capped():
