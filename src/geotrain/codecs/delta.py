@@ -6,7 +6,10 @@ sides of a pipeline cut keep per training sample in `codec`, a sample's first si
 `first`, activation gradients in `grad` (each a codec of CARRIED_CODECS, its parameters nested with `/`
 for `:` and `,`:
 `grad=topk-lowbit/fraction=0.0625/bits=4`, CodecSpec.parse_nested), at most `max_state_mb` (1e6 bytes)
-of per-sample state per side. Not a Codec of the registry: it keeps state per sample and crosses a cut only.
+of per-sample state per side. `feedback=true`: per-sample error feedback on the gradients (the receiving
+stage keeps what `grad` dropped of sample i's gradient and adds it to that sample's gradient at its next
+visit; as many state bytes again on that side). Not a Codec of the registry: it keeps state per sample and
+crosses a cut only.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from geotrain.codecs.base import CodecError
+from geotrain.codecs.base import CodecError, parse_flag
 from geotrain.codecs.carrier import CARRIED_CODECS, cut_bytes_per_value
 from geotrain.codecs.spec import CodecSpec
 
@@ -31,6 +34,8 @@ class DeltaSpec:
     first: str = "int8-block"
     grad: str = "int2-block"
     max_state_mb: float = 1024.0
+    feedback: bool = False
+    """Per-sample error feedback on the activation gradients (runtime/delta_wire.py)."""
 
     @classmethod
     def of(cls, spec: CodecSpec) -> "DeltaSpec":
@@ -39,7 +44,10 @@ class DeltaSpec:
         for key, _ in spec.params:
             if key not in known:
                 raise CodecError(f"codec {str(spec)!r}: unknown parameter {key!r} (known: {', '.join(sorted(known))})")
-        found = cls(**spec.kwargs())
+        kwargs = spec.kwargs()
+        if "feedback" in kwargs:
+            kwargs["feedback"] = parse_flag(kwargs["feedback"], f"codec {str(spec)!r}: feedback")
+        found = cls(**kwargs)
         for key in ("codec", "first", "grad"):
             try:
                 nested = found.codec_spec(key)
@@ -72,16 +80,18 @@ def is_delta(spec: CodecSpec) -> bool:
     return spec.name == DELTA
 
 
-def state_bytes_per_sample(sample_shape: Sequence[int]) -> int:
-    """Bytes one side keeps per sample: its last reconstructed activation, float32."""
-    return 4 * math.prod(int(n) for n in sample_shape)
+def state_bytes_per_sample(sample_shape: Sequence[int], feedback: bool = False) -> int:
+    """Bytes the busier side keeps per sample: its last reconstructed activation, float32, and with `feedback` the
+    receiver's gradient residual (as many bytes again)."""
+    return (2 if feedback else 1) * 4 * math.prod(int(n) for n in sample_shape)
 
 
 def delta_memory_refusal(spec: DeltaSpec, samples: int, sample_shape: Sequence[int]) -> str | None:
     """Why `samples` samples of `sample_shape` cannot be kept under spec.max_state_mb per side (None: they can)."""
-    need = samples * state_bytes_per_sample(sample_shape)
+    per_sample = state_bytes_per_sample(sample_shape, spec.feedback)
+    need = samples * per_sample
     if need <= spec.max_state_mb * 1e6:
         return None
-    return (f"per-sample activation state of {samples:,} samples x {state_bytes_per_sample(sample_shape):,} bytes = "
+    return (f"per-sample activation state of {samples:,} samples x {per_sample:,} bytes = "
             f"{need / 1e6:,.0f} MB per side exceeds max_state_mb={spec.max_state_mb:g} (fewer samples: --epoch-windows "
             f"N, or a larger max_state_mb)")

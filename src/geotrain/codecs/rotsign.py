@@ -23,7 +23,8 @@ travels as a buffer, so decoding needs no state (it rides a pipeline cut, geotra
 
 A last, shorter block is coded the same way without the rotation (no padding crosses). Wire bytes:
 ceil(n / 8) + 4 ceil(n / b) + 8: sign-block's bytes (1.25 bits a value at b = 128, 1.03 at b = 1024) plus 8
-per tensor. Zeros: an all-zero block decodes to zeros. NaN/inf are refused unless allow_nonfinite (then their
+per tensor. `scale_dtype=bf16` sends the scales in bfloat16 (fp32's range, 8 bits of mantissa: a scale off by at
+most 2^-9 of itself), 2 bytes each instead of 4: a block of 64 at block 128's bytes. Zeros: an all-zero block decodes to zeros. NaN/inf are refused unless allow_nonfinite (then their
 block decodes to NaN).
 """
 
@@ -36,8 +37,13 @@ import numpy as np
 import torch
 
 from geotrain.codecs.base import BufferSpec, Codec, CodecError, Payload, numel_of, parse_count, parse_flag
+from geotrain.codecs.dtypes import float_dtype, itemsize
 from geotrain.codecs.selection import seeded_generator
 from geotrain.codecs.sign import pack_sign_bits, unpack_sign_bits
+
+
+_SCALE_DTYPES = ("fp32", "bf16")
+"""Names scale_dtype takes (geotrain.codecs.dtypes)."""
 
 
 class RotatedSignCodec(Codec):
@@ -46,7 +52,7 @@ class RotatedSignCodec(Codec):
     name = "rotated-sign"
 
     def __init__(self, *, block_size: int = 128, seed: int = 0, stochastic: bool = False, clip: float = 0.0,
-                 allow_nonfinite: bool = False) -> None:
+                 scale_dtype: str = "fp32", allow_nonfinite: bool = False) -> None:
         super().__init__(allow_nonfinite=allow_nonfinite)
         block = parse_count(block_size, "rotated-sign: block_size", minimum=1)
         if block & (block - 1):
@@ -59,9 +65,13 @@ class RotatedSignCodec(Codec):
         if clip and not self.stochastic:
             raise CodecError(f"rotated-sign: clip={clip!r} needs stochastic=true (it caps the stochastic scale)")
         self.clip = float(clip)
+        self.scale_dtype = scale_dtype
+        self.scale_torch_dtype = float_dtype(scale_dtype, "rotated-sign: scale_dtype", _SCALE_DTYPES)
 
     def params(self) -> dict[str, Any]:
         more = {"clip": self.clip} if self.clip else {}
+        if self.scale_dtype != "fp32":
+            more["scale_dtype"] = self.scale_dtype
         return {"block_size": self.block_size, "seed": self.seed, "stochastic": self.stochastic, **more,
                 **super().params()}
 
@@ -77,7 +87,8 @@ class RotatedSignCodec(Codec):
         up = torch.rand(n, generator=seeded_generator(key, 1), dtype=torch.float64) if self.stochastic else None
         coded = [_sign_code(rows, None if up is None else up[start:start + rows.numel()].reshape(rows.shape),
                             self.clip) for start, rows in parts if rows.numel()]
-        wire = torch.cat([scale for _, scale in coded]).to(torch.float32) if coded else torch.zeros(0)
+        wire = torch.cat([scale for _, scale in coded]).to(self.scale_torch_dtype) if coded \
+            else torch.zeros(0, dtype=self.scale_torch_dtype)
         probe = sum(float(rows.abs().sum()) for _, rows in parts) + wire.double().sum()
         self._raise_if_nonfinite(x, probe, wire=wire)
         signed = torch.cat([torch.where(negative, -1.0, 1.0).reshape(-1) for negative, _ in coded]) if coded \
@@ -91,7 +102,7 @@ class RotatedSignCodec(Codec):
         if block & (block - 1):
             raise CodecError(f"'rotated-sign' payload meta 'block_size' must be a power of two, got {block}")
         return (BufferSpec("bits", torch.uint8, (-(-payload.numel // 8),)),
-                BufferSpec("scales", torch.float32, (-(-payload.numel // block),)),
+                BufferSpec("scales", self.scale_torch_dtype, (-(-payload.numel // block),)),
                 BufferSpec("key", torch.int64, (1,)))
 
     def _decode(self, payload: Payload) -> torch.Tensor:
@@ -107,7 +118,7 @@ class RotatedSignCodec(Codec):
 
     def wire_nbytes(self, shape: tuple[int, ...]) -> int:
         n = numel_of(shape)
-        return -(-n // 8) + 4 * (-(-n // self.block_size)) + 8
+        return -(-n // 8) + itemsize(self.scale_torch_dtype) * (-(-n // self.block_size)) + 8
 
 
 def _sign_code(rows: torch.Tensor, draws: torch.Tensor | None,

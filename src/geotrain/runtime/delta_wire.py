@@ -11,6 +11,15 @@ shrinks as training converges. A sample seen for the first time crosses at a hig
 (`first`): m_i = D_first(Q_first(a_i)). Activation gradients are quantised directly by `grad` (no delta:
 they change sign and size from epoch to epoch). Evaluation (no gradient) sends `first` and touches no state.
 
+With `feedback=true` the gradients get per-sample error feedback: the receiver keeps, per sample, what `grad`
+dropped of its gradient, e_i, and adds it to the sample's gradient at its next visit (an epoch later):
+
+    receiver:   c = g_i + e_i;  q = Q_grad(c);  e_i = c - D_grad(q)          sender:   gradient = D_grad(q)
+
+so what the sender has received of sample i's gradients plus e_i is every gradient the receiver computed for
+it: a biased 1-bit code's error is paid back instead of pushing training the same way visit after visit
+(EF-SGD, Karimireddy et al. 2019). Only the receiver keeps e_i (the sender decodes what arrives).
+
 torch.distributed.pipelining sends one fixed carrier shape per stage, so the choice is made per step, which
 both sides know before it runs: a step whose samples were all seen is *narrow* (every row a delta), a
 step with any first sight is *wide* (every row at `first`, its seen samples refreshed too). The worker
@@ -20,12 +29,14 @@ shape). The ids come from the deterministic rule both stages compute (the step's
 in order); the carried id checks it (a mismatch is an error, not a silent drift).
 
 Memory: m_i is float32, prod(sample shape) x 4 bytes per sample on each side (the tiny GPT at context 96:
-96 x 128 x 4 = 49,152 bytes); a run of N samples may keep N times that per side, refused above
-`max_state_mb` (geotrain.codecs.delta: the spec, its steady-state bytes and the memory rule).
+96 x 128 x 4 = 49,152 bytes), twice that on the receiver with `feedback` (e_i); a run of N samples may keep N
+times that per side, refused above `max_state_mb` (geotrain.codecs.delta: the spec, its steady-state bytes and the
+memory rule).
 
 Checkpoints: each side's memory is in its rank's shard (`cut`: the ids and their m_i; as many bytes again as the
 memory), and `--resume` loads it, so the resumed run sends what the uninterrupted one sends (deltas, not a second
-round of first sights). Both sides of a cut load their own replica's memories, which were equal when written.
+round of first sights). Both sides of a cut load their own replica's memories, which were equal when written; the
+receiver's shard holds its gradient residuals too (`residual_ids`, `residual_values`: DeltaWire.state_dict).
 """
 
 from __future__ import annotations
@@ -142,6 +153,8 @@ class DeltaWire:
         self.delta = DeltaSpec.of(spec)
         self.codec, self.first, self.grad = (self.delta.codec_spec(key).build() for key in ("codec", "first", "grad"))
         self.memory = DeltaMemory()
+        self.residuals = DeltaMemory()
+        """Per-sample gradient residuals e_i (`feedback`; the receiver's side only)."""
         self.wide = True
         self._ids: np.ndarray = np.zeros(0, dtype=np.int64)
         self._next = 0
@@ -201,10 +214,20 @@ class DeltaWire:
         out = decode_rows(self.memory if training else None, carried, body, codec, sample_shape, absolute)
         return out.to(carrier.device)
 
-    def encode_gradient(self, grad: torch.Tensor, width: int) -> torch.Tensor:
-        """The receiver's backward: the activation gradient at `grad`, in a carrier `width` floats wide (the
-        forward carrier's shape, as torch's schedule expects); no state."""
-        body = encode_to_carrier(self.grad, grad.detach().float())
+    def encode_gradient(self, grad: torch.Tensor, width: int, ids: Sequence[int]) -> torch.Tensor:
+        """The receiver's backward: the activation gradient of samples `ids` at `grad`, in a carrier `width` floats
+        wide (the forward carrier's shape, as torch's schedule expects); with `feedback`, each row's residual is
+        added before coding and replaced by what the code dropped (rows of NO_SAMPLE keep none)."""
+        values = grad.detach().float().cpu()
+        keep = self.delta.feedback and all(int(i) != NO_SAMPLE for i in ids)
+        if keep:
+            zero = torch.zeros(values.shape[1:])
+            values = values + torch.stack([self.residuals.values.get(int(i), zero) for i in ids])
+        body = encode_to_carrier(self.grad, values)
+        if keep:
+            sent = decode_from_carrier(self.grad, body, carried_spec(self.grad, values.shape[1:]))
+            for row, sample in enumerate(ids):
+                self.residuals.values[int(sample)] = values[row] - sent[row]
         return self._frame(torch.zeros(grad.shape[0], 1), body, width, grad.device)
 
     def decode_gradient(self, carrier: torch.Tensor, sample_shape: tuple[int, ...]) -> torch.Tensor:
@@ -216,10 +239,27 @@ class DeltaWire:
         pad = torch.zeros(body.shape[0], width - 1 - body.shape[1])
         return torch.cat([ids, body.cpu(), pad], dim=1).to(device)
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This side's state for a checkpoint: the memory's (`ids`, `values`) and, with `feedback`, the gradient
+        residuals' (`residual_ids`, `residual_values`; empty on the sender)."""
+        state = self.memory.state_dict()
+        if self.delta.feedback:
+            state.update({f"residual_{key}": value for key, value in self.residuals.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore a `state_dict` (KeyError when `feedback` is on and it holds no residuals)."""
+        self.memory.load_state_dict({"ids": state["ids"], "values": state["values"]})
+        if self.delta.feedback:
+            self.residuals.load_state_dict({"ids": state["residual_ids"], "values": state["residual_values"]})
+
     def state_summary(self) -> dict[str, Any]:
-        """What this side keeps: samples, bytes and a digest (equal on both sides of the cut)."""
+        """What this side keeps: samples, bytes and a digest (equal on both sides of the cut); with `feedback`, the
+        gradient residuals' samples and digest too (the receiver's; none on the sender)."""
+        residuals = {"residual_samples": len(self.residuals.values),
+                     "residual_fingerprint": fingerprint(self.residuals)} if self.delta.feedback else {}
         return {"samples": len(self.memory.values), "state_bytes": self.memory.nbytes(),
-                "fingerprint": fingerprint(self.memory)}
+                "fingerprint": fingerprint(self.memory), **residuals}
 
 
 def fingerprint(memory: DeltaMemory) -> float:
@@ -243,9 +283,9 @@ class _Receive(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, carrier: torch.Tensor, wire: DeltaWire,  # type: ignore[override]
                 sample_shape: tuple[int, ...], training: bool) -> torch.Tensor:
-        ctx.wire, ctx.width = wire, carrier.shape[1]
+        ctx.wire, ctx.width, ctx.ids = wire, carrier.shape[1], _carried_ids(carrier)
         return wire.decode_forward(carrier, sample_shape, training)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:  # type: ignore[override]
-        return ctx.wire.encode_gradient(grad, ctx.width), None, None, None
+        return ctx.wire.encode_gradient(grad, ctx.width, ctx.ids), None, None, None

@@ -382,7 +382,7 @@ class Worker:
         state = ckpt.shard_state(self.slot_header(), cfg.assignment.tolist(), local_state(self.stage.state_dict()),
                                  self.boundaries, local_state(self.dp.state_dict()), completed, self.records)
         if self.delta_wire is not None:  # the per-sample state of a delta cut (runtime/delta_wire.py)
-            state["cut"] = self.delta_wire.memory.state_dict()
+            state["cut"] = self.delta_wire.state_dict()
         path = ckpt.save_shard(cfg.checkpoint.checkpoint_dir, completed, self.rank, state, cfg.identity())
         dist.barrier()
         if self.rank == 0:
@@ -417,7 +417,7 @@ class Worker:
             self.dp.load_state_dict(sharded_state(state["dp"], self._mesh()))
             ckpt.restore_rng(state["rng"])
             if self.delta_wire is not None:  # the identity names the --pp-codec: a delta run's shard has its cut
-                self.delta_wire.memory.load_state_dict(state["cut"])
+                self.delta_wire.load_state_dict(state["cut"])
             self.records = list(state["records"])
             self.start_step = int(state["completed"])
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:

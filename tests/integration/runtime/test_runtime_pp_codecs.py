@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(300)
 GEOTRAIN = [sys.executable, "-m", "geotrain"]
 BATCH, CONTEXT, D_MODEL = 8, 96, 128  # per replica; the tiny preset's context and width
 FP32_CUT_BYTES = BATCH * CONTEXT * D_MODEL * 4
-DELTA = "delta:codec=int2-block,first=int8-block,grad=int2-block"
+DELTA = "delta:codec=int2-block,first=int8-block,grad=int2-block,feedback=true"  # gradients with error feedback
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,7 @@ def test_a_delta_cut_keeps_the_same_state_on_both_stages_and_sends_first_sights_
         assert sender["samples"] == receiver["samples"] == 8  # every window of the 8 has been seen
         assert sender["state_bytes"] == 8 * CONTEXT * D_MODEL * 4
         assert sender["fingerprint"] == receiver["fingerprint"]
+        assert (sender["residual_samples"], receiver["residual_samples"]) == (0, 8)  # the gradient residuals: receiver
     row_bytes = {name: 4 * -(-get_codec(name).wire_nbytes((CONTEXT, D_MODEL)) // 4) for name in ("int2-block",
                                                                                                    "int8-block")}
     narrow, wide = (BATCH * (4 + row_bytes[name]) for name in ("int2-block", "int8-block"))  # + the id per row
@@ -76,7 +77,7 @@ def test_a_delta_cut_keeps_the_same_state_on_both_stages_and_sends_first_sights_
 def test_a_delta_cut_resumed_from_a_checkpoint_sends_deltas_and_ends_as_the_uninterrupted_run(runs):
     whole, resumed = runs[DELTA], runs["delta-resumed"]
     # the per-sample state came back: the resumed steps sent deltas (no second round of first sights) and both
-    # sides of each cut end with the uninterrupted run's state, its losses and its bytes
+    # sides of each cut end with the uninterrupted run's state (the gradient residuals too), its losses and its bytes
     assert resumed["cut_state"] == whole["cut_state"]
     assert resumed["losses"] == whole["losses"]
     assert resumed["bytes"]["pp_total"] == whole["bytes"]["pp_total"]

@@ -46,6 +46,7 @@ VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
     ("rotated-sign", {"block_size": 4, "seed": 3}),
     ("rotated-sign", {"block_size": 8, "stochastic": True}),
     ("rotated-sign", {"block_size": 16, "stochastic": True, "clip": 1.5}),
+    ("rotated-sign", {"block_size": 8, "scale_dtype": "bf16"}),
 ]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in VARIANTS]
 
@@ -87,8 +88,9 @@ def documented_nbytes(name: str, params: dict, shape: tuple[int, ...]) -> int:
         return math.ceil(n / 8) + 4
     if name == "sign-block":
         return math.ceil(n / 8) + 4 * math.ceil(n / params.get("block_size", 128))
-    if name == "rotated-sign":  # sign-block's bytes and the 8-byte rotation key
-        return math.ceil(n / 8) + 4 * math.ceil(n / params.get("block_size", 128)) + 8
+    if name == "rotated-sign":  # sign-block's bytes (scales of 2 bytes in bf16) and the 8-byte rotation key
+        scale_bytes = 2 if params.get("scale_dtype") == "bf16" else 4
+        return math.ceil(n / 8) + scale_bytes * math.ceil(n / params.get("block_size", 128)) + 8
     if name in ("int4-block", "fp4-block", "int2-block"):
         bits = 2 if name == "int2-block" else 4
         return math.ceil(n * bits / 8) + 4 * math.ceil(n / params.get("block_size", 128))

@@ -171,6 +171,9 @@ def test_a_rotated_sign_gradient_crosses_a_cut_rotated_per_row_and_is_priced_by_
     keys = [int(grad_codec.encode(row).buffers["key"][0]) for row in upstream]
     assert keys[0] != keys[1]
     assert DeltaSpec.of(spec).steady_bytes_per_value(sample, 4) == (1536 + 384 + 8) / (96 * 128)
+    # bf16 scales: a scale per 64 values at the bytes of one per 128 in fp32
+    half = DeltaSpec.of(CodecSpec.parse(text.replace("stochastic=true", "block_size=64/scale_dtype=bf16")))
+    assert half.steady_bytes_per_value(sample, 4) == (1536 + 2 * 192 + 8) / (96 * 128)
 
 
 def test_a_delta_spec_is_checked_and_its_state_is_capped():
@@ -219,3 +222,77 @@ def test_settings_without_a_sample_identity_or_a_lasting_state_are_refused_in_on
         with pytest.raises(RuntimeConfigError, match=re.escape(line)) as found:
             RuntimeConfig.of(**settings_, **cut)
         assert "\n" not in str(found.value)
+
+
+FEEDBACK = CodecSpec.parse("delta:codec=sign-block,first=int4-block,grad=sign-block,feedback=true")
+
+
+def _backward(sender: DeltaWire, receiver: DeltaWire, ids: list[int], upstream: torch.Tensor) -> torch.Tensor:
+    """One micro-batch forward and back across the cut: the activation gradient the sender decodes."""
+    for side in (sender, receiver):
+        side.begin_step(ids)
+    hidden = torch.randn(len(ids), *SAMPLE, requires_grad=True)
+    carrier = sender.send(hidden)
+    carried = carrier.detach().requires_grad_()
+    receiver.receive(carried, SAMPLE).backward(upstream)
+    carrier.backward(carried.grad)
+    return hidden.grad
+
+
+@settings(max_examples=20, deadline=None)
+@given(steps=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3, unique=True), min_size=1, max_size=6),
+       seed=st.integers(0, 2**16))
+def test_gradient_feedback_loses_nothing_per_sample_only_delays_it(steps, seed):
+    """With feedback=true, what the sender has received of a sample's gradients plus the receiver's residual of
+    that sample is the sum of the sample's gradients (EF: nothing lost, only delayed to the sample's next visit);
+    the bytes are the grad codec's, as without feedback."""
+    sender, receiver = DeltaWire(FEEDBACK), DeltaWire(FEEDBACK)
+    generator = torch.Generator().manual_seed(seed)
+    sent: dict[int, torch.Tensor] = {}
+    true: dict[int, torch.Tensor] = {}
+    for ids in steps:
+        upstream = torch.randn(len(ids), *SAMPLE, generator=generator)
+        got = _backward(sender, receiver, ids, upstream)
+        for row, i in enumerate(ids):
+            sent[i] = sent.get(i, 0) + got[row].double()
+            true[i] = true.get(i, 0) + upstream[row].double()
+    assert receiver.residuals.values.keys() == true.keys() and not sender.residuals.values
+    for i in true:
+        assert torch.allclose(sent[i] + receiver.residuals.values[i].double(), true[i], atol=1e-4)
+    plain = DeltaSpec.of(CodecSpec.parse(str(FEEDBACK).replace(",feedback=true", "")))
+    assert DeltaSpec.of(FEEDBACK).steady_bytes_per_value((96, 128), 4) == plain.steady_bytes_per_value((96, 128), 4)
+
+
+def test_gradient_feedback_corrects_the_second_visit_by_the_first_ones_error():
+    sender, receiver = DeltaWire(FEEDBACK), DeltaWire(FEEDBACK)
+    upstream = torch.randn(1, *SAMPLE, generator=torch.Generator().manual_seed(5))
+    sign_block = get_codec("sign-block")
+    first = _backward(sender, receiver, [2], upstream)
+    assert torch.equal(first, sign_block.roundtrip(upstream[0])[0].unsqueeze(0))  # the first visit: no residual yet
+    second = _backward(sender, receiver, [2], upstream)
+    corrected = upstream[0] + (upstream[0] - first[0])
+    assert torch.equal(second[0], sign_block.roundtrip(corrected)[0])
+    plain = DeltaWire(CodecSpec.parse(str(FEEDBACK).replace(",feedback=true", "")))
+    plain_sender = DeltaWire(plain.spec)
+    _backward(plain_sender, plain, [2], upstream)
+    assert torch.equal(_backward(plain_sender, plain, [2], upstream), first) and not plain.residuals.values
+
+
+def test_a_wire_with_feedback_saved_and_loaded_carries_on_as_the_one_that_was_not():
+    sender, receiver = DeltaWire(FEEDBACK), DeltaWire(FEEDBACK)
+    generator = torch.Generator().manual_seed(6)
+    _backward(sender, receiver, [4, 0], torch.randn(2, *SAMPLE, generator=generator))
+    state = receiver.state_dict()
+    assert state["residual_ids"].tolist() == [0, 4] and state["ids"].tolist() == [0, 4]
+    loaded, loaded_sender = DeltaWire(FEEDBACK), DeltaWire(FEEDBACK)
+    loaded.load_state_dict(state)
+    loaded_sender.load_state_dict(sender.state_dict())
+    upstream = torch.randn(2, *SAMPLE, generator=generator)
+    assert torch.equal(_backward(loaded_sender, loaded, [0, 4], upstream), _backward(sender, receiver, [0, 4], upstream))
+    with pytest.raises(KeyError):
+        DeltaWire(FEEDBACK).load_state_dict(DeltaWire(SPEC).state_dict())  # a shard written without feedback
+    with pytest.raises(CodecError, match="feedback must be a boolean"):
+        DeltaSpec.of(CodecSpec.parse("delta:feedback=maybe"))
+    spec = DeltaSpec.of(CodecSpec.parse("delta:max_state_mb=100,feedback=true"))  # the residuals double the state
+    assert delta_memory_refusal(spec, 1000, (96, 128)) is None
+    assert "2,000 samples x 98,304 bytes" in delta_memory_refusal(spec, 2000, (96, 128))
