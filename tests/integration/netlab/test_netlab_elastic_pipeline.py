@@ -57,7 +57,10 @@ def test_a_group_of_two_stage_processes_in_their_own_lab_namespaces_trains_resta
     assert run["groups_finished"] == [0, 1] and run["max_param_diff_across_replicas"] == 0.0
     survivor = doc["group_records"]["0"]
     assert [r["step"] for r in survivor] == list(range(STEPS))  # group 0 never stopped
-    assert survivor[0]["contributors"] == 2.0 and 1.0 in run["contributors"]  # both, then group 0 alone a while
+    # both groups from the start; whether group 0 then commits a step alone depends on where the kill lands against
+    # the restarted group's return (a quiet machine: the restarted group can rejoin before the dead one's heartbeats
+    # expire, so every committed step counts 2): the restart as one is `restarts` [0, 1] above
+    assert survivor[0]["contributors"] == 2.0
     assert all(r["loss"] is not None for r in survivor) and math.isfinite(run["val_loss"])
     left = [name for name in os.listdir(NETNS_DIR) if name.startswith(f"gt{launcher_pid}-")] \
         if os.path.isdir(NETNS_DIR) else []
