@@ -112,7 +112,7 @@ def test_group_0_commits_every_step_and_each_rejoined_stage_equals_its_peer_stag
     # after the heal, before the kill; without a restart (test above)
     healed = [int(m.group(1)) for line in doc["events"]
               if (m := re.search(r"replica group 1 \(.*\) rejoined at step (\d+)", line))]
-    assert len(healed) == 2 and 0 < healed[0] < first
+    assert len(healed) == 2 and 0 < healed[0] <= first  # the kill may land at the step the heal rejoined at
     assert survivor[0]["contributors"] == 2.0 and survivor[healed[0] - 1]["contributors"] == 1.0
 
 
