@@ -14,12 +14,11 @@ import sys
 import pytest
 
 from geotrain.netlab.names import NETNS_DIR
+from lab_marks import NEEDS_LAB
 from paths import ROOT
 
 pytest.importorskip("torchft")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"),
-    reason="netlab needs root and network namespaces (run the suite as root on Linux)")]
+pytestmark = [pytest.mark.slow, NEEDS_LAB]
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
 STEPS = 100
 COMM_TIMEOUT_S = 3.0

@@ -17,12 +17,11 @@ import pytest
 from geotrain.cli.main import main
 from geotrain.netlab.names import NETNS_DIR
 from geotrain.netlab.processes import pids_in_namespace
+from lab_marks import NEEDS_LAB
 from proctree import alive, cmdline, descendants
 from paths import ROOT
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"),
-    reason="netlab needs root and network namespaces (run the suite as root on Linux)")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300), NEEDS_LAB]
 
 SRC = str(ROOT / "src")
 ENV = {**os.environ, "PYTHONPATH": SRC}

@@ -21,11 +21,10 @@ from geotrain.netlab.linkcheck import measure_messages_s, measure_stream
 from geotrain.netlab.names import NETNS_DIR
 from geotrain.netlab.processes import pids_in_namespace
 from proctree import cmdline, default_signals, descendants
+from lab_marks import NEEDS_LAB
 from paths import ROOT
 
-pytestmark = [pytest.mark.serial, pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"),
-    reason="netlab needs root and network namespaces (run the suite as root on Linux)")]
+pytestmark = [pytest.mark.serial, NEEDS_LAB]
 
 SRC = str(ROOT / "src")
 CLUSTER_DOC = {"name": "lab-2x2",

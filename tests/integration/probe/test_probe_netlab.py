@@ -12,13 +12,13 @@ import yaml
 from geotrain.cli.main import main
 from geotrain.cluster import load_cluster_file
 from geotrain.netlab.names import NETNS_DIR
+from lab_marks import NEEDS_LAB
 from paths import ROOT
 
 pytestmark = [
     pytest.mark.serial,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/proc/self/ns/net"),
-                       reason="netlab needs root and network namespaces (run the suite as root on Linux)"),
+    NEEDS_LAB,
 ]
 
 SRC = str(ROOT / "src")
