@@ -1,6 +1,8 @@
 """Adaptive local steps on an elastic run's torchft quorum (`train --elastic --sync-every H --local-steps adaptive`):
 each live replica group takes H_g inner steps per outer period, in proportion to its measured speed
-(geotrain.sync.adaptive's rule, the same `adaptive_local_steps`), and the groups meet at an outer-sync index.
+(geotrain.sync.adaptive's rule: its `adaptive_local_steps` when every group is present), and the groups meet at an
+outer-sync index. A lost group's steps are taken by the others: no sample of the run's budget is lost to a failure
+but the steps of the period in which the group died.
 
 Where the quorum meets: at the end of each group's period (its H_g inner steps done), before the outer exchange.
 torchft's Manager counts committed exchanges, one per outer sync (plus the start-up quorum's), so its step is the
@@ -18,20 +20,27 @@ same anchor, so all hold the same parameters after it.
 The split (`quorum_split`): each exchange also sums, over the quorum that commits it (ManagerExchange's side sum),
 every member's presence and its mean step seconds of the period just ended (0: none, a group that took no step:
 one that recovered in this quorum). Every member then holds the same table of last measured seconds per group (a
-group absent from the quorum keeps its last entry) and shares the next period's n x H inner steps among the n
-groups present, by that table. A lost group thus leaves the split at the first sync without it (the survivors'
-shares recomputed from their own measured speeds); a restarted group rejoins at a sync and is re-balanced there.
+group absent from the quorum keeps its last entry) and shares the next period's inner steps among the n
+groups present, by that table: the whole period's R x H steps (R: the plan's groups), a lost group's share
+included. A lost group thus leaves the split at the first sync without it (the survivors' shares recomputed from
+their own measured speeds, the survivors taking its steps); a restarted group rejoins at a sync and is re-balanced
+there.
 
 What speed a restarted group starts with: the last one measured for its group (the same site and GPU) before it
 was lost, which the survivors kept in the shared table and hand over with the state; a group never measured (lost
 in the first period) gets the prior (`prior_step_s`: 1 / its GPU's peak FLOP/s, relative) scaled by the measured
 groups' mean measured / prior ratio; with no prior, the equal split. The first period is shared by the priors.
 
-Data (`position`): the n x H inner steps of period p train the slices of the equal schedule's steps pH .. pH + H - 1
+Data (`position`): the R x H inner steps of period p train the slices of the equal schedule's steps pH .. pH + H - 1
 (slice s of step t: group s's part of step t's global batch), numbered i = s x H + (t - pH); the groups present, in
-group order, take consecutive runs of H_g of them. With every group present that is each slice once, the equal
-schedule's samples; a group's own H slices when the split is equal; with n < R groups present the slices of the
-last R - n groups' share are not trained (lost samples).
+group order, take consecutive runs of H_g of them: each slice once, the equal schedule's samples, with every group
+present or not (a group's own H slices when the split is equal and all are present). Only a group lost mid-period
+loses samples: its slices of that period.
+
+The outer mean: sum_g delta_g / R over the groups that took steps in the period (absent and recovering ones add 0),
+every inner step counting 1 / R as in a period with every group (geotrain.sync.adaptive's "Outer mean"), so a period
+whose R x H steps a quorum of n < R groups took moves the anchor by the same H steps' scale. The exchange averages
+over its c contributors (geotrain.sync.elastic); its mean is scaled by c / R.
 
 Delay (`delay` tau > 0, --sync-delay; geotrain.sync.adaptive's "Overlap"): the rule for a quorum that changes is
 elastic streaming's (geotrain.sync.elastic): no sync is ever in flight across a quorum. Sync p's exchange runs whole
@@ -86,7 +95,8 @@ import torch
 
 from geotrain.optim.outer import OuterStep
 from geotrain.optim.shards import local_shard
-from geotrain.sync.adaptive import InFlight, adaptive_local_steps, land_flight, land_moments, landing_steps
+from geotrain.cost.batch_shares import split_by_weights
+from geotrain.sync.adaptive import InFlight, land_flight, land_moments, landing_steps
 from geotrain.sync.base import GradientSync, StepTimer, SyncError, SyncResult, free_grads, grad_carrier, set_grads
 from geotrain.sync.exchange import ExtraTensors
 from geotrain.sync.moments import PARTS_WITH_MOMENTS, MomentSync, MomentTensors, check_moment_syncs
@@ -105,11 +115,14 @@ def estimated_step_s(measured: Sequence[float], prior_s: Sequence[float] | None)
 
 
 def quorum_split(step_s: Sequence[float], present: Sequence[int], sync_every: int) -> list[int]:
-    """H_g per group (R ints, 0 for a group not `present`): the n x `sync_every` inner steps of a period shared
-    among the n present groups by `adaptive_local_steps` of their `step_s` (equal if any is unknown)."""
+    """H_g per group (R ints, 0 for a group not `present`): the period's R x `sync_every` inner steps (R =
+    len(`step_s`): every group's, a lost one's included) shared among the n present groups in proportion to
+    1 / their `step_s` (equally if any is unknown), integers >= 1 (module doc "Data")."""
     if not present:
         raise SyncError("elastic adaptive local steps: a quorum of no replica group")
-    shares = adaptive_local_steps([step_s[g] for g in present], sync_every)
+    seconds = [step_s[g] for g in present]
+    known = all(math.isfinite(s) and s > 0 for s in seconds)
+    shares = split_by_weights([1.0 / s if known else 1.0 for s in seconds], len(step_s) * sync_every)
     split = [0] * len(step_s)
     for g, h in zip(present, shares, strict=True):
         split[g] = h
@@ -269,6 +282,14 @@ class ElasticAdaptiveSync(GradientSync):
                 side[self.replicas + self.group] = seconds if self.agree is None else self.agree(seconds)
         parts = {} if self.moments is None else {"parts": PARTS_WITH_MOMENTS if moments else 1}
         dp_bytes = self.travel.exchange(self.outer_step, timer, side=side, **parts)
+        summed = self.exchange.side_sum.tolist()
+        present = [g for g in range(self.replicas) if summed[g] > 0]
+        measured = summed[self.replicas:]
+        steps_taken = {g: self.local_steps[g] for g in present if measured[g] > 0}
+        if 0 < len(steps_taken) < self.replicas:  # module doc "The outer mean": sum / R, not the contributors' mean
+            with timer, torch.no_grad():
+                for shadow in self.shadows:
+                    shadow.grad.mul_(len(steps_taken) / self.replicas)
         if blocking:
             with timer:
                 self.outer.apply([s.grad for s in self.shadows])
@@ -282,11 +303,7 @@ class ElasticAdaptiveSync(GradientSync):
                 proxy = self.outer.start_eager(local) if self.landing == "eager" else None
             self.flight = InFlight(redeliver(delivered, groups), proxy, self.inner_steps - 1, moments=moments,
                                    delivered=delivered)
-        summed = self.exchange.side_sum.tolist()
-        present = [g for g in range(self.replicas) if summed[g] > 0]
-        measured = summed[self.replicas:]
         self.step_s = [m if m > 0 else old for m, old in zip(measured, self.step_s, strict=True)]
-        steps_taken = {g: self.local_steps[g] for g in present if measured[g] > 0}
         self.local_steps = quorum_split(estimated_step_s(self.step_s, self.prior_s), present, self.sync_every)
         if self.flight is not None:
             self.flight.lands_after = landing_steps(self.delay, self.my_local_steps, self.sync_every)

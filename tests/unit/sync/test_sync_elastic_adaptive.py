@@ -20,10 +20,12 @@ from geotrain.sync.base import ComputeTimer, SyncError
 from geotrain.sync.elastic_adaptive import ElasticAdaptiveSync, estimated_step_s, period_position, quorum_split
 
 
-def test_the_quorum_shares_its_n_x_h_steps_by_speed_and_absent_groups_take_none():
+def test_the_quorum_shares_the_period_s_r_x_h_steps_by_speed_and_absent_groups_take_none():
     assert quorum_split([1.0, 4.8], [0, 1], 3) == [5, 1]  # an A100 and a T4 (4.8x): 6 x 4.8 / 5.8 = 4.97
-    assert quorum_split([1.0, 4.8, 2.0], [0, 2], 3) == [4, 0, 2]  # group 1 lost: 2 x 3 steps by 1 : 0.5
+    assert quorum_split([1.0, 4.8, 2.0], [0, 2], 3) == [6, 0, 3]  # group 1 lost: all 3 x 3 steps by 1 : 0.5
     assert quorum_split([1.0, math.nan], [0, 1], 3) == [3, 3]  # a speed unknown: the equal split
+    assert quorum_split([1.0, 4.8, math.nan], [0, 2], 3) == [5, 0, 4]  # one unknown, one lost: 9 steps equally
+    assert quorum_split([4.8, 1.0], [0], 3) == [6, 0]  # the T4 alone takes the A100's steps too
     with pytest.raises(SyncError, match="no replica group"):
         quorum_split([1.0], [], 3)
 
@@ -41,6 +43,22 @@ def test_a_period_s_inner_steps_train_each_slice_of_its_equal_steps_once():
     positions = [period_position(period, sum(split[:g]) + k, every) for g in range(2) for k in range(split[g])]
     assert sorted(positions) == [(t, s) for t in range(21, 24) for s in range(2)]
     assert [period_position(period, k, every) for k in range(3)] == [(21, 0), (22, 0), (23, 0)]  # equal: own slice
+    alone = [period_position(period, k, every) for k in range(quorum_split([4.8, 1.0], [0], every)[0])]
+    assert sorted(alone) == [(t, s) for t in range(21, 24) for s in range(2)]  # group 1 lost: none of its slices
+
+
+def test_a_period_trained_by_part_of_the_quorum_moves_the_anchor_by_sum_over_r():
+    param = torch.nn.Parameter(torch.zeros(3))
+    sync = ElasticAdaptiveSync([param], torch.optim.SGD([param], lr=1.0), OuterStep([param], 3, 1.0, 0.0),
+                               _Quorum(), 0, 2, 3, 10)
+    sync.local_steps = quorum_split([1.0, 1.0], [0], 3)  # group 1 lost at the last sync: group 0 takes all 6 steps
+    for _ in range(sync.my_local_steps):
+        param.grad = -torch.ones(3)
+        sync.step(0, ComputeTimer())
+    assert sync.due and torch.equal(param.detach(), torch.full((3,), 6.0))
+    sync.outer_sync(ComputeTimer())  # the quorum: group 0 alone (group 1 absent: 0 in the side sum)
+    assert torch.equal(sync.outer.anchor[0].detach(), torch.full((3,), 3.0))  # 6 steps / R = 2: H's scale
+    assert sync.local_steps == [6, 0]
 
 
 class _Exchange:
