@@ -208,9 +208,7 @@ class AsyncElasticGroup:
         self.cuts = cut_hold(config)
         """A partition's hold on this process's messages (None: no partition in --chaos)."""
         self.device = process_device(config, group, rank)
-        tier = dataclasses.replace(self.tier(position_prefix(rank), tuple(range(config.replicas)), 0),
-                                   follows=None if rank == 0 else position_prefix(0))
-        self.link = self.elected_link(store, tier, group, held, self._serve, incarnation == 0)
+        self.link = self.elected_link(store, self.client_tier(), group, held, self._serve, incarnation == 0)
         """This process's link to its server (its position's global model's; with regions, its region's)."""
         # a restarted group of several processes: its copy wins no election until every position holds one; the group
         # votes with its stalest position's copy
@@ -231,6 +229,16 @@ class AsyncElasticGroup:
         rel = self.config.reliability
         return Tier(prefix, electorate, first_host, rel.min_replicas, rel.heartbeat_timeout_s, self.timeout_s,
                     self.authkey)
+
+    def client_tier(self) -> Tier:
+        """The tier this process is a client of: its position's part of the global model (module doc: Positions)."""
+        return self.position_tier("", tuple(range(self.config.replicas)), 0)
+
+    def position_tier(self, tail: str, electorate: tuple[int, ...], first_host: int) -> Tier:
+        """tier(...) of this process's position under `position_prefix(rank) + tail`; a position other than (0, 0)
+        follows (0, 0)'s tier of the same `tail` (its elections pick every position's host: module doc, Positions)."""
+        return dataclasses.replace(self.tier(position_prefix(self.rank) + tail, electorate, first_host),
+                                   follows=None if self.rank == 0 else position_prefix(0) + tail)
 
     def elected_link(self, store: Any, tier: Tier, client: int, held: HeldModel, serve: Any,
                      fresh: bool) -> ElectedLink:
