@@ -94,8 +94,9 @@ position's server writes its shard (async_checkpoint.py). Emulated links: each p
 the group's own groups run on the emulating backend (links.install_group_links). --sync-moments: each position's
 server, push, reply, copy and shard is [its parameters | their v] (AdamW's state of its FSDP2 shards: their local
 part). --fragments P: each position's server is a FragmentServer of its own part's P fragments (FragmentLayout of its
-local shards), every position pushing fragment p at the same offsets. Not built yet with positions (rules.py, one
-line): async-hierarchical.
+local shards), every position pushing fragment p at the same offsets. async-hierarchical (async_regions.py): each
+position is the client of its region's server for its position, whose host pushes to the same position's global
+server; both tiers follow position (0, 0)'s elections (client_tier, position_tier).
 
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the

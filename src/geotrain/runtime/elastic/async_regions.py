@@ -1,5 +1,5 @@
 """One replica group of an elastic hierarchical asynchronous run (`train --elastic --outer-sync
-async-hierarchical`, S = 1): a client of its region's server, and while elected that server's host (and maybe
+async-hierarchical`): a client of its region's server, and while elected that server's host (and maybe
 the global model's).
 
 Two tiers of elected servers (runtime/elastic/elected.py), over TCP as in the flat elastic run
@@ -34,6 +34,15 @@ are the regions (each pushing its fragments cyclically: the deadlock argument of
 groups push fragments as in the flat run (async_group.py); a region server elected from a copy starts each fragment
 from that fragment's part of it (fragment_copy.py) and merges it from there, based at the global version of that
 fragment its link's join got.
+
+Positions (a group of S x K > 1 processes: async_group.py, Positions): both tiers are split by position (s, k).
+Position (s, k) of each group is the client of its region's server for that position (keys under
+`async/position<rank>/region<r>/`; position (0, 0)'s under `async/region<r>/`), and that server's host pushes to the
+same position's global server (keys under async_positions.position_prefix). At each tier position (0, 0) votes for
+the group (its stalest position's copy: elected.group_vote; at the global tier none while a position of it holds no
+copy of the global model yet, each position publishing its copy's version after each reply) and the other positions
+follow its decision (elected.Tier.follows), so one group hosts a region's servers, and one region's host group the
+global model's, at every position. Checkpoints: each position's global server writes its shard (async_checkpoint.py).
 
 Ending: as the flat run, one tier up: a region server sends its final delta once all its groups sent their final
 requests, and the global server replies to the regions' finals once every connected region sent its own; each
