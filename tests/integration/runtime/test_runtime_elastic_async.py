@@ -23,7 +23,10 @@ for both positions, each serving from its own copy; that launch stops at step 30
 writing its shard of the checkpoint; both launches with --sync-moments and --fragments 2, each position's server a
 fragment server of [its parameters | v]) and a fault-free --resume continues it to the end on emulated links (each
 position's messages paced, the group's FSDP2 collectives on its devices' links); both run after the hierarchical run,
-in its interpreter."""
+in its interpreter. The same plan with `--outer-sync async-hierarchical` (a region per group: east, west) and --fragments
+2, its host group SIGKILLed at 0.5 s: each position of region 1's host group serves its part of the global model from
+its own copy, the restarted group hosts region 0's server again; it runs last in the first interpreter (beside the
+killed run's 500 steps)."""
 
 from __future__ import annotations
 
@@ -55,6 +58,8 @@ SHARDED_PLAN = {"method": "manual", "stages": 1, "replicas": 2, "assignment": [[
 SHARDED_KILL = "kill-site:every=100s,first=0.5s,site=host,count=1"
 """The host group (0) killed once 0.5 s of training passed (the 60 steps train about 17 s on this loaded 2-core
 machine; the killed group is back about 3.6 s after its kill, while the survivor trains on alone)."""
+SHARDED_REGIONS_STEPS = 60
+"""The sharded plan's hierarchical run (its host group killed as SHARDED_KILL's; about 12 s on this loaded machine)."""
 SHARDED_STOP = 30
 """The sharded plan's killed launch stops at step 30 with a checkpoint there; its --resume trains on to 60."""
 REGION_KILLS = "kill-site:every=100s,first=1s,site=2,count=1;kill-site:every=100s,first=2s,site=host,count=1"
@@ -106,17 +111,20 @@ def runs(tmp_path_factory):
     sharded = ["train", "--cluster", CLUSTER, "--plan", str(sharded_plan), *FLAGS,
                "--steps", str(STEPS["sharded"]), "--checkpoint-dir", str(tmp / "ckpt-sharded"), "--sync-moments",
                "--fragments", "2"]
+    sharded_regions = ["train", "--cluster", CLUSTER, "--plan", str(sharded_plan), *hierarchical,
+                       "--steps", str(SHARDED_REGIONS_STEPS), "--chaos", SHARDED_KILL, "--fragments", "2"]
     first = OneInterpreter([stopped, [*plain, "--resume"], regions,
                             [*sharded, "--chaos", SHARDED_KILL, "--checkpoint-every", str(SHARDED_STOP),
                              "--stop-after", str(SHARDED_STOP)],
-                            [*sharded, "--resume", "--time-scale", str(TIME_SCALE["plain"])]], tmp, "first", env)
+                            [*sharded, "--resume", "--time-scale", str(TIME_SCALE["plain"])], sharded_regions],
+                           tmp, "first", env)
     second = OneInterpreter([[*base, "--steps", str(STEPS["killed"]), "--chaos", f"{KILLS};{CUTS}", "--sync-moments",
                               "--fragments", "2"]],
                             tmp, "second", env)
-    (stopped, plain, regional, shards, resharded), (killed,) = results_of([first, second])
+    (stopped, plain, regional, shards, resharded, sharded_regional), (killed,) = results_of([first, second])
     runs = {}
     for name, done in (("stopped", stopped), ("plain", plain), ("regions", regional), ("killed", killed),
-                       ("sharded", shards), ("sharded_resumed", resharded)):
+                       ("sharded", shards), ("sharded_resumed", resharded), ("sharded_regions", sharded_regional)):
         assert done.returncode == 0, f"{name}: exit {done.returncode}\n{done.stderr}"
         runs[name] = json.loads(done.stdout)
     saved = {name: {int(p.parent.name[5:]): torch.load(p, weights_only=False)["dp"]["asynchronous"]
@@ -317,3 +325,21 @@ def test_a_stopped_launch_of_two_shard_processes_checkpoints_every_position_and_
     assert sum(r["sent_bytes"] for r in pushes) >= 2 * (len(pushes) - 1) * part_bytes
     for group in records.values():  # --sync-moments: each group's AdamW holds the final model's v
         assert group[-1]["moments_loaded"] > 0 and group[-1]["moments_sha256"] == group[-1]["held_moments_sha256"]
+
+
+def test_a_killed_host_group_of_two_shard_processes_with_region_servers_is_replaced_for_every_position(runs):
+    """async-hierarchical on groups of 2 shard processes, a region per group: the host group (group 0: region 0's
+    server and the global model's, at both positions) killed; region 1's host group is elected for the global model at
+    both positions at once, each serving from its own copy, and the restarted group 0 hosts region 0's servers again
+    (no copy: from the global model); every position of both groups ends on its part of one global model."""
+    summary = runs["sharded_regions"]["summary"]
+    assert summary["kills"] == 1 and summary["replica_failures"] == 1 and summary["restarts"] == [1, 0]
+    assert summary["global_restarts"] == 0 and summary["rejoins"] == 1 and summary["groups_finished"] == [0, 1]
+    # the global model's host (one vote, both positions' tiers following it) and region 0's (its only group's)
+    assert summary["elections"] == 2
+    assert summary["max_param_diff_across_replicas"] == 0.0 and summary["replicas_in_sync"] is True
+    budget = run_budget(SHARDED_REGIONS_STEPS, H, 2)
+    updates = _final_updates(runs["sharded_regions"])
+    assert updates[0] == updates[1] and budget <= updates[0] < budget + 2
+    for records in runs["sharded_regions"]["group_records"].values():  # both positions digested at each push
+        assert all(len(r["stage_params_sha256"]) == 2 for r in records if r["synced"])

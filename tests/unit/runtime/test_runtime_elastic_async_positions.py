@@ -24,3 +24,10 @@ def test_position_0_reads_the_copy_versions_its_groups_other_positions_published
     assert GroupPositions(store, 1, 1, 0, 3).versions() == []  # the group's restart: its old copies are gone
     assert GroupPositions(store, 0, 0, 0, 3).versions() == []  # another group's
     assert GroupPositions(store, 1, 0, 0, 1).least(7) == 7  # a group of one process agrees with itself
+    # async-hierarchical: the copies of the global model (a region host's link) publish apart, and the group votes
+    # none while a position holds no copy of it
+    upstream = [GroupPositions(store, 1, 0, rank, 3, "global/") for rank in range(3)]
+    upstream[1].publish(2)
+    assert upstream[0].versions() == [2] and upstream[0].complete_versions() is None
+    upstream[2].publish(3)
+    assert upstream[0].complete_versions() == [2, 3] and first.versions() == [5, 6]

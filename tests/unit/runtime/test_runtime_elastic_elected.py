@@ -81,6 +81,7 @@ def test_a_group_of_several_positions_votes_with_its_stalest_positions_copy_vers
     """Its host serves every position from that position's own copy: the freshest stalest copy loses the least."""
     assert group_vote(COPY, [9, 5]).version == 5 and group_vote(COPY, [8]).version == 7
     assert group_vote(COPY, [5]).updates == 9 and group_vote(COPY, []) is COPY and group_vote(NONE, [1]) is NONE
+    assert group_vote(COPY, None).model is None  # a position of the group holds no copy: it votes none
     fresher, staler = group_vote(COPY, [6]), group_vote(HeldModel(torch.zeros(2), version=9, updates=9), [4])
     assert fresher.version > staler.version  # group of versions (7, 6) wins over (9, 4)
 

@@ -163,28 +163,24 @@ def test_elastic_async_is_accepted_with_kill_and_partition_chaos_checkpoints_and
         assert elastic_refusal(RuntimeConfig.of(CLUSTER, [[0, 1]], **{**ASYNC, **extra})) is None
 
 
-def test_elastic_async_on_stages_or_shards_runs_flat_and_refuses_what_is_not_built_in_one_line():
+def test_elastic_async_on_stages_or_shards_runs_flat_and_hierarchical():
     """Elastic asynchronous groups of S x K > 1 processes (runtime/elastic/async_group.py, Positions): a plan of 2
-    stages, or of 2 shards per slot, runs --outer-sync async with kill chaos, checkpoints (one shard per position) and
+    stages, or of 2 shards per slot, runs --outer-sync async or async-hierarchical (each position the client of its
+    region's server for it: runtime/elastic/async_regions.py) with kill chaos, checkpoints (one shard per position) and
     emulated links (the group's own groups on its devices' links), moment sync (each position's [parameters | v])
-    and fragments (each position's own); regions are refused by name."""
-    for assignment, extra, shape in (([[0, 2], [1, 3]], {}, "2 stages x 1 devices"),
-                                     ([[0, 2]], {"shards": SHARDED["shards"]}, "1 stages x 2 devices")):
+    and fragments (each position's own)."""
+    for assignment, extra in (([[0, 2], [1, 3]], {}), ([[0, 2]], {"shards": SHARDED["shards"]})):
         plan = assignment if not extra else extra["shards"][..., 0]
-        config = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "chaos": "kill-site:every=5s,site=host"})
-        assert elastic_refusal(config) is None
-        resumed = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "checkpoint_dir": "ckpt", "checkpoint_every": 4,
-                                                     "resume": True, "stop_after": 7})
-        assert elastic_refusal(resumed) is None
-        emulated = RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, "time_scale": 0.1, "sync_moments": True,
-                                                      "fragments": 2, "fragment_split": "layers"})
-        assert elastic_refusal(emulated) is None
-        for settings, setting in (({"outer_sync": "async-hierarchical"}, "optim.outer_sync 'async-hierarchical'"),):
-            with pytest.raises(RuntimeConfigError) as caught:
-                RuntimeConfig.of(CLUSTER, plan, **{**ASYNC, **extra, **settings})
-            text = str(caught.value)
-            assert text.startswith("--elastic: ") and setting in text and "\n" not in text, text
-            assert f"elastic asynchronous groups of {shape} per slot" in text and "not built yet" in text, text
+        for outer_sync in ("async", "async-hierarchical"):
+            settings = {**ASYNC, **extra, "outer_sync": outer_sync}
+            config = RuntimeConfig.of(CLUSTER, plan, **{**settings, "chaos": "kill-site:every=5s,site=host"})
+            assert elastic_refusal(config) is None
+            resumed = RuntimeConfig.of(CLUSTER, plan, **{**settings, "checkpoint_dir": "ckpt", "checkpoint_every": 4,
+                                                         "resume": True, "stop_after": 7})
+            assert elastic_refusal(resumed) is None
+            emulated = RuntimeConfig.of(CLUSTER, plan, **{**settings, "time_scale": 0.1, "sync_moments": True,
+                                                          "fragments": 2, "fragment_split": "layers"})
+            assert elastic_refusal(emulated) is None
 
 
 def test_a_partition_with_adaptive_local_steps_runs():

@@ -94,8 +94,9 @@ position's server writes its shard (async_checkpoint.py). Emulated links: each p
 the group's own groups run on the emulating backend (links.install_group_links). --sync-moments: each position's
 server, push, reply, copy and shard is [its parameters | their v] (AdamW's state of its FSDP2 shards: their local
 part). --fragments P: each position's server is a FragmentServer of its own part's P fragments (FragmentLayout of its
-local shards), every position pushing fragment p at the same offsets. Not built yet with positions (rules.py, one
-line): async-hierarchical.
+local shards), every position pushing fragment p at the same offsets. async-hierarchical (async_regions.py): each
+position is the client of its region's server for its position, whose host pushes to the same position's global
+server; both tiers follow position (0, 0)'s elections (client_tier, position_tier).
 
 Checkpoints (--checkpoint-every, --stop-after, --resume; runtime/elastic/async_checkpoint.py): the host's server
 writes one copy after the update that reaches a due step's count; a resumed launch's groups all start holding the
@@ -208,9 +209,7 @@ class AsyncElasticGroup:
         self.cuts = cut_hold(config)
         """A partition's hold on this process's messages (None: no partition in --chaos)."""
         self.device = process_device(config, group, rank)
-        tier = dataclasses.replace(self.tier(position_prefix(rank), tuple(range(config.replicas)), 0),
-                                   follows=None if rank == 0 else position_prefix(0))
-        self.link = self.elected_link(store, tier, group, held, self._serve, incarnation == 0)
+        self.link = self.elected_link(store, self.client_tier(), group, held, self._serve, incarnation == 0)
         """This process's link to its server (its position's global model's; with regions, its region's)."""
         # a restarted group of several processes: its copy wins no election until every position holds one; the group
         # votes with its stalest position's copy
@@ -231,6 +230,16 @@ class AsyncElasticGroup:
         rel = self.config.reliability
         return Tier(prefix, electorate, first_host, rel.min_replicas, rel.heartbeat_timeout_s, self.timeout_s,
                     self.authkey)
+
+    def client_tier(self) -> Tier:
+        """The tier this process is a client of: its position's part of the global model (module doc: Positions)."""
+        return self.position_tier("", tuple(range(self.config.replicas)), 0)
+
+    def position_tier(self, tail: str, electorate: tuple[int, ...], first_host: int) -> Tier:
+        """tier(...) of this process's position under `position_prefix(rank) + tail`; a position other than (0, 0)
+        follows (0, 0)'s tier of the same `tail` (its elections pick every position's host: module doc, Positions)."""
+        return dataclasses.replace(self.tier(position_prefix(self.rank) + tail, electorate, first_host),
+                                   follows=None if self.rank == 0 else position_prefix(0) + tail)
 
     def elected_link(self, store: Any, tier: Tier, client: int, held: HeldModel, serve: Any,
                      fresh: bool) -> ElectedLink:

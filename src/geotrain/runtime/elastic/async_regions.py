@@ -1,5 +1,5 @@
 """One replica group of an elastic hierarchical asynchronous run (`train --elastic --outer-sync
-async-hierarchical`, S = 1): a client of its region's server, and while elected that server's host (and maybe
+async-hierarchical`): a client of its region's server, and while elected that server's host (and maybe
 the global model's).
 
 Two tiers of elected servers (runtime/elastic/elected.py), over TCP as in the flat elastic run
@@ -35,6 +35,15 @@ groups push fragments as in the flat run (async_group.py); a region server elect
 from that fragment's part of it (fragment_copy.py) and merges it from there, based at the global version of that
 fragment its link's join got.
 
+Positions (a group of S x K > 1 processes: async_group.py, Positions): both tiers are split by position (s, k).
+Position (s, k) of each group is the client of its region's server for that position (keys under
+`async/position<rank>/region<r>/`; position (0, 0)'s under `async/region<r>/`), and that server's host pushes to the
+same position's global server (keys under async_positions.position_prefix). At each tier position (0, 0) votes for
+the group (its stalest position's copy: elected.group_vote; at the global tier none while a position of it holds no
+copy of the global model yet, each position publishing its copy's version after each reply) and the other positions
+follow its decision (elected.Tier.follows), so one group hosts a region's servers, and one region's host group the
+global model's, at every position. Checkpoints: each position's global server writes its shard (async_checkpoint.py).
+
 Ending: as the flat run, one tier up: a region server sends its final delta once all its groups sent their final
 requests, and the global server replies to the regions' finals once every connected region sent its own; each
 host then marks its tier ended and waits for its clients to close (the global model's host writes the end's
@@ -48,7 +57,8 @@ from typing import Any
 
 from geotrain.runtime.config import RuntimeConfig
 from geotrain.runtime.elastic.async_group import AsyncElasticGroup
-from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, serve_counting, serve_restored, tier_host
+from geotrain.runtime.elastic.async_positions import GroupPositions
+from geotrain.runtime.elastic.elected import ElectedLink, HeldModel, Tier, serve_counting, serve_restored, tier_host
 from geotrain.runtime.elastic.links import GroupNet
 from geotrain.sync.async_fragments import FragmentServer
 from geotrain.sync.async_moments import server_optimizer
@@ -129,13 +139,15 @@ class ServedRegion:
 
 class Upstream:
     """A region server's requests to the global model's server, through its elected link (the mailbox interface
-    RegionServer sends through)."""
+    RegionServer sends through); `positions`: where its copy's version is published after each reply, for its group's
+    vote (GroupPositions of tier `global/`)."""
 
-    def __init__(self, link: ElectedLink) -> None:
-        self.link = link
+    def __init__(self, link: ElectedLink, positions: GroupPositions) -> None:
+        self.link, self.positions = link, positions
 
     def request(self, client: int, request: Request) -> list[Reply]:
         reply = self.link.exchange(request.gradient, request.final, request.count, request.fragment)
+        self.positions.publish(self.link.held.version)
         return [Reply(client, int(reply["version"]), int(reply["updates"]), reply["model"], bool(reply["final"]),
                       fragment=int(reply.get("fragment", 0)))]
 
@@ -146,15 +158,17 @@ class RegionalAsyncGroup(AsyncElasticGroup):
 
     def __init__(self, config: RuntimeConfig, group: int, store: Any, net: GroupNet, incarnation: int,
                  authkey: bytes, world: Any = None, rank: int = 0) -> None:
-        super().__init__(config, group, store, net, incarnation, authkey, world, rank)
         self.regions = group_regions(config)
         self.region = self.regions[group]
-        members = tuple(g for g, r in enumerate(self.regions) if r == self.region)
-        # any one live group of the region elects its server, even with no copy (it starts from the global model)
-        tier = replace(self.tier(f"async/region{self.region}/", members, members[0]), min_votes=1, seedless=True)
-        self.link = self.elected_link(store, tier, group, self.link.held, self._serve, incarnation == 0)
         self.upstream: ElectedLink | None = None
         """The region server's link to the global model's server (while this group hosts its region's)."""
+        super().__init__(config, group, store, net, incarnation, authkey, world, rank)
+
+    def client_tier(self) -> Tier:
+        """This position's tier of its region's server: any one live group of the region elects it, even with no
+        copy (it starts from the global model)."""
+        members = tuple(g for g, r in enumerate(self.regions) if r == self.region)
+        return replace(self.position_tier(f"region{self.region}/", members, members[0]), min_votes=1, seedless=True)
 
     def _serve(self, epoch: int) -> SocketServer:
         """Host this region's server from this group's copy for `epoch` (module doc): join the global model's
@@ -162,14 +176,22 @@ class RegionalAsyncGroup(AsyncElasticGroup):
         held, outer, members = self.held, self.options.outer, len(self.link.tier.electorate)
         fresh = self.incarnation == 0 and epoch == 0  # the run's first region servers: the seed's global model
         regions = tuple(sorted(set(self.regions)))
-        tier = replace(self.tier("async/", regions, 0), min_votes=1)  # the quorum of regions: any one
+        tier = replace(self.position_tier("", regions, 0), min_votes=1)  # the quorum of regions: any one
         # its requests leave from the region server's threads: a store client of their own
         # (a resumed run's: the checkpoint's global model, version and count)
         copy = HeldModel(held.model.clone(), held.version, held.updates, versions=list(held.versions),
                          counts=list(held.counts)) if fresh and held.model is not None else HeldModel(None)
-        self.upstream = self.elected_link(own_store_client(self.store), tier, self.region, copy, self._serve_global,
-                                          fresh)
+        store = own_store_client(self.store)
+        self.upstream = self.elected_link(store, tier, self.region, copy, self._serve_global, fresh)
+        # each position publishes its copy's version (after each reply: Upstream); the group votes its stalest
+        # position's, none while a position holds none (elected.group_vote)
+        positions = GroupPositions(store, self.group, self.incarnation, self.rank, self.size, "global/")
+        if self.rank == 0 and self.size > 1:
+            self.upstream.group_versions = positions.complete_versions
+        if copy.model is not None:
+            positions.publish(copy.version)
         joined = self.upstream.exchange(None, False)  # the global model's version now: the base of the next merge
+        positions.publish(self.upstream.held.version)
         if held.model is None:  # no group of the region held a copy: the region starts from the global model
             counts = [int(n) for n in joined["counts"]] if self.fragmented else []  # (with fragments: each one's)
             held = HeldModel(joined["model"], 0, int(joined["updates"]), versions=[0] * len(counts), counts=counts)
@@ -186,7 +208,8 @@ class RegionalAsyncGroup(AsyncElasticGroup):
                                     replicas=self.config.replicas)
         else:
             server = OuterServer(held.model, optimizer(self.moments_after), [], STALENESS_BOUND, None, relay=True)
-        region = RegionServer(server, Upstream(self.upstream), self.region, members)  # type: ignore[arg-type]
+        upstream = Upstream(self.upstream, positions)
+        region = RegionServer(server, upstream, self.region, members)  # type: ignore[arg-type]
         # each fragment merges from the copy's values of it (its anchor), based at the global version of it now
         got = [int(v) for v in joined["versions"]] if self.fragmented else [int(joined["version"])]
         region.versions_got, region.updates_got = got, list(held.counts or [held.updates])

@@ -234,10 +234,12 @@ def elect(store: Any, tier: Tier, epoch: int, voter: int, held: HeldModel) -> in
     return int(store.get(key).decode())
 
 
-def group_vote(held: HeldModel, versions: Sequence[int]) -> HeldModel:
+def group_vote(held: HeldModel, versions: Sequence[int] | None) -> HeldModel:
     """What a group votes with: copy `held` (position (0, 0)'s) at the least of its version and the other positions'
     copy `versions` (a host group serves every position from its own copy: the group whose stalest position is
-    freshest loses the least); no copy: none."""
+    freshest loses the least); no copy, or `versions` None (a position holds none): none."""
+    if versions is None:
+        return HeldModel(None)
     if held.model is None or not versions:
         return held
     return dataclasses.replace(held, version=min(held.version, *versions))
@@ -297,9 +299,9 @@ class ElectedLink:
         self.votes_copy = True
         """Whether this client's copy counts in an election (False: it votes without one, so cannot win; a group of
         several processes until every position of it holds a copy: runtime/elastic/async_group.py)."""
-        self.group_versions: Callable[[], list[int]] = list
+        self.group_versions: Callable[[], list[int] | None] = list
         """The copy versions of the other positions of this client's group (a group of several processes votes with
-        its stalest position's: group_vote); none: its own copy's."""
+        its stalest position's: group_vote); none: its own copy's; None: a position holds no copy (no copy voted)."""
         self.epoch = -1
         self.joined = False
         self.connection: SocketClient | None = None

@@ -19,9 +19,10 @@ W1,W2,...: each group its windows, its gradient weighted by them in the quorum's
 geotrain.codecs with or without error feedback (the codec reducer on torchft's group: geotrain.sync.elastic; not
 PowerSGD, its own exchange), flat or --dp-hierarchical, AdamW; or 1-bit Adam per step (--optimizer onebit-adam: S = 1,
 equal batch shares, flat, CPU; geotrain.sync.elastic_onebit); or asynchronous outer updates (--outer-sync async or
-async-hierarchical: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; S x K > 1: --outer-sync
-async with kill chaos, checkpoints, emulated links, --sync-moments and --fragments, each position the client of its position's
-server, one election for all; at --time-scale
+async-hierarchical: groups as TCP clients of elected hosts, runtime/elastic/async_group.py; S x K > 1: kill chaos,
+checkpoints, emulated links, --sync-moments and --fragments, each position the client of its position's server (with
+async-hierarchical its region's, whose host pushes to the same position's global server), one election for all per
+tier; at --time-scale
 > 0 each request and reply sleeps its emulated link time x the scale, runtime/elastic/links.py SocketPacing, and
 --emulate-gpu-speed sleeps each step's compute out to its GPU's speed at any scale; a partition holds each message whose
 either end is cut until the heal, links.CutHold; checkpoints, --resume and --stop-after at any step of the equal
@@ -56,7 +57,7 @@ from geotrain.runtime.sections import RuntimeConfigError
 
 PIPELINE_SCHEDULE = "gpipe"
 ASYNC_SYNCS = ("async", "async-hierarchical")
-"""The --outer-sync modes whose elastic groups are clients of an elected server (async_refusal)."""
+"""The --outer-sync modes whose elastic groups are clients of an elected server (runtime/elastic/async_group.py)."""
 """The pipeline schedule of elastic groups of S > 1 stages (the one tested across a group's restarts)."""
 
 
@@ -135,7 +136,7 @@ def elastic_refusal(config: Any) -> str | None:
          f"which only --outer-sync {' or '.join(ASYNC_SYNCS)} has; name a site or leave it drawn"),
     )
     return next((text for failed, text in reasons if failed),
-                lab_refusal(config) or pipeline_refusal(config) or async_refusal(config) or onebit_refusal(config))
+                lab_refusal(config) or pipeline_refusal(config) or onebit_refusal(config))
 
 
 def onebit_refusal(config: Any) -> str | None:
@@ -160,21 +161,6 @@ def sleeps_gpu_speed(config: Any) -> bool:
     other runs count it on the emulated clock, so they need --time-scale > 0)."""
     return bool(config.reliability.elastic and config.optim.outer_sync in ASYNC_SYNCS
                 and config.emulation.emulate_gpu_speed)
-
-
-def async_refusal(config: Any) -> str | None:
-    """Why an elastic `--outer-sync async*` run (runtime/elastic/async_group.py, async_regions.py: groups as TCP
-    clients of elected hosts; S x K > 1: each position the client of its position's server) cannot run with `config`'s
-    other settings, or None (not async, or groups of one process: None)."""
-    if config.optim.outer_sync not in ASYNC_SYNCS or config.stages * config.layout.k == 1:
-        return None
-    optim = config.optim
-    what = f"elastic asynchronous groups of {config.stages} stages x {config.layout.k} devices per slot"
-    reasons = (
-        (optim.outer_sync != "async", f"optim.outer_sync {optim.outer_sync!r}: {what} run 'async' only (not built "
-                                      f"yet: region servers per position)"),
-    )
-    return next((text for failed, text in reasons if failed), None)
 
 
 def check_elastic(config: Any) -> None:
