@@ -41,6 +41,7 @@ def main(folder: str) -> None:
     pairs.append(("sharded-1x2x2-cuda", "sharded-1x2x2-cpu"))  # FSDP2 over NCCL inside a site against gloo
     pairs.append(("v-streaming-host", "v-streaming"))  # --outer-state host (pinned host anchors) against device
     pairs.append(("elastic-cuda", "elastic-cpu"))  # torchft groups on GPUs (host copies on gloo) against CPU
+    pairs.append(("elastic-sharded-cuda", "elastic-sharded-cpu"))  # S x K = 2 groups, a kill each (not bit-exact)
     for name, base in pairs:
         reference = by_name.get(base)
         if reference and name in by_name:

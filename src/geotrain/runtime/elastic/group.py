@@ -17,6 +17,11 @@ between the same position of every group over its Manager's group; FSDP2 inside 
 any of its ranks, so a killed rank takes its whole group out (the launcher restarts it as one), and each
 position of the restarted group loads the same position of a live peer.
 
+--device cuda: group rank r of group g computes on GPU (g x S x K + r) mod the GPU count (`group_torch_device`: a
+group's processes on GPUs of their own, as NCCL wants), its own groups take comm/groups.group_backend's backends
+(runtime/elastic/stage.py own_group_backend: NCCL inside a site), torchft's group gloo for the exchange's host copies
+(comm/groups.torchft_backend). Built, never run on a GPU (benchmarks/cuda/check.sh has the rows).
+
 Per step t (blocking DiLoCo: per outer period):
     quorum   manager.start_quorum() before the step's forward (with --sync-every: before the step that
              ends an outer period); a group behind the quorum's newest step (a restarted one) loads a
