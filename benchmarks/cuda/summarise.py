@@ -15,7 +15,8 @@ def row(path: Path) -> dict | None:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    iterations = report["iterations"]
+    # an elastic report (--elastic) has no iterations: group 0's step records, each with its wall seconds
+    iterations = report.get("iterations") or [{"iteration_s": r["wall_s"]} for r in report["group_records"]["0"]]
     steady = [it["iteration_s"] for it in iterations[len(iterations) // 3:]]  # past warm-up and autotuning
     config = report["config"]
     tokens = config["batch_size"] * report["replicas"] * config["seq_len"]
