@@ -9,7 +9,8 @@ among each stage's K, the outer sync per (stage, shard) between the same positio
 reconfigurable gloo; on the emulating backend with --time-scale > 0, every process of a group on its own device's
 links, runtime/elastic/links.py, or with a partition) or on CUDA (the exchange's host copies on gloo; S x K > 1: a
 GPU per process, the group's own FSDP2 and pipeline groups NCCL inside a site, runtime/elastic/stage.py; not with a
-partition, --netlab or asynchronous groups: cuda_group_blocker; not yet run on a GPU); DP synchronisation either every step (gradient mean, no --sync-every), blocking
+partition, --netlab or asynchronous groups: cuda_group_blocker; not yet run on a GPU); DP synchronisation either
+every step (gradient mean, no --sync-every), blocking
 DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when
 posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try; S x K > 1: each position's
 fragments of its own parameters, every position of a group meeting the group's quorum at the same steps) or adaptive

@@ -30,13 +30,12 @@ CUDA path has not run on a GPU (benchmarks/cuda/check.sh has the row).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-
-from collections.abc import Iterable
 
 from geotrain.comm.groups import collective_timeout, group_backend, new_group
 from geotrain.models import MODEL_PRESETS, all_reduce_tied_gradients, lm_loss, stage_ties, validation_starts
@@ -119,7 +118,6 @@ class GroupStageModel:
         if self.stages == 1:
             self.boundaries: tuple[int, ...] = (0, model.n_layers)
             self.modules = stage_modules(model, self.boundaries, [0])
-            self.pipeline: Pipeline | None = None
             self.ties: tuple[Any, ...] = ()
         else:
             # "time" is refused by rules.py: a measured split could differ between a group and its restart
@@ -130,12 +128,14 @@ class GroupStageModel:
             wire = config.comm.wire_dtypes()
             self.modules = stage_modules(model, boundaries, [stage], wire, seq_len)
             self.shapes = stage_shapes(model, boundaries, config.microbatch_size // k, seq_len, wire)  # a shard's rows
-            self.pipeline = Pipeline(config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches,
-                                     lm_loss, None if pp_groups is None else pp_groups[position.shard],
-                                     device, timer)
             self.ties = self._tie_groups(stage_ties(model.tied_weights, boundaries, model.n_layers))
+        # on this process's device before its pipeline stage and FSDP2 take it (in place: the parameters stay the
+        # objects the syncs will hold)
+        self.modules[stage].to(device)
+        self.pipeline: Pipeline | None = None if self.stages == 1 else Pipeline(
+            config.schedule.schedule, self.modules, self.shapes, config.schedule.microbatches, lm_loss,
+            None if pp_groups is None else pp_groups[position.shard], device, timer)
         self.shard_group = None if shard_groups is None else shard_groups[stage]
-        self.modules[stage].to(device)  # in place: the parameters stay the objects the syncs will hold
         if self.shard_group is not None:
             fully_shard_stage([self.modules[stage]], self.shard_group, device)
         self.module = self.modules[stage]
