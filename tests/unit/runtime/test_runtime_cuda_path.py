@@ -99,18 +99,20 @@ ELASTIC_CUDA = {"device": "cuda", "time_scale": 0.0, "elastic": True, "sync_ever
 
 
 def elastic_group_groups(monkeypatch, config, group, rank, device):
-    """The process groups (ranks, backend), FSDP2's device and the pipeline's (group, device) that group rank `rank`
-    of replica group `group` creates building its stage (runtime/elastic/stage.GroupStageModel), new_group recorded
-    and the GPU's pieces stood in for (the construction, not a GPU, is tested)."""
+    """The process groups (ranks, backend), FSDP2's (group, device) and the pipeline's (group, device) that group
+    rank `rank` of replica group `group` creates building its stage (runtime/elastic/stage.GroupStageModel),
+    new_group recorded and the GPU's pieces stood in for (the construction, not a GPU, is tested)."""
     from geotrain.runtime.elastic import stage as stage_module
     from geotrain.sync.base import ComputeTimer
 
     made, placed = [], {}
     monkeypatch.setattr(stage_module, "new_group", lambda ranks, timeout_s, backend: made.append(
         (tuple(ranks), backend)) or len(made) - 1)
+    # each with whether the stage was on its device by then
     monkeypatch.setattr(stage_module, "fully_shard_stage", lambda modules, group, device: placed.update(
-        fsdp=(made[group], device)))
-    monkeypatch.setattr(stage_module, "Pipeline", lambda *args: placed.update(pipeline=(args[5], args[6])))
+        fsdp=(made[group], device, "module" in placed)))
+    monkeypatch.setattr(stage_module, "Pipeline", lambda *args: placed.update(
+        pipeline=(args[5], args[6], "module" in placed)))
     monkeypatch.setattr(torch.nn.Module, "to", lambda module, *args, **kwargs: placed.update(module=args) or module)
     stage_module.GroupStageModel(config, stage_module.group_position(config, rank), 64, 16, ComputeTimer(), group,
                                  device)
@@ -142,8 +144,8 @@ def test_an_elastic_group_of_2_stages_x_2_shards_on_cuda_takes_nccl_inside_its_s
     made, placed = elastic_group_groups(monkeypatch, config, 1, 3, torch.device("cuda", 3))
     # shard groups per stage, then pipeline groups per shard (tiny-2layer ties no weight across stages)
     assert made == [((0, 1), "nccl"), ((2, 3), "nccl"), ((0, 2), "nccl"), ((1, 3), "nccl")]
-    assert placed == {"fsdp": (((2, 3), "nccl"), torch.device("cuda", 3)), "pipeline": (3, torch.device("cuda", 3)),
-                      "module": (torch.device("cuda", 3),)}  # shard 1's pipeline; the stage moved before FSDP2
+    assert placed == {"fsdp": (((2, 3), "nccl"), torch.device("cuda", 3), True),
+                      "pipeline": (3, torch.device("cuda", 3), True), "module": (torch.device("cuda", 3),)}
     cpu = RuntimeConfig.of(LAB, **SHARDED_PIPELINE, **{**ELASTIC_CUDA, "device": "cpu"})
     made, placed = elastic_group_groups(monkeypatch, cpu, 1, 3, torch.device("cpu"))
     assert [backend for _, backend in made] == [None] * 4 and placed["fsdp"][1] == torch.device("cpu")
