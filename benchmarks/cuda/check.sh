@@ -78,5 +78,14 @@ E="two-sites.yaml plan-elastic.json --precision fp32 --steps 20 --elastic --sync
 geotrain plan --cluster two-sites.yaml --stages 1 --replicas 3 --json >plan-elastic.json
 run elastic-$DEVICE 150 $E --device $DEVICE
 run elastic-cpu 150 $E --device cpu
+# Elastic groups of S x K = 2 processes (1 stage x 2 shards x 2 replicas, issue #46): each process on a GPU of its
+# own (group x 2 + rank mod the GPU count: a group's 2 on 2 GPUs, so 1 GPU is refused in one line), FSDP2 over NCCL
+# inside a site, the outer sync's host copies on torchft's gloo; group 1 killed once and restarted as one, its
+# positions rejoining by live recovery. Never run on a GPU yet. The CPU run beside it is the same command (the kill
+# lands at another step there: its losses are a sanity reference, not a bit-for-bit one).
+K="two-sites.yaml plan-1x2x2.json --precision fp32 --steps 40 --elastic --sync-every 5 --outer-lr 1 --outer-momentum 0
+  --chaos kill-site:first=5s,every=60s,site=1,count=1"
+run elastic-sharded-$DEVICE 150 $K --device $DEVICE
+run elastic-sharded-cpu 150 $K --device cpu
 python3 "$HERE/summarise.py" . | tee summary.txt
 tar czf "$OUT/cuda_check.tar.gz" -C "$RES" .

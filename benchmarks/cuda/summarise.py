@@ -15,7 +15,8 @@ def row(path: Path) -> dict | None:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    iterations = report["iterations"]
+    # an elastic report (--elastic) has no iterations: group 0's step records, each with its wall seconds
+    iterations = report.get("iterations") or [{"iteration_s": r["wall_s"]} for r in report["group_records"]["0"]]
     steady = [it["iteration_s"] for it in iterations[len(iterations) // 3:]]  # past warm-up and autotuning
     config = report["config"]
     tokens = config["batch_size"] * report["replicas"] * config["seq_len"]
@@ -41,6 +42,7 @@ def main(folder: str) -> None:
     pairs.append(("sharded-1x2x2-cuda", "sharded-1x2x2-cpu"))  # FSDP2 over NCCL inside a site against gloo
     pairs.append(("v-streaming-host", "v-streaming"))  # --outer-state host (pinned host anchors) against device
     pairs.append(("elastic-cuda", "elastic-cpu"))  # torchft groups on GPUs (host copies on gloo) against CPU
+    pairs.append(("elastic-sharded-cuda", "elastic-sharded-cpu"))  # S x K = 2 groups, a kill each (not bit-exact)
     for name, base in pairs:
         reference = by_name.get(base)
         if reference and name in by_name:

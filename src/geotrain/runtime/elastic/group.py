@@ -17,6 +17,11 @@ between the same position of every group over its Manager's group; FSDP2 inside 
 any of its ranks, so a killed rank takes its whole group out (the launcher restarts it as one), and each
 position of the restarted group loads the same position of a live peer.
 
+--device cuda: group rank r of group g computes on GPU (g x S x K + r) mod the GPU count (`group_torch_device`: a
+group's processes on GPUs of their own, as NCCL wants), its own groups take comm/groups.group_backend's backends
+(runtime/elastic/stage.py own_group_backend: NCCL inside a site), torchft's group gloo for the exchange's host copies
+(comm/groups.torchft_backend). Built, never run on a GPU (benchmarks/cuda/check.sh has the rows).
+
 Per step t (blocking DiLoCo: per outer period):
     quorum   manager.start_quorum() before the step's forward (with --sync-every: before the step that
              ends an outer period); a group behind the quorum's newest step (a restarted one) loads a
@@ -84,9 +89,11 @@ from geotrain.runtime.elastic.lighthouse import quiet_torchft
 from geotrain.runtime.elastic.links import LOCAL_HOST, GroupNet, group_links, process_device
 from geotrain.runtime.elastic.peers import watch_quorums
 from geotrain.runtime.dp_step import world_max, world_sum_over_replicas
-from geotrain.runtime.elastic.stage import GroupStageModel, group_position, group_size, pipeline_group
+from geotrain.runtime.elastic.stage import (GroupStageModel, group_position, group_size, own_group_backend,
+                                           pipeline_group)
 from geotrain.runtime.shard_state import local_state, sharded_state
 from geotrain.runtime.sharded import shard_rows
+from geotrain.runtime.worker import check_gpus_per_rank
 from geotrain.optim.shards import is_sharded, local_shard
 from geotrain.runtime.elastic.summary import params_path, summary_path
 from geotrain.sync.base import ComputeTimer
@@ -108,15 +115,19 @@ class ElasticGroupError(GeotrainError, RuntimeError):
     """A replica group that cannot go on (no quorum, unreachable lighthouse, another run's state)."""
 
 
-def group_torch_device(config: RuntimeConfig, group: int) -> torch.device:
-    """Where replica group `group` computes: with --device cuda, GPU group mod the host's GPU count (its torchft
-    exchange is host copies on gloo, comm/groups.torchft_backend, so groups may share a GPU); else the CPU (auto
-    included: an elastic run takes a GPU only when told)."""
+def group_torch_device(config: RuntimeConfig, group: int, rank: int = 0) -> torch.device:
+    """Where group rank `rank` of replica group `group` computes: with --device cuda, GPU (group x S x K + rank) mod
+    the host's GPU count (a group of one process: GPU group mod the count), so the S x K processes of a group are on
+    S x K different GPUs (NCCL inside the group wants a GPU per process: fewer GPUs than S x K is refused in one line)
+    while groups may share GPUs (their torchft exchange is host copies on gloo, comm/groups.torchft_backend); else
+    the CPU (auto included: an elastic run takes a GPU only when told)."""
     if config.run.device != "cuda":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise ElasticGroupError("device cuda: torch sees no CUDA device here (use --device cpu)")
-    return torch.device("cuda", group % torch.cuda.device_count())
+    size, gpus = group_size(config), torch.cuda.device_count()
+    check_gpus_per_rank(size, gpus)
+    return torch.device("cuda", (group * size + rank) % gpus)
 
 
 def run_identity_digest(config: RuntimeConfig) -> str:
@@ -216,17 +227,21 @@ class ElasticGroup:
         self.seq_len = config.sequence_length
         self.offlines = 0  # how many times this start of the group went offline (a partition): its store's number
         self.group_store = self._group_store()
+        self.torch_device = group_torch_device(config, group, stage)
+        if self.torch_device.type == "cuda":
+            torch.cuda.set_device(self.torch_device)  # NCCL's communicators and FSDP2 take the current GPU
         if group_size(config) > 1:
-            pipeline_group(self.group_store, self.rank, group_size(config), config.reliability.comm_timeout_s)
+            pipeline_group(self.group_store, self.rank, group_size(config), config.reliability.comm_timeout_s,
+                           own_group_backend(config, group, range(group_size(config)), "world",
+                                             self.torch_device.type))
         # compute at the group's GPU speed under --emulate-gpu-speed (what adaptive local steps share by), counted
         # by the emulated clock's own clock, as the runtime's workers count it
         scale = config.compute_scale()
         self.timer = ComputeTimer(scale=1.0 if scale is None else scale[self.device],
                                   clock=COMPUTE_CLOCKS[config.emulation.compute_clock] if links is not None
                                   else time.perf_counter)
-        self.model = GroupStageModel(config, self.position, self.data.vocab_size, self.seq_len, self.timer)
-        self.torch_device = group_torch_device(config, group)
-        self.model.module.to(self.torch_device)  # in place: the parameters stay the objects the syncs hold
+        self.model = GroupStageModel(config, self.position, self.data.vocab_size, self.seq_len, self.timer, group,
+                                     self.torch_device)  # the stage on this process's device, its groups' backends
         self.module, self.params = self.model.module, self.model.params
         self.state = GroupState()
         self.identity = run_identity_digest(config)
