@@ -89,6 +89,9 @@ def test_elastic_groups_on_cuda_take_a_gpu_each_and_exchange_host_copies_on_gloo
     assert group_torch_device(auto, 0) == torch.device("cpu")  # an elastic run takes a GPU only when told
     with pytest.raises(RuntimeConfigError, match="^--device cuda with --time-scale 0.5: link emulation"):
         RuntimeConfig.of(**{**base, "time_scale": 0.5}, assignment=np.array([[0, 1, 2]]))
+    with pytest.raises(RuntimeConfigError, match="^--elastic: run.device cuda with --outer-sync async: elastic "
+                                                 "asynchronous groups compute on the CPU"):
+        RuntimeConfig.of(**{**base, "outer_sync": "async"}, assignment=np.array([[0, 1, 2]]))
 
 
 LAB = parse_cluster_text((ROOT / "examples" / "clusters" / "lab-2x4.yaml").read_text())  # 0-3 east, 4-7 west
@@ -165,8 +168,7 @@ def test_an_elastic_group_across_sites_on_cuda_keeps_its_pipeline_on_the_per_dev
 
 @pytest.mark.parametrize("setting, named", [
     ({"chaos": "partition:site=1,at=1s,for=1s"}, "a partition in --chaos"),
-    ({"netlab": True}, "--netlab"),
-    ({"outer_sync": "async"}, "--outer-sync async")])
+    ({"netlab": True}, "--netlab")])
 def test_elastic_groups_of_s_x_k_processes_on_cuda_refuse_what_is_not_wired_in_one_line(monkeypatch, setting, named):
     """What stays refused for S x K > 1 on CUDA (runtime/elastic/rules.cuda_group_blocker); the same S x K plan on
     CPU, and one process per group on CUDA, are accepted."""

@@ -9,7 +9,7 @@ among each stage's K, the outer sync per (stage, shard) between the same positio
 reconfigurable gloo; on the emulating backend with --time-scale > 0, every process of a group on its own device's
 links, runtime/elastic/links.py, or with a partition) or on CUDA (the exchange's host copies on gloo; S x K > 1: a
 GPU per process, the group's own FSDP2 and pipeline groups NCCL inside a site, runtime/elastic/stage.py; not with a
-partition, --netlab or asynchronous groups: cuda_group_blocker; not yet run on a GPU); DP synchronisation either
+partition or --netlab: cuda_group_blocker; not asynchronous groups; not yet run on a GPU); DP synchronisation either
 every step (gradient mean, no --sync-every), blocking
 DiLoCo (--sync-every H), streaming DiLoCo (--fragments P, --sync-delay tau: each fragment's exchange committed when
 posted, landed tau steps later; --sync-moments: the inner AdamW's moments in the same try; S x K > 1: each position's
@@ -122,9 +122,12 @@ def elastic_refusal(config: Any) -> str | None:
         (config.reliability.netlab and config.reliability.lighthouse is not None,
          "reliability.netlab: the Lighthouse runs inside the lab; drop --lighthouse"),
         (config.run.device == "cuda" and config.stages * config.layout.k > 1
-         and (optim.outer_sync in ASYNC_SYNCS or config.reliability.netlab or partitions(config)),
+         and (config.reliability.netlab or partitions(config)),
          f"run.device cuda with a plan of {config.stages} stages x {config.layout.k} devices per slot: not built yet "
          f"with {cuda_group_blocker(config)}; use S = 1, K = 1 or --device cpu"),
+        (config.run.device == "cuda" and optim.outer_sync in ASYNC_SYNCS,
+         f"run.device cuda with --outer-sync {optim.outer_sync}: elastic asynchronous groups compute on the CPU (not "
+         f"built yet: their model, pushes and copies on a GPU); use --device cpu"),
         (config.schedule.batch_shares == "measured",
          "schedule.batch_shares 'measured': not built yet for elastic groups (re-balancing needs every group of a "
          "changing quorum to agree on the measured speeds); use speed or explicit weights"),
@@ -149,9 +152,7 @@ def partitions(config: Any) -> bool:
 def cuda_group_blocker(config: Any) -> str:
     """What keeps an elastic group of S x K > 1 processes off CUDA in `config` (elastic_refusal): its own groups
     are NCCL inside a site there (comm/groups.group_backend), which the link emulator (gloo only) cannot wrap for a
-    partition nor a lab namespace's gloo interface setting steer; asynchronous groups compute on the CPU."""
-    if config.optim.outer_sync in ASYNC_SYNCS:
-        return f"--outer-sync {config.optim.outer_sync} (asynchronous groups compute on the CPU)"
+    partition nor a lab namespace's gloo interface setting steer (asynchronous groups: elastic_refusal's own line)."""
     if config.reliability.netlab:
         return "--netlab (the lab steers gloo's interface only, not NCCL's)"
     return (f"a partition in --chaos {config.reliability.chaos!r} (the link emulator that cuts a group wraps gloo "
