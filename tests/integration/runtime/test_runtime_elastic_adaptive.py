@@ -113,13 +113,24 @@ def _syncs(run: dict, group: str = "0") -> list[dict]:
     return [r for r in run["group_records"][group] if r["synced"]]
 
 
+def _alone_syncs_lose_no_sample(run: dict) -> list[int]:
+    """The outer steps whose sync group 0 committed alone; asserted: the next period's split gives it the plan's
+    R x H steps and it trains every slice of that period (the absent group's too: no sample lost)."""
+    alone = [r["outer_step"] for r in _syncs(run) if r["quorum"] == [0]]
+    assert all(r["next_local_steps"] == [2 * EVERY, 0] for r in _syncs(run) if r["quorum"] == [0])
+    for period in (p + 1 for p in alone):
+        slices = {(r["step"], r["slice"]) for r in run["group_records"]["0"] if r["outer_step"] == period}
+        assert slices in (set(), {(t, s) for t in range(period * EVERY, (period + 1) * EVERY) for s in range(2)})
+    return alone
+
+
 @pytest.mark.timeout(600)
 def test_each_period_shares_the_quorum_s_steps_by_speed_and_the_replicas_end_equal(runs):
     run = runs["plain"]
     assert run["summary"]["steps"] == STEPS and run["summary"]["max_param_diff_across_replicas"] == 0.0
-    for sync in _syncs(run):  # the next period: the quorum's n x H steps, the A100 taking more than the T4
+    for sync in _syncs(run):  # the next period: the plan's R x H steps, the A100 taking more than the T4
         split = sync["next_local_steps"]
-        assert sum(split) == len(sync["quorum"]) * EVERY and all(split[g] >= 1 for g in sync["quorum"])
+        assert sum(split) == 2 * EVERY and all(split[g] >= 1 for g in sync["quorum"])
         if sync["quorum"] == [0, 1]:
             assert split[0] > EVERY > split[1]
     trained = [(r["step"], r["slice"]) for records in run["group_records"].values() for r in records]
@@ -145,9 +156,10 @@ def test_a_killed_group_rejoins_at_a_sync_with_its_last_speed_and_the_loss_holds
     assert 0 < rejoined[0]["outer_step"] and rejoined[0]["local_steps"] < EVERY
     survivor = {r["outer_step"]: r["params_sha256"] for r in _syncs(killed)}
     assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in _syncs(killed, "1"))
+    alone = _alone_syncs_lose_no_sample(killed)
     print(f"validation loss: {plain['summary']['val_loss']:.4f} without the fault, "
           f"{summary['val_loss']:.4f} with group 1 killed ({summary['samples']} of {plain['summary']['samples']} "
-          f"samples)")
+          f"samples; the survivor alone in {len(alone)} syncs)")
     # the samples the killed group's slices lost while it restarted (more periods on a loaded machine, where its
     # restart is slower) may cost up to their share of the plain run's progress from its first step's loss
     lost = 1.0 - summary["samples"] / plain["summary"]["samples"]
@@ -169,6 +181,7 @@ def test_a_partitioned_group_never_trains_apart_and_ends_with_the_survivor_s_mod
     cut = _syncs(run, "1") if "1" in run["group_records"] else []
     # the cut group missed periods and never committed a sync in a quorum of its own, nor one the survivor did not
     assert len(cut) < len(survivor) and all(r["quorum"] == [0, 1] for r in cut)
+    assert _alone_syncs_lose_no_sample(run)  # while cut, the survivor took the cut group's steps too
     assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in cut)
     print(f"partitioned: validation loss {summary['val_loss']:.4f}, rejoins {summary['rejoins']}, the cut group's "
           f"syncs {len(cut)} of {len(survivor)}")
