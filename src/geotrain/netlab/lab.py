@@ -29,7 +29,7 @@ from typing import Any
 from geotrain.cluster import Cluster
 from geotrain.netlab.build import build_lab, check_can_build, destroy_namespaces
 from geotrain.netlab.names import lab_namespaces, new_lab_name, owner_alive
-from geotrain.netlab.cuts import Routes, set_cut
+from geotrain.netlab.cuts import set_cut
 from geotrain.netlab.processes import popen_in_namespace, stop_process
 from geotrain.netlab.topology import LabDevice, LabTopology, NetLabError, lab_topology
 from geotrain.procs.guardian import Guardian
@@ -72,7 +72,7 @@ class NetLab:
         self._owner_pid = os.getpid()
         self._guardian: Guardian | None = None
         self._up = False
-        self._cut_routes: Routes = {}
+        self._cut: frozenset[int] = frozenset()
 
     @property
     def devices(self) -> tuple[LabDevice, ...]:
@@ -92,7 +92,7 @@ class NetLab:
         left up, and heal every other cut (netlab.cuts)."""
         for rank in (rank for site in sites for rank in site):
             self._check_rank(rank)
-        self._cut_routes = set_cut(self.topology, sites, self._cut_routes)
+        self._cut = set_cut(self.topology, sites, self._cut)
 
     def _check_rank(self, rank: int) -> None:
         if not self._up:
@@ -155,7 +155,7 @@ class NetLab:
                 stop_process(process)
             problems = destroy_namespaces(reversed(self._created))
             self._created.clear()
-            self._cut_routes = {}
+            self._cut = frozenset()
             self._processes.clear()
             self._restore_signal_handlers()
             atexit.unregister(self.down)

@@ -40,10 +40,10 @@ smaller quorum. A group of S x K > 1 processes goes offline together: at each qu
 0's finding (`group_cut_off`), and one that goes offline after a failed quorum tells the others (`offline_key`).
 When the launcher heals the links, group rank 0 hosts a new group store, every process starts a new Manager in it
 and the group rejoins by live recovery, as a restarted group does, without having lost its processes. Under
---netlab the cut is real (netlab.cuts: the routes between the group's devices and the rest of the lab are withdrawn,
-the links between its own devices left up): the group learns of it by failures (its collective times out, its quorum
-fails) and by its lost route to the lab's control address (the Lighthouse's); it takes group rank 0's finding at each
-quorum over its own links, as above, and waits for the route offline instead of ending with "no quorum".
+--netlab the cut is real (netlab.cuts: every packet between the group's devices and the rest of the lab dropped, the
+links between its own devices left up): the group learns of it by failures (its collective times out, its quorum
+fails) and by its interface's cut state (as a host would see its site's uplink go); it takes group rank 0's finding at
+each quorum over its own links, as above, and waits for the heal offline instead of ending with "no quorum".
 
 Data-position guarantee: step t's global batch is the one of a non-elastic run (offsets a function of
 data seed and t); group r always trains on slice r of it. A rejoined group continues at the quorum's
@@ -355,12 +355,12 @@ class ElasticGroup:
         return bool(flag.item())
 
     def links_cut(self) -> bool:
-        """Whether this process's links are cut now: in a lab, its namespace has no route to the lab's control address
-        (netlab.cuts); else the emulated link state says so."""
+        """Whether this process's links are cut now: in a lab, its site's links to the others (netlab.cuts); else the
+        emulated link state says so."""
         if self.net.ifname is not None:
-            from geotrain.netlab.cuts import reaches
+            from geotrain.netlab.cuts import is_cut
 
-            return not reaches(self.net.store_host)
+            return is_cut(self.net.ifname)
         return self.links is not None and self.device in self.links.cut_devices()
 
     def can_be_cut(self) -> bool:
@@ -373,7 +373,7 @@ class ElasticGroup:
         to heal (group rank 0; the others for its new group store), then start a new Manager in the group's new
         store, whose first quorum recovers the peers' newer state. The group's other processes follow
         (`cut_off`): told before this one's Manager stops, so that a quorum it leaves them in fails into it (in a lab
-        each sees its own route go, and the launcher's store is out of reach until the heal)."""
+        each sees its own cut, and the launcher's store is out of reach until the heal)."""
         if group_size(self.config) > 1 and self.net.ifname is None:
             self.store.set(offline_key(self.group, self.incarnation), str(self.offlines + 1))
         self.manager.shutdown(wait=False)

@@ -13,8 +13,8 @@ own store is on its rank 0's address (the group's pipeline and FSDP2 traffic on 
 position's outer sync on the links between the sites). The Lighthouse and the launcher's store live in the lab
 namespace itself, on its control address (netlab.topology): every group reaches them unshaped, as in the
 emulation, where the quorum RPCs are not on emulated links. A cut of a group cuts the links between its S x K devices (a
-site) and the rest of the lab (netlab.cuts): its traffic to its peers, the Lighthouse and the store stops, silently on
-the wire, until the heal, while its own pipeline and FSDP2 traffic flows on between its devices.
+site) and the rest of the lab (netlab.cuts): its traffic to its peers, the Lighthouse and the store stops, with no
+error (TCP retransmits), until the heal, while its own pipeline and FSDP2 traffic flows on between its devices.
 """
 
 from __future__ import annotations
