@@ -1,8 +1,8 @@
 """`geotrain train --elastic --netlab` with pipeline S = 2 (root, network namespaces): each of a replica group's 2
 stage processes runs in its own plan device's lab namespace (the stage-to-stage sends on its region's lab links, each
 stage's gradient mean on the lab's links between the regions, the group's store on its stage 0's address). Group 1's
-site is cut off by a partition 1 s into training for 6 s (netlab.cuts: the routes between its two devices and the rest
-of the lab withdrawn, the link between its two stages left up): group 0 trains on alone, group 1's two processes go
+site is cut off by a partition 1 s into training for 7 s (netlab.cuts: every packet between its two devices and the rest
+of the lab dropped, the link between its two stages left up): group 0 trains on alone, group 1's two processes go
 offline together, and after the heal it rejoins by live recovery over the lab, its processes never restarted: one
 model at the end, nothing restarted, and the lab is gone when the launcher ends. One launch (a pipeline group killed
 and restarted as one, on emulated links: tests/integration/runtime/test_runtime_elastic_pipeline.py)."""
@@ -24,23 +24,27 @@ from paths import ROOT
 pytest.importorskip("torchft")
 pytestmark = [pytest.mark.slow, NEEDS_LAB]
 CLUSTER = str(ROOT / "tests" / "data" / "wan-2x2.yaml")
-STEPS = 300
-"""Group 0 alone takes ~0.02 s a step on a quiet machine: the cut group came back at step ~107 (heal ~1 s), whereas
-at 60 steps group 0 finished before the heal (and group 1 took its final parameters instead of rejoining)."""
+STEPS = 500
+COMM_TIMEOUT_S = 5.0
+"""The cut lasts 2 s more: a cut that lands in a step's gradient mean between the sites (most of a step) holds both
+groups until their collective times out (TCP rides out a shorter cut: no one goes offline, nothing to rejoin, as at
+--comm-timeout 10 with a 6 s cut); then group 0 trains alone at ~0.02 s a step until group 1 is back (steps 50-66 of
+400 in 2 runs here; a cut between two collectives: up to ~300 after the heartbeat timeout, hence 500 steps)."""
 
 
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory):
     """S = 2, R = 2 (stage 0 on devices 0 and 2, stage 1 on 1 and 3: 4 lab namespaces; group 0 the east site, group 1
-    the west one); group 1's site cut off 1 s in for 6 s (twice the heartbeat timeout: group 0 trains on without it)."""
+    the west one); group 1's site cut off 1 s in for 7 s (past the heartbeat and the collective timeouts: group 0 trains
+    on without it)."""
     tmp = tmp_path_factory.mktemp("netlab-pipeline")
     plan = tmp / "plan.json"
     plan.write_text(json.dumps({"stages": 2, "replicas": 2, "assignment": [[0, 2], [1, 3]]}))
     launcher = subprocess.Popen(
         [sys.executable, "-m", "geotrain", "train", "--cluster", CLUSTER, "--plan", str(plan), "--elastic", "--netlab",
          "--time-scale", "0", "--model", "tiny-2layer", "--seq-len", "16", "--batch-size", "2", "--microbatches", "2",
-         "--heartbeat-timeout", "3", "--comm-timeout", "10", "--eval-windows", "4", "--steps", str(STEPS),
-         "--chaos", "partition:site=1,at=1s,for=6s", "--json"],
+         "--heartbeat-timeout", "3", "--comm-timeout", str(COMM_TIMEOUT_S), "--eval-windows", "4", "--steps", str(STEPS),
+         "--chaos", "partition:site=1,at=1s,for=7s", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"})
     try:
