@@ -84,7 +84,7 @@ class NetLab:
 
     @property
     def control_address(self) -> str:
-        """The lab namespace's own address, reachable from every device whose port is up."""
+        """The lab namespace's own address, reachable from every device not cut off (netlab.cuts)."""
         return self.topology.control_address
 
     def set_cut(self, sites: Collection[Collection[int]]) -> None:

@@ -4,6 +4,7 @@
       class 1:<0x100+j>  rate = ceil = b(i, j), selected by a u32 filter on peer j's address
         leaf tbf <0x2000+j>:  cuts packets longer than 1 ms of the link into frames (links < ~65 Mbit/s)
           netem <0x1000+j>:  delay a(i, j)        (only where the kernel has netem; else the leaf)
+      (during a partition, netlab.cuts adds class 1:3, which drops, and its filters ahead of these)
 
 Rates are the cluster file's bandwidths, which the emulator, the cost models and `geotrain probe` all
 read as payload (TCP goodput) bit/s; htb counts whole Ethernet frames, so every class is given
@@ -132,7 +133,7 @@ def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_de
 
 
 def add_class(ipr: IPRoute, ifindex: int, classid: int, rate_bps: float, ceil_bps: float | None = None,
-               parent: int = ROOT_HANDLE) -> None:
+              parent: int = ROOT_HANDLE) -> None:
     """An htb class guaranteed `rate_bps` of payload, borrowing up to `ceil_bps` (default: no
     borrowing); htb is given the wire rates (x WIRE_PER_PAYLOAD, within htb's 32-bit field)."""
     ceil_bps = rate_bps if ceil_bps is None else ceil_bps
