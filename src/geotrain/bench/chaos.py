@@ -20,9 +20,9 @@ it, at a time scale (LINK_STATE_TIME_SCALE) where the links cost microseconds: t
                                    (T/2 later; optimistic for the baseline: it pays no collective timeout)
 With `netlab` (opt-in: root, and minutes more), two rows after those, on real shaped TCP (`train --elastic
 --netlab`: each group in its device's lab namespace, the cluster's bandwidths; --comm-timeout
-NETLAB_COMM_TIMEOUT_S, since a port down raises nothing and the survivors wait out their collective):
+NETLAB_COMM_TIMEOUT_S, since a lab cut raises nothing and the survivors wait out their collective):
   elastic (netlab), no failures    the reference of the next row
-  elastic (netlab), partition ...  the same partitions, each the group's lab port down, then up
+  elastic (netlab), partition ...  the same partitions, each the group's site cut off in the lab, then healed
 Then, last (after the netlab rows, if any), a pair of rows per entry of MIXED_GPU_ROWS: the recipes a mixed-GPU user
 gets, on bench hetero's 4 sites of 4 GPU generations (hetero-4x1), compute at each GPU's speed counted in CPU
 seconds, links ~free as the partition rows' (LINK_STATE_TIME_SCALE):

@@ -22,14 +22,14 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
 from geotrain.cluster import Cluster
 from geotrain.netlab.build import build_lab, check_can_build, destroy_namespaces
 from geotrain.netlab.names import lab_namespaces, new_lab_name, owner_alive
-from geotrain.netlab.ports import set_port
+from geotrain.netlab.cuts import set_cut
 from geotrain.netlab.processes import popen_in_namespace, stop_process
 from geotrain.netlab.topology import LabDevice, LabTopology, NetLabError, lab_topology
 from geotrain.procs.guardian import Guardian
@@ -72,6 +72,7 @@ class NetLab:
         self._owner_pid = os.getpid()
         self._guardian: Guardian | None = None
         self._up = False
+        self._cut: frozenset[int] = frozenset()
 
     @property
     def devices(self) -> tuple[LabDevice, ...]:
@@ -83,13 +84,15 @@ class NetLab:
 
     @property
     def control_address(self) -> str:
-        """The lab namespace's own address, reachable from every device whose port is up."""
+        """The lab namespace's own address, reachable from every device not cut off (netlab.cuts)."""
         return self.topology.control_address
 
-    def set_port(self, rank: int, up: bool) -> None:
-        """Set rank `rank`'s bridge port up or down (down: the device is cut off; netlab.ports)."""
-        self._check_rank(rank)
-        set_port(self.topology.lab_namespace, self.devices[rank].peer_ifname, up)
+    def set_cut(self, sites: Collection[Collection[int]]) -> None:
+        """Cut each of `sites` (a set of lab ranks) off from every other address of the lab, the links inside it
+        left up, and heal every other cut (netlab.cuts)."""
+        for rank in (rank for site in sites for rank in site):
+            self._check_rank(rank)
+        self._cut = set_cut(self.topology, sites, self._cut)
 
     def _check_rank(self, rank: int) -> None:
         if not self._up:
@@ -152,6 +155,7 @@ class NetLab:
                 stop_process(process)
             problems = destroy_namespaces(reversed(self._created))
             self._created.clear()
+            self._cut = frozenset()
             self._processes.clear()
             self._restore_signal_handlers()
             atexit.unregister(self.down)

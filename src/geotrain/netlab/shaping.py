@@ -4,6 +4,7 @@
       class 1:<0x100+j>  rate = ceil = b(i, j), selected by a u32 filter on peer j's address
         leaf tbf <0x2000+j>:  cuts packets longer than 1 ms of the link into frames (links < ~65 Mbit/s)
           netem <0x1000+j>:  delay a(i, j)        (only where the kernel has netem; else the leaf)
+      (during a partition, netlab.cuts adds class 1:3, which drops, and its filters ahead of these)
 
 Rates are the cluster file's bandwidths, which the emulator, the cost models and `geotrain probe` all
 read as payload (TCP goodput) bit/s; htb counts whole Ethernet frames, so every class is given
@@ -43,6 +44,8 @@ ROOT_HANDLE = 0x10000
 DEFAULT_CLASS = 0x10001
 NIC_CLASS = 0x10002
 UNSHAPED_RATE_BPS = 32e9
+SHAPE_PRIO = 2
+"""The shaping filters' priority (netlab.cuts' filters go first)."""
 QUANTUM_BYTES = 65536
 MTU_BYTES = 1500  # the lab's veths keep the kernel default
 FRAME_BYTES = MTU_BYTES + 14  # one full Ethernet frame on the wire
@@ -102,18 +105,18 @@ def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_de
     """Install the htb tree of the module docstring on interface `ifindex` of `ipr`'s namespace;
     `nic_bps` None: no NIC limit."""
     ipr.tc("add", "htb", ifindex, ROOT_HANDLE, default=DEFAULT_CLASS & 0xFFFF)
-    _add_class(ipr, ifindex, DEFAULT_CLASS, UNSHAPED_RATE_BPS)
+    add_class(ipr, ifindex, DEFAULT_CLASS, UNSHAPED_RATE_BPS)
     parent = ROOT_HANDLE
     if nic_bps is not None:
-        _add_class(ipr, ifindex, NIC_CLASS, nic_bps)
+        add_class(ipr, ifindex, NIC_CLASS, nic_bps)
         parent = NIC_CLASS
     for j, peer in enumerate(peers):
         classid = ROOT_HANDLE | (0x100 + j)
         ceil_bps = peer.rate_bps if nic_bps is None else min(peer.rate_bps, nic_bps)
         if nic_bps is None:
-            _add_class(ipr, ifindex, classid, peer.rate_bps)
+            add_class(ipr, ifindex, classid, peer.rate_bps)
         else:
-            _add_class(ipr, ifindex, classid, nic_bps / len(peers), ceil_bps, parent)
+            add_class(ipr, ifindex, classid, nic_bps / len(peers), ceil_bps, parent)
         leaf_parent = classid
         wire_ceil = min(ceil_bps * WIRE_PER_PAYLOAD, UNSHAPED_RATE_BPS)
         if needs_segmenter(wire_ceil):
@@ -125,12 +128,12 @@ def shape_egress(ipr: IPRoute, ifindex: int, peers: Sequence[PeerShape], with_de
         if with_delay and peer.delay_s > 0:
             ipr.tc("add", "netem", ifindex, (0x1000 + j) << 16, parent=leaf_parent,
                    delay=int(round(peer.delay_s * 1e6)), limit=100000)
-        ipr.tc("add-filter", "u32", ifindex, parent=ROOT_HANDLE, prio=1, protocol=ETH_P_IP, target=classid,
+        ipr.tc("add-filter", "u32", ifindex, parent=ROOT_HANDLE, prio=SHAPE_PRIO, protocol=ETH_P_IP, target=classid,
                keys=[f"0x{int(IPv4Address(peer.address)):08x}/0xffffffff+16"])
 
 
-def _add_class(ipr: IPRoute, ifindex: int, classid: int, rate_bps: float, ceil_bps: float | None = None,
-               parent: int = ROOT_HANDLE) -> None:
+def add_class(ipr: IPRoute, ifindex: int, classid: int, rate_bps: float, ceil_bps: float | None = None,
+              parent: int = ROOT_HANDLE) -> None:
     """An htb class guaranteed `rate_bps` of payload, borrowing up to `ceil_bps` (default: no
     borrowing); htb is given the wire rates (x WIRE_PER_PAYLOAD, within htb's 32-bit field)."""
     ceil_bps = rate_bps if ceil_bps is None else ceil_bps

@@ -2,7 +2,7 @@
 plan device's lab namespace and the global model's host serves on its lab address, published to the others, who
 push over the lab's shaped links (the west group over 100 Mbit/s). The host is SIGKILLed: the clients elect a new one,
 which listens on and publishes its own lab address (a loopback address would be out of reach in another namespace:
-the run could not go on); a partition of another group (its lab port down) holds its messages, as TCP does, until
+the run could not go on); a partition of another group (its site cut off in the lab) holds its messages, as TCP does, until
 the heal. One launch."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ STEPS = 60
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory):
     """3 replica groups (devices 0, 1 east; 2 west), group 0 hosting the global model first; the host killed 1.5 s
-    into training, group 2's port down at 0.5 s for 1.5 s."""
+    into training, group 2's site cut off at 0.5 s for 1.5 s."""
     tmp = tmp_path_factory.mktemp("netlab-async")
     plan = tmp / "plan.json"
     plan.write_text(json.dumps({"stages": 1, "replicas": 3, "assignment": [[0, 1, 2]]}))

@@ -1,7 +1,7 @@
 """`geotrain train --elastic --netlab --chaos partition:...` (root, network namespaces): each replica group
-runs in its plan device's lab namespace over real shaped TCP; the partition sets group 1's bridge port
-down, so its peers learn of it only by their collective timeout (no error from a silent link), go on
-without it, and it rejoins by torchft live recovery over the lab when the port comes back up, bit-identical
+runs in its plan device's lab namespace over real shaped TCP; the partition cuts group 1's site off
+(netlab.cuts), so its peers learn of it only by their collective timeout (no error from a silent link), go on
+without it, and it rejoins by torchft live recovery over the lab when the cut heals, bit-identical
 to its peers; nothing is restarted and the lab is gone when the launcher ends. One launch."""
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ start-up quorum without it, and it joined at step 1 by recovery."""
 
 @pytest.fixture(scope="module")
 def lab_run(tmp_path_factory):
-    """3 replica groups (devices 0, 1 east; 2 west: 10 Gbit/s and 100 Mbit/s lab links); group 1's port down
-    1 s into training for 6 s (twice the heartbeat timeout: the others train on without it before the heal)."""
+    """3 replica groups (devices 0, 1 east; 2 west: 10 Gbit/s and 100 Mbit/s lab links); group 1's site cut
+    off 1 s into training for 6 s (twice the heartbeat timeout: the others train on without it before the heal)."""
     tmp = tmp_path_factory.mktemp("netlab-partition")
     plan = tmp / "plan.json"
     plan.write_text(json.dumps({"stages": 1, "replicas": 3, "assignment": [[0, 1, 2]]}))

@@ -45,9 +45,10 @@ smaller quorum. A group of S x K > 1 processes goes offline together: at each qu
 0's finding (`group_cut_off`), and one that goes offline after a failed quorum tells the others (`offline_key`).
 When the launcher heals the links, group rank 0 hosts a new group store, every process starts a new Manager in it
 and the group rejoins by live recovery, as a restarted group does, without having lost its processes. Under
---netlab the cut is real (its lab port is down): the group learns of it by failures (its collective times out, its
-quorum fails) and by its interface's lost carrier; it waits for the carrier offline, as above, instead of ending with
-"no quorum".
+--netlab the cut is real (netlab.cuts: every packet between the group's devices and the rest of the lab dropped, the
+links between its own devices left up): the group learns of it by failures (its collective times out, its quorum
+fails) and by its interface's cut state (as a host would see its site's uplink go); it takes group rank 0's finding at
+each quorum over its own links, as above, and waits for the heal offline instead of ending with "no quorum".
 
 Data-position guarantee: step t's global batch is the one of a non-elastic run (offsets a function of
 data seed and t); group r always trains on slice r of it. A rejoined group continues at the quorum's
@@ -351,16 +352,16 @@ class ElasticGroup:
         group of S x K > 1 processes drops out, and comes back in one new group store, together."""
         if self.links_cut():
             return True
-        if group_size(self.config) == 1 or not self.can_be_cut():
-            return False
+        if group_size(self.config) == 1 or not self.can_be_cut() or self.net.ifname is not None:
+            return False  # in a lab each process sees its own cut (and no offline key: the store is out of reach)
         key = offline_key(self.group, self.incarnation)
         return bool(self.store.check([key])) and int(self.store.get(key)) > self.offlines
 
     def group_cut_off(self) -> bool:
         """`cut_off` as group rank 0 finds it, the same answer in every process of the group at the same quorum (S x K
-        > 1 on emulated links: a broadcast over the group's own links, which a partition leaves up), so that none of
-        them asks for a quorum the others left (it would wait out --comm-timeout)."""
-        if group_size(self.config) == 1 or not self.can_be_cut() or self.net.ifname is not None:
+        > 1: a broadcast over the group's own links, which a partition leaves up, emulated or in a lab), so that none
+        of them asks for a quorum the others left (it would wait out --comm-timeout)."""
+        if group_size(self.config) == 1 or not self.can_be_cut():
             return self.cut_off()
         import torch.distributed as dist
 
@@ -369,12 +370,12 @@ class ElasticGroup:
         return bool(flag.item())
 
     def links_cut(self) -> bool:
-        """Whether this process's links are cut now: its lab interface has no carrier, or the emulated link state
-        says so."""
+        """Whether this process's links are cut now: in a lab, its site's links to the others (netlab.cuts); else the
+        emulated link state says so."""
         if self.net.ifname is not None:
-            from geotrain.netlab.ports import has_carrier
+            from geotrain.netlab.cuts import is_cut
 
-            return not has_carrier(self.net.ifname)
+            return is_cut(self.net.ifname)
         return self.links is not None and self.device in self.links.cut_devices()
 
     def can_be_cut(self) -> bool:
@@ -387,7 +388,7 @@ class ElasticGroup:
         to heal (group rank 0; the others for its new group store), then start a new Manager in the group's new
         store, whose first quorum recovers the peers' newer state. The group's other processes follow
         (`cut_off`): told before this one's Manager stops, so that a quorum it leaves them in fails into it (in a lab
-        each sees its own carrier go, and the launcher's store is out of reach until the heal)."""
+        each sees its own cut, and the launcher's store is out of reach until the heal)."""
         if group_size(self.config) > 1 and self.net.ifname is None:
             self.store.set(offline_key(self.group, self.incarnation), str(self.offlines + 1))
         self.manager.shutdown(wait=False)

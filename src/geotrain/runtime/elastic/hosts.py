@@ -12,8 +12,9 @@ advertising its lab address 10.77.<region>.<k+1> to torchft (Manager, TCPStore, 
 own store is on its rank 0's address (the group's pipeline and FSDP2 traffic on the site's lab links, each
 position's outer sync on the links between the sites). The Lighthouse and the launcher's store live in the lab
 namespace itself, on its control address (netlab.topology): every group reaches them unshaped, as in the
-emulation, where the quorum RPCs are not on emulated links. A cut sets the bridge ports of every process of the group
-down: its traffic to its peers, the Lighthouse and the store stops, with no error (TCP retransmits), until the heal.
+emulation, where the quorum RPCs are not on emulated links. A cut of a group cuts the links between its S x K devices (a
+site) and the rest of the lab (netlab.cuts): its traffic to its peers, the Lighthouse and the store stops, with no
+error (TCP retransmits), until the heal, while its own pipeline and FSDP2 traffic flows on between its devices.
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ class LabHosts(LocalHosts):
         self.size = group_size(config)  # lab rank g x size + r: group g's rank r, on its own device
         self.lab = NetLab(config.cluster, [d for g in range(config.replicas) for d in group_devices(config, g)])
         self.control = self.lab.control_address
-        self._cut: set[int] = set()
 
     def __enter__(self) -> LabHosts:
         self.lab.up()
@@ -108,14 +108,8 @@ class LabHosts(LocalHosts):
                         group_host=head.address)
 
     def set_cut(self, store: Any, groups: Collection[int]) -> None:
-        """Set the ports of every process of `groups` down and every other group's up (only those that change)."""
-        for group in sorted(self._cut - set(groups)):
-            for rank in range(self.size):
-                self.lab.set_port(group * self.size + rank, up=True)
-        for group in sorted(set(groups) - self._cut):
-            for rank in range(self.size):
-                self.lab.set_port(group * self.size + rank, up=False)
-        self._cut = set(groups)
+        """Cut each of `groups` off from the rest of the lab (each its own site), heal every other group."""
+        self.lab.set_cut([range(g * self.size, (g + 1) * self.size) for g in sorted(groups)])
 
 
 def group_hosts(config: RuntimeConfig) -> LocalHosts:

@@ -18,9 +18,9 @@ are replica group r's S stage processes (runtime/elastic/group.py; S = 1: one; a
   - once a group has finished, no group is restarted; the others get `finish_grace_s` to finish.
 --chaos kills are SIGKILLs of a group's tree at the seeded times (runtime/elastic/chaos.py); partitions
 cut a group's links in the link state the groups' emulating backend (asynchronous groups: their messages' CutHold)
-reads (runtime/elastic/links.py), or
-under --netlab set its lab port down (runtime/elastic/hosts.py), and heal them `for` seconds later (a
-group still cut when the first group finishes missed the end: stopped).
+reads (runtime/elastic/links.py), or under --netlab the lab's links between its devices and the other sites
+(runtime/elastic/hosts.py), and heal them `for` seconds later (a group still cut when the first group finishes missed
+the end: stopped).
 """
 
 from __future__ import annotations

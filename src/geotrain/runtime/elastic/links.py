@@ -19,7 +19,8 @@ needs the backend) but the links cost no wall time (the emulated clock sleeps 0 
 
 Under `--netlab` (runtime/elastic/hosts.py) the links are real: nothing is emulated, each process of a group in its
 own device's namespace reaches the others at its lab address (`GroupNet`; the group's own traffic on its site's
-links, the outer sync on the links between the sites), and a cut is its lab interface losing its carrier.
+links, the outer sync on the links between the sites), and a cut drops every packet between its group's devices and
+the rest of the lab (netlab.cuts), the group's own links left up.
 
 Elastic asynchronous groups (`--outer-sync async*`, runtime/elastic/async_group.py) use no torchft group: their TCP
 requests and replies take their emulated link time through `SocketPacing` instead (the links between the client's
@@ -56,9 +57,9 @@ CUT_POLL_S = 0.05
 @dataclass(frozen=True)
 class GroupNet:
     """Where a replica group's process talks: `store_host`, the launcher's bookkeeping store; `advertise`, the
-    address its torchft Manager, TCPStore and checkpoint server give their peers; `ifname`, its lab interface,
-    whose carrier says whether its links are cut (None: not in a lab; the emulated link state says); `group_host`,
-    the address of its group rank 0, which hosts the group's own store (its `advertise`)."""
+    address its torchft Manager, TCPStore and checkpoint server give their peers; `ifname`, its lab interface (None:
+    not in a lab, where the emulated link state says whether its links are cut; in a lab its cut state does:
+    netlab.cuts.is_cut); `group_host`, the address of its group rank 0, which hosts the group's own store (its `advertise`)."""
 
     store_host: str = LOCAL_HOST
     advertise: str = LOCAL_HOST
@@ -87,7 +88,7 @@ def emulates_links(config: RuntimeConfig) -> bool:
     """Whether the groups run on the emulating backend: link emulation on, or a partition to inject."""
     chaos = config.reliability.chaos
     if config.reliability.netlab:
-        return False  # real shaped links; a partition is a real port down
+        return False  # real shaped links; a partition is a real cut (netlab.cuts)
     return config.emulation.time_scale > 0 or (chaos is not None and has_partition(chaos))
 
 

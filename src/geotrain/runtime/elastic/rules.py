@@ -34,7 +34,8 @@ its copy: sync/async_moments.py; --fragments P: a FragmentServer per elected hos
 too, merging upstream per fragment), pushes at streaming's offsets, the copy held per fragment:
 runtime/elastic/fragment_copy.py; with --netlab a host serves on its lab address). With --netlab: --time-scale 0 (the
 lab shapes the links) and no --lighthouse (the launcher starts one inside the lab); a group of S x K > 1 processes has
-each in its own device's namespace (runtime/elastic/hosts.py), and no partition there (lab_refusal).
+each in its own device's namespace (runtime/elastic/hosts.py), and a partition there cuts the links between its
+devices and the other sites only (netlab.cuts).
 Partitions: a cut group (all its S x K processes, together) rejoins by live recovery; one that heals after the
 launch's last committed sync (a fast survivor finished first) takes a finished peer's final parameters instead
 (runtime/elastic/late.py).
@@ -61,22 +62,6 @@ PIPELINE_SCHEDULE = "gpipe"
 ASYNC_SYNCS = ("async", "async-hierarchical")
 """The --outer-sync modes whose elastic groups are clients of an elected server (runtime/elastic/async_group.py)."""
 """The pipeline schedule of elastic groups of S > 1 stages (the one tested across a group's restarts)."""
-
-
-def lab_refusal(config: Any) -> str | None:
-    """Why an elastic --netlab run of groups of S x K > 1 processes (each in its own device's lab namespace) cannot
-    run with `config`'s other settings, or None (not in a lab, or groups of one process: None)."""
-    size = config.stages * config.layout.k
-    if not config.reliability.netlab or size == 1:
-        return None
-    chaos = config.reliability.chaos
-    reasons = (
-        (chaos is not None and has_partition(chaos),
-         f"reliability.chaos {chaos!r} with --netlab: a cut sets the lab ports of a group's {size} processes down, "
-         f"its own pipeline and FSDP2 traffic with them (not built yet: a cut of the links between the sites only); "
-         f"use kill-site, or the partition without --netlab"),
-    )
-    return next((text for failed, text in reasons if failed), None)
 
 
 def pipeline_refusal(config: Any) -> str | None:
@@ -141,7 +126,7 @@ def elastic_refusal(config: Any) -> str | None:
          f"which only --outer-sync {' or '.join(ASYNC_SYNCS)} has; name a site or leave it drawn"),
     )
     return next((text for failed, text in reasons if failed),
-                lab_refusal(config) or pipeline_refusal(config) or onebit_refusal(config))
+                pipeline_refusal(config) or onebit_refusal(config))
 
 
 def partitions(config: Any) -> bool:
