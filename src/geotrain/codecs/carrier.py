@@ -28,7 +28,7 @@ from geotrain.codecs.base import Codec, PayloadSpec
 from geotrain.codecs.wire import pack_payload, unpack_payload
 
 CARRIED_CODECS = ("int8", "int8-block", "int4-block", "fp4-block", "int2-block", "log-block", "sign", "sign-block",
-                  "rotated-sign", "topk-lowbit", "powersgd")
+                  "rotated-sign", "rotated-ternary", "topk-lowbit", "powersgd")
 """Codecs whose payload layout is a function of the shape (and parameters) alone: the activation codecs
 a float32 carrier takes across a pipeline cut."""
 
