@@ -2,24 +2,27 @@
 
 Each whole block of `block_size` (a power of two) values is rotated as rotated-sign rotates it
 (geotrain.codecs.rotsign: y = H D x / sqrt(b), the key drawn from the input and sent with the payload); a shorter
-last block is coded unrotated. Two codes t of the rotated values, both deterministic, each with rotated-sign's
+last block is coded unrotated. Ternary codes t of the rotated values, all deterministic, each with rotated-sign's
 scale s = |y|^2 / <y, t> per block (the projection on the input is exact, <x', x> = |x|^2; what is left is
 orthogonal noise, its energy e / (1 - e) |x|^2 where e is the relative error of the least-squares fit of t):
 - `group=1`: one trit per value, packed 5 to a byte (3^5 = 243 <= 256: 1.6 bits a value). A block keeps the
   signs of its k largest |y| and zeroes the rest, k = argmax (sum of the k largest |y|)^2 / k (the best
   least-squares fit): noise about 0.23 |x|^2 for Gaussian-like y, against rotated-sign's 0.57.
-- `group=4`: each run of 4 values as one of the 32 ternary 4-vectors with one or two nonzeros, a 5-bit index
-  (1.25 bits a value): the sign of the largest |y| of the four, and of the second too where it is more than
-  (sqrt 2 - 1) times the largest (the codeword nearest y's direction): noise about 0.39 |x|^2 for Gaussian-like
-  y, at sign-block's bits (scales per 512 values in bf16 or per 1024 in fp32 keep it within 1.3 bits a value).
+- `group=4` or `group=8`: each run of 4 (8) values as one of the ternary 4-vectors with one or two nonzeros
+  (32 codewords, a 5-bit index: 1.25 bits a value) or of the 8-vectors with at most four (1,697, an 11-bit index:
+  1.375 bits a value). Starting from the scale s of the block's best uncapped ternary code, each group keeps the
+  signs of its values above s / 2, at most the cap (the largest; with 4 values at least the largest, that
+  codebook having no zero vector), and s is refitted; twice (Lloyd). Noise about 0.36 |x|^2 (group 4) and 0.29
+  |x|^2 (group 8) for Gaussian-like y.
 
-Wire bytes: ceil(n / 5) (group 1) or ceil(5 ceil(n / 4) / 8) (group 4), plus 4 per scale (2 with
-`scale_dtype=bf16`), ceil(n / block_size) scales, plus the 8-byte key. Zeros decode to zeros; NaN/inf are refused
+Wire bytes: ceil(n / 5) (group 1), ceil(5 ceil(n / 4) / 8) (group 4) or ceil(11 ceil(n / 8) / 8) (group 8),
+plus 4 per scale (2 with `scale_dtype=bf16`), ceil(n / block_size) scales, plus the 8-byte key. Zeros decode to zeros; NaN/inf are refused
 unless allow_nonfinite (then their block decodes to NaN).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -33,11 +36,15 @@ from geotrain.codecs.rotsign import rotate, rotation_key, unrotate
 _SCALE_DTYPES = ("fp32", "bf16")
 """Names scale_dtype takes (geotrain.codecs.dtypes)."""
 
-_GROUPS = (1, 4)
-"""Values per code: 1 (a trit each) or 4 (one of 32 ternary 4-vectors)."""
+_MOST_NONZEROS = {4: 2, 8: 4}
+"""Values per code (`group`) beyond 1, and the nonzeros its codewords hold: 32 codewords of 4 values (5-bit
+indices), 1,697 of 8 (11-bit indices; the zero vector among them)."""
 
-_INDEX_BITS = 5
-"""Bits per group-4 index (32 codewords)."""
+_GROUPS = (1, *_MOST_NONZEROS)
+"""Values per code: 1 (a trit each), 4 or 8 (a codeword index per group)."""
+
+_LLOYD_ROUNDS = 2
+"""Rounds of (codewords for the scale, scale for the codewords) after the uncapped ternary's scale."""
 
 
 class RotatedTernaryCodec(Codec):
@@ -53,7 +60,7 @@ class RotatedTernaryCodec(Codec):
             raise CodecError(f"rotated-ternary: block_size must be a power of two, got {block_size!r}")
         self.group = parse_count(group, "rotated-ternary: group", minimum=1)
         if self.group not in _GROUPS:
-            raise CodecError(f"rotated-ternary: group must be 1 or 4, got {group!r}")
+            raise CodecError(f"rotated-ternary: group must be 1, 4 or 8, got {group!r}")
         if block % self.group:
             raise CodecError(f"rotated-ternary: block_size={block} with group={self.group}: a block must hold "
                              f"whole groups")
@@ -79,23 +86,22 @@ class RotatedTernaryCodec(Codec):
         wire = scales.to(self.scale_torch_dtype)
         probe = sum(float(part.abs().sum()) for part in rows) + wire.double().sum()
         self._raise_if_nonfinite(x, probe, wire=wire)
-        packed = pack_trits(codes) if self.group == 1 else pack_indices(codes)
+        packed = pack_trits(codes) if self.group == 1 else pack_indices(codes, _index_bits(self.group))
         return Payload(self.name, {"codes": packed, "scales": wire, "key": torch.tensor([key], dtype=torch.int64)},
                        tuple(tensor.shape), tensor.dtype, {"block_size": self.block_size, "group": self.group})
 
     def _code(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(codes, scale per row) of float64 `rows` (rows, b): trits in {0, 1, 2} per value (group 1) or a
-        codeword index per 4 values (group 4, the row padded with zeros to whole groups); a row with NaN/inf
-        gets a NaN scale."""
+        codeword index per group (the row padded with zeros to whole groups); a row with NaN/inf gets a NaN
+        scale."""
         finite = torch.isfinite(rows).all(dim=1)
         y = torch.where(torch.isfinite(rows), rows, torch.zeros_like(rows))
+        trits = _best_ternary(y)
         if self.group == 1:
-            trits = _best_ternary(y)
             codes, words = trits + 1, trits.to(torch.float64)
         else:
-            pad = -y.shape[1] % 4
-            vectors = torch.nn.functional.pad(y, (0, pad)).reshape(y.shape[0], -1, 4)
-            words = _nearest_codeword(vectors)
+            vectors = torch.nn.functional.pad(y, (0, -y.shape[1] % self.group)).reshape(y.shape[0], -1, self.group)
+            words = _capped_ternary(vectors, _MOST_NONZEROS[self.group], _fit(y, trits.to(torch.float64)))
             codes = _word_index(words)
         along = (y * words.reshape(y.shape[0], -1)[:, :y.shape[1]]).sum(dim=1)
         scale = torch.where(along == 0, torch.zeros_like(along), (y * y).sum(dim=1) / along)
@@ -103,7 +109,7 @@ class RotatedTernaryCodec(Codec):
 
     def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
         block = self._meta_count(payload, "block_size", self.block_size, minimum=1, maximum=1 << 30)
-        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=4)
+        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=8)
         if block & (block - 1) or group not in _GROUPS or block % group:
             raise CodecError(f"'rotated-ternary' payload meta: block_size {block} with group {group} is not a code")
         return (BufferSpec("codes", torch.uint8, (_code_nbytes(payload.numel, group),)),
@@ -112,14 +118,14 @@ class RotatedTernaryCodec(Codec):
 
     def _decode(self, payload: Payload) -> torch.Tensor:
         block = self._meta_count(payload, "block_size", self.block_size, minimum=1)
-        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=4)
+        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=8)
         n = payload.numel
         whole = n // block * block
         if group == 1:
             unit = unpack_trits(payload.buffers["codes"], n).to(torch.float64) - 1
         else:  # only the last, shorter block is padded to whole groups, so the first n values are the code's
-            count = -(-n // 4)
-            unit = _codebook()[unpack_indices(payload.buffers["codes"], count)].reshape(-1)[:n]
+            indices = unpack_indices(payload.buffers["codes"], -(-n // group), _index_bits(group))
+            unit = _codebook(group)[indices].reshape(-1)[:n]
         values = unit * payload.buffers["scales"].to(torch.float64).repeat_interleave(block)[:n]
         head = unrotate(values[:whole].reshape(-1, block), int(payload.buffers["key"][0]))
         return torch.cat([head.reshape(-1), values[whole:]]).to(payload.dtype).reshape(payload.shape)
@@ -130,8 +136,14 @@ class RotatedTernaryCodec(Codec):
 
 
 def _code_nbytes(n: int, group: int) -> int:
-    """Bytes of the packed codes of n values: 5 trits a byte (group 1) or 5 bits per 4 values (group 4)."""
-    return -(-n // 5) if group == 1 else -(-_INDEX_BITS * -(-n // 4) // 8)
+    """Bytes of the packed codes of n values: 5 trits a byte (group 1) or an index per `group` values."""
+    return -(-n // 5) if group == 1 else -(-_index_bits(group) * -(-n // group) // 8)
+
+
+@functools.cache
+def _index_bits(group: int) -> int:
+    """Bits of a codeword index of `group` values (5 for 4, 11 for 8)."""
+    return (len(_codebook(group)) - 1).bit_length()
 
 
 def _best_ternary(y: torch.Tensor) -> torch.Tensor:
@@ -142,43 +154,55 @@ def _best_ternary(y: torch.Tensor) -> torch.Tensor:
     count = torch.arange(1, y.shape[1] + 1, dtype=torch.float64)
     k = (total * total / count).argmax(dim=1)
     kept = torch.zeros_like(y, dtype=torch.bool).scatter(1, order, count[None, :] <= (k + 1)[:, None].double())
-    trits = torch.where(kept & (y != 0), torch.sign(y), torch.zeros_like(y)).to(torch.int64)
-    return trits
+    return torch.where(kept & (y != 0), torch.sign(y), torch.zeros_like(y)).to(torch.int64)
 
 
-def _nearest_codeword(vectors: torch.Tensor) -> torch.Tensor:
-    """The ternary codeword (one or two +-1 entries) nearest each 4-vector's direction, float64 (..., 4)."""
+def _fit(y: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """The least-squares scale <y, t> / |t|^2 of each row (0 where t is zero)."""
+    norm2 = (words * words).sum(dim=1)
+    return torch.where(norm2 == 0, torch.zeros_like(norm2), (y * words).sum(dim=1) / norm2.clamp(min=1))
+
+
+def _capped_ternary(vectors: torch.Tensor, most: int, scale: torch.Tensor) -> torch.Tensor:
+    """Float64 codewords (rows, groups, g) of `vectors`: per group the signs of the values above half the row's
+    scale, at most `most` of them (the largest; with 4 values at least the largest: the codebook has no zero
+    vector), then the scale refitted to them, _LLOYD_ROUNDS times from `scale`."""
+    rows, _, g = vectors.shape
     magnitude, order = vectors.abs().sort(dim=-1, descending=True)
-    keep = torch.ones_like(magnitude, dtype=torch.bool)
-    keep[..., 1] = magnitude[..., 1] > (math.sqrt(2) - 1) * magnitude[..., 0]
-    keep[..., 2:] = False
-    mask = torch.zeros_like(keep).scatter(-1, order, keep)
-    return torch.where(mask, torch.where(vectors < 0, -1.0, 1.0).to(torch.float64), torch.zeros_like(vectors))
+    rank = torch.arange(g)
+    signs = torch.where(vectors < 0, -1.0, 1.0).to(torch.float64)
+    words = torch.zeros_like(vectors)
+    for _ in range(_LLOYD_ROUNDS):
+        keep = (rank < most) & ((magnitude > scale[:, None, None] / 2) | ((rank == 0) & (g == 4)))
+        mask = torch.zeros_like(keep).scatter(-1, order, keep)
+        words = torch.where(mask & (vectors != 0) | mask & (g == 4), signs, torch.zeros_like(vectors))
+        scale = _fit(vectors.reshape(rows, -1), words.reshape(rows, -1))
+    return words
 
 
-def _codebook() -> torch.Tensor:
-    """The 32 ternary 4-vectors with one or two nonzeros, float64 (32, 4), in index order: one nonzero first."""
-    words = [v for k in (1, 2) for v in _with_nonzeros(k)]
-    return torch.tensor(words, dtype=torch.float64)
-
-
-def _with_nonzeros(k: int) -> list[list[float]]:
-    """The ternary 4-vectors with exactly k nonzeros, in a fixed order."""
-    out = []
-    for code in range(81):
-        digits = [code // 3 ** i % 3 - 1 for i in range(4)]
-        if sum(d != 0 for d in digits) == k:
-            out.append([float(d) for d in digits])
-    return out
+@functools.cache
+def _codebook(group: int) -> torch.Tensor:
+    """The codewords of `group` values, float64 (count, group), in index order (their base-3 numbers, ascending):
+    ternary vectors with 1 to _MOST_NONZEROS[group] nonzeros (0 to 4 with 8 values). Cached: read, never written."""
+    digits = torch.arange(3 ** group)[:, None] // 3 ** torch.arange(group) % 3 - 1
+    nonzeros = (digits != 0).sum(dim=1)
+    least = 1 if group == 4 else 0
+    return digits[(nonzeros >= least) & (nonzeros <= _MOST_NONZEROS[group])].to(torch.float64)
 
 
 def _word_index(words: torch.Tensor) -> torch.Tensor:
-    """The codebook index of each codeword of float64 `words` (..., 4) (via its base-3 number)."""
-    lookup = torch.full((81,), -1, dtype=torch.int64)
-    book = _codebook()
-    lookup[((book + 1) * torch.tensor([1.0, 3.0, 9.0, 27.0], dtype=torch.float64)).sum(dim=1).long()] = \
-        torch.arange(book.shape[0])
-    return lookup[((words + 1) * torch.tensor([1.0, 3.0, 9.0, 27.0], dtype=torch.float64)).sum(dim=-1).long()]
+    """The codebook index of each codeword of float64 `words` (..., g) (via its base-3 number)."""
+    g = words.shape[-1]
+    return _index_of_base3(g)[((words + 1) * 3 ** torch.arange(g, dtype=torch.float64)).sum(dim=-1).long()]
+
+
+@functools.cache
+def _index_of_base3(group: int) -> torch.Tensor:
+    """int64 (3^group,): the codebook index of each base-3 number, -1 where it is no codeword. Cached: read only."""
+    book = _codebook(group)
+    lookup = torch.full((3 ** group,), -1, dtype=torch.int64)
+    lookup[((book + 1) * 3 ** torch.arange(group, dtype=torch.float64)).sum(dim=1).long()] = torch.arange(len(book))
+    return lookup
 
 
 def pack_trits(trits: torch.Tensor) -> torch.Tensor:
@@ -196,17 +220,17 @@ def unpack_trits(packed: torch.Tensor, n: int) -> torch.Tensor:
     return (data[:, None] // torch.tensor([1, 3, 9, 27, 81]) % 3).reshape(-1)[:n]
 
 
-def pack_indices(indices: torch.Tensor) -> torch.Tensor:
-    """uint8 bytes of 5-bit indices as one little-endian bit stream (index j at bits 5j .. 5j + 4)."""
+def pack_indices(indices: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 bytes of `bits`-bit indices as one little-endian bit stream (index j at bits j bits .. (j + 1) bits - 1)."""
     flat = indices.reshape(-1).to(torch.int64).numpy()
-    bits = ((flat[:, None] >> np.arange(_INDEX_BITS)) & 1).astype(np.uint8).reshape(-1)
-    return torch.from_numpy(np.packbits(bits, bitorder="little"))
+    stream = ((flat[:, None] >> np.arange(bits)) & 1).astype(np.uint8).reshape(-1)
+    return torch.from_numpy(np.packbits(stream, bitorder="little"))
 
 
-def unpack_indices(packed: torch.Tensor, count: int) -> torch.Tensor:
-    """The first `count` 5-bit indices of `packed` (the inverse of pack_indices), int64."""
+def unpack_indices(packed: torch.Tensor, count: int, bits: int) -> torch.Tensor:
+    """The first `count` `bits`-bit indices of `packed` (the inverse of pack_indices), int64."""
     data = packed.reshape(-1).to(torch.uint8).numpy()
-    if _INDEX_BITS * count > 8 * data.size:
-        raise CodecError(f"unpack_indices: {data.size} bytes hold {8 * data.size // _INDEX_BITS} indices, not {count}")
-    bits = np.unpackbits(data, bitorder="little")[:_INDEX_BITS * count].reshape(count, _INDEX_BITS)
-    return torch.from_numpy((bits.astype(np.int64) << np.arange(_INDEX_BITS)).sum(axis=1))
+    if bits * count > 8 * data.size:
+        raise CodecError(f"unpack_indices: {data.size} bytes hold {8 * data.size // bits} indices, not {count}")
+    stream = np.unpackbits(data, bitorder="little")[:bits * count].reshape(count, bits)
+    return torch.from_numpy((stream.astype(np.int64) << np.arange(bits)).sum(axis=1))
