@@ -1,5 +1,5 @@
 """rotated-ternary (codecs/rotternary.py): the projection on the input is exact, the mean over rotation seeds
-converges to the input, both codes leave less noise than rotated-sign's 1-bit code, the packings invert, and
+converges to the input, every code leaves less noise than rotated-sign's 1-bit code, the packings invert, and
 settings that are no code are refused."""
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ def test_the_mean_over_seeds_converges_to_the_input(group):
     assert float((torch.stack(decoded).mean(dim=0) - x.double()).norm() ** 2) <= 4 * energy / draws
 
 
-def test_both_codes_leave_less_noise_than_rotated_signs():
-    """Noise energy over |x|^2 on a Gaussian 96 x 128 tensor: rotated-sign ~0.57, group 4 ~0.40 (about the same
-    bytes), group 1 ~0.23 (1.6 bits a value)."""
+def test_every_code_leaves_less_noise_than_rotated_signs():
+    """Noise energy over |x|^2 on a Gaussian 96 x 128 tensor: rotated-sign ~0.57, group 4 ~0.36 (about the same
+    bytes), group 8 ~0.29 (1.375 bits a value), group 1 ~0.23 (1.6 bits a value)."""
     x = torch.randn(96, 128, generator=torch.Generator().manual_seed(1))
     noise = {}
     for name, params in (("rotated-sign", {}), ("rotated-ternary", {"group": 4, "block_size": 512}),
-                         ("rotated-ternary", {"group": 1})):
+                         ("rotated-ternary", {"group": 8}), ("rotated-ternary", {"group": 1})):
         decoded, _ = get_codec(name, **params).roundtrip(x)
-        noise[(name, params.get("group"))] = float((decoded - x).norm() ** 2 / x.norm() ** 2)
-    assert noise[("rotated-ternary", 1)] < 0.26 < noise[("rotated-ternary", 4)] < 0.43 < noise[("rotated-sign", None)]
+        noise[params.get("group", 0)] = float((decoded - x).norm() ** 2 / x.norm() ** 2)
+    assert noise[1] < 0.26 < noise[8] < 0.32 < noise[4] < 0.40 < noise[0], noise
 
 
 @PROPERTY
