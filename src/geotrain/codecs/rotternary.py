@@ -8,15 +8,13 @@ orthogonal noise, its energy e / (1 - e) |x|^2 where e is the relative error of 
 - `group=1`: one trit per value, packed 5 to a byte (3^5 = 243 <= 256: 1.6 bits a value). A block keeps the
   signs of its k largest |y| and zeroes the rest, k = argmax (sum of the k largest |y|)^2 / k (the best
   least-squares fit): noise about 0.23 |x|^2 for Gaussian-like y, against rotated-sign's 0.57.
-- `group=4` or `group=8`: each run of 4 (8) values as one of the ternary 4-vectors with one or two nonzeros
-  (32 codewords, a 5-bit index: 1.25 bits a value) or of the 8-vectors with at most four (1,697, an 11-bit index:
-  1.375 bits a value). Starting from the scale s of the block's best uncapped ternary code, each group keeps the
-  signs of its values above s / 2, at most the cap (the largest; with 4 values at least the largest, that
-  codebook having no zero vector), and s is refitted; twice (Lloyd). Noise about 0.36 |x|^2 (group 4) and 0.29
-  |x|^2 (group 8) for Gaussian-like y.
+- `group=4`: each run of 4 values as one of the 32 ternary 4-vectors with one or two nonzeros, a 5-bit index
+  (1.25 bits a value: sign-block's bits). Starting from the scale s of the block's best uncapped ternary code,
+  each group keeps the signs of its values above s / 2, at least the largest and at most two, and s is refitted;
+  twice (Lloyd). Noise about 0.36 |x|^2 for Gaussian-like y, at rotated-sign's bytes where its scales are fewer
+  (bf16 per 512 values: within the 1.30 bits a value of bench pipeline's 20x).
 
-Wire bytes: ceil(n / 5) (group 1), ceil(5 ceil(n / 4) / 8) (group 4) or ceil(11 ceil(n / 8) / 8) (group 8),
-plus 4 per scale (2 with `scale_dtype=bf16`), ceil(n / block_size) scales, plus the 8-byte key. Zeros decode to zeros; NaN/inf are refused
+Wire bytes: ceil(n / 5) (group 1) or ceil(5 ceil(n / 4) / 8) (group 4), plus 4 per scale (2 with `scale_dtype=bf16`), ceil(n / block_size) scales, plus the 8-byte key. Zeros decode to zeros; NaN/inf are refused
 unless allow_nonfinite (then their block decodes to NaN).
 """
 
@@ -36,12 +34,12 @@ from geotrain.codecs.rotsign import rotate, rotation_key, unrotate
 _SCALE_DTYPES = ("fp32", "bf16")
 """Names scale_dtype takes (geotrain.codecs.dtypes)."""
 
-_MOST_NONZEROS = {4: 2, 8: 4}
-"""Values per code (`group`) beyond 1, and the nonzeros its codewords hold: 32 codewords of 4 values (5-bit
-indices), 1,697 of 8 (11-bit indices; the zero vector among them)."""
+_MOST_NONZEROS = {4: 2}
+"""Values per code (`group`) beyond 1, and the most nonzeros its codewords hold (at least one): 32 codewords of
+4 values, 5-bit indices."""
 
 _GROUPS = (1, *_MOST_NONZEROS)
-"""Values per code: 1 (a trit each), 4 or 8 (a codeword index per group)."""
+"""Values per code: 1 (a trit each) or 4 (a codeword index per group)."""
 
 _LLOYD_ROUNDS = 2
 """Rounds of (codewords for the scale, scale for the codewords) after the uncapped ternary's scale."""
@@ -60,7 +58,7 @@ class RotatedTernaryCodec(Codec):
             raise CodecError(f"rotated-ternary: block_size must be a power of two, got {block_size!r}")
         self.group = parse_count(group, "rotated-ternary: group", minimum=1)
         if self.group not in _GROUPS:
-            raise CodecError(f"rotated-ternary: group must be 1, 4 or 8, got {group!r}")
+            raise CodecError(f"rotated-ternary: group must be 1 or 4, got {group!r}")
         if block % self.group:
             raise CodecError(f"rotated-ternary: block_size={block} with group={self.group}: a block must hold "
                              f"whole groups")
@@ -109,7 +107,7 @@ class RotatedTernaryCodec(Codec):
 
     def payload_buffers(self, payload: Payload) -> tuple[BufferSpec, ...]:
         block = self._meta_count(payload, "block_size", self.block_size, minimum=1, maximum=1 << 30)
-        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=8)
+        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=4)
         if block & (block - 1) or group not in _GROUPS or block % group:
             raise CodecError(f"'rotated-ternary' payload meta: block_size {block} with group {group} is not a code")
         return (BufferSpec("codes", torch.uint8, (_code_nbytes(payload.numel, group),)),
@@ -118,7 +116,7 @@ class RotatedTernaryCodec(Codec):
 
     def _decode(self, payload: Payload) -> torch.Tensor:
         block = self._meta_count(payload, "block_size", self.block_size, minimum=1)
-        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=8)
+        group = self._meta_count(payload, "group", self.group, minimum=1, maximum=4)
         n = payload.numel
         whole = n // block * block
         if group == 1:
@@ -142,7 +140,7 @@ def _code_nbytes(n: int, group: int) -> int:
 
 @functools.cache
 def _index_bits(group: int) -> int:
-    """Bits of a codeword index of `group` values (5 for 4, 11 for 8)."""
+    """Bits of a codeword index of `group` values (5 for 4)."""
     return (len(_codebook(group)) - 1).bit_length()
 
 
@@ -165,17 +163,17 @@ def _fit(y: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
 
 def _capped_ternary(vectors: torch.Tensor, most: int, scale: torch.Tensor) -> torch.Tensor:
     """Float64 codewords (rows, groups, g) of `vectors`: per group the signs of the values above half the row's
-    scale, at most `most` of them (the largest; with 4 values at least the largest: the codebook has no zero
-    vector), then the scale refitted to them, _LLOYD_ROUNDS times from `scale`."""
+    scale, at least the largest and at most `most` of them (the largest), then the scale refitted to them,
+    _LLOYD_ROUNDS times from `scale`."""
     rows, _, g = vectors.shape
     magnitude, order = vectors.abs().sort(dim=-1, descending=True)
     rank = torch.arange(g)
     signs = torch.where(vectors < 0, -1.0, 1.0).to(torch.float64)
     words = torch.zeros_like(vectors)
     for _ in range(_LLOYD_ROUNDS):
-        keep = (rank < most) & ((magnitude > scale[:, None, None] / 2) | ((rank == 0) & (g == 4)))
+        keep = (rank < most) & ((magnitude > scale[:, None, None] / 2) | (rank == 0))
         mask = torch.zeros_like(keep).scatter(-1, order, keep)
-        words = torch.where(mask & (vectors != 0) | mask & (g == 4), signs, torch.zeros_like(vectors))
+        words = torch.where(mask, signs, torch.zeros_like(vectors))
         scale = _fit(vectors.reshape(rows, -1), words.reshape(rows, -1))
     return words
 
@@ -183,11 +181,10 @@ def _capped_ternary(vectors: torch.Tensor, most: int, scale: torch.Tensor) -> to
 @functools.cache
 def _codebook(group: int) -> torch.Tensor:
     """The codewords of `group` values, float64 (count, group), in index order (their base-3 numbers, ascending):
-    ternary vectors with 1 to _MOST_NONZEROS[group] nonzeros (0 to 4 with 8 values). Cached: read, never written."""
+    ternary vectors with 1 to _MOST_NONZEROS[group] nonzeros. Cached: read, never written."""
     digits = torch.arange(3 ** group)[:, None] // 3 ** torch.arange(group) % 3 - 1
     nonzeros = (digits != 0).sum(dim=1)
-    least = 1 if group == 4 else 0
-    return digits[(nonzeros >= least) & (nonzeros <= _MOST_NONZEROS[group])].to(torch.float64)
+    return digits[(nonzeros >= 1) & (nonzeros <= _MOST_NONZEROS[group])].to(torch.float64)
 
 
 def _word_index(words: torch.Tensor) -> torch.Tensor:
