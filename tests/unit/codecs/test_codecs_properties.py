@@ -47,7 +47,7 @@ VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
     ("rotated-sign", {"block_size": 8, "stochastic": True}),
     ("rotated-sign", {"block_size": 16, "stochastic": True, "clip": 1.5}),
     ("rotated-sign", {"block_size": 8, "scale_dtype": "bf16"}),
-    ("rotated-ternary", {"group": 4, "block_size": 8, "scale_dtype": "bf16"}),
+    ("rotated-ternary", {"block_size": 8, "scale_dtype": "bf16"}),
 ]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in VARIANTS]
 
@@ -92,8 +92,8 @@ def documented_nbytes(name: str, params: dict, shape: tuple[int, ...]) -> int:
     if name == "rotated-sign":  # sign-block's bytes (scales of 2 bytes in bf16) and the 8-byte rotation key
         scale_bytes = 2 if params.get("scale_dtype") == "bf16" else 4
         return math.ceil(n / 8) + scale_bytes * math.ceil(n / params.get("block_size", 128)) + 8
-    if name == "rotated-ternary":  # 5 trits a byte, or a 5-bit index per 4 values; scales; the 8-byte key
-        codes = math.ceil(n / 5) if params.get("group", 1) == 1 else math.ceil(5 * math.ceil(n / 4) / 8)
+    if name == "rotated-ternary":  # 5 trits a byte, the scales, the 8-byte rotation key
+        codes = math.ceil(n / 5)
         scale_bytes = 2 if params.get("scale_dtype") == "bf16" else 4
         return codes + scale_bytes * math.ceil(n / params.get("block_size", 128)) + 8
     if name in ("int4-block", "fp4-block", "int2-block"):
