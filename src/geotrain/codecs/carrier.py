@@ -14,7 +14,8 @@ sides derive the payload spec from the sample shape and nothing travels but the 
 rides: k positions per chunk of a fixed chunk size, so its buffers' sizes are the shape's (the
 positions themselves travel as bytes); so does powersgd (a sample's [tokens, hidden] matrix as rank-r
 factors P, Q; its only state, the step that seeds Q0, is never advanced on a cut, and decoding needs
-none); so does rotated-sign (its rotation's key is drawn from the input and travels as an 8-byte buffer). Plain topk/randk are left out (their fp32 or fp16 values make them no cheaper than int8-block).
+none); so do rotated-sign and rotated-ternary (the rotation's key is drawn from the input and travels as an
+8-byte buffer). Plain topk/randk are left out (their fp32 or fp16 values make them no cheaper than int8-block).
 """
 
 from __future__ import annotations
