@@ -18,6 +18,7 @@ from geotrain.codecs.lowbit import Fp4BlockCodec, Int2BlockCodec, Int4BlockCodec
 from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
 from geotrain.codecs.rotsign import RotatedSignCodec
+from geotrain.codecs.rotternary import RotatedTernaryCodec
 from geotrain.codecs.registry import CODECS, codec_params, get_codec
 from geotrain.codecs.selection import approx_topk_indices, random_k_indices, topk_indices
 from geotrain.codecs.spec import CodecSpec, parse_codec_spec
@@ -50,6 +51,7 @@ __all__ = [
     "PowerSGDCodec",
     "RandKCodec",
     "RotatedSignCodec",
+    "RotatedTernaryCodec",
     "SignCodec",
     "TopKCodec",
     "TopKLowBitCodec",

@@ -14,7 +14,8 @@ sides derive the payload spec from the sample shape and nothing travels but the 
 rides: k positions per chunk of a fixed chunk size, so its buffers' sizes are the shape's (the
 positions themselves travel as bytes); so does powersgd (a sample's [tokens, hidden] matrix as rank-r
 factors P, Q; its only state, the step that seeds Q0, is never advanced on a cut, and decoding needs
-none); so does rotated-sign (its rotation's key is drawn from the input and travels as an 8-byte buffer). Plain topk/randk are left out (their fp32 or fp16 values make them no cheaper than int8-block).
+none); so do rotated-sign and rotated-ternary (the rotation's key is drawn from the input and travels as an
+8-byte buffer). Plain topk/randk are left out (their fp32 or fp16 values make them no cheaper than int8-block).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from geotrain.codecs.base import Codec, PayloadSpec
 from geotrain.codecs.wire import pack_payload, unpack_payload
 
 CARRIED_CODECS = ("int8", "int8-block", "int4-block", "fp4-block", "int2-block", "log-block", "sign", "sign-block",
-                  "rotated-sign", "topk-lowbit", "powersgd")
+                  "rotated-sign", "rotated-ternary", "topk-lowbit", "powersgd")
 """Codecs whose payload layout is a function of the shape (and parameters) alone: the activation codecs
 a float32 carrier takes across a pipeline cut."""
 

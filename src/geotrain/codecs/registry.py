@@ -12,6 +12,7 @@ from geotrain.codecs.lowbit import Fp4BlockCodec, Int2BlockCodec, Int4BlockCodec
 from geotrain.codecs.powersgd import PowerSGDCodec
 from geotrain.codecs.quantize import Int8BlockCodec, Int8Codec
 from geotrain.codecs.rotsign import RotatedSignCodec
+from geotrain.codecs.rotternary import RotatedTernaryCodec
 from geotrain.codecs.sign import SignCodec
 from geotrain.codecs.signblock import SignBlockCodec
 from geotrain.codecs.sparse import RandKCodec, TopKCodec
@@ -21,7 +22,7 @@ CODECS: dict[str, type[Codec]] = {
     codec.name: codec
     for codec in (NoneCodec, Fp16Codec, Bf16Codec, Int8Codec, Int8BlockCodec, TopKCodec, RandKCodec,
                   SignCodec, PowerSGDCodec, Int4BlockCodec, Fp4BlockCodec, Int2BlockCodec, TopKLowBitCodec,
-                  LogBlockCodec, SignBlockCodec, RotatedSignCodec)
+                  LogBlockCodec, SignBlockCodec, RotatedSignCodec, RotatedTernaryCodec)
 }
 
 

@@ -47,6 +47,7 @@ VARIANTS: list[tuple[str, dict]] = [(name, {}) for name in CODECS] + [
     ("rotated-sign", {"block_size": 8, "stochastic": True}),
     ("rotated-sign", {"block_size": 16, "stochastic": True, "clip": 1.5}),
     ("rotated-sign", {"block_size": 8, "scale_dtype": "bf16"}),
+    ("rotated-ternary", {"block_size": 8, "scale_dtype": "bf16"}),
 ]
 VARIANT_IDS = [name + "".join(f"-{k}={v}" for k, v in params.items()) for name, params in VARIANTS]
 
@@ -55,7 +56,7 @@ def test_every_registered_codec_is_in_the_shared_suite():
     assert set(CODECS) == {name for name, _ in VARIANTS}
     assert set(CODECS) == {"none", "fp16", "bf16", "int8", "int8-block", "topk", "randk", "sign", "powersgd",
                           "int4-block", "fp4-block", "int2-block", "topk-lowbit", "log-block", "sign-block",
-                          "rotated-sign"}
+                          "rotated-sign", "rotated-ternary"}
 
 
 def float_tensors(max_abs: float = 1e4, max_side: int = 12, min_dims: int = 1, max_dims: int = 3):
@@ -91,6 +92,10 @@ def documented_nbytes(name: str, params: dict, shape: tuple[int, ...]) -> int:
     if name == "rotated-sign":  # sign-block's bytes (scales of 2 bytes in bf16) and the 8-byte rotation key
         scale_bytes = 2 if params.get("scale_dtype") == "bf16" else 4
         return math.ceil(n / 8) + scale_bytes * math.ceil(n / params.get("block_size", 128)) + 8
+    if name == "rotated-ternary":  # 5 trits a byte, the scales, the 8-byte rotation key
+        codes = math.ceil(n / 5)
+        scale_bytes = 2 if params.get("scale_dtype") == "bf16" else 4
+        return codes + scale_bytes * math.ceil(n / params.get("block_size", 128)) + 8
     if name in ("int4-block", "fp4-block", "int2-block"):
         bits = 2 if name == "int2-block" else 4
         return math.ceil(n * bits / 8) + 4 * math.ceil(n / params.get("block_size", 128))

@@ -40,7 +40,7 @@ def test_gathered_trait_is_what_the_codec_reducer_does(name):
 def test_gathered_codecs_are_int8_int8block_topk_sign():
     gathered = {name for name in CODECS if name not in REDUCERS and reducer_traits(name).gathered}
     assert gathered == {"int8", "int8-block", "topk", "sign", "int4-block", "fp4-block", "int2-block", "topk-lowbit",
-                        "log-block", "sign-block", "rotated-sign"}
+                        "log-block", "sign-block", "rotated-sign", "rotated-ternary"}
 
 
 def test_powersgd_reducer_sums_in_two_rounds_and_cannot_run_between_regions():

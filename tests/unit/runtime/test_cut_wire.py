@@ -19,7 +19,8 @@ def _roundtrip_rows(name: str, x: torch.Tensor) -> torch.Tensor:
     return torch.stack([codec.decode(codec.encode(row)) for row in x])
 
 
-@pytest.mark.parametrize("name", ["int8-block", "int4-block", "sign-block", "rotated-sign"])
+@pytest.mark.parametrize("name", ["int8-block", "int4-block", "sign-block", "rotated-sign",
+                                  "rotated-ternary"])
 def test_activations_and_their_gradients_cross_encoded_by_the_codec(name):
     wire = PackedWire(CodecSpec(name))
     generator = torch.Generator().manual_seed(0)

@@ -174,6 +174,9 @@ def test_a_rotated_sign_gradient_crosses_a_cut_rotated_per_row_and_is_priced_by_
     # bf16 scales: a scale per 64 values at the bytes of one per 128 in fp32
     half = DeltaSpec.of(CodecSpec.parse(text.replace("stochastic=true", "block_size=64/scale_dtype=bf16")))
     assert half.steady_bytes_per_value(sample, 4) == (1536 + 2 * 192 + 8) / (96 * 128)
+    # rotated trits: 5 a byte, fp32 scales per 128 values, the key: the carrier as wide as the gradient's payload
+    trits = DeltaSpec.of(CodecSpec.parse(text.replace("rotated-sign/stochastic=true", "rotated-ternary")))
+    assert trits.steady_bytes_per_value(sample, 4) == (2458 + 4 * 96 + 8) / (96 * 128)
 
 
 def test_a_delta_spec_is_checked_and_its_state_is_capped():
