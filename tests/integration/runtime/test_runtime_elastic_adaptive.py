@@ -182,6 +182,9 @@ def test_a_partitioned_group_never_trains_apart_and_ends_with_the_survivor_s_mod
     # the cut group missed periods and never committed a sync in a quorum of its own, nor one the survivor did not
     assert len(cut) < len(survivor) and all(r["quorum"] == [0, 1] for r in cut)
     assert _alone_syncs_lose_no_sample(run)  # while cut, the survivor took the cut group's steps too
+    batch = int(FLAGS[FLAGS.index("--batch-size") + 1])
+    # samples counted by the steps taken: at most one period's (the cut group's share of the period it was cut in)
+    assert batch * (2 * PARTITION_STEPS - 2 * EVERY) <= summary["samples"] <= batch * 2 * PARTITION_STEPS
     assert all(r["params_sha256"] == survivor[r["outer_step"]] for r in cut)
     print(f"partitioned: validation loss {summary['val_loss']:.4f}, rejoins {summary['rejoins']}, the cut group's "
           f"syncs {len(cut)} of {len(survivor)}")

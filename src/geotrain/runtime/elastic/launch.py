@@ -402,6 +402,7 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
     commits = [json.loads(store.get(f"commit/{t}").decode()) if store.check([f"commit/{t}"]) else None
                for t in range(steps)]
     contributors = [c[0] for c in commits if c is not None]
+    trained = [c[2] if len(c) > 2 else c[0] for c in commits if c is not None]  # adaptive: the steps taken, in H's
     every = config.optim.sync_every or 1
     t0 = float(store.get("t0").decode()) if store.check(["t0"]) else 0.0
     final = json.loads(store.get(FINAL_KEY).decode()) if store.check([FINAL_KEY]) else None  # asynchronous
@@ -415,8 +416,8 @@ def _summary(config: RuntimeConfig, watch: _Watch, result_dir: Path, store: Any,
         max_param_diff_across_replicas=max_stage_param_diff(result_dir, sorted(finished), group_size(config)),
         recovery_s=_recoveries(watch.failed_at, rejoins),
         stall_s=stall_seconds(finished, set(range(watch.groups)) - watch.ever_failed - set(watch.healed_at)),
-        train_s=last - t0, samples=int((sum(contributors) if updates is None else updates) * every
-                                       * config.schedule.batch_size),
+        train_s=last - t0, samples=round((sum(trained) if updates is None else updates) * every
+                                         * config.schedule.batch_size),
         contributors=contributors, kills=watch.kills, restarts=list(watch.restarts),
         groups_finished=sorted(finished), wall_s=wall_s,
         group_records={g: summary["records"] for g, summary in sorted(finished.items())},

@@ -85,5 +85,6 @@ def run_periods(group: Any) -> None:
         if group.rank != 0:
             continue  # rank 0 reports the group's progress and commits (the group's processes commit together)
         group.store.set(f"step/{group.group}", str(completed))
-        group.store.set(f"commit/{completed - 1}", json.dumps([group.exchange.contributors, time.time()]))
+        trained = sum(sync.history[-1]["steps"].values()) / sync.sync_every  # replica-equivalents (samples)
+        group.store.set(f"commit/{completed - 1}", json.dumps([group.exchange.contributors, time.time(), trained]))
     sync.flush(group.timer)  # a launch that stops before the run's end (--stop-after): its checkpoint kept the flight

@@ -39,7 +39,7 @@ class ElasticSummary:
     restart, seconds from the failure seen by the launcher to the restarted group's rejoin;
     `stall_s`: the longest step of a group that never failed (a survivor waiting for the lost peer);
     `train_s`: from the first start-up quorum to the last commit; `samples`: training sequences of the
-    committed steps' contributing groups. --outer-sync async*: `train_s` from the first group's join to the first
+    committed steps' contributing groups (adaptive local steps: of the inner steps they took). --outer-sync async*: `train_s` from the first group's join to the first
     holder of the final global model, `samples` those in the final global model (its `global_updates` x H x the
     batch)."""
 
