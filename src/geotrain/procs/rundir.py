@@ -78,15 +78,34 @@ def current_run_dir() -> Path | None:
     return path if path is not None and path.name.startswith(f"{os.getpid()}-") else None
 
 
+MAKE_TRIES = 5
+"""How many times a run directory is tried before the error is raised (a concurrent run's exit removes an empty
+`root` between its mkdir and the mkdtemp inside it: `_remove`)."""
+
+
+def _new_run_dir(root: Path) -> Path:
+    """This process's new run directory under `root` (made if missing), after sweeping stale ones."""
+    for _ in range(MAKE_TRIES - 1):
+        try:
+            return _make_run_dir(root)
+        except FileNotFoundError:  # another run's exit took the empty root away meanwhile (_remove): again
+            continue
+    return _make_run_dir(root)
+
+
+def _make_run_dir(root: Path) -> Path:
+    root.mkdir(mode=0o700, exist_ok=True)
+    sweep_stale_run_dirs(root)
+    return Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
+
+
 @contextmanager
 def run_directory(base: Path | None = None) -> Iterator[Path]:
     """Make this process's run directory (under `base`, default the system temp dir), sweep stale
     ones, and point TMPDIR, tempfile and the inductor cache of this process and its children at it
     while the block runs. Call it once, at a program's entry, before any process is started."""
     root = Path(tempfile.gettempdir() if base is None else base) / RUNS_DIR
-    root.mkdir(mode=0o700, exist_ok=True)
-    sweep_stale_run_dirs(root)
-    path = Path(tempfile.mkdtemp(prefix=f"{os.getpid()}-", dir=root))
+    path = _new_run_dir(root)
     mp_util.Finalize(None, _remove, args=(path,), exitpriority=_FINALIZER_PRIORITY)
     saved = {key: os.environ.get(key) for key in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR", RUN_DIR_ENV)}
     saved_tempdir = tempfile.tempdir

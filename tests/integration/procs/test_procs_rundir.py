@@ -72,6 +72,23 @@ def test_a_sigkilled_launcher_leaves_no_folder(tmp_path, system_tmp):
     assert sorted(p.name for p in system_tmp.iterdir()) == [RUNS_DIR]
 
 
+def test_a_run_starting_while_another_run_s_exit_removes_the_empty_root_still_gets_its_directory(tmp_path,
+                                                                                                   monkeypatch):
+    import geotrain.procs.rundir as rundir
+
+    swept = []
+
+    def exit_of_another_run(root):  # between this run's mkdir of the root and its mkdtemp inside it (seen in CI)
+        swept.append(root)
+        if len(swept) == 1:
+            root.rmdir()
+        return []
+
+    monkeypatch.setattr(rundir, "sweep_stale_run_dirs", exit_of_another_run)
+    with run_directory(tmp_path) as path:
+        assert path.is_dir() and path.parent == tmp_path / RUNS_DIR and len(swept) == 2
+
+
 def test_stale_run_dirs_of_dead_pids_are_swept(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
